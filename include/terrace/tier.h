@@ -1,0 +1,99 @@
+// The tier interface: the one seam every storage tier (HBM, pinned host, NVMe, test fakes and
+// fault-injecting wrappers) implements, and that the conformance suite (tests/conformance/) runs
+// against. Embedders normally use terrace::Store (store.h); implement Tier to add a backend.
+//
+// Contract for every implementation:
+// - Thread-safety: every method may be called concurrently from any thread.
+// - Put copies the caller's bytes; after it returns OK the block is readable by Get. Putting an
+//   existing key replaces the block atomically (readers see the old or the new block, never a mix).
+// - Get never returns bytes whose checksum does not match the recorded BlockDesc: it drops such a
+//   block, counts it in corruptions, and returns Corruption.
+// - A block larger than max_block_bytes() or than the free capacity yields OutOfCapacity, and the
+//   tier is unchanged. A tier never evicts on its own: the Store decides what to evict.
+// - Pinned blocks (Pin) cannot be erased: Erase returns InvalidArgument until every Pin is undone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/stats.h"
+#include "terrace/status.h"
+
+namespace terrace {
+
+enum class TierId : std::uint8_t { kHbm = 0, kHost = 1, kNvme = 2 };
+inline constexpr int kNumTiers = 3;
+std::string_view TierName(TierId id);  // "hbm", "host", "nvme"
+
+// Where a resident block's bytes live, for zero-copy access through ResidentPtr.
+enum class MemoryKind : std::uint8_t { kNone = 0, kHost = 1, kDevice = 2 };
+
+struct TierCaps {
+  TierId id = TierId::kHost;
+  std::string name;                // "hbm", "host", "nvme" (wrappers keep the wrapped name)
+  bool emulated = false;           // HBM tier running in host memory
+  bool persistent = false;         // survives process exit (NVMe)
+  MemoryKind memory = MemoryKind::kHost;  // kNone: bytes are not addressable (NVMe)
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t max_block_bytes = 0;
+};
+
+struct PutOp {
+  BlockKey key;
+  BlockDesc desc;                       // desc.size == data.size(); checksum as DescribeBlock
+  std::span<const std::byte> data;
+};
+
+struct GetOp {
+  BlockKey key;
+  std::span<std::byte> out;             // must hold at least desc.size bytes
+  BlockDesc desc;                       // filled on success
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual const TierCaps& caps() const = 0;
+
+  virtual Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) = 0;
+  // Copies the block into `out` (out.size() >= block size) and fills *desc.
+  virtual Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) = 0;
+  // NotFound if absent. Cheap: no I/O.
+  virtual Result<BlockDesc> Lookup(const BlockKey& key) const = 0;
+  virtual Status Erase(const BlockKey& key) = 0;
+
+  // Batched forms; one Status per op, in order. The defaults loop; tiers with queues override
+  // them to submit together (one io_uring submission for a batch of NVMe reads, say).
+  virtual std::vector<Status> PutBatch(std::span<const PutOp> ops);
+  virtual std::vector<Status> GetBatch(std::span<GetOp> ops);
+
+  // Pin: the block may not be erased while pinned; pins nest. NotFound if absent.
+  virtual Status Pin(const BlockKey& key) = 0;
+  virtual Status Unpin(const BlockKey& key) = 0;
+
+  // For addressable tiers (caps().memory != kNone): the block's bytes in place, valid while the
+  // block is pinned. nullptr if absent or not addressable.
+  virtual const std::byte* ResidentPtr(const BlockKey& key) const {
+    (void)key;
+    return nullptr;
+  }
+
+  // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
+  virtual Status Flush() { return Status::Ok(); }
+
+  virtual std::uint64_t used_bytes() const = 0;
+  virtual std::uint64_t block_count() const = 0;
+  // Visits every block (snapshot order is unspecified). `fn` must not call back into the tier.
+  virtual void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const = 0;
+
+  virtual TierStatsSnapshot Stats() const = 0;
+};
+
+}  // namespace terrace

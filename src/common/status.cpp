@@ -1,0 +1,44 @@
+#include "terrace/status.h"
+
+#include <string>
+
+namespace terrace {
+
+std::string_view CodeName(Code code) {
+  switch (code) {
+    case Code::kOk: return "OK";
+    case Code::kNotFound: return "NotFound";
+    case Code::kOutOfCapacity: return "OutOfCapacity";
+    case Code::kIoError: return "IOError";
+    case Code::kCorruption: return "Corruption";
+    case Code::kInvalidArgument: return "InvalidArgument";
+    case Code::kCancelled: return "Cancelled";
+    case Code::kTimedOut: return "TimedOut";
+    case Code::kUnavailable: return "Unavailable";
+    case Code::kInternal: return "Internal";
+  }
+  return "Unknown";
+}
+
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return state_ ? state_->message : kEmpty;
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  std::string s(CodeName(state_->code));
+  if (state_->retryable) s += " (retryable)";
+  s += ": ";
+  s += state_->message;
+  return s;
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok()) return Status();
+  Status s(*this);
+  s.state_->message = std::string(context) + ": " + s.state_->message;
+  return s;
+}
+
+}  // namespace terrace
