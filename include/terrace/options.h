@@ -1,0 +1,96 @@
+// Options for the store and each tier. Every field documents its default and unit.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+
+#include "terrace/tier.h"
+
+namespace terrace {
+
+inline constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
+
+enum class Durability : std::uint8_t {
+  // A put is acknowledged when its data is written; it becomes durable at the next group commit
+  // (at most group_commit_interval later). Default.
+  kAsync = 0,
+  // A put is acknowledged only once its data and index entry are durable. Concurrent puts share
+  // one flush (group commit).
+  kSync = 1,
+};
+
+struct HostTierOptions {
+  std::uint64_t capacity_bytes = 4 * kGiB;
+  // Pin memory: cudaHostAlloc when a CUDA device exists, else mlock where permitted. Pinning is
+  // done lazily, one chunk at a time, as the arena grows; failure to pin is reported in stats and
+  // logs, never fatal.
+  bool pin = true;
+  std::uint64_t chunk_bytes = 256 * kMiB;  // arena growth and pinning unit
+};
+
+enum class HbmMode : std::uint8_t {
+  kAuto = 0,      // CUDA device memory if a device is present, else emulated
+  kCuda = 1,      // require a CUDA device (Unavailable otherwise)
+  kEmulated = 2,  // host memory standing in for HBM, with the link model below
+  kOff = 3,       // no HBM tier
+};
+
+// Models the host<->device link for the emulated HBM tier: a copy of n bytes takes
+// latency + n / bandwidth. Default: PCIe Gen5 x16, about 55 GB/s per direction.
+struct LinkModel {
+  bool enabled = true;
+  double bandwidth_bytes_per_s = 55e9;
+  double latency_us = 2.0;
+};
+
+struct HbmTierOptions {
+  HbmMode mode = HbmMode::kAuto;
+  std::uint64_t capacity_bytes = 1 * kGiB;
+  int device = 0;                 // CUDA device ordinal
+  unsigned copy_streams = 2;      // CUDA streams for H2D / D2H copies
+  LinkModel link;                 // emulated mode only
+};
+
+struct NvmeTierOptions {
+  // A directory (the tier creates terrace.data and an index/ RocksDB inside it) or a block
+  // device path. Empty: no NVMe tier.
+  std::filesystem::path path;
+  std::uint64_t capacity_bytes = 16 * kGiB;   // preallocated data file size
+  unsigned queue_depth = 32;                  // io_uring submission depth per I/O thread
+  unsigned io_threads = 1;                    // one ring per thread
+  Durability durability = Durability::kAsync;
+  std::chrono::microseconds group_commit_interval{5000};  // async mode: max delay to durability
+  bool direct_io = true;                      // O_DIRECT; falls back (and says so) where unsupported
+  bool create_if_missing = true;
+};
+
+enum class Placement : std::uint8_t {
+  kExclusive = 0,  // a block lives in exactly one tier; promotion moves it
+  kInclusive = 1,  // a block promoted to a faster tier keeps its copy below
+};
+
+enum class WritePolicy : std::uint8_t {
+  kWriteBack = 0,     // a put lands in put_tier; it reaches lower tiers when evicted (demotion)
+  kWriteThrough = 1,  // a put is also written to the lowest tier (NVMe) before it is acknowledged
+};
+
+enum class EvictionPolicy : std::uint8_t { kLru = 0, kS3Fifo = 1 };
+
+struct StoreOptions {
+  HbmTierOptions hbm;
+  HostTierOptions host;
+  NvmeTierOptions nvme;
+  TierId put_tier = TierId::kHost;              // where Put places new blocks
+  Placement placement = Placement::kExclusive;
+  WritePolicy write_policy = WritePolicy::kWriteBack;
+  EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
+  bool promote_on_get = true;                   // a Get from a lower tier copies the block up to put_tier
+  // Per-tier occupancy watermarks, as fractions of capacity: background demotion starts above
+  // high_watermark and evicts down to low_watermark.
+  double high_watermark = 0.90;
+  double low_watermark = 0.75;
+  unsigned background_threads = 2;              // Asio thread pool for demotion and prefetch
+};
+
+}  // namespace terrace
