@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command for the whole test suite: installs what is missing, builds (RelWithDebInfo, CUDA code
+# compiled when nvcc is found) and runs every test with ctest.
+#   scripts/test.sh                 # the normal build in ./build
+#   scripts/test.sh address         # AddressSanitizer + UBSan build in ./build-asan
+#   scripts/test.sh thread          # ThreadSanitizer build in ./build-tsan
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode="${1:-none}"
+"$root/scripts/deps.sh"
+export PATH="$root/.venv/bin:$PATH"
+case "$mode" in
+  none)
+    build="$root/build"
+    "$root/scripts/build.sh" "$build"
+    ctest --test-dir "$build" --output-on-failure -j 2
+    ;;
+  address|thread)
+    build="$root/build-${mode/address/asan}"
+    build="${build/thread/tsan}"
+    "$root/scripts/build.sh" "$build" -DTERRACE_SANITIZE="$mode" -DTERRACE_CUDA=OFF -DTERRACE_BUILD_BENCH=OFF \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" OPENBLAS_NUM_THREADS=1
+    # Python oracle tests exercise the same binaries; they run in the normal build only.
+    ctest --test-dir "$build" --output-on-failure -j 2 -E '^python'
+    ;;
+  *) echo "usage: scripts/test.sh [none|address|thread]" >&2; exit 2 ;;
+esac
