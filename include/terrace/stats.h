@@ -60,6 +60,7 @@ struct TierStatsSnapshot {
   std::uint64_t evictions = 0, io_errors = 0, corruptions = 0, queue_depth = 0;
   std::uint64_t read_p50_ns = 0, read_p99_ns = 0, write_p50_ns = 0, write_p99_ns = 0;
   std::uint64_t reads = 0, writes = 0;
+  std::string detail;  // free text from the tier, e.g. "pinned: no (mlock refused)"; may be empty
 };
 
 TierStatsSnapshot SnapshotCounters(const TierCounters& c);
