@@ -1,0 +1,139 @@
+#include "tiers/fault/fault_tier.h"
+
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace terrace {
+
+FaultInjectingTier::FaultInjectingTier(std::unique_ptr<Tier> inner) : owned_(std::move(inner)), inner_(owned_.get()) {}
+FaultInjectingTier::FaultInjectingTier(Tier& inner) : inner_(&inner) {}
+
+void FaultInjectingTier::FailNextPuts(int n, Status status) {
+  std::lock_guard lock(mu_);
+  fail_puts_ = Armed{n, std::move(status)};
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::FailNextGets(int n, Status status) {
+  std::lock_guard lock(mu_);
+  fail_gets_ = Armed{n, std::move(status)};
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::FailNextErases(int n, Status status) {
+  std::lock_guard lock(mu_);
+  fail_erases_ = Armed{n, std::move(status)};
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::FlipBitInNextGets(int n) {
+  std::lock_guard lock(mu_);
+  flip_gets_ = n;
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::CorruptNextPuts(int n) {
+  std::lock_guard lock(mu_);
+  corrupt_puts_ = n;
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::SetRandom(const RandomFaults& faults) {
+  std::lock_guard lock(mu_);
+  random_ = faults;
+  random_on_ = true;
+  rng_.seed(faults.seed);
+  armed_any_ = true;
+}
+
+void FaultInjectingTier::Disarm() {
+  std::lock_guard lock(mu_);
+  fail_puts_ = fail_gets_ = fail_erases_ = Armed{};
+  flip_gets_ = corrupt_puts_ = 0;
+  random_on_ = false;
+  armed_any_ = false;
+}
+
+InjectedFaultCounts FaultInjectingTier::injected() const {
+  std::lock_guard lock(mu_);
+  return counts_;
+}
+
+std::uint64_t FaultInjectingTier::NextRandom() { return rng_(); }
+
+Status FaultInjectingTier::TakeFailure(Armed& armed, double random_rate, std::uint64_t& counter) {
+  if (armed.count > 0) {
+    --armed.count;
+    ++counter;
+    return armed.status.ok() ? Status::IoError("injected fault") : armed.status;
+  }
+  if (random_on_ && random_rate > 0 &&
+      static_cast<double>(NextRandom() >> 11) * 0x1.0p-53 < random_rate) {
+    ++counter;
+    return random_.error.ok() ? Status::IoError("injected fault (random)", true) : random_.error;
+  }
+  return Status::Ok();
+}
+
+bool FaultInjectingTier::TakeFlag(int& count, double random_rate, std::uint64_t& counter) {
+  if (count > 0) {
+    --count;
+    ++counter;
+    return true;
+  }
+  if (random_on_ && random_rate > 0 && static_cast<double>(NextRandom() >> 11) * 0x1.0p-53 < random_rate) {
+    ++counter;
+    return true;
+  }
+  return false;
+}
+
+Status FaultInjectingTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  if (!armed_any_.load(std::memory_order_acquire)) return inner_->Put(key, desc, data);
+  bool corrupt = false;
+  std::uint64_t bit = 0;
+  {
+    std::lock_guard lock(mu_);
+    Status injected = TakeFailure(fail_puts_, random_.put_error * random_on_, counts_.put_errors);
+    if (!injected.ok()) return injected.WithContext(fmt::format("put of block {}", key.ToString()));
+    if (!data.empty()) corrupt = TakeFlag(corrupt_puts_, 0, counts_.corrupted_puts);
+    if (corrupt) bit = NextRandom() % (data.size() * 8);
+  }
+  if (!corrupt) return inner_->Put(key, desc, data);
+  std::vector<std::byte> copy(data.begin(), data.end());
+  copy[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+  return inner_->Put(key, desc, copy);
+}
+
+Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  if (!armed_any_.load(std::memory_order_acquire)) return inner_->Get(key, out, desc);
+  {
+    std::lock_guard lock(mu_);
+    Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
+    if (!injected.ok()) return injected.WithContext(fmt::format("get of block {}", key.ToString()));
+  }
+  BlockDesc got;
+  TERRACE_RETURN_IF_ERROR(inner_->Get(key, out, &got));
+  if (desc) *desc = got;
+  if (got.size == 0) return Status::Ok();
+  std::uint64_t bit = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!TakeFlag(flip_gets_, random_.get_bit_flip * random_on_, counts_.bit_flips)) return Status::Ok();
+    bit = NextRandom() % (got.size * 8);
+  }
+  out[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+  return Status::Ok();
+}
+
+Status FaultInjectingTier::Erase(const BlockKey& key) {
+  if (armed_any_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(mu_);
+    Status injected = TakeFailure(fail_erases_, 0, counts_.erase_errors);
+    if (!injected.ok()) return injected.WithContext(fmt::format("erase of block {}", key.ToString()));
+  }
+  return inner_->Erase(key);
+}
+
+}  // namespace terrace

@@ -1,0 +1,99 @@
+// FaultInjectingTier: wraps any Tier and injects faults on demand, for tests of the layers above
+// (the Store's error handling) and of the tiers themselves (Get must catch corrupt bytes).
+//
+// Faults (armed by the methods below; each counts down and then disarms):
+// - FailNextPuts / FailNextGets / FailNextErases: return the given Status without calling the
+//   wrapped tier, e.g. Eio(true) for a retryable EIO, Enospc() for ENOSPC (OutOfCapacity).
+// - FlipBitInNextGets: call the wrapped Get, then flip one bit of the bytes it returned and return
+//   OK with the recorded desc. The wrapper deliberately does NOT re-verify or fix the bytes: it
+//   models corruption after the tier's own check (a bad DMA, a buggy tier), so the layer above must
+//   verify Checksum(out) against desc.checksum itself and treat a mismatch as Corruption.
+// - CorruptNextPuts: flip one bit in a private copy of the caller's bytes and put that copy with the
+//   caller's (now wrong) desc: models corruption at rest; the wrapped tier's Get must then return
+//   Corruption and drop the block (the terrace/tier.h contract).
+// - SetRandom: each put/get independently fails or flips with the given probabilities, from a
+//   seeded generator (reproducible for a given seed and call order).
+// Everything else forwards unchanged; caps() is the wrapped tier's.
+// Thread-safety: all methods, including arming while other threads call Put/Get.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "terrace/tier.h"
+
+namespace terrace {
+
+struct RandomFaults {
+  double put_error = 0;   // probability a Put fails with `error`
+  double get_error = 0;   // probability a Get fails with `error`
+  double get_bit_flip = 0;  // probability a successful Get has one bit flipped
+  std::uint64_t seed = 1;
+  Status error = Status::IoError("injected EIO (random fault)", true);
+};
+
+struct InjectedFaultCounts {
+  std::uint64_t put_errors = 0, get_errors = 0, erase_errors = 0, bit_flips = 0, corrupted_puts = 0;
+};
+
+class FaultInjectingTier final : public Tier {
+ public:
+  explicit FaultInjectingTier(std::unique_ptr<Tier> inner);  // owns `inner`
+  explicit FaultInjectingTier(Tier& inner);                  // `inner` must outlive the wrapper
+
+  static Status Eio(bool retryable) { return Status::IoError("injected EIO", retryable); }
+  static Status Enospc() { return Status::OutOfCapacity("injected ENOSPC: no space left on device"); }
+
+  void FailNextPuts(int n, Status status);
+  void FailNextGets(int n, Status status);
+  void FailNextErases(int n, Status status);
+  void FlipBitInNextGets(int n);
+  void CorruptNextPuts(int n);
+  void SetRandom(const RandomFaults& faults);
+  void Disarm();  // clears every armed fault, including random mode
+  InjectedFaultCounts injected() const;
+  Tier& inner() { return *inner_; }
+
+  const TierCaps& caps() const override { return inner_->caps(); }
+  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
+  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
+  Status Erase(const BlockKey& key) override;
+  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
+  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
+  const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
+  Status Flush() override { return inner_->Flush(); }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t block_count() const override { return inner_->block_count(); }
+  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override {
+    inner_->ForEach(fn);
+  }
+  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
+  // PutBatch/GetBatch use the looping defaults so every op sees the armed faults.
+
+ private:
+  struct Armed {
+    int count = 0;
+    Status status;
+  };
+  // Decides the fate of one call under mu_. Returns a non-OK Status to inject, or OK.
+  Status TakeFailure(Armed& armed, double random_rate, std::uint64_t& counter);
+  bool TakeFlag(int& count, double random_rate, std::uint64_t& counter);
+  std::uint64_t NextRandom();
+
+  std::unique_ptr<Tier> owned_;
+  Tier* inner_;
+  std::atomic<bool> armed_any_{false};  // fast path: nothing armed, no lock taken
+  mutable std::mutex mu_;
+  Armed fail_puts_, fail_gets_, fail_erases_;  // guarded by mu_
+  int flip_gets_ = 0, corrupt_puts_ = 0;        // guarded by mu_
+  RandomFaults random_;                         // guarded by mu_
+  bool random_on_ = false;                      // guarded by mu_
+  std::mt19937_64 rng_;                         // guarded by mu_
+  InjectedFaultCounts counts_;                  // guarded by mu_
+};
+
+}  // namespace terrace

@@ -1,0 +1,104 @@
+#include "tiers/hbm/emulated_hbm_tier.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace terrace {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t NowNs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
+void WaitUntilNs(std::uint64_t deadline_ns) {
+  constexpr std::uint64_t kSpinBelowNs = 200'000;
+  std::uint64_t now = NowNs();
+  if (now >= deadline_ns) return;
+  if (deadline_ns - now > kSpinBelowNs) {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(deadline_ns - now - kSpinBelowNs / 2));
+  }
+  while (NowNs() < deadline_ns) {
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EmulatedHbmTier>> EmulatedHbmTier::Create(const HbmTierOptions& options) {
+  if (options.link.enabled && !(options.link.bandwidth_bytes_per_s > 0 && options.link.latency_us >= 0)) {
+    return Status::InvalidArgument(fmt::format("hbm tier (emulated): link model bandwidth {} B/s and latency {} us "
+                                               "must be > 0 and >= 0; fix HbmTierOptions::link or disable it",
+                                               options.link.bandwidth_bytes_per_s, options.link.latency_us));
+  }
+  HostTierOptions host;
+  host.capacity_bytes = options.capacity_bytes;
+  host.chunk_bytes = std::min<std::uint64_t>(options.capacity_bytes, 256 * kMiB);
+  host.pin = false;
+  auto h = HostTier::Create(host);
+  if (!h.ok()) return h.status().WithContext("hbm tier (emulated)");
+  return std::unique_ptr<EmulatedHbmTier>(new EmulatedHbmTier(options, std::move(h).value()));
+}
+
+EmulatedHbmTier::EmulatedHbmTier(const HbmTierOptions& options, std::unique_ptr<HostTier> host)
+    : link_(options.link), host_(std::move(host)), caps_(host_->caps()) {
+  caps_.id = TierId::kHbm;
+  caps_.name = "hbm";
+  caps_.emulated = true;
+  caps_.memory = MemoryKind::kHost;
+}
+
+std::uint64_t EmulatedHbmTier::LinkNanos(std::uint64_t bytes) const {
+  if (!link_.enabled) return 0;
+  return static_cast<std::uint64_t>(link_.latency_us * 1e3 + static_cast<double>(bytes) / link_.bandwidth_bytes_per_s * 1e9);
+}
+
+void EmulatedHbmTier::ChargeLink(std::uint64_t start_ns, std::uint64_t bytes) {
+  const std::uint64_t ns = LinkNanos(bytes);
+  if (ns == 0) return;
+  modelled_ns_.fetch_add(ns, std::memory_order_relaxed);
+  WaitUntilNs(start_ns + ns);
+}
+
+Status EmulatedHbmTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  const std::uint64_t t0 = NowNs();
+  Status st = host_->Put(key, desc, data);
+  if (!st.ok()) return st;
+  ChargeLink(t0, data.size());
+  latency_.write_latency.Record(NowNs() - t0);
+  return st;
+}
+
+Status EmulatedHbmTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  const std::uint64_t t0 = NowNs();
+  BlockDesc got;
+  Status st = host_->Get(key, out, &got);
+  if (!st.ok()) return st;
+  ChargeLink(t0, got.size);
+  latency_.read_latency.Record(NowNs() - t0);
+  if (desc) *desc = got;
+  return st;
+}
+
+TierStatsSnapshot EmulatedHbmTier::Stats() const {
+  TierStatsSnapshot s = host_->Stats();
+  s.name = "hbm (emulated)";
+  s.emulated = true;
+  TierStatsSnapshot lat = SnapshotCounters(latency_);
+  s.read_p50_ns = lat.read_p50_ns;
+  s.read_p99_ns = lat.read_p99_ns;
+  s.write_p50_ns = lat.write_p50_ns;
+  s.write_p99_ns = lat.write_p99_ns;
+  s.detail = link_.enabled
+                 ? fmt::format("emulated in host memory; link model {:.0f} GB/s + {:.1f} us; modelled link time {:.3f} ms",
+                               link_.bandwidth_bytes_per_s / 1e9, link_.latency_us, static_cast<double>(modelled_link_ns()) / 1e6)
+                 : std::string("emulated in host memory; link model off");
+  return s;
+}
+
+}  // namespace terrace

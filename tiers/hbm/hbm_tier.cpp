@@ -1,0 +1,55 @@
+#include "tiers/hbm/hbm_tier.h"
+
+#include <atomic>
+
+#include <fmt/format.h>
+
+#include "tiers/hbm/emulated_hbm_tier.h"
+#include "tiers/hbm/hbm_cuda.h"
+#include "tiers/host/pinned_memory.h"
+
+namespace terrace {
+namespace {
+
+void LogEmulatedOnce(const HbmTierOptions& o, const char* why) {
+  static std::atomic<bool> logged{false};
+  if (logged.exchange(true)) return;
+  if (o.link.enabled) {
+    fmt::print(stderr, "terrace: HBM tier: emulated in host memory ({}); link model {:.0f} GB/s\n", why,
+               o.link.bandwidth_bytes_per_s / 1e9);
+  } else {
+    fmt::print(stderr, "terrace: HBM tier: emulated in host memory ({}); link model off\n", why);
+  }
+}
+
+Result<std::unique_ptr<Tier>> Emulated(const HbmTierOptions& o, const char* why) {
+  auto t = EmulatedHbmTier::Create(o);
+  if (!t.ok()) return t.status();
+  LogEmulatedOnce(o, why);
+  return std::unique_ptr<Tier>(std::move(t).value());
+}
+
+}  // namespace
+
+bool HbmCudaDeviceAvailable() { return tiers::CudaDeviceCount() > 0; }
+
+Result<std::unique_ptr<Tier>> CreateHbmTier(const HbmTierOptions& o) {
+  switch (o.mode) {
+    case HbmMode::kOff:
+      return Status::InvalidArgument("hbm tier: mode is off; do not create an HBM tier (or pick auto/cuda/emulated)");
+    case HbmMode::kEmulated:
+      return Emulated(o, "mode emulated");
+    case HbmMode::kCuda:
+      if (!HbmCudaDeviceAvailable()) {
+        return Status::Unavailable("hbm tier: mode cuda but no CUDA device is usable (no driver, no GPU, or a "
+                                   "build without CUDA); use mode auto or emulated on this machine");
+      }
+      return tiers::CreateCudaHbmTier(o);
+    case HbmMode::kAuto:
+      if (HbmCudaDeviceAvailable()) return tiers::CreateCudaHbmTier(o);
+      return Emulated(o, "no CUDA device");
+  }
+  return Status::InvalidArgument(fmt::format("hbm tier: unknown mode {}", static_cast<int>(o.mode)));
+}
+
+}  // namespace terrace

@@ -1,0 +1,185 @@
+#include "tiers/host/host_tier.h"
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace terrace {
+namespace {
+
+constexpr std::uint64_t kPageBytes = 4096;
+constexpr std::size_t kCopyPiece = 64 * 1024;  // copy + hash granularity: stays in L2
+
+std::uint64_t NowNs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+// Copies n bytes and returns the XXH3-64 of them, hashing each piece right after copying it.
+std::uint64_t CopyAndHash(std::byte* dst, const std::byte* src, std::size_t n) {
+  if (n <= kCopyPiece) {
+    std::memcpy(dst, src, n);
+    return XXH3_64bits(dst, n);
+  }
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (std::size_t off = 0; off < n; off += kCopyPiece) {
+    std::size_t len = std::min(kCopyPiece, n - off);
+    std::memcpy(dst + off, src + off, len);
+    XXH3_64bits_update(&state, dst + off, len);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
+void LogPinRefusalOnce(const std::string& note) {
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true)) fmt::print(stderr, "terrace: host tier: pinned: no ({})\n", note);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
+  if (options.capacity_bytes < kPageBytes) {
+    return Status::InvalidArgument(fmt::format("host tier: capacity_bytes {} is below one page ({} bytes); "
+                                               "set HostTierOptions::capacity_bytes to at least {}",
+                                               options.capacity_bytes, kPageBytes, kPageBytes));
+  }
+  if (options.chunk_bytes < kPageBytes) {
+    return Status::InvalidArgument(fmt::format("host tier: chunk_bytes {} is below one page ({} bytes); "
+                                               "set HostTierOptions::chunk_bytes to e.g. 256 MiB",
+                                               options.chunk_bytes, kPageBytes));
+  }
+  if (options.capacity_bytes / std::min(options.chunk_bytes, options.capacity_bytes) > 1'000'000) {
+    return Status::InvalidArgument(fmt::format("host tier: capacity_bytes {} / chunk_bytes {} gives over a "
+                                               "million chunks; raise chunk_bytes",
+                                               options.capacity_bytes, options.chunk_bytes));
+  }
+  return std::unique_ptr<HostTier>(new HostTier(options));
+}
+
+HostTier::HostTier(const HostTierOptions& options)
+    : options_(options),
+      arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes},
+             [this](std::uint32_t chunk, std::uint64_t bytes) { return Grow(chunk, bytes); }) {
+  caps_.id = TierId::kHost;
+  caps_.name = "host";
+  caps_.memory = MemoryKind::kHost;
+  caps_.capacity_bytes = arena_.capacity_bytes();
+  caps_.max_block_bytes = arena_.max_block_bytes();
+  const std::uint64_t chunk = arena_.chunk_bytes();
+  bases_.assign(chunk == 0 ? 0 : (arena_.capacity_bytes() + chunk - 1) / chunk, nullptr);
+}
+
+HostTier::~HostTier() {
+  std::lock_guard lock(chunks_mu_);
+  for (const auto& c : chunks_) tiers::FreeHostChunk(c);
+}
+
+Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
+  TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, options_.pin));
+  if (!c.pin_note.empty()) LogPinRefusalOnce(c.pin_note);
+  bases_[chunk] = c.data;
+  std::lock_guard lock(chunks_mu_);
+  chunks_.push_back(std::move(c));
+  return Status::Ok();
+}
+
+std::byte* HostTier::Address(const tiers::PageExtent& e) const { return bases_[e.chunk] + arena_.ByteOffset(e); }
+
+Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  if (desc.size != data.size()) {
+    return Status::InvalidArgument(fmt::format("host tier: put of block {}: desc.size {} != data size {}; "
+                                               "build the desc with DescribeBlock(data)",
+                                               key.ToString(), desc.size, data.size()));
+  }
+  const std::uint64_t t0 = NowNs();
+  TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
+  if (desc.size > 0) std::memcpy(Address(t.extent), data.data(), desc.size);
+  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
+  counters_.Add(counters_.puts);
+  counters_.Add(counters_.bytes_written, desc.size);
+  counters_.write_latency.Record(NowNs() - t0);
+  return Status::Ok();
+}
+
+Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  const std::uint64_t t0 = NowNs();
+  auto r = arena_.BeginRead(key);
+  if (!r.ok()) {
+    counters_.Add(counters_.misses);
+    return r.status();
+  }
+  const tiers::BlockArena::Ticket& t = *r;
+  if (out.size() < t.desc.size) {
+    arena_.EndRead(key, t, false);
+    return Status::InvalidArgument(fmt::format("host tier: get of block {}: buffer of {} bytes is smaller than "
+                                               "the block ({} bytes); Lookup the size first",
+                                               key.ToString(), out.size(), t.desc.size));
+  }
+  std::uint64_t sum = t.desc.size > 0 ? CopyAndHash(out.data(), Address(t.extent), t.desc.size) : XXH3_64bits(nullptr, 0);
+  const bool corrupt = sum != t.desc.checksum;
+  arena_.EndRead(key, t, corrupt);
+  if (corrupt) {
+    counters_.Add(counters_.corruptions);
+    return Status::Corruption(fmt::format("host tier: block {} failed its checksum (recorded {:016x}, read {:016x}); "
+                                          "it was dropped: fetch it from a lower tier or recompute it",
+                                          key.ToString(), t.desc.checksum, sum));
+  }
+  if (desc) *desc = t.desc;
+  counters_.Add(counters_.hits);
+  counters_.Add(counters_.bytes_read, t.desc.size);
+  counters_.read_latency.Record(NowNs() - t0);
+  return Status::Ok();
+}
+
+Status HostTier::Erase(const BlockKey& key) { return arena_.Erase(key); }
+
+const std::byte* HostTier::ResidentPtr(const BlockKey& key) const {
+  auto e = arena_.Locate(key);
+  if (!e.ok()) return nullptr;
+  if (e->pages == 0) return bases_.empty() ? nullptr : bases_[0];
+  return Address(*e);
+}
+
+std::vector<iovec> HostTier::Regions() const {
+  std::lock_guard lock(chunks_mu_);
+  std::vector<iovec> out;
+  out.reserve(chunks_.size());
+  for (const auto& c : chunks_) out.push_back(iovec{c.data, c.bytes});
+  return out;
+}
+
+std::string HostTier::PinSummary() const {
+  std::lock_guard lock(chunks_mu_);
+  if (chunks_.empty()) return options_.pin ? "pinned: pending (no chunk yet)" : "pinned: no (not requested)";
+  if (!options_.pin) return "pinned: no (not requested)";
+  std::size_t cuda = 0, mlocked = 0;
+  for (const auto& c : chunks_) {
+    cuda += c.kind == tiers::PinKind::kCudaHost;
+    mlocked += c.kind == tiers::PinKind::kMlock;
+  }
+  const std::size_t n = chunks_.size();
+  if (cuda == n) return "pinned: yes (cudaHostAlloc)";
+  if (mlocked == n) return "pinned: yes (mlock)";
+  if (cuda + mlocked == 0) return "pinned: no (mlock refused)";
+  return fmt::format("pinned: partial ({} of {} chunks; mlock refused for the rest)", cuda + mlocked, n);
+}
+
+TierStatsSnapshot HostTier::Stats() const {
+  TierStatsSnapshot s = SnapshotCounters(counters_);
+  s.name = caps_.name;
+  s.capacity_bytes = caps_.capacity_bytes;
+  s.used_bytes = used_bytes();
+  s.blocks = block_count();
+  s.detail = fmt::format("{}; arena {} MiB of {} MiB", PinSummary(), arena_.arena_bytes() >> 20, caps_.capacity_bytes >> 20);
+  return s;
+}
+
+}  // namespace terrace

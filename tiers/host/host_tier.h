@@ -1,0 +1,80 @@
+// HostTier: blocks in (pinned) host RAM.
+//
+// Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
+// chunk is pinned when it is added (see pinned_memory.h). A refused pin is logged once and shown in
+// Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
+// PageAllocator): a block uses ceil(size / 4 KiB) pages, at most one chunk.
+//
+// Contract beyond terrace/tier.h:
+// - Get verifies the XXH3-64 checksum while it copies (fused, from cache) on every call: host memory
+//   is not trusted blindly, and a failing block is dropped (unless pinned) and reported as Corruption.
+//   Put trusts desc.checksum (the caller computed it with DescribeBlock); desc.size must equal
+//   data.size().
+// - Put on a pinned key returns InvalidArgument (a resident pointer to it may be in use).
+// - ResidentPtr is a host pointer, valid while the block is pinned; memory is MemoryKind::kHost.
+// - used_bytes counts whole pages of live blocks; max_block_bytes is min(chunk_bytes, capacity).
+// Thread-safety: all methods; copies run outside the index lock, so puts and gets scale.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "terrace/options.h"
+#include "terrace/tier.h"
+#include "tiers/host/block_arena.h"
+#include "tiers/host/pinned_memory.h"
+
+namespace terrace {
+
+class HostTier final : public Tier {
+ public:
+  static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options);
+  ~HostTier() override;
+
+  const TierCaps& caps() const override { return caps_; }
+  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
+  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  Result<BlockDesc> Lookup(const BlockKey& key) const override { return arena_.Lookup(key); }
+  Status Erase(const BlockKey& key) override;
+  Status Pin(const BlockKey& key) override { return arena_.Pin(key); }
+  Status Unpin(const BlockKey& key) override { return arena_.Unpin(key); }
+  const std::byte* ResidentPtr(const BlockKey& key) const override;
+  std::uint64_t used_bytes() const override { return arena_.used_bytes(); }
+  std::uint64_t block_count() const override { return arena_.block_count(); }
+  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override {
+    arena_.ForEach(fn);
+  }
+  TierStatsSnapshot Stats() const override;
+
+  // The arena chunks materialized so far (for io_uring buffer registration). A chunk, once listed,
+  // stays mapped at the same address until the tier is destroyed; more may appear later.
+  std::vector<iovec> Regions() const;
+  // Bytes of arena chunks materialized so far (<= capacity).
+  std::uint64_t arena_bytes() const { return arena_.arena_bytes(); }
+  // "pinned: yes (cudaHostAlloc)", "pinned: no (mlock refused)", ...; empty until a chunk exists.
+  std::string PinSummary() const;
+  // Allocator consistency check, for tests.
+  bool CheckInvariants() const { return arena_.CheckInvariants(); }
+
+ private:
+  explicit HostTier(const HostTierOptions& options);
+  Status Grow(std::uint32_t chunk, std::uint64_t bytes);
+  std::byte* Address(const tiers::PageExtent& e) const;
+
+  const HostTierOptions options_;
+  TierCaps caps_;
+  // Chunk base addresses, sized for every possible chunk at construction; entry i is written once,
+  // before chunk i is handed to the allocator (which publishes it under the arena lock).
+  std::vector<std::byte*> bases_;
+  mutable std::mutex chunks_mu_;
+  std::vector<tiers::HostChunk> chunks_;  // guarded by chunks_mu_
+  tiers::BlockArena arena_;
+  mutable TierCounters counters_;
+};
+
+}  // namespace terrace

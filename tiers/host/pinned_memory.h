@@ -1,0 +1,46 @@
+// Host memory chunks for the arena tiers: page-aligned, optionally pinned.
+//
+// Pinning order: cudaHostAlloc when this build has CUDA and a device is present at run time
+// (cudaGetDeviceCount > 0); otherwise mmap'ed anonymous memory, mlock'ed when pinning is asked for.
+// A refused mlock (RLIMIT_MEMLOCK) is not an error: the chunk stays pageable and says so.
+// Thread-safety: free functions; safe to call concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "terrace/status.h"
+
+namespace terrace::tiers {
+
+enum class PinKind : std::uint8_t {
+  kCudaHost = 0,  // cudaHostAlloc (page-locked, registered with the CUDA driver)
+  kMlock = 1,     // mmap + mlock
+  kPageable = 2,  // mmap only (pinning not asked for, or refused)
+};
+
+struct HostChunk {
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  PinKind kind = PinKind::kPageable;
+  std::string pin_note;  // why the chunk is pageable when pinning was asked for; empty otherwise
+};
+
+// Allocates `bytes` (a multiple of the page size) of zero-filled memory. Ownership passes to the
+// caller, who frees it with FreeHostChunk.
+Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin);
+void FreeHostChunk(const HostChunk& chunk);
+
+// The number of CUDA devices usable by this process; 0 when the build has no CUDA, there is no
+// driver, or no device. Never fails. Cached after the first call.
+int CudaDeviceCount();
+
+// CUDA-specific primitives, implemented in pinned_cuda.cpp (CUDA builds) or pinned_nocuda.cpp.
+namespace cuda_host {
+int DeviceCount();                                        // uncached; 0 on any error
+Status HostAlloc(std::size_t bytes, std::byte** out);     // cudaHostAlloc(portable)
+void HostFree(std::byte* p);                              // cudaFreeHost
+}  // namespace cuda_host
+
+}  // namespace terrace::tiers
