@@ -78,8 +78,18 @@ std::optional<PageExtent> PageAllocator::Allocate(std::uint32_t pages) {
     for (; c < kClasses; ++c) {
       if (nonempty_.test(c)) break;
     }
-    if (c >= kClasses) return std::nullopt;
-    g = heads_[c];
+    if (c < kClasses) {
+      g = heads_[c];
+    } else {
+      // Nearly full: only the exact class may still hold a long-enough run; scan it (first fit).
+      for (std::uint32_t r = heads_[exact]; r != kNil; r = Meta(r).next) {
+        if ((Meta(r).len & ~kFreeBit) >= pages) {
+          g = r;
+          break;
+        }
+      }
+      if (g == kNil) return std::nullopt;
+    }
   }
   std::uint32_t len = Meta(g).len & ~kFreeBit;
   RemoveFree(g, len);

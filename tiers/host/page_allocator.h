@@ -6,7 +6,9 @@
 //   one chunk (runs never cross chunks); there is no rounding beyond the page.
 // - Free runs are kept in size-class lists: 1, 2, 3 pages, then 4 * 2^k * {1, 1.25, 1.5, 1.75}.
 //   Allocate(n) takes the head of the first non-empty class whose every run is >= n pages (O(1) via a
-//   bitmap), splits off the remainder; Free coalesces with both neighbours (boundary tags), so free
+//   bitmap), splits off the remainder; only when no such class has a run does it scan the exact
+//   class's list (first fit), so Allocate fails only if no free run of n pages exists at all.
+//   Free coalesces with both neighbours (boundary tags), so free
 //   space never splinters permanently and fragmentation does not grow over a long run.
 // - Metadata: 12 bytes per page, allocated once when a chunk is added; Allocate/Free never allocate.
 // - Thread-safety: none; the owner serializes calls.
