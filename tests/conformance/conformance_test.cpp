@@ -1,0 +1,310 @@
+// One set of scripts, run on every tier in TierFactories() (tier_factories.cpp): the contract of
+// terrace/tier.h, checked the same way for all of them.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+#include "terrace/options.h"
+#include "tier_factories.h"
+#include "tiers/fault/fault_tier.h"
+
+using namespace terrace;
+using terrace::testing::TempDir;
+using terrace::testing::TestBytes;
+using terrace::testing::TestKey;
+
+namespace {
+
+constexpr std::uint64_t kCapacity = 16 * kMiB;
+
+struct Fixture {
+  explicit Fixture(std::size_t index, std::uint64_t capacity = kCapacity) : dir("conformance") {
+    const auto& f = conformance::TierFactories().at(index);
+    name = f.name;
+    auto r = f.make(dir.path(), capacity);
+    INFO("tier " << name << ": " << r.status().ToString());
+    REQUIRE(r.ok());
+    tier = std::move(r).value();
+  }
+  TempDir dir;
+  std::string name;
+  std::unique_ptr<Tier> tier;
+};
+
+#define FOR_EACH_TIER(fx)                                                                   \
+  const std::size_t tier_index_ = GENERATE(range(std::size_t{0}, conformance::TierFactories().size())); \
+  Fixture fx(tier_index_);                                                                  \
+  INFO("tier: " << fx.name)
+
+Status PutBytes(Tier& t, const BlockKey& k, const std::vector<std::byte>& data) {
+  return t.Put(k, DescribeBlock(data), data);
+}
+
+// Reads a block back and compares it with `want`.
+void ExpectBlock(Tier& t, const BlockKey& k, const std::vector<std::byte>& want) {
+  std::vector<std::byte> out(want.size() + 7);
+  BlockDesc d;
+  Status st = t.Get(k, out, &d);
+  INFO("key " << k.ToString() << ": " << st.ToString());
+  REQUIRE(st.ok());
+  CHECK(d == DescribeBlock(want));
+  CHECK(std::memcmp(out.data(), want.data(), want.size()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("Conformance: put/get round trip over many sizes") {
+  FOR_EACH_TIER(f);
+  std::uint64_t i = 0;
+  for (std::size_t size : {1, 3, 4095, 4096, 4097, 65536 + 13, 1 << 20, (1 << 20) - 1, (1 << 20) + 5}) {
+    auto data = TestBytes(i, size);
+    REQUIRE(PutBytes(*f.tier, TestKey(i), data).ok());
+    auto d = f.tier->Lookup(TestKey(i));
+    REQUIRE(d.ok());
+    CHECK(*d == DescribeBlock(data));
+    ++i;
+  }
+  i = 0;
+  for (std::size_t size : {1, 3, 4095, 4096, 4097, 65536 + 13, 1 << 20, (1 << 20) - 1, (1 << 20) + 5}) {
+    ExpectBlock(*f.tier, TestKey(i), TestBytes(i, size));
+    ++i;
+  }
+  CHECK(f.tier->block_count() == i);
+  CHECK(f.tier->Flush().ok());
+}
+
+TEST_CASE("Conformance: overwrite, erase, lookup and misses") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  auto a = TestBytes(1, 10000), b = TestBytes(2, 300);
+  REQUIRE(PutBytes(t, TestKey(1), a).ok());
+  REQUIRE(PutBytes(t, TestKey(1), b).ok());
+  CHECK(t.block_count() == 1);
+  CHECK(*t.Lookup(TestKey(1)) == DescribeBlock(b));
+  ExpectBlock(t, TestKey(1), b);
+
+  std::vector<std::byte> small(10);
+  BlockDesc d;
+  CHECK_FALSE(t.Get(TestKey(1), small, &d).ok());  // buffer too small: an error, never an overrun
+  CHECK(t.Get(TestKey(2), small, &d).IsNotFound());
+  CHECK(t.Lookup(TestKey(2)).status().IsNotFound());
+  CHECK(t.Erase(TestKey(2)).IsNotFound());
+
+  REQUIRE(t.Erase(TestKey(1)).ok());
+  CHECK(t.Lookup(TestKey(1)).status().IsNotFound());
+  CHECK(t.Get(TestKey(1), small, &d).IsNotFound());
+  CHECK(t.block_count() == 0);
+  CHECK(t.used_bytes() == 0);
+  CHECK(t.Erase(TestKey(1)).IsNotFound());
+}
+
+TEST_CASE("Conformance: capacity exhaustion is OutOfCapacity and damages nothing") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  const std::size_t kBlock = 256 * 1024;
+  std::uint64_t n = 0;
+  Status last;
+  for (; n < 2 * kCapacity / kBlock; ++n) {
+    last = PutBytes(t, TestKey(n), TestBytes(n, kBlock));
+    if (!last.ok()) break;
+  }
+  INFO("filled " << n << " blocks; last put: " << last.ToString());
+  REQUIRE(last.IsOutOfCapacity());
+  CHECK(n >= kCapacity / kBlock / 2);  // the tier uses at least half its capacity for data
+  const std::uint64_t used = t.used_bytes();
+  CHECK(t.block_count() == n);
+  CHECK(PutBytes(t, TestKey(n), TestBytes(n, kBlock)).IsOutOfCapacity());  // still full, still clean
+  CHECK(t.used_bytes() == used);
+  CHECK(t.Lookup(TestKey(n)).status().IsNotFound());
+  for (std::uint64_t i = 0; i < n; ++i) ExpectBlock(t, TestKey(i), TestBytes(i, kBlock));
+  REQUIRE(t.Erase(TestKey(0)).ok());
+  CHECK(PutBytes(t, TestKey(n), TestBytes(n, kBlock)).ok());  // space is reusable
+  ExpectBlock(t, TestKey(n), TestBytes(n, kBlock));
+}
+
+TEST_CASE("Conformance: a block larger than the tier is OutOfCapacity") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  REQUIRE(PutBytes(t, TestKey(1), TestBytes(1, 5000)).ok());
+  const std::uint64_t limit = std::max(t.caps().max_block_bytes, t.caps().capacity_bytes);
+  REQUIRE(limit > 0);
+  std::vector<std::byte> huge(limit + 1, std::byte{7});
+  Status st = t.Put(TestKey(2), DescribeBlock(huge), huge);
+  CHECK(st.IsOutOfCapacity());
+  CHECK(t.Lookup(TestKey(2)).status().IsNotFound());
+  CHECK(t.block_count() == 1);
+  ExpectBlock(t, TestKey(1), TestBytes(1, 5000));
+}
+
+TEST_CASE("Conformance: pins nest and prevent erase; resident bytes while pinned") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  auto data = TestBytes(3, 12345);
+  CHECK(t.Pin(TestKey(3)).IsNotFound());
+  REQUIRE(PutBytes(t, TestKey(3), data).ok());
+  REQUIRE(t.Pin(TestKey(3)).ok());
+  REQUIRE(t.Pin(TestKey(3)).ok());
+  CHECK(t.Erase(TestKey(3)).IsInvalidArgument());
+  if (t.caps().memory == MemoryKind::kHost) {
+    const std::byte* p = t.ResidentPtr(TestKey(3));
+    REQUIRE(p != nullptr);
+    CHECK(std::memcmp(p, data.data(), data.size()) == 0);
+  } else if (t.caps().memory == MemoryKind::kNone) {
+    CHECK(t.ResidentPtr(TestKey(3)) == nullptr);
+  }
+  REQUIRE(t.Unpin(TestKey(3)).ok());
+  CHECK(t.Erase(TestKey(3)).IsInvalidArgument());
+  ExpectBlock(t, TestKey(3), data);
+  REQUIRE(t.Unpin(TestKey(3)).ok());
+  CHECK_FALSE(t.Unpin(TestKey(3)).ok());  // more unpins than pins
+  CHECK(t.Erase(TestKey(3)).ok());
+  CHECK(t.Lookup(TestKey(3)).status().IsNotFound());
+  CHECK(t.ResidentPtr(TestKey(3)) == nullptr);
+}
+
+TEST_CASE("Conformance: ForEach, block_count and used_bytes agree") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  std::map<BlockKey, BlockDesc> oracle;
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    auto data = TestBytes(i, 1 + i * 7919);
+    REQUIRE(PutBytes(t, TestKey(i), data).ok());
+    oracle[TestKey(i)] = DescribeBlock(data);
+  }
+  for (std::uint64_t i = 0; i < 3; ++i) {  // overwrite with a different size
+    auto data = TestBytes(100 + i, 50000 + i);
+    REQUIRE(PutBytes(t, TestKey(i), data).ok());
+    oracle[TestKey(i)] = DescribeBlock(data);
+  }
+  for (std::uint64_t i = 10; i < 15; ++i) {
+    REQUIRE(t.Erase(TestKey(i)).ok());
+    oracle.erase(TestKey(i));
+  }
+  std::map<BlockKey, BlockDesc> seen;
+  t.ForEach([&](const BlockKey& k, const BlockDesc& d) { CHECK(seen.emplace(k, d).second); });
+  CHECK(seen == oracle);
+  CHECK(t.block_count() == oracle.size());
+  std::uint64_t sum = 0;
+  for (const auto& [k, d] : oracle) sum += d.size;
+  CHECK(t.used_bytes() >= sum);
+  CHECK(t.used_bytes() <= t.caps().capacity_bytes);
+  for (const auto& [k, d] : oracle) REQUIRE(t.Erase(k).ok());
+  CHECK(t.block_count() == 0);
+  CHECK(t.used_bytes() == 0);
+  int visits = 0;
+  t.ForEach([&](const BlockKey&, const BlockDesc&) { ++visits; });
+  CHECK(visits == 0);
+}
+
+TEST_CASE("Conformance: batch ops report one status per op, in order") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  std::vector<std::vector<std::byte>> blocks;
+  for (std::uint64_t i = 0; i < 10; ++i) blocks.push_back(TestBytes(i, 3000 + i * 1111));
+  blocks[4].assign(std::max(t.caps().max_block_bytes, t.caps().capacity_bytes) + 1, std::byte{1});
+  std::vector<PutOp> puts;
+  for (std::uint64_t i = 0; i < blocks.size(); ++i) puts.push_back({TestKey(i), DescribeBlock(blocks[i]), blocks[i]});
+  auto ps = t.PutBatch(puts);
+  REQUIRE(ps.size() == puts.size());
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    INFO("put op " << i << ": " << ps[i].ToString());
+    CHECK(ps[i].ok() == (i != 4));
+  }
+  CHECK(ps[4].IsOutOfCapacity());
+  std::vector<std::vector<std::byte>> outs(blocks.size(), std::vector<std::byte>(16000));
+  std::vector<GetOp> gets;
+  for (std::uint64_t i = 0; i < blocks.size(); ++i) gets.push_back({TestKey(i), outs[i], {}});
+  auto gs = t.GetBatch(gets);
+  REQUIRE(gs.size() == gets.size());
+  for (std::size_t i = 0; i < gs.size(); ++i) {
+    INFO("get op " << i << ": " << gs[i].ToString());
+    if (i == 4) {
+      CHECK(gs[i].IsNotFound());
+      continue;
+    }
+    REQUIRE(gs[i].ok());
+    CHECK(gets[i].desc == DescribeBlock(blocks[i]));
+    CHECK(std::memcmp(outs[i].data(), blocks[i].data(), blocks[i].size()) == 0);
+  }
+}
+
+TEST_CASE("Conformance: Get never returns bytes damaged at rest") {
+  FOR_EACH_TIER(f);
+  FaultInjectingTier faulty(*f.tier);  // stores a one-bit-damaged copy under the true desc
+  auto data = TestBytes(9, 20000);
+  faulty.CorruptNextPuts(1);
+  REQUIRE(PutBytes(faulty, TestKey(9), data).ok());
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  CHECK(f.tier->Get(TestKey(9), out, &d).IsCorruption());
+  CHECK(f.tier->Lookup(TestKey(9)).status().IsNotFound());  // dropped
+  CHECK(f.tier->Stats().corruptions >= 1);
+}
+
+TEST_CASE("Conformance: 8 threads of put/get/erase with content verification") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  constexpr int kThreads = 8, kOps = 150, kSharedKeys = 12;
+  // Block (key k, version v): deterministic bytes with v in the first 8 bytes, so any reader can
+  // recompute what it should have seen; a torn or mixed read cannot match.
+  auto content = [](std::uint64_t k, std::uint64_t v) {
+    auto b = TestBytes(k * 1000003 + v, 8 + (k * 7919 + v * 104729) % (48 * 1024));
+    std::memcpy(b.data(), &v, 8);
+    return b;
+  };
+  std::atomic<int> failures{0}, verified{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      std::vector<std::byte> out(64 * 1024);
+      for (int i = 0; i < kOps; ++i) {
+        const bool shared = i % 2 == 0;
+        const std::uint64_t k = shared ? (i * 5 + th) % kSharedKeys : 1000 + th * 10 + i % 10;
+        const int op = (i * 7 + th) % 5;
+        if (op <= 1) {
+          const std::uint64_t v = static_cast<std::uint64_t>(th) * 100000 + i;
+          auto b = content(k, v);
+          Status st = PutBytes(t, TestKey(k), b);
+          if (!st.ok() && !st.IsInvalidArgument()) failures.fetch_add(1);  // pinned elsewhere: allowed
+        } else if (op <= 3) {
+          BlockDesc d;
+          Status st = t.Get(TestKey(k), out, &d);
+          if (st.IsNotFound()) continue;
+          if (!st.ok() || d.size < 8) {
+            failures.fetch_add(1);
+            continue;
+          }
+          std::uint64_t v;
+          std::memcpy(&v, out.data(), 8);
+          auto want = content(k, v);
+          if (want.size() != d.size || std::memcmp(want.data(), out.data(), d.size) != 0 ||
+              Checksum(std::span(out.data(), d.size)) != d.checksum) {
+            failures.fetch_add(1);
+          } else {
+            verified.fetch_add(1);
+          }
+        } else {
+          Status st = t.Erase(TestKey(k));
+          if (!st.ok() && !st.IsNotFound()) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0);
+  CHECK(verified.load() > 0);
+  std::uint64_t visited = 0, sum = 0;
+  t.ForEach([&](const BlockKey& k, const BlockDesc& d) {
+    ++visited;
+    sum += d.size;
+    (void)k;
+  });
+  CHECK(visited == t.block_count());
+  CHECK(t.used_bytes() >= sum);
+  CHECK(t.Stats().corruptions == 0);
+}

@@ -1,0 +1,159 @@
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <bit>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+#include "tiers/fault/fault_tier.h"
+#include "tiers/host/host_tier.h"
+
+using namespace terrace;
+using terrace::testing::TestBytes;
+using terrace::testing::TestKey;
+
+namespace {
+
+std::unique_ptr<FaultInjectingTier> Wrapped() {
+  HostTierOptions o;
+  o.capacity_bytes = 8 * kMiB;
+  o.chunk_bytes = 2 * kMiB;
+  o.pin = false;
+  auto h = HostTier::Create(o);
+  REQUIRE(h.ok());
+  return std::make_unique<FaultInjectingTier>(std::move(h).value());
+}
+
+int BitsDiffering(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  int n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += std::popcount(static_cast<unsigned>(a[i] ^ b[i]));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Armed put/get/erase failures fire exactly N times with the given Status") {
+  auto t = Wrapped();
+  auto data = TestBytes(1, 10000);
+  t->FailNextPuts(2, FaultInjectingTier::Eio(true));
+  for (int i = 0; i < 2; ++i) {
+    Status st = t->Put(TestKey(1), DescribeBlock(data), data);
+    CHECK(st.IsIoError());
+    CHECK(st.retryable());
+    CHECK(st.message().find(TestKey(1).ToString()) != std::string::npos);
+  }
+  CHECK(t->block_count() == 0);  // a failed put leaves nothing behind
+  REQUIRE(t->Put(TestKey(1), DescribeBlock(data), data).ok());
+
+  t->FailNextPuts(1, FaultInjectingTier::Enospc());
+  CHECK(t->Put(TestKey(2), DescribeBlock(data), data).IsOutOfCapacity());
+
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  t->FailNextGets(1, FaultInjectingTier::Eio(false));
+  Status st = t->Get(TestKey(1), out, &d);
+  CHECK(st.IsIoError());
+  CHECK_FALSE(st.retryable());
+  CHECK(t->Get(TestKey(1), out, &d).ok());
+  CHECK(out == data);
+
+  t->FailNextErases(1, FaultInjectingTier::Eio(true));
+  CHECK(t->Erase(TestKey(1)).IsIoError());
+  CHECK(t->Lookup(TestKey(1)).ok());
+  CHECK(t->Erase(TestKey(1)).ok());
+
+  auto n = t->injected();
+  CHECK(n.put_errors == 3);
+  CHECK(n.get_errors == 1);
+  CHECK(n.erase_errors == 1);
+}
+
+TEST_CASE("A flipped Get returns OK with the recorded desc, and the checksum exposes it") {
+  auto t = Wrapped();
+  auto data = TestBytes(2, 70001);
+  REQUIRE(t->Put(TestKey(2), DescribeBlock(data), data).ok());
+  t->FlipBitInNextGets(1);
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  REQUIRE(t->Get(TestKey(2), out, &d).ok());
+  CHECK(d == DescribeBlock(data));         // the recorded desc, not one made to match the bytes
+  CHECK(BitsDiffering(out, data) == 1);
+  CHECK(Checksum(out) != d.checksum);      // what the Store checks
+  REQUIRE(t->Get(TestKey(2), out, &d).ok());  // disarmed after one
+  CHECK(out == data);
+  CHECK(t->injected().bit_flips == 1);
+}
+
+TEST_CASE("A corrupted put is caught by the wrapped tier's Get and the block is dropped") {
+  auto t = Wrapped();
+  auto data = TestBytes(3, 4097);
+  t->CorruptNextPuts(1);
+  REQUIRE(t->Put(TestKey(3), DescribeBlock(data), data).ok());
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  CHECK(t->Get(TestKey(3), out, &d).IsCorruption());
+  CHECK(t->Lookup(TestKey(3)).status().IsNotFound());
+  CHECK(t->Stats().corruptions == 1);
+  CHECK(t->injected().corrupted_puts == 1);
+}
+
+TEST_CASE("Random faults are reproducible for a seed and near the asked rate") {
+  auto run = [](std::uint64_t seed) {
+    auto t = Wrapped();
+    auto data = TestBytes(4, 512);
+    RandomFaults f;
+    f.put_error = 0.25;
+    f.seed = seed;
+    t->SetRandom(f);
+    std::vector<bool> pattern;
+    for (int i = 0; i < 400; ++i) pattern.push_back(t->Put(TestKey(i), DescribeBlock(data), data).ok());
+    t->Disarm();
+    CHECK(t->Put(TestKey(1000), DescribeBlock(data), data).ok());
+    return pattern;
+  };
+  auto a = run(9), b = run(9), c = run(10);
+  CHECK(a == b);
+  CHECK(a != c);
+  auto failures = std::count(a.begin(), a.end(), false);
+  CHECK(failures > 60);   // expected 100; binomial sd ~8.7
+  CHECK(failures < 140);
+}
+
+TEST_CASE("Faults under concurrency: every mismatch is an injected flip, nothing else") {
+  auto t = Wrapped();
+  const int kKeys = 32;
+  std::vector<std::vector<std::byte>> blocks;
+  for (int i = 0; i < kKeys; ++i) {
+    blocks.push_back(TestBytes(i, 3000 + i * 100));
+    REQUIRE(t->Put(TestKey(i), DescribeBlock(blocks[i]), blocks[i]).ok());
+  }
+  RandomFaults f;
+  f.get_error = 0.1;
+  f.get_bit_flip = 0.1;
+  f.seed = 5;
+  t->SetRandom(f);
+  std::atomic<std::uint64_t> mismatches{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      std::vector<std::byte> out(8192);
+      for (int i = 0; i < 300; ++i) {
+        int k = (i * 7 + th) % kKeys;
+        BlockDesc d;
+        Status st = t->Get(TestKey(k), out, &d);
+        if (!st.ok()) {
+          errors.fetch_add(1);
+          continue;
+        }
+        if (Checksum(std::span(out.data(), d.size)) != d.checksum) mismatches.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  auto n = t->injected();
+  CHECK(n.bit_flips == mismatches.load());
+  CHECK(n.get_errors == errors.load());
+  CHECK(n.bit_flips > 0);
+  CHECK(n.get_errors > 0);
+}
