@@ -1,0 +1,96 @@
+// ModelDir (declared in safetensors.h): a WeightSource over a model directory.
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/model/names.h"
+#include "src/model/safetensors.h"
+
+namespace terrace::model {
+namespace {
+
+// A shard named by an index must be a plain file name inside the model directory.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& dir, bool check_tensors) {
+  std::unique_ptr<ModelDir> md(new ModelDir());
+  md->dir_ = dir;
+  TERRACE_ASSIGN_OR_RETURN(md->config_, LoadConfig(dir / kConfigFileName));
+
+  const std::filesystem::path single = dir / kSingleFileName;
+  const std::filesystem::path index = dir / kIndexFileName;
+  std::error_code ec;
+  if (std::filesystem::exists(index, ec)) {
+    std::ifstream in(index, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) return Status::IoError(fmt::format("cannot read '{}'", index.string()));
+    const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return Status::Corruption(fmt::format(
+          "'{}' is not a JSON object with a \"weight_map\" object; regenerate the index", index.string()));
+    }
+    std::map<std::string, std::size_t> shard_of_file;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
+        return Status::Corruption(fmt::format("'{}': weight_map entry for '{}' must be a file name in the same directory",
+                                              index.string(), name));
+      }
+      const std::string f = file.get<std::string>();
+      auto it = shard_of_file.find(f);
+      if (it == shard_of_file.end()) {
+        TERRACE_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(dir / f));
+        it = shard_of_file.emplace(f, md->shards_.size()).first;
+        md->shards_.push_back(std::move(shard));
+      }
+      if (!md->shards_[it->second]->Has(name)) {
+        return Status::Corruption(fmt::format("'{}' maps tensor '{}' to shard '{}', which does not hold it",
+                                              index.string(), name, f));
+      }
+      md->where_.emplace(name, it->second);
+    }
+  } else if (std::filesystem::exists(single, ec)) {
+    TERRACE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single));
+    for (const std::string& name : file->Names()) md->where_.emplace(name, 0);
+    md->shards_.push_back(std::move(file));
+  } else {
+    return Status::NotFound(fmt::format("model directory '{}' has neither {} nor {}; create one with "
+                                        "'terrace model init'",
+                                        dir.string(), kSingleFileName, kIndexFileName));
+  }
+  if (check_tensors) {
+    TERRACE_RETURN_IF_ERROR(ValidateWeights(*md, md->config_).WithContext(fmt::format("model '{}'", dir.string())));
+  }
+  return md;
+}
+
+Result<TensorView> ModelDir::Get(std::string_view name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) {
+    return Status::NotFound(fmt::format("tensor '{}' is not in model '{}'", name, dir_.string()));
+  }
+  return shards_[it->second]->Get(name);
+}
+
+bool ModelDir::Has(std::string_view name) const { return where_.find(name) != where_.end(); }
+
+std::vector<std::string> ModelDir::Names() const {
+  std::vector<std::string> names;
+  names.reserve(where_.size());
+  for (const auto& [name, i] : where_) names.push_back(name);
+  return names;
+}
+
+const SafetensorsFile* ModelDir::ShardOf(std::string_view name) const {
+  const auto it = where_.find(name);
+  return it == where_.end() ? nullptr : shards_[it->second].get();
+}
+
+}  // namespace terrace::model

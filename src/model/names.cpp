@@ -1,0 +1,210 @@
+#include "src/model/names.h"
+
+#include <fmt/format.h>
+
+namespace terrace::model {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+
+class SpecList {
+ public:
+  SpecList(std::vector<TensorSpec>* out, int layer, Component component)
+      : out_(out), layer_(layer), component_(component) {}
+  void Set(Component component) { component_ = component; }
+  void Add(std::string name, Shape shape, DType dtype = DType::kBF16) {
+    out_->push_back(TensorSpec{std::move(name), dtype, std::move(shape), component_, layer_, -1, false});
+  }
+  void AddExpert(int expert, std::string name, Shape shape) {
+    out_->push_back(TensorSpec{std::move(name), DType::kU8, std::move(shape), component_, layer_, expert, true});
+  }
+
+ private:
+  std::vector<TensorSpec>* out_;
+  int layer_;
+  Component component_;
+};
+
+void AddKda(const ModelConfig& c, int l, SpecList& s) {
+  const std::int64_t hidden = c.hidden_size;
+  const std::int64_t h = c.kda.num_heads;
+  const std::int64_t d = c.kda.head_dim;
+  const std::int64_t hd = h * d;
+  const std::int64_t kernel = c.kda.short_conv_kernel_size;
+  for (const char* p : {"q", "k", "v"}) s.Add(AttnTensorName(l, fmt::format("{}_proj.weight", p)), {hd, hidden});
+  for (const char* p : {"q", "k", "v"}) s.Add(AttnTensorName(l, fmt::format("{}_conv1d.weight", p)), {hd, 1, kernel});
+  s.Add(AttnTensorName(l, "f_a_proj.weight"), {d, hidden});
+  s.Add(AttnTensorName(l, "f_b_proj.weight"), {hd, d});
+  s.Add(AttnTensorName(l, "b_proj.weight"), {h, hidden});
+  s.Add(AttnTensorName(l, "A_log"), {h}, DType::kF32);
+  s.Add(AttnTensorName(l, "dt_bias"), {hd}, DType::kF32);
+  if (c.kda.use_full_rank_gate) {
+    s.Add(AttnTensorName(l, "g_proj.weight"), {hd, hidden});
+  } else {
+    s.Add(AttnTensorName(l, "g_a_proj.weight"), {d, hidden});
+    s.Add(AttnTensorName(l, "g_b_proj.weight"), {hd, d});
+  }
+  s.Add(AttnTensorName(l, "o_norm.weight"), {d});
+  s.Add(AttnTensorName(l, "o_proj.weight"), {hidden, hd});
+}
+
+void AddMla(const ModelConfig& c, int l, SpecList& s) {
+  const std::int64_t hidden = c.hidden_size;
+  const std::int64_t h = c.num_attention_heads;
+  const std::int64_t qk = c.QkHeadDim();
+  if (c.q_lora_rank) {
+    const std::int64_t r = *c.q_lora_rank;
+    s.Add(AttnTensorName(l, "q_a_proj.weight"), {r, hidden});
+    s.Add(AttnTensorName(l, "q_a_layernorm.weight"), {r});
+    s.Add(AttnTensorName(l, "q_b_proj.weight"), {h * qk, r});
+  } else {
+    s.Add(AttnTensorName(l, "q_proj.weight"), {h * qk, hidden});
+  }
+  s.Add(AttnTensorName(l, "kv_a_proj_with_mqa.weight"), {c.kv_lora_rank + c.qk_rope_head_dim, hidden});
+  s.Add(AttnTensorName(l, "kv_a_layernorm.weight"), {c.kv_lora_rank});
+  s.Add(AttnTensorName(l, "kv_b_proj.weight"), {h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+  s.Add(AttnTensorName(l, "o_proj.weight"), {hidden, h * c.v_head_dim});
+  if (c.mla_use_output_gate) s.Add(AttnTensorName(l, "g_proj.weight"), {h * c.v_head_dim, hidden});
+}
+
+void AddMoe(const ModelConfig& c, int l, SpecList& s) {
+  const std::int64_t hidden = c.hidden_size;
+  const std::int64_t e = c.num_experts;
+  const std::int64_t latent = c.routed_expert_hidden_size;
+  const std::int64_t inter = c.moe_intermediate_size;
+  s.Set(Component::kMoeRouting);
+  s.Add(MoeTensorName(l, "gate.weight"), {e, hidden});
+  s.Add(MoeTensorName(l, "gate.e_score_correction_bias"), {e}, DType::kF32);
+  if (c.HasLatentProjection()) {
+    s.Add(MoeTensorName(l, "routed_expert_down_proj.weight"), {latent, hidden});
+    s.Add(MoeTensorName(l, "routed_expert_up_proj.weight"), {hidden, latent});
+  }
+  if (c.latent_moe_use_norm) s.Add(MoeTensorName(l, "routed_expert_norm.weight"), {latent});
+  s.Set(Component::kRoutedExperts);
+  for (int x = 0; x < c.num_experts; ++x) {
+    for (const char* w : {"w1", "w3"}) {
+      s.AddExpert(x, ExpertTensorName(l, x, w, "weight_packed"), {inter, latent / 2});
+      s.AddExpert(x, ExpertTensorName(l, x, w, "weight_scale"), {inter, latent / 32});
+    }
+    s.AddExpert(x, ExpertTensorName(l, x, "w2", "weight_packed"), {latent, inter / 2});
+    s.AddExpert(x, ExpertTensorName(l, x, "w2", "weight_scale"), {latent, inter / 32});
+  }
+  if (c.num_shared_experts > 0) {
+    const std::int64_t si = c.shared_expert_intermediate_size;
+    s.Set(Component::kSharedExperts);
+    s.Add(MoeTensorName(l, "shared_experts.gate_proj.weight"), {si, hidden});
+    s.Add(MoeTensorName(l, "shared_experts.up_proj.weight"), {si, hidden});
+    s.Add(MoeTensorName(l, "shared_experts.down_proj.weight"), {hidden, si});
+  }
+}
+
+bool IsFloatDType(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+}  // namespace
+
+std::string LayerPrefix(int layer) { return fmt::format("{}layers.{}.", kModelPrefix, layer); }
+std::string LayerTensorName(int layer, std::string_view suffix) { return LayerPrefix(layer).append(suffix); }
+std::string AttnTensorName(int layer, std::string_view suffix) {
+  return fmt::format("{}self_attn.{}", LayerPrefix(layer), suffix);
+}
+std::string MoeTensorName(int layer, std::string_view suffix) {
+  return fmt::format("{}block_sparse_moe.{}", LayerPrefix(layer), suffix);
+}
+std::string ExpertTensorName(int layer, int expert, std::string_view proj, std::string_view kind) {
+  return fmt::format("{}block_sparse_moe.experts.{}.{}.{}", LayerPrefix(layer), expert, proj, kind);
+}
+std::string DenseMlpTensorName(int layer, std::string_view proj) {
+  return fmt::format("{}mlp.{}.weight", LayerPrefix(layer), proj);
+}
+
+std::string_view ComponentName(Component c) {
+  switch (c) {
+    case Component::kAttention: return "attention";
+    case Component::kRoutedExperts: return "routed_experts";
+    case Component::kMoeRouting: return "moe_routing";
+    case Component::kSharedExperts: return "shared_experts";
+    case Component::kDenseMlp: return "dense_mlp";
+    case Component::kEmbeddings: return "embeddings";
+    case Component::kNormsOther: return "norms_other";
+  }
+  return "unknown";
+}
+
+std::int64_t TensorSpec::params() const {
+  if (!mxfp4) return NumElements(shape);
+  if (name.ends_with("weight_scale")) return 0;
+  return 2 * NumElements(shape);
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  std::vector<TensorSpec> out;
+  const std::int64_t hidden = c.hidden_size;
+  SpecList model(&out, -1, Component::kEmbeddings);
+  model.Add(std::string(kEmbed), {c.vocab_size, hidden});
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    SpecList s(&out, l, Component::kNormsOther);
+    s.Add(LayerTensorName(l, "input_layernorm.weight"), {hidden});
+    s.Add(LayerTensorName(l, "post_attention_layernorm.weight"), {hidden});
+    if (c.attn_res_block_size > 0) {
+      s.Add(LayerTensorName(l, "self_attention_res_proj.weight"), {1, hidden});
+      s.Add(LayerTensorName(l, "self_attention_res_norm.weight"), {hidden});
+      s.Add(LayerTensorName(l, "mlp_res_proj.weight"), {1, hidden});
+      s.Add(LayerTensorName(l, "mlp_res_norm.weight"), {hidden});
+    }
+    s.Set(Component::kAttention);
+    if (c.IsMlaLayer(l)) {
+      AddMla(c, l, s);
+    } else {
+      AddKda(c, l, s);
+    }
+    if (c.IsDenseLayer(l)) {
+      s.Set(Component::kDenseMlp);
+      s.Add(DenseMlpTensorName(l, "gate_proj"), {c.intermediate_size, hidden});
+      s.Add(DenseMlpTensorName(l, "up_proj"), {c.intermediate_size, hidden});
+      s.Add(DenseMlpTensorName(l, "down_proj"), {hidden, c.intermediate_size});
+    } else {
+      AddMoe(c, l, s);
+    }
+  }
+  model.Set(Component::kNormsOther);
+  model.Add(std::string(kFinalNorm), {hidden});
+  if (c.attn_res_block_size > 0) {
+    model.Add(std::string(kOutputAttnResProj), {1, hidden});
+    model.Add(std::string(kOutputAttnResNorm), {hidden});
+  }
+  model.Set(Component::kEmbeddings);
+  model.Add(std::string(kLmHead), {c.vocab_size, hidden});
+  return out;
+}
+
+std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config) {
+  std::vector<std::string> problems;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    auto view = source.Get(spec.name);
+    if (!view.ok()) {
+      problems.push_back(fmt::format("tensor '{}' is missing (expected {} {})", spec.name, DTypeName(spec.dtype),
+                                     ShapeString(spec.shape)));
+      continue;
+    }
+    const bool reshape_ok = spec.name.ends_with(".A_log") && view->numel() == NumElements(spec.shape);
+    if (view->shape != spec.shape && !reshape_ok) {
+      problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", spec.name, ShapeString(view->shape),
+                                     ShapeString(spec.shape)));
+    }
+    const bool dtype_ok = spec.mxfp4 ? view->dtype == DType::kU8 : IsFloatDType(view->dtype);
+    if (!dtype_ok) {
+      problems.push_back(fmt::format("tensor '{}' has dtype {}, expected {}", spec.name, DTypeName(view->dtype),
+                                     spec.mxfp4 ? "U8 (MXFP4)" : "F32, BF16 or F16"));
+    }
+  }
+  return problems;
+}
+
+Status ValidateWeights(const WeightSource& source, const ModelConfig& config) {
+  const std::vector<std::string> problems = FindWeightProblems(source, config);
+  if (problems.empty()) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("{}{}; the checkpoint does not match its config.json", problems.front(),
+                                             problems.size() > 1 ? fmt::format(" (and {} more problems)", problems.size() - 1) : ""));
+}
+
+}  // namespace terrace::model

@@ -1,0 +1,35 @@
+// Seeded random weights for a ModelConfig, written as a model directory (config.json +
+// model.safetensors, or shards + model.safetensors.index.json) in K3's dtypes.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include "src/model/config.h"
+#include "terrace/status.h"
+
+namespace terrace::model {
+
+struct InitOptions {
+  std::uint64_t seed = 0;
+  // A shard holds at most this many data bytes (a single tensor larger than this gets a shard of its
+  // own). A model whose tensors fit in one shard is written as a single model.safetensors.
+  std::uint64_t shard_bytes = 2ull << 30;
+  // Models whose weights exceed kMaxInitBytes are refused unless force is set.
+  bool force = false;
+};
+
+inline constexpr std::uint64_t kMaxInitBytes = 4ull << 30;
+
+// Bytes the weights of `config` take on disk in K3's dtypes (tensor data only).
+std::uint64_t WeightBytes(const ModelConfig& config);
+
+// Writes random weights for `config` into `dir` (created if missing; existing model files replaced).
+// The bytes depend only on (config, seed): the same inputs give identical files. Each tensor draws
+// from its own stream keyed by (seed, tensor name). Scales keep activations well conditioned:
+// linear weights ~ N(0, 1/fan_in) (residual-branch outputs scaled down by 1/sqrt(2 * layers)), norm
+// weights ~ 1, small non-zero AttnRes pseudo-queries, decay parameters giving moderate decays, router
+// rows random so every expert is chosen. Routed experts are quantised with QuantizeMxfp4.
+Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, const InitOptions& options);
+
+}  // namespace terrace::model

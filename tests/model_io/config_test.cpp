@@ -1,0 +1,169 @@
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "src/model/config.h"
+
+using namespace terrace::model;
+using Json = nlohmann::json;
+
+namespace {
+
+// A complete K3-style config (the toy sizes), as a JSON object to edit per test.
+Json ToyJson() { return Json::parse(ToConfigJson(*Preset("k3-toy"))); }
+
+std::string ErrorOf(const Json& j) {
+  auto r = ParseConfigJson(j.dump(), "my/config.json");
+  if (r.ok()) return "";
+  CHECK(r.status().IsInvalidArgument());
+  CHECK(r.status().message().find("my/config.json") != std::string::npos);
+  return r.status().message();
+}
+
+bool Mentions(const std::string& msg, const std::string& what) {
+  INFO("message: " << msg);
+  return msg.find(what) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("config parses at top level and under text_config", "[config]") {
+  const std::string text = R"({
+    "model_type": "kimi_k3", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
+    "rms_norm_eps": 1e-6, "architectures": ["KimiK3ForCausalLM"], "some_future_field": {"x": [1, 2]},
+    "linear_attn_config": {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4,
+      "use_full_rank_gate": true, "gate_lower_bound": -5.0, "full_attn_layers": [2, 4], "kda_layers": [1, 3]},
+    "num_attention_heads": 2, "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "mla_use_nope": true, "mla_use_output_gate": true,
+    "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32,
+    "routed_expert_hidden_size": 32, "latent_moe_use_norm": true, "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1, "intermediate_size": 128, "attn_res_block_size": 2,
+    "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0})";
+  auto top = ParseConfigJson(text);
+  REQUIRE(top.ok());
+  const ModelConfig& c = *top;
+  CHECK(c.num_hidden_layers == 4);
+  CHECK(c.rms_norm_eps == 1e-6f);
+  CHECK(!c.q_lora_rank.has_value());
+  CHECK(c.kda.gate_lower_bound == -5.0f);
+  CHECK(c.IsMlaLayer(1));   // 1-based 2
+  CHECK(c.IsMlaLayer(3));   // 1-based 4
+  CHECK(c.IsKdaLayer(0));
+  CHECK(c.IsDenseLayer(0));
+  CHECK(!c.IsDenseLayer(1));
+  CHECK(c.routed_scaling_factor == 2.5f);
+  CHECK(c.shared_expert_intermediate_size == 32);  // 1 shared x 32
+  CHECK(c.HasLatentProjection());
+
+  Json nested = {{"model_type", "kimi_k3_vl"}, {"vision_config", {{"depth", 3}}}, {"text_config", Json::parse(text)}};
+  auto inner = ParseConfigJson(nested.dump());
+  REQUIRE(inner.ok());
+  CHECK(ToConfigJson(*inner) == ToConfigJson(c));
+}
+
+TEST_CASE("ToConfigJson round trips every preset", "[config]") {
+  for (const auto& name : PresetNames()) {
+    INFO(name);
+    auto p = Preset(name);
+    REQUIRE(p.ok());
+    auto back = ParseConfigJson(ToConfigJson(*p));
+    REQUIRE(back.ok());
+    CHECK(ToConfigJson(*back) == ToConfigJson(*p));
+    CHECK(back->q_lora_rank == p->q_lora_rank);
+    CHECK(back->kda.gate_lower_bound == p->kda.gate_lower_bound);
+    CHECK(back->rms_norm_eps == p->rms_norm_eps);
+  }
+}
+
+TEST_CASE("missing required fields are named", "[config]") {
+  for (const char* field : {"num_hidden_layers", "hidden_size", "vocab_size", "linear_attn_config", "kv_lora_rank",
+                            "num_experts", "moe_intermediate_size", "intermediate_size"}) {
+    Json j = ToyJson();
+    j.erase(field);
+    CHECK(Mentions(ErrorOf(j), std::string("'") + field + "'"));
+  }
+  Json j = ToyJson();
+  j["linear_attn_config"].erase("num_heads");
+  CHECK(Mentions(ErrorOf(j), "'linear_attn_config.num_heads'"));
+  Json n = {{"text_config", ToyJson()}};
+  n["text_config"].erase("hidden_size");
+  CHECK(Mentions(ErrorOf(n), "'text_config.hidden_size'"));
+}
+
+TEST_CASE("kda_layers defaults to the complement of full_attn_layers", "[config]") {
+  Json j = ToyJson();
+  j["linear_attn_config"].erase("kda_layers");
+  auto c = ParseConfigJson(j.dump());
+  REQUIRE(c.ok());
+  CHECK(c->kda.kda_layers == std::vector<int>{1, 2, 3, 5, 6, 7});
+}
+
+TEST_CASE("inconsistent fields are named", "[config]") {
+  auto with = [](auto edit) {
+    Json j = ToyJson();
+    edit(j);
+    return ErrorOf(j);
+  };
+  CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["full_attn_layers"] = {4, 9}; }), "outside"));
+  CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["full_attn_layers"] = {0, 8}; }), "outside"));
+  CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["full_attn_layers"] = {4, 8, 3}; }), "more than once"));
+  CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["full_attn_layers"] = {4}; }), "miss layer 8"));
+  CHECK(Mentions(with([](Json& j) { j["num_experts_per_token"] = 17; }), "num_experts_per_token"));
+  CHECK(Mentions(with([](Json& j) { j["kv_lora_rank"] = 0; }), "kv_lora_rank"));
+  CHECK(Mentions(with([](Json& j) { j["routed_expert_hidden_size"] = 100; }), "routed_expert_hidden_size"));
+  CHECK(Mentions(with([](Json& j) { j["moe_intermediate_size"] = 40; }), "moe_intermediate_size"));
+  CHECK(Mentions(with([](Json& j) { j["hidden_size"] = -1; }), "hidden_size"));
+  CHECK(Mentions(with([](Json& j) { j["hidden_size"] = "big"; }), "'hidden_size' must be an integer"));
+  CHECK(Mentions(with([](Json& j) { j["first_k_dense_replace"] = 9; }), "first_k_dense_replace"));
+  CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["gate_lower_bound"] = 1.0; }), "gate_lower_bound"));
+  CHECK(Mentions(with([](Json& j) { j["attn_res_block_size"] = -2; }), "attn_res_block_size"));
+  CHECK(Mentions(with([](Json& j) { j["mla_use_nope"] = false; }), "mla_use_nope"));
+  CHECK(Mentions(ErrorOf(Json::array()), "JSON object"));
+  CHECK(!ParseConfigJson("{not json").ok());
+}
+
+TEST_CASE("null q_lora_rank means a plain q_proj; absent switches are off", "[config]") {
+  Json j = ToyJson();
+  j["q_lora_rank"] = nullptr;
+  j.erase("latent_moe_use_norm");
+  j.erase("mla_use_output_gate");
+  j.erase("attn_res_block_size");
+  j.erase("routed_expert_hidden_size");
+  j["linear_attn_config"]["gate_lower_bound"] = nullptr;
+  auto c = ParseConfigJson(j.dump());
+  REQUIRE(c.ok());
+  CHECK(!c->q_lora_rank);
+  CHECK(!c->latent_moe_use_norm);
+  CHECK(!c->mla_use_output_gate);
+  CHECK(c->attn_res_block_size == 0);
+  CHECK(!c->HasLatentProjection());
+  CHECK(!c->kda.gate_lower_bound);
+}
+
+TEST_CASE("presets validate and match the model notes", "[config][presets]") {
+  for (const auto& name : PresetNames()) CHECK(Preset(name).ok());
+  CHECK(Preset("k3-huge").status().message().find("k3-toy") != std::string::npos);
+
+  auto toy = *Preset("k3-toy");
+  CHECK(toy.vocab_size == 512);
+  CHECK(toy.kda.full_attn_layers == std::vector<int>{4, 8});
+  CHECK(toy.MlaCacheWidth() == 80);
+  CHECK(toy.shared_expert_intermediate_size == 192);
+
+  auto k3 = *Preset("kimi-k3");
+  CHECK(k3.num_hidden_layers == 93);
+  CHECK(k3.kda.full_attn_layers.size() == 24);
+  CHECK(k3.kda.kda_layers.size() == 69);
+  CHECK(k3.IsMlaLayer(92));
+  CHECK(k3.IsMlaLayer(91));
+  CHECK(!k3.IsMlaLayer(90));
+  CHECK(k3.MlaCacheWidth() == 576);
+  // KDA state: 96 * 128 * 128 * 4 B = 6 MiB per layer.
+  CHECK(std::int64_t{k3.kda.num_heads} * k3.kda.head_dim * k3.kda.head_dim * 4 == 6 << 20);
+
+  auto kl = *Preset("kimi-linear-48b");
+  CHECK(kl.kda.full_attn_layers == std::vector<int>{4, 8, 12, 16, 20, 24, 27});
+  CHECK(kl.attn_res_block_size == 0);
+  CHECK(!kl.kda.gate_lower_bound);
+  CHECK(!kl.kda.use_full_rank_gate);
+  CHECK(!kl.HasLatentProjection());
+}

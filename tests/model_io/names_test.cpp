@@ -1,0 +1,94 @@
+#include <map>
+#include <set>
+
+#include <catch2/catch.hpp>
+
+#include "src/model/config.h"
+#include "src/model/names.h"
+
+using namespace terrace::model;
+
+TEST_CASE("K3 tensor names", "[names]") {
+  CHECK(LayerPrefix(3) == "language_model.model.layers.3.");
+  CHECK(AttnTensorName(0, "q_proj.weight") == "language_model.model.layers.0.self_attn.q_proj.weight");
+  CHECK(ExpertTensorName(1, 5, "w1", "weight_packed") ==
+        "language_model.model.layers.1.block_sparse_moe.experts.5.w1.weight_packed");
+  CHECK(MoeTensorName(2, "gate.e_score_correction_bias") ==
+        "language_model.model.layers.2.block_sparse_moe.gate.e_score_correction_bias");
+  CHECK(DenseMlpTensorName(0, "down_proj") == "language_model.model.layers.0.mlp.down_proj.weight");
+  CHECK(kLmHead == "language_model.lm_head.weight");
+}
+
+TEST_CASE("ExpectedTensors for the toy model", "[names]") {
+  const ModelConfig c = *Preset("k3-toy");
+  const auto specs = ExpectedTensors(c);
+  std::map<std::string, TensorSpec> by_name;
+  for (const auto& s : specs) CHECK(by_name.emplace(s.name, s).second);  // names are unique
+  auto shape = [&](const std::string& n) {
+    INFO(n);
+    REQUIRE(by_name.count(n) == 1);
+    return by_name.at(n).shape;
+  };
+  using S = std::vector<std::int64_t>;
+  CHECK(shape(std::string(kEmbed)) == S{512, 256});
+  CHECK(shape(std::string(kLmHead)) == S{512, 256});
+  CHECK(shape(std::string(kOutputAttnResProj)) == S{1, 256});
+  // Layer 0: KDA + dense MLP.
+  CHECK(shape(AttnTensorName(0, "q_proj.weight")) == S{256, 256});
+  CHECK(shape(AttnTensorName(0, "q_conv1d.weight")) == S{256, 1, 4});
+  CHECK(shape(AttnTensorName(0, "f_a_proj.weight")) == S{64, 256});
+  CHECK(shape(AttnTensorName(0, "f_b_proj.weight")) == S{256, 64});
+  CHECK(shape(AttnTensorName(0, "b_proj.weight")) == S{4, 256});
+  CHECK(shape(AttnTensorName(0, "A_log")) == S{4});
+  CHECK(by_name.at(AttnTensorName(0, "A_log")).dtype == DType::kF32);
+  CHECK(shape(AttnTensorName(0, "dt_bias")) == S{256});
+  CHECK(shape(AttnTensorName(0, "g_proj.weight")) == S{256, 256});
+  CHECK(shape(AttnTensorName(0, "o_norm.weight")) == S{64});
+  CHECK(shape(DenseMlpTensorName(0, "gate_proj")) == S{512, 256});
+  CHECK(by_name.count(MoeTensorName(0, "gate.weight")) == 0);
+  // Layer 3 (1-based 4): MLA + MoE.
+  CHECK(shape(AttnTensorName(3, "q_a_proj.weight")) == S{128, 256});
+  CHECK(shape(AttnTensorName(3, "q_b_proj.weight")) == S{4 * 48, 128});
+  CHECK(shape(AttnTensorName(3, "kv_a_proj_with_mqa.weight")) == S{80, 256});
+  CHECK(shape(AttnTensorName(3, "kv_b_proj.weight")) == S{4 * 64, 64});
+  CHECK(shape(AttnTensorName(3, "o_proj.weight")) == S{256, 128});
+  CHECK(shape(AttnTensorName(3, "g_proj.weight")) == S{128, 256});
+  CHECK(shape(MoeTensorName(3, "gate.weight")) == S{16, 256});
+  CHECK(shape(MoeTensorName(3, "routed_expert_down_proj.weight")) == S{128, 256});
+  CHECK(shape(MoeTensorName(3, "routed_expert_up_proj.weight")) == S{256, 128});
+  CHECK(shape(ExpertTensorName(3, 15, "w1", "weight_packed")) == S{96, 64});
+  CHECK(shape(ExpertTensorName(3, 15, "w1", "weight_scale")) == S{96, 4});
+  CHECK(shape(ExpertTensorName(3, 15, "w2", "weight_packed")) == S{128, 48});
+  CHECK(shape(ExpertTensorName(3, 15, "w2", "weight_scale")) == S{128, 3});
+  CHECK(shape(MoeTensorName(3, "shared_experts.down_proj.weight")) == S{256, 192});
+  CHECK(by_name.at(ExpertTensorName(3, 0, "w3", "weight_packed")).dtype == DType::kU8);
+  CHECK(by_name.at(ExpertTensorName(3, 0, "w3", "weight_packed")).component == Component::kRoutedExperts);
+
+  // Every expert of every MoE layer, 6 tensors each.
+  int experts = 0;
+  for (const auto& s : specs) experts += s.component == Component::kRoutedExperts;
+  CHECK(experts == 7 * 16 * 6);
+  // Logical parameter count of one expert: 3 * 96 * 128.
+  std::int64_t p = 0;
+  for (const auto& s : specs) {
+    if (s.layer == 1 && s.expert == 0) p += s.params();
+  }
+  CHECK(p == 3 * 96 * 128);
+}
+
+TEST_CASE("ExpectedTensors follows the config's switches", "[names]") {
+  const ModelConfig kl = *Preset("kimi-linear-48b");
+  std::set<std::string> names;
+  for (const auto& s : ExpectedTensors(kl)) {
+    if (s.layer <= 3) names.insert(s.name);
+  }
+  CHECK(names.count(AttnTensorName(0, "g_a_proj.weight")) == 1);
+  CHECK(names.count(AttnTensorName(0, "g_proj.weight")) == 0);
+  CHECK(names.count(AttnTensorName(3, "q_proj.weight")) == 1);
+  CHECK(names.count(AttnTensorName(3, "q_a_proj.weight")) == 0);
+  CHECK(names.count(AttnTensorName(3, "g_proj.weight")) == 0);
+  CHECK(names.count(MoeTensorName(1, "routed_expert_down_proj.weight")) == 0);
+  CHECK(names.count(MoeTensorName(1, "routed_expert_norm.weight")) == 0);
+  CHECK(names.count(LayerTensorName(1, "mlp_res_proj.weight")) == 0);
+  CHECK(names.count(std::string(kOutputAttnResProj)) == 0);
+}

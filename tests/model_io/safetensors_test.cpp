@@ -1,0 +1,110 @@
+#include <cstring>
+#include <fstream>
+
+#include <catch2/catch.hpp>
+
+#include "src/model/safetensors.h"
+#include "test_util.h"
+
+using namespace terrace::model;
+using terrace::testing::TempDir;
+
+namespace {
+std::vector<std::byte> ReadAll(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(c.size());
+  if (!c.empty()) std::memcpy(out.data(), c.data(), c.size());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("safetensors write then read round trip", "[safetensors]") {
+  TempDir dir("st");
+  const auto path = dir.path() / "a.safetensors";
+  SafetensorsWriter w;
+  Tensor f({2, 3});
+  for (int i = 0; i < 6; ++i) f.data[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i) - 1.0f;
+  REQUIRE(w.AddF32("f", f).ok());
+  const std::vector<std::uint8_t> u8{1, 2, 3, 250, 251};  // odd size: later tensors must stay aligned
+  REQUIRE(w.Add("bytes", DType::kU8, {5}, std::as_bytes(std::span(u8))).ok());
+  const std::vector<std::uint16_t> bf{FloatToBf16(1.0f), FloatToBf16(-3.5f)};
+  REQUIRE(w.Add("z.bf", DType::kBF16, {1, 2}, std::as_bytes(std::span(bf))).ok());
+  const std::vector<std::int64_t> i64{-1, 1LL << 40};
+  REQUIRE(w.Add("i64", DType::kI64, {2}, std::as_bytes(std::span(i64))).ok());
+  REQUIRE(w.Add("empty", DType::kF32, {0, 4}, {}).ok());
+  w.SetMetadata("format", "pt");
+  REQUIRE(w.Write(path).ok());
+
+  auto file = SafetensorsFile::Open(path);
+  REQUIRE(file.ok());
+  const auto& st = **file;
+  CHECK(st.Names() == std::vector<std::string>{"bytes", "empty", "f", "i64", "z.bf"});
+  CHECK(st.metadata().at("format") == "pt");
+  auto fv = st.Get("f");
+  REQUIRE(fv.ok());
+  CHECK(fv->shape == std::vector<std::int64_t>{2, 3});
+  CHECK(ToFloat(*fv)->data == f.data);
+  auto bv = st.Get("bytes");
+  REQUIRE(bv.ok());
+  CHECK(std::memcmp(bv->data.data(), u8.data(), 5) == 0);
+  auto zv = st.Get("z.bf");
+  REQUIRE(zv.ok());
+  CHECK(ToFloat(*zv)->data == std::vector<float>{1.0f, -3.5f});
+  auto iv = st.Get("i64");
+  REQUIRE(iv.ok());
+  std::int64_t got[2];
+  std::memcpy(got, iv->data.data(), 16);
+  CHECK(got[0] == -1);
+  CHECK(got[1] == (1LL << 40));
+  CHECK(st.Get("empty")->numel() == 0);
+
+  // Layout: data section 8-aligned, every tensor aligned to its element size, tensors back to back.
+  const auto bytes = ReadAll(path);
+  std::uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  CHECK((8 + n) % 8 == 0);
+  for (const auto& name : st.Names()) {
+    auto v = st.Get(name);
+    const auto off = static_cast<std::size_t>(v->data.data() - (st.Get("i64")->data.data()));
+    CHECK(off % DTypeSize(v->dtype) == 0);
+  }
+  auto missing = st.Get("nope");
+  REQUIRE(missing.status().IsNotFound());
+  CHECK(missing.status().message().find("nope") != std::string::npos);
+}
+
+TEST_CASE("safetensors writer rejects bad input", "[safetensors]") {
+  SafetensorsWriter w;
+  const std::vector<float> x(4, 1.0f);
+  CHECK(w.Add("a", DType::kF32, {3}, std::as_bytes(std::span(x))).IsInvalidArgument());
+  CHECK(w.Add("__metadata__", DType::kF32, {4}, std::as_bytes(std::span(x))).IsInvalidArgument());
+  CHECK(w.Add("a", DType::kF32, {-4}, std::as_bytes(std::span(x))).IsInvalidArgument());
+  REQUIRE(w.Add("a", DType::kF32, {2, 2}, std::as_bytes(std::span(x))).ok());
+  CHECK(w.Add("a", DType::kF32, {4}, std::as_bytes(std::span(x))).IsInvalidArgument());
+  CHECK(w.Write("/nonexistent-dir/x.safetensors").IsNotFound());
+}
+
+TEST_CASE("safetensors write is atomic: no temp file left, old file replaced", "[safetensors]") {
+  TempDir dir("st");
+  const auto path = dir.path() / "m.safetensors";
+  for (float v : {1.0f, 2.0f}) {
+    SafetensorsWriter w;
+    Tensor t({1});
+    t.data[0] = v;
+    REQUIRE(w.AddF32("t", t).ok());
+    REQUIRE(w.Write(path).ok());
+    auto f = SafetensorsFile::Open(path);
+    REQUIRE(f.ok());
+    CHECK(ToFloat(*(*f)->Get("t"))->data[0] == v);
+  }
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++files;
+  CHECK(files == 1);
+}
+
+TEST_CASE("opening a missing file is NotFound naming the path", "[safetensors]") {
+  auto f = SafetensorsFile::Open("/definitely/not/here.safetensors");
+  REQUIRE(f.status().IsNotFound());
+  CHECK(f.status().message().find("/definitely/not/here.safetensors") != std::string::npos);
+}
