@@ -1,0 +1,45 @@
+// Gated Multi-head Latent Attention with NoPE (model-notes section 3), in the naive form (keys and
+// values expanded per head from the latent cache) and the absorbed form (queries mapped into the
+// latent space; values expanded after the softmax). Both give the same result.
+//
+// The per-token cache of one MLA layer is exactly [c_KV (kv_lora, RMS-normalised) | k_pe (rope)],
+// row-major [tokens, kv_lora + rope] fp32. Thread-safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "src/model/tensor.h"
+#include "terrace/status.h"
+
+namespace terrace::model {
+
+struct MlaWeights {              // linear weights are [out, in]
+  Tensor q_a, q_a_norm, q_b;     // q_lora path: [q_lora, d], [q_lora], [H*(nope+rope), q_lora]
+  Tensor q_proj;                 // plain path (q_lora_rank null): [H*(nope+rope), d]
+  Tensor kv_a;                   // kv_a_proj_with_mqa [kv_lora + rope, d]
+  Tensor kv_a_norm;              // [kv_lora]
+  Tensor kv_b;                   // [H*(nope+v), kv_lora], per head k_nope rows first
+  Tensor o_proj;                 // [d, H*v]
+  Tensor g_proj;                 // output gate [H*v, d] (mla_use_output_gate)
+};
+
+struct MlaDims {
+  std::int64_t hidden = 0, heads = 0, q_lora = 0;  // q_lora 0: plain q_proj
+  std::int64_t kv_lora = 0, nope = 0, rope = 0, v = 0;
+  bool output_gate = true;
+  float rms_eps = 1e-5f;
+  std::int64_t CacheWidth() const { return kv_lora + rope; }
+  std::int64_t QkDim() const { return nope + rope; }
+};
+
+Status CheckMlaWeights(const MlaWeights& w, const MlaDims& dims, std::string_view where);
+
+// Runs the mixer on x [T, hidden] (the normed layer input). Appends T rows to *cache (the sequence's
+// latents so far, [N, CacheWidth()]); token i of x attends causally to cache rows [0, N_before + i].
+// out is [T, hidden]. absorbed picks the absorbed form (decode) over the naive form (prefill).
+void MlaForward(const MlaWeights& w, const MlaDims& dims, const float* x, std::int64_t tokens,
+                std::vector<float>* cache, bool absorbed, float* out);
+
+}  // namespace terrace::model

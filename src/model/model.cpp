@@ -1,0 +1,140 @@
+// Model::Forward: the decoder stack wired through Block Attention Residuals (model-notes section 4).
+#include "src/model/model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "src/model/attnres.h"
+#include "src/model/ops.h"
+
+namespace terrace::model {
+namespace {
+
+using Rows = std::vector<float>;
+
+// AttnRes over bank + [prefix] into out.
+void Mix(const std::vector<Rows>& bank, const Rows& prefix, std::int64_t T, std::int64_t d, const Tensor& w,
+         const Tensor& n, Rows* out, Profile* profile) {
+  ScopedPhase timer(profile, Phase::kAttnRes);
+  std::vector<const float*> sources;
+  for (const auto& b : bank) sources.push_back(b.data());
+  sources.push_back(prefix.data());
+  out->resize(prefix.size());
+  AttnResMix(sources, T, d, w.ptr(), n.ptr(), out->data());
+}
+
+}  // namespace
+
+Status Model::RunLayer(int l, std::int64_t T, const float* normed, SequenceState* state, const ForwardOptions& o,
+                       float* out) const {
+  const LayerWeights& w = layer(l);
+  LayerState& s = state->layer(l);
+  if (w.is_mla) {
+    ScopedPhase timer(o.profile, Phase::kMla);
+    MlaForward(w.mla, mla_dims(), normed, T, &s.latents, o.absorbed_mla, out);
+  } else {
+    ScopedPhase timer(o.profile, Phase::kKda);
+    KdaForward(w.kda, kda_dims(), normed, T, s.recurrent, s.conv, o.chunked_kda, out);
+  }
+  s.tokens += T;
+  return Status::Ok();
+}
+
+Status Model::RunFfn(int l, std::int64_t T, const float* normed, const ForwardOptions& o, float* out) const {
+  const LayerWeights& w = layer(l);
+  ScopedPhase timer(o.profile, Phase::kMoe);
+  if (w.dense) {
+    SituGluMlp(w.mlp_gate, w.mlp_up, w.mlp_down, config_.activation_situ_beta, config_.activation_situ_linear_beta,
+               normed, T, out, false);
+    return Status::Ok();
+  }
+  Routing routing;
+  TERRACE_RETURN_IF_ERROR(MoeForward(w.moe, moe_dims(), l, experts_.get(), normed, T, out, &routing));
+  if (o.on_routing) o.on_routing(l, routing);
+  return Status::Ok();
+}
+
+Result<Tensor> Model::Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& o) const {
+  const std::int64_t T = static_cast<std::int64_t>(tokens.size()), d = config_.hidden_size;
+  if (T == 0) return Status::InvalidArgument("no input tokens; pass at least one token id");
+  if (state->num_layers() != config_.num_hidden_layers)
+    return Status::InvalidArgument(fmt::format("the sequence state has {} layers but the model has {}; create it with "
+                                               "SequenceState::ForConfig(model.config())",
+                                               state->num_layers(), config_.num_hidden_layers));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const int id = tokens[static_cast<std::size_t>(t)];
+    if (id < 0 || id >= config_.vocab_size)
+      return Status::InvalidArgument(
+          fmt::format("token id {} at position {} is outside the vocabulary [0, {})", id, t, config_.vocab_size));
+  }
+  const auto n = static_cast<std::size_t>(T * d);
+  Rows hidden(n), prefix, h, normed(n), a(n), f(n);
+  {
+    ScopedPhase timer(o.profile, Phase::kOther);
+    for (std::int64_t t = 0; t < T; ++t)
+      std::copy_n(embed_.ptr() + static_cast<std::int64_t>(tokens[static_cast<std::size_t>(t)]) * d, d, &hidden[static_cast<std::size_t>(t * d)]);
+  }
+  const int bs = config_.attn_res_block_size;
+  std::vector<Rows> bank;  // per forward pass only (model-notes section 4)
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    const LayerWeights& w = layer(l);
+    if (bs > 0) {
+      prefix = hidden;
+      bool has_prefix = true;
+      if (bank.empty()) {
+        h = prefix;
+      } else {
+        Mix(bank, prefix, T, d, w.attn_res_w, w.attn_res_n, &h, o.profile);
+      }
+      if (l % bs == 0) {
+        bank.push_back(prefix);
+        has_prefix = false;
+      }
+      {
+        ScopedPhase timer(o.profile, Phase::kOther);
+        ops::RmsNorm(h.data(), T, d, w.input_norm.ptr(), config_.rms_norm_eps, normed.data());
+      }
+      TERRACE_RETURN_IF_ERROR(RunLayer(l, T, normed.data(), state, o, a.data()));
+      if (has_prefix) {
+        for (std::size_t i = 0; i < n; ++i) prefix[i] += a[i];
+      } else {
+        prefix = a;
+      }
+      Mix(bank, prefix, T, d, w.mlp_res_w, w.mlp_res_n, &h, o.profile);
+      {
+        ScopedPhase timer(o.profile, Phase::kOther);
+        ops::RmsNorm(h.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
+      }
+      TERRACE_RETURN_IF_ERROR(RunFfn(l, T, normed.data(), o, f.data()));
+      for (std::size_t i = 0; i < n; ++i) hidden[i] = prefix[i] + f[i];
+    } else {
+      {
+        ScopedPhase timer(o.profile, Phase::kOther);
+        ops::RmsNorm(hidden.data(), T, d, w.input_norm.ptr(), config_.rms_norm_eps, normed.data());
+      }
+      TERRACE_RETURN_IF_ERROR(RunLayer(l, T, normed.data(), state, o, a.data()));
+      for (std::size_t i = 0; i < n; ++i) hidden[i] += a[i];
+      {
+        ScopedPhase timer(o.profile, Phase::kOther);
+        ops::RmsNorm(hidden.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
+      }
+      TERRACE_RETURN_IF_ERROR(RunFfn(l, T, normed.data(), o, f.data()));
+      for (std::size_t i = 0; i < n; ++i) hidden[i] += f[i];
+    }
+  }
+  if (bs > 0) {
+    Mix(bank, hidden, T, d, out_res_w_, out_res_n_, &h, o.profile);
+  } else {
+    h = hidden;
+  }
+  ScopedPhase timer(o.profile, Phase::kOther);
+  const std::int64_t first = o.all_logits ? 0 : T - 1;
+  const std::int64_t rows = T - first;
+  ops::RmsNorm(h.data() + first * d, rows, d, final_norm_.ptr(), config_.rms_norm_eps, normed.data());
+  Tensor logits({rows, static_cast<std::int64_t>(config_.vocab_size)});
+  ops::Linear(normed.data(), rows, d, lm_head_.ptr(), config_.vocab_size, logits.ptr());
+  return logits;
+}
+
+}  // namespace terrace::model

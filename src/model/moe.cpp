@@ -1,0 +1,138 @@
+#include "src/model/moe.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "src/model/ops.h"
+
+namespace terrace::model {
+namespace {
+
+Status Expect(const Tensor& t, std::vector<std::int64_t> want, std::string_view where, std::string_view name) {
+  if (t.shape == want) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("{}{}: expected shape {}, got {}; check the checkpoint against config.json",
+                                             where, name, ShapeString(want), ShapeString(t.shape)));
+}
+
+}  // namespace
+
+Status CheckMoeWeights(const MoeWeights& w, const MoeDims& m, std::string_view where) {
+  if (m.top_k < 1 || m.top_k > m.experts)
+    return Status::InvalidArgument(fmt::format("{}num_experts_per_token {} must be in [1, num_experts = {}]", where,
+                                               m.top_k, m.experts));
+  TERRACE_RETURN_IF_ERROR(Expect(w.router, {m.experts, m.hidden}, where, "gate.weight"));
+  if (!w.bias.data.empty()) TERRACE_RETURN_IF_ERROR(Expect(w.bias, {m.experts}, where, "gate.e_score_correction_bias"));
+  if (m.HasLatentProjection()) {
+    TERRACE_RETURN_IF_ERROR(Expect(w.down, {m.latent, m.hidden}, where, "routed_expert_down_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(Expect(w.up, {m.hidden, m.latent}, where, "routed_expert_up_proj.weight"));
+  }
+  if (m.latent_norm) TERRACE_RETURN_IF_ERROR(Expect(w.latent_norm, {m.latent}, where, "routed_expert_norm.weight"));
+  if (!w.shared_gate.data.empty()) {
+    const std::int64_t is = w.shared_gate.shape.empty() ? 0 : w.shared_gate.dim(0);
+    TERRACE_RETURN_IF_ERROR(Expect(w.shared_gate, {is, m.hidden}, where, "shared_experts.gate_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(Expect(w.shared_up, {is, m.hidden}, where, "shared_experts.up_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(Expect(w.shared_down, {m.hidden, is}, where, "shared_experts.down_proj.weight"));
+  }
+  return Status::Ok();
+}
+
+void Route(const MoeWeights& w, const MoeDims& m, const float* x, std::int64_t T, Routing* r) {
+  const std::int64_t E = m.experts, k = m.top_k;
+  std::vector<float> s(static_cast<std::size_t>(T * E));
+  ops::Linear(x, T, m.hidden, w.router.ptr(), E, s.data());
+  r->top_k = k;
+  r->ids.assign(static_cast<std::size_t>(T * k), 0);
+  r->weights.assign(static_cast<std::size_t>(T * k), 0.0f);
+  std::vector<int> order(static_cast<std::size_t>(E));
+  std::vector<float> biased(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    float* st = &s[static_cast<std::size_t>(t * E)];
+    for (std::int64_t e = 0; e < E; ++e) {
+      st[e] = ops::Sigmoid(st[e]);
+      biased[static_cast<std::size_t>(e)] = st[e] + (w.bias.data.empty() ? 0.0f : w.bias.data[static_cast<std::size_t>(e)]);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      const float sa = biased[static_cast<std::size_t>(a)], sb = biased[static_cast<std::size_t>(b)];
+      return sa > sb || (sa == sb && a < b);
+    });
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) sum += st[order[static_cast<std::size_t>(j)]];
+    for (std::int64_t j = 0; j < k; ++j) {
+      const int e = order[static_cast<std::size_t>(j)];
+      r->ids[static_cast<std::size_t>(t * k + j)] = e;
+      r->weights[static_cast<std::size_t>(t * k + j)] = st[e] / sum * m.scaling;
+    }
+  }
+}
+
+void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
+                std::int64_t T, float* out, bool accumulate) {
+  const std::int64_t I = gate.dim(0), d = gate.dim(1);
+  std::vector<float> g(static_cast<std::size_t>(T * I)), u(g.size());
+  ops::Linear(x, T, d, gate.ptr(), I, g.data());
+  ops::Linear(x, T, d, up.ptr(), I, u.data());
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = ops::Situ(g[i], u[i], beta_g, beta_u);
+  ops::Linear(g.data(), T, I, down.ptr(), down.dim(0), out, accumulate);
+}
+
+Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvider* experts, const float* x,
+                  std::int64_t T, float* out, Routing* routing) {
+  Routing local;
+  Routing& r = routing ? *routing : local;
+  Route(w, m, x, T, &r);
+  const std::int64_t k = m.top_k, L = m.latent, d = m.hidden;
+  // Tokens per expert, in token order.
+  std::vector<std::vector<std::int64_t>> slots(static_cast<std::size_t>(m.experts));
+  for (std::int64_t i = 0; i < T * k; ++i) slots[static_cast<std::size_t>(r.ids[static_cast<std::size_t>(i)])].push_back(i);
+  std::vector<int> selected;
+  for (int e = 0; e < static_cast<int>(m.experts); ++e)
+    if (!slots[static_cast<std::size_t>(e)].empty()) selected.push_back(e);
+  experts->Prefetch(layer, selected);
+
+  std::vector<float> zbuf;
+  const float* z = x;
+  if (m.HasLatentProjection()) {
+    zbuf.resize(static_cast<std::size_t>(T * L));
+    ops::Linear(x, T, d, w.down.ptr(), L, zbuf.data());
+    z = zbuf.data();
+  }
+  std::vector<float> y(static_cast<std::size_t>(T * L), 0.0f), zin, g, u, ye;
+  for (int e : selected) {
+    const auto& slot = slots[static_cast<std::size_t>(e)];
+    const std::int64_t n = static_cast<std::int64_t>(slot.size());
+    TERRACE_ASSIGN_OR_RETURN(const ExpertWeights* ew, experts->Acquire(layer, e));
+    const std::int64_t I = ew->w1.dim(0);
+    zin.resize(static_cast<std::size_t>(n * L));
+    for (std::int64_t i = 0; i < n; ++i)
+      std::copy_n(z + (slot[static_cast<std::size_t>(i)] / k) * L, L, &zin[static_cast<std::size_t>(i * L)]);
+    g.resize(static_cast<std::size_t>(n * I));
+    u.resize(g.size());
+    ye.resize(static_cast<std::size_t>(n * L));
+    ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
+    ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = ops::Situ(g[i], u[i], m.situ_beta, m.situ_linear_beta);
+    ops::Linear(g.data(), n, I, ew->w2.ptr(), L, ye.data());
+    experts->Release(layer, e);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t s = slot[static_cast<std::size_t>(i)];
+      const float wt = r.weights[static_cast<std::size_t>(s)];
+      float* yt = &y[static_cast<std::size_t>((s / k) * L)];
+      const float* src = &ye[static_cast<std::size_t>(i * L)];
+      for (std::int64_t j = 0; j < L; ++j) yt[j] += wt * src[j];
+    }
+  }
+  if (m.latent_norm) ops::RmsNorm(y.data(), T, L, w.latent_norm.ptr(), m.rms_eps, y.data());
+  if (m.HasLatentProjection()) {
+    ops::Linear(y.data(), T, L, w.up.ptr(), d, out);
+  } else {
+    std::copy(y.begin(), y.end(), out);
+  }
+  if (!w.shared_gate.data.empty())
+    SituGluMlp(w.shared_gate, w.shared_up, w.shared_down, m.situ_beta, m.situ_linear_beta, x, T, out, true);
+  return Status::Ok();
+}
+
+}  // namespace terrace::model

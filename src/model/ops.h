@@ -1,0 +1,48 @@
+// Dense fp32 kernels of the reference forward pass. Matrix products go through OpenBLAS
+// (cblas_sgemm / cblas_sgemv); the element-wise helpers are plain loops over contiguous rows.
+//
+// Conventions: row-major; a linear weight is [out_features, in_features] (PyTorch nn.Linear), so
+// Linear computes y = x W^T. Every function is reentrant; none allocates unless it returns a value.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace terrace::model::ops {
+
+// y[m, n] = x[m, k] * w[n, k]^T (+ y when accumulate). Uses sgemv for m == 1.
+void Linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
+            bool accumulate = false);
+
+// c[m, n] = alpha * op(a) * op(b) + beta * c with explicit leading dimensions (row-major).
+void Gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+
+// Solves (I + L) X = B in place for X, L = the strictly lower triangle of l[n, n] (its diagonal and
+// upper triangle are ignored); b is [n, cols] with leading dimension ldb.
+void SolveUnitLower(const float* l, std::int64_t n, float* b, std::int64_t cols, std::int64_t ldb);
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight, for `rows` rows of width n.
+// out may alias x. weight may be null (no scale).
+void RmsNorm(const float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps, float* out);
+
+// x / sqrt(sum(x^2) + eps), in place, over n values.
+void L2NormalizeInPlace(float* x, std::int64_t n, float eps = 1e-6f);
+
+// Numerically stable softmax over n values, in place.
+void SoftmaxInPlace(float* x, std::int64_t n);
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float Silu(float x) { return x * Sigmoid(x); }
+inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+// SiTU-GLU: (beta_g * tanh(g / beta_g) * sigmoid(g)) * (beta_u * tanh(u / beta_u)).
+inline float Situ(float g, float u, float beta_g, float beta_u) {
+  return beta_g * std::tanh(g / beta_g) * Sigmoid(g) * (beta_u * std::tanh(u / beta_u));
+}
+
+// Sets the OpenBLAS thread count (>= 1) for this process.
+void SetBlasThreads(int threads);
+int BlasThreads();
+
+}  // namespace terrace::model::ops
