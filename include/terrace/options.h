@@ -63,6 +63,11 @@ struct NvmeTierOptions {
   std::chrono::microseconds group_commit_interval{5000};  // async mode: max delay to durability
   bool direct_io = true;                      // O_DIRECT; falls back (and says so) where unsupported
   bool create_if_missing = true;
+  // Read and checksum every block at open, dropping bad ones (slow on large stores). Get always
+  // verifies, so this only moves the discovery of bad blocks to open time.
+  bool verify_on_open = false;
+  // Where the RocksDB index lives. Empty: <path>/index for a directory; required for a block device.
+  std::filesystem::path index_dir;
 };
 
 enum class Placement : std::uint8_t {

@@ -1,0 +1,216 @@
+// Bad input: each gets a clear error naming the path, and nothing acknowledged is lost.
+#include <catch2/catch.hpp>
+
+#include <rocksdb/db.h>
+
+#include <fstream>
+
+#include "nvme_test_util.h"
+#include "tiers/nvme/format.h"
+
+using namespace terrace;
+using namespace terrace::testing;
+namespace fs = std::filesystem;
+
+namespace {
+bool Mentions(const Status& s, const fs::path& p) { return s.message().find(p.string()) != std::string::npos; }
+
+void WriteFile(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+// Creates a store holding blocks [0, n).
+void MakeStore(const NvmeTierOptions& opts, int n) {
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.ok());
+  for (int i = 0; i < n; ++i) REQUIRE(PutTestBlock(**t, i).ok());
+}
+}  // namespace
+
+TEST_CASE("nvme bad input: missing directory without create_if_missing", "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path() / "nope");
+  opts.create_if_missing = false;
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.status().IsNotFound());
+  CHECK(Mentions(t.status(), opts.path));
+  CHECK(t.status().message().find("create_if_missing") != std::string::npos);
+  CHECK_FALSE(fs::exists(opts.path));
+  // An existing empty directory is not a store either.
+  opts.path = dir.path();
+  CHECK(NvmeTier::Open(opts).status().IsNotFound());
+}
+
+TEST_CASE("nvme bad input: unwritable directory (a path below a regular file)", "[nvme][bad]") {
+  TempDir dir("nvme");
+  WriteFile(dir.path() / "plain", "x");
+  auto opts = SmallNvmeOptions(dir.path() / "plain" / "sub");
+  auto t = NvmeTier::Open(opts);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().IsIoError());
+  CHECK(Mentions(t.status(), opts.path));
+  opts.path = "/proc/terrace-nvme-test";
+  t = NvmeTier::Open(opts);
+  REQUIRE_FALSE(t.ok());
+  CHECK(Mentions(t.status(), opts.path));
+}
+
+TEST_CASE("nvme bad input: paths that are not Terrace stores", "[nvme][bad]") {
+  TempDir dir("nvme");
+  SECTION("a regular file") {
+    WriteFile(dir.path() / "file", "hello");
+    auto t = NvmeTier::Open(SmallNvmeOptions(dir.path() / "file"));
+    REQUIRE(t.status().IsInvalidArgument());
+    CHECK(Mentions(t.status(), dir.path() / "file"));
+  }
+  SECTION("a non-empty directory of other files") {
+    WriteFile(dir.path() / "notes.txt", "mine");
+    auto t = NvmeTier::Open(SmallNvmeOptions(dir.path()));
+    REQUIRE(t.status().IsInvalidArgument());
+    CHECK(t.status().message().find("not empty") != std::string::npos);
+    CHECK(fs::exists(dir.path() / "notes.txt"));
+    CHECK_FALSE(fs::exists(dir.path() / "terrace.data"));
+  }
+  SECTION("terrace.data with foreign content") {
+    WriteFile(dir.path() / "terrace.data", std::string(8192, 'z'));
+    auto t = NvmeTier::Open(SmallNvmeOptions(dir.path()));
+    REQUIRE(t.status().IsInvalidArgument());
+    CHECK(t.status().message().find("not a Terrace store") != std::string::npos);
+    CHECK(Mentions(t.status(), dir.path() / "terrace.data"));
+  }
+  SECTION("an index without a data file") {
+    auto opts = SmallNvmeOptions(dir.path());
+    MakeStore(opts, 1);
+    fs::remove(dir.path() / "terrace.data");
+    auto t = NvmeTier::Open(opts);
+    REQUIRE(t.status().IsCorruption());
+    CHECK(t.status().message().find("terrace.data") != std::string::npos);
+  }
+}
+
+TEST_CASE("nvme bad input: capacity mismatch and superblock damage", "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 32 * kMiB);
+  MakeStore(opts, 4);
+  auto other = opts;
+  other.capacity_bytes = 64 * kMiB;
+  auto t = NvmeTier::Open(other);
+  REQUIRE(t.status().IsInvalidArgument());
+  CHECK(t.status().message().find("capacity") != std::string::npos);
+  {
+    std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.write("BADMAGIC", 8);
+  }
+  t = NvmeTier::Open(opts);
+  REQUIRE(t.status().IsInvalidArgument());
+  CHECK(t.status().message().find("not a Terrace store") != std::string::npos);
+}
+
+TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path());
+  MakeStore(opts, 4);
+  SECTION("garbage in the RocksDB files") {
+    for (const auto& e : fs::directory_iterator(dir.path() / "index")) {
+      std::string name = e.path().filename().string();
+      if (name == "CURRENT" || name.rfind("MANIFEST", 0) == 0) WriteFile(e.path(), "garbage garbage garbage\n");
+    }
+    auto t = NvmeTier::Open(opts);
+    REQUIRE_FALSE(t.ok());
+    CHECK((t.status().IsCorruption() || t.status().IsIoError()));
+    CHECK(Mentions(t.status(), dir.path() / "index"));
+  }
+  SECTION("a manifest with a wrong magic") {
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      std::string v(nvme::kSuperblockHeaderBytes, 'q');
+      REQUIRE(db->Put(rocksdb::WriteOptions(), std::string(nvme::kManifestKey), v).ok());
+      delete db;
+    }
+    auto t = NvmeTier::Open(opts);
+    REQUIRE(t.status().IsInvalidArgument());
+    CHECK(t.status().message().find("manifest") != std::string::npos);
+  }
+  SECTION("damaged and foreign records are dropped and reported, the rest kept") {
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      // A record pointing past the end, one overlapping block 0 with an older generation, and junk.
+      nvme::Record far{opts.capacity_bytes, 100, 0, 1, Codec::kRaw};
+      std::string kf(BlockKey::kEncodedSize, '\0'), kov(BlockKey::kEncodedSize, '\0');
+      TestKey(900).EncodeTo(reinterpret_cast<std::byte*>(kf.data()));
+      TestKey(901).EncodeTo(reinterpret_cast<std::byte*>(kov.data()));
+      std::string rf(nvme::kRecordBytes, '\0'), rov(nvme::kRecordBytes, '\0');
+      far.EncodeTo(reinterpret_cast<std::byte*>(rf.data()));
+      nvme::Record ov{nvme::kDataStart, 100, 0, 0, Codec::kRaw};
+      ov.EncodeTo(reinterpret_cast<std::byte*>(rov.data()));
+      REQUIRE(db->Put(rocksdb::WriteOptions(), kf, rf).ok());
+      REQUIRE(db->Put(rocksdb::WriteOptions(), kov, rov).ok());
+      REQUIRE(db->Put(rocksdb::WriteOptions(), std::string(25, 'k'), "short").ok());
+      delete db;
+    }
+    auto t = NvmeTier::Open(opts);
+    REQUIRE(t.ok());
+    const RecoveryReport& r = (*t)->recovery_report();
+    CHECK(r.dropped_out_of_range == 1);
+    CHECK(r.dropped_overlap == 1);
+    CHECK(r.dropped_malformed == 1);
+    CHECK(r.blocks_recovered == 4);
+    CHECK(r.dropped_keys.size() == 3);
+    for (int i = 0; i < 4; ++i) REQUIRE(CheckTestBlock(**t, i).ok());
+    t->reset();
+    auto again = NvmeTier::Open(opts);  // the drops were applied to the index
+    REQUIRE(again.ok());
+    CHECK((*again)->recovery_report().dropped() == 0);
+  }
+}
+
+TEST_CASE("nvme bad input: full tier and oversized blocks", "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 4 * kMiB, Durability::kSync);
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.ok());
+  NvmeTier& tier = **t;
+  auto big = TestBytes(1, 8 * kMiB);
+  Status s = tier.Put(TestKey(1), DescribeBlock(big), big);
+  REQUIRE(s.IsOutOfCapacity());
+  CHECK(s.message().find(TestKey(1).ToString()) != std::string::npos);
+  CHECK(s.message().find(std::to_string(8 * kMiB)) != std::string::npos);
+  int stored = 0;
+  for (int i = 0; i < 100; ++i) {
+    Status p = PutTestBlock(tier, 10 + i, 42, 256 * 1024);
+    if (!p.ok()) {
+      REQUIRE(p.IsOutOfCapacity());
+      CHECK(p.message().find("free") != std::string::npos);
+      break;
+    }
+    ++stored;
+  }
+  CHECK(stored == 15);  // (4 MiB - 4 KiB superblock) / 256 KiB
+  for (int i = 0; i < stored; ++i) REQUIRE(CheckTestBlock(tier, 10 + i, 42, 256 * 1024).ok());
+  // Freeing one makes room again.
+  REQUIRE(tier.Erase(TestKey(10)).ok());
+  REQUIRE(PutTestBlock(tier, 500, 42, 256 * 1024).ok());
+  t->reset();
+  auto again = NvmeTier::Open(opts);
+  REQUIRE(again.ok());
+  for (int i = 1; i < stored; ++i) REQUIRE(CheckTestBlock(**again, 10 + i, 42, 256 * 1024).ok());
+  REQUIRE(CheckTestBlock(**again, 500, 42, 256 * 1024).ok());
+}
+
+TEST_CASE("nvme bad input: a disk too small for the capacity", "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), std::uint64_t{1} << 50);  // 1 PiB
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.status().IsOutOfCapacity());
+  CHECK(Mentions(t.status(), dir.path() / "terrace.data"));
+  CHECK_FALSE(fs::exists(dir.path() / "terrace.data"));
+  opts.capacity_bytes = 12345;
+  CHECK(NvmeTier::Open(opts).status().IsInvalidArgument());
+  opts.capacity_bytes = 4 * kMiB;
+  opts.queue_depth = 0;
+  CHECK(NvmeTier::Open(opts).status().IsInvalidArgument());
+}

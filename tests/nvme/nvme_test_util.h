@@ -1,0 +1,63 @@
+// Helpers shared by the NVMe tier tests: options, deterministic blocks, fault-injected opens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "terrace/options.h"
+#include "test_util.h"
+#include "tiers/nvme/fault_engine.h"
+#include "tiers/nvme/nvme_tier.h"
+#include "tiers/nvme/uring_engine.h"
+
+namespace terrace::testing {
+
+inline NvmeTierOptions SmallNvmeOptions(const std::filesystem::path& dir, std::uint64_t capacity = 64 * kMiB,
+                                        Durability durability = Durability::kAsync) {
+  NvmeTierOptions o;
+  o.path = dir;
+  o.capacity_bytes = capacity;
+  o.queue_depth = 16;
+  o.io_threads = 2;
+  o.durability = durability;
+  o.group_commit_interval = std::chrono::microseconds(2000);
+  return o;
+}
+
+// Block i: size from a fixed menu (aligned, unaligned, multi-chunk), content from (seed, i).
+inline std::size_t NvmeTestSize(std::uint64_t i) {
+  static constexpr std::size_t kSizes[] = {4096, 5000, 1, 65536, 12288 + 17, 300000, 8192, 1536 * 1024 + 3};
+  return kSizes[i % (sizeof kSizes / sizeof kSizes[0])];
+}
+
+inline Status PutTestBlock(Tier& tier, std::uint64_t i, std::uint64_t seed = 42, std::size_t size = 0) {
+  auto data = TestBytes(i, size ? size : NvmeTestSize(i), seed);
+  return tier.Put(TestKey(i), DescribeBlock(data), data);
+}
+
+// OK when block i reads back with exactly the expected bytes.
+inline Status CheckTestBlock(Tier& tier, std::uint64_t i, std::uint64_t seed = 42, std::size_t size = 0) {
+  auto want = TestBytes(i, size ? size : NvmeTestSize(i), seed);
+  std::vector<std::byte> got(want.size() + 7);
+  BlockDesc d;
+  TERRACE_RETURN_IF_ERROR(tier.Get(TestKey(i), got, &d));
+  if (d.size != want.size() || !std::equal(want.begin(), want.end(), got.begin())) {
+    return Status::Internal("block " + TestKey(i).ToString() + " read back with different bytes");
+  }
+  return Status::Ok();
+}
+
+// Opens `options` with the io_uring engine wrapped in a FaultInjectingIoEngine; *fault receives it.
+inline Result<std::unique_ptr<NvmeTier>> OpenFaulty(const NvmeTierOptions& options, nvme::FaultInjectingIoEngine** fault,
+                                                   std::uint64_t seed = 1) {
+  return NvmeTier::OpenWithEngine(options, [fault, seed](const nvme::IoEngineConfig& cfg)
+                                               -> Result<std::unique_ptr<nvme::IoEngine>> {
+    TERRACE_ASSIGN_OR_RETURN(auto base, nvme::OpenUringEngine(cfg));
+    auto f = std::make_unique<nvme::FaultInjectingIoEngine>(std::move(base), seed);
+    *fault = f.get();
+    return std::unique_ptr<nvme::IoEngine>(std::move(f));
+  });
+}
+
+}  // namespace terrace::testing

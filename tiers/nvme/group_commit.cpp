@@ -1,0 +1,131 @@
+#include "tiers/nvme/group_commit.h"
+
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tiers/nvme/index_store.h"
+#include "tiers/nvme/io_engine.h"
+
+namespace terrace::nvme {
+
+GroupCommitter::GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release,
+                               std::chrono::microseconds interval)
+    : engine_(engine), index_(index), release_(std::move(release)),
+      pending_(std::make_unique<rocksdb::WriteBatch>()) {
+  if (interval.count() > 0) bg_ = std::thread([this, interval] { BackgroundLoop(interval); });
+}
+
+GroupCommitter::~GroupCommitter() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  bg_cv_.notify_all();
+  if (bg_.joinable()) bg_.join();
+}
+
+std::uint64_t GroupCommitter::StagePut(std::string key, std::string record, Extent release) {
+  std::lock_guard<std::mutex> l(mu_);
+  pending_->Put(key, record);
+  pending_data_ = true;
+  if (release.length > 0) pending_release_.push_back(release);
+  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  return staged_seq_;
+}
+
+std::uint64_t GroupCommitter::StageDelete(std::string key, Extent release) {
+  std::lock_guard<std::mutex> l(mu_);
+  pending_->Delete(key);
+  if (release.length > 0) pending_release_.push_back(release);
+  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  return staged_seq_;
+}
+
+Status GroupCommitter::WaitDurable(std::uint64_t seq) {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    if (!failed_.ok()) return failed_;
+    if (durable_seq_ >= seq) return Status::Ok();
+    if (leader_) {
+      cv_.wait(l);
+      continue;
+    }
+    leader_ = true;
+    auto batch = std::move(pending_);
+    pending_ = std::make_unique<rocksdb::WriteBatch>();
+    auto release = std::move(pending_release_);
+    pending_release_.clear();
+    bool sync_data = pending_data_;
+    pending_data_ = false;
+    std::uint64_t upto = staged_seq_;
+    l.unlock();
+
+    Status s;
+    if (sync_data) {
+      int err = engine_->SyncData();
+      if (err < 0) {
+        s = Status::IoError(fmt::format(
+            "NVMe tier: fdatasync of the data file failed: {}; blocks written since the last commit are "
+            "not durable and the tier refuses further writes: reopen it (recovery keeps every block that "
+            "was durable)",
+            std::strerror(-err)));
+      }
+    }
+    if (s.ok() && batch->Count() > 0) s = index_->Write(batch.get(), /*sync=*/true);
+
+    l.lock();
+    leader_ = false;
+    if (!s.ok()) {
+      failed_ = s.WithContext("group commit");
+      cv_.notify_all();
+      return failed_;
+    }
+    durable_seq_ = upto;
+    ++commits_;
+    cv_.notify_all();
+    if (!release.empty()) {
+      l.unlock();
+      release_(std::move(release));
+      l.lock();
+    }
+  }
+}
+
+Status GroupCommitter::Flush() {
+  std::uint64_t seq;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    seq = staged_seq_;
+  }
+  return WaitDurable(seq);
+}
+
+Status GroupCommitter::health() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return failed_;
+}
+
+std::uint64_t GroupCommitter::commits() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return commits_;
+}
+
+void GroupCommitter::BackgroundLoop(std::chrono::microseconds interval) {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    bg_cv_.wait(l, [&] { return stop_ || staged_seq_ > durable_seq_; });
+    if (stop_) break;
+    // Let more mutations join the group, but never hold one longer than `interval`.
+    bg_cv_.wait_for(l, interval, [&] { return stop_; });
+    if (stop_ || !failed_.ok()) break;
+    std::uint64_t seq = staged_seq_;
+    l.unlock();
+    (void)WaitDurable(seq);  // a failure is recorded in failed_ and reported by Flush / Put
+    l.lock();
+  }
+}
+
+}  // namespace terrace::nvme

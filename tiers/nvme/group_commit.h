@@ -1,0 +1,80 @@
+// Group commit of index changes: data fdatasync, then one synced RocksDB WriteBatch.
+//
+// Stage() queues an index mutation (in the order the caller applied it to the in-memory map) and
+// returns its sequence number. WaitDurable(seq) returns once that mutation is durable: the first
+// waiter becomes the leader and commits everything staged so far (one fdatasync of the data file,
+// then one WriteBatch with WAL sync); later waiters ride along (leader/follower). Extents handed
+// to Stage are released (the `release` callback) only after the mutation that stopped
+// referencing them is durable, so a crash never finds a durable record over reused space.
+// A failed commit is permanent (as after a failed fsync nothing can be trusted): every later
+// WaitDurable returns the same error until the tier is reopened.
+// Async mode: a background thread commits at most `interval` after the first staged mutation.
+// Thread-safety: all methods are thread-safe. Lock order: the tier's mutex may be held while
+// calling Stage; never while calling WaitDurable.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "terrace/status.h"
+#include "tiers/nvme/extent_allocator.h"
+
+namespace rocksdb {
+class WriteBatch;
+}
+
+namespace terrace::nvme {
+
+class IoEngine;
+class IndexStore;
+
+class GroupCommitter {
+ public:
+  using ReleaseFn = std::function<void(std::vector<Extent>&&)>;
+  // `interval` > 0 starts the background committer (async mode).
+  GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, std::chrono::microseconds interval);
+  ~GroupCommitter();  // stops the background thread; does not commit (call Flush first)
+
+  // Queues a put of `record` under `key` (both encoded); `data_written` says the data file must be
+  // synced first. `release` (may be empty-length) is freed after the mutation is durable.
+  std::uint64_t StagePut(std::string key, std::string record, Extent release);
+  std::uint64_t StageDelete(std::string key, Extent release);
+
+  Status WaitDurable(std::uint64_t seq);
+  // Makes every mutation staged so far durable.
+  Status Flush();
+  // OK, or the permanent commit failure.
+  Status health() const;
+
+  std::uint64_t commits() const;  // number of group commits performed
+
+ private:
+  void BackgroundLoop(std::chrono::microseconds interval);
+
+  IoEngine* engine_;
+  IndexStore* index_;
+  ReleaseFn release_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;          // durable_seq_ / leader_ / failed_ changes
+  std::condition_variable bg_cv_;       // wakes the background committer
+  std::unique_ptr<rocksdb::WriteBatch> pending_;  // guarded by mu_
+  std::vector<Extent> pending_release_;           // guarded by mu_
+  bool pending_data_ = false;                     // guarded by mu_: a staged put needs a data sync
+  std::uint64_t staged_seq_ = 0;                  // guarded by mu_
+  std::uint64_t durable_seq_ = 0;                 // guarded by mu_
+  bool leader_ = false;                           // guarded by mu_
+  bool stop_ = false;                             // guarded by mu_
+  std::uint64_t commits_ = 0;                     // guarded by mu_
+  Status failed_;                                 // guarded by mu_
+  std::thread bg_;
+};
+
+}  // namespace terrace::nvme

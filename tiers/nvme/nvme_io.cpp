@@ -1,0 +1,117 @@
+// NvmeTier's I/O path: splitting blocks into chunks, staging unaligned ones, running them on the
+// engine with the queue kept full.
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tiers/nvme/nvme_tier.h"
+#include "tiers/nvme/staging_pool.h"
+
+namespace terrace {
+
+using nvme::IoOp;
+using nvme::IoRequest;
+using nvme::kUnit;
+
+void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
+                          std::vector<Chunk>* out) const {
+  const std::uint64_t max = staging_->buffer_bytes();
+  if (len == 0) return;
+  for (std::uint64_t done = 0; done < len;) {
+    std::uint64_t n = std::min(max, len - done);
+    Chunk c;
+    c.op = op;
+    c.file_offset = file_offset + done;
+    c.user = user + done;
+    c.len = static_cast<std::uint32_t>(n);
+    c.io_len = static_cast<std::uint32_t>(nvme::RoundUp(n, kUnit));
+    c.staged = reinterpret_cast<std::uintptr_t>(c.user) % kUnit != 0 || n % kUnit != 0;
+    out->push_back(c);
+    done += n;
+  }
+}
+
+int NvmeTier::ExternalBufferIndex(const std::byte* p, std::size_t len) const {
+  std::lock_guard<std::mutex> l(reg_mu_);
+  for (std::size_t i = 0; i < external_.size(); ++i) {
+    auto* b = static_cast<const std::byte*>(external_[i].iov_base);
+    if (p >= b && p + len <= b + external_[i].iov_len) return static_cast<int>(staging_->count() + i);
+  }
+  return -1;
+}
+
+void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done) {
+  std::vector<IoRequest> reqs;
+  std::vector<std::size_t> req_chunk;
+  std::vector<int> bufs;
+  std::vector<int> req_buf;  // staging buffer per request, -1 for direct
+  bool have_external;
+  {
+    std::lock_guard<std::mutex> l(reg_mu_);
+    have_external = !external_.empty();
+  }
+  std::size_t i = 0;
+  while (i < chunks.size()) {
+    std::size_t staged_needed = 0;
+    for (std::size_t j = i; j < chunks.size() && staged_needed < staging_->count(); ++j) staged_needed += chunks[j].staged;
+    bufs.clear();
+    if (staged_needed > 0) staging_->Acquire(staged_needed, &bufs);
+    reqs.clear();
+    req_chunk.clear();
+    req_buf.clear();
+    std::size_t used = 0;
+    for (; i < chunks.size(); ++i) {
+      Chunk& c = chunks[i];
+      IoRequest r;
+      r.op = op;
+      r.offset = c.file_offset;
+      r.len = c.io_len;
+      if (c.staged) {
+        if (used == bufs.size()) break;
+        int b = bufs[used++];
+        r.buf = staging_->data(b);
+        r.buf_index = b;
+        if (op == IoOp::kWrite) {
+          std::memcpy(r.buf, c.user, c.len);
+          std::memset(r.buf + c.len, 0, c.io_len - c.len);
+        }
+        req_buf.push_back(b);
+      } else {
+        r.buf = c.user;
+        r.buf_index = have_external ? ExternalBufferIndex(c.user, c.len) : -1;
+        req_buf.push_back(-1);
+      }
+      reqs.push_back(r);
+      req_chunk.push_back(i);
+    }
+    counters_.Add(counters_.queue_depth, reqs.size());
+    nvme::RunToCompletion(*engine_, reqs, [&](std::size_t k, int err) {
+      Chunk& c = chunks[req_chunk[k]];
+      if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.user, staging_->data(req_buf[k]), c.len);
+      done(req_chunk[k], err);
+    });
+    counters_.queue_depth.fetch_sub(reqs.size(), std::memory_order_relaxed);
+    staging_->Release(bufs);
+  }
+}
+
+Status NvmeTier::IoStatus(IoOp op, int err, const BlockKey& key, std::uint64_t offset) const {
+  const char* what = op == IoOp::kRead ? "reading" : "writing";
+  std::string where = fmt::format("{} block {} at offset {} of '{}'", what, key.ToString(), offset, data_path_.string());
+  if (op == IoOp::kWrite && (err == -ENOSPC || err == -EDQUOT)) {
+    return Status::OutOfCapacity(fmt::format("{}: {}; the device is full: free space on it or lower capacity_bytes; "
+                                             "the block was not stored",
+                                             where, std::strerror(-err)));
+  }
+  bool retryable = err == -EIO || err == -EAGAIN || err == -EINTR || err == -EBUSY || err == -ETIMEDOUT;
+  return Status::IoError(
+      fmt::format("{}: {}; {}", where, std::strerror(-err),
+                  op == IoOp::kRead ? (retryable ? "retry the get; if it keeps failing, erase the block"
+                                                 : "the device rejected the read; check the device and the tier options")
+                                    : (retryable ? "the block was not stored; retry the put"
+                                                 : "the block was not stored; check the device and the tier options")),
+      retryable);
+}
+
+}  // namespace terrace

@@ -1,0 +1,389 @@
+// NvmeTier's block operations: put, get, erase, pin, stats. Open and recovery: nvme_open.cpp;
+// chunked I/O: nvme_io.cpp.
+#include "tiers/nvme/nvme_tier.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "tiers/nvme/group_commit.h"
+#include "tiers/nvme/index_store.h"
+#include "tiers/nvme/staging_pool.h"
+
+namespace terrace {
+
+using nvme::IoOp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+std::uint64_t NanosSince(Clock::time_point t) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
+}
+}  // namespace
+
+Status NvmeTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  PutOp op{key, desc, data};
+  return std::move(PutBatch(std::span<const PutOp>(&op, 1))[0]);
+}
+
+Status NvmeTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  GetOp op{key, out, {}};
+  Status s = std::move(GetBatch(std::span<GetOp>(&op, 1))[0]);
+  if (s.ok() && desc) *desc = op.desc;
+  return s;
+}
+
+std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
+  const auto start = Clock::now();
+  std::vector<Status> st(ops.size());
+  std::vector<std::uint64_t> offsets(ops.size(), 0);
+  std::vector<bool> allocated(ops.size(), false);
+  if (Status h = committer_->health(); !h.ok()) {
+    for (auto& s : st) s = h;
+    return st;
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const PutOp& op = ops[i];
+    if (op.desc.size != op.data.size()) {
+      st[i] = Status::InvalidArgument(fmt::format("put of block {}: desc.size {} != data size {}; build the desc with "
+                                                  "DescribeBlock(data)",
+                                                  op.key.ToString(), op.desc.size, op.data.size()));
+    } else if (op.data.size() > caps_.max_block_bytes) {
+      st[i] = Status::OutOfCapacity(fmt::format(
+          "block {} is {} bytes, larger than the NVMe tier at '{}' can hold ({} bytes of {} capacity); split the "
+          "block or raise capacity_bytes",
+          op.key.ToString(), op.data.size(), data_path_.string(), caps_.max_block_bytes, caps_.capacity_bytes));
+    }
+  }
+  // Allocate extents; if space is short and frees are waiting on a commit, commit and retry once.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool short_of_space = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        if (!st[i].ok() || allocated[i]) continue;
+        nvme::Record tmp;
+        tmp.length = ops[i].data.size();
+        auto off = alloc_->Allocate(tmp.extent_bytes());
+        if (off) {
+          offsets[i] = *off;
+          allocated[i] = true;
+        } else {
+          short_of_space = true;
+        }
+      }
+    }
+    if (!short_of_space) break;
+    if (attempt == 0) {
+      if (Status f = committer_->Flush(); !f.ok()) {
+        for (std::size_t i = 0; i < ops.size(); ++i) {
+          if (st[i].ok() && !allocated[i]) st[i] = f;
+        }
+        break;
+      }
+      continue;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (!st[i].ok() || allocated[i]) continue;
+      st[i] = Status::OutOfCapacity(fmt::format(
+          "NVMe tier at '{}' has no free extent for block {} ({} bytes): {} bytes free in {} extents, largest {}; "
+          "erase blocks or raise capacity_bytes",
+          data_path_.string(), ops[i].key.ToString(), ops[i].data.size(), alloc_->free_bytes(),
+          alloc_->free_extents(), alloc_->largest_free()));
+    }
+  }
+
+  // Write every allocated block, verifying each caller checksum while the rest are in flight.
+  std::vector<Chunk> chunks;
+  std::vector<std::uint32_t> pending(ops.size(), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!allocated[i]) continue;
+    std::size_t before = chunks.size();
+    PlanChunks(i, offsets[i], const_cast<std::byte*>(ops[i].data.data()), ops[i].data.size(), &chunks);
+    pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
+    if (pending[i] == 0 && Checksum(ops[i].data) != ops[i].desc.checksum) {
+      st[i] = Status::InvalidArgument(fmt::format("put of block {}: desc.checksum does not match the data",
+                                                  ops[i].key.ToString()));
+    }
+  }
+  RunChunks(IoOp::kWrite, chunks, [&](std::size_t ci, int err) {
+    const Chunk& c = chunks[ci];
+    std::size_t i = c.op;
+    if (err != 0 && st[i].ok()) {
+      counters_.Add(counters_.io_errors);
+      st[i] = IoStatus(IoOp::kWrite, err, ops[i].key, c.file_offset);
+    }
+    if (--pending[i] == 0 && st[i].ok() && Checksum(ops[i].data) != ops[i].desc.checksum) {
+      st[i] = Status::InvalidArgument(fmt::format(
+          "put of block {}: desc.checksum {:016x} does not match the data ({:016x}); build the desc with "
+          "DescribeBlock(data)",
+          ops[i].key.ToString(), ops[i].desc.checksum, Checksum(ops[i].data)));
+    }
+  });
+
+  // Switch the index: in memory now, durably at the group commit.
+  std::uint64_t last_seq = 0;
+  std::uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (!allocated[i]) continue;
+      nvme::Record rec;
+      rec.offset = offsets[i];
+      rec.length = ops[i].data.size();
+      rec.checksum = ops[i].desc.checksum;
+      rec.codec = ops[i].desc.codec;
+      if (!st[i].ok()) {
+        alloc_->Free(rec.offset, rec.extent_bytes());  // never indexed: free at once
+        continue;
+      }
+      rec.generation = next_generation_++;
+      nvme::Extent old{};
+      auto [it, inserted] = map_.try_emplace(ops[i].key);
+      if (!inserted) {
+        old = {it->second.rec.offset, it->second.rec.extent_bytes()};
+        used_bytes_ -= it->second.rec.length;
+      }
+      it->second.rec = rec;
+      used_bytes_ += rec.length;
+      bytes += rec.length;
+      last_seq = committer_->StagePut(nvme::IndexStore::EncodeKey(ops[i].key), nvme::IndexStore::EncodeRecord(rec), old);
+    }
+  }
+  if (options_.durability == Durability::kSync && last_seq > 0) {
+    Status s = committer_->WaitDurable(last_seq);
+    if (!s.ok()) {
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        if (allocated[i] && st[i].ok()) st[i] = s;
+      }
+    }
+  }
+  std::uint64_t nanos = NanosSince(start);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (st[i].ok()) {
+      counters_.Add(counters_.puts);
+      counters_.write_latency.Record(nanos);
+    }
+  }
+  counters_.Add(counters_.bytes_written, bytes);
+  return st;
+}
+
+std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
+  const auto start = Clock::now();
+  std::vector<Status> st(ops.size());
+  std::vector<nvme::Record> recs(ops.size());
+  std::vector<bool> reading(ops.size(), false);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      auto it = map_.find(ops[i].key);
+      if (it == map_.end()) {
+        counters_.Add(counters_.misses);
+        st[i] = Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", ops[i].key.ToString(),
+                                             data_path_.string()));
+        continue;
+      }
+      if (ops[i].out.size() < it->second.rec.length) {
+        st[i] = Status::InvalidArgument(fmt::format("get of block {}: output buffer has {} bytes, the block has {}; "
+                                                    "size the buffer from Lookup()",
+                                                    ops[i].key.ToString(), ops[i].out.size(), it->second.rec.length));
+        continue;
+      }
+      recs[i] = it->second.rec;
+      reading[i] = true;
+      ++readers_[recs[i].offset];
+    }
+  }
+
+  // Read, then verify each block as soon as its last chunk lands; a mismatch is re-read once
+  // (a transient transfer error) before the block is declared corrupt.
+  std::vector<bool> bad(ops.size(), false);
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<Chunk> chunks;
+    std::vector<std::uint32_t> pending(ops.size(), 0);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (!reading[i] || !st[i].ok() || (pass == 1 && !bad[i])) continue;
+      bad[i] = false;
+      std::size_t before = chunks.size();
+      PlanChunks(i, recs[i].offset, ops[i].out.data(), recs[i].length, &chunks);
+      pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
+      if (pending[i] == 0) bad[i] = Checksum(ops[i].out.first(0)) != recs[i].checksum;
+    }
+    if (chunks.empty() && pass == 1) break;
+    RunChunks(IoOp::kRead, chunks, [&](std::size_t ci, int err) {
+      std::size_t i = chunks[ci].op;
+      if (err != 0 && st[i].ok()) {
+        counters_.Add(counters_.io_errors);
+        st[i] = IoStatus(IoOp::kRead, err, ops[i].key, chunks[ci].file_offset);
+      }
+      if (--pending[i] == 0 && st[i].ok()) {
+        bad[i] = Checksum(ops[i].out.first(recs[i].length)) != recs[i].checksum;
+        if (!bad[i]) counters_.read_latency.Record(NanosSince(start));
+      }
+    });
+  }
+
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!reading[i]) continue;
+    if (st[i].ok() && bad[i]) {
+      counters_.Add(counters_.corruptions);
+      DropCorrupt(ops[i].key, recs[i]);
+      st[i] = Status::Corruption(fmt::format(
+          "block {} at offset {} of '{}' failed its checksum (twice); it was dropped from the NVMe tier and its "
+          "bytes were not returned: recompute or refetch it",
+          ops[i].key.ToString(), recs[i].offset, data_path_.string()));
+    } else if (st[i].ok()) {
+      ops[i].desc = BlockDesc{recs[i].length, recs[i].codec, recs[i].checksum};
+      counters_.Add(counters_.hits);
+      bytes += recs[i].length;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (reading[i]) EndRead(recs[i].offset);
+    }
+  }
+  counters_.Add(counters_.bytes_read, bytes);
+  return st;
+}
+
+void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end() || it->second.rec.generation != rec.generation) return;  // already replaced
+  used_bytes_ -= rec.length;
+  map_.erase(it);
+  committer_->StageDelete(nvme::IndexStore::EncodeKey(key), {rec.offset, rec.extent_bytes()});
+  fmt::print(stderr, "[terrace nvme] dropped corrupt block {} (offset {}, {} bytes) from '{}'\n", key.ToString(),
+             rec.offset, rec.length, data_path_.string());
+}
+
+void NvmeTier::EndRead(std::uint64_t offset) {
+  auto it = readers_.find(offset);
+  if (--it->second > 0) return;
+  readers_.erase(it);
+  auto d = deferred_free_.find(offset);
+  if (d != deferred_free_.end()) {
+    alloc_->Free(offset, d->second);
+    deferred_free_.erase(d);
+  }
+}
+
+void NvmeTier::ReleaseExtents(std::vector<nvme::Extent>&& extents) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const nvme::Extent& e : extents) {
+    if (readers_.count(e.offset)) {
+      deferred_free_[e.offset] = e.length;
+    } else {
+      alloc_->Free(e.offset, e.length);
+    }
+  }
+}
+
+Result<BlockDesc> NvmeTier::Lookup(const BlockKey& key) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    return Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", key.ToString(), data_path_.string()));
+  }
+  const nvme::Record& r = it->second.rec;
+  return BlockDesc{r.length, r.codec, r.checksum};
+}
+
+Status NvmeTier::Erase(const BlockKey& key) {
+  std::uint64_t seq;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) {
+      return Status::NotFound(fmt::format("erase of block {}: not in the NVMe tier at '{}'", key.ToString(),
+                                          data_path_.string()));
+    }
+    if (it->second.pins > 0) {
+      return Status::InvalidArgument(fmt::format("erase of block {}: it is pinned {} time(s); Unpin it first",
+                                                 key.ToString(), it->second.pins));
+    }
+    if (Status h = committer_->health(); !h.ok()) return h;
+    const nvme::Record r = it->second.rec;
+    used_bytes_ -= r.length;
+    map_.erase(it);
+    seq = committer_->StageDelete(nvme::IndexStore::EncodeKey(key), {r.offset, r.extent_bytes()});
+  }
+  if (options_.durability == Durability::kSync) return committer_->WaitDurable(seq);
+  return Status::Ok();
+}
+
+Status NvmeTier::Pin(const BlockKey& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return Status::NotFound(fmt::format("pin of block {}: not in the NVMe tier", key.ToString()));
+  ++it->second.pins;
+  return Status::Ok();
+}
+
+Status NvmeTier::Unpin(const BlockKey& key) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return Status::NotFound(fmt::format("unpin of block {}: not in the NVMe tier", key.ToString()));
+  if (it->second.pins == 0) {
+    return Status::InvalidArgument(fmt::format("unpin of block {}: it is not pinned", key.ToString()));
+  }
+  --it->second.pins;
+  return Status::Ok();
+}
+
+Status NvmeTier::Flush() { return committer_->Flush(); }
+
+std::uint64_t NvmeTier::used_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return used_bytes_;
+}
+
+std::uint64_t NvmeTier::block_count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return map_.size();
+}
+
+std::uint64_t NvmeTier::free_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return alloc_->free_bytes();
+}
+
+std::uint64_t NvmeTier::group_commits() const { return committer_->commits(); }
+
+bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
+
+void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [k, e] : map_) fn(k, BlockDesc{e.rec.length, e.rec.codec, e.rec.checksum});
+}
+
+TierStatsSnapshot NvmeTier::Stats() const {
+  TierStatsSnapshot s = SnapshotCounters(counters_);
+  s.name = caps_.name;
+  s.capacity_bytes = caps_.capacity_bytes;
+  std::lock_guard<std::mutex> l(mu_);
+  s.used_bytes = used_bytes_;
+  s.blocks = map_.size();
+  return s;
+}
+
+Status NvmeTier::RegisterExternalBuffers(std::span<const iovec> bufs) {
+  std::vector<iovec> all = staging_->iovecs();
+  all.insert(all.end(), bufs.begin(), bufs.end());
+  std::lock_guard<std::mutex> l(reg_mu_);
+  Status s = engine_->RegisterBuffers(all);
+  if (!s.ok()) {
+    // Restore the staging-only table so fixed I/O keeps working for staged chunks.
+    (void)engine_->RegisterBuffers(staging_->iovecs());
+    return s.WithContext(fmt::format("registering {} external buffers with the NVMe tier", bufs.size()));
+  }
+  external_.assign(bufs.begin(), bufs.end());
+  return Status::Ok();
+}
+
+}  // namespace terrace

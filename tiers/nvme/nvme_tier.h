@@ -1,0 +1,165 @@
+// NvmeTier: the persistent tier. Blocks live in 4 KiB-aligned extents of one preallocated data
+// file (or a block device) written with io_uring + O_DIRECT; a RocksDB index maps each key to its
+// extent, length, checksum, codec and generation. docs/nvme-format.md describes the layout.
+//
+// Contract (beyond terrace::Tier's):
+// - Durability: kSync acknowledges a put once its data is fdatasync'ed and its index entry is
+//   written with a synced WAL (group commit: concurrent puts share both). kAsync (default)
+//   acknowledges once the data write completed; the next group commit (at most
+//   group_commit_interval later, or Flush()) makes it durable. Data is always synced before the
+//   index entries that point at it are written, and every Get verifies the checksum.
+// - Overwrite writes a fresh extent, switches the index, and frees the old extent only once the
+//   switch is durable and no reader is still using it. Erase frees likewise.
+// - Open recovers the in-memory map and the free-space map from one scan of the index (no data
+//   reads unless verify_on_open), dropping records that are malformed, out of range or overlap a
+//   newer record; see recovery_report().
+// - After a failed group commit (fdatasync or index write error) the tier refuses writes with a
+//   non-retryable IoError until reopened; reads keep working.
+// Thread-safety: every method may be called concurrently.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "terrace/options.h"
+#include "terrace/tier.h"
+#include "tiers/nvme/extent_allocator.h"
+#include "tiers/nvme/format.h"
+#include "tiers/nvme/io_engine.h"
+
+namespace terrace {
+
+namespace nvme {
+class IndexStore;
+class GroupCommitter;
+class StagingPool;
+}  // namespace nvme
+
+// What Open found and dropped. Dropped records are erased from the index at open.
+struct RecoveryReport {
+  static constexpr std::size_t kMaxKeys = 8;
+  bool created = false;                 // a new, empty store was created
+  std::uint64_t records_scanned = 0;    // block records in the index
+  std::uint64_t blocks_recovered = 0;   // records kept
+  std::uint64_t bytes_in_use = 0;       // sum of kept block sizes
+  std::uint64_t dropped_malformed = 0;  // undecodable key or record
+  std::uint64_t dropped_out_of_range = 0;
+  std::uint64_t dropped_overlap = 0;    // overlapped a record with a higher generation
+  std::uint64_t dropped_checksum = 0;   // verify_on_open only
+  std::vector<std::string> dropped_keys;  // the first kMaxKeys, as BlockKey::ToString (or hex)
+  double seconds = 0;                   // time spent in Open
+
+  std::uint64_t dropped() const {
+    return dropped_malformed + dropped_out_of_range + dropped_overlap + dropped_checksum;
+  }
+  std::string ToString() const;
+};
+
+class NvmeTier final : public Tier {
+ public:
+  static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  // As Open, with the raw I/O engine made by `factory` (tests wrap the io_uring engine in a
+  // FaultInjectingIoEngine; see tiers/nvme/fault_engine.h).
+  static Result<std::unique_ptr<NvmeTier>> OpenWithEngine(const NvmeTierOptions& options,
+                                                         const nvme::IoEngineFactory& factory);
+  ~NvmeTier() override;  // makes acknowledged puts durable (best effort), then closes
+  NvmeTier(const NvmeTier&) = delete;
+  NvmeTier& operator=(const NvmeTier&) = delete;
+
+  const TierCaps& caps() const override { return caps_; }
+  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
+  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  Result<BlockDesc> Lookup(const BlockKey& key) const override;
+  Status Erase(const BlockKey& key) override;
+  // Submit every op's I/O together (one io_uring submission per queue-depth window).
+  std::vector<Status> PutBatch(std::span<const PutOp> ops) override;
+  std::vector<Status> GetBatch(std::span<GetOp> ops) override;
+  Status Pin(const BlockKey& key) override;
+  Status Unpin(const BlockKey& key) override;
+  Status Flush() override;
+  std::uint64_t used_bytes() const override;
+  std::uint64_t block_count() const override;
+  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override;
+  TierStatsSnapshot Stats() const override;
+
+  // Registers memory the caller owns (e.g. the host tier's arena) with io_uring, so Put / Get
+  // spans inside it that are 4 KiB-aligned use fixed-buffer I/O without staging. Replaces any
+  // previous external registration; `bufs` must stay valid until replaced or the tier closes.
+  // Waits for in-flight I/O. Unavailable (and nothing changes) if the kernel refuses.
+  Status RegisterExternalBuffers(std::span<const iovec> bufs);
+
+  const RecoveryReport& recovery_report() const { return report_; }
+  bool direct_io() const { return direct_; }      // false: the file system refused O_DIRECT
+  bool fixed_buffers() const;                      // staging buffers registered with io_uring
+  std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
+  std::uint64_t group_commits() const;
+  const std::filesystem::path& data_path() const { return data_path_; }
+  nvme::IoEngine& engine() { return *engine_; }
+
+ private:
+  struct Entry {
+    nvme::Record rec;
+    std::uint32_t pins = 0;
+  };
+  // One I/O unit of a block: at most one staging buffer long.
+  struct Chunk {
+    std::size_t op = 0;
+    std::uint64_t file_offset = 0;
+    std::byte* user = nullptr;
+    std::uint32_t len = 0;     // bytes of the block in this chunk
+    std::uint32_t io_len = 0;  // len rounded up to the unit
+    bool staged = false;
+  };
+
+  explicit NvmeTier(const NvmeTierOptions& options);
+  // nvme_open.cpp
+  Status OpenFiles();
+  Status OpenDataFile(bool create, bool block_device);
+  Status OpenIndex(bool fresh_data);
+  Status Recover();
+  Status VerifyAllBlocks();
+  // nvme_io.cpp
+  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
+                  std::vector<Chunk>* out) const;
+  void RunChunks(nvme::IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done);
+  int ExternalBufferIndex(const std::byte* p, std::size_t len) const;
+  Status IoStatus(nvme::IoOp op, int err, const BlockKey& key, std::uint64_t offset) const;
+  // nvme_tier.cpp
+  void ReleaseExtents(std::vector<nvme::Extent>&& extents);
+  void EndRead(std::uint64_t offset);  // requires mu_
+  void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
+
+  NvmeTierOptions options_;
+  std::filesystem::path data_path_, index_path_;
+  int fd_ = -1;
+  bool direct_ = true;
+  TierCaps caps_;
+  nvme::Superblock sb_;
+  RecoveryReport report_;
+  std::unique_ptr<nvme::IoEngine> engine_;
+  std::unique_ptr<nvme::IndexStore> index_;
+  std::unique_ptr<nvme::StagingPool> staging_;
+  std::unique_ptr<nvme::GroupCommitter> committer_;
+
+  mutable std::mutex reg_mu_;
+  std::vector<iovec> external_;  // guarded by reg_mu_; fixed-buffer indices staging.count() + i
+
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Entry> map_;                 // guarded by mu_
+  std::unique_ptr<nvme::ExtentAllocator> alloc_;            // guarded by mu_
+  std::unordered_map<std::uint64_t, std::uint32_t> readers_;       // guarded by mu_: offset -> reads in flight
+  std::unordered_map<std::uint64_t, std::uint64_t> deferred_free_; // guarded by mu_: offset -> bytes
+  std::uint64_t used_bytes_ = 0;                            // guarded by mu_
+  std::uint64_t next_generation_ = 1;                       // guarded by mu_
+  mutable TierCounters counters_;
+};
+
+}  // namespace terrace

@@ -1,0 +1,193 @@
+#include "tiers/nvme/uring_engine.h"
+
+#include <liburing.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace terrace::nvme {
+namespace {
+
+class UringEngine final : public IoEngine {
+ public:
+  UringEngine(int fd, unsigned depth) : fd_(fd), depth_(depth) {}
+  ~UringEngine() override {
+    for (auto& r : rings_) io_uring_queue_exit(&r->ring);
+  }
+
+  Status Init(unsigned rings) {
+    for (unsigned i = 0; i < rings; ++i) {
+      auto r = std::make_unique<Ring>();
+      int err = io_uring_queue_init(depth_, &r->ring, 0);
+      if (err < 0) {
+        return Status::Unavailable(fmt::format(
+            "io_uring_queue_init(depth {}) failed: {}; the kernel must support io_uring (Linux >= 5.6) and "
+            "kernel.io_uring_disabled must be 0",
+            depth_, std::strerror(-err)));
+      }
+      rings_.push_back(std::move(r));
+    }
+    return Status::Ok();
+  }
+
+  void Execute(std::span<IoRequest> reqs, const IoCompletion* on_complete) override {
+    if (reqs.empty()) return;
+    std::size_t n = rings_.size();
+    std::size_t start = next_ring_.fetch_add(1, std::memory_order_relaxed) % n;
+    Ring* ring = nullptr;
+    std::unique_lock<std::mutex> lock;
+    for (std::size_t k = 0; k < n && !ring; ++k) {
+      Ring* cand = rings_[(start + k) % n].get();
+      std::unique_lock<std::mutex> l(cand->mu, std::try_to_lock);
+      if (l.owns_lock()) {
+        ring = cand;
+        lock = std::move(l);
+      }
+    }
+    if (!ring) {
+      ring = rings_[start].get();
+      lock = std::unique_lock<std::mutex>(ring->mu);
+    }
+    Run(*ring, reqs, on_complete);
+  }
+
+  int SyncData() override { return ::fdatasync(fd_) == 0 ? 0 : -errno; }
+
+  Status RegisterBuffers(std::span<const iovec> bufs) override {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (auto& r : rings_) locks.emplace_back(r->mu);
+    fixed_ = false;
+    for (auto& r : rings_) {
+      io_uring_unregister_buffers(&r->ring);  // ENXIO when none were registered: fine
+    }
+    if (bufs.empty()) return Status::Ok();
+    for (auto& r : rings_) {
+      int err = io_uring_register_buffers(&r->ring, bufs.data(), static_cast<unsigned>(bufs.size()));
+      if (err < 0) {
+        for (auto& u : rings_) io_uring_unregister_buffers(&u->ring);
+        return Status::Unavailable(fmt::format(
+            "io_uring_register_buffers({} buffers) failed: {}; raise RLIMIT_MEMLOCK (ulimit -l) to use fixed "
+            "buffers; continuing with plain reads and writes",
+            bufs.size(), std::strerror(-err)));
+      }
+    }
+    fixed_ = true;
+    return Status::Ok();
+  }
+
+  bool fixed_buffers() const override { return fixed_; }
+  unsigned queue_depth() const override { return depth_; }
+  std::string_view name() const override { return "io_uring"; }
+
+ private:
+  struct Ring {
+    std::mutex mu;
+    io_uring ring{};
+    bool broken = false;  // a submission failed with a non-transient error; every request fails
+  };
+
+  void Prep(io_uring_sqe* sqe, const IoRequest& r) {
+    bool fixed = fixed_ && r.buf_index >= 0;
+    if (r.op == IoOp::kRead) {
+      if (fixed) {
+        io_uring_prep_read_fixed(sqe, fd_, r.buf, r.len, r.offset, r.buf_index);
+      } else {
+        io_uring_prep_read(sqe, fd_, r.buf, r.len, r.offset);
+      }
+    } else {
+      if (fixed) {
+        io_uring_prep_write_fixed(sqe, fd_, r.buf, r.len, r.offset, r.buf_index);
+      } else {
+        io_uring_prep_write(sqe, fd_, r.buf, r.len, r.offset);
+      }
+    }
+  }
+
+  void Run(Ring& ring, std::span<IoRequest> reqs, const IoCompletion* on_complete) {
+    std::size_t total = reqs.size(), next = 0, done = 0, inflight = 0, unsubmitted = 0;
+    if (ring.broken) {
+      for (std::size_t i = 0; i < total; ++i) {
+        reqs[i].result = -EIO;
+        if (on_complete) (*on_complete)(i);
+      }
+      return;
+    }
+    while (done < total) {
+      while (inflight < depth_ && next < total) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring.ring);
+        if (!sqe) break;
+        Prep(sqe, reqs[next]);
+        io_uring_sqe_set_data64(sqe, next);
+        ++next;
+        ++inflight;
+        ++unsubmitted;
+      }
+      int ret = io_uring_submit_and_wait(&ring.ring, 1);
+      if (ret >= 0) {
+        unsubmitted = unsubmitted > static_cast<std::size_t>(ret) ? unsubmitted - ret : 0;
+      } else if (ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+        // The ring cannot submit: fail everything not yet submitted, reap what was, and mark the
+        // ring broken (its queued entries can no longer be trusted).
+        ring.broken = true;
+        for (std::size_t i = next - unsubmitted; i < total; ++i) {
+          reqs[i].result = ret;
+          if (on_complete) (*on_complete)(i);
+        }
+        inflight -= unsubmitted;
+        done += total - (next - unsubmitted);
+        next = total;
+        unsubmitted = 0;
+        while (inflight > 0) {
+          io_uring_cqe* cqe = nullptr;
+          if (io_uring_wait_cqe(&ring.ring, &cqe) < 0 || !cqe) break;
+          auto i = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
+          reqs[i].result = cqe->res;
+          io_uring_cqe_seen(&ring.ring, cqe);
+          --inflight;
+          ++done;
+          if (on_complete) (*on_complete)(i);
+        }
+        return;
+      }
+      unsigned head;
+      unsigned count = 0;
+      io_uring_cqe* cqe;
+      io_uring_for_each_cqe(&ring.ring, head, cqe) {
+        auto i = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
+        reqs[i].result = cqe->res;
+        ++count;
+        if (on_complete) (*on_complete)(i);
+      }
+      io_uring_cq_advance(&ring.ring, count);
+      inflight -= count;
+      done += count;
+    }
+  }
+
+  int fd_;
+  unsigned depth_;
+  std::vector<std::unique_ptr<Ring>> rings_;
+  std::atomic<std::size_t> next_ring_{0};
+  std::atomic<bool> fixed_{false};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<IoEngine>> OpenUringEngine(const IoEngineConfig& config) {
+  if (config.queue_depth == 0 || config.queue_depth > 4096 || config.rings == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "NVMe tier: queue_depth {} / io_threads {} out of range; use queue_depth 1..4096 and io_threads >= 1",
+        config.queue_depth, config.rings));
+  }
+  auto engine = std::make_unique<UringEngine>(config.fd, config.queue_depth);
+  TERRACE_RETURN_IF_ERROR(engine->Init(config.rings));
+  return std::unique_ptr<IoEngine>(std::move(engine));
+}
+
+}  // namespace terrace::nvme
