@@ -2,9 +2,6 @@
 // it with the project's full warning set.
 #include "tiers/hbm/hbm_cuda.h"
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "tiers/host/block_arena.h"
+#include "tiers/host/fast_checksum.h"
 
 namespace terrace::tiers {
 namespace {

@@ -1,7 +1,6 @@
 #include "tiers/host/host_tier.h"
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "tiers/host/fast_checksum.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,28 +13,10 @@ namespace terrace {
 namespace {
 
 constexpr std::uint64_t kPageBytes = 4096;
-constexpr std::size_t kCopyPiece = 64 * 1024;  // copy + hash granularity: stays in L2
 
 std::uint64_t NowNs() {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-}
-
-// Copies n bytes and returns the XXH3-64 of them, hashing each piece right after copying it.
-std::uint64_t CopyAndHash(std::byte* dst, const std::byte* src, std::size_t n) {
-  if (n <= kCopyPiece) {
-    std::memcpy(dst, src, n);
-    return XXH3_64bits(dst, n);
-  }
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
-  for (std::size_t off = 0; off < n; off += kCopyPiece) {
-    std::size_t len = std::min(kCopyPiece, n - off);
-    std::memcpy(dst + off, src + off, len);
-    XXH3_64bits_update(&state, dst + off, len);
-  }
-  return XXH3_64bits_digest(&state);
 }
 
 void LogPinRefusalOnce(const std::string& note) {
@@ -123,7 +104,8 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
                                                "the block ({} bytes); Lookup the size first",
                                                key.ToString(), out.size(), t.desc.size));
   }
-  std::uint64_t sum = t.desc.size > 0 ? CopyAndHash(out.data(), Address(t.extent), t.desc.size) : XXH3_64bits(nullptr, 0);
+  const std::uint64_t sum = t.desc.size > 0 ? tiers::CopyAndChecksum(out.data(), Address(t.extent), t.desc.size)
+                                           : tiers::FastChecksum(nullptr, 0);
   const bool corrupt = sum != t.desc.checksum;
   arena_.EndRead(key, t, corrupt);
   if (corrupt) {
