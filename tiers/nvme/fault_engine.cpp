@@ -81,6 +81,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
                                                           : 0;
     if (err != 0) {
       reqs[i].result = err;
+      reqs[i].submit_ns = SteadyNanos();
       if (on_complete) (*on_complete)(i);
       continue;
     }
@@ -93,6 +94,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
   IoCompletion cb = [&](std::size_t j) {
     std::size_t i = fwd_map[j];
     reqs[i].result = fwd[j].result;
+    reqs[i].submit_ns = fwd[j].submit_ns;
     if (fault[i] == static_cast<int>(FaultKind::kBitFlip) && fwd[j].result > 0) {
       std::uint64_t bit = flip_pos[i] % (static_cast<std::uint64_t>(fwd[j].result) * 8);
       reqs[i].buf[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));

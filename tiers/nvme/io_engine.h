@@ -8,6 +8,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -28,9 +29,16 @@ struct IoRequest {
   std::uint32_t len = 0;     // bytes
   int buf_index = -1;        // registered buffer holding [buf, buf+len) (fixed I/O), or -1
   int result = 0;            // out: bytes transferred (possibly fewer than len) or -errno
+  std::uint64_t submit_ns = 0;  // out: steady-clock time the engine queued it (latency stats)
 };
 
 // Called on the submitting thread when request `index` of the span completes.
+inline std::uint64_t SteadyNanos() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 using IoCompletion = std::function<void(std::size_t index)>;
 
 class IoEngine {

@@ -2,7 +2,6 @@
 // chunked I/O: nvme_io.cpp.
 #include "tiers/nvme/nvme_tier.h"
 
-#include <chrono>
 
 #include <fmt/format.h>
 
@@ -13,13 +12,6 @@
 namespace terrace {
 
 using nvme::IoOp;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-std::uint64_t NanosSince(Clock::time_point t) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
-}
-}  // namespace
 
 Status NvmeTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
   PutOp op{key, desc, data};
@@ -34,7 +26,6 @@ Status NvmeTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
 }
 
 std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
-  const auto start = Clock::now();
   std::vector<Status> st(ops.size());
   std::vector<std::uint64_t> offsets(ops.size(), 0);
   std::vector<bool> allocated(ops.size(), false);
@@ -159,19 +150,14 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
       }
     }
   }
-  std::uint64_t nanos = NanosSince(start);
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (st[i].ok()) {
-      counters_.Add(counters_.puts);
-      counters_.write_latency.Record(nanos);
-    }
+    if (st[i].ok()) counters_.Add(counters_.puts);
   }
   counters_.Add(counters_.bytes_written, bytes);
   return st;
 }
 
 std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
-  const auto start = Clock::now();
   std::vector<Status> st(ops.size());
   std::vector<nvme::Record> recs(ops.size());
   std::vector<bool> reading(ops.size(), false);
@@ -220,7 +206,6 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
       }
       if (--pending[i] == 0 && st[i].ok()) {
         bad[i] = Checksum(ops[i].out.first(recs[i].length)) != recs[i].checksum;
-        if (!bad[i]) counters_.read_latency.Record(NanosSince(start));
       }
     });
   }

@@ -15,6 +15,8 @@
 //   newer record; see recovery_report().
 // - After a failed group commit (fdatasync or index write error) the tier refuses writes with a
 //   non-retryable IoError until reopened; reads keep working.
+// - Stats: read_latency / write_latency are per device I/O (submission to completion, as fio's
+//   clat), not per Put / Get; a block larger than 1 MiB is several I/Os.
 // Thread-safety: every method may be called concurrently.
 #pragma once
 

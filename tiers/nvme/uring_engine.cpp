@@ -122,6 +122,7 @@ class UringEngine final : public IoEngine {
       while (inflight < depth_ && next < total) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring.ring);
         if (!sqe) break;
+        reqs[next].submit_ns = SteadyNanos();
         Prep(sqe, reqs[next]);
         io_uring_sqe_set_data64(sqe, next);
         ++next;
