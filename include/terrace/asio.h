@@ -1,0 +1,97 @@
+// Boost.Asio completion-token forms of the Store's async calls. This is the only Terrace header
+// that includes Boost.Asio; include it only where you use Asio.
+//
+//   async_get(store, key, out, token)            completion signature void(Result<BlockDesc>)
+//   async_put(store, key, data, opts, token)     void(Status)
+//   async_prefetch(store, keys, target, priority, deadline, token)   void(std::vector<Status>)
+//
+// The work runs on the store's own thread pool; the completion handler runs on the handler's
+// associated executor (boost::asio::bind_executor, the executor of a use_awaitable coroutine),
+// or, when it has none, on the executor passed as the first argument of the overloads that take
+// one, or else inline on the store's thread (system executor). Outstanding work is tracked on that
+// executor, so io_context::run() does not return while an operation is pending. Tokens that work:
+// plain callbacks, boost::asio::use_future, boost::asio::use_awaitable, deferred-style tokens.
+// Buffers (`out`, `data`, `keys`) must stay alive until completion.
+#pragma once
+
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/system_executor.hpp>
+
+#include "terrace/store.h"
+
+namespace terrace {
+namespace asio_detail {
+
+// Completes `handler` with `future`'s value on the handler's associated executor (falling back to
+// `fallback`), keeping that executor's outstanding-work count up until then.
+template <typename T, typename Handler, typename Executor>
+void CompleteOn(Future<T> future, Handler handler, const Executor& fallback) {
+  auto ex = boost::asio::prefer(boost::asio::get_associated_executor(handler, fallback),
+                                boost::asio::execution::outstanding_work.tracked);
+  future.then([handler = std::move(handler), ex = std::move(ex)](T value) mutable {
+    auto run_ex = ex;
+    boost::asio::dispatch(run_ex, [handler = std::move(handler), value = std::move(value), ex = std::move(ex)]() mutable {
+      std::move(handler)(std::move(value));
+    });
+  });
+}
+
+}  // namespace asio_detail
+
+template <typename Executor, typename CompletionToken>
+auto async_get(const Executor& ex, Store& store, const BlockKey& key, std::span<std::byte> out,
+               CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(Result<BlockDesc>)>(
+      [&store, ex](auto handler, const BlockKey& k, std::span<std::byte> o) {
+        asio_detail::CompleteOn(store.GetAsync(k, o), std::move(handler), ex);
+      },
+      token, key, out);
+}
+
+template <typename CompletionToken>
+auto async_get(Store& store, const BlockKey& key, std::span<std::byte> out, CompletionToken&& token) {
+  return async_get(boost::asio::system_executor(), store, key, out, std::forward<CompletionToken>(token));
+}
+
+template <typename Executor, typename CompletionToken>
+auto async_put(const Executor& ex, Store& store, const BlockKey& key, std::span<const std::byte> data,
+               const PutOptions& opts, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(Status)>(
+      [&store, ex](auto handler, const BlockKey& k, std::span<const std::byte> d, const PutOptions& o) {
+        asio_detail::CompleteOn(store.PutAsync(k, d, o), std::move(handler), ex);
+      },
+      token, key, data, opts);
+}
+
+template <typename CompletionToken>
+auto async_put(Store& store, const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts,
+               CompletionToken&& token) {
+  return async_put(boost::asio::system_executor(), store, key, data, opts, std::forward<CompletionToken>(token));
+}
+
+template <typename Executor, typename CompletionToken>
+auto async_prefetch(const Executor& ex, Store& store, std::span<const BlockKey> keys, TierId target,
+                    Priority priority, Clock::time_point deadline, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(std::vector<Status>)>(
+      [&store, ex](auto handler, std::span<const BlockKey> ks, TierId t, Priority p, Clock::time_point d) {
+        asio_detail::CompleteOn(store.Prefetch(ks, t, p, d), std::move(handler), ex);
+      },
+      token, keys, target, priority, deadline);
+}
+
+template <typename CompletionToken>
+auto async_prefetch(Store& store, std::span<const BlockKey> keys, TierId target, Priority priority,
+                    Clock::time_point deadline, CompletionToken&& token) {
+  return async_prefetch(boost::asio::system_executor(), store, keys, target, priority, deadline,
+                        std::forward<CompletionToken>(token));
+}
+
+}  // namespace terrace

@@ -1,0 +1,179 @@
+// terrace::Store: the tiered block store (HBM -> pinned host RAM -> NVMe) embedders use.
+//
+// Thread-safety: every Store method may be called concurrently from any thread. Operations on one
+// key are linearizable: a reader sees the old or the new block of a concurrent Put, never a mix.
+//
+// Movement rules (see docs/architecture.md for the full text):
+// - Put places a block in put_tier (or PutOptions::tier); a copy of the same key elsewhere is
+//   removed. Write-through also writes the lowest present tier before Put returns.
+// - Get reads the fastest copy, verifying its checksum; a copy that fails is dropped and the next
+//   copy is tried; with no good copy left Get returns Corruption. With promote_on_get, a block read
+//   from below put_tier is copied up to put_tier (exclusive placement then removes the lower copy,
+//   except the lowest tier's copy under write-through).
+// - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
+//   removing it; a victim that already has a copy below is simply dropped. The store never drops
+//   the last copy of a block to make room: when the lowest present tier is full (or there is none
+//   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged.
+// - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted or erased.
+// - Background demotion runs when a tier passes its high watermark and stops at the low one.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/future.h"
+#include "terrace/options.h"
+#include "terrace/stats.h"
+#include "terrace/status.h"
+#include "terrace/tier.h"
+
+namespace terrace {
+
+class Store;
+namespace store_internal {
+class StoreImpl;
+}
+
+struct PutOptions {
+  Codec codec = Codec::kRaw;
+  std::optional<TierId> tier;  // default: StoreOptions::put_tier
+};
+
+struct LookupResult {
+  bool found = false;
+  TierId tier = TierId::kHost;  // fastest tier holding the block (valid when found)
+  BlockDesc desc;
+};
+
+// Prefetch priority. kDemand runs like a Get; kHigh and kLow are speculative: they wait while
+// demand fetches are in flight, and kHigh items are started before kLow ones.
+enum class Priority : std::uint8_t { kDemand = 0, kHigh = 1, kLow = 2 };
+
+using Clock = std::chrono::steady_clock;
+
+// A move-only handle to a block resident in an addressable tier. While it lives the block is
+// pinned in that tier, so data() stays valid. It must not outlive its Store.
+class BlockHandle {
+ public:
+  BlockHandle() = default;
+  ~BlockHandle();
+  BlockHandle(BlockHandle&& other) noexcept;
+  BlockHandle& operator=(BlockHandle&& other) noexcept;
+  BlockHandle(const BlockHandle&) = delete;
+  BlockHandle& operator=(const BlockHandle&) = delete;
+
+  bool valid() const { return impl_ != nullptr; }
+  // The block's bytes; device memory when memory_kind() == kDevice.
+  const std::byte* data() const { return data_; }
+  std::uint64_t size() const { return desc_.size; }
+  const BlockDesc& desc() const { return desc_; }
+  const BlockKey& key() const { return key_; }
+  MemoryKind memory_kind() const { return memory_; }
+  TierId tier() const { return tier_; }
+  // Unpins now; the handle becomes invalid.
+  void Release();
+
+ private:
+  friend class store_internal::StoreImpl;
+  store_internal::StoreImpl* impl_ = nullptr;
+  BlockKey key_;
+  BlockDesc desc_;
+  const std::byte* data_ = nullptr;
+  MemoryKind memory_ = MemoryKind::kNone;
+  TierId tier_ = TierId::kHost;
+};
+
+// Store-level statistics. Per-tier snapshots come from the tiers, except: hits = Gets served from
+// that tier, misses = Gets that found no copy there, and the latency percentiles, which the store
+// measures around its own calls into the tier.
+struct StoreStats {
+  std::array<bool, kNumTiers> present{};
+  std::array<TierStatsSnapshot, kNumTiers> tiers{};
+  std::uint64_t blocks = 0;               // distinct keys stored
+  std::uint64_t promotions = 0;           // copies moved/copied to a faster tier
+  std::uint64_t demotions = 0;            // victims written to a slower tier on eviction
+  std::uint64_t evictions = 0;            // copies removed to make room (demoted or clean)
+  std::string eviction_policy;            // "lru" or "s3fifo"
+  std::uint64_t dedup_hits = 0;           // fetches that joined an in-flight read of the same key
+  std::uint64_t lower_tier_reads = 0;     // reads issued below put_tier (after dedup)
+  std::uint64_t put_dedup_hits = 0;       // Puts of bytes identical to the stored block (skipped)
+  std::uint64_t prefetch_issued = 0;      // prefetch items that moved a block
+  std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
+  std::uint64_t prefetch_late = 0;        // Gets that waited on an in-flight prefetch of their key
+  std::uint64_t corruptions_dropped = 0;  // copies dropped because they failed checksum
+};
+
+class Store {
+ public:
+  // Builds the tiers named by `options` (HBM per hbm.mode, host, NVMe when nvme.path is set) and
+  // recovers any blocks the persistent tier already holds.
+  static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
+  // Uses the given tiers (index = TierId; null = absent); their caps().id must match the index.
+  // Capacities come from the tiers; the tier options in `options` are ignored.
+  static Result<std::unique_ptr<Store>> OpenWithTiers(const StoreOptions& options,
+                                                      std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
+  // Copies the block into `out`; InvalidArgument (naming the size needed) if `out` is too small.
+  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  // Ensures a copy in `where` (an addressable tier), pins it there while the handle lives.
+  Result<BlockHandle> Acquire(const BlockKey& key, TierId where = TierId::kHost);
+  std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
+  bool Contains(const BlockKey& key) const;
+  // Removes every copy. NotFound if absent; InvalidArgument while pinned.
+  Status Erase(const BlockKey& key);
+  // Pins nest; a pinned block is never evicted or erased.
+  Status Pin(const BlockKey& key);
+  Status Unpin(const BlockKey& key);
+
+  struct PutItem {
+    BlockKey key;
+    std::span<const std::byte> data;
+    PutOptions opts;
+  };
+  struct GetItem {
+    BlockKey key;
+    std::span<std::byte> out;
+    BlockDesc desc;  // filled on success
+  };
+  std::vector<Status> PutBatch(std::span<const PutItem> items);
+  std::vector<Status> GetBatch(std::span<GetItem> items);
+  std::vector<Status> EraseBatch(std::span<const BlockKey> keys);
+
+  // Moves blocks up to `target` in the background; one Status per key, in order. Items not
+  // started when `deadline` passes get TimedOut; after Future::cancel() they get Cancelled.
+  Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target,
+                                       Priority priority = Priority::kHigh,
+                                       Clock::time_point deadline = Clock::time_point::max());
+  // Async forms run on the store's thread pool. The caller keeps `out` / `data` alive until the
+  // Future is ready.
+  Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
+  Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
+
+  // Durability barrier over every tier.
+  Status Flush();
+
+  StoreStats Stats() const;
+  // Prometheus text exposition format (version 0.0.4).
+  std::string PrometheusText() const;
+
+  const StoreOptions& options() const;
+  bool HasTier(TierId id) const;
+
+ private:
+  explicit Store(std::unique_ptr<store_internal::StoreImpl> impl);
+  std::unique_ptr<store_internal::StoreImpl> impl_;
+};
+
+}  // namespace terrace

@@ -1,0 +1,33 @@
+#include "src/store/inflight.h"
+
+namespace terrace::store_internal {
+
+InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_prefetch) {
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = fetches_.try_emplace(key);
+  if (inserted) {
+    it->second = std::make_shared<Fetch>();
+    it->second->by_prefetch = by_prefetch;
+  }
+  return Ticket{it->second, inserted};
+}
+
+void InflightTable::Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = fetches_.find(key);
+    if (it != fetches_.end() && it->second == fetch) fetches_.erase(it);
+  }
+  {
+    std::lock_guard lock(fetch->mu);
+    fetch->done = true;
+  }
+  fetch->cv.notify_all();
+}
+
+void InflightTable::Wait(Fetch& fetch) {
+  std::unique_lock lock(fetch.mu);
+  fetch.cv.wait(lock, [&] { return fetch.done; });
+}
+
+}  // namespace terrace::store_internal

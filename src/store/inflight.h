@@ -1,0 +1,48 @@
+// InflightTable: in-flight deduplication of reads from slow tiers. The first caller to fetch a
+// key becomes the leader and does the read; callers arriving while it runs wait for its result
+// (bytes and status) instead of reading again. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/status.h"
+
+namespace terrace::store_internal {
+
+struct Fetch {
+  // Set by the leader before Finish(); read by followers only after Wait() returns.
+  Status status;
+  BlockDesc desc;
+  std::vector<std::byte> bytes;  // the block when status is OK
+  bool by_prefetch = false;      // immutable after creation
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // GUARDED_BY(mu)
+};
+
+class InflightTable {
+ public:
+  struct Ticket {
+    std::shared_ptr<Fetch> fetch;
+    bool leader = false;
+  };
+
+  Ticket JoinOrLead(const BlockKey& key, bool by_prefetch);
+  // Leader only: removes the entry, then wakes the followers. The leader must have published
+  // its effects (directory updates) before calling, so a caller arriving later sees them.
+  void Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch);
+  static void Wait(Fetch& fetch);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<BlockKey, std::shared_ptr<Fetch>> fetches_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace terrace::store_internal

@@ -1,0 +1,153 @@
+// Prefetch scheduling (priorities, deadlines, cancellation, yielding to demand) and the async
+// Get/Put forms, all on the store's thread pool.
+#include <fmt/format.h>
+
+#include "src/store/store_impl.h"
+
+namespace terrace::store_internal {
+
+struct PrefetchJob {
+  std::vector<BlockKey> keys;
+  TierId target = TierId::kHost;
+  Priority priority = Priority::kHigh;
+  Clock::time_point deadline;
+  Promise<std::vector<Status>> promise;
+  std::vector<Status> results;          // slot i written once, by the thread completing item i
+  std::atomic<std::size_t> remaining{0};
+
+  void Complete(std::size_t i, Status s) {
+    results[i] = std::move(s);
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) promise.set_value(std::move(results));
+  }
+};
+
+Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, TierId target, Priority priority,
+                                                Clock::time_point deadline) {
+  auto job = std::make_shared<PrefetchJob>();
+  job->keys.assign(keys.begin(), keys.end());
+  job->target = target;
+  job->priority = priority;
+  job->deadline = deadline;
+  job->results.resize(keys.size());
+  job->remaining.store(keys.size());
+  auto future = job->promise.get_future();
+  if (keys.empty()) {
+    job->promise.set_value({});
+    return future;
+  }
+  if (!tiers_[Idx(target)]) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      job->Complete(i, Status::InvalidArgument(fmt::format("prefetch {}: tier {} is not configured",
+                                                           keys[i].ToString(), TierName(target))));
+    }
+    return future;
+  }
+  EnqueuePrefetch(job);
+  return future;
+}
+
+void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
+  unsigned start = 0;
+  {
+    std::lock_guard lock(prefetch_mu_);
+    if (!stopping_.load(std::memory_order_acquire)) {
+      auto& q = prefetch_queues_[static_cast<int>(job->priority)];
+      for (std::size_t i = 0; i < job->keys.size(); ++i) q.emplace_back(job, i);
+      unsigned limit = std::max(1u, options_.background_threads);
+      while (prefetch_drainers_ < limit) {
+        ++prefetch_drainers_;
+        ++start;
+      }
+    }
+  }
+  if (start == 0 && stopping_.load(std::memory_order_acquire)) {
+    for (std::size_t i = 0; i < job->keys.size(); ++i) job->Complete(i, Status::Cancelled("the store is closing"));
+    return;
+  }
+  for (unsigned i = 0; i < start; ++i) pool_.Post([this] { DrainPrefetch(); });
+}
+
+void StoreImpl::DrainPrefetch() {
+  for (;;) {
+    std::shared_ptr<PrefetchJob> job;
+    std::size_t index = 0;
+    {
+      std::lock_guard lock(prefetch_mu_);
+      for (auto& q : prefetch_queues_) {
+        if (q.empty()) continue;
+        job = std::move(q.front().first);
+        index = q.front().second;
+        q.pop_front();
+        break;
+      }
+      if (!job) {
+        --prefetch_drainers_;
+        return;
+      }
+    }
+    RunPrefetchItem(*job, index);
+  }
+}
+
+void StoreImpl::RunPrefetchItem(PrefetchJob& job, std::size_t i) {
+  const BlockKey& key = job.keys[i];
+  auto check = [&]() -> Status {
+    if (stopping_.load(std::memory_order_acquire)) return Status::Cancelled("the store is closing");
+    if (job.promise.cancel_requested()) {
+      return Status::Cancelled(fmt::format("prefetch of {} was cancelled before it started", key.ToString()));
+    }
+    if (Clock::now() > job.deadline) {
+      return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it started",
+                                          key.ToString(), TierName(job.target)));
+    }
+    return Status::Ok();
+  };
+  Status s = check();
+  if (s.ok() && job.priority != Priority::kDemand) {  // speculative work yields to demand fetches
+    std::unique_lock lock(demand_mu_);
+    while (s.ok() && demand_active_ > 0) {
+      demand_cv_.wait_for(lock, std::chrono::milliseconds(1));
+      lock.unlock();
+      s = check();
+      lock.lock();
+    }
+  }
+  if (s.ok()) s = MoveUp(key, job.target, /*by_prefetch=*/true);
+  job.Complete(i, std::move(s));
+}
+
+Future<Result<BlockDesc>> StoreImpl::GetAsync(const BlockKey& key, std::span<std::byte> out) {
+  Promise<Result<BlockDesc>> p;
+  auto f = p.get_future();
+  if (stopping_.load(std::memory_order_acquire)) {
+    p.set_value(Status::Cancelled("the store is closing"));
+    return f;
+  }
+  pool_.Post([this, key, out, p]() mutable {
+    if (p.cancel_requested()) {
+      p.set_value(Status::Cancelled(fmt::format("get {} was cancelled before it started", key.ToString())));
+      return;
+    }
+    p.set_value(Get(key, out));
+  });
+  return f;
+}
+
+Future<Status> StoreImpl::PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
+  Promise<Status> p;
+  auto f = p.get_future();
+  if (stopping_.load(std::memory_order_acquire)) {
+    p.set_value(Status::Cancelled("the store is closing"));
+    return f;
+  }
+  pool_.Post([this, key, data, opts, p]() mutable {
+    if (p.cancel_requested()) {
+      p.set_value(Status::Cancelled(fmt::format("put {} was cancelled before it started", key.ToString())));
+      return;
+    }
+    p.set_value(Put(key, data, opts));
+  });
+  return f;
+}
+
+}  // namespace terrace::store_internal

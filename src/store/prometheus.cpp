@@ -1,0 +1,150 @@
+// Stats snapshots and their Prometheus text exposition (format 0.0.4).
+#include <fmt/format.h>
+
+#include "src/store/store_impl.h"
+
+namespace terrace::store_internal {
+namespace {
+
+// Histogram bucket bounds exposed, in seconds.
+constexpr double kLatencyBoundsSeconds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                            1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,    0.25,   0.5,
+                                            1.0,  2.5,    5.0,  10.0};
+
+void Header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// One consistent pass over the buckets: the le counts are cumulative and +Inf equals _count.
+void Histogram(std::string& out, std::string_view name, std::string_view tier, const LatencyHistogram& h) {
+  std::uint64_t counts[LatencyHistogram::kBuckets];
+  std::uint64_t total = 0;
+  for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
+    counts[i] = h.BucketCount(i);
+    total += counts[i];
+  }
+  int b = 0;
+  std::uint64_t cumulative = 0;
+  for (double bound : kLatencyBoundsSeconds) {
+    auto bound_ns = static_cast<std::uint64_t>(bound * 1e9);
+    while (b < LatencyHistogram::kBuckets && LatencyHistogram::BucketUpperBound(b) <= bound_ns) cumulative += counts[b++];
+    out += fmt::format("{}_bucket{{tier=\"{}\",le=\"{:g}\"}} {}\n", name, tier, bound, cumulative);
+  }
+  out += fmt::format("{}_bucket{{tier=\"{}\",le=\"+Inf\"}} {}\n", name, tier, total);
+  out += fmt::format("{}_sum{{tier=\"{}\"}} {:.9f}\n", name, tier, static_cast<double>(h.sum_nanos()) / 1e9);
+  out += fmt::format("{}_count{{tier=\"{}\"}} {}\n", name, tier, total);
+}
+
+}  // namespace
+
+StoreStats StoreImpl::Stats() const {
+  StoreStats st;
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (!tiers_[i]) continue;
+    st.present[i] = true;
+    TierStatsSnapshot s = tiers_[i]->Stats();
+    const TierCaps& caps = tiers_[i]->caps();
+    const TierCounters& m = measured_[i];
+    auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    s.name = std::string(TierName(TierAt(i)));
+    s.emulated = caps.emulated;
+    s.capacity_bytes = caps.capacity_bytes;
+    s.used_bytes = tiers_[i]->used_bytes();
+    s.blocks = tiers_[i]->block_count();
+    s.hits = ld(m.hits);
+    s.misses = ld(m.misses);
+    s.evictions = ld(m.evictions);
+    s.corruptions = std::max(s.corruptions, ld(m.corruptions));
+    s.io_errors = std::max(s.io_errors, ld(m.io_errors));
+    s.reads = m.read_latency.count();
+    s.writes = m.write_latency.count();
+    s.read_p50_ns = m.read_latency.Percentile(0.5);
+    s.read_p99_ns = m.read_latency.Percentile(0.99);
+    s.write_p50_ns = m.write_latency.Percentile(0.5);
+    s.write_p99_ns = m.write_latency.Percentile(0.99);
+    st.tiers[i] = std::move(s);
+  }
+  {
+    std::lock_guard lock(mu_);
+    st.blocks = entries_.size();
+    st.eviction_policy = std::string(policies_[0]->name());
+  }
+  auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  st.promotions = ld(promotions_);
+  st.demotions = ld(demotions_);
+  st.evictions = ld(evictions_);
+  st.dedup_hits = ld(dedup_hits_);
+  st.lower_tier_reads = ld(lower_tier_reads_);
+  st.put_dedup_hits = ld(put_dedup_hits_);
+  st.prefetch_issued = ld(prefetch_issued_);
+  st.prefetch_useful = ld(prefetch_useful_);
+  st.prefetch_late = ld(prefetch_late_);
+  st.corruptions_dropped = ld(corruptions_dropped_);
+  return st;
+}
+
+std::string StoreImpl::PrometheusText() const {
+  StoreStats st = Stats();
+  std::string out;
+  struct TierMetric {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::uint64_t TierStatsSnapshot::*field;
+  };
+  static constexpr TierMetric kTierMetrics[] = {
+      {"terrace_tier_hits_total", "counter", "Gets served from the tier.", &TierStatsSnapshot::hits},
+      {"terrace_tier_misses_total", "counter", "Gets that found no copy in the tier.", &TierStatsSnapshot::misses},
+      {"terrace_tier_written_bytes_total", "counter", "Bytes written into the tier.", &TierStatsSnapshot::bytes_written},
+      {"terrace_tier_read_bytes_total", "counter", "Bytes read out of the tier.", &TierStatsSnapshot::bytes_read},
+      {"terrace_tier_puts_total", "counter", "Blocks written into the tier.", &TierStatsSnapshot::puts},
+      {"terrace_tier_evictions_total", "counter", "Copies evicted from the tier.", &TierStatsSnapshot::evictions},
+      {"terrace_tier_io_errors_total", "counter", "I/O errors the tier reported.", &TierStatsSnapshot::io_errors},
+      {"terrace_tier_corruptions_total", "counter", "Copies dropped after failing validation.",
+       &TierStatsSnapshot::corruptions},
+      {"terrace_tier_queue_depth", "gauge", "I/O requests in flight.", &TierStatsSnapshot::queue_depth},
+      {"terrace_tier_capacity_bytes", "gauge", "Tier capacity.", &TierStatsSnapshot::capacity_bytes},
+      {"terrace_tier_used_bytes", "gauge", "Bytes in use.", &TierStatsSnapshot::used_bytes},
+      {"terrace_tier_blocks", "gauge", "Blocks resident.", &TierStatsSnapshot::blocks},
+  };
+  for (const auto& m : kTierMetrics) {
+    Header(out, m.name, m.type, m.help);
+    for (int i = 0; i < kNumTiers; ++i) {
+      if (st.present[i]) out += fmt::format("{}{{tier=\"{}\"}} {}\n", m.name, TierName(TierAt(i)), st.tiers[i].*m.field);
+    }
+  }
+  Header(out, "terrace_tier_emulated", "gauge", "1 when the tier runs in host memory in place of a device.");
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (st.present[i]) out += fmt::format("terrace_tier_emulated{{tier=\"{}\"}} {}\n", TierName(TierAt(i)), st.tiers[i].emulated ? 1 : 0);
+  }
+  Header(out, "terrace_tier_read_latency_seconds", "histogram", "Latency of the store's reads from the tier.");
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (st.present[i]) Histogram(out, "terrace_tier_read_latency_seconds", TierName(TierAt(i)), measured_[i].read_latency);
+  }
+  Header(out, "terrace_tier_write_latency_seconds", "histogram", "Latency of the store's writes into the tier.");
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (st.present[i]) Histogram(out, "terrace_tier_write_latency_seconds", TierName(TierAt(i)), measured_[i].write_latency);
+  }
+  const std::pair<const char*, std::pair<const char*, std::uint64_t>> kStore[] = {
+      {"terrace_store_promotions_total", {"Copies moved or copied to a faster tier.", st.promotions}},
+      {"terrace_store_demotions_total", {"Victims written to a slower tier on eviction.", st.demotions}},
+      {"terrace_store_dedup_hits_total", {"Fetches that joined an in-flight read of the same key.", st.dedup_hits}},
+      {"terrace_store_lower_tier_reads_total", {"Reads issued below the put tier.", st.lower_tier_reads}},
+      {"terrace_store_put_dedup_hits_total", {"Puts of bytes identical to the stored block.", st.put_dedup_hits}},
+      {"terrace_store_prefetch_issued_total", {"Prefetch items that moved a block.", st.prefetch_issued}},
+      {"terrace_store_prefetch_useful_total", {"Prefetched blocks later read by a Get.", st.prefetch_useful}},
+      {"terrace_store_prefetch_late_total", {"Gets that waited on an in-flight prefetch.", st.prefetch_late}},
+      {"terrace_store_corruptions_dropped_total", {"Copies dropped for failing their checksum.", st.corruptions_dropped}},
+  };
+  for (const auto& [name, hv] : kStore) {
+    Header(out, name, "counter", hv.first);
+    out += fmt::format("{} {}\n", name, hv.second);
+  }
+  Header(out, "terrace_store_evictions_total", "counter", "Copies evicted, by eviction policy.");
+  out += fmt::format("terrace_store_evictions_total{{policy=\"{}\"}} {}\n", st.eviction_policy, st.evictions);
+  Header(out, "terrace_store_blocks", "gauge", "Distinct blocks stored.");
+  out += fmt::format("terrace_store_blocks {}\n", st.blocks);
+  return out;
+}
+
+}  // namespace terrace::store_internal

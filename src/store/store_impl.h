@@ -1,0 +1,164 @@
+// StoreImpl: the state behind terrace::Store. Internal; see include/terrace/store.h for the rules.
+//
+// Locking (acquire in this order; never block on a key lock while holding mu_):
+//   1. key_locks_ stripe of the key an operation is about (blocking), then victims' stripes with
+//      TryLock only.
+//   2. mu_ guards the directory (entries_) and the eviction policies; held only for short
+//      bookkeeping, never across tier I/O.
+// Every change to an entry's mask (which tiers hold a copy) happens with the key's stripe held.
+// Gets of a copy at or above put_tier take no key lock: tiers replace blocks atomically and the
+// store re-verifies checksums; any anomaly retries on the locked slow path.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "src/store/eviction_policy.h"
+#include "src/store/inflight.h"
+#include "src/store/key_locks.h"
+#include "src/store/thread_pool.h"
+#include "terrace/store.h"
+
+namespace terrace::store_internal {
+
+inline std::uint8_t Bit(TierId t) { return static_cast<std::uint8_t>(1u << static_cast<unsigned>(t)); }
+inline TierId TierAt(int i) { return static_cast<TierId>(i); }
+inline int Idx(TierId t) { return static_cast<int>(t); }
+
+struct Entry {
+  BlockDesc desc;
+  std::uint8_t mask = 0;                               // bit i: tier i holds a current copy
+  std::uint32_t pins = 0;                              // Store::Pin count (all tiers)
+  std::array<std::uint32_t, kNumTiers> handle_pins{};  // live BlockHandles per tier
+  std::uint64_t version = 0;                           // bumped by every Put that writes
+  bool prefetched = false;                             // brought up by Prefetch, not read since
+  bool PinnedIn(TierId t) const { return pins > 0 || handle_pins[Idx(t)] > 0; }
+  bool AnyPin() const { return pins > 0 || handle_pins[0] + handle_pins[1] + handle_pins[2] > 0; }
+};
+
+// How a locked read moves the block it reads.
+enum class MoveMode : std::uint8_t {
+  kNone,   // read only
+  kUp,     // copy into target if the fastest copy is below it
+  kExact,  // make sure target holds a copy (from wherever it is)
+};
+
+struct ReadOutcome {
+  Result<BlockDesc> desc = Status::NotFound("unset");
+  Status move_status;  // OK when no move was needed or it succeeded
+  bool moved = false;
+  bool leader = true;  // false: the result came from another caller's in-flight read
+};
+
+struct PrefetchJob;
+
+class StoreImpl {
+ public:
+  StoreImpl(const StoreOptions& options, std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
+  ~StoreImpl();
+  Status Init();  // validates tiers, recovers the directory from what they hold
+
+  Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
+  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  Result<BlockHandle> Acquire(const BlockKey& key, TierId where);
+  std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
+  Status Erase(const BlockKey& key);
+  Status Pin(const BlockKey& key);
+  Status Unpin(const BlockKey& key);
+  void ReleaseHandle(const BlockKey& key, TierId tier);
+  Status Flush();
+
+  Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, Priority priority,
+                                       Clock::time_point deadline);
+  Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
+  Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
+
+  StoreStats Stats() const;
+  std::string PrometheusText() const;
+
+  const StoreOptions& options() const { return options_; }
+  bool HasTier(TierId t) const { return tiers_[Idx(t)] != nullptr; }
+
+ private:
+  // read_path.cpp
+  bool FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result);
+  // Deduplicated, locked fetch; with move_to, also moves the block (kUp semantics).
+  // Copies the block into `out` when it is non-empty.
+  ReadOutcome FetchDedup(const BlockKey& key, std::optional<TierId> move_to, bool by_prefetch,
+                         std::span<std::byte> out);
+  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies) and
+  // moves it per `mode`.
+  ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, TierId target,
+                         bool by_prefetch);
+  Status MoveUp(const BlockKey& key, TierId target, bool by_prefetch);
+  // Caller holds key's stripe; removes the copy in `t` (already found bad) and records why.
+  void DropCopy(const BlockKey& key, TierId t);
+  void CountGet(TierId served_from, std::uint8_t present_mask);
+
+  // write_path.cpp
+  Status EraseLocked(const BlockKey& key);
+
+  // placement.cpp
+  Status PlaceInTier(TierId t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // Frees one copy from `t` (demoting it if needed). OutOfCapacity when nothing is evictable, or
+  // the error a victim's demotion hit.
+  Status EvictOne(TierId t);
+  Status EvictLocked(TierId t, const BlockKey& key);
+  void MaybeScheduleDemotion(TierId t);
+  std::optional<TierId> LowerPresent(TierId t) const;
+  TierId LowestPresent() const;
+  Status TimedTierGet(TierId t, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
+  Status TimedTierPut(TierId t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // REQUIRES(mu_): sets e's mask to new_mask, telling the policies; `evicted_from` is the tier a
+  // policy eviction removed the copy from, if any.
+  void SetMaskLocked(const BlockKey& key, Entry& e, std::uint8_t new_mask, int evicted_from = -1);
+
+  // prefetch.cpp
+  void EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job);
+  void DrainPrefetch();
+  void RunPrefetchItem(PrefetchJob& job, std::size_t i);
+
+  friend class ::terrace::BlockHandle;
+
+  StoreOptions options_;
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers_;  // immutable after construction
+  TierId promote_tier_ = TierId::kHost;  // put_tier, or the nearest present tier below it (Init)
+  std::uint8_t present_mask_ = 0;        // tiers configured (Init)
+
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Entry> entries_;                            // GUARDED_BY(mu_)
+  std::array<std::unique_ptr<EvictionPolicy>, kNumTiers> policies_;         // GUARDED_BY(mu_)
+
+  KeyLocks key_locks_;
+  InflightTable inflight_;
+
+  // Store-measured per-tier counters: hits, misses, evictions, read/write latency.
+  mutable std::array<TierCounters, kNumTiers> measured_;
+  std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
+      lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
+      prefetch_late_{0}, corruptions_dropped_{0};
+
+  // Demand fetches in progress; speculative prefetch waits while this is non-zero.
+  std::mutex demand_mu_;
+  std::condition_variable demand_cv_;
+  int demand_active_ = 0;  // GUARDED_BY(demand_mu_)
+
+  std::array<std::atomic<bool>, kNumTiers> demotion_scheduled_{};
+  std::atomic<bool> stopping_{false};
+
+  std::mutex prefetch_mu_;
+  std::array<std::deque<std::pair<std::shared_ptr<PrefetchJob>, std::size_t>>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
+  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_)
+
+  ThreadPool pool_;  // last member: joined first on destruction
+};
+
+}  // namespace terrace::store_internal

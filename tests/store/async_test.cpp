@@ -1,0 +1,126 @@
+// Future/Promise, the store's async calls, and the Boost.Asio completion-token bindings.
+#include <catch2/catch.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <thread>
+
+#include "store_test_util.h"
+#include "terrace/asio.h"
+
+namespace terrace::testing {
+namespace {
+
+TEST_CASE("Future: value, then(), wait_for, cancel flag") {
+  Promise<int> p;
+  auto f = p.get_future();
+  CHECK_FALSE(f.is_ready());
+  CHECK_FALSE(f.wait_for(std::chrono::milliseconds(1)));
+  f.cancel();
+  CHECK(p.cancel_requested());
+  std::thread t([p]() mutable { p.set_value(42); });
+  CHECK(f.get() == 42);
+  CHECK_FALSE(f.valid());
+  t.join();
+  CHECK_FALSE(p.set_value(7));  // first value wins
+
+  Promise<std::string> q;
+  auto g = q.get_future();
+  std::string seen;
+  g.then([&](std::string s) { seen = std::move(s); });
+  q.set_value("done");
+  CHECK(seen == "done");
+
+  auto ready = MakeReadyFuture(Status::NotFound("x"));
+  CHECK(ready.is_ready());
+  int calls = 0;
+  ready.then([&](Status s) { calls += s.IsNotFound() ? 1 : 100; });  // runs inline
+  CHECK(calls == 1);
+}
+
+TEST_CASE("GetAsync / PutAsync round trip on the store's pool") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  auto bytes = TestBytes(1, 3000);
+  auto put = store->PutAsync(TestKey(1), bytes);
+  REQUIRE(put.get().ok());
+  std::vector<std::byte> out(4096);
+  auto get = store->GetAsync(TestKey(1), out);
+  auto r = get.get();
+  REQUIRE(r.ok());
+  CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
+  CHECK(store->GetAsync(TestKey(2), out).get().status().IsNotFound());
+}
+
+TEST_CASE("asio: callbacks complete on the io_context thread") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  boost::asio::io_context io;
+  auto bytes = TestBytes(2, 1000);
+  std::vector<std::byte> out(1000);
+  std::thread::id put_thread, get_thread;
+  Status put_status = Status::Internal("not called");
+  Result<BlockDesc> got = Status::Internal("not called");
+  async_put(io.get_executor(), *store, TestKey(2), bytes, PutOptions{}, [&](Status s) {
+    put_thread = std::this_thread::get_id();
+    put_status = s;
+    async_get(io.get_executor(), *store, TestKey(2), out, [&](Result<BlockDesc> r) {
+      get_thread = std::this_thread::get_id();
+      got = std::move(r);
+    });
+  });
+  io.run();  // returns only once both operations completed (outstanding work is tracked)
+  CHECK(put_status.ok());
+  REQUIRE(got.ok());
+  CHECK(got->size == 1000);
+  CHECK(put_thread == std::this_thread::get_id());
+  CHECK(get_thread == std::this_thread::get_id());
+  CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
+}
+
+TEST_CASE("asio: use_future and prefetch") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  auto bytes = TestBytes(3, 500);
+  auto pf = async_put(*store, TestKey(3), bytes, PutOptions{Codec::kRaw, TierId::kNvme}, boost::asio::use_future);
+  REQUIRE(pf.get().ok());
+  BlockKey key = TestKey(3);
+  auto pre = async_prefetch(*store, {&key, 1}, TierId::kHost, Priority::kHigh, Clock::time_point::max(),
+                            boost::asio::use_future);
+  auto st = pre.get();
+  REQUIRE(st.size() == 1);
+  CHECK(st[0].ok());
+  std::vector<std::byte> out(500);
+  auto gf = async_get(*store, key, out, boost::asio::use_future);
+  auto r = gf.get();
+  REQUIRE(r.ok());
+  CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
+}
+
+TEST_CASE("asio: use_awaitable in a coroutine") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  boost::asio::io_context io;
+  auto bytes = TestBytes(4, 700);
+  bool done = false;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> boost::asio::awaitable<void> {
+        Status s = co_await async_put(*store, TestKey(4), bytes, PutOptions{}, boost::asio::use_awaitable);
+        CHECK(s.ok());
+        std::vector<std::byte> out(700);
+        Result<BlockDesc> r = co_await async_get(*store, TestKey(4), out, boost::asio::use_awaitable);
+        CHECK(r.ok());
+        CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
+        done = true;
+      },
+      boost::asio::detached);
+  io.run();
+  CHECK(done);
+}
+
+}  // namespace
+}  // namespace terrace::testing

@@ -1,0 +1,159 @@
+// In-flight deduplication and prefetch (targets, deadlines, cancel, yielding to demand).
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <latch>
+#include <mutex>
+#include <thread>
+
+#include "store_test_util.h"
+
+namespace terrace::testing {
+namespace {
+
+constexpr std::size_t kBlock = 4096;
+
+TEST_CASE("Concurrent Gets of one key read the lower tier once") {
+  bool promote = GENERATE(true, false);
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  StoreOptions o = Quiet();
+  o.promote_on_get = promote;
+  auto store = OpenFakeStore(f, o);
+  BlockKey key = TestKey(1);
+  auto bytes = TestBytes(1, kBlock);
+  REQUIRE(store->Put(key, bytes, {Codec::kRaw, TierId::kNvme}).ok());
+  nvme.get_delay_ms = 300;  // long enough that every caller arrives while the first read runs
+  constexpr int kThreads = 6;
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  std::vector<int> good(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      auto r = GetBytes(*store, key);
+      good[t] = r.ok() && *r == bytes;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) CHECK(good[t] == 1);
+  CHECK(nvme.gets() == 1);
+  auto st = store->Stats();
+  CHECK(st.dedup_hits == kThreads - 1);
+  CHECK(st.lower_tier_reads == 1);
+}
+
+TEST_CASE("Prefetch moves blocks up to the target and counts useful prefetches") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 10; ++i) {
+    keys.push_back(TestKey(i));
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  auto fut = store->Prefetch(keys, TierId::kHost, Priority::kHigh);
+  auto statuses = fut.get();
+  REQUIRE(statuses.size() == keys.size());
+  for (const auto& s : statuses) CHECK(s.ok());
+  for (const auto& k : keys) CHECK(TierOf(*store, k) == TierId::kHost);
+  CHECK(store->Stats().prefetch_issued == 10);
+  // A second prefetch to a lower target is a no-op; to hbm it moves further up.
+  for (const auto& s : store->Prefetch(keys, TierId::kNvme).get()) CHECK(s.ok());
+  CHECK(TierOf(*store, keys[0]) == TierId::kHost);
+  for (const auto& s : store->Prefetch({keys.data(), 2}, TierId::kHbm, Priority::kDemand).get()) CHECK(s.ok());
+  CHECK(TierOf(*store, keys[0]) == TierId::kHbm);
+  REQUIRE(*GetBytes(*store, keys[5]) == TestBytes(5, kBlock));
+  CHECK(store->Stats().prefetch_useful >= 1);
+  // Missing keys and absent tiers are reported per item.
+  BlockKey missing = TestKey(999);
+  CHECK(store->Prefetch({&missing, 1}, TierId::kHost).get()[0].IsNotFound());
+}
+
+TEST_CASE("Prefetch to an absent tier is InvalidArgument") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  BlockKey key = TestKey(1);
+  REQUIRE(store->Put(key, TestBytes(1, kBlock)).ok());
+  CHECK(store->Prefetch({&key, 1}, TierId::kHbm).get()[0].IsInvalidArgument());
+}
+
+TEST_CASE("A passed deadline times out every item and moves nothing") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 5; ++i) {
+    keys.push_back(TestKey(i));
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  auto statuses = store->Prefetch(keys, TierId::kHost, Priority::kLow, Clock::now() - std::chrono::seconds(1)).get();
+  for (const auto& s : statuses) CHECK(s.code() == Code::kTimedOut);
+  for (const auto& k : keys) CHECK(TierOf(*store, k) == TierId::kNvme);
+}
+
+TEST_CASE("cancel() stops the items that have not started") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  StoreOptions o = Quiet();
+  o.background_threads = 1;
+  auto store = OpenFakeStore(f, o);
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < 20; ++i) {
+    keys.push_back(TestKey(i));
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  nvme.get_delay_ms = 50;
+  auto fut = store->Prefetch(keys, TierId::kHost, Priority::kLow);
+  fut.cancel();
+  auto statuses = fut.get();
+  int cancelled = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].code() == Code::kCancelled) {
+      ++cancelled;
+      CHECK(TierOf(*store, keys[i]) == TierId::kNvme);
+    } else {
+      CHECK(statuses[i].ok());
+    }
+  }
+  CHECK(cancelled >= 18);  // at most the item(s) already running complete
+}
+
+TEST_CASE("Speculative prefetch does not start while a demand fetch is in flight") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = false, demand_inside = false;
+  std::vector<BlockKey> started;  // GUARDED_BY(mu)
+  BlockKey demand_key = TestKey(1), spec_key = TestKey(2);
+  nvme.on_get = [&](const BlockKey& k) {
+    std::unique_lock lock(mu);
+    started.push_back(k);
+    if (k == demand_key) {
+      demand_inside = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return gate_open; });
+    }
+  };
+  auto store = OpenFakeStore(f);
+  REQUIRE(store->Put(demand_key, TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(spec_key, TestBytes(2, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  std::thread demand([&] { CHECK(GetBytes(*store, demand_key).ok()); });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return demand_inside; });
+  }
+  auto fut = store->Prefetch({&spec_key, 1}, TierId::kHost, Priority::kLow);
+  CHECK_FALSE(fut.wait_for(std::chrono::milliseconds(200)));  // it must wait for the demand fetch
+  {
+    std::lock_guard lock(mu);
+    CHECK(std::count(started.begin(), started.end(), spec_key) == 0);
+    gate_open = true;
+  }
+  cv.notify_all();
+  demand.join();
+  CHECK(fut.get()[0].ok());
+  CHECK(TierOf(*store, spec_key) == TierId::kHost);
+}
+
+}  // namespace
+}  // namespace terrace::testing

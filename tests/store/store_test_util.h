@@ -1,0 +1,45 @@
+// Helpers for store tests: opening a Store over fake tiers, reading blocks back.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "fake_tier.h"
+#include "terrace/store.h"
+#include "test_util.h"
+
+namespace terrace::testing {
+
+// Options with background demotion off (watermarks at 100%), for tests that count movements.
+inline StoreOptions Quiet() {
+  StoreOptions o;
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  return o;
+}
+
+inline std::unique_ptr<Store> OpenFakeStore(FakeTiers& f, const StoreOptions& options = Quiet()) {
+  auto r = Store::OpenWithTiers(options, std::move(f.tiers));
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+// Gets `key` into a fresh buffer of `capacity` bytes; returns the bytes (resized to the block).
+inline Result<std::vector<std::byte>> GetBytes(Store& store, const BlockKey& key, std::size_t capacity = 1 << 16) {
+  std::vector<std::byte> buf(capacity);
+  auto r = store.Get(key, buf);
+  if (!r.ok()) return r.status();
+  buf.resize(r->size);
+  return buf;
+}
+
+inline TierId TierOf(Store& store, const BlockKey& key) {
+  auto r = store.Lookup({&key, 1});
+  REQUIRE(r[0].found);
+  return r[0].tier;
+}
+
+}  // namespace terrace::testing
