@@ -1,11 +1,315 @@
-// Placeholder: 'terrace ref' is implemented by its own change.
+// terrace ref kda|mla|attnres|moe|mxfp4: runs one mechanism of the reference model on tensors read
+// from a safetensors file and writes the results to another, so engine developers can check their
+// kernels against Terrace. Tensor names, shapes and dtypes: docs/ref-cli.md.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "src/cli/command.h"
+#include "src/model/attnres.h"
+#include "src/model/config.h"
+#include "src/model/kda.h"
+#include "src/model/mla.h"
+#include "src/model/moe.h"
+#include "src/model/mxfp4.h"
+#include "src/model/safetensors.h"
 
 namespace terrace::cli {
+namespace {
+
+using namespace terrace::model;
+using Shape = std::vector<std::int64_t>;
+
+// A WeightSource over one safetensors file (tensor names as stored).
+class FileSource : public WeightSource {
+ public:
+  explicit FileSource(std::unique_ptr<SafetensorsFile> f) : f_(std::move(f)) {}
+  Result<TensorView> Get(std::string_view name) const override { return f_->Get(name); }
+  bool Has(std::string_view name) const override { return f_->Has(name); }
+  std::vector<std::string> Names() const override { return f_->Names(); }
+  const std::string path() const { return f_->path().string(); }
+
+ private:
+  std::unique_ptr<SafetensorsFile> f_;
+};
+
+struct RefArgs {
+  std::string in, out, config;
+  std::optional<double> scale;
+  bool chunked = false, absorbed = false;
+  int chunk = 64;
+  std::optional<int> heads, top_k;
+  std::optional<double> scaling, situ_beta, situ_linear_beta, eps;
+};
+
+// `name` as fp32; `dtypes_f32_only` rejects BF16/F16. want: expected shape with -1 as a wildcard.
+Result<Tensor> Input(const FileSource& src, const std::string& name, const Shape& want, bool f32_only = true) {
+  auto view = src.Get(name);
+  if (!view.ok()) {
+    return Status::NotFound(fmt::format("{}: required tensor '{}' is missing (expected F32 {}); see docs/ref-cli.md",
+                                        src.path(), name, ShapeString(want)));
+  }
+  bool match = view->shape.size() == want.size();
+  for (std::size_t i = 0; match && i < want.size(); ++i) match = want[i] < 0 || want[i] == view->shape[i];
+  if (!match)
+    return Status::InvalidArgument(fmt::format("tensor '{}': expected shape {} (-1 = any), got {}", name,
+                                               ShapeString(want), ShapeString(view->shape)));
+  if (f32_only ? view->dtype != DType::kF32
+               : (view->dtype != DType::kF32 && view->dtype != DType::kBF16 && view->dtype != DType::kF16))
+    return Status::InvalidArgument(fmt::format("tensor '{}': expected dtype {}, got {}", name,
+                                               f32_only ? "F32" : "F32, BF16 or F16", DTypeName(view->dtype)));
+  return ToFloat(*view, name);
+}
+
+Result<FileSource> OpenInput(const std::string& path) {
+  TERRACE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(path));
+  return FileSource(std::move(f));
+}
+
+Status WriteOutputs(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                    SafetensorsWriter* w) {
+  for (const auto& [name, t] : tensors) TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
+  return w->Write(path).WithContext(fmt::format("--out {}", path));
+}
+
+Status RefKda(const RefArgs& a) {
+  TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  TERRACE_ASSIGN_OR_RETURN(Tensor q, Input(src, "q", {-1, -1, -1, -1}));
+  const std::int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), K = q.dim(3);
+  TERRACE_ASSIGN_OR_RETURN(Tensor k, Input(src, "k", {B, T, H, K}));
+  TERRACE_ASSIGN_OR_RETURN(Tensor g, Input(src, "g", {B, T, H, K}));
+  TERRACE_ASSIGN_OR_RETURN(Tensor v, Input(src, "v", {B, T, H, -1}));
+  const std::int64_t V = v.dim(3);
+  TERRACE_ASSIGN_OR_RETURN(Tensor beta, Input(src, "beta", {B, T, H}));
+  Tensor state({B, H, K, V});
+  if (src.Has("initial_state")) {
+    TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));
+  }
+  if (a.chunk < 1) return Status::InvalidArgument(fmt::format("--chunk-size must be >= 1 (got {})", a.chunk));
+  const float scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(K))));
+  for (float& x : q.data) x *= scale;
+  Tensor o({B, T, H, V});
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t qk = b * T * H * K, vv = b * T * H * V;
+    KdaCoreArgs args{q.ptr() + qk, k.ptr() + qk, v.ptr() + vv, g.ptr() + qk, beta.ptr() + b * T * H, T, H, K, V};
+    float* s = state.ptr() + b * H * K * V;
+    if (a.chunked) {
+      KdaChunked(args, s, o.ptr() + vv, a.chunk);
+    } else {
+      KdaRecurrent(args, s, o.ptr() + vv);
+    }
+  }
+  SafetensorsWriter w;
+  w.SetMetadata("terrace_ref", a.chunked ? "kda chunked" : "kda recurrent");
+  return WriteOutputs(a.out, {{"o", &o}, {"final_state", &state}}, &w);
+}
+
+Status RefMxfp4(const RefArgs& a) {
+  TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  TERRACE_ASSIGN_OR_RETURN(TensorView packed, src.Get("weight_packed"));
+  TERRACE_ASSIGN_OR_RETURN(TensorView scale, src.Get("weight_scale"));
+  if (packed.dtype != DType::kU8 || packed.shape.size() != 2)
+    return Status::InvalidArgument(fmt::format("tensor 'weight_packed': expected U8 [R, C/2], got {} {}",
+                                               DTypeName(packed.dtype), ShapeString(packed.shape)));
+  const std::int64_t R = packed.shape[0], C = packed.shape[1] * 2;
+  const Shape want_scale{R, C / kMxfp4BlockSize};
+  if (C % kMxfp4BlockSize != 0)
+    return Status::InvalidArgument(fmt::format("tensor 'weight_packed': C = {} columns is not a multiple of {}", C,
+                                               kMxfp4BlockSize));
+  if (scale.dtype != DType::kU8 || scale.shape != want_scale)
+    return Status::InvalidArgument(fmt::format("tensor 'weight_scale': expected U8 {}, got {} {}",
+                                               ShapeString(want_scale), DTypeName(scale.dtype),
+                                               ShapeString(scale.shape)));
+  Tensor out({R, C});
+  const auto u8 = [](std::span<const std::byte> b) {
+    return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(b.data()), b.size());
+  };
+  TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
+  SafetensorsWriter w;
+  return WriteOutputs(a.out, {{"weight", &out}}, &w);
+}
+
+Status RefAttnRes(const RefArgs& a) {
+  TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  TERRACE_ASSIGN_OR_RETURN(Tensor sources, Input(src, "sources", {-1, -1, -1}));
+  const std::int64_t S = sources.dim(0), T = sources.dim(1), d = sources.dim(2);
+  if (S < 1) return Status::InvalidArgument("tensor 'sources': needs at least one source (shape [S >= 1, T, d])");
+  TERRACE_ASSIGN_OR_RETURN(Tensor proj, Input(src, "proj", {1, d}, false));
+  TERRACE_ASSIGN_OR_RETURN(Tensor norm, Input(src, "norm", {d}, false));
+  std::vector<const float*> ptrs;
+  for (std::int64_t s = 0; s < S; ++s) ptrs.push_back(sources.ptr() + s * T * d);
+  Tensor out({T, d});
+  AttnResMix(ptrs, T, d, proj.ptr(), norm.ptr(), out.ptr());
+  SafetensorsWriter w;
+  return WriteOutputs(a.out, {{"output", &out}}, &w);
+}
+
+Status RefMla(const RefArgs& a) {
+  TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "hidden_states", {-1, -1}));
+  const std::int64_t T = x.dim(0), d = x.dim(1);
+  if (!a.heads) return Status::InvalidArgument("mla needs --heads (num_attention_heads)");
+  MlaWeights w;
+  MlaDims m;
+  m.hidden = d;
+  m.heads = *a.heads;
+  m.rms_eps = static_cast<float>(a.eps.value_or(1e-5));
+  TERRACE_ASSIGN_OR_RETURN(w.kv_a_norm, Input(src, "kv_a_layernorm.weight", {-1}, false));
+  m.kv_lora = w.kv_a_norm.dim(0);
+  TERRACE_ASSIGN_OR_RETURN(w.kv_a, Input(src, "kv_a_proj_with_mqa.weight", {-1, d}, false));
+  m.rope = w.kv_a.dim(0) - m.kv_lora;
+  TERRACE_ASSIGN_OR_RETURN(w.kv_b, Input(src, "kv_b_proj.weight", {-1, m.kv_lora}, false));
+  if (src.Has("q_a_proj.weight")) {
+    TERRACE_ASSIGN_OR_RETURN(w.q_a, Input(src, "q_a_proj.weight", {-1, d}, false));
+    m.q_lora = w.q_a.dim(0);
+    TERRACE_ASSIGN_OR_RETURN(w.q_a_norm, Input(src, "q_a_layernorm.weight", {m.q_lora}, false));
+    TERRACE_ASSIGN_OR_RETURN(w.q_b, Input(src, "q_b_proj.weight", {-1, m.q_lora}, false));
+  } else {
+    TERRACE_ASSIGN_OR_RETURN(w.q_proj, Input(src, "q_proj.weight", {-1, d}, false));
+  }
+  const std::int64_t qrows = m.q_lora > 0 ? w.q_b.dim(0) : w.q_proj.dim(0);
+  if (m.heads < 1 || qrows % m.heads != 0 || w.kv_b.dim(0) % m.heads != 0 || m.rope < 0)
+    return Status::InvalidArgument(fmt::format("--heads {} does not divide the query rows ({}) and kv_b_proj rows ({})",
+                                               m.heads, qrows, w.kv_b.dim(0)));
+  m.nope = qrows / m.heads - m.rope;
+  m.v = w.kv_b.dim(0) / m.heads - m.nope;
+  TERRACE_ASSIGN_OR_RETURN(w.o_proj, Input(src, "o_proj.weight", {d, -1}, false));
+  m.output_gate = src.Has("g_proj.weight");
+  if (m.output_gate) {
+    TERRACE_ASSIGN_OR_RETURN(w.g_proj, Input(src, "g_proj.weight", {m.heads * m.v, d}, false));
+  }
+  TERRACE_RETURN_IF_ERROR(CheckMlaWeights(w, m, ""));
+  std::vector<float> cache;
+  if (src.Has("past_latents")) {
+    TERRACE_ASSIGN_OR_RETURN(Tensor past, Input(src, "past_latents", {-1, m.CacheWidth()}));
+    cache = std::move(past.data);
+  }
+  Tensor out({T, d});
+  MlaForward(w, m, x.ptr(), T, &cache, a.absorbed, out.ptr());
+  Tensor latents({static_cast<std::int64_t>(cache.size()) / m.CacheWidth(), m.CacheWidth()});
+  latents.data = std::move(cache);
+  SafetensorsWriter wr;
+  return WriteOutputs(a.out, {{"output", &out}, {"latents", &latents}}, &wr);
+}
+
+// Experts read from the input file on first use and kept.
+class FileExperts : public ExpertProvider {
+ public:
+  FileExperts(const FileSource& src, std::int64_t latent, std::int64_t inter, int n)
+      : src_(src), latent_(latent), inter_(inter), cache_(static_cast<std::size_t>(n)) {}
+  Result<const ExpertWeights*> Acquire(int, int e) override {
+    auto& slot = cache_[static_cast<std::size_t>(e)];
+    if (!slot) {
+      TERRACE_ASSIGN_OR_RETURN(ExpertWeights w, LoadExpert(src_, fmt::format("experts.{}.", e), latent_, inter_));
+      slot = std::make_unique<ExpertWeights>(std::move(w));
+    }
+    return slot.get();
+  }
+  void Release(int, int) override {}
+
+ private:
+  const FileSource& src_;
+  std::int64_t latent_, inter_;
+  std::vector<std::unique_ptr<ExpertWeights>> cache_;
+};
+
+Status RefMoe(const RefArgs& a) {
+  TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  std::optional<ModelConfig> cfg;
+  if (!a.config.empty()) {
+    TERRACE_ASSIGN_OR_RETURN(cfg, LoadConfig(a.config));
+  }
+  TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "hidden_states", {-1, -1}));
+  const std::int64_t T = x.dim(0), d = x.dim(1);
+  MoeWeights w;
+  MoeDims m;
+  m.hidden = d;
+  TERRACE_ASSIGN_OR_RETURN(w.router, Input(src, "gate.weight", {-1, d}, false));
+  m.experts = w.router.dim(0);
+  if (src.Has("gate.e_score_correction_bias")) {
+    TERRACE_ASSIGN_OR_RETURN(w.bias, Input(src, "gate.e_score_correction_bias", {m.experts}, false));
+  }
+  m.latent = d;
+  if (src.Has("routed_expert_down_proj.weight")) {
+    TERRACE_ASSIGN_OR_RETURN(w.down, Input(src, "routed_expert_down_proj.weight", {-1, d}, false));
+    m.latent = w.down.dim(0);
+    TERRACE_ASSIGN_OR_RETURN(w.up, Input(src, "routed_expert_up_proj.weight", {d, m.latent}, false));
+  }
+  m.latent_norm = cfg ? cfg->latent_moe_use_norm : src.Has("routed_expert_norm.weight");
+  if (m.latent_norm) {
+    TERRACE_ASSIGN_OR_RETURN(w.latent_norm, Input(src, "routed_expert_norm.weight", {m.latent}, false));
+  }
+  if (src.Has("shared_experts.gate_proj.weight")) {
+    TERRACE_ASSIGN_OR_RETURN(w.shared_gate, Input(src, "shared_experts.gate_proj.weight", {-1, d}, false));
+    const std::int64_t is = w.shared_gate.dim(0);
+    TERRACE_ASSIGN_OR_RETURN(w.shared_up, Input(src, "shared_experts.up_proj.weight", {is, d}, false));
+    TERRACE_ASSIGN_OR_RETURN(w.shared_down, Input(src, "shared_experts.down_proj.weight", {d, is}, false));
+  }
+  // Expert intermediate size from expert 0's w1 (packed: [I, latent/2]; plain: [I, latent]).
+  TERRACE_ASSIGN_OR_RETURN(TensorView w1, src.Has("experts.0.w1.weight_packed") ? src.Get("experts.0.w1.weight_packed")
+                                                                                   : src.Get("experts.0.w1.weight"));
+  if (w1.shape.size() != 2) return Status::InvalidArgument("tensor 'experts.0.w1': expected a 2-D weight");
+  m.intermediate = w1.shape[0];
+  m.top_k = a.top_k.value_or(cfg ? cfg->num_experts_per_token : 0);
+  if (m.top_k <= 0) return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
+  m.scaling = static_cast<float>(a.scaling.value_or(cfg ? cfg->routed_scaling_factor : 1.0));
+  m.situ_beta = static_cast<float>(a.situ_beta.value_or(cfg ? cfg->activation_situ_beta : 4.0));
+  m.situ_linear_beta = static_cast<float>(a.situ_linear_beta.value_or(cfg ? cfg->activation_situ_linear_beta : 25.0));
+  m.rms_eps = static_cast<float>(a.eps.value_or(cfg ? cfg->rms_norm_eps : 1e-5));
+  TERRACE_RETURN_IF_ERROR(CheckMoeWeights(w, m, ""));
+  FileExperts experts(src, m.latent, m.intermediate, static_cast<int>(m.experts));
+  Tensor out({T, d});
+  Routing r;
+  TERRACE_RETURN_IF_ERROR(MoeForward(w, m, 0, &experts, x.ptr(), T, out.ptr(), &r));
+  Tensor weights({T, m.top_k});
+  weights.data = r.weights;
+  std::vector<std::int32_t> ids(r.ids.begin(), r.ids.end());
+  SafetensorsWriter wr;
+  TERRACE_RETURN_IF_ERROR(wr.Add("topk_ids", DType::kI32, {T, m.top_k}, std::as_bytes(std::span(ids))));
+  return WriteOutputs(a.out, {{"output", &out}, {"topk_weights", &weights}}, &wr);
+}
+
+}  // namespace
 
 void RegisterRef(CLI::App& app, Runner* run) {
-  auto* cmd = app.add_subcommand("ref", "(not implemented yet)");
-  cmd->callback([run] { *run = [] { return Fail("'ref' is not implemented yet"); }; });
+  auto* ref = app.add_subcommand("ref", "Run one reference mechanism on tensors from a safetensors file "
+                                        "(see docs/ref-cli.md)");
+  ref->require_subcommand(1);
+  auto args = std::make_shared<RefArgs>();
+  const auto add = [&](const char* name, const char* help, Status (*fn)(const RefArgs&)) {
+    auto* c = ref->add_subcommand(name, help);
+    c->add_option("--in", args->in, "Input safetensors file")->required();
+    c->add_option("--out", args->out, "Output safetensors file")->required();
+    c->callback([args, run, fn, name] {
+      *run = [args, fn, name] {
+        const Status s = fn(*args);
+        return s.ok() ? 0 : Fail(fmt::format("ref {}: {}", name, s.ToString()));
+      };
+    });
+    return c;
+  };
+  auto* kda = add("kda", "KDA recurrence: q,k,g [B,T,H,K], v [B,T,H,V], beta [B,T,H] -> o, final_state", RefKda);
+  kda->add_option("--scale", args->scale, "Multiplier for q (default K^-0.5)");
+  kda->add_flag("--chunked", args->chunked, "Use the chunkwise form (default: recurrent)");
+  kda->add_option("--chunk-size", args->chunk, "Chunk length for --chunked")->default_val(64);
+  auto* mla = add("mla", "Gated MLA layer on hidden_states [T, d] -> output, latents", RefMla);
+  mla->add_option("--heads", args->heads, "num_attention_heads")->required();
+  mla->add_flag("--absorbed", args->absorbed, "Use the absorbed form (default: naive)");
+  mla->add_option("--eps", args->eps, "RMSNorm epsilon (default 1e-5)");
+  add("attnres", "Block AttnRes mix of sources [S, T, d] -> output [T, d]", RefAttnRes);
+  auto* moe = add("moe", "Stable LatentMoE layer on hidden_states [T, d] -> output, topk_ids, topk_weights", RefMoe);
+  moe->add_option("--config", args->config, "config.json to take the MoE settings from");
+  moe->add_option("--top-k", args->top_k, "num_experts_per_token");
+  moe->add_option("--scaling", args->scaling, "routed_scaling_factor (default 1)");
+  moe->add_option("--situ-beta", args->situ_beta, "activation_situ_beta (default 4)");
+  moe->add_option("--situ-linear-beta", args->situ_linear_beta, "activation_situ_linear_beta (default 25)");
+  moe->add_option("--eps", args->eps, "RMSNorm epsilon for the latent norm (default 1e-5)");
+  add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]", RefMxfp4);
 }
 
 }  // namespace terrace::cli

@@ -1,0 +1,154 @@
+// terrace model run: prefill a prompt, decode greedily, report speed, a logits digest and where the
+// time went (docs/ref-cli.md).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include "src/cli/command.h"
+#include "src/model/model.h"
+#include "src/model/ops.h"
+#include "src/model/routing_stats.h"
+#include "src/model/safetensors.h"
+#include "src/model/session.h"
+
+namespace terrace::cli {
+namespace {
+
+using namespace terrace::model;
+
+struct RunArgs {
+  std::string model;
+  std::string tokens;
+  int max_new = 0;
+  bool json = false;
+  std::string dump_logits;
+  int threads = 1;
+};
+
+Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
+  std::vector<int> ids;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, end - pos);
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0)
+      return Status::InvalidArgument(fmt::format("--tokens: '{}' is not a non-negative integer; pass ids like 1,2,3", item));
+    if (v >= vocab)
+      return Status::InvalidArgument(
+          fmt::format("--tokens: token id {} is outside the model's vocabulary [0, {})", v, vocab));
+    ids.push_back(static_cast<int>(v));
+    pos = end + 1;
+  }
+  if (ids.empty()) return Status::InvalidArgument("--tokens is empty; pass at least one token id");
+  return ids;
+}
+
+int RunModel(const RunArgs& a) {
+  if (a.threads < 1) return Fail(fmt::format("--threads must be >= 1 (got {})", a.threads));
+  if (a.max_new < 0) return Fail(fmt::format("--max-new must be >= 0 (got {})", a.max_new));
+  if (a.tokens.empty()) return Fail("--tokens is empty; pass at least one token id, e.g. --tokens 1,2,3");
+  ops::SetBlasThreads(a.threads);
+  auto dir = ModelDir::Open(a.model);
+  if (!dir.ok()) return Fail(dir.status().ToString());
+  const ModelConfig& config = (*dir)->config();
+  auto prompt = ParseTokens(a.tokens, config.vocab_size);
+  if (!prompt.ok()) return Fail(prompt.status().message());
+  auto model = Model::Load(config, **dir);
+  if (!model.ok()) return Fail(model.status().ToString());
+
+  Session session(**model);
+  auto logits = session.Prefill(*prompt);
+  if (!logits.ok()) return Fail(logits.status().ToString());
+  if (!a.dump_logits.empty()) {
+    SafetensorsWriter w;
+    Status s = w.AddF32("logits", *logits);
+    if (s.ok()) s = w.Write(a.dump_logits);
+    if (!s.ok()) return Fail(fmt::format("--dump-logits {}: {}", a.dump_logits, s.ToString()));
+  }
+  std::vector<int> generated;
+  for (int i = 0; i < a.max_new; ++i) {
+    generated.push_back(Argmax(session.last_logits()));
+    if (i + 1 < a.max_new) {
+      auto l = session.Decode(generated.back());
+      if (!l.ok()) return Fail(l.status().ToString());
+    }
+  }
+  const std::vector<float>& last = session.last_logits();
+  const std::uint64_t digest = XXH3_64bits(last.data(), last.size() * sizeof(float));
+  const double prefill_tps = static_cast<double>(session.prefill_tokens()) / session.prefill_seconds();
+  const double decode_tps = session.decode_tokens() > 0
+                                ? static_cast<double>(session.decode_tokens()) / session.decode_seconds()
+                                : 0.0;
+  const Profile& prof = session.profile();
+  std::vector<float> head(last.begin(), last.begin() + std::min<std::size_t>(4, last.size()));
+
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["prompt_tokens"] = prompt->size();
+    j["generated"] = generated;
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["decode_tokens"] = session.decode_tokens();
+    j["decode_tokens_per_s"] = decode_tps;
+    j["logits_xxh3_64"] = fmt::format("{:016x}", digest);
+    j["logits_head"] = head;
+    j["threads"] = a.threads;
+    for (int p = 0; p < kNumPhases; ++p) {
+      j["time_share"][std::string(PhaseName(static_cast<Phase>(p)))] = prof.Share(static_cast<Phase>(p));
+    }
+    auto routing = MeasureRouting(**model, *prompt);
+    if (!routing.ok()) return Fail(routing.status().ToString());
+    j["routing"]["mean_entropy_bits"] = routing->mean_entropy_bits;
+    j["routing"]["max_entropy_bits"] = routing->max_entropy_bits;
+    j["routing"]["min_experts_used"] = routing->min_experts_used;
+    for (const auto& l : routing->layers) {
+      j["routing"]["layers"].push_back({{"layer", l.layer}, {"entropy_bits", l.entropy_bits},
+                                        {"experts_used", l.experts_used}, {"counts", l.counts}});
+    }
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("prompt: {} tokens; generated: [{}]\n", prompt->size(), fmt::join(generated, ", "));
+  fmt::print("prefill: {:.1f} tokens/s ({} tokens, {:.3f} s)\n", prefill_tps, session.prefill_tokens(),
+             session.prefill_seconds());
+  if (session.decode_tokens() > 0) {
+    fmt::print("decode: {:.1f} tokens/s ({} tokens, {:.3f} s)\n", decode_tps, session.decode_tokens(),
+               session.decode_seconds());
+  } else {
+    fmt::print("decode: no decode steps (--max-new {})\n", a.max_new);
+  }
+  fmt::print("final logits: xxh3-64 {:016x}, first values [{}]\n", digest, fmt::join(head, ", "));
+  std::vector<std::string> shares;
+  for (int p = 0; p < kNumPhases; ++p)
+    shares.push_back(fmt::format("{} {:.1f}%", PhaseName(static_cast<Phase>(p)), 100.0 * prof.Share(static_cast<Phase>(p))));
+  fmt::print("time share: {} (threads {})\n", fmt::join(shares, ", "), a.threads);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
+  auto args = std::make_shared<RunArgs>();
+  auto* cmd = model_cmd->add_subcommand("run", "Run the reference forward pass: prefill a prompt, decode greedily");
+  cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokens", args->tokens, "Prompt token ids, comma separated (e.g. 1,2,3)")->required();
+  cmd->add_option("--max-new", args->max_new, "Tokens to generate greedily (0: prefill only)")->default_val(0);
+  cmd->add_flag("--json", args->json, "Print one JSON object (adds routing statistics)");
+  cmd->add_option("--dump-logits", args->dump_logits,
+                  "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors)");
+  cmd->add_option("--threads", args->threads, "OpenBLAS threads")->default_val(1);
+  cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,212 @@
+"""Independent numpy oracles for `terrace ref` (KDA recurrence, LatentMoE with MXFP4 experts, MXFP4).
+
+Run by ctest with TERRACE_BIN pointing at the terrace binary. Skips visibly if numpy, safetensors or
+ml_dtypes is missing.
+"""
+import os
+import subprocess
+
+import pytest
+
+np = pytest.importorskip("numpy", reason="numpy is not installed: the terrace ref oracle tests are skipped")
+st = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed")
+
+BIN = os.environ.get("TERRACE_BIN")
+if not BIN or not os.path.exists(BIN):
+    pytest.skip("TERRACE_BIN is not set to the terrace binary", allow_module_level=True)
+
+
+def run_ref(tmp_path, mech, tensors, *flags, expect_ok=True):
+    src, dst = tmp_path / f"{mech}_in.safetensors", tmp_path / f"{mech}_out.safetensors"
+    st.save_file(tensors, str(src))
+    if dst.exists():
+        dst.unlink()
+    p = subprocess.run([BIN, "ref", mech, "--in", str(src), "--out", str(dst), *flags],
+                       capture_output=True, text=True, timeout=120)
+    if not expect_ok:
+        assert p.returncode != 0
+        return p.stderr
+    assert p.returncode == 0, p.stderr
+    return st.load_file(str(dst))
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ---- KDA -----------------------------------------------------------------------------------------
+
+def kda_numpy(q, k, v, g, beta, scale, s0):
+    """S = diag(exp g) S; S += beta k (v - S^T k)^T; o = S^T (scale q), per batch and head, float64."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    S = s0.astype(np.float64).copy()
+    o = np.zeros((B, T, H, V))
+    for b in range(B):
+        for h in range(H):
+            Sh = S[b, h]
+            for t in range(T):
+                Sh *= np.exp(g[b, t, h].astype(np.float64))[:, None]
+                kt = k[b, t, h].astype(np.float64)
+                Sh += beta[b, t, h] * np.outer(kt, v[b, t, h] - Sh.T @ kt)
+                o[b, t, h] = Sh.T @ (scale * q[b, t, h].astype(np.float64))
+    return o, S
+
+
+def kda_inputs(rng, B, T, H, K, V, with_state):
+    def unit(x):
+        return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+    t = {
+        "q": unit(rng.standard_normal((B, T, H, K))).astype(np.float32),
+        "k": unit(rng.standard_normal((B, T, H, K))).astype(np.float32),
+        "v": rng.standard_normal((B, T, H, V)).astype(np.float32),
+        "g": (-5.0 / (1.0 + np.exp(-rng.standard_normal((B, T, H, K))))).astype(np.float32),
+        "beta": (1.0 / (1.0 + np.exp(-rng.standard_normal((B, T, H))))).astype(np.float32),
+    }
+    if with_state:
+        t["initial_state"] = rng.standard_normal((B, H, K, V)).astype(np.float32)
+    return t
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("T,with_state", [(1, False), (65, True), (130, False)])
+def test_kda_matches_numpy(tmp_path, chunked, T, with_state):
+    rng = np.random.default_rng(T * 2 + with_state)
+    B, H, K, V = 2, 2, 16, 12
+    t = kda_inputs(rng, B, T, H, K, V, with_state)
+    flags = ["--chunked"] if chunked else []
+    out = run_ref(tmp_path, "kda", t, *flags)
+    s0 = t.get("initial_state", np.zeros((B, H, K, V), np.float32))
+    o, S = kda_numpy(t["q"], t["k"], t["v"], t["g"], t["beta"], K ** -0.5, s0)
+    assert out["o"].shape == (B, T, H, V) and out["o"].dtype == np.float32
+    assert out["final_state"].shape == (B, H, K, V)
+    assert rel_err(out["o"], o) < 1e-4
+    assert rel_err(out["final_state"], S) < 1e-4
+
+
+def test_kda_scale_flag(tmp_path):
+    rng = np.random.default_rng(5)
+    t = kda_inputs(rng, 1, 10, 1, 8, 8, False)
+    out = run_ref(tmp_path, "kda", t, "--scale", "0.5")
+    o, _ = kda_numpy(t["q"], t["k"], t["v"], t["g"], t["beta"], 0.5, np.zeros((1, 1, 8, 8), np.float32))
+    assert rel_err(out["o"], o) < 1e-4
+
+
+def test_kda_bad_input_names_tensor(tmp_path):
+    rng = np.random.default_rng(6)
+    t = kda_inputs(rng, 1, 4, 2, 8, 8, False)
+    t["k"] = t["k"][:, :, :1]
+    err = run_ref(tmp_path, "kda", t, expect_ok=False)
+    assert "'k'" in err and "[1, 4, 2, 8]" in err and "[1, 4, 1, 8]" in err
+    del t["k"]
+    err = run_ref(tmp_path, "kda", t, expect_ok=False)
+    assert "'k'" in err and "missing" in err
+    t = kda_inputs(rng, 1, 4, 2, 8, 8, False)
+    t["beta"] = t["beta"].astype(np.float16)
+    err = run_ref(tmp_path, "kda", t, expect_ok=False)
+    assert "'beta'" in err and "F16" in err
+
+
+# ---- MXFP4 and LatentMoE -------------------------------------------------------------------------
+
+def mxfp4_numpy(packed, scales):
+    """Decode with ml_dtypes' float4_e2m1fn and float8_e8m0fnu (independent of Terrace)."""
+    mld = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    lo, hi = packed & 0x0F, packed >> 4
+    codes = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
+    vals = codes.view(np.uint8).astype(np.uint8)
+    e2m1 = np.array([np.uint8(c) for c in range(16)], dtype=np.uint8).view(mld.float4_e2m1fn).astype(np.float32)
+    x = e2m1[vals]
+    s = scales.view(mld.float8_e8m0fnu).astype(np.float32)
+    return x * np.repeat(s, 32, axis=1)
+
+
+def random_mxfp4(rng, rows, cols):
+    packed = rng.integers(0, 256, size=(rows, cols // 2), dtype=np.uint8)
+    scales = rng.integers(118, 126, size=(rows, cols // 32), dtype=np.uint8)
+    return packed, scales
+
+
+def test_mxfp4_matches_ml_dtypes(tmp_path):
+    rng = np.random.default_rng(1)
+    packed, scales = random_mxfp4(rng, 7, 96)
+    scales[0, 0] = 0      # 2^-127
+    scales[1, 1] = 250    # 2^123 (large but finite at 6 x scale)
+    out = run_ref(tmp_path, "mxfp4", {"weight_packed": packed, "weight_scale": scales})
+    want = mxfp4_numpy(packed, scales)
+    np.testing.assert_array_equal(out["weight"], want)
+
+
+def situ(g, u, bg=4.0, bu=25.0):
+    return (bg * np.tanh(g / bg) / (1.0 + np.exp(-g))) * (bu * np.tanh(u / bu))
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def moe_numpy(t, E, k, scaling, latent_norm, eps=1e-5):
+    x = t["hidden_states"].astype(np.float64)
+    s = 1.0 / (1.0 + np.exp(-(x @ t["gate.weight"].T.astype(np.float64))))
+    biased = s + t["gate.e_score_correction_bias"]
+    z = x @ t["routed_expert_down_proj.weight"].T
+    y = np.zeros((x.shape[0], z.shape[1]))
+    ids = np.zeros((x.shape[0], k), np.int64)
+    for i in range(x.shape[0]):
+        sel = sorted(range(E), key=lambda e: (-biased[i, e], e))[:k]
+        ids[i] = sel
+        w = s[i, sel] / s[i, sel].sum() * scaling
+        for wt, e in zip(w, sel):
+            w1 = mxfp4_numpy(t[f"experts.{e}.w1.weight_packed"], t[f"experts.{e}.w1.weight_scale"])
+            w2 = mxfp4_numpy(t[f"experts.{e}.w2.weight_packed"], t[f"experts.{e}.w2.weight_scale"])
+            w3 = mxfp4_numpy(t[f"experts.{e}.w3.weight_packed"], t[f"experts.{e}.w3.weight_scale"])
+            y[i] += wt * (w2 @ situ(w1 @ z[i], w3 @ z[i]))
+    if latent_norm:
+        y = rmsnorm(y, t["routed_expert_norm.weight"], eps)
+    out = y @ t["routed_expert_up_proj.weight"].T
+    sg, su, sd = (t[f"shared_experts.{p}_proj.weight"] for p in ("gate", "up", "down"))
+    out += situ(x @ sg.T, x @ su.T) @ sd.T
+    return out, ids
+
+
+def moe_inputs(rng, T=6, d=64, L=32, E=8, I=64, Is=48):
+    f = lambda *s, sc=1.0: (rng.standard_normal(s) * sc).astype(np.float32)
+    t = {
+        "hidden_states": f(T, d),
+        "gate.weight": f(E, d, sc=0.3),
+        "gate.e_score_correction_bias": f(E, sc=0.05),
+        "routed_expert_down_proj.weight": f(L, d, sc=d ** -0.5),
+        "routed_expert_up_proj.weight": f(d, L, sc=L ** -0.5),
+        "routed_expert_norm.weight": (1.0 + f(L, sc=0.1)).astype(np.float32),
+        "shared_experts.gate_proj.weight": f(Is, d, sc=d ** -0.5),
+        "shared_experts.up_proj.weight": f(Is, d, sc=d ** -0.5),
+        "shared_experts.down_proj.weight": f(d, Is, sc=Is ** -0.5),
+    }
+    for e in range(E):
+        for w, (r, c) in (("w1", (I, L)), ("w3", (I, L)), ("w2", (L, I))):
+            p, s = random_mxfp4(rng, r, c)
+            t[f"experts.{e}.{w}.weight_packed"] = p
+            t[f"experts.{e}.{w}.weight_scale"] = s
+    return t
+
+
+@pytest.mark.parametrize("scaling", [1.0, 2.5])
+def test_moe_matches_numpy(tmp_path, scaling):
+    pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    rng = np.random.default_rng(int(scaling * 10))
+    t = moe_inputs(rng)
+    out = run_ref(tmp_path, "moe", t, "--top-k", "3", "--scaling", str(scaling))
+    want, ids = moe_numpy(t, 8, 3, scaling, True)
+    np.testing.assert_array_equal(out["topk_ids"], ids)
+    assert rel_err(out["output"], want) < 1e-4
+    assert out["topk_weights"].sum(axis=1) == pytest.approx(scaling, rel=1e-5)
+
+
+def test_moe_bad_expert_shape_names_tensor(tmp_path):
+    rng = np.random.default_rng(3)
+    t = moe_inputs(rng)
+    t["experts.5.w2.weight_scale"] = t["experts.5.w2.weight_scale"][:, :1].copy()
+    err = run_ref(tmp_path, "moe", t, "--top-k", "8", expect_ok=False)
+    assert "experts.5.w2.weight_scale" in err
+    err = run_ref(tmp_path, "moe", moe_inputs(rng), expect_ok=False)
+    assert "--top-k" in err
