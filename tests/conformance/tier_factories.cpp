@@ -4,6 +4,7 @@
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::conformance {
 namespace {
@@ -31,6 +32,16 @@ Result<std::unique_ptr<Tier>> MakeFaultWrappedHost(const std::filesystem::path& 
   return std::unique_ptr<Tier>(std::make_unique<FaultInjectingTier>(std::move(inner).value()));
 }
 
+Result<std::unique_ptr<Tier>> MakeNvme(const std::filesystem::path& dir, std::uint64_t capacity) {
+  NvmeTierOptions o;
+  o.path = dir / "nvme";
+  o.capacity_bytes = capacity;
+  o.create_if_missing = true;
+  auto t = NvmeTier::Open(o);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Tier>(std::move(t).value());
+}
+
 }  // namespace
 
 const std::vector<TierFactory>& TierFactories() {
@@ -38,7 +49,7 @@ const std::vector<TierFactory>& TierFactories() {
       {"host", MakeHost},
       {"hbm-emulated", MakeHbmEmulated},
       {"fault(host), nothing armed", MakeFaultWrappedHost},
-      // TODO(nvme): add {"nvme", ...} via NvmeTier::Open once tiers/nvme/nvme_tier.h builds.
+      {"nvme", MakeNvme},
   };
   return table;
 }
