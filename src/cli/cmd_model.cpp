@@ -1,11 +1,230 @@
-// Placeholder: 'terrace model' is implemented by its own change.
+// terrace model init|inspect (and `run`, registered by cmd_model_run.cpp). Hidden helpers for tests:
+// `model dequant-mxfp4` and `model quantize-mxfp4`.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+
+#include <fmt/format.h>
+
 #include "src/cli/command.h"
+#include "src/model/config.h"
+#include "src/model/inspect.h"
+#include "src/model/model.h"
+#include "src/model/mxfp4.h"
+#include "src/model/routing_stats.h"
+#include "src/model/safetensors.h"
+#include "src/model/weights_init.h"
 
 namespace terrace::cli {
+namespace {
+
+using namespace terrace::model;
+
+struct InitArgs {
+  std::string preset;
+  std::string config;
+  std::string out;
+  std::uint64_t seed = 0;
+  std::uint64_t shard_bytes = 2ull << 30;
+  bool force = false;
+  int routing_tokens = 64;
+};
+
+// Routing over a seeded random prompt through the freshly written model.
+std::string RoutingReport(const std::string& dir, const ModelConfig& config, std::uint64_t seed, int tokens) {
+  auto md = ModelDir::Open(dir);
+  if (!md.ok()) return "routing entropy: not measured (" + md.status().ToString() + ")";
+  auto model = Model::Load(config, **md);
+  if (!model.ok()) return "routing entropy: not measured (" + model.status().ToString() + ")";
+  std::mt19937_64 rng(seed ^ 0x5EEDull);
+  std::vector<int> ids(static_cast<std::size_t>(tokens));
+  for (int& id : ids) id = static_cast<int>(rng() % static_cast<std::uint64_t>(config.vocab_size));
+  auto stats = MeasureRouting(**model, ids);
+  if (!stats.ok()) return "routing entropy: not measured (" + stats.status().ToString() + ")";
+  return fmt::format("routing entropy: {:.2f} bits (max log2(E) = {:.2f}), experts used: {}/{} (fewest in any layer, "
+                     "over {} prompt tokens)",
+                     stats->mean_entropy_bits, stats->max_entropy_bits, stats->min_experts_used, config.num_experts,
+                     tokens);
+}
+
+int RunInit(const InitArgs& a) {
+  Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
+  if (!config.ok()) return Fail(config.status().ToString());
+  InitOptions options;
+  options.seed = a.seed;
+  options.shard_bytes = a.shard_bytes;
+  options.force = a.force;
+  Status s = InitWeights(*config, a.out, options);
+  if (!s.ok()) return Fail(s.ToString());
+  auto md = ModelDir::Open(a.out);
+  if (!md.ok()) return Fail("wrote a model that does not load: " + md.status().ToString());
+  fmt::print("wrote {} ({} tensors, {:.2f} MiB, {} shard(s), seed {})\n", a.out, (*md)->Names().size(),
+             static_cast<double>(WeightBytes(*config)) / (1 << 20), (*md)->num_shards(), a.seed);
+  if (a.routing_tokens > 0 && config->first_k_dense_replace < config->num_hidden_layers) {
+    fmt::print("{}\n", RoutingReport(a.out, *config, a.seed, a.routing_tokens));
+  }
+  return 0;
+}
+
+int RunInspect(const std::string& dir, const std::string& preset, bool json, bool summary, bool tensors) {
+  InspectReport report;
+  if (!preset.empty()) {
+    auto config = Preset(preset);
+    if (!config.ok()) return Fail(config.status().ToString());
+    report = InspectConfig(*config, "preset " + preset);
+  } else {
+    auto r = InspectModelDir(dir);
+    if (!r.ok()) return Fail(r.status().ToString());
+    report = std::move(*r);
+  }
+  const bool list = tensors || (!summary && preset.empty());
+  fmt::print("{}", json ? FormatInspectJson(report, list) : FormatInspectText(report, list));
+  if (!report.problems.empty()) {
+    return Fail(fmt::format("{} problem(s) in '{}'; see the list above", report.problems.size(), report.source));
+  }
+  return 0;
+}
+
+int RunDequant(const std::string& in, const std::string& out) {
+  auto file = SafetensorsFile::Open(in);
+  if (!file.ok()) return Fail(file.status().ToString());
+  auto packed = (*file)->Get("weight_packed");
+  auto scales = (*file)->Get("weight_scale");
+  if (!packed.ok() || !scales.ok()) return Fail(fmt::format("'{}' needs U8 tensors 'weight_packed' and 'weight_scale'", in));
+  if (packed->dtype != DType::kU8 || scales->dtype != DType::kU8 || packed->shape.size() != 2) {
+    return Fail(fmt::format("'{}': weight_packed and weight_scale must be 2-D U8", in));
+  }
+  const std::int64_t rows = packed->shape[0];
+  const std::int64_t cols = packed->shape[1] * 2;
+  Tensor w({rows, cols});
+  auto as_u8 = [](const TensorView& v) {
+    return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data.data()), v.data.size());
+  };
+  Status s = DequantizeMxfp4(as_u8(*packed), as_u8(*scales), rows, cols, w.data);
+  if (!s.ok()) return Fail(s.WithContext(in).ToString());
+  SafetensorsWriter writer;
+  s = writer.AddF32("weight", w);
+  if (s.ok()) s = writer.Write(out);
+  return s.ok() ? 0 : Fail(s.ToString());
+}
+
+int RunQuant(const std::string& in, const std::string& out) {
+  auto file = SafetensorsFile::Open(in);
+  if (!file.ok()) return Fail(file.status().ToString());
+  auto view = (*file)->Get("weight");
+  if (!view.ok()) return Fail(view.status().ToString());
+  auto w = ToFloat(*view, "weight");
+  if (!w.ok() || w->shape.size() != 2) return Fail(fmt::format("'{}': 'weight' must be a 2-D float tensor", in));
+  std::vector<std::uint8_t> packed, scales;
+  Status s = QuantizeMxfp4(w->data, w->dim(0), w->dim(1), &packed, &scales);
+  if (!s.ok()) return Fail(s.WithContext(in).ToString());
+  SafetensorsWriter writer;
+  s = writer.Add("weight_packed", DType::kU8, {w->dim(0), w->dim(1) / 2}, std::as_bytes(std::span(packed)));
+  if (s.ok()) s = writer.Add("weight_scale", DType::kU8, {w->dim(0), w->dim(1) / 32}, std::as_bytes(std::span(scales)));
+  if (s.ok()) s = writer.Write(out);
+  return s.ok() ? 0 : Fail(s.ToString());
+}
+
+// Copies every tensor of a safetensors file or a model directory into one file; with to_f32, float
+// tensors (F32/BF16/F16) are converted to F32 and the rest copied as stored.
+int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
+  std::unique_ptr<SafetensorsFile> file;
+  std::unique_ptr<ModelDir> dir;
+  if (std::filesystem::is_directory(in)) {
+    auto d = ModelDir::Open(in, /*check_tensors=*/false);
+    if (!d.ok()) return Fail(d.status().ToString());
+    dir = std::move(*d);
+  } else {
+    auto f = SafetensorsFile::Open(in);
+    if (!f.ok()) return Fail(f.status().ToString());
+    file = std::move(*f);
+  }
+  const std::vector<std::string> names = dir ? dir->Names() : file->Names();
+  SafetensorsWriter writer;
+  for (const auto& name : names) {
+    auto view = dir ? dir->Get(name) : file->Get(name);
+    if (!view.ok()) return Fail(view.status().ToString());
+    const bool is_float = view->dtype == DType::kF32 || view->dtype == DType::kBF16 || view->dtype == DType::kF16;
+    Status s;
+    if (to_f32 && is_float) {
+      auto t = ToFloat(*view, name);
+      s = t.ok() ? writer.AddF32(name, *t) : t.status();
+    } else {
+      s = writer.Add(name, view->dtype, view->shape, view->data);
+    }
+    if (!s.ok()) return Fail(s.ToString());
+  }
+  Status s = writer.Write(out);
+  return s.ok() ? 0 : Fail(s.ToString());
+}
+
+}  // namespace
 
 void RegisterModel(CLI::App& app, Runner* run) {
-  auto* cmd = app.add_subcommand("model", "(not implemented yet)");
-  cmd->callback([run] { *run = [] { return Fail("'model' is not implemented yet"); }; });
+  auto* model = app.add_subcommand("model", "Reference model files: create random weights, inspect, run");
+  model->require_subcommand(1);
+
+  auto init = std::make_shared<InitArgs>();
+  auto* i = model->add_subcommand("init", "Write config.json + safetensors with seeded random weights");
+  auto* preset_opt = i->add_option("--preset", init->preset, "Preset: " + fmt::format("{}", fmt::join(PresetNames(), ", ")));
+  auto* config_opt = i->add_option("--config", init->config, "Or: a config.json to instantiate");
+  preset_opt->excludes(config_opt);
+  i->add_option("--out", init->out, "Output model directory")->required();
+  i->add_option("--seed", init->seed, "Random seed (same seed, same bytes)")->capture_default_str();
+  i->add_option("--shard-bytes", init->shard_bytes, "Largest shard (bytes); above it, write sharded + index.json")
+      ->capture_default_str();
+  i->add_flag("--force", init->force, "Allow models over the 4 GiB safety limit (kimi-k3, kimi-linear-48b)");
+  i->add_option("--routing-tokens", init->routing_tokens, "Prompt tokens for the routing report (0: skip)")
+      ->capture_default_str();
+  i->callback([run, init] {
+    *run = [init] {
+      if (init->preset.empty() && init->config.empty()) return Fail("model init needs --preset or --config");
+      return RunInit(*init);
+    };
+  });
+
+  auto dir = std::make_shared<std::string>();
+  auto preset = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto summary = std::make_shared<bool>(false);
+  auto tensors = std::make_shared<bool>(false);
+  auto* s = model->add_subcommand("inspect", "List a model's tensors and bytes per component; flag problems");
+  auto* dir_opt = s->add_option("dir", *dir, "Model directory");
+  s->add_option("--preset", *preset, "Show a preset's expected tensors instead (no files)")->excludes(dir_opt);
+  s->add_flag("--json", *json, "JSON output");
+  s->add_flag("--summary", *summary, "Totals only, no per-tensor lines (the default for --preset)");
+  s->add_flag("--tensors", *tensors, "List every tensor (also for --preset)");
+  s->callback([run, dir, preset, json, summary, tensors] {
+    *run = [dir, preset, json, summary, tensors] {
+      if (dir->empty() && preset->empty()) return Fail("model inspect needs a directory or --preset");
+      return RunInspect(*dir, *preset, *json, *summary, *tensors);
+    };
+  });
+
+  auto in = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto* dq = model->add_subcommand("dequant-mxfp4", "weight_packed + weight_scale -> weight F32 (for tests)");
+  dq->group("");
+  dq->add_option("--in", *in)->required();
+  dq->add_option("--out", *out)->required();
+  dq->callback([run, in, out] { *run = [in, out] { return RunDequant(*in, *out); }; });
+  auto* q = model->add_subcommand("quantize-mxfp4", "weight F32 -> weight_packed + weight_scale (for tests)");
+  q->group("");
+  q->add_option("--in", *in)->required();
+  q->add_option("--out", *out)->required();
+  q->callback([run, in, out] { *run = [in, out] { return RunQuant(*in, *out); }; });
+
+  auto f32 = std::make_shared<bool>(false);
+  auto* cp = model->add_subcommand("copy-tensors", "Copy a file's or model's tensors into one file (for tests)");
+  cp->group("");
+  cp->add_option("--in", *in)->required();
+  cp->add_option("--out", *out)->required();
+  cp->add_flag("--f32", *f32);
+  cp->callback([run, in, out, f32] { *run = [in, out, f32] { return RunCopy(*in, *out, *f32); }; });
+
+  RegisterModelRun(model, run);
 }
 
 }  // namespace terrace::cli

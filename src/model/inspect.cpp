@@ -120,7 +120,9 @@ std::string FormatInspectText(const InspectReport& r, bool list_tensors) {
   };
   for (const auto& t : r.totals) line(t);
   line(r.all);
-  if (r.problems.empty()) {
+  if (r.shards == 0) {
+    // A preset: nothing on disk to check.
+  } else if (r.problems.empty()) {
     out += "no problems: every expected tensor is present with its shape and dtype\n";
   } else {
     out += fmt::format("{} problem(s):\n", r.problems.size());
