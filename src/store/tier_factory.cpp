@@ -4,9 +4,7 @@
 
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
-#if TERRACE_STORE_HAVE_NVME
 #include "tiers/nvme/nvme_tier.h"
-#endif
 
 namespace terrace::store_internal {
 
@@ -23,16 +21,11 @@ Result<std::array<std::unique_ptr<Tier>, kNumTiers>> BuildTiers(const StoreOptio
     tiers[static_cast<int>(TierId::kHost)] = std::move(*host);
   }
   if (!options.nvme.path.empty()) {
-#if TERRACE_STORE_HAVE_NVME
     auto nvme = NvmeTier::Open(options.nvme);
     if (!nvme.ok()) {
       return nvme.status().WithContext(fmt::format("open store: nvme tier at {}", options.nvme.path.string()));
     }
     tiers[static_cast<int>(TierId::kNvme)] = std::move(*nvme);
-#else
-    return Status::Unavailable(fmt::format("open store: nvme tier at {}: this build has no NVMe tier yet; "
-                                           "leave nvme.path empty", options.nvme.path.string()));
-#endif
   }
   return tiers;
 }
