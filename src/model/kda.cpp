@@ -39,6 +39,56 @@ void KdaRecurrent(const KdaCoreArgs& a, float* state, float* o) {
   }
 }
 
+// A (strictly lower, row i scaled by beta_i) and P (lower, with the diagonal) of one chunk:
+//   A_ij = beta_i sum_d k_i[d] k_j[d] exp(G_i[d] - G_j[d]),  P_ij = sum_d q_i[d] k_j[d] exp(G_i[d] - G_j[d]).
+// Blocks of kSub rows: a pair of blocks J < I goes through one GEMM each, with the decay split at the
+// last row r of block J as exp(G_i - G_r) * exp(G_r - G_j) (both exponents <= 0); diagonal blocks are
+// computed pair by pair. ld is the row stride of A and P.
+namespace {
+
+constexpr std::int64_t kSub = 16;
+void DecayedProducts(const float* q, const float* k, const float* G, const float* b, std::int64_t L, std::int64_t K,
+                     std::int64_t ld, float* A, float* P, std::vector<float>& sc) {
+  const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+  std::fill(A, A + L * ld, 0.0f);
+  std::fill(P, P + L * ld, 0.0f);
+  sc.resize(n(3 * kSub * K));
+  float* qi = sc.data();
+  float* ki = qi + kSub * K;
+  float* kj = ki + kSub * K;
+  for (std::int64_t i0 = 0; i0 < L; i0 += kSub) {
+    const std::int64_t ni = std::min(kSub, L - i0);
+    for (std::int64_t j0 = 0; j0 < i0; j0 += kSub) {
+      const std::int64_t nj = std::min(kSub, L - j0);
+      const float* Gr = G + (j0 + nj - 1) * K;
+      for (std::int64_t i = 0; i < ni; ++i)
+        for (std::int64_t d = 0; d < K; ++d) {
+          const float e = std::exp(G[(i0 + i) * K + d] - Gr[d]);
+          qi[i * K + d] = q[(i0 + i) * K + d] * e;
+          ki[i * K + d] = k[(i0 + i) * K + d] * e * b[i0 + i];
+        }
+      for (std::int64_t j = 0; j < nj; ++j)
+        for (std::int64_t d = 0; d < K; ++d) kj[j * K + d] = k[(j0 + j) * K + d] * std::exp(Gr[d] - G[(j0 + j) * K + d]);
+      ops::Gemm(false, true, ni, nj, K, 1.0f, qi, K, kj, K, 0.0f, P + i0 * ld + j0, ld);
+      ops::Gemm(false, true, ni, nj, K, 1.0f, ki, K, kj, K, 0.0f, A + i0 * ld + j0, ld);
+    }
+    for (std::int64_t i = i0; i < i0 + ni; ++i) {
+      for (std::int64_t j = i0; j <= i; ++j) {
+        float sq = 0.0f, sk = 0.0f;
+        for (std::int64_t d = 0; d < K; ++d) {
+          const float w = k[j * K + d] * std::exp(G[i * K + d] - G[j * K + d]);
+          sq += q[i * K + d] * w;
+          sk += k[i * K + d] * w;
+        }
+        P[i * ld + j] = sq;
+        if (j < i) A[i * ld + j] = b[i] * sk;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 // Per chunk of L tokens with start state S0 and cumulative log-decay G_i = sum_{j<=i} g_j:
 //   S_i = diag(exp G_i) S0 + sum_{j<=i} diag(exp(G_i - G_j)) k_j u_j^T
 // where the pseudo-values u solve the unit-lower-triangular system
@@ -52,7 +102,7 @@ void KdaChunked(const KdaCoreArgs& a, float* state, float* o, std::int64_t chunk
   const auto n = [](std::int64_t x) { return static_cast<std::size_t>(x); };
   std::vector<float> q(n(chunk * K)), k(n(chunk * K)), G(n(chunk * K)), qg(n(chunk * K)), kg(n(chunk * K));
   std::vector<float> kd(n(chunk * K)), u(n(chunk * V)), oc(n(chunk * V)), A(n(chunk * chunk)),
-      P(n(chunk * chunk)), b(n(chunk)), w(n(K));
+      P(n(chunk * chunk)), b(n(chunk)), sc;
   for (std::int64_t h = 0; h < H; ++h) {
     float* S = state + h * K * V;
     for (std::int64_t c0 = 0; c0 < a.tokens; c0 += chunk) {
@@ -71,24 +121,7 @@ void KdaChunked(const KdaCoreArgs& a, float* state, float* o, std::int64_t chunk
           kg[n(i * K + d)] = k[n(i * K + d)] * e;
         }
       }
-      // Pairwise decayed products: A (strictly lower, times beta_i) and P (lower incl. diagonal).
-      std::fill(A.begin(), A.end(), 0.0f);
-      std::fill(P.begin(), P.end(), 0.0f);
-      for (std::int64_t i = 0; i < L; ++i) {
-        const float* Gi = &G[n(i * K)];
-        for (std::int64_t j = 0; j <= i; ++j) {
-          const float* Gj = &G[n(j * K)];
-          const float* kj = &k[n(j * K)];
-          for (std::int64_t d = 0; d < K; ++d) w[n(d)] = kj[d] * std::exp(Gi[d] - Gj[d]);
-          float sq = 0.0f, sk = 0.0f;
-          for (std::int64_t d = 0; d < K; ++d) {
-            sq += q[n(i * K + d)] * w[n(d)];
-            sk += k[n(i * K + d)] * w[n(d)];
-          }
-          P[n(i * chunk + j)] = sq;
-          if (j < i) A[n(i * chunk + j)] = b[n(i)] * sk;
-        }
-      }
+      DecayedProducts(q.data(), k.data(), G.data(), b.data(), L, K, chunk, A.data(), P.data(), sc);
       // u <- beta (v - kg S0), then solve (I + A) u = rhs.
       ops::Gemm(false, false, L, V, K, -1.0f, kg.data(), K, S, V, 1.0f, u.data(), V);
       for (std::int64_t i = 0; i < L; ++i)
