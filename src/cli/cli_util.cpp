@@ -1,0 +1,138 @@
+#include "src/cli/cli_util.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace terrace::cli {
+namespace {
+
+std::uint64_t SplitMix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string FormatLatency(std::uint64_t ns) {
+  if (ns == 0) return "-";
+  const double d = static_cast<double>(ns);
+  if (ns < 1'000) return fmt::format("{}ns", ns);
+  if (ns < 1'000'000) return fmt::format("{:.1f}us", d / 1e3);
+  return fmt::format("{:.1f}ms", d / 1e6);
+}
+
+}  // namespace
+
+Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
+  auto bad = [&] {
+    return Status::InvalidArgument(fmt::format(
+        "{} '{}' is not a size; use a number of bytes with an optional suffix, e.g. 4096, 4KiB, 1MiB, 2GiB "
+        "(binary) or 1MB (decimal)", what, text));
+  };
+  std::uint64_t number = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec != std::errc() || p == text.data()) return bad();
+  std::string suffix(p, text.data() + text.size());
+  std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
+  struct Unit {
+    const char* name;
+    std::uint64_t factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},          {"b", 1},
+      {"k", 1ull << 10}, {"kib", 1ull << 10}, {"kb", 1000ull},
+      {"m", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1000'000ull},
+      {"g", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1000'000'000ull},
+      {"t", 1ull << 40}, {"tib", 1ull << 40}, {"tb", 1000'000'000'000ull},
+  };
+  for (const Unit& u : kUnits) {
+    if (suffix == u.name) {
+      if (number != 0 && u.factor > UINT64_MAX / number) return bad();
+      return number * u.factor;
+    }
+  }
+  return bad();
+}
+
+std::string FormatBytes(double bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) {
+    bytes /= 1024;
+    ++i;
+  }
+  return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kNames[i]);
+}
+
+CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help) {
+  return app->add_option_function<std::string>(
+               name,
+               [value, name](const std::string& text) {
+                 auto r = ParseSize(text, name);
+                 if (!r.ok()) throw CLI::ValidationError(name, r.status().message());
+                 *value = *r;
+               },
+               help + fmt::format(" (e.g. 4KiB, 1MiB, 2GiB; default {})", FormatBytes(static_cast<double>(*value))))
+      ->type_name("SIZE");
+}
+
+void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> out) {
+  std::uint64_t state = seed ^ key.Hash();
+  std::size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    std::uint64_t v = SplitMix(state);
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  if (i < out.size()) {
+    std::uint64_t v = SplitMix(state);
+    std::memcpy(out.data() + i, &v, out.size() - i);
+  }
+}
+
+BlockKey FillKey(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t state = seed * 0x2545F4914F6CDD1Dull + i;
+  BlockKey k;
+  k.ns = 0x7e57;
+  k.kind = BlockKind::kOther;
+  k.layer = 0;
+  k.id = ContentId{SplitMix(state), i};
+  return k;
+}
+
+std::string Table::Render() const {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows_) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    for (std::size_t c = 0; c < rows_[r].size(); ++c) {
+      const std::string& cell = rows_[r][c];
+      std::string pad(width[c] - cell.size(), ' ');
+      out += c == 0 ? cell + pad : "  " + pad + cell;
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+Table TierTable(std::span<const TierStatsSnapshot> tiers) {
+  Table t({"tier", "capacity", "used", "blocks", "hits", "misses", "bytes in", "bytes out", "read p50", "read p99",
+           "write p50", "write p99"});
+  for (const auto& s : tiers) {
+    t.Add({s.emulated ? s.name + " (emulated)" : s.name, FormatBytes(static_cast<double>(s.capacity_bytes)),
+           FormatBytes(static_cast<double>(s.used_bytes)), std::to_string(s.blocks), std::to_string(s.hits),
+           std::to_string(s.misses), FormatBytes(static_cast<double>(s.bytes_written)),
+           FormatBytes(static_cast<double>(s.bytes_read)), FormatLatency(s.read_p50_ns), FormatLatency(s.read_p99_ns),
+           FormatLatency(s.write_p50_ns), FormatLatency(s.write_p99_ns)});
+  }
+  return t;
+}
+
+}  // namespace terrace::cli
