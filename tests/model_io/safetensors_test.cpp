@@ -1,7 +1,10 @@
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "src/model/safetensors.h"
 #include "test_util.h"
@@ -107,4 +110,35 @@ TEST_CASE("opening a missing file is NotFound naming the path", "[safetensors]")
   auto f = SafetensorsFile::Open("/definitely/not/here.safetensors");
   REQUIRE(f.status().IsNotFound());
   CHECK(f.status().message().find("/definitely/not/here.safetensors") != std::string::npos);
+}
+
+TEST_CASE("a SafetensorsFile serves concurrent readers", "[safetensors]") {
+  TempDir dir("st");
+  const auto path = dir.path() / "c.safetensors";
+  SafetensorsWriter w;
+  for (int i = 0; i < 40; ++i) {
+    Tensor t({3, 7});
+    for (std::size_t k = 0; k < t.data.size(); ++k) t.data[k] = static_cast<float>(i * 100 + static_cast<int>(k));
+    REQUIRE(w.AddF32(fmt::format("t{}", i), t).ok());
+  }
+  REQUIRE(w.Write(path).ok());
+  auto file = SafetensorsFile::Open(path);
+  REQUIRE(file.ok());
+  const SafetensorsFile& st = **file;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&st, &bad, th] {
+      for (int round = 0; round < 20; ++round) {
+        for (int i = 0; i < 40; ++i) {
+          const int j = (i + th * 7) % 40;
+          auto v = st.Get(fmt::format("t{}", j));
+          auto t = v.ok() ? ToFloat(*v) : terrace::Result<Tensor>(v.status());
+          if (!t.ok() || t->data[5] != static_cast<float>(j * 100 + 5) || !st.Has(fmt::format("t{}", j))) ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(bad.load() == 0);
 }
