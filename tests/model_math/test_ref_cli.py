@@ -210,3 +210,69 @@ def test_moe_bad_expert_shape_names_tensor(tmp_path):
     assert "experts.5.w2.weight_scale" in err
     err = run_ref(tmp_path, "moe", moe_inputs(rng), expect_ok=False)
     assert "--top-k" in err
+
+
+# ---- MLA and AttnRes -----------------------------------------------------------------------------
+
+def mla_numpy(t, H, past, eps=1e-5):
+    x = t["hidden_states"].astype(np.float64)
+    cq = rmsnorm(x @ t["q_a_proj.weight"].T, t["q_a_layernorm.weight"], eps)
+    q = (cq @ t["q_b_proj.weight"].T).reshape(x.shape[0], H, -1)
+    R = t["kv_a_layernorm.weight"].shape[0]
+    kv = x @ t["kv_a_proj_with_mqa.weight"].T
+    lat = np.concatenate([rmsnorm(kv[:, :R], t["kv_a_layernorm.weight"], eps), kv[:, R:]], axis=1)
+    cache = np.concatenate([past.astype(np.float64), lat], axis=0)
+    rope = cache.shape[1] - R
+    kvb = (cache[:, :R] @ t["kv_b_proj.weight"].T).reshape(cache.shape[0], H, -1)
+    nope = q.shape[2] - rope
+    k_nope, v = kvb[:, :, :nope], kvb[:, :, nope:]
+    P, T = past.shape[0], x.shape[0]
+    o = np.zeros((T, H, v.shape[2]))
+    for h in range(H):
+        s = (q[:, h, :nope] @ k_nope[:, h].T + q[:, h, nope:] @ cache[:, R:].T) / np.sqrt(nope + rope)
+        for i in range(T):
+            s[i, P + i + 1:] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        o[:, h] = p @ v[:, h]
+    gate = 1.0 / (1.0 + np.exp(-(x @ t["g_proj.weight"].T)))
+    return (gate * o.reshape(T, -1)) @ t["o_proj.weight"].T, cache
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_mla_matches_numpy(tmp_path, absorbed):
+    rng = np.random.default_rng(11)
+    d, H, ql, R, nope, rope, vd, T, P = 48, 3, 24, 16, 8, 4, 6, 5, 4
+    f = lambda *s, sc=1.0: (rng.standard_normal(s) * sc).astype(np.float32)
+    t = {
+        "hidden_states": f(T, d),
+        "q_a_proj.weight": f(ql, d, sc=d ** -0.5), "q_a_layernorm.weight": 1 + f(ql, sc=0.1),
+        "q_b_proj.weight": f(H * (nope + rope), ql, sc=ql ** -0.5),
+        "kv_a_proj_with_mqa.weight": f(R + rope, d, sc=d ** -0.5), "kv_a_layernorm.weight": 1 + f(R, sc=0.1),
+        "kv_b_proj.weight": f(H * (nope + vd), R, sc=R ** -0.5),
+        "o_proj.weight": f(d, H * vd, sc=(H * vd) ** -0.5), "g_proj.weight": f(H * vd, d, sc=d ** -0.5),
+        "past_latents": f(P, R + rope),
+    }
+    out = run_ref(tmp_path, "mla", t, "--heads", str(H), *(["--absorbed"] if absorbed else []))
+    want, cache = mla_numpy(t, H, t["past_latents"])
+    assert rel_err(out["output"], want) < 1e-4
+    assert rel_err(out["latents"], cache) < 1e-5
+    t["kv_b_proj.weight"] = t["kv_b_proj.weight"][:, :R - 1].copy()
+    err = run_ref(tmp_path, "mla", t, "--heads", str(H), expect_ok=False)
+    assert "kv_b_proj.weight" in err
+
+
+def test_attnres_matches_numpy(tmp_path):
+    rng = np.random.default_rng(12)
+    S, T, d = 3, 4, 32
+    src = rng.standard_normal((S, T, d)).astype(np.float32)
+    proj = (rng.standard_normal((1, d)) * 0.5).astype(np.float32)
+    norm = (1 + rng.standard_normal(d) * 0.1).astype(np.float32)
+    out = run_ref(tmp_path, "attnres", {"sources": src, "proj": proj, "norm": norm})
+    v = src.astype(np.float64)
+    score = (v * (proj[0] * norm)).sum(-1) / np.sqrt((v * v).mean(-1) + 1e-5)   # [S, T]
+    p = np.exp(score - score.max(0))
+    p /= p.sum(0)
+    assert rel_err(out["output"], (p[:, :, None] * v).sum(0)) < 1e-5
+    zero = run_ref(tmp_path, "attnres", {"sources": src, "proj": np.zeros_like(proj), "norm": norm})
+    assert rel_err(zero["output"], v.mean(0)) < 1e-6
