@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Terrace's NVMe tier against fio on the same file system, file size, block size and queue depth, in
+# one run: sequential write and read at 1 MiB / QD32 (Terrace in its default async durability, with
+# sync beside it) and 4 KiB random reads at QD32. fio uses io_uring with O_DIRECT.
+#
+#   bench/vs_fio.sh [dir] [size]      # defaults: ./terrace-vs-fio, 2GiB
+# Env: TERRACE=path/to/terrace (default build/bin/terrace), QD (32), RAND_SIZE (size of the random-read
+# set, default 1GiB), THREADS (Terrace workers, default 1).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dir="${1:-terrace-vs-fio}"
+size="${2:-2GiB}"
+qd="${QD:-32}"
+rand_size="${RAND_SIZE:-1GiB}"
+threads="${THREADS:-1}"
+terrace="${TERRACE:-$root/build/bin/terrace}"
+command -v fio >/dev/null || { echo "vs_fio: fio is not installed (apt-get install fio)" >&2; exit 1; }
+[ -x "$terrace" ] || { echo "vs_fio: $terrace not found; build first (scripts/build.sh)" >&2; exit 1; }
+mkdir -p "$dir"
+bytes() { python3 -c "import sys; s=sys.argv[1]; u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30}; n=[k for k in u if s.endswith(k)]; print(int(s[:-3])*u[n[0]] if n else int(s))" "$1"; }
+fio_size=$(bytes "$size"); fio_rand=$(bytes "$rand_size")
+
+fio_run() {  # rw bs size -> "MB/s IOPS p50_us p99_us"
+  local rw=$1 bs=$2 sz=$3
+  fio --name=t --filename="$dir/fio.dat" --size="$sz" --bs="$bs" --iodepth="$qd" --rw="$rw" \
+      --ioengine=io_uring --direct=1 --numjobs=1 --group_reporting --output-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+side = j["read"] if j["read"]["io_bytes"] else j["write"]
+pct = side["clat_ns"].get("percentile", {})
+print("%.0f %.0f %.1f %.1f" % (side["bw_bytes"] / 1e6, side["iops"], pct.get("50.000000", 0) / 1e3, pct.get("99.000000", 0) / 1e3))'
+}
+terrace_run() {  # op bs total durability -> "MB/s IOPS p50_us p99_us"
+  "$terrace" bench tiers --tier nvme --op "$1" --block-size "$2" --queue-depth "$qd" --total-bytes "$3" \
+      --durability "$4" --threads "$threads" --dir "$dir/terrace" --json |
+    python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.0f %.0f %.1f %.1f" % (j["mb_per_s"], j["iops"], j["p50_us"], j["p99_us"]))'
+  rm -rf "$dir/terrace"
+}
+
+printf "%-34s %10s %10s %9s %9s\n" "case" "MB/s" "IOPS" "p50 us" "p99 us"
+row() { printf "%-34s %10s %10s %9s %9s\n" "$1" $2; }
+ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print('%.2f' % (a/b if b else 0))" "$1" "$2"; }
+
+fw=$(fio_run write 1M "$fio_size");          row "fio seq write 1MiB qd$qd" "$fw"
+tw=$(terrace_run write 1MiB "$size" async);  row "terrace seq write 1MiB (async)" "$tw"
+ts=$(terrace_run write 1MiB "$size" sync);   row "terrace seq write 1MiB (sync)" "$ts"
+fr=$(fio_run read 1M "$fio_size");           row "fio seq read 1MiB qd$qd" "$fr"
+tr=$(terrace_run read 1MiB "$size" async);   row "terrace seq read 1MiB" "$tr"
+fio_run write 1M "$fio_rand" >/dev/null
+frr=$(fio_run randread 4k "$fio_rand");      row "fio rand read 4KiB qd$qd" "$frr"
+trr=$(terrace_run randread 4KiB "$rand_size" async); row "terrace rand read 4KiB" "$trr"
+rm -f "$dir/fio.dat"
+echo
+echo "ratio seq write (async / fio):  $(ratio "${tw%% *}" "${fw%% *}")   target >= 0.9"
+echo "ratio seq write (sync / fio):   $(ratio "${ts%% *}" "${fw%% *}")"
+echo "ratio seq read:                 $(ratio "${tr%% *}" "${fr%% *}")   target >= 0.9"
+t_iops=$(echo "$trr" | cut -d' ' -f2); f_iops=$(echo "$frr" | cut -d' ' -f2)
+echo "ratio 4KiB rand read IOPS:      $(ratio "$t_iops" "$f_iops")   target >= 0.8"
