@@ -1,0 +1,73 @@
+// The BLAS-backed ops against plain double-precision loops.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "math_test_util.h"
+#include "src/model/ops.h"
+
+namespace terrace::model {
+namespace {
+
+using testing::RandomVec;
+using testing::RelErr;
+
+TEST_CASE("Linear computes x W^T (matrix and vector paths, accumulate)", "[ops]") {
+  for (std::int64_t m : {1, 5}) {
+    const std::int64_t k = 19, n = 7;
+    const auto x = RandomVec(m * k, 1), w = RandomVec(n * k, 2), y0 = RandomVec(m * n, 3);
+    std::vector<float> want(m * n), want_acc(m * n);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (std::int64_t t = 0; t < k; ++t) s += static_cast<double>(x[i * k + t]) * w[j * k + t];
+        want[i * n + j] = static_cast<float>(s);
+        want_acc[i * n + j] = static_cast<float>(s + y0[i * n + j]);
+      }
+    std::vector<float> y(m * n, 123.0f), acc = y0;
+    ops::Linear(x.data(), m, k, w.data(), n, y.data());
+    ops::Linear(x.data(), m, k, w.data(), n, acc.data(), true);
+    CHECK(RelErr(y, want) < 1e-6);
+    CHECK(RelErr(acc, want_acc) < 1e-6);
+  }
+}
+
+TEST_CASE("SolveUnitLower solves (I + strictly-lower L) X = B", "[ops]") {
+  const std::int64_t n = 9, cols = 4;
+  auto l = RandomVec(n * n, 4, -0.3f, 0.3f);
+  const auto x = RandomVec(n * cols, 5);
+  std::vector<float> b(n * cols, 0.0f);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double s = x[i * cols + c];
+      for (std::int64_t j = 0; j < i; ++j) s += static_cast<double>(l[i * n + j]) * x[j * cols + c];
+      b[i * cols + c] = static_cast<float>(s);
+    }
+  for (std::int64_t i = 0; i < n; ++i) l[i * n + i] = 99.0f;  // the diagonal must be ignored
+  ops::SolveUnitLower(l.data(), n, b.data(), cols, cols);
+  CHECK(RelErr(b, x) < 1e-5);
+}
+
+TEST_CASE("Norms, softmax and SiTU", "[ops]") {
+  std::vector<float> x{3.0f, 4.0f};
+  ops::L2NormalizeInPlace(x.data(), 2, 0.0f);
+  CHECK(x[0] == Approx(0.6f));
+  CHECK(x[1] == Approx(0.8f));
+  const std::vector<float> r{1.0f, -2.0f, 2.0f, 0.0f}, w{1.0f, 2.0f, 1.0f, 1.0f};
+  std::vector<float> out(4);
+  ops::RmsNorm(r.data(), 1, 4, w.data(), 0.0f, out.data());
+  const float rms = std::sqrt(9.0f / 4.0f);
+  CHECK(out[1] == Approx(-4.0f / rms));
+  std::vector<float> s{1000.0f, 1000.0f, -1000.0f};
+  ops::SoftmaxInPlace(s.data(), 3);
+  CHECK(s[0] == Approx(0.5f));
+  CHECK(s[2] == 0.0f);
+  CHECK(ops::Situ(1.0f, 2.0f, 4.0f, 25.0f) ==
+        Approx(4.0 * std::tanh(0.25) / (1.0 + std::exp(-1.0)) * 25.0 * std::tanh(2.0 / 25.0)));
+  CHECK(ops::Softplus(30.0f) == Approx(30.0f));
+  CHECK(ops::Softplus(0.0f) == Approx(std::log(2.0f)));
+}
+
+}  // namespace
+}  // namespace terrace::model
