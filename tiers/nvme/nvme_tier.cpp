@@ -133,6 +133,8 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
       nvme::Extent old{};
       auto [it, inserted] = map_.try_emplace(ops[i].key);
       if (!inserted) {
+        Detach(it->second);
+        it->second.readers = 0;
         old = {it->second.rec.offset, it->second.rec.extent_bytes()};
         used_bytes_ -= it->second.rec.length;
       }
@@ -179,7 +181,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
       }
       recs[i] = it->second.rec;
       reading[i] = true;
-      ++readers_[recs[i].offset];
+      ++it->second.readers;
     }
   }
 
@@ -229,7 +231,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
   {
     std::lock_guard<std::mutex> l(mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (reading[i]) EndRead(recs[i].offset);
+      if (reading[i]) EndRead(ops[i].key, recs[i]);
     }
   }
   counters_.Add(counters_.bytes_read, bytes);
@@ -241,28 +243,35 @@ void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
   auto it = map_.find(key);
   if (it == map_.end() || it->second.rec.generation != rec.generation) return;  // already replaced
   used_bytes_ -= rec.length;
+  Detach(it->second);
   map_.erase(it);
   committer_->StageDelete(nvme::IndexStore::EncodeKey(key), {rec.offset, rec.extent_bytes()});
   fmt::print(stderr, "[terrace nvme] dropped corrupt block {} (offset {}, {} bytes) from '{}'\n", key.ToString(),
              rec.offset, rec.length, data_path_.string());
 }
 
-void NvmeTier::EndRead(std::uint64_t offset) {
-  auto it = readers_.find(offset);
-  if (--it->second > 0) return;
-  readers_.erase(it);
-  auto d = deferred_free_.find(offset);
-  if (d != deferred_free_.end()) {
-    alloc_->Free(offset, d->second);
-    deferred_free_.erase(d);
+void NvmeTier::Detach(const Entry& e) {
+  if (e.readers > 0) detached_[e.rec.offset].readers = e.readers;
+}
+
+void NvmeTier::EndRead(const BlockKey& key, const nvme::Record& rec) {
+  auto it = map_.find(key);
+  if (it != map_.end() && it->second.rec.generation == rec.generation) {
+    --it->second.readers;
+    return;
   }
+  auto d = detached_.find(rec.offset);
+  if (--d->second.readers > 0) return;
+  if (d->second.release_bytes > 0) alloc_->Free(rec.offset, d->second.release_bytes);
+  detached_.erase(d);
 }
 
 void NvmeTier::ReleaseExtents(std::vector<nvme::Extent>&& extents) {
   std::lock_guard<std::mutex> l(mu_);
   for (const nvme::Extent& e : extents) {
-    if (readers_.count(e.offset)) {
-      deferred_free_[e.offset] = e.length;
+    auto d = detached_.find(e.offset);
+    if (d != detached_.end()) {
+      d->second.release_bytes = e.length;
     } else {
       alloc_->Free(e.offset, e.length);
     }
@@ -295,6 +304,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
     if (Status h = committer_->health(); !h.ok()) return h;
     const nvme::Record r = it->second.rec;
     used_bytes_ -= r.length;
+    Detach(it->second);
     map_.erase(it);
     seq = committer_->StageDelete(nvme::IndexStore::EncodeKey(key), {r.offset, r.extent_bytes()});
   }

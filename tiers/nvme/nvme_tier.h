@@ -110,6 +110,12 @@ class NvmeTier final : public Tier {
   struct Entry {
     nvme::Record rec;
     std::uint32_t pins = 0;
+    std::uint32_t readers = 0;  // Gets reading this extent now
+  };
+  // An extent no longer in map_ (overwritten, erased, dropped) that Gets are still reading.
+  struct Detached {
+    std::uint32_t readers = 0;
+    std::uint64_t release_bytes = 0;  // > 0: the commit released it; free when readers reach 0
   };
   // One I/O unit of a block: at most one staging buffer long.
   struct Chunk {
@@ -136,7 +142,8 @@ class NvmeTier final : public Tier {
   Status IoStatus(nvme::IoOp op, int err, const BlockKey& key, std::uint64_t offset) const;
   // nvme_tier.cpp
   void ReleaseExtents(std::vector<nvme::Extent>&& extents);
-  void EndRead(std::uint64_t offset);  // requires mu_
+  void Detach(const Entry& e);  // requires mu_: before e leaves map_
+  void EndRead(const BlockKey& key, const nvme::Record& rec);  // requires mu_
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
 
   NvmeTierOptions options_;
@@ -157,8 +164,7 @@ class NvmeTier final : public Tier {
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, Entry> map_;                 // guarded by mu_
   std::unique_ptr<nvme::ExtentAllocator> alloc_;            // guarded by mu_
-  std::unordered_map<std::uint64_t, std::uint32_t> readers_;       // guarded by mu_: offset -> reads in flight
-  std::unordered_map<std::uint64_t, std::uint64_t> deferred_free_; // guarded by mu_: offset -> bytes
+  std::unordered_map<std::uint64_t, Detached> detached_;  // guarded by mu_: by extent offset
   std::uint64_t used_bytes_ = 0;                            // guarded by mu_
   std::uint64_t next_generation_ = 1;                       // guarded by mu_
   mutable TierCounters counters_;
