@@ -70,9 +70,15 @@ Status StoreImpl::PlaceInTier(TierId t, const BlockKey& key, const BlockDesc& de
         "put it in a larger tier (PutOptions::tier) or raise the tier's capacity",
         key.ToString(), desc.size, TierName(t), caps.capacity_bytes, caps.max_block_bytes));
   }
+  std::uint64_t reclaim = 0;  // a copy of this key already in `t` is replaced in place
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && (it->second.mask & Bit(t))) reclaim = it->second.desc.size;
+  }
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
-    if (tier.used_bytes() + desc.size <= caps.capacity_bytes) {
+    if (tier.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
       Status s = TimedTierPut(t, key, desc, data);
       if (s.ok()) {
         measured_[Idx(t)].Add(measured_[Idx(t)].puts);

@@ -192,3 +192,30 @@ TEST_CASE("Background demotion drains a tier from its high to its low watermark"
 
 }  // namespace
 }  // namespace terrace::testing
+
+namespace terrace::testing {
+namespace {
+
+// Hot keys read repeatedly, then a scan of one-hit puts: how many hot keys are still in host.
+int HotInHostAfterScan(EvictionPolicy policy) {
+  FakeTiers f(0, 20 * kBlock, 1 << 20);
+  StoreOptions o = Quiet();
+  o.eviction = policy;
+  auto store = OpenFakeStore(f, o);
+  for (int i = 0; i < 10; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 10; ++i) REQUIRE(GetBytes(*store, TestKey(i)).ok());
+  }
+  for (int i = 100; i < 200; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  int hot = 0;
+  for (int i = 0; i < 10; ++i) hot += TierOf(*store, TestKey(i)) == TierId::kHost ? 1 : 0;
+  return hot;
+}
+
+TEST_CASE("Store-level scan resistance: S3-FIFO keeps hot blocks in host, LRU demotes them") {
+  CHECK(HotInHostAfterScan(EvictionPolicy::kS3Fifo) >= 9);
+  CHECK(HotInHostAfterScan(EvictionPolicy::kLru) == 0);
+}
+
+}  // namespace
+}  // namespace terrace::testing

@@ -2,7 +2,8 @@
 #include <catch2/catch.hpp>
 
 #include <map>
-#include <regex>
+#include <cctype>
+#include <cstdlib>
 #include <sstream>
 
 #include "store_test_util.h"
@@ -15,28 +16,93 @@ struct Sample {
   double value;
 };
 
+bool IsNameStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':'; }
+bool IsNameChar(char c) { return IsNameStart(c) || std::isdigit(static_cast<unsigned char>(c)); }
+
+// Reads a metric or label name at `pos`; empty if there is none.
+std::string ReadName(const std::string& line, std::size_t& pos, bool allow_colon = true) {
+  std::size_t start = pos;
+  if (pos < line.size() && IsNameStart(line[pos]) && (allow_colon || line[pos] != ':')) ++pos;
+  while (pos > start && pos < line.size() && IsNameChar(line[pos]) && (allow_colon || line[pos] != ':')) ++pos;
+  return line.substr(start, pos - start);
+}
+
+bool ParseValue(const std::string& text, double* v) {
+  if (text == "+Inf") return (*v = 1e300), true;
+  if (text.empty()) return false;
+  char* end = nullptr;
+  *v = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size();
+}
+
+// Parses one sample line `name{k="v",...} value`; false if malformed.
+bool ParseSample(const std::string& line, Sample* out) {
+  std::size_t pos = 0;
+  out->name = ReadName(line, pos);
+  if (out->name.empty()) return false;
+  std::size_t labels_start = pos;
+  if (pos < line.size() && line[pos] == '{') {
+    ++pos;
+    for (;;) {
+      if (ReadName(line, pos, false).empty()) return false;
+      if (line.compare(pos, 2, "=\"") != 0) return false;
+      pos += 2;
+      while (pos < line.size() && line[pos] != '"') ++pos;
+      if (pos >= line.size()) return false;
+      ++pos;
+      if (pos < line.size() && line[pos] == ',') {
+        ++pos;
+        continue;
+      }
+      if (pos < line.size() && line[pos] == '}') break;
+      return false;
+    }
+    out->labels = line.substr(labels_start + 1, pos - labels_start - 1);
+    ++pos;
+  } else {
+    out->labels.clear();
+  }
+  if (pos >= line.size() || line[pos] != ' ') return false;
+  return ParseValue(line.substr(pos + 1), &out->value);
+}
+
 // Parses the text format; fails the test on any malformed line.
 std::vector<Sample> Parse(const std::string& text, std::map<std::string, std::string>* types) {
-  static const std::regex kSample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*)\})? (-?[0-9.eE+-]+|\+Inf|NaN)$)");
-  static const std::regex kType(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
-  static const std::regex kHelp(R"(^# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .+$)");
   std::vector<Sample> out;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
     INFO("line: " << line);
-    std::smatch m;
-    if (line.rfind("# TYPE", 0) == 0) {
-      REQUIRE(std::regex_match(line, m, kType));
-      (*types)[m[1]] = m[2];
-    } else if (line.rfind("# HELP", 0) == 0) {
-      REQUIRE(std::regex_match(line, kHelp));
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream f(line.substr(7));
+      std::string name, type, extra;
+      f >> name >> type;
+      REQUIRE_FALSE(f >> extra);
+      REQUIRE((type == "counter" || type == "gauge" || type == "histogram"));
+      std::size_t p = 0;
+      REQUIRE(ReadName(name, p) == name);
+      (*types)[name] = type;
+    } else if (line.rfind("# HELP ", 0) == 0) {
+      std::size_t p = 7;
+      REQUIRE_FALSE(ReadName(line, p).empty());
+      REQUIRE(p + 1 < line.size());
+      REQUIRE(line[p] == ' ');
     } else {
-      REQUIRE(std::regex_match(line, m, kSample));
-      out.push_back({m[1], m[3], std::stod(m[5])});
+      Sample s;
+      REQUIRE(ParseSample(line, &s));
+      out.push_back(s);
     }
   }
   return out;
+}
+
+std::string Family(const std::string& name) {
+  for (std::string suffix : {"_bucket", "_sum", "_count"}) {
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return name.substr(0, name.size() - suffix.size());
+    }
+  }
+  return name;
 }
 
 TEST_CASE("PrometheusText is valid exposition with cumulative histograms") {
@@ -52,7 +118,7 @@ TEST_CASE("PrometheusText is valid exposition with cumulative histograms") {
 
   // Every sample belongs to a declared family.
   for (const auto& s : samples) {
-    std::string family = std::regex_replace(s.name, std::regex("_(bucket|sum|count)$"), "");
+    std::string family = Family(s.name);
     INFO(s.name);
     CHECK((types.count(s.name) || (types.count(family) && types[family] == "histogram")));
   }
