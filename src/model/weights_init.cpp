@@ -4,7 +4,6 @@
 #include <cstring>
 #include <map>
 #include <numbers>
-#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -111,12 +110,21 @@ std::string ShardName(std::size_t i, std::size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
 }
 
+// "model-NNNNN-of-NNNNN.safetensors", as ShardName writes it.
+bool IsShardName(std::string_view f) {
+  constexpr std::string_view kPattern = "model-#####-of-#####.safetensors";
+  if (f.size() != kPattern.size()) return false;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (kPattern[i] == '#' ? (f[i] < '0' || f[i] > '9') : f[i] != kPattern[i]) return false;
+  }
+  return true;
+}
+
 Status RemoveOldModelFiles(const std::filesystem::path& dir) {
-  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string f = entry.path().filename().string();
-    if (f == kSingleFileName || f == kIndexFileName || std::regex_match(f, kShard)) {
+    if (f == kSingleFileName || f == kIndexFileName || IsShardName(f)) {
       std::filesystem::remove(entry.path(), ec);
       if (ec) return Status::IoError(fmt::format("cannot remove old model file '{}': {}", entry.path().string(), ec.message()));
     }
