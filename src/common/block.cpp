@@ -1,6 +1,9 @@
 #include "terrace/block.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>  // XXH3_64bits with run-time AVX2 / AVX-512 dispatch; same values
+#endif
 
 #include <charconv>
 #include <cstring>

@@ -57,6 +57,18 @@ TEST_CASE("Chained content ids are deterministic and prefix-sensitive") {
   CHECK(ChainContentId(root, a) == ia);
   // Pinned value: the hash must never change across versions or processes (cross-instance hits).
   CHECK(ChainContentId(ContentId{0, 0}, std::vector<std::int32_t>{}) == HashBytes(std::vector<std::byte>(16)));
+  // Streaming over many tokens equals XXH3-128 of the documented byte string.
+  std::vector<std::int32_t> many(1000);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<std::int32_t>(i * 2654435761u);
+  ContentId parent{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  std::vector<std::byte> bytes;
+  auto put_le = [&](std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) bytes.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xff));
+  };
+  put_le(parent.hi, 8);
+  put_le(parent.lo, 8);
+  for (std::int32_t t : many) put_le(static_cast<std::uint32_t>(t), 4);
+  CHECK(ChainContentId(parent, many) == HashBytes(bytes));
 }
 
 TEST_CASE("Checksum detects a single bit flip") {
