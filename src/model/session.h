@@ -1,6 +1,7 @@
 // Session: one sequence's run through a Model - prefill (chunkwise KDA, naive MLA), decode (recurrent
 // KDA, absorbed MLA over the latent cache), greedy generation - with per-component timing.
-// Thread-safety: one thread per Session; several Sessions may share one Model.
+// Ownership: the Model must outlive the Session. Thread-safety: one thread per Session; several
+// Sessions may share one Model.
 #pragma once
 
 #include <span>

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -194,6 +195,27 @@ TEST_CASE("Routing statistics count every routed slot", "[model]") {
   const std::int64_t uniform[] = {3, 3, 3, 3}, single[] = {0, 5, 0, 0};
   CHECK(EntropyBits(uniform) == Approx(2.0));
   CHECK(EntropyBits(single) == 0.0);
+}
+
+TEST_CASE("Two sessions on one model run concurrently and match sequential runs", "[model]") {
+  auto config = Preset("k3-toy");
+  REQUIRE(config.ok());
+  const auto model = LoadToy(*config);
+  const auto p1 = Prompt(10, 5), p2 = Prompt(7, 6);
+  const auto run = [&](const std::vector<int>& p) {
+    Session s(*model);
+    auto ids = s.Generate(p, 3);
+    return ids.ok() ? s.last_logits() : std::vector<float>{};
+  };
+  const auto want1 = run(p1), want2 = run(p2);
+  std::vector<float> got1, got2;
+  std::thread t1([&] { got1 = run(p1); });
+  std::thread t2([&] { got2 = run(p2); });
+  t1.join();
+  t2.join();
+  REQUIRE_FALSE(want1.empty());
+  CHECK(RelErr(got1, want1) < 1e-6);
+  CHECK(RelErr(got2, want2) < 1e-6);
 }
 
 class HidingSource : public WeightSource {
