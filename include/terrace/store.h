@@ -3,19 +3,26 @@
 // Thread-safety: every Store method may be called concurrently from any thread. Operations on one
 // key are linearizable: a reader sees the old or the new block of a concurrent Put, never a mix.
 //
-// Movement rules (see docs/architecture.md for the full text):
-// - Put places a block in put_tier (or PutOptions::tier); a copy of the same key elsewhere is
-//   removed. Write-through also writes the lowest present tier before Put returns.
-// - Get reads the fastest copy, verifying its checksum; a copy that fails is dropped and the next
-//   copy is tried; with no good copy left Get returns Corruption. With promote_on_get, a block read
-//   from below put_tier is copied up to put_tier (exclusive placement then removes the lower copy,
-//   except the lowest tier's copy under write-through).
+// Movement rules:
+// - Put places a block in put_tier (or PutOptions::tier; if that tier is absent, the nearest
+//   present tier below it) and removes the key's copies elsewhere. Write-through also writes the
+//   lowest present tier first. Putting the bytes already stored is a no-op (put_dedup_hits).
+// - A failed Put leaves the store as it was, except a write-through Put that fails after its
+//   lowest-tier write: then every copy of the key is removed and the Status says so.
+// - Get reads the fastest copy and verifies its checksum. A mismatch is re-read under the key's
+//   lock (so a concurrent replacement is not mistaken for damage); a copy that still fails is
+//   dropped and the next copy is tried; with no good copy left Get returns Corruption naming the
+//   key and tier. With promote_on_get, a block read from below put_tier is copied up to put_tier;
+//   exclusive placement then removes the lower copy, except the lowest tier's copy under
+//   write-through and copies pinned by a handle.
 // - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
 //   removing it; a victim that already has a copy below is simply dropped. The store never drops
 //   the last copy of a block to make room: when the lowest present tier is full (or there is none
-//   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged.
+//   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged; if
+//   a demotion write fails, the Put fails with that error and the victim stays where it was.
 // - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted or erased.
-// - Background demotion runs when a tier passes its high watermark and stops at the low one.
+// - Background demotion (on the store's thread pool) starts when a tier passes high_watermark and
+//   stops at low_watermark; a Put that finds its tier full evicts synchronously just enough.
 #pragma once
 
 #include <array>
