@@ -21,9 +21,9 @@ case "$mode" in
     "$root/scripts/build.sh" "$build" -DTERRACE_SANITIZE="$mode" -DTERRACE_CUDA=OFF -DTERRACE_BUILD_BENCH=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" OPENBLAS_NUM_THREADS=1
-    # Python oracle tests exercise the same binaries; they run in the normal build only.
-    ctest --test-dir "$build" --output-on-failure -j 2 -E '^python'
+    export OPENBLAS_NUM_THREADS=1  # OpenBLAS's own threads are not instrumented
+    # Python oracle tests drive the same binaries through the CLI; they run in the normal build only.
+    ctest --test-dir "$build" --output-on-failure -j 2 -E 'pytest|^python'
     ;;
   *) echo "usage: scripts/test.sh [none|address|thread]" >&2; exit 2 ;;
 esac
