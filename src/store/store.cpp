@@ -88,7 +88,7 @@ Status Store::Put(const BlockKey& key, std::span<const std::byte> data, const Pu
 Result<BlockDesc> Store::Get(const BlockKey& key, std::span<std::byte> out) { return impl_->Get(key, out); }
 Result<BlockHandle> Store::Acquire(const BlockKey& key, TierId where) { return impl_->Acquire(key, where); }
 std::vector<LookupResult> Store::Lookup(std::span<const BlockKey> keys) const { return impl_->Lookup(keys); }
-bool Store::Contains(const BlockKey& key) const { return impl_->Lookup({&key, 1})[0].found; }
+bool Store::Contains(const BlockKey& key) const { return impl_->Contains(key); }
 Status Store::Erase(const BlockKey& key) { return impl_->Erase(key); }
 Status Store::Pin(const BlockKey& key) { return impl_->Pin(key); }
 Status Store::Unpin(const BlockKey& key) { return impl_->Unpin(key); }

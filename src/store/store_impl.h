@@ -33,19 +33,6 @@ inline std::uint8_t Bit(TierId t) { return static_cast<std::uint8_t>(1u << stati
 inline TierId TierAt(int i) { return static_cast<TierId>(i); }
 inline int Idx(TierId t) { return static_cast<int>(t); }
 
-// Cheap in-process hash for the directory (BlockKey::Hash() runs XXH3 over the encoded key; the
-// content id is already a hash, so a multiply-xor mix of the fields is enough here).
-struct DirectoryKeyHash {
-  std::size_t operator()(const BlockKey& k) const noexcept {
-    std::uint64_t h = k.id.lo ^ (k.id.hi * 0x9E3779B97F4A7C15ull) ^
-                      ((static_cast<std::uint64_t>(k.ns) << 32 | k.layer) * 0xC2B2AE3D27D4EB4Full) ^
-                      static_cast<std::uint64_t>(k.kind);
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ull;
-    return static_cast<std::size_t>(h ^ (h >> 32));
-  }
-};
-
 struct Entry {
   BlockDesc desc;
   std::uint8_t mask = 0;                               // bit i: tier i holds a current copy
@@ -83,6 +70,7 @@ class StoreImpl {
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
   Result<BlockHandle> Acquire(const BlockKey& key, TierId where);
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
+  bool Contains(const BlockKey& key) const;
   Status Erase(const BlockKey& key);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
@@ -147,7 +135,7 @@ class StoreImpl {
   std::uint8_t present_mask_ = 0;        // tiers configured (Init)
 
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry, DirectoryKeyHash> entries_;                            // GUARDED_BY(mu_)
+  std::unordered_map<BlockKey, Entry> entries_;                            // GUARDED_BY(mu_)
   std::array<std::unique_ptr<EvictionPolicy>, kNumTiers> policies_;         // GUARDED_BY(mu_)
 
   KeyLocks key_locks_;

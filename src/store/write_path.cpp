@@ -162,6 +162,12 @@ std::vector<LookupResult> StoreImpl::Lookup(std::span<const BlockKey> keys) cons
   return out;
 }
 
+bool StoreImpl::Contains(const BlockKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.mask != 0;
+}
+
 Status StoreImpl::Flush() {
   Status first;
   for (int i = 0; i < kNumTiers; ++i) {

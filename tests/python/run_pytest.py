@@ -1,5 +1,5 @@
 """Runs the Python interop tests; exits 77 (ctest: skipped) when a required module is missing."""
-import importlib
+import importlib.util
 import sys
 
 MISSING = [m for m in ("numpy", "safetensors", "ml_dtypes", "pytest") if importlib.util.find_spec(m) is None]
