@@ -10,12 +10,6 @@
 namespace terrace::model {
 namespace {
 
-Status Expect(const Tensor& t, std::vector<std::int64_t> want, std::string_view where, std::string_view name) {
-  if (t.shape == want) return Status::Ok();
-  return Status::InvalidArgument(fmt::format("{}{}: expected shape {}, got {}; check the checkpoint against config.json",
-                                             where, name, ShapeString(want), ShapeString(t.shape)));
-}
-
 // Causal softmax over row i of scores [T, N] (ld N): columns > past + i are masked out.
 void CausalSoftmax(float* scores, std::int64_t T, std::int64_t N, std::int64_t past, float scale) {
   for (std::int64_t i = 0; i < T; ++i) {
@@ -32,17 +26,17 @@ void CausalSoftmax(float* scores, std::int64_t T, std::int64_t N, std::int64_t p
 Status CheckMlaWeights(const MlaWeights& w, const MlaDims& m, std::string_view where) {
   const std::int64_t d = m.hidden, H = m.heads;
   if (m.q_lora > 0) {
-    TERRACE_RETURN_IF_ERROR(Expect(w.q_a, {m.q_lora, d}, where, "q_a_proj.weight"));
-    TERRACE_RETURN_IF_ERROR(Expect(w.q_a_norm, {m.q_lora}, where, "q_a_layernorm.weight"));
-    TERRACE_RETURN_IF_ERROR(Expect(w.q_b, {H * m.QkDim(), m.q_lora}, where, "q_b_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.q_a, {m.q_lora, d}, where, "q_a_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.q_a_norm, {m.q_lora}, where, "q_a_layernorm.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.q_b, {H * m.QkDim(), m.q_lora}, where, "q_b_proj.weight"));
   } else {
-    TERRACE_RETURN_IF_ERROR(Expect(w.q_proj, {H * m.QkDim(), d}, where, "q_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.q_proj, {H * m.QkDim(), d}, where, "q_proj.weight"));
   }
-  TERRACE_RETURN_IF_ERROR(Expect(w.kv_a, {m.CacheWidth(), d}, where, "kv_a_proj_with_mqa.weight"));
-  TERRACE_RETURN_IF_ERROR(Expect(w.kv_a_norm, {m.kv_lora}, where, "kv_a_layernorm.weight"));
-  TERRACE_RETURN_IF_ERROR(Expect(w.kv_b, {H * (m.nope + m.v), m.kv_lora}, where, "kv_b_proj.weight"));
-  TERRACE_RETURN_IF_ERROR(Expect(w.o_proj, {d, H * m.v}, where, "o_proj.weight"));
-  if (m.output_gate) TERRACE_RETURN_IF_ERROR(Expect(w.g_proj, {H * m.v, d}, where, "g_proj.weight"));
+  TERRACE_RETURN_IF_ERROR(ExpectShape(w.kv_a, {m.CacheWidth(), d}, where, "kv_a_proj_with_mqa.weight"));
+  TERRACE_RETURN_IF_ERROR(ExpectShape(w.kv_a_norm, {m.kv_lora}, where, "kv_a_layernorm.weight"));
+  TERRACE_RETURN_IF_ERROR(ExpectShape(w.kv_b, {H * (m.nope + m.v), m.kv_lora}, where, "kv_b_proj.weight"));
+  TERRACE_RETURN_IF_ERROR(ExpectShape(w.o_proj, {d, H * m.v}, where, "o_proj.weight"));
+  if (m.output_gate) TERRACE_RETURN_IF_ERROR(ExpectShape(w.g_proj, {H * m.v, d}, where, "g_proj.weight"));
   return Status::Ok();
 }
 

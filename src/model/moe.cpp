@@ -8,32 +8,23 @@
 #include "src/model/ops.h"
 
 namespace terrace::model {
-namespace {
-
-Status Expect(const Tensor& t, std::vector<std::int64_t> want, std::string_view where, std::string_view name) {
-  if (t.shape == want) return Status::Ok();
-  return Status::InvalidArgument(fmt::format("{}{}: expected shape {}, got {}; check the checkpoint against config.json",
-                                             where, name, ShapeString(want), ShapeString(t.shape)));
-}
-
-}  // namespace
 
 Status CheckMoeWeights(const MoeWeights& w, const MoeDims& m, std::string_view where) {
   if (m.top_k < 1 || m.top_k > m.experts)
     return Status::InvalidArgument(fmt::format("{}num_experts_per_token {} must be in [1, num_experts = {}]", where,
                                                m.top_k, m.experts));
-  TERRACE_RETURN_IF_ERROR(Expect(w.router, {m.experts, m.hidden}, where, "gate.weight"));
-  if (!w.bias.data.empty()) TERRACE_RETURN_IF_ERROR(Expect(w.bias, {m.experts}, where, "gate.e_score_correction_bias"));
+  TERRACE_RETURN_IF_ERROR(ExpectShape(w.router, {m.experts, m.hidden}, where, "gate.weight"));
+  if (!w.bias.data.empty()) TERRACE_RETURN_IF_ERROR(ExpectShape(w.bias, {m.experts}, where, "gate.e_score_correction_bias"));
   if (m.HasLatentProjection()) {
-    TERRACE_RETURN_IF_ERROR(Expect(w.down, {m.latent, m.hidden}, where, "routed_expert_down_proj.weight"));
-    TERRACE_RETURN_IF_ERROR(Expect(w.up, {m.hidden, m.latent}, where, "routed_expert_up_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.down, {m.latent, m.hidden}, where, "routed_expert_down_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.up, {m.hidden, m.latent}, where, "routed_expert_up_proj.weight"));
   }
-  if (m.latent_norm) TERRACE_RETURN_IF_ERROR(Expect(w.latent_norm, {m.latent}, where, "routed_expert_norm.weight"));
+  if (m.latent_norm) TERRACE_RETURN_IF_ERROR(ExpectShape(w.latent_norm, {m.latent}, where, "routed_expert_norm.weight"));
   if (!w.shared_gate.data.empty()) {
     const std::int64_t is = w.shared_gate.shape.empty() ? 0 : w.shared_gate.dim(0);
-    TERRACE_RETURN_IF_ERROR(Expect(w.shared_gate, {is, m.hidden}, where, "shared_experts.gate_proj.weight"));
-    TERRACE_RETURN_IF_ERROR(Expect(w.shared_up, {is, m.hidden}, where, "shared_experts.up_proj.weight"));
-    TERRACE_RETURN_IF_ERROR(Expect(w.shared_down, {m.hidden, is}, where, "shared_experts.down_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.shared_gate, {is, m.hidden}, where, "shared_experts.gate_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.shared_up, {is, m.hidden}, where, "shared_experts.up_proj.weight"));
+    TERRACE_RETURN_IF_ERROR(ExpectShape(w.shared_down, {m.hidden, is}, where, "shared_experts.down_proj.weight"));
   }
   return Status::Ok();
 }

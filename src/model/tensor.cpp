@@ -132,4 +132,11 @@ Result<Tensor> ToFloat(const TensorView& view, std::string_view what) {
   return out;
 }
 
+Status ExpectShape(const Tensor& t, const std::vector<std::int64_t>& want, std::string_view where,
+                   std::string_view name) {
+  if (t.shape == want) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("{}{}: expected shape {}, got {}; check the checkpoint against config.json",
+                                             where, name, ShapeString(want), ShapeString(t.shape)));
+}
+
 }  // namespace terrace::model

@@ -47,6 +47,10 @@ struct Tensor {
   }
 };
 
+// OK if t.shape == want; else InvalidArgument "<where><name>: expected shape [..], got [..]".
+Status ExpectShape(const Tensor& t, const std::vector<std::int64_t>& want, std::string_view where,
+                   std::string_view name);
+
 // Converts a F32 / BF16 / F16 view to fp32. InvalidArgument for other dtypes (naming `what`).
 Result<Tensor> ToFloat(const TensorView& view, std::string_view what = "tensor");
 

@@ -8,13 +8,6 @@
 namespace terrace::store_internal {
 namespace {
 
-int Fastest(std::uint8_t mask) {
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (mask & Bit(TierAt(i))) return i;
-  }
-  return -1;
-}
-
 bool Verify(const BlockDesc& want, const BlockDesc& got, std::span<const std::byte> bytes) {
   return got.size == want.size && got.checksum == want.checksum && bytes.size() >= want.size &&
          Checksum(bytes.first(want.size)) == want.checksum;

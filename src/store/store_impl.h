@@ -32,6 +32,13 @@ namespace terrace::store_internal {
 inline std::uint8_t Bit(TierId t) { return static_cast<std::uint8_t>(1u << static_cast<unsigned>(t)); }
 inline TierId TierAt(int i) { return static_cast<TierId>(i); }
 inline int Idx(TierId t) { return static_cast<int>(t); }
+// Index of the fastest tier in `mask`, or -1 when the mask is empty.
+inline int Fastest(std::uint8_t mask) {
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (mask & Bit(TierAt(i))) return i;
+  }
+  return -1;
+}
 
 struct Entry {
   BlockDesc desc;

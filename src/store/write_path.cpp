@@ -4,16 +4,6 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
-namespace {
-
-int Fastest(std::uint8_t mask) {
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (mask & Bit(TierAt(i))) return i;
-  }
-  return -1;
-}
-
-}  // namespace
 
 Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
   const BlockDesc desc = DescribeBlock(data, opts.codec);
