@@ -12,7 +12,8 @@ CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DTERRACE_BUILD_FUZZ=
 cmake --build "$build" --target fuzzers -j "$(nproc)" >/dev/null
 for fuzzer in "$build"/tests/fuzz/*_fuzz; do
   name="$(basename "$fuzzer")"
-  corpus="$root/tests/fuzz/corpus/${name%_fuzz}"
+  corpus="$root/tests/fuzz/corpus/${name%_fuzz}"   # a corpus per fuzzer, or the shared one
+  [ -d "$corpus" ] || corpus="$root/tests/fuzz/corpus"
   work="$build/fuzz-work/$name"
   mkdir -p "$work"
   echo "fuzz: $name for ${secs}s (seed corpus $corpus)"
