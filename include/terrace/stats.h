@@ -64,5 +64,7 @@ struct TierStatsSnapshot {
 };
 
 TierStatsSnapshot SnapshotCounters(const TierCounters& c);
+// Sets s->reads / writes and the p50 / p99 fields from the two histograms.
+void SetLatencyFields(const LatencyHistogram& reads, const LatencyHistogram& writes, TierStatsSnapshot* s);
 
 }  // namespace terrace

@@ -66,13 +66,17 @@ TierStatsSnapshot SnapshotCounters(const TierCounters& c) {
   s.io_errors = ld(c.io_errors);
   s.corruptions = ld(c.corruptions);
   s.queue_depth = ld(c.queue_depth);
-  s.reads = c.read_latency.count();
-  s.writes = c.write_latency.count();
-  s.read_p50_ns = c.read_latency.Percentile(0.5);
-  s.read_p99_ns = c.read_latency.Percentile(0.99);
-  s.write_p50_ns = c.write_latency.Percentile(0.5);
-  s.write_p99_ns = c.write_latency.Percentile(0.99);
+  SetLatencyFields(c.read_latency, c.write_latency, &s);
   return s;
+}
+
+void SetLatencyFields(const LatencyHistogram& reads, const LatencyHistogram& writes, TierStatsSnapshot* s) {
+  s->reads = reads.count();
+  s->writes = writes.count();
+  s->read_p50_ns = reads.Percentile(0.5);
+  s->read_p99_ns = reads.Percentile(0.99);
+  s->write_p50_ns = writes.Percentile(0.5);
+  s->write_p99_ns = writes.Percentile(0.99);
 }
 
 }  // namespace terrace

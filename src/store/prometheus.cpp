@@ -56,12 +56,7 @@ StoreStats StoreImpl::Stats() const {
     s.evictions = ld(m.evictions);
     s.corruptions = std::max(s.corruptions, ld(m.corruptions));
     s.io_errors = std::max(s.io_errors, ld(m.io_errors));
-    s.reads = m.read_latency.count();
-    s.writes = m.write_latency.count();
-    s.read_p50_ns = m.read_latency.Percentile(0.5);
-    s.read_p99_ns = m.read_latency.Percentile(0.99);
-    s.write_p50_ns = m.write_latency.Percentile(0.5);
-    s.write_p99_ns = m.write_latency.Percentile(0.99);
+    SetLatencyFields(m.read_latency, m.write_latency, &s);
     st.tiers[i] = std::move(s);
   }
   {
