@@ -213,6 +213,17 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
   const std::uint64_t cap = options_.capacity_bytes;
   AlignedBuf sbuf(nvme::kSuperblockBytes);
   if (!sbuf.p) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+  // Formats a new store: a fresh uuid and the capacity, written and synced at offset 0.
+  auto write_fresh_superblock = [&]() -> Status {
+    std::random_device rd;
+    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
+    sb_.capacity_bytes = cap;
+    sb_.EncodeTo(sbuf.p);
+    if (::pwrite(fd_, sbuf.p, sbuf.size, 0) != static_cast<ssize_t>(sbuf.size) || ::fdatasync(fd_) != 0) {
+      return Errno("cannot write the superblock of", data_path_, errno, "check the device");
+    }
+    return Status::Ok();
+  };
 
   if (create) {
     int err = ::fallocate(fd_, 0, 0, static_cast<off_t>(cap)) == 0 ? 0 : errno;
@@ -228,13 +239,7 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
       if (err == ENOSPC || err == EFBIG || err == EDQUOT) return Status::OutOfCapacity(msg);
       return Status::IoError(msg);
     }
-    std::random_device rd;
-    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
-    sb_.capacity_bytes = cap;
-    sb_.EncodeTo(sbuf.p);
-    if (::pwrite(fd_, sbuf.p, sbuf.size, 0) != static_cast<ssize_t>(sbuf.size) || ::fdatasync(fd_) != 0) {
-      return Errno("cannot write the superblock of", data_path_, errno, "check the device");
-    }
+    TERRACE_RETURN_IF_ERROR(write_fresh_superblock());
     int dfd = ::open(data_path_.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
       ::fsync(dfd);
@@ -260,13 +265,7 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
       return Status::OutOfCapacity(fmt::format("block device '{}' has {} bytes, less than capacity_bytes {}",
                                                data_path_.string(), size, cap));
     }
-    std::random_device rd;
-    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
-    sb_.capacity_bytes = cap;
-    sb_.EncodeTo(sbuf.p);
-    if (::pwrite(fd_, sbuf.p, sbuf.size, 0) != static_cast<ssize_t>(sbuf.size) || ::fdatasync(fd_) != 0) {
-      return Errno("cannot write the superblock of", data_path_, errno, "check the device");
-    }
+    TERRACE_RETURN_IF_ERROR(write_fresh_superblock());
     report_.created = true;
     return OpenIndex(true);
   }
