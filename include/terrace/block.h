@@ -50,7 +50,19 @@ struct BlockKey {
   void EncodeTo(std::byte out[kEncodedSize]) const;
   static Result<BlockKey> Decode(std::span<const std::byte> in);
 
-  std::uint64_t Hash() const;  // well mixed, process-independent
+  // Well mixed in every bit, fixed across processes and versions; a few ns (inline: directories
+  // hash on every lookup).
+  std::uint64_t Hash() const {
+    auto fmix = [](std::uint64_t x) {  // the murmur3 64-bit finaliser
+      x ^= x >> 33;
+      x *= 0xff51afd7ed558ccdull;
+      x ^= x >> 33;
+      x *= 0xc4ceb9fe1a85ec53ull;
+      return x ^ (x >> 33);
+    };
+    std::uint64_t meta = (static_cast<std::uint64_t>(ns) << 32) ^ (static_cast<std::uint64_t>(kind) << 29) ^ layer;
+    return fmix(id.lo ^ fmix(id.hi ^ fmix(meta)));
+  }
 };
 
 // Codec / dtype tag of a block's bytes. Opaque to the store; recorded and returned as given.

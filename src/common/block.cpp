@@ -104,20 +104,6 @@ Result<BlockKey> BlockKey::Decode(std::span<const std::byte> in) {
   return k;
 }
 
-std::uint64_t BlockKey::Hash() const {
-  // Two rounds of the murmur3 finaliser over the 25 key bytes folded into 128 bits: a few ns, well
-  // mixed in every bit, and fixed across processes and versions.
-  auto fmix = [](std::uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-  };
-  std::uint64_t meta = (static_cast<std::uint64_t>(ns) << 32) ^ (static_cast<std::uint64_t>(kind) << 29) ^ layer;
-  return fmix(id.lo ^ fmix(id.hi ^ fmix(meta)));
-}
-
 std::uint64_t Checksum(std::span<const std::byte> data) { return XXH3_64bits(data.data(), data.size()); }
 
 }  // namespace terrace

@@ -18,9 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
+#include "src/common/key_map.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
@@ -142,7 +142,7 @@ class StoreImpl {
   std::uint8_t present_mask_ = 0;        // tiers configured (Init)
 
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry> entries_;                            // GUARDED_BY(mu_)
+  KeyMap<Entry> entries_;  // GUARDED_BY(mu_); no reference into it survives an insert
   std::array<std::unique_ptr<EvictionPolicy>, kNumTiers> policies_;         // GUARDED_BY(mu_)
 
   KeyLocks key_locks_;

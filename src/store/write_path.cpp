@@ -1,4 +1,6 @@
 // Write path: Put (placement, write-through, replacing stale copies), Erase, Pin, Lookup.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "src/store/store_impl.h"
@@ -141,8 +143,13 @@ Status StoreImpl::Unpin(const BlockKey& key) {
 
 std::vector<LookupResult> StoreImpl::Lookup(std::span<const BlockKey> keys) const {
   std::vector<LookupResult> out(keys.size());
+  // Prefetch the directory slots a few keys ahead: with a million resident keys nearly every probe
+  // misses the cache, and overlapping the misses is what makes a batch faster than single calls.
+  constexpr std::size_t kAhead = 8;
   std::lock_guard lock(mu_);
+  for (std::size_t i = 0; i < std::min(kAhead, keys.size()); ++i) entries_.prefetch(keys[i]);
   for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i + kAhead < keys.size()) entries_.prefetch(keys[i + kAhead]);
     auto it = entries_.find(keys[i]);
     if (it == entries_.end() || it->second.mask == 0) continue;
     out[i].found = true;

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/key_map.h"
 #include "terrace/options.h"
 #include "terrace/tier.h"
 #include "tiers/nvme/extent_allocator.h"
@@ -162,7 +163,7 @@ class NvmeTier final : public Tier {
   std::vector<iovec> external_;  // guarded by reg_mu_; fixed-buffer indices staging.count() + i
 
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry> map_;                 // guarded by mu_
+  KeyMap<Entry> map_;                                       // guarded by mu_
   std::unique_ptr<nvme::ExtentAllocator> alloc_;            // guarded by mu_
   std::unordered_map<std::uint64_t, Detached> detached_;  // guarded by mu_: by extent offset
   std::uint64_t used_bytes_ = 0;                            // guarded by mu_

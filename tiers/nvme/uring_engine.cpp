@@ -3,6 +3,7 @@
 #include <liburing.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -13,6 +14,8 @@
 
 namespace terrace::nvme {
 namespace {
+
+constexpr std::size_t kSubmitGroup = 4;  // SQEs per io_uring_enter while refilling a busy ring
 
 class UringEngine final : public IoEngine {
  public:
@@ -136,6 +139,13 @@ class UringEngine final : public IoEngine {
         ++next;
         ++inflight;
         ++unsubmitted;
+        // Hand refills to the kernel in small groups rather than one burst per wake-up: the device
+        // then sees a steady stream instead of draining between bursts (on virtio-blk, 4 KiB random
+        // reads at depth 32 gain ~15%; see docs/benchmarks.md). The wait below submits the rest.
+        if (unsubmitted >= kSubmitGroup && inflight < depth_ && next < total) {
+          int ret = io_uring_submit(&ring.ring);
+          if (ret > 0) unsubmitted -= std::min<std::size_t>(unsubmitted, static_cast<std::size_t>(ret));
+        }
       }
       int ret = io_uring_submit_and_wait(&ring.ring, 1);
       if (ret >= 0) {
