@@ -38,9 +38,16 @@ struct BenchArgs {
   bool json = false;
   std::string durability = "async";
   unsigned threads = 1;
-  unsigned batch = 0;  // 0: 256 for nvme, queue_depth otherwise
+  unsigned batch = 0;  // 0: BatchSize() picks
   bool keep = false;
-  unsigned BatchSize() const { return batch ? batch : (tier == "nvme" ? 256u : queue_depth); }
+  // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
+  // drain at the end of each call costs little; memory tiers: one queue's worth.
+  unsigned BatchSize() const {
+    if (batch) return batch;
+    if (tier != "nvme") return queue_depth;
+    const std::uint64_t by_bytes = std::min<std::uint64_t>(4096, (64ull << 20) / std::max<std::uint64_t>(block_size, 1));
+    return static_cast<unsigned>(std::max<std::uint64_t>(8ull * queue_depth, by_bytes));
+  }
 };
 
 // 4 KiB-aligned bytes.
@@ -239,8 +246,8 @@ void RegisterBench(CLI::App& app, Runner* run) {
   tiers->add_option("--dir", a->dir, "NVMe tier directory (default ./terrace-bench, removed afterwards)");
   tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
-  tiers->add_option("--batch", a->batch, "Operations per PutBatch / GetBatch call (default 256 for nvme, else "
-                                         "--queue-depth)")->check(CLI::Range(1u, 65536u));
+  tiers->add_option("--batch", a->batch, "Operations per PutBatch / GetBatch call (default for nvme: 8 x queue depth or 64 MiB, "
+                                         "up to 4096 blocks; else --queue-depth)")->check(CLI::Range(1u, 65536u));
   tiers->add_option("--threads", a->threads, "Concurrent workers")->check(CLI::Range(1u, 256u))->capture_default_str();
   tiers->add_flag("--keep", a->keep, "Keep the NVMe bench directory");
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
