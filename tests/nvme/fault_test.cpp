@@ -30,6 +30,21 @@ void CheckBaseline(NvmeTier& tier, int skip = -1) {
   }
 }
 
+// A tier on a FaultInjectingIoEngine, and the engine to arm.
+struct FaultyTier {
+  std::unique_ptr<NvmeTier> tier;
+  nvme::FaultInjectingIoEngine* fault = nullptr;
+};
+
+// Opens `opts` with the io_uring engine wrapped in a fault injector (OpenFaulty); REQUIREs success.
+FaultyTier OpenFaultyTier(const NvmeTierOptions& opts, std::uint64_t seed = 1) {
+  FaultyTier f;
+  auto t = OpenFaulty(opts, &f.fault, seed);
+  REQUIRE(t.ok());
+  f.tier = std::move(*t);
+  return f;
+}
+
 void ReopenAndCheck(std::unique_ptr<NvmeTier>& tier, const NvmeTierOptions& opts, int skip = -1) {
   tier.reset();
   auto again = NvmeTier::Open(opts);
@@ -45,10 +60,7 @@ TEST_CASE("nvme faults: write EIO / ENOSPC fail the put cleanly", "[nvme][fault]
   TempDir dir("nvme");
   auto mode = GENERATE(Durability::kAsync, Durability::kSync);
   auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, mode);
-  nvme::FaultInjectingIoEngine* fault = nullptr;
-  auto t = OpenFaulty(opts, &fault);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts);
   PutBaseline(*tier);
   const std::uint64_t free_before = tier->free_bytes();
 
@@ -81,10 +93,7 @@ TEST_CASE("nvme faults: write EIO / ENOSPC fail the put cleanly", "[nvme][fault]
 TEST_CASE("nvme faults: read EIO is retryable, data untouched", "[nvme][fault]") {
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path());
-  nvme::FaultInjectingIoEngine* fault = nullptr;
-  auto t = OpenFaulty(opts, &fault);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts);
   PutBaseline(*tier);
   fault->Arm(IoOp::kRead, FaultKind::kEio);
   std::vector<std::byte> buf(4 * kMiB);
@@ -100,10 +109,7 @@ TEST_CASE("nvme faults: read EIO is retryable, data untouched", "[nvme][fault]")
 TEST_CASE("nvme faults: short reads and writes, EAGAIN are retried transparently", "[nvme][fault]") {
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path());
-  nvme::FaultInjectingIoEngine* fault = nullptr;
-  auto t = OpenFaulty(opts, &fault);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts);
   fault->Arm(IoOp::kWrite, FaultKind::kShort, 1000);
   fault->Arm(IoOp::kWrite, FaultKind::kEagain, 3);
   PutBaseline(*tier);
@@ -122,10 +128,7 @@ TEST_CASE("nvme faults: short reads and writes, EAGAIN are retried transparently
 TEST_CASE("nvme faults: bit flips are never returned", "[nvme][fault]") {
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path());
-  nvme::FaultInjectingIoEngine* fault = nullptr;
-  auto t = OpenFaulty(opts, &fault);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts);
   PutBaseline(*tier);
 
   // One transient flip: the re-read succeeds, nothing is dropped.
@@ -152,10 +155,7 @@ TEST_CASE("nvme faults: fdatasync failure fails the commit, acknowledged data su
   TempDir dir("nvme");
   auto mode = GENERATE(Durability::kAsync, Durability::kSync);
   auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, mode);
-  nvme::FaultInjectingIoEngine* fault = nullptr;
-  auto t = OpenFaulty(opts, &fault);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts);
   PutBaseline(*tier);
   fault->ArmSync(EIO, 1);
   Status s = PutTestBlock(*tier, 200);
@@ -175,11 +175,8 @@ TEST_CASE("nvme faults: fdatasync failure fails the commit, acknowledged data su
 TEST_CASE("nvme faults: seeded random schedule over many operations", "[nvme][fault]") {
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kSync);
-  nvme::FaultInjectingIoEngine* fault = nullptr;
   const std::uint64_t seed = GENERATE(11, 12);
-  auto t = OpenFaulty(opts, &fault, seed);
-  REQUIRE(t.ok());
-  std::unique_ptr<NvmeTier> tier = std::move(*t);
+  auto [tier, fault] = OpenFaultyTier(opts, seed);
   PutBaseline(*tier);
   fault->SetRandom(0.2, {FaultKind::kEio, FaultKind::kEnospc, FaultKind::kEagain, FaultKind::kShort,
                          FaultKind::kBitFlip});
