@@ -4,7 +4,14 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -133,6 +140,32 @@ Table TierTable(std::span<const TierStatsSnapshot> tiers) {
            FormatLatency(s.write_p50_ns), FormatLatency(s.write_p99_ns)});
   }
   return t;
+}
+
+bool IsBlockDevice(const std::string& path) {
+  std::error_code ec;
+  return !path.empty() && std::filesystem::is_block_file(path, ec);
+}
+
+Result<std::uint64_t> BlockDeviceBytes(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(fmt::format("cannot open block device '{}': {}", path, std::strerror(errno)));
+  std::uint64_t bytes = 0;
+  int rc = ::ioctl(fd, BLKGETSIZE64, &bytes);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::IoError(fmt::format("cannot read the size of block device '{}': {}", path, std::strerror(err)));
+  return bytes;
+}
+
+Status CheckNvmePaths(const std::string& dir, const std::string& index_dir) {
+  if (IsBlockDevice(dir) && index_dir.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "--dir '{}' is a block device: give --index-dir DIR, a directory on a persistent file system for the "
+        "NVMe tier's index (use the same one on every run against this device)",
+        dir));
+  }
+  return Status::Ok();
 }
 
 }  // namespace terrace::cli

@@ -32,6 +32,14 @@ void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> o
 // The key `store fill` uses for its i-th block under `seed`.
 BlockKey FillKey(std::uint64_t seed, std::uint64_t i);
 
+// True when `path` names a block device (following symlinks such as /dev/disk/by-id/...).
+bool IsBlockDevice(const std::string& path);
+// The size in bytes of block device `path` (BLKGETSIZE64); IoError naming it on failure.
+Result<std::uint64_t> BlockDeviceBytes(const std::string& path);
+// The NVMe paths of a command line: a block device --dir needs --index-dir (the tier keeps its
+// RocksDB index there); InvalidArgument naming both flags otherwise.
+Status CheckNvmePaths(const std::string& dir, const std::string& index_dir);
+
 // A text table with right-aligned columns (except the first), printed to stdout.
 class Table {
  public:

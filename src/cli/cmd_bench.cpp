@@ -35,6 +35,7 @@ struct BenchArgs {
   unsigned queue_depth = 32;
   std::uint64_t total_bytes = 1 * kGiB;
   std::string dir;
+  std::string index_dir;
   bool json = false;
   std::string durability = "async";
   unsigned threads = 1;
@@ -73,6 +74,33 @@ using Clock = std::chrono::steady_clock;
 
 std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
 
+// Directories the bench creates (--dir, --index-dir), removed when it ends. Only paths that did not
+// exist before the run are recorded, and only directories are removed: never a block device, a
+// file, or a directory the user already had.
+class RemoveCreatedDirs {
+ public:
+  RemoveCreatedDirs() = default;
+  RemoveCreatedDirs(const RemoveCreatedDirs&) = delete;
+  RemoveCreatedDirs& operator=(const RemoveCreatedDirs&) = delete;
+  ~RemoveCreatedDirs() { Run(); }
+  void AddIfMissing(const std::filesystem::path& p) {
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(p, ec))) paths_.push_back(p);
+  }
+  void Run() {
+    for (const auto& p : paths_) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(std::filesystem::symlink_status(p, ec))) continue;
+      std::filesystem::remove_all(p, ec);
+      if (ec) fmt::print(stderr, "bench: cannot remove '{}': {}\n", p.string(), ec.message());
+    }
+    paths_.clear();
+  }
+
+ private:
+  std::vector<std::filesystem::path> paths_;
+};
+
 Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
   std::uint64_t blocks = a.total_bytes / a.block_size;
   std::uint64_t need = blocks * RoundUp(a.block_size, 4 * kKiB);
@@ -91,6 +119,19 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
   }
   NvmeTierOptions o;
   o.path = dir;
+  o.index_dir = a.index_dir;
+  if (IsBlockDevice(dir.string())) {
+    // The whole device (rounded down to 4 KiB): the same capacity on every run, whatever
+    // --total-bytes, so a later run reopens the format the first one wrote.
+    TERRACE_ASSIGN_OR_RETURN(std::uint64_t dev_bytes, BlockDeviceBytes(dir.string()));
+    if (dev_bytes / (4 * kKiB) * (4 * kKiB) < need + 4 * kKiB) {
+      return Status::OutOfCapacity(fmt::format("block device '{}' has {}, too small for {} blocks of {}; lower "
+                                               "--total-bytes",
+                                               dir.string(), FormatBytes(static_cast<double>(dev_bytes)), blocks,
+                                               FormatBytes(static_cast<double>(a.block_size))));
+    }
+    capacity = dev_bytes / (4 * kKiB) * (4 * kKiB);
+  }
   o.capacity_bytes = capacity;
   o.queue_depth = a.queue_depth;
   o.durability = a.durability == "sync" ? Durability::kSync : Durability::kAsync;
@@ -167,7 +208,15 @@ int RunBenchTiers(const BenchArgs& a) {
   }
   if (a.queue_depth == 0) return Fail("--queue-depth must be at least 1");
   std::filesystem::path dir = a.dir.empty() ? std::filesystem::path("terrace-bench") : std::filesystem::path(a.dir);
-  bool made_dir = a.tier == "nvme" && !std::filesystem::exists(dir);
+  if (a.tier == "nvme") {
+    if (Status s = CheckNvmePaths(dir.string(), a.index_dir); !s.ok()) return Fail(s.ToString());
+  }
+  // Declared before the tier, so it runs after the tier is closed, on every return path.
+  RemoveCreatedDirs cleanup;
+  if (a.tier == "nvme" && !a.keep) {
+    cleanup.AddIfMissing(dir);
+    if (!a.index_dir.empty()) cleanup.AddIfMissing(a.index_dir);
+  }
   auto tier_or = MakeTier(a, dir);
   if (!tier_or.ok()) return Fail(tier_or.status().ToString());
   std::unique_ptr<Tier> tier = std::move(*tier_or);
@@ -196,7 +245,7 @@ int RunBenchTiers(const BenchArgs& a) {
   Result<BenchResult> r = run_op();
   TierStatsSnapshot stats = tier->Stats();
   tier.reset();
-  if (made_dir && !a.keep) std::filesystem::remove_all(dir);
+  cleanup.Run();
   if (!r.ok()) return Fail(r.status().ToString());
 
   const double bytes = static_cast<double>(r->ops * a.block_size);
@@ -243,13 +292,18 @@ void RegisterBench(CLI::App& app, Runner* run) {
   tiers->add_option("--queue-depth", a->queue_depth, "NVMe I/Os in flight (ring depth); for memory tiers the default batch size")
       ->check(CLI::Range(1u, 4096u))->capture_default_str();
   AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved");
-  tiers->add_option("--dir", a->dir, "NVMe tier directory (default ./terrace-bench, removed afterwards)");
+  tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
+                                     "the tier uses the whole device and needs --index-dir; its contents are "
+                                     "overwritten. A directory the bench created is removed afterwards");
+  tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
+                                                 "required when --dir is a block device (default: <dir>/index). "
+                                                 "Removed afterwards if the bench created it");
   tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   tiers->add_option("--batch", a->batch, "Operations per PutBatch / GetBatch call (default for nvme: 8 x queue depth or 64 MiB, "
                                          "up to 4096 blocks; else --queue-depth)")->check(CLI::Range(1u, 65536u));
   tiers->add_option("--threads", a->threads, "Concurrent workers")->check(CLI::Range(1u, 256u))->capture_default_str();
-  tiers->add_flag("--keep", a->keep, "Keep the NVMe bench directory");
+  tiers->add_flag("--keep", a->keep, "Keep the NVMe directory and index directory the bench created");
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
 }

@@ -3,6 +3,7 @@
 // --expect` proves every acknowledged block survived intact.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -22,6 +23,7 @@ namespace {
 
 struct StoreArgs {
   std::string dir;
+  std::string index_dir;
   std::uint64_t count = 0;
   std::uint64_t block_size = 64 * kKiB;
   std::uint64_t seed = 1;
@@ -33,6 +35,7 @@ struct StoreArgs {
 NvmeTierOptions NvmeOptions(const StoreArgs& a, Durability durability) {
   NvmeTierOptions o;
   o.path = a.dir;
+  o.index_dir = a.index_dir;
   o.capacity_bytes = a.capacity;
   o.durability = durability;
   return o;
@@ -41,6 +44,7 @@ NvmeTierOptions NvmeOptions(const StoreArgs& a, Durability durability) {
 int RunFill(const StoreArgs& a) {
   if (a.count == 0) return Fail("--count must be at least 1");
   if (a.block_size == 0) return Fail("--block-size must be at least 1 byte");
+  if (Status s = CheckNvmePaths(a.dir, a.index_dir); !s.ok()) return Fail(s.ToString());
   if (a.count * a.block_size > a.capacity) {
     return Fail(fmt::format("{} blocks of {} do not fit in --capacity {}; raise --capacity (the same value must be "
                             "given to 'store check')",
@@ -113,6 +117,13 @@ int RunCheck(const StoreArgs& a) {
     if (!keys.ok()) return Fail(keys.status().ToString());
     expected = std::move(*keys);
   }
+  if (Status s = CheckNvmePaths(a.dir, a.index_dir); !s.ok()) return Fail(s.ToString());
+  if (std::error_code ec; !a.index_dir.empty() && !std::filesystem::exists(a.index_dir, ec)) {
+    // The tier would start an empty index there (as after a crash while creating a store) and report
+    // no blocks; a checker should say the index is not where it was told to look.
+    return Fail(fmt::format("--index-dir '{}' does not exist; give the index directory that 'store fill' used",
+                            a.index_dir));
+  }
   NvmeTierOptions o = NvmeOptions(a, Durability::kSync);
   o.create_if_missing = false;
   auto tier = NvmeTier::Open(o);
@@ -159,7 +170,11 @@ void RegisterStore(CLI::App& app, Runner* run) {
 
   auto* fill = store->add_subcommand("fill", "Put test-pattern blocks in sync durability, printing 'durable <key>' "
                                              "for each acknowledged put");
-  fill->add_option("--dir", args->dir, "Store directory (created if missing)")->required();
+  fill->add_option("--dir", args->dir, "Store directory (created if missing) or block device (its contents are "
+                                       "overwritten; needs --index-dir)")->required();
+  fill->add_option("--index-dir", args->index_dir, "NVMe index directory on a persistent file system; required when "
+                                                   "--dir is a block device (default: <dir>/index; give the same to "
+                                                   "'check')");
   fill->add_option("--count", args->count, "Number of blocks")->required();
   AddSizeOption(fill, "--block-size", &args->block_size, "Block size");
   fill->add_option("--seed", args->seed, "Seed of the keys and contents")->capture_default_str();
@@ -170,7 +185,9 @@ void RegisterStore(CLI::App& app, Runner* run) {
 
   auto* check = store->add_subcommand("check", "Verify every block against the pattern of --seed; with --expect, "
                                                "require every key listed");
-  check->add_option("--dir", args->dir, "Store directory")->required();
+  check->add_option("--dir", args->dir, "Store directory or block device")->required();
+  check->add_option("--index-dir", args->index_dir, "NVMe index directory given to 'fill' (required when --dir is a "
+                                                    "block device)");
   check->add_option("--seed", args->seed, "Seed given to 'fill'")->capture_default_str();
   check->add_option("--expect", args->expect, "File of 'durable <key>' lines as 'fill' printed them");
   AddSizeOption(check, "--capacity", &args->capacity, "NVMe tier capacity given to 'fill'");
