@@ -8,21 +8,30 @@ InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_pre
   if (inserted) {
     it->second = std::make_shared<Fetch>();
     it->second->by_prefetch = by_prefetch;
+  } else {
+    ++it->second->followers;
   }
   return Ticket{it->second, inserted};
 }
 
 void InflightTable::Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
+  Close(key, fetch);
+  Wake(*fetch);
+}
+
+std::size_t InflightTable::Close(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
+  std::lock_guard lock(mu_);
+  auto it = fetches_.find(key);
+  if (it != fetches_.end() && it->second == fetch) fetches_.erase(it);
+  return fetch->followers;
+}
+
+void InflightTable::Wake(Fetch& fetch) {
   {
-    std::lock_guard lock(mu_);
-    auto it = fetches_.find(key);
-    if (it != fetches_.end() && it->second == fetch) fetches_.erase(it);
+    std::lock_guard lock(fetch.mu);
+    fetch.done = true;
   }
-  {
-    std::lock_guard lock(fetch->mu);
-    fetch->done = true;
-  }
-  fetch->cv.notify_all();
+  fetch.cv.notify_all();
 }
 
 void InflightTable::Wait(Fetch& fetch) {

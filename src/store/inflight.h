@@ -21,6 +21,7 @@ struct Fetch {
   BlockDesc desc;
   std::vector<std::byte> bytes;  // the block when status is OK
   bool by_prefetch = false;      // immutable after creation
+  std::size_t followers = 0;     // callers that joined; GUARDED_BY(InflightTable::mu_), final after Close()
 
   std::mutex mu;
   std::condition_variable cv;
@@ -38,6 +39,11 @@ class InflightTable {
   // Leader only: removes the entry, then wakes the followers. The leader must have published
   // its effects (directory updates) before calling, so a caller arriving later sees them.
   void Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch);
+  // Finish in two steps, for a leader that publishes bytes only when someone waits for them:
+  // Close removes the entry (no one can join after it) and returns how many joined; Wake then
+  // releases them. Between the two the leader sets status, desc and (if followers) bytes.
+  std::size_t Close(const BlockKey& key, const std::shared_ptr<Fetch>& fetch);
+  static void Wake(Fetch& fetch);
   static void Wait(Fetch& fetch);
 
  private:

@@ -9,14 +9,6 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
-namespace {
-
-std::uint64_t NanosSince(Clock::time_point t0) {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
-
-}  // namespace
 
 std::optional<TierId> StoreImpl::LowerPresent(TierId t) const {
   for (int i = Idx(t) + 1; i < kNumTiers; ++i) {

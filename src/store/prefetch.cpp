@@ -69,51 +69,78 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
 
 void StoreImpl::DrainPrefetch() {
   for (;;) {
-    std::shared_ptr<PrefetchJob> job;
-    std::size_t index = 0;
+    // A group: up to kPrefetchGroup items from the front of the most urgent non-empty queue that
+    // share a target, so their NVMe reads go out as one batch.
+    std::vector<PrefetchItem> group;
     {
       std::lock_guard lock(prefetch_mu_);
       for (auto& q : prefetch_queues_) {
         if (q.empty()) continue;
-        job = std::move(q.front().first);
-        index = q.front().second;
-        q.pop_front();
+        const TierId target = q.front().first->target;
+        while (!q.empty() && group.size() < kPrefetchGroup && q.front().first->target == target) {
+          group.push_back(std::move(q.front()));
+          q.pop_front();
+        }
         break;
       }
-      if (!job) {
+      if (group.empty()) {
         --prefetch_drainers_;
         return;
       }
     }
-    RunPrefetchItem(*job, index);
+    RunPrefetchGroup(group);
   }
 }
 
-void StoreImpl::RunPrefetchItem(PrefetchJob& job, std::size_t i) {
+Status StoreImpl::PrefetchCheck(const PrefetchJob& job, std::size_t i) const {
   const BlockKey& key = job.keys[i];
-  auto check = [&]() -> Status {
-    if (stopping_.load(std::memory_order_acquire)) return Status::Cancelled("the store is closing");
-    if (job.promise.cancel_requested()) {
-      return Status::Cancelled(fmt::format("prefetch of {} was cancelled before it started", key.ToString()));
+  if (stopping_.load(std::memory_order_acquire)) return Status::Cancelled("the store is closing");
+  if (job.promise.cancel_requested()) {
+    return Status::Cancelled(fmt::format("prefetch of {} was cancelled before it started", key.ToString()));
+  }
+  if (Clock::now() > job.deadline) {
+    return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it started",
+                                        key.ToString(), TierName(job.target)));
+  }
+  return Status::Ok();
+}
+
+void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
+  // Items that can no longer start are completed now; the rest yield to demand fetches if they
+  // are speculative (one queue: one priority), re-checked after every wait.
+  std::vector<PrefetchItem> live;
+  auto sift = [&](std::span<PrefetchItem> items) {
+    std::vector<PrefetchItem> keep;
+    for (auto& [job, i] : items) {
+      Status s = PrefetchCheck(*job, i);
+      if (s.ok()) {
+        keep.emplace_back(job, i);
+      } else {
+        job->Complete(i, std::move(s));
+      }
     }
-    if (Clock::now() > job.deadline) {
-      return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it started",
-                                          key.ToString(), TierName(job.target)));
-    }
-    return Status::Ok();
+    live = std::move(keep);
   };
-  Status s = check();
-  if (s.ok() && job.priority != Priority::kDemand) {  // speculative work yields to demand fetches
+  sift(group);
+  if (!live.empty() && live.front().first->priority != Priority::kDemand) {
     std::unique_lock lock(demand_mu_);
-    while (s.ok() && demand_active_ > 0) {
+    while (!live.empty() && demand_active_ > 0) {
       demand_cv_.wait_for(lock, std::chrono::milliseconds(1));
       lock.unlock();
-      s = check();
+      sift(live);
       lock.lock();
     }
   }
-  if (s.ok()) s = MoveUp(key, job.target, /*by_prefetch=*/true);
-  job.Complete(i, std::move(s));
+  if (live.empty()) return;
+  const TierId target = live.front().first->target;
+  std::vector<BulkItem> bulk;
+  bulk.reserve(live.size());
+  for (auto& [job, i] : live) bulk.push_back(BulkItem{job->keys[i], {}, false, {}, {}});
+  BulkFetch(bulk, target, /*by_prefetch=*/true);
+  for (std::size_t k = 0; k < live.size(); ++k) {
+    auto& [job, i] = live[k];
+    job->Complete(i, bulk[k].handled ? std::move(bulk[k].status) : MoveUp(job->keys[i], target, /*by_prefetch=*/true));
+  }
 }
 
 Future<Result<BlockDesc>> StoreImpl::GetAsync(const BlockKey& key, std::span<std::byte> out) {

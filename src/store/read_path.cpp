@@ -6,38 +6,6 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
-namespace {
-
-bool Verify(const BlockDesc& want, const BlockDesc& got, std::span<const std::byte> bytes) {
-  return got.size == want.size && got.checksum == want.checksum && bytes.size() >= want.size &&
-         Checksum(bytes.first(want.size)) == want.checksum;
-}
-
-// Counts a demand fetch for as long as it lives (speculative prefetch yields to it).
-class DemandScope {
- public:
-  DemandScope(std::mutex& mu, std::condition_variable& cv, int& n) : mu_(mu), cv_(cv), n_(n) {
-    std::lock_guard lock(mu_);
-    ++n_;
-  }
-  ~DemandScope() {
-    {
-      std::lock_guard lock(mu_);
-      --n_;
-    }
-    cv_.notify_all();
-  }
-  DemandScope(const DemandScope&) = delete;
-  DemandScope& operator=(const DemandScope&) = delete;
-
- private:
-  std::mutex& mu_;
-  std::condition_variable& cv_;
-  int& n_;
-};
-
-}  // namespace
-
 void StoreImpl::CountGet(TierId served_from, std::uint8_t present_mask) {
   for (int i = 0; i < Idx(served_from); ++i) {
     if (present_mask & Bit(TierAt(i))) measured_[i].Add(measured_[i].misses);
@@ -146,11 +114,10 @@ void StoreImpl::DropCopy(const BlockKey& key, TierId t) {
 }
 
 ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, TierId target,
-                                  bool by_prefetch) {
+                                  bool by_prefetch, std::string dropped) {
   ReadOutcome out;
   std::uint8_t tried = 0;  // copies that failed with a non-corruption error
   Status last_error;
-  std::string dropped;  // tiers whose copy failed its checksum
   for (;;) {
     BlockDesc desc;
     std::uint8_t mask = 0;
@@ -197,56 +164,63 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       continue;
     }
     out.desc = desc;
-    CountGet(TierAt(src), present_mask_);
-    measured_[src].Add(measured_[src].bytes_read, desc.size);
-    if (src > Idx(promote_tier_)) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
+    CompleteLockedRead(key, desc, *buf, src, mask, mode, target, by_prefetch, &out);
+    return out;
+  }
+}
 
-    bool want_move = (mode == MoveMode::kUp && src > Idx(target)) || mode == MoveMode::kExact;
-    if (want_move) {
-      Status ms = PlaceInTier(target, key, desc, *buf);
-      if (!ms.ok()) {
-        out.move_status = std::move(ms);
-      } else {
-        // Exclusive placement: the moved block leaves its other copies (but the lowest tier keeps
-        // its copy under write-through, and copies pinned by a handle stay).
-        std::uint8_t remove = 0;
-        if (options_.placement == Placement::kExclusive) {
-          std::lock_guard lock(mu_);
-          auto it = entries_.find(key);
-          for (int i = 0; it != entries_.end() && i < kNumTiers; ++i) {
-            if (i == Idx(target) || !(mask & Bit(TierAt(i)))) continue;
-            if (mode == MoveMode::kUp && i < Idx(target)) continue;
-            if (options_.write_policy == WritePolicy::kWriteThrough && TierAt(i) == LowestPresent()) continue;
-            if (it->second.handle_pins[i] > 0) continue;
-            remove |= Bit(TierAt(i));
-          }
-        }
-        for (int i = 0; i < kNumTiers; ++i) {
-          if (!(remove & Bit(TierAt(i)))) continue;
-          Status es = tiers_[i]->Erase(key);
-          if (!es.ok() && !es.IsNotFound()) remove &= static_cast<std::uint8_t>(~Bit(TierAt(i)));
-        }
+void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes,
+                                   int src, std::uint8_t mask, MoveMode mode, TierId target, bool by_prefetch,
+                                   ReadOutcome* result) {
+  ReadOutcome& out = *result;
+  CountGet(TierAt(src), present_mask_);
+  measured_[src].Add(measured_[src].bytes_read, desc.size);
+  if (src > Idx(promote_tier_)) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
+
+  bool want_move = (mode == MoveMode::kUp && src > Idx(target)) || mode == MoveMode::kExact;
+  if (want_move) {
+    Status ms = PlaceInTier(target, key, desc, bytes);
+    if (!ms.ok()) {
+      out.move_status = std::move(ms);
+    } else {
+      // Exclusive placement: the moved block leaves its other copies (but the lowest tier keeps
+      // its copy under write-through, and copies pinned by a handle stay).
+      std::uint8_t remove = 0;
+      if (options_.placement == Placement::kExclusive) {
         std::lock_guard lock(mu_);
         auto it = entries_.find(key);
-        if (it != entries_.end()) {
-          SetMaskLocked(key, it->second, static_cast<std::uint8_t>((it->second.mask | Bit(target)) & ~remove));
-          if (by_prefetch) it->second.prefetched = true;
+        for (int i = 0; it != entries_.end() && i < kNumTiers; ++i) {
+          if (i == Idx(target) || !(mask & Bit(TierAt(i)))) continue;
+          if (mode == MoveMode::kUp && i < Idx(target)) continue;
+          if (options_.write_policy == WritePolicy::kWriteThrough && TierAt(i) == LowestPresent()) continue;
+          if (it->second.handle_pins[i] > 0) continue;
+          remove |= Bit(TierAt(i));
         }
-        out.moved = true;
-        if (Idx(target) < src) promotions_.fetch_add(1, std::memory_order_relaxed);
-        if (by_prefetch) prefetch_issued_.fetch_add(1, std::memory_order_relaxed);
       }
-    }
-    std::lock_guard lock(mu_);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) {
-      if (it->second.mask & Bit(TierAt(src))) policies_[src]->OnAccess(key);
-      if (!by_prefetch && it->second.prefetched) {
-        it->second.prefetched = false;
-        prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
+      for (int i = 0; i < kNumTiers; ++i) {
+        if (!(remove & Bit(TierAt(i)))) continue;
+        Status es = tiers_[i]->Erase(key);
+        if (!es.ok() && !es.IsNotFound()) remove &= static_cast<std::uint8_t>(~Bit(TierAt(i)));
       }
+      std::lock_guard lock(mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        SetMaskLocked(key, it->second, static_cast<std::uint8_t>((it->second.mask | Bit(target)) & ~remove));
+        if (by_prefetch) it->second.prefetched = true;
+      }
+      out.moved = true;
+      if (Idx(target) < src) promotions_.fetch_add(1, std::memory_order_relaxed);
+      if (by_prefetch) prefetch_issued_.fetch_add(1, std::memory_order_relaxed);
     }
-    return out;
+  }
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    if (it->second.mask & Bit(TierAt(src))) policies_[src]->OnAccess(key);
+    if (!by_prefetch && it->second.prefetched) {
+      it->second.prefetched = false;
+      prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 

@@ -100,16 +100,7 @@ std::vector<Status> Store::PutBatch(std::span<const PutItem> items) {
   return out;
 }
 
-std::vector<Status> Store::GetBatch(std::span<GetItem> items) {
-  std::vector<Status> out;
-  out.reserve(items.size());
-  for (auto& it : items) {
-    auto r = impl_->Get(it.key, it.out);
-    if (r.ok()) it.desc = *r;
-    out.push_back(r.status());
-  }
-  return out;
-}
+std::vector<Status> Store::GetBatch(std::span<GetItem> items) { return impl_->GetBatch(items); }
 
 std::vector<Status> Store::EraseBatch(std::span<const BlockKey> keys) {
   std::vector<Status> out;

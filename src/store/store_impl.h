@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "src/common/key_map.h"
@@ -40,12 +42,23 @@ inline int Fastest(std::uint8_t mask) {
   return -1;
 }
 
+inline std::uint64_t NanosSince(Clock::time_point t0) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// True when a tier's answer (`got`, `bytes`) is the block the directory describes (`want`): the
+// store's end-to-end check on top of each tier's own.
+inline bool Verify(const BlockDesc& want, const BlockDesc& got, std::span<const std::byte> bytes) {
+  return got.size == want.size && got.checksum == want.checksum && bytes.size() >= want.size &&
+         Checksum(bytes.first(want.size)) == want.checksum;
+}
+
 struct Entry {
   BlockDesc desc;
   std::uint8_t mask = 0;                               // bit i: tier i holds a current copy
   std::uint32_t pins = 0;                              // Store::Pin count (all tiers)
   std::array<std::uint32_t, kNumTiers> handle_pins{};  // live BlockHandles per tier
-  std::uint64_t version = 0;                           // bumped by every Put that writes
+  std::uint64_t version = 0;                           // store-unique, new on every Put that writes
   bool prefetched = false;                             // brought up by Prefetch, not read since
   bool PinnedIn(TierId t) const { return pins > 0 || handle_pins[Idx(t)] > 0; }
   bool AnyPin() const { return pins > 0 || handle_pins[0] + handle_pins[1] + handle_pins[2] > 0; }
@@ -67,6 +80,38 @@ struct ReadOutcome {
 
 struct PrefetchJob;
 
+// One key of a BulkFetch.
+struct BulkItem {
+  BlockKey key;
+  std::span<std::byte> out;  // destination (at least the block's size); empty: read for a move only
+  bool handled = false;      // false: finish it on the single-key path
+  Status status;             // when handled: the read's outcome (with a move: the move's)
+  BlockDesc desc;            // when handled and OK
+};
+
+// Counts a demand fetch for as long as it lives (speculative prefetch yields to it).
+class DemandScope final {
+ public:
+  DemandScope(std::mutex& mu, std::condition_variable& cv, int& n) : mu_(mu), cv_(cv), n_(n) {
+    std::lock_guard lock(mu_);
+    ++n_;
+  }
+  ~DemandScope() {
+    {
+      std::lock_guard lock(mu_);
+      --n_;
+    }
+    cv_.notify_all();
+  }
+  DemandScope(const DemandScope&) = delete;
+  DemandScope& operator=(const DemandScope&) = delete;
+
+ private:
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  int& n_;
+};
+
 class StoreImpl {
  public:
   StoreImpl(const StoreOptions& options, std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
@@ -84,6 +129,7 @@ class StoreImpl {
   void ReleaseHandle(const BlockKey& key, TierId tier);
   Status Flush();
 
+  std::vector<Status> GetBatch(std::span<Store::GetItem> items);
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, Priority priority,
                                        Clock::time_point deadline);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
@@ -103,13 +149,25 @@ class StoreImpl {
   ReadOutcome FetchDedup(const BlockKey& key, std::optional<TierId> move_to, bool by_prefetch,
                          std::span<std::byte> out);
   // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies) and
-  // moves it per `mode`.
+  // moves it per `mode`. `dropped` names tiers whose copy the caller already dropped as corrupt.
   ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, TierId target,
-                         bool by_prefetch);
+                         bool by_prefetch, std::string dropped = {});
+  // Caller holds key's stripe; `bytes` is the verified block just read from tier `src` while the
+  // entry's mask was `mask`. Counts the read, moves the block per `mode`, updates the policies.
+  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes, int src,
+                          std::uint8_t mask, MoveMode mode, TierId target, bool by_prefetch, ReadOutcome* out);
   Status MoveUp(const BlockKey& key, TierId target, bool by_prefetch);
   // Caller holds key's stripe; removes the copy in `t` (already found bad) and records why.
   void DropCopy(const BlockKey& key, TierId t);
   void CountGet(TierId served_from, std::uint8_t present_mask);
+
+  // batch_read.cpp
+  // Reads the items held only in non-addressable tiers (NVMe) with one tier GetBatch per source
+  // tier (so the reads share the I/O queue), then, one key at a time under its stripe, verifies,
+  // counts and moves each like a deduplicating FetchDedup leader would (move_to: kUp to that tier).
+  // Items it leaves unhandled (in memory tiers, already being fetched by another caller, missing,
+  // buffer too small) are the caller's to finish on the single-key path.
+  void BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch);
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
@@ -130,9 +188,12 @@ class StoreImpl {
   void SetMaskLocked(const BlockKey& key, Entry& e, std::uint8_t new_mask, int evicted_from = -1);
 
   // prefetch.cpp
+  using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
+  static constexpr std::size_t kPrefetchGroup = 64;  // items per drainer pass (one batched read)
   void EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job);
   void DrainPrefetch();
-  void RunPrefetchItem(PrefetchJob& job, std::size_t i);
+  Status PrefetchCheck(const PrefetchJob& job, std::size_t i) const;  // OK: item i may still start
+  void RunPrefetchGroup(std::span<PrefetchItem> group);
 
   friend class ::terrace::BlockHandle;
 
@@ -143,6 +204,7 @@ class StoreImpl {
 
   mutable std::mutex mu_;
   KeyMap<Entry> entries_;  // GUARDED_BY(mu_); no reference into it survives an insert
+  std::uint64_t last_version_ = 0;  // GUARDED_BY(mu_): Entry::version source (unique across erase + re-put)
   std::array<std::unique_ptr<EvictionPolicy>, kNumTiers> policies_;         // GUARDED_BY(mu_)
 
   KeyLocks key_locks_;
@@ -163,7 +225,7 @@ class StoreImpl {
   std::atomic<bool> stopping_{false};
 
   std::mutex prefetch_mu_;
-  std::array<std::deque<std::pair<std::shared_ptr<PrefetchJob>, std::size_t>>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
+  std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
   unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_)
 
   ThreadPool pool_;  // last member: joined first on destruction

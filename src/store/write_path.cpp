@@ -76,7 +76,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   SetMaskLocked(key, e, 0);
   e.desc = desc;
   SetMaskLocked(key, e, new_mask);
-  ++e.version;
+  e.version = ++last_version_;
   e.prefetched = false;
   return Status::Ok();
 }

@@ -326,12 +326,8 @@ TEST_CASE("nvme block device: a used device with a fresh index never returns old
   }
 }
 
-// KNOWN BUG (tiers/nvme/nvme_open.cpp, NvmeTier::OpenIndex): an index_dir that exists but is empty
-// is opened with create=false, so RocksDB refuses it ("CURRENT: does not exist") and the open fails
-// with Corruption "not a valid Terrace index", although an empty directory is the natural thing to
-// pre-create for a new store. [!mayfail] reports the failure without failing the run; drop the
-// tag once OpenIndex creates the index in an empty directory.
-TEST_CASE("nvme block device: a blank device with an existing empty index_dir", "[nvme][blockdev][!mayfail]") {
+// An index_dir created ahead of time (empty) is where a new store puts its index.
+TEST_CASE("nvme block device: a blank device with an existing empty index_dir", "[nvme][blockdev]") {
   TERRACE_LOOP_OR_SKIP(loop, 32 * kMiB);
   const fs::path index = loop.scratch() / "index";
   fs::create_directories(index);

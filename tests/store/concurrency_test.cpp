@@ -1,5 +1,6 @@
 // 8 threads doing mixed put/get/prefetch/acquire/pin/erase on small tiers, so blocks keep moving.
 // Every successful read must be exactly some version that was put under that key.
+#include <cstdio>
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -62,6 +63,7 @@ void RunMixed(std::unique_ptr<Store> store) {
               if (Checksum(std::span<const std::byte>(buf).first(r->size)) != r->checksum) bad.fetch_add(1);
             } else if (!r.status().IsNotFound()) {
               bad.fetch_add(1);
+              std::fprintf(stderr, "get: %s\n", r.status().ToString().c_str());
             }
             break;
           }
@@ -69,7 +71,10 @@ void RunMixed(std::unique_ptr<Store> store) {
             std::vector<BlockKey> keys = {key, TestKey((k + 1) % kKeys), TestKey((k + 2) % kKeys)};
             auto st = store->Prefetch(keys, static_cast<TierId>(rng() % 2), static_cast<Priority>(rng() % 3)).get();
             for (const auto& s : st) {
-              if (!s.ok() && !s.IsNotFound() && !s.IsOutOfCapacity()) bad.fetch_add(1);
+              if (!s.ok() && !s.IsNotFound() && !s.IsOutOfCapacity()) {
+                bad.fetch_add(1);
+                std::fprintf(stderr, "prefetch: %s\n", s.ToString().c_str());
+              }
             }
             break;
           }

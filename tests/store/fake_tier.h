@@ -1,6 +1,6 @@
 // FakeTier: a map-backed in-memory Tier for store tests. Follows the terrace/tier.h contract
 // (atomic replace, checksum-verified Get, pins block Erase, OutOfCapacity leaves it unchanged) and
-// counts Gets; an optional delay per Get makes concurrent fetches overlap. Thread-safe.
+// counts Gets and GetBatch calls; an optional delay per Get makes concurrent fetches overlap. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -62,6 +62,11 @@ class FakeTier final : public Tier {
     return Status::Ok();
   }
 
+  std::vector<Status> GetBatch(std::span<GetOp> ops) override {
+    batch_calls_.fetch_add(1);
+    batch_ops_.fetch_add(ops.size());
+    return Tier::GetBatch(ops);
+  }
   Result<BlockDesc> Lookup(const BlockKey& key) const override {
     std::lock_guard lock(mu_);
     auto it = blocks_.find(key);
@@ -136,7 +141,9 @@ class FakeTier final : public Tier {
     it->second.bytes[0] ^= std::byte{0x01};
     return true;
   }
-  std::uint64_t gets() const { return gets_.load(); }
+  std::uint64_t gets() const { return gets_.load(); }  // single Gets, including those of GetBatch
+  std::uint64_t batch_calls() const { return batch_calls_.load(); }
+  std::uint64_t batch_ops() const { return batch_ops_.load(); }
 
   std::atomic<int> get_delay_ms{0};
   // Called at the start of every Get, outside the tier's lock. Set before the tier is shared.
@@ -153,7 +160,7 @@ class FakeTier final : public Tier {
   std::map<BlockKey, Block> blocks_;  // GUARDED_BY(mu_)
   std::uint64_t used_ = 0;            // GUARDED_BY(mu_)
   std::uint64_t puts_ = 0;            // GUARDED_BY(mu_)
-  std::atomic<std::uint64_t> gets_{0};
+  std::atomic<std::uint64_t> gets_{0}, batch_calls_{0}, batch_ops_{0};
 };
 
 // Three fakes (hbm, host, nvme) with the given capacities (0 = absent), plus raw pointers to

@@ -287,8 +287,9 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
 
 Status NvmeTier::OpenIndex(bool fresh_data) {
   std::error_code ec;
-  bool exists = fs::exists(index_path_, ec);
-  if (fresh_data && exists && !fs::is_empty(index_path_, ec)) {
+  // An empty directory counts as no index (users pre-create index_dir for a new store).
+  const bool exists = fs::exists(index_path_, ec) && !fs::is_empty(index_path_, ec);
+  if (fresh_data && exists) {
     return Status::InvalidArgument(fmt::format("index directory '{}' is not empty but the data file is new; remove it",
                                                index_path_.string()));
   }
