@@ -5,6 +5,7 @@
 // fallback for anything unusual (a changed entry, an I/O error, a bad checksum).
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -29,7 +30,8 @@ struct Lead {
 
 }  // namespace
 
-void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch) {
+void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch,
+                          const std::function<Status(std::size_t)>& still_wanted) {
   std::vector<Lead> leads;
   {
     std::lock_guard lock(mu_);
@@ -90,10 +92,12 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
   }
 
   // Finish each key under its stripe, as its fetch's leader.
-  const MoveMode mode = move_to ? MoveMode::kUp : MoveMode::kNone;
   const TierId target = move_to.value_or(TierId::kHost);
   for (Lead& l : leads) {
     BulkItem& item = items[l.item];
+    // An item no longer wanted (cancelled, past its deadline) is read but not moved.
+    Status wanted = still_wanted ? still_wanted(l.item) : Status::Ok();
+    const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
     Fetch& f = *l.fetch;
     std::span<std::byte> bytes = bytes_of(l);
     const bool good = l.status.ok() && Verify(l.desc, l.got, bytes);
@@ -128,7 +132,11 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     f.status = o.desc.status();
     if (o.desc.ok()) f.desc = *o.desc;
     item.handled = true;
-    item.status = o.desc.ok() && move_to && item.out.empty() ? o.move_status : o.desc.status();
+    if (!wanted.ok()) {
+      item.status = std::move(wanted);
+    } else {
+      item.status = o.desc.ok() && move_to && item.out.empty() ? o.move_status : o.desc.status();
+    }
     if (o.desc.ok()) item.desc = *o.desc;
     const std::size_t followers = inflight_.Close(item.key, l.fetch);
     if (from_bulk && followers > 0) f.bytes.assign(bytes.begin(), bytes.end());

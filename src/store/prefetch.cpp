@@ -96,10 +96,10 @@ Status StoreImpl::PrefetchCheck(const PrefetchJob& job, std::size_t i) const {
   const BlockKey& key = job.keys[i];
   if (stopping_.load(std::memory_order_acquire)) return Status::Cancelled("the store is closing");
   if (job.promise.cancel_requested()) {
-    return Status::Cancelled(fmt::format("prefetch of {} was cancelled before it started", key.ToString()));
+    return Status::Cancelled(fmt::format("prefetch of {} was cancelled before it completed", key.ToString()));
   }
   if (Clock::now() > job.deadline) {
-    return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it started",
+    return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it completed",
                                         key.ToString(), TierName(job.target)));
   }
   return Status::Ok();
@@ -136,10 +136,16 @@ void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
   std::vector<BulkItem> bulk;
   bulk.reserve(live.size());
   for (auto& [job, i] : live) bulk.push_back(BulkItem{job->keys[i], {}, false, {}, {}});
-  BulkFetch(bulk, target, /*by_prefetch=*/true);
+  BulkFetch(bulk, target, /*by_prefetch=*/true,
+            [&](std::size_t k) { return PrefetchCheck(*live[k].first, live[k].second); });
   for (std::size_t k = 0; k < live.size(); ++k) {
     auto& [job, i] = live[k];
-    job->Complete(i, bulk[k].handled ? std::move(bulk[k].status) : MoveUp(job->keys[i], target, /*by_prefetch=*/true));
+    if (bulk[k].handled) {
+      job->Complete(i, std::move(bulk[k].status));
+      continue;
+    }
+    Status s = PrefetchCheck(*job, i);
+    job->Complete(i, s.ok() ? MoveUp(job->keys[i], target, /*by_prefetch=*/true) : std::move(s));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -166,8 +167,10 @@ class StoreImpl {
   // tier (so the reads share the I/O queue), then, one key at a time under its stripe, verifies,
   // counts and moves each like a deduplicating FetchDedup leader would (move_to: kUp to that tier).
   // Items it leaves unhandled (in memory tiers, already being fetched by another caller, missing,
-  // buffer too small) are the caller's to finish on the single-key path.
-  void BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch);
+  // buffer too small) are the caller's to finish on the single-key path. `still_wanted(i)`, if
+  // given, is asked after the read: a non-OK answer becomes item i's status and nothing moves.
+  void BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch,
+                 const std::function<Status(std::size_t)>& still_wanted = {});
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
