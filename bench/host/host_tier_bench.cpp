@@ -1,6 +1,7 @@
 // Host tier put/get of fixed-size blocks vs plain memcpy of the same sizes between two buffers,
 // in the same run. Prints GB/s (10^9 bytes/s) and the tier/memcpy ratio (goal: >= 0.8).
-// Also prints memcpy + XXH3 (what a verifying Get must do at least) to show the checksum cost.
+// Also prints Store::Get of the same blocks resident in a host-only Store, and memcpy + XXH3 (what a
+// verifying Get must do at least) to show the checksum cost.
 //
 // Usage: bench_host_tier [--block-size BYTES] [--blocks N] [--passes P] [--rounds R] [--threads T]
 // Defaults: 1 MiB blocks, 128 blocks (128 MiB working set, beyond the CPU caches), 2 passes per
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "terrace/options.h"
+#include "terrace/store.h"
 #include "tiers/host/host_tier.h"
 
 using namespace terrace;
@@ -97,11 +99,25 @@ int main(int argc, char** argv) {
     std::memcpy(dst[i].data(), src[i].data(), a.block);
     if (!tier.Put(Key(i), descs[i], src[i]).ok()) return 1;
   }
+  // The same blocks through a Store whose only tier is a host tier (the directory, policy and the
+  // store's end-to-end check on top of the tier's get).
+  StoreOptions so;
+  so.hbm.mode = HbmMode::kOff;
+  so.host = o;
+  auto store_or = Store::Open(so);
+  if (!store_or.ok()) {
+    fmt::print(stderr, "bench_host_tier: {}\n", store_or.status().ToString());
+    return 1;
+  }
+  Store& store = **store_or;
+  for (std::size_t i = 0; i < a.blocks; ++i) {
+    if (!store.Put(Key(i), src[i]).ok()) return 1;
+  }
   std::atomic<int> errors{0};
   // The machine may be shared: the four measurements are interleaved in rounds and each keeps its
   // best round, so a burst of outside load hurts all of them alike rather than one.
-  enum { kMemcpy, kPut, kGet, kHash, kOps };
-  double best[kOps] = {0, 0, 0, 0};
+  enum { kMemcpy, kPut, kGet, kHash, kStoreGet, kOps };
+  double best[kOps] = {0, 0, 0, 0, 0};
   for (int round = 0; round < a.rounds; ++round) {
     best[kMemcpy] = std::max(best[kMemcpy], Measure(a, [&](std::size_t i) { std::memcpy(dst[i].data(), src[i].data(), a.block); }));
     best[kPut] = std::max(best[kPut], Measure(a, [&](std::size_t i) {
@@ -110,6 +126,9 @@ int main(int argc, char** argv) {
     best[kGet] = std::max(best[kGet], Measure(a, [&](std::size_t i) {
       BlockDesc d;
       if (!tier.Get(Key(i), dst[i], &d).ok()) ++errors;
+    }));
+    best[kStoreGet] = std::max(best[kStoreGet], Measure(a, [&](std::size_t i) {
+      if (!store.Get(Key(i), dst[i]).ok()) ++errors;
     }));
     best[kHash] = std::max(best[kHash], Measure(a, [&](std::size_t i) {
       std::memcpy(dst[i].data(), src[i].data(), a.block);
@@ -123,6 +142,8 @@ int main(int argc, char** argv) {
   fmt::print("  {:<34} {:>7.2f} GB/s\n", "memcpy buffer->buffer", base);
   fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier put", best[kPut], best[kPut] / base);
   fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier get (verifies checksum)", best[kGet], best[kGet] / base);
+  fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::Get, host-resident", best[kStoreGet],
+             best[kStoreGet] / base);
   fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "memcpy then XXH3 (unfused)", best[kHash], best[kHash] / base);
   if (errors.load() != 0) {
     fmt::print(stderr, "bench_host_tier: {} operations failed\n", errors.load());

@@ -42,6 +42,11 @@ struct TierCaps {
   MemoryKind memory = MemoryKind::kHost;  // kNone: bytes are not addressable (NVMe)
   std::uint64_t capacity_bytes = 0;
   std::uint64_t max_block_bytes = 0;
+  // True when Get itself checks the bytes it wrote into the caller's buffer against the recorded
+  // checksum (every built-in tier does). The Store then compares descriptors instead of hashing
+  // the bytes a second time. Wrappers that can alter bytes after the inner tier's check (the
+  // fault injector) report false.
+  bool verifies_gets = false;
 };
 
 struct PutOp {

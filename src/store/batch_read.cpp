@@ -100,7 +100,7 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
     Fetch& f = *l.fetch;
     std::span<std::byte> bytes = bytes_of(l);
-    const bool good = l.status.ok() && Verify(l.desc, l.got, bytes);
+    const bool good = l.status.ok() && Verify(tiers_[l.src]->caps(), l.desc, l.got, bytes);
     ReadOutcome o;
     bool from_bulk = false;
     {

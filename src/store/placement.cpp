@@ -156,8 +156,7 @@ Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
     std::vector<std::byte> buf(desc.size);
     BlockDesc got;
     Status s = TimedTierGet(t, key, buf, &got);
-    bool bad = s.IsCorruption() || (s.ok() && (got.checksum != desc.checksum || got.size != desc.size ||
-                                               Checksum(std::span<const std::byte>(buf).first(desc.size)) != desc.checksum));
+    bool bad = s.IsCorruption() || (s.ok() && !Verify(tiers_[Idx(t)]->caps(), desc, got, buf));
     if (bad) {  // the copy is lost anyway; dropping it frees the space
       DropCopy(key, t);
       return Status::Ok();

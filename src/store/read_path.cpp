@@ -38,7 +38,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
   if (src < 0 || src > Idx(promote_tier_)) return false;
   BlockDesc got;
   Status s = TimedTierGet(TierAt(src), key, out, &got);
-  if (!s.ok() || !Verify(desc, got, out)) return false;  // moved, replaced or bad: use the locked path
+  if (!s.ok() || !Verify(tiers_[src]->caps(), desc, got, out)) return false;  // moved, replaced or bad: use the locked path
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
@@ -151,7 +151,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
     buf->resize(desc.size);
     BlockDesc got;
     Status s = TimedTierGet(TierAt(src), key, *buf, &got);
-    if (s.ok() && !Verify(desc, got, *buf)) s = Status::Corruption("checksum mismatch");
+    if (s.ok() && !Verify(tiers_[src]->caps(), desc, got, *buf)) s = Status::Corruption("checksum mismatch");
     if (s.IsCorruption() || s.IsNotFound()) {
       if (s.IsCorruption()) dropped += dropped.empty() ? std::string(TierName(TierAt(src)))
                                                        : fmt::format(", {}", TierName(TierAt(src)));

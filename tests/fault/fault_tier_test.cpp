@@ -80,6 +80,10 @@ TEST_CASE("A flipped Get returns OK with the recorded desc, and the checksum exp
   CHECK(d == DescribeBlock(data));         // the recorded desc, not one made to match the bytes
   CHECK(BitsDiffering(out, data) == 1);
   CHECK(Checksum(out) != d.checksum);      // what the Store checks
+  // ...and it does check: the wrapper never claims its Gets are verified, whatever the inner tier says.
+  CHECK(t->inner().caps().verifies_gets);
+  CHECK_FALSE(t->caps().verifies_gets);
+  CHECK(t->caps().capacity_bytes == t->inner().caps().capacity_bytes);
   REQUIRE(t->Get(TestKey(2), out, &d).ok());  // disarmed after one
   CHECK(out == data);
   CHECK(t->injected().bit_flips == 1);

@@ -6,8 +6,13 @@
 
 namespace terrace {
 
-FaultInjectingTier::FaultInjectingTier(std::unique_ptr<Tier> inner) : owned_(std::move(inner)), inner_(owned_.get()) {}
-FaultInjectingTier::FaultInjectingTier(Tier& inner) : inner_(&inner) {}
+FaultInjectingTier::FaultInjectingTier(std::unique_ptr<Tier> inner)
+    : owned_(std::move(inner)), inner_(owned_.get()), caps_(inner_->caps()) {
+  caps_.verifies_gets = false;  // flipped bits land after the inner tier's check
+}
+FaultInjectingTier::FaultInjectingTier(Tier& inner) : inner_(&inner), caps_(inner_->caps()) {
+  caps_.verifies_gets = false;
+}
 
 void FaultInjectingTier::FailNextPuts(int n, Status status) {
   std::lock_guard lock(mu_);

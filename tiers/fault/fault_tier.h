@@ -13,7 +13,7 @@
 //   Corruption and drop the block (the terrace/tier.h contract).
 // - SetRandom: each put/get independently fails or flips with the given probabilities, from a
 //   seeded generator (reproducible for a given seed and call order).
-// Everything else forwards unchanged; caps() is the wrapped tier's.
+// Everything else forwards unchanged; caps() is the wrapped tier's, except verifies_gets (false).
 // Thread-safety: all methods, including arming while other threads call Put/Get.
 #pragma once
 
@@ -57,7 +57,7 @@ class FaultInjectingTier final : public Tier {
   InjectedFaultCounts injected() const;
   Tier& inner() { return *inner_; }
 
-  const TierCaps& caps() const override { return inner_->caps(); }
+  const TierCaps& caps() const override { return caps_; }  // the inner tier's, verifies_gets false
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
@@ -86,6 +86,7 @@ class FaultInjectingTier final : public Tier {
 
   std::unique_ptr<Tier> owned_;
   Tier* inner_;
+  TierCaps caps_;  // a copy of inner_->caps() taken at construction
   std::atomic<bool> armed_any_{false};  // fast path: nothing armed, no lock taken
   mutable std::mutex mu_;
   Armed fail_puts_, fail_gets_, fail_erases_;  // guarded by mu_

@@ -93,6 +93,7 @@ class CudaHbmTier final : public Tier {
     caps_.id = TierId::kHbm;
     caps_.name = "hbm";
     caps_.memory = MemoryKind::kDevice;
+    caps_.verifies_gets = true;  // the host bytes are hashed after the D2H copy
     caps_.capacity_bytes = arena_.capacity_bytes();
     caps_.max_block_bytes = arena_.max_block_bytes();
     return Status::Ok();

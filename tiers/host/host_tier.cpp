@@ -52,6 +52,7 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.id = TierId::kHost;
   caps_.name = "host";
   caps_.memory = MemoryKind::kHost;
+  caps_.verifies_gets = true;  // Get: fused copy + checksum of the caller's bytes
   caps_.capacity_bytes = arena_.capacity_bytes();
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();

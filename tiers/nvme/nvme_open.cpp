@@ -66,6 +66,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options) : options_(options) {
   caps_.name = "nvme";
   caps_.persistent = true;
   caps_.memory = MemoryKind::kNone;
+  caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
   caps_.capacity_bytes = options.capacity_bytes;
   caps_.max_block_bytes = options.capacity_bytes - kDataStart;
 }
