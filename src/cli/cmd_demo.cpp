@@ -110,7 +110,8 @@ int RunDemo(const DemoArgs& a) {
   if (!store_or.ok()) return Fail(store_or.status().ToString());
   Store& store = **store_or;
   const std::uint64_t existing = store.Stats().blocks;
-  fmt::print("terrace demo: store at ./{} (hbm {}, host {}, nvme {}); {} blocks from earlier runs\n", a.dir,
+  fmt::print("terrace demo: store at {} (hbm {}, host {}, nvme {}); {} blocks from earlier runs\n",
+             std::filesystem::absolute(a.dir).lexically_normal().string(),
              FormatBytes(static_cast<double>(o.hbm.capacity_bytes)), FormatBytes(static_cast<double>(o.host.capacity_bytes)),
              FormatBytes(static_cast<double>(o.nvme.capacity_bytes)), existing);
   auto start = std::chrono::steady_clock::now();
