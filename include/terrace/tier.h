@@ -90,6 +90,18 @@ class Tier {
     return nullptr;
   }
 
+  // The memory an addressable tier keeps its blocks in, for another tier to register for direct
+  // I/O (io_uring fixed buffers). A region, once listed, stays mapped at the same address for the
+  // tier's lifetime; more may appear as the tier grows. Default: none.
+  virtual std::vector<std::span<std::byte>> IoRegions() const { return {}; }
+  // Registers another tier's IoRegions(), replacing any earlier registration, so I/O from and to
+  // them needs no staging copy. Unavailable when the tier has no use for them (the default) or the
+  // system refuses (e.g. RLIMIT_MEMLOCK); the tier keeps working either way.
+  virtual Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) {
+    (void)regions;
+    return Status::Unavailable("this tier does not register other tiers' memory");
+  }
+
   // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
   virtual Status Flush() { return Status::Ok(); }
 

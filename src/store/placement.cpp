@@ -136,6 +136,49 @@ Status StoreImpl::EvictOne(TierId t) {
   return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", TierName(t)));
 }
 
+Status StoreImpl::DemoteCopy(TierId from, TierId to, const BlockKey& key, const BlockDesc& desc) {
+  Tier& src = *tiers_[Idx(from)];
+  // Host-addressable bytes go to the lower tier straight from where they live (no staging copy;
+  // the lower tier reads them as registered fixed buffers when it can). Pinned in the tier for
+  // the duration; hashed first, since no Get verified them.
+  if (src.caps().memory == MemoryKind::kHost && src.Pin(key).ok()) {
+    const std::byte* p = src.ResidentPtr(key);
+    Status s;
+    if (p == nullptr) {
+      // not resident after all (a tier that pins without a pointer): the copying path below
+    } else if (Checksum({p, desc.size}) != desc.checksum) {
+      measured_[Idx(from)].Add(measured_[Idx(from)].corruptions);
+      s = Status::Corruption(fmt::format("block {} failed its checksum in tier {} while being demoted",
+                                         key.ToString(), TierName(from)));
+    } else {
+      RefreshIoRegions(from, to);
+      s = PlaceInTier(to, key, desc, {p, desc.size});
+    }
+    (void)src.Unpin(key);
+    if (p != nullptr) return s;
+  }
+  std::vector<std::byte> buf(desc.size);
+  BlockDesc got;
+  Status s = TimedTierGet(from, key, buf, &got);
+  if (s.ok() && !Verify(src.caps(), desc, got, buf)) s = Status::Corruption("checksum mismatch while demoting");
+  if (!s.ok()) return s;
+  return PlaceInTier(to, key, desc, buf);
+}
+
+void StoreImpl::RefreshIoRegions(TierId from, TierId to) {
+  if (tiers_[Idx(to)]->caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
+  std::lock_guard lock(regions_mu_);
+  std::vector<std::span<std::byte>> regions = tiers_[Idx(from)]->IoRegions();
+  if (regions.size() == registered_regions_[Idx(from)]) return;  // regions only grow
+  registered_regions_[Idx(from)] = regions.size();  // on failure too: retry only when the tier grows
+  Status s = tiers_[Idx(to)]->RegisterIoRegions(regions);
+  if (!s.ok() && !regions_warned_) {
+    regions_warned_ = true;
+    fmt::print(stderr, "terrace: tier {} memory not registered with tier {} ({}); demotions are staged\n",
+               TierName(from), TierName(to), s.ToString());
+  }
+}
+
 Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
   BlockDesc desc;
   std::uint8_t mask = 0;
@@ -153,16 +196,12 @@ Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
   if (!(mask & below)) {  // the only copy at or below t: write it back first
     auto lower = LowerPresent(t);
     if (!lower) return Status::OutOfCapacity("no lower tier");
-    std::vector<std::byte> buf(desc.size);
-    BlockDesc got;
-    Status s = TimedTierGet(t, key, buf, &got);
-    bool bad = s.IsCorruption() || (s.ok() && !Verify(tiers_[Idx(t)]->caps(), desc, got, buf));
-    if (bad) {  // the copy is lost anyway; dropping it frees the space
+    Status s = DemoteCopy(t, *lower, key, desc);
+    if (s.IsCorruption()) {  // the copy is lost anyway; dropping it frees the space
       DropCopy(key, t);
       return Status::Ok();
     }
-    if (!s.ok()) return s;
-    TERRACE_RETURN_IF_ERROR(PlaceInTier(*lower, key, desc, std::span<const std::byte>(buf).first(desc.size)));
+    TERRACE_RETURN_IF_ERROR(s);
     placed = lower;
     demotions_.fetch_add(1, std::memory_order_relaxed);
   }

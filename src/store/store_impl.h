@@ -183,6 +183,11 @@ class StoreImpl {
   Status EvictOne(TierId t);
   Status EvictLocked(TierId t, const BlockKey& key);
   void MaybeScheduleDemotion(TierId t);
+  // Caller holds key's stripe: writes the copy in `from` (described by `desc`) into `to`.
+  // Corruption: the copy in `from` failed its checksum (nothing was written).
+  Status DemoteCopy(TierId from, TierId to, const BlockKey& key, const BlockDesc& desc);
+  // Registers `from`'s memory regions with `to` for direct I/O, again whenever `from` has grown.
+  void RefreshIoRegions(TierId from, TierId to);
   std::optional<TierId> LowerPresent(TierId t) const;
   TierId LowestPresent() const;
   Status TimedTierGet(TierId t, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
@@ -231,6 +236,10 @@ class StoreImpl {
   std::mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
   unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_)
+
+  std::mutex regions_mu_;
+  std::array<std::size_t, kNumTiers> registered_regions_{};  // GUARDED_BY(regions_mu_): by source tier
+  bool regions_warned_ = false;                              // GUARDED_BY(regions_mu_)
 
   ThreadPool pool_;  // last member: joined first on destruction
 };

@@ -65,6 +65,10 @@ class FaultInjectingTier final : public Tier {
   Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
   Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
   const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
+  std::vector<std::span<std::byte>> IoRegions() const override { return inner_->IoRegions(); }
+  Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override {
+    return inner_->RegisterIoRegions(regions);
+  }
   Status Flush() override { return inner_->Flush(); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
   std::uint64_t block_count() const override { return inner_->block_count(); }

@@ -139,6 +139,12 @@ std::vector<iovec> HostTier::Regions() const {
   return out;
 }
 
+std::vector<std::span<std::byte>> HostTier::IoRegions() const {
+  std::vector<std::span<std::byte>> out;
+  for (const iovec& r : Regions()) out.emplace_back(static_cast<std::byte*>(r.iov_base), r.iov_len);
+  return out;
+}
+
 std::string HostTier::PinSummary() const {
   std::lock_guard lock(chunks_mu_);
   if (chunks_.empty()) return options_.pin ? "pinned: pending (no chunk yet)" : "pinned: no (not requested)";

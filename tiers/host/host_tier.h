@@ -54,6 +54,7 @@ class HostTier final : public Tier {
   // The arena chunks materialized so far (for io_uring buffer registration). A chunk, once listed,
   // stays mapped at the same address until the tier is destroyed; more may appear later.
   std::vector<iovec> Regions() const;
+  std::vector<std::span<std::byte>> IoRegions() const override;
   // Bytes of arena chunks materialized so far (<= capacity).
   std::uint64_t arena_bytes() const { return arena_.arena_bytes(); }
   // "pinned: yes (cudaHostAlloc)", "pinned: no (mlock refused)", ...; empty until a chunk exists.

@@ -364,7 +364,17 @@ TierStatsSnapshot NvmeTier::Stats() const {
   std::lock_guard<std::mutex> l(mu_);
   s.used_bytes = used_bytes_;
   s.blocks = map_.size();
+  std::lock_guard<std::mutex> r(reg_mu_);
+  s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions)",
+                         engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size());
   return s;
+}
+
+Status NvmeTier::RegisterIoRegions(std::span<const std::span<std::byte>> regions) {
+  std::vector<iovec> bufs;
+  bufs.reserve(regions.size());
+  for (const auto& r : regions) bufs.push_back(iovec{r.data(), r.size()});
+  return RegisterExternalBuffers(bufs);
 }
 
 Status NvmeTier::RegisterExternalBuffers(std::span<const iovec> bufs) {

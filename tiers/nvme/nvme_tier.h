@@ -98,6 +98,7 @@ class NvmeTier final : public Tier {
   // previous external registration; `bufs` must stay valid until replaced or the tier closes.
   // Waits for in-flight I/O. Unavailable (and nothing changes) if the kernel refuses.
   Status RegisterExternalBuffers(std::span<const iovec> bufs);
+  Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override;
 
   const RecoveryReport& recovery_report() const { return report_; }
   bool direct_io() const { return direct_; }      // false: the file system refused O_DIRECT
