@@ -58,7 +58,11 @@ struct NvmeTierOptions {
   std::filesystem::path path;
   std::uint64_t capacity_bytes = 16 * kGiB;   // preallocated data file size
   unsigned queue_depth = 32;                  // io_uring submission depth per I/O thread
-  unsigned io_threads = 1;                    // one ring per thread
+  // io_uring rings. A call holds one ring until its I/O completes, so concurrent callers (engine
+  // threads doing single Gets, prefetch workers) run in parallel only up to io_threads; set it to
+  // the number of threads that read or write concurrently. Each ring adds 8-64 staging buffers of
+  // 1 MiB (min(queue_depth, 64), at least 8).
+  unsigned io_threads = 1;
   Durability durability = Durability::kAsync;
   std::chrono::microseconds group_commit_interval{5000};  // async mode: max delay to durability
   bool direct_io = true;                      // O_DIRECT; falls back (and says so) where unsupported

@@ -134,6 +134,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
   }
   o.capacity_bytes = capacity;
   o.queue_depth = a.queue_depth;
+  o.io_threads = std::clamp(a.threads, 1u, 64u);  // one ring per worker: concurrent calls do not queue on one ring
   o.durability = a.durability == "sync" ? Durability::kSync : Durability::kAsync;
   TERRACE_ASSIGN_OR_RETURN(auto t, NvmeTier::Open(o));
   return std::unique_ptr<Tier>(std::move(t));
@@ -302,7 +303,7 @@ void RegisterBench(CLI::App& app, Runner* run) {
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   tiers->add_option("--batch", a->batch, "Operations per PutBatch / GetBatch call (default for nvme: 8 x queue depth or 64 MiB, "
                                          "up to 4096 blocks; else --queue-depth)")->check(CLI::Range(1u, 65536u));
-  tiers->add_option("--threads", a->threads, "Concurrent workers")->check(CLI::Range(1u, 256u))->capture_default_str();
+  tiers->add_option("--threads", a->threads, "Concurrent workers (nvme: one io_uring ring each)")->check(CLI::Range(1u, 256u))->capture_default_str();
   tiers->add_flag("--keep", a->keep, "Keep the NVMe directory and index directory the bench created");
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
