@@ -154,6 +154,10 @@ class Store {
     std::span<std::byte> out;
     BlockDesc desc;  // filled on success
   };
+  // One Status per item, in order, each as the single-key call would return it. GetBatch hands
+  // every block found only on NVMe to the tier in one batch (the reads share its I/O queue), so a
+  // batch of small blocks is several times faster than the same Gets one by one. PutBatch and
+  // EraseBatch run the items one after another.
   std::vector<Status> PutBatch(std::span<const PutItem> items);
   std::vector<Status> GetBatch(std::span<GetItem> items);
   std::vector<Status> EraseBatch(std::span<const BlockKey> keys);

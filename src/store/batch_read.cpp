@@ -63,37 +63,9 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     return out.empty() ? std::span<std::byte>(l.temp) : out.first(l.desc.size);
   };
 
-  // Read: one tier call per source tier and window of temporary bytes.
-  std::stable_sort(leads.begin(), leads.end(), [](const Lead& a, const Lead& b) { return a.src < b.src; });
-  for (std::size_t begin = 0; begin < leads.size();) {
-    const int src = leads[begin].src;
-    std::size_t end = begin;
-    std::uint64_t temp_bytes = 0;
-    for (; end < leads.size() && leads[end].src == src; ++end) {
-      if (!items[leads[end].item].out.empty()) continue;
-      if (end > begin && temp_bytes + leads[end].desc.size > kWindowBytes) break;
-      temp_bytes += leads[end].desc.size;
-      leads[end].temp.resize(leads[end].desc.size);
-    }
-    std::vector<GetOp> ops;
-    ops.reserve(end - begin);
-    for (std::size_t k = begin; k < end; ++k) ops.push_back(GetOp{items[leads[k].item].key, bytes_of(leads[k]), {}});
-    auto t0 = Clock::now();
-    std::vector<Status> st = tiers_[src]->GetBatch(ops);
-    const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
-    for (std::size_t k = begin; k < end; ++k) {
-      Lead& l = leads[k];
-      l.status = std::move(st[k - begin]);
-      l.got = ops[k - begin].desc;
-      measured_[src].read_latency.Record(ns);
-      if (l.status.IsIoError()) measured_[src].Add(measured_[src].io_errors);
-    }
-    begin = end;
-  }
-
-  // Finish each key under its stripe, as its fetch's leader.
+  // Finishes one read key under its stripe, as its fetch's leader.
   const TierId target = move_to.value_or(TierId::kHost);
-  for (Lead& l : leads) {
+  auto finish = [&](Lead& l) {
     BulkItem& item = items[l.item];
     // An item no longer wanted (cancelled, past its deadline) is read but not moved.
     Status wanted = still_wanted ? still_wanted(l.item) : Status::Ok();
@@ -141,8 +113,43 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     const std::size_t followers = inflight_.Close(item.key, l.fetch);
     if (from_bulk && followers > 0) f.bytes.assign(bytes.begin(), bytes.end());
     InflightTable::Wake(f);
+  };
+
+  // Read: one tier call per source tier and window of temporary bytes.
+  std::stable_sort(leads.begin(), leads.end(), [](const Lead& a, const Lead& b) { return a.src < b.src; });
+  for (std::size_t begin = 0; begin < leads.size();) {
+    const int src = leads[begin].src;
+    std::size_t end = begin;
+    std::uint64_t temp_bytes = 0;
+    for (; end < leads.size() && leads[end].src == src; ++end) {
+      if (!items[leads[end].item].out.empty()) continue;
+      if (end > begin && temp_bytes + leads[end].desc.size > kWindowBytes) break;
+      temp_bytes += leads[end].desc.size;
+      leads[end].temp.resize(leads[end].desc.size);
+    }
+    std::vector<GetOp> ops;
+    ops.reserve(end - begin);
+    for (std::size_t k = begin; k < end; ++k) ops.push_back(GetOp{items[leads[k].item].key, bytes_of(leads[k]), {}});
+    auto t0 = Clock::now();
+    std::vector<Status> st = tiers_[src]->GetBatch(ops);
+    const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
+    for (std::size_t k = begin; k < end; ++k) {
+      Lead& l = leads[k];
+      l.status = std::move(st[k - begin]);
+      l.got = ops[k - begin].desc;
+      measured_[src].read_latency.Record(ns);
+      if (l.status.IsIoError()) measured_[src].Add(measured_[src].io_errors);
+    }
+    // Finish this window before reading the next: followers wake sooner and at most one window
+    // of temporary buffers is alive.
+    for (std::size_t k = begin; k < end; ++k) {
+      finish(leads[k]);
+      std::vector<std::byte>().swap(leads[k].temp);
+    }
+    begin = end;
   }
 }
+
 
 std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
   std::vector<Status> st(items.size());
