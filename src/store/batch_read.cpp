@@ -150,7 +150,6 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
   }
 }
 
-
 std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
   std::vector<Status> st(items.size());
   std::vector<BulkItem> slow;
@@ -167,8 +166,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
   }
   if (slow.empty()) return st;
   DemandScope demand(demand_mu_, demand_cv_, demand_active_);
-  const std::optional<TierId> move_to = options_.promote_on_get ? std::optional(promote_tier_) : std::nullopt;
-  BulkFetch(slow, move_to, /*by_prefetch=*/false);
+  BulkFetch(slow, PromoteOnGetTarget(), /*by_prefetch=*/false);
   for (std::size_t k = 0; k < slow.size(); ++k) {
     Store::GetItem& item = items[slow_index[k]];
     if (slow[k].handled) {
@@ -176,9 +174,9 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
       if (slow[k].status.ok()) item.desc = slow[k].desc;
       continue;
     }
-    ReadOutcome o = FetchDedup(item.key, move_to, /*by_prefetch=*/false, item.out);
-    if (o.desc.ok()) item.desc = *o.desc;
-    st[slow_index[k]] = o.desc.status();
+    Result<BlockDesc> r = Get(item.key, item.out);  // the single-key path
+    if (r.ok()) item.desc = *r;
+    st[slow_index[k]] = r.status();
   }
   return st;
 }

@@ -60,8 +60,7 @@ Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) 
   Result<BlockDesc> r = Status::NotFound("unset");
   if (FastGet(key, out, &r)) return r;
   DemandScope demand(demand_mu_, demand_cv_, demand_active_);
-  ReadOutcome o = FetchDedup(key, options_.promote_on_get ? std::optional(promote_tier_) : std::nullopt,
-                             /*by_prefetch=*/false, out);
+  ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(), /*by_prefetch=*/false, out);
   return std::move(o.desc);
 }
 

@@ -144,6 +144,12 @@ class StoreImpl {
   bool HasTier(TierId t) const { return tiers_[Idx(t)] != nullptr; }
 
  private:
+  // Where a Get from a lower tier moves the block: put_tier (or the nearest tier below it), or
+  // nowhere when promote_on_get is off.
+  std::optional<TierId> PromoteOnGetTarget() const {
+    return options_.promote_on_get ? std::optional(promote_tier_) : std::nullopt;
+  }
+
   // read_path.cpp
   bool FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result);
   // Deduplicated, locked fetch; with move_to, also moves the block (kUp semantics).
