@@ -6,8 +6,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "store_test_util.h"
@@ -59,36 +57,19 @@ TEST_CASE("GetAsync / PutAsync round trip on the store's pool") {
 
 TEST_CASE("GetAsync cancelled before it starts completes with Cancelled") {
   FakeTiers f(0, 1 << 20, 1 << 20);
-  FakeTier& nvme = f.at(TierId::kNvme);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool inside = false, open = false;
   BlockKey slow = TestKey(1), other = TestKey(2);
-  nvme.on_get = [&](const BlockKey& k) {
-    if (!(k == slow)) return;
-    std::unique_lock lock(mu);
-    inside = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return open; });
-  };
+  GetGate gate(f.at(TierId::kNvme), slow);
   StoreOptions o = Quiet();
   o.background_threads = 1;  // the prefetch below occupies the only pool thread
   auto store = OpenFakeStore(f, o);
   REQUIRE(store->Put(slow, TestBytes(1, 100), {Codec::kRaw, TierId::kNvme}).ok());
   REQUIRE(store->Put(other, TestBytes(2, 100)).ok());
   auto pre = store->Prefetch({&slow, 1}, TierId::kHost, Priority::kDemand);
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return inside; });
-  }
+  gate.WaitHeld();
   std::vector<std::byte> out(100);
   auto get = store->GetAsync(other, out);
   get.cancel();
-  {
-    std::lock_guard lock(mu);
-    open = true;
-  }
-  cv.notify_all();
+  gate.Open();
   CHECK(get.get().status().code() == Code::kCancelled);
   CHECK(pre.get()[0].ok());
   CHECK(store->GetAsync(other, out).get().ok());

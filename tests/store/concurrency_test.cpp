@@ -145,16 +145,7 @@ TEST_CASE("Mixed concurrent operations never expose a torn or foreign block") {
   }
   SECTION("real tiers: emulated hbm, host arena, nvme") {
     TempDir dir("store-mixed");
-    StoreOptions o;
-    o.hbm.mode = HbmMode::kEmulated;
-    o.hbm.capacity_bytes = 32 * kKiB;
-    o.hbm.link.enabled = false;
-    o.host.capacity_bytes = 96 * kKiB;
-    o.host.chunk_bytes = 32 * kKiB;
-    o.host.pin = false;
-    o.nvme.path = dir.path();
-    o.nvme.capacity_bytes = 16 * kMiB;
-    auto store = Store::Open(o);
+    auto store = Store::Open(RealTierOptions(dir.path(), 32 * kKiB, 96 * kKiB, 32 * kKiB));
     INFO(store.status().ToString());
     REQUIRE(store.ok());
     RunMixed(std::move(*store));

@@ -1,9 +1,7 @@
 // In-flight deduplication and prefetch (targets, deadlines, cancel, yielding to demand).
 #include <catch2/catch.hpp>
 
-#include <condition_variable>
 #include <latch>
-#include <mutex>
 #include <thread>
 
 #include "store_test_util.h"
@@ -119,37 +117,17 @@ TEST_CASE("cancel() stops the items that have not started") {
 
 TEST_CASE("Speculative prefetch does not start while a demand fetch is in flight") {
   FakeTiers f(0, 1 << 20, 1 << 20);
-  FakeTier& nvme = f.at(TierId::kNvme);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool gate_open = false, demand_inside = false;
-  std::vector<BlockKey> started;  // GUARDED_BY(mu)
   BlockKey demand_key = TestKey(1), spec_key = TestKey(2);
-  nvme.on_get = [&](const BlockKey& k) {
-    std::unique_lock lock(mu);
-    started.push_back(k);
-    if (k == demand_key) {
-      demand_inside = true;
-      cv.notify_all();
-      cv.wait(lock, [&] { return gate_open; });
-    }
-  };
+  GetGate gate(f.at(TierId::kNvme), demand_key);
   auto store = OpenFakeStore(f);
   REQUIRE(store->Put(demand_key, TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
   REQUIRE(store->Put(spec_key, TestBytes(2, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
   std::thread demand([&] { CHECK(GetBytes(*store, demand_key).ok()); });
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return demand_inside; });
-  }
+  gate.WaitHeld();
   auto fut = store->Prefetch({&spec_key, 1}, TierId::kHost, Priority::kLow);
   CHECK_FALSE(fut.wait_for(std::chrono::milliseconds(200)));  // it must wait for the demand fetch
-  {
-    std::lock_guard lock(mu);
-    CHECK(std::count(started.begin(), started.end(), spec_key) == 0);
-    gate_open = true;
-  }
-  cv.notify_all();
+  CHECK(gate.Started(spec_key) == 0);
+  gate.Open();
   demand.join();
   CHECK(fut.get()[0].ok());
   CHECK(TierOf(*store, spec_key) == TierId::kHost);

@@ -3,9 +3,12 @@
 // counts Gets and GetBatch calls; an optional delay per Get makes concurrent fetches overlap. Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -161,6 +164,45 @@ class FakeTier final : public Tier {
   std::uint64_t used_ = 0;            // GUARDED_BY(mu_)
   std::uint64_t puts_ = 0;            // GUARDED_BY(mu_)
   std::atomic<std::uint64_t> gets_{0}, batch_calls_{0}, batch_ops_{0};
+};
+
+// Holds every Get of one key inside a FakeTier until Open(), and records the keys of all Gets as
+// they start, so a test can act while a read is in flight. Installs itself as the tier's on_get:
+// create it before the tier is shared, and keep it alive (and open it) while the tier is used.
+class GetGate {
+ public:
+  GetGate(FakeTier& tier, const BlockKey& held) : held_(held) {
+    tier.on_get = [this](const BlockKey& k) {
+      std::unique_lock lock(mu_);
+      started_.push_back(k);
+      if (!(k == held_)) return;
+      inside_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+    };
+  }
+  void WaitHeld() {  // returns once a Get of the held key is inside the tier
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return inside_; });
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::size_t Started(const BlockKey& k) const {  // Gets of k that have started
+    std::lock_guard lock(mu_);
+    return static_cast<std::size_t>(std::count(started_.begin(), started_.end(), k));
+  }
+
+ private:
+  const BlockKey held_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool inside_ = false, open_ = false;  // GUARDED_BY(mu_)
+  std::vector<BlockKey> started_;       // GUARDED_BY(mu_)
 };
 
 // Three fakes (hbm, host, nvme) with the given capacities (0 = absent), plus raw pointers to

@@ -14,15 +14,7 @@ namespace {
 constexpr std::size_t kBlock = 8 * 1024;
 
 StoreOptions RealOptions(const std::filesystem::path& dir) {
-  StoreOptions o;
-  o.hbm.mode = HbmMode::kEmulated;
-  o.hbm.capacity_bytes = 64 * kKiB;
-  o.hbm.link.enabled = false;
-  o.host.capacity_bytes = 256 * kKiB;
-  o.host.chunk_bytes = 64 * kKiB;
-  o.host.pin = false;
-  o.nvme.path = dir;
-  o.nvme.capacity_bytes = 16 * kMiB;
+  StoreOptions o = RealTierOptions(dir, 64 * kKiB, 256 * kKiB, 64 * kKiB);
   o.background_threads = 2;
   return o;
 }

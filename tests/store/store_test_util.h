@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -17,6 +18,22 @@ inline StoreOptions Quiet() {
   StoreOptions o;
   o.high_watermark = 1.0;
   o.low_watermark = 1.0;
+  return o;
+}
+
+// Options for a Store over the real tiers: emulated HBM (no link model), an unpinned host arena
+// growing in `host_chunk` chunks, and a 16 MiB NVMe tier in `dir`.
+inline StoreOptions RealTierOptions(const std::filesystem::path& dir, std::uint64_t hbm, std::uint64_t host,
+                                    std::uint64_t host_chunk) {
+  StoreOptions o;
+  o.hbm.mode = HbmMode::kEmulated;
+  o.hbm.capacity_bytes = hbm;
+  o.hbm.link.enabled = false;
+  o.host.capacity_bytes = host;
+  o.host.chunk_bytes = host_chunk;
+  o.host.pin = false;
+  o.nvme.path = dir;
+  o.nvme.capacity_bytes = 16 * kMiB;
   return o;
 }
 
