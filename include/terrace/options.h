@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 
+#include "terrace/log.h"
 #include "terrace/tier.h"
 
 namespace terrace {
@@ -27,6 +29,7 @@ struct HostTierOptions {
   // logs, never fatal.
   bool pin = true;
   std::uint64_t chunk_bytes = 256 * kMiB;  // arena growth and pinning unit
+  std::shared_ptr<Logger> logger;           // null: the store's logger, or stderr (terrace/log.h)
 };
 
 enum class HbmMode : std::uint8_t {
@@ -50,6 +53,7 @@ struct HbmTierOptions {
   int device = 0;                 // CUDA device ordinal
   unsigned copy_streams = 2;      // CUDA streams for H2D / D2H copies
   LinkModel link;                 // emulated mode only
+  std::shared_ptr<Logger> logger; // null: the store's logger, or stderr (terrace/log.h)
 };
 
 struct NvmeTierOptions {
@@ -72,6 +76,7 @@ struct NvmeTierOptions {
   bool verify_on_open = false;
   // Where the RocksDB index lives. Empty: <path>/index for a directory; required for a block device.
   std::filesystem::path index_dir;
+  std::shared_ptr<Logger> logger;  // null: the store's logger, or stderr (terrace/log.h)
 };
 
 enum class Placement : std::uint8_t {
@@ -100,6 +105,8 @@ struct StoreOptions {
   double high_watermark = 0.90;
   double low_watermark = 0.75;
   unsigned background_threads = 2;              // Asio thread pool for demotion and prefetch
+  // Where the store and its tiers log (a tier's own logger, when set, wins). Null: stderr, kInfo.
+  std::shared_ptr<Logger> logger;
 };
 
 }  // namespace terrace
