@@ -33,6 +33,7 @@ Result<Tensor> LoadProj(const WeightSource& source, const std::string& base, std
     };
     TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(as_u8(packed.data), as_u8(scale.data), rows, cols, out.data)
                                 .WithContext(packed_name));
+    TERRACE_RETURN_IF_ERROR(CheckFinite(out, packed_name));
     return out;
   }
   const std::string name = base + ".weight";
@@ -41,7 +42,9 @@ Result<Tensor> LoadProj(const WeightSource& source, const std::string& base, std
     return Status::InvalidArgument(fmt::format("{}: expected shape {}, got {}", name,
                                                ShapeString(std::vector<std::int64_t>{rows, cols}),
                                                ShapeString(view.shape)));
-  return ToFloat(view, name);
+  TERRACE_ASSIGN_OR_RETURN(Tensor out, ToFloat(view, name));
+  TERRACE_RETURN_IF_ERROR(CheckFinite(out, name));
+  return out;
 }
 
 }  // namespace

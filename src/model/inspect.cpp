@@ -1,5 +1,7 @@
 #include "src/model/inspect.h"
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -51,6 +53,36 @@ std::string HumanCount(std::uint64_t n) {
   return fmt::format("{}", n);
 }
 
+// Counts the NaN / infinite values of a float tensor (or an MXFP4 scale tensor's NaN code 255).
+std::string NonFiniteProblem(const std::string& name, const TensorView& v) {
+  std::int64_t bad = 0, first = -1;
+  const std::int64_t n = v.numel();
+  const std::byte* p = v.data.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    bool finite = true;
+    if (v.dtype == DType::kF32) {
+      float x;
+      std::memcpy(&x, p + 4 * i, 4);
+      finite = std::isfinite(x);
+    } else if (v.dtype == DType::kBF16 || v.dtype == DType::kF16) {
+      std::uint16_t bits;
+      std::memcpy(&bits, p + 2 * i, 2);
+      finite = v.dtype == DType::kBF16 ? (bits & 0x7F80u) != 0x7F80u : (bits & 0x7C00u) != 0x7C00u;
+    } else if (v.dtype == DType::kU8 && name.ends_with(".weight_scale")) {
+      finite = static_cast<std::uint8_t>(p[i]) != 0xFF;  // E8M0 NaN
+    } else {
+      return "";
+    }
+    if (!finite) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return "";
+  return fmt::format("tensor '{}' holds {} NaN or infinite value(s) (first at element {}); the model would compute "
+                     "garbage",
+                     name, bad, first);
+}
+
 }  // namespace
 
 InspectReport InspectConfig(const ModelConfig& config, std::string source) {
@@ -75,7 +107,7 @@ Result<InspectReport> InspectModelDir(const std::filesystem::path& dir) {
   r.config = md->config();
   r.source = dir.string();
   r.shards = md->num_shards();
-  const std::vector<TensorSpec> specs = ExpectedTensors(r.config);
+  const std::vector<TensorSpec> specs = ExpectedTensors(r.config, DetectExpertFormat(*md, r.config));
   std::vector<std::uint64_t> bytes(specs.size(), 0);
   std::vector<bool> present(specs.size(), false);
   std::set<std::string, std::less<>> expected;
@@ -90,6 +122,14 @@ Result<InspectReport> InspectModelDir(const std::filesystem::path& dir) {
                                         std::string(ComponentName(s.component))});
   }
   r.problems = FindWeightProblems(*md, r.config);
+  r.config_keys = md->config_keys();
+  r.unprefixed_names = md->unprefixed_names();
+  for (const std::string& name : md->Names()) {
+    auto view = md->Get(name);
+    if (!view.ok()) continue;
+    std::string p = NonFiniteProblem(name, *view);
+    if (!p.empty()) r.problems.push_back(std::move(p));
+  }
   for (const std::string& name : md->Names()) {
     if (expected.count(name)) continue;
     auto view = md->Get(name);
@@ -120,10 +160,16 @@ std::string FormatInspectText(const InspectReport& r, bool list_tensors) {
   };
   for (const auto& t : r.totals) line(t);
   line(r.all);
+  if (r.shards > 0) {
+    if (r.unprefixed_names) out += "tensor names: without the 'language_model.' prefix (transformers' layout)\n";
+    out += fmt::format("config keys read ({}): {}\n", r.config_keys.read.size(), fmt::join(r.config_keys.read, ", "));
+    out += fmt::format("config keys ignored, no effect on the computation ({}): {}\n", r.config_keys.ignored.size(),
+                       fmt::join(r.config_keys.ignored, ", "));
+  }
   if (r.shards == 0) {
     // A preset: nothing on disk to check.
   } else if (r.problems.empty()) {
-    out += "no problems: every expected tensor is present with its shape and dtype\n";
+    out += "no problems: every expected tensor is present with its shape and dtype, and every value is finite\n";
   } else {
     out += fmt::format("{} problem(s):\n", r.problems.size());
     for (const auto& p : r.problems) out += "  " + p + "\n";
@@ -150,6 +196,10 @@ std::string FormatInspectJson(const InspectReport& r, bool list_tensors) {
   for (const auto& t : r.totals) j["components"][t.component] = tot(t);
   j["total"] = tot(r.all);
   j["problems"] = r.problems;
+  if (r.shards > 0) {
+    j["config_keys"] = {{"read", r.config_keys.read}, {"ignored", r.config_keys.ignored}};
+    j["unprefixed_names"] = r.unprefixed_names;
+  }
   return j.dump(2) + "\n";
 }
 

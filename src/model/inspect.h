@@ -1,5 +1,6 @@
 // `terrace model inspect`: what a model directory (or a preset, without files) holds, grouped by
-// component, with every missing / wrong-shape / wrong-dtype / unexpected tensor flagged.
+// component, with every missing / wrong-shape / wrong-dtype / unexpected tensor and every tensor
+// holding NaN or infinite values flagged, and the config.json keys it read and ignored. Read-only.
 #pragma once
 
 #include <array>
@@ -36,7 +37,9 @@ struct InspectReport {
   std::vector<InspectedTensor> tensors;   // in ExpectedTensors order, then unexpected ones by name
   std::vector<ComponentTotal> totals;     // one per Component that has tensors, in enum order
   ComponentTotal all;
-  std::vector<std::string> problems;      // missing, wrong shape/dtype, unexpected
+  std::vector<std::string> problems;      // missing, wrong shape/dtype, non-finite values, unexpected
+  ConfigKeys config_keys;                 // config.json keys read and ignored (empty for a preset)
+  bool unprefixed_names = false;          // the files use transformers' names (no "language_model.")
 };
 
 // Opens `dir` without requiring it to be complete, and reports on it.

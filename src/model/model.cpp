@@ -1,7 +1,9 @@
-// Model::Forward: the decoder stack wired through Block Attention Residuals (model-notes section 4).
+// Model::Forward: the decoder stack wired through Block Attention Residuals (docs/model.md, "The math").
 #include "src/model/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -45,8 +47,8 @@ Status Model::RunFfn(int l, std::int64_t T, const float* normed, const ForwardOp
   const LayerWeights& w = layer(l);
   ScopedPhase timer(o.profile, Phase::kMoe);
   if (w.dense) {
-    SituGluMlp(w.mlp_gate, w.mlp_up, w.mlp_down, config_.activation_situ_beta, config_.activation_situ_linear_beta,
-               normed, T, out, false);
+    GluMlp(w.mlp_gate, w.mlp_up, w.mlp_down, config_.hidden_act, config_.activation_situ_beta,
+           config_.activation_situ_linear_beta, normed, T, out, false);
     return Status::Ok();
   }
   Routing routing;
@@ -56,6 +58,27 @@ Status Model::RunFfn(int l, std::int64_t T, const float* normed, const ForwardOp
 }
 
 Result<Tensor> Model::Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& o) const {
+  try {
+    TERRACE_ASSIGN_OR_RETURN(Tensor logits, ForwardImpl(tokens, state, o));
+    for (std::size_t i = 0; i < logits.data.size(); ++i) {
+      if (!std::isfinite(logits.data[i])) {
+        const std::int64_t V = config_.vocab_size;
+        const std::int64_t row = static_cast<std::int64_t>(i) / V;
+        return Status::Corruption(fmt::format(
+            "the logits are not finite ({} at prompt position {}, token id {}): the model's weights overflow fp32; "
+            "the output is withheld (check the model with 'terrace model inspect')",
+            std::isnan(logits.data[i]) ? "NaN" : "infinity",
+            row + (o.all_logits ? 0 : static_cast<std::int64_t>(tokens.size()) - 1), static_cast<std::int64_t>(i) % V));
+      }
+    }
+    return logits;
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfCapacity(fmt::format("not enough memory for a forward pass over {} tokens; pass fewer tokens "
+                                             "at a time", tokens.size()));
+  }
+}
+
+Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* state, const ForwardOptions& o) const {
   const std::int64_t T = static_cast<std::int64_t>(tokens.size()), d = config_.hidden_size;
   if (T == 0) return Status::InvalidArgument("no input tokens; pass at least one token id");
   if (state->num_layers() != config_.num_hidden_layers)

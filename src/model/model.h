@@ -61,11 +61,16 @@ class Model {
   const LayerWeights& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
 
   // Runs `tokens` through the model, continuing `state` (updated in place). Returns logits
-  // [T, vocab] (or [1, vocab] when !all_logits). InvalidArgument for an empty input or an id >= vocab.
+  // [T, vocab] (or [1, vocab] when !all_logits). InvalidArgument for an empty input or an id >= vocab;
+  // Corruption when a logit is not finite (NaN or infinite: the weights overflow), OutOfCapacity when
+  // memory runs out. After an error the state is unusable (Reset it).
   Result<Tensor> Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
 
  private:
   Model() = default;
+  static Result<std::unique_ptr<Model>> LoadImpl(const ModelConfig& config, const WeightSource& source,
+                                                 std::shared_ptr<ExpertProvider> experts);
+  Result<Tensor> ForwardImpl(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
   Status RunLayer(int l, std::int64_t T, const float* normed, SequenceState* state, const ForwardOptions& o,
                   float* mixer_out) const;
   Status RunFfn(int l, std::int64_t T, const float* normed, const ForwardOptions& o, float* out) const;

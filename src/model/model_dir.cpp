@@ -17,12 +17,49 @@ bool IsPlainFileName(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
+// Terrace's name for a stored tensor (docs/model-format.md section 4): names without the
+// "language_model." prefix (as transformers' KimiLinearForCausalLM saves them) gain it, and a dense
+// layer's MLP that transformers saves under "block_sparse_moe." is read as "mlp.".
+std::string CanonicalName(std::string_view stored, bool add_prefix) {
+  std::string name = add_prefix ? "language_model." + std::string(stored) : std::string(stored);
+  static constexpr std::string_view kMoe = ".block_sparse_moe.";
+  const std::size_t at = name.find(kMoe);
+  if (at != std::string::npos) {
+    const std::string_view rest = std::string_view(name).substr(at + kMoe.size());
+    if (rest == "gate_proj.weight" || rest == "up_proj.weight" || rest == "down_proj.weight") {
+      name = name.substr(0, at) + ".mlp." + std::string(rest);
+    }
+  }
+  return name;
+}
+
 }  // namespace
+
+Status ModelDir::AddNames(const std::vector<std::pair<std::string, std::size_t>>& stored) {
+  bool any_prefixed = false;
+  for (const auto& [name, shard] : stored) any_prefixed = any_prefixed || name.starts_with("language_model.");
+  unprefixed_ = !any_prefixed;
+  for (const auto& [name, shard] : stored) {
+    std::string canonical = CanonicalName(name, unprefixed_);
+    const auto [it, inserted] = where_.emplace(canonical, Location{shard, name});
+    if (!inserted) {
+      return Status::Corruption(fmt::format("model '{}': tensors '{}' and '{}' are two copies of '{}'; keep one",
+                                            dir_.string(), it->second.stored, name, canonical));
+    }
+  }
+  return Status::Ok();
+}
+
+std::string ModelDir::StoredName(std::string_view name) const {
+  const auto it = where_.find(name);
+  return it == where_.end() ? std::string(name) : it->second.stored;
+}
 
 Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& dir, bool check_tensors) {
   std::unique_ptr<ModelDir> md(new ModelDir());
   md->dir_ = dir;
-  TERRACE_ASSIGN_OR_RETURN(md->config_, LoadConfig(dir / kConfigFileName));
+  TERRACE_ASSIGN_OR_RETURN(md->config_, LoadConfig(dir / kConfigFileName, &md->config_keys_));
+  std::vector<std::pair<std::string, std::size_t>> stored;
 
   const std::filesystem::path single = dir / kSingleFileName;
   const std::filesystem::path index = dir / kIndexFileName;
@@ -54,17 +91,18 @@ Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& di
         return Status::Corruption(fmt::format("'{}' maps tensor '{}' to shard '{}', which does not hold it",
                                               index.string(), name, f));
       }
-      md->where_.emplace(name, it->second);
+      stored.emplace_back(name, it->second);
     }
   } else if (std::filesystem::exists(single, ec)) {
     TERRACE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single));
-    for (const std::string& name : file->Names()) md->where_.emplace(name, 0);
+    for (const std::string& name : file->Names()) stored.emplace_back(name, 0);
     md->shards_.push_back(std::move(file));
   } else {
     return Status::NotFound(fmt::format("model directory '{}' has neither {} nor {}; create one with "
                                         "'terrace model init'",
                                         dir.string(), kSingleFileName, kIndexFileName));
   }
+  TERRACE_RETURN_IF_ERROR(md->AddNames(stored));
   if (check_tensors) {
     TERRACE_RETURN_IF_ERROR(ValidateWeights(*md, md->config_).WithContext(fmt::format("model '{}'", dir.string())));
   }
@@ -76,7 +114,7 @@ Result<TensorView> ModelDir::Get(std::string_view name) const {
   if (it == where_.end()) {
     return Status::NotFound(fmt::format("tensor '{}' is not in model '{}'", name, dir_.string()));
   }
-  return shards_[it->second]->Get(name);
+  return shards_[it->second.shard]->Get(it->second.stored);
 }
 
 bool ModelDir::Has(std::string_view name) const { return where_.find(name) != where_.end(); }
@@ -84,13 +122,13 @@ bool ModelDir::Has(std::string_view name) const { return where_.find(name) != wh
 std::vector<std::string> ModelDir::Names() const {
   std::vector<std::string> names;
   names.reserve(where_.size());
-  for (const auto& [name, i] : where_) names.push_back(name);
+  for (const auto& [name, loc] : where_) names.push_back(name);
   return names;
 }
 
 const SafetensorsFile* ModelDir::ShardOf(std::string_view name) const {
   const auto it = where_.find(name);
-  return it == where_.end() ? nullptr : shards_[it->second].get();
+  return it == where_.end() ? nullptr : shards_[it->second.shard].get();
 }
 
 }  // namespace terrace::model

@@ -1,4 +1,7 @@
 // Model::Load: reads every dense weight through the WeightSource and converts it to fp32 once.
+#include <cmath>
+#include <new>
+
 #include <fmt/format.h>
 
 #include "src/model/model.h"
@@ -19,7 +22,9 @@ class Loader {
                                                    "its config.json",
                                                    name, ShapeString(view.shape), ShapeString(shape)));
     }
-    return ToFloat(view, name);
+    TERRACE_ASSIGN_OR_RETURN(Tensor t, ToFloat(view, name));
+    TERRACE_RETURN_IF_ERROR(CheckFinite(t, name));
+    return t;
   }
 
  private:
@@ -121,7 +126,7 @@ MlaDims Model::mla_dims() const {
   m.rope = config_.qk_rope_head_dim;
   m.v = config_.v_head_dim;
   m.output_gate = config_.mla_use_output_gate;
-  m.rms_eps = config_.rms_norm_eps;
+  m.rms_eps = config_.MlaLatentNormEps();
   return m;
 }
 
@@ -136,12 +141,25 @@ MoeDims Model::moe_dims() const {
   m.scaling = config_.routed_scaling_factor;
   m.situ_beta = config_.activation_situ_beta;
   m.situ_linear_beta = config_.activation_situ_linear_beta;
+  m.act = config_.hidden_act;
+  m.renormalize = config_.moe_renormalize;
   m.rms_eps = config_.rms_norm_eps;
   return m;
 }
 
 Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const WeightSource& source,
                                            std::shared_ptr<ExpertProvider> experts) {
+  try {
+    return LoadImpl(config, source, std::move(experts));
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfCapacity(fmt::format("not enough memory to load the model ({} layers, hidden {}, {} experts) "
+                                             "as fp32; the reference forward pass keeps every weight in memory",
+                                             config.num_hidden_layers, config.hidden_size, config.num_experts));
+  }
+}
+
+Result<std::unique_ptr<Model>> Model::LoadImpl(const ModelConfig& config, const WeightSource& source,
+                                               std::shared_ptr<ExpertProvider> experts) {
   TERRACE_RETURN_IF_ERROR(ValidateConfig(config));
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
@@ -149,7 +167,11 @@ Result<std::unique_ptr<Model>> Model::Load(const ModelConfig& config, const Weig
   const std::int64_t d = config.hidden_size, V = config.vocab_size;
   TERRACE_ASSIGN_OR_RETURN(m->embed_, ld.Get(std::string(kEmbed), {V, d}));
   TERRACE_ASSIGN_OR_RETURN(m->final_norm_, ld.Get(std::string(kFinalNorm), {d}));
-  TERRACE_ASSIGN_OR_RETURN(m->lm_head_, ld.Get(std::string(kLmHead), {V, d}));
+  if (config.tie_word_embeddings) {
+    m->lm_head_ = m->embed_;
+  } else {
+    TERRACE_ASSIGN_OR_RETURN(m->lm_head_, ld.Get(std::string(kLmHead), {V, d}));
+  }
   const bool attn_res = config.attn_res_block_size > 0;
   if (attn_res) {
     TERRACE_ASSIGN_OR_RETURN(m->out_res_w_, ld.Get(std::string(kOutputAttnResProj), {1, d}));

@@ -51,6 +51,7 @@ void Route(const MoeWeights& w, const MoeDims& m, const float* x, std::int64_t T
     });
     float sum = 0.0f;
     for (std::int64_t j = 0; j < k; ++j) sum += st[order[static_cast<std::size_t>(j)]];
+    if (!m.renormalize) sum = 1.0f;
     for (std::int64_t j = 0; j < k; ++j) {
       const int e = order[static_cast<std::size_t>(j)];
       r->ids[static_cast<std::size_t>(t * k + j)] = e;
@@ -59,14 +60,23 @@ void Route(const MoeWeights& w, const MoeDims& m, const float* x, std::int64_t T
   }
 }
 
-void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
-                std::int64_t T, float* out, bool accumulate) {
+float GluActivation(Activation act, float g, float u, float beta_g, float beta_u) {
+  return act == Activation::kSilu ? ops::Silu(g) * u : ops::Situ(g, u, beta_g, beta_u);
+}
+
+void GluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, Activation act, float beta_g, float beta_u,
+            const float* x, std::int64_t T, float* out, bool accumulate) {
   const std::int64_t I = gate.dim(0), d = gate.dim(1);
   std::vector<float> g(static_cast<std::size_t>(T * I)), u(g.size());
   ops::Linear(x, T, d, gate.ptr(), I, g.data());
   ops::Linear(x, T, d, up.ptr(), I, u.data());
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = ops::Situ(g[i], u[i], beta_g, beta_u);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(act, g[i], u[i], beta_g, beta_u);
   ops::Linear(g.data(), T, I, down.ptr(), down.dim(0), out, accumulate);
+}
+
+void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
+                std::int64_t T, float* out, bool accumulate) {
+  GluMlp(gate, up, down, Activation::kSitu, beta_g, beta_u, x, T, out, accumulate);
 }
 
 Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvider* experts, const float* x,
@@ -104,7 +114,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
     ye.resize(static_cast<std::size_t>(n * L));
     ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
     ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = ops::Situ(g[i], u[i], m.situ_beta, m.situ_linear_beta);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(m.act, g[i], u[i], m.situ_beta, m.situ_linear_beta);
     ops::Linear(g.data(), n, I, ew->w2.ptr(), L, ye.data());
     experts->Release(layer, e);
     for (std::int64_t i = 0; i < n; ++i) {
@@ -122,7 +132,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
     std::copy(y.begin(), y.end(), out);
   }
   if (!w.shared_gate.data.empty())
-    SituGluMlp(w.shared_gate, w.shared_up, w.shared_down, m.situ_beta, m.situ_linear_beta, x, T, out, true);
+    GluMlp(w.shared_gate, w.shared_up, w.shared_down, m.act, m.situ_beta, m.situ_linear_beta, x, T, out, true);
   return Status::Ok();
 }
 

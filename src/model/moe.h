@@ -1,8 +1,9 @@
-// Stable LatentMoE (model-notes section 5) and the dense SiTU-GLU MLP.
+// Stable LatentMoE and the dense gated MLP (docs/model.md, "The math").
 //   s = sigmoid(W_r x) (fp32); sel = top_k(s + e_score_correction_bias) (selection only; ties to the
-//   lower expert id); w_e = s_e / sum_sel s * routed_scaling_factor; z = W_down x (skipped when the
-//   latent width equals hidden); y = sum_sel w_e W2_e SiTU(W1_e z, W3_e z); y = RMSNorm(y) when
-//   latent_moe_use_norm; out = W_up y (skipped likewise) + SharedMLP(x).
+//   lower expert id); w_e = s_e / sum_sel s * routed_scaling_factor (without the division when
+//   moe_renormalize is false); z = W_down x (skipped when the latent width equals hidden);
+//   y = sum_sel w_e W2_e act(W1_e z, W3_e z); y = RMSNorm(y) when latent_moe_use_norm;
+//   out = W_up y (skipped likewise) + SharedMLP(x). act is SiTU-GLU or SiLU-GLU (hidden_act).
 // Thread-safety: reentrant; the ExpertProvider must be thread-safe if shared.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model/config.h"
 #include "src/model/expert_provider.h"
 #include "src/model/tensor.h"
 #include "terrace/status.h"
@@ -29,6 +31,8 @@ struct MoeDims {
   bool latent_norm = true;
   float scaling = 1.0f;
   float situ_beta = 4.0f, situ_linear_beta = 25.0f;
+  Activation act = Activation::kSitu;
+  bool renormalize = true;
   float rms_eps = 1e-5f;
   bool HasLatentProjection() const { return latent != hidden; }
 };
@@ -49,7 +53,14 @@ void Route(const MoeWeights& w, const MoeDims& dims, const float* x, std::int64_
 Status MoeForward(const MoeWeights& w, const MoeDims& dims, int layer, ExpertProvider* experts, const float* x,
                   std::int64_t tokens, float* out, Routing* routing = nullptr);
 
-// out [T, d] (+)= W_down( SiTU(W_gate x, W_up x) ), gate/up [I, d], down [d, I].
+// act(g, u): SiTU-GLU (4 tanh(g/4) sigmoid(g)) (25 tanh(u/25)) with betas beta_g / beta_u, or
+// SiLU-GLU g sigmoid(g) u.
+float GluActivation(Activation act, float g, float u, float beta_g, float beta_u);
+
+// out [T, d] (+)= W_down( act(W_gate x, W_up x) ), gate/up [I, d], down [d, I].
+void GluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, Activation act, float beta_g, float beta_u,
+            const float* x, std::int64_t tokens, float* out, bool accumulate);
+// GluMlp with SiTU.
 void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
                 std::int64_t tokens, float* out, bool accumulate);
 

@@ -18,6 +18,9 @@ class SpecList {
   void AddExpert(int expert, std::string name, Shape shape) {
     out_->push_back(TensorSpec{std::move(name), DType::kU8, std::move(shape), component_, layer_, expert, true});
   }
+  void AddFloatExpert(int expert, std::string name, Shape shape) {
+    out_->push_back(TensorSpec{std::move(name), DType::kBF16, std::move(shape), component_, layer_, expert, false});
+  }
 
  private:
   std::vector<TensorSpec>* out_;
@@ -67,7 +70,7 @@ void AddMla(const ModelConfig& c, int l, SpecList& s) {
   if (c.mla_use_output_gate) s.Add(AttnTensorName(l, "g_proj.weight"), {h * c.v_head_dim, hidden});
 }
 
-void AddMoe(const ModelConfig& c, int l, SpecList& s) {
+void AddMoe(const ModelConfig& c, int l, SpecList& s, ExpertFormat format) {
   const std::int64_t hidden = c.hidden_size;
   const std::int64_t e = c.num_experts;
   const std::int64_t latent = c.routed_expert_hidden_size;
@@ -81,7 +84,12 @@ void AddMoe(const ModelConfig& c, int l, SpecList& s) {
   }
   if (c.latent_moe_use_norm) s.Add(MoeTensorName(l, "routed_expert_norm.weight"), {latent});
   s.Set(Component::kRoutedExperts);
-  for (int x = 0; x < c.num_experts; ++x) {
+  for (int x = 0; x < c.num_experts && format == ExpertFormat::kFloat; ++x) {
+    s.AddFloatExpert(x, ExpertTensorName(l, x, "w1", "weight"), {inter, latent});
+    s.AddFloatExpert(x, ExpertTensorName(l, x, "w2", "weight"), {latent, inter});
+    s.AddFloatExpert(x, ExpertTensorName(l, x, "w3", "weight"), {inter, latent});
+  }
+  for (int x = 0; x < c.num_experts && format == ExpertFormat::kMxfp4; ++x) {
     for (const char* w : {"w1", "w3"}) {
       s.AddExpert(x, ExpertTensorName(l, x, w, "weight_packed"), {inter, latent / 2});
       s.AddExpert(x, ExpertTensorName(l, x, w, "weight_scale"), {inter, latent / 32});
@@ -136,7 +144,16 @@ std::int64_t TensorSpec::params() const {
   return 2 * NumElements(shape);
 }
 
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& c) {
+  const int l = c.first_k_dense_replace;
+  if (l >= c.num_hidden_layers) return ExpertFormat::kMxfp4;
+  if (!source.Has(ExpertTensorName(l, 0, "w1", "weight_packed")) && source.Has(ExpertTensorName(l, 0, "w1", "weight"))) {
+    return ExpertFormat::kFloat;
+  }
+  return ExpertFormat::kMxfp4;
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c, ExpertFormat format) {
   std::vector<TensorSpec> out;
   const std::int64_t hidden = c.hidden_size;
   SpecList model(&out, -1, Component::kEmbeddings);
@@ -163,7 +180,7 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
       s.Add(DenseMlpTensorName(l, "up_proj"), {c.intermediate_size, hidden});
       s.Add(DenseMlpTensorName(l, "down_proj"), {hidden, c.intermediate_size});
     } else {
-      AddMoe(c, l, s);
+      AddMoe(c, l, s, format);
     }
   }
   model.Set(Component::kNormsOther);
@@ -173,20 +190,87 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
     model.Add(std::string(kOutputAttnResNorm), {hidden});
   }
   model.Set(Component::kEmbeddings);
-  model.Add(std::string(kLmHead), {c.vocab_size, hidden});
+  if (!c.tie_word_embeddings) model.Add(std::string(kLmHead), {c.vocab_size, hidden});
   return out;
 }
 
-std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config) {
+std::vector<std::string> CheckConfigAgainstTensors(const WeightSource& source, const ModelConfig& c) {
   std::vector<std::string> problems;
-  for (const TensorSpec& spec : ExpectedTensors(config)) {
+  // `name`'s dim `axis` must be `want`; `what` says which config keys make `want`.
+  auto dim = [&](const std::string& name, std::size_t axis, std::int64_t want, std::string_view what) {
+    auto view = source.Get(name);
+    if (!view.ok()) return;
+    if (view->shape.size() <= axis || view->shape[axis] != want) {
+      problems.push_back(fmt::format("config.json says {} = {}, but tensor '{}' has shape {}", what, want, name,
+                                     ShapeString(view->shape)));
+    }
+  };
+  dim(std::string(kEmbed), 0, c.vocab_size, "vocab_size");
+  dim(std::string(kEmbed), 1, c.hidden_size, "hidden_size");
+  if (!source.Has(LayerTensorName(c.num_hidden_layers - 1, "input_layernorm.weight")) &&
+      source.Has(LayerTensorName(0, "input_layernorm.weight"))) {
+    problems.push_back(fmt::format("config.json says num_hidden_layers = {}, but there is no tensor '{}'",
+                                   c.num_hidden_layers, LayerTensorName(c.num_hidden_layers - 1, "input_layernorm.weight")));
+  }
+  int first_kda = -1, first_mla = -1;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMlaLayer(l) && first_mla < 0) first_mla = l;
+    if (!c.IsMlaLayer(l) && first_kda < 0) first_kda = l;
+  }
+  if (first_kda >= 0) {
+    dim(AttnTensorName(first_kda, "b_proj.weight"), 0, c.kda.num_heads, "linear_attn_config.num_heads");
+    dim(AttnTensorName(first_kda, "f_a_proj.weight"), 0, c.kda.head_dim, "linear_attn_config.head_dim");
+    dim(AttnTensorName(first_kda, "q_conv1d.weight"), 2, c.kda.short_conv_kernel_size,
+        "linear_attn_config.short_conv_kernel_size");
+  }
+  if (first_mla >= 0) {
+    dim(AttnTensorName(first_mla, "kv_a_layernorm.weight"), 0, c.kv_lora_rank, "kv_lora_rank");
+    dim(AttnTensorName(first_mla, "kv_a_proj_with_mqa.weight"), 0, c.kv_lora_rank + c.qk_rope_head_dim,
+        "kv_lora_rank + qk_rope_head_dim");
+    dim(AttnTensorName(first_mla, "kv_b_proj.weight"), 0,
+        std::int64_t{c.num_attention_heads} * (c.qk_nope_head_dim + c.v_head_dim),
+        "num_attention_heads x (qk_nope_head_dim + v_head_dim)");
+    if (c.q_lora_rank) {
+      dim(AttnTensorName(first_mla, "q_a_proj.weight"), 0, *c.q_lora_rank, "q_lora_rank");
+      if (!source.Has(AttnTensorName(first_mla, "q_a_proj.weight")) && source.Has(AttnTensorName(first_mla, "q_proj.weight"))) {
+        problems.push_back(fmt::format("config.json says q_lora_rank = {}, but layer {} has a plain q_proj (q_lora_rank "
+                                       "null)", *c.q_lora_rank, first_mla));
+      }
+    } else if (!source.Has(AttnTensorName(first_mla, "q_proj.weight")) &&
+               source.Has(AttnTensorName(first_mla, "q_a_proj.weight"))) {
+      problems.push_back(fmt::format("config.json says q_lora_rank = null, but layer {} has q_a_proj/q_b_proj", first_mla));
+    }
+  }
+  if (c.first_k_dense_replace > 0) dim(DenseMlpTensorName(0, "gate_proj"), 0, c.intermediate_size, "intermediate_size");
+  const int moe = c.first_k_dense_replace;
+  if (moe < c.num_hidden_layers) {
+    dim(MoeTensorName(moe, "gate.weight"), 0, c.num_experts, "num_experts");
+    const bool packed = DetectExpertFormat(source, c) == ExpertFormat::kMxfp4;
+    const std::string last = ExpertTensorName(moe, c.num_experts - 1, "w1", packed ? "weight_packed" : "weight");
+    if (source.Has(ExpertTensorName(moe, 0, "w1", packed ? "weight_packed" : "weight")) && !source.Has(last)) {
+      problems.push_back(fmt::format("config.json says num_experts = {}, but there is no tensor '{}'", c.num_experts, last));
+    }
+    dim(ExpertTensorName(moe, 0, "w1", packed ? "weight_packed" : "weight"), 0, c.moe_intermediate_size,
+        "moe_intermediate_size");
+    if (c.num_shared_experts > 0) {
+      dim(MoeTensorName(moe, "shared_experts.gate_proj.weight"), 0, c.shared_expert_intermediate_size,
+          "shared_expert_intermediate_size (num_shared_experts x moe_intermediate_size unless given)");
+    }
+  }
+  return problems;
+}
+
+std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config) {
+  std::vector<std::string> problems = CheckConfigAgainstTensors(source, config);
+  if (!problems.empty()) return problems;  // every tensor below would be "wrong": say why once
+  for (const TensorSpec& spec : ExpectedTensors(config, DetectExpertFormat(source, config))) {
     auto view = source.Get(spec.name);
     if (!view.ok()) {
       problems.push_back(fmt::format("tensor '{}' is missing (expected {} {})", spec.name, DTypeName(spec.dtype),
                                      ShapeString(spec.shape)));
       continue;
     }
-    const bool reshape_ok = spec.name.ends_with(".A_log") && view->numel() == NumElements(spec.shape);
+    const bool reshape_ok = spec.name.ends_with(".A_log") && view->numel() >= NumElements(spec.shape);
     if (view->shape != spec.shape && !reshape_ok) {
       problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", spec.name, ShapeString(view->shape),
                                      ShapeString(spec.shape)));

@@ -61,16 +61,31 @@ struct TensorSpec {
   std::int64_t params() const;  // logical parameter count (a packed byte holds 2; scales count 0)
 };
 
-// Every tensor `config` implies, in a fixed order: embeddings, layer by layer, then the output
-// tensors (final norm, output AttnRes, lm_head).
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+// How a checkpoint stores its routed experts: MXFP4 (experts.E.wN.weight_packed + weight_scale, U8;
+// K3) or plain float matrices (experts.E.wN.weight, F32/BF16/F16; Kimi Linear, transformers).
+enum class ExpertFormat : std::uint8_t { kMxfp4, kFloat };
+// The format of `source`'s routed experts, judged by expert 0 of the first MoE layer (kMxfp4 when
+// the config has no MoE layer or the tensor is absent).
+ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& config);
 
-// Checks that `source` holds every expected tensor with the expected shape, and a compatible dtype
-// (U8 for MXFP4 tensors; F32, BF16 or F16 for the rest). A_log may carry any shape with H elements.
+// Every tensor `config` implies, in a fixed order: embeddings, layer by layer, then the output
+// tensors (final norm, output AttnRes, lm_head unless tie_word_embeddings). Routed experts are
+// listed in `experts` format.
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config, ExpertFormat experts = ExpertFormat::kMxfp4);
+
+// Checks that `source` holds every expected tensor (experts in the format DetectExpertFormat finds)
+// with the expected shape, and a compatible dtype (U8 for MXFP4 tensors; F32, BF16 or F16 for the
+// rest). A_log may carry any shape with at least H elements. Before listing tensors it checks each
+// config dimension against one tensor that carries it (CheckConfigAgainstTensors), so an absurd
+// value is reported as such instead of as millions of missing tensors.
 // InvalidArgument naming the tensor, the expected and the actual shape/dtype (first problem only;
 // see FindWeightProblems for all).
 Status ValidateWeights(const WeightSource& source, const ModelConfig& config);
 // Every problem (missing, wrong shape, wrong dtype), one line each; empty when all is well.
 std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config);
+// The config's dimensions against the tensors that carry them (embed_tokens: vocab_size and
+// hidden_size; the first MoE router: num_experts; ...): one line per mismatch, naming the config
+// key, its value, the tensor and its shape.
+std::vector<std::string> CheckConfigAgainstTensors(const WeightSource& source, const ModelConfig& config);
 
 }  // namespace terrace::model

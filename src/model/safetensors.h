@@ -85,8 +85,11 @@ class SafetensorsWriter {
 Status WriteFileAtomically(const std::filesystem::path& path, std::string_view text);
 
 // A model directory: config.json plus either model.safetensors or model.safetensors.index.json
-// (whose "weight_map" maps tensor name -> shard file in the same directory). Thread-safety:
-// immutable after Open; all methods may be called concurrently.
+// (whose "weight_map" maps tensor name -> shard file in the same directory). Tensors are served under
+// Terrace's names (docs/model-format.md section 4) whatever layout stored them: names without the
+// "language_model." prefix (transformers' KimiLinearForCausalLM) gain it, and a dense layer's MLP
+// stored under "block_sparse_moe." is served as "mlp.". Thread-safety: immutable after Open; all
+// methods may be called concurrently.
 class ModelDir : public WeightSource {
  public:
   // check_tensors: also verify that every tensor ExpectedTensors(config) lists is present with its
@@ -102,13 +105,26 @@ class ModelDir : public WeightSource {
   std::size_t num_shards() const { return shards_.size(); }
   // The shard holding `name` (nullptr if absent).
   const SafetensorsFile* ShardOf(std::string_view name) const;
+  // The name `name` has inside its shard (differs from `name` for transformers' layout).
+  std::string StoredName(std::string_view name) const;
+  // True when the files name tensors without the "language_model." prefix.
+  bool unprefixed_names() const { return unprefixed_; }
+  // The config.json keys read and ignored (see ParseConfigJson).
+  const ConfigKeys& config_keys() const { return config_keys_; }
 
  private:
+  struct Location {
+    std::size_t shard;
+    std::string stored;  // the name inside the shard
+  };
   ModelDir() = default;
+  Status AddNames(const std::vector<std::pair<std::string, std::size_t>>& stored);
   std::filesystem::path dir_;
   ModelConfig config_;
+  ConfigKeys config_keys_;
+  bool unprefixed_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
-  std::map<std::string, std::size_t, std::less<>> where_;  // tensor name -> shard index
+  std::map<std::string, Location, std::less<>> where_;  // Terrace's tensor name -> where it is stored
 };
 
 }  // namespace terrace::model

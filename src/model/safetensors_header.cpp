@@ -147,19 +147,33 @@ Status ParseImpl(std::span<const std::byte> file_bytes, std::string_view source,
     out->entries.push_back(std::move(entry));
   }
 
-  // Overlap check over byte ranges (empty tensors occupy no bytes).
+  // The tensors must tile the data section exactly: sorted by offset, each begins where the previous
+  // one ended, the first at 0 and the last at the end of the file. A gap, an overlap or trailing bytes
+  // mean the header and the data disagree (e.g. a header length off by one shifts every tensor).
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : out->entries) {
-    if (e.end > e.begin) by_offset.push_back(&e);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      return Bad(source, fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", by_offset[i - 1]->name,
-                                     by_offset[i - 1]->begin, by_offset[i - 1]->end, by_offset[i]->name,
-                                     by_offset[i]->begin, by_offset[i]->end));
+  for (const auto& e : out->entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::uint64_t covered = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered) {
+      return Bad(source, fmt::format("tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", prev->name, prev->begin,
+                                     prev->end, e->name, e->begin, e->end));
     }
+    if (e->begin > covered) {
+      return Bad(source, fmt::format("bytes [{}, {}) of the data section belong to no tensor (before '{}'); the "
+                                     "tensors must cover the data section exactly",
+                                     covered, e->begin, e->name));
+    }
+    covered = e->end;
+    prev = e;
+  }
+  if (covered != out->data_size) {
+    return Bad(source, fmt::format("the tensors cover {} bytes but the data section after the {}-byte header holds "
+                                   "{}; the header length or the file size is wrong",
+                                   covered, n, out->data_size));
   }
   return Status::Ok();
 }

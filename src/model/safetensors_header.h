@@ -40,8 +40,8 @@ struct SafetensorsHeader {
 // Validates: file >= 8 bytes; header length < kMaxSafetensorsHeaderBytes and within the file; JSON
 // well-formed, an object, nesting depth <= kMaxSafetensorsJsonDepth; every entry has a known dtype, a
 // shape of non-negative dims whose element and byte counts do not overflow, data_offsets with
-// begin <= end inside the data section, end - begin == dtype size * numel; no two tensors' byte
-// ranges overlap; __metadata__ maps strings to strings. Errors are Corruption, naming `source`,
+// begin <= end inside the data section, end - begin == dtype size * numel; the tensors' byte ranges
+// tile the data section exactly (no overlap, no gap, no trailing bytes); __metadata__ maps strings to strings. Errors are Corruption, naming `source`,
 // the tensor and the problem. Never throws.
 Status ParseSafetensorsHeader(std::span<const std::byte> file_bytes, std::string_view source,
                               SafetensorsHeader* out);

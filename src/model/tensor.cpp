@@ -132,6 +132,17 @@ Result<Tensor> ToFloat(const TensorView& view, std::string_view what) {
   return out;
 }
 
+Status CheckFinite(const Tensor& t, std::string_view name) {
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    if (!std::isfinite(t.data[i])) {
+      return Status::Corruption(fmt::format("tensor '{}' holds {} at element {}; the checkpoint is damaged (see "
+                                            "'terrace model inspect')",
+                                            name, std::isnan(t.data[i]) ? "NaN" : "an infinity", i));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ExpectShape(const Tensor& t, const std::vector<std::int64_t>& want, std::string_view where,
                    std::string_view name) {
   if (t.shape == want) return Status::Ok();

@@ -54,6 +54,9 @@ Status ExpectShape(const Tensor& t, const std::vector<std::int64_t>& want, std::
 // Converts a F32 / BF16 / F16 view to fp32. InvalidArgument for other dtypes (naming `what`).
 Result<Tensor> ToFloat(const TensorView& view, std::string_view what = "tensor");
 
+// OK when every value is finite; else Corruption naming `name` and the first NaN / infinity.
+Status CheckFinite(const Tensor& t, std::string_view name);
+
 // bf16 / f16 conversions (round to nearest even).
 float Bf16ToFloat(std::uint16_t bits);
 std::uint16_t FloatToBf16(float value);

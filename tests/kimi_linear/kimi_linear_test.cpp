@@ -1,0 +1,318 @@
+// Terrace runs a checkpoint written by transformers' KimiLinearForCausalLM.save_pretrained and must
+// reproduce transformers' own fp32 logits (tests/kimi_linear/make_fixture.py wrote both). Also: the
+// same weights under the other names and dtypes real checkpoints use load to the same result, and
+// the config keys that change the math are honoured or refused.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/model/inspect.h"
+#include "src/model/names.h"
+#include "src/model/safetensors.h"
+#include "src/model/session.h"
+#include "test_util.h"
+
+#define REQUIRE_OK(r)                   \
+  do {                                  \
+    INFO((r).status().ToString());      \
+    REQUIRE((r).ok());                  \
+  } while (0)
+
+namespace terrace::model {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+fs::path FixtureDir() {
+  const char* src = std::getenv("TERRACE_SOURCE_DIR");
+  return fs::path(src ? src : ".") / "tests" / "kimi_linear";
+}
+
+struct Expected {
+  std::vector<int> ids;
+  Tensor logits;  // [T, vocab]
+};
+
+Expected LoadExpected() {
+  auto f = SafetensorsFile::Open(FixtureDir() / "expected.safetensors");
+  REQUIRE_OK(f);
+  auto ids = (*f)->Get("input_ids");
+  REQUIRE_OK(ids);
+  REQUIRE(ids->dtype == DType::kI32);
+  Expected e;
+  e.ids.resize(static_cast<std::size_t>(ids->numel()));
+  std::memcpy(e.ids.data(), ids->data.data(), ids->data.size());
+  auto logits = (*f)->Get("logits");
+  REQUIRE_OK(logits);
+  auto t = ToFloat(*logits, "logits");
+  REQUIRE_OK(t);
+  e.logits = std::move(*t);
+  return e;
+}
+
+// Largest |a - b| over the largest |b| (over all logits), and the same per prompt position (the worst
+// row: each row's largest difference over that row's largest logit).
+struct Err {
+  double rel_to_max = 0, worst_row = 0;
+};
+Err Compare(const std::vector<float>& a, const std::vector<float>& b, std::size_t row = 0) {
+  REQUIRE(a.size() == b.size());
+  if (row == 0) row = b.size();
+  double num = 0, den = 0, worst = 0;
+  for (std::size_t r0 = 0; r0 < b.size(); r0 += row) {
+    double rn = 0, rd = 0;
+    for (std::size_t i = r0; i < std::min(b.size(), r0 + row); ++i) {
+      const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+      if (!std::isfinite(d)) return {1e30, 1e30};
+      rn = std::max(rn, d);
+      rd = std::max(rd, std::abs(static_cast<double>(b[i])));
+    }
+    num = std::max(num, rn);
+    den = std::max(den, rd);
+    worst = std::max(worst, rn / std::max(rd, 1e-30));
+  }
+  return {num / std::max(den, 1e-30), worst};
+}
+
+Result<Tensor> RunPrefill(const fs::path& dir, const std::vector<int>& ids) {
+  TERRACE_ASSIGN_OR_RETURN(auto md, ModelDir::Open(dir));
+  TERRACE_ASSIGN_OR_RETURN(auto model, Model::Load(md->config(), *md));
+  Session s(*model);
+  return s.Prefill(ids);
+}
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A copy of the fixture: every tensor re-written through `edit` (which may rename it, change its
+// dtype by returning a converted view, or drop it), config.json through `edit_config`.
+void WriteVariant(const fs::path& out, const std::function<void(std::string&, TensorView&, std::vector<std::byte>&)>& edit,
+                  const std::function<void(Json&)>& edit_config = {}) {
+  auto f = SafetensorsFile::Open(FixtureDir() / "checkpoint" / "model.safetensors");
+  REQUIRE_OK(f);
+  SafetensorsWriter w;
+  for (const std::string& name : (*f)->Names()) {
+    auto v = (*f)->Get(name);
+    REQUIRE_OK(v);
+    std::string n = name;
+    TensorView view = *v;
+    std::vector<std::byte> storage;
+    edit(n, view, storage);
+    if (n.empty()) continue;
+    REQUIRE(w.Add(n, view.dtype, view.shape, view.data).ok());
+  }
+  fs::create_directories(out);
+  REQUIRE(w.Write(out / "model.safetensors").ok());
+  Json cfg = Json::parse(ReadText(FixtureDir() / "checkpoint" / "config.json"));
+  if (edit_config) edit_config(cfg);
+  std::ofstream(out / "config.json") << cfg.dump(2);
+}
+
+// Converts an F32 view to BF16 or F16 bytes held in `storage`.
+void Convert(TensorView& v, std::vector<std::byte>& storage, DType to) {
+  REQUIRE(v.dtype == DType::kF32);
+  auto t = ToFloat(v, "x");
+  REQUIRE_OK(t);
+  storage.resize(t->data.size() * 2);
+  for (std::size_t i = 0; i < t->data.size(); ++i) {
+    const std::uint16_t bits = to == DType::kBF16 ? FloatToBf16(t->data[i]) : FloatToF16(t->data[i]);
+    std::memcpy(&storage[2 * i], &bits, 2);
+  }
+  v.dtype = to;
+  v.data = storage;
+}
+
+// Rounds an F32 view through BF16 / F16 and back, in F32 (the oracle for Convert).
+void Round(TensorView& v, std::vector<std::byte>& storage, DType through) {
+  auto t = ToFloat(v, "x");
+  REQUIRE_OK(t);
+  storage.resize(t->data.size() * 4);
+  for (std::size_t i = 0; i < t->data.size(); ++i) {
+    const float r = through == DType::kBF16 ? Bf16ToFloat(FloatToBf16(t->data[i])) : F16ToFloat(FloatToF16(t->data[i]));
+    std::memcpy(&storage[4 * i], &r, 4);
+  }
+  v.data = storage;
+}
+
+bool IsRoutedExpert(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("a transformers KimiLinear checkpoint computes transformers' logits", "[kimi_linear]") {
+  const Expected e = LoadExpected();
+  auto md = ModelDir::Open(FixtureDir() / "checkpoint");
+  REQUIRE_OK(md);
+  const ModelConfig& c = (*md)->config();
+  CHECK(c.model_type == "kimi_linear");
+  CHECK(c.hidden_act == Activation::kSilu);
+  CHECK(!c.kda.use_full_rank_gate);
+  CHECK(c.IsMlaLayer(1));
+  CHECK(c.IsDenseLayer(0));
+  CHECK((*md)->unprefixed_names());
+  auto model = Model::Load(c, **md);
+  REQUIRE_OK(model);
+
+  Session prefill(**model);
+  auto logits = prefill.Prefill(e.ids);
+  REQUIRE_OK(logits);
+  const auto V = static_cast<std::size_t>(e.logits.dim(1));
+  const Err p = Compare(logits->data, e.logits.data, V);
+
+  // Token by token: recurrent KDA and absorbed MLA against the same logits.
+  Session decode(**model);
+  std::vector<float> stepped;
+  for (int id : e.ids) {
+    auto row = decode.Decode(id);
+    REQUIRE_OK(row);
+    stepped.insert(stepped.end(), row->begin(), row->end());
+  }
+  const Err d = Compare(stepped, e.logits.data, V);
+  std::printf("kimi_linear fixture vs transformers (%zu tokens x %zu vocab, fp32): prefill max|diff|/max|ref| = %.3g "
+              "(worst position %.3g); decode %.3g (worst position %.3g)\n",
+              e.ids.size(), V, p.rel_to_max, p.worst_row, d.rel_to_max, d.worst_row);
+  CHECK(p.rel_to_max < 1e-5);
+  CHECK(d.rel_to_max < 1e-5);
+  CHECK(p.worst_row < 1e-5);
+  CHECK(d.worst_row < 1e-5);
+  // The greedy choice agrees at every position.
+  for (std::size_t t = 0; t < e.ids.size(); ++t) {
+    const auto row = [&](const std::vector<float>& v) { return std::span<const float>(v).subspan(t * V, V); };
+    CHECK(Argmax(row(logits->data)) == Argmax(row(e.logits.data)));
+  }
+}
+
+TEST_CASE("the same weights load from other layouts and dtypes with the same result", "[kimi_linear]") {
+  const Expected e = LoadExpected();
+  auto base = RunPrefill(FixtureDir() / "checkpoint", e.ids);
+  REQUIRE_OK(base);
+  terrace::testing::TempDir tmp("kimi-variants");
+
+  SECTION("with the language_model. prefix, dense MLP under mlp.") {
+    WriteVariant(tmp.path() / "prefixed", [](std::string& n, TensorView&, std::vector<std::byte>&) {
+      if (n.find("layers.0.block_sparse_moe.") != std::string::npos) n.replace(n.find(".block_sparse_moe."), 18, ".mlp.");
+      n = "language_model." + n;
+    });
+    auto got = RunPrefill(tmp.path() / "prefixed", e.ids);
+    REQUIRE_OK(got);
+    CHECK(got->data == base->data);
+  }
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SECTION(fmt::format("routed experts in {}", DTypeName(dt))) {
+      // The oracle: the same model in F32 with the experts' values rounded through dt.
+      WriteVariant(tmp.path() / "low", [dt](std::string& n, TensorView& v, std::vector<std::byte>& s) {
+        if (IsRoutedExpert(n)) Convert(v, s, dt);
+      });
+      WriteVariant(tmp.path() / "rounded", [dt](std::string& n, TensorView& v, std::vector<std::byte>& s) {
+        if (IsRoutedExpert(n)) Round(v, s, dt);
+      });
+      auto low = RunPrefill(tmp.path() / "low", e.ids);
+      REQUIRE_OK(low);
+      auto rounded = RunPrefill(tmp.path() / "rounded", e.ids);
+      REQUIRE_OK(rounded);
+      CHECK(low->data == rounded->data);
+      CHECK(low->data != base->data);  // the rounding is visible: the experts were really used
+    }
+  }
+}
+
+TEST_CASE("config keys that change the math are honoured or refused", "[kimi_linear][config]") {
+  const Expected e = LoadExpected();
+  terrace::testing::TempDir tmp("kimi-config");
+  const auto keep = [](std::string&, TensorView&, std::vector<std::byte>&) {};
+  auto base = RunPrefill(FixtureDir() / "checkpoint", e.ids);
+  REQUIRE_OK(base);
+
+  SECTION("hidden_act situ computes something else; an unknown activation is refused") {
+    WriteVariant(tmp.path() / "situ", keep, [](Json& j) { j["hidden_act"] = "situ"; });
+    auto situ = RunPrefill(tmp.path() / "situ", e.ids);
+    REQUIRE_OK(situ);
+    CHECK(Compare(situ->data, e.logits.data).rel_to_max > 1e-2);
+    WriteVariant(tmp.path() / "gelu", keep, [](Json& j) { j["hidden_act"] = "gelu"; });
+    auto gelu = ModelDir::Open(tmp.path() / "gelu");
+    REQUIRE(!gelu.ok());
+    CHECK(gelu.status().message().find("hidden_act") != std::string::npos);
+    CHECK(gelu.status().message().find("gelu") != std::string::npos);
+    CHECK(gelu.status().message().find((tmp.path() / "gelu" / "config.json").string()) != std::string::npos);
+  }
+  SECTION("moe_renormalize false and routed_scaling_factor change the logits") {
+    WriteVariant(tmp.path() / "norenorm", keep, [](Json& j) { j["moe_renormalize"] = false; });
+    auto r = RunPrefill(tmp.path() / "norenorm", e.ids);
+    REQUIRE_OK(r);
+    CHECK(Compare(r->data, base->data).rel_to_max > 1e-3);
+  }
+  SECTION("an explicit full-rank gate needs g_proj") {
+    WriteVariant(tmp.path() / "fullrank", keep, [](Json& j) { j["linear_attn_config"]["use_full_rank_gate"] = true; });
+    auto md = ModelDir::Open(tmp.path() / "fullrank");
+    REQUIRE(!md.ok());
+    CHECK(md.status().message().find("g_proj.weight") != std::string::npos);
+  }
+  SECTION("settings Terrace does not implement are refused, naming the key") {
+    const std::vector<std::pair<std::string, Json>> bad = {
+        {"moe_router_activation_func", "softmax"}, {"num_expert_group", 2},  {"moe_layer_freq", 2},
+        {"num_key_value_heads", 1},                {"attention_bias", true}, {"some_new_switch", 1},
+        {"mlp_layer_types", Json::array({"sparse", "dense", "sparse", "sparse"})},
+    };
+    for (const auto& [key, value] : bad) {
+      INFO(key);
+      WriteVariant(tmp.path() / key, keep, [&, k = key, v = value](Json& j) { j[k] = v; });
+      auto md = ModelDir::Open(tmp.path() / key);
+      REQUIRE(!md.ok());
+      CHECK(md.status().IsInvalidArgument());
+      CHECK(md.status().message().find(key) != std::string::npos);
+    }
+  }
+  SECTION("tie_word_embeddings uses embed_tokens as the head") {
+    WriteVariant(
+        tmp.path() / "tied",
+        [](std::string& n, TensorView&, std::vector<std::byte>&) {
+          if (n == "lm_head.weight") n.clear();
+        },
+        [](Json& j) { j["tie_word_embeddings"] = true; });
+    auto tied = RunPrefill(tmp.path() / "tied", e.ids);
+    REQUIRE_OK(tied);
+    CHECK(Compare(tied->data, base->data).rel_to_max > 1e-3);
+    // Untied without lm_head: refused, naming the tensor.
+    WriteVariant(tmp.path() / "nohead", [](std::string& n, TensorView&, std::vector<std::byte>&) {
+      if (n == "lm_head.weight") n.clear();
+    });
+    auto md = ModelDir::Open(tmp.path() / "nohead");
+    REQUIRE(!md.ok());
+    CHECK(md.status().message().find("lm_head.weight") != std::string::npos);
+  }
+}
+
+TEST_CASE("inspect lists the config keys read and ignored", "[kimi_linear][inspect]") {
+  auto r = InspectModelDir(FixtureDir() / "checkpoint");
+  REQUIRE_OK(r);
+  CHECK(r->problems.empty());
+  auto has = [](const std::vector<std::string>& v, const std::string& k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  CHECK(has(r->config_keys.read, "hidden_act"));
+  CHECK(has(r->config_keys.read, "linear_attn_config.num_heads"));
+  CHECK(has(r->config_keys.read, "layer_types"));
+  CHECK(has(r->config_keys.ignored, "architectures"));
+  CHECK(has(r->config_keys.ignored, "dtype"));
+  CHECK(!has(r->config_keys.ignored, "hidden_act"));
+  const std::string text = FormatInspectText(*r, false);
+  CHECK(text.find("config keys read") != std::string::npos);
+  CHECK(text.find("ignored") != std::string::npos);
+  const Json j = Json::parse(FormatInspectJson(*r, false));
+  CHECK(j["config_keys"]["read"].size() == r->config_keys.read.size());
+  CHECK(j["config_keys"]["ignored"].size() == r->config_keys.ignored.size());
+}
+
+}  // namespace terrace::model
