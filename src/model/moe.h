@@ -31,9 +31,9 @@ struct MoeDims {
   bool latent_norm = true;
   float scaling = 1.0f;
   float situ_beta = 4.0f, situ_linear_beta = 25.0f;
-  Activation act = Activation::kSitu;
-  bool renormalize = true;
   float rms_eps = 1e-5f;
+  Activation act = Activation::kSitu;  // hidden_act
+  bool renormalize = true;             // moe_renormalize
   bool HasLatentProjection() const { return latent != hidden; }
 };
 

@@ -106,6 +106,8 @@ void AddMoe(const ModelConfig& c, int l, SpecList& s, ExpertFormat format) {
   }
 }
 
+constexpr std::size_t kMaxListedProblems = 200;
+
 bool IsFloatDType(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
 }  // namespace
@@ -261,9 +263,14 @@ std::vector<std::string> CheckConfigAgainstTensors(const WeightSource& source, c
 }
 
 std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config) {
+  // The config's dimensions first: when one is wrong, most tensors below are "wrong" and this says why.
   std::vector<std::string> problems = CheckConfigAgainstTensors(source, config);
-  if (!problems.empty()) return problems;  // every tensor below would be "wrong": say why once
+  std::size_t more = 0;
   for (const TensorSpec& spec : ExpectedTensors(config, DetectExpertFormat(source, config))) {
+    if (problems.size() >= kMaxListedProblems) {  // the count goes on, the list stops
+      if (!source.Has(spec.name)) ++more;
+      continue;
+    }
     auto view = source.Get(spec.name);
     if (!view.ok()) {
       problems.push_back(fmt::format("tensor '{}' is missing (expected {} {})", spec.name, DTypeName(spec.dtype),
@@ -281,6 +288,7 @@ std::vector<std::string> FindWeightProblems(const WeightSource& source, const Mo
                                      spec.mxfp4 ? "U8 (MXFP4)" : "F32, BF16 or F16"));
     }
   }
+  if (more > 0) problems.push_back(fmt::format("... and at least {} more missing tensors", more));
   return problems;
 }
 

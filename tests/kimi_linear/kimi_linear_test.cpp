@@ -316,3 +316,102 @@ TEST_CASE("inspect lists the config keys read and ignored", "[kimi_linear][inspe
 }
 
 }  // namespace terrace::model
+
+namespace terrace::model {
+
+TEST_CASE("a broken checkpoint never runs successfully", "[kimi_linear][broken]") {
+  const Expected e = LoadExpected();
+  terrace::testing::TempDir tmp("kimi-broken");
+  const auto keep = [](std::string&, TensorView&, std::vector<std::byte>&) {};
+
+  SECTION("a NaN or an infinity in a weight: inspect reports it, loading refuses it") {
+    for (const char* kind : {"nan", "inf", "bf16-nan"}) {
+      INFO(kind);
+      const std::string victim = "model.layers.2.self_attn.k_proj.weight";
+      const fs::path dir = tmp.path() / kind;
+      WriteVariant(dir, [&](std::string& n, TensorView& v, std::vector<std::byte>& s) {
+        if (n != victim) return;
+        auto t = ToFloat(v, n);
+        REQUIRE(t.ok());
+        t->data[5] = std::string(kind) == "inf" ? INFINITY : NAN;
+        s.assign(reinterpret_cast<const std::byte*>(t->data.data()),
+                 reinterpret_cast<const std::byte*>(t->data.data() + t->data.size()));
+        v.data = s;
+        if (std::string(kind) == "bf16-nan") {
+          std::vector<std::byte> copy = s;
+          TensorView f32 = v;
+          f32.data = copy;
+          Convert(f32, s, DType::kBF16);
+          v = f32;
+        }
+      });
+      auto r = InspectModelDir(dir);
+      REQUIRE_OK(r);
+      REQUIRE(r->problems.size() == 1);
+      CHECK(r->problems[0].find("language_model." + victim) != std::string::npos);
+      CHECK(r->problems[0].find("NaN or infinite") != std::string::npos);
+      CHECK(FormatInspectText(*r, false).find("no problems") == std::string::npos);
+      auto md = ModelDir::Open(dir);
+      REQUIRE_OK(md);
+      auto model = Model::Load((*md)->config(), **md);
+      REQUIRE(!model.ok());
+      CHECK(model.status().IsCorruption());
+      CHECK(model.status().message().find("language_model." + victim) != std::string::npos);
+    }
+  }
+  SECTION("finite weights whose logits overflow: the forward pass fails instead of returning them") {
+    WriteVariant(tmp.path() / "huge", [](std::string& n, TensorView& v, std::vector<std::byte>& s) {
+      if (n != "lm_head.weight") return;
+      std::vector<float> big(static_cast<std::size_t>(v.numel()), 3e38f);
+      s.assign(reinterpret_cast<const std::byte*>(big.data()), reinterpret_cast<const std::byte*>(big.data() + big.size()));
+      v.data = s;
+    });
+    auto md = ModelDir::Open(tmp.path() / "huge");
+    REQUIRE_OK(md);
+    auto model = Model::Load((*md)->config(), **md);
+    REQUIRE_OK(model);
+    Session s(**model);
+    auto logits = s.Prefill(e.ids);
+    REQUIRE(!logits.ok());
+    CHECK(logits.status().IsCorruption());
+    CHECK(logits.status().message().find("not finite") != std::string::npos);
+    Session d(**model);
+    CHECK(!d.Decode(e.ids[0]).ok());
+  }
+  SECTION("absurd config values are refused with their range, before anything is allocated") {
+    const std::vector<std::tuple<std::string, Json, std::string>> bad = {
+        {"rms_norm_eps", 1e300, "(0, 0.1]"},
+        {"rms_norm_eps", 0.0, "(0, 0.1]"},
+        {"num_experts", 100000000, "[1, 65536]"},
+        {"hidden_size", 1 << 30, "[1, 65536]"},
+        {"routed_scaling_factor", -1.0, "(0, 1000]"},
+        {"num_experts_per_token", 5, "exceeds num_experts"},
+    };
+    for (const auto& [key, value, range] : bad) {
+      INFO(key << " = " << value.dump());
+      WriteVariant(tmp.path() / "absurd", keep, [&, k = key, v = value](Json& j) { j[k] = v; });
+      auto md = ModelDir::Open(tmp.path() / "absurd");
+      REQUIRE(!md.ok());
+      CHECK(md.status().IsInvalidArgument());
+      CHECK(md.status().message().find(key) != std::string::npos);
+      CHECK(md.status().message().find(range) != std::string::npos);
+    }
+  }
+  SECTION("config dimensions that disagree with the tensors are named") {
+    const std::vector<std::tuple<std::string, Json, std::string>> bad = {
+        {"num_experts", 64, "num_experts = 64, but tensor 'language_model.model.layers.1.block_sparse_moe.gate.weight'"},
+        {"vocab_size", 100, "vocab_size = 100, but tensor 'language_model.model.embed_tokens.weight'"},
+        {"moe_intermediate_size", 32, "moe_intermediate_size = 32"},
+        {"kv_lora_rank", 8, "kv_lora_rank = 8"},
+    };
+    for (const auto& [key, value, what] : bad) {
+      INFO(key);
+      WriteVariant(tmp.path() / "mismatch", keep, [&, k = key, v = value](Json& j) { j[k] = v; });
+      auto md = ModelDir::Open(tmp.path() / "mismatch");
+      REQUIRE(!md.ok());
+      CHECK(md.status().message().find(what) != std::string::npos);
+    }
+  }
+}
+
+}  // namespace terrace::model

@@ -29,7 +29,7 @@ bool Mentions(const std::string& msg, const std::string& what) {
 TEST_CASE("config parses at top level and under text_config", "[config]") {
   const std::string text = R"({
     "model_type": "kimi_k3", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 100,
-    "rms_norm_eps": 1e-6, "architectures": ["KimiK3ForCausalLM"], "some_future_field": {"x": [1, 2]},
+    "rms_norm_eps": 1e-6, "architectures": ["KimiK3ForCausalLM"],
     "linear_attn_config": {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4,
       "use_full_rank_gate": true, "gate_lower_bound": -5.0, "full_attn_layers": [2, 4], "kda_layers": [1, 3]},
     "num_attention_heads": 2, "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 8,
@@ -109,8 +109,8 @@ TEST_CASE("inconsistent fields are named", "[config]") {
   CHECK(Mentions(with([](Json& j) { j["linear_attn_config"]["full_attn_layers"] = {4}; }), "miss layer 8"));
   CHECK(Mentions(with([](Json& j) { j["num_experts_per_token"] = 17; }), "num_experts_per_token"));
   CHECK(Mentions(with([](Json& j) { j["kv_lora_rank"] = 0; }), "kv_lora_rank"));
-  CHECK(Mentions(with([](Json& j) { j["routed_expert_hidden_size"] = 100; }), "routed_expert_hidden_size"));
-  CHECK(Mentions(with([](Json& j) { j["moe_intermediate_size"] = 40; }), "moe_intermediate_size"));
+  CHECK(Mentions(with([](Json& j) { j["routed_expert_hidden_size"] = 100000; }), "routed_expert_hidden_size"));
+  CHECK(Mentions(with([](Json& j) { j["moe_intermediate_size"] = 0; }), "moe_intermediate_size"));
   CHECK(Mentions(with([](Json& j) { j["hidden_size"] = -1; }), "hidden_size"));
   CHECK(Mentions(with([](Json& j) { j["hidden_size"] = "big"; }), "'hidden_size' must be an integer"));
   CHECK(Mentions(with([](Json& j) { j["first_k_dense_replace"] = 9; }), "first_k_dense_replace"));
@@ -166,4 +166,85 @@ TEST_CASE("presets validate and match the model notes", "[config][presets]") {
   CHECK(!kl.kda.gate_lower_bound);
   CHECK(!kl.kda.use_full_rank_gate);
   CHECK(!kl.HasLatentProjection());
+}
+
+TEST_CASE("every key is read, known harmless, or refused", "[config][keys]") {
+  Json j = ToyJson();
+  j["architectures"] = {"KimiK3ForCausalLM"};
+  j["torch_dtype"] = "bfloat16";
+  j["rope_theta"] = 50000.0;  // NoPE: no rotation anywhere
+  ConfigKeys keys;
+  auto c = ParseConfigJson(j.dump(), "my/config.json", &keys);
+  REQUIRE(c.ok());
+  auto has = [](const std::vector<std::string>& v, const std::string& k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  CHECK(has(keys.read, "hidden_size"));
+  CHECK(has(keys.read, "hidden_act"));
+  CHECK(has(keys.read, "linear_attn_config.gate_lower_bound"));
+  CHECK(has(keys.ignored, "architectures"));
+  CHECK(has(keys.ignored, "torch_dtype"));
+  CHECK(has(keys.ignored, "rope_theta"));
+  CHECK(keys.read.size() + keys.ignored.size() == j.size() + j["linear_attn_config"].size());
+
+  Json unknown = ToyJson();
+  unknown["some_future_field"] = {{"x", 1}};
+  CHECK(Mentions(ErrorOf(unknown), "'some_future_field' is not one Terrace knows"));
+  Json nested_unknown = ToyJson();
+  nested_unknown["linear_attn_config"]["chunk_size"] = 32;
+  CHECK(Mentions(ErrorOf(nested_unknown), "'linear_attn_config.chunk_size'"));
+  Json wrapped = {{"model_type", "kimi_k3"}, {"text_config", ToyJson()}, {"vision_config", {{"depth", 3}}},
+                  {"vision_tower_secret", 1}};
+  CHECK(Mentions(ErrorOf(wrapped), "'vision_tower_secret'"));
+}
+
+TEST_CASE("hidden_act: silu and situ are honoured, anything else refused", "[config]") {
+  Json j = ToyJson();
+  CHECK(ParseConfigJson(j.dump())->hidden_act == Activation::kSitu);  // K3
+  j["hidden_act"] = "silu";
+  CHECK(ParseConfigJson(j.dump())->hidden_act == Activation::kSilu);
+  j["hidden_act"] = "swish";
+  CHECK(ParseConfigJson(j.dump())->hidden_act == Activation::kSilu);
+  j.erase("hidden_act");
+  j["model_type"] = "kimi_linear";  // transformers' KimiLinearConfig default
+  CHECK(ParseConfigJson(j.dump())->hidden_act == Activation::kSilu);
+  for (const char* bad : {"gelu", "relu2", "SiLU"}) {
+    j["hidden_act"] = bad;
+    const std::string msg = ErrorOf(j);
+    CHECK(Mentions(msg, "'hidden_act'"));
+    CHECK(Mentions(msg, bad));
+  }
+}
+
+TEST_CASE("absurd values are refused with the supported range", "[config][ranges]") {
+  auto with = [](const char* key, Json value) {
+    Json j = ToyJson();
+    j[key] = value;
+    return ErrorOf(j);
+  };
+  CHECK(Mentions(with("rms_norm_eps", 1e300), "(0, 0.1]"));
+  CHECK(Mentions(with("rms_norm_eps", 1e-60), "rounds to 0"));
+  CHECK(Mentions(with("rms_norm_eps", -1e-5), "rms_norm_eps"));
+  CHECK(Mentions(with("num_experts", 100000000), "[1, 65536]"));
+  CHECK(Mentions(with("num_hidden_layers", 100000), "[1, 1024]"));
+  CHECK(Mentions(with("moe_intermediate_size", 1 << 30), "moe_intermediate_size"));
+  CHECK(Mentions(with("routed_scaling_factor", 1e30), "(0, 1000]"));
+  CHECK(Mentions(with("activation_situ_beta", 0.0), "activation_situ_beta"));
+  CHECK(Mentions(with("num_attention_heads", 5000), "[1, 1024]"));
+  CHECK(Mentions(with("attn_res_block_size", 9), "attn_res_block_size"));
+  // Within the per-key ranges but too many tensors in all.
+  Json j = ToyJson();
+  j["num_hidden_layers"] = 1000;
+  j["linear_attn_config"]["full_attn_layers"] = {4};
+  j["linear_attn_config"].erase("kda_layers");
+  j["num_experts"] = 60000;
+  CHECK(Mentions(ErrorOf(j), "tensors"));
+}
+
+TEST_CASE("two names for one setting must agree", "[config]") {
+  Json j = ToyJson();
+  j["num_experts_per_tok"] = j["num_experts_per_token"];
+  CHECK(ParseConfigJson(j.dump()).ok());
+  j["num_experts_per_tok"] = 3;
+  CHECK(Mentions(ErrorOf(j), "disagree"));
 }

@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 using namespace terrace::model;
+using terrace::Status;
 using terrace::testing::TempDir;
 
 namespace {
@@ -141,4 +142,58 @@ TEST_CASE("a SafetensorsFile serves concurrent readers", "[safetensors]") {
   }
   for (auto& t : threads) t.join();
   CHECK(bad.load() == 0);
+}
+
+TEST_CASE("the tensors must cover the data section exactly: a header length off by one is refused", "[safetensors]") {
+  TempDir dir("st");
+  SafetensorsWriter w;
+  const std::vector<float> a{1.0f, 2.0f, 3.0f}, b{4.0f};
+  REQUIRE(w.Add("a", DType::kF32, {3}, std::as_bytes(std::span(a))).ok());
+  REQUIRE(w.Add("b", DType::kF32, {1}, std::as_bytes(std::span(b))).ok());
+  const auto path = dir.path() / "x.safetensors";
+  REQUIRE(w.Write(path).ok());
+  std::vector<std::byte> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.resize(c.size());
+    std::memcpy(bytes.data(), c.data(), c.size());
+  }
+  SafetensorsHeader h;
+  REQUIRE(ParseSafetensorsHeader(bytes, "x", &h).ok());
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian host
+  auto with_length = [&](std::uint64_t len) {
+    std::vector<std::byte> v = bytes;
+    std::memcpy(v.data(), &len, 8);
+    return v;
+  };
+  // n - 1: the JSON still parses (it ends in padding) and the data section starts one byte early.
+  Status minus = ParseSafetensorsHeader(with_length(n - 1), "x", &h);
+  CHECK(minus.IsCorruption());
+  CHECK(minus.message().find("cover") != std::string::npos);
+  // n + 1 with a data section whose first byte is a space, so the JSON parses too.
+  std::vector<std::byte> plus = with_length(n + 1);
+  plus[8 + n] = std::byte{' '};
+  Status p = ParseSafetensorsHeader(plus, "x", &h);
+  CHECK(p.IsCorruption());
+  // Trailing bytes after the last tensor, and a gap between tensors.
+  std::vector<std::byte> trailing = bytes;
+  trailing.push_back(std::byte{0});
+  CHECK(ParseSafetensorsHeader(trailing, "x", &h).IsCorruption());
+  const std::string gap_json = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})";
+  std::vector<std::byte> gap(8 + gap_json.size() + 5, std::byte{0});
+  const std::uint64_t gl = gap_json.size();
+  std::memcpy(gap.data(), &gl, 8);
+  std::memcpy(gap.data() + 8, gap_json.data(), gap_json.size());
+  Status g = ParseSafetensorsHeader(gap, "x", &h);
+  CHECK(g.IsCorruption());
+  CHECK(g.message().find("[2, 3)") != std::string::npos);
+  // And through SafetensorsFile::Open: the shifted file is not opened.
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    const auto v = with_length(n - 1);
+    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size()));
+  }
+  CHECK(SafetensorsFile::Open(path).status().IsCorruption());
 }

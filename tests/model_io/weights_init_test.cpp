@@ -188,13 +188,17 @@ TEST_CASE("the loader and inspect flag missing, wrong-shape and unexpected tenso
   }
   auto md = ModelDir::Open(dir.path());
   REQUIRE(md.status().IsInvalidArgument());
-  CHECK(md.status().message().find(dropped) != std::string::npos);
+  CHECK(md.status().message().find("num_experts = 4") != std::string::npos);
+  CHECK(md.status().message().find("and 2 more problems") != std::string::npos);
   auto r = InspectModelDir(dir.path());
   REQUIRE(r.ok());
-  REQUIRE(r->problems.size() == 3);
   std::string all;
   for (const auto& p : r->problems) all += p + "\n";
   INFO(all);
+  REQUIRE(r->problems.size() == 4);
+  // The router's shape disagrees with num_experts: said first, in the config's terms.
+  CHECK(r->problems.front().find("num_experts = 4, but tensor '" + reshaped + "' has shape [256, 4]") !=
+        std::string::npos);
   CHECK(all.find(dropped + "' is missing") != std::string::npos);
   CHECK(all.find(reshaped + "' has shape [256, 4], expected [4, 256]") != std::string::npos);
   CHECK(all.find("language_model.model.extra") != std::string::npos);
