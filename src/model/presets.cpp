@@ -22,7 +22,7 @@ void SetLayers(ModelConfig* c, int layers, std::vector<int> extra_mla = {}) {
   }
 }
 
-// model-notes section 7.
+// A toy size that keeps every K3 mechanism's character (docs/model-format.md section 3).
 ModelConfig K3Toy() {
   ModelConfig c;
   c.model_type = "kimi_k3";
@@ -82,9 +82,8 @@ ModelConfig K3Small() {
   return c;
 }
 
-// model-notes sections 1-5. Not stated there, chosen here (documented in docs/model-format.md):
-// num_attention_heads 64 (as Kimi K2, whose MLA K3 inherits); fused shared-expert intermediate
-// 2 x 3072; routed_scaling_factor 1.0 (the value most sources report).
+// Kimi K3 as its published config.json (text_config) states it; every value and its source:
+// docs/model-format.md section 3.
 ModelConfig KimiK3() {
   ModelConfig c = K3Toy();
   SetLayers(&c, 93, {93});
@@ -92,7 +91,7 @@ ModelConfig KimiK3() {
   c.vocab_size = 163840;
   c.kda.num_heads = 96;
   c.kda.head_dim = 128;
-  c.num_attention_heads = 64;
+  c.num_attention_heads = 96;
   c.q_lora_rank = 1536;
   c.kv_lora_rank = 512;
   c.qk_nope_head_dim = 128;
@@ -109,9 +108,10 @@ ModelConfig KimiK3() {
   return c;
 }
 
-// Kimi Linear 48B-A3B (model-notes section 1 plus its public config.json): no AttnRes
-// (attn_res_block_size 0 = plain residual stream), unbounded gate, low-rank output gate, plain q_proj,
-// no latent projection (routed_expert_hidden_size == hidden_size), no latent norm, no MLA output gate.
+// Kimi Linear 48B-A3B as its published config.json (and transformers' KimiLinearConfig defaults,
+// which are that model's values) states it: no AttnRes (attn_res_block_size 0 = plain residual
+// stream), unbounded gate, low-rank output gate, plain q_proj, no latent projection
+// (routed_expert_hidden_size == hidden_size), no latent norm, no MLA output gate, SiLU MLPs.
 ModelConfig KimiLinear48B() {
   ModelConfig c = K3Toy();
   c.model_type = "kimi_linear";
@@ -140,6 +140,7 @@ ModelConfig KimiLinear48B() {
   c.first_k_dense_replace = 1;
   c.intermediate_size = 9216;
   c.attn_res_block_size = 0;
+  c.hidden_act = Activation::kSilu;
   return c;
 }
 

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "src/model/config.h"
 #include "src/model/names.h"
 
@@ -91,4 +93,53 @@ TEST_CASE("ExpectedTensors follows the config's switches", "[names]") {
   CHECK(names.count(MoeTensorName(1, "routed_expert_norm.weight")) == 0);
   CHECK(names.count(LayerTensorName(1, "mlp_res_proj.weight")) == 0);
   CHECK(names.count(std::string(kOutputAttnResProj)) == 0);
+}
+
+// Shapes from the tensor list of Kimi K3's published checkpoint (moonshotai/Kimi-K3: 96 shards,
+// 497,220 tensors of which 168 belong to the vision tower and its projector).
+TEST_CASE("the kimi-k3 preset implies the published K3 checkpoint's tensors", "[names][presets]") {
+  const ModelConfig c = *Preset("kimi-k3");
+  const auto specs = ExpectedTensors(c);
+  CHECK(specs.size() == 497'220 - 168);
+  std::map<std::string, std::vector<std::int64_t>> shape;
+  for (const auto& s : specs) shape[s.name] = s.shape;
+  const std::vector<std::pair<std::string, std::vector<std::int64_t>>> published = {
+      {"language_model.model.embed_tokens.weight", {163840, 7168}},
+      {"language_model.lm_head.weight", {163840, 7168}},
+      {"language_model.model.layers.0.mlp.gate_proj.weight", {33792, 7168}},
+      {"language_model.model.layers.0.self_attn.q_proj.weight", {12288, 7168}},
+      {"language_model.model.layers.0.self_attn.b_proj.weight", {96, 7168}},
+      {"language_model.model.layers.0.self_attn.f_a_proj.weight", {128, 7168}},
+      {"language_model.model.layers.0.self_attn.f_b_proj.weight", {12288, 128}},
+      {"language_model.model.layers.0.self_attn.dt_bias", {12288}},
+      {"language_model.model.layers.0.self_attn.q_conv1d.weight", {12288, 1, 4}},
+      {"language_model.model.layers.0.self_attn.g_proj.weight", {12288, 7168}},
+      {"language_model.model.layers.0.self_attn.o_norm.weight", {128}},
+      {"language_model.model.layers.3.self_attn.q_a_proj.weight", {1536, 7168}},
+      {"language_model.model.layers.3.self_attn.q_b_proj.weight", {18432, 1536}},
+      {"language_model.model.layers.3.self_attn.kv_a_proj_with_mqa.weight", {576, 7168}},
+      {"language_model.model.layers.3.self_attn.kv_b_proj.weight", {24576, 512}},
+      {"language_model.model.layers.3.self_attn.g_proj.weight", {12288, 7168}},
+      {"language_model.model.layers.3.self_attn.o_proj.weight", {7168, 12288}},
+      {"language_model.model.layers.92.self_attn.kv_b_proj.weight", {24576, 512}},
+      {"language_model.model.layers.1.block_sparse_moe.gate.weight", {896, 7168}},
+      {"language_model.model.layers.1.block_sparse_moe.routed_expert_down_proj.weight", {3584, 7168}},
+      {"language_model.model.layers.1.block_sparse_moe.routed_expert_up_proj.weight", {7168, 3584}},
+      {"language_model.model.layers.1.block_sparse_moe.routed_expert_norm.weight", {3584}},
+      {"language_model.model.layers.1.block_sparse_moe.shared_experts.gate_proj.weight", {6144, 7168}},
+      {"language_model.model.layers.1.block_sparse_moe.shared_experts.down_proj.weight", {7168, 6144}},
+      {"language_model.model.layers.92.block_sparse_moe.experts.895.w1.weight_packed", {3072, 1792}},
+      {"language_model.model.layers.92.block_sparse_moe.experts.895.w1.weight_scale", {3072, 112}},
+      {"language_model.model.layers.92.block_sparse_moe.experts.895.w2.weight_packed", {3584, 1536}},
+      {"language_model.model.layers.92.block_sparse_moe.experts.895.w2.weight_scale", {3584, 96}},
+      {"language_model.model.layers.92.mlp_res_proj.weight", {1, 7168}},
+      {"language_model.model.output_attn_res_proj.weight", {1, 7168}},
+  };
+  for (const auto& [name, want] : published) {
+    INFO(name);
+    REQUIRE(shape.count(name));
+    CHECK(shape[name] == want);
+  }
+  CHECK(c.hidden_act == Activation::kSitu);
+  CHECK(c.num_attention_heads == c.kda.num_heads);
 }
