@@ -27,7 +27,7 @@ struct DemoArgs {
   bool fresh = false;
 };
 
-// k3-toy shapes (model-notes section 7).
+// k3-toy shapes (docs/model-format.md section 3).
 constexpr int kChunkTokens = 64;
 constexpr int kMlaLayers[] = {3, 7};                 // 0-based
 constexpr int kKdaLayers[] = {0, 1, 2, 4, 5, 6};

@@ -1,4 +1,4 @@
-// Block Attention Residuals (model-notes section 4): a softmax mix over the bank of completed block
+// Block Attention Residuals (docs/model.md, "Block Attention Residuals"): a softmax mix over the bank of completed block
 // vectors plus the running partial sum, scored by a learned pseudo-query against RMS-normed keys.
 // Thread-safety: reentrant.
 #pragma once

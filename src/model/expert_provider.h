@@ -1,8 +1,5 @@
-// Where routed experts come from. The forward pass asks an ExpertProvider for each selected expert
-// (Acquire ... Release) and tells it the router's selection as soon as it is known (Prefetch), so a
-// later layer can serve experts from the Terrace store (HBM / host / NVMe) instead of keeping all of
-// them resident. The default, ResidentExpertProvider, dequantises every expert from a WeightSource
-// once and keeps it.
+// The default ExpertProvider (declared in the public terrace/model_weights.h): ResidentExpertProvider
+// dequantises every expert from a WeightSource once and keeps it; LoadExpert reads one expert.
 #pragma once
 
 #include <cstdint>
@@ -14,31 +11,10 @@
 
 #include "src/model/config.h"
 #include "src/model/tensor.h"
-#include "src/model/weight_source.h"
+#include "terrace/model_weights.h"
 #include "terrace/status.h"
 
 namespace terrace::model {
-
-// One routed expert in fp32. w1 (gate) and w3 (up) are [intermediate, latent]; w2 (down) is
-// [latent, intermediate].
-struct ExpertWeights {
-  Tensor w1, w2, w3;
-};
-
-// Thread-safety: implementations must allow concurrent calls from different threads.
-class ExpertProvider {
- public:
-  virtual ~ExpertProvider() = default;
-  // The expert's weights, valid until the matching Release(layer, expert). Every successful Acquire
-  // is paired with exactly one Release. Errors name the layer and expert.
-  virtual Result<const ExpertWeights*> Acquire(int layer, int expert) = 0;
-  virtual void Release(int layer, int expert) = 0;
-  // A hint: these experts of `layer` will be acquired soon. Must not block on I/O. Default: no-op.
-  virtual void Prefetch(int layer, std::span<const int> experts) {
-    (void)layer;
-    (void)experts;
-  }
-};
 
 // Reads one expert's w1/w2/w3 at `prefix` + "{w1,w2,w3}." + ("weight_packed" + "weight_scale" as
 // MXFP4, or "weight" as F32/BF16/F16) and checks the shapes against latent x intermediate.

@@ -1,4 +1,4 @@
-// Kimi Delta Attention (model-notes section 2): the recurrence in its recurrent and chunkwise forms,
+// Kimi Delta Attention (docs/model.md, "KDA"): the recurrence in its recurrent and chunkwise forms,
 // and the full KDA mixer (projections, short conv, gates, gated per-head RMSNorm output).
 //
 // Layouts (one sequence, fp32, row-major): q, k, g [T, H, K]; v, o [T, H, V]; beta [T, H];

@@ -1,4 +1,4 @@
-// Gated Multi-head Latent Attention with NoPE (model-notes section 3), in the naive form (keys and
+// Gated Multi-head Latent Attention with NoPE (docs/model.md, "MLA"), in the naive form (keys and
 // values expanded per head from the latent cache) and the absorbed form (queries mapped into the
 // latent space; values expanded after the softmax). Both give the same result.
 //

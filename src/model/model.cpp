@@ -99,7 +99,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
       std::copy_n(embed_.ptr() + static_cast<std::int64_t>(tokens[static_cast<std::size_t>(t)]) * d, d, &hidden[static_cast<std::size_t>(t * d)]);
   }
   const int bs = config_.attn_res_block_size;
-  std::vector<Rows> bank;  // per forward pass only (model-notes section 4)
+  std::vector<Rows> bank;  // per forward pass only (docs/model.md, "Block Attention Residuals")
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = layer(l);
     if (bs > 0) {

@@ -109,6 +109,15 @@ Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& di
   return md;
 }
 
+Result<Checkpoint> OpenCheckpoint(const std::filesystem::path& dir) {
+  TERRACE_ASSIGN_OR_RETURN(auto md, ModelDir::Open(dir, /*check_tensors=*/true));
+  Checkpoint c;
+  c.config = md->config();
+  c.config_keys = md->config_keys();
+  c.weights = std::move(md);
+  return c;
+}
+
 Result<TensorView> ModelDir::Get(std::string_view name) const {
   const auto it = where_.find(name);
   if (it == where_.end()) {

@@ -104,6 +104,10 @@ Status LoadMoe(const Loader& ld, const WeightSource& src, const ModelConfig& c, 
 
 }  // namespace
 
+Model::Model() = default;
+Model::~Model() = default;
+const LayerWeights& Model::layer(int l) const { return *layers_[static_cast<std::size_t>(l)]; }
+
 KdaDims Model::kda_dims() const {
   KdaDims k;
   k.hidden = config_.hidden_size;
@@ -204,7 +208,7 @@ Result<std::unique_ptr<Model>> Model::LoadImpl(const ModelConfig& config, const 
     } else {
       TERRACE_RETURN_IF_ERROR(LoadMoe(ld, source, config, moe, l, &lw.moe));
     }
-    m->layers_.push_back(std::move(lw));
+    m->layers_.push_back(std::make_unique<LayerWeights>(std::move(lw)));
   }
   if (experts) {
     m->experts_ = std::move(experts);

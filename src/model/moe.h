@@ -14,6 +14,7 @@
 #include "src/model/config.h"
 #include "src/model/expert_provider.h"
 #include "src/model/tensor.h"
+#include "terrace/model.h"
 #include "terrace/status.h"
 
 namespace terrace::model {
@@ -35,13 +36,6 @@ struct MoeDims {
   Activation act = Activation::kSitu;  // hidden_act
   bool renormalize = true;             // moe_renormalize
   bool HasLatentProjection() const { return latent != hidden; }
-};
-
-// The router's choice for T tokens: ids and weights [T, top_k], ids by decreasing biased score.
-struct Routing {
-  std::int64_t top_k = 0;
-  std::vector<int> ids;
-  std::vector<float> weights;
 };
 
 Status CheckMoeWeights(const MoeWeights& w, const MoeDims& dims, std::string_view where);

@@ -139,7 +139,7 @@ TEST_CASE("null q_lora_rank means a plain q_proj; absent switches are off", "[co
   CHECK(!c->kda.gate_lower_bound);
 }
 
-TEST_CASE("presets validate and match the model notes", "[config][presets]") {
+TEST_CASE("presets validate and match the published configs", "[config][presets]") {
   for (const auto& name : PresetNames()) CHECK(Preset(name).ok());
   CHECK(Preset("k3-huge").status().message().find("k3-toy") != std::string::npos);
 

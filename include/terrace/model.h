@@ -1,0 +1,126 @@
+// Public model API (docs/model.md, "Public API"): the reference forward pass of a K3-style model
+// (Model) and one sequence's run through it (Session).
+//
+// Model: embedding, decoder layers (RMSNorm -> KDA or MLA mixer -> RMSNorm -> dense or MoE FFN)
+// wired through Block Attention Residuals (or a plain residual stream), final RMSNorm, lm_head;
+// the math is docs/model.md, "The math". Dense weights come from a WeightSource, converted to fp32
+// once at Load; routed experts from an ExpertProvider, acquired per use; per-sequence state from
+// the caller's SequenceState. Thread-safety: a loaded Model is immutable; Forward may run
+// concurrently on different SequenceStates (if the ExpertProvider is thread-safe).
+//
+// Session: prefill (chunkwise KDA, naive MLA), decode (recurrent KDA, absorbed MLA over the latent
+// cache), greedy generation, with per-component timing. Ownership: the Model must outlive the
+// Session. Thread-safety: one thread per Session; several Sessions may share one Model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "terrace/model_config.h"
+#include "terrace/model_profile.h"
+#include "terrace/model_state.h"
+#include "terrace/model_tensor.h"
+#include "terrace/model_weights.h"
+#include "terrace/status.h"
+
+namespace terrace::model {
+
+// Internal types (src/model/): a layer's fp32 weights and the kernels' dimensions.
+struct LayerWeights;
+struct KdaDims;
+struct MlaDims;
+struct MoeDims;
+
+// The router's choice for T tokens: ids and weights [T, top_k], ids by decreasing biased score.
+struct Routing {
+  std::int64_t top_k = 0;
+  std::vector<int> ids;
+  std::vector<float> weights;
+};
+
+struct ForwardOptions {
+  bool chunked_kda = true;   // chunkwise KDA core (prefill); false: recurrent (decode)
+  bool absorbed_mla = false; // absorbed MLA (decode); false: naive (prefill)
+  bool all_logits = true;    // logits for every token; false: only the last
+  Profile* profile = nullptr;
+  // Called after each MoE layer's routing with the layer index and its choice.
+  std::function<void(int layer, const Routing& routing)> on_routing;
+};
+
+class Model {
+ public:
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  // Reads and converts every dense weight, checking names and shapes (errors name the tensor).
+  // experts: null -> a ResidentExpertProvider over `source`.
+  static Result<std::unique_ptr<Model>> Load(const ModelConfig& config, const WeightSource& source,
+                                             std::shared_ptr<ExpertProvider> experts = nullptr);
+
+  const ModelConfig& config() const { return config_; }
+  ExpertProvider* experts() const { return experts_.get(); }
+  // Internal (src/model/kda.h, mla.h, moe.h): the kernels' dimensions.
+  KdaDims kda_dims() const;
+  MlaDims mla_dims() const;
+  MoeDims moe_dims() const;
+  const LayerWeights& layer(int l) const;  // internal (src/model/model.h)
+
+  // Runs `tokens` through the model, continuing `state` (updated in place). Returns logits
+  // [T, vocab] (or [1, vocab] when !all_logits). InvalidArgument for an empty input or an id >= vocab;
+  // Corruption when a logit is not finite (NaN or infinite: the weights overflow), OutOfCapacity when
+  // memory runs out. After an error the state is unusable (Reset it).
+  Result<Tensor> Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
+
+ private:
+  Model();
+  static Result<std::unique_ptr<Model>> LoadImpl(const ModelConfig& config, const WeightSource& source,
+                                                 std::shared_ptr<ExpertProvider> experts);
+  Result<Tensor> ForwardImpl(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
+  Status RunLayer(int l, std::int64_t T, const float* normed, SequenceState* state, const ForwardOptions& o,
+                  float* mixer_out) const;
+  Status RunFfn(int l, std::int64_t T, const float* normed, const ForwardOptions& o, float* out) const;
+
+  ModelConfig config_;
+  std::shared_ptr<ExpertProvider> experts_;
+  Tensor embed_, final_norm_, lm_head_, out_res_w_, out_res_n_;
+  std::vector<std::unique_ptr<LayerWeights>> layers_;
+};
+
+class Session {
+ public:
+  explicit Session(const Model& model) : model_(model), state_(SequenceState::ForConfig(model.config())) {}
+
+  // Appends `tokens` to the sequence; returns their logits [T, vocab].
+  Result<Tensor> Prefill(std::span<const int> tokens);
+  // Appends one token; returns its logits [vocab].
+  Result<std::vector<float>> Decode(int token);
+  // Prefills `prompt` then decodes greedily (argmax, ties to the lowest id) max_new tokens (>= 0);
+  // returns the generated ids. The last logits stay available in last_logits().
+  Result<std::vector<int>> Generate(std::span<const int> prompt, int max_new);
+
+  const std::vector<float>& last_logits() const { return last_logits_; }
+  SequenceState& state() { return state_; }
+  const SequenceState& state() const { return state_; }
+  Profile& profile() { return profile_; }
+  // Wall seconds spent in Prefill / Decode calls, and the tokens they processed.
+  double prefill_seconds() const { return prefill_s_; }
+  double decode_seconds() const { return decode_s_; }
+  std::int64_t prefill_tokens() const { return prefill_tokens_; }
+  std::int64_t decode_tokens() const { return decode_tokens_; }
+
+ private:
+  const Model& model_;
+  SequenceState state_;
+  Profile profile_;
+  std::vector<float> last_logits_;
+  double prefill_s_ = 0.0, decode_s_ = 0.0;
+  std::int64_t prefill_tokens_ = 0, decode_tokens_ = 0;
+};
+
+// Index of the largest value; ties go to the lowest index. -1 for an empty span.
+int Argmax(std::span<const float> values);
+
+}  // namespace terrace::model

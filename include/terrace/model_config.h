@@ -1,0 +1,111 @@
+// Public model API (docs/model.md, "Public API"). ModelConfig: the K3-style architecture hyper-parameters, read from an HF-style config.json
+// (top level, or nested under "text_config") or taken from a named preset.
+// Field names follow K3 / Kimi Linear's config.json; every key and its rule: docs/model-format.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terrace/status.h"
+
+namespace terrace::model {
+
+// The activation of every gated MLP (dense layers, shared experts, routed experts):
+// out = W_down(act(W_gate x, W_up x)).
+enum class Activation : std::uint8_t {
+  kSitu,  // "situ": (b_g tanh(g / b_g) sigmoid(g)) * (b_u tanh(u / b_u)) (K3)
+  kSilu,  // "silu" / "swish": g sigmoid(g) * u (SwiGLU; Kimi Linear)
+};
+std::string_view ActivationName(Activation a);  // "situ", "silu"
+
+struct KdaConfig {                    // "linear_attn_config"
+  int num_heads = 0;
+  int head_dim = 0;                   // d_k == d_v
+  int short_conv_kernel_size = 4;
+  bool use_full_rank_gate = true;     // K3: output gate W_g is d -> H*d_v; false: low rank (Kimi Linear)
+  std::optional<float> gate_lower_bound;  // K3: -5 (bounded gate); unset: Kimi Linear's unbounded gate
+  std::vector<int> full_attn_layers;  // 1-based, as in config.json
+  std::vector<int> kda_layers;        // 1-based
+};
+
+struct ModelConfig {
+  std::string model_type = "kimi_k3";
+  int num_hidden_layers = 0;
+  int hidden_size = 0;
+  int vocab_size = 0;
+  float rms_norm_eps = 1e-5f;
+  KdaConfig kda;
+
+  // MLA
+  int num_attention_heads = 0;
+  std::optional<int> q_lora_rank;     // nullopt: plain q_proj
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  bool mla_use_nope = true;
+  bool mla_use_output_gate = true;
+
+  // MoE
+  int num_experts = 0;
+  int num_experts_per_token = 0;
+  int num_shared_experts = 0;
+  int moe_intermediate_size = 0;      // per routed expert
+  int routed_expert_hidden_size = 0;  // the latent width (K3: 3584); == hidden_size means no latent projection
+  bool latent_moe_use_norm = true;
+  float routed_scaling_factor = 1.0f;
+  int first_k_dense_replace = 1;      // layers [0, k) use a dense MLP
+  int intermediate_size = 0;          // dense MLP intermediate
+  int shared_expert_intermediate_size = 0;  // fused shared experts: num_shared_experts * moe_intermediate_size unless given
+
+  int attn_res_block_size = 0;        // transformer layers per AttnRes block
+  float activation_situ_beta = 4.0f;         // SiTU gate: beta * tanh(g / beta) * sigmoid(g)
+  float activation_situ_linear_beta = 25.0f; // SiTU linear: beta * tanh(u / beta)
+  Activation hidden_act = Activation::kSitu;  // "hidden_act"; default by model_type (kimi_linear: silu)
+  bool moe_renormalize = true;        // routing weights s_e / sum_sel s (false: s_e), then * scaling
+  bool tie_word_embeddings = false;   // lm_head = embed_tokens (no lm_head tensor)
+
+  // Derived helpers (0-based layer index).
+  bool IsMlaLayer(int layer) const;
+  bool IsKdaLayer(int layer) const { return !IsMlaLayer(layer); }
+  bool IsDenseLayer(int layer) const { return layer < first_k_dense_replace; }
+  int MlaCacheWidth() const { return kv_lora_rank + qk_rope_head_dim; }  // values per token per MLA layer
+  int QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool HasLatentProjection() const { return routed_expert_hidden_size != hidden_size; }
+  // eps of MLA's q_a_layernorm / kv_a_layernorm: Kimi Linear's code constructs them with the RMSNorm
+  // default 1e-6, K3's with rms_norm_eps.
+  float MlaLatentNormEps() const { return model_type == "kimi_linear" ? 1e-6f : rms_norm_eps; }
+};
+
+// What ParseConfigJson made of each key of the file (dotted paths, e.g. "text_config.hidden_size",
+// in file order): `read` keys are honoured; `ignored` keys are known not to change the computation
+// (generation defaults, token ids, dtype hints, rope settings under NoPE, ...).
+struct ConfigKeys {
+  std::vector<std::string> read;
+  std::vector<std::string> ignored;
+};
+
+// Parses config.json text. Every key must be known: one Terrace honours, or one it knows to be
+// harmless (listed in `keys` as ignored). A key Terrace does not know, a value it does not implement
+// (hidden_act "gelu", moe_router_activation_func "softmax", ...), a missing required field or an
+// inconsistent or out-of-range one yields InvalidArgument naming the key and `source` (the file path).
+Result<ModelConfig> ParseConfigJson(std::string_view json_text, std::string_view source = "config.json",
+                                    ConfigKeys* keys = nullptr);
+Result<ModelConfig> LoadConfig(const std::filesystem::path& path, ConfigKeys* keys = nullptr);
+// Checks the invariants every consumer relies on (layer lists cover every layer exactly once, top-k
+// <= experts, ...) and the sane ranges of docs/model-format.md section 2 (dimensions, eps, scaling
+// factors, and the total size the config implies), so no consumer allocates from an absurd value.
+// ParseConfigJson calls it.
+Status ValidateConfig(const ModelConfig& config);
+// Serialises back to config.json (the same field names, top level).
+std::string ToConfigJson(const ModelConfig& config);
+
+// Presets: "k3-toy", "k3-small", "kimi-k3", "kimi-linear-48b".
+Result<ModelConfig> Preset(std::string_view name);
+std::vector<std::string> PresetNames();
+
+}  // namespace terrace::model
