@@ -1,0 +1,59 @@
+"""`terrace model run` / `inspect` on the checkpoint transformers saved (tests/kimi_linear/), against
+transformers' own logits, read here with Python's safetensors (an independent reader)."""
+import json
+import pathlib
+import shutil
+import struct
+
+import numpy as np
+from safetensors.numpy import load_file
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "kimi_linear"
+
+
+def test_run_reproduces_transformers_logits(terrace, tmp_path):
+    expected = load_file(str(FIXTURE / "expected.safetensors"))
+    ids = ",".join(str(int(i)) for i in expected["input_ids"])
+    out = tmp_path / "logits.safetensors"
+    terrace("model", "run", "--model", FIXTURE / "checkpoint", "--tokens", ids, "--dump-logits", out)
+    got = load_file(str(out))["logits"]
+    ref = expected["logits"]
+    assert got.shape == ref.shape
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert rel < 1e-5, rel
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_inspect_lists_config_keys_read_and_ignored(terrace):
+    r = terrace("model", "inspect", FIXTURE / "checkpoint", "--json", "--summary")
+    j = json.loads(r.stdout)
+    assert j["problems"] == []
+    assert "hidden_act" in j["config_keys"]["read"]
+    assert "layer_types" in j["config_keys"]["read"]
+    assert "architectures" in j["config_keys"]["ignored"]
+    assert "transformers_version" in j["config_keys"]["ignored"]
+    text = terrace("model", "inspect", FIXTURE / "checkpoint", "--summary").stdout
+    assert "config keys read" in text and "config keys ignored" in text
+
+
+def test_broken_checkpoints_fail_with_exit_1(terrace, tmp_path):
+    # An unknown activation: refused, naming the key.
+    bad = tmp_path / "gelu"
+    shutil.copytree(FIXTURE / "checkpoint", bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["hidden_act"] = "gelu"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    r = terrace("model", "run", "--model", bad, "--tokens", "1,2,3", check=False)
+    assert r.returncode == 1 and "hidden_act" in r.stderr and "gelu" in r.stderr
+
+    # A header length one short: the data section would shift by a byte; refused.
+    shifted = tmp_path / "shifted"
+    shutil.copytree(FIXTURE / "checkpoint", shifted)
+    st = shifted / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    data[:8] = struct.pack("<Q", n - 1)
+    assert data[8 + n - 1:8 + n] == b" "  # the JSON ends in padding, so it still parses at n - 1
+    st.write_bytes(bytes(data))
+    r = terrace("model", "run", "--model", shifted, "--tokens", "1,2,3", check=False)
+    assert r.returncode == 1 and "cover" in r.stderr, r.stderr
