@@ -258,6 +258,8 @@ Status RefMoe(const RefArgs& a) {
   m.top_k = a.top_k.value_or(cfg ? cfg->num_experts_per_token : 0);
   if (m.top_k <= 0) return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
   m.scaling = static_cast<float>(a.scaling.value_or(cfg ? cfg->routed_scaling_factor : 1.0));
+  m.act = cfg ? cfg->hidden_act : Activation::kSitu;  // hidden_act: never SiTU for a SiLU model
+  m.renormalize = cfg ? cfg->moe_renormalize : true;
   m.situ_beta = static_cast<float>(a.situ_beta.value_or(cfg ? cfg->activation_situ_beta : 4.0));
   m.situ_linear_beta = static_cast<float>(a.situ_linear_beta.value_or(cfg ? cfg->activation_situ_linear_beta : 25.0));
   m.rms_eps = static_cast<float>(a.eps.value_or(cfg ? cfg->rms_norm_eps : 1e-5));
