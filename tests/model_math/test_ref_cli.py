@@ -3,6 +3,7 @@
 Run by ctest with TERRACE_BIN pointing at the terrace binary. Skips visibly if numpy, safetensors or
 ml_dtypes is missing.
 """
+import json
 import os
 import subprocess
 
@@ -145,7 +146,12 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def moe_numpy(t, E, k, scaling, latent_norm, eps=1e-5):
+def silu_glu(g, u):
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def moe_numpy(t, E, k, scaling, latent_norm, eps=1e-5, act=None):
+    act = act or situ
     x = t["hidden_states"].astype(np.float64)
     s = 1.0 / (1.0 + np.exp(-(x @ t["gate.weight"].T.astype(np.float64))))
     biased = s + t["gate.e_score_correction_bias"]
@@ -160,12 +166,12 @@ def moe_numpy(t, E, k, scaling, latent_norm, eps=1e-5):
             w1 = mxfp4_numpy(t[f"experts.{e}.w1.weight_packed"], t[f"experts.{e}.w1.weight_scale"])
             w2 = mxfp4_numpy(t[f"experts.{e}.w2.weight_packed"], t[f"experts.{e}.w2.weight_scale"])
             w3 = mxfp4_numpy(t[f"experts.{e}.w3.weight_packed"], t[f"experts.{e}.w3.weight_scale"])
-            y[i] += wt * (w2 @ situ(w1 @ z[i], w3 @ z[i]))
+            y[i] += wt * (w2 @ act(w1 @ z[i], w3 @ z[i]))
     if latent_norm:
         y = rmsnorm(y, t["routed_expert_norm.weight"], eps)
     out = y @ t["routed_expert_up_proj.weight"].T
     sg, su, sd = (t[f"shared_experts.{p}_proj.weight"] for p in ("gate", "up", "down"))
-    out += situ(x @ sg.T, x @ su.T) @ sd.T
+    out += act(x @ sg.T, x @ su.T) @ sd.T
     return out, ids
 
 
@@ -200,6 +206,24 @@ def test_moe_matches_numpy(tmp_path, scaling):
     np.testing.assert_array_equal(out["topk_ids"], ids)
     assert rel_err(out["output"], want) < 1e-4
     assert out["topk_weights"].sum(axis=1) == pytest.approx(scaling, rel=1e-5)
+
+
+@pytest.mark.parametrize("hidden_act", ["situ", "silu"])
+def test_moe_config_hidden_act_selects_the_activation(tmp_path, hidden_act):
+    pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    rng = np.random.default_rng(11)
+    t = moe_inputs(rng)
+    p = subprocess.run([BIN, "model", "inspect", "--preset", "k3-toy", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    cfg = json.loads(p.stdout)["config"]
+    cfg.update({"hidden_size": 64, "routed_expert_hidden_size": 32, "num_experts": 8, "num_experts_per_token": 3,
+                "moe_intermediate_size": 64, "shared_expert_intermediate_size": 48, "routed_scaling_factor": 1.5,
+                "hidden_act": hidden_act})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = run_ref(tmp_path, "moe", t, "--config", str(tmp_path / "config.json"))
+    want, ids = moe_numpy(t, 8, 3, 1.5, True, act=silu_glu if hidden_act == "silu" else situ)
+    np.testing.assert_array_equal(out["topk_ids"], ids)
+    assert rel_err(out["output"], want) < 1e-4
 
 
 def test_moe_bad_expert_shape_names_tensor(tmp_path):
