@@ -42,8 +42,8 @@ struct Expected {
   Tensor logits;  // [T, vocab]
 };
 
-Expected LoadExpected() {
-  auto f = SafetensorsFile::Open(FixtureDir() / "expected.safetensors");
+Expected LoadExpected(const std::string& suffix = "") {
+  auto f = SafetensorsFile::Open(FixtureDir() / ("expected" + suffix + ".safetensors"));
   REQUIRE_OK(f);
   auto ids = (*f)->Get("input_ids");
   REQUIRE_OK(ids);
@@ -152,8 +152,11 @@ bool IsRoutedExpert(const std::string& name) { return name.find(".experts.") != 
 }  // namespace
 
 TEST_CASE("a transformers KimiLinear checkpoint computes transformers' logits", "[kimi_linear]") {
-  const Expected e = LoadExpected();
-  auto md = ModelDir::Open(FixtureDir() / "checkpoint");
+  // "": plain q_proj (as Kimi Linear 48B); "_qlora": q_a_proj + q_a_layernorm + q_b_proj (as K3).
+  const std::string suffix = GENERATE(as<std::string>{}, "", "_qlora");
+  INFO("fixture checkpoint" << suffix);
+  const Expected e = LoadExpected(suffix);
+  auto md = ModelDir::Open(FixtureDir() / ("checkpoint" + suffix));
   REQUIRE_OK(md);
   const ModelConfig& c = (*md)->config();
   CHECK(c.model_type == "kimi_linear");
@@ -180,9 +183,10 @@ TEST_CASE("a transformers KimiLinear checkpoint computes transformers' logits", 
     stepped.insert(stepped.end(), row->begin(), row->end());
   }
   const Err d = Compare(stepped, e.logits.data, V);
-  std::printf("kimi_linear fixture vs transformers (%zu tokens x %zu vocab, fp32): prefill max|diff|/max|ref| = %.3g "
-              "(worst position %.3g); decode %.3g (worst position %.3g)\n",
-              e.ids.size(), V, p.rel_to_max, p.worst_row, d.rel_to_max, d.worst_row);
+  CHECK(c.q_lora_rank.has_value() == (suffix == "_qlora"));
+  std::printf("kimi_linear fixture checkpoint%s vs transformers (%zu tokens x %zu vocab, fp32): prefill "
+              "max|diff|/max|ref| = %.3g (worst position %.3g); decode %.3g (worst position %.3g)\n",
+              suffix.c_str(), e.ids.size(), V, p.rel_to_max, p.worst_row, d.rel_to_max, d.worst_row);
   CHECK(p.rel_to_max < 1e-5);
   CHECK(d.rel_to_max < 1e-5);
   CHECK(p.worst_row < 1e-5);

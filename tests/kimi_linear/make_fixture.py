@@ -3,7 +3,9 @@
 
 A tiny random KimiLinearForCausalLM (transformers' native implementation: KDA + NoPE MLA + MoE, dense
 first layer, SiLU experts, low-rank output gate) is saved with `save_pretrained` (safetensors, fp32)
-into `checkpoint/`, and its fp32 logits for fixed token ids into `expected.safetensors`:
+into `checkpoint/`, and its fp32 logits for fixed token ids into `expected.safetensors`; a second
+one whose MLA layers use a low-rank query (q_lora_rank 16: q_a_proj, q_a_layernorm, q_b_proj, as
+K3 does) into `checkpoint_qlora/` and `expected_qlora.safetensors`:
   input_ids  I32 [T]          the prompt
   logits     F32 [T, vocab]   transformers' logits for every position
 
@@ -29,7 +31,7 @@ HIDDEN = 32
 TOKENS = 70  # more than one 64-token KDA chunk
 
 
-def tiny_config() -> KimiLinearConfig:
+def tiny_config(q_lora_rank) -> KimiLinearConfig:
     return KimiLinearConfig(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
@@ -43,7 +45,7 @@ def tiny_config() -> KimiLinearConfig:
         num_experts_per_tok=2,
         routed_scaling_factor=2.446,
         kv_lora_rank=16,
-        q_lora_rank=None,
+        q_lora_rank=q_lora_rank,
         qk_nope_head_dim=8,
         qk_rope_head_dim=8,
         v_head_dim=16,
@@ -91,22 +93,17 @@ def randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
                 b.copy_(0.1 * torch.randn(b.shape, generator=gen))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=pathlib.Path, default=HERE, help="fixture directory (default: next to this script)")
-    args = ap.parse_args()
+def write(out: pathlib.Path, suffix: str, q_lora_rank, seed: int) -> None:
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(20261201)
-    config = tiny_config()
-    model = KimiLinearForCausalLM(config).to(torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    model = KimiLinearForCausalLM(tiny_config(q_lora_rank)).to(torch.float32).eval()
     randomise(model, gen)
 
-    ckpt = args.out / "checkpoint"
+    ckpt = out / f"checkpoint{suffix}"
     if ckpt.exists():
         shutil.rmtree(ckpt)
     model.save_pretrained(ckpt, safe_serialization=True)
-    for extra in ("generation_config.json",):  # not part of the model
-        (ckpt / extra).unlink(missing_ok=True)
+    (ckpt / "generation_config.json").unlink(missing_ok=True)  # not part of the model
 
     ids = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
     with torch.no_grad():
@@ -115,11 +112,19 @@ def main() -> None:
         again = KimiLinearForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
         logits2 = again(input_ids=ids, use_cache=False).logits[0].to(torch.float32)
     assert torch.equal(logits, logits2), "save_pretrained / from_pretrained changed the logits"
-    save_file({"input_ids": ids[0].to(torch.int32).contiguous(), "logits": logits},
-              str(args.out / "expected.safetensors"),
+    expected = out / f"expected{suffix}.safetensors"
+    save_file({"input_ids": ids[0].to(torch.int32).contiguous(), "logits": logits}, str(expected),
               metadata={"torch": torch.__version__, "transformers": transformers.__version__})
-    print(f"wrote {ckpt} and {args.out / 'expected.safetensors'}: {TOKENS} tokens, vocab {VOCAB}, "
+    print(f"wrote {ckpt} and {expected}: {TOKENS} tokens, vocab {VOCAB}, q_lora_rank {q_lora_rank}, "
           f"max |logit| {logits.abs().max().item():.3f} (torch {torch.__version__}, transformers {transformers.__version__})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, default=HERE, help="fixture directory (default: next to this script)")
+    args = ap.parse_args()
+    write(args.out, "", None, 20261201)
+    write(args.out, "_qlora", 16, 20261202)
 
 
 if __name__ == "__main__":
