@@ -1,6 +1,7 @@
-// Public model API (docs/model.md, "Public API"). ModelConfig: the K3-style architecture hyper-parameters, read from an HF-style config.json
-// (top level, or nested under "text_config") or taken from a named preset.
-// Field names follow K3 / Kimi Linear's config.json; every key and its rule: docs/model-format.md.
+// Public model API (docs/model.md, "Public API"). ModelConfig: the K3-style architecture hyper-
+// parameters, read from an HF-style config.json (top level, or nested under "text_config") or taken
+// from a named preset. Field names follow K3 / Kimi Linear's config.json; every key and its rule:
+// docs/model-format.md.
 #pragma once
 
 #include <cstdint>

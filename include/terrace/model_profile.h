@@ -1,5 +1,5 @@
-// Public model API (docs/model.md, "Public API"). Per-component wall-clock accounting for the forward pass (KDA, MLA, MoE, AttnRes, other).
-// Not thread-safe: one Profile per session.
+// Public model API (docs/model.md, "Public API"). Per-component wall-clock accounting for the forward
+// pass (KDA, MLA, MoE, AttnRes, other). Not thread-safe: one Profile per session.
 #pragma once
 
 #include <array>

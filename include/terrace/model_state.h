@@ -1,12 +1,13 @@
-// Public model API (docs/model.md, "Public API"). Per-sequence inference state of the reference model: the KDA recurrent and conv state of every KDA
-// layer and the MLA latent cache of every MLA layer, plus export/import as flat bytes so a later
-// layer can snapshot it into Terrace store blocks.
+// Public model API (docs/model.md, "Public API"). Per-sequence inference state of the reference model:
+// the KDA recurrent and conv state of every KDA layer and the MLA latent cache of every MLA layer,
+// plus export/import as flat bytes so a later layer can snapshot it into Terrace store blocks.
 //
 // Byte layouts (native-endian fp32, no header):
 //   KDA layer: recurrent [H, d_k, d_v] then conv [kernel-1, 3*H*d_k] (oldest conv row first).
 //   MLA layer (or a token range of it): latents [tokens, kv_lora + rope], each row [c_KV | k_pe].
-// Hybrid-cache rule (docs/model.md, "The joint-boundary rule"): a restored state is only usable at a joint boundary,
-// where every KDA layer and every MLA cache covers the same tokens; see ValidateJointBoundary.
+// Hybrid-cache rule (docs/model.md, "The joint-boundary rule"): a restored state is only usable at
+// a joint boundary, where every KDA layer and every MLA cache covers the same tokens; see
+// ValidateJointBoundary.
 // Thread-safety: none (one owner).
 #pragma once
 

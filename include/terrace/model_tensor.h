@@ -1,5 +1,6 @@
-// Public model API (docs/model.md, "Public API"). Tensors for the reference model: a typed, shaped view of bytes (for weights as stored) and an
-// owning fp32 tensor (for compute). Row-major, shape outermost first.
+// Public model API (docs/model.md, "Public API"). Tensors for the reference model: a typed, shaped
+// view of bytes (for weights as stored) and an owning fp32 tensor (for compute). Row-major, shape
+// outermost first.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// Block Attention Residuals (docs/model.md, "Block Attention Residuals"): a softmax mix over the bank of completed block
-// vectors plus the running partial sum, scored by a learned pseudo-query against RMS-normed keys.
-// Thread-safety: reentrant.
+// Block Attention Residuals (docs/model.md, "Block Attention Residuals"): a softmax mix over the bank
+// of completed block vectors plus the running partial sum, scored by a learned pseudo-query against
+// RMS-normed keys. Thread-safety: reentrant.
 #pragma once
 
 #include <cstdint>
