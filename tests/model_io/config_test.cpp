@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -247,4 +251,28 @@ TEST_CASE("two names for one setting must agree", "[config]") {
   CHECK(ParseConfigJson(j.dump()).ok());
   j["num_experts_per_tok"] = 3;
   CHECK(Mentions(ErrorOf(j), "disagree"));
+}
+
+// tests/model_io/data/kimi_k3_config.json: Kimi K3's published config.json (moonshotai/Kimi-K3, as
+// written by transformers 4.56): a kimi_k3 wrapper around a kimi_linear text_config, with every
+// generation default and the vision tower's settings. It must parse, every key accounted for, to
+// exactly the kimi-k3 preset.
+TEST_CASE("K3's published config.json parses to the kimi-k3 preset", "[config][presets]") {
+  const char* src = std::getenv("TERRACE_SOURCE_DIR");
+  const std::filesystem::path path =
+      std::filesystem::path(src ? src : ".") / "tests" / "model_io" / "data" / "kimi_k3_config.json";
+  ConfigKeys keys;
+  auto c = LoadConfig(path, &keys);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(ToConfigJson(*c) == ToConfigJson(*Preset("kimi-k3")));
+  CHECK(c->model_type == "kimi_k3");
+  CHECK(c->MlaLatentNormEps() == 1e-5f);
+  auto has = [](const std::vector<std::string>& v, const std::string& k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  CHECK(has(keys.read, "text_config.hidden_act"));
+  CHECK(has(keys.read, "text_config.quantization_config"));
+  CHECK(has(keys.ignored, "vision_config"));
+  CHECK(has(keys.ignored, "text_config.max_position_embeddings"));
 }
