@@ -1,0 +1,109 @@
+// Shared pieces of the `terrace store` subcommands (cmd_store*.cpp): option helpers that exit 2 on
+// bad values, the store-path arguments every subcommand takes, and the block check that `store
+// check` and `store drill` both run. Internal to the CLI.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "src/cli/command.h"
+#include "terrace/block.h"
+#include "terrace/options.h"
+#include "terrace/status.h"
+
+namespace terrace {
+class NvmeTier;
+}
+
+namespace terrace::cli::store_cmd {
+
+// Exit code of a command line that is wrong (a bad flag value, a path of the wrong kind).
+inline constexpr int kUsageExit = 2;
+// Prints "terrace: error: <message>" and returns kUsageExit.
+int UsageError(std::string_view message);
+
+// An unsigned integer option parsed strictly (digits only: "-1" and "1e3" are refused, no
+// wrap-around) and checked against [lo, hi]; a bad value is a CLI11 ValidationError (exit 2) naming
+// `name` and the range.
+CLI::Option* AddUintOption(CLI::App* app, const std::string& name, std::uint64_t* value, std::uint64_t lo,
+                           std::uint64_t hi, const std::string& help);
+
+// Where a store lives, as the user gave it.
+struct StorePaths {
+  std::string dir;
+  std::string index_dir;
+  std::uint64_t capacity = 0;  // --capacity; 0 = not given
+};
+
+// Adds --dir, --index-dir (and --capacity when `with_capacity`) to `app`.
+void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity);
+
+// The path of the data file of `dir`: dir itself for a block device, else dir/terrace.data.
+std::string DataFilePath(const std::string& dir);
+
+// What the data file's superblock says, read without opening the store (nothing is written).
+struct SuperblockInfo {
+  std::uint64_t capacity_bytes = 0;
+  std::uint32_t format_version = 0;
+  std::string uuid;
+};
+// nullopt when `dir` holds no data file (or a blank block device); an error when it holds one that
+// is unreadable or not a Terrace superblock.
+Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir);
+
+// NvmeTierOptions for an existing store: the capacity comes from the store; --capacity, when given,
+// must match it (InvalidArgument naming the flag otherwise). NotFound naming --dir when there is
+// no store.
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p);
+
+// Refuses (InvalidArgument naming `flag`) anything but an existing regular file, so a directory,
+// a device such as /dev/zero or a FIFO is never read (or waited on) as if it were a list.
+Status CheckRegularInputFile(std::string_view flag, const std::string& path);
+
+// Reads `durable <key>` lines as `store fill` prints them (other lines are refused).
+Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path);
+
+// The verdict on the blocks of one store.
+struct BlockCheck {
+  std::uint64_t indexed = 0;          // blocks the index holds
+  std::uint64_t ok = 0;               // read back with exactly the pattern of the seed
+  std::uint64_t corrupt = 0;          // the tier refused them (checksum) or failed to read them
+  std::uint64_t wrong_content = 0;    // returned as good but differing from the pattern (never allowed)
+  std::uint64_t missing = 0;          // expected keys absent (or not ok)
+  std::uint64_t lost_from_index = 0;  // committed in the data file, absent from the index
+  bool scanned = false;               // the data file was scanned for lost_from_index
+  std::vector<BlockKey> corrupt_keys;
+  std::vector<BlockKey> missing_keys;
+  std::vector<BlockKey> lost_keys;
+};
+
+// Reads every indexed block of `tier` and compares it with FillPattern(seed, key); then checks
+// that every key of `expected` was ok. `report` (may be null) receives one line per bad block.
+BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
+                       const std::function<void(const std::string&)>& report);
+
+// Adds lost_from_index to `check`: scans the data file of `options` and counts committed blocks the
+// tier's index does not hold.
+Status ScanForLostBlocks(const NvmeTierOptions& options, NvmeTier& tier, BlockCheck* check);
+
+// Subcommands defined in their own files.
+void RegisterStoreRecover(CLI::App* store, Runner* run);  // cmd_store_recover.cpp
+void RegisterStoreDrill(CLI::App* store, Runner* run);    // cmd_store_drill.cpp
+void RegisterStoreStats(CLI::App* store, Runner* run);    // cmd_store_stats.cpp
+
+// `store fill`'s hidden drill flags: the fault its child process injects into itself.
+struct FillFault {
+  std::string kind;             // "", "eio", "enospc", "short", "powercut"
+  std::uint64_t seed = 1;
+  double rate = 0.02;           // eio/enospc/short: probability per write request
+  std::uint64_t cut_after = 0;  // powercut: events before the power goes off
+};
+
+}  // namespace terrace::cli::store_cmd

@@ -1,0 +1,201 @@
+// Helpers shared by the `terrace store` subcommands (declared in cmd_store.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
+#include "tiers/nvme/format.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace::cli::store_cmd {
+
+namespace fs = std::filesystem;
+
+int UsageError(std::string_view message) {
+  fmt::print(stderr, "terrace: error: {}\n", message);
+  return kUsageExit;
+}
+
+CLI::Option* AddUintOption(CLI::App* app, const std::string& name, std::uint64_t* value, std::uint64_t lo,
+                           std::uint64_t hi, const std::string& help) {
+  auto* opt = app->add_option_function<std::string>(
+      name,
+      [name, value, lo, hi](const std::string& text) {
+        std::uint64_t v = 0;
+        auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec == std::errc::result_out_of_range || ec != std::errc() ||
+            p != text.data() + text.size() || v < lo || v > hi) {
+          throw CLI::ValidationError(
+              name, fmt::format("'{}' is not a whole number in {}..{}", text, lo, hi));
+        }
+        *value = v;
+      },
+      help);
+  opt->type_name("N");
+  return opt;
+}
+
+void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity) {
+  app->add_option("--dir", p->dir,
+                  dir_created_if_missing
+                      ? "Store directory (created if missing) or block device (its contents are overwritten; needs "
+                        "--index-dir)"
+                      : "Store directory or block device")
+      ->required();
+  app->add_option("--index-dir", p->index_dir,
+                  "NVMe index directory on a persistent file system; required when --dir is a block device "
+                  "(default: <dir>/index)");
+  if (with_capacity) {
+    AddSizeOption(app, "--capacity", &p->capacity,
+                  dir_created_if_missing ? "Capacity of a new store (default 1GiB); an existing store keeps its own"
+                                         : "Capacity of the store (default: read from the store)");
+  }
+}
+
+std::string DataFilePath(const std::string& dir) {
+  return IsBlockDevice(dir) ? dir : (fs::path(dir) / "terrace.data").string();
+}
+
+Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
+  const std::string path = DataFilePath(dir);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::optional<SuperblockInfo>();
+    return Status::IoError(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
+  }
+  std::vector<std::byte> buf(nvme::kSuperblockBytes);
+  ssize_t got = ::pread(fd, buf.data(), buf.size(), 0);
+  int err = errno;
+  ::close(fd);
+  if (got < 0) return Status::IoError(fmt::format("cannot read the superblock of '{}': {}", path, std::strerror(err)));
+  buf.resize(static_cast<std::size_t>(got));
+  if (std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0}; })) {
+    return std::optional<SuperblockInfo>();  // a blank device or a file whose creation never finished
+  }
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::Decode(buf, path));
+  return std::optional<SuperblockInfo>(SuperblockInfo{sb.capacity_bytes, sb.format_version, sb.UuidString()});
+}
+
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
+  TERRACE_RETURN_IF_ERROR(CheckNvmePaths(p.dir, p.index_dir));
+  std::error_code ec;
+  if (!fs::exists(p.dir, ec)) {
+    return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
+  }
+  TERRACE_ASSIGN_OR_RETURN(auto sb, ReadSuperblock(p.dir));
+  if (!sb) {
+    return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
+  }
+  if (p.capacity != 0 && p.capacity != sb->capacity_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "--capacity {} does not match the store at '{}', which was created with --capacity {} ({} bytes); omit "
+        "--capacity to use the store's own",
+        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>(sb->capacity_bytes)),
+        sb->capacity_bytes));
+  }
+  if (!p.index_dir.empty() && !fs::exists(p.index_dir, ec)) {
+    return Status::NotFound(fmt::format(
+        "--index-dir '{}' does not exist; give the index directory 'store fill' used (or run 'terrace store recover' "
+        "to rebuild one from the data file)",
+        p.index_dir));
+  }
+  NvmeTierOptions o;
+  o.path = p.dir;
+  o.index_dir = p.index_dir;
+  o.capacity_bytes = sb->capacity_bytes;
+  o.create_if_missing = false;
+  o.durability = Durability::kSync;
+  return o;
+}
+
+Status CheckRegularInputFile(std::string_view flag, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::InvalidArgument(fmt::format("{} '{}' cannot be read: {}", flag, path, std::strerror(errno)));
+  }
+  if (S_ISREG(st.st_mode)) return Status::Ok();
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return Status::InvalidArgument(
+      fmt::format("{} '{}' is {}; give a regular file (the 'durable <key>' lines 'store fill' printed)", flag, path, kind));
+}
+
+Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(fmt::format("--expect file '{}' cannot be opened", path));
+  std::vector<BlockKey> keys;
+  std::string line;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.empty()) continue;
+    constexpr std::string_view kPrefix = "durable ";
+    if (line.rfind(kPrefix, 0) != 0) {
+      return Status::InvalidArgument(
+          fmt::format("{}:{}: expected 'durable <key>' as 'store fill' prints it, got '{}'", path, lineno, line));
+    }
+    auto key = BlockKey::Parse(std::string_view(line).substr(kPrefix.size()));
+    if (!key.ok()) return key.status().WithContext(fmt::format("{}:{}", path, lineno));
+    keys.push_back(*key);
+  }
+  if (in.bad()) return Status::IoError(fmt::format("reading --expect file '{}' failed", path));
+  return keys;
+}
+
+BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
+                       const std::function<void(const std::string&)>& report) {
+  BlockCheck c;
+  std::vector<std::pair<BlockKey, BlockDesc>> blocks;
+  tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
+  c.indexed = blocks.size();
+  std::unordered_set<BlockKey> good;
+  std::vector<std::byte> buf, want;
+  for (const auto& [key, desc] : blocks) {
+    buf.resize(desc.size);
+    want.resize(desc.size);
+    BlockDesc got;
+    Status s = tier.Get(key, buf, &got);
+    if (s.ok()) {
+      FillPattern(seed, key, want);
+      if (got.size == desc.size && buf == want) {
+        ++c.ok;
+        good.insert(key);
+        continue;
+      }
+      ++c.wrong_content;
+      if (report) report(fmt::format("wrong content {}: returned as good but differs from the pattern of --seed {}",
+                                     key.ToString(), seed));
+      continue;
+    }
+    ++c.corrupt;
+    c.corrupt_keys.push_back(key);
+    if (report) report(fmt::format("corrupt {}: {}", key.ToString(), s.ToString()));
+  }
+  for (const BlockKey& k : expected) {
+    if (good.contains(k)) continue;
+    ++c.missing;
+    c.missing_keys.push_back(k);
+    if (report && c.missing <= 10) report(fmt::format("missing {}", k.ToString()));
+  }
+  return c;
+}
+
+Status ScanForLostBlocks(const NvmeTierOptions&, NvmeTier&, BlockCheck* check) {
+  check->scanned = false;  // TODO(durability merge): NvmeTier::ScanDataFile
+  return Status::Ok();
+}
+
+}  // namespace terrace::cli::store_cmd
