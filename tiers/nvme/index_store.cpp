@@ -19,8 +19,9 @@ Status IndexStore::FromRocks(const void* rocks_status, std::string_view what) co
   return Status::IoError(msg);
 }
 
-Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path& dir, bool create) {
+Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path& dir, bool create, rocksdb::Env* env) {
   rocksdb::Options opts;
+  if (env) opts.env = env;
   opts.create_if_missing = create;
   opts.error_if_exists = false;
   opts.paranoid_checks = true;

@@ -18,6 +18,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -25,8 +26,9 @@ namespace terrace::nvme {
 
 class IndexStore {
  public:
-  // Opens (or, with `create`, creates) the database at `dir`.
-  static Result<std::unique_ptr<IndexStore>> Open(const std::filesystem::path& dir, bool create);
+  // Opens (or, with `create`, creates) the database at `dir`. `env`: null for rocksdb::Env::Default();
+  // not owned, must outlive the IndexStore.
+  static Result<std::unique_ptr<IndexStore>> Open(const std::filesystem::path& dir, bool create, rocksdb::Env* env);
   ~IndexStore();
 
   const std::filesystem::path& path() const { return dir_; }

@@ -61,14 +61,19 @@ std::string RecoveryReport::ToString() const {
   return s;
 }
 
-NvmeTier::NvmeTier(const NvmeTierOptions& options) : options_(options) {
+NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks) : options_(options), hooks_(hooks) {
   caps_.id = TierId::kNvme;
   caps_.name = "nvme";
   caps_.persistent = true;
   caps_.memory = MemoryKind::kNone;
   caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
-  caps_.capacity_bytes = options.capacity_bytes;
-  caps_.max_block_bytes = options.capacity_bytes - kDataStart;
+  SetCapacity(options.capacity_bytes);
+}
+
+void NvmeTier::SetCapacity(std::uint64_t capacity) {
+  options_.capacity_bytes = capacity;
+  caps_.capacity_bytes = capacity;
+  caps_.max_block_bytes = capacity > kDataStart ? capacity - kDataStart : 0;
 }
 
 NvmeTier::~NvmeTier() {
@@ -83,16 +88,22 @@ NvmeTier::~NvmeTier() {
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
-  return OpenWithEngine(options, nvme::OpenUringEngine);
+  return OpenWithHooks(options, NvmeOpenHooks{});
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithEngine(const NvmeTierOptions& options,
                                                           const nvme::IoEngineFactory& factory) {
+  NvmeOpenHooks hooks;
+  hooks.engine = factory;
+  return OpenWithHooks(options, hooks);
+}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions& options, const NvmeOpenHooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
   if (options.path.empty()) {
     return Status::InvalidArgument("NVMe tier: options.path is empty; set it to a directory or a block device");
   }
-  if (options.capacity_bytes < kDataStart + kUnit || options.capacity_bytes % kUnit != 0) {
+  if (options.capacity_bytes != 0 && (options.capacity_bytes < kDataStart + kUnit || options.capacity_bytes % kUnit != 0)) {
     return Status::InvalidArgument(fmt::format(
         "NVMe tier '{}': capacity_bytes {} must be a multiple of {} and at least {}", options.path.string(),
         options.capacity_bytes, kUnit, kDataStart + kUnit));
@@ -102,11 +113,9 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithEngine(const NvmeTierOptions
         "NVMe tier '{}': queue_depth {} / io_threads {} out of range; use queue_depth 1..4096, io_threads 1..64",
         options.path.string(), options.queue_depth, options.io_threads));
   }
-  std::unique_ptr<NvmeTier> t(new NvmeTier(options));
+  std::unique_ptr<NvmeTier> t(new NvmeTier(options, hooks));
+  if (!t->hooks_.engine) t->hooks_.engine = nvme::OpenUringEngine;
   TERRACE_RETURN_IF_ERROR(t->OpenFiles());
-
-  nvme::IoEngineConfig cfg{t->fd_, options.queue_depth, options.io_threads};
-  TERRACE_ASSIGN_OR_RETURN(t->engine_, factory(cfg));
   try {
     std::size_t n = std::max<std::size_t>(8, std::min<std::size_t>(options.queue_depth, 64)) * options.io_threads;
     t->staging_ = std::make_unique<nvme::StagingPool>(n, kStagingBufferBytes);
@@ -214,22 +223,29 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
   const std::uint64_t cap = options_.capacity_bytes;
   AlignedBuf sbuf(nvme::kSuperblockBytes);
   if (!sbuf.p) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+  nvme::IoEngineConfig cfg{fd_, options_.queue_depth, options_.io_threads};
+  TERRACE_ASSIGN_OR_RETURN(engine_, hooks_.engine(cfg));
   // Formats a new store: a fresh uuid and the capacity, written and synced at offset 0.
   auto write_fresh_superblock = [&]() -> Status {
     std::random_device rd;
     for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
     sb_.capacity_bytes = cap;
     sb_.EncodeTo(sbuf.p);
-    if (::pwrite(fd_, sbuf.p, sbuf.size, 0) != static_cast<ssize_t>(sbuf.size) || ::fdatasync(fd_) != 0) {
-      return Errno("cannot write the superblock of", data_path_, errno, "check the device");
-    }
-    return Status::Ok();
+    TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kWrite, 0, sbuf.p, static_cast<std::uint32_t>(sbuf.size),
+                                     "writing the superblock of"));
+    return EngineSync("syncing the superblock of");
   };
 
+  if (create && cap == 0) {
+    return Status::InvalidArgument(fmt::format("creating the NVMe store '{}': capacity_bytes is 0; give the capacity of "
+                                               "the new store (0 means 'as recorded' and only opens an existing store)",
+                                               data_path_.string()));
+  }
   if (create) {
     int err = ::fallocate(fd_, 0, 0, static_cast<off_t>(cap)) == 0 ? 0 : errno;
     if (err == EOPNOTSUPP) err = ::ftruncate(fd_, static_cast<off_t>(cap)) == 0 ? 0 : errno;
     if (err != 0) {
+      engine_.reset();
       ::close(fd_);
       fd_ = -1;
       std::error_code ec;
@@ -258,10 +274,19 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
     if (::fstat(fd_, &sst) != 0) return Errno("cannot stat", data_path_, errno, "check the file");
     size = static_cast<std::uint64_t>(sst.st_size);
   }
-  ssize_t got = ::pread(fd_, sbuf.p, sbuf.size, 0);
-  if (got < 0) return Errno("cannot read the superblock of", data_path_, errno, "check the device");
+  if (size < sbuf.size) {
+    return Status::InvalidArgument(fmt::format("'{}' is {} bytes: too short to be a Terrace store", data_path_.string(), size));
+  }
+  TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sbuf.p, static_cast<std::uint32_t>(sbuf.size),
+                                   "reading the superblock of"));
+  const ssize_t got = static_cast<ssize_t>(sbuf.size);
   bool blank = std::all_of(sbuf.p, sbuf.p + sbuf.size, [](std::byte b) { return b == std::byte{0}; });
   if (block_device && blank && got == static_cast<ssize_t>(sbuf.size) && options_.create_if_missing) {
+    if (cap == 0) {
+      return Status::InvalidArgument(fmt::format("formatting block device '{}' as a new NVMe store: capacity_bytes is 0; "
+                                                 "give the capacity to use",
+                                                 data_path_.string()));
+    }
     if (size < cap) {
       return Status::OutOfCapacity(fmt::format("block device '{}' has {} bytes, less than capacity_bytes {}",
                                                data_path_.string(), size, cap));
@@ -272,18 +297,39 @@ Status NvmeTier::OpenDataFile(bool create, bool block_device) {
   }
   TERRACE_ASSIGN_OR_RETURN(sb_, nvme::Superblock::Decode(std::span<const std::byte>(sbuf.p, static_cast<std::size_t>(std::max<ssize_t>(got, 0))),
                                                          data_path_.string()));
-  if (sb_.capacity_bytes != cap) {
+  if (cap == 0) {
+    SetCapacity(sb_.capacity_bytes);
+  } else if (sb_.capacity_bytes != cap) {
     return Status::InvalidArgument(fmt::format(
         "Terrace store '{}' was created with capacity_bytes={} but the options ask for {}; open it with the "
         "original capacity or use a new directory",
         data_path_.string(), sb_.capacity_bytes, cap));
   }
-  if (size < cap) {
+  if (size < sb_.capacity_bytes) {
     return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
                                           "truncated; restore it or delete the store",
-                                          data_path_.string(), size, cap));
+                                          data_path_.string(), size, sb_.capacity_bytes));
   }
   return OpenIndex(false);
+}
+
+Status NvmeTier::EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, std::uint32_t len,
+                          std::string_view what) {
+  nvme::IoRequest r;
+  r.op = op;
+  r.offset = offset;
+  r.buf = buf;
+  r.len = len;
+  int err = 0;
+  nvme::RunToCompletion(*engine_, std::span<nvme::IoRequest>(&r, 1), [&](std::size_t, int e) { err = e; });
+  if (err == 0) return Status::Ok();
+  return Errno(what, data_path_, -err, "check the device and the file system");
+}
+
+Status NvmeTier::EngineSync(std::string_view what) {
+  int err = engine_->SyncData();
+  if (err == 0) return Status::Ok();
+  return Errno(what, data_path_, -err, "check the device and the file system");
 }
 
 Status NvmeTier::OpenIndex(bool fresh_data) {
@@ -299,7 +345,7 @@ Status NvmeTier::OpenIndex(bool fresh_data) {
     fmt::print(stderr, "[terrace nvme] '{}': index '{}' is missing; starting with an empty index\n",
                data_path_.string(), index_path_.string());
   }
-  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, /*create=*/!exists));
+  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, /*create=*/!exists, hooks_.index_env));
   if (!exists) return index_->WriteManifest(sb_);
   TERRACE_ASSIGN_OR_RETURN(auto manifest, index_->ReadManifest());
   if (!manifest) {

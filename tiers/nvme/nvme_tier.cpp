@@ -25,8 +25,18 @@ Status NvmeTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
   return s;
 }
 
+Status NvmeTier::ReadOnlyError(std::string_view op) const {
+  return Status::InvalidArgument(fmt::format("{} on the NVMe store '{}': the store was opened read-only; open it "
+                                             "without read_only to change it",
+                                             op, data_path_.string()));
+}
+
 std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   std::vector<Status> st(ops.size());
+  if (options_.read_only) {
+    for (auto& s : st) s = ReadOnlyError("put");
+    return st;
+  }
   std::vector<std::uint64_t> offsets(ops.size(), 0);
   std::vector<bool> allocated(ops.size(), false);
   if (Status h = committer_->health(); !h.ok()) {
@@ -289,6 +299,7 @@ Result<BlockDesc> NvmeTier::Lookup(const BlockKey& key) const {
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
+  if (options_.read_only) return ReadOnlyError(fmt::format("erase of block {}", key.ToString()));
   std::uint64_t seq;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -331,7 +342,10 @@ Status NvmeTier::Unpin(const BlockKey& key) {
   return Status::Ok();
 }
 
-Status NvmeTier::Flush() { return committer_->Flush(); }
+Status NvmeTier::Flush() {
+  if (options_.read_only) return ReadOnlyError("flush");
+  return committer_->Flush();
+}
 
 std::uint64_t NvmeTier::used_bytes() const {
   std::lock_guard<std::mutex> l(mu_);

@@ -38,6 +38,10 @@
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/io_engine.h"
 
+namespace rocksdb {
+class Env;
+}  // namespace rocksdb
+
 namespace terrace {
 
 namespace nvme {
@@ -66,11 +70,21 @@ struct RecoveryReport {
   std::string ToString() const;
 };
 
+// Seams for tests and drills: what the tier uses for I/O. Every read, write and sync of the data
+// file after it is opened (superblock updates included) goes through the engine, so a wrapping
+// engine (fault injection, simulated power loss) sees all of them.
+struct NvmeOpenHooks {
+  nvme::IoEngineFactory engine;       // data-file I/O; empty: the io_uring engine
+  rocksdb::Env* index_env = nullptr;  // Env for the RocksDB index (null: rocksdb::Env::Default()); not owned,
+                                      // must outlive the tier
+};
+
 class NvmeTier final : public Tier {
  public:
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  static Result<std::unique_ptr<NvmeTier>> OpenWithHooks(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // As Open, with the raw I/O engine made by `factory` (tests wrap the io_uring engine in a
-  // FaultInjectingIoEngine; see tiers/nvme/fault_engine.h).
+  // FaultInjectingIoEngine; see tiers/nvme/fault_engine.h). Same as OpenWithHooks({factory}).
   static Result<std::unique_ptr<NvmeTier>> OpenWithEngine(const NvmeTierOptions& options,
                                                          const nvme::IoEngineFactory& factory);
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), then closes
@@ -129,12 +143,17 @@ class NvmeTier final : public Tier {
     bool staged = false;
   };
 
-  explicit NvmeTier(const NvmeTierOptions& options);
+  NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // nvme_open.cpp
+  void SetCapacity(std::uint64_t capacity);
+  Status ReadOnlyError(std::string_view op) const;
   Status OpenFiles();
   Status OpenDataFile(bool create, bool block_device);
   Status OpenIndex(bool fresh_data);
   Status Recover();
+  // One synchronous request through engine_; `what` describes it for the error ("writing the superblock of").
+  Status EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, std::uint32_t len, std::string_view what);
+  Status EngineSync(std::string_view what);
   Status VerifyAllBlocks();
   // nvme_io.cpp
   void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
@@ -149,6 +168,7 @@ class NvmeTier final : public Tier {
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
 
   NvmeTierOptions options_;
+  NvmeOpenHooks hooks_;
   std::filesystem::path data_path_, index_path_;
   int fd_ = -1;
   bool direct_ = true;
