@@ -96,16 +96,17 @@ def test_fill_count_times_block_size_overflow_is_refused(tmp_path):
 
 def test_fill_reports_every_put_failure_and_stops(tmp_path):
     store = tmp_path / "s"
-    r = fill(store, count=14, block_size="1MiB", capacity="16MiB", seed=1)
+    r = fill(store, count=15, block_size="1MiB", capacity="16MiB", seed=1)
     assert r.returncode == 0, r.stderr
-    # The same number of different blocks cannot fit next to the first ones: puts fail with "full".
+    # Different blocks cannot fit next to the first ones: every put fails with "full".
     start = time.monotonic()
-    r = fill(store, count=14, block_size="1MiB", capacity=None, seed=2)
+    r = fill(store, count=15, block_size="1MiB", capacity=None, seed=2)
     assert time.monotonic() - start < 60
     assert r.returncode == 1, r.stderr
     failures = [line for line in r.stderr.splitlines() if re.match(r"terrace: put of .* failed", line)]
-    assert len(failures) >= 2, r.stderr          # each failure as it happens, not only the first
-    assert "consecutive failed puts" in r.stderr, r.stderr
+    assert len(failures) >= 8, r.stderr          # each failure as it happens, not only the first
+    assert "stopping after 8 consecutive failed puts" in r.stderr, r.stderr
+    assert len(failures) < 15, r.stderr          # ... and then it stops
 
 
 def test_fill_of_identical_blocks_says_nothing_was_written(tmp_path):
@@ -121,10 +122,14 @@ def test_fill_of_identical_blocks_says_nothing_was_written(tmp_path):
 def test_capacity_is_read_from_the_store(tmp_path):
     store = tmp_path / "s"
     assert fill(store, count=4, capacity="48MiB").returncode == 0
-    r = fill(store, count=4, capacity=None, seed=3)          # no --capacity: the store's own
+    r = fill(store, count=8, capacity=None)                  # no --capacity: the store's own
     assert r.returncode == 0, r.stderr
-    r = terrace("store", "check", "--dir", store, "--seed", "3", "--quick")
-    assert "capacity" not in r.stderr, r.stderr
+    assert len(durable_keys(r.stdout)) == 8
+    r = terrace("store", "check", "--dir", store, "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "8 blocks in the index" in r.stdout, r.stdout
+    r = fill(store, count=4000, capacity=None)               # checked against the store's 48 MiB
+    assert r.returncode == 2 and "48.0 MiB" in r.stderr, r.stderr
     r = terrace("store", "check", "--dir", store, "--capacity", "1GiB")
     assert r.returncode == 2, r.stderr
     assert "--capacity" in r.stderr and "48.0 MiB" in r.stderr, r.stderr
