@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <fmt/format.h>
 
@@ -56,12 +57,7 @@ Status CheckInitOut(const std::string& out, bool force) {
   namespace fs = std::filesystem;
   if (out.empty()) return Status::InvalidArgument("--out is empty; give a directory for the model");
   struct stat st {};
-  if (::stat(out.c_str(), &st) != 0) {
-    if (::lstat(out.c_str(), &st) == 0) {
-      return Status::InvalidArgument(fmt::format("--out {} is a symbolic link to nothing; give a directory", out));
-    }
-    return Status::Ok();  // created by init
-  }
+  if (::lstat(out.c_str(), &st) != 0) return Status::Ok();  // created by init
   if (!S_ISDIR(st.st_mode)) {
     return Status::InvalidArgument(
         fmt::format("--out {} is {}; give a new or empty directory", out, DescribePathKind(out)));
@@ -90,6 +86,16 @@ Status CheckInitOut(const std::string& out, bool force) {
   return Status::Ok();
 }
 
+// Free bytes on the file system that would hold `dir` (its nearest existing ancestor); 0 if unknown.
+std::uint64_t FreeBytesFor(std::filesystem::path dir) {
+  std::error_code ec;
+  dir = std::filesystem::absolute(dir, ec);
+  while (!dir.empty() && !std::filesystem::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
 // Routing over a seeded random prompt through the freshly written model.
 std::string RoutingReport(const std::string& dir, const ModelConfig& config, std::uint64_t seed, int tokens) {
   auto md = ModelDir::Open(dir);
@@ -114,6 +120,12 @@ int RunInit(const InitArgs& a) {
   if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
   if (!config.ok()) return a.preset.empty() ? Fail(config.status().ToString()) : FailUsage(config.status().ToString());
+  const std::uint64_t need = WeightBytes(*config) + (1ull << 20);
+  if (const std::uint64_t free = FreeBytesFor(a.out); free != 0 && need > free) {
+    return FailUsage(fmt::format("--out {}: the model needs {:.2f} GiB and its file system has {:.2f} GiB free; "
+                                 "choose a smaller preset or another --out",
+                                 a.out, static_cast<double>(need) / (1ull << 30), static_cast<double>(free) / (1ull << 30)));
+  }
   InitOptions options;
   options.seed = a.seed;
   options.shard_bytes = a.shard_bytes;
