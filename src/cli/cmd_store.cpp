@@ -21,6 +21,7 @@
 #include "src/cli/cmd_store.h"
 #include "tiers/nvme/fault_engine.h"
 #include "tiers/nvme/nvme_tier.h"
+#include "tiers/nvme/power_cut.h"
 #include "tiers/nvme/uring_engine.h"
 
 namespace terrace::cli {
@@ -52,10 +53,17 @@ struct CheckArgs {
   bool quick = false;
 };
 
-// Opens the tier for `fill`, with the drill's fault engine when one is asked for.
+// Opens the tier for `fill`, with the drill's fault engine or power cut when one is asked for.
 Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const FillFault& f,
-                                               nvme::FaultInjectingIoEngine** fault_engine) {
+                                               nvme::FaultInjectingIoEngine** fault_engine, nvme::PowerCut* cut) {
   if (f.kind.empty()) return NvmeTier::Open(o);
+  if (f.kind == "powercut") {
+    cut->CutAfter(f.cut_after);
+    NvmeOpenHooks hooks;
+    hooks.engine = cut->WrapEngine(nvme::OpenUringEngine);
+    hooks.index_env = cut->index_env();
+    return NvmeTier::OpenWithHooks(o, hooks);
+  }
   if (f.kind == "eio" || f.kind == "enospc" || f.kind == "short") {
     nvme::FaultKind kind = f.kind == "eio" ? nvme::FaultKind::kEio
                            : f.kind == "enospc" ? nvme::FaultKind::kEnospc
@@ -113,8 +121,24 @@ int RunFill(const FillArgs& a) {
   o.durability = Durability::kSync;
   o.io_threads = static_cast<unsigned>(std::min<std::uint64_t>(a.threads, 64));
   nvme::FaultInjectingIoEngine* fault_engine = nullptr;
-  auto tier = OpenFillTier(o, a.fault, &fault_engine);
-  if (!tier.ok()) return Fail(tier.status().ToString());
+  std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
+  if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
+  auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
+  // A simulated power cut ends the process the way a real one would: the tier is closed, everything
+  // not durable is thrown away, and the puts acknowledged so far are what the drill checks.
+  auto finish_cut = [&]() -> int {
+    if (tier.ok()) tier->reset();
+    auto rep = cut->Cut();
+    if (!rep.ok()) return Fail(rep.status().ToString());
+    fmt::print("injected 1\n");
+    std::fflush(stdout);
+    fmt::print(stderr, "store fill: {}\n", rep->ToString());
+    return 0;
+  };
+  if (!tier.ok()) {
+    if (cut && cut->powered_off()) return finish_cut();
+    return Fail(tier.status().ToString());
+  }
 
   std::mutex out_mu;
   std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
@@ -169,6 +193,10 @@ int RunFill(const FillArgs& a) {
   }
   for (auto& t : threads) t.join();
   std::fflush(stdout);
+  if (cut) {
+    cut->PowerOff();  // the power goes off at the latest at the end of the run, before the close
+    return finish_cut();
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
   const std::uint64_t attempted = w + same + bad;
@@ -204,6 +232,7 @@ int RunCheck(const CheckArgs& a) {
     return opts.status().IsInvalidArgument() ? UsageError(opts.status().message()) : Fail(opts.status().ToString());
   }
   NvmeTierOptions o = *opts;
+  o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
   auto tier = NvmeTier::Open(o);
   if (!tier.ok()) return Fail(tier.status().ToString());
   BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {

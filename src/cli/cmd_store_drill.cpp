@@ -178,7 +178,9 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
   auto problem = [&](std::string p) {
     if (res.problems.size() < 5) res.problems.push_back(std::move(p));
   };
-  const std::uint64_t capacity_blocks = a.capacity / (a.block_size + 8 * kKiB);
+  // Short transfers are only injected into requests longer than one 4 KiB unit.
+  const std::uint64_t block_size = kind == "short" ? std::max<std::uint64_t>(a.block_size, 64 * kKiB) : a.block_size;
+  const std::uint64_t capacity_blocks = a.capacity / (block_size + 8 * kKiB);
   for (std::uint64_t round = 0; round < a.kills; ++round) {
     const bool powercut = kind == "powercut";
     const std::uint64_t kill_after = powercut ? UINT64_MAX : 1 + rng() % a.max_acks;
@@ -188,14 +190,14 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     std::vector<std::string> args = {"store",   "fill",
                                      "--dir",   store_dir,
                                      "--count", std::to_string(count),
-                                     "--block-size", std::to_string(a.block_size),
+                                     "--block-size", std::to_string(block_size),
                                      "--seed",  std::to_string(a.seed),
                                      "--first", std::to_string(next_first),
                                      "--threads", "2",
                                      "--capacity", std::to_string(a.capacity)};
     if (kind == "eio" || kind == "enospc" || kind == "short") {
       args.insert(args.end(), {"--drill-fault", kind, "--drill-fault-seed", std::to_string(rng()),
-                               "--drill-fault-rate", kind == "short" ? "0.3" : "0.03"});
+                               "--drill-fault-rate", kind == "short" ? "0.3" : "0.1"});
     } else if (powercut) {
       args.insert(args.end(), {"--drill-fault", "powercut", "--drill-fault-seed", std::to_string(rng()),
                                "--drill-cut-after", std::to_string(rng() % (count * 5 + 40))});
@@ -237,12 +239,33 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
                                              : fmt::format("ended by signal {} after {} acknowledged puts",
                                                            WIFSIGNALED(status) ? WTERMSIG(status) : 0, acks);
 
+    std::string flipped;
+    if (kind == "bitflip") {
+      std::vector<BlockKey> candidates;
+      for (const BlockKey& k : acked) {
+        if (!damaged.contains(k)) candidates.push_back(k);
+      }
+      for (int f = 0; f < 2 && !candidates.empty(); ++f) {
+        std::size_t pick = rng() % candidates.size();
+        BlockKey k = candidates[pick];
+        candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(pick));
+        std::string err;
+        if (FlipBitInBlock(DataFilePath(store_dir), a.seed, k, block_size, &err)) {
+          damaged.insert(k);
+          ++res.faults;
+        } else {
+          problem(fmt::format("round {}: bit flip failed: {}", round + 1, err));
+        }
+      }
+      flipped = fmt::format("; {} blocks damaged so far", damaged.size());
+    }
     // Check every acknowledged block.
     StorePaths paths{store_dir, "", 0};
     auto opts = ExistingStoreOptions(paths);
     std::unique_ptr<NvmeTier> tier;
     Status open_status = opts.status();
     if (opts.ok()) {
+      opts->read_only = true;  // the check changes nothing: damaged blocks stay damaged for the next round
       auto t = NvmeTier::Open(*opts);
       if (t.ok()) tier = std::move(*t);
       open_status = t.status();
@@ -288,26 +311,6 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     res.acknowledged = acked.size();
     tier.reset();
 
-    std::string flipped;
-    if (kind == "bitflip") {
-      std::vector<BlockKey> candidates;
-      for (const BlockKey& k : acked) {
-        if (!damaged.contains(k)) candidates.push_back(k);
-      }
-      for (int f = 0; f < 2 && !candidates.empty(); ++f) {
-        std::size_t pick = rng() % candidates.size();
-        BlockKey k = candidates[pick];
-        candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(pick));
-        std::string err;
-        if (FlipBitInBlock(DataFilePath(store_dir), a.seed, k, a.block_size, &err)) {
-          damaged.insert(k);
-          ++res.faults;
-        } else {
-          problem(fmt::format("round {}: bit flip failed: {}", round + 1, err));
-        }
-      }
-      flipped = fmt::format("; {} blocks damaged so far", damaged.size());
-    }
     fmt::print(stderr, "drill {} round {}/{}: {}, {} faults; check: {} indexed, {} ok, {} lost, {} corrupt{}\n", kind,
                round + 1, a.kills, how, faults, c.indexed, c.ok, lost_now, c.corrupt, flipped);
   }

@@ -54,6 +54,7 @@ int RunStats(const StatsArgs& a) {
   so.hbm.mode = HbmMode::kOff;
   so.host.capacity_bytes = 0;  // NVMe only: nothing is cached, nothing demoted
   so.nvme = *opts;
+  so.nvme.read_only = true;
   so.put_tier = TierId::kNvme;
   auto store = Store::Open(so);
   if (!store.ok()) return Fail(store.status().ToString());

@@ -3,8 +3,8 @@
 // simulator: every block acknowledged in sync mode must read back exactly, and no Get may return
 // bytes that were never written for its key.
 //
-// TERRACE_POWER_CUT_ROUNDS scales the number of cut points (default 240; the sanitizer builds
-// may lower it).
+// TERRACE_POWER_CUT_ROUNDS scales the number of cut points (default 200, about 50 s here;
+// the sanitizer builds may lower it).
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -161,12 +161,11 @@ TEST_CASE("PowerCut env: RocksDB keeps what a synced WAL write covered and loses
   CHECK(db->Get(rocksdb::ReadOptions(), "e", &v).IsNotFound());
 }
 
-#ifdef TERRACE_POWER_CUT_TIER  // TEMP until the durability hooks are merged
 namespace {
 
 constexpr int kThreads = 2;
 constexpr int kKeysPerThread = 6;
-constexpr int kOpsPerThread = 10;
+constexpr int kOpsPerThread = 8;
 
 std::size_t CutBlockSize(std::uint64_t id) {
   static constexpr std::size_t kSizes[] = {1, 4096, 5000, 12288 + 17, 65536, 200000};
@@ -189,7 +188,7 @@ NvmeTierOptions CutOptions(const std::filesystem::path& dir) {
 }
 
 Result<std::unique_ptr<NvmeTier>> OpenUnderCut(const NvmeTierOptions& o, nvme::PowerCut& cut) {
-  nvme::NvmeOpenHooks hooks;
+  NvmeOpenHooks hooks;
   hooks.engine = cut.WrapEngine(nvme::OpenUringEngine);
   hooks.index_env = cut.index_env();
   return NvmeTier::OpenWithHooks(o, hooks);
@@ -240,8 +239,8 @@ void Verify(const std::filesystem::path& dir, std::map<int, KeyModel>& model, Ta
     // Allowed only as a clear refusal that points at recovery, which then brings everything back.
     REQUIRE(t.status().ToString().find("store recover") != std::string::npos);
     NvmeTierOptions ro = CutOptions(dir);
-    auto rebuilt = NvmeTier::RebuildIndex(ro, nullptr);
-    INFO("rebuild: " << (rebuilt.ok() ? std::string("ok") : rebuilt.status().ToString()));
+    Status rebuilt = Status::Internal("RebuildIndex not merged yet");  // TODO(durability merge)
+    INFO("rebuild: " << rebuilt.ToString());
     REQUIRE(rebuilt.ok());
     ++tally.refused_then_rebuilt;
     t = NvmeTier::Open(CutOptions(dir));
@@ -294,7 +293,7 @@ void Verify(const std::filesystem::path& dir, std::map<int, KeyModel>& model, Ta
 
 TEST_CASE("power cut at random moments: acknowledged sync puts survive, nothing corrupt is returned",
           "[nvme][power_cut]") {
-  std::uint64_t rounds = 240;
+  std::uint64_t rounds = 200;
   if (const char* e = std::getenv("TERRACE_POWER_CUT_ROUNDS")) rounds = std::max<std::uint64_t>(1, std::strtoull(e, nullptr, 10));
   constexpr int kRoundsPerStore = 6;  // later rounds recover a store an earlier cut left behind
   std::mt19937_64 rng(20261201);
@@ -353,4 +352,3 @@ TEST_CASE("power cut at random moments: acknowledged sync puts survive, nothing 
                      << " cuts during open, " << tally.refused_then_rebuilt << " refused opens rebuilt");
   CHECK(tally.acked_checked > rounds);
 }
-#endif
