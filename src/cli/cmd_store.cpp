@@ -82,13 +82,13 @@ Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const F
 }
 
 int RunFill(const FillArgs& a) {
-  if (Status s = CheckNvmePaths(a.paths.dir, a.paths.index_dir); !s.ok()) return UsageError(s.message());
+  if (Status s = CheckNvmePaths(a.paths.dir, a.paths.index_dir); !s.ok()) return FailUsage(s.message());
   auto existing = ReadSuperblock(a.paths.dir);
   if (!existing.ok()) return Fail(existing.status().ToString());
   std::uint64_t capacity = a.paths.capacity != 0 ? a.paths.capacity : kDefaultCapacity;
   if (*existing) {
     if (a.paths.capacity != 0 && a.paths.capacity != (*existing)->capacity_bytes) {
-      return UsageError(fmt::format(
+      return FailUsage(fmt::format(
           "--capacity {} does not match the store at '{}', which was created with --capacity {}; omit --capacity "
           "to use the store's own",
           FormatBytes(static_cast<double>(a.paths.capacity)), a.paths.dir,
@@ -97,17 +97,17 @@ int RunFill(const FillArgs& a) {
     capacity = (*existing)->capacity_bytes;
   }
   if (a.block_size < 1 || a.block_size > kMaxBlockSize) {
-    return UsageError(fmt::format("--block-size {} is out of range; use 1 B..{}", a.block_size,
+    return FailUsage(fmt::format("--block-size {} is out of range; use 1 B..{}", a.block_size,
                                   FormatBytes(static_cast<double>(kMaxBlockSize))));
   }
   if (a.block_size > capacity - std::min(capacity, nvme::kDataStart)) {
-    return UsageError(fmt::format("--block-size {} does not fit in a store of --capacity {}",
+    return FailUsage(fmt::format("--block-size {} does not fit in a store of --capacity {}",
                                   FormatBytes(static_cast<double>(a.block_size)),
                                   FormatBytes(static_cast<double>(capacity))));
   }
   std::uint64_t total = 0;
   if (__builtin_mul_overflow(a.count, a.block_size, &total) || total > capacity) {
-    return UsageError(fmt::format(
+    return FailUsage(fmt::format(
         "--count {} x --block-size {} is more than the {} store can hold ({}); lower --count or --block-size{}",
         a.count, FormatBytes(static_cast<double>(a.block_size)), *existing ? "existing" : "new",
         FormatBytes(static_cast<double>(capacity)),
@@ -222,14 +222,15 @@ int RunFill(const FillArgs& a) {
 int RunCheck(const CheckArgs& a) {
   std::vector<BlockKey> expected;
   if (!a.expect.empty()) {
-    if (Status s = CheckRegularInputFile("--expect", a.expect); !s.ok()) return UsageError(s.message());
     auto keys = ReadDurableLines(a.expect);
-    if (!keys.ok()) return UsageError(keys.status().message());
+    if (!keys.ok()) {
+      return keys.status().IsIoError() ? Fail(keys.status().ToString()) : FailUsage(keys.status().message());
+    }
     expected = std::move(*keys);
   }
   auto opts = ExistingStoreOptions(a.paths);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? UsageError(opts.status().message()) : Fail(opts.status().ToString());
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : Fail(opts.status().ToString());
   }
   NvmeTierOptions o = *opts;
   o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
@@ -281,17 +282,17 @@ void RegisterStore(CLI::App& app, Runner* run) {
   auto* fill = store->add_subcommand("fill", "Put test-pattern blocks in sync durability, printing 'durable <key>' "
                                              "for each acknowledged put");
   AddStorePathOptions(fill, &fa->paths, /*dir_created_if_missing=*/true, /*with_capacity=*/true);
-  AddUintOption(fill, "--count", &fa->count, 1, UINT64_MAX / 2, "Number of blocks")->required();
-  AddSizeOption(fill, "--block-size", &fa->block_size, "Block size, 1 B..1 GiB (default 64KiB)");
-  AddUintOption(fill, "--seed", &fa->seed, 0, UINT64_MAX, "Seed of the keys and contents (default 1)");
-  AddUintOption(fill, "--threads", &fa->threads, 1, kMaxThreads,
-                "Concurrent writers, 1..256 (their puts share group commits; default 4)");
+  AddIntOption<std::uint64_t>(fill, "--count", &fa->count, 1, UINT64_MAX / 2, "Number of blocks")->required();
+  AddSizeOption(fill, "--block-size", &fa->block_size, "Block size", 1, kMaxBlockSize);
+  AddIntOption<std::uint64_t>(fill, "--seed", &fa->seed, 0, UINT64_MAX, "Seed of the keys and contents");
+  AddIntOption<std::uint64_t>(fill, "--threads", &fa->threads, 1, kMaxThreads,
+                "Concurrent writers (their puts share group commits)");
   // Hidden flags used by `store drill` for its child processes.
-  AddUintOption(fill, "--first", &fa->first, 0, UINT64_MAX / 2, "")->group("");
+  AddIntOption<std::uint64_t>(fill, "--first", &fa->first, 0, UINT64_MAX / 2, "")->group("");
   fill->add_option("--drill-fault", fa->fault.kind, "")->group("")->check(CLI::IsMember({"eio", "enospc", "short", "powercut"}));
-  AddUintOption(fill, "--drill-fault-seed", &fa->fault.seed, 0, UINT64_MAX, "")->group("");
+  AddIntOption<std::uint64_t>(fill, "--drill-fault-seed", &fa->fault.seed, 0, UINT64_MAX, "")->group("");
   fill->add_option("--drill-fault-rate", fa->fault.rate, "")->group("")->check(CLI::Range(0.0, 1.0));
-  AddUintOption(fill, "--drill-cut-after", &fa->fault.cut_after, 0, UINT64_MAX, "")->group("");
+  AddIntOption<std::uint64_t>(fill, "--drill-cut-after", &fa->fault.cut_after, 0, UINT64_MAX, "")->group("");
   fill->callback([run, fa] { *run = [fa] { return RunFill(*fa); }; });
 
   auto ca = std::make_shared<CheckArgs>();
@@ -299,7 +300,7 @@ void RegisterStore(CLI::App& app, Runner* run) {
       "check", "Verify every block against the pattern of --seed and look for blocks the index lost; read-only "
                "unless --repair");
   AddStorePathOptions(check, &ca->paths, /*dir_created_if_missing=*/false, /*with_capacity=*/true);
-  AddUintOption(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill' (default 1)");
+  AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
   check->add_option("--expect", ca->expect, "File of 'durable <key>' lines as 'fill' printed them; each must be ok");
   check->add_flag("--repair", ca->repair, "Drop corrupt blocks from the store (their bytes are lost)");
   check->add_flag("--quick", ca->quick, "Skip the scan of the data file for blocks the index lost");

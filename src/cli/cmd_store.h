@@ -1,5 +1,5 @@
-// Shared pieces of the `terrace store` subcommands (cmd_store*.cpp): option helpers that exit 2 on
-// bad values, the store-path arguments every subcommand takes, and the block check that `store
+// Shared pieces of the `terrace store` subcommands (cmd_store*.cpp): the store-path arguments every
+// subcommand takes, and the block check that `store
 // check` and `store drill` both run. Internal to the CLI.
 #pragma once
 
@@ -23,17 +23,6 @@ class NvmeTier;
 }
 
 namespace terrace::cli::store_cmd {
-
-// Exit code of a command line that is wrong (a bad flag value, a path of the wrong kind).
-inline constexpr int kUsageExit = 2;
-// Prints "terrace: error: <message>" and returns kUsageExit.
-int UsageError(std::string_view message);
-
-// An unsigned integer option parsed strictly (digits only: "-1" and "1e3" are refused, no
-// wrap-around) and checked against [lo, hi]; a bad value is a CLI11 ValidationError (exit 2) naming
-// `name` and the range.
-CLI::Option* AddUintOption(CLI::App* app, const std::string& name, std::uint64_t* value, std::uint64_t lo,
-                           std::uint64_t hi, const std::string& help);
 
 // Where a store lives, as the user gave it.
 struct StorePaths {
@@ -63,11 +52,8 @@ Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir);
 // no store.
 Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p);
 
-// Refuses (InvalidArgument naming `flag`) anything but an existing regular file, so a directory,
-// a device such as /dev/zero or a FIFO is never read (or waited on) as if it were a list.
-Status CheckRegularInputFile(std::string_view flag, const std::string& path);
-
-// Reads `durable <key>` lines as `store fill` prints them (other lines are refused).
+// Reads the --expect file: `durable <key>` lines as `store fill` prints them (other lines are
+// refused). A directory, device or FIFO is refused (InvalidArgument naming --expect), never read.
 Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path);
 
 // The verdict on the blocks of one store.

@@ -15,6 +15,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -22,29 +23,7 @@ namespace terrace::cli::store_cmd {
 
 namespace fs = std::filesystem;
 
-int UsageError(std::string_view message) {
-  fmt::print(stderr, "terrace: error: {}\n", message);
-  return kUsageExit;
-}
-
-CLI::Option* AddUintOption(CLI::App* app, const std::string& name, std::uint64_t* value, std::uint64_t lo,
-                           std::uint64_t hi, const std::string& help) {
-  auto* opt = app->add_option_function<std::string>(
-      name,
-      [name, value, lo, hi](const std::string& text) {
-        std::uint64_t v = 0;
-        auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (text.empty() || ec == std::errc::result_out_of_range || ec != std::errc() ||
-            p != text.data() + text.size() || v < lo || v > hi) {
-          throw CLI::ValidationError(
-              name, fmt::format("'{}' is not a whole number in {}..{}", text, lo, hi));
-        }
-        *value = v;
-      },
-      help);
-  opt->type_name("N");
-  return opt;
-}
+constexpr std::uint64_t kMaxExpectBytes = 4 * kGiB;
 
 void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity) {
   app->add_option("--dir", p->dir,
@@ -58,8 +37,9 @@ void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missi
                   "(default: <dir>/index)");
   if (with_capacity) {
     AddSizeOption(app, "--capacity", &p->capacity,
-                  dir_created_if_missing ? "Capacity of a new store (default 1GiB); an existing store keeps its own"
-                                         : "Capacity of the store (default: read from the store)");
+                  dir_created_if_missing
+                      ? "Capacity of a new store; 0 = 1GiB for a new store, the store's own for an existing one"
+                      : "Capacity of the store, checked against it; 0 = read it from the store");
   }
 }
 
@@ -119,39 +99,27 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
   return o;
 }
 
-Status CheckRegularInputFile(std::string_view flag, const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return Status::InvalidArgument(fmt::format("{} '{}' cannot be read: {}", flag, path, std::strerror(errno)));
-  }
-  if (S_ISREG(st.st_mode)) return Status::Ok();
-  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
-                     : S_ISCHR(st.st_mode)  ? "a character device"
-                     : S_ISBLK(st.st_mode)  ? "a block device"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO"
-                     : S_ISSOCK(st.st_mode) ? "a socket"
-                                            : "not a regular file";
-  return Status::InvalidArgument(
-      fmt::format("{} '{}' is {}; give a regular file (the 'durable <key>' lines 'store fill' printed)", flag, path, kind));
-}
-
 Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(fmt::format("--expect file '{}' cannot be opened", path));
+  TERRACE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, "--expect", kMaxExpectBytes));
   std::vector<BlockKey> keys;
-  std::string line;
-  for (int lineno = 1; std::getline(in, line); ++lineno) {
+  std::size_t pos = 0;
+  for (int lineno = 1; pos < text.size(); ++lineno) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
     constexpr std::string_view kPrefix = "durable ";
     if (line.rfind(kPrefix, 0) != 0) {
       return Status::InvalidArgument(
-          fmt::format("{}:{}: expected 'durable <key>' as 'store fill' prints it, got '{}'", path, lineno, line));
+          fmt::format("--expect {}:{}: expected 'durable <key>' as 'store fill' prints it, got '{}'", path, lineno,
+                      line.substr(0, 200)));
     }
-    auto key = BlockKey::Parse(std::string_view(line).substr(kPrefix.size()));
-    if (!key.ok()) return key.status().WithContext(fmt::format("{}:{}", path, lineno));
+    auto key = BlockKey::Parse(line.substr(kPrefix.size()));
+    if (!key.ok()) return key.status().WithContext(fmt::format("--expect {}:{}", path, lineno));
     keys.push_back(*key);
   }
-  if (in.bad()) return Status::IoError(fmt::format("reading --expect file '{}' failed", path));
   return keys;
 }
 

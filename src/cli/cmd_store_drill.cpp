@@ -324,17 +324,17 @@ int RunDrill(const DrillArgs& a) {
     for (std::string k; std::getline(ss, k, ',');) {
       if (k.empty()) continue;
       if (std::find(std::begin(kAllKinds), std::end(kAllKinds), k) == std::end(kAllKinds)) {
-        return UsageError(fmt::format("--faults: unknown fault '{}'; choose from eio,enospc,short,bitflip,powercut", k));
+        return FailUsage(fmt::format("--faults: unknown fault '{}'; choose from eio,enospc,short,bitflip,powercut", k));
       }
       if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
     }
   }
-  if (kinds.empty()) return UsageError("--faults names no fault; choose from eio,enospc,short,bitflip,powercut");
-  if (a.block_size < 64 || a.block_size > 16 * kMiB) return UsageError("--block-size must be 64 B..16 MiB for the drill");
+  if (kinds.empty()) return FailUsage("--faults names no fault; choose from eio,enospc,short,bitflip,powercut");
+  if (a.block_size < 64 || a.block_size > 16 * kMiB) return FailUsage("--block-size must be 64 B..16 MiB for the drill");
   if (a.capacity < 16 * kMiB || a.capacity % nvme::kUnit != 0) {
-    return UsageError("--capacity must be at least 16MiB and a multiple of 4KiB");
+    return FailUsage("--capacity must be at least 16MiB and a multiple of 4KiB");
   }
-  if (std::string err = PrepareDrillDir(a.dir); !err.empty()) return UsageError(err);
+  if (std::string err = PrepareDrillDir(a.dir); !err.empty()) return FailUsage(err);
 
   std::mt19937_64 rng(a.seed);
   std::vector<KindResult> results;
@@ -392,13 +392,13 @@ void RegisterStoreDrill(CLI::App* store, Runner* run) {
       "drill", "Recovery drill: fill stores under --dir, kill the writers and inject faults, then check that no "
                "acknowledged block was lost and no corrupt block returned");
   cmd->add_option("--dir", a->dir, "A new or empty directory for the drill's stores (or an earlier drill's)")->required();
-  AddUintOption(cmd, "--kills", &a->kills, 1, 10000, "Rounds per fault kind, each ending in a kill or a fault (default 4)");
+  AddIntOption<std::uint64_t>(cmd, "--kills", &a->kills, 1, 10000, "Rounds per fault kind, each ending in a kill or a fault");
   cmd->add_option("--faults", a->faults, "Comma-separated faults: eio,enospc,short,bitflip,powercut (default: all)");
-  AddUintOption(cmd, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the kill points, faults and block contents (default 1)");
-  AddSizeOption(cmd, "--block-size", &a->block_size, "Block size of the test blocks (default 16KiB)");
-  AddSizeOption(cmd, "--capacity", &a->capacity, "Capacity of each drill store (default 256MiB)");
-  AddUintOption(cmd, "--max-acks", &a->max_acks, 1, 100000,
-                "A round kills its writer after 1..N acknowledged puts (default 48)");
+  AddIntOption<std::uint64_t>(cmd, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the kill points, faults and block contents");
+  AddSizeOption(cmd, "--block-size", &a->block_size, "Block size of the test blocks", 64, 16 * kMiB);
+  AddSizeOption(cmd, "--capacity", &a->capacity, "Capacity of each drill store", 16 * kMiB, 1024 * kGiB);
+  AddIntOption<std::uint64_t>(cmd, "--max-acks", &a->max_acks, 1, 100000,
+                "A round kills its writer after 1..N acknowledged puts");
   cmd->add_flag("--json", a->json, "Print the result as one JSON object");
   cmd->callback([run, a] { *run = [a] { return RunDrill(*a); }; });
 }

@@ -43,10 +43,10 @@ std::vector<std::string> DurabilityWarnings(const std::string& dir, const std::s
 }
 
 int RunStats(const StatsArgs& a) {
-  if (a.json && a.prometheus) return UsageError("--json and --prometheus cannot be combined; choose one");
+  if (a.json && a.prometheus) return FailUsage("--json and --prometheus cannot be combined; choose one");
   auto opts = ExistingStoreOptions(a.paths);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? UsageError(opts.status().message()) : Fail(opts.status().ToString());
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : Fail(opts.status().ToString());
   }
   auto sb = ReadSuperblock(a.paths.dir);
   if (!sb.ok() || !*sb) return Fail(sb.ok() ? "the store has no superblock" : sb.status().ToString());
