@@ -84,7 +84,7 @@ Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const F
 int RunFill(const FillArgs& a) {
   if (Status s = CheckNvmePaths(a.paths.dir, a.paths.index_dir); !s.ok()) return FailUsage(s.message());
   auto existing = ReadSuperblock(a.paths.dir);
-  if (!existing.ok()) return Fail(existing.status().ToString());
+  if (!existing.ok()) return FailStatus(existing.status());
   std::uint64_t capacity = a.paths.capacity != 0 ? a.paths.capacity : kDefaultCapacity;
   if (*existing) {
     if (a.paths.capacity != 0 && a.paths.capacity != (*existing)->capacity_bytes) {
@@ -129,7 +129,7 @@ int RunFill(const FillArgs& a) {
   auto finish_cut = [&]() -> int {
     if (tier.ok()) tier->reset();
     auto rep = cut->Cut();
-    if (!rep.ok()) return Fail(rep.status().ToString());
+    if (!rep.ok()) return FailStatus(rep.status());
     fmt::print("injected 1\n");
     std::fflush(stdout);
     fmt::print(stderr, "store fill: {}\n", rep->ToString());
@@ -137,7 +137,7 @@ int RunFill(const FillArgs& a) {
   };
   if (!tier.ok()) {
     if (cut && cut->powered_off()) return finish_cut();
-    return Fail(tier.status().ToString());
+    return FailStatus(tier.status());
   }
 
   std::mutex out_mu;
@@ -177,7 +177,7 @@ int RunFill(const FillArgs& a) {
         continue;
       }
       failed.fetch_add(1);
-      fmt::print(stderr, "terrace: put of {} failed: {}\n", key.ToString(), s.ToString());
+      fmt::print(stderr, "terrace: put of {} failed: {}\n", key.ToString(), InCliWords(s.ToString()));
       if (++consecutive >= kMaxConsecutiveFailures && !stop.exchange(true)) {
         fmt::print(stderr, "terrace: stopping after {} consecutive failed puts\n", kMaxConsecutiveFailures);
       }
@@ -224,23 +224,23 @@ int RunCheck(const CheckArgs& a) {
   if (!a.expect.empty()) {
     auto keys = ReadDurableLines(a.expect);
     if (!keys.ok()) {
-      return keys.status().IsIoError() ? Fail(keys.status().ToString()) : FailUsage(keys.status().message());
+      return keys.status().IsIoError() ? FailStatus(keys.status()) : FailUsage(keys.status().message());
     }
     expected = std::move(*keys);
   }
   auto opts = ExistingStoreOptions(a.paths);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : Fail(opts.status().ToString());
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }
   NvmeTierOptions o = *opts;
   o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
   auto tier = NvmeTier::Open(o);
-  if (!tier.ok()) return Fail(tier.status().ToString());
+  if (!tier.ok()) return FailStatus(tier.status());
   BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
   });
   if (!a.quick) {
-    if (Status s = ScanForLostBlocks(o, **tier, &c); !s.ok()) return Fail(s.ToString());
+    if (Status s = ScanForLostBlocks(o, **tier, &c); !s.ok()) return FailStatus(s);
   }
   fmt::print("store check: {} blocks in the index: ok {}  missing {}  corrupt {}  wrong-content {}  lost-from-index {}\n",
              c.indexed, c.ok, c.missing, c.corrupt, c.wrong_content,

@@ -24,6 +24,12 @@ class NvmeTier;
 
 namespace terrace::cli::store_cmd {
 
+// The tier's messages speak of API fields (capacity_bytes, options.index_dir); the CLI's name the
+// flags. Rewrites the known field names in `message` to the `store` commands' flags.
+std::string InCliWords(std::string_view message);
+// Fail(InCliWords(status.ToString())): exit 1.
+int FailStatus(const Status& status);
+
 // Where a store lives, as the user gave it.
 struct StorePaths {
   std::string dir;

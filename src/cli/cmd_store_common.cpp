@@ -25,6 +25,29 @@ namespace fs = std::filesystem;
 
 constexpr std::uint64_t kMaxExpectBytes = 4 * kGiB;
 
+std::string InCliWords(std::string_view message) {
+  static constexpr std::pair<std::string_view, std::string_view> kWords[] = {
+      {"set options.index_dir to", "give --index-dir"},
+      {"options.index_dir", "--index-dir"},
+      {"index_dir", "--index-dir"},
+      {"options.path", "--dir"},
+      {"or set create_if_missing=true", "or run 'terrace store fill' to create one"},
+      {"and create_if_missing is false", ""},
+      {"capacity_bytes=", "--capacity "},
+      {"capacity_bytes", "--capacity"},
+      {"without read_only", "with 'store check --repair'"},
+  };
+  std::string out(message);
+  for (const auto& [from, to] : kWords) {
+    for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos; pos += to.size()) {
+      out.replace(pos, from.size(), to);
+    }
+  }
+  return out;
+}
+
+int FailStatus(const Status& status) { return Fail(InCliWords(status.ToString())); }
+
 void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity) {
   app->add_option("--dir", p->dir,
                   dir_created_if_missing

@@ -14,7 +14,7 @@ namespace {
 int RunRecover(const StorePaths& p) {
   auto opts = ExistingStoreOptions(p);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : Fail(opts.status().ToString());
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }
   return Fail("store recover needs NvmeTier::RebuildIndex (not merged yet)");
 }

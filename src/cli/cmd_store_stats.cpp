@@ -46,7 +46,7 @@ int RunStats(const StatsArgs& a) {
   if (a.json && a.prometheus) return FailUsage("--json and --prometheus cannot be combined; choose one");
   auto opts = ExistingStoreOptions(a.paths);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : Fail(opts.status().ToString());
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }
   auto sb = ReadSuperblock(a.paths.dir);
   if (!sb.ok() || !*sb) return Fail(sb.ok() ? "the store has no superblock" : sb.status().ToString());
@@ -57,7 +57,7 @@ int RunStats(const StatsArgs& a) {
   so.nvme.read_only = true;
   so.put_tier = TierId::kNvme;
   auto store = Store::Open(so);
-  if (!store.ok()) return Fail(store.status().ToString());
+  if (!store.ok()) return FailStatus(store.status());
   if (a.prometheus) {
     std::fputs((*store)->PrometheusText().c_str(), stdout);
     return 0;
