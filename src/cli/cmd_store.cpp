@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -234,13 +235,30 @@ int RunCheck(const CheckArgs& a) {
   }
   NvmeTierOptions o = *opts;
   o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
+  // The scan runs first: it needs no index (so it works when the index does not open) and, with
+  // --repair, must not compete with the read-write tier for the data area's lock.
+  std::optional<ScannedBlocks> scan;
+  if (!a.quick) {
+    auto s = ScanDataArea(o);
+    if (!s.ok()) return FailStatus(s.status());
+    fmt::print(stderr, "store check: data file scan: {}\n", s->report.ToString());
+    scan = std::move(*s);
+  }
   auto tier = NvmeTier::Open(o);
-  if (!tier.ok()) return FailStatus(tier.status());
+  if (!tier.ok()) {
+    if (scan) {
+      fmt::print("store check: the index does not open; the data file holds {} committed blocks; run 'terrace store "
+                 "recover --dir {}{}' to rebuild the index from it\n",
+                 scan->blocks.size(), a.paths.dir, a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
+    }
+    return FailStatus(tier.status());
+  }
   BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
   });
-  if (!a.quick) {
-    if (Status s = ScanForLostBlocks(o, **tier, &c); !s.ok()) return FailStatus(s);
+  if (scan) CountLostBlocks(*scan, **tier, &c);
+  for (std::size_t i = 0; i < c.lost_keys.size() && i < 10; ++i) {
+    fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
   }
   fmt::print("store check: {} blocks in the index: ok {}  missing {}  corrupt {}  wrong-content {}  lost-from-index {}\n",
              c.indexed, c.ok, c.missing, c.corrupt, c.wrong_content,
@@ -257,8 +275,9 @@ int RunCheck(const CheckArgs& a) {
     }
   }
   if (c.lost_from_index) {
-    fmt::print("store check: the data file holds {} committed blocks the index lost; run 'terrace store recover {}' to "
-               "rebuild the index from the data file\n",
+    fmt::print("store check: the data file holds {} committed blocks the index does not (blocks the index lost, or "
+               "puts in flight when a writer died); run 'terrace store recover {}' to rebuild the index from the "
+               "data file\n",
                c.lost_from_index, where);
   }
   if (c.wrong_content) {

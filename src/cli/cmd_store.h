@@ -17,10 +17,7 @@
 #include "terrace/block.h"
 #include "terrace/options.h"
 #include "terrace/status.h"
-
-namespace terrace {
-class NvmeTier;
-}
+#include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::cli::store_cmd {
 
@@ -81,9 +78,16 @@ struct BlockCheck {
 BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
                        const std::function<void(const std::string&)>& report);
 
-// Adds lost_from_index to `check`: scans the data file of `options` and counts committed blocks the
-// tier's index does not hold.
-Status ScanForLostBlocks(const NvmeTierOptions& options, NvmeTier& tier, BlockCheck* check);
+// What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key.
+struct ScannedBlocks {
+  DataScanReport report;
+  std::unordered_map<BlockKey, std::pair<BlockDesc, std::uint64_t>> blocks;  // desc, generation
+};
+// Scans the data area of `options` (a shared lock: run it while no writer has the store open, or
+// beside a read-only tier). Prints progress to stderr on large stores.
+Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options);
+// Adds lost_from_index to `check`: blocks of `scan` that `tier`'s index does not hold.
+void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check);
 
 // Subcommands defined in their own files.
 void RegisterStoreRecover(CLI::App* store, Runner* run);  // cmd_store_recover.cpp

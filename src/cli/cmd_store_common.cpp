@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -86,7 +87,7 @@ Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
   if (std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0}; })) {
     return std::optional<SuperblockInfo>();  // a blank device or a file whose creation never finished
   }
-  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::Decode(buf, path));
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::DecodeUnit(buf, path));
   return std::optional<SuperblockInfo>(SuperblockInfo{sb.capacity_bytes, sb.format_version, sb.UuidString()});
 }
 
@@ -184,9 +185,34 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<Blo
   return c;
 }
 
-Status ScanForLostBlocks(const NvmeTierOptions&, NvmeTier&, BlockCheck* check) {
-  check->scanned = false;  // TODO(durability merge): NvmeTier::ScanDataFile
-  return Status::Ok();
+Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options) {
+  ScannedBlocks out;
+  auto last = std::chrono::steady_clock::now();
+  auto progress = [&](std::uint64_t done, std::uint64_t total) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(1) || total == 0) return;
+    last = now;
+    fmt::print(stderr, "scanning the data file: {:.0f}% ({} of {})\n", 100.0 * static_cast<double>(done) / total,
+               FormatBytes(static_cast<double>(done)), FormatBytes(static_cast<double>(total)));
+  };
+  TERRACE_ASSIGN_OR_RETURN(
+      out.report, NvmeTier::ScanDataFile(
+                      options,
+                      [&](const BlockKey& k, const BlockDesc& d, std::uint64_t generation) {
+                        out.blocks.emplace(k, std::make_pair(d, generation));
+                      },
+                      progress));
+  return out;
+}
+
+void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
+  check->scanned = true;
+  for (const auto& [key, dg] : scan.blocks) {
+    auto have = tier.Lookup(key);
+    if (have.ok()) continue;
+    ++check->lost_from_index;
+    check->lost_keys.push_back(key);
+  }
 }
 
 }  // namespace terrace::cli::store_cmd

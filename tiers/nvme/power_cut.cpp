@@ -40,6 +40,7 @@ struct Undo {
   std::uint64_t offset = 0;
   std::uint32_t len = 0;
   AlignedBytes old;
+  AlignedBytes new_bytes;  // what the write carried (kTorn mixes the two per sector)
   bool completed = false;  // the engine reported the write done (a later sync covers it)
 };
 
@@ -115,11 +116,13 @@ class PowerCutEngine final : public IoEngine {
           u.offset = r.offset;
           u.len = r.len;
           u.old = AllocAligned(r.len);
-          ssize_t got = u.old ? ::pread(s_->data_fd, u.old.get(), r.len, static_cast<off_t>(r.offset)) : -1;
+          u.new_bytes = AllocAligned(r.len);
+          ssize_t got = u.old && u.new_bytes ? ::pread(s_->data_fd, u.old.get(), r.len, static_cast<off_t>(r.offset)) : -1;
           if (got < 0) {
             ok = false;  // cannot keep an undo copy: fail the write rather than make it unrevertable
           } else {
             if (static_cast<std::uint32_t>(got) < r.len) std::memset(u.old.get() + got, 0, r.len - got);
+            std::memcpy(u.new_bytes.get(), r.buf, r.len);
             id = s_->next_undo++;
             s_->undo.emplace(id, std::move(u));
           }
@@ -294,6 +297,11 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
                                        std::unique_ptr<rocksdb::FSWritableFile>* r,
                                        rocksdb::IODebugContext* d) override {
     if (s_->Off()) return CutError();
+    // What the file holds before this open is as durable as it was: an untracked file counts as
+    // synced up to its current size (the file system's size, not the writer's byte count, which
+    // starts at 0 for a reopened file).
+    struct stat before {};
+    const bool existed = ::stat(f.c_str(), &before) == 0;
     std::unique_ptr<rocksdb::FSWritableFile> file;
     rocksdb::IOStatus st = target()->ReopenWritableFile(f, o, &file, d);
     if (!st.ok()) return st;
@@ -303,7 +311,9 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
       auto& slot = s_->files[f];
       if (!slot) {
         slot = std::make_shared<FileState>();
-        slot->size = slot->synced = file->GetFileSize(rocksdb::IOOptions(), d);
+        slot->size = slot->synced = existed ? static_cast<std::uint64_t>(before.st_size) : 0;
+        slot->created = !existed;
+        slot->ever_synced = existed;
       }
       state = slot;
     }
@@ -398,9 +408,9 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
 }  // namespace
 
 std::string PowerCutReport::ToString() const {
-  return fmt::format("power cut after {} events: {} data writes not durable ({} units reverted, {} scrambled, {} kept); "
-                     "index: {} files truncated, {} dropped, {} bytes lost",
-                     events, data_writes_lost, data_units_reverted, data_units_garbage, data_units_kept,
+  return fmt::format("power cut after {} events: {} data writes not durable ({} units reverted, {} torn, {} scrambled, {} "
+                     "kept); index: {} files truncated, {} dropped, {} bytes lost",
+                     events, data_writes_lost, data_units_reverted, data_units_torn, data_units_garbage, data_units_kept,
                      index_files_truncated, index_files_dropped, index_bytes_dropped);
 }
 
@@ -468,11 +478,22 @@ Result<PowerCutReport> PowerCut::Cut() {
     if (!garbage) return Status::OutOfCapacity("power cut: cannot allocate a scratch unit");
     for (std::uint64_t pos = 0; pos < u.len; pos += unit) {
       const std::uint64_t n = std::min<std::uint64_t>(unit, u.len - pos);
-      LostWrite m = s_->mode == LostWrite::kMixed ? static_cast<LostWrite>(pick(s_->rng)) : s_->mode;
+      LostWrite m = s_->mode == LostWrite::kMixed ? static_cast<LostWrite>(pick(s_->rng)) : s_->mode;  // 0..2
       const std::byte* src = nullptr;
       if (m == LostWrite::kRevert) {
         src = u.old.get() + pos;
         ++rep.data_units_reverted;
+      } else if (m == LostWrite::kTorn) {
+        // What the device holds now is the new bytes; put the old ones back in a random subset of
+        // sectors. Each sector is wholly old or wholly new, never a mix.
+        std::memcpy(garbage.get(), u.new_bytes.get() + pos, n);
+        for (std::uint64_t sec = 0; sec < n; sec += kAtomicSectorBytes) {
+          if (s_->rng() & 1) {
+            std::memcpy(garbage.get() + sec, u.old.get() + pos + sec, std::min<std::uint64_t>(kAtomicSectorBytes, n - sec));
+          }
+        }
+        src = garbage.get();
+        ++rep.data_units_torn;
       } else if (m == LostWrite::kGarbage) {
         for (std::uint64_t b = 0; b < n; ++b) garbage.get()[b] = static_cast<std::byte>(s_->rng());
         src = garbage.get();

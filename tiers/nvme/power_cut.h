@@ -7,9 +7,11 @@
 //   bytes it replaced (read back before the write is issued). A write becomes durable only when a
 //   SyncData() that started after the write completed returns 0; then its undo copy is dropped.
 //   At Cut() every write that never became durable is undone newest first, independently per
-//   4 KiB unit, according to LostWrite: its old bytes come back (kRevert), random bytes replace it
-//   (kGarbage: a torn or scrambled sector, which checksums must catch), or the new bytes stay
-//   (a device that happened to persist them). kMixed draws one of the three per unit.
+//   4 KiB unit, according to LostWrite: its old bytes come back (kRevert), the new bytes stay
+//   (kKeep: a device that happened to persist them), or each 512-byte sector is old or new at
+//   random (kTorn: a write torn at the device's atomic sector, which checksums must catch).
+//   kMixed draws one of these three per unit. kGarbage (random bytes over the whole unit) is
+//   harsher than any device that honours its atomic write unit; it is not part of kMixed.
 // - Index: index_env() is a RocksDB Env whose file system tracks each file's synced length
 //   (Sync/Fsync). At Cut() every tracked file is truncated to its last synced length, and a file
 //   created under tracking that was never synced is deleted. Renames and deletions are treated as
@@ -43,12 +45,14 @@ class Env;
 namespace terrace::nvme {
 
 // What Cut() does to a 4 KiB unit of a data-file write that was never made durable.
-enum class LostWrite : std::uint8_t { kRevert = 0, kGarbage, kKeep, kMixed };
+enum class LostWrite : std::uint8_t { kRevert = 0, kKeep, kTorn, kMixed, kGarbage };
+inline constexpr std::uint64_t kAtomicSectorBytes = 512;  // kTorn's granularity
 
 struct PowerCutReport {
   std::uint64_t events = 0;                // events before the power went off
   std::uint64_t data_writes_lost = 0;      // data-file writes that were not durable
   std::uint64_t data_units_reverted = 0;   // 4 KiB units given back their old bytes
+  std::uint64_t data_units_torn = 0;       // units left with a random mix of old and new sectors
   std::uint64_t data_units_garbage = 0;    // units overwritten with random bytes
   std::uint64_t data_units_kept = 0;       // units left with the new bytes
   std::uint64_t index_files_truncated = 0; // RocksDB files cut back to their synced length
