@@ -264,9 +264,24 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     auto opts = ExistingStoreOptions(paths);
     std::unique_ptr<NvmeTier> tier;
     Status open_status = opts.status();
+    std::string rebuilt;
     if (opts.ok()) {
       opts->read_only = true;  // the check changes nothing: damaged blocks stay damaged for the next round
       auto t = NvmeTier::Open(*opts);
+      if (!t.ok() && t.status().message().find("store recover") != std::string::npos) {
+        // A refusal that points at recovery is allowed; recovery must then bring everything back.
+        NvmeTierOptions ro = *opts;
+        ro.read_only = false;
+        auto rep = NvmeTier::RebuildIndex(ro);
+        if (rep.ok()) {
+          ++res.rebuilt;
+          rebuilt = fmt::format("; the store refused to open ({}), index rebuilt: {} blocks", t.status().message(),
+                                rep->blocks_indexed);
+          t = NvmeTier::Open(*opts);
+        } else {
+          problem(fmt::format("round {}: store recover failed: {}", round + 1, rep.status().ToString()));
+        }
+      }
       if (t.ok()) tier = std::move(*t);
       open_status = t.status();
     }
@@ -311,8 +326,8 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     res.acknowledged = acked.size();
     tier.reset();
 
-    fmt::print(stderr, "drill {} round {}/{}: {}, {} faults; check: {} indexed, {} ok, {} lost, {} corrupt{}\n", kind,
-               round + 1, a.kills, how, faults, c.indexed, c.ok, lost_now, c.corrupt, flipped);
+    fmt::print(stderr, "drill {} round {}/{}: {}, {} faults{}; check: {} indexed, {} ok, {} lost, {} corrupt{}\n", kind,
+               round + 1, a.kills, how, faults, rebuilt, c.indexed, c.ok, lost_now, c.corrupt, flipped);
   }
   return res;
 }
@@ -355,6 +370,7 @@ int RunDrill(const DrillArgs& a) {
                       {"corrupt_returned", r.corrupt_returned},
                       {"damage_missed", r.damage_missed},
                       {"open_failures", r.open_failures},
+                      {"index_rebuilds", r.rebuilt},
                       {"problems", r.problems}});
     }
     nlohmann::json j = {{"dir", a.dir},           {"seed", a.seed}, {"block_size", a.block_size},
