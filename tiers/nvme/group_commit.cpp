@@ -119,6 +119,9 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
     if (s.ok() && index_write) {
       batch->Put(rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), IndexStore::EncodeCommit(commit + 1));
       s = index_->Write(batch.get(), /*sync=*/true);
+      // Record the new commit in the superblock at once (no sync: it is made durable by the next
+      // commit's fdatasync at the latest), so damage to the log's last records is detectable too.
+      if (s.ok() && before_sync_) s = before_sync_(commit + 1);
     }
 
     l.lock();

@@ -10,7 +10,10 @@
 //   2. `before_sync(c)`: the tier writes its superblock recording commit c (the last one known
 //      durable in the index) through the engine;
 //   3. one fdatasync of the data file (when anything was written: data, clears or superblock);
-//   4. one WriteBatch with WAL sync holding the staged changes and the commit counter c + 1.
+//   4. one WriteBatch with WAL sync holding the staged changes and the commit counter c + 1;
+//   5. `before_sync(c + 1)` again: the superblock records the new commit right away (made durable
+//      by the next commit's fdatasync at the latest), so it never claims more than the index holds
+//      and is behind it by at most the commit in flight.
 // Extents handed to Stage are released (the `release` callback) only after step 4, so a crash
 // never finds a durable record over reused space, and reused space never holds a stale descriptor.
 // A failed commit is permanent (as after a failed fsync nothing can be trusted): every later
@@ -46,7 +49,7 @@ class GroupCommitter {
  public:
   using ReleaseFn = std::function<void(std::vector<Extent>&&)>;
   // Writes (does not sync) the superblock recording `durable_commit`; called by the leader before
-  // each data fdatasync.
+  // each data fdatasync and after each index write.
   using BeforeSyncFn = std::function<Status(std::uint64_t durable_commit)>;
   // `commit`: the index's commit counter at open. `interval` > 0 starts the background committer
   // (async mode).

@@ -88,6 +88,11 @@ void NvmeTier::Warn(std::string message) {
   report_.warnings.push_back(std::move(message));
 }
 
+Status NvmeTier::WithRecoverAdvice(Status s) const {
+  if (!s.IsCorruption() || s.message().find("terrace store recover --dir") != std::string::npos) return s;
+  return Status::Corruption(fmt::format("{}; {}", s.message(), RecoverAdvice()));
+}
+
 std::string NvmeTier::RecoverAdvice() const {
   std::string cmd = fmt::format("terrace store recover --dir {}", options_.path.string());
   if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
@@ -675,7 +680,9 @@ Status NvmeTier::OpenIndexOfExisting() {
     return opened.status();
   }
   std::unique_ptr<nvme::IndexStore> idx = std::move(*opened);
-  TERRACE_ASSIGN_OR_RETURN(auto manifest, idx->ReadManifest());
+  auto read_manifest = idx->ReadManifest();
+  if (!read_manifest.ok()) return WithRecoverAdvice(read_manifest.status());
+  auto manifest = std::move(*read_manifest);
   if (!manifest) {
     return Status::Corruption(fmt::format("'{}' has no Terrace manifest: it is not a Terrace index (or it is damaged); "
                                           "{}",
@@ -693,7 +700,9 @@ Status NvmeTier::OpenIndexOfExisting() {
         index_path_.string(), m->UuidString(), m->capacity_bytes, data_path_.string(), sb_.UuidString(),
         sb_.capacity_bytes, RecoverAdvice()));
   }
-  TERRACE_ASSIGN_OR_RETURN(index_commit_, idx->ReadCommit());
+  auto commit = idx->ReadCommit();
+  if (!commit.ok()) return WithRecoverAdvice(commit.status());
+  index_commit_ = *commit;
   if (index_commit_ < sb_.indexed_commit) {
     return Status::Corruption(fmt::format(
         "the index '{}' of '{}' lost records: it holds {} group commits but the data file recorded {} as durable, "
@@ -727,7 +736,7 @@ Status NvmeTier::Recover() {
     }
   };
   const std::uint64_t cap = sb_.capacity_bytes;
-  TERRACE_RETURN_IF_ERROR(index_->Scan([&](std::string_view k, std::string_view v) {
+  Status scanned = index_->Scan([&](std::string_view k, std::string_view v) {
     if (k == nvme::kManifestKey || k == nvme::kCommitKey) return;
     ++report_.records_scanned;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
@@ -739,7 +748,8 @@ Status NvmeTier::Recover() {
       return note_drop(k, &report_.dropped_out_of_range);
     }
     recs.push_back({*key, r});
-  }));
+  });
+  if (!scanned.ok()) return WithRecoverAdvice(scanned);
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });
   std::vector<Loaded> kept;

@@ -160,7 +160,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
     dc.len = static_cast<std::uint32_t>(nvme::kUnit);
     dc.io_len = static_cast<std::uint32_t>(nvme::kUnit);
     dc.staged = false;
-    chunks.push_back(dc);
+    chunks.push_back(dc);  // right after its data: one block's writes are contiguous on disk and in the queue
     pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
   }
   RunChunks(IoOp::kWrite, chunks, [&](std::size_t ci, int err) {

@@ -237,6 +237,7 @@ class NvmeTier final : public Tier {
   // Makes sure every generation below `upto` may be written: raises generation_limit durably.
   Status ReserveGenerations(std::uint64_t upto);
   std::string RecoverAdvice() const;  // "run `terrace store recover --dir D [--index-dir I]`"
+  Status WithRecoverAdvice(Status s) const;  // a Corruption gains RecoverAdvice()
   // nvme_io.cpp
   void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
                   std::vector<Chunk>* out) const;
