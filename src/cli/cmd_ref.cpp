@@ -93,7 +93,9 @@ Status RefKda(const RefArgs& a) {
   if (src.Has("initial_state")) {
     TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));
   }
-  if (a.chunk < 1) return Status::InvalidArgument(fmt::format("--chunk-size must be >= 1 (got {})", a.chunk));
+  // --chunk-size is range-checked by its option. A chunk longer than the sequence is one chunk of
+  // T tokens: the same result, without chunk^2 scratch for a huge --chunk-size.
+  const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(a.chunk, T));
   const float scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(K))));
   for (float& x : q.data) x *= scale;
   Tensor o({B, T, H, V});
@@ -102,7 +104,7 @@ Status RefKda(const RefArgs& a) {
     KdaCoreArgs args{q.ptr() + qk, k.ptr() + qk, v.ptr() + vv, g.ptr() + qk, beta.ptr() + b * T * H, T, H, K, V};
     float* s = state.ptr() + b * H * K * V;
     if (a.chunked) {
-      KdaChunked(args, s, o.ptr() + vv, a.chunk);
+      KdaChunked(args, s, o.ptr() + vv, chunk);
     } else {
       KdaRecurrent(args, s, o.ptr() + vv);
     }
