@@ -280,7 +280,10 @@ Status RefMoe(const RefArgs& a) {
 }
 
 // Inputs must be regular files (a FIFO would block), the output a new path or a regular file.
-Status CheckPaths(const RefArgs& a) {
+Status CheckPaths(const RefArgs& a, std::string_view name) {
+  if (name == "moe" && !a.top_k && a.config.empty()) {
+    return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
+  }
   TERRACE_RETURN_IF_ERROR(CheckInputFile(a.in, "--in"));
   if (!a.config.empty()) TERRACE_RETURN_IF_ERROR(CheckInputFile(a.config, "--config", 16ull << 20));
   return CheckOutputFile(a.out, "--out");
@@ -299,7 +302,7 @@ void RegisterRef(CLI::App& app, Runner* run) {
     c->add_option("--out", args->out, "Output safetensors file")->required();
     c->callback([args, run, fn, name] {
       *run = [args, fn, name] {
-        if (Status s = CheckPaths(*args); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));
+        if (Status s = CheckPaths(*args, name); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));
         const Status s = fn(*args);
         return s.ok() ? 0 : Fail(fmt::format("ref {}: {}", name, s.ToString()));
       };
