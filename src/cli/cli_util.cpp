@@ -41,8 +41,13 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
         "{} '{}' is not a size; use a number of bytes with an optional suffix, e.g. 4096, 4KiB, 1MiB, 2GiB "
         "(binary) or 1MB (decimal)", what, text));
   };
+  auto too_large = [&] {
+    return Status::InvalidArgument(
+        fmt::format("{} {} is out of range: sizes go up to 16 EiB (18446744073709551615 bytes)", what, text));
+  };
   std::uint64_t number = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec == std::errc::result_out_of_range) return too_large();
   if (ec != std::errc() || p == text.data()) return bad();
   std::string suffix(p, text.data() + text.size());
   std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -59,7 +64,7 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   };
   for (const Unit& u : kUnits) {
     if (suffix == u.name) {
-      if (number != 0 && u.factor > UINT64_MAX / number) return bad();
+      if (number != 0 && u.factor > UINT64_MAX / number) return too_large();
       return number * u.factor;
     }
   }

@@ -177,6 +177,16 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
                                                FormatBytes(static_cast<double>(a.block_size))));
     }
     capacity = dev_bytes / (4 * kKiB) * (4 * kKiB);
+  } else if (auto existing = ExistingStoreCapacity(dir); existing.ok()) {
+    // A store kept from an earlier run (--keep): reopen it with the capacity it was made with.
+    if (*existing < need + 4 * kKiB) {
+      return Status::InvalidArgument(fmt::format(
+          "--dir {} holds a Terrace store of {}, too small for {} blocks of {}; lower --total-bytes or give a new "
+          "--dir",
+          dir.string(), FormatBytes(static_cast<double>(*existing)), blocks,
+          FormatBytes(static_cast<double>(a.block_size))));
+    }
+    capacity = *existing;
   }
   o.capacity_bytes = capacity;
   o.queue_depth = a.queue_depth;

@@ -131,6 +131,11 @@ int RunDemo(const DemoArgs& a) {
     if (*removed) fmt::print("terrace demo: --fresh removed the demo store at {}\n", a.dir);
   }
   const bool creating = !StoreDataExists(a.dir);
+  if (!creating && !IsOwnedStore(a.dir, kDemoMarker)) {
+    return FailUsage(fmt::format("--dir {} holds a Terrace store (or other files) that 'terrace demo' did not "
+                                 "create; give a new or empty --dir for the demo",
+                                 a.dir));
+  }
   StoreOptions o;
   o.hbm.capacity_bytes = 4 * kMiB;   // emulated in host memory when there is no GPU
   o.host.capacity_bytes = 8 * kMiB;

@@ -93,7 +93,9 @@ Status RefKda(const RefArgs& a) {
   if (src.Has("initial_state")) {
     TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));
   }
-  if (a.chunk < 1) return Status::InvalidArgument(fmt::format("--chunk-size must be >= 1 (got {})", a.chunk));
+  // --chunk-size is range-checked by its option. A chunk longer than the sequence is one chunk of
+  // T tokens: the same result, without chunk^2 scratch for a huge --chunk-size.
+  const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(a.chunk, T));
   const float scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(K))));
   for (float& x : q.data) x *= scale;
   Tensor o({B, T, H, V});
@@ -102,7 +104,7 @@ Status RefKda(const RefArgs& a) {
     KdaCoreArgs args{q.ptr() + qk, k.ptr() + qk, v.ptr() + vv, g.ptr() + qk, beta.ptr() + b * T * H, T, H, K, V};
     float* s = state.ptr() + b * H * K * V;
     if (a.chunked) {
-      KdaChunked(args, s, o.ptr() + vv, a.chunk);
+      KdaChunked(args, s, o.ptr() + vv, chunk);
     } else {
       KdaRecurrent(args, s, o.ptr() + vv);
     }
@@ -278,7 +280,10 @@ Status RefMoe(const RefArgs& a) {
 }
 
 // Inputs must be regular files (a FIFO would block), the output a new path or a regular file.
-Status CheckPaths(const RefArgs& a) {
+Status CheckPaths(const RefArgs& a, std::string_view name) {
+  if (name == "moe" && !a.top_k && a.config.empty()) {
+    return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
+  }
   TERRACE_RETURN_IF_ERROR(CheckInputFile(a.in, "--in"));
   if (!a.config.empty()) TERRACE_RETURN_IF_ERROR(CheckInputFile(a.config, "--config", 16ull << 20));
   return CheckOutputFile(a.out, "--out");
@@ -297,7 +302,7 @@ void RegisterRef(CLI::App& app, Runner* run) {
     c->add_option("--out", args->out, "Output safetensors file")->required();
     c->callback([args, run, fn, name] {
       *run = [args, fn, name] {
-        if (Status s = CheckPaths(*args); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));
+        if (Status s = CheckPaths(*args, name); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));
         const Status s = fn(*args);
         return s.ok() ? 0 : Fail(fmt::format("ref {}: {}", name, s.ToString()));
       };

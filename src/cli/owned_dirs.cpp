@@ -4,13 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "src/cli/safe_files.h"
+#include "tiers/nvme/format.h"
 
 namespace terrace::cli {
 namespace {
@@ -122,6 +125,20 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
   if (!ec) fs::remove(dir / std::string(marker), ec);
   if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the store: {}", flag, dir.string(), ec.message()));
   return true;
+}
+
+Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {
+  const fs::path data = dir / kDataFile;
+  if (!IsKind(data, S_IFREG)) return Status::NotFound(fmt::format("'{}' holds no terrace.data", dir.string()));
+  const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(fmt::format("cannot open '{}': {}", data.string(), std::strerror(errno)));
+  std::byte buf[nvme::kSuperblockHeaderBytes] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb,
+                           nvme::Superblock::Decode(std::span<const std::byte>(buf, n < 0 ? 0 : static_cast<std::size_t>(n)),
+                                                    data.string()));
+  return sb.capacity_bytes;
 }
 
 Status WriteMarker(const fs::path& dir, std::string_view marker, std::string_view who) {

@@ -32,6 +32,11 @@ bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
 Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag,
                               std::string_view who);
 
+// The capacity (bytes) recorded in the superblock of dir/terrace.data, for a command that reopens
+// an existing store without being told its capacity. NotFound when there is no terrace.data;
+// InvalidArgument/Corruption when it is not a Terrace data file.
+Result<std::uint64_t> ExistingStoreCapacity(const std::filesystem::path& dir);
+
 // Writes dir/marker (a one-line text naming `who`) with the safe writer.
 Status WriteMarker(const std::filesystem::path& dir, std::string_view marker, std::string_view who);
 
