@@ -21,6 +21,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
 #include "tiers/nvme/fault_engine.h"
+#include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "tiers/nvme/power_cut.h"
 #include "tiers/nvme/uring_engine.h"
@@ -97,6 +98,10 @@ int RunFill(const FillArgs& a) {
     }
     capacity = (*existing)->capacity_bytes;
   }
+  if (capacity < nvme::kDataStart + 2 * nvme::kUnit || capacity % nvme::kUnit != 0) {
+    return FailUsage(fmt::format("--capacity {} is too small or not a multiple of 4 KiB; give at least 12KiB, e.g. 1GiB",
+                                 capacity));
+  }
   if (a.block_size < 1 || a.block_size > kMaxBlockSize) {
     return FailUsage(fmt::format("--block-size {} is out of range; use 1 B..{}", a.block_size,
                                   FormatBytes(static_cast<double>(kMaxBlockSize))));
@@ -106,8 +111,10 @@ int RunFill(const FillArgs& a) {
                                   FormatBytes(static_cast<double>(a.block_size)),
                                   FormatBytes(static_cast<double>(capacity))));
   }
+  // Each block takes its data rounded up to 4 KiB plus one 4 KiB descriptor (docs/nvme-format.md).
+  const std::uint64_t per_block = nvme::RoundUp(a.block_size, nvme::kUnit) + nvme::kUnit;
   std::uint64_t total = 0;
-  if (__builtin_mul_overflow(a.count, a.block_size, &total) || total > capacity) {
+  if (__builtin_mul_overflow(a.count, per_block, &total) || total > capacity - nvme::kDataStart) {
     return FailUsage(fmt::format(
         "--count {} x --block-size {} is more than the {} store can hold ({}); lower --count or --block-size{}",
         a.count, FormatBytes(static_cast<double>(a.block_size)), *existing ? "existing" : "new",

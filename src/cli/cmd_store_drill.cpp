@@ -17,6 +17,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +50,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kMarker = ".terrace-drill";
+constexpr int kChildTimeoutSeconds = 300;  // one round's child, start to exit
 constexpr const char* kAllKinds[] = {"eio", "enospc", "short", "bitflip", "powercut"};
 
 struct DrillArgs {
@@ -210,6 +215,17 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
       ++res.open_failures;
       break;
     }
+    // A child that stops making progress is killed and reported (a hang is a finding, not a wait).
+    std::mutex wd_mu;
+    std::condition_variable wd_cv;
+    bool wd_done = false, hung = false;
+    std::thread watchdog([&, pid = child->pid] {
+      std::unique_lock<std::mutex> l(wd_mu);
+      if (!wd_cv.wait_for(l, std::chrono::seconds(kChildTimeoutSeconds), [&] { return wd_done; })) {
+        hung = true;
+        ::kill(pid, SIGKILL);
+      }
+    });
     std::uint64_t acks = 0, faults = 0;
     bool killed = false;
     char* line = nullptr;
@@ -232,6 +248,17 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     std::fclose(child->out);
     int status = 0;
     ::waitpid(child->pid, &status, 0);
+    {
+      std::lock_guard<std::mutex> l(wd_mu);
+      wd_done = true;
+    }
+    wd_cv.notify_all();
+    watchdog.join();
+    if (hung) {
+      ++res.open_failures;
+      problem(fmt::format("round {}: 'store fill' made no progress for {} s and was killed (see {})", round + 1,
+                          kChildTimeoutSeconds, log_path));
+    }
     res.kills += killed ? 1 : 0;
     res.faults += faults;
     std::string how = killed                 ? fmt::format("killed after {} acknowledged puts", acks)
