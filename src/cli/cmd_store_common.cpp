@@ -97,16 +97,25 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
   if (!fs::exists(p.dir, ec)) {
     return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
   }
-  TERRACE_ASSIGN_OR_RETURN(auto sb, ReadSuperblock(p.dir));
-  if (!sb) {
+  if (!fs::is_directory(p.dir, ec) && !IsBlockDevice(p.dir)) {
+    return Status::InvalidArgument(fmt::format(
+        "--dir '{}' is neither a directory nor a block device; give the store directory 'store fill' used", p.dir));
+  }
+  auto sb = ReadSuperblock(p.dir);
+  if (!sb.ok()) {
+    // What the data file holds is wrong (another format, not a store): a runtime failure, exit 1.
+    if (sb.status().IsInvalidArgument()) return Status::Unavailable(std::string(sb.status().message()));
+    return sb.status();
+  }
+  if (!*sb) {
     return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
   }
-  if (p.capacity != 0 && p.capacity != sb->capacity_bytes) {
+  if (p.capacity != 0 && p.capacity != (*sb)->capacity_bytes) {
     return Status::InvalidArgument(fmt::format(
         "--capacity {} does not match the store at '{}', which was created with --capacity {} ({} bytes); omit "
         "--capacity to use the store's own",
-        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>(sb->capacity_bytes)),
-        sb->capacity_bytes));
+        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>((*sb)->capacity_bytes)),
+        (*sb)->capacity_bytes));
   }
   if (!p.index_dir.empty() && !fs::exists(p.index_dir, ec)) {
     return Status::NotFound(fmt::format(
@@ -117,7 +126,7 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
   NvmeTierOptions o;
   o.path = p.dir;
   o.index_dir = p.index_dir;
-  o.capacity_bytes = sb->capacity_bytes;
+  o.capacity_bytes = (*sb)->capacity_bytes;
   o.create_if_missing = false;
   o.durability = Durability::kSync;
   return o;

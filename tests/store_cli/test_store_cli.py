@@ -148,6 +148,16 @@ def test_messages_name_cli_flags_not_api_fields(tmp_path):
         assert "--dir" in r.stderr, (args, r.stderr)
 
 
+@pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
+def test_a_dir_that_is_a_file_is_a_usage_error(tmp_path, cmd):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    r = terrace("store", cmd, "--dir", f, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--dir" in r.stderr and "directory" in r.stderr, r.stderr
+    assert f.read_text() == "mine"
+
+
 @pytest.mark.parametrize("kind", ["directory", "dev-zero", "fifo"])
 def test_check_expect_must_be_a_regular_file(tmp_path, kind):
     store = tmp_path / "s"
