@@ -202,7 +202,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
                                      "--capacity", std::to_string(a.capacity)};
     if (kind == "eio" || kind == "enospc" || kind == "short") {
       args.insert(args.end(), {"--drill-fault", kind, "--drill-fault-seed", std::to_string(rng()),
-                               "--drill-fault-rate", kind == "short" ? "0.3" : "0.1"});
+                               "--drill-fault-rate", kind == "short" ? "0.3" : "0.04"});
     } else if (powercut) {
       args.insert(args.end(), {"--drill-fault", "powercut", "--drill-fault-seed", std::to_string(rng()),
                                "--drill-cut-after", std::to_string(rng() % (count * 5 + 40))});
