@@ -661,7 +661,7 @@ Status NvmeTier::OpenIndexOfExisting() {
   if (EmptyOrAbsent(index_path_)) {
     return Status::Corruption(fmt::format(
         "the data file '{}' holds Terrace store {} but its index '{}' is {}: opening it with an empty index would "
-        "lose every block; {} (or set reformat to start an empty store)",
+        "lose every block; {} (or reformat the data area to start an empty store: every block in it is lost)",
         data_path_.string(), sb_.UuidString(), index_path_.string(),
         fs::exists(index_path_) ? "an empty directory" : "missing", RecoverAdvice()));
   }
