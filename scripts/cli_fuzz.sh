@@ -11,4 +11,4 @@ runs="${2:-1200}"
 py="$root/.venv/bin/python"
 [ -x "$py" ] || py="$(command -v python3)"
 exec "$py" "$root/tests/cli/cli_fuzz.py" --terrace "$build/bin/terrace" --runs "$runs" --seed 1 --jobs 2 \
-  --timeout 30 --budget 120
+  --timeout 30 --budget 120 --root "$build/cli-fuzz"

@@ -39,7 +39,8 @@ Result<std::int64_t> ParseSignedInRange(std::string_view text, std::string_view 
 Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_view flag, std::uint64_t min,
                                            std::uint64_t max);
 
-// Adds `name` storing into *value (an integral type); *value's current value is the shown default.
+// Adds `name` storing into *value (an integral type); *value's current value is the shown default
+// (none is shown when it lies outside [min, max], e.g. 0 for "automatic").
 template <typename T>
 CLI::Option* AddIntOption(CLI::App* app, const std::string& name, T* value, T min, T max, const std::string& help) {
   static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
@@ -57,8 +58,8 @@ CLI::Option* AddIntOption(CLI::App* app, const std::string& name, T* value, T mi
               *value = static_cast<T>(*r);
             }
           },
-          help + " (" + std::to_string(min) + " to " + std::to_string(max) + "; default " + std::to_string(*value) +
-              ")")
+          help + " (" + std::to_string(min) + " to " + std::to_string(max) +
+              (*value >= min && *value <= max ? "; default " + std::to_string(*value) : std::string()) + ")")
       ->type_name("INT");
 }
 

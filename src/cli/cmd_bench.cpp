@@ -473,14 +473,15 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved", 1, kMaxTotalBytes);
   tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
                                      "the tier uses the whole device and needs --index-dir; its contents are "
-                                     "overwritten. A directory the bench created is removed afterwards");
+                                     "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
+                                     "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run");
   tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
                                                  "required when --dir is a block device (default: <dir>/index). "
                                                  "Removed afterwards if the bench created it");
   tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   AddIntOption(tiers, "--batch", &a->batch, 1u, 65536u,
-               "Operations per PutBatch / GetBatch call (default 0: for nvme 8 x queue depth or 64 MiB, up to 4096 "
+               "Operations per PutBatch / GetBatch call (default: for nvme 8 x queue depth or 64 MiB, up to 4096 "
                "blocks; else --queue-depth)");
   AddIntOption(tiers, "--threads", &a->threads, 1u, 256u, "Concurrent workers (nvme: one io_uring ring each)");
   tiers->add_flag("--keep", a->keep,

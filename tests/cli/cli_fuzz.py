@@ -253,6 +253,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds one run may take")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds for all runs; later runs are skipped")
     ap.add_argument("--keep", action="store_true", help="keep the sandbox folder")
+    ap.add_argument("--root", help="folder to make the sandbox in (default: the system temp folder)")
     ap.add_argument("--skip", action="append", default=[], help="leave out commands starting with these words")
     args = ap.parse_args()
     terrace = os.path.abspath(args.terrace)
@@ -260,7 +261,9 @@ def main():
         print(f"cli fuzz: {terrace} is not an executable; build it first", file=sys.stderr)
         return 2
 
-    root = tempfile.mkdtemp(prefix="terrace-cli-fuzz-")
+    if args.root:
+        os.makedirs(args.root, exist_ok=True)
+    root = tempfile.mkdtemp(prefix="terrace-cli-fuzz-", dir=args.root)
     canary = os.path.join(root, "canary")
     make_canary(canary)
     model_src = os.path.join(root, "model-src")
