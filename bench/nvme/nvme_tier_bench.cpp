@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
   if (has("seqwrite") || has("seqread")) {
     fs::remove_all(fs::path(dir) / "seq");
     o.path = fs::path(dir) / "seq";
-    o.capacity_bytes = file_size + bs + 4096 * 2;
-    o.capacity_bytes = (o.capacity_bytes + 4095) / 4096 * 4096;
+    // Each extent is the block rounded up to 4 KiB plus its 4 KiB descriptor unit.
+    o.capacity_bytes = (file_size / bs + 1) * ((bs + 4095) / 4096 * 4096 + 4096) + 4096 * 2;
     auto tier = OpenOrDie(o);
     std::uint64_t n = file_size / bs;
     BenchResult w = Fill(*tier, n, bs, batch, arena, mode == "sync" ? "seqwrite(sync)" : "seqwrite(async)");
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   if (has("randread")) {
     fs::remove_all(fs::path(dir) / "rand");
     o.path = fs::path(dir) / "rand";
-    o.capacity_bytes = file_size + 8192;
+    o.capacity_bytes = (file_size / 4096) * 8192 + 8192;  // 4 KiB of data + its descriptor unit each
     auto tier = OpenOrDie(o);
     std::uint64_t n = file_size / 4096;
     BenchResult fill = Fill(*tier, n, 4096, 1024, arena, "fill4k");
@@ -196,15 +196,15 @@ int main(int argc, char** argv) {
   if (has("reopen") && reopen_records > 0) {
     fs::remove_all(fs::path(dir) / "reopen");
     o.path = fs::path(dir) / "reopen";
-    o.capacity_bytes = (reopen_records + 2) * 4096;
+    o.capacity_bytes = (reopen_records + 2) * 2 * 4096;  // 4 KiB of data + its descriptor unit each
     OpenOrDie(o).reset();  // create
     {
-      auto index = nvme::IndexStore::Open(o.path / "index", false);
+      auto index = nvme::IndexStore::Open(o.path / "index", nvme::IndexOpenOptions{});
       if (!index.ok()) return 1;
       for (std::uint64_t i = 0; i < reopen_records; i += 10000) {
         rocksdb::WriteBatch b;
         for (std::uint64_t j = i; j < std::min(reopen_records, i + 10000); ++j) {
-          nvme::Record rec{nvme::kDataStart + j * 4096, 4096, 0, j + 1, Codec::kRaw};
+          nvme::Record rec{nvme::kDataStart + j * 2 * 4096, 4096, 0, j + 1, Codec::kRaw};
           b.Put(nvme::IndexStore::EncodeKey(Key(j)), nvme::IndexStore::EncodeRecord(rec));
         }
         if (!(*index)->Write(&b, false).ok()) return 1;

@@ -60,7 +60,9 @@ struct NvmeTierOptions {
   // A directory (the tier creates terrace.data and an index/ RocksDB inside it) or a block
   // device path. Empty: no NVMe tier.
   std::filesystem::path path;
-  std::uint64_t capacity_bytes = 16 * kGiB;   // preallocated data file size
+  // Preallocated data file size, bytes. 0: take it from the existing store's superblock (an error
+  // when the store has to be created).
+  std::uint64_t capacity_bytes = 16 * kGiB;
   unsigned queue_depth = 32;                  // io_uring submission depth per I/O thread
   // io_uring rings. A call holds one ring until its I/O completes, so concurrent callers (engine
   // threads doing single Gets, prefetch workers) run in parallel only up to io_threads; set it to
@@ -76,6 +78,15 @@ struct NvmeTierOptions {
   bool verify_on_open = false;
   // Where the RocksDB index lives. Empty: <path>/index for a directory; required for a block device.
   std::filesystem::path index_dir;
+  // Open an existing store without changing it: a shared lock on the data area (other readers may
+  // open it too, writers may not), the index opened read-only, nothing written to the data file or
+  // the index; Put / Erase / Flush fail with InvalidArgument and corrupt blocks are reported, not
+  // dropped. Works on a full file system.
+  bool read_only = false;
+  // Format the data area even though it holds a Terrace store (every block in it is lost; an
+  // existing index is moved aside, never deleted). Without it, a data area that holds a store is
+  // only ever opened with its own index.
+  bool reformat = false;
   std::shared_ptr<Logger> logger;  // null: the store's logger, or stderr (terrace/log.h)
 };
 

@@ -41,8 +41,13 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
         "{} '{}' is not a size; use a number of bytes with an optional suffix, e.g. 4096, 4KiB, 1MiB, 2GiB "
         "(binary) or 1MB (decimal)", what, text));
   };
+  auto too_large = [&] {
+    return Status::InvalidArgument(
+        fmt::format("{} {} is out of range: sizes go up to 16 EiB (18446744073709551615 bytes)", what, text));
+  };
   std::uint64_t number = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec == std::errc::result_out_of_range) return too_large();
   if (ec != std::errc() || p == text.data()) return bad();
   std::string suffix(p, text.data() + text.size());
   std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -59,7 +64,7 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   };
   for (const Unit& u : kUnits) {
     if (suffix == u.name) {
-      if (number != 0 && u.factor > UINT64_MAX / number) return bad();
+      if (number != 0 && u.factor > UINT64_MAX / number) return too_large();
       return number * u.factor;
     }
   }
@@ -76,16 +81,89 @@ std::string FormatBytes(double bytes) {
   return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kNames[i]);
 }
 
-CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help) {
+CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help,
+                           std::uint64_t min, std::uint64_t max) {
+  std::string range;
+  if (min > 0 || max < UINT64_MAX) {
+    range = fmt::format("{} to {}; ", FormatBytes(static_cast<double>(min)), FormatBytes(static_cast<double>(max)));
+  }
   return app->add_option_function<std::string>(
                name,
-               [value, name](const std::string& text) {
+               [value, name, min, max](const std::string& text) {
+                 if (!text.empty() && text[0] == '-') {
+                   throw CLI::ValidationError(fmt::format("{} '{}': a size cannot be negative", name, text));
+                 }
                  auto r = ParseSize(text, name);
-                 if (!r.ok()) throw CLI::ValidationError(name, r.status().message());
+                 if (!r.ok()) throw CLI::ValidationError(r.status().message());
+                 if (*r < min || *r > max) {
+                   throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {} ({} bytes) to {} ({} bytes)",
+                                                          name, text, FormatBytes(static_cast<double>(min)), min,
+                                                          FormatBytes(static_cast<double>(max)), max));
+                 }
                  *value = *r;
                },
-               help + fmt::format(" (e.g. 4KiB, 1MiB, 2GiB; default {})", FormatBytes(static_cast<double>(*value))))
+               help + fmt::format(" (e.g. 4KiB, 1MiB, 2GiB; {}default {})", range,
+                                  FormatBytes(static_cast<double>(*value))))
       ->type_name("SIZE");
+}
+
+Result<std::int64_t> ParseSignedInRange(std::string_view text, std::string_view flag, std::int64_t min,
+                                        std::int64_t max) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
+  }
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' is not an integer; give a whole number from {} to {}", flag, text, min, max));
+  }
+  if (v < min || v > max) {
+    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
+  }
+  return v;
+}
+
+Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_view flag, std::uint64_t min,
+                                           std::uint64_t max) {
+  if (!text.empty() && text[0] == '-') {
+    return Status::InvalidArgument(
+        fmt::format("{} {} is out of range: it cannot be negative; accepted {} to {}", flag, text, min, max));
+  }
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
+  }
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{} '{}' is not an integer; give a whole number from {} to {}", flag, text, min, max));
+  }
+  if (v < min || v > max) {
+    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
+  }
+  return v;
+}
+
+CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
+                             double max, const std::string& help) {
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [value, name, min, max](const std::string& text) {
+            double v = 0;
+            auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+            if (ec != std::errc() || p != text.data() + text.size() || text.empty() || !std::isfinite(v)) {
+              throw CLI::ValidationError(
+                  fmt::format("{} '{}' is not a finite number; give a value from {} to {}", name, text, min, max));
+            }
+            if (v < min || v > max) {
+              throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {} to {}", name, text, min, max));
+            }
+            *value = v;
+          },
+          help + fmt::format(" ({} to {})", min, max))
+      ->type_name("NUMBER");
 }
 
 void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> out) {

@@ -1,12 +1,14 @@
-// Small helpers shared by the CLI commands: size parsing and formatting, test-pattern blocks, and
-// aligned text tables.
+// Small helpers shared by the CLI commands: range-checked option parsing, size parsing and
+// formatting, test-pattern blocks, and aligned text tables. Safe file access: safe_files.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -23,8 +25,64 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 
-// Adds a size option that accepts ParseSize's suffixes.
-CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help);
+// Adds a size option that accepts ParseSize's suffixes. Values outside [min, max] are a usage error
+// (exit 2) naming the flag and the accepted range; so is a negative number or one that overflows.
+CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help,
+                           std::uint64_t min = 0, std::uint64_t max = UINT64_MAX);
+
+// Integer options, range-checked. CLI11's own integer parsing wraps "-1" into an unsigned and does
+// not bound values; these parse the whole text as a decimal integer (no sign for unsigned targets)
+// and accept it only in [min, max]. Anything else throws CLI::ValidationError, which main turns into
+// "terrace: error: --flag ..." and exit 2. The message names the flag, the value and the range.
+Result<std::int64_t> ParseSignedInRange(std::string_view text, std::string_view flag, std::int64_t min,
+                                        std::int64_t max);
+Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_view flag, std::uint64_t min,
+                                           std::uint64_t max);
+
+// Adds `name` storing into *value (an integral type); *value's current value is the shown default
+// (none is shown when it lies outside [min, max], e.g. 0 for "automatic").
+template <typename T>
+CLI::Option* AddIntOption(CLI::App* app, const std::string& name, T* value, T min, T max, const std::string& help) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [value, name, min, max](const std::string& text) {
+            if constexpr (std::is_signed_v<T>) {
+              auto r = ParseSignedInRange(text, name, min, max);
+              if (!r.ok()) throw CLI::ValidationError(r.status().message());
+              *value = static_cast<T>(*r);
+            } else {
+              auto r = ParseUnsignedInRange(text, name, min, max);
+              if (!r.ok()) throw CLI::ValidationError(r.status().message());
+              *value = static_cast<T>(*r);
+            }
+          },
+          help + " (" + std::to_string(min) + " to " + std::to_string(max) +
+              (*value >= min && *value <= max ? "; default " + std::to_string(*value) : std::string()) + ")")
+      ->type_name("INT");
+}
+
+// The same for a std::optional<T> that stays empty unless the flag is given.
+template <typename T>
+CLI::Option* AddOptionalIntOption(CLI::App* app, const std::string& name, std::optional<T>* value, T min, T max,
+                                  const std::string& help) {
+  static_assert(std::is_integral_v<T> && std::is_signed_v<T>);
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [value, name, min, max](const std::string& text) {
+            auto r = ParseSignedInRange(text, name, min, max);
+            if (!r.ok()) throw CLI::ValidationError(r.status().message());
+            *value = static_cast<T>(*r);
+          },
+          help + " (" + std::to_string(min) + " to " + std::to_string(max) + ")")
+      ->type_name("INT");
+}
+
+// A finite floating-point option in [min, max] (NaN, inf and out-of-range values are usage errors).
+CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
+                             double max, const std::string& help);
 
 // The deterministic test pattern of block `key` under `seed`: `size` bytes from a splitmix64 stream
 // seeded by (seed, key). `store fill` writes it and `store check` re-derives it.

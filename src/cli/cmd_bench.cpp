@@ -11,6 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <sys/stat.h>
+#include <csignal>
+#include <sys/statvfs.h>
+#include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +24,8 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -27,6 +33,10 @@
 
 namespace terrace::cli {
 namespace {
+
+// Option bounds: one block buffer is allocated whole; the data moved must fit a tier.
+constexpr std::uint64_t kMaxBlockBytes = 1 * kGiB;
+constexpr std::uint64_t kMaxTotalBytes = 64ull << 40;
 
 struct BenchArgs {
   std::string tier = "host";
@@ -51,10 +61,11 @@ struct BenchArgs {
   }
 };
 
-// 4 KiB-aligned bytes.
+// 4 KiB-aligned bytes. data is null when the allocation failed (check ok()).
 struct AlignedBuffer {
   explicit AlignedBuffer(std::size_t n)
-      : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+      : size(n), data(n == 0 ? nullptr : static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  bool ok() const { return size == 0 || data != nullptr; }
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -62,6 +73,38 @@ struct AlignedBuffer {
   std::size_t size;
   std::byte* data;
 };
+
+// Set by SIGINT/SIGTERM while a bench runs: workers stop, the tier closes and the directories the
+// bench created are removed before it exits with 128 + the signal number.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+
+// Installs OnStopSignal for SIGINT and SIGTERM for its lifetime (restoring the old handlers).
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Marks a directory the bench created (and removes on exit), so that a later run recognises what a
+// killed run (SIGKILL, power loss) left behind.
+constexpr const char* kBenchMarker = "terrace-bench.marker";
 
 struct BenchResult {
   double seconds = 0;
@@ -83,9 +126,12 @@ class RemoveCreatedDirs {
   RemoveCreatedDirs(const RemoveCreatedDirs&) = delete;
   RemoveCreatedDirs& operator=(const RemoveCreatedDirs&) = delete;
   ~RemoveCreatedDirs() { Run(); }
-  void AddIfMissing(const std::filesystem::path& p) {
+  // True when `p` did not exist (it is recorded).
+  bool AddIfMissing(const std::filesystem::path& p) {
     std::error_code ec;
-    if (!std::filesystem::exists(std::filesystem::symlink_status(p, ec))) paths_.push_back(p);
+    if (std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return false;
+    paths_.push_back(p);
+    return true;
   }
   void Run() {
     for (const auto& p : paths_) {
@@ -131,6 +177,16 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
                                                FormatBytes(static_cast<double>(a.block_size))));
     }
     capacity = dev_bytes / (4 * kKiB) * (4 * kKiB);
+  } else if (auto existing = ExistingStoreCapacity(dir); existing.ok()) {
+    // A store kept from an earlier run (--keep): reopen it with the capacity it was made with.
+    if (*existing < need + 4 * kKiB) {
+      return Status::InvalidArgument(fmt::format(
+          "--dir {} holds a Terrace store of {}, too small for {} blocks of {}; lower --total-bytes or give a new "
+          "--dir",
+          dir.string(), FormatBytes(static_cast<double>(*existing)), blocks,
+          FormatBytes(static_cast<double>(a.block_size))));
+    }
+    capacity = *existing;
   }
   o.capacity_bytes = capacity;
   o.queue_depth = a.queue_depth;
@@ -158,7 +214,23 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     std::vector<GetOp> gets;
     const unsigned batch = a.BatchSize();
     AlignedBuffer out(write ? 0 : RoundUp(a.block_size, 4 * kKiB) * batch);
+    if (!out.ok()) {
+      if (!failed.exchange(true)) {
+        std::lock_guard<std::mutex> l(err_mu);
+        first_error = Status::OutOfCapacity(fmt::format(
+            "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
+            FormatBytes(static_cast<double>(out.size)), batch, FormatBytes(static_cast<double>(a.block_size))));
+      }
+      return;
+    }
     while (!failed.load(std::memory_order_relaxed)) {
+      if (g_stop_signal.load() != 0) {
+        if (!failed.exchange(true)) {
+          std::lock_guard<std::mutex> l(err_mu);
+          first_error = Status::Cancelled("interrupted");
+        }
+        break;
+      }
       std::uint64_t begin = next.fetch_add(batch);
       if (begin >= ops) break;
       std::uint64_t end = std::min<std::uint64_t>(begin + batch, ops);
@@ -203,27 +275,128 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   return r;
 }
 
-int RunBenchTiers(const BenchArgs& a) {
-  if (a.block_size == 0 || a.total_bytes < a.block_size) {
-    return Fail("--total-bytes must be at least one --block-size");
+// Physical memory in bytes (0 when unknown).
+std::uint64_t PhysicalMemory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+// Free bytes on the file system that holds `p` (or its nearest existing parent); 0 when unknown.
+std::uint64_t FreeBytesAt(std::filesystem::path p) {
+  std::error_code ec;
+  p = std::filesystem::absolute(p, ec);
+  while (!p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+  struct statvfs v {};
+  if (::statvfs(p.c_str(), &v) != 0) return 0;
+  return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// Sizes that cannot work on this machine are usage errors naming the flags, checked before any
+// allocation: the memory tiers hold --total-bytes in RAM, every read worker holds a --batch x
+// --block-size buffer, the NVMe tier's file needs --total-bytes of free space.
+Status CheckBenchSizes(const BenchArgs& a, const std::filesystem::path& dir) {
+  const std::uint64_t block = RoundUp(a.block_size, 4 * kKiB);
+  const std::uint64_t batch = a.BatchSize();
+  const std::uint64_t threads = std::max(1u, a.threads);
+  const std::uint64_t ram = PhysicalMemory();
+  const std::uint64_t budget = ram == 0 ? UINT64_MAX : ram / 4 * 3;
+  const std::uint64_t read_buffers = a.op == "write" ? 0 : threads * batch * block;  // no overflow: all bounded
+  if (read_buffers > budget) {
+    return Status::InvalidArgument(fmt::format(
+        "--threads {} x --batch {} x --block-size {} need {} of read buffers, more than this machine can give "
+        "({} of RAM); lower --batch, --block-size or --threads",
+        threads, batch, FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(read_buffers)),
+        FormatBytes(static_cast<double>(ram))));
   }
-  if (a.queue_depth == 0) return Fail("--queue-depth must be at least 1");
+  const std::uint64_t blocks = a.total_bytes / a.block_size;
+  const std::uint64_t data = blocks * block;
+  if (a.tier != "nvme" && data + read_buffers > budget) {
+    return Status::InvalidArgument(fmt::format(
+        "--total-bytes {} does not fit in the memory of this machine ({} of RAM) for the {} tier; lower "
+        "--total-bytes",
+        FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(ram)), a.tier));
+  }
+  if (a.tier == "nvme" && !IsBlockDevice(dir.string())) {
+    const std::uint64_t free = FreeBytesAt(dir);
+    if (free != 0 && data + data / 8 + 64 * kMiB > free) {
+      return Status::InvalidArgument(fmt::format(
+          "--total-bytes {} needs about {} on the file system of --dir {}, which has {} free; lower --total-bytes or "
+          "choose another --dir",
+          FormatBytes(static_cast<double>(a.total_bytes)),
+          FormatBytes(static_cast<double>(data + data / 8 + 64 * kMiB)), dir.string(),
+          FormatBytes(static_cast<double>(free))));
+    }
+  }
+  return Status::Ok();
+}
+
+// --dir: absent, a directory or a block device; --index-dir: absent or a directory.
+Status CheckBenchPaths(const BenchArgs& a, const std::filesystem::path& dir) {
+  if (!IsBlockDevice(dir.string())) TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(dir, "--dir"));
+  if (!a.index_dir.empty()) TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(a.index_dir, "--index-dir"));
+  return CheckNvmePaths(dir.string(), a.index_dir);
+}
+
+// A leftover of an earlier run that was killed before it could clean up: a directory holding only
+// a Terrace store and the bench's marker (an index directory: the marker). Removed, with a note.
+Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (IsOwnedStore(dir, kBenchMarker)) {
+    fmt::print(stderr, "bench: removing '{}', left behind by an earlier 'terrace bench tiers' run that did not finish "
+               "(it holds the bench's {})\n", dir.string(), kBenchMarker);
+    TERRACE_ASSIGN_OR_RETURN(bool removed, RemoveOwnedStore(dir, kBenchMarker, "--dir", "terrace bench tiers"));
+    if (removed) std::filesystem::remove(dir, ec);
+  }
+  if (!a.index_dir.empty()) {
+    const std::filesystem::path idx(a.index_dir);
+    struct stat st {};
+    if (::lstat(idx.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && DescribePathKind(idx / kBenchMarker) == "a regular file") {
+      fmt::print(stderr, "bench: removing '{}', an index directory left behind by an earlier 'terrace bench tiers' "
+                 "run that did not finish (it holds the bench's {})\n", idx.string(), kBenchMarker);
+      std::filesystem::remove_all(idx, ec);
+      if (ec) return Status::IoError(fmt::format("--index-dir {}: cannot remove the leftover: {}", idx.string(), ec.message()));
+    }
+  }
+  return Status::Ok();
+}
+
+int RunBenchTiers(const BenchArgs& a) {
+  StopSignals stop_signals;
+  g_stop_signal.store(0);
+  if (a.total_bytes < a.block_size) {
+    return FailUsage(fmt::format("--total-bytes {} is less than one --block-size {}; raise --total-bytes",
+                                 FormatBytes(static_cast<double>(a.total_bytes)),
+                                 FormatBytes(static_cast<double>(a.block_size))));
+  }
   std::filesystem::path dir = a.dir.empty() ? std::filesystem::path("terrace-bench") : std::filesystem::path(a.dir);
   if (a.tier == "nvme") {
-    if (Status s = CheckNvmePaths(dir.string(), a.index_dir); !s.ok()) return Fail(s.ToString());
+    if (Status s = CheckBenchPaths(a, dir); !s.ok()) return FailUsage(s.message());
+    if (Status s = RemoveLeftovers(a, dir); !s.ok()) return Fail(s.ToString());
   }
+  if (Status s = CheckBenchSizes(a, dir); !s.ok()) return FailUsage(s.message());
   // Declared before the tier, so it runs after the tier is closed, on every return path.
   RemoveCreatedDirs cleanup;
+  bool created_dir = false, created_index = false;
   if (a.tier == "nvme" && !a.keep) {
-    cleanup.AddIfMissing(dir);
-    if (!a.index_dir.empty()) cleanup.AddIfMissing(a.index_dir);
+    created_dir = cleanup.AddIfMissing(dir);
+    if (!a.index_dir.empty()) created_index = cleanup.AddIfMissing(a.index_dir);
   }
   auto tier_or = MakeTier(a, dir);
   if (!tier_or.ok()) return Fail(tier_or.status().ToString());
   std::unique_ptr<Tier> tier = std::move(*tier_or);
+  if (created_dir && !IsBlockDevice(dir.string())) {
+    if (Status s = WriteMarker(dir, kBenchMarker, "terrace bench tiers"); !s.ok()) return Fail(s.ToString());
+  }
+  if (created_index) {
+    if (Status s = WriteMarker(a.index_dir, kBenchMarker, "terrace bench tiers"); !s.ok()) return Fail(s.ToString());
+  }
 
   const std::uint64_t blocks = a.total_bytes / a.block_size;
   AlignedBuffer payload_buf(a.block_size);
+  if (!payload_buf.ok()) {
+    return Fail(fmt::format("cannot allocate one --block-size {} buffer; lower --block-size",
+                            FormatBytes(static_cast<double>(a.block_size))));
+  }
   std::span<const std::byte> payload = payload_buf.span();
   FillPattern(7, BenchKey(0), payload_buf.span());
   BlockDesc desc = DescribeBlock(payload);
@@ -243,10 +416,15 @@ int RunBenchTiers(const BenchArgs& a) {
     if (a.op == "read") return RunOps(*tier, a, false, blocks, seq, payload, desc);
     return RunOps(*tier, a, false, blocks, [&](std::uint64_t i) { return order[i]; }, payload, desc);
   };
-  Result<BenchResult> r = run_op();
+  Result<BenchResult> r = g_stop_signal.load() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
   TierStatsSnapshot stats = tier->Stats();
   tier.reset();
   cleanup.Run();
+  if (const int sig = g_stop_signal.load(); sig != 0) {
+    fmt::print(stderr, "bench: stopped by {}{}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               created_dir || created_index ? "; removed the directories it created" : "");
+    return 128 + sig;
+  }
   if (!r.ok()) return Fail(r.status().ToString());
 
   const double bytes = static_cast<double>(r->ops * a.block_size);
@@ -289,22 +467,26 @@ void RegisterBench(CLI::App& app, Runner* run) {
       ->capture_default_str();
   tiers->add_option("--op", a->op, "write | read | randread (reads write the data first, untimed)")
       ->check(CLI::IsMember({"write", "read", "randread"}))->capture_default_str();
-  AddSizeOption(tiers, "--block-size", &a->block_size, "Block size");
-  tiers->add_option("--queue-depth", a->queue_depth, "NVMe I/Os in flight (ring depth); for memory tiers the default batch size")
-      ->check(CLI::Range(1u, 4096u))->capture_default_str();
-  AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved");
+  AddSizeOption(tiers, "--block-size", &a->block_size, "Block size", 1, kMaxBlockBytes);
+  AddIntOption(tiers, "--queue-depth", &a->queue_depth, 1u, 4096u,
+               "NVMe I/Os in flight (ring depth); for memory tiers the default batch size");
+  AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved", 1, kMaxTotalBytes);
   tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
                                      "the tier uses the whole device and needs --index-dir; its contents are "
-                                     "overwritten. A directory the bench created is removed afterwards");
+                                     "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
+                                     "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run");
   tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
                                                  "required when --dir is a block device (default: <dir>/index). "
                                                  "Removed afterwards if the bench created it");
   tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
-  tiers->add_option("--batch", a->batch, "Operations per PutBatch / GetBatch call (default for nvme: 8 x queue depth or 64 MiB, "
-                                         "up to 4096 blocks; else --queue-depth)")->check(CLI::Range(1u, 65536u));
-  tiers->add_option("--threads", a->threads, "Concurrent workers (nvme: one io_uring ring each)")->check(CLI::Range(1u, 256u))->capture_default_str();
-  tiers->add_flag("--keep", a->keep, "Keep the NVMe directory and index directory the bench created");
+  AddIntOption(tiers, "--batch", &a->batch, 1u, 65536u,
+               "Operations per PutBatch / GetBatch call (default: for nvme 8 x queue depth or 64 MiB, up to 4096 "
+               "blocks; else --queue-depth)");
+  AddIntOption(tiers, "--threads", &a->threads, 1u, 256u, "Concurrent workers (nvme: one io_uring ring each)");
+  tiers->add_flag("--keep", a->keep,
+                  "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
+                  "them and never removes them)");
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
 }

@@ -6,6 +6,7 @@
 // prefixes. Capacities are small so blocks move between tiers. Every block read is verified.
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/owned_dirs.h"
 #include "terrace/hash.h"
 #include "terrace/store.h"
 
@@ -36,6 +38,9 @@ constexpr std::size_t kKdaStateBytes = 4 * 64 * 64 * 4;         // 4 heads x 64 
 constexpr int kMoeLayers = 7, kExperts = 16;
 constexpr std::size_t kExpertBytes = 96 * 64 * 2 + 96 * 4 * 2 + 128 * 48 + 128 * 3;  // MXFP4 w1,w3,w2 + scales
 constexpr std::uint32_t kNs = 0x70e;  // namespace of the demo's model
+constexpr std::uint64_t kDemoNvmeBytes = 512 * kMiB;
+// The file that marks a store as created by `terrace demo` (only such a store may --fresh remove).
+constexpr const char* kDemoMarker = "terrace-demo.marker";
 
 std::vector<std::int32_t> ChunkTokens(unsigned seq, unsigned chunk, unsigned shared_chunks) {
   // The first `shared_chunks` chunks are a prompt prefix shared by groups of 4 sequences.
@@ -77,6 +82,7 @@ Status ReadVerified(Store& store, const BlockKey& key, std::uint64_t seed, Tally
 Status PlaySequences(Store& store, const DemoArgs& a, unsigned first, Tally* tally) {
   for (unsigned s = first; s < first + a.sequences; ++s) {
     ContentId prefix = RootContentId(kNs);
+    std::optional<ContentId> last_state;
     for (unsigned c = 0; c < a.chunks; ++c) {
       prefix = ChainContentId(prefix, ChunkTokens(s, c, a.chunks / 2));
       for (int l : kMlaLayers) {
@@ -88,27 +94,61 @@ Status PlaySequences(Store& store, const DemoArgs& a, unsigned first, Tally* tal
           TERRACE_RETURN_IF_ERROR(PutVerified(store, {kNs, BlockKind::kState, static_cast<std::uint32_t>(l), prefix},
                                               kKdaStateBytes, a.seed, tally));
         }
+        last_state = prefix;
       }
     }
-    // Restore check: read back the sequence's latest MLA blocks and state.
+    // Restore check: read back the sequence's latest MLA blocks and its latest state snapshot (a
+    // sequence of fewer than 4 chunks has none).
     TERRACE_RETURN_IF_ERROR(ReadVerified(store, {kNs, BlockKind::kKv, 3, prefix}, a.seed, tally));
-    TERRACE_RETURN_IF_ERROR(ReadVerified(store, {kNs, BlockKind::kState, 0, prefix}, a.seed, tally));
+    if (last_state) {
+      TERRACE_RETURN_IF_ERROR(ReadVerified(store, {kNs, BlockKind::kState, 0, *last_state}, a.seed, tally));
+    }
   }
   return Status::Ok();
 }
 
+// NVMe bytes a run may write at most (no prefix shared), against the demo's fixed capacity.
+std::uint64_t DemoBytesBound(const DemoArgs& a) {
+  const std::uint64_t per_seq = std::uint64_t{a.chunks} * std::size(kMlaLayers) * kMlaBlockBytes +
+                                std::uint64_t{a.chunks / 4} * std::size(kKdaLayers) * kKdaStateBytes;
+  return std::uint64_t{a.sequences} * per_seq + std::uint64_t{kMoeLayers} * kExperts * kExpertBytes;
+}
+
 int RunDemo(const DemoArgs& a) {
-  if (a.fresh) std::filesystem::remove_all(a.dir);
+  if (DemoBytesBound(a) > kDemoNvmeBytes / 10 * 9) {
+    return FailUsage(fmt::format("--sequences {} x --chunks {} may write up to {}, more than the demo's {} NVMe "
+                                 "store holds; lower --sequences or --chunks (their product up to about 4000)",
+                                 a.sequences, a.chunks, FormatBytes(static_cast<double>(DemoBytesBound(a))),
+                                 FormatBytes(static_cast<double>(kDemoNvmeBytes))));
+  }
+  if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  if (a.fresh) {
+    auto removed = RemoveOwnedStore(a.dir, kDemoMarker, "--dir", "terrace demo --fresh");
+    if (!removed.ok()) {
+      return removed.status().IsIoError() ? Fail(removed.status().message())
+                                                              : FailUsage(removed.status().message());
+    }
+    if (*removed) fmt::print("terrace demo: --fresh removed the demo store at {}\n", a.dir);
+  }
+  const bool creating = !StoreDataExists(a.dir);
+  if (!creating && !IsOwnedStore(a.dir, kDemoMarker)) {
+    return FailUsage(fmt::format("--dir {} holds a Terrace store (or other files) that 'terrace demo' did not "
+                                 "create; give a new or empty --dir for the demo",
+                                 a.dir));
+  }
   StoreOptions o;
   o.hbm.capacity_bytes = 4 * kMiB;   // emulated in host memory when there is no GPU
   o.host.capacity_bytes = 8 * kMiB;
   o.host.chunk_bytes = 2 * kMiB;
   o.write_policy = WritePolicy::kWriteThrough;  // every block also lands on NVMe: the next run reuses it
   o.nvme.path = a.dir;
-  o.nvme.capacity_bytes = 512 * kMiB;
+  o.nvme.capacity_bytes = kDemoNvmeBytes;
   auto store_or = Store::Open(o);
   if (!store_or.ok()) return Fail(store_or.status().ToString());
   Store& store = **store_or;
+  if (creating) {  // mark the store as the demo's, so a later --fresh may remove it
+    if (Status s = WriteMarker(a.dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
+  }
   const std::uint64_t existing = store.Stats().blocks;
   fmt::print("terrace demo: store at {} (hbm {}, host {}, nvme {}); {} blocks from earlier runs\n",
              std::filesystem::absolute(a.dir).lexically_normal().string(),
@@ -167,11 +207,13 @@ int RunDemo(const DemoArgs& a) {
 void RegisterDemo(CLI::App& app, Runner* run) {
   auto a = std::make_shared<DemoArgs>();
   auto* demo = app.add_subcommand("demo", "Run the store end to end on embedded defaults and print a per-tier table");
-  demo->add_option("--dir", a->dir, "Data directory")->capture_default_str();
-  demo->add_option("--sequences", a->sequences, "Sequences per wave")->check(CLI::Range(1u, 10000u))->capture_default_str();
-  demo->add_option("--chunks", a->chunks, "64-token chunks per sequence")->check(CLI::Range(1u, 1000u))->capture_default_str();
-  demo->add_option("--seed", a->seed, "Seed of the block contents")->capture_default_str();
-  demo->add_flag("--fresh", a->fresh, "Delete the data directory first");
+  demo->add_option("--dir", a->dir, "Data directory (created if missing)")->capture_default_str();
+  AddIntOption(demo, "--sequences", &a->sequences, 1u, 10000u, "Sequences per wave");
+  AddIntOption(demo, "--chunks", &a->chunks, 1u, 1000u, "64-token chunks per sequence");
+  AddIntOption<std::uint64_t>(demo, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the block contents");
+  demo->add_flag("--fresh", a->fresh,
+                 "Delete the demo's store in --dir first (only a store 'terrace demo' created; anything else is "
+                 "refused and left alone)");
   demo->callback([run, a] { *run = [a] { return RunDemo(*a); }; });
 }
 

@@ -5,10 +5,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <fmt/format.h>
 
+#include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/safe_files.h"
 #include "src/model/config.h"
 #include "src/model/inspect.h"
 #include "src/model/model.h"
@@ -32,6 +36,66 @@ struct InitArgs {
   int routing_tokens = 64;
 };
 
+constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;  // a config.json is a few KiB
+constexpr int kMaxRoutingTokens = 1 << 16;
+
+// The files a Terrace checkpoint consists of (what `model init` writes and replaces): config.json,
+// model.safetensors, model-NNNNN-of-NNNNN.safetensors and model.safetensors.index.json.
+bool IsCheckpointFile(std::string_view f) {
+  if (f == kConfigFileName || f == kSingleFileName || f == kIndexFileName) return true;
+  constexpr std::string_view kPattern = "model-#####-of-#####.safetensors";
+  if (f.size() != kPattern.size()) return false;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (kPattern[i] == '#' ? (f[i] < '0' || f[i] > '9') : f[i] != kPattern[i]) return false;
+  }
+  return true;
+}
+
+// `model init --out DIR`: DIR is new, an empty directory, or (with --force) a directory whose
+// checkpoint files are regular files, which init replaces; every other entry is left alone.
+Status CheckInitOut(const std::string& out, bool force) {
+  namespace fs = std::filesystem;
+  if (out.empty()) return Status::InvalidArgument("--out is empty; give a directory for the model");
+  struct stat st {};
+  if (::lstat(out.c_str(), &st) != 0) return Status::Ok();  // created by init
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("--out {} is {}; give a new or empty directory", out, DescribePathKind(out)));
+  }
+  std::error_code ec;
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(out, ec)) entries.push_back(e.path().filename().string());
+  if (ec) return Status::InvalidArgument(fmt::format("--out {}: cannot list it: {}", out, ec.message()));
+  if (entries.empty()) return Status::Ok();
+  if (!force) {
+    return Status::InvalidArgument(fmt::format(
+        "--out {} is not empty ({} entries, e.g. '{}'); give a new or empty directory, or pass --force to replace "
+        "the checkpoint files in it (config.json, model.safetensors, model-NNNNN-of-NNNNN.safetensors, "
+        "model.safetensors.index.json; other files are left alone)",
+        out, entries.size(), entries.front()));
+  }
+  for (const std::string& f : entries) {
+    if (!IsCheckpointFile(f)) continue;
+    const fs::path p = fs::path(out) / f;
+    if (DescribePathKind(p) != "a regular file") {
+      return Status::InvalidArgument(fmt::format(
+          "--out {}: '{}' is {}, not a checkpoint file that --force may replace; move it away first", out, f,
+          DescribePathKind(p)));
+    }
+  }
+  return Status::Ok();
+}
+
+// Free bytes on the file system that would hold `dir` (its nearest existing ancestor); 0 if unknown.
+std::uint64_t FreeBytesFor(std::filesystem::path dir) {
+  std::error_code ec;
+  dir = std::filesystem::absolute(dir, ec);
+  while (!dir.empty() && !std::filesystem::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
 // Routing over a seeded random prompt through the freshly written model.
 std::string RoutingReport(const std::string& dir, const ModelConfig& config, std::uint64_t seed, int tokens) {
   auto md = ModelDir::Open(dir);
@@ -50,8 +114,18 @@ std::string RoutingReport(const std::string& dir, const ModelConfig& config, std
 }
 
 int RunInit(const InitArgs& a) {
+  if (!a.config.empty()) {
+    if (Status s = CheckInputFile(a.config, "--config", kMaxConfigBytes); !s.ok()) return FailUsage(s.message());
+  }
+  if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
-  if (!config.ok()) return Fail(config.status().ToString());
+  if (!config.ok()) return a.preset.empty() ? Fail(config.status().ToString()) : FailUsage(config.status().ToString());
+  const std::uint64_t need = WeightBytes(*config) + (1ull << 20);
+  if (const std::uint64_t free = FreeBytesFor(a.out); free != 0 && need > free) {
+    return FailUsage(fmt::format("--out {}: the model needs {:.2f} GiB and its file system has {:.2f} GiB free; "
+                                 "choose a smaller preset or another --out",
+                                 a.out, static_cast<double>(need) / (1ull << 30), static_cast<double>(free) / (1ull << 30)));
+  }
   InitOptions options;
   options.seed = a.seed;
   options.shard_bytes = a.shard_bytes;
@@ -72,9 +146,10 @@ int RunInspect(const std::string& dir, const std::string& preset, bool json, boo
   InspectReport report;
   if (!preset.empty()) {
     auto config = Preset(preset);
-    if (!config.ok()) return Fail(config.status().ToString());
+    if (!config.ok()) return FailUsage(config.status().ToString());
     report = InspectConfig(*config, "preset " + preset);
   } else {
+    if (Status s = CheckModelDirInput(dir, "model inspect DIR"); !s.ok()) return FailUsage(s.message());
     auto r = InspectModelDir(dir);
     if (!r.ok()) return Fail(r.status().ToString());
     report = std::move(*r);
@@ -87,7 +162,20 @@ int RunInspect(const std::string& dir, const std::string& preset, bool json, boo
   return 0;
 }
 
+// The hidden test helpers' --in / --out.
+Status CheckInOut(const std::string& in, const std::string& out, bool dir_ok = false) {
+  std::error_code ec;
+  if (!(dir_ok && std::filesystem::is_directory(in, ec))) TERRACE_RETURN_IF_ERROR(CheckInputFile(in, "--in"));
+  else TERRACE_RETURN_IF_ERROR(CheckModelDirInput(in, "--in"));
+  return CheckOutputFile(out, "--out");
+}
+
+Status WriteOut(const SafetensorsWriter& w, const std::string& out) {
+  return WriteOutputFile(out, "--out", [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+}
+
 int RunDequant(const std::string& in, const std::string& out) {
+  if (Status s = CheckInOut(in, out); !s.ok()) return FailUsage(s.message());
   auto file = SafetensorsFile::Open(in);
   if (!file.ok()) return Fail(file.status().ToString());
   auto packed = (*file)->Get("weight_packed");
@@ -106,11 +194,12 @@ int RunDequant(const std::string& in, const std::string& out) {
   if (!s.ok()) return Fail(s.WithContext(in).ToString());
   SafetensorsWriter writer;
   s = writer.AddF32("weight", w);
-  if (s.ok()) s = writer.Write(out);
+  if (s.ok()) s = WriteOut(writer, out);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
 int RunQuant(const std::string& in, const std::string& out) {
+  if (Status s = CheckInOut(in, out); !s.ok()) return FailUsage(s.message());
   auto file = SafetensorsFile::Open(in);
   if (!file.ok()) return Fail(file.status().ToString());
   auto view = (*file)->Get("weight");
@@ -123,13 +212,14 @@ int RunQuant(const std::string& in, const std::string& out) {
   SafetensorsWriter writer;
   s = writer.Add("weight_packed", DType::kU8, {w->dim(0), w->dim(1) / 2}, std::as_bytes(std::span(packed)));
   if (s.ok()) s = writer.Add("weight_scale", DType::kU8, {w->dim(0), w->dim(1) / 32}, std::as_bytes(std::span(scales)));
-  if (s.ok()) s = writer.Write(out);
+  if (s.ok()) s = WriteOut(writer, out);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
 // Copies every tensor of a safetensors file or a model directory into one file; with to_f32, float
 // tensors (F32/BF16/F16) are converted to F32 and the rest copied as stored.
 int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
+  if (Status s = CheckInOut(in, out, /*dir_ok=*/true); !s.ok()) return FailUsage(s.message());
   std::unique_ptr<SafetensorsFile> file;
   std::unique_ptr<ModelDir> dir;
   if (std::filesystem::is_directory(in)) {
@@ -156,7 +246,7 @@ int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
     }
     if (!s.ok()) return Fail(s.ToString());
   }
-  Status s = writer.Write(out);
+  Status s = WriteOut(writer, out);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
@@ -172,15 +262,17 @@ void RegisterModel(CLI::App& app, Runner* run) {
   auto* config_opt = i->add_option("--config", init->config, "Or: a config.json to instantiate");
   preset_opt->excludes(config_opt);
   i->add_option("--out", init->out, "Output model directory")->required();
-  i->add_option("--seed", init->seed, "Random seed (same seed, same bytes)")->capture_default_str();
-  i->add_option("--shard-bytes", init->shard_bytes, "Largest shard (bytes); above it, write sharded + index.json")
-      ->capture_default_str();
-  i->add_flag("--force", init->force, "Allow models over the 4 GiB safety limit (kimi-k3, kimi-linear-48b)");
-  i->add_option("--routing-tokens", init->routing_tokens, "Prompt tokens for the routing report (0: skip)")
-      ->capture_default_str();
+  AddIntOption<std::uint64_t>(i, "--seed", &init->seed, 0, UINT64_MAX, "Random seed (same seed, same bytes)");
+  AddSizeOption(i, "--shard-bytes", &init->shard_bytes, "Largest shard; above it, write sharded + index.json", 1);
+  i->add_flag("--force", init->force,
+              "Replace the checkpoint files (config.json, model*.safetensors, model.safetensors.index.json) in a "
+              "non-empty --out, leaving other files alone; also allow models over the 4 GiB safety limit "
+              "(kimi-k3, kimi-linear-48b)");
+  AddIntOption(i, "--routing-tokens", &init->routing_tokens, 0, kMaxRoutingTokens,
+               "Prompt tokens for the routing report (0: skip)");
   i->callback([run, init] {
     *run = [init] {
-      if (init->preset.empty() && init->config.empty()) return Fail("model init needs --preset or --config");
+      if (init->preset.empty() && init->config.empty()) return FailUsage("model init needs --preset or --config");
       return RunInit(*init);
     };
   });
@@ -198,7 +290,7 @@ void RegisterModel(CLI::App& app, Runner* run) {
   s->add_flag("--tensors", *tensors, "List every tensor (also for --preset)");
   s->callback([run, dir, preset, json, summary, tensors] {
     *run = [dir, preset, json, summary, tensors] {
-      if (dir->empty() && preset->empty()) return Fail("model inspect needs a directory or --preset");
+      if (dir->empty() && preset->empty()) return FailUsage("model inspect needs a directory or --preset");
       return RunInspect(*dir, *preset, *json, *summary, *tensors);
     };
   });

@@ -1,6 +1,7 @@
 // terrace model run: prefill a prompt, decode greedily, report speed, a logits digest and where the
 // time went (docs/ref-cli.md).
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -8,7 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/safe_files.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/routing_stats.h"
@@ -19,6 +22,11 @@ namespace terrace::cli {
 namespace {
 
 using namespace terrace::model;
+
+// Option bounds: a larger --max-new is a usage error, not hours of decoding; OpenBLAS caps its
+// own thread count far below kMaxThreads.
+constexpr int kMaxNewTokens = 1 << 16;
+constexpr int kMaxThreads = 256;
 
 struct RunArgs {
   std::string model;
@@ -55,15 +63,18 @@ Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
 }
 
 int RunModel(const RunArgs& a) {
-  if (a.threads < 1) return Fail(fmt::format("--threads must be >= 1 (got {})", a.threads));
-  if (a.max_new < 0) return Fail(fmt::format("--max-new must be >= 0 (got {})", a.max_new));
-  if (a.tokens.empty()) return Fail("--tokens is empty; pass at least one token id, e.g. --tokens 1,2,3");
+  // --threads and --max-new are range-checked by their options.
+  if (a.tokens.empty()) return FailUsage("--tokens is empty; pass at least one token id, e.g. --tokens 1,2,3");
+  if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
+  if (!a.dump_logits.empty()) {
+    if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits"); !s.ok()) return FailUsage(s.message());
+  }
   ops::SetBlasThreads(a.threads);
   auto dir = ModelDir::Open(a.model);
   if (!dir.ok()) return Fail(dir.status().ToString());
   const ModelConfig& config = (*dir)->config();
   auto prompt = ParseTokens(a.tokens, config.vocab_size);
-  if (!prompt.ok()) return Fail(prompt.status().message());
+  if (!prompt.ok()) return FailUsage(prompt.status().message());
   auto model = Model::Load(config, **dir);
   if (!model.ok()) return Fail(model.status().ToString());
 
@@ -73,8 +84,8 @@ int RunModel(const RunArgs& a) {
   if (!a.dump_logits.empty()) {
     SafetensorsWriter w;
     Status s = w.AddF32("logits", *logits);
-    if (s.ok()) s = w.Write(a.dump_logits);
-    if (!s.ok()) return Fail(fmt::format("--dump-logits {}: {}", a.dump_logits, s.ToString()));
+    if (s.ok()) s = WriteOutputFile(a.dump_logits, "--dump-logits", [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+    if (!s.ok()) return Fail(s.ToString());
   }
   std::vector<int> generated;
   for (int i = 0; i < a.max_new; ++i) {
@@ -143,11 +154,11 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   auto* cmd = model_cmd->add_subcommand("run", "Run the reference forward pass: prefill a prompt, decode greedily");
   cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)")->required();
   cmd->add_option("--tokens", args->tokens, "Prompt token ids, comma separated (e.g. 1,2,3)")->required();
-  cmd->add_option("--max-new", args->max_new, "Tokens to generate greedily (0: prefill only)")->default_val(0);
+  AddIntOption(cmd, "--max-new", &args->max_new, 0, kMaxNewTokens, "Tokens to generate greedily (0: prefill only)");
   cmd->add_flag("--json", args->json, "Print one JSON object (adds routing statistics)");
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors)");
-  cmd->add_option("--threads", args->threads, "OpenBLAS threads")->default_val(1);
+  AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads, "OpenBLAS threads");
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

@@ -3,6 +3,7 @@
 // kernels against Terrace. Tensor names, shapes and dtypes: docs/ref-cli.md.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,7 +11,9 @@
 
 #include <fmt/format.h>
 
+#include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/safe_files.h"
 #include "src/model/attnres.h"
 #include "src/model/config.h"
 #include "src/model/kda.h"
@@ -74,7 +77,7 @@ Result<FileSource> OpenInput(const std::string& path) {
 Status WriteOutputs(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                     SafetensorsWriter* w) {
   for (const auto& [name, t] : tensors) TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
-  return w->Write(path).WithContext(fmt::format("--out {}", path));
+  return WriteOutputFile(path, "--out", [&](const std::filesystem::path& tmp) { return w->Write(tmp); });
 }
 
 Status RefKda(const RefArgs& a) {
@@ -90,7 +93,9 @@ Status RefKda(const RefArgs& a) {
   if (src.Has("initial_state")) {
     TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));
   }
-  if (a.chunk < 1) return Status::InvalidArgument(fmt::format("--chunk-size must be >= 1 (got {})", a.chunk));
+  // --chunk-size is range-checked by its option. A chunk longer than the sequence is one chunk of
+  // T tokens: the same result, without chunk^2 scratch for a huge --chunk-size.
+  const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(a.chunk, T));
   const float scale = static_cast<float>(a.scale.value_or(1.0 / std::sqrt(static_cast<double>(K))));
   for (float& x : q.data) x *= scale;
   Tensor o({B, T, H, V});
@@ -99,7 +104,7 @@ Status RefKda(const RefArgs& a) {
     KdaCoreArgs args{q.ptr() + qk, k.ptr() + qk, v.ptr() + vv, g.ptr() + qk, beta.ptr() + b * T * H, T, H, K, V};
     float* s = state.ptr() + b * H * K * V;
     if (a.chunked) {
-      KdaChunked(args, s, o.ptr() + vv, a.chunk);
+      KdaChunked(args, s, o.ptr() + vv, chunk);
     } else {
       KdaRecurrent(args, s, o.ptr() + vv);
     }
@@ -221,7 +226,7 @@ class FileExperts : public ExpertProvider {
 Status RefMoe(const RefArgs& a) {
   TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
   std::optional<ModelConfig> cfg;
-  if (!a.config.empty()) {
+  if (!a.config.empty()) {  // checked by the command (CheckPaths)
     TERRACE_ASSIGN_OR_RETURN(cfg, LoadConfig(a.config));
   }
   TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "hidden_states", {-1, -1}));
@@ -276,6 +281,16 @@ Status RefMoe(const RefArgs& a) {
   return WriteOutputs(a.out, {{"output", &out}, {"topk_weights", &weights}}, &wr);
 }
 
+// Inputs must be regular files (a FIFO would block), the output a new path or a regular file.
+Status CheckPaths(const RefArgs& a, std::string_view name) {
+  if (name == "moe" && !a.top_k && a.config.empty()) {
+    return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
+  }
+  TERRACE_RETURN_IF_ERROR(CheckInputFile(a.in, "--in"));
+  if (!a.config.empty()) TERRACE_RETURN_IF_ERROR(CheckInputFile(a.config, "--config", 16ull << 20));
+  return CheckOutputFile(a.out, "--out");
+}
+
 }  // namespace
 
 void RegisterRef(CLI::App& app, Runner* run) {
@@ -289,6 +304,7 @@ void RegisterRef(CLI::App& app, Runner* run) {
     c->add_option("--out", args->out, "Output safetensors file")->required();
     c->callback([args, run, fn, name] {
       *run = [args, fn, name] {
+        if (Status s = CheckPaths(*args, name); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));
         const Status s = fn(*args);
         return s.ok() ? 0 : Fail(fmt::format("ref {}: {}", name, s.ToString()));
       };
@@ -296,21 +312,22 @@ void RegisterRef(CLI::App& app, Runner* run) {
     return c;
   };
   auto* kda = add("kda", "KDA recurrence: q,k,g [B,T,H,K], v [B,T,H,V], beta [B,T,H] -> o, final_state", RefKda);
-  kda->add_option("--scale", args->scale, "Multiplier for q (default K^-0.5)");
+  AddDoubleOption(kda, "--scale", &args->scale, -1e6, 1e6, "Multiplier for q (default K^-0.5)");
   kda->add_flag("--chunked", args->chunked, "Use the chunkwise form (default: recurrent)");
-  kda->add_option("--chunk-size", args->chunk, "Chunk length for --chunked")->default_val(64);
+  AddIntOption(kda, "--chunk-size", &args->chunk, 1, 1 << 16, "Chunk length for --chunked");
   auto* mla = add("mla", "Gated MLA layer on hidden_states [T, d] -> output, latents", RefMla);
-  mla->add_option("--heads", args->heads, "num_attention_heads")->required();
+  AddOptionalIntOption(mla, "--heads", &args->heads, 1, 4096, "num_attention_heads")->required();
   mla->add_flag("--absorbed", args->absorbed, "Use the absorbed form (default: naive)");
-  mla->add_option("--eps", args->eps, "RMSNorm epsilon (default 1e-5)");
+  AddDoubleOption(mla, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon (default 1e-5)");
   add("attnres", "Block AttnRes mix of sources [S, T, d] -> output [T, d]", RefAttnRes);
   auto* moe = add("moe", "Stable LatentMoE layer on hidden_states [T, d] -> output, topk_ids, topk_weights", RefMoe);
   moe->add_option("--config", args->config, "config.json to take the MoE settings from");
-  moe->add_option("--top-k", args->top_k, "num_experts_per_token");
-  moe->add_option("--scaling", args->scaling, "routed_scaling_factor (default 1)");
-  moe->add_option("--situ-beta", args->situ_beta, "activation_situ_beta (default 4)");
-  moe->add_option("--situ-linear-beta", args->situ_linear_beta, "activation_situ_linear_beta (default 25)");
-  moe->add_option("--eps", args->eps, "RMSNorm epsilon for the latent norm (default 1e-5)");
+  AddOptionalIntOption(moe, "--top-k", &args->top_k, 1, 4096, "num_experts_per_token");
+  AddDoubleOption(moe, "--scaling", &args->scaling, -1e6, 1e6, "routed_scaling_factor (default 1)");
+  AddDoubleOption(moe, "--situ-beta", &args->situ_beta, -1e6, 1e6, "activation_situ_beta (default 4)");
+  AddDoubleOption(moe, "--situ-linear-beta", &args->situ_linear_beta, -1e6, 1e6,
+                  "activation_situ_linear_beta (default 25)");
+  AddDoubleOption(moe, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon for the latent norm (default 1e-5)");
   add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]", RefMxfp4);
 }
 

@@ -1,197 +1,340 @@
-// terrace store fill | check: a recovery drill. `fill` puts test-pattern blocks in sync durability
-// and prints "durable <key>" as each put is acknowledged; kill it at any moment, then `check
-// --expect` proves every acknowledged block survived intact.
+// terrace store fill | check (and, in their own files, recover | drill | stats).
+//
+// `fill` puts test-pattern blocks in sync durability and prints "durable <key>" as each put is
+// acknowledged; kill it at any moment, then `check --expect` proves every acknowledged block
+// survived intact. `check` is read-only unless --repair.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "src/cli/cli_util.h"
-#include "src/cli/command.h"
-#include "terrace/store.h"
+#include "src/cli/cmd_store.h"
+#include "tiers/nvme/fault_engine.h"
+#include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
+#include "tiers/nvme/power_cut.h"
+#include "tiers/nvme/uring_engine.h"
 
 namespace terrace::cli {
 namespace {
 
-struct StoreArgs {
-  std::string dir;
-  std::string index_dir;
+using namespace store_cmd;
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t kDefaultCapacity = 1 * kGiB;
+constexpr std::uint64_t kMaxBlockSize = 1 * kGiB;
+constexpr unsigned kMaxThreads = 256;
+constexpr int kMaxConsecutiveFailures = 8;
+
+struct FillArgs {
+  StorePaths paths;
   std::uint64_t count = 0;
   std::uint64_t block_size = 64 * kKiB;
   std::uint64_t seed = 1;
-  std::uint64_t capacity = 1 * kGiB;
-  unsigned threads = 4;
-  std::string expect;
+  std::uint64_t threads = 4;
+  std::uint64_t first = 0;  // hidden (drill): index of the first block
+  FillFault fault;          // hidden (drill)
 };
 
-NvmeTierOptions NvmeOptions(const StoreArgs& a, Durability durability) {
-  NvmeTierOptions o;
-  o.path = a.dir;
-  o.index_dir = a.index_dir;
-  o.capacity_bytes = a.capacity;
-  o.durability = durability;
-  return o;
+struct CheckArgs {
+  StorePaths paths;
+  std::uint64_t seed = 1;
+  std::string expect;
+  bool repair = false;
+  bool quick = false;
+};
+
+// Opens the tier for `fill`, with the drill's fault engine or power cut when one is asked for.
+Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const FillFault& f,
+                                               nvme::FaultInjectingIoEngine** fault_engine, nvme::PowerCut* cut) {
+  if (f.kind.empty()) return NvmeTier::Open(o);
+  if (f.kind == "powercut") {
+    cut->CutAfter(f.cut_after);
+    NvmeOpenHooks hooks;
+    hooks.engine = cut->WrapEngine(nvme::OpenUringEngine);
+    hooks.index_env = cut->index_env();
+    return NvmeTier::OpenWithHooks(o, hooks);
+  }
+  if (f.kind == "eio" || f.kind == "enospc" || f.kind == "short") {
+    nvme::FaultKind kind = f.kind == "eio" ? nvme::FaultKind::kEio
+                           : f.kind == "enospc" ? nvme::FaultKind::kEnospc
+                                                : nvme::FaultKind::kShort;
+    const std::uint64_t seed = f.seed;
+    const double rate = f.rate;
+    return NvmeTier::OpenWithEngine(o, [=](const nvme::IoEngineConfig& cfg) -> Result<std::unique_ptr<nvme::IoEngine>> {
+      TERRACE_ASSIGN_OR_RETURN(auto base, nvme::OpenUringEngine(cfg));
+      auto e = std::make_unique<nvme::FaultInjectingIoEngine>(std::move(base), seed);
+      e->SetRandom(rate, {kind});
+      *fault_engine = e.get();
+      return std::unique_ptr<nvme::IoEngine>(std::move(e));
+    });
+  }
+  return Status::InvalidArgument(fmt::format("unknown drill fault '{}'", f.kind));
 }
 
-int RunFill(const StoreArgs& a) {
-  if (a.count == 0) return Fail("--count must be at least 1");
-  if (a.block_size == 0) return Fail("--block-size must be at least 1 byte");
-  if (Status s = CheckNvmePaths(a.dir, a.index_dir); !s.ok()) return Fail(s.ToString());
-  if (a.count * a.block_size > a.capacity) {
-    return Fail(fmt::format("{} blocks of {} do not fit in --capacity {}; raise --capacity (the same value must be "
-                            "given to 'store check')",
-                            a.count, FormatBytes(static_cast<double>(a.block_size)),
-                            FormatBytes(static_cast<double>(a.capacity))));
+int RunFill(const FillArgs& a) {
+  if (Status s = CheckNvmePaths(a.paths.dir, a.paths.index_dir); !s.ok()) return FailUsage(s.message());
+  auto existing = ReadSuperblock(a.paths.dir);
+  if (!existing.ok()) return FailStatus(existing.status());
+  std::uint64_t capacity = a.paths.capacity != 0 ? a.paths.capacity : kDefaultCapacity;
+  if (*existing) {
+    if (a.paths.capacity != 0 && a.paths.capacity != (*existing)->capacity_bytes) {
+      return FailUsage(fmt::format(
+          "--capacity {} does not match the store at '{}', which was created with --capacity {}; omit --capacity "
+          "to use the store's own",
+          FormatBytes(static_cast<double>(a.paths.capacity)), a.paths.dir,
+          FormatBytes(static_cast<double>((*existing)->capacity_bytes))));
+    }
+    capacity = (*existing)->capacity_bytes;
   }
-  StoreOptions so;
-  so.hbm.mode = HbmMode::kOff;
-  so.host.capacity_bytes = 64 * kMiB;
-  so.host.chunk_bytes = 16 * kMiB;
-  so.nvme = NvmeOptions(a, Durability::kSync);
-  so.put_tier = TierId::kNvme;
-  auto store = Store::Open(so);
-  if (!store.ok()) return Fail(store.status().ToString());
+  if (capacity < nvme::kDataStart + 2 * nvme::kUnit || capacity % nvme::kUnit != 0) {
+    return FailUsage(fmt::format("--capacity {} is too small or not a multiple of 4 KiB; give at least 12KiB, e.g. 1GiB",
+                                 capacity));
+  }
+  if (a.block_size < 1 || a.block_size > kMaxBlockSize) {
+    return FailUsage(fmt::format("--block-size {} is out of range; use 1 B..{}", a.block_size,
+                                  FormatBytes(static_cast<double>(kMaxBlockSize))));
+  }
+  if (a.block_size > capacity - std::min(capacity, nvme::kDataStart)) {
+    return FailUsage(fmt::format("--block-size {} does not fit in a store of --capacity {}",
+                                  FormatBytes(static_cast<double>(a.block_size)),
+                                  FormatBytes(static_cast<double>(capacity))));
+  }
+  // Each block takes its data rounded up to 4 KiB plus one 4 KiB descriptor (docs/nvme-format.md).
+  const std::uint64_t per_block = nvme::RoundUp(a.block_size, nvme::kUnit) + nvme::kUnit;
+  std::uint64_t total = 0;
+  if (__builtin_mul_overflow(a.count, per_block, &total) || total > capacity - nvme::kDataStart) {
+    return FailUsage(fmt::format(
+        "--count {} x --block-size {} is more than the {} store can hold ({}); lower --count or --block-size{}",
+        a.count, FormatBytes(static_cast<double>(a.block_size)), *existing ? "existing" : "new",
+        FormatBytes(static_cast<double>(capacity)),
+        *existing ? "" : ", or raise --capacity"));
+  }
+
+  NvmeTierOptions o;
+  o.path = a.paths.dir;
+  o.index_dir = a.paths.index_dir;
+  o.capacity_bytes = capacity;
+  o.durability = Durability::kSync;
+  o.io_threads = static_cast<unsigned>(std::min<std::uint64_t>(a.threads, 64));
+  nvme::FaultInjectingIoEngine* fault_engine = nullptr;
+  std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
+  if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
+  auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
+  // A simulated power cut ends the process the way a real one would: the tier is closed, everything
+  // not durable is thrown away, and the puts acknowledged so far are what the drill checks.
+  auto finish_cut = [&]() -> int {
+    if (tier.ok()) tier->reset();
+    auto rep = cut->Cut();
+    if (!rep.ok()) return FailStatus(rep.status());
+    fmt::print("injected 1\n");
+    std::fflush(stdout);
+    fmt::print(stderr, "store fill: {}\n", rep->ToString());
+    return 0;
+  };
+  if (!tier.ok()) {
+    if (cut && cut->powered_off()) return finish_cut();
+    return FailStatus(tier.status());
+  }
 
   std::mutex out_mu;
-  std::atomic<std::uint64_t> next{0}, failed{0};
-  std::string first_error;
-  auto start = std::chrono::steady_clock::now();
+  std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
+  std::atomic<int> consecutive{0};
+  std::atomic<bool> stop{false};
+  const auto start = std::chrono::steady_clock::now();
   auto worker = [&] {
-    std::vector<std::byte> buf(a.block_size);
-    for (std::uint64_t i; (i = next.fetch_add(1)) < a.count;) {
-      BlockKey key = FillKey(a.seed, i);
-      FillPattern(a.seed, key, buf);
-      Status s = (*store)->Put(key, buf);
+    std::vector<std::byte> buf;
+    try {
+      buf.resize(a.block_size);
+    } catch (const std::bad_alloc&) {
       std::lock_guard<std::mutex> l(out_mu);
+      fmt::print(stderr, "terrace: error: cannot allocate a {} buffer for --block-size\n",
+                 FormatBytes(static_cast<double>(a.block_size)));
+      stop = true;
+      failed.fetch_add(1);
+      return;
+    }
+    for (std::uint64_t i; !stop && (i = next.fetch_add(1)) < a.count;) {
+      const BlockKey key = FillKey(a.seed, a.first + i);
+      FillPattern(a.seed, key, buf);
+      const BlockDesc desc = DescribeBlock(buf);
+      auto have = (*tier)->Lookup(key);
+      const bool same = have.ok() && *have == desc;
+      Status s = same ? Status::Ok() : (*tier)->Put(key, desc, buf);
+      std::lock_guard<std::mutex> l(out_mu);
+      if (fault_engine) {
+        std::uint64_t n = fault_engine->injected_total();
+        if (n != last_faults.exchange(n)) fmt::print("injected {}\n", n);
+      }
       if (s.ok()) {
-        std::fputs(fmt::format("durable {}\n", key.ToString()).c_str(), stdout);
+        consecutive = 0;
+        (same ? unchanged : written).fetch_add(1);
+        fmt::print("durable {}\n", key.ToString());
         std::fflush(stdout);
-      } else if (failed.fetch_add(1) == 0) {
-        first_error = fmt::format("put of {} failed: {}", key.ToString(), s.ToString());
+        continue;
+      }
+      failed.fetch_add(1);
+      fmt::print(stderr, "terrace: put of {} failed: {}\n", key.ToString(), InCliWords(s.ToString()));
+      if (++consecutive >= kMaxConsecutiveFailures && !stop.exchange(true)) {
+        fmt::print(stderr, "terrace: stopping after {} consecutive failed puts\n", kMaxConsecutiveFailures);
       }
     }
   };
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(1u, a.threads); ++t) threads.emplace_back(worker);
+  try {
+    for (std::uint64_t t = 0; t < a.threads; ++t) threads.emplace_back(worker);
+  } catch (const std::system_error& e) {
+    stop = true;
+    for (auto& t : threads) t.join();
+    return Fail(fmt::format("cannot start {} --threads: {}", a.threads, e.what()));
+  }
   for (auto& t : threads) t.join();
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::uint64_t ok = a.count - failed.load();
-  fmt::print(stderr, "store fill: {} of {} blocks durable ({}) in {:.2f} s, {:.1f} MB/s, sync durability\n", ok,
-             a.count, FormatBytes(static_cast<double>(ok * a.block_size)), secs,
-             static_cast<double>(ok * a.block_size) / 1e6 / secs);
-  if (failed.load()) return Fail(fmt::format("{} puts failed; first: {}", failed.load(), first_error));
+  std::fflush(stdout);
+  if (cut) {
+    cut->PowerOff();  // the power goes off at the latest at the end of the run, before the close
+    return finish_cut();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
+  const std::uint64_t attempted = w + same + bad;
+  if (w == 0 && same > 0 && bad == 0) {
+    fmt::print(stderr,
+               "store fill: all {} blocks were already in the store with identical bytes (same --seed {}); nothing "
+               "was written\n",
+               same, a.seed);
+  } else {
+    fmt::print(stderr, "store fill: {} of {} blocks written and durable ({}) in {:.2f} s, {:.1f} MB/s, sync durability{}\n",
+               w, a.count, FormatBytes(static_cast<double>(w * a.block_size)), secs,
+               secs > 0 ? static_cast<double>(w * a.block_size) / 1e6 / secs : 0.0,
+               same ? fmt::format("; {} more were already stored with identical bytes", same) : std::string());
+  }
+  if (fault_engine) fmt::print(stderr, "store fill: {} faults injected\n", fault_engine->injected_total());
+  if (bad) {
+    return Fail(fmt::format("{} of {} attempted puts failed{}", bad, attempted,
+                            attempted < a.count ? fmt::format("; {} blocks not attempted", a.count - attempted) : ""));
+  }
   return 0;
 }
 
-Result<std::vector<BlockKey>> ReadExpect(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(fmt::format("--expect file '{}' cannot be opened", path));
-  std::vector<BlockKey> keys;
-  std::string line;
-  for (int lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.empty()) continue;
-    constexpr std::string_view kPrefix = "durable ";
-    if (line.rfind(kPrefix, 0) != 0) {
-      return Status::InvalidArgument(
-          fmt::format("{}:{}: expected 'durable <key>' as 'store fill' prints it, got '{}'", path, lineno, line));
-    }
-    auto key = BlockKey::Parse(std::string_view(line).substr(kPrefix.size()));
-    if (!key.ok()) return key.status().WithContext(fmt::format("{}:{}", path, lineno));
-    keys.push_back(*key);
-  }
-  return keys;
-}
-
-int RunCheck(const StoreArgs& a) {
+int RunCheck(const CheckArgs& a) {
   std::vector<BlockKey> expected;
   if (!a.expect.empty()) {
-    auto keys = ReadExpect(a.expect);
-    if (!keys.ok()) return Fail(keys.status().ToString());
+    auto keys = ReadDurableLines(a.expect);
+    if (!keys.ok()) {
+      return keys.status().IsIoError() ? FailStatus(keys.status()) : FailUsage(keys.status().message());
+    }
     expected = std::move(*keys);
   }
-  if (Status s = CheckNvmePaths(a.dir, a.index_dir); !s.ok()) return Fail(s.ToString());
-  if (std::error_code ec; !a.index_dir.empty() && !std::filesystem::exists(a.index_dir, ec)) {
-    // The tier would start an empty index there (as after a crash while creating a store) and report
-    // no blocks; a checker should say the index is not where it was told to look.
-    return Fail(fmt::format("--index-dir '{}' does not exist; give the index directory that 'store fill' used",
-                            a.index_dir));
+  auto opts = ExistingStoreOptions(a.paths);
+  if (!opts.ok()) {
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }
-  NvmeTierOptions o = NvmeOptions(a, Durability::kSync);
-  o.create_if_missing = false;
+  NvmeTierOptions o = *opts;
+  o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
+  // The scan runs first: it needs no index (so it works when the index does not open) and, with
+  // --repair, must not compete with the read-write tier for the data area's lock.
+  std::optional<ScannedBlocks> scan;
+  if (!a.quick) {
+    auto s = ScanDataArea(o);
+    if (!s.ok()) return FailStatus(s.status());
+    fmt::print(stderr, "store check: data file scan: {}\n", s->report.ToString());
+    scan = std::move(*s);
+  }
   auto tier = NvmeTier::Open(o);
-  if (!tier.ok()) return Fail(tier.status().ToString());
-  const RecoveryReport& report = (*tier)->recovery_report();
-  std::vector<std::pair<BlockKey, BlockDesc>> blocks;
-  (*tier)->ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
-
-  std::uint64_t ok = 0, corrupt = 0, missing = 0;
-  std::unordered_set<BlockKey> good;
-  std::vector<std::byte> buf, want;
-  for (const auto& [key, desc] : blocks) {
-    buf.resize(desc.size);
-    want.resize(desc.size);
-    BlockDesc got;
-    Status s = (*tier)->Get(key, buf, &got);
-    FillPattern(a.seed, key, want);
-    if (s.ok() && buf == want) {
-      ++ok;
-      good.insert(key);
+  if (!tier.ok()) {
+    if (scan) {
+      fmt::print("store check: the index does not open; the data file holds {} committed blocks; run 'terrace store "
+                 "recover --dir {}{}' to rebuild the index from it\n",
+                 scan->blocks.size(), a.paths.dir, a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
+    }
+    return FailStatus(tier.status());
+  }
+  BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {
+    fmt::print(stderr, "{}\n", line);
+  });
+  if (scan) CountLostBlocks(*scan, **tier, &c);
+  for (std::size_t i = 0; i < c.lost_keys.size() && i < 10; ++i) {
+    fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
+  }
+  fmt::print("store check: {} blocks in the index: ok {}  missing {}  corrupt {}  wrong-content {}  lost-from-index {}\n",
+             c.indexed, c.ok, c.missing, c.corrupt, c.wrong_content,
+             c.scanned ? std::to_string(c.lost_from_index) : std::string("not scanned"));
+  const std::string where = fmt::format("--dir {}{}", a.paths.dir,
+                                        a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
+  if (c.corrupt) {
+    if (a.repair) {
+      fmt::print("store check: {} corrupt blocks were dropped from the store; recompute or refetch them\n", c.corrupt);
     } else {
-      ++corrupt;
-      fmt::print(stderr, "corrupt {}: {}\n", key.ToString(),
-                 s.ok() ? "content differs from the pattern of --seed" : s.ToString());
+      fmt::print("store check: {} corrupt blocks were left as they are (check is read-only); run 'terrace store check "
+                 "--repair {}' to drop them\n",
+                 c.corrupt, where);
     }
   }
-  for (const BlockKey& k : expected) {
-    if (!good.contains(k)) {
-      ++missing;
-      if (missing <= 10) fmt::print(stderr, "missing {}\n", k.ToString());
-    }
+  if (c.lost_from_index) {
+    fmt::print("store check: the data file holds {} committed blocks the index does not (blocks the index lost, or "
+               "puts in flight when a writer died); run 'terrace store recover {}' to rebuild the index from the "
+               "data file\n",
+               c.lost_from_index, where);
   }
-  fmt::print("store check: {} blocks: ok {}  missing {}  corrupt {}  (recovery dropped {} incomplete records)\n",
-             blocks.size(), ok, missing, corrupt, report.dropped());
-  return (missing || corrupt) ? 1 : 0;
+  if (c.wrong_content) {
+    fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used\n",
+               c.wrong_content, a.seed);
+  }
+  if (c.missing && !c.lost_from_index) {
+    fmt::print("store check: {} expected blocks are missing{}\n", c.missing,
+               c.scanned ? "" : "; run without --quick to look for them in the data file");
+  }
+  return (c.missing || c.corrupt || c.wrong_content || c.lost_from_index) ? 1 : 0;
 }
 
 }  // namespace
 
 void RegisterStore(CLI::App& app, Runner* run) {
-  auto* store = app.add_subcommand("store", "Recovery drill: fill a store with test blocks, then check it");
+  auto* store = app.add_subcommand("store", "Check, repair, recover, measure and drill an NVMe store");
   store->require_subcommand(1);
-  auto args = std::make_shared<StoreArgs>();
 
+  auto fa = std::make_shared<FillArgs>();
   auto* fill = store->add_subcommand("fill", "Put test-pattern blocks in sync durability, printing 'durable <key>' "
                                              "for each acknowledged put");
-  fill->add_option("--dir", args->dir, "Store directory (created if missing) or block device (its contents are "
-                                       "overwritten; needs --index-dir)")->required();
-  fill->add_option("--index-dir", args->index_dir, "NVMe index directory on a persistent file system; required when "
-                                                   "--dir is a block device (default: <dir>/index; give the same to "
-                                                   "'check')");
-  fill->add_option("--count", args->count, "Number of blocks")->required();
-  AddSizeOption(fill, "--block-size", &args->block_size, "Block size");
-  fill->add_option("--seed", args->seed, "Seed of the keys and contents")->capture_default_str();
-  AddSizeOption(fill, "--capacity", &args->capacity, "NVMe tier capacity (give the same to 'check')");
-  fill->add_option("--threads", args->threads, "Concurrent writers (their puts share group commits)")
-      ->capture_default_str();
-  fill->callback([run, args] { *run = [args] { return RunFill(*args); }; });
+  AddStorePathOptions(fill, &fa->paths, /*dir_created_if_missing=*/true, /*with_capacity=*/true);
+  AddIntOption<std::uint64_t>(fill, "--count", &fa->count, 1, UINT64_MAX / 2, "Number of blocks")->required();
+  AddSizeOption(fill, "--block-size", &fa->block_size, "Block size", 1, kMaxBlockSize);
+  AddIntOption<std::uint64_t>(fill, "--seed", &fa->seed, 0, UINT64_MAX, "Seed of the keys and contents");
+  AddIntOption<std::uint64_t>(fill, "--threads", &fa->threads, 1, kMaxThreads,
+                "Concurrent writers (their puts share group commits)");
+  // Hidden flags used by `store drill` for its child processes.
+  AddIntOption<std::uint64_t>(fill, "--first", &fa->first, 0, UINT64_MAX / 2, "")->group("");
+  fill->add_option("--drill-fault", fa->fault.kind, "")->group("")->check(CLI::IsMember({"eio", "enospc", "short", "powercut"}));
+  AddIntOption<std::uint64_t>(fill, "--drill-fault-seed", &fa->fault.seed, 0, UINT64_MAX, "")->group("");
+  fill->add_option("--drill-fault-rate", fa->fault.rate, "")->group("")->check(CLI::Range(0.0, 1.0));
+  AddIntOption<std::uint64_t>(fill, "--drill-cut-after", &fa->fault.cut_after, 0, UINT64_MAX, "")->group("");
+  fill->callback([run, fa] { *run = [fa] { return RunFill(*fa); }; });
 
-  auto* check = store->add_subcommand("check", "Verify every block against the pattern of --seed; with --expect, "
-                                               "require every key listed");
-  check->add_option("--dir", args->dir, "Store directory or block device")->required();
-  check->add_option("--index-dir", args->index_dir, "NVMe index directory given to 'fill' (required when --dir is a "
-                                                    "block device)");
-  check->add_option("--seed", args->seed, "Seed given to 'fill'")->capture_default_str();
-  check->add_option("--expect", args->expect, "File of 'durable <key>' lines as 'fill' printed them");
-  AddSizeOption(check, "--capacity", &args->capacity, "NVMe tier capacity given to 'fill'");
-  check->callback([run, args] { *run = [args] { return RunCheck(*args); }; });
+  auto ca = std::make_shared<CheckArgs>();
+  auto* check = store->add_subcommand(
+      "check", "Verify every block against the pattern of --seed and look for blocks the index lost; read-only "
+               "unless --repair");
+  AddStorePathOptions(check, &ca->paths, /*dir_created_if_missing=*/false, /*with_capacity=*/true);
+  AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
+  check->add_option("--expect", ca->expect, "File of 'durable <key>' lines as 'fill' printed them; each must be ok");
+  check->add_flag("--repair", ca->repair, "Drop corrupt blocks from the store (their bytes are lost)");
+  check->add_flag("--quick", ca->quick, "Skip the scan of the data file for blocks the index lost");
+  check->callback([run, ca] { *run = [ca] { return RunCheck(*ca); }; });
+
+  RegisterStoreRecover(store, run);
+  RegisterStoreDrill(store, run);
+  RegisterStoreStats(store, run);
 }
 
 }  // namespace terrace::cli

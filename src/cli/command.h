@@ -20,7 +20,22 @@ void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 
-// Prints "terrace: error: <message>" to stderr and returns the exit code for a failed command (1).
+// Exit codes, the rule for every command:
+//   0  success;
+//   1  runtime failure: the arguments were acceptable but the work failed (I/O error, corrupt data,
+//      a store or model that does not open, out of space). Return Fail(message).
+//   2  usage error: the command line itself is wrong (unknown command or flag, a value out of
+//      range, a missing or conflicting flag, a path of the wrong kind given to a flag, e.g. a FIFO
+//      to an input flag or a directory to an output flag). Return FailUsage(message). CLI11 parse
+//      errors (including the range checks of AddIntOption/AddSizeOption) exit 2 from main.
+// Never 134/139: main turns an exception that escapes a command (or any thread) into one line
+// "terrace: error: ..." and exit 1. Messages name CLI flags (--capacity), not API fields.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// Prints "terrace: error: <message>" to stderr and returns kExitFailure (1).
 int Fail(std::string_view message);
+// Prints "terrace: error: <message>" to stderr and returns kExitUsage (2).
+int FailUsage(std::string_view message);
 
 }  // namespace terrace::cli

@@ -1,5 +1,14 @@
+// The `terrace` entry point: parses the command line (CLI11), runs the chosen command and maps every
+// outcome onto the exit codes of command.h: 0 ok, 1 runtime failure, 2 usage error, never a crash
+// code for an exception (one line "terrace: error: ..." and exit 1, also from a worker thread).
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <new>
 #include <string>
+#include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -9,25 +18,88 @@ namespace terrace::cli {
 
 int Fail(std::string_view message) {
   fmt::print(stderr, "terrace: error: {}\n", message);
-  return 1;
+  return kExitFailure;
 }
 
+int FailUsage(std::string_view message) {
+  fmt::print(stderr, "terrace: error: {}\n", message);
+  return kExitUsage;
+}
+
+namespace {
+
+std::string DescribeException(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc&) {
+    return "out of memory; try smaller sizes or counts";
+  } catch (const std::exception& x) {
+    return fmt::format("internal error: {}", x.what());
+  } catch (...) {
+    return "internal error: unknown exception";
+  }
+}
+
+// An exception that leaves a thread (std::terminate): one line and exit 1 instead of SIGABRT.
+[[noreturn]] void OnTerminate() {
+  std::exception_ptr e = std::current_exception();
+  const std::string what = e ? DescribeException(e) : "internal error: terminate called";
+  const std::string line = fmt::format("terrace: error: {}\n", what);
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+  std::_Exit(kExitFailure);
+}
+
+// The deepest subcommand the parser entered ("terrace model ..." -> model).
+const CLI::App* Deepest(const CLI::App* app) {
+  for (const CLI::App* sub : app->get_subcommands()) return Deepest(sub);
+  return app;
+}
+
+std::string CommandPath(const CLI::App* app) {
+  std::string path;
+  for (const CLI::App* a = app; a != nullptr; a = a->get_parent()) path = a->get_name() + (path.empty() ? "" : " " + path);
+  return path;
+}
+
+// "unknown command 'frobnicate'" when a word that is not a flag sits where a subcommand must go.
+std::string UnknownCommandMessage(const CLI::App& app, const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr && dynamic_cast<const CLI::RequiredError*>(&e) == nullptr) {
+    return "";
+  }
+  const CLI::App* at = Deepest(&app);
+  const std::vector<std::string> rest = at->remaining();
+  std::vector<std::string> names;
+  for (const CLI::App* sub : at->get_subcommands([](const CLI::App* s) { return !s->get_group().empty(); })) {
+    names.push_back(sub->get_name());
+  }
+  if (names.empty()) return "";
+  if (rest.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && at->get_subcommands().empty()) {
+    return fmt::format("'{}' needs a command: {} (run '{} --help')", CommandPath(at), fmt::join(names, ", "),
+                       CommandPath(at));
+  }
+  if (rest.empty() || rest.front().empty() || rest.front()[0] == '-') return "";
+  return fmt::format("unknown command '{}' for '{}'; commands: {} (run '{} --help')", rest.front(), CommandPath(at),
+                     fmt::join(names, ", "), CommandPath(at));
+}
+
+}  // namespace
 }  // namespace terrace::cli
 
 int main(int argc, char** argv) {
   using namespace terrace::cli;
+  std::set_terminate(OnTerminate);
   CLI::App app{"Terrace: tiered storage for LLM inference state (KV blocks, recurrent state, MoE experts)\n"
                "across GPU HBM, pinned host RAM and NVMe.",
                "terrace"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "terrace 0.1.0");
   Runner run;
-  RegisterDemo(app, &run);
-  RegisterBench(app, &run);
-  RegisterStore(app, &run);
-  RegisterModel(app, &run);
-  RegisterRef(app, &run);
   try {
+    RegisterDemo(app, &run);
+    RegisterBench(app, &run);
+    RegisterStore(app, &run);
+    RegisterModel(app, &run);
+    RegisterRef(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
@@ -36,11 +108,18 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
+    std::string what = UnknownCommandMessage(app, e);
+    if (!what.empty()) return FailUsage(what);
+    what = e.what();
     if (what.empty()) what = "invalid arguments";
-    fmt::print(stderr, "terrace: error: {} (run 'terrace --help' or 'terrace <command> --help')\n", what);
-    return 2;
+    return FailUsage(fmt::format("{} (run 'terrace --help' or 'terrace <command> --help')", what));
+  } catch (...) {
+    return Fail(DescribeException(std::current_exception()));
   }
-  if (!run) return Fail("no command given; run 'terrace --help'");
-  return run();
+  if (!run) return FailUsage("no command given; run 'terrace --help'");
+  try {
+    return run();
+  } catch (...) {
+    return Fail(DescribeException(std::current_exception()));
+  }
 }

@@ -98,9 +98,30 @@ TEST_CASE("nvme bad input: capacity mismatch and superblock damage", "[nvme][bad
   auto t = NvmeTier::Open(other);
   REQUIRE(t.status().IsInvalidArgument());
   CHECK(t.status().message().find("capacity") != std::string::npos);
+  // The superblock has two slots (at 0 and 2048): either one alone still opens the store.
+  for (std::size_t slot : {std::size_t{0}, nvme::kSuperblockSlotStride}) {
+    std::string saved(8, '\0');
+    {
+      std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(slot));
+      f.read(saved.data(), 8);
+      f.seekp(static_cast<std::streamoff>(slot));
+      f.write("BADMAGIC", 8);
+    }
+    t = NvmeTier::Open(opts);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    CHECK((*t)->block_count() == 4);
+    t = Status::Internal("closed");
+    std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(slot));
+    f.write(saved.data(), 8);
+  }
   {
     std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(0);
+    f.write("BADMAGIC", 8);
+    f.seekp(static_cast<std::streamoff>(nvme::kSuperblockSlotStride));
     f.write("BADMAGIC", 8);
   }
   t = NvmeTier::Open(opts);
@@ -131,8 +152,9 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
       delete db;
     }
     auto t = NvmeTier::Open(opts);
-    REQUIRE(t.status().IsInvalidArgument());
+    REQUIRE(t.status().IsCorruption());
     CHECK(t.status().message().find("manifest") != std::string::npos);
+    CHECK(t.status().message().find("store recover") != std::string::npos);
   }
   SECTION("damaged and foreign records are dropped and reported, the rest kept") {
     {

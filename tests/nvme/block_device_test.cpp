@@ -247,7 +247,7 @@ TEST_CASE("nvme block device: capacity and block size beyond the device", "[nvme
   {
     // One byte more than the data area (capacity less the superblock).
     const std::uint64_t max = tier.caps().max_block_bytes;
-    CHECK(max == kDev - nvme::kDataStart);
+    CHECK(max == kDev - nvme::kDataStart - nvme::kUnit);  // less the descriptor unit
     std::vector<std::byte> over(max + 1);
     Status s = tier.Put(TestKey(2), DescribeBlock(over), over);
     INFO(s.ToString());
@@ -263,7 +263,8 @@ TEST_CASE("nvme block device: capacity and block size beyond the device", "[nvme
   CHECK(tier.free_bytes() == 0);
 }
 
-TEST_CASE("nvme block device: a used device with a fresh index never returns old blocks", "[nvme][blockdev]") {
+TEST_CASE("nvme block device: a used device is never paired with a missing, empty or foreign index",
+          "[nvme][blockdev]") {
   constexpr std::uint64_t kDev = 64 * kMiB;
   TERRACE_LOOP_OR_SKIP(loop, kDev);
   const fs::path old_index = loop.scratch() / "index-old";
@@ -272,57 +273,45 @@ TEST_CASE("nvme block device: a used device with a fresh index never returns old
     REQUIRE(t.ok());
     for (int i = 0; i < kBlocks; ++i) REQUIRE(PutTestBlock(**t, i).ok());
   }
-
-  SECTION("index_dir that does not exist: the tier starts empty on the existing format") {
-    const fs::path fresh = loop.scratch() / "index-new";
-    {
-      auto t = NvmeTier::Open(DeviceOptions(loop, kDev, fresh, Durability::kSync));
-      REQUIRE(t.ok());
-      NvmeTier& tier = **t;
-      CHECK_FALSE(tier.recovery_report().created);  // the superblock on the device is kept
-      CHECK(tier.recovery_report().blocks_recovered == 0);
-      CHECK(tier.block_count() == 0);
-      std::vector<std::byte> buf(2 * kMiB);
-      for (int i = 0; i < kBlocks; ++i) {
-        CHECK(tier.Lookup(TestKey(i)).status().IsNotFound());
-        CHECK(tier.Get(TestKey(i), buf, nullptr).IsNotFound());
-      }
-      // New blocks (other contents, same keys) overwrite the old extents.
-      for (int i = 0; i < kBlocks; ++i) REQUIRE(PutTestBlock(tier, i, /*seed=*/1234).ok());
-      for (int i = 0; i < kBlocks; ++i) REQUIRE(CheckTestBlock(tier, i, 1234).ok());
-    }
-    // Back to the old index: its records now point at overwritten extents. Whatever is returned
-    // must be exactly an old block; the rest is Corruption (checksum) or NotFound, never wrong bytes.
-    auto t = NvmeTier::Open(DeviceOptions(loop, kDev, old_index, Durability::kSync));
+  const fs::path fresh = loop.scratch() / "index-new";
+  SECTION("index_dir that does not exist") {}
+  SECTION("index_dir that exists but is empty") { fs::create_directories(fresh); }
+  SECTION("index_dir of another store") {
+    TempDir other("nvme-other");
+    auto o = SmallNvmeOptions(other.path(), kDev);
+    o.index_dir = fresh;
+    auto t = NvmeTier::Open(o);
     REQUIRE(t.ok());
-    int exact = 0, refused = 0;
-    for (int i = 0; i < kBlocks; ++i) {
-      Status s = CheckTestBlock(**t, i);
-      INFO("old block " << i << ": " << s.ToString());
-      CHECK((s.ok() || s.IsCorruption() || s.IsNotFound()));
-      (s.ok() ? exact : refused) += 1;
-    }
-    CHECK(refused > 0);  // the new blocks did overwrite old extents
+    REQUIRE(PutTestBlock(**t, 0, /*seed=*/77).ok());
   }
-
-  SECTION("index_dir that exists but is empty: refused with a clear error, or an empty tier") {
-    const fs::path fresh = loop.scratch() / "index-empty";
-    fs::create_directories(fresh);
-    {
-      auto t = NvmeTier::Open(DeviceOptions(loop, kDev, fresh, Durability::kSync));
-      if (t.ok()) {
-        CHECK((*t)->block_count() == 0);
-        std::vector<std::byte> buf(2 * kMiB);
-        for (int i = 0; i < kBlocks; ++i) CHECK((*t)->Get(TestKey(i), buf, nullptr).IsNotFound());
-      } else {
-        INFO(t.status().ToString());
-        CHECK(t.status().message().find(fresh.string()) != std::string::npos);
-      }
-    }
-    // Either way the old index still holds every old block intact.
+  {
+    auto t = NvmeTier::Open(DeviceOptions(loop, kDev, fresh, Durability::kSync));
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().ToString());
+    CHECK(t.status().IsCorruption());
+    CHECK(t.status().message().find(fresh.string()) != std::string::npos);
+    CHECK(t.status().message().find("store recover") != std::string::npos);
+  }
+  // Nothing was overwritten: the store's own index still holds every block intact.
+  {
     auto again = NvmeTier::Open(DeviceOptions(loop, kDev, old_index, Durability::kSync));
     REQUIRE(again.ok());
     for (int i = 0; i < kBlocks; ++i) REQUIRE(CheckTestBlock(**again, i).ok());
+  }
+  // reformat is the explicit way to start over on the device; the old index is then foreign.
+  if (!fs::exists(fresh) || fs::is_empty(fresh)) {
+    auto o = DeviceOptions(loop, kDev, fresh, Durability::kSync);
+    o.reformat = true;
+    {
+      auto t = NvmeTier::Open(o);
+      INFO(t.status().ToString());
+      REQUIRE(t.ok());
+      CHECK((*t)->recovery_report().created);
+      CHECK((*t)->block_count() == 0);
+    }
+    auto stale = NvmeTier::Open(DeviceOptions(loop, kDev, old_index, Durability::kSync));
+    REQUIRE_FALSE(stale.ok());
+    CHECK(stale.status().IsCorruption());
   }
 }
 

@@ -162,6 +162,7 @@ TEST_CASE("nvme crash recovery: SIGKILL at random moments never loses an acknowl
     REQUIRE(WIFSIGNALED(status));
 
     auto t = NvmeTier::Open(CrashOptions(dir.path().string(), sync));
+    INFO(t.status().ToString());
     REQUIRE(t.ok());
     NvmeTier& tier = **t;
     CHECK(tier.recovery_report().dropped() == 0);

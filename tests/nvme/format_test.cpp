@@ -42,7 +42,7 @@ TEST_CASE("nvme record: documented byte layout", "[nvme][format]") {
   r.codec = Codec::kBf16;
   std::byte b[kRecordBytes];
   r.EncodeTo(b);
-  REQUIRE(static_cast<int>(b[0]) == 1);                // record version
+  REQUIRE(static_cast<int>(b[0]) == 2);                // record version
   REQUIRE(static_cast<int>(b[2]) == 2);                // codec, little-endian u16
   REQUIRE(static_cast<int>(b[9]) == 0x10);             // offset 0x1000 little-endian at 8
   REQUIRE(static_cast<int>(b[16]) == 0x08);            // length low byte first at 16
@@ -74,4 +74,75 @@ TEST_CASE("nvme superblock: round trip, bad magic, bad checksum", "[nvme][format
   std::memcpy(bad, buf, sizeof bad);
   bad[20] ^= std::byte{1};
   REQUIRE(Superblock::Decode(bad, "y").status().IsCorruption());
+}
+
+TEST_CASE("nvme superblock unit: the newest valid slot wins; a torn slot falls back to the other", "[nvme][format]") {
+  std::vector<std::byte> unit(kSuperblockBytes, std::byte{0});
+  Superblock sb;
+  sb.capacity_bytes = 64 * kUnit;
+  sb.uuid[3] = 7;
+  std::mt19937_64 rng(11);
+  Superblock last_complete = sb;
+  for (std::uint64_t seq = 1; seq <= 40; ++seq) {
+    sb.sequence = seq;
+    sb.indexed_commit = seq * 3;
+    sb.generation_limit = seq * 1000;
+    std::vector<std::byte> before = unit;
+    sb.EncodeIntoUnit(unit.data());
+    auto got = Superblock::DecodeUnit(unit, "u");
+    REQUIRE(got.ok());
+    CHECK(*got == sb);
+    // Tear the write: only a prefix of the new slot's bytes reached the disk.
+    std::vector<std::byte> torn = before;
+    const std::size_t slot = (seq % 2) * kSuperblockSlotStride;
+    const std::size_t cut = rng() % kSuperblockHeaderBytes;
+    std::copy(unit.begin() + static_cast<std::ptrdiff_t>(slot), unit.begin() + static_cast<std::ptrdiff_t>(slot + cut),
+              torn.begin() + static_cast<std::ptrdiff_t>(slot));
+    if (seq > 1) {
+      auto back = Superblock::DecodeUnit(torn, "u");
+      REQUIRE(back.ok());
+      CHECK(back->SameStore(sb));
+      CHECK((*back == sb || *back == last_complete));  // never anything else
+    }
+    last_complete = sb;
+  }
+}
+
+TEST_CASE("nvme superblock: a version-1 store is refused with a clear message", "[nvme][format]") {
+  std::vector<std::byte> unit(kSuperblockBytes, std::byte{0});
+  Superblock sb;
+  sb.capacity_bytes = 64 * kUnit;
+  sb.EncodeTo(unit.data());
+  unit[8] = std::byte{1};  // format_version 1, as the previous release wrote it
+  auto s = Superblock::DecodeUnit(unit, "/d/terrace.data").status();
+  REQUIRE(s.IsInvalidArgument());
+  CHECK(s.message().find("version 1") != std::string::npos);
+  CHECK(s.message().find("/d/terrace.data") != std::string::npos);
+}
+
+TEST_CASE("nvme descriptor: round trip; any flipped bit or a wrong magic is no descriptor", "[nvme][format]") {
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 300; ++i) {
+    Descriptor d;
+    for (auto& b : d.uuid) b = static_cast<std::uint8_t>(rng());
+    d.key = BlockKey{static_cast<std::uint32_t>(rng()), BlockKind::kKv, static_cast<std::uint32_t>(rng()),
+                     ContentId{rng(), rng()}};
+    d.rec.offset = (rng() % (1ull << 30)) * kUnit;
+    d.rec.length = rng() % (1ull << 32);
+    d.rec.checksum = rng();
+    d.rec.generation = rng();
+    d.rec.codec = static_cast<Codec>(rng() % 6);
+    std::vector<std::byte> unit(kUnit, std::byte{0});
+    d.EncodeTo(unit.data());
+    auto back = Descriptor::Decode(unit);
+    REQUIRE(back.has_value());
+    CHECK(back->uuid == d.uuid);
+    CHECK(back->key == d.key);
+    CHECK(back->rec == d.rec);
+    const std::size_t bit = rng() % (kDescriptorBytes * 8);
+    unit[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+    CHECK_FALSE(Descriptor::Decode(unit).has_value());
+  }
+  std::vector<std::byte> zeros(kUnit, std::byte{0});
+  CHECK_FALSE(Descriptor::Decode(zeros).has_value());
 }

@@ -10,6 +10,10 @@ namespace terrace::nvme {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
+constexpr char kDescMagic[8] = {'T', 'R', 'R', 'C', 'D', 'E', 'S', 'C'};
+constexpr std::uint16_t kDescVersion = 1;
+constexpr std::size_t kSbCheckAt = 80;
+constexpr std::size_t kDescCheckAt = 96;
 
 void PutLe(std::byte* out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
@@ -40,11 +44,14 @@ void Superblock::EncodeTo(std::byte* out) const {
   PutLe(out + 16, capacity_bytes, 8);
   std::memcpy(out + 24, uuid.data(), uuid.size());
   PutLe(out + 40, data_start, 8);
-  PutLe(out + 48, XXH3_64bits(out, 48), 8);
+  PutLe(out + 48, sequence, 8);
+  PutLe(out + 56, indexed_commit, 8);
+  PutLe(out + 64, generation_limit, 8);
+  PutLe(out + kSbCheckAt, XXH3_64bits(out, kSbCheckAt), 8);
 }
 
 Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::string& where) {
-  if (in.size() < kSuperblockHeaderBytes) {
+  if (in.size() < 16) {
     return Status::InvalidArgument(fmt::format(
         "{}: not a Terrace store: superblock has {} bytes, expected {}", where, in.size(), kSuperblockHeaderBytes));
   }
@@ -54,30 +61,71 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
         "directory or at an existing Terrace store",
         where));
   }
-  if (GetLe(in.data() + 48, 8) != XXH3_64bits(in.data(), 48)) {
+  const auto version = static_cast<std::uint32_t>(GetLe(in.data() + 8, 4));
+  if (version == 1) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: this Terrace store has on-disk format version 1, which this build no longer opens (it needs "
+        "version {}: extents that describe themselves, so the index can be rebuilt); read its blocks out with "
+        "the Terrace release that wrote it, or delete the store directory to start empty",
+        where, kFormatVersion));
+  }
+  if (version != kFormatVersion) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: Terrace store format version {} is not supported by this build (supports {}); open it with a "
+        "matching Terrace version",
+        where, version, kFormatVersion));
+  }
+  if (in.size() < kSuperblockHeaderBytes) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: not a Terrace store: superblock has {} bytes, expected {}", where, in.size(), kSuperblockHeaderBytes));
+  }
+  if (GetLe(in.data() + kSbCheckAt, 8) != XXH3_64bits(in.data(), kSbCheckAt)) {
     return Status::Corruption(fmt::format(
         "{}: Terrace superblock checksum mismatch; the store header is damaged, restore it from a backup "
         "or delete the directory to start empty",
         where));
   }
   Superblock sb;
-  sb.format_version = static_cast<std::uint32_t>(GetLe(in.data() + 8, 4));
+  sb.format_version = version;
   sb.unit = static_cast<std::uint32_t>(GetLe(in.data() + 12, 4));
   sb.capacity_bytes = GetLe(in.data() + 16, 8);
   std::memcpy(sb.uuid.data(), in.data() + 24, sb.uuid.size());
   sb.data_start = GetLe(in.data() + 40, 8);
-  if (sb.format_version != kFormatVersion) {
-    return Status::InvalidArgument(fmt::format(
-        "{}: Terrace store format version {} is not supported by this build (supports {}); open it with a "
-        "matching Terrace version",
-        where, sb.format_version, kFormatVersion));
-  }
-  if (sb.unit != kUnit || sb.data_start != kDataStart || sb.capacity_bytes < kDataStart + kUnit ||
+  sb.sequence = GetLe(in.data() + 48, 8);
+  sb.indexed_commit = GetLe(in.data() + 56, 8);
+  sb.generation_limit = GetLe(in.data() + 64, 8);
+  if (sb.unit != kUnit || sb.data_start != kDataStart || sb.capacity_bytes < kDataStart + 2 * kUnit ||
       sb.capacity_bytes % kUnit != 0) {
     return Status::Corruption(fmt::format("{}: superblock has an invalid geometry (unit {}, data start {}, capacity {})",
                                           where, sb.unit, sb.data_start, sb.capacity_bytes));
   }
   return sb;
+}
+
+void Superblock::EncodeIntoUnit(std::byte* unit_bytes) const {
+  EncodeTo(unit_bytes + (sequence % 2) * kSuperblockSlotStride);
+}
+
+Result<Superblock> Superblock::DecodeUnit(std::span<const std::byte> unit_bytes, const std::string& where) {
+  if (unit_bytes.size() < kSuperblockBytes) {
+    return Status::InvalidArgument(fmt::format("{}: not a Terrace store: {} bytes, shorter than a superblock", where,
+                                               unit_bytes.size()));
+  }
+  Result<Superblock> a = Decode(unit_bytes.subspan(0, kSuperblockHeaderBytes), where);
+  Result<Superblock> b = Decode(unit_bytes.subspan(kSuperblockSlotStride, kSuperblockHeaderBytes), where);
+  if (a.ok() && b.ok()) {
+    if (!a->SameStore(*b)) {
+      return Status::Corruption(fmt::format("{}: the two superblock slots describe different stores; the header is "
+                                            "damaged",
+                                            where));
+    }
+    return a->sequence >= b->sequence ? a : b;
+  }
+  if (a.ok()) return a;
+  if (b.ok()) return b;
+  // Slot 0 decides what to say: not a store, version 1, or a damaged header.
+  if (!a.status().IsCorruption() && b.status().IsCorruption()) return b.status();
+  return a.status();
 }
 
 void Record::EncodeTo(std::byte out[kRecordBytes]) const {
@@ -109,6 +157,37 @@ Result<Record> Record::Decode(std::span<const std::byte> in) {
   r.checksum = GetLe(in.data() + 24, 8);
   r.generation = GetLe(in.data() + 32, 8);
   return r;
+}
+
+void Descriptor::EncodeTo(std::byte* out) const {
+  std::memset(out, 0, kDescriptorBytes);
+  std::memcpy(out, kDescMagic, sizeof kDescMagic);
+  PutLe(out + 8, kDescVersion, 2);
+  PutLe(out + 10, static_cast<std::uint16_t>(rec.codec), 2);
+  std::memcpy(out + 16, uuid.data(), uuid.size());
+  key.EncodeTo(out + 32);
+  PutLe(out + 64, rec.offset, 8);
+  PutLe(out + 72, rec.length, 8);
+  PutLe(out + 80, rec.checksum, 8);
+  PutLe(out + 88, rec.generation, 8);
+  PutLe(out + kDescCheckAt, XXH3_64bits(out, kDescCheckAt), 8);
+}
+
+std::optional<Descriptor> Descriptor::Decode(std::span<const std::byte> in) {
+  if (in.size() < kDescriptorBytes || std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) != 0) return std::nullopt;
+  if (GetLe(in.data() + 8, 2) != kDescVersion) return std::nullopt;
+  if (GetLe(in.data() + kDescCheckAt, 8) != XXH3_64bits(in.data(), kDescCheckAt)) return std::nullopt;
+  auto key = BlockKey::Decode(in.subspan(32, BlockKey::kEncodedSize));
+  if (!key.ok()) return std::nullopt;
+  Descriptor d;
+  std::memcpy(d.uuid.data(), in.data() + 16, d.uuid.size());
+  d.key = *key;
+  d.rec.codec = static_cast<Codec>(GetLe(in.data() + 10, 2));
+  d.rec.offset = GetLe(in.data() + 64, 8);
+  d.rec.length = GetLe(in.data() + 72, 8);
+  d.rec.checksum = GetLe(in.data() + 80, 8);
+  d.rec.generation = GetLe(in.data() + 88, 8);
+  return d;
 }
 
 }  // namespace terrace::nvme

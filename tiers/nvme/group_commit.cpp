@@ -2,19 +2,21 @@
 
 #include <rocksdb/write_batch.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/io_engine.h"
 
 namespace terrace::nvme {
 
-GroupCommitter::GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release,
-                               std::chrono::microseconds interval)
-    : engine_(engine), index_(index), release_(std::move(release)),
-      pending_(std::make_unique<rocksdb::WriteBatch>()) {
+GroupCommitter::GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, BeforeSyncFn before_sync,
+                               std::uint64_t commit, std::chrono::microseconds interval)
+    : engine_(engine), index_(index), release_(std::move(release)), before_sync_(std::move(before_sync)),
+      pending_(std::make_unique<rocksdb::WriteBatch>()), durable_commit_(commit) {
   if (interval.count() > 0) bg_ = std::thread([this, interval] { BackgroundLoop(interval); });
 }
 
@@ -44,6 +46,42 @@ std::uint64_t GroupCommitter::StageDelete(std::string key, Extent release) {
   return staged_seq_;
 }
 
+std::uint64_t GroupCommitter::StageClear(Extent release) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (release.length > 0) pending_release_.push_back(release);
+  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  return staged_seq_;
+}
+
+Status GroupCommitter::ClearDescriptors(const std::vector<Extent>& extents) {
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> zero(static_cast<std::byte*>(std::aligned_alloc(kUnit, kUnit)));
+  if (!zero) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB to clear descriptors");
+  std::memset(zero.get(), 0, kUnit);
+  std::vector<IoRequest> reqs(extents.size());
+  for (std::size_t i = 0; i < extents.size(); ++i) {
+    reqs[i].op = IoOp::kWrite;
+    reqs[i].offset = extents[i].offset + extents[i].length - kUnit;  // the descriptor is the extent's last unit
+    reqs[i].buf = zero.get();  // only read by the engine: one buffer serves every request
+    reqs[i].len = static_cast<std::uint32_t>(kUnit);
+  }
+  int first_err = 0;
+  std::uint64_t where = 0;
+  RunToCompletion(*engine_, reqs, [&](std::size_t i, int err) {
+    if (err != 0 && first_err == 0) {
+      first_err = err;
+      where = extents[i].offset;
+    }
+  });
+  if (first_err == 0) return Status::Ok();
+  return Status::IoError(fmt::format(
+      "NVMe tier: clearing the descriptor of the released extent at offset {} of the data file failed: {}; the tier "
+      "refuses further writes: reopen it",
+      where, std::strerror(-first_err)));
+}
+
 Status GroupCommitter::WaitDurable(std::uint64_t seq) {
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
@@ -58,13 +96,16 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
     pending_ = std::make_unique<rocksdb::WriteBatch>();
     auto release = std::move(pending_release_);
     pending_release_.clear();
-    bool sync_data = pending_data_;
+    bool sync_data = pending_data_ || !release.empty();
     pending_data_ = false;
     std::uint64_t upto = staged_seq_;
+    const std::uint64_t commit = durable_commit_;
     l.unlock();
 
     Status s;
-    if (sync_data) {
+    if (!release.empty()) s = ClearDescriptors(release);
+    if (s.ok() && sync_data && before_sync_) s = before_sync_(commit);
+    if (s.ok() && sync_data) {
       int err = engine_->SyncData();
       if (err < 0) {
         s = Status::IoError(fmt::format(
@@ -74,10 +115,18 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
             std::strerror(-err)));
       }
     }
-    if (s.ok() && batch->Count() > 0) s = index_->Write(batch.get(), /*sync=*/true);
+    const bool index_write = batch->Count() > 0;
+    if (s.ok() && index_write) {
+      batch->Put(rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), IndexStore::EncodeCommit(commit + 1));
+      s = index_->Write(batch.get(), /*sync=*/true);
+      // Record the new commit in the superblock at once (no sync: it is made durable by the next
+      // commit's fdatasync at the latest), so damage to the log's last records is detectable too.
+      if (s.ok() && before_sync_) s = before_sync_(commit + 1);
+    }
 
     l.lock();
     leader_ = false;
+    if (s.ok() && index_write) durable_commit_ = commit + 1;
     if (!s.ok()) {
       failed_ = s.WithContext("group commit");
       cv_.notify_all();
@@ -106,6 +155,11 @@ Status GroupCommitter::Flush() {
 Status GroupCommitter::health() const {
   std::lock_guard<std::mutex> l(mu_);
   return failed_;
+}
+
+std::uint64_t GroupCommitter::durable_commit() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return durable_commit_;
 }
 
 std::uint64_t GroupCommitter::commits() const {

@@ -1,11 +1,21 @@
-// Group commit of index changes: data fdatasync, then one synced RocksDB WriteBatch.
+// Group commit of index changes: clear released descriptors, superblock watermark, data
+// fdatasync, then one synced RocksDB WriteBatch.
 //
 // Stage() queues an index mutation (in the order the caller applied it to the in-memory map) and
 // returns its sequence number. WaitDurable(seq) returns once that mutation is durable: the first
-// waiter becomes the leader and commits everything staged so far (one fdatasync of the data file,
-// then one WriteBatch with WAL sync); later waiters ride along (leader/follower). Extents handed
-// to Stage are released (the `release` callback) only after the mutation that stopped
-// referencing them is durable, so a crash never finds a durable record over reused space.
+// waiter becomes the leader and commits everything staged so far; later waiters ride along
+// (leader/follower). One commit, in this order:
+//   1. zero the descriptor unit (the last 4 KiB) of every extent released by the staged changes, so
+//      a rebuild from the data file can never resurrect it;
+//   2. `before_sync(c)`: the tier writes its superblock recording commit c (the last one known
+//      durable in the index) through the engine;
+//   3. one fdatasync of the data file (when anything was written: data, clears or superblock);
+//   4. one WriteBatch with WAL sync holding the staged changes and the commit counter c + 1;
+//   5. `before_sync(c + 1)` again: the superblock records the new commit right away (made durable
+//      by the next commit's fdatasync at the latest), so it never claims more than the index holds
+//      and is behind it by at most the commit in flight.
+// Extents handed to Stage are released (the `release` callback) only after step 4, so a crash
+// never finds a durable record over reused space, and reused space never holds a stale descriptor.
 // A failed commit is permanent (as after a failed fsync nothing can be trusted): every later
 // WaitDurable returns the same error until the tier is reopened.
 // Async mode: a background thread commits at most `interval` after the first staged mutation.
@@ -38,14 +48,21 @@ class IndexStore;
 class GroupCommitter {
  public:
   using ReleaseFn = std::function<void(std::vector<Extent>&&)>;
-  // `interval` > 0 starts the background committer (async mode).
-  GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, std::chrono::microseconds interval);
+  // Writes (does not sync) the superblock recording `durable_commit`; called by the leader before
+  // each data fdatasync and after each index write.
+  using BeforeSyncFn = std::function<Status(std::uint64_t durable_commit)>;
+  // `commit`: the index's commit counter at open. `interval` > 0 starts the background committer
+  // (async mode).
+  GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, BeforeSyncFn before_sync,
+                 std::uint64_t commit, std::chrono::microseconds interval);
   ~GroupCommitter();  // stops the background thread; does not commit (call Flush first)
 
   // Queues a put of `record` under `key` (both encoded); `data_written` says the data file must be
   // synced first. `release` (may be empty-length) is freed after the mutation is durable.
   std::uint64_t StagePut(std::string key, std::string record, Extent release);
   std::uint64_t StageDelete(std::string key, Extent release);
+  // Queues only the clearing and release of `release` (an extent written but never indexed).
+  std::uint64_t StageClear(Extent release);
 
   Status WaitDurable(std::uint64_t seq);
   // Makes every mutation staged so far durable.
@@ -54,13 +71,17 @@ class GroupCommitter {
   Status health() const;
 
   std::uint64_t commits() const;  // number of group commits performed
+  std::uint64_t durable_commit() const;  // the index commit counter, as last made durable
 
  private:
   void BackgroundLoop(std::chrono::microseconds interval);
 
+  Status ClearDescriptors(const std::vector<Extent>& extents);
+
   IoEngine* engine_;
   IndexStore* index_;
   ReleaseFn release_;
+  BeforeSyncFn before_sync_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;          // durable_seq_ / leader_ / failed_ changes
@@ -73,6 +94,7 @@ class GroupCommitter {
   bool leader_ = false;                           // guarded by mu_
   bool stop_ = false;                             // guarded by mu_
   std::uint64_t commits_ = 0;                     // guarded by mu_
+  std::uint64_t durable_commit_ = 0;              // guarded by mu_; written by the leader only
   Status failed_;                                 // guarded by mu_
   std::thread bg_;
 };

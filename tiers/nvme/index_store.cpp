@@ -1,52 +1,112 @@
 #include "tiers/nvme/index_store.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdarg>
+#include <cstdio>
 #include <exception>
 
 #include <fmt/format.h>
 
 namespace terrace::nvme {
+namespace {
+
+// RocksDB's info log, forwarded to the tier's logger (warnings and worse only).
+class ForwardingRocksLogger final : public rocksdb::Logger {
+ public:
+  ForwardingRocksLogger(std::shared_ptr<terrace::Logger> logger, std::string dir)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), logger_(std::move(logger)), dir_(std::move(dir)) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override { Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap); }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
+    char buf[1024];
+    std::vsnprintf(buf, sizeof buf, format, ap);
+    logger_->Log(level >= rocksdb::InfoLogLevel::ERROR_LEVEL ? LogLevel::kError : LogLevel::kWarning, "nvme",
+                 fmt::format("index '{}' (RocksDB): {}", dir_, buf));
+  }
+
+ private:
+  std::shared_ptr<terrace::Logger> logger_;
+  std::string dir_;
+};
+
+}  // namespace
 
 Status IndexStore::FromRocks(const void* rocks_status, std::string_view what) const {
   const auto& s = *static_cast<const rocksdb::Status*>(rocks_status);
   if (s.ok()) return Status::Ok();
   std::string msg = fmt::format("NVMe index {} at '{}': {}", what, dir_.string(), s.ToString());
-  if (s.IsCorruption()) return Status::Corruption(msg + "; the index is damaged: restore it or delete the store directory");
+  if (s.IsCorruption()) {
+    return Status::Corruption(msg + "; the index is damaged: rebuild it from the data file (terrace store recover)");
+  }
+  if (s.IsNoSpace() || s.ToString().find("No space left") != std::string::npos) {
+    return Status::IoError(msg + fmt::format("; the file system holding '{}' is full: free space on it", dir_.string()));
+  }
   if (s.IsIOError()) return Status::IoError(msg, s.IsTryAgain() || s.IsBusy());
   return Status::IoError(msg);
 }
 
-Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path& dir, bool create) {
+Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path& dir, const IndexOpenOptions& o) {
   rocksdb::Options opts;
-  opts.create_if_missing = create;
+  if (o.env) opts.env = o.env;
+  opts.create_if_missing = o.create && !o.read_only;
   opts.error_if_exists = false;
   opts.paranoid_checks = true;
   opts.compression = rocksdb::kNoCompression;
   opts.max_open_files = 256;
-  opts.info_log_level = rocksdb::WARN_LEVEL;
-  opts.keep_log_file_num = 2;
+  opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  opts.avoid_flush_during_recovery = true;
+  opts.info_log = std::make_shared<ForwardingRocksLogger>(LoggerOrDefault(o.logger), dir.string());
   rocksdb::DB* db = nullptr;
   rocksdb::Status s;
   try {
-    s = rocksdb::DB::Open(opts, dir.string(), &db);
+    if (o.read_only) {
+      s = rocksdb::DB::OpenForReadOnly(opts, dir.string(), &db, /*error_if_wal_file_exists=*/false);
+    } else {
+      s = rocksdb::DB::Open(opts, dir.string(), &db);
+    }
   } catch (const std::exception& e) {
     return Status::IoError(fmt::format("NVMe index at '{}': RocksDB threw: {}", dir.string(), e.what()));
   }
   if (!s.ok()) {
     std::string msg = fmt::format("NVMe index at '{}' cannot be opened: {}", dir.string(), s.ToString());
     if (s.IsCorruption() || s.IsInvalidArgument()) {
-      return Status::Corruption(msg + "; this is not a valid Terrace index (damaged or foreign files): "
-                                      "restore it from a backup or delete the store directory to start empty");
+      return Status::Corruption(msg + "; the index is damaged (or holds foreign files): rebuild it from the data file "
+                                      "with 'terrace store recover' (the damaged index is kept aside)");
+    }
+    if (s.IsNoSpace() || s.ToString().find("No space left") != std::string::npos) {
+      return Status::IoError(msg + fmt::format("; the file system holding '{}' is full: free space on it (a read-only "
+                                               "open needs none)",
+                                               dir.string()));
     }
     return Status::IoError(msg + "; check that the directory exists, is writable and is not opened by another process");
   }
-  return std::unique_ptr<IndexStore>(new IndexStore(dir, db));
+  return std::unique_ptr<IndexStore>(new IndexStore(dir, db, o.read_only));
 }
 
-IndexStore::~IndexStore() { delete db_; }
+IndexStore::~IndexStore() {
+  (void)Close();
+}
+
+Status IndexStore::Close() {
+  if (!db_) return Status::Ok();
+  Status result;
+  if (!read_only_ && !failed_.load()) {
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    rocksdb::Status s = db_->Flush(fo);
+    result = FromRocks(&s, "flush at close");
+  }
+  rocksdb::Status c = db_->Close();
+  if (result.ok() && !c.ok() && !failed_.load()) result = FromRocks(&c, "close");
+  delete db_;
+  db_ = nullptr;
+  return result;
+}
 
 Result<std::optional<std::string>> IndexStore::ReadManifest() const {
   std::string value;
@@ -56,19 +116,57 @@ Result<std::optional<std::string>> IndexStore::ReadManifest() const {
   return std::optional<std::string>(std::move(value));
 }
 
+Result<std::uint64_t> IndexStore::ReadCommit() const {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), &value);
+  if (s.IsNotFound()) return std::uint64_t{0};
+  TERRACE_RETURN_IF_ERROR(FromRocks(&s, "commit counter read"));
+  if (value.size() != 8) {
+    return Status::Corruption(fmt::format("NVMe index at '{}': the commit counter has {} bytes, expected 8; rebuild the "
+                                          "index from the data file (terrace store recover)",
+                                          dir_.string(), value.size()));
+  }
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(value[static_cast<std::size_t>(i)]);
+  return v;
+}
+
+std::string IndexStore::EncodeCommit(std::uint64_t commit) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((commit >> (8 * i)) & 0xff);
+  return out;
+}
+
 Status IndexStore::WriteManifest(const Superblock& sb) {
-  std::string v(kSuperblockHeaderBytes, '\0');
-  sb.EncodeTo(reinterpret_cast<std::byte*>(v.data()));
+  Superblock identity = sb;  // the manifest records who the store is, not its changing state
+  identity.sequence = identity.indexed_commit = identity.generation_limit = 0;
+  std::string v(kManifestBytes, '\0');
+  identity.EncodeTo(reinterpret_cast<std::byte*>(v.data()));
   rocksdb::WriteBatch batch;
   batch.Put(rocksdb::Slice(kManifestKey.data(), kManifestKey.size()), v);
   return Write(&batch, /*sync=*/true);
 }
 
 Status IndexStore::Write(rocksdb::WriteBatch* batch, bool sync) {
+  if (failed_.load()) {
+    std::lock_guard<std::mutex> l(failure_mu_);
+    return failure_;
+  }
+  if (read_only_) {
+    return Status::InvalidArgument(fmt::format("NVMe index at '{}' is open read-only", dir_.string()));
+  }
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   rocksdb::Status s = db_->Write(wo, batch);
-  return FromRocks(&s, "write");
+  Status st = FromRocks(&s, "write");
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> l(failure_mu_);
+    if (!failed_.load()) {
+      failure_ = st;
+      failed_.store(true);
+    }
+  }
+  return st;
 }
 
 Status IndexStore::DeleteKeys(std::span<const std::string> keys) {
@@ -88,6 +186,16 @@ Status IndexStore::Scan(const std::function<void(std::string_view, std::string_v
   }
   rocksdb::Status s = it->status();
   return FromRocks(&s, "scan");
+}
+
+Status DestroyIndexFiles(const std::filesystem::path& dir) {
+  rocksdb::Options opts;
+  opts.info_log = std::make_shared<ForwardingRocksLogger>(LoggerOrDefault(nullptr), dir.string());
+  rocksdb::Status s = rocksdb::DestroyDB(dir.string(), opts);
+  if (!s.ok()) {
+    return Status::IoError(fmt::format("cannot remove the half-created NVMe index '{}': {}", dir.string(), s.ToString()));
+  }
+  return Status::Ok();
 }
 
 std::string IndexStore::EncodeKey(const BlockKey& key) {

@@ -1,58 +1,99 @@
-// The persistent index of the NVMe tier: a RocksDB database in <dir>/index/ mapping
-// BlockKey::EncodeTo (25 bytes) -> Record (48 bytes), plus the manifest under kManifestKey.
+// The persistent index of the NVMe tier: a RocksDB database (default <dir>/index/) mapping
+// BlockKey::EncodeTo (25 bytes) -> Record (48 bytes), plus the manifest under kManifestKey and
+// the commit counter under kCommitKey. It is a cache of the data file's descriptors: the data
+// file alone can rebuild it (NvmeTier::RebuildIndex).
+//
+// Deliberate RocksDB settings (docs/nvme-format.md, "The index"):
+// - WAL recovery mode kTolerateCorruptedTailRecords: an incomplete record at the end of the log (a
+//   write torn by a crash, never acknowledged) is dropped; any other damage makes Open fail with
+//   Corruption instead of silently truncating history (RocksDB's default point-in-time mode).
+// - avoid_flush_during_recovery: Open never rewrites or deletes the log it recovered from, so a
+//   refused index keeps its evidence. The memtable is flushed on Close instead.
+// - RocksDB's own LOG goes to the tier's logger, not a file in the index directory: on a full
+//   file system a failed LOG write makes RocksDB 7.x abort on the next one.
+// After a write error the store is marked failed: no further call reaches RocksDB except the
+// final close (without a flush).
 // RocksDB's types stay inside this file pair and group_commit; no exception escapes.
 // Thread-safety: all methods may be called concurrently (RocksDB is thread-safe).
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "terrace/block.h"
+#include "terrace/log.h"
 #include "terrace/status.h"
 #include "tiers/nvme/format.h"
 
 namespace rocksdb {
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
 namespace terrace::nvme {
 
+struct IndexOpenOptions {
+  bool create = false;     // create the database if it does not exist
+  bool read_only = false;  // rocksdb::DB::OpenForReadOnly: nothing is written to the directory
+  rocksdb::Env* env = nullptr;     // null: rocksdb::Env::Default(); not owned, must outlive the store
+  std::shared_ptr<Logger> logger;  // receives RocksDB's warnings and errors; null: LoggerOrDefault
+};
+
 class IndexStore {
  public:
-  // Opens (or, with `create`, creates) the database at `dir`.
-  static Result<std::unique_ptr<IndexStore>> Open(const std::filesystem::path& dir, bool create);
-  ~IndexStore();
+  static Result<std::unique_ptr<IndexStore>> Open(const std::filesystem::path& dir, const IndexOpenOptions& options);
+  ~IndexStore();  // Close() if not yet closed; errors are logged
 
   const std::filesystem::path& path() const { return dir_; }
 
   // The manifest bytes, or nullopt when the key is absent.
   Result<std::optional<std::string>> ReadManifest() const;
   Status WriteManifest(const Superblock& sb);
+  // The commit counter (0 when absent).
+  Result<std::uint64_t> ReadCommit() const;
 
   // Applies `batch` atomically; with `sync`, the RocksDB WAL is fsync'ed before returning.
+  // After a failure the store is failed: this and every later write return that failure.
   Status Write(rocksdb::WriteBatch* batch, bool sync);
 
   // Deletes `keys` in one synced batch.
   Status DeleteKeys(std::span<const std::string> keys);
 
-  // Visits every entry in key order (manifest included). Stops at the first RocksDB error.
+  // Visits every entry in key order (manifest and commit counter included). Stops at the first
+  // RocksDB error.
   Status Scan(const std::function<void(std::string_view key, std::string_view value)>& fn) const;
+
+  // Flushes the memtable (unless read-only or failed) and closes the database. Idempotent.
+  Status Close();
+  bool failed() const { return failed_.load(); }
 
   static std::string EncodeKey(const BlockKey& key);
   static std::string EncodeRecord(const Record& rec);
+  static std::string EncodeCommit(std::uint64_t commit);
 
  private:
-  IndexStore(std::filesystem::path dir, rocksdb::DB* db) : dir_(std::move(dir)), db_(db) {}
+  IndexStore(std::filesystem::path dir, rocksdb::DB* db, bool read_only)
+      : dir_(std::move(dir)), db_(db), read_only_(read_only) {}
   Status FromRocks(const void* rocks_status, std::string_view what) const;
 
   std::filesystem::path dir_;
-  rocksdb::DB* db_;  // owned
+  rocksdb::DB* db_;  // owned; null once closed
+  bool read_only_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mu_;
+  Status failure_;  // guarded by failure_mu_; the first write failure
 };
+
+// Removes the RocksDB files in `dir` (rocksdb::DestroyDB): only for an index Terrace itself
+// half-created (an interrupted store creation).
+Status DestroyIndexFiles(const std::filesystem::path& dir);
 
 }  // namespace terrace::nvme

@@ -102,9 +102,11 @@ Status NvmeTier::IoStatus(IoOp op, int err, const BlockKey& key, std::uint64_t o
   const char* what = op == IoOp::kRead ? "reading" : "writing";
   std::string where = fmt::format("{} block {} at offset {} of '{}'", what, key.ToString(), offset, data_path_.string());
   if (op == IoOp::kWrite && (err == -ENOSPC || err == -EDQUOT)) {
-    return Status::OutOfCapacity(fmt::format("{}: {}; the device is full: free space on it or lower capacity_bytes; "
-                                             "the block was not stored",
-                                             where, std::strerror(-err)));
+    // The tier's own space is accounted by the allocator; this is the file system or device under
+    // the data file running out (a data file that could not be preallocated, a thin device).
+    return Status::IoError(fmt::format("{}: {}; the file system or device holding '{}' is full: free space on it; the "
+                                       "block was not stored",
+                                       where, std::strerror(-err), data_path_.string()));
   }
   bool retryable = err == -EIO || err == -EAGAIN || err == -EINTR || err == -EBUSY || err == -ETIMEDOUT;
   return Status::IoError(

@@ -1,8 +1,11 @@
 // NvmeTier: opening, creating and recovering a store.
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <random>
 
@@ -17,6 +21,7 @@
 
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
+#include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "tiers/nvme/staging_pool.h"
 #include "tiers/nvme/uring_engine.h"
@@ -30,6 +35,8 @@ using nvme::kUnit;
 namespace {
 
 constexpr std::size_t kStagingBufferBytes = 1 << 20;
+// Generations reserved per superblock write: one durable superblock update per this many puts.
+constexpr std::uint64_t kGenerationReserve = 1 << 20;
 
 std::string Hex(std::string_view bytes) {
   std::string s;
@@ -37,17 +44,14 @@ std::string Hex(std::string_view bytes) {
   return s;
 }
 
-struct AlignedBuf {
-  explicit AlignedBuf(std::size_t n) : p(static_cast<std::byte*>(std::aligned_alloc(kUnit, n))), size(n) {
-    if (p) std::memset(p, 0, n);
-  }
-  ~AlignedBuf() { std::free(p); }
-  std::byte* p;
-  std::size_t size;
-};
-
 Status Errno(std::string_view what, const fs::path& path, int err, std::string_view advice) {
   return Status::IoError(fmt::format("{} '{}': {}; {}", what, path.string(), std::strerror(err), advice));
+}
+
+bool EmptyOrAbsent(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return true;
+  return fs::is_directory(p, ec) && fs::is_empty(p, ec);
 }
 
 }  // namespace
@@ -61,52 +65,108 @@ std::string RecoveryReport::ToString() const {
   return s;
 }
 
-NvmeTier::NvmeTier(const NvmeTierOptions& options) : options_(options) {
+NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks)
+    : options_(options), hooks_(hooks), logger_(LoggerOrDefault(options.logger)) {
   caps_.id = TierId::kNvme;
   caps_.name = "nvme";
   caps_.persistent = true;
   caps_.memory = MemoryKind::kNone;
   caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
-  caps_.capacity_bytes = options.capacity_bytes;
-  caps_.max_block_bytes = options.capacity_bytes - kDataStart;
+  SetCapacity(options.capacity_bytes);
+  sb_unit_.reset(static_cast<std::byte*>(std::aligned_alloc(kUnit, nvme::kSuperblockBytes)));
+  if (sb_unit_) std::memset(sb_unit_.get(), 0, nvme::kSuperblockBytes);
+}
+
+void NvmeTier::SetCapacity(std::uint64_t capacity) {
+  options_.capacity_bytes = capacity;
+  caps_.capacity_bytes = capacity;
+  caps_.max_block_bytes = capacity > kDataStart + kUnit ? capacity - kDataStart - kUnit : 0;
+}
+
+void NvmeTier::Warn(std::string message) {
+  logger_->Log(LogLevel::kWarning, "nvme", message);
+  report_.warnings.push_back(std::move(message));
+}
+
+Status NvmeTier::WithRecoverAdvice(Status s) const {
+  if (!s.IsCorruption() || s.message().find("terrace store recover --dir") != std::string::npos) return s;
+  return Status::Corruption(fmt::format("{}; {}", s.message(), RecoverAdvice()));
+}
+
+std::string NvmeTier::RecoverAdvice() const {
+  std::string cmd = fmt::format("terrace store recover --dir {}", options_.path.string());
+  if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
+  return fmt::format("run `{}` to rebuild the index from the data file (the damaged index is kept aside)", cmd);
 }
 
 NvmeTier::~NvmeTier() {
   if (committer_) {
     Status s = committer_->Flush();
-    if (!s.ok()) fmt::print(stderr, "[terrace nvme] closing '{}': final commit failed: {}\n", data_path_.string(), s.ToString());
+    if (!s.ok()) {
+      logger_->Log(LogLevel::kError, "nvme",
+                   fmt::format("closing '{}': final commit failed: {}", data_path_.string(), s.ToString()));
+    } else if (!index_->failed()) {
+      // Record the final commit so a reopen can tell a complete index from one that lost records.
+      std::lock_guard<std::mutex> l(sb_mu_);
+      const std::uint64_t c = committer_->durable_commit();
+      if (sb_.indexed_commit != c) {
+        sb_.indexed_commit = c;
+        Status w = PersistSuperblockLocked();
+        if (w.ok()) w = EngineSync("syncing the superblock of");
+        if (!w.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing: {}", w.ToString()));
+      }
+    }
   }
   committer_.reset();
-  engine_.reset();
+  if (index_) {
+    Status s = index_->Close();
+    if (!s.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing '{}': {}", data_path_.string(), s.ToString()));
+  }
   index_.reset();
-  if (fd_ >= 0) ::close(fd_);
+  engine_.reset();
+  if (fd_ >= 0) {
+    // Unlock explicitly: io_uring may still hold a reference to the file for a moment after its
+    // rings are torn down, and the lock lives as long as any reference.
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
-  return OpenWithEngine(options, nvme::OpenUringEngine);
+  return OpenWithHooks(options, NvmeOpenHooks{});
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithEngine(const NvmeTierOptions& options,
                                                           const nvme::IoEngineFactory& factory) {
+  NvmeOpenHooks hooks;
+  hooks.engine = factory;
+  return OpenWithHooks(options, hooks);
+}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions& options, const NvmeOpenHooks& hooks) {
   const auto start = std::chrono::steady_clock::now();
   if (options.path.empty()) {
     return Status::InvalidArgument("NVMe tier: options.path is empty; set it to a directory or a block device");
   }
-  if (options.capacity_bytes < kDataStart + kUnit || options.capacity_bytes % kUnit != 0) {
+  if (options.capacity_bytes != 0 &&
+      (options.capacity_bytes < kDataStart + 2 * kUnit || options.capacity_bytes % kUnit != 0)) {
     return Status::InvalidArgument(fmt::format(
         "NVMe tier '{}': capacity_bytes {} must be a multiple of {} and at least {}", options.path.string(),
-        options.capacity_bytes, kUnit, kDataStart + kUnit));
+        options.capacity_bytes, kUnit, kDataStart + 2 * kUnit));
   }
   if (options.queue_depth == 0 || options.queue_depth > 4096 || options.io_threads == 0 || options.io_threads > 64) {
     return Status::InvalidArgument(fmt::format(
         "NVMe tier '{}': queue_depth {} / io_threads {} out of range; use queue_depth 1..4096, io_threads 1..64",
         options.path.string(), options.queue_depth, options.io_threads));
   }
-  std::unique_ptr<NvmeTier> t(new NvmeTier(options));
+  if (options.read_only && options.reformat) {
+    return Status::InvalidArgument(fmt::format("NVMe tier '{}': read_only and reformat exclude each other",
+                                               options.path.string()));
+  }
+  std::unique_ptr<NvmeTier> t(new NvmeTier(options, hooks));
+  if (!t->sb_unit_) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+  if (!t->hooks_.engine) t->hooks_.engine = nvme::OpenUringEngine;
   TERRACE_RETURN_IF_ERROR(t->OpenFiles());
-
-  nvme::IoEngineConfig cfg{t->fd_, options.queue_depth, options.io_threads};
-  TERRACE_ASSIGN_OR_RETURN(t->engine_, factory(cfg));
   try {
     std::size_t n = std::max<std::size_t>(8, std::min<std::size_t>(options.queue_depth, 64)) * options.io_threads;
     t->staging_ = std::make_unique<nvme::StagingPool>(n, kStagingBufferBytes);
@@ -114,209 +174,549 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithEngine(const NvmeTierOptions
     return Status::OutOfCapacity(fmt::format("NVMe tier '{}': cannot allocate staging buffers", options.path.string()));
   }
   if (Status s = t->engine_->RegisterBuffers(t->staging_->iovecs()); !s.ok()) {
-    fmt::print(stderr, "[terrace nvme] '{}': {}\n", t->data_path_.string(), s.ToString());
+    t->logger_->Log(LogLevel::kWarning, "nvme", fmt::format("'{}': {}", t->data_path_.string(), s.ToString()));
   }
   TERRACE_RETURN_IF_ERROR(t->Recover());
-  auto interval = options.durability == Durability::kAsync
-                      ? std::max(options.group_commit_interval, std::chrono::microseconds(1))
-                      : std::chrono::microseconds(0);
-  NvmeTier* raw = t.get();
-  t->committer_ = std::make_unique<nvme::GroupCommitter>(
-      t->engine_.get(), t->index_.get(), [raw](std::vector<nvme::Extent>&& e) { raw->ReleaseExtents(std::move(e)); },
-      interval);
+  if (!options.read_only) {
+    auto interval = options.durability == Durability::kAsync
+                        ? std::max(options.group_commit_interval, std::chrono::microseconds(1))
+                        : std::chrono::microseconds(0);
+    NvmeTier* raw = t.get();
+    t->committer_ = std::make_unique<nvme::GroupCommitter>(
+        t->engine_.get(), t->index_.get(),
+        [raw](std::vector<nvme::Extent>&& e) { raw->ReleaseExtents(std::move(e)); },
+        [raw](std::uint64_t durable_commit) -> Status {
+          std::lock_guard<std::mutex> l(raw->sb_mu_);
+          if (raw->sb_.indexed_commit == durable_commit) return Status::Ok();
+          raw->sb_.indexed_commit = durable_commit;
+          return raw->PersistSuperblockLocked();
+        },
+        t->index_commit_, interval);
+  }
   if (options.verify_on_open) TERRACE_RETURN_IF_ERROR(t->VerifyAllBlocks());
   t->report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "[terrace nvme] {} '{}' ({} I/O, {} mode, {}): {}; {:.3f} s\n",
-             t->report_.created ? "created" : "opened", t->data_path_.string(),
-             t->direct_ ? "O_DIRECT" : "buffered", options.durability == Durability::kSync ? "sync" : "async",
-             t->engine_->fixed_buffers() ? "fixed buffers" : "no fixed buffers", t->report_.ToString(),
-             t->report_.seconds);
+  t->logger_->Log(LogLevel::kInfo, "nvme",
+                  fmt::format("{} '{}' ({}{} I/O, {} mode, {}): {}; {:.3f} s", t->report_.created ? "created" : "opened",
+                              t->data_path_.string(), options.read_only ? "read-only, " : "",
+                              t->direct_ ? "O_DIRECT" : "buffered",
+                              options.durability == Durability::kSync ? "sync" : "async",
+                              t->engine_->fixed_buffers() ? "fixed buffers" : "no fixed buffers", t->report_.ToString(),
+                              t->report_.seconds));
   return t;
 }
 
 Status NvmeTier::OpenFiles() {
-  const fs::path& path = options_.path;
+  TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options_, /*may_create=*/
+                                                                             options_.create_if_missing &&
+                                                                                 !options_.read_only));
+  data_path_ = paths.data;
+  index_path_ = paths.index;
+  creating_path_ = paths.creating;
+  block_device_ = paths.block_device;
+  if (block_device_) return OpenExisting(/*block_device=*/true);
+
   std::error_code ec;
-  fs::file_status st = fs::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) {
-    return Status::IoError(fmt::format("NVMe tier path '{}' cannot be used: {}; choose a directory you can write",
-                                       path.string(), ec.message()));
-  }
-  bool block_device = false;
-  if (!fs::exists(st)) {
-    if (!options_.create_if_missing) {
-      return Status::NotFound(fmt::format("NVMe tier directory '{}' does not exist; create it or set "
-                                          "create_if_missing=true",
-                                          path.string()));
+  if (fs::exists(data_path_, ec)) return OpenExisting(false);
+  if (fs::exists(creating_path_, ec)) {
+    if (options_.read_only) {
+      return Status::NotFound(fmt::format(
+          "'{}' holds no complete Terrace store: a creation was interrupted (terrace.data.creating is left); open it "
+          "read-write once to complete or discard it",
+          options_.path.string()));
     }
-    fs::create_directories(path, ec);
-    if (ec) {
-      return Status::IoError(fmt::format("cannot create NVMe tier directory '{}': {}; choose a writable location",
-                                         path.string(), ec.message()));
-    }
-  } else if (fs::is_block_file(st)) {
-    block_device = true;
-  } else if (!fs::is_directory(st)) {
-    return Status::InvalidArgument(fmt::format(
-        "NVMe tier path '{}' is neither a directory nor a block device; point it at a directory (the tier creates "
-        "terrace.data and index/ inside) or at a block device",
-        path.string()));
+    return ResumeCreation();
   }
-  if (block_device) {
-    if (options_.index_dir.empty()) {
-      return Status::InvalidArgument(fmt::format(
-          "NVMe tier on block device '{}': set options.index_dir to a directory on a persistent file system for the "
-          "index",
-          path.string()));
-    }
-    data_path_ = path;
-    index_path_ = options_.index_dir;
-    return OpenDataFile(/*create=*/false, /*block_device=*/true);
-  }
-  data_path_ = path / "terrace.data";
-  index_path_ = options_.index_dir.empty() ? path / "index" : options_.index_dir;
-  bool data_exists = fs::exists(data_path_, ec);
-  bool index_exists = fs::exists(index_path_, ec);
-  if (data_exists) return OpenDataFile(false, false);
-  if (index_exists) {
+  if (!EmptyOrAbsent(index_path_)) {
     return Status::Corruption(fmt::format(
         "NVMe tier '{}' has an index ('{}') but no data file 'terrace.data': the store is incomplete; restore "
-        "terrace.data or delete the directory to start empty",
-        path.string(), index_path_.string()));
+        "terrace.data, or point --index-dir at an empty directory to start a new store",
+        options_.path.string(), index_path_.string()));
   }
-  if (!options_.create_if_missing) {
-    return Status::NotFound(fmt::format("'{}' holds no Terrace store (no terrace.data) and create_if_missing is "
-                                        "false",
-                                        path.string()));
+  if (!options_.create_if_missing || options_.read_only) {
+    return Status::NotFound(fmt::format("'{}' holds no Terrace store (no terrace.data){}", options_.path.string(),
+                                        options_.read_only ? " and it is opened read-only" : " and create_if_missing is false"));
   }
-  if (!fs::is_empty(path, ec)) {
+  for (const auto& entry : fs::directory_iterator(options_.path, ec)) {
+    if (fs::equivalent(entry.path(), index_path_, ec)) continue;  // a pre-created empty index directory
     return Status::InvalidArgument(fmt::format(
-        "'{}' is not empty and holds no Terrace store (no terrace.data); point the NVMe tier at an empty directory "
-        "or an existing store",
-        path.string()));
+        "'{}' is not empty and holds no Terrace store (no terrace.data; found '{}'); point the NVMe tier at an empty "
+        "directory or an existing store",
+        options_.path.string(), entry.path().filename().string()));
   }
-  return OpenDataFile(/*create=*/true, false);
+  return CreateInDirectory();
 }
 
-Status NvmeTier::OpenDataFile(bool create, bool block_device) {
-  int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+Status NvmeTier::OpenFd(const fs::path& path, bool create) {
+  const bool ro = options_.read_only;
+  int flags = (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
   direct_ = options_.direct_io;
-  fd_ = ::open(data_path_.c_str(), flags | (direct_ ? O_DIRECT : 0), 0644);
+  fd_ = ::open(path.c_str(), flags | (direct_ ? O_DIRECT : 0), 0644);
   if (fd_ < 0 && direct_ && errno == EINVAL) {
     direct_ = false;
-    fmt::print(stderr, "[terrace nvme] the file system under '{}' refused O_DIRECT; using buffered I/O (page cache)\n",
-               data_path_.string());
-    fd_ = ::open(data_path_.c_str(), flags, 0644);
-  }
-  if (fd_ < 0) {
-    return Errno("cannot open NVMe data file", data_path_, errno, "check the path and its permissions");
-  }
-  const std::uint64_t cap = options_.capacity_bytes;
-  AlignedBuf sbuf(nvme::kSuperblockBytes);
-  if (!sbuf.p) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
-  // Formats a new store: a fresh uuid and the capacity, written and synced at offset 0.
-  auto write_fresh_superblock = [&]() -> Status {
-    std::random_device rd;
-    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
-    sb_.capacity_bytes = cap;
-    sb_.EncodeTo(sbuf.p);
-    if (::pwrite(fd_, sbuf.p, sbuf.size, 0) != static_cast<ssize_t>(sbuf.size) || ::fdatasync(fd_) != 0) {
-      return Errno("cannot write the superblock of", data_path_, errno, "check the device");
+    fd_ = ::open(path.c_str(), flags, 0644);
+    if (fd_ >= 0) {
+      Warn(fmt::format("the file system under '{}' refused O_DIRECT; using buffered I/O (page cache): durability rests "
+                       "on fdatasync alone",
+                       path.string()));
     }
-    return Status::Ok();
+  }
+  if (fd_ < 0) return Errno("cannot open NVMe data file", path, errno, "check the path and its permissions");
+  if (int err = nvme::LockDataArea(fd_, ro ? LOCK_SH : LOCK_EX); err != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK) {
+      return Status::Unavailable(fmt::format(
+          "NVMe store '{}' is in use by another process (its data file is locked{}); close that process first (one "
+          "writer per data area; read-only opens may share it)",
+          path.string(), ro ? " for writing" : ""));
+    }
+    return Errno("cannot lock NVMe data file", path, err, "check the file system supports flock");
+  }
+  nvme::IoEngineConfig cfg{fd_, options_.queue_depth, options_.io_threads};
+  TERRACE_ASSIGN_OR_RETURN(engine_, hooks_.engine(cfg));
+  return CheckDurableMedium();
+}
+
+Status NvmeTier::CheckDurableMedium() {
+  auto check = [&](const fs::path& p, std::string_view what) {
+    struct statfs st {};
+    fs::path probe = p;
+    std::error_code ec;
+    while (!probe.empty() && !fs::exists(probe, ec)) probe = probe.parent_path();
+    if (probe.empty() || ::statfs(probe.c_str(), &st) != 0) return;
+    const auto type = static_cast<unsigned long>(st.f_type);
+    if (type == TMPFS_MAGIC || type == RAMFS_MAGIC) {
+      Warn(fmt::format("the {} '{}' is on {}, which keeps nothing across a reboot or power loss: 'durable' only "
+                       "means it survives a crash of this process; use a persistent file system",
+                       what, p.string(), type == TMPFS_MAGIC ? "tmpfs" : "ramfs"));
+    }
   };
+  if (!block_device_) check(data_path_, "data file");
+  check(index_path_, "index");
+  return Status::Ok();
+}
 
-  if (create) {
-    int err = ::fallocate(fd_, 0, 0, static_cast<off_t>(cap)) == 0 ? 0 : errno;
-    if (err == EOPNOTSUPP) err = ::ftruncate(fd_, static_cast<off_t>(cap)) == 0 ? 0 : errno;
-    if (err != 0) {
-      ::close(fd_);
-      fd_ = -1;
-      std::error_code ec;
-      fs::remove(data_path_, ec);
-      std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; free disk space or lower "
-                                    "capacity_bytes",
-                                    cap, data_path_.string(), std::strerror(err));
-      if (err == ENOSPC || err == EFBIG || err == EDQUOT) return Status::OutOfCapacity(msg);
-      return Status::IoError(msg);
-    }
-    TERRACE_RETURN_IF_ERROR(write_fresh_superblock());
-    int dfd = ::open(data_path_.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-    report_.created = true;
-    return OpenIndex(/*fresh_data=*/true);
+Status NvmeTier::EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, std::uint32_t len,
+                          std::string_view what) {
+  nvme::IoRequest r;
+  r.op = op;
+  r.offset = offset;
+  r.buf = buf;
+  r.len = len;
+  int err = 0;
+  nvme::RunToCompletion(*engine_, std::span<nvme::IoRequest>(&r, 1), [&](std::size_t, int e) { err = e; });
+  if (err == 0) return Status::Ok();
+  if (err == -ENOSPC || err == -EDQUOT) {
+    return Errno(what, data_path_, -err, "the file system holding it is full: free space on it");
   }
+  return Errno(what, data_path_, -err, "check the device and the file system");
+}
 
+Status NvmeTier::EngineSync(std::string_view what) {
+  int err = engine_->SyncData();
+  if (err == 0) return Status::Ok();
+  return Errno(what, data_path_, -err, "check the device and the file system");
+}
+
+Status NvmeTier::PersistSuperblockLocked() {
+  ++sb_.sequence;
+  sb_.EncodeIntoUnit(sb_unit_.get());
+  return EngineIo(nvme::IoOp::kWrite, 0, sb_unit_.get(), static_cast<std::uint32_t>(nvme::kSuperblockBytes),
+                  "writing the superblock of");
+}
+
+Status NvmeTier::ReserveGenerations(std::uint64_t upto) {
+  std::lock_guard<std::mutex> l(sb_mu_);
+  if (upto < sb_.generation_limit) return Status::Ok();
+  sb_.generation_limit = upto + kGenerationReserve;
+  TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
+  return EngineSync("syncing the superblock of");
+}
+
+// A fresh identity in sb_ and sb_unit_, written through the engine and synced.
+Status NvmeTier::WriteFreshSuperblock() {
+  std::lock_guard<std::mutex> l(sb_mu_);
+  nvme::Superblock sb;
+  sb.uuid = sb_.uuid;
+  if (std::all_of(sb.uuid.begin(), sb.uuid.end(), [](std::uint8_t b) { return b == 0; })) {
+    std::random_device rd;
+    for (auto& b : sb.uuid) b = static_cast<std::uint8_t>(rd());
+  }
+  sb.capacity_bytes = options_.capacity_bytes;
+  sb.generation_limit = 1;
+  sb_ = sb;
+  std::memset(sb_unit_.get(), 0, nvme::kSuperblockBytes);  // both slots: nothing of an earlier store survives
+  TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
+  return EngineSync("syncing the superblock of");
+}
+
+Status NvmeTier::CreateIndex() {
+  std::error_code ec;
+  fs::create_directories(index_path_, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}; choose a writable location",
+                                       index_path_.string(), ec.message()));
+  }
+  nvme::IndexOpenOptions io;
+  io.create = true;
+  io.env = hooks_.index_env;
+  io.logger = logger_;
+  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
+  TERRACE_RETURN_IF_ERROR(index_->WriteManifest(sb_));
+  index_commit_ = 0;
+  return Status::Ok();
+}
+
+namespace {
+Status FsyncDir(const fs::path& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Errno("cannot open directory", dir, errno, "check its permissions");
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0) return Errno("cannot fsync directory", dir, err, "check the file system");
+  return Status::Ok();
+}
+}  // namespace
+
+// Directory store: terrace.data.creating (preallocated, superblock written and synced), then the
+// index with its manifest, then the rename to terrace.data and a directory fsync. A kill at any
+// point leaves terrace.data.creating, which the next open completes or discards (ResumeCreation).
+Status NvmeTier::CreateInDirectory() {
+  const std::uint64_t cap = options_.capacity_bytes;
+  if (cap == 0) {
+    return Status::InvalidArgument(fmt::format("creating the NVMe store '{}': capacity_bytes is 0; give the capacity of "
+                                               "the new store (0 means 'as recorded' and only opens an existing store)",
+                                               options_.path.string()));
+  }
+  TERRACE_RETURN_IF_ERROR(OpenFd(creating_path_, /*create=*/true));
+  int err = ::fallocate(fd_, 0, 0, static_cast<off_t>(cap)) == 0 ? 0 : errno;
+  if (err == EOPNOTSUPP) {
+    err = ::ftruncate(fd_, static_cast<off_t>(cap)) == 0 ? 0 : errno;
+    if (err == 0) {
+      Warn(fmt::format("the file system under '{}' cannot preallocate (fallocate unsupported): the data file is sparse "
+                       "and writes can fail when that file system fills up",
+                       options_.path.string()));
+    }
+  }
+  if (err != 0) {
+    engine_.reset();
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+    fd_ = -1;
+    std::error_code ec;
+    fs::remove(creating_path_, ec);
+    std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; the file system holding it "
+                                  "needs that much free space: free space on it or lower the capacity",
+                                  cap, data_path_.string(), std::strerror(err));
+    if (err == ENOSPC || err == EFBIG || err == EDQUOT) return Status::OutOfCapacity(msg);
+    return Status::IoError(msg);
+  }
+  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
+  return FinishCreation(true);
+}
+
+Status NvmeTier::FinishCreation(bool /*fresh_sb*/) {
+  if (!index_) TERRACE_RETURN_IF_ERROR(CreateIndex());
+  std::error_code ec;
+  fs::rename(creating_path_, data_path_, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}; check the directory's permissions",
+                                       creating_path_.string(), data_path_.string(), ec.message()));
+  }
+  TERRACE_RETURN_IF_ERROR(FsyncDir(data_path_.parent_path()));
+  report_.created = true;
+  return Status::Ok();
+}
+
+Status NvmeTier::ResumeCreation() {
+  TERRACE_RETURN_IF_ERROR(OpenFd(creating_path_, /*create=*/false));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return Errno("cannot stat", creating_path_, errno, "check the file");
+  bool have_sb = false;
+  if (static_cast<std::uint64_t>(st.st_size) >= nvme::kSuperblockBytes) {
+    TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.get(),
+                                     static_cast<std::uint32_t>(nvme::kSuperblockBytes), "reading the superblock of"));
+    auto sb = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.get(), nvme::kSuperblockBytes),
+                                           creating_path_.string());
+    if (sb.ok()) {
+      sb_ = *sb;
+      have_sb = true;
+    } else {
+      const bool blank = std::all_of(sb_unit_.get(), sb_unit_.get() + nvme::kSuperblockBytes,
+                                     [](std::byte b) { return b == std::byte{0}; });
+      if (!blank && !sb.status().IsCorruption()) {
+        return Status::InvalidArgument(fmt::format(
+            "'{}' exists but was not made by Terrace (no Terrace superblock); remove it or use another directory",
+            creating_path_.string()));
+      }
+    }
+  }
+  const std::string creating = creating_path_.string();
+  if (!have_sb || static_cast<std::uint64_t>(st.st_size) < sb_.capacity_bytes) {
+    // Killed before the superblock was durable: nothing else was made yet. Discard and start over.
+    logger_->Log(LogLevel::kInfo, "nvme", fmt::format("discarding '{}' left by an interrupted creation", creating));
+    engine_.reset();
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+    fd_ = -1;
+    std::error_code ec;
+    fs::remove(creating_path_, ec);
+    if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", creating, ec.message()));
+    if (!EmptyOrAbsent(index_path_)) {
+      return Status::Corruption(fmt::format("NVMe tier '{}' has an index ('{}') but no data file: the store is "
+                                            "incomplete; point --index-dir at an empty directory",
+                                            options_.path.string(), index_path_.string()));
+    }
+    if (options_.capacity_bytes == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "creating the NVMe store '{}': capacity_bytes is 0; give the capacity of the new store",
+          options_.path.string()));
+    }
+    return CreateInDirectory();
+  }
+  if (options_.capacity_bytes != 0 && options_.capacity_bytes != sb_.capacity_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' (an interrupted creation) has capacity_bytes={} but the options ask for {}; open it with the original "
+        "capacity or delete it",
+        creating, sb_.capacity_bytes, options_.capacity_bytes));
+  }
+  SetCapacity(sb_.capacity_bytes);
+  // The index directory was empty when this creation began; whatever is in it now is ours.
+  if (!EmptyOrAbsent(index_path_)) {
+    nvme::IndexOpenOptions io;
+    io.env = hooks_.index_env;
+    io.logger = logger_;
+    auto idx = nvme::IndexStore::Open(index_path_, io);
+    if (idx.ok()) {
+      auto m = (*idx)->ReadManifest();
+      if (m.ok() && m->has_value()) {
+        auto ms = nvme::Superblock::Decode(std::as_bytes(std::span((*m)->data(), (*m)->size())), "manifest");
+        if (!ms.ok() || !ms->SameStore(sb_)) {
+          return Status::Corruption(fmt::format(
+              "index '{}' belongs to another store than the interrupted creation '{}'; point --index-dir at an empty "
+              "directory",
+              index_path_.string(), creating));
+        }
+        index_ = std::move(*idx);
+      } else {
+        TERRACE_RETURN_IF_ERROR((*idx)->Close());
+      }
+    }
+    if (!index_) {
+      logger_->Log(LogLevel::kInfo, "nvme",
+                   fmt::format("removing the half-created index '{}' of the interrupted creation '{}'",
+                               index_path_.string(), creating));
+      TERRACE_RETURN_IF_ERROR(nvme::DestroyIndexFiles(index_path_));
+    }
+  }
+  logger_->Log(LogLevel::kInfo, "nvme", fmt::format("completing the interrupted creation '{}'", creating));
+  return FinishCreation(false);
+}
+
+Status NvmeTier::OpenExisting(bool block_device) {
+  TERRACE_RETURN_IF_ERROR(OpenFd(data_path_, /*create=*/false));
   std::uint64_t size = 0;
   if (block_device) {
-    if (::ioctl(fd_, BLKGETSIZE64, &size) != 0) return Errno("cannot read the size of block device", data_path_, errno, "check the device");
+    if (::ioctl(fd_, BLKGETSIZE64, &size) != 0) {
+      return Errno("cannot read the size of block device", data_path_, errno, "check the device");
+    }
   } else {
     struct stat sst {};
     if (::fstat(fd_, &sst) != 0) return Errno("cannot stat", data_path_, errno, "check the file");
     size = static_cast<std::uint64_t>(sst.st_size);
   }
-  ssize_t got = ::pread(fd_, sbuf.p, sbuf.size, 0);
-  if (got < 0) return Errno("cannot read the superblock of", data_path_, errno, "check the device");
-  bool blank = std::all_of(sbuf.p, sbuf.p + sbuf.size, [](std::byte b) { return b == std::byte{0}; });
-  if (block_device && blank && got == static_cast<ssize_t>(sbuf.size) && options_.create_if_missing) {
-    if (size < cap) {
-      return Status::OutOfCapacity(fmt::format("block device '{}' has {} bytes, less than capacity_bytes {}",
-                                               data_path_.string(), size, cap));
-    }
-    TERRACE_RETURN_IF_ERROR(write_fresh_superblock());
-    report_.created = true;
-    return OpenIndex(true);
+  if (size < nvme::kSuperblockBytes) {
+    return Status::InvalidArgument(
+        fmt::format("'{}' is {} bytes: too short to be a Terrace store", data_path_.string(), size));
   }
-  TERRACE_ASSIGN_OR_RETURN(sb_, nvme::Superblock::Decode(std::span<const std::byte>(sbuf.p, static_cast<std::size_t>(std::max<ssize_t>(got, 0))),
-                                                         data_path_.string()));
-  if (sb_.capacity_bytes != cap) {
+  TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.get(),
+                                   static_cast<std::uint32_t>(nvme::kSuperblockBytes), "reading the superblock of"));
+  const bool blank = std::all_of(sb_unit_.get(), sb_unit_.get() + nvme::kSuperblockBytes,
+                                 [](std::byte b) { return b == std::byte{0}; });
+  if (block_device && blank && !options_.read_only && (options_.create_if_missing || options_.reformat)) {
+    if (options_.capacity_bytes == 0) {
+      return Status::InvalidArgument(fmt::format("formatting block device '{}' as a new NVMe store: capacity_bytes is "
+                                                 "0; give the capacity to use",
+                                                 data_path_.string()));
+    }
+    if (size < options_.capacity_bytes) {
+      return Status::OutOfCapacity(fmt::format("block device '{}' has {} bytes, less than capacity_bytes {}",
+                                               data_path_.string(), size, options_.capacity_bytes));
+    }
+    return FormatBlockDevice();
+  }
+  auto decoded = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.get(), nvme::kSuperblockBytes),
+                                              data_path_.string());
+  if (!decoded.ok()) {
+    if (options_.reformat && !options_.read_only && size >= options_.capacity_bytes && options_.capacity_bytes > 0) {
+      return Reformat();
+    }
+    return decoded.status();
+  }
+  {
+    std::lock_guard<std::mutex> l(sb_mu_);
+    sb_ = *decoded;
+  }
+  if (options_.reformat) {
+    if (options_.capacity_bytes == 0) SetCapacity(sb_.capacity_bytes);
+    if (size < options_.capacity_bytes) {
+      return Status::OutOfCapacity(fmt::format("'{}' has {} bytes, less than capacity_bytes {}", data_path_.string(),
+                                               size, options_.capacity_bytes));
+    }
+    return Reformat();
+  }
+  if (options_.capacity_bytes == 0) {
+    SetCapacity(sb_.capacity_bytes);
+  } else if (sb_.capacity_bytes != options_.capacity_bytes) {
     return Status::InvalidArgument(fmt::format(
         "Terrace store '{}' was created with capacity_bytes={} but the options ask for {}; open it with the "
-        "original capacity or use a new directory",
-        data_path_.string(), sb_.capacity_bytes, cap));
+        "original capacity (or 0: as recorded) or use a new directory",
+        data_path_.string(), sb_.capacity_bytes, options_.capacity_bytes));
   }
-  if (size < cap) {
+  if (size < sb_.capacity_bytes) {
     return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
                                           "truncated; restore it or delete the store",
-                                          data_path_.string(), size, cap));
+                                          data_path_.string(), size, sb_.capacity_bytes));
   }
-  return OpenIndex(false);
+  return OpenIndexOfExisting();
 }
 
-Status NvmeTier::OpenIndex(bool fresh_data) {
+// A blank device: the index and its manifest first, the superblock last, so a kill in between
+// leaves a blank device and an index naming the store to be (completed by the next open).
+Status NvmeTier::FormatBlockDevice() {
+  if (!EmptyOrAbsent(index_path_)) {
+    nvme::IndexOpenOptions io;
+    io.env = hooks_.index_env;
+    io.logger = logger_;
+    TERRACE_ASSIGN_OR_RETURN(auto idx, nvme::IndexStore::Open(index_path_, io));
+    TERRACE_ASSIGN_OR_RETURN(auto m, idx->ReadManifest());
+    TERRACE_ASSIGN_OR_RETURN(std::uint64_t commit, idx->ReadCommit());
+    std::optional<nvme::Superblock> ms;
+    if (m) {
+      auto d = nvme::Superblock::Decode(std::as_bytes(std::span(m->data(), m->size())), "manifest");
+      if (d.ok()) ms = *d;
+    }
+    if (!ms || commit != 0 || ms->capacity_bytes != options_.capacity_bytes) {
+      return Status::InvalidArgument(fmt::format(
+          "block device '{}' is blank but the index directory '{}' is not empty (it holds another store's index); "
+          "point --index-dir at an empty directory",
+          data_path_.string(), index_path_.string()));
+    }
+    // Left by an interrupted format of this device: adopt its identity.
+    sb_.uuid = ms->uuid;
+    index_ = std::move(idx);
+  } else {
+    std::random_device rd;
+    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
+    sb_.capacity_bytes = options_.capacity_bytes;
+    TERRACE_RETURN_IF_ERROR(CreateIndex());
+  }
+  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
+  report_.created = true;
+  return Status::Ok();
+}
+
+Status NvmeTier::MoveIndexAside(std::string_view why) {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
+  fs::path target = index_path_;
+  target += fmt::format(".{}-{}", why, stamp);
   std::error_code ec;
-  // An empty directory counts as no index (users pre-create index_dir for a new store).
-  const bool exists = fs::exists(index_path_, ec) && !fs::is_empty(index_path_, ec);
-  if (fresh_data && exists) {
-    return Status::InvalidArgument(fmt::format("index directory '{}' is not empty but the data file is new; remove it",
-                                               index_path_.string()));
+  for (int i = 1; fs::exists(target, ec); ++i) {
+    target = index_path_;
+    target += fmt::format(".{}-{}-{}", why, stamp, i);
   }
-  if (!exists && !fresh_data) {
-    // No index ever became durable (a crash while creating the store): nothing was acknowledged.
-    fmt::print(stderr, "[terrace nvme] '{}': index '{}' is missing; starting with an empty index\n",
-               data_path_.string(), index_path_.string());
+  fs::rename(index_path_, target, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot move the index '{}' aside to '{}': {}", index_path_.string(),
+                                       target.string(), ec.message()));
   }
-  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, /*create=*/!exists));
-  if (!exists) return index_->WriteManifest(sb_);
-  TERRACE_ASSIGN_OR_RETURN(auto manifest, index_->ReadManifest());
+  logger_->Log(LogLevel::kWarning, "nvme",
+               fmt::format("moved the index '{}' aside to '{}'", index_path_.string(), target.string()));
+  return FsyncDir(index_path_.parent_path());
+}
+
+// reformat: the index (if any) is moved aside, a fresh index is created, the superblock last.
+Status NvmeTier::Reformat() {
+  logger_->Log(LogLevel::kWarning, "nvme",
+               fmt::format("reformatting '{}' as a new, empty store (reformat was requested)", data_path_.string()));
+  if (!EmptyOrAbsent(index_path_)) TERRACE_RETURN_IF_ERROR(MoveIndexAside("reformatted"));
+  {
+    std::lock_guard<std::mutex> l(sb_mu_);
+    std::random_device rd;
+    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
+    sb_.capacity_bytes = options_.capacity_bytes;
+  }
+  TERRACE_RETURN_IF_ERROR(CreateIndex());
+  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
+  report_.created = true;
+  return Status::Ok();
+}
+
+Status NvmeTier::OpenIndexOfExisting() {
+  if (EmptyOrAbsent(index_path_)) {
+    return Status::Corruption(fmt::format(
+        "the data file '{}' holds Terrace store {} but its index '{}' is {}: opening it with an empty index would "
+        "lose every block; {} (or reformat the data area to start an empty store: every block in it is lost)",
+        data_path_.string(), sb_.UuidString(), index_path_.string(),
+        fs::exists(index_path_) ? "an empty directory" : "missing", RecoverAdvice()));
+  }
+  // Check the index read-only first, so an index that is refused is never changed (RocksDB's
+  // recovery of a read-write open may rewrite its log).
+  nvme::IndexOpenOptions io;
+  io.read_only = true;
+  io.env = hooks_.index_env;
+  io.logger = logger_;
+  auto opened = nvme::IndexStore::Open(index_path_, io);
+  if (!opened.ok()) {
+    if (opened.status().IsCorruption()) {
+      return Status::Corruption(fmt::format("the index '{}' of '{}' is damaged ({}); {}", index_path_.string(),
+                                            data_path_.string(), opened.status().message(), RecoverAdvice()));
+    }
+    return opened.status();
+  }
+  std::unique_ptr<nvme::IndexStore> idx = std::move(*opened);
+  auto read_manifest = idx->ReadManifest();
+  if (!read_manifest.ok()) return WithRecoverAdvice(read_manifest.status());
+  auto manifest = std::move(*read_manifest);
   if (!manifest) {
     return Status::Corruption(fmt::format("'{}' has no Terrace manifest: it is not a Terrace index (or it is damaged); "
-                                          "restore it or delete the store directory",
-                                          index_path_.string()));
+                                          "{}",
+                                          index_path_.string(), RecoverAdvice()));
   }
-  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock m,
-                           nvme::Superblock::Decode(std::as_bytes(std::span(manifest->data(), manifest->size())),
-                                                    fmt::format("manifest in '{}'", index_path_.string())));
-  if (!(m == sb_)) {
+  auto m = nvme::Superblock::Decode(std::as_bytes(std::span(manifest->data(), manifest->size())),
+                                    fmt::format("manifest in '{}'", index_path_.string()));
+  if (!m.ok()) {
+    return Status::Corruption(fmt::format("{}; {}", m.status().message(), RecoverAdvice()));
+  }
+  if (!m->SameStore(sb_)) {
     return Status::Corruption(fmt::format(
-        "index '{}' belongs to store {} (capacity {}) but '{}' is store {} (capacity {}); pair each index with its "
-        "own data file",
-        index_path_.string(), m.UuidString(), m.capacity_bytes, data_path_.string(), sb_.UuidString(),
-        sb_.capacity_bytes));
+        "index '{}' belongs to store {} (capacity {}) but '{}' is store {} (capacity {}): refusing to pair them (its "
+        "blocks would be overwritten); give the index directory this store was created with, or {}",
+        index_path_.string(), m->UuidString(), m->capacity_bytes, data_path_.string(), sb_.UuidString(),
+        sb_.capacity_bytes, RecoverAdvice()));
   }
+  auto commit = idx->ReadCommit();
+  if (!commit.ok()) return WithRecoverAdvice(commit.status());
+  index_commit_ = *commit;
+  if (index_commit_ < sb_.indexed_commit) {
+    return Status::Corruption(fmt::format(
+        "the index '{}' of '{}' lost records: it holds {} group commits but the data file recorded {} as durable, "
+        "so blocks were lost from the index (a damaged or truncated write-ahead log); {}",
+        index_path_.string(), data_path_.string(), index_commit_, sb_.indexed_commit, RecoverAdvice()));
+  }
+  if (options_.read_only) {
+    index_ = std::move(idx);
+    return Status::Ok();
+  }
+  TERRACE_RETURN_IF_ERROR(idx->Close());
+  idx.reset();
+  io.read_only = false;
+  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
   return Status::Ok();
 }
 
@@ -336,8 +736,8 @@ Status NvmeTier::Recover() {
     }
   };
   const std::uint64_t cap = sb_.capacity_bytes;
-  TERRACE_RETURN_IF_ERROR(index_->Scan([&](std::string_view k, std::string_view v) {
-    if (k == nvme::kManifestKey) return;
+  Status scanned = index_->Scan([&](std::string_view k, std::string_view v) {
+    if (k == nvme::kManifestKey || k == nvme::kCommitKey) return;
     ++report_.records_scanned;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
@@ -348,7 +748,8 @@ Status NvmeTier::Recover() {
       return note_drop(k, &report_.dropped_out_of_range);
     }
     recs.push_back({*key, r});
-  }));
+  });
+  if (!scanned.ok()) return WithRecoverAdvice(scanned);
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });
   std::vector<Loaded> kept;
@@ -380,16 +781,19 @@ Status NvmeTier::Recover() {
     used_bytes_ += l.rec.length;
     max_gen = std::max(max_gen, l.rec.generation);
   }
-  next_generation_ = max_gen + 1;
+  // Above every generation the index knows and every one that may sit in an unindexed descriptor.
+  next_generation_ = std::max(max_gen + 1, sb_.generation_limit);
   alloc_ = std::make_unique<nvme::ExtentAllocator>(kDataStart, cap, kUnit);
   alloc_->ResetWithUsed(used);
   report_.blocks_recovered = map_.size();
   report_.bytes_in_use = used_bytes_;
 
   if (!drop.empty()) {
-    TERRACE_RETURN_IF_ERROR(index_->DeleteKeys(drop));
-    fmt::print(stderr, "[terrace nvme] recovery of '{}' dropped {} index records: {}\n", data_path_.string(),
-               drop.size(), report_.ToString());
+    if (!options_.read_only) TERRACE_RETURN_IF_ERROR(index_->DeleteKeys(drop));
+    logger_->Log(LogLevel::kWarning, "nvme",
+                 fmt::format("recovery of '{}' {} {} index records: {}", data_path_.string(),
+                             options_.read_only ? "found (and, read-only, kept)" : "dropped", drop.size(),
+                             report_.ToString()));
   }
   return Status::Ok();
 }
@@ -417,15 +821,17 @@ Status NvmeTier::VerifyAllBlocks() {
     for (std::size_t j = 0; j < ops.size(); ++j) {
       if (st[j].IsCorruption()) {
         ++report_.dropped_checksum;
-        --report_.blocks_recovered;
-        report_.bytes_in_use -= bufs[j].size();
+        if (!options_.read_only) {
+          --report_.blocks_recovered;
+          report_.bytes_in_use -= bufs[j].size();
+        }
         if (report_.dropped_keys.size() < RecoveryReport::kMaxKeys) report_.dropped_keys.push_back(ops[j].key.ToString());
       } else if (!st[j].ok()) {
         return st[j].WithContext("verify_on_open");
       }
     }
   }
-  return committer_->Flush();
+  return options_.read_only ? Status::Ok() : committer_->Flush();
 }
 
 }  // namespace terrace

@@ -2,6 +2,8 @@
 // chunked I/O: nvme_io.cpp.
 #include "tiers/nvme/nvme_tier.h"
 
+#include <array>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -25,9 +27,20 @@ Status NvmeTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
   return s;
 }
 
+Status NvmeTier::ReadOnlyError(std::string_view op) const {
+  return Status::InvalidArgument(fmt::format("{} on the NVMe store '{}': the store was opened read-only; open it "
+                                             "without read_only to change it",
+                                             op, data_path_.string()));
+}
+
 std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   std::vector<Status> st(ops.size());
+  if (options_.read_only) {
+    for (auto& s : st) s = ReadOnlyError("put");
+    return st;
+  }
   std::vector<std::uint64_t> offsets(ops.size(), 0);
+  std::vector<std::uint64_t> generations(ops.size(), 0);
   std::vector<bool> allocated(ops.size(), false);
   if (Status h = committer_->health(); !h.ok()) {
     for (auto& s : st) s = h;
@@ -58,6 +71,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
         auto off = alloc_->Allocate(tmp.extent_bytes());
         if (off) {
           offsets[i] = *off;
+          generations[i] = next_generation_++;
           allocated[i] = true;
         } else {
           short_of_space = true;
@@ -85,18 +99,69 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
     }
   }
 
-  // Write every allocated block, verifying each caller checksum while the rest are in flight.
+  // Each extent's descriptor (its last 4 KiB) carries the generation: make sure the superblock
+  // covers every generation about to be written before any of them reaches the disk.
+  std::uint64_t max_generation = 0;
+  std::size_t n_allocated = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!allocated[i]) continue;
+    max_generation = std::max(max_generation, generations[i]);
+    ++n_allocated;
+  }
+  std::unique_ptr<std::byte, FreeDeleter> descs(
+      n_allocated ? static_cast<std::byte*>(std::aligned_alloc(nvme::kUnit, n_allocated * nvme::kUnit)) : nullptr);
+  Status before_write;
+  if (n_allocated > 0) before_write = ReserveGenerations(max_generation);
+  if (before_write.ok() && n_allocated > 0 && !descs) {
+    before_write = Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
+  }
+  if (!before_write.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (!allocated[i]) continue;
+      nvme::Record tmp;
+      tmp.length = ops[i].data.size();
+      alloc_->Free(offsets[i], tmp.extent_bytes());  // nothing was written there
+      allocated[i] = false;
+      st[i] = before_write;
+    }
+    return st;
+  }
+  std::array<std::uint8_t, 16> uuid;
+  {
+    std::lock_guard<std::mutex> l(sb_mu_);
+    uuid = sb_.uuid;
+  }
+
+  // Write every allocated block and its descriptor in one batch, verifying each caller checksum
+  // while the rest are in flight.
   std::vector<Chunk> chunks;
   std::vector<std::uint32_t> pending(ops.size(), 0);
+  std::size_t next_desc = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (!allocated[i]) continue;
     std::size_t before = chunks.size();
     PlanChunks(i, offsets[i], const_cast<std::byte*>(ops[i].data.data()), ops[i].data.size(), &chunks);
+    nvme::Descriptor d;
+    d.uuid = uuid;
+    d.key = ops[i].key;
+    d.rec.offset = offsets[i];
+    d.rec.length = ops[i].data.size();
+    d.rec.checksum = ops[i].desc.checksum;
+    d.rec.codec = ops[i].desc.codec;
+    d.rec.generation = generations[i];
+    std::byte* unit = descs.get() + (next_desc++) * nvme::kUnit;
+    std::memset(unit, 0, nvme::kUnit);
+    d.EncodeTo(unit);
+    Chunk dc;
+    dc.op = i;
+    dc.file_offset = d.rec.descriptor_offset();
+    dc.user = unit;
+    dc.len = static_cast<std::uint32_t>(nvme::kUnit);
+    dc.io_len = static_cast<std::uint32_t>(nvme::kUnit);
+    dc.staged = false;
+    chunks.push_back(dc);  // right after its data: one block's writes are contiguous on disk and in the queue
     pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
-    if (pending[i] == 0 && Checksum(ops[i].data) != ops[i].desc.checksum) {
-      st[i] = Status::InvalidArgument(fmt::format("put of block {}: desc.checksum does not match the data",
-                                                  ops[i].key.ToString()));
-    }
   }
   RunChunks(IoOp::kWrite, chunks, [&](std::size_t ci, int err) {
     const Chunk& c = chunks[ci];
@@ -126,10 +191,11 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
       rec.checksum = ops[i].desc.checksum;
       rec.codec = ops[i].desc.codec;
       if (!st[i].ok()) {
-        alloc_->Free(rec.offset, rec.extent_bytes());  // never indexed: free at once
+        // Never indexed, but its descriptor may be on disk: clear it before the space is reused.
+        committer_->StageClear({rec.offset, rec.extent_bytes()});
         continue;
       }
-      rec.generation = next_generation_++;
+      rec.generation = generations[i];
       nvme::Extent old{};
       auto [it, inserted] = map_.try_emplace(ops[i].key);
       if (!inserted) {
@@ -217,6 +283,13 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
     if (!reading[i]) continue;
     if (st[i].ok() && bad[i]) {
       counters_.Add(counters_.corruptions);
+      if (options_.read_only) {
+        st[i] = Status::Corruption(fmt::format(
+            "block {} at offset {} of '{}' failed its checksum (twice); its bytes were not returned; the store is open "
+            "read-only, so the block was kept (open it read-write to drop it)",
+            ops[i].key.ToString(), recs[i].offset, data_path_.string()));
+        continue;
+      }
       DropCorrupt(ops[i].key, recs[i]);
       st[i] = Status::Corruption(fmt::format(
           "block {} at offset {} of '{}' failed its checksum (twice); it was dropped from the NVMe tier and its "
@@ -246,8 +319,9 @@ void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
   Detach(it->second);
   map_.erase(it);
   committer_->StageDelete(nvme::IndexStore::EncodeKey(key), {rec.offset, rec.extent_bytes()});
-  fmt::print(stderr, "[terrace nvme] dropped corrupt block {} (offset {}, {} bytes) from '{}'\n", key.ToString(),
-             rec.offset, rec.length, data_path_.string());
+  logger_->Log(LogLevel::kWarning, "nvme",
+               fmt::format("dropped corrupt block {} (offset {}, {} bytes) from '{}'", key.ToString(), rec.offset,
+                           rec.length, data_path_.string()));
 }
 
 void NvmeTier::Detach(const Entry& e) {
@@ -289,6 +363,7 @@ Result<BlockDesc> NvmeTier::Lookup(const BlockKey& key) const {
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
+  if (options_.read_only) return ReadOnlyError(fmt::format("erase of block {}", key.ToString()));
   std::uint64_t seq;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -302,7 +377,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
                                                  key.ToString(), it->second.pins));
     }
     if (Status h = committer_->health(); !h.ok()) return h;
-    const nvme::Record r = it->second.rec;
+    const nvme::Record r = it->second.rec;  // its descriptor is cleared by the commit
     used_bytes_ -= r.length;
     Detach(it->second);
     map_.erase(it);
@@ -331,7 +406,10 @@ Status NvmeTier::Unpin(const BlockKey& key) {
   return Status::Ok();
 }
 
-Status NvmeTier::Flush() { return committer_->Flush(); }
+Status NvmeTier::Flush() {
+  if (options_.read_only) return ReadOnlyError("flush");
+  return committer_->Flush();
+}
 
 std::uint64_t NvmeTier::used_bytes() const {
   std::lock_guard<std::mutex> l(mu_);
@@ -348,7 +426,7 @@ std::uint64_t NvmeTier::free_bytes() const {
   return alloc_->free_bytes();
 }
 
-std::uint64_t NvmeTier::group_commits() const { return committer_->commits(); }
+std::uint64_t NvmeTier::group_commits() const { return committer_ ? committer_->commits() : 0; }
 
 bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
 
@@ -367,6 +445,8 @@ TierStatsSnapshot NvmeTier::Stats() const {
   std::lock_guard<std::mutex> r(reg_mu_);
   s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions)",
                          engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size());
+  if (options_.read_only) s.detail += "; read-only";
+  for (const std::string& w : report_.warnings) s.detail += "; warning: " + w;
   return s;
 }
 

@@ -1,6 +1,8 @@
 // NvmeTier: the persistent tier. Blocks live in 4 KiB-aligned extents of one preallocated data
-// file (or a block device) written with io_uring + O_DIRECT; a RocksDB index maps each key to its
-// extent, length, checksum, codec and generation. docs/nvme-format.md describes the layout.
+// file (or a block device) written with io_uring + O_DIRECT. Each extent is the block's data
+// followed by a 4 KiB descriptor (key, length, checksum, codec, generation, store uuid), so the
+// data file describes itself; a RocksDB index maps each key to its extent and is a cache of those
+// descriptors that RebuildIndex can recreate. docs/nvme-format.md describes the layout.
 //
 // Contract (beyond terrace::Tier's):
 // - Durability: kSync acknowledges a put once its data is fdatasync'ed and its index entry is
@@ -9,21 +11,35 @@
 //   group_commit_interval later, or Flush()) makes it durable. Data is always synced before the
 //   index entries that point at it are written, and every Get verifies the checksum.
 // - Overwrite writes a fresh extent, switches the index, and frees the old extent only once the
-//   switch is durable and no reader is still using it. Erase frees likewise.
+//   switch is durable and no reader is still using it; its descriptor is cleared first, so a
+//   rebuild never resurrects it. Erase frees likewise.
+// - Open never serves a shorter history than was acknowledged: an index that lost records (its
+//   commit counter is behind the superblock's), an index that is missing, empty or belongs to
+//   another store, or a damaged RocksDB log is refused with Corruption naming
+//   `terrace store recover`; nothing in the index is changed before that check.
+// - One process per data area: the data file (or device) is flock'ed, exclusively for read-write,
+//   shared for read_only; a second opener gets Unavailable ("in use by another process").
+// - Creation is atomic: a directory store is built as terrace.data.creating and renamed last; a
+//   block device gets its superblock last. An interrupted creation is completed or discarded by
+//   the next open.
 // - Open recovers the in-memory map and the free-space map from one scan of the index (no data
 //   reads unless verify_on_open), dropping records that are malformed, out of range or overlap a
-//   newer record; see recovery_report().
-// - After a failed group commit (fdatasync or index write error) the tier refuses writes with a
-//   non-retryable IoError until reopened; reads keep working.
+//   newer record; see recovery_report(). read_only reports them without dropping.
+// - After a failed group commit (fdatasync, descriptor clear or index write error, a full file
+//   system included) the tier refuses writes with a non-retryable IoError until reopened; reads
+//   keep working; RocksDB is not called again except to close it.
 // - Stats: read_latency / write_latency are per device I/O (submission to completion, as fio's
 //   clat), not per Put / Get; a block larger than 1 MiB is several I/Os.
-// Thread-safety: every method may be called concurrently.
+// Thread-safety: every method may be called concurrently; the static functions take the lock on
+// the data area themselves.
 #pragma once
 
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -32,11 +48,16 @@
 #include <vector>
 
 #include "src/common/key_map.h"
+#include "terrace/log.h"
 #include "terrace/options.h"
 #include "terrace/tier.h"
 #include "tiers/nvme/extent_allocator.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/io_engine.h"
+
+namespace rocksdb {
+class Env;
+}  // namespace rocksdb
 
 namespace terrace {
 
@@ -46,7 +67,7 @@ class GroupCommitter;
 class StagingPool;
 }  // namespace nvme
 
-// What Open found and dropped. Dropped records are erased from the index at open.
+// What Open found and dropped. Dropped records are erased from the index at open (read_only: kept).
 struct RecoveryReport {
   static constexpr std::size_t kMaxKeys = 8;
   bool created = false;                 // a new, empty store was created
@@ -59,6 +80,9 @@ struct RecoveryReport {
   std::uint64_t dropped_checksum = 0;   // verify_on_open only
   std::vector<std::string> dropped_keys;  // the first kMaxKeys, as BlockKey::ToString (or hex)
   double seconds = 0;                   // time spent in Open
+  // Conditions under which "durable" is weaker than it says (tmpfs, O_DIRECT refused), one line
+  // each; also logged as warnings and shown in Stats().detail.
+  std::vector<std::string> warnings;
 
   std::uint64_t dropped() const {
     return dropped_malformed + dropped_out_of_range + dropped_overlap + dropped_checksum;
@@ -66,14 +90,68 @@ struct RecoveryReport {
   std::string ToString() const;
 };
 
+// What ScanDataFile found. Only descriptors with this store's uuid count.
+struct DataScanReport {
+  static constexpr std::size_t kMaxKeys = 8;
+  std::uint64_t blocks = 0;            // blocks reported: the newest valid extent of each key
+  std::uint64_t bytes_in_blocks = 0;   // sum of their sizes
+  std::uint64_t descriptors = 0;       // valid descriptors of this store
+  std::uint64_t corrupt = 0;           // valid descriptor, but the data fails its checksum (skipped)
+  std::uint64_t superseded = 0;        // an older generation of a key, or overlapped by a newer extent
+  std::uint64_t foreign = 0;           // valid descriptors of another store (an earlier format of the area)
+  std::uint64_t bytes_scanned = 0;     // bytes of the data area read
+  std::uint64_t max_generation = 0;
+  double seconds = 0;
+  std::vector<std::string> corrupt_keys;  // the first kMaxKeys, as BlockKey::ToString
+  std::string ToString() const;
+};
+
+// What RebuildIndex did.
+struct RebuildReport {
+  DataScanReport scan;
+  std::uint64_t blocks_indexed = 0;   // records written to the fresh index
+  std::uint64_t corrupt_skipped = 0;  // = scan.corrupt
+  std::uint64_t bytes_scanned = 0;    // = scan.bytes_scanned
+  double seconds = 0;                 // whole rebuild
+  std::filesystem::path moved_aside;  // where the old index directory went; empty: there was none
+  std::string ToString() const;
+};
+
+using ScanProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;
+
+// Seams for tests and drills: what the tier uses for I/O. Every read, write and sync of the data
+// file after it is opened (superblock updates included) goes through the engine, so a wrapping
+// engine (fault injection, simulated power loss) sees all of them.
+struct NvmeOpenHooks {
+  nvme::IoEngineFactory engine;       // data-file I/O; empty: the io_uring engine
+  rocksdb::Env* index_env = nullptr;  // Env for the RocksDB index (null: rocksdb::Env::Default()); not owned,
+                                      // must outlive the tier
+};
+
 class NvmeTier final : public Tier {
  public:
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  static Result<std::unique_ptr<NvmeTier>> OpenWithHooks(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // As Open, with the raw I/O engine made by `factory` (tests wrap the io_uring engine in a
-  // FaultInjectingIoEngine; see tiers/nvme/fault_engine.h).
+  // FaultInjectingIoEngine; see tiers/nvme/fault_engine.h). Same as OpenWithHooks({factory}).
   static Result<std::unique_ptr<NvmeTier>> OpenWithEngine(const NvmeTierOptions& options,
                                                          const nvme::IoEngineFactory& factory);
-  ~NvmeTier() override;  // makes acknowledged puts durable (best effort), then closes
+  // Reads the whole data area of the store `options` names (path, index_dir; capacity_bytes may be
+  // 0) and reports every block it holds: a valid descriptor of this store whose data matches its
+  // checksum; the newest generation of each key wins, overlapping extents are resolved by
+  // generation. Needs no index and changes nothing. Takes a shared lock on the data area (fails
+  // with Unavailable while a read-write tier has it open). `on_block` runs once per block, in no
+  // particular order, after the scan; `progress` (optional) after each chunk read.
+  static Result<DataScanReport> ScanDataFile(
+      const NvmeTierOptions& options,
+      const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
+      const ScanProgressFn& progress = {});
+  // Writes a fresh index from ScanDataFile, under an exclusive lock on the data area. An existing
+  // index directory is first renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted).
+  // The data file is not written.
+  static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {});
+
+  ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
@@ -101,6 +179,9 @@ class NvmeTier final : public Tier {
   Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override;
 
   const RecoveryReport& recovery_report() const { return report_; }
+  bool read_only() const { return options_.read_only; }
+  const std::filesystem::path& index_path() const { return index_path_; }
+  std::string store_uuid() const { return sb_.UuidString(); }
   bool direct_io() const { return direct_; }      // false: the file system refused O_DIRECT
   bool fixed_buffers() const;                      // staging buffers registered with io_uring
   std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
@@ -129,13 +210,34 @@ class NvmeTier final : public Tier {
     bool staged = false;
   };
 
-  explicit NvmeTier(const NvmeTierOptions& options);
+  NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // nvme_open.cpp
+  void SetCapacity(std::uint64_t capacity);
+  void Warn(std::string message);  // logs a warning and keeps it in report_.warnings
   Status OpenFiles();
-  Status OpenDataFile(bool create, bool block_device);
-  Status OpenIndex(bool fresh_data);
+  Status OpenFd(const std::filesystem::path& path, bool create);  // open, flock, engine
+  Status CreateInDirectory();
+  Status FinishCreation(bool fresh_sb);  // index + manifest, then rename (directory) / superblock (device)
+  Status ResumeCreation();               // terrace.data.creating left by an interrupted creation
+  Status OpenExisting(bool block_device);
+  Status FormatBlockDevice();
+  Status Reformat();
+  Status OpenIndexOfExisting();
+  Status CreateIndex();
+  Status WriteFreshSuperblock();
+  Status MoveIndexAside(std::string_view why);
+  Status CheckDurableMedium();
   Status Recover();
   Status VerifyAllBlocks();
+  // One synchronous request through engine_; `what` describes it for the error ("writing the superblock of").
+  Status EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, std::uint32_t len, std::string_view what);
+  Status EngineSync(std::string_view what);
+  // Writes sb_ (sequence + 1) into its slot of the superblock through the engine. Requires sb_mu_.
+  Status PersistSuperblockLocked();
+  // Makes sure every generation below `upto` may be written: raises generation_limit durably.
+  Status ReserveGenerations(std::uint64_t upto);
+  std::string RecoverAdvice() const;  // "run `terrace store recover --dir D [--index-dir I]`"
+  Status WithRecoverAdvice(Status s) const;  // a Corruption gains RecoverAdvice()
   // nvme_io.cpp
   void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
                   std::vector<Chunk>* out) const;
@@ -143,18 +245,30 @@ class NvmeTier final : public Tier {
   int ExternalBufferIndex(const std::byte* p, std::size_t len) const;
   Status IoStatus(nvme::IoOp op, int err, const BlockKey& key, std::uint64_t offset) const;
   // nvme_tier.cpp
+  Status ReadOnlyError(std::string_view op) const;
   void ReleaseExtents(std::vector<nvme::Extent>&& extents);
   void Detach(const Entry& e);  // requires mu_: before e leaves map_
   void EndRead(const BlockKey& key, const nvme::Record& rec);  // requires mu_
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
 
   NvmeTierOptions options_;
+  NvmeOpenHooks hooks_;
+  std::shared_ptr<Logger> logger_;  // never null
   std::filesystem::path data_path_, index_path_;
+  std::filesystem::path creating_path_;  // directory stores: terrace.data.creating
+  bool block_device_ = false;
   int fd_ = -1;
   bool direct_ = true;
   TierCaps caps_;
-  nvme::Superblock sb_;
   RecoveryReport report_;
+  std::uint64_t index_commit_ = 0;  // the index's commit counter at open
+
+  mutable std::mutex sb_mu_;
+  nvme::Superblock sb_;  // guarded by sb_mu_ after open (identity fields never change)
+  struct FreeDeleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, FreeDeleter> sb_unit_;  // guarded by sb_mu_: the 4 KiB superblock as on disk
   std::unique_ptr<nvme::IoEngine> engine_;
   std::unique_ptr<nvme::IndexStore> index_;
   std::unique_ptr<nvme::StagingPool> staging_;

@@ -1,0 +1,105 @@
+// Shared pieces of the `terrace store` subcommands (cmd_store*.cpp): the store-path arguments every
+// subcommand takes, and the block check that `store
+// check` and `store drill` both run. Internal to the CLI.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "src/cli/command.h"
+#include "terrace/block.h"
+#include "terrace/options.h"
+#include "terrace/status.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace::cli::store_cmd {
+
+// The tier's messages speak of API fields (capacity_bytes, options.index_dir); the CLI's name the
+// flags. Rewrites the known field names in `message` to the `store` commands' flags.
+std::string InCliWords(std::string_view message);
+// Fail(InCliWords(status.ToString())): exit 1.
+int FailStatus(const Status& status);
+
+// Where a store lives, as the user gave it.
+struct StorePaths {
+  std::string dir;
+  std::string index_dir;
+  std::uint64_t capacity = 0;  // --capacity; 0 = not given
+};
+
+// Adds --dir, --index-dir (and --capacity when `with_capacity`) to `app`.
+void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity);
+
+// The path of the data file of `dir`: dir itself for a block device, else dir/terrace.data.
+std::string DataFilePath(const std::string& dir);
+
+// What the data file's superblock says, read without opening the store (nothing is written).
+struct SuperblockInfo {
+  std::uint64_t capacity_bytes = 0;
+  std::uint32_t format_version = 0;
+  std::string uuid;
+};
+// nullopt when `dir` holds no data file (or a blank block device); an error when it holds one that
+// is unreadable or not a Terrace superblock.
+Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir);
+
+// NvmeTierOptions for an existing store: the capacity comes from the store; --capacity, when given,
+// must match it (InvalidArgument naming the flag otherwise). NotFound naming --dir when there is
+// no store.
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p);
+
+// Reads the --expect file: `durable <key>` lines as `store fill` prints them (other lines are
+// refused). A directory, device or FIFO is refused (InvalidArgument naming --expect), never read.
+Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path);
+
+// The verdict on the blocks of one store.
+struct BlockCheck {
+  std::uint64_t indexed = 0;          // blocks the index holds
+  std::uint64_t ok = 0;               // read back with exactly the pattern of the seed
+  std::uint64_t corrupt = 0;          // the tier refused them (checksum) or failed to read them
+  std::uint64_t wrong_content = 0;    // returned as good but differing from the pattern (never allowed)
+  std::uint64_t missing = 0;          // expected keys absent (or not ok)
+  std::uint64_t lost_from_index = 0;  // committed in the data file, absent from the index
+  bool scanned = false;               // the data file was scanned for lost_from_index
+  std::vector<BlockKey> corrupt_keys;
+  std::vector<BlockKey> missing_keys;
+  std::vector<BlockKey> lost_keys;
+};
+
+// Reads every indexed block of `tier` and compares it with FillPattern(seed, key); then checks
+// that every key of `expected` was ok. `report` (may be null) receives one line per bad block.
+BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
+                       const std::function<void(const std::string&)>& report);
+
+// What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key.
+struct ScannedBlocks {
+  DataScanReport report;
+  std::unordered_map<BlockKey, std::pair<BlockDesc, std::uint64_t>> blocks;  // desc, generation
+};
+// Scans the data area of `options` (a shared lock: run it while no writer has the store open, or
+// beside a read-only tier). Prints progress to stderr on large stores.
+Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options);
+// Adds lost_from_index to `check`: blocks of `scan` that `tier`'s index does not hold.
+void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check);
+
+// Subcommands defined in their own files.
+void RegisterStoreRecover(CLI::App* store, Runner* run);  // cmd_store_recover.cpp
+void RegisterStoreDrill(CLI::App* store, Runner* run);    // cmd_store_drill.cpp
+void RegisterStoreStats(CLI::App* store, Runner* run);    // cmd_store_stats.cpp
+
+// `store fill`'s hidden drill flags: the fault its child process injects into itself.
+struct FillFault {
+  std::string kind;             // "", "eio", "enospc", "short", "powercut"
+  std::uint64_t seed = 1;
+  double rate = 0.02;           // eio/enospc/short: probability per write request
+  std::uint64_t cut_after = 0;  // powercut: events before the power goes off
+};
+
+}  // namespace terrace::cli::store_cmd

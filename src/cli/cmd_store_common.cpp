@@ -1,0 +1,227 @@
+// Helpers shared by the `terrace store` subcommands (declared in cmd_store.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
+#include "src/cli/safe_files.h"
+#include "tiers/nvme/format.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace::cli::store_cmd {
+
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t kMaxExpectBytes = 4 * kGiB;
+
+std::string InCliWords(std::string_view message) {
+  static constexpr std::pair<std::string_view, std::string_view> kWords[] = {
+      {"set options.index_dir to", "give --index-dir"},
+      {"options.index_dir", "--index-dir"},
+      {"index_dir", "--index-dir"},
+      {"options.path", "--dir"},
+      {"or set create_if_missing=true", "or run 'terrace store fill' to create one"},
+      {"and create_if_missing is false", ""},
+      {"capacity_bytes=", "--capacity "},
+      {"capacity_bytes", "--capacity"},
+      {"without read_only", "with 'store check --repair'"},
+  };
+  std::string out(message);
+  for (const auto& [from, to] : kWords) {
+    for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos; pos += to.size()) {
+      out.replace(pos, from.size(), to);
+    }
+  }
+  return out;
+}
+
+int FailStatus(const Status& status) { return Fail(InCliWords(status.ToString())); }
+
+void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity) {
+  app->add_option("--dir", p->dir,
+                  dir_created_if_missing
+                      ? "Store directory (created if missing) or block device (its contents are overwritten; needs "
+                        "--index-dir)"
+                      : "Store directory or block device")
+      ->required();
+  app->add_option("--index-dir", p->index_dir,
+                  "NVMe index directory on a persistent file system; required when --dir is a block device "
+                  "(default: <dir>/index)");
+  if (with_capacity) {
+    AddSizeOption(app, "--capacity", &p->capacity,
+                  dir_created_if_missing
+                      ? "Capacity of a new store; 0 = 1GiB for a new store, the store's own for an existing one"
+                      : "Capacity of the store, checked against it; 0 = read it from the store");
+  }
+}
+
+std::string DataFilePath(const std::string& dir) {
+  return IsBlockDevice(dir) ? dir : (fs::path(dir) / "terrace.data").string();
+}
+
+Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
+  const std::string path = DataFilePath(dir);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::optional<SuperblockInfo>();
+    return Status::IoError(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
+  }
+  std::vector<std::byte> buf(nvme::kSuperblockBytes);
+  ssize_t got = ::pread(fd, buf.data(), buf.size(), 0);
+  int err = errno;
+  ::close(fd);
+  if (got < 0) return Status::IoError(fmt::format("cannot read the superblock of '{}': {}", path, std::strerror(err)));
+  buf.resize(static_cast<std::size_t>(got));
+  if (std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0}; })) {
+    return std::optional<SuperblockInfo>();  // a blank device or a file whose creation never finished
+  }
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::DecodeUnit(buf, path));
+  return std::optional<SuperblockInfo>(SuperblockInfo{sb.capacity_bytes, sb.format_version, sb.UuidString()});
+}
+
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
+  TERRACE_RETURN_IF_ERROR(CheckNvmePaths(p.dir, p.index_dir));
+  std::error_code ec;
+  if (!fs::exists(p.dir, ec)) {
+    return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
+  }
+  if (!fs::is_directory(p.dir, ec) && !IsBlockDevice(p.dir)) {
+    return Status::InvalidArgument(fmt::format(
+        "--dir '{}' is neither a directory nor a block device; give the store directory 'store fill' used", p.dir));
+  }
+  auto sb = ReadSuperblock(p.dir);
+  if (!sb.ok()) {
+    // What the data file holds is wrong (another format, not a store): a runtime failure, exit 1.
+    if (sb.status().IsInvalidArgument()) return Status::Unavailable(std::string(sb.status().message()));
+    return sb.status();
+  }
+  if (!*sb) {
+    return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
+  }
+  if (p.capacity != 0 && p.capacity != (*sb)->capacity_bytes) {
+    return Status::InvalidArgument(fmt::format(
+        "--capacity {} does not match the store at '{}', which was created with --capacity {} ({} bytes); omit "
+        "--capacity to use the store's own",
+        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>((*sb)->capacity_bytes)),
+        (*sb)->capacity_bytes));
+  }
+  if (!p.index_dir.empty() && !fs::exists(p.index_dir, ec)) {
+    return Status::NotFound(fmt::format(
+        "--index-dir '{}' does not exist; give the index directory 'store fill' used (or run 'terrace store recover' "
+        "to rebuild one from the data file)",
+        p.index_dir));
+  }
+  NvmeTierOptions o;
+  o.path = p.dir;
+  o.index_dir = p.index_dir;
+  o.capacity_bytes = (*sb)->capacity_bytes;
+  o.create_if_missing = false;
+  o.durability = Durability::kSync;
+  return o;
+}
+
+Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
+  TERRACE_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, "--expect", kMaxExpectBytes));
+  std::vector<BlockKey> keys;
+  std::size_t pos = 0;
+  for (int lineno = 1; pos < text.size(); ++lineno) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    constexpr std::string_view kPrefix = "durable ";
+    if (line.rfind(kPrefix, 0) != 0) {
+      return Status::InvalidArgument(
+          fmt::format("--expect {}:{}: expected 'durable <key>' as 'store fill' prints it, got '{}'", path, lineno,
+                      line.substr(0, 200)));
+    }
+    auto key = BlockKey::Parse(line.substr(kPrefix.size()));
+    if (!key.ok()) return key.status().WithContext(fmt::format("--expect {}:{}", path, lineno));
+    keys.push_back(*key);
+  }
+  return keys;
+}
+
+BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
+                       const std::function<void(const std::string&)>& report) {
+  BlockCheck c;
+  std::vector<std::pair<BlockKey, BlockDesc>> blocks;
+  tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
+  c.indexed = blocks.size();
+  std::unordered_set<BlockKey> good;
+  std::vector<std::byte> buf, want;
+  for (const auto& [key, desc] : blocks) {
+    buf.resize(desc.size);
+    want.resize(desc.size);
+    BlockDesc got;
+    Status s = tier.Get(key, buf, &got);
+    if (s.ok()) {
+      FillPattern(seed, key, want);
+      if (got.size == desc.size && buf == want) {
+        ++c.ok;
+        good.insert(key);
+        continue;
+      }
+      ++c.wrong_content;
+      if (report) report(fmt::format("wrong content {}: returned as good but differs from the pattern of --seed {}",
+                                     key.ToString(), seed));
+      continue;
+    }
+    ++c.corrupt;
+    c.corrupt_keys.push_back(key);
+    if (report) report(fmt::format("corrupt {}: {}", key.ToString(), s.ToString()));
+  }
+  for (const BlockKey& k : expected) {
+    if (good.contains(k)) continue;
+    ++c.missing;
+    c.missing_keys.push_back(k);
+    if (report && c.missing <= 10) report(fmt::format("missing {}", k.ToString()));
+  }
+  return c;
+}
+
+Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options) {
+  ScannedBlocks out;
+  auto last = std::chrono::steady_clock::now();
+  auto progress = [&](std::uint64_t done, std::uint64_t total) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(1) || total == 0) return;
+    last = now;
+    fmt::print(stderr, "scanning the data file: {:.0f}% ({} of {})\n", 100.0 * static_cast<double>(done) / total,
+               FormatBytes(static_cast<double>(done)), FormatBytes(static_cast<double>(total)));
+  };
+  TERRACE_ASSIGN_OR_RETURN(
+      out.report, NvmeTier::ScanDataFile(
+                      options,
+                      [&](const BlockKey& k, const BlockDesc& d, std::uint64_t generation) {
+                        out.blocks.emplace(k, std::make_pair(d, generation));
+                      },
+                      progress));
+  return out;
+}
+
+void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
+  check->scanned = true;
+  for (const auto& [key, dg] : scan.blocks) {
+    auto have = tier.Lookup(key);
+    if (have.ok()) continue;
+    ++check->lost_from_index;
+    check->lost_keys.push_back(key);
+  }
+}
+
+}  // namespace terrace::cli::store_cmd

@@ -1,0 +1,449 @@
+// terrace store drill: the recovery drill to run on one's own hardware before production.
+//
+// For each fault kind it keeps one store under --dir and runs rounds. A round starts `terrace store
+// fill` (this very binary, /proc/self/exe) as a child process in sync durability, reads the
+// "durable <key>" lines it prints (each an acknowledged put), and SIGKILLs it after a random number
+// of them; the child injects its own fault (EIO, ENOSPC or short writes through the fault engine,
+// or a simulated power cut, tiers/nvme/power_cut.h), and for `bitflip` the drill flips bits in
+// acknowledged blocks of the data file between rounds. After each round the drill reopens the
+// store and checks every acknowledged block: none may be lost, none returned with wrong bytes, and
+// every block it damaged must be reported corrupt.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
+#include "tiers/nvme/format.h"
+#include "tiers/nvme/nvme_tier.h"
+
+extern char** environ;
+
+namespace terrace::cli::store_cmd {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kMarker = ".terrace-drill";
+constexpr int kChildTimeoutSeconds = 300;  // one round's child, start to exit
+constexpr const char* kAllKinds[] = {"eio", "enospc", "short", "bitflip", "powercut"};
+
+struct DrillArgs {
+  std::string dir;
+  std::uint64_t kills = 4;
+  std::string faults = "eio,enospc,short,bitflip,powercut";
+  std::uint64_t seed = 1;
+  std::uint64_t block_size = 16 * kKiB;
+  std::uint64_t capacity = 256 * kMiB;
+  std::uint64_t max_acks = 48;
+  bool json = false;
+};
+
+struct KindResult {
+  std::string kind;
+  std::uint64_t rounds = 0, kills = 0, faults = 0, acknowledged = 0, lost = 0, corrupt_detected = 0,
+                corrupt_returned = 0, damage_missed = 0, rebuilt = 0, open_failures = 0;
+  std::vector<std::string> problems;  // the first few, for the report
+  bool failed() const { return lost || corrupt_returned || damage_missed || open_failures; }
+};
+
+// Validates --dir: new, empty, or an earlier drill's (whose own entries are removed). Returns a
+// usage message, empty when the directory is ready.
+std::string PrepareDrillDir(const std::string& dir) {
+  std::error_code ec;
+  fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) {
+    fs::create_directories(dir, ec);
+    if (ec) return fmt::format("cannot create --dir '{}': {}", dir, ec.message());
+  } else if (!fs::is_directory(st)) {
+    return fmt::format("--dir '{}' is not a directory; give a new or empty directory for the drill's stores", dir);
+  } else if (!fs::is_empty(dir, ec)) {
+    if (!fs::exists(fs::path(dir) / kMarker, ec)) {
+      return fmt::format("--dir '{}' is not empty and was not made by 'terrace store drill' (no {} marker); give a "
+                         "new or empty directory",
+                         dir, kMarker);
+    }
+    for (const char* k : kAllKinds) {  // only what an earlier drill created
+      fs::remove_all(fs::path(dir) / k, ec);
+      fs::remove(fs::path(dir) / (std::string(k) + ".log"), ec);
+    }
+  }
+  FILE* m = std::fopen((fs::path(dir) / kMarker).c_str(), "w");
+  if (!m) return fmt::format("cannot write the drill marker in --dir '{}': {}", dir, std::strerror(errno));
+  std::fputs("terrace store drill: this directory holds drill stores; a later drill may delete them\n", m);
+  std::fclose(m);
+  return {};
+}
+
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+};
+
+Result<Child> SpawnFill(const std::vector<std::string>& args, const std::string& log_path) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", std::strerror(errno)));
+  int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::IoError(fmt::format("cannot open the drill log '{}': {}", log_path, std::strerror(errno)));
+  }
+  std::vector<std::string> argv_s = {"/proc/self/exe"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  ::close(log);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return Status::IoError(fmt::format("cannot start 'terrace store fill': {}", std::strerror(rc)));
+  }
+  return Child{pid, ::fdopen(fds[0], "r")};
+}
+
+// Flips one bit in the middle of block `key`'s bytes in the data file, found by content (so this
+// works whatever the extent layout). False when the bytes are not found.
+bool FlipBitInBlock(const std::string& data_path, std::uint64_t seed, const BlockKey& key, std::uint64_t size,
+                    std::string* error) {
+  std::vector<std::byte> want(size);
+  FillPattern(seed, key, want);
+  const std::size_t probe = static_cast<std::size_t>(std::min<std::uint64_t>(size, 256));
+  int fd = ::open(data_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    *error = fmt::format("cannot open '{}': {}", data_path, std::strerror(errno));
+    return false;
+  }
+  struct stat st {};
+  ::fstat(fd, &st);
+  constexpr std::size_t kChunk = 8 * kMiB;
+  std::vector<std::byte> buf(kChunk + probe);
+  bool done = false;
+  for (off_t pos = 0; !done && pos < st.st_size; pos += static_cast<off_t>(kChunk)) {
+    ssize_t got = ::pread(fd, buf.data(), buf.size(), pos);
+    if (got <= 0) break;
+    auto end = buf.begin() + got;
+    auto it = std::search(buf.begin(), end, want.begin(), want.begin() + static_cast<std::ptrdiff_t>(probe));
+    if (it == end || static_cast<std::size_t>(end - it) < probe) continue;
+    const off_t at = pos + static_cast<off_t>(it - buf.begin()) + static_cast<off_t>(size / 2);
+    std::byte b{};
+    if (::pread(fd, &b, 1, at) == 1) {
+      b ^= std::byte{0x10};
+      done = ::pwrite(fd, &b, 1, at) == 1 && ::fsync(fd) == 0;
+    }
+  }
+  ::close(fd);
+  if (!done) *error = fmt::format("block {} was not found in '{}'", key.ToString(), data_path);
+  return done;
+}
+
+// One kind's rounds.
+KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64& rng) {
+  KindResult res;
+  res.kind = kind;
+  const std::string store_dir = (fs::path(a.dir) / kind).string();
+  const std::string log_path = (fs::path(a.dir) / (kind + ".log")).string();
+  std::vector<BlockKey> acked;
+  std::unordered_set<BlockKey> acked_set, damaged, damage_reported, lost_keys;
+  std::uint64_t next_first = 0;
+  auto problem = [&](std::string p) {
+    if (res.problems.size() < 5) res.problems.push_back(std::move(p));
+  };
+  // Short transfers are only injected into requests longer than one 4 KiB unit.
+  const std::uint64_t block_size = kind == "short" ? std::max<std::uint64_t>(a.block_size, 64 * kKiB) : a.block_size;
+  const std::uint64_t capacity_blocks = a.capacity / (block_size + 8 * kKiB);
+  for (std::uint64_t round = 0; round < a.kills; ++round) {
+    const bool powercut = kind == "powercut";
+    const std::uint64_t kill_after = powercut ? UINT64_MAX : 1 + rng() % a.max_acks;
+    const std::uint64_t count =
+        std::min<std::uint64_t>(powercut ? a.max_acks * 2 : a.max_acks * 4,
+                                capacity_blocks > next_first + 1 ? capacity_blocks - next_first - 1 : 1);
+    std::vector<std::string> args = {"store",   "fill",
+                                     "--dir",   store_dir,
+                                     "--count", std::to_string(count),
+                                     "--block-size", std::to_string(block_size),
+                                     "--seed",  std::to_string(a.seed),
+                                     "--first", std::to_string(next_first),
+                                     "--threads", "2",
+                                     "--capacity", std::to_string(a.capacity)};
+    if (kind == "eio" || kind == "enospc" || kind == "short") {
+      args.insert(args.end(), {"--drill-fault", kind, "--drill-fault-seed", std::to_string(rng()),
+                               "--drill-fault-rate", kind == "short" ? "0.3" : "0.04"});
+    } else if (powercut) {
+      args.insert(args.end(), {"--drill-fault", "powercut", "--drill-fault-seed", std::to_string(rng()),
+                               "--drill-cut-after", std::to_string(rng() % (count * 5 + 40))});
+    }
+    next_first += count;
+    ++res.rounds;
+    auto child = SpawnFill(args, log_path);
+    if (!child.ok()) {
+      problem(child.status().ToString());
+      ++res.open_failures;
+      break;
+    }
+    // A child that stops making progress is killed and reported (a hang is a finding, not a wait).
+    std::mutex wd_mu;
+    std::condition_variable wd_cv;
+    bool wd_done = false, hung = false;
+    std::thread watchdog([&, pid = child->pid] {
+      std::unique_lock<std::mutex> l(wd_mu);
+      if (!wd_cv.wait_for(l, std::chrono::seconds(kChildTimeoutSeconds), [&] { return wd_done; })) {
+        hung = true;
+        ::kill(pid, SIGKILL);
+      }
+    });
+    std::uint64_t acks = 0, faults = 0;
+    bool killed = false;
+    char* line = nullptr;
+    std::size_t cap = 0;
+    for (ssize_t n; (n = ::getline(&line, &cap, child->out)) > 0;) {
+      std::string_view l(line, static_cast<std::size_t>(n));
+      while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.remove_suffix(1);
+      if (l.rfind("durable ", 0) == 0) {
+        auto key = BlockKey::Parse(l.substr(8));
+        if (key.ok() && acked_set.insert(*key).second) acked.push_back(*key);
+        if (++acks == kill_after && !killed) {
+          ::kill(child->pid, SIGKILL);
+          killed = true;  // keep reading: lines already in the pipe were acknowledged
+        }
+      } else if (l.rfind("injected ", 0) == 0) {
+        faults = std::strtoull(std::string(l.substr(9)).c_str(), nullptr, 10);
+      }
+    }
+    std::free(line);
+    std::fclose(child->out);
+    int status = 0;
+    ::waitpid(child->pid, &status, 0);
+    {
+      std::lock_guard<std::mutex> l(wd_mu);
+      wd_done = true;
+    }
+    wd_cv.notify_all();
+    watchdog.join();
+    if (hung) {
+      ++res.open_failures;
+      problem(fmt::format("round {}: 'store fill' made no progress for {} s and was killed (see {})", round + 1,
+                          kChildTimeoutSeconds, log_path));
+    }
+    res.kills += killed ? 1 : 0;
+    res.faults += faults;
+    std::string how = killed                 ? fmt::format("killed after {} acknowledged puts", acks)
+                      : WIFEXITED(status)    ? fmt::format("exited {} after {} acknowledged puts", WEXITSTATUS(status), acks)
+                                             : fmt::format("ended by signal {} after {} acknowledged puts",
+                                                           WIFSIGNALED(status) ? WTERMSIG(status) : 0, acks);
+
+    std::string flipped;
+    if (kind == "bitflip") {
+      std::vector<BlockKey> candidates;
+      for (const BlockKey& k : acked) {
+        if (!damaged.contains(k)) candidates.push_back(k);
+      }
+      for (int f = 0; f < 2 && !candidates.empty(); ++f) {
+        std::size_t pick = rng() % candidates.size();
+        BlockKey k = candidates[pick];
+        candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(pick));
+        std::string err;
+        if (FlipBitInBlock(DataFilePath(store_dir), a.seed, k, block_size, &err)) {
+          damaged.insert(k);
+          ++res.faults;
+        } else {
+          problem(fmt::format("round {}: bit flip failed: {}", round + 1, err));
+        }
+      }
+      flipped = fmt::format("; {} blocks damaged so far", damaged.size());
+    }
+    // Check every acknowledged block.
+    StorePaths paths{store_dir, "", 0};
+    auto opts = ExistingStoreOptions(paths);
+    std::unique_ptr<NvmeTier> tier;
+    Status open_status = opts.status();
+    std::string rebuilt;
+    if (opts.ok()) {
+      opts->read_only = true;  // the check changes nothing: damaged blocks stay damaged for the next round
+      auto t = NvmeTier::Open(*opts);
+      if (!t.ok() && t.status().message().find("store recover") != std::string::npos) {
+        // A refusal that points at recovery is allowed; recovery must then bring everything back.
+        NvmeTierOptions ro = *opts;
+        ro.read_only = false;
+        auto rep = NvmeTier::RebuildIndex(ro);
+        if (rep.ok()) {
+          ++res.rebuilt;
+          rebuilt = fmt::format("; the store refused to open ({}), index rebuilt: {} blocks", t.status().message(),
+                                rep->blocks_indexed);
+          t = NvmeTier::Open(*opts);
+        } else {
+          problem(fmt::format("round {}: store recover failed: {}", round + 1, rep.status().ToString()));
+        }
+      }
+      if (t.ok()) tier = std::move(*t);
+      open_status = t.status();
+    }
+    if (!tier) {
+      if (acked.empty() && open_status.IsNotFound()) {
+        fmt::print(stderr, "drill {} round {}/{}: {}; no store yet\n", kind, round + 1, a.kills, how);
+        continue;
+      }
+      ++res.open_failures;
+      res.lost += acked.size();
+      problem(fmt::format("round {}: the store does not open: {}", round + 1, open_status.ToString()));
+      fmt::print(stderr, "drill {} round {}/{}: {}; the store does not open: {}\n", kind, round + 1, a.kills, how,
+                 open_status.ToString());
+      break;
+    }
+    BlockCheck c = CheckBlocks(*tier, a.seed, acked, nullptr);
+    std::uint64_t lost_now = 0;
+    for (const BlockKey& k : c.missing_keys) {
+      if (damaged.contains(k)) continue;
+      ++lost_now;
+      if (lost_keys.insert(k).second) problem(fmt::format("round {}: acknowledged block {} lost", round + 1, k.ToString()));
+    }
+    // A block the drill damaged must be reported corrupt (or be gone after an earlier report).
+    std::unordered_set<BlockKey> corrupt(c.corrupt_keys.begin(), c.corrupt_keys.end());
+    std::uint64_t detected_now = 0;
+    for (const BlockKey& k : damaged) {
+      if (corrupt.contains(k)) {
+        if (damage_reported.insert(k).second) ++detected_now;
+        continue;
+      }
+      if (damage_reported.contains(k)) continue;  // reported (and dropped) earlier
+      ++res.damage_missed;
+      problem(fmt::format("round {}: damaged block {} was not reported corrupt", round + 1, k.ToString()));
+    }
+    for (const BlockKey& k : c.corrupt_keys) {
+      if (!damaged.contains(k)) ++detected_now;  // corrupt without the drill's doing (a torn write)
+    }
+    res.lost = lost_keys.size();
+    res.corrupt_detected += detected_now;
+    res.corrupt_returned += c.wrong_content;
+    if (c.wrong_content) problem(fmt::format("round {}: {} blocks returned with wrong bytes", round + 1, c.wrong_content));
+    res.acknowledged = acked.size();
+    tier.reset();
+
+    fmt::print(stderr, "drill {} round {}/{}: {}, {} faults{}; check: {} indexed, {} ok, {} lost, {} corrupt{}\n", kind,
+               round + 1, a.kills, how, faults, rebuilt, c.indexed, c.ok, lost_now, c.corrupt, flipped);
+  }
+  return res;
+}
+
+int RunDrill(const DrillArgs& a) {
+  std::vector<std::string> kinds;
+  {
+    std::stringstream ss(a.faults);
+    for (std::string k; std::getline(ss, k, ',');) {
+      if (k.empty()) continue;
+      if (std::find(std::begin(kAllKinds), std::end(kAllKinds), k) == std::end(kAllKinds)) {
+        return FailUsage(fmt::format("--faults: unknown fault '{}'; choose from eio,enospc,short,bitflip,powercut", k));
+      }
+      if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+    }
+  }
+  if (kinds.empty()) return FailUsage("--faults names no fault; choose from eio,enospc,short,bitflip,powercut");
+  if (a.block_size < 64 || a.block_size > 16 * kMiB) return FailUsage("--block-size must be 64 B..16 MiB for the drill");
+  if (a.capacity < 16 * kMiB || a.capacity % nvme::kUnit != 0) {
+    return FailUsage("--capacity must be at least 16MiB and a multiple of 4KiB");
+  }
+  if (std::string err = PrepareDrillDir(a.dir); !err.empty()) return FailUsage(err);
+
+  std::mt19937_64 rng(a.seed);
+  std::vector<KindResult> results;
+  for (const std::string& k : kinds) results.push_back(RunKind(a, k, rng));
+
+  bool failed = false;
+  for (const auto& r : results) failed |= r.failed();
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : results) {
+      rows.push_back({{"fault", r.kind},
+                      {"rounds", r.rounds},
+                      {"kills", r.kills},
+                      {"faults_injected", r.faults},
+                      {"acknowledged", r.acknowledged},
+                      {"lost", r.lost},
+                      {"corrupt_detected", r.corrupt_detected},
+                      {"corrupt_returned", r.corrupt_returned},
+                      {"damage_missed", r.damage_missed},
+                      {"open_failures", r.open_failures},
+                      {"index_rebuilds", r.rebuilt},
+                      {"problems", r.problems}});
+    }
+    nlohmann::json j = {{"dir", a.dir},           {"seed", a.seed}, {"block_size", a.block_size},
+                        {"kills_per_fault", a.kills}, {"ok", !failed}, {"faults", rows}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    Table t({"fault", "rounds", "kills", "faults injected", "acknowledged", "lost", "corrupt-detected",
+             "corrupt-returned"});
+    for (const auto& r : results) {
+      t.Add({r.kind, std::to_string(r.rounds), std::to_string(r.kills), std::to_string(r.faults),
+             std::to_string(r.acknowledged), std::to_string(r.lost), std::to_string(r.corrupt_detected),
+             std::to_string(r.corrupt_returned)});
+    }
+    fmt::print("{}", t.Render());
+    for (const auto& r : results) {
+      for (const auto& p : r.problems) fmt::print("{}: {}\n", r.kind, p);
+    }
+    if (failed) {
+      fmt::print("store drill: FAILED: acknowledged data was lost or corrupt data was returned (child logs: "
+                 "{}/*.log)\n",
+                 a.dir);
+    } else {
+      fmt::print("store drill: passed: no acknowledged block lost, no corrupt block returned (child logs: {}/*.log)\n",
+                 a.dir);
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+void RegisterStoreDrill(CLI::App* store, Runner* run) {
+  auto a = std::make_shared<DrillArgs>();
+  auto* cmd = store->add_subcommand(
+      "drill", "Recovery drill: fill stores under --dir, kill the writers and inject faults, then check that no "
+               "acknowledged block was lost and no corrupt block returned");
+  cmd->add_option("--dir", a->dir, "A new or empty directory for the drill's stores (or an earlier drill's)")->required();
+  AddIntOption<std::uint64_t>(cmd, "--kills", &a->kills, 1, 10000, "Rounds per fault kind, each ending in a kill or a fault");
+  cmd->add_option("--faults", a->faults, "Comma-separated faults: eio,enospc,short,bitflip,powercut (default: all)");
+  AddIntOption<std::uint64_t>(cmd, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the kill points, faults and block contents");
+  AddSizeOption(cmd, "--block-size", &a->block_size, "Block size of the test blocks", 64, 16 * kMiB);
+  AddSizeOption(cmd, "--capacity", &a->capacity, "Capacity of each drill store", 16 * kMiB, 1024 * kGiB);
+  AddIntOption<std::uint64_t>(cmd, "--max-acks", &a->max_acks, 1, 100000,
+                "A round kills its writer after 1..N acknowledged puts");
+  cmd->add_flag("--json", a->json, "Print the result as one JSON object");
+  cmd->callback([run, a] { *run = [a] { return RunDrill(*a); }; });
+}
+
+}  // namespace terrace::cli::store_cmd

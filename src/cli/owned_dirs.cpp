@@ -1,0 +1,149 @@
+#include "src/cli/owned_dirs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "src/cli/safe_files.h"
+#include "tiers/nvme/format.h"
+
+namespace terrace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kDataFile = "terrace.data";
+constexpr std::string_view kIndexDir = "index";
+constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
+
+bool IsKind(const fs::path& p, mode_t kind) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+bool HasMagic(const fs::path& data) {
+  if (!IsKind(data, S_IFREG)) return false;
+  const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[sizeof kMagic] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof buf) && std::memcmp(buf, kMagic, sizeof kMagic) == 0;
+}
+
+// Why `dir` is not a store that `who` created (empty when it is one).
+std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::string_view flag, std::string_view who,
+                        std::size_t* entries) {
+  std::error_code ec;
+  bool data = false, mark = false;
+  *entries = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    ++*entries;
+    const std::string name = e.path().filename().string();
+    if (name == kDataFile) {
+      if (!HasMagic(e.path())) {
+        return fmt::format("{} {}: '{}' is not the data file of a Terrace store (no TRRCNVME magic)", flag,
+                           dir.string(), name);
+      }
+      data = true;
+    } else if (name == kIndexDir && IsKind(e.path(), S_IFDIR)) {
+    } else if (name == marker && IsKind(e.path(), S_IFREG)) {
+      mark = true;
+    } else {
+      return fmt::format("{} {} holds '{}', which is not part of a Terrace store", flag, dir.string(), name);
+    }
+  }
+  if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
+  if (*entries == 0) return "";
+  if (!data) return fmt::format("{} {} holds no Terrace store (no terrace.data)", flag, dir.string());
+  if (!mark) {
+    return fmt::format("{} {} holds a Terrace store that {} did not create (no {} in it)", flag, dir.string(), who,
+                       marker);
+  }
+  return "";
+}
+
+}  // namespace
+
+Status CheckStoreDirArg(const fs::path& dir, std::string_view flag) {
+  if (dir.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give a directory", flag));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (::lstat(dir.c_str(), &st) == 0) {
+      return Status::InvalidArgument(fmt::format("{} {} is a symbolic link to nothing; give a directory", flag,
+                                                 dir.string()));
+    }
+    return Status::Ok();
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(fmt::format("{} {} is {}; give a directory (created if missing)", flag,
+                                               dir.string(), DescribePathKind(dir)));
+  }
+  return Status::Ok();
+}
+
+bool StoreDataExists(const fs::path& dir) {
+  struct stat st {};
+  return ::lstat((dir / kDataFile).c_str(), &st) == 0;
+}
+
+bool IsOwnedStore(const fs::path& dir, std::string_view marker) {
+  if (!IsKind(dir, S_IFDIR)) return false;
+  std::size_t entries = 0;
+  return WhyNotOwned(dir, marker, "", "", &entries).empty() && entries > 0;
+}
+
+Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std::string_view flag,
+                              std::string_view who) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return false;  // absent: nothing to remove
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(fmt::format("{} {} is {}; {} removes only a store directory it created, nothing "
+                                               "was removed",
+                                               flag, dir.string(), DescribePathKind(dir), who));
+  }
+  std::size_t entries = 0;
+  const std::string why = WhyNotOwned(dir, marker, flag, who, &entries);
+  if (!why.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{}; {} removes only a store it created, so nothing was removed (delete the folder yourself if "
+                    "you mean to, or give another {})",
+                    why, who, flag));
+  }
+  if (entries == 0) return false;
+  std::error_code ec;
+  fs::remove_all(dir / kIndexDir, ec);
+  if (!ec) fs::remove(dir / kDataFile, ec);
+  if (!ec) fs::remove(dir / std::string(marker), ec);
+  if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the store: {}", flag, dir.string(), ec.message()));
+  return true;
+}
+
+Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {
+  const fs::path data = dir / kDataFile;
+  if (!IsKind(data, S_IFREG)) return Status::NotFound(fmt::format("'{}' holds no terrace.data", dir.string()));
+  const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(fmt::format("cannot open '{}': {}", data.string(), std::strerror(errno)));
+  std::byte buf[nvme::kSuperblockHeaderBytes] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb,
+                           nvme::Superblock::Decode(std::span<const std::byte>(buf, n < 0 ? 0 : static_cast<std::size_t>(n)),
+                                                    data.string()));
+  return sb.capacity_bytes;
+}
+
+Status WriteMarker(const fs::path& dir, std::string_view marker, std::string_view who) {
+  return WriteOutputFile(dir / std::string(marker), "marker",
+                         fmt::format("This Terrace store was created by '{}', which may remove it.\n", who));
+}
+
+}  // namespace terrace::cli

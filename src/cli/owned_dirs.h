@@ -1,0 +1,43 @@
+// Directories the CLI creates and may later remove: a store directory made by `terrace demo` or
+// `terrace bench tiers` is marked with a marker file, and only a directory that holds a Terrace
+// store (terrace.data starting with the TRRCNVME magic, the index/ folder) plus that marker and
+// nothing else is ever removed. Everything else is refused and left untouched.
+// Thread-safety: free functions, no shared state.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+
+#include "terrace/status.h"
+
+namespace terrace::cli {
+
+// `flag`'s store directory: absent (it is created) or a directory (symlinks to one accepted).
+// InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...).
+Status CheckStoreDirArg(const std::filesystem::path& dir, std::string_view flag);
+
+// True when dir/terrace.data exists (any kind of entry).
+bool StoreDataExists(const std::filesystem::path& dir);
+
+// True when `dir` holds a Terrace store created by `who`: a real directory (not a symlink) whose
+// entries are exactly terrace.data (a regular file starting with the magic), optionally index/
+// (a directory), and the regular file `marker`.
+bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
+
+// Removes the store in `dir` if IsOwnedStore(dir, marker): its terrace.data, index/ and marker;
+// the directory itself stays. Ok(false) when `dir` is absent or empty (nothing to do). A `dir`
+// holding anything else is refused with InvalidArgument (naming `flag` and the first foreign
+// entry, or saying the store has no marker of `who`) and nothing is removed. IoError when a
+// removal fails.
+Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag,
+                              std::string_view who);
+
+// The capacity (bytes) recorded in the superblock of dir/terrace.data, for a command that reopens
+// an existing store without being told its capacity. NotFound when there is no terrace.data;
+// InvalidArgument/Corruption when it is not a Terrace data file.
+Result<std::uint64_t> ExistingStoreCapacity(const std::filesystem::path& dir);
+
+// Writes dir/marker (a one-line text naming `who`) with the safe writer.
+Status WriteMarker(const std::filesystem::path& dir, std::string_view marker, std::string_view who);
+
+}  // namespace terrace::cli

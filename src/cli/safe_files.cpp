@@ -1,0 +1,222 @@
+#include "src/cli/safe_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace terrace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string KindOf(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISCHR(mode)) return "a character device";
+  return "not a regular file";
+}
+
+fs::path ParentOf(const fs::path& path) {
+  fs::path parent = path.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+fs::path TempNameNextTo(const fs::path& path) {
+  static std::atomic<unsigned> counter{0};
+  return ParentOf(path) / fmt::format(".terrace-tmp-{}-{}", ::getpid(), counter.fetch_add(1));
+}
+
+Status IoErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {
+  return Status::IoError(fmt::format("{} {}: {}: {}", flag, path.string(), what, std::strerror(err)));
+}
+
+void SyncDir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+// Checks the temporary file produce() wrote, fsyncs it, re-checks the target and renames.
+Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view flag) {
+  struct stat st {};
+  if (::lstat(tmp.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Status::Internal(fmt::format("{} {}: the temporary file '{}' was not written", flag, path.string(),
+                                        tmp.string()));
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return IoErrno(errno, "cannot reopen the temporary file", tmp, flag);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return IoErrno(err, "cannot fsync the temporary file", tmp, flag);
+  TERRACE_RETURN_IF_ERROR(CheckOutputFile(path, flag));  // again: it may have changed while we wrote
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return IoErrno(errno, "cannot rename the output into place", path, flag);
+  SyncDir(ParentOf(path));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string DescribePathKind(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return "missing";
+  return KindOf(st.st_mode);
+}
+
+Status CheckOutputFile(const fs::path& path, std::string_view flag) {
+  if (path.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give the path of an output file", flag));
+  if (!path.has_filename()) {
+    return Status::InvalidArgument(
+        fmt::format("{} {} names a directory; give the path of an output file", flag, path.string()));
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(fmt::format(
+          "{} {} is {}; Terrace writes output only to a new path or over a regular file, and leaves anything else "
+          "as it is; give another path",
+          flag, path.string(), KindOf(st.st_mode)));
+    }
+  } else if (errno != ENOENT) {
+    return Status::InvalidArgument(fmt::format("{} {}: {}", flag, path.string(), std::strerror(errno)));
+  }
+  const fs::path parent = ParentOf(path);
+  struct stat pst {};
+  if (::stat(parent.c_str(), &pst) != 0) {
+    return Status::InvalidArgument(fmt::format("{} {}: the folder '{}' does not exist ({}); create it first", flag,
+                                               path.string(), parent.string(), std::strerror(errno)));
+  }
+  if (!S_ISDIR(pst.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {}: '{}' is {}, not a folder", flag, path.string(), parent.string(), KindOf(pst.st_mode)));
+  }
+  return Status::Ok();
+}
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag,
+                       const std::function<Status(const fs::path& tmp)>& produce) {
+  TERRACE_RETURN_IF_ERROR(CheckOutputFile(path, flag));
+  const fs::path tmp = TempNameNextTo(path);
+  Status s = produce(tmp);
+  if (s.ok()) s = CommitTemp(tmp, path, flag);
+  if (!s.ok()) {
+    struct stat st {};
+    if (::lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(tmp.c_str());
+  }
+  return s;
+}
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag, std::string_view content) {
+  return WriteOutputFile(path, flag, [&](const fs::path& tmp) -> Status {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return IoErrno(errno, "cannot create a temporary file next to it", tmp, flag);
+    const char* p = content.data();
+    std::size_t left = content.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        return IoErrno(err, "cannot write", path, flag);
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    if (::close(fd) != 0) return IoErrno(errno, "cannot write", path, flag);
+    return Status::Ok();
+  });
+}
+
+Status CheckInputFile(const fs::path& path, std::string_view flag, std::uint64_t max_bytes) {
+  if (path.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give the path of an input file", flag));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::NotFound(fmt::format("{} {}: no such file", flag, path.string()));
+    return Status::InvalidArgument(fmt::format("{} {}: {}", flag, path.string(), std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {} is {}; give a regular file", flag, path.string(), KindOf(st.st_mode)));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    return Status::InvalidArgument(fmt::format("{} {} is {} bytes, over the limit of {} bytes for this input", flag,
+                                               path.string(), st.st_size, max_bytes));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReadInputFile(const fs::path& path, std::string_view flag, std::uint64_t max_bytes) {
+  TERRACE_RETURN_IF_ERROR(CheckInputFile(path, flag, max_bytes));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return IoErrno(errno, "cannot open", path, flag);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // swapped since the check
+    ::close(fd);
+    return Status::InvalidArgument(fmt::format("{} {} is not a regular file; give a regular file", flag, path.string()));
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return IoErrno(err, "cannot read", path, flag);
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<std::size_t>(n) > max_bytes) {
+      ::close(fd);
+      return Status::InvalidArgument(
+          fmt::format("{} {} is over the limit of {} bytes for this input", flag, path.string(), max_bytes));
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Status CheckInputDir(const fs::path& path, std::string_view flag) {
+  if (path.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give a directory", flag));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::NotFound(fmt::format("{} {}: no such directory", flag, path.string()));
+    return Status::InvalidArgument(fmt::format("{} {}: {}", flag, path.string(), std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("{} {} is {}; give a directory", flag, path.string(), KindOf(st.st_mode)));
+  }
+  return Status::Ok();
+}
+
+Status CheckModelDirInput(const fs::path& path, std::string_view flag) {
+  TERRACE_RETURN_IF_ERROR(CheckInputDir(path, flag));
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".safetensors" && ext != ".json") continue;
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) != 0) continue;  // a dangling link: the load reports it
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(fmt::format("{} {}: '{}' is {}; a model directory holds regular files", flag,
+                                                 path.string(), entry.path().filename().string(), KindOf(st.st_mode)));
+    }
+  }
+  if (ec) return Status::IoError(fmt::format("{} {}: cannot list: {}", flag, path.string(), ec.message()));
+  return Status::Ok();
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,63 @@
+// Safe file access for the CLI: every path a user passes to a flag goes through these.
+//
+// Output files. Terrace writes an output file only where the path is absent or names a regular file.
+// The last component is not followed: a symbolic link, a directory, a FIFO, a socket or a device node
+// is refused and left exactly as it was (renaming over it would replace the link or the node; writing
+// into it would block on a FIFO or go to a place the user did not name). The content goes to a
+// temporary file in the same directory (".terrace-tmp-<pid>-<n>"), is fsynced, and is renamed over
+// the target only after the target has been checked again; on any failure the temporary file is
+// removed and the target is untouched. (Between the last check and rename(2) another process could
+// still swap the target; the window is one syscall.)
+//
+// Input files. Symbolic links are followed; what they lead to must be a regular file. A FIFO, device,
+// socket or directory is refused with a message naming the flag instead of being opened (opening a
+// FIFO blocks until a writer appears; /dev/zero never ends). Reads are bounded by a byte limit.
+//
+// Errors: a path of the wrong kind (or a missing input) is InvalidArgument/NotFound with a message
+// that starts with the flag, meant for FailUsage (exit 2); I/O failures are IoError (exit 1).
+// Thread-safety: all functions may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "terrace/status.h"
+
+namespace terrace::cli {
+
+// "a directory", "a symbolic link", "a FIFO", "a socket", "a block device", "a character device",
+// "a regular file", or "missing" for the entry `path` itself (lstat: not followed).
+std::string DescribePathKind(const std::filesystem::path& path);
+
+// Ok when `path` may be written as an output file: absent or a regular file (not a symlink), and
+// its parent is an existing directory. InvalidArgument "<flag> <path> is a FIFO; ..." otherwise.
+Status CheckOutputFile(const std::filesystem::path& path, std::string_view flag);
+
+// Writes an output file as described above. produce(tmp) must create `tmp` (a regular file; it does
+// not exist when produce is called) and write the whole content to it; it may itself write to a
+// temporary name and rename onto `tmp`. The result is fsynced and renamed over `path`.
+Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
+                       const std::function<Status(const std::filesystem::path& tmp)>& produce);
+// The same for content already in memory.
+Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, std::string_view content);
+
+// Ok when `path` (following symlinks) is a regular file of at most max_bytes. NotFound when it does
+// not exist, InvalidArgument when it is not a regular file or is too large; both name `flag`.
+Status CheckInputFile(const std::filesystem::path& path, std::string_view flag,
+                      std::uint64_t max_bytes = UINT64_MAX);
+
+// Reads a whole input file, refusing what CheckInputFile refuses. Never blocks on a FIFO: the file
+// is opened O_NONBLOCK and checked with fstat before anything is read.
+Result<std::string> ReadInputFile(const std::filesystem::path& path, std::string_view flag, std::uint64_t max_bytes);
+
+// Ok when `path` (following symlinks) is a directory. NotFound / InvalidArgument naming `flag`.
+Status CheckInputDir(const std::filesystem::path& path, std::string_view flag);
+
+// A model directory given to `flag`: a directory whose config.json, *.safetensors and *.json entries
+// (the files a model load opens) are all regular files (symlinks to regular files accepted).
+Status CheckModelDirInput(const std::filesystem::path& path, std::string_view flag);
+
+}  // namespace terrace::cli

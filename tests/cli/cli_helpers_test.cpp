@@ -1,0 +1,261 @@
+// The CLI's shared helpers: range-checked integers and sizes against an independent 128-bit oracle,
+// the safe output writer and input reader against FIFOs, symlinks, directories and failures, and the
+// owned-store recogniser.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using terrace::Status;
+using namespace terrace::cli;
+
+namespace {
+
+__extension__ typedef __int128 I128;  // the oracle's arithmetic: wider than any parsed value
+
+// The oracle: a decimal integer with an optional leading '-' (signed only), digits only, value in
+// [lo, hi] computed in 128 bits with saturation.
+std::optional<I128> OracleParse(const std::string& s, bool allow_minus) {
+  std::size_t i = 0;
+  bool neg = false;
+  if (allow_minus && i < s.size() && s[i] == '-') {
+    neg = true;
+    ++i;
+  }
+  if (i == s.size()) return std::nullopt;
+  I128 v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return std::nullopt;
+    v = v * 10 + (s[i] - '0');
+    if (v > (static_cast<I128>(1) << 70)) v = static_cast<I128>(1) << 70;  // saturate: out of any range
+  }
+  return neg ? -v : v;
+}
+
+std::string RandomNumberText(std::mt19937_64& rng) {
+  static const std::string kAlphabet = "0123456789-+ x.e";
+  std::string s;
+  const int kind = static_cast<int>(rng() % 4);
+  if (kind == 0) {  // a boundary-ish value
+    static const char* kEdges[] = {"0", "-0", "1", "-1", "9223372036854775807", "9223372036854775808",
+                                   "-9223372036854775808", "-9223372036854775809", "18446744073709551615",
+                                   "18446744073709551616", "4294967295", "4294967296", "", "-", "00", "0001"};
+    return kEdges[rng() % std::size(kEdges)];
+  }
+  if (kind == 1) return std::to_string(static_cast<std::int64_t>(rng()));
+  if (kind == 2) return std::to_string(rng());
+  const std::size_t n = rng() % 24;
+  for (std::size_t i = 0; i < n; ++i) s += kAlphabet[rng() % (i == 0 ? kAlphabet.size() : 10)];
+  return s;
+}
+
+std::int64_t RandomBound(std::mt19937_64& rng) {
+  static const std::int64_t kB[] = {INT64_MIN, -1000, -1, 0, 1, 2, 255, 256, 65536, INT32_MAX, INT64_MAX};
+  return rng() % 2 ? kB[rng() % std::size(kB)] : static_cast<std::int64_t>(rng()) >> (rng() % 60);
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+bool NoTempFiles(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with(".terrace-tmp")) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("cli numbers: signed parsing agrees with a 128-bit oracle", "[cli]") {
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 20000; ++i) {
+    const std::string text = RandomNumberText(rng);
+    std::int64_t lo = RandomBound(rng), hi = RandomBound(rng);
+    if (lo > hi) std::swap(lo, hi);
+    const auto want = OracleParse(text, true);
+    const bool accept = want && *want >= lo && *want <= hi;
+    auto got = ParseSignedInRange(text, "--n", lo, hi);
+    INFO("text '" << text << "' range [" << lo << ", " << hi << "]");
+    REQUIRE(got.ok() == accept);
+    if (accept) {
+      REQUIRE(static_cast<I128>(*got) == *want);
+    } else {
+      REQUIRE(got.status().IsInvalidArgument());
+      REQUIRE(got.status().message().starts_with("--n "));
+    }
+  }
+}
+
+TEST_CASE("cli numbers: unsigned parsing never wraps a negative value", "[cli]") {
+  std::mt19937_64 rng(2);
+  for (int i = 0; i < 20000; ++i) {
+    const std::string text = RandomNumberText(rng);
+    std::uint64_t lo = rng() >> (rng() % 64), hi = rng() % 3 == 0 ? UINT64_MAX : rng() >> (rng() % 64);
+    if (lo > hi) std::swap(lo, hi);
+    const auto want = OracleParse(text, false);
+    const bool accept = want && *want >= lo && *want <= hi;
+    auto got = ParseUnsignedInRange(text, "--count", lo, hi);
+    INFO("text '" << text << "' range [" << lo << ", " << hi << "]");
+    REQUIRE(got.ok() == accept);
+    if (accept) REQUIRE(static_cast<I128>(*got) == *want);
+  }
+  auto r = ParseUnsignedInRange("-1", "--count", 0, UINT64_MAX);
+  REQUIRE_FALSE(r.ok());
+  REQUIRE(r.status().message().find("negative") != std::string::npos);
+}
+
+TEST_CASE("cli numbers: sizes refuse overflow and negative values", "[cli]") {
+  REQUIRE(*ParseSize("17179869183GiB") == (17179869183ull << 30));
+  REQUIRE_FALSE(ParseSize("17179869184GiB").ok());  // 2^64
+  REQUIRE_FALSE(ParseSize("16777216TiB").ok());     // 2^64
+  REQUIRE(*ParseSize("18446744073709551615") == UINT64_MAX);
+  REQUIRE(ParseSize("18446744073709551616").status().message().find("out of range") != std::string::npos);
+  REQUIRE_FALSE(ParseSize("-1").ok());
+  REQUIRE_FALSE(ParseSize("").ok());
+
+  CLI::App app;
+  std::uint64_t v = 7;
+  AddSizeOption(&app, "--block-size", &v, "Block size", 1, 1ull << 30);
+  for (const char* bad : {"0", "-4096", "2GiB", "1TiB", "18446744073709551616", "x"}) {
+    const char* argv[] = {"t", "--block-size", bad};
+    INFO(bad);
+    REQUIRE_THROWS_AS(app.parse(3, argv), CLI::ValidationError);
+  }
+  const char* argv[] = {"t", "--block-size", "1GiB"};
+  app.parse(3, argv);
+  REQUIRE(v == (1ull << 30));
+}
+
+TEST_CASE("cli numbers: an int option rejects what CLI11 would wrap", "[cli]") {
+  CLI::App app;
+  unsigned threads = 1;
+  AddIntOption(&app, "--threads", &threads, 1u, 256u, "Threads");
+  for (const char* bad : {"-1", "0", "257", "100000", "4294967297", "1.5", "", "+1"}) {
+    const char* argv[] = {"t", "--threads", bad};
+    INFO(bad);
+    REQUIRE_THROWS_AS(app.parse(3, argv), CLI::ValidationError);
+    REQUIRE(threads == 1);
+  }
+  const char* argv[] = {"t", "--threads", "256"};
+  app.parse(3, argv);
+  REQUIRE(threads == 256);
+}
+
+TEST_CASE("cli files: the output writer refuses what is not a regular file and leaves it", "[cli]") {
+  terrace::testing::TempDir tmp("cli-out");
+  const fs::path victim = tmp.path() / "victim";
+  Write(victim, "keep");
+  const fs::path fifo = tmp.path() / "fifo", link = tmp.path() / "link", dir = tmp.path() / "dir";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  fs::create_symlink(victim, link);
+  fs::create_directory(dir);
+  for (const fs::path& p : {fifo, link, dir}) {
+    INFO(p);
+    Status s = WriteOutputFile(p, "--out", "new content");
+    REQUIRE(s.IsInvalidArgument());
+    REQUIRE(s.message().starts_with("--out "));
+  }
+  REQUIRE(fs::is_fifo(fs::symlink_status(fifo)));
+  REQUIRE(fs::is_symlink(link));
+  REQUIRE(fs::read_symlink(link) == victim);
+  REQUIRE(Slurp(victim) == "keep");
+  REQUIRE(fs::is_empty(dir));
+  REQUIRE(WriteOutputFile(tmp.path() / "missing-dir" / "x", "--out", "x").IsInvalidArgument());
+  REQUIRE(NoTempFiles(tmp.path()));
+}
+
+TEST_CASE("cli files: the output writer replaces a regular file only when the content is complete", "[cli]") {
+  terrace::testing::TempDir tmp("cli-out2");
+  const fs::path out = tmp.path() / "out";
+  REQUIRE(WriteOutputFile(out, "--out", "first").ok());
+  REQUIRE(Slurp(out) == "first");
+  REQUIRE(WriteOutputFile(out, "--out", "second").ok());
+  REQUIRE(Slurp(out) == "second");
+  // A producer that fails half-way: the target keeps its old content, no temporary file is left.
+  Status s = WriteOutputFile(out, "--out", [](const fs::path& t) {
+    Write(t, "half");
+    return Status::IoError("disk full");
+  });
+  REQUIRE(s.IsIoError());
+  REQUIRE(Slurp(out) == "second");
+  // The target turned into a FIFO while the content was produced: refused, FIFO left.
+  s = WriteOutputFile(out, "--out", [&](const fs::path& t) {
+    Write(t, "third");
+    fs::remove(out);
+    REQUIRE(::mkfifo(out.c_str(), 0600) == 0);
+    return Status::Ok();
+  });
+  REQUIRE(s.IsInvalidArgument());
+  REQUIRE(fs::is_fifo(fs::symlink_status(out)));
+  REQUIRE(NoTempFiles(tmp.path()));
+}
+
+TEST_CASE("cli files: inputs that are FIFOs, devices or directories are refused without blocking", "[cli]") {
+  terrace::testing::TempDir tmp("cli-in");
+  const fs::path fifo = tmp.path() / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  for (const fs::path& p : {fifo, fs::path("/dev/zero"), tmp.path()}) {
+    INFO(p);
+    REQUIRE(ReadInputFile(p, "--config", 1 << 20).status().IsInvalidArgument());
+    REQUIRE(CheckInputFile(p, "--config").IsInvalidArgument());
+  }
+  REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  REQUIRE(ReadInputFile(tmp.path() / "nope", "--config", 10).status().IsNotFound());
+  const fs::path f = tmp.path() / "f";
+  Write(f, std::string(100, 'a'));
+  REQUIRE(*ReadInputFile(f, "--config", 100) == std::string(100, 'a'));
+  REQUIRE(ReadInputFile(f, "--config", 99).status().IsInvalidArgument());
+  fs::create_symlink(f, tmp.path() / "link");  // inputs follow symlinks
+  REQUIRE(ReadInputFile(tmp.path() / "link", "--config", 100).ok());
+}
+
+TEST_CASE("cli dirs: only a marked Terrace store is removed", "[cli]") {
+  terrace::testing::TempDir tmp("cli-own");
+  const fs::path d = tmp.path() / "store";
+  fs::create_directories(d / "index");
+  Write(d / "terrace.data", std::string("TRRCNVME") + std::string(100, '\0'));
+  // No marker: refused, untouched.
+  auto r = RemoveOwnedStore(d, "m.marker", "--dir", "demo");
+  REQUIRE(r.status().IsInvalidArgument());
+  REQUIRE(fs::exists(d / "terrace.data"));
+  Write(d / "m.marker", "x");
+  Write(d / "user.txt", "mine");  // a foreign entry: refused, untouched
+  REQUIRE(RemoveOwnedStore(d, "m.marker", "--dir", "demo").status().message().find("user.txt") != std::string::npos);
+  REQUIRE(Slurp(d / "user.txt") == "mine");
+  REQUIRE(fs::exists(d / "terrace.data"));
+  fs::remove(d / "user.txt");
+  Write(d / "terrace.data", "NOTMAGIC");  // wrong magic: refused
+  REQUIRE_FALSE(RemoveOwnedStore(d, "m.marker", "--dir", "demo").ok());
+  Write(d / "terrace.data", std::string("TRRCNVME") + std::string(100, '\0'));
+  REQUIRE(IsOwnedStore(d, "m.marker"));
+  r = RemoveOwnedStore(d, "m.marker", "--dir", "demo");
+  REQUIRE(r.ok());
+  REQUIRE(*r);
+  REQUIRE(fs::is_directory(d));
+  REQUIRE(fs::is_empty(d));
+  REQUIRE_FALSE(*RemoveOwnedStore(d, "m.marker", "--dir", "demo"));               // empty: nothing to do
+  REQUIRE_FALSE(*RemoveOwnedStore(tmp.path() / "none", "m.marker", "--dir", "demo"));  // absent
+  Write(tmp.path() / "file", "x");
+  REQUIRE(RemoveOwnedStore(tmp.path() / "file", "m.marker", "--dir", "demo").status().IsInvalidArgument());
+  fs::create_symlink(d, tmp.path() / "link");
+  REQUIRE(RemoveOwnedStore(tmp.path() / "link", "m.marker", "--dir", "demo").status().IsInvalidArgument());
+}

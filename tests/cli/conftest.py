@@ -1,0 +1,67 @@
+import os
+import subprocess
+
+import pytest
+
+
+class Terrace:
+    """Runs the built binary; every run has a timeout so that a hang fails the test, not the suite."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, *args, cwd=None, timeout=120, check=False):
+        try:
+            r = subprocess.run([self.path, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"terrace {' '.join(map(str, args))} hung (no exit within {timeout} s)")
+        if check and r.returncode != 0:
+            raise AssertionError(f"terrace {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def popen(self, *args, cwd=None):
+        return subprocess.Popen([self.path, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def terrace():
+    path = os.environ.get("TERRACE_BIN")
+    if not path or not os.path.exists(path):
+        pytest.skip("TERRACE_BIN is not set to the built terrace binary")
+    return Terrace(path)
+
+
+@pytest.fixture(scope="session")
+def toy_model(terrace, tmp_path_factory):
+    d = tmp_path_factory.mktemp("model") / "toy"
+    terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", check=True)
+    return d
+
+
+def snapshot(root):
+    """{relative path: (kind, bytes or link target)} of everything under root (symlinks not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir", None)
+            elif os.path.isfile(p):
+                with open(p, "rb") as f:
+                    out[rel] = ("file", f.read())
+            else:
+                out[rel] = ("other", os.stat(p, follow_symlinks=False).st_mode)
+    return out
+
+
+def user_folder(path):
+    """A folder of someone's files that Terrace must never touch."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "thesis.txt").write_text("years of work\n")
+    (path / "photos").mkdir(exist_ok=True)
+    (path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    return path

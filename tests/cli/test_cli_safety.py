@@ -1,0 +1,376 @@
+"""CLI safety: never destroy what Terrace did not create, never hang or crash on bad input, exit 2
+for bad arguments. Each test reproduces an item of the CLI safety issue against the built binary."""
+import hashlib
+import json
+import os
+import signal
+import stat
+import struct
+import time
+
+import pytest
+
+from conftest import snapshot, user_folder
+
+API_FIELDS = ("capacity_bytes", "create_if_missing", "PutOptions", "index_dir", "chunk_bytes", "options.")
+
+
+def assert_usage_error(r, *words):
+    assert r.returncode == 2, f"exit {r.returncode}, want 2 (usage error)\n{r.stdout}\n{r.stderr}"
+    assert r.stderr.startswith("terrace: error: "), r.stderr
+    for w in words:
+        assert w in r.stderr, f"{w!r} not in {r.stderr!r}"
+    for f in API_FIELDS:
+        assert f not in r.stderr, f"message names the API field {f!r}: {r.stderr!r}"
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# ---- commands and exit codes -------------------------------------------------------------------
+
+def test_unknown_command_is_named(terrace):
+    assert_usage_error(terrace("frobnicate"), "unknown command 'frobnicate'")
+    assert_usage_error(terrace("model", "frobnicate"), "unknown command 'frobnicate'", "init")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["model", "init", "--out", "x"], ["--preset or --config"]),
+    (["model", "inspect"], ["--preset"]),
+    (["model", "init", "--preset", "no-such-preset", "--out", "x"], ["no-such-preset"]),
+])
+def test_missing_or_bad_arguments_exit_2(terrace, tmp_path, args, words):
+    assert_usage_error(terrace(*args, cwd=tmp_path), *words)
+
+
+def test_token_outside_vocabulary_is_a_usage_error(terrace, toy_model):
+    assert_usage_error(terrace("model", "run", "--model", toy_model, "--tokens", "1,99999999"), "--tokens")
+
+
+# ---- numbers -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,flag", [
+    (["model", "init", "--preset", "k3-toy", "--out", "m", "--routing-tokens", "-1"], "--routing-tokens"),
+    (["model", "init", "--preset", "k3-toy", "--out", "m", "--seed", "-1"], "--seed"),
+    (["model", "init", "--preset", "k3-toy", "--out", "m", "--shard-bytes", "-1"], "--shard-bytes"),
+    (["model", "run", "--model", "m", "--tokens", "1", "--threads", "100000"], "--threads"),
+    (["model", "run", "--model", "m", "--tokens", "1", "--max-new", "-1"], "--max-new"),
+    (["demo", "--seed", "-1"], "--seed"),
+    (["bench", "tiers", "--block-size", "1TiB", "--total-bytes", "1TiB"], "--block-size"),
+    (["bench", "tiers", "--block-size", "-4096"], "--block-size"),
+    (["bench", "tiers", "--total-bytes", "99999999999999999999"], "--total-bytes"),
+    (["ref", "kda", "--in", "i", "--out", "o", "--chunk-size", "-1"], "--chunk-size"),
+    (["ref", "mla", "--in", "i", "--out", "o", "--heads", "-1"], "--heads"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--top-k", "-5"], "--top-k"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--eps", "nan"], "--eps"),
+])
+def test_out_of_range_numbers_are_refused_naming_the_flag(terrace, tmp_path, args, flag):
+    r = terrace(*args, cwd=tmp_path, timeout=60)
+    assert_usage_error(r, flag)
+    assert "range" in r.stderr or "not a finite number" in r.stderr or "negative" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == [], "a refused command created files"
+
+
+# Regression guards: these were already refused (CLI11 range checks) before the range-checked options
+# replaced them; they must stay refused.
+@pytest.mark.parametrize("args,flag", [
+    (["demo", "--sequences", "-1"], "--sequences"),
+    (["demo", "--chunks", "4294967297"], "--chunks"),
+    (["bench", "tiers", "--threads", "100000"], "--threads"),
+    (["bench", "tiers", "--threads", "-1"], "--threads"),
+    (["bench", "tiers", "--queue-depth", "-1"], "--queue-depth"),
+    (["bench", "tiers", "--batch", "65537"], "--batch"),
+])
+def test_range_checked_options_stay_refused(terrace, tmp_path, args, flag):
+    assert_usage_error(terrace(*args, cwd=tmp_path, timeout=60), flag)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args,flags", [
+    (["--batch", "65536", "--op", "read", "--total-bytes", "64MiB"], ["--batch", "--block-size"]),
+    (["--batch", "65536", "--op", "read", "--total-bytes", "64MiB", "--tier", "nvme", "--dir", "b"], ["--batch"]),
+    (["--block-size", "1GiB", "--total-bytes", "64TiB"], ["--total-bytes"]),
+])
+def test_bench_sizes_that_cannot_work_are_refused_not_segfaults(terrace, tmp_path, args, flags):
+    r = terrace("bench", "tiers", *args, cwd=tmp_path, timeout=120)
+    assert_usage_error(r, *flags)
+    assert "Bad address" not in r.stderr
+
+
+# ---- demo --fresh ------------------------------------------------------------------------------------
+
+def test_demo_fresh_refuses_a_folder_of_user_files(terrace, tmp_path):
+    d = user_folder(tmp_path / "mine")
+    before = snapshot(d)
+    r = terrace("demo", "--fresh", "--dir", d, "--sequences", "1")
+    assert_usage_error(r, "--dir", "thesis.txt", "nothing was removed")
+    assert snapshot(d) == before
+
+
+def test_demo_fresh_refuses_the_working_folder_and_a_regular_file(terrace, tmp_path):
+    user_folder(tmp_path)
+    (tmp_path / "notes").write_text("keep me\n")
+    before = snapshot(tmp_path)
+    assert_usage_error(terrace("demo", "--fresh", "--dir", ".", "--sequences", "1", cwd=tmp_path), "--dir")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", "notes", "--sequences", "1", cwd=tmp_path), "--dir",
+                       "regular file")
+    assert snapshot(tmp_path) == before
+
+
+def test_demo_fresh_removes_only_its_own_store(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, "--sequences", "2", check=True)
+    (d / "mine.txt").write_text("not Terrace's\n")  # a foreign file makes it not the demo's store
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, "--sequences", "2"), "mine.txt")
+    assert (d / "mine.txt").read_text() == "not Terrace's\n" and (d / "terrace.data").exists()
+    (d / "mine.txt").unlink()
+    r = terrace("demo", "--fresh", "--dir", d, "--sequences", "2", check=True)
+    assert "removed the demo store" in r.stdout
+    assert "0 blocks from earlier runs" in r.stdout
+
+
+def test_demo_fresh_refuses_a_store_the_demo_did_not_create(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, "--sequences", "1", check=True)
+    (d / "terrace-demo.marker").unlink()  # as a store written by another program would be
+    before = snapshot(d)
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, "--sequences", "1"), "did not create")
+    assert snapshot(d) == before
+
+
+def test_demo_fresh_refuses_a_symlink_to_a_store(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, "--sequences", "1", check=True)
+    os.symlink(d, tmp_path / "link")
+    before = snapshot(d)
+    assert_usage_error(terrace("demo", "--fresh", "--dir", tmp_path / "link", "--sequences", "1"), "symbolic link")
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 5, 6, 7])
+def test_demo_runs_with_few_chunks(terrace, tmp_path, chunks):
+    r = terrace("demo", "--dir", tmp_path / "d", "--chunks", chunks, "--sequences", "4")
+    assert r.returncode == 0, r.stderr
+
+
+def test_demo_refuses_more_than_its_store_holds(terrace, tmp_path):
+    r = terrace("demo", "--dir", tmp_path / "d", "--chunks", "1000", "--sequences", "10000")
+    assert_usage_error(r, "--sequences", "--chunks")
+    assert not (tmp_path / "d").exists()
+
+
+# ---- model init --out ------------------------------------------------------------------------------
+
+def test_model_init_refuses_a_non_empty_out(terrace, tmp_path):
+    d = tmp_path / "m"
+    terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", check=True)
+    before = snapshot(d)
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", d, "--seed", "7", "--routing-tokens", "0")
+    assert_usage_error(r, "--out", "not empty", "--force")
+    assert snapshot(d) == before
+
+
+def test_model_init_force_replaces_only_checkpoint_files(terrace, tmp_path):
+    d = tmp_path / "m"
+    terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", check=True)
+    user_folder(d / "notes")
+    (d / "README.md").write_text("my model card\n")
+    (d / "model.safetensors.bak").write_bytes(b"a backup")
+    old = sha(d / "model.safetensors")
+    terrace("model", "init", "--preset", "k3-toy", "--out", d, "--seed", "7", "--routing-tokens", "0", "--force",
+            check=True)
+    assert sha(d / "model.safetensors") != old  # replaced (another seed)
+    assert (d / "README.md").read_text() == "my model card\n"
+    assert (d / "model.safetensors.bak").read_bytes() == b"a backup"
+    assert (d / "notes" / "thesis.txt").read_text() == "years of work\n"
+
+
+def test_model_init_force_refuses_a_checkpoint_name_that_is_not_a_regular_file(terrace, tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    precious = tmp_path / "precious.json"
+    precious.write_text("{}\n")
+    os.symlink(precious, d / "config.json")
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", "--force")
+    assert_usage_error(r, "config.json", "symbolic link")
+    assert os.path.islink(d / "config.json") and precious.read_text() == "{}\n"
+
+
+def test_model_init_refuses_a_regular_file_or_symlink_as_out(terrace, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x\n")
+    assert_usage_error(terrace("model", "init", "--preset", "k3-toy", "--out", f, "--force"), "--out", "regular file")
+    os.symlink(tmp_path, tmp_path / "link")
+    assert_usage_error(terrace("model", "init", "--preset", "k3-toy", "--out", tmp_path / "link", "--force"),
+                       "symbolic link")
+    assert f.read_text() == "x\n"
+
+
+# ---- output files ------------------------------------------------------------------------------------
+
+def write_safetensors(path, tensors):
+    """A safetensors file from {name: (dtype, shape, bytes)} (no numpy needed)."""
+    header, offset, data = {}, 0, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def output_commands(model, tmp_path):
+    """(name, argv builder taking the output path): every command that writes an output file."""
+    tensors = tmp_path / "in.safetensors"
+    write_safetensors(tensors, {"weight": ("F32", [2, 32], bytes(256)),
+                                "weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    return [
+        ("model run --dump-logits", lambda o: ["model", "run", "--model", model, "--tokens", "1,2", "--dump-logits", o]),
+        ("ref mxfp4 --out", lambda o: ["ref", "mxfp4", "--in", tensors, "--out", o]),
+        ("model quantize-mxfp4 --out", lambda o: ["model", "quantize-mxfp4", "--in", tensors, "--out", o]),
+        ("model copy-tensors --out", lambda o: ["model", "copy-tensors", "--in", tensors, "--out", o]),
+    ]
+
+
+def test_outputs_refuse_fifos_symlinks_and_directories(terrace, toy_model, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("do not replace\n")
+    for name, argv in output_commands(toy_model, tmp_path):
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        link = tmp_path / "link"
+        os.symlink(victim, link)
+        folder = user_folder(tmp_path / "folder")
+        before = snapshot(folder)
+        for target, kind in [(fifo, "FIFO"), (link, "symbolic link"), (folder, "directory")]:
+            r = terrace(*argv(target), timeout=60)
+            assert_usage_error(r, kind)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode), name
+        assert os.path.islink(link) and os.readlink(link) == str(victim), name
+        assert victim.read_text() == "do not replace\n", name
+        assert snapshot(folder) == before, name
+        assert not [f for f in os.listdir(tmp_path) if f.startswith(".terrace-tmp")], name
+        fifo.unlink()
+        link.unlink()
+
+
+def test_outputs_write_new_and_regular_files(terrace, toy_model, tmp_path):
+    for i, (name, argv) in enumerate(output_commands(toy_model, tmp_path)):
+        out = tmp_path / f"out{i}.safetensors"
+        terrace(*argv(out), check=True)
+        first = out.read_bytes()
+        assert len(first) > 8, name
+        terrace(*argv(out), check=True)  # over a regular file: replaced
+        assert out.read_bytes() == first, name
+
+
+def make_full_device(tmp_path):
+    """A character device like /dev/full (1, 7) in the test's own folder (needs root)."""
+    dev = tmp_path / "full"
+    try:
+        os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"WARN: cannot create a device node ({e}); run as root to test device targets")
+    return dev
+
+
+def test_dump_logits_to_a_device_fails_and_leaves_the_device(terrace, toy_model, tmp_path):
+    dev = make_full_device(tmp_path)
+    r = terrace("model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", dev)
+    assert_usage_error(r, "--dump-logits", "character device")
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+    # The same through the real /dev/full, now that a device target is known to be refused.
+    r = terrace("model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", "/dev/full")
+    assert_usage_error(r, "--dump-logits", "character device")
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+
+
+# ---- input files ------------------------------------------------------------------------------------
+
+def test_inputs_that_are_fifos_or_devices_are_refused_not_waited_on(terrace, toy_model, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    bad_model = tmp_path / "bad_model"
+    bad_model.mkdir()
+    os.mkfifo(bad_model / "config.json")
+    cases = [
+        (["model", "init", "--config", fifo, "--out", tmp_path / "m1"], "--config"),
+        (["model", "init", "--config", "/dev/zero", "--out", tmp_path / "m2"], "--config"),
+        (["model", "init", "--config", tmp_path, "--out", tmp_path / "m3"], "--config"),
+        (["ref", "kda", "--in", fifo, "--out", tmp_path / "o"], "--in"),
+        (["ref", "kda", "--in", "/dev/zero", "--out", tmp_path / "o"], "--in"),
+        (["ref", "moe", "--in", toy_model / "model.safetensors", "--config", fifo, "--out", tmp_path / "o"],
+         "--config"),
+        (["model", "run", "--model", bad_model, "--tokens", "1"], "config.json"),
+        (["model", "run", "--model", fifo, "--tokens", "1"], "--model"),
+        (["model", "inspect", bad_model], "config.json"),
+        (["model", "copy-tensors", "--in", fifo, "--out", tmp_path / "o"], "--in"),
+        (["model", "dequant-mxfp4", "--in", "/dev/zero", "--out", tmp_path / "o"], "--in"),
+    ]
+    for argv, word in cases:
+        assert_usage_error(terrace(*argv, timeout=20), word)
+    assert not (tmp_path / "o").exists()
+
+
+# ---- bench tiers: signals and leftovers -----------------------------------------------------------------
+
+SLOW_NVME = ["bench", "tiers", "--tier", "nvme", "--block-size", "4KiB", "--total-bytes", "256MiB",
+             "--durability", "sync", "--batch", "1"]
+
+
+def wait_for(path, seconds=30):
+    end = time.time() + seconds
+    while time.time() < end:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_bench_cleans_up_on_signal(terrace, tmp_path, sig):
+    d = tmp_path / "bench"
+    p = terrace.popen(*SLOW_NVME, "--dir", d)
+    try:
+        assert wait_for(d / "terrace-bench.marker"), "the bench did not mark its directory"
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    assert "removed the directories it created" in err
+    assert not d.exists(), os.listdir(d)
+
+
+def test_bench_recognises_and_removes_its_own_leftover(terrace, tmp_path):
+    d = tmp_path / "bench"
+    p = terrace.popen(*SLOW_NVME, "--dir", d)
+    try:
+        assert wait_for(d / "terrace-bench.marker"), "the bench did not mark its directory"
+    finally:
+        p.kill()
+        p.communicate()
+    assert d.exists()  # SIGKILL: no chance to clean up
+    r = terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", d, check=True)
+    assert "left behind by an earlier" in r.stderr
+    assert not d.exists()
+
+
+def test_bench_never_removes_a_directory_it_did_not_create(terrace, tmp_path):
+    mine = user_folder(tmp_path / "mine")
+    before = snapshot(mine)
+    r = terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", mine)
+    assert r.returncode == 1 and "not empty" in r.stderr, r.stderr
+    assert snapshot(mine) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", empty, check=True)
+    assert empty.is_dir()  # existed before: the bench keeps it (and marks nothing in it)
+    assert not (empty / "terrace-bench.marker").exists()
+    assert_usage_error(terrace("bench", "tiers", "--tier", "nvme", "--dir", mine / "thesis.txt"), "regular file")
+    assert snapshot(mine) == before

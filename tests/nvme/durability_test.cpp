@@ -1,0 +1,460 @@
+// Durability under damage (format version 2): the index is a rebuildable cache of the data file;
+// an index that lost records, is missing, empty or foreign is refused (never silently paired);
+// one process per data area; creation survives a kill at any moment; read_only changes nothing.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "durability_util.h"
+
+using namespace terrace;
+using namespace terrace::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kChildEnv = "TERRACE_NVME_DURABILITY_CHILD";  // "<mode>|<dir>"
+constexpr const char* kChildTest = "nvme durability child";
+
+int WaitChild(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+// A store left as a crash leaves it: the scenario ran in a child that exited without closing.
+void CrashedScenario(const fs::path& dir) {
+  pid_t pid = SpawnSelf(kChildTest, kChildEnv, "scenario|" + dir.string());
+  REQUIRE(pid > 0);
+  int status = WaitChild(pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);  // every step of the scenario was acknowledged
+}
+
+void CleanScenario(const fs::path& dir) {
+  auto t = NvmeTier::Open(DurabilityOptions(dir));
+  REQUIRE(t.ok());
+  REQUIRE(RunScenario(**t).ok());
+}
+
+void RequireRefusedForRecover(const Result<std::unique_ptr<NvmeTier>>& t) {
+  REQUIRE_FALSE(t.ok());
+  INFO(t.status().ToString());
+  CHECK(t.status().IsCorruption());
+  CHECK(t.status().message().find("terrace store recover --dir") != std::string::npos);
+}
+
+void RebuildAndCheck(const NvmeTierOptions& o) {
+  auto r = NvmeTier::RebuildIndex(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == static_cast<std::uint64_t>(ScenarioBlocks()));
+  CHECK(r->corrupt_skipped == 0);
+  CHECK(r->bytes_scanned == o.capacity_bytes - nvme::kDataStart);
+  auto t = NvmeTier::Open(o);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  Status s = CheckScenario(**t);
+  INFO(s.ToString());
+  CHECK(s.ok());
+}
+
+void CopyTree(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
+
+TEST_CASE("nvme durability child", "[.nvme_durability_child]") {
+  const char* spec = std::getenv(kChildEnv);
+  if (!spec) return;
+  std::string s(spec);
+  const std::string mode = s.substr(0, s.find('|'));
+  const fs::path dir = s.substr(s.find('|') + 1);
+  if (mode == "scenario") {
+    auto t = NvmeTier::Open(DurabilityOptions(dir));
+    if (!t.ok() || !RunScenario(**t).ok()) std::_Exit(3);
+    std::_Exit(0);  // no close: the index keeps its log, as after a crash
+  }
+  if (mode == "create") {
+    auto t = NvmeTier::Open(DurabilityOptions(dir));
+    if (!t.ok()) std::_Exit(3);
+    ::pause();
+  }
+  std::_Exit(5);
+}
+
+TEST_CASE("nvme durability: a cleanly closed store keeps nothing only in the index log", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  // The memtable is flushed at close: removing every log file loses nothing.
+  for (const fs::path& log : IndexFiles(dir.path() / "index", ".log")) fs::remove(log);
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  Status s = CheckScenario(**t);
+  INFO(s.ToString());
+  CHECK(s.ok());
+}
+
+TEST_CASE("nvme durability: a damaged index is refused and RebuildIndex restores every acknowledged block",
+          "[nvme][durability]") {
+  const bool crashed = GENERATE(true, false);
+  TempDir base("nvme-dur");
+  const fs::path original = base.path() / "original";
+  fs::create_directories(original);
+  if (crashed) {
+    CrashedScenario(original);
+  } else {
+    CleanScenario(original);
+  }
+  // What to damage: the log of a crashed store (it holds the scenario's records), the tables of a
+  // cleanly closed one (its log is empty).
+  const auto targets = IndexFiles(original / "index", crashed ? ".log" : ".sst");
+  REQUIRE_FALSE(targets.empty());
+  fs::path target_name;
+  std::uintmax_t target_size = 0;
+  for (const fs::path& p : targets) {
+    if (fs::file_size(p) > target_size) {
+      target_size = fs::file_size(p);
+      target_name = p.filename();
+    }
+  }
+  REQUIRE(target_size > 0);
+  INFO((crashed ? "crashed" : "clean") << " store, damaging " << target_name << " (" << target_size << " bytes)");
+
+  std::mt19937_64 rng(crashed ? 17 : 18);
+  int cases = 0;
+  for (int k = 0; k < 12; ++k) {
+    const bool truncate = k % 3 == 2;
+    // Spread over the file, including its last bytes (the last commit's record).
+    const std::uint64_t at = k < 2 ? target_size - 1 - static_cast<std::uint64_t>(k) * 7 : rng() % target_size;
+    TempDir copy("nvme-dur-copy");
+    CopyTree(original, copy.path());
+    const fs::path victim = copy.path() / "index" / target_name;
+    if (truncate) {
+      fs::resize_file(victim, at);
+    } else {
+      FlipBit(victim, at, static_cast<int>(rng() % 8));
+    }
+    INFO((truncate ? "truncated to " : "bit flipped at ") << at);
+    const auto data_before = HashTree(copy.path())["terrace.data"];
+    auto o = DurabilityOptions(copy.path());
+    RequireRefusedForRecover(NvmeTier::Open(o));
+    // The refused open changed nothing: the damaged index is still there for the rebuild to keep.
+    CHECK(fs::file_size(victim) == (truncate ? at : target_size));
+    RebuildAndCheck(o);
+    // The damaged index was moved aside, not deleted.
+    int aside = 0;
+    for (const auto& e : fs::directory_iterator(copy.path())) {
+      aside += e.path().filename().string().rfind("index.damaged-", 0) == 0;
+    }
+    CHECK(aside == 1);
+    CHECK(HashTree(copy.path())["terrace.data"] == data_before);  // the data file is still the same
+    ++cases;
+  }
+  CHECK(cases == 12);
+}
+
+TEST_CASE("nvme durability: a deleted or emptied index is refused; the rebuild restores it", "[nvme][durability]") {
+  const bool crashed = GENERATE(true, false);
+  const bool empty_dir = GENERATE(true, false);
+  TempDir dir("nvme-dur");
+  if (crashed) {
+    CrashedScenario(dir.path());
+  } else {
+    CleanScenario(dir.path());
+  }
+  fs::remove_all(dir.path() / "index");
+  if (empty_dir) fs::create_directories(dir.path() / "index");
+  auto o = DurabilityOptions(dir.path());
+  RequireRefusedForRecover(NvmeTier::Open(o));
+  RequireRefusedForRecover(NvmeTier::Open(o));  // still refused: the first refusal created nothing
+  RebuildAndCheck(o);
+}
+
+TEST_CASE("nvme durability: overwrites and erases survive a rebuild exactly (no resurrection)", "[nvme][durability]") {
+  // Many rounds of overwrite/erase on a small store so that released extents are reused.
+  TempDir dir("nvme-dur");
+  auto o = SmallNvmeOptions(dir.path(), 8 * kMiB, Durability::kAsync);
+  std::map<int, std::uint64_t> live;  // key -> seed of its last version
+  std::mt19937_64 rng(99);
+  {
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.ok());
+    for (int step = 0; step < 600; ++step) {
+      int key = static_cast<int>(rng() % 30);
+      if (rng() % 4 == 0 && live.count(key)) {
+        REQUIRE((*t)->Erase(TestKey(key)).ok());
+        live.erase(key);
+      } else {
+        std::uint64_t seed = 1000 + static_cast<std::uint64_t>(step);
+        REQUIRE(PutTestBlock(**t, key, seed, 4096 + (key % 5) * 70000).ok());
+        live[key] = seed;
+      }
+    }
+  }
+  // The scan agrees with the index (same keys, same descriptions) before any rebuild.
+  std::map<BlockKey, BlockDesc> scanned;
+  auto scan = NvmeTier::ScanDataFile(o, [&](const BlockKey& k, const BlockDesc& d, std::uint64_t) { scanned[k] = d; });
+  REQUIRE(scan.ok());
+  CHECK(scan->corrupt == 0);
+  CHECK(scanned.size() == live.size());
+  {
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.ok());
+    std::map<BlockKey, BlockDesc> indexed;
+    (*t)->ForEach([&](const BlockKey& k, const BlockDesc& d) { indexed[k] = d; });
+    CHECK(indexed == scanned);
+  }
+  auto r = NvmeTier::RebuildIndex(o);
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == live.size());
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  CHECK((*t)->block_count() == live.size());
+  for (int key = 0; key < 30; ++key) {
+    auto it = live.find(key);
+    if (it == live.end()) {
+      CHECK((*t)->Lookup(TestKey(key)).status().IsNotFound());
+    } else {
+      Status s = CheckTestBlock(**t, key, it->second, 4096 + (key % 5) * 70000);
+      INFO("key " << key << ": " << s.ToString());
+      CHECK(s.ok());
+    }
+  }
+}
+
+TEST_CASE("nvme durability: a data file is never paired with another store's index", "[nvme][durability]") {
+  TempDir a("nvme-a"), b("nvme-b");
+  CleanScenario(a.path());
+  {
+    auto t = NvmeTier::Open(DurabilityOptions(b.path()));
+    REQUIRE(t.ok());
+    REQUIRE(PutTestBlock(**t, 1, 77).ok());
+  }
+  const auto before_a = HashTree(a.path());
+  const auto before_b = HashTree(b.path());
+  SECTION("B's index") {
+    auto o = DurabilityOptions(a.path());
+    o.index_dir = b.path() / "index";
+    auto t = NvmeTier::Open(o);
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().ToString());
+    CHECK(t.status().IsCorruption());
+    CHECK(t.status().message().find("belongs to store") != std::string::npos);
+  }
+  SECTION("a second, new index directory") {
+    TempDir other("nvme-idx");
+    auto o = DurabilityOptions(a.path());
+    o.index_dir = other.path() / "index2";
+    RequireRefusedForRecover(NvmeTier::Open(o));
+    CHECK_FALSE(fs::exists(o.index_dir));
+    fs::create_directories(o.index_dir);
+    RequireRefusedForRecover(NvmeTier::Open(o));
+    CHECK(fs::is_empty(o.index_dir));
+  }
+  CHECK(HashTree(a.path()) == before_a);  // not one byte of either store changed
+  CHECK(HashTree(b.path()) == before_b);
+  auto t = NvmeTier::Open(DurabilityOptions(a.path()));
+  REQUIRE(t.ok());
+  CHECK(CheckScenario(**t).ok());
+}
+
+TEST_CASE("nvme durability: one writer per data area", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  auto o = DurabilityOptions(dir.path());
+  auto ro = o;
+  ro.read_only = true;
+  {
+    auto first = NvmeTier::Open(o);
+    REQUIRE(first.ok());
+    REQUIRE(PutTestBlock(**first, 1).ok());
+    for (const auto& other : {o, ro}) {
+      auto second = NvmeTier::Open(other);
+      REQUIRE_FALSE(second.ok());
+      INFO(second.status().ToString());
+      CHECK(second.status().code() == Code::kUnavailable);
+      CHECK(second.status().message().find("in use by another process") != std::string::npos);
+    }
+    auto scan = NvmeTier::ScanDataFile(o, {});
+    CHECK(scan.status().code() == Code::kUnavailable);
+    auto rebuild = NvmeTier::RebuildIndex(o);
+    CHECK(rebuild.status().code() == Code::kUnavailable);
+    REQUIRE(CheckTestBlock(**first, 1).ok());
+  }
+  {
+    // Readers share the area; a writer waits for them to close.
+    auto r1 = NvmeTier::Open(ro);
+    auto r2 = NvmeTier::Open(ro);
+    REQUIRE(r1.ok());
+    REQUIRE(r2.ok());
+    CHECK(NvmeTier::ScanDataFile(o, {}).ok());
+    CHECK(NvmeTier::Open(o).status().code() == Code::kUnavailable);
+    REQUIRE(CheckTestBlock(**r1, 1).ok());
+    REQUIRE(CheckTestBlock(**r2, 1).ok());
+  }
+  auto again = NvmeTier::Open(o);
+  REQUIRE(again.ok());
+}
+
+TEST_CASE("nvme durability: a creation killed at any moment leaves a store that opens", "[nvme][durability]") {
+  const bool precreated_index = GENERATE(false, true);
+  TempDir base("nvme-dur");
+  std::mt19937_64 rng(precreated_index ? 3 : 4);
+  int opened = 0;
+  constexpr int kRounds = 30;
+  for (int round = 0; round < kRounds; ++round) {
+    const fs::path dir = base.path() / ("r" + std::to_string(round));
+    fs::create_directories(dir);
+    if (precreated_index) fs::create_directories(dir / "index");
+    pid_t pid = SpawnSelf(kChildTest, kChildEnv, "create|" + dir.string());
+    REQUIRE(pid > 0);
+    // Creation takes ~50-150 ms here (child start included): kill anywhere in it.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200000));
+    ::kill(pid, SIGKILL);
+    WaitChild(pid);
+    auto t = NvmeTier::Open(DurabilityOptions(dir));
+    INFO("round " << round << ": " << t.status().ToString());
+    REQUIRE(t.ok());
+    CHECK((*t)->block_count() == 0);
+    CHECK_FALSE(fs::exists(dir / "terrace.data.creating"));
+    REQUIRE(PutTestBlock(**t, 1).ok());
+    t = Status::Internal("closed");
+    auto again = NvmeTier::Open(DurabilityOptions(dir));
+    REQUIRE(again.ok());
+    CHECK(CheckTestBlock(**again, 1).ok());
+    ++opened;
+  }
+  CHECK(opened == kRounds);
+}
+
+TEST_CASE("nvme durability: leftovers of an interrupted creation are completed or discarded", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  SECTION("an empty terrace.data.creating") {
+    std::ofstream(dir.path() / "terrace.data.creating").put('\0');
+  }
+  SECTION("a preallocated terrace.data.creating without a superblock") {
+    std::ofstream f(dir.path() / "terrace.data.creating", std::ios::binary);
+    f << std::string(1 << 20, '\0');
+  }
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  CHECK((*t)->recovery_report().created);
+  CHECK(fs::exists(dir.path() / "terrace.data"));
+  CHECK_FALSE(fs::exists(dir.path() / "terrace.data.creating"));
+}
+
+TEST_CASE("nvme durability: a pre-created empty index directory serves a new store", "[nvme][durability]") {
+  TempDir dir("nvme-dur"), idx("nvme-idx");
+  const bool inside = GENERATE(true, false);
+  auto o = DurabilityOptions(dir.path());
+  if (inside) {
+    fs::create_directories(dir.path() / "index");
+  } else {
+    o.index_dir = idx.path() / "index";
+    fs::create_directories(o.index_dir);
+  }
+  {
+    auto t = NvmeTier::Open(o);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    CHECK((*t)->recovery_report().created);
+    REQUIRE(PutTestBlock(**t, 3).ok());
+  }
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  CHECK(CheckTestBlock(**t, 3).ok());
+}
+
+TEST_CASE("nvme durability: capacity 0 means as recorded; creating needs one", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  auto o = DurabilityOptions(dir.path());
+  o.capacity_bytes = 0;
+  auto none = NvmeTier::Open(o);
+  REQUIRE(none.status().IsInvalidArgument());
+  CHECK(none.status().message().find("capacity") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path() / "terrace.data"));
+  {
+    auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+    REQUIRE(t.ok());
+    REQUIRE(PutTestBlock(**t, 2).ok());
+  }
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  CHECK((*t)->caps().capacity_bytes == 32 * kMiB);
+  CHECK(CheckTestBlock(**t, 2).ok());
+}
+
+TEST_CASE("nvme durability: read_only changes not one byte, reports corrupt blocks without dropping them",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  // Damage the data of scenario block 5 (its last version has seed 2), found by content.
+  std::uint64_t offset = 0;
+  {
+    auto want = TestBytes(5, NvmeTestSize(5), 2);
+    std::ifstream f(dir.path() / "terrace.data", std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto pos = all.find(std::string(reinterpret_cast<const char*>(want.data()), std::min<std::size_t>(want.size(), 64)));
+    REQUIRE(pos != std::string::npos);
+    offset = pos;
+  }
+  FlipBit(dir.path() / "terrace.data", offset, 3);
+  const auto before = HashTree(dir.path());
+  auto o = DurabilityOptions(dir.path());
+  o.read_only = true;
+  for (int pass = 0; pass < 2; ++pass) {
+    auto t = NvmeTier::Open(o);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    NvmeTier& tier = **t;
+    CHECK(tier.read_only());
+    std::vector<std::byte> buf(2 * kMiB);
+    Status bad = tier.Get(TestKey(5), buf, nullptr);
+    CHECK(bad.IsCorruption());
+    CHECK(tier.Get(TestKey(5), buf, nullptr).IsCorruption());  // reported again: not dropped
+    CHECK(tier.block_count() == static_cast<std::uint64_t>(ScenarioBlocks()));
+    for (int i = 0; i < kScenarioKeys - 4; ++i) {
+      if (i != 5) CHECK(CheckTestBlock(tier, i, i < kScenarioKeys / 2 ? 2 : 1).ok());
+    }
+    Status put = PutTestBlock(tier, 99);
+    CHECK(put.IsInvalidArgument());
+    CHECK(put.message().find("read-only") != std::string::npos);
+    CHECK(tier.Erase(TestKey(1)).IsInvalidArgument());
+    CHECK(tier.Flush().IsInvalidArgument());
+    CHECK(tier.Stats().detail.find("read-only") != std::string::npos);
+  }
+  CHECK(HashTree(dir.path()) == before);
+  // A read-write open drops it on Get, as before.
+  auto rw = NvmeTier::Open(DurabilityOptions(dir.path()));
+  REQUIRE(rw.ok());
+  std::vector<std::byte> buf(2 * kMiB);
+  CHECK((*rw)->Get(TestKey(5), buf, nullptr).IsCorruption());
+  CHECK((*rw)->Lookup(TestKey(5)).status().IsNotFound());
+}
+
+TEST_CASE("nvme durability: the tier logs through the logger it is given", "[nvme][durability]") {
+  struct Capture : Logger {
+    std::mutex mu;
+    std::vector<std::pair<LogLevel, std::string>> lines;
+    void Log(LogLevel level, std::string_view, std::string_view message) override {
+      std::lock_guard<std::mutex> l(mu);
+      lines.emplace_back(level, std::string(message));
+    }
+  };
+  auto cap = std::make_shared<Capture>();
+  TempDir dir("nvme-dur");
+  auto o = DurabilityOptions(dir.path());
+  o.logger = cap;
+  { REQUIRE(NvmeTier::Open(o).ok()); }
+  bool created = false;
+  for (const auto& [level, msg] : cap->lines) created |= level == LogLevel::kInfo && msg.rfind("created", 0) == 0;
+  CHECK(created);
+}

@@ -1,0 +1,335 @@
+"""`terrace store` end to end, driving the built binary (TERRACE_BIN).
+
+fill/check argument handling (issue 8), check's read-only contract, lost-from-index detection and
+`store recover` (issue 7), `store drill`, and `store stats` with its documented metrics.
+"""
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+BIN = os.environ.get("TERRACE_BIN")
+if not BIN or not os.path.exists(BIN):
+    pytest.skip("TERRACE_BIN is not set to the built terrace binary", allow_module_level=True)
+SOURCE_DIR = Path(os.environ.get("TERRACE_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+
+
+def terrace(*args, timeout=120, stdin=subprocess.DEVNULL):
+    return subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=timeout, stdin=stdin)
+
+
+def fill(store, *extra, count=8, block_size="16KiB", capacity="64MiB", seed=1):
+    args = ["store", "fill", "--dir", store, "--count", count, "--block-size", block_size, "--seed", seed]
+    if capacity:
+        args += ["--capacity", capacity]
+    return terrace(*args, *extra)
+
+
+def snapshot(path):
+    """Every file under `path`: relative name -> (size, sha256). A read-only command must not change it."""
+    out = {}
+    for p in sorted(Path(path).rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(path))] = (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+def durable_keys(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("durable ")]
+
+
+def flip_byte_in_block(data_file, seed_block_bytes):
+    """Flips one byte 8 KiB into the first extent whose first bytes are `seed_block_bytes` (the middle of a
+    16 KiB block, whatever header its extent carries)."""
+    data = bytearray(Path(data_file).read_bytes())
+    at = data.find(seed_block_bytes)
+    assert at >= 0, "block not found in the data file"
+    data[at + 8192] ^= 0x40
+    Path(data_file).write_bytes(bytes(data))
+
+
+def first_block_prefix(store, tmp_path):
+    """The first 64 bytes of the first 4 KiB unit past the superblock that is not zero (the first extent)."""
+    data = Path(store, "terrace.data").read_bytes()
+    for off in range(4096, len(data), 4096):
+        chunk = data[off:off + 64]
+        if chunk.strip(b"\0"):
+            return chunk
+    raise AssertionError("no block found")
+
+
+# ---- issue 8: fill/check arguments -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,value,range_text", [
+    ("--count", "-1", "1 to "),
+    ("--seed", "-1", "0 to "),
+    ("--threads", "100000", "1 to 256"),
+    ("--threads", "0", "1 to 256"),
+    ("--count", "1e3", "1 to "),
+])
+def test_fill_refuses_out_of_range_numbers_with_exit_2(tmp_path, flag, value, range_text):
+    args = {"--count": "4", "--seed": "1", "--threads": "2"}
+    args[flag] = value
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--capacity", "16MiB",
+                *[x for kv in args.items() for x in kv], timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert flag in r.stderr and range_text in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists(), "a refused command line must not create the store"
+
+
+def test_fill_count_times_block_size_overflow_is_refused(tmp_path):
+    # 2^62 blocks of 16 B wraps to 0 in 64-bit arithmetic: it must be refused, not run.
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--count", str(1 << 62), "--block-size", "16",
+                "--capacity", "16MiB", timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--count" in r.stderr and "--block-size" in r.stderr, r.stderr
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--count", "100", "--block-size", "1MiB",
+                "--capacity", "16MiB", timeout=30)
+    assert r.returncode == 2 and "--capacity" in r.stderr, r.stderr
+
+
+def test_fill_reports_every_put_failure_and_stops(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=15, block_size="1MiB", capacity="16MiB", seed=1)
+    assert r.returncode == 0, r.stderr
+    # Different blocks cannot fit next to the first ones: every put fails with "full".
+    start = time.monotonic()
+    r = fill(store, count=15, block_size="1MiB", capacity=None, seed=2)
+    assert time.monotonic() - start < 60
+    assert r.returncode == 1, r.stderr
+    failures = [line for line in r.stderr.splitlines() if re.match(r"terrace: put of .* failed", line)]
+    assert len(failures) >= 8, r.stderr          # each failure as it happens, not only the first
+    assert "stopping after 8 consecutive failed puts" in r.stderr, r.stderr
+    assert len(failures) < 15, r.stderr          # ... and then it stops
+
+
+def test_fill_of_identical_blocks_says_nothing_was_written(tmp_path):
+    store = tmp_path / "s"
+    assert fill(store, count=6).returncode == 0
+    r = fill(store, count=6)
+    assert r.returncode == 0, r.stderr
+    assert "already in the store with identical bytes" in r.stderr, r.stderr
+    assert "MB/s" not in r.stderr, r.stderr      # no throughput for work not done
+    assert len(durable_keys(r.stdout)) == 6       # still acknowledged: the blocks are durable
+
+
+def test_capacity_is_read_from_the_store(tmp_path):
+    store = tmp_path / "s"
+    assert fill(store, count=4, capacity="48MiB").returncode == 0
+    r = fill(store, count=8, capacity=None)                  # no --capacity: the store's own
+    assert r.returncode == 0, r.stderr
+    assert len(durable_keys(r.stdout)) == 8
+    r = terrace("store", "check", "--dir", store, "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "8 blocks in the index" in r.stdout, r.stdout
+    r = fill(store, count=4000, capacity=None)               # checked against the store's 48 MiB
+    assert r.returncode == 2 and "48.0 MiB" in r.stderr, r.stderr
+    r = terrace("store", "check", "--dir", store, "--capacity", "1GiB")
+    assert r.returncode == 2, r.stderr
+    assert "--capacity" in r.stderr and "48.0 MiB" in r.stderr, r.stderr
+
+
+def test_messages_name_cli_flags_not_api_fields(tmp_path):
+    for args in (["store", "check", "--dir", tmp_path / "absent"],
+                 ["store", "check", "--dir", tmp_path, "--capacity", "1GiB"],
+                 ["store", "stats", "--dir", tmp_path / "absent"],
+                 ["store", "recover", "--dir", tmp_path / "absent"]):
+        r = terrace(*args, timeout=30)
+        assert r.returncode != 0
+        for field in ("capacity_bytes", "create_if_missing", "index_dir", "options."):
+            assert field not in r.stderr, (args, r.stderr)
+        assert "--dir" in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
+def test_a_dir_that_is_a_file_is_a_usage_error(tmp_path, cmd):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    r = terrace("store", cmd, "--dir", f, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--dir" in r.stderr and "directory" in r.stderr, r.stderr
+    assert f.read_text() == "mine"
+
+
+@pytest.mark.parametrize("kind", ["directory", "dev-zero", "fifo"])
+def test_check_expect_must_be_a_regular_file(tmp_path, kind):
+    store = tmp_path / "s"
+    assert fill(store, count=2).returncode == 0
+    if kind == "directory":
+        target = tmp_path
+    elif kind == "dev-zero":
+        target = Path("/dev/zero")
+        if not stat.S_ISCHR(os.stat(target).st_mode):
+            pytest.skip("/dev/zero is not a character device on this machine")
+    else:
+        target = tmp_path / "fifo"
+        os.mkfifo(target)
+    try:
+        r = terrace("store", "check", "--dir", store, "--expect", target, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"check --expect {kind} hung")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--expect" in r.stderr and "regular file" in r.stderr, r.stderr
+
+
+# ---- issue 7: check is read-only, --repair, lost-from-index, recover --------------------------------------------
+
+def test_check_is_read_only_and_repair_drops_corrupt_blocks(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=8)
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    before = snapshot(store)
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert snapshot(store) == before, "store check changed the store"
+
+    flip_byte_in_block(store / "terrace.data", first_block_prefix(store, tmp_path))
+    damaged = snapshot(store)
+    for _ in range(2):                     # a second run sees the same damage: nothing was dropped
+        r = terrace("store", "check", "--dir", store, "--expect", expect)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert re.search(r"corrupt 1\b", r.stdout), r.stdout
+        assert "--repair" in r.stdout, r.stdout
+        assert snapshot(store) == damaged, "store check changed a damaged store"
+    r = terrace("store", "check", "--dir", store, "--repair")
+    assert r.returncode == 1 and "dropped" in r.stdout, r.stdout + r.stderr
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr          # the corrupt block is gone now
+    assert re.search(r"7 blocks in the index", r.stdout), r.stdout
+
+
+def lose_index(store):
+    """The index is gone (a lost disk, a wrong --index-dir, an rm): the data file alone remains."""
+    index = Path(store, "index")
+    for p in sorted(index.rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    index.rmdir()
+
+
+def test_check_without_expect_reports_blocks_the_index_lost_and_recover_rebuilds(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=24, block_size="8KiB")
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    lose_index(store)
+    r = terrace("store", "check", "--dir", store)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out                  # never "clean" with acknowledged blocks gone from the index
+    assert "store recover" in out, out
+    assert "24 committed blocks" in r.stdout, out  # the scan still sees them
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"(\d+) blocks indexed", r.stdout)
+    assert m and int(m.group(1)) == 24, r.stdout
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "lost-from-index 0" in r.stdout, r.stdout
+
+
+def test_kill_during_fill_loses_nothing_acknowledged(tmp_path):
+    """SIGKILL after a number of printed acknowledgements (not after a sleep), then check --expect."""
+    store = tmp_path / "s"
+    p = subprocess.Popen([BIN, "store", "fill", "--dir", str(store), "--count", "2000", "--block-size", "8KiB",
+                          "--capacity", "64MiB", "--threads", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    acked = []
+    for line in p.stdout:
+        if line.startswith("durable "):
+            acked.append(line)
+            if len(acked) == 37:
+                p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL
+    expect = tmp_path / "acked.txt"
+    expect.write_text("".join(acked))
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    out = r.stdout + r.stderr
+    assert re.search(r"missing 0 .*corrupt 0 .*wrong-content 0", r.stdout), out
+    # The only discrepancy a kill may leave: puts in flight (never acknowledged) whose data and
+    # descriptor reached the disk before their index entry, at most one per writer thread.
+    lost = int(re.search(r"lost-from-index (\d+)", r.stdout).group(1))
+    assert lost <= 3, out
+    assert r.returncode == (1 if lost else 0), out
+    if lost:
+        assert "store recover" in r.stdout, out
+        assert terrace("store", "recover", "--dir", store).returncode == 0
+        r = terrace("store", "check", "--dir", store, "--expect", expect)
+        assert r.returncode == 0 and "lost-from-index 0" in r.stdout, r.stdout + r.stderr
+
+
+# ---- store drill ---------------------------------------------------------------------------------------------------
+
+def test_drill_short_run_passes_and_reports_every_fault(tmp_path):
+    d = tmp_path / "drill"
+    r = terrace("store", "drill", "--dir", d, "--kills", "2", "--max-acks", "10", "--block-size", "4KiB",
+                "--capacity", "32MiB", "--seed", "5", "--json", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] is True
+    rows = {row["fault"]: row for row in j["faults"]}
+    assert set(rows) == {"eio", "enospc", "short", "bitflip", "powercut"}
+    for kind, row in rows.items():
+        assert row["rounds"] == 2, row
+        assert row["lost"] == 0 and row["corrupt_returned"] == 0, row
+    assert rows["bitflip"]["kills"] >= 1 and rows["bitflip"]["faults_injected"] >= 2
+    assert rows["bitflip"]["corrupt_detected"] >= 2, rows["bitflip"]   # every damaged block reported
+    assert rows["short"]["faults_injected"] > 0
+    assert rows["powercut"]["faults_injected"] >= 1
+    assert sum(row["acknowledged"] for row in rows.values()) > 0
+    assert len(re.findall(r"^drill \w+ round \d+/2", r.stderr, re.M)) == 10, r.stderr  # a progress line per round
+    # Rerunning in the drill's own directory is allowed (it recognises its marker).
+    r = terrace("store", "drill", "--dir", d, "--kills", "1", "--faults", "short", "--max-acks", "4",
+                "--block-size", "4KiB", "--capacity", "32MiB", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "corrupt-returned" in r.stdout
+
+
+def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep me")
+    r = terrace("store", "drill", "--dir", d, "--kills", "1", timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert (d / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]
+    r = terrace("store", "drill", "--dir", tmp_path / "x", "--faults", "eio,meteor", timeout=30)
+    assert r.returncode == 2 and "meteor" in r.stderr, r.stderr
+
+
+# ---- store stats ---------------------------------------------------------------------------------------------------
+
+def test_stats_reports_the_store_read_only_and_every_metric_is_documented(tmp_path):
+    store = tmp_path / "s"
+    assert fill(store, count=5, block_size="12KiB", capacity="40MiB").returncode == 0
+    before = snapshot(store)
+    r = terrace("store", "stats", "--dir", store, "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["blocks"] == 5 and j["used_bytes"] == 5 * 12 * 1024
+    assert j["capacity_bytes"] == 40 * 1024 * 1024
+    assert re.fullmatch(r"[0-9a-f-]{36}", j["uuid"]), j["uuid"]
+    assert j["format_version"] >= 1
+    assert isinstance(j["durability_warnings"], list)
+    r = terrace("store", "stats", "--dir", store, "--prometheus")
+    assert r.returncode == 0, r.stderr
+    assert 'terrace_tier_blocks{tier="nvme"} 5' in r.stdout, r.stdout
+    names = set(re.findall(r"^# TYPE (\w+) ", r.stdout, re.M))
+    assert len(names) > 10
+    doc = (SOURCE_DIR / "docs" / "operations.md").read_text()
+    undocumented = sorted(n for n in names if f"`{n}`" not in doc)
+    assert not undocumented, f"metrics missing from docs/operations.md: {undocumented}"
+    r = terrace("store", "stats", "--dir", store)
+    assert r.returncode == 0 and "store id" in r.stdout and "blocks          5" in r.stdout, r.stdout
+    assert snapshot(store) == before, "store stats changed the store"
+    r = terrace("store", "stats", "--dir", store, "--json", "--prometheus")
+    assert r.returncode == 2

@@ -1,0 +1,303 @@
+// NvmeTier::ScanDataFile and NvmeTier::RebuildIndex: the data file read as the source of truth.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <linux/fs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <unordered_map>
+
+#include <rocksdb/write_batch.h>
+
+#include <fmt/format.h>
+
+#include "tiers/nvme/index_store.h"
+#include "tiers/nvme/nvme_paths.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace {
+
+namespace fs = std::filesystem;
+using nvme::kUnit;
+
+namespace {
+
+constexpr std::uint64_t kScanChunk = 8 << 20;  // bytes read per pread
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct Found {
+  BlockKey key;
+  nvme::Record rec;
+};
+
+Status ErrnoStatus(std::string_view what, const fs::path& p, int err) {
+  return Status::IoError(fmt::format("{} '{}': {}", what, p.string(), std::strerror(err)));
+}
+
+// Opens and locks the data area, reads its superblock.
+Status OpenData(const nvme::StorePaths& paths, bool exclusive, Fd* fd, nvme::Superblock* sb, std::uint64_t* size) {
+  fd->fd = ::open(paths.data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd->fd < 0) {
+    int err = errno;
+    if (err == ENOENT) {
+      return Status::NotFound(fmt::format("'{}' does not exist: there is no Terrace store to scan there",
+                                          paths.data.string()));
+    }
+    return ErrnoStatus("cannot open the NVMe data file", paths.data, err);
+  }
+  if (int err = nvme::LockDataArea(fd->fd, exclusive ? LOCK_EX : LOCK_SH); err != 0) {
+    if (err == EWOULDBLOCK) {
+      return Status::Unavailable(fmt::format("NVMe store '{}' is in use by another process (its data file is locked); "
+                                             "close that process first",
+                                             paths.data.string()));
+    }
+    return ErrnoStatus("cannot lock the NVMe data file", paths.data, err);
+  }
+  if (paths.block_device) {
+    if (::ioctl(fd->fd, BLKGETSIZE64, size) != 0) return ErrnoStatus("cannot read the size of", paths.data, errno);
+  } else {
+    struct stat st {};
+    if (::fstat(fd->fd, &st) != 0) return ErrnoStatus("cannot stat", paths.data, errno);
+    *size = static_cast<std::uint64_t>(st.st_size);
+  }
+  std::vector<std::byte> unit(nvme::kSuperblockBytes);
+  ssize_t got = ::pread(fd->fd, unit.data(), unit.size(), 0);
+  if (got < 0) return ErrnoStatus("cannot read the superblock of", paths.data, errno);
+  unit.resize(static_cast<std::size_t>(got));
+  TERRACE_ASSIGN_OR_RETURN(*sb, nvme::Superblock::DecodeUnit(unit, paths.data.string()));
+  if (*size < sb->capacity_bytes) {
+    return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
+                                          "truncated",
+                                          paths.data.string(), *size, sb->capacity_bytes));
+  }
+  return Status::Ok();
+}
+
+Status ReadFull(int fd, std::byte* buf, std::uint64_t len, std::uint64_t offset, const fs::path& p) {
+  std::uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(fmt::format("cannot read {} bytes at offset {} of", len, offset + done), p, errno);
+    if (n == 0) return Status::IoError(fmt::format("unexpected end of '{}' at offset {}", p.string(), offset + done));
+    done += static_cast<std::uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+// The scan proper: every valid descriptor of `sb`'s store whose data matches, resolved to the
+// newest extent per key. Fills `report` (except seconds).
+Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const ScanProgressFn& progress,
+            std::vector<Found>* out, DataScanReport* report) {
+  const std::uint64_t begin = sb.data_start, end = sb.capacity_bytes;
+  ::posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin), POSIX_FADV_SEQUENTIAL);
+  std::vector<std::byte> chunk(kScanChunk), spill;
+  std::vector<Found> cands;
+  for (std::uint64_t pos = begin; pos < end; pos += kScanChunk) {
+    const std::uint64_t n = std::min<std::uint64_t>(kScanChunk, end - pos);
+    TERRACE_RETURN_IF_ERROR(ReadFull(fd, chunk.data(), n, pos, path));
+    report->bytes_scanned += n;
+    for (std::uint64_t u = 0; u < n; u += kUnit) {
+      auto d = nvme::Descriptor::Decode(std::span<const std::byte>(chunk.data() + u, kUnit));
+      if (!d) continue;
+      if (d->uuid != sb.uuid) {
+        ++report->foreign;
+        continue;
+      }
+      ++report->descriptors;
+      const std::uint64_t at = pos + u;
+      const nvme::Record& r = d->rec;
+      auto note_corrupt = [&] {
+        ++report->corrupt;
+        if (report->corrupt_keys.size() < DataScanReport::kMaxKeys) report->corrupt_keys.push_back(d->key.ToString());
+      };
+      if (r.offset % kUnit != 0 || r.offset < begin || r.length > end || r.descriptor_offset() != at) {
+        note_corrupt();  // a descriptor that does not describe the extent it ends
+        continue;
+      }
+      std::uint64_t sum;
+      if (r.offset >= pos) {
+        sum = Checksum(std::span<const std::byte>(chunk.data() + (r.offset - pos), r.length));
+      } else {
+        spill.resize(r.length);
+        TERRACE_RETURN_IF_ERROR(ReadFull(fd, spill.data(), r.length, r.offset, path));
+        sum = Checksum(spill);
+      }
+      if (sum != r.checksum) {
+        note_corrupt();
+        continue;
+      }
+      report->max_generation = std::max(report->max_generation, r.generation);
+      cands.push_back({d->key, r});
+    }
+    if (progress) progress(pos + n - begin, end - begin);
+  }
+  // Overlapping extents: the newer one was written into space released by the older one (whose
+  // descriptor should have been cleared); keep the higher generation.
+  std::sort(cands.begin(), cands.end(), [](const Found& a, const Found& b) { return a.rec.offset < b.rec.offset; });
+  std::vector<Found> kept;
+  kept.reserve(cands.size());
+  for (Found& f : cands) {
+    bool keep = true;
+    while (!kept.empty() && f.rec.offset < kept.back().rec.offset + kept.back().rec.extent_bytes()) {
+      ++report->superseded;
+      if (kept.back().rec.generation < f.rec.generation) {
+        kept.pop_back();
+      } else {
+        keep = false;
+        break;
+      }
+    }
+    if (keep) kept.push_back(f);
+  }
+  // Newest generation per key.
+  std::unordered_map<BlockKey, std::size_t> newest;
+  newest.reserve(kept.size());
+  out->clear();
+  for (Found& f : kept) {
+    auto [it, inserted] = newest.try_emplace(f.key, out->size());
+    if (inserted) {
+      out->push_back(f);
+      continue;
+    }
+    ++report->superseded;
+    if ((*out)[it->second].rec.generation < f.rec.generation) (*out)[it->second] = f;
+  }
+  report->blocks = out->size();
+  for (const Found& f : *out) report->bytes_in_blocks += f.rec.length;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string DataScanReport::ToString() const {
+  std::string s = fmt::format(
+      "{} blocks ({} bytes) in {} descriptors; {} corrupt extents skipped, {} superseded, {} of another store; "
+      "{} bytes scanned in {:.2f} s",
+      blocks, bytes_in_blocks, descriptors, corrupt, superseded, foreign, bytes_scanned, seconds);
+  if (!corrupt_keys.empty()) s += fmt::format("; first corrupt: {}", fmt::join(corrupt_keys, ", "));
+  return s;
+}
+
+std::string RebuildReport::ToString() const {
+  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}",
+                     blocks_indexed, corrupt_skipped, bytes_scanned, seconds,
+                     moved_aside.empty() ? std::string()
+                                         : fmt::format("; the old index was moved to '{}'", moved_aside.string()));
+}
+
+Result<DataScanReport> NvmeTier::ScanDataFile(
+    const NvmeTierOptions& options,
+    const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
+    const ScanProgressFn& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
+  Fd fd;
+  nvme::Superblock sb;
+  std::uint64_t size = 0;
+  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, &fd, &sb, &size));
+  if (options.capacity_bytes != 0 && options.capacity_bytes != sb.capacity_bytes) {
+    return Status::InvalidArgument(fmt::format("Terrace store '{}' has capacity {} but the options give {}; give the "
+                                               "original capacity (or 0: as recorded)",
+                                               paths.data.string(), sb.capacity_bytes, options.capacity_bytes));
+  }
+  DataScanReport report;
+  std::vector<Found> found;
+  TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report));
+  if (on_block) {
+    for (const Found& f : found) on_block(f.key, BlockDesc{f.rec.length, f.rec.codec, f.rec.checksum}, f.rec.generation);
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.read_only) {
+    return Status::InvalidArgument(fmt::format("rebuilding the index of '{}' writes a new index; it cannot be done "
+                                               "read-only",
+                                               options.path.string()));
+  }
+  TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
+  Fd fd;
+  nvme::Superblock sb;
+  std::uint64_t size = 0;
+  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/true, &fd, &sb, &size));
+  if (options.capacity_bytes != 0 && options.capacity_bytes != sb.capacity_bytes) {
+    return Status::InvalidArgument(fmt::format("Terrace store '{}' has capacity {} but the options give {}; give the "
+                                               "original capacity (or 0: as recorded)",
+                                               paths.data.string(), sb.capacity_bytes, options.capacity_bytes));
+  }
+  auto logger = LoggerOrDefault(options.logger);
+  RebuildReport report;
+  std::vector<Found> found;
+  TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
+
+  std::error_code ec;
+  if (fs::exists(paths.index, ec) && !(fs::is_directory(paths.index, ec) && fs::is_empty(paths.index, ec))) {
+    std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
+    fs::path target = paths.index;
+    target += fmt::format(".damaged-{}", stamp);
+    for (int i = 1; fs::exists(target, ec); ++i) {
+      target = paths.index;
+      target += fmt::format(".damaged-{}-{}", stamp, i);
+    }
+    fs::rename(paths.index, target, ec);
+    if (ec) {
+      return Status::IoError(fmt::format("cannot move the old index '{}' aside to '{}': {}; nothing was changed",
+                                         paths.index.string(), target.string(), ec.message()));
+    }
+    report.moved_aside = target;
+    logger->Log(LogLevel::kWarning, "nvme",
+                fmt::format("moved the old index '{}' aside to '{}'", paths.index.string(), target.string()));
+  }
+  fs::create_directories(paths.index, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}", paths.index.string(),
+                                       ec.message()));
+  }
+  nvme::IndexOpenOptions io;
+  io.create = true;
+  io.logger = logger;
+  TERRACE_ASSIGN_OR_RETURN(auto index, nvme::IndexStore::Open(paths.index, io));
+  TERRACE_RETURN_IF_ERROR(index->WriteManifest(sb));
+  constexpr std::size_t kBatch = 4096;
+  rocksdb::WriteBatch batch;
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    batch.Put(nvme::IndexStore::EncodeKey(found[i].key), nvme::IndexStore::EncodeRecord(found[i].rec));
+    if (batch.Count() >= kBatch) {
+      TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/false));
+      batch.Clear();
+    }
+  }
+  // The commit counter the data file recorded: the rebuilt index holds at least that history.
+  batch.Put(rocksdb::Slice(nvme::kCommitKey.data(), nvme::kCommitKey.size()),
+            nvme::IndexStore::EncodeCommit(sb.indexed_commit));
+  TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/true));
+  TERRACE_RETURN_IF_ERROR(index->Close());
+  report.blocks_indexed = found.size();
+  report.corrupt_skipped = report.scan.corrupt;
+  report.bytes_scanned = report.scan.bytes_scanned;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.scan.seconds = report.seconds;
+  logger->Log(LogLevel::kInfo, "nvme", fmt::format("'{}': {}", paths.data.string(), report.ToString()));
+  return report;
+}
+
+}  // namespace terrace

@@ -1,0 +1,28 @@
+// Where an NVMe store's files are, from its options: shared by open, scan and rebuild.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+
+#include "terrace/options.h"
+#include "terrace/status.h"
+
+namespace terrace::nvme {
+
+struct StorePaths {
+  std::filesystem::path data;      // terrace.data, or the block device
+  std::filesystem::path creating;  // terrace.data.creating (directory stores only)
+  std::filesystem::path index;     // the RocksDB index directory
+  bool block_device = false;
+};
+
+// Checks options.path (a directory or a block device; a block device needs index_dir). With
+// `may_create`, a missing directory is created; otherwise it is NotFound.
+Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_create);
+
+// flock(fd, op | LOCK_NB), retried for up to `patience` while it fails with EWOULDBLOCK: a
+// process that just died may hold the lock a moment longer (io_uring drops its file references
+// asynchronously). Returns 0 or the errno of the last attempt.
+int LockDataArea(int fd, int op, std::chrono::milliseconds patience = std::chrono::milliseconds(2000));
+
+}  // namespace terrace::nvme
