@@ -42,7 +42,7 @@ TOTAL_SIZES = ["-1", "0", "1", "4KiB", "1MiB", "4MiB", "1TiB", "64TiB", "9999999
 FLOATS = ["0", "-0", "1", "1e-5", "1e300", "-1e300", "nan", "inf", "-inf", "abc", "", "1e-400", "4"]
 TOKENS = ["1,2,3", "0", "", "-1", "99999999", "1,,2", "a", "1," * 40 + "1", "18446744073709551616", "1 2"]
 # Paths, relative to the worker's sandbox (its working folder). See make_fixtures.
-PATHS = ["new_file", "new_dir", "new_dir/x", "fifo", "fulldev", "/dev/null", "/dev/zero", "userdir",
+PATHS = ["new_file", "new_dir", "new_dir/x", "fifo", "fulldev", "nulldev", "zerodev", "userdir",
          "userdir/thesis.txt", "link_file", "link_dir", "dangling", ".", "", "model", "model/config.json",
          "model/model.safetensors", "regfile", "kda.safetensors", "mx.safetensors", "attnres.safetensors",
          "store", "a" * 300, "nodir/x", "emptydir"]
@@ -190,8 +190,11 @@ def make_fixtures(sandbox, canary, model_src, can_mknod):
             os.symlink(target, p)
     if not os.path.lexists(os.path.join(sandbox, "fifo")):
         os.mkfifo(os.path.join(sandbox, "fifo"))
-    if can_mknod and not os.path.lexists(os.path.join(sandbox, "fulldev")):
-        os.mknod(os.path.join(sandbox, "fulldev"), stat.S_IFCHR | 0o666, os.makedev(1, 7))  # like /dev/full
+    # Device nodes live in the sandbox (never the system's /dev/*): a regression that replaced a device
+    # target would then damage only the fuzzer's own copy.
+    for name, minor in [("fulldev", 7), ("nulldev", 3), ("zerodev", 5)]:
+        if can_mknod and not os.path.lexists(os.path.join(sandbox, name)):
+            os.mknod(os.path.join(sandbox, name), stat.S_IFCHR | 0o666, os.makedev(1, minor))
     if not os.path.exists(os.path.join(sandbox, "model", "config.json")):
         shutil.rmtree(os.path.join(sandbox, "model"), ignore_errors=True)
         shutil.copytree(model_src, os.path.join(sandbox, "model"))
@@ -205,7 +208,7 @@ def make_fixtures(sandbox, canary, model_src, can_mknod):
     write_safetensors(os.path.join(sandbox, "attnres.safetensors"), {
         "sources": ("F32", [2, 3, 8], f32(rng, 48)), "proj": ("F32", [1, 8], f32(rng, 8)),
         "norm": ("F32", [8], f32(rng, 8))})
-    protected = ["userdir", "link_file", "link_dir", "dangling", "fifo"] + (["fulldev"] if can_mknod else [])
+    protected = ["userdir", "link_file", "link_dir", "dangling", "fifo"] + (["fulldev", "nulldev", "zerodev"] if can_mknod else [])
     return [os.path.join(sandbox, p) for p in protected]
 
 
