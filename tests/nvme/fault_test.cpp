@@ -64,6 +64,9 @@ TEST_CASE("nvme faults: write EIO / ENOSPC fail the put cleanly", "[nvme][fault]
   PutBaseline(*tier);
   const std::uint64_t free_before = tier->free_bytes();
 
+  // Arm() hits the next write through the engine: commit nothing in the background meanwhile (a
+  // group commit writes the superblock through the engine too).
+  REQUIRE(tier->Flush().ok());
   fault->Arm(IoOp::kWrite, FaultKind::kEio);
   Status s = PutTestBlock(*tier, 100);
   REQUIRE(s.IsIoError());
@@ -74,6 +77,7 @@ TEST_CASE("nvme faults: write EIO / ENOSPC fail the put cleanly", "[nvme][fault]
 
   // ENOSPC from under the tier is the file system's, not the tier's allocator: an I/O error that
   // names the data file, never "the tier is full".
+  REQUIRE(tier->Flush().ok());
   fault->Arm(IoOp::kWrite, FaultKind::kEnospc);
   s = PutTestBlock(*tier, 101);
   REQUIRE(s.IsIoError());
@@ -84,6 +88,7 @@ TEST_CASE("nvme faults: write EIO / ENOSPC fail the put cleanly", "[nvme][fault]
   CHECK(tier->Lookup(TestKey(101)).status().IsNotFound());
 
   // An overwrite that fails keeps the old version.
+  REQUIRE(tier->Flush().ok());
   fault->Arm(IoOp::kWrite, FaultKind::kEio);
   REQUIRE_FALSE(PutTestBlock(*tier, 3, /*seed=*/99).ok());
   REQUIRE(tier->Flush().ok());  // failed extents return once their descriptors are cleared
