@@ -149,7 +149,10 @@ class RemoveCreatedDirs {
 
 Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
   std::uint64_t blocks = a.total_bytes / a.block_size;
-  std::uint64_t need = blocks * RoundUp(a.block_size, 4 * kKiB);
+  // The NVMe tier stores each block in an extent of its data units plus one descriptor unit.
+  const std::uint64_t per_block =
+      a.tier == "nvme" ? nvme::Record{.length = a.block_size}.extent_bytes() : RoundUp(a.block_size, 4 * kKiB);
+  std::uint64_t need = blocks * per_block;
   std::uint64_t capacity = RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
   if (a.tier == "host") {
     HostTierOptions o;
