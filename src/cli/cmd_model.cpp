@@ -5,7 +5,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <csignal>
 #include <sys/statvfs.h>
 
 #include <fmt/format.h>
@@ -96,6 +102,84 @@ std::uint64_t FreeBytesFor(std::filesystem::path dir) {
   return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
 }
 
+constexpr std::string_view kInitTmpPrefix = ".terrace-tmp-init-";
+
+// Removes what a killed `model init` left in `out`: folders named kInitTmpPrefix<pid> that hold
+// only checkpoint files (and their ".tmp.<pid>" partial writes).
+void RemoveInitLeftovers(const std::filesystem::path& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kInitTmpPrefix) || DescribePathKind(e.path()) != "a directory") continue;
+    const std::string pid = name.substr(kInitTmpPrefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
+    bool ours = true;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      const std::string fn = f.path().filename().string();
+      const std::string base = fn.substr(0, fn.find(".tmp."));
+      ours = ours && DescribePathKind(f.path()) == "a regular file" && IsCheckpointFile(base);
+    }
+    if (ours && !ec) fs::remove_all(e.path(), ec);
+  }
+}
+
+// Writes the checkpoint into a private folder inside `out` (same file system), then moves each file
+// into place, each target checked to be absent or a regular file right before its rename, and
+// finally removes the old checkpoint files the new one does not have. A failure while writing (a
+// full disk) leaves the old checkpoint as it was; no other file in `out` is touched. Order of the
+// moves: weights, then the index (or the removal of a stale one), then config.json.
+Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& out, const InitOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool created_out = !fs::exists(fs::symlink_status(out, ec));
+  const fs::path tmp = out / fmt::format("{}{}", kInitTmpPrefix, ::getpid());
+  RemoveInitLeftovers(out);
+  auto abandon = [&](Status s) {
+    fs::remove_all(tmp, ec);
+    if (created_out) fs::remove(out, ec);  // only if empty: nothing else is ever removed
+    return s;
+  };
+  if (Status s = InitWeights(config, tmp, options); !s.ok()) {
+    return abandon(s.WithContext(fmt::format("model init --out {} (nothing in it was changed)", out.string())));
+  }
+  std::vector<std::string> written;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) written.push_back(e.path().filename().string());
+  if (ec) return abandon(Status::IoError(fmt::format("--out {}: cannot list '{}': {}", out.string(), tmp.string(), ec.message())));
+  const auto rank = [](const std::string& f) { return f == kConfigFileName ? 2 : f == kIndexFileName ? 1 : 0; };
+  std::sort(written.begin(), written.end(), [&](const std::string& x, const std::string& y) {
+    return rank(x) != rank(y) ? rank(x) < rank(y) : x < y;
+  });
+  for (const std::string& f : written) {
+    if (!IsCheckpointFile(f)) return abandon(Status::Internal(fmt::format("model init wrote an unexpected file '{}'", f)));
+    if (Status s = CheckOutputFile(out / f, "--out"); !s.ok()) return abandon(s);
+  }
+  const auto was_written = [&](const std::string& f) { return std::find(written.begin(), written.end(), f) != written.end(); };
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string f = e.path().filename().string();
+    if (IsCheckpointFile(f) && !was_written(f)) stale.push_back(e.path());
+  }
+  for (const std::string& f : written) {
+    if (f == kConfigFileName) {  // the index question is settled before the config moves in
+      for (const fs::path& p : stale) {
+        if (p.filename() == kIndexFileName && DescribePathKind(p) == "a regular file") fs::remove(p, ec);
+      }
+    }
+    if (Status s = CheckOutputFile(out / f, "--out"); !s.ok()) return abandon(s);
+    if (::rename((tmp / f).c_str(), (out / f).c_str()) != 0) {
+      return abandon(Status::IoError(fmt::format("--out {}: cannot move '{}' into place: {}", out.string(), f,
+                                                 std::strerror(errno))));
+    }
+  }
+  for (const fs::path& p : stale) {
+    if (DescribePathKind(p) == "a regular file") fs::remove(p, ec);
+  }
+  fs::remove_all(tmp, ec);
+  return Status::Ok();
+}
+
 // Routing over a seeded random prompt through the freshly written model.
 std::string RoutingReport(const std::string& dir, const ModelConfig& config, std::uint64_t seed, int tokens) {
   auto md = ModelDir::Open(dir);
@@ -130,7 +214,7 @@ int RunInit(const InitArgs& a) {
   options.seed = a.seed;
   options.shard_bytes = a.shard_bytes;
   options.force = a.force;
-  Status s = InitWeights(*config, a.out, options);
+  Status s = WriteCheckpoint(*config, a.out, options);
   if (!s.ok()) return Fail(s.ToString());
   auto md = ModelDir::Open(a.out);
   if (!md.ok()) return Fail("wrote a model that does not load: " + md.status().ToString());

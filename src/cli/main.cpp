@@ -1,6 +1,7 @@
 // The `terrace` entry point: parses the command line (CLI11), runs the chosen command and maps every
 // outcome onto the exit codes of command.h: 0 ok, 1 runtime failure, 2 usage error, never a crash
 // code for an exception (one line "terrace: error: ..." and exit 1, also from a worker thread).
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -88,6 +89,8 @@ std::string UnknownCommandMessage(const CLI::App& app, const CLI::ParseError& e)
 int main(int argc, char** argv) {
   using namespace terrace::cli;
   std::set_terminate(OnTerminate);
+  // A write past RLIMIT_FSIZE fails with EFBIG (reported as an I/O error) instead of killing us.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Terrace: tiered storage for LLM inference state (KV blocks, recurrent state, MoE experts)\n"
                "across GPU HBM, pinned host RAM and NVMe.",
                "terrace"};

@@ -10,9 +10,10 @@ class Terrace:
     def __init__(self, path):
         self.path = path
 
-    def __call__(self, *args, cwd=None, timeout=120, check=False):
+    def __call__(self, *args, cwd=None, timeout=120, check=False, preexec_fn=None):
         try:
-            r = subprocess.run([self.path, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+            r = subprocess.run([self.path, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                               preexec_fn=preexec_fn)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"terrace {' '.join(map(str, args))} hung (no exit within {timeout} s)")
         if check and r.returncode != 0:

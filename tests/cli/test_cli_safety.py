@@ -3,6 +3,7 @@ for bad arguments. Each test reproduces an item of the CLI safety issue against 
 import hashlib
 import json
 import os
+import resource
 import signal
 import stat
 import struct
@@ -185,6 +186,40 @@ def test_model_init_force_replaces_only_checkpoint_files(terrace, tmp_path):
     assert (d / "README.md").read_text() == "my model card\n"
     assert (d / "model.safetensors.bak").read_bytes() == b"a backup"
     assert (d / "notes" / "thesis.txt").read_text() == "years of work\n"
+
+
+def test_model_init_force_that_fails_leaves_the_old_checkpoint(terrace, tmp_path):
+    d = tmp_path / "m"
+    terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", check=True)
+    before = snapshot(d)
+
+    def small_files():  # writes past 1 MiB fail (EFBIG), as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", d, "--seed", "9", "--routing-tokens", "0", "--force",
+                preexec_fn=small_files)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "nothing in it was changed" in r.stderr
+    assert snapshot(d) == before
+    terrace("model", "inspect", d, "--summary", check=True)
+
+
+def test_model_init_force_switches_between_single_file_and_shards(terrace, tmp_path):
+    d = tmp_path / "m"
+    (d / "keep").mkdir(parents=True)
+    (d / "keep" / "model.safetensors").write_bytes(b"not the checkpoint")  # same name, another folder
+    for shard in ["1MiB", "2GiB", "1MiB"]:
+        terrace("model", "init", "--preset", "k3-toy", "--out", d, "--routing-tokens", "0", "--force",
+                "--shard-bytes", shard, check=True)
+        names = sorted(os.listdir(d))
+        sharded = [n for n in names if n.startswith("model-")]
+        if shard == "1MiB":
+            assert "model.safetensors" not in names and "model.safetensors.index.json" in names and sharded
+        else:
+            assert "model.safetensors" in names and "model.safetensors.index.json" not in names and not sharded
+        assert not [n for n in names if n.startswith(".terrace-tmp")], names
+        terrace("model", "inspect", d, "--summary", check=True)
+    assert (d / "keep" / "model.safetensors").read_bytes() == b"not the checkpoint"
 
 
 def test_model_init_force_refuses_a_checkpoint_name_that_is_not_a_regular_file(terrace, tmp_path):
