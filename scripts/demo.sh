@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# One command for a new user: installs what is missing, builds, and runs `terrace demo` on embedded
-# defaults (a data directory ./terrace-data under the working folder; no server, no GPU needed).
+# One command for a new user: installs what is missing, builds the `terrace` tool, and runs
+# `terrace demo` on embedded defaults (a data directory ./terrace-data under the working folder; no
+# server, no GPU needed). Arguments go to `terrace demo`.
+#
+# Uses the same ./build folder and the same configuration as scripts/test.sh (it only builds fewer
+# targets), so running one after the other never leaves the folder in a state the other misreads.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TERRACE_SKIP_PYTHON=1 "$root/scripts/deps.sh"
-"$root/scripts/build.sh" "$root/build" -DTERRACE_BUILD_TESTS=OFF -DTERRACE_BUILD_BENCH=OFF >/dev/null
+echo "terrace: building the terrace tool in $root/build"
+"$root/scripts/build.sh" "$root/build" -DTERRACE_BUILD_MODEL=ON -DTERRACE_BUILD_CLI=ON --target terrace_cli
 exec "$root/build/bin/terrace" demo "$@"

@@ -9,16 +9,19 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mode="${1:-none}"
 "$root/scripts/deps.sh"
 export PATH="$root/.venv/bin:$PATH"
+# Everything the suite covers, stated explicitly: a folder configured otherwise before (by hand, or by
+# an old scripts/demo.sh that turned the tests off) is switched back instead of running stale tests.
+components=(-DTERRACE_BUILD_TESTS=ON -DTERRACE_BUILD_MODEL=ON -DTERRACE_BUILD_CLI=ON)
 case "$mode" in
   none)
     build="$root/build"
-    "$root/scripts/build.sh" "$build"
+    "$root/scripts/build.sh" "$build" "${components[@]}"
     ctest --test-dir "$build" --output-on-failure -j 2
     ;;
   address|thread)
     build="$root/build-${mode/address/asan}"
     build="${build/thread/tsan}"
-    "$root/scripts/build.sh" "$build" -DTERRACE_SANITIZE="$mode" -DTERRACE_CUDA=OFF -DTERRACE_BUILD_BENCH=OFF \
+    "$root/scripts/build.sh" "$build" "${components[@]}" -DTERRACE_SANITIZE="$mode" -DTERRACE_CUDA=OFF -DTERRACE_BUILD_BENCH=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     export OPENBLAS_NUM_THREADS=1  # OpenBLAS's own threads are not instrumented

@@ -172,10 +172,10 @@ void StoreImpl::RefreshIoRegions(TierId from, TierId to) {
   if (regions.size() == registered_regions_[Idx(from)]) return;  // regions only grow
   registered_regions_[Idx(from)] = regions.size();  // on failure too: retry only when the tier grows
   Status s = tiers_[Idx(to)]->RegisterIoRegions(regions);
-  if (!s.ok() && !regions_warned_) {
-    regions_warned_ = true;
-    fmt::print(stderr, "terrace: tier {} memory not registered with tier {} ({}); demotions are staged\n",
-               TierName(from), TierName(to), s.ToString());
+  if (!s.ok()) {
+    regions_log_.Log(*logger_, LogLevel::kWarning, "store",
+                     fmt::format("tier {} memory not registered with tier {} ({}); demotions are staged",
+                                 TierName(from), TierName(to), s.ToString()));
   }
 }
 

@@ -8,7 +8,7 @@ namespace terrace {
 namespace store_internal {
 
 StoreImpl::StoreImpl(const StoreOptions& options, std::array<std::unique_ptr<Tier>, kNumTiers> tiers)
-    : options_(options), tiers_(std::move(tiers)), pool_(std::max(1u, options.background_threads)) {
+    : options_(options), logger_(LoggerOrDefault(options.logger)), tiers_(std::move(tiers)), pool_(std::max(1u, options.background_threads)) {
   for (auto& p : policies_) p = MakeEvictionPolicy(options_.eviction);
 }
 

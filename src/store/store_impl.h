@@ -213,6 +213,7 @@ class StoreImpl {
   friend class ::terrace::BlockHandle;
 
   StoreOptions options_;
+  const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers_;  // immutable after construction
   TierId promote_tier_ = TierId::kHost;  // put_tier, or the nearest present tier below it (Init)
   std::uint8_t present_mask_ = 0;        // tiers configured (Init)
@@ -245,7 +246,7 @@ class StoreImpl {
 
   std::mutex regions_mu_;
   std::array<std::size_t, kNumTiers> registered_regions_{};  // GUARDED_BY(regions_mu_): by source tier
-  bool regions_warned_ = false;                              // GUARDED_BY(regions_mu_)
+  LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
   ThreadPool pool_;  // last member: joined first on destruction
 };

@@ -8,7 +8,12 @@
 
 namespace terrace::store_internal {
 
-Result<std::array<std::unique_ptr<Tier>, kNumTiers>> BuildTiers(const StoreOptions& options) {
+Result<std::array<std::unique_ptr<Tier>, kNumTiers>> BuildTiers(const StoreOptions& store_options) {
+  // A tier without its own logger logs where the store does.
+  StoreOptions options = store_options;
+  for (std::shared_ptr<Logger>* l : {&options.hbm.logger, &options.host.logger, &options.nvme.logger}) {
+    if (!*l) *l = store_options.logger;
+  }
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
   if (options.hbm.mode != HbmMode::kOff) {
     auto hbm = CreateHbmTier(options.hbm);

@@ -120,6 +120,9 @@ TEST_CASE("asio: use_future and prefetch") {
   CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
 }
 
+// Boost.Asio 1.74 enables co_await with GCC's <coroutine> only (with clang it wants libc++'s
+// <experimental/coroutine>), so a clang + libstdc++ build skips this case, visibly.
+#if defined(BOOST_ASIO_HAS_CO_AWAIT)
 TEST_CASE("asio: use_awaitable in a coroutine") {
   FakeTiers f(0, 1 << 20, 1 << 20);
   auto store = OpenFakeStore(f);
@@ -141,6 +144,11 @@ TEST_CASE("asio: use_awaitable in a coroutine") {
   io.run();
   CHECK(done);
 }
+#else
+TEST_CASE("asio: use_awaitable in a coroutine") {
+  WARN("SKIPPED: this Boost.Asio has no co_await support with this compiler (BOOST_ASIO_HAS_CO_AWAIT)");
+}
+#endif
 
 }  // namespace
 }  // namespace terrace::testing

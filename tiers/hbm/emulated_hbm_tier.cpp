@@ -40,6 +40,7 @@ Result<std::unique_ptr<EmulatedHbmTier>> EmulatedHbmTier::Create(const HbmTierOp
   host.capacity_bytes = options.capacity_bytes;
   host.chunk_bytes = std::min<std::uint64_t>(options.capacity_bytes, 256 * kMiB);
   host.pin = false;
+  host.logger = options.logger;
   auto h = HostTier::Create(host);
   if (!h.ok()) return h.status().WithContext("hbm tier (emulated)");
   return std::unique_ptr<EmulatedHbmTier>(new EmulatedHbmTier(options, std::move(h).value()));

@@ -1,6 +1,6 @@
 #include "tiers/hbm/hbm_tier.h"
 
-#include <atomic>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -11,21 +11,12 @@
 namespace terrace {
 namespace {
 
-void LogEmulatedOnce(const HbmTierOptions& o, const char* why) {
-  static std::atomic<bool> logged{false};
-  if (logged.exchange(true)) return;
-  if (o.link.enabled) {
-    fmt::print(stderr, "terrace: HBM tier: emulated in host memory ({}); link model {:.0f} GB/s\n", why,
-               o.link.bandwidth_bytes_per_s / 1e9);
-  } else {
-    fmt::print(stderr, "terrace: HBM tier: emulated in host memory ({}); link model off\n", why);
-  }
-}
-
 Result<std::unique_ptr<Tier>> Emulated(const HbmTierOptions& o, const char* why) {
   auto t = EmulatedHbmTier::Create(o);
   if (!t.ok()) return t.status();
-  LogEmulatedOnce(o, why);
+  const std::string link =
+      o.link.enabled ? fmt::format("link model {:.0f} GB/s", o.link.bandwidth_bytes_per_s / 1e9) : "link model off";
+  LoggerOrDefault(o.logger)->Log(LogLevel::kInfo, "hbm", fmt::format("emulated in host memory ({}); {}", why, link));
   return std::unique_ptr<Tier>(std::move(t).value());
 }
 

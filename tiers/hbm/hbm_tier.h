@@ -5,6 +5,8 @@
 // - kCuda: CUDA device memory; Unavailable when the build has no CUDA or no device is present.
 // - kEmulated: host memory with the link model (emulated_hbm_tier.h).
 // - kOff: InvalidArgument (the caller should not create a tier).
+// An emulated tier (kEmulated, or kAuto without a device) logs one kInfo line saying so, and why, to
+// HbmTierOptions::logger (stderr when null) each time one is created.
 // The CUDA tier (hbm_cuda.cpp): one cudaMalloc of capacity_bytes sub-allocated by the shared
 // BlockArena, copy_streams streams with double-buffered pinned staging (or direct copies when the
 // caller's buffer is already pinned); ResidentPtr is a device pointer (caps().memory == kDevice);

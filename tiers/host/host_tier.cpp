@@ -19,11 +19,6 @@ std::uint64_t NowNs() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
-void LogPinRefusalOnce(const std::string& note) {
-  static std::atomic<bool> logged{false};
-  if (!logged.exchange(true)) fmt::print(stderr, "terrace: host tier: pinned: no ({})\n", note);
-}
-
 }  // namespace
 
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
@@ -47,6 +42,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 
 HostTier::HostTier(const HostTierOptions& options)
     : options_(options),
+      logger_(LoggerOrDefault(options.logger)),
       arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes},
              [this](std::uint32_t chunk, std::uint64_t bytes) { return Grow(chunk, bytes); }) {
   caps_.id = TierId::kHost;
@@ -66,7 +62,9 @@ HostTier::~HostTier() {
 
 Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
   TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, options_.pin));
-  if (!c.pin_note.empty()) LogPinRefusalOnce(c.pin_note);
+  if (!c.pin_note.empty()) {
+    pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));
+  }
   bases_[chunk] = c.data;
   std::lock_guard lock(chunks_mu_);
   chunks_.push_back(std::move(c));

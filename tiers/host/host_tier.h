@@ -1,8 +1,8 @@
 // HostTier: blocks in (pinned) host RAM.
 //
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
-// chunk is pinned when it is added (see pinned_memory.h). A refused pin is logged once and shown in
-// Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
+// chunk is pinned when it is added (see pinned_memory.h). A refused pin is logged once per tier (a
+// warning to HostTierOptions::logger) and shown in Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
 // PageAllocator): a block uses ceil(size / 4 KiB) pages, at most one chunk.
 //
 // Contract beyond terrace/tier.h:
@@ -68,6 +68,8 @@ class HostTier final : public Tier {
   std::byte* Address(const tiers::PageExtent& e) const;
 
   const HostTierOptions options_;
+  const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
+  LogOnce pin_refusal_log_;               // a refused pin is logged for the first chunk only
   TierCaps caps_;
   // Chunk base addresses, sized for every possible chunk at construction; entry i is written once,
   // before chunk i is handed to the allocator (which publishes it under the arena lock).
