@@ -41,7 +41,7 @@ Status IndexStore::FromRocks(const void* rocks_status, std::string_view what) co
   if (s.ok()) return Status::Ok();
   std::string msg = fmt::format("NVMe index {} at '{}': {}", what, dir_.string(), s.ToString());
   if (s.IsCorruption()) {
-    return Status::Corruption(msg + "; the index is damaged: rebuild it from the data file (terrace store recover)");
+    return Status::Corruption(msg + "; the index is damaged");  // NvmeTier adds the exact recover command
   }
   if (s.IsNoSpace() || s.ToString().find("No space left") != std::string::npos) {
     return Status::IoError(msg + fmt::format("; the file system holding '{}' is full: free space on it", dir_.string()));
@@ -75,8 +75,7 @@ Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path
   if (!s.ok()) {
     std::string msg = fmt::format("NVMe index at '{}' cannot be opened: {}", dir.string(), s.ToString());
     if (s.IsCorruption() || s.IsInvalidArgument()) {
-      return Status::Corruption(msg + "; the index is damaged (or holds foreign files): rebuild it from the data file "
-                                      "with 'terrace store recover' (the damaged index is kept aside)");
+      return Status::Corruption(msg + "; the index is damaged (or holds foreign files)");
     }
     if (s.IsNoSpace() || s.ToString().find("No space left") != std::string::npos) {
       return Status::IoError(msg + fmt::format("; the file system holding '{}' is full: free space on it (a read-only "
@@ -122,8 +121,7 @@ Result<std::uint64_t> IndexStore::ReadCommit() const {
   if (s.IsNotFound()) return std::uint64_t{0};
   TERRACE_RETURN_IF_ERROR(FromRocks(&s, "commit counter read"));
   if (value.size() != 8) {
-    return Status::Corruption(fmt::format("NVMe index at '{}': the commit counter has {} bytes, expected 8; rebuild the "
-                                          "index from the data file (terrace store recover)",
+    return Status::Corruption(fmt::format("NVMe index at '{}': the commit counter has {} bytes, expected 8",
                                           dir_.string(), value.size()));
   }
   std::uint64_t v = 0;

@@ -716,7 +716,9 @@ Status NvmeTier::OpenIndexOfExisting() {
   TERRACE_RETURN_IF_ERROR(idx->Close());
   idx.reset();
   io.read_only = false;
-  TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
+  auto rw = nvme::IndexStore::Open(index_path_, io);
+  if (!rw.ok()) return WithRecoverAdvice(rw.status());
+  index_ = std::move(rw).value();
   return Status::Ok();
 }
 
