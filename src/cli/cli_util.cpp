@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <type_traits>
 #include <cmath>
 #include <cerrno>
 #include <cstring>
@@ -107,42 +108,41 @@ CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t
       ->type_name("SIZE");
 }
 
-Result<std::int64_t> ParseSignedInRange(std::string_view text, std::string_view flag, std::int64_t min,
-                                        std::int64_t max) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range) {
-    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
+namespace {
+
+// from_chars into T, then the range check; the messages name `flag` and the accepted range.
+template <typename T>
+Result<T> ParseIntegerInRange(std::string_view text, std::string_view flag, T min, T max) {
+  if constexpr (std::is_unsigned_v<T>) {
+    if (!text.empty() && text[0] == '-') {
+      return Status::InvalidArgument(
+          fmt::format("{} {} is out of range: it cannot be negative; accepted {} to {}", flag, text, min, max));
+    }
   }
-  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+  T v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const bool malformed = ec != std::errc::result_out_of_range &&
+                         (ec != std::errc() || p != text.data() + text.size() || text.empty());
+  if (malformed) {
     return Status::InvalidArgument(
         fmt::format("{} '{}' is not an integer; give a whole number from {} to {}", flag, text, min, max));
   }
-  if (v < min || v > max) {
+  if (ec == std::errc::result_out_of_range || v < min || v > max) {
     return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
   }
   return v;
 }
 
+}  // namespace
+
+Result<std::int64_t> ParseSignedInRange(std::string_view text, std::string_view flag, std::int64_t min,
+                                        std::int64_t max) {
+  return ParseIntegerInRange<std::int64_t>(text, flag, min, max);
+}
+
 Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_view flag, std::uint64_t min,
                                            std::uint64_t max) {
-  if (!text.empty() && text[0] == '-') {
-    return Status::InvalidArgument(
-        fmt::format("{} {} is out of range: it cannot be negative; accepted {} to {}", flag, text, min, max));
-  }
-  std::uint64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range) {
-    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
-  }
-  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
-    return Status::InvalidArgument(
-        fmt::format("{} '{}' is not an integer; give a whole number from {} to {}", flag, text, min, max));
-  }
-  if (v < min || v > max) {
-    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted {} to {}", flag, text, min, max));
-  }
-  return v;
+  return ParseIntegerInRange<std::uint64_t>(text, flag, min, max);
 }
 
 CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,

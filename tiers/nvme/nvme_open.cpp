@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -33,6 +34,14 @@ using nvme::kDataStart;
 using nvme::kUnit;
 
 namespace {
+
+// A new random store id.
+std::array<std::uint8_t, 16> NewStoreId() {
+  std::random_device rd;
+  std::array<std::uint8_t, 16> id{};
+  for (auto& b : id) b = static_cast<std::uint8_t>(rd());
+  return id;
+}
 
 constexpr std::size_t kStagingBufferBytes = 1 << 20;
 // Generations reserved per superblock write: one durable superblock update per this many puts.
@@ -338,10 +347,7 @@ Status NvmeTier::WriteFreshSuperblock() {
   std::lock_guard<std::mutex> l(sb_mu_);
   nvme::Superblock sb;
   sb.uuid = sb_.uuid;
-  if (std::all_of(sb.uuid.begin(), sb.uuid.end(), [](std::uint8_t b) { return b == 0; })) {
-    std::random_device rd;
-    for (auto& b : sb.uuid) b = static_cast<std::uint8_t>(rd());
-  }
+  if (std::all_of(sb.uuid.begin(), sb.uuid.end(), [](std::uint8_t b) { return b == 0; })) sb.uuid = NewStoreId();
   sb.capacity_bytes = options_.capacity_bytes;
   sb.generation_limit = 1;
   sb_ = sb;
@@ -607,8 +613,7 @@ Status NvmeTier::FormatBlockDevice() {
     sb_.uuid = ms->uuid;
     index_ = std::move(idx);
   } else {
-    std::random_device rd;
-    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
+    sb_.uuid = NewStoreId();
     sb_.capacity_bytes = options_.capacity_bytes;
     TERRACE_RETURN_IF_ERROR(CreateIndex());
   }
@@ -647,8 +652,7 @@ Status NvmeTier::Reformat() {
   if (!EmptyOrAbsent(index_path_)) TERRACE_RETURN_IF_ERROR(MoveIndexAside("reformatted"));
   {
     std::lock_guard<std::mutex> l(sb_mu_);
-    std::random_device rd;
-    for (auto& b : sb_.uuid) b = static_cast<std::uint8_t>(rd());
+    sb_.uuid = NewStoreId();
     sb_.capacity_bytes = options_.capacity_bytes;
   }
   TERRACE_RETURN_IF_ERROR(CreateIndex());
