@@ -2,7 +2,7 @@
 # A bounded fuzz run of the `terrace` command line: random argument vectors over every command with
 # edge values and odd paths (FIFOs, device nodes, symlinks, user folders), each with a timeout in a
 # sandbox. Fails on a crash, a hang, or a file outside the sandbox (or a user fixture) changed.
-# Fixed seed; about two minutes on two cores. See tests/cli/cli_fuzz.py.
+# Fixed seed; well under a minute on two cores (bounded by --budget). See tests/cli/cli_fuzz.py.
 #   scripts/cli_fuzz.sh [build-dir] [runs]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
