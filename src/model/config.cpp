@@ -1,5 +1,9 @@
 #include "src/model/config.h"
 
+#include <cstdint>
+
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -508,7 +512,10 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
   TERRACE_RETURN_IF_ERROR(ReadFloat(r, "routed_scaling_factor", &c->routed_scaling_factor, 0.0, kMaxScaling));
   TERRACE_RETURN_IF_ERROR(
       r.Int("intermediate_size", &c->intermediate_size, c->first_k_dense_replace > 0 && !defaults));
-  c->shared_expert_intermediate_size = c->num_shared_experts * c->moe_intermediate_size;
+  // The default, saturated so absurd inputs reach the range checks below instead of overflowing.
+  c->shared_expert_intermediate_size = static_cast<int>(
+      std::clamp<std::int64_t>(std::int64_t{c->num_shared_experts} * c->moe_intermediate_size,
+                               std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
   TERRACE_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size, false));
 
   TERRACE_RETURN_IF_ERROR(r.Int("attn_res_block_size", &c->attn_res_block_size, false));

@@ -421,6 +421,9 @@ PowerCut::PowerCut(std::uint64_t seed, LostWrite mode) : s_(std::make_shared<Sta
 
 PowerCut::~PowerCut() {
   if (s_->data_fd >= 0) ::close(s_->data_fd);
+  // The file system wrapper holds the state it belongs to: break that cycle.
+  s_->env.reset();
+  s_->fs.reset();
 }
 
 IoEngineFactory PowerCut::WrapEngine(IoEngineFactory base) {
