@@ -132,12 +132,12 @@ Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {
   if (!IsKind(data, S_IFREG)) return Status::NotFound(fmt::format("'{}' holds no terrace.data", dir.string()));
   const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return Status::IoError(fmt::format("cannot open '{}': {}", data.string(), std::strerror(errno)));
-  std::byte buf[nvme::kSuperblockHeaderBytes] = {};
-  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  // The whole superblock unit: DecodeUnit picks the valid one of its two slots, as the tier does.
+  std::vector<std::byte> buf(nvme::kSuperblockBytes);
+  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
   ::close(fd);
-  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb,
-                           nvme::Superblock::Decode(std::span<const std::byte>(buf, n < 0 ? 0 : static_cast<std::size_t>(n)),
-                                                    data.string()));
+  buf.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+  TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::DecodeUnit(buf, data.string()));
   return sb.capacity_bytes;
 }
 

@@ -612,14 +612,11 @@ Status NvmeTier::FormatBlockDevice() {
     // Left by an interrupted format of this device: adopt its identity.
     sb_.uuid = ms->uuid;
     index_ = std::move(idx);
-  } else {
-    sb_.uuid = NewStoreId();
-    sb_.capacity_bytes = options_.capacity_bytes;
-    TERRACE_RETURN_IF_ERROR(CreateIndex());
+    TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
+    report_.created = true;
+    return Status::Ok();
   }
-  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
-  report_.created = true;
-  return Status::Ok();
+  return FormatNewStore();
 }
 
 Status NvmeTier::MoveIndexAside(std::string_view why) {
@@ -650,6 +647,12 @@ Status NvmeTier::Reformat() {
   logger_->Log(LogLevel::kWarning, "nvme",
                fmt::format("reformatting '{}' as a new, empty store (reformat was requested)", data_path_.string()));
   if (!EmptyOrAbsent(index_path_)) TERRACE_RETURN_IF_ERROR(MoveIndexAside("reformatted"));
+  return FormatNewStore();
+}
+
+// A new identity and capacity, a fresh index, then the superblock (last, so a kill in between
+// leaves no superblock naming an index that does not exist).
+Status NvmeTier::FormatNewStore() {
   {
     std::lock_guard<std::mutex> l(sb_mu_);
     sb_.uuid = NewStoreId();

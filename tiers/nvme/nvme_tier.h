@@ -222,6 +222,7 @@ class NvmeTier final : public Tier {
   Status OpenExisting(bool block_device);
   Status FormatBlockDevice();
   Status Reformat();
+  Status FormatNewStore();
   Status OpenIndexOfExisting();
   Status CreateIndex();
   Status WriteFreshSuperblock();
