@@ -1,0 +1,4 @@
+#include "src/codec/kernels.h"
+namespace terrace::codec::detail {
+const KernelTable* Avx2Kernels() { return nullptr; }
+}
