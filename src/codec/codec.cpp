@@ -219,6 +219,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
   StoreLe<std::uint64_t>(h + detail::kOffCols, c);
   StoreLe<std::uint64_t>(h + detail::kOffRawBytes, raw_bytes);
   StoreLe<std::uint64_t>(h + detail::kOffStoredBytes, stored);
+  StoreLe<std::uint32_t>(h + detail::kOffHeaderCheck, detail::HeaderCheck(h));
   if (nscales) std::memcpy(h + kHeaderBytes, scales.data(), 4 * nscales);
   return Status::Ok();
 }
@@ -243,6 +244,12 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
   if (b[detail::kOffVersion] != detail::kFormatVersion)
     return Status::Corruption("codec block has format version " + std::to_string(b[detail::kOffVersion]) +
                               "; this build reads version " + std::to_string(detail::kFormatVersion));
+  if (LoadLe<std::uint32_t>(b + detail::kOffHeaderCheck) != detail::HeaderCheck(b))
+    return Status::Corruption("codec block header fails its check (bytes 48..51: FNV-1a of bytes 0..47); "
+                              "the header was damaged");
+  for (std::size_t i = detail::kOffPad; i < kHeaderBytes; ++i) {
+    if (b[i] != 0) return Status::Corruption("codec block header's reserved bytes 52..63 are not zero");
+  }
   CodecSpec spec;
   spec.kind = static_cast<CodecKind>(b[detail::kOffKind]);
   spec.scales = static_cast<ScaleMode>(b[detail::kOffScales]);

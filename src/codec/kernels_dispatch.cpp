@@ -1,5 +1,6 @@
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "src/codec/kernels.h"
 
@@ -8,9 +9,14 @@ namespace terrace::codec::detail {
 const KernelTable& Kernels() {
   static const KernelTable* const table = [] {
     const char* env = std::getenv("TERRACE_CODEC_KERNELS");
-    if (env != nullptr && std::strcmp(env, "scalar") == 0) return &ScalarKernels();
+    const std::string_view want = env != nullptr ? env : "";
     const KernelTable* avx2 = Avx2Kernels();
-    return avx2 != nullptr ? avx2 : &ScalarKernels();
+    const KernelTable* avx = AvxKernels();
+    if (want == "scalar") return &ScalarKernels();
+    if (want == "avx" && avx != nullptr) return avx;
+    if (avx2 != nullptr) return avx2;
+    if (avx != nullptr) return avx;
+    return &ScalarKernels();
   }();
   return *table;
 }

@@ -24,7 +24,13 @@ Status Compress(Lossless l, std::span<const unsigned char> raw, std::vector<std:
   const std::size_t at = out->size();
   if (l == Lossless::kZstd) {
     out->resize(at + ZSTD_compressBound(raw.size()));
-    const std::size_t n = ZSTD_compress(out->data() + at, out->size() - at, raw.data(), raw.size(), kZstdLevel);
+    // With a content checksum (XXH64 of the raw payload): a damaged frame is refused on decode.
+    ZSTD_CCtx* cctx = ZSTD_createCCtx();
+    if (cctx == nullptr) return Status::Internal("zstd: ZSTD_createCCtx failed (out of memory?)");
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, kZstdLevel);
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    const std::size_t n = ZSTD_compress2(cctx, out->data() + at, out->size() - at, raw.data(), raw.size());
+    ZSTD_freeCCtx(cctx);
     if (ZSTD_isError(n)) return Status::Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
     out->resize(at + n);
     return Status::Ok();
