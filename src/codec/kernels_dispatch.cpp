@@ -1,10 +1,28 @@
+// Chooses the kernel table once per process (kernels.h). This file is compiled without ISA flags:
+// the CPU checks run on any x86-64 CPU.
 #include <cstdlib>
-#include <cstring>
 #include <string_view>
 
 #include "src/codec/kernels.h"
 
 namespace terrace::codec::detail {
+
+#if defined(TERRACE_CODEC_X86_SIMD)
+const KernelTable& Avx2KernelTable();  // kernels_avx2.cpp
+const KernelTable& AvxKernelTable();   // kernels_avx.cpp
+
+const KernelTable* Avx2Kernels() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok ? &Avx2KernelTable() : nullptr;
+}
+const KernelTable* AvxKernels() {
+  static const bool ok = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return ok ? &AvxKernelTable() : nullptr;
+}
+#else
+const KernelTable* Avx2Kernels() { return nullptr; }
+const KernelTable* AvxKernels() { return nullptr; }
+#endif
 
 const KernelTable& Kernels() {
   static const KernelTable* const table = [] {
