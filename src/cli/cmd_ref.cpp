@@ -329,6 +329,7 @@ void RegisterRef(CLI::App& app, Runner* run) {
                   "activation_situ_linear_beta (default 25)");
   AddDoubleOption(moe, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon for the latent norm (default 1e-5)");
   add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]", RefMxfp4);
+  RegisterRefCodec(ref, run);
 }
 
 }  // namespace terrace::cli

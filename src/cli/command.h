@@ -16,9 +16,11 @@ void RegisterDemo(CLI::App& app, Runner* run);    // terrace demo
 void RegisterBench(CLI::App& app, Runner* run);   // terrace bench ...
 void RegisterStore(CLI::App& app, Runner* run);   // terrace store fill|check
 void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|run
-void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
+void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4|codec
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
+// Adds `codec` under the `ref` command (cmd_ref_codec.cpp; called by RegisterRef).
+void RegisterRefCodec(CLI::App* ref_cmd, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;

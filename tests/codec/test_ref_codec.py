@@ -1,0 +1,190 @@
+"""`terrace ref codec` against independent oracles: ml_dtypes (bfloat16, float8_e4m3fn) and numpy
+reimplementations of the scale and rounding rules in docs/kv-codecs.md. Checks the decoded values,
+the scales and the payload bytes of the encoded block, bit for bit.
+
+Run by ctest with TERRACE_BIN pointing at the terrace binary. Skips visibly without numpy,
+safetensors or ml_dtypes.
+"""
+import os
+import struct
+import subprocess
+
+import pytest
+
+np = pytest.importorskip("numpy", reason="numpy is not installed: the ref codec oracle tests are skipped")
+st = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+
+BIN = os.environ.get("TERRACE_BIN")
+if not BIN or not os.path.exists(BIN):
+    pytest.skip("TERRACE_BIN is not set to the terrace binary", allow_module_level=True)
+
+HEADER = 64
+KINDS = {"f32": 0, "bf16": 1, "f16": 2, "fp8": 3, "fp8-block": 3, "int8": 4, "int4-g32": 5, "int4-g64": 5}
+F32_MIN_NORMAL = np.float32(2.0 ** -126)
+
+
+def run_codec(tmp_path, codec, x, expect_rc=0):
+    src, dst = tmp_path / "in.safetensors", tmp_path / f"out_{codec}.safetensors"
+    st.save_file({"x": x}, str(src))
+    p = subprocess.run([BIN, "ref", "codec", "--codec", codec, "--in", str(src), "--out", str(dst)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == expect_rc, p.stderr
+    if expect_rc != 0:
+        return p.stderr
+    out = st.load_file(str(dst))
+    assert out["decoded"].dtype == np.float32 and out["decoded"].shape == x.shape
+    assert out["encoded"].dtype == np.uint8 and out["encoded"].ndim == 1
+    return out["decoded"], out["encoded"].tobytes()
+
+
+def parse_header(enc):
+    assert enc[:4] == b"TKVC"
+    version, kind, scales, lossless, group, _, nscales, rows, cols, raw, stored = struct.unpack_from(
+        "<BBBBHHIQQQQ", enc, 4)
+    assert version == 1
+    assert len(enc) == HEADER + 4 * nscales + stored
+    return dict(kind=kind, scales=scales, lossless=lossless, group=group, nscales=nscales, rows=rows, cols=cols,
+                raw=raw, stored=stored)
+
+
+def doc_scale(amax, qmax):
+    """docs/kv-codecs.md: scale = amax / qmax in fp32; 0 if below 2^-126. inv = 1 / scale, 0 for 0."""
+    s = (amax.astype(np.float32) / np.float32(qmax)).astype(np.float32)
+    s = np.where(s < F32_MIN_NORMAL, np.float32(0), s).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s == 0, np.float32(0), np.float32(1) / s).astype(np.float32)
+    return s, inv
+
+
+def make_input(seed=0, rows=48, cols=70):
+    """Channels of very different magnitudes, fp8-subnormal values, an all-zero channel, a channel of
+    fp32 subnormals (its scale rounds to 0), exact bf16 ties, and negative zeros."""
+    rng = np.random.default_rng(seed)
+    mag = np.exp2(rng.uniform(-20, 20, size=cols)).astype(np.float32)
+    x = (rng.standard_normal((rows, cols)) * mag).astype(np.float32)
+    x[:, 3] = 0
+    x[:, 4] = np.float32(1e-40) * rng.integers(-3, 4, size=rows)
+    x[::3, 5] *= np.float32(1e-4)                      # far below the channel's max: fp8 subnormals
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x40A18000], np.uint32).view(np.float32)
+    x[: len(ties), 6] = ties
+    x[7, 7] = np.float32(-0.0)
+    return x
+
+
+def rows_cols(x):
+    return int(np.prod(x.shape[:-1])), x.shape[-1]
+
+
+@pytest.mark.parametrize("shape", [(48, 70), (2, 3, 40), (1, 1), (5, 1)])
+def test_passthrough_bitexact(tmp_path, shape):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 1000).astype(np.float32)
+    if x.size >= 2:
+        x.flat[0], x.flat[1] = -0.0, 1e-42
+    for codec, ref in [("f32", x), ("bf16", x.astype(ml_dtypes.bfloat16)), ("f16", x.astype(np.float16))]:
+        dec, enc = run_codec(tmp_path, codec, x)
+        h = parse_header(enc)
+        assert (h["kind"], h["rows"], h["cols"], h["nscales"]) == ((KINDS[codec],) + rows_cols(x) + (0,))
+        assert enc[HEADER:] == np.ascontiguousarray(ref).tobytes(), codec
+        np.testing.assert_array_equal(dec.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+
+
+def test_bf16_f16_against_ml_dtypes_numpy(tmp_path):
+    x = make_input(2)
+    x[:, 4] = 0  # fp32 subnormals are fine for bf16/f16, kept in other tests
+    for codec, dt in [("bf16", ml_dtypes.bfloat16), ("f16", np.float16)]:
+        x_ok = x.copy()
+        if codec == "f16":
+            x_ok = np.clip(x_ok, -60000, 60000).astype(np.float32)
+        dec, enc = run_codec(tmp_path, codec, x_ok)
+        ref = x_ok.astype(dt)
+        assert enc[HEADER:] == ref.tobytes(), codec
+        np.testing.assert_array_equal(dec.view(np.uint32), ref.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("codec", ["fp8", "fp8-block"])
+def test_fp8_e4m3_against_ml_dtypes(tmp_path, codec):
+    x = make_input(3)
+    dec, enc = run_codec(tmp_path, codec, x)
+    h = parse_header(enc)
+    amax = np.abs(x).max(axis=0) if codec == "fp8" else np.array([np.abs(x).max()], np.float32)
+    s, inv = doc_scale(amax, 448)
+    assert h["nscales"] == s.size
+    stored_s = np.frombuffer(enc, np.float32, count=s.size, offset=HEADER)
+    np.testing.assert_array_equal(stored_s.view(np.uint32), s.view(np.uint32))
+    y = np.clip((x * inv).astype(np.float32), -448, 448)
+    codes = y.astype(ml_dtypes.float8_e4m3fn)
+    payload = np.frombuffer(enc, np.uint8, offset=HEADER + 4 * s.size)
+    np.testing.assert_array_equal(payload, codes.view(np.uint8).ravel())
+    ref = (codes.astype(np.float32) * s).astype(np.float32)
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+    assert np.all(dec[:, 3] == 0) and np.all(dec[:, 4] == 0)
+    # Sanity: the codes use the whole range (amax maps to 448 = 0x7E) and some are subnormal.
+    assert (payload & 0x7F).max() == 0x7E and np.any((payload & 0x78) == 0) and np.any(payload & 0x07)
+
+
+def test_int8_against_numpy(tmp_path):
+    x = make_input(4)
+    dec, enc = run_codec(tmp_path, "int8", x)
+    s, inv = doc_scale(np.abs(x).max(axis=0), 127)
+    np.testing.assert_array_equal(np.frombuffer(enc, np.float32, count=s.size, offset=HEADER), s)
+    q = np.clip(np.rint((x * inv).astype(np.float32)), -127, 127).astype(np.int8)
+    payload = np.frombuffer(enc, np.int8, offset=HEADER + 4 * s.size)
+    np.testing.assert_array_equal(payload, q.ravel())
+    ref = (q.astype(np.float32) * s).astype(np.float32)
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_against_numpy(tmp_path, group):
+    x = make_input(5, rows=9, cols=70)  # 70 columns: the last group of each row is partial
+    dec, enc = run_codec(tmp_path, f"int4-g{group}", x)
+    rows, cols = x.shape
+    ng = -(-cols // group)
+    pad = np.zeros((rows, ng * group), np.float32)
+    pad[:, :cols] = x
+    amax = np.abs(pad.reshape(rows, ng, group)).max(axis=2)
+    s, inv = doc_scale(amax, 7)
+    np.testing.assert_array_equal(np.frombuffer(enc, np.float32, count=s.size, offset=HEADER), s.ravel())
+    inv_full = np.repeat(inv, group, axis=1)[:, :cols]
+    q = np.clip(np.rint((x * inv_full).astype(np.float32)), -7, 7).astype(np.int8).ravel()
+    nib = (q.astype(np.uint8) & 0xF)
+    if nib.size % 2:
+        nib = np.append(nib, 0)
+    packed = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+    payload = np.frombuffer(enc, np.uint8, offset=HEADER + 4 * s.size)
+    np.testing.assert_array_equal(payload, packed)
+    s_full = np.repeat(s, group, axis=1)[:, :cols]
+    ref = (q.reshape(rows, cols).astype(np.float32) * s_full).astype(np.float32)
+    np.testing.assert_array_equal(dec.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("base", ["f32", "bf16", "fp8", "int8", "int4-g32"])
+def test_lossless_stage_decodes_identically(tmp_path, base):
+    x = make_input(6)
+    x[:24] = 0  # compressible
+    plain, plain_enc = run_codec(tmp_path, base, x)
+    for stage, code in [("zstd", 1), ("lz4", 2)]:
+        dec, enc = run_codec(tmp_path, f"{base}+{stage}", x)
+        h = parse_header(enc)
+        assert h["lossless"] == code and h["raw"] == parse_header(plain_enc)["raw"]
+        assert h["stored"] < h["raw"]
+        np.testing.assert_array_equal(dec.view(np.uint32), plain.view(np.uint32))
+
+
+def test_errors(tmp_path):
+    x = make_input(7)
+    err = run_codec(tmp_path, "fp9", x, expect_rc=2)
+    assert "--codec" in err and "int4-g64" in err
+    bad = x.copy()
+    bad[1, 2] = np.nan
+    err = run_codec(tmp_path, "fp8", bad, expect_rc=1)
+    assert "row 1, column 2" in err
+    err = run_codec(tmp_path, "bf16", np.full((2, 2), 3.4e38, np.float32), expect_rc=1)
+    assert "row 0, column 0" in err and "bf16" in err
+    src = tmp_path / "noxs.safetensors"
+    st.save_file({"y": x}, str(src))
+    p = subprocess.run([BIN, "ref", "codec", "--codec", "f32", "--in", str(src), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "'x'" in p.stderr
