@@ -152,7 +152,9 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
   std::vector<float> scales(nscales), inv;
   // The raw payload goes straight into *out without a lossless stage, else into a scratch buffer.
   std::vector<unsigned char> scratch;
-  out->assign(kHeaderBytes + 4 * nscales + (spec.lossless == Lossless::kNone ? raw_bytes : 0), std::byte{0});
+  // resize, not assign: a reused buffer of the right size is not cleared first (every byte of the
+  // header, scales and payload is written below).
+  out->resize(kHeaderBytes + 4 * nscales + (spec.lossless == Lossless::kNone ? raw_bytes : 0));
   unsigned char* payload = reinterpret_cast<unsigned char*>(out->data()) + kHeaderBytes + 4 * nscales;
   if (spec.lossless != Lossless::kNone) {
     scratch.resize(raw_bytes);
@@ -207,6 +209,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
   if (spec.lossless != Lossless::kNone) TERRACE_RETURN_IF_ERROR(detail::Compress(spec.lossless, scratch, out));
   const std::uint64_t stored = out->size() - kHeaderBytes - 4 * nscales;
   auto* h = reinterpret_cast<unsigned char*>(out->data());
+  std::memset(h, 0, kHeaderBytes);
   std::memcpy(h, detail::kMagic, 4);
   h[detail::kOffVersion] = detail::kFormatVersion;
   h[detail::kOffKind] = static_cast<unsigned char>(spec.kind);
