@@ -31,7 +31,7 @@ say "nvcc: $(nvcc --version | tail -1)"
 
 # ---- 2. Packages (best effort) -----------------------------------------------------------------
 PKGS=(cmake ninja-build g++ pkg-config libfmt-dev libxxhash-dev catch2 liburing-dev librocksdb-dev
-      libboost-dev nlohmann-json3-dev libcli11-dev libopenblas-dev)
+      libboost-dev nlohmann-json3-dev libcli11-dev libopenblas-dev libzstd-dev liblz4-dev)
 MISSING=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || MISSING+=("$p"); done
 if (( ${#MISSING[@]} )); then
@@ -53,8 +53,8 @@ GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 
 # ---- 3. Build ----------------------------------------------------------------------------------
 MODE=none
-TESTS=(test_hbm_cuda test_hbm_emulated test_host_tier test_conformance)
-BENCHES=(bench_hbm_bandwidth bench_hbm_tier bench_host_tier)
+TESTS=(test_hbm_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda)
+BENCHES=(bench_hbm_bandwidth bench_hbm_tier bench_host_tier bench_codec_cuda)
 if command -v cmake >/dev/null && [[ -z ${TERRACE_GPU_CHECK_SKIP_FULL:-} ]]; then
   say "configuring the full project (TERRACE_CUDA=ON) in $BUILD/full"
   if timeout 120 cmake -S "$ROOT" -B "$BUILD/full" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTERRACE_CUDA=ON \
@@ -95,7 +95,7 @@ say "build mode: $MODE"
 declare -A RESULT
 FAILED=0
 if [[ $MODE == full || $MODE == standalone ]]; then
-  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_emulated|test_host_tier|test_conformance)$'
+  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_emulated|test_host_tier|test_conformance|test_codec_cuda)$'
   else TEST_RE='^test_hbm_'; fi
   say "running GPU tests"
   set +e
@@ -124,6 +124,7 @@ run_bench() {  # name, timeout
 run_bench bench_hbm_bandwidth 150
 run_bench bench_hbm_tier 120
 run_bench bench_host_tier 60
+run_bench bench_codec_cuda 60   # KV codec kernels (src/codec/cuda), full build only
 
 # ---- 5. Summary --------------------------------------------------------------------------------
 pick() {  # file, awk filter -> max GB/s
@@ -133,7 +134,7 @@ pick() {  # file, awk filter -> max GB/s
 echo
 echo "================ Terrace GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) ================"
 printf '%-44s %s\n' "build" "$MODE"
-for t in test_hbm_cuda test_hbm_emulated test_host_tier test_conformance; do
+for t in test_hbm_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda; do
   printf '%-44s %s\n' "$t" "${RESULT[$t]:-not run}"
 done
 printf '%-44s %s GB/s\n' "H2D pinned (peak over 64 KiB..256 MiB)"   "$(pick bench_hbm_bandwidth.log '$1=="RESULT" && $2=="pinned" && $3=="h2d"')"
@@ -144,6 +145,7 @@ printf '%-44s %s GB/s\n' "HBM tier put, pinned source (best)"        "$(pick ben
 printf '%-44s %s GB/s\n' "HBM tier get, pinned dest (best)"          "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="get" && $4=="pinned"')"
 printf '%-44s %s GB/s\n' "HBM tier put, pageable source (best)"      "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="put" && $4=="pageable"')"
 printf '%-44s %s GB/s\n' "HBM tier get, pageable dest (best)"        "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="get" && $4=="pageable"')"
+printf '%-44s %s GB/s\n' "codec fp8 encode / decode on the GPU"        "$(pick bench_codec_cuda.log '$1=="RESULT" && $3=="fp8" && $4=="encode"') / $(pick bench_codec_cuda.log '$1=="RESULT" && $3=="fp8" && $4=="decode"')"
 echo "logs: $LOGDIR   total time: $(( $(date +%s) - START )) s"
 if (( FAILED )); then echo "RESULT: FAIL"; exit 1; fi
 echo "RESULT: PASS"

@@ -1,0 +1,107 @@
+// CUDA codec kernels: encode / decode throughput in GB/s of fp32 values on the device, next to a
+// device-to-device cudaMemcpy of the same fp32 bytes in the same run (median of repeats).
+// Usage: bench_codec_cuda [--rows R] [--cols C] [--repeats K]   (defaults 65536 x 576, 20 repeats)
+// Output: a table, then "RESULT codec_cuda <codec> <encode|decode|memcpy> <median GB/s>".
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "src/codec/cuda/codec_cuda.h"
+
+using namespace terrace::codec;
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "bench_codec_cuda: %s: %s\n", #expr, cudaGetErrorString(e_));    \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+template <typename Fn>
+double MedianGbs(int repeats, double bytes, Fn fn) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  fn();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> v;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK_CUDA(cudaEventRecord(a));
+    fn();
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    v.push_back(bytes / (ms * 1e-3) / 1e9);
+  }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t rows = 65536, cols = 576;
+  int repeats = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view k = argv[i];
+    const long long v = std::atoll(argv[i + 1]);
+    if (v < 1) { std::fprintf(stderr, "bench_codec_cuda: %s must be >= 1\n", argv[i]); return 2; }
+    if (k == "--rows") rows = v;
+    else if (k == "--cols") cols = v;
+    else if (k == "--repeats") repeats = static_cast<int>(v);
+    else { std::fprintf(stderr, "bench_codec_cuda: unknown flag %s; flags: --rows --cols --repeats\n", argv[i]); return 2; }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "bench_codec_cuda: no CUDA device\n");
+    return 1;
+  }
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  const double bytes = 4.0 * static_cast<double>(n);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 2654435761u) % 20011) / 1000.0f - 10.0f;
+  float *dx, *dout, *dscales;
+  std::uint8_t* dcodes;
+  std::uint32_t *damax, *dflag;
+  CHECK_CUDA(cudaMalloc(&dx, 4 * n));
+  CHECK_CUDA(cudaMalloc(&dout, 4 * n));
+  CHECK_CUDA(cudaMalloc(&dcodes, 2 * n));
+  CHECK_CUDA(cudaMalloc(&dscales, 4 * cols));
+  CHECK_CUDA(cudaMalloc(&damax, 4 * cols));
+  CHECK_CUDA(cudaMalloc(&dflag, 4));
+  CHECK_CUDA(cudaMemcpy(dx, x.data(), 4 * n, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(dflag, 0, 4));
+  auto* d16 = reinterpret_cast<std::uint16_t*>(dcodes);
+  std::printf("bench_codec_cuda: [%lld, %lld] fp32 (%.0f MiB), median of %d\n", static_cast<long long>(rows),
+              static_cast<long long>(cols), bytes / (1 << 20), repeats);
+  const double mc = MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cudaMemcpyAsync(dout, dx, 4 * n, cudaMemcpyDeviceToDevice)); });
+  std::printf("%-10s %12s %12s\n%-10s %12.1f\nRESULT codec_cuda memcpy memcpy %.3f\n", "codec", "encode GB/s", "decode GB/s",
+              "memcpy", mc, mc);
+  struct Row { const char* name; double e, d; };
+  const std::int64_t ni = static_cast<std::int64_t>(n);
+  Row r[] = {
+      {"bf16", MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::EncodeBf16(dx, ni, d16, dflag, 0)); }),
+       MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::DecodeBf16(d16, ni, dout, 0)); })},
+      {"fp8", MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::EncodeFp8(dx, rows, cols, true, damax, dscales, dcodes, dflag, 0)); }),
+       MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::DecodeFp8(dcodes, dscales, rows, cols, true, dout, 0)); })},
+      {"fp8-block", MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::EncodeFp8(dx, rows, cols, false, damax, dscales, dcodes, dflag, 0)); }),
+       MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::DecodeFp8(dcodes, dscales, rows, cols, false, dout, 0)); })},
+      {"int8", MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::EncodeInt8(dx, rows, cols, damax, dscales, dcodes, dflag, 0)); }),
+       MedianGbs(repeats, bytes, [&] { CHECK_CUDA(cuda::DecodeInt8(dcodes, dscales, rows, cols, dout, 0)); })},
+  };
+  for (const Row& row : r) {
+    std::printf("%-10s %12.1f %12.1f\n", row.name, row.e, row.d);
+    std::printf("RESULT codec_cuda %s encode %.3f\nRESULT codec_cuda %s decode %.3f\n", row.name, row.e, row.name, row.d);
+  }
+  return 0;
+}
