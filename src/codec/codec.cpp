@@ -69,9 +69,10 @@ Status Overflow16(const CodecSpec& spec, std::span<const float> x, std::int64_t 
   return Status::Internal("codec " + spec.Name() + ": overflow reported but not found");
 }
 
-// scale = amax / qmax; 0 below the smallest normal float. inv = 1 / scale, or 0 for a zero scale.
-void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float* scale, float* inv) {
-  const float s = std::bit_cast<float>(amax_bits) / qmax;
+// scale = amax / qmax, capped at max_scale; 0 below the smallest normal float. inv = 1 / scale, or
+// 0 for a zero scale.
+void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float max_scale, float* scale, float* inv) {
+  const float s = std::min(std::bit_cast<float>(amax_bits) / qmax, max_scale);
   if (s < detail::kMinScale) {
     *scale = 0.0f;
     *inv = 0.0f;
@@ -92,7 +93,7 @@ void Int4EncodeGroups(std::span<const float> x, std::size_t rows, std::size_t co
       std::uint32_t amax = 0;
       for (std::size_t c = c0; c < c1; ++c) amax = std::max(amax, Bits(v[c]) & 0x7FFFFFFFu);
       float s, inv;
-      ScaleFromAmax(amax, detail::kInt4Max, &s, &inv);
+      ScaleFromAmax(amax, detail::kInt4Max, detail::MaxScale(CodecKind::kInt4), &s, &inv);
       scales[r * groups + g] = s;
       for (std::size_t c = c0; c < c1; ++c) {
         const float y = std::clamp(v[c] * inv, -detail::kInt4Max, detail::kInt4Max);
@@ -180,7 +181,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
         const std::uint32_t amax = k.max_abs_bits(x.data(), n);
         if (amax >= 0x7F800000u) return NonFinite(spec, x, cols);
         inv.resize(1);
-        ScaleFromAmax(amax, qmax, &scales[0], &inv[0]);
+        ScaleFromAmax(amax, qmax, detail::MaxScale(spec.kind), &scales[0], &inv[0]);
         k.fp8_encode(x.data(), inv.data(), 0, n, payload);
       } else {
         std::vector<std::uint32_t> colmax(cn, 0);
@@ -188,7 +189,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
         inv.resize(cn);
         for (std::size_t j = 0; j < cn; ++j) {
           if (colmax[j] >= 0x7F800000u) return NonFinite(spec, x, cols);
-          ScaleFromAmax(colmax[j], qmax, &scales[j], &inv[j]);
+          ScaleFromAmax(colmax[j], qmax, detail::MaxScale(spec.kind), &scales[j], &inv[j]);
         }
         for (std::size_t i = 0; i < rn; ++i) {
           if (spec.kind == CodecKind::kInt8) {
@@ -287,10 +288,14 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
                               " (scales) + " + std::to_string(stored) + " (payload)");
   std::vector<float> scales(nscales);
   if (nscales) std::memcpy(scales.data(), b + kHeaderBytes, 4 * nscales);
-  for (std::uint64_t i = 0; i < nscales; ++i) {
-    if (Bits(scales[i]) >= 0x7F800000u)  // negative, NaN or Inf
-      return Status::Corruption("codec block (" + spec.Name() + ") scale " + std::to_string(i) + " is " +
-                                FloatText(scales[i]) + "; scales are finite and >= 0");
+  if (nscales) {
+    const std::uint32_t max_scale_bits = Bits(detail::MaxScale(spec.kind));
+    for (std::uint64_t i = 0; i < nscales; ++i) {
+      if (Bits(scales[i]) > max_scale_bits)  // negative, NaN, Inf, or so large that code * scale overflows
+        return Status::Corruption("codec block (" + spec.Name() + ") scale " + std::to_string(i) + " is " +
+                                  FloatText(scales[i]) + "; scales lie in [0, " + FloatText(detail::MaxScale(spec.kind)) +
+                                  "]");
+    }
   }
   const unsigned char* payload = b + kHeaderBytes + 4 * nscales;
   std::vector<unsigned char> scratch;
@@ -309,8 +314,14 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
       if (k.max_abs_bits(out.data(), n) >= 0x7F800000u)
         return Status::Corruption("codec block (f32) holds a NaN or Inf value, which Encode never writes");
       break;
-    case CodecKind::kBf16: k.bf16_decode(payload, n, out.data()); break;
-    case CodecKind::kF16: k.f16_decode(payload, n, out.data()); break;
+    case CodecKind::kBf16:
+      if (k.bf16_decode(payload, n, out.data()) >= 0x7F80)
+        return Status::Corruption("codec block (" + spec.Name() + ") holds a bf16 NaN or Inf, which Encode never writes");
+      break;
+    case CodecKind::kF16:
+      if (k.f16_decode(payload, n, out.data()) >= 0x7C00)
+        return Status::Corruption("codec block (" + spec.Name() + ") holds an f16 NaN or Inf, which Encode never writes");
+      break;
     case CodecKind::kFp8E4M3: {
       bool nan = false;
       if (spec.scales == ScaleMode::kPerBlock) {

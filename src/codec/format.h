@@ -31,6 +31,10 @@ inline std::uint32_t HeaderCheck(const unsigned char* h) {
 inline constexpr float kFp8Max = 448.0f, kInt8Max = 127.0f, kInt4Max = 7.0f;
 // A scale below the smallest normal fp32 (2^-126) is stored as 0: the channel encodes as zeros.
 inline constexpr float kMinScale = 1.17549435e-38f;
+// The largest scale: FLT_MAX / (the largest code magnitude a block can hold: 448, 128, 8), rounded
+// down, so that code * scale never overflows. Encode caps its scales here (only inputs within a
+// factor 2 of FLT_MAX reach it); Decode refuses larger ones.
+float MaxScale(CodecKind kind);
 
 // Scale count and raw (pre-lossless) payload size for a valid spec and shape; n = rows * cols.
 std::uint64_t ScaleCount(const CodecSpec& spec, std::uint64_t rows, std::uint64_t cols);

@@ -21,9 +21,10 @@ struct KernelTable {
   // bf16 / f16, round to nearest even; returns the max abs bits of the 16-bit results (so the caller
   // can refuse a result that is Inf/NaN: >= 0x7F80 for bf16, >= 0x7C00 for f16).
   std::uint16_t (*bf16_encode)(const float* x, std::size_t n, unsigned char* out);
-  void (*bf16_decode)(const unsigned char* in, std::size_t n, float* out);
+  // Decoders return the max abs 16-bit code read (so the caller can refuse a stored NaN / Inf).
+  std::uint16_t (*bf16_decode)(const unsigned char* in, std::size_t n, float* out);
   std::uint16_t (*f16_encode)(const float* x, std::size_t n, unsigned char* out);
-  void (*f16_decode)(const unsigned char* in, std::size_t n, float* out);
+  std::uint16_t (*f16_decode)(const unsigned char* in, std::size_t n, float* out);
   // FP8 E4M3fn codes of y = x[i] * inv[i] (inv_stride 1) or x[i] * inv[0] (inv_stride 0), |y| clamped to 448.
   void (*fp8_encode)(const float* x, const float* inv, std::size_t inv_stride, std::size_t n, unsigned char* out);
   // out[i] = value(code[i]) * s[i or 0]; returns true when some code is a NaN (0x7F / 0xFF).

@@ -64,8 +64,14 @@ std::uint16_t Bf16Encode(const float* x, std::size_t n, unsigned char* out) {
   }
   return m;
 }
-void Bf16Decode(const unsigned char* in, std::size_t n, float* out) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = F32FromBf16(Load16(in + 2 * i));
+std::uint16_t Bf16Decode(const unsigned char* in, std::size_t n, float* out) {
+  std::uint16_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t h = Load16(in + 2 * i);
+    m = std::max<std::uint16_t>(m, h & 0x7FFF);
+    out[i] = F32FromBf16(h);
+  }
+  return m;
 }
 std::uint16_t F16Encode(const float* x, std::size_t n, unsigned char* out) {
   std::uint16_t m = 0;
@@ -76,8 +82,14 @@ std::uint16_t F16Encode(const float* x, std::size_t n, unsigned char* out) {
   }
   return m;
 }
-void F16Decode(const unsigned char* in, std::size_t n, float* out) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = F32FromF16(Load16(in + 2 * i));
+std::uint16_t F16Decode(const unsigned char* in, std::size_t n, float* out) {
+  std::uint16_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t h = Load16(in + 2 * i);
+    m = std::max<std::uint16_t>(m, h & 0x7FFF);
+    out[i] = F32FromF16(h);
+  }
+  return m;
 }
 
 void Fp8Encode(const float* x, const float* inv, std::size_t inv_stride, std::size_t n, unsigned char* out) {

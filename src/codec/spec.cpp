@@ -1,4 +1,6 @@
 // CodecSpec: names, validation and nominal sizes.
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "src/codec/format.h"
@@ -118,6 +120,11 @@ std::uint64_t ScaleCount(const CodecSpec& spec, std::uint64_t rows, std::uint64_
     }
   }
   return 0;
+}
+
+float MaxScale(CodecKind kind) {
+  const float limit = kind == CodecKind::kFp8E4M3 ? 448.0f : kind == CodecKind::kInt8 ? 128.0f : 8.0f;
+  return std::nextafter(std::numeric_limits<float>::max() / limit, 0.0f);
 }
 
 std::uint64_t RawPayloadBytes(CodecKind kind, std::uint64_t n) {

@@ -316,6 +316,42 @@ TEST_CASE("damaged scales, NaN codes and damaged compressed payloads are refused
   CHECK(refused > static_cast<int>(3 * (enc.size() - kHeader)) * 9 / 10);
 }
 
+TEST_CASE("stored NaN / Inf values and overflowing scales are refused; huge inputs decode finite", "[codec]") {
+  const std::int64_t rows = 3, cols = 16;
+  const auto x = RandomMatrix(rows, cols, 19);
+  std::vector<float> out(x.size());
+  std::vector<std::byte> enc;
+  for (const char* name : {"bf16", "f16"}) {
+    REQUIRE(Encode(Spec(name), x, rows, cols, &enc).ok());
+    for (std::uint16_t code : {0x7F80, 0xFFC0, 0x7C00, 0xFE00}) {
+      if ((name[0] == 'b') != (code == 0x7F80 || code == 0xFFC0)) continue;
+      auto bad = enc;
+      std::memcpy(bad.data() + kHeader + 2 * 21, &code, 2);
+      const Status st = Decode(bad, rows, cols, out);
+      INFO(name << " code " << code << ": " << st.ToString());
+      REQUIRE(st.IsCorruption());
+    }
+  }
+  for (const char* name : {"fp8", "fp8-block", "int8", "int4-g32"}) {
+    REQUIRE(Encode(Spec(name), x, rows, cols, &enc).ok());
+    auto bad = enc;
+    const float huge = 3e38f;
+    std::memcpy(bad.data() + kHeader, &huge, 4);
+    const Status st = Decode(bad, rows, cols, out);
+    INFO(name << ": " << st.ToString());
+    REQUIRE(st.IsCorruption());
+    CHECK(st.message().find("scale 0") != std::string::npos);
+    // Inputs at the top of the fp32 range encode and decode to finite values.
+    std::vector<float> big(x.size(), 3.4028e38f);
+    for (std::size_t i = 0; i < big.size(); i += 2) big[i] = -big[i];
+    const auto y = RoundTrip(Spec(name), big, rows, cols);
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      REQUIRE(std::isfinite(y[i]));
+      REQUIRE(std::fabs(y[i] - big[i]) <= 0.13 * std::fabs(big[i]));  // int4: clamped at 7/8 of FLT_MAX
+    }
+  }
+}
+
 TEST_CASE("sizes: MaxEncodedBytes is exact without a lossless stage", "[codec]") {
   for (const char* name : kAllNames) {
     for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 33}, {4, 576}, {0, 9}}) {

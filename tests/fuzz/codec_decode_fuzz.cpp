@@ -16,7 +16,7 @@ namespace {
 constexpr std::uint64_t kMaxValues = 1u << 20;
 
 void DecodeAt(std::span<const std::byte> in, std::uint64_t rows, std::uint64_t cols) {
-  if (cols != 0 && rows > kMaxValues / cols) return;
+  if (rows > kMaxValues || cols > kMaxValues || (cols != 0 && rows > kMaxValues / cols)) return;  // a valid caller shape
   std::vector<float> out(rows * cols);
   const terrace::Status s = terrace::codec::Decode(in, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols), out);
   if (!s.ok()) {

@@ -40,8 +40,11 @@ __device__ float Fp8Value(std::uint32_t c) {
   return __uint_as_float(v | ((c & 0x80u) << 24));
 }
 
-__device__ void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float* s, float* inv) {
-  const float v = __fdiv_rn(__uint_as_float(amax_bits), qmax);
+// limit: the largest code magnitude a block can hold (fp8 448, int8 128); the scale is capped at
+// FLT_MAX / limit rounded down, as on the CPU (docs/kv-codecs.md, "Scales").
+__device__ void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float limit, float* s, float* inv) {
+  const float cap = nextafterf(__fdiv_rn(3.40282347e+38f, limit), 0.0f);
+  const float v = fminf(__fdiv_rn(__uint_as_float(amax_bits), qmax), cap);
   if (v < kMinScale) {
     *s = 0.0f;
     *inv = 0.0f;
@@ -61,11 +64,11 @@ __global__ void AmaxKernel(const float* x, std::int64_t n, std::int64_t cols, bo
   }
 }
 
-__global__ void ScalesKernel(const std::uint32_t* amax, std::int64_t count, float qmax, float* scales) {
+__global__ void ScalesKernel(const std::uint32_t* amax, std::int64_t count, float qmax, float limit, float* scales) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
   float s, inv;
-  ScaleFromAmax(amax[i], qmax, &s, &inv);
+  ScaleFromAmax(amax[i], qmax, limit, &s, &inv);
   scales[i] = s;
 }
 
@@ -123,12 +126,12 @@ __global__ void Bf16DecodeKernel(const std::uint16_t* in, std::int64_t n, float*
   }
 }
 
-cudaError_t Quantise(const float* x, std::int64_t rows, std::int64_t cols, bool per_channel, float qmax,
+cudaError_t Quantise(const float* x, std::int64_t rows, std::int64_t cols, bool per_channel, float qmax, float limit,
                      std::uint32_t* amax, float* scales, std::uint32_t* nonfinite, cudaStream_t stream) {
   const std::int64_t n = rows * cols, count = per_channel ? cols : 1;
   if (cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(std::uint32_t) * count, stream); e != cudaSuccess) return e;
   if (n > 0) AmaxKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, cols, per_channel, amax, nonfinite);
-  ScalesKernel<<<Blocks(count), kThreads, 0, stream>>>(amax, count, qmax, scales);
+  ScalesKernel<<<Blocks(count), kThreads, 0, stream>>>(amax, count, qmax, limit, scales);
   return cudaGetLastError();
 }
 
@@ -146,7 +149,7 @@ cudaError_t DecodeBf16(const std::uint16_t* in, std::int64_t n, float* out, cuda
 
 cudaError_t EncodeFp8(const float* x, std::int64_t rows, std::int64_t cols, bool per_channel, std::uint32_t* scratch_amax,
                       float* scales, std::uint8_t* out, std::uint32_t* nonfinite, cudaStream_t stream) {
-  if (cudaError_t e = Quantise(x, rows, cols, per_channel, 448.0f, scratch_amax, scales, nonfinite, stream); e != cudaSuccess)
+  if (cudaError_t e = Quantise(x, rows, cols, per_channel, 448.0f, 448.0f, scratch_amax, scales, nonfinite, stream); e != cudaSuccess)
     return e;
   const std::int64_t n = rows * cols;
   if (n > 0) Fp8EncodeKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, cols, per_channel, scales, out);
@@ -162,7 +165,7 @@ cudaError_t DecodeFp8(const std::uint8_t* in, const float* scales, std::int64_t 
 
 cudaError_t EncodeInt8(const float* x, std::int64_t rows, std::int64_t cols, std::uint32_t* scratch_amax, float* scales,
                        std::uint8_t* out, std::uint32_t* nonfinite, cudaStream_t stream) {
-  if (cudaError_t e = Quantise(x, rows, cols, true, 127.0f, scratch_amax, scales, nonfinite, stream); e != cudaSuccess)
+  if (cudaError_t e = Quantise(x, rows, cols, true, 127.0f, 128.0f, scratch_amax, scales, nonfinite, stream); e != cudaSuccess)
     return e;
   const std::int64_t n = rows * cols;
   if (n > 0) Int8EncodeKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, cols, scales, out);
