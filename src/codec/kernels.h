@@ -13,7 +13,7 @@
 namespace terrace::codec::detail {
 
 struct KernelTable {
-  const char* name;  // "scalar", "avx" or "avx2"
+  const char* name;  // "scalar" or "avx2"
   // Max abs bits over x[0, n) (0 for n == 0).
   std::uint32_t (*max_abs_bits)(const float* x, std::size_t n);
   // colmax[c] = max(colmax[c], abs bits of x[r*cols + c]) for every row r.
@@ -35,12 +35,9 @@ struct KernelTable {
 };
 
 const KernelTable& ScalarKernels();
-// nullptr when this CPU lacks AVX2 + F16C (Avx2Kernels) or AVX + F16C (AvxKernels: 256-bit float and
-// 128-bit integer operations), or when the build is not for x86-64.
+// nullptr when this CPU lacks AVX2 + F16C or the build is not for x86-64.
 const KernelTable* Avx2Kernels();
-const KernelTable* AvxKernels();
-// The table Encode/Decode use: the widest the CPU has, or the one TERRACE_CODEC_KERNELS names
-// ("scalar", "avx", "avx2"; ignored when this CPU cannot run it).
+// The table Encode/Decode use: AVX2 when the CPU has it, unless TERRACE_CODEC_KERNELS=scalar.
 const KernelTable& Kernels();
 
 // Scalar element conversions, shared by the kernels and the tests.

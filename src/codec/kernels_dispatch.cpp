@@ -12,11 +12,10 @@ namespace terrace::codec::detail {
 
 #if defined(TERRACE_CODEC_X86_SIMD)
 const KernelTable& Avx2KernelTable();  // kernels_avx2.cpp
-const KernelTable& AvxKernelTable();   // kernels_avx.cpp
 
 namespace {
 // CPUID.1:ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c"). F16C instructions are
-// VEX-encoded, so they also need the OS support for AVX state that __builtin_cpu_supports("avx") checks.
+// VEX-encoded, so they also need the OS support for AVX state that __builtin_cpu_supports("avx2") checks.
 bool HasF16c() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
@@ -27,13 +26,8 @@ const KernelTable* Avx2Kernels() {
   static const bool ok = __builtin_cpu_supports("avx2") && HasF16c();
   return ok ? &Avx2KernelTable() : nullptr;
 }
-const KernelTable* AvxKernels() {
-  static const bool ok = __builtin_cpu_supports("avx") && HasF16c();
-  return ok ? &AvxKernelTable() : nullptr;
-}
 #else
 const KernelTable* Avx2Kernels() { return nullptr; }
-const KernelTable* AvxKernels() { return nullptr; }
 #endif
 
 const KernelTable& Kernels() {
@@ -41,12 +35,8 @@ const KernelTable& Kernels() {
     const char* env = std::getenv("TERRACE_CODEC_KERNELS");
     const std::string_view want = env != nullptr ? env : "";
     const KernelTable* avx2 = Avx2Kernels();
-    const KernelTable* avx = AvxKernels();
-    if (want == "scalar") return &ScalarKernels();
-    if (want == "avx" && avx != nullptr) return avx;
-    if (avx2 != nullptr) return avx2;
-    if (avx != nullptr) return avx;
-    return &ScalarKernels();
+    if (want == "scalar" || avx2 == nullptr) return &ScalarKernels();
+    return avx2;
   }();
   return *table;
 }

@@ -18,7 +18,6 @@ namespace {
 std::vector<const KernelTable*> SimdTables() {
   std::vector<const KernelTable*> t;
   if (Avx2Kernels()) t.push_back(Avx2Kernels());
-  if (AvxKernels()) t.push_back(AvxKernels());
   if (t.empty()) WARN("no SIMD codec kernels can run on this CPU; only the scalar ones are tested");
   return t;
 }
