@@ -173,6 +173,40 @@ def test_lossless_stage_decodes_identically(tmp_path, base):
         np.testing.assert_array_equal(dec.view(np.uint32), plain.view(np.uint32))
 
 
+def tie_matrix(qmax, ties):
+    """Columns whose amax is qmax (scale exactly 1, so x * inv = x): rounding ties reach the codec as
+    they are. Each column: qmax, then the ties and their negatives."""
+    col = np.array([qmax] + ties + [-t for t in ties], np.float32)
+    return np.stack([col, col * np.float32(1)], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("codec", ["fp8", "fp8-block"])
+def test_fp8_ties_to_even(tmp_path, codec):
+    # Normal ties (1 + 1/16 -> 1, 1 + 3/16 -> 1.25, 2 + 1/8 -> 2, 12.5 -> 12, 13.5 -> 14, 432 -> 448:
+    # between 416 and 448 the even mantissa is 448's) and subnormal ties (2^-10 -> 0, 3 * 2^-10 and
+    # 5 * 2^-10 -> 2^-8).
+    ties = [1.0625, 1.1875, 2.125, 12.5, 13.5, 432.0, 2.0 ** -10, 3 * 2.0 ** -10, 5 * 2.0 ** -10]
+    x = tie_matrix(448.0, ties)
+    dec, enc = run_codec(tmp_path, codec, x)
+    nscales = parse_header(enc)["nscales"]
+    np.testing.assert_array_equal(np.frombuffer(enc, np.float32, count=nscales, offset=HEADER), 1.0)
+    ref = x.astype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(np.frombuffer(enc, np.uint8, offset=HEADER + 4 * nscales), ref.view(np.uint8).ravel())
+    expect = np.array([448, 1, 1.25, 2, 12, 14, 448, 0, 2.0 ** -8, 2.0 ** -8], np.float32)
+    np.testing.assert_array_equal(dec[: len(expect), 0], expect)
+
+
+@pytest.mark.parametrize("codec,qmax", [("int8", 127.0), ("int4-g32", 7.0)])
+def test_int_ties_to_even(tmp_path, codec, qmax):
+    ties = [0.5, 1.5, 2.5, 3.5, 4.5, 6.5]
+    x = tie_matrix(qmax, ties)
+    if codec.startswith("int4"):
+        x = np.ascontiguousarray(x.T)  # int4 groups run along rows: put each tie next to its 7
+    dec, _ = run_codec(tmp_path, codec, x)
+    flat = dec[0] if codec.startswith("int4") else dec[:, 0]
+    np.testing.assert_array_equal(flat[: 1 + len(ties)], [qmax, 0, 2, 2, 4, 4, 6])
+
+
 def test_errors(tmp_path):
     x = make_input(7)
     err = run_codec(tmp_path, "fp9", x, expect_rc=2)
