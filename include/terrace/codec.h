@@ -48,7 +48,8 @@ struct CodecSpec {
 // `out` is replaced (not appended to).
 Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows, std::int64_t cols,
               std::vector<std::byte>* out);
-// An upper bound of Encode's output size for this spec and shape (exact without a lossless stage).
+// An upper bound of Encode's output size for this spec and shape (exact without a lossless stage);
+// 0 for a spec or shape that Encode refuses.
 std::uint64_t MaxEncodedBytes(const CodecSpec& spec, std::int64_t rows, std::int64_t cols);
 // Decodes into out (rows*cols floats); rows/cols must match the header. Corruption naming what is
 // wrong for a bad magic/version/size/shape; never reads past `encoded`.

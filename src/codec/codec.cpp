@@ -125,6 +125,7 @@ std::string ShapeText(std::uint64_t r, std::uint64_t c) { return "[" + std::to_s
 std::uint64_t MaxEncodedBytes(const CodecSpec& spec, std::int64_t rows, std::int64_t cols) {
   if (rows < 0 || cols < 0 || !detail::SpecProblem(spec.kind, spec.scales, spec.group, spec.lossless).empty()) return 0;
   const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
+  if (c != 0 && r > (std::numeric_limits<std::uint64_t>::max() / 8) / c) return 0;
   const std::uint64_t raw = detail::RawPayloadBytes(spec.kind, r * c);
   const std::uint64_t stored = spec.lossless == Lossless::kNone ? raw : detail::CompressBound(spec.lossless, raw);
   return kHeaderBytes + 4 * detail::ScaleCount(spec, r, c) + stored;
