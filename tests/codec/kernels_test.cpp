@@ -36,7 +36,7 @@ std::vector<float> Tricky(std::size_t n, std::uint64_t seed) {
         x[i] = std::ldexp(static_cast<float>(2 * ((r >> 16) % 16) + 17), e - 4);
         break;
       }
-      case 2: x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32) & 0x807F8000u | 0x3F008000u); break;
+      case 2: x[i] = std::bit_cast<float>((static_cast<std::uint32_t>(r >> 32) & 0x807F8000u) | 0x3F008000u); break;
       case 3: x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32) & 0x807FFFFFu); break;  // subnormal
       case 4: x[i] = static_cast<float>(static_cast<std::int64_t>(r >> 50) - 8192) / 16.0f; break;  // halves
       default: x[i] = (r >> 9) % 2 ? 448.0f + static_cast<float>((r >> 20) % 64) : -0.0f; break;
