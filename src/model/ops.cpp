@@ -1,10 +1,104 @@
 #include "src/model/ops.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <cblas.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TERRACE_OPS_X86 1
+#endif
+
 namespace terrace::model::ops {
+namespace {
+
+float WidenBf16(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+void Bf16GemvScalar(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
+                    bool accumulate) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::uint16_t* wr = w + r * k;
+    float acc = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) acc += WidenBf16(wr[j]) * x[j];
+    y[r] = accumulate ? y[r] + acc : acc;
+  }
+}
+
+#ifdef TERRACE_OPS_X86
+#define TERRACE_OPS_AVX2 __attribute__((target("avx2,fma")))
+
+TERRACE_OPS_AVX2 inline __m256 Load8Bf16(const std::uint16_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+TERRACE_OPS_AVX2 inline float Hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int NR>
+TERRACE_OPS_AVX2 void Bf16Rows(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t r0, float* y,
+                               bool accumulate) {
+  __m256 acc[NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 8 <= k; j += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + j);
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(Load8Bf16(w + (r0 + i) * k + j), xv, acc[i]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i) {
+    float s = Hsum(acc[i]);
+    for (std::int64_t t = j; t < k; ++t) s += WidenBf16(w[(r0 + i) * k + t]) * x[t];
+    y[r0 + i] = accumulate ? y[r0 + i] + s : s;
+  }
+}
+
+TERRACE_OPS_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
+                                   bool accumulate) {
+  std::int64_t r = 0;
+  for (; r + 4 <= n; r += 4) Bf16Rows<4>(x, k, w, r, y, accumulate);
+  for (; r < n; ++r) Bf16Rows<1>(x, k, w, r, y, accumulate);
+}
+
+bool HasAvx2Fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+}  // namespace
+
+void Bf16Gemv(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y, bool accumulate) {
+  if (n <= 0) return;
+#ifdef TERRACE_OPS_X86
+  if (HasAvx2Fma()) {
+    Bf16GemvAvx2(x, k, w, n, y, accumulate);
+    return;
+  }
+#endif
+  Bf16GemvScalar(x, k, w, n, y, accumulate);
+}
+
+void Linear(const float* x, std::int64_t m, std::int64_t k, const Weight& w, std::int64_t n, float* y,
+            bool accumulate) {
+  if (m == 1 && k > 0 && !w.bf16.empty()) {
+    Bf16Gemv(x, k, w.bf16.data(), n, y, accumulate);
+    return;
+  }
+  Linear(x, m, k, w.ptr(), n, y, accumulate);
+}
 
 void Linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
             bool accumulate) {
