@@ -91,13 +91,21 @@ float GluActivation(Activation act, float g, float u, float beta_g, float beta_u
   return act == Activation::kSilu ? ops::Silu(g) * u : ops::Situ(g, u, beta_g, beta_u);
 }
 
+void GluActivationInPlace(Activation act, float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
+  if (act == Activation::kSitu) {
+    ops::SituInPlace(g, u, n, beta_g, beta_u);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) g[i] = GluActivation(act, g[i], u[i], beta_g, beta_u);
+}
+
 void GluMlp(const Weight& gate, const Weight& up, const Weight& down, Activation act, float beta_g, float beta_u,
             const float* x, std::int64_t T, float* out, bool accumulate) {
   const std::int64_t I = gate.dim(0), d = gate.dim(1);
   std::vector<float> g(static_cast<std::size_t>(T * I)), u(g.size());
   ops::Linear(x, T, d, gate, I, g.data());
   ops::Linear(x, T, d, up, I, u.data());
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(act, g[i], u[i], beta_g, beta_u);
+  GluActivationInPlace(act, g.data(), u.data(), static_cast<std::int64_t>(g.size()), beta_g, beta_u);
   ops::Linear(g.data(), T, I, down, down.dim(0), out, accumulate);
 }
 
@@ -150,7 +158,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
       ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
       ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
     }
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(m.act, g[i], u[i], m.situ_beta, m.situ_linear_beta);
+    GluActivationInPlace(m.act, g.data(), u.data(), static_cast<std::int64_t>(g.size()), m.situ_beta, m.situ_linear_beta);
     if (ew->format == ExpertFormat::kMxfp4) {
       Mxfp4Linear(ew->q2, g.data(), n, ye.data());
     } else {

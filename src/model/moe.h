@@ -52,6 +52,10 @@ Status MoeForward(const MoeWeights& w, const MoeDims& dims, int layer, ExpertPro
 // SiLU-GLU g sigmoid(g) u.
 float GluActivation(Activation act, float g, float u, float beta_g, float beta_u);
 
+// g[i] = GluActivation(act, g[i], u[i], ...) for i < n; SiTU through ops::SituInPlace (vectorised,
+// within 1e-6 of the scalar form), SiLU by the scalar loop (bit-for-bit GluActivation).
+void GluActivationInPlace(Activation act, float* g, const float* u, std::int64_t n, float beta_g, float beta_u);
+
 // out [T, d] (+)= W_down( act(W_gate x, W_up x) ), gate/up [I, d], down [d, I].
 void GluMlp(const Weight& gate, const Weight& up, const Weight& down, Activation act, float beta_g, float beta_u,
             const float* x, std::int64_t tokens, float* out, bool accumulate);

@@ -72,6 +72,26 @@ TEST_CASE("Bf16Gemv == the fp32 GEMV over the widened weights within fp32 roundi
   }
 }
 
+TEST_CASE("SituInPlace (vectorised tanh / exp) == the scalar SiTU within 1e-6 relative", "[ops][situ]") {
+  for (const float range : {0.01f, 1.0f, 8.0f, 40.0f, 200.0f}) {
+    CAPTURE(range);
+    const std::int64_t n = 1003;  // a scalar tail
+    auto g = RandomVec(static_cast<std::size_t>(n), 5, -range, range);
+    const auto u = RandomVec(static_cast<std::size_t>(n), 6, -range * 4, range * 4);
+    g[0] = 0.0f;
+    g[1] = -0.0001f;  // below tanh's "tiny" threshold after / beta
+    std::vector<float> want(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) want[i] = ops::Situ(g[i], u[i], 4.0f, 25.0f);
+    ops::SituInPlace(g.data(), u.data(), n, 4.0f, 25.0f);
+    CHECK(RelErr(g, want) < 1e-6);
+    // Elementwise too, relative to each value (with an absolute floor for values near 0).
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      CAPTURE(i, want[i], g[i]);
+      CHECK(std::fabs(g[i] - want[i]) <= 2e-6 * std::fabs(want[i]) + 1e-30f);
+    }
+  }
+}
+
 TEST_CASE("SolveUnitLower solves (I + strictly-lower L) X = B", "[ops]") {
   const std::int64_t n = 9, cols = 4;
   auto l = RandomVec(n * n, 4, -0.3f, 0.3f);
