@@ -48,6 +48,12 @@ struct ForwardOptions {
   Profile* profile = nullptr;
   // Called after each MoE layer's routing with the layer index and its choice.
   std::function<void(int layer, const Routing& routing)> on_routing;
+  // Called after layer `layer` (0-based) finished, with the hidden state [tokens, hidden] that
+  // feeds the next layer (for AttnRes models: the running partial sum the next layer's input is
+  // built from, i.e. what PredictRouting(l + 1, ...) approximates the next router's input with).
+  // Called for every layer, the last included. The span is valid only during the call. Runs on the
+  // forward pass's thread; must be cheap or hand work off.
+  std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_layer_end;
 };
 
 class Model {
@@ -74,6 +80,13 @@ class Model {
   // memory runs out. After an error the state is unusable (Reset it).
   Result<Tensor> Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
 
+  // The routing layer `layer`'s router (with its correction bias) would choose for `hidden`
+  // [tokens, hidden]: RMSNorm with that layer's FFN input norm (post_attention_layernorm), then the
+  // router exactly as MoeForward applies it. A prediction: the real router input also includes
+  // the layer's own mixer output (and, for AttnRes models, the mix). InvalidArgument for a dense
+  // or out-of-range layer, or a span whose size is not tokens * hidden. Thread-safe.
+  Result<Routing> PredictRouting(int layer, std::span<const float> hidden, std::int64_t tokens) const;
+
  private:
   Model();
   static Result<std::unique_ptr<Model>> LoadImpl(const ModelConfig& config, const WeightSource& source,
@@ -86,6 +99,7 @@ class Model {
   ModelConfig config_;
   std::shared_ptr<ExpertProvider> experts_;
   Tensor embed_, final_norm_, lm_head_, out_res_w_, out_res_n_;
+  std::vector<std::uint16_t> lm_head_bf16_;  // lm_head's bf16 bits when stored as BF16 (one-row GEMV)
   std::vector<std::unique_ptr<LayerWeights>> layers_;
 };
 
