@@ -19,6 +19,8 @@ void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
+// Adds `kv` under the `bench` command (cmd_bench_kv.cpp; called by RegisterBench).
+void RegisterBenchKv(CLI::App* bench, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;
