@@ -17,6 +17,7 @@ void RegisterBench(CLI::App& app, Runner* run);   // terrace bench ...
 void RegisterStore(CLI::App& app, Runner* run);   // terrace store fill|check
 void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|run
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
+void RegisterVerify(CLI::App& app, Runner* run);  // terrace verify kv
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 // Adds `kv` under the `bench` command (cmd_bench_kv.cpp; called by RegisterBench).
