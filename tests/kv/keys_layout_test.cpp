@@ -1,0 +1,209 @@
+// Key schema and KvLayout: sizes hand-computed from the presets, the namespace's documented byte
+// string checked against XXH3 directly, keys identical across two processes, and every input of a
+// key (model, layout, codec, tenant, tokens) changing it.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdio>
+#include <set>
+#include <string>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <fmt/format.h>
+
+#include "src/model/weights_init.h"
+#include "terrace/hash.h"
+#include "terrace/keys.h"
+#include "terrace/kv_layout.h"
+#include "test_util.h"
+
+namespace terrace::kv {
+namespace {
+
+model::ModelConfig PresetOrDie(const char* name) {
+  auto c = model::Preset(name);
+  REQUIRE(c.ok());
+  return *c;
+}
+
+TEST_CASE("KvLayout of kimi-k3: MLA bf16 27648 B/token over 24 layers, KDA f32 state 6 MiB + conv") {
+  const auto config = PresetOrDie("kimi-k3");
+  auto layout = KvLayout::FromConfig(config, {});
+  REQUIRE(layout.ok());
+  CHECK(layout->chunk_tokens() == 256);
+  CHECK(layout->mla_layers().size() == 24);
+  CHECK(layout->kda_layers().size() == 93 - 24);
+  CHECK(layout->mla_layers().back() == 92);  // layer 93 (1-based) is MLA in K3
+  CHECK(layout->mla_layers().front() == 3);
+  CHECK(layout->mla_width() == 512 + 64);
+  CHECK(layout->mla_bytes_per_token() == 576ull * 2 * 24);
+  CHECK(layout->mla_bytes_per_token() == 27648);
+  // 96 heads x 128 x 128 x 4 B = 6 MiB.
+  CHECK(layout->kda_recurrent_bytes_per_layer() == 6ull << 20);
+  // (kernel 4 - 1) rows x 3 * 96 * 128 channels x 4 B.
+  CHECK(layout->kda_conv_bytes_per_layer() == 3ull * 3 * 96 * 128 * 4);
+  CHECK(layout->kda_state_bytes_per_sequence() == ((6ull << 20) + 442368ull) * 69);
+  // One chunk block holds 24 sub-ranges of 256 x 576 bf16 (+ the codec's header), each 4 KiB aligned.
+  CHECK(layout->mla_chunk_block_bytes() >= 4096 + 24ull * 256 * 576 * 2);
+  CHECK(layout->mla_chunk_block_bytes() % kSubRangeAlign == 0);
+  CHECK(layout->chunk_header_bytes() % kSubRangeAlign == 0);
+  CHECK(layout->state_block_bytes() >= (6ull << 20) + 442368ull);
+
+  KvLayoutOptions fp32;
+  fp32.kv_codec = {codec::CodecKind::kF32};
+  fp32.state_codec = {codec::CodecKind::kBf16};
+  auto l2 = KvLayout::FromConfig(config, fp32);
+  REQUIRE(l2.ok());
+  CHECK(l2->mla_bytes_per_token() == 576ull * 4 * 24);
+  CHECK(l2->kda_recurrent_bytes_per_layer() == 3ull << 20);
+  CHECK(l2->Id() != layout->Id());
+}
+
+TEST_CASE("KvLayout of k3-toy and option errors") {
+  const auto config = PresetOrDie("k3-toy");
+  auto layout = KvLayout::FromConfig(config, {.chunk_tokens = 16, .snapshot_every = 2});
+  REQUIRE(layout.ok());
+  CHECK(layout->mla_layers() == std::vector<int>{3, 7});
+  CHECK(layout->kda_layers() == std::vector<int>{0, 1, 2, 4, 5, 6});
+  CHECK(layout->mla_width() == 80);
+  CHECK(layout->mla_bytes_per_token() == 80ull * 2 * 2);
+  CHECK(layout->kda_recurrent_bytes_per_layer() == 4ull * 64 * 64 * 4);
+  CHECK(layout->kda_conv_bytes_per_layer() == 3ull * 3 * 4 * 64 * 4);
+  CHECK(layout->Id() ==
+        "kv-layout-v1 chunk=16 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32");
+  CHECK(layout->SnapshotDue(2, 5));
+  CHECK(!layout->SnapshotDue(3, 5));
+  CHECK(layout->SnapshotDue(5, 5));  // the request's last full chunk
+  auto end_only = KvLayout::FromConfig(config, {.chunk_tokens = 16, .snapshot_every = 0});
+  REQUIRE(end_only.ok());
+  CHECK(!end_only->SnapshotDue(2, 5));
+  CHECK(end_only->SnapshotDue(5, 5));
+  // snapshot_every decides which snapshots exist, not their bytes: same Id.
+  CHECK(end_only->Id() == layout->Id());
+
+  auto bad = KvLayout::FromConfig(config, {.chunk_tokens = 0});
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().message().find("chunk_tokens") != std::string::npos);
+  auto bad2 = KvLayout::FromConfig(config, {.snapshot_every = -1});
+  REQUIRE(!bad2.ok());
+  CHECK(bad2.status().message().find("snapshot_every") != std::string::npos);
+}
+
+TEST_CASE("Namespace is the documented XXH3-64 byte string") {
+  const ContentId model{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  std::string buf = "terrace-keys-v1";
+  auto le = [&](std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  le(model.hi, 8);
+  le(model.lo, 8);
+  le(6, 8);
+  buf += "layout";
+  le(4, 8);
+  buf += "bf16";
+  le(1, 4);
+  const auto want = static_cast<std::uint32_t>(XXH3_64bits(buf.data(), buf.size()));
+  CHECK(keys::Namespace(model, "layout", "bf16", 1) == want);
+  // The length prefixes keep ("ab", "c") and ("a", "bc") apart.
+  CHECK(keys::Namespace(model, "ab", "c", 1) != keys::Namespace(model, "a", "bc", 1));
+  CHECK(keys::Namespace(model, "layout", "bf16", 2) != want);
+  CHECK(keys::Namespace(ContentId{model.hi, model.lo + 1}, "layout", "bf16", 1) != want);
+}
+
+TEST_CASE("chunk ids chain the tenant root and every token") {
+  const std::uint32_t ns = 77;
+  std::vector<std::int32_t> t(50);
+  for (int i = 0; i < 50; ++i) t[static_cast<std::size_t>(i)] = i * 3;
+  const auto ids = keys::ChunkIds(ns, "", t, 16);
+  REQUIRE(ids.size() == 3);  // 50 / 16 full chunks
+  ContentId parent = keys::TenantRoot(ns, "");
+  for (std::size_t c = 0; c < 3; ++c) {
+    parent = ChainContentId(parent, std::span(t).subspan(c * 16, 16));
+    CHECK(ids[c] == parent);
+  }
+  CHECK(keys::TenantRoot(ns, "") != RootContentId(ns));
+  CHECK(keys::TenantRoot(ns, "a") != keys::TenantRoot(ns, ""));
+  CHECK(keys::TenantRoot(ns, "a") != keys::TenantRoot(ns, "b"));
+  CHECK(keys::TenantRoot(ns + 1, "a") != keys::TenantRoot(ns, "a"));
+  const auto other = keys::ChunkIds(ns, "tenant-b", t, 16);
+  for (std::size_t c = 0; c < 3; ++c) CHECK(other[c] != ids[c]);
+  // A changed token changes its chunk and every later one, not the earlier ones.
+  auto t2 = t;
+  t2[20] += 1;
+  const auto ids2 = keys::ChunkIds(ns, "", t2, 16);
+  CHECK(ids2[0] == ids[0]);
+  CHECK(ids2[1] != ids[1]);
+  CHECK(ids2[2] != ids[2]);
+
+  const BlockKey kv = keys::KvChunkKey(ns, ids[1]);
+  CHECK(kv == BlockKey{ns, BlockKind::kKv, 0, ids[1]});
+  const BlockKey st = keys::StateKey(ns, 6, ids[1]);
+  CHECK(st == BlockKey{ns, BlockKind::kState, 6, ids[1]});
+  const BlockKey ex = keys::ExpertKey(ns, 3, 900);
+  CHECK(ex == BlockKey{ns, BlockKind::kExpert, 3, ContentId{0, 900}});
+}
+
+std::string RunPrinter(const std::filesystem::path& dir, const std::string& tenant) {
+  const std::string cmd = fmt::format("'{}' '{}' '{}'", KV_KEYS_PRINT, dir.string(), tenant);
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), p)) out += buf.data();
+  REQUIRE(pclose(p) == 0);
+  return out;
+}
+
+TEST_CASE("keys computed by two separate processes are identical; weights and tenant change them") {
+  testing::TempDir dir("kvkeys");
+  auto config = PresetOrDie("k3-toy");
+  REQUIRE(model::InitWeights(config, dir.path() / "a", {.seed = 3}).ok());
+  REQUIRE(model::InitWeights(config, dir.path() / "b", {.seed = 4}).ok());
+  const std::string a1 = RunPrinter(dir.path() / "a", "");
+  const std::string a2 = RunPrinter(dir.path() / "a", "");
+  CHECK(a1 == a2);
+  CHECK(std::count(a1.begin(), a1.end(), '\n') == 1 + 2 * 2 + 1);
+
+  // In this process too.
+  auto ckpt = model::OpenCheckpoint(dir.path() / "a");
+  REQUIRE(ckpt.ok());
+  const auto id = keys::ModelId(ckpt->config, *ckpt->weights);
+  CHECK(a1.rfind(fmt::format("model {:016x}{:016x}\n", id.hi, id.lo), 0) == 0);
+
+  const std::string b = RunPrinter(dir.path() / "b", "");
+  CHECK(b.substr(0, 40) != a1.substr(0, 40));  // other weights, other model id
+  std::set<std::string> lines_a, lines_b, lines_t;
+  auto split = [](const std::string& s, std::set<std::string>* out) {
+    std::size_t p = 0;
+    while (p < s.size()) {
+      auto e = s.find('\n', p);
+      out->insert(s.substr(p, e - p));
+      p = e + 1;
+    }
+  };
+  split(a1, &lines_a);
+  split(b, &lines_b);
+  split(RunPrinter(dir.path() / "a", "tenant-x"), &lines_t);
+  for (const auto& l : lines_a) {
+    CHECK(lines_b.count(l) == 0);
+    if (l.find(":expert:") == std::string::npos && l.rfind("model", 0) != 0) CHECK(lines_t.count(l) == 0);
+  }
+}
+
+TEST_CASE("ModelId covers the config and every tensor byte") {
+  testing::TempDir dir("kvmid");
+  auto config = PresetOrDie("k3-toy");
+  REQUIRE(model::InitWeights(config, dir.path(), {.seed = 3}).ok());
+  auto ckpt = model::OpenCheckpoint(dir.path());
+  REQUIRE(ckpt.ok());
+  const auto id = keys::ModelId(ckpt->config, *ckpt->weights);
+  CHECK(id == keys::ModelId(ckpt->config, *ckpt->weights));
+  auto c2 = ckpt->config;
+  c2.rms_norm_eps = 2e-5f;
+  CHECK(keys::ModelId(c2, *ckpt->weights) != id);
+}
+
+}  // namespace
+}  // namespace terrace::kv
