@@ -79,8 +79,9 @@ class Predictor {
 
 struct LookaheadOptions {
   int depth = 2;                 // predict layers l+1 .. l+depth after layer l
-  // A distance j > 1 is predicted only while its measured precision (an running mean, starting
-  // at 1) stays >= min_confidence: depth gated by confidence.
+  // A distance j > 1 is predicted only while its measured precision (a running mean, starting at
+  // 1) stays >= min_confidence (depth gated by confidence); a gated distance is still tried every
+  // 8th step so that its estimate can recover.
   double min_confidence = 0.5;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
@@ -223,6 +224,9 @@ class ExpertOffload final : public model::ExpertProvider {
   // Lookahead's entry point (also called by the on_layer_end hook).
   void OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens);
 
+  // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
+  // provider, or an oracle built from trace() after a first run.
+  void SetPredictor(std::unique_ptr<Predictor> predictor);
   // Waits for every prefetch in flight to finish (or be cancelled) and books it.
   void Quiesce();
   // Drops every unpinned fast-tier copy (a cold cache) and zeroes the metrics; keeps the trace.

@@ -27,9 +27,7 @@ class NonePredictor final : public Predictor {
   std::string_view name() const override { return "none"; }
 };
 
-// Running precision per distance j gates the depth: a distance below min_confidence is skipped
-// (and every one after it) until... it cannot recover without being tried, so a gated distance is
-// still tried on every 8th step to keep its estimate current.
+// Running precision per distance j gates the depth (LookaheadOptions::min_confidence).
 class LookaheadPredictor final : public Predictor {
  public:
   LookaheadPredictor(const model::Model& model, const LookaheadOptions& o)
