@@ -48,6 +48,12 @@ struct ForwardOptions {
   Profile* profile = nullptr;
   // Called after each MoE layer's routing with the layer index and its choice.
   std::function<void(int layer, const Routing& routing)> on_routing;
+  // Called after layer `layer` (0-based) finished, with the hidden state [tokens, hidden] that
+  // feeds the next layer (for AttnRes models: the running partial sum the next layer's input is
+  // built from, i.e. what PredictRouting(l + 1, ...) approximates the next router's input with).
+  // Called for every layer, the last included. The span is valid only during the call. Runs on the
+  // forward pass's thread; must be cheap or hand work off.
+  std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_layer_end;
 };
 
 class Model {
@@ -73,6 +79,13 @@ class Model {
   // Corruption when a logit is not finite (NaN or infinite: the weights overflow), OutOfCapacity when
   // memory runs out. After an error the state is unusable (Reset it).
   Result<Tensor> Forward(std::span<const int> tokens, SequenceState* state, const ForwardOptions& options) const;
+
+  // The routing layer `layer`'s router (with its correction bias) would choose for `hidden`
+  // [tokens, hidden]: RMSNorm with that layer's FFN input norm (post_attention_layernorm), then the
+  // router exactly as MoeForward applies it. A prediction: the real router input also includes
+  // the layer's own mixer output (and, for AttnRes models, the mix). InvalidArgument for a dense
+  // or out-of-range layer, or a span whose size is not tokens * hidden. Thread-safe.
+  Result<Routing> PredictRouting(int layer, std::span<const float> hidden, std::int64_t tokens) const;
 
  private:
   Model();

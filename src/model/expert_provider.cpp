@@ -16,7 +16,19 @@ Status ExpectView(const TensorView& v, DType dtype, std::vector<std::int64_t> sh
   return Status::Ok();
 }
 
-Result<Tensor> LoadProj(const WeightSource& source, const std::string& base, std::int64_t rows, std::int64_t cols) {
+std::span<const std::uint8_t> AsU8(std::span<const std::byte> b) {
+  return {reinterpret_cast<const std::uint8_t*>(b.data()), b.size()};
+}
+
+// One projection: MXFP4 (a validated view into `source`'s bytes) or fp32.
+struct Proj {
+  bool mxfp4 = false;
+  Mxfp4Matrix q;
+  Tensor f;
+};
+
+Result<Proj> LoadProj(const WeightSource& source, const std::string& base, std::int64_t rows, std::int64_t cols) {
+  Proj out;
   const std::string packed_name = base + ".weight_packed";
   if (source.Has(packed_name)) {
     const std::string scale_name = base + ".weight_scale";
@@ -27,13 +39,9 @@ Result<Tensor> LoadProj(const WeightSource& source, const std::string& base, std
     TERRACE_ASSIGN_OR_RETURN(TensorView scale, source.Get(scale_name));
     TERRACE_RETURN_IF_ERROR(ExpectView(packed, DType::kU8, {rows, cols / 2}, packed_name));
     TERRACE_RETURN_IF_ERROR(ExpectView(scale, DType::kU8, {rows, cols / kMxfp4BlockSize}, scale_name));
-    Tensor out({rows, cols});
-    const auto as_u8 = [](std::span<const std::byte> b) {
-      return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(b.data()), b.size());
-    };
-    TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(as_u8(packed.data), as_u8(scale.data), rows, cols, out.data)
-                                .WithContext(packed_name));
-    TERRACE_RETURN_IF_ERROR(CheckFinite(out, packed_name));
+    out.mxfp4 = true;
+    out.q = Mxfp4Matrix{AsU8(packed.data).data(), AsU8(scale.data).data(), rows, cols};
+    TERRACE_RETURN_IF_ERROR(ValidateMxfp4(out.q, packed_name));
     return out;
   }
   const std::string name = base + ".weight";
@@ -42,20 +50,41 @@ Result<Tensor> LoadProj(const WeightSource& source, const std::string& base, std
     return Status::InvalidArgument(fmt::format("{}: expected shape {}, got {}", name,
                                                ShapeString(std::vector<std::int64_t>{rows, cols}),
                                                ShapeString(view.shape)));
-  TERRACE_ASSIGN_OR_RETURN(Tensor out, ToFloat(view, name));
-  TERRACE_RETURN_IF_ERROR(CheckFinite(out, name));
+  TERRACE_ASSIGN_OR_RETURN(out.f, ToFloat(view, name));
+  TERRACE_RETURN_IF_ERROR(CheckFinite(out.f, name));
   return out;
+}
+
+Tensor Dequantized(const Proj& p) {
+  if (!p.mxfp4) return p.f;
+  Tensor t({p.q.rows, p.q.cols});
+  // Validated by LoadProj: cannot fail.
+  (void)DequantizeMxfp4({p.q.packed, static_cast<std::size_t>(p.q.packed_bytes())},
+                        {p.q.scales, static_cast<std::size_t>(p.q.scale_bytes())}, p.q.rows, p.q.cols, t.data);
+  return t;
 }
 
 }  // namespace
 
 Result<ExpertWeights> LoadExpert(const WeightSource& source, std::string_view prefix, std::int64_t latent,
                                  std::int64_t intermediate) {
-  ExpertWeights e;
   const std::string p(prefix);
-  TERRACE_ASSIGN_OR_RETURN(e.w1, LoadProj(source, p + "w1", intermediate, latent));
-  TERRACE_ASSIGN_OR_RETURN(e.w2, LoadProj(source, p + "w2", latent, intermediate));
-  TERRACE_ASSIGN_OR_RETURN(e.w3, LoadProj(source, p + "w3", intermediate, latent));
+  TERRACE_ASSIGN_OR_RETURN(Proj w1, LoadProj(source, p + "w1", intermediate, latent));
+  TERRACE_ASSIGN_OR_RETURN(Proj w2, LoadProj(source, p + "w2", latent, intermediate));
+  TERRACE_ASSIGN_OR_RETURN(Proj w3, LoadProj(source, p + "w3", intermediate, latent));
+  ExpertWeights e;
+  if (w1.mxfp4 && w2.mxfp4 && w3.mxfp4) {
+    e.format = ExpertFormat::kMxfp4;
+    e.q1 = w1.q;
+    e.q2 = w2.q;
+    e.q3 = w3.q;
+    return e;
+  }
+  // A mix of MXFP4 and float projections: all fp32.
+  e.format = ExpertFormat::kF32;
+  e.w1 = Dequantized(w1);
+  e.w2 = Dequantized(w2);
+  e.w3 = Dequantized(w3);
   return e;
 }
 
@@ -64,16 +93,25 @@ Result<std::unique_ptr<ResidentExpertProvider>> ResidentExpertProvider::Create(c
   std::unique_ptr<ResidentExpertProvider> p(new ResidentExpertProvider());
   p->num_layers_ = config.num_hidden_layers;
   p->num_experts_ = config.num_experts;
-  p->experts_.resize(static_cast<std::size_t>(config.num_hidden_layers) * static_cast<std::size_t>(config.num_experts));
+  const std::size_t n = static_cast<std::size_t>(config.num_hidden_layers) * static_cast<std::size_t>(config.num_experts);
+  p->experts_.resize(n);
+  p->blocks_.resize(n);
+  const std::int64_t L = config.routed_expert_hidden_size, I = config.moe_intermediate_size;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     if (config.IsDenseLayer(l)) continue;
     for (int e = 0; e < config.num_experts; ++e) {
       // "...experts.E.w1.weight_packed" minus "w1.weight_packed".
       std::string prefix = ExpertTensorName(l, e, "w1", "weight_packed");
       prefix.resize(prefix.size() - std::string_view("w1.weight_packed").size());
-      TERRACE_ASSIGN_OR_RETURN(p->experts_[static_cast<std::size_t>(l * config.num_experts + e)],
-                               LoadExpert(source, prefix, config.routed_expert_hidden_size,
-                                          config.moe_intermediate_size));
+      const auto i = static_cast<std::size_t>(l * config.num_experts + e);
+      TERRACE_ASSIGN_OR_RETURN(ExpertWeights w, LoadExpert(source, prefix, L, I));
+      if (w.format == ExpertFormat::kMxfp4) {
+        // Owned copy in the expert block format: the same bytes (and kernel) a store-backed
+        // provider serves, so resident and offloaded runs are bitwise identical.
+        p->blocks_[i] = SerializeExpertBlock(w);
+        TERRACE_ASSIGN_OR_RETURN(w, ParseExpertBlock(p->blocks_[i], L, I));
+      }
+      p->experts_[i] = std::move(w);
     }
   }
   return p;
@@ -83,8 +121,9 @@ Result<const ExpertWeights*> ResidentExpertProvider::Acquire(int layer, int expe
   if (layer < 0 || layer >= num_layers_ || expert < 0 || expert >= num_experts_)
     return Status::InvalidArgument(fmt::format("expert {} of layer {} is out of range ({} layers x {} experts)", expert,
                                                layer, num_layers_, num_experts_));
-  const ExpertWeights& e = experts_[static_cast<std::size_t>(layer * num_experts_ + expert)];
-  if (e.w1.data.empty())
+  const auto i = static_cast<std::size_t>(layer * num_experts_ + expert);
+  const ExpertWeights& e = experts_[i];
+  if (e.w1.data.empty() && blocks_[i].empty())
     return Status::NotFound(fmt::format("layer {} has no routed experts (it is a dense layer)", layer));
   return &e;
 }
@@ -97,6 +136,7 @@ void ResidentExpertProvider::Release(int layer, int expert) {
 std::size_t ResidentExpertProvider::bytes() const {
   std::size_t b = 0;
   for (const auto& e : experts_) b += (e.w1.data.size() + e.w2.data.size() + e.w3.data.size()) * sizeof(float);
+  for (const auto& blk : blocks_) b += blk.size();
   return b;
 }
 

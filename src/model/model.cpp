@@ -78,6 +78,24 @@ Result<Tensor> Model::Forward(std::span<const int> tokens, SequenceState* state,
   }
 }
 
+Result<Routing> Model::PredictRouting(int l, std::span<const float> hidden, std::int64_t T) const {
+  if (l < 0 || l >= config_.num_hidden_layers)
+    return Status::InvalidArgument(
+        fmt::format("PredictRouting: layer {} is out of range [0, {})", l, config_.num_hidden_layers));
+  const LayerWeights& w = layer(l);
+  if (w.dense)
+    return Status::InvalidArgument(fmt::format("PredictRouting: layer {} is a dense layer (no router)", l));
+  const std::int64_t d = config_.hidden_size;
+  if (T < 1 || static_cast<std::int64_t>(hidden.size()) != T * d)
+    return Status::InvalidArgument(fmt::format("PredictRouting: {} values for {} tokens of hidden size {} (expected {})",
+                                               hidden.size(), T, d, T * d));
+  Rows normed(hidden.size());
+  ops::RmsNorm(hidden.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
+  Routing r;
+  Route(w.moe, moe_dims(), normed.data(), T, &r);
+  return r;
+}
+
 Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* state, const ForwardOptions& o) const {
   const std::int64_t T = static_cast<std::int64_t>(tokens.size()), d = config_.hidden_size;
   if (T == 0) return Status::InvalidArgument("no input tokens; pass at least one token id");
@@ -131,6 +149,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
       }
       TERRACE_RETURN_IF_ERROR(RunFfn(l, T, normed.data(), o, f.data()));
       for (std::size_t i = 0; i < n; ++i) hidden[i] = prefix[i] + f[i];
+      if (o.on_layer_end) o.on_layer_end(l, hidden, T);
     } else {
       {
         ScopedPhase timer(o.profile, Phase::kOther);
@@ -144,6 +163,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
       }
       TERRACE_RETURN_IF_ERROR(RunFfn(l, T, normed.data(), o, f.data()));
       for (std::size_t i = 0; i < n; ++i) hidden[i] += f[i];
+      if (o.on_layer_end) o.on_layer_end(l, hidden, T);
     }
   }
   if (bs > 0) {

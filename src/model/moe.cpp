@@ -5,9 +5,36 @@
 
 #include <fmt/format.h>
 
+#include "src/model/mxfp4_matmul.h"
 #include "src/model/ops.h"
 
 namespace terrace::model {
+namespace {
+
+// The provider's expert matches the layer: w1/w3 [I, latent], w2 [latent, I], in its format.
+Status CheckExpert(const ExpertWeights& w, std::int64_t latent, int layer, int expert) {
+  bool ok = false;
+  std::int64_t I = 0;
+  if (w.format == ExpertFormat::kMxfp4) {
+    I = w.q1.rows;
+    ok = w.q1.packed && w.q2.packed && w.q3.packed && w.q1.scales && w.q2.scales && w.q3.scales &&
+         w.q1.cols == latent && w.q3.rows == I && w.q3.cols == latent && w.q2.rows == latent && w.q2.cols == I && I > 0;
+  } else {
+    ok = w.w1.shape.size() == 2 && w.w2.shape.size() == 2 && w.w3.shape.size() == 2;
+    if (ok) {
+      I = w.w1.dim(0);
+      ok = w.w1.dim(1) == latent && w.w3.dim(0) == I && w.w3.dim(1) == latent && w.w2.dim(0) == latent &&
+           w.w2.dim(1) == I && I > 0;
+    }
+  }
+  if (ok) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "the expert provider returned expert {} of layer {} with inconsistent shapes (latent must be {}: w1/w3 "
+      "[I, {}], w2 [{}, I])",
+      expert, layer, latent, latent, latent));
+}
+
+}  // namespace
 
 Status CheckMoeWeights(const MoeWeights& w, const MoeDims& m, std::string_view where) {
   if (m.top_k < 1 || m.top_k > m.experts)
@@ -105,17 +132,30 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
     const auto& slot = slots[static_cast<std::size_t>(e)];
     const std::int64_t n = static_cast<std::int64_t>(slot.size());
     TERRACE_ASSIGN_OR_RETURN(const ExpertWeights* ew, experts->Acquire(layer, e));
-    const std::int64_t I = ew->w1.dim(0);
+    if (Status st = CheckExpert(*ew, L, layer, e); !st.ok()) {
+      experts->Release(layer, e);
+      return st;
+    }
+    const std::int64_t I = ew->intermediate();
     zin.resize(static_cast<std::size_t>(n * L));
     for (std::int64_t i = 0; i < n; ++i)
       std::copy_n(z + (slot[static_cast<std::size_t>(i)] / k) * L, L, &zin[static_cast<std::size_t>(i * L)]);
     g.resize(static_cast<std::size_t>(n * I));
     u.resize(g.size());
     ye.resize(static_cast<std::size_t>(n * L));
-    ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
-    ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
+    if (ew->format == ExpertFormat::kMxfp4) {
+      Mxfp4Linear(ew->q1, zin.data(), n, g.data());
+      Mxfp4Linear(ew->q3, zin.data(), n, u.data());
+    } else {
+      ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
+      ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
+    }
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(m.act, g[i], u[i], m.situ_beta, m.situ_linear_beta);
-    ops::Linear(g.data(), n, I, ew->w2.ptr(), L, ye.data());
+    if (ew->format == ExpertFormat::kMxfp4) {
+      Mxfp4Linear(ew->q2, g.data(), n, ye.data());
+    } else {
+      ops::Linear(g.data(), n, I, ew->w2.ptr(), L, ye.data());
+    }
     experts->Release(layer, e);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t s = slot[static_cast<std::size_t>(i)];

@@ -82,6 +82,35 @@ Status DequantizeMxfp4(std::span<const std::uint8_t> packed, std::span<const std
   return Status::Ok();
 }
 
+Status ValidateMxfp4(const Mxfp4Matrix& m, std::string_view name) {
+  if (m.rows < 0 || m.cols <= 0 || m.cols % kMxfp4BlockSize != 0)
+    return Status::Corruption(fmt::format("{}: MXFP4 shape [{}, {}] is not valid (cols must be a positive multiple of {})",
+                                          name, m.rows, m.cols, kMxfp4BlockSize));
+  const std::int64_t blocks = m.cols / kMxfp4BlockSize;
+  for (std::int64_t r = 0; r < m.rows; ++r) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::uint8_t s = m.scales[r * blocks + b];
+      if (s < 253) continue;  // 6 * 2^125 is finite: no code can overflow
+      if (s == kE8M0Nan) {
+        return Status::Corruption(fmt::format(
+            "{}: MXFP4 scale is NaN (E8M0 255) at row {}, block {} (columns {}..{}); the weights are damaged", name, r,
+            b, b * kMxfp4BlockSize, (b + 1) * kMxfp4BlockSize - 1));
+      }
+      const float scale = E8M0ToFloat(s);
+      for (int k = 0; k < kMxfp4BlockSize; ++k) {
+        const std::uint8_t byte = m.packed[(r * m.cols + b * kMxfp4BlockSize + k) / 2];
+        const std::uint8_t code = (k % 2 == 0) ? (byte & 0xFu) : static_cast<std::uint8_t>(byte >> 4);
+        if (std::isinf(E2M1ToFloat(code) * scale)) {
+          return Status::Corruption(fmt::format(
+              "{}: MXFP4 weight at row {}, column {} overflows fp32 (E2M1 {} x 2^{}); the weights are damaged", name,
+              r, b * kMxfp4BlockSize + k, E2M1ToFloat(code), static_cast<int>(s) - 127));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status QuantizeMxfp4(std::span<const float> in, std::int64_t rows, std::int64_t cols,
                      std::vector<std::uint8_t>* packed, std::vector<std::uint8_t>* scales) {
   TERRACE_RETURN_IF_ERROR(CheckDims(rows, cols, "QuantizeMxfp4"));

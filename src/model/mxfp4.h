@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
+#include "terrace/model_weights.h"
 #include "terrace/status.h"
 
 namespace terrace::model {
@@ -34,5 +36,10 @@ Status DequantizeMxfp4(std::span<const std::uint8_t> packed, std::span<const std
 // Non-finite inputs are InvalidArgument naming the row and column.
 Status QuantizeMxfp4(std::span<const float> in, std::int64_t rows, std::int64_t cols,
                      std::vector<std::uint8_t>* packed, std::vector<std::uint8_t>* scales);
+
+// OK when every weight of `m` decodes to a finite fp32 value; else Corruption naming `name`, the
+// row and block: a NaN scale (E8M0 255), or a weight that overflows fp32 (a scale >= 2^126 with a
+// large code). Reads every scale, and the packed nibbles only of blocks with such a scale.
+Status ValidateMxfp4(const Mxfp4Matrix& m, std::string_view name);
 
 }  // namespace terrace::model

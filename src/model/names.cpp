@@ -84,7 +84,7 @@ void AddMoe(const ModelConfig& c, int l, SpecList& s, ExpertFormat format) {
   }
   if (c.latent_moe_use_norm) s.Add(MoeTensorName(l, "routed_expert_norm.weight"), {latent});
   s.Set(Component::kRoutedExperts);
-  for (int x = 0; x < c.num_experts && format == ExpertFormat::kFloat; ++x) {
+  for (int x = 0; x < c.num_experts && format == ExpertFormat::kF32; ++x) {
     s.AddFloatExpert(x, ExpertTensorName(l, x, "w1", "weight"), {inter, latent});
     s.AddFloatExpert(x, ExpertTensorName(l, x, "w2", "weight"), {latent, inter});
     s.AddFloatExpert(x, ExpertTensorName(l, x, "w3", "weight"), {inter, latent});
@@ -150,7 +150,7 @@ ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& c
   const int l = c.first_k_dense_replace;
   if (l >= c.num_hidden_layers) return ExpertFormat::kMxfp4;
   if (!source.Has(ExpertTensorName(l, 0, "w1", "weight_packed")) && source.Has(ExpertTensorName(l, 0, "w1", "weight"))) {
-    return ExpertFormat::kFloat;
+    return ExpertFormat::kF32;
   }
   return ExpertFormat::kMxfp4;
 }

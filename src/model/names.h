@@ -61,9 +61,9 @@ struct TensorSpec {
   std::int64_t params() const;  // logical parameter count (a packed byte holds 2; scales count 0)
 };
 
-// How a checkpoint stores its routed experts: MXFP4 (experts.E.wN.weight_packed + weight_scale, U8;
-// K3) or plain float matrices (experts.E.wN.weight, F32/BF16/F16; Kimi Linear, transformers).
-enum class ExpertFormat : std::uint8_t { kMxfp4, kFloat };
+// How a checkpoint stores its routed experts (the public ExpertFormat, terrace/model_weights.h):
+// kMxfp4 (experts.E.wN.weight_packed + weight_scale, U8; K3) or kF32, plain float matrices
+// (experts.E.wN.weight, F32/BF16/F16; Kimi Linear, transformers), read as fp32.
 // The format of `source`'s routed experts, judged by expert 0 of the first MoE layer (kMxfp4 when
 // the config has no MoE layer or the tensor is absent).
 ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& config);

@@ -196,7 +196,7 @@ class MapSource : public WeightSource {
   std::vector<std::string> Names() const override { return {}; }
 };
 
-TEST_CASE("LoadExpert dequantises MXFP4 experts and rejects bad shapes", "[moe]") {
+TEST_CASE("LoadExpert keeps MXFP4 experts as MXFP4 views and rejects bad shapes", "[moe]") {
   const std::int64_t L = 64, I = 32;
   MapSource src;
   std::map<std::string, std::vector<float>> want;
@@ -212,9 +212,22 @@ TEST_CASE("LoadExpert dequantises MXFP4 experts and rejects bad shapes", "[moe]"
   }
   auto e = LoadExpert(src, "experts.3.", L, I);
   REQUIRE(e.ok());
-  CHECK(e->w1.data == want["w1"]);
-  CHECK(e->w2.data == want["w2"]);
-  CHECK(e->w3.data == want["w3"]);
+  REQUIRE(e->format == ExpertFormat::kMxfp4);
+  CHECK(e->w1.data.empty());
+  CHECK(e->intermediate() == I);
+  CHECK(e->latent() == L);
+  const auto dequant = [](const Mxfp4Matrix& q) {
+    std::vector<float> out(static_cast<std::size_t>(q.rows * q.cols));
+    REQUIRE(DequantizeMxfp4({q.packed, static_cast<std::size_t>(q.packed_bytes())},
+                            {q.scales, static_cast<std::size_t>(q.scale_bytes())}, q.rows, q.cols, out)
+                .ok());
+    return out;
+  };
+  CHECK(e->q1.rows == I);
+  CHECK(e->q2.rows == L);
+  CHECK(dequant(e->q1) == want["w1"]);
+  CHECK(dequant(e->q2) == want["w2"]);
+  CHECK(dequant(e->q3) == want["w3"]);
   auto bad = LoadExpert(src, "experts.3.", L, I * 2);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find("experts.3.w1.weight_packed") != std::string::npos);
