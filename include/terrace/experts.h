@@ -201,7 +201,8 @@ class ExpertOffload final : public model::ExpertProvider {
                                                        const model::WeightSource& weights, Store* store,
                                                        ExpertOffloadOptions options);
   // StoreOptions for a dedicated expert store: HBM emulated (sized above the budget so the store
-  // never evicts on its own), host, and NVMe at `nvme_dir` when not empty.
+  // never evicts on its own), host, and NVMe at `nvme_dir` when not empty (then the experts' home);
+  // logs warnings and errors to stderr.
   static StoreOptions OpenStoreOptions(std::uint64_t total_expert_bytes, std::uint64_t budget_bytes,
                                        const std::string& nvme_dir, const LinkModel& link = {});
   // Routed expert bytes of `config` as blocks (every MoE layer's experts, block headers included).
@@ -227,7 +228,7 @@ class ExpertOffload final : public model::ExpertProvider {
   // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
   // provider, or an oracle built from trace() after a first run.
   void SetPredictor(std::unique_ptr<Predictor> predictor);
-  // Waits for every prefetch in flight to finish (or be cancelled) and books it.
+  // Issues every queued prefetch and waits until all have finished (or were cancelled).
   void Quiesce();
   // Drops every unpinned fast-tier copy (a cold cache) and zeroes the metrics; keeps the trace.
   Status Reset();

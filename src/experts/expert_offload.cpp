@@ -352,6 +352,7 @@ struct ExpertOffload::Impl {
     s.unused_prefetch = false;
     s.last_use = ++tick;
     ++s.uses;
+    Pump();  // speculation waited while this demand load ran
     return &s.weights;
   }
 
@@ -433,19 +434,21 @@ std::uint64_t ExpertOffload::TotalExpertBytes(const model::ModelConfig& config) 
 
 StoreOptions ExpertOffload::OpenStoreOptions(std::uint64_t total, std::uint64_t budget, const std::string& nvme_dir,
                                              const LinkModel& link) {
+  auto mib = [](std::uint64_t n) { return (n + kMiB - 1) / kMiB * kMiB; };
   StoreOptions o;
   o.hbm.mode = HbmMode::kEmulated;
   o.hbm.link = link;
   // Twice the budget plus slack: the store's own watermark demotion never starts, the cache decides.
-  o.hbm.capacity_bytes = 2 * budget + 16 * kMiB;
-  o.host.capacity_bytes = total + total / 4 + 64 * kMiB;
+  o.hbm.capacity_bytes = mib(2 * budget + 16 * kMiB);
+  o.host.capacity_bytes = mib(total + total / 4 + 64 * kMiB);
   o.host.pin = false;
   if (!nvme_dir.empty()) {
     o.nvme.path = nvme_dir;
-    o.nvme.capacity_bytes = total + total / 2 + 64 * kMiB;
+    o.nvme.capacity_bytes = mib(total + total / 2 + 64 * kMiB);
   }
   o.placement = Placement::kInclusive;
   o.promote_on_get = false;
+  o.logger = StderrLogger(LogLevel::kWarning);  // "hbm emulated" is expected here, not news
   o.put_tier = nvme_dir.empty() ? TierId::kHost : TierId::kNvme;
   return o;
 }
@@ -632,8 +635,15 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
 }
 
 void ExpertOffload::Quiesce() {
-  std::lock_guard lock(impl_->mu);
-  impl_->Harvest(true);
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  // Each round issues at least one queued item (the cap admits one when nothing is in flight) or
+  // drops it, so this ends.
+  m.Harvest(true);
+  while (!m.pending.empty()) {
+    m.Pump();
+    m.Harvest(true);
+  }
 }
 
 Status ExpertOffload::Reset() {
