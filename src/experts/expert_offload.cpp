@@ -335,8 +335,8 @@ struct ExpertOffload::Impl {
                          : st.IsCorruption() ? "no copy of its block passed its checksum"
                                              : "its block could not be loaded into the fast tier";
       return Status(st).WithContext(fmt::format(
-          "expert {} of layer {} ({}; block {}); reload the experts by running again with the same --model "
-          "(a corrupt store: remove its directory first)",
+          "expert {} of layer {} ({}; block {}); loading the model again (terrace model run: the same --model) "
+          "stores a fresh copy",
           expert, layer, what, s.key.ToString()));
     }
     auto w = model::ParseExpertBlock(std::span<const std::byte>(h->data(), h->size()), latent, intermediate);
