@@ -236,6 +236,9 @@ class ExpertOffload final : public model::ExpertProvider {
   // The routing seen so far (for an oracle replay of the same run).
   std::shared_ptr<const RoutingTrace> trace() const;
   std::uint64_t budget_bytes() const;
+  // The store key of an expert's block (keys::ExpertKey in this model's namespace); InvalidArgument
+  // for a dense layer or an index out of range.
+  Result<BlockKey> key(int layer, int expert) const;
 
  private:
   friend class ExpertLease;

@@ -492,6 +492,7 @@ void RegisterBench(CLI::App& app, Runner* run) {
                   "them and never removes them)");
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
+  RegisterBenchExperts(bench, run);
 }
 
 }  // namespace terrace::cli

@@ -19,6 +19,8 @@ void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
+// Adds `experts` under the `bench` command (cmd_bench_experts.cpp; called by RegisterBench).
+void RegisterBenchExperts(CLI::App* bench_cmd, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;

@@ -692,6 +692,14 @@ std::shared_ptr<const RoutingTrace> ExpertOffload::trace() const {
 
 std::uint64_t ExpertOffload::budget_bytes() const { return impl_->budget; }
 
+Result<BlockKey> ExpertOffload::key(int layer, int expert) const {
+  const Impl& m = *impl_;
+  if (layer < 0 || layer >= m.L || expert < 0 || expert >= m.E ||
+      m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].bytes == 0)
+    return Status::InvalidArgument(fmt::format("expert {} of layer {} does not exist", expert, layer));
+  return m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].key;
+}
+
 ExpertMetrics ExpertOffload::Metrics() const {
   const Impl& m = *impl_;
   std::lock_guard lock(m.mu);

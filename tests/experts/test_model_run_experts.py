@@ -120,3 +120,25 @@ def test_corrupt_expert_store_names_layer_and_expert(toy, tmp_path):
     p = run(toy, "--store", str(store), "--expert-cache", "25%", expect=1)
     assert "of layer" in p.stderr and "expert" in p.stderr
     assert "checksum" in p.stderr or "Corruption" in p.stderr
+
+
+def test_bench_experts_json(toy, tmp_path):
+    d = tmp_path / "bench"
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(d), "--prompt", "4", "--decode", "3",
+                        "--budgets", "25%,50%", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    names = [(c["name"], c["budget_fraction"]) for c in j["configs"]]
+    for b in (0.25, 0.5):
+        for n in ("on-demand", "lru+lookahead", "utility+statistical", "oracle"):
+            assert (n, b) in names
+    assert ("resident", 1.0) in names and ("mmap", 1.0) in names
+    for c in j["configs"]:
+        for k in ("tokens_per_s", "stall_share", "hit_rate", "recall", "bytes_read"):
+            assert k in c
+        assert c["tokens_per_s"] > 0
+    oracle = [c for c in j["configs"] if c["name"] == "oracle"]
+    assert all(c["recall"] == 1.0 for c in oracle)  # decode steps only: every one was predicted
+    on_demand = [c for c in j["configs"] if c["name"] == "on-demand"]
+    assert all(c["bytes_read"]["nvme"] > 0 for c in on_demand)  # cold on the NVMe tier
+    assert not d.exists() or not any(d.iterdir())  # the bench removed its store
