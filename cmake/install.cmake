@@ -48,6 +48,15 @@ if(TARGET terrace_kv)
           COMPONENT terrace_development)
 endif()
 
+if(TARGET terrace_experts)
+  install(TARGETS terrace_experts EXPORT terraceExpertsTargets
+          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
+          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
+          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
+  install(EXPORT terraceExpertsTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
+          COMPONENT terrace_development)
+endif()
+
 if(TARGET terrace_cli)
   install(TARGETS terrace_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
 endif()

@@ -119,6 +119,12 @@ class Session {
   SequenceState& state() { return state_; }
   const SequenceState& state() const { return state_; }
   Profile& profile() { return profile_; }
+  // Callbacks (on_routing, on_layer_end) copied into every later Prefill / Decode's ForwardOptions;
+  // the other fields of `hooks` are ignored.
+  void set_hooks(const ForwardOptions& hooks) {
+    hooks_.on_routing = hooks.on_routing;
+    hooks_.on_layer_end = hooks.on_layer_end;
+  }
   // Wall seconds spent in Prefill / Decode calls, and the tokens they processed.
   double prefill_seconds() const { return prefill_s_; }
   double decode_seconds() const { return decode_s_; }
@@ -129,6 +135,7 @@ class Session {
   const Model& model_;
   SequenceState state_;
   Profile profile_;
+  ForwardOptions hooks_;
   std::vector<float> last_logits_;
   double prefill_s_ = 0.0, decode_s_ = 0.0;
   std::int64_t prefill_tokens_ = 0, decode_tokens_ = 0;

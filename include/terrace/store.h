@@ -140,6 +140,10 @@ class Store {
   bool Contains(const BlockKey& key) const;
   // Removes every copy. NotFound if absent; InvalidArgument while pinned.
   Status Erase(const BlockKey& key);
+  // Drops the copy in `tier` only, and only when a lower tier also holds the block (a clean
+  // eviction: nothing is written back, the last copy is never dropped). NotFound if `tier` holds
+  // no copy; InvalidArgument while the copy is pinned or when no lower copy exists.
+  Status EvictCopy(const BlockKey& key, TierId tier);
   // Pins nest; a pinned block is never evicted or erased.
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);

@@ -12,6 +12,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/model_run_experts.h"
 #include "src/cli/model_run_kv.h"
 #include "src/cli/safe_files.h"
 #include "src/model/model.h"
@@ -38,6 +39,7 @@ struct RunArgs {
   std::string dump_logits;
   int threads = 1;
   KvRunArgs kv;  // --store and its flags (model_run_kv.h)
+  ExpertRunArgs experts;  // --expert-cache and its flags (model_run_experts.h)
 };
 
 Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
@@ -78,10 +80,13 @@ int RunModel(const RunArgs& a) {
   const ModelConfig& config = (*dir)->config();
   auto prompt = ParseTokens(a.tokens, config.vocab_size);
   if (!prompt.ok()) return FailUsage(prompt.status().message());
-  auto model = Model::Load(config, **dir);
+  auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir);
+  if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
+  auto model = Model::Load(config, **dir, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
 
   Session session(**model);
+  if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new); !s.ok()) return Fail(s.ToString());
   Result<Tensor> logits = Tensor();
   std::optional<KvRun> kv_run;
   std::optional<kv::CachedPrefill> cached;
@@ -133,6 +138,7 @@ int RunModel(const RunArgs& a) {
     for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()})
       if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }
+  if (Status s = WriteExpertPrometheus(*ex, a.experts); !s.ok()) return Fail(s.ToString());
   const std::vector<float>& last = session.last_logits();
   const std::uint64_t digest = XXH3_64bits(last.data(), last.size() * sizeof(float));
   const double prefill_tps = static_cast<double>(session.prefill_tokens()) / session.prefill_seconds();
@@ -153,6 +159,7 @@ int RunModel(const RunArgs& a) {
     j["logits_xxh3_64"] = fmt::format("{:016x}", digest);
     j["logits_head"] = head;
     j["threads"] = a.threads;
+    if (ex->offload) j["experts"] = ExpertReportJson(*ex);  // before MeasureRouting's extra pass
     if (cached) {
       const nlohmann::json kv_json = KvReportJson(*cached, kv_stats);
       j.update(kv_json);
@@ -186,6 +193,7 @@ int RunModel(const RunArgs& a) {
   }
   fmt::print("final logits: xxh3-64 {:016x}, first values [{}]\n", digest, fmt::join(head, ", "));
   if (cached) fmt::print("{}", KvReportText(*cached, kv_stats));
+  fmt::print("{}", ExpertReportText(*ex));
   std::vector<std::string> shares;
   for (int p = 0; p < kNumPhases; ++p)
     shares.push_back(fmt::format("{} {:.1f}%", PhaseName(static_cast<Phase>(p)), 100.0 * prof.Share(static_cast<Phase>(p))));
@@ -207,6 +215,7 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
                   "with --store, positions restored from the cache are recomputed for the file");
   AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads, "OpenBLAS threads");
   AddKvFlags(cmd, &args->kv);
+  AddExpertFlags(cmd, &args->experts);
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

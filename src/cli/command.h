@@ -24,6 +24,8 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 void RegisterRefCodec(CLI::App* ref_cmd, Runner* run);
 // Adds `kv` under the `bench` command (cmd_bench_kv.cpp; called by RegisterBench).
 void RegisterBenchKv(CLI::App* bench, Runner* run);
+// Adds `experts` under the `bench` command (cmd_bench_experts.cpp; called by RegisterBench).
+void RegisterBenchExperts(CLI::App* bench_cmd, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;

@@ -23,7 +23,7 @@ int Argmax(std::span<const float> v) {
 
 Result<Tensor> Session::Prefill(std::span<const int> tokens) {
   const auto t0 = std::chrono::steady_clock::now();
-  ForwardOptions o;
+  ForwardOptions o = hooks_;
   o.chunked_kda = true;
   o.absorbed_mla = false;
   o.profile = &profile_;
@@ -37,7 +37,7 @@ Result<Tensor> Session::Prefill(std::span<const int> tokens) {
 
 Result<std::vector<float>> Session::Decode(int token) {
   const auto t0 = std::chrono::steady_clock::now();
-  ForwardOptions o;
+  ForwardOptions o = hooks_;
   o.chunked_kda = false;
   o.absorbed_mla = true;
   o.profile = &profile_;

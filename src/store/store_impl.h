@@ -126,6 +126,7 @@ class StoreImpl {
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
   bool Contains(const BlockKey& key) const;
   Status Erase(const BlockKey& key);
+  Status EvictCopy(const BlockKey& key, TierId tier);  // evict_copy.cpp
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
   void ReleaseHandle(const BlockKey& key, TierId tier);

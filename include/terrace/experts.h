@@ -1,0 +1,251 @@
+// Public expert-offload API (docs/experts.md): routed MoE experts kept as MXFP4 blocks in a Store's
+// host or NVMe tier (one immutable copy each), cached in the store's HBM tier under a byte budget,
+// and prefetched ahead of use by a predictor. The reference model reaches it only through its
+// ExpertProvider seam, so offloaded runs compute exactly what all-resident runs compute.
+//
+// Thread-safety: ExpertOffload's methods may be called from any thread (one internal mutex; the
+// forward pass's calls are serialised by it). Predictor and CachePolicy implementations are only
+// called under that mutex. Units: bytes, nanoseconds, tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/model.h"
+#include "terrace/model_config.h"
+#include "terrace/model_weights.h"
+#include "terrace/status.h"
+#include "terrace/store.h"
+#include "terrace/tier.h"
+
+namespace terrace::experts {
+
+// The fast-tier (HBM) budget: a fraction of all routed expert bytes ("25%") or an absolute size
+// ("64MiB", "2GiB", "1048576"). Parse errors name the text and the accepted forms.
+struct CacheBudget {
+  double fraction = 0.25;   // used when bytes == 0
+  std::uint64_t bytes = 0;  // absolute budget; 0: use fraction
+  static Result<CacheBudget> Parse(std::string_view text);
+  std::uint64_t Resolve(std::uint64_t total_expert_bytes) const;
+  std::string ToString() const;
+};
+
+enum class CachePolicyKind : std::uint8_t { kLru, kLfu, kUtility };
+enum class PredictorKind : std::uint8_t { kNone, kLookahead, kStatistical, kOracle };
+// "lru" "lfu" "utility"; "none" "lookahead" "statistical" "oracle". InvalidArgument listing them.
+Result<CachePolicyKind> ParseCachePolicy(std::string_view name);
+Result<PredictorKind> ParsePredictor(std::string_view name);
+std::string_view CachePolicyName(CachePolicyKind kind);
+std::string_view PredictorName(PredictorKind kind);
+
+// The routing of a run: for every forward step (one Forward call: a prefill or one decode token)
+// and every model layer, the distinct experts it used, ascending (empty for dense layers).
+struct RoutingTrace {
+  int num_layers = 0;
+  std::vector<std::vector<std::vector<int>>> steps;  // [step][layer] -> experts
+};
+
+// A predictor's guess that `experts` of `layer` in forward step `step` will be used.
+// confidence in [0, 1] orders prefetches and feeds the predicted-utility policy.
+struct Prediction {
+  std::int64_t step = 0;
+  int layer = 0;
+  std::vector<int> experts;
+  double confidence = 1.0;
+};
+
+// Predictors, behind one interface. Called under ExpertOffload's mutex, on the forward thread.
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  virtual std::string_view name() const = 0;
+  // Layer `layer` of step `step` routed to `experts` (distinct, ascending), before they run.
+  virtual void OnRouting(std::int64_t step, int layer, std::span<const int> experts,
+                         std::vector<Prediction>* out) {
+    (void)step, (void)layer, (void)experts, (void)out;
+  }
+  // Layer `layer` of step `step` finished; `hidden` [tokens, hidden_size] feeds the next layer.
+  virtual void OnLayerEnd(std::int64_t step, int layer, std::span<const float> hidden, std::int64_t tokens,
+                          std::vector<Prediction>* out) {
+    (void)step, (void)layer, (void)hidden, (void)tokens, (void)out;
+  }
+};
+
+struct LookaheadOptions {
+  int depth = 2;                 // predict layers l+1 .. l+depth after layer l
+  // A distance j > 1 is predicted only while its measured precision (a running mean, starting at
+  // 1) stays >= min_confidence (depth gated by confidence); a gated distance is still tried every
+  // 8th step so that its estimate can recover.
+  double min_confidence = 0.5;
+};
+// Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
+std::unique_ptr<Predictor> MakeNonePredictor();
+std::unique_ptr<Predictor> MakeLookaheadPredictor(const model::Model& model, const LookaheadOptions& options);
+// Layer-to-layer transitions (experts of layer l -> experts of layer l+1) and token-to-token ones
+// (a layer's experts in the previous step -> the same layer now), counted online.
+std::unique_ptr<Predictor> MakeStatisticalPredictor(const model::ModelConfig& config, int depth = 1);
+// Replays `trace` (recorded from the same run) `depth` layers ahead, across step boundaries.
+std::unique_ptr<Predictor> MakeOraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth = 2);
+
+// Prediction quality against what was routed, per layer: a prediction for (step, layer) counts
+// once, as the union of every prediction made for it, when that layer's routing arrives.
+struct PredictionCounts {
+  std::uint64_t true_positive = 0, false_positive = 0, false_negative = 0;
+  double precision() const;  // tp / (tp + fp); 0 when nothing was predicted
+  double recall() const;     // tp / (tp + fn); 0 when nothing was routed
+};
+class PredictionScorer {
+ public:
+  explicit PredictionScorer(int num_layers);
+  void Predict(const Prediction& p);
+  // Scores the predictions for (step, layer) against `actual`, then forgets them.
+  void Observe(std::int64_t step, int layer, std::span<const int> actual);
+  const PredictionCounts& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
+  PredictionCounts total() const;
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+
+ private:
+  std::vector<PredictionCounts> layers_;
+  std::vector<std::pair<std::int64_t, std::vector<std::vector<int>>>> pending_;  // step -> [layer] predicted
+};
+
+struct LayerMetrics {
+  int layer = 0;
+  std::uint64_t hits = 0;        // acquired while resident in the fast tier
+  std::uint64_t late_hits = 0;   // acquired while its prefetch was in flight (waited for it)
+  std::uint64_t misses = 0;      // loaded on demand
+  double hit_rate() const;       // hits / (hits + late_hits + misses)
+  PredictionCounts prediction;
+  std::vector<std::uint64_t> expert_load;  // tokens routed to each expert (selections without hooks)
+  double load_max = 0, load_mean = 0, load_cv = 0;  // over this layer's experts
+  std::vector<int> hot_experts;  // load > hot_factor x mean
+};
+
+struct ExpertMetrics {
+  std::vector<LayerMetrics> layers;  // MoE layers only, by layer index
+  std::uint64_t hits = 0, late_hits = 0, misses = 0;
+  double hit_rate = 0;
+  PredictionCounts prediction;
+  std::uint64_t tokens = 0, steps = 0;
+  std::uint64_t stall_ns = 0;               // forward-thread time waiting for expert loads
+  double stall_ns_per_token = 0;
+  std::uint64_t demand_bytes = 0;           // bytes loaded into the fast tier on demand
+  std::uint64_t speculative_bytes = 0;      // bytes prefetched into the fast tier (landed)
+  std::uint64_t speculative_wasted_bytes = 0;  // prefetched, then evicted or still unused at the end
+  std::uint64_t prefetches_issued = 0, prefetches_cancelled = 0, prefetches_skipped = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t corrupt_copies_reread = 0;  // copies that failed their checksum; re-read from a slower copy
+  std::uint64_t budget_bytes = 0, resident_bytes = 0, total_expert_bytes = 0;
+  double load_max = 0, load_mean = 0, load_cv = 0, hot_factor = 2.0;
+  std::uint64_t hot_experts = 0;
+  std::string policy, predictor;
+
+  std::string ToText() const;        // the CLI's lines
+  std::string ToJson() const;        // one JSON object
+  std::string PrometheusText() const;  // text exposition 0.0.4, terrace_experts_* metrics
+};
+
+struct ExpertOffloadOptions {
+  TierId home = TierId::kHost;      // where each expert's immutable copy lives: kHost or kNvme
+  CacheBudget budget;               // the fast-tier (kHbm) cache
+  CachePolicyKind policy = CachePolicyKind::kLru;
+  // The predictor; null: none. ExpertOffload takes ownership.
+  std::unique_ptr<Predictor> predictor;
+  int window = 2;                   // layers ahead the utility policy protects
+  // Cap on speculative bytes in flight (issued, not landed); 0: a quarter of the budget.
+  std::uint64_t max_speculative_bytes = 0;
+  unsigned max_inflight_prefetches = 2;  // handed to the store at once; the rest wait in our queue
+  double hot_factor = 2.0;
+};
+
+class ExpertOffload;
+
+// An RAII lease on one expert in the fast tier: pins the block there while it lives; weights()
+// are MXFP4 views into the pinned bytes. Move-only; must not outlive its ExpertOffload.
+class ExpertLease {
+ public:
+  ExpertLease() = default;
+  ~ExpertLease() { Release(); }
+  ExpertLease(ExpertLease&& o) noexcept;
+  ExpertLease& operator=(ExpertLease&& o) noexcept;
+  ExpertLease(const ExpertLease&) = delete;
+  ExpertLease& operator=(const ExpertLease&) = delete;
+  bool valid() const { return owner_ != nullptr; }
+  const model::ExpertWeights& weights() const { return *weights_; }
+  int layer() const { return layer_; }
+  int expert() const { return expert_; }
+  void Release();
+
+ private:
+  friend class ExpertOffload;
+  ExpertOffload* owner_ = nullptr;
+  const model::ExpertWeights* weights_ = nullptr;
+  int layer_ = -1, expert_ = -1;
+};
+
+// The store-backed ExpertProvider.
+class ExpertOffload final : public model::ExpertProvider {
+ public:
+  // Puts every routed expert of `weights` (MXFP4 checkpoints only) into `store` as one block in
+  // options.home (an identical block already there is kept), keyed by keys::ExpertKey. The store
+  // needs an HBM tier with host-addressable memory (HbmMode::kEmulated: the reference model
+  // computes on the CPU) and Placement::kInclusive, so a fast-tier copy never removes the home
+  // copy. `store` must outlive the result. Use OpenStoreOptions to get a store that fits.
+  static Result<std::shared_ptr<ExpertOffload>> Create(const model::ModelConfig& config,
+                                                       const model::WeightSource& weights, Store* store,
+                                                       ExpertOffloadOptions options);
+  // StoreOptions for a dedicated expert store: HBM emulated (sized above the budget so the store
+  // never evicts on its own), host, and NVMe at `nvme_dir` when not empty (then the experts' home);
+  // logs warnings and errors to stderr.
+  static StoreOptions OpenStoreOptions(std::uint64_t total_expert_bytes, std::uint64_t budget_bytes,
+                                       const std::string& nvme_dir, const LinkModel& link = {});
+  // Routed expert bytes of `config` as blocks (every MoE layer's experts, block headers included).
+  static std::uint64_t TotalExpertBytes(const model::ModelConfig& config);
+
+  ~ExpertOffload() override;
+
+  // Errors name the layer and expert (NotFound, Corruption with no good copy, OutOfCapacity).
+  Result<ExpertLease> Lease(int layer, int expert);
+
+  // model::ExpertProvider: Acquire takes a lease (kept until Release); Prefetch records the
+  // layer's actual selection (routing trace, predictor, scoring) and protects it.
+  Result<const model::ExpertWeights*> Acquire(int layer, int expert) override;
+  void Release(int layer, int expert) override;
+  void Prefetch(int layer, std::span<const int> experts) override;
+
+  // Installs on_routing (expert load) and on_layer_end (predictor) into `options`, chaining any
+  // callbacks already there. The callbacks hold a plain pointer: this object must outlive them.
+  void AttachHooks(model::ForwardOptions* options);
+  // Lookahead's entry point (also called by the on_layer_end hook).
+  void OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens);
+
+  // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
+  // provider, or an oracle built from trace() after a first run.
+  void SetPredictor(std::unique_ptr<Predictor> predictor);
+  // Issues every queued prefetch and waits until all have finished (or were cancelled).
+  void Quiesce();
+  // Drops every unpinned fast-tier copy (a cold cache) and zeroes the metrics; keeps the trace.
+  Status Reset();
+  ExpertMetrics Metrics() const;
+  // The routing seen so far (for an oracle replay of the same run).
+  std::shared_ptr<const RoutingTrace> trace() const;
+  std::uint64_t budget_bytes() const;
+  // The store key of an expert's block (keys::ExpertKey in this model's namespace); InvalidArgument
+  // for a dense layer or an index out of range.
+  Result<BlockKey> key(int layer, int expert) const;
+
+ private:
+  friend class ExpertLease;
+  struct Impl;
+  explicit ExpertOffload(std::unique_ptr<Impl> impl);
+  void ReleaseLease(int layer, int expert);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace terrace::experts

@@ -1,0 +1,132 @@
+#include "src/cli/model_run_experts.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
+
+namespace terrace::cli {
+
+void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
+  cmd->add_option("--expert-cache", a->cache,
+                  "Offload the routed experts: keep them as MXFP4 blocks in the expert store and cache this much of "
+                  "them in the fast (HBM) tier, as a share of all routed expert bytes (25%) or a size (64MiB)");
+  cmd->add_option("--predictor", a->predictor,
+                  "Which experts to prefetch (with --expert-cache): lookahead (the next layers' routers on the current "
+                  "hidden state), statistical (co-activation counts), none (on demand only), oracle (replays this "
+                  "run's own routing, recorded in a first pass)")
+      ->default_str("lookahead");
+  cmd->add_option("--expert-policy", a->policy,
+                  "Fast-tier cache policy (with --expert-cache): lru, lfu, utility (P(use within the lookahead "
+                  "window) x reload cost)")
+      ->default_str("utility");
+  cmd->add_option("--expert-home", a->home,
+                  "Where each expert's one immutable copy lives: host or nvme (default: nvme with --store, in "
+                  "DIR/experts; host otherwise)");
+  AddIntOption(cmd, "--lookahead-depth", &a->depth, 1, 16, "Layers ahead the lookahead and oracle predictors look");
+  cmd->add_option("--expert-prometheus", a->prometheus,
+                  "Also write the expert cache's metrics to this file in Prometheus text format");
+}
+
+Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store_dir, const model::ModelConfig& config,
+                                const model::WeightSource& weights) {
+  ExpertRun run;
+  if (a.cache.empty()) {
+    for (const auto& [flag, set] : {std::pair{"--expert-home", !a.home.empty()}, {"--expert-prometheus", !a.prometheus.empty()}})
+      if (set) return Status::InvalidArgument(fmt::format("{} needs --expert-cache (e.g. --expert-cache 25%)", flag));
+    return run;
+  }
+  auto budget = experts::CacheBudget::Parse(a.cache);
+  if (!budget.ok()) return Status::InvalidArgument("--expert-cache: " + budget.status().message());
+  auto predictor = experts::ParsePredictor(a.predictor);
+  if (!predictor.ok()) return Status::InvalidArgument("--predictor: " + predictor.status().message());
+  auto policy = experts::ParseCachePolicy(a.policy);
+  if (!policy.ok()) return Status::InvalidArgument("--expert-policy: " + policy.status().message());
+  if (!a.prometheus.empty()) TERRACE_RETURN_IF_ERROR(CheckOutputFile(a.prometheus, "--expert-prometheus"));
+  const std::string home = a.home.empty() ? (store_dir.empty() ? "host" : "nvme") : a.home;
+  if (home != "host" && home != "nvme")
+    return Status::InvalidArgument(fmt::format("--expert-home: '{}' is not host or nvme", home));
+  if (home == "nvme" && store_dir.empty())
+    return Status::InvalidArgument("--expert-home nvme needs --store DIR (the experts go to DIR/experts)");
+  if (config.num_experts <= 0) return Status::InvalidArgument("--expert-cache: the model has no routed experts");
+
+  const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
+  std::string nvme_dir;
+  if (!store_dir.empty()) {
+    TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(store_dir, "--store"));
+    const std::filesystem::path dir = std::filesystem::path(store_dir) / "experts";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::IoError(fmt::format("--store: cannot create {}: {}", dir.string(), ec.message()));
+    nvme_dir = dir.string();
+  }
+  StoreOptions so = experts::ExpertOffload::OpenStoreOptions(total, budget->Resolve(total), nvme_dir);
+  if (!nvme_dir.empty() && StoreDataExists(nvme_dir)) so.nvme.capacity_bytes = 0;  // keeps its size
+  if (home == "host") so.put_tier = TierId::kHost;
+  auto store = Store::Open(so);
+  if (!store.ok()) return store.status().WithContext("--store: opening the expert store");
+  run.store = std::move(store).value();
+  experts::ExpertOffloadOptions opt;
+  opt.home = home == "host" ? TierId::kHost : TierId::kNvme;
+  opt.budget = *budget;
+  opt.policy = *policy;
+  opt.window = a.depth;
+  auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
+  if (!off.ok()) return off.status();
+  run.offload = std::move(off).value();
+  run.predictor = *predictor;
+  run.depth = a.depth;
+  return run;
+}
+
+Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
+                      const std::vector<int>& prompt, int max_new) {
+  if (!run->offload) return Status::Ok();
+  experts::ExpertOffload& off = *run->offload;
+  switch (run->predictor) {
+    case experts::PredictorKind::kNone: off.SetPredictor(experts::MakeNonePredictor()); break;
+    case experts::PredictorKind::kLookahead:
+      off.SetPredictor(experts::MakeLookaheadPredictor(model, {.depth = run->depth, .min_confidence = 0.5}));
+      break;
+    case experts::PredictorKind::kStatistical:
+      off.SetPredictor(experts::MakeStatisticalPredictor(model.config(), 1));
+      break;
+    case experts::PredictorKind::kOracle: {
+      model::Session first(model);
+      model::ForwardOptions hooks;
+      off.AttachHooks(&hooks);
+      first.set_hooks(hooks);
+      TERRACE_RETURN_IF_ERROR(first.Prefill(prompt).status().WithContext("recording the routing for --predictor oracle"));
+      for (int i = 0; i + 1 < max_new; ++i)
+        TERRACE_RETURN_IF_ERROR(first.Decode(model::Argmax(first.last_logits())).status());
+      auto trace = off.trace();
+      TERRACE_RETURN_IF_ERROR(off.Reset());
+      off.SetPredictor(experts::MakeOraclePredictor(std::move(trace), run->depth));
+      break;
+    }
+  }
+  model::ForwardOptions hooks;
+  off.AttachHooks(&hooks);
+  session->set_hooks(hooks);
+  return Status::Ok();
+}
+
+nlohmann::json ExpertReportJson(const ExpertRun& run) {
+  if (!run.offload) return nullptr;
+  return nlohmann::json::parse(run.offload->Metrics().ToJson());
+}
+
+std::string ExpertReportText(const ExpertRun& run) {
+  if (!run.offload) return {};
+  return run.offload->Metrics().ToText();
+}
+
+Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args) {
+  if (!run.offload || args.prometheus.empty()) return Status::Ok();
+  return WriteOutputFile(args.prometheus, "--expert-prometheus", run.offload->Metrics().PrometheusText());
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,54 @@
+// The expert-offload part of `terrace model run` (--expert-cache and its flags; docs/experts.md,
+// "terrace model run"). Puts the routed experts into an expert store (DIR/experts on NVMe with
+// --store DIR, host memory otherwise), serves them to the model through a fast-tier cache, and
+// reports the cache's metrics.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "terrace/experts.h"
+#include "terrace/model.h"
+#include "terrace/store.h"
+
+namespace terrace::cli {
+
+struct ExpertRunArgs {
+  std::string cache;                  // --expert-cache; empty: all experts resident
+  std::string predictor = "lookahead";
+  std::string policy = "utility";
+  std::string home;                   // --expert-home host|nvme; default nvme with --store, else host
+  int depth = 2;
+  std::string prometheus;             // --expert-prometheus FILE
+};
+
+void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* args);
+
+struct ExpertRun {
+  std::unique_ptr<Store> store;
+  std::shared_ptr<experts::ExpertOffload> offload;  // null without --expert-cache
+  experts::PredictorKind predictor = experts::PredictorKind::kNone;
+  int depth = 2;
+};
+
+// Checks the flags (usage errors name the flag: InvalidArgument) and loads the experts into the
+// expert store (under `store_dir`/experts when not empty). Without --expert-cache: an empty run.
+Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& store_dir,
+                                const model::ModelConfig& config, const model::WeightSource& weights);
+
+// Once `model` is loaded over run->offload: installs the predictor and the hooks into `session`.
+// The oracle first records the routing of the same run (prefill `prompt`, then max_new - 1 greedy
+// decode steps) in a separate session, then replays it. No-op without an offload.
+Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
+                      const std::vector<int>& prompt, int max_new);
+
+// The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file.
+nlohmann::json ExpertReportJson(const ExpertRun& run);
+std::string ExpertReportText(const ExpertRun& run);
+Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args);
+
+}  // namespace terrace::cli

@@ -1,0 +1,102 @@
+// CacheBudget parsing and the name tables of policies and predictors.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "terrace/experts.h"
+
+namespace terrace::experts {
+namespace {
+
+constexpr std::string_view kBudgetForms =
+    "a percentage of the routed expert bytes such as 25% (0-100], or a size such as 64MiB, 2GiB, 512KiB or 1048576";
+
+}  // namespace
+
+Result<CacheBudget> CacheBudget::Parse(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(fmt::format("expert cache size '{}' {}; give {}", text, why, kBudgetForms));
+  };
+  if (text.empty()) return bad("is empty");
+  CacheBudget b;
+  if (text.back() == '%') {
+    const std::string num(text.substr(0, text.size() - 1));
+    char* end = nullptr;
+    const double v = std::strtod(num.c_str(), &end);
+    if (num.empty() || end != num.c_str() + num.size() || !std::isfinite(v)) return bad("is not a number followed by %");
+    if (!(v > 0.0 && v <= 100.0)) return bad("is outside (0, 100]%");
+    b.fraction = v / 100.0;
+    return b;
+  }
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0) return bad("does not start with a number");
+  std::uint64_t n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + i, n);
+  if (ec != std::errc() || p != text.data() + i) return bad("is too large");
+  std::string unit(text.substr(i));
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::array<std::pair<std::string_view, std::uint64_t>, 13> kUnits{{
+      {"", 1}, {"b", 1}, {"k", 1ull << 10}, {"kb", 1ull << 10}, {"kib", 1ull << 10}, {"m", 1ull << 20},
+      {"mb", 1ull << 20}, {"mib", 1ull << 20}, {"g", 1ull << 30}, {"gb", 1ull << 30}, {"gib", 1ull << 30},
+      {"t", 1ull << 40}, {"tib", 1ull << 40}}};
+  for (const auto& [name, mult] : kUnits) {
+    if (unit != name) continue;
+    if (n > UINT64_MAX / mult) return bad("is too large");
+    if (n == 0) return bad("is zero");
+    b.bytes = n * mult;
+    return b;
+  }
+  return bad(fmt::format("has an unknown unit '{}'", text.substr(i)));
+}
+
+std::uint64_t CacheBudget::Resolve(std::uint64_t total) const {
+  if (bytes != 0) return bytes;
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * fraction));
+}
+
+std::string CacheBudget::ToString() const {
+  if (bytes != 0) return fmt::format("{} bytes", bytes);
+  return fmt::format("{:g}%", fraction * 100.0);
+}
+
+namespace {
+constexpr std::array<std::pair<std::string_view, CachePolicyKind>, 3> kPolicies{
+    {{"lru", CachePolicyKind::kLru}, {"lfu", CachePolicyKind::kLfu}, {"utility", CachePolicyKind::kUtility}}};
+constexpr std::array<std::pair<std::string_view, PredictorKind>, 4> kPredictors{
+    {{"none", PredictorKind::kNone}, {"lookahead", PredictorKind::kLookahead},
+     {"statistical", PredictorKind::kStatistical}, {"oracle", PredictorKind::kOracle}}};
+}  // namespace
+
+Result<CachePolicyKind> ParseCachePolicy(std::string_view name) {
+  for (const auto& [n, k] : kPolicies)
+    if (n == name) return k;
+  return Status::InvalidArgument(fmt::format("unknown expert cache policy '{}'; choose lru, lfu or utility", name));
+}
+
+Result<PredictorKind> ParsePredictor(std::string_view name) {
+  for (const auto& [n, k] : kPredictors)
+    if (n == name) return k;
+  return Status::InvalidArgument(
+      fmt::format("unknown expert predictor '{}'; choose lookahead, statistical, none or oracle", name));
+}
+
+std::string_view CachePolicyName(CachePolicyKind kind) {
+  for (const auto& [n, k] : kPolicies)
+    if (k == kind) return n;
+  return "?";
+}
+
+std::string_view PredictorName(PredictorKind kind) {
+  for (const auto& [n, k] : kPredictors)
+    if (k == kind) return n;
+  return "?";
+}
+
+}  // namespace terrace::experts

@@ -1,0 +1,56 @@
+#include "src/experts/cache_policy.h"
+
+#include <algorithm>
+
+namespace terrace::experts {
+namespace {
+
+class LruPolicy final : public CachePolicy {
+ public:
+  CachePolicyKind kind() const override { return CachePolicyKind::kLru; }
+  double Score(const CacheEntryView& e, const CacheContext&) const override { return static_cast<double>(e.last_use); }
+};
+
+class LfuPolicy final : public CachePolicy {
+ public:
+  CachePolicyKind kind() const override { return CachePolicyKind::kLfu; }
+  // Uses first; recency breaks ties (last_use < 2^52, so it never outweighs one use).
+  double Score(const CacheEntryView& e, const CacheContext&) const override {
+    return static_cast<double>(e.uses) + static_cast<double>(e.last_use) * 0x1p-52;
+  }
+};
+
+class UtilityPolicy final : public CachePolicy {
+ public:
+  CachePolicyKind kind() const override { return CachePolicyKind::kUtility; }
+  // P(use within window) x reload cost (seconds); recency breaks ties.
+  double Score(const CacheEntryView& e, const CacheContext& ctx) const override {
+    const double cost = static_cast<double>(e.bytes) * std::max(ctx.seconds_per_byte, 1e-15);
+    return UseProbability(e, ctx) * cost * (1.0 + static_cast<double>(e.last_use) * 0x1p-52);
+  }
+};
+
+}  // namespace
+
+double UseProbability(const CacheEntryView& e, const CacheContext& ctx) {
+  if (e.wanted >= ctx.now && e.wanted <= ctx.now + ctx.window) return std::clamp(e.wanted_confidence, 0.0, 1.0);
+  const double rate = (static_cast<double>(e.uses) + 1.0) / (static_cast<double>(ctx.steps) + 2.0);
+  double p = std::min(rate, 1.0);
+  // Layers between now and this expert's next turn (its layer in this step or the next one).
+  const std::int64_t L = std::max(ctx.num_layers, 1);
+  const std::int64_t cur = ((ctx.now % L) + L) % L;
+  const std::int64_t distance = (e.layer - cur + L) % L;
+  if (distance > ctx.window) p *= 0.5;
+  return p;
+}
+
+std::unique_ptr<CachePolicy> MakeCachePolicy(CachePolicyKind kind) {
+  switch (kind) {
+    case CachePolicyKind::kLfu: return std::make_unique<LfuPolicy>();
+    case CachePolicyKind::kUtility: return std::make_unique<UtilityPolicy>();
+    case CachePolicyKind::kLru: break;
+  }
+  return std::make_unique<LruPolicy>();
+}
+
+}  // namespace terrace::experts

@@ -1,0 +1,45 @@
+// Fast-tier expert cache policies behind one interface: a score per resident expert, lowest
+// evicted first. Internal to src/experts. Thread-safety: none (called under ExpertOffload's mutex).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "terrace/experts.h"
+
+namespace terrace::experts {
+
+// What a policy may look at for one resident, unpinned expert.
+struct CacheEntryView {
+  int layer = 0, expert = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t last_use = 0;   // logical clock of the last acquire (or of landing, if never used)
+  std::uint64_t uses = 0;       // acquires since it entered the cache history (kept across evictions)
+  std::int64_t wanted = -1;     // ordinal (step * layers + layer) of its nearest predicted use; -1: none
+  double wanted_confidence = 0;
+};
+
+struct CacheContext {
+  std::int64_t now = 0;         // the current ordinal
+  int num_layers = 0;
+  int window = 2;               // layers ahead that are protected (utility)
+  std::uint64_t steps = 0;      // forward steps seen
+  double seconds_per_byte = 0;  // reload cost of one byte from the home tier into the fast tier
+};
+
+class CachePolicy {
+ public:
+  virtual ~CachePolicy() = default;
+  virtual CachePolicyKind kind() const = 0;
+  // Lower is evicted first. Must be a pure function of its arguments.
+  virtual double Score(const CacheEntryView& e, const CacheContext& ctx) const = 0;
+};
+
+std::unique_ptr<CachePolicy> MakeCachePolicy(CachePolicyKind kind);
+
+// The utility policy's estimate that `e` is used within the next ctx.window layers (exposed for
+// tests): its prediction's confidence when one falls in the window, else its per-step use rate
+// (Laplace-smoothed), halved when its layer does not run within the window.
+double UseProbability(const CacheEntryView& e, const CacheContext& ctx);
+
+}  // namespace terrace::experts

@@ -1,0 +1,781 @@
+// ExpertOffload: the store-backed ExpertProvider (loading, the fast-tier cache, the prefetch queue,
+// leases and the bookkeeping behind ExpertMetrics).
+//
+// State machine of one expert's fast-tier copy: absent -> in flight (a prefetch was handed to the
+// store; its bytes are reserved in the budget) -> resident (in the HBM tier, counted in the budget)
+// -> absent (EvictCopy: the home copy below stays; nothing is written back). A demand load goes
+// absent -> resident directly on the calling thread. Leases pin the store handle; a pinned expert is
+// never a victim. Everything is guarded by Impl::mu; store futures are polled, never called back,
+// so no store thread ever takes mu.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "src/experts/cache_policy.h"
+#include "src/model/names.h"
+#include "terrace/experts.h"
+#include "terrace/keys.h"
+
+namespace terrace::experts {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::uint64_t Align64(std::uint64_t n) { return (n + 63) / 64 * 64; }
+
+std::uint64_t NsSince(SteadyClock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t0).count());
+}
+
+enum class SlotState : std::uint8_t { kAbsent, kInFlight, kResident };
+
+struct Slot {
+  BlockKey key;
+  std::uint64_t bytes = 0;  // block size; 0: no such expert (dense layer)
+  SlotState state = SlotState::kAbsent;
+  BlockHandle handle;              // valid while refs > 0
+  model::ExpertWeights weights;    // views into handle's bytes while refs > 0
+  int refs = 0;
+  bool unused_prefetch = false;    // landed by a prefetch and not acquired since
+  bool pending = false;            // in the prefetch queue
+  bool protect = false;            // in the current layer's selection
+  std::uint64_t last_use = 0, uses = 0;
+  std::int64_t wanted = -1;        // nearest predicted ordinal
+  double wanted_confidence = 0;
+};
+
+struct InFlight {
+  std::size_t slot;
+  std::int64_t target;  // ordinal of the predicted use
+  Future<std::vector<Status>> future;
+};
+
+struct Pending {
+  std::size_t slot;
+  std::int64_t target;
+  double confidence;
+};
+
+struct LayerCounters {
+  std::uint64_t hits = 0, late_hits = 0, misses = 0;
+};
+
+}  // namespace
+
+struct ExpertOffload::Impl {
+  // Immutable after Create.
+  model::ModelConfig config;
+  Store* store = nullptr;
+  TierId home = TierId::kHost;
+  int L = 0, E = 0;
+  std::int64_t latent = 0, intermediate = 0;
+  std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
+  int window = 2;
+  unsigned max_inflight = 2;
+  double hot_factor = 2.0;
+  double seconds_per_byte = 0;
+  std::unique_ptr<CachePolicy> policy;
+
+  mutable std::mutex mu;
+  std::unique_ptr<Predictor> predictor;  // GUARDED_BY(mu)
+  std::vector<Slot> slots;               // [layer * E + expert]
+  std::uint64_t used = 0;                // resident + in-flight bytes
+  std::uint64_t spec_inflight = 0;
+  std::deque<Pending> pending;
+  std::vector<InFlight> inflight;
+  std::int64_t step = 0;
+  int cur_layer = -1;
+  std::uint64_t tick = 0;
+  std::shared_ptr<RoutingTrace> trace;
+  PredictionScorer scorer{0};
+  std::vector<LayerCounters> counters;
+  std::vector<std::vector<std::uint64_t>> token_load, select_load;  // [layer][expert]
+  bool have_token_load = false;
+  std::uint64_t tokens = 0, steps_seen = 0, stall_ns = 0, demand_bytes = 0, spec_bytes = 0, spec_wasted = 0;
+  std::uint64_t issued = 0, cancelled = 0, skipped = 0, evictions = 0;
+  std::uint64_t corrupt_base = 0;  // store corruptions_dropped at the last Reset
+
+  Slot& slot(int l, int e) { return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]; }
+  std::int64_t Ordinal(std::int64_t s, int l) const { return s * L + l; }
+  std::int64_t Now() const { return Ordinal(step, std::max(cur_layer, 0)); }
+  int LayerOf(std::size_t i) const { return static_cast<int>(i / static_cast<std::size_t>(E)); }
+  int ExpertOf(std::size_t i) const { return static_cast<int>(i % static_cast<std::size_t>(E)); }
+
+  // Moves the clock to `layer` (a lower layer than the current one starts a new step) and cancels
+  // prefetches whose layer has passed.
+  void Advance(int layer) {
+    if (layer < cur_layer) {
+      ++step;
+      ++steps_seen;
+    } else if (cur_layer < 0) {
+      steps_seen = std::max<std::uint64_t>(steps_seen, 1);
+    }
+    cur_layer = layer;
+    const std::int64_t now = Now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->target < now) {
+        slots[it->slot].pending = false;
+        ++cancelled;
+        it = pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& f : inflight)
+      if (f.target < now && f.future.valid()) f.future.cancel();
+  }
+
+  CacheContext Context() const {
+    return CacheContext{Now(), L, window, steps_seen, seconds_per_byte};
+  }
+  CacheEntryView View(std::size_t i) const {
+    const Slot& s = slots[i];
+    return CacheEntryView{LayerOf(i), ExpertOf(i), s.bytes, s.last_use, s.uses, s.wanted, s.wanted_confidence};
+  }
+
+  void DropResident(std::size_t i, bool count_eviction) {
+    Slot& s = slots[i];
+    s.state = SlotState::kAbsent;
+    used -= s.bytes;
+    if (s.unused_prefetch) spec_wasted += s.bytes;
+    s.unused_prefetch = false;
+    if (count_eviction) ++evictions;
+  }
+
+  Status Evict(std::size_t i) {
+    Slot& s = slots[i];
+    Status st = store->EvictCopy(s.key, TierId::kHbm);
+    if (!st.ok() && !st.IsNotFound())
+      return st.WithContext(fmt::format("evicting expert {} of layer {} from the fast tier", ExpertOf(i), LayerOf(i)));
+    DropResident(i, true);
+    return Status::Ok();
+  }
+
+  // Books one finished prefetch (waiting for it when `wait`). Returns true when it was finished.
+  bool Book(InFlight& f, bool wait) {
+    if (!f.future.valid()) return true;
+    if (!wait && !f.future.is_ready()) return false;
+    std::vector<Status> st = f.future.get();
+    Slot& s = slots[f.slot];
+    spec_inflight -= s.bytes;
+    bool landed = !st.empty() && st[0].ok();
+    if (!landed) {
+      // A cancelled item never started; any other failure may still have left a copy.
+      auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
+      landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
+      if (!landed && !st.empty() && (st[0].code() == Code::kCancelled || st[0].code() == Code::kTimedOut)) ++cancelled;
+    }
+    if (landed) {
+      s.state = SlotState::kResident;
+      s.unused_prefetch = true;
+      s.last_use = ++tick;
+      spec_bytes += s.bytes;
+    } else {
+      s.state = SlotState::kAbsent;
+      used -= s.bytes;
+    }
+    return true;
+  }
+
+  void Harvest(bool wait) {
+    for (auto& f : inflight) Book(f, wait);
+    std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
+  }
+
+  // Makes room for `bytes`. A speculative reservation for ordinal `target` may evict only experts
+  // that are neither in the current selection nor wanted before `target`, and (utility policy)
+  // only those worth less than the candidate; a demand one may evict any unpinned expert, and
+  // waits for in-flight prefetches when nothing else can go.
+  Status Reserve(std::uint64_t bytes, bool speculative, std::int64_t target, double candidate_value) {
+    const CacheContext ctx = Context();
+    while (used + bytes > budget) {
+      std::optional<std::size_t> victim;
+      double best = 0;
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        const Slot& s = slots[i];
+        if (s.state != SlotState::kResident || s.refs > 0) continue;
+        if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
+        const double score = policy->Score(View(i), ctx);
+        if (speculative && policy->kind() == CachePolicyKind::kUtility && score >= candidate_value) continue;
+        if (!victim || score < best) {
+          victim = i;
+          best = score;
+        }
+      }
+      if (victim) {
+        TERRACE_RETURN_IF_ERROR(Evict(*victim));
+        continue;
+      }
+      if (speculative) return Status::OutOfCapacity("no expert may be evicted for a prefetch");
+      if (!inflight.empty()) {
+        for (auto& f : inflight)
+          if (f.future.valid()) f.future.cancel();
+        Harvest(/*wait=*/true);
+        continue;
+      }
+      return Status::OutOfCapacity(fmt::format(
+          "the expert cache ({} bytes) cannot fit another expert block ({} bytes): every cached expert is leased; "
+          "raise --expert-cache or release leases",
+          budget, bytes));
+    }
+    used += bytes;
+    return Status::Ok();
+  }
+
+  // Hands queued prefetches to the store while the cap and the in-flight limit allow.
+  void Pump() {
+    Harvest(false);
+    std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
+      return a.target < b.target || (a.target == b.target && a.confidence > b.confidence);
+    });
+    while (!pending.empty() && inflight.size() < max_inflight) {
+      Pending p = pending.front();
+      Slot& s = slots[p.slot];
+      if (s.state != SlotState::kAbsent) {
+        s.pending = false;
+        pending.pop_front();
+        continue;
+      }
+      if (spec_inflight + s.bytes > spec_cap && spec_inflight > 0) break;
+      pending.pop_front();
+      s.pending = false;
+      CacheEntryView v = View(p.slot);
+      v.wanted = p.target;
+      v.wanted_confidence = p.confidence;
+      const double value = policy->Score(v, Context());
+      if (!Reserve(s.bytes, true, p.target, value).ok()) {
+        ++skipped;
+        continue;
+      }
+      s.state = SlotState::kInFlight;
+      spec_inflight += s.bytes;
+      ++issued;
+      const Priority prio = p.target <= Now() + 1 ? Priority::kHigh : Priority::kLow;
+      inflight.push_back(InFlight{p.slot, p.target, store->Prefetch(std::span<const BlockKey>(&s.key, 1), TierId::kHbm, prio)});
+    }
+  }
+
+  void Submit(std::vector<Prediction>& preds, bool score) {
+    const std::int64_t now = Now();
+    for (Prediction& p : preds) {
+      if (p.layer < 0 || p.layer >= L || config.IsDenseLayer(p.layer)) continue;
+      if (score) scorer.Predict(p);
+      const std::int64_t target = Ordinal(p.step, p.layer);
+      if (target < now) continue;
+      for (int e : p.experts) {
+        if (e < 0 || e >= E) continue;
+        const std::size_t i = static_cast<std::size_t>(p.layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);
+        Slot& s = slots[i];
+        if (s.wanted < now || target < s.wanted || (target == s.wanted && p.confidence > s.wanted_confidence)) {
+          s.wanted = target;
+          s.wanted_confidence = p.confidence;
+        }
+        if (s.state == SlotState::kAbsent && !s.pending) {
+          s.pending = true;
+          pending.push_back(Pending{i, target, p.confidence});
+        }
+      }
+    }
+    Pump();
+  }
+
+  Result<const model::ExpertWeights*> AcquireLocked(int layer, int expert) {
+    if (layer < 0 || layer >= L || expert < 0 || expert >= E || slot(layer, expert).bytes == 0) {
+      return Status::InvalidArgument(fmt::format(
+          "expert {} of layer {} does not exist (the model has {} layers x {} routed experts; dense layers have none)",
+          expert, layer, L, E));
+    }
+    if (layer != cur_layer) Advance(layer);
+    Harvest(false);
+    Slot& s = slot(layer, expert);
+    LayerCounters& c = counters[static_cast<std::size_t>(layer)];
+    if (s.refs > 0) {
+      ++s.refs;
+      ++c.hits;
+      s.last_use = ++tick;
+      ++s.uses;
+      return &s.weights;
+    }
+    const auto t0 = SteadyClock::now();
+    bool stalled = false;
+    if (s.state == SlotState::kInFlight) {
+      ++c.late_hits;
+      stalled = true;
+      for (auto& f : inflight)
+        if (f.slot == static_cast<std::size_t>(&s - slots.data())) Book(f, /*wait=*/true);
+      std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
+    } else if (s.state == SlotState::kResident) {
+      ++c.hits;
+    }
+    if (s.state == SlotState::kAbsent) {
+      if (!stalled) ++c.misses;
+      stalled = true;
+      TERRACE_RETURN_IF_ERROR(Reserve(s.bytes, false, Now(), 0).WithContext(
+          fmt::format("loading expert {} of layer {}", expert, layer)));
+      s.state = SlotState::kResident;
+      demand_bytes += s.bytes;
+    }
+    auto h = store->Acquire(s.key, TierId::kHbm);
+    if (!h.ok()) {
+      auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
+      if (where.empty() || !where[0].found || where[0].tier != TierId::kHbm) {
+        s.state = SlotState::kAbsent;
+        used -= s.bytes;
+        s.unused_prefetch = false;
+      }
+      if (stalled) stall_ns += NsSince(t0);
+      const Status& st = h.status();
+      std::string what = st.IsNotFound()    ? "its block is missing from the store"
+                         : st.IsCorruption() ? "no copy of its block passed its checksum"
+                                             : "its block could not be loaded into the fast tier";
+      return Status(st).WithContext(fmt::format(
+          "expert {} of layer {} ({}; block {}); loading the model again (terrace model run: the same --model) "
+          "stores a fresh copy",
+          expert, layer, what, s.key.ToString()));
+    }
+    auto w = model::ParseExpertBlock(std::span<const std::byte>(h->data(), h->size()), latent, intermediate);
+    if (!w.ok()) {
+      if (stalled) stall_ns += NsSince(t0);
+      return Status::Corruption(fmt::format("expert {} of layer {}: block {} is not a valid expert block: {}", expert,
+                                            layer, s.key.ToString(), w.status().message()));
+    }
+    if (stalled) stall_ns += NsSince(t0);
+    s.handle = std::move(h).value();
+    s.weights = std::move(w).value();
+    s.refs = 1;
+    s.unused_prefetch = false;
+    s.last_use = ++tick;
+    ++s.uses;
+    Pump();  // speculation waited while this demand load ran
+    return &s.weights;
+  }
+
+  void ReleaseLocked(int layer, int expert) {
+    if (layer < 0 || layer >= L || expert < 0 || expert >= E) return;
+    Slot& s = slot(layer, expert);
+    if (s.refs == 0) return;
+    if (--s.refs == 0) {
+      s.weights = model::ExpertWeights{};
+      s.handle.Release();
+    }
+  }
+};
+
+// ---- ExpertLease ----------------------------------------------------------------------------------
+
+ExpertLease::ExpertLease(ExpertLease&& o) noexcept
+    : owner_(std::exchange(o.owner_, nullptr)), weights_(o.weights_), layer_(o.layer_), expert_(o.expert_) {}
+
+ExpertLease& ExpertLease::operator=(ExpertLease&& o) noexcept {
+  if (this != &o) {
+    Release();
+    owner_ = std::exchange(o.owner_, nullptr);
+    weights_ = o.weights_;
+    layer_ = o.layer_;
+    expert_ = o.expert_;
+  }
+  return *this;
+}
+
+void ExpertLease::Release() {
+  if (owner_ == nullptr) return;
+  std::exchange(owner_, nullptr)->ReleaseLease(layer_, expert_);
+  weights_ = nullptr;
+}
+
+// ---- ExpertOffload --------------------------------------------------------------------------------
+
+namespace {
+
+std::uint64_t BlockBytes(std::int64_t latent, std::int64_t intermediate) {
+  const auto n = static_cast<std::uint64_t>(latent) * static_cast<std::uint64_t>(intermediate);
+  return 64 + 3 * (Align64(n / 2) + Align64(n / 32));
+}
+
+Result<model::Mxfp4Matrix> ViewMatrix(const model::WeightSource& src, int layer, int expert, const char* proj,
+                                      std::int64_t rows, std::int64_t cols) {
+  const std::string pn = model::ExpertTensorName(layer, expert, proj, "weight_packed");
+  const std::string sn = model::ExpertTensorName(layer, expert, proj, "weight_scale");
+  if (!src.Has(pn)) {
+    return Status::InvalidArgument(fmt::format(
+        "expert offload keeps experts in MXFP4, but '{}' is missing: the checkpoint's routed experts are not "
+        "MXFP4 (weight_packed + weight_scale); use an MXFP4 checkpoint or run without --expert-cache",
+        pn));
+  }
+  TERRACE_ASSIGN_OR_RETURN(model::TensorView p, src.Get(pn));
+  TERRACE_ASSIGN_OR_RETURN(model::TensorView s, src.Get(sn));
+  if (p.data.size() != static_cast<std::size_t>(rows * cols / 2) || s.data.size() != static_cast<std::size_t>(rows * cols / 32)) {
+    return Status::InvalidArgument(fmt::format("expert {} of layer {}: {} / {} hold {} / {} bytes; [{}, {}] MXFP4 needs {} / {}",
+                                               expert, layer, pn, sn, p.data.size(), s.data.size(), rows, cols,
+                                               rows * cols / 2, rows * cols / 32));
+  }
+  model::Mxfp4Matrix m;
+  m.packed = reinterpret_cast<const std::uint8_t*>(p.data.data());
+  m.scales = reinterpret_cast<const std::uint8_t*>(s.data.data());
+  m.rows = rows;
+  m.cols = cols;
+  return m;
+}
+
+}  // namespace
+
+std::uint64_t ExpertOffload::TotalExpertBytes(const model::ModelConfig& config) {
+  std::uint64_t layers = 0;
+  for (int l = 0; l < config.num_hidden_layers; ++l) layers += config.IsDenseLayer(l) ? 0 : 1;
+  return layers * static_cast<std::uint64_t>(std::max(config.num_experts, 0)) *
+         BlockBytes(config.routed_expert_hidden_size, config.moe_intermediate_size);
+}
+
+StoreOptions ExpertOffload::OpenStoreOptions(std::uint64_t total, std::uint64_t budget, const std::string& nvme_dir,
+                                             const LinkModel& link) {
+  auto mib = [](std::uint64_t n) { return (n + kMiB - 1) / kMiB * kMiB; };
+  StoreOptions o;
+  o.hbm.mode = HbmMode::kEmulated;
+  o.hbm.link = link;
+  // Twice the budget plus slack: the store's own watermark demotion never starts, the cache decides.
+  o.hbm.capacity_bytes = mib(2 * budget + 16 * kMiB);
+  o.host.capacity_bytes = mib(total + total / 4 + 64 * kMiB);
+  o.host.pin = false;
+  if (!nvme_dir.empty()) {
+    o.nvme.path = nvme_dir;
+    o.nvme.capacity_bytes = mib(total + total / 2 + 64 * kMiB);
+  }
+  o.placement = Placement::kInclusive;
+  o.promote_on_get = false;
+  o.logger = StderrLogger(LogLevel::kWarning);  // "hbm emulated" is expected here, not news
+  o.put_tier = nvme_dir.empty() ? TierId::kHost : TierId::kNvme;
+  return o;
+}
+
+ExpertOffload::ExpertOffload(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ExpertOffload::~ExpertOffload() {
+  if (!impl_) return;
+  std::lock_guard lock(impl_->mu);
+  for (auto& f : impl_->inflight)
+    if (f.future.valid()) f.future.cancel();
+  impl_->Harvest(true);
+  for (auto& s : impl_->slots) {
+    s.weights = model::ExpertWeights{};
+    s.handle.Release();
+  }
+}
+
+Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelConfig& config,
+                                                             const model::WeightSource& weights, Store* store,
+                                                             ExpertOffloadOptions options) {
+  if (store == nullptr) return Status::InvalidArgument("ExpertOffload::Create: store is null");
+  if (options.home != TierId::kHost && options.home != TierId::kNvme)
+    return Status::InvalidArgument("expert offload: the experts' home tier must be host or nvme");
+  if (!store->HasTier(TierId::kHbm) || !store->HasTier(options.home)) {
+    return Status::InvalidArgument(fmt::format(
+        "expert offload needs a store with an hbm tier and a {} tier (the experts' home); open it with "
+        "ExpertOffload::OpenStoreOptions",
+        TierName(options.home)));
+  }
+  if (store->options().placement != Placement::kInclusive) {
+    return Status::InvalidArgument(
+        "expert offload needs a store with inclusive placement (a fast-tier copy keeps the home copy, so an "
+        "evicted expert is dropped, never written back); open it with ExpertOffload::OpenStoreOptions");
+  }
+  if (config.num_experts <= 0) return Status::InvalidArgument("expert offload: the model has no routed experts");
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.config = config;
+  m.store = store;
+  m.home = options.home;
+  m.L = config.num_hidden_layers;
+  m.E = config.num_experts;
+  m.latent = config.routed_expert_hidden_size;
+  m.intermediate = config.moe_intermediate_size;
+  m.window = std::max(options.window, 1);
+  m.max_inflight = std::max(options.max_inflight_prefetches, 1u);
+  m.hot_factor = options.hot_factor;
+  m.policy = MakeCachePolicy(options.policy);
+  m.predictor = options.predictor ? std::move(options.predictor) : MakeNonePredictor();
+  m.slots.resize(static_cast<std::size_t>(m.L) * static_cast<std::size_t>(m.E));
+  m.counters.resize(static_cast<std::size_t>(m.L));
+  m.token_load.assign(static_cast<std::size_t>(m.L), std::vector<std::uint64_t>(static_cast<std::size_t>(m.E), 0));
+  m.select_load = m.token_load;
+  m.scorer = PredictionScorer(m.L);
+  m.trace = std::make_shared<RoutingTrace>();
+  m.trace->num_layers = m.L;
+
+  const std::uint32_t ns = keys::Namespace(keys::ModelId(config, weights), "experts-mxfp4-v1", "mxfp4", 1);
+  for (int l = 0; l < m.L; ++l) {
+    if (config.IsDenseLayer(l)) continue;
+    for (int e = 0; e < m.E; ++e) {
+      model::ExpertWeights w;
+      w.format = model::ExpertFormat::kMxfp4;
+      TERRACE_ASSIGN_OR_RETURN(w.q1, ViewMatrix(weights, l, e, "w1", m.intermediate, m.latent));
+      TERRACE_ASSIGN_OR_RETURN(w.q2, ViewMatrix(weights, l, e, "w2", m.latent, m.intermediate));
+      TERRACE_ASSIGN_OR_RETURN(w.q3, ViewMatrix(weights, l, e, "w3", m.intermediate, m.latent));
+      const std::vector<std::byte> block = model::SerializeExpertBlock(w);
+      Slot& s = m.slot(l, e);
+      s.key = keys::ExpertKey(ns, l, e);
+      s.bytes = block.size();
+      PutOptions po;
+      po.codec = Codec::kMxfp4;
+      po.tier = options.home;
+      Status st = store->Put(s.key, block, po);
+      if (!st.ok())
+        return st.WithContext(fmt::format("storing expert {} of layer {} in the {} tier", e, l, TierName(options.home)));
+      m.total_bytes += s.bytes;
+      m.max_block = std::max(m.max_block, s.bytes);
+    }
+  }
+  // A previous process may have left fast-tier copies (a persistent store keeps none, but a shared
+  // store may): start cold so the budget accounting is exact.
+  for (auto& s : m.slots) {
+    if (s.bytes == 0) continue;
+    Status st = store->EvictCopy(s.key, TierId::kHbm);
+    if (!st.ok() && !st.IsNotFound()) return st.WithContext("starting the expert cache cold");
+  }
+  m.budget = options.budget.Resolve(m.total_bytes);
+  if (m.budget < m.max_block) {
+    return Status::InvalidArgument(fmt::format(
+        "--expert-cache {} is {} bytes, smaller than one expert block ({} bytes; all routed experts: {} bytes); "
+        "give at least one expert's size",
+        options.budget.ToString(), m.budget, m.max_block, m.total_bytes));
+  }
+  m.spec_cap = options.max_speculative_bytes != 0 ? options.max_speculative_bytes : std::max(m.budget / 4, m.max_block);
+  const LinkModel& link = store->options().hbm.link;
+  m.seconds_per_byte = 1.0 / std::max(link.bandwidth_bytes_per_s, 1.0);
+  if (options.home == TierId::kNvme) m.seconds_per_byte += 1.0 / 7e9;  // a Gen4 drive's sequential read
+  m.corrupt_base = store->Stats().corruptions_dropped;
+  return std::shared_ptr<ExpertOffload>(new ExpertOffload(std::move(impl)));
+}
+
+Result<ExpertLease> ExpertOffload::Lease(int layer, int expert) {
+  std::lock_guard lock(impl_->mu);
+  TERRACE_ASSIGN_OR_RETURN(const model::ExpertWeights* w, impl_->AcquireLocked(layer, expert));
+  ExpertLease lease;
+  lease.owner_ = this;
+  lease.weights_ = w;
+  lease.layer_ = layer;
+  lease.expert_ = expert;
+  return lease;
+}
+
+void ExpertOffload::ReleaseLease(int layer, int expert) {
+  std::lock_guard lock(impl_->mu);
+  impl_->ReleaseLocked(layer, expert);
+}
+
+Result<const model::ExpertWeights*> ExpertOffload::Acquire(int layer, int expert) {
+  std::lock_guard lock(impl_->mu);
+  return impl_->AcquireLocked(layer, expert);
+}
+
+void ExpertOffload::Release(int layer, int expert) { ReleaseLease(layer, expert); }
+
+void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  if (layer < 0 || layer >= m.L) return;
+  m.Advance(layer);
+  std::vector<int> sel(experts.begin(), experts.end());
+  std::sort(sel.begin(), sel.end());
+  sel.erase(std::unique(sel.begin(), sel.end()), sel.end());
+  std::erase_if(sel, [&](int e) { return e < 0 || e >= m.E; });
+  // The routing trace and the scores of earlier predictions.
+  auto& steps = m.trace->steps;
+  while (static_cast<std::int64_t>(steps.size()) <= m.step)
+    steps.emplace_back(static_cast<std::size_t>(m.L));
+  steps[static_cast<std::size_t>(m.step)][static_cast<std::size_t>(layer)] = sel;
+  m.scorer.Observe(m.step, layer, sel);
+  for (auto& s : m.slots) s.protect = false;
+  for (int e : sel) {
+    m.slot(layer, e).protect = true;
+    ++m.select_load[static_cast<std::size_t>(layer)][static_cast<std::size_t>(e)];
+  }
+  std::vector<Prediction> preds;
+  m.predictor->OnRouting(m.step, layer, sel, &preds);
+  // This layer's own selection, known now: loaded in the background while earlier experts compute
+  // (not with predictor none, which is pure on-demand).
+  std::vector<Prediction> known;
+  if (m.predictor->name() != "none") known.push_back(Prediction{m.step, layer, sel, 1.0});
+  m.Submit(known, /*score=*/false);
+  m.Submit(preds, /*score=*/true);
+}
+
+void ExpertOffload::OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  if (layer < 0 || layer >= m.L) return;
+  m.Advance(layer + 1);
+  if (layer + 1 == m.L) m.tokens += static_cast<std::uint64_t>(std::max<std::int64_t>(tokens, 0));
+  std::vector<Prediction> preds;
+  m.predictor->OnLayerEnd(m.step, layer, hidden, tokens, &preds);
+  m.Submit(preds, /*score=*/true);
+}
+
+void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
+  auto prev_routing = options->on_routing;
+  options->on_routing = [this, prev_routing](int layer, const model::Routing& r) {
+    if (prev_routing) prev_routing(layer, r);
+    Impl& m = *impl_;
+    std::lock_guard lock(m.mu);
+    if (layer < 0 || layer >= m.L) return;
+    m.have_token_load = true;
+    for (int e : r.ids)
+      if (e >= 0 && e < m.E) ++m.token_load[static_cast<std::size_t>(layer)][static_cast<std::size_t>(e)];
+  };
+  auto prev_end = options->on_layer_end;
+  options->on_layer_end = [this, prev_end](int layer, std::span<const float> hidden, std::int64_t tokens) {
+    if (prev_end) prev_end(layer, hidden, tokens);
+    OnLayerEnd(layer, hidden, tokens);
+  };
+}
+
+void ExpertOffload::Quiesce() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  // Each round issues at least one queued item (the cap admits one when nothing is in flight) or
+  // drops it, so this ends.
+  m.Harvest(true);
+  while (!m.pending.empty()) {
+    m.Pump();
+    m.Harvest(true);
+  }
+}
+
+Status ExpertOffload::Reset() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  for (auto& f : m.inflight)
+    if (f.future.valid()) f.future.cancel();
+  m.Harvest(true);
+  for (auto& p : m.pending) m.slots[p.slot].pending = false;
+  m.pending.clear();
+  for (std::size_t i = 0; i < m.slots.size(); ++i) {
+    Slot& s = m.slots[i];
+    if (s.state == SlotState::kResident && s.refs == 0) TERRACE_RETURN_IF_ERROR(m.Evict(i));
+    s.uses = 0;
+    s.last_use = 0;
+    s.wanted = -1;
+    s.wanted_confidence = 0;
+    s.protect = false;
+    s.unused_prefetch = false;
+  }
+  m.step = 0;
+  m.cur_layer = -1;
+  m.tick = 0;
+  m.trace = std::make_shared<RoutingTrace>();
+  m.trace->num_layers = m.L;
+  m.scorer = PredictionScorer(m.L);
+  m.counters.assign(static_cast<std::size_t>(m.L), LayerCounters{});
+  for (auto& v : m.token_load) std::fill(v.begin(), v.end(), 0);
+  for (auto& v : m.select_load) std::fill(v.begin(), v.end(), 0);
+  m.have_token_load = false;
+  m.tokens = m.steps_seen = m.stall_ns = m.demand_bytes = m.spec_bytes = m.spec_wasted = 0;
+  m.issued = m.cancelled = m.skipped = m.evictions = 0;
+  m.corrupt_base = m.store->Stats().corruptions_dropped;
+  return Status::Ok();
+}
+
+void ExpertOffload::SetPredictor(std::unique_ptr<Predictor> predictor) {
+  std::lock_guard lock(impl_->mu);
+  impl_->predictor = predictor ? std::move(predictor) : MakeNonePredictor();
+}
+
+std::shared_ptr<const RoutingTrace> ExpertOffload::trace() const {
+  std::lock_guard lock(impl_->mu);
+  return std::make_shared<const RoutingTrace>(*impl_->trace);
+}
+
+std::uint64_t ExpertOffload::budget_bytes() const { return impl_->budget; }
+
+Result<BlockKey> ExpertOffload::key(int layer, int expert) const {
+  const Impl& m = *impl_;
+  if (layer < 0 || layer >= m.L || expert < 0 || expert >= m.E ||
+      m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].bytes == 0)
+    return Status::InvalidArgument(fmt::format("expert {} of layer {} does not exist", expert, layer));
+  return m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].key;
+}
+
+ExpertMetrics ExpertOffload::Metrics() const {
+  const Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  ExpertMetrics x;
+  x.policy = std::string(CachePolicyName(m.policy->kind()));
+  x.predictor = std::string(m.predictor->name());
+  x.hot_factor = m.hot_factor;
+  std::vector<double> all;
+  for (int l = 0; l < m.L; ++l) {
+    if (m.config.IsDenseLayer(l)) continue;
+    LayerMetrics lm;
+    lm.layer = l;
+    const LayerCounters& c = m.counters[static_cast<std::size_t>(l)];
+    lm.hits = c.hits;
+    lm.late_hits = c.late_hits;
+    lm.misses = c.misses;
+    lm.prediction = m.scorer.layer(l);
+    lm.expert_load = m.have_token_load ? m.token_load[static_cast<std::size_t>(l)] : m.select_load[static_cast<std::size_t>(l)];
+    double sum = 0, sq = 0, mx = 0;
+    for (auto v : lm.expert_load) {
+      const double d = static_cast<double>(v);
+      sum += d;
+      sq += d * d;
+      mx = std::max(mx, d);
+      all.push_back(d);
+    }
+    const double n = static_cast<double>(std::max<std::size_t>(lm.expert_load.size(), 1));
+    lm.load_mean = sum / n;
+    lm.load_max = mx;
+    lm.load_cv = lm.load_mean > 0 ? std::sqrt(std::max(sq / n - lm.load_mean * lm.load_mean, 0.0)) / lm.load_mean : 0;
+    for (std::size_t e = 0; e < lm.expert_load.size(); ++e)
+      if (lm.load_mean > 0 && static_cast<double>(lm.expert_load[e]) > m.hot_factor * lm.load_mean)
+        lm.hot_experts.push_back(static_cast<int>(e));
+    x.hits += lm.hits;
+    x.late_hits += lm.late_hits;
+    x.misses += lm.misses;
+    x.hot_experts += lm.hot_experts.size();
+    x.layers.push_back(std::move(lm));
+  }
+  if (!all.empty()) {
+    double sum = 0, sq = 0, mx = 0;
+    for (double d : all) {
+      sum += d;
+      sq += d * d;
+      mx = std::max(mx, d);
+    }
+    const double n = static_cast<double>(all.size());
+    x.load_mean = sum / n;
+    x.load_max = mx;
+    x.load_cv = x.load_mean > 0 ? std::sqrt(std::max(sq / n - x.load_mean * x.load_mean, 0.0)) / x.load_mean : 0;
+  }
+  const std::uint64_t acc = x.hits + x.late_hits + x.misses;
+  x.hit_rate = acc == 0 ? 0 : static_cast<double>(x.hits) / static_cast<double>(acc);
+  x.prediction = m.scorer.total();
+  x.steps = m.steps_seen;
+  x.tokens = m.tokens != 0 ? m.tokens : m.steps_seen;
+  x.stall_ns = m.stall_ns;
+  x.stall_ns_per_token = x.tokens == 0 ? 0 : static_cast<double>(m.stall_ns) / static_cast<double>(x.tokens);
+  x.demand_bytes = m.demand_bytes;
+  x.speculative_bytes = m.spec_bytes;
+  std::uint64_t unused = 0;
+  for (const auto& s : m.slots)
+    if (s.state == SlotState::kResident && s.unused_prefetch) unused += s.bytes;
+  x.speculative_wasted_bytes = m.spec_wasted + unused;
+  x.prefetches_issued = m.issued;
+  x.prefetches_cancelled = m.cancelled;
+  x.prefetches_skipped = m.skipped;
+  x.evictions = m.evictions;
+  x.corrupt_copies_reread = m.store->Stats().corruptions_dropped - m.corrupt_base;
+  x.budget_bytes = m.budget;
+  std::uint64_t resident = 0;
+  for (const auto& s : m.slots)
+    if (s.state == SlotState::kResident) resident += s.bytes;
+  x.resident_bytes = resident;
+  x.total_expert_bytes = m.total_bytes;
+  return x;
+}
+
+}  // namespace terrace::experts

@@ -1,0 +1,142 @@
+// ExpertMetrics as CLI text, JSON and Prometheus text.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "terrace/experts.h"
+
+namespace terrace::experts {
+
+double LayerMetrics::hit_rate() const {
+  const std::uint64_t n = hits + late_hits + misses;
+  return n == 0 ? 0.0 : static_cast<double>(hits) / static_cast<double>(n);
+}
+
+std::string ExpertMetrics::ToText() const {
+  std::string out;
+  out += fmt::format("experts: policy {}, predictor {}, cache {:.2f} MiB of {:.2f} MiB routed experts ({:.1f}%)\n",
+                     policy, predictor, static_cast<double>(budget_bytes) / (1 << 20),
+                     static_cast<double>(total_expert_bytes) / (1 << 20),
+                     total_expert_bytes ? 100.0 * static_cast<double>(budget_bytes) / static_cast<double>(total_expert_bytes) : 0.0);
+  out += fmt::format("experts: hit rate {:.3f} ({} hits, {} late, {} misses); prediction precision {:.3f} recall {:.3f}\n",
+                     hit_rate, hits, late_hits, misses, prediction.precision(), prediction.recall());
+  out += fmt::format("experts: stall {:.3f} ms per token ({} tokens, {} steps); demand {:.2f} MiB, speculative {:.2f} MiB "
+                     "moved / {:.2f} MiB wasted; prefetches {} issued, {} cancelled, {} skipped; {} evictions; {} corrupt "
+                     "copies re-read\n",
+                     stall_ns_per_token / 1e6, tokens, steps, static_cast<double>(demand_bytes) / (1 << 20),
+                     static_cast<double>(speculative_bytes) / (1 << 20),
+                     static_cast<double>(speculative_wasted_bytes) / (1 << 20), prefetches_issued, prefetches_cancelled,
+                     prefetches_skipped, evictions, corrupt_copies_reread);
+  out += fmt::format("experts: load max/mean {:.2f}, cv {:.3f}, {} hot experts (> {:g}x their layer's mean)\n",
+                     load_mean > 0 ? load_max / load_mean : 0.0, load_cv, hot_experts, hot_factor);
+  for (const auto& l : layers) {
+    std::string hot;
+    for (int e : l.hot_experts) hot += fmt::format("{}{}", hot.empty() ? "" : ",", e);
+    out += fmt::format("  layer {:>3}: hit {:.3f} (late {}, miss {}), precision {:.3f} recall {:.3f}, load max/mean {:.2f} "
+                       "cv {:.3f}{}\n",
+                       l.layer, l.hit_rate(), l.late_hits, l.misses, l.prediction.precision(), l.prediction.recall(),
+                       l.load_mean > 0 ? l.load_max / l.load_mean : 0.0, l.load_cv, hot.empty() ? "" : ", hot " + hot);
+  }
+  return out;
+}
+
+std::string ExpertMetrics::ToJson() const {
+  nlohmann::json j;
+  j["policy"] = policy;
+  j["predictor"] = predictor;
+  j["budget_bytes"] = budget_bytes;
+  j["total_expert_bytes"] = total_expert_bytes;
+  j["resident_bytes"] = resident_bytes;
+  j["hits"] = hits;
+  j["late_hits"] = late_hits;
+  j["misses"] = misses;
+  j["hit_rate"] = hit_rate;
+  j["precision"] = prediction.precision();
+  j["recall"] = prediction.recall();
+  j["tokens"] = tokens;
+  j["steps"] = steps;
+  j["stall_ns"] = stall_ns;
+  j["stall_ns_per_token"] = stall_ns_per_token;
+  j["demand_bytes"] = demand_bytes;
+  j["speculative_bytes"] = speculative_bytes;
+  j["speculative_wasted_bytes"] = speculative_wasted_bytes;
+  j["prefetches_issued"] = prefetches_issued;
+  j["prefetches_cancelled"] = prefetches_cancelled;
+  j["prefetches_skipped"] = prefetches_skipped;
+  j["evictions"] = evictions;
+  j["corrupt_copies_reread"] = corrupt_copies_reread;
+  j["load_max"] = load_max;
+  j["load_mean"] = load_mean;
+  j["load_cv"] = load_cv;
+  j["hot_factor"] = hot_factor;
+  j["hot_experts"] = hot_experts;
+  j["layers"] = nlohmann::json::array();
+  for (const auto& l : layers) {
+    j["layers"].push_back({{"layer", l.layer},
+                           {"hits", l.hits},
+                           {"late_hits", l.late_hits},
+                           {"misses", l.misses},
+                           {"hit_rate", l.hit_rate()},
+                           {"precision", l.prediction.precision()},
+                           {"recall", l.prediction.recall()},
+                           {"true_positive", l.prediction.true_positive},
+                           {"false_positive", l.prediction.false_positive},
+                           {"false_negative", l.prediction.false_negative},
+                           {"load", l.expert_load},
+                           {"load_max", l.load_max},
+                           {"load_mean", l.load_mean},
+                           {"load_cv", l.load_cv},
+                           {"hot_experts", l.hot_experts}});
+  }
+  return j.dump();
+}
+
+std::string ExpertMetrics::PrometheusText() const {
+  std::string out;
+  auto metric = [&](std::string_view name, std::string_view type, std::string_view help) {
+    out += fmt::format("# HELP terrace_experts_{} {}\n# TYPE terrace_experts_{} {}\n", name, help, name, type);
+  };
+  metric("accesses_total", "counter", "Expert acquires by outcome (hit, late: waited for its prefetch, miss) and layer.");
+  for (const auto& l : layers) {
+    out += fmt::format("terrace_experts_accesses_total{{layer=\"{}\",outcome=\"hit\"}} {}\n", l.layer, l.hits);
+    out += fmt::format("terrace_experts_accesses_total{{layer=\"{}\",outcome=\"late\"}} {}\n", l.layer, l.late_hits);
+    out += fmt::format("terrace_experts_accesses_total{{layer=\"{}\",outcome=\"miss\"}} {}\n", l.layer, l.misses);
+  }
+  metric("hit_rate", "gauge", "Fraction of expert acquires served from the fast tier without waiting, by layer.");
+  for (const auto& l : layers) out += fmt::format("terrace_experts_hit_rate{{layer=\"{}\"}} {}\n", l.layer, l.hit_rate());
+  metric("prediction_precision", "gauge", "Predicted experts that were routed to, by layer.");
+  for (const auto& l : layers)
+    out += fmt::format("terrace_experts_prediction_precision{{layer=\"{}\"}} {}\n", l.layer, l.prediction.precision());
+  metric("prediction_recall", "gauge", "Routed experts that were predicted, by layer.");
+  for (const auto& l : layers)
+    out += fmt::format("terrace_experts_prediction_recall{{layer=\"{}\"}} {}\n", l.layer, l.prediction.recall());
+  metric("expert_load_cv", "gauge", "Coefficient of variation of the tokens routed to each expert, by layer.");
+  for (const auto& l : layers) out += fmt::format("terrace_experts_expert_load_cv{{layer=\"{}\"}} {}\n", l.layer, l.load_cv);
+  metric("expert_load_max_over_mean", "gauge", "Most-loaded expert's tokens over the layer mean, by layer.");
+  for (const auto& l : layers)
+    out += fmt::format("terrace_experts_expert_load_max_over_mean{{layer=\"{}\"}} {}\n", l.layer,
+                       l.load_mean > 0 ? l.load_max / l.load_mean : 0.0);
+  metric("hot_experts", "gauge", "Experts whose load exceeds hot_factor x their layer's mean.");
+  out += fmt::format("terrace_experts_hot_experts {}\n", hot_experts);
+  metric("stall_seconds_total", "counter", "Forward-thread time spent waiting for expert loads.");
+  out += fmt::format("terrace_experts_stall_seconds_total {}\n", static_cast<double>(stall_ns) / 1e9);
+  metric("tokens_total", "counter", "Tokens run through the model.");
+  out += fmt::format("terrace_experts_tokens_total {}\n", tokens);
+  metric("bytes_total", "counter", "Bytes loaded into the fast tier: demand, speculative (prefetched) and wasted (prefetched, never used).");
+  out += fmt::format("terrace_experts_bytes_total{{kind=\"demand\"}} {}\n", demand_bytes);
+  out += fmt::format("terrace_experts_bytes_total{{kind=\"speculative\"}} {}\n", speculative_bytes);
+  out += fmt::format("terrace_experts_bytes_total{{kind=\"wasted\"}} {}\n", speculative_wasted_bytes);
+  metric("prefetches_total", "counter", "Prefetches issued to the store, cancelled (their layer passed) and skipped (no room).");
+  out += fmt::format("terrace_experts_prefetches_total{{outcome=\"issued\"}} {}\n", prefetches_issued);
+  out += fmt::format("terrace_experts_prefetches_total{{outcome=\"cancelled\"}} {}\n", prefetches_cancelled);
+  out += fmt::format("terrace_experts_prefetches_total{{outcome=\"skipped\"}} {}\n", prefetches_skipped);
+  metric("evictions_total", "counter", "Experts dropped from the fast tier (never written back).");
+  out += fmt::format("terrace_experts_evictions_total {}\n", evictions);
+  metric("corrupt_copies_reread_total", "counter", "Expert copies that failed their checksum and were re-read from a slower copy.");
+  out += fmt::format("terrace_experts_corrupt_copies_reread_total {}\n", corrupt_copies_reread);
+  metric("cache_bytes", "gauge", "Fast-tier budget and bytes resident.");
+  out += fmt::format("terrace_experts_cache_bytes{{kind=\"budget\"}} {}\n", budget_bytes);
+  out += fmt::format("terrace_experts_cache_bytes{{kind=\"resident\"}} {}\n", resident_bytes);
+  return out;
+}
+
+}  // namespace terrace::experts

@@ -1,0 +1,225 @@
+// The predictors: none, lookahead (the next layers' routers on the current hidden state),
+// statistical (online transition counts) and oracle (a recorded trace of the same run).
+#include <algorithm>
+#include <numeric>
+
+#include "terrace/experts.h"
+
+namespace terrace::experts {
+namespace {
+
+std::vector<int> Distinct(std::span<const int> ids) {
+  std::vector<int> v(ids.begin(), ids.end());
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+double Precision(const std::vector<int>& predicted, std::span<const int> actual_sorted) {
+  if (predicted.empty()) return 0.0;
+  std::size_t tp = 0;
+  for (int e : predicted) tp += std::binary_search(actual_sorted.begin(), actual_sorted.end(), e) ? 1 : 0;
+  return static_cast<double>(tp) / static_cast<double>(predicted.size());
+}
+
+class NonePredictor final : public Predictor {
+ public:
+  std::string_view name() const override { return "none"; }
+};
+
+// Running precision per distance j gates the depth (LookaheadOptions::min_confidence).
+class LookaheadPredictor final : public Predictor {
+ public:
+  LookaheadPredictor(const model::Model& model, const LookaheadOptions& o)
+      : model_(model), options_(o), confidence_(static_cast<std::size_t>(std::max(o.depth, 1)) + 1, 1.0) {}
+  std::string_view name() const override { return "lookahead"; }
+
+  void OnLayerEnd(std::int64_t step, int layer, std::span<const float> hidden, std::int64_t tokens,
+                  std::vector<Prediction>* out) override {
+    const model::ModelConfig& c = model_.config();
+    for (int j = 1; j <= options_.depth; ++j) {
+      const int target = layer + j;
+      if (target >= c.num_hidden_layers) break;
+      if (c.IsDenseLayer(target)) continue;
+      const double conf = confidence_[static_cast<std::size_t>(j)];
+      if (j > 1 && conf < options_.min_confidence && step % 8 != 0) break;
+      auto r = model_.PredictRouting(target, hidden, tokens);
+      if (!r.ok()) break;
+      Prediction p{step, target, Distinct(r->ids), conf};
+      issued_.push_back({step, target, j, p.experts});
+      out->push_back(std::move(p));
+    }
+  }
+
+  void OnRouting(std::int64_t step, int layer, std::span<const int> experts, std::vector<Prediction>*) override {
+    for (auto it = issued_.begin(); it != issued_.end();) {
+      if (it->step == step && it->layer == layer) {
+        double& c = confidence_[static_cast<std::size_t>(it->distance)];
+        c = 0.8 * c + 0.2 * Precision(it->experts, experts);
+        it = issued_.erase(it);
+      } else if (it->step < step) {
+        it = issued_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+ private:
+  struct Issued {
+    std::int64_t step;
+    int layer, distance;
+    std::vector<int> experts;
+  };
+  const model::Model& model_;
+  LookaheadOptions options_;
+  std::vector<double> confidence_;  // [distance]
+  std::vector<Issued> issued_;
+};
+
+// counts_[l][a * E + b]: times expert b of layer `next(l)` followed expert a of layer l in one step;
+// token_[l][a * E + b]: times expert b of layer l followed expert a of layer l in the previous step.
+class StatisticalPredictor final : public Predictor {
+ public:
+  StatisticalPredictor(const model::ModelConfig& c, int depth)
+      : L_(c.num_hidden_layers), E_(c.num_experts), depth_(std::max(depth, 1)),
+        layer_(static_cast<std::size_t>(L_)), token_(static_cast<std::size_t>(L_)),
+        freq_(static_cast<std::size_t>(L_)), last_(static_cast<std::size_t>(L_)), moe_(static_cast<std::size_t>(L_)) {
+    for (int l = 0; l < L_; ++l) {
+      moe_[static_cast<std::size_t>(l)] = !c.IsDenseLayer(l) && E_ > 0;
+      if (!moe_[static_cast<std::size_t>(l)]) continue;
+      layer_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(E_ * E_), 0);
+      token_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(E_ * E_), 0);
+      freq_[static_cast<std::size_t>(l)].assign(static_cast<std::size_t>(E_), 0);
+    }
+  }
+  std::string_view name() const override { return "statistical"; }
+
+  void OnRouting(std::int64_t step, int layer, std::span<const int> experts, std::vector<Prediction>* out) override {
+    if (layer < 0 || layer >= L_ || !moe_[static_cast<std::size_t>(layer)]) return;
+    const std::size_t l = static_cast<std::size_t>(layer);
+    // Precision of what we predicted for this layer feeds the confidence we attach.
+    for (auto it = issued_.begin(); it != issued_.end();) {
+      if (it->first == step * L_ + layer) {
+        confidence_ = 0.8 * confidence_ + 0.2 * Precision(it->second, experts);
+        it = issued_.erase(it);
+      } else if (it->first < step * L_ + layer) {
+        it = issued_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Learn: previous MoE layer of this step -> this layer; this layer last step -> now.
+    if (prev_step_ == step && prev_layer_ >= 0) {
+      auto& m = layer_[static_cast<std::size_t>(prev_layer_)];
+      for (int a : last_[static_cast<std::size_t>(prev_layer_)])
+        for (int b : experts) ++m[static_cast<std::size_t>(a * E_ + b)];
+    }
+    if (last_step_of_[l] == step - 1) {
+      auto& m = token_[l];
+      for (int a : last_[l])
+        for (int b : experts) ++m[static_cast<std::size_t>(a * E_ + b)];
+    }
+    for (int b : experts) ++freq_[l][static_cast<std::size_t>(b)];
+    last_[l].assign(experts.begin(), experts.end());
+    last_step_of_[l] = step;
+    prev_step_ = step;
+    prev_layer_ = layer;
+
+    // Predict the next depth_ MoE layers (wrapping into the next step with token counts only).
+    std::vector<int> from(experts.begin(), experts.end());
+    std::int64_t ord = step * L_ + layer;
+    int from_layer = layer;
+    for (int j = 0; j < depth_; ++j) {
+      std::int64_t o = ord + 1;
+      while (!moe_[static_cast<std::size_t>(o % L_)]) ++o;
+      if (o - (step * L_ + layer) > L_) break;
+      const int target = static_cast<int>(o % L_);
+      const std::int64_t tstep = o / L_;
+      std::vector<double> score(static_cast<std::size_t>(E_), 0.0);
+      const auto& f = freq_[static_cast<std::size_t>(target)];
+      const double ftot = std::max<double>(1.0, std::accumulate(f.begin(), f.end(), 0.0));
+      for (int b = 0; b < E_; ++b) score[static_cast<std::size_t>(b)] = 1e-3 * f[static_cast<std::size_t>(b)] / ftot;
+      if (tstep == step && from_layer >= 0) {
+        AddRows(layer_[static_cast<std::size_t>(from_layer)], from, &score);
+      }
+      if (last_step_of_[static_cast<std::size_t>(target)] == tstep - 1) {
+        AddRows(token_[static_cast<std::size_t>(target)], last_[static_cast<std::size_t>(target)], &score);
+      }
+      const std::size_t m = std::min<std::size_t>(std::max<std::size_t>(experts.size(), 1), static_cast<std::size_t>(E_));
+      std::vector<int> order(static_cast<std::size_t>(E_));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m), order.end(), [&](int a, int b) {
+        return score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)] ||
+               (score[static_cast<std::size_t>(a)] == score[static_cast<std::size_t>(b)] && a < b);
+      });
+      std::vector<int> pick;
+      for (std::size_t i = 0; i < m; ++i)
+        if (score[static_cast<std::size_t>(order[i])] > 0) pick.push_back(order[i]);
+      std::sort(pick.begin(), pick.end());
+      if (pick.empty()) break;
+      issued_.emplace_back(o, pick);
+      out->push_back(Prediction{tstep, target, pick, confidence_});
+      from = pick;
+      from_layer = tstep == step ? target : -1;
+      ord = o;
+    }
+  }
+
+ private:
+  void AddRows(const std::vector<std::uint32_t>& m, const std::vector<int>& rows, std::vector<double>* score) const {
+    for (int a : rows) {
+      double tot = 0;
+      for (int b = 0; b < E_; ++b) tot += m[static_cast<std::size_t>(a * E_ + b)];
+      if (tot == 0) continue;
+      for (int b = 0; b < E_; ++b) (*score)[static_cast<std::size_t>(b)] += m[static_cast<std::size_t>(a * E_ + b)] / tot;
+    }
+  }
+
+  int L_, E_, depth_;
+  std::vector<std::vector<std::uint32_t>> layer_, token_, freq_;
+  std::vector<std::vector<int>> last_;
+  std::vector<std::int64_t> last_step_of_ = std::vector<std::int64_t>(static_cast<std::size_t>(L_), -2);
+  std::vector<bool> moe_;
+  std::int64_t prev_step_ = -1;
+  int prev_layer_ = -1;
+  double confidence_ = 0.5;
+  std::vector<std::pair<std::int64_t, std::vector<int>>> issued_;  // ordinal -> predicted
+};
+
+class OraclePredictor final : public Predictor {
+ public:
+  OraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth) : trace_(std::move(trace)), depth_(depth) {}
+  std::string_view name() const override { return "oracle"; }
+  void OnRouting(std::int64_t step, int layer, std::span<const int>, std::vector<Prediction>* out) override {
+    if (!trace_ || trace_->num_layers <= 0) return;
+    const std::int64_t L = trace_->num_layers;
+    for (int j = 1; j <= depth_; ++j) {
+      const std::int64_t o = step * L + layer + j;
+      const std::int64_t s = o / L;
+      const int t = static_cast<int>(o % L);
+      if (s >= static_cast<std::int64_t>(trace_->steps.size())) break;
+      const auto& set = trace_->steps[static_cast<std::size_t>(s)][static_cast<std::size_t>(t)];
+      if (!set.empty()) out->push_back(Prediction{s, t, set, 1.0});
+    }
+  }
+
+ private:
+  std::shared_ptr<const RoutingTrace> trace_;
+  int depth_;
+};
+
+}  // namespace
+
+std::unique_ptr<Predictor> MakeNonePredictor() { return std::make_unique<NonePredictor>(); }
+std::unique_ptr<Predictor> MakeLookaheadPredictor(const model::Model& model, const LookaheadOptions& options) {
+  return std::make_unique<LookaheadPredictor>(model, options);
+}
+std::unique_ptr<Predictor> MakeStatisticalPredictor(const model::ModelConfig& config, int depth) {
+  return std::make_unique<StatisticalPredictor>(config, depth);
+}
+std::unique_ptr<Predictor> MakeOraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth) {
+  return std::make_unique<OraclePredictor>(std::move(trace), depth);
+}
+
+}  // namespace terrace::experts

@@ -1,0 +1,147 @@
+// Shared fixtures for the expert-offload tests: one k3-toy checkpoint with random MXFP4 experts,
+// resident and offloaded runs of the same prompt, and a slow single-channel tier wrapper.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/model/config.h"
+#include "src/model/safetensors.h"
+#include "src/model/weights_init.h"
+#include "terrace/experts.h"
+#include "terrace/model.h"
+#include "terrace/store.h"
+#include "test_util.h"
+
+namespace terrace::experts::testing {
+
+inline const model::ModelDir& ToyDir() {
+  static terrace::testing::TempDir dir("experts-k3toy");
+  static std::unique_ptr<model::ModelDir> m = [] {
+    auto config = model::Preset("k3-toy");
+    REQUIRE(config.ok());
+    model::InitOptions opt;
+    opt.seed = 11;
+    REQUIRE(model::InitWeights(*config, dir.path(), opt).ok());
+    auto d = model::ModelDir::Open(dir.path());
+    REQUIRE(d.ok());
+    return std::move(d).value();
+  }();
+  return *m;
+}
+
+inline const std::vector<int>& Prompt() {
+  static const std::vector<int> p{3, 141, 59, 265, 35, 89, 7};
+  return p;
+}
+inline constexpr int kDecodeSteps = 5;
+
+// Every logit of a prefill of Prompt() then kDecodeSteps greedy decode steps, and the ids.
+struct RunOutput {
+  std::vector<float> logits;
+  std::vector<int> ids;
+};
+
+inline RunOutput Run(const model::Model& m, const model::ForwardOptions* hooks = nullptr) {
+  model::Session s(m);
+  if (hooks) s.set_hooks(*hooks);
+  RunOutput out;
+  auto pre = s.Prefill(Prompt());
+  REQUIRE(pre.ok());
+  out.logits = pre->data;
+  for (int i = 0; i < kDecodeSteps; ++i) {
+    const int next = model::Argmax(s.last_logits());
+    out.ids.push_back(next);
+    auto l = s.Decode(next);
+    if (!l.ok()) FAIL(l.status().ToString());
+    out.logits.insert(out.logits.end(), l->begin(), l->end());
+  }
+  return out;
+}
+
+inline const RunOutput& ResidentRun() {
+  static const RunOutput r = [] {
+    auto m = model::Model::Load(ToyDir().config(), ToyDir());
+    REQUIRE(m.ok());
+    return Run(**m);
+  }();
+  return r;
+}
+
+// Bitwise equality (a NaN-safe, -0-sensitive comparison).
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+inline std::uint64_t BlockBytes() {
+  const auto& c = ToyDir().config();
+  int moe = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) moe += c.IsDenseLayer(l) ? 0 : 1;
+  return ExpertOffload::TotalExpertBytes(c) / static_cast<std::uint64_t>(moe * c.num_experts);
+}
+
+// A tier wrapper that serves Gets one at a time, in arrival order, each taking `delay`: a slow
+// single-channel device. Records the keys it read, in order. Thread-safe.
+class SlowTier final : public Tier {
+ public:
+  SlowTier(std::unique_ptr<Tier> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  void set_delay(std::chrono::milliseconds d) {
+    std::lock_guard lock(mu_);
+    delay_ = d;
+  }
+  std::vector<BlockKey> reads() const {
+    std::lock_guard lock(mu_);
+    return reads_;
+  }
+  void clear_reads() {
+    std::lock_guard lock(mu_);
+    reads_.clear();
+  }
+
+  const TierCaps& caps() const override { return inner_->caps(); }
+  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
+    return inner_->Put(key, desc, data);
+  }
+  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
+    std::unique_lock lock(mu_);
+    const std::uint64_t ticket = next_ticket_++;
+    cv_.wait(lock, [&] { return serving_ == ticket; });
+    reads_.push_back(key);
+    const auto d = delay_;
+    lock.unlock();
+    std::this_thread::sleep_for(d);
+    Status s = inner_->Get(key, out, desc);
+    lock.lock();
+    ++serving_;
+    lock.unlock();
+    cv_.notify_all();
+    return s;
+  }
+  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
+  Status Erase(const BlockKey& key) override { return inner_->Erase(key); }
+  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
+  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
+  const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t block_count() const override { return inner_->block_count(); }
+  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
+  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
+
+ private:
+  std::unique_ptr<Tier> inner_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::chrono::milliseconds delay_;
+  std::uint64_t next_ticket_ = 0, serving_ = 0;
+  std::vector<BlockKey> reads_;
+};
+
+}  // namespace terrace::experts::testing

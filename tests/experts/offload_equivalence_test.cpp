@@ -1,0 +1,184 @@
+// Offloaded runs equal the all-resident run bit for bit, for every cache policy, predictor and
+// budget (down to one that holds only one layer's top-k experts), and the cache keeps its budget.
+#include <set>
+#include <string>
+
+#include "experts_test_util.h"
+
+namespace terrace::experts {
+namespace {
+
+using testing::BlockBytes;
+using testing::ResidentRun;
+using testing::RunOutput;
+using testing::SameBits;
+using testing::ToyDir;
+
+struct Offloaded {
+  std::unique_ptr<Store> store;
+  std::shared_ptr<ExpertOffload> offload;
+  std::unique_ptr<model::Model> model;
+};
+
+Offloaded Make(CachePolicyKind policy, CacheBudget budget, const std::string& nvme_dir = {}) {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  Offloaded o;
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, budget.Resolve(total), nvme_dir));
+  if (!store.ok()) FAIL(store.status().ToString());
+  o.store = std::move(store).value();
+  ExpertOffloadOptions opt;
+  opt.policy = policy;
+  opt.budget = budget;
+  opt.home = nvme_dir.empty() ? TierId::kHost : TierId::kNvme;
+  auto off = ExpertOffload::Create(config, ToyDir(), o.store.get(), std::move(opt));
+  if (!off.ok()) FAIL(off.status().ToString());
+  o.offload = *off;
+  auto m = model::Model::Load(config, ToyDir(), o.offload);
+  REQUIRE(m.ok());
+  o.model = std::move(m).value();
+  return o;
+}
+
+// Runs the prompt with `predictor`; for the oracle, first records the trace with predictor none.
+RunOutput RunWith(Offloaded& o, PredictorKind predictor) {
+  const auto& config = ToyDir().config();
+  switch (predictor) {
+    case PredictorKind::kNone: o.offload->SetPredictor(MakeNonePredictor()); break;
+    case PredictorKind::kLookahead: o.offload->SetPredictor(MakeLookaheadPredictor(*o.model, {})); break;
+    case PredictorKind::kStatistical: o.offload->SetPredictor(MakeStatisticalPredictor(config)); break;
+    case PredictorKind::kOracle: {
+      model::ForwardOptions hooks;
+      o.offload->AttachHooks(&hooks);
+      (void)testing::Run(*o.model, &hooks);
+      auto trace = o.offload->trace();
+      REQUIRE(o.offload->Reset().ok());
+      o.offload->SetPredictor(MakeOraclePredictor(trace));
+      break;
+    }
+  }
+  model::ForwardOptions hooks;
+  o.offload->AttachHooks(&hooks);
+  RunOutput out = testing::Run(*o.model, &hooks);
+  o.offload->Quiesce();
+  return out;
+}
+
+TEST_CASE("offloaded runs equal the resident run for every policy, predictor and budget", "[experts]") {
+  const RunOutput& want = ResidentRun();
+  REQUIRE_FALSE(want.logits.empty());
+  const auto& config = ToyDir().config();
+  const std::uint64_t one_layer_topk = static_cast<std::uint64_t>(config.num_experts_per_token) * BlockBytes();
+  std::vector<std::pair<std::string, CacheBudget>> budgets = {
+      {"one layer's top-k", CacheBudget{0, one_layer_topk}},
+      {"25%", *CacheBudget::Parse("25%")},
+      {"100%", *CacheBudget::Parse("100%")}};
+  for (CachePolicyKind policy : {CachePolicyKind::kLru, CachePolicyKind::kLfu, CachePolicyKind::kUtility}) {
+    for (PredictorKind predictor :
+         {PredictorKind::kNone, PredictorKind::kLookahead, PredictorKind::kStatistical, PredictorKind::kOracle}) {
+      for (const auto& [bname, budget] : budgets) {
+        INFO("policy " << CachePolicyName(policy) << ", predictor " << PredictorName(predictor) << ", budget " << bname);
+        Offloaded o = Make(policy, budget);
+        RunOutput got = RunWith(o, predictor);
+        CHECK(got.ids == want.ids);
+        CHECK(SameBits(got.logits, want.logits));
+        ExpertMetrics m = o.offload->Metrics();
+        CHECK(m.resident_bytes <= m.budget_bytes);
+        CHECK(m.budget_bytes == budget.Resolve(m.total_expert_bytes));
+        CHECK(m.hits + m.late_hits + m.misses > 0);
+        CHECK(m.steps == static_cast<std::uint64_t>(1 + testing::kDecodeSteps));
+        CHECK(m.tokens == testing::Prompt().size() + testing::kDecodeSteps);
+        if (predictor == PredictorKind::kNone) {
+          CHECK(m.speculative_bytes == 0);
+          CHECK(m.prefetches_issued == 0);
+        }
+        if (bname == "100%" && predictor == PredictorKind::kNone) {
+          // Nothing is ever evicted: each distinct expert misses exactly once.
+          auto trace = o.offload->trace();
+          std::set<std::pair<int, int>> distinct;
+          for (const auto& step : trace->steps)
+            for (int l = 0; l < static_cast<int>(step.size()); ++l)
+              for (int e : step[static_cast<std::size_t>(l)]) distinct.emplace(l, e);
+          CHECK(m.misses == distinct.size());
+          CHECK(m.evictions == 0);
+        }
+        if (predictor == PredictorKind::kOracle) {
+          CHECK(m.prediction.precision() == 1.0);
+          CHECK(m.prediction.recall() > 0.8);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("experts homed on the NVMe tier give the resident run's outputs", "[experts]") {
+  terrace::testing::TempDir dir("experts-nvme");
+  Offloaded o = Make(CachePolicyKind::kUtility, *CacheBudget::Parse("25%"), (dir.path() / "store").string());
+  RunOutput got = RunWith(o, PredictorKind::kLookahead);
+  CHECK(got.ids == ResidentRun().ids);
+  CHECK(SameBits(got.logits, ResidentRun().logits));
+  StoreStats st = o.store->Stats();
+  CHECK(st.tiers[static_cast<int>(TierId::kNvme)].blocks ==
+        o.offload->Metrics().total_expert_bytes / BlockBytes());
+  CHECK(st.tiers[static_cast<int>(TierId::kHost)].blocks == 0);
+}
+
+TEST_CASE("a lease pins its expert in the fast tier; eviction never drops the home copy", "[experts]") {
+  const auto& config = ToyDir().config();
+  // Room for exactly one expert: each new lease must evict the previous, unleased one.
+  Offloaded o = Make(CachePolicyKind::kLru, CacheBudget{0, BlockBytes()});
+  auto a = o.offload->Lease(1, 0);
+  REQUIRE(a.ok());
+  CHECK(a->weights().format == model::ExpertFormat::kMxfp4);
+  CHECK(a->weights().q1.rows == config.moe_intermediate_size);
+  // While leased, a second expert cannot get room.
+  auto b = o.offload->Lease(1, 1);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().IsOutOfCapacity());
+  CHECK(b.status().message().find("expert 1 of layer 1") != std::string::npos);
+  a->Release();
+  auto c = o.offload->Lease(1, 1);
+  REQUIRE(c.ok());
+  ExpertMetrics m = o.offload->Metrics();
+  CHECK(m.evictions == 1);
+  CHECK(m.resident_bytes == BlockBytes());
+  // The evicted expert's home copy is still there and still serves a lease.
+  c->Release();
+  auto d = o.offload->Lease(1, 0);
+  REQUIRE(d.ok());
+  CHECK(o.store->Stats().tiers[static_cast<int>(TierId::kHost)].blocks ==
+        o.offload->Metrics().total_expert_bytes / BlockBytes());
+}
+
+TEST_CASE("budgets, policies and predictors parse; bad text is an error naming the forms", "[experts]") {
+  CHECK(CacheBudget::Parse("25%")->fraction == 0.25);
+  CHECK(CacheBudget::Parse("64MiB")->bytes == 64ull << 20);
+  CHECK(CacheBudget::Parse("2G")->bytes == 2ull << 30);
+  CHECK(CacheBudget::Parse("4096")->bytes == 4096);
+  for (const char* bad : {"", "0%", "101%", "abc", "12XB", "0", "-5%"}) {
+    auto r = CacheBudget::Parse(bad);
+    INFO(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("25%") != std::string::npos);
+  }
+  CHECK(*ParsePredictor("lookahead") == PredictorKind::kLookahead);
+  CHECK_FALSE(ParsePredictor("magic").ok());
+  CHECK(*ParseCachePolicy("utility") == CachePolicyKind::kUtility);
+  CHECK_FALSE(ParseCachePolicy("fifo").ok());
+}
+
+TEST_CASE("a budget below one expert block is refused with the sizes", "[experts]") {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, total, ""));
+  REQUIRE(store.ok());
+  ExpertOffloadOptions opt;
+  opt.budget = CacheBudget{0, BlockBytes() - 1};
+  auto off = ExpertOffload::Create(config, ToyDir(), store->get(), std::move(opt));
+  REQUIRE_FALSE(off.ok());
+  CHECK(off.status().IsInvalidArgument());
+  CHECK(off.status().message().find("--expert-cache") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace terrace::experts

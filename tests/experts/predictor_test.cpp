@@ -1,0 +1,143 @@
+// Prediction scoring on hand-made routing traces: precision and recall counted by hand, the oracle
+// replaying a trace, the statistical predictor learning a periodic one, and the utility policy's
+// use probability.
+#include "experts_test_util.h"
+#include "src/experts/cache_policy.h"
+
+namespace terrace::experts {
+namespace {
+
+TEST_CASE("precision and recall match counts made by hand", "[experts]") {
+  PredictionScorer s(4);
+  // step 0, layer 1: predicted {1,2,3} (in two predictions, overlapping), routed {2,3,4}.
+  s.Predict(Prediction{0, 1, {1, 2}, 0.9});
+  s.Predict(Prediction{0, 1, {2, 3}, 0.5});
+  const int a01[] = {4, 3, 2, 2};  // duplicates count once
+  s.Observe(0, 1, a01);
+  // step 0, layer 2: nothing predicted, routed {0, 5}: two false negatives.
+  const int a02[] = {0, 5};
+  s.Observe(0, 2, a02);
+  // step 1, layer 1: predicted {7}, routed {7}.
+  s.Predict(Prediction{1, 1, {7}, 1.0});
+  // A prediction for a step that never routes it is not scored.
+  s.Predict(Prediction{1, 3, {1}, 1.0});
+  const int a11[] = {7};
+  s.Observe(1, 1, a11);
+  const int a22[] = {6};
+  s.Observe(2, 2, a22);  // step 1's pending layer-3 prediction is dropped unscored
+  CHECK(s.layer(1).true_positive == 3);
+  CHECK(s.layer(1).false_positive == 1);
+  CHECK(s.layer(1).false_negative == 1);
+  CHECK(s.layer(1).precision() == Approx(3.0 / 4.0));
+  CHECK(s.layer(1).recall() == Approx(3.0 / 4.0));
+  CHECK(s.layer(2).true_positive == 0);
+  CHECK(s.layer(2).false_negative == 3);
+  CHECK(s.layer(2).precision() == 0.0);
+  CHECK(s.layer(2).recall() == 0.0);
+  CHECK(s.layer(3).false_positive == 0);
+  const PredictionCounts t = s.total();
+  CHECK(t.true_positive == 3);
+  CHECK(t.false_positive == 1);
+  CHECK(t.false_negative == 4);
+  CHECK(t.recall() == Approx(3.0 / 7.0));
+}
+
+// Feeds `trace` to an ExpertOffload (as MoeForward's Prefetch calls would) and returns its metrics.
+ExpertMetrics Replay(const RoutingTrace& trace, std::unique_ptr<Predictor> predictor) {
+  const auto& config = testing::ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, total, ""));
+  REQUIRE(store.ok());
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.predictor = std::move(predictor);
+  auto off = ExpertOffload::Create(config, testing::ToyDir(), store->get(), std::move(opt));
+  REQUIRE(off.ok());
+  for (const auto& step : trace.steps) {
+    for (int l = 0; l < trace.num_layers; ++l) {
+      const auto& sel = step[static_cast<std::size_t>(l)];
+      if (sel.empty()) continue;
+      (*off)->Prefetch(l, sel);
+      for (int e : sel) {
+        auto lease = (*off)->Lease(l, e);
+        REQUIRE(lease.ok());
+      }
+    }
+  }
+  (*off)->Quiesce();
+  return (*off)->Metrics();
+}
+
+RoutingTrace HandTrace(int steps, bool periodic) {
+  const auto& config = testing::ToyDir().config();
+  RoutingTrace t;
+  t.num_layers = config.num_hidden_layers;
+  for (int s = 0; s < steps; ++s) {
+    t.steps.emplace_back(static_cast<std::size_t>(t.num_layers));
+    for (int l = 1; l < t.num_layers; ++l) {
+      // periodic: the same two experts per layer at every step; else a pattern that changes.
+      const int base = periodic ? l : (l * 5 + s * 3);
+      t.steps.back()[static_cast<std::size_t>(l)] = {base % 16, (base + 7) % 16};
+      std::sort(t.steps.back()[static_cast<std::size_t>(l)].begin(), t.steps.back()[static_cast<std::size_t>(l)].end());
+    }
+  }
+  return t;
+}
+
+TEST_CASE("the oracle replays a hand-made trace: precision 1, recall all but the first layer", "[experts]") {
+  const RoutingTrace t = HandTrace(6, false);
+  auto shared = std::make_shared<const RoutingTrace>(t);
+  ExpertMetrics m = Replay(t, MakeOraclePredictor(shared, 2));
+  // Every (step, layer) but step 0's first MoE layer is predicted exactly; 2 experts each.
+  const std::uint64_t routed = 6 * 7 * 2;
+  CHECK(m.prediction.true_positive == routed - 2);
+  CHECK(m.prediction.false_positive == 0);
+  CHECK(m.prediction.false_negative == 2);
+  CHECK(m.prediction.precision() == 1.0);
+  CHECK(m.prediction.recall() == Approx(static_cast<double>(routed - 2) / routed));
+  // The replayed trace is what the offload recorded.
+  CHECK(m.steps == 6);
+}
+
+TEST_CASE("none predicts nothing: recall 0, every first use a miss", "[experts]") {
+  const RoutingTrace t = HandTrace(3, false);
+  ExpertMetrics m = Replay(t, MakeNonePredictor());
+  CHECK(m.prediction.true_positive == 0);
+  CHECK(m.prediction.false_negative == 3 * 7 * 2);
+  CHECK(m.prediction.recall() == 0.0);
+  CHECK(m.prefetches_issued == 0);
+}
+
+TEST_CASE("the statistical predictor learns a periodic trace after one step", "[experts]") {
+  const auto& config = testing::ToyDir().config();
+  const RoutingTrace t = HandTrace(8, true);
+  ExpertMetrics m = Replay(t, MakeStatisticalPredictor(config));
+  // Steps 1..7 are predicted exactly (layer and token transitions repeat); step 0 only partly.
+  CHECK(m.prediction.false_positive == 0);
+  CHECK(m.prediction.true_positive >= 7 * 7 * 2);
+  CHECK(m.prediction.recall() >= 7.0 / 8.0);
+}
+
+TEST_CASE("the utility policy's use probability protects the window", "[experts]") {
+  CacheContext ctx;
+  ctx.now = 2 * 8 + 3;  // step 2, layer 3
+  ctx.num_layers = 8;
+  ctx.window = 2;
+  ctx.steps = 3;
+  CacheEntryView predicted{4, 0, 1000, 0, 0, ctx.now + 1, 0.75};
+  CHECK(UseProbability(predicted, ctx) == 0.75);
+  CacheEntryView near{5, 1, 1000, 0, 3, -1, 0};   // used every step, its layer within the window
+  CacheEntryView far{1, 1, 1000, 0, 3, -1, 0};    // same use rate, its layer 6 layers away
+  CHECK(UseProbability(near, ctx) == Approx(4.0 / 5.0));
+  CHECK(UseProbability(far, ctx) == Approx(0.5 * 4.0 / 5.0));
+  auto policy = MakeCachePolicy(CachePolicyKind::kUtility);
+  CHECK(policy->Score(far, ctx) < policy->Score(near, ctx));
+  auto lru = MakeCachePolicy(CachePolicyKind::kLru);
+  CacheEntryView old_e{1, 1, 1000, 5, 9, -1, 0}, new_e{1, 2, 1000, 6, 1, -1, 0};
+  CHECK(lru->Score(old_e, ctx) < lru->Score(new_e, ctx));
+  auto lfu = MakeCachePolicy(CachePolicyKind::kLfu);
+  CHECK(lfu->Score(new_e, ctx) < lfu->Score(old_e, ctx));
+}
+
+}  // namespace
+}  // namespace terrace::experts

@@ -1,0 +1,213 @@
+// Prefetch control under a deliberately slow single-channel home tier: demand loads are served
+// before queued speculation, stale prefetches (their layer passed) are cancelled, speculative bytes
+// in flight stay under the cap; and corrupt or missing blocks are errors naming layer and expert,
+// or re-reads from the slower copy, counted.
+#include <atomic>
+
+#include "experts_test_util.h"
+#include "tiers/fault/fault_tier.h"
+#include "tiers/hbm/emulated_hbm_tier.h"
+#include "tiers/host/host_tier.h"
+
+namespace terrace::experts {
+namespace {
+
+using testing::BlockBytes;
+using testing::SlowTier;
+using testing::ToyDir;
+
+// Predicts a fixed set of experts of `target` after layer `after` ends.
+class ScriptedPredictor final : public Predictor {
+ public:
+  ScriptedPredictor(int after, int target, std::vector<int> experts)
+      : after_(after), target_(target), experts_(std::move(experts)) {}
+  std::string_view name() const override { return "scripted"; }
+  void OnLayerEnd(std::int64_t step, int layer, std::span<const float>, std::int64_t,
+                  std::vector<Prediction>* out) override {
+    if (layer == after_) out->push_back(Prediction{step, target_, experts_, 0.9});
+  }
+
+ private:
+  int after_, target_;
+  std::vector<int> experts_;
+};
+
+struct SlowRig {
+  SlowTier* slow = nullptr;             // owned by the store
+  FaultInjectingTier* home_faults = nullptr;  // under `slow`
+  FaultInjectingTier* hbm_faults = nullptr;  // owned by the store
+  std::unique_ptr<Store> store;
+  std::shared_ptr<ExpertOffload> offload;
+};
+
+SlowRig MakeSlowRig(ExpertOffloadOptions opt, unsigned store_threads) {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  StoreOptions so = ExpertOffload::OpenStoreOptions(total, opt.budget.Resolve(total), "");
+  so.background_threads = store_threads;
+  auto host = HostTier::Create(so.host);
+  REQUIRE(host.ok());
+  auto hbm = EmulatedHbmTier::Create(so.hbm);
+  REQUIRE(hbm.ok());
+  SlowRig rig;
+  auto home_faults = std::make_unique<FaultInjectingTier>(std::move(host).value());
+  rig.home_faults = home_faults.get();
+  auto slow = std::make_unique<SlowTier>(std::move(home_faults), std::chrono::milliseconds(0));
+  rig.slow = slow.get();
+  auto faulty = std::make_unique<FaultInjectingTier>(std::move(hbm).value());
+  rig.hbm_faults = faulty.get();
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<int>(TierId::kHbm)] = std::move(faulty);
+  tiers[static_cast<int>(TierId::kHost)] = std::move(slow);
+  auto store = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(store.ok());
+  rig.store = std::move(store).value();
+  auto off = ExpertOffload::Create(config, ToyDir(), rig.store.get(), std::move(opt));
+  if (!off.ok()) FAIL(off.status().ToString());
+  rig.offload = *off;
+  return rig;
+}
+
+int LayerOf(const BlockKey& k) { return static_cast<int>(k.layer); }
+int ExpertOf(const BlockKey& k) { return static_cast<int>(k.id.lo); }
+
+TEST_CASE("demand loads go ahead of queued speculative prefetches", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 2;
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  // After layer 1, eight experts of layer 3 are predicted.
+  opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  // The store could run all eight at once (8 threads): only our queue keeps them back.
+  SlowRig rig = MakeSlowRig(std::move(opt), 8);
+  rig.slow->set_delay(std::chrono::milliseconds(30));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(1, hidden, 1);  // issues the speculation
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto lease = rig.offload->Lease(2, 9);  // layer 2 runs: a demand load
+  REQUIRE(lease.ok());
+  lease->Release();
+  rig.offload->Quiesce();
+  const auto reads = rig.slow->reads();
+  std::size_t demand_pos = reads.size();
+  for (std::size_t i = 0; i < reads.size(); ++i)
+    if (LayerOf(reads[i]) == 2 && ExpertOf(reads[i]) == 9) demand_pos = i;
+  INFO("demand read at position " << demand_pos << " of " << reads.size());
+  REQUIRE(demand_pos < reads.size());
+  // At most the two prefetches already in flight were read before it.
+  CHECK(demand_pos <= 2);
+  // The rest of the speculation still ran afterwards (layer 3 has not passed).
+  CHECK(reads.size() == 9);
+  ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.misses == 1);
+  CHECK(m.prefetches_issued == 8);
+  CHECK(m.speculative_bytes == 8 * BlockBytes());
+}
+
+TEST_CASE("prefetches whose layer has passed are cancelled, queued or in the store", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 2;
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(0, 1, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  SlowRig rig = MakeSlowRig(std::move(opt), 1);
+  rig.slow->set_delay(std::chrono::milliseconds(40));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(0, hidden, 1);  // ten prefetches for layer 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Layer 1 ran without them (say its routing differed) and layer 2 starts: layer 1 has passed.
+  const int sel2[] = {11};
+  rig.offload->Prefetch(2, sel2);
+  rig.offload->Quiesce();
+  const auto reads = rig.slow->reads();
+  std::size_t layer1 = 0;
+  for (const auto& k : reads) layer1 += LayerOf(k) == 1 ? 1 : 0;
+  INFO(layer1 << " of 10 stale prefetches were read");
+  // Only the one the store had already started (one store thread) may have been read.
+  CHECK(layer1 <= 2);
+  ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.prefetches_cancelled >= 8);
+  CHECK(m.speculative_bytes <= 2 * BlockBytes());
+}
+
+TEST_CASE("speculative bytes in flight stay under the cap", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 16;
+  opt.max_speculative_bytes = 3 * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(0, 3, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  SlowRig rig = MakeSlowRig(std::move(opt), 16);
+  rig.slow->set_delay(std::chrono::milliseconds(20));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(0, hidden, 1);
+  CHECK(rig.offload->Metrics().prefetches_issued == 3);  // the cap's worth went to the store
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  CHECK(rig.slow->reads().size() == 3);  // and nothing more until the next pump
+  rig.offload->Quiesce();
+  CHECK(rig.slow->reads().size() == 10);
+  CHECK(rig.offload->Metrics().speculative_bytes == 10 * BlockBytes());
+}
+
+TEST_CASE("a corrupt fast-tier copy is re-read from the home copy and counted; outputs unchanged", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("25%");
+  SlowRig rig = MakeSlowRig(std::move(opt), 2);
+  rig.hbm_faults->CorruptNextPuts(3);  // the first three experts copied into the fast tier rot there
+  auto m = model::Model::Load(ToyDir().config(), ToyDir(), rig.offload);
+  REQUIRE(m.ok());
+  testing::RunOutput got = testing::Run(**m);
+  CHECK(got.ids == testing::ResidentRun().ids);
+  CHECK(testing::SameBits(got.logits, testing::ResidentRun().logits));
+  CHECK(rig.offload->Metrics().corrupt_copies_reread == 3);
+}
+
+TEST_CASE("a missing or corrupt home copy is an error naming the layer and expert", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("25%");
+  SlowRig rig = MakeSlowRig(std::move(opt), 2);
+  // Find expert 5 of layer 3's key through a lease, then remove its block.
+  auto lease = rig.offload->Lease(3, 5);
+  REQUIRE(lease.ok());
+  lease->Release();
+  const auto reads = rig.slow->reads();
+  REQUIRE(reads.size() == 1);
+  const BlockKey key = reads[0];
+  REQUIRE(rig.offload->Reset().ok());  // drops the fast-tier copy
+  REQUIRE(rig.store->Erase(key).ok());
+  auto missing = rig.offload->Lease(3, 5);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().IsNotFound());
+  CHECK(missing.status().message().find("expert 5 of layer 3") != std::string::npos);
+
+  // A block that passes its checksum but is not an expert block (the magic is wrong).
+  auto another = rig.offload->Lease(4, 2);
+  REQUIRE(another.ok());
+  another->Release();
+  const BlockKey k2 = rig.slow->reads().back();
+  REQUIRE(rig.offload->Reset().ok());
+  std::vector<std::byte> bytes(static_cast<std::size_t>(BlockBytes()));
+  REQUIRE(rig.store->Get(k2, bytes).ok());
+  REQUIRE(rig.store->Erase(k2).ok());
+  bytes[0] ^= std::byte{0xff};
+  PutOptions po;
+  po.tier = TierId::kHost;
+  REQUIRE(rig.store->Put(k2, bytes, po).ok());
+  auto bad = rig.offload->Lease(4, 2);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().IsCorruption());
+  CHECK(bad.status().message().find("expert 2 of layer 4") != std::string::npos);
+
+  // A home copy that rots at rest fails its checksum: no good copy is left.
+  bytes[0] ^= std::byte{0xff};
+  REQUIRE(rig.store->Erase(k2).ok());
+  rig.home_faults->CorruptNextPuts(1);
+  REQUIRE(rig.store->Put(k2, bytes, po).ok());
+  auto rotten = rig.offload->Lease(4, 2);
+  REQUIRE_FALSE(rotten.ok());
+  CHECK(rotten.status().IsCorruption());
+  CHECK(rotten.status().message().find("expert 2 of layer 4") != std::string::npos);
+  CHECK(rotten.status().message().find("checksum") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace terrace::experts

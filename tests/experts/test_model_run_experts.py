@@ -1,0 +1,144 @@
+"""`terrace model run --expert-cache`: offloaded runs equal the all-resident run byte for byte, for
+every predictor, with experts on host or NVMe, alone or with the prefix cache; metrics in JSON, text
+and Prometheus; flag errors exit 2; a corrupt expert store is an error naming layer and expert.
+
+Run by ctest with TERRACE_BIN pointing at the terrace binary.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+BIN = os.environ.get("TERRACE_BIN")
+if not BIN or not os.path.exists(BIN):
+    pytest.skip("TERRACE_BIN is not set to the terrace binary", allow_module_level=True)
+
+TOKENS = ",".join(str((i * 37 + 5) % 512) for i in range(40))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy") / "m"
+    p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(d), "--seed", "5",
+                        "--routing-tokens", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def run(toy, *flags, expect=0):
+    p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--tokens", TOKENS, "--max-new", "6", *flags],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == expect, p.stdout + p.stderr
+    return p
+
+
+def run_json(toy, *flags):
+    return json.loads(run(toy, "--json", *flags).stdout)
+
+
+@pytest.fixture(scope="module")
+def resident(toy, tmp_path_factory):
+    d = tmp_path_factory.mktemp("resident")
+    j = run_json(toy, "--dump-logits", str(d / "r.safetensors"))
+    assert "experts" not in j
+    return j, (d / "r.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("predictor", ["none", "lookahead", "statistical", "oracle"])
+@pytest.mark.parametrize("policy", ["lru", "utility"])
+def test_offloaded_equals_resident(toy, resident, tmp_path, predictor, policy):
+    want, want_logits = resident
+    got = run_json(toy, "--expert-cache", "25%", "--predictor", predictor, "--expert-policy", policy,
+                   "--dump-logits", str(tmp_path / "o.safetensors"))
+    assert got["generated"] == want["generated"]
+    assert got["logits_xxh3_64"] == want["logits_xxh3_64"]
+    assert (tmp_path / "o.safetensors").read_bytes() == want_logits
+    e = got["experts"]
+    assert e["predictor"] == predictor and e["policy"] == policy
+    assert e["resident_bytes"] <= e["budget_bytes"]
+    assert abs(e["budget_bytes"] - 0.25 * e["total_expert_bytes"]) <= 1
+    assert e["hits"] + e["late_hits"] + e["misses"] > 0
+    assert e["tokens"] == 40 + 5 and e["steps"] == 6
+    assert len(e["layers"]) == 7 and all(0.0 <= l["hit_rate"] <= 1.0 for l in e["layers"])
+    if predictor == "none":
+        assert e["speculative_bytes"] == 0 and e["recall"] == 0.0
+    if predictor == "oracle":
+        assert e["precision"] == 1.0 and e["recall"] > 0.8
+
+
+def test_nvme_home_with_prefix_cache_twice(toy, tmp_path):
+    # The prefix cache prefills in chunk pieces, so its reference is a prefix-cache run without
+    # expert offload (same flags, its own store).
+    kv = ("--kv-codec", "f32", "--chunk-tokens", "16")
+    want = run_json(toy, "--store", str(tmp_path / "ref"), *kv, "--dump-logits", str(tmp_path / "ref.safetensors"))
+    store = tmp_path / "st"
+    for i in range(2):
+        got = run_json(toy, "--store", str(store), *kv, "--expert-cache", "1MiB",
+                       "--dump-logits", str(tmp_path / f"{i}.safetensors"))
+        assert got["generated"] == want["generated"]
+        assert got["logits_xxh3_64"] == want["logits_xxh3_64"]
+        assert (tmp_path / f"{i}.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+        assert got["experts"]["budget_bytes"] == 1 << 20
+    assert got["restored_tokens"] == 32  # the prefix cache restored on the second run
+    assert (store / "experts" / "terrace.data").is_file()
+
+
+def test_text_and_prometheus(toy, tmp_path):
+    prom = tmp_path / "experts.prom"
+    p = run(toy, "--expert-cache", "25%", "--expert-prometheus", str(prom))
+    assert "experts: hit rate" in p.stdout and "layer   1:" in p.stdout
+    text = prom.read_text()
+    assert "# TYPE terrace_experts_hit_rate gauge" in text
+    assert 'terrace_experts_accesses_total{layer="1",outcome="miss"}' in text
+    assert "terrace_experts_stall_seconds_total" in text
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--expert-cache", "0%"], "--expert-cache"),
+    (["--expert-cache", "lots"], "--expert-cache"),
+    (["--expert-cache", "10"], "--expert-cache"),  # 10 bytes: smaller than one expert
+    (["--expert-cache", "25%", "--predictor", "magic"], "--predictor"),
+    (["--expert-cache", "25%", "--expert-policy", "fifo"], "--expert-policy"),
+    (["--expert-cache", "25%", "--expert-home", "nvme"], "--store"),
+    (["--expert-home", "host"], "--expert-cache"),
+])
+def test_flag_errors_exit_2(toy, flags, needle):
+    p = run(toy, *flags, expect=2)
+    assert needle in p.stderr
+
+
+def test_corrupt_expert_store_names_layer_and_expert(toy, tmp_path):
+    store = tmp_path / "st"
+    run(toy, "--store", str(store), "--expert-cache", "25%")
+    data = store / "experts" / "terrace.data"
+    raw = bytearray(data.read_bytes())
+    # Flip a byte in every 4 KiB page past the first MiB: the expert blocks live there.
+    for off in range(1 << 20, min(len(raw), 8 << 20), 4096):
+        raw[off + 100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    p = run(toy, "--store", str(store), "--expert-cache", "25%", expect=1)
+    assert "of layer" in p.stderr and "expert" in p.stderr
+    assert "checksum" in p.stderr or "Corruption" in p.stderr
+
+
+def test_bench_experts_json(toy, tmp_path):
+    d = tmp_path / "bench"
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(d), "--prompt", "4", "--decode", "3",
+                        "--budgets", "25%,50%", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    names = [(c["name"], c["budget_fraction"]) for c in j["configs"]]
+    for b in (0.25, 0.5):
+        for n in ("on-demand", "lru+lookahead", "utility+statistical", "oracle"):
+            assert (n, b) in names
+    assert ("resident", 1.0) in names and ("mmap", 1.0) in names
+    for c in j["configs"]:
+        for k in ("tokens_per_s", "stall_share", "hit_rate", "recall", "bytes_read"):
+            assert k in c
+        assert c["tokens_per_s"] > 0
+    oracle = [c for c in j["configs"] if c["name"] == "oracle"]
+    assert all(c["recall"] == 1.0 for c in oracle)  # decode steps only: every one was predicted
+    on_demand = [c for c in j["configs"] if c["name"] == "on-demand"]
+    assert all(c["bytes_read"]["nvme"] > 0 for c in on_demand)  # cold on the NVMe tier
+    assert not d.exists() or not any(d.iterdir())  # the bench removed its store
