@@ -17,6 +17,8 @@ void RegisterBench(CLI::App& app, Runner* run);   // terrace bench ...
 void RegisterStore(CLI::App& app, Runner* run);   // terrace store fill|check
 void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|run
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
+void RegisterPlan(CLI::App& app, Runner* run);    // terrace plan (docs/plan.md)
+void RegisterTrace(CLI::App& app, Runner* run);   // terrace trace gen
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 

@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
     RegisterStore(app, &run);
     RegisterModel(app, &run);
     RegisterRef(app, &run);
+    RegisterPlan(app, &run);
+    RegisterTrace(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -182,7 +182,8 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     const std::uint64_t used = wp.resident_bytes + ep.budget_bytes;
     t.kv_bytes = hbm > used ? hbm - used : 0;
     t.sequences = t.kv_bytes / seq;
-    t.holds = fmt::format("resident weights {} B + expert cache {} B", wp.resident_bytes, ep.budget_bytes);
+    t.other_bytes = used;
+    t.holds = "resident weights + expert cache";
     plan.tiers.push_back(t);
   }
   const std::uint64_t experts_in_host = std::min(wp.routed_expert_bytes, hw.host_bytes);
@@ -192,7 +193,8 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     t.capacity_bytes = hw.host_bytes;
     t.kv_bytes = hw.host_bytes - experts_in_host;
     t.sequences = t.kv_bytes / seq;
-    t.holds = fmt::format("routed experts {} B", experts_in_host);
+    t.other_bytes = experts_in_host;
+    t.holds = "routed experts";
     plan.tiers.push_back(t);
   }
   {
@@ -202,8 +204,8 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     const std::uint64_t spill = wp.routed_expert_bytes - experts_in_host;
     t.kv_bytes = hw.nvme_bytes > wp.total_bytes + spill ? hw.nvme_bytes - wp.total_bytes - spill : 0;
     t.sequences = t.kv_bytes / seq;
-    t.holds = fmt::format("checkpoint {} B{}", wp.total_bytes,
-                          spill > 0 ? fmt::format(" + routed experts not in host {} B", spill) : std::string());
+    t.other_bytes = wp.total_bytes + spill;
+    t.holds = spill > 0 ? "checkpoint + routed experts not in host" : "checkpoint";
     plan.tiers.push_back(t);
   }
 
@@ -232,6 +234,9 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                              2.0 * static_cast<double>(m.kda_state_bytes_per_sequence));
   lc.decode_step_s = step_bytes / hw.hbm_bandwidth();
   lc.decode_tokens_per_s = lc.decode_step_s > 0 ? w.concurrency / lc.decode_step_s : 0;
+  lc.decode_step_with_stalls_s = lc.decode_step_s + ep.stall_s_per_token_batched * w.concurrency;
+  lc.decode_tokens_per_s_with_stalls = lc.decode_step_with_stalls_s > 0 ? w.concurrency / lc.decode_step_with_stalls_s : 0;
+  lc.decode_tokens_needed_per_s = w.rate_rps * static_cast<double>(w.decode_tokens);
   lc.weight_load_s = static_cast<double>(wp.total_bytes) / hw.nvme_read_bandwidth +
                      static_cast<double>(wp.resident_bytes) / hw.pcie_bandwidth();
   lc.kv_state_bytes_per_request = m.sequence_bytes;
@@ -241,9 +246,10 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   lc.offload_bytes_per_request = static_cast<std::uint64_t>(
       restore_bytes + writeback_bytes + expert_miss_bytes_per_token * static_cast<double>(w.decode_tokens));
 
-  plan.bandwidth.push_back({"hbm", step_bytes / std::max(lc.decode_step_s, 1e-30), hw.hbm_bandwidth(),
-                            "decode steps back to back at the workload's concurrency (HBM-bound)"});
-  plan.bandwidth.push_back({"pcie-h2d", w.rate_rps * restore_bytes + expert_miss_bytes_per_token * lc.decode_tokens_per_s,
+  const double steps_needed_per_s = lc.decode_tokens_needed_per_s / w.concurrency;
+  plan.bandwidth.push_back({"hbm", steps_needed_per_s * step_bytes, hw.hbm_bandwidth(),
+                            "decode steps for --rate x --decode-tokens tokens/s at --concurrency"});
+  plan.bandwidth.push_back({"pcie-h2d", w.rate_rps * restore_bytes + expert_miss_bytes_per_token * lc.decode_tokens_needed_per_s,
                             hw.pcie_bandwidth(), "prefix restores from host + expert-cache misses"});
   plan.bandwidth.push_back({"pcie-d2h", w.rate_rps * writeback_bytes, hw.pcie_bandwidth(),
                             "new KV and the final KDA state written back to host"});

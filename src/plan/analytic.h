@@ -91,7 +91,8 @@ struct TierPlan {
   std::uint64_t capacity_bytes = 0;
   std::uint64_t kv_bytes = 0;              // left for KV/state after what the plan places there
   std::uint64_t sequences = 0;             // workload sequences that fit in kv_bytes
-  std::string holds;                       // what else the plan puts there
+  std::uint64_t other_bytes = 0;           // what else the plan puts there (`holds`)
+  std::string holds;
 };
 
 struct BandwidthLine {
@@ -110,6 +111,10 @@ struct LifecyclePlan {
   double prefill_tokens_per_s = 0;         // recompute speed of the node
   double decode_step_s = 0;                // HBM-bound decode step at the workload's concurrency
   double decode_tokens_per_s = 0;
+  // The same step plus the expert-cache misses of the step loaded over the host link (no overlap).
+  double decode_step_with_stalls_s = 0;
+  double decode_tokens_per_s_with_stalls = 0;
+  double decode_tokens_needed_per_s = 0;   // rate x decode tokens
 };
 
 struct Plan {
