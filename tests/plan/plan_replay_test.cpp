@@ -67,6 +67,15 @@ TEST_CASE("LRU hit rate on a tiny trace, computed by hand") {
   CHECK(inf->hit_rate() == Approx(ComputePrefixCeiling(t).fraction()));
 }
 
+TEST_CASE("LRU: a hit refreshes recency (FIFO would evict it), by hand") {
+  // Capacity 2. r1 [1] | r2 [2] | r3 [1] hit, 1 becomes most recent | r4 [3] evicts 2 (FIFO: 1) |
+  // r5 [1] hit (FIFO: miss) | r6 [2] miss. 2 hits of 6.
+  auto r = Replay(Make({{1}, {2}, {1}, {3}, {1}, {2}}), OneTier(2));
+  REQUIRE(r.ok());
+  CHECK(r->hit_blocks == 2);
+  CHECK(r->tiers[0].evictions == 2);
+}
+
 TEST_CASE("Two tiers: demotion into host, restores read over the host link, by hand") {
   // hbm 1 block, host 2. r1 [1 2]: 1 -> hbm; 2 evicts 1 into host (write). hbm {2}, host {1}.
   // r2 [1 2]: prefix 1 (host) + 2 (hbm): hits 1 + 1; 1 is read from host (100 B at 100 B/s = 1 s)
