@@ -30,6 +30,15 @@ if(TARGET terrace_model)
           COMPONENT terrace_development)
 endif()
 
+if(TARGET terrace_codec)
+  install(TARGETS terrace_codec EXPORT terraceCodecTargets
+          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
+          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
+          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
+  install(EXPORT terraceCodecTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
+          COMPONENT terrace_development)
+endif()
+
 if(TARGET terrace_kv)
   install(TARGETS terrace_kv EXPORT terraceKvTargets
           ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development

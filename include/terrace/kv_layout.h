@@ -14,10 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "terrace/codec.h"
 #include "terrace/model_config.h"
 #include "terrace/status.h"
-// TEMPORARY: becomes #include "terrace/codec.h" once w/codec lands (same names).
-#include "src/kv/codec_shim.h"
 
 namespace terrace::kv {
 

@@ -2,6 +2,7 @@
 // time went (docs/ref-cli.md).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/model_run_kv.h"
 #include "src/cli/safe_files.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
@@ -35,6 +37,7 @@ struct RunArgs {
   bool json = false;
   std::string dump_logits;
   int threads = 1;
+  KvRunArgs kv;  // --store and its flags (model_run_kv.h)
 };
 
 Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
@@ -79,7 +82,35 @@ int RunModel(const RunArgs& a) {
   if (!model.ok()) return Fail(model.status().ToString());
 
   Session session(**model);
-  auto logits = session.Prefill(*prompt);
+  Result<Tensor> logits = Tensor();
+  std::optional<KvRun> kv_run;
+  std::optional<kv::CachedPrefill> cached;
+  if (a.kv.store.empty()) {
+    logits = session.Prefill(*prompt);
+  } else {
+    auto opened = OpenKvRun(a.kv, config, **dir);
+    if (!opened.ok())
+      return opened.status().code() == Code::kInvalidArgument ? FailUsage(opened.status().message())
+                                                              : Fail(opened.status().ToString());
+    kv_run = std::move(opened).value();
+    const auto request = kv_run->cache->Prepare(*prompt, a.kv.tenant);
+    auto p = kv::PrefillWithCache(&session, *kv_run->cache, request);
+    if (!p.ok()) return Fail(p.status().ToString());
+    cached = std::move(p).value();
+    logits = std::move(cached->logits);
+    if (!a.dump_logits.empty() && cached->restored_tokens > 0) {
+      // Restored positions have no logits: recompute them in a cold pass over [0, b) with the same
+      // chunk pieces (bitwise what a run without the cache would give for them).
+      Session cold(**model);
+      const auto head_req = kv_run->cache->Prepare(std::span(*prompt).first(static_cast<std::size_t>(cached->restored_tokens)),
+                                                   a.kv.tenant);
+      auto h = kv::PrefillWithCache(&cold, *kv_run->cache, head_req, {.restore = false, .write_back = false});
+      if (!h.ok()) return Fail(h.status().ToString());
+      h->logits.data.insert(h->logits.data.end(), logits->data.begin(), logits->data.end());
+      h->logits.shape = {static_cast<std::int64_t>(prompt->size()), config.vocab_size};
+      logits = std::move(h->logits);
+    }
+  }
   if (!logits.ok()) return Fail(logits.status().ToString());
   if (!a.dump_logits.empty()) {
     SafetensorsWriter w;
@@ -94,6 +125,13 @@ int RunModel(const RunArgs& a) {
       auto l = session.Decode(generated.back());
       if (!l.ok()) return Fail(l.status().ToString());
     }
+  }
+  kv::PrefixCacheStats kv_stats;
+  if (kv_run) {
+    kv_run->cache->Flush();  // the write-back ran during decode; wait for it
+    kv_stats = kv_run->cache->Stats();
+    for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()})
+      if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }
   const std::vector<float>& last = session.last_logits();
   const std::uint64_t digest = XXH3_64bits(last.data(), last.size() * sizeof(float));
@@ -115,6 +153,13 @@ int RunModel(const RunArgs& a) {
     j["logits_xxh3_64"] = fmt::format("{:016x}", digest);
     j["logits_head"] = head;
     j["threads"] = a.threads;
+    if (cached) {
+      const nlohmann::json kv_json = KvReportJson(*cached, kv_stats);
+      j.update(kv_json);
+    } else {
+      j["restored_tokens"] = 0;
+      j["computed_tokens"] = prompt->size();
+    }
     for (int p = 0; p < kNumPhases; ++p) {
       j["time_share"][std::string(PhaseName(static_cast<Phase>(p)))] = prof.Share(static_cast<Phase>(p));
     }
@@ -140,6 +185,7 @@ int RunModel(const RunArgs& a) {
     fmt::print("decode: no decode steps (--max-new {})\n", a.max_new);
   }
   fmt::print("final logits: xxh3-64 {:016x}, first values [{}]\n", digest, fmt::join(head, ", "));
+  if (cached) fmt::print("{}", KvReportText(*cached, kv_stats));
   std::vector<std::string> shares;
   for (int p = 0; p < kNumPhases; ++p)
     shares.push_back(fmt::format("{} {:.1f}%", PhaseName(static_cast<Phase>(p)), 100.0 * prof.Share(static_cast<Phase>(p))));
@@ -157,8 +203,10 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   AddIntOption(cmd, "--max-new", &args->max_new, 0, kMaxNewTokens, "Tokens to generate greedily (0: prefill only)");
   cmd->add_flag("--json", args->json, "Print one JSON object (adds routing statistics)");
   cmd->add_option("--dump-logits", args->dump_logits,
-                  "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors)");
+                  "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors); "
+                  "with --store, positions restored from the cache are recomputed for the file");
   AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads, "OpenBLAS threads");
+  AddKvFlags(cmd, &args->kv);
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

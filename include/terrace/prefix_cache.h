@@ -1,0 +1,142 @@
+// The hybrid prefix cache (docs/prefix-cache.md): MLA latent chunks and KDA state snapshots of a
+// K3-style model stored in Terrace stores and restored at joint boundaries.
+//
+// Two pools: KV chunk blocks go to `kv_store`, KDA snapshots to `state_store` (a separate Store
+// with its own capacities and files), so the much larger KV write stream can never take the space
+// snapshots need. The two may be the same Store (then they share its quota).
+//
+// The joint-boundary rule (docs/model.md): a restore fills a SequenceState only up to a boundary b
+// (a multiple of chunk_tokens) at which every KDA layer's snapshot and every MLA layer's latents for
+// [0, b) exist, decode and pass their checksums. No call hands out latents past that boundary: the
+// only way to read blocks is Restore, which yields a whole state at b. A missing, corrupt or
+// evicted block moves b back to the previous joint boundary (or 0), never forward, and each such
+// fallback is counted in PrefixCacheStats and reported in RestoreReport.
+//
+// Thread-safety: every method may be called concurrently from several threads (different
+// requests). Write-back runs on the cache's writer thread; the stores must outlive the cache.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/kv_layout.h"
+#include "terrace/log.h"
+#include "terrace/model.h"
+#include "terrace/status.h"
+#include "terrace/store.h"
+
+namespace terrace::kv {
+
+// One request's prompt, its tenant and the content ids of its full chunks (keys.h, ChunkIds).
+struct PrefixRequest {
+  std::vector<std::int32_t> tokens;
+  std::string tenant;
+  std::vector<ContentId> chunk_ids;  // one per full chunk of `tokens`
+  // Chunks a restore may cover: full chunks strictly before the last token, so the last prompt
+  // token is always computed (its logits start generation): (tokens.size() - 1) / chunk_tokens.
+  std::int64_t restorable_chunks = 0;
+};
+
+struct PrefixLookup {
+  std::int64_t boundary_tokens = 0;  // the largest joint boundary whose blocks all exist (not read)
+  std::int64_t kv_chunks_present = 0;  // leading restorable chunks whose KV block exists
+  std::int64_t restorable_chunks = 0;
+};
+
+struct RestoreReport {
+  std::int64_t boundary_tokens = 0;        // the joint boundary the state was restored to
+  std::int64_t lookup_boundary_tokens = 0; // what the lookup promised before reading
+  int fallbacks = 0;                       // times the boundary moved back while reading
+  std::vector<std::string> fallback_reasons;  // one line per fallback (block, what was wrong)
+  std::array<std::uint64_t, kNumTiers> bytes_read{};  // by the tier each block was read from
+  std::uint64_t kv_bytes = 0, state_bytes = 0;         // bytes of the blocks restored
+  double seconds = 0;                       // lookup + reads + decode + import
+};
+
+struct PrefixCacheStats {
+  std::uint64_t lookups = 0;
+  std::uint64_t restores = 0;          // Restore calls that restored b > 0
+  std::uint64_t restored_tokens = 0;
+  std::uint64_t fallbacks = 0;         // all fallbacks, = missing + corrupt
+  std::uint64_t fallbacks_missing = 0; // a block looked up as present was gone (evicted) at read
+  std::uint64_t fallbacks_corrupt = 0; // a block failed its checksum, header check or decode
+  std::uint64_t chunk_writes = 0, state_writes = 0;  // blocks written (or already present)
+  std::uint64_t write_failures = 0;    // write-back Puts or encodes that failed (logged)
+  std::uint64_t bytes_written = 0;
+  std::array<std::uint64_t, kNumTiers> bytes_read{};
+};
+
+class PrefixCache {
+ public:
+  // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store.
+  static Result<std::unique_ptr<PrefixCache>> Create(const KvLayout& layout, const ContentId& model_id,
+                                                     Store* kv_store, Store* state_store,
+                                                     std::shared_ptr<Logger> logger = nullptr);
+  ~PrefixCache();  // waits for the pending write-back
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  const KvLayout& layout() const;
+  std::uint32_t kv_namespace() const;
+  std::uint32_t state_namespace() const;
+
+  PrefixRequest Prepare(std::span<const std::int32_t> tokens, std::string_view tenant) const;
+  // Without moving data: one batched Store::Lookup per pool (two in all, not one per chunk).
+  PrefixLookup Lookup(const PrefixRequest& request) const;
+  PrefixLookup Lookup(std::span<const std::int32_t> tokens, std::string_view tenant) const {
+    return Lookup(Prepare(tokens, tenant));
+  }
+  // Fills `state` (shaped for the model by SequenceState::ForConfig; its contents are replaced) to
+  // the largest joint boundary whose blocks read back good, reading the KV chunks with one GetBatch
+  // and each candidate boundary's snapshots with one GetBatch. Boundary 0 (a Reset state) when
+  // nothing is usable. Errors only for a state of the wrong shape (InvalidArgument).
+  Result<RestoreReport> Restore(const PrefixRequest& request, model::SequenceState* state);
+
+  // Write-back of the state right after chunk `chunks - 1` of `request` was computed
+  // (state.num_tokens() == chunks * chunk_tokens): that chunk's MLA latents, and every KDA layer's
+  // snapshot when `snapshot`. Copies what it needs and returns at once; encoding and the Puts run on
+  // the writer thread. A failure is counted (write_failures) and logged, and leaves no block behind
+  // that a lookup could hit. InvalidArgument when the state does not match `chunks`.
+  Status WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
+                   bool snapshot);
+  // Waits until every WriteBack so far has been written or has failed.
+  void Flush();
+
+  PrefixCacheStats Stats() const;
+
+  struct Impl;
+
+ private:
+  explicit PrefixCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The result of a prefill through the cache.
+struct CachedPrefill {
+  model::Tensor logits;            // [computed_tokens, vocab]: positions [restored_tokens, n)
+  std::int64_t restored_tokens = 0;
+  std::int64_t computed_tokens = 0;
+  RestoreReport restore;
+  double compute_seconds = 0;      // the forward passes over [restored_tokens, n)
+};
+
+// Restores the longest joint boundary b of `prompt` into session->state() (which must hold no
+// tokens), computes [b, n) and writes the new chunks and the due snapshots back asynchronously.
+// The prompt is always computed in pieces that end at chunk boundaries ([b, b+C), [b+C, b+2C), ...,
+// [last boundary, n)), the same pieces whatever was restored, so a restored run's logits are
+// bitwise those of a cold run through this function with the same chunk size.
+struct PrefillOptions {
+  bool restore = true;     // false: compute from token 0 (a cold run with the same segmentation)
+  bool write_back = true;  // false: write nothing
+};
+Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cache, const PrefixRequest& request,
+                                       const PrefillOptions& options = {});
+
+}  // namespace terrace::kv

@@ -1,0 +1,139 @@
+#include "src/cli/model_run_kv.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/owned_dirs.h"
+#include "terrace/codec.h"
+#include "terrace/keys.h"
+
+namespace terrace::cli {
+
+void AddKvFlags(CLI::App* cmd, KvRunArgs* a) {
+  cmd->add_option("--store", a->store,
+                  "Prefix cache directory: restore the prompt's longest cached prefix from it and store what was "
+                  "computed (KV pool in DIR/kv, KDA state pool in DIR/state)");
+  cmd->add_option("--tenant", a->tenant, "Tenant of this request (blocks of other tenants are never used); default: none");
+  cmd->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latent blocks (f32, bf16, f16, fp8, fp8-block, int8, "
+                                              "int4-g32, int4-g64, optionally +zstd or +lz4)")
+      ->default_str("bf16");
+  cmd->add_option("--state-codec", a->state_codec, "Codec of the KDA state snapshots (same names)")->default_str("f32");
+  AddIntOption(cmd, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per cached chunk");
+  AddIntOption(cmd, "--snapshot-every", &a->snapshot_every, 0, 1 << 20,
+               "KDA snapshot every N chunks (0: only at the request's last full chunk)");
+  AddSizeOption(cmd, "--store-nvme-size", &a->kv_nvme_bytes, "NVMe capacity of the KV pool when it is created (e.g. 1GiB)",
+                1 << 20);
+  AddSizeOption(cmd, "--state-nvme-size", &a->state_nvme_bytes,
+                "NVMe capacity of the KDA state pool when it is created", 1 << 20);
+  AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20);
+  AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20);
+  AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
+}
+
+namespace {
+
+Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::uint64_t nvme, std::uint64_t host,
+                                        std::uint64_t hbm, std::string_view nvme_flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError(fmt::format("--store: cannot create {}: {}", dir.string(), ec.message()));
+  StoreOptions o;
+  o.hbm.mode = hbm > 0 ? HbmMode::kAuto : HbmMode::kOff;
+  o.hbm.capacity_bytes = hbm;
+  o.host.capacity_bytes = host;
+  o.host.pin = false;
+  o.host.chunk_bytes = std::min<std::uint64_t>(host, 64ull << 20);
+  o.nvme.path = dir;
+  // An existing pool keeps its size (read from its superblock).
+  o.nvme.capacity_bytes = StoreDataExists(dir) ? 0 : nvme;
+  o.put_tier = TierId::kHost;
+  // Every block also goes to NVMe, so the next process finds it.
+  o.write_policy = WritePolicy::kWriteThrough;
+  auto s = Store::Open(o);
+  if (!s.ok())
+    return s.status().WithContext(fmt::format("--store: opening the pool in {} (its NVMe size is {} when created)",
+                                              dir.string(), nvme_flag));
+  return s;
+}
+
+}  // namespace
+
+Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
+  if (Status s = CheckStoreDirArg(a.store, "--store"); !s.ok()) return s;
+  auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
+  if (!kv_codec.ok()) return Status::InvalidArgument("--kv-codec: " + kv_codec.status().message());
+  auto state_codec = codec::CodecSpec::Parse(a.state_codec);
+  if (!state_codec.ok()) return Status::InvalidArgument("--state-codec: " + state_codec.status().message());
+  kv::KvLayoutOptions lo;
+  lo.chunk_tokens = a.chunk_tokens;
+  lo.snapshot_every = a.snapshot_every;
+  lo.kv_codec = *kv_codec;
+  lo.state_codec = *state_codec;
+  auto layout = kv::KvLayout::FromConfig(config, lo);
+  if (!layout.ok()) return Status::InvalidArgument(layout.status().message());
+  KvRun run;
+  const std::filesystem::path dir(a.store);
+  {
+    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, "--store-nvme-size");
+    if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
+    run.kv_store = std::move(s).value();
+  }
+  {
+    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, "--state-nvme-size");
+    if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
+    run.state_store = std::move(s).value();
+  }
+  auto cache = kv::PrefixCache::Create(*layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get());
+  if (!cache.ok()) return Status::Internal(cache.status().message());
+  run.cache = std::move(cache).value();
+  return run;
+}
+
+namespace {
+constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
+}
+
+nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
+  nlohmann::json j;
+  j["restored_tokens"] = p.restored_tokens;
+  j["computed_tokens"] = p.computed_tokens;
+  j["joint_boundary"] = p.restore.boundary_tokens;
+  j["lookup_boundary"] = p.restore.lookup_boundary_tokens;
+  j["fallbacks"] = p.restore.fallbacks;
+  j["fallback_reasons"] = p.restore.fallback_reasons;
+  for (int t = 0; t < kNumTiers; ++t) j["bytes_read"][kTierNames[t]] = p.restore.bytes_read[static_cast<std::size_t>(t)];
+  j["kv_bytes_restored"] = p.restore.kv_bytes;
+  j["state_bytes_restored"] = p.restore.state_bytes;
+  j["restore_s"] = p.restore.seconds;
+  j["compute_s"] = p.compute_seconds;
+  // Estimate: the restored tokens at this run's own compute rate, minus the restore.
+  const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
+  j["saved_s_estimate"] = per_token * static_cast<double>(p.restored_tokens) - p.restore.seconds;
+  j["chunk_blocks_written"] = st.chunk_writes;
+  j["state_blocks_written"] = st.state_writes;
+  j["write_failures"] = st.write_failures;
+  j["bytes_written"] = st.bytes_written;
+  return j;
+}
+
+std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
+  const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
+  std::string out = fmt::format(
+      "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s; "
+      "saved ~{:.4f} s\n",
+      p.restored_tokens, p.restore.boundary_tokens, p.computed_tokens, FormatBytes(static_cast<double>(p.restore.bytes_read[0])),
+      FormatBytes(static_cast<double>(p.restore.bytes_read[1])), FormatBytes(static_cast<double>(p.restore.bytes_read[2])),
+      p.restore.seconds, per_token * static_cast<double>(p.restored_tokens) - p.restore.seconds);
+  if (p.restore.fallbacks > 0) {
+    out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", p.restore.fallbacks,
+                       p.restore.lookup_boundary_tokens, p.restore.boundary_tokens);
+    for (const auto& r : p.restore.fallback_reasons) out += "  " + r + "\n";
+  }
+  out += fmt::format("prefix cache: wrote {} chunk and {} state blocks ({}), {} write failure(s)\n", st.chunk_writes,
+                     st.state_writes, FormatBytes(static_cast<double>(st.bytes_written)), st.write_failures);
+  return out;
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,50 @@
+// The prefix-cache part of `terrace model run` (--store DIR and its flags; docs/prefix-cache.md,
+// "terrace model run --store"). Opens the two store pools under DIR, restores what they hold for
+// the prompt, computes the rest and writes back what it computed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "terrace/model.h"
+#include "terrace/prefix_cache.h"
+#include "terrace/store.h"
+
+namespace terrace::cli {
+
+struct KvRunArgs {
+  std::string store;  // empty: no prefix cache
+  std::string tenant;
+  std::string kv_codec = "bf16";
+  std::string state_codec = "f32";
+  int chunk_tokens = 256;
+  int snapshot_every = 1;
+  std::uint64_t kv_nvme_bytes = 1ull << 30;
+  std::uint64_t state_nvme_bytes = 256ull << 20;
+  std::uint64_t host_bytes = 256ull << 20;
+  std::uint64_t state_host_bytes = 64ull << 20;
+  std::uint64_t hbm_bytes = 256ull << 20;
+};
+
+void AddKvFlags(CLI::App* cmd, KvRunArgs* args);
+
+// The opened cache and its pools.
+struct KvRun {
+  std::unique_ptr<Store> kv_store, state_store;
+  std::unique_ptr<kv::PrefixCache> cache;
+};
+
+// Checks the flags (usage errors name the flag: InvalidArgument) and opens the pools; other
+// errors are runtime failures.
+Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config, const model::WeightSource& weights);
+
+// The JSON object / text lines the run reports about the cache (after the write-back finished).
+nlohmann::json KvReportJson(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
+std::string KvReportText(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
+
+}  // namespace terrace::cli

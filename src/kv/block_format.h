@@ -1,0 +1,58 @@
+// Internal: the byte formats of the prefix cache's blocks (docs/prefix-cache.md, "Block formats").
+// All integers little-endian. Thread-safety: pure functions.
+//
+// KV chunk block (all MLA layers of one chunk):
+//   [0, 64)    magic "TKVCHNK1", version u32, layers u32, chunk_tokens u32, width u32,
+//              chunk id hi u64, lo u64, header_bytes u64, 16 reserved zero bytes
+//   [64 + 48 i) per MLA layer i: model layer u32, codec kind u8, scales u8, lossless u8, 0 u8,
+//              group u32, 0 u32, offset u64, size u64, XXH3-64 of the sub-range u64, 0 u64
+//   zero padding to header_bytes (a multiple of 4 KiB), then each layer's kv_codec encoding of
+//   its latents [chunk_tokens, width] at its offset (each offset a multiple of 4 KiB).
+// KDA snapshot block (one KDA layer at a boundary):
+//   [0, 128)   magic "TKDASNP1", version u32, model layer u32, boundary tokens u64,
+//              boundary id hi u64, lo u64, heads u32, head_dim u32, kernel u32,
+//              codec kind u8, scales u8, lossless u8, 0 u8, group u32, 0 u32,
+//              recurrent offset u64, size u64, XXH3-64 u64, conv offset u64, size u64, XXH3-64 u64,
+//              16 reserved zero bytes
+//   then state_codec's encoding of the recurrent state [H*d_k, d_v] and of the conv state
+//   [kernel-1, 3*H*d_k].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "terrace/block.h"
+#include "terrace/kv_layout.h"
+#include "terrace/status.h"
+
+namespace terrace::kv::format {
+
+inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::size_t kChunkFixedHeader = 64, kChunkLayerEntry = 48, kStateHeader = 128;
+
+// One MLA layer's sub-range inside a KV chunk block, as its header states it (checked).
+struct LayerRange {
+  int model_layer = 0;
+  std::uint64_t offset = 0, size = 0, checksum = 0;
+};
+
+// `latents[i]`: rows [chunk_tokens, width] of layout.mla_layers()[i].
+Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::span<const std::vector<float>> latents,
+                     std::vector<std::byte>* out);
+// Checks the header against the layout and chunk id; returns every layer's range (one per MLA
+// layer, in order). Corruption naming what is wrong.
+Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
+                                                   std::span<const std::byte> block);
+// Verifies one layer's sub-range checksum and decodes it into `out` (chunk_tokens * width floats).
+Status DecodeKvLayer(const KvLayout& layout, std::span<const std::byte> block, const LayerRange& range,
+                     std::span<float> out);
+
+Status EncodeState(const KvLayout& layout, int layer, std::int64_t boundary_tokens, const ContentId& boundary_id,
+                   std::span<const float> recurrent, std::span<const float> conv, std::vector<std::byte>* out);
+// Checks everything, decodes into recurrent (H*d_k*d_v floats) and conv ((kernel-1)*3*H*d_k).
+Status DecodeState(const KvLayout& layout, int layer, std::int64_t boundary_tokens, const ContentId& boundary_id,
+                   std::span<const std::byte> block, std::span<float> recurrent, std::span<float> conv);
+
+}  // namespace terrace::kv::format

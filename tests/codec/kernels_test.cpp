@@ -1,0 +1,154 @@
+// The element conversions against brute-force oracles, and every SIMD kernel table this CPU can
+// run against the scalar one, bit for bit (lengths with tails, ties, subnormals, edges).
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "src/codec/kernels.h"
+
+using namespace terrace::codec::detail;
+
+namespace {
+
+std::vector<const KernelTable*> SimdTables() {
+  std::vector<const KernelTable*> t;
+  if (Avx2Kernels()) t.push_back(Avx2Kernels());
+  if (AvxKernels()) t.push_back(AvxKernels());
+  if (t.empty()) WARN("no SIMD codec kernels can run on this CPU; only the scalar ones are tested");
+  return t;
+}
+
+// Inputs that exercise every rounding branch: random magnitudes over the whole fp32 range that the
+// codecs accept, exact fp8 / bf16 / f16 ties, subnormals, zeros of both signs, the clamp edge.
+std::vector<float> Tricky(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t r = rng();
+    switch (r % 6) {
+      case 0: x[i] = std::ldexp(static_cast<float>(r >> 40) / (1u << 24), static_cast<int>((r >> 8) % 40) - 30); break;
+      case 1: {  // an fp8 tie: an odd multiple of half an fp8 ulp
+        const int e = static_cast<int>((r >> 8) % 15) - 9;
+        x[i] = std::ldexp(static_cast<float>(2 * ((r >> 16) % 16) + 17), e - 4);
+        break;
+      }
+      case 2: x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32) & 0x807F8000u | 0x3F008000u); break;
+      case 3: x[i] = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 32) & 0x807FFFFFu); break;  // subnormal
+      case 4: x[i] = static_cast<float>(static_cast<std::int64_t>(r >> 50) - 8192) / 16.0f; break;  // halves
+      default: x[i] = (r >> 9) % 2 ? 448.0f + static_cast<float>((r >> 20) % 64) : -0.0f; break;
+    }
+    if (r % 7 == 0) x[i] = -x[i];
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("Fp8FromF32 is the nearest E4M3fn value, ties to even, clamped to 448", "[codec][kernels]") {
+  // Brute force over the 253 finite non-negative codes.
+  const float* values = Fp8Values();
+  auto oracle = [&](float y) -> std::uint8_t {
+    const double a = std::min(std::fabs(static_cast<double>(y)), 448.0);
+    int best = 0;
+    for (int c = 1; c <= 0x7E; ++c) {
+      const double d = std::fabs(values[c] - a), db = std::fabs(values[best] - a);
+      if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return static_cast<std::uint8_t>(best | (std::signbit(y) ? 0x80 : 0));
+  };
+  const auto x = Tricky(20000, 1);
+  for (float y : x) {
+    INFO("y=" << y);
+    REQUIRE(Fp8FromF32(y) == oracle(y));
+  }
+  CHECK(Fp8FromF32(1e30f) == 0x7E);
+  CHECK(Fp8FromF32(-464.0f) == 0xFE);
+  CHECK(std::isnan(F32FromFp8(0x7F)));
+  CHECK(F32FromFp8(0x01) == std::ldexp(1.0f, -9));
+  CHECK(F32FromFp8(0x08) == std::ldexp(1.0f, -6));
+}
+
+TEST_CASE("f16 conversions: every f16 round trips; f32 to f16 is nearest-even", "[codec][kernels]") {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = F32FromF16(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(F16FromF32(f) == h);
+  }
+  // Midpoints between consecutive finite f16 values round to the even one; just above/below go to
+  // the nearer one.
+  for (std::uint32_t h = 0; h < 0x7BFF; ++h) {
+    const double lo = F32FromF16(static_cast<std::uint16_t>(h)), hi = F32FromF16(static_cast<std::uint16_t>(h + 1));
+    const float mid = static_cast<float>((lo + hi) / 2);
+    REQUIRE(F16FromF32(mid) == ((h & 1) ? h + 1 : h));
+    REQUIRE(F16FromF32(std::nextafter(mid, 0.0f)) == h);
+    REQUIRE(F16FromF32(std::nextafter(mid, 1e9f)) == h + 1);
+  }
+}
+
+TEST_CASE("SIMD kernels match the scalar kernels bit for bit", "[codec][kernels]") {
+  const KernelTable& ref = ScalarKernels();
+  for (const KernelTable* k : SimdTables()) {
+    INFO("kernels " << k->name);
+    for (std::size_t n : {0u, 1u, 7u, 8u, 31u, 32u, 33u, 100u, 4099u}) {
+      INFO("n=" << n);
+      const auto x = Tricky(n, n + 3);
+      std::vector<float> inv(n), scale(n);
+      std::mt19937 rng(static_cast<unsigned>(n));
+      for (std::size_t i = 0; i < n; ++i) {
+        inv[i] = i % 5 == 0 ? 0.0f : std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, static_cast<int>(rng() % 20) - 10);
+        scale[i] = inv[i] == 0 ? 0.0f : 1.0f / inv[i];
+      }
+      CHECK(k->max_abs_bits(x.data(), n) == ref.max_abs_bits(x.data(), n));
+      for (std::size_t rows : {1u, 3u}) {
+        const std::size_t cols = n / rows;
+        std::vector<std::uint32_t> a(cols, 5), b(cols, 5);
+        k->col_max_abs_bits(x.data(), rows, cols, a.data());
+        ref.col_max_abs_bits(x.data(), rows, cols, b.data());
+        CHECK(a == b);
+      }
+      std::vector<unsigned char> e1(2 * n + 1), e2(2 * n + 1);
+      std::vector<float> d1(n), d2(n);
+      CHECK(k->bf16_encode(x.data(), n, e1.data() + 1) == ref.bf16_encode(x.data(), n, e2.data() + 1));
+      CHECK(e1 == e2);
+      k->bf16_decode(e1.data() + 1, n, d1.data());
+      ref.bf16_decode(e1.data() + 1, n, d2.data());
+      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      CHECK(k->f16_encode(x.data(), n, e1.data() + 1) == ref.f16_encode(x.data(), n, e2.data() + 1));
+      CHECK(e1 == e2);
+      k->f16_decode(e1.data() + 1, n, d1.data());
+      ref.f16_decode(e1.data() + 1, n, d2.data());
+      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      for (std::size_t stride : {0u, 1u}) {
+        std::vector<float> unit(n, 1.0f);
+        const float* iv = stride ? inv.data() : unit.data();
+        k->fp8_encode(x.data(), iv, stride, n, e1.data() + 1);
+        ref.fp8_encode(x.data(), iv, stride, n, e2.data() + 1);
+        CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+        const float* sc = stride ? scale.data() : unit.data();
+        CHECK(k->fp8_decode(e1.data() + 1, sc, stride, n, d1.data()) == ref.fp8_decode(e1.data() + 1, sc, stride, n, d2.data()));
+        CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      }
+      // Every byte value through the decoders (NaN codes included).
+      std::vector<unsigned char> all(n);
+      for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<unsigned char>(i * 37 + n);
+      CHECK(k->fp8_decode(all.data(), scale.data(), 1, n, d1.data()) == ref.fp8_decode(all.data(), scale.data(), 1, n, d2.data()));
+      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      std::vector<float> xs(n);
+      for (std::size_t i = 0; i < n; ++i) xs[i] = std::ldexp(x[i], -20);  // keep x * inv inside int8 range mostly
+      k->int8_encode(x.data(), inv.data(), n, e1.data() + 1);
+      ref.int8_encode(x.data(), inv.data(), n, e2.data() + 1);
+      CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+      k->int8_encode(xs.data(), inv.data(), n, e1.data() + 1);
+      ref.int8_encode(xs.data(), inv.data(), n, e2.data() + 1);
+      CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+      k->int8_decode(all.data(), scale.data(), n, d1.data());
+      ref.int8_decode(all.data(), scale.data(), n, d2.data());
+      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+    }
+  }
+}

@@ -1,0 +1,125 @@
+// Shared fixtures of the prefix-cache tests: k3-toy models with random weights, host-only and NVMe
+// stores, cold and cached prefills.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "src/model/weights_init.h"
+#include "terrace/keys.h"
+#include "terrace/prefix_cache.h"
+#include "terrace/store.h"
+#include "test_util.h"
+
+namespace terrace::kv::testing {
+
+struct ToyModel {
+  model::Checkpoint ckpt;
+  std::unique_ptr<model::Model> model;
+  ContentId id;
+};
+
+// One k3-toy checkpoint per seed, shared by every test case of the binary.
+inline const ToyModel& Toy(std::uint64_t seed = 7) {
+  static terrace::testing::TempDir dir("kvtoy");
+  static std::map<std::uint64_t, std::unique_ptr<ToyModel>> models;
+  auto& slot = models[seed];
+  if (!slot) {
+    auto config = model::Preset("k3-toy");
+    REQUIRE(config.ok());
+    const auto path = dir.path() / std::to_string(seed);
+    model::InitOptions opt;
+    opt.seed = seed;
+    REQUIRE(model::InitWeights(*config, path, opt).ok());
+    auto ckpt = model::OpenCheckpoint(path);
+    REQUIRE(ckpt.ok());
+    slot = std::make_unique<ToyModel>();
+    slot->ckpt = std::move(ckpt).value();
+    auto m = model::Model::Load(slot->ckpt.config, *slot->ckpt.weights);
+    REQUIRE(m.ok());
+    slot->model = std::move(m).value();
+    slot->id = keys::ModelId(slot->ckpt.config, *slot->ckpt.weights);
+  }
+  return *slot;
+}
+
+inline std::unique_ptr<Store> HostStore(std::uint64_t capacity = 256 * kMiB) {
+  StoreOptions o;
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = capacity;
+  o.host.pin = false;
+  o.host.chunk_bytes = 4 * kMiB;
+  auto s = Store::Open(o);
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+// An NVMe-only store on a file in `dir` (blocks are written straight to the data file).
+inline std::unique_ptr<Store> NvmeStore(const std::filesystem::path& dir, std::uint64_t capacity = 64 * kMiB) {
+  StoreOptions o;
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 4 * kMiB;
+  o.host.pin = false;
+  o.host.chunk_bytes = 4 * kMiB;
+  o.nvme.path = dir;
+  o.nvme.capacity_bytes = capacity;
+  o.put_tier = TierId::kNvme;
+  o.promote_on_get = false;
+  auto s = Store::Open(o);
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+inline std::vector<std::int32_t> Tokens(int n, int salt = 0) {
+  std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = (i * 37 + salt * 11 + 5) % 512;
+  return p;
+}
+
+inline KvLayout Layout(int chunk, int every, const char* kv_codec = "f32", const char* state_codec = "f32") {
+  KvLayoutOptions o;
+  o.chunk_tokens = chunk;
+  o.snapshot_every = every;
+  o.kv_codec = *codec::CodecSpec::Parse(kv_codec);
+  o.state_codec = *codec::CodecSpec::Parse(state_codec);
+  auto l = KvLayout::FromConfig(Toy().ckpt.config, o);
+  REQUIRE(l.ok());
+  return *l;
+}
+
+struct Run {
+  CachedPrefill prefill;
+  std::vector<std::vector<float>> decode_logits;  // after the prompt, greedy
+};
+
+// Prefill through `cache` (restore / write-back per `o`), then `decode` greedy steps.
+inline Run Prefill(const model::Model& m, PrefixCache& cache, const std::vector<std::int32_t>& tokens,
+                   const std::string& tenant, PrefillOptions o = {}, int decode = 0) {
+  model::Session s(m);
+  auto req = cache.Prepare(tokens, tenant);
+  auto r = PrefillWithCache(&s, cache, req, o);
+  REQUIRE(r.ok());
+  Run out;
+  out.prefill = std::move(r).value();
+  for (int i = 0; i < decode; ++i) {
+    auto l = s.Decode(model::Argmax(s.last_logits()));
+    REQUIRE(l.ok());
+    out.decode_logits.push_back(*l);
+  }
+  return out;
+}
+
+// Rows [from, n) of a cold run's logits.
+inline std::vector<float> Rows(const model::Tensor& t, std::int64_t from) {
+  return std::vector<float>(t.data.begin() + from * t.dim(1), t.data.end());
+}
+
+inline bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+}  // namespace terrace::kv::testing

@@ -1,0 +1,300 @@
+// The prefix cache on k3-toy random weights: restore-then-suffix == full recompute (bitwise with
+// f32 passthrough) across prefix lengths, chunk sizes and snapshot intervals; decode after a
+// restore == decode after a recompute; missing / corrupt / evicted blocks fall back to the
+// previous joint boundary with exact output; tenants, models, layouts and codecs never share blocks.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "kv_test_util.h"
+
+namespace terrace::kv {
+namespace {
+
+using namespace testing;
+
+// The boundary (tokens) a restore of prompt 2 must reach after prompt 1 (n1 tokens) was computed
+// cold with write-back, when the prompts agree on their first `shared` tokens.
+std::int64_t ExpectedBoundary(int n1, int shared, int n2, int C, int every) {
+  const int written = n1 / C;
+  std::int64_t best = 0;
+  for (int k = 1; k <= written; ++k) {
+    const bool snap = every == 0 ? k == written : (k % every == 0 || k == written);
+    if (snap && k <= (n2 - 1) / C && k <= shared / C) best = k;
+  }
+  return best * C;
+}
+
+std::vector<std::int32_t> Diverge(const std::vector<std::int32_t>& p1, int shared, int n2) {
+  std::vector<std::int32_t> p2(static_cast<std::size_t>(n2));
+  for (int i = 0; i < n2; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const std::int32_t base = i < static_cast<int>(p1.size()) ? p1[u] : (i * 13 + 1) % 512;
+    p2[u] = i < shared ? base : (base + 1 + i) % 512;
+  }
+  return p2;
+}
+
+TEST_CASE("the chunked cold prefill equals one plain prefill (the segmentation is harmless)") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(70);
+  const Run cold = Prefill(*m.model, **cache, p, "", {.restore = false, .write_back = false});
+  model::Session plain(*m.model);
+  auto l = plain.Prefill(p);
+  REQUIRE(l.ok());
+  REQUIRE(cold.prefill.logits.shape == l->shape);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < l->data.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(cold.prefill.logits.data[i] - l->data[i])));
+    den = std::max(den, static_cast<double>(std::abs(l->data[i])));
+  }
+  CHECK(num / den < 1e-5);
+  CHECK(cold.prefill.restored_tokens == 0);
+  CHECK(cold.prefill.computed_tokens == 70);
+}
+
+TEST_CASE("restore then compute the suffix == full recompute, bitwise (f32), for every prefix, chunk size and interval") {
+  const auto& m = Toy();
+  for (int C : {16, 32}) {
+    for (int every : {1, 2, 3, 0}) {
+      const int n1 = 5 * C + 3;
+      const auto p1 = Tokens(n1);
+      for (int shared : {0, 1, C - 1, C, C + 1, 2 * C, 3 * C + 5, n1}) {
+        for (int n2 : {shared + 1, shared + C + 7}) {
+          CAPTURE(C, every, shared, n2);
+          auto store = HostStore();
+          auto cache = PrefixCache::Create(Layout(C, every), m.id, store.get(), store.get());
+          REQUIRE(cache.ok());
+          const Run first = Prefill(*m.model, **cache, p1, "");
+          CHECK(first.prefill.restored_tokens == 0);
+          (*cache)->Flush();
+          CHECK((*cache)->Stats().write_failures == 0);
+          const auto p2 = Diverge(p1, shared, n2);
+          const std::int64_t want = ExpectedBoundary(n1, shared, n2, C, every);
+          CHECK((*cache)->Lookup(p2, "").boundary_tokens == want);
+          const Run warm = Prefill(*m.model, **cache, p2, "", {}, 3);
+          const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 3);
+          CHECK(warm.prefill.restored_tokens == want);
+          CHECK(warm.prefill.computed_tokens == n2 - want);
+          CHECK(warm.prefill.restore.fallbacks == 0);
+          CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, want)));
+          REQUIRE(warm.decode_logits.size() == 3);
+          for (int i = 0; i < 3; ++i) CHECK(Bitwise(warm.decode_logits[static_cast<std::size_t>(i)], cold.decode_logits[static_cast<std::size_t>(i)]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the same prompt again restores all but its last token's chunk; nothing is restored twice into a used state") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  for (int n : {16, 17, 48, 49}) {
+    CAPTURE(n);
+    const auto p = Tokens(n, n);
+    Prefill(*m.model, **cache, p, "");
+    (*cache)->Flush();
+    const Run again = Prefill(*m.model, **cache, p, "", {}, 2);
+    CHECK(again.prefill.restored_tokens == (n - 1) / 16 * 16);
+    CHECK(again.prefill.computed_tokens >= 1);
+    const Run cold = Prefill(*m.model, **cache, p, "", {.restore = false, .write_back = false}, 2);
+    CHECK(Bitwise(again.prefill.logits.data, Rows(cold.prefill.logits, again.prefill.restored_tokens)));
+    CHECK(Bitwise(again.decode_logits.back(), cold.decode_logits.back()));
+  }
+  model::Session used(*m.model);
+  REQUIRE(used.Prefill(Tokens(3)).ok());
+  auto req = (*cache)->Prepare(Tokens(40), "");
+  CHECK(!PrefillWithCache(&used, **cache, req).ok());
+}
+
+// Writes prompt p (5 chunks of 16, snapshots every chunk) into the cache, then returns the
+// restore of a prompt extending it.
+struct Fixture {
+  const ToyModel& m = Toy();
+  std::vector<std::int32_t> p = Tokens(5 * 16 + 3);
+  std::vector<std::int32_t> p2 = Diverge(p, 5 * 16 + 3, 5 * 16 + 10);
+};
+
+TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapshot, counted, output exact") {
+  Fixture f;
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 2), f.m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "");
+  (*cache)->Flush();
+  // Snapshots at chunks 2, 4 and 5 (the request's last full chunk).
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+  auto req = (*cache)->Prepare(f.p2, "");
+  const int kda_layer = (*cache)->layout().kda_layers()[2];
+  REQUIRE(store->Erase(keys::StateKey((*cache)->state_namespace(), kda_layer, req.chunk_ids[4])).ok());
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 64);
+  const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(warm.prefill.restored_tokens == 64);
+  CHECK(warm.prefill.restore.fallbacks == 1);
+  REQUIRE(warm.prefill.restore.fallback_reasons.size() == 1);
+  CHECK(warm.prefill.restore.fallback_reasons[0].find(fmt::format("layer {} at token 80", kda_layer)) != std::string::npos);
+  CHECK((*cache)->Stats().fallbacks_missing == 1);
+  const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
+  CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 64)));
+  CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+  // A missing KV chunk: no boundary at or after it.
+  REQUIRE(store->Erase(keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[2])).ok());
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 32);
+  const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false});
+  CHECK(warm2.prefill.restored_tokens == 32);
+  CHECK(Bitwise(warm2.prefill.logits.data, Rows(cold.prefill.logits, 32)));
+}
+
+// Flips one byte in the data file at the first occurrence of a block whose header starts with
+// `magic` and carries `needle` (8 bytes) at `needle_at`, `flip_at` bytes into the block.
+bool FlipInFile(const std::filesystem::path& file, std::string_view magic, std::uint64_t needle, std::size_t needle_at,
+                std::size_t flip_at) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<char> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (std::size_t pos = 0; pos + 4096 <= all.size(); pos += 512) {
+    if (std::memcmp(all.data() + pos, magic.data(), 8) != 0) continue;
+    std::uint64_t v = 0;
+    std::memcpy(&v, all.data() + pos + needle_at, 8);
+    if (v != needle) continue;
+    const int fd = ::open(file.c_str(), O_WRONLY);
+    if (fd < 0) return false;
+    char c = static_cast<char>(all[pos + flip_at] ^ 0x5a);
+    const bool ok = ::pwrite(fd, &c, 1, static_cast<off_t>(pos + flip_at)) == 1 && ::fsync(fd) == 0;
+    ::close(fd);
+    return ok;
+  }
+  return false;
+}
+
+TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the previous joint boundary, exact") {
+  Fixture f;
+  terrace::testing::TempDir dir("kvnvme");
+  auto kv_store = NvmeStore(dir.path() / "kv");
+  auto st_store = NvmeStore(dir.path() / "state");
+  auto cache = PrefixCache::Create(Layout(16, 1), f.m.id, kv_store.get(), st_store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "");
+  (*cache)->Flush();
+  REQUIRE(kv_store->Flush().ok());
+  REQUIRE(st_store->Flush().ok());
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+  const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
+
+  // The snapshot at token 80 (state header: boundary tokens at byte 16), one byte inside its payload.
+  REQUIRE(FlipInFile(dir.path() / "state" / "terrace.data", "TKDASNP1", 80, 16, 1000));
+  const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(warm.prefill.restored_tokens == 64);
+  CHECK(warm.prefill.restore.fallbacks == 1);
+  // The store drops the corrupt copy; whether its GetBatch then says Corruption or NotFound, the
+  // cache counts one fallback.
+  CHECK(st_store->Stats().corruptions_dropped == 1);
+  CHECK((*cache)->Stats().fallbacks == 1);
+  CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 64)));
+  CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+
+  // KV chunk 1 (chunk id hi at byte 24 of its header), a byte inside its first layer's sub-range.
+  auto req = (*cache)->Prepare(f.p2, "");
+  REQUIRE(FlipInFile(dir.path() / "kv" / "terrace.data", "TKVCHNK1", req.chunk_ids[1].hi, 24, 4096 + 100));
+  const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(warm2.prefill.restored_tokens == 16);
+  CHECK(warm2.prefill.restore.fallbacks >= 1);
+  CHECK(Bitwise(warm2.prefill.logits.data, Rows(cold.prefill.logits, 16)));
+  CHECK(Bitwise(warm2.decode_logits.back(), cold.decode_logits.back()));
+}
+
+TEST_CASE("a state pool under pressure keeps its oldest snapshots; failed writes are counted and never hit") {
+  Fixture f;
+  auto kv_store = HostStore();
+  const KvLayout layout = Layout(16, 1);
+  // Room for two boundaries' snapshots (and part of a third) only.
+  const std::uint64_t per_boundary = layout.state_block_bytes() * layout.kda_layers().size();
+  auto st_store = HostStore(per_boundary * 5 / 2);
+  auto cache = PrefixCache::Create(layout, f.m.id, kv_store.get(), st_store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "");
+  (*cache)->Flush();
+  const auto stats = (*cache)->Stats();
+  CHECK(stats.write_failures > 0);
+  CHECK(stats.chunk_writes == 5);  // the KV stream, in its own pool, is unaffected
+  const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(warm.prefill.restored_tokens == 32);
+  const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
+  CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 32)));
+  CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+}
+
+TEST_CASE("tenants are isolated; a model, layout or codec change never hits old blocks") {
+  Fixture f;
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), f.m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "alice");
+  (*cache)->Flush();
+  CHECK((*cache)->Lookup(f.p2, "alice").boundary_tokens == 80);
+  CHECK((*cache)->Lookup(f.p2, "bob").boundary_tokens == 0);
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 0);
+  const Run bob = Prefill(*f.m.model, **cache, f.p2, "bob", {.restore = true, .write_back = false});
+  CHECK(bob.prefill.restored_tokens == 0);
+
+  const auto& other = Toy(8);
+  REQUIRE(other.id != f.m.id);
+  auto c_model = PrefixCache::Create(Layout(16, 1), other.id, store.get(), store.get());
+  auto c_chunk = PrefixCache::Create(Layout(32, 1), f.m.id, store.get(), store.get());
+  auto c_kv = PrefixCache::Create(Layout(16, 1, "bf16"), f.m.id, store.get(), store.get());
+  auto c_state = PrefixCache::Create(Layout(16, 1, "f32", "bf16"), f.m.id, store.get(), store.get());
+  for (auto* c : {&c_model, &c_chunk, &c_kv, &c_state}) {
+    REQUIRE(c->ok());
+    CHECK((**c)->Lookup(f.p2, "alice").boundary_tokens == 0);
+    CHECK((**c)->Lookup(f.p2, "alice").kv_chunks_present == 0);
+  }
+  CHECK((*c_kv)->kv_namespace() != (*cache)->kv_namespace());
+  CHECK((*c_state)->state_namespace() != (*cache)->state_namespace());
+}
+
+TEST_CASE("bf16 KV and state codecs restore within a documented tolerance") {
+  Fixture f;
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1, "bf16", "bf16"), f.m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "");
+  (*cache)->Flush();
+  const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false});
+  const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false});
+  REQUIRE(warm.prefill.restored_tokens == 80);
+  const auto ref = Rows(cold.prefill.logits, 80);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(warm.prefill.logits.data[i] - ref[i])));
+    den = std::max(den, static_cast<double>(std::abs(ref[i])));
+  }
+  INFO("bf16 restore rel err " << num / den);
+  CHECK(num / den < 2e-2);
+  CHECK(num > 0);  // lossy: not bitwise
+}
+
+TEST_CASE("a lookup moves no data") {
+  Fixture f;
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), f.m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  Prefill(*f.m.model, **cache, f.p, "");
+  (*cache)->Flush();
+  const auto before = store->Stats();
+  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+  const auto after = store->Stats();
+  for (int t = 0; t < kNumTiers; ++t) CHECK(after.tiers[static_cast<std::size_t>(t)].hits == before.tiers[static_cast<std::size_t>(t)].hits);
+}
+
+}  // namespace
+}  // namespace terrace::kv

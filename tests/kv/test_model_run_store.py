@@ -1,0 +1,102 @@
+"""`terrace model run --store`: a second process restores what the first stored, with the same output.
+
+Run by ctest with TERRACE_BIN pointing at the terrace binary.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+BIN = os.environ.get("TERRACE_BIN")
+if not BIN or not os.path.exists(BIN):
+    pytest.skip("TERRACE_BIN is not set to the terrace binary", allow_module_level=True)
+
+TOKENS = ",".join(str((i * 37 + 5) % 512) for i in range(150))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toy") / "m"
+    p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(d), "--seed", "3",
+                        "--routing-tokens", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+def run(toy, store, *flags, tokens=TOKENS, expect=0):
+    if "--kv-codec" not in flags:
+        flags = ("--kv-codec", "f32", *flags)
+    p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--store", str(store), "--tokens", tokens,
+                        "--max-new", "3", "--chunk-tokens", "32", *flags],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == expect, p.stderr
+    return p
+
+
+def run_json(toy, store, *flags, **kw):
+    return json.loads(run(toy, store, "--json", *flags, **kw).stdout)
+
+
+def test_second_process_restores_with_identical_output(toy, tmp_path):
+    store = tmp_path / "st"
+    a = run_json(toy, store, "--dump-logits", str(tmp_path / "a.safetensors"))
+    assert a["restored_tokens"] == 0 and a["computed_tokens"] == 150
+    assert a["chunk_blocks_written"] == 4 and a["write_failures"] == 0
+    b = run_json(toy, store, "--dump-logits", str(tmp_path / "b.safetensors"))
+    assert b["restored_tokens"] == 128 and b["joint_boundary"] == 128 and b["computed_tokens"] == 22
+    assert b["bytes_read"]["nvme"] + b["bytes_read"]["host"] + b["bytes_read"]["hbm"] > 0
+    assert b["fallbacks"] == 0
+    assert b["generated"] == a["generated"]
+    assert b["logits_xxh3_64"] == a["logits_xxh3_64"]
+    # Restored positions' logits are recomputed for the file: it is byte-identical.
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    # Another tenant never sees these blocks.
+    c = run_json(toy, store, "--tenant", "other")
+    assert c["restored_tokens"] == 0 and c["generated"] == a["generated"]
+    # Another chunk size or codec is another namespace.
+    d = run_json(toy, store, "--kv-codec", "bf16")
+    assert d["restored_tokens"] == 0
+
+
+def test_snapshot_interval_and_text_output(toy, tmp_path):
+    store = tmp_path / "st"
+    run_json(toy, store, "--snapshot-every", "3")
+    # Snapshots at chunks 3 and 4 (the last full chunk); a prompt sharing 3.5 chunks restores 3.
+    short = ",".join(TOKENS.split(",")[:112]) + ",1,2,3"
+    j = run_json(toy, store, tokens=short)
+    assert j["restored_tokens"] == 96
+    text = run(toy, store, tokens=short).stdout
+    assert "prefix cache: restored 96 tokens (joint boundary 96), computed 19" in text
+
+
+def test_corrupt_state_block_falls_back_exactly(toy, tmp_path):
+    store = tmp_path / "st"
+    a = run_json(toy, store)
+    data = store / "state" / "terrace.data"
+    blob = bytearray(data.read_bytes())
+    # Flip a payload byte in every KDA snapshot of boundary 128 (header: boundary tokens at byte 16).
+    flipped = 0
+    pos = blob.find(b"TKDASNP1")
+    while pos >= 0:
+        if int.from_bytes(blob[pos + 16:pos + 24], "little") == 128:
+            blob[pos + 1000] ^= 0x5A
+            flipped += 1
+        pos = blob.find(b"TKDASNP1", pos + 1)
+    assert flipped == 6
+    data.write_bytes(bytes(blob))
+    b = run_json(toy, store)
+    assert b["restored_tokens"] == 96
+    assert b["fallbacks"] >= 1 and b["fallback_reasons"]
+    assert b["generated"] == a["generated"] and b["logits_xxh3_64"] == a["logits_xxh3_64"]
+
+
+def test_bad_flags_exit_2(toy, tmp_path):
+    p = run(toy, tmp_path / "st", "--kv-codec", "nope", expect=2)
+    assert "--kv-codec" in p.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    p = run(toy, f, expect=2)
+    assert "--store" in p.stderr
+    p = run(toy, tmp_path / "st", "--snapshot-every", "-1", expect=2)
+    assert "--snapshot-every" in p.stderr
