@@ -19,6 +19,7 @@ void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
 void RegisterPlan(CLI::App& app, Runner* run);    // terrace plan (docs/plan.md)
 void RegisterTrace(CLI::App& app, Runner* run);   // terrace trace gen
+void RegisterReport(CLI::App& app, Runner* run);  // terrace report RUN.json -o report.html
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 

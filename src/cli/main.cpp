@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
     RegisterRef(app, &run);
     RegisterPlan(app, &run);
     RegisterTrace(app, &run);
+    RegisterReport(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
