@@ -9,7 +9,7 @@
 namespace terrace::plan {
 namespace {
 
-constexpr int kLeft = 80, kRight = 170, kTop = 40, kBottom = 56;
+constexpr int kLeft = 80, kRight = 200, kTop = 40, kBottom = 56;
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                                     "#7f7f7f"};
 constexpr int kPaletteSize = 8;

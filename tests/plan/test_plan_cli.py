@@ -129,3 +129,33 @@ def test_hardware_file(terrace, tmp_path):
     hw.write_text(json.dumps({"base": "h100-gen4", "hbm": 1}))
     r = terrace("plan", "--hardware", hw)
     assert r.returncode == 2 and "hbm" in r.stderr and "known keys" in r.stderr
+
+
+def test_report_from_plan_json(terrace, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    run = tmp_path / "run.json"
+    r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--json", "--sweep-points", "4")
+    assert r.returncode == 0, r.stderr
+    run.write_text(r.stdout)
+    out = tmp_path / "report.html"
+    r = terrace("report", run, "-o", out, "--svg")
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<script" not in html
+    svgs = sorted(p.name for p in tmp_path.glob("report-*.svg"))
+    assert svgs == ["report-hit-rate-vs-capacity.svg", "report-memory-vs-context.svg", "report-tier-hit-rates.svg"]
+    for name in svgs:
+        root = ET.parse(tmp_path / name).getroot()  # well-formed XML
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert (tmp_path / name).read_text() in html
+    # The sweep's polyline per policy has one point per capacity.
+    root = ET.parse(tmp_path / "report-hit-rate-vs-capacity.svg").getroot()
+    lines = {p.get("data-name"): p.get("points").split() for p in root.iter("{http://www.w3.org/2000/svg}polyline")}
+    assert len(lines["lru"]) == len(lines["s3fifo"]) == 4
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    r = terrace("report", bad, "-o", tmp_path / "x.html")
+    assert r.returncode == 2 and "not a JSON object" in r.stderr
+    r = terrace("report", tmp_path / "missing.json", "-o", tmp_path / "x.html")
+    assert r.returncode == 2
