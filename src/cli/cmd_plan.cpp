@@ -186,8 +186,12 @@ void PrintPlan(const Plan& p) {
            fmt::format("{} KDA layers x ({} recurrent + {} conv), fixed", m.kda_layers,
                        FormatBytes(static_cast<double>(m.kda_recurrent_bytes_per_layer)),
                        FormatBytes(static_cast<double>(m.kda_conv_bytes_per_layer)))});
-  mem.Add({"AttnRes bank", FormatBytes(static_cast<double>(m.attnres_bank_bytes_per_token)), "-",
-           fmt::format("transient, {} vectors per token during a forward pass", m.attnres_sources)});
+  if (m.attnres_sources > 0) {
+    mem.Add({"AttnRes bank", FormatBytes(static_cast<double>(m.attnres_bank_bytes_per_token)), "-",
+             fmt::format("transient, {} vectors per token during a forward pass", m.attnres_sources)});
+  } else {
+    mem.Add({"AttnRes bank", "-", "-", "none: this model has no AttnRes"});
+  }
   mem.Add({fmt::format("MHA ({} KV heads)", m.mha_kv_heads), FormatBytes(static_cast<double>(m.mha_bytes_per_token)),
            FormatBytes(static_cast<double>(m.sequence_tokens * m.mha_bytes_per_token)),
            fmt::format("all {} layers full attention, for comparison", m.layers)});
