@@ -18,6 +18,9 @@ void RegisterStore(CLI::App& app, Runner* run);   // terrace store fill|check
 void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|run
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4|codec
 void RegisterVerify(CLI::App& app, Runner* run);  // terrace verify kv
+void RegisterPlan(CLI::App& app, Runner* run);    // terrace plan (docs/plan.md)
+void RegisterTrace(CLI::App& app, Runner* run);   // terrace trace gen
+void RegisterReport(CLI::App& app, Runner* run);  // terrace report RUN.json -o report.html
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 // Adds `codec` under the `ref` command (cmd_ref_codec.cpp; called by RegisterRef).

@@ -104,6 +104,9 @@ int main(int argc, char** argv) {
     RegisterModel(app, &run);
     RegisterRef(app, &run);
     RegisterVerify(app, &run);
+    RegisterPlan(app, &run);
+    RegisterTrace(app, &run);
+    RegisterReport(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -1,0 +1,494 @@
+// `terrace plan`: the capacity planner (docs/plan.md). Analytic mode sizes memory, weights, expert
+// cache, concurrency and bandwidth for a model on a node; with --trace it also replays a Mooncake
+// request trace through simulated tiers with the store's eviction policies.
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/command.h"
+#include "src/cli/safe_files.h"
+#include "src/plan/analytic.h"
+#include "src/plan/hardware.h"
+#include "src/plan/replay.h"
+#include "src/plan/trace.h"
+#include "terrace/model_config.h"
+
+namespace terrace::cli {
+namespace {
+
+using json = nlohmann::json;
+using namespace terrace::plan;
+
+constexpr std::uint64_t kMaxConfigFileBytes = 16ull << 20;
+constexpr std::uint64_t kMaxHardwareFileBytes = 1ull << 20;
+constexpr std::uint64_t kMaxTraceFileBytes = 8ull << 30;
+
+struct PlanArgs {
+  std::string model = "kimi-k3";
+  std::string hardware = "h200-gen5";
+  std::string kv_codec = "bf16";
+  std::string state_codec = "f32";
+  int chunk_tokens = 256;
+  std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
+  std::uint64_t context = 32768;
+  int concurrency = 32;
+  std::uint64_t decode_tokens = 512;
+  std::uint64_t expert_cache = 0;
+  bool expert_cache_set = false;
+  std::string trace;
+  int trace_block_tokens = 512;
+  std::string policy = "all";
+  int nodes = 1;
+  std::string routing = "prefix-affinity";
+  std::uint64_t kv_hbm = 0, kv_host = 0, kv_nvme = 0;
+  bool kv_hbm_set = false, kv_host_set = false, kv_nvme_set = false;
+  int sweep_points = 8;
+  bool json = false;
+};
+
+// A preset name, else a config.json path. Usage errors name --model.
+Result<model::ModelConfig> ResolveModel(const std::string& name) {
+  for (const std::string& p : model::PresetNames()) {
+    if (p == name) return model::Preset(name);
+  }
+  if (Status s = CheckInputFile(name, "--model", kMaxConfigFileBytes); !s.ok()) {
+    return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
+                                               name, fmt::join(model::PresetNames(), ", "), s.message()));
+  }
+  auto text = ReadInputFile(name, "--model", kMaxConfigFileBytes);
+  if (!text.ok()) return text.status();
+  auto config = model::ParseConfigJson(*text, name);
+  if (!config.ok()) return Status::InvalidArgument(fmt::format("--model: {}", config.status().message()));
+  return config;
+}
+
+Result<Hardware> ResolveHardware(const std::string& name) {
+  for (const std::string& p : HardwarePresetNames()) {
+    if (p == name) return HardwarePreset(name);
+  }
+  if (Status s = CheckInputFile(name, "--hardware", kMaxHardwareFileBytes); !s.ok()) {
+    return Status::InvalidArgument(fmt::format("--hardware '{}' is neither a preset ({}) nor a readable JSON file: {}",
+                                               name, fmt::join(HardwarePresetNames(), ", "), s.message()));
+  }
+  auto text = ReadInputFile(name, "--hardware", kMaxHardwareFileBytes);
+  if (!text.ok()) return text.status();
+  auto hw = ParseHardwareJson(*text, name);
+  if (!hw.ok()) return Status::InvalidArgument(fmt::format("--hardware: {}", hw.status().message()));
+  return hw;
+}
+
+std::string Rate(double bytes_per_s) { return FormatBytes(bytes_per_s) + "/s"; }
+std::string Pct(double f) { return fmt::format("{:.1f}%", 100.0 * f); }
+std::string Sec(double s) {
+  if (s >= 1.0) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+json PlanJson(const Plan& p) {
+  json j;
+  j["kind"] = "plan";
+  j["model"] = p.model_name;
+  j["hardware"] = json::parse(HardwareToJson(p.hardware));
+  j["kv_codec"] = p.kv_codec;
+  j["state_codec"] = p.state_codec;
+  j["layout_id"] = p.layout_id;
+  const Workload& w = p.options.workload;
+  j["workload"] = {{"rate_rps", w.rate_rps},       {"context_tokens", w.context_tokens},
+                   {"prefix_reuse", w.prefix_reuse}, {"concurrency", w.concurrency},
+                   {"decode_tokens", w.decode_tokens}};
+  const MemoryPlan& m = p.memory;
+  json curve = json::array();
+  for (const CurvePoint& c : m.curve) {
+    curve.push_back({{"tokens", c.tokens}, {"mla_bytes", c.mla_bytes}, {"kda_bytes", c.kda_bytes},
+                     {"total_bytes", c.total_bytes}, {"mha_bytes", c.mha_bytes}, {"gqa_bytes", c.gqa_bytes}});
+  }
+  j["memory"] = {{"layers", m.layers},
+                 {"mla_layers", m.mla_layers},
+                 {"kda_layers", m.kda_layers},
+                 {"mla_bytes_per_token", m.mla_bytes_per_token},
+                 {"kda_recurrent_bytes_per_layer", m.kda_recurrent_bytes_per_layer},
+                 {"kda_conv_bytes_per_layer", m.kda_conv_bytes_per_layer},
+                 {"kda_state_bytes_per_sequence", m.kda_state_bytes_per_sequence},
+                 {"mla_chunk_block_bytes", m.mla_chunk_block_bytes},
+                 {"state_block_bytes", m.state_block_bytes},
+                 {"attnres_sources", m.attnres_sources},
+                 {"attnres_bank_bytes_per_token", m.attnres_bank_bytes_per_token},
+                 {"mha_kv_heads", m.mha_kv_heads},
+                 {"mha_bytes_per_token", m.mha_bytes_per_token},
+                 {"gqa_kv_heads", m.gqa_kv_heads},
+                 {"gqa_bytes_per_token", m.gqa_bytes_per_token},
+                 {"sequence_tokens", m.sequence_tokens},
+                 {"sequence_bytes", m.sequence_bytes},
+                 {"curve", curve}};
+  json comps = json::object();
+  for (const auto& [name, bytes] : p.weights.bytes_by_component) comps[name] = bytes;
+  const WeightPlan& wp = p.weights;
+  j["weights"] = {{"total_bytes", wp.total_bytes},         {"resident_bytes", wp.resident_bytes},
+                  {"routed_expert_bytes", wp.routed_expert_bytes}, {"expert_bytes", wp.expert_bytes},
+                  {"moe_layers", wp.moe_layers},           {"experts_per_layer", wp.experts_per_layer},
+                  {"experts_per_token", wp.experts_per_token}, {"active_params_per_token", wp.active_params_per_token},
+                  {"by_component", comps}};
+  const ExpertPlan& e = p.experts;
+  j["experts"] = {{"zipf", p.options.expert_zipf},
+                  {"hit_target", e.hit_target},
+                  {"experts_per_layer_for_target", e.experts_per_layer_for_target},
+                  {"bytes_for_target", e.bytes_for_target},
+                  {"budget_bytes", e.budget_bytes},
+                  {"cached_per_layer", e.cached_per_layer},
+                  {"hit_rate", e.hit_rate},
+                  {"miss_bytes_per_token_batch1", e.miss_bytes_per_token_batch1},
+                  {"miss_bytes_per_token_batched", e.miss_bytes_per_token_batched},
+                  {"stall_s_per_token_batch1", e.stall_s_per_token_batch1},
+                  {"stall_s_per_token_batched", e.stall_s_per_token_batched}};
+  json tiers = json::array();
+  for (const TierPlan& t : p.tiers) {
+    tiers.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"kv_bytes", t.kv_bytes},
+                     {"sequences", t.sequences}, {"other_bytes", t.other_bytes}, {"holds", t.holds}});
+  }
+  j["tiers"] = tiers;
+  json bw = json::array();
+  for (const BandwidthLine& b : p.bandwidth) {
+    bw.push_back({{"link", b.link}, {"required_bytes_per_s", b.required}, {"available_bytes_per_s", b.available},
+                  {"utilisation", b.utilisation()}, {"what", b.what}});
+  }
+  j["bandwidth"] = bw;
+  const LifecyclePlan& l = p.lifecycle;
+  j["lifecycle"] = {{"weight_load_s", l.weight_load_s},
+                    {"kv_state_bytes_per_request", l.kv_state_bytes_per_request},
+                    {"routing_flops_share", l.routing_flops_share},
+                    {"offload_bytes_per_request", l.offload_bytes_per_request},
+                    {"prefill_tokens_per_s", l.prefill_tokens_per_s},
+                    {"decode_step_s", l.decode_step_s},
+                    {"decode_tokens_per_s", l.decode_tokens_per_s},
+                    {"decode_step_with_stalls_s", l.decode_step_with_stalls_s},
+                    {"decode_tokens_per_s_with_stalls", l.decode_tokens_per_s_with_stalls},
+                    {"decode_tokens_needed_per_s", l.decode_tokens_needed_per_s}};
+  return j;
+}
+
+void PrintPlan(const Plan& p) {
+  const MemoryPlan& m = p.memory;
+  fmt::print("plan: {} on {} ({} GPUs), KV codec {}, state codec {}\n", p.model_name, p.hardware.name,
+             p.hardware.gpus, p.kv_codec, p.state_codec);
+  fmt::print("layout: {}\n\n", p.layout_id);
+  Table mem({"memory", "per token", "per sequence", "note"});
+  mem.Add({"MLA latents", FormatBytes(static_cast<double>(m.mla_bytes_per_token)),
+           FormatBytes(static_cast<double>(m.sequence_tokens * m.mla_bytes_per_token)),
+           fmt::format("{} MLA layers, grows with context", m.mla_layers)});
+  mem.Add({"KDA state", "-", FormatBytes(static_cast<double>(m.kda_state_bytes_per_sequence)),
+           fmt::format("{} KDA layers x ({} recurrent + {} conv), fixed", m.kda_layers,
+                       FormatBytes(static_cast<double>(m.kda_recurrent_bytes_per_layer)),
+                       FormatBytes(static_cast<double>(m.kda_conv_bytes_per_layer)))});
+  if (m.attnres_sources > 0) {
+    mem.Add({"AttnRes bank", FormatBytes(static_cast<double>(m.attnres_bank_bytes_per_token)), "-",
+             fmt::format("transient, {} vectors per token during a forward pass", m.attnres_sources)});
+  } else {
+    mem.Add({"AttnRes bank", "-", "-", "none: this model has no AttnRes"});
+  }
+  mem.Add({fmt::format("MHA ({} KV heads)", m.mha_kv_heads), FormatBytes(static_cast<double>(m.mha_bytes_per_token)),
+           FormatBytes(static_cast<double>(m.sequence_tokens * m.mha_bytes_per_token)),
+           fmt::format("all {} layers full attention, for comparison", m.layers)});
+  mem.Add({fmt::format("GQA ({} KV heads)", m.gqa_kv_heads), FormatBytes(static_cast<double>(m.gqa_bytes_per_token)),
+           FormatBytes(static_cast<double>(m.sequence_tokens * m.gqa_bytes_per_token)), "for comparison"});
+  fmt::print("{}  (one sequence = {} tokens: --context + --decode-tokens)\n\n", mem.Render(), m.sequence_tokens);
+
+  Table curve({"context", "MLA", "KDA", "total", "MHA", "GQA", "total/MHA"});
+  for (const CurvePoint& c : m.curve) {
+    curve.Add({fmt::format("{}k", c.tokens / 1024), FormatBytes(static_cast<double>(c.mla_bytes)),
+               FormatBytes(static_cast<double>(c.kda_bytes)), FormatBytes(static_cast<double>(c.total_bytes)),
+               FormatBytes(static_cast<double>(c.mha_bytes)), FormatBytes(static_cast<double>(c.gqa_bytes)),
+               c.mha_bytes ? fmt::format("{:.3f}", static_cast<double>(c.total_bytes) / static_cast<double>(c.mha_bytes))
+                           : "-"});
+  }
+  fmt::print("memory vs context (one sequence)\n{}\n", curve.Render());
+
+  const WeightPlan& w = p.weights;
+  Table wt({"weights", "bytes"});
+  for (const auto& [name, bytes] : w.bytes_by_component) wt.Add({name, FormatBytes(static_cast<double>(bytes))});
+  wt.Add({"total", FormatBytes(static_cast<double>(w.total_bytes))});
+  wt.Add({"resident (all but routed experts)", FormatBytes(static_cast<double>(w.resident_bytes))});
+  fmt::print("{}  one routed expert {} ({} per layer x {} MoE layers, top-{}); {:.1f} B active params/token\n\n",
+             wt.Render(), FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers,
+             w.experts_per_token, w.active_params_per_token / 1e9);
+
+  const ExpertPlan& e = p.experts;
+  fmt::print("expert cache (Zipf {} routing skew, hottest experts cached):\n", p.options.expert_zipf);
+  fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", Pct(e.hit_target),
+             e.experts_per_layer_for_target, FormatBytes(static_cast<double>(e.bytes_for_target)));
+  fmt::print("  budget {} (--expert-cache) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
+             "{} per token at --concurrency {}\n\n",
+             FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, Pct(e.hit_rate),
+             Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
+
+  Table tiers({"tier", "capacity", "for KV/state", "sequences", "also holds"});
+  for (const TierPlan& t : p.tiers) {
+    tiers.Add({t.name, FormatBytes(static_cast<double>(t.capacity_bytes)), FormatBytes(static_cast<double>(t.kv_bytes)),
+               std::to_string(t.sequences), FormatBytes(static_cast<double>(t.other_bytes)) + " " + t.holds});
+  }
+  fmt::print("{}\n", tiers.Render());
+  Table bw({"link", "required", "available", "use", "for"});
+  for (const BandwidthLine& b : p.bandwidth) {
+    bw.Add({b.link, Rate(b.required), Rate(b.available), Pct(b.utilisation()), b.what});
+  }
+  fmt::print("{}\n", bw.Render());
+  const LifecyclePlan& l = p.lifecycle;
+  fmt::print("lifecycle: weight load {} | KV+state {} per request | routing {} of FLOPs | offload I/O {} per request | "
+             "prefill {:.0f} tok/s | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert stalls; workload needs "
+             "{:.0f})\n",
+             Sec(l.weight_load_s), FormatBytes(static_cast<double>(l.kv_state_bytes_per_request)),
+             Pct(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
+             l.prefill_tokens_per_s, Sec(l.decode_step_s), l.decode_tokens_per_s, l.decode_tokens_per_s_with_stalls,
+             l.decode_tokens_needed_per_s);
+}
+
+json ReplayJson(const ReplayResult& r) {
+  json tiers = json::array();
+  for (std::size_t t = 0; t < r.tiers.size(); ++t) {
+    const TierReplayStats& s = r.tiers[t];
+    tiers.push_back({{"name", s.name}, {"capacity_blocks", s.capacity_blocks}, {"hit_blocks", s.hit_blocks},
+                     {"hit_rate", r.tier_hit_rate(t)}, {"bytes_read", s.bytes_read},
+                     {"bytes_written", s.bytes_written}, {"evictions", s.evictions}});
+  }
+  return {{"hit_rate", r.hit_rate()},
+          {"hit_blocks", r.hit_blocks},
+          {"hit_tokens", r.hit_tokens},
+          {"tiers", tiers},
+          {"ttft_saved_s", r.ttft_saved_s},
+          {"ttft_saved_s_per_request", r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0},
+          {"restore_s", r.restore_s},
+          {"queue_wait_s", r.queue_wait_s},
+          {"restores", r.restores},
+          {"restores_slower_than_recompute", r.restores_slower_than_recompute},
+          {"bytes_moved", r.bytes_moved()},
+          {"requests_per_node", r.requests_per_node}};
+}
+
+int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
+  if (!text.ok()) return text.status().code() == Code::kIoError ? Fail(text.status().ToString()) : FailUsage(text.status().message());
+  auto trace = ParseTrace(*text, a.trace);
+  if (!trace.ok()) return FailUsage(fmt::format("--trace: {}", trace.status().message()));
+  const PrefixCeiling ceiling = ComputePrefixCeiling(*trace);
+  std::uint64_t mismatched = 0;
+  const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
+  for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
+
+  // Block sizes from the layout: a trace block is ceil(block / chunk) stored KV chunks.
+  const std::uint64_t chunks = (bt + static_cast<std::uint64_t>(a.chunk_tokens) - 1) / static_cast<std::uint64_t>(a.chunk_tokens);
+  ReplayOptions ro;
+  ro.block_tokens = bt;
+  ro.block_bytes = chunks * plan.memory.mla_chunk_block_bytes;
+  ro.restore_extra_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
+  ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
+  ro.nodes = a.nodes;
+  ro.routing = a.routing == "round-robin" ? Routing::kRoundRobin : Routing::kPrefixAffinity;
+  const Hardware& hw = plan.hardware;
+  ro.tiers = {{"hbm", a.kv_hbm_set ? a.kv_hbm : plan.tiers[0].kv_bytes, 0},
+              {"host", a.kv_host_set ? a.kv_host : plan.tiers[1].kv_bytes, hw.pcie_bandwidth()},
+              {"nvme", a.kv_nvme_set ? a.kv_nvme : plan.tiers[2].kv_bytes,
+               std::min(hw.nvme_read_bandwidth, hw.pcie_bandwidth())}};
+  std::vector<ReplayPolicy> policies;
+  if (a.policy == "all" || a.policy == "lru") policies.push_back(ReplayPolicy::kLru);
+  if (a.policy == "all" || a.policy == "s3fifo") policies.push_back(ReplayPolicy::kS3Fifo);
+
+  json tj;
+  tj["file"] = a.trace;
+  tj["requests"] = trace->requests.size();
+  tj["blocks"] = ceiling.blocks;
+  tj["unique_blocks"] = ceiling.unique_blocks;
+  tj["block_tokens"] = bt;
+  tj["block_bytes"] = ro.block_bytes;
+  tj["restore_state_bytes"] = ro.restore_extra_bytes;
+  tj["blocks_not_matching_input_length"] = mismatched;
+  tj["prefix_hit_ceiling"] = ceiling.fraction();
+  tj["nodes"] = a.nodes;
+  tj["routing"] = RoutingName(ro.routing);
+  json tiers_j = json::array();
+  for (const TierSpec& t : ro.tiers) {
+    tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"read_bytes_per_s", t.read_bandwidth}});
+  }
+  tj["tiers"] = tiers_j;
+  json pol = json::array();
+  std::vector<ReplayResult> results;
+  for (ReplayPolicy p : policies) {
+    ro.policy = p;
+    auto r = Replay(*trace, ro);
+    if (!r.ok()) return FailUsage(r.status().message());
+    json pj = ReplayJson(*r);
+    pj["policy"] = ReplayPolicyName(p);
+    pol.push_back(pj);
+    results.push_back(std::move(*r));
+  }
+  tj["policies"] = pol;
+
+  // Hit rate vs capacity: one tier of capacity c, from 1/2^(points-1) of the trace's footprint to all of it.
+  json sweep = json::array();
+  const std::uint64_t footprint = ceiling.unique_blocks * ro.block_bytes;
+  for (ReplayPolicy p : policies) {
+    for (int i = a.sweep_points - 1; i >= 0; --i) {
+      ReplayOptions so = ro;
+      so.policy = p;
+      so.nodes = 1;
+      so.tiers = {{"cache", static_cast<std::uint64_t>(std::ldexp(static_cast<double>(footprint), -i)), 0}};
+      if (so.tiers[0].capacity_bytes < ro.block_bytes) continue;
+      auto r = Replay(*trace, so);
+      if (!r.ok()) return FailUsage(r.status().message());
+      sweep.push_back({{"policy", ReplayPolicyName(p)},
+                       {"capacity_bytes", so.tiers[0].capacity_bytes},
+                       {"capacity_blocks", r->tiers[0].capacity_blocks},
+                       {"capacity_share_of_footprint", std::ldexp(1.0, -i)},
+                       {"hit_rate", r->hit_rate()}});
+    }
+  }
+  tj["sweep"] = sweep;
+  tj["footprint_bytes"] = footprint;
+
+  // Cluster projection: both routings, first policy.
+  if (a.nodes > 1) {
+    json cl = json::array();
+    for (Routing rt : {Routing::kPrefixAffinity, Routing::kRoundRobin}) {
+      ReplayOptions co = ro;
+      co.policy = policies.front();
+      co.routing = rt;
+      auto r = Replay(*trace, co);
+      if (!r.ok()) return FailUsage(r.status().message());
+      std::uint64_t mx = 0;
+      for (auto n : r->requests_per_node) mx = std::max(mx, n);
+      const double mean = static_cast<double>(r->requests) / a.nodes;
+      cl.push_back({{"routing", RoutingName(rt)}, {"policy", ReplayPolicyName(co.policy)}, {"hit_rate", r->hit_rate()},
+                    {"ttft_saved_s", r->ttft_saved_s}, {"load_imbalance", mean > 0 ? mx / mean : 0.0},
+                    {"requests_per_node", r->requests_per_node}});
+    }
+    tj["cluster"] = cl;
+  }
+  tj["replay_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (!a.json) {
+    fmt::print("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
+               trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
+               FormatBytes(static_cast<double>(ro.block_bytes)), Pct(ceiling.fraction()));
+    if (mismatched > 0) {
+      fmt::print("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
+                 "--trace-block-tokens right?\n",
+                 mismatched, bt);
+    }
+    fmt::print("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} node(s), {}\n",
+               FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),
+               FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
+               FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.nodes, RoutingName(ro.routing));
+    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore wait", "slower than recompute",
+             "bytes moved"});
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const ReplayResult& r = results[i];
+      t.Add({std::string(ReplayPolicyName(policies[i])), Pct(r.hit_rate()), Pct(r.tier_hit_rate(0)),
+             Pct(r.tier_hit_rate(1)), Pct(r.tier_hit_rate(2)),
+             Sec(r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0), Sec(r.queue_wait_s),
+             std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
+    }
+    fmt::print("{}\n", t.Render());
+    Table s({"policy", "capacity", "share of footprint", "hit rate"});
+    for (const auto& pt : sweep) {
+      s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
+             Pct(pt["capacity_share_of_footprint"].get<double>()), Pct(pt["hit_rate"].get<double>())});
+    }
+    fmt::print("hit rate vs capacity (one tier)\n{}\n", s.Render());
+    if (tj.contains("cluster")) {
+      Table c({"routing", "hit rate", "load imbalance (max/mean)"});
+      for (const auto& cl : tj["cluster"]) {
+        c.Add({cl["routing"].get<std::string>(), Pct(cl["hit_rate"].get<double>()),
+               fmt::format("{:.2f}", cl["load_imbalance"].get<double>())});
+      }
+      fmt::print("cluster of {} nodes\n{}\n", a.nodes, c.Render());
+    }
+    fmt::print("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
+  }
+  (*out)["trace"] = tj;
+  return 0;
+}
+
+int RunPlan(const PlanArgs& a) {
+  auto config = ResolveModel(a.model);
+  if (!config.ok()) return FailUsage(config.status().message());
+  auto hw = ResolveHardware(a.hardware);
+  if (!hw.ok()) return FailUsage(hw.status().message());
+  PlanOptions o;
+  auto kv = codec::CodecSpec::Parse(a.kv_codec);
+  if (!kv.ok()) return FailUsage(fmt::format("--kv-codec: {}", kv.status().message()));
+  auto st = codec::CodecSpec::Parse(a.state_codec);
+  if (!st.ok()) return FailUsage(fmt::format("--state-codec: {}", st.status().message()));
+  o.layout.kv_codec = *kv;
+  o.layout.state_codec = *st;
+  o.layout.chunk_tokens = a.chunk_tokens;
+  if (a.rate) o.workload.rate_rps = *a.rate;
+  if (a.prefix_reuse) o.workload.prefix_reuse = *a.prefix_reuse;
+  o.workload.context_tokens = a.context;
+  o.workload.concurrency = a.concurrency;
+  o.workload.decode_tokens = a.decode_tokens;
+  if (a.expert_hit_target) o.expert_hit_target = *a.expert_hit_target;
+  if (a.expert_zipf) o.expert_zipf = *a.expert_zipf;
+  if (a.expert_cache_set) o.expert_cache_bytes = a.expert_cache;
+  auto plan = MakePlan(*config, a.model, *hw, o);
+  if (!plan.ok()) return FailUsage(plan.status().message());
+  json j = PlanJson(*plan);
+  if (!a.json) PrintPlan(*plan);
+  if (!a.trace.empty()) {
+    if (int rc = RunTrace(a, *plan, &j); rc != 0) return rc;
+  }
+  if (a.json) fmt::print("{}\n", j.dump(2));
+  return 0;
+}
+
+}  // namespace
+
+void RegisterPlan(CLI::App& app, Runner* run) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* c = app.add_subcommand("plan", "Capacity planning: memory, weights, expert cache, tiers, bandwidth; "
+                                       "--trace replays a request trace through the store's eviction policies");
+  c->add_option("--model", a->model, "Model preset (" + fmt::format("{}", fmt::join(model::PresetNames(), ", ")) +
+                                         ") or a config.json path")
+      ->capture_default_str();
+  c->add_option("--hardware", a->hardware,
+                "Hardware preset (" + fmt::format("{}", fmt::join(HardwarePresetNames(), ", ")) +
+                    ") or a JSON file (docs/plan.md)")
+      ->capture_default_str();
+  c->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latents (bf16, fp8, int8, int4-g32, ...)")->capture_default_str();
+  c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
+  AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
+  AddDoubleOption(c, "--rate", &a->rate, 0, 1e6, "Requests per second per node (default 1)");
+  AddSizeOption(c, "--context", &a->context, "Prompt tokens per request (default 32768; 32K works)", 1, 1ull << 24);
+  AddDoubleOption(c, "--prefix-reuse", &a->prefix_reuse, 0, 1, "Share of each prompt found in the prefix cache (default 0.5)");
+  AddIntOption(c, "--concurrency", &a->concurrency, 1, 1'000'000, "Sequences decoding at once per node");
+  AddIntOption<std::uint64_t>(c, "--decode-tokens", &a->decode_tokens, 0, 1ull << 24, "Output tokens per request");
+  AddDoubleOption(c, "--expert-hit-target", &a->expert_hit_target, 1e-6, 1, "Expert-cache hit rate to size for (default 0.9)");
+  AddDoubleOption(c, "--expert-zipf", &a->expert_zipf, 0, 8, "Routing skew: expert i chosen with p ~ 1/(i+1)^s (default 1)");
+  AddSizeOption(c, "--expert-cache", &a->expert_cache, "HBM for the routed-expert cache (default: half the HBM left after resident weights)")
+      ->each([a](const std::string&) { a->expert_cache_set = true; });
+  c->add_option("--trace", a->trace, "Mooncake-format JSONL request trace to replay");
+  AddIntOption(c, "--trace-block-tokens", &a->trace_block_tokens, 1, 65536, "Tokens per trace hash id");
+  c->add_option("--policy", a->policy, "Eviction policy to replay: lru, s3fifo or all")
+      ->check(CLI::IsMember({"lru", "s3fifo", "all"}))
+      ->capture_default_str();
+  AddIntOption(c, "--nodes", &a->nodes, 1, 4096, "Nodes of the cluster projection, each with its own tiers");
+  c->add_option("--routing", a->routing, "Request routing across --nodes: prefix-affinity or round-robin")
+      ->check(CLI::IsMember({"prefix-affinity", "round-robin"}))
+      ->capture_default_str();
+  AddSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)")
+      ->each([a](const std::string&) { a->kv_hbm_set = true; });
+  AddSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)")
+      ->each([a](const std::string&) { a->kv_host_set = true; });
+  AddSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)")
+      ->each([a](const std::string&) { a->kv_nvme_set = true; });
+  AddIntOption(c, "--sweep-points", &a->sweep_points, 1, 32, "Capacities of the hit-rate-vs-capacity sweep");
+  c->add_flag("--json", a->json, "JSON output (docs/plan.md lists the keys)");
+  c->callback([run, a] { *run = [a] { return RunPlan(*a); }; });
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,73 @@
+// `terrace trace gen`: synthetic Mooncake-format request traces (docs/plan.md, "Synthetic traces").
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/command.h"
+#include "src/cli/safe_files.h"
+#include "src/plan/trace.h"
+#include "src/plan/trace_gen.h"
+
+namespace terrace::cli {
+namespace {
+
+struct GenArgs {
+  plan::TraceGenOptions o;
+  std::optional<double> zipf, rate, think_ms;
+  std::string out;
+};
+
+int RunGen(const GenArgs& a) {
+  plan::TraceGenOptions o = a.o;
+  if (a.zipf) o.zipf = *a.zipf;
+  if (a.rate) o.rate = *a.rate;
+  if (a.think_ms) o.think_ms = *a.think_ms;
+  if (Status s = plan::ValidateTraceGenOptions(o); !s.ok()) return FailUsage(s.message());
+  if (!a.out.empty() && a.out != "-") {
+    if (Status s = CheckOutputFile(a.out, "--out"); !s.ok()) return FailUsage(s.message());
+  }
+  auto trace = plan::GenerateTrace(o);
+  if (!trace.ok()) return FailUsage(trace.status().message());
+  std::string text;
+  for (const plan::TraceRequest& r : trace->requests) {
+    text += plan::FormatTraceLine(r);
+    text += '\n';
+  }
+  if (a.out.empty() || a.out == "-") {
+    fmt::print("{}", text);
+    return 0;
+  }
+  if (Status s = WriteOutputFile(a.out, "--out", text); !s.ok()) return Fail(s.ToString());
+  const plan::PrefixCeiling c = plan::ComputePrefixCeiling(*trace);
+  fmt::print("wrote {}: {} requests, {} blocks of {} tokens, prefix-hit ceiling {:.1f}% (expected {:.1f}%)\n", a.out,
+             trace->requests.size(), c.blocks, o.block_tokens, 100.0 * c.fraction(),
+             100.0 * plan::ExpectedPrefixCeiling(o));
+  return 0;
+}
+
+}  // namespace
+
+void RegisterTrace(CLI::App& app, Runner* run) {
+  auto* t = app.add_subcommand("trace", "Request traces in the Mooncake JSONL format");
+  t->require_subcommand(1);
+  auto a = std::make_shared<GenArgs>();
+  auto* g = t->add_subcommand("gen", "Write a synthetic trace: multi-turn sessions over Zipf-popular shared prefixes");
+  g->add_option("-o,--out", a->out, "Output file (default: standard output)");
+  AddIntOption<std::uint64_t>(g, "--requests", &a->o.requests, 1, 10'000'000, "Requests");
+  AddIntOption<std::uint64_t>(g, "--seed", &a->o.seed, 0, UINT64_MAX, "Random seed");
+  AddIntOption(g, "--prefixes", &a->o.prefixes, 1, 10'000'000, "Distinct shared prefixes");
+  AddDoubleOption(g, "--zipf", &a->zipf, 0, 8, "Prefix popularity exponent, 0 = uniform (default 1)");
+  AddIntOption(g, "--prefix-blocks", &a->o.prefix_blocks, 0, 100'000, "Blocks of each shared prefix");
+  AddIntOption(g, "--turn-blocks", &a->o.turn_blocks, 1, 100'000, "New blocks per turn");
+  AddIntOption(g, "--turns", &a->o.turns, 1, 10'000, "Turns per session");
+  AddDoubleOption(g, "--rate", &a->rate, 1e-6, 1e6, "Requests per second (default 2)");
+  AddDoubleOption(g, "--think-ms", &a->think_ms, 0, 1e9, "Gap between a session's turns in ms (default 30000)");
+  AddIntOption(g, "--block-tokens", &a->o.block_tokens, 1, 65536, "Tokens per hash id");
+  AddIntOption(g, "--output-mean", &a->o.output_mean, 1, 1'000'000, "Mean output tokens");
+  g->callback([run, a] { *run = [a] { return RunGen(*a); }; });
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,263 @@
+#include "src/plan/analytic.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "src/model/names.h"
+#include "terrace/model_tensor.h"
+
+namespace terrace::plan {
+namespace {
+
+std::uint64_t SpecBytes(const model::TensorSpec& s) {
+  return static_cast<std::uint64_t>(model::NumElements(s.shape)) * model::DTypeSize(s.dtype);
+}
+
+std::vector<double> ZipfWeights(int experts, double s) {
+  std::vector<double> p(static_cast<std::size_t>(std::max(experts, 0)));
+  double sum = 0;
+  for (int i = 0; i < experts; ++i) sum += p[static_cast<std::size_t>(i)] = 1.0 / std::pow(i + 1.0, s);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+Status CheckWorkload(const PlanOptions& o) {
+  const Workload& w = o.workload;
+  if (!(w.rate_rps >= 0) || w.rate_rps > 1e6) return Status::InvalidArgument("--rate must be 0 to 1e6 requests/s");
+  if (w.context_tokens == 0 || w.context_tokens > (1ull << 24)) {
+    return Status::InvalidArgument("--context must be 1 to 16777216 tokens");
+  }
+  if (!(w.prefix_reuse >= 0 && w.prefix_reuse <= 1)) return Status::InvalidArgument("--prefix-reuse must be 0 to 1");
+  if (w.concurrency < 1 || w.concurrency > 1'000'000) return Status::InvalidArgument("--concurrency must be 1 to 1000000");
+  if (w.decode_tokens > (1ull << 24)) return Status::InvalidArgument("--decode-tokens must be 0 to 16777216");
+  if (!(o.expert_hit_target > 0 && o.expert_hit_target <= 1)) {
+    return Status::InvalidArgument("--expert-hit-target must be in (0, 1]");
+  }
+  if (!(o.expert_zipf >= 0 && o.expert_zipf <= 8)) return Status::InvalidArgument("--expert-zipf must be 0 to 8");
+  if (o.gqa_kv_heads < 1) return Status::InvalidArgument("--gqa-kv-heads must be positive");
+  return Status::Ok();
+}
+
+}  // namespace
+
+double ZipfMass(int experts, double zipf_s, int k) {
+  const std::vector<double> p = ZipfWeights(experts, zipf_s);
+  double m = 0;
+  for (int i = 0; i < std::min(k, experts); ++i) m += p[static_cast<std::size_t>(i)];
+  return std::min(m, 1.0);
+}
+
+int ExpertsForHitRate(int experts, double zipf_s, double target) {
+  const std::vector<double> p = ZipfWeights(experts, zipf_s);
+  double m = 0;
+  for (int i = 0; i < experts; ++i) {
+    m += p[static_cast<std::size_t>(i)];
+    if (m >= target - 1e-12) return i + 1;
+  }
+  return experts;
+}
+
+Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hw,
+                      const PlanOptions& o) {
+  TERRACE_RETURN_IF_ERROR(CheckWorkload(o));
+  TERRACE_RETURN_IF_ERROR(ValidateHardware(hw, "--hardware"));
+  TERRACE_ASSIGN_OR_RETURN(kv::KvLayout layout, kv::KvLayout::FromConfig(config, o.layout));
+  Plan plan;
+  plan.model_name = std::move(model_name);
+  plan.hardware = hw;
+  plan.options = o;
+  plan.kv_codec = layout.kv_codec().Name();
+  plan.state_codec = layout.state_codec().Name();
+  plan.layout_id = layout.Id();
+  const Workload& w = o.workload;
+
+  // ---- Memory (KvLayout) ----
+  MemoryPlan& m = plan.memory;
+  m.layers = layout.num_layers();
+  m.mla_layers = static_cast<int>(layout.mla_layers().size());
+  m.kda_layers = static_cast<int>(layout.kda_layers().size());
+  m.mla_bytes_per_token = layout.mla_bytes_per_token();
+  m.kda_recurrent_bytes_per_layer = layout.kda_recurrent_bytes_per_layer();
+  m.kda_conv_bytes_per_layer = layout.kda_conv_bytes_per_layer();
+  m.kda_state_bytes_per_sequence = layout.kda_state_bytes_per_sequence();
+  m.mla_chunk_block_bytes = layout.mla_chunk_block_bytes();
+  m.state_block_bytes = layout.state_block_bytes();
+  if (config.attn_res_block_size > 0) {
+    const int bs = config.attn_res_block_size;
+    m.attnres_sources = (config.num_hidden_layers + bs - 1) / bs + 1;
+    m.attnres_bank_bytes_per_token = static_cast<std::uint64_t>(m.attnres_sources) *
+                                     static_cast<std::uint64_t>(config.hidden_size) * sizeof(float);
+  }
+  const double kv_value_bytes = layout.kv_codec().NominalBytesPerValue();
+  const double head_values = config.QkHeadDim() + config.v_head_dim;
+  m.mha_kv_heads = config.num_attention_heads;
+  m.gqa_kv_heads = std::min(o.gqa_kv_heads, config.num_attention_heads);
+  m.mha_bytes_per_token = static_cast<std::uint64_t>(std::llround(m.mha_kv_heads * head_values * kv_value_bytes *
+                                                                  config.num_hidden_layers));
+  m.gqa_bytes_per_token = static_cast<std::uint64_t>(std::llround(m.gqa_kv_heads * head_values * kv_value_bytes *
+                                                                  config.num_hidden_layers));
+  m.sequence_tokens = w.context_tokens + w.decode_tokens;
+  m.sequence_bytes = m.sequence_tokens * m.mla_bytes_per_token + m.kda_state_bytes_per_sequence;
+  for (std::uint64_t t = 1024; t <= (1u << 20); t *= 2) {
+    CurvePoint p;
+    p.tokens = t;
+    p.mla_bytes = t * m.mla_bytes_per_token;
+    p.kda_bytes = m.kda_state_bytes_per_sequence;
+    p.total_bytes = p.mla_bytes + p.kda_bytes;
+    p.mha_bytes = t * m.mha_bytes_per_token;
+    p.gqa_bytes = t * m.gqa_bytes_per_token;
+    m.curve.push_back(p);
+  }
+
+  // ---- Weights (ExpectedTensors) ----
+  WeightPlan& wp = plan.weights;
+  std::vector<std::uint64_t> by_comp(model::kNumComponents, 0);
+  double params_resident = 0, params_expert = 0;
+  int first_moe = -1;
+  for (const model::TensorSpec& s : model::ExpectedTensors(config)) {
+    const std::uint64_t b = SpecBytes(s);
+    by_comp[static_cast<std::size_t>(s.component)] += b;
+    wp.total_bytes += b;
+    if (s.component == model::Component::kRoutedExperts) {
+      wp.routed_expert_bytes += b;
+      if (first_moe < 0) first_moe = s.layer;
+      if (s.layer == first_moe && s.expert == 0) {
+        wp.expert_bytes += b;
+        params_expert += static_cast<double>(s.params());
+      }
+    } else {
+      params_resident += static_cast<double>(s.params());
+    }
+  }
+  for (int c = 0; c < model::kNumComponents; ++c) {
+    wp.bytes_by_component.emplace_back(std::string(model::ComponentName(static_cast<model::Component>(c))),
+                                       by_comp[static_cast<std::size_t>(c)]);
+  }
+  wp.resident_bytes = wp.total_bytes - wp.routed_expert_bytes;
+  for (int l = 0; l < config.num_hidden_layers; ++l) wp.moe_layers += config.IsDenseLayer(l) ? 0 : 1;
+  if (config.num_experts == 0) wp.moe_layers = 0;
+  wp.experts_per_layer = config.num_experts;
+  wp.experts_per_token = config.num_experts_per_token;
+  wp.active_params_per_token = params_resident + params_expert * wp.experts_per_token * wp.moe_layers;
+
+  // ---- Expert cache ----
+  ExpertPlan& ep = plan.experts;
+  const std::uint64_t expert_layer_bytes = wp.expert_bytes * static_cast<std::uint64_t>(wp.moe_layers);
+  const std::uint64_t hbm = hw.hbm_bytes();
+  const std::uint64_t hbm_after_resident = hbm > wp.resident_bytes ? hbm - wp.resident_bytes : 0;
+  ep.hit_target = o.expert_hit_target;
+  if (wp.moe_layers > 0 && wp.expert_bytes > 0) {
+    ep.experts_per_layer_for_target = ExpertsForHitRate(wp.experts_per_layer, o.expert_zipf, o.expert_hit_target);
+    ep.bytes_for_target = static_cast<std::uint64_t>(ep.experts_per_layer_for_target) * expert_layer_bytes;
+    ep.budget_bytes = o.expert_cache_bytes.value_or(hbm_after_resident / 2);
+    ep.cached_per_layer = static_cast<int>(std::min<std::uint64_t>(ep.budget_bytes / expert_layer_bytes,
+                                                                   static_cast<std::uint64_t>(wp.experts_per_layer)));
+    ep.hit_rate = ZipfMass(wp.experts_per_layer, o.expert_zipf, ep.cached_per_layer);
+    const std::vector<double> p = ZipfWeights(wp.experts_per_layer, o.expert_zipf);
+    // Batch 1: top-k picks per layer, each a miss with probability (1 - hit).
+    ep.miss_bytes_per_token_batch1 = (1.0 - ep.hit_rate) * wp.experts_per_token * static_cast<double>(expert_layer_bytes);
+    // Expert misses come from host RAM when the routed experts fit there, else from NVMe.
+    const double link = wp.routed_expert_bytes <= hw.host_bytes ? hw.pcie_bandwidth()
+                                                                : std::min(hw.pcie_bandwidth(), hw.nvme_read_bandwidth);
+    ep.stall_s_per_token_batch1 = ep.miss_bytes_per_token_batch1 / link;
+    // Batched: an uncached expert is loaded once per step when any of the step's picks chose it.
+    const double picks = static_cast<double>(w.concurrency) * wp.experts_per_token;
+    double misses_per_step = 0;
+    for (int e = ep.cached_per_layer; e < wp.experts_per_layer; ++e) {
+      misses_per_step += 1.0 - std::pow(1.0 - p[static_cast<std::size_t>(e)], picks);
+    }
+    ep.miss_bytes_per_token_batched =
+        misses_per_step * static_cast<double>(expert_layer_bytes) / static_cast<double>(w.concurrency);
+    ep.stall_s_per_token_batched = ep.miss_bytes_per_token_batched / link;
+  }
+
+  // ---- Tiers ----
+  const std::uint64_t seq = std::max<std::uint64_t>(m.sequence_bytes, 1);
+  {
+    TierPlan t;
+    t.name = "hbm";
+    t.capacity_bytes = hbm;
+    const std::uint64_t used = wp.resident_bytes + ep.budget_bytes;
+    t.kv_bytes = hbm > used ? hbm - used : 0;
+    t.sequences = t.kv_bytes / seq;
+    t.other_bytes = used;
+    t.holds = "resident weights + expert cache";
+    plan.tiers.push_back(t);
+  }
+  const std::uint64_t experts_in_host = std::min(wp.routed_expert_bytes, hw.host_bytes);
+  {
+    TierPlan t;
+    t.name = "host";
+    t.capacity_bytes = hw.host_bytes;
+    t.kv_bytes = hw.host_bytes - experts_in_host;
+    t.sequences = t.kv_bytes / seq;
+    t.other_bytes = experts_in_host;
+    t.holds = "routed experts";
+    plan.tiers.push_back(t);
+  }
+  {
+    TierPlan t;
+    t.name = "nvme";
+    t.capacity_bytes = hw.nvme_bytes;
+    const std::uint64_t spill = wp.routed_expert_bytes - experts_in_host;
+    t.kv_bytes = hw.nvme_bytes > wp.total_bytes + spill ? hw.nvme_bytes - wp.total_bytes - spill : 0;
+    t.sequences = t.kv_bytes / seq;
+    t.other_bytes = wp.total_bytes + spill;
+    t.holds = spill > 0 ? "checkpoint + routed experts not in host" : "checkpoint";
+    plan.tiers.push_back(t);
+  }
+
+  // ---- Lifecycle and bandwidth ----
+  LifecyclePlan& lc = plan.lifecycle;
+  lc.prefill_tokens_per_s = wp.active_params_per_token > 0
+                                ? hw.gpu_flops() * hw.mfu / (2.0 * wp.active_params_per_token)
+                                : 0;
+  const double reuse_tokens = w.prefix_reuse * static_cast<double>(w.context_tokens);
+  const double new_tokens = static_cast<double>(m.sequence_tokens) - reuse_tokens;
+  const double restore_bytes = reuse_tokens * static_cast<double>(m.mla_bytes_per_token) +
+                               (w.prefix_reuse > 0 ? static_cast<double>(m.kda_state_bytes_per_sequence) : 0.0);
+  const double writeback_bytes = new_tokens * static_cast<double>(m.mla_bytes_per_token) +
+                                 static_cast<double>(m.kda_state_bytes_per_sequence);
+  // One decode step reads the resident weights, the experts the step's picks touch (at most all),
+  // every sequence's KV, and reads and writes every sequence's KDA state.
+  const double picks = static_cast<double>(w.concurrency) * wp.experts_per_token;
+  double experts_touched = 0;
+  {
+    const std::vector<double> p = ZipfWeights(wp.experts_per_layer, o.expert_zipf);
+    for (double pe : p) experts_touched += 1.0 - std::pow(1.0 - pe, picks);
+  }
+  const double step_bytes = static_cast<double>(wp.resident_bytes) +
+                            experts_touched * static_cast<double>(expert_layer_bytes) +
+                            w.concurrency * (static_cast<double>(m.sequence_tokens) * m.mla_bytes_per_token +
+                                             2.0 * static_cast<double>(m.kda_state_bytes_per_sequence));
+  lc.decode_step_s = step_bytes / hw.hbm_bandwidth();
+  lc.decode_tokens_per_s = lc.decode_step_s > 0 ? w.concurrency / lc.decode_step_s : 0;
+  lc.decode_step_with_stalls_s = lc.decode_step_s + ep.stall_s_per_token_batched * w.concurrency;
+  lc.decode_tokens_per_s_with_stalls = lc.decode_step_with_stalls_s > 0 ? w.concurrency / lc.decode_step_with_stalls_s : 0;
+  lc.decode_tokens_needed_per_s = w.rate_rps * static_cast<double>(w.decode_tokens);
+  lc.weight_load_s = static_cast<double>(wp.total_bytes) / hw.nvme_read_bandwidth +
+                     static_cast<double>(wp.resident_bytes) / hw.pcie_bandwidth();
+  lc.kv_state_bytes_per_request = m.sequence_bytes;
+  const double router_flops = 2.0 * config.routed_expert_hidden_size * config.num_experts * wp.moe_layers;
+  lc.routing_flops_share = wp.active_params_per_token > 0 ? router_flops / (2.0 * wp.active_params_per_token) : 0;
+  const double expert_miss_bytes_per_token = ep.miss_bytes_per_token_batched;
+  lc.offload_bytes_per_request = static_cast<std::uint64_t>(
+      restore_bytes + writeback_bytes + expert_miss_bytes_per_token * static_cast<double>(w.decode_tokens));
+
+  const double steps_needed_per_s = lc.decode_tokens_needed_per_s / w.concurrency;
+  plan.bandwidth.push_back({"hbm", steps_needed_per_s * step_bytes, hw.hbm_bandwidth(),
+                            "decode steps for --rate x --decode-tokens tokens/s at --concurrency"});
+  plan.bandwidth.push_back({"pcie-h2d", w.rate_rps * restore_bytes + expert_miss_bytes_per_token * lc.decode_tokens_needed_per_s,
+                            hw.pcie_bandwidth(), "prefix restores from host + expert-cache misses"});
+  plan.bandwidth.push_back({"pcie-d2h", w.rate_rps * writeback_bytes, hw.pcie_bandwidth(),
+                            "new KV and the final KDA state written back to host"});
+  plan.bandwidth.push_back({"nvme-read", w.rate_rps * restore_bytes, hw.nvme_read_bandwidth,
+                            "prefix restores if every reused prefix comes from NVMe"});
+  plan.bandwidth.push_back({"nvme-write", w.rate_rps * writeback_bytes, hw.nvme_write_bandwidth,
+                            "write-back if every new block also goes to NVMe"});
+  return plan;
+}
+
+}  // namespace terrace::plan

@@ -1,0 +1,142 @@
+// The analytic capacity planner (docs/plan.md, "Analytic plan"): memory per token and per sequence,
+// weights, expert cache, concurrency, bandwidth and stalls for one model on one node. Every KV and
+// KDA size comes from kv::KvLayout and every weight size from the model's tensor list
+// (model::ExpectedTensors): no layer size is computed here. Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/plan/hardware.h"
+#include "terrace/kv_layout.h"
+#include "terrace/model_config.h"
+#include "terrace/status.h"
+
+namespace terrace::plan {
+
+struct Workload {
+  double rate_rps = 1.0;                 // requests per second per node
+  std::uint64_t context_tokens = 32768;  // prompt tokens per request
+  double prefix_reuse = 0.5;             // share of each prompt found in the prefix cache, [0, 1]
+  int concurrency = 32;                  // sequences decoding at once per node
+  std::uint64_t decode_tokens = 512;     // output tokens per request
+};
+
+struct PlanOptions {
+  kv::KvLayoutOptions layout;
+  Workload workload;
+  double expert_hit_target = 0.9;        // the expert-cache hit rate to size for, (0, 1]
+  double expert_zipf = 1.0;              // routing skew: expert i of a layer chosen with p ~ 1/(i+1)^s
+  // HBM for the routed-expert cache; unset: what is left of HBM after the resident weights, half of it.
+  std::optional<std::uint64_t> expert_cache_bytes;
+  int gqa_kv_heads = 8;                  // KV heads of the GQA comparison model
+};
+
+struct CurvePoint {
+  std::uint64_t tokens = 0;
+  std::uint64_t mla_bytes = 0;   // MLA latents of one sequence
+  std::uint64_t kda_bytes = 0;   // KDA state of one sequence (fixed)
+  std::uint64_t total_bytes = 0; // mla + kda
+  std::uint64_t mha_bytes = 0;   // the MHA comparison model's KV
+  std::uint64_t gqa_bytes = 0;   // the GQA comparison model's KV
+};
+
+struct MemoryPlan {
+  int mla_layers = 0, kda_layers = 0, layers = 0;
+  std::uint64_t mla_bytes_per_token = 0;
+  std::uint64_t kda_recurrent_bytes_per_layer = 0;
+  std::uint64_t kda_conv_bytes_per_layer = 0;
+  std::uint64_t kda_state_bytes_per_sequence = 0;
+  std::uint64_t mla_chunk_block_bytes = 0;  // one stored KV chunk (chunk_tokens tokens, with header)
+  std::uint64_t state_block_bytes = 0;      // one stored KDA layer snapshot
+  int attnres_sources = 0;                  // bank vectors + the running partial sum (0 without AttnRes)
+  std::uint64_t attnres_bank_bytes_per_token = 0;  // transient, during one forward pass (f32)
+  // Comparison: every layer full attention with K (qk head dim) and V (v head dim) per KV head, at
+  // the KV codec's nominal size.
+  std::uint64_t mha_bytes_per_token = 0;
+  std::uint64_t gqa_bytes_per_token = 0;
+  int mha_kv_heads = 0, gqa_kv_heads = 0;
+  std::uint64_t sequence_tokens = 0;        // context + decode of the workload
+  std::uint64_t sequence_bytes = 0;         // MLA latents + KDA state of one such sequence
+  std::vector<CurvePoint> curve;            // 1k .. 1M tokens, powers of two
+};
+
+struct WeightPlan {
+  std::vector<std::pair<std::string, std::uint64_t>> bytes_by_component;  // model::ComponentName order
+  std::uint64_t total_bytes = 0;
+  std::uint64_t routed_expert_bytes = 0;   // all routed experts
+  std::uint64_t resident_bytes = 0;        // everything but routed experts (always in HBM)
+  std::uint64_t expert_bytes = 0;          // one routed expert (w1, w2, w3 with scales)
+  int moe_layers = 0, experts_per_layer = 0, experts_per_token = 0;
+  double active_params_per_token = 0;      // resident + top-k routed experts of every MoE layer
+};
+
+struct ExpertPlan {
+  double hit_target = 0;
+  int experts_per_layer_for_target = 0;
+  std::uint64_t bytes_for_target = 0;      // HBM cache holding that many experts of every MoE layer
+  std::uint64_t budget_bytes = 0;          // the expert-cache budget evaluated below
+  int cached_per_layer = 0;
+  double hit_rate = 0;                     // routed-expert hit rate of that budget (batch 1)
+  double stall_s_per_token_batch1 = 0;     // miss bytes / host link bandwidth, one sequence
+  double stall_s_per_token_batched = 0;    // the same per token at the workload's concurrency
+  double miss_bytes_per_token_batch1 = 0;
+  double miss_bytes_per_token_batched = 0;
+};
+
+struct TierPlan {
+  std::string name;
+  std::uint64_t capacity_bytes = 0;
+  std::uint64_t kv_bytes = 0;              // left for KV/state after what the plan places there
+  std::uint64_t sequences = 0;             // workload sequences that fit in kv_bytes
+  std::uint64_t other_bytes = 0;           // what else the plan puts there (`holds`)
+  std::string holds;
+};
+
+struct BandwidthLine {
+  std::string link;                        // "hbm", "pcie-h2d", "pcie-d2h", "nvme-read", "nvme-write"
+  double required = 0;                     // bytes/s
+  double available = 0;                    // bytes/s
+  std::string what;
+  double utilisation() const { return available > 0 ? required / available : 0; }
+};
+
+struct LifecyclePlan {
+  double weight_load_s = 0;                // all weights NVMe -> host, then resident ones host -> HBM
+  std::uint64_t kv_state_bytes_per_request = 0;
+  double routing_flops_share = 0;          // router FLOPs / all FLOPs per token
+  std::uint64_t offload_bytes_per_request = 0;  // prefix restore + KV write-back + expert misses
+  double prefill_tokens_per_s = 0;         // recompute speed of the node
+  double decode_step_s = 0;                // HBM-bound decode step at the workload's concurrency
+  double decode_tokens_per_s = 0;
+  // The same step plus the expert-cache misses of the step loaded over the host link (no overlap).
+  double decode_step_with_stalls_s = 0;
+  double decode_tokens_per_s_with_stalls = 0;
+  double decode_tokens_needed_per_s = 0;   // rate x decode tokens
+};
+
+struct Plan {
+  std::string model_name;
+  Hardware hardware;
+  std::string kv_codec, state_codec, layout_id;
+  PlanOptions options;
+  MemoryPlan memory;
+  WeightPlan weights;
+  ExpertPlan experts;
+  std::vector<TierPlan> tiers;
+  std::vector<BandwidthLine> bandwidth;
+  LifecyclePlan lifecycle;
+};
+
+// InvalidArgument naming the CLI flag for out-of-range workload or option values.
+Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hardware,
+                      const PlanOptions& options);
+
+// Smallest number of a layer's `experts` (hottest first, Zipf(s) popularity) whose share of routing
+// mass reaches `target`; and the mass of the hottest `k`.
+int ExpertsForHitRate(int experts, double zipf_s, double target);
+double ZipfMass(int experts, double zipf_s, int k);
+
+}  // namespace terrace::plan

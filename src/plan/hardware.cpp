@@ -1,0 +1,174 @@
+#include "src/plan/hardware.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace terrace::plan {
+namespace {
+
+using json = nlohmann::json;
+
+// Sources of the figures: vendor data sheets (H200 141 GB HBM3e at 4.8 TB/s; H100 SXM 80 GB at
+// 3.35 TB/s, 989 TFLOP/s dense bf16 both) and measured copy rates (pinned PCIe Gen5 x16 ~55 GB/s,
+// Gen4 ~25 GB/s per direction; Gen5 NVMe ~13 GB/s read per drive, Gen4 ~7 GB/s).
+Hardware H200Gen5() {
+  Hardware h;
+  h.name = "h200-gen5";
+  h.gpus = 8;
+  h.hbm_bytes_per_gpu = 141'000'000'000ull;
+  h.hbm_bandwidth_per_gpu = 4.8e12;
+  h.gpu_flops_per_gpu = 989e12;
+  h.mfu = 0.4;
+  h.pcie_bandwidth_per_gpu = 55e9;
+  h.host_bytes = 2ull << 40;
+  h.nvme_bytes = 8 * 7'680'000'000'000ull;
+  h.nvme_read_bandwidth = 8 * 13e9;
+  h.nvme_write_bandwidth = 8 * 8e9;
+  return h;
+}
+
+Hardware H100Gen4() {
+  Hardware h;
+  h.name = "h100-gen4";
+  h.gpus = 8;
+  h.hbm_bytes_per_gpu = 80'000'000'000ull;
+  h.hbm_bandwidth_per_gpu = 3.35e12;
+  h.gpu_flops_per_gpu = 989e12;
+  h.mfu = 0.4;
+  h.pcie_bandwidth_per_gpu = 25e9;
+  h.host_bytes = 2ull << 40;
+  h.nvme_bytes = 8 * 3'840'000'000'000ull;
+  h.nvme_read_bandwidth = 8 * 7e9;
+  h.nvme_write_bandwidth = 8 * 4e9;
+  return h;
+}
+
+}  // namespace
+
+std::vector<std::string> HardwarePresetNames() { return {"h200-gen5", "h100-gen4"}; }
+
+Result<Hardware> HardwarePreset(std::string_view name) {
+  if (name == "h200-gen5") return H200Gen5();
+  if (name == "h100-gen4") return H100Gen4();
+  return Status::InvalidArgument(fmt::format("unknown hardware preset '{}'; choose one of {} or give a JSON file",
+                                             name, fmt::join(HardwarePresetNames(), ", ")));
+}
+
+Status ValidateHardware(const Hardware& h, std::string_view source) {
+  auto bad = [&](std::string_view key, std::string_view rule) {
+    return Status::InvalidArgument(fmt::format("{}: \"{}\" {}", source, key, rule));
+  };
+  if (h.gpus < 1 || h.gpus > 4096) return bad("gpus", "must be 1 to 4096");
+  if (h.hbm_bytes_per_gpu == 0) return bad("hbm_bytes_per_gpu", "must be positive");
+  if (!(h.hbm_bandwidth_per_gpu > 0)) return bad("hbm_bandwidth_per_gpu", "must be positive");
+  if (!(h.gpu_flops_per_gpu > 0)) return bad("gpu_flops_per_gpu", "must be positive");
+  if (!(h.mfu > 0 && h.mfu <= 1)) return bad("mfu", "must be in (0, 1]");
+  if (!(h.pcie_bandwidth_per_gpu > 0)) return bad("pcie_bandwidth_per_gpu", "must be positive");
+  if (!(h.nvme_read_bandwidth > 0)) return bad("nvme_read_bandwidth", "must be positive");
+  if (!(h.nvme_write_bandwidth > 0)) return bad("nvme_write_bandwidth", "must be positive");
+  return Status::Ok();
+}
+
+Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view source) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(fmt::format("{}: not a JSON object (see docs/plan.md, \"Hardware files\")", source));
+  }
+  Hardware h;
+  h.name = std::string(source);
+  if (auto it = j.find("base"); it != j.end()) {
+    if (!it->is_string()) return Status::InvalidArgument(fmt::format("{}: \"base\" must be a preset name", source));
+    TERRACE_ASSIGN_OR_RETURN(h, HardwarePreset(it->get<std::string>()));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "base") continue;
+    if (key == "name") {
+      if (!v.is_string()) return Status::InvalidArgument(fmt::format("{}: \"name\" must be a string", source));
+      h.name = v.get<std::string>();
+      continue;
+    }
+    if (!v.is_number()) {
+      return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a number, got {}", source, key, v.type_name()));
+    }
+    const double d = v.get<double>();
+    auto as_bytes = [&](std::uint64_t* out) -> Status {
+      if (!(d >= 0) || d > 1.8e19) {
+        return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a non-negative byte count", source, key));
+      }
+      *out = static_cast<std::uint64_t>(d);
+      return Status::Ok();
+    };
+    if (key == "gpus") {
+      if (!v.is_number_integer()) return Status::InvalidArgument(fmt::format("{}: \"gpus\" must be an integer", source));
+      const auto g = v.get<std::int64_t>();
+      h.gpus = g < 0 || g > 1'000'000 ? -1 : static_cast<int>(g);
+    } else if (key == "hbm_bytes_per_gpu") {
+      TERRACE_RETURN_IF_ERROR(as_bytes(&h.hbm_bytes_per_gpu));
+    } else if (key == "host_bytes") {
+      TERRACE_RETURN_IF_ERROR(as_bytes(&h.host_bytes));
+    } else if (key == "nvme_bytes") {
+      TERRACE_RETURN_IF_ERROR(as_bytes(&h.nvme_bytes));
+    } else if (key == "hbm_bandwidth_per_gpu") {
+      h.hbm_bandwidth_per_gpu = d;
+    } else if (key == "gpu_flops_per_gpu") {
+      h.gpu_flops_per_gpu = d;
+    } else if (key == "mfu") {
+      h.mfu = d;
+    } else if (key == "pcie_bandwidth_per_gpu") {
+      h.pcie_bandwidth_per_gpu = d;
+    } else if (key == "nvme_read_bandwidth") {
+      h.nvme_read_bandwidth = d;
+    } else if (key == "nvme_write_bandwidth") {
+      h.nvme_write_bandwidth = d;
+    } else {
+      return Status::InvalidArgument(fmt::format(
+          "{}: unknown key \"{}\"; known keys: base, name, gpus, hbm_bytes_per_gpu, hbm_bandwidth_per_gpu, "
+          "gpu_flops_per_gpu, mfu, pcie_bandwidth_per_gpu, host_bytes, nvme_bytes, nvme_read_bandwidth, "
+          "nvme_write_bandwidth",
+          source, key));
+    }
+  }
+  TERRACE_RETURN_IF_ERROR(ValidateHardware(h, source));
+  return h;
+}
+
+Result<Hardware> LoadHardware(std::string_view name_or_path) {
+  for (const std::string& n : HardwarePresetNames()) {
+    if (n == name_or_path) return HardwarePreset(n);
+  }
+  const std::string path(name_or_path);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status::InvalidArgument(fmt::format("--hardware '{}' is neither a preset ({}) nor a JSON file", path,
+                                               fmt::join(HardwarePresetNames(), ", ")));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) return Status::IoError(fmt::format("cannot read hardware file '{}'", path));
+  return ParseHardwareJson(ss.str(), path);
+}
+
+std::string HardwareToJson(const Hardware& h) {
+  json j;
+  j["name"] = h.name;
+  j["gpus"] = h.gpus;
+  j["hbm_bytes_per_gpu"] = h.hbm_bytes_per_gpu;
+  j["hbm_bandwidth_per_gpu"] = h.hbm_bandwidth_per_gpu;
+  j["gpu_flops_per_gpu"] = h.gpu_flops_per_gpu;
+  j["mfu"] = h.mfu;
+  j["pcie_bandwidth_per_gpu"] = h.pcie_bandwidth_per_gpu;
+  j["host_bytes"] = h.host_bytes;
+  j["nvme_bytes"] = h.nvme_bytes;
+  j["nvme_read_bandwidth"] = h.nvme_read_bandwidth;
+  j["nvme_write_bandwidth"] = h.nvme_write_bandwidth;
+  return j.dump();
+}
+
+}  // namespace terrace::plan

@@ -1,0 +1,83 @@
+// Trace replay: runs a request trace (trace.h) through simulated tiers, each a capacity and a link
+// bandwidth, with the store's own eviction policies (src/store/eviction_policy.h: LRU, S3-FIFO).
+// Model (docs/plan.md, "Trace replay"): every node has its own tiers, fastest first; tier 0 is where
+// compute reads the KV (HBM). A block lives in exactly one tier of a node. A request's prefix hit is
+// the leading run of its hash ids resident anywhere on its node; hit blocks in a lower tier are read
+// over that tier's link into tier 0 (promoted), the rest of the prompt is recomputed and written to
+// tier 0. A full tier evicts its policy's victim into the next tier (a write over that tier's link);
+// the last tier drops it. Links are FIFO servers: a restore waits for earlier transfers on the same
+// link. Decode-time KV (output tokens) is not simulated. Pure function of its inputs; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/plan/trace.h"
+#include "terrace/status.h"
+
+namespace terrace::plan {
+
+enum class ReplayPolicy : std::uint8_t { kLru, kS3Fifo };
+std::string_view ReplayPolicyName(ReplayPolicy p);  // "lru", "s3fifo"
+enum class Routing : std::uint8_t {
+  kRoundRobin,      // request i goes to node i mod N
+  kPrefixAffinity,  // the node holding the longest resident prefix; ties to the node with fewest requests
+};
+std::string_view RoutingName(Routing r);  // "round-robin", "prefix-affinity"
+
+struct TierSpec {
+  std::string name;                 // "hbm", "host", "nvme"
+  std::uint64_t capacity_bytes = 0; // 0: the tier is absent (blocks pass through to the next)
+  double read_bandwidth = 0;        // bytes/s into tier 0 (ignored for tier 0)
+};
+
+struct ReplayOptions {
+  std::uint64_t block_tokens = 512;  // tokens per hash id
+  std::uint64_t block_bytes = 0;     // bytes of one block's KV (> 0)
+  // Bytes loaded with every restore besides the KV blocks (the KDA snapshot at the prefix's end),
+  // read from the tier that holds the last hit block. Its capacity is not simulated.
+  std::uint64_t restore_extra_bytes = 0;
+  std::vector<TierSpec> tiers;       // fastest first, at least one
+  ReplayPolicy policy = ReplayPolicy::kLru;
+  int nodes = 1;
+  Routing routing = Routing::kPrefixAffinity;
+  double prefill_tokens_per_s = 0;   // recompute speed of one node (> 0)
+};
+
+struct TierReplayStats {
+  std::string name;
+  std::uint64_t capacity_blocks = 0;  // per node
+  std::uint64_t hit_blocks = 0;       // prefix blocks found in this tier
+  std::uint64_t bytes_read = 0;       // restores out of this tier (0 for tier 0)
+  std::uint64_t bytes_written = 0;    // demotions into this tier
+  std::uint64_t evictions = 0;        // blocks this tier's policy gave up
+};
+
+struct ReplayResult {
+  std::uint64_t requests = 0;
+  std::uint64_t blocks = 0;           // prompt blocks in the trace
+  std::uint64_t hit_blocks = 0;       // prefix blocks found in any tier
+  std::uint64_t hit_tokens = 0;       // prompt tokens not recomputed
+  std::uint64_t prompt_tokens = 0;
+  std::vector<TierReplayStats> tiers;
+  double ttft_saved_s = 0;            // sum over requests of max(0, recompute time - restore time)
+  double restore_s = 0;               // sum over requests of the restore time (transfer + waiting)
+  double queue_wait_s = 0;            // the waiting part: transfers queued behind earlier ones
+  std::uint64_t restores = 0;         // requests with a prefix hit
+  std::uint64_t restores_slower_than_recompute = 0;
+  std::vector<std::uint64_t> requests_per_node;
+
+  double hit_rate() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / static_cast<double>(blocks); }
+  double tier_hit_rate(std::size_t t) const {
+    return blocks == 0 ? 0.0 : static_cast<double>(tiers[t].hit_blocks) / static_cast<double>(blocks);
+  }
+  std::uint64_t bytes_moved() const;  // all reads and demotion writes
+};
+
+// InvalidArgument (naming the CLI flag that sets it) for no tiers, zero block bytes or tokens,
+// nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.
+Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
+
+}  // namespace terrace::plan

@@ -1,0 +1,249 @@
+#include "src/plan/report.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/plan/svg_chart.h"
+
+namespace terrace::plan {
+namespace {
+
+using json = nlohmann::json;
+
+double Num(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+std::string Str(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return "";
+  return it->is_string() ? it->get<std::string>() : it->dump();
+}
+
+std::string Cell(const json& v) {
+  if (v.is_string()) return XmlEscape(v.get<std::string>());
+  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
+  return XmlEscape(v.dump());
+}
+
+// Rows "a.b.c = value" for every scalar, arrays of scalars as one cell; capped.
+void Flatten(const json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>* rows) {
+  if (rows->size() >= 2000) return;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) Flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), rows);
+  } else if (j.is_array()) {
+    bool scalars = true;
+    for (const auto& e : j) scalars = scalars && !e.is_structured();
+    if (scalars) {
+      std::string d = j.dump();
+      if (d.size() > 300) d = d.substr(0, 300) + "...";
+      rows->emplace_back(prefix, XmlEscape(d));
+    } else {
+      for (std::size_t i = 0; i < j.size(); ++i) Flatten(j[i], fmt::format("{}[{}]", prefix, i), rows);
+    }
+  } else {
+    rows->emplace_back(prefix, Cell(j));
+  }
+}
+
+std::string KeyValueTable(const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::string s = "<table><tbody>";
+  for (const auto& [k, v] : rows) s += fmt::format("<tr><th>{}</th><td>{}</td></tr>", XmlEscape(k), v);
+  return s + "</tbody></table>";
+}
+
+std::string B(double v) { return XmlEscape(FormatAxisValue(v, AxisFormat::kBytes)); }
+std::string P(double v) { return fmt::format("{:.1f}%", 100 * v); }
+
+void PlanSections(const json& j, Report* r, std::string* body) {
+  const json& m = j.value("memory", json::object());
+  r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(j.value("hardware", json::object()), "name"));
+  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {}.</p>", XmlEscape(Str(j, "kv_codec")),
+                       XmlEscape(Str(j, "state_codec")), Cell(j.value("workload", json::object())));
+  *body += "<h2>Memory per token and per sequence</h2>";
+  *body += KeyValueTable({
+      {"MLA latents per token", B(Num(m, "mla_bytes_per_token"))},
+      {"KDA recurrent state per layer", B(Num(m, "kda_recurrent_bytes_per_layer"))},
+      {"KDA conv state per layer", B(Num(m, "kda_conv_bytes_per_layer"))},
+      {"KDA state per sequence (fixed)", B(Num(m, "kda_state_bytes_per_sequence"))},
+      {"AttnRes bank per token (transient)", B(Num(m, "attnres_bank_bytes_per_token"))},
+      {"MHA comparison per token", B(Num(m, "mha_bytes_per_token"))},
+      {"GQA comparison per token", B(Num(m, "gqa_bytes_per_token"))},
+      {"one workload sequence", B(Num(m, "sequence_bytes"))},
+  });
+  if (m.contains("curve") && m["curve"].is_array()) {
+    LineChart c;
+    c.title = "Memory per sequence vs context";
+    c.x_label = "context (tokens)";
+    c.y_label = "bytes per sequence";
+    c.log_x = c.log_y = true;
+    c.x_format = AxisFormat::kTokens;
+    c.y_format = AxisFormat::kBytes;
+    const std::pair<const char*, const char*> lines[] = {{"total_bytes", "MLA + KDA (this model)"},
+                                                        {"mla_bytes", "MLA latents only"},
+                                                        {"gqa_bytes", "GQA comparison"},
+                                                        {"mha_bytes", "MHA comparison"}};
+    for (auto [key, name] : lines) {
+      Series s;
+      s.name = name;
+      s.dashed = std::string_view(key) == "mla_bytes";
+      for (const auto& p : m["curve"]) s.points.emplace_back(Num(p, "tokens"), Num(p, key));
+      c.series.push_back(std::move(s));
+    }
+    r->charts.push_back({"memory-vs-context", RenderSvg(c)});
+    *body += r->charts.back().svg;
+  }
+  if (j.contains("weights")) {
+    *body += "<h2>Weights</h2>";
+    std::vector<std::pair<std::string, std::string>> rows;
+    const json comps = j["weights"].value("by_component", json::object());
+    for (auto it = comps.begin(); it != comps.end(); ++it) {
+      rows.emplace_back(it.key(), B(it->is_number() ? it->get<double>() : 0));
+    }
+    rows.emplace_back("total", B(Num(j["weights"], "total_bytes")));
+    rows.emplace_back("resident (all but routed experts)", B(Num(j["weights"], "resident_bytes")));
+    rows.emplace_back("one routed expert", B(Num(j["weights"], "expert_bytes")));
+    *body += KeyValueTable(rows);
+  }
+  if (j.contains("experts")) {
+    const json& e = j["experts"];
+    *body += "<h2>Expert cache</h2>";
+    *body += KeyValueTable({
+        {fmt::format("HBM for a {} hit rate", P(Num(e, "hit_target"))), B(Num(e, "bytes_for_target"))},
+        {"budget", B(Num(e, "budget_bytes"))},
+        {"hit rate of the budget", P(Num(e, "hit_rate"))},
+        {"stall per token, batch 1", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batch1"))},
+        {"stall per token, batched", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batched"))},
+    });
+  }
+  if (j.contains("tiers") && j["tiers"].is_array()) {
+    *body += "<h2>Tiers</h2><table><thead><tr><th>tier</th><th>capacity</th><th>for KV/state</th><th>sequences</th>"
+             "<th>also holds</th></tr></thead><tbody>";
+    for (const auto& t : j["tiers"]) {
+      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td></tr>", XmlEscape(Str(t, "name")),
+                           B(Num(t, "capacity_bytes")), B(Num(t, "kv_bytes")), Cell(t.value("sequences", json(0))),
+                           B(Num(t, "other_bytes")), XmlEscape(Str(t, "holds")));
+    }
+    *body += "</tbody></table>";
+  }
+  if (j.contains("bandwidth") && j["bandwidth"].is_array()) {
+    *body += "<h2>Bandwidth</h2><table><thead><tr><th>link</th><th>required</th><th>available</th><th>use</th>"
+             "<th>for</th></tr></thead><tbody>";
+    for (const auto& b : j["bandwidth"]) {
+      const double u = Num(b, "utilisation");
+      *body += fmt::format("<tr><td>{}</td><td>{}/s</td><td>{}/s</td><td class=\"{}\">{}</td><td>{}</td></tr>",
+                           XmlEscape(Str(b, "link")), B(Num(b, "required_bytes_per_s")),
+                           B(Num(b, "available_bytes_per_s")), u > 1 ? "over" : "", P(u), XmlEscape(Str(b, "what")));
+    }
+    *body += "</tbody></table>";
+  }
+  if (j.contains("lifecycle")) {
+    std::vector<std::pair<std::string, std::string>> rows;
+    Flatten(j["lifecycle"], "", &rows);
+    *body += "<h2>Lifecycle</h2>" + KeyValueTable(rows);
+  }
+  if (!j.contains("trace")) return;
+  const json& t = j["trace"];
+  *body += fmt::format("<h2>Trace replay: {}</h2><p>{} requests, {} blocks ({} unique) of {} tokens; prefix-hit "
+                       "ceiling <b>{}</b>; replayed in {:.2f} s.</p>",
+                       XmlEscape(Str(t, "file")), Cell(t.value("requests", json(0))), Cell(t.value("blocks", json(0))),
+                       Cell(t.value("unique_blocks", json(0))), Cell(t.value("block_tokens", json(0))),
+                       P(Num(t, "prefix_hit_ceiling")), Num(t, "replay_seconds"));
+  if (t.contains("sweep") && t["sweep"].is_array()) {
+    LineChart c;
+    c.title = "Prefix hit rate vs cache capacity";
+    c.x_label = "capacity (one tier)";
+    c.y_label = "hit rate";
+    c.log_x = true;
+    c.x_format = AxisFormat::kBytes;
+    c.y_format = AxisFormat::kPercent;
+    std::vector<std::string> order;
+    for (const auto& p : t["sweep"]) {
+      const std::string pol = Str(p, "policy");
+      auto it = std::find(order.begin(), order.end(), pol);
+      if (it == order.end()) {
+        order.push_back(pol);
+        c.series.push_back({pol, {}, false});
+        it = std::prev(order.end());
+      }
+      c.series[static_cast<std::size_t>(it - order.begin())].points.emplace_back(Num(p, "capacity_bytes"),
+                                                                                 Num(p, "hit_rate"));
+    }
+    double lo = 0, hi = 0;
+    for (const auto& s : c.series)
+      for (auto [x, y] : s.points) {
+        lo = lo == 0 ? x : std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+    c.series.push_back({"ceiling (infinite cache)", {{lo, Num(t, "prefix_hit_ceiling")}, {hi, Num(t, "prefix_hit_ceiling")}}, true});
+    r->charts.push_back({"hit-rate-vs-capacity", RenderSvg(c)});
+    *body += r->charts.back().svg;
+  }
+  if (t.contains("policies") && t["policies"].is_array() && !t["policies"].empty()) {
+    BarChart b;
+    b.title = "Prefix hit rate per tier and policy";
+    b.y_label = "share of prompt blocks";
+    b.y_format = AxisFormat::kPercent;
+    for (const auto& p : t["policies"]) {
+      b.groups.push_back(Str(p, "policy"));
+      std::vector<double> v;
+      for (const auto& tier : p.value("tiers", json::array())) {
+        if (b.groups.size() == 1) b.bars.push_back(Str(tier, "name"));
+        v.push_back(Num(tier, "hit_rate"));
+      }
+      b.values.push_back(v);
+    }
+    r->charts.push_back({"tier-hit-rates", RenderSvg(b)});
+    *body += r->charts.back().svg;
+    *body += "<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT saved per request</th><th>restore wait</th>"
+             "<th>slower than recompute</th><th>bytes moved</th></tr></thead><tbody>";
+    for (const auto& p : t["policies"]) {
+      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3g} ms</td><td>{:.3g} s</td><td>{}</td><td>{}</td></tr>",
+                           XmlEscape(Str(p, "policy")), P(Num(p, "hit_rate")), 1e3 * Num(p, "ttft_saved_s_per_request"),
+                           Num(p, "queue_wait_s"), Cell(p.value("restores_slower_than_recompute", json(0))),
+                           B(Num(p, "bytes_moved")));
+    }
+    *body += "</tbody></table>";
+  }
+  if (t.contains("cluster") && t["cluster"].is_array()) {
+    *body += "<h3>Cluster projection</h3><table><thead><tr><th>routing</th><th>hit rate</th><th>load imbalance</th>"
+             "</tr></thead><tbody>";
+    for (const auto& c : t["cluster"]) {
+      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td></tr>", XmlEscape(Str(c, "routing")),
+                           P(Num(c, "hit_rate")), Num(c, "load_imbalance"));
+    }
+    *body += "</tbody></table>";
+  }
+}
+
+}  // namespace
+
+Result<Report> RenderReport(std::string_view text, std::string_view source) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(fmt::format("{}: not a JSON object (give the output of a --json run)", source));
+  }
+  Report r;
+  std::string body;
+  if (Str(j, "kind") == "plan") {
+    PlanSections(j, &r, &body);
+  } else {
+    r.title = fmt::format("Terrace report: {}", source);
+  }
+  std::vector<std::pair<std::string, std::string>> rows;
+  Flatten(j, "", &rows);
+  body += "<details><summary>All values</summary>" + KeyValueTable(rows) + "</details>";
+  r.html = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title><style>"
+      "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"
+      "table{{border-collapse:collapse;margin:0.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;"
+      "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}svg{{display:block;margin:1em 0}}"
+      "</style></head><body><h1>{0}</h1><p>Source: {1}</p>\n{2}\n</body></html>\n",
+      XmlEscape(r.title), XmlEscape(source), body);
+  return r;
+}
+
+}  // namespace terrace::plan

@@ -1,0 +1,28 @@
+// `terrace report`: turns a run's JSON (`terrace plan --json`; any other JSON as a table of its
+// values) into one self-contained HTML page with inline SVG charts: no scripts, no network. Pure;
+// thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terrace/status.h"
+
+namespace terrace::plan {
+
+struct ReportChart {
+  std::string name;  // file-name safe: "memory-vs-context", "hit-rate-vs-capacity", "tier-hit-rates"
+  std::string svg;
+};
+
+struct Report {
+  std::string title;
+  std::string html;
+  std::vector<ReportChart> charts;  // also inlined in html
+};
+
+// InvalidArgument naming `source` when the text is not a JSON object.
+Result<Report> RenderReport(std::string_view json_text, std::string_view source);
+
+}  // namespace terrace::plan

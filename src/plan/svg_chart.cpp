@@ -1,0 +1,212 @@
+#include "src/plan/svg_chart.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace terrace::plan {
+namespace {
+
+constexpr int kLeft = 80, kRight = 200, kTop = 40, kBottom = 56;
+constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+                                    "#7f7f7f"};
+constexpr int kPaletteSize = 8;
+
+struct Axis {
+  double lo = 0, hi = 1;
+  bool log = false;
+  double Map(double v, double px_lo, double px_hi) const {
+    double t = log ? (std::log(v) - std::log(lo)) / (std::log(hi) - std::log(lo)) : (v - lo) / (hi - lo);
+    if (!std::isfinite(t)) t = 0;
+    return px_lo + t * (px_hi - px_lo);
+  }
+  std::vector<double> Ticks() const {
+    std::vector<double> t;
+    if (log) {
+      // Powers of two, thinned to at most 8.
+      const int a = static_cast<int>(std::floor(std::log2(lo))), b = static_cast<int>(std::ceil(std::log2(hi)));
+      const int step = std::max(1, (b - a + 7) / 8);
+      for (int e = a; e <= b; e += step) {
+        const double v = std::ldexp(1.0, e);
+        if (v >= lo * 0.999 && v <= hi * 1.001) t.push_back(v);
+      }
+    } else {
+      for (int i = 0; i <= 5; ++i) t.push_back(lo + (hi - lo) * i / 5.0);
+    }
+    return t;
+  }
+};
+
+Axis MakeAxis(double lo, double hi, bool log) {
+  Axis a;
+  a.log = log;
+  if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi)) lo = hi = log ? 1 : 0;
+  if (log) {
+    if (lo == hi) {
+      lo /= 2;
+      hi *= 2;
+    }
+    a.lo = std::ldexp(1.0, static_cast<int>(std::floor(std::log2(lo))));
+    a.hi = std::ldexp(1.0, static_cast<int>(std::ceil(std::log2(hi))));
+  } else {
+    if (lo > 0) lo = 0;
+    if (lo == hi) hi = lo + 1;
+    a.lo = lo;
+    a.hi = hi;
+  }
+  return a;
+}
+
+std::string Header(const std::string& title) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\" role=\"img\"><title>{2}</title>"
+      "<rect width=\"{0}\" height=\"{1}\" fill=\"#ffffff\"/>"
+      "<text x=\"{3}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{2}</text>",
+      kChartWidth, kChartHeight, XmlEscape(title), kLeft);
+}
+
+void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_label, const std::string& x_label) {
+  const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
+  for (double t : y.Ticks()) {
+    const double py = y.Map(t, y0, y1);
+    *s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e5e5e5\"/>", x0, py, x1, py);
+    *s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>", x0 - 6, py + 4,
+                      XmlEscape(FormatAxisValue(t, yf)));
+  }
+  *s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>", x0, y1,
+                    x1 - x0, y0 - y1);
+  *s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>", (x0 + x1) / 2, kChartHeight - 12,
+                    XmlEscape(x_label));
+  *s += fmt::format("<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>", (y0 + y1) / 2,
+                    XmlEscape(y_label));
+}
+
+void Legend(std::string* s, const std::vector<std::string>& names, const std::vector<bool>& dashed) {
+  const int x = kChartWidth - kRight + 12;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const int y = kTop + 14 + static_cast<int>(i) * 20;
+    *s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"{}/>", x, y - 4,
+                      x + 22, y - 4, kPalette[i % kPaletteSize],
+                      i < dashed.size() && dashed[i] ? " stroke-dasharray=\"6 4\"" : "");
+    *s += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>", x + 28, y, XmlEscape(names[i]));
+  }
+}
+
+}  // namespace
+
+std::string XmlEscape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string FormatAxisValue(double v, AxisFormat f) {
+  switch (f) {
+    case AxisFormat::kPercent: return fmt::format("{:.0f}%", v * 100);
+    case AxisFormat::kTokens:
+      if (v >= 1048576) return fmt::format("{:g}M", v / 1048576);
+      if (v >= 1024) return fmt::format("{:g}k", v / 1024);
+      return fmt::format("{:g}", v);
+    case AxisFormat::kBytes: {
+      const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+      int u = 0;
+      while (std::fabs(v) >= 1024 && u < 5) {
+        v /= 1024;
+        ++u;
+      }
+      return fmt::format("{:g} {}", std::round(v * 10) / 10, units[u]);
+    }
+    case AxisFormat::kPlain: break;
+  }
+  return fmt::format("{:g}", v);
+}
+
+std::string RenderSvg(const LineChart& c) {
+  double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
+  auto usable = [&](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && (!c.log_x || x > 0) && (!c.log_y || y > 0);
+  };
+  for (const Series& s : c.series) {
+    for (auto [x, y] : s.points) {
+      if (!usable(x, y)) continue;
+      xlo = std::min(xlo, x);
+      xhi = std::max(xhi, x);
+      ylo = std::min(ylo, y);
+      yhi = std::max(yhi, y);
+    }
+  }
+  const Axis ax = MakeAxis(xlo, xhi, c.log_x);
+  Axis ay = MakeAxis(ylo, yhi, c.log_y);
+  if (c.y_format == AxisFormat::kPercent && !c.log_y) ay = MakeAxis(0, std::max(1.0, yhi), false);
+  std::string s = Header(c.title);
+  Frame(&s, ay, c.y_format, c.y_label, c.x_label);
+  const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
+  for (double t : ax.Ticks()) {
+    const double px = ax.Map(t, x0, x1);
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#444\"/>", px, y0, px, y0 + 5);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", px, y0 + 18,
+                     XmlEscape(FormatAxisValue(t, c.x_format)));
+  }
+  std::vector<std::string> names;
+  std::vector<bool> dashed;
+  for (std::size_t i = 0; i < c.series.size(); ++i) {
+    const Series& se = c.series[i];
+    std::string pts;
+    for (auto [x, y] : se.points) {
+      if (!usable(x, y)) continue;
+      pts += fmt::format("{}{:.1f},{:.1f}", pts.empty() ? "" : " ", ax.Map(x, x0, x1), ay.Map(y, y0, y1));
+    }
+    s += fmt::format("<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} "
+                     "points=\"{}\"/>",
+                     XmlEscape(se.name), kPalette[i % kPaletteSize], se.dashed ? " stroke-dasharray=\"6 4\"" : "", pts);
+    names.push_back(se.name);
+    dashed.push_back(se.dashed);
+  }
+  Legend(&s, names, dashed);
+  s += "</svg>";
+  return s;
+}
+
+std::string RenderSvg(const BarChart& c) {
+  double yhi = 0;
+  for (const auto& g : c.values)
+    for (double v : g)
+      if (std::isfinite(v)) yhi = std::max(yhi, v);
+  const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false);
+  std::string s = Header(c.title);
+  Frame(&s, ay, c.y_format, c.y_label, "");
+  const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
+  const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
+  const double bw = gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
+  for (std::size_t g = 0; g < c.groups.size(); ++g) {
+    const double gx = x0 + g * gw + gw * 0.1;
+    for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
+      const double v = std::isfinite(c.values[g][b]) ? c.values[g][b] : 0;
+      const double top = ay.Map(v, y0, y1);
+      s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+                       "<title>{} {}: {}</title></rect>",
+                       gx + b * bw, top, bw * 0.92, y0 - top, kPalette[b % kPaletteSize], XmlEscape(c.groups[g]),
+                       XmlEscape(c.bars[b]), XmlEscape(FormatAxisValue(v, c.y_format)));
+    }
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
+                     XmlEscape(c.groups[g]));
+  }
+  Legend(&s, c.bars, {});
+  s += "</svg>";
+  return s;
+}
+
+}  // namespace terrace::plan

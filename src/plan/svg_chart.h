@@ -1,0 +1,42 @@
+// Self-contained SVG charts (no scripts, no external references) for `terrace report`. Pure
+// functions; thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace terrace::plan {
+
+enum class AxisFormat : unsigned char { kPlain, kBytes, kTokens, kPercent };
+
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> points;  // (x, y) in data units
+  bool dashed = false;
+};
+
+struct LineChart {
+  std::string title, x_label, y_label;
+  bool log_x = false, log_y = false;  // log axes need positive values; others are dropped
+  AxisFormat x_format = AxisFormat::kPlain, y_format = AxisFormat::kPlain;
+  std::vector<Series> series;
+};
+
+struct BarChart {
+  std::string title, y_label;
+  AxisFormat y_format = AxisFormat::kPlain;
+  std::vector<std::string> groups;       // x categories
+  std::vector<std::string> bars;         // bars within a group (legend)
+  std::vector<std::vector<double>> values;  // [group][bar]
+};
+
+inline constexpr int kChartWidth = 720, kChartHeight = 380;
+std::string RenderSvg(const LineChart& chart);
+std::string RenderSvg(const BarChart& chart);
+std::string FormatAxisValue(double v, AxisFormat f);
+// Escapes & < > " ' for XML text and attributes.
+std::string XmlEscape(std::string_view text);
+
+}  // namespace terrace::plan

@@ -1,0 +1,135 @@
+#include "src/plan/trace.h"
+
+#include <fstream>
+#include <sstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace terrace::plan {
+namespace {
+
+using json = nlohmann::json;
+
+Status LineError(std::string_view source, std::size_t line, std::string_view what) {
+  return Status::InvalidArgument(fmt::format("{}:{}: {}", source, line, what));
+}
+
+// A JSON number that is a whole non-negative integer <= max (floats with no fraction are accepted:
+// some tools write 1.0 for timestamps).
+Result<std::uint64_t> ReadCount(const json& obj, const char* key, std::uint64_t max, std::string_view source,
+                                std::size_t line) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    return LineError(source, line, fmt::format("missing \"{}\" (every line needs timestamp, input_length, "
+                                               "output_length and hash_ids)", key));
+  }
+  std::uint64_t v = 0;
+  if (it->is_number_unsigned()) {
+    v = it->get<std::uint64_t>();
+  } else if (it->is_number_integer()) {
+    return LineError(source, line, fmt::format("\"{}\" is negative ({})", key, it->get<std::int64_t>()));
+  } else if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (!(d >= 0.0) || d > static_cast<double>(max) || d != static_cast<double>(static_cast<std::uint64_t>(d))) {
+      return LineError(source, line, fmt::format("\"{}\" must be a non-negative whole number, got {}", key, d));
+    }
+    v = static_cast<std::uint64_t>(d);
+  } else {
+    return LineError(source, line, fmt::format("\"{}\" must be a number, got {}", key, it->type_name()));
+  }
+  if (v > max) return LineError(source, line, fmt::format("\"{}\" is {}, over the limit {}", key, v, max));
+  return v;
+}
+
+}  // namespace
+
+Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view source, std::size_t line_number) {
+  json obj = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (obj.is_discarded()) return LineError(source, line_number, "not valid JSON (expected one request object per line)");
+  if (!obj.is_object()) {
+    return LineError(source, line_number, fmt::format("expected a JSON object, got {}", obj.type_name()));
+  }
+  TraceRequest r;
+  TERRACE_ASSIGN_OR_RETURN(r.timestamp_ms, ReadCount(obj, "timestamp", UINT64_MAX / 2, source, line_number));
+  TERRACE_ASSIGN_OR_RETURN(r.input_length, ReadCount(obj, "input_length", kMaxTraceTokens, source, line_number));
+  TERRACE_ASSIGN_OR_RETURN(r.output_length, ReadCount(obj, "output_length", kMaxTraceTokens, source, line_number));
+  auto it = obj.find("hash_ids");
+  if (it == obj.end()) return LineError(source, line_number, "missing \"hash_ids\" (a list of block ids)");
+  if (!it->is_array()) {
+    return LineError(source, line_number, fmt::format("\"hash_ids\" must be a list, got {}", it->type_name()));
+  }
+  if (it->size() > kMaxTraceBlocksPerRequest) {
+    return LineError(source, line_number,
+                     fmt::format("\"hash_ids\" has {} ids, over the limit {}", it->size(), kMaxTraceBlocksPerRequest));
+  }
+  r.hash_ids.reserve(it->size());
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const json& id = (*it)[i];
+    if (!id.is_number_unsigned()) {
+      return LineError(source, line_number,
+                       fmt::format("\"hash_ids\"[{}] must be a non-negative integer, got {}", i, id.dump()));
+    }
+    r.hash_ids.push_back(id.get<std::uint64_t>());
+  }
+  return r;
+}
+
+Result<Trace> ParseTrace(std::string_view text, std::string_view source) {
+  Trace trace;
+  std::size_t line_number = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    TERRACE_ASSIGN_OR_RETURN(TraceRequest r, ParseTraceLine(line, source, line_number));
+    if (!trace.requests.empty() && r.timestamp_ms < trace.requests.back().timestamp_ms) {
+      return LineError(source, line_number,
+                       fmt::format("timestamp {} is earlier than the previous request's {}; sort the file by "
+                                   "timestamp",
+                                   r.timestamp_ms, trace.requests.back().timestamp_ms));
+    }
+    trace.requests.push_back(std::move(r));
+  }
+  if (trace.requests.empty()) {
+    return Status::InvalidArgument(fmt::format("{}: no requests (the trace is empty)", source));
+  }
+  return trace;
+}
+
+Result<Trace> LoadTrace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IoError(fmt::format("cannot read trace '{}'", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IoError(fmt::format("error reading trace '{}'", path));
+  const std::string text = ss.str();
+  return ParseTrace(text, path);
+}
+
+std::string FormatTraceLine(const TraceRequest& r) {
+  return fmt::format(R"({{"timestamp": {}, "input_length": {}, "output_length": {}, "hash_ids": [{}]}})",
+                     r.timestamp_ms, r.input_length, r.output_length, fmt::join(r.hash_ids, ", "));
+}
+
+PrefixCeiling ComputePrefixCeiling(const Trace& trace) {
+  PrefixCeiling c;
+  std::unordered_set<std::uint64_t> seen;
+  for (const TraceRequest& r : trace.requests) {
+    c.blocks += r.hash_ids.size();
+    std::size_t run = 0;
+    while (run < r.hash_ids.size() && seen.contains(r.hash_ids[run])) ++run;
+    c.hit_blocks += run;
+    for (std::uint64_t id : r.hash_ids) seen.insert(id);
+  }
+  c.unique_blocks = seen.size();
+  return c;
+}
+
+}  // namespace terrace::plan

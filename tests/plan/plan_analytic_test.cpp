@@ -1,0 +1,143 @@
+// The analytic planner against hand-computed Kimi K3 figures (docs/model-format.md section 3:
+// 93 layers, MLA at 1-based 4, 8, ..., 92 and 93 = 24 layers, KDA the other 69; kv_lora_rank 512,
+// qk_rope_head_dim 64; 96 KDA heads of 128; conv kernel 4).
+#include <catch2/catch.hpp>
+
+#include "src/plan/analytic.h"
+#include "src/plan/hardware.h"
+#include "terrace/model_config.h"
+
+using namespace terrace;
+using namespace terrace::plan;
+
+namespace {
+Plan K3Plan(const char* kv_codec = "bf16", PlanOptions o = {}) {
+  auto c = model::Preset("kimi-k3");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  auto spec = codec::CodecSpec::Parse(kv_codec);
+  REQUIRE(spec.ok());
+  o.layout.kv_codec = *spec;
+  auto p = MakePlan(*c, "kimi-k3", *hw, o);
+  REQUIRE(p.ok());
+  return *p;
+}
+}  // namespace
+
+TEST_CASE("K3 memory per token and per sequence match the hand-computed values") {
+  const Plan p = K3Plan();
+  CHECK(p.memory.mla_layers == 24);
+  CHECK(p.memory.kda_layers == 69);
+  // 24 MLA layers x (512 + 64) values x 2 bytes (bf16) = 27,648 B per token.
+  CHECK(p.memory.mla_bytes_per_token == 27648u);
+  // 96 heads x 128 x 128 x 4 bytes (f32) = 6 MiB per KDA layer.
+  CHECK(p.memory.kda_recurrent_bytes_per_layer == 6u * 1024 * 1024);
+  // conv state: (4 - 1) rows x 3 * 96 * 128 columns x 4 bytes = 442,368 B.
+  CHECK(p.memory.kda_conv_bytes_per_layer == 442368u);
+  CHECK(p.memory.kda_state_bytes_per_sequence == 69u * (6291456u + 442368u));
+  // AttnRes: ceil(93 / 12) = 8 bank vectors + the partial sum, 7168 floats each.
+  CHECK(p.memory.attnres_sources == 9);
+  CHECK(p.memory.attnres_bank_bytes_per_token == 9u * 7168u * 4u);
+  // MHA comparison: 96 heads x (192 K + 128 V) x 2 B x 93 layers.
+  CHECK(p.memory.mha_bytes_per_token == 96u * 320u * 2u * 93u);
+  CHECK(p.memory.gqa_bytes_per_token == 8u * 320u * 2u * 93u);
+  // The curve: 1k .. 1M, total = t * MLA + fixed KDA.
+  REQUIRE(p.memory.curve.size() == 11);
+  CHECK(p.memory.curve.front().tokens == 1024);
+  CHECK(p.memory.curve.back().tokens == 1048576);
+  CHECK(p.memory.curve.back().total_bytes == 1048576ull * 27648 + 69ull * (6291456 + 442368));
+}
+
+TEST_CASE("The KV codec changes the MLA bytes (fp8 halves bf16) but not the KDA state") {
+  const Plan bf16 = K3Plan("bf16");
+  const Plan fp8 = K3Plan("fp8");
+  CHECK(fp8.memory.mla_bytes_per_token * 2 == bf16.memory.mla_bytes_per_token);
+  CHECK(fp8.memory.kda_state_bytes_per_sequence == bf16.memory.kda_state_bytes_per_sequence);
+  CHECK(fp8.kv_codec == "fp8");
+}
+
+TEST_CASE("K3 weights: routed experts dominate; one MXFP4 expert is 3 x 3584 x 3072 x (1/2 + 1/32) bytes") {
+  const Plan p = K3Plan();
+  CHECK(p.weights.moe_layers == 92);  // first_k_dense_replace = 1
+  CHECK(p.weights.experts_per_layer == 896);
+  CHECK(p.weights.expert_bytes == 3ull * 3584 * 3072 / 2 + 3ull * 3584 * 3072 / 32);
+  CHECK(p.weights.routed_expert_bytes == p.weights.expert_bytes * 896 * 92);
+  CHECK(p.weights.resident_bytes + p.weights.routed_expert_bytes == p.weights.total_bytes);
+  std::uint64_t sum = 0;
+  for (const auto& [name, b] : p.weights.bytes_by_component) sum += b;
+  CHECK(sum == p.weights.total_bytes);
+}
+
+TEST_CASE("Zipf expert cache sizing, by hand") {
+  // 4 experts, s = 1: p = 12/25, 6/25, 4/25, 3/25.
+  CHECK(ZipfMass(4, 1.0, 1) == Approx(0.48));
+  CHECK(ZipfMass(4, 1.0, 2) == Approx(0.72));
+  CHECK(ExpertsForHitRate(4, 1.0, 0.70) == 2);
+  CHECK(ExpertsForHitRate(4, 1.0, 0.73) == 3);
+  CHECK(ExpertsForHitRate(4, 1.0, 1.0) == 4);
+  // Uniform: k / E.
+  CHECK(ZipfMass(10, 0.0, 3) == Approx(0.3));
+}
+
+TEST_CASE("Expert cache: a bigger budget never stalls more; the whole model cached never stalls") {
+  PlanOptions small, big, all;
+  small.expert_cache_bytes = 64ull << 30;
+  big.expert_cache_bytes = 256ull << 30;
+  all.expert_cache_bytes = 1ull << 50;
+  const Plan a = K3Plan("bf16", small), b = K3Plan("bf16", big), c = K3Plan("bf16", all);
+  CHECK(a.experts.hit_rate < b.experts.hit_rate);
+  CHECK(a.experts.stall_s_per_token_batch1 > b.experts.stall_s_per_token_batch1);
+  CHECK(c.experts.cached_per_layer == 896);
+  CHECK(c.experts.hit_rate == Approx(1.0));
+  CHECK(c.experts.stall_s_per_token_batch1 == Approx(0.0).margin(1e-12));
+  // Batch 1, by hand: misses = top-16 x 92 layers x (1 - hit) experts of expert_bytes each.
+  CHECK(a.experts.miss_bytes_per_token_batch1 ==
+        Approx((1 - a.experts.hit_rate) * 16 * 92 * static_cast<double>(a.weights.expert_bytes)));
+}
+
+TEST_CASE("Tiers: sequences per tier are the KV bytes over one sequence's bytes") {
+  const Plan p = K3Plan();
+  const std::uint64_t seq = (32768 + 512) * 27648ull + 69ull * (6291456 + 442368);
+  CHECK(p.memory.sequence_bytes == seq);
+  for (const TierPlan& t : p.tiers) CHECK(t.sequences == t.kv_bytes / seq);
+  CHECK(p.tiers[0].kv_bytes + p.tiers[0].other_bytes == p.tiers[0].capacity_bytes);
+}
+
+TEST_CASE("Bad workload values are errors naming the CLI flag") {
+  auto c = model::Preset("k3-small");
+  auto hw = HardwarePreset("h100-gen4");
+  REQUIRE(c.ok());
+  REQUIRE(hw.ok());
+  PlanOptions o;
+  o.workload.prefix_reuse = 1.5;
+  auto p = MakePlan(*c, "k3-small", *hw, o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(), Catch::Contains("--prefix-reuse"));
+  o = {};
+  o.workload.concurrency = 0;
+  p = MakePlan(*c, "k3-small", *hw, o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(), Catch::Contains("--concurrency"));
+}
+
+TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad values name the key") {
+  auto h = ParseHardwareJson(R"({"base": "h100-gen4", "gpus": 4, "host_bytes": 1000})", "my.json");
+  REQUIRE(h.ok());
+  CHECK(h->gpus == 4);
+  CHECK(h->host_bytes == 1000u);
+  CHECK(h->hbm_bytes_per_gpu == 80'000'000'000ull);
+  CHECK(h->hbm_bytes() == 4 * 80'000'000'000ull);
+  auto bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_gb": 3})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json") && Catch::Contains("hbm_gb"));
+  bad = ParseHardwareJson(R"({"base": "h200-gen5", "mfu": 2})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("mfu"));
+  bad = ParseHardwareJson(R"({"gpus": 8})", "my.json");  // no base: the bandwidths are missing
+  REQUIRE_FALSE(bad.ok());
+  auto round = ParseHardwareJson(HardwareToJson(*HardwarePreset("h200-gen5")), "x");
+  REQUIRE(round.ok());
+  CHECK(round->pcie_bandwidth_per_gpu == 55e9);
+  CHECK_FALSE(HardwarePreset("a100").ok());
+}

@@ -1,0 +1,197 @@
+// Trace replay through the store's eviction policies, against hand-computed traces and an
+// independent oracle (the prefix-hit ceiling of an infinite cache).
+#include <fstream>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+#include "src/plan/replay.h"
+#include "src/plan/trace.h"
+#include "src/plan/trace_gen.h"
+
+using namespace terrace;
+using namespace terrace::plan;
+
+namespace {
+Trace Make(std::vector<std::vector<std::uint64_t>> reqs) {
+  Trace t;
+  std::uint64_t ts = 0;
+  for (auto& ids : reqs) {
+    TraceRequest r;
+    r.timestamp_ms = ts;
+    ts += 1000;
+    r.input_length = ids.size() * 4;
+    r.hash_ids = std::move(ids);
+    t.requests.push_back(std::move(r));
+  }
+  return t;
+}
+
+ReplayOptions OneTier(std::uint64_t blocks, ReplayPolicy p = ReplayPolicy::kLru) {
+  ReplayOptions o;
+  o.block_tokens = 4;
+  o.block_bytes = 100;
+  o.prefill_tokens_per_s = 1000;
+  o.policy = p;
+  o.tiers = {{"hbm", blocks * 100, 0}};
+  return o;
+}
+
+Trace Fixture() {
+  std::ifstream in(std::string(PLAN_TEST_DATA) + "/mooncake_head200.jsonl");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto t = ParseTrace(ss.str(), "fixture");
+  REQUIRE(t.ok());
+  return *t;
+}
+}  // namespace
+
+TEST_CASE("LRU hit rate on a tiny trace, computed by hand") {
+  // Capacity 2 blocks. r1 [1 2]: miss, miss (LRU 1,2) | r2 [1 2]: hit, hit | r3 [3]: miss, evicts 1
+  // (2,3) | r4 [1 2]: 1 missing -> no prefix hit; placing 1 evicts 2, placing 2 evicts 3 | r5 [1 2]:
+  // hit, hit. 4 hits of 9 blocks; 3 evictions.
+  const Trace t = Make({{1, 2}, {1, 2}, {3}, {1, 2}, {1, 2}});
+  auto r = Replay(t, OneTier(2));
+  REQUIRE(r.ok());
+  CHECK(r->blocks == 9);
+  CHECK(r->hit_blocks == 4);
+  CHECK(r->hit_rate() == Approx(4.0 / 9.0));
+  CHECK(r->tiers[0].evictions == 3);
+  CHECK(r->restores == 2);
+  CHECK(r->hit_tokens == 16);
+  // Infinite capacity: the ceiling (r2, r4, r5 hit both blocks).
+  auto inf = Replay(t, OneTier(1000));
+  REQUIRE(inf.ok());
+  CHECK(inf->hit_blocks == 6);
+  CHECK(inf->hit_rate() == Approx(ComputePrefixCeiling(t).fraction()));
+}
+
+TEST_CASE("LRU: a hit refreshes recency (FIFO would evict it), by hand") {
+  // Capacity 2. r1 [1] | r2 [2] | r3 [1] hit, 1 becomes most recent | r4 [3] evicts 2 (FIFO: 1) |
+  // r5 [1] hit (FIFO: miss) | r6 [2] miss. 2 hits of 6.
+  auto r = Replay(Make({{1}, {2}, {1}, {3}, {1}, {2}}), OneTier(2));
+  REQUIRE(r.ok());
+  CHECK(r->hit_blocks == 2);
+  CHECK(r->tiers[0].evictions == 2);
+}
+
+TEST_CASE("Two tiers: demotion into host, restores read over the host link, by hand") {
+  // hbm 1 block, host 2. r1 [1 2]: 1 -> hbm; 2 evicts 1 into host (write). hbm {2}, host {1}.
+  // r2 [1 2]: prefix 1 (host) + 2 (hbm): hits 1 + 1; 1 is read from host (100 B at 100 B/s = 1 s)
+  // and promoted, demoting 2; then 2 is promoted, demoting 1. Host writes: 3 blocks.
+  const Trace t = Make({{1, 2}, {1, 2}});
+  ReplayOptions o = OneTier(1);
+  o.tiers.push_back({"host", 200, 100.0});
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->tiers[0].hit_blocks == 1);
+  CHECK(r->tiers[1].hit_blocks == 1);
+  CHECK(r->tiers[1].bytes_read == 100);
+  CHECK(r->tiers[1].bytes_written == 300);
+  CHECK(r->bytes_moved() == 400);
+  CHECK(r->restore_s == Approx(1.0));
+  // 8 hit tokens recompute in 8 ms < 1 s restore: the planner counts it as slower than recompute.
+  CHECK(r->restores_slower_than_recompute == 1);
+  CHECK(r->ttft_saved_s == 0.0);
+  o.tiers[1].read_bandwidth = 1e6;  // 0.1 ms restore: saves 8 ms - 0.1 ms
+  r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->restores_slower_than_recompute == 0);
+  CHECK(r->ttft_saved_s == Approx(0.008 - 1e-4));
+}
+
+TEST_CASE("A link is a FIFO server: a restore waits behind the previous one") {
+  // hbm absent (0), host big, 100 B/s. Two requests at the same instant each restore 1 block.
+  Trace t = Make({{1}, {2}, {1}, {2}});
+  t.requests[3].timestamp_ms = t.requests[2].timestamp_ms;  // r3 and r4 arrive together
+  ReplayOptions o = OneTier(0);
+  o.tiers.push_back({"host", 1000, 100.0});
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->tiers[1].hit_blocks == 2);
+  CHECK(r->restore_s == Approx(1.0 + 2.0));
+  CHECK(r->queue_wait_s == Approx(1.0));
+}
+
+TEST_CASE("Infinite capacity equals the prefix-hit ceiling, for every policy, on the fixture and a generated trace") {
+  TraceGenOptions g;
+  g.requests = 2000;
+  auto gen = GenerateTrace(g);
+  REQUIRE(gen.ok());
+  for (const Trace& t : {Fixture(), *gen}) {
+    const PrefixCeiling c = ComputePrefixCeiling(t);
+    for (ReplayPolicy p : {ReplayPolicy::kLru, ReplayPolicy::kS3Fifo}) {
+      auto r = Replay(t, OneTier(c.unique_blocks, p));
+      REQUIRE(r.ok());
+      CHECK(r->hit_blocks == c.hit_blocks);
+      CHECK(r->tiers[0].evictions == 0);
+    }
+  }
+}
+
+TEST_CASE("LRU hit rate never falls as capacity grows (LRU's inclusion property)") {
+  const Trace t = Fixture();
+  const PrefixCeiling c = ComputePrefixCeiling(t);
+  std::uint64_t last = 0;
+  for (std::uint64_t cap = 1; cap <= c.unique_blocks; cap = cap * 3 / 2 + 1) {
+    auto r = Replay(t, OneTier(cap));
+    REQUIRE(r.ok());
+    CHECK(r->hit_blocks >= last);
+    last = r->hit_blocks;
+  }
+  CHECK(last <= c.hit_blocks);
+}
+
+TEST_CASE("S3-FIFO and LRU differ on a scan-polluted trace (the policies are really the store's)") {
+  // A hot prefix [1 2] reused between one-hit scans of 3 fresh blocks; capacity 4. LRU lets each
+  // scan evict the hot blocks; S3-FIFO promotes the re-read hot blocks to its main queue.
+  std::vector<std::vector<std::uint64_t>> reqs;
+  std::uint64_t fresh = 100;
+  for (int i = 0; i < 40; ++i) {
+    reqs.push_back({1, 2});
+    reqs.push_back({fresh, fresh + 1, fresh + 2});
+    fresh += 3;
+  }
+  const Trace t = Make(reqs);
+  auto lru = Replay(t, OneTier(4, ReplayPolicy::kLru));
+  auto s3 = Replay(t, OneTier(4, ReplayPolicy::kS3Fifo));
+  REQUIRE(lru.ok());
+  REQUIRE(s3.ok());
+  CHECK(s3->hit_blocks > lru->hit_blocks);
+}
+
+TEST_CASE("Cluster: round-robin spreads evenly; prefix affinity keeps sessions together and hits more") {
+  TraceGenOptions g;
+  g.requests = 3000;
+  g.turns = 4;
+  auto t = GenerateTrace(g);
+  REQUIRE(t.ok());
+  ReplayOptions o = OneTier(1u << 20);
+  o.nodes = 4;
+  o.routing = Routing::kRoundRobin;
+  auto rr = Replay(*t, o);
+  REQUIRE(rr.ok());
+  REQUIRE(rr->requests_per_node.size() == 4);
+  for (auto n : rr->requests_per_node) CHECK(n == 750);
+  o.routing = Routing::kPrefixAffinity;
+  auto pa = Replay(*t, o);
+  REQUIRE(pa.ok());
+  CHECK(pa->hit_blocks > rr->hit_blocks);
+  // One node of infinite capacity is the ceiling; affinity across nodes cannot beat it.
+  CHECK(pa->hit_blocks <= ComputePrefixCeiling(*t).hit_blocks);
+}
+
+TEST_CASE("Replay options are checked, naming the CLI flag") {
+  const Trace t = Make({{1}});
+  ReplayOptions o = OneTier(1);
+  o.nodes = 0;
+  auto r = Replay(t, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("--nodes"));
+  o = OneTier(1);
+  o.block_tokens = 0;
+  r = Replay(t, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("--trace-block-tokens"));
+}

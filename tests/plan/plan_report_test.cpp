@@ -1,0 +1,100 @@
+// `terrace report`: self-contained HTML with inline SVG whose polylines follow the data.
+#include <regex>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+#include "src/plan/report.h"
+#include "src/plan/svg_chart.h"
+
+using namespace terrace;
+using namespace terrace::plan;
+
+namespace {
+const char* kRun = R"({
+  "kind": "plan", "model": "<b>&model", "hardware": {"name": "hw"}, "kv_codec": "bf16", "state_codec": "f32",
+  "memory": {"mla_bytes_per_token": 100, "curve": [
+    {"tokens": 1024, "mla_bytes": 1000, "kda_bytes": 50, "total_bytes": 1050, "mha_bytes": 9000, "gqa_bytes": 3000},
+    {"tokens": 2048, "mla_bytes": 2000, "kda_bytes": 50, "total_bytes": 2050, "mha_bytes": 18000, "gqa_bytes": 6000},
+    {"tokens": 4096, "mla_bytes": 4000, "kda_bytes": 50, "total_bytes": 4050, "mha_bytes": 36000, "gqa_bytes": 12000}]},
+  "trace": {"file": "t.jsonl", "requests": 3, "prefix_hit_ceiling": 0.6,
+    "sweep": [{"policy": "lru", "capacity_bytes": 1024, "hit_rate": 0.1},
+              {"policy": "lru", "capacity_bytes": 2048, "hit_rate": 0.3},
+              {"policy": "lru", "capacity_bytes": 4096, "hit_rate": 0.6},
+              {"policy": "s3fifo", "capacity_bytes": 1024, "hit_rate": 0.2},
+              {"policy": "s3fifo", "capacity_bytes": 4096, "hit_rate": 0.6}],
+    "policies": [{"policy": "lru", "hit_rate": 0.5, "tiers": [{"name": "hbm", "hit_rate": 0.3}, {"name": "host", "hit_rate": 0.2}]}]}
+})";
+
+// The (x, y) pairs of the polyline whose data-name is `name`.
+std::vector<std::pair<double, double>> Points(const std::string& svg, const std::string& name) {
+  const std::regex re("data-name=\"" + name + "\"[^>]*points=\"([^\"]*)\"");
+  std::smatch m;
+  if (!std::regex_search(svg, m, re)) return {};
+  std::vector<std::pair<double, double>> out;
+  std::stringstream ss(m[1].str());
+  double x, y;
+  char comma;
+  while (ss >> x >> comma >> y) out.emplace_back(x, y);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("Report: self-contained HTML, escaped text, one chart per plot") {
+  auto r = RenderReport(kRun, "run.json");
+  REQUIRE(r.ok());
+  const std::string& h = r->html;
+  CHECK(h.find("<!DOCTYPE html>") == 0);
+  CHECK(h.find("<script") == std::string::npos);
+  CHECK(h.find("href=") == std::string::npos);
+  CHECK(h.find("src=") == std::string::npos);
+  // The only URL is the SVG namespace name (never fetched).
+  std::string rest = h;
+  for (std::size_t p; (p = rest.find("http://www.w3.org/2000/svg")) != std::string::npos;) rest.erase(p, 26);
+  CHECK(rest.find("http") == std::string::npos);
+  CHECK(h.find("&lt;b&gt;&amp;model") != std::string::npos);
+  CHECK(h.find("<b>&model") == std::string::npos);
+  REQUIRE(r->charts.size() == 3);
+  CHECK(r->charts[0].name == "memory-vs-context");
+  CHECK(r->charts[1].name == "hit-rate-vs-capacity");
+  CHECK(r->charts[2].name == "tier-hit-rates");
+  for (const auto& c : r->charts) CHECK(h.find(c.svg) != std::string::npos);
+}
+
+TEST_CASE("Report: polylines follow the data (x grows with capacity, y rises with the hit rate)") {
+  auto r = RenderReport(kRun, "run.json");
+  REQUIRE(r.ok());
+  const auto mem = Points(r->charts[0].svg, "MHA comparison");
+  REQUIRE(mem.size() == 3);
+  // Log-log, doubling: equal steps in x and in y.
+  CHECK(mem[1].first - mem[0].first == Approx(mem[2].first - mem[1].first).epsilon(0.01));
+  CHECK(mem[0].second - mem[1].second == Approx(mem[1].second - mem[2].second).epsilon(0.01));
+  const auto lru = Points(r->charts[1].svg, "lru");
+  REQUIRE(lru.size() == 3);
+  CHECK(lru[0].first < lru[1].first);
+  CHECK(lru[1].first < lru[2].first);
+  CHECK(lru[0].second > lru[1].second);  // SVG y grows downwards
+  CHECK(lru[1].second > lru[2].second);
+  CHECK(Points(r->charts[1].svg, "s3fifo").size() == 2);
+  const auto ceiling = Points(r->charts[1].svg, "ceiling \\(infinite cache\\)");
+  REQUIRE(ceiling.size() == 2);
+  CHECK(ceiling[0].second == Approx(lru[2].second));  // 0.6 both
+  // Two bars for the one policy.
+  std::size_t bars = 0;
+  for (std::size_t p = 0; (p = r->charts[2].svg.find("class=\"bar\"", p)) != std::string::npos; ++p) ++bars;
+  CHECK(bars == 2);
+}
+
+TEST_CASE("Report: other JSON becomes a table of values; non-objects are refused") {
+  auto r = RenderReport(R"({"bench": {"gib_per_s": 12.5, "ops": [1, 2]}})", "b.json");
+  REQUIRE(r.ok());
+  CHECK(r->charts.empty());
+  CHECK(r->html.find("bench.gib_per_s") != std::string::npos);
+  auto bad = RenderReport("[1, 2]", "x.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("x.json"));
+  CHECK(XmlEscape("a<'\">&") == "a&lt;&#39;&quot;&gt;&amp;");
+  CHECK(FormatAxisValue(1536, AxisFormat::kBytes) == "1.5 KiB");
+  CHECK(FormatAxisValue(0.25, AxisFormat::kPercent) == "25%");
+  CHECK(FormatAxisValue(2048, AxisFormat::kTokens) == "2k");
+}

@@ -1,0 +1,157 @@
+// The Mooncake trace parser, the prefix-hit ceiling and the synthetic trace generator.
+#include <fstream>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+
+#include "src/plan/trace.h"
+#include "src/plan/trace_gen.h"
+
+using namespace terrace;
+using namespace terrace::plan;
+
+namespace {
+std::string Line(std::uint64_t ts, std::vector<std::uint64_t> ids, std::uint64_t in = 0) {
+  TraceRequest r;
+  r.timestamp_ms = ts;
+  r.input_length = in ? in : ids.size() * 512;
+  r.output_length = 7;
+  r.hash_ids = std::move(ids);
+  return FormatTraceLine(r) + "\n";
+}
+}  // namespace
+
+TEST_CASE("Parser reads the Mooncake format and round-trips FormatTraceLine") {
+  const std::string text = R"({"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, 2]})"
+                           "\n\n"
+                           R"({"timestamp": 40, "input_length": 5, "output_length": 4, "hash_ids": [9], "session": "x"})"
+                           "\r\n";
+  auto t = ParseTrace(text, "t.jsonl");
+  REQUIRE(t.ok());
+  REQUIRE(t->requests.size() == 2);
+  CHECK(t->requests[0].input_length == 40160);
+  CHECK(t->requests[0].output_length == 6);
+  CHECK(t->requests[0].hash_ids == std::vector<std::uint64_t>{0, 1, 2});
+  CHECK(t->requests[1].timestamp_ms == 40);
+  auto again = ParseTrace(FormatTraceLine(t->requests[0]) + "\n" + FormatTraceLine(t->requests[1]), "u");
+  REQUIRE(again.ok());
+  CHECK(again->requests[1].hash_ids == t->requests[1].hash_ids);
+  CHECK(again->requests[0].input_length == t->requests[0].input_length);
+}
+
+TEST_CASE("Parser errors name the file, the line and the field") {
+  const std::string good = Line(0, {1, 2});
+  struct Case {
+    std::string line;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"not json", "not valid JSON"},
+      {"[1, 2]", "expected a JSON object"},
+      {R"({"input_length": 1, "output_length": 1, "hash_ids": []})", "missing \"timestamp\""},
+      {R"({"timestamp": 1, "input_length": -3, "output_length": 1, "hash_ids": []})", "\"input_length\" is negative"},
+      {R"({"timestamp": 1, "input_length": 1.5, "output_length": 1, "hash_ids": []})", "whole number"},
+      {R"({"timestamp": 1, "input_length": "7", "output_length": 1, "hash_ids": []})", "must be a number"},
+      {R"({"timestamp": 1, "input_length": 1, "output_length": 1})", "missing \"hash_ids\""},
+      {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": 5})", "must be a list"},
+      {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, -2]})", "\"hash_ids\"[1]"},
+      {R"({"timestamp": 1, "input_length": 99999999999, "output_length": 1, "hash_ids": []})", "over the limit"},
+  };
+  for (const Case& c : cases) {
+    auto t = ParseTrace(good + good + c.line + "\n", "bad.jsonl");
+    INFO(c.line);
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(t.status().message(), Catch::StartsWith("bad.jsonl:3: ") && Catch::Contains(c.expect));
+  }
+  auto back = ParseTrace(Line(10, {1}) + Line(5, {2}), "b.jsonl");
+  REQUIRE_FALSE(back.ok());
+  CHECK_THAT(back.status().message(), Catch::Contains("b.jsonl:2") && Catch::Contains("sort the file"));
+  auto empty = ParseTrace("\n\n", "e.jsonl");
+  REQUIRE_FALSE(empty.ok());
+  CHECK_THAT(empty.status().message(), Catch::Contains("empty"));
+}
+
+TEST_CASE("Prefix-hit ceiling of a hand-made trace, computed by hand") {
+  // r1 [1 2 3]: 0 | r2 [1 2 4]: 1, 2 seen -> 2 | r3 [5]: 0 | r4 [1 2 3 6]: 3 | r5 [7 2]: 7 unseen -> 0.
+  // 5 of 13 blocks; 7 unique ids.
+  auto t = ParseTrace(Line(0, {1, 2, 3}) + Line(1, {1, 2, 4}) + Line(2, {5}) + Line(3, {1, 2, 3, 6}) + Line(4, {7, 2}),
+                      "h");
+  REQUIRE(t.ok());
+  const PrefixCeiling c = ComputePrefixCeiling(*t);
+  CHECK(c.blocks == 13);
+  CHECK(c.hit_blocks == 5);
+  CHECK(c.unique_blocks == 7);
+  CHECK(c.fraction() == Approx(5.0 / 13.0));
+}
+
+TEST_CASE("The shared-trace fixture parses: 200 requests of 512-token blocks") {
+  std::ifstream in(std::string(PLAN_TEST_DATA) + "/mooncake_head200.jsonl");
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto t = ParseTrace(ss.str(), "fixture");
+  REQUIRE(t.ok());
+  CHECK(t->requests.size() == 200);
+  for (const TraceRequest& r : t->requests) CHECK(r.hash_ids.size() == (r.input_length + 511) / 512);
+}
+
+TEST_CASE("trace gen: seeded, parseable, and its ceiling matches the generator's parameters") {
+  TraceGenOptions o;
+  o.requests = 3000;
+  o.seed = 7;
+  auto a = GenerateTrace(o), b = GenerateTrace(o);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::string ta, tb;
+  for (const auto& r : a->requests) ta += FormatTraceLine(r) + "\n";
+  for (const auto& r : b->requests) tb += FormatTraceLine(r) + "\n";
+  CHECK(ta == tb);
+  o.seed = 8;
+  auto c = GenerateTrace(o);
+  REQUIRE(c.ok());
+  std::string tc;
+  for (const auto& r : c->requests) tc += FormatTraceLine(r) + "\n";
+  CHECK(ta != tc);
+  auto parsed = ParseTrace(ta, "gen");
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->requests.size() == 3000);
+  for (const auto& r : parsed->requests) CHECK(r.hash_ids.size() == (r.input_length + 511) / 512);
+
+  struct P {
+    int prefixes, prefix_blocks, turn_blocks, turns;
+    double zipf;
+  };
+  for (P p : {P{100, 8, 4, 3, 1.0}, P{1000, 16, 2, 1, 0.0}, P{20, 4, 8, 5, 1.5}, P{5000, 32, 1, 1, 0.8}}) {
+    TraceGenOptions g;
+    g.requests = 4000;
+    g.seed = 3;
+    g.prefixes = p.prefixes;
+    g.prefix_blocks = p.prefix_blocks;
+    g.turn_blocks = p.turn_blocks;
+    g.turns = p.turns;
+    g.zipf = p.zipf;
+    auto t = GenerateTrace(g);
+    REQUIRE(t.ok());
+    const double measured = ComputePrefixCeiling(*t).fraction();
+    const double expected = ExpectedPrefixCeiling(g);
+    INFO("prefixes " << p.prefixes << " turns " << p.turns << " zipf " << p.zipf);
+    CHECK(measured == Approx(expected).margin(0.03));
+  }
+  // Single-turn, uniform, no shared prefix: nothing to reuse.
+  TraceGenOptions none;
+  none.prefix_blocks = 0;
+  none.turns = 1;
+  auto t = GenerateTrace(none);
+  REQUIRE(t.ok());
+  CHECK(ComputePrefixCeiling(*t).hit_blocks == 0);
+  CHECK(ExpectedPrefixCeiling(none) == 0.0);
+}
+
+TEST_CASE("trace gen options out of range name the flag") {
+  TraceGenOptions o;
+  o.turns = 0;
+  auto t = GenerateTrace(o);
+  REQUIRE_FALSE(t.ok());
+  CHECK_THAT(t.status().message(), Catch::Contains("--turns"));
+}

@@ -1,0 +1,161 @@
+"""`terrace plan` and `terrace trace gen` end to end: JSON keys, exit codes and messages, and the
+prefix-hit ceiling against an independent Python oracle."""
+import json
+import os
+import pathlib
+
+import pytest
+
+DATA = pathlib.Path(os.environ.get("PLAN_TEST_DATA", pathlib.Path(__file__).parent / "data"))
+FIXTURE = DATA / "mooncake_head200.jsonl"
+
+
+@pytest.fixture(scope="session")
+def terrace():
+    import subprocess
+
+    path = os.environ.get("TERRACE_BIN")
+    if not path or not os.path.exists(path):
+        pytest.skip("TERRACE_BIN is not set to the built terrace binary")
+
+    def run(*args, timeout=120):
+        try:
+            return subprocess.run([path, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"terrace {' '.join(map(str, args))} hung")
+
+    return run
+
+
+def oracle_ceiling(path):
+    """Share of blocks in a leading run of ids all seen in earlier requests."""
+    seen, hits, blocks = set(), 0, 0
+    for line in pathlib.Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        ids = json.loads(line)["hash_ids"]
+        run = 0
+        while run < len(ids) and ids[run] in seen:
+            run += 1
+        hits += run
+        blocks += len(ids)
+        seen.update(ids)
+    return hits / blocks
+
+
+def test_plan_json_has_the_documented_keys_and_k3_sizes(terrace):
+    r = terrace("plan", "--model", "kimi-k3", "--hardware", "h200-gen5", "--kv-codec", "bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["memory"]["mla_bytes_per_token"] == 24 * 576 * 2
+    assert j["memory"]["kda_recurrent_bytes_per_layer"] == 96 * 128 * 128 * 4
+    assert j["memory"]["kda_state_bytes_per_sequence"] == 69 * (96 * 128 * 128 + 3 * 3 * 96 * 128) * 4
+    assert [p["tokens"] for p in j["memory"]["curve"]] == [1024 << i for i in range(11)]
+    assert {t["name"] for t in j["tiers"]} == {"hbm", "host", "nvme"}
+    assert "trace" not in j
+    fp8 = json.loads(terrace("plan", "--kv-codec", "fp8", "--json").stdout)
+    assert fp8["memory"]["mla_bytes_per_token"] * 2 == j["memory"]["mla_bytes_per_token"]
+
+
+def test_plan_text_output(terrace):
+    r = terrace("plan", "--model", "k3-small", "--hardware", "h100-gen4")
+    assert r.returncode == 0, r.stderr
+    for word in ("MLA latents", "KDA state", "AttnRes bank", "memory vs context", "expert cache", "lifecycle"):
+        assert word in r.stdout
+
+
+def test_plan_trace_json_and_ceiling_match_an_independent_oracle(terrace):
+    r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--json", "--nodes", "2")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["trace"]
+    assert t["requests"] == 200
+    assert t["prefix_hit_ceiling"] == pytest.approx(oracle_ceiling(FIXTURE), abs=1e-12)
+    assert {p["policy"] for p in t["policies"]} == {"lru", "s3fifo"}
+    for p in t["policies"]:
+        assert 0 <= p["hit_rate"] <= t["prefix_hit_ceiling"] + 1e-12
+    # The sweep's full-footprint point is an infinite cache: the ceiling.
+    full = [s for s in t["sweep"] if s["capacity_share_of_footprint"] == 1.0]
+    assert len(full) == 2
+    for s in full:
+        assert s["hit_rate"] == pytest.approx(t["prefix_hit_ceiling"])
+    assert {c["routing"] for c in t["cluster"]} == {"prefix-affinity", "round-robin"}
+
+
+def test_trace_gen_output_is_read_by_plan(terrace, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    r = terrace("trace", "gen", "--requests", "500", "--seed", "4", "--turns", "2", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "expected" in r.stdout
+    again = terrace("trace", "gen", "--requests", "500", "--seed", "4", "--turns", "2")
+    assert again.stdout == out.read_text()
+    p = terrace("plan", "--model", "k3-small", "--trace", out, "--json", "--sweep-points", "2")
+    assert p.returncode == 0, p.stderr
+    t = json.loads(p.stdout)["trace"]
+    assert t["requests"] == 500
+    assert t["prefix_hit_ceiling"] == pytest.approx(oracle_ceiling(out), abs=1e-12)
+    assert t["blocks_not_matching_input_length"] == 0
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--kv-codec", "nope"], "--kv-codec"),
+    (["--model", "gpt-9"], "--model"),
+    (["--hardware", "a100"], "--hardware"),
+    (["--prefix-reuse", "2"], "--prefix-reuse"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--policy", "lfu"], "--policy"),
+    (["--trace", "/nonexistent/t.jsonl"], "--trace"),
+])
+def test_bad_arguments_exit_2_naming_the_flag(terrace, args, flag):
+    r = terrace("plan", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert flag in r.stderr
+    assert r.stderr.startswith("terrace: error:")
+
+
+def test_bad_trace_line_names_file_and_line(terrace, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = FIXTURE.read_text().splitlines()[:2] + ['{"timestamp": 5, "input_length": 3, "hash_ids": [1]}']
+    bad.write_text("\n".join(lines) + "\n")
+    r = terrace("plan", "--trace", bad)
+    assert r.returncode == 2
+    assert f"{bad}:3:" in r.stderr and "output_length" in r.stderr
+
+
+def test_hardware_file(terrace, tmp_path):
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"base": "h100-gen4", "gpus": 2, "name": "two"}))
+    j = json.loads(terrace("plan", "--hardware", hw, "--json").stdout)
+    assert j["hardware"]["gpus"] == 2 and j["hardware"]["name"] == "two"
+    hw.write_text(json.dumps({"base": "h100-gen4", "hbm": 1}))
+    r = terrace("plan", "--hardware", hw)
+    assert r.returncode == 2 and "hbm" in r.stderr and "known keys" in r.stderr
+
+
+def test_report_from_plan_json(terrace, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    run = tmp_path / "run.json"
+    r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--json", "--sweep-points", "4")
+    assert r.returncode == 0, r.stderr
+    run.write_text(r.stdout)
+    out = tmp_path / "report.html"
+    r = terrace("report", run, "-o", out, "--svg")
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<script" not in html
+    svgs = sorted(p.name for p in tmp_path.glob("report-*.svg"))
+    assert svgs == ["report-hit-rate-vs-capacity.svg", "report-memory-vs-context.svg", "report-tier-hit-rates.svg"]
+    for name in svgs:
+        root = ET.parse(tmp_path / name).getroot()  # well-formed XML
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert (tmp_path / name).read_text() in html
+    # The sweep's polyline per policy has one point per capacity.
+    root = ET.parse(tmp_path / "report-hit-rate-vs-capacity.svg").getroot()
+    lines = {p.get("data-name"): p.get("points").split() for p in root.iter("{http://www.w3.org/2000/svg}polyline")}
+    assert len(lines["lru"]) == len(lines["s3fifo"]) == 4
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    r = terrace("report", bad, "-o", tmp_path / "x.html")
+    assert r.returncode == 2 and "not a JSON object" in r.stderr
+    r = terrace("report", tmp_path / "missing.json", "-o", tmp_path / "x.html")
+    assert r.returncode == 2
