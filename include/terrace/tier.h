@@ -27,15 +27,20 @@
 
 namespace terrace {
 
+// The kind of a tier: the role it plays in the standard configuration (HBM -> pinned host -> NVMe),
+// in that order from fastest to slowest. The store's tier list is open (StoreOptions::tier_list,
+// Store::OpenWithTiers): any number of tier slots up to kMaxTierSlots, several of one kind
+// allowed; the store API addresses a kind by its first (fastest) slot.
 enum class TierId : std::uint8_t { kHbm = 0, kHost = 1, kNvme = 2 };
-inline constexpr int kNumTiers = 3;
+inline constexpr int kNumTiers = 3;       // number of TierId values (kinds), not of a store's tiers
+inline constexpr int kMaxTierSlots = 8;   // most tiers one store composes
 std::string_view TierName(TierId id);  // "hbm", "host", "nvme"
 
 // Where a resident block's bytes live, for zero-copy access through ResidentPtr.
 enum class MemoryKind : std::uint8_t { kNone = 0, kHost = 1, kDevice = 2 };
 
 struct TierCaps {
-  TierId id = TierId::kHost;
+  TierId id = TierId::kHost;       // the tier's kind
   std::string name;                // "hbm", "host", "nvme" (wrappers keep the wrapped name)
   bool emulated = false;           // HBM tier running in host memory
   bool persistent = false;         // survives process exit (NVMe)
@@ -47,6 +52,11 @@ struct TierCaps {
   // the bytes a second time. Wrappers that can alter bytes after the inner tier's check (the
   // fault injector) report false.
   bool verifies_gets = false;
+  // True for a tier that may hold keys the store's directory has not seen: one other processes
+  // write too (a shared remote cache). A directory miss then asks this tier (Lookup) before the
+  // store answers NotFound, and a block found there joins the directory. The store removes only
+  // the copies it knows of: a Put does not erase an older copy another process left in it.
+  bool shared = false;
 };
 
 struct PutOp {

@@ -30,7 +30,7 @@ struct Lead {
 
 }  // namespace
 
-void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch,
+void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
                           const std::function<Status(std::size_t)>& still_wanted) {
   std::vector<Lead> leads;
   {
@@ -40,12 +40,12 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
       if (it == entries_.end() || it->second.mask == 0) continue;
       const Entry& e = it->second;
       const int src = Fastest(e.mask);
-      if (move_to && items[i].out.empty() && src <= Idx(*move_to)) {  // a move that is already done
+      if (move_to && items[i].out.empty() && src <= *move_to) {  // a move that is already done
         items[i].handled = true;
         items[i].desc = e.desc;
         continue;
       }
-      if (tiers_[src]->caps().memory != MemoryKind::kNone) continue;  // memory tiers: nothing to batch
+      if (tier(src).caps().memory != MemoryKind::kNone) continue;  // memory tiers: nothing to batch
       if (!items[i].out.empty() && items[i].out.size() < e.desc.size) continue;
       leads.push_back(Lead{i, e.desc, e.version, src, nullptr, {}, {}, {}});
     }
@@ -64,7 +64,7 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
   };
 
   // Finishes one read key under its stripe, as its fetch's leader.
-  const TierId target = move_to.value_or(TierId::kHost);
+  const int target = move_to.value_or(0);
   auto finish = [&](Lead& l) {
     BulkItem& item = items[l.item];
     // An item no longer wanted (cancelled, past its deadline) is read but not moved.
@@ -72,12 +72,12 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
     Fetch& f = *l.fetch;
     std::span<std::byte> bytes = bytes_of(l);
-    const bool good = l.status.ok() && Verify(tiers_[l.src]->caps(), l.desc, l.got, bytes);
+    const bool good = l.status.ok() && Verify(tier(l.src).caps(), l.desc, l.got, bytes);
     ReadOutcome o;
     bool from_bulk = false;
     {
       auto guard = key_locks_.Lock(item.key);
-      std::uint8_t mask = 0;
+      SlotMask mask = 0;
       bool same = false;  // the entry still holds the version we read, and its fastest copy is the one we read
       {
         std::lock_guard lock(mu_);
@@ -94,8 +94,8 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
       } else {
         std::string dropped;
         if (same && (l.status.IsCorruption() || (l.status.ok() && !good))) {
-          DropCopy(item.key, TierAt(l.src));
-          dropped = std::string(TierName(TierAt(l.src)));
+          DropCopy(item.key, l.src);
+          dropped = SlotName(l.src);
         }
         o = LockedRead(item.key, &f.bytes, mode, target, by_prefetch, std::move(dropped));
         if (o.desc.ok() && !item.out.empty()) std::memcpy(item.out.data(), f.bytes.data(), o.desc->size);
@@ -131,14 +131,14 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
     ops.reserve(end - begin);
     for (std::size_t k = begin; k < end; ++k) ops.push_back(GetOp{items[leads[k].item].key, bytes_of(leads[k]), {}});
     auto t0 = Clock::now();
-    std::vector<Status> st = tiers_[src]->GetBatch(ops);
+    std::vector<Status> st = tier(src).GetBatch(ops);
     const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
     for (std::size_t k = begin; k < end; ++k) {
       Lead& l = leads[k];
       l.status = std::move(st[k - begin]);
       l.got = ops[k - begin].desc;
-      measured_[src].read_latency.Record(ns);
-      if (l.status.IsIoError()) measured_[src].Add(measured_[src].io_errors);
+      slot(src).measured.read_latency.Record(ns);
+      if (l.status.IsIoError()) slot(src).measured.Add(slot(src).measured.io_errors);
     }
     // Finish this window before reading the next: followers wake sooner and at most one window
     // of temporary buffers is alive.

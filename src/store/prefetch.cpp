@@ -8,7 +8,7 @@ namespace terrace::store_internal {
 
 struct PrefetchJob {
   std::vector<BlockKey> keys;
-  TierId target = TierId::kHost;
+  int target = 0;  // slot
   Priority priority = Priority::kHigh;
   Clock::time_point deadline;
   Promise<std::vector<Status>> promise;
@@ -25,7 +25,7 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
                                                 Clock::time_point deadline) {
   auto job = std::make_shared<PrefetchJob>();
   job->keys.assign(keys.begin(), keys.end());
-  job->target = target;
+  job->target = SlotOf(target);
   job->priority = priority;
   job->deadline = deadline;
   job->results.resize(keys.size());
@@ -35,7 +35,7 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
     job->promise.set_value({});
     return future;
   }
-  if (!tiers_[Idx(target)]) {
+  if (job->target < 0) {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       job->Complete(i, Status::InvalidArgument(fmt::format("prefetch {}: tier {} is not configured",
                                                            keys[i].ToString(), TierName(target))));
@@ -76,7 +76,7 @@ void StoreImpl::DrainPrefetch() {
       std::lock_guard lock(prefetch_mu_);
       for (auto& q : prefetch_queues_) {
         if (q.empty()) continue;
-        const TierId target = q.front().first->target;
+        const int target = q.front().first->target;
         while (!q.empty() && group.size() < kPrefetchGroup && q.front().first->target == target) {
           group.push_back(std::move(q.front()));
           q.pop_front();
@@ -100,7 +100,7 @@ Status StoreImpl::PrefetchCheck(const PrefetchJob& job, std::size_t i) const {
   }
   if (Clock::now() > job.deadline) {
     return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it completed",
-                                        key.ToString(), TierName(job.target)));
+                                        key.ToString(), SlotName(job.target)));
   }
   return Status::Ok();
 }
@@ -132,7 +132,7 @@ void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
     }
   }
   if (live.empty()) return;
-  const TierId target = live.front().first->target;
+  const int target = live.front().first->target;
   std::vector<BulkItem> bulk;
   bulk.reserve(live.size());
   for (auto& [job, i] : live) bulk.push_back(BulkItem{job->keys[i], {}, false, {}, {}});
