@@ -174,5 +174,73 @@ TEST_CASE("Real CUDA HBM: blocks round-trip through device memory; handles hold 
   CHECK_FALSE(store->Stats().tiers[0].emulated);
 }
 
+TEST_CASE("Real tiers: an explicit tier list with two NVMe tiers spills into the second and reopens") {
+  TempDir dir("store-list");
+  auto options = [&] {
+    StoreOptions o;
+    o.high_watermark = 1.0;
+    o.low_watermark = 1.0;
+    TierSlotOptions host{"host", "", {}, {}, {}};
+    host.host.capacity_bytes = 64 * kKiB;
+    host.host.chunk_bytes = 64 * kKiB;
+    host.host.pin = false;
+    TierSlotOptions fast{"nvme", "nvme-fast", {}, {}, {}};
+    fast.nvme.path = dir.path() / "fast";
+    fast.nvme.capacity_bytes = 4 * kMiB;  // the smallest data file: a few hundred 8 KiB blocks
+    TierSlotOptions slow{"nvme", "", {}, {}, {}};
+    slow.nvme.path = dir.path() / "slow";
+    slow.nvme.capacity_bytes = 16 * kMiB;
+    o.tier_list = {host, fast, slow};
+    return o;
+  };
+  std::uint64_t fast_blocks = 0, host_blocks = 0;
+  int n = 0;
+  {
+    auto opened = Store::Open(options());
+    INFO(opened.status().ToString());
+    REQUIRE(opened.ok());
+    auto& store = *opened;
+    CHECK_FALSE(store->HasTier(TierId::kHbm));
+    // Fill until the second NVMe tier holds blocks (the first one is then full).
+    for (; n < 2000 && store->Stats().slots[2].blocks == 0; ++n) {
+      Status s = store->Put(TestKey(n), TestBytes(n, kBlock));
+      INFO(n << ": " << s.ToString());
+      REQUIRE(s.ok());
+    }
+    StoreStats st = store->Stats();
+    REQUIRE(st.slots.size() == 3);
+    CHECK(st.slots[1].name == "nvme-fast");
+    CHECK(st.slots[2].name == "nvme");
+    REQUIRE(st.slots[2].blocks > 0);
+    fast_blocks = st.slots[1].blocks;
+    host_blocks = st.slots[0].blocks;
+    CHECK(fast_blocks > 0);
+    REQUIRE(store->Flush().ok());
+  }
+  auto reopened = Store::Open(options());
+  REQUIRE(reopened.ok());
+  auto& store = *reopened;
+  CHECK(store->Stats().blocks == static_cast<std::uint64_t>(n) - host_blocks);  // host memory did not survive
+  CHECK(store->Stats().slots[1].blocks == fast_blocks);
+  for (int i = 0; i < n; ++i) {
+    BlockKey k = TestKey(i);
+    auto look = store->Lookup({&k, 1});
+    if (!look[0].found) continue;  // a host-only block does not survive the process
+    auto got = GetBytes(*store, k, kBlock);
+    INFO(i << ": " << got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, kBlock));
+  }
+}
+
+TEST_CASE("Real tiers: a tier list naming an unknown kind is refused with the known kinds") {
+  StoreOptions o;
+  o.tier_list = {TierSlotOptions{"redis", "", {}, {}, {}}};
+  auto r = Store::Open(o);
+  REQUIRE(r.status().IsInvalidArgument());
+  CHECK_THAT(r.status().message(), Catch::Contains("redis"));
+  CHECK_THAT(r.status().message(), Catch::Contains("hbm, host, nvme"));
+}
+
 }  // namespace
 }  // namespace terrace::testing
