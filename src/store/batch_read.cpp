@@ -165,7 +165,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
     slow_index.push_back(i);
   }
   if (slow.empty()) return st;
-  DemandScope demand(demand_mu_, demand_cv_, demand_active_);
+  DemandScope demand(*demand_);
   BulkFetch(slow, PromoteOnGetTarget(), /*by_prefetch=*/false);
   for (std::size_t k = 0; k < slow.size(); ++k) {
     Store::GetItem& item = items[slow_index[k]];

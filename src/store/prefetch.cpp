@@ -42,6 +42,10 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
     }
     return future;
   }
+  // A cancel() wakes a group waiting for demand to end, so its items complete now.
+  job->promise.on_cancel([gate = std::weak_ptr<DemandGate>(demand_)] {
+    if (auto g = gate.lock()) g->Wake();
+  });
   EnqueuePrefetch(job);
   return future;
 }
@@ -53,8 +57,7 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
     if (!stopping_.load(std::memory_order_acquire)) {
       auto& q = prefetch_queues_[static_cast<int>(job->priority)];
       for (std::size_t i = 0; i < job->keys.size(); ++i) q.emplace_back(job, i);
-      unsigned limit = std::max(1u, options_.background_threads);
-      while (prefetch_drainers_ < limit) {
+      while (prefetch_drainers_ < lane_threads_) {
         ++prefetch_drainers_;
         ++start;
       }
@@ -64,7 +67,7 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
     for (std::size_t i = 0; i < job->keys.size(); ++i) job->Complete(i, Status::Cancelled("the store is closing"));
     return;
   }
-  for (unsigned i = 0; i < start; ++i) pool_.Post([this] { DrainPrefetch(); });
+  for (unsigned i = 0; i < start; ++i) prefetch_lane_.Post([this] { DrainPrefetch(); });
 }
 
 void StoreImpl::DrainPrefetch() {
@@ -123,9 +126,22 @@ void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
   };
   sift(group);
   if (!live.empty() && live.front().first->priority != Priority::kDemand) {
-    std::unique_lock lock(demand_mu_);
-    while (!live.empty() && demand_active_ > 0) {
-      demand_cv_.wait_for(lock, std::chrono::milliseconds(1));
+    // Sleep until demand ends, an item's deadline passes, a job is cancelled or the store stops;
+    // then re-check the items (no polling).
+    DemandGate& gate = *demand_;
+    std::unique_lock lock(gate.mu);
+    while (!live.empty() && gate.active > 0 && !stopping_.load(std::memory_order_acquire)) {
+      Clock::time_point wake = Clock::time_point::max();
+      for (const auto& [job, i] : live) wake = std::min(wake, job->deadline);
+      const std::uint64_t wakes = gate.wakes;
+      auto woken = [&] {
+        return gate.active == 0 || gate.wakes != wakes || stopping_.load(std::memory_order_acquire);
+      };
+      if (wake == Clock::time_point::max()) {
+        gate.cv.wait(lock, woken);
+      } else {
+        gate.cv.wait_until(lock, wake, woken);
+      }
       lock.unlock();
       sift(live);
       lock.lock();

@@ -57,7 +57,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
 Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) {
   Result<BlockDesc> r = Status::NotFound("unset");
   if (FastGet(key, out, &r)) return r;
-  DemandScope demand(demand_mu_, demand_cv_, demand_active_);
+  DemandScope demand(*demand_);
   ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(), /*by_prefetch=*/false, out);
   return std::move(o.desc);
 }

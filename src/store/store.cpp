@@ -27,7 +27,8 @@ std::vector<std::string> SlotNames(const std::vector<NamedTier>& tiers) {
 
 StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
     : options_(options), logger_(LoggerOrDefault(options.logger)), slots_(tiers.size()),
-      pool_(std::max(1u, options.background_threads)) {
+      lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)),
+      pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_) {
   const std::vector<std::string> names = SlotNames(tiers);
   for (std::size_t i = 0; i < tiers.size(); ++i) {
     slots_[i].tier = std::move(tiers[i].tier);
@@ -39,8 +40,9 @@ StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
 
 StoreImpl::~StoreImpl() {
   stopping_.store(true, std::memory_order_release);
-  demand_cv_.notify_all();
-  pool_.Join();  // queued prefetch items complete as Cancelled; running work finishes
+  demand_->Wake();
+  prefetch_lane_.Join();  // queued prefetch items complete as Cancelled; running work finishes
+  pool_.Join();           // then demotions a prefetch may have scheduled
 }
 
 int StoreImpl::SlotOf(TierId kind) const {

@@ -108,27 +108,41 @@ struct BulkItem {
   BlockDesc desc;            // when handled and OK
 };
 
+// Where speculative prefetch waits for demand to end. Shared with prefetch Futures' cancel
+// callbacks (which may outlive the store), so it is reference-counted. Thread-safe.
+struct DemandGate {
+  std::mutex mu;
+  std::condition_variable cv;  // notified when active drops, on a cancel, and when the store stops
+  int active = 0;              // GUARDED_BY(mu): demand fetches in progress
+  std::uint64_t wakes = 0;     // GUARDED_BY(mu): bumped by Wake() (a prefetch was cancelled)
+  void Wake() {
+    {
+      std::lock_guard lock(mu);
+      ++wakes;
+    }
+    cv.notify_all();
+  }
+};
+
 // Counts a demand fetch for as long as it lives (speculative prefetch yields to it).
 class DemandScope final {
  public:
-  DemandScope(std::mutex& mu, std::condition_variable& cv, int& n) : mu_(mu), cv_(cv), n_(n) {
-    std::lock_guard lock(mu_);
-    ++n_;
+  explicit DemandScope(DemandGate& gate) : gate_(gate) {
+    std::lock_guard lock(gate_.mu);
+    ++gate_.active;
   }
   ~DemandScope() {
     {
-      std::lock_guard lock(mu_);
-      --n_;
+      std::lock_guard lock(gate_.mu);
+      --gate_.active;
     }
-    cv_.notify_all();
+    gate_.cv.notify_all();
   }
   DemandScope(const DemandScope&) = delete;
   DemandScope& operator=(const DemandScope&) = delete;
 
  private:
-  std::mutex& mu_;
-  std::condition_variable& cv_;
-  int& n_;
+  DemandGate& gate_;
 };
 
 class StoreImpl {
@@ -263,21 +277,24 @@ class StoreImpl {
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
       prefetch_late_{0}, corruptions_dropped_{0};
 
-  // Demand fetches in progress; speculative prefetch waits while this is non-zero.
-  std::mutex demand_mu_;
-  std::condition_variable demand_cv_;
-  int demand_active_ = 0;  // GUARDED_BY(demand_mu_)
+  // Demand fetches in progress; speculative prefetch waits while there are any.
+  const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();
 
   std::atomic<bool> stopping_{false};
 
   std::mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
-  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_)
+  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_): drain tasks on prefetch_lane_
 
   std::mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
-  ThreadPool pool_;  // last member: joined first on destruction
+  // Two executors, so background prefetch never delays demand: pool_ (background_threads
+  // threads) runs GetAsync, PutAsync and demotion; prefetch_lane_ (max(1, background_threads - 1)
+  // threads, its own) drains the prefetch queues. Last members: joined first on destruction.
+  const unsigned lane_threads_;
+  ThreadPool pool_;
+  ThreadPool prefetch_lane_;
 };
 
 // Builds and initialises the store state over `tiers` (fastest first).
