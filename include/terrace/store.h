@@ -121,6 +121,11 @@ struct StoreStats {
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
   std::uint64_t prefetch_late = 0;        // Gets that waited on an in-flight prefetch of their key
   std::uint64_t corruptions_dropped = 0;  // copies dropped because they failed checksum
+  // Blocks moved between tiers (promotions, prefetches, demotions). Direct: from one tier's
+  // memory into another's with no copy in the store (a demotion written from the host arena, an
+  // NVMe read landing in a host reservation). Staged: through a store-side buffer.
+  std::uint64_t direct_transfers = 0, direct_transfer_bytes = 0;
+  std::uint64_t staged_transfers = 0, staged_transfer_bytes = 0;
 };
 
 class Store {

@@ -13,6 +13,7 @@
 // - Pinned blocks (Pin) cannot be erased: Erase returns InvalidArgument until every Pin is undone.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -57,6 +58,18 @@ struct TierCaps {
   // store answers NotFound, and a block found there joins the directory. The store removes only
   // the copies it knows of: a Put does not erase an older copy another process left in it.
   bool shared = false;
+  // Direct-transfer unit, bytes (0: none): a Get into memory aligned to it, with room for the
+  // block rounded up to it, transfers without a staging copy (NVMe O_DIRECT: 4096).
+  std::uint32_t io_alignment = 0;
+  // Reserve / Commit / Abort are implemented: another tier can read a block straight into this
+  // tier's memory.
+  bool reserves = false;
+};
+
+// Space a tier set aside for one block (Tier::Reserve): fill `bytes`, then Commit or Abort.
+struct Reservation {
+  std::span<std::byte> bytes;           // at least the block's size, rounded up to the tier's page
+  std::array<std::uint64_t, 3> token{};  // the tier's own bookkeeping
 };
 
 struct PutOp {
@@ -78,7 +91,9 @@ class Tier {
   virtual const TierCaps& caps() const = 0;
 
   virtual Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) = 0;
-  // Copies the block into `out` (out.size() >= block size) and fills *desc.
+  // Copies the block into `out` (out.size() >= block size) and fills *desc. A tier with
+  // caps().io_alignment may also overwrite out's bytes past the block's size (up to out.size(),
+  // within the size rounded up to io_alignment) when that saves a staging copy.
   virtual Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) = 0;
   // NotFound if absent. Cheap: no I/O.
   virtual Result<BlockDesc> Lookup(const BlockKey& key) const = 0;
@@ -111,6 +126,27 @@ class Tier {
     (void)regions;
     return Status::Unavailable("this tier does not register other tiers' memory");
   }
+
+  // Reserve -> fill -> commit, for tiers with caps().reserves: Reserve sets aside room for a block
+  // described by `desc` (OutOfCapacity like Put when there is none; used_bytes counts it only
+  // once committed). The caller writes exactly the bytes `desc` describes into
+  // r.bytes.first(desc.size) (the rest may be overwritten), then Commit publishes them as the
+  // block (replacing a previous one atomically, like Put; the tier trusts desc.checksum) or Abort
+  // returns the space. Every Reserve ends in exactly one Commit or Abort; a Commit that fails has
+  // returned the space itself. Defaults:
+  // Unimplemented / no-op.
+  virtual Result<Reservation> Reserve(const BlockKey& key, const BlockDesc& desc) {
+    (void)key;
+    (void)desc;
+    return Status::Unavailable("this tier does not reserve space for direct reads");
+  }
+  virtual Status Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
+    (void)key;
+    (void)desc;
+    (void)r;
+    return Status::Unavailable("this tier does not reserve space for direct reads");
+  }
+  virtual void Abort(const Reservation& r) { (void)r; }
 
   // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
   virtual Status Flush() { return Status::Ok(); }

@@ -139,6 +139,7 @@ Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockD
     } else {
       RefreshIoRegions(from, to);
       s = PlaceInTier(to, key, desc, {p, desc.size});
+      if (s.ok()) CountTransfer(/*direct=*/true, desc.size);
     }
     (void)src.Unpin(key);
     if (p != nullptr) return s;
@@ -148,7 +149,9 @@ Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockD
   Status s = TimedTierGet(from, key, buf, &got);
   if (s.ok() && !Verify(src.caps(), desc, got, buf)) s = Status::Corruption("checksum mismatch while demoting");
   if (!s.ok()) return s;
-  return PlaceInTier(to, key, desc, buf);
+  TERRACE_RETURN_IF_ERROR(PlaceInTier(to, key, desc, buf));
+  CountTransfer(/*direct=*/false, desc.size);
+  return Status::Ok();
 }
 
 void StoreImpl::RefreshIoRegions(int from, int to) {

@@ -79,6 +79,10 @@ StoreStats StoreImpl::Stats() const {
   st.prefetch_useful = ld(prefetch_useful_);
   st.prefetch_late = ld(prefetch_late_);
   st.corruptions_dropped = ld(corruptions_dropped_);
+  st.direct_transfers = ld(direct_transfers_);
+  st.direct_transfer_bytes = ld(direct_transfer_bytes_);
+  st.staged_transfers = ld(staged_transfers_);
+  st.staged_transfer_bytes = ld(staged_transfer_bytes_);
   return st;
 }
 
@@ -132,6 +136,10 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_store_prefetch_useful_total", {"Prefetched blocks later read by a Get.", st.prefetch_useful}},
       {"terrace_store_prefetch_late_total", {"Gets that waited on an in-flight prefetch.", st.prefetch_late}},
       {"terrace_store_corruptions_dropped_total", {"Copies dropped for failing their checksum.", st.corruptions_dropped}},
+      {"terrace_store_direct_transfers_total", {"Blocks moved between tiers without a store-side copy.", st.direct_transfers}},
+      {"terrace_store_direct_transfer_bytes_total", {"Bytes of direct transfers.", st.direct_transfer_bytes}},
+      {"terrace_store_staged_transfers_total", {"Blocks moved between tiers through a store-side copy.", st.staged_transfers}},
+      {"terrace_store_staged_transfer_bytes_total", {"Bytes of staged transfers.", st.staged_transfer_bytes}},
   };
   for (const auto& [name, hv] : kStore) {
     Header(out, name, "counter", hv.first);

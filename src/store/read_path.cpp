@@ -7,6 +7,11 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
+void StoreImpl::CountTransfer(bool direct, std::uint64_t bytes) {
+  (direct ? direct_transfers_ : staged_transfers_).fetch_add(1, std::memory_order_relaxed);
+  (direct ? direct_transfer_bytes_ : staged_transfer_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+}
+
 void StoreImpl::CountGet(int served_from) {
   for (int i = 0; i < served_from; ++i) slot(i).measured.Add(slot(i).measured.misses);
   slot(served_from).measured.Add(slot(served_from).measured.hits);
@@ -174,7 +179,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
 
 void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes,
                                    int src, SlotMask mask, MoveMode mode, int target, bool by_prefetch,
-                                   ReadOutcome* result) {
+                                   ReadOutcome* result, const std::function<Status()>& place) {
   ReadOutcome& out = *result;
   CountGet(src);
   slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
@@ -182,7 +187,8 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
 
   bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
   if (want_move) {
-    Status ms = PlaceInTier(target, key, desc, bytes);
+    Status ms = place ? place() : PlaceInTier(target, key, desc, bytes);
+    if (ms.ok()) CountTransfer(/*direct=*/static_cast<bool>(place), desc.size);
     if (!ms.ok()) {
       out.move_status = std::move(ms);
     } else {

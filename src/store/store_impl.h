@@ -98,6 +98,7 @@ struct ReadOutcome {
 };
 
 struct PrefetchJob;
+struct BulkLead;  // batch_read.cpp
 
 // One key of a BulkFetch.
 struct BulkItem {
@@ -208,8 +209,14 @@ class StoreImpl {
                          bool by_prefetch, std::string dropped = {});
   // Caller holds key's stripe; `bytes` is the verified block just read from slot `src` while the
   // entry's mask was `mask`. Counts the read, moves the block per `mode`, updates the policies.
+  // `place`, when given, puts the block into `target` instead of PlaceInTier(bytes) (a direct
+  // transfer that already holds the bytes in target's memory); otherwise the move is a staged copy.
   void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes, int src,
-                          SlotMask mask, MoveMode mode, int target, bool by_prefetch, ReadOutcome* out);
+                          SlotMask mask, MoveMode mode, int target, bool by_prefetch, ReadOutcome* out,
+                          const std::function<Status()>& place = {});
+  // Counts one block moved between tiers: direct (tier memory to tier memory, no store buffer) or
+  // staged (through a store-side copy).
+  void CountTransfer(bool direct, std::uint64_t bytes);
   Status MoveUp(const BlockKey& key, int target, bool by_prefetch);
   // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why.
   void DropCopy(const BlockKey& key, int slot);
@@ -224,6 +231,17 @@ class StoreImpl {
   // given, is asked after the read: a non-OK answer becomes item i's status and nothing moves.
   void BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
                  const std::function<Status(std::size_t)>& still_wanted = {});
+  // BulkFetch's steps. Leads: the items this call reads, each leading its key's in-flight fetch.
+  std::vector<BulkLead> LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch);
+  // Gives a lead without a caller buffer its destination: reserved room in `target` when that
+  // tier reserves (the read then lands there directly), else a temporary buffer.
+  void PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target);
+  // Issues one tier GetBatch for `leads` (all from one source slot) and records each answer.
+  void ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items);
+  // Verifies, counts and moves one read key under its stripe, as its fetch's leader; anything
+  // unusual falls back to LockedRead.
+  void FinishLead(BulkLead& lead, BulkItem& item, std::optional<int> move_to, bool by_prefetch,
+                  const std::function<Status(std::size_t)>& still_wanted);
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
@@ -275,7 +293,8 @@ class StoreImpl {
 
   std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
-      prefetch_late_{0}, corruptions_dropped_{0};
+      prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
+      staged_transfers_{0}, staged_transfer_bytes_{0};
 
   // Demand fetches in progress; speculative prefetch waits while there are any.
   const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();

@@ -6,6 +6,7 @@
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
+#include "tiers/host/host_tier.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::testing {
@@ -240,6 +241,53 @@ TEST_CASE("Real tiers: a tier list naming an unknown kind is refused with the kn
   REQUIRE(r.status().IsInvalidArgument());
   CHECK_THAT(r.status().message(), Catch::Contains("redis"));
   CHECK_THAT(r.status().message(), Catch::Contains("hbm, host, nvme"));
+}
+
+TEST_CASE("Real tiers: a prefetch from NVMe lands directly in the host arena, with no staging copy") {
+  TempDir dir("store-direct");
+  NvmeTierOptions no;
+  no.path = dir.path();
+  no.capacity_bytes = 16 * kMiB;
+  auto nvme = NvmeTier::Open(no);
+  REQUIRE(nvme.ok());
+  NvmeTier* nvme_raw = nvme->get();
+  HostTierOptions ho;
+  ho.capacity_bytes = 8 * kMiB;
+  ho.chunk_bytes = 4 * kMiB;
+  ho.pin = false;
+  auto host = HostTier::Create(ho);
+  REQUIRE(host.ok());
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::move(*host));
+  tiers.push_back(std::move(*nvme));
+  StoreOptions o;
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
+  std::vector<BlockKey> keys;
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 24; ++i) {
+    keys.push_back(TestKey(i));
+    sizes.push_back(i % 3 == 0 ? 64 * kKiB : 4096 * (i % 5) + 1 + 97 * i);  // aligned and ragged sizes
+    REQUIRE(store->Put(keys.back(), TestBytes(i, sizes.back()), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  const std::uint64_t staged_before = nvme_raw->staged_ios();
+  const StoreStats before = store->Stats();
+  auto pf = store->Prefetch(keys, TierId::kHost).get();
+  for (const Status& s : pf) REQUIRE(s.ok());
+  const StoreStats after = store->Stats();
+  CHECK(nvme_raw->staged_ios() == staged_before);  // every read went straight into the arena
+  CHECK(after.direct_transfers - before.direct_transfers == keys.size());
+  CHECK(after.staged_transfers == before.staged_transfers);
+  std::uint64_t bytes = 0;
+  for (std::size_t s : sizes) bytes += s;
+  CHECK(after.direct_transfer_bytes - before.direct_transfer_bytes == bytes);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CHECK(TierOf(*store, keys[i]) == TierId::kHost);
+    auto got = GetBytes(*store, keys[i], 64 * kKiB);
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, sizes[i]));
+  }
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ EmulatedHbmTier::EmulatedHbmTier(const HbmTierOptions& options, std::unique_ptr<
   caps_.name = "hbm";
   caps_.emulated = true;
   caps_.memory = MemoryKind::kHost;
+  caps_.reserves = false;  // every write goes through Put, which charges the link model
 }
 
 std::uint64_t EmulatedHbmTier::LinkNanos(std::uint64_t bytes) const {

@@ -49,6 +49,7 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.name = "host";
   caps_.memory = MemoryKind::kHost;
   caps_.verifies_gets = true;  // Get: fused copy + checksum of the caller's bytes
+  caps_.reserves = true;
   caps_.capacity_bytes = arena_.capacity_bytes();
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();
@@ -121,6 +122,36 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
 }
 
 Status HostTier::Erase(const BlockKey& key) { return arena_.Erase(key); }
+
+namespace {
+// A reservation's token: the arena ticket's slot and extent.
+tiers::BlockArena::Ticket TicketOf(const Reservation& r, const BlockDesc& desc) {
+  tiers::BlockArena::Ticket t;
+  t.slot = static_cast<std::uint32_t>(r.token[0]);
+  t.extent.chunk = static_cast<std::uint32_t>(r.token[1] >> 32);
+  t.extent.page = static_cast<std::uint32_t>(r.token[1]);
+  t.extent.pages = static_cast<std::uint32_t>(r.token[2]);
+  t.desc = desc;
+  return t;
+}
+}  // namespace
+
+Result<Reservation> HostTier::Reserve(const BlockKey& key, const BlockDesc& desc) {
+  TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
+  Reservation r;
+  r.token = {t.slot, (std::uint64_t{t.extent.chunk} << 32) | t.extent.page, t.extent.pages};
+  if (t.extent.pages > 0) r.bytes = {Address(t.extent), std::uint64_t{t.extent.pages} * kPageBytes};
+  return r;
+}
+
+Status HostTier::Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
+  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, TicketOf(r, desc)));
+  counters_.Add(counters_.puts);
+  counters_.Add(counters_.bytes_written, desc.size);
+  return Status::Ok();
+}
+
+void HostTier::Abort(const Reservation& r) { arena_.AbortWrite(TicketOf(r, {})); }
 
 const std::byte* HostTier::ResidentPtr(const BlockKey& key) const {
   auto e = arena_.Locate(key);
