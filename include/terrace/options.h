@@ -138,7 +138,9 @@ struct StoreOptions {
   // high_watermark and evicts down to low_watermark.
   double high_watermark = 0.90;
   double low_watermark = 0.75;
-  unsigned background_threads = 2;              // Asio thread pool for demotion and prefetch
+  // Threads of the store's Asio pool for GetAsync, PutAsync and background demotion; prefetch
+  // drains on a lane of its own, max(1, background_threads - 1) threads, so it never delays them.
+  unsigned background_threads = 2;
   // Where the store and its tiers log (a tier's own logger, when set, wins). Null: stderr, kInfo.
   std::shared_ptr<Logger> logger;
 };
