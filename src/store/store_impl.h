@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/clock.h"
 #include "src/common/key_map.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
@@ -43,9 +44,6 @@ inline int Fastest(SlotMask mask) { return mask == 0 ? -1 : std::countr_zero(sta
 // Slots strictly after `slot`.
 inline SlotMask Below(int slot) { return static_cast<SlotMask>(~((2u << static_cast<unsigned>(slot)) - 1u)); }
 
-inline std::uint64_t NanosSince(Clock::time_point t0) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
 
 // True when a tier's answer (`got`, `bytes`) is the block the directory describes (`want`). A tier
 // whose Get verifies its own output (TierCaps::verifies_gets) has already hashed `bytes` against

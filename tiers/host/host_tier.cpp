@@ -1,5 +1,6 @@
 #include "tiers/host/host_tier.h"
 
+#include "src/common/clock.h"
 #include "tiers/host/fast_checksum.h"
 
 #include <algorithm>
@@ -13,11 +14,6 @@ namespace terrace {
 namespace {
 
 constexpr std::uint64_t kPageBytes = 4096;
-
-std::uint64_t NowNs() {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-}
 
 }  // namespace
 
@@ -80,18 +76,18 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
                                                "build the desc with DescribeBlock(data)",
                                                key.ToString(), desc.size, data.size()));
   }
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
   if (desc.size > 0) std::memcpy(Address(t.extent), data.data(), desc.size);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
-  counters_.write_latency.Record(NowNs() - t0);
+  counters_.write_latency.Record(SteadyNanos() - t0);
   return Status::Ok();
 }
 
 Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   auto r = arena_.BeginRead(key);
   if (!r.ok()) {
     counters_.Add(counters_.misses);
@@ -117,7 +113,7 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
   if (desc) *desc = t.desc;
   counters_.Add(counters_.hits);
   counters_.Add(counters_.bytes_read, t.desc.size);
-  counters_.read_latency.Record(NowNs() - t0);
+  counters_.read_latency.Record(SteadyNanos() - t0);
   return Status::Ok();
 }
 

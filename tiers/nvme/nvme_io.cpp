@@ -90,7 +90,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
     nvme::RunToCompletion(*engine_, reqs, [&](std::size_t k, int err) {
       Chunk& c = chunks[req_chunk[k]];
       (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency)
-          .Record(nvme::SteadyNanos() - reqs[k].submit_ns);
+          .Record(SteadyNanos() - reqs[k].submit_ns);
       if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.user, staging_->data(req_buf[k]), c.len);
       done(req_chunk[k], err);
     });

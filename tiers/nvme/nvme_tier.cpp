@@ -427,8 +427,6 @@ std::uint64_t NvmeTier::free_bytes() const {
   return alloc_->free_bytes();
 }
 
-std::uint64_t NvmeTier::group_commits() const { return committer_ ? committer_->commits() : 0; }
-
 bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
 
 void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {

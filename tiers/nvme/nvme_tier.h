@@ -181,17 +181,11 @@ class NvmeTier final : public Tier {
 
   const RecoveryReport& recovery_report() const { return report_; }
   bool read_only() const { return options_.read_only; }
-  const std::filesystem::path& index_path() const { return index_path_; }
-  std::string store_uuid() const { return sb_.UuidString(); }
-  bool direct_io() const { return direct_; }      // false: the file system refused O_DIRECT
   bool fixed_buffers() const;                      // staging buffers registered with io_uring
   std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
-  std::uint64_t group_commits() const;
   // I/Os that went through a staging buffer (unaligned memory, or a tail without room): each one
   // is a copy; a Get into aligned memory with room for the rounded-up tail needs none.
   std::uint64_t staged_ios() const { return staged_ios_.load(std::memory_order_relaxed); }
-  const std::filesystem::path& data_path() const { return data_path_; }
-  nvme::IoEngine& engine() { return *engine_; }
 
  private:
   struct Entry {
