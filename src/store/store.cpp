@@ -103,21 +103,25 @@ Status StoreImpl::Init() {
   const int put_slot = SlotAtOrBelow(options_.put_tier);
   promote_slot_ = put_slot >= 0 ? put_slot : LowestSlot();
   // Recover what the tiers already hold, slowest (persistent) first: a faster copy whose
-  // descriptor disagrees is stale and removed.
-  std::lock_guard lock(mu_);
+  // descriptor disagrees is stale and removed. Tier I/O (ForEach, Erase) runs outside mu_.
   for (int i = LowestSlot(); i >= 0; --i) {
     std::vector<std::pair<BlockKey, BlockDesc>> found;
     tier(i).ForEach([&](const BlockKey& k, const BlockDesc& d) { found.emplace_back(k, d); });
-    for (const auto& [k, d] : found) {
-      Entry& e = entries_[k];
-      if (e.mask == 0) {
-        e.desc = d;
-      } else if (!(e.desc == d)) {
-        (void)tier(i).Erase(k);
-        continue;
+    std::vector<BlockKey> stale;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [k, d] : found) {
+        Entry& e = entries_[k];
+        if (e.mask == 0) {
+          e.desc = d;
+        } else if (!(e.desc == d)) {
+          stale.push_back(k);
+          continue;
+        }
+        SetMaskLocked(k, e, static_cast<SlotMask>(e.mask | Bit(i)));
       }
-      SetMaskLocked(k, e, static_cast<SlotMask>(e.mask | Bit(i)));
     }
+    for (const BlockKey& k : stale) (void)tier(i).Erase(k);
   }
   return Status::Ok();
 }
