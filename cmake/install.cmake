@@ -13,7 +13,7 @@ set(TERRACE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/terrace" CACHE STRIN
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/terrace" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
         COMPONENT terrace_development FILES_MATCHING PATTERN "*.h")
 
-install(TARGETS terrace terrace_common terrace_store terrace_tier_host terrace_tier_hbm terrace_tier_nvme
+install(TARGETS terrace terrace_common terrace_store terrace_store_core terrace_tier_host terrace_tier_hbm terrace_tier_nvme
         EXPORT terraceTargets
         ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
         LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -106,8 +107,28 @@ class FutureState {
     callback_ = std::move(cb);
   }
 
-  void RequestCancel() { cancel_requested_.store(true, std::memory_order_release); }
+  void RequestCancel() {
+    std::function<void()> cb;
+    {
+      std::lock_guard lock(mu_);
+      if (cancel_requested_.exchange(true, std::memory_order_acq_rel)) return;
+      cb = std::move(on_cancel_);
+    }
+    if (cb) cb();
+  }
   bool cancel_requested() const { return cancel_requested_.load(std::memory_order_acquire); }
+  // `fn` runs once, on the thread that requests cancellation (inline here if that already
+  // happened). Replaces an earlier callback. Must not block.
+  void SetCancelCallback(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu_);
+      if (!cancel_requested_.load(std::memory_order_acquire)) {
+        on_cancel_ = std::move(fn);
+        return;
+      }
+    }
+    fn();
+  }
 
  private:
   std::mutex mu_;
@@ -117,6 +138,7 @@ class FutureState {
   std::optional<T> value_;   // GUARDED_BY(mu_)
   Callback<T> callback_;     // GUARDED_BY(mu_)
   bool consumed_ = false;    // GUARDED_BY(mu_): the value went to get() or a callback
+  std::function<void()> on_cancel_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace detail
@@ -170,6 +192,9 @@ class Promise {
   // First value wins; returns false if a value was already set.
   bool set_value(T value) { return state_->SetValue(std::move(value)); }
   bool cancel_requested() const { return state_->cancel_requested(); }
+  // Runs `fn` once when the Future's cancel() is called (at once if it already was), on the
+  // calling thread; for work that sleeps and wants to be woken by a cancellation. Must not block.
+  void on_cancel(std::function<void()> fn) { state_->SetCancelCallback(std::move(fn)); }
 
  private:
   std::shared_ptr<detail::FutureState<T>> state_;

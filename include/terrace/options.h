@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "terrace/log.h"
 #include "terrace/tier.h"
@@ -102,10 +104,31 @@ enum class WritePolicy : std::uint8_t {
 
 enum class EvictionPolicy : std::uint8_t { kLru = 0, kS3Fifo = 1 };
 
-struct StoreOptions {
+// One slot of an explicit tier list (StoreOptions::tier_list). `kind` names the factory that
+// builds it - "hbm" (from `hbm`), "host" (from `host`) or "nvme" (from `nvme`); the other two
+// option structs are ignored.
+struct TierSlotOptions {
+  std::string kind;
+  // The slot's name in stats, metrics and messages. Empty: the kind, with "-2", "-3", ... appended
+  // to later slots of the same kind ("nvme", "nvme-2").
+  std::string name;
   HbmTierOptions hbm;
   HostTierOptions host;
   NvmeTierOptions nvme;
+};
+
+struct StoreOptions {
+  // The standard configuration, used when tier_list is empty: HBM (unless hbm.mode is kOff), host
+  // (unless host.capacity_bytes is 0) and NVMe (when nvme.path is set), in that order.
+  HbmTierOptions hbm;
+  HostTierOptions host;
+  NvmeTierOptions nvme;
+  // An explicit, ordered tier list, fastest first (at most kMaxTierSlots); when non-empty it
+  // replaces hbm/host/nvme above. Blocks are demoted from a slot into the next one. A TierId in
+  // the API (put_tier, Acquire, Prefetch) means the first slot of that kind; a TierId with no
+  // slot of its kind means the first slot of a slower kind where the rules below say "nearest
+  // present tier below it".
+  std::vector<TierSlotOptions> tier_list;
   TierId put_tier = TierId::kHost;              // where Put places new blocks
   Placement placement = Placement::kExclusive;
   WritePolicy write_policy = WritePolicy::kWriteBack;
@@ -115,7 +138,9 @@ struct StoreOptions {
   // high_watermark and evicts down to low_watermark.
   double high_watermark = 0.90;
   double low_watermark = 0.75;
-  unsigned background_threads = 2;              // Asio thread pool for demotion and prefetch
+  // Threads of the store's Asio pool for GetAsync, PutAsync and background demotion; prefetch
+  // drains on a lane of its own, max(1, background_threads - 1) threads, so it never delays them.
+  unsigned background_threads = 2;
   // Where the store and its tiers log (a tier's own logger, when set, wins). Null: stderr, kInfo.
   std::shared_ptr<Logger> logger;
 };

@@ -56,7 +56,8 @@ struct PutOptions {
 
 struct LookupResult {
   bool found = false;
-  TierId tier = TierId::kHost;  // fastest tier holding the block (valid when found)
+  TierId tier = TierId::kHost;  // kind of the fastest tier holding the block (valid when found)
+  int slot = -1;                // that tier's position in the store's tier list (StoreStats::slots)
   BlockDesc desc;
 };
 
@@ -84,7 +85,7 @@ class BlockHandle {
   const BlockDesc& desc() const { return desc_; }
   const BlockKey& key() const { return key_; }
   MemoryKind memory_kind() const { return memory_; }
-  TierId tier() const { return tier_; }
+  TierId tier() const { return tier_; }  // the kind of the tier holding it
   // Unpins now; the handle becomes invalid.
   void Release();
 
@@ -96,12 +97,16 @@ class BlockHandle {
   const std::byte* data_ = nullptr;
   MemoryKind memory_ = MemoryKind::kNone;
   TierId tier_ = TierId::kHost;
+  int slot_ = -1;
 };
 
 // Store-level statistics. Per-tier snapshots come from the tiers, except: hits = Gets served from
 // that tier, misses = Gets that found no copy there, and the latency percentiles, which the store
 // measures around its own calls into the tier.
 struct StoreStats {
+  // Every tier slot, fastest first; name = the slot's name ("hbm", "host", "nvme", "nvme-2", ...).
+  std::vector<TierStatsSnapshot> slots;
+  // The standard view, index = TierId: the first slot of each kind (the same snapshot as in slots).
   std::array<bool, kNumTiers> present{};
   std::array<TierStatsSnapshot, kNumTiers> tiers{};
   std::uint64_t blocks = 0;               // distinct keys stored
@@ -116,15 +121,24 @@ struct StoreStats {
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
   std::uint64_t prefetch_late = 0;        // Gets that waited on an in-flight prefetch of their key
   std::uint64_t corruptions_dropped = 0;  // copies dropped because they failed checksum
+  // Blocks moved between tiers (promotions, prefetches, demotions). Direct: from one tier's
+  // memory into another's with no copy in the store (a demotion written from the host arena, an
+  // NVMe read landing in a host reservation). Staged: through a store-side buffer.
+  std::uint64_t direct_transfers = 0, direct_transfer_bytes = 0;
+  std::uint64_t staged_transfers = 0, staged_transfer_bytes = 0;
 };
 
 class Store {
  public:
-  // Builds the tiers named by `options` (HBM per hbm.mode, host, NVMe when nvme.path is set) and
-  // recovers any blocks the persistent tier already holds.
+  // Builds the tiers `options` names (tier_list, or the standard HBM per hbm.mode, host, NVMe when
+  // nvme.path is set) and recovers any blocks the tiers already hold.
   static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
-  // Uses the given tiers (index = TierId; null = absent); their caps().id must match the index.
-  // Capacities come from the tiers; the tier options in `options` are ignored.
+  // Uses the given tiers, an ordered list fastest first (1 to kMaxTierSlots, none null); each
+  // slot is named after caps().name as StoreOptions::tier_list names them. Capacities come from
+  // the tiers; the tier options in `options` are ignored.
+  static Result<std::unique_ptr<Store>> OpenWithTiers(const StoreOptions& options,
+                                                      std::vector<std::unique_ptr<Tier>> tiers);
+  // The standard configuration: index = TierId, null = absent; caps().id must match the index.
   static Result<std::unique_ptr<Store>> OpenWithTiers(const StoreOptions& options,
                                                       std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
   ~Store();
@@ -184,6 +198,7 @@ class Store {
   std::string PrometheusText() const;
 
   const StoreOptions& options() const;
+  // True when some slot is of kind `id`.
   bool HasTier(TierId id) const;
 
  private:

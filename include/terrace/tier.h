@@ -13,6 +13,7 @@
 // - Pinned blocks (Pin) cannot be erased: Erase returns InvalidArgument until every Pin is undone.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -27,15 +28,20 @@
 
 namespace terrace {
 
+// The kind of a tier: the role it plays in the standard configuration (HBM -> pinned host -> NVMe),
+// in that order from fastest to slowest. The store's tier list is open (StoreOptions::tier_list,
+// Store::OpenWithTiers): any number of tier slots up to kMaxTierSlots, several of one kind
+// allowed; the store API addresses a kind by its first (fastest) slot.
 enum class TierId : std::uint8_t { kHbm = 0, kHost = 1, kNvme = 2 };
-inline constexpr int kNumTiers = 3;
+inline constexpr int kNumTiers = 3;       // number of TierId values (kinds), not of a store's tiers
+inline constexpr int kMaxTierSlots = 8;   // most tiers one store composes
 std::string_view TierName(TierId id);  // "hbm", "host", "nvme"
 
 // Where a resident block's bytes live, for zero-copy access through ResidentPtr.
 enum class MemoryKind : std::uint8_t { kNone = 0, kHost = 1, kDevice = 2 };
 
 struct TierCaps {
-  TierId id = TierId::kHost;
+  TierId id = TierId::kHost;       // the tier's kind
   std::string name;                // "hbm", "host", "nvme" (wrappers keep the wrapped name)
   bool emulated = false;           // HBM tier running in host memory
   bool persistent = false;         // survives process exit (NVMe)
@@ -47,6 +53,23 @@ struct TierCaps {
   // the bytes a second time. Wrappers that can alter bytes after the inner tier's check (the
   // fault injector) report false.
   bool verifies_gets = false;
+  // True for a tier that may hold keys the store's directory has not seen: one other processes
+  // write too (a shared remote cache). A directory miss then asks this tier (Lookup) before the
+  // store answers NotFound, and a block found there joins the directory. The store removes only
+  // the copies it knows of: a Put does not erase an older copy another process left in it.
+  bool shared = false;
+  // Direct-transfer unit, bytes (0: none): a Get into memory aligned to it, with room for the
+  // block rounded up to it, transfers without a staging copy (NVMe O_DIRECT: 4096).
+  std::uint32_t io_alignment = 0;
+  // Reserve / Commit / Abort are implemented: another tier can read a block straight into this
+  // tier's memory.
+  bool reserves = false;
+};
+
+// Space a tier set aside for one block (Tier::Reserve): fill `bytes`, then Commit or Abort.
+struct Reservation {
+  std::span<std::byte> bytes;           // at least the block's size, rounded up to the tier's page
+  std::array<std::uint64_t, 3> token{};  // the tier's own bookkeeping
 };
 
 struct PutOp {
@@ -68,7 +91,9 @@ class Tier {
   virtual const TierCaps& caps() const = 0;
 
   virtual Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) = 0;
-  // Copies the block into `out` (out.size() >= block size) and fills *desc.
+  // Copies the block into `out` (out.size() >= block size) and fills *desc. A tier with
+  // caps().io_alignment may also overwrite out's bytes past the block's size (up to out.size(),
+  // within the size rounded up to io_alignment) when that saves a staging copy.
   virtual Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) = 0;
   // NotFound if absent. Cheap: no I/O.
   virtual Result<BlockDesc> Lookup(const BlockKey& key) const = 0;
@@ -101,6 +126,27 @@ class Tier {
     (void)regions;
     return Status::Unavailable("this tier does not register other tiers' memory");
   }
+
+  // Reserve -> fill -> commit, for tiers with caps().reserves: Reserve sets aside room for a block
+  // described by `desc` (OutOfCapacity like Put when there is none; used_bytes counts it only
+  // once committed). The caller writes exactly the bytes `desc` describes into
+  // r.bytes.first(desc.size) (the rest may be overwritten), then Commit publishes them as the
+  // block (replacing a previous one atomically, like Put; the tier trusts desc.checksum) or Abort
+  // returns the space. Every Reserve ends in exactly one Commit or Abort; a Commit that fails has
+  // returned the space itself. Defaults:
+  // Unimplemented / no-op.
+  virtual Result<Reservation> Reserve(const BlockKey& key, const BlockDesc& desc) {
+    (void)key;
+    (void)desc;
+    return Status::Unavailable("this tier does not reserve space for direct reads");
+  }
+  virtual Status Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
+    (void)key;
+    (void)desc;
+    (void)r;
+    return Status::Unavailable("this tier does not reserve space for direct reads");
+  }
+  virtual void Abort(const Reservation& r) { (void)r; }
 
   // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
   virtual Status Flush() { return Status::Ok(); }

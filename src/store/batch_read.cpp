@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -16,23 +18,37 @@ namespace {
 
 // Temporary buffers (for moves without a caller buffer) per tier call; bounds a batch's memory.
 constexpr std::uint64_t kWindowBytes = 64 * kMiB;
+// Evictions tried to make room for one reservation before the read falls back to a buffer.
+constexpr int kReserveAttempts = 8;
 
-struct Lead {
+}  // namespace
+
+// One key a BulkFetch reads, as the leader of its in-flight fetch.
+struct BulkLead {
   std::size_t item = 0;
   BlockDesc desc;
   std::uint64_t version = 0;
   int src = -1;
   std::shared_ptr<Fetch> fetch;
-  std::vector<std::byte> temp;  // the block when the item has no caller buffer
-  Status status;                // the tier's answer
+  std::vector<std::byte> temp;       // the destination when the item has no caller buffer and no reservation
+  std::optional<Reservation> room;   // the destination reserved in the move's target tier
+  int room_slot = -1;                // the tier `room` is in
+  Status status;                     // the tier's answer
   BlockDesc got;
+
+  // Where the read lands: the caller's buffer, the reservation (with its rounded-up room, so an
+  // aligned tier needs no staging) or the temporary buffer.
+  std::span<std::byte> Destination(const BulkItem& it) {
+    if (!it.out.empty()) return it.out.first(desc.size);
+    if (room) return room->bytes;
+    return temp;
+  }
+  std::span<std::byte> Bytes(const BulkItem& it) { return Destination(it).first(desc.size); }
 };
 
-}  // namespace
-
-void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch,
-                          const std::function<Status(std::size_t)>& still_wanted) {
-  std::vector<Lead> leads;
+std::vector<BulkLead> StoreImpl::LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to,
+                                               bool by_prefetch) {
+  std::vector<BulkLead> leads;
   {
     std::lock_guard lock(mu_);
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -40,111 +56,160 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_
       if (it == entries_.end() || it->second.mask == 0) continue;
       const Entry& e = it->second;
       const int src = Fastest(e.mask);
-      if (move_to && items[i].out.empty() && src <= Idx(*move_to)) {  // a move that is already done
+      if (move_to && items[i].out.empty() && src <= *move_to) {  // a move that is already done
         items[i].handled = true;
         items[i].desc = e.desc;
         continue;
       }
-      if (tiers_[src]->caps().memory != MemoryKind::kNone) continue;  // memory tiers: nothing to batch
+      if (tier(src).caps().memory != MemoryKind::kNone) continue;  // memory tiers: nothing to batch
       if (!items[i].out.empty() && items[i].out.size() < e.desc.size) continue;
-      leads.push_back(Lead{i, e.desc, e.version, src, nullptr, {}, {}, {}});
+      BulkLead l;
+      l.item = i;
+      l.desc = e.desc;
+      l.version = e.version;
+      l.src = src;
+      leads.push_back(std::move(l));
     }
   }
   // Lead each fetch (outside mu_, like FetchDedup); a key someone else is fetching, or that
   // appears twice in this batch, goes to the caller's fallback and joins that fetch there.
-  std::erase_if(leads, [&](Lead& l) {
+  std::erase_if(leads, [&](BulkLead& l) {
     auto ticket = inflight_.JoinOrLead(items[l.item].key, by_prefetch);
     if (!ticket.leader) return true;
     l.fetch = std::move(ticket.fetch);
     return false;
   });
-  auto bytes_of = [&](Lead& l) -> std::span<std::byte> {
-    std::span<std::byte> out = items[l.item].out;
-    return out.empty() ? std::span<std::byte>(l.temp) : out.first(l.desc.size);
-  };
+  // One tier call per source slot.
+  std::stable_sort(leads.begin(), leads.end(), [](const BulkLead& a, const BulkLead& b) { return a.src < b.src; });
+  return leads;
+}
 
-  // Finishes one read key under its stripe, as its fetch's leader.
-  const TierId target = move_to.value_or(TierId::kHost);
-  auto finish = [&](Lead& l) {
-    BulkItem& item = items[l.item];
-    // An item no longer wanted (cancelled, past its deadline) is read but not moved.
-    Status wanted = still_wanted ? still_wanted(l.item) : Status::Ok();
-    const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
-    Fetch& f = *l.fetch;
-    std::span<std::byte> bytes = bytes_of(l);
-    const bool good = l.status.ok() && Verify(tiers_[l.src]->caps(), l.desc, l.got, bytes);
-    ReadOutcome o;
-    bool from_bulk = false;
+void StoreImpl::PrepareDestination(BulkLead& l, const BulkItem& item, std::optional<int> target) {
+  if (!item.out.empty()) return;
+  if (target && tier(*target).caps().reserves) {
+    Tier& dst = tier(*target);
+    for (int attempt = 0; attempt < kReserveAttempts; ++attempt) {
+      Result<Reservation> r = dst.Reserve(item.key, l.desc);
+      if (r.ok()) {
+        l.room = std::move(*r);
+        l.room_slot = *target;
+        return;
+      }
+      if (!r.status().IsOutOfCapacity() || !EvictOne(*target).ok()) break;
+    }
+  }
+  l.temp.resize(l.desc.size);  // no room reserved: read into a buffer, place it with a copy later
+}
+
+void StoreImpl::ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items) {
+  if (leads.empty()) return;
+  const int src = leads.front().src;
+  std::vector<GetOp> ops;
+  ops.reserve(leads.size());
+  for (BulkLead& l : leads) ops.push_back(GetOp{items[l.item].key, l.Destination(items[l.item]), {}});
+  auto t0 = Clock::now();
+  std::vector<Status> st = tier(src).GetBatch(ops);
+  const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
+  TierCounters& m = slot(src).measured;
+  for (std::size_t k = 0; k < leads.size(); ++k) {
+    leads[k].status = std::move(st[k]);
+    leads[k].got = ops[k].desc;
+    m.read_latency.Record(ns);
+    if (leads[k].status.IsIoError()) m.Add(m.io_errors);
+  }
+}
+
+void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_to, bool by_prefetch,
+                           const std::function<Status(std::size_t)>& still_wanted) {
+  const int target = move_to.value_or(0);
+  // An item no longer wanted (cancelled, past its deadline) is read but not moved.
+  Status wanted = still_wanted ? still_wanted(l.item) : Status::Ok();
+  const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
+  Fetch& f = *l.fetch;
+  std::span<std::byte> bytes = l.Bytes(item);
+  const bool good = l.status.ok() && Verify(tier(l.src).caps(), l.desc, l.got, bytes);
+  ReadOutcome o;
+  {
+    auto guard = key_locks_.Lock(item.key);
+    SlotMask mask = 0;
+    bool same = false;  // the entry still holds the version we read, and its fastest copy is the one we read
     {
-      auto guard = key_locks_.Lock(item.key);
-      std::uint8_t mask = 0;
-      bool same = false;  // the entry still holds the version we read, and its fastest copy is the one we read
-      {
-        std::lock_guard lock(mu_);
-        auto it = entries_.find(item.key);
-        if (it != entries_.end()) {
-          mask = it->second.mask;
-          same = it->second.version == l.version && Fastest(mask) == l.src;
-        }
+      std::lock_guard lock(mu_);
+      auto it = entries_.find(item.key);
+      if (it != entries_.end()) {
+        mask = it->second.mask;
+        same = it->second.version == l.version && Fastest(mask) == l.src;
       }
-      if (good && same) {
-        o.desc = l.desc;
-        CompleteLockedRead(item.key, l.desc, bytes, l.src, mask, mode, target, by_prefetch, &o);
-        from_bulk = true;
-      } else {
-        std::string dropped;
-        if (same && (l.status.IsCorruption() || (l.status.ok() && !good))) {
-          DropCopy(item.key, TierAt(l.src));
-          dropped = std::string(TierName(TierAt(l.src)));
-        }
-        o = LockedRead(item.key, &f.bytes, mode, target, by_prefetch, std::move(dropped));
-        if (o.desc.ok() && !item.out.empty()) std::memcpy(item.out.data(), f.bytes.data(), o.desc->size);
+    }
+    bool from_bulk = false;
+    if (good && same) {
+      o.desc = l.desc;
+      std::function<Status()> commit;
+      if (l.room && mode == MoveMode::kUp && l.room_slot == target) {
+        commit = [&] {
+          Reservation r = *std::exchange(l.room, std::nullopt);
+          Status s = tier(target).Commit(item.key, l.desc, r);
+          if (s.ok()) {
+            TierCounters& m = slot(target).measured;
+            m.Add(m.puts);
+            m.Add(m.bytes_written, l.desc.size);
+            MaybeScheduleDemotion(target);
+          }
+          return s;
+        };
       }
+      CompleteLockedRead(item.key, l.desc, bytes, l.src, mask, mode, target, by_prefetch, &o, commit);
+      from_bulk = true;
+    } else {
+      std::string dropped;
+      if (same && (l.status.IsCorruption() || (l.status.ok() && !good))) {
+        DropCopy(item.key, l.src);
+        dropped = SlotName(l.src);
+      }
+      if (l.room) tier(l.room_slot).Abort(*std::exchange(l.room, std::nullopt));
+      o = LockedRead(item.key, &f.bytes, mode, target, by_prefetch, std::move(dropped));
+      if (o.desc.ok() && !item.out.empty()) std::memcpy(item.out.data(), f.bytes.data(), o.desc->size);
     }
     f.status = o.desc.status();
     if (o.desc.ok()) f.desc = *o.desc;
-    item.handled = true;
-    if (!wanted.ok()) {
-      item.status = std::move(wanted);
-    } else {
-      item.status = o.desc.ok() && move_to && item.out.empty() ? o.move_status : o.desc.status();
-    }
-    if (o.desc.ok()) item.desc = *o.desc;
+    // Close under the stripe: `bytes` may be a committed reservation, which an eviction could free
+    // as soon as the stripe is released.
     const std::size_t followers = inflight_.Close(item.key, l.fetch);
     if (from_bulk && followers > 0) f.bytes.assign(bytes.begin(), bytes.end());
-    InflightTable::Wake(f);
-  };
+    if (l.room) tier(l.room_slot).Abort(*std::exchange(l.room, std::nullopt));  // read, but not moved
+  }
+  item.handled = true;
+  if (!wanted.ok()) {
+    item.status = std::move(wanted);
+  } else {
+    item.status = o.desc.ok() && move_to && item.out.empty() ? o.move_status : o.desc.status();
+  }
+  if (o.desc.ok()) item.desc = *o.desc;
+  InflightTable::Wake(f);
+}
 
-  // Read: one tier call per source tier and window of temporary bytes.
-  std::stable_sort(leads.begin(), leads.end(), [](const Lead& a, const Lead& b) { return a.src < b.src; });
+void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
+                          const std::function<Status(std::size_t)>& still_wanted) {
+  std::vector<BulkLead> leads = LeadBulkItems(items, move_to, by_prefetch);
+  // Read one window at a time: one tier call per source slot and window of destination bytes
+  // (reserved or temporary), finished before the next is read, so followers wake sooner and at
+  // most one window of destinations is held.
   for (std::size_t begin = 0; begin < leads.size();) {
     const int src = leads[begin].src;
     std::size_t end = begin;
-    std::uint64_t temp_bytes = 0;
+    std::uint64_t window = 0;
     for (; end < leads.size() && leads[end].src == src; ++end) {
-      if (!items[leads[end].item].out.empty()) continue;
-      if (end > begin && temp_bytes + leads[end].desc.size > kWindowBytes) break;
-      temp_bytes += leads[end].desc.size;
-      leads[end].temp.resize(leads[end].desc.size);
+      const BulkItem& item = items[leads[end].item];
+      if (!item.out.empty()) continue;
+      if (end > begin && window + leads[end].desc.size > kWindowBytes) break;
+      window += leads[end].desc.size;
+      PrepareDestination(leads[end], item, move_to);
     }
-    std::vector<GetOp> ops;
-    ops.reserve(end - begin);
-    for (std::size_t k = begin; k < end; ++k) ops.push_back(GetOp{items[leads[k].item].key, bytes_of(leads[k]), {}});
-    auto t0 = Clock::now();
-    std::vector<Status> st = tiers_[src]->GetBatch(ops);
-    const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
-    for (std::size_t k = begin; k < end; ++k) {
-      Lead& l = leads[k];
-      l.status = std::move(st[k - begin]);
-      l.got = ops[k - begin].desc;
-      measured_[src].read_latency.Record(ns);
-      if (l.status.IsIoError()) measured_[src].Add(measured_[src].io_errors);
-    }
-    // Finish this window before reading the next: followers wake sooner and at most one window
-    // of temporary buffers is alive.
-    for (std::size_t k = begin; k < end; ++k) {
-      finish(leads[k]);
-      std::vector<std::byte>().swap(leads[k].temp);
+    std::span<BulkLead> group(leads.data() + begin, end - begin);
+    ReadLeads(group, items);
+    for (BulkLead& l : group) {
+      FinishLead(l, items[l.item], move_to, by_prefetch, still_wanted);
+      std::vector<std::byte>().swap(l.temp);
     }
     begin = end;
   }
@@ -165,7 +230,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
     slow_index.push_back(i);
   }
   if (slow.empty()) return st;
-  DemandScope demand(demand_mu_, demand_cv_, demand_active_);
+  DemandScope demand(*demand_);
   BulkFetch(slow, PromoteOnGetTarget(), /*by_prefetch=*/false);
   for (std::size_t k = 0; k < slow.size(); ++k) {
     Store::GetItem& item = items[slow_index[k]];

@@ -10,57 +10,44 @@
 
 namespace terrace::store_internal {
 
-std::optional<TierId> StoreImpl::LowerPresent(TierId t) const {
-  for (int i = Idx(t) + 1; i < kNumTiers; ++i) {
-    if (tiers_[i]) return TierAt(i);
-  }
-  return std::nullopt;
-}
-
-TierId StoreImpl::LowestPresent() const {
-  for (int i = kNumTiers - 1; i >= 0; --i) {
-    if (tiers_[i]) return TierAt(i);
-  }
-  return TierId::kHost;  // unreachable: Init() requires a tier
-}
-
-Status StoreImpl::TimedTierGet(TierId t, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+Status StoreImpl::TimedTierGet(int t, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  TierCounters& m = slot(t).measured;
   auto t0 = Clock::now();
-  Status s = tiers_[Idx(t)]->Get(key, out, desc);
-  measured_[Idx(t)].read_latency.Record(NanosSince(t0));
-  if (s.IsIoError()) measured_[Idx(t)].Add(measured_[Idx(t)].io_errors);
+  Status s = tier(t).Get(key, out, desc);
+  m.read_latency.Record(NanosSince(t0));
+  if (s.IsIoError()) m.Add(m.io_errors);
   return s;
 }
 
-Status StoreImpl::TimedTierPut(TierId t, const BlockKey& key, const BlockDesc& desc,
-                               std::span<const std::byte> data) {
+Status StoreImpl::TimedTierPut(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  TierCounters& m = slot(t).measured;
   auto t0 = Clock::now();
-  Status s = tiers_[Idx(t)]->Put(key, desc, data);
-  measured_[Idx(t)].write_latency.Record(NanosSince(t0));
-  if (s.IsIoError()) measured_[Idx(t)].Add(measured_[Idx(t)].io_errors);
+  Status s = tier(t).Put(key, desc, data);
+  m.write_latency.Record(NanosSince(t0));
+  if (s.IsIoError()) m.Add(m.io_errors);
   return s;
 }
 
-void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, std::uint8_t new_mask, int evicted_from) {
-  for (int i = 0; i < kNumTiers; ++i) {
-    std::uint8_t b = Bit(TierAt(i));
-    if ((e.mask & b) && !(new_mask & b)) policies_[i]->OnErase(key, i == evicted_from);
-    if (!(e.mask & b) && (new_mask & b)) policies_[i]->OnInsert(key, e.desc.size);
+void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from) {
+  for (int i = 0; i < slot_count(); ++i) {
+    const SlotMask b = Bit(i);
+    if ((e.mask & b) && !(new_mask & b)) slot(i).policy->OnErase(key, i == evicted_from);
+    if (!(e.mask & b) && (new_mask & b)) slot(i).policy->OnInsert(key, e.desc.size);
   }
   e.mask = new_mask;
 }
 
-Status StoreImpl::PlaceInTier(TierId t, const BlockKey& key, const BlockDesc& desc,
-                              std::span<const std::byte> data) {
-  Tier& tier = *tiers_[Idx(t)];
-  const TierCaps& caps = tier.caps();
+Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  Tier& dst = tier(t);
+  TierCounters& m = slot(t).measured;
+  const TierCaps& caps = dst.caps();
   std::uint64_t limit = caps.capacity_bytes;
   if (caps.max_block_bytes != 0) limit = std::min(limit, caps.max_block_bytes);
   if (desc.size > limit) {
     return Status::OutOfCapacity(fmt::format(
         "block {} ({} bytes) is larger than tier {} allows ({} bytes capacity, {} bytes max block); "
         "put it in a larger tier (PutOptions::tier) or raise the tier's capacity",
-        key.ToString(), desc.size, TierName(t), caps.capacity_bytes, caps.max_block_bytes));
+        key.ToString(), desc.size, SlotName(t), caps.capacity_bytes, caps.max_block_bytes));
   }
   std::uint64_t reclaim = 0;  // a copy of this key already in `t` is replaced in place
   {
@@ -70,37 +57,36 @@ Status StoreImpl::PlaceInTier(TierId t, const BlockKey& key, const BlockDesc& de
   }
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
-    if (tier.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
+    if (dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
       Status s = TimedTierPut(t, key, desc, data);
       if (s.ok()) {
-        measured_[Idx(t)].Add(measured_[Idx(t)].puts);
-        measured_[Idx(t)].Add(measured_[Idx(t)].bytes_written, desc.size);
+        m.Add(m.puts);
+        m.Add(m.bytes_written, desc.size);
         MaybeScheduleDemotion(t);
         return s;
       }
-      if (!s.IsOutOfCapacity()) return s.WithContext(fmt::format("put {} into tier {}", key.ToString(), TierName(t)));
+      if (!s.IsOutOfCapacity()) return s.WithContext(fmt::format("put {} into tier {}", key.ToString(), SlotName(t)));
       last = std::move(s);
     }
     Status es = EvictOne(t);
     if (es.ok()) continue;
     if (!es.IsOutOfCapacity()) {
       return es.WithContext(fmt::format("making room in tier {} for {} ({} bytes): the victim could not be demoted",
-                                        TierName(t), key.ToString(), desc.size));
+                                        SlotName(t), key.ToString(), desc.size));
     }
     break;
   }
-  std::string lower = LowerPresent(t) ? fmt::format("tier {} below is full of unevictable blocks",
-                                                    TierName(*LowerPresent(t)))
-                                      : std::string("there is no lower tier to demote to");
+  std::string lower = t < LowestSlot() ? fmt::format("tier {} below is full of unevictable blocks", SlotName(t + 1))
+                                       : std::string("there is no lower tier to demote to");
   return Status::OutOfCapacity(fmt::format(
       "tier {} is full ({} of {} bytes used) and no block can be evicted to fit {} ({} bytes): "
       "resident blocks are pinned or busy, or {}; the store never drops the last copy of a block. "
       "Erase or unpin blocks, or add capacity{}",
-      TierName(t), tier.used_bytes(), caps.capacity_bytes, key.ToString(), desc.size, lower,
+      SlotName(t), dst.used_bytes(), caps.capacity_bytes, key.ToString(), desc.size, lower,
       last.ok() ? "" : fmt::format(" (tier said: {})", last.message())));
 }
 
-Status StoreImpl::EvictOne(TierId t) {
+Status StoreImpl::EvictOne(int t) {
   std::vector<BlockKey> skip;  // failed for this call
   std::vector<BlockKey> busy;  // locked by someone else right now
   Status demote_error;         // the first hard error a victim's demotion hit
@@ -108,7 +94,7 @@ Status StoreImpl::EvictOne(TierId t) {
     std::optional<BlockKey> victim;
     {
       std::lock_guard lock(mu_);
-      victim = policies_[Idx(t)]->PickVictim([&](const BlockKey& k) {
+      victim = slot(t).policy->PickVictim([&](const BlockKey& k) {
         if (std::find(skip.begin(), skip.end(), k) != skip.end()) return false;
         if (std::find(busy.begin(), busy.end(), k) != busy.end()) return false;
         if (key_locks_.HeldByThisThread(k)) return false;
@@ -133,11 +119,11 @@ Status StoreImpl::EvictOne(TierId t) {
     skip.push_back(*victim);
   }
   if (!demote_error.ok()) return demote_error;
-  return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", TierName(t)));
+  return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", SlotName(t)));
 }
 
-Status StoreImpl::DemoteCopy(TierId from, TierId to, const BlockKey& key, const BlockDesc& desc) {
-  Tier& src = *tiers_[Idx(from)];
+Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockDesc& desc) {
+  Tier& src = tier(from);
   // Host-addressable bytes go to the lower tier straight from where they live (no staging copy;
   // the lower tier reads them as registered fixed buffers when it can). Pinned in the tier for
   // the duration; hashed first, since no Get verified them.
@@ -147,12 +133,13 @@ Status StoreImpl::DemoteCopy(TierId from, TierId to, const BlockKey& key, const 
     if (p == nullptr) {
       // not resident after all (a tier that pins without a pointer): the copying path below
     } else if (Checksum({p, desc.size}) != desc.checksum) {
-      measured_[Idx(from)].Add(measured_[Idx(from)].corruptions);
+      slot(from).measured.Add(slot(from).measured.corruptions);
       s = Status::Corruption(fmt::format("block {} failed its checksum in tier {} while being demoted",
-                                         key.ToString(), TierName(from)));
+                                         key.ToString(), SlotName(from)));
     } else {
       RefreshIoRegions(from, to);
       s = PlaceInTier(to, key, desc, {p, desc.size});
+      if (s.ok()) CountTransfer(/*direct=*/true, desc.size);
     }
     (void)src.Unpin(key);
     if (p != nullptr) return s;
@@ -162,26 +149,28 @@ Status StoreImpl::DemoteCopy(TierId from, TierId to, const BlockKey& key, const 
   Status s = TimedTierGet(from, key, buf, &got);
   if (s.ok() && !Verify(src.caps(), desc, got, buf)) s = Status::Corruption("checksum mismatch while demoting");
   if (!s.ok()) return s;
-  return PlaceInTier(to, key, desc, buf);
+  TERRACE_RETURN_IF_ERROR(PlaceInTier(to, key, desc, buf));
+  CountTransfer(/*direct=*/false, desc.size);
+  return Status::Ok();
 }
 
-void StoreImpl::RefreshIoRegions(TierId from, TierId to) {
-  if (tiers_[Idx(to)]->caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
+void StoreImpl::RefreshIoRegions(int from, int to) {
+  if (tier(to).caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
   std::lock_guard lock(regions_mu_);
-  std::vector<std::span<std::byte>> regions = tiers_[Idx(from)]->IoRegions();
-  if (regions.size() == registered_regions_[Idx(from)]) return;  // regions only grow
-  registered_regions_[Idx(from)] = regions.size();  // on failure too: retry only when the tier grows
-  Status s = tiers_[Idx(to)]->RegisterIoRegions(regions);
+  std::vector<std::span<std::byte>> regions = tier(from).IoRegions();
+  if (regions.size() == slot(from).registered_regions) return;  // regions only grow
+  slot(from).registered_regions = regions.size();  // on failure too: retry only when the tier grows
+  Status s = tier(to).RegisterIoRegions(regions);
   if (!s.ok()) {
     regions_log_.Log(*logger_, LogLevel::kWarning, "store",
                      fmt::format("tier {} memory not registered with tier {} ({}); demotions are staged",
-                                 TierName(from), TierName(to), s.ToString()));
+                                 SlotName(from), SlotName(to), s.ToString()));
   }
 }
 
-Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
+Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   BlockDesc desc;
-  std::uint8_t mask = 0;
+  SlotMask mask = 0;
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
@@ -190,13 +179,11 @@ Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
     desc = it->second.desc;
     mask = it->second.mask;
   }
-  std::uint8_t below = 0;
-  for (int i = Idx(t) + 1; i < kNumTiers; ++i) below |= Bit(TierAt(i));
-  std::optional<TierId> placed;
-  if (!(mask & below)) {  // the only copy at or below t: write it back first
-    auto lower = LowerPresent(t);
-    if (!lower) return Status::OutOfCapacity("no lower tier");
-    Status s = DemoteCopy(t, *lower, key, desc);
+  std::optional<int> placed;
+  if (!(mask & Below(t))) {  // the only copy at or below t: write it back first
+    if (t == LowestSlot()) return Status::OutOfCapacity("no lower tier");
+    const int lower = t + 1;
+    Status s = DemoteCopy(t, lower, key, desc);
     if (s.IsCorruption()) {  // the copy is lost anyway; dropping it frees the space
       DropCopy(key, t);
       return Status::Ok();
@@ -205,32 +192,32 @@ Status StoreImpl::EvictLocked(TierId t, const BlockKey& key) {
     placed = lower;
     demotions_.fetch_add(1, std::memory_order_relaxed);
   }
-  Status es = tiers_[Idx(t)]->Erase(key);
+  Status es = tier(t).Erase(key);
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return Status::Internal("victim entry vanished under its key lock");
-  std::uint8_t new_mask = it->second.mask | (placed ? Bit(*placed) : 0);
-  if (es.ok() || es.IsNotFound()) new_mask &= static_cast<std::uint8_t>(~Bit(t));
-  SetMaskLocked(key, it->second, new_mask, Idx(t));
+  SlotMask new_mask = static_cast<SlotMask>(it->second.mask | (placed ? Bit(*placed) : 0));
+  if (es.ok() || es.IsNotFound()) new_mask &= static_cast<SlotMask>(~Bit(t));
+  SetMaskLocked(key, it->second, new_mask, t);
   if (!es.ok() && !es.IsNotFound()) return es;
-  measured_[Idx(t)].Add(measured_[Idx(t)].evictions);
+  slot(t).measured.Add(slot(t).measured.evictions);
   evictions_.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
 }
 
-void StoreImpl::MaybeScheduleDemotion(TierId t) {
-  if (stopping_.load(std::memory_order_acquire) || !LowerPresent(t)) return;
-  const Tier& tier = *tiers_[Idx(t)];
-  auto cap = static_cast<double>(tier.caps().capacity_bytes);
-  if (static_cast<double>(tier.used_bytes()) <= options_.high_watermark * cap) return;
-  if (demotion_scheduled_[Idx(t)].exchange(true)) return;
+void StoreImpl::MaybeScheduleDemotion(int t) {
+  if (stopping_.load(std::memory_order_acquire) || t == LowestSlot()) return;
+  const Tier& src = tier(t);
+  auto cap = static_cast<double>(src.caps().capacity_bytes);
+  if (static_cast<double>(src.used_bytes()) <= options_.high_watermark * cap) return;
+  if (slot(t).demotion_scheduled.exchange(true)) return;
   pool_.Post([this, t, cap] {
-    const Tier& tr = *tiers_[Idx(t)];
+    const Tier& tr = tier(t);
     while (!stopping_.load(std::memory_order_acquire) &&
            static_cast<double>(tr.used_bytes()) > options_.low_watermark * cap) {
       if (!EvictOne(t).ok()) break;
     }
-    demotion_scheduled_[Idx(t)].store(false);
+    slot(t).demotion_scheduled.store(false);
   });
 }
 

@@ -8,7 +8,7 @@ namespace terrace::store_internal {
 
 struct PrefetchJob {
   std::vector<BlockKey> keys;
-  TierId target = TierId::kHost;
+  int target = 0;  // slot
   Priority priority = Priority::kHigh;
   Clock::time_point deadline;
   Promise<std::vector<Status>> promise;
@@ -25,7 +25,7 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
                                                 Clock::time_point deadline) {
   auto job = std::make_shared<PrefetchJob>();
   job->keys.assign(keys.begin(), keys.end());
-  job->target = target;
+  job->target = SlotOf(target);
   job->priority = priority;
   job->deadline = deadline;
   job->results.resize(keys.size());
@@ -35,13 +35,17 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
     job->promise.set_value({});
     return future;
   }
-  if (!tiers_[Idx(target)]) {
+  if (job->target < 0) {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       job->Complete(i, Status::InvalidArgument(fmt::format("prefetch {}: tier {} is not configured",
                                                            keys[i].ToString(), TierName(target))));
     }
     return future;
   }
+  // A cancel() wakes a group waiting for demand to end, so its items complete now.
+  job->promise.on_cancel([gate = std::weak_ptr<DemandGate>(demand_)] {
+    if (auto g = gate.lock()) g->Wake();
+  });
   EnqueuePrefetch(job);
   return future;
 }
@@ -53,8 +57,7 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
     if (!stopping_.load(std::memory_order_acquire)) {
       auto& q = prefetch_queues_[static_cast<int>(job->priority)];
       for (std::size_t i = 0; i < job->keys.size(); ++i) q.emplace_back(job, i);
-      unsigned limit = std::max(1u, options_.background_threads);
-      while (prefetch_drainers_ < limit) {
+      while (prefetch_drainers_ < lane_threads_) {
         ++prefetch_drainers_;
         ++start;
       }
@@ -64,7 +67,7 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
     for (std::size_t i = 0; i < job->keys.size(); ++i) job->Complete(i, Status::Cancelled("the store is closing"));
     return;
   }
-  for (unsigned i = 0; i < start; ++i) pool_.Post([this] { DrainPrefetch(); });
+  for (unsigned i = 0; i < start; ++i) prefetch_lane_.Post([this] { DrainPrefetch(); });
 }
 
 void StoreImpl::DrainPrefetch() {
@@ -76,7 +79,7 @@ void StoreImpl::DrainPrefetch() {
       std::lock_guard lock(prefetch_mu_);
       for (auto& q : prefetch_queues_) {
         if (q.empty()) continue;
-        const TierId target = q.front().first->target;
+        const int target = q.front().first->target;
         while (!q.empty() && group.size() < kPrefetchGroup && q.front().first->target == target) {
           group.push_back(std::move(q.front()));
           q.pop_front();
@@ -100,7 +103,7 @@ Status StoreImpl::PrefetchCheck(const PrefetchJob& job, std::size_t i) const {
   }
   if (Clock::now() > job.deadline) {
     return Status::TimedOut(fmt::format("prefetch of {} to tier {} missed its deadline before it completed",
-                                        key.ToString(), TierName(job.target)));
+                                        key.ToString(), SlotName(job.target)));
   }
   return Status::Ok();
 }
@@ -123,16 +126,29 @@ void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
   };
   sift(group);
   if (!live.empty() && live.front().first->priority != Priority::kDemand) {
-    std::unique_lock lock(demand_mu_);
-    while (!live.empty() && demand_active_ > 0) {
-      demand_cv_.wait_for(lock, std::chrono::milliseconds(1));
+    // Sleep until demand ends, an item's deadline passes, a job is cancelled or the store stops;
+    // then re-check the items (no polling).
+    DemandGate& gate = *demand_;
+    std::unique_lock lock(gate.mu);
+    while (!live.empty() && gate.active > 0 && !stopping_.load(std::memory_order_acquire)) {
+      Clock::time_point wake = Clock::time_point::max();
+      for (const auto& [job, i] : live) wake = std::min(wake, job->deadline);
+      const std::uint64_t wakes = gate.wakes;
+      auto woken = [&] {
+        return gate.active == 0 || gate.wakes != wakes || stopping_.load(std::memory_order_acquire);
+      };
+      if (wake == Clock::time_point::max()) {
+        gate.cv.wait(lock, woken);
+      } else {
+        gate.cv.wait_until(lock, wake, woken);
+      }
       lock.unlock();
       sift(live);
       lock.lock();
     }
   }
   if (live.empty()) return;
-  const TierId target = live.front().first->target;
+  const int target = live.front().first->target;
   std::vector<BulkItem> bulk;
   bulk.reserve(live.size());
   for (auto& [job, i] : live) bulk.push_back(BulkItem{job->keys[i], {}, false, {}, {}});

@@ -39,32 +39,36 @@ void Histogram(std::string& out, std::string_view name, std::string_view tier, c
 
 StoreStats StoreImpl::Stats() const {
   StoreStats st;
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (!tiers_[i]) continue;
-    st.present[i] = true;
-    TierStatsSnapshot s = tiers_[i]->Stats();
-    const TierCaps& caps = tiers_[i]->caps();
-    const TierCounters& m = measured_[i];
-    auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-    s.name = std::string(TierName(TierAt(i)));
+  auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  for (int i = 0; i < slot_count(); ++i) {
+    const Tier& t = tier(i);
+    TierStatsSnapshot s = t.Stats();
+    const TierCaps& caps = t.caps();
+    const TierCounters& m = slot(i).measured;
+    s.name = SlotName(i);
     s.emulated = caps.emulated;
     s.capacity_bytes = caps.capacity_bytes;
-    s.used_bytes = tiers_[i]->used_bytes();
-    s.blocks = tiers_[i]->block_count();
+    s.used_bytes = t.used_bytes();
+    s.blocks = t.block_count();
     s.hits = ld(m.hits);
     s.misses = ld(m.misses);
     s.evictions = ld(m.evictions);
     s.corruptions = std::max(s.corruptions, ld(m.corruptions));
     s.io_errors = std::max(s.io_errors, ld(m.io_errors));
     SetLatencyFields(m.read_latency, m.write_latency, &s);
-    st.tiers[i] = std::move(s);
+    st.slots.push_back(std::move(s));
+  }
+  for (int k = 0; k < kNumTiers; ++k) {  // the standard view: first slot of each kind
+    const int i = SlotOf(static_cast<TierId>(k));
+    if (i < 0) continue;
+    st.present[static_cast<std::size_t>(k)] = true;
+    st.tiers[static_cast<std::size_t>(k)] = st.slots[static_cast<std::size_t>(i)];
   }
   {
     std::lock_guard lock(mu_);
     st.blocks = entries_.size();
-    st.eviction_policy = std::string(policies_[0]->name());
+    st.eviction_policy = std::string(slot(0).policy->name());
   }
-  auto ld = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   st.promotions = ld(promotions_);
   st.demotions = ld(demotions_);
   st.evictions = ld(evictions_);
@@ -75,6 +79,10 @@ StoreStats StoreImpl::Stats() const {
   st.prefetch_useful = ld(prefetch_useful_);
   st.prefetch_late = ld(prefetch_late_);
   st.corruptions_dropped = ld(corruptions_dropped_);
+  st.direct_transfers = ld(direct_transfers_);
+  st.direct_transfer_bytes = ld(direct_transfer_bytes_);
+  st.staged_transfers = ld(staged_transfers_);
+  st.staged_transfer_bytes = ld(staged_transfer_bytes_);
   return st;
 }
 
@@ -104,21 +112,19 @@ std::string StoreImpl::PrometheusText() const {
   };
   for (const auto& m : kTierMetrics) {
     Header(out, m.name, m.type, m.help);
-    for (int i = 0; i < kNumTiers; ++i) {
-      if (st.present[i]) out += fmt::format("{}{{tier=\"{}\"}} {}\n", m.name, TierName(TierAt(i)), st.tiers[i].*m.field);
-    }
+    for (const TierStatsSnapshot& s : st.slots) out += fmt::format("{}{{tier=\"{}\"}} {}\n", m.name, s.name, s.*m.field);
   }
   Header(out, "terrace_tier_emulated", "gauge", "1 when the tier runs in host memory in place of a device.");
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (st.present[i]) out += fmt::format("terrace_tier_emulated{{tier=\"{}\"}} {}\n", TierName(TierAt(i)), st.tiers[i].emulated ? 1 : 0);
+  for (const TierStatsSnapshot& s : st.slots) {
+    out += fmt::format("terrace_tier_emulated{{tier=\"{}\"}} {}\n", s.name, s.emulated ? 1 : 0);
   }
   Header(out, "terrace_tier_read_latency_seconds", "histogram", "Latency of the store's reads from the tier.");
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (st.present[i]) Histogram(out, "terrace_tier_read_latency_seconds", TierName(TierAt(i)), measured_[i].read_latency);
+  for (int i = 0; i < slot_count(); ++i) {
+    Histogram(out, "terrace_tier_read_latency_seconds", SlotName(i), slot(i).measured.read_latency);
   }
   Header(out, "terrace_tier_write_latency_seconds", "histogram", "Latency of the store's writes into the tier.");
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (st.present[i]) Histogram(out, "terrace_tier_write_latency_seconds", TierName(TierAt(i)), measured_[i].write_latency);
+  for (int i = 0; i < slot_count(); ++i) {
+    Histogram(out, "terrace_tier_write_latency_seconds", SlotName(i), slot(i).measured.write_latency);
   }
   const std::pair<const char*, std::pair<const char*, std::uint64_t>> kStore[] = {
       {"terrace_store_promotions_total", {"Copies moved or copied to a faster tier.", st.promotions}},
@@ -130,6 +136,10 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_store_prefetch_useful_total", {"Prefetched blocks later read by a Get.", st.prefetch_useful}},
       {"terrace_store_prefetch_late_total", {"Gets that waited on an in-flight prefetch.", st.prefetch_late}},
       {"terrace_store_corruptions_dropped_total", {"Copies dropped for failing their checksum.", st.corruptions_dropped}},
+      {"terrace_store_direct_transfers_total", {"Blocks moved between tiers without a store-side copy.", st.direct_transfers}},
+      {"terrace_store_direct_transfer_bytes_total", {"Bytes of direct transfers.", st.direct_transfer_bytes}},
+      {"terrace_store_staged_transfers_total", {"Blocks moved between tiers through a store-side copy.", st.staged_transfers}},
+      {"terrace_store_staged_transfer_bytes_total", {"Bytes of staged transfers.", st.staged_transfer_bytes}},
   };
   for (const auto& [name, hv] : kStore) {
     Header(out, name, "counter", hv.first);

@@ -1,4 +1,5 @@
 // Read path: unlocked fast reads, deduplicated locked fetches from slow tiers, promotion and moves.
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -6,23 +7,25 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
-void StoreImpl::CountGet(TierId served_from, std::uint8_t present_mask) {
-  for (int i = 0; i < Idx(served_from); ++i) {
-    if (present_mask & Bit(TierAt(i))) measured_[i].Add(measured_[i].misses);
-  }
-  measured_[Idx(served_from)].Add(measured_[Idx(served_from)].hits);
+void StoreImpl::CountTransfer(bool direct, std::uint64_t bytes) {
+  (direct ? direct_transfers_ : staged_transfers_).fetch_add(1, std::memory_order_relaxed);
+  (direct ? direct_transfer_bytes_ : staged_transfer_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void StoreImpl::CountGet(int served_from) {
+  for (int i = 0; i < served_from; ++i) slot(i).measured.Add(slot(i).measured.misses);
+  slot(served_from).measured.Add(slot(served_from).measured.hits);
 }
 
 bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result) {
   BlockDesc desc;
-  std::uint8_t mask = 0;
+  SlotMask mask = 0;
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
-      for (int i = 0; i < kNumTiers; ++i) {
-        if (tiers_[i]) measured_[i].Add(measured_[i].misses);
-      }
+      if (shared_mask_ != 0) return false;  // a shared tier may hold it: the locked path asks
+      for (int i = 0; i < slot_count(); ++i) slot(i).measured.Add(slot(i).measured.misses);
       *result = Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
       return true;
     }
@@ -35,23 +38,23 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
     return true;
   }
   int src = Fastest(mask);
-  if (src < 0 || src > Idx(promote_tier_)) return false;
+  if (src < 0 || src > promote_slot_) return false;
   BlockDesc got;
-  Status s = TimedTierGet(TierAt(src), key, out, &got);
-  if (!s.ok() || !Verify(tiers_[src]->caps(), desc, got, out)) return false;  // moved, replaced or bad: use the locked path
+  Status s = TimedTierGet(src, key, out, &got);
+  if (!s.ok() || !Verify(tier(src).caps(), desc, got, out)) return false;  // moved, replaced or bad: use the locked path
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
-      policies_[src]->OnAccess(key);
+      slot(src).policy->OnAccess(key);
       if (it->second.prefetched) {
         it->second.prefetched = false;
         prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
       }
     }
   }
-  CountGet(TierAt(src), present_mask_);
-  measured_[src].Add(measured_[src].bytes_read, desc.size);
+  CountGet(src);
+  slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
   *result = got;
   return true;
 }
@@ -59,12 +62,12 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
 Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) {
   Result<BlockDesc> r = Status::NotFound("unset");
   if (FastGet(key, out, &r)) return r;
-  DemandScope demand(demand_mu_, demand_cv_, demand_active_);
+  DemandScope demand(*demand_);
   ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(), /*by_prefetch=*/false, out);
   return std::move(o.desc);
 }
 
-ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<TierId> move_to, bool by_prefetch,
+ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                                   std::span<std::byte> out) {
   auto ticket = inflight_.JoinOrLead(key, by_prefetch);
   Fetch& f = *ticket.fetch;
@@ -82,7 +85,7 @@ ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<TierId> mov
   } else {
     {
       auto guard = key_locks_.Lock(key);
-      o = LockedRead(key, &f.bytes, move_to ? MoveMode::kUp : MoveMode::kNone, move_to.value_or(TierId::kHost),
+      o = LockedRead(key, &f.bytes, move_to ? MoveMode::kUp : MoveMode::kNone, move_to.value_or(0),
                      by_prefetch);
     }
     o.leader = true;
@@ -101,32 +104,39 @@ ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<TierId> mov
   return o;
 }
 
-void StoreImpl::DropCopy(const BlockKey& key, TierId t) {
-  (void)tiers_[Idx(t)]->Erase(key);  // the tier may have dropped it already
+void StoreImpl::DropCopy(const BlockKey& key, int t) {
+  (void)tier(t).Erase(key);  // the tier may have dropped it already
   corruptions_dropped_.fetch_add(1, std::memory_order_relaxed);
-  measured_[Idx(t)].Add(measured_[Idx(t)].corruptions);
+  slot(t).measured.Add(slot(t).measured.corruptions);
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
-  SetMaskLocked(key, it->second, static_cast<std::uint8_t>(it->second.mask & ~Bit(t)));
+  SetMaskLocked(key, it->second, static_cast<SlotMask>(it->second.mask & ~Bit(t)));
   if (it->second.mask == 0) entries_.erase(it);
 }
 
-ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, TierId target,
+ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
                                   bool by_prefetch, std::string dropped) {
   ReadOutcome out;
-  std::uint8_t tried = 0;  // copies that failed with a non-corruption error
+  SlotMask tried = 0;  // copies that failed with a non-corruption error
   Status last_error;
+  bool asked_shared = false;
   for (;;) {
     BlockDesc desc;
-    std::uint8_t mask = 0;
+    SlotMask mask = 0;
+    bool known = false;
     {
       std::lock_guard lock(mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) {
+        known = true;
         desc = it->second.desc;
         mask = it->second.mask;
       }
+    }
+    if (!known && dropped.empty() && !asked_shared && shared_mask_ != 0) {
+      asked_shared = true;
+      if (AdoptFromShared(key)) continue;
     }
     if (mask == 0) {
       if (!dropped.empty()) {
@@ -142,24 +152,23 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       out.desc = desc;
       return out;
     }
-    int src = Fastest(static_cast<std::uint8_t>(mask & ~tried));
+    int src = Fastest(static_cast<SlotMask>(mask & ~tried));
     if (src < 0) {
       out.desc = last_error;
       return out;
     }
     buf->resize(desc.size);
     BlockDesc got;
-    Status s = TimedTierGet(TierAt(src), key, *buf, &got);
-    if (s.ok() && !Verify(tiers_[src]->caps(), desc, got, *buf)) s = Status::Corruption("checksum mismatch");
+    Status s = TimedTierGet(src, key, *buf, &got);
+    if (s.ok() && !Verify(tier(src).caps(), desc, got, *buf)) s = Status::Corruption("checksum mismatch");
     if (s.IsCorruption() || s.IsNotFound()) {
-      if (s.IsCorruption()) dropped += dropped.empty() ? std::string(TierName(TierAt(src)))
-                                                       : fmt::format(", {}", TierName(TierAt(src)));
-      DropCopy(key, TierAt(src));
+      if (s.IsCorruption()) dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
+      DropCopy(key, src);
       continue;
     }
     if (!s.ok()) {
-      tried |= Bit(TierAt(src));
-      last_error = s.WithContext(fmt::format("get {} from tier {}", key.ToString(), TierName(TierAt(src))));
+      tried |= Bit(src);
+      last_error = s.WithContext(fmt::format("get {} from tier {}", key.ToString(), SlotName(src)));
       continue;
     }
     out.desc = desc;
@@ -169,53 +178,54 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
 }
 
 void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes,
-                                   int src, std::uint8_t mask, MoveMode mode, TierId target, bool by_prefetch,
-                                   ReadOutcome* result) {
+                                   int src, SlotMask mask, MoveMode mode, int target, bool by_prefetch,
+                                   ReadOutcome* result, const std::function<Status()>& place) {
   ReadOutcome& out = *result;
-  CountGet(TierAt(src), present_mask_);
-  measured_[src].Add(measured_[src].bytes_read, desc.size);
-  if (src > Idx(promote_tier_)) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
+  CountGet(src);
+  slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
+  if (src > promote_slot_) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
 
-  bool want_move = (mode == MoveMode::kUp && src > Idx(target)) || mode == MoveMode::kExact;
+  bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
   if (want_move) {
-    Status ms = PlaceInTier(target, key, desc, bytes);
+    Status ms = place ? place() : PlaceInTier(target, key, desc, bytes);
+    if (ms.ok()) CountTransfer(/*direct=*/static_cast<bool>(place), desc.size);
     if (!ms.ok()) {
       out.move_status = std::move(ms);
     } else {
       // Exclusive placement: the moved block leaves its other copies (but the lowest tier keeps
       // its copy under write-through, and copies pinned by a handle stay).
-      std::uint8_t remove = 0;
+      SlotMask remove = 0;
       if (options_.placement == Placement::kExclusive) {
         std::lock_guard lock(mu_);
         auto it = entries_.find(key);
-        for (int i = 0; it != entries_.end() && i < kNumTiers; ++i) {
-          if (i == Idx(target) || !(mask & Bit(TierAt(i)))) continue;
-          if (mode == MoveMode::kUp && i < Idx(target)) continue;
-          if (options_.write_policy == WritePolicy::kWriteThrough && TierAt(i) == LowestPresent()) continue;
-          if (it->second.handle_pins[i] > 0) continue;
-          remove |= Bit(TierAt(i));
+        for (int i = 0; it != entries_.end() && i < slot_count(); ++i) {
+          if (i == target || !(mask & Bit(i))) continue;
+          if (mode == MoveMode::kUp && i < target) continue;
+          if (options_.write_policy == WritePolicy::kWriteThrough && i == LowestSlot()) continue;
+          if (it->second.handle_mask & Bit(i)) continue;
+          remove |= Bit(i);
         }
       }
-      for (int i = 0; i < kNumTiers; ++i) {
-        if (!(remove & Bit(TierAt(i)))) continue;
-        Status es = tiers_[i]->Erase(key);
-        if (!es.ok() && !es.IsNotFound()) remove &= static_cast<std::uint8_t>(~Bit(TierAt(i)));
+      for (int i = 0; i < slot_count(); ++i) {
+        if (!(remove & Bit(i))) continue;
+        Status es = tier(i).Erase(key);
+        if (!es.ok() && !es.IsNotFound()) remove &= static_cast<SlotMask>(~Bit(i));
       }
       std::lock_guard lock(mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) {
-        SetMaskLocked(key, it->second, static_cast<std::uint8_t>((it->second.mask | Bit(target)) & ~remove));
+        SetMaskLocked(key, it->second, static_cast<SlotMask>((it->second.mask | Bit(target)) & ~remove));
         if (by_prefetch) it->second.prefetched = true;
       }
       out.moved = true;
-      if (Idx(target) < src) promotions_.fetch_add(1, std::memory_order_relaxed);
+      if (target < src) promotions_.fetch_add(1, std::memory_order_relaxed);
       if (by_prefetch) prefetch_issued_.fetch_add(1, std::memory_order_relaxed);
     }
   }
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
-    if (it->second.mask & Bit(TierAt(src))) policies_[src]->OnAccess(key);
+    if (it->second.mask & Bit(src)) slot(src).policy->OnAccess(key);
     if (!by_prefetch && it->second.prefetched) {
       it->second.prefetched = false;
       prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
@@ -223,24 +233,22 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
   }
 }
 
-Status StoreImpl::MoveUp(const BlockKey& key, TierId target, bool by_prefetch) {
-  if (!tiers_[Idx(target)]) {
-    return Status::InvalidArgument(fmt::format("cannot move block {} to tier {}: the tier is not configured",
-                                               key.ToString(), TierName(target)));
-  }
+Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
+  // Result: the block is at or above target; NotFound: not in the directory.
   auto at_or_above = [&]() -> Result<bool> {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
-    return Fastest(it->second.mask) <= Idx(target);
+    return Fastest(it->second.mask) <= target;
   };
-  TERRACE_ASSIGN_OR_RETURN(bool done, at_or_above());
-  if (done) return Status::Ok();
+  Result<bool> done = at_or_above();
+  if (!done.ok() && shared_mask_ == 0) return done.status();  // else the fetch asks the shared tiers
+  if (done.ok() && *done) return Status::Ok();
   ReadOutcome o = FetchDedup(key, target, by_prefetch, {});
   if (!o.desc.ok()) return o.desc.status();
   if (o.leader) return o.move_status;
-  TERRACE_ASSIGN_OR_RETURN(done, at_or_above());  // we joined someone else's read; did it move?
-  if (done) return Status::Ok();
+  TERRACE_ASSIGN_OR_RETURN(bool moved, at_or_above());  // we joined someone else's read; did it move?
+  if (moved) return Status::Ok();
   auto guard = key_locks_.Lock(key);
   std::vector<std::byte> buf;
   ReadOutcome o2 = LockedRead(key, &buf, MoveMode::kUp, target, by_prefetch);
@@ -248,37 +256,39 @@ Status StoreImpl::MoveUp(const BlockKey& key, TierId target, bool by_prefetch) {
 }
 
 Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
-  if (!tiers_[Idx(where)]) {
+  const int s = SlotOf(where);
+  if (s < 0) {
     return Status::InvalidArgument(fmt::format("cannot acquire block {} in tier {}: the tier is not configured",
                                                key.ToString(), TierName(where)));
   }
-  const TierCaps& caps = tiers_[Idx(where)]->caps();
+  Tier& t = tier(s);
+  const TierCaps& caps = t.caps();
   if (caps.memory == MemoryKind::kNone) {
     return Status::InvalidArgument(fmt::format(
         "cannot acquire block {} in tier {}: its bytes are not addressable; acquire into hbm or host",
-        key.ToString(), TierName(where)));
+        key.ToString(), SlotName(s)));
   }
   auto guard = key_locks_.Lock(key);
-  for (int attempt = 0; attempt < kNumTiers + 1; ++attempt) {
+  for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
     std::vector<std::byte> buf;
-    ReadOutcome o = LockedRead(key, &buf, MoveMode::kExact, where, /*by_prefetch=*/false);
+    ReadOutcome o = LockedRead(key, &buf, MoveMode::kExact, s, /*by_prefetch=*/false);
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;
-    Tier& tier = *tiers_[Idx(where)];
-    TERRACE_RETURN_IF_ERROR(tier.Pin(key));
-    const std::byte* p = tier.ResidentPtr(key);
+    TERRACE_RETURN_IF_ERROR(t.Pin(key));
+    const std::byte* p = t.ResidentPtr(key);
     bool ok = p != nullptr;
     if (ok && caps.memory == MemoryKind::kHost) ok = Checksum({p, desc.size}) == desc.checksum;
     if (!ok) {
-      (void)tier.Unpin(key);
-      DropCopy(key, where);
+      (void)t.Unpin(key);
+      DropCopy(key, s);
       continue;
     }
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::Internal("entry vanished under its key lock");
-    ++it->second.handle_pins[Idx(where)];
+    ++handles_[key][static_cast<std::size_t>(s)];
+    it->second.handle_mask |= Bit(s);
     BlockHandle h;
     h.impl_ = this;
     h.key_ = key;
@@ -286,17 +296,24 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
     h.data_ = p;
     h.memory_ = caps.memory;
     h.tier_ = where;
+    h.slot_ = s;
     return h;
   }
   return Status::Corruption(fmt::format("block {}: every copy failed verification while acquiring it into tier {}",
-                                        key.ToString(), TierName(where)));
+                                        key.ToString(), SlotName(s)));
 }
 
-void StoreImpl::ReleaseHandle(const BlockKey& key, TierId t) {
-  (void)tiers_[Idx(t)]->Unpin(key);
+void StoreImpl::ReleaseHandle(const BlockKey& key, int s) {
+  (void)tier(s).Unpin(key);
   std::lock_guard lock(mu_);
-  auto it = entries_.find(key);
-  if (it != entries_.end() && it->second.handle_pins[Idx(t)] > 0) --it->second.handle_pins[Idx(t)];
+  auto h = handles_.find(key);
+  if (h == handles_.end() || h->second[static_cast<std::size_t>(s)] == 0) return;
+  const bool last_here = --h->second[static_cast<std::size_t>(s)] == 0;
+  if (last_here) {
+    auto it = entries_.find(key);
+    if (it != entries_.end()) it->second.handle_mask &= static_cast<SlotMask>(~Bit(s));
+    if (std::all_of(h->second.begin(), h->second.end(), [](std::uint32_t n) { return n == 0; })) handles_.erase(h);
+  }
 }
 
 }  // namespace terrace::store_internal

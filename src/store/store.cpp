@@ -1,64 +1,127 @@
-// terrace::Store facade, StoreImpl set-up and recovery, BlockHandle.
+// terrace::Store facade, StoreImpl set-up and recovery, BlockHandle. Store::Open (which builds
+// the concrete tiers) lives in tier_registry.cpp, outside the store core.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "src/store/store_impl.h"
-#include "src/store/tier_factory.h"
 
 namespace terrace {
 namespace store_internal {
 
-StoreImpl::StoreImpl(const StoreOptions& options, std::array<std::unique_ptr<Tier>, kNumTiers> tiers)
-    : options_(options), logger_(LoggerOrDefault(options.logger)), tiers_(std::move(tiers)), pool_(std::max(1u, options.background_threads)) {
-  for (auto& p : policies_) p = MakeEvictionPolicy(options_.eviction);
+namespace {
+
+// Slot names: the given name, else caps().name with "-2", "-3", ... for later slots of one name.
+std::vector<std::string> SlotNames(const std::vector<NamedTier>& tiers) {
+  std::vector<std::string> names;
+  for (const NamedTier& t : tiers) {
+    std::string base = !t.name.empty() ? t.name : t.tier ? t.tier->caps().name : std::string("tier");
+    std::string name = base;
+    for (int n = 2; std::find(names.begin(), names.end(), name) != names.end(); ++n) name = fmt::format("{}-{}", base, n);
+    names.push_back(std::move(name));
+  }
+  return names;
+}
+
+}  // namespace
+
+StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
+    : options_(options), logger_(LoggerOrDefault(options.logger)), slots_(tiers.size()),
+      lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)),
+      pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_) {
+  const std::vector<std::string> names = SlotNames(tiers);
+  for (std::size_t i = 0; i < tiers.size(); ++i) {
+    slots_[i].tier = std::move(tiers[i].tier);
+    slots_[i].name = names[i];
+    if (slots_[i].tier) slots_[i].kind = slots_[i].tier->caps().id;
+    slots_[i].policy = MakeEvictionPolicy(options_.eviction);
+  }
 }
 
 StoreImpl::~StoreImpl() {
   stopping_.store(true, std::memory_order_release);
-  demand_cv_.notify_all();
-  pool_.Join();  // queued prefetch items complete as Cancelled; running work finishes
+  demand_->Wake();
+  prefetch_lane_.Join();  // queued prefetch items complete as Cancelled; running work finishes
+  pool_.Join();           // then demotions a prefetch may have scheduled
+}
+
+int StoreImpl::SlotOf(TierId kind) const {
+  for (int i = 0; i < slot_count(); ++i) {
+    if (slot(i).kind == kind) return i;
+  }
+  return -1;
+}
+
+int StoreImpl::SlotAtOrBelow(TierId kind) const {
+  for (int i = 0; i < slot_count(); ++i) {
+    if (slot(i).kind >= kind) return i;
+  }
+  return -1;
+}
+
+bool StoreImpl::AdoptFromShared(const BlockKey& key) {
+  for (int i = 0; i < slot_count(); ++i) {
+    if (!(shared_mask_ & Bit(i))) continue;
+    Result<BlockDesc> d = tier(i).Lookup(key);
+    if (!d.ok()) continue;
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = entries_.try_emplace(key);
+    if (!inserted && it->second.mask != 0) return true;  // entered meanwhile (cannot happen under the stripe)
+    it->second.desc = *d;
+    it->second.version = ++last_version_;
+    SetMaskLocked(key, it->second, Bit(i));
+    return true;
+  }
+  return false;
+}
+
+Result<std::unique_ptr<StoreImpl>> OpenImpl(const StoreOptions& options, std::vector<NamedTier> tiers) {
+  auto impl = std::make_unique<StoreImpl>(options, std::move(tiers));
+  TERRACE_RETURN_IF_ERROR(impl->Init());
+  return impl;
 }
 
 Status StoreImpl::Init() {
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (!tiers_[i]) continue;
-    if (tiers_[i]->caps().id != TierAt(i)) {
-      return Status::InvalidArgument(fmt::format("tier '{}' was passed in slot {} but reports id {}; pass each "
-                                                 "tier at index TierId", tiers_[i]->caps().name,
-                                                 TierName(TierAt(i)), TierName(tiers_[i]->caps().id)));
-    }
-    present_mask_ |= Bit(TierAt(i));
+  if (slots_.empty()) return Status::InvalidArgument("store options configure no tier; enable host, hbm or nvme");
+  if (slot_count() > kMaxTierSlots) {
+    return Status::InvalidArgument(fmt::format("the store was given {} tiers; it composes at most {}",
+                                               slot_count(), kMaxTierSlots));
   }
-  if (present_mask_ == 0) return Status::InvalidArgument("store options configure no tier; enable host, hbm or nvme");
+  for (int i = 0; i < slot_count(); ++i) {
+    if (!slot(i).tier) {
+      return Status::InvalidArgument(fmt::format("tier slot {} of {} is null; pass only configured tiers", i,
+                                                 slot_count()));
+    }
+    if (tier(i).caps().shared) shared_mask_ |= Bit(i);
+  }
   if (!(options_.low_watermark > 0 && options_.low_watermark <= options_.high_watermark &&
         options_.high_watermark <= 1.0)) {
     return Status::InvalidArgument(fmt::format(
         "store watermarks low={} high={} are invalid; need 0 < low_watermark <= high_watermark <= 1",
         options_.low_watermark, options_.high_watermark));
   }
-  promote_tier_ = LowestPresent();
-  for (int i = Idx(options_.put_tier); i < kNumTiers; ++i) {
-    if (tiers_[i]) {
-      promote_tier_ = TierAt(i);
-      break;
-    }
-  }
+  const int put_slot = SlotAtOrBelow(options_.put_tier);
+  promote_slot_ = put_slot >= 0 ? put_slot : LowestSlot();
   // Recover what the tiers already hold, slowest (persistent) first: a faster copy whose
-  // descriptor disagrees is stale and removed.
-  std::lock_guard lock(mu_);
-  for (int i = kNumTiers - 1; i >= 0; --i) {
-    if (!tiers_[i]) continue;
+  // descriptor disagrees is stale and removed. Tier I/O (ForEach, Erase) runs outside mu_.
+  for (int i = LowestSlot(); i >= 0; --i) {
     std::vector<std::pair<BlockKey, BlockDesc>> found;
-    tiers_[i]->ForEach([&](const BlockKey& k, const BlockDesc& d) { found.emplace_back(k, d); });
-    for (const auto& [k, d] : found) {
-      Entry& e = entries_[k];
-      if (e.mask == 0) {
-        e.desc = d;
-      } else if (!(e.desc == d)) {
-        (void)tiers_[i]->Erase(k);
-        continue;
+    tier(i).ForEach([&](const BlockKey& k, const BlockDesc& d) { found.emplace_back(k, d); });
+    std::vector<BlockKey> stale;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [k, d] : found) {
+        Entry& e = entries_[k];
+        if (e.mask == 0) {
+          e.desc = d;
+        } else if (!(e.desc == d)) {
+          stale.push_back(k);
+          continue;
+        }
+        SetMaskLocked(k, e, static_cast<SlotMask>(e.mask | Bit(i)));
       }
-      SetMaskLocked(k, e, static_cast<std::uint8_t>(e.mask | Bit(TierAt(i))));
     }
+    for (const BlockKey& k : stale) (void)tier(i).Erase(k);
   }
   return Status::Ok();
 }
@@ -70,16 +133,29 @@ using store_internal::StoreImpl;
 Store::Store(std::unique_ptr<StoreImpl> impl) : impl_(std::move(impl)) {}
 Store::~Store() = default;
 
-Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
-  TERRACE_ASSIGN_OR_RETURN(auto tiers, store_internal::BuildTiers(options));
-  return OpenWithTiers(options, std::move(tiers));
+Result<std::unique_ptr<Store>> Store::OpenWithTiers(const StoreOptions& options,
+                                                    std::vector<std::unique_ptr<Tier>> tiers) {
+  std::vector<store_internal::NamedTier> named;
+  named.reserve(tiers.size());
+  for (auto& t : tiers) named.push_back({std::move(t), {}});
+  TERRACE_ASSIGN_OR_RETURN(auto impl, store_internal::OpenImpl(options, std::move(named)));
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
 Result<std::unique_ptr<Store>> Store::OpenWithTiers(const StoreOptions& options,
                                                     std::array<std::unique_ptr<Tier>, kNumTiers> tiers) {
-  auto impl = std::make_unique<StoreImpl>(options, std::move(tiers));
-  TERRACE_RETURN_IF_ERROR(impl->Init());
-  return std::unique_ptr<Store>(new Store(std::move(impl)));
+  std::vector<std::unique_ptr<Tier>> list;
+  for (int i = 0; i < kNumTiers; ++i) {
+    if (!tiers[i]) continue;
+    const auto want = static_cast<TierId>(i);
+    if (tiers[i]->caps().id != want) {
+      return Status::InvalidArgument(fmt::format("tier '{}' was passed in slot {} but reports id {}; pass each "
+                                                 "tier at index TierId", tiers[i]->caps().name, TierName(want),
+                                                 TierName(tiers[i]->caps().id)));
+    }
+    list.push_back(std::move(tiers[i]));
+  }
+  return OpenWithTiers(options, std::move(list));
 }
 
 Status Store::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
@@ -138,13 +214,14 @@ BlockHandle& BlockHandle::operator=(BlockHandle&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     memory_ = other.memory_;
     tier_ = other.tier_;
+    slot_ = other.slot_;
   }
   return *this;
 }
 
 void BlockHandle::Release() {
   if (!impl_) return;
-  impl_->ReleaseHandle(key_, tier_);
+  impl_->ReleaseHandle(key_, slot_);
   impl_ = nullptr;
   data_ = nullptr;
 }

@@ -3,14 +3,21 @@
 // Locking (acquire in this order; never block on a key lock while holding mu_):
 //   1. key_locks_ stripe of the key an operation is about (blocking), then victims' stripes with
 //      TryLock only.
-//   2. mu_ guards the directory (entries_) and the eviction policies; held only for short
-//      bookkeeping, never across tier I/O.
-// Every change to an entry's mask (which tiers hold a copy) happens with the key's stripe held.
+//   2. regions_mu_ (RefreshIoRegions, during a demotion under the victim's stripe); the tier's own
+//      locks are taken inside it by RegisterIoRegions.
+//   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
+//      short bookkeeping, never across tier I/O.
+//   Leaves, never held while taking another store lock: inflight_'s table mutex and each
+//   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
+//   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
+// Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_.
+// Every change to an entry's mask (which slots hold a copy) happens with the key's stripe held.
 // Gets of a copy at or above put_tier take no key lock: tiers replace blocks atomically and the
 // store re-verifies checksums; any anomaly retries on the locked slow path.
 #pragma once
 
 #include <array>
+#include <bit>
 #include <chrono>
 #include <atomic>
 #include <condition_variable>
@@ -23,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/clock.h"
 #include "src/common/key_map.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
@@ -32,20 +40,16 @@
 
 namespace terrace::store_internal {
 
-inline std::uint8_t Bit(TierId t) { return static_cast<std::uint8_t>(1u << static_cast<unsigned>(t)); }
-inline TierId TierAt(int i) { return static_cast<TierId>(i); }
-inline int Idx(TierId t) { return static_cast<int>(t); }
-// Index of the fastest tier in `mask`, or -1 when the mask is empty.
-inline int Fastest(std::uint8_t mask) {
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (mask & Bit(TierAt(i))) return i;
-  }
-  return -1;
-}
+// Tier slots are positions in the store's ordered tier list, 0 = fastest. A SlotMask has bit i
+// set when slot i holds a copy.
+using SlotMask = std::uint8_t;
+static_assert(kMaxTierSlots <= 8 * sizeof(SlotMask));
+inline SlotMask Bit(int slot) { return static_cast<SlotMask>(1u << static_cast<unsigned>(slot)); }
+// Index of the fastest slot in `mask`, or -1 when the mask is empty.
+inline int Fastest(SlotMask mask) { return mask == 0 ? -1 : std::countr_zero(static_cast<unsigned>(mask)); }
+// Slots strictly after `slot`.
+inline SlotMask Below(int slot) { return static_cast<SlotMask>(~((2u << static_cast<unsigned>(slot)) - 1u)); }
 
-inline std::uint64_t NanosSince(Clock::time_point t0) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
 
 // True when a tier's answer (`got`, `bytes`) is the block the directory describes (`want`). A tier
 // whose Get verifies its own output (TierCaps::verifies_gets) has already hashed `bytes` against
@@ -57,13 +61,30 @@ inline bool Verify(const TierCaps& caps, const BlockDesc& want, const BlockDesc&
 
 struct Entry {
   BlockDesc desc;
-  std::uint8_t mask = 0;                               // bit i: tier i holds a current copy
-  std::uint32_t pins = 0;                              // Store::Pin count (all tiers)
-  std::array<std::uint32_t, kNumTiers> handle_pins{};  // live BlockHandles per tier
-  std::uint64_t version = 0;                           // store-unique, new on every Put that writes
-  bool prefetched = false;                             // brought up by Prefetch, not read since
-  bool PinnedIn(TierId t) const { return pins > 0 || handle_pins[Idx(t)] > 0; }
-  bool AnyPin() const { return pins > 0 || handle_pins[0] + handle_pins[1] + handle_pins[2] > 0; }
+  SlotMask mask = 0;          // bit i: slot i holds a current copy
+  SlotMask handle_mask = 0;   // bit i: live BlockHandles pin slot i's copy (counts: StoreImpl::handles_)
+  std::uint32_t pins = 0;     // Store::Pin count (all tiers)
+  std::uint64_t version = 0;  // store-unique, new on every Put that writes
+  bool prefetched = false;    // brought up by Prefetch, not read since
+  bool PinnedIn(int slot) const { return pins > 0 || (handle_mask & Bit(slot)) != 0; }
+  bool AnyPin() const { return pins > 0 || handle_mask != 0; }
+};
+
+// One tier of the store's ordered list.
+struct TierSlot {
+  std::unique_ptr<Tier> tier;  // never null; immutable after construction
+  std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
+  TierId kind = TierId::kHost; // tier->caps().id; immutable
+  std::unique_ptr<EvictionPolicy> policy;  // GUARDED_BY(StoreImpl::mu_)
+  TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
+  std::atomic<bool> demotion_scheduled{false};
+  std::size_t registered_regions = 0;      // GUARDED_BY(StoreImpl::regions_mu_): as a source tier
+};
+
+// A tier and its slot name, as StoreImpl is built from (name empty: from caps().name).
+struct NamedTier {
+  std::unique_ptr<Tier> tier;
+  std::string name;
 };
 
 // How a locked read moves the block it reads.
@@ -81,6 +102,7 @@ struct ReadOutcome {
 };
 
 struct PrefetchJob;
+struct BulkLead;  // batch_read.cpp
 
 // One key of a BulkFetch.
 struct BulkItem {
@@ -91,32 +113,46 @@ struct BulkItem {
   BlockDesc desc;            // when handled and OK
 };
 
+// Where speculative prefetch waits for demand to end. Shared with prefetch Futures' cancel
+// callbacks (which may outlive the store), so it is reference-counted. Thread-safe.
+struct DemandGate {
+  std::mutex mu;
+  std::condition_variable cv;  // notified when active drops, on a cancel, and when the store stops
+  int active = 0;              // GUARDED_BY(mu): demand fetches in progress
+  std::uint64_t wakes = 0;     // GUARDED_BY(mu): bumped by Wake() (a prefetch was cancelled)
+  void Wake() {
+    {
+      std::lock_guard lock(mu);
+      ++wakes;
+    }
+    cv.notify_all();
+  }
+};
+
 // Counts a demand fetch for as long as it lives (speculative prefetch yields to it).
 class DemandScope final {
  public:
-  DemandScope(std::mutex& mu, std::condition_variable& cv, int& n) : mu_(mu), cv_(cv), n_(n) {
-    std::lock_guard lock(mu_);
-    ++n_;
+  explicit DemandScope(DemandGate& gate) : gate_(gate) {
+    std::lock_guard lock(gate_.mu);
+    ++gate_.active;
   }
   ~DemandScope() {
     {
-      std::lock_guard lock(mu_);
-      --n_;
+      std::lock_guard lock(gate_.mu);
+      --gate_.active;
     }
-    cv_.notify_all();
+    gate_.cv.notify_all();
   }
   DemandScope(const DemandScope&) = delete;
   DemandScope& operator=(const DemandScope&) = delete;
 
  private:
-  std::mutex& mu_;
-  std::condition_variable& cv_;
-  int& n_;
+  DemandGate& gate_;
 };
 
 class StoreImpl {
  public:
-  StoreImpl(const StoreOptions& options, std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
+  StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
   ~StoreImpl();
   Status Init();  // validates tiers, recovers the directory from what they hold
 
@@ -129,7 +165,7 @@ class StoreImpl {
   Status EvictCopy(const BlockKey& key, TierId tier);  // evict_copy.cpp
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
-  void ReleaseHandle(const BlockKey& key, TierId tier);
+  void ReleaseHandle(const BlockKey& key, int slot);
   Status Flush();
 
   std::vector<Status> GetBatch(std::span<Store::GetItem> items);
@@ -142,66 +178,98 @@ class StoreImpl {
   std::string PrometheusText() const;
 
   const StoreOptions& options() const { return options_; }
-  bool HasTier(TierId t) const { return tiers_[Idx(t)] != nullptr; }
+  bool HasTier(TierId t) const { return SlotOf(t) >= 0; }
 
  private:
-  // Where a Get from a lower tier moves the block: put_tier (or the nearest tier below it), or
-  // nowhere when promote_on_get is off.
-  std::optional<TierId> PromoteOnGetTarget() const {
-    return options_.promote_on_get ? std::optional(promote_tier_) : std::nullopt;
+  int slot_count() const { return static_cast<int>(slots_.size()); }
+  Tier& tier(int slot) const { return *slots_[static_cast<std::size_t>(slot)].tier; }
+  TierSlot& slot(int i) const { return slots_[static_cast<std::size_t>(i)]; }
+  const std::string& SlotName(int i) const { return slots_[static_cast<std::size_t>(i)].name; }
+  int LowestSlot() const { return slot_count() - 1; }
+  // The first slot of kind `kind`, or -1.
+  int SlotOf(TierId kind) const;
+  // The first slot of kind `kind` or of a slower kind (the "nearest present tier below"), or -1.
+  int SlotAtOrBelow(TierId kind) const;
+  // Where a Get from a lower tier moves the block: promote_slot_, or nowhere when promote_on_get
+  // is off.
+  std::optional<int> PromoteOnGetTarget() const {
+    return options_.promote_on_get ? std::optional(promote_slot_) : std::nullopt;
   }
+
+  // Caller holds key's stripe; the directory has no entry for key. Asks each shared tier
+  // (TierCaps::shared), fastest first, and enters the first copy found. True if one was.
+  bool AdoptFromShared(const BlockKey& key);
+  bool InDirectory(const BlockKey& key) const;  // has a directory entry with a copy
 
   // read_path.cpp
   bool FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result);
   // Deduplicated, locked fetch; with move_to, also moves the block (kUp semantics).
   // Copies the block into `out` when it is non-empty.
-  ReadOutcome FetchDedup(const BlockKey& key, std::optional<TierId> move_to, bool by_prefetch,
+  ReadOutcome FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                          std::span<std::byte> out);
   // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies) and
-  // moves it per `mode`. `dropped` names tiers whose copy the caller already dropped as corrupt.
-  ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, TierId target,
+  // moves it per `mode` to slot `target`. `dropped` names tiers whose copy the caller already
+  // dropped as corrupt.
+  ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
                          bool by_prefetch, std::string dropped = {});
-  // Caller holds key's stripe; `bytes` is the verified block just read from tier `src` while the
+  // Caller holds key's stripe; `bytes` is the verified block just read from slot `src` while the
   // entry's mask was `mask`. Counts the read, moves the block per `mode`, updates the policies.
+  // `place`, when given, puts the block into `target` instead of PlaceInTier(bytes) (a direct
+  // transfer that already holds the bytes in target's memory); otherwise the move is a staged copy.
   void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes, int src,
-                          std::uint8_t mask, MoveMode mode, TierId target, bool by_prefetch, ReadOutcome* out);
-  Status MoveUp(const BlockKey& key, TierId target, bool by_prefetch);
-  // Caller holds key's stripe; removes the copy in `t` (already found bad) and records why.
-  void DropCopy(const BlockKey& key, TierId t);
-  void CountGet(TierId served_from, std::uint8_t present_mask);
+                          SlotMask mask, MoveMode mode, int target, bool by_prefetch, ReadOutcome* out,
+                          const std::function<Status()>& place = {});
+  // Counts one block moved between tiers: direct (tier memory to tier memory, no store buffer) or
+  // staged (through a store-side copy).
+  void CountTransfer(bool direct, std::uint64_t bytes);
+  Status MoveUp(const BlockKey& key, int target, bool by_prefetch);
+  // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why.
+  void DropCopy(const BlockKey& key, int slot);
+  void CountGet(int served_from);
 
   // batch_read.cpp
   // Reads the items held only in non-addressable tiers (NVMe) with one tier GetBatch per source
   // tier (so the reads share the I/O queue), then, one key at a time under its stripe, verifies,
-  // counts and moves each like a deduplicating FetchDedup leader would (move_to: kUp to that tier).
+  // counts and moves each like a deduplicating FetchDedup leader would (move_to: kUp to that slot).
   // Items it leaves unhandled (in memory tiers, already being fetched by another caller, missing,
   // buffer too small) are the caller's to finish on the single-key path. `still_wanted(i)`, if
   // given, is asked after the read: a non-OK answer becomes item i's status and nothing moves.
-  void BulkFetch(std::span<BulkItem> items, std::optional<TierId> move_to, bool by_prefetch,
+  void BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
                  const std::function<Status(std::size_t)>& still_wanted = {});
+  // BulkFetch's steps. Leads: the items this call reads, each leading its key's in-flight fetch.
+  std::vector<BulkLead> LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch);
+  // Gives a lead without a caller buffer its destination: reserved room in `target` when that
+  // tier reserves (the read then lands there directly), else a temporary buffer.
+  void PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target);
+  // Issues one tier GetBatch for `leads` (all from one source slot) and records each answer.
+  void ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items);
+  // Verifies, counts and moves one read key under its stripe, as its fetch's leader; anything
+  // unusual falls back to LockedRead.
+  void FinishLead(BulkLead& lead, BulkItem& item, std::optional<int> move_to, bool by_prefetch,
+                  const std::function<Status(std::size_t)>& still_wanted);
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
 
   // placement.cpp
-  Status PlaceInTier(TierId t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
-  // Frees one copy from `t` (demoting it if needed). OutOfCapacity when nothing is evictable, or
-  // the error a victim's demotion hit.
-  Status EvictOne(TierId t);
-  Status EvictLocked(TierId t, const BlockKey& key);
-  void MaybeScheduleDemotion(TierId t);
+  Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // Frees one copy from `slot` (demoting it if needed). OutOfCapacity when nothing is evictable,
+  // or the error a victim's demotion hit.
+  Status EvictOne(int slot);
+  // Caller holds key's stripe: removes slot's copy, demoting it into the next slot first when no
+  // slot below holds one.
+  Status EvictLocked(int slot, const BlockKey& key);
+  void MaybeScheduleDemotion(int slot);
   // Caller holds key's stripe: writes the copy in `from` (described by `desc`) into `to`.
   // Corruption: the copy in `from` failed its checksum (nothing was written).
-  Status DemoteCopy(TierId from, TierId to, const BlockKey& key, const BlockDesc& desc);
+  Status DemoteCopy(int from, int to, const BlockKey& key, const BlockDesc& desc);
   // Registers `from`'s memory regions with `to` for direct I/O, again whenever `from` has grown.
-  void RefreshIoRegions(TierId from, TierId to);
-  std::optional<TierId> LowerPresent(TierId t) const;
-  TierId LowestPresent() const;
-  Status TimedTierGet(TierId t, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
-  Status TimedTierPut(TierId t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
-  // REQUIRES(mu_): sets e's mask to new_mask, telling the policies; `evicted_from` is the tier a
+  void RefreshIoRegions(int from, int to);
+  Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
+  Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // REQUIRES(mu_): sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a
   // policy eviction removed the copy from, if any.
-  void SetMaskLocked(const BlockKey& key, Entry& e, std::uint8_t new_mask, int evicted_from = -1);
+  void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1);
 
   // prefetch.cpp
   using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
@@ -215,41 +283,45 @@ class StoreImpl {
 
   StoreOptions options_;
   const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
-  std::array<std::unique_ptr<Tier>, kNumTiers> tiers_;  // immutable after construction
-  TierId promote_tier_ = TierId::kHost;  // put_tier, or the nearest present tier below it (Init)
-  std::uint8_t present_mask_ = 0;        // tiers configured (Init)
+  mutable std::vector<TierSlot> slots_;   // the tier list, fastest first; its size never changes
+  int promote_slot_ = 0;                  // put_tier's slot, or the nearest slot below it (Init)
+  SlotMask shared_mask_ = 0;              // slots whose tier is TierCaps::shared (Init)
 
   mutable std::mutex mu_;
   KeyMap<Entry> entries_;  // GUARDED_BY(mu_); no reference into it survives an insert
+  // GUARDED_BY(mu_): live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
+  KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_;
   std::uint64_t last_version_ = 0;  // GUARDED_BY(mu_): Entry::version source (unique across erase + re-put)
-  std::array<std::unique_ptr<EvictionPolicy>, kNumTiers> policies_;         // GUARDED_BY(mu_)
 
   KeyLocks key_locks_;
   InflightTable inflight_;
 
-  // Store-measured per-tier counters: hits, misses, evictions, read/write latency.
-  mutable std::array<TierCounters, kNumTiers> measured_;
   std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
-      prefetch_late_{0}, corruptions_dropped_{0};
+      prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
+      staged_transfers_{0}, staged_transfer_bytes_{0};
 
-  // Demand fetches in progress; speculative prefetch waits while this is non-zero.
-  std::mutex demand_mu_;
-  std::condition_variable demand_cv_;
-  int demand_active_ = 0;  // GUARDED_BY(demand_mu_)
+  // Demand fetches in progress; speculative prefetch waits while there are any.
+  const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();
 
-  std::array<std::atomic<bool>, kNumTiers> demotion_scheduled_{};
   std::atomic<bool> stopping_{false};
 
   std::mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
-  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_)
+  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_): drain tasks on prefetch_lane_
 
   std::mutex regions_mu_;
-  std::array<std::size_t, kNumTiers> registered_regions_{};  // GUARDED_BY(regions_mu_): by source tier
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
-  ThreadPool pool_;  // last member: joined first on destruction
+  // Two executors, so background prefetch never delays demand: pool_ (background_threads
+  // threads) runs GetAsync, PutAsync and demotion; prefetch_lane_ (max(1, background_threads - 1)
+  // threads, its own) drains the prefetch queues. Last members: joined first on destruction.
+  const unsigned lane_threads_;
+  ThreadPool pool_;
+  ThreadPool prefetch_lane_;
 };
+
+// Builds and initialises the store state over `tiers` (fastest first).
+Result<std::unique_ptr<StoreImpl>> OpenImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
 
 }  // namespace terrace::store_internal

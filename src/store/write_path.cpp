@@ -9,28 +9,25 @@ namespace terrace::store_internal {
 
 Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
   const BlockDesc desc = DescribeBlock(data, opts.codec);
-  TierId want = opts.tier.value_or(options_.put_tier);
-  std::optional<TierId> target;
-  for (int i = Idx(want); i < kNumTiers && !target; ++i) {
-    if (tiers_[i]) target = TierAt(i);
-  }
-  if (!target) {
+  const TierId want = opts.tier.value_or(options_.put_tier);
+  const int target = SlotAtOrBelow(want);
+  if (target < 0) {
     return Status::InvalidArgument(fmt::format("put {}: no tier at or below {} is configured; choose another "
                                                "PutOptions::tier or configure that tier",
                                                key.ToString(), TierName(want)));
   }
-  const TierId lowest = LowestPresent();
-  const bool write_through = options_.write_policy == WritePolicy::kWriteThrough && lowest != *target;
+  const int lowest = LowestSlot();
+  const bool write_through = options_.write_policy == WritePolicy::kWriteThrough && lowest != target;
 
   auto guard = key_locks_.Lock(key);
-  std::uint8_t old_mask = 0;
+  SlotMask old_mask = 0;
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       Entry& e = it->second;
       if (e.desc == desc && (!write_through || (e.mask & Bit(lowest)))) {
-        policies_[Fastest(e.mask)]->OnAccess(key);
+        slot(Fastest(e.mask)).policy->OnAccess(key);
         put_dedup_hits_.fetch_add(1, std::memory_order_relaxed);
         return Status::Ok();
       }
@@ -43,17 +40,17 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     }
   }
 
-  std::uint8_t new_mask = 0;
+  SlotMask new_mask = 0;
   if (write_through) {
     TERRACE_RETURN_IF_ERROR(PlaceInTier(lowest, key, desc, data));
     new_mask |= Bit(lowest);
   }
-  Status s = PlaceInTier(*target, key, desc, data);
+  Status s = PlaceInTier(target, key, desc, data);
   if (!s.ok()) {
     if (!write_through) return s;  // nothing changed
     // The new bytes already reached the lowest tier: remove every copy so none of them is visible.
-    for (int i = 0; i < kNumTiers; ++i) {
-      if ((old_mask | new_mask) & Bit(TierAt(i))) (void)tiers_[i]->Erase(key);
+    for (int i = 0; i < slot_count(); ++i) {
+      if ((old_mask | new_mask) & Bit(i)) (void)tier(i).Erase(key);
     }
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
@@ -63,13 +60,13 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     }
     return s.WithContext(fmt::format("put {} failed after writing through to tier {}; the block and any "
                                      "previous version under this key were removed", key.ToString(),
-                                     TierName(lowest)));
+                                     SlotName(lowest)));
   }
-  new_mask |= Bit(*target);
-  for (int i = 0; i < kNumTiers; ++i) {  // stale copies of the previous version
-    if (!(old_mask & ~new_mask & Bit(TierAt(i)))) continue;
-    Status es = tiers_[i]->Erase(key);
-    if (!es.ok() && !es.IsNotFound()) measured_[i].Add(measured_[i].io_errors);
+  new_mask |= Bit(target);
+  for (int i = 0; i < slot_count(); ++i) {  // stale copies of the previous version
+    if (!(old_mask & ~new_mask & Bit(i))) continue;
+    Status es = tier(i).Erase(key);
+    if (!es.ok() && !es.IsNotFound()) slot(i).measured.Add(slot(i).measured.io_errors);
   }
   std::lock_guard lock(mu_);
   Entry& e = entries_[key];
@@ -87,7 +84,8 @@ Status StoreImpl::Erase(const BlockKey& key) {
 }
 
 Status StoreImpl::EraseLocked(const BlockKey& key) {
-  std::uint8_t mask = 0;
+  SlotMask mask = 0;
+  if (shared_mask_ != 0 && !InDirectory(key)) (void)AdoptFromShared(key);
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
@@ -99,16 +97,16 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
     }
     mask = it->second.mask;
   }
-  std::uint8_t remaining = mask;
+  SlotMask remaining = mask;
   Status first_error;
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (!(mask & Bit(TierAt(i)))) continue;
-    Status s = tiers_[i]->Erase(key);
+  for (int i = 0; i < slot_count(); ++i) {
+    if (!(mask & Bit(i))) continue;
+    Status s = tier(i).Erase(key);
     if (s.ok() || s.IsNotFound()) {
-      remaining &= static_cast<std::uint8_t>(~Bit(TierAt(i)));
+      remaining &= static_cast<SlotMask>(~Bit(i));
     } else if (first_error.ok()) {
       first_error = s.WithContext(fmt::format("erase {}: the copy in tier {} could not be removed; retry Erase",
-                                              key.ToString(), TierName(TierAt(i))));
+                                              key.ToString(), SlotName(i)));
     }
   }
   std::lock_guard lock(mu_);
@@ -122,6 +120,7 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
 
 Status StoreImpl::Pin(const BlockKey& key) {
   auto guard = key_locks_.Lock(key);
+  if (shared_mask_ != 0 && !InDirectory(key)) (void)AdoptFromShared(key);
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return Status::NotFound(fmt::format("pin: block {} is not in the store", key.ToString()));
@@ -146,31 +145,50 @@ std::vector<LookupResult> StoreImpl::Lookup(std::span<const BlockKey> keys) cons
   // Prefetch the directory slots a few keys ahead: with a million resident keys nearly every probe
   // misses the cache, and overlapping the misses is what makes a batch faster than single calls.
   constexpr std::size_t kAhead = 8;
-  std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < std::min(kAhead, keys.size()); ++i) entries_.prefetch(keys[i]);
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i + kAhead < keys.size()) entries_.prefetch(keys[i + kAhead]);
-    auto it = entries_.find(keys[i]);
-    if (it == entries_.end() || it->second.mask == 0) continue;
-    out[i].found = true;
-    out[i].tier = TierAt(Fastest(it->second.mask));
-    out[i].desc = it->second.desc;
+  std::vector<std::size_t> missed;  // for the shared tiers
+  {
+    std::lock_guard lock(mu_);
+    for (std::size_t i = 0; i < std::min(kAhead, keys.size()); ++i) entries_.prefetch(keys[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i + kAhead < keys.size()) entries_.prefetch(keys[i + kAhead]);
+      auto it = entries_.find(keys[i]);
+      if (it == entries_.end() || it->second.mask == 0) {
+        if (shared_mask_ != 0) missed.push_back(i);
+        continue;
+      }
+      const int s = Fastest(it->second.mask);
+      out[i].found = true;
+      out[i].tier = slot(s).kind;
+      out[i].slot = s;
+      out[i].desc = it->second.desc;
+    }
+  }
+  for (std::size_t i : missed) {  // outside mu_: a shared tier's Lookup may be a round trip
+    for (int s = 0; s < slot_count() && !out[i].found; ++s) {
+      if (!(shared_mask_ & Bit(s))) continue;
+      Result<BlockDesc> d = tier(s).Lookup(keys[i]);
+      if (!d.ok()) continue;
+      out[i] = LookupResult{true, slot(s).kind, s, *d};
+    }
   }
   return out;
 }
 
-bool StoreImpl::Contains(const BlockKey& key) const {
+bool StoreImpl::InDirectory(const BlockKey& key) const {
   std::lock_guard lock(mu_);
   auto it = entries_.find(key);
   return it != entries_.end() && it->second.mask != 0;
 }
 
+bool StoreImpl::Contains(const BlockKey& key) const {
+  return InDirectory(key) || (shared_mask_ != 0 && Lookup({&key, 1})[0].found);
+}
+
 Status StoreImpl::Flush() {
   Status first;
-  for (int i = 0; i < kNumTiers; ++i) {
-    if (!tiers_[i]) continue;
-    Status s = tiers_[i]->Flush();
-    if (!s.ok() && first.ok()) first = s.WithContext(fmt::format("flush tier {}", TierName(TierAt(i))));
+  for (int i = 0; i < slot_count(); ++i) {
+    Status s = tier(i).Flush();
+    if (!s.ok() && first.ok()) first = s.WithContext(fmt::format("flush tier {}", SlotName(i)));
   }
   return first;
 }

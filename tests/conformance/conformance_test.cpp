@@ -317,3 +317,49 @@ TEST_CASE("Conformance: 8 threads of put/get/erase with content verification") {
   CHECK(t.used_bytes() >= sum);
   CHECK(t.Stats().corruptions == 0);
 }
+
+TEST_CASE("Conformance: reserve, fill, commit or abort (tiers that reserve)") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  auto data = TestBytes(11, 3 * 4096 + 17);
+  const BlockDesc desc = DescribeBlock(data);
+  if (!t.caps().reserves) {
+    CHECK_FALSE(t.Reserve(TestKey(11), desc).ok());
+    return;
+  }
+  // Abort: nothing visible, nothing used.
+  auto r = t.Reserve(TestKey(11), desc);
+  REQUIRE(r.ok());
+  REQUIRE(r->bytes.size() >= data.size());
+  t.Abort(*r);
+  CHECK(t.Lookup(TestKey(11)).status().IsNotFound());
+  CHECK(t.used_bytes() == 0);
+  // Commit: the bytes written into the reservation are the block, replacing an older one.
+  REQUIRE(PutBytes(t, TestKey(11), TestBytes(12, 100)).ok());
+  r = t.Reserve(TestKey(11), desc);
+  REQUIRE(r.ok());
+  std::memcpy(r->bytes.data(), data.data(), data.size());
+  std::memset(r->bytes.data() + data.size(), 0x5a, r->bytes.size() - data.size());  // the room past the block is free to use
+  ExpectBlock(t, TestKey(11), TestBytes(12, 100));  // not visible before Commit
+  REQUIRE(t.Commit(TestKey(11), desc, *r).ok());
+  ExpectBlock(t, TestKey(11), data);
+  CHECK(t.block_count() == 1);
+  // Reserving for a pinned key is refused like a Put.
+  REQUIRE(t.Pin(TestKey(11)).ok());
+  CHECK_FALSE(t.Reserve(TestKey(11), desc).ok());
+  REQUIRE(t.Unpin(TestKey(11)).ok());
+  // Space runs out like Put's.
+  std::vector<Reservation> held;
+  Status last;
+  for (int i = 0; i < 1000; ++i) {
+    auto more = t.Reserve(TestKey(100 + i), DescribeBlock(TestBytes(100 + i, 1 << 20)));
+    if (!more.ok()) {
+      last = more.status();
+      break;
+    }
+    held.push_back(*more);
+  }
+  CHECK(last.IsOutOfCapacity());
+  for (const Reservation& h : held) t.Abort(h);
+  CHECK(PutBytes(t, TestKey(5), TestBytes(5, 1 << 20)).ok());  // the aborted space is free again
+}

@@ -1,5 +1,6 @@
 #include "tier_factories.h"
 
+#include "store/fake_tier.h"
 #include "terrace/options.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -42,15 +43,45 @@ Result<std::unique_ptr<Tier>> MakeNvme(const std::filesystem::path& dir, std::ui
   return std::unique_ptr<Tier>(std::move(t).value());
 }
 
+Result<std::unique_ptr<Tier>> MakeHbmCuda(const std::filesystem::path&, std::uint64_t capacity) {
+  HbmTierOptions o;
+  o.mode = HbmMode::kCuda;
+  o.capacity_bytes = capacity;
+  return CreateHbmTier(o);
+}
+
+// The test double the store tests compose stores from (tests/store/fake_tier.h), as a memory tier
+// and as a non-addressable (NVMe-like) one.
+Result<std::unique_ptr<Tier>> MakeFakeMemory(const std::filesystem::path&, std::uint64_t capacity) {
+  return std::unique_ptr<Tier>(std::make_unique<testing::FakeTier>(TierId::kHost, capacity));
+}
+Result<std::unique_ptr<Tier>> MakeFakeNvme(const std::filesystem::path&, std::uint64_t capacity) {
+  return std::unique_ptr<Tier>(std::make_unique<testing::FakeTier>(TierId::kNvme, capacity));
+}
+
+bool CudaDevicePresent() {
+  HbmTierOptions o;
+  o.mode = HbmMode::kCuda;
+  o.capacity_bytes = 1 * kMiB;
+  return CreateHbmTier(o).ok();
+}
+
 }  // namespace
 
 const std::vector<TierFactory>& TierFactories() {
-  static const std::vector<TierFactory> table = {
-      {"host", MakeHost},
-      {"hbm-emulated", MakeHbmEmulated},
-      {"fault(host), nothing armed", MakeFaultWrappedHost},
-      {"nvme", MakeNvme},
-  };
+  static const std::vector<TierFactory> table = [] {
+    std::vector<TierFactory> t = {
+        {"host", MakeHost},
+        {"hbm-emulated", MakeHbmEmulated},
+        {"fault(host), nothing armed", MakeFaultWrappedHost},
+        {"nvme", MakeNvme},
+        {"fake (store tests' double, memory)", MakeFakeMemory},
+        {"fake (store tests' double, not addressable)", MakeFakeNvme},
+    };
+    // The CUDA HBM tier runs only where a device exists (the CUDA build's hbm tests say so when not).
+    if (CudaDevicePresent()) t.push_back({"hbm-cuda", MakeHbmCuda});
+    return t;
+  }();
   return table;
 }
 

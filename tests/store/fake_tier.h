@@ -20,6 +20,7 @@ namespace terrace::testing {
 
 class FakeTier final : public Tier {
  public:
+  // A tier of kind `id`: kNvme is persistent and not addressable, the others hold host memory.
   FakeTier(TierId id, std::uint64_t capacity, bool emulated = false) {
     caps_.id = id;
     caps_.name = std::string(TierName(id));
@@ -56,6 +57,7 @@ class FakeTier final : public Tier {
     const Block& b = it->second;
     if (out.size() < b.bytes.size()) return Status::InvalidArgument("fake: buffer too small");
     if (Checksum(b.bytes) != b.desc.checksum) {  // contract: drop and report
+      ++corruptions_;
       used_ -= b.bytes.size();
       blocks_.erase(it);
       return Status::Corruption("fake: checksum mismatch, block dropped");
@@ -129,6 +131,7 @@ class FakeTier final : public Tier {
     s.used_bytes = used_;
     s.blocks = blocks_.size();
     s.puts = puts_;
+    s.corruptions = corruptions_;
     return s;
   }
 
@@ -163,6 +166,7 @@ class FakeTier final : public Tier {
   std::map<BlockKey, Block> blocks_;  // GUARDED_BY(mu_)
   std::uint64_t used_ = 0;            // GUARDED_BY(mu_)
   std::uint64_t puts_ = 0;            // GUARDED_BY(mu_)
+  std::uint64_t corruptions_ = 0;     // GUARDED_BY(mu_)
   std::atomic<std::uint64_t> gets_{0}, batch_calls_{0}, batch_ops_{0};
 };
 

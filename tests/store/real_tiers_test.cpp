@@ -6,6 +6,7 @@
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
+#include "tiers/host/host_tier.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::testing {
@@ -172,6 +173,121 @@ TEST_CASE("Real CUDA HBM: blocks round-trip through device memory; handles hold 
   CHECK(h->memory_kind() == MemoryKind::kDevice);
   CHECK(h->data() != nullptr);
   CHECK_FALSE(store->Stats().tiers[0].emulated);
+}
+
+TEST_CASE("Real tiers: an explicit tier list with two NVMe tiers spills into the second and reopens") {
+  TempDir dir("store-list");
+  auto options = [&] {
+    StoreOptions o;
+    o.high_watermark = 1.0;
+    o.low_watermark = 1.0;
+    TierSlotOptions host{"host", "", {}, {}, {}};
+    host.host.capacity_bytes = 64 * kKiB;
+    host.host.chunk_bytes = 64 * kKiB;
+    host.host.pin = false;
+    TierSlotOptions fast{"nvme", "nvme-fast", {}, {}, {}};
+    fast.nvme.path = dir.path() / "fast";
+    fast.nvme.capacity_bytes = 4 * kMiB;  // the smallest data file: a few hundred 8 KiB blocks
+    TierSlotOptions slow{"nvme", "", {}, {}, {}};
+    slow.nvme.path = dir.path() / "slow";
+    slow.nvme.capacity_bytes = 16 * kMiB;
+    o.tier_list = {host, fast, slow};
+    return o;
+  };
+  std::uint64_t fast_blocks = 0, host_blocks = 0;
+  int n = 0;
+  {
+    auto opened = Store::Open(options());
+    INFO(opened.status().ToString());
+    REQUIRE(opened.ok());
+    auto& store = *opened;
+    CHECK_FALSE(store->HasTier(TierId::kHbm));
+    // Fill until the second NVMe tier holds blocks (the first one is then full).
+    for (; n < 2000 && store->Stats().slots[2].blocks == 0; ++n) {
+      Status s = store->Put(TestKey(n), TestBytes(n, kBlock));
+      INFO(n << ": " << s.ToString());
+      REQUIRE(s.ok());
+    }
+    StoreStats st = store->Stats();
+    REQUIRE(st.slots.size() == 3);
+    CHECK(st.slots[1].name == "nvme-fast");
+    CHECK(st.slots[2].name == "nvme");
+    REQUIRE(st.slots[2].blocks > 0);
+    fast_blocks = st.slots[1].blocks;
+    host_blocks = st.slots[0].blocks;
+    CHECK(fast_blocks > 0);
+    REQUIRE(store->Flush().ok());
+  }
+  auto reopened = Store::Open(options());
+  REQUIRE(reopened.ok());
+  auto& store = *reopened;
+  CHECK(store->Stats().blocks == static_cast<std::uint64_t>(n) - host_blocks);  // host memory did not survive
+  CHECK(store->Stats().slots[1].blocks == fast_blocks);
+  for (int i = 0; i < n; ++i) {
+    BlockKey k = TestKey(i);
+    auto look = store->Lookup({&k, 1});
+    if (!look[0].found) continue;  // a host-only block does not survive the process
+    auto got = GetBytes(*store, k, kBlock);
+    INFO(i << ": " << got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, kBlock));
+  }
+}
+
+TEST_CASE("Real tiers: a tier list naming an unknown kind is refused with the known kinds") {
+  StoreOptions o;
+  o.tier_list = {TierSlotOptions{"redis", "", {}, {}, {}}};
+  auto r = Store::Open(o);
+  REQUIRE(r.status().IsInvalidArgument());
+  CHECK_THAT(r.status().message(), Catch::Contains("redis"));
+  CHECK_THAT(r.status().message(), Catch::Contains("hbm, host, nvme"));
+}
+
+TEST_CASE("Real tiers: a prefetch from NVMe lands directly in the host arena, with no staging copy") {
+  TempDir dir("store-direct");
+  NvmeTierOptions no;
+  no.path = dir.path();
+  no.capacity_bytes = 16 * kMiB;
+  auto nvme = NvmeTier::Open(no);
+  REQUIRE(nvme.ok());
+  NvmeTier* nvme_raw = nvme->get();
+  HostTierOptions ho;
+  ho.capacity_bytes = 8 * kMiB;
+  ho.chunk_bytes = 4 * kMiB;
+  ho.pin = false;
+  auto host = HostTier::Create(ho);
+  REQUIRE(host.ok());
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::move(*host));
+  tiers.push_back(std::move(*nvme));
+  StoreOptions o;
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
+  std::vector<BlockKey> keys;
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 24; ++i) {
+    keys.push_back(TestKey(i));
+    sizes.push_back(i % 3 == 0 ? 64 * kKiB : 4096 * (i % 5) + 1 + 97 * i);  // aligned and ragged sizes
+    REQUIRE(store->Put(keys.back(), TestBytes(i, sizes.back()), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  const std::uint64_t staged_before = nvme_raw->staged_ios();
+  const StoreStats before = store->Stats();
+  auto pf = store->Prefetch(keys, TierId::kHost).get();
+  for (const Status& s : pf) REQUIRE(s.ok());
+  const StoreStats after = store->Stats();
+  CHECK(nvme_raw->staged_ios() == staged_before);  // every read went straight into the arena
+  CHECK(after.direct_transfers - before.direct_transfers == keys.size());
+  CHECK(after.staged_transfers == before.staged_transfers);
+  std::uint64_t bytes = 0;
+  for (std::size_t s : sizes) bytes += s;
+  CHECK(after.direct_transfer_bytes - before.direct_transfer_bytes == bytes);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CHECK(TierOf(*store, keys[i]) == TierId::kHost);
+    auto got = GetBytes(*store, keys[i], 64 * kKiB);
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, sizes[i]));
+  }
 }
 
 }  // namespace

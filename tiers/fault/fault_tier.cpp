@@ -9,9 +9,11 @@ namespace terrace {
 FaultInjectingTier::FaultInjectingTier(std::unique_ptr<Tier> inner)
     : owned_(std::move(inner)), inner_(owned_.get()), caps_(inner_->caps()) {
   caps_.verifies_gets = false;  // flipped bits land after the inner tier's check
+  caps_.reserves = false;       // every byte put goes through Put, where faults are injected
 }
 FaultInjectingTier::FaultInjectingTier(Tier& inner) : inner_(&inner), caps_(inner_->caps()) {
   caps_.verifies_gets = false;
+  caps_.reserves = false;
 }
 
 void FaultInjectingTier::FailNextPuts(int n, Status status) {

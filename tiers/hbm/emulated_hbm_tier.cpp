@@ -7,24 +7,19 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
+
 namespace terrace {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::uint64_t NowNs() {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
-}
-
 void WaitUntilNs(std::uint64_t deadline_ns) {
   constexpr std::uint64_t kSpinBelowNs = 200'000;
-  std::uint64_t now = NowNs();
+  std::uint64_t now = SteadyNanos();
   if (now >= deadline_ns) return;
   if (deadline_ns - now > kSpinBelowNs) {
     std::this_thread::sleep_for(std::chrono::nanoseconds(deadline_ns - now - kSpinBelowNs / 2));
   }
-  while (NowNs() < deadline_ns) {
+  while (SteadyNanos() < deadline_ns) {
   }
 }
 
@@ -52,6 +47,7 @@ EmulatedHbmTier::EmulatedHbmTier(const HbmTierOptions& options, std::unique_ptr<
   caps_.name = "hbm";
   caps_.emulated = true;
   caps_.memory = MemoryKind::kHost;
+  caps_.reserves = false;  // every write goes through Put, which charges the link model
 }
 
 std::uint64_t EmulatedHbmTier::LinkNanos(std::uint64_t bytes) const {
@@ -67,21 +63,21 @@ void EmulatedHbmTier::ChargeLink(std::uint64_t start_ns, std::uint64_t bytes) {
 }
 
 Status EmulatedHbmTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   Status st = host_->Put(key, desc, data);
   if (!st.ok()) return st;
   ChargeLink(t0, data.size());
-  latency_.write_latency.Record(NowNs() - t0);
+  latency_.write_latency.Record(SteadyNanos() - t0);
   return st;
 }
 
 Status EmulatedHbmTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   BlockDesc got;
   Status st = host_->Get(key, out, &got);
   if (!st.ok()) return st;
   ChargeLink(t0, got.size);
-  latency_.read_latency.Record(NowNs() - t0);
+  latency_.read_latency.Record(SteadyNanos() - t0);
   if (desc) *desc = got;
   return st;
 }

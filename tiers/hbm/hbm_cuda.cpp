@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "tiers/host/block_arena.h"
 #include "tiers/host/fast_checksum.h"
 
@@ -21,11 +22,6 @@ namespace terrace::tiers {
 namespace {
 
 constexpr std::size_t kStageBytes = 8 * 1024 * 1024;  // per staging buffer; two per stream
-
-std::uint64_t NowNs() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch()).count());
-}
 
 Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return Status::Ok();
@@ -106,7 +102,7 @@ class CudaHbmTier final : public Tier {
       return Status::InvalidArgument(fmt::format("hbm tier: put of block {}: desc.size {} != data size {}",
                                                  key.ToString(), desc.size, data.size()));
     }
-    const std::uint64_t t0 = NowNs();
+    const std::uint64_t t0 = SteadyNanos();
     TERRACE_ASSIGN_OR_RETURN(BlockArena::Ticket t, arena_.BeginWrite(key, desc));
     Status st = desc.size ? CopyIn(base_ + arena_.ByteOffset(t.extent), data) : Status::Ok();
     if (!st.ok()) {
@@ -117,12 +113,12 @@ class CudaHbmTier final : public Tier {
     TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
     counters_.Add(counters_.puts);
     counters_.Add(counters_.bytes_written, desc.size);
-    counters_.write_latency.Record(NowNs() - t0);
+    counters_.write_latency.Record(SteadyNanos() - t0);
     return Status::Ok();
   }
 
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
-    const std::uint64_t t0 = NowNs();
+    const std::uint64_t t0 = SteadyNanos();
     auto r = arena_.BeginRead(key);
     if (!r.ok()) {
       counters_.Add(counters_.misses);
@@ -150,7 +146,7 @@ class CudaHbmTier final : public Tier {
     if (desc) *desc = t.desc;
     counters_.Add(counters_.hits);
     counters_.Add(counters_.bytes_read, t.desc.size);
-    counters_.read_latency.Record(NowNs() - t0);
+    counters_.read_latency.Record(SteadyNanos() - t0);
     return Status::Ok();
   }
 

@@ -1,5 +1,6 @@
 #include "tiers/host/host_tier.h"
 
+#include "src/common/clock.h"
 #include "tiers/host/fast_checksum.h"
 
 #include <algorithm>
@@ -13,11 +14,6 @@ namespace terrace {
 namespace {
 
 constexpr std::uint64_t kPageBytes = 4096;
-
-std::uint64_t NowNs() {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-}
 
 }  // namespace
 
@@ -49,6 +45,7 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.name = "host";
   caps_.memory = MemoryKind::kHost;
   caps_.verifies_gets = true;  // Get: fused copy + checksum of the caller's bytes
+  caps_.reserves = true;
   caps_.capacity_bytes = arena_.capacity_bytes();
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();
@@ -79,18 +76,18 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
                                                "build the desc with DescribeBlock(data)",
                                                key.ToString(), desc.size, data.size()));
   }
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
   if (desc.size > 0) std::memcpy(Address(t.extent), data.data(), desc.size);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
-  counters_.write_latency.Record(NowNs() - t0);
+  counters_.write_latency.Record(SteadyNanos() - t0);
   return Status::Ok();
 }
 
 Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
-  const std::uint64_t t0 = NowNs();
+  const std::uint64_t t0 = SteadyNanos();
   auto r = arena_.BeginRead(key);
   if (!r.ok()) {
     counters_.Add(counters_.misses);
@@ -116,11 +113,41 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
   if (desc) *desc = t.desc;
   counters_.Add(counters_.hits);
   counters_.Add(counters_.bytes_read, t.desc.size);
-  counters_.read_latency.Record(NowNs() - t0);
+  counters_.read_latency.Record(SteadyNanos() - t0);
   return Status::Ok();
 }
 
 Status HostTier::Erase(const BlockKey& key) { return arena_.Erase(key); }
+
+namespace {
+// A reservation's token: the arena ticket's slot and extent.
+tiers::BlockArena::Ticket TicketOf(const Reservation& r, const BlockDesc& desc) {
+  tiers::BlockArena::Ticket t;
+  t.slot = static_cast<std::uint32_t>(r.token[0]);
+  t.extent.chunk = static_cast<std::uint32_t>(r.token[1] >> 32);
+  t.extent.page = static_cast<std::uint32_t>(r.token[1]);
+  t.extent.pages = static_cast<std::uint32_t>(r.token[2]);
+  t.desc = desc;
+  return t;
+}
+}  // namespace
+
+Result<Reservation> HostTier::Reserve(const BlockKey& key, const BlockDesc& desc) {
+  TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
+  Reservation r;
+  r.token = {t.slot, (std::uint64_t{t.extent.chunk} << 32) | t.extent.page, t.extent.pages};
+  if (t.extent.pages > 0) r.bytes = {Address(t.extent), std::uint64_t{t.extent.pages} * kPageBytes};
+  return r;
+}
+
+Status HostTier::Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
+  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, TicketOf(r, desc)));
+  counters_.Add(counters_.puts);
+  counters_.Add(counters_.bytes_written, desc.size);
+  return Status::Ok();
+}
+
+void HostTier::Abort(const Reservation& r) { arena_.AbortWrite(TicketOf(r, {})); }
 
 const std::byte* HostTier::ResidentPtr(const BlockKey& key) const {
   auto e = arena_.Locate(key);

@@ -41,6 +41,10 @@ class HostTier final : public Tier {
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return arena_.Lookup(key); }
   Status Erase(const BlockKey& key) override;
+  // Reserve hands out the block's page-aligned arena extent (whole pages); Commit publishes it.
+  Result<Reservation> Reserve(const BlockKey& key, const BlockDesc& desc) override;
+  Status Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) override;
+  void Abort(const Reservation& r) override;
   Status Pin(const BlockKey& key) override { return arena_.Pin(key); }
   Status Unpin(const BlockKey& key) override { return arena_.Unpin(key); }
   const std::byte* ResidentPtr(const BlockKey& key) const override;

@@ -8,7 +8,6 @@
 
 #include <sys/uio.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,6 +15,7 @@
 #include <span>
 #include <string_view>
 
+#include "src/common/clock.h"
 #include "terrace/status.h"
 
 namespace terrace::nvme {
@@ -33,12 +33,6 @@ struct IoRequest {
 };
 
 // Called on the submitting thread when request `index` of the span completes.
-inline std::uint64_t SteadyNanos() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 using IoCompletion = std::function<void(std::size_t index)>;
 
 class IoEngine {

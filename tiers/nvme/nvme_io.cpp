@@ -15,7 +15,7 @@ using nvme::IoRequest;
 using nvme::kUnit;
 
 void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
-                          std::vector<Chunk>* out) const {
+                          std::uint64_t room, std::vector<Chunk>* out) const {
   const std::uint64_t max = staging_->buffer_bytes();
   if (len == 0) return;
   for (std::uint64_t done = 0; done < len;) {
@@ -26,7 +26,7 @@ void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* 
     c.user = user + done;
     c.len = static_cast<std::uint32_t>(n);
     c.io_len = static_cast<std::uint32_t>(nvme::RoundUp(n, kUnit));
-    c.staged = reinterpret_cast<std::uintptr_t>(c.user) % kUnit != 0 || n % kUnit != 0;
+    c.staged = reinterpret_cast<std::uintptr_t>(c.user) % kUnit != 0 || (n % kUnit != 0 && done + c.io_len > room);
     out->push_back(c);
     done += n;
   }
@@ -72,6 +72,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
         int b = bufs[used++];
         r.buf = staging_->data(b);
         r.buf_index = b;
+        staged_ios_.fetch_add(1, std::memory_order_relaxed);
         if (op == IoOp::kWrite) {
           std::memcpy(r.buf, c.user, c.len);
           std::memset(r.buf + c.len, 0, c.io_len - c.len);
@@ -89,7 +90,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
     nvme::RunToCompletion(*engine_, reqs, [&](std::size_t k, int err) {
       Chunk& c = chunks[req_chunk[k]];
       (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency)
-          .Record(nvme::SteadyNanos() - reqs[k].submit_ns);
+          .Record(SteadyNanos() - reqs[k].submit_ns);
       if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.user, staging_->data(req_buf[k]), c.len);
       done(req_chunk[k], err);
     });

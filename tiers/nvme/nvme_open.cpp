@@ -81,6 +81,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks)
   caps_.persistent = true;
   caps_.memory = MemoryKind::kNone;
   caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
+  caps_.io_alignment = static_cast<std::uint32_t>(kUnit);  // aligned reads with room for the rounded tail: no staging
   SetCapacity(options.capacity_bytes);
   sb_unit_.reset(static_cast<std::byte*>(std::aligned_alloc(kUnit, nvme::kSuperblockBytes)));
   if (sb_unit_) std::memset(sb_unit_.get(), 0, nvme::kSuperblockBytes);

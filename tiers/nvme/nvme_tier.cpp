@@ -141,7 +141,8 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (!allocated[i]) continue;
     std::size_t before = chunks.size();
-    PlanChunks(i, offsets[i], const_cast<std::byte*>(ops[i].data.data()), ops[i].data.size(), &chunks);
+    PlanChunks(i, offsets[i], const_cast<std::byte*>(ops[i].data.data()), ops[i].data.size(), ops[i].data.size(),
+               &chunks);
     nvme::Descriptor d;
     d.uuid = uuid;
     d.key = ops[i].key;
@@ -261,7 +262,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
       if (!reading[i] || !st[i].ok() || (pass == 1 && !bad[i])) continue;
       bad[i] = false;
       std::size_t before = chunks.size();
-      PlanChunks(i, recs[i].offset, ops[i].out.data(), recs[i].length, &chunks);
+      PlanChunks(i, recs[i].offset, ops[i].out.data(), recs[i].length, ops[i].out.size(), &chunks);
       pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
       if (pending[i] == 0) bad[i] = Checksum(ops[i].out.first(0)) != recs[i].checksum;
     }
@@ -426,8 +427,6 @@ std::uint64_t NvmeTier::free_bytes() const {
   return alloc_->free_bytes();
 }
 
-std::uint64_t NvmeTier::group_commits() const { return committer_ ? committer_->commits() : 0; }
-
 bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
 
 void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
@@ -443,8 +442,9 @@ TierStatsSnapshot NvmeTier::Stats() const {
   s.used_bytes = used_bytes_;
   s.blocks = map_.size();
   std::lock_guard<std::mutex> r(reg_mu_);
-  s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions)",
-                         engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size());
+  s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}",
+                         engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size(),
+                         staged_ios_.load(std::memory_order_relaxed));
   if (options_.read_only) s.detail += "; read-only";
   for (const std::string& w : report_.warnings) s.detail += "; warning: " + w;
   return s;

@@ -36,6 +36,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -180,14 +181,11 @@ class NvmeTier final : public Tier {
 
   const RecoveryReport& recovery_report() const { return report_; }
   bool read_only() const { return options_.read_only; }
-  const std::filesystem::path& index_path() const { return index_path_; }
-  std::string store_uuid() const { return sb_.UuidString(); }
-  bool direct_io() const { return direct_; }      // false: the file system refused O_DIRECT
   bool fixed_buffers() const;                      // staging buffers registered with io_uring
   std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
-  std::uint64_t group_commits() const;
-  const std::filesystem::path& data_path() const { return data_path_; }
-  nvme::IoEngine& engine() { return *engine_; }
+  // I/Os that went through a staging buffer (unaligned memory, or a tail without room): each one
+  // is a copy; a Get into aligned memory with room for the rounded-up tail needs none.
+  std::uint64_t staged_ios() const { return staged_ios_.load(std::memory_order_relaxed); }
 
  private:
   struct Entry {
@@ -240,7 +238,9 @@ class NvmeTier final : public Tier {
   std::string RecoverAdvice() const;  // "run `terrace store recover --dir D [--index-dir I]`"
   Status WithRecoverAdvice(Status s) const;  // a Corruption gains RecoverAdvice()
   // nvme_io.cpp
-  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
+  // Splits `len` bytes at `user` into chunks; `room` (>= len) is how many bytes the caller's
+  // memory at `user` holds, so a read whose tail rounds up past len into that room needs no staging.
+  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len, std::uint64_t room,
                   std::vector<Chunk>* out) const;
   void RunChunks(nvme::IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done);
   int ExternalBufferIndex(const std::byte* p, std::size_t len) const;
@@ -285,6 +285,7 @@ class NvmeTier final : public Tier {
   std::uint64_t used_bytes_ = 0;                            // guarded by mu_
   std::uint64_t next_generation_ = 1;                       // guarded by mu_
   mutable TierCounters counters_;
+  std::atomic<std::uint64_t> staged_ios_{0};  // I/Os that went through a staging buffer (a copy)
 };
 
 }  // namespace terrace
