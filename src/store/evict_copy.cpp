@@ -11,7 +11,8 @@ Status Store::EvictCopy(const BlockKey& key, TierId tier) { return impl_->EvictC
 namespace store_internal {
 
 Status StoreImpl::EvictCopy(const BlockKey& key, TierId tier) {
-  if (!tiers_[Idx(tier)]) {
+  const int s = SlotOf(tier);
+  if (s < 0) {
     return Status::InvalidArgument(
         fmt::format("evict {} from tier {}: the tier is not configured", key.ToString(), TierName(tier)));
   }
@@ -19,24 +20,22 @@ Status StoreImpl::EvictCopy(const BlockKey& key, TierId tier) {
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
-    if (it == entries_.end() || !(it->second.mask & Bit(tier))) {
-      return Status::NotFound(fmt::format("evict {}: tier {} holds no copy of it", key.ToString(), TierName(tier)));
+    if (it == entries_.end() || !(it->second.mask & Bit(s))) {
+      return Status::NotFound(fmt::format("evict {}: tier {} holds no copy of it", key.ToString(), SlotName(s)));
     }
-    if (it->second.PinnedIn(tier)) {
+    if (it->second.PinnedIn(s)) {
       return Status::InvalidArgument(fmt::format(
           "evict {} from tier {}: the block is pinned there (by Pin or a live BlockHandle); release it first",
-          key.ToString(), TierName(tier)));
+          key.ToString(), SlotName(s)));
     }
-    std::uint8_t below = 0;
-    for (int i = Idx(tier) + 1; i < kNumTiers; ++i) below |= Bit(TierAt(i));
-    if (!(it->second.mask & below)) {
+    if (!(it->second.mask & Below(s))) {
       return Status::InvalidArgument(fmt::format(
           "evict {} from tier {}: it is the lowest copy of the block; EvictCopy never drops the last copy "
-          "(use Erase to remove the block)", key.ToString(), TierName(tier)));
+          "(use Erase to remove the block)", key.ToString(), SlotName(s)));
     }
   }
   // A copy exists below, so EvictLocked drops this one without a demotion write.
-  return EvictLocked(tier, key);
+  return EvictLocked(s, key);
 }
 
 }  // namespace store_internal
