@@ -99,6 +99,7 @@ class Model {
   ModelConfig config_;
   std::shared_ptr<ExpertProvider> experts_;
   Tensor embed_, final_norm_, lm_head_, out_res_w_, out_res_n_;
+  std::vector<std::uint16_t> lm_head_bf16_;  // lm_head's bf16 bits when stored as BF16 (one-row GEMV)
   std::vector<std::unique_ptr<LayerWeights>> layers_;
 };
 

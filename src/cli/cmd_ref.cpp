@@ -20,6 +20,7 @@
 #include "src/model/mla.h"
 #include "src/model/moe.h"
 #include "src/model/mxfp4.h"
+#include "src/model/mxfp4_matmul.h"
 #include "src/model/safetensors.h"
 
 namespace terrace::cli {
@@ -136,7 +137,14 @@ Status RefMxfp4(const RefArgs& a) {
   };
   TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
   SafetensorsWriter w;
-  return WriteOutputs(a.out, {{"weight", &out}}, &w);
+  if (!src.Has("input")) return WriteOutputs(a.out, {{"weight", &out}}, &w);
+  // With an input x [T, C]: also output = x W^T by the fused MXFP4 kernel (what the MoE runs).
+  TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "input", {-1, C}));
+  const Mxfp4Matrix q{u8(packed.data).data(), u8(scale.data).data(), R, C};
+  TERRACE_RETURN_IF_ERROR(ValidateMxfp4(q, "weight_packed"));
+  Tensor y({x.dim(0), R});
+  Mxfp4Linear(q, x.ptr(), x.dim(0), y.ptr());
+  return WriteOutputs(a.out, {{"weight", &out}, {"output", &y}}, &w);
 }
 
 Status RefAttnRes(const RefArgs& a) {
@@ -328,7 +336,7 @@ void RegisterRef(CLI::App& app, Runner* run) {
   AddDoubleOption(moe, "--situ-linear-beta", &args->situ_linear_beta, -1e6, 1e6,
                   "activation_situ_linear_beta (default 25)");
   AddDoubleOption(moe, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon for the latent norm (default 1e-5)");
-  add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]", RefMxfp4);
+  add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]; with input F32 [T, C] also output = input weight^T (the fused MXFP4 kernel)", RefMxfp4);
 }
 
 }  // namespace terrace::cli

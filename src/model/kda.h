@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 
+#include "src/model/ops.h"
 #include "src/model/tensor.h"
 #include "terrace/status.h"
 
@@ -35,16 +36,16 @@ void KdaChunked(const KdaCoreArgs& args, float* state, float* o, std::int64_t ch
 
 // One KDA layer's weights as fp32 (converted at load). Linear weights are [out, in].
 struct KdaWeights {
-  Tensor q_proj, k_proj, v_proj;   // [H*K, d], [H*K, d], [H*V, d]
+  Weight q_proj, k_proj, v_proj;   // [H*K, d], [H*K, d], [H*V, d]
   Tensor q_conv, k_conv, v_conv;   // [channels, 1, kernel]
-  Tensor f_a, f_b;                 // gate low rank: [K, d], [H*K, K]
-  Tensor b_proj;                   // [H, d]
+  Weight f_a, f_b;                 // gate low rank: [K, d], [H*K, K]
+  Weight b_proj;                   // [H, d]
   Tensor a_log;                    // [H] (or longer; the first H values are used)
   Tensor dt_bias;                  // [H*K] (or [H], broadcast over K)
-  Tensor g_proj;                   // full-rank output gate [H*V, d]
-  Tensor g_a, g_b;                 // low-rank output gate [V, d], [H*V, V] (use_full_rank_gate = false)
+  Weight g_proj;                   // full-rank output gate [H*V, d]
+  Weight g_a, g_b;                 // low-rank output gate [V, d], [H*V, V] (use_full_rank_gate = false)
   Tensor o_norm;                   // [V]
-  Tensor o_proj;                   // [d, H*V]
+  Weight o_proj;                   // [d, H*V]
 };
 
 struct KdaDims {

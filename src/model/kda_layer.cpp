@@ -78,9 +78,9 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   std::vector<float> q(n(T * C)), k(n(T * C)), v(n(T * C)), g(n(T * C)), beta(n(T * H)), o(n(T * C));
   std::vector<float> low(n(T * K)), gate(n(T * C));
-  ops::Linear(x, T, d, w.q_proj.ptr(), C, q.data());
-  ops::Linear(x, T, d, w.k_proj.ptr(), C, k.data());
-  ops::Linear(x, T, d, w.v_proj.ptr(), C, v.data());
+  ops::Linear(x, T, d, w.q_proj, C, q.data());
+  ops::Linear(x, T, d, w.k_proj, C, k.data());
+  ops::Linear(x, T, d, w.v_proj, C, v.data());
   const std::int64_t width = 3 * C;
   ShortConvSilu(q.data(), T, C, w.q_conv.ptr(), dims.kernel, conv.data(), width, 0);
   ShortConvSilu(k.data(), T, C, w.k_conv.ptr(), dims.kernel, conv.data(), width, C);
@@ -91,11 +91,11 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
     ops::L2NormalizeInPlace(&k[n(r * K)], K);
     for (std::int64_t i = 0; i < K; ++i) q[n(r * K + i)] *= scale;
   }
-  ops::Linear(x, T, d, w.b_proj.ptr(), H, beta.data());
+  ops::Linear(x, T, d, w.b_proj, H, beta.data());
   for (float& b : beta) b = ops::Sigmoid(b);
   // Decay gate: raw = f_b(f_a(x)); bounded lb * sigmoid(exp(A) (raw + dt)) or -exp(A) softplus(raw + dt).
-  ops::Linear(x, T, d, w.f_a.ptr(), K, low.data());
-  ops::Linear(low.data(), T, K, w.f_b.ptr(), C, g.data());
+  ops::Linear(x, T, d, w.f_a, K, low.data());
+  ops::Linear(low.data(), T, K, w.f_b, C, g.data());
   const bool per_channel_dt = w.dt_bias.numel() == C;
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t h = 0; h < H; ++h) {
@@ -115,13 +115,13 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
   }
   ops::RmsNorm(o.data(), T * H, K, w.o_norm.ptr(), dims.rms_eps, o.data());
   if (dims.full_rank_gate) {
-    ops::Linear(x, T, d, w.g_proj.ptr(), C, gate.data());
+    ops::Linear(x, T, d, w.g_proj, C, gate.data());
   } else {
-    ops::Linear(x, T, d, w.g_a.ptr(), K, low.data());
-    ops::Linear(low.data(), T, K, w.g_b.ptr(), C, gate.data());
+    ops::Linear(x, T, d, w.g_a, K, low.data());
+    ops::Linear(low.data(), T, K, w.g_b, C, gate.data());
   }
   for (std::size_t i = 0; i < o.size(); ++i) o[i] *= ops::Sigmoid(gate[i]);
-  ops::Linear(o.data(), T, C, w.o_proj.ptr(), d, out);
+  ops::Linear(o.data(), T, C, w.o_proj, d, out);
 }
 
 }  // namespace terrace::model

@@ -49,17 +49,17 @@ void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int6
   std::vector<float> q(n(T * H * QK));
   if (m.q_lora > 0) {
     std::vector<float> cq(n(T * m.q_lora));
-    ops::Linear(x, T, d, w.q_a.ptr(), m.q_lora, cq.data());
+    ops::Linear(x, T, d, w.q_a, m.q_lora, cq.data());
     ops::RmsNorm(cq.data(), T, m.q_lora, w.q_a_norm.ptr(), m.rms_eps, cq.data());
-    ops::Linear(cq.data(), T, m.q_lora, w.q_b.ptr(), H * QK, q.data());
+    ops::Linear(cq.data(), T, m.q_lora, w.q_b, H * QK, q.data());
   } else {
-    ops::Linear(x, T, d, w.q_proj.ptr(), H * QK, q.data());
+    ops::Linear(x, T, d, w.q_proj, H * QK, q.data());
   }
   // New latents: [c_KV | k_pe], c_KV RMS-normalised, appended to the cache.
   const std::int64_t past = static_cast<std::int64_t>(cache->size()) / W;
   cache->resize(n((past + T) * W));
   float* fresh = cache->data() + past * W;
-  ops::Linear(x, T, d, w.kv_a.ptr(), W, fresh);
+  ops::Linear(x, T, d, w.kv_a, W, fresh);
   for (std::int64_t t = 0; t < T; ++t) ops::RmsNorm(fresh + t * W, 1, R, w.kv_a_norm.ptr(), m.rms_eps, fresh + t * W);
   const std::int64_t N = past + T;
   const float* C = cache->data();  // c_KV at column 0, k_pe at column R, leading dimension W
@@ -91,10 +91,10 @@ void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int6
   }
   if (m.output_gate) {
     std::vector<float> gate(o.size());
-    ops::Linear(x, T, d, w.g_proj.ptr(), H * m.v, gate.data());
+    ops::Linear(x, T, d, w.g_proj, H * m.v, gate.data());
     for (std::size_t i = 0; i < o.size(); ++i) o[i] *= ops::Sigmoid(gate[i]);
   }
-  ops::Linear(o.data(), T, H * m.v, w.o_proj.ptr(), d, out);
+  ops::Linear(o.data(), T, H * m.v, w.o_proj, d, out);
 }
 
 }  // namespace terrace::model

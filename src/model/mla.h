@@ -10,19 +10,21 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model/ops.h"
 #include "src/model/tensor.h"
 #include "terrace/status.h"
 
 namespace terrace::model {
 
 struct MlaWeights {              // linear weights are [out, in]
-  Tensor q_a, q_a_norm, q_b;     // q_lora path: [q_lora, d], [q_lora], [H*(nope+rope), q_lora]
-  Tensor q_proj;                 // plain path (q_lora_rank null): [H*(nope+rope), d]
-  Tensor kv_a;                   // kv_a_proj_with_mqa [kv_lora + rope, d]
+  Weight q_a, q_b;               // q_lora path: [q_lora, d], [H*(nope+rope), q_lora]
+  Tensor q_a_norm;               // q_lora path: [q_lora]
+  Weight q_proj;                 // plain path (q_lora_rank null): [H*(nope+rope), d]
+  Weight kv_a;                   // kv_a_proj_with_mqa [kv_lora + rope, d]
   Tensor kv_a_norm;              // [kv_lora]
   Tensor kv_b;                   // [H*(nope+v), kv_lora], per head k_nope rows first
-  Tensor o_proj;                 // [d, H*v]
-  Tensor g_proj;                 // output gate [H*v, d] (mla_use_output_gate)
+  Weight o_proj;                 // [d, H*v]
+  Weight g_proj;                 // output gate [H*v, d] (mla_use_output_gate)
 };
 
 struct MlaDims {

@@ -176,7 +176,11 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
   const std::int64_t rows = T - first;
   ops::RmsNorm(h.data() + first * d, rows, d, final_norm_.ptr(), config_.rms_norm_eps, normed.data());
   Tensor logits({rows, static_cast<std::int64_t>(config_.vocab_size)});
-  ops::Linear(normed.data(), rows, d, lm_head_.ptr(), config_.vocab_size, logits.ptr());
+  if (rows == 1 && !lm_head_bf16_.empty()) {
+    ops::Bf16Gemv(normed.data(), d, lm_head_bf16_.data(), config_.vocab_size, logits.ptr(), false);
+  } else {
+    ops::Linear(normed.data(), rows, d, lm_head_.ptr(), config_.vocab_size, logits.ptr());
+  }
   return logits;
 }
 

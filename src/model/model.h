@@ -22,7 +22,7 @@ struct LayerWeights {
   Tensor attn_res_w, attn_res_n, mlp_res_w, mlp_res_n;  // [1, d] / [d] (attn_res_block_size > 0)
   KdaWeights kda;
   MlaWeights mla;
-  Tensor mlp_gate, mlp_up, mlp_down;             // dense SiTU-GLU (dense layers)
+  Weight mlp_gate, mlp_up, mlp_down;             // dense SiTU-GLU (dense layers)
   MoeWeights moe;
 };
 

@@ -1,5 +1,6 @@
 // Model::Load: reads every dense weight through the WeightSource and converts it to fp32 once.
 #include <cmath>
+#include <cstring>
 #include <new>
 
 #include <fmt/format.h>
@@ -26,6 +27,17 @@ class Loader {
     TERRACE_RETURN_IF_ERROR(CheckFinite(t, name));
     return t;
   }
+  // Get, keeping a BF16 tensor's bits too (Weight::bf16: what decode's GEMV reads).
+  Result<Weight> GetWeight(const std::string& name, std::vector<std::int64_t> shape) const {
+    TERRACE_ASSIGN_OR_RETURN(Tensor t, Get(name, std::move(shape)));
+    Weight w(std::move(t));
+    TERRACE_ASSIGN_OR_RETURN(TensorView view, src_.Get(name));
+    if (view.dtype == DType::kBF16 && view.data.size() == w.data.size() * 2) {
+      w.bf16.resize(w.data.size());
+      std::memcpy(w.bf16.data(), view.data.data(), view.data.size());  // little-endian, as safetensors stores it
+    }
+    return w;
+  }
 
  private:
   const WeightSource& src_;
@@ -34,26 +46,26 @@ class Loader {
 Status LoadKda(const Loader& ld, const ModelConfig& c, int l, KdaWeights* w) {
   const std::int64_t d = c.hidden_size, H = c.kda.num_heads, K = c.kda.head_dim, C = H * K;
   const auto a = [l](std::string_view s) { return AttnTensorName(l, s); };
-  TERRACE_ASSIGN_OR_RETURN(w->q_proj, ld.Get(a("q_proj.weight"), {C, d}));
-  TERRACE_ASSIGN_OR_RETURN(w->k_proj, ld.Get(a("k_proj.weight"), {C, d}));
-  TERRACE_ASSIGN_OR_RETURN(w->v_proj, ld.Get(a("v_proj.weight"), {C, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->q_proj, ld.GetWeight(a("q_proj.weight"), {C, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->k_proj, ld.GetWeight(a("k_proj.weight"), {C, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->v_proj, ld.GetWeight(a("v_proj.weight"), {C, d}));
   const std::int64_t kern = c.kda.short_conv_kernel_size;
   TERRACE_ASSIGN_OR_RETURN(w->q_conv, ld.Get(a("q_conv1d.weight"), {C, 1, kern}));
   TERRACE_ASSIGN_OR_RETURN(w->k_conv, ld.Get(a("k_conv1d.weight"), {C, 1, kern}));
   TERRACE_ASSIGN_OR_RETURN(w->v_conv, ld.Get(a("v_conv1d.weight"), {C, 1, kern}));
-  TERRACE_ASSIGN_OR_RETURN(w->f_a, ld.Get(a("f_a_proj.weight"), {K, d}));
-  TERRACE_ASSIGN_OR_RETURN(w->f_b, ld.Get(a("f_b_proj.weight"), {C, K}));
-  TERRACE_ASSIGN_OR_RETURN(w->b_proj, ld.Get(a("b_proj.weight"), {H, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->f_a, ld.GetWeight(a("f_a_proj.weight"), {K, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->f_b, ld.GetWeight(a("f_b_proj.weight"), {C, K}));
+  TERRACE_ASSIGN_OR_RETURN(w->b_proj, ld.GetWeight(a("b_proj.weight"), {H, d}));
   TERRACE_ASSIGN_OR_RETURN(w->a_log, ld.Get(a("A_log"), {H}));
   TERRACE_ASSIGN_OR_RETURN(w->dt_bias, ld.Get(a("dt_bias"), {C}));
   if (c.kda.use_full_rank_gate) {
-    TERRACE_ASSIGN_OR_RETURN(w->g_proj, ld.Get(a("g_proj.weight"), {C, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->g_proj, ld.GetWeight(a("g_proj.weight"), {C, d}));
   } else {
-    TERRACE_ASSIGN_OR_RETURN(w->g_a, ld.Get(a("g_a_proj.weight"), {K, d}));
-    TERRACE_ASSIGN_OR_RETURN(w->g_b, ld.Get(a("g_b_proj.weight"), {C, K}));
+    TERRACE_ASSIGN_OR_RETURN(w->g_a, ld.GetWeight(a("g_a_proj.weight"), {K, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->g_b, ld.GetWeight(a("g_b_proj.weight"), {C, K}));
   }
   TERRACE_ASSIGN_OR_RETURN(w->o_norm, ld.Get(a("o_norm.weight"), {K}));
-  TERRACE_ASSIGN_OR_RETURN(w->o_proj, ld.Get(a("o_proj.weight"), {d, C}));
+  TERRACE_ASSIGN_OR_RETURN(w->o_proj, ld.GetWeight(a("o_proj.weight"), {d, C}));
   return Status::Ok();
 }
 
@@ -61,18 +73,18 @@ Status LoadMla(const Loader& ld, const ModelConfig& c, const MlaDims& m, int l, 
   const std::int64_t d = c.hidden_size, H = m.heads;
   const auto a = [l](std::string_view s) { return AttnTensorName(l, s); };
   if (m.q_lora > 0) {
-    TERRACE_ASSIGN_OR_RETURN(w->q_a, ld.Get(a("q_a_proj.weight"), {m.q_lora, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->q_a, ld.GetWeight(a("q_a_proj.weight"), {m.q_lora, d}));
     TERRACE_ASSIGN_OR_RETURN(w->q_a_norm, ld.Get(a("q_a_layernorm.weight"), {m.q_lora}));
-    TERRACE_ASSIGN_OR_RETURN(w->q_b, ld.Get(a("q_b_proj.weight"), {H * m.QkDim(), m.q_lora}));
+    TERRACE_ASSIGN_OR_RETURN(w->q_b, ld.GetWeight(a("q_b_proj.weight"), {H * m.QkDim(), m.q_lora}));
   } else {
-    TERRACE_ASSIGN_OR_RETURN(w->q_proj, ld.Get(a("q_proj.weight"), {H * m.QkDim(), d}));
+    TERRACE_ASSIGN_OR_RETURN(w->q_proj, ld.GetWeight(a("q_proj.weight"), {H * m.QkDim(), d}));
   }
-  TERRACE_ASSIGN_OR_RETURN(w->kv_a, ld.Get(a("kv_a_proj_with_mqa.weight"), {m.CacheWidth(), d}));
+  TERRACE_ASSIGN_OR_RETURN(w->kv_a, ld.GetWeight(a("kv_a_proj_with_mqa.weight"), {m.CacheWidth(), d}));
   TERRACE_ASSIGN_OR_RETURN(w->kv_a_norm, ld.Get(a("kv_a_layernorm.weight"), {m.kv_lora}));
   TERRACE_ASSIGN_OR_RETURN(w->kv_b, ld.Get(a("kv_b_proj.weight"), {H * (m.nope + m.v), m.kv_lora}));
-  TERRACE_ASSIGN_OR_RETURN(w->o_proj, ld.Get(a("o_proj.weight"), {d, H * m.v}));
+  TERRACE_ASSIGN_OR_RETURN(w->o_proj, ld.GetWeight(a("o_proj.weight"), {d, H * m.v}));
   if (m.output_gate) {
-    TERRACE_ASSIGN_OR_RETURN(w->g_proj, ld.Get(a("g_proj.weight"), {H * m.v, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->g_proj, ld.GetWeight(a("g_proj.weight"), {H * m.v, d}));
   }
   return Status::Ok();
 }
@@ -80,13 +92,13 @@ Status LoadMla(const Loader& ld, const ModelConfig& c, const MlaDims& m, int l, 
 Status LoadMoe(const Loader& ld, const WeightSource& src, const ModelConfig& c, const MoeDims& m, int l, MoeWeights* w) {
   const std::int64_t d = c.hidden_size;
   const auto a = [l](std::string_view s) { return MoeTensorName(l, s); };
-  TERRACE_ASSIGN_OR_RETURN(w->router, ld.Get(a("gate.weight"), {m.experts, d}));
+  TERRACE_ASSIGN_OR_RETURN(w->router, ld.GetWeight(a("gate.weight"), {m.experts, d}));
   if (src.Has(a("gate.e_score_correction_bias"))) {
     TERRACE_ASSIGN_OR_RETURN(w->bias, ld.Get(a("gate.e_score_correction_bias"), {m.experts}));
   }
   if (m.HasLatentProjection()) {
-    TERRACE_ASSIGN_OR_RETURN(w->down, ld.Get(a("routed_expert_down_proj.weight"), {m.latent, d}));
-    TERRACE_ASSIGN_OR_RETURN(w->up, ld.Get(a("routed_expert_up_proj.weight"), {d, m.latent}));
+    TERRACE_ASSIGN_OR_RETURN(w->down, ld.GetWeight(a("routed_expert_down_proj.weight"), {m.latent, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->up, ld.GetWeight(a("routed_expert_up_proj.weight"), {d, m.latent}));
   }
   if (m.latent_norm) {
     TERRACE_ASSIGN_OR_RETURN(w->latent_norm, ld.Get(a("routed_expert_norm.weight"), {m.latent}));
@@ -95,9 +107,9 @@ Status LoadMoe(const Loader& ld, const WeightSource& src, const ModelConfig& c, 
     const std::int64_t is = c.shared_expert_intermediate_size > 0
                                 ? c.shared_expert_intermediate_size
                                 : static_cast<std::int64_t>(c.num_shared_experts) * c.moe_intermediate_size;
-    TERRACE_ASSIGN_OR_RETURN(w->shared_gate, ld.Get(a("shared_experts.gate_proj.weight"), {is, d}));
-    TERRACE_ASSIGN_OR_RETURN(w->shared_up, ld.Get(a("shared_experts.up_proj.weight"), {is, d}));
-    TERRACE_ASSIGN_OR_RETURN(w->shared_down, ld.Get(a("shared_experts.down_proj.weight"), {d, is}));
+    TERRACE_ASSIGN_OR_RETURN(w->shared_gate, ld.GetWeight(a("shared_experts.gate_proj.weight"), {is, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->shared_up, ld.GetWeight(a("shared_experts.up_proj.weight"), {is, d}));
+    TERRACE_ASSIGN_OR_RETURN(w->shared_down, ld.GetWeight(a("shared_experts.down_proj.weight"), {d, is}));
   }
   return Status::Ok();
 }
@@ -171,10 +183,11 @@ Result<std::unique_ptr<Model>> Model::LoadImpl(const ModelConfig& config, const 
   const std::int64_t d = config.hidden_size, V = config.vocab_size;
   TERRACE_ASSIGN_OR_RETURN(m->embed_, ld.Get(std::string(kEmbed), {V, d}));
   TERRACE_ASSIGN_OR_RETURN(m->final_norm_, ld.Get(std::string(kFinalNorm), {d}));
-  if (config.tie_word_embeddings) {
-    m->lm_head_ = m->embed_;
-  } else {
-    TERRACE_ASSIGN_OR_RETURN(m->lm_head_, ld.Get(std::string(kLmHead), {V, d}));
+  {
+    TERRACE_ASSIGN_OR_RETURN(Weight head,
+                             ld.GetWeight(std::string(config.tie_word_embeddings ? kEmbed : kLmHead), {V, d}));
+    m->lm_head_bf16_ = std::move(head.bf16);
+    m->lm_head_ = std::move(static_cast<Tensor&>(head));
   }
   const bool attn_res = config.attn_res_block_size > 0;
   if (attn_res) {
@@ -202,9 +215,9 @@ Result<std::unique_ptr<Model>> Model::LoadImpl(const ModelConfig& config, const 
     }
     if (lw.dense) {
       const std::int64_t I = config.intermediate_size;
-      TERRACE_ASSIGN_OR_RETURN(lw.mlp_gate, ld.Get(DenseMlpTensorName(l, "gate_proj"), {I, d}));
-      TERRACE_ASSIGN_OR_RETURN(lw.mlp_up, ld.Get(DenseMlpTensorName(l, "up_proj"), {I, d}));
-      TERRACE_ASSIGN_OR_RETURN(lw.mlp_down, ld.Get(DenseMlpTensorName(l, "down_proj"), {d, I}));
+      TERRACE_ASSIGN_OR_RETURN(lw.mlp_gate, ld.GetWeight(DenseMlpTensorName(l, "gate_proj"), {I, d}));
+      TERRACE_ASSIGN_OR_RETURN(lw.mlp_up, ld.GetWeight(DenseMlpTensorName(l, "up_proj"), {I, d}));
+      TERRACE_ASSIGN_OR_RETURN(lw.mlp_down, ld.GetWeight(DenseMlpTensorName(l, "down_proj"), {d, I}));
     } else {
       TERRACE_RETURN_IF_ERROR(LoadMoe(ld, source, config, moe, l, &lw.moe));
     }

@@ -59,7 +59,7 @@ Status CheckMoeWeights(const MoeWeights& w, const MoeDims& m, std::string_view w
 void Route(const MoeWeights& w, const MoeDims& m, const float* x, std::int64_t T, Routing* r) {
   const std::int64_t E = m.experts, k = m.top_k;
   std::vector<float> s(static_cast<std::size_t>(T * E));
-  ops::Linear(x, T, m.hidden, w.router.ptr(), E, s.data());
+  ops::Linear(x, T, m.hidden, w.router, E, s.data());
   r->top_k = k;
   r->ids.assign(static_cast<std::size_t>(T * k), 0);
   r->weights.assign(static_cast<std::size_t>(T * k), 0.0f);
@@ -91,17 +91,25 @@ float GluActivation(Activation act, float g, float u, float beta_g, float beta_u
   return act == Activation::kSilu ? ops::Silu(g) * u : ops::Situ(g, u, beta_g, beta_u);
 }
 
-void GluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, Activation act, float beta_g, float beta_u,
+void GluActivationInPlace(Activation act, float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
+  if (act == Activation::kSitu) {
+    ops::SituInPlace(g, u, n, beta_g, beta_u);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) g[i] = GluActivation(act, g[i], u[i], beta_g, beta_u);
+}
+
+void GluMlp(const Weight& gate, const Weight& up, const Weight& down, Activation act, float beta_g, float beta_u,
             const float* x, std::int64_t T, float* out, bool accumulate) {
   const std::int64_t I = gate.dim(0), d = gate.dim(1);
   std::vector<float> g(static_cast<std::size_t>(T * I)), u(g.size());
-  ops::Linear(x, T, d, gate.ptr(), I, g.data());
-  ops::Linear(x, T, d, up.ptr(), I, u.data());
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(act, g[i], u[i], beta_g, beta_u);
-  ops::Linear(g.data(), T, I, down.ptr(), down.dim(0), out, accumulate);
+  ops::Linear(x, T, d, gate, I, g.data());
+  ops::Linear(x, T, d, up, I, u.data());
+  GluActivationInPlace(act, g.data(), u.data(), static_cast<std::int64_t>(g.size()), beta_g, beta_u);
+  ops::Linear(g.data(), T, I, down, down.dim(0), out, accumulate);
 }
 
-void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
+void SituGluMlp(const Weight& gate, const Weight& up, const Weight& down, float beta_g, float beta_u, const float* x,
                 std::int64_t T, float* out, bool accumulate) {
   GluMlp(gate, up, down, Activation::kSitu, beta_g, beta_u, x, T, out, accumulate);
 }
@@ -124,7 +132,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
   const float* z = x;
   if (m.HasLatentProjection()) {
     zbuf.resize(static_cast<std::size_t>(T * L));
-    ops::Linear(x, T, d, w.down.ptr(), L, zbuf.data());
+    ops::Linear(x, T, d, w.down, L, zbuf.data());
     z = zbuf.data();
   }
   std::vector<float> y(static_cast<std::size_t>(T * L), 0.0f), zin, g, u, ye;
@@ -150,7 +158,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
       ops::Linear(zin.data(), n, L, ew->w1.ptr(), I, g.data());
       ops::Linear(zin.data(), n, L, ew->w3.ptr(), I, u.data());
     }
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = GluActivation(m.act, g[i], u[i], m.situ_beta, m.situ_linear_beta);
+    GluActivationInPlace(m.act, g.data(), u.data(), static_cast<std::int64_t>(g.size()), m.situ_beta, m.situ_linear_beta);
     if (ew->format == ExpertFormat::kMxfp4) {
       Mxfp4Linear(ew->q2, g.data(), n, ye.data());
     } else {
@@ -167,7 +175,7 @@ Status MoeForward(const MoeWeights& w, const MoeDims& m, int layer, ExpertProvid
   }
   if (m.latent_norm) ops::RmsNorm(y.data(), T, L, w.latent_norm.ptr(), m.rms_eps, y.data());
   if (m.HasLatentProjection()) {
-    ops::Linear(y.data(), T, L, w.up.ptr(), d, out);
+    ops::Linear(y.data(), T, L, w.up, d, out);
   } else {
     std::copy(y.begin(), y.end(), out);
   }

@@ -13,6 +13,7 @@
 
 #include "src/model/config.h"
 #include "src/model/expert_provider.h"
+#include "src/model/ops.h"
 #include "src/model/tensor.h"
 #include "terrace/model.h"
 #include "terrace/status.h"
@@ -20,11 +21,11 @@
 namespace terrace::model {
 
 struct MoeWeights {
-  Tensor router;               // gate.weight [E, d]
+  Weight router;               // gate.weight [E, d]
   Tensor bias;                 // gate.e_score_correction_bias [E] (empty: zeros)
-  Tensor down, up;             // routed_expert_{down [latent, d], up [d, latent]}_proj (latent projection only)
+  Weight down, up;             // routed_expert_{down [latent, d], up [d, latent]}_proj (latent projection only)
   Tensor latent_norm;          // routed_expert_norm [latent] (latent_moe_use_norm only)
-  Tensor shared_gate, shared_up, shared_down;  // [Is, d], [Is, d], [d, Is]; empty: no shared experts
+  Weight shared_gate, shared_up, shared_down;  // [Is, d], [Is, d], [d, Is]; empty: no shared experts
 };
 
 struct MoeDims {
@@ -51,11 +52,15 @@ Status MoeForward(const MoeWeights& w, const MoeDims& dims, int layer, ExpertPro
 // SiLU-GLU g sigmoid(g) u.
 float GluActivation(Activation act, float g, float u, float beta_g, float beta_u);
 
+// g[i] = GluActivation(act, g[i], u[i], ...) for i < n; SiTU through ops::SituInPlace (vectorised,
+// within 1e-6 of the scalar form), SiLU by the scalar loop (bit-for-bit GluActivation).
+void GluActivationInPlace(Activation act, float* g, const float* u, std::int64_t n, float beta_g, float beta_u);
+
 // out [T, d] (+)= W_down( act(W_gate x, W_up x) ), gate/up [I, d], down [d, I].
-void GluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, Activation act, float beta_g, float beta_u,
+void GluMlp(const Weight& gate, const Weight& up, const Weight& down, Activation act, float beta_g, float beta_u,
             const float* x, std::int64_t tokens, float* out, bool accumulate);
 // GluMlp with SiTU.
-void SituGluMlp(const Tensor& gate, const Tensor& up, const Tensor& down, float beta_g, float beta_u, const float* x,
+void SituGluMlp(const Weight& gate, const Weight& up, const Weight& down, float beta_g, float beta_u, const float* x,
                 std::int64_t tokens, float* out, bool accumulate);
 
 }  // namespace terrace::model

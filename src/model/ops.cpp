@@ -1,10 +1,167 @@
 #include "src/model/ops.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <cblas.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TERRACE_OPS_X86 1
+#endif
+
 namespace terrace::model::ops {
+namespace {
+
+float WidenBf16(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+void Bf16GemvScalar(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
+                    bool accumulate) {
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::uint16_t* wr = w + r * k;
+    float acc = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) acc += WidenBf16(wr[j]) * x[j];
+    y[r] = accumulate ? y[r] + acc : acc;
+  }
+}
+
+#ifdef TERRACE_OPS_X86
+#define TERRACE_OPS_AVX2 __attribute__((target("avx2,fma")))
+
+TERRACE_OPS_AVX2 inline __m256 Load8Bf16(const std::uint16_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+TERRACE_OPS_AVX2 inline float Hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int NR>
+TERRACE_OPS_AVX2 void Bf16Rows(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t r0, float* y,
+                               bool accumulate) {
+  __m256 acc[NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i) acc[i] = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 8 <= k; j += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + j);
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; ++i) acc[i] = _mm256_fmadd_ps(Load8Bf16(w + (r0 + i) * k + j), xv, acc[i]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; ++i) {
+    float s = Hsum(acc[i]);
+    for (std::int64_t t = j; t < k; ++t) s += WidenBf16(w[(r0 + i) * k + t]) * x[t];
+    y[r0 + i] = accumulate ? y[r0 + i] + s : s;
+  }
+}
+
+TERRACE_OPS_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
+                                   bool accumulate) {
+  std::int64_t r = 0;
+  for (; r + 4 <= n; r += 4) Bf16Rows<4>(x, k, w, r, y, accumulate);
+  for (; r < n; ++r) Bf16Rows<1>(x, k, w, r, y, accumulate);
+}
+
+// exp(x) for x clamped to [-87.33, 88]: 2^n * p(r), r = x - n ln 2 (Cephes expf).
+TERRACE_OPS_AVX2 inline __m256 VecExp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// tanh(x): odd [13/6] rational on the clamped range (Eigen's fast tanh), x itself for |x| < 4e-4.
+TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
+  const __m256 x = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(-7.99881172180175781f)),
+                                 _mm256_set1_ps(7.99881172180175781f));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-2.76076847742355e-16f);
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.00018790482477e-13f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-8.60467152213735e-11f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(5.12229709037114e-08f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(1.48572235717979e-05f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(6.37261928875436e-04f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(4.89352455891786e-03f));
+  p = _mm256_mul_ps(p, x);
+  __m256 q = _mm256_set1_ps(1.19825839466702e-06f);
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(1.18534705686654e-04f));
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(2.26843463243900e-03f));
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(4.89352518554385e-03f));
+  const __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a), _mm256_set1_ps(0.0004f), _CMP_LT_OQ);
+  return _mm256_blendv_ps(_mm256_div_ps(p, q), a, tiny);
+}
+
+TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
+  const __m256 bg = _mm256_set1_ps(beta_g), bu = _mm256_set1_ps(beta_u);
+  const __m256 ibg = _mm256_set1_ps(1.0f / beta_g), ibu = _mm256_set1_ps(1.0f / beta_u);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
+    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, VecExp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    const __m256 tg = _mm256_mul_ps(bg, VecTanh(_mm256_mul_ps(gv, ibg)));
+    const __m256 tu = _mm256_mul_ps(bu, VecTanh(_mm256_mul_ps(uv, ibu)));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(tg, sig), tu));
+  }
+  for (; i < n; ++i) g[i] = Situ(g[i], u[i], beta_g, beta_u);
+}
+
+bool HasAvx2Fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+}  // namespace
+
+void Bf16Gemv(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y, bool accumulate) {
+  if (n <= 0) return;
+#ifdef TERRACE_OPS_X86
+  if (HasAvx2Fma()) {
+    Bf16GemvAvx2(x, k, w, n, y, accumulate);
+    return;
+  }
+#endif
+  Bf16GemvScalar(x, k, w, n, y, accumulate);
+}
+
+void SituInPlace(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
+#ifdef TERRACE_OPS_X86
+  if (HasAvx2Fma()) {
+    SituAvx2(g, u, n, beta_g, beta_u);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i) g[i] = Situ(g[i], u[i], beta_g, beta_u);
+}
+
+void Linear(const float* x, std::int64_t m, std::int64_t k, const Weight& w, std::int64_t n, float* y,
+            bool accumulate) {
+  if (m == 1 && k > 0 && !w.bf16.empty()) {
+    Bf16Gemv(x, k, w.bf16.data(), n, y, accumulate);
+    return;
+  }
+  Linear(x, m, k, w.ptr(), n, y, accumulate);
+}
 
 void Linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
             bool accumulate) {

@@ -159,6 +159,19 @@ TEST_CASE("Experts served as expert blocks from another buffer == resident, bitw
   CHECK(provider->outstanding() == 0);
 }
 
+TEST_CASE("BF16 dense weights keep their bf16 bits for decode; they widen to the fp32 values", "[model][bf16]") {
+  const ModelConfig c = ToyConfig();
+  auto model = Model::Load(c, ToyDir());
+  REQUIRE(model.ok());
+  const LayerWeights& l1 = (*model)->layer(1);
+  for (const Weight* w : {&l1.moe.router, &l1.moe.shared_down, &l1.kda.q_proj, &l1.kda.o_proj}) {
+    REQUIRE(w->bf16.size() == w->data.size());
+    bool same = true;
+    for (std::size_t i = 0; i < w->data.size(); ++i) same = same && Bf16ToFloat(w->bf16[i]) == w->data[i];
+    CHECK(same);
+  }
+}
+
 TEST_CASE("on_layer_end sees every layer's hidden state; decode rows == prefill rows", "[model][hooks]") {
   const ModelConfig c = ToyConfig();
   auto model = Model::Load(c, ToyDir());

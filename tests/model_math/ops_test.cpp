@@ -33,6 +33,65 @@ TEST_CASE("Linear computes x W^T (matrix and vector paths, accumulate)", "[ops]"
   }
 }
 
+TEST_CASE("Bf16Gemv == the fp32 GEMV over the widened weights within fp32 rounding", "[ops][bf16]") {
+  // The widening is exact, so only summation order differs: |y - exact| <= gamma_k sum|w x| for
+  // both, u = 2^-24. Odd k (a scalar tail) and row counts not a multiple of 4.
+  for (const std::int64_t n : {1, 3, 4, 9}) {
+    for (const std::int64_t k : {1, 7, 8, 33, 256}) {
+      CAPTURE(n, k);
+      const auto wf = RandomVec(static_cast<std::size_t>(n * k), 10 + n * k);
+      Weight w(Tensor({n, k}));
+      for (std::size_t i = 0; i < wf.size(); ++i) {
+        w.bf16.push_back(FloatToBf16(wf[i]));
+        w.data[i] = Bf16ToFloat(w.bf16.back());
+      }
+      const auto x = RandomVec(static_cast<std::size_t>(k), 3 + k);
+      std::vector<float> y(static_cast<std::size_t>(n), 0.5f), via_weight(y), fp32(y);
+      ops::Bf16Gemv(x.data(), k, w.bf16.data(), n, y.data(), true);
+      ops::Linear(x.data(), 1, k, w, n, via_weight.data(), true);
+      ops::Linear(x.data(), 1, k, w.ptr(), n, fp32.data(), true);
+      CHECK(via_weight == y);  // the one-row Linear of a Weight with bf16 bits is the bf16 GEMV
+      const double u = std::ldexp(1.0, -24), gamma = (k + 1) * u / (1.0 - (k + 1) * u);
+      for (std::int64_t r = 0; r < n; ++r) {
+        double exact = 0.5, s = 0.5;
+        for (std::int64_t j = 0; j < k; ++j) {
+          const double p = static_cast<double>(w.data[static_cast<std::size_t>(r * k + j)]) * x[static_cast<std::size_t>(j)];
+          exact += p;
+          s += std::fabs(p);
+        }
+        CHECK(std::fabs(y[static_cast<std::size_t>(r)] - exact) <= gamma * s);
+        CHECK(std::fabs(fp32[static_cast<std::size_t>(r)] - exact) <= gamma * s);
+      }
+      // Several rows: the fp32 path, exactly as with a plain Tensor.
+      const auto x2 = RandomVec(static_cast<std::size_t>(2 * k), 8 + k);
+      std::vector<float> a(static_cast<std::size_t>(2 * n)), b(a.size());
+      ops::Linear(x2.data(), 2, k, w, n, a.data());
+      ops::Linear(x2.data(), 2, k, w.ptr(), n, b.data());
+      CHECK(a == b);
+    }
+  }
+}
+
+TEST_CASE("SituInPlace (vectorised tanh / exp) == the scalar SiTU within 1e-6 relative", "[ops][situ]") {
+  for (const float range : {0.01f, 1.0f, 8.0f, 40.0f, 200.0f}) {
+    CAPTURE(range);
+    const std::int64_t n = 1003;  // a scalar tail
+    auto g = RandomVec(static_cast<std::size_t>(n), 5, -range, range);
+    const auto u = RandomVec(static_cast<std::size_t>(n), 6, -range * 4, range * 4);
+    g[0] = 0.0f;
+    g[1] = -0.0001f;  // below tanh's "tiny" threshold after / beta
+    std::vector<float> want(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) want[i] = ops::Situ(g[i], u[i], 4.0f, 25.0f);
+    ops::SituInPlace(g.data(), u.data(), n, 4.0f, 25.0f);
+    CHECK(RelErr(g, want) < 1e-6);
+    // Elementwise too, relative to each value (with an absolute floor for values near 0).
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      CAPTURE(i, want[i], g[i]);
+      CHECK(std::fabs(g[i] - want[i]) <= 2e-6 * std::fabs(want[i]) + 1e-30f);
+    }
+  }
+}
+
 TEST_CASE("SolveUnitLower solves (I + strictly-lower L) X = B", "[ops]") {
   const std::int64_t n = 9, cols = 4;
   auto l = RandomVec(n * n, 4, -0.3f, 0.3f);

@@ -76,3 +76,33 @@ def test_quantize_matches_ml_dtypes_rounding(terrace, tmp_path):
     codes = scaled.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(rows, cols)  # nearest, ties to even
     want_packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
     np.testing.assert_array_equal(q["weight_packed"], want_packed)
+
+
+@pytest.mark.parametrize("rows,cols,tokens", [(1, 32, 1), (17, 96, 1), (64, 256, 1), (33, 128, 7), (48, 256, 32)])
+def test_fused_kernel_matches_ml_dtypes_matmul(terrace, tmp_path, rows, cols, tokens):
+    """`terrace ref mxfp4` with an input runs the MoE's fused dequantise-and-multiply kernel; the
+    oracle decodes with ml_dtypes and multiplies in float64. Every decoded weight is exact in fp32,
+    so the kernel's error is fp32 summation rounding: |y - exact| <= gamma_K * sum_k |w_k x_k|."""
+    probe = terrace("ref", "mxfp4", "--help", check=False)
+    if probe.returncode != 0 or "input" not in probe.stdout:
+        pytest.skip("this terrace build's `ref mxfp4` does not take an input")
+    packed = RNG.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    scales = RNG.integers(110, 140, (rows, cols // 32), dtype=np.uint8)
+    scales.flat[0] = 1  # subnormal weights (2^-126 x 0.5 .. 6)
+    x = RNG.standard_normal((tokens, cols)).astype(np.float32)
+    x[:, :32] *= np.float32(2.0**100)  # keeps the subnormal block's products normal
+    src = tmp_path / "in.safetensors"
+    save_file({"weight_packed": packed, "weight_scale": scales, "input": x}, str(src))
+    out = tmp_path / "out.safetensors"
+    terrace("ref", "mxfp4", "--in", src, "--out", out)
+    got = load_file(str(out))
+    w = oracle(packed, scales)
+    np.testing.assert_array_equal(got["weight"], w)
+    prod = x.astype(np.float64)[:, None, :] * w.astype(np.float64)[None, :, :]
+    exact = prod.sum(axis=-1)
+    u = 2.0**-24
+    gamma = cols * u / (1 - cols * u)
+    bound = gamma * np.abs(prod).sum(axis=-1)
+    y = got["output"].astype(np.float64)
+    assert y.shape == (tokens, rows)
+    assert np.all(np.abs(y - exact) <= bound), np.max(np.abs(y - exact) / np.maximum(bound, 1e-300))
