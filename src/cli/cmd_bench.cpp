@@ -493,6 +493,7 @@ void RegisterBench(CLI::App& app, Runner* run) {
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
   RegisterBenchExperts(bench, run);
+  RegisterBenchKv(bench, run);
 }
 
 }  // namespace terrace::cli

@@ -1,7 +1,8 @@
 // terrace demo: the store end to end on embedded defaults (./terrace-data, no server, no GPU).
 //
-// It plays a small hybrid-model workload at k3-toy shapes: sequences sharing prompt prefixes write
-// MLA latent blocks and KDA state snapshots per 64-token chunk (keyed by the chained prefix hash),
+// It plays a small hybrid-model workload at k3-toy shapes (sizes from KvLayout, keys from the key
+// schema, docs/keys.md): sequences sharing prompt prefixes write one MLA latent block per 64-token
+// chunk and KDA state snapshots every 4 chunks (keyed by the tenant-salted chained prefix hash),
 // expert weights are stored and prefetched to HBM, and a second wave of requests reuses the
 // prefixes. Capacities are small so blocks move between tiers. Every block read is verified.
 #include <chrono>
@@ -15,7 +16,10 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
-#include "terrace/hash.h"
+#include "terrace/keys.h"
+#include "terrace/kv_layout.h"
+#include "terrace/model_config.h"
+#include "terrace/model_weights.h"
 #include "terrace/store.h"
 
 namespace terrace::cli {
@@ -29,24 +33,67 @@ struct DemoArgs {
   bool fresh = false;
 };
 
-// k3-toy shapes (docs/model-format.md section 3).
+// The demo's model: k3-toy (docs/model-format.md section 3). It has no weights, so its model id
+// covers the config alone; block sizes come from KvLayout, keys from terrace/keys.h (docs/keys.md).
 constexpr int kChunkTokens = 64;
-constexpr int kMlaLayers[] = {3, 7};                 // 0-based
-constexpr int kKdaLayers[] = {0, 1, 2, 4, 5, 6};
-constexpr std::size_t kMlaBlockBytes = kChunkTokens * 80 * 2;   // c_KV 64 + k_pe 16, bf16
-constexpr std::size_t kKdaStateBytes = 4 * 64 * 64 * 4;         // 4 heads x 64 x 64 fp32
-constexpr int kMoeLayers = 7, kExperts = 16;
-constexpr std::size_t kExpertBytes = 96 * 64 * 2 + 96 * 4 * 2 + 128 * 48 + 128 * 3;  // MXFP4 w1,w3,w2 + scales
-constexpr std::uint32_t kNs = 0x70e;  // namespace of the demo's model
+constexpr int kSnapshotEvery = 4;  // KDA snapshots every 4 chunks (256 tokens): the joint boundaries
 constexpr std::uint64_t kDemoNvmeBytes = 512 * kMiB;
+
+class NoWeights final : public model::WeightSource {
+ public:
+  Result<model::TensorView> Get(std::string_view name) const override {
+    return Status::NotFound(fmt::format("the demo model has no tensor '{}'", name));
+  }
+  bool Has(std::string_view) const override { return false; }
+  std::vector<std::string> Names() const override { return {}; }
+};
+
+struct DemoModel {
+  model::ModelConfig config;
+  kv::KvLayout layout;
+  std::uint32_t kv_ns = 0, state_ns = 0, expert_ns = 0;
+  std::size_t chunk_block_bytes = 0, state_block_bytes = 0, expert_bytes = 0;
+  std::vector<int> moe_layers;
+};
+
+const DemoModel& Demo() {
+  static const DemoModel m = [] {
+    DemoModel d;
+    d.config = *model::Preset("k3-toy");
+    kv::KvLayoutOptions o;
+    o.chunk_tokens = kChunkTokens;
+    o.snapshot_every = kSnapshotEvery;
+    d.layout = *kv::KvLayout::FromConfig(d.config, o);
+    const ContentId id = keys::ModelId(d.config, NoWeights());
+    d.kv_ns = keys::Namespace(id, d.layout.Id(), d.layout.kv_codec().Name(), keys::kKeySchemaVersion);
+    d.state_ns = keys::Namespace(id, d.layout.Id(), d.layout.state_codec().Name(), keys::kKeySchemaVersion);
+    d.expert_ns = keys::Namespace(id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+    d.chunk_block_bytes = d.layout.mla_chunk_block_bytes();
+    d.state_block_bytes = d.layout.state_block_bytes();
+    // An MXFP4 expert: w1, w3 [I, latent] and w2 [latent, I], 4 bits per value + one scale byte per 32.
+    const std::size_t values = static_cast<std::size_t>(d.config.moe_intermediate_size) *
+                               static_cast<std::size_t>(d.config.routed_expert_hidden_size);
+    d.expert_bytes = 3 * (values / 2 + values / 32);
+    for (int l = 0; l < d.config.num_hidden_layers; ++l)
+      if (!d.config.IsDenseLayer(l)) d.moe_layers.push_back(l);
+    return d;
+  }();
+  return m;
+}
+
 // The file that marks a store as created by `terrace demo` (only such a store may --fresh remove).
 constexpr const char* kDemoMarker = "terrace-demo.marker";
 
-std::vector<std::int32_t> ChunkTokens(unsigned seq, unsigned chunk, unsigned shared_chunks) {
-  // The first `shared_chunks` chunks are a prompt prefix shared by groups of 4 sequences.
-  unsigned owner = chunk < shared_chunks ? seq / 4 : 1000 + seq;
-  std::vector<std::int32_t> t(kChunkTokens);
-  for (int i = 0; i < kChunkTokens; ++i) t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((owner * 7919 + chunk * 131 + static_cast<unsigned>(i)) % 512);
+// A sequence's tokens: the first `shared_chunks` chunks are a prompt prefix shared by groups of 4
+// sequences.
+std::vector<std::int32_t> SequenceTokens(unsigned seq, unsigned chunks, unsigned shared_chunks) {
+  std::vector<std::int32_t> t;
+  t.reserve(std::size_t{chunks} * kChunkTokens);
+  for (unsigned chunk = 0; chunk < chunks; ++chunk) {
+    const unsigned owner = chunk < shared_chunks ? seq / 4 : 1000 + seq;
+    for (int i = 0; i < kChunkTokens; ++i)
+      t.push_back(static_cast<std::int32_t>((owner * 7919 + chunk * 131 + static_cast<unsigned>(i)) % 512));
+  }
   return t;
 }
 
@@ -68,7 +115,8 @@ Status PutVerified(Store& store, const BlockKey& key, std::size_t size, std::uin
 }
 
 Status ReadVerified(Store& store, const BlockKey& key, std::uint64_t seed, Tally* tally) {
-  std::vector<std::byte> buf(std::max(kKdaStateBytes, kExpertBytes)), want;
+  const DemoModel& m = Demo();
+  std::vector<std::byte> buf(std::max({m.chunk_block_bytes, m.state_block_bytes, m.expert_bytes})), want;
   TERRACE_ASSIGN_OR_RETURN(BlockDesc d, store.Get(key, buf));
   want.resize(d.size);
   FillPattern(seed, key, want);
@@ -80,28 +128,27 @@ Status ReadVerified(Store& store, const BlockKey& key, std::uint64_t seed, Tally
 }
 
 Status PlaySequences(Store& store, const DemoArgs& a, unsigned first, Tally* tally) {
+  const DemoModel& m = Demo();
   for (unsigned s = first; s < first + a.sequences; ++s) {
-    ContentId prefix = RootContentId(kNs);
+    const auto ids = keys::ChunkIds(m.kv_ns, "", SequenceTokens(s, a.chunks, a.chunks / 2), kChunkTokens);
     std::optional<ContentId> last_state;
     for (unsigned c = 0; c < a.chunks; ++c) {
-      prefix = ChainContentId(prefix, ChunkTokens(s, c, a.chunks / 2));
-      for (int l : kMlaLayers) {
-        TERRACE_RETURN_IF_ERROR(PutVerified(store, {kNs, BlockKind::kKv, static_cast<std::uint32_t>(l), prefix},
-                                            kMlaBlockBytes, a.seed, tally));
-      }
-      if (c % 4 == 3) {  // KDA state snapshots every 4 chunks (256 tokens), the joint restore boundary
-        for (int l : kKdaLayers) {
-          TERRACE_RETURN_IF_ERROR(PutVerified(store, {kNs, BlockKind::kState, static_cast<std::uint32_t>(l), prefix},
-                                              kKdaStateBytes, a.seed, tally));
+      const ContentId& id = ids[c];
+      // One block per chunk holds every MLA layer's latents.
+      TERRACE_RETURN_IF_ERROR(PutVerified(store, keys::KvChunkKey(m.kv_ns, id), m.chunk_block_bytes, a.seed, tally));
+      if ((c + 1) % kSnapshotEvery == 0) {  // KDA snapshots: the joint restore boundaries
+        for (int l : m.layout.kda_layers()) {
+          TERRACE_RETURN_IF_ERROR(PutVerified(store, keys::StateKey(m.state_ns, l, id), m.state_block_bytes, a.seed, tally));
         }
-        last_state = prefix;
+        last_state = id;
       }
     }
-    // Restore check: read back the sequence's latest MLA blocks and its latest state snapshot (a
+    // Restore check: read back the sequence's latest KV chunk and its latest state snapshot (a
     // sequence of fewer than 4 chunks has none).
-    TERRACE_RETURN_IF_ERROR(ReadVerified(store, {kNs, BlockKind::kKv, 3, prefix}, a.seed, tally));
+    TERRACE_RETURN_IF_ERROR(ReadVerified(store, keys::KvChunkKey(m.kv_ns, ids.back()), a.seed, tally));
     if (last_state) {
-      TERRACE_RETURN_IF_ERROR(ReadVerified(store, {kNs, BlockKind::kState, 0, *last_state}, a.seed, tally));
+      TERRACE_RETURN_IF_ERROR(
+          ReadVerified(store, keys::StateKey(m.state_ns, m.layout.kda_layers().front(), *last_state), a.seed, tally));
     }
   }
   return Status::Ok();
@@ -109,9 +156,11 @@ Status PlaySequences(Store& store, const DemoArgs& a, unsigned first, Tally* tal
 
 // NVMe bytes a run may write at most (no prefix shared), against the demo's fixed capacity.
 std::uint64_t DemoBytesBound(const DemoArgs& a) {
-  const std::uint64_t per_seq = std::uint64_t{a.chunks} * std::size(kMlaLayers) * kMlaBlockBytes +
-                                std::uint64_t{a.chunks / 4} * std::size(kKdaLayers) * kKdaStateBytes;
-  return std::uint64_t{a.sequences} * per_seq + std::uint64_t{kMoeLayers} * kExperts * kExpertBytes;
+  const DemoModel& m = Demo();
+  const std::uint64_t per_seq = std::uint64_t{a.chunks} * m.chunk_block_bytes +
+                                std::uint64_t{a.chunks / kSnapshotEvery} * m.layout.kda_layers().size() * m.state_block_bytes;
+  return std::uint64_t{a.sequences} * per_seq +
+         m.moe_layers.size() * static_cast<std::uint64_t>(m.config.num_experts) * m.expert_bytes;
 }
 
 int RunDemo(const DemoArgs& a) {
@@ -158,17 +207,17 @@ int RunDemo(const DemoArgs& a) {
   Tally kv, experts;
 
   // 1. Expert weights: stored once, cold, then the router's picks are prefetched to HBM.
-  for (int l = 1; l <= kMoeLayers; ++l) {
-    for (int e = 0; e < kExperts; ++e) {
-      BlockKey key{kNs, BlockKind::kExpert, static_cast<std::uint32_t>(l), ContentId{0, static_cast<std::uint64_t>(e)}};
-      if (Status s = PutVerified(store, key, kExpertBytes, a.seed, &experts); !s.ok()) return Fail(s.ToString());
+  const DemoModel& m = Demo();
+  const int experts_per_layer = m.config.num_experts;
+  for (int l : m.moe_layers) {
+    for (int e = 0; e < experts_per_layer; ++e) {
+      if (Status s = PutVerified(store, keys::ExpertKey(m.expert_ns, l, e), m.expert_bytes, a.seed, &experts); !s.ok())
+        return Fail(s.ToString());
     }
   }
   std::vector<BlockKey> picks;
-  for (int l = 1; l <= kMoeLayers; ++l) {
-    for (int e : {l % kExperts, (l * 5) % kExperts}) {
-      picks.push_back({kNs, BlockKind::kExpert, static_cast<std::uint32_t>(l), ContentId{0, static_cast<std::uint64_t>(e)}});
-    }
+  for (int l : m.moe_layers) {
+    for (int e : {l % experts_per_layer, (l * 5) % experts_per_layer}) picks.push_back(keys::ExpertKey(m.expert_ns, l, e));
   }
   auto prefetch = store.Prefetch(picks, store.HasTier(TierId::kHbm) ? TierId::kHbm : TierId::kHost);
   // 2. Two waves of requests; the second reuses the first wave's shared prefixes.

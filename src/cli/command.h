@@ -17,10 +17,13 @@ void RegisterBench(CLI::App& app, Runner* run);   // terrace bench ...
 void RegisterStore(CLI::App& app, Runner* run);   // terrace store fill|check
 void RegisterModel(CLI::App& app, Runner* run);   // terrace model init|inspect|run
 void RegisterRef(CLI::App& app, Runner* run);     // terrace ref kda|mla|attnres|moe|mxfp4
+void RegisterVerify(CLI::App& app, Runner* run);  // terrace verify kv
 // Adds `run` under the `model` command (defined in cmd_model_run.cpp; called by RegisterModel).
 void RegisterModelRun(CLI::App* model_cmd, Runner* run);
 // Adds `experts` under the `bench` command (cmd_bench_experts.cpp; called by RegisterBench).
 void RegisterBenchExperts(CLI::App* bench_cmd, Runner* run);
+// Adds `kv` under the `bench` command (cmd_bench_kv.cpp; called by RegisterBench).
+void RegisterBenchKv(CLI::App* bench, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
     RegisterStore(app, &run);
     RegisterModel(app, &run);
     RegisterRef(app, &run);
+    RegisterVerify(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

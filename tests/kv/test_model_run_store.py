@@ -100,3 +100,35 @@ def test_bad_flags_exit_2(toy, tmp_path):
     assert "--store" in p.stderr
     p = run(toy, tmp_path / "st", "--snapshot-every", "-1", expect=2)
     assert "--snapshot-every" in p.stderr
+
+
+def test_bench_kv_json_rows(toy, tmp_path):
+    p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--prefix-tokens", "64,96", "--chunk-tokens", "32",
+                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert [r["prefix_tokens"] for r in j["rows"]] == [64, 96]
+    for r in j["rows"]:
+        for k in ("ttft_restore_s", "ttft_recompute_s", "restore_mb_per_s", "tier_read_mb_per_s"):
+            assert r[k] > 0, k
+        assert r["restored_tokens"] == r["prefix_tokens"]
+        assert r["bytes_read"]["nvme"] > 0  # the pools were reopened: everything came from NVMe
+        assert r["logits_max_rel_err_vs_recompute"] == 0.0  # f32: bitwise
+    # The bench removed what it created.
+    assert not (tmp_path / "b").exists()
+
+
+def test_verify_kv_orders_codecs(toy):
+    p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "128", "--chunk-tokens", "32",
+                        "--eval-tokens", "8", "--codecs", "f32,bf16,int4-g32", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = {r["codec"]: r for r in json.loads(p.stdout)["rows"]}
+    assert rows["f32"]["kl_mean"] == 0.0 and rows["f32"]["top1_agreement"] == 1.0  # passthrough: exact
+    assert 0.0 < rows["bf16"]["kl_mean"] < 1e-4
+    assert rows["int4-g32"]["kl_mean"] > rows["bf16"]["kl_mean"]
+    assert rows["int4-g32"]["compression_ratio"] > rows["bf16"]["compression_ratio"] > rows["f32"]["compression_ratio"]
+    p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "100", "--chunk-tokens", "32"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--context" in p.stderr

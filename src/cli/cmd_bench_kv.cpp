@@ -1,0 +1,281 @@
+// terrace bench kv: time to first token with the prefix cache (restore + suffix) against a full
+// recompute, per prefix length, on a real model (docs/prefix-cache.md, "terrace bench kv"; figures
+// in docs/benchmarks.md).
+//
+// Per prefix length P: turn 1 computes a P-token prefix (a system prompt and earlier turns) and
+// stores its chunks and snapshots; the pools are then closed and reopened (nvme: so nothing is
+// left in memory; host: kept open). Turn 2 is the prefix plus a new 32-token message: its TTFT with
+// the cache (restore + the suffix) and without (a cold prefill of the whole prompt, same chunk
+// pieces) are measured, with the restore's bandwidth and the tier's raw read bandwidth (O_DIRECT
+// 1 MiB sequential reads of the KV pool's data file, nvme; a memcpy of the same bytes, host)
+// measured in the same run.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/command.h"
+#include "src/cli/model_run_kv.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
+#include "src/model/model.h"
+#include "src/model/safetensors.h"
+#include "src/model/session.h"
+#include "terrace/keys.h"
+
+namespace terrace::cli {
+namespace {
+
+constexpr const char* kMarker = "terrace-bench-kv.marker";
+constexpr int kSuffixTokens = 32;
+
+struct BenchKvArgs {
+  std::string model;
+  std::string dir;
+  std::string prefixes = "256,1024,4096";
+  std::string tier = "nvme";
+  KvRunArgs kv;
+  bool json = false;
+};
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Result<std::vector<int>> ParseList(const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t end = std::min(text.find(',', pos), text.size());
+    auto v = ParseSignedInRange(text.substr(pos, end - pos), "--prefix-tokens", 1, 1 << 20);
+    if (!v.ok()) return v.status();
+    out.push_back(static_cast<int>(*v));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// O_DIRECT sequential 1 MiB reads of the first `bytes` of `file`; MB/s (1e6 bytes per second).
+Result<double> RawReadMbPerS(const std::filesystem::path& file, std::uint64_t bytes) {
+  constexpr std::size_t kIo = 1 << 20;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", file.string(), std::strerror(errno)));
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, kIo) != 0) {
+    ::close(fd);
+    return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
+  }
+  const std::uint64_t total = std::max<std::uint64_t>(bytes, 4 * kIo);
+  std::uint64_t done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (done < total) {
+    const ssize_t n = ::pread(fd, buf, kIo, static_cast<off_t>(done));
+    if (n <= 0) break;
+    done += static_cast<std::uint64_t>(n);
+  }
+  const double s = Since(t0);
+  std::free(buf);
+  ::close(fd);
+  if (done == 0) return Status::IoError(fmt::format("reading {} returned no bytes", file.string()));
+  return static_cast<double>(done) / s / 1e6;
+}
+
+double MemcpyMbPerS(std::uint64_t bytes) {
+  std::vector<std::byte> a(std::max<std::uint64_t>(bytes, 4 << 20), std::byte{1}), b(a.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::memcpy(b.data(), a.data(), a.size());
+  const double s = Since(t0);
+  return static_cast<double>(a.size()) / s / 1e6;
+}
+
+void RemovePools(const std::filesystem::path& dir, bool created_dir) {
+  for (const char* sub : {"kv", "state"}) {
+    auto r = RemoveOwnedStore(dir / sub, kMarker, "--dir", "terrace bench kv");
+    if (!r.ok()) fmt::print(stderr, "terrace bench kv: left {} in place: {}\n", (dir / sub).string(), r.status().message());
+    std::error_code ec;
+    std::filesystem::remove(dir / sub, ec);  // only if empty
+  }
+  if (created_dir) {
+    std::error_code ec;
+    std::filesystem::remove(dir, ec);
+  }
+}
+
+int RunBenchKv(const BenchKvArgs& a) {
+  if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
+  auto prefixes = ParseList(a.prefixes);
+  if (!prefixes.ok()) return FailUsage(prefixes.status().message());
+  std::filesystem::path dir = a.dir;
+  bool created_dir = false;
+  if (dir.empty()) {
+    std::random_device rd;
+    dir = std::filesystem::temp_directory_path() / fmt::format("terrace-bench-kv-{:08x}", rd());
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec))
+    return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
+                                 "creates there)", dir.string()));
+  if (!std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
+    created_dir = true;
+  }
+  auto mdir = model::ModelDir::Open(a.model);
+  if (!mdir.ok()) return Fail(mdir.status().ToString());
+  const model::ModelConfig& config = (*mdir)->config();
+  auto m = model::Model::Load(config, **mdir);
+  if (!m.ok()) return Fail(m.status().ToString());
+  KvRunArgs kv = a.kv;
+  kv.store = dir.string();
+
+  nlohmann::json rows = nlohmann::json::array();
+  int rc = 0;
+  for (int P : *prefixes) {
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(P + kSuffixTokens));
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = static_cast<std::int32_t>((i * 7919 + 13 + (i >= static_cast<std::size_t>(P) ? 1 : 0)) %
+                                            static_cast<std::size_t>(config.vocab_size));
+    std::vector<std::int32_t> prefix(prompt.begin(), prompt.begin() + P);
+    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 1 (compute and store)...\n", P);
+    auto run = OpenKvRun(kv, config, **mdir);
+    if (!run.ok()) {
+      rc = run.status().code() == Code::kInvalidArgument ? FailUsage(run.status().message()) : Fail(run.status().ToString());
+      break;
+    }
+    for (const char* sub : {"kv", "state"}) (void)WriteMarker(dir / sub, kMarker, "terrace bench kv");
+    {
+      model::Session s1(**m);
+      auto r1 = kv::PrefillWithCache(&s1, *run->cache, run->cache->Prepare(prefix, ""));
+      if (!r1.ok()) {
+        rc = Fail(r1.status().ToString());
+        break;
+      }
+      run->cache->Flush();
+    }
+    const auto written = run->cache->Stats();
+    if (a.tier == "nvme") {  // close and reopen: the blocks are only on NVMe now
+      run->cache.reset();
+      if (Status s = run->kv_store->Flush(); !s.ok()) return Fail(s.ToString());
+      if (Status s = run->state_store->Flush(); !s.ok()) return Fail(s.ToString());
+      *run = KvRun{};
+      auto again = OpenKvRun(kv, config, **mdir);
+      if (!again.ok()) {
+        rc = Fail(again.status().ToString());
+        break;
+      }
+      *run = std::move(again).value();
+    }
+    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore, then recompute...\n", P);
+    const auto req = run->cache->Prepare(prompt, "");
+    model::Session warm(**m);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r2 = kv::PrefillWithCache(&warm, *run->cache, req, {.restore = true, .write_back = false});
+    const double ttft_restore = Since(t0);
+    if (!r2.ok()) {
+      rc = Fail(r2.status().ToString());
+      break;
+    }
+    model::Session cold(**m);
+    const auto t1 = std::chrono::steady_clock::now();
+    auto r3 = kv::PrefillWithCache(&cold, *run->cache, req, {.restore = false, .write_back = false});
+    const double ttft_recompute = Since(t1);
+    if (!r3.ok()) {
+      rc = Fail(r3.status().ToString());
+      break;
+    }
+    const std::uint64_t restored_bytes = r2->restore.kv_bytes + r2->restore.state_bytes;
+    double tier_mb = 0;
+    if (a.tier == "nvme") {
+      auto raw = RawReadMbPerS(dir / "kv" / "terrace.data", restored_bytes);
+      if (!raw.ok()) {
+        rc = Fail(raw.status().ToString());
+        break;
+      }
+      tier_mb = *raw;
+    } else {
+      tier_mb = MemcpyMbPerS(restored_bytes);
+    }
+    // The restored run's logits against the recompute's for the same positions.
+    double num = 0, den = 0;
+    const std::size_t off = static_cast<std::size_t>(r2->restored_tokens) * static_cast<std::size_t>(config.vocab_size);
+    for (std::size_t i = 0; i < r2->logits.data.size() && off + i < r3->logits.data.size(); ++i) {
+      num = std::max(num, static_cast<double>(std::abs(r2->logits.data[i] - r3->logits.data[off + i])));
+      den = std::max(den, static_cast<double>(std::abs(r3->logits.data[off + i])));
+    }
+    nlohmann::json row;
+    row["prefix_tokens"] = P;
+    row["prompt_tokens"] = prompt.size();
+    row["restored_tokens"] = r2->restored_tokens;
+    row["ttft_restore_s"] = ttft_restore;
+    row["ttft_recompute_s"] = ttft_recompute;
+    row["restore_s"] = r2->restore.seconds;
+    row["restore_mb_per_s"] = r2->restore.seconds > 0 ? static_cast<double>(restored_bytes) / r2->restore.seconds / 1e6 : 0.0;
+    row["tier_read_mb_per_s"] = tier_mb;
+    row["kv_bytes"] = r2->restore.kv_bytes;
+    row["state_bytes"] = r2->restore.state_bytes;
+    for (int t = 0; t < kNumTiers; ++t)
+      row["bytes_read"][std::array{"hbm", "host", "nvme"}[static_cast<std::size_t>(t)]] = r2->restore.bytes_read[static_cast<std::size_t>(t)];
+    row["bytes_written"] = written.bytes_written;
+    row["kv_bytes_per_token"] = run->cache->layout().mla_bytes_per_token();
+    row["state_bytes_per_sequence"] = run->cache->layout().kda_state_bytes_per_sequence();
+    row["fallbacks"] = r2->restore.fallbacks;
+    row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
+    rows.push_back(row);
+    run->cache.reset();
+    *run = KvRun{};
+    RemovePools(dir, false);
+  }
+  RemovePools(dir, created_dir);
+  if (rc != 0) return rc;
+  nlohmann::json j;
+  j["model"] = a.model;
+  j["tier"] = a.tier;
+  j["kv_codec"] = a.kv.kv_codec;
+  j["state_codec"] = a.kv.state_codec;
+  j["chunk_tokens"] = a.kv.chunk_tokens;
+  j["suffix_tokens"] = kSuffixTokens;
+  j["rows"] = rows;
+  if (a.json) {
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>16} {:>16}\n", "prefix", "restored", "ttft restore s",
+             "ttft recompute s", "speedup", "restore MB/s", "tier read MB/s");
+  for (const auto& r : rows) {
+    const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
+    fmt::print("{:>8} {:>9} {:>14.4f} {:>16.4f} {:>11.1f}x {:>16.1f} {:>16.1f}\n", r["prefix_tokens"].get<int>(),
+               r["restored_tokens"].get<std::int64_t>(), tr, tc, tc / tr, r["restore_mb_per_s"].get<double>(),
+               r["tier_read_mb_per_s"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchKv(CLI::App* bench, Runner* run) {
+  auto a = std::make_shared<BenchKvArgs>();
+  auto* cmd = bench->add_subcommand("kv", "Prefix cache: time to first token with restore vs recompute per prefix length");
+  cmd->add_option("--model", a->model, "Model directory (e.g. from 'terrace model init --preset k3-small')")->required();
+  cmd->add_option("--dir", a->dir, "Directory for the two pools (new or empty; what the bench creates there is removed "
+                                   "afterwards). Default: a new directory under the system temp dir");
+  cmd->add_option("--prefix-tokens", a->prefixes, "Prefix lengths, comma separated (each 1 to 1048576)")->capture_default_str();
+  cmd->add_option("--tier", a->tier, "Where turn 2 restores from: nvme (pools reopened) | host")
+      ->check(CLI::IsMember({"nvme", "host"}))->capture_default_str();
+  AddKvFlags(cmd, &a->kv);
+  cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
+  cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });
+}
+
+}  // namespace terrace::cli
