@@ -278,8 +278,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       r.precision = pc.precision();
       for (const auto& l : m1.layers) r.layer_recall.push_back(l.prediction.recall());
       for (int i = 0; i < kNumTiers; ++i) r.bytes_read[i] = s1.tiers[i].bytes_read - s0.tiers[i].bytes_read;
-      r.speculative_bytes = m1.speculative_bytes - m0.speculative_bytes;
-      r.wasted_bytes = m1.speculative_wasted_bytes - m0.speculative_wasted_bytes;
+      // Whole run (prefill included): "wasted" counts blocks still unused, so a decode-only
+      // difference could go negative.
+      r.speculative_bytes = m1.speculative_bytes;
+      r.wasted_bytes = m1.speculative_wasted_bytes;
       // The bound: compute plus what this hit rate's misses cost on the link and the drive.
       const double miss_bytes_per_token = misses * static_cast<double>(block_bytes) / a.decode;
       r.bound_tokens_per_s = 1.0 / (compute_s_per_token + miss_bytes_per_token / link.bandwidth_bytes_per_s +
