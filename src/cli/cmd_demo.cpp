@@ -104,6 +104,36 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
   return false;
 }
 
+// The expert store DIR/experts (its NVMe tier the experts' home, sized to them) and the offload
+// over it: as `model run --store DIR --expert-cache C` (model_run_experts.h) with a smaller file.
+Result<ExpertRun> OpenDemoExperts(const DemoArgs& a, const std::filesystem::path& dir, const model::ModelConfig& config,
+                                  const model::WeightSource& weights) {
+  auto budget = experts::CacheBudget::Parse(a.expert_cache);
+  if (!budget.ok()) return Status::InvalidArgument("--expert-cache: " + budget.status().message());
+  const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
+  const std::filesystem::path nvme_dir = dir / "experts";
+  std::error_code ec;
+  std::filesystem::create_directories(nvme_dir, ec);
+  if (ec) return Status::IoError(fmt::format("--dir: cannot create {}: {}", nvme_dir.string(), ec.message()));
+  StoreOptions so = experts::ExpertOffload::OpenStoreOptions(total, budget->Resolve(total), nvme_dir.string());
+  // Room for every block with its 4 KiB descriptor and alignment; an existing file keeps its size.
+  so.nvme.capacity_bytes = StoreDataExists(nvme_dir) ? 0 : ((total + total / 4 + (4ull << 20)) >> 20) << 20;
+  auto store = Store::Open(so);
+  if (!store.ok()) return store.status().WithContext("--dir: opening the expert store");
+  ExpertRun run;
+  run.store = std::move(store).value();
+  experts::ExpertOffloadOptions opt;
+  opt.home = TierId::kNvme;
+  opt.budget = *budget;
+  opt.policy = experts::CachePolicyKind::kUtility;
+  opt.window = run.depth;
+  auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
+  if (!off.ok()) return off.status();
+  run.offload = std::move(off).value();
+  run.predictor = experts::PredictorKind::kLookahead;
+  return run;
+}
+
 struct TurnResult {
   unsigned conversation = 0, turn = 0;
   std::vector<int> prompt;
@@ -217,24 +247,24 @@ int RunDemo(const DemoArgs& a) {
       if (Status s = WriteMarker(dir / kDemoStores[i], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
     }
   }
-  Progress(fmt::format("[2/4] experts: putting {} routed experts ({}) into the expert store on NVMe ...",
+  Progress(fmt::format("[2/4] stores: prefix cache in {0}/kv and {0}/state; putting {1} routed experts ({2}) into the "
+                       "expert store on NVMe ({0}/experts; an identical block already there is kept) ...",
+                       a.dir,
                        static_cast<std::int64_t>(config.num_experts) *
                            (config.num_hidden_layers - config.first_k_dense_replace),
                        FormatBytes(static_cast<double>(experts::ExpertOffload::TotalExpertBytes(config)))));
-  ExpertRunArgs ex_args;
-  ex_args.cache = a.expert_cache;
-  ex_args.predictor = "lookahead";
-  ex_args.policy = "utility";
-  auto ex = OpenExpertRun(ex_args, a.dir, config, **md);
+  auto ex = OpenDemoExperts(a, dir, config, **md);
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
   if (created[2]) {
     if (Status s = WriteMarker(dir / kDemoStores[2], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
   const std::uint64_t kv_blocks_before = kv->kv_store->Stats().blocks, state_blocks_before = kv->state_store->Stats().blocks;
-  Progress(fmt::format("      stores open in {:.1f} s: {} KV chunk and {} KDA state blocks from earlier runs; expert "
-                       "cache {} of the experts ({}) in emulated HBM, lookahead predictor",
-                       Since(t0), kv_blocks_before, state_blocks_before, a.expert_cache,
-                       FormatBytes(static_cast<double>(ex->offload->budget_bytes()))));
+  const std::uint64_t expert_puts = ex->store->Stats().tiers[static_cast<std::size_t>(TierId::kNvme)].puts;
+  Progress(fmt::format("      stores open in {:.1f} s: {} KV chunk and {} KDA state blocks from earlier runs; {} expert "
+                       "blocks written ({}); expert cache {} of the experts ({}) in emulated HBM, lookahead predictor",
+                       Since(t0), kv_blocks_before, state_blocks_before, expert_puts,
+                       expert_puts == 0 ? "all were on NVMe from an earlier run" : "a new expert store",
+                       a.expert_cache, FormatBytes(static_cast<double>(ex->offload->budget_bytes()))));
 
   auto model = model::Model::Load(config, **md, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());

@@ -23,15 +23,33 @@ bool IsKind(const fs::path& p, mode_t kind) {
 // The checkpoint files `model init` writes for a single-file model.
 bool IsModelFile(std::string_view f) { return f == "config.json" || f == "model.safetensors"; }
 
-std::string WhyNotModelDir(const fs::path& dir, std::string_view flag) {
+// Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
+void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (!IsModelFile(name) || !IsKind(e.path(), S_IFREG))
-      return fmt::format("{} {} holds '{}', which the demo did not create", flag, dir.string(), name);
+    if (!IsModelFile(name) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
   }
-  if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
-  return "";
+  if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
+}
+
+// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries.
+void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign) {
+  if (IsOwnedStore(dir, kDemoMarker)) return;
+  std::error_code ec;
+  std::size_t n = 0, before = foreign->size();
+  bool marked = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    ++n;
+    const std::string name = e.path().filename().string();
+    if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) marked = true;
+    else if (!((name == "terrace.data" && IsKind(e.path(), S_IFREG)) || (name == "index" && IsKind(e.path(), S_IFDIR))))
+      foreign->push_back(dir.filename().string() + "/" + name);
+  }
+  if (n == 0) return;  // an empty pool folder (a run stopped before creating it)
+  if (foreign->size() == before)
+    foreign->push_back(dir.filename().string() + (marked ? " (its terrace.data is not a Terrace data file)"
+                                                         : std::string(" (a store without ") + kDemoMarker + ")"));
 }
 
 constexpr std::string_view kWho = "terrace demo";
@@ -51,6 +69,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
   if (entries.empty()) return "";
   std::sort(entries.begin(), entries.end());
   bool marked = false;
+  std::vector<std::string> foreign;
   for (const fs::path& p : entries) {
     const std::string name = p.filename().string();
     const bool is_store = std::find(std::begin(kDemoStores), std::end(kDemoStores), name) != std::end(kDemoStores);
@@ -60,17 +79,19 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
     } else if ((name == "terrace.data" && IsKind(p, S_IFREG)) || (name == "index" && IsKind(p, S_IFDIR))) {
       // a store of an earlier demo version, directly in DIR
     } else if (name == kDemoModelDir && IsKind(p, S_IFDIR)) {
-      if (std::string why = WhyNotModelDir(p, flag); !why.empty()) return why;
+      ForeignInModelDir(p, &foreign);
     } else if (is_store && IsKind(p, S_IFDIR)) {
-      std::size_t n = 0;
-      for (const auto& e : fs::directory_iterator(p, ec)) (void)e, ++n;
-      if (n > 0 && !IsOwnedStore(p, kDemoMarker))
-        return fmt::format("{} {} holds '{}', which is not a store the demo created (it has other files in it, or no "
-                           "{})",
-                           flag, dir.string(), name, kDemoMarker);
+      ForeignInStore(p, &foreign);
     } else {
-      return fmt::format("{} {} holds '{}', which the demo did not create", flag, dir.string(), name);
+      foreign.push_back(name);
     }
+  }
+  if (!foreign.empty()) {
+    constexpr std::size_t kShown = 8;
+    std::vector<std::string> shown;
+    for (std::size_t i = 0; i < std::min(kShown, foreign.size()); ++i) shown.push_back("'" + foreign[i] + "'");
+    return fmt::format("{} {} holds {}{}, which the demo did not create", flag, dir.string(), fmt::join(shown, ", "),
+                       foreign.size() > kShown ? fmt::format(" and {} more", foreign.size() - kShown) : "");
   }
   if (!marked)
     return fmt::format("{} {} holds files that '{}' did not create (no {} in it)", flag, dir.string(), kWho, kDemoMarker);
@@ -91,7 +112,8 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   for (const char* s : kDemoStores) {
     auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kWho);
     if (!r.ok()) return r.status();
-    if (*r) fs::remove(dir / s, ec);  // now empty
+    std::error_code gone;
+    fs::remove(dir / s, gone);  // only when empty (removed above, or a pool a stopped run left empty)
     removed = removed || *r;
   }
   const fs::path model = dir / kDemoModelDir;
