@@ -28,8 +28,8 @@ bool IsKind(const fs::path& p, mode_t kind) {
   return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
 }
 
-// A Terrace data file: its superblock unit decodes (either of its two slots; the first slot is
-// all zeros until the store has rewritten its superblock, so the magic need not be at offset 0).
+// A Terrace data file: the magic at offset 0, or a superblock unit that decodes (either of its two
+// slots: the first slot is all zeros until the store has rewritten its superblock).
 bool HasMagic(const fs::path& data) {
   if (!IsKind(data, S_IFREG)) return false;
   const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
@@ -38,6 +38,8 @@ bool HasMagic(const fs::path& data) {
   const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
   ::close(fd);
   buf.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+  constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
+  if (buf.size() >= sizeof kMagic && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0) return true;
   return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
 }
 
