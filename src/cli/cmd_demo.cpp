@@ -94,7 +94,7 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
         "--dir: {} holds a model that does not load as {} ({}); run 'terrace demo --fresh' to rebuild it",
         out.string(), preset, md.ok() ? "another config" : md.status().message()));
   }
-  const fs::path tmp = dir / "model.tmp";
+  const fs::path tmp = dir / kDemoModelTmpDir;  // WhyNotDemoDir checked it holds only model files
   fs::remove_all(tmp, ec);
   model::InitOptions o;
   o.seed = seed;

@@ -20,15 +20,19 @@ bool IsKind(const fs::path& p, mode_t kind) {
   return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
 }
 
-// The checkpoint files `model init` writes for a single-file model.
-bool IsModelFile(std::string_view f) { return f == "config.json" || f == "model.safetensors"; }
+// The checkpoint files `model init` writes for a single-file model (in DIR/model.tmp, also the
+// partial writes of a stopped run: names that start with them).
+bool IsModelFile(std::string_view f, bool partial = false) {
+  if (f == "config.json" || f == "model.safetensors") return true;
+  return partial && (f.starts_with("config.json") || f.starts_with("model.safetensors"));
+}
 
 // Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
-void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign) {
+void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, bool partial = false) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (!IsModelFile(name) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
+    if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
   }
   if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
 }
@@ -80,6 +84,8 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
       // a store of an earlier demo version, directly in DIR
     } else if (name == kDemoModelDir && IsKind(p, S_IFDIR)) {
       ForeignInModelDir(p, &foreign);
+    } else if (name == kDemoModelTmpDir && IsKind(p, S_IFDIR)) {  // a model build that was stopped
+      ForeignInModelDir(p, &foreign, /*partial=*/true);
     } else if (is_store && IsKind(p, S_IFDIR)) {
       ForeignInStore(p, &foreign);
     } else {
@@ -122,6 +128,7 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
     fs::remove(model, ec);
     removed = true;
   }
+  if (IsKind(dir / kDemoModelTmpDir, S_IFDIR)) removed = fs::remove_all(dir / kDemoModelTmpDir, ec) > 0 || removed;
   for (const char* f : {"terrace.data", kDemoRunJson, kDemoMarker}) {
     if (IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
   }

@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import stat
 import struct
@@ -147,6 +148,22 @@ def test_demo_fresh_refuses_data_the_demo_did_not_create(terrace, tmp_path):
     before = snapshot(d)
     assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "did not create")
     assert_usage_error(terrace("demo", "--dir", d, *DEMO), "did not create")
+    assert snapshot(d) == before
+
+
+def test_demo_finishes_a_stopped_model_build_and_keeps_user_files(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    shutil.rmtree(d / "model")  # as a run stopped while building the model leaves it
+    (d / "model.tmp").mkdir()
+    (d / "model.tmp" / "model.safetensors.tmp.12345").write_bytes(b"partial")
+    r = terrace("demo", "--dir", d, *DEMO, check=True)
+    assert "built the model" in r.stdout and not (d / "model.tmp").exists()
+    (d / "model.tmp").mkdir()
+    (d / "model.tmp" / "notes.txt").write_text("mine\n")
+    before = snapshot(d)
+    assert_usage_error(terrace("demo", "--dir", d, *DEMO), "model.tmp/notes.txt")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "model.tmp/notes.txt", "nothing was removed")
     assert snapshot(d) == before
 
 
