@@ -62,9 +62,11 @@ struct DemoArgs {
 constexpr int kChunkTokens = 64;
 constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 
+// Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
+std::FILE* g_progress = stdout;
 void Progress(const std::string& line) {
-  fmt::print("{}\n", line);
-  std::fflush(stdout);
+  fmt::print(g_progress, "{}\n", line);
+  std::fflush(g_progress);
 }
 
 // A conversation's turns: the shared system prompt, then per turn `user_tokens` ids of its own.
@@ -185,6 +187,7 @@ int RunDemo(const DemoArgs& a) {
   if (auto b = experts::CacheBudget::Parse(a.expert_cache); !b.ok())
     return FailUsage("--expert-cache: " + b.status().message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  g_progress = a.json ? stderr : stdout;
   if (a.fresh) {
     auto removed = RemoveDemoDir(a.dir, "--dir");
     if (!removed.ok())
@@ -208,7 +211,7 @@ int RunDemo(const DemoArgs& a) {
     if (previous.is_discarded()) previous = nullptr;
   }
   const model::ModelConfig config = *model::Preset(a.preset);
-  fmt::print("terrace demo: data in {}\n", fs::absolute(dir).lexically_normal().string());
+  Progress(fmt::format("terrace demo: data in {}", fs::absolute(dir).lexically_normal().string()));
 
   // 1. The model.
   auto t0 = Clock::now();
@@ -476,11 +479,15 @@ int RunDemo(const DemoArgs& a) {
   }
 
   fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", results.size(), Since(t_start));
-  if (second_run)
-    fmt::print("  reused the last run's data: model, experts and {} KV + {} state blocks found on NVMe; turn 1 "
-               "restored {} of {} prompt tokens\n",
-               kv_blocks_before, state_blocks_before, results.empty() ? 0 : results.front().restored,
+  if (second_run) {
+    std::vector<std::string> reused;
+    if (*reused_model) reused.push_back("the model");
+    if (expert_puts == 0) reused.push_back("the experts");
+    reused.push_back(fmt::format("{} KV + {} state blocks", kv_blocks_before, state_blocks_before));
+    fmt::print("  reused the last run's data: {} found in {}; turn 1 restored {} of {} prompt tokens\n",
+               fmt::join(reused, ", "), a.dir, results.empty() ? 0 : results.front().restored,
                results.empty() ? 0 : results.front().prompt.size());
+  }
   fmt::print("  throughput:      {:.1f} tokens/s ({} prompt + {} generated tokens; decode {:.1f} tokens/s)\n",
              s["tokens_per_s"].get<double>(), prompt_tokens, generated, s["decode_tokens_per_s"].get<double>());
   fmt::print("  first token:     {:.3f} s with restore, {:.3f} s by full recompute (mean of {} turns; of the {} turns "

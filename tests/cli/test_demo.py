@@ -81,7 +81,8 @@ def test_the_demo_figures_match_an_independent_recompute(terrace, two_runs, tmp_
 
 def test_the_demo_check_catches_a_perturbed_restore(terrace, tmp_path):
     d = tmp_path / "data"
-    r, j = run_demo(terrace, d, "--inject-fault", "state", expect=1)
+    r, j = run_demo(terrace, d, "--inject-fault", "state", "--json", expect=1)
+    assert json.loads(r.stdout) == j  # --json: stdout holds only the figures (progress on stderr)
     assert j["verified"] is False
     bad = [t for t in j["turns"] if not t["equal"]]
     assert bad and all(t["restored_tokens"] > 0 for t in bad)
