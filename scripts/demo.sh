@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a new user: installs what is missing, builds the `terrace` tool, and runs
 # `terrace demo` on embedded defaults (a data directory ./terrace-data under the working folder; no
-# server, no GPU needed). Arguments go to `terrace demo`.
+# server, no GPU needed): the k3-small model on a multi-turn chat with prefix-cache restore and
+# expert offload, checked against a full recompute (docs/demo.md). Arguments go to `terrace demo`.
 #
 # Uses the same ./build folder and the same configuration as scripts/test.sh (it only builds fewer
 # targets), so running one after the other never leaves the folder in a state the other misreads.

@@ -1,268 +1,561 @@
-// terrace demo: the store end to end on embedded defaults (./terrace-data, no server, no GPU).
+// terrace demo: the real system end to end on embedded defaults (./terrace-data, no server, no GPU;
+// docs/demo.md).
 //
-// It plays a small hybrid-model workload at k3-toy shapes (sizes from KvLayout, keys from the key
-// schema, docs/keys.md): sequences sharing prompt prefixes write one MLA latent block per 64-token
-// chunk and KDA state snapshots every 4 chunks (keyed by the tenant-salted chained prefix hash),
-// expert weights are stored and prefetched to HBM, and a second wave of requests reuses the
-// prefixes. Capacities are small so blocks move between tiers. Every block read is verified.
+// It builds the k3-small model (random weights, the `model init` code path; kept in DIR/model for
+// the next run), then plays a multi-turn chat workload through the reference model: one shared
+// system prompt, several conversations, each turn's prompt = the conversation so far + new user
+// tokens, greedy decoding. Every prefill goes through the prefix cache (DIR/kv and DIR/state, the
+// same pools as `model run --store DIR`) and the routed experts are served by the expert offload
+// (DIR/experts on NVMe, a fast-tier cache of --expert-cache with the lookahead predictor). Every
+// turn is recomputed by a second, all-resident model with no store, and its generated ids and
+// logits must be bitwise equal. The figures go to DIR/demo-run.json.
+#include <array>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/demo_dir.h"
+#include "src/cli/model_run_experts.h"
+#include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
-#include "terrace/keys.h"
-#include "terrace/kv_layout.h"
-#include "terrace/model_config.h"
-#include "terrace/model_weights.h"
-#include "terrace/store.h"
+#include "src/cli/safe_files.h"
+#include "src/model/model.h"
+#include "src/model/safetensors.h"
+#include "src/model/session.h"
+#include "src/model/weights_init.h"
 
 namespace terrace::cli {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 struct DemoArgs {
   std::string dir = "terrace-data";
-  unsigned sequences = 24;
-  unsigned chunks = 8;     // 64-token chunks per sequence
+  unsigned conversations = 3;
+  unsigned turns = 3;
+  unsigned system_tokens = 128;
+  unsigned user_tokens = 32;
+  unsigned new_tokens = 8;
   std::uint64_t seed = 1;
+  std::string expert_cache = "25%";
+  std::uint64_t kv_nvme_bytes = 64ull << 20;
+  std::uint64_t state_nvme_bytes = 128ull << 20;
   bool fresh = false;
+  bool json = false;
+  std::string preset = "k3-small";
+  std::string inject_fault;  // hidden, for tests: "state" perturbs a restored turn's state
 };
 
-// The demo's model: k3-toy (docs/model-format.md section 3). It has no weights, so its model id
-// covers the config alone; block sizes come from KvLayout, keys from terrace/keys.h (docs/keys.md).
 constexpr int kChunkTokens = 64;
-constexpr int kSnapshotEvery = 4;  // KDA snapshots every 4 chunks (256 tokens): the joint boundaries
-constexpr std::uint64_t kDemoNvmeBytes = 512 * kMiB;
+constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 
-class NoWeights final : public model::WeightSource {
- public:
-  Result<model::TensorView> Get(std::string_view name) const override {
-    return Status::NotFound(fmt::format("the demo model has no tensor '{}'", name));
-  }
-  bool Has(std::string_view) const override { return false; }
-  std::vector<std::string> Names() const override { return {}; }
-};
-
-struct DemoModel {
-  model::ModelConfig config;
-  kv::KvLayout layout;
-  std::uint32_t kv_ns = 0, state_ns = 0, expert_ns = 0;
-  std::size_t chunk_block_bytes = 0, state_block_bytes = 0, expert_bytes = 0;
-  std::vector<int> moe_layers;
-};
-
-const DemoModel& Demo() {
-  static const DemoModel m = [] {
-    DemoModel d;
-    d.config = *model::Preset("k3-toy");
-    kv::KvLayoutOptions o;
-    o.chunk_tokens = kChunkTokens;
-    o.snapshot_every = kSnapshotEvery;
-    d.layout = *kv::KvLayout::FromConfig(d.config, o);
-    const ContentId id = keys::ModelId(d.config, NoWeights());
-    d.kv_ns = keys::Namespace(id, d.layout.Id(), d.layout.kv_codec().Name(), keys::kKeySchemaVersion);
-    d.state_ns = keys::Namespace(id, d.layout.Id(), d.layout.state_codec().Name(), keys::kKeySchemaVersion);
-    d.expert_ns = keys::Namespace(id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
-    d.chunk_block_bytes = d.layout.mla_chunk_block_bytes();
-    d.state_block_bytes = d.layout.state_block_bytes();
-    // An MXFP4 expert: w1, w3 [I, latent] and w2 [latent, I], 4 bits per value + one scale byte per 32.
-    const std::size_t values = static_cast<std::size_t>(d.config.moe_intermediate_size) *
-                               static_cast<std::size_t>(d.config.routed_expert_hidden_size);
-    d.expert_bytes = 3 * (values / 2 + values / 32);
-    for (int l = 0; l < d.config.num_hidden_layers; ++l)
-      if (!d.config.IsDenseLayer(l)) d.moe_layers.push_back(l);
-    return d;
-  }();
-  return m;
+// Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
+std::FILE* g_progress = stdout;
+void Progress(const std::string& line) {
+  fmt::print(g_progress, "{}\n", line);
+  std::fflush(g_progress);
 }
 
-// The file that marks a store as created by `terrace demo` (only such a store may --fresh remove).
-constexpr const char* kDemoMarker = "terrace-demo.marker";
-
-// A sequence's tokens: the first `shared_chunks` chunks are a prompt prefix shared by groups of 4
-// sequences.
-std::vector<std::int32_t> SequenceTokens(unsigned seq, unsigned chunks, unsigned shared_chunks) {
-  std::vector<std::int32_t> t;
-  t.reserve(std::size_t{chunks} * kChunkTokens);
-  for (unsigned chunk = 0; chunk < chunks; ++chunk) {
-    const unsigned owner = chunk < shared_chunks ? seq / 4 : 1000 + seq;
-    for (int i = 0; i < kChunkTokens; ++i)
-      t.push_back(static_cast<std::int32_t>((owner * 7919 + chunk * 131 + static_cast<unsigned>(i)) % 512));
-  }
+// A conversation's turns: the shared system prompt, then per turn `user_tokens` ids of its own.
+std::vector<int> UserTokens(const DemoArgs& a, int vocab, unsigned conversation, unsigned turn) {
+  std::mt19937_64 rng(a.seed * 1000003u + conversation * 1009u + turn + 1);
+  std::vector<int> t(a.user_tokens);
+  for (int& id : t) id = static_cast<int>(rng() % static_cast<std::uint64_t>(vocab));
+  return t;
+}
+std::vector<int> SystemTokens(const DemoArgs& a, int vocab) {
+  std::mt19937_64 rng(a.seed ^ 0x5157E3ull);
+  std::vector<int> t(a.system_tokens);
+  for (int& id : t) id = static_cast<int>(rng() % static_cast<std::uint64_t>(vocab));
   return t;
 }
 
-struct Tally {
-  std::uint64_t puts = 0, reused = 0, reads = 0, bytes = 0;
+// The model in DIR/model: reused when its config is k3-small's, written (seeded) otherwise.
+Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& preset, const model::ModelConfig& config,
+                         std::uint64_t seed) {
+  namespace fs = std::filesystem;
+  const fs::path out = dir / kDemoModelDir;
+  std::error_code ec;
+  if (fs::exists(out / "config.json", ec)) {
+    auto md = model::ModelDir::Open(out);
+    if (md.ok() && model::ToConfigJson((*md)->config()) == model::ToConfigJson(config)) return true;
+    return Status::InvalidArgument(fmt::format(
+        "--dir: {} holds a model that does not load as {} ({}); run 'terrace demo --fresh' to rebuild it",
+        out.string(), preset, md.ok() ? "another config" : md.status().message()));
+  }
+  const fs::path tmp = dir / kDemoModelTmpDir;  // WhyNotDemoDir checked it holds only model files
+  fs::remove_all(tmp, ec);
+  model::InitOptions o;
+  o.seed = seed;
+  TERRACE_RETURN_IF_ERROR(model::InitWeights(config, tmp, o).WithContext("building the demo model"));
+  fs::rename(tmp, out, ec);
+  if (ec) return Status::IoError(fmt::format("cannot move {} to {}: {}", tmp.string(), out.string(), ec.message()));
+  return false;
+}
+
+// The expert store DIR/experts (its NVMe tier the experts' home, sized to them) and the offload
+// over it: as `model run --store DIR --expert-cache C` (model_run_experts.h) with a smaller file.
+Result<ExpertRun> OpenDemoExperts(const DemoArgs& a, const std::filesystem::path& dir, const model::ModelConfig& config,
+                                  const model::WeightSource& weights) {
+  auto budget = experts::CacheBudget::Parse(a.expert_cache);
+  if (!budget.ok()) return Status::InvalidArgument("--expert-cache: " + budget.status().message());
+  const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
+  const std::filesystem::path nvme_dir = dir / "experts";
+  std::error_code ec;
+  std::filesystem::create_directories(nvme_dir, ec);
+  if (ec) return Status::IoError(fmt::format("--dir: cannot create {}: {}", nvme_dir.string(), ec.message()));
+  StoreOptions so = experts::ExpertOffload::OpenStoreOptions(total, budget->Resolve(total), nvme_dir.string());
+  // Room for every block with its 4 KiB descriptor and alignment; an existing file keeps its size.
+  so.nvme.capacity_bytes = StoreDataExists(nvme_dir) ? 0 : ((total + total / 4 + (4ull << 20)) >> 20) << 20;
+  auto store = Store::Open(so);
+  if (!store.ok()) return store.status().WithContext("--dir: opening the expert store");
+  ExpertRun run;
+  run.store = std::move(store).value();
+  experts::ExpertOffloadOptions opt;
+  opt.home = TierId::kNvme;
+  opt.budget = *budget;
+  opt.policy = experts::CachePolicyKind::kUtility;
+  opt.window = run.depth;
+  auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
+  if (!off.ok()) return off.status();
+  run.offload = std::move(off).value();
+  run.predictor = experts::PredictorKind::kLookahead;
+  return run;
+}
+
+struct TurnResult {
+  unsigned conversation = 0, turn = 0;
+  std::vector<int> prompt;
+  std::int64_t restored = 0, computed = 0;
+  std::vector<int> generated, reference_generated;
+  bool equal = false;
+  double max_abs_diff = 0;
+  std::string final_logits_xxh3;
+  double ttft_s = 0, ttft_recompute_s = 0, decode_s = 0, forward_s = 0;
+  std::array<std::uint64_t, kNumTiers> restore_bytes{};
+  int fallbacks = 0;
 };
 
-Status PutVerified(Store& store, const BlockKey& key, std::size_t size, std::uint64_t seed, Tally* tally) {
-  if (store.Contains(key)) {  // a prefix seen before: restore instead of recompute
-    ++tally->reused;
-    return Status::Ok();
+// Differences between two logits arrays: bitwise equality and the largest |a - b|.
+void Compare(std::span<const float> x, std::span<const float> y, bool* equal, double* max_abs) {
+  if (x.size() != y.size()) {
+    *equal = false;
+    *max_abs = INFINITY;
+    return;
   }
-  std::vector<std::byte> buf(size);
-  FillPattern(seed, key, buf);
-  TERRACE_RETURN_IF_ERROR(store.Put(key, buf).WithContext(key.ToString()));
-  ++tally->puts;
-  tally->bytes += size;
-  return Status::Ok();
+  if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) *equal = false;
+  for (std::size_t i = 0; i < x.size(); ++i) *max_abs = std::max(*max_abs, static_cast<double>(std::fabs(x[i] - y[i])));
 }
 
-Status ReadVerified(Store& store, const BlockKey& key, std::uint64_t seed, Tally* tally) {
-  const DemoModel& m = Demo();
-  std::vector<std::byte> buf(std::max({m.chunk_block_bytes, m.state_block_bytes, m.expert_bytes})), want;
-  TERRACE_ASSIGN_OR_RETURN(BlockDesc d, store.Get(key, buf));
-  want.resize(d.size);
-  FillPattern(seed, key, want);
-  if (!std::equal(want.begin(), want.end(), buf.begin())) {
-    return Status::Corruption(fmt::format("demo block {} read back different bytes than were put", key.ToString()));
+double Rate(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
+
+nlohmann::json TierRates(const Store& store) {
+  nlohmann::json j = nlohmann::json::object();
+  const StoreStats st = store.Stats();
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (!st.present[static_cast<std::size_t>(t)]) continue;
+    const auto& s = st.tiers[static_cast<std::size_t>(t)];
+    j[kTierNames[t]] = {{"hit_rate", s.hits + s.misses > 0 ? nlohmann::json(Rate(s.hits, s.hits + s.misses)) : nlohmann::json()},
+                        {"hits", s.hits}, {"misses", s.misses},
+                        {"bytes_read", s.bytes_read}, {"bytes_written", s.bytes_written}, {"blocks", s.blocks},
+                        {"capacity_bytes", s.capacity_bytes}, {"evictions", s.evictions}, {"emulated", s.emulated}};
   }
-  ++tally->reads;
-  return Status::Ok();
+  return j;
 }
 
-Status PlaySequences(Store& store, const DemoArgs& a, unsigned first, Tally* tally) {
-  const DemoModel& m = Demo();
-  for (unsigned s = first; s < first + a.sequences; ++s) {
-    const auto ids = keys::ChunkIds(m.kv_ns, "", SequenceTokens(s, a.chunks, a.chunks / 2), kChunkTokens);
-    std::optional<ContentId> last_state;
-    for (unsigned c = 0; c < a.chunks; ++c) {
-      const ContentId& id = ids[c];
-      // One block per chunk holds every MLA layer's latents.
-      TERRACE_RETURN_IF_ERROR(PutVerified(store, keys::KvChunkKey(m.kv_ns, id), m.chunk_block_bytes, a.seed, tally));
-      if ((c + 1) % kSnapshotEvery == 0) {  // KDA snapshots: the joint restore boundaries
-        for (int l : m.layout.kda_layers()) {
-          TERRACE_RETURN_IF_ERROR(PutVerified(store, keys::StateKey(m.state_ns, l, id), m.state_block_bytes, a.seed, tally));
-        }
-        last_state = id;
-      }
-    }
-    // Restore check: read back the sequence's latest KV chunk and its latest state snapshot (a
-    // sequence of fewer than 4 chunks has none).
-    TERRACE_RETURN_IF_ERROR(ReadVerified(store, keys::KvChunkKey(m.kv_ns, ids.back()), a.seed, tally));
-    if (last_state) {
-      TERRACE_RETURN_IF_ERROR(
-          ReadVerified(store, keys::StateKey(m.state_ns, m.layout.kda_layers().front(), *last_state), a.seed, tally));
-    }
-  }
-  return Status::Ok();
-}
-
-// NVMe bytes a run may write at most (no prefix shared), against the demo's fixed capacity.
-std::uint64_t DemoBytesBound(const DemoArgs& a) {
-  const DemoModel& m = Demo();
-  const std::uint64_t per_seq = std::uint64_t{a.chunks} * m.chunk_block_bytes +
-                                std::uint64_t{a.chunks / kSnapshotEvery} * m.layout.kda_layers().size() * m.state_block_bytes;
-  return std::uint64_t{a.sequences} * per_seq +
-         m.moe_layers.size() * static_cast<std::uint64_t>(m.config.num_experts) * m.expert_bytes;
-}
+std::string Pct(double r) { return fmt::format("{:.1f}%", 100.0 * r); }
 
 int RunDemo(const DemoArgs& a) {
-  if (DemoBytesBound(a) > kDemoNvmeBytes / 10 * 9) {
-    return FailUsage(fmt::format("--sequences {} x --chunks {} may write up to {}, more than the demo's {} NVMe "
-                                 "store holds; lower --sequences or --chunks (their product up to about 4000)",
-                                 a.sequences, a.chunks, FormatBytes(static_cast<double>(DemoBytesBound(a))),
-                                 FormatBytes(static_cast<double>(kDemoNvmeBytes))));
-  }
+  namespace fs = std::filesystem;
+  if (!a.inject_fault.empty() && a.inject_fault != "state")
+    return FailUsage(fmt::format("--inject-fault: '{}' is not 'state'", a.inject_fault));
+  if (a.preset != "k3-small" && a.preset != "k3-toy")
+    return FailUsage(fmt::format("--preset: '{}' is not k3-small or k3-toy", a.preset));
+  if (auto b = experts::CacheBudget::Parse(a.expert_cache); !b.ok())
+    return FailUsage("--expert-cache: " + b.status().message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  g_progress = a.json ? stderr : stdout;
   if (a.fresh) {
-    auto removed = RemoveOwnedStore(a.dir, kDemoMarker, "--dir", "terrace demo --fresh");
-    if (!removed.ok()) {
-      return removed.status().IsIoError() ? Fail(removed.status().message())
-                                                              : FailUsage(removed.status().message());
-    }
-    if (*removed) fmt::print("terrace demo: --fresh removed the demo store at {}\n", a.dir);
+    auto removed = RemoveDemoDir(a.dir, "--dir");
+    if (!removed.ok())
+      return removed.status().IsIoError() ? Fail(removed.status().message()) : FailUsage(removed.status().message());
+    if (*removed) Progress(fmt::format("terrace demo: --fresh removed the demo's data in {}", a.dir));
   }
-  const bool creating = !StoreDataExists(a.dir);
-  if (!creating && !IsOwnedStore(a.dir, kDemoMarker)) {
-    return FailUsage(fmt::format("--dir {} holds a Terrace store (or other files) that 'terrace demo' did not "
-                                 "create; give a new or empty --dir for the demo",
-                                 a.dir));
+  if (std::string why = WhyNotDemoDir(a.dir, "--dir"); !why.empty())
+    return FailUsage(why + "; give a new or empty --dir for the demo");
+  const auto t_start = Clock::now();
+  const fs::path dir(a.dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", a.dir, ec.message()));
+  if (!fs::exists(dir / kDemoMarker)) {
+    if (Status s = WriteMarker(dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
-  StoreOptions o;
-  o.hbm.capacity_bytes = 4 * kMiB;   // emulated in host memory when there is no GPU
-  o.host.capacity_bytes = 8 * kMiB;
-  o.host.chunk_bytes = 2 * kMiB;
-  o.write_policy = WritePolicy::kWriteThrough;  // every block also lands on NVMe: the next run reuses it
-  o.nvme.path = a.dir;
-  o.nvme.capacity_bytes = kDemoNvmeBytes;
-  auto store_or = Store::Open(o);
-  if (!store_or.ok()) return Fail(store_or.status().ToString());
-  Store& store = **store_or;
-  if (creating) {  // mark the store as the demo's, so a later --fresh may remove it
-    if (Status s = WriteMarker(a.dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
+  nlohmann::json previous;
+  if (fs::exists(dir / kDemoRunJson)) {
+    auto text = ReadInputFile(dir / kDemoRunJson, "--dir", 64ull << 20);
+    if (text.ok()) previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (previous.is_discarded()) previous = nullptr;
   }
-  const std::uint64_t existing = store.Stats().blocks;
-  fmt::print("terrace demo: store at {} (hbm {}, host {}, nvme {}); {} blocks from earlier runs\n",
-             std::filesystem::absolute(a.dir).lexically_normal().string(),
-             FormatBytes(static_cast<double>(o.hbm.capacity_bytes)), FormatBytes(static_cast<double>(o.host.capacity_bytes)),
-             FormatBytes(static_cast<double>(o.nvme.capacity_bytes)), existing);
-  auto start = std::chrono::steady_clock::now();
-  Tally kv, experts;
+  const model::ModelConfig config = *model::Preset(a.preset);
+  Progress(fmt::format("terrace demo: data in {}", fs::absolute(dir).lexically_normal().string()));
 
-  // 1. Expert weights: stored once, cold, then the router's picks are prefetched to HBM.
-  const DemoModel& m = Demo();
-  const int experts_per_layer = m.config.num_experts;
-  for (int l : m.moe_layers) {
-    for (int e = 0; e < experts_per_layer; ++e) {
-      if (Status s = PutVerified(store, keys::ExpertKey(m.expert_ns, l, e), m.expert_bytes, a.seed, &experts); !s.ok())
-        return Fail(s.ToString());
+  // 1. The model.
+  auto t0 = Clock::now();
+  Progress(fmt::format("[1/4] model: {} ({} layers, {} routed experts per MoE layer, top-{}) ...", a.preset,
+                       config.num_hidden_layers, config.num_experts, config.num_experts_per_token));
+  auto reused_model = EnsureModel(dir, a.preset, config, a.seed);
+  if (!reused_model.ok())
+    return reused_model.status().IsInvalidArgument() ? FailUsage(reused_model.status().message())
+                                                     : Fail(reused_model.status().ToString());
+  auto md = model::ModelDir::Open(dir / kDemoModelDir);
+  if (!md.ok()) return Fail(md.status().ToString());
+  Progress(fmt::format("      {} {} in {:.1f} s ({}, random weights, seed {})",
+                       *reused_model ? "reused the model from the last run" : "built the model",
+                       (dir / kDemoModelDir).string(), Since(t0), FormatBytes(static_cast<double>(model::WeightBytes(config))),
+                       a.seed));
+
+  // 2. The stores: prefix cache pools and the expert store, all on NVMe files under DIR.
+  t0 = Clock::now();
+  std::array<bool, 3> created{};
+  for (std::size_t i = 0; i < 3; ++i) created[i] = !StoreDataExists(dir / kDemoStores[i]);
+  KvRunArgs kv_args;
+  kv_args.store = a.dir;
+  kv_args.kv_codec = "f32";
+  kv_args.state_codec = "f32";
+  kv_args.chunk_tokens = kChunkTokens;
+  kv_args.snapshot_every = 1;
+  kv_args.kv_nvme_bytes = a.kv_nvme_bytes;
+  kv_args.state_nvme_bytes = a.state_nvme_bytes;
+  kv_args.hbm_bytes = 1ull << 20;
+  kv_args.host_bytes = 2ull << 20;
+  kv_args.state_host_bytes = 4ull << 20;
+  auto kv = OpenKvRun(kv_args, config, **md);
+  if (!kv.ok()) return kv.status().IsInvalidArgument() ? FailUsage(kv.status().message()) : Fail(kv.status().ToString());
+  for (std::size_t i = 0; i < 2; ++i) {
+    if (created[i]) {
+      if (Status s = WriteMarker(dir / kDemoStores[i], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
     }
   }
-  std::vector<BlockKey> picks;
-  for (int l : m.moe_layers) {
-    for (int e : {l % experts_per_layer, (l * 5) % experts_per_layer}) picks.push_back(keys::ExpertKey(m.expert_ns, l, e));
+  Progress(fmt::format("[2/4] stores: prefix cache in {0}/kv and {0}/state; putting {1} routed experts ({2}) into the "
+                       "expert store on NVMe ({0}/experts; an identical block already there is kept) ...",
+                       a.dir,
+                       static_cast<std::int64_t>(config.num_experts) *
+                           (config.num_hidden_layers - config.first_k_dense_replace),
+                       FormatBytes(static_cast<double>(experts::ExpertOffload::TotalExpertBytes(config)))));
+  auto ex = OpenDemoExperts(a, dir, config, **md);
+  if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
+  if (created[2]) {
+    if (Status s = WriteMarker(dir / kDemoStores[2], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
-  auto prefetch = store.Prefetch(picks, store.HasTier(TierId::kHbm) ? TierId::kHbm : TierId::kHost);
-  // 2. Two waves of requests; the second reuses the first wave's shared prefixes.
-  if (Status s = PlaySequences(store, a, 0, &kv); !s.ok()) return Fail(s.ToString());
-  if (Status s = PlaySequences(store, a, 0, &kv); !s.ok()) return Fail(s.ToString());
-  std::vector<Status> fetched = prefetch.get();
-  std::size_t prefetched = 0;
-  for (const Status& s : fetched) prefetched += s.ok();
-  for (const BlockKey& k : picks) {
-    if (Status s = ReadVerified(store, k, a.seed, &experts); !s.ok()) return Fail(s.ToString());
-  }
-  if (Status s = store.Flush(); !s.ok()) return Fail(s.ToString());
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::uint64_t kv_blocks_before = kv->kv_store->Stats().blocks, state_blocks_before = kv->state_store->Stats().blocks;
+  const std::uint64_t expert_puts = ex->store->Stats().tiers[static_cast<std::size_t>(TierId::kNvme)].puts;
+  Progress(fmt::format("      stores open in {:.1f} s: {} KV chunk and {} KDA state blocks from earlier runs; {} expert "
+                       "blocks written ({}); expert cache {} of the experts ({}) in emulated HBM, lookahead predictor",
+                       Since(t0), kv_blocks_before, state_blocks_before, expert_puts,
+                       expert_puts == 0 ? "all were on NVMe from an earlier run" : "a new expert store",
+                       a.expert_cache, FormatBytes(static_cast<double>(ex->offload->budget_bytes()))));
 
-  StoreStats st = store.Stats();
-  fmt::print("KV + state blocks: {} written ({}), {} reused by prefix hash, {} read back and verified\n", kv.puts,
-             FormatBytes(static_cast<double>(kv.bytes)), kv.reused, kv.reads);
-  fmt::print("expert blocks:     {} written ({}), {} of {} prefetched, {} read back and verified\n", experts.puts,
-             FormatBytes(static_cast<double>(experts.bytes)), prefetched, picks.size(), experts.reads);
-  std::vector<TierStatsSnapshot> tiers;
-  for (int t = 0; t < kNumTiers; ++t) {
-    if (st.present[static_cast<std::size_t>(t)]) tiers.push_back(st.tiers[static_cast<std::size_t>(t)]);
+  auto model = model::Model::Load(config, **md, ex->offload);
+  if (!model.ok()) return Fail(model.status().ToString());
+  auto reference = model::Model::Load(config, **md);  // all experts resident, no store
+  if (!reference.ok()) return Fail(reference.status().ToString());
+  ex->offload->SetPredictor(experts::MakeLookaheadPredictor(**model, {.depth = ex->depth, .min_confidence = 0.5}));
+  kv::PrefixCache& cache = *kv->cache;
+
+  // 3. The chat workload, turn by turn, round-robin over the conversations.
+  const std::vector<int> system = SystemTokens(a, config.vocab_size);
+  std::vector<std::vector<int>> history(a.conversations, system);
+  std::vector<TurnResult> results;
+  Progress(fmt::format("[3/4] chat: {} conversations x {} turns (system prompt {} tokens, {} user tokens and {} "
+                       "generated per turn), each turn checked against a full recompute ...",
+                       a.conversations, a.turns, a.system_tokens, a.user_tokens, a.new_tokens));
+  bool fault_done = false;
+  for (unsigned t = 0; t < a.turns; ++t) {
+    for (unsigned c = 0; c < a.conversations; ++c) {
+      TurnResult r;
+      r.conversation = c;
+      r.turn = t;
+      std::vector<int>& prompt = history[c];
+      const std::vector<int> user = UserTokens(a, config.vocab_size, c, t);
+      prompt.insert(prompt.end(), user.begin(), user.end());
+      r.prompt = prompt;
+
+      // The system: prefix-cache restore + expert offload.
+      model::Session session(**model);
+      model::ForwardOptions hooks;
+      ex->offload->AttachHooks(&hooks);
+      session.set_hooks(hooks);
+      auto t_turn = Clock::now();
+      const auto request = cache.Prepare(prompt, "");
+      auto p = kv::PrefillWithCache(&session, cache, request);
+      if (!p.ok()) return Fail(p.status().ToString());
+      r.ttft_s = Since(t_turn);
+      r.restored = p->restored_tokens;
+      r.computed = p->computed_tokens;
+      r.restore_bytes = p->restore.bytes_read;
+      r.fallbacks = p->restore.fallbacks;
+      if (a.inject_fault == "state" && r.restored > 0 && !fault_done) {
+        for (int l = 0; l < session.state().num_layers(); ++l) {
+          auto& ls = session.state().layer(l);
+          if (!ls.is_mla && !ls.recurrent.empty()) {
+            ls.recurrent[0] += 1.0f;
+            fault_done = true;
+            break;
+          }
+        }
+      }
+      std::vector<std::vector<float>> step_logits;
+      auto t_dec = Clock::now();
+      for (unsigned i = 0; i < a.new_tokens; ++i) {
+        r.generated.push_back(model::Argmax(session.last_logits()));
+        if (i + 1 < a.new_tokens) {
+          auto l = session.Decode(r.generated.back());
+          if (!l.ok()) return Fail(l.status().ToString());
+          step_logits.push_back(*l);
+        }
+      }
+      r.decode_s = Since(t_dec);
+      r.forward_s = r.ttft_s + r.decode_s;
+      const auto& last = session.last_logits();
+      r.final_logits_xxh3 = fmt::format("{:016x}", XXH3_64bits(last.data(), last.size() * sizeof(float)));
+
+      // The oracle: all experts resident, no store, the whole prompt computed in the same pieces.
+      model::Session ref(**reference);
+      std::vector<float> ref_prefill;
+      auto t_ref = Clock::now();
+      const auto n = static_cast<std::int64_t>(prompt.size());
+      for (std::int64_t pos = 0; pos < n;) {
+        const std::int64_t end = std::min(n, (pos / kChunkTokens + 1) * kChunkTokens);
+        auto piece = ref.Prefill(std::span(prompt).subspan(static_cast<std::size_t>(pos), static_cast<std::size_t>(end - pos)));
+        if (!piece.ok()) return Fail(piece.status().ToString());
+        if (end > r.restored) {
+          const std::int64_t from = std::max<std::int64_t>(pos, r.restored) - pos;
+          ref_prefill.insert(ref_prefill.end(), piece->data.begin() + from * config.vocab_size, piece->data.end());
+        }
+        pos = end;
+      }
+      r.ttft_recompute_s = Since(t_ref);
+      r.equal = true;
+      Compare(p->logits.data, ref_prefill, &r.equal, &r.max_abs_diff);
+      for (unsigned i = 0; i < a.new_tokens; ++i) {
+        r.reference_generated.push_back(model::Argmax(ref.last_logits()));
+        if (i + 1 < a.new_tokens) {
+          auto l = ref.Decode(r.reference_generated.back());
+          if (!l.ok()) return Fail(l.status().ToString());
+          Compare(*l, step_logits[i], &r.equal, &r.max_abs_diff);
+        }
+      }
+      r.equal = r.equal && r.generated == r.reference_generated;
+      std::string from;
+      if (r.restored > 0) {
+        std::vector<std::string> parts;
+        const std::uint64_t all = r.restore_bytes[0] + r.restore_bytes[1] + r.restore_bytes[2];
+        for (int tier = 0; tier < kNumTiers; ++tier)
+          if (r.restore_bytes[static_cast<std::size_t>(tier)] > 0)
+            parts.push_back(fmt::format("{} {}", Pct(Rate(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
+        from = fmt::format(" ({})", fmt::join(parts, ", "));
+      }
+      Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "
+                           "token {:.3f} s (recompute {:.3f} s); {} tokens generated; {}",
+                           c + 1, t + 1, prompt.size(), r.restored, from, r.computed, r.ttft_s, r.ttft_recompute_s,
+                           r.generated.size(),
+                           r.equal ? "ids and logits equal the recompute"
+                                   : fmt::format("DIFFERS from the recompute (max |diff| {:.3g})", r.max_abs_diff)));
+      prompt.insert(prompt.end(), r.generated.begin(), r.generated.end());
+      results.push_back(std::move(r));
+    }
   }
-  fmt::print("\n{}\n", TierTable(tiers).Render());
-  for (const auto& t : tiers) {
-    if (!t.detail.empty()) fmt::print("{}: {}\n", t.name, t.detail);
+  cache.Flush();
+  for (Store* st : {kv->kv_store.get(), kv->state_store.get(), ex->store.get()})
+    if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
+  ex->offload->Quiesce();
+
+  // 4. The summary.
+  const kv::PrefixCacheStats kst = cache.Stats();
+  const experts::ExpertMetrics em = ex->offload->Metrics();
+  std::int64_t prompt_tokens = 0, restored = 0, generated = 0;
+  double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
+  int restored_turns = 0;
+  bool verified = true;
+  std::array<std::uint64_t, kNumTiers> restore_bytes{};
+  for (const TurnResult& r : results) {
+    prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
+    restored += r.restored;
+    generated += static_cast<std::int64_t>(r.generated.size());
+    forward_s += r.forward_s;
+    decode_s += r.decode_s;
+    ttft += r.ttft_s;
+    ttft_ref += r.ttft_recompute_s;
+    if (r.restored > 0) {
+      ++restored_turns;
+      ttft_restored += r.ttft_s;
+      ttft_restored_ref += r.ttft_recompute_s;
+    }
+    verified = verified && r.equal;
+    for (int t = 0; t < kNumTiers; ++t) restore_bytes[static_cast<std::size_t>(t)] += r.restore_bytes[static_cast<std::size_t>(t)];
   }
-  fmt::print("store: {} blocks, {} promotions, {} demotions, {} evictions ({}), {} dedup hits, {:.2f} s\n", st.blocks,
-             st.promotions, st.demotions, st.evictions, st.eviction_policy, st.dedup_hits, secs);
-  fmt::print("run 'terrace demo' again: the blocks persisted on NVMe are found and reused; '--fresh' starts over\n");
-  return 0;
+  verified = verified && kst.write_failures == 0;
+  const double nturns = static_cast<double>(results.size());
+  const std::uint64_t restore_all = restore_bytes[0] + restore_bytes[1] + restore_bytes[2];
+  const bool second_run = !previous.is_null() || kv_blocks_before > 0;
+
+  nlohmann::json j;
+  j["verified"] = verified;
+  j["model"] = {{"preset", a.preset}, {"seed", a.seed}, {"dir", (dir / kDemoModelDir).string()}, {"reused", *reused_model}};
+  j["reused_previous_run"] = second_run;
+  j["blocks_from_earlier_runs"] = {{"kv", kv_blocks_before}, {"state", state_blocks_before}};
+  j["workload"] = {{"conversations", a.conversations}, {"turns", a.turns}, {"system_tokens", a.system_tokens},
+                   {"user_tokens", a.user_tokens}, {"new_tokens", a.new_tokens}, {"chunk_tokens", kChunkTokens},
+                   {"kv_codec", "f32"}, {"state_codec", "f32"}, {"expert_cache", a.expert_cache},
+                   {"predictor", "lookahead"}, {"expert_policy", "utility"}};
+  for (const TurnResult& r : results) {
+    nlohmann::json t;
+    t["conversation"] = r.conversation;
+    t["turn"] = r.turn;
+    t["prompt"] = r.prompt;
+    t["prompt_tokens"] = r.prompt.size();
+    t["restored_tokens"] = r.restored;
+    t["computed_tokens"] = r.computed;
+    t["generated"] = r.generated;
+    t["reference_generated"] = r.reference_generated;
+    t["equal"] = r.equal;
+    t["max_abs_diff"] = r.max_abs_diff;
+    t["final_logits_xxh3_64"] = r.final_logits_xxh3;
+    t["ttft_s"] = r.ttft_s;
+    t["ttft_recompute_s"] = r.ttft_recompute_s;
+    t["fallbacks"] = r.fallbacks;
+    for (int tier = 0; tier < kNumTiers; ++tier) t["restore_bytes"][kTierNames[tier]] = r.restore_bytes[static_cast<std::size_t>(tier)];
+    j["turns"].push_back(t);
+  }
+  nlohmann::json& s = j["summary"];
+  s["prompt_tokens"] = prompt_tokens;
+  s["restored_tokens"] = restored;
+  s["restored_share"] = Rate(static_cast<std::uint64_t>(restored), static_cast<std::uint64_t>(prompt_tokens));
+  s["generated_tokens"] = generated;
+  s["tokens_per_s"] = forward_s > 0 ? static_cast<double>(prompt_tokens + generated) / forward_s : 0.0;
+  s["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(generated - static_cast<std::int64_t>(results.size())) / decode_s : 0.0;
+  s["ttft_mean_s"] = nturns > 0 ? ttft / nturns : 0.0;
+  s["ttft_recompute_mean_s"] = nturns > 0 ? ttft_ref / nturns : 0.0;
+  s["restored_turns"] = restored_turns;
+  s["ttft_restored_turns_mean_s"] = restored_turns > 0 ? ttft_restored / restored_turns : 0.0;
+  s["ttft_restored_turns_recompute_mean_s"] = restored_turns > 0 ? ttft_restored_ref / restored_turns : 0.0;
+  for (int t = 0; t < kNumTiers; ++t)
+    s["prefix_restore_share_by_tier"][kTierNames[t]] = Rate(restore_bytes[static_cast<std::size_t>(t)], restore_all);
+  s["prefix_fallbacks"] = kst.fallbacks;
+  s["prefix_write_failures"] = kst.write_failures;
+  s["tiers"] = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", TierRates(*ex->store)}};
+  s["experts"] = {{"hit_rate", em.hit_rate}, {"hits", em.hits}, {"late_hits", em.late_hits}, {"misses", em.misses},
+                  {"prefetch_precision", em.prediction.precision()}, {"prefetch_recall", em.prediction.recall()},
+                  {"stall_s", static_cast<double>(em.stall_ns) * 1e-9},
+                  {"stall_share", forward_s > 0 ? static_cast<double>(em.stall_ns) * 1e-9 / forward_s : 0.0},
+                  {"demand_bytes", em.demand_bytes}, {"prefetched_bytes", em.speculative_bytes},
+                  {"prefetched_wasted_bytes", em.speculative_wasted_bytes}, {"budget_bytes", em.budget_bytes},
+                  {"total_expert_bytes", em.total_expert_bytes}};
+  s["bytes_moved"] = {{"prefix_restored", restore_all}, {"prefix_written", kst.bytes_written},
+                      {"experts_on_demand", em.demand_bytes}, {"experts_prefetched", em.speculative_bytes}};
+  s["seconds"] = Since(t_start);
+  s["forward_s"] = forward_s;
+  s["verified_turns"] = results.size();
+
+  const fs::path json_path = dir / kDemoRunJson;
+  if (Status st = WriteOutputFile(json_path, "--dir", j.dump(1) + "\n"); !st.ok()) return Fail(st.ToString());
+  if (a.json) {
+    fmt::print("{}\n", j.dump());
+    return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
+  }
+
+  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", results.size(), Since(t_start));
+  if (second_run) {
+    std::vector<std::string> reused;
+    if (*reused_model) reused.push_back("the model");
+    if (expert_puts == 0) reused.push_back("the experts");
+    reused.push_back(fmt::format("{} KV + {} state blocks", kv_blocks_before, state_blocks_before));
+    fmt::print("  reused the last run's data: {} found in {}; turn 1 restored {} of {} prompt tokens\n",
+               fmt::join(reused, ", "), a.dir, results.empty() ? 0 : results.front().restored,
+               results.empty() ? 0 : results.front().prompt.size());
+  }
+  fmt::print("  throughput:      {:.1f} tokens/s ({} prompt + {} generated tokens; decode {:.1f} tokens/s)\n",
+             s["tokens_per_s"].get<double>(), prompt_tokens, generated, s["decode_tokens_per_s"].get<double>());
+  fmt::print("  first token:     {:.3f} s with restore, {:.3f} s by full recompute (mean of {} turns; of the {} turns "
+             "that restored: {:.3f} s vs {:.3f} s)\n",
+             s["ttft_mean_s"].get<double>(), s["ttft_recompute_mean_s"].get<double>(), results.size(), restored_turns,
+             s["ttft_restored_turns_mean_s"].get<double>(), s["ttft_restored_turns_recompute_mean_s"].get<double>());
+  fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
+             "host, {} from nvme; {} fallback(s)\n",
+             Pct(s["restored_share"].get<double>()), restored, prompt_tokens, Pct(Rate(restore_bytes[0], restore_all)),
+             Pct(Rate(restore_bytes[1], restore_all)), Pct(Rate(restore_bytes[2], restore_all)), kst.fallbacks);
+  for (const char* pool : {"kv", "state", "experts"}) {
+    std::vector<std::string> parts;
+    for (const auto& [tier, v] : s["tiers"][pool].items()) {
+      if (std::string_view(pool) == "experts" && tier == "hbm") {  // the expert cache counts its own hits
+        parts.push_back(fmt::format("hbm {} (expert cache)", Pct(em.hit_rate)));
+      } else {
+        parts.push_back(fmt::format("{} {}", tier,
+                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : Pct(v["hit_rate"].get<double>())));
+      }
+    }
+    fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
+  }
+  fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
+             "{}; stalls {} of forward time\n",
+             Pct(em.hit_rate), em.hits, em.late_hits, em.misses, Pct(em.prediction.precision()),
+             Pct(em.prediction.recall()), Pct(s["experts"]["stall_share"].get<double>()));
+  fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
+             FormatBytes(static_cast<double>(restore_all)), FormatBytes(static_cast<double>(kst.bytes_written)),
+             FormatBytes(static_cast<double>(em.demand_bytes)), FormatBytes(static_cast<double>(em.speculative_bytes)));
+  if (verified) {
+    fmt::print("  verified:        all {} turns: generated ids and every logit (prefill and decode) bitwise equal to a "
+               "full recompute with all experts resident and no store\n",
+               results.size());
+  } else {
+    fmt::print("  NOT verified:    some turns differ from the full recompute (see 'equal' in the JSON)\n");
+  }
+  fmt::print("\nfigures: {}\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
+             json_path.string());
+  return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
 }
 
 }  // namespace
 
 void RegisterDemo(CLI::App& app, Runner* run) {
   auto a = std::make_shared<DemoArgs>();
-  auto* demo = app.add_subcommand("demo", "Run the store end to end on embedded defaults and print a per-tier table");
-  demo->add_option("--dir", a->dir, "Data directory (created if missing)")->capture_default_str();
-  AddIntOption(demo, "--sequences", &a->sequences, 1u, 10000u, "Sequences per wave");
-  AddIntOption(demo, "--chunks", &a->chunks, 1u, 1000u, "64-token chunks per sequence");
-  AddIntOption<std::uint64_t>(demo, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the block contents");
+  auto* demo = app.add_subcommand(
+      "demo", "Run a multi-turn chat on the k3-small model with prefix-cache restore and expert offload, check it "
+              "against a full recompute, and summarise");
+  demo->add_option("--dir", a->dir, "Data directory (created if missing; reused by the next run)")->capture_default_str();
+  AddIntOption(demo, "--conversations", &a->conversations, 1u, 64u, "Conversations sharing the system prompt");
+  AddIntOption(demo, "--turns", &a->turns, 1u, 32u, "Turns per conversation");
+  AddIntOption(demo, "--system-tokens", &a->system_tokens, 1u, 4096u, "Tokens of the shared system prompt");
+  AddIntOption(demo, "--user-tokens", &a->user_tokens, 1u, 1024u, "New user tokens per turn");
+  AddIntOption(demo, "--new-tokens", &a->new_tokens, 1u, 256u, "Tokens generated per turn");
+  AddIntOption<std::uint64_t>(demo, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the model weights and the prompts");
+  demo->add_option("--expert-cache", a->expert_cache,
+                   "Fast-tier expert cache: a share of all routed expert bytes (25%) or a size (16MiB)")
+      ->capture_default_str();
+  AddSizeOption(demo, "--kv-nvme-size", &a->kv_nvme_bytes, "NVMe capacity of the KV pool when it is created", 1 << 20);
+  AddSizeOption(demo, "--state-nvme-size", &a->state_nvme_bytes, "NVMe capacity of the KDA state pool when it is created",
+                1 << 20);
+  demo->add_option("--preset", a->preset, "The model: k3-small (the demo) or k3-toy (a smaller one, for quick checks)")
+      ->capture_default_str();
+  demo->add_flag("--json", a->json, "Print the run's figures as one JSON object instead of the summary");
   demo->add_flag("--fresh", a->fresh,
-                 "Delete the demo's store in --dir first (only a store 'terrace demo' created; anything else is "
-                 "refused and left alone)");
+                 "Delete the demo's data in --dir first (only what 'terrace demo' created; anything else is refused "
+                 "and left alone)");
+  demo->add_option("--inject-fault", a->inject_fault, "Test only: 'state' perturbs a restored turn's KDA state")->group("");
   demo->callback([run, a] { *run = [a] { return RunDemo(*a); }; });
 }
 

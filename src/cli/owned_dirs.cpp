@@ -22,21 +22,25 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kDataFile = "terrace.data";
 constexpr std::string_view kIndexDir = "index";
-constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
 
 bool IsKind(const fs::path& p, mode_t kind) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
 }
 
+// A Terrace data file: the magic at offset 0, or a superblock unit that decodes (either of its two
+// slots: the first slot is all zeros until the store has rewritten its superblock).
 bool HasMagic(const fs::path& data) {
   if (!IsKind(data, S_IFREG)) return false;
   const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
-  char buf[sizeof kMagic] = {};
-  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  std::vector<std::byte> buf(nvme::kSuperblockBytes);
+  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
   ::close(fd);
-  return n == static_cast<ssize_t>(sizeof buf) && std::memcmp(buf, kMagic, sizeof kMagic) == 0;
+  buf.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+  constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
+  if (buf.size() >= sizeof kMagic && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0) return true;
+  return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
 }
 
 // Why `dir` is not a store that `who` created (empty when it is one).

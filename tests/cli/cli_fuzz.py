@@ -73,8 +73,11 @@ FLOAT = opt(["0.5", "1", "4"], FLOATS)
 
 # command words -> {flag: opt(...) or FLAG}; "_pos" is a positional argument.
 COMMANDS = {
-    ("demo",): {"--dir": paths("new_dir", "store", "emptydir"), "--sequences": ints(1, 2, 4),
-                "--chunks": ints(1, 2, 3, 5, 8), "--seed": ints(0, 1, 12345), "--fresh": FLAG},
+    ("demo",): {"--dir": paths("new_dir", "store", "emptydir"), "--preset": opt(["k3-toy"], ["kimi-k3", ""], required=True),
+                "--conversations": ints(1, 2), "--turns": ints(1, 2), "--system-tokens": ints(1, 8, 64),
+                "--user-tokens": ints(1, 4), "--new-tokens": ints(1, 2), "--seed": ints(0, 1, 12345),
+                "--kv-nvme-size": sizes("4MiB", "8MiB", required=True), "--state-nvme-size": sizes("4MiB", required=True),
+                "--expert-cache": opt(["25%", "50%", "1MiB"], ["0%", "200%", "x", ""]), "--fresh": FLAG, "--json": FLAG},
     ("bench", "tiers"): {"--tier": opt(["host", "nvme", "hbm"], ["disk", ""]),
                          "--op": opt(["write", "read", "randread"], ["erase", ""]),
                          "--block-size": sizes("4KiB", "64KiB", "1MiB", bad=BLOCK_SIZES),

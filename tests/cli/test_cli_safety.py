@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import stat
 import struct
@@ -77,8 +78,8 @@ def test_out_of_range_numbers_are_refused_naming_the_flag(terrace, tmp_path, arg
 # Regression guards: these were already refused (CLI11 range checks) before the range-checked options
 # replaced them; they must stay refused.
 @pytest.mark.parametrize("args,flag", [
-    (["demo", "--sequences", "-1"], "--sequences"),
-    (["demo", "--chunks", "4294967297"], "--chunks"),
+    (["demo", "--conversations", "-1"], "--conversations"),
+    (["demo", "--turns", "4294967297"], "--turns"),
     (["bench", "tiers", "--threads", "100000"], "--threads"),
     (["bench", "tiers", "--threads", "-1"], "--threads"),
     (["bench", "tiers", "--queue-depth", "-1"], "--queue-depth"),
@@ -102,10 +103,15 @@ def test_bench_sizes_that_cannot_work_are_refused_not_segfaults(terrace, tmp_pat
 
 # ---- demo --fresh ------------------------------------------------------------------------------------
 
+# The quickest demo run: the k3-toy model, one short turn, small NVMe pools.
+DEMO = ["--preset", "k3-toy", "--conversations", "1", "--turns", "1", "--system-tokens", "8", "--user-tokens", "4",
+        "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "4MiB"]
+
+
 def test_demo_fresh_refuses_a_folder_of_user_files(terrace, tmp_path):
     d = user_folder(tmp_path / "mine")
     before = snapshot(d)
-    r = terrace("demo", "--fresh", "--dir", d, "--sequences", "1")
+    r = terrace("demo", "--fresh", "--dir", d, *DEMO)
     assert_usage_error(r, "--dir", "thesis.txt", "nothing was removed")
     assert snapshot(d) == before
 
@@ -114,52 +120,60 @@ def test_demo_fresh_refuses_the_working_folder_and_a_regular_file(terrace, tmp_p
     user_folder(tmp_path)
     (tmp_path / "notes").write_text("keep me\n")
     before = snapshot(tmp_path)
-    assert_usage_error(terrace("demo", "--fresh", "--dir", ".", "--sequences", "1", cwd=tmp_path), "--dir")
-    assert_usage_error(terrace("demo", "--fresh", "--dir", "notes", "--sequences", "1", cwd=tmp_path), "--dir",
+    assert_usage_error(terrace("demo", "--fresh", "--dir", ".", *DEMO, cwd=tmp_path), "--dir")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", "notes", *DEMO, cwd=tmp_path), "--dir",
                        "regular file")
     assert snapshot(tmp_path) == before
 
 
-def test_demo_fresh_removes_only_its_own_store(terrace, tmp_path):
+def test_demo_fresh_removes_only_its_own_data(terrace, tmp_path):
     d = tmp_path / "store"
-    terrace("demo", "--dir", d, "--sequences", "2", check=True)
-    (d / "mine.txt").write_text("not Terrace's\n")  # a foreign file makes it not the demo's store
-    assert_usage_error(terrace("demo", "--fresh", "--dir", d, "--sequences", "2"), "mine.txt")
-    assert (d / "mine.txt").read_text() == "not Terrace's\n" and (d / "terrace.data").exists()
-    (d / "mine.txt").unlink()
-    r = terrace("demo", "--fresh", "--dir", d, "--sequences", "2", check=True)
-    assert "removed the demo store" in r.stdout
-    assert "0 blocks from earlier runs" in r.stdout
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    assert {p.name for p in d.iterdir()} == {"terrace-demo.marker", "model", "kv", "state", "experts", "demo-run.json"}
+    for where in (d, d / "kv", d / "model"):
+        (where / "mine.txt").write_text("not Terrace's\n")  # a foreign file makes it not the demo's data
+        before = snapshot(d)
+        assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "mine.txt", "nothing was removed")
+        assert snapshot(d) == before
+        (where / "mine.txt").unlink()
+    r = terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
+    assert "removed the demo's data" in r.stdout
+    assert "built the model" in r.stdout and "0 KV chunk and 0 KDA state blocks from earlier runs" in r.stdout
 
 
-def test_demo_fresh_refuses_a_store_the_demo_did_not_create(terrace, tmp_path):
+def test_demo_fresh_refuses_data_the_demo_did_not_create(terrace, tmp_path):
     d = tmp_path / "store"
-    terrace("demo", "--dir", d, "--sequences", "1", check=True)
-    (d / "terrace-demo.marker").unlink()  # as a store written by another program would be
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    (d / "terrace-demo.marker").unlink()  # as a folder written by another program would be
     before = snapshot(d)
-    assert_usage_error(terrace("demo", "--fresh", "--dir", d, "--sequences", "1"), "did not create")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "did not create")
+    assert_usage_error(terrace("demo", "--dir", d, *DEMO), "did not create")
     assert snapshot(d) == before
 
 
-def test_demo_fresh_refuses_a_symlink_to_a_store(terrace, tmp_path):
+def test_demo_finishes_a_stopped_model_build_and_keeps_user_files(terrace, tmp_path):
     d = tmp_path / "store"
-    terrace("demo", "--dir", d, "--sequences", "1", check=True)
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    shutil.rmtree(d / "model")  # as a run stopped while building the model leaves it
+    (d / "model.tmp").mkdir()
+    (d / "model.tmp" / "model.safetensors.tmp.12345").write_bytes(b"partial")
+    r = terrace("demo", "--dir", d, *DEMO, check=True)
+    assert "built the model" in r.stdout and not (d / "model.tmp").exists()
+    (d / "model.tmp").mkdir()
+    (d / "model.tmp" / "notes.txt").write_text("mine\n")
+    before = snapshot(d)
+    assert_usage_error(terrace("demo", "--dir", d, *DEMO), "model.tmp/notes.txt")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "model.tmp/notes.txt", "nothing was removed")
+    assert snapshot(d) == before
+
+
+def test_demo_fresh_refuses_a_symlink_to_its_data(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, *DEMO, check=True)
     os.symlink(d, tmp_path / "link")
     before = snapshot(d)
-    assert_usage_error(terrace("demo", "--fresh", "--dir", tmp_path / "link", "--sequences", "1"), "symbolic link")
+    assert_usage_error(terrace("demo", "--fresh", "--dir", tmp_path / "link", *DEMO), "symbolic link")
     assert snapshot(d) == before
-
-
-@pytest.mark.parametrize("chunks", [1, 2, 3, 5, 6, 7])
-def test_demo_runs_with_few_chunks(terrace, tmp_path, chunks):
-    r = terrace("demo", "--dir", tmp_path / "d", "--chunks", chunks, "--sequences", "4")
-    assert r.returncode == 0, r.stderr
-
-
-def test_demo_refuses_more_than_its_store_holds(terrace, tmp_path):
-    r = terrace("demo", "--dir", tmp_path / "d", "--chunks", "1000", "--sequences", "10000")
-    assert_usage_error(r, "--sequences", "--chunks")
-    assert not (tmp_path / "d").exists()
 
 
 # ---- model init --out ------------------------------------------------------------------------------

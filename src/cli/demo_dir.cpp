@@ -1,0 +1,140 @@
+#include "src/cli/demo_dir.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
+
+namespace terrace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsKind(const fs::path& p, mode_t kind) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+// The checkpoint files `model init` writes for a single-file model (in DIR/model.tmp, also the
+// partial writes of a stopped run: names that start with them).
+bool IsModelFile(std::string_view f, bool partial = false) {
+  if (f == "config.json" || f == "model.safetensors") return true;
+  return partial && (f.starts_with("config.json") || f.starts_with("model.safetensors"));
+}
+
+// Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
+void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, bool partial = false) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
+  }
+  if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
+}
+
+// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries.
+void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign) {
+  if (IsOwnedStore(dir, kDemoMarker)) return;
+  std::error_code ec;
+  std::size_t n = 0, before = foreign->size();
+  bool marked = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    ++n;
+    const std::string name = e.path().filename().string();
+    if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) marked = true;
+    else if (!((name == "terrace.data" && IsKind(e.path(), S_IFREG)) || (name == "index" && IsKind(e.path(), S_IFDIR))))
+      foreign->push_back(dir.filename().string() + "/" + name);
+  }
+  if (n == 0) return;  // an empty pool folder (a run stopped before creating it)
+  if (foreign->size() == before)
+    foreign->push_back(dir.filename().string() + (marked ? " (its terrace.data is not a Terrace data file)"
+                                                         : std::string(" (a store without ") + kDemoMarker + ")"));
+}
+
+constexpr std::string_view kWho = "terrace demo";
+
+}  // namespace
+
+std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return "";  // absent: created
+  if (S_ISLNK(st.st_mode))
+    return fmt::format("{} {} is a symbolic link; give the data directory itself", flag, dir.string());
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{} {} is {}; give a directory", flag, dir.string(), DescribePathKind(dir));
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
+  if (entries.empty()) return "";
+  std::sort(entries.begin(), entries.end());
+  bool marked = false;
+  std::vector<std::string> foreign;
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    const bool is_store = std::find(std::begin(kDemoStores), std::end(kDemoStores), name) != std::end(kDemoStores);
+    if (name == kDemoMarker && IsKind(p, S_IFREG)) {
+      marked = true;
+    } else if (name == kDemoRunJson && IsKind(p, S_IFREG)) {
+    } else if ((name == "terrace.data" && IsKind(p, S_IFREG)) || (name == "index" && IsKind(p, S_IFDIR))) {
+      // a store of an earlier demo version, directly in DIR
+    } else if (name == kDemoModelDir && IsKind(p, S_IFDIR)) {
+      ForeignInModelDir(p, &foreign);
+    } else if (name == kDemoModelTmpDir && IsKind(p, S_IFDIR)) {  // a model build that was stopped
+      ForeignInModelDir(p, &foreign, /*partial=*/true);
+    } else if (is_store && IsKind(p, S_IFDIR)) {
+      ForeignInStore(p, &foreign);
+    } else {
+      foreign.push_back(name);
+    }
+  }
+  if (!foreign.empty()) {
+    constexpr std::size_t kShown = 8;
+    std::vector<std::string> shown;
+    for (std::size_t i = 0; i < std::min(kShown, foreign.size()); ++i) shown.push_back("'" + foreign[i] + "'");
+    return fmt::format("{} {} holds {}{}, which the demo did not create", flag, dir.string(), fmt::join(shown, ", "),
+                       foreign.size() > kShown ? fmt::format(" and {} more", foreign.size() - kShown) : "");
+  }
+  if (!marked)
+    return fmt::format("{} {} holds files that '{}' did not create (no {} in it)", flag, dir.string(), kWho, kDemoMarker);
+  return "";
+}
+
+Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return false;
+  if (const std::string why = WhyNotDemoDir(dir, flag); !why.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "{}; 'terrace demo --fresh' removes only what the demo created, so nothing was removed (delete the folder "
+        "yourself if you mean to, or give another {})",
+        why, flag));
+  }
+  std::error_code ec;
+  bool removed = false;
+  for (const char* s : kDemoStores) {
+    auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kWho);
+    if (!r.ok()) return r.status();
+    std::error_code gone;
+    fs::remove(dir / s, gone);  // only when empty (removed above, or a pool a stopped run left empty)
+    removed = removed || *r;
+  }
+  const fs::path model = dir / kDemoModelDir;
+  if (IsKind(model, S_IFDIR)) {
+    for (const char* f : {"config.json", "model.safetensors"}) fs::remove(model / f, ec);
+    fs::remove(model, ec);
+    removed = true;
+  }
+  if (IsKind(dir / kDemoModelTmpDir, S_IFDIR)) removed = fs::remove_all(dir / kDemoModelTmpDir, ec) > 0 || removed;
+  for (const char* f : {"terrace.data", kDemoRunJson, kDemoMarker}) {
+    if (IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
+  }
+  if (IsKind(dir / "index", S_IFDIR)) removed = fs::remove_all(dir / "index", ec) > 0 || removed;
+  if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's files: {}", flag, dir.string(), ec.message()));
+  return removed;
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,36 @@
+// The data directory of `terrace demo` (default ./terrace-data) and what --fresh may remove.
+//
+// Layout: DIR/terrace-demo.marker (the demo created DIR's contents), DIR/model/ (the k3-small
+// checkpoint: config.json + model.safetensors), DIR/kv, DIR/state, DIR/experts (Terrace stores,
+// each with its own terrace-demo.marker), DIR/demo-run.json (the last run's figures), and DIR/model.tmp while the model is built (a
+// stopped run's is removed by the next one). A DIR of an
+// earlier demo version (terrace.data and index/ directly in DIR) is also recognised.
+// Thread-safety: free functions, no shared state.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "terrace/status.h"
+
+namespace terrace::cli {
+
+inline constexpr const char* kDemoMarker = "terrace-demo.marker";
+inline constexpr const char* kDemoRunJson = "demo-run.json";
+inline constexpr const char* kDemoModelDir = "model";
+inline constexpr const char* kDemoModelTmpDir = "model.tmp";  // the model while it is built
+inline constexpr const char* kDemoStores[] = {"kv", "state", "experts"};
+
+// Why `dir` may not be used (or removed) as the demo's data directory; empty when it may: it is
+// absent, empty, or holds only what the demo creates, with the top-level marker. `flag` names the
+// CLI flag in messages.
+std::string WhyNotDemoDir(const std::filesystem::path& dir, std::string_view flag);
+
+// --fresh: removes what the demo created in `dir` (the entries of the layout above, and nothing
+// else; `dir` itself stays). Ok(false) when there was nothing to remove. InvalidArgument (nothing
+// removed) when `dir` is a symlink, not a directory, or holds anything the demo did not create;
+// IoError when a removal fails.
+Result<bool> RemoveDemoDir(const std::filesystem::path& dir, std::string_view flag);
+
+}  // namespace terrace::cli

@@ -1,0 +1,97 @@
+"""terrace demo: the multi-turn chat through prefix-cache restore and expert offload, checked against a
+full recompute. The figures come from DIR/demo-run.json; an independent recompute through
+`terrace model run` (all experts resident, no store) checks them, so a demo whose own check were
+broken would still fail here. Uses k3-toy and a short workload to stay fast; small NVMe pools."""
+import json
+
+import pytest
+
+SMALL = ["--preset", "k3-toy", "--conversations", "2", "--turns", "2", "--system-tokens", "80",
+         "--user-tokens", "16", "--new-tokens", "3", "--kv-nvme-size", "8MiB", "--state-nvme-size", "16MiB"]
+
+
+def run_demo(terrace, d, *extra, expect=0):
+    r = terrace("demo", "--dir", d, *SMALL, *extra, timeout=300)
+    assert r.returncode == expect, f"exit {r.returncode}, want {expect}\n{r.stdout}\n{r.stderr}"
+    with open(d / "demo-run.json") as f:
+        return r, json.load(f)
+
+
+def recompute(terrace, model_dir, prompt, new_tokens, store):
+    """The turn's greedy continuation and final logits digest from `model run`: every expert resident
+    (no --expert-cache) and a new, empty prefix store, so the whole prompt is computed, in the same
+    64-token pieces as the demo (one-shot and chunked prefill differ in the last bits)."""
+    r = terrace("model", "run", "--model", model_dir, "--tokens", ",".join(map(str, prompt)),
+                "--max-new", new_tokens, "--json", "--store", store, "--chunk-tokens", "64", "--kv-codec", "f32",
+                "--state-codec", "f32", "--store-nvme-size", "4MiB", "--state-nvme-size", "4MiB",
+                timeout=300, check=True)
+    j = json.loads(r.stdout)
+    assert j["restored_tokens"] == 0
+    return j["generated"], j["logits_xxh3_64"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(terrace, tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo") / "data"
+    first = run_demo(terrace, d)
+    second = run_demo(terrace, d)
+    return d, first, second
+
+
+def test_demo_verifies_every_turn_and_restores_on_a_later_turn(two_runs):
+    _, (r, j), _ = two_runs
+    assert j["verified"] is True
+    assert all(t["equal"] for t in j["turns"])
+    assert len(j["turns"]) == 4
+    assert j["turns"][0]["restored_tokens"] == 0  # a fresh directory has nothing to restore
+    assert any(t["restored_tokens"] > 0 for t in j["turns"][1:])
+    assert j["reused_previous_run"] is False and j["model"]["reused"] is False
+    for t in j["turns"]:
+        assert t["restored_tokens"] % 64 == 0 and t["restored_tokens"] < t["prompt_tokens"]
+        assert t["restored_tokens"] + t["computed_tokens"] == t["prompt_tokens"] == len(t["prompt"])
+    s = j["summary"]
+    assert 0 < s["restored_share"] < 1
+    assert 0 <= s["experts"]["prefetch_precision"] <= 1 and 0 <= s["experts"]["prefetch_recall"] <= 1
+    assert s["experts"]["hits"] + s["experts"]["late_hits"] + s["experts"]["misses"] > 0
+    assert s["bytes_moved"]["prefix_restored"] > 0 and s["bytes_moved"]["prefix_written"] > 0
+    assert "verified:" in r.stdout and "demo-run.json" in r.stdout
+
+
+def test_a_second_run_reuses_the_data_and_restores_on_its_first_turn(two_runs):
+    _, (_, first), (r, j) = two_runs
+    assert j["verified"] is True
+    assert j["reused_previous_run"] is True and j["model"]["reused"] is True
+    assert j["turns"][0]["restored_tokens"] > 0
+    assert "reused the last run's data" in r.stdout
+    # The same workload: the same prompts and outputs as the first run.
+    assert [t["prompt"] for t in j["turns"]] == [t["prompt"] for t in first["turns"]]
+    assert [t["generated"] for t in j["turns"]] == [t["generated"] for t in first["turns"]]
+    assert j["summary"]["restored_share"] > first["summary"]["restored_share"]
+
+
+def test_the_demo_figures_match_an_independent_recompute(terrace, two_runs, tmp_path):
+    d, (_, first), (_, second) = two_runs
+    for i, j in enumerate((first, second)):
+        for k, t in enumerate(j["turns"]):
+            generated, digest = recompute(terrace, d / "model", t["prompt"], len(t["generated"]),
+                                          tmp_path / f"oracle-{i}-{k}")
+            assert t["generated"] == generated, t
+            assert t["final_logits_xxh3_64"] == digest, t
+
+
+def test_the_demo_check_catches_a_perturbed_restore(terrace, tmp_path):
+    d = tmp_path / "data"
+    r, j = run_demo(terrace, d, "--inject-fault", "state", "--json", expect=1)
+    assert json.loads(r.stdout) == j  # --json: stdout holds only the figures (progress on stderr)
+    assert j["verified"] is False
+    bad = [t for t in j["turns"] if not t["equal"]]
+    assert bad and all(t["restored_tokens"] > 0 for t in bad)
+    assert "differ from the full recompute" in r.stderr
+
+
+def test_demo_flags_are_checked(terrace, tmp_path):
+    for args, word in ((["--turns", "0"], "--turns"), (["--preset", "kimi-k3"], "--preset"),
+                       (["--expert-cache", "lots"], "--expert-cache")):
+        r = terrace("demo", "--dir", tmp_path / "d", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert word in r.stderr, (args, r.stderr)
