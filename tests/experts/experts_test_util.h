@@ -55,7 +55,7 @@ inline RunOutput Run(const model::Model& m, const model::ForwardOptions* hooks =
   if (hooks) s.set_hooks(*hooks);
   RunOutput out;
   auto pre = s.Prefill(Prompt());
-  REQUIRE(pre.ok());
+  if (!pre.ok()) FAIL(pre.status().ToString());
   out.logits = pre->data;
   for (int i = 0; i < kDecodeSteps; ++i) {
     const int next = model::Argmax(s.last_logits());
