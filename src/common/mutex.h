@@ -54,39 +54,39 @@ class TERRACE_SCOPED_CAPABILITY MutexLock {
   bool held_ = true;
 };
 
-// A condition variable bound to one Mutex. Wait in a loop that re-tests the condition under the
-// mutex (`while (!ready_) cv_.Wait();`): the analysis checks the test's guarded reads, which it
-// cannot do inside a predicate lambda.
+// A condition variable; each wait names the Mutex it releases (the analysis checks the caller
+// holds it). Wait in a loop that re-tests the condition under the mutex
+// (`while (!ready_) cv_.Wait(&mu_);`): the analysis checks the test's guarded reads, which it
+// cannot do inside a predicate lambda. All waiters of one CondVar use the same Mutex.
 class CondVar {
  public:
-  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar() = default;
   CondVar(const CondVar&) = delete;
   CondVar& operator=(const CondVar&) = delete;
 
-  // Atomically releases the mutex and waits for a notify (or a spurious wake-up); returns with
+  // Atomically releases `mu` and waits for a notify (or a spurious wake-up); returns with
   // the mutex held again.
-  void Wait() TERRACE_REQUIRES(mu_) {
-    std::unique_lock<std::mutex> l(mu_->mu_, std::adopt_lock);
+  void Wait(Mutex* mu) TERRACE_REQUIRES(mu) {
+    std::unique_lock<std::mutex> l(mu->mu_, std::adopt_lock);
     cv_.wait(l);
     l.release();
   }
   // As Wait, until `deadline` at the latest. Returns false on timeout.
   template <class Clock, class Duration>
-  bool WaitUntil(const std::chrono::time_point<Clock, Duration>& deadline) TERRACE_REQUIRES(mu_) {
-    std::unique_lock<std::mutex> l(mu_->mu_, std::adopt_lock);
+  bool WaitUntil(Mutex* mu, const std::chrono::time_point<Clock, Duration>& deadline) TERRACE_REQUIRES(mu) {
+    std::unique_lock<std::mutex> l(mu->mu_, std::adopt_lock);
     const bool woke = cv_.wait_until(l, deadline) == std::cv_status::no_timeout;
     l.release();
     return woke;
   }
   template <class Rep, class Period>
-  bool WaitFor(const std::chrono::duration<Rep, Period>& timeout) TERRACE_REQUIRES(mu_) {
-    return WaitUntil(std::chrono::steady_clock::now() + timeout);
+  bool WaitFor(Mutex* mu, const std::chrono::duration<Rep, Period>& timeout) TERRACE_REQUIRES(mu) {
+    return WaitUntil(mu, std::chrono::steady_clock::now() + timeout);
   }
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
 
  private:
-  Mutex* const mu_;
   std::condition_variable cv_;
 };
 

@@ -65,7 +65,7 @@ StoreStats StoreImpl::Stats() const {
     st.tiers[static_cast<std::size_t>(k)] = st.slots[static_cast<std::size_t>(i)];
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     st.blocks = entries_.size();
     st.eviction_policy = std::string(slot(0).policy->name());
   }

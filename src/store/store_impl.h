@@ -20,18 +20,17 @@
 #include <bit>
 #include <chrono>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "src/common/clock.h"
 #include "src/common/key_map.h"
+#include "src/common/mutex.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
@@ -75,10 +74,10 @@ struct TierSlot {
   std::unique_ptr<Tier> tier;  // never null; immutable after construction
   std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
   TierId kind = TierId::kHost; // tier->caps().id; immutable
-  std::unique_ptr<EvictionPolicy> policy;  // GUARDED_BY(StoreImpl::mu_)
+  std::unique_ptr<EvictionPolicy> policy;  // guarded by StoreImpl::mu_ (another object's lock: not annotated)
   TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
   std::atomic<bool> demotion_scheduled{false};
-  std::size_t registered_regions = 0;      // GUARDED_BY(StoreImpl::regions_mu_): as a source tier
+  std::size_t registered_regions = 0;      // guarded by StoreImpl::regions_mu_ (not annotated): as a source tier
 };
 
 // A tier and its slot name, as StoreImpl is built from (name empty: from caps().name).
@@ -116,16 +115,16 @@ struct BulkItem {
 // Where speculative prefetch waits for demand to end. Shared with prefetch Futures' cancel
 // callbacks (which may outlive the store), so it is reference-counted. Thread-safe.
 struct DemandGate {
-  std::mutex mu;
-  std::condition_variable cv;  // notified when active drops, on a cancel, and when the store stops
-  int active = 0;              // GUARDED_BY(mu): demand fetches in progress
-  std::uint64_t wakes = 0;     // GUARDED_BY(mu): bumped by Wake() (a prefetch was cancelled)
+  Mutex mu;
+  CondVar cv;            // notified when active drops, on a cancel, and when the store stops
+  int active TERRACE_GUARDED_BY(mu) = 0;           // demand fetches in progress
+  std::uint64_t wakes TERRACE_GUARDED_BY(mu) = 0;  // bumped by Wake() (a prefetch was cancelled)
   void Wake() {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       ++wakes;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
@@ -133,15 +132,15 @@ struct DemandGate {
 class DemandScope final {
  public:
   explicit DemandScope(DemandGate& gate) : gate_(gate) {
-    std::lock_guard lock(gate_.mu);
+    MutexLock lock(&gate_.mu);
     ++gate_.active;
   }
   ~DemandScope() {
     {
-      std::lock_guard lock(gate_.mu);
+      MutexLock lock(&gate_.mu);
       --gate_.active;
     }
-    gate_.cv.notify_all();
+    gate_.cv.SignalAll();
   }
   DemandScope(const DemandScope&) = delete;
   DemandScope& operator=(const DemandScope&) = delete;
@@ -267,9 +266,10 @@ class StoreImpl {
   void RefreshIoRegions(int from, int to);
   Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
   Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
-  // REQUIRES(mu_): sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a
-  // policy eviction removed the copy from, if any.
-  void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1);
+  // Sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a policy eviction
+  // removed the copy from, if any.
+  void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1)
+      TERRACE_REQUIRES(mu_);
 
   // prefetch.cpp
   using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
@@ -287,11 +287,11 @@ class StoreImpl {
   int promote_slot_ = 0;                  // put_tier's slot, or the nearest slot below it (Init)
   SlotMask shared_mask_ = 0;              // slots whose tier is TierCaps::shared (Init)
 
-  mutable std::mutex mu_;
-  KeyMap<Entry> entries_;  // GUARDED_BY(mu_); no reference into it survives an insert
-  // GUARDED_BY(mu_): live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
-  KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_;
-  std::uint64_t last_version_ = 0;  // GUARDED_BY(mu_): Entry::version source (unique across erase + re-put)
+  mutable Mutex mu_;
+  KeyMap<Entry> entries_ TERRACE_GUARDED_BY(mu_);  // no reference into it survives an insert
+  // Live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
+  KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_ TERRACE_GUARDED_BY(mu_);
+  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;  // Entry::version source (unique across erase + re-put)
 
   KeyLocks key_locks_;
   InflightTable inflight_;
@@ -306,11 +306,11 @@ class StoreImpl {
 
   std::atomic<bool> stopping_{false};
 
-  std::mutex prefetch_mu_;
-  std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
-  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_): drain tasks on prefetch_lane_
+  Mutex prefetch_mu_;
+  std::array<std::deque<PrefetchItem>, 3> prefetch_queues_ TERRACE_GUARDED_BY(prefetch_mu_);  // by Priority
+  unsigned prefetch_drainers_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drain tasks on prefetch_lane_
 
-  std::mutex regions_mu_;
+  Mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
   // Two executors, so background prefetch never delays demand: pool_ (background_threads
