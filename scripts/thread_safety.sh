@@ -10,10 +10,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-tsa}"
 export CC="${CC:-clang-14}" CXX="${CXX:-clang++-14}"
 command -v "$CXX" >/dev/null || { echo "scripts/thread_safety.sh: $CXX not found; install clang-14 or set CXX" >&2; exit 1; }
-TERRACE_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DTERRACE_WERROR=ON -DTERRACE_CUDA=OFF \
--DTERRACE_BUILD_MODEL=OFF -DTERRACE_BUILD_CLI=OFF -DTERRACE_BUILD_BENCH=OFF -DTERRACE_BUILD_TESTS=OFF \
--DTERRACE_BUILD_FUZZ=OFF -DCMAKE_CXX_FLAGS=-Wthread-safety\ -ferror-limit=0" \
-  "$root/scripts/build.sh" "$build" \
+# TERRACE_CMAKE_ARGS is emptied so that a CI setting meant for the GCC build does not leak in.
+TERRACE_CMAKE_ARGS="" "$root/scripts/build.sh" "$build" \
+  -DCMAKE_BUILD_TYPE=Debug -DTERRACE_WERROR=ON -DTERRACE_CUDA=OFF -DTERRACE_BUILD_MODEL=OFF \
+  -DTERRACE_BUILD_CLI=OFF -DTERRACE_BUILD_BENCH=OFF -DTERRACE_BUILD_TESTS=OFF -DTERRACE_BUILD_FUZZ=OFF \
+  "-DCMAKE_CXX_FLAGS=-Wthread-safety -ferror-limit=0" \
   --target terrace_store_core --target terrace_store \
   --target terrace_tier_nvme --target terrace_tier_host --target terrace_tier_hbm --target terrace_tier_fault
 echo "scripts/thread_safety.sh: thread-safety analysis clean ($build)"
