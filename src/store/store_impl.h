@@ -4,13 +4,17 @@
 //   1. key_locks_ stripe of the key an operation is about (blocking), then victims' stripes with
 //      TryLock only.
 //   2. regions_mu_ (RefreshIoRegions, during a demotion under the victim's stripe); the tier's own
-//      locks are taken inside it by RegisterIoRegions.
+//      locks are taken inside it by RegisterIoRegions (the NVMe tier's reg_mu_, then its I/O
+//      rings' mutexes; their order is in tiers/nvme/nvme_tier.h).
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
 //   Leaves, never held while taking another store lock: inflight_'s table mutex and each
 //   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
 //   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
-// Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_.
+// Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_,
+// so no tier lock is ever taken with mu_ held. The members each lock guards are marked
+// TERRACE_GUARDED_BY (src/common/mutex.h) and checked by scripts/thread_safety.sh; the stripes
+// are std::mutex (chosen by key hash at run time, which the analysis cannot name).
 // Every change to an entry's mask (which slots hold a copy) happens with the key's stripe held.
 // Gets of a copy at or above put_tier take no key lock: tiers replace blocks atomically and the
 // store re-verifies checksums; any anomaly retries on the locked slow path.

@@ -31,7 +31,20 @@
 // - Stats: read_latency / write_latency are per device I/O (submission to completion, as fio's
 //   clat), not per Put / Get; a block larger than 1 MiB is several I/Os.
 // Thread-safety: every method may be called concurrently; the static functions take the lock on
-// the data area themselves.
+// the data area themselves. Locks (checked by scripts/thread_safety.sh where annotated), in the
+// order they may nest - a later one may be taken while an earlier one is held, never the reverse:
+//   1. mu_ (map_, alloc_, detached_, used bytes, generations): short bookkeeping, no I/O under it;
+//      only GroupCommitter::Stage* (its mutex, a leaf) and the logger are called with it held.
+//   2. sb_mu_ (sb_, sb_unit_): held across the superblock's own write (PersistSuperblockLocked);
+//      never held while taking mu_. Taken by the committer's before-sync callback with the
+//      committer's mutex released.
+//   3. reg_mu_ (external_): held while re-registering fixed buffers, which takes every ring's
+//      mutex in the I/O engine (uring_engine.cpp, std::mutex: a try-lock over a ring array the
+//      analysis cannot follow, so not annotated).
+//   Leaves (nothing is taken while holding them): GroupCommitter::mu_ (released around the index
+//   write, the data sync and both callbacks - the release callback takes mu_), StagingPool::mu_,
+//   IndexStore::failure_mu_, FaultEngine::mu_, PowerCut::State::mu. No tier lock is held across
+//   a wait for I/O except reg_mu_ / sb_mu_ around the synchronous requests above.
 #pragma once
 
 #include <sys/uio.h>
