@@ -31,8 +31,8 @@ Status StoreImpl::TimedTierPut(int t, const BlockKey& key, const BlockDesc& desc
 void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from) {
   for (int i = 0; i < slot_count(); ++i) {
     const SlotMask b = Bit(i);
-    if ((e.mask & b) && !(new_mask & b)) slot(i).policy->OnErase(key, i == evicted_from);
-    if (!(e.mask & b) && (new_mask & b)) slot(i).policy->OnInsert(key, e.desc.size);
+    if ((e.mask & b) && !(new_mask & b)) Policy(i).OnErase(key, i == evicted_from);
+    if (!(e.mask & b) && (new_mask & b)) Policy(i).OnInsert(key, e.desc.size);
   }
   e.mask = new_mask;
 }
@@ -94,7 +94,7 @@ Status StoreImpl::EvictOne(int t) {
     std::optional<BlockKey> victim;
     {
       MutexLock lock(&mu_);
-      victim = slot(t).policy->PickVictim([&](const BlockKey& k) {
+      victim = Policy(t).PickVictim([&](const BlockKey& k) {
         if (std::find(skip.begin(), skip.end(), k) != skip.end()) return false;
         if (std::find(busy.begin(), busy.end(), k) != busy.end()) return false;
         if (key_locks_.HeldByThisThread(k)) return false;
@@ -159,8 +159,8 @@ void StoreImpl::RefreshIoRegions(int from, int to) {
   if (tier(to).caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
   MutexLock lock(&regions_mu_);
   std::vector<std::span<std::byte>> regions = tier(from).IoRegions();
-  if (regions.size() == slot(from).registered_regions) return;  // regions only grow
-  slot(from).registered_regions = regions.size();  // on failure too: retry only when the tier grows
+  if (regions.size() == RegisteredRegions(from)) return;  // regions only grow
+  RegisteredRegions(from) = regions.size();  // on failure too: retry only when the tier grows
   Status s = tier(to).RegisterIoRegions(regions);
   if (!s.ok()) {
     regions_log_.Log(*logger_, LogLevel::kWarning, "store",

@@ -67,7 +67,7 @@ StoreStats StoreImpl::Stats() const {
   {
     MutexLock lock(&mu_);
     st.blocks = entries_.size();
-    st.eviction_policy = std::string(slot(0).policy->name());
+    st.eviction_policy = std::string(Policy(0).name());
   }
   st.promotions = ld(promotions_);
   st.demotions = ld(demotions_);

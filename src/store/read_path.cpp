@@ -46,7 +46,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
-      slot(src).policy->OnAccess(key);
+      Policy(src).OnAccess(key);
       if (it->second.prefetched) {
         it->second.prefetched = false;
         prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
@@ -225,7 +225,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
   MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
-    if (it->second.mask & Bit(src)) slot(src).policy->OnAccess(key);
+    if (it->second.mask & Bit(src)) Policy(src).OnAccess(key);
     if (!by_prefetch && it->second.prefetched) {
       it->second.prefetched = false;
       prefetch_useful_.fetch_add(1, std::memory_order_relaxed);

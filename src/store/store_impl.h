@@ -78,10 +78,10 @@ struct TierSlot {
   std::unique_ptr<Tier> tier;  // never null; immutable after construction
   std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
   TierId kind = TierId::kHost; // tier->caps().id; immutable
-  std::unique_ptr<EvictionPolicy> policy;  // guarded by StoreImpl::mu_ (another object's lock: not annotated)
+  std::unique_ptr<EvictionPolicy> policy;  // set by the constructor; then only through StoreImpl::Policy (checked)
   TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
   std::atomic<bool> demotion_scheduled{false};
-  std::size_t registered_regions = 0;      // guarded by StoreImpl::regions_mu_ (not annotated): as a source tier
+  std::size_t registered_regions = 0;      // as a source tier; only through StoreImpl::RegisteredRegions (checked)
 };
 
 // A tier and its slot name, as StoreImpl is built from (name empty: from caps().name).
@@ -187,6 +187,9 @@ class StoreImpl {
   int slot_count() const { return static_cast<int>(slots_.size()); }
   Tier& tier(int slot) const { return *slots_[static_cast<std::size_t>(slot)].tier; }
   TierSlot& slot(int i) const { return slots_[static_cast<std::size_t>(i)]; }
+  // A slot's members guarded by a StoreImpl lock (an annotation on TierSlot cannot name it).
+  EvictionPolicy& Policy(int i) const TERRACE_REQUIRES(mu_) { return *slot(i).policy; }
+  std::size_t& RegisteredRegions(int i) TERRACE_REQUIRES(regions_mu_) { return slot(i).registered_regions; }
   const std::string& SlotName(int i) const { return slots_[static_cast<std::size_t>(i)].name; }
   int LowestSlot() const { return slot_count() - 1; }
   // The first slot of kind `kind`, or -1.

@@ -27,7 +27,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     if (it != entries_.end()) {
       Entry& e = it->second;
       if (e.desc == desc && (!write_through || (e.mask & Bit(lowest)))) {
-        slot(Fastest(e.mask)).policy->OnAccess(key);
+        Policy(Fastest(e.mask)).OnAccess(key);
         put_dedup_hits_.fetch_add(1, std::memory_order_relaxed);
         return Status::Ok();
       }
