@@ -21,7 +21,8 @@ class TERRACE_CAPABILITY("mutex") Mutex {
   void Lock() TERRACE_ACQUIRE() { mu_.lock(); }
   void Unlock() TERRACE_RELEASE() { mu_.unlock(); }
   bool TryLock() TERRACE_TRY_ACQUIRE(true) { return mu_.try_lock(); }
-  // Tells the analysis the caller holds this mutex (a function it cannot follow took it).
+  // Tells the analysis the caller holds this mutex (a caller it cannot follow took it, e.g. around
+  // a callback). Checks nothing at run time.
   void AssertHeld() const TERRACE_ASSERT_CAPABILITY(this) {}
 
  private:

@@ -30,7 +30,7 @@
 #define TERRACE_ACQUIRE(...) TERRACE_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define TERRACE_RELEASE(...) TERRACE_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define TERRACE_TRY_ACQUIRE(...) TERRACE_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
-// A function that checks at run time that the lock is held, and tells the analysis so.
+// A function after which the analysis takes the lock as held (Mutex::AssertHeld: no run-time check).
 #define TERRACE_ASSERT_CAPABILITY(x) TERRACE_THREAD_ANNOTATION(assert_capability(x))
 // A function that returns a reference to the lock.
 #define TERRACE_RETURN_CAPABILITY(x) TERRACE_THREAD_ANNOTATION(lock_returned(x))
