@@ -3,11 +3,15 @@
 # (-Wthread-safety -Werror), into ./build-tsa (or $1). Fails when a TERRACE_GUARDED_BY member is
 # touched without its lock, a TERRACE_REQUIRES function is called without it, or a lock is
 # released twice / leaked (src/common/thread_annotations.h). No CUDA, model, CLI, bench or tests:
-# only the libraries the annotations are in, so it is quick. Needs clang-14 (CC/CXX override).
+# only the libraries the annotations are in, so it is quick. Needs clang (CC/CXX override).
 #   scripts/thread_safety.sh [build-dir]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-tsa}"
+# clang-14 where installed under that name, else the default clang (Debian's `clang` package).
+if [ -z "${CXX:-}" ] && ! command -v clang++-14 >/dev/null && command -v clang++ >/dev/null; then
+  export CC=clang CXX=clang++
+fi
 export CC="${CC:-clang-14}" CXX="${CXX:-clang++-14}"
 command -v "$CXX" >/dev/null || { echo "scripts/thread_safety.sh: $CXX not found; install clang-14 or set CXX" >&2; exit 1; }
 # TERRACE_CMAKE_ARGS is emptied so that a CI setting meant for the GCC build does not leak in.
