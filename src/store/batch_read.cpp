@@ -50,7 +50,7 @@ std::vector<BulkLead> StoreImpl::LeadBulkItems(std::span<BulkItem> items, std::o
                                                bool by_prefetch) {
   std::vector<BulkLead> leads;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 0; i < items.size(); ++i) {
       auto it = entries_.find(items[i].key);
       if (it == entries_.end() || it->second.mask == 0) continue;
@@ -134,7 +134,7 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
     SlotMask mask = 0;
     bool same = false;  // the entry still holds the version we read, and its fastest copy is the one we read
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = entries_.find(item.key);
       if (it != entries_.end()) {
         mask = it->second.mask;

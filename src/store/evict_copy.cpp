@@ -18,7 +18,7 @@ Status StoreImpl::EvictCopy(const BlockKey& key, TierId tier) {
   }
   auto guard = key_locks_.Lock(key);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end() || !(it->second.mask & Bit(s))) {
       return Status::NotFound(fmt::format("evict {}: tier {} holds no copy of it", key.ToString(), SlotName(s)));

@@ -3,7 +3,7 @@
 namespace terrace::store_internal {
 
 InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_prefetch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = fetches_.try_emplace(key);
   if (inserted) {
     it->second = std::make_shared<Fetch>();
@@ -20,7 +20,7 @@ void InflightTable::Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fe
 }
 
 std::size_t InflightTable::Close(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = fetches_.find(key);
   if (it != fetches_.end() && it->second == fetch) fetches_.erase(it);
   return fetch->followers;
@@ -28,15 +28,15 @@ std::size_t InflightTable::Close(const BlockKey& key, const std::shared_ptr<Fetc
 
 void InflightTable::Wake(Fetch& fetch) {
   {
-    std::lock_guard lock(fetch.mu);
+    MutexLock lock(&fetch.mu);
     fetch.done = true;
   }
-  fetch.cv.notify_all();
+  fetch.cv.SignalAll();
 }
 
 void InflightTable::Wait(Fetch& fetch) {
-  std::unique_lock lock(fetch.mu);
-  fetch.cv.wait(lock, [&] { return fetch.done; });
+  MutexLock lock(&fetch.mu);
+  while (!fetch.done) fetch.cv.Wait(&fetch.mu);
 }
 
 }  // namespace terrace::store_internal

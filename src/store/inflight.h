@@ -3,13 +3,12 @@
 // (bytes and status) instead of reading again. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "terrace/block.h"
 #include "terrace/status.h"
 
@@ -21,11 +20,12 @@ struct Fetch {
   BlockDesc desc;
   std::vector<std::byte> bytes;  // the block when status is OK
   bool by_prefetch = false;      // immutable after creation
-  std::size_t followers = 0;     // callers that joined; GUARDED_BY(InflightTable::mu_), final after Close()
+  std::size_t followers = 0;     // callers that joined; guarded by the InflightTable's mu_ (not
+                                 // expressible as an annotation: another object's lock), final after Close()
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;  // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  bool done TERRACE_GUARDED_BY(mu) = false;
 };
 
 class InflightTable {
@@ -47,8 +47,8 @@ class InflightTable {
   static void Wait(Fetch& fetch);
 
  private:
-  std::mutex mu_;
-  std::unordered_map<BlockKey, std::shared_ptr<Fetch>> fetches_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<BlockKey, std::shared_ptr<Fetch>> fetches_ TERRACE_GUARDED_BY(mu_);
 };
 
 }  // namespace terrace::store_internal

@@ -31,8 +31,8 @@ Status StoreImpl::TimedTierPut(int t, const BlockKey& key, const BlockDesc& desc
 void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from) {
   for (int i = 0; i < slot_count(); ++i) {
     const SlotMask b = Bit(i);
-    if ((e.mask & b) && !(new_mask & b)) slot(i).policy->OnErase(key, i == evicted_from);
-    if (!(e.mask & b) && (new_mask & b)) slot(i).policy->OnInsert(key, e.desc.size);
+    if ((e.mask & b) && !(new_mask & b)) Policy(i).OnErase(key, i == evicted_from);
+    if (!(e.mask & b) && (new_mask & b)) Policy(i).OnInsert(key, e.desc.size);
   }
   e.mask = new_mask;
 }
@@ -51,7 +51,7 @@ Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc,
   }
   std::uint64_t reclaim = 0;  // a copy of this key already in `t` is replaced in place
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end() && (it->second.mask & Bit(t))) reclaim = it->second.desc.size;
   }
@@ -93,11 +93,12 @@ Status StoreImpl::EvictOne(int t) {
   for (int round = 0; round < 64; ++round) {
     std::optional<BlockKey> victim;
     {
-      std::lock_guard lock(mu_);
-      victim = slot(t).policy->PickVictim([&](const BlockKey& k) {
+      MutexLock lock(&mu_);
+      victim = Policy(t).PickVictim([&](const BlockKey& k) {
         if (std::find(skip.begin(), skip.end(), k) != skip.end()) return false;
         if (std::find(busy.begin(), busy.end(), k) != busy.end()) return false;
         if (key_locks_.HeldByThisThread(k)) return false;
+        mu_.AssertHeld();  // PickVictim calls the predicate synchronously, under the lock above
         auto it = entries_.find(k);
         return it != entries_.end() && !it->second.PinnedIn(t);
       });
@@ -156,10 +157,10 @@ Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockD
 
 void StoreImpl::RefreshIoRegions(int from, int to) {
   if (tier(to).caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
-  std::lock_guard lock(regions_mu_);
+  MutexLock lock(&regions_mu_);
   std::vector<std::span<std::byte>> regions = tier(from).IoRegions();
-  if (regions.size() == slot(from).registered_regions) return;  // regions only grow
-  slot(from).registered_regions = regions.size();  // on failure too: retry only when the tier grows
+  if (regions.size() == RegisteredRegions(from)) return;  // regions only grow
+  RegisteredRegions(from) = regions.size();  // on failure too: retry only when the tier grows
   Status s = tier(to).RegisterIoRegions(regions);
   if (!s.ok()) {
     regions_log_.Log(*logger_, LogLevel::kWarning, "store",
@@ -172,7 +173,7 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   BlockDesc desc;
   SlotMask mask = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end() || !(it->second.mask & Bit(t))) return Status::NotFound("victim moved");
     if (it->second.PinnedIn(t)) return Status::InvalidArgument("victim pinned");
@@ -193,7 +194,7 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
     demotions_.fetch_add(1, std::memory_order_relaxed);
   }
   Status es = tier(t).Erase(key);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return Status::Internal("victim entry vanished under its key lock");
   SlotMask new_mask = static_cast<SlotMask>(it->second.mask | (placed ? Bit(*placed) : 0));

@@ -53,7 +53,7 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
 void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
   unsigned start = 0;
   {
-    std::lock_guard lock(prefetch_mu_);
+    MutexLock lock(&prefetch_mu_);
     if (!stopping_.load(std::memory_order_acquire)) {
       auto& q = prefetch_queues_[static_cast<int>(job->priority)];
       for (std::size_t i = 0; i < job->keys.size(); ++i) q.emplace_back(job, i);
@@ -76,7 +76,7 @@ void StoreImpl::DrainPrefetch() {
     // share a target, so their NVMe reads go out as one batch.
     std::vector<PrefetchItem> group;
     {
-      std::lock_guard lock(prefetch_mu_);
+      MutexLock lock(&prefetch_mu_);
       for (auto& q : prefetch_queues_) {
         if (q.empty()) continue;
         const int target = q.front().first->target;
@@ -129,22 +129,21 @@ void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
     // Sleep until demand ends, an item's deadline passes, a job is cancelled or the store stops;
     // then re-check the items (no polling).
     DemandGate& gate = *demand_;
-    std::unique_lock lock(gate.mu);
+    MutexLock lock(&gate.mu);
     while (!live.empty() && gate.active > 0 && !stopping_.load(std::memory_order_acquire)) {
       Clock::time_point wake = Clock::time_point::max();
       for (const auto& [job, i] : live) wake = std::min(wake, job->deadline);
       const std::uint64_t wakes = gate.wakes;
-      auto woken = [&] {
-        return gate.active == 0 || gate.wakes != wakes || stopping_.load(std::memory_order_acquire);
-      };
-      if (wake == Clock::time_point::max()) {
-        gate.cv.wait(lock, woken);
-      } else {
-        gate.cv.wait_until(lock, wake, woken);
+      while (!(gate.active == 0 || gate.wakes != wakes || stopping_.load(std::memory_order_acquire))) {
+        if (wake == Clock::time_point::max()) {
+          gate.cv.Wait(&gate.mu);
+        } else if (!gate.cv.WaitUntil(&gate.mu, wake)) {
+          break;  // an item's deadline passed
+        }
       }
-      lock.unlock();
+      lock.Unlock();
       sift(live);
-      lock.lock();
+      lock.Lock();
     }
   }
   if (live.empty()) return;

@@ -65,9 +65,9 @@ StoreStats StoreImpl::Stats() const {
     st.tiers[static_cast<std::size_t>(k)] = st.slots[static_cast<std::size_t>(i)];
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     st.blocks = entries_.size();
-    st.eviction_policy = std::string(slot(0).policy->name());
+    st.eviction_policy = std::string(Policy(0).name());
   }
   st.promotions = ld(promotions_);
   st.demotions = ld(demotions_);

@@ -21,7 +21,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
   BlockDesc desc;
   SlotMask mask = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       if (shared_mask_ != 0) return false;  // a shared tier may hold it: the locked path asks
@@ -43,10 +43,10 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
   Status s = TimedTierGet(src, key, out, &got);
   if (!s.ok() || !Verify(tier(src).caps(), desc, got, out)) return false;  // moved, replaced or bad: use the locked path
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
-      slot(src).policy->OnAccess(key);
+      Policy(src).OnAccess(key);
       if (it->second.prefetched) {
         it->second.prefetched = false;
         prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
@@ -108,7 +108,7 @@ void StoreImpl::DropCopy(const BlockKey& key, int t) {
   (void)tier(t).Erase(key);  // the tier may have dropped it already
   corruptions_dropped_.fetch_add(1, std::memory_order_relaxed);
   slot(t).measured.Add(slot(t).measured.corruptions);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   SetMaskLocked(key, it->second, static_cast<SlotMask>(it->second.mask & ~Bit(t)));
@@ -126,7 +126,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
     SlotMask mask = 0;
     bool known = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) {
         known = true;
@@ -196,7 +196,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
       // its copy under write-through, and copies pinned by a handle stay).
       SlotMask remove = 0;
       if (options_.placement == Placement::kExclusive) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         auto it = entries_.find(key);
         for (int i = 0; it != entries_.end() && i < slot_count(); ++i) {
           if (i == target || !(mask & Bit(i))) continue;
@@ -211,7 +211,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
         Status es = tier(i).Erase(key);
         if (!es.ok() && !es.IsNotFound()) remove &= static_cast<SlotMask>(~Bit(i));
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) {
         SetMaskLocked(key, it->second, static_cast<SlotMask>((it->second.mask | Bit(target)) & ~remove));
@@ -222,10 +222,10 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
       if (by_prefetch) prefetch_issued_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
-    if (it->second.mask & Bit(src)) slot(src).policy->OnAccess(key);
+    if (it->second.mask & Bit(src)) Policy(src).OnAccess(key);
     if (!by_prefetch && it->second.prefetched) {
       it->second.prefetched = false;
       prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
@@ -236,7 +236,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
 Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   // Result: the block is at or above target; NotFound: not in the directory.
   auto at_or_above = [&]() -> Result<bool> {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
     return Fastest(it->second.mask) <= target;
@@ -284,7 +284,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
       DropCopy(key, s);
       continue;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::Internal("entry vanished under its key lock");
     ++handles_[key][static_cast<std::size_t>(s)];
@@ -305,7 +305,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
 
 void StoreImpl::ReleaseHandle(const BlockKey& key, int s) {
   (void)tier(s).Unpin(key);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto h = handles_.find(key);
   if (h == handles_.end() || h->second[static_cast<std::size_t>(s)] == 0) return;
   const bool last_here = --h->second[static_cast<std::size_t>(s)] == 0;

@@ -64,7 +64,7 @@ bool StoreImpl::AdoptFromShared(const BlockKey& key) {
     if (!(shared_mask_ & Bit(i))) continue;
     Result<BlockDesc> d = tier(i).Lookup(key);
     if (!d.ok()) continue;
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key);
     if (!inserted && it->second.mask != 0) return true;  // entered meanwhile (cannot happen under the stripe)
     it->second.desc = *d;
@@ -109,7 +109,7 @@ Status StoreImpl::Init() {
     tier(i).ForEach([&](const BlockKey& k, const BlockDesc& d) { found.emplace_back(k, d); });
     std::vector<BlockKey> stale;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       for (const auto& [k, d] : found) {
         Entry& e = entries_[k];
         if (e.mask == 0) {

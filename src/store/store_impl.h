@@ -4,13 +4,17 @@
 //   1. key_locks_ stripe of the key an operation is about (blocking), then victims' stripes with
 //      TryLock only.
 //   2. regions_mu_ (RefreshIoRegions, during a demotion under the victim's stripe); the tier's own
-//      locks are taken inside it by RegisterIoRegions.
+//      locks are taken inside it by RegisterIoRegions (the NVMe tier's reg_mu_, then its I/O
+//      rings' mutexes; their order is in tiers/nvme/nvme_tier.h).
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
 //   Leaves, never held while taking another store lock: inflight_'s table mutex and each
 //   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
 //   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
-// Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_.
+// Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_,
+// so no tier lock is ever taken with mu_ held. The members each lock guards are marked
+// TERRACE_GUARDED_BY (src/common/mutex.h) and checked by scripts/thread_safety.sh; the stripes
+// are std::mutex (chosen by key hash at run time, which the analysis cannot name).
 // Every change to an entry's mask (which slots hold a copy) happens with the key's stripe held.
 // Gets of a copy at or above put_tier take no key lock: tiers replace blocks atomically and the
 // store re-verifies checksums; any anomaly retries on the locked slow path.
@@ -20,18 +24,17 @@
 #include <bit>
 #include <chrono>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "src/common/clock.h"
 #include "src/common/key_map.h"
+#include "src/common/mutex.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
@@ -75,10 +78,10 @@ struct TierSlot {
   std::unique_ptr<Tier> tier;  // never null; immutable after construction
   std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
   TierId kind = TierId::kHost; // tier->caps().id; immutable
-  std::unique_ptr<EvictionPolicy> policy;  // GUARDED_BY(StoreImpl::mu_)
+  std::unique_ptr<EvictionPolicy> policy;  // set by the constructor; then only through StoreImpl::Policy (checked)
   TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
   std::atomic<bool> demotion_scheduled{false};
-  std::size_t registered_regions = 0;      // GUARDED_BY(StoreImpl::regions_mu_): as a source tier
+  std::size_t registered_regions = 0;      // as a source tier; only through StoreImpl::RegisteredRegions (checked)
 };
 
 // A tier and its slot name, as StoreImpl is built from (name empty: from caps().name).
@@ -116,16 +119,16 @@ struct BulkItem {
 // Where speculative prefetch waits for demand to end. Shared with prefetch Futures' cancel
 // callbacks (which may outlive the store), so it is reference-counted. Thread-safe.
 struct DemandGate {
-  std::mutex mu;
-  std::condition_variable cv;  // notified when active drops, on a cancel, and when the store stops
-  int active = 0;              // GUARDED_BY(mu): demand fetches in progress
-  std::uint64_t wakes = 0;     // GUARDED_BY(mu): bumped by Wake() (a prefetch was cancelled)
+  Mutex mu;
+  CondVar cv;            // notified when active drops, on a cancel, and when the store stops
+  int active TERRACE_GUARDED_BY(mu) = 0;           // demand fetches in progress
+  std::uint64_t wakes TERRACE_GUARDED_BY(mu) = 0;  // bumped by Wake() (a prefetch was cancelled)
   void Wake() {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       ++wakes;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
@@ -133,15 +136,15 @@ struct DemandGate {
 class DemandScope final {
  public:
   explicit DemandScope(DemandGate& gate) : gate_(gate) {
-    std::lock_guard lock(gate_.mu);
+    MutexLock lock(&gate_.mu);
     ++gate_.active;
   }
   ~DemandScope() {
     {
-      std::lock_guard lock(gate_.mu);
+      MutexLock lock(&gate_.mu);
       --gate_.active;
     }
-    gate_.cv.notify_all();
+    gate_.cv.SignalAll();
   }
   DemandScope(const DemandScope&) = delete;
   DemandScope& operator=(const DemandScope&) = delete;
@@ -184,6 +187,9 @@ class StoreImpl {
   int slot_count() const { return static_cast<int>(slots_.size()); }
   Tier& tier(int slot) const { return *slots_[static_cast<std::size_t>(slot)].tier; }
   TierSlot& slot(int i) const { return slots_[static_cast<std::size_t>(i)]; }
+  // A slot's members guarded by a StoreImpl lock (an annotation on TierSlot cannot name it).
+  EvictionPolicy& Policy(int i) const TERRACE_REQUIRES(mu_) { return *slot(i).policy; }
+  std::size_t& RegisteredRegions(int i) TERRACE_REQUIRES(regions_mu_) { return slot(i).registered_regions; }
   const std::string& SlotName(int i) const { return slots_[static_cast<std::size_t>(i)].name; }
   int LowestSlot() const { return slot_count() - 1; }
   // The first slot of kind `kind`, or -1.
@@ -267,9 +273,10 @@ class StoreImpl {
   void RefreshIoRegions(int from, int to);
   Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
   Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
-  // REQUIRES(mu_): sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a
-  // policy eviction removed the copy from, if any.
-  void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1);
+  // Sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a policy eviction
+  // removed the copy from, if any.
+  void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1)
+      TERRACE_REQUIRES(mu_);
 
   // prefetch.cpp
   using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
@@ -287,11 +294,11 @@ class StoreImpl {
   int promote_slot_ = 0;                  // put_tier's slot, or the nearest slot below it (Init)
   SlotMask shared_mask_ = 0;              // slots whose tier is TierCaps::shared (Init)
 
-  mutable std::mutex mu_;
-  KeyMap<Entry> entries_;  // GUARDED_BY(mu_); no reference into it survives an insert
-  // GUARDED_BY(mu_): live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
-  KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_;
-  std::uint64_t last_version_ = 0;  // GUARDED_BY(mu_): Entry::version source (unique across erase + re-put)
+  mutable Mutex mu_;
+  KeyMap<Entry> entries_ TERRACE_GUARDED_BY(mu_);  // no reference into it survives an insert
+  // Live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
+  KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_ TERRACE_GUARDED_BY(mu_);
+  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;  // Entry::version source (unique across erase + re-put)
 
   KeyLocks key_locks_;
   InflightTable inflight_;
@@ -306,11 +313,11 @@ class StoreImpl {
 
   std::atomic<bool> stopping_{false};
 
-  std::mutex prefetch_mu_;
-  std::array<std::deque<PrefetchItem>, 3> prefetch_queues_;  // GUARDED_BY(prefetch_mu_), by Priority
-  unsigned prefetch_drainers_ = 0;  // GUARDED_BY(prefetch_mu_): drain tasks on prefetch_lane_
+  Mutex prefetch_mu_;
+  std::array<std::deque<PrefetchItem>, 3> prefetch_queues_ TERRACE_GUARDED_BY(prefetch_mu_);  // by Priority
+  unsigned prefetch_drainers_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drain tasks on prefetch_lane_
 
-  std::mutex regions_mu_;
+  Mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
   // Two executors, so background prefetch never delays demand: pool_ (background_threads

@@ -22,12 +22,12 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   auto guard = key_locks_.Lock(key);
   SlotMask old_mask = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       Entry& e = it->second;
       if (e.desc == desc && (!write_through || (e.mask & Bit(lowest)))) {
-        slot(Fastest(e.mask)).policy->OnAccess(key);
+        Policy(Fastest(e.mask)).OnAccess(key);
         put_dedup_hits_.fetch_add(1, std::memory_order_relaxed);
         return Status::Ok();
       }
@@ -52,7 +52,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     for (int i = 0; i < slot_count(); ++i) {
       if ((old_mask | new_mask) & Bit(i)) (void)tier(i).Erase(key);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       SetMaskLocked(key, it->second, 0);
@@ -68,7 +68,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     Status es = tier(i).Erase(key);
     if (!es.ok() && !es.IsNotFound()) slot(i).measured.Add(slot(i).measured.io_errors);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = entries_[key];
   SetMaskLocked(key, e, 0);
   e.desc = desc;
@@ -87,7 +87,7 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
   SlotMask mask = 0;
   if (shared_mask_ != 0 && !InDirectory(key)) (void)AdoptFromShared(key);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::NotFound(fmt::format("erase: block {} is not in the store", key.ToString()));
     if (it->second.AnyPin()) {
@@ -109,7 +109,7 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
                                               key.ToString(), SlotName(i)));
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it != entries_.end()) {
     SetMaskLocked(key, it->second, remaining);
@@ -121,7 +121,7 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
 Status StoreImpl::Pin(const BlockKey& key) {
   auto guard = key_locks_.Lock(key);
   if (shared_mask_ != 0 && !InDirectory(key)) (void)AdoptFromShared(key);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return Status::NotFound(fmt::format("pin: block {} is not in the store", key.ToString()));
   ++it->second.pins;
@@ -129,7 +129,7 @@ Status StoreImpl::Pin(const BlockKey& key) {
 }
 
 Status StoreImpl::Unpin(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return Status::NotFound(fmt::format("unpin: block {} is not in the store", key.ToString()));
   if (it->second.pins == 0) {
@@ -147,7 +147,7 @@ std::vector<LookupResult> StoreImpl::Lookup(std::span<const BlockKey> keys) cons
   constexpr std::size_t kAhead = 8;
   std::vector<std::size_t> missed;  // for the shared tiers
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (std::size_t i = 0; i < std::min(kAhead, keys.size()); ++i) entries_.prefetch(keys[i]);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (i + kAhead < keys.size()) entries_.prefetch(keys[i + kAhead]);
@@ -175,7 +175,7 @@ std::vector<LookupResult> StoreImpl::Lookup(std::span<const BlockKey> keys) cons
 }
 
 bool StoreImpl::InDirectory(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(key);
   return it != entries_.end() && it->second.mask != 0;
 }

@@ -17,37 +17,37 @@ FaultInjectingTier::FaultInjectingTier(Tier& inner) : inner_(&inner), caps_(inne
 }
 
 void FaultInjectingTier::FailNextPuts(int n, Status status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_puts_ = Armed{n, std::move(status)};
   armed_any_ = true;
 }
 
 void FaultInjectingTier::FailNextGets(int n, Status status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_gets_ = Armed{n, std::move(status)};
   armed_any_ = true;
 }
 
 void FaultInjectingTier::FailNextErases(int n, Status status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_erases_ = Armed{n, std::move(status)};
   armed_any_ = true;
 }
 
 void FaultInjectingTier::FlipBitInNextGets(int n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   flip_gets_ = n;
   armed_any_ = true;
 }
 
 void FaultInjectingTier::CorruptNextPuts(int n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   corrupt_puts_ = n;
   armed_any_ = true;
 }
 
 void FaultInjectingTier::SetRandom(const RandomFaults& faults) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   random_ = faults;
   random_on_ = true;
   rng_.seed(faults.seed);
@@ -55,7 +55,7 @@ void FaultInjectingTier::SetRandom(const RandomFaults& faults) {
 }
 
 void FaultInjectingTier::Disarm() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   fail_puts_ = fail_gets_ = fail_erases_ = Armed{};
   flip_gets_ = corrupt_puts_ = 0;
   random_on_ = false;
@@ -63,7 +63,7 @@ void FaultInjectingTier::Disarm() {
 }
 
 InjectedFaultCounts FaultInjectingTier::injected() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return counts_;
 }
 
@@ -101,7 +101,7 @@ Status FaultInjectingTier::Put(const BlockKey& key, const BlockDesc& desc, std::
   bool corrupt = false;
   std::uint64_t bit = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     Status injected = TakeFailure(fail_puts_, random_.put_error * random_on_, counts_.put_errors);
     if (!injected.ok()) return injected.WithContext(fmt::format("put of block {}", key.ToString()));
     if (!data.empty()) corrupt = TakeFlag(corrupt_puts_, 0, counts_.corrupted_puts);
@@ -116,7 +116,7 @@ Status FaultInjectingTier::Put(const BlockKey& key, const BlockDesc& desc, std::
 Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
   if (!armed_any_.load(std::memory_order_acquire)) return inner_->Get(key, out, desc);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
     if (!injected.ok()) return injected.WithContext(fmt::format("get of block {}", key.ToString()));
   }
@@ -126,7 +126,7 @@ Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, Bl
   if (got.size == 0) return Status::Ok();
   std::uint64_t bit = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!TakeFlag(flip_gets_, random_.get_bit_flip * random_on_, counts_.bit_flips)) return Status::Ok();
     bit = NextRandom() % (got.size * 8);
   }
@@ -136,7 +136,7 @@ Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, Bl
 
 Status FaultInjectingTier::Erase(const BlockKey& key) {
   if (armed_any_.load(std::memory_order_acquire)) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     Status injected = TakeFailure(fail_erases_, 0, counts_.erase_errors);
     if (!injected.ok()) return injected.WithContext(fmt::format("erase of block {}", key.ToString()));
   }

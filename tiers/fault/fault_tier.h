@@ -23,6 +23,7 @@
 #include <mutex>
 #include <random>
 
+#include "src/common/mutex.h"
 #include "terrace/tier.h"
 
 namespace terrace {
@@ -83,22 +84,25 @@ class FaultInjectingTier final : public Tier {
     int count = 0;
     Status status;
   };
-  // Decides the fate of one call under mu_. Returns a non-OK Status to inject, or OK.
-  Status TakeFailure(Armed& armed, double random_rate, std::uint64_t& counter);
-  bool TakeFlag(int& count, double random_rate, std::uint64_t& counter);
-  std::uint64_t NextRandom();
+  // Decides the fate of one call. Returns a non-OK Status to inject, or OK.
+  Status TakeFailure(Armed& armed, double random_rate, std::uint64_t& counter) TERRACE_REQUIRES(mu_);
+  bool TakeFlag(int& count, double random_rate, std::uint64_t& counter) TERRACE_REQUIRES(mu_);
+  std::uint64_t NextRandom() TERRACE_REQUIRES(mu_);
 
   std::unique_ptr<Tier> owned_;
   Tier* inner_;
   TierCaps caps_;  // a copy of inner_->caps() taken at construction
   std::atomic<bool> armed_any_{false};  // fast path: nothing armed, no lock taken
-  mutable std::mutex mu_;
-  Armed fail_puts_, fail_gets_, fail_erases_;  // guarded by mu_
-  int flip_gets_ = 0, corrupt_puts_ = 0;        // guarded by mu_
-  RandomFaults random_;                         // guarded by mu_
-  bool random_on_ = false;                      // guarded by mu_
-  std::mt19937_64 rng_;                         // guarded by mu_
-  InjectedFaultCounts counts_;                  // guarded by mu_
+  mutable Mutex mu_;
+  Armed fail_puts_ TERRACE_GUARDED_BY(mu_);
+  Armed fail_gets_ TERRACE_GUARDED_BY(mu_);
+  Armed fail_erases_ TERRACE_GUARDED_BY(mu_);
+  int flip_gets_ TERRACE_GUARDED_BY(mu_) = 0;
+  int corrupt_puts_ TERRACE_GUARDED_BY(mu_) = 0;
+  RandomFaults random_ TERRACE_GUARDED_BY(mu_);
+  bool random_on_ TERRACE_GUARDED_BY(mu_) = false;
+  std::mt19937_64 rng_ TERRACE_GUARDED_BY(mu_);
+  InjectedFaultCounts counts_ TERRACE_GUARDED_BY(mu_);
 };
 
 }  // namespace terrace

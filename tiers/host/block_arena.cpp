@@ -56,7 +56,7 @@ Result<BlockArena::Ticket> BlockArena::BeginWrite(const BlockKey& key, const Blo
                                              tier_name_, key.ToString(), desc.size, max_block_bytes()));
   }
   const std::uint32_t pages = PagesFor(desc.size);
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     if (auto it = index_.find(key); it != index_.end() && it->second.pins > 0) {
       return Status::InvalidArgument(fmt::format("{} tier: block {} is pinned; Unpin it before replacing it",
@@ -66,7 +66,7 @@ Result<BlockArena::Ticket> BlockArena::BeginWrite(const BlockKey& key, const Blo
       return Ticket{NewSlot(*e), *e, desc};
     }
     if (growing_) {
-      grow_done_.wait(lock, [&] { return !growing_; });
+      while (growing_) grow_done_.Wait(&mu_);
       continue;
     }
     const std::uint32_t chunk = alloc_.num_chunks();
@@ -79,18 +79,18 @@ Result<BlockArena::Ticket> BlockArena::BeginWrite(const BlockKey& key, const Blo
     }
     const std::uint64_t bytes = std::min(chunk_bytes_, capacity_bytes_ - std::uint64_t{chunk} * chunk_bytes_);
     growing_ = true;
-    lock.unlock();
+    lock.Unlock();
     Status st = grow_(chunk, bytes);
-    lock.lock();
+    lock.Lock();
     growing_ = false;
-    grow_done_.notify_all();
+    grow_done_.SignalAll();
     if (!st.ok()) return st.WithContext(fmt::format("{} tier: growing the arena for block {}", tier_name_, key.ToString()));
     alloc_.AddChunk(static_cast<std::uint32_t>(bytes / page_bytes_));
   }
 }
 
 Status BlockArena::CommitWrite(const BlockKey& key, const Ticket& t) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = index_.try_emplace(key, Entry{t.desc, t.slot, 0});
   if (!inserted) {
     if (it->second.pins > 0) {
@@ -106,12 +106,12 @@ Status BlockArena::CommitWrite(const BlockKey& key, const Ticket& t) {
 }
 
 void BlockArena::AbortWrite(const Ticket& t) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ReleaseSlot(t.slot);
 }
 
 Result<BlockArena::Ticket> BlockArena::BeginRead(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: block {} not found", tier_name_, key.ToString()));
   Slot& s = slots_[it->second.slot];
@@ -120,7 +120,7 @@ Result<BlockArena::Ticket> BlockArena::BeginRead(const BlockKey& key) {
 }
 
 void BlockArena::EndRead(const BlockKey& key, const Ticket& t, bool drop_corrupt) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Slot& s = slots_[t.slot];
   --s.refs;
   if (drop_corrupt && !s.retired) {
@@ -135,14 +135,14 @@ void BlockArena::EndRead(const BlockKey& key, const Ticket& t, bool drop_corrupt
 }
 
 Result<BlockDesc> BlockArena::Lookup(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: block {} not found", tier_name_, key.ToString()));
   return it->second.desc;
 }
 
 Status BlockArena::Erase(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: block {} not found", tier_name_, key.ToString()));
   if (it->second.pins > 0) {
@@ -156,7 +156,7 @@ Status BlockArena::Erase(const BlockKey& key) {
 }
 
 Status BlockArena::Pin(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: cannot pin block {}: not found", tier_name_, key.ToString()));
   ++it->second.pins;
@@ -164,7 +164,7 @@ Status BlockArena::Pin(const BlockKey& key) {
 }
 
 Status BlockArena::Unpin(const BlockKey& key) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: cannot unpin block {}: not found", tier_name_, key.ToString()));
   if (it->second.pins == 0) {
@@ -176,31 +176,31 @@ Status BlockArena::Unpin(const BlockKey& key) {
 }
 
 Result<PageExtent> BlockArena::Locate(const BlockKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return Status::NotFound(fmt::format("{} tier: block {} not found", tier_name_, key.ToString()));
   return slots_[it->second.slot].extent;
 }
 
 std::uint64_t BlockArena::used_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return used_pages_ * page_bytes_;
 }
 
 std::uint64_t BlockArena::block_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return index_.size();
 }
 
 std::uint64_t BlockArena::arena_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return alloc_.total_pages() * page_bytes_;
 }
 
 void BlockArena::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
   std::vector<std::pair<BlockKey, BlockDesc>> snapshot;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     snapshot.reserve(index_.size());
     for (const auto& [k, e] : index_) snapshot.emplace_back(k, e.desc);
   }
@@ -208,7 +208,7 @@ void BlockArena::ForEach(const std::function<void(const BlockKey&, const BlockDe
 }
 
 bool BlockArena::CheckInvariants() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return alloc_.CheckInvariants();
 }
 

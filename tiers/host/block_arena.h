@@ -14,15 +14,14 @@
 // Thread-safety: every method may be called concurrently.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory_resource>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "terrace/block.h"
 #include "terrace/status.h"
 #include "tiers/host/page_allocator.h"
@@ -91,9 +90,9 @@ class BlockArena {
     std::uint32_t pins = 0;
   };
 
-  std::uint32_t NewSlot(const PageExtent& e);    // requires mu_
-  void ReleaseSlot(std::uint32_t slot);          // requires mu_; frees extent + slot
-  void RetireSlot(std::uint32_t slot);           // requires mu_
+  std::uint32_t NewSlot(const PageExtent& e) TERRACE_REQUIRES(mu_);
+  void ReleaseSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);  // frees extent + slot
+  void RetireSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);
   std::uint32_t PagesFor(std::uint64_t bytes) const {
     return static_cast<std::uint32_t>((bytes + page_bytes_ - 1) / page_bytes_);
   }
@@ -104,15 +103,15 @@ class BlockArena {
   const std::uint64_t capacity_bytes_;
   const GrowFn grow_;
 
-  mutable std::mutex mu_;
-  std::condition_variable grow_done_;
-  bool growing_ = false;                          // guarded by mu_
-  PageAllocator alloc_;                           // guarded by mu_
-  std::vector<Slot> slots_;                       // guarded by mu_
-  std::vector<std::uint32_t> free_slots_;         // guarded by mu_
-  std::pmr::unsynchronized_pool_resource pool_;   // index nodes; guarded by mu_
-  std::pmr::unordered_map<BlockKey, Entry> index_;  // guarded by mu_
-  std::uint64_t used_pages_ = 0;                  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar grow_done_;  // with mu_: growing_ became false
+  bool growing_ TERRACE_GUARDED_BY(mu_) = false;
+  PageAllocator alloc_ TERRACE_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ TERRACE_GUARDED_BY(mu_);
+  std::vector<std::uint32_t> free_slots_ TERRACE_GUARDED_BY(mu_);
+  std::pmr::unsynchronized_pool_resource pool_ TERRACE_GUARDED_BY(mu_);  // index nodes
+  std::pmr::unordered_map<BlockKey, Entry> index_ TERRACE_GUARDED_BY(mu_);
+  std::uint64_t used_pages_ TERRACE_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace terrace::tiers

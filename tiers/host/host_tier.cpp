@@ -53,7 +53,7 @@ HostTier::HostTier(const HostTierOptions& options)
 }
 
 HostTier::~HostTier() {
-  std::lock_guard lock(chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   for (const auto& c : chunks_) tiers::FreeHostChunk(c);
 }
 
@@ -63,7 +63,7 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
     pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));
   }
   bases_[chunk] = c.data;
-  std::lock_guard lock(chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   chunks_.push_back(std::move(c));
   return Status::Ok();
 }
@@ -157,7 +157,7 @@ const std::byte* HostTier::ResidentPtr(const BlockKey& key) const {
 }
 
 std::vector<iovec> HostTier::Regions() const {
-  std::lock_guard lock(chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   std::vector<iovec> out;
   out.reserve(chunks_.size());
   for (const auto& c : chunks_) out.push_back(iovec{c.data, c.bytes});
@@ -171,7 +171,7 @@ std::vector<std::span<std::byte>> HostTier::IoRegions() const {
 }
 
 std::string HostTier::PinSummary() const {
-  std::lock_guard lock(chunks_mu_);
+  MutexLock lock(&chunks_mu_);
   if (chunks_.empty()) return options_.pin ? "pinned: pending (no chunk yet)" : "pinned: no (not requested)";
   if (!options_.pin) return "pinned: no (not requested)";
   std::size_t cuda = 0, mlocked = 0;

@@ -20,10 +20,10 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "terrace/options.h"
 #include "terrace/tier.h"
 #include "tiers/host/block_arena.h"
@@ -78,8 +78,8 @@ class HostTier final : public Tier {
   // Chunk base addresses, sized for every possible chunk at construction; entry i is written once,
   // before chunk i is handed to the allocator (which publishes it under the arena lock).
   std::vector<std::byte*> bases_;
-  mutable std::mutex chunks_mu_;
-  std::vector<tiers::HostChunk> chunks_;  // guarded by chunks_mu_
+  mutable Mutex chunks_mu_;
+  std::vector<tiers::HostChunk> chunks_ TERRACE_GUARDED_BY(chunks_mu_);
   tiers::BlockArena arena_;
   mutable TierCounters counters_;
 };

@@ -10,24 +10,24 @@ FaultInjectingIoEngine::FaultInjectingIoEngine(std::unique_ptr<IoEngine> base, s
     : base_(std::move(base)), rng_(seed) {}
 
 void FaultInjectingIoEngine::Arm(IoOp op, FaultKind kind, int count) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   armed_.push_back({op, kind, count});
 }
 
 void FaultInjectingIoEngine::ArmSync(int err, int count) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   sync_err_ = err;
   sync_remaining_ = count;
 }
 
 void FaultInjectingIoEngine::SetRandom(double probability, std::vector<FaultKind> kinds) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   probability_ = kinds.empty() ? 0 : probability;
   random_kinds_ = std::move(kinds);
 }
 
 void FaultInjectingIoEngine::Disarm() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   armed_.clear();
   probability_ = 0;
   random_kinds_.clear();
@@ -65,7 +65,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
   std::vector<std::int8_t> fault(reqs.size(), -1);
   std::vector<std::uint64_t> flip_pos(reqs.size(), 0);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       int f = Decide(reqs[i]);
       fault[i] = static_cast<std::int8_t>(f);
@@ -106,7 +106,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
 
 int FaultInjectingIoEngine::SyncData() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (sync_remaining_ > 0) {
       --sync_remaining_;
       return -sync_err_;

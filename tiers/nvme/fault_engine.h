@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "tiers/nvme/io_engine.h"
 
 namespace terrace::nvme {
@@ -51,15 +52,16 @@ class FaultInjectingIoEngine final : public IoEngine {
     int remaining;
   };
   // Returns the fault for `r`, or -1 for none. Caller holds mu_.
-  int Decide(const IoRequest& r);
+  int Decide(const IoRequest& r) TERRACE_REQUIRES(mu_);
 
   std::unique_ptr<IoEngine> base_;
-  mutable std::mutex mu_;
-  std::mt19937_64 rng_;                // guarded by mu_
-  std::vector<Armed> armed_;           // guarded by mu_
-  double probability_ = 0;             // guarded by mu_
-  std::vector<FaultKind> random_kinds_;  // guarded by mu_
-  int sync_err_ = 0, sync_remaining_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  std::mt19937_64 rng_ TERRACE_GUARDED_BY(mu_);
+  std::vector<Armed> armed_ TERRACE_GUARDED_BY(mu_);
+  double probability_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::vector<FaultKind> random_kinds_ TERRACE_GUARDED_BY(mu_);
+  int sync_err_ TERRACE_GUARDED_BY(mu_) = 0;
+  int sync_remaining_ TERRACE_GUARDED_BY(mu_) = 0;
   std::array<std::atomic<std::uint64_t>, kNumFaultKinds> injected_{};
 };
 

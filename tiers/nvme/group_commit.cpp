@@ -22,34 +22,34 @@ GroupCommitter::GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn re
 
 GroupCommitter::~GroupCommitter() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stop_ = true;
   }
-  bg_cv_.notify_all();
+  bg_cv_.SignalAll();
   if (bg_.joinable()) bg_.join();
 }
 
 std::uint64_t GroupCommitter::StagePut(std::string key, std::string record, Extent release) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   pending_->Put(key, record);
   pending_data_ = true;
   if (release.length > 0) pending_release_.push_back(release);
-  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  if (staged_seq_++ == durable_seq_) bg_cv_.Signal();
   return staged_seq_;
 }
 
 std::uint64_t GroupCommitter::StageDelete(std::string key, Extent release) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   pending_->Delete(key);
   if (release.length > 0) pending_release_.push_back(release);
-  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  if (staged_seq_++ == durable_seq_) bg_cv_.Signal();
   return staged_seq_;
 }
 
 std::uint64_t GroupCommitter::StageClear(Extent release) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (release.length > 0) pending_release_.push_back(release);
-  if (staged_seq_++ == durable_seq_) bg_cv_.notify_one();
+  if (staged_seq_++ == durable_seq_) bg_cv_.Signal();
   return staged_seq_;
 }
 
@@ -83,12 +83,12 @@ Status GroupCommitter::ClearDescriptors(const std::vector<Extent>& extents) {
 }
 
 Status GroupCommitter::WaitDurable(std::uint64_t seq) {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   while (true) {
     if (!failed_.ok()) return failed_;
     if (durable_seq_ >= seq) return Status::Ok();
     if (leader_) {
-      cv_.wait(l);
+      cv_.Wait(&mu_);
       continue;
     }
     leader_ = true;
@@ -100,7 +100,7 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
     pending_data_ = false;
     std::uint64_t upto = staged_seq_;
     const std::uint64_t commit = durable_commit_;
-    l.unlock();
+    l.Unlock();
 
     Status s;
     if (!release.empty()) s = ClearDescriptors(release);
@@ -124,21 +124,21 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
       if (s.ok() && before_sync_) s = before_sync_(commit + 1);
     }
 
-    l.lock();
+    l.Lock();
     leader_ = false;
     if (s.ok() && index_write) durable_commit_ = commit + 1;
     if (!s.ok()) {
       failed_ = s.WithContext("group commit");
-      cv_.notify_all();
+      cv_.SignalAll();
       return failed_;
     }
     durable_seq_ = upto;
     ++commits_;
-    cv_.notify_all();
+    cv_.SignalAll();
     if (!release.empty()) {
-      l.unlock();
+      l.Unlock();
       release_(std::move(release));
-      l.lock();
+      l.Lock();
     }
   }
 }
@@ -146,39 +146,41 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
 Status GroupCommitter::Flush() {
   std::uint64_t seq;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     seq = staged_seq_;
   }
   return WaitDurable(seq);
 }
 
 Status GroupCommitter::health() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return failed_;
 }
 
 std::uint64_t GroupCommitter::durable_commit() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return durable_commit_;
 }
 
 std::uint64_t GroupCommitter::commits() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return commits_;
 }
 
 void GroupCommitter::BackgroundLoop(std::chrono::microseconds interval) {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   while (!stop_) {
-    bg_cv_.wait(l, [&] { return stop_ || staged_seq_ > durable_seq_; });
+    while (!stop_ && staged_seq_ <= durable_seq_) bg_cv_.Wait(&mu_);
     if (stop_) break;
     // Let more mutations join the group, but never hold one longer than `interval`.
-    bg_cv_.wait_for(l, interval, [&] { return stop_; });
+    const auto until = std::chrono::steady_clock::now() + interval;
+    while (!stop_ && bg_cv_.WaitUntil(&mu_, until)) {
+    }
     if (stop_ || !failed_.ok()) break;
     std::uint64_t seq = staged_seq_;
-    l.unlock();
+    l.Unlock();
     (void)WaitDurable(seq);  // a failure is recorded in failed_ and reported by Flush / Put
-    l.lock();
+    l.Lock();
   }
 }
 

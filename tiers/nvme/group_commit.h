@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "terrace/status.h"
 #include "tiers/nvme/extent_allocator.h"
 
@@ -83,19 +84,19 @@ class GroupCommitter {
   ReleaseFn release_;
   BeforeSyncFn before_sync_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;          // durable_seq_ / leader_ / failed_ changes
-  std::condition_variable bg_cv_;       // wakes the background committer
-  std::unique_ptr<rocksdb::WriteBatch> pending_;  // guarded by mu_
-  std::vector<Extent> pending_release_;           // guarded by mu_
-  bool pending_data_ = false;                     // guarded by mu_: a staged put needs a data sync
-  std::uint64_t staged_seq_ = 0;                  // guarded by mu_
-  std::uint64_t durable_seq_ = 0;                 // guarded by mu_
-  bool leader_ = false;                           // guarded by mu_
-  bool stop_ = false;                             // guarded by mu_
-  std::uint64_t commits_ = 0;                     // guarded by mu_
-  std::uint64_t durable_commit_ = 0;              // guarded by mu_; written by the leader only
-  Status failed_;                                 // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_; // durable_seq_ / leader_ / failed_ changes
+  CondVar bg_cv_;  // wakes the background committer
+  std::unique_ptr<rocksdb::WriteBatch> pending_ TERRACE_GUARDED_BY(mu_);
+  std::vector<Extent> pending_release_ TERRACE_GUARDED_BY(mu_);
+  bool pending_data_ TERRACE_GUARDED_BY(mu_) = false;  // a staged put needs a data sync
+  std::uint64_t staged_seq_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::uint64_t durable_seq_ TERRACE_GUARDED_BY(mu_) = 0;
+  bool leader_ TERRACE_GUARDED_BY(mu_) = false;
+  bool stop_ TERRACE_GUARDED_BY(mu_) = false;
+  std::uint64_t commits_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::uint64_t durable_commit_ TERRACE_GUARDED_BY(mu_) = 0;  // written by the leader only
+  Status failed_ TERRACE_GUARDED_BY(mu_);
   std::thread bg_;
 };
 

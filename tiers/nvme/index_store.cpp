@@ -147,7 +147,7 @@ Status IndexStore::WriteManifest(const Superblock& sb) {
 
 Status IndexStore::Write(rocksdb::WriteBatch* batch, bool sync) {
   if (failed_.load()) {
-    std::lock_guard<std::mutex> l(failure_mu_);
+    MutexLock l(&failure_mu_);
     return failure_;
   }
   if (read_only_) {
@@ -158,7 +158,7 @@ Status IndexStore::Write(rocksdb::WriteBatch* batch, bool sync) {
   rocksdb::Status s = db_->Write(wo, batch);
   Status st = FromRocks(&s, "write");
   if (!st.ok()) {
-    std::lock_guard<std::mutex> l(failure_mu_);
+    MutexLock l(&failure_mu_);
     if (!failed_.load()) {
       failure_ = st;
       failed_.store(true);

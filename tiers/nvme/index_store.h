@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/common/mutex.h"
 #include "terrace/block.h"
 #include "terrace/log.h"
 #include "terrace/status.h"
@@ -88,8 +89,8 @@ class IndexStore {
   rocksdb::DB* db_;  // owned; null once closed
   bool read_only_;
   std::atomic<bool> failed_{false};
-  mutable std::mutex failure_mu_;
-  Status failure_;  // guarded by failure_mu_; the first write failure
+  mutable Mutex failure_mu_;
+  Status failure_ TERRACE_GUARDED_BY(failure_mu_);  // the first write failure
 };
 
 // Removes the RocksDB files in `dir` (rocksdb::DestroyDB): only for an index Terrace itself

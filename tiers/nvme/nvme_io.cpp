@@ -33,7 +33,7 @@ void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* 
 }
 
 int NvmeTier::ExternalBufferIndex(const std::byte* p, std::size_t len) const {
-  std::lock_guard<std::mutex> l(reg_mu_);
+  MutexLock l(&reg_mu_);
   for (std::size_t i = 0; i < external_.size(); ++i) {
     auto* b = static_cast<const std::byte*>(external_[i].iov_base);
     if (p >= b && p + len <= b + external_[i].iov_len) return static_cast<int>(staging_->count() + i);
@@ -48,7 +48,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
   std::vector<int> req_buf;  // staging buffer per request, -1 for direct
   bool have_external;
   {
-    std::lock_guard<std::mutex> l(reg_mu_);
+    MutexLock l(&reg_mu_);
     have_external = !external_.empty();
   }
   std::size_t i = 0;

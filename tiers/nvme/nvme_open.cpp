@@ -117,7 +117,7 @@ NvmeTier::~NvmeTier() {
                    fmt::format("closing '{}': final commit failed: {}", data_path_.string(), s.ToString()));
     } else if (!index_->failed()) {
       // Record the final commit so a reopen can tell a complete index from one that lost records.
-      std::lock_guard<std::mutex> l(sb_mu_);
+      MutexLock l(&sb_mu_);
       const std::uint64_t c = committer_->durable_commit();
       if (sb_.indexed_commit != c) {
         sb_.indexed_commit = c;
@@ -174,7 +174,10 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
                                                options.path.string()));
   }
   std::unique_ptr<NvmeTier> t(new NvmeTier(options, hooks));
-  if (!t->sb_unit_) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+  {
+    MutexLock l(&t->sb_mu_);
+    if (!t->sb_unit_) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+  }
   if (!t->hooks_.engine) t->hooks_.engine = nvme::OpenUringEngine;
   TERRACE_RETURN_IF_ERROR(t->OpenFiles());
   try {
@@ -196,7 +199,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
         t->engine_.get(), t->index_.get(),
         [raw](std::vector<nvme::Extent>&& e) { raw->ReleaseExtents(std::move(e)); },
         [raw](std::uint64_t durable_commit) -> Status {
-          std::lock_guard<std::mutex> l(raw->sb_mu_);
+          MutexLock l(&raw->sb_mu_);
           if (raw->sb_.indexed_commit == durable_commit) return Status::Ok();
           raw->sb_.indexed_commit = durable_commit;
           return raw->PersistSuperblockLocked();
@@ -336,7 +339,7 @@ Status NvmeTier::PersistSuperblockLocked() {
 }
 
 Status NvmeTier::ReserveGenerations(std::uint64_t upto) {
-  std::lock_guard<std::mutex> l(sb_mu_);
+  MutexLock l(&sb_mu_);
   if (upto < sb_.generation_limit) return Status::Ok();
   sb_.generation_limit = upto + kGenerationReserve;
   TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
@@ -345,7 +348,7 @@ Status NvmeTier::ReserveGenerations(std::uint64_t upto) {
 
 // A fresh identity in sb_ and sb_unit_, written through the engine and synced.
 Status NvmeTier::WriteFreshSuperblock() {
-  std::lock_guard<std::mutex> l(sb_mu_);
+  MutexLock l(&sb_mu_);
   nvme::Superblock sb;
   sb.uuid = sb_.uuid;
   if (std::all_of(sb.uuid.begin(), sb.uuid.end(), [](std::uint8_t b) { return b == 0; })) sb.uuid = NewStoreId();
@@ -562,7 +565,7 @@ Status NvmeTier::OpenExisting(bool block_device) {
     return decoded.status();
   }
   {
-    std::lock_guard<std::mutex> l(sb_mu_);
+    MutexLock l(&sb_mu_);
     sb_ = *decoded;
   }
   if (options_.reformat) {
@@ -655,7 +658,7 @@ Status NvmeTier::Reformat() {
 // leaves no superblock naming an index that does not exist).
 Status NvmeTier::FormatNewStore() {
   {
-    std::lock_guard<std::mutex> l(sb_mu_);
+    MutexLock l(&sb_mu_);
     sb_.uuid = NewStoreId();
     sb_.capacity_bytes = options_.capacity_bytes;
   }
@@ -811,7 +814,7 @@ Status NvmeTier::Recover() {
 Status NvmeTier::VerifyAllBlocks() {
   std::vector<BlockKey> keys;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     keys.reserve(map_.size());
     for (const auto& [k, e] : map_) keys.push_back(k);
   }

@@ -63,7 +63,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool short_of_space = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       for (std::size_t i = 0; i < ops.size(); ++i) {
         if (!st[i].ok() || allocated[i]) continue;
         nvme::Record tmp;
@@ -88,7 +88,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
       }
       continue;
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (!st[i].ok() || allocated[i]) continue;
       st[i] = Status::OutOfCapacity(fmt::format(
@@ -116,7 +116,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
     before_write = Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
   }
   if (!before_write.ok()) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (!allocated[i]) continue;
       nvme::Record tmp;
@@ -129,7 +129,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   }
   std::array<std::uint8_t, 16> uuid;
   {
-    std::lock_guard<std::mutex> l(sb_mu_);
+    MutexLock l(&sb_mu_);
     uuid = sb_.uuid;
   }
 
@@ -183,7 +183,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   std::uint64_t last_seq = 0;
   std::uint64_t bytes = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (!allocated[i]) continue;
       nvme::Record rec;
@@ -231,7 +231,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
   std::vector<nvme::Record> recs(ops.size());
   std::vector<bool> reading(ops.size(), false);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       auto it = map_.find(ops[i].key);
       if (it == map_.end()) {
@@ -303,7 +303,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
     }
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (reading[i]) EndRead(ops[i].key, recs[i]);
     }
@@ -313,7 +313,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
 }
 
 void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = map_.find(key);
   if (it == map_.end() || it->second.rec.generation != rec.generation) return;  // already replaced
   used_bytes_ -= rec.length;
@@ -342,7 +342,7 @@ void NvmeTier::EndRead(const BlockKey& key, const nvme::Record& rec) {
 }
 
 void NvmeTier::ReleaseExtents(std::vector<nvme::Extent>&& extents) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (const nvme::Extent& e : extents) {
     auto d = detached_.find(e.offset);
     if (d != detached_.end()) {
@@ -354,7 +354,7 @@ void NvmeTier::ReleaseExtents(std::vector<nvme::Extent>&& extents) {
 }
 
 Result<BlockDesc> NvmeTier::Lookup(const BlockKey& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = map_.find(key);
   if (it == map_.end()) {
     return Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", key.ToString(), data_path_.string()));
@@ -367,7 +367,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
   if (options_.read_only) return ReadOnlyError(fmt::format("erase of block {}", key.ToString()));
   std::uint64_t seq;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto it = map_.find(key);
     if (it == map_.end()) {
       return Status::NotFound(fmt::format("erase of block {}: not in the NVMe tier at '{}'", key.ToString(),
@@ -389,7 +389,7 @@ Status NvmeTier::Erase(const BlockKey& key) {
 }
 
 Status NvmeTier::Pin(const BlockKey& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return Status::NotFound(fmt::format("pin of block {}: not in the NVMe tier", key.ToString()));
   ++it->second.pins;
@@ -397,7 +397,7 @@ Status NvmeTier::Pin(const BlockKey& key) {
 }
 
 Status NvmeTier::Unpin(const BlockKey& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return Status::NotFound(fmt::format("unpin of block {}: not in the NVMe tier", key.ToString()));
   if (it->second.pins == 0) {
@@ -413,24 +413,24 @@ Status NvmeTier::Flush() {
 }
 
 std::uint64_t NvmeTier::used_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return used_bytes_;
 }
 
 std::uint64_t NvmeTier::block_count() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return map_.size();
 }
 
 std::uint64_t NvmeTier::free_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return alloc_->free_bytes();
 }
 
 bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
 
 void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (const auto& [k, e] : map_) fn(k, BlockDesc{e.rec.length, e.rec.codec, e.rec.checksum});
 }
 
@@ -438,10 +438,10 @@ TierStatsSnapshot NvmeTier::Stats() const {
   TierStatsSnapshot s = SnapshotCounters(counters_);
   s.name = caps_.name;
   s.capacity_bytes = caps_.capacity_bytes;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   s.used_bytes = used_bytes_;
   s.blocks = map_.size();
-  std::lock_guard<std::mutex> r(reg_mu_);
+  MutexLock r(&reg_mu_);
   s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}",
                          engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size(),
                          staged_ios_.load(std::memory_order_relaxed));
@@ -460,7 +460,7 @@ Status NvmeTier::RegisterIoRegions(std::span<const std::span<std::byte>> regions
 Status NvmeTier::RegisterExternalBuffers(std::span<const iovec> bufs) {
   std::vector<iovec> all = staging_->iovecs();
   all.insert(all.end(), bufs.begin(), bufs.end());
-  std::lock_guard<std::mutex> l(reg_mu_);
+  MutexLock l(&reg_mu_);
   Status s = engine_->RegisterBuffers(all);
   if (!s.ok()) {
     // Restore the staging-only table so fixed I/O keeps working for staged chunks.

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/mutex.h"
 #include "tiers/nvme/format.h"
 
 namespace terrace::nvme {
@@ -59,10 +60,10 @@ struct PowerCut::State {
 
   // Counts one event; false when the power is (now) off and the event must fail.
   bool Event() {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     return EventLocked();
   }
-  bool EventLocked() {
+  bool EventLocked() TERRACE_REQUIRES(mu) {
     if (off) return false;
     if (events >= trigger) {
       off = true;
@@ -72,21 +73,21 @@ struct PowerCut::State {
     return true;
   }
   bool Off() {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     return off;
   }
 
-  std::mutex mu;
-  std::mt19937_64 rng;  // guarded by mu
+  Mutex mu;
+  std::mt19937_64 rng TERRACE_GUARDED_BY(mu);
   LostWrite mode;
-  bool off = false;                       // guarded by mu
-  bool cut_done = false;                  // guarded by mu
-  std::uint64_t events = 0;               // guarded by mu
-  std::uint64_t trigger = UINT64_MAX;     // guarded by mu: power off when events reaches it
-  int data_fd = -1;                       // dup of the tier's data file descriptor
-  std::uint64_t next_undo = 0;            // guarded by mu
-  std::map<std::uint64_t, Undo> undo;     // guarded by mu: by issue order
-  std::map<std::string, std::shared_ptr<FileState>> files;  // guarded by mu: by RocksDB's file name
+  bool off TERRACE_GUARDED_BY(mu) = false;
+  bool cut_done TERRACE_GUARDED_BY(mu) = false;
+  std::uint64_t events TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t trigger TERRACE_GUARDED_BY(mu) = UINT64_MAX;  // power off when events reaches it
+  int data_fd = -1;                                           // dup of the tier's data file descriptor
+  std::uint64_t next_undo TERRACE_GUARDED_BY(mu) = 0;
+  std::map<std::uint64_t, Undo> undo TERRACE_GUARDED_BY(mu);  // by issue order
+  std::map<std::string, std::shared_ptr<FileState>> files TERRACE_GUARDED_BY(mu);  // by RocksDB's file name
   std::shared_ptr<rocksdb::FileSystem> fs;
   std::unique_ptr<rocksdb::Env> env;
 };
@@ -106,7 +107,7 @@ class PowerCutEngine final : public IoEngine {
     std::vector<std::uint64_t> undo_id;
     std::vector<std::size_t> failed;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       for (std::size_t i = 0; i < reqs.size(); ++i) {
         IoRequest& r = reqs[i];
         bool ok = r.op == IoOp::kRead ? !s_->off : s_->EventLocked();
@@ -147,7 +148,7 @@ class PowerCutEngine final : public IoEngine {
       reqs[i].result = fwd[j].result;
       reqs[i].submit_ns = fwd[j].submit_ns;
       if (undo_id[j] != UINT64_MAX) {
-        std::lock_guard<std::mutex> l(s_->mu);
+        MutexLock l(&s_->mu);
         auto it = s_->undo.find(undo_id[j]);
         if (it != s_->undo.end()) it->second.completed = true;
       }
@@ -159,7 +160,7 @@ class PowerCutEngine final : public IoEngine {
   int SyncData() override {
     std::vector<std::uint64_t> covered;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       if (!s_->EventLocked()) return -EIO;
       for (const auto& [id, u] : s_->undo) {
         if (u.completed) covered.push_back(id);
@@ -167,7 +168,7 @@ class PowerCutEngine final : public IoEngine {
     }
     int r = base_->SyncData();
     if (r == 0) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       for (std::uint64_t id : covered) s_->undo.erase(id);
     }
     return r;
@@ -220,7 +221,7 @@ class TrackedFile final : public rocksdb::FSWritableFileOwnerWrapper {
     if (s_->Off()) return CutError();
     rocksdb::IOStatus st = target()->Truncate(size, o, d);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       f_->size = size;
       f_->synced = std::min(f_->synced, size);
     }
@@ -247,24 +248,24 @@ class TrackedFile final : public rocksdb::FSWritableFileOwnerWrapper {
   rocksdb::IOStatus Synced(F&& sync) {
     std::uint64_t size;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       if (!s_->EventLocked()) return CutError();
       size = f_->size;
     }
     rocksdb::IOStatus st = sync();
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       f_->synced = std::max(f_->synced, std::min(size, f_->size));
       f_->ever_synced = true;
     }
     return st;
   }
   void Grow(std::uint64_t n) {
-    std::lock_guard<std::mutex> l(s_->mu);
+    MutexLock l(&s_->mu);
     f_->size += n;
   }
   void SetSizeAtLeast(std::uint64_t n) {
-    std::lock_guard<std::mutex> l(s_->mu);
+    MutexLock l(&s_->mu);
     f_->size = std::max(f_->size, n);
   }
 
@@ -287,7 +288,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     auto state = std::make_shared<FileState>();
     state->created = true;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       s_->files[f] = state;
     }
     *r = std::make_unique<TrackedFile>(std::move(file), s_, std::move(state));
@@ -307,7 +308,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     if (!st.ok()) return st;
     std::shared_ptr<FileState> state;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       auto& slot = s_->files[f];
       if (!slot) {
         slot = std::make_shared<FileState>();
@@ -331,7 +332,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     auto state = std::make_shared<FileState>();
     state->created = true;
     {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       s_->files.erase(old);
       s_->files[f] = state;
     }
@@ -348,7 +349,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     if (s_->Off()) return CutError();
     rocksdb::IOStatus st = target()->RenameFile(from, to, o, d);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       auto it = s_->files.find(from);
       if (it != s_->files.end()) {
         s_->files[to] = it->second;
@@ -368,7 +369,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     if (s_->Off()) return CutError();
     rocksdb::IOStatus st = target()->DeleteFile(f, o, d);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       s_->files.erase(f);
     }
     return st;
@@ -378,7 +379,7 @@ class PowerCutFs final : public rocksdb::FileSystemWrapper {
     if (s_->Off()) return CutError();
     rocksdb::IOStatus st = target()->Truncate(f, size, o, d);
     if (st.ok()) {
-      std::lock_guard<std::mutex> l(s_->mu);
+      MutexLock l(&s_->mu);
       auto it = s_->files.find(f);
       if (it != s_->files.end()) {
         it->second->size = size;
@@ -433,7 +434,7 @@ IoEngineFactory PowerCut::WrapEngine(IoEngineFactory base) {
     int fd = ::fcntl(cfg.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return Status::IoError(fmt::format("power-cut engine: cannot dup the data file: {}", std::strerror(errno)));
     {
-      std::lock_guard<std::mutex> l(s->mu);
+      MutexLock l(&s->mu);
       if (s->data_fd >= 0) ::close(s->data_fd);
       s->data_fd = fd;
     }
@@ -444,24 +445,24 @@ IoEngineFactory PowerCut::WrapEngine(IoEngineFactory base) {
 rocksdb::Env* PowerCut::index_env() { return s_->env.get(); }
 
 void PowerCut::CutAfter(std::uint64_t n) {
-  std::lock_guard<std::mutex> l(s_->mu);
+  MutexLock l(&s_->mu);
   s_->trigger = s_->events + n;
 }
 
 void PowerCut::PowerOff() {
-  std::lock_guard<std::mutex> l(s_->mu);
+  MutexLock l(&s_->mu);
   s_->off = true;
 }
 
 bool PowerCut::powered_off() const { return s_->Off(); }
 
 std::uint64_t PowerCut::events() const {
-  std::lock_guard<std::mutex> l(s_->mu);
+  MutexLock l(&s_->mu);
   return s_->events;
 }
 
 Result<PowerCutReport> PowerCut::Cut() {
-  std::lock_guard<std::mutex> l(s_->mu);
+  MutexLock l(&s_->mu);
   if (s_->cut_done) return Status::Internal("PowerCut::Cut() called twice");
   s_->off = true;
   s_->cut_done = true;

@@ -14,8 +14,8 @@ StagingPool::StagingPool(std::size_t count, std::size_t buffer_bytes) : count_(c
 StagingPool::~StagingPool() { std::free(base_); }
 
 void StagingPool::Acquire(std::size_t want, std::vector<int>* out) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return !free_.empty(); });
+  MutexLock l(&mu_);
+  while (free_.empty()) cv_.Wait(&mu_);
   while (want-- > 0 && !free_.empty()) {
     out->push_back(free_.back());
     free_.pop_back();
@@ -25,10 +25,10 @@ void StagingPool::Acquire(std::size_t want, std::vector<int>* out) {
 void StagingPool::Release(std::span<const int> bufs) {
   if (bufs.empty()) return;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     free_.insert(free_.end(), bufs.begin(), bufs.end());
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::vector<iovec> StagingPool::iovecs() const {

@@ -5,11 +5,11 @@
 
 #include <sys/uio.h>
 
-#include <condition_variable>
 #include <cstddef>
-#include <mutex>
 #include <span>
 #include <vector>
+
+#include "src/common/mutex.h"
 
 namespace terrace::nvme {
 
@@ -33,9 +33,9 @@ class StagingPool {
  private:
   std::size_t count_, bytes_;
   std::byte* base_;  // owned, count_ * bytes_ bytes, 4 KiB-aligned
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int> free_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<int> free_ TERRACE_GUARDED_BY(mu_);
 };
 
 }  // namespace terrace::nvme
