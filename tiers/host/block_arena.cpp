@@ -19,7 +19,51 @@ BlockArena::BlockArena(const BlockArenaOptions& o, GrowFn grow)
       grow_(std::move(grow)),
       alloc_(static_cast<std::uint32_t>(std::max<std::uint64_t>(chunk_bytes_ / page_bytes_, 1)),
              static_cast<std::uint32_t>(chunk_bytes_ == 0 ? 0 : (capacity_bytes_ + chunk_bytes_ - 1) / chunk_bytes_)),
-      index_(&pool_) {}
+      index_(&pool_) {
+  if (o.grow_ahead && chunk_bytes_ > 0) ahead_thread_ = std::thread([this] { GrowAheadLoop(); });
+}
+
+BlockArena::~BlockArena() { StopGrowAhead(); }
+
+void BlockArena::StopGrowAhead() {
+  {
+    std::lock_guard lock(mu_);
+    ahead_stop_ = true;
+  }
+  ahead_cv_.notify_all();
+  if (ahead_thread_.joinable()) ahead_thread_.join();
+}
+
+void BlockArena::MaybeGrowAhead() {
+  if (!ahead_thread_.joinable() || ahead_stop_ || ahead_failed_ || growing_ || ahead_wanted_) return;
+  if (alloc_.num_chunks() == 0 || alloc_.num_chunks() >= alloc_.max_chunks()) return;
+  if (alloc_.free_pages() * page_bytes_ >= chunk_bytes_) return;  // a whole chunk still free
+  ahead_wanted_ = true;
+  ahead_cv_.notify_one();
+}
+
+void BlockArena::GrowAheadLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    ahead_cv_.wait(lock, [&] { return ahead_stop_ || ahead_wanted_; });
+    if (ahead_stop_) return;
+    ahead_wanted_ = false;
+    const std::uint32_t chunk = alloc_.num_chunks();
+    if (growing_ || chunk >= alloc_.max_chunks()) continue;
+    const std::uint64_t bytes = std::min(chunk_bytes_, capacity_bytes_ - std::uint64_t{chunk} * chunk_bytes_);
+    growing_ = true;
+    lock.unlock();
+    Status st = grow_(chunk, bytes);
+    lock.lock();
+    growing_ = false;
+    if (st.ok()) {
+      alloc_.AddChunk(static_cast<std::uint32_t>(bytes / page_bytes_));
+    } else {
+      ahead_failed_ = true;
+    }
+    grow_done_.notify_all();
+  }
+}
 
 std::uint32_t BlockArena::NewSlot(const PageExtent& e) {
   std::uint32_t id;
@@ -63,6 +107,7 @@ Result<BlockArena::Ticket> BlockArena::BeginWrite(const BlockKey& key, const Blo
                                                  tier_name_, key.ToString()));
     }
     if (auto e = alloc_.Allocate(pages)) {
+      MaybeGrowAhead();
       return Ticket{NewSlot(*e), *e, desc};
     }
     if (growing_) {

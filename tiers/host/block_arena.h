@@ -10,8 +10,14 @@
 // Pinned blocks cannot be erased or replaced (InvalidArgument) until every Pin is undone.
 //
 // Chunks are materialized lazily: when no free run fits and the arena is below capacity, the GrowFn
-// is called (without the lock held; one grow at a time) to create chunk memory.
-// Thread-safety: every method may be called concurrently.
+// is called (without the lock held; one grow at a time) to create chunk memory. With grow_ahead,
+// a background thread also calls it for the next chunk as soon as less than one chunk of free
+// space is left, so a writer filling a fresh arena rarely waits for page faults and pinning; a
+// writer that catches up waits for that grow like for any other. A failed grow ahead is not
+// reported (the next demand grow retries and reports it) and stops growing ahead.
+// Thread-safety: every method may be called concurrently. The GrowFn runs on the caller's thread
+// or on the grow-ahead thread; StopGrowAhead (also run by the destructor) joins that thread, and
+// an owner whose GrowFn touches its own members must call it before destroying them.
 #pragma once
 
 #include <condition_variable>
@@ -20,6 +26,7 @@
 #include <memory_resource>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +41,7 @@ struct BlockArenaOptions {
   std::uint64_t capacity_bytes = 0;   // rounded down to whole pages
   std::uint64_t chunk_bytes = 0;      // growth unit; rounded down to whole pages; <= capacity
   std::uint64_t page_bytes = 4096;    // allocation unit (power of two)
+  bool grow_ahead = false;            // materialize the next chunk in the background (see above)
 };
 
 class BlockArena {
@@ -42,6 +50,7 @@ class BlockArena {
   using GrowFn = std::function<Status(std::uint32_t chunk, std::uint64_t bytes)>;
 
   BlockArena(const BlockArenaOptions& options, GrowFn grow);
+  ~BlockArena();
   BlockArena(const BlockArena&) = delete;
   BlockArena& operator=(const BlockArena&) = delete;
 
@@ -78,6 +87,8 @@ class BlockArena {
   std::uint64_t max_block_bytes() const { return chunk_bytes_; }
   std::uint64_t ByteOffset(const PageExtent& e) const { return std::uint64_t{e.page} * page_bytes_; }
   bool CheckInvariants() const;  // allocator consistency (tests)
+  // Ends the grow-ahead thread (waiting for a grow in progress); idempotent; no-op without grow_ahead.
+  void StopGrowAhead();
 
  private:
   struct Slot {
@@ -113,6 +124,12 @@ class BlockArena {
   std::pmr::unsynchronized_pool_resource pool_;   // index nodes; guarded by mu_
   std::pmr::unordered_map<BlockKey, Entry> index_;  // guarded by mu_
   std::uint64_t used_pages_ = 0;                  // guarded by mu_
+  // Grow ahead: ahead_wanted_/ahead_stop_/ahead_failed_ guarded by mu_; ahead_cv_ wakes the thread.
+  void GrowAheadLoop();
+  void MaybeGrowAhead();  // requires mu_
+  std::condition_variable ahead_cv_;
+  bool ahead_wanted_ = false, ahead_stop_ = false, ahead_failed_ = false;
+  std::thread ahead_thread_;  // joinable only with grow_ahead, until StopGrowAhead
 };
 
 }  // namespace terrace::tiers

@@ -39,7 +39,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
 HostTier::HostTier(const HostTierOptions& options)
     : options_(options),
       logger_(LoggerOrDefault(options.logger)),
-      arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes},
+      arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes,
+                                      /*grow_ahead=*/true},
              [this](std::uint32_t chunk, std::uint64_t bytes) { return Grow(chunk, bytes); }) {
   caps_.id = TierId::kHost;
   caps_.name = "host";
@@ -53,6 +54,7 @@ HostTier::HostTier(const HostTierOptions& options)
 }
 
 HostTier::~HostTier() {
+  arena_.StopGrowAhead();  // its Grow calls touch bases_ and chunks_
   std::lock_guard lock(chunks_mu_);
   for (const auto& c : chunks_) tiers::FreeHostChunk(c);
 }
