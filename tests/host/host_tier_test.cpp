@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -46,14 +47,11 @@ TEST_CASE("Host arena grows lazily in chunks and reports pinning") {
   CHECK(t->caps().max_block_bytes == 2 * kMiB);
   auto data = TestBytes(1, 1500 * 1024);
   REQUIRE(t->Put(TestKey(1), DescribeBlock(data), data).ok());
-  // One chunk on demand, plus at most the one grown ahead in the background.
-  CHECK(t->arena_bytes() >= 2 * kMiB);
-  CHECK(t->arena_bytes() <= 4 * kMiB);
+  CHECK(t->arena_bytes() == 2 * kMiB);
   REQUIRE(t->Put(TestKey(2), DescribeBlock(data), data).ok());  // does not fit beside block 1
-  CHECK(t->arena_bytes() >= 4 * kMiB);
-  CHECK(t->arena_bytes() <= 6 * kMiB);
+  CHECK(t->arena_bytes() == 4 * kMiB);
   auto regions = t->Regions();
-  REQUIRE(regions.size() >= 2);
+  REQUIRE(regions.size() == 2);
   // Each resident block lies inside a registered region (what io_uring fixed buffers need).
   for (std::uint64_t i : {1, 2}) {
     const std::byte* p = t->ResidentPtr(TestKey(i));
@@ -78,27 +76,36 @@ TEST_CASE("Host arena grows lazily in chunks and reports pinning") {
   CHECK(unpinned->Stats().detail.find("pinned: no (not requested)") != std::string::npos);
 }
 
-TEST_CASE("Host arena grows the next chunk ahead in the background, never past capacity") {
-  auto t = MakeHost(6 * kMiB, 2 * kMiB, false);
-  CHECK(t->arena_bytes() == 0);  // nothing before the first put
-  auto data = TestBytes(1, 1500 * 1024);
-  REQUIRE(t->Put(TestKey(1), DescribeBlock(data), data).ok());
-  // Less than a chunk is free: the next chunk appears without another put.
-  for (int i = 0; i < 500 && t->arena_bytes() < 4 * kMiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(t->arena_bytes() == 4 * kMiB);
-  REQUIRE(t->Put(TestKey(2), DescribeBlock(data), data).ok());  // lands in the chunk grown ahead
-  for (int i = 0; i < 500 && t->arena_bytes() < 6 * kMiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(t->arena_bytes() == 6 * kMiB);
-  REQUIRE(t->Put(TestKey(3), DescribeBlock(data), data).ok());
-  CHECK(t->Put(TestKey(4), DescribeBlock(data), data).IsOutOfCapacity());  // capacity reached: no grow past it
-  CHECK(t->arena_bytes() == 6 * kMiB);
-  for (std::uint64_t i : {1, 2, 3}) {
-    std::vector<std::byte> out(data.size());
-    BlockDesc d;
-    REQUIRE(t->Get(TestKey(i), out, &d).ok());
-    CHECK(out == data);
-  }
-  CHECK(t->CheckInvariants());
+TEST_CASE("Block arena with grow_ahead grows the next chunk in the background, never past capacity") {
+  std::mutex mu;
+  std::vector<std::uint32_t> grown;  // chunk indices the GrowFn was called for
+  tiers::BlockArena arena({"t", 6 * kMiB, 2 * kMiB, 4096, /*grow_ahead=*/true},
+                          [&](std::uint32_t chunk, std::uint64_t bytes) {
+                            CHECK(bytes == 2 * kMiB);
+                            std::lock_guard l(mu);
+                            grown.push_back(chunk);
+                            return Status::Ok();
+                          });
+  const BlockDesc desc{.size = 1500 * 1024};
+  auto put = [&](std::uint64_t id) {
+    auto t = arena.BeginWrite(TestKey(id), desc);
+    REQUIRE(t.ok());
+    REQUIRE(arena.CommitWrite(TestKey(id), *t).ok());
+  };
+  CHECK(arena.arena_bytes() == 0);  // nothing before the first write
+  put(1);
+  // Less than a chunk is free: the next chunk appears without another write.
+  for (int i = 0; i < 500 && arena.arena_bytes() < 4 * kMiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(arena.arena_bytes() == 4 * kMiB);
+  put(2);
+  for (int i = 0; i < 500 && arena.arena_bytes() < 6 * kMiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(arena.arena_bytes() == 6 * kMiB);
+  put(3);
+  CHECK(arena.BeginWrite(TestKey(4), desc).status().IsOutOfCapacity());  // capacity reached
+  arena.StopGrowAhead();
+  std::lock_guard l(mu);
+  CHECK(grown == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(arena.CheckInvariants());
 }
 
 TEST_CASE("Host tier detects bytes damaged in place and drops the block") {

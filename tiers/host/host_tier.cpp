@@ -40,7 +40,7 @@ HostTier::HostTier(const HostTierOptions& options)
     : options_(options),
       logger_(LoggerOrDefault(options.logger)),
       arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes,
-                                      /*grow_ahead=*/true},
+                                      /*grow_ahead=*/false},
              [this](std::uint32_t chunk, std::uint64_t bytes) { return Grow(chunk, bytes); }) {
   caps_.id = TierId::kHost;
   caps_.name = "host";

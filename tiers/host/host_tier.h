@@ -1,9 +1,9 @@
 // HostTier: blocks in (pinned) host RAM.
 //
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
-// chunk is pinned when it is added (see pinned_memory.h). The next chunk is allocated, faulted and
-// pinned on a background thread once less than one chunk is free (BlockArenaOptions::grow_ahead),
-// so puts into a fresh tier overlap the page faults instead of waiting for them. A refused pin is logged once per tier (a
+// chunk is pinned when it is added (see pinned_memory.h), on the putting thread. (The arena's
+// background grow-ahead, BlockArenaOptions::grow_ahead, is off: on the 2-core benchmark machine it
+// made fresh-tier puts slower; docs/benchmarks.md, "Store and host-tier put benchmarks".) A refused pin is logged once per tier (a
 // warning to HostTierOptions::logger) and shown in Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
 // PageAllocator): a block uses ceil(size / 4 KiB) pages, at most one chunk.
 //
