@@ -24,3 +24,16 @@ def test_bench_tiers_warmup_zero_and_bad_repeat(terrace):
     assert json.loads(r.stdout)["warmup"] == 0
     r = terrace("bench", "tiers", "--tier", "host", "--repeat", "0")
     assert r.returncode == 2 and "--repeat" in r.stderr
+
+
+def test_bench_tiers_nvme_write_repeats_fit_the_tier(terrace, tmp_path):
+    # The NVMe tier holds one copy of each block: every write pass after the first starts from an
+    # emptied tier instead of overwriting (which would need room for two copies).
+    d = tmp_path / "nv"
+    r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--block-size", "1MiB", "--total-bytes", "128MiB",
+                "--dir", d, "--warmup", "1", "--repeat", "2", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert len(j["passes_mb_per_s"]) == 2 and all(m > 0 for m in j["passes_mb_per_s"])
+    assert j["latency"] == "per-io (tier)"
+    assert not d.exists()
