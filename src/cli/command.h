@@ -29,6 +29,8 @@ void RegisterRefCodec(CLI::App* ref_cmd, Runner* run);
 void RegisterBenchKv(CLI::App* bench, Runner* run);
 // Adds `experts` under the `bench` command (cmd_bench_experts.cpp; called by RegisterBench).
 void RegisterBenchExperts(CLI::App* bench_cmd, Runner* run);
+// Adds `store` under the `bench` command (cmd_bench_store.cpp; called by RegisterBench).
+void RegisterBenchStore(CLI::App* bench, Runner* run);
 
 // Exit codes, the rule for every command:
 //   0  success;

@@ -1,0 +1,349 @@
+// terrace bench store: put, get and promote through a Store (host tier over an NVMe tier on a
+// file), not through a single tier; the store's get of NVMe-resident blocks is compared with the
+// NVMe tier's own GetBatch of the same blocks into the same buffers, in the same run
+// (docs/benchmarks.md, "terrace bench store").
+//
+// Phases, in order (each batch is --batch blocks; MB/s = 1e6 bytes per second):
+//   put first   PutBatch into the fresh host tier (arena pages faulted and pinned on first touch);
+//   get host    GetBatch of those blocks (checksums verified);
+//   put warm    the blocks erased and put again, --repeat times (the arena's pages already exist);
+//   put nvme    PutBatch with PutOptions::tier = nvme, then Flush;
+//   get nvme    --repeat rounds; each round times the store's GetBatch of the NVMe-resident blocks
+//               into host buffers (promote_on_get off, so they stay on NVMe) and the NVMe tier's
+//               own GetBatch of the same keys, in alternating order. Round 1 is "first" (fresh
+//               tier); mb_per_s / tier_mb_per_s are the medians over all rounds;
+//   promote     Prefetch of every NVMe block to the host tier at demand priority.
+// The read data is compared with what was put (outside the timed regions).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/cli/cli_util.h"
+#include "src/cli/command.h"
+#include "src/cli/owned_dirs.h"
+#include "terrace/store.h"
+#include "tiers/host/host_tier.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace::cli {
+namespace {
+
+constexpr const char* kMarker = "terrace-bench-store.marker";
+constexpr const char* kWho = "terrace bench store";
+
+struct BenchStoreArgs {
+  std::string dir;
+  std::uint64_t block_size = 1 * kMiB;
+  std::uint64_t total_bytes = 256 * kMiB;
+  unsigned batch = 64;
+  unsigned repeat = 3;
+  bool json = false;
+};
+
+std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// 4 KiB-aligned bytes, freed on destruction; data is null when the allocation failed.
+struct Aligned {
+  explicit Aligned(std::size_t n) : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, RoundUp(n, 4096)))) {}
+  ~Aligned() { std::free(data); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  std::size_t size;
+  std::byte* data;
+};
+
+BlockKey Key(std::uint64_t i) { return BlockKey{0xbe57, BlockKind::kOther, 0, ContentId{0, i}}; }
+
+// The first failed Status of `st`, naming the phase; Ok when all succeeded.
+Status FirstError(const std::vector<Status>& st, std::string_view phase) {
+  for (const Status& s : st)
+    if (!s.ok()) return s.WithContext(fmt::format("bench store: {}", phase));
+  return Status::Ok();
+}
+
+class BenchStore {
+ public:
+  BenchStore(const BenchStoreArgs& a, Store* store, NvmeTier* nvme)
+      : a_(a), store_(store), nvme_(nvme), blocks_(a.total_bytes / a.block_size),
+        stride_(RoundUp(a.block_size, 4 * kKiB)), payload_(a.block_size), out_(stride_ * a.batch) {}
+
+  bool allocated() const { return payload_.data != nullptr && out_.data != nullptr; }
+  std::uint64_t blocks() const { return blocks_; }
+  std::span<const std::byte> payload() const { return {payload_.data, payload_.size}; }
+  void Fill() {
+    FillPattern(11, Key(0), {payload_.data, payload_.size});
+    desc_ = DescribeBlock(payload());
+  }
+
+  // Puts keys [first, first + blocks) (optionally into `tier`); seconds.
+  Result<double> Put(std::uint64_t first, std::optional<TierId> tier, std::string_view phase) {
+    std::vector<Store::PutItem> items;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t b = 0; b < blocks_; b += a_.batch) {
+      items.clear();
+      for (std::uint64_t i = b; i < std::min<std::uint64_t>(b + a_.batch, blocks_); ++i)
+        items.push_back(Store::PutItem{Key(first + i), payload(), PutOptions{.tier = tier}});
+      TERRACE_RETURN_IF_ERROR(FirstError(store_->PutBatch(items), phase));
+    }
+    return Since(t0);
+  }
+
+  Status Erase(std::uint64_t first) {
+    std::vector<BlockKey> keys;
+    for (std::uint64_t i = 0; i < blocks_; ++i) keys.push_back(Key(first + i));
+    return FirstError(store_->EraseBatch(keys), "erase");
+  }
+
+  // Gets keys [first, first + blocks) through the store (tier_direct false) or the NVMe tier's own
+  // GetBatch (true); seconds. With verify, each batch's data is compared with the payload (not timed).
+  Result<double> Get(std::uint64_t first, bool tier_direct, bool verify, std::string_view phase) {
+    double seconds = 0;
+    std::vector<Store::GetItem> items;
+    std::vector<GetOp> ops;
+    for (std::uint64_t b = 0; b < blocks_; b += a_.batch) {
+      const std::uint64_t n = std::min<std::uint64_t>(b + a_.batch, blocks_) - b;
+      items.clear();
+      ops.clear();
+      for (std::uint64_t k = 0; k < n; ++k) {
+        std::span<std::byte> out{out_.data + k * stride_, a_.block_size};
+        if (tier_direct) ops.push_back(GetOp{Key(first + b + k), out, {}});
+        else items.push_back(Store::GetItem{Key(first + b + k), out, {}});
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<Status> st = tier_direct ? nvme_->GetBatch(ops) : store_->GetBatch(items);
+      seconds += Since(t0);
+      TERRACE_RETURN_IF_ERROR(FirstError(st, phase));
+      if (verify) {
+        for (std::uint64_t k = 0; k < n; ++k) {
+          if (std::memcmp(out_.data + k * stride_, payload_.data, a_.block_size) != 0) {
+            return Status::Corruption(fmt::format("bench store: {}: block {} read back different bytes than were put",
+                                                  phase, first + b + k));
+          }
+        }
+      }
+    }
+    return seconds;
+  }
+
+  Result<double> Promote(std::uint64_t first) {
+    std::vector<BlockKey> keys;
+    for (std::uint64_t i = 0; i < blocks_; ++i) keys.push_back(Key(first + i));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Status> st = store_->Prefetch(keys, TierId::kHost, Priority::kDemand).get();
+    const double s = Since(t0);
+    TERRACE_RETURN_IF_ERROR(FirstError(st, "promote"));
+    return s;
+  }
+
+  double MbPerS(double seconds) const {
+    return seconds > 0 ? static_cast<double>(blocks_ * a_.block_size) / seconds / 1e6 : 0.0;
+  }
+
+ private:
+  const BenchStoreArgs& a_;
+  Store* store_;
+  NvmeTier* nvme_;
+  std::uint64_t blocks_, stride_;
+  Aligned payload_, out_;
+  BlockDesc desc_;
+};
+
+// Everything after the directory is set up; the caller removes what the bench created.
+Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem::path& nvme_dir) {
+  const std::uint64_t blocks = a.total_bytes / a.block_size;
+  const std::uint64_t host_need = blocks * RoundUp(a.block_size, 4 * kKiB);
+  HostTierOptions ho;
+  // Room for one set of blocks below the store's high watermark (0.9).
+  ho.capacity_bytes = RoundUp(host_need + host_need / 4 + 64 * kMiB, 4 * kKiB);
+  ho.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 64 * kMiB);
+  TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
+  NvmeTierOptions no;
+  no.path = nvme_dir;
+  const std::uint64_t nvme_need = blocks * nvme::Record{.length = a.block_size}.extent_bytes();
+  no.capacity_bytes = RoundUp(nvme_need + nvme_need / 4 + 64 * kMiB, 4 * kKiB);
+  TERRACE_ASSIGN_OR_RETURN(auto nvme, NvmeTier::Open(no));
+  if (Status s = WriteMarker(nvme_dir, kMarker, kWho); !s.ok()) return s;
+  NvmeTier* nvme_raw = nvme.get();
+  StoreOptions so;
+  so.put_tier = TierId::kHost;
+  so.promote_on_get = false;  // NVMe-resident blocks stay there across the get rounds
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<std::size_t>(TierId::kHost)] = std::move(host);
+  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(nvme);
+  TERRACE_ASSIGN_OR_RETURN(auto store, Store::OpenWithTiers(so, std::move(tiers)));
+
+  BenchStore b(a, store.get(), nvme_raw);
+  if (!b.allocated()) return Status::OutOfCapacity("cannot allocate the bench buffers; lower --batch or --block-size");
+  b.Fill();
+  const auto note = [&](std::string_view what) {
+    fmt::print(stderr, "bench store: {} ({} blocks of {})\n", what, blocks, FormatBytes(static_cast<double>(a.block_size)));
+  };
+  const std::uint64_t host_keys = 0, nvme_keys = blocks;
+  nlohmann::json j;
+  note("put into the fresh host tier");
+  TERRACE_ASSIGN_OR_RETURN(double put_first, b.Put(host_keys, std::nullopt, "put first"));
+  note("get from the host tier");
+  TERRACE_ASSIGN_OR_RETURN(double get_host, b.Get(host_keys, false, true, "get host"));
+  std::vector<double> put_warm;
+  for (unsigned r = 0; r < a.repeat; ++r) {
+    TERRACE_RETURN_IF_ERROR(b.Erase(host_keys));
+    note(fmt::format("put into the warm host tier, round {}/{}", r + 1, a.repeat));
+    TERRACE_ASSIGN_OR_RETURN(double s, b.Put(host_keys, std::nullopt, "put warm"));
+    put_warm.push_back(b.MbPerS(s));
+  }
+  TERRACE_RETURN_IF_ERROR(b.Erase(host_keys));
+  note("put into the NVMe tier");
+  TERRACE_ASSIGN_OR_RETURN(double put_nvme, b.Put(nvme_keys, TierId::kNvme, "put nvme"));
+  const auto f0 = std::chrono::steady_clock::now();
+  TERRACE_RETURN_IF_ERROR(store->Flush());
+  const double flush = Since(f0);
+  std::vector<double> store_mb, tier_mb, ratio;
+  for (unsigned r = 0; r < a.repeat; ++r) {
+    note(fmt::format("get NVMe-resident blocks: store and tier, round {}/{}", r + 1, a.repeat));
+    double s_store = 0, s_tier = 0;
+    const bool verify = r == 0;
+    if (r % 2 == 0) {
+      TERRACE_ASSIGN_OR_RETURN(s_store, b.Get(nvme_keys, false, verify, "get nvme (store)"));
+      TERRACE_ASSIGN_OR_RETURN(s_tier, b.Get(nvme_keys, true, verify, "get nvme (tier)"));
+    } else {
+      TERRACE_ASSIGN_OR_RETURN(s_tier, b.Get(nvme_keys, true, verify, "get nvme (tier)"));
+      TERRACE_ASSIGN_OR_RETURN(s_store, b.Get(nvme_keys, false, verify, "get nvme (store)"));
+    }
+    store_mb.push_back(b.MbPerS(s_store));
+    tier_mb.push_back(b.MbPerS(s_tier));
+    ratio.push_back(tier_mb.back() > 0 ? store_mb.back() / tier_mb.back() : 0.0);
+  }
+  const StoreStats before = store->Stats();
+  note("promote NVMe-resident blocks to the host tier");
+  TERRACE_ASSIGN_OR_RETURN(double promote, b.Promote(nvme_keys));
+  const StoreStats after = store->Stats();
+  TERRACE_ASSIGN_OR_RETURN(double get_promoted, b.Get(nvme_keys, false, true, "get promoted"));
+
+  j["block_size"] = a.block_size;
+  j["blocks"] = blocks;
+  j["total_bytes"] = blocks * a.block_size;
+  j["batch"] = a.batch;
+  j["repeat"] = a.repeat;
+  j["put_first_mb_per_s"] = b.MbPerS(put_first);
+  j["put_warm_mb_per_s"] = Median(put_warm);
+  j["put_warm_rounds_mb_per_s"] = put_warm;
+  j["get_host_mb_per_s"] = b.MbPerS(get_host);
+  j["put_nvme_mb_per_s"] = b.MbPerS(put_nvme);
+  j["flush_seconds"] = flush;
+  j["get_nvme_first_mb_per_s"] = store_mb.front();
+  j["tier_first_mb_per_s"] = tier_mb.front();
+  j["get_nvme_rounds_mb_per_s"] = store_mb;
+  j["tier_rounds_mb_per_s"] = tier_mb;
+  j["mb_per_s"] = Median(store_mb);
+  j["tier_mb_per_s"] = Median(tier_mb);
+  j["ratio_vs_tier"] = Median(ratio);
+  j["promote_mb_per_s"] = b.MbPerS(promote);
+  j["promotions"] = after.promotions - before.promotions;
+  j["get_promoted_mb_per_s"] = b.MbPerS(get_promoted);
+  j["direct_transfers"] = after.direct_transfers;
+  j["staged_transfers"] = after.staged_transfers;
+  j["host_detail"] = after.tiers[static_cast<std::size_t>(TierId::kHost)].detail;
+  return j;
+}
+
+int RunBenchStore(const BenchStoreArgs& a) {
+  if (a.total_bytes < a.block_size) {
+    return FailUsage(fmt::format("--total-bytes {} is less than one --block-size {}; raise --total-bytes",
+                                 FormatBytes(static_cast<double>(a.total_bytes)),
+                                 FormatBytes(static_cast<double>(a.block_size))));
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const std::uint64_t ram = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+  const std::uint64_t need = a.total_bytes + a.total_bytes / 4 + RoundUp(a.block_size, 4 * kKiB) * (a.batch + 1);
+  if (ram != 0 && need > ram / 4 * 3) {
+    return FailUsage(fmt::format("--total-bytes {} with --batch {} x --block-size {} needs about {} of memory, more than "
+                                 "this machine can give ({} of RAM); lower --total-bytes or --batch",
+                                 FormatBytes(static_cast<double>(a.total_bytes)), a.batch,
+                                 FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(need)),
+                                 FormatBytes(static_cast<double>(ram))));
+  }
+  std::filesystem::path dir = a.dir;
+  if (dir.empty()) {
+    std::random_device rd;
+    dir = std::filesystem::temp_directory_path() / fmt::format("terrace-bench-store-{:08x}", rd());
+  }
+  if (Status s = CheckStoreDirArg(dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
+    return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
+                                 "creates there)", dir.string()));
+  }
+  bool created_dir = false;
+  if (!std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
+    created_dir = true;
+  }
+  const std::filesystem::path nvme_dir = dir / "nvme";
+  Result<nlohmann::json> j = RunPhases(a, nvme_dir);  // the store is closed when it returns
+  auto removed = RemoveOwnedStore(nvme_dir, kMarker, "--dir", kWho);
+  if (!removed.ok()) fmt::print(stderr, "bench store: left {} in place: {}\n", nvme_dir.string(), removed.status().message());
+  std::filesystem::remove(nvme_dir, ec);  // only if empty
+  if (created_dir) std::filesystem::remove(dir, ec);  // only if empty
+  if (!j.ok()) return Fail(j.status().ToString());
+  if (a.json) {
+    fmt::print("{}\n", j->dump());
+    return 0;
+  }
+  const nlohmann::json& r = *j;
+  Table t({"phase", "MB/s"});
+  const auto row = [&](const char* name, const char* k) { t.Add({name, fmt::format("{:.0f}", r[k].get<double>())}); };
+  row("put, fresh host tier", "put_first_mb_per_s");
+  row("put, warm host tier (median)", "put_warm_mb_per_s");
+  row("get, host-resident", "get_host_mb_per_s");
+  row("put, into NVMe", "put_nvme_mb_per_s");
+  row("get NVMe-resident via store, first", "get_nvme_first_mb_per_s");
+  row("get NVMe-resident via store (median)", "mb_per_s");
+  row("NVMe tier GetBatch, first", "tier_first_mb_per_s");
+  row("NVMe tier GetBatch (median)", "tier_mb_per_s");
+  row("promote NVMe -> host", "promote_mb_per_s");
+  row("get, promoted", "get_promoted_mb_per_s");
+  fmt::print("{}", t.Render());
+  fmt::print("store get / NVMe tier get (median of per-round ratios): {:.2f}x\n", r["ratio_vs_tier"].get<double>());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBenchStore(CLI::App* bench, Runner* run) {
+  auto a = std::make_shared<BenchStoreArgs>();
+  auto* cmd = bench->add_subcommand("store", "Put, get and promote through a Store (host over NVMe on a file), against "
+                                             "the NVMe tier's own reads");
+  cmd->add_option("--dir", a->dir, "Directory for the NVMe tier (new or empty; what the bench creates there is removed "
+                                   "afterwards). Default: a new directory under the system temp dir");
+  AddSizeOption(cmd, "--block-size", &a->block_size, "Block size", 4096, 1 * kGiB);
+  AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);
+  AddIntOption(cmd, "--batch", &a->batch, 1u, 4096u, "Blocks per PutBatch / GetBatch call");
+  AddIntOption(cmd, "--repeat", &a->repeat, 1u, 100u, "Rounds of the warm put and of the NVMe get comparison");
+  cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
+  cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
+}
+
+}  // namespace terrace::cli

@@ -1,0 +1,42 @@
+"""`terrace bench store`: a small run prints sane JSON, reads back what it put, and leaves nothing behind."""
+import json
+import os
+
+
+def test_bench_store_json_small(terrace, tmp_path):
+    d = tmp_path / "bs"
+    r = terrace("bench", "store", "--dir", d, "--block-size", "1MiB", "--total-bytes", "16MiB", "--batch", "8",
+                "--repeat", "2", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["blocks"] == 16 and j["block_size"] == 1 << 20 and j["total_bytes"] == 16 << 20
+    for k in ("mb_per_s", "tier_mb_per_s", "put_first_mb_per_s", "put_warm_mb_per_s", "get_host_mb_per_s",
+              "put_nvme_mb_per_s", "get_nvme_first_mb_per_s", "tier_first_mb_per_s", "promote_mb_per_s",
+              "get_promoted_mb_per_s"):
+        assert isinstance(j[k], (int, float)) and j[k] > 0, k
+    assert len(j["get_nvme_rounds_mb_per_s"]) == 2 and len(j["tier_rounds_mb_per_s"]) == 2
+    assert min(j["get_nvme_rounds_mb_per_s"]) <= j["mb_per_s"] <= max(j["get_nvme_rounds_mb_per_s"])
+    assert min(j["tier_rounds_mb_per_s"]) <= j["tier_mb_per_s"] <= max(j["tier_rounds_mb_per_s"])
+    assert j["ratio_vs_tier"] > 0
+    # Every NVMe-resident block was promoted by the prefetch.
+    assert j["promotions"] == 16
+    assert "bench store:" in r.stderr  # progress
+    assert not d.exists()  # the bench created it and removed it
+
+
+def test_bench_store_keeps_a_users_empty_dir_and_refuses_a_full_one(terrace, tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    r = terrace("bench", "store", "--dir", d, "--total-bytes", "4MiB", "--repeat", "1", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert d.is_dir() and os.listdir(d) == []
+    (d / "precious.txt").write_text("keep")
+    r = terrace("bench", "store", "--dir", d, "--total-bytes", "4MiB", "--json")
+    assert r.returncode == 2 and "--dir" in r.stderr
+    assert (d / "precious.txt").read_text() == "keep"
+
+
+def test_bench_store_bad_sizes_exit_2(terrace, tmp_path):
+    r = terrace("bench", "store", "--dir", tmp_path / "x", "--block-size", "1MiB", "--total-bytes", "64KiB")
+    assert r.returncode == 2 and "--total-bytes" in r.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,39 @@
+"""`terrace bench tiers --warmup/--repeat`: median and spread over timed passes; memory tiers report
+per-operation latency (single-operation calls), not the latency of the batch that carried an op."""
+import json
+
+
+def test_bench_tiers_repeat_median_spread_and_per_op_latency(terrace):
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--total-bytes", "64MiB",
+                "--batch", "32", "--warmup", "1", "--repeat", "3", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["repeat"] == 3 and j["warmup"] == 1 and len(j["passes_mb_per_s"]) == 3
+    passes = sorted(j["passes_mb_per_s"])
+    assert j["min_mb_per_s"] == passes[0] and j["max_mb_per_s"] == passes[-1]
+    assert abs(j["mb_per_s"] - passes[1]) <= 1e-6 * passes[1]  # the median pass
+    # Per-op latency: a 32-block batch of 1 MiB gets takes 32 ops' time; one op must take far less.
+    per_batch_us = j["seconds"] / (j["total_bytes"] / j["block_size"] / j["batch"]) * 1e6
+    assert 0 < j["p50_us"] < per_batch_us / 4, (j["p50_us"], per_batch_us)
+
+
+def test_bench_tiers_warmup_zero_and_bad_repeat(terrace):
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "write", "--block-size", "1MiB", "--total-bytes", "8MiB",
+                "--warmup", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["warmup"] == 0
+    r = terrace("bench", "tiers", "--tier", "host", "--repeat", "0")
+    assert r.returncode == 2 and "--repeat" in r.stderr
+
+
+def test_bench_tiers_nvme_write_repeats_fit_the_tier(terrace, tmp_path):
+    # The NVMe tier holds one copy of each block: every write pass after the first starts from an
+    # emptied tier instead of overwriting (which would need room for two copies).
+    d = tmp_path / "nv"
+    r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--block-size", "1MiB", "--total-bytes", "128MiB",
+                "--dir", d, "--warmup", "1", "--repeat", "2", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert len(j["passes_mb_per_s"]) == 2 and all(m > 0 for m in j["passes_mb_per_s"])
+    assert j["latency"] == "per-io (tier)"
+    assert not d.exists()
