@@ -21,41 +21,21 @@ install(TARGETS terrace terrace_common terrace_store terrace_store_core terrace_
 install(EXPORT terraceTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
         COMPONENT terrace_development)
 
-if(TARGET terrace_model)
-  install(TARGETS terrace_model EXPORT terraceModelTargets
-          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
-          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
-          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
-  install(EXPORT terraceModelTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
-          COMPONENT terrace_development)
-endif()
-
-if(TARGET terrace_codec)
-  install(TARGETS terrace_codec EXPORT terraceCodecTargets
-          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
-          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
-          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
-  install(EXPORT terraceCodecTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
-          COMPONENT terrace_development)
-endif()
-
-if(TARGET terrace_kv)
-  install(TARGETS terrace_kv EXPORT terraceKvTargets
-          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
-          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
-          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
-  install(EXPORT terraceKvTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
-          COMPONENT terrace_development)
-endif()
-
-if(TARGET terrace_experts)
-  install(TARGETS terrace_experts EXPORT terraceExpertsTargets
-          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
-          LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
-          RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
-  install(EXPORT terraceExpertsTargets NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
-          COMPONENT terrace_development)
-endif()
+# An optional library installed with its own export set (found with COMPONENTS by terraceConfig.cmake).
+function(terrace_install_component target export_set)
+  if(TARGET ${target})
+    install(TARGETS ${target} EXPORT ${export_set}
+            ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_development
+            LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT terrace_runtime
+            RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
+    install(EXPORT ${export_set} NAMESPACE terrace:: DESTINATION "${TERRACE_INSTALL_CMAKEDIR}"
+            COMPONENT terrace_development)
+  endif()
+endfunction()
+terrace_install_component(terrace_model terraceModelTargets)
+terrace_install_component(terrace_codec terraceCodecTargets)
+terrace_install_component(terrace_kv terraceKvTargets)
+terrace_install_component(terrace_experts terraceExpertsTargets)
 
 if(TARGET terrace_cli)
   install(TARGETS terrace_cli RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT terrace_runtime)
