@@ -1,6 +1,7 @@
 // Durability under damage (format version 2): the index is a rebuildable cache of the data file;
 // an index that lost records, is missing, empty or foreign is refused (never silently paired);
 // one process per data area; creation survives a kill at any moment; read_only changes nothing.
+#include <fstream>
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -457,4 +458,32 @@ TEST_CASE("nvme durability: the tier logs through the logger it is given", "[nvm
   bool created = false;
   for (const auto& [level, msg] : cap->lines) created |= level == LogLevel::kInfo && msg.rfind("created", 0) == 0;
   CHECK(created);
+}
+
+TEST_CASE("nvme durability: RebuildIndex never moves a folder or file that is not an index", "[nvme][durability]") {
+  TempDir dir("nvme-userdir");
+  CleanScenario(dir.path());
+  auto o = DurabilityOptions(dir.path());
+  // Someone's own folder given as the index directory (store recover --index-dir): refused, untouched.
+  const fs::path user = dir.path() / "userdir";
+  fs::create_directories(user / "photos");
+  { std::ofstream(user / "photos" / "cat.jpg") << "not an index"; }
+  o.index_dir = user;
+  auto r = NvmeTier::RebuildIndex(o);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().IsInvalidArgument());
+  CHECK(r.status().message().find("photos") != std::string::npos);
+  CHECK(fs::exists(user / "photos" / "cat.jpg"));
+  std::size_t siblings = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) siblings += e.path().filename().string().rfind("userdir", 0) == 0;
+  CHECK(siblings == 1);  // nothing was moved aside
+  // A plain file given as the index: refused, untouched.
+  const fs::path file = dir.path() / "notes.txt";
+  { std::ofstream(file) << "mine"; }
+  o.index_dir = file;
+  auto r2 = NvmeTier::RebuildIndex(o);
+  REQUIRE_FALSE(r2.ok());
+  CHECK(r2.status().IsInvalidArgument());
+  CHECK(fs::is_regular_file(file));
 }

@@ -223,6 +223,42 @@ Result<DataScanReport> NvmeTier::ScanDataFile(
   return report;
 }
 
+namespace {
+
+// True for the names RocksDB writes into a database directory (and Terrace's own temporaries).
+bool IsIndexFileName(const std::string& name) {
+  auto starts = [&](std::string_view p) { return name.rfind(p, 0) == 0; };
+  auto ends = [&](std::string_view e) { return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0; };
+  return name == "CURRENT" || name == "IDENTITY" || name == "LOCK" || starts("LOG") || starts("MANIFEST-") ||
+         starts("OPTIONS-") || ends(".log") || ends(".sst") || ends(".blob") || ends(".dbtmp") || ends(".tmp") ||
+         ends(".ldb");
+}
+
+// OK if `dir` is a directory whose every entry is a file an index (RocksDB) writes. Otherwise
+// InvalidArgument naming the entry that is not: RebuildIndex moves only an index aside.
+Status CheckIndexDirIsOurs(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(dir, ec))) {
+    return Status::InvalidArgument(fmt::format(
+        "the index path '{}' is not a directory, so it is not a Terrace index; nothing was changed (give the "
+        "store's index directory, or a new or empty one)",
+        dir.string()));
+  }
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!IsIndexFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
+      return Status::InvalidArgument(fmt::format(
+          "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index; "
+          "nothing was changed (give the store's index directory, or a new or empty one)",
+          dir.string(), name));
+    }
+  }
+  if (ec) return Status::IoError(fmt::format("cannot list the index directory '{}': {}", dir.string(), ec.message()));
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();
   if (options.read_only) {
@@ -247,6 +283,8 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
 
   std::error_code ec;
   if (fs::exists(paths.index, ec) && !(fs::is_directory(paths.index, ec) && fs::is_empty(paths.index, ec))) {
+    // Only an index directory is moved aside: never a user's folder or file given as the index.
+    TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index));
     std::time_t now = std::time(nullptr);
     std::tm tm{};
     gmtime_r(&now, &tm);
