@@ -365,6 +365,13 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
     lr.series.push_back(std::move(ser));
   }
   if (!lr.series.empty()) Add(r, body, "recall-per-layer", RenderSvg(lr));
+  for (const auto& c : cfgs) {  // routing is the same for every configuration: the first with loads
+    if (Arr(c, "expert_load").empty()) continue;
+    Add(r, body, "expert-utilisation",
+        RenderSvg(ExpertLoad(c, fmt::format("Tokens routed to each expert, summed over the MoE layers ({}; red: hot in "
+                                            "some layer)", Str(c, "name")))));
+    break;
+  }
 }
 
 // `terrace bench kv --json`: {"rows": [{"prefix_tokens", "ttft_restore_s", "ttft_recompute_s", ...}]}.

@@ -90,11 +90,16 @@ def test_bench_experts_report(terrace, toy, tmp_path):
                 "--json", timeout=300, check=True)
     j = json.loads(r.stdout)
     c = report(terrace, tmp_path, j, "experts")
-    assert {"tokens-per-s", "stall-share", "hit-rate", "recall", "recall-per-layer"} <= set(c)
+    assert {"tokens-per-s", "stall-share", "hit-rate", "recall", "recall-per-layer", "expert-utilisation"} <= set(c)
     for chart, key in (("tokens-per-s", "tokens_per_s"), ("hit-rate", "hit_rate"), ("stall-share", "stall_share")):
         b = bars(c[chart])
         assert len(b) == len(j["configs"])
         same_order([h for _, h in b], [x[key] for x in j["configs"]])
+    first = next(cfg for cfg in j["configs"] if cfg["expert_load"])
+    b = bars(c["expert-utilisation"])
+    assert len(b) == len(first["expert_load"])
+    same_order([h for _, h in b], first["expert_load"])
+    assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == set(first["hot_experts"])
     for cfg in j["configs"]:
         if cfg["layer_recall"]:
             pts = polyline(c["recall-per-layer"], cfg["name"])
