@@ -3,6 +3,7 @@
 // utility+statistical; oracle (each at every --budget, experts cold on the NVMe tier with O_DIRECT,
 // the host-to-HBM link modelled by the emulated HBM tier); and an mmap baseline (experts read
 // through mmap of the safetensors files, page cache dropped first where permitted).
+#include <algorithm>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -111,6 +112,8 @@ struct ConfigResult {
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
   std::uint64_t speculative_bytes = 0, wasted_bytes = 0, misses_per_token_x1000 = 0;
   std::vector<double> layer_recall;
+  std::vector<std::uint64_t> expert_load;  // whole run (prefill included): tokens routed to each expert id, summed over MoE layers
+  std::vector<int> hot_experts;            // ids hot (load > hot_factor x the layer mean) in some MoE layer
 };
 
 // Prefill, then time `decode` greedy decode steps. `between` runs after the prefill (snapshots).
@@ -276,7 +279,14 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       pc.false_negative = m1.prediction.false_negative - m0.prediction.false_negative;
       r.recall = pc.recall();
       r.precision = pc.precision();
-      for (const auto& l : m1.layers) r.layer_recall.push_back(l.prediction.recall());
+      for (const auto& l : m1.layers) {
+        r.layer_recall.push_back(l.prediction.recall());
+        if (r.expert_load.size() < l.expert_load.size()) r.expert_load.resize(l.expert_load.size());
+        for (std::size_t e = 0; e < l.expert_load.size(); ++e) r.expert_load[e] += l.expert_load[e];
+        for (int e : l.hot_experts)
+          if (std::find(r.hot_experts.begin(), r.hot_experts.end(), e) == r.hot_experts.end()) r.hot_experts.push_back(e);
+      }
+      std::sort(r.hot_experts.begin(), r.hot_experts.end());
       for (int i = 0; i < kNumTiers; ++i) r.bytes_read[i] = s1.tiers[i].bytes_read - s0.tiers[i].bytes_read;
       // Whole run (prefill included): "wasted" counts blocks still unused, so a decode-only
       // difference could go negative.
@@ -335,6 +345,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       c["speculative_bytes"] = r.speculative_bytes;
       c["speculative_wasted_bytes"] = r.wasted_bytes;
       c["layer_recall"] = r.layer_recall;
+      c["expert_load"] = r.expert_load;
+      c["hot_experts"] = r.hot_experts;
       j["configs"].push_back(c);
     }
     fmt::print("{}\n", j.dump());

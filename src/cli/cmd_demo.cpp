@@ -35,6 +35,7 @@
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
 #include "src/model/weights_init.h"
+#include "src/plan/report.h"
 
 namespace terrace::cli {
 namespace {
@@ -464,7 +465,16 @@ int RunDemo(const DemoArgs& a) {
                   {"stall_share", forward_s > 0 ? static_cast<double>(em.stall_ns) * 1e-9 / forward_s : 0.0},
                   {"demand_bytes", em.demand_bytes}, {"prefetched_bytes", em.speculative_bytes},
                   {"prefetched_wasted_bytes", em.speculative_wasted_bytes}, {"budget_bytes", em.budget_bytes},
-                  {"total_expert_bytes", em.total_expert_bytes}};
+                  {"total_expert_bytes", em.total_expert_bytes}, {"hot_factor", em.hot_factor}};
+  // Per MoE layer: fast-tier hit rate, prefetch precision/recall, tokens routed to each expert, and the
+  // experts whose load exceeds hot_factor x the layer mean (drawn by `terrace report`).
+  s["experts"]["layers"] = nlohmann::json::array();
+  for (const experts::LayerMetrics& l : em.layers) {
+    s["experts"]["layers"].push_back({{"layer", l.layer}, {"hit_rate", l.hit_rate()},
+                                      {"prefetch_precision", l.prediction.precision()},
+                                      {"prefetch_recall", l.prediction.recall()}, {"expert_load", l.expert_load},
+                                      {"hot_experts", l.hot_experts}});
+  }
   s["bytes_moved"] = {{"prefix_restored", restore_all}, {"prefix_written", kst.bytes_written},
                       {"experts_on_demand", em.demand_bytes}, {"experts_prefetched", em.speculative_bytes}};
   s["seconds"] = Since(t_start);
@@ -473,6 +483,12 @@ int RunDemo(const DemoArgs& a) {
 
   const fs::path json_path = dir / kDemoRunJson;
   if (Status st = WriteOutputFile(json_path, "--dir", j.dump(1) + "\n"); !st.ok()) return Fail(st.ToString());
+  const fs::path report_path = dir / kDemoReportHtml;
+  {
+    auto report = plan::RenderReport(j.dump(), json_path.string());
+    if (!report.ok()) return Fail(report.status().ToString());
+    if (Status st = WriteOutputFile(report_path, "--dir", report->html); !st.ok()) return Fail(st.ToString());
+  }
   if (a.json) {
     fmt::print("{}\n", j.dump());
     return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
@@ -524,8 +540,8 @@ int RunDemo(const DemoArgs& a) {
   } else {
     fmt::print("  NOT verified:    some turns differ from the full recompute (see 'equal' in the JSON)\n");
   }
-  fmt::print("\nfigures: {}\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
-             json_path.string());
+  fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
+             json_path.string(), report_path.string());
   return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
 }
 

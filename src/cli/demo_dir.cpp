@@ -79,7 +79,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
     const bool is_store = std::find(std::begin(kDemoStores), std::end(kDemoStores), name) != std::end(kDemoStores);
     if (name == kDemoMarker && IsKind(p, S_IFREG)) {
       marked = true;
-    } else if (name == kDemoRunJson && IsKind(p, S_IFREG)) {
+    } else if ((name == kDemoRunJson || name == kDemoReportHtml) && IsKind(p, S_IFREG)) {
     } else if ((name == "terrace.data" && IsKind(p, S_IFREG)) || (name == "index" && IsKind(p, S_IFDIR))) {
       // a store of an earlier demo version, directly in DIR
     } else if (name == kDemoModelDir && IsKind(p, S_IFDIR)) {
@@ -129,7 +129,7 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
     removed = true;
   }
   if (IsKind(dir / kDemoModelTmpDir, S_IFDIR)) removed = fs::remove_all(dir / kDemoModelTmpDir, ec) > 0 || removed;
-  for (const char* f : {"terrace.data", kDemoRunJson, kDemoMarker}) {
+  for (const char* f : {"terrace.data", kDemoRunJson, kDemoReportHtml, kDemoMarker}) {
     if (IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
   }
   if (IsKind(dir / "index", S_IFDIR)) removed = fs::remove_all(dir / "index", ec) > 0 || removed;

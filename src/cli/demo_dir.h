@@ -2,7 +2,7 @@
 //
 // Layout: DIR/terrace-demo.marker (the demo created DIR's contents), DIR/model/ (the k3-small
 // checkpoint: config.json + model.safetensors), DIR/kv, DIR/state, DIR/experts (Terrace stores,
-// each with its own terrace-demo.marker), DIR/demo-run.json (the last run's figures), and DIR/model.tmp while the model is built (a
+// each with its own terrace-demo.marker), DIR/demo-run.json (the last run's figures), DIR/report.html (its `terrace report` page), and DIR/model.tmp while the model is built (a
 // stopped run's is removed by the next one). A DIR of an
 // earlier demo version (terrace.data and index/ directly in DIR) is also recognised.
 // Thread-safety: free functions, no shared state.
@@ -18,6 +18,7 @@ namespace terrace::cli {
 
 inline constexpr const char* kDemoMarker = "terrace-demo.marker";
 inline constexpr const char* kDemoRunJson = "demo-run.json";
+inline constexpr const char* kDemoReportHtml = "report.html";
 inline constexpr const char* kDemoModelDir = "model";
 inline constexpr const char* kDemoModelTmpDir = "model.tmp";  // the model while it is built
 inline constexpr const char* kDemoStores[] = {"kv", "state", "experts"};

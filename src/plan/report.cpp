@@ -219,6 +219,210 @@ void PlanSections(const json& j, Report* r, std::string* body) {
   }
 }
 
+
+// Adds a chart to the report and the page.
+void Add(Report* r, std::string* body, std::string name, std::string svg) {
+  r->charts.push_back({std::move(name), std::move(svg)});
+  *body += r->charts.back().svg;
+}
+
+const json& Arr(const json& j, const char* key) {
+  static const json empty = json::array();
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : empty;
+}
+
+// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null).
+LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
+  LineChart c;
+  for (auto [key, name] : keys) {
+    Series s;
+    s.name = name;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      s.points.emplace_back(x_key ? Num(rows[i], x_key) : static_cast<double>(i + 1), Num(rows[i], key));
+    c.series.push_back(std::move(s));
+  }
+  return c;
+}
+
+// Tokens routed to each expert of a layer, hot experts (listed in `hot`) in red.
+BarChart ExpertLoad(const json& layer, std::string title) {
+  BarChart b;
+  b.title = std::move(title);
+  b.y_label = "tokens routed";
+  b.bars = {"tokens routed"};
+  const json& load = Arr(layer, "expert_load");
+  const json& hot = Arr(layer, "hot_experts");
+  for (std::size_t e = 0; e < load.size(); ++e) {
+    b.groups.push_back(std::to_string(e));
+    b.values.push_back({load[e].is_number() ? load[e].get<double>() : 0.0});
+    bool h = false;
+    for (const auto& x : hot) h = h || (x.is_number_integer() && x.get<std::size_t>() == e);
+    b.hot_groups.push_back(h);
+  }
+  return b;
+}
+
+// `terrace demo --json` / DIR/demo-run.json: {"turns": [...], "summary": {"experts": ...}}.
+void DemoSections(const json& j, Report* r, std::string* body) {
+  const json& turns = Arr(j, "turns");
+  const json& s = j["summary"];
+  const json& e = s.value("experts", json::object());
+  r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(j.value("model", json::object()), "preset"));
+  *body += fmt::format("<p>Verified against a full recompute: <b>{}</b>. {:.1f} tokens/s; prefix restored {}; "
+                       "experts: fast-tier hit rate {}, prefetch precision {}, recall {}, stall share {}.</p>",
+                       j.value("verified", false) ? "yes" : "NO", Num(s, "tokens_per_s"), P(Num(s, "restored_share")),
+                       P(Num(e, "hit_rate")), P(Num(e, "prefetch_precision")), P(Num(e, "prefetch_recall")),
+                       P(Num(e, "stall_share")));
+  LineChart t = Lines(turns, nullptr, {{"ttft_s", "with restore"}, {"ttft_recompute_s", "full recompute"}});
+  t.title = "Time to first token per turn";
+  t.x_label = "turn (in run order)";
+  t.y_label = "seconds";
+  Add(r, body, "ttft-per-turn", RenderSvg(t));
+  // Tier hit rates over time: per turn, the share of its prompt restored from each tier (by bytes).
+  LineChart h;
+  h.title = "Prefix restored per turn, by tier";
+  h.x_label = "turn (in run order)";
+  h.y_label = "share of the prompt's tokens";
+  h.y_format = AxisFormat::kPercent;
+  for (const char* tier : {"hbm", "host", "nvme"}) h.series.push_back({tier, {}, false});
+  for (std::size_t i = 0; i < turns.size(); ++i) {
+    const json& rb = turns[i].value("restore_bytes", json::object());
+    const double all = Num(rb, "hbm") + Num(rb, "host") + Num(rb, "nvme");
+    const double share = Num(turns[i], "prompt_tokens") > 0 ? Num(turns[i], "restored_tokens") / Num(turns[i], "prompt_tokens") : 0;
+    for (auto& ser : h.series)
+      ser.points.emplace_back(static_cast<double>(i + 1), all > 0 ? share * Num(rb, ser.name.c_str()) / all : 0.0);
+  }
+  Add(r, body, "tier-hit-rates-over-time", RenderSvg(h));
+  BarChart st;
+  st.title = "Share of forward time stalled on expert loads";
+  st.y_format = AxisFormat::kPercent;
+  st.y_label = "share";
+  st.groups = {"demo"};
+  st.bars = {"stall share"};
+  st.values = {{Num(e, "stall_share")}};
+  Add(r, body, "stall-share", RenderSvg(st));
+  const json& layers = Arr(e, "layers");
+  if (layers.empty()) return;
+  LineChart pr = Lines(layers, "layer", {{"prefetch_precision", "precision"}, {"prefetch_recall", "recall"},
+                                         {"hit_rate", "fast-tier hit rate"}});
+  pr.title = "Expert prefetch precision and recall per layer";
+  pr.x_label = "layer";
+  pr.y_label = "rate";
+  pr.y_format = AxisFormat::kPercent;
+  Add(r, body, "prefetch-per-layer", RenderSvg(pr));
+  // The utilisation histogram of all MoE layers together (the sum over layers per expert id).
+  json total = {{"expert_load", json::array()}, {"hot_experts", json::array()}};
+  std::vector<double> sum;
+  std::vector<bool> hot;
+  for (const auto& l : layers) {
+    const json& load = Arr(l, "expert_load");
+    if (sum.size() < load.size()) sum.resize(load.size()), hot.resize(load.size());
+    for (std::size_t x = 0; x < load.size(); ++x) sum[x] += load[x].is_number() ? load[x].get<double>() : 0;
+    for (const auto& x : Arr(l, "hot_experts"))
+      if (x.is_number_integer() && x.get<std::size_t>() < hot.size()) hot[x.get<std::size_t>()] = true;
+  }
+  for (std::size_t x = 0; x < sum.size(); ++x) {
+    total["expert_load"].push_back(sum[x]);
+    if (hot[x]) total["hot_experts"].push_back(x);
+  }
+  Add(r, body, "expert-utilisation",
+      RenderSvg(ExpertLoad(total, fmt::format("Tokens routed to each expert, all {} MoE layers (red: hot in some layer, "
+                                              "load > {:.3g} x the layer mean)",
+                                              layers.size(), Num(e, "hot_factor")))));
+}
+
+// `terrace bench experts --json`: {"configs": [{"name", "tokens_per_s", "layer_recall", ...}]}.
+void BenchExpertsSections(const json& j, Report* r, std::string* body) {
+  const json& cfgs = Arr(j, "configs");
+  r->title = fmt::format("Terrace bench experts: {}", Str(j, "model"));
+  auto bars = [&](const char* key, std::string title, AxisFormat f, std::string name) {
+    BarChart b;
+    b.title = std::move(title);
+    b.y_format = f;
+    b.y_label = key;
+    b.bars = {key};
+    for (const auto& c : cfgs) {
+      b.groups.push_back(Str(c, "name"));
+      b.values.push_back({Num(c, key)});
+    }
+    Add(r, body, std::move(name), RenderSvg(b));
+  };
+  bars("tokens_per_s", "Decode tokens/s per configuration", AxisFormat::kPlain, "tokens-per-s");
+  bars("stall_share", "Stall share per configuration", AxisFormat::kPercent, "stall-share");
+  bars("hit_rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
+  bars("recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");
+  LineChart lr;
+  lr.title = "Prefetch recall per layer";
+  lr.x_label = "MoE layer (in order)";
+  lr.y_label = "recall";
+  lr.y_format = AxisFormat::kPercent;
+  for (const auto& c : cfgs) {
+    const json& rec = Arr(c, "layer_recall");
+    if (rec.empty()) continue;
+    Series ser{Str(c, "name"), {}, false};
+    for (std::size_t i = 0; i < rec.size(); ++i) ser.points.emplace_back(static_cast<double>(i), rec[i].is_number() ? rec[i].get<double>() : 0);
+    lr.series.push_back(std::move(ser));
+  }
+  if (!lr.series.empty()) Add(r, body, "recall-per-layer", RenderSvg(lr));
+  for (const auto& c : cfgs) {  // routing is the same for every configuration: the first with loads
+    if (Arr(c, "expert_load").empty()) continue;
+    Add(r, body, "expert-utilisation",
+        RenderSvg(ExpertLoad(c, fmt::format("Tokens routed to each expert, summed over the MoE layers ({}; red: hot in "
+                                            "some layer)", Str(c, "name")))));
+    break;
+  }
+}
+
+// `terrace bench kv --json`: {"rows": [{"prefix_tokens", "ttft_restore_s", "ttft_recompute_s", ...}]}.
+void BenchKvSections(const json& j, Report* r, std::string* body) {
+  const json& rows = Arr(j, "rows");
+  r->title = fmt::format("Terrace bench kv: {} from {}", Str(j, "model"), Str(j, "tier"));
+  LineChart t = Lines(rows, "prefix_tokens", {{"ttft_restore_s", "restore"}, {"ttft_recompute_s", "recompute"}});
+  t.title = "Time to first token vs prefix length";
+  t.x_label = "prefix (tokens)";
+  t.y_label = "seconds";
+  t.x_format = AxisFormat::kTokens;
+  Add(r, body, "ttft-vs-prefix", RenderSvg(t));
+  LineChart b = Lines(rows, "prefix_tokens", {{"restore_mb_per_s", "restore"}, {"tier_read_mb_per_s", "tier read"}});
+  b.title = "Restore bandwidth vs the tier's raw read bandwidth";
+  b.x_label = "prefix (tokens)";
+  b.y_label = "MB/s";
+  b.x_format = AxisFormat::kTokens;
+  Add(r, body, "restore-bandwidth", RenderSvg(b));
+}
+
+// `terrace verify kv --json`: {"rows": [{"codec", "kl_mean", "top1_agreement", "compression_ratio"}]}.
+void VerifyKvSections(const json& j, Report* r, std::string* body) {
+  const json& rows = Arr(j, "rows");
+  r->title = fmt::format("Terrace verify kv: codec quality on {}", Str(j, "model"));
+  auto bars = [&](std::vector<std::pair<const char*, const char*>> keys, std::string title, AxisFormat f,
+                  std::string name) {
+    BarChart b;
+    b.title = std::move(title);
+    b.y_format = f;
+    b.y_label = keys.front().second;
+    for (auto [k, n] : keys) b.bars.push_back(n);
+    for (const auto& row : rows) {
+      b.groups.push_back(Str(row, "codec"));
+      std::vector<double> v;
+      for (auto [k, n] : keys) v.push_back(Num(row, k));
+      b.values.push_back(v);
+    }
+    Add(r, body, std::move(name), RenderSvg(b));
+  };
+  bars({{"kl_mean", "KL mean (nats)"}, {"kl_max", "KL max (nats)"}}, "KL divergence from the exact path per codec",
+       AxisFormat::kPlain, "codec-kl");
+  bars({{"top1_agreement", "top-1 agreement"}}, "Top-1 agreement with the exact path per codec", AxisFormat::kPercent,
+       "codec-top1");
+  bars({{"compression_ratio", "compression vs f32"}}, "Compression ratio per codec", AxisFormat::kPlain,
+       "codec-compression");
+}
+
+bool RowsHave(const json& j, const char* key) {
+  const json& rows = Arr(j, "rows");
+  return !rows.empty() && rows[0].is_object() && rows[0].contains(key);
+}
 }  // namespace
 
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
@@ -230,6 +434,14 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
   std::string body;
   if (Str(j, "kind") == "plan") {
     PlanSections(j, &r, &body);
+  } else if (j.contains("turns") && j.contains("summary") && j["summary"].is_object()) {
+    DemoSections(j, &r, &body);
+  } else if (!Arr(j, "configs").empty()) {
+    BenchExpertsSections(j, &r, &body);
+  } else if (RowsHave(j, "prefix_tokens")) {
+    BenchKvSections(j, &r, &body);
+  } else if (RowsHave(j, "codec")) {
+    VerifyKvSections(j, &r, &body);
   } else {
     r.title = fmt::format("Terrace report: {}", source);
   }

@@ -1,4 +1,5 @@
-// `terrace report`: turns a run's JSON (`terrace plan --json`; any other JSON as a table of its
+// `terrace report`: turns a run's JSON (`terrace plan`, `demo`, `bench experts`, `bench kv`, `verify kv` --json,
+// recognised by shape; any other JSON as a table of its
 // values) into one self-contained HTML page with inline SVG charts: no scripts, no network. Pure;
 // thread-safe.
 #pragma once

@@ -196,13 +196,17 @@ std::string RenderSvg(const BarChart& c) {
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
       const double v = std::isfinite(c.values[g][b]) ? c.values[g][b] : 0;
       const double top = ay.Map(v, y0, y1);
-      s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+      const bool hot = g < c.hot_groups.size() && c.hot_groups[g];
+      s += fmt::format("<rect class=\"bar{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
                        "<title>{} {}: {}</title></rect>",
-                       gx + b * bw, top, bw * 0.92, y0 - top, kPalette[b % kPaletteSize], XmlEscape(c.groups[g]),
+                       hot ? " hot" : "", gx + b * bw, top, bw * 0.92, y0 - top,
+                       hot ? "#c0392b" : kPalette[b % kPaletteSize], XmlEscape(c.groups[g]),
                        XmlEscape(c.bars[b]), XmlEscape(FormatAxisValue(v, c.y_format)));
     }
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
-                     XmlEscape(c.groups[g]));
+    const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
+    if (g % label_every == 0)
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
+                       XmlEscape(c.groups[g]));
   }
   Legend(&s, c.bars, {});
   s += "</svg>";

@@ -30,6 +30,7 @@ struct BarChart {
   std::vector<std::string> groups;       // x categories
   std::vector<std::string> bars;         // bars within a group (legend)
   std::vector<std::vector<double>> values;  // [group][bar]
+  std::vector<bool> hot_groups;          // [group]: drawn red with class "bar hot" (e.g. hot experts)
 };
 
 inline constexpr int kChartWidth = 720, kChartHeight = 380;

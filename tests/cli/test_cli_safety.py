@@ -129,7 +129,8 @@ def test_demo_fresh_refuses_the_working_folder_and_a_regular_file(terrace, tmp_p
 def test_demo_fresh_removes_only_its_own_data(terrace, tmp_path):
     d = tmp_path / "store"
     terrace("demo", "--dir", d, *DEMO, check=True)
-    assert {p.name for p in d.iterdir()} == {"terrace-demo.marker", "model", "kv", "state", "experts", "demo-run.json"}
+    assert {p.name for p in d.iterdir()} == {"terrace-demo.marker", "model", "kv", "state", "experts", "demo-run.json",
+                                        "report.html"}
     for where in (d, d / "kv", d / "model"):
         (where / "mine.txt").write_text("not Terrace's\n")  # a foreign file makes it not the demo's data
         before = snapshot(d)

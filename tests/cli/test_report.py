@@ -1,0 +1,149 @@
+"""terrace report on real, small outputs of `demo`, `bench experts`, `bench kv` and `verify kv` (each run here
+on k3-toy): each shape gets its charts; every SVG parses as XML, references nothing outside the page, and
+its polylines / bars follow the JSON (point count = rows, heights ordered like the values)."""
+import json
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def report(terrace, tmp_path, data, name):
+    src = tmp_path / f"{name}.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / f"{name}.html"
+    terrace("report", src, "-o", out, "--svg", check=True)
+    html = out.read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in html and "<script" not in html and "href=" not in html and "src=" not in html
+    charts = {}
+    for p in tmp_path.glob(f"{name}-*.svg"):
+        text = p.read_text()
+        assert text in html  # the same SVG is inlined in the page
+        charts[p.stem[len(name) + 1:]] = ET.fromstring(text)  # well-formed XML
+    return charts
+
+
+def polyline(svg, name):
+    for p in svg.iter(NS + "polyline"):
+        if p.get("data-name") == name:
+            return [tuple(map(float, xy.split(","))) for xy in p.get("points").split()]
+    raise AssertionError(f"no series {name!r}")
+
+
+def bars(svg):
+    return [(r.get("class"), float(r.get("height"))) for r in svg.iter(NS + "rect") if "bar" in (r.get("class") or "")]
+
+
+def same_order(heights, values):
+    """Heights in pixels ordered like the values (ties allowed)."""
+    for i in range(len(values)):
+        for k in range(len(values)):
+            if values[i] < values[k]:
+                assert heights[i] <= heights[k] + 1e-6, (heights, values)
+
+
+def svg_y_order(points, values):
+    # SVG y grows downward: a larger value is a smaller y.
+    same_order([-y for _, y in points], values)
+
+
+@pytest.fixture(scope="module")
+def toy(toy_model):
+    return toy_model
+
+
+def test_demo_report(terrace, tmp_path):
+    d = tmp_path / "data"
+    r = terrace("demo", "--dir", d, "--preset", "k3-toy", "--conversations", "2", "--turns", "2", "--system-tokens",
+                "80", "--user-tokens", "16", "--new-tokens", "3", "--kv-nvme-size", "8MiB", "--state-nvme-size",
+                "16MiB", timeout=300, check=True)
+    assert str(d / "report.html") in r.stdout
+    assert "<svg" in (d / "report.html").read_text()
+    j = json.loads((d / "demo-run.json").read_text())
+    layers = j["summary"]["experts"]["layers"]
+    assert layers and all(len(l["expert_load"]) > 0 for l in layers)
+    c = report(terrace, tmp_path, j, "demo")
+    assert {"ttft-per-turn", "tier-hit-rates-over-time", "stall-share", "prefetch-per-layer",
+            "expert-utilisation"} <= set(c)
+    n = len(j["turns"])
+    restore = polyline(c["ttft-per-turn"], "with restore")
+    assert len(restore) == n and len(polyline(c["ttft-per-turn"], "full recompute")) == n
+    svg_y_order(restore, [t["ttft_s"] for t in j["turns"]])
+    for tier in ("hbm", "host", "nvme"):
+        assert len(polyline(c["tier-hit-rates-over-time"], tier)) == n
+    rec = polyline(c["prefetch-per-layer"], "recall")
+    assert len(rec) == len(layers)
+    svg_y_order(rec, [l["prefetch_recall"] for l in layers])
+    load = [sum(l["expert_load"][e] for l in layers) for e in range(len(layers[0]["expert_load"]))]
+    b = bars(c["expert-utilisation"])
+    assert len(b) == len(load)
+    same_order([h for _, h in b], load)
+    hot = {e for l in layers for e in l["hot_experts"]}
+    assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == hot
+
+
+def test_bench_experts_report(terrace, toy, tmp_path):
+    r = terrace("bench", "experts", "--model", toy, "--dir", tmp_path / "be", "--budgets", "25%,50%", "--decode", "8",
+                "--json", timeout=300, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "experts")
+    assert {"tokens-per-s", "stall-share", "hit-rate", "recall", "recall-per-layer", "expert-utilisation"} <= set(c)
+    for chart, key in (("tokens-per-s", "tokens_per_s"), ("hit-rate", "hit_rate"), ("stall-share", "stall_share")):
+        b = bars(c[chart])
+        assert len(b) == len(j["configs"])
+        same_order([h for _, h in b], [x[key] for x in j["configs"]])
+    first = next(cfg for cfg in j["configs"] if cfg["expert_load"])
+    b = bars(c["expert-utilisation"])
+    assert len(b) == len(first["expert_load"])
+    same_order([h for _, h in b], first["expert_load"])
+    assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == set(first["hot_experts"])
+    for cfg in j["configs"]:
+        if cfg["layer_recall"]:
+            pts = polyline(c["recall-per-layer"], cfg["name"])
+            assert len(pts) == len(cfg["layer_recall"])
+            svg_y_order(pts, cfg["layer_recall"])
+
+
+def test_bench_kv_report(terrace, toy, tmp_path):
+    r = terrace("bench", "kv", "--model", toy, "--dir", tmp_path / "kv", "--prefix-tokens", "64,128,256",
+                "--chunk-tokens", "64", "--store-nvme-size", "8MiB", "--state-nvme-size", "16MiB", "--json",
+                timeout=300, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "kv")
+    rows = j["rows"]
+    for chart, series, key in (("ttft-vs-prefix", "restore", "ttft_restore_s"),
+                               ("ttft-vs-prefix", "recompute", "ttft_recompute_s"),
+                               ("restore-bandwidth", "restore", "restore_mb_per_s"),
+                               ("restore-bandwidth", "tier read", "tier_read_mb_per_s")):
+        pts = polyline(c[chart], series)
+        assert len(pts) == len(rows)
+        svg_y_order(pts, [row[key] for row in rows])
+        assert [x for x, _ in pts] == sorted(x for x, _ in pts)  # x follows the prefix length
+
+
+def test_verify_kv_report(terrace, toy, tmp_path):
+    r = terrace("verify", "kv", "--model", toy, "--codecs", "bf16,fp8,int4-g32", "--context", "128",
+                "--chunk-tokens", "64", "--eval-tokens", "8", "--json", timeout=300, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "verify")
+    rows = j["rows"]
+    b = bars(c["codec-compression"])
+    assert len(b) == len(rows)
+    same_order([h for _, h in b], [row["compression_ratio"] for row in rows])
+    kl = bars(c["codec-kl"])
+    assert len(kl) == 2 * len(rows)
+    same_order([h for _, h in kl[0::2]], [row["kl_mean"] for row in rows])
+    assert len(bars(c["codec-top1"])) == len(rows)
+    titles = [t.text for t in c["codec-kl"].iter(NS + "title")]
+    assert all(any(row["codec"] in (t or "") for t in titles) for row in rows)
+
+
+def test_report_escapes_text(terrace, tmp_path):
+    j = {"rows": [{"codec": "<b>&x\"", "kl_mean": 1, "kl_max": 2, "top1_agreement": 0.5, "compression_ratio": 3}]}
+    c = report(terrace, tmp_path, j, "esc")
+    html = (tmp_path / "esc.html").read_text()
+    assert "<b>&x" not in html and "&lt;b&gt;&amp;x" in html
+    assert c["codec-kl"] is not None
