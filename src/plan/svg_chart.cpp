@@ -16,6 +16,7 @@ constexpr int kPaletteSize = 8;
 
 struct Axis {
   double lo = 0, hi = 1;
+  double step = 0.2;  // linear axes: the tick spacing, a round number (1, 2, 2.5 or 5 times 10^k)
   bool log = false;
   double Map(double v, double px_lo, double px_hi) const {
     double t = log ? (std::log(v) - std::log(lo)) / (std::log(hi) - std::log(lo)) : (v - lo) / (hi - lo);
@@ -33,7 +34,7 @@ struct Axis {
         if (v >= lo * 0.999 && v <= hi * 1.001) t.push_back(v);
       }
     } else {
-      for (int i = 0; i <= 5; ++i) t.push_back(lo + (hi - lo) * i / 5.0);
+      for (int i = 0; lo + step * i <= hi * (1 + 1e-9) + 1e-300 && i <= 20; ++i) t.push_back(lo + step * i);
     }
     return t;
   }
@@ -53,8 +54,19 @@ Axis MakeAxis(double lo, double hi, bool log) {
   } else {
     if (lo > 0) lo = 0;
     if (lo == hi) hi = lo + 1;
-    a.lo = lo;
-    a.hi = hi;
+    // About five ticks at a round spacing; the axis ends on a tick.
+    const double raw = (hi - lo) / 5.0;
+    const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+    double step = 10 * mag;
+    for (double m : {1.0, 2.0, 2.5, 5.0}) {
+      if (m * mag >= raw * (1 - 1e-9)) {
+        step = m * mag;
+        break;
+      }
+    }
+    a.step = step;
+    a.lo = std::floor(lo / step + 1e-9) * step;
+    a.hi = std::ceil(hi / step - 1e-9) * step;
   }
   return a;
 }
