@@ -147,3 +147,67 @@ def test_report_escapes_text(terrace, tmp_path):
     html = (tmp_path / "esc.html").read_text()
     assert "<b>&x" not in html and "&lt;b&gt;&amp;x" in html
     assert c["codec-kl"] is not None
+
+
+def _png_pixels(path):
+    """(width, height, rows of RGB(A) bytes) of a non-interlaced 8-bit PNG, decoded with zlib only."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, height, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and ctype in (2, 6)
+            bpp = 3 if ctype == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return width, height, bpp, rows
+
+
+def test_plan_report_renders_in_a_headless_browser(terrace, tmp_path):
+    """The page as a browser draws it: Debian's chromium screenshots it headless; the chart's series
+    colours must appear on the page (no blank or broken render). Skipped where chromium is absent."""
+    import shutil
+    import subprocess
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.skip("chromium is not installed (apt-get install chromium to render the report headless)")
+    plan = terrace("plan", "--json", check=True).stdout
+    src, out, png = tmp_path / "plan.json", tmp_path / "plan.html", tmp_path / "plan.png"
+    src.write_text(plan)
+    terrace("report", src, "-o", out, check=True)
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+                    "--window-size=1000,1200", out.as_uri()], check=True, capture_output=True, timeout=120)
+    _, _, bpp, rows = _png_pixels(png)
+    colours = set()
+    for row in rows[::2]:
+        for i in range(0, len(row), bpp * 2):
+            colours.add(tuple(row[i:i + 3]))
+    # The memory-vs-context chart draws its first two series in the palette's blue and red.
+    assert (0x1F, 0x77, 0xB4) in colours
+    assert (0xD6, 0x27, 0x28) in colours
