@@ -93,7 +93,8 @@ TEST_CASE("f32 round trips bit-exactly, including -0 and subnormals", "[codec]")
     if (x.size() > 2) x[1] = 1e-42f;
     for (const char* name : {"f32", "f32+zstd", "f32+lz4"}) {
       const auto y = RoundTrip(Spec(name), x, rows, cols);
-      REQUIRE(std::memcmp(x.data(), y.data(), 4 * x.size()) == 0);
+      REQUIRE(y.size() == x.size());
+      REQUIRE((x.empty() || std::memcmp(x.data(), y.data(), 4 * x.size()) == 0));
     }
   }
 }
@@ -187,7 +188,7 @@ TEST_CASE("a lossless stage changes nothing after decode and shrinks compressibl
       std::vector<std::byte> enc;
       const auto y = RoundTrip(Spec((std::string(base) + stage).c_str()), x, rows, cols, &enc);
       INFO(base << stage);
-      REQUIRE(std::memcmp(plain.data(), y.data(), 4 * y.size()) == 0);
+      REQUIRE(((4 * y.size()) == 0 || std::memcmp(plain.data(), y.data(), 4 * y.size()) == 0));
       CHECK(enc.size() < plain_enc.size());
     }
   }
@@ -306,7 +307,7 @@ TEST_CASE("damaged scales, NaN codes and damaged compressed payloads are refused
       st = Decode(bad, rows, cols, out);
       INFO("zstd byte " << i << " ^ " << flip << ": " << st.ToString());
       if (st.ok()) {
-        REQUIRE(std::memcmp(out.data(), good.data(), 4 * out.size()) == 0);
+        REQUIRE(((4 * out.size()) == 0 || std::memcmp(out.data(), good.data(), 4 * out.size()) == 0));
       } else {
         REQUIRE(st.IsCorruption());
         ++refused;

@@ -115,37 +115,37 @@ TEST_CASE("SIMD kernels match the scalar kernels bit for bit", "[codec][kernels]
       CHECK(k->bf16_encode(x.data(), n, e1.data() + 1) == ref.bf16_encode(x.data(), n, e2.data() + 1));
       CHECK(e1 == e2);
       CHECK(k->bf16_decode(e1.data() + 1, n, d1.data()) == ref.bf16_decode(e1.data() + 1, n, d2.data()));
-      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
       CHECK(k->f16_encode(x.data(), n, e1.data() + 1) == ref.f16_encode(x.data(), n, e2.data() + 1));
       CHECK(e1 == e2);
       CHECK(k->f16_decode(e1.data() + 1, n, d1.data()) == ref.f16_decode(e1.data() + 1, n, d2.data()));
-      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
       for (std::size_t stride : {0u, 1u}) {
         std::vector<float> unit(n, 1.0f);
         const float* iv = stride ? inv.data() : unit.data();
         k->fp8_encode(x.data(), iv, stride, n, e1.data() + 1);
         ref.fp8_encode(x.data(), iv, stride, n, e2.data() + 1);
-        CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+        CHECK(((n + 1) == 0 || std::memcmp(e1.data(), e2.data(), n + 1) == 0));
         const float* sc = stride ? scale.data() : unit.data();
         CHECK(k->fp8_decode(e1.data() + 1, sc, stride, n, d1.data()) == ref.fp8_decode(e1.data() + 1, sc, stride, n, d2.data()));
-        CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+        CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
       }
       // Every byte value through the decoders (NaN codes included).
       std::vector<unsigned char> all(n);
       for (std::size_t i = 0; i < n; ++i) all[i] = static_cast<unsigned char>(i * 37 + n);
       CHECK(k->fp8_decode(all.data(), scale.data(), 1, n, d1.data()) == ref.fp8_decode(all.data(), scale.data(), 1, n, d2.data()));
-      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
       std::vector<float> xs(n);
       for (std::size_t i = 0; i < n; ++i) xs[i] = std::ldexp(x[i], -20);  // keep x * inv inside int8 range mostly
       k->int8_encode(x.data(), inv.data(), n, e1.data() + 1);
       ref.int8_encode(x.data(), inv.data(), n, e2.data() + 1);
-      CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+      CHECK(((n + 1) == 0 || std::memcmp(e1.data(), e2.data(), n + 1) == 0));
       k->int8_encode(xs.data(), inv.data(), n, e1.data() + 1);
       ref.int8_encode(xs.data(), inv.data(), n, e2.data() + 1);
-      CHECK(std::memcmp(e1.data(), e2.data(), n + 1) == 0);
+      CHECK(((n + 1) == 0 || std::memcmp(e1.data(), e2.data(), n + 1) == 0));
       k->int8_decode(all.data(), scale.data(), n, d1.data());
       ref.int8_decode(all.data(), scale.data(), n, d2.data());
-      CHECK(std::memcmp(d1.data(), d2.data(), 4 * n) == 0);
+      CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
     }
   }
 }

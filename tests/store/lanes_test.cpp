@@ -35,7 +35,8 @@ TEST_CASE("GetAsync and PutAsync during a large speculative prefetch wait for on
   std::vector<std::byte> out(kBlock);
   const auto t0 = Clock::now();
   auto get = store->GetAsync(wanted, out);
-  auto put = store->PutAsync(TestKey(2000), TestBytes(2000, kBlock));
+  const auto put_bytes = TestBytes(2000, kBlock);  // PutAsync: the caller keeps the bytes alive
+  auto put = store->PutAsync(TestKey(2000), put_bytes);
   auto r = get.get();
   const auto get_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   REQUIRE(put.get().ok());
