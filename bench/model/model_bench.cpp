@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/safetensors.h"
@@ -23,12 +24,6 @@
 namespace {
 
 using namespace terrace::model;
-
-double ThreadSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 struct Args {
   std::vector<std::string> presets{"k3-toy", "k3-small"};
@@ -61,9 +56,9 @@ int Run(const Args& a) {
       Profile prefill_prof, decode_prof;
       for (int r = 0; r < a.rounds; ++r) {
         Session s(**model);
-        const double c0 = ThreadSeconds();
+        const double c0 = terrace::ThreadCpuSeconds();
         if (!s.Prefill(prompt).ok()) return 1;
-        const double c1 = ThreadSeconds();
+        const double c1 = terrace::ThreadCpuSeconds();
         const Profile after_prefill = s.profile();
         int next = Argmax(s.last_logits());
         for (int i = 0; i < a.decode; ++i) {
@@ -71,7 +66,7 @@ int Run(const Args& a) {
           if (!l.ok()) return 1;
           next = Argmax(*l);
         }
-        const double c2 = ThreadSeconds();
+        const double c2 = terrace::ThreadCpuSeconds();
         best_prefill_cpu = std::max(best_prefill_cpu, static_cast<double>(a.prompt) / (c1 - c0));
         best_decode_cpu = std::max(best_decode_cpu, static_cast<double>(a.decode) / (c2 - c1));
         const double p = static_cast<double>(s.prefill_tokens()) / s.prefill_seconds();

@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "src/model/mxfp4.h"
 #include "src/model/mxfp4_matmul.h"
 #include "src/model/ops.h"
@@ -22,14 +23,6 @@
 namespace {
 
 using namespace terrace::model;
-// This thread's CPU seconds: on a shared, oversubscribed machine the time the thread was
-// descheduled does not count (wall time does, and varies several-fold with the load).
-double ThreadSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 struct Args {
   std::vector<std::string> shapes{"256x256", "3072x3584"};
   std::vector<int> tokens{1, 32};
@@ -72,12 +65,12 @@ double MedianSecondsPerCall(int repeats, double min_seconds, int pool, F&& fn) {
   std::vector<double> per_call;
   for (int r = 0; r < repeats; ++r) {
     long calls = 0;
-    const double start = ThreadSeconds();
+    const double start = terrace::ThreadCpuSeconds();
     double elapsed = 0.0;
     do {
       for (int i = 0; i < pool; ++i) fn(i);
       calls += pool;
-      elapsed = ThreadSeconds() - start;
+      elapsed = terrace::ThreadCpuSeconds() - start;
     } while (elapsed < min_seconds);
     per_call.push_back(elapsed / static_cast<double>(calls));
   }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 
 namespace terrace {
 
@@ -15,6 +16,14 @@ inline std::uint64_t SteadyNanos() {
 inline std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): for benchmarks on a shared machine,
+// where the time a thread is descheduled should not count.
+inline double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 }  // namespace terrace
