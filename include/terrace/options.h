@@ -89,6 +89,9 @@ struct NvmeTierOptions {
   // existing index is moved aside, never deleted). Without it, a data area that holds a store is
   // only ever opened with its own index.
   bool reformat = false;
+  // How long Open (and ScanDataFile / RebuildIndex) waits for another process to release the data
+  // area's lock before failing with Unavailable ("in use by another process").
+  std::chrono::milliseconds lock_wait{2000};
   std::shared_ptr<Logger> logger;  // null: the store's logger, or stderr (terrace/log.h)
 };
 

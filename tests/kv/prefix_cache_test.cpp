@@ -65,13 +65,10 @@ TEST_CASE("the chunked cold prefill equals one plain prefill (the segmentation i
 
 TEST_CASE("restore then compute the suffix == full recompute, bitwise (f32), for every prefix, chunk size and interval") {
   const auto& m = Toy();
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
   // Sanitizer builds run every prefix at one chunk size and two intervals (the full matrix takes
   // minutes under TSan); the normal build runs all of it.
-  const std::vector<int> chunk_sizes{16}, intervals{3, 0};
-#else
-  const std::vector<int> chunk_sizes{16, 32}, intervals{1, 2, 3, 0};
-#endif
+  const std::vector<int> chunk_sizes = kSanitizedBuild ? std::vector<int>{16} : std::vector<int>{16, 32};
+  const std::vector<int> intervals = kSanitizedBuild ? std::vector<int>{3, 0} : std::vector<int>{1, 2, 3, 0};
   for (int C : chunk_sizes) {
     for (int every : intervals) {
       const int n1 = 5 * C + 3;

@@ -47,7 +47,8 @@ Status ErrnoStatus(std::string_view what, const fs::path& p, int err) {
 }
 
 // Opens and locks the data area, reads its superblock.
-Status OpenData(const nvme::StorePaths& paths, bool exclusive, Fd* fd, nvme::Superblock* sb, std::uint64_t* size) {
+Status OpenData(const nvme::StorePaths& paths, bool exclusive, std::chrono::milliseconds lock_wait, Fd* fd,
+                nvme::Superblock* sb, std::uint64_t* size) {
   fd->fd = ::open(paths.data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd->fd < 0) {
     int err = errno;
@@ -57,7 +58,7 @@ Status OpenData(const nvme::StorePaths& paths, bool exclusive, Fd* fd, nvme::Sup
     }
     return ErrnoStatus("cannot open the NVMe data file", paths.data, err);
   }
-  if (int err = nvme::LockDataArea(fd->fd, exclusive ? LOCK_EX : LOCK_SH); err != 0) {
+  if (int err = nvme::LockDataArea(fd->fd, exclusive ? LOCK_EX : LOCK_SH, lock_wait); err != 0) {
     if (err == EWOULDBLOCK) {
       return Status::Unavailable(fmt::format("NVMe store '{}' is in use by another process (its data file is locked); "
                                              "close that process first",
@@ -207,7 +208,7 @@ Result<DataScanReport> NvmeTier::ScanDataFile(
   Fd fd;
   nvme::Superblock sb;
   std::uint64_t size = 0;
-  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, &fd, &sb, &size));
+  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, options.lock_wait, &fd, &sb, &size));
   if (options.capacity_bytes != 0 && options.capacity_bytes != sb.capacity_bytes) {
     return Status::InvalidArgument(fmt::format("Terrace store '{}' has capacity {} but the options give {}; give the "
                                                "original capacity (or 0: as recorded)",
@@ -270,7 +271,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   Fd fd;
   nvme::Superblock sb;
   std::uint64_t size = 0;
-  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/true, &fd, &sb, &size));
+  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/true, options.lock_wait, &fd, &sb, &size));
   if (options.capacity_bytes != 0 && options.capacity_bytes != sb.capacity_bytes) {
     return Status::InvalidArgument(fmt::format("Terrace store '{}' has capacity {} but the options give {}; give the "
                                                "original capacity (or 0: as recorded)",

@@ -274,7 +274,7 @@ Status NvmeTier::OpenFd(const fs::path& path, bool create) {
     }
   }
   if (fd_ < 0) return Errno("cannot open NVMe data file", path, errno, "check the path and its permissions");
-  if (int err = nvme::LockDataArea(fd_, ro ? LOCK_SH : LOCK_EX); err != 0) {
+  if (int err = nvme::LockDataArea(fd_, ro ? LOCK_SH : LOCK_EX, options_.lock_wait); err != 0) {
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK) {

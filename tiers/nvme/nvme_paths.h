@@ -23,6 +23,6 @@ Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_cr
 // flock(fd, op | LOCK_NB), retried for up to `patience` while it fails with EWOULDBLOCK: a
 // process that just died may hold the lock a moment longer (io_uring drops its file references
 // asynchronously). Returns 0 or the errno of the last attempt.
-int LockDataArea(int fd, int op, std::chrono::milliseconds patience = std::chrono::milliseconds(2000));
+int LockDataArea(int fd, int op, std::chrono::milliseconds patience);
 
 }  // namespace terrace::nvme
