@@ -16,6 +16,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -73,17 +74,9 @@ std::string DataFilePath(const std::string& dir) {
 
 Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
   const std::string path = DataFilePath(dir);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::optional<SuperblockInfo>();
-    return Status::IoError(fmt::format("cannot read '{}': {}", path, std::strerror(errno)));
-  }
-  std::vector<std::byte> buf(nvme::kSuperblockBytes);
-  ssize_t got = ::pread(fd, buf.data(), buf.size(), 0);
-  int err = errno;
-  ::close(fd);
-  if (got < 0) return Status::IoError(fmt::format("cannot read the superblock of '{}': {}", path, std::strerror(err)));
-  buf.resize(static_cast<std::size_t>(got));
+  auto unit = ReadSuperblockUnit(path, /*follow_symlinks=*/true);
+  if (!unit.ok() && unit.status().code() == Code::kNotFound) return std::optional<SuperblockInfo>();
+  TERRACE_ASSIGN_OR_RETURN(std::vector<std::byte> buf, std::move(unit));
   if (std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0}; })) {
     return std::optional<SuperblockInfo>();  // a blank device or a file whose creation never finished
   }

@@ -32,12 +32,9 @@ bool IsKind(const fs::path& p, mode_t kind) {
 // slots: the first slot is all zeros until the store has rewritten its superblock).
 bool HasMagic(const fs::path& data) {
   if (!IsKind(data, S_IFREG)) return false;
-  const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::vector<std::byte> buf(nvme::kSuperblockBytes);
-  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
-  ::close(fd);
-  buf.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+  auto unit = ReadSuperblockUnit(data, /*follow_symlinks=*/false);
+  if (!unit.ok()) return false;
+  const std::vector<std::byte>& buf = *unit;
   constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
   if (buf.size() >= sizeof kMagic && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0) return true;
   return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
@@ -134,15 +131,26 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
 Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {
   const fs::path data = dir / kDataFile;
   if (!IsKind(data, S_IFREG)) return Status::NotFound(fmt::format("'{}' holds no terrace.data", dir.string()));
-  const int fd = ::open(data.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return Status::IoError(fmt::format("cannot open '{}': {}", data.string(), std::strerror(errno)));
   // The whole superblock unit: DecodeUnit picks the valid one of its two slots, as the tier does.
-  std::vector<std::byte> buf(nvme::kSuperblockBytes);
-  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
-  ::close(fd);
-  buf.resize(n < 0 ? 0 : static_cast<std::size_t>(n));
+  TERRACE_ASSIGN_OR_RETURN(std::vector<std::byte> buf, ReadSuperblockUnit(data, /*follow_symlinks=*/false));
   TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::DecodeUnit(buf, data.string()));
   return sb.capacity_bytes;
+}
+
+Result<std::vector<std::byte>> ReadSuperblockUnit(const fs::path& data, bool follow_symlinks) {
+  const int fd = ::open(data.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow_symlinks ? 0 : O_NOFOLLOW));
+  if (fd < 0) {
+    const int err = errno;
+    const std::string msg = fmt::format("cannot open '{}': {}", data.string(), std::strerror(err));
+    return err == ENOENT ? Status::NotFound(msg) : Status::IoError(msg);
+  }
+  std::vector<std::byte> buf(nvme::kSuperblockBytes);
+  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) return Status::IoError(fmt::format("cannot read the superblock of '{}': {}", data.string(), std::strerror(err)));
+  buf.resize(static_cast<std::size_t>(n));
+  return buf;
 }
 
 Status WriteMarker(const fs::path& dir, std::string_view marker, std::string_view who) {

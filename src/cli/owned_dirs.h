@@ -5,8 +5,10 @@
 // Thread-safety: free functions, no shared state.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <string_view>
+#include <vector>
 
 #include "terrace/status.h"
 
@@ -36,6 +38,12 @@ Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view
 // an existing store without being told its capacity. NotFound when there is no terrace.data;
 // InvalidArgument/Corruption when it is not a Terrace data file.
 Result<std::uint64_t> ExistingStoreCapacity(const std::filesystem::path& dir);
+
+// The first nvme::kSuperblockBytes of the data file or device `data` (fewer when it is shorter): the
+// superblock unit that nvme::Superblock::DecodeUnit reads. NotFound when `data` does not exist;
+// IoError otherwise. With follow_symlinks false a symlink is refused (O_NOFOLLOW). Opens
+// non-blocking, so a FIFO in its place fails instead of hanging.
+Result<std::vector<std::byte>> ReadSuperblockUnit(const std::filesystem::path& data, bool follow_symlinks);
 
 // Writes dir/marker (a one-line text naming `who`) with the safe writer.
 Status WriteMarker(const std::filesystem::path& dir, std::string_view marker, std::string_view who);

@@ -55,42 +55,32 @@ void ColMaxAbsBits(const float* x, std::size_t rows, std::size_t cols, std::uint
   }
 }
 
-std::uint16_t Bf16Encode(const float* x, std::size_t n, unsigned char* out) {
+// A 16-bit float format's encode / decode loop, returning the largest magnitude bit pattern seen
+// (sign masked) so callers can detect Inf/NaN without a second pass.
+template <std::uint16_t (*FromF32)(float)>
+std::uint16_t Encode16(const float* x, std::size_t n, unsigned char* out) {
   std::uint16_t m = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t h = Bf16FromF32(x[i]);
+    const std::uint16_t h = FromF32(x[i]);
     m = std::max<std::uint16_t>(m, h & 0x7FFF);
     Store16(out + 2 * i, h);
   }
   return m;
 }
-std::uint16_t Bf16Decode(const unsigned char* in, std::size_t n, float* out) {
+template <float (*ToF32)(std::uint16_t)>
+std::uint16_t Decode16(const unsigned char* in, std::size_t n, float* out) {
   std::uint16_t m = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint16_t h = Load16(in + 2 * i);
     m = std::max<std::uint16_t>(m, h & 0x7FFF);
-    out[i] = F32FromBf16(h);
+    out[i] = ToF32(h);
   }
   return m;
 }
-std::uint16_t F16Encode(const float* x, std::size_t n, unsigned char* out) {
-  std::uint16_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t h = F16FromF32(x[i]);
-    m = std::max<std::uint16_t>(m, h & 0x7FFF);
-    Store16(out + 2 * i, h);
-  }
-  return m;
-}
-std::uint16_t F16Decode(const unsigned char* in, std::size_t n, float* out) {
-  std::uint16_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t h = Load16(in + 2 * i);
-    m = std::max<std::uint16_t>(m, h & 0x7FFF);
-    out[i] = F32FromF16(h);
-  }
-  return m;
-}
+std::uint16_t Bf16Encode(const float* x, std::size_t n, unsigned char* out) { return Encode16<Bf16FromF32>(x, n, out); }
+std::uint16_t Bf16Decode(const unsigned char* in, std::size_t n, float* out) { return Decode16<F32FromBf16>(in, n, out); }
+std::uint16_t F16Encode(const float* x, std::size_t n, unsigned char* out) { return Encode16<F16FromF32>(x, n, out); }
+std::uint16_t F16Decode(const unsigned char* in, std::size_t n, float* out) { return Decode16<F32FromF16>(in, n, out); }
 
 void Fp8Encode(const float* x, const float* inv, std::size_t inv_stride, std::size_t n, unsigned char* out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = Fp8FromF32(x[i] * inv[i * inv_stride]);

@@ -18,12 +18,8 @@ TOKENS = ",".join(str((i * 37 + 5) % 512) for i in range(40))
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    d = tmp_path_factory.mktemp("toy") / "m"
-    p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(d), "--seed", "5",
-                        "--routing-tokens", "0"], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return d
+def toy(make_model):
+    return make_model("k3-toy", seed=5)
 
 
 def run(toy, *flags, expect=0):
