@@ -105,8 +105,12 @@ Status ValidateConfig(const ModelConfig& config);
 // Serialises back to config.json (the same field names, top level).
 std::string ToConfigJson(const ModelConfig& config);
 
-// Presets: "k3-toy", "k3-small", "kimi-k3", "kimi-linear-48b".
+// Presets: "k3-toy", "k3-small", "moe-bench" (the expert-offload benchmark's model), "kimi-k3",
+// "kimi-linear-48b".
 Result<ModelConfig> Preset(std::string_view name);
 std::vector<std::string> PresetNames();
+// True for presets whose random checkpoint draws its routed experts as uniform random MXFP4 codes
+// (InitOptions::random_expert_codes) because quantising gigabytes of normals would take minutes.
+bool PresetUsesRandomExpertCodes(std::string_view name);
 
 }  // namespace terrace::model

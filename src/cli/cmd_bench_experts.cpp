@@ -2,13 +2,18 @@
 // "Benchmark"). Side by side in one run: all-resident; on-demand; lru+lookahead;
 // utility+statistical; oracle (each at every --budget, experts cold on the NVMe tier with O_DIRECT,
 // the host-to-HBM link modelled by the emulated HBM tier); and an mmap baseline (experts read
-// through mmap of the safetensors files, page cache dropped first where permitted).
+// through mmap of the safetensors files, page cache dropped first where permitted, coldness checked
+// with mincore). Prints the regime (expert bytes, bytes an all-miss token moves, compute per token),
+// the I/O bound at each measured hit rate, per-layer recall and the issue's targets.
 #include <algorithm>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +25,8 @@
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/clock.h"
+#include "src/experts/bench_regime.h"
 #include "src/model/names.h"
 #include "src/model/ops.h"
 #include "src/model/safetensors.h"
@@ -42,6 +49,7 @@ struct BenchExpertsArgs {
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
+  bool drop_caches = false;  // also echo 1 > /proc/sys/vm/drop_caches before the mmap run (root only)
 };
 
 double Seconds(SteadyClock::time_point t0) {
@@ -87,28 +95,113 @@ class MmapExpertProvider final : public model::ExpertProvider {
   std::vector<model::ExpertWeights> experts_;
 };
 
-// Drops the checkpoint files' clean pages from the page cache (POSIX_FADV_DONTNEED). True when
-// every file accepted it.
-bool DropPageCache(const std::filesystem::path& dir) {
-  bool ok = true;
+// The checkpoint's shards (model.safetensors or model-*-of-*.safetensors) in `dir`.
+std::vector<std::filesystem::path> Shards(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.path().extension() != ".safetensors") continue;
-    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// fdatasync, then POSIX_FADV_DONTNEED on every shard (clean pages only can be dropped). True when
+// every call succeeded; the kernel may still keep pages (mapped by someone else), so callers check
+// with Residency.
+bool AdviseDontNeed(const std::vector<std::filesystem::path>& shards) {
+  bool ok = true;
+  for (const auto& path : shards) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       ok = false;
       continue;
     }
+    ok = ::fdatasync(fd) == 0 && ok;
     ok = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 && ok;
     ::close(fd);
   }
-  return ok && !ec;
+  return ok;
 }
+
+// echo 1 > /proc/sys/vm/drop_caches after sync(): the whole system's clean page cache. The empty
+// string on success, else why not.
+std::string DropSystemPageCache() {
+  if (::geteuid() != 0) return "not root";
+  ::sync();
+  std::FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w");
+  if (f == nullptr) return "cannot open /proc/sys/vm/drop_caches for writing";
+  const bool ok = std::fputs("1\n", f) >= 0;
+  return std::fclose(f) == 0 && ok ? "" : "writing /proc/sys/vm/drop_caches failed";
+}
+
+// Page-cache residency of the shards, by mincore() over a fresh read-only mapping of each.
+struct Residency {
+  std::uint64_t file_bytes = 0, resident_bytes = 0;
+  bool measured = true;  // false when some shard could not be mapped or queried
+  double fraction() const { return file_bytes == 0 ? 0.0 : static_cast<double>(resident_bytes) / static_cast<double>(file_bytes); }
+};
+
+Residency MeasureResidency(const std::vector<std::filesystem::path>& shards) {
+  Residency r;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (const auto& path : shards) {
+    std::error_code ec;
+    const std::uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec || size == 0) {
+      r.measured = r.measured && !ec;
+      continue;
+    }
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      r.measured = false;
+      continue;
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      r.measured = false;
+      continue;
+    }
+    std::vector<unsigned char> vec((size + page - 1) / page);
+    if (::mincore(p, size, vec.data()) == 0) {
+      std::uint64_t pages = 0;
+      for (unsigned char v : vec) pages += v & 1u;
+      r.file_bytes += size;
+      r.resident_bytes += std::min(size, pages * page);
+    } else {
+      r.measured = false;
+    }
+    ::munmap(p, size);
+  }
+  return r;
+}
+
+// Progress lines on stderr: phase starts, and within a long phase at most one line per 2 s.
+class Progress {
+ public:
+  void Phase(const std::string& what) {
+    fmt::print(stderr, "bench experts [{:6.1f} s]: {}\n", Seconds(start_), what);
+    phase_ = what;
+    last_ = SteadyClock::now();
+  }
+  void Tick(const char* step, int done, int total) {
+    if (Seconds(last_) < 2.0) return;
+    fmt::print(stderr, "bench experts [{:6.1f} s]:   {}: {} {}/{}\n", Seconds(start_), phase_, step, done, total);
+    last_ = SteadyClock::now();
+  }
+
+ private:
+  SteadyClock::time_point start_ = SteadyClock::now(), last_ = start_;
+  std::string phase_;
+};
 
 struct ConfigResult {
   std::string name;
   double budget_fraction = 1.0;
-  double tokens_per_s = 0, stall_share = 0, hit_rate = 0, recall = 0, precision = 0, bound_tokens_per_s = 0;
+  double tokens_per_s = 0, stall_share = 0, hit_rate = 0, recall = 0, precision = 0;
+  double bound_tokens_per_s = 0;     // compute + this hit rate's miss transfers, serially
+  double io_bound_tokens_per_s = 0;  // the miss transfers alone (link + drive): no predictor can beat it
+  double miss_bytes_per_token = 0;
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
   std::uint64_t speculative_bytes = 0, wasted_bytes = 0, misses_per_token_x1000 = 0;
   std::vector<double> layer_recall;
@@ -118,21 +211,26 @@ struct ConfigResult {
 
 // Prefill, then time `decode` greedy decode steps. `between` runs after the prefill (snapshots).
 Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt, int decode,
-                           const model::ForwardOptions* hooks, const std::function<void()>& between) {
+                           const model::ForwardOptions* hooks, const std::function<void()>& between,
+                           Progress* progress) {
   model::Session s(m);
   if (hooks) s.set_hooks(*hooks);
   TERRACE_RETURN_IF_ERROR(s.Prefill(prompt).status());
   if (between) between();
   const auto t0 = SteadyClock::now();
-  for (int i = 0; i < decode; ++i) TERRACE_RETURN_IF_ERROR(s.Decode(model::Argmax(s.last_logits())).status());
+  for (int i = 0; i < decode; ++i) {
+    TERRACE_RETURN_IF_ERROR(s.Decode(model::Argmax(s.last_logits())).status());
+    progress->Tick("decode token", i + 1, decode);
+  }
   return Seconds(t0);
 }
+
+std::string Yes(bool met) { return met ? "met" : "NOT met"; }
 
 int RunBenchExperts(const BenchExpertsArgs& a) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   std::vector<experts::CacheBudget> budgets;
-  std::vector<double> fractions;
   for (std::size_t pos = 0; pos <= a.budgets.size();) {
     const std::size_t end = std::min(a.budgets.find(',', pos), a.budgets.size());
     auto b = experts::CacheBudget::Parse(a.budgets.substr(pos, end - pos));
@@ -141,6 +239,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     budgets.push_back(*b);
     pos = end + 1;
   }
+  if (!(a.link_gbps > 0)) return FailUsage(fmt::format("--link-gbps must be positive (got {})", a.link_gbps));
   model::ops::SetBlasThreads(a.threads);
   const std::filesystem::path dir(a.dir);
   std::error_code ec;
@@ -160,23 +259,27 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
   if (config.num_experts <= 0) return FailUsage("--model: the model has no routed experts");
   std::vector<int> prompt;
   for (int i = 0; i < a.prompt; ++i) prompt.push_back((i * 37 + 5) % config.vocab_size);
-  const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
+  const experts::BenchRegime regime = experts::BenchRegimeOf(config);
+  const std::uint64_t total = regime.routed_expert_bytes;
   LinkModel link;
   link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
-  auto progress = [&](const std::string& what) {
-    if (!a.json) fmt::print(stderr, "bench experts: {}\n", what);
-  };
+  Progress progress;
   std::vector<ConfigResult> results;
 
-  // All-resident: the compute cost of a token.
-  progress("resident");
-  double compute_s_per_token = 0;
+  // All-resident: the compute cost of a token, as this thread's CPU time per decode step (one
+  // BLAS thread: the forward pass runs on this thread), so that other jobs on a shared machine do
+  // not inflate it; the wall time per step is reported beside it.
+  progress.Phase(fmt::format("resident (all {:.1f} MiB of experts in memory)", static_cast<double>(total) / (1 << 20)));
+  double compute_s_per_token = 0, resident_wall_s_per_token = 0;
   {
     auto m = model::Model::Load(config, **md);
     if (!m.ok()) return Fail(m.status().ToString());
-    auto t = TimedDecode(**m, prompt, a.decode, nullptr, {});
+    double cpu0 = 0;
+    auto t = TimedDecode(**m, prompt, a.decode, nullptr, [&] { cpu0 = ThreadCpuSeconds(); }, &progress);
     if (!t.ok()) return Fail(t.status().ToString());
-    compute_s_per_token = *t / a.decode;
+    resident_wall_s_per_token = *t / a.decode;
+    compute_s_per_token = (ThreadCpuSeconds() - cpu0) / a.decode;
+    if (a.threads > 1 || !(compute_s_per_token > 0)) compute_s_per_token = resident_wall_s_per_token;
     ConfigResult r;
     r.name = "resident";
     r.tokens_per_s = a.decode / *t;
@@ -186,10 +289,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     results.push_back(r);
   }
 
-  // The experts, once, onto the NVMe tier; then the drive's read rate over all of them.
-  progress(fmt::format("storing {:.1f} MiB of routed experts on the NVMe tier", static_cast<double>(total) / (1 << 20)));
+  // The experts, once, onto the NVMe tier; then the drive's read rate over all of them (O_DIRECT,
+  // 32 blocks per batch, through a reused ring of buffers).
+  progress.Phase(fmt::format("storing {:.1f} MiB of routed experts on the NVMe tier", static_cast<double>(total) / (1 << 20)));
   double nvme_bytes_per_s = 0;
-  std::uint64_t block_bytes = 0;
   {
     auto st = Store::Open(experts::ExpertOffload::OpenStoreOptions(total, total, a.dir, link));
     if (!st.ok()) return Fail(st.status().ToString());
@@ -201,23 +304,25 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     auto off = experts::ExpertOffload::Create(config, **md, st->get(), std::move(o));
     if (!off.ok()) return Fail(off.status().ToString());
     if (Status s = (*st)->Flush(); !s.ok()) return Fail(s.ToString());
-    std::vector<Store::GetItem> items;
-    std::vector<std::vector<std::byte>> bufs;
+    progress.Phase("reading every expert block back from the NVMe tier (drive read rate)");
+    std::vector<BlockKey> keys;
     for (int l = 0; l < config.num_hidden_layers; ++l)
       for (int e = 0; e < config.num_experts; ++e)
-        if (auto k = (*off)->key(l, e); k.ok()) items.push_back(Store::GetItem{*k, {}, {}});
-    block_bytes = total / std::max<std::size_t>(items.size(), 1);
-    bufs.resize(items.size(), std::vector<std::byte>(block_bytes));
-    for (std::size_t i = 0; i < items.size(); ++i) items[i].out = bufs[i];
+        if (auto k = (*off)->key(l, e); k.ok()) keys.push_back(*k);
+    constexpr std::size_t kBatch = 32;
+    std::vector<std::vector<std::byte>> bufs(std::min(kBatch, keys.size()), std::vector<std::byte>(regime.block_bytes));
     const auto t0 = SteadyClock::now();
-    for (std::size_t i = 0; i < items.size(); i += 256) {
-      auto part = std::span(items).subspan(i, std::min<std::size_t>(256, items.size() - i));
-      for (const Status& s : (*st)->GetBatch(part))
+    for (std::size_t i = 0; i < keys.size(); i += kBatch) {
+      std::vector<Store::GetItem> items;
+      for (std::size_t j = i; j < std::min(keys.size(), i + kBatch); ++j) items.push_back(Store::GetItem{keys[j], bufs[j - i], {}});
+      for (const Status& s : (*st)->GetBatch(items))
         if (!s.ok()) return Fail(s.ToString());
+      progress.Tick("block", static_cast<int>(std::min(keys.size(), i + kBatch)), static_cast<int>(keys.size()));
     }
     nvme_bytes_per_s = static_cast<double>(total) / std::max(Seconds(t0), 1e-9);
   }
-  (void)DropPageCache(dir);
+  const double all_miss_s = regime.AllMissSeconds(nvme_bytes_per_s, link.bandwidth_bytes_per_s);
+  const double all_miss_ratio = all_miss_s / std::max(compute_s_per_token, 1e-12);
 
   struct Config {
     std::string name;
@@ -231,7 +336,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       {"oracle", experts::CachePolicyKind::kUtility, experts::PredictorKind::kOracle}};
   for (const auto& budget : budgets) {
     for (const Config& c : configs) {
-      progress(fmt::format("{} at {}", c.name, budget.ToString()));
+      progress.Phase(fmt::format("{} at {}", c.name, budget.ToString()));
       // A cold cache: a fresh store over the same NVMe tier (the HBM and host tiers start empty).
       auto st = Store::Open(experts::ExpertOffload::OpenStoreOptions(total, budget.Resolve(total), a.dir, link));
       if (!st.ok()) return Fail(st.status().ToString());
@@ -249,10 +354,11 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       if (c.predictor == experts::PredictorKind::kOracle) {
         model::ForwardOptions h;
         x.AttachHooks(&h);
-        if (auto t = TimedDecode(**m, prompt, a.decode, &h, {}); !t.ok()) return Fail(t.status().ToString());
+        if (auto t = TimedDecode(**m, prompt, a.decode, &h, {}, &progress); !t.ok()) return Fail(t.status().ToString());
         auto trace = x.trace();
         if (Status s = x.Reset(); !s.ok()) return Fail(s.ToString());
         x.SetPredictor(experts::MakeOraclePredictor(std::move(trace)));
+        progress.Phase(fmt::format("{} at {}: replaying the recorded trace", c.name, budget.ToString()));
       }
       model::ForwardOptions hooks;
       x.AttachHooks(&hooks);
@@ -261,7 +367,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       auto t = TimedDecode(**m, prompt, a.decode, &hooks, [&] {
         m0 = x.Metrics();
         s0 = (*st)->Stats();
-      });
+      }, &progress);
       if (!t.ok()) return Fail(t.status().ToString());
       const experts::ExpertMetrics m1 = x.Metrics();
       const StoreStats s1 = (*st)->Stats();
@@ -279,11 +385,22 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       pc.false_negative = m1.prediction.false_negative - m0.prediction.false_negative;
       r.recall = pc.recall();
       r.precision = pc.precision();
-      for (const auto& l : m1.layers) {
-        r.layer_recall.push_back(l.prediction.recall());
-        if (r.expert_load.size() < l.expert_load.size()) r.expert_load.resize(l.expert_load.size());
-        for (std::size_t e = 0; e < l.expert_load.size(); ++e) r.expert_load[e] += l.expert_load[e];
-        for (int e : l.hot_experts)
+      for (std::size_t l = 0; l < m1.layers.size(); ++l) {
+        const auto& L1 = m1.layers[l];  // MoE layers only, the same order in m0
+        // Decode-only per-layer recall (the prefill's predictions are left out, as in `recall`).
+        experts::PredictionCounts lc;
+        lc.true_positive = L1.prediction.true_positive;
+        lc.false_positive = L1.prediction.false_positive;
+        lc.false_negative = L1.prediction.false_negative;
+        if (l < m0.layers.size()) {
+          lc.true_positive -= m0.layers[l].prediction.true_positive;
+          lc.false_positive -= m0.layers[l].prediction.false_positive;
+          lc.false_negative -= m0.layers[l].prediction.false_negative;
+        }
+        r.layer_recall.push_back(lc.recall());
+        if (r.expert_load.size() < L1.expert_load.size()) r.expert_load.resize(L1.expert_load.size());
+        for (std::size_t e = 0; e < L1.expert_load.size(); ++e) r.expert_load[e] += L1.expert_load[e];
+        for (int e : L1.hot_experts)
           if (std::find(r.hot_experts.begin(), r.hot_experts.end(), e) == r.hot_experts.end()) r.hot_experts.push_back(e);
       }
       std::sort(r.hot_experts.begin(), r.hot_experts.end());
@@ -292,18 +409,28 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       // difference could go negative.
       r.speculative_bytes = m1.speculative_bytes;
       r.wasted_bytes = m1.speculative_wasted_bytes;
-      // The bound: compute plus what this hit rate's misses cost on the link and the drive.
-      const double miss_bytes_per_token = misses * static_cast<double>(block_bytes) / a.decode;
-      r.bound_tokens_per_s = 1.0 / (compute_s_per_token + miss_bytes_per_token / link.bandwidth_bytes_per_s +
-                                    miss_bytes_per_token / std::max(nvme_bytes_per_s, 1.0));
+      // The bounds at this hit rate: the misses' transfers (drive, then link) alone, and with the
+      // compute added serially.
+      r.miss_bytes_per_token = misses * static_cast<double>(regime.block_bytes) / a.decode;
+      const double miss_s = r.miss_bytes_per_token / link.bandwidth_bytes_per_s + r.miss_bytes_per_token / std::max(nvme_bytes_per_s, 1.0);
+      r.io_bound_tokens_per_s = miss_s > 0 ? 1.0 / miss_s : 0;
+      r.bound_tokens_per_s = 1.0 / (compute_s_per_token + miss_s);
       results.push_back(r);
     }
   }
 
-  // mmap baseline: zero-copy reads of the checkpoint through the page cache.
-  progress("mmap");
+  // mmap baseline: zero-copy reads of the checkpoint through the page cache, dropped first.
+  progress.Phase("mmap (dropping the checkpoint's pages from the page cache first)");
   md->reset();
-  const bool dropped = DropPageCache(a.model);
+  const std::vector<std::filesystem::path> shards = Shards(a.model);
+  const bool advised = AdviseDontNeed(shards);
+  std::string drop_caches = "not requested (pass --drop-caches, as root)";
+  if (a.drop_caches) {
+    const std::string why = DropSystemPageCache();
+    drop_caches = why.empty() ? "done (echo 1 > /proc/sys/vm/drop_caches)" : "not done: " + why;
+  }
+  const Residency before = MeasureResidency(shards);
+  Residency after;
   {
     auto md2 = model::ModelDir::Open(a.model);
     if (!md2.ok()) return Fail(md2.status().ToString());
@@ -311,26 +438,78 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     if (!p.ok()) return Fail(p.status().ToString());
     auto m = model::Model::Load(config, **md2, std::shared_ptr<model::ExpertProvider>(std::move(p).value()));
     if (!m.ok()) return Fail(m.status().ToString());
-    auto t = TimedDecode(**m, prompt, a.decode, nullptr, {});
+    Residency at_decode;
+    auto t = TimedDecode(**m, prompt, a.decode, nullptr, [&] { at_decode = MeasureResidency(shards); }, &progress);
     if (!t.ok()) return Fail(t.status().ToString());
+    after = MeasureResidency(shards);
     ConfigResult r;
     r.name = "mmap";
     r.tokens_per_s = a.decode / *t;
+    // Pages the decode brought into the page cache (mincore before and after): the drive's reads.
+    r.bytes_read[static_cast<int>(TierId::kNvme)] = after.resident_bytes > at_decode.resident_bytes ? after.resident_bytes - at_decode.resident_bytes : 0;
     results.push_back(r);
   }
+  const bool cold = before.measured && before.file_bytes > 0 && before.fraction() < 0.05;
   cleanup();
+
+  // Targets at each budget (issue 12 section 6).
+  struct Summary {
+    double budget = 0;
+    std::string best;
+    double best_tps = 0, oracle = 0, on_demand = 0, lookahead_recall = 0, io_bound_oracle = 0, io_bound_best = 0;
+  };
+  auto lookup = [&](const std::string& name, double budget) -> const ConfigResult* {
+    for (const auto& r : results)
+      if (r.name == name && (name == "resident" || name == "mmap" || r.budget_fraction == budget)) return &r;
+    return nullptr;
+  };
+  const double resident_tps = lookup("resident", 1)->tokens_per_s;
+  const double mmap_tps = lookup("mmap", 1)->tokens_per_s;
+  std::vector<Summary> summaries;
+  for (const auto& b : budgets) {
+    Summary s;
+    s.budget = b.fraction;
+    for (const char* n : {"lru+lookahead", "utility+statistical"}) {
+      const ConfigResult* r = lookup(n, b.fraction);
+      if (r != nullptr && r->tokens_per_s > s.best_tps) {
+        s.best = n;
+        s.best_tps = r->tokens_per_s;
+        s.io_bound_best = r->io_bound_tokens_per_s;
+      }
+    }
+    s.oracle = lookup("oracle", b.fraction)->tokens_per_s;
+    s.io_bound_oracle = lookup("oracle", b.fraction)->io_bound_tokens_per_s;
+    s.on_demand = lookup("on-demand", b.fraction)->tokens_per_s;
+    s.lookahead_recall = lookup("lru+lookahead", b.fraction)->recall;
+    summaries.push_back(s);
+  }
+  const double chance_recall = static_cast<double>(regime.top_k) / std::max(regime.experts_per_layer, 1);
 
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
     j["routed_expert_bytes"] = total;
-    j["expert_block_bytes"] = block_bytes;
+    j["expert_block_bytes"] = regime.block_bytes;
+    j["moe_layers"] = regime.moe_layers;
+    j["experts_per_layer"] = regime.experts_per_layer;
+    j["top_k"] = regime.top_k;
+    j["all_miss_bytes_per_token"] = regime.all_miss_bytes_per_token;
+    j["all_miss_transfer_s"] = all_miss_s;
+    j["all_miss_compute_ratio"] = all_miss_ratio;
     j["prompt_tokens"] = a.prompt;
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
     j["nvme_read_bytes_per_s"] = nvme_bytes_per_s;
     j["compute_s_per_token"] = compute_s_per_token;
-    j["mmap_page_cache_dropped"] = dropped;
+    j["compute_is_cpu_time"] = a.threads == 1;
+    j["resident_wall_s_per_token"] = resident_wall_s_per_token;
+    j["mmap_page_cache_dropped"] = advised;
+    j["mmap_drop_caches"] = drop_caches;
+    j["mmap_resident_fraction_before"] = before.fraction();
+    j["mmap_resident_fraction_after"] = after.fraction();
+    j["mmap_residency_measured"] = before.measured;
+    j["mmap_cold"] = cold;
+    j["chance_recall"] = chance_recall;
     for (const auto& r : results) {
       nlohmann::json c;
       c["name"] = r.name;
@@ -341,6 +520,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       c["recall"] = r.recall;
       c["precision"] = r.precision;
       c["bound_tokens_per_s"] = r.bound_tokens_per_s;
+      c["io_bound_tokens_per_s"] = r.io_bound_tokens_per_s;
+      c["miss_bytes_per_token"] = r.miss_bytes_per_token;
       for (int i = 0; i < kNumTiers; ++i) c["bytes_read"][std::string(TierName(static_cast<TierId>(i)))] = r.bytes_read[i];
       c["speculative_bytes"] = r.speculative_bytes;
       c["speculative_wasted_bytes"] = r.wasted_bytes;
@@ -349,22 +530,65 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       c["hot_experts"] = r.hot_experts;
       j["configs"].push_back(c);
     }
+    for (const auto& s : summaries) {
+      j["targets"].push_back({{"budget_fraction", s.budget},
+                              {"best_real", s.best},
+                              {"best_vs_oracle", s.best_tps / s.oracle},
+                              {"best_vs_on_demand", s.best_tps / s.on_demand},
+                              {"best_vs_mmap", s.best_tps / mmap_tps},
+                              {"best_vs_resident", s.best_tps / resident_tps},
+                              {"oracle_vs_resident", s.oracle / resident_tps},
+                              {"lookahead_recall", s.lookahead_recall}});
+    }
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("routed experts {:.1f} MiB ({} B blocks); NVMe reads {:.2f} GB/s; link model {:.0f} GB/s; compute {:.2f} ms/token\n",
-             static_cast<double>(total) / (1 << 20), block_bytes, nvme_bytes_per_s / 1e9, a.link_gbps,
-             compute_s_per_token * 1e3);
-  Table t({"config", "budget", "tokens/s", "bound tok/s", "stall", "hit rate", "recall", "nvme MiB", "host MiB"});
+  fmt::print("regime: routed experts {:.1f} MiB = {} MoE layers x {} experts x {} B blocks (target >= 2 GiB: {})\n",
+             static_cast<double>(total) / (1 << 20), regime.moe_layers, regime.experts_per_layer, regime.block_bytes,
+             Yes(total >= (2ull << 30)));
+  fmt::print("regime: an all-miss token moves {} x {} x {} B = {:.1f} MiB: {:.1f} ms (NVMe reads {:.2f} GB/s, link model "
+             "{:.0f} GB/s) against {:.2f} ms of compute per token (resident decode, {}; wall {:.2f} ms): {:.2f}x (target >= 3x: {})\n",
+             regime.top_k, regime.moe_layers, regime.block_bytes, static_cast<double>(regime.all_miss_bytes_per_token) / (1 << 20),
+             all_miss_s * 1e3, nvme_bytes_per_s / 1e9, a.link_gbps, compute_s_per_token * 1e3,
+             a.threads == 1 ? "thread CPU time" : "wall time", resident_wall_s_per_token * 1e3, all_miss_ratio,
+             Yes(all_miss_ratio >= 3));
+  Table t({"config", "budget", "tokens/s", "io bound", "bound", "stall", "hit rate", "recall", "nvme MiB", "host MiB"});
   for (const auto& r : results) {
-    t.Add({r.name, fmt::format("{:.0f}%", r.budget_fraction * 100), fmt::format("{:.1f}", r.tokens_per_s),
-              r.bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.bound_tokens_per_s) : "-",
-              fmt::format("{:.1f}%", 100 * r.stall_share), fmt::format("{:.3f}", r.hit_rate),
-              fmt::format("{:.3f}", r.recall), fmt::format("{:.1f}", static_cast<double>(r.bytes_read[2]) / (1 << 20)),
-              fmt::format("{:.1f}", static_cast<double>(r.bytes_read[1]) / (1 << 20))});
+    const bool cached = r.name != "resident" && r.name != "mmap";
+    t.Add({r.name, cached ? fmt::format("{:.0f}%", r.budget_fraction * 100) : "-", fmt::format("{:.1f}", r.tokens_per_s),
+           cached && r.io_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.io_bound_tokens_per_s) : "-",
+           cached ? fmt::format("{:.1f}", r.bound_tokens_per_s) : "-",
+           cached ? fmt::format("{:.1f}%", 100 * r.stall_share) : "-", cached ? fmt::format("{:.3f}", r.hit_rate) : "-",
+           cached ? fmt::format("{:.3f}", r.recall) : "-",
+           fmt::format("{:.1f}", static_cast<double>(r.bytes_read[2]) / (1 << 20)),
+           fmt::format("{:.1f}", static_cast<double>(r.bytes_read[1]) / (1 << 20))});
   }
   fmt::print("{}", t.Render());
-  fmt::print("mmap: page cache {}\n", dropped ? "dropped first (POSIX_FADV_DONTNEED)" : "could not be dropped");
+  fmt::print("io bound = the tokens/s the drive and the link allow at the row's hit rate (misses x block bytes per token, "
+             "no compute); bound = compute + those transfers, serially\n");
+  for (const auto& r : results) {
+    if (r.name != "lru+lookahead" && r.name != "utility+statistical") continue;
+    std::string layers;
+    for (double v : r.layer_recall) layers += fmt::format(" {:.2f}", v);
+    fmt::print("per-layer recall, {} at {:.0f}%:{}\n", r.name, r.budget_fraction * 100, layers);
+  }
+  fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", regime.top_k, regime.experts_per_layer, chance_recall);
+  fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
+             advised ? "accepted" : "refused for some shard", drop_caches,
+             before.measured ? fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * before.fraction(),
+                                           cold ? "cold" : "NOT cold: the kernel kept the pages", 100 * after.fraction())
+                             : "not measured (mincore failed)");
+  for (const auto& s : summaries) {
+    fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {:.2f}x oracle (>= 0.9: {}), {:.2f}x on-demand "
+               "(>= 2: {}), {:.2f}x mmap (>= 3: {}{}); oracle {:.2f}x resident{}; lookahead recall {:.3f} (>= 0.8: {})\n",
+               s.budget * 100, s.best, s.best_tps, s.best_tps / s.oracle, Yes(s.best_tps >= 0.9 * s.oracle),
+               s.best_tps / s.on_demand, Yes(s.best_tps >= 2 * s.on_demand), s.best_tps / mmap_tps,
+               Yes(s.best_tps >= 3 * mmap_tps), cold ? "" : ", mmap not cold", s.oracle / resident_tps,
+               s.oracle >= 0.9 * resident_tps
+                   ? fmt::format(" so best >= 0.85x resident: {:.2f}x, {}", s.best_tps / resident_tps, Yes(s.best_tps >= 0.85 * resident_tps))
+                   : " (< 0.9x: the resident target does not apply)",
+               s.lookahead_recall, Yes(s.lookahead_recall >= 0.8));
+  }
   return 0;
 }
 
@@ -384,6 +608,9 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");
+  cmd->add_flag("--drop-caches", a->drop_caches,
+                "Before the mmap baseline, also drop the whole system's page cache (echo 1 > "
+                "/proc/sys/vm/drop_caches; root only)");
   cmd->callback([run, a] { *run = [a] { return RunBenchExperts(*a); }; });
 }
 

@@ -214,6 +214,7 @@ int RunInit(const InitArgs& a) {
   options.seed = a.seed;
   options.shard_bytes = a.shard_bytes;
   options.force = a.force;
+  options.random_expert_codes = !a.preset.empty() && PresetUsesRandomExpertCodes(a.preset);
   Status s = WriteCheckpoint(*config, a.out, options);
   if (!s.ok()) return Fail(s.ToString());
   auto md = ModelDir::Open(a.out);

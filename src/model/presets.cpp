@@ -82,6 +82,33 @@ ModelConfig K3Small() {
   return c;
 }
 
+// The expert-offload benchmark's regime (docs/benchmarks.md, "Expert offload"): few layers, small
+// attention and vocabulary, large routed experts and a wide top-k, so that the routed experts total
+// over 2 GiB in MXFP4 (4 MoE layers x 256 experts x 2.19 MiB = 2.19 GiB) and a token whose 32 experts
+// all miss moves 70 MiB, several times what the token costs to compute. Instantiated with
+// PresetUsesRandomExpertCodes (seconds, not minutes).
+ModelConfig MoeBench() {
+  ModelConfig c = K3Toy();
+  SetLayers(&c, 5);
+  c.hidden_size = 1024;
+  c.vocab_size = 1024;
+  c.kda.num_heads = 4;
+  c.kda.head_dim = 64;
+  c.num_attention_heads = 4;
+  c.q_lora_rank = 128;
+  c.kv_lora_rank = 64;
+  c.num_experts = 256;
+  c.num_experts_per_token = 8;
+  c.num_shared_experts = 1;
+  c.moe_intermediate_size = 1408;
+  c.routed_expert_hidden_size = 1024;
+  c.shared_expert_intermediate_size = 256;
+  c.intermediate_size = 1024;
+  c.attn_res_block_size = 2;
+  c.first_k_dense_replace = 1;
+  return c;
+}
+
 // Kimi K3 as its published config.json (text_config) states it; every value and its source:
 // docs/model-format.md section 3.
 ModelConfig KimiK3() {
@@ -146,7 +173,9 @@ ModelConfig KimiLinear48B() {
 
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"k3-toy", "k3-small", "kimi-k3", "kimi-linear-48b"}; }
+std::vector<std::string> PresetNames() { return {"k3-toy", "k3-small", "moe-bench", "kimi-k3", "kimi-linear-48b"}; }
+
+bool PresetUsesRandomExpertCodes(std::string_view name) { return name == "moe-bench"; }
 
 Result<ModelConfig> Preset(std::string_view name) {
   ModelConfig c;
@@ -154,6 +183,8 @@ Result<ModelConfig> Preset(std::string_view name) {
     c = K3Toy();
   } else if (name == "k3-small") {
     c = K3Small();
+  } else if (name == "moe-bench") {
+    c = MoeBench();
   } else if (name == "kimi-k3") {
     c = KimiK3();
   } else if (name == "kimi-linear-48b") {

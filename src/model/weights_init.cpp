@@ -1,5 +1,6 @@
 #include "src/model/weights_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -87,6 +88,21 @@ std::vector<float> Generate(const ModelConfig& c, const std::string& name, const
     fill([&](std::size_t) { return scale * rng.Normal(); });
   }
   return v;
+}
+
+// InitOptions::random_expert_codes: packed [rows, cols/2] of uniform random codes, scales [rows,
+// cols/32] all equal. Uniform E2M1 codes have rms sqrt(68.5/8) = 2.93.
+void RandomMxfp4(const std::string& name, std::int64_t rows, std::int64_t cols, std::uint64_t seed,
+                 std::vector<std::uint8_t>* packed, std::vector<std::uint8_t>* scales) {
+  Rng rng(seed, name);
+  packed->resize(static_cast<std::size_t>(rows * cols / 2));
+  for (std::size_t i = 0; i < packed->size(); i += 8) {
+    const std::uint64_t bits = rng.Next();
+    std::memcpy(packed->data() + i, &bits, std::min<std::size_t>(8, packed->size() - i));
+  }
+  const double want = 1.0 / std::sqrt(static_cast<double>(cols));
+  const int e = static_cast<int>(std::lround(std::log2(want / std::sqrt(68.5 / 8.0))));
+  scales->assign(static_cast<std::size_t>(rows * (cols / kMxfp4BlockSize)), static_cast<std::uint8_t>(127 + e));
 }
 
 std::vector<std::byte> Encode(const std::vector<float>& v, DType dtype) {
@@ -187,6 +203,12 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
         if (it == pending_scales.end()) return Status::Internal(fmt::format("no scales computed for '{}'", s.name));
         TERRACE_RETURN_IF_ERROR(w.Add(s.name, s.dtype, s.shape, std::as_bytes(std::span(it->second))));
         pending_scales.erase(it);
+      } else if (s.mxfp4 && options.random_expert_codes) {
+        const std::string base = s.name.substr(0, s.name.size() - std::string_view("weight_packed").size());
+        std::vector<std::uint8_t> packed, scales;
+        RandomMxfp4(base + "weight", s.shape[0], s.shape[1] * 2, options.seed, &packed, &scales);
+        TERRACE_RETURN_IF_ERROR(w.Add(s.name, s.dtype, s.shape, std::as_bytes(std::span(packed))));
+        pending_scales[base + "weight_scale"] = std::move(scales);
       } else if (s.mxfp4) {  // weight_packed [rows, cols/2]: generate [rows, cols], quantize
         const std::vector<std::int64_t> logical{s.shape[0], s.shape[1] * 2};
         const std::string base = s.name.substr(0, s.name.size() - std::string_view("weight_packed").size());

@@ -138,3 +138,66 @@ def test_bench_experts_json(toy, tmp_path):
     on_demand = [c for c in j["configs"] if c["name"] == "on-demand"]
     assert all(c["bytes_read"]["nvme"] > 0 for c in on_demand)  # cold on the NVMe tier
     assert not d.exists() or not any(d.iterdir())  # the bench removed its store
+
+
+def expert_blocks_from_checkpoint(model_dir):
+    """(block bytes per (layer, expert), top-k, layers) read from the safetensors headers and config.json:
+    one 64-byte header per expert block plus each of its MXFP4 tensors 64-byte aligned."""
+    import re
+    import struct
+    blocks = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        raw = f.read_bytes()[:8]
+        (n,) = struct.unpack("<Q", raw)
+        with open(f, "rb") as fh:
+            fh.seek(8)
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            m = re.search(r"layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.", name)
+            if not m:
+                continue
+            b, e = t["data_offsets"]
+            key = (int(m.group(1)), int(m.group(2)))
+            blocks[key] = blocks.get(key, 64) + (e - b + 63) // 64 * 64
+    config = json.loads((model_dir / "config.json").read_text())
+    config = config.get("text_config", config)
+    return blocks, config["num_experts_per_tok"] if "num_experts_per_tok" in config else config["num_experts_per_token"]
+
+
+def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
+    """The regime the bench prints (expert bytes, all-miss bytes per token, their transfer time against
+    the compute) is the checkpoint's, counted here from its files; the mmap baseline reports its
+    page-cache residency."""
+    blocks, top_k = expert_blocks_from_checkpoint(toy)
+    assert blocks
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"), "--prompt", "2",
+                        "--decode", "2", "--budgets", "50%", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "bench experts [" in p.stderr  # progress on stderr, even with --json
+    j = json.loads(p.stdout)
+    layers = {l for l, _ in blocks}
+    sizes = set(blocks.values())
+    assert len(sizes) == 1
+    (block,) = sizes
+    assert j["routed_expert_bytes"] == sum(blocks.values())
+    assert j["expert_block_bytes"] == block
+    assert j["moe_layers"] == len(layers) and j["top_k"] == top_k
+    assert j["all_miss_bytes_per_token"] == top_k * len(layers) * block
+    want_s = j["all_miss_bytes_per_token"] * (1 / j["nvme_read_bytes_per_s"] + 1 / j["link_bytes_per_s"])
+    assert abs(j["all_miss_transfer_s"] - want_s) <= 1e-9 * want_s
+    assert abs(j["all_miss_compute_ratio"] - want_s / j["compute_s_per_token"]) <= 1e-6 * j["all_miss_compute_ratio"]
+    assert 0 <= j["mmap_resident_fraction_before"] <= 1 and j["mmap_residency_measured"]
+    assert j["mmap_cold"] == (j["mmap_resident_fraction_before"] < 0.05)
+    assert j["mmap_drop_caches"].startswith("not requested")
+    for c in j["configs"]:
+        if c["name"] in ("resident", "mmap"):
+            continue
+        assert len(c["layer_recall"]) == len(layers)
+        assert c["io_bound_tokens_per_s"] >= c["bound_tokens_per_s"] > 0
+    (t,) = j["targets"]
+    assert t["budget_fraction"] == 0.5 and t["best_real"] in ("lru+lookahead", "utility+statistical")
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "c"), "--prompt", "2",
+                        "--decode", "1", "--budgets", "50%"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"{top_k} x {len(layers)} x {block} B" in p.stdout
+    assert "per-layer recall, lru+lookahead at 50%:" in p.stdout and "targets at 50%:" in p.stdout
