@@ -129,6 +129,13 @@ def test_verify_kv_orders_codecs(toy):
     assert 0.0 < rows["bf16"]["kl_mean"] < 1e-4
     assert rows["int4-g32"]["kl_mean"] > rows["bf16"]["kl_mean"]
     assert rows["int4-g32"]["compression_ratio"] > rows["bf16"]["compression_ratio"] > rows["f32"]["compression_ratio"]
+    # Attention focus: every MLA layer x head x evaluation token compared; f32 keeps every top-8
+    # position, int4 (16 levels per group over random latents, whose attention is nearly flat over
+    # 136 positions) moves some.
+    assert all(r["top8_compared"] == rows["f32"]["top8_compared"] > 0 for r in rows.values())
+    assert rows["f32"]["top8_overlap_mean"] == 1.0 and rows["f32"]["top8_overlap_min"] == 1.0
+    assert 0.0 < rows["int4-g32"]["top8_overlap_min"] <= rows["int4-g32"]["top8_overlap_mean"] < 1.0
+    assert rows["bf16"]["top8_overlap_mean"] >= rows["int4-g32"]["top8_overlap_mean"]
     p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "100", "--chunk-tokens", "32"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--context" in p.stderr
