@@ -104,7 +104,7 @@ def test_bad_flags_exit_2(toy, tmp_path):
 
 def test_bench_kv_json_rows(toy, tmp_path):
     p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--prefix-tokens", "64,96", "--chunk-tokens", "32",
-                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--json"],
+                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--recompute-max-tokens", "64", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
@@ -115,6 +115,8 @@ def test_bench_kv_json_rows(toy, tmp_path):
         assert r["restored_tokens"] == r["prefix_tokens"]
         assert r["bytes_read"]["nvme"] > 0  # the pools were reopened: everything came from NVMe
         assert r["logits_max_rel_err_vs_recompute"] == 0.0  # f32: bitwise
+        # Above --recompute-max-tokens the cold run is turn 1 (the whole prompt, storing the prefix).
+        assert r["recompute_in_turn1"] == (r["prefix_tokens"] > 64)
     # The bench removed what it created.
     assert not (tmp_path / "b").exists()
 
