@@ -54,6 +54,15 @@ struct ForwardOptions {
   // Called for every layer, the last included. The span is valid only during the call. Runs on the
   // forward pass's thread; must be cheap or hand work off.
   std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_layer_end;
+  // Attention focus probe: called by every MLA layer, once per head, with that head's attention
+  // probabilities for this call's tokens, `probs` [tokens, positions] row-major (positions = the
+  // layer's cached tokens after this call; row i is the token at absolute position
+  // positions - tokens + i and sums to 1 over columns [0, positions - tokens + i], later columns
+  // are 0). Read-only; the span is valid only during the call; runs on the forward pass's thread.
+  // Unset: no cost.
+  std::function<void(int layer, std::int64_t head, std::span<const float> probs, std::int64_t tokens,
+                     std::int64_t positions)>
+      on_mla_attention;
 };
 
 class Model {
@@ -119,11 +128,12 @@ class Session {
   SequenceState& state() { return state_; }
   const SequenceState& state() const { return state_; }
   Profile& profile() { return profile_; }
-  // Callbacks (on_routing, on_layer_end) copied into every later Prefill / Decode's ForwardOptions;
+  // Callbacks (on_routing, on_layer_end, on_mla_attention) copied into every later Prefill / Decode's ForwardOptions;
   // the other fields of `hooks` are ignored.
   void set_hooks(const ForwardOptions& hooks) {
     hooks_.on_routing = hooks.on_routing;
     hooks_.on_layer_end = hooks.on_layer_end;
+    hooks_.on_mla_attention = hooks.on_mla_attention;
   }
   // Wall seconds spent in Prefill / Decode calls, and the tokens they processed.
   double prefill_seconds() const { return prefill_s_; }

@@ -4,10 +4,15 @@
 // context's chunks and KDA snapshots into one in-memory pool per codec; then, per codec, a restore
 // of the whole context followed by --eval-tokens more tokens is compared with the exact f32 path on
 // those tokens: the mean and max KL divergence KL(exact || codec) of the next-token distributions,
-// top-1 agreement, and the compression ratio of the blocks (f32 bytes / encoded bytes).
+// top-1 agreement, the compression ratio of the blocks (f32 bytes / encoded bytes), and the
+// attention focus drift: per MLA layer, head and compared token, the share of the exact path's
+// top-8 attention positions that are also the codec's top-8 (ForwardOptions::on_mla_attention).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +22,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/model/mla.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
@@ -47,6 +53,62 @@ std::vector<std::string> Split(const std::string& s) {
   }
   return out;
 }
+
+constexpr int kFocusTop = 8;
+
+// The top-8 attention positions of every (MLA layer, head, compared token), recorded by an
+// on_mla_attention probe from the rows of tokens at positions >= first. Slots are indexed
+// ((pos - first) * layers + layer) * heads + head; an empty slot was never seen.
+class FocusRecorder {
+ public:
+  FocusRecorder(std::int64_t first, std::int64_t count, int layers, std::int64_t heads)
+      : first_(first), count_(count), layers_(layers), heads_(heads),
+        top_(static_cast<std::size_t>(count * layers * heads)) {}
+
+  std::function<void(int, std::int64_t, std::span<const float>, std::int64_t, std::int64_t)> Probe() {
+    return [this](int layer, std::int64_t head, std::span<const float> probs, std::int64_t tokens, std::int64_t positions) {
+      for (std::int64_t i = 0; i < tokens; ++i) {
+        const std::int64_t pos = positions - tokens + i;
+        if (pos < first_ || pos >= first_ + count_) continue;
+        const auto row = probs.subspan(static_cast<std::size_t>(i * positions), static_cast<std::size_t>(pos + 1));
+        top_[Slot(pos, layer, head)] = model::TopPositions(row, kFocusTop);
+      }
+    };
+  }
+
+  // Mean and min over slots seen by both of |top-8 here ∩ top-8 there| / 8; compared: their number.
+  struct Overlap {
+    double mean = 0, min = 0;
+    std::int64_t compared = 0;
+  };
+  Overlap Compare(const FocusRecorder& other) const {
+    Overlap o{0, 1, 0};
+    double sum = 0;
+    for (std::size_t s = 0; s < top_.size() && s < other.top_.size(); ++s) {
+      const auto& a = top_[s];
+      const auto& b = other.top_[s];
+      if (a.empty() || b.empty()) continue;
+      std::size_t common = 0;
+      for (auto p : a) common += std::find(b.begin(), b.end(), p) != b.end();
+      const double v = static_cast<double>(common) / static_cast<double>(std::max(a.size(), b.size()));
+      sum += v;
+      o.min = std::min(o.min, v);
+      ++o.compared;
+    }
+    if (o.compared == 0) return Overlap{};
+    o.mean = sum / static_cast<double>(o.compared);
+    return o;
+  }
+
+ private:
+  std::size_t Slot(std::int64_t pos, int layer, std::int64_t head) const {
+    return static_cast<std::size_t>(((pos - first_) * layers_ + layer) * heads_ + head);
+  }
+  std::int64_t first_, count_;
+  int layers_;
+  std::int64_t heads_;
+  std::vector<std::vector<std::int64_t>> top_;
+};
 
 // log-softmax of one row.
 std::vector<double> LogSoftmax(const float* x, std::int64_t n) {
@@ -124,6 +186,13 @@ int RunVerifyKv(const VerifyKvArgs& a) {
   fmt::print(stderr, "terrace verify kv: exact pass over {} tokens...\n", n);
   const auto t0 = std::chrono::steady_clock::now();
   model::Session exact(**m);
+  const std::int64_t heads = (*m)->mla_dims().heads;
+  FocusRecorder exact_focus(a.context, a.eval, config.num_hidden_layers, heads);
+  {
+    model::ForwardOptions hooks;
+    hooks.on_mla_attention = exact_focus.Probe();
+    exact.set_hooks(hooks);
+  }
   std::vector<float> exact_eval;
   const std::int64_t V = config.vocab_size, C = a.chunk_tokens;
   for (std::int64_t pos = 0; pos < n;) {
@@ -150,6 +219,12 @@ int RunVerifyKv(const VerifyKvArgs& a) {
     if (p.cache->Stats().write_failures > 0)
       return Fail(fmt::format("codec {}: {} block writes failed", p.spec.Name(), p.cache->Stats().write_failures));
     model::Session s(**m);
+    FocusRecorder focus(a.context, a.eval, config.num_hidden_layers, heads);
+    {
+      model::ForwardOptions hooks;
+      hooks.on_mla_attention = focus.Probe();
+      s.set_hooks(hooks);
+    }
     auto req = p.cache->Prepare(tokens, "");
     auto r = kv::PrefillWithCache(&s, *p.cache, req, {.restore = true, .write_back = false});
     if (!r.ok()) return Fail(r.status().ToString());
@@ -176,6 +251,11 @@ int RunVerifyKv(const VerifyKvArgs& a) {
     row["kl_mean"] = kl_sum / a.eval;
     row["kl_max"] = kl_max;
     row["top1_agreement"] = static_cast<double>(agree) / a.eval;
+    const auto overlap = focus.Compare(exact_focus);
+    if (overlap.compared == 0) return Fail(fmt::format("codec {}: no MLA attention rows were compared", p.spec.Name()));
+    row["top8_overlap_mean"] = overlap.mean;
+    row["top8_overlap_min"] = overlap.min;
+    row["top8_compared"] = overlap.compared;
     rows.push_back(row);
   }
   nlohmann::json j;
@@ -184,19 +264,22 @@ int RunVerifyKv(const VerifyKvArgs& a) {
   j["eval_tokens"] = a.eval;
   j["chunk_tokens"] = a.chunk_tokens;
   j["state_codec"] = a.state_codec;
-  j["attention_focus_drift"] = nullptr;  // not measured yet (docs/prefix-cache.md)
+  j["attention_top_k"] = kFocusTop;
   j["rows"] = rows;
   if (a.json) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("context {} tokens restored, then {} tokens compared with the exact f32 path (state codec {})\n",
+  fmt::print("context {} tokens restored, then {} tokens compared with the exact f32 path (state codec {});\n"
+             "top-8 overlap: share of the exact path's top-8 attention positions kept, per MLA layer, head and token\n",
              a.context, a.eval, a.state_codec);
-  fmt::print("{:<12} {:>12} {:>12} {:>12} {:>10}\n", "codec", "compression", "KL mean", "KL max", "top-1");
+  fmt::print("{:<12} {:>12} {:>12} {:>12} {:>10} {:>14} {:>13}\n", "codec", "compression", "KL mean", "KL max", "top-1",
+             "top-8 overlap", "top-8 min");
   for (const auto& r : rows)
-    fmt::print("{:<12} {:>11.2f}x {:>12.3e} {:>12.3e} {:>9.1f}%\n", r["codec"].get<std::string>(),
+    fmt::print("{:<12} {:>11.2f}x {:>12.3e} {:>12.3e} {:>9.1f}% {:>13.2f}% {:>12.1f}%\n", r["codec"].get<std::string>(),
                r["compression_ratio"].get<double>(), r["kl_mean"].get<double>(), r["kl_max"].get<double>(),
-               100.0 * r["top1_agreement"].get<double>());
+               100.0 * r["top1_agreement"].get<double>(), 100.0 * r["top8_overlap_mean"].get<double>(),
+               100.0 * r["top8_overlap_min"].get<double>());
   return 0;
 }
 
@@ -206,8 +289,9 @@ void RegisterVerify(CLI::App& app, Runner* run) {
   auto* verify = app.add_subcommand("verify", "Quality checks");
   verify->require_subcommand(1);
   auto a = std::make_shared<VerifyKvArgs>();
-  auto* cmd = verify->add_subcommand("kv", "KV codecs: compression ratio, logits KL divergence and top-1 agreement "
-                                           "after restoring a long context, against the exact f32 path");
+  auto* cmd = verify->add_subcommand("kv", "KV codecs: compression ratio, logits KL divergence, top-1 agreement "
+                                           "and top-8 attention overlap after restoring a long context, against the "
+                                           "exact f32 path");
   cmd->add_option("--model", a->model, "Model directory")->required();
   cmd->add_option("--codecs", a->codecs, "KV codecs to compare, comma separated")->capture_default_str();
   cmd->add_option("--state-codec", a->state_codec, "Codec of the KDA snapshots")->capture_default_str();

@@ -1,7 +1,9 @@
 #include "src/model/mla.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -23,6 +25,19 @@ void CausalSoftmax(float* scores, std::int64_t T, std::int64_t N, std::int64_t p
 
 }  // namespace
 
+std::vector<std::int64_t> TopPositions(std::span<const float> row, int k) {
+  std::vector<std::int64_t> idx(row.size());
+  std::iota(idx.begin(), idx.end(), std::int64_t{0});
+  const std::size_t kk = std::min(idx.size(), static_cast<std::size_t>(std::max(k, 0)));
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(),
+                    [&row](std::int64_t a, std::int64_t b) {
+                      const float va = row[static_cast<std::size_t>(a)], vb = row[static_cast<std::size_t>(b)];
+                      return va > vb || (va == vb && a < b);
+                    });
+  idx.resize(kk);
+  return idx;
+}
+
 Status CheckMlaWeights(const MlaWeights& w, const MlaDims& m, std::string_view where) {
   const std::int64_t d = m.hidden, H = m.heads;
   if (m.q_lora > 0) {
@@ -41,7 +56,8 @@ Status CheckMlaWeights(const MlaWeights& w, const MlaDims& m, std::string_view w
 }
 
 void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int64_t T, std::vector<float>* cache,
-                bool absorbed, float* out) {
+                bool absorbed, float* out, const MlaAttentionProbe* probe) {
+  const bool probing = probe != nullptr && *probe;
   const std::int64_t d = m.hidden, H = m.heads, W = m.CacheWidth(), R = m.kv_lora, QK = m.QkDim();
   const std::int64_t NV = m.nope + m.v;
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
@@ -73,6 +89,7 @@ void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int6
       ops::Gemm(false, true, T, N, m.nope, 1.0f, &q[n(h * QK)], H * QK, &kv[n(h * NV)], H * NV, 0.0f, scores.data(), N);
       ops::Gemm(false, true, T, N, m.rope, 1.0f, &q[n(h * QK + m.nope)], H * QK, C + R, W, 1.0f, scores.data(), N);
       CausalSoftmax(scores.data(), T, N, past, scale);
+      if (probing) (*probe)(h, std::span<const float>(scores.data(), n(T * N)), T, N);
       ops::Gemm(false, false, T, m.v, N, 1.0f, scores.data(), N, &kv[n(h * NV + m.nope)], H * NV, 0.0f,
                 &o[n(h * m.v)], H * m.v);
     }
@@ -85,6 +102,7 @@ void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int6
       ops::Gemm(false, true, T, N, R, 1.0f, qabs.data(), R, C, W, 0.0f, scores.data(), N);
       ops::Gemm(false, true, T, N, m.rope, 1.0f, &q[n(h * QK + m.nope)], H * QK, C + R, W, 1.0f, scores.data(), N);
       CausalSoftmax(scores.data(), T, N, past, scale);
+      if (probing) (*probe)(h, std::span<const float>(scores.data(), n(T * N)), T, N);
       ops::Gemm(false, false, T, R, N, 1.0f, scores.data(), N, C, W, 0.0f, ctx.data(), R);
       ops::Gemm(false, true, T, m.v, R, 1.0f, ctx.data(), R, w_uv, R, 0.0f, &o[n(h * m.v)], H * m.v);
     }

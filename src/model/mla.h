@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -38,10 +40,22 @@ struct MlaDims {
 
 Status CheckMlaWeights(const MlaWeights& w, const MlaDims& dims, std::string_view where);
 
+// A read-only view of one head's attention probabilities: `probs` is [tokens, positions] row-major
+// (positions = the cache rows after this call's append); row i is token i of the call, at absolute
+// position positions - tokens + i, and holds the softmax over positions [0, positions - tokens + i]
+// (later columns are 0). Valid only during the call; runs on the forward pass's thread.
+using MlaAttentionProbe =
+    std::function<void(std::int64_t head, std::span<const float> probs, std::int64_t tokens, std::int64_t positions)>;
+
+// The k largest entries of one probability row (k clipped to its length), largest first; equal
+// values in increasing position order.
+std::vector<std::int64_t> TopPositions(std::span<const float> row, int k);
+
 // Runs the mixer on x [T, hidden] (the normed layer input). Appends T rows to *cache (the sequence's
 // latents so far, [N, CacheWidth()]); token i of x attends causally to cache rows [0, N_before + i].
 // out is [T, hidden]. absorbed picks the absorbed form (decode) over the naive form (prefill).
+// probe (may be null or empty: no cost) sees every head's probabilities once, before they are used.
 void MlaForward(const MlaWeights& w, const MlaDims& dims, const float* x, std::int64_t tokens,
-                std::vector<float>* cache, bool absorbed, float* out);
+                std::vector<float>* cache, bool absorbed, float* out, const MlaAttentionProbe* probe = nullptr);
 
 }  // namespace terrace::model

@@ -34,7 +34,15 @@ Status Model::RunLayer(int l, std::int64_t T, const float* normed, SequenceState
   LayerState& s = state->layer(l);
   if (w.is_mla) {
     ScopedPhase timer(o.profile, Phase::kMla);
-    MlaForward(w.mla, mla_dims(), normed, T, &s.latents, o.absorbed_mla, out);
+    if (o.on_mla_attention) {
+      const MlaAttentionProbe probe = [&o, l](std::int64_t head, std::span<const float> probs, std::int64_t tokens,
+                                              std::int64_t positions) {
+        o.on_mla_attention(l, head, probs, tokens, positions);
+      };
+      MlaForward(w.mla, mla_dims(), normed, T, &s.latents, o.absorbed_mla, out, &probe);
+    } else {
+      MlaForward(w.mla, mla_dims(), normed, T, &s.latents, o.absorbed_mla, out);
+    }
   } else {
     ScopedPhase timer(o.profile, Phase::kKda);
     KdaForward(w.kda, kda_dims(), normed, T, s.recurrent, s.conv, o.chunked_kda, out);

@@ -100,7 +100,7 @@ def test_bad_flags_exit_2(toy, tmp_path):
 
 def test_bench_kv_json_rows(toy, tmp_path):
     p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--prefix-tokens", "64,96", "--chunk-tokens", "32",
-                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--json"],
+                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--recompute-max-tokens", "64", "--json"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
@@ -111,6 +111,8 @@ def test_bench_kv_json_rows(toy, tmp_path):
         assert r["restored_tokens"] == r["prefix_tokens"]
         assert r["bytes_read"]["nvme"] > 0  # the pools were reopened: everything came from NVMe
         assert r["logits_max_rel_err_vs_recompute"] == 0.0  # f32: bitwise
+        # Above --recompute-max-tokens the cold run is turn 1 (the whole prompt, storing the prefix).
+        assert r["recompute_in_turn1"] == (r["prefix_tokens"] > 64)
     # The bench removed what it created.
     assert not (tmp_path / "b").exists()
 
@@ -125,6 +127,13 @@ def test_verify_kv_orders_codecs(toy):
     assert 0.0 < rows["bf16"]["kl_mean"] < 1e-4
     assert rows["int4-g32"]["kl_mean"] > rows["bf16"]["kl_mean"]
     assert rows["int4-g32"]["compression_ratio"] > rows["bf16"]["compression_ratio"] > rows["f32"]["compression_ratio"]
+    # Attention focus: every MLA layer x head x evaluation token compared; f32 keeps every top-8
+    # position, int4 (16 levels per group over random latents, whose attention is nearly flat over
+    # 136 positions) moves some.
+    assert all(r["top8_compared"] == rows["f32"]["top8_compared"] > 0 for r in rows.values())
+    assert rows["f32"]["top8_overlap_mean"] == 1.0 and rows["f32"]["top8_overlap_min"] == 1.0
+    assert 0.0 < rows["int4-g32"]["top8_overlap_min"] <= rows["int4-g32"]["top8_overlap_mean"] < 1.0
+    assert rows["bf16"]["top8_overlap_mean"] >= rows["int4-g32"]["top8_overlap_mean"]
     p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "100", "--chunk-tokens", "32"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--context" in p.stderr
