@@ -67,8 +67,8 @@ TEST_CASE("restore then compute the suffix == full recompute, bitwise (f32), for
   const auto& m = Toy();
   // Sanitizer builds run every prefix at one chunk size and two intervals (the full matrix takes
   // minutes under TSan); the normal build runs all of it.
-  const std::vector<int> chunk_sizes = kSanitizedBuild ? std::vector<int>{16} : std::vector<int>{16, 32};
-  const std::vector<int> intervals = kSanitizedBuild ? std::vector<int>{3, 0} : std::vector<int>{1, 2, 3, 0};
+  const std::vector<int> chunk_sizes = terrace::testing::kSanitizedBuild ? std::vector<int>{16} : std::vector<int>{16, 32};
+  const std::vector<int> intervals = terrace::testing::kSanitizedBuild ? std::vector<int>{3, 0} : std::vector<int>{1, 2, 3, 0};
   for (int C : chunk_sizes) {
     for (int every : intervals) {
       const int n1 = 5 * C + 3;
