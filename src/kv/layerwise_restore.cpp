@@ -1,8 +1,8 @@
 // Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
-// "Restore"). One engine for both: a restore job issues every read of its boundary at once on
-// its own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of a
-// few MiB, each window one GetBatch), and a decoder thread checks and decodes each window while
-// the next is in flight. A layer becomes ready when all of its blocks are decoded.
+// "Restore"). One engine for both: a restore job issues every read of its boundary at once on its
+// own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of about a
+// quarter of the restore, each window one GetBatch), and a decoder thread checks and decodes each
+// window while the next is in flight. A layer becomes ready when all of its blocks are decoded.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -20,9 +20,10 @@
 namespace terrace::kv {
 namespace {
 
-// Bytes of KV chunk blocks one GetBatch reads: small enough that decoding starts early, large
-// enough that the tier still sees a deep queue.
-constexpr std::uint64_t kWindowBytes = 2ull << 20;
+// Bytes of KV chunk blocks one GetBatch reads: about a quarter of the restore, so decoding starts
+// early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
+// sees a deep queue.
+constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
 
 }  // namespace
 
@@ -89,6 +90,9 @@ struct LayerwiseRestore::Job {
       kv_bufs.resize(K);
       kv_items.resize(K);
       kv_status.resize(K);
+      std::uint64_t total = 0;
+      for (std::size_t i = 0; i < K; ++i) total += f.kv[i].desc.size;
+      const std::uint64_t window = std::clamp(total / 4, kMinWindowBytes, kMaxWindowBytes);
       std::uint64_t in_window = 0;
       std::int64_t begin = 0;
       for (std::size_t i = 0; i < K; ++i) {
@@ -96,7 +100,7 @@ struct LayerwiseRestore::Job {
         kv_items[i].key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
         kv_items[i].out = kv_bufs[i];
         in_window += f.kv[i].desc.size;
-        if (in_window >= kWindowBytes || i + 1 == K) {
+        if (in_window >= window || i + 1 == K) {
           windows.emplace_back(begin, static_cast<std::int64_t>(i) + 1);
           begin = static_cast<std::int64_t>(i) + 1;
           in_window = 0;
