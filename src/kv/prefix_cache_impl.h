@@ -46,7 +46,8 @@ struct PrefixCache::Impl {
   bool stop = false;
   std::thread writer;
   // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> rows per MLA
-  // layer (empty until that layer was stored).
+  // layer (empty until that layer was stored). A pass that stopped between MLA layers leaves its
+  // chunk's rows here until that chunk is stored again (never written incomplete).
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::vector<float>>> pending_chunks;
 
   // What a lookup found, kept for the reads.
