@@ -63,6 +63,11 @@ struct ForwardOptions {
   std::function<void(int layer, std::int64_t head, std::span<const float> probs, std::int64_t tokens,
                      std::int64_t positions)>
       on_mla_attention;
+  // Called before layer `layer` reads or updates its state (before its input norm), for every
+  // layer in order, with the pass's token count: the hook may fill that layer's state (a layerwise
+  // restore). A non-OK Status aborts the pass: Forward returns it unchanged and the state is
+  // unusable (Reset it). Runs on the forward pass's thread.
+  std::function<Status(int layer, std::int64_t tokens)> on_layer_begin;
 };
 
 class Model {
@@ -128,13 +133,16 @@ class Session {
   SequenceState& state() { return state_; }
   const SequenceState& state() const { return state_; }
   Profile& profile() { return profile_; }
-  // Callbacks (on_routing, on_layer_end, on_mla_attention) copied into every later Prefill / Decode's ForwardOptions;
-  // the other fields of `hooks` are ignored.
+  // Callbacks (on_routing, on_layer_end, on_layer_begin, on_mla_attention) copied into every later
+  // Prefill / Decode's ForwardOptions; the other fields of `hooks` are ignored.
   void set_hooks(const ForwardOptions& hooks) {
     hooks_.on_routing = hooks.on_routing;
     hooks_.on_layer_end = hooks.on_layer_end;
+    hooks_.on_layer_begin = hooks.on_layer_begin;
     hooks_.on_mla_attention = hooks.on_mla_attention;
   }
+  // The callbacks set_hooks installed (so a caller can chain its own around them).
+  const ForwardOptions& hooks() const { return hooks_; }
   // Wall seconds spent in Prefill / Decode calls, and the tokens they processed.
   double prefill_seconds() const { return prefill_s_; }
   double decode_seconds() const { return decode_s_; }

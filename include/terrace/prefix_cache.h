@@ -57,7 +57,17 @@ struct RestoreReport {
   std::vector<std::string> fallback_reasons;  // one line per fallback (block, what was wrong)
   std::array<std::uint64_t, kNumTiers> bytes_read{};  // by the tier each block was read from
   std::uint64_t kv_bytes = 0, state_bytes = 0;         // bytes of the blocks restored
-  double seconds = 0;                       // lookup + reads + decode + import
+  // Lookup + reads + checks + decode (+ import for a whole restore), in seconds: from the start of
+  // the restore to the moment its last block was decoded, whether or not a forward pass ran
+  // meanwhile. restore bandwidth = (kv_bytes + state_bytes) / seconds.
+  double seconds = 0;
+  // Layerwise restores: seconds the forward pass waited in RetrieveLayer for blocks still in
+  // flight (0 = the reads hid completely behind the compute of the earlier layers). Whole
+  // restores: 0 (the forward pass waits for all of `seconds`).
+  double wait_seconds = 0;
+  bool layerwise = false;        // restored layer by layer under a forward pass
+  bool layerwise_voided = false; // a layer failed after others were handed out: the pass was
+                                 // discarded and the state restored whole at the earlier boundary
 };
 
 struct PrefixCacheStats {
@@ -71,6 +81,55 @@ struct PrefixCacheStats {
   std::uint64_t write_failures = 0;    // write-back Puts or encodes that failed (logged)
   std::uint64_t bytes_written = 0;
   std::array<std::uint64_t, kNumTiers> bytes_read{};
+  std::uint64_t layerwise_restores = 0;  // restores (b > 0) that ran under a forward pass
+  std::uint64_t layerwise_voided = 0;    // of those, passes discarded because a layer failed
+  double restore_wait_seconds = 0;       // sum of RestoreReport::wait_seconds
+};
+
+class PrefixCache;
+
+// A restore whose reads run in the background (all KV chunks and the boundary's snapshots at
+// once, decoded as they arrive) while the caller computes: RetrieveLayer(l) from the forward
+// pass's on_layer_begin hook hands out layer l as soon as its blocks are in, while later layers'
+// blocks are still in flight. One restore, one boundary: boundary_tokens() is fixed at
+// PrefixCache::BeginRestore (the lookup's boundary).
+//
+// No half restore: the layers handed out are only valid together. If a layer's blocks turn out
+// missing, corrupt or undecodable, RetrieveLayer returns Cancelled and the restore is void: every
+// layer already handed out must be discarded with whatever was computed from them (Reset the
+// state; every later RetrieveLayer fails too). Finish() then restores the state whole at the
+// previous joint boundary (reusing the blocks already read) and reports the fallback. A state is
+// only a restore once Finish() returned OK.
+//
+// Thread-safety: one thread calls the methods (the forward pass's); the reads run on the
+// restore's own threads. The cache, the state and the request must outlive the object.
+class LayerwiseRestore {
+ public:
+  ~LayerwiseRestore();  // stops issuing reads and waits for those in flight
+  LayerwiseRestore(const LayerwiseRestore&) = delete;
+  LayerwiseRestore& operator=(const LayerwiseRestore&) = delete;
+
+  // The joint boundary (tokens) this restore fills if every block reads back good; 0 = nothing to
+  // restore (RetrieveLayer is then a no-op and Finish resets the state).
+  std::int64_t boundary_tokens() const;
+  // Waits for layer `layer`'s blocks (the time counts in wait_seconds) and replaces that layer of
+  // the state with [0, boundary_tokens()). Cancelled (the restore is void, see above) when a block
+  // of this boundary, of any layer, failed; InvalidArgument for a bad layer index.
+  Status RetrieveLayer(int layer);
+  // Waits for every read. When every layer's blocks were good: imports the layers not retrieved
+  // yet and checks the joint boundary (the layers retrieved may already have advanced by the same
+  // tokens under a forward pass). Otherwise: resets the state, falls back to the largest earlier
+  // boundary whose blocks read back good, imports every layer there. Call once.
+  Result<RestoreReport> Finish();
+  // True once a layer failed (the restore is void; Finish falls back).
+  bool voided() const;
+
+  struct Job;
+
+ private:
+  friend class PrefixCache;
+  explicit LayerwiseRestore(std::unique_ptr<Job> job);
+  std::unique_ptr<Job> job_;
 };
 
 class PrefixCache {
@@ -98,6 +157,10 @@ class PrefixCache {
   // and each candidate boundary's snapshots with one GetBatch. Boundary 0 (a Reset state) when
   // nothing is usable. Errors only for a state of the wrong shape (InvalidArgument).
   Result<RestoreReport> Restore(const PrefixRequest& request, model::SequenceState* state);
+  // Starts a layerwise restore of `request` into `state` (see LayerwiseRestore): looks up, then
+  // issues every read of the boundary at once and returns. Restore() is BeginRestore + Finish.
+  // InvalidArgument for a state of the wrong shape.
+  Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state);
 
   // Write-back of the state right after chunk `chunks - 1` of `request` was computed
   // (state.num_tokens() == chunks * chunk_tokens): that chunk's MLA latents, and every KDA layer's
@@ -106,7 +169,16 @@ class PrefixCache {
   // that a lookup could hit. InvalidArgument when the state does not match `chunks`.
   Status WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                    bool snapshot);
-  // Waits until every WriteBack so far has been written or has failed.
+  // Per-layer write-out during prefill: layer `layer` of the state right after it computed chunk
+  // `chunks - 1` (state.layer(layer).tokens == chunks * chunk_tokens; other layers may be behind).
+  // A KDA layer's snapshot is queued at once (when `snapshot`); an MLA layer's rows of the chunk are
+  // kept until every MLA layer of that chunk was stored, then the whole KV chunk block is queued
+  // (a chunk block is never written with a layer missing). Copies what it needs and returns at
+  // once: encoding runs on the writer thread, the Puts on the store's async path (PutAsync), so a
+  // forward pass calling it from on_layer_end never waits for a write. Failures as WriteBack's.
+  Status StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer, const model::SequenceState& state,
+                    bool snapshot);
+  // Waits until every WriteBack / StoreLayer so far has been written or has failed.
   void Flush();
 
   PrefixCacheStats Stats() const;
@@ -132,9 +204,16 @@ struct CachedPrefill {
 // The prompt is always computed in pieces that end at chunk boundaries ([b, b+C), [b+C, b+2C), ...,
 // [last boundary, n)), the same pieces whatever was restored, so a restored run's logits are
 // bitwise those of a cold run through this function with the same chunk size.
+// Layerwise (default): the restore's reads run under the forward pass of the first piece, layer l
+// taken from a LayerwiseRestore in the on_layer_begin hook; the write-out goes layer by layer
+// from on_layer_end (StoreLayer). Hooks already set on the session run too (the session's own
+// on_layer_begin / on_layer_end first, then the cache's), and are put back on return. When a layer of the restore
+// turns out bad, the pass is discarded, the state restored whole at the earlier boundary and the
+// prompt computed from there: the logits are the same either way.
 struct PrefillOptions {
   bool restore = true;     // false: compute from token 0 (a cold run with the same segmentation)
   bool write_back = true;  // false: write nothing
+  bool layerwise = true;   // false: Restore() whole before computing, WriteBack() after each piece
 };
 Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cache, const PrefixRequest& request,
                                        const PrefillOptions& options = {});

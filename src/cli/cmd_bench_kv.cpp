@@ -277,6 +277,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["ttft_recompute_s"] = ttft_recompute;
     row["recompute_in_turn1"] = recompute_in_turn1;  // true: timed while storing the prefix
     row["restore_s"] = r2->restore.seconds;
+    row["restore_wait_s"] = r2->restore.wait_seconds;
     row["restore_mb_per_s"] = r2->restore.seconds > 0 ? static_cast<double>(restored_bytes) / r2->restore.seconds / 1e6 : 0.0;
     row["tier_read_mb_per_s"] = tier_mb;
     row["kv_bytes"] = r2->restore.kv_bytes;

@@ -95,6 +95,11 @@ namespace {
 constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 }
 
+// Seconds the restore added to the forward pass.
+static double RestoreCost(const kv::CachedPrefill& p) {
+  return p.restore.layerwise && !p.restore.layerwise_voided ? p.restore.wait_seconds : p.restore.seconds;
+}
+
 nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
   nlohmann::json j;
   j["restored_tokens"] = p.restored_tokens;
@@ -107,10 +112,14 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   j["kv_bytes_restored"] = p.restore.kv_bytes;
   j["state_bytes_restored"] = p.restore.state_bytes;
   j["restore_s"] = p.restore.seconds;
+  j["restore_wait_s"] = p.restore.wait_seconds;
+  j["restore_layerwise"] = p.restore.layerwise;
+  j["restore_layerwise_voided"] = p.restore.layerwise_voided;
   j["compute_s"] = p.compute_seconds;
-  // Estimate: the restored tokens at this run's own compute rate, minus the restore.
+  // Estimate: the restored tokens at this run's own compute rate, minus what the restore cost the
+  // forward pass (a layerwise restore: only its wait).
   const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
-  j["saved_s_estimate"] = per_token * static_cast<double>(p.restored_tokens) - p.restore.seconds;
+  j["saved_s_estimate"] = per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p);
   j["chunk_blocks_written"] = st.chunk_writes;
   j["state_blocks_written"] = st.state_writes;
   j["write_failures"] = st.write_failures;
@@ -121,11 +130,15 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
 std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
   const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
   std::string out = fmt::format(
-      "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s; "
-      "saved ~{:.4f} s\n",
+      "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s "
+      "({}, the forward pass waited {:.4f} s); saved ~{:.4f} s\n",
       p.restored_tokens, p.restore.boundary_tokens, p.computed_tokens, FormatBytes(static_cast<double>(p.restore.bytes_read[0])),
       FormatBytes(static_cast<double>(p.restore.bytes_read[1])), FormatBytes(static_cast<double>(p.restore.bytes_read[2])),
-      p.restore.seconds, per_token * static_cast<double>(p.restored_tokens) - p.restore.seconds);
+      p.restore.seconds, p.restore.layerwise ? "layerwise" : "whole", p.restore.layerwise ? p.restore.wait_seconds : p.restore.seconds,
+      per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p));
+  if (p.restore.layerwise_voided)
+    out += "prefix cache: a layer of the layerwise restore failed; the pass was discarded and the prompt computed from "
+           "the earlier boundary\n";
   if (p.restore.fallbacks > 0) {
     out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", p.restore.fallbacks,
                        p.restore.lookup_boundary_tokens, p.restore.boundary_tokens);

@@ -128,6 +128,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
   std::vector<Rows> bank;  // per forward pass only (docs/model.md, "Block Attention Residuals")
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = layer(l);
+    if (o.on_layer_begin) TERRACE_RETURN_IF_ERROR(o.on_layer_begin(l, T));
     if (bs > 0) {
       prefix = hidden;
       bool has_prefix = true;

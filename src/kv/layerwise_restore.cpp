@@ -1,0 +1,466 @@
+// Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
+// "Restore"). One engine for both: a restore job issues every read of its boundary at once on its
+// own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of about a
+// quarter of the restore, each window one GetBatch), and a decoder thread checks and decodes each
+// window while the next is in flight. A layer becomes ready when all of its blocks are decoded.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "src/kv/block_format.h"
+#include "src/kv/prefix_cache_impl.h"
+#include "terrace/keys.h"
+
+namespace terrace::kv {
+namespace {
+
+// Bytes of KV chunk blocks one GetBatch reads: about a quarter of the restore, so decoding starts
+// early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
+// sees a deep queue.
+constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
+
+}  // namespace
+
+// Thread-safety: fields marked (mu) are under mu; the buffers of a window / of the snapshots are
+// written by the reader thread before it queues them and by the decoder after, then only read by
+// the caller's thread once the layer is marked ready (mu orders the hand-over).
+struct LayerwiseRestore::Job {
+  PrefixCache::Impl* m = nullptr;
+  std::vector<ContentId> chunk_ids;
+  model::SequenceState* state = nullptr;
+  PrefixCache::Impl::Found f;
+  std::int64_t kmax = 0, C = 0, W = 0;
+  std::chrono::steady_clock::time_point t0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> ready;           // (mu) per model layer: its blocks at kmax are decoded (or failed)
+  std::vector<Status> layer_status;  // (mu) per model layer
+  std::deque<int> work;              // (mu) -1 = the snapshots, w >= 0 = KV window w
+  bool reads_done = false;           // (mu) the reader queued its last work item
+  bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
+  std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
+
+  // KV chunks [0, kmax): raw blocks, and per MLA layer the decoded latents [kmax * C, W].
+  std::vector<std::vector<std::byte>> kv_bufs;
+  std::vector<Store::GetItem> kv_items;
+  std::vector<Status> kv_status;
+  std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // chunk ranges [begin, end)
+  std::vector<std::vector<float>> latents;
+  std::int64_t good_chunks = 0;  // (mu) leading chunks decoded cleanly (all kmax without MLA layers)
+  Status chunk_error;            // (mu) why chunk good_chunks failed (OK: none failed)
+  std::string chunk_what;
+  // Snapshots at kmax: per KDA layer (index j of layout.kda_layers()).
+  std::vector<std::vector<std::byte>> snap_bufs;
+  std::vector<Store::GetItem> snap_items;
+  std::vector<Status> snap_status;
+  std::vector<std::vector<float>> recurrent, conv;
+
+  std::array<std::uint64_t, kNumTiers> bytes_read{};  // (mu)
+  std::uint64_t kv_bytes = 0, state_bytes = 0;         // (mu)
+
+  std::vector<char> retrieved;  // caller thread only
+  bool voided = false;          // caller thread only
+  bool finished = false;
+  double wait_seconds = 0;
+  std::thread reader, decoder;
+
+  const KvLayout& L() const { return m->layout; }
+
+  void Start() {
+    const auto& mla = L().mla_layers();
+    const auto& kda = L().kda_layers();
+    ready.assign(static_cast<std::size_t>(L().num_layers()), 0);
+    layer_status.assign(static_cast<std::size_t>(L().num_layers()), Status::Ok());
+    retrieved.assign(static_cast<std::size_t>(L().num_layers()), 0);
+    if (kmax == 0) {
+      std::fill(ready.begin(), ready.end(), 1);
+      reads_done = true;
+      decoded_at = std::chrono::steady_clock::now();
+      return;
+    }
+    if (!mla.empty()) {
+      const auto K = static_cast<std::size_t>(kmax);
+      kv_bufs.resize(K);
+      kv_items.resize(K);
+      kv_status.resize(K);
+      std::uint64_t total = 0;
+      for (std::size_t i = 0; i < K; ++i) total += f.kv[i].desc.size;
+      const std::uint64_t window = std::clamp(total / 4, kMinWindowBytes, kMaxWindowBytes);
+      std::uint64_t in_window = 0;
+      std::int64_t begin = 0;
+      for (std::size_t i = 0; i < K; ++i) {
+        kv_bufs[i].resize(f.kv[i].desc.size);
+        kv_items[i].key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
+        kv_items[i].out = kv_bufs[i];
+        in_window += f.kv[i].desc.size;
+        if (in_window >= window || i + 1 == K) {
+          windows.emplace_back(begin, static_cast<std::int64_t>(i) + 1);
+          begin = static_cast<std::int64_t>(i) + 1;
+          in_window = 0;
+        }
+      }
+      latents.assign(mla.size(), std::vector<float>(static_cast<std::size_t>(kmax * C * W)));
+    }
+    good_chunks = mla.empty() ? kmax : 0;
+    if (!kda.empty()) {
+      snap_bufs.resize(kda.size());
+      snap_items.resize(kda.size());
+      snap_status.resize(kda.size());
+      recurrent.resize(kda.size());
+      conv.resize(kda.size());
+      for (std::size_t j = 0; j < kda.size(); ++j) {
+        snap_bufs[j].resize(f.state[static_cast<std::size_t>(kmax - 1) * kda.size() + j].desc.size);
+        snap_items[j].key = keys::StateKey(m->ns_state, kda[j], chunk_ids[static_cast<std::size_t>(kmax - 1)]);
+        snap_items[j].out = snap_bufs[j];
+      }
+    }
+    reader = std::thread([this] { ReadLoop(); });
+    decoder = std::thread([this] { DecodeLoop(); });
+  }
+
+  bool Stopped() {
+    std::lock_guard lock(mu);
+    return stop;
+  }
+
+  void Queue(int item) {
+    {
+      std::lock_guard lock(mu);
+      work.push_back(item);
+    }
+    cv.notify_all();
+  }
+
+  void ReadLoop() {
+    if (!snap_items.empty()) {
+      snap_status = m->st->GetBatch(snap_items);
+      Queue(-1);
+    }
+    for (std::size_t w = 0; w < windows.size() && !Stopped(); ++w) {
+      const auto [b, e] = windows[w];
+      auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
+      const auto st = m->kv->GetBatch(items);
+      std::copy(st.begin(), st.end(), kv_status.begin() + b);
+      Queue(static_cast<int>(w));
+    }
+    {
+      std::lock_guard lock(mu);
+      reads_done = true;
+    }
+    cv.notify_all();
+  }
+
+  void DecodeSnapshots() {
+    const auto& kda = L().kda_layers();
+    for (std::size_t j = 0; j < kda.size(); ++j) {
+      Status s = snap_status[j];
+      const auto tier = f.state[static_cast<std::size_t>(kmax - 1) * kda.size() + j].tier;
+      if (s.ok()) {
+        recurrent[j].resize(static_cast<std::size_t>(L().kda_heads()) * L().kda_head_dim() * L().kda_head_dim());
+        conv[j].resize(static_cast<std::size_t>(L().kda_conv_rows()) * L().kda_conv_cols());
+        s = format::DecodeState(L(), kda[j], kmax * C, chunk_ids[static_cast<std::size_t>(kmax - 1)],
+                                std::span<const std::byte>(snap_bufs[j].data(), snap_items[j].desc.size), recurrent[j],
+                                conv[j]);
+      }
+      std::lock_guard lock(mu);
+      if (snap_status[j].ok()) {
+        bytes_read[static_cast<std::size_t>(tier)] += snap_items[j].desc.size;
+        state_bytes += snap_items[j].desc.size;
+      }
+      if (!s.ok()) snap_status[j] = s;
+      layer_status[static_cast<std::size_t>(kda[j])] = s;
+      ready[static_cast<std::size_t>(kda[j])] = 1;
+    }
+    cv.notify_all();
+  }
+
+  // Decodes window w; false once a chunk failed (later chunks are of no use).
+  bool DecodeWindow(int w) {
+    const auto& mla = L().mla_layers();
+    const auto [b, e] = windows[static_cast<std::size_t>(w)];
+    for (std::int64_t i = b; i < e; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      Status s = kv_status[u];
+      if (s.ok()) {
+        const std::span<const std::byte> block(kv_bufs[u].data(), kv_items[u].desc.size);
+        auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], block);
+        s = ranges.status();
+        for (std::size_t j = 0; s.ok() && j < mla.size(); ++j)
+          s = format::DecodeKvLayer(L(), block, (*ranges)[j],
+                                    std::span(latents[j]).subspan(static_cast<std::size_t>(i * C * W),
+                                                                  static_cast<std::size_t>(C * W)));
+      }
+      std::lock_guard lock(mu);
+      if (kv_status[u].ok()) {
+        bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += kv_items[u].desc.size;
+        kv_bytes += kv_items[u].desc.size;
+      }
+      if (s.ok()) {
+        good_chunks = i + 1;
+      } else {
+        chunk_error = s;
+        chunk_what = fmt::format("KV chunk {} ({})", i, kv_items[u].key.ToString());
+        stop = true;
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void DecodeLoop() {
+    bool kv_ok = true;
+    std::size_t windows_done = 0;
+    for (;;) {
+      int item = 0;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return !work.empty() || reads_done; });
+        if (work.empty()) break;
+        item = work.front();
+        work.pop_front();
+      }
+      if (item < 0) {
+        DecodeSnapshots();
+      } else if (kv_ok) {
+        kv_ok = DecodeWindow(item);
+        ++windows_done;
+      }
+    }
+    {
+      std::lock_guard lock(mu);
+      const Status mla_status =
+          kv_ok && windows_done == windows.size()
+              ? Status::Ok()
+              : (chunk_error.ok() ? Status::Cancelled("the restore was stopped before its KV chunks were read") : chunk_error);
+      for (int l : L().mla_layers()) {
+        layer_status[static_cast<std::size_t>(l)] = mla_status;
+        ready[static_cast<std::size_t>(l)] = 1;
+      }
+      for (int l : L().kda_layers()) {  // snapshots never read (stopped early)
+        if (!ready[static_cast<std::size_t>(l)]) {
+          layer_status[static_cast<std::size_t>(l)] = Status::Cancelled("the restore was stopped before its snapshots were read");
+          ready[static_cast<std::size_t>(l)] = 1;
+        }
+      }
+      decoded_at = std::chrono::steady_clock::now();
+    }
+    cv.notify_all();
+  }
+
+  void Join() {
+    if (reader.joinable()) reader.join();
+    if (decoder.joinable()) decoder.join();
+  }
+
+  ~Job() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    Join();
+  }
+
+  // Imports layer l at `chunks` (<= kmax) from the decoded buffers (index j of its kind).
+  Status Import(int l, std::int64_t chunks) {
+    const auto& mla = L().mla_layers();
+    const auto& kda = L().kda_layers();
+    const std::int64_t bt = chunks * C;
+    if (auto it = std::find(mla.begin(), mla.end(), l); it != mla.end()) {
+      const auto j = static_cast<std::size_t>(it - mla.begin());
+      return state->ImportLayer(l, std::as_bytes(std::span(latents[j]).first(static_cast<std::size_t>(bt * W))), bt);
+    }
+    const auto j = static_cast<std::size_t>(std::find(kda.begin(), kda.end(), l) - kda.begin());
+    model::LayerState& s = state->layer(l);
+    if (s.recurrent.size() != recurrent[j].size() || s.conv.size() != conv[j].size())
+      return Status::InvalidArgument(fmt::format("KDA layer {}: the state is not shaped for this cache's model", l));
+    std::copy(recurrent[j].begin(), recurrent[j].end(), s.recurrent.begin());
+    std::copy(conv[j].begin(), conv[j].end(), s.conv.begin());
+    s.tokens = bt;
+    return Status::Ok();
+  }
+};
+
+LayerwiseRestore::LayerwiseRestore(std::unique_ptr<Job> job) : job_(std::move(job)) {}
+LayerwiseRestore::~LayerwiseRestore() = default;
+
+std::int64_t LayerwiseRestore::boundary_tokens() const { return job_->kmax * job_->C; }
+bool LayerwiseRestore::voided() const { return job_->voided; }
+
+Status LayerwiseRestore::RetrieveLayer(int layer) {
+  Job& j = *job_;
+  if (layer < 0 || layer >= j.L().num_layers())
+    return Status::InvalidArgument(
+        fmt::format("LayerwiseRestore::RetrieveLayer: layer {} is outside [0, {})", layer, j.L().num_layers()));
+  if (j.finished) return Status::InvalidArgument("LayerwiseRestore::RetrieveLayer: the restore is already finished");
+  if (j.kmax == 0) return Status::Ok();
+  const auto u = static_cast<std::size_t>(layer);
+  if (j.voided)
+    return Status::Cancelled(fmt::format("the layerwise restore to token {} is void (an earlier layer failed); discard "
+                                       "this pass and Finish() the restore", j.kmax * j.C));
+  Status s;
+  {
+    const auto w0 = std::chrono::steady_clock::now();
+    std::unique_lock lock(j.mu);
+    j.cv.wait(lock, [&] { return j.ready[u] != 0; });
+    j.wait_seconds += SecondsSince(w0);
+    s = j.layer_status[u];
+  }
+  if (s.ok()) s = j.Import(layer, j.kmax);
+  if (!s.ok()) {
+    j.voided = true;  // the reads go on: Finish's fallback uses the chunks before the boundary
+    return Status::Cancelled(fmt::format("the layerwise restore to token {} is void: layer {}: {}; discard this pass and "
+                                       "Finish() the restore (it falls back to an earlier boundary)",
+                                       j.kmax * j.C, layer, s.ToString()));
+  }
+  j.retrieved[u] = 1;
+  return Status::Ok();
+}
+
+Result<RestoreReport> LayerwiseRestore::Finish() {
+  Job& j = *job_;
+  if (j.finished) return Status::InvalidArgument("LayerwiseRestore::Finish: called twice");
+  j.finished = true;
+  PrefixCache::Impl& m = *j.m;
+  const KvLayout& L = m.layout;
+  const auto& kda = L.kda_layers();
+  const std::int64_t C = j.C;
+  j.Join();
+  RestoreReport rep;
+  rep.lookup_boundary_tokens = j.kmax * C;
+  rep.wait_seconds = j.wait_seconds;
+  std::uint64_t missing = 0, corrupt = 0;
+  auto note = [&](const Status& s, std::string what) {
+    (s.code() == Code::kNotFound ? missing : corrupt)++;
+    ++rep.fallbacks;
+    rep.fallback_reasons.push_back(fmt::format("{}: {}", what, s.ToString()));
+  };
+  if (j.f.partial > 0)
+    note(Status::NotFound("missing (evicted or never written)"),
+         fmt::format("KDA snapshot of layer {} at token {}", j.f.partial_missing_layer, j.f.partial * C));
+
+  bool all_good = j.kmax > 0 && j.good_chunks == j.kmax;
+  for (std::size_t i = 0; all_good && i < kda.size(); ++i) all_good = j.snap_status[i].ok();
+  bool any_retrieved = false;
+  for (char r : j.retrieved) any_retrieved = any_retrieved || r != 0;
+  rep.layerwise = any_retrieved || j.voided;
+  std::int64_t b = 0;
+  if (all_good && !j.voided) {
+    b = j.kmax;
+    for (int l = 0; l < L.num_layers(); ++l)
+      if (!j.retrieved[static_cast<std::size_t>(l)]) TERRACE_RETURN_IF_ERROR(j.Import(l, b));
+    if (Status s = model::ValidateJointBoundary(*j.state); !s.ok())
+      return Status::Internal("prefix cache restored a state that is not at a joint boundary: " + s.message());
+  } else {
+    rep.layerwise_voided = j.voided;
+    j.state->Reset();
+    if (j.kmax > 0) {
+      // The boundary kmax failed: say why (the chunk first: it also rules out every boundary past it).
+      if (!j.chunk_error.ok()) note(j.chunk_error, j.chunk_what);
+      else
+        for (std::size_t i = 0; i < kda.size(); ++i)
+          if (!j.snap_status[i].ok())
+            note(j.snap_status[i], fmt::format("KDA snapshot of layer {} at token {} ({})", kda[i], j.kmax * C,
+                                               j.snap_items[i].key.ToString()));
+    }
+    // Earlier candidates: their snapshots, one batch per boundary, until one reads back good.
+    for (std::int64_t k : j.f.candidates) {
+      if (k >= j.kmax || k > j.good_chunks) continue;
+      bool ok = true;
+      if (!kda.empty()) {
+        std::vector<std::vector<std::byte>> bufs(kda.size());
+        std::vector<Store::GetItem> items(kda.size());
+        for (std::size_t i = 0; i < kda.size(); ++i) {
+          bufs[i].resize(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].desc.size);
+          items[i].key = keys::StateKey(m.ns_state, kda[i], j.chunk_ids[static_cast<std::size_t>(k - 1)]);
+          items[i].out = bufs[i];
+        }
+        const auto statuses = m.st->GetBatch(items);
+        for (std::size_t i = 0; i < kda.size() && ok; ++i) {
+          Status s = statuses[i];
+          if (s.ok()) {
+            j.bytes_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)] +=
+                items[i].desc.size;
+            j.state_bytes += items[i].desc.size;
+            j.recurrent[i].resize(static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim());
+            j.conv[i].resize(static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols());
+            s = format::DecodeState(L, kda[i], k * C, j.chunk_ids[static_cast<std::size_t>(k - 1)],
+                                    std::span<const std::byte>(bufs[i].data(), items[i].desc.size), j.recurrent[i],
+                                    j.conv[i]);
+          }
+          if (!s.ok()) {
+            note(s, fmt::format("KDA snapshot of layer {} at token {} ({})", kda[i], k * C, items[i].key.ToString()));
+            ok = false;
+          }
+        }
+      }
+      if (ok) {
+        b = k;
+        break;
+      }
+    }
+    if (b > 0) {
+      for (int l = 0; l < L.num_layers(); ++l) TERRACE_RETURN_IF_ERROR(j.Import(l, b));
+      if (Status s = model::ValidateJointBoundary(*j.state); !s.ok())
+        return Status::Internal("prefix cache restored a state that is not at a joint boundary: " + s.message());
+    }
+  }
+  rep.boundary_tokens = b * C;
+  rep.bytes_read = j.bytes_read;
+  rep.kv_bytes = j.kv_bytes;
+  rep.state_bytes = j.state_bytes;
+  // Until the last block was decoded; a whole restore's imports come after that, and count.
+  rep.seconds = rep.layerwise && !rep.layerwise_voided
+                    ? std::chrono::duration<double>(j.decoded_at - j.t0).count()
+                    : SecondsSince(j.t0);
+  {
+    std::lock_guard lock(m.stats_mu);
+    if (b > 0) ++m.stats.restores;
+    if (b > 0 && rep.layerwise && !rep.layerwise_voided) ++m.stats.layerwise_restores;
+    if (rep.layerwise_voided) ++m.stats.layerwise_voided;
+    m.stats.restore_wait_seconds += rep.wait_seconds;
+    m.stats.restored_tokens += static_cast<std::uint64_t>(b * C);
+    m.stats.fallbacks += missing + corrupt;
+    m.stats.fallbacks_missing += missing;
+    m.stats.fallbacks_corrupt += corrupt;
+    for (std::size_t t = 0; t < kNumTiers; ++t) m.stats.bytes_read[t] += rep.bytes_read[t];
+  }
+  for (const auto& r : rep.fallback_reasons)
+    m.logger->Log(LogLevel::kWarning, "prefix-cache", "restore fell back to an earlier joint boundary: " + r);
+  return rep;
+}
+
+Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const PrefixRequest& request,
+                                                                    model::SequenceState* state) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  const KvLayout& L = m.layout;
+  if (state == nullptr || state->num_layers() != L.num_layers() ||
+      (!L.mla_layers().empty() && state->mla_width() != L.mla_width()))
+    return Status::InvalidArgument("PrefixCache::Restore: the state is not shaped for this cache's model "
+                                   "(create it with SequenceState::ForConfig of the same config)");
+  auto job = std::make_unique<LayerwiseRestore::Job>();
+  job->m = &m;
+  job->t0 = t0;
+  job->chunk_ids = request.chunk_ids;
+  job->state = state;
+  job->C = L.chunk_tokens();
+  job->W = L.mla_width();
+  job->f = m.LookupFound(request);
+  job->kmax = job->f.candidates.empty() ? 0 : job->f.candidates.front();
+  job->Start();
+  return std::unique_ptr<LayerwiseRestore>(new LayerwiseRestore(std::move(job)));
+}
+
+Result<RestoreReport> PrefixCache::Restore(const PrefixRequest& request, model::SequenceState* state) {
+  TERRACE_ASSIGN_OR_RETURN(auto restore, BeginRestore(request, state));
+  return restore->Finish();
+}
+
+}  // namespace terrace::kv

@@ -1,0 +1,77 @@
+// Internal: PrefixCache's state, shared by its source files (prefix_cache.cpp: lookup, write-out;
+// layerwise_restore.cpp: restores; cached_prefill.cpp: PrefillWithCache).
+//
+// Thread-safety: `stats` under stats_mu; the write queue, `puts_in_flight` and `pending_chunks`
+// under q_mu. Lock order: q_mu before stats_mu (never the reverse). The rest is immutable after
+// Create.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "terrace/prefix_cache.h"
+
+namespace terrace::kv {
+
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct PrefixCache::Impl {
+  KvLayout layout;
+  ContentId model_id;
+  Store* kv = nullptr;
+  Store* st = nullptr;
+  std::shared_ptr<Logger> logger;
+  std::uint32_t ns_kv = 0, ns_state = 0;
+
+  mutable std::mutex stats_mu;
+  mutable PrefixCacheStats stats;
+
+  // Write-out: jobs (encode + PutAsync) run on `writer`; the Puts complete on the store's pool.
+  std::mutex q_mu;
+  std::condition_variable q_cv, idle_cv;
+  std::deque<std::function<void()>> queue;
+  int active = 0;
+  int puts_in_flight = 0;
+  bool stop = false;
+  std::thread writer;
+  // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> rows per MLA
+  // layer (empty until that layer was stored). A pass that stopped between MLA layers leaves its
+  // chunk's rows here until that chunk is stored again (never written incomplete).
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::vector<float>>> pending_chunks;
+
+  // What a lookup found, kept for the reads.
+  struct Found {
+    std::int64_t kv_present = 0;
+    std::vector<LookupResult> kv;     // per restorable chunk (only if MLA layers)
+    std::vector<LookupResult> state;  // [boundary k-1][kda layer] flattened (k = 1..kv_present)
+    std::vector<std::int64_t> candidates;  // boundaries (chunks) with every block present, descending
+    // The largest boundary above candidates.front() where some KDA layers' snapshots exist and
+    // others do not (a snapshot partly evicted or partly written); 0 if none.
+    std::int64_t partial = 0;
+    int partial_missing_layer = -1;
+  };
+
+  void WriterLoop();
+  void Enqueue(std::function<void()> job);
+  // Encodes (unless the store already holds `key`) and hands the bytes to store->PutAsync; the
+  // completion is counted in stats. Runs on the writer thread.
+  void WriteBlock(Store* store, const BlockKey& key, const std::function<Status(std::vector<std::byte>*)>& encode,
+                  bool is_state);
+  void EnqueueChunk(const ContentId& id, std::shared_ptr<std::vector<std::vector<float>>> rows);
+  void EnqueueSnapshot(const ContentId& id, int layer, std::int64_t boundary, std::vector<float> recurrent,
+                       std::vector<float> conv);
+  Found LookupFound(const PrefixRequest& r) const;
+};
+
+}  // namespace terrace::kv

@@ -1,0 +1,378 @@
+// Layerwise restore and write-out (docs/prefix-cache.md, "Layerwise restore and write-out"):
+// a layerwise restore equals a whole restore equals a full recompute, bitwise (f32); a layer is
+// handed out while later layers' blocks are still in flight; a bad block of a later layer voids
+// the layers already handed out and moves the boundary back (never a half restore); the per-layer
+// write-out starts during the forward pass and never blocks it.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+#include "kv_test_util.h"
+#include "tiers/host/host_tier.h"
+
+namespace terrace::kv {
+namespace {
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+// A host tier posing as a slow, non-addressable (NVMe-kind) tier whose Puts and/or Gets wait at a
+// gate until the test opens it (or `kGateTimeout` passes, so a broken build fails instead of
+// hanging). Counts the calls that entered the gate.
+class GatedTier final : public Tier {
+ public:
+  static constexpr auto kGateTimeout = 4s;
+  explicit GatedTier(std::unique_ptr<Tier> inner) : inner_(std::move(inner)), caps_(inner_->caps()) {
+    caps_.id = TierId::kNvme;
+    caps_.name = "nvme";
+    caps_.memory = MemoryKind::kNone;
+    caps_.reserves = false;
+  }
+  void Close(bool puts, bool gets) {
+    std::lock_guard lock(mu_);
+    puts_closed_ = puts;
+    gets_closed_ = gets;
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      puts_closed_ = gets_closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  int puts_entered() const {
+    std::lock_guard lock(mu_);
+    return puts_entered_;
+  }
+  int gets_entered() const {
+    std::lock_guard lock(mu_);
+    return gets_entered_;
+  }
+  int gets_done() const {
+    std::lock_guard lock(mu_);
+    return gets_done_;
+  }
+  // Waits up to `d` until at least `n` Puts (or Gets) entered.
+  bool WaitEntered(bool puts, int n, std::chrono::milliseconds d) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, d, [&] { return (puts ? puts_entered_ : gets_entered_) >= n; });
+  }
+
+  const TierCaps& caps() const override { return caps_; }
+  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
+    Enter(true);
+    return inner_->Put(key, desc, data);
+  }
+  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
+    Enter(false);
+    Status s = inner_->Get(key, out, desc);
+    std::lock_guard lock(mu_);
+    ++gets_done_;
+    return s;
+  }
+  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
+  Status Erase(const BlockKey& key) override { return inner_->Erase(key); }
+  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
+  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
+  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t block_count() const override { return inner_->block_count(); }
+  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
+  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
+
+ private:
+  void Enter(bool put) {
+    std::unique_lock lock(mu_);
+    ++(put ? puts_entered_ : gets_entered_);
+    cv_.notify_all();
+    cv_.wait_for(lock, kGateTimeout, [&] { return !(put ? puts_closed_ : gets_closed_); });
+  }
+  std::unique_ptr<Tier> inner_;
+  TierCaps caps_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool puts_closed_ = false, gets_closed_ = false;
+  int puts_entered_ = 0, gets_entered_ = 0, gets_done_ = 0;
+};
+
+struct GatedStore {
+  GatedTier* gate = nullptr;
+  std::unique_ptr<Store> store;
+};
+
+GatedStore MakeGatedStore() {
+  HostTierOptions ho;
+  ho.capacity_bytes = 64 * kMiB;
+  ho.pin = false;
+  ho.chunk_bytes = 4 * kMiB;
+  auto host = HostTier::Create(ho);
+  REQUIRE(host.ok());
+  auto gated = std::make_unique<GatedTier>(std::move(host).value());
+  GatedStore out;
+  out.gate = gated.get();
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(gated);
+  StoreOptions so;
+  so.hbm.mode = HbmMode::kOff;
+  so.put_tier = TierId::kNvme;
+  so.promote_on_get = false;
+  auto s = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(s.ok());
+  out.store = std::move(s).value();
+  return out;
+}
+
+std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n) {
+  base.resize(static_cast<std::size_t>(keep));
+  for (int i = keep; i < n; ++i) base.push_back((i * 31 + 3) % 512);
+  return base;
+}
+
+bool SameState(const model::SequenceState& a, const model::SequenceState& b) {
+  if (a.num_layers() != b.num_layers()) return false;
+  for (int l = 0; l < a.num_layers(); ++l) {
+    auto x = a.ExportLayer(l), y = b.ExportLayer(l);
+    if (!x.ok() || !y.ok() || *x != *y || a.layer(l).tokens != b.layer(l).tokens) return false;
+  }
+  return true;
+}
+
+TEST_CASE("layerwise restore == whole restore == full recompute, bitwise (f32), across chunk sizes and intervals") {
+  const auto& m = Toy();
+  for (const auto& ce : {std::pair{16, 1}, std::pair{16, 2}, std::pair{8, 3}, std::pair{32, 0}}) {
+    const int C = ce.first, every = ce.second;
+    CAPTURE(C, every);
+    auto store = HostStore();
+    auto cache = PrefixCache::Create(Layout(C, every), m.id, store.get(), store.get());
+    REQUIRE(cache.ok());
+    const auto p = Tokens(4 * C + 5);
+    Prefill(*m.model, **cache, p, "");  // layerwise write-out
+    (*cache)->Flush();
+    const auto p2 = Extend(p, 4 * C + 5, 4 * C + 5 + C / 2 + 3);
+    const Run lw = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+    const Run whole = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false, .layerwise = false}, 2);
+    const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+    CHECK(lw.prefill.restored_tokens == 4 * C);  // the request's last full chunk always has its snapshot
+    CHECK(lw.prefill.restore.layerwise);
+    CHECK(!lw.prefill.restore.layerwise_voided);
+    CHECK(!whole.prefill.restore.layerwise);
+    CHECK(lw.prefill.restored_tokens == whole.prefill.restored_tokens);
+    CHECK(lw.prefill.restore.kv_bytes == whole.prefill.restore.kv_bytes);
+    CHECK(Bitwise(lw.prefill.logits.data, whole.prefill.logits.data));
+    CHECK(Bitwise(lw.prefill.logits.data, Rows(cold.prefill.logits, lw.prefill.restored_tokens)));
+    CHECK(Bitwise(lw.decode_logits.back(), cold.decode_logits.back()));
+    CHECK(Bitwise(whole.decode_logits.back(), cold.decode_logits.back()));
+    CHECK((*cache)->Stats().layerwise_restores == 1);
+  }
+}
+
+TEST_CASE("a layer is handed out while later layers' KV chunks are still being read; the result is the whole restore") {
+  const auto& m = Toy();
+  auto kv = MakeGatedStore();
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  REQUIRE(!L.kda_layers().empty());
+  REQUIRE(!L.mla_layers().empty());
+  REQUIRE(L.kda_layers().front() < L.mla_layers().front());  // k3-toy: KDA layers come first
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto req = (*cache)->Prepare(p, "");
+
+  // Direct API: KV Gets held at the gate; the first (KDA) layer is still handed out.
+  kv.gate->Close(false, true);
+  auto state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto restore = (*cache)->BeginRestore(req, &state);
+  REQUIRE(restore.ok());
+  CHECK((*restore)->boundary_tokens() == 80);
+  REQUIRE(kv.gate->WaitEntered(false, 1, 2000ms));  // a KV read is in flight
+  CHECK((*restore)->RetrieveLayer(L.kda_layers().front()).ok());
+  CHECK(state.layer(L.kda_layers().front()).tokens == 80);
+  CHECK(state.layer(L.mla_layers().front()).tokens == 0);  // not handed out: not there
+  kv.gate->Open();
+  for (int l = 0; l < L.num_layers(); ++l)
+    if (l != L.kda_layers().front()) CHECK((*restore)->RetrieveLayer(l).ok());
+  auto rep = (*restore)->Finish();
+  REQUIRE(rep.ok());
+  CHECK(rep->boundary_tokens == 80);
+  CHECK(rep->layerwise);
+  auto whole_state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto whole = (*cache)->Restore(req, &whole_state);
+  REQUIRE(whole.ok());
+  CHECK(SameState(state, whole_state));
+
+  // Under a forward pass: the pass reaches the first MLA layer (the KDA layers before it were
+  // computed) while the KV chunks are still held at the gate; the hook opens it there.
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 20);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 1);
+  kv.gate->Close(false, true);
+  const int gets_before = kv.gate->gets_entered(), done_before = kv.gate->gets_done();
+  bool reached_mla_with_reads_pending = false, first = true;
+  model::Session s(*m.model);
+  model::ForwardOptions hooks;
+  hooks.on_layer_begin = [&](int layer, std::int64_t) {
+    if (layer == L.mla_layers().front() && first) {
+      first = false;
+      // A KV read is held at the gate: none can have completed, yet the KDA layers before ran.
+      reached_mla_with_reads_pending =
+          kv.gate->WaitEntered(false, gets_before + 1, 2000ms) && kv.gate->gets_done() == done_before;
+      kv.gate->Open();
+    }
+    return Status::Ok();
+  };
+  s.set_hooks(hooks);
+  auto r = PrefillWithCache(&s, **cache, (*cache)->Prepare(p2, ""), {.restore = true, .write_back = false});
+  kv.gate->Open();
+  REQUIRE(r.ok());
+  CHECK(reached_mla_with_reads_pending);
+  CHECK(r->restored_tokens == 80);
+  CHECK(r->restore.layerwise);
+  CHECK(r->restore.wait_seconds > 0);  // the MLA layer waited for its chunks
+  CHECK(r->restore.wait_seconds <= r->compute_seconds);
+  CHECK(Bitwise(r->logits.data, Rows(cold.prefill.logits, 80)));
+  CHECK(static_cast<bool>(s.hooks().on_layer_begin));  // the session's own hook was put back
+  CHECK(!static_cast<bool>(s.hooks().on_layer_end));
+  CHECK((*cache)->Stats().restore_wait_seconds >= r->restore.wait_seconds);
+}
+
+// Flips one byte of the block in `file` whose header starts with `magic` and carries `needle`
+// (8 bytes) at `needle_at`: at `flip_at`, or (flip_at_entry_offset) at 100 bytes into the
+// sub-range whose offset the KV chunk header's layer entry `entry` states.
+bool FlipBlockByte(const std::filesystem::path& file, std::string_view magic, std::uint64_t needle,
+                   std::size_t needle_at, std::size_t flip_at, int entry = -1) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<char> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (std::size_t pos = 0; pos + 4096 <= all.size(); pos += 512) {
+    if (std::memcmp(all.data() + pos, magic.data(), 8) != 0) continue;
+    std::uint64_t v = 0;
+    std::memcpy(&v, all.data() + pos + needle_at, 8);
+    if (v != needle) continue;
+    std::size_t at = flip_at;
+    if (entry >= 0) {
+      std::uint64_t off = 0;
+      std::memcpy(&off, all.data() + pos + 64 + 48 * static_cast<std::size_t>(entry) + 16, 8);
+      at = static_cast<std::size_t>(off) + 100;
+    }
+    const int fd = ::open(file.c_str(), O_WRONLY);
+    if (fd < 0) return false;
+    char c = static_cast<char>(all[pos + at] ^ 0x5a);
+    const bool ok = ::pwrite(fd, &c, 1, static_cast<off_t>(pos + at)) == 1 && ::fsync(fd) == 0;
+    ::close(fd);
+    return ok;
+  }
+  return false;
+}
+
+TEST_CASE("a bad block of a later layer voids the layers already handed out: the boundary moves back, output exact") {
+  const auto& m = Toy();
+  terrace::testing::TempDir dir("kvlayer");
+  auto kv_store = NvmeStore(dir.path() / "kv");
+  auto st_store = NvmeStore(dir.path() / "state");
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  REQUIRE(kv_store->Flush().ok());
+  REQUIRE(st_store->Flush().ok());
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 11);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+
+  // The snapshot at token 80 of a KDA layer after the first MLA layer: the layers before it (the
+  // first MLA layer included) are handed out and computed on before it turns out corrupt.
+  int late_kda = -1;
+  for (int l : L.kda_layers())
+    if (l > L.mla_layers().front()) late_kda = l;
+  REQUIRE(late_kda > 0);
+  const std::uint64_t needle = static_cast<std::uint64_t>(late_kda) | (80ull << 32);  // layer u32, boundary low u32
+  REQUIRE(FlipBlockByte(dir.path() / "state" / "terrace.data", "TKDASNP1", needle, 12, 1000));
+  const auto layers_begun = std::make_shared<std::vector<int>>();
+  model::Session s(*m.model);
+  model::ForwardOptions hooks;
+  hooks.on_layer_begin = [layers_begun](int layer, std::int64_t) {
+    layers_begun->push_back(layer);
+    return Status::Ok();
+  };
+  s.set_hooks(hooks);
+  auto r = PrefillWithCache(&s, **cache, (*cache)->Prepare(p2, ""), {.restore = true, .write_back = false});
+  REQUIRE(r.ok());
+  CHECK(r->restore.lookup_boundary_tokens == 80);
+  CHECK(r->restore.layerwise_voided);
+  CHECK(r->restored_tokens == 64);
+  CHECK(r->restore.boundary_tokens == 64);
+  CHECK(r->restore.fallbacks == 1);
+  CHECK((*cache)->Stats().layerwise_voided == 1);
+  CHECK(Bitwise(r->logits.data, Rows(cold.prefill.logits, 64)));
+  // The discarded pass stopped at the corrupt layer (no later layer ran on the void state): the
+  // next layer begun is layer 0 of the recompute from the earlier boundary.
+  REQUIRE(layers_begun->size() > static_cast<std::size_t>(late_kda) + 1);
+  CHECK((*layers_begun)[static_cast<std::size_t>(late_kda)] == late_kda);
+  CHECK((*layers_begun)[static_cast<std::size_t>(late_kda) + 1] == 0);
+  auto d = s.Decode(model::Argmax(s.last_logits()));
+  REQUIRE(d.ok());
+  CHECK(Bitwise(*d, cold.decode_logits.front()));
+
+  // A corrupt MLA sub-range (second MLA layer's, if any, else the first) of KV chunk 2: boundary 32.
+  auto req = (*cache)->Prepare(p2, "");
+  const int entry = L.mla_layers().size() > 1 ? 1 : 0;
+  REQUIRE(FlipBlockByte(dir.path() / "kv" / "terrace.data", "TKVCHNK1", req.chunk_ids[2].hi, 24, 0, entry));
+  const Run w = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(w.prefill.restored_tokens == 32);
+  CHECK(w.prefill.restore.fallbacks >= 1);
+  CHECK(Bitwise(w.prefill.logits.data, Rows(cold.prefill.logits, 32)));
+  CHECK(Bitwise(w.decode_logits.back(), cold.decode_logits.back()));
+}
+
+TEST_CASE("the per-layer write-out starts during the forward pass and never blocks it (slow state tier)") {
+  const auto& m = Toy();
+  auto kv_store = HostStore();
+  auto st = MakeGatedStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st.store.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  const int last_layer = L.num_layers() - 1;
+  st.gate->Close(true, false);  // every snapshot Put waits at the gate until the test opens it
+  const auto p = Tokens(3 * 16 + 5);
+  bool write_started_in_pass = false;
+  model::Session s(*m.model);
+  model::ForwardOptions hooks;
+  hooks.on_layer_end = [&](int layer, std::span<const float>, std::int64_t) {
+    // The first piece [0, 16): by its last layer, the earlier KDA layers' snapshots are being put.
+    if (layer == last_layer && s.state().layer(0).tokens == 16)
+      write_started_in_pass = st.gate->WaitEntered(true, 1, 2000ms);
+  };
+  s.set_hooks(hooks);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = PrefillWithCache(&s, **cache, (*cache)->Prepare(p, ""));
+  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int puts_pending = st.gate->puts_entered();
+  st.gate->Open();
+  REQUIRE(r.ok());
+  CHECK(write_started_in_pass);
+  // Puts were held at the gate the whole time, yet the prefill returned: it never waited on one.
+  CHECK(puts_pending >= 1);
+  CHECK(prefill_s < std::chrono::duration<double>(GatedTier::kGateTimeout).count());
+  (*cache)->Flush();
+  const auto stats = (*cache)->Stats();
+  CHECK(stats.write_failures == 0);
+  CHECK(stats.state_writes == 3 * L.kda_layers().size());
+  CHECK(stats.chunk_writes == 3);
+  // What was written restores exactly.
+  const auto p2 = Extend(p, 3 * 16 + 5, 3 * 16 + 9);
+  const Run warm = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 1);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 1);
+  CHECK(warm.prefill.restored_tokens == 48);
+  CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 48)));
+}
+
+}  // namespace
+}  // namespace terrace::kv
