@@ -2,12 +2,17 @@
 //   seqwrite / seqread: --block-size blocks (default 1 MiB) over --file-size, PutBatch / GetBatch
 //   randread: 4 KiB blocks filling --file-size, random GetBatch for --seconds
 //   reopen: an index of --reopen-records records, then time NvmeTier::Open
-// MB/s are 10^6 bytes per second; latencies are per device I/O (the tier's histograms).
+// MB/s are 10^6 bytes per second; latencies are per device I/O (the tier's histograms). randread
+// also reports the reading thread's CPU time per I/O, user and kernel (getrusage RUSAGE_THREAD):
+// on a shared machine a steadier measure of the per-I/O cost than IOPS.
+#include <sys/resource.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -31,19 +36,34 @@ struct BenchResult {
   double seconds = 0;
   std::uint64_t ops = 0, bytes = 0;
   TierStatsSnapshot stats;
+  double user_us_per_op = -1, sys_us_per_op = -1;  // < 0: not measured
 };
+
+// This thread's user and kernel CPU time, seconds.
+std::pair<double, double> ThreadCpuSplit() {
+  rusage ru{};
+  getrusage(RUSAGE_THREAD, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return {s(ru.ru_utime), s(ru.ru_stime)};
+}
 
 void Print(const BenchResult& r, bool read, bool json) {
   double mbps = static_cast<double>(r.bytes) / r.seconds / 1e6;
   double iops = static_cast<double>(r.ops) / r.seconds;
   double p50 = (read ? r.stats.read_p50_ns : r.stats.write_p50_ns) / 1e3;
   double p99 = (read ? r.stats.read_p99_ns : r.stats.write_p99_ns) / 1e3;
+  const bool cpu = r.user_us_per_op >= 0;
   if (json) {
-    fmt::print("{{\"op\":\"{}\",\"mb_per_s\":{:.1f},\"iops\":{:.0f},\"p50_us\":{:.1f},\"p99_us\":{:.1f},\"seconds\":{:.3f}}}\n",
-               r.name, mbps, iops, p50, p99, r.seconds);
+    std::string extra = cpu ? fmt::format(",\"user_us_per_io\":{:.2f},\"sys_us_per_io\":{:.2f}", r.user_us_per_op,
+                                          r.sys_us_per_op)
+                            : "";
+    fmt::print("{{\"op\":\"{}\",\"mb_per_s\":{:.1f},\"iops\":{:.0f},\"p50_us\":{:.1f},\"p99_us\":{:.1f},\"seconds\":{:.3f}{}}}\n",
+               r.name, mbps, iops, p50, p99, r.seconds, extra);
   } else {
-    fmt::print("{:<22} {:>9.1f} MB/s {:>10.0f} IOPS  p50 {:>8.1f} us  p99 {:>8.1f} us  ({:.2f} s)\n", r.name, mbps, iops,
+    fmt::print("{:<22} {:>9.1f} MB/s {:>10.0f} IOPS  p50 {:>8.1f} us  p99 {:>8.1f} us  ({:.2f} s)", r.name, mbps, iops,
                p50, p99, r.seconds);
+    if (cpu) fmt::print("  CPU/IO user {:.2f} us sys {:.2f} us", r.user_us_per_op, r.sys_us_per_op);
+    fmt::print("\n");
   }
 }
 
@@ -181,6 +201,7 @@ int main(int argc, char** argv) {
     tier = OpenOrDie(o);
     std::vector<std::uint64_t> keys;
     BenchResult total{"randread4k"};
+    const auto cpu0 = ThreadCpuSplit();
     auto t0 = Clock::now();
     while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds) {
       keys.resize(batch * 64);
@@ -190,6 +211,9 @@ int main(int argc, char** argv) {
       total.bytes += part.bytes;
     }
     total.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto cpu1 = ThreadCpuSplit();
+    total.user_us_per_op = (cpu1.first - cpu0.first) * 1e6 / static_cast<double>(total.ops);
+    total.sys_us_per_op = (cpu1.second - cpu0.second) * 1e6 / static_cast<double>(total.ops);
     total.stats = tier->Stats();
     Print(total, true, json);
   }

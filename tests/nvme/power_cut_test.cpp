@@ -57,7 +57,7 @@ int EngineWrite(nvme::IoEngine& engine, std::uint64_t off, std::vector<std::byte
   nvme::IoRequest r;
   r.op = nvme::IoOp::kWrite;
   r.offset = off;
-  r.buf = data.data();
+  r.src = data.data();
   r.len = static_cast<std::uint32_t>(data.size());
   int err = 1;
   nvme::RunToCompletion(engine, std::span(&r, 1), [&](std::size_t, int e) { err = e; });

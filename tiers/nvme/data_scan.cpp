@@ -1,10 +1,8 @@
 // NvmeTier::ScanDataFile and NvmeTier::RebuildIndex: the data file read as the source of truth.
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <linux/fs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -66,12 +64,8 @@ Status OpenData(const nvme::StorePaths& paths, bool exclusive, std::chrono::mill
     }
     return ErrnoStatus("cannot lock the NVMe data file", paths.data, err);
   }
-  if (paths.block_device) {
-    if (::ioctl(fd->fd, BLKGETSIZE64, size) != 0) return ErrnoStatus("cannot read the size of", paths.data, errno);
-  } else {
-    struct stat st {};
-    if (::fstat(fd->fd, &st) != 0) return ErrnoStatus("cannot stat", paths.data, errno);
-    *size = static_cast<std::uint64_t>(st.st_size);
+  if (int err = nvme::DataAreaBytes(fd->fd, paths.block_device, size); err != 0) {
+    return ErrnoStatus(paths.block_device ? "cannot read the size of" : "cannot stat", paths.data, err);
   }
   std::vector<std::byte> unit(nvme::kSuperblockBytes);
   ssize_t got = ::pread(fd->fd, unit.data(), unit.size(), 0);

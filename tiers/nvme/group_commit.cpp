@@ -64,7 +64,7 @@ Status GroupCommitter::ClearDescriptors(const std::vector<Extent>& extents) {
   for (std::size_t i = 0; i < extents.size(); ++i) {
     reqs[i].op = IoOp::kWrite;
     reqs[i].offset = extents[i].offset + extents[i].length - kUnit;  // the descriptor is the extent's last unit
-    reqs[i].buf = zero.get();  // only read by the engine: one buffer serves every request
+    reqs[i].src = zero.get();  // only read by the engine: one buffer serves every request
     reqs[i].len = static_cast<std::uint32_t>(kUnit);
   }
   int first_err = 0;

@@ -34,7 +34,11 @@ void RunToCompletion(IoEngine& engine, std::span<IoRequest> reqs,
       on_done(i, -EIO);  // no progress: end of file or a device that stopped transferring
     } else {
       r.offset += static_cast<std::uint64_t>(res);
-      r.buf += res;
+      if (r.op == IoOp::kRead) {
+        r.buf += res;
+      } else {
+        r.src += res;
+      }
       r.len -= static_cast<std::uint32_t>(res);
       retry.push_back(i);
     }

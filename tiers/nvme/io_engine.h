@@ -25,7 +25,9 @@ enum class IoOp : std::uint8_t { kRead = 0, kWrite = 1 };
 struct IoRequest {
   IoOp op = IoOp::kRead;
   std::uint64_t offset = 0;  // bytes into the data file
-  std::byte* buf = nullptr;  // not owned; must stay valid until the request completes
+  // Not owned; must stay valid until the request completes. Exactly one is set, by op:
+  std::byte* buf = nullptr;        // kRead: where the bytes land
+  const std::byte* src = nullptr;  // kWrite: the bytes to write; the engine never writes through it
   std::uint32_t len = 0;     // bytes
   int buf_index = -1;        // registered buffer holding [buf, buf+len) (fixed I/O), or -1
   int result = 0;            // out: bytes transferred (possibly fewer than len) or -errno

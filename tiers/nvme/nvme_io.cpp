@@ -14,22 +14,36 @@ using nvme::IoOp;
 using nvme::IoRequest;
 using nvme::kUnit;
 
-void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len,
-                          std::uint64_t room, std::vector<Chunk>* out) const {
+void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, const std::byte* src,
+                          std::uint64_t len, std::uint64_t room, std::vector<Chunk>* out) const {
   const std::uint64_t max = staging_->buffer_bytes();
-  if (len == 0) return;
+  const std::byte* base = dst ? dst : src;
   for (std::uint64_t done = 0; done < len;) {
     std::uint64_t n = std::min(max, len - done);
     Chunk c;
     c.op = op;
     c.file_offset = file_offset + done;
-    c.user = user + done;
+    if (dst) {
+      c.dst = dst + done;
+    } else {
+      c.src = src + done;
+    }
     c.len = static_cast<std::uint32_t>(n);
     c.io_len = static_cast<std::uint32_t>(nvme::RoundUp(n, kUnit));
-    c.staged = reinterpret_cast<std::uintptr_t>(c.user) % kUnit != 0 || (n % kUnit != 0 && done + c.io_len > room);
+    c.staged = reinterpret_cast<std::uintptr_t>(base + done) % kUnit != 0 || (n % kUnit != 0 && done + c.io_len > room);
     out->push_back(c);
     done += n;
   }
+}
+
+void NvmeTier::PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, std::uint64_t len,
+                              std::uint64_t room, std::vector<Chunk>* out) const {
+  PlanChunks(op, file_offset, dst, nullptr, len, room, out);
+}
+
+void NvmeTier::PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::span<const std::byte> src,
+                               std::vector<Chunk>* out) const {
+  PlanChunks(op, file_offset, nullptr, src.data(), src.size(), src.size(), out);
 }
 
 int NvmeTier::ExternalBufferIndex(const std::byte* p, std::size_t len) const {
@@ -46,6 +60,9 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
   std::vector<std::size_t> req_chunk;
   std::vector<int> bufs;
   std::vector<int> req_buf;  // staging buffer per request, -1 for direct
+  reqs.reserve(chunks.size());
+  req_chunk.reserve(chunks.size());
+  req_buf.reserve(chunks.size());
   bool have_external;
   {
     MutexLock l(&reg_mu_);
@@ -70,17 +87,24 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
       if (c.staged) {
         if (used == bufs.size()) break;
         int b = bufs[used++];
-        r.buf = staging_->data(b);
+        std::byte* stage = staging_->data(b);
         r.buf_index = b;
         staged_ios_.fetch_add(1, std::memory_order_relaxed);
         if (op == IoOp::kWrite) {
-          std::memcpy(r.buf, c.user, c.len);
-          std::memset(r.buf + c.len, 0, c.io_len - c.len);
+          std::memcpy(stage, c.src, c.len);
+          std::memset(stage + c.len, 0, c.io_len - c.len);
+          r.src = stage;
+        } else {
+          r.buf = stage;
         }
         req_buf.push_back(b);
       } else {
-        r.buf = c.user;
-        r.buf_index = have_external ? ExternalBufferIndex(c.user, c.len) : -1;
+        if (op == IoOp::kWrite) {
+          r.src = c.src;
+        } else {
+          r.buf = c.dst;
+        }
+        r.buf_index = have_external ? ExternalBufferIndex(op == IoOp::kWrite ? c.src : c.dst, c.len) : -1;
         req_buf.push_back(-1);
       }
       reqs.push_back(r);
@@ -91,7 +115,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
       Chunk& c = chunks[req_chunk[k]];
       (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency)
           .Record(SteadyNanos() - reqs[k].submit_ns);
-      if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.user, staging_->data(req_buf[k]), c.len);
+      if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.dst, staging_->data(req_buf[k]), c.len);
       done(req_chunk[k], err);
     });
     counters_.queue_depth.fetch_sub(reqs.size(), std::memory_order_relaxed);

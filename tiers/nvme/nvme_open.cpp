@@ -1,9 +1,7 @@
 // NvmeTier: opening, creating and recovering a store.
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <linux/magic.h>
 #include <sys/file.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -314,7 +312,11 @@ Status NvmeTier::EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, s
   nvme::IoRequest r;
   r.op = op;
   r.offset = offset;
-  r.buf = buf;
+  if (op == nvme::IoOp::kRead) {
+    r.buf = buf;
+  } else {
+    r.src = buf;
+  }
   r.len = len;
   int err = 0;
   nvme::RunToCompletion(*engine_, std::span<nvme::IoRequest>(&r, 1), [&](std::size_t, int e) { err = e; });
@@ -527,14 +529,9 @@ Status NvmeTier::ResumeCreation() {
 Status NvmeTier::OpenExisting(bool block_device) {
   TERRACE_RETURN_IF_ERROR(OpenFd(data_path_, /*create=*/false));
   std::uint64_t size = 0;
-  if (block_device) {
-    if (::ioctl(fd_, BLKGETSIZE64, &size) != 0) {
-      return Errno("cannot read the size of block device", data_path_, errno, "check the device");
-    }
-  } else {
-    struct stat sst {};
-    if (::fstat(fd_, &sst) != 0) return Errno("cannot stat", data_path_, errno, "check the file");
-    size = static_cast<std::uint64_t>(sst.st_size);
+  if (int err = nvme::DataAreaBytes(fd_, block_device, &size); err != 0) {
+    return block_device ? Errno("cannot read the size of block device", data_path_, err, "check the device")
+                        : Errno("cannot stat", data_path_, err, "check the file");
   }
   if (size < nvme::kSuperblockBytes) {
     return Status::InvalidArgument(

@@ -1,6 +1,9 @@
 #include "tiers/nvme/nvme_paths.h"
 
+#include <linux/fs.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <thread>
@@ -66,6 +69,14 @@ int LockDataArea(int fd, int op, std::chrono::milliseconds patience) {
     if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) return err;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes) {
+  if (block_device) return ::ioctl(fd, BLKGETSIZE64, bytes) == 0 ? 0 : errno;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno;
+  *bytes = static_cast<std::uint64_t>(st.st_size);
+  return 0;
 }
 
 }  // namespace terrace::nvme

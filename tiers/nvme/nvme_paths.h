@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 
 #include "terrace/options.h"
@@ -19,6 +20,10 @@ struct StorePaths {
 // Checks options.path (a directory or a block device; a block device needs index_dir). With
 // `may_create`, a missing directory is created; otherwise it is NotFound.
 Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_create);
+
+// The size of an open data area in bytes: a block device's (BLKGETSIZE64), else the file's
+// (fstat). Returns 0 or the errno of the failed call.
+int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes);
 
 // flock(fd, op | LOCK_NB), retried for up to `patience` while it fails with EWOULDBLOCK: a
 // process that just died may hold the lock a moment longer (io_uring drops its file references

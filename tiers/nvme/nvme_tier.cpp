@@ -33,19 +33,56 @@ Status NvmeTier::ReadOnlyError(std::string_view op) const {
                                              op, data_path_.string()));
 }
 
+namespace {
+// Bytes an extent of a `length`-byte block occupies: its data units and its descriptor unit.
+std::uint64_t ExtentBytes(std::uint64_t length) {
+  nvme::Record r;
+  r.length = length;
+  return r.extent_bytes();
+}
+}  // namespace
+
+// A put runs in steps, each over the whole batch so the I/O of every op goes out together:
+// check the ops, allocate extents, reserve generations and descriptor memory, write data and
+// descriptors, switch the index; with kSync, wait for the group commit. st[i] records the first
+// failure of op i; a failed op takes no further step (an allocated extent is given back).
 std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   std::vector<Status> st(ops.size());
   if (options_.read_only) {
     for (auto& s : st) s = ReadOnlyError("put");
     return st;
   }
-  std::vector<std::uint64_t> offsets(ops.size(), 0);
-  std::vector<std::uint64_t> generations(ops.size(), 0);
-  std::vector<bool> allocated(ops.size(), false);
   if (Status h = committer_->health(); !h.ok()) {
     for (auto& s : st) s = h;
     return st;
   }
+  CheckPuts(ops, st);
+  std::vector<PutPlan> plans(ops.size());
+  AllocateExtents(ops, plans, st);
+  DescriptorUnits descs;
+  if (Status s = PrepareWrites(plans, &descs); !s.ok()) {
+    AbandonExtents(ops, plans, s, st);
+    return st;
+  }
+  WriteExtents(ops, plans, descs.get(), st);
+  std::uint64_t bytes = 0;
+  const std::uint64_t last_seq = SwitchIndex(ops, plans, st, &bytes);
+  if (options_.durability == Durability::kSync && last_seq > 0) {
+    Status s = committer_->WaitDurable(last_seq);
+    if (!s.ok()) {
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        if (plans[i].allocated && st[i].ok()) st[i] = s;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (st[i].ok()) counters_.Add(counters_.puts);
+  }
+  counters_.Add(counters_.bytes_written, bytes);
+  return st;
+}
+
+void NvmeTier::CheckPuts(std::span<const PutOp> ops, std::vector<Status>& st) const {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const PutOp& op = ops[i];
     if (op.desc.size != op.data.size()) {
@@ -59,38 +96,39 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
           op.key.ToString(), op.data.size(), data_path_.string(), caps_.max_block_bytes, caps_.capacity_bytes));
     }
   }
-  // Allocate extents; if space is short and frees are waiting on a commit, commit and retry once.
+}
+
+void NvmeTier::AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::vector<Status>& st) {
+  // If space is short and frees are waiting on a commit, commit and retry once.
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool short_of_space = false;
     {
       MutexLock l(&mu_);
       for (std::size_t i = 0; i < ops.size(); ++i) {
-        if (!st[i].ok() || allocated[i]) continue;
-        nvme::Record tmp;
-        tmp.length = ops[i].data.size();
-        auto off = alloc_->Allocate(tmp.extent_bytes());
+        if (!st[i].ok() || plans[i].allocated) continue;
+        auto off = alloc_->Allocate(ExtentBytes(ops[i].data.size()));
         if (off) {
-          offsets[i] = *off;
-          generations[i] = next_generation_++;
-          allocated[i] = true;
+          plans[i].offset = *off;
+          plans[i].generation = next_generation_++;
+          plans[i].allocated = true;
         } else {
           short_of_space = true;
         }
       }
     }
-    if (!short_of_space) break;
+    if (!short_of_space) return;
     if (attempt == 0) {
       if (Status f = committer_->Flush(); !f.ok()) {
         for (std::size_t i = 0; i < ops.size(); ++i) {
-          if (st[i].ok() && !allocated[i]) st[i] = f;
+          if (st[i].ok() && !plans[i].allocated) st[i] = f;
         }
-        break;
+        return;
       }
       continue;
     }
     MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (!st[i].ok() || allocated[i]) continue;
+      if (!st[i].ok() || plans[i].allocated) continue;
       st[i] = Status::OutOfCapacity(fmt::format(
           "NVMe tier at '{}' has no free extent for block {} ({} bytes): {} bytes free in {} extents, largest {}; "
           "erase blocks or raise capacity_bytes",
@@ -98,144 +136,194 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
           alloc_->free_extents(), alloc_->largest_free()));
     }
   }
+}
 
+Status NvmeTier::PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnits* descs) {
   // Each extent's descriptor (its last 4 KiB) carries the generation: make sure the superblock
   // covers every generation about to be written before any of them reaches the disk.
   std::uint64_t max_generation = 0;
   std::size_t n_allocated = 0;
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (!allocated[i]) continue;
-    max_generation = std::max(max_generation, generations[i]);
+  for (const PutPlan& p : plans) {
+    if (!p.allocated) continue;
+    max_generation = std::max(max_generation, p.generation);
     ++n_allocated;
   }
-  std::unique_ptr<std::byte, FreeDeleter> descs(
-      n_allocated ? static_cast<std::byte*>(std::aligned_alloc(nvme::kUnit, n_allocated * nvme::kUnit)) : nullptr);
-  Status before_write;
-  if (n_allocated > 0) before_write = ReserveGenerations(max_generation);
-  if (before_write.ok() && n_allocated > 0 && !descs) {
-    before_write = Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
+  if (n_allocated == 0) return Status::Ok();
+  TERRACE_RETURN_IF_ERROR(ReserveGenerations(max_generation));
+  descs->reset(static_cast<std::byte*>(std::aligned_alloc(nvme::kUnit, n_allocated * nvme::kUnit)));
+  if (!*descs) return Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
+  return Status::Ok();
+}
+
+void NvmeTier::AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, const Status& why,
+                              std::vector<Status>& st) {
+  MutexLock l(&mu_);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!plans[i].allocated) continue;
+    alloc_->Free(plans[i].offset, ExtentBytes(ops[i].data.size()));  // nothing was written there
+    plans[i].allocated = false;
+    st[i] = why;
   }
-  if (!before_write.ok()) {
-    MutexLock l(&mu_);
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (!allocated[i]) continue;
-      nvme::Record tmp;
-      tmp.length = ops[i].data.size();
-      alloc_->Free(offsets[i], tmp.extent_bytes());  // nothing was written there
-      allocated[i] = false;
-      st[i] = before_write;
-    }
-    return st;
-  }
+}
+
+void NvmeTier::WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::byte* descs,
+                            std::vector<Status>& st) {
   std::array<std::uint8_t, 16> uuid;
   {
     MutexLock l(&sb_mu_);
     uuid = sb_.uuid;
   }
-
-  // Write every allocated block and its descriptor in one batch, verifying each caller checksum
-  // while the rest are in flight.
+  // Every allocated block and its descriptor in one batch, each caller checksum verified while
+  // the rest are in flight.
   std::vector<Chunk> chunks;
-  std::vector<std::uint32_t> pending(ops.size(), 0);
   std::size_t next_desc = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (!allocated[i]) continue;
-    std::size_t before = chunks.size();
-    PlanChunks(i, offsets[i], const_cast<std::byte*>(ops[i].data.data()), ops[i].data.size(), ops[i].data.size(),
-               &chunks);
+    if (!plans[i].allocated) continue;
+    const std::size_t before = chunks.size();
+    PlanWriteChunks(i, plans[i].offset, ops[i].data, &chunks);
     nvme::Descriptor d;
     d.uuid = uuid;
     d.key = ops[i].key;
-    d.rec.offset = offsets[i];
+    d.rec.offset = plans[i].offset;
     d.rec.length = ops[i].data.size();
     d.rec.checksum = ops[i].desc.checksum;
     d.rec.codec = ops[i].desc.codec;
-    d.rec.generation = generations[i];
-    std::byte* unit = descs.get() + (next_desc++) * nvme::kUnit;
+    d.rec.generation = plans[i].generation;
+    std::byte* unit = descs + (next_desc++) * nvme::kUnit;
     std::memset(unit, 0, nvme::kUnit);
     d.EncodeTo(unit);
     Chunk dc;
     dc.op = i;
     dc.file_offset = d.rec.descriptor_offset();
-    dc.user = unit;
+    dc.src = unit;
     dc.len = static_cast<std::uint32_t>(nvme::kUnit);
     dc.io_len = static_cast<std::uint32_t>(nvme::kUnit);
-    dc.staged = false;
     chunks.push_back(dc);  // right after its data: one block's writes are contiguous on disk and in the queue
-    pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
+    plans[i].pending = static_cast<std::uint32_t>(chunks.size() - before);
   }
   RunChunks(IoOp::kWrite, chunks, [&](std::size_t ci, int err) {
     const Chunk& c = chunks[ci];
-    std::size_t i = c.op;
+    const std::size_t i = c.op;
     if (err != 0 && st[i].ok()) {
       counters_.Add(counters_.io_errors);
       st[i] = IoStatus(IoOp::kWrite, err, ops[i].key, c.file_offset);
     }
-    if (--pending[i] == 0 && st[i].ok() && Checksum(ops[i].data) != ops[i].desc.checksum) {
+    if (--plans[i].pending == 0 && st[i].ok() && Checksum(ops[i].data) != ops[i].desc.checksum) {
       st[i] = Status::InvalidArgument(fmt::format(
           "put of block {}: desc.checksum {:016x} does not match the data ({:016x}); build the desc with "
           "DescribeBlock(data)",
           ops[i].key.ToString(), ops[i].desc.checksum, Checksum(ops[i].data)));
     }
   });
+}
 
-  // Switch the index: in memory now, durably at the group commit.
+std::uint64_t NvmeTier::SwitchIndex(std::span<const PutOp> ops, const std::vector<PutPlan>& plans,
+                                    const std::vector<Status>& st, std::uint64_t* bytes) {
+  // In memory now, durably at the group commit.
   std::uint64_t last_seq = 0;
-  std::uint64_t bytes = 0;
-  {
-    MutexLock l(&mu_);
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (!allocated[i]) continue;
-      nvme::Record rec;
-      rec.offset = offsets[i];
-      rec.length = ops[i].data.size();
-      rec.checksum = ops[i].desc.checksum;
-      rec.codec = ops[i].desc.codec;
-      if (!st[i].ok()) {
-        // Never indexed, but its descriptor may be on disk: clear it before the space is reused.
-        committer_->StageClear({rec.offset, rec.extent_bytes()});
-        continue;
-      }
-      rec.generation = generations[i];
-      nvme::Extent old{};
-      auto [it, inserted] = map_.try_emplace(ops[i].key);
-      if (!inserted) {
-        Detach(it->second);
-        it->second.readers = 0;
-        old = {it->second.rec.offset, it->second.rec.extent_bytes()};
-        used_bytes_ -= it->second.rec.length;
-      }
-      it->second.rec = rec;
-      used_bytes_ += rec.length;
-      bytes += rec.length;
-      last_seq = committer_->StagePut(nvme::IndexStore::EncodeKey(ops[i].key), nvme::IndexStore::EncodeRecord(rec), old);
-    }
-  }
-  if (options_.durability == Durability::kSync && last_seq > 0) {
-    Status s = committer_->WaitDurable(last_seq);
-    if (!s.ok()) {
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        if (allocated[i] && st[i].ok()) st[i] = s;
-      }
-    }
-  }
+  MutexLock l(&mu_);
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (st[i].ok()) counters_.Add(counters_.puts);
+    if (!plans[i].allocated) continue;
+    nvme::Record rec;
+    rec.offset = plans[i].offset;
+    rec.length = ops[i].data.size();
+    rec.checksum = ops[i].desc.checksum;
+    rec.codec = ops[i].desc.codec;
+    if (!st[i].ok()) {
+      // Never indexed, but its descriptor may be on disk: clear it before the space is reused.
+      committer_->StageClear({rec.offset, rec.extent_bytes()});
+      continue;
+    }
+    rec.generation = plans[i].generation;
+    nvme::Extent old{};
+    auto [it, inserted] = map_.try_emplace(ops[i].key);
+    if (!inserted) {
+      Detach(it->second);
+      it->second.readers = 0;
+      old = {it->second.rec.offset, it->second.rec.extent_bytes()};
+      used_bytes_ -= it->second.rec.length;
+    }
+    it->second.rec = rec;
+    used_bytes_ += rec.length;
+    *bytes += rec.length;
+    last_seq = committer_->StagePut(nvme::IndexStore::EncodeKey(ops[i].key), nvme::IndexStore::EncodeRecord(rec), old);
   }
-  counters_.Add(counters_.bytes_written, bytes);
-  return st;
+  return last_seq;
 }
 
 std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
   std::vector<Status> st(ops.size());
-  std::vector<nvme::Record> recs(ops.size());
-  std::vector<bool> reading(ops.size(), false);
+  std::vector<GetPlan> plans(ops.size());
+  BeginReads(ops, plans, st);
+
+  // Read, then verify each block as soon as its last chunk lands; a mismatch is re-read once
+  // (a transient transfer error) before the block is declared corrupt.
+  std::vector<Chunk> chunks;
+  chunks.reserve(ops.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    chunks.clear();
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      GetPlan& p = plans[i];
+      if (!p.reading || !st[i].ok() || (pass == 1 && !p.bad)) continue;
+      p.bad = false;
+      const std::size_t before = chunks.size();
+      PlanReadChunks(i, p.rec.offset, ops[i].out.data(), p.rec.length, ops[i].out.size(), &chunks);
+      p.pending = static_cast<std::uint32_t>(chunks.size() - before);
+      if (p.pending == 0) p.bad = Checksum(ops[i].out.first(0)) != p.rec.checksum;
+    }
+    if (chunks.empty() && pass == 1) break;
+    RunChunks(IoOp::kRead, chunks, [&](std::size_t ci, int err) {
+      const std::size_t i = chunks[ci].op;
+      GetPlan& p = plans[i];
+      if (err != 0 && st[i].ok()) {
+        counters_.Add(counters_.io_errors);
+        st[i] = IoStatus(IoOp::kRead, err, ops[i].key, chunks[ci].file_offset);
+      }
+      if (--p.pending == 0 && st[i].ok()) p.bad = Checksum(ops[i].out.first(p.rec.length)) != p.rec.checksum;
+    });
+  }
+
+  std::uint64_t bytes = 0, hits = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const GetPlan& p = plans[i];
+    if (!p.reading) continue;
+    if (st[i].ok() && p.bad) {
+      counters_.Add(counters_.corruptions);
+      if (options_.read_only) {
+        st[i] = Status::Corruption(fmt::format(
+            "block {} at offset {} of '{}' failed its checksum (twice); its bytes were not returned; the store is open "
+            "read-only, so the block was kept (open it read-write to drop it)",
+            ops[i].key.ToString(), p.rec.offset, data_path_.string()));
+        continue;
+      }
+      DropCorrupt(ops[i].key, p.rec);
+      st[i] = Status::Corruption(fmt::format(
+          "block {} at offset {} of '{}' failed its checksum (twice); it was dropped from the NVMe tier and its "
+          "bytes were not returned: recompute or refetch it",
+          ops[i].key.ToString(), p.rec.offset, data_path_.string()));
+    } else if (st[i].ok()) {
+      ops[i].desc = BlockDesc{p.rec.length, p.rec.codec, p.rec.checksum};
+      ++hits;
+      bytes += p.rec.length;
+    }
+  }
+  EndReads(ops, plans);
+  if (hits > 0) counters_.Add(counters_.hits, hits);
+  counters_.Add(counters_.bytes_read, bytes);
+  return st;
+}
+
+void NvmeTier::BeginReads(std::span<const GetOp> ops, std::vector<GetPlan>& plans, std::vector<Status>& st) {
+  constexpr std::size_t kAhead = 8;  // lookups prefetched ahead: the map's cache misses overlap
+  std::uint64_t misses = 0;
   {
     MutexLock l(&mu_);
+    for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
     for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
       auto it = map_.find(ops[i].key);
       if (it == map_.end()) {
-        counters_.Add(counters_.misses);
+        ++misses;
         st[i] = Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", ops[i].key.ToString(),
                                              data_path_.string()));
         continue;
@@ -246,71 +334,24 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
                                                     ops[i].key.ToString(), ops[i].out.size(), it->second.rec.length));
         continue;
       }
-      recs[i] = it->second.rec;
-      reading[i] = true;
+      plans[i].rec = it->second.rec;
+      plans[i].reading = true;
       ++it->second.readers;
     }
   }
-
-  // Read, then verify each block as soon as its last chunk lands; a mismatch is re-read once
-  // (a transient transfer error) before the block is declared corrupt.
-  std::vector<bool> bad(ops.size(), false);
-  for (int pass = 0; pass < 2; ++pass) {
-    std::vector<Chunk> chunks;
-    std::vector<std::uint32_t> pending(ops.size(), 0);
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (!reading[i] || !st[i].ok() || (pass == 1 && !bad[i])) continue;
-      bad[i] = false;
-      std::size_t before = chunks.size();
-      PlanChunks(i, recs[i].offset, ops[i].out.data(), recs[i].length, ops[i].out.size(), &chunks);
-      pending[i] = static_cast<std::uint32_t>(chunks.size() - before);
-      if (pending[i] == 0) bad[i] = Checksum(ops[i].out.first(0)) != recs[i].checksum;
-    }
-    if (chunks.empty() && pass == 1) break;
-    RunChunks(IoOp::kRead, chunks, [&](std::size_t ci, int err) {
-      std::size_t i = chunks[ci].op;
-      if (err != 0 && st[i].ok()) {
-        counters_.Add(counters_.io_errors);
-        st[i] = IoStatus(IoOp::kRead, err, ops[i].key, chunks[ci].file_offset);
-      }
-      if (--pending[i] == 0 && st[i].ok()) {
-        bad[i] = Checksum(ops[i].out.first(recs[i].length)) != recs[i].checksum;
-      }
-    });
-  }
-
-  std::uint64_t bytes = 0;
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (!reading[i]) continue;
-    if (st[i].ok() && bad[i]) {
-      counters_.Add(counters_.corruptions);
-      if (options_.read_only) {
-        st[i] = Status::Corruption(fmt::format(
-            "block {} at offset {} of '{}' failed its checksum (twice); its bytes were not returned; the store is open "
-            "read-only, so the block was kept (open it read-write to drop it)",
-            ops[i].key.ToString(), recs[i].offset, data_path_.string()));
-        continue;
-      }
-      DropCorrupt(ops[i].key, recs[i]);
-      st[i] = Status::Corruption(fmt::format(
-          "block {} at offset {} of '{}' failed its checksum (twice); it was dropped from the NVMe tier and its "
-          "bytes were not returned: recompute or refetch it",
-          ops[i].key.ToString(), recs[i].offset, data_path_.string()));
-    } else if (st[i].ok()) {
-      ops[i].desc = BlockDesc{recs[i].length, recs[i].codec, recs[i].checksum};
-      counters_.Add(counters_.hits);
-      bytes += recs[i].length;
-    }
-  }
-  {
-    MutexLock l(&mu_);
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (reading[i]) EndRead(ops[i].key, recs[i]);
-    }
-  }
-  counters_.Add(counters_.bytes_read, bytes);
-  return st;
+  if (misses > 0) counters_.Add(counters_.misses, misses);
 }
+
+void NvmeTier::EndReads(std::span<const GetOp> ops, const std::vector<GetPlan>& plans) {
+  constexpr std::size_t kAhead = 8;
+  MutexLock l(&mu_);
+  for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
+    if (plans[i].reading) EndRead(ops[i].key, plans[i].rec);
+  }
+}
+
 
 void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
   MutexLock l(&mu_);
@@ -426,8 +467,6 @@ std::uint64_t NvmeTier::free_bytes() const {
   MutexLock l(&mu_);
   return alloc_->free_bytes();
 }
-
-bool NvmeTier::fixed_buffers() const { return engine_->fixed_buffers(); }
 
 void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
   MutexLock l(&mu_);

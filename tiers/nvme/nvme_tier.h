@@ -195,7 +195,6 @@ class NvmeTier final : public Tier {
 
   const RecoveryReport& recovery_report() const { return report_; }
   bool read_only() const { return options_.read_only; }
-  bool fixed_buffers() const;                      // staging buffers registered with io_uring
   std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
   // I/Os that went through a staging buffer (unaligned memory, or a tail without room): each one
   // is a copy; a Get into aligned memory with room for the rounded-up tail needs none.
@@ -216,11 +215,30 @@ class NvmeTier final : public Tier {
   struct Chunk {
     std::size_t op = 0;
     std::uint64_t file_offset = 0;
-    std::byte* user = nullptr;
+    std::byte* dst = nullptr;        // reads: the caller's memory for this chunk
+    const std::byte* src = nullptr;  // writes: the caller's bytes for this chunk
     std::uint32_t len = 0;     // bytes of the block in this chunk
     std::uint32_t io_len = 0;  // len rounded up to the unit
     bool staged = false;
   };
+  // One op of a PutBatch on its way through the steps (PutBatch in nvme_tier.cpp).
+  struct PutPlan {
+    bool allocated = false;         // holds the extent below (allocated, not yet given back)
+    std::uint64_t offset = 0;       // the extent's first byte in the data area
+    std::uint64_t generation = 0;   // written into its descriptor and index record
+    std::uint32_t pending = 0;      // its chunks (data and descriptor) still being written
+  };
+  // One op of a GetBatch.
+  struct GetPlan {
+    nvme::Record rec;             // what the index held when the read began
+    bool reading = false;         // found: counted in its entry's (or detached extent's) readers
+    bool bad = false;             // the last read of it failed its checksum
+    std::uint32_t pending = 0;    // its chunks still being read
+  };
+  struct FreeDeleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  using DescriptorUnits = std::unique_ptr<std::byte, FreeDeleter>;  // 4 KiB-aligned, one unit per allocated op
 
   NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // nvme_open.cpp
@@ -258,19 +276,44 @@ class NvmeTier final : public Tier {
   std::string RecoverAdvice() const;  // "run `terrace store recover --dir D [--index-dir I]`"
   Status WithRecoverAdvice(Status s) const;  // a Corruption gains RecoverAdvice()
   // nvme_io.cpp
-  // Splits `len` bytes at `user` into chunks; `room` (>= len) is how many bytes the caller's
-  // memory at `user` holds, so a read whose tail rounds up past len into that room needs no staging.
-  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* user, std::uint64_t len, std::uint64_t room,
-                  std::vector<Chunk>* out) const;
+  // Split a block into chunks of at most one staging buffer. A read of `len` bytes into `dst`:
+  // `room` (>= len) is how many bytes `dst` holds, so a tail that rounds up past len into that room
+  // needs no staging. A write of `src`: a tail short of a unit is always staged (padded with zeros).
+  void PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, std::uint64_t len, std::uint64_t room,
+                      std::vector<Chunk>* out) const;
+  void PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::span<const std::byte> src,
+                       std::vector<Chunk>* out) const;
+  // Exactly one of dst (a read) and src (a write) is set.
+  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, const std::byte* src, std::uint64_t len,
+                  std::uint64_t room, std::vector<Chunk>* out) const;
   void RunChunks(nvme::IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done);
   int ExternalBufferIndex(const std::byte* p, std::size_t len) const;
   Status IoStatus(nvme::IoOp op, int err, const BlockKey& key, std::uint64_t offset) const;
   // nvme_tier.cpp
   Status ReadOnlyError(std::string_view op) const;
+  // PutBatch's steps, in order; st[i] holds op i's first failure and a failed op is skipped.
+  void CheckPuts(std::span<const PutOp> ops, std::vector<Status>& st) const;  // sizes against desc and capacity
+  void AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::vector<Status>& st);
+  // Reserves the generations of every allocated op and allocates their descriptor units.
+  Status PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnits* descs);
+  // Gives every allocated extent back (nothing was written) and fails its op with `why`.
+  void AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, const Status& why,
+                      std::vector<Status>& st);
+  // Writes data and descriptor of every allocated op; verifies each caller checksum.
+  void WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::byte* descs, std::vector<Status>& st);
+  // Indexes every written op (in memory, staged for the group commit); a failed write's
+  // descriptor is staged for clearing. Returns the last staged sequence (0: none); adds the
+  // indexed bytes to *bytes.
+  std::uint64_t SwitchIndex(std::span<const PutOp> ops, const std::vector<PutPlan>& plans,
+                            const std::vector<Status>& st, std::uint64_t* bytes);
   void ReleaseExtents(std::vector<nvme::Extent>&& extents);
   void Detach(const Entry& e) TERRACE_REQUIRES(mu_);  // before e leaves map_
   void EndRead(const BlockKey& key, const nvme::Record& rec) TERRACE_REQUIRES(mu_);
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
+  // GetBatch's bookkeeping: look every op up and count it as a reader (st[i]: NotFound or a
+  // short buffer); then, after the reads, end every read BeginReads started.
+  void BeginReads(std::span<const GetOp> ops, std::vector<GetPlan>& plans, std::vector<Status>& st);
+  void EndReads(std::span<const GetOp> ops, const std::vector<GetPlan>& plans);
 
   NvmeTierOptions options_;
   NvmeOpenHooks hooks_;
@@ -286,9 +329,6 @@ class NvmeTier final : public Tier {
 
   mutable Mutex sb_mu_;
   nvme::Superblock sb_ TERRACE_GUARDED_BY(sb_mu_);  // (identity fields never change)
-  struct FreeDeleter {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
   std::unique_ptr<std::byte, FreeDeleter> sb_unit_ TERRACE_GUARDED_BY(sb_mu_);  // the 4 KiB superblock as on disk
   std::unique_ptr<nvme::IoEngine> engine_;
   std::unique_ptr<nvme::IndexStore> index_;

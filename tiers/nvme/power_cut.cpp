@@ -123,7 +123,7 @@ class PowerCutEngine final : public IoEngine {
             ok = false;  // cannot keep an undo copy: fail the write rather than make it unrevertable
           } else {
             if (static_cast<std::uint32_t>(got) < r.len) std::memset(u.old.get() + got, 0, r.len - got);
-            std::memcpy(u.new_bytes.get(), r.buf, r.len);
+            std::memcpy(u.new_bytes.get(), r.src, r.len);
             id = s_->next_undo++;
             s_->undo.emplace(id, std::move(u));
           }

@@ -111,9 +111,9 @@ class UringEngine final : public IoEngine {
       }
     } else {
       if (fixed) {
-        io_uring_prep_write_fixed(sqe, fd, r.buf, r.len, r.offset, r.buf_index);
+        io_uring_prep_write_fixed(sqe, fd, r.src, r.len, r.offset, r.buf_index);
       } else {
-        io_uring_prep_write(sqe, fd, r.buf, r.len, r.offset);
+        io_uring_prep_write(sqe, fd, r.src, r.len, r.offset);
       }
     }
   }
