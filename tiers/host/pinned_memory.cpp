@@ -4,7 +4,9 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -15,7 +17,34 @@ int CudaDeviceCount() {
   return count;
 }
 
-Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin) {
+namespace {
+
+// The bracketed word of a sysfs "a [b] c" selector file; empty when unreadable.
+std::string SelectedWord(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return {};
+  char buf[256] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const std::string s(buf, n);
+  const auto open = s.find('['), close = s.find(']');
+  return open == std::string::npos || close == std::string::npos || close < open ? std::string{}
+                                                                                 : s.substr(open + 1, close - open - 1);
+}
+
+}  // namespace
+
+bool HugePagesWithoutCompactionStalls() {
+  static const bool ok = [] {
+    const std::string enabled = SelectedWord("/sys/kernel/mm/transparent_hugepage/enabled");
+    const std::string defrag = SelectedWord("/sys/kernel/mm/transparent_hugepage/defrag");
+    return (enabled == "always" || enabled == "madvise") && (defrag == "defer" || defrag == "never");
+  }();
+  return ok;
+}
+
+Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options) {
+  const bool pin = options.pin;
   HostChunk chunk;
   chunk.bytes = bytes;
   if (pin && CudaDeviceCount() > 0) {
@@ -35,10 +64,12 @@ Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin) {
   }
   chunk.data = static_cast<std::byte*>(p);
 #ifdef MADV_HUGEPAGE
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses on large copies; advisory only
+  if (options.huge_pages) (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses; advisory only
 #endif
   if (!pin) return chunk;
-  if (mlock(p, bytes) == 0) {
+  int rc = options.populate ? mlock(p, bytes) : mlock2(p, bytes, MLOCK_ONFAULT);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS) && !options.populate) rc = mlock(p, bytes);  // kernel without MLOCK_ONFAULT
+  if (rc == 0) {
     chunk.kind = PinKind::kMlock;
     return chunk;
   }
