@@ -64,7 +64,9 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
   tiers::HostChunkOptions co;
   co.pin = options_.pin;
   co.populate = prefaulter_ == nullptr;
-  co.huge_pages = tiers::HugePagesWithoutCompactionStalls();
+  // No MADV_HUGEPAGE: on the benchmark VM (THP "madvise", no compaction stalls) a huge-page chunk
+  // faulted in 3-5x slower than 4 KiB pages and steady copies were no faster (docs/benchmarks.md).
+  co.huge_pages = false;
   TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, co));
   if (!c.pin_note.empty()) {
     pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));

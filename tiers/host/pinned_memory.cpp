@@ -4,9 +4,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <string>
 
 #include <fmt/format.h>
 
@@ -15,32 +13,6 @@ namespace terrace::tiers {
 int CudaDeviceCount() {
   static const int count = cuda_host::DeviceCount();
   return count;
-}
-
-namespace {
-
-// The bracketed word of a sysfs "a [b] c" selector file; empty when unreadable.
-std::string SelectedWord(const char* path) {
-  std::FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return {};
-  char buf[256] = {};
-  const std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  const std::string s(buf, n);
-  const auto open = s.find('['), close = s.find(']');
-  return open == std::string::npos || close == std::string::npos || close < open ? std::string{}
-                                                                                 : s.substr(open + 1, close - open - 1);
-}
-
-}  // namespace
-
-bool HugePagesWithoutCompactionStalls() {
-  static const bool ok = [] {
-    const std::string enabled = SelectedWord("/sys/kernel/mm/transparent_hugepage/enabled");
-    const std::string defrag = SelectedWord("/sys/kernel/mm/transparent_hugepage/defrag");
-    return (enabled == "always" || enabled == "madvise") && (defrag == "defer" || defrag == "never");
-  }();
-  return ok;
 }
 
 Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options) {

@@ -40,10 +40,6 @@ struct HostChunkOptions {
 // caller, who frees it with FreeHostChunk.
 Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options);
 
-// Whether madvise(MADV_HUGEPAGE) is worth asking for here: transparent huge pages are enabled
-// ("always" or "madvise" in /sys/kernel/mm/transparent_hugepage/enabled) and a huge-page fault in
-// an madvised region does not stall on direct compaction ("defrag" is "defer" or "never"). Cached.
-bool HugePagesWithoutCompactionStalls();
 void FreeHostChunk(const HostChunk& chunk);
 
 // The number of CUDA devices usable by this process; 0 when the build has no CUDA, there is no
