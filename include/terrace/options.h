@@ -31,6 +31,10 @@ struct HostTierOptions {
   // logs, never fatal.
   bool pin = true;
   std::uint64_t chunk_bytes = 256 * kMiB;  // arena growth and pinning unit
+  // Fault in (and, with pin, lock) each new chunk's pages on a background thread, ahead of the puts
+  // that fill it; puts never wait for it. false: a pinned chunk is faulted and locked on the putting
+  // thread when it is added, an unpinned one page by page on first touch.
+  bool prefault = true;
   std::shared_ptr<Logger> logger;           // null: the store's logger, or stderr (terrace/log.h)
 };
 

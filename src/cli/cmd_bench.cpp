@@ -58,6 +58,7 @@ struct BenchArgs {
   unsigned warmup = 1;  // untimed passes before the timed ones
   unsigned repeat = 1;  // timed passes (median reported)
   bool keep = false;
+  std::string host_prefault = "on";  // --host-prefault: HostTierOptions::prefault
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.
   unsigned BatchSize() const {
@@ -165,6 +166,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
     HostTierOptions o;
     o.capacity_bytes = capacity;
     o.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 256 * kMiB);
+    o.prefault = a.host_prefault == "on";
     TERRACE_ASSIGN_OR_RETURN(auto t, HostTier::Create(o));
     return std::unique_ptr<Tier>(std::move(t));
   }
@@ -567,6 +569,10 @@ void RegisterBench(CLI::App& app, Runner* run) {
   tiers->add_flag("--keep", a->keep,
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them)");
+  tiers->add_option("--host-prefault", a->host_prefault,
+                    "Host tier: fault new arena chunks in on a background thread ahead of the puts (on), or on the "
+                    "putting thread (off: when a pinned chunk is added, else on first touch)")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
   RegisterBenchKv(bench, run);

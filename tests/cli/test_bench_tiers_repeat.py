@@ -37,3 +37,17 @@ def test_bench_tiers_nvme_write_repeats_fit_the_tier(terrace, tmp_path):
     assert len(j["passes_mb_per_s"]) == 2 and all(m > 0 for m in j["passes_mb_per_s"])
     assert j["latency"] == "per-io (tier)"
     assert not d.exists()
+
+
+def test_bench_tiers_host_prefault_flag(terrace):
+    # --host-prefault on faults each new 256 MiB chunk in on a background thread ("faulted ahead"
+    # in the detail); off leaves it to the putting thread. A bad value is a usage error (exit 2).
+    for value, faulted_ahead in (("on", True), ("off", False)):
+        r = terrace("bench", "tiers", "--tier", "host", "--op", "write", "--block-size", "1MiB", "--total-bytes",
+                    "16MiB", "--warmup", "0", "--host-prefault", value, "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert ("faulted ahead" in j["detail"]) == faulted_ahead, j["detail"]
+        assert j["total_bytes"] == 16 << 20
+    r = terrace("bench", "tiers", "--tier", "host", "--host-prefault", "maybe")
+    assert r.returncode == 2 and "--host-prefault" in r.stderr

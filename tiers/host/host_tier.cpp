@@ -14,6 +14,7 @@ namespace terrace {
 namespace {
 
 constexpr std::uint64_t kPageBytes = 4096;
+constexpr std::size_t kPrefaultPieceBytes = 4 * 1024 * 1024;  // one madvise call of the prefaulter
 
 }  // namespace
 
@@ -50,19 +51,28 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();
   bases_.assign(chunk == 0 ? 0 : (arena_.capacity_bytes() + chunk - 1) / chunk, nullptr);
+  if (options.prefault) prefaulter_ = std::make_unique<tiers::Prefaulter>(kPrefaultPieceBytes);
 }
 
 HostTier::~HostTier() {
+  prefaulter_.reset();  // joins its thread before the chunks it may be faulting are unmapped
   MutexLock lock(&chunks_mu_);
   for (const auto& c : chunks_) tiers::FreeHostChunk(c);
 }
 
 Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
-  TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, options_.pin));
+  tiers::HostChunkOptions co;
+  co.pin = options_.pin;
+  co.populate = prefaulter_ == nullptr;
+  // No MADV_HUGEPAGE: on the benchmark VM (THP "madvise", no compaction stalls) a huge-page chunk
+  // faulted in 3-5x slower than 4 KiB pages and steady copies were no faster (docs/benchmarks.md).
+  co.huge_pages = false;
+  TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, co));
   if (!c.pin_note.empty()) {
     pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));
   }
   bases_[chunk] = c.data;
+  if (prefaulter_ != nullptr && c.kind != tiers::PinKind::kCudaHost) prefaulter_->Enqueue(c.data, c.bytes);
   MutexLock lock(&chunks_mu_);
   chunks_.push_back(std::move(c));
   return Status::Ok();
@@ -118,6 +128,10 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
 }
 
 Status HostTier::Erase(const BlockKey& key) { return arena_.Erase(key); }
+
+void HostTier::WaitForPrefault() const {
+  if (prefaulter_ != nullptr) prefaulter_->Drain();
+}
 
 namespace {
 // A reservation's token: the arena ticket's slot and extent.
@@ -193,6 +207,10 @@ TierStatsSnapshot HostTier::Stats() const {
   s.used_bytes = used_bytes();
   s.blocks = block_count();
   s.detail = fmt::format("{}; arena {} MiB of {} MiB", PinSummary(), arena_.arena_bytes() >> 20, caps_.capacity_bytes >> 20);
+  if (prefaulter_ != nullptr) {
+    s.detail += fmt::format("; faulted ahead {} MiB", prefaulter_->faulted_bytes() >> 20);
+    if (std::string note = prefaulter_->note(); !note.empty()) s.detail += "; " + note;
+  }
   return s;
 }
 

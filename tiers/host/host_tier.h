@@ -1,7 +1,9 @@
 // HostTier: blocks in (pinned) host RAM.
 //
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
-// chunk is pinned when it is added (see pinned_memory.h). A refused pin is logged once per tier (a
+// chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::prefault, adding a
+// chunk only maps it (locked on fault) and a background Prefaulter faults its pages in ahead of the
+// puts; without, pinning faults the whole chunk on the putting thread. A refused pin is logged once per tier (a
 // warning to HostTierOptions::logger) and shown in Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
 // PageAllocator): a block uses ceil(size / 4 KiB) pages, at most one chunk.
 //
@@ -28,6 +30,7 @@
 #include "terrace/tier.h"
 #include "tiers/host/block_arena.h"
 #include "tiers/host/pinned_memory.h"
+#include "tiers/host/prefaulter.h"
 
 namespace terrace {
 
@@ -65,6 +68,8 @@ class HostTier final : public Tier {
   std::string PinSummary() const;
   // Allocator consistency check, for tests.
   bool CheckInvariants() const { return arena_.CheckInvariants(); }
+  // Blocks until the chunks added so far have been faulted in ahead (no-op without prefault); tests.
+  void WaitForPrefault() const;
 
  private:
   explicit HostTier(const HostTierOptions& options);
@@ -80,6 +85,8 @@ class HostTier final : public Tier {
   std::vector<std::byte*> bases_;
   mutable Mutex chunks_mu_;
   std::vector<tiers::HostChunk> chunks_ TERRACE_GUARDED_BY(chunks_mu_);
+  // Null without HostTierOptions::prefault. Destroyed before the chunks are unmapped.
+  std::unique_ptr<tiers::Prefaulter> prefaulter_;
   tiers::BlockArena arena_;
   mutable TierCounters counters_;
 };

@@ -15,7 +15,8 @@ int CudaDeviceCount() {
   return count;
 }
 
-Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin) {
+Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options) {
+  const bool pin = options.pin;
   HostChunk chunk;
   chunk.bytes = bytes;
   if (pin && CudaDeviceCount() > 0) {
@@ -35,10 +36,12 @@ Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin) {
   }
   chunk.data = static_cast<std::byte*>(p);
 #ifdef MADV_HUGEPAGE
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses on large copies; advisory only
+  if (options.huge_pages) (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses; advisory only
 #endif
   if (!pin) return chunk;
-  if (mlock(p, bytes) == 0) {
+  int rc = options.populate ? mlock(p, bytes) : mlock2(p, bytes, MLOCK_ONFAULT);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS) && !options.populate) rc = mlock(p, bytes);  // kernel without MLOCK_ONFAULT
+  if (rc == 0) {
     chunk.kind = PinKind::kMlock;
     return chunk;
   }

@@ -27,9 +27,19 @@ struct HostChunk {
   std::string pin_note;  // why the chunk is pageable when pinning was asked for; empty otherwise
 };
 
+struct HostChunkOptions {
+  bool pin = true;
+  // With pin: true: mlock faults in and locks every page before the call returns; false: the chunk
+  // is locked with mlock2(MLOCK_ONFAULT), its pages are faulted on first touch (or by a Prefaulter)
+  // and locked as they are. cudaHostAlloc chunks are always faulted; unpinned chunks never are.
+  bool populate = true;
+  bool huge_pages = false;  // madvise(MADV_HUGEPAGE) on mmap'ed chunks (advisory)
+};
+
 // Allocates `bytes` (a multiple of the page size) of zero-filled memory. Ownership passes to the
 // caller, who frees it with FreeHostChunk.
-Result<HostChunk> AllocateHostChunk(std::size_t bytes, bool pin);
+Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options);
+
 void FreeHostChunk(const HostChunk& chunk);
 
 // The number of CUDA devices usable by this process; 0 when the build has no CUDA, there is no

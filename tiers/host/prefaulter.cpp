@@ -1,0 +1,86 @@
+#include "tiers/host/prefaulter.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 uapi value, for older headers
+#endif
+
+namespace terrace::tiers {
+
+Prefaulter::Prefaulter(std::size_t piece_bytes)
+    : piece_bytes_(std::max<std::size_t>(piece_bytes, 4096)), thread_([this] { Run(); }) {}
+
+Prefaulter::~Prefaulter() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    queue_.clear();
+    work_.SignalAll();
+  }
+  thread_.join();
+}
+
+void Prefaulter::Enqueue(std::byte* data, std::size_t bytes) {
+  MutexLock lock(&mu_);
+  if (failed_ || stop_ || bytes == 0) return;
+  queue_.push_back(Range{data, bytes});
+  work_.Signal();
+}
+
+void Prefaulter::Drain() {
+  MutexLock lock(&mu_);
+  while (busy_ || !queue_.empty()) idle_.Wait(&mu_);
+}
+
+std::uint64_t Prefaulter::faulted_bytes() const {
+  MutexLock lock(&mu_);
+  return faulted_;
+}
+
+std::string Prefaulter::note() const {
+  MutexLock lock(&mu_);
+  return note_;
+}
+
+void Prefaulter::Run() {
+  MutexLock lock(&mu_);
+  for (;;) {
+    while (!stop_ && queue_.empty()) work_.Wait(&mu_);
+    if (stop_) break;
+    Range r = queue_.front();
+    queue_.pop_front();
+    busy_ = true;
+    std::size_t off = 0;
+    while (off < r.bytes && !stop_) {
+      const std::size_t len = std::min(piece_bytes_, r.bytes - off);
+      lock.Unlock();
+      const int rc = ::madvise(r.data + off, len, MADV_POPULATE_WRITE);
+      const int err = errno;
+      lock.Lock();
+      if (rc != 0) {
+        // EINVAL: the kernel predates MADV_POPULATE_WRITE; ENOMEM/EFAULT: no memory for the pages.
+        // Either way writers fault their pages themselves, as without a prefaulter.
+        failed_ = true;
+        note_ = fmt::format("faulting ahead stopped: madvise(MADV_POPULATE_WRITE) failed: {}{}", std::strerror(err),
+                            err == EINVAL ? " (needs Linux >= 5.14)" : "");
+        queue_.clear();
+        break;
+      }
+      faulted_ += len;
+      off += len;
+    }
+    busy_ = false;
+    if (queue_.empty()) idle_.SignalAll();
+  }
+  busy_ = false;
+  idle_.SignalAll();
+}
+
+}  // namespace terrace::tiers
