@@ -123,38 +123,6 @@ Status StoreImpl::EvictOne(int t) {
   return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", SlotName(t)));
 }
 
-Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockDesc& desc) {
-  Tier& src = tier(from);
-  // Host-addressable bytes go to the lower tier straight from where they live (no staging copy;
-  // the lower tier reads them as registered fixed buffers when it can). Pinned in the tier for
-  // the duration; hashed first, since no Get verified them.
-  if (src.caps().memory == MemoryKind::kHost && src.Pin(key).ok()) {
-    const std::byte* p = src.ResidentPtr(key);
-    Status s;
-    if (p == nullptr) {
-      // not resident after all (a tier that pins without a pointer): the copying path below
-    } else if (Checksum({p, desc.size}) != desc.checksum) {
-      slot(from).measured.Add(slot(from).measured.corruptions);
-      s = Status::Corruption(fmt::format("block {} failed its checksum in tier {} while being demoted",
-                                         key.ToString(), SlotName(from)));
-    } else {
-      RefreshIoRegions(from, to);
-      s = PlaceInTier(to, key, desc, {p, desc.size});
-      if (s.ok()) CountTransfer(/*direct=*/true, desc.size);
-    }
-    (void)src.Unpin(key);
-    if (p != nullptr) return s;
-  }
-  std::vector<std::byte> buf(desc.size);
-  BlockDesc got;
-  Status s = TimedTierGet(from, key, buf, &got);
-  if (s.ok() && !Verify(src.caps(), desc, got, buf)) s = Status::Corruption("checksum mismatch while demoting");
-  if (!s.ok()) return s;
-  TERRACE_RETURN_IF_ERROR(PlaceInTier(to, key, desc, buf));
-  CountTransfer(/*direct=*/false, desc.size);
-  return Status::Ok();
-}
-
 void StoreImpl::RefreshIoRegions(int from, int to) {
   if (tier(to).caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
   MutexLock lock(&regions_mu_);

@@ -157,10 +157,24 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       out.desc = last_error;
       return out;
     }
-    buf->resize(desc.size);
-    BlockDesc got;
-    Status s = TimedTierGet(src, key, *buf, &got);
-    if (s.ok() && !Verify(tier(src).caps(), desc, got, *buf)) s = Status::Corruption("checksum mismatch");
+    // A move goes through Transfer (direct where a route exists), which also hands the verified
+    // bytes to *buf; a plain read lands in *buf.
+    const bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
+    Status s;
+    TransferOutcome moved;
+    if (want_move) {
+      moved = Transfer(src, target, key, desc, [&](std::span<const std::byte> b) {
+        if (buf != nullptr) buf->assign(b.begin(), b.end());
+      });
+      s = moved.read;
+    } else {
+      std::vector<std::byte> local;
+      std::vector<std::byte>* into = buf != nullptr ? buf : &local;
+      into->resize(desc.size);
+      BlockDesc got;
+      s = TimedTierGet(src, key, *into, &got);
+      if (s.ok() && !Verify(tier(src).caps(), desc, got, *into)) s = Status::Corruption("checksum mismatch");
+    }
     if (s.IsCorruption() || s.IsNotFound()) {
       if (s.IsCorruption()) dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
       DropCopy(key, src);
@@ -172,14 +186,14 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       continue;
     }
     out.desc = desc;
-    CompleteLockedRead(key, desc, *buf, src, mask, mode, target, by_prefetch, &out);
+    CompleteLockedRead(key, desc, src, mask, mode, target, by_prefetch, &out, [&] { return moved.write; });
     return out;
   }
 }
 
-void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes,
-                                   int src, SlotMask mask, MoveMode mode, int target, bool by_prefetch,
-                                   ReadOutcome* result, const std::function<Status()>& place) {
+void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
+                                   int target, bool by_prefetch, ReadOutcome* result,
+                                   const std::function<Status()>& place) {
   ReadOutcome& out = *result;
   CountGet(src);
   slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
@@ -187,8 +201,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
 
   bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
   if (want_move) {
-    Status ms = place ? place() : PlaceInTier(target, key, desc, bytes);
-    if (ms.ok()) CountTransfer(/*direct=*/static_cast<bool>(place), desc.size);
+    Status ms = place();
     if (!ms.ok()) {
       out.move_status = std::move(ms);
     } else {
@@ -250,8 +263,7 @@ Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   TERRACE_ASSIGN_OR_RETURN(bool moved, at_or_above());  // we joined someone else's read; did it move?
   if (moved) return Status::Ok();
   auto guard = key_locks_.Lock(key);
-  std::vector<std::byte> buf;
-  ReadOutcome o2 = LockedRead(key, &buf, MoveMode::kUp, target, by_prefetch);
+  ReadOutcome o2 = LockedRead(key, nullptr, MoveMode::kUp, target, by_prefetch);
   return o2.desc.ok() ? o2.move_status : o2.desc.status();
 }
 
@@ -270,8 +282,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
   }
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
-    std::vector<std::byte> buf;
-    ReadOutcome o = LockedRead(key, &buf, MoveMode::kExact, s, /*by_prefetch=*/false);
+    ReadOutcome o = LockedRead(key, nullptr, MoveMode::kExact, s, /*by_prefetch=*/false);
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

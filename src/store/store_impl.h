@@ -35,6 +35,7 @@
 #include "src/common/clock.h"
 #include "src/common/key_map.h"
 #include "src/common/mutex.h"
+#include "src/store/bounce_pool.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
@@ -102,6 +103,13 @@ struct ReadOutcome {
   Status move_status;  // OK when no move was needed or it succeeded
   bool moved = false;
   bool leader = true;  // false: the result came from another caller's in-flight read
+};
+
+// What Transfer did: the source read, and (when that succeeded) the destination write.
+struct TransferOutcome {
+  Status read;          // Corruption: the source copy failed its checksum; NotFound: it is gone
+  Status write;         // meaningful only when read is OK
+  bool direct = false;  // the route taken (when write is OK)
 };
 
 struct PrefetchJob;
@@ -213,18 +221,33 @@ class StoreImpl {
   // Copies the block into `out` when it is non-empty.
   ReadOutcome FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                          std::span<std::byte> out);
-  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies) and
-  // moves it per `mode` to slot `target`. `dropped` names tiers whose copy the caller already
+  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies; buf may
+  // be null when only the move matters) and moves it per `mode` to slot `target` (Transfer). `dropped` names tiers whose copy the caller already
   // dropped as corrupt.
   ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
                          bool by_prefetch, std::string dropped = {});
-  // Caller holds key's stripe; `bytes` is the verified block just read from slot `src` while the
-  // entry's mask was `mask`. Counts the read, moves the block per `mode`, updates the policies.
-  // `place`, when given, puts the block into `target` instead of PlaceInTier(bytes) (a direct
-  // transfer that already holds the bytes in target's memory); otherwise the move is a staged copy.
-  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes, int src,
-                          SlotMask mask, MoveMode mode, int target, bool by_prefetch, ReadOutcome* out,
-                          const std::function<Status()>& place = {});
+  // Caller holds key's stripe; the block was just read (verified) from slot `src` while the
+  // entry's mask was `mask`. Counts the read, and when `mode` asks for a move to `target`, calls
+  // `place` (which puts the block there and counts the transfer) and updates the directory;
+  // updates the policies.
+  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
+                          int target, bool by_prefetch, ReadOutcome* out, const std::function<Status()>& place);
+  // transfer.cpp: the one place a block is copied from one tier into another. Caller holds key's
+  // stripe; `desc` is the directory's description. Routes, first that applies:
+  //   1. `to` reserves space (TierCaps::reserves): `from` reads straight into the reservation,
+  //      aligned for its io_alignment (NVMe -> host arena, HBM -> host arena): direct;
+  //   2. `from` keeps the block in host memory (ResidentPtr; pinned meanwhile, hashed first since no
+  //      Get verified it): `to` writes it from there (host arena -> NVMe through registered
+  //      buffers, pinned host -> HBM): direct;
+  //   3. through a buffer of bounce_ (waits for one): staged.
+  // Makes room in `to` like PlaceInTier. `seen`, when given, gets the verified bytes before the
+  // copy is published (a Get's buffer). Counts the transfer in StoreStats.
+  TransferOutcome Transfer(int from, int to, const BlockKey& key, const BlockDesc& desc,
+                           const std::function<void(std::span<const std::byte>)>& seen = {});
+  // Room for the block in slot `t` when that tier reserves (evicting a few blocks if needed).
+  std::optional<Reservation> ReserveRoom(int t, const BlockKey& key, const BlockDesc& desc);
+  // Publishes a filled reservation as the block; counts the write and a direct transfer.
+  Status CommitRoom(int t, const BlockKey& key, const BlockDesc& desc, const Reservation& r);
   // Counts one block moved between tiers: direct (tier memory to tier memory, no store buffer) or
   // staged (through a store-side copy).
   void CountTransfer(bool direct, std::uint64_t bytes);
@@ -244,9 +267,12 @@ class StoreImpl {
                  const std::function<Status(std::size_t)>& still_wanted = {});
   // BulkFetch's steps. Leads: the items this call reads, each leading its key's in-flight fetch.
   std::vector<BulkLead> LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch);
-  // Gives a lead without a caller buffer its destination: reserved room in `target` when that
-  // tier reserves (the read then lands there directly), else a temporary buffer.
-  void PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target);
+  // Gives a lead its destination: reserved room in `target` when that tier reserves (the read then
+  // lands there directly), else the caller's buffer, else space packed into a batch_bounce_
+  // buffer (`window`: this window's buffers, *used: bytes taken of the last). Waits for a buffer
+  // only while `window` holds none. False: no buffer was free; the window ends before this lead.
+  bool PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target,
+                          std::vector<BouncePool::Lease>& window, std::size_t* used);
   // Issues one tier GetBatch for `leads` (all from one source slot) and records each answer.
   void ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items);
   // Verifies, counts and moves one read key under its stripe, as its fetch's leader; anything
@@ -316,6 +342,12 @@ class StoreImpl {
   Mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_ TERRACE_GUARDED_BY(prefetch_mu_);  // by Priority
   unsigned prefetch_drainers_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drain tasks on prefetch_lane_
+
+  // Staging buffers (StoreOptions::bounce_buffers): bounce_ for Transfer, batch_bounce_ for
+  // BulkFetch windows. Separate because a window holds its buffers while it blocks on key stripes,
+  // and a Transfer waits for a buffer while holding one: sharing a pool could deadlock.
+  BouncePool bounce_;
+  BouncePool batch_bounce_;
 
   Mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
