@@ -26,7 +26,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
     if (it == entries_.end()) {
       if (shared_mask_ != 0) return false;  // a shared tier may hold it: the locked path asks
       for (int i = 0; i < slot_count(); ++i) slot(i).measured.Add(slot(i).measured.misses);
-      *result = Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+      *result = MissLocked(key);
       return true;
     }
     desc = it->second.desc;
@@ -112,7 +112,37 @@ void StoreImpl::DropCopy(const BlockKey& key, int t) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   SetMaskLocked(key, it->second, static_cast<SlotMask>(it->second.mask & ~Bit(t)));
-  if (it->second.mask == 0) entries_.erase(it);
+  SlotMask& lost = lost_[key];  // every copy dropped so far, until the key is put or erased again
+  if (lost == 0) lost_order_.push_back(key);
+  lost |= Bit(t);
+  if (it->second.mask == 0) {
+    entries_.erase(it);
+  }
+  while (lost_.size() > kMaxLost && !lost_order_.empty()) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
+}
+
+std::string StoreImpl::LostTierNames(SlotMask mask) const {
+  std::string names;
+  for (int i = 0; i < slot_count(); ++i) {
+    if (mask & Bit(i)) names += names.empty() ? SlotName(i) : fmt::format(", {}", SlotName(i));
+  }
+  return names;
+}
+
+Status StoreImpl::MissLocked(const BlockKey& key) const {
+  auto it = lost_.find(key);
+  if (it == lost_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+  return Status::Corruption(fmt::format(
+      "block {} was stored, but its copy in tier {} failed its checksum and was dropped; no good copy is left; "
+      "put the block again", key.ToString(), LostTierNames(it->second)));
+}
+
+Status StoreImpl::Miss(const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  return MissLocked(key);
 }
 
 ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
@@ -144,7 +174,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
             "block {}: the copy in tier {} failed its checksum and was dropped; no good copy is left; "
             "put the block again", key.ToString(), dropped));
       } else {
-        out.desc = Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+        out.desc = Miss(key);
       }
       return out;
     }
@@ -251,7 +281,7 @@ Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   auto at_or_above = [&]() -> Result<bool> {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
-    if (it == entries_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+    if (it == entries_.end()) return MissLocked(key);
     return Fastest(it->second.mask) <= target;
   };
   Result<bool> done = at_or_above();

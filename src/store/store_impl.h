@@ -252,8 +252,14 @@ class StoreImpl {
   // staged (through a store-side copy).
   void CountTransfer(bool direct, std::uint64_t bytes);
   Status MoveUp(const BlockKey& key, int target, bool by_prefetch);
-  // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why.
+  // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why;
+  // when it was the last copy, the key is remembered as lost (lost_).
   void DropCopy(const BlockKey& key, int slot);
+  // The answer for a key with no directory entry: Corruption naming the tiers when it is in lost_,
+  // else NotFound.
+  Status MissLocked(const BlockKey& key) const TERRACE_REQUIRES(mu_);
+  Status Miss(const BlockKey& key) const;
+  std::string LostTierNames(SlotMask mask) const;
   void CountGet(int served_from);
 
   // batch_read.cpp
@@ -324,7 +330,13 @@ class StoreImpl {
   KeyMap<Entry> entries_ TERRACE_GUARDED_BY(mu_);  // no reference into it survives an insert
   // Live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
   KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_ TERRACE_GUARDED_BY(mu_);
-  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;  // Entry::version source (unique across erase + re-put)
+  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;
+  // Keys whose last copy was dropped as bad (DropCopy), with the slots it was dropped from, so a
+  // later read answers Corruption ("stored but lost"), not NotFound ("never stored"). Cleared by a
+  // Put or an Erase of the key; at most kMaxLost keys, the oldest forgotten first.
+  static constexpr std::size_t kMaxLost = 65536;
+  KeyMap<SlotMask> lost_ TERRACE_GUARDED_BY(mu_);
+  std::deque<BlockKey> lost_order_ TERRACE_GUARDED_BY(mu_);  // insertion order of lost_ (may hold stale keys)  // Entry::version source (unique across erase + re-put)
 
   KeyLocks key_locks_;
   InflightTable inflight_;

@@ -75,6 +75,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   SetMaskLocked(key, e, new_mask);
   e.version = ++last_version_;
   e.prefetched = false;
+  lost_.erase(key);
   return Status::Ok();
 }
 
@@ -89,7 +90,11 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
   {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
-    if (it == entries_.end()) return Status::NotFound(fmt::format("erase: block {} is not in the store", key.ToString()));
+    if (it == entries_.end()) {
+      // Erasing a lost block (its last copy was dropped as bad) forgets it: later reads say NotFound.
+      if (lost_.erase(key) > 0) return Status::Ok();
+      return Status::NotFound(fmt::format("erase: block {} is not in the store", key.ToString()));
+    }
     if (it->second.AnyPin()) {
       return Status::InvalidArgument(fmt::format(
           "erase: block {} is pinned (by Pin or a live BlockHandle); Unpin it or release its handles first",
