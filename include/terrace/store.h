@@ -54,6 +54,17 @@ struct PutOptions {
   std::optional<TierId> tier;  // default: StoreOptions::put_tier
 };
 
+// A caller's buffer and the memory it is in (BufferKind, terrace/tier.h). The plain-span Put and
+// Get mean kHost.
+struct BufferRef {
+  std::span<std::byte> bytes;
+  BufferKind kind = BufferKind::kHost;
+};
+struct ConstBufferRef {
+  std::span<const std::byte> bytes;
+  BufferKind kind = BufferKind::kHost;
+};
+
 struct LookupResult {
   bool found = false;
   TierId tier = TierId::kHost;  // kind of the fastest tier holding the block (valid when found)
@@ -148,6 +159,14 @@ class Store {
   Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
   // Copies the block into `out`; InvalidArgument (naming the size needed) if `out` is too small.
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  // Buffers with a memory kind. kHost / kPinnedHost: as the span forms. kDevice: the block goes
+  // to and from device memory without a host bounce. A device Put lands in its tier (put_tier or
+  // opts.tier) only if that tier takes device buffers (TierCaps::device_buffers: the HBM tier),
+  // else InvalidArgument; the tier computes the checksum. A device Get first brings the block into
+  // the first tier that takes device buffers (like Acquire; InvalidArgument if there is none) and
+  // copies it from there. Write-through copies a device Put down to the lowest tier afterwards.
+  Status Put(const BlockKey& key, ConstBufferRef data, const PutOptions& opts = {});
+  Result<BlockDesc> Get(const BlockKey& key, BufferRef out);
   // Ensures a copy in `where` (an addressable tier), pins it there while the handle lives.
   Result<BlockHandle> Acquire(const BlockKey& key, TierId where = TierId::kHost);
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;

@@ -38,6 +38,11 @@ void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, 
 }
 
 Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  return PlaceWith(t, key, desc.size, [&] { return TimedTierPut(t, key, desc, data); });
+}
+
+Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write) {
+  const BlockDesc desc{size, Codec::kRaw, 0};  // only its size is used below
   Tier& dst = tier(t);
   TierCounters& m = slot(t).measured;
   const TierCaps& caps = dst.caps();
@@ -58,7 +63,7 @@ Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc,
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
     if (dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
-      Status s = TimedTierPut(t, key, desc, data);
+      Status s = write();
       if (s.ok()) {
         m.Add(m.puts);
         m.Add(m.bytes_written, desc.size);

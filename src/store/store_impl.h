@@ -288,9 +288,25 @@ class StoreImpl {
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
+  // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
+  // previous version's other copies (old_mask) and updates the directory.
+  void PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
+  // Caller holds key's stripe. InvalidArgument if the key is pinned; else the slots holding its
+  // current version (0: none).
+  Result<SlotMask> ReplaceableMask(const BlockKey& key) const;
+
+ public:
+  // device_path.cpp: Store::Put / Get with BufferKind::kDevice buffers (store.h).
+  Status PutDevice(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
+  Result<BlockDesc> GetDevice(const BlockKey& key, std::span<std::byte> out);
+
+ private:
 
   // placement.cpp
   Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // PlaceInTier's room-making loop around any write of a `size`-byte block into `slot` (`write`
+  // returns the tier's answer; OutOfCapacity makes the loop evict and retry).
+  Status PlaceWith(int slot, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write);
   // Frees one copy from `slot` (demoting it if needed). OutOfCapacity when nothing is evictable,
   // or the error a victim's demotion hit.
   Status EvictOne(int slot);

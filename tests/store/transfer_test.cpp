@@ -245,5 +245,98 @@ TEST_CASE("Transfer: GetBatch of a corrupt NVMe copy says Corruption naming key 
   CHECK(s.store->Stats().corruptions_dropped == 1);
 }
 
+
+// The standard tiers with the HBM tier emulated: its "device memory" is host memory, so a test can
+// model a GPU engine's buffers with plain vectors marked BufferKind::kDevice.
+StoreOptions DeviceOptions(const std::filesystem::path& dir) {
+  StoreOptions o = RealTierOptions(dir, 4 * kMiB, 4 * kMiB, 1 * kMiB);
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  return o;
+}
+
+TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with no host bounce") {
+  TempDir dir("xfer-device");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const BlockKey k = TestKey(1);
+  const auto bytes = TestBytes(1, 300 * kKiB + 5);
+  // put_tier is host, which cannot read device memory: refused, nothing stored.
+  Status refused = store.Put(k, ConstBufferRef{bytes, BufferKind::kDevice});
+  CHECK(refused.IsInvalidArgument());
+  CHECK_THAT(refused.message(), Catch::Contains("device memory") && Catch::Contains("hbm"));
+  CHECK_FALSE(store.Contains(k));
+
+  PutOptions to_hbm;
+  to_hbm.tier = TierId::kHbm;
+  to_hbm.codec = Codec::kBf16;
+  REQUIRE(store.Put(k, ConstBufferRef{bytes, BufferKind::kDevice}, to_hbm).ok());
+  auto look = store.Lookup({&k, 1});
+  REQUIRE(look[0].found);
+  CHECK(look[0].tier == TierId::kHbm);
+  CHECK(look[0].desc == DescribeBlock(bytes, Codec::kBf16));  // the tier's checksum is the block's
+  std::vector<std::byte> dev(bytes.size());
+  auto got = store.Get(k, BufferRef{dev, BufferKind::kDevice});
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(got->codec == Codec::kBf16);
+  CHECK(dev == bytes);
+  StoreStats st = store.Stats();
+  CHECK(st.slots[1].blocks == 0);  // nothing passed through the host tier
+  CHECK(st.direct_transfers + st.staged_transfers == 0);
+  // A host Get of the same block still works (a plain span means host memory).
+  CHECK(*GetBytes(store, k, bytes.size()) == bytes);
+  // Too small a device buffer is refused, naming the size.
+  std::vector<std::byte> small(10);
+  auto r = store.Get(k, BufferRef{small, BufferKind::kDevice});
+  CHECK(r.status().IsInvalidArgument());
+  CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(bytes.size())));
+}
+
+TEST_CASE("Transfer: a device Get of a block on NVMe brings it into HBM first, then copies it") {
+  TempDir dir("xfer-device-nvme");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const BlockKey k = TestKey(2);
+  const auto bytes = TestBytes(2, 64 * kKiB + 77);
+  REQUIRE(store.Put(k, bytes, {Codec::kRaw, TierId::kNvme}).ok());
+  const StoreStats before = store.Stats();
+  std::vector<std::byte> dev(bytes.size());
+  auto got = store.Get(k, BufferRef{dev, BufferKind::kDevice});
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(dev == bytes);
+  CHECK(TierOf(store, k) == TierId::kHbm);
+  const StoreStats after = store.Stats();
+  // NVMe -> emulated HBM has no direct route (HBM does not reserve, NVMe has no resident bytes).
+  CHECK(after.staged_transfers - before.staged_transfers == 1);
+  CHECK(after.staged_transfer_bytes - before.staged_transfer_bytes == bytes.size());
+  CHECK(after.direct_transfers == before.direct_transfers);
+  // Never stored: NotFound, not an error about device memory.
+  CHECK(store.Get(TestKey(3), BufferRef{dev, BufferKind::kDevice}).status().IsNotFound());
+}
+
+TEST_CASE("Transfer: a write-through device Put copies the block down from HBM to NVMe") {
+  TempDir dir("xfer-device-wt");
+  StoreOptions o = DeviceOptions(dir.path());
+  o.write_policy = WritePolicy::kWriteThrough;
+  o.put_tier = TierId::kHbm;
+  auto opened = Store::Open(o);
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const auto bytes = TestBytes(4, 40 * kKiB + 3);
+  REQUIRE(store.Put(TestKey(4), ConstBufferRef{bytes, BufferKind::kDevice}).ok());
+  StoreStats st = store.Stats();
+  CHECK(st.slots[0].blocks == 1);  // hbm
+  CHECK(st.slots[2].blocks == 1);  // nvme
+  CHECK(st.direct_transfers == 1);  // from the (emulated) HBM tier's resident bytes
+  CHECK(st.direct_transfer_bytes == bytes.size());
+  REQUIRE(store.EvictCopy(TestKey(4), TierId::kHbm).ok());
+  CHECK(*GetBytes(store, TestKey(4), bytes.size()) == bytes);  // read back from NVMe
+}
+
 }  // namespace
 }  // namespace terrace::testing
