@@ -23,7 +23,7 @@ thread_local int t_leases_held = 0;
 }  // namespace
 
 BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes)
-    : buffer_bytes_(RoundUp(buffer_bytes)), buffers_(std::max<std::size_t>(count, 1)) {}
+    : buffer_bytes_(RoundUp(buffer_bytes)), count_(std::max<std::size_t>(count, 1)), buffers_(count_) {}
 
 BouncePool::~BouncePool() {
   MutexLock lock(&mu_);

@@ -60,7 +60,7 @@ class BouncePool {
   Lease TryAcquire(std::uint64_t bytes);
 
   std::uint64_t buffer_bytes() const { return buffer_bytes_; }
-  std::size_t count() const { return buffers_.size(); }
+  std::size_t count() const { return count_; }
   // Acquires that had to wait for a buffer; one-off allocations made by nested acquires.
   std::uint64_t waits() const;
   std::uint64_t one_offs() const;
@@ -72,6 +72,7 @@ class BouncePool {
   void Return(Lease& lease);
 
   const std::uint64_t buffer_bytes_;
+  const std::size_t count_;
   mutable Mutex mu_;
   CondVar cv_;  // signalled when a buffer or the oversize slot is returned
   struct Buffer {
