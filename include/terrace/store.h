@@ -12,7 +12,8 @@
 // - Get reads the fastest copy and verifies its checksum. A mismatch is re-read under the key's
 //   lock (so a concurrent replacement is not mistaken for damage); a copy that still fails is
 //   dropped and the next copy is tried; with no good copy left Get returns Corruption naming the
-//   key and tier. With promote_on_get, a block read from below put_tier is copied up to put_tier;
+//   key and tier - and so do later reads of the key (Get, GetBatch, Prefetch), until it is put or
+//   erased again: NotFound means "never stored", Corruption "stored but lost". With promote_on_get, a block read from below put_tier is copied up to put_tier;
 //   exclusive placement then removes the lower copy, except the lowest tier's copy under
 //   write-through and copies pinned by a handle.
 // - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
@@ -171,7 +172,8 @@ class Store {
   Result<BlockHandle> Acquire(const BlockKey& key, TierId where = TierId::kHost);
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
   bool Contains(const BlockKey& key) const;
-  // Removes every copy. NotFound if absent; InvalidArgument while pinned.
+  // Removes every copy. NotFound if absent (a lost block - see Get - is forgotten: OK); InvalidArgument
+  // while pinned.
   Status Erase(const BlockKey& key);
   // Drops the copy in `tier` only, and only when a lower tier also holds the block (a clean
   // eviction: nothing is written back, the last copy is never dropped). NotFound if `tier` holds

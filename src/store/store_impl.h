@@ -8,7 +8,9 @@
 //      rings' mutexes; their order is in tiers/nvme/nvme_tier.h).
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
-//   Leaves, never held while taking another store lock: inflight_'s table mutex and each
+//   Leaves, never held while taking another store lock: bounce_'s and batch_bounce_'s mutexes
+//   (a Transfer waits on bounce_ holding only its key stripe; a BulkFetch window waits on
+//   batch_bounce_ holding no stripe and no buffer; see BouncePool), inflight_'s table mutex and each
 //   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
 //   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
 // Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_,
