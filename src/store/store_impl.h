@@ -238,9 +238,9 @@ class StoreImpl {
   // stripe; `desc` is the directory's description. Routes, first that applies:
   //   1. `to` reserves space (TierCaps::reserves): `from` reads straight into the reservation,
   //      aligned for its io_alignment (NVMe -> host arena, HBM -> host arena): direct;
-  //   2. `from` keeps the block in host memory (ResidentPtr; pinned meanwhile, hashed first since no
-  //      Get verified it): `to` writes it from there (host arena -> NVMe through registered
-  //      buffers, pinned host -> HBM): direct;
+  //   2. a move down (to > from) from a tier that keeps the block in host memory (ResidentPtr;
+  //      pinned meanwhile, hashed first since no Get verified it): `to` writes it from there
+  //      (host arena -> NVMe through registered buffers, emulated HBM -> host): direct;
   //   3. through a buffer of bounce_ (waits for one): staged.
   // Makes room in `to` like PlaceInTier. `seen`, when given, gets the verified bytes before the
   // copy is published (a Get's buffer). Counts the transfer in StoreStats.

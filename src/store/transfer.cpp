@@ -60,8 +60,10 @@ TransferOutcome StoreImpl::Transfer(int from, int to, const BlockKey& key, const
     return out;
   }
 
-  // 2. From where the source keeps it in host memory.
-  if (caps.memory == MemoryKind::kHost && src.Pin(key).ok()) {
+  // 2. From where the source keeps it in host memory - for moves down (demotions) only: a move up
+  // is a read of the source, which goes through its Get (a tier may do work there: the emulated
+  // HBM link model, a test double's accounting).
+  if (to > from && caps.memory == MemoryKind::kHost && src.Pin(key).ok()) {
     const std::byte* p = src.ResidentPtr(key);
     if (p != nullptr) {
       if (Checksum({p, desc.size}) != desc.checksum) {
