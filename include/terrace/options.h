@@ -148,6 +148,16 @@ struct StoreOptions {
   // Threads of the store's Asio pool for GetAsync, PutAsync and background demotion; prefetch
   // drains on a lane of its own, max(1, background_threads - 1) threads, so it never delays them.
   unsigned background_threads = 2;
+  // Staging buffers for blocks moved between two tiers with no direct route (NVMe -> NVMe, or NVMe
+  // -> a tier that cannot reserve space for a direct read): bounce_buffers buffers of
+  // bounce_buffer_bytes each (rounded up to 4 KiB; 4 KiB-aligned; allocated on first use and
+  // mlock'ed where permitted), plus one buffer at a time sized to a block larger than that.
+  // A move waits for a free buffer. The store keeps two such pools, one for single-block moves and
+  // one for batched reads (prefetch groups, GetBatch), which pack many small blocks into one
+  // buffer; so up to 2 * (bounce_buffers * bounce_buffer_bytes + one large block) is held.
+  // Must be >= 1 and >= 4096.
+  unsigned bounce_buffers = 4;
+  std::uint64_t bounce_buffer_bytes = 4 * kMiB;
   // Where the store and its tiers log (a tier's own logger, when set, wins). Null: stderr, kInfo.
   std::shared_ptr<Logger> logger;
 };

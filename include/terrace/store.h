@@ -12,7 +12,8 @@
 // - Get reads the fastest copy and verifies its checksum. A mismatch is re-read under the key's
 //   lock (so a concurrent replacement is not mistaken for damage); a copy that still fails is
 //   dropped and the next copy is tried; with no good copy left Get returns Corruption naming the
-//   key and tier. With promote_on_get, a block read from below put_tier is copied up to put_tier;
+//   key and tier - and so do later reads of the key (Get, GetBatch, Prefetch), until it is put or
+//   erased again: NotFound means "never stored", Corruption "stored but lost". With promote_on_get, a block read from below put_tier is copied up to put_tier;
 //   exclusive placement then removes the lower copy, except the lowest tier's copy under
 //   write-through and copies pinned by a handle.
 // - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
@@ -52,6 +53,17 @@ class StoreImpl;
 struct PutOptions {
   Codec codec = Codec::kRaw;
   std::optional<TierId> tier;  // default: StoreOptions::put_tier
+};
+
+// A caller's buffer and the memory it is in (BufferKind, terrace/tier.h). The plain-span Put and
+// Get mean kHost.
+struct BufferRef {
+  std::span<std::byte> bytes;
+  BufferKind kind = BufferKind::kHost;
+};
+struct ConstBufferRef {
+  std::span<const std::byte> bytes;
+  BufferKind kind = BufferKind::kHost;
 };
 
 struct LookupResult {
@@ -148,11 +160,20 @@ class Store {
   Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
   // Copies the block into `out`; InvalidArgument (naming the size needed) if `out` is too small.
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  // Buffers with a memory kind. kHost / kPinnedHost: as the span forms. kDevice: the block goes
+  // to and from device memory without a host bounce. A device Put lands in its tier (put_tier or
+  // opts.tier) only if that tier takes device buffers (TierCaps::device_buffers: the HBM tier),
+  // else InvalidArgument; the tier computes the checksum. A device Get first brings the block into
+  // the first tier that takes device buffers (like Acquire; InvalidArgument if there is none) and
+  // copies it from there. Write-through copies a device Put down to the lowest tier afterwards.
+  Status Put(const BlockKey& key, ConstBufferRef data, const PutOptions& opts = {});
+  Result<BlockDesc> Get(const BlockKey& key, BufferRef out);
   // Ensures a copy in `where` (an addressable tier), pins it there while the handle lives.
   Result<BlockHandle> Acquire(const BlockKey& key, TierId where = TierId::kHost);
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
   bool Contains(const BlockKey& key) const;
-  // Removes every copy. NotFound if absent; InvalidArgument while pinned.
+  // Removes every copy. NotFound if absent (a lost block - see Get - is forgotten: OK); InvalidArgument
+  // while pinned.
   Status Erase(const BlockKey& key);
   // Drops the copy in `tier` only, and only when a lower tier also holds the block (a clean
   // eviction: nothing is written back, the last copy is never dropped). NotFound if `tier` holds

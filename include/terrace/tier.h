@@ -40,6 +40,12 @@ std::string_view TierName(TierId id);  // "hbm", "host", "nvme"
 // Where a resident block's bytes live, for zero-copy access through ResidentPtr.
 enum class MemoryKind : std::uint8_t { kNone = 0, kHost = 1, kDevice = 2 };
 
+// Where a caller's buffer lives (Store::Put / Store::Get with a BufferRef). kHost: pageable host
+// memory; kPinnedHost: page-locked host memory (a GPU tier copies it by DMA, no staging); kDevice:
+// GPU device memory (a CUDA device pointer, or the emulated HBM tier's stand-in), which only a tier
+// with TierCaps::device_buffers reads or writes, and the host never touches.
+enum class BufferKind : std::uint8_t { kHost = 0, kPinnedHost = 1, kDevice = 2 };
+
 struct TierCaps {
   TierId id = TierId::kHost;       // the tier's kind
   std::string name;                // "hbm", "host", "nvme" (wrappers keep the wrapped name)
@@ -64,6 +70,9 @@ struct TierCaps {
   // Reserve / Commit / Abort are implemented: another tier can read a block straight into this
   // tier's memory.
   bool reserves = false;
+  // PutDevice / GetDevice are implemented: blocks go to and from device-memory buffers without a
+  // host bounce (the HBM tier).
+  bool device_buffers = false;
 };
 
 // Space a tier set aside for one block (Tier::Reserve): fill `bytes`, then Commit or Abort.
@@ -147,6 +156,24 @@ class Tier {
     return Status::Unavailable("this tier does not reserve space for direct reads");
   }
   virtual void Abort(const Reservation& r) { (void)r; }
+
+  // Device-memory buffers, for tiers with caps().device_buffers. PutDevice stores `device_data` (a
+  // device pointer) as the block and computes its checksum where the data is (a device kernel, or
+  // a staged copy of the stored bytes); it returns the BlockDesc it recorded. Otherwise like Put.
+  // GetDevice copies the block into `device_out` (device memory, >= the block's size) and verifies
+  // the stored bytes' checksum first (Corruption: dropped, like Get). Defaults: Unavailable.
+  virtual Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) {
+    (void)key;
+    (void)codec;
+    (void)device_data;
+    return Status::Unavailable("this tier does not read device memory");
+  }
+  virtual Status GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) {
+    (void)key;
+    (void)device_out;
+    (void)desc;
+    return Status::Unavailable("this tier does not write device memory");
+  }
 
   // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
   virtual Status Flush() { return Status::Ok(); }

@@ -16,10 +16,10 @@
 namespace terrace::store_internal {
 namespace {
 
-// Temporary buffers (for moves without a caller buffer) per tier call; bounds a batch's memory.
+// Reserved room per tier call; bounds the arena space one batch holds before it commits.
 constexpr std::uint64_t kWindowBytes = 64 * kMiB;
-// Evictions tried to make room for one reservation before the read falls back to a buffer.
-constexpr int kReserveAttempts = 8;
+// Blocks packed into a bounce buffer start at multiples of this (the NVMe tier's direct unit).
+constexpr std::uint64_t kPackAlign = 4096;
 
 }  // namespace
 
@@ -30,18 +30,18 @@ struct BulkLead {
   std::uint64_t version = 0;
   int src = -1;
   std::shared_ptr<Fetch> fetch;
-  std::vector<std::byte> temp;       // the destination when the item has no caller buffer and no reservation
+  std::span<std::byte> staged;       // the destination in a batch bounce buffer (no caller buffer, no reservation)
   std::optional<Reservation> room;   // the destination reserved in the move's target tier
   int room_slot = -1;                // the tier `room` is in
   Status status;                     // the tier's answer
   BlockDesc got;
 
-  // Where the read lands: the caller's buffer, the reservation (with its rounded-up room, so an
-  // aligned tier needs no staging) or the temporary buffer.
+  // Where the read lands: the reservation (with its rounded-up room, so an aligned tier needs no
+  // staging), the caller's buffer, or space in a bounce buffer.
   std::span<std::byte> Destination(const BulkItem& it) {
-    if (!it.out.empty()) return it.out.first(desc.size);
     if (room) return room->bytes;
-    return temp;
+    if (!it.out.empty()) return it.out.first(desc.size);
+    return staged;
   }
   std::span<std::byte> Bytes(const BulkItem& it) { return Destination(it).first(desc.size); }
 };
@@ -84,21 +84,29 @@ std::vector<BulkLead> StoreImpl::LeadBulkItems(std::span<BulkItem> items, std::o
   return leads;
 }
 
-void StoreImpl::PrepareDestination(BulkLead& l, const BulkItem& item, std::optional<int> target) {
-  if (!item.out.empty()) return;
-  if (target && tier(*target).caps().reserves) {
-    Tier& dst = tier(*target);
-    for (int attempt = 0; attempt < kReserveAttempts; ++attempt) {
-      Result<Reservation> r = dst.Reserve(item.key, l.desc);
-      if (r.ok()) {
-        l.room = std::move(*r);
-        l.room_slot = *target;
-        return;
-      }
-      if (!r.status().IsOutOfCapacity() || !EvictOne(*target).ok()) break;
+bool StoreImpl::PrepareDestination(BulkLead& l, const BulkItem& item, std::optional<int> target,
+                                   std::vector<BouncePool::Lease>& window, std::size_t* used) {
+  if (target && *target < l.src) {
+    if (std::optional<Reservation> r = ReserveRoom(*target, item.key, l.desc)) {
+      l.room = std::move(*r);
+      l.room_slot = *target;
+      return true;
     }
   }
-  l.temp.resize(l.desc.size);  // no room reserved: read into a buffer, place it with a copy later
+  if (!item.out.empty()) return true;
+  // Pack into the window's current bounce buffer; take another when it is full.
+  const std::uint64_t need = (l.desc.size + kPackAlign - 1) / kPackAlign * kPackAlign;
+  if (window.empty() || window.back().bytes().size() - *used < need) {
+    // Waiting is safe only while this window holds no buffer (see batch_bounce_).
+    const bool first = window.empty();
+    BouncePool::Lease lease = first ? batch_bounce_.Acquire(need) : batch_bounce_.TryAcquire(need);
+    if (!lease.valid()) return first;  // first: out of memory; the read fails and the key takes the single-key path
+    window.push_back(std::move(lease));
+    *used = 0;
+  }
+  l.staged = window.back().bytes().subspan(*used, l.desc.size);
+  *used += need;
+  return true;
 }
 
 void StoreImpl::ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items) {
@@ -144,21 +152,20 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
     bool from_bulk = false;
     if (good && same) {
       o.desc = l.desc;
-      std::function<Status()> commit;
-      if (l.room && mode == MoveMode::kUp && l.room_slot == target) {
-        commit = [&] {
-          Reservation r = *std::exchange(l.room, std::nullopt);
-          Status s = tier(target).Commit(item.key, l.desc, r);
-          if (s.ok()) {
-            TierCounters& m = slot(target).measured;
-            m.Add(m.puts);
-            m.Add(m.bytes_written, l.desc.size);
-            MaybeScheduleDemotion(target);
-          }
+      // The caller's copy first: a reservation's bytes are not ours once committed or aborted.
+      if (l.room && !item.out.empty()) std::memcpy(item.out.data(), bytes.data(), l.desc.size);
+      std::function<Status()> place;
+      if (l.room && l.room_slot == target) {
+        place = [&] { return CommitRoom(target, item.key, l.desc, *std::exchange(l.room, std::nullopt)); };
+      } else {
+        // Staged: from the bounce buffer or the caller's buffer into the target.
+        place = [&] {
+          Status s = PlaceInTier(target, item.key, l.desc, bytes);
+          if (s.ok()) CountTransfer(/*direct=*/false, l.desc.size);
           return s;
         };
       }
-      CompleteLockedRead(item.key, l.desc, bytes, l.src, mask, mode, target, by_prefetch, &o, commit);
+      CompleteLockedRead(item.key, l.desc, l.src, mask, mode, target, by_prefetch, &o, place);
       from_bulk = true;
     } else {
       std::string dropped;
@@ -191,26 +198,24 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
 void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
                           const std::function<Status(std::size_t)>& still_wanted) {
   std::vector<BulkLead> leads = LeadBulkItems(items, move_to, by_prefetch);
-  // Read one window at a time: one tier call per source slot and window of destination bytes
-  // (reserved or temporary), finished before the next is read, so followers wake sooner and at
-  // most one window of destinations is held.
+  // Read one window at a time: one tier call per source slot and window of destinations (reserved
+  // room up to kWindowBytes, bounce buffers as many as are free), finished before the next is read,
+  // so followers wake sooner and at most one window of destinations is held.
   for (std::size_t begin = 0; begin < leads.size();) {
     const int src = leads[begin].src;
     std::size_t end = begin;
-    std::uint64_t window = 0;
+    std::uint64_t reserved = 0;
+    std::vector<BouncePool::Lease> window;
+    std::size_t used = 0;
     for (; end < leads.size() && leads[end].src == src; ++end) {
-      const BulkItem& item = items[leads[end].item];
-      if (!item.out.empty()) continue;
-      if (end > begin && window + leads[end].desc.size > kWindowBytes) break;
-      window += leads[end].desc.size;
-      PrepareDestination(leads[end], item, move_to);
+      BulkLead& l = leads[end];
+      if (end > begin && reserved + l.desc.size > kWindowBytes) break;
+      if (!PrepareDestination(l, items[l.item], move_to, window, &used)) break;
+      if (l.room) reserved += l.desc.size;
     }
     std::span<BulkLead> group(leads.data() + begin, end - begin);
     ReadLeads(group, items);
-    for (BulkLead& l : group) {
-      FinishLead(l, items[l.item], move_to, by_prefetch, still_wanted);
-      std::vector<std::byte>().swap(l.temp);
-    }
+    for (BulkLead& l : group) FinishLead(l, items[l.item], move_to, by_prefetch, still_wanted);
     begin = end;
   }
 }

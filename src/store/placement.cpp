@@ -38,6 +38,11 @@ void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, 
 }
 
 Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
+  return PlaceWith(t, key, desc.size, [&] { return TimedTierPut(t, key, desc, data); });
+}
+
+Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write) {
+  const BlockDesc desc{size, Codec::kRaw, 0};  // only its size is used below
   Tier& dst = tier(t);
   TierCounters& m = slot(t).measured;
   const TierCaps& caps = dst.caps();
@@ -58,7 +63,7 @@ Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc,
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
     if (dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
-      Status s = TimedTierPut(t, key, desc, data);
+      Status s = write();
       if (s.ok()) {
         m.Add(m.puts);
         m.Add(m.bytes_written, desc.size);
@@ -121,38 +126,6 @@ Status StoreImpl::EvictOne(int t) {
   }
   if (!demote_error.ok()) return demote_error;
   return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", SlotName(t)));
-}
-
-Status StoreImpl::DemoteCopy(int from, int to, const BlockKey& key, const BlockDesc& desc) {
-  Tier& src = tier(from);
-  // Host-addressable bytes go to the lower tier straight from where they live (no staging copy;
-  // the lower tier reads them as registered fixed buffers when it can). Pinned in the tier for
-  // the duration; hashed first, since no Get verified them.
-  if (src.caps().memory == MemoryKind::kHost && src.Pin(key).ok()) {
-    const std::byte* p = src.ResidentPtr(key);
-    Status s;
-    if (p == nullptr) {
-      // not resident after all (a tier that pins without a pointer): the copying path below
-    } else if (Checksum({p, desc.size}) != desc.checksum) {
-      slot(from).measured.Add(slot(from).measured.corruptions);
-      s = Status::Corruption(fmt::format("block {} failed its checksum in tier {} while being demoted",
-                                         key.ToString(), SlotName(from)));
-    } else {
-      RefreshIoRegions(from, to);
-      s = PlaceInTier(to, key, desc, {p, desc.size});
-      if (s.ok()) CountTransfer(/*direct=*/true, desc.size);
-    }
-    (void)src.Unpin(key);
-    if (p != nullptr) return s;
-  }
-  std::vector<std::byte> buf(desc.size);
-  BlockDesc got;
-  Status s = TimedTierGet(from, key, buf, &got);
-  if (s.ok() && !Verify(src.caps(), desc, got, buf)) s = Status::Corruption("checksum mismatch while demoting");
-  if (!s.ok()) return s;
-  TERRACE_RETURN_IF_ERROR(PlaceInTier(to, key, desc, buf));
-  CountTransfer(/*direct=*/false, desc.size);
-  return Status::Ok();
 }
 
 void StoreImpl::RefreshIoRegions(int from, int to) {

@@ -26,7 +26,7 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
     if (it == entries_.end()) {
       if (shared_mask_ != 0) return false;  // a shared tier may hold it: the locked path asks
       for (int i = 0; i < slot_count(); ++i) slot(i).measured.Add(slot(i).measured.misses);
-      *result = Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+      *result = MissLocked(key);
       return true;
     }
     desc = it->second.desc;
@@ -112,7 +112,37 @@ void StoreImpl::DropCopy(const BlockKey& key, int t) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   SetMaskLocked(key, it->second, static_cast<SlotMask>(it->second.mask & ~Bit(t)));
-  if (it->second.mask == 0) entries_.erase(it);
+  SlotMask& lost = lost_[key];  // every copy dropped so far, until the key is put or erased again
+  if (lost == 0) lost_order_.push_back(key);
+  lost |= Bit(t);
+  if (it->second.mask == 0) {
+    entries_.erase(it);
+  }
+  while (lost_.size() > kMaxLost && !lost_order_.empty()) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
+}
+
+std::string StoreImpl::LostTierNames(SlotMask mask) const {
+  std::string names;
+  for (int i = 0; i < slot_count(); ++i) {
+    if (mask & Bit(i)) names += names.empty() ? SlotName(i) : fmt::format(", {}", SlotName(i));
+  }
+  return names;
+}
+
+Status StoreImpl::MissLocked(const BlockKey& key) const {
+  auto it = lost_.find(key);
+  if (it == lost_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+  return Status::Corruption(fmt::format(
+      "block {} was stored, but its copy in tier {} failed its checksum and was dropped; no good copy is left; "
+      "put the block again", key.ToString(), LostTierNames(it->second)));
+}
+
+Status StoreImpl::Miss(const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  return MissLocked(key);
 }
 
 ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
@@ -144,7 +174,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
             "block {}: the copy in tier {} failed its checksum and was dropped; no good copy is left; "
             "put the block again", key.ToString(), dropped));
       } else {
-        out.desc = Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+        out.desc = Miss(key);
       }
       return out;
     }
@@ -157,10 +187,24 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       out.desc = last_error;
       return out;
     }
-    buf->resize(desc.size);
-    BlockDesc got;
-    Status s = TimedTierGet(src, key, *buf, &got);
-    if (s.ok() && !Verify(tier(src).caps(), desc, got, *buf)) s = Status::Corruption("checksum mismatch");
+    // A move goes through Transfer (direct where a route exists), which also hands the verified
+    // bytes to *buf; a plain read lands in *buf.
+    const bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
+    Status s;
+    TransferOutcome moved;
+    if (want_move) {
+      moved = Transfer(src, target, key, desc, [&](std::span<const std::byte> b) {
+        if (buf != nullptr) buf->assign(b.begin(), b.end());
+      });
+      s = moved.read;
+    } else {
+      std::vector<std::byte> local;
+      std::vector<std::byte>* into = buf != nullptr ? buf : &local;
+      into->resize(desc.size);
+      BlockDesc got;
+      s = TimedTierGet(src, key, *into, &got);
+      if (s.ok() && !Verify(tier(src).caps(), desc, got, *into)) s = Status::Corruption("checksum mismatch");
+    }
     if (s.IsCorruption() || s.IsNotFound()) {
       if (s.IsCorruption()) dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
       DropCopy(key, src);
@@ -172,14 +216,14 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       continue;
     }
     out.desc = desc;
-    CompleteLockedRead(key, desc, *buf, src, mask, mode, target, by_prefetch, &out);
+    CompleteLockedRead(key, desc, src, mask, mode, target, by_prefetch, &out, [&] { return moved.write; });
     return out;
   }
 }
 
-void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes,
-                                   int src, SlotMask mask, MoveMode mode, int target, bool by_prefetch,
-                                   ReadOutcome* result, const std::function<Status()>& place) {
+void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
+                                   int target, bool by_prefetch, ReadOutcome* result,
+                                   const std::function<Status()>& place) {
   ReadOutcome& out = *result;
   CountGet(src);
   slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
@@ -187,8 +231,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, s
 
   bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
   if (want_move) {
-    Status ms = place ? place() : PlaceInTier(target, key, desc, bytes);
-    if (ms.ok()) CountTransfer(/*direct=*/static_cast<bool>(place), desc.size);
+    Status ms = place();
     if (!ms.ok()) {
       out.move_status = std::move(ms);
     } else {
@@ -238,7 +281,7 @@ Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   auto at_or_above = [&]() -> Result<bool> {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
-    if (it == entries_.end()) return Status::NotFound(fmt::format("block {} is not in the store", key.ToString()));
+    if (it == entries_.end()) return MissLocked(key);
     return Fastest(it->second.mask) <= target;
   };
   Result<bool> done = at_or_above();
@@ -250,8 +293,7 @@ Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   TERRACE_ASSIGN_OR_RETURN(bool moved, at_or_above());  // we joined someone else's read; did it move?
   if (moved) return Status::Ok();
   auto guard = key_locks_.Lock(key);
-  std::vector<std::byte> buf;
-  ReadOutcome o2 = LockedRead(key, &buf, MoveMode::kUp, target, by_prefetch);
+  ReadOutcome o2 = LockedRead(key, nullptr, MoveMode::kUp, target, by_prefetch);
   return o2.desc.ok() ? o2.move_status : o2.desc.status();
 }
 
@@ -270,8 +312,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
   }
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
-    std::vector<std::byte> buf;
-    ReadOutcome o = LockedRead(key, &buf, MoveMode::kExact, s, /*by_prefetch=*/false);
+    ReadOutcome o = LockedRead(key, nullptr, MoveMode::kExact, s, /*by_prefetch=*/false);
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

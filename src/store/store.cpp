@@ -27,6 +27,8 @@ std::vector<std::string> SlotNames(const std::vector<NamedTier>& tiers) {
 
 StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
     : options_(options), logger_(LoggerOrDefault(options.logger)), slots_(tiers.size()),
+      bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
+      batch_bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
       lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)),
       pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_) {
   const std::vector<std::string> names = SlotNames(tiers);
@@ -99,6 +101,11 @@ Status StoreImpl::Init() {
     return Status::InvalidArgument(fmt::format(
         "store watermarks low={} high={} are invalid; need 0 < low_watermark <= high_watermark <= 1",
         options_.low_watermark, options_.high_watermark));
+  }
+  if (options_.bounce_buffers == 0 || options_.bounce_buffer_bytes < 4096) {
+    return Status::InvalidArgument(fmt::format(
+        "store bounce buffers: {} buffers of {} bytes; need bounce_buffers >= 1 and bounce_buffer_bytes >= 4096",
+        options_.bounce_buffers, options_.bounce_buffer_bytes));
   }
   const int put_slot = SlotAtOrBelow(options_.put_tier);
   promote_slot_ = put_slot >= 0 ? put_slot : LowestSlot();

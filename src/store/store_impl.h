@@ -8,7 +8,9 @@
 //      rings' mutexes; their order is in tiers/nvme/nvme_tier.h).
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
-//   Leaves, never held while taking another store lock: inflight_'s table mutex and each
+//   Leaves, never held while taking another store lock: bounce_'s and batch_bounce_'s mutexes
+//   (a Transfer waits on bounce_ holding only its key stripe; a BulkFetch window waits on
+//   batch_bounce_ holding no stripe and no buffer; see BouncePool), inflight_'s table mutex and each
 //   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
 //   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
 // Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_,
@@ -35,6 +37,7 @@
 #include "src/common/clock.h"
 #include "src/common/key_map.h"
 #include "src/common/mutex.h"
+#include "src/store/bounce_pool.h"
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
@@ -102,6 +105,13 @@ struct ReadOutcome {
   Status move_status;  // OK when no move was needed or it succeeded
   bool moved = false;
   bool leader = true;  // false: the result came from another caller's in-flight read
+};
+
+// What Transfer did: the source read, and (when that succeeded) the destination write.
+struct TransferOutcome {
+  Status read;          // Corruption: the source copy failed its checksum; NotFound: it is gone
+  Status write;         // meaningful only when read is OK
+  bool direct = false;  // the route taken (when write is OK)
 };
 
 struct PrefetchJob;
@@ -213,24 +223,45 @@ class StoreImpl {
   // Copies the block into `out` when it is non-empty.
   ReadOutcome FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                          std::span<std::byte> out);
-  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies) and
-  // moves it per `mode` to slot `target`. `dropped` names tiers whose copy the caller already
+  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies; buf may
+  // be null when only the move matters) and moves it per `mode` to slot `target` (Transfer). `dropped` names tiers whose copy the caller already
   // dropped as corrupt.
   ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
                          bool by_prefetch, std::string dropped = {});
-  // Caller holds key's stripe; `bytes` is the verified block just read from slot `src` while the
-  // entry's mask was `mask`. Counts the read, moves the block per `mode`, updates the policies.
-  // `place`, when given, puts the block into `target` instead of PlaceInTier(bytes) (a direct
-  // transfer that already holds the bytes in target's memory); otherwise the move is a staged copy.
-  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> bytes, int src,
-                          SlotMask mask, MoveMode mode, int target, bool by_prefetch, ReadOutcome* out,
-                          const std::function<Status()>& place = {});
+  // Caller holds key's stripe; the block was just read (verified) from slot `src` while the
+  // entry's mask was `mask`. Counts the read, and when `mode` asks for a move to `target`, calls
+  // `place` (which puts the block there and counts the transfer) and updates the directory;
+  // updates the policies.
+  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
+                          int target, bool by_prefetch, ReadOutcome* out, const std::function<Status()>& place);
+  // transfer.cpp: the one place a block is copied from one tier into another. Caller holds key's
+  // stripe; `desc` is the directory's description. Routes, first that applies:
+  //   1. `to` reserves space (TierCaps::reserves): `from` reads straight into the reservation,
+  //      aligned for its io_alignment (NVMe -> host arena, HBM -> host arena): direct;
+  //   2. a move down (to > from) from a tier that keeps the block in host memory (ResidentPtr;
+  //      pinned meanwhile, hashed first since no Get verified it): `to` writes it from there
+  //      (host arena -> NVMe through registered buffers, emulated HBM -> host): direct;
+  //   3. through a buffer of bounce_ (waits for one): staged.
+  // Makes room in `to` like PlaceInTier. `seen`, when given, gets the verified bytes before the
+  // copy is published (a Get's buffer). Counts the transfer in StoreStats.
+  TransferOutcome Transfer(int from, int to, const BlockKey& key, const BlockDesc& desc,
+                           const std::function<void(std::span<const std::byte>)>& seen = {});
+  // Room for the block in slot `t` when that tier reserves (evicting a few blocks if needed).
+  std::optional<Reservation> ReserveRoom(int t, const BlockKey& key, const BlockDesc& desc);
+  // Publishes a filled reservation as the block; counts the write and a direct transfer.
+  Status CommitRoom(int t, const BlockKey& key, const BlockDesc& desc, const Reservation& r);
   // Counts one block moved between tiers: direct (tier memory to tier memory, no store buffer) or
   // staged (through a store-side copy).
   void CountTransfer(bool direct, std::uint64_t bytes);
   Status MoveUp(const BlockKey& key, int target, bool by_prefetch);
-  // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why.
+  // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why;
+  // when it was the last copy, the key is remembered as lost (lost_).
   void DropCopy(const BlockKey& key, int slot);
+  // The answer for a key with no directory entry: Corruption naming the tiers when it is in lost_,
+  // else NotFound.
+  Status MissLocked(const BlockKey& key) const TERRACE_REQUIRES(mu_);
+  Status Miss(const BlockKey& key) const;
+  std::string LostTierNames(SlotMask mask) const;
   void CountGet(int served_from);
 
   // batch_read.cpp
@@ -244,9 +275,12 @@ class StoreImpl {
                  const std::function<Status(std::size_t)>& still_wanted = {});
   // BulkFetch's steps. Leads: the items this call reads, each leading its key's in-flight fetch.
   std::vector<BulkLead> LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch);
-  // Gives a lead without a caller buffer its destination: reserved room in `target` when that
-  // tier reserves (the read then lands there directly), else a temporary buffer.
-  void PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target);
+  // Gives a lead its destination: reserved room in `target` when that tier reserves (the read then
+  // lands there directly), else the caller's buffer, else space packed into a batch_bounce_
+  // buffer (`window`: this window's buffers, *used: bytes taken of the last). Waits for a buffer
+  // only while `window` holds none. False: no buffer was free; the window ends before this lead.
+  bool PrepareDestination(BulkLead& lead, const BulkItem& item, std::optional<int> target,
+                          std::vector<BouncePool::Lease>& window, std::size_t* used);
   // Issues one tier GetBatch for `leads` (all from one source slot) and records each answer.
   void ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items);
   // Verifies, counts and moves one read key under its stripe, as its fetch's leader; anything
@@ -256,9 +290,25 @@ class StoreImpl {
 
   // write_path.cpp
   Status EraseLocked(const BlockKey& key);
+  // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
+  // previous version's other copies (old_mask) and updates the directory.
+  void PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
+  // Caller holds key's stripe. InvalidArgument if the key is pinned; else the slots holding its
+  // current version (0: none).
+  Result<SlotMask> ReplaceableMask(const BlockKey& key) const;
+
+ public:
+  // device_path.cpp: Store::Put / Get with BufferKind::kDevice buffers (store.h).
+  Status PutDevice(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
+  Result<BlockDesc> GetDevice(const BlockKey& key, std::span<std::byte> out);
+
+ private:
 
   // placement.cpp
   Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // PlaceInTier's room-making loop around any write of a `size`-byte block into `slot` (`write`
+  // returns the tier's answer; OutOfCapacity makes the loop evict and retry).
+  Status PlaceWith(int slot, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write);
   // Frees one copy from `slot` (demoting it if needed). OutOfCapacity when nothing is evictable,
   // or the error a victim's demotion hit.
   Status EvictOne(int slot);
@@ -298,7 +348,13 @@ class StoreImpl {
   KeyMap<Entry> entries_ TERRACE_GUARDED_BY(mu_);  // no reference into it survives an insert
   // Live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
   KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_ TERRACE_GUARDED_BY(mu_);
-  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;  // Entry::version source (unique across erase + re-put)
+  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;
+  // Keys whose last copy was dropped as bad (DropCopy), with the slots it was dropped from, so a
+  // later read answers Corruption ("stored but lost"), not NotFound ("never stored"). Cleared by a
+  // Put or an Erase of the key; at most kMaxLost keys, the oldest forgotten first.
+  static constexpr std::size_t kMaxLost = 65536;
+  KeyMap<SlotMask> lost_ TERRACE_GUARDED_BY(mu_);
+  std::deque<BlockKey> lost_order_ TERRACE_GUARDED_BY(mu_);  // insertion order of lost_ (may hold stale keys)  // Entry::version source (unique across erase + re-put)
 
   KeyLocks key_locks_;
   InflightTable inflight_;
@@ -316,6 +372,12 @@ class StoreImpl {
   Mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_ TERRACE_GUARDED_BY(prefetch_mu_);  // by Priority
   unsigned prefetch_drainers_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drain tasks on prefetch_lane_
+
+  // Staging buffers (StoreOptions::bounce_buffers): bounce_ for Transfer, batch_bounce_ for
+  // BulkFetch windows. Separate because a window holds its buffers while it blocks on key stripes,
+  // and a Transfer waits for a buffer while holding one: sharing a pool could deadlock.
+  BouncePool bounce_;
+  BouncePool batch_bounce_;
 
   Mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only

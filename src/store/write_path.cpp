@@ -63,6 +63,11 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
                                      SlotName(lowest)));
   }
   new_mask |= Bit(target);
+  PublishPut(key, desc, old_mask, new_mask);
+  return Status::Ok();
+}
+
+void StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask) {
   for (int i = 0; i < slot_count(); ++i) {  // stale copies of the previous version
     if (!(old_mask & ~new_mask & Bit(i))) continue;
     Status es = tier(i).Erase(key);
@@ -75,7 +80,19 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   SetMaskLocked(key, e, new_mask);
   e.version = ++last_version_;
   e.prefetched = false;
-  return Status::Ok();
+  lost_.erase(key);
+}
+
+Result<SlotMask> StoreImpl::ReplaceableMask(const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return SlotMask{0};
+  if (it->second.AnyPin()) {
+    return Status::InvalidArgument(fmt::format(
+        "block {} is pinned (by Pin or a live BlockHandle) and cannot be replaced; Unpin it or "
+        "release its handles first", key.ToString()));
+  }
+  return it->second.mask;
 }
 
 Status StoreImpl::Erase(const BlockKey& key) {
@@ -89,7 +106,11 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
   {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
-    if (it == entries_.end()) return Status::NotFound(fmt::format("erase: block {} is not in the store", key.ToString()));
+    if (it == entries_.end()) {
+      // Erasing a lost block (its last copy was dropped as bad) forgets it: later reads say NotFound.
+      if (lost_.erase(key) > 0) return Status::Ok();
+      return Status::NotFound(fmt::format("erase: block {} is not in the store", key.ToString()));
+    }
     if (it->second.AnyPin()) {
       return Status::InvalidArgument(fmt::format(
           "erase: block {} is pinned (by Pin or a live BlockHandle); Unpin it or release its handles first",

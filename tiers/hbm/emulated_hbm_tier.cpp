@@ -48,6 +48,7 @@ EmulatedHbmTier::EmulatedHbmTier(const HbmTierOptions& options, std::unique_ptr<
   caps_.emulated = true;
   caps_.memory = MemoryKind::kHost;
   caps_.reserves = false;  // every write goes through Put, which charges the link model
+  caps_.device_buffers = true;
 }
 
 std::uint64_t EmulatedHbmTier::LinkNanos(std::uint64_t bytes) const {
@@ -79,6 +80,21 @@ Status EmulatedHbmTier::Get(const BlockKey& key, std::span<std::byte> out, Block
   ChargeLink(t0, got.size);
   latency_.read_latency.Record(SteadyNanos() - t0);
   if (desc) *desc = got;
+  return st;
+}
+
+Result<BlockDesc> EmulatedHbmTier::PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) {
+  const std::uint64_t t0 = SteadyNanos();
+  const BlockDesc desc = DescribeBlock(device_data, codec);  // where the data is: host memory here
+  TERRACE_RETURN_IF_ERROR(host_->Put(key, desc, device_data));
+  latency_.write_latency.Record(SteadyNanos() - t0);
+  return desc;
+}
+
+Status EmulatedHbmTier::GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) {
+  const std::uint64_t t0 = SteadyNanos();
+  Status st = host_->Get(key, device_out, desc);  // verifies the checksum as it copies
+  if (st.ok()) latency_.read_latency.Record(SteadyNanos() - t0);
   return st;
 }
 

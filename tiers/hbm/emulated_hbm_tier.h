@@ -5,7 +5,11 @@
 // (the real copy overlaps the modelled time: a 1 MiB copy at 55 GB/s lasts >= 21 us); the
 // waiting is a busy-wait below 200 us and a sleep above. The modelled time is accounted in
 // modelled_link_ns() and in Stats().detail. caps(): id kHbm, emulated true, memory kHost (the
-// resident pointer is a host pointer). Stats().name is "hbm (emulated)".
+// resident pointer is a host pointer), device_buffers true. Stats().name is "hbm (emulated)".
+// Device buffers: "device memory" here is host memory standing in for it (tests model GPU
+// buffers with it). PutDevice / GetDevice copy without the link model (a device-to-device copy
+// does not cross the host link); PutDevice hashes the bytes it stores, GetDevice verifies them
+// as Get does.
 // Thread-safety: all methods.
 #pragma once
 
@@ -25,6 +29,8 @@ class EmulatedHbmTier final : public Tier {
   const TierCaps& caps() const override { return caps_; }
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override;
+  Status GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return host_->Lookup(key); }
   Status Erase(const BlockKey& key) override { return host_->Erase(key); }
   Status Pin(const BlockKey& key) override { return host_->Pin(key); }

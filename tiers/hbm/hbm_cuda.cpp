@@ -9,12 +9,12 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "tiers/host/block_arena.h"
 #include "tiers/host/fast_checksum.h"
 
@@ -38,12 +38,21 @@ bool IsPinnedHost(const void* p) {
   return attr.type == cudaMemoryTypeHost;
 }
 
-// One copy stream with two pinned staging buffers; used by one operation at a time.
+bool IsDevice(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+// One copy stream with two pinned staging buffers; used by one operation at a time (mu).
 struct Lane {
-  std::mutex mu;
-  cudaStream_t stream = nullptr;
-  std::byte* stage[2] = {nullptr, nullptr};
-  cudaEvent_t done[2] = {nullptr, nullptr};
+  Mutex mu;
+  cudaStream_t stream TERRACE_GUARDED_BY(mu) = nullptr;
+  std::byte* stage[2] TERRACE_GUARDED_BY(mu) = {nullptr, nullptr};
+  cudaEvent_t done[2] TERRACE_GUARDED_BY(mu) = {nullptr, nullptr};
 };
 
 class CudaHbmTier final : public Tier {
@@ -57,6 +66,7 @@ class CudaHbmTier final : public Tier {
   ~CudaHbmTier() override {
     (void)cudaSetDevice(options_.device);
     for (Lane& l : lanes_) {
+      MutexLock lock(&l.mu);
       if (l.stream) (void)cudaStreamSynchronize(l.stream);
       for (int b = 0; b < 2; ++b) {
         if (l.stage[b]) (void)cudaFreeHost(l.stage[b]);
@@ -78,6 +88,7 @@ class CudaHbmTier final : public Tier {
     if (!st.ok()) return Status::OutOfCapacity(st.message() + "; lower HbmTierOptions::capacity_bytes");
     base_ = static_cast<std::byte*>(p);
     for (Lane& l : lanes_) {
+      MutexLock lock(&l.mu);
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
       for (int b = 0; b < 2; ++b) {
         void* s = nullptr;
@@ -90,6 +101,7 @@ class CudaHbmTier final : public Tier {
     caps_.name = "hbm";
     caps_.memory = MemoryKind::kDevice;
     caps_.verifies_gets = true;  // the host bytes are hashed after the D2H copy
+    caps_.device_buffers = true;  // PutDevice / GetDevice: device-to-device copies
     caps_.capacity_bytes = arena_.capacity_bytes();
     caps_.max_block_bytes = arena_.max_block_bytes();
     return Status::Ok();
@@ -150,6 +162,36 @@ class CudaHbmTier final : public Tier {
     return Status::Ok();
   }
 
+  // Device buffers: a device-to-device copy into the arena, then the stored bytes hashed through
+  // the staging buffers (no device kernel); the caller's buffer is never copied to the host.
+  Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override {
+    const std::uint64_t t0 = SteadyNanos();
+    BlockDesc desc{device_data.size(), codec, XXH3_64bits(nullptr, 0)};
+    TERRACE_ASSIGN_OR_RETURN(BlockArena::Ticket t, arena_.BeginWrite(key, desc));
+    std::byte* dev = base_ + arena_.ByteOffset(t.extent);
+    Status st = Status::Ok();
+    if (desc.size > 0) {
+      st = CopyIn(dev, device_data);  // D2D when device_data is a device pointer
+      if (st.ok()) st = HashDevice(dev, desc.size, &desc.checksum);
+    }
+    if (!st.ok()) {
+      arena_.AbortWrite(t);
+      counters_.Add(counters_.io_errors);
+      return st.WithContext(fmt::format("put of block {} from device memory", key.ToString()));
+    }
+    t.desc = desc;
+    TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
+    counters_.Add(counters_.puts);
+    counters_.Add(counters_.bytes_written, desc.size);
+    counters_.write_latency.Record(SteadyNanos() - t0);
+    return desc;
+  }
+
+  // Verifies the stored bytes (hashed from a staged copy), then copies them device to device.
+  Status GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) override {
+    return Get(key, device_out, desc);  // CopyOut takes the device-to-device path for a device pointer
+  }
+
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return arena_.Lookup(key); }
   Status Erase(const BlockKey& key) override { return arena_.Erase(key); }
   Status Pin(const BlockKey& key) override { return arena_.Pin(key); }
@@ -178,8 +220,13 @@ class CudaHbmTier final : public Tier {
 
   Status CopyIn(std::byte* dev, std::span<const std::byte> src) {
     Lane& l = PickLane();
-    std::lock_guard lock(l.mu);
+    MutexLock lock(&l.mu);
     TERRACE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    if (IsDevice(src.data())) {  // a device pointer: device to device, no host bounce
+      direct_.fetch_add(1, std::memory_order_relaxed);
+      TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dev, src.data(), src.size(), cudaMemcpyDeviceToDevice, l.stream), "cudaMemcpyAsync D2D"));
+      return CudaStatus(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize (D2D)");
+    }
     if (IsPinnedHost(src.data())) {
       direct_.fetch_add(1, std::memory_order_relaxed);
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dev, src.data(), src.size(), cudaMemcpyHostToDevice, l.stream), "cudaMemcpyAsync H2D"));
@@ -200,8 +247,14 @@ class CudaHbmTier final : public Tier {
   // Copies the device bytes to `out` and returns their XXH3-64 in *sum.
   Status CopyOut(std::span<std::byte> out, const std::byte* dev, std::uint64_t* sum) {
     Lane& l = PickLane();
-    std::lock_guard lock(l.mu);
+    MutexLock lock(&l.mu);
     TERRACE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    if (IsDevice(out.data())) {  // device to device; the checksum from a staged copy of the source
+      direct_.fetch_add(1, std::memory_order_relaxed);
+      TERRACE_RETURN_IF_ERROR(StagedHash(l, dev, out.size(), sum));
+      TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(out.data(), dev, out.size(), cudaMemcpyDeviceToDevice, l.stream), "cudaMemcpyAsync D2D"));
+      return CudaStatus(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize (D2D)");
+    }
     if (IsPinnedHost(out.data())) {
       direct_.fetch_add(1, std::memory_order_relaxed);
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(out.data(), dev, out.size(), cudaMemcpyDeviceToHost, l.stream), "cudaMemcpyAsync D2H"));
@@ -214,15 +267,9 @@ class CudaHbmTier final : public Tier {
     XXH3_INITSTATE(&state);
     XXH3_64bits_reset(&state);
     const std::size_t pieces = (out.size() + kStageBytes - 1) / kStageBytes;
-    auto issue = [&](std::size_t i) {
-      const std::size_t off = i * kStageBytes, len = std::min(kStageBytes, out.size() - off);
-      const int b = static_cast<int>(i & 1);
-      TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(l.stage[b], dev + off, len, cudaMemcpyDeviceToHost, l.stream), "cudaMemcpyAsync D2H"));
-      return CudaStatus(cudaEventRecord(l.done[b], l.stream), "cudaEventRecord");
-    };
-    Status st = issue(0);
+    Status st = IssueStage(l, dev, out.size(), 0);
     for (std::size_t i = 0; st.ok() && i < pieces; ++i) {
-      if (i + 1 < pieces) st = issue(i + 1);  // its buffer was drained in iteration i - 1
+      if (i + 1 < pieces) st = IssueStage(l, dev, out.size(), i + 1);  // its buffer was drained in iteration i - 1
       if (!st.ok()) break;
       const int b = static_cast<int>(i & 1);
       st = CudaStatus(cudaEventSynchronize(l.done[b]), "cudaEventSynchronize (D2H)");
@@ -237,6 +284,49 @@ class CudaHbmTier final : public Tier {
     }
     *sum = XXH3_64bits_digest(&state);
     return Status::Ok();
+  }
+
+  // Starts the D2H copy of piece i (kStageBytes each) of the `size` device bytes at `dev` into
+  // staging buffer i % 2, and records its event.
+  Status IssueStage(Lane& l, const std::byte* dev, std::size_t size, std::size_t i) TERRACE_REQUIRES(l.mu) {
+    const std::size_t off = i * kStageBytes, len = std::min(kStageBytes, size - off);
+    const int b = static_cast<int>(i & 1);
+    TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(l.stage[b], dev + off, len, cudaMemcpyDeviceToHost, l.stream), "cudaMemcpyAsync D2H"));
+    return CudaStatus(cudaEventRecord(l.done[b], l.stream), "cudaEventRecord");
+  }
+
+  // XXH3-64 of `size` device bytes at `dev`, hashed on the host from staged copies (no device
+  // kernel): the checksum computed where a copy of the data is, without touching the caller's
+  // buffer.
+  Status StagedHash(Lane& l, const std::byte* dev, std::size_t size, std::uint64_t* sum) TERRACE_REQUIRES(l.mu) {
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    const std::size_t pieces = (size + kStageBytes - 1) / kStageBytes;
+    Status st = pieces > 0 ? IssueStage(l, dev, size, 0) : Status::Ok();
+    for (std::size_t i = 0; st.ok() && i < pieces; ++i) {
+      if (i + 1 < pieces) st = IssueStage(l, dev, size, i + 1);
+      if (!st.ok()) break;
+      const int b = static_cast<int>(i & 1);
+      st = CudaStatus(cudaEventSynchronize(l.done[b]), "cudaEventSynchronize (hash)");
+      if (!st.ok()) break;
+      const std::size_t off = i * kStageBytes, len = std::min(kStageBytes, size - off);
+      XXH3_64bits_update(&state, l.stage[b], len);
+    }
+    if (!st.ok()) {
+      (void)cudaStreamSynchronize(l.stream);
+      return st;
+    }
+    *sum = XXH3_64bits_digest(&state);
+    return Status::Ok();
+  }
+
+  // Hashes `size` device bytes at `dev` on one lane.
+  Status HashDevice(const std::byte* dev, std::size_t size, std::uint64_t* sum) {
+    Lane& l = PickLane();
+    MutexLock lock(&l.mu);
+    TERRACE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    return StagedHash(l, dev, size, sum);
   }
 
   const HbmTierOptions options_;

@@ -1,0 +1,165 @@
+#include "src/store/bounce_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+namespace terrace::store_internal {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+
+std::uint64_t RoundUp(std::uint64_t n) { return (std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign; }
+
+std::byte* AllocAligned(std::uint64_t bytes) {
+  return static_cast<std::byte*>(std::aligned_alloc(kAlign, static_cast<std::size_t>(bytes)));
+}
+
+// Leases this thread holds, over every pool (a nested acquire never waits).
+thread_local int t_leases_held = 0;
+
+}  // namespace
+
+BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes)
+    : buffer_bytes_(RoundUp(buffer_bytes)), count_(std::max<std::size_t>(count, 1)), buffers_(count_) {}
+
+BouncePool::~BouncePool() {
+  MutexLock lock(&mu_);
+  for (Buffer& b : buffers_) {
+    if (b.data == nullptr) continue;
+    if (b.locked) (void)munlock(b.data, buffer_bytes_);
+    std::free(b.data);
+  }
+}
+
+BouncePool::Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
+
+BouncePool::Lease& BouncePool::Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    Release();
+    pool_ = std::exchange(o.pool_, nullptr);
+    bytes_ = std::exchange(o.bytes_, {});
+    index_ = o.index_;
+    owns_ = o.owns_;
+  }
+  return *this;
+}
+
+BouncePool::Lease::~Lease() { Release(); }
+
+void BouncePool::Lease::Release() {
+  if (pool_ == nullptr) return;
+  pool_->Return(*this);
+  pool_ = nullptr;
+  bytes_ = {};
+}
+
+BouncePool::Lease BouncePool::Acquire(std::uint64_t bytes) {
+  const bool nested = t_leases_held > 0;
+  return Take(bytes, /*wait=*/!nested, /*one_off=*/nested);
+}
+
+BouncePool::Lease BouncePool::TryAcquire(std::uint64_t bytes) { return Take(bytes, false, false); }
+
+BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off) {
+  Lease l;
+  const bool oversize = bytes > buffer_bytes_;
+  {
+    MutexLock lock(&mu_);
+    bool waited = false;
+    for (;;) {
+      if (oversize) {
+        if (!oversize_busy_) {
+          oversize_busy_ = true;
+          l.index_ = kOversize;
+          break;
+        }
+      } else {
+        int free_index = -1;
+        for (std::size_t i = 0; i < buffers_.size() && free_index < 0; ++i) {
+          if (!buffers_[i].busy) free_index = static_cast<int>(i);
+        }
+        if (free_index >= 0) {
+          Buffer& b = buffers_[static_cast<std::size_t>(free_index)];
+          b.busy = true;
+          if (b.data == nullptr) {  // first use: allocate and lock it (allocation under mu_ is rare)
+            b.data = AllocAligned(buffer_bytes_);
+            if (b.data != nullptr) {
+              b.locked = mlock(b.data, buffer_bytes_) == 0;
+              if (!b.locked) unlocked_ = true;
+            }
+          }
+          if (b.data == nullptr) {
+            b.busy = false;
+            return Lease{};  // out of memory
+          }
+          l.index_ = free_index;
+          l.bytes_ = {b.data, static_cast<std::size_t>(buffer_bytes_)};
+          break;
+        }
+      }
+      if (!wait) {
+        if (!one_off) return Lease{};
+        l.index_ = kOneOff;
+        ++one_offs_;
+        break;
+      }
+      if (!waited) ++waits_;
+      waited = true;
+      cv_.Wait(&mu_);
+    }
+  }
+  if (l.index_ == kOversize || l.index_ == kOneOff) {
+    const std::uint64_t n = RoundUp(bytes);
+    std::byte* p = AllocAligned(n);
+    if (p == nullptr) {
+      if (l.index_ == kOversize) {
+        {
+          MutexLock lock(&mu_);
+          oversize_busy_ = false;
+        }
+        cv_.SignalAll();
+      }
+      return Lease{};
+    }
+    l.bytes_ = {p, static_cast<std::size_t>(n)};
+    l.owns_ = true;
+  }
+  l.pool_ = this;
+  ++t_leases_held;
+  return l;
+}
+
+void BouncePool::Return(Lease& l) {
+  --t_leases_held;
+  if (l.owns_) std::free(l.bytes_.data());
+  if (l.index_ == kOneOff) return;
+  {
+    MutexLock lock(&mu_);
+    if (l.index_ == kOversize) {
+      oversize_busy_ = false;
+    } else {
+      buffers_[static_cast<std::size_t>(l.index_)].busy = false;
+    }
+  }
+  cv_.SignalAll();
+}
+
+std::uint64_t BouncePool::waits() const {
+  MutexLock lock(&mu_);
+  return waits_;
+}
+
+std::uint64_t BouncePool::one_offs() const {
+  MutexLock lock(&mu_);
+  return one_offs_;
+}
+
+bool BouncePool::all_locked() const {
+  MutexLock lock(&mu_);
+  return !unlocked_;
+}
+
+}  // namespace terrace::store_internal

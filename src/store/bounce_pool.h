@@ -1,0 +1,90 @@
+// BouncePool: the store's bounded set of staging buffers for tier-to-tier copies that have no
+// direct route (a block moving between two tiers neither of which can read or write the other's
+// memory: NVMe -> NVMe, NVMe -> a tier that does not reserve space). Internal.
+//
+// - `count` buffers of `buffer_bytes` each (rounded up to 4 KiB), 4 KiB-aligned (so a tier with
+//   TierCaps::io_alignment transfers into them without a staging copy of its own), allocated on
+//   first use and kept, and mlock'ed where the system permits (a refusal is counted, not fatal).
+// - A block larger than buffer_bytes uses the one oversize slot: an aligned buffer of the block's
+//   size (rounded to 4 KiB) allocated for that lease and freed when it ends. Memory held is
+//   therefore at most count * buffer_bytes plus one block.
+// - Acquire waits until a buffer (or the oversize slot) is free. A thread that already holds a
+//   lease never waits (a staged copy whose destination evicts into another staged copy): it takes
+//   a free buffer if there is one, else a one-off aligned allocation, so nesting cannot deadlock;
+//   the nesting depth is bounded by the number of tier slots.
+// Thread-safety: every method; a Lease belongs to the thread that acquired it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "src/common/mutex.h"
+
+namespace terrace::store_internal {
+
+class BouncePool {
+ public:
+  BouncePool(std::size_t count, std::uint64_t buffer_bytes);
+  ~BouncePool();
+  BouncePool(const BouncePool&) = delete;
+  BouncePool& operator=(const BouncePool&) = delete;
+
+  // A buffer of at least the requested size; returned to the pool when destroyed.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept;
+    Lease& operator=(Lease&& o) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+    // The whole buffer (>= the size asked for, a multiple of 4 KiB); empty for an invalid lease.
+    std::span<std::byte> bytes() const { return bytes_; }
+    bool valid() const { return pool_ != nullptr; }
+
+   private:
+    friend class BouncePool;
+    void Release();
+    BouncePool* pool_ = nullptr;
+    std::span<std::byte> bytes_;
+    int index_ = -1;     // pool buffer index; kOversize; kOneOff
+    bool owns_ = false;  // bytes_ was allocated for this lease alone (freed on release)
+  };
+
+  // Waits for a buffer of at least `bytes` (see the class comment for when it does not wait).
+  Lease Acquire(std::uint64_t bytes);
+  // Never waits; an invalid Lease when no buffer is free.
+  Lease TryAcquire(std::uint64_t bytes);
+
+  std::uint64_t buffer_bytes() const { return buffer_bytes_; }
+  std::size_t count() const { return count_; }
+  // Acquires that had to wait for a buffer; one-off allocations made by nested acquires.
+  std::uint64_t waits() const;
+  std::uint64_t one_offs() const;
+  bool all_locked() const;  // every buffer allocated so far is mlock'ed
+
+ private:
+  static constexpr int kOversize = -2, kOneOff = -3;
+  Lease Take(std::uint64_t bytes, bool wait, bool one_off);
+  void Return(Lease& lease);
+
+  const std::uint64_t buffer_bytes_;
+  const std::size_t count_;
+  mutable Mutex mu_;
+  CondVar cv_;  // signalled when a buffer or the oversize slot is returned
+  struct Buffer {
+    std::byte* data = nullptr;
+    bool locked = false;
+    bool busy = false;
+  };
+  std::vector<Buffer> buffers_ TERRACE_GUARDED_BY(mu_);  // size fixed at construction
+  bool oversize_busy_ TERRACE_GUARDED_BY(mu_) = false;
+  std::uint64_t waits_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::uint64_t one_offs_ TERRACE_GUARDED_BY(mu_) = 0;
+  bool unlocked_ TERRACE_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace terrace::store_internal

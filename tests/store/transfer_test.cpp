@@ -1,0 +1,342 @@
+// The store's one transfer path over the real tiers: which route a move takes (direct into the
+// host arena, direct from it, or staged through the bounce pool), what StoreStats counts for it,
+// and that the bytes that arrive are the bytes that were put.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "store_test_util.h"
+#include "tiers/hbm/hbm_tier.h"
+#include "tiers/host/host_tier.h"
+#include "tiers/nvme/nvme_tier.h"
+
+namespace terrace::testing {
+namespace {
+
+// host (unpinned arena) over one NVMe tier in `dir`, opened directly so the test can read the NVMe
+// tier's own staging counter.
+struct HostNvme {
+  std::unique_ptr<Store> store;
+  NvmeTier* nvme = nullptr;
+  HostNvme(const std::filesystem::path& dir, StoreOptions o = Quiet()) {
+    NvmeTierOptions no;
+    no.path = dir;
+    no.capacity_bytes = 16 * kMiB;
+    auto n = NvmeTier::Open(no);
+    REQUIRE(n.ok());
+    nvme = n->get();
+    HostTierOptions ho;
+    ho.capacity_bytes = 8 * kMiB;
+    ho.chunk_bytes = 4 * kMiB;
+    ho.pin = false;
+    auto h = HostTier::Create(ho);
+    REQUIRE(h.ok());
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(std::move(*h));
+    tiers.push_back(std::move(*n));
+    auto s = Store::OpenWithTiers(o, std::move(tiers));
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    store = std::move(*s);
+  }
+};
+
+// Aligned and ragged sizes, so that the direct route is seen to need no staging for either.
+std::size_t SizeOf(int i) { return i % 3 == 0 ? 16 * kKiB : 4096 * static_cast<std::size_t>(i % 5) + 1 + 97 * i; }
+
+std::vector<BlockKey> PutInNvme(Store& store, int n) {
+  std::vector<BlockKey> keys;
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(TestKey(i));
+    REQUIRE(store.Put(keys.back(), TestBytes(i, SizeOf(i)), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  return keys;
+}
+
+std::uint64_t BytesOf(int n) {
+  std::uint64_t b = 0;
+  for (int i = 0; i < n; ++i) b += SizeOf(i);
+  return b;
+}
+
+TEST_CASE("Transfer: a single Get that promotes from NVMe reads straight into the host arena") {
+  TempDir dir("xfer-get");
+  HostNvme s(dir.path());
+  constexpr int kN = 12;
+  auto keys = PutInNvme(*s.store, kN);
+  const StoreStats before = s.store->Stats();
+  const std::uint64_t staged_ios = s.nvme->staged_ios();
+  for (int i = 0; i < kN; ++i) {
+    std::vector<std::byte> out(SizeOf(i) + 3);  // an unaligned caller buffer of its own size
+    auto r = s.store->Get(keys[i], out);
+    INFO(i << ": " << r.status().ToString());
+    REQUIRE(r.ok());
+    out.resize(r->size);
+    CHECK(out == TestBytes(i, SizeOf(i)));
+    CHECK(TierOf(*s.store, keys[i]) == TierId::kHost);
+  }
+  const StoreStats after = s.store->Stats();
+  CHECK(after.direct_transfers - before.direct_transfers == kN);
+  CHECK(after.direct_transfer_bytes - before.direct_transfer_bytes == BytesOf(kN));
+  CHECK(after.staged_transfers == before.staged_transfers);
+  CHECK(after.staged_transfer_bytes == before.staged_transfer_bytes);
+  CHECK(after.promotions - before.promotions == kN);
+  CHECK(s.nvme->staged_ios() == staged_ios);  // the NVMe tier staged nothing either
+  // Read again from the host tier: the committed reservation holds the block.
+  for (int i = 0; i < kN; ++i) CHECK(*GetBytes(*s.store, keys[i], SizeOf(i)) == TestBytes(i, SizeOf(i)));
+}
+
+TEST_CASE("Transfer: GetBatch promotions land in the host arena, then in the caller's buffers") {
+  TempDir dir("xfer-batch");
+  HostNvme s(dir.path());
+  constexpr int kN = 20;
+  auto keys = PutInNvme(*s.store, kN);
+  std::vector<std::vector<std::byte>> bufs(kN);
+  std::vector<Store::GetItem> items;
+  for (int i = 0; i < kN; ++i) {
+    bufs[i].resize(SizeOf(i));
+    items.push_back({keys[i], bufs[i], {}});
+  }
+  const StoreStats before = s.store->Stats();
+  const std::uint64_t staged_ios = s.nvme->staged_ios();
+  auto st = s.store->GetBatch(items);
+  for (int i = 0; i < kN; ++i) {
+    INFO(i << ": " << st[i].ToString());
+    REQUIRE(st[i].ok());
+    CHECK(bufs[i] == TestBytes(i, SizeOf(i)));
+    CHECK(TierOf(*s.store, keys[i]) == TierId::kHost);
+  }
+  const StoreStats after = s.store->Stats();
+  CHECK(after.direct_transfers - before.direct_transfers == kN);
+  CHECK(after.direct_transfer_bytes - before.direct_transfer_bytes == BytesOf(kN));
+  CHECK(after.staged_transfers == before.staged_transfers);
+  CHECK(s.nvme->staged_ios() == staged_ios);
+}
+
+TEST_CASE("Transfer: a move with no direct route is staged through the bounce pool and counted") {
+  // Two NVMe tiers: a block evicted from the first is written to the second through a bounce
+  // buffer (neither tier has addressable memory nor reserves). Bounce buffers of 4 KiB force the
+  // larger blocks through the oversize slot.
+  TempDir dir("xfer-staged");
+  StoreOptions o = Quiet();
+  o.bounce_buffers = 1;
+  o.bounce_buffer_bytes = 4096;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  std::vector<NvmeTier*> raw;
+  for (const char* sub : {"a", "b"}) {
+    NvmeTierOptions no;
+    no.path = dir.path() / sub;
+    std::filesystem::create_directories(no.path);
+    no.capacity_bytes = 16 * kMiB;
+    auto n = NvmeTier::Open(no);
+    REQUIRE(n.ok());
+    raw.push_back(n->get());
+    tiers.push_back(std::move(*n));
+  }
+  auto opened = Store::OpenWithTiers(o, std::move(tiers));
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  // Fill the first NVMe tier past capacity so Puts demote into the second.
+  constexpr std::size_t kBig = 512 * kKiB;
+  int n = 0;
+  std::uint64_t demoted_bytes = 0;
+  for (; n < 64 && store.Stats().slots[1].blocks < 4; ++n) {
+    const std::size_t size = n % 2 == 0 ? kBig : kBig / 2 + 123;
+    REQUIRE(store.Put(TestKey(n), TestBytes(n, size)).ok());
+  }
+  const StoreStats st = store.Stats();
+  REQUIRE(st.slots[1].blocks >= 4);
+  for (int i = 0; i < n; ++i) {
+    BlockKey k = TestKey(i);
+    if (store.Lookup({&k, 1})[0].slot == 1) demoted_bytes += i % 2 == 0 ? kBig : kBig / 2 + 123;
+  }
+  CHECK(st.demotions == st.slots[1].blocks);
+  CHECK(st.staged_transfers == st.demotions);
+  CHECK(st.staged_transfer_bytes == demoted_bytes);
+  CHECK(st.direct_transfers == 0);
+  for (int i = 0; i < n; ++i) {
+    const std::size_t size = i % 2 == 0 ? kBig : kBig / 2 + 123;
+    auto got = GetBytes(store, TestKey(i), size);
+    INFO(i << ": " << got.status().ToString());
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, size));
+  }
+}
+
+TEST_CASE("Transfer: demotion from the host arena to NVMe is direct and counted") {
+  TempDir dir("xfer-demote");
+  StoreOptions o = Quiet();
+  HostNvme s(dir.path(), o);
+  constexpr std::size_t kBlock = 256 * kKiB;
+  // 8 MiB of host: the 40th block of 256 KiB forces evictions.
+  constexpr int kN = 40;
+  for (int i = 0; i < kN; ++i) REQUIRE(s.store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  const StoreStats st = s.store->Stats();
+  REQUIRE(st.demotions > 0);
+  CHECK(st.direct_transfers == st.demotions);
+  CHECK(st.direct_transfer_bytes == st.demotions * kBlock);
+  CHECK(st.staged_transfers == 0);
+  for (int i = 0; i < kN; ++i) CHECK(*GetBytes(*s.store, TestKey(i), kBlock) == TestBytes(i, kBlock));
+}
+
+// Flips one byte of the block's bytes inside the NVMe data file(s) under `dir`; false if the
+// bytes are not found.
+bool CorruptOnDisk(const std::filesystem::path& dir, const std::vector<std::byte>& block) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.path().filename() != "terrace.data") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::vector<char> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto it = std::search(all.begin(), all.end(), reinterpret_cast<const char*>(block.data()),
+                          reinterpret_cast<const char*>(block.data()) + block.size());
+    if (it == all.end()) continue;
+    const off_t off = static_cast<off_t>(it - all.begin()) + 17;
+    int fd = ::open(e.path().c_str(), O_WRONLY);
+    if (fd < 0) return false;
+    char c = static_cast<char>(all[static_cast<std::size_t>(off)] ^ 0x5a);
+    const bool ok = ::pwrite(fd, &c, 1, off) == 1 && ::fsync(fd) == 0;
+    ::close(fd);
+    return ok;
+  }
+  return false;
+}
+
+TEST_CASE("Transfer: GetBatch of a corrupt NVMe copy says Corruption naming key and tier, then and later") {
+  TempDir dir("xfer-corrupt");
+  constexpr int kN = 6;
+  HostNvme s(dir.path());
+  auto keys = PutInNvme(*s.store, kN);
+  REQUIRE(s.store->Flush().ok());
+  REQUIRE(CorruptOnDisk(dir.path(), TestBytes(2, SizeOf(2))));
+  auto batch = [&] {
+    std::vector<std::vector<std::byte>> bufs(kN);
+    std::vector<Store::GetItem> items;
+    for (int i = 0; i < kN; ++i) {
+      bufs[i].resize(SizeOf(i));
+      items.push_back({keys[i], bufs[i], {}});
+    }
+    items.push_back({keys[2], bufs[2], {}});  // the same key twice in one batch
+    auto st = s.store->GetBatch(items);
+    for (int i = 0; i < kN; ++i) {
+      if (i == 2) continue;
+      REQUIRE(st[i].ok());
+      CHECK(bufs[i] == TestBytes(i, SizeOf(i)));
+    }
+    return std::vector<Status>{st[2], st[kN]};
+  };
+  for (const Status& st : batch()) {
+    INFO(st.ToString());
+    CHECK(st.IsCorruption());
+    CHECK_THAT(st.message(), Catch::Contains(keys[2].ToString()) && Catch::Contains("nvme"));
+  }
+  // Later calls still tell "stored but lost" from "never stored".
+  for (const Status& st : batch()) {
+    INFO(st.ToString());
+    CHECK(st.IsCorruption());
+    CHECK_THAT(st.message(), Catch::Contains(keys[2].ToString()) && Catch::Contains("nvme"));
+  }
+  std::vector<std::byte> out(SizeOf(2));
+  auto single = s.store->Get(keys[2], out);
+  CHECK(single.status().IsCorruption());
+  CHECK(s.store->Get(TestKey(999), out).status().IsNotFound());
+  CHECK(s.store->Stats().corruptions_dropped == 1);
+}
+
+
+// The standard tiers with the HBM tier emulated: its "device memory" is host memory, so a test can
+// model a GPU engine's buffers with plain vectors marked BufferKind::kDevice.
+StoreOptions DeviceOptions(const std::filesystem::path& dir) {
+  StoreOptions o = RealTierOptions(dir, 4 * kMiB, 4 * kMiB, 1 * kMiB);
+  o.high_watermark = 1.0;
+  o.low_watermark = 1.0;
+  return o;
+}
+
+TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with no host bounce") {
+  TempDir dir("xfer-device");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const BlockKey k = TestKey(1);
+  const auto bytes = TestBytes(1, 300 * kKiB + 5);
+  // put_tier is host, which cannot read device memory: refused, nothing stored.
+  Status refused = store.Put(k, ConstBufferRef{bytes, BufferKind::kDevice});
+  CHECK(refused.IsInvalidArgument());
+  CHECK_THAT(refused.message(), Catch::Contains("device memory") && Catch::Contains("hbm"));
+  CHECK_FALSE(store.Contains(k));
+
+  PutOptions to_hbm;
+  to_hbm.tier = TierId::kHbm;
+  to_hbm.codec = Codec::kBf16;
+  REQUIRE(store.Put(k, ConstBufferRef{bytes, BufferKind::kDevice}, to_hbm).ok());
+  auto look = store.Lookup({&k, 1});
+  REQUIRE(look[0].found);
+  CHECK(look[0].tier == TierId::kHbm);
+  CHECK(look[0].desc == DescribeBlock(bytes, Codec::kBf16));  // the tier's checksum is the block's
+  std::vector<std::byte> dev(bytes.size());
+  auto got = store.Get(k, BufferRef{dev, BufferKind::kDevice});
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(got->codec == Codec::kBf16);
+  CHECK(dev == bytes);
+  StoreStats st = store.Stats();
+  CHECK(st.slots[1].blocks == 0);  // nothing passed through the host tier
+  CHECK(st.direct_transfers + st.staged_transfers == 0);
+  // A host Get of the same block still works (a plain span means host memory).
+  CHECK(*GetBytes(store, k, bytes.size()) == bytes);
+  // Too small a device buffer is refused, naming the size.
+  std::vector<std::byte> small(10);
+  auto r = store.Get(k, BufferRef{small, BufferKind::kDevice});
+  CHECK(r.status().IsInvalidArgument());
+  CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(bytes.size())));
+}
+
+TEST_CASE("Transfer: a device Get of a block on NVMe brings it into HBM first, then copies it") {
+  TempDir dir("xfer-device-nvme");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const BlockKey k = TestKey(2);
+  const auto bytes = TestBytes(2, 64 * kKiB + 77);
+  REQUIRE(store.Put(k, bytes, {Codec::kRaw, TierId::kNvme}).ok());
+  const StoreStats before = store.Stats();
+  std::vector<std::byte> dev(bytes.size());
+  auto got = store.Get(k, BufferRef{dev, BufferKind::kDevice});
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(dev == bytes);
+  CHECK(TierOf(store, k) == TierId::kHbm);
+  const StoreStats after = store.Stats();
+  // NVMe -> emulated HBM has no direct route (HBM does not reserve, NVMe has no resident bytes).
+  CHECK(after.staged_transfers - before.staged_transfers == 1);
+  CHECK(after.staged_transfer_bytes - before.staged_transfer_bytes == bytes.size());
+  CHECK(after.direct_transfers == before.direct_transfers);
+  // Never stored: NotFound, not an error about device memory.
+  CHECK(store.Get(TestKey(3), BufferRef{dev, BufferKind::kDevice}).status().IsNotFound());
+}
+
+TEST_CASE("Transfer: a write-through device Put copies the block down from HBM to NVMe") {
+  TempDir dir("xfer-device-wt");
+  StoreOptions o = DeviceOptions(dir.path());
+  o.write_policy = WritePolicy::kWriteThrough;
+  o.put_tier = TierId::kHbm;
+  auto opened = Store::Open(o);
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const auto bytes = TestBytes(4, 40 * kKiB + 3);
+  REQUIRE(store.Put(TestKey(4), ConstBufferRef{bytes, BufferKind::kDevice}).ok());
+  StoreStats st = store.Stats();
+  CHECK(st.slots[0].blocks == 1);  // hbm
+  CHECK(st.slots[2].blocks == 1);  // nvme
+  CHECK(st.direct_transfers == 1);  // from the (emulated) HBM tier's resident bytes
+  CHECK(st.direct_transfer_bytes == bytes.size());
+  REQUIRE(store.EvictCopy(TestKey(4), TierId::kHbm).ok());
+  CHECK(*GetBytes(store, TestKey(4), bytes.size()) == bytes);  // read back from NVMe
+}
+
+}  // namespace
+}  // namespace terrace::testing
