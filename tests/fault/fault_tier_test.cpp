@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 #include "tiers/fault/fault_tier.h"
+#include "tiers/hbm/emulated_hbm_tier.h"
 #include "tiers/host/host_tier.h"
 
 using namespace terrace;
@@ -160,4 +161,29 @@ TEST_CASE("Faults under concurrency: every mismatch is an injected flip, nothing
   CHECK(n.get_errors == errors.load());
   CHECK(n.bit_flips > 0);
   CHECK(n.get_errors > 0);
+}
+
+TEST_CASE("Device buffers pass through the wrapper to a tier that takes them, with armed failures") {
+  HbmTierOptions o;
+  o.mode = HbmMode::kEmulated;
+  o.capacity_bytes = 8 * kMiB;
+  auto inner = EmulatedHbmTier::Create(o);
+  REQUIRE(inner.ok());
+  FaultInjectingTier t(std::move(inner).value());
+  REQUIRE(t.caps().device_buffers);
+  auto data = TestBytes(5, 3 * 4096 + 7);
+  t.FailNextPuts(1, FaultInjectingTier::Eio(true));
+  CHECK(t.PutDevice(TestKey(5), Codec::kRaw, data).status().IsIoError());
+  CHECK(t.Lookup(TestKey(5)).status().IsNotFound());
+  auto put = t.PutDevice(TestKey(5), Codec::kRaw, data);
+  REQUIRE(put.ok());
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  t.FailNextGets(1, FaultInjectingTier::Eio(false));
+  CHECK(t.GetDevice(TestKey(5), out, &d).IsIoError());
+  REQUIRE(t.GetDevice(TestKey(5), out, &d).ok());
+  CHECK(d == *put);
+  CHECK(out == data);
+  CHECK(t.injected().put_errors == 1);
+  CHECK(t.injected().get_errors == 1);
 }

@@ -134,6 +134,25 @@ Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, Bl
   return Status::Ok();
 }
 
+Result<BlockDesc> FaultInjectingTier::PutDevice(const BlockKey& key, Codec codec,
+                                                std::span<const std::byte> device_data) {
+  if (armed_any_.load(std::memory_order_acquire)) {
+    MutexLock lock(&mu_);
+    Status injected = TakeFailure(fail_puts_, random_.put_error * random_on_, counts_.put_errors);
+    if (!injected.ok()) return injected.WithContext(fmt::format("device put of block {}", key.ToString()));
+  }
+  return inner_->PutDevice(key, codec, device_data);
+}
+
+Status FaultInjectingTier::GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) {
+  if (armed_any_.load(std::memory_order_acquire)) {
+    MutexLock lock(&mu_);
+    Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
+    if (!injected.ok()) return injected.WithContext(fmt::format("device get of block {}", key.ToString()));
+  }
+  return inner_->GetDevice(key, device_out, desc);
+}
+
 Status FaultInjectingTier::Erase(const BlockKey& key) {
   if (armed_any_.load(std::memory_order_acquire)) {
     MutexLock lock(&mu_);

@@ -61,6 +61,10 @@ class FaultInjectingTier final : public Tier {
   const TierCaps& caps() const override { return caps_; }  // the inner tier's, verifies_gets false
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  // Device buffers go to the inner tier (caps().device_buffers is the inner tier's); armed put/get
+  // failures apply to them too, bit flips and corrupted puts do not (the bytes are not on the host).
+  Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override;
+  Status GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
   Status Erase(const BlockKey& key) override;
   Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
