@@ -160,7 +160,10 @@ struct ExpertOffloadOptions {
   int window = 2;                   // layers ahead the utility policy protects
   // Cap on speculative bytes in flight (issued, not landed); 0: a quarter of the budget.
   std::uint64_t max_speculative_bytes = 0;
-  unsigned max_inflight_prefetches = 2;  // handed to the store at once; the rest wait in our queue
+  // Speculative blocks handed to the store and not landed (the items of one target go out as one
+  // multi-key Store::Prefetch); the rest wait in our queue. The current layer's known selection is
+  // not counted: it loads as one demand batch.
+  unsigned max_inflight_prefetches = 16;
   double hot_factor = 2.0;
 };
 

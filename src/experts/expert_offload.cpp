@@ -45,14 +45,17 @@ struct Slot {
   bool unused_prefetch = false;    // landed by a prefetch and not acquired since
   bool pending = false;            // in the prefetch queue
   bool protect = false;            // in the current layer's selection
+  bool demand_load = false;        // in flight / landed by the current layer's selection batch, not acquired since
   std::uint64_t last_use = 0, uses = 0;
   std::int64_t wanted = -1;        // nearest predicted ordinal
   double wanted_confidence = 0;
 };
 
+// One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
 struct InFlight {
-  std::size_t slot;
-  std::int64_t target;  // ordinal of the predicted use
+  std::vector<std::size_t> slot_ids;
+  std::int64_t target;  // ordinal of the (predicted or known) use
+  bool demand = false;  // the current layer's known selection (Priority::kDemand): never cancelled for room
   Future<std::vector<Status>> future;
 };
 
@@ -77,7 +80,7 @@ struct ExpertOffload::Impl {
   std::int64_t latent = 0, intermediate = 0;
   std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
   int window = 2;
-  unsigned max_inflight = 2;
+  unsigned max_inflight = 16;  // speculative blocks handed to the store, not landed
   double hot_factor = 2.0;
   double seconds_per_byte = 0;
   std::unique_ptr<CachePolicy> policy;
@@ -87,6 +90,7 @@ struct ExpertOffload::Impl {
   std::vector<Slot> slots;               // [layer * E + expert]
   std::uint64_t used = 0;                // resident + in-flight bytes
   std::uint64_t spec_inflight = 0;
+  unsigned spec_keys_inflight = 0;
   std::deque<Pending> pending;
   std::vector<InFlight> inflight;
   std::int64_t step = 0;
@@ -145,6 +149,7 @@ struct ExpertOffload::Impl {
     used -= s.bytes;
     if (s.unused_prefetch) spec_wasted += s.bytes;
     s.unused_prefetch = false;
+    s.demand_load = false;
     if (count_eviction) ++evictions;
   }
 
@@ -157,28 +162,40 @@ struct ExpertOffload::Impl {
     return Status::Ok();
   }
 
-  // Books one finished prefetch (waiting for it when `wait`). Returns true when it was finished.
+  // Books one finished Prefetch call (waiting for it when `wait`). Returns true when it was finished.
   bool Book(InFlight& f, bool wait) {
     if (!f.future.valid()) return true;
     if (!wait && !f.future.is_ready()) return false;
     std::vector<Status> st = f.future.get();
-    Slot& s = slots[f.slot];
-    spec_inflight -= s.bytes;
-    bool landed = !st.empty() && st[0].ok();
-    if (!landed) {
-      // A cancelled item never started; any other failure may still have left a copy.
-      auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
-      landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
-      if (!landed && !st.empty() && (st[0].code() == Code::kCancelled || st[0].code() == Code::kTimedOut)) ++cancelled;
-    }
-    if (landed) {
-      s.state = SlotState::kResident;
-      s.unused_prefetch = true;
-      s.last_use = ++tick;
-      spec_bytes += s.bytes;
-    } else {
-      s.state = SlotState::kAbsent;
-      used -= s.bytes;
+    for (std::size_t k = 0; k < f.slot_ids.size(); ++k) {
+      Slot& s = slots[f.slot_ids[k]];
+      if (!f.demand) {
+        spec_inflight -= s.bytes;
+        --spec_keys_inflight;
+      }
+      bool landed = k < st.size() && st[k].ok();
+      if (!landed) {
+        // A cancelled item never started; any other failure may still have left a copy.
+        auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
+        landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
+        if (!landed && !f.demand && k < st.size() &&
+            (st[k].code() == Code::kCancelled || st[k].code() == Code::kTimedOut))
+          ++cancelled;
+      }
+      if (landed) {
+        s.state = SlotState::kResident;
+        s.last_use = ++tick;
+        if (f.demand) {
+          demand_bytes += s.bytes;
+        } else {
+          s.unused_prefetch = true;
+          spec_bytes += s.bytes;
+        }
+      } else {
+        s.state = SlotState::kAbsent;
+        s.demand_load = false;
+        used -= s.bytes;
+      }
     }
     return true;
   }
@@ -188,11 +205,16 @@ struct ExpertOffload::Impl {
     std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
   }
 
+  enum class ReserveKind { kDemand, kSelection, kSpeculative };
+
   // Makes room for `bytes`. A speculative reservation for ordinal `target` may evict only experts
   // that are neither in the current selection nor wanted before `target`, and (utility policy)
-  // only those worth less than the candidate; a demand one may evict any unpinned expert, and
-  // waits for in-flight prefetches when nothing else can go.
-  Status Reserve(std::uint64_t bytes, bool speculative, std::int64_t target, double candidate_value) {
+  // only those worth less than the candidate; a selection one (the current layer's batch) any
+  // unpinned expert outside the current selection, without waiting; a demand one any unpinned
+  // expert, cancelling and waiting for in-flight speculative prefetches (and waiting for the
+  // selection batch) when nothing else can go.
+  Status Reserve(std::uint64_t bytes, ReserveKind kind, std::int64_t target, double candidate_value) {
+    const bool speculative = kind == ReserveKind::kSpeculative;
     const CacheContext ctx = Context();
     while (used + bytes > budget) {
       std::optional<std::size_t> victim;
@@ -200,6 +222,7 @@ struct ExpertOffload::Impl {
       for (std::size_t i = 0; i < slots.size(); ++i) {
         const Slot& s = slots[i];
         if (s.state != SlotState::kResident || s.refs > 0) continue;
+        if (kind == ReserveKind::kSelection && s.protect) continue;
         if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
         const double score = policy->Score(View(i), ctx);
         if (speculative && policy->kind() == CachePolicyKind::kUtility && score >= candidate_value) continue;
@@ -212,10 +235,10 @@ struct ExpertOffload::Impl {
         TERRACE_RETURN_IF_ERROR(Evict(*victim));
         continue;
       }
-      if (speculative) return Status::OutOfCapacity("no expert may be evicted for a prefetch");
+      if (kind != ReserveKind::kDemand) return Status::OutOfCapacity("no expert may be evicted for a prefetch");
       if (!inflight.empty()) {
         for (auto& f : inflight)
-          if (f.future.valid()) f.future.cancel();
+          if (f.future.valid() && !f.demand) f.future.cancel();
         Harvest(/*wait=*/true);
         continue;
       }
@@ -228,13 +251,25 @@ struct ExpertOffload::Impl {
     return Status::Ok();
   }
 
-  // Hands queued prefetches to the store while the cap and the in-flight limit allow.
+  // Hands queued prefetches to the store while the cap and the in-flight limit allow: the items of
+  // one target go out as one multi-key Store::Prefetch, so the store reads them as one batch.
   void Pump() {
     Harvest(false);
     std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
       return a.target < b.target || (a.target == b.target && a.confidence > b.confidence);
     });
-    while (!pending.empty() && inflight.size() < max_inflight) {
+    std::vector<std::size_t> group;
+    std::vector<BlockKey> keys;
+    std::int64_t group_target = 0;
+    auto flush = [&] {
+      if (group.empty()) return;
+      const Priority prio = group_target <= Now() + 1 ? Priority::kHigh : Priority::kLow;
+      auto fut = store->Prefetch(keys, TierId::kHbm, prio);
+      inflight.push_back(InFlight{std::move(group), group_target, false, std::move(fut)});
+      group.clear();
+      keys.clear();
+    };
+    while (!pending.empty() && spec_keys_inflight < max_inflight) {
       Pending p = pending.front();
       Slot& s = slots[p.slot];
       if (s.state != SlotState::kAbsent) {
@@ -249,16 +284,41 @@ struct ExpertOffload::Impl {
       v.wanted = p.target;
       v.wanted_confidence = p.confidence;
       const double value = policy->Score(v, Context());
-      if (!Reserve(s.bytes, true, p.target, value).ok()) {
+      if (!Reserve(s.bytes, ReserveKind::kSpeculative, p.target, value).ok()) {
         ++skipped;
         continue;
       }
+      if (!group.empty() && p.target != group_target) flush();
+      group_target = p.target;
       s.state = SlotState::kInFlight;
       spec_inflight += s.bytes;
+      ++spec_keys_inflight;
       ++issued;
-      const Priority prio = p.target <= Now() + 1 ? Priority::kHigh : Priority::kLow;
-      inflight.push_back(InFlight{p.slot, p.target, store->Prefetch(std::span<const BlockKey>(&s.key, 1), TierId::kHbm, prio)});
+      group.push_back(p.slot);
+      keys.push_back(s.key);
     }
+    flush();
+  }
+
+  // The current layer's known selection: every absent expert of it is reserved and handed to the
+  // store as ONE Priority::kDemand Prefetch (read as one batch, at the NVMe tier's queue depth),
+  // before the forward thread acquires the first. Experts that do not fit are left to Acquire.
+  void LoadSelection(int layer, std::span<const int> sel) {
+    std::vector<std::size_t> ids;
+    std::vector<BlockKey> keys;
+    for (int e : sel) {
+      const std::size_t i = static_cast<std::size_t>(layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);
+      Slot& s = slots[i];
+      if (s.bytes == 0 || s.state != SlotState::kAbsent) continue;
+      if (!Reserve(s.bytes, ReserveKind::kSelection, Now(), 0).ok()) break;
+      s.state = SlotState::kInFlight;
+      s.demand_load = true;
+      ids.push_back(i);
+      keys.push_back(s.key);
+    }
+    if (ids.empty()) return;
+    auto fut = store->Prefetch(keys, TierId::kHbm, Priority::kDemand);
+    inflight.push_back(InFlight{std::move(ids), Now(), true, std::move(fut)});
   }
 
   void Submit(std::vector<Prediction>& preds, bool score) {
@@ -304,19 +364,32 @@ struct ExpertOffload::Impl {
     }
     const auto t0 = SteadyClock::now();
     bool stalled = false;
+    // A selection-batch load counts as a miss (loaded on demand), landed or not.
+    bool counted = false;
     if (s.state == SlotState::kInFlight) {
-      ++c.late_hits;
+      if (s.demand_load) {
+        ++c.misses;
+      } else {
+        ++c.late_hits;
+      }
+      counted = true;
       stalled = true;
+      const std::size_t me = static_cast<std::size_t>(&s - slots.data());
       for (auto& f : inflight)
-        if (f.slot == static_cast<std::size_t>(&s - slots.data())) Book(f, /*wait=*/true);
+        if (std::find(f.slot_ids.begin(), f.slot_ids.end(), me) != f.slot_ids.end()) Book(f, /*wait=*/true);
       std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
     } else if (s.state == SlotState::kResident) {
-      ++c.hits;
+      if (s.demand_load) {
+        ++c.misses;
+      } else {
+        ++c.hits;
+      }
+      counted = true;
     }
     if (s.state == SlotState::kAbsent) {
-      if (!stalled) ++c.misses;
+      if (!counted) ++c.misses;
       stalled = true;
-      TERRACE_RETURN_IF_ERROR(Reserve(s.bytes, false, Now(), 0).WithContext(
+      TERRACE_RETURN_IF_ERROR(Reserve(s.bytes, ReserveKind::kDemand, Now(), 0).WithContext(
           fmt::format("loading expert {} of layer {}", expert, layer)));
       s.state = SlotState::kResident;
       demand_bytes += s.bytes;
@@ -328,6 +401,7 @@ struct ExpertOffload::Impl {
         s.state = SlotState::kAbsent;
         used -= s.bytes;
         s.unused_prefetch = false;
+        s.demand_load = false;
       }
       if (stalled) stall_ns += NsSince(t0);
       const Status& st = h.status();
@@ -350,6 +424,7 @@ struct ExpertOffload::Impl {
     s.weights = std::move(w).value();
     s.refs = 1;
     s.unused_prefetch = false;
+    s.demand_load = false;
     s.last_use = ++tick;
     ++s.uses;
     Pump();  // speculation waited while this demand load ran
@@ -450,6 +525,10 @@ StoreOptions ExpertOffload::OpenStoreOptions(std::uint64_t total, std::uint64_t 
   o.promote_on_get = false;
   o.logger = StderrLogger(LogLevel::kWarning);  // "hbm emulated" is expected here, not news
   o.put_tier = nvme_dir.empty() ? TierId::kHost : TierId::kNvme;
+  // Two prefetch lane threads (a layer's selection batch runs beside a speculative one) and one
+  // io_uring ring per concurrent reader: the two lanes plus the forward thread's demand loads.
+  o.background_threads = 3;
+  o.nvme.io_threads = 3;
   return o;
 }
 
@@ -597,11 +676,9 @@ void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
   }
   std::vector<Prediction> preds;
   m.predictor->OnRouting(m.step, layer, sel, &preds);
-  // This layer's own selection, known now: loaded in the background while earlier experts compute
-  // (not with predictor none, which is pure on-demand).
-  std::vector<Prediction> known;
-  if (m.predictor->name() != "none") known.push_back(Prediction{m.step, layer, sel, 1.0});
-  m.Submit(known, /*score=*/false);
+  // This layer's own selection, known now: its absent experts load as one batch (demand, with every
+  // predictor: they are certain to be used) while the earlier ones compute.
+  if (!m.config.IsDenseLayer(layer)) m.LoadSelection(layer, sel);
   m.Submit(preds, /*score=*/true);
 }
 
@@ -663,6 +740,7 @@ Status ExpertOffload::Reset() {
     s.wanted_confidence = 0;
     s.protect = false;
     s.unused_prefetch = false;
+    s.demand_load = false;
   }
   m.step = 0;
   m.cur_layer = -1;
