@@ -163,7 +163,7 @@ struct ExpertOffloadOptions {
   // Speculative blocks handed to the store and not landed (the items of one target go out as one
   // multi-key Store::Prefetch); the rest wait in our queue. The current layer's known selection is
   // not counted: it loads as one demand batch.
-  unsigned max_inflight_prefetches = 16;
+  unsigned max_inflight_prefetches = 8;
   double hot_factor = 2.0;
 };
 

@@ -80,7 +80,7 @@ struct ExpertOffload::Impl {
   std::int64_t latent = 0, intermediate = 0;
   std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
   int window = 2;
-  unsigned max_inflight = 16;  // speculative blocks handed to the store, not landed
+  unsigned max_inflight = 8;  // speculative blocks handed to the store, not landed
   double hot_factor = 2.0;
   double seconds_per_byte = 0;
   std::unique_ptr<CachePolicy> policy;
@@ -255,6 +255,10 @@ struct ExpertOffload::Impl {
   // one target go out as one multi-key Store::Prefetch, so the store reads them as one batch.
   void Pump() {
     Harvest(false);
+    // Demand preempts speculation: while the current layer's selection batch is in flight, queued
+    // speculation waits here (the prefetches already handed to the store go on).
+    for (const InFlight& f : inflight)
+      if (f.demand) return;
     std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
       return a.target < b.target || (a.target == b.target && a.confidence > b.confidence);
     });
