@@ -200,7 +200,7 @@ struct ConfigResult {
   double budget_fraction = 1.0;
   double tokens_per_s = 0, stall_share = 0, hit_rate = 0, recall = 0, precision = 0;
   double bound_tokens_per_s = 0;     // compute + this hit rate's miss transfers, serially
-  double io_bound_tokens_per_s = 0;  // the miss transfers alone (link + drive): no predictor can beat it
+  double io_bound_tokens_per_s = 0;  // the miss transfers alone (link + drive): no predictor can beat it; 0: no misses
   double miss_bytes_per_token = 0;
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
   std::uint64_t speculative_bytes = 0, wasted_bytes = 0, misses_per_token_x1000 = 0;
@@ -520,7 +520,12 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       c["recall"] = r.recall;
       c["precision"] = r.precision;
       c["bound_tokens_per_s"] = r.bound_tokens_per_s;
-      c["io_bound_tokens_per_s"] = r.io_bound_tokens_per_s;
+      // null: the row had no misses in the decode steps, so the drive and link do not bound it.
+      if (r.io_bound_tokens_per_s > 0) {
+        c["io_bound_tokens_per_s"] = r.io_bound_tokens_per_s;
+      } else {
+        c["io_bound_tokens_per_s"] = nullptr;
+      }
       c["miss_bytes_per_token"] = r.miss_bytes_per_token;
       for (int i = 0; i < kNumTiers; ++i) c["bytes_read"][std::string(TierName(static_cast<TierId>(i)))] = r.bytes_read[i];
       c["speculative_bytes"] = r.speculative_bytes;

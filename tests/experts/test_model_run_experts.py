@@ -193,7 +193,11 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
         if c["name"] in ("resident", "mmap"):
             continue
         assert len(c["layer_recall"]) == len(layers)
-        assert c["io_bound_tokens_per_s"] >= c["bound_tokens_per_s"] > 0
+        assert c["bound_tokens_per_s"] > 0
+        if c["miss_bytes_per_token"] == 0:  # every decode acquire hit: no drive/link bound
+            assert c["io_bound_tokens_per_s"] is None
+        else:
+            assert c["io_bound_tokens_per_s"] >= c["bound_tokens_per_s"]
     (t,) = j["targets"]
     assert t["budget_fraction"] == 0.5 and t["best_real"] in ("lru+lookahead", "utility+statistical")
     p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "c"), "--prompt", "2",
