@@ -161,9 +161,10 @@ struct ExpertOffloadOptions {
   // Cap on speculative bytes in flight (issued, not landed); 0: a quarter of the budget.
   std::uint64_t max_speculative_bytes = 0;
   // Speculative blocks handed to the store and not landed (the items of one target go out as one
-  // multi-key Store::Prefetch); the rest wait in our queue. The current layer's known selection is
-  // not counted: it loads as one demand batch.
-  unsigned max_inflight_prefetches = 8;
+  // multi-key Store::Prefetch); the rest wait in our queue. The current layer's known selection
+  // (its top-k) is not counted: it loads as one demand batch. 8 raised the oracle's hit rate on
+  // moe-bench but slowed lookahead (more wrong predictions read): docs/benchmarks.md.
+  unsigned max_inflight_prefetches = 2;
   double hot_factor = 2.0;
 };
 

@@ -3,8 +3,9 @@
 //
 // State machine of one expert's fast-tier copy: absent -> in flight (a prefetch was handed to the
 // store; its bytes are reserved in the budget) -> resident (in the HBM tier, counted in the budget)
-// -> absent (EvictCopy: the home copy below stays; nothing is written back). A demand load goes
-// absent -> resident directly on the calling thread. Leases pin the store handle; a pinned expert is
+// -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
+// selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
+// but not speculative); any other demand load goes absent -> resident directly on the calling thread. Leases pin the store handle; a pinned expert is
 // never a victim. Everything is guarded by Impl::mu; store futures are polled, never called back,
 // so no store thread ever takes mu.
 #include <algorithm>
@@ -80,7 +81,7 @@ struct ExpertOffload::Impl {
   std::int64_t latent = 0, intermediate = 0;
   std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
   int window = 2;
-  unsigned max_inflight = 8;  // speculative blocks handed to the store, not landed
+  unsigned max_inflight = 2;  // speculative blocks handed to the store, not landed
   double hot_factor = 2.0;
   double seconds_per_byte = 0;
   std::unique_ptr<CachePolicy> policy;
