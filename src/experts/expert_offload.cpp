@@ -5,8 +5,8 @@
 // store; its bytes are reserved in the budget) -> resident (in the HBM tier, counted in the budget)
 // -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
 // selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
-// but not speculative); any other demand load goes absent -> resident directly on the calling thread. Leases pin the store handle; a pinned expert is
-// never a victim. Everything is guarded by Impl::mu; store futures are polled, never called back,
+// but not speculative); any other demand load goes absent -> resident directly on the calling
+// thread. Leases pin the store handle; a pinned expert is never a victim. Everything is guarded by Impl::mu; store futures are polled, never called back,
 // so no store thread ever takes mu.
 #include <algorithm>
 #include <chrono>
@@ -46,7 +46,7 @@ struct Slot {
   bool unused_prefetch = false;    // landed by a prefetch and not acquired since
   bool pending = false;            // in the prefetch queue
   bool protect = false;            // in the current layer's selection
-  bool demand_load = false;        // in flight / landed by the current layer's selection batch, not acquired since
+  bool demand_load = false;        // in flight or landed by its layer's selection batch, not acquired since
   std::uint64_t last_use = 0, uses = 0;
   std::int64_t wanted = -1;        // nearest predicted ordinal
   double wanted_confidence = 0;
