@@ -6,8 +6,8 @@
 // -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
 // selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
 // but not speculative); any other demand load goes absent -> resident directly on the calling
-// thread. Leases pin the store handle; a pinned expert is never a victim. Everything is guarded by Impl::mu; store futures are polled, never called back,
-// so no store thread ever takes mu.
+// thread. Leases pin the store handle; a pinned expert is never a victim. Everything is guarded
+// by Impl::mu; store futures are polled, never called back, so no store thread ever takes mu.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
