@@ -57,15 +57,7 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
     TransferOutcome t = Transfer(target, lowest, key, desc);
     Status ws = t.read.ok() ? t.write : t.read;
     if (!ws.ok()) {
-      for (int i = 0; i < slot_count(); ++i) {
-        if ((old_mask | new_mask) & Bit(i)) (void)tier(i).Erase(key);
-      }
-      MutexLock lock(&mu_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) {
-        SetMaskLocked(key, it->second, 0);
-        entries_.erase(it);
-      }
+      RemoveEveryCopy(key, old_mask | new_mask);
       return ws.WithContext(fmt::format("put {} from device memory reached tier {} but could not be written through "
                                         "to tier {}; the block and any previous version under this key were removed",
                                         key.ToString(), SlotName(target), SlotName(lowest)));

@@ -293,6 +293,10 @@ class StoreImpl {
   // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
   // previous version's other copies (old_mask) and updates the directory.
   void PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
+  // Caller holds key's stripe. A put that reached some tiers but failed to reach others: erases
+  // the key from every slot in `mask` (old and new copies) and drops its directory entry, so no
+  // version of the block stays visible.
+  void RemoveEveryCopy(const BlockKey& key, SlotMask mask);
   // Caller holds key's stripe. InvalidArgument if the key is pinned; else the slots holding its
   // current version (0: none).
   Result<SlotMask> ReplaceableMask(const BlockKey& key) const;

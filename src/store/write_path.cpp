@@ -49,15 +49,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   if (!s.ok()) {
     if (!write_through) return s;  // nothing changed
     // The new bytes already reached the lowest tier: remove every copy so none of them is visible.
-    for (int i = 0; i < slot_count(); ++i) {
-      if ((old_mask | new_mask) & Bit(i)) (void)tier(i).Erase(key);
-    }
-    MutexLock lock(&mu_);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) {
-      SetMaskLocked(key, it->second, 0);
-      entries_.erase(it);
-    }
+    RemoveEveryCopy(key, old_mask | new_mask);
     return s.WithContext(fmt::format("put {} failed after writing through to tier {}; the block and any "
                                      "previous version under this key were removed", key.ToString(),
                                      SlotName(lowest)));
@@ -65,6 +57,18 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   new_mask |= Bit(target);
   PublishPut(key, desc, old_mask, new_mask);
   return Status::Ok();
+}
+
+void StoreImpl::RemoveEveryCopy(const BlockKey& key, SlotMask mask) {
+  for (int i = 0; i < slot_count(); ++i) {
+    if (mask & Bit(i)) (void)tier(i).Erase(key);
+  }
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    SetMaskLocked(key, it->second, 0);
+    entries_.erase(it);
+  }
 }
 
 void StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask) {

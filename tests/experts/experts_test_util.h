@@ -19,6 +19,7 @@
 #include "terrace/experts.h"
 #include "terrace/model.h"
 #include "terrace/store.h"
+#include "forwarding_tier.h"
 #include "test_util.h"
 
 namespace terrace::experts::testing {
@@ -90,9 +91,9 @@ inline std::uint64_t BlockBytes() {
 
 // A tier wrapper that serves Gets one at a time, in arrival order, each taking `delay`: a slow
 // single-channel device. Records the keys it read, in order. Thread-safe.
-class SlowTier final : public Tier {
+class SlowTier final : public terrace::testing::ForwardingTier {
  public:
-  SlowTier(std::unique_ptr<Tier> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  SlowTier(std::unique_ptr<Tier> inner, std::chrono::milliseconds delay) : ForwardingTier(std::move(inner)), delay_(delay) {}
   void set_delay(std::chrono::milliseconds d) {
     std::lock_guard lock(mu_);
     delay_ = d;
@@ -106,10 +107,6 @@ class SlowTier final : public Tier {
     reads_.clear();
   }
 
-  const TierCaps& caps() const override { return inner_->caps(); }
-  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
-    return inner_->Put(key, desc, data);
-  }
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
     std::unique_lock lock(mu_);
     const std::uint64_t ticket = next_ticket_++;
@@ -125,18 +122,9 @@ class SlowTier final : public Tier {
     cv_.notify_all();
     return s;
   }
-  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
-  Status Erase(const BlockKey& key) override { return inner_->Erase(key); }
-  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
-  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
   const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::uint64_t block_count() const override { return inner_->block_count(); }
-  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
-  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
 
  private:
-  std::unique_ptr<Tier> inner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::chrono::milliseconds delay_;

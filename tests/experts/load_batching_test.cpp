@@ -18,9 +18,9 @@ using testing::ToyDir;
 // A host tier presented as a non-addressable NVMe-kind tier (so the store batches reads from it,
 // as from the NVMe tier), recording the size of every read call it receives: 1 per Get, n per
 // GetBatch of n ops. Thread-safe.
-class BatchRecordingTier final : public Tier {
+class BatchRecordingTier final : public terrace::testing::ForwardingTier {
  public:
-  explicit BatchRecordingTier(std::unique_ptr<Tier> inner) : inner_(std::move(inner)), caps_(inner_->caps()) {
+  explicit BatchRecordingTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
     caps_.id = TierId::kNvme;
     caps_.name = "nvme";
     caps_.memory = MemoryKind::kNone;
@@ -36,10 +36,6 @@ class BatchRecordingTier final : public Tier {
     calls_.clear();
   }
 
-  const TierCaps& caps() const override { return caps_; }
-  Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
-    return inner_->Put(key, desc, data);
-  }
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
     Record(1);
     return inner_->Get(key, out, desc);
@@ -48,22 +44,12 @@ class BatchRecordingTier final : public Tier {
     Record(ops.size());
     return inner_->GetBatch(ops);
   }
-  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
-  Status Erase(const BlockKey& key) override { return inner_->Erase(key); }
-  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
-  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::uint64_t block_count() const override { return inner_->block_count(); }
-  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
-  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
 
  private:
   void Record(std::size_t n) {
     std::lock_guard lock(mu_);
     calls_.push_back(n);
   }
-  std::unique_ptr<Tier> inner_;
-  TierCaps caps_;
   mutable std::mutex mu_;
   std::vector<std::size_t> calls_;
 };

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "forwarding_tier.h"
 #include "kv_test_util.h"
 #include "tiers/host/host_tier.h"
 
@@ -26,10 +27,10 @@ using namespace std::chrono_literals;
 // A host tier posing as a slow, non-addressable (NVMe-kind) tier whose Puts and/or Gets wait at a
 // gate until the test opens it (or `kGateTimeout` passes, so a broken build fails instead of
 // hanging). Counts the calls that entered the gate.
-class GatedTier final : public Tier {
+class GatedTier final : public terrace::testing::ForwardingTier {
  public:
   static constexpr auto kGateTimeout = 4s;
-  explicit GatedTier(std::unique_ptr<Tier> inner) : inner_(std::move(inner)), caps_(inner_->caps()) {
+  explicit GatedTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
     caps_.id = TierId::kNvme;
     caps_.name = "nvme";
     caps_.memory = MemoryKind::kNone;
@@ -65,7 +66,6 @@ class GatedTier final : public Tier {
     return cv_.wait_for(lock, d, [&] { return (puts ? puts_entered_ : gets_entered_) >= n; });
   }
 
-  const TierCaps& caps() const override { return caps_; }
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
     Enter(true);
     return inner_->Put(key, desc, data);
@@ -77,14 +77,6 @@ class GatedTier final : public Tier {
     ++gets_done_;
     return s;
   }
-  Result<BlockDesc> Lookup(const BlockKey& key) const override { return inner_->Lookup(key); }
-  Status Erase(const BlockKey& key) override { return inner_->Erase(key); }
-  Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
-  Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::uint64_t block_count() const override { return inner_->block_count(); }
-  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
-  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
 
  private:
   void Enter(bool put) {
@@ -93,8 +85,6 @@ class GatedTier final : public Tier {
     cv_.notify_all();
     cv_.wait_for(lock, kGateTimeout, [&] { return !(put ? puts_closed_ : gets_closed_); });
   }
-  std::unique_ptr<Tier> inner_;
-  TierCaps caps_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool puts_closed_ = false, gets_closed_ = false;

@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "forwarding_tier.h"
 #include "store_test_util.h"
 
 namespace terrace::testing {
@@ -13,26 +14,9 @@ namespace {
 constexpr std::size_t kBlock = 4096;
 
 // Forwards to a tier other stores use too, reporting it as shared (or not, for the control).
-class SharedView final : public Tier {
+class SharedView final : public terrace::testing::ForwardingTier {
  public:
-  SharedView(std::shared_ptr<Tier> inner, bool shared) : inner_(std::move(inner)), caps_(inner_->caps()) {
-    caps_.shared = shared;
-  }
-  const TierCaps& caps() const override { return caps_; }
-  Status Put(const BlockKey& k, const BlockDesc& d, std::span<const std::byte> b) override { return inner_->Put(k, d, b); }
-  Status Get(const BlockKey& k, std::span<std::byte> out, BlockDesc* d) override { return inner_->Get(k, out, d); }
-  Result<BlockDesc> Lookup(const BlockKey& k) const override { return inner_->Lookup(k); }
-  Status Erase(const BlockKey& k) override { return inner_->Erase(k); }
-  Status Pin(const BlockKey& k) override { return inner_->Pin(k); }
-  Status Unpin(const BlockKey& k) override { return inner_->Unpin(k); }
-  std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
-  std::uint64_t block_count() const override { return inner_->block_count(); }
-  void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
-  TierStatsSnapshot Stats() const override { return inner_->Stats(); }
-
- private:
-  std::shared_ptr<Tier> inner_;
-  TierCaps caps_;
+  SharedView(std::shared_ptr<Tier> inner, bool shared) : ForwardingTier(std::move(inner)) { caps_.shared = shared; }
 };
 
 struct FourTiers {
