@@ -20,13 +20,7 @@ Result<BlockDesc> Store::Get(const BlockKey& key, BufferRef out) {
 namespace store_internal {
 
 Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
-  const TierId want = opts.tier.value_or(options_.put_tier);
-  const int target = SlotAtOrBelow(want);
-  if (target < 0) {
-    return Status::InvalidArgument(fmt::format("put {}: no tier at or below {} is configured; choose another "
-                                               "PutOptions::tier or configure that tier",
-                                               key.ToString(), TierName(want)));
-  }
+  TERRACE_ASSIGN_OR_RETURN(const int target, PutTarget(key, opts));
   if (!tier(target).caps().device_buffers) {
     return Status::InvalidArgument(fmt::format(
         "put {}: the data is in device memory, which tier {} cannot read; put it into the hbm tier "

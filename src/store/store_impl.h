@@ -289,6 +289,9 @@ class StoreImpl {
                   const std::function<Status(std::size_t)>& still_wanted);
 
   // write_path.cpp
+  // The slot a put goes to: PutOptions::tier (or the store's put_tier), else the next tier below
+  // it; InvalidArgument naming the key when no such tier is configured.
+  Result<int> PutTarget(const BlockKey& key, const PutOptions& opts) const;
   Status EraseLocked(const BlockKey& key);
   // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
   // previous version's other copies (old_mask) and updates the directory.

@@ -7,8 +7,7 @@
 
 namespace terrace::store_internal {
 
-Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
-  const BlockDesc desc = DescribeBlock(data, opts.codec);
+Result<int> StoreImpl::PutTarget(const BlockKey& key, const PutOptions& opts) const {
   const TierId want = opts.tier.value_or(options_.put_tier);
   const int target = SlotAtOrBelow(want);
   if (target < 0) {
@@ -16,6 +15,12 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
                                                "PutOptions::tier or configure that tier",
                                                key.ToString(), TierName(want)));
   }
+  return target;
+}
+
+Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
+  const BlockDesc desc = DescribeBlock(data, opts.codec);
+  TERRACE_ASSIGN_OR_RETURN(const int target, PutTarget(key, opts));
   const int lowest = LowestSlot();
   const bool write_through = options_.write_policy == WritePolicy::kWriteThrough && lowest != target;
 
