@@ -21,13 +21,7 @@ std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n
 TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt at rest falls back") {
   const auto& m = Toy();
   auto kv_store = HostStore();
-  HostTierOptions ho;
-  ho.capacity_bytes = 64 * kMiB;
-  ho.pin = false;
-  ho.chunk_bytes = 4 * kMiB;
-  auto host = HostTier::Create(ho);
-  REQUIRE(host.ok());
-  auto fault = std::make_unique<FaultInjectingTier>(std::move(host).value());
+  auto fault = std::make_unique<FaultInjectingTier>(SmallHostTier());
   FaultInjectingTier* f = fault.get();
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
   tiers[static_cast<std::size_t>(TierId::kHost)] = std::move(fault);

@@ -14,6 +14,7 @@
 #include "terrace/prefix_cache.h"
 #include "terrace/store.h"
 #include "test_util.h"
+#include "tiers/host/host_tier.h"
 
 namespace terrace::kv::testing {
 
@@ -45,6 +46,18 @@ inline const ToyModel& Toy(std::uint64_t seed = 7) {
     slot->id = keys::ModelId(slot->ckpt.config, *slot->ckpt.weights);
   }
   return *slot;
+}
+
+// A 64 MiB unpinned host tier (4 MiB chunks) for a test to wrap (gate, inject faults) and hand to
+// a store as another tier.
+inline std::unique_ptr<HostTier> SmallHostTier() {
+  HostTierOptions ho;
+  ho.capacity_bytes = 64 * kMiB;
+  ho.pin = false;
+  ho.chunk_bytes = 4 * kMiB;
+  auto host = HostTier::Create(ho);
+  REQUIRE(host.ok());
+  return std::move(host).value();
 }
 
 inline std::unique_ptr<Store> HostStore(std::uint64_t capacity = 256 * kMiB) {

@@ -97,13 +97,7 @@ struct GatedStore {
 };
 
 GatedStore MakeGatedStore() {
-  HostTierOptions ho;
-  ho.capacity_bytes = 64 * kMiB;
-  ho.pin = false;
-  ho.chunk_bytes = 4 * kMiB;
-  auto host = HostTier::Create(ho);
-  REQUIRE(host.ok());
-  auto gated = std::make_unique<GatedTier>(std::move(host).value());
+  auto gated = std::make_unique<GatedTier>(SmallHostTier());
   GatedStore out;
   out.gate = gated.get();
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
