@@ -123,6 +123,9 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
       // commit's fdatasync at the latest), so damage to the log's last records is detectable too.
       if (s.ok() && before_sync_) s = before_sync_(commit + 1);
     }
+    // The extents go back to the allocator before any waiter wakes, so a Flush that returns sees
+    // them free. Safe to reuse now: the records that dropped them are durable.
+    if (s.ok() && !release.empty()) release_(std::move(release));
 
     l.Lock();
     leader_ = false;
@@ -135,11 +138,6 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
     durable_seq_ = upto;
     ++commits_;
     cv_.SignalAll();
-    if (!release.empty()) {
-      l.Unlock();
-      release_(std::move(release));
-      l.Lock();
-    }
   }
 }
 

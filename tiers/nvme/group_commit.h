@@ -48,6 +48,8 @@ class IndexStore;
 
 class GroupCommitter {
  public:
+  // Returns extents to the allocator. Called by the commit leader without the committer's lock,
+  // after the records that dropped them are durable and before any WaitDurable covering them returns.
   using ReleaseFn = std::function<void(std::vector<Extent>&&)>;
   // Writes (does not sync) the superblock recording `durable_commit`; called by the leader before
   // each data fdatasync and after each index write.
