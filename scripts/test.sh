@@ -24,9 +24,10 @@ case "$mode" in
     # The CLI's own tests are Python (run in the normal build only, see below); its helpers have a C++
     # test built without the CLI. So the sanitizer builds leave the CLI out: it is their longest compile.
     sanitized=(-DTERRACE_BUILD_TESTS=ON -DTERRACE_BUILD_MODEL=ON -DTERRACE_BUILD_CLI=OFF)
-    # -g1: line tables only; the sanitizers' reports keep file:line, the compile is much cheaper than -g.
+    # -O1 -g1: what the sanitizers recommend; line tables keep file:line in reports. Compiles a third
+    # faster than -O2 (measured on the test targets), which keeps CI inside its time budget.
     "$root/scripts/build.sh" "$build" "${sanitized[@]}" -DTERRACE_SANITIZE="$mode" -DTERRACE_CUDA=OFF -DTERRACE_BUILD_BENCH=OFF \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     export OPENBLAS_NUM_THREADS=1  # OpenBLAS's own threads are not instrumented
     # Python oracle tests drive the same binaries through the CLI; they run in the normal build only.
