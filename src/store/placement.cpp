@@ -129,7 +129,9 @@ Status StoreImpl::EvictOne(int t) {
 }
 
 void StoreImpl::RefreshIoRegions(int from, int to) {
-  if (tier(to).caps().memory != MemoryKind::kNone) return;  // memory-to-memory: plain copies
+  // Host memory to host memory: plain copies. NVMe (io_uring fixed buffers) and a CUDA tier (page-
+  // locked for DMA) register the source's memory.
+  if (tier(to).caps().memory == MemoryKind::kHost) return;
   MutexLock lock(&regions_mu_);
   std::vector<std::span<std::byte>> regions = tier(from).IoRegions();
   if (regions.size() == RegisteredRegions(from)) return;  // regions only grow

@@ -60,10 +60,12 @@ TransferOutcome StoreImpl::Transfer(int from, int to, const BlockKey& key, const
     return out;
   }
 
-  // 2. From where the source keeps it in host memory - for moves down (demotions) only: a move up
-  // is a read of the source, which goes through its Get (a tier may do work there: the emulated
-  // HBM link model, a test double's accounting).
-  if (to > from && caps.memory == MemoryKind::kHost && src.Pin(key).ok()) {
+  // 2. From where the source keeps it in host memory: for moves down (demotions), and for moves up
+  // into a tier that copies host memory itself (device_buffers: the HBM tier's Put is the H2D copy,
+  // by DMA from the pinned arena). Other moves up read the source through its Get (a tier may do
+  // work there: a test double's accounting).
+  const bool up_by_dma = to < from && tier(to).caps().device_buffers;
+  if ((to > from || up_by_dma) && caps.memory == MemoryKind::kHost && src.Pin(key).ok()) {
     const std::byte* p = src.ResidentPtr(key);
     if (p != nullptr) {
       if (Checksum({p, desc.size}) != desc.checksum) {

@@ -295,6 +295,28 @@ TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with 
   CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(bytes.size())));
 }
 
+TEST_CASE("Transfer: a promotion from the host arena into HBM copies from the arena, not a bounce buffer") {
+  TempDir dir("xfer-host-hbm");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  std::vector<BlockKey> keys;
+  std::uint64_t bytes = 0;
+  for (int i = 0; i < 4; ++i) {
+    keys.push_back(TestKey(i));
+    REQUIRE(store.Put(keys.back(), TestBytes(i, SizeOf(i))).ok());  // into the host tier
+    bytes += SizeOf(i);
+  }
+  std::vector<Status> done = store.Prefetch(keys, TierId::kHbm, Priority::kDemand).get();
+  for (const Status& s : done) REQUIRE(s.ok());
+  for (const LookupResult& l : store.Lookup(keys)) CHECK(l.tier == TierId::kHbm);
+  const StoreStats st = store.Stats();
+  CHECK(st.direct_transfers == keys.size());
+  CHECK(st.direct_transfer_bytes == bytes);
+  CHECK(st.staged_transfers == 0);
+  for (int i = 0; i < 4; ++i) CHECK(*GetBytes(store, keys[i], SizeOf(i)) == TestBytes(i, SizeOf(i)));
+}
+
 TEST_CASE("Transfer: a device Get of a block on NVMe brings it into HBM first, then copies it") {
   TempDir dir("xfer-device-nvme");
   auto opened = Store::Open(DeviceOptions(dir.path()));

@@ -74,7 +74,26 @@ class CudaHbmTier final : public Tier {
       }
       if (l.stream) (void)cudaStreamDestroy(l.stream);
     }
+    UnregisterAll();
     if (base_) (void)cudaFree(base_);
+  }
+
+  // Page-locks another tier's memory (the host arena) with CUDA, so H2D copies from it are DMA
+  // (CopyIn's IsPinnedHost) instead of staged. Regions already registered stay registered until
+  // this tier is destroyed (the store destroys its tiers fastest first, so before the host tier
+  // unmaps them). Unavailable when CUDA refuses a region (the copies are then staged).
+  Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override {
+    MutexLock lock(&regions_mu_);
+    TERRACE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    for (std::span<std::byte> r : regions) {
+      if (r.empty() || std::find(registered_.begin(), registered_.end(), r.data()) != registered_.end()) continue;
+      if (IsPinnedHost(r.data())) continue;  // already page-locked with CUDA (cudaHostAlloc'ed)
+      Status st = CudaStatus(cudaHostRegister(r.data(), r.size(), cudaHostRegisterPortable),
+                             fmt::format("cudaHostRegister of {} MiB of host-tier memory", r.size() >> 20));
+      if (!st.ok()) return Status::Unavailable(st.message());
+      registered_.push_back(r.data());
+    }
+    return Status::Ok();
   }
 
   Status Init() {
@@ -216,6 +235,12 @@ class CudaHbmTier final : public Tier {
   }
 
  private:
+  void UnregisterAll() {
+    MutexLock lock(&regions_mu_);
+    for (void* p : registered_) (void)cudaHostUnregister(p);
+    registered_.clear();
+  }
+
   Lane& PickLane() { return lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()]; }
 
   Status CopyIn(std::byte* dev, std::span<const std::byte> src) {
@@ -338,6 +363,8 @@ class CudaHbmTier final : public Tier {
   TierCaps caps_;
   mutable TierCounters counters_;
   std::atomic<std::uint64_t> direct_{0}, staged_{0};
+  Mutex regions_mu_;
+  std::vector<void*> registered_ TERRACE_GUARDED_BY(regions_mu_);  // cudaHostRegister'ed region bases
 };
 
 }  // namespace
