@@ -36,21 +36,41 @@ struct PlanArgs {
   std::string state_codec = "f32";
   int chunk_tokens = 256;
   std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
-  std::uint64_t context = 32768;
+  std::string context = "32k";
   int concurrency = 32;
   std::uint64_t decode_tokens = 512;
-  std::uint64_t expert_cache = 0;
-  bool expert_cache_set = false;
+  std::optional<std::uint64_t> expert_cache;
   std::string trace;
   int trace_block_tokens = 512;
   std::string policy = "all";
   int nodes = 1;
   std::string routing = "prefix-affinity";
-  std::uint64_t kv_hbm = 0, kv_host = 0, kv_nvme = 0;
-  bool kv_hbm_set = false, kv_host_set = false, kv_nvme_set = false;
+  std::optional<std::uint64_t> kv_hbm, kv_host, kv_nvme;
   int sweep_points = 8;
   bool json = false;
+  // Flags given on the command line that only mean something with --trace (or --nodes > 1).
+  std::vector<std::string> trace_flags_given;
+  bool routing_given = false;
 };
+
+// A size option whose default is computed by the plan (shown as such in --help): stays empty unless
+// given. Negative, malformed and out-of-range values are usage errors naming the flag.
+CLI::Option* AddAutoSizeOption(CLI::App* app, const std::string& name, std::optional<std::uint64_t>* value,
+                               const std::string& help) {
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [value, name](const std::string& text) {
+            if (!text.empty() && text[0] == '-') {
+              throw CLI::ValidationError(fmt::format("{} '{}': a size cannot be negative", name, text));
+            }
+            auto r = ParseSize(text, name);
+            if (!r.ok()) throw CLI::ValidationError(r.status().message());
+            *value = *r;
+          },
+          help + " (e.g. 64GiB, 1TiB)")
+      ->type_name("SIZE");
+}
 
 // A preset name, else a config.json path. Usage errors name --model.
 Result<model::ModelConfig> ResolveModel(const std::string& name) {
@@ -100,14 +120,24 @@ json PlanJson(const Plan& p) {
   j["state_codec"] = p.state_codec;
   j["layout_id"] = p.layout_id;
   const Workload& w = p.options.workload;
-  j["workload"] = {{"rate_rps", w.rate_rps},       {"context_tokens", w.context_tokens},
-                   {"prefix_reuse", w.prefix_reuse}, {"concurrency", w.concurrency},
+  json dist = json::array();
+  for (const ContextShare& c : w.context) dist.push_back({{"tokens", c.tokens}, {"share", c.share}});
+  j["workload"] = {{"rate_rps", w.rate_rps},
+                   {"context_tokens", w.MeanContext()},
+                   {"context_tokens_max", w.MaxContext()},
+                   {"context_distribution", dist},
+                   {"prefix_reuse", w.prefix_reuse},
+                   {"concurrency", w.concurrency},
                    {"decode_tokens", w.decode_tokens}};
   const MemoryPlan& m = p.memory;
   json curve = json::array();
   for (const CurvePoint& c : m.curve) {
     curve.push_back({{"tokens", c.tokens}, {"mla_bytes", c.mla_bytes}, {"kda_bytes", c.kda_bytes},
                      {"total_bytes", c.total_bytes}, {"mha_bytes", c.mha_bytes}, {"gqa_bytes", c.gqa_bytes}});
+  }
+  json per_context = json::array();
+  for (const MemoryPlan::ContextRow& r : m.per_context) {
+    per_context.push_back({{"sequence_tokens", r.tokens}, {"share", r.share}, {"sequence_bytes", r.bytes}});
   }
   j["memory"] = {{"layers", m.layers},
                  {"mla_layers", m.mla_layers},
@@ -126,6 +156,9 @@ json PlanJson(const Plan& p) {
                  {"gqa_bytes_per_token", m.gqa_bytes_per_token},
                  {"sequence_tokens", m.sequence_tokens},
                  {"sequence_bytes", m.sequence_bytes},
+                 {"longest_sequence_tokens", m.longest_sequence_tokens},
+                 {"longest_sequence_bytes", m.longest_sequence_bytes},
+                 {"per_context", per_context},
                  {"curve", curve}};
   json comps = json::object();
   for (const auto& [name, bytes] : p.weights.bytes_by_component) comps[name] = bytes;
@@ -150,7 +183,8 @@ json PlanJson(const Plan& p) {
   json tiers = json::array();
   for (const TierPlan& t : p.tiers) {
     tiers.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"kv_bytes", t.kv_bytes},
-                     {"sequences", t.sequences}, {"other_bytes", t.other_bytes}, {"holds", t.holds}});
+                     {"sequences", t.sequences}, {"sequences_longest", t.sequences_longest},
+                     {"other_bytes", t.other_bytes}, {"holds", t.holds}});
   }
   j["tiers"] = tiers;
   json bw = json::array();
@@ -162,7 +196,10 @@ json PlanJson(const Plan& p) {
   const LifecyclePlan& l = p.lifecycle;
   j["lifecycle"] = {{"weight_load_s", l.weight_load_s},
                     {"kv_state_bytes_per_request", l.kv_state_bytes_per_request},
+                    {"router_flops_per_token", l.router_flops_per_token},
                     {"routing_flops_share", l.routing_flops_share},
+                    {"prefill_tokens_needed_per_s", l.prefill_tokens_needed_per_s},
+                    {"prefill_utilisation", l.prefill_utilisation},
                     {"offload_bytes_per_request", l.offload_bytes_per_request},
                     {"prefill_tokens_per_s", l.prefill_tokens_per_s},
                     {"decode_step_s", l.decode_step_s},
@@ -170,6 +207,7 @@ json PlanJson(const Plan& p) {
                     {"decode_step_with_stalls_s", l.decode_step_with_stalls_s},
                     {"decode_tokens_per_s_with_stalls", l.decode_tokens_per_s_with_stalls},
                     {"decode_tokens_needed_per_s", l.decode_tokens_needed_per_s}};
+  j["warnings"] = p.warnings;
   return j;
 }
 
@@ -197,7 +235,15 @@ void PrintPlan(const Plan& p) {
            fmt::format("all {} layers full attention, for comparison", m.layers)});
   mem.Add({fmt::format("GQA ({} KV heads)", m.gqa_kv_heads), FormatBytes(static_cast<double>(m.gqa_bytes_per_token)),
            FormatBytes(static_cast<double>(m.sequence_tokens * m.gqa_bytes_per_token)), "for comparison"});
-  fmt::print("{}  (one sequence = {} tokens: --context + --decode-tokens)\n\n", mem.Render(), m.sequence_tokens);
+  fmt::print("{}  (one sequence = {} tokens: --context{} + --decode-tokens)\n\n", mem.Render(), m.sequence_tokens,
+             m.per_context.size() > 1 ? " mean" : "");
+  if (m.per_context.size() > 1) {
+    Table dist({"sequence (context + decode)", "share", "MLA + KDA"});
+    for (const MemoryPlan::ContextRow& r : m.per_context) {
+      dist.Add({std::to_string(r.tokens), Pct(r.share), FormatBytes(static_cast<double>(r.bytes))});
+    }
+    fmt::print("--context distribution\n{}\n", dist.Render());
+  }
 
   Table curve({"context", "MLA", "KDA", "total", "MHA", "GQA", "total/MHA"});
   for (const CurvePoint& c : m.curve) {
@@ -227,10 +273,11 @@ void PrintPlan(const Plan& p) {
              FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, Pct(e.hit_rate),
              Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
 
-  Table tiers({"tier", "capacity", "for KV/state", "sequences", "also holds"});
+  Table tiers({"tier", "capacity", "for KV/state", "sequences", "if all longest", "also holds"});
   for (const TierPlan& t : p.tiers) {
     tiers.Add({t.name, FormatBytes(static_cast<double>(t.capacity_bytes)), FormatBytes(static_cast<double>(t.kv_bytes)),
-               std::to_string(t.sequences), FormatBytes(static_cast<double>(t.other_bytes)) + " " + t.holds});
+               std::to_string(t.sequences), std::to_string(t.sequences_longest),
+               FormatBytes(static_cast<double>(t.other_bytes)) + " " + t.holds});
   }
   fmt::print("{}\n", tiers.Render());
   Table bw({"link", "required", "available", "use", "for"});
@@ -240,12 +287,13 @@ void PrintPlan(const Plan& p) {
   fmt::print("{}\n", bw.Render());
   const LifecyclePlan& l = p.lifecycle;
   fmt::print("lifecycle: weight load {} | KV+state {} per request | routing {} of FLOPs | offload I/O {} per request | "
-             "prefill {:.0f} tok/s | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert stalls; workload needs "
-             "{:.0f})\n",
+             "prefill {:.0f} tok/s ({} busy at --rate) | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert "
+             "stalls; workload needs {:.0f})\n",
              Sec(l.weight_load_s), FormatBytes(static_cast<double>(l.kv_state_bytes_per_request)),
              Pct(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
-             l.prefill_tokens_per_s, Sec(l.decode_step_s), l.decode_tokens_per_s, l.decode_tokens_per_s_with_stalls,
-             l.decode_tokens_needed_per_s);
+             l.prefill_tokens_per_s, Pct(l.prefill_utilisation), Sec(l.decode_step_s), l.decode_tokens_per_s,
+             l.decode_tokens_per_s_with_stalls, l.decode_tokens_needed_per_s);
+  for (const std::string& warning : p.warnings) fmt::print("warning: {}\n", warning);
 }
 
 json ReplayJson(const ReplayResult& r) {
@@ -291,10 +339,9 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
   ro.nodes = a.nodes;
   ro.routing = a.routing == "round-robin" ? Routing::kRoundRobin : Routing::kPrefixAffinity;
   const Hardware& hw = plan.hardware;
-  ro.tiers = {{"hbm", a.kv_hbm_set ? a.kv_hbm : plan.tiers[0].kv_bytes, 0},
-              {"host", a.kv_host_set ? a.kv_host : plan.tiers[1].kv_bytes, hw.pcie_bandwidth()},
-              {"nvme", a.kv_nvme_set ? a.kv_nvme : plan.tiers[2].kv_bytes,
-               std::min(hw.nvme_read_bandwidth, hw.pcie_bandwidth())}};
+  ro.tiers = {{"hbm", a.kv_hbm.value_or(plan.tiers[0].kv_bytes), 0},
+              {"host", a.kv_host.value_or(plan.tiers[1].kv_bytes), hw.pcie_bandwidth()},
+              {"nvme", a.kv_nvme.value_or(plan.tiers[2].kv_bytes), std::min(hw.nvme_read_bandwidth, hw.pcie_bandwidth())}};
   std::vector<ReplayPolicy> policies;
   if (a.policy == "all" || a.policy == "lru") policies.push_back(ReplayPolicy::kLru);
   if (a.policy == "all" || a.policy == "s3fifo") policies.push_back(ReplayPolicy::kS3Fifo);
@@ -415,6 +462,14 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
 }
 
 int RunPlan(const PlanArgs& a) {
+  if (a.trace.empty() && !a.trace_flags_given.empty()) {
+    const bool one = a.trace_flags_given.size() == 1;
+    return FailUsage(fmt::format("{} {} only to a trace replay: add --trace FILE.jsonl or drop {}",
+                                 fmt::join(a.trace_flags_given, ", "), one ? "applies" : "apply", one ? "it" : "them"));
+  }
+  if (a.routing_given && a.nodes < 2) {
+    return FailUsage("--routing chooses between nodes: it needs --nodes 2 or more");
+  }
   auto config = ResolveModel(a.model);
   if (!config.ok()) return FailUsage(config.status().message());
   auto hw = ResolveHardware(a.hardware);
@@ -429,12 +484,14 @@ int RunPlan(const PlanArgs& a) {
   o.layout.chunk_tokens = a.chunk_tokens;
   if (a.rate) o.workload.rate_rps = *a.rate;
   if (a.prefix_reuse) o.workload.prefix_reuse = *a.prefix_reuse;
-  o.workload.context_tokens = a.context;
+  auto context = ParseContextDistribution(a.context, "--context");
+  if (!context.ok()) return FailUsage(context.status().message());
+  o.workload.context = *context;
   o.workload.concurrency = a.concurrency;
   o.workload.decode_tokens = a.decode_tokens;
   if (a.expert_hit_target) o.expert_hit_target = *a.expert_hit_target;
   if (a.expert_zipf) o.expert_zipf = *a.expert_zipf;
-  if (a.expert_cache_set) o.expert_cache_bytes = a.expert_cache;
+  o.expert_cache_bytes = a.expert_cache;
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
   json j = PlanJson(*plan);
@@ -463,14 +520,18 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
   AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
   AddDoubleOption(c, "--rate", &a->rate, 0, 1e6, "Requests per second per node (default 1)");
-  AddSizeOption(c, "--context", &a->context, "Prompt tokens per request (default 32768; 32K works)", 1, 1ull << 24);
+  c->add_option("--context", a->context,
+                "Prompt tokens per request (k = 1024, M = 1024k), or a distribution of lengths with weights, "
+                "e.g. 4k:0.5,32k:0.3,128k:0.2")
+      ->type_name("TOKENS")
+      ->capture_default_str();
   AddDoubleOption(c, "--prefix-reuse", &a->prefix_reuse, 0, 1, "Share of each prompt found in the prefix cache (default 0.5)");
   AddIntOption(c, "--concurrency", &a->concurrency, 1, 1'000'000, "Sequences decoding at once per node");
   AddIntOption<std::uint64_t>(c, "--decode-tokens", &a->decode_tokens, 0, 1ull << 24, "Output tokens per request");
   AddDoubleOption(c, "--expert-hit-target", &a->expert_hit_target, 1e-6, 1, "Expert-cache hit rate to size for (default 0.9)");
   AddDoubleOption(c, "--expert-zipf", &a->expert_zipf, 0, 8, "Routing skew: expert i chosen with p ~ 1/(i+1)^s (default 1)");
-  AddSizeOption(c, "--expert-cache", &a->expert_cache, "HBM for the routed-expert cache (default: half the HBM left after resident weights)")
-      ->each([a](const std::string&) { a->expert_cache_set = true; });
+  AddAutoSizeOption(c, "--expert-cache", &a->expert_cache,
+                    "HBM for the routed-expert cache (default: half the HBM left after the resident weights)");
   c->add_option("--trace", a->trace, "Mooncake-format JSONL request trace to replay");
   AddIntOption(c, "--trace-block-tokens", &a->trace_block_tokens, 1, 65536, "Tokens per trace hash id");
   c->add_option("--policy", a->policy, "Eviction policy to replay: lru, s3fifo or all")
@@ -480,15 +541,20 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--routing", a->routing, "Request routing across --nodes: prefix-affinity or round-robin")
       ->check(CLI::IsMember({"prefix-affinity", "round-robin"}))
       ->capture_default_str();
-  AddSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)")
-      ->each([a](const std::string&) { a->kv_hbm_set = true; });
-  AddSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)")
-      ->each([a](const std::string&) { a->kv_host_set = true; });
-  AddSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)")
-      ->each([a](const std::string&) { a->kv_nvme_set = true; });
+  AddAutoSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)");
+  AddAutoSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)");
+  AddAutoSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)");
   AddIntOption(c, "--sweep-points", &a->sweep_points, 1, 32, "Capacities of the hit-rate-vs-capacity sweep");
   c->add_flag("--json", a->json, "JSON output (docs/plan.md lists the keys)");
-  c->callback([run, a] { *run = [a] { return RunPlan(*a); }; });
+  c->callback([run, a, c] {
+    a->trace_flags_given.clear();
+    for (const char* f : {"--trace-block-tokens", "--policy", "--nodes", "--routing", "--kv-hbm", "--kv-host", "--kv-nvme",
+                          "--sweep-points"}) {
+      if (c->count(f) > 0) a->trace_flags_given.emplace_back(f);
+    }
+    a->routing_given = c->count("--routing") > 0;
+    *run = [a] { return RunPlan(*a); };
+  });
 }
 
 }  // namespace terrace::cli

@@ -43,7 +43,7 @@ class Simulator {
     for (const TierSpec& t : o_.tiers) {
       TierState s;
       s.capacity_blocks = t.capacity_bytes / o_.block_bytes;
-      s.policy = o_.policy == ReplayPolicy::kLru ? store_internal::MakeLruPolicy() : store_internal::MakeS3FifoPolicy();
+      s.policy = store_internal::MakeEvictionPolicy(o_.policy);
       n.tiers.push_back(std::move(s));
     }
     n.link_free_s.assign(o_.tiers.size(), 0.0);

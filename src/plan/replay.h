@@ -15,11 +15,14 @@
 #include <vector>
 
 #include "src/plan/trace.h"
+#include "terrace/options.h"
 #include "terrace/status.h"
 
 namespace terrace::plan {
 
-enum class ReplayPolicy : std::uint8_t { kLru, kS3Fifo };
+// The store's own eviction policy choice (StoreOptions::eviction): the replay builds each simulated
+// tier's policy with the factory the store uses (store_internal::MakeEvictionPolicy).
+using ReplayPolicy = terrace::EvictionPolicy;
 std::string_view ReplayPolicyName(ReplayPolicy p);  // "lru", "s3fifo"
 enum class Routing : std::uint8_t {
   kRoundRobin,      // request i goes to node i mod N

@@ -159,3 +159,80 @@ def test_report_from_plan_json(terrace, tmp_path):
     assert r.returncode == 2 and "not a JSON object" in r.stderr
     r = terrace("report", tmp_path / "missing.json", "-o", tmp_path / "x.html")
     assert r.returncode == 2
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--policy", "lru"], "--policy"),
+    (["--nodes", "4"], "--nodes"),
+    (["--kv-hbm", "1GiB"], "--kv-hbm"),
+    (["--kv-host", "1GiB"], "--kv-host"),
+    (["--kv-nvme", "1GiB"], "--kv-nvme"),
+    (["--sweep-points", "3"], "--sweep-points"),
+    (["--trace-block-tokens", "256"], "--trace-block-tokens"),
+    (["--trace", FIXTURE, "--routing", "round-robin"], "--nodes"),
+    (["--context", "32x"], "token count"),
+    (["--context", "4k:0.5,32k"], "weight"),
+    (["--context", "0"], "tokens"),
+    (["--expert-cache", "100TiB"], "--expert-cache"),
+])
+def test_flags_that_would_be_ignored_or_wrong_are_refused(terrace, args, flag):
+    """A flag is either honoured or refused: trace-only flags without --trace, --routing on one node,
+    malformed token counts (in tokens, not bytes) and an expert cache larger than the HBM exit 2."""
+    r = terrace("plan", *args)
+    assert r.returncode == 2, (args, r.stdout[-500:], r.stderr)
+    assert flag in r.stderr
+    assert " B " not in r.stderr and "bytes)" not in r.stderr  # a token count is not a size in bytes
+
+
+def plan_json(terrace, *args):
+    r = terrace("plan", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("flag,a,b,key", [
+    ("--rate", "1", "2", lambda j: [x["required_bytes_per_s"] for x in j["bandwidth"]]),
+    ("--context", "32k", "4k:0.5,128k:0.5", lambda j: j["memory"]["sequence_bytes"]),
+    ("--prefix-reuse", "0.5", "0.9", lambda j: j["lifecycle"]["prefill_tokens_needed_per_s"]),
+    ("--concurrency", "32", "64", lambda j: j["lifecycle"]["decode_step_s"]),
+    ("--decode-tokens", "512", "1024", lambda j: j["memory"]["sequence_bytes"]),
+    ("--kv-codec", "bf16", "fp8", lambda j: j["memory"]["mla_bytes_per_token"]),
+    ("--state-codec", "f32", "bf16", lambda j: j["memory"]["kda_state_bytes_per_sequence"]),
+    ("--hardware", "h200-gen5", "h100-gen4", lambda j: j["tiers"][0]["sequences"]),
+    ("--expert-cache", "64GiB", "256GiB", lambda j: j["experts"]["hit_rate"]),
+])
+def test_every_input_changes_the_plan(terrace, flag, a, b, key):
+    assert key(plan_json(terrace, flag, a)) != key(plan_json(terrace, flag, b))
+
+
+def test_context_distribution_json(terrace):
+    j = plan_json(terrace, "--context", "4k:1,128k:3")
+    w, m = j["workload"], j["memory"]
+    assert w["context_distribution"] == [{"tokens": 4096, "share": 0.25}, {"tokens": 131072, "share": 0.75}]
+    assert w["context_tokens"] == pytest.approx(0.25 * 4096 + 0.75 * 131072)
+    assert m["longest_sequence_tokens"] == 131072 + 512
+    rows = m["per_context"]
+    assert [r["sequence_tokens"] for r in rows] == [4096 + 512, 131072 + 512]
+    for r in rows:
+        assert r["sequence_bytes"] == r["sequence_tokens"] * m["mla_bytes_per_token"] + m["kda_state_bytes_per_sequence"]
+    for t in j["tiers"]:
+        assert t["sequences_longest"] == t["kv_bytes"] // m["longest_sequence_bytes"]
+    text = terrace("plan", "--context", "4k:1,128k:3").stdout
+    assert "--context distribution" in text and "if all longest" in text
+
+
+def test_warnings_name_the_flags(terrace):
+    j = plan_json(terrace, "--concurrency", "100000")
+    assert any("--concurrency 100000" in w for w in j["warnings"])
+    light = plan_json(terrace, "--model", "k3-small", "--rate", "0.01")
+    assert light["warnings"] == []
+    r = terrace("plan", "--concurrency", "100000")
+    assert "warning: --concurrency 100000" in r.stdout
+
+
+def test_help_shows_no_fake_defaults(terrace):
+    h = terrace("plan", "--help").stdout
+    for flag in ("--expert-cache", "--kv-hbm", "--kv-host", "--kv-nvme", "--context"):
+        line = next(l for l in h.splitlines() if l.strip().startswith(flag))
+        assert "default 0 B" not in line and " B to " not in line, line
+
