@@ -45,6 +45,8 @@ struct PlanArgs {
   std::string policy = "all";
   int nodes = 1;
   std::string routing = "prefix-affinity";
+  std::string placement = "exclusive";
+  std::string write_policy = "write-back";
   std::optional<std::uint64_t> kv_hbm, kv_host, kv_nvme;
   int sweep_points = 8;
   bool json = false;
@@ -338,6 +340,9 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
   ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
   ro.nodes = a.nodes;
   ro.routing = a.routing == "round-robin" ? Routing::kRoundRobin : Routing::kPrefixAffinity;
+  ro.placement = a.placement == "inclusive" ? terrace::Placement::kInclusive : terrace::Placement::kExclusive;
+  ro.write_policy =
+      a.write_policy == "write-through" ? terrace::WritePolicy::kWriteThrough : terrace::WritePolicy::kWriteBack;
   const Hardware& hw = plan.hardware;
   ro.tiers = {{"hbm", a.kv_hbm.value_or(plan.tiers[0].kv_bytes), 0},
               {"host", a.kv_host.value_or(plan.tiers[1].kv_bytes), hw.pcie_bandwidth()},
@@ -358,6 +363,8 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
   tj["prefix_hit_ceiling"] = ceiling.fraction();
   tj["nodes"] = a.nodes;
   tj["routing"] = RoutingName(ro.routing);
+  tj["placement"] = a.placement;
+  tj["write_policy"] = a.write_policy;
   json tiers_j = json::array();
   for (const TierSpec& t : ro.tiers) {
     tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"read_bytes_per_s", t.read_bandwidth}});
@@ -427,11 +434,13 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
                  "--trace-block-tokens right?\n",
                  mismatched, bt);
     }
-    fmt::print("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} node(s), {}\n",
+    fmt::print("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
+               "node(s), {}\n",
                FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),
                FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
-               FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.nodes, RoutingName(ro.routing));
-    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore wait", "slower than recompute",
+               FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.placement, a.write_policy, a.nodes,
+               RoutingName(ro.routing));
+    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore stall (queued)", "slower than recompute",
              "bytes moved"});
     for (std::size_t i = 0; i < results.size(); ++i) {
       const ReplayResult& r = results[i];
@@ -541,6 +550,16 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--routing", a->routing, "Request routing across --nodes: prefix-affinity or round-robin")
       ->check(CLI::IsMember({"prefix-affinity", "round-robin"}))
       ->capture_default_str();
+  c->add_option("--placement", a->placement,
+                "The store's placement in the replay: exclusive (a hit moves the block up) or inclusive (keeps "
+                "the copy below)")
+      ->check(CLI::IsMember({"exclusive", "inclusive"}))
+      ->capture_default_str();
+  c->add_option("--write-policy", a->write_policy,
+                "The store's write policy in the replay: write-back (new blocks reach lower tiers when evicted) "
+                "or write-through (also written to the lowest tier)")
+      ->check(CLI::IsMember({"write-back", "write-through"}))
+      ->capture_default_str();
   AddAutoSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)");
   AddAutoSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)");
   AddAutoSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)");
@@ -549,7 +568,7 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->callback([run, a, c] {
     a->trace_flags_given.clear();
     for (const char* f : {"--trace-block-tokens", "--policy", "--nodes", "--routing", "--kv-hbm", "--kv-host", "--kv-nvme",
-                          "--sweep-points"}) {
+                          "--sweep-points", "--placement", "--write-policy"}) {
       if (c->count(f) > 0) a->trace_flags_given.emplace_back(f);
     }
     a->routing_given = c->count("--routing") > 0;

@@ -169,6 +169,8 @@ def test_report_from_plan_json(terrace, tmp_path):
     (["--kv-nvme", "1GiB"], "--kv-nvme"),
     (["--sweep-points", "3"], "--sweep-points"),
     (["--trace-block-tokens", "256"], "--trace-block-tokens"),
+    (["--placement", "inclusive"], "--placement"),
+    (["--write-policy", "write-through"], "--write-policy"),
     (["--trace", FIXTURE, "--routing", "round-robin"], "--nodes"),
     (["--context", "32x"], "token count"),
     (["--context", "4k:0.5,32k"], "weight"),
@@ -236,3 +238,22 @@ def test_help_shows_no_fake_defaults(terrace):
         line = next(l for l in h.splitlines() if l.strip().startswith(flag))
         assert "default 0 B" not in line and " B to " not in line, line
 
+
+
+def test_trace_replay_follows_the_store_placement_flags(terrace):
+    """--placement / --write-policy reach the replay: write-through writes every new block to the
+    lowest tier too, so it moves more bytes than write-back on the same trace."""
+    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "2GiB", "--kv-host", "8GiB", "--sweep-points", "1",
+            "--policy", "lru"]
+    wb = plan_json(terrace, *args)["trace"]
+    wt = plan_json(terrace, *args, "--write-policy", "write-through")["trace"]
+    inc = plan_json(terrace, *args, "--placement", "inclusive")["trace"]
+    assert (wb["placement"], wb["write_policy"]) == ("exclusive", "write-back")
+    assert (inc["placement"], wt["write_policy"]) == ("inclusive", "write-through")
+    # NVMe never fills here, so each distinct block is computed once and written through once; every
+    # victim above it then has an NVMe copy and is dropped without a demotion write.
+    nvme = [t for t in wt["policies"][0]["tiers"] if t["name"] == "nvme"][0]
+    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["block_bytes"]
+    assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
+    assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
+    assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
