@@ -3,6 +3,7 @@
 // request trace through simulated tiers with the store's eviction policies.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,11 +75,14 @@ CLI::Option* AddAutoSizeOption(CLI::App* app, const std::string& name, std::opti
       ->type_name("SIZE");
 }
 
-// A preset name, else a config.json path. Usage errors name --model.
-Result<model::ModelConfig> ResolveModel(const std::string& name) {
+// A preset name, else a config.json path or a model directory holding one. Usage errors name --model.
+Result<model::ModelConfig> ResolveModel(const std::string& given) {
   for (const std::string& p : model::PresetNames()) {
-    if (p == name) return model::Preset(name);
+    if (p == given) return model::Preset(given);
   }
+  std::error_code ec;
+  const std::string name = std::filesystem::is_directory(given, ec) ? (std::filesystem::path(given) / "config.json").string()
+                                                                    : given;
   if (Status s = CheckInputFile(name, "--model", kMaxConfigFileBytes); !s.ok()) {
     return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
                                                name, fmt::join(model::PresetNames(), ", "), s.message()));
@@ -519,7 +523,7 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   auto* c = app.add_subcommand("plan", "Capacity planning: memory, weights, expert cache, tiers, bandwidth; "
                                        "--trace replays a request trace through the store's eviction policies");
   c->add_option("--model", a->model, "Model preset (" + fmt::format("{}", fmt::join(model::PresetNames(), ", ")) +
-                                         ") or a config.json path")
+                                         "), a config.json path or a model directory")
       ->capture_default_str();
   c->add_option("--hardware", a->hardware,
                 "Hardware preset (" + fmt::format("{}", fmt::join(HardwarePresetNames(), ", ")) +

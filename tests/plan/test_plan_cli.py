@@ -257,3 +257,16 @@ def test_trace_replay_follows_the_store_placement_flags(terrace):
     assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
     assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
     assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
+
+
+def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path):
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", tmp_path / "toy")
+    assert r.returncode == 0, r.stderr
+    want = plan_json(terrace, "--model", "k3-toy")
+    for given in (tmp_path / "toy", tmp_path / "toy" / "config.json"):
+        got = plan_json(terrace, "--model", given)
+        assert got["model"] == str(given)
+        got["model"] = want["model"]
+        assert got == want
+    r = terrace("plan", "--model", tmp_path)  # a directory without config.json
+    assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
