@@ -129,7 +129,8 @@ json PlanJson(const Plan& p) {
   json dist = json::array();
   for (const ContextShare& c : w.context) dist.push_back({{"tokens", c.tokens}, {"share", c.share}});
   j["workload"] = {{"rate_rps", w.rate_rps},
-                   {"context_tokens", w.MeanContext()},
+                   {"context_tokens", static_cast<std::uint64_t>(std::llround(w.MeanContext()))},
+                   {"context_tokens_mean", w.MeanContext()},
                    {"context_tokens_max", w.MaxContext()},
                    {"context_distribution", dist},
                    {"prefix_reuse", w.prefix_reuse},

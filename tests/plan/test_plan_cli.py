@@ -212,7 +212,9 @@ def test_context_distribution_json(terrace):
     j = plan_json(terrace, "--context", "4k:1,128k:3")
     w, m = j["workload"], j["memory"]
     assert w["context_distribution"] == [{"tokens": 4096, "share": 0.25}, {"tokens": 131072, "share": 0.75}]
-    assert w["context_tokens"] == pytest.approx(0.25 * 4096 + 0.75 * 131072)
+    assert w["context_tokens_mean"] == pytest.approx(0.25 * 4096 + 0.75 * 131072)
+    assert w["context_tokens"] == round(0.25 * 4096 + 0.75 * 131072)
+    assert plan_json(terrace, "--model", "k3-small")["workload"]["context_tokens"] == 32768  # an integer
     assert m["longest_sequence_tokens"] == 131072 + 512
     rows = m["per_context"]
     assert [r["sequence_tokens"] for r in rows] == [4096 + 512, 131072 + 512]
