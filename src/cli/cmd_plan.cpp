@@ -325,12 +325,11 @@ json ReplayJson(const ReplayResult& r) {
           {"requests_per_node", r.requests_per_node}};
 }
 
-int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
+// `trace` was read and parsed (in parse_s seconds) before anything is printed, so a bad file prints
+// only its error. Fills (*out)["trace"] and, without --json, *text with the tables (printed after the
+// plan's). replay_seconds counts the parse and everything here.
+int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double parse_s, json* out, std::string* text) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
-  if (!text.ok()) return text.status().code() == Code::kIoError ? Fail(text.status().ToString()) : FailUsage(text.status().message());
-  auto trace = ParseTrace(*text, a.trace);
-  if (!trace.ok()) return FailUsage(fmt::format("--trace: {}", trace.status().message()));
   const PrefixCeiling ceiling = ComputePrefixCeiling(*trace);
   std::uint64_t mismatched = 0;
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
@@ -428,18 +427,19 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
     }
     tj["cluster"] = cl;
   }
-  tj["replay_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tj["parse_seconds"] = parse_s;
+  tj["replay_seconds"] = parse_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!a.json) {
-    fmt::print("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
+    *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
                FormatBytes(static_cast<double>(ro.block_bytes)), Pct(ceiling.fraction()));
     if (mismatched > 0) {
-      fmt::print("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
+      *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
                  "--trace-block-tokens right?\n",
                  mismatched, bt);
     }
-    fmt::print("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
+    *text += fmt::format("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
                "node(s), {}\n",
                FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),
                FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
@@ -454,22 +454,22 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
              Sec(r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0), Sec(r.queue_wait_s),
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
-    fmt::print("{}\n", t.Render());
+    *text += fmt::format("{}\n", t.Render());
     Table s({"policy", "capacity", "share of footprint", "hit rate"});
     for (const auto& pt : sweep) {
       s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
              Pct(pt["capacity_share_of_footprint"].get<double>()), Pct(pt["hit_rate"].get<double>())});
     }
-    fmt::print("hit rate vs capacity (one tier)\n{}\n", s.Render());
+    *text += fmt::format("hit rate vs capacity (one tier)\n{}\n", s.Render());
     if (tj.contains("cluster")) {
       Table c({"routing", "hit rate", "load imbalance (max/mean)"});
       for (const auto& cl : tj["cluster"]) {
         c.Add({cl["routing"].get<std::string>(), Pct(cl["hit_rate"].get<double>()),
                fmt::format("{:.2f}", cl["load_imbalance"].get<double>())});
       }
-      fmt::print("cluster of {} nodes\n{}\n", a.nodes, c.Render());
+      *text += fmt::format("cluster of {} nodes\n{}\n", a.nodes, c.Render());
     }
-    fmt::print("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
+    *text += fmt::format("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
   }
   (*out)["trace"] = tj;
   return 0;
@@ -486,6 +486,18 @@ int RunPlan(const PlanArgs& a) {
   }
   auto config = ResolveModel(a.model);
   if (!config.ok()) return FailUsage(config.status().message());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<Trace> trace;
+  if (!a.trace.empty()) {
+    auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
+    if (!text.ok()) {
+      return text.status().code() == Code::kIoError ? Fail(text.status().ToString()) : FailUsage(text.status().message());
+    }
+    auto parsed = ParseTrace(*text, a.trace);
+    if (!parsed.ok()) return FailUsage(fmt::format("--trace: {}", parsed.status().message()));
+    trace = std::move(*parsed);
+  }
+  const double parse_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto hw = ResolveHardware(a.hardware);
   if (!hw.ok()) return FailUsage(hw.status().message());
   PlanOptions o;
@@ -509,9 +521,13 @@ int RunPlan(const PlanArgs& a) {
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
   json j = PlanJson(*plan);
-  if (!a.json) PrintPlan(*plan);
-  if (!a.trace.empty()) {
-    if (int rc = RunTrace(a, *plan, &j); rc != 0) return rc;
+  std::string trace_text;
+  if (trace) {
+    if (int rc = RunTrace(a, *plan, &*trace, parse_s, &j, &trace_text); rc != 0) return rc;
+  }
+  if (!a.json) {
+    PrintPlan(*plan);
+    fmt::print("{}", trace_text);
   }
   if (a.json) fmt::print("{}\n", j.dump(2));
   return 0;

@@ -244,6 +244,10 @@ std::uint64_t ReplayResult::bytes_moved() const {
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   if (o.tiers.empty()) return Status::InvalidArgument("no tiers to replay into (give --kv-hbm, --kv-host or --kv-nvme)");
+  if (std::all_of(o.tiers.begin(), o.tiers.end(), [&](const TierSpec& t) { return t.capacity_bytes < o.block_bytes; })) {
+    return Status::InvalidArgument(fmt::format(
+        "no tier holds even one {}-byte block: raise --kv-hbm, --kv-host or --kv-nvme", o.block_bytes));
+  }
   if (o.block_tokens == 0) return Status::InvalidArgument("--trace-block-tokens must be positive");
   if (o.block_bytes == 0) return Status::InvalidArgument("the model's KV block size is 0 bytes (a model without MLA layers?)");
   if (o.nodes < 1) return Status::InvalidArgument("--nodes must be at least 1");

@@ -86,7 +86,8 @@ struct ReplayResult {
   std::uint64_t bytes_moved() const;  // all reads and demotion writes
 };
 
-// InvalidArgument (naming the CLI flag that sets it) for no tiers, zero block bytes or tokens,
+// InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block,
+// zero block bytes or tokens,
 // nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 

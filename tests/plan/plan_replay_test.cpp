@@ -189,6 +189,10 @@ TEST_CASE("Replay options are checked, naming the CLI flag") {
   auto r = Replay(t, o);
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("--nodes"));
+  o = OneTier(0);  // no tier can hold a block: nothing to replay into
+  r = Replay(t, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("--kv-hbm"));
   o = OneTier(1);
   o.block_tokens = 0;
   r = Replay(t, o);

@@ -273,3 +273,13 @@ def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path)
         assert got == want
     r = terrace("plan", "--model", tmp_path)  # a directory without config.json
     assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
+
+
+def test_bad_trace_prints_only_the_error(terrace, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = terrace("plan", "--trace", empty)
+    assert r.returncode == 2 and "empty" in r.stderr
+    assert r.stdout == ""  # no plan printed before the refusal
+    r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "0", "--kv-host", "0", "--kv-nvme", "0")
+    assert r.returncode == 2 and "--kv-hbm" in r.stderr and r.stdout == ""
