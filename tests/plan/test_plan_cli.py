@@ -175,7 +175,7 @@ def test_report_from_plan_json(terrace, tmp_path):
     (["--context", "32x"], "token count"),
     (["--context", "4k:0.5,32k"], "weight"),
     (["--context", "0"], "tokens"),
-    (["--expert-cache", "100TiB"], "--expert-cache"),
+    (["--model", "k3-small", "--expert-cache", "100TiB"], "--expert-cache"),
 ])
 def test_flags_that_would_be_ignored_or_wrong_are_refused(terrace, args, flag):
     """A flag is either honoured or refused: trace-only flags without --trace, --routing on one node,
@@ -209,7 +209,7 @@ def test_every_input_changes_the_plan(terrace, flag, a, b, key):
 
 
 def test_context_distribution_json(terrace):
-    j = plan_json(terrace, "--context", "4k:1,128k:3")
+    j = plan_json(terrace, "--model", "k3-small", "--context", "4k:1,128k:3")
     w, m = j["workload"], j["memory"]
     assert w["context_distribution"] == [{"tokens": 4096, "share": 0.25}, {"tokens": 131072, "share": 0.75}]
     assert w["context_tokens_mean"] == pytest.approx(0.25 * 4096 + 0.75 * 131072)
@@ -222,16 +222,16 @@ def test_context_distribution_json(terrace):
         assert r["sequence_bytes"] == r["sequence_tokens"] * m["mla_bytes_per_token"] + m["kda_state_bytes_per_sequence"]
     for t in j["tiers"]:
         assert t["sequences_longest"] == t["kv_bytes"] // m["longest_sequence_bytes"]
-    text = terrace("plan", "--context", "4k:1,128k:3").stdout
+    text = terrace("plan", "--model", "k3-small", "--context", "4k:1,128k:3").stdout
     assert "--context distribution" in text and "if all longest" in text
 
 
 def test_warnings_name_the_flags(terrace):
-    j = plan_json(terrace, "--concurrency", "100000")
+    j = plan_json(terrace, "--model", "k3-small", "--concurrency", "100000")
     assert any("--concurrency 100000" in w for w in j["warnings"])
     light = plan_json(terrace, "--model", "k3-small", "--rate", "0.01")
     assert light["warnings"] == []
-    r = terrace("plan", "--concurrency", "100000")
+    r = terrace("plan", "--model", "k3-small", "--concurrency", "100000")
     assert "warning: --concurrency 100000" in r.stdout
 
 
