@@ -36,6 +36,7 @@ struct PlanArgs {
   std::string kv_codec = "bf16";
   std::string state_codec = "f32";
   int chunk_tokens = 256;
+  int gqa_kv_heads = 8;
   std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
   std::string context = "32k";
   int concurrency = 32;
@@ -508,6 +509,7 @@ int RunPlan(const PlanArgs& a) {
   o.layout.kv_codec = *kv;
   o.layout.state_codec = *st;
   o.layout.chunk_tokens = a.chunk_tokens;
+  o.gqa_kv_heads = a.gqa_kv_heads;
   if (a.rate) o.workload.rate_rps = *a.rate;
   if (a.prefix_reuse) o.workload.prefix_reuse = *a.prefix_reuse;
   auto context = ParseContextDistribution(a.context, "--context");
@@ -549,6 +551,8 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latents (bf16, fp8, int8, int4-g32, ...)")->capture_default_str();
   c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
   AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
+  AddIntOption(c, "--gqa-kv-heads", &a->gqa_kv_heads, 1, 4096,
+               "KV heads of the GQA comparison model (at most the model's attention heads)");
   AddDoubleOption(c, "--rate", &a->rate, 0, 1e6, "Requests per second per node (default 1)");
   c->add_option("--context", a->context,
                 "Prompt tokens per request (k = 1024, M = 1024k), or a distribution of lengths with weights, "

@@ -202,6 +202,7 @@ def plan_json(terrace, *args):
     ("--state-codec", "f32", "bf16", lambda j: j["memory"]["kda_state_bytes_per_sequence"]),
     ("--hardware", "h200-gen5", "h100-gen4", lambda j: j["tiers"][0]["sequences"]),
     ("--expert-cache", "8MiB", "64MiB", lambda j: j["experts"]["hit_rate"]),
+    ("--gqa-kv-heads", "8", "4", lambda j: j["memory"]["gqa_bytes_per_token"]),
 ])
 def test_every_input_changes_the_plan(terrace, flag, a, b, key):
     base = ["--model", "k3-small"]
