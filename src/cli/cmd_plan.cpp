@@ -155,6 +155,7 @@ json PlanJson(const Plan& p) {
                  {"kda_conv_bytes_per_layer", m.kda_conv_bytes_per_layer},
                  {"kda_state_bytes_per_sequence", m.kda_state_bytes_per_sequence},
                  {"mla_chunk_block_bytes", m.mla_chunk_block_bytes},
+                 {"mla_stored_bytes_per_token", m.mla_stored_bytes_per_token},
                  {"state_block_bytes", m.state_block_bytes},
                  {"attnres_sources", m.attnres_sources},
                  {"attnres_bank_bytes_per_token", m.attnres_bank_bytes_per_token},
@@ -227,7 +228,8 @@ void PrintPlan(const Plan& p) {
   Table mem({"memory", "per token", "per sequence", "note"});
   mem.Add({"MLA latents", FormatBytes(static_cast<double>(m.mla_bytes_per_token)),
            FormatBytes(static_cast<double>(m.sequence_tokens * m.mla_bytes_per_token)),
-           fmt::format("{} MLA layers, grows with context", m.mla_layers)});
+           fmt::format("{} MLA layers, grows with context; stored {} per token (scales, headers, alignment)",
+                       m.mla_layers, FormatBytes(m.mla_stored_bytes_per_token))});
   mem.Add({"KDA state", "-", FormatBytes(static_cast<double>(m.kda_state_bytes_per_sequence)),
            fmt::format("{} KDA layers x ({} recurrent + {} conv), fixed", m.kda_layers,
                        FormatBytes(static_cast<double>(m.kda_recurrent_bytes_per_layer)),

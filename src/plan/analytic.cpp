@@ -193,6 +193,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   m.kda_conv_bytes_per_layer = layout.kda_conv_bytes_per_layer();
   m.kda_state_bytes_per_sequence = layout.kda_state_bytes_per_sequence();
   m.mla_chunk_block_bytes = layout.mla_chunk_block_bytes();
+  m.mla_stored_bytes_per_token = static_cast<double>(m.mla_chunk_block_bytes) / layout.chunk_tokens();
   m.state_block_bytes = layout.state_block_bytes();
   if (config.attn_res_block_size > 0) {
     const int bs = config.attn_res_block_size;

@@ -71,6 +71,9 @@ struct MemoryPlan {
   std::uint64_t kda_conv_bytes_per_layer = 0;
   std::uint64_t kda_state_bytes_per_sequence = 0;
   std::uint64_t mla_chunk_block_bytes = 0;  // one stored KV chunk (chunk_tokens tokens, with header)
+  // What the store keeps per token: mla_chunk_block_bytes / chunk_tokens (the codec's scales, the
+  // chunk header and 4 KiB alignment included; mla_bytes_per_token is the codec's nominal size).
+  double mla_stored_bytes_per_token = 0;
   std::uint64_t state_block_bytes = 0;      // one stored KDA layer snapshot
   int attnres_sources = 0;                  // bank vectors + the running partial sum (0 without AttnRes)
   std::uint64_t attnres_bank_bytes_per_token = 0;  // transient, during one forward pass (f32)

@@ -252,3 +252,17 @@ TEST_CASE("A workload that does not fit is reported in CLI flag words; an expert
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("--expert-cache") && Catch::Contains("HBM"));
 }
+
+TEST_CASE("Stored MLA bytes per token are the store's chunk blocks: near nominal in bf16, more with int4 scales") {
+  const Plan bf16 = K3Plan("bf16");
+  CHECK(bf16.memory.mla_stored_bytes_per_token == Approx(bf16.memory.mla_chunk_block_bytes / 256.0));
+  // bf16: one 4 KiB header + 24 sub-ranges of 256 x 576 x 2 B payload, each with its codec header
+  // padded to 4 KiB (at most one alignment unit more than the payload).
+  const std::uint64_t payload = 24ull * 256 * 576 * 2 + 4096;
+  CHECK(bf16.memory.mla_chunk_block_bytes > payload);
+  CHECK(bf16.memory.mla_chunk_block_bytes <= payload + 24ull * 4096);
+  const Plan int4 = K3Plan("int4-g32");
+  CHECK(int4.memory.mla_bytes_per_token * 4 == bf16.memory.mla_bytes_per_token);  // nominal 0.5 B/value
+  // Stored: the group scales make it more than nominal.
+  CHECK(int4.memory.mla_stored_bytes_per_token > 1.1 * static_cast<double>(int4.memory.mla_bytes_per_token));
+}
