@@ -3,6 +3,7 @@
 // request trace through simulated tiers with the store's eviction policies.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,28 +36,54 @@ struct PlanArgs {
   std::string kv_codec = "bf16";
   std::string state_codec = "f32";
   int chunk_tokens = 256;
+  int gqa_kv_heads = 8;
   std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
-  std::uint64_t context = 32768;
+  std::string context = "32k";
   int concurrency = 32;
   std::uint64_t decode_tokens = 512;
-  std::uint64_t expert_cache = 0;
-  bool expert_cache_set = false;
+  std::optional<std::uint64_t> expert_cache;
   std::string trace;
   int trace_block_tokens = 512;
   std::string policy = "all";
   int nodes = 1;
   std::string routing = "prefix-affinity";
-  std::uint64_t kv_hbm = 0, kv_host = 0, kv_nvme = 0;
-  bool kv_hbm_set = false, kv_host_set = false, kv_nvme_set = false;
+  std::string placement = "exclusive";
+  std::string write_policy = "write-back";
+  std::optional<std::uint64_t> kv_hbm, kv_host, kv_nvme;
   int sweep_points = 8;
   bool json = false;
+  // Flags given on the command line that only mean something with --trace (or --nodes > 1).
+  std::vector<std::string> trace_flags_given;
+  bool routing_given = false;
 };
 
-// A preset name, else a config.json path. Usage errors name --model.
-Result<model::ModelConfig> ResolveModel(const std::string& name) {
+// A size option whose default is computed by the plan (shown as such in --help): stays empty unless
+// given. Negative, malformed and out-of-range values are usage errors naming the flag.
+CLI::Option* AddAutoSizeOption(CLI::App* app, const std::string& name, std::optional<std::uint64_t>* value,
+                               const std::string& help) {
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [value, name](const std::string& text) {
+            if (!text.empty() && text[0] == '-') {
+              throw CLI::ValidationError(fmt::format("{} '{}': a size cannot be negative", name, text));
+            }
+            auto r = ParseSize(text, name);
+            if (!r.ok()) throw CLI::ValidationError(r.status().message());
+            *value = *r;
+          },
+          help + " (e.g. 64GiB, 1TiB)")
+      ->type_name("SIZE");
+}
+
+// A preset name, else a config.json path or a model directory holding one. Usage errors name --model.
+Result<model::ModelConfig> ResolveModel(const std::string& given) {
   for (const std::string& p : model::PresetNames()) {
-    if (p == name) return model::Preset(name);
+    if (p == given) return model::Preset(given);
   }
+  std::error_code ec;
+  const std::string name = std::filesystem::is_directory(given, ec) ? (std::filesystem::path(given) / "config.json").string()
+                                                                    : given;
   if (Status s = CheckInputFile(name, "--model", kMaxConfigFileBytes); !s.ok()) {
     return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
                                                name, fmt::join(model::PresetNames(), ", "), s.message()));
@@ -100,14 +127,25 @@ json PlanJson(const Plan& p) {
   j["state_codec"] = p.state_codec;
   j["layout_id"] = p.layout_id;
   const Workload& w = p.options.workload;
-  j["workload"] = {{"rate_rps", w.rate_rps},       {"context_tokens", w.context_tokens},
-                   {"prefix_reuse", w.prefix_reuse}, {"concurrency", w.concurrency},
+  json dist = json::array();
+  for (const ContextShare& c : w.context) dist.push_back({{"tokens", c.tokens}, {"share", c.share}});
+  j["workload"] = {{"rate_rps", w.rate_rps},
+                   {"context_tokens", static_cast<std::uint64_t>(std::llround(w.MeanContext()))},
+                   {"context_tokens_mean", w.MeanContext()},
+                   {"context_tokens_max", w.MaxContext()},
+                   {"context_distribution", dist},
+                   {"prefix_reuse", w.prefix_reuse},
+                   {"concurrency", w.concurrency},
                    {"decode_tokens", w.decode_tokens}};
   const MemoryPlan& m = p.memory;
   json curve = json::array();
   for (const CurvePoint& c : m.curve) {
     curve.push_back({{"tokens", c.tokens}, {"mla_bytes", c.mla_bytes}, {"kda_bytes", c.kda_bytes},
                      {"total_bytes", c.total_bytes}, {"mha_bytes", c.mha_bytes}, {"gqa_bytes", c.gqa_bytes}});
+  }
+  json per_context = json::array();
+  for (const MemoryPlan::ContextRow& r : m.per_context) {
+    per_context.push_back({{"sequence_tokens", r.tokens}, {"share", r.share}, {"sequence_bytes", r.bytes}});
   }
   j["memory"] = {{"layers", m.layers},
                  {"mla_layers", m.mla_layers},
@@ -117,6 +155,7 @@ json PlanJson(const Plan& p) {
                  {"kda_conv_bytes_per_layer", m.kda_conv_bytes_per_layer},
                  {"kda_state_bytes_per_sequence", m.kda_state_bytes_per_sequence},
                  {"mla_chunk_block_bytes", m.mla_chunk_block_bytes},
+                 {"mla_stored_bytes_per_token", m.mla_stored_bytes_per_token},
                  {"state_block_bytes", m.state_block_bytes},
                  {"attnres_sources", m.attnres_sources},
                  {"attnres_bank_bytes_per_token", m.attnres_bank_bytes_per_token},
@@ -126,6 +165,9 @@ json PlanJson(const Plan& p) {
                  {"gqa_bytes_per_token", m.gqa_bytes_per_token},
                  {"sequence_tokens", m.sequence_tokens},
                  {"sequence_bytes", m.sequence_bytes},
+                 {"longest_sequence_tokens", m.longest_sequence_tokens},
+                 {"longest_sequence_bytes", m.longest_sequence_bytes},
+                 {"per_context", per_context},
                  {"curve", curve}};
   json comps = json::object();
   for (const auto& [name, bytes] : p.weights.bytes_by_component) comps[name] = bytes;
@@ -150,7 +192,8 @@ json PlanJson(const Plan& p) {
   json tiers = json::array();
   for (const TierPlan& t : p.tiers) {
     tiers.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"kv_bytes", t.kv_bytes},
-                     {"sequences", t.sequences}, {"other_bytes", t.other_bytes}, {"holds", t.holds}});
+                     {"sequences", t.sequences}, {"sequences_longest", t.sequences_longest},
+                     {"other_bytes", t.other_bytes}, {"holds", t.holds}});
   }
   j["tiers"] = tiers;
   json bw = json::array();
@@ -162,7 +205,10 @@ json PlanJson(const Plan& p) {
   const LifecyclePlan& l = p.lifecycle;
   j["lifecycle"] = {{"weight_load_s", l.weight_load_s},
                     {"kv_state_bytes_per_request", l.kv_state_bytes_per_request},
+                    {"router_flops_per_token", l.router_flops_per_token},
                     {"routing_flops_share", l.routing_flops_share},
+                    {"prefill_tokens_needed_per_s", l.prefill_tokens_needed_per_s},
+                    {"prefill_utilisation", l.prefill_utilisation},
                     {"offload_bytes_per_request", l.offload_bytes_per_request},
                     {"prefill_tokens_per_s", l.prefill_tokens_per_s},
                     {"decode_step_s", l.decode_step_s},
@@ -170,6 +216,7 @@ json PlanJson(const Plan& p) {
                     {"decode_step_with_stalls_s", l.decode_step_with_stalls_s},
                     {"decode_tokens_per_s_with_stalls", l.decode_tokens_per_s_with_stalls},
                     {"decode_tokens_needed_per_s", l.decode_tokens_needed_per_s}};
+  j["warnings"] = p.warnings;
   return j;
 }
 
@@ -181,7 +228,8 @@ void PrintPlan(const Plan& p) {
   Table mem({"memory", "per token", "per sequence", "note"});
   mem.Add({"MLA latents", FormatBytes(static_cast<double>(m.mla_bytes_per_token)),
            FormatBytes(static_cast<double>(m.sequence_tokens * m.mla_bytes_per_token)),
-           fmt::format("{} MLA layers, grows with context", m.mla_layers)});
+           fmt::format("{} MLA layers, grows with context; stored {} per token (scales, headers, alignment)",
+                       m.mla_layers, FormatBytes(m.mla_stored_bytes_per_token))});
   mem.Add({"KDA state", "-", FormatBytes(static_cast<double>(m.kda_state_bytes_per_sequence)),
            fmt::format("{} KDA layers x ({} recurrent + {} conv), fixed", m.kda_layers,
                        FormatBytes(static_cast<double>(m.kda_recurrent_bytes_per_layer)),
@@ -197,7 +245,15 @@ void PrintPlan(const Plan& p) {
            fmt::format("all {} layers full attention, for comparison", m.layers)});
   mem.Add({fmt::format("GQA ({} KV heads)", m.gqa_kv_heads), FormatBytes(static_cast<double>(m.gqa_bytes_per_token)),
            FormatBytes(static_cast<double>(m.sequence_tokens * m.gqa_bytes_per_token)), "for comparison"});
-  fmt::print("{}  (one sequence = {} tokens: --context + --decode-tokens)\n\n", mem.Render(), m.sequence_tokens);
+  fmt::print("{}  (one sequence = {} tokens: --context{} + --decode-tokens)\n\n", mem.Render(), m.sequence_tokens,
+             m.per_context.size() > 1 ? " mean" : "");
+  if (m.per_context.size() > 1) {
+    Table dist({"sequence (context + decode)", "share", "MLA + KDA"});
+    for (const MemoryPlan::ContextRow& r : m.per_context) {
+      dist.Add({std::to_string(r.tokens), Pct(r.share), FormatBytes(static_cast<double>(r.bytes))});
+    }
+    fmt::print("--context distribution\n{}\n", dist.Render());
+  }
 
   Table curve({"context", "MLA", "KDA", "total", "MHA", "GQA", "total/MHA"});
   for (const CurvePoint& c : m.curve) {
@@ -227,10 +283,11 @@ void PrintPlan(const Plan& p) {
              FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, Pct(e.hit_rate),
              Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
 
-  Table tiers({"tier", "capacity", "for KV/state", "sequences", "also holds"});
+  Table tiers({"tier", "capacity", "for KV/state", "sequences", "if all longest", "also holds"});
   for (const TierPlan& t : p.tiers) {
     tiers.Add({t.name, FormatBytes(static_cast<double>(t.capacity_bytes)), FormatBytes(static_cast<double>(t.kv_bytes)),
-               std::to_string(t.sequences), FormatBytes(static_cast<double>(t.other_bytes)) + " " + t.holds});
+               std::to_string(t.sequences), std::to_string(t.sequences_longest),
+               FormatBytes(static_cast<double>(t.other_bytes)) + " " + t.holds});
   }
   fmt::print("{}\n", tiers.Render());
   Table bw({"link", "required", "available", "use", "for"});
@@ -240,12 +297,13 @@ void PrintPlan(const Plan& p) {
   fmt::print("{}\n", bw.Render());
   const LifecyclePlan& l = p.lifecycle;
   fmt::print("lifecycle: weight load {} | KV+state {} per request | routing {} of FLOPs | offload I/O {} per request | "
-             "prefill {:.0f} tok/s | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert stalls; workload needs "
-             "{:.0f})\n",
+             "prefill {:.0f} tok/s ({} busy at --rate) | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert "
+             "stalls; workload needs {:.0f})\n",
              Sec(l.weight_load_s), FormatBytes(static_cast<double>(l.kv_state_bytes_per_request)),
              Pct(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
-             l.prefill_tokens_per_s, Sec(l.decode_step_s), l.decode_tokens_per_s, l.decode_tokens_per_s_with_stalls,
-             l.decode_tokens_needed_per_s);
+             l.prefill_tokens_per_s, Pct(l.prefill_utilisation), Sec(l.decode_step_s), l.decode_tokens_per_s,
+             l.decode_tokens_per_s_with_stalls, l.decode_tokens_needed_per_s);
+  for (const std::string& warning : p.warnings) fmt::print("warning: {}\n", warning);
 }
 
 json ReplayJson(const ReplayResult& r) {
@@ -270,12 +328,11 @@ json ReplayJson(const ReplayResult& r) {
           {"requests_per_node", r.requests_per_node}};
 }
 
-int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
+// `trace` was read and parsed (in parse_s seconds) before anything is printed, so a bad file prints
+// only its error. Fills (*out)["trace"] and, without --json, *text with the tables (printed after the
+// plan's). replay_seconds counts the parse and everything here.
+int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double parse_s, json* out, std::string* text) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
-  if (!text.ok()) return text.status().code() == Code::kIoError ? Fail(text.status().ToString()) : FailUsage(text.status().message());
-  auto trace = ParseTrace(*text, a.trace);
-  if (!trace.ok()) return FailUsage(fmt::format("--trace: {}", trace.status().message()));
   const PrefixCeiling ceiling = ComputePrefixCeiling(*trace);
   std::uint64_t mismatched = 0;
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
@@ -290,11 +347,13 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
   ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
   ro.nodes = a.nodes;
   ro.routing = a.routing == "round-robin" ? Routing::kRoundRobin : Routing::kPrefixAffinity;
+  ro.placement = a.placement == "inclusive" ? terrace::Placement::kInclusive : terrace::Placement::kExclusive;
+  ro.write_policy =
+      a.write_policy == "write-through" ? terrace::WritePolicy::kWriteThrough : terrace::WritePolicy::kWriteBack;
   const Hardware& hw = plan.hardware;
-  ro.tiers = {{"hbm", a.kv_hbm_set ? a.kv_hbm : plan.tiers[0].kv_bytes, 0},
-              {"host", a.kv_host_set ? a.kv_host : plan.tiers[1].kv_bytes, hw.pcie_bandwidth()},
-              {"nvme", a.kv_nvme_set ? a.kv_nvme : plan.tiers[2].kv_bytes,
-               std::min(hw.nvme_read_bandwidth, hw.pcie_bandwidth())}};
+  ro.tiers = {{"hbm", a.kv_hbm.value_or(plan.tiers[0].kv_bytes), 0},
+              {"host", a.kv_host.value_or(plan.tiers[1].kv_bytes), hw.pcie_bandwidth()},
+              {"nvme", a.kv_nvme.value_or(plan.tiers[2].kv_bytes), std::min(hw.nvme_read_bandwidth, hw.pcie_bandwidth())}};
   std::vector<ReplayPolicy> policies;
   if (a.policy == "all" || a.policy == "lru") policies.push_back(ReplayPolicy::kLru);
   if (a.policy == "all" || a.policy == "s3fifo") policies.push_back(ReplayPolicy::kS3Fifo);
@@ -311,6 +370,8 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
   tj["prefix_hit_ceiling"] = ceiling.fraction();
   tj["nodes"] = a.nodes;
   tj["routing"] = RoutingName(ro.routing);
+  tj["placement"] = a.placement;
+  tj["write_policy"] = a.write_policy;
   json tiers_j = json::array();
   for (const TierSpec& t : ro.tiers) {
     tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"read_bytes_per_s", t.read_bandwidth}});
@@ -369,22 +430,25 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
     }
     tj["cluster"] = cl;
   }
-  tj["replay_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tj["parse_seconds"] = parse_s;
+  tj["replay_seconds"] = parse_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!a.json) {
-    fmt::print("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
+    *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
                FormatBytes(static_cast<double>(ro.block_bytes)), Pct(ceiling.fraction()));
     if (mismatched > 0) {
-      fmt::print("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
+      *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
                  "--trace-block-tokens right?\n",
                  mismatched, bt);
     }
-    fmt::print("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} node(s), {}\n",
+    *text += fmt::format("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
+               "node(s), {}\n",
                FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),
                FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
-               FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.nodes, RoutingName(ro.routing));
-    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore wait", "slower than recompute",
+               FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.placement, a.write_policy, a.nodes,
+               RoutingName(ro.routing));
+    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore stall (queued)", "slower than recompute",
              "bytes moved"});
     for (std::size_t i = 0; i < results.size(); ++i) {
       const ReplayResult& r = results[i];
@@ -393,30 +457,50 @@ int RunTrace(const PlanArgs& a, const Plan& plan, json* out) {
              Sec(r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0), Sec(r.queue_wait_s),
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
-    fmt::print("{}\n", t.Render());
+    *text += fmt::format("{}\n", t.Render());
     Table s({"policy", "capacity", "share of footprint", "hit rate"});
     for (const auto& pt : sweep) {
       s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
              Pct(pt["capacity_share_of_footprint"].get<double>()), Pct(pt["hit_rate"].get<double>())});
     }
-    fmt::print("hit rate vs capacity (one tier)\n{}\n", s.Render());
+    *text += fmt::format("hit rate vs capacity (one tier)\n{}\n", s.Render());
     if (tj.contains("cluster")) {
       Table c({"routing", "hit rate", "load imbalance (max/mean)"});
       for (const auto& cl : tj["cluster"]) {
         c.Add({cl["routing"].get<std::string>(), Pct(cl["hit_rate"].get<double>()),
                fmt::format("{:.2f}", cl["load_imbalance"].get<double>())});
       }
-      fmt::print("cluster of {} nodes\n{}\n", a.nodes, c.Render());
+      *text += fmt::format("cluster of {} nodes\n{}\n", a.nodes, c.Render());
     }
-    fmt::print("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
+    *text += fmt::format("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
   }
   (*out)["trace"] = tj;
   return 0;
 }
 
 int RunPlan(const PlanArgs& a) {
+  if (a.trace.empty() && !a.trace_flags_given.empty()) {
+    const bool one = a.trace_flags_given.size() == 1;
+    return FailUsage(fmt::format("{} {} only to a trace replay: add --trace FILE.jsonl or drop {}",
+                                 fmt::join(a.trace_flags_given, ", "), one ? "applies" : "apply", one ? "it" : "them"));
+  }
+  if (a.routing_given && a.nodes < 2) {
+    return FailUsage("--routing chooses between nodes: it needs --nodes 2 or more");
+  }
   auto config = ResolveModel(a.model);
   if (!config.ok()) return FailUsage(config.status().message());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<Trace> trace;
+  if (!a.trace.empty()) {
+    auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
+    if (!text.ok()) {
+      return text.status().code() == Code::kIoError ? Fail(text.status().ToString()) : FailUsage(text.status().message());
+    }
+    auto parsed = ParseTrace(*text, a.trace);
+    if (!parsed.ok()) return FailUsage(fmt::format("--trace: {}", parsed.status().message()));
+    trace = std::move(*parsed);
+  }
+  const double parse_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto hw = ResolveHardware(a.hardware);
   if (!hw.ok()) return FailUsage(hw.status().message());
   PlanOptions o;
@@ -427,20 +511,27 @@ int RunPlan(const PlanArgs& a) {
   o.layout.kv_codec = *kv;
   o.layout.state_codec = *st;
   o.layout.chunk_tokens = a.chunk_tokens;
+  o.gqa_kv_heads = a.gqa_kv_heads;
   if (a.rate) o.workload.rate_rps = *a.rate;
   if (a.prefix_reuse) o.workload.prefix_reuse = *a.prefix_reuse;
-  o.workload.context_tokens = a.context;
+  auto context = ParseContextDistribution(a.context, "--context");
+  if (!context.ok()) return FailUsage(context.status().message());
+  o.workload.context = *context;
   o.workload.concurrency = a.concurrency;
   o.workload.decode_tokens = a.decode_tokens;
   if (a.expert_hit_target) o.expert_hit_target = *a.expert_hit_target;
   if (a.expert_zipf) o.expert_zipf = *a.expert_zipf;
-  if (a.expert_cache_set) o.expert_cache_bytes = a.expert_cache;
+  o.expert_cache_bytes = a.expert_cache;
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
   json j = PlanJson(*plan);
-  if (!a.json) PrintPlan(*plan);
-  if (!a.trace.empty()) {
-    if (int rc = RunTrace(a, *plan, &j); rc != 0) return rc;
+  std::string trace_text;
+  if (trace) {
+    if (int rc = RunTrace(a, *plan, &*trace, parse_s, &j, &trace_text); rc != 0) return rc;
+  }
+  if (!a.json) {
+    PrintPlan(*plan);
+    fmt::print("{}", trace_text);
   }
   if (a.json) fmt::print("{}\n", j.dump(2));
   return 0;
@@ -453,7 +544,7 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   auto* c = app.add_subcommand("plan", "Capacity planning: memory, weights, expert cache, tiers, bandwidth; "
                                        "--trace replays a request trace through the store's eviction policies");
   c->add_option("--model", a->model, "Model preset (" + fmt::format("{}", fmt::join(model::PresetNames(), ", ")) +
-                                         ") or a config.json path")
+                                         "), a config.json path or a model directory")
       ->capture_default_str();
   c->add_option("--hardware", a->hardware,
                 "Hardware preset (" + fmt::format("{}", fmt::join(HardwarePresetNames(), ", ")) +
@@ -462,15 +553,21 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latents (bf16, fp8, int8, int4-g32, ...)")->capture_default_str();
   c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
   AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
+  AddIntOption(c, "--gqa-kv-heads", &a->gqa_kv_heads, 1, 4096,
+               "KV heads of the GQA comparison model (at most the model's attention heads)");
   AddDoubleOption(c, "--rate", &a->rate, 0, 1e6, "Requests per second per node (default 1)");
-  AddSizeOption(c, "--context", &a->context, "Prompt tokens per request (default 32768; 32K works)", 1, 1ull << 24);
+  c->add_option("--context", a->context,
+                "Prompt tokens per request (k = 1024, M = 1024k), or a distribution of lengths with weights, "
+                "e.g. 4k:0.5,32k:0.3,128k:0.2")
+      ->type_name("TOKENS")
+      ->capture_default_str();
   AddDoubleOption(c, "--prefix-reuse", &a->prefix_reuse, 0, 1, "Share of each prompt found in the prefix cache (default 0.5)");
   AddIntOption(c, "--concurrency", &a->concurrency, 1, 1'000'000, "Sequences decoding at once per node");
   AddIntOption<std::uint64_t>(c, "--decode-tokens", &a->decode_tokens, 0, 1ull << 24, "Output tokens per request");
   AddDoubleOption(c, "--expert-hit-target", &a->expert_hit_target, 1e-6, 1, "Expert-cache hit rate to size for (default 0.9)");
   AddDoubleOption(c, "--expert-zipf", &a->expert_zipf, 0, 8, "Routing skew: expert i chosen with p ~ 1/(i+1)^s (default 1)");
-  AddSizeOption(c, "--expert-cache", &a->expert_cache, "HBM for the routed-expert cache (default: half the HBM left after resident weights)")
-      ->each([a](const std::string&) { a->expert_cache_set = true; });
+  AddAutoSizeOption(c, "--expert-cache", &a->expert_cache,
+                    "HBM for the routed-expert cache (default: half the HBM left after the resident weights)");
   c->add_option("--trace", a->trace, "Mooncake-format JSONL request trace to replay");
   AddIntOption(c, "--trace-block-tokens", &a->trace_block_tokens, 1, 65536, "Tokens per trace hash id");
   c->add_option("--policy", a->policy, "Eviction policy to replay: lru, s3fifo or all")
@@ -480,15 +577,30 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--routing", a->routing, "Request routing across --nodes: prefix-affinity or round-robin")
       ->check(CLI::IsMember({"prefix-affinity", "round-robin"}))
       ->capture_default_str();
-  AddSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)")
-      ->each([a](const std::string&) { a->kv_hbm_set = true; });
-  AddSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)")
-      ->each([a](const std::string&) { a->kv_host_set = true; });
-  AddSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)")
-      ->each([a](const std::string&) { a->kv_nvme_set = true; });
+  c->add_option("--placement", a->placement,
+                "The store's placement in the replay: exclusive (a hit moves the block up) or inclusive (keeps "
+                "the copy below)")
+      ->check(CLI::IsMember({"exclusive", "inclusive"}))
+      ->capture_default_str();
+  c->add_option("--write-policy", a->write_policy,
+                "The store's write policy in the replay: write-back (new blocks reach lower tiers when evicted) "
+                "or write-through (also written to the lowest tier)")
+      ->check(CLI::IsMember({"write-back", "write-through"}))
+      ->capture_default_str();
+  AddAutoSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)");
+  AddAutoSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)");
+  AddAutoSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)");
   AddIntOption(c, "--sweep-points", &a->sweep_points, 1, 32, "Capacities of the hit-rate-vs-capacity sweep");
   c->add_flag("--json", a->json, "JSON output (docs/plan.md lists the keys)");
-  c->callback([run, a] { *run = [a] { return RunPlan(*a); }; });
+  c->callback([run, a, c] {
+    a->trace_flags_given.clear();
+    for (const char* f : {"--trace-block-tokens", "--policy", "--nodes", "--routing", "--kv-hbm", "--kv-host", "--kv-nvme",
+                          "--sweep-points", "--placement", "--write-policy"}) {
+      if (c->count(f) > 0) a->trace_flags_given.emplace_back(f);
+    }
+    a->routing_given = c->count("--routing") > 0;
+    *run = [a] { return RunPlan(*a); };
+  });
 }
 
 }  // namespace terrace::cli

@@ -1,7 +1,9 @@
 #include "src/plan/analytic.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -23,12 +25,23 @@ std::vector<double> ZipfWeights(int experts, double s) {
   return p;
 }
 
+constexpr std::uint64_t kMaxContextTokens = 1ull << 24;
+
+double Gib(std::uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(1ull << 30); }
+
 Status CheckWorkload(const PlanOptions& o) {
   const Workload& w = o.workload;
   if (!(w.rate_rps >= 0) || w.rate_rps > 1e6) return Status::InvalidArgument("--rate must be 0 to 1e6 requests/s");
-  if (w.context_tokens == 0 || w.context_tokens > (1ull << 24)) {
-    return Status::InvalidArgument("--context must be 1 to 16777216 tokens");
+  if (w.context.empty()) return Status::InvalidArgument("--context needs at least one prompt length");
+  double shares = 0;
+  for (const ContextShare& c : w.context) {
+    if (c.tokens == 0 || c.tokens > kMaxContextTokens) {
+      return Status::InvalidArgument("--context lengths must be 1 to 16777216 tokens");
+    }
+    if (!(c.share > 0 && c.share <= 1)) return Status::InvalidArgument("--context weights must be positive");
+    shares += c.share;
   }
+  if (std::abs(shares - 1.0) > 1e-9) return Status::InvalidArgument("--context shares must sum to 1");
   if (!(w.prefix_reuse >= 0 && w.prefix_reuse <= 1)) return Status::InvalidArgument("--prefix-reuse must be 0 to 1");
   if (w.concurrency < 1 || w.concurrency > 1'000'000) return Status::InvalidArgument("--concurrency must be 1 to 1000000");
   if (w.decode_tokens > (1ull << 24)) return Status::InvalidArgument("--decode-tokens must be 0 to 16777216");
@@ -40,7 +53,104 @@ Status CheckWorkload(const PlanOptions& o) {
   return Status::Ok();
 }
 
+// Router gate parameters of every MoE layer, from the tensor list (the `gate.weight` tensor of each
+// layer's block_sparse_moe, [experts, hidden]).
+double RouterParams(const std::vector<model::TensorSpec>& specs) {
+  double params = 0;
+  for (const model::TensorSpec& s : specs) {
+    if (s.component == model::Component::kMoeRouting && s.layer >= 0 &&
+        s.name == model::MoeTensorName(s.layer, "gate.weight")) {
+      params += static_cast<double>(s.params());
+    }
+  }
+  return params;
+}
+
 }  // namespace
+
+std::vector<ContextShare> Workload::DefaultContext() {
+  std::vector<ContextShare> v(1);
+  v[0].tokens = 32768;
+  v[0].share = 1.0;
+  return v;
+}
+
+double Workload::MeanContext() const {
+  double m = 0;
+  for (const ContextShare& c : context) m += static_cast<double>(c.tokens) * c.share;
+  return m;
+}
+
+std::uint64_t Workload::MaxContext() const {
+  std::uint64_t m = 0;
+  for (const ContextShare& c : context) m = std::max(m, c.tokens);
+  return m;
+}
+
+Result<std::uint64_t> ParseTokens(std::string_view text, std::string_view flag) {
+  auto bad = [&] {
+    return Status::InvalidArgument(fmt::format(
+        "{} '{}' is not a token count; use a whole number with an optional k (x1024) or M (x1048576) suffix, "
+        "e.g. 4096, 32k, 1M",
+        flag, text));
+  };
+  std::uint64_t mult = 1;
+  std::string_view digits = text;
+  if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
+    mult = 1024;
+    digits.remove_suffix(1);
+  } else if (!digits.empty() && digits.back() == 'M') {
+    mult = 1024 * 1024;
+    digits.remove_suffix(1);
+  }
+  std::uint64_t v = 0;
+  const char* end = digits.data() + digits.size();
+  auto [ptr, ec] = std::from_chars(digits.data(), end, v);
+  if (digits.empty() || ec != std::errc() || ptr != end) return bad();
+  if (v > kMaxContextTokens) return bad();
+  v *= mult;
+  if (v == 0 || v > kMaxContextTokens) {
+    return Status::InvalidArgument(fmt::format("{} {} is out of range: accepted 1 to {} tokens (16M)", flag, text,
+                                               kMaxContextTokens));
+  }
+  return v;
+}
+
+Result<std::vector<ContextShare>> ParseContextDistribution(std::string_view text, std::string_view flag) {
+  std::vector<ContextShare> out;
+  double total = 0;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    const std::string_view item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    ContextShare c;
+    const std::size_t colon = item.find(':');
+    TERRACE_ASSIGN_OR_RETURN(c.tokens, ParseTokens(item.substr(0, colon), flag));
+    c.share = 1.0;
+    if (colon != std::string_view::npos) {
+      const std::string_view w = item.substr(colon + 1);
+      const std::string ws(w);
+      char* e = nullptr;
+      c.share = ws.empty() ? -1 : std::strtod(ws.c_str(), &e);
+      if (ws.empty() || e != ws.c_str() + ws.size() || !(c.share > 0) || !std::isfinite(c.share)) {
+        return Status::InvalidArgument(fmt::format(
+            "{} '{}': the weight after ':' must be a positive number, e.g. --context 4k:0.5,32k:0.3,128k:0.2", flag,
+            item));
+      }
+    } else if (text.find(',') != std::string_view::npos) {
+      return Status::InvalidArgument(fmt::format(
+          "{} '{}': a distribution needs a weight for every length, e.g. --context 4k:0.5,32k:0.3,128k:0.2", flag,
+          item));
+    }
+    total += c.share;
+    out.push_back(c);
+    if (comma == text.size()) break;
+  }
+  for (ContextShare& c : out) c.share /= total;
+  return out;
+}
 
 double ZipfMass(int experts, double zipf_s, int k) {
   const std::vector<double> p = ZipfWeights(experts, zipf_s);
@@ -83,6 +193,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   m.kda_conv_bytes_per_layer = layout.kda_conv_bytes_per_layer();
   m.kda_state_bytes_per_sequence = layout.kda_state_bytes_per_sequence();
   m.mla_chunk_block_bytes = layout.mla_chunk_block_bytes();
+  m.mla_stored_bytes_per_token = static_cast<double>(m.mla_chunk_block_bytes) / layout.chunk_tokens();
   m.state_block_bytes = layout.state_block_bytes();
   if (config.attn_res_block_size > 0) {
     const int bs = config.attn_res_block_size;
@@ -98,8 +209,19 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                                                   config.num_hidden_layers));
   m.gqa_bytes_per_token = static_cast<std::uint64_t>(std::llround(m.gqa_kv_heads * head_values * kv_value_bytes *
                                                                   config.num_hidden_layers));
-  m.sequence_tokens = w.context_tokens + w.decode_tokens;
-  m.sequence_bytes = m.sequence_tokens * m.mla_bytes_per_token + m.kda_state_bytes_per_sequence;
+  auto seq_bytes = [&](double tokens) {
+    return static_cast<std::uint64_t>(std::llround(tokens * static_cast<double>(m.mla_bytes_per_token))) +
+           m.kda_state_bytes_per_sequence;
+  };
+  const double mean_context = w.MeanContext();
+  m.sequence_tokens = static_cast<std::uint64_t>(std::llround(mean_context)) + w.decode_tokens;
+  m.sequence_bytes = seq_bytes(mean_context + static_cast<double>(w.decode_tokens));
+  m.longest_sequence_tokens = w.MaxContext() + w.decode_tokens;
+  m.longest_sequence_bytes = seq_bytes(static_cast<double>(m.longest_sequence_tokens));
+  for (const ContextShare& c : w.context) {
+    m.per_context.push_back({c.tokens + w.decode_tokens, c.share,
+                             seq_bytes(static_cast<double>(c.tokens + w.decode_tokens))});
+  }
   for (std::uint64_t t = 1024; t <= (1u << 20); t *= 2) {
     CurvePoint p;
     p.tokens = t;
@@ -116,7 +238,8 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   std::vector<std::uint64_t> by_comp(model::kNumComponents, 0);
   double params_resident = 0, params_expert = 0;
   int first_moe = -1;
-  for (const model::TensorSpec& s : model::ExpectedTensors(config)) {
+  const std::vector<model::TensorSpec> specs = model::ExpectedTensors(config);
+  for (const model::TensorSpec& s : specs) {
     const std::uint64_t b = SpecBytes(s);
     by_comp[static_cast<std::size_t>(s.component)] += b;
     wp.total_bytes += b;
@@ -152,6 +275,12 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     ep.experts_per_layer_for_target = ExpertsForHitRate(wp.experts_per_layer, o.expert_zipf, o.expert_hit_target);
     ep.bytes_for_target = static_cast<std::uint64_t>(ep.experts_per_layer_for_target) * expert_layer_bytes;
     ep.budget_bytes = o.expert_cache_bytes.value_or(hbm_after_resident / 2);
+    if (ep.budget_bytes > hbm_after_resident) {
+      return Status::InvalidArgument(fmt::format(
+          "--expert-cache {:.1f} GiB is more than the {:.1f} GiB of HBM left after the resident weights ({:.1f} GiB "
+          "of {:.1f} GiB); lower --expert-cache or add GPUs (--hardware)",
+          Gib(ep.budget_bytes), Gib(hbm_after_resident), Gib(wp.resident_bytes), Gib(hbm)));
+    }
     ep.cached_per_layer = static_cast<int>(std::min<std::uint64_t>(ep.budget_bytes / expert_layer_bytes,
                                                                    static_cast<std::uint64_t>(wp.experts_per_layer)));
     ep.hit_rate = ZipfMass(wp.experts_per_layer, o.expert_zipf, ep.cached_per_layer);
@@ -175,6 +304,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
 
   // ---- Tiers ----
   const std::uint64_t seq = std::max<std::uint64_t>(m.sequence_bytes, 1);
+  const std::uint64_t longest = std::max<std::uint64_t>(m.longest_sequence_bytes, 1);
   {
     TierPlan t;
     t.name = "hbm";
@@ -182,6 +312,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     const std::uint64_t used = wp.resident_bytes + ep.budget_bytes;
     t.kv_bytes = hbm > used ? hbm - used : 0;
     t.sequences = t.kv_bytes / seq;
+    t.sequences_longest = t.kv_bytes / longest;
     t.other_bytes = used;
     t.holds = "resident weights + expert cache";
     plan.tiers.push_back(t);
@@ -193,6 +324,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     t.capacity_bytes = hw.host_bytes;
     t.kv_bytes = hw.host_bytes - experts_in_host;
     t.sequences = t.kv_bytes / seq;
+    t.sequences_longest = t.kv_bytes / longest;
     t.other_bytes = experts_in_host;
     t.holds = "routed experts";
     plan.tiers.push_back(t);
@@ -204,6 +336,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     const std::uint64_t spill = wp.routed_expert_bytes - experts_in_host;
     t.kv_bytes = hw.nvme_bytes > wp.total_bytes + spill ? hw.nvme_bytes - wp.total_bytes - spill : 0;
     t.sequences = t.kv_bytes / seq;
+    t.sequences_longest = t.kv_bytes / longest;
     t.other_bytes = wp.total_bytes + spill;
     t.holds = spill > 0 ? "checkpoint + routed experts not in host" : "checkpoint";
     plan.tiers.push_back(t);
@@ -214,7 +347,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   lc.prefill_tokens_per_s = wp.active_params_per_token > 0
                                 ? hw.gpu_flops() * hw.mfu / (2.0 * wp.active_params_per_token)
                                 : 0;
-  const double reuse_tokens = w.prefix_reuse * static_cast<double>(w.context_tokens);
+  const double reuse_tokens = w.prefix_reuse * mean_context;
   const double new_tokens = static_cast<double>(m.sequence_tokens) - reuse_tokens;
   const double restore_bytes = reuse_tokens * static_cast<double>(m.mla_bytes_per_token) +
                                (w.prefix_reuse > 0 ? static_cast<double>(m.kda_state_bytes_per_sequence) : 0.0);
@@ -240,8 +373,11 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   lc.weight_load_s = static_cast<double>(wp.total_bytes) / hw.nvme_read_bandwidth +
                      static_cast<double>(wp.resident_bytes) / hw.pcie_bandwidth();
   lc.kv_state_bytes_per_request = m.sequence_bytes;
-  const double router_flops = 2.0 * config.routed_expert_hidden_size * config.num_experts * wp.moe_layers;
-  lc.routing_flops_share = wp.active_params_per_token > 0 ? router_flops / (2.0 * wp.active_params_per_token) : 0;
+  lc.router_flops_per_token = 2.0 * RouterParams(specs);
+  lc.routing_flops_share =
+      wp.active_params_per_token > 0 ? lc.router_flops_per_token / (2.0 * wp.active_params_per_token) : 0;
+  lc.prefill_tokens_needed_per_s = w.rate_rps * (1.0 - w.prefix_reuse) * mean_context;
+  lc.prefill_utilisation = lc.prefill_tokens_per_s > 0 ? lc.prefill_tokens_needed_per_s / lc.prefill_tokens_per_s : 0;
   const double expert_miss_bytes_per_token = ep.miss_bytes_per_token_batched;
   lc.offload_bytes_per_request = static_cast<std::uint64_t>(
       restore_bytes + writeback_bytes + expert_miss_bytes_per_token * static_cast<double>(w.decode_tokens));
@@ -257,6 +393,33 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                             "prefix restores if every reused prefix comes from NVMe"});
   plan.bandwidth.push_back({"nvme-write", w.rate_rps * writeback_bytes, hw.nvme_write_bandwidth,
                             "write-back if every new block also goes to NVMe"});
+
+  // ---- Where the workload does not fit ----
+  std::vector<std::string>& warn = plan.warnings;
+  if (static_cast<std::uint64_t>(w.concurrency) > plan.tiers[0].sequences) {
+    warn.push_back(fmt::format("--concurrency {} sequences do not fit in HBM: its {:.1f} GiB for KV/state hold {} "
+                               "sequences of the workload; lower --concurrency, --context or --expert-cache, or "
+                               "add GPUs (--hardware)",
+                               w.concurrency, Gib(plan.tiers[0].kv_bytes), plan.tiers[0].sequences));
+  }
+  for (const BandwidthLine& b : plan.bandwidth) {
+    if (b.utilisation() > 1.0) {
+      warn.push_back(fmt::format("link {} needs {:.0f}% of its bandwidth ({}); lower --rate or raise the "
+                                 "link's bandwidth (--hardware)",
+                                 b.link, 100.0 * b.utilisation(), b.what));
+    }
+  }
+  if (lc.prefill_utilisation > 1.0) {
+    warn.push_back(fmt::format("prefill needs {:.0f}% of the GPUs' compute (--rate x --context x (1 - "
+                               "--prefix-reuse) = {:.0f} tokens/s, {:.0f} tokens/s available)",
+                               100.0 * lc.prefill_utilisation, lc.prefill_tokens_needed_per_s,
+                               lc.prefill_tokens_per_s));
+  }
+  if (lc.decode_tokens_needed_per_s > lc.decode_tokens_per_s_with_stalls && w.decode_tokens > 0) {
+    warn.push_back(fmt::format("decode needs {:.0f} tokens/s (--rate x --decode-tokens) but --concurrency {} "
+                               "decodes {:.0f} tokens/s with the expert-cache stalls",
+                               lc.decode_tokens_needed_per_s, w.concurrency, lc.decode_tokens_per_s_with_stalls));
+  }
   return plan;
 }
 

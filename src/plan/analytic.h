@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/plan/hardware.h"
@@ -16,13 +17,33 @@
 
 namespace terrace::plan {
 
+// One point of the prompt-length distribution: `share` of the requests have `tokens` prompt tokens.
+struct ContextShare {
+  std::uint64_t tokens = 0;
+  double share = 0;
+};
+
 struct Workload {
   double rate_rps = 1.0;                 // requests per second per node
-  std::uint64_t context_tokens = 32768;  // prompt tokens per request
+  // Prompt tokens per request: a distribution whose shares sum to 1 (one entry: a fixed length).
+  // Every per-request byte and bandwidth figure is linear in the prompt length, so the plan uses
+  // its mean; the longest entry bounds the sequences that fit per tier from below.
+  std::vector<ContextShare> context = DefaultContext();
   double prefix_reuse = 0.5;             // share of each prompt found in the prefix cache, [0, 1]
   int concurrency = 32;                  // sequences decoding at once per node
   std::uint64_t decode_tokens = 512;     // output tokens per request
+
+  static std::vector<ContextShare> DefaultContext();  // 32768 tokens, share 1
+  double MeanContext() const;            // sum of tokens x share
+  std::uint64_t MaxContext() const;
 };
+
+// Parses "32768", "32k" (k = 1024 tokens, M = 1024k) or a distribution "4k:0.5,32k:0.3,128k:0.2"
+// (tokens:weight pairs; weights are normalised to shares). InvalidArgument naming `flag` for
+// anything else, a zero length, a length over 16M tokens, or non-positive weights.
+Result<std::vector<ContextShare>> ParseContextDistribution(std::string_view text, std::string_view flag);
+// Parses a token count with an optional k / M suffix (1024 / 1048576), naming `flag` on error.
+Result<std::uint64_t> ParseTokens(std::string_view text, std::string_view flag);
 
 struct PlanOptions {
   kv::KvLayoutOptions layout;
@@ -50,6 +71,9 @@ struct MemoryPlan {
   std::uint64_t kda_conv_bytes_per_layer = 0;
   std::uint64_t kda_state_bytes_per_sequence = 0;
   std::uint64_t mla_chunk_block_bytes = 0;  // one stored KV chunk (chunk_tokens tokens, with header)
+  // What the store keeps per token: mla_chunk_block_bytes / chunk_tokens (the codec's scales, the
+  // chunk header and 4 KiB alignment included; mla_bytes_per_token is the codec's nominal size).
+  double mla_stored_bytes_per_token = 0;
   std::uint64_t state_block_bytes = 0;      // one stored KDA layer snapshot
   int attnres_sources = 0;                  // bank vectors + the running partial sum (0 without AttnRes)
   std::uint64_t attnres_bank_bytes_per_token = 0;  // transient, during one forward pass (f32)
@@ -58,8 +82,16 @@ struct MemoryPlan {
   std::uint64_t mha_bytes_per_token = 0;
   std::uint64_t gqa_bytes_per_token = 0;
   int mha_kv_heads = 0, gqa_kv_heads = 0;
-  std::uint64_t sequence_tokens = 0;        // context + decode of the workload
-  std::uint64_t sequence_bytes = 0;         // MLA latents + KDA state of one such sequence
+  std::uint64_t sequence_tokens = 0;        // mean context + decode of the workload (rounded)
+  std::uint64_t sequence_bytes = 0;         // MLA latents + KDA state of a mean sequence
+  std::uint64_t longest_sequence_tokens = 0;  // longest context + decode
+  std::uint64_t longest_sequence_bytes = 0;
+  struct ContextRow {
+    std::uint64_t tokens = 0;               // context + decode
+    double share = 0;
+    std::uint64_t bytes = 0;                // MLA latents + KDA state of one such sequence
+  };
+  std::vector<ContextRow> per_context;      // one row per entry of the workload's distribution
   std::vector<CurvePoint> curve;            // 1k .. 1M tokens, powers of two
 };
 
@@ -90,7 +122,8 @@ struct TierPlan {
   std::string name;
   std::uint64_t capacity_bytes = 0;
   std::uint64_t kv_bytes = 0;              // left for KV/state after what the plan places there
-  std::uint64_t sequences = 0;             // workload sequences that fit in kv_bytes
+  std::uint64_t sequences = 0;             // workload sequences that fit in kv_bytes (mean length)
+  std::uint64_t sequences_longest = 0;     // the same if every sequence had the longest context
   std::uint64_t other_bytes = 0;           // what else the plan puts there (`holds`)
   std::string holds;
 };
@@ -106,7 +139,8 @@ struct BandwidthLine {
 struct LifecyclePlan {
   double weight_load_s = 0;                // all weights NVMe -> host, then resident ones host -> HBM
   std::uint64_t kv_state_bytes_per_request = 0;
-  double routing_flops_share = 0;          // router FLOPs / all FLOPs per token
+  double router_flops_per_token = 0;       // 2 x the router gate's parameters (tensor list) x MoE layers
+  double routing_flops_share = 0;          // router FLOPs / (2 x active params) per token
   std::uint64_t offload_bytes_per_request = 0;  // prefix restore + KV write-back + expert misses
   double prefill_tokens_per_s = 0;         // recompute speed of the node
   double decode_step_s = 0;                // HBM-bound decode step at the workload's concurrency
@@ -115,6 +149,8 @@ struct LifecyclePlan {
   double decode_step_with_stalls_s = 0;
   double decode_tokens_per_s_with_stalls = 0;
   double decode_tokens_needed_per_s = 0;   // rate x decode tokens
+  double prefill_tokens_needed_per_s = 0;  // rate x the prompt tokens not restored from the prefix cache
+  double prefill_utilisation = 0;          // prefill_tokens_needed_per_s / prefill_tokens_per_s
 };
 
 struct Plan {
@@ -128,6 +164,9 @@ struct Plan {
   std::vector<TierPlan> tiers;
   std::vector<BandwidthLine> bandwidth;
   LifecyclePlan lifecycle;
+  // Where the workload does not fit the node (concurrency over the HBM's sequences, a link or the
+  // GPUs over 100%, an expert cache larger than the HBM left): one sentence each, in CLI flag words.
+  std::vector<std::string> warnings;
 };
 
 // InvalidArgument naming the CLI flag for out-of-range workload or option values.

@@ -1,6 +1,7 @@
 #include "src/plan/replay.h"
 
 #include <algorithm>
+#include <bit>
 #include <memory>
 #include <unordered_map>
 
@@ -27,10 +28,16 @@ struct TierState {
   std::unique_ptr<EvictionPolicy> policy;
 };
 
+// Bit t set: a copy of the block is in tier t (as the store's Entry::mask).
+using CopyMask = std::uint32_t;
+constexpr CopyMask Bit(std::size_t t) { return CopyMask{1} << t; }
+// The fastest tier holding a copy (the one a read comes from).
+int FastestCopy(CopyMask m) { return std::countr_zero(m); }
+
 struct Node {
   std::vector<TierState> tiers;
-  std::unordered_map<std::uint64_t, int> where;  // hash id -> tier index
-  std::vector<double> link_free_s;               // per tier: when its link is next idle
+  std::unordered_map<std::uint64_t, CopyMask> where;  // hash id -> tiers holding a copy
+  std::vector<double> link_free_s;                    // per tier: when its link is next idle
   std::uint64_t requests = 0;
 };
 
@@ -43,7 +50,7 @@ class Simulator {
     for (const TierSpec& t : o_.tiers) {
       TierState s;
       s.capacity_blocks = t.capacity_bytes / o_.block_bytes;
-      s.policy = o_.policy == ReplayPolicy::kLru ? store_internal::MakeLruPolicy() : store_internal::MakeS3FifoPolicy();
+      s.policy = store_internal::MakeEvictionPolicy(o_.policy);
       n.tiers.push_back(std::move(s));
     }
     n.link_free_s.assign(o_.tiers.size(), 0.0);
@@ -57,48 +64,89 @@ class Simulator {
     return run;
   }
 
-  // Makes `id` resident in tier `k` (or the first present tier after it), evicting into k+1.
-  void Place(Node& n, std::size_t k, std::uint64_t id) {
+  // The first tier at or after `k` that has any capacity (n.tiers.size() if none).
+  std::size_t Present(const Node& n, std::size_t k) const {
     while (k < n.tiers.size() && n.tiers[k].capacity_blocks == 0) ++k;
-    if (k >= n.tiers.size()) {
-      n.where.erase(id);
-      return;
+    return k;
+  }
+
+  // Puts a copy of `id` into tier k (or the first present tier after it), evicting its policy's
+  // victims first, as the store's PlaceWith / EvictLocked do: a victim whose only copy at or below
+  // the tier is this one is written back (demoted) into the next present tier; one with a copy below
+  // is dropped; the last tier drops its victims. Returns the tier the copy went to, or -1.
+  int Place(Node& n, std::size_t k, std::uint64_t id) {
+    k = Present(n, k);
+    if (k >= n.tiers.size()) return -1;
+    if (auto it = n.where.find(id); it != n.where.end() && (it->second & Bit(k))) {
+      n.tiers[k].policy->OnAccess(KeyOf(id));
+      return static_cast<int>(k);
     }
     TierState& t = n.tiers[k];
     while (t.resident >= t.capacity_blocks) {
       auto victim = t.policy->PickVictim([](const BlockKey&) { return true; });
       if (!victim) break;
+      const std::uint64_t vid = victim->id.lo;
       t.policy->OnErase(*victim, /*evicted=*/true);
       --t.resident;
       ++r_->tiers[k].evictions;
-      const std::uint64_t vid = victim->id.lo;
-      n.where.erase(vid);
-      std::size_t next = k + 1;
-      while (next < n.tiers.size() && n.tiers[next].capacity_blocks == 0) ++next;
-      if (next < n.tiers.size()) {
-        r_->tiers[next].bytes_written += o_.block_bytes;
-        Place(n, next, vid);
+      auto vit = n.where.find(vid);
+      const CopyMask below = vit->second & ~(Bit(k + 1) - 1);
+      vit->second &= ~Bit(k);
+      if (below == 0) {
+        const std::size_t next = Present(n, k + 1);
+        if (next < n.tiers.size()) {
+          r_->tiers[next].bytes_written += o_.block_bytes;
+          Place(n, next, vid);
+        }
       }
+      vit = n.where.find(vid);
+      if (vit != n.where.end() && vit->second == 0) n.where.erase(vit);
     }
     t.policy->OnInsert(KeyOf(id), o_.block_bytes);
     ++t.resident;
-    n.where[id] = static_cast<int>(k);
+    n.where[id] |= Bit(k);
+    return static_cast<int>(k);
   }
 
-  void Remove(Node& n, std::uint64_t id, int k) {
-    n.tiers[static_cast<std::size_t>(k)].policy->OnErase(KeyOf(id), /*evicted=*/false);
-    --n.tiers[static_cast<std::size_t>(k)].resident;
-    n.where.erase(id);
+  void DropCopy(Node& n, std::uint64_t id, std::size_t k) {
+    n.tiers[k].policy->OnErase(KeyOf(id), /*evicted=*/false);
+    --n.tiers[k].resident;
+    auto it = n.where.find(id);
+    it->second &= ~Bit(k);
+    if (it->second == 0) n.where.erase(it);
   }
 
-  // Brings `id` (resident in tier k) into tier 0.
+  // A read of `id`, whose fastest copy is in tier k: tier 0 counts an access; a lower tier's copy is
+  // promoted into tier 0 (moved under kExclusive, copied under kInclusive).
   void Touch(Node& n, std::uint64_t id, int k) {
-    if (k == 0) {
-      n.tiers[0].policy->OnAccess(KeyOf(id));
+    const auto kk = static_cast<std::size_t>(k);
+    if (kk == Present(n, 0)) {
+      n.tiers[kk].policy->OnAccess(KeyOf(id));
       return;
     }
-    Remove(n, id, k);
+    if (o_.placement == terrace::Placement::kExclusive) {
+      DropCopy(n, id, kk);
+    } else {
+      n.tiers[kk].policy->OnAccess(KeyOf(id));
+    }
     Place(n, 0, id);
+  }
+
+  // A newly computed block: into tier 0; under kWriteThrough also into the lowest tier.
+  void Insert(Node& n, std::uint64_t id) {
+    const int placed = Place(n, 0, id);
+    if (o_.write_policy != terrace::WritePolicy::kWriteThrough) return;
+    std::size_t lowest = n.tiers.size();
+    for (std::size_t k = n.tiers.size(); k-- > 0;) {
+      if (n.tiers[k].capacity_blocks > 0) {
+        lowest = k;
+        break;
+      }
+    }
+    if (lowest < n.tiers.size() && static_cast<int>(lowest) != placed) {
+      r_->tiers[lowest].bytes_written += o_.block_bytes;
+      Place(n, lowest, id);
+    }
   }
 
   void Run(const Trace& trace) {
@@ -132,7 +180,7 @@ class Simulator {
       hit_tier.resize(run);
       std::fill(per_tier_bytes.begin(), per_tier_bytes.end(), 0);
       for (std::size_t i = 0; i < run; ++i) {
-        const int k = n.where.at(req.hash_ids[i]);
+        const int k = FastestCopy(n.where.at(req.hash_ids[i]));
         hit_tier[i] = k;
         ++r_->tiers[static_cast<std::size_t>(k)].hit_blocks;
         if (k > 0) per_tier_bytes[static_cast<std::size_t>(k)] += o_.block_bytes;
@@ -169,9 +217,9 @@ class Simulator {
         const std::uint64_t id = req.hash_ids[i];
         auto it = n.where.find(id);
         if (it == n.where.end()) {
-          Place(n, 0, id);
+          Insert(n, id);
         } else {
-          Touch(n, id, it->second);
+          Touch(n, id, FastestCopy(it->second));
         }
       }
     }
@@ -196,9 +244,14 @@ std::uint64_t ReplayResult::bytes_moved() const {
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   if (o.tiers.empty()) return Status::InvalidArgument("no tiers to replay into (give --kv-hbm, --kv-host or --kv-nvme)");
+  if (std::all_of(o.tiers.begin(), o.tiers.end(), [&](const TierSpec& t) { return t.capacity_bytes < o.block_bytes; })) {
+    return Status::InvalidArgument(fmt::format(
+        "no tier holds even one {}-byte block: raise --kv-hbm, --kv-host or --kv-nvme", o.block_bytes));
+  }
   if (o.block_tokens == 0) return Status::InvalidArgument("--trace-block-tokens must be positive");
   if (o.block_bytes == 0) return Status::InvalidArgument("the model's KV block size is 0 bytes (a model without MLA layers?)");
   if (o.nodes < 1) return Status::InvalidArgument("--nodes must be at least 1");
+  if (o.tiers.size() > 32) return Status::InvalidArgument("at most 32 tiers can be replayed");
   if (!(o.prefill_tokens_per_s > 0)) return Status::InvalidArgument("the prefill speed must be positive (--hardware)");
   for (std::size_t k = 1; k < o.tiers.size(); ++k) {
     if (!(o.tiers[k].read_bandwidth > 0)) {

@@ -1,12 +1,14 @@
 // Trace replay: runs a request trace (trace.h) through simulated tiers, each a capacity and a link
 // bandwidth, with the store's own eviction policies (src/store/eviction_policy.h: LRU, S3-FIFO).
 // Model (docs/plan.md, "Trace replay"): every node has its own tiers, fastest first; tier 0 is where
-// compute reads the KV (HBM). A block lives in exactly one tier of a node. A request's prefix hit is
-// the leading run of its hash ids resident anywhere on its node; hit blocks in a lower tier are read
-// over that tier's link into tier 0 (promoted), the rest of the prompt is recomputed and written to
-// tier 0. A full tier evicts its policy's victim into the next tier (a write over that tier's link);
-// the last tier drops it. Links are FIFO servers: a restore waits for earlier transfers on the same
-// link. Decode-time KV (output tokens) is not simulated. Pure function of its inputs; thread-safe.
+// compute reads the KV (HBM). A request's prefix hit is the leading run of its hash ids resident
+// anywhere on its node; hit blocks whose fastest copy is in a lower tier are read over that tier's
+// link into tier 0 (promoted: moved under Placement::kExclusive, copied under kInclusive), the rest
+// of the prompt is recomputed and written to tier 0 (and, under WritePolicy::kWriteThrough, to the
+// lowest tier). A full tier evicts its policy's victim: written back into the next tier when it has
+// no copy below (a write over that tier's link), else dropped; the last tier drops it. Links are
+// FIFO servers: a restore waits for earlier transfers on the same link. Decode-time KV (output
+// tokens) is not simulated. Pure function of its inputs; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +17,14 @@
 #include <vector>
 
 #include "src/plan/trace.h"
+#include "terrace/options.h"
 #include "terrace/status.h"
 
 namespace terrace::plan {
 
-enum class ReplayPolicy : std::uint8_t { kLru, kS3Fifo };
+// The store's own eviction policy choice (StoreOptions::eviction): the replay builds each simulated
+// tier's policy with the factory the store uses (store_internal::MakeEvictionPolicy).
+using ReplayPolicy = terrace::EvictionPolicy;
 std::string_view ReplayPolicyName(ReplayPolicy p);  // "lru", "s3fifo"
 enum class Routing : std::uint8_t {
   kRoundRobin,      // request i goes to node i mod N
@@ -41,6 +46,11 @@ struct ReplayOptions {
   std::uint64_t restore_extra_bytes = 0;
   std::vector<TierSpec> tiers;       // fastest first, at least one
   ReplayPolicy policy = ReplayPolicy::kLru;
+  // The store's placement rules (StoreOptions::placement / write_policy, terrace/options.h):
+  // kExclusive moves a block up on a hit, kInclusive keeps its copy below (so evicting the upper
+  // copy writes nothing); kWriteThrough also writes every new block into the lowest tier.
+  terrace::Placement placement = terrace::Placement::kExclusive;
+  terrace::WritePolicy write_policy = terrace::WritePolicy::kWriteBack;
   int nodes = 1;
   Routing routing = Routing::kPrefixAffinity;
   double prefill_tokens_per_s = 0;   // recompute speed of one node (> 0)
@@ -51,7 +61,7 @@ struct TierReplayStats {
   std::uint64_t capacity_blocks = 0;  // per node
   std::uint64_t hit_blocks = 0;       // prefix blocks found in this tier
   std::uint64_t bytes_read = 0;       // restores out of this tier (0 for tier 0)
-  std::uint64_t bytes_written = 0;    // demotions into this tier
+  std::uint64_t bytes_written = 0;    // demotions (and write-through copies) into this tier
   std::uint64_t evictions = 0;        // blocks this tier's policy gave up
 };
 
@@ -76,7 +86,8 @@ struct ReplayResult {
   std::uint64_t bytes_moved() const;  // all reads and demotion writes
 };
 
-// InvalidArgument (naming the CLI flag that sets it) for no tiers, zero block bytes or tokens,
+// InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block,
+// zero block bytes or tokens,
 // nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 

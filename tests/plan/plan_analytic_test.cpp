@@ -11,15 +11,27 @@ using namespace terrace;
 using namespace terrace::plan;
 
 namespace {
-Plan K3Plan(const char* kv_codec = "bf16", PlanOptions o = {}) {
+Plan K3Plan(const char* kv_codec = "bf16", PlanOptions o = {}, std::uint64_t hbm_bytes_per_gpu = 0) {
   auto c = model::Preset("kimi-k3");
   REQUIRE(c.ok());
   auto hw = HardwarePreset("h200-gen5");
   REQUIRE(hw.ok());
+  if (hbm_bytes_per_gpu > 0) hw->hbm_bytes_per_gpu = hbm_bytes_per_gpu;
   auto spec = codec::CodecSpec::Parse(kv_codec);
   REQUIRE(spec.ok());
   o.layout.kv_codec = *spec;
   auto p = MakePlan(*c, "kimi-k3", *hw, o);
+  REQUIRE(p.ok());
+  return *p;
+}
+// The same on a small preset (k3-small: a tenth of K3's tensor list), for tests about the workload
+// arithmetic rather than K3's sizes.
+Plan SmallPlan(PlanOptions o = {}) {
+  auto c = model::Preset("k3-small");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  auto p = MakePlan(*c, "k3-small", *hw, o);
   REQUIRE(p.ok());
   return *p;
 }
@@ -84,8 +96,8 @@ TEST_CASE("Expert cache: a bigger budget never stalls more; the whole model cach
   PlanOptions small, big, all;
   small.expert_cache_bytes = 64ull << 30;
   big.expert_cache_bytes = 256ull << 30;
-  all.expert_cache_bytes = 1ull << 50;
-  const Plan a = K3Plan("bf16", small), b = K3Plan("bf16", big), c = K3Plan("bf16", all);
+  all.expert_cache_bytes = 2ull << 40;  // all routed experts (1.3 TiB) fit, on GPUs with 1 TiB of HBM each
+  const Plan a = K3Plan("bf16", small), b = K3Plan("bf16", big), c = K3Plan("bf16", all, 1ull << 40);
   CHECK(a.experts.hit_rate < b.experts.hit_rate);
   CHECK(a.experts.stall_s_per_token_batch1 > b.experts.stall_s_per_token_batch1);
   CHECK(c.experts.cached_per_layer == 896);
@@ -140,4 +152,117 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
   REQUIRE(round.ok());
   CHECK(round->pcie_bandwidth_per_gpu == 55e9);
   CHECK_FALSE(HardwarePreset("a100").ok());
+}
+
+TEST_CASE("Routing FLOPs come from the router gate tensors: 2 x experts x hidden per MoE layer") {
+  const Plan p = K3Plan();
+  // K3's router gate is [896 experts, 7168 hidden] in each of the 92 MoE layers (not the 3584-wide latent).
+  CHECK(p.lifecycle.router_flops_per_token == Approx(2.0 * 896 * 7168 * 92));
+  CHECK(p.lifecycle.routing_flops_share ==
+        Approx(896.0 * 7168 * 92 / p.weights.active_params_per_token));
+}
+
+TEST_CASE("--context parses token counts and weighted distributions") {
+  auto one = ParseContextDistribution("32k", "--context");
+  REQUIRE(one.ok());
+  REQUIRE(one->size() == 1);
+  CHECK((*one)[0].tokens == 32768);
+  CHECK((*one)[0].share == 1.0);
+  auto d = ParseContextDistribution("4k:1,32768:2,1M:1", "--context");
+  REQUIRE(d.ok());
+  REQUIRE(d->size() == 3);
+  CHECK((*d)[0].tokens == 4096);
+  CHECK((*d)[1].share == Approx(0.5));
+  CHECK((*d)[2].tokens == 1048576);
+  for (const char* bad : {"", "0", "32x", "-5", "4k:0.5,32k", "4k:0", "4k:-1", "4k:x", "17M", "4k,,8k", "1.5k"}) {
+    auto r = ParseContextDistribution(bad, "--context");
+    CHECK_FALSE(r.ok());
+    if (!r.ok()) CHECK_THAT(r.status().message(), Catch::Contains("--context"));
+  }
+}
+
+TEST_CASE("A context distribution plans like its mean (every figure is linear in length) and bounds the longest") {
+  PlanOptions dist, mean;
+  dist.workload.context = *ParseContextDistribution("4k:1,128k:1", "--context");
+  mean.workload.context = *ParseContextDistribution("67584", "--context");  // (4096 + 131072) / 2
+  const Plan a = SmallPlan(dist), b = SmallPlan(mean);
+  CHECK(a.memory.sequence_bytes == b.memory.sequence_bytes);
+  for (std::size_t i = 0; i < a.bandwidth.size(); ++i) CHECK(a.bandwidth[i].required == Approx(b.bandwidth[i].required));
+  CHECK(a.lifecycle.offload_bytes_per_request == b.lifecycle.offload_bytes_per_request);
+  // Per entry: (context + decode) x MLA per token + the fixed KDA state; their share-weighted mean is the mean's.
+  REQUIRE(a.memory.per_context.size() == 2);
+  double weighted = 0;
+  for (const auto& r : a.memory.per_context) {
+    CHECK(r.bytes == r.tokens * a.memory.mla_bytes_per_token + a.memory.kda_state_bytes_per_sequence);
+    weighted += r.share * static_cast<double>(r.bytes);
+  }
+  CHECK(weighted == Approx(static_cast<double>(a.memory.sequence_bytes)));
+  CHECK(a.memory.longest_sequence_tokens == 131072 + 512);
+  for (const TierPlan& t : a.tiers) {
+    CHECK(t.sequences_longest == t.kv_bytes / a.memory.longest_sequence_bytes);
+    CHECK(t.sequences_longest < t.sequences);
+  }
+}
+
+TEST_CASE("Every workload input moves the figures it should") {
+  const Plan base = SmallPlan();
+  auto with = [](auto set) {
+    PlanOptions o;
+    set(o.workload);
+    return SmallPlan(o);
+  };
+  // --rate: linear in every bandwidth line and in the prefill load.
+  const Plan r2 = with([](Workload& w) { w.rate_rps = 2; });
+  for (std::size_t i = 0; i < base.bandwidth.size(); ++i) {
+    CHECK(r2.bandwidth[i].required == Approx(2 * base.bandwidth[i].required));
+  }
+  CHECK(r2.lifecycle.prefill_utilisation == Approx(2 * base.lifecycle.prefill_utilisation));
+  // --prefix-reuse: restores grow, prefill shrinks.
+  const Plan reuse = with([](Workload& w) { w.prefix_reuse = 0.9; });
+  CHECK(reuse.bandwidth[3].required > base.bandwidth[3].required);  // nvme-read: restores
+  CHECK(reuse.lifecycle.prefill_tokens_needed_per_s == Approx(1.0 * 0.1 * 32768));
+  // --concurrency: more sequences read per decode step, more tokens per step.
+  const Plan conc = with([](Workload& w) { w.concurrency = 64; });
+  CHECK(conc.lifecycle.decode_step_s > base.lifecycle.decode_step_s);
+  CHECK(conc.lifecycle.decode_tokens_per_s > base.lifecycle.decode_tokens_per_s);
+  // --decode-tokens: longer sequences, more decode tokens needed.
+  const Plan dec = with([](Workload& w) { w.decode_tokens = 1024; });
+  CHECK(dec.memory.sequence_bytes == base.memory.sequence_bytes + 512 * base.memory.mla_bytes_per_token);
+  CHECK(dec.lifecycle.decode_tokens_needed_per_s == Approx(2 * base.lifecycle.decode_tokens_needed_per_s));
+}
+
+TEST_CASE("A workload that does not fit is reported in CLI flag words; an expert cache larger than HBM is refused") {
+  PlanOptions o;
+  o.workload.concurrency = 100000;
+  const Plan p = SmallPlan(o);
+  bool named = false;
+  for (const std::string& w : p.warnings) named = named || w.find("--concurrency 100000") != std::string::npos;
+  CHECK(named);
+  PlanOptions light;
+  light.workload.rate_rps = 0.01;
+  CHECK(SmallPlan(light).warnings.empty());
+
+  auto c = model::Preset("k3-small");
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(c.ok());
+  REQUIRE(hw.ok());
+  o = {};
+  o.expert_cache_bytes = 10ull << 40;
+  auto r = MakePlan(*c, "k3-small", *hw, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("--expert-cache") && Catch::Contains("HBM"));
+}
+
+TEST_CASE("Stored MLA bytes per token are the store's chunk blocks: near nominal in bf16, more with int4 scales") {
+  const Plan bf16 = K3Plan("bf16");
+  CHECK(bf16.memory.mla_stored_bytes_per_token == Approx(bf16.memory.mla_chunk_block_bytes / 256.0));
+  // bf16: one 4 KiB header + 24 sub-ranges of 256 x 576 x 2 B payload, each with its codec header
+  // padded to 4 KiB (at most one alignment unit more than the payload).
+  const std::uint64_t payload = 24ull * 256 * 576 * 2 + 4096;
+  CHECK(bf16.memory.mla_chunk_block_bytes > payload);
+  CHECK(bf16.memory.mla_chunk_block_bytes <= payload + 24ull * 4096);
+  const Plan int4 = K3Plan("int4-g32");
+  CHECK(int4.memory.mla_bytes_per_token * 4 == bf16.memory.mla_bytes_per_token);  // nominal 0.5 B/value
+  // Stored: the group scales make it more than nominal.
+  CHECK(int4.memory.mla_stored_bytes_per_token > 1.1 * static_cast<double>(int4.memory.mla_bytes_per_token));
 }

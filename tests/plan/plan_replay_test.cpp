@@ -189,9 +189,73 @@ TEST_CASE("Replay options are checked, naming the CLI flag") {
   auto r = Replay(t, o);
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("--nodes"));
+  o = OneTier(0);  // no tier can hold a block: nothing to replay into
+  r = Replay(t, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("--kv-hbm"));
   o = OneTier(1);
   o.block_tokens = 0;
   r = Replay(t, o);
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("--trace-block-tokens"));
+}
+
+TEST_CASE("Inclusive placement keeps the lower copy: evicting the upper one writes nothing, by hand") {
+  // hbm 1 block, host 2, inclusive. r1 [1 2]: 1 -> hbm; 2 evicts 1 (no copy below: demoted, 1 write).
+  // hbm {2}, host {1}. r2 [1 2]: hits host 1 + hbm 1, 100 B read. 1 is copied up (host keeps it),
+  // evicting 2 (no copy below: demoted, write 2); 2 is copied up, evicting 1, which has a host copy:
+  // dropped, no write. Host writes: 2 blocks (exclusive: 3, the test above).
+  const Trace t = Make({{1, 2}, {1, 2}, {1, 2}});
+  ReplayOptions o = OneTier(1);
+  o.tiers.push_back({"host", 200, 1e6});
+  o.placement = terrace::Placement::kInclusive;
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  // hbm {2}, host {1 2}. r3 [1 2]: hits 1 (host) + 2 (hbm), 100 B read; 1 copied up evicts 2 (host
+  // copy: dropped), 2 copied up from host evicts 1 (host copy: dropped). Host writes stay 2 blocks;
+  // host reads 100 + 100. Exclusive writes 5 blocks (r1 one demotion, r2 and r3 two each).
+  CHECK(r->tiers[1].bytes_written == 200);
+  CHECK(r->tiers[1].bytes_read == 200);
+  CHECK(r->tiers[0].hit_blocks == 2);
+  CHECK(r->tiers[1].hit_blocks == 2);
+  o.placement = terrace::Placement::kExclusive;
+  auto ex = Replay(t, o);
+  REQUIRE(ex.ok());
+  CHECK(ex->tiers[1].bytes_written == 500);
+  CHECK(ex->hit_blocks == r->hit_blocks);
+}
+
+TEST_CASE("Write-through writes every new block to the lowest tier; a victim with that copy is dropped") {
+  // hbm 1, host 2, write-through. r1 [1 2]: 1 -> hbm + host (write); 2 -> hbm evicts 1 (host copy:
+  // no write), + host (write). Host writes 200; the hbm eviction count is 1.
+  const Trace t = Make({{1, 2}});
+  ReplayOptions o = OneTier(1);
+  o.tiers.push_back({"host", 200, 1e6});
+  o.write_policy = terrace::WritePolicy::kWriteThrough;
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->tiers[1].bytes_written == 200);
+  CHECK(r->tiers[0].evictions == 1);
+  CHECK(r->tiers[1].evictions == 0);
+  o.write_policy = terrace::WritePolicy::kWriteBack;
+  auto wb = Replay(t, o);
+  REQUIRE(wb.ok());
+  CHECK(wb->tiers[1].bytes_written == 100);  // only the demotion of 1
+}
+
+TEST_CASE("Every placement and write policy reaches the ceiling with room for everything") {
+  const Trace t = Fixture();
+  const PrefixCeiling c = ComputePrefixCeiling(t);
+  for (auto pl : {terrace::Placement::kExclusive, terrace::Placement::kInclusive}) {
+    for (auto wp : {terrace::WritePolicy::kWriteBack, terrace::WritePolicy::kWriteThrough}) {
+      ReplayOptions o = OneTier(c.unique_blocks / 4);
+      o.tiers.push_back({"host", c.unique_blocks * 100, 1e9});
+      o.placement = pl;
+      o.write_policy = wp;
+      auto r = Replay(t, o);
+      REQUIRE(r.ok());
+      CHECK(r->hit_blocks == c.hit_blocks);
+      CHECK(r->tiers[0].hit_blocks + r->tiers[1].hit_blocks == r->hit_blocks);
+    }
+  }
 }

@@ -159,3 +159,128 @@ def test_report_from_plan_json(terrace, tmp_path):
     assert r.returncode == 2 and "not a JSON object" in r.stderr
     r = terrace("report", tmp_path / "missing.json", "-o", tmp_path / "x.html")
     assert r.returncode == 2
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--policy", "lru"], "--policy"),
+    (["--nodes", "4"], "--nodes"),
+    (["--kv-hbm", "1GiB"], "--kv-hbm"),
+    (["--kv-host", "1GiB"], "--kv-host"),
+    (["--kv-nvme", "1GiB"], "--kv-nvme"),
+    (["--sweep-points", "3"], "--sweep-points"),
+    (["--trace-block-tokens", "256"], "--trace-block-tokens"),
+    (["--placement", "inclusive"], "--placement"),
+    (["--write-policy", "write-through"], "--write-policy"),
+    (["--trace", FIXTURE, "--routing", "round-robin"], "--nodes"),
+    (["--context", "32x"], "token count"),
+    (["--context", "4k:0.5,32k"], "weight"),
+    (["--context", "0"], "tokens"),
+    (["--model", "k3-small", "--expert-cache", "100TiB"], "--expert-cache"),
+])
+def test_flags_that_would_be_ignored_or_wrong_are_refused(terrace, args, flag):
+    """A flag is either honoured or refused: trace-only flags without --trace, --routing on one node,
+    malformed token counts (in tokens, not bytes) and an expert cache larger than the HBM exit 2."""
+    r = terrace("plan", *args)
+    assert r.returncode == 2, (args, r.stdout[-500:], r.stderr)
+    assert flag in r.stderr
+    assert " B " not in r.stderr and "bytes)" not in r.stderr  # a token count is not a size in bytes
+
+
+def plan_json(terrace, *args):
+    r = terrace("plan", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("flag,a,b,key", [
+    ("--rate", "1", "2", lambda j: [x["required_bytes_per_s"] for x in j["bandwidth"]]),
+    ("--context", "32k", "4k:0.5,128k:0.5", lambda j: j["memory"]["sequence_bytes"]),
+    ("--prefix-reuse", "0.5", "0.9", lambda j: j["lifecycle"]["prefill_tokens_needed_per_s"]),
+    ("--concurrency", "32", "64", lambda j: j["lifecycle"]["decode_step_s"]),
+    ("--decode-tokens", "512", "1024", lambda j: j["memory"]["sequence_bytes"]),
+    ("--kv-codec", "bf16", "fp8", lambda j: j["memory"]["mla_bytes_per_token"]),
+    ("--state-codec", "f32", "bf16", lambda j: j["memory"]["kda_state_bytes_per_sequence"]),
+    ("--hardware", "h200-gen5", "h100-gen4", lambda j: j["tiers"][0]["sequences"]),
+    ("--expert-cache", "8MiB", "64MiB", lambda j: j["experts"]["hit_rate"]),
+    ("--gqa-kv-heads", "8", "4", lambda j: j["memory"]["gqa_bytes_per_token"]),
+])
+def test_every_input_changes_the_plan(terrace, flag, a, b, key):
+    base = ["--model", "k3-small"]
+    assert key(plan_json(terrace, *base, flag, a)) != key(plan_json(terrace, *base, flag, b))
+
+
+def test_context_distribution_json(terrace):
+    j = plan_json(terrace, "--model", "k3-small", "--context", "4k:1,128k:3")
+    w, m = j["workload"], j["memory"]
+    assert w["context_distribution"] == [{"tokens": 4096, "share": 0.25}, {"tokens": 131072, "share": 0.75}]
+    assert w["context_tokens_mean"] == pytest.approx(0.25 * 4096 + 0.75 * 131072)
+    assert w["context_tokens"] == round(0.25 * 4096 + 0.75 * 131072)
+    assert plan_json(terrace, "--model", "k3-small")["workload"]["context_tokens"] == 32768  # an integer
+    assert m["longest_sequence_tokens"] == 131072 + 512
+    rows = m["per_context"]
+    assert [r["sequence_tokens"] for r in rows] == [4096 + 512, 131072 + 512]
+    for r in rows:
+        assert r["sequence_bytes"] == r["sequence_tokens"] * m["mla_bytes_per_token"] + m["kda_state_bytes_per_sequence"]
+    for t in j["tiers"]:
+        assert t["sequences_longest"] == t["kv_bytes"] // m["longest_sequence_bytes"]
+    text = terrace("plan", "--model", "k3-small", "--context", "4k:1,128k:3").stdout
+    assert "--context distribution" in text and "if all longest" in text
+
+
+def test_warnings_name_the_flags(terrace):
+    j = plan_json(terrace, "--model", "k3-small", "--concurrency", "100000")
+    assert any("--concurrency 100000" in w for w in j["warnings"])
+    light = plan_json(terrace, "--model", "k3-small", "--rate", "0.01")
+    assert light["warnings"] == []
+    r = terrace("plan", "--model", "k3-small", "--concurrency", "100000")
+    assert "warning: --concurrency 100000" in r.stdout
+
+
+def test_help_shows_no_fake_defaults(terrace):
+    h = terrace("plan", "--help").stdout
+    for flag in ("--expert-cache", "--kv-hbm", "--kv-host", "--kv-nvme", "--context"):
+        line = next(l for l in h.splitlines() if l.strip().startswith(flag))
+        assert "default 0 B" not in line and " B to " not in line, line
+
+
+
+def test_trace_replay_follows_the_store_placement_flags(terrace):
+    """--placement / --write-policy reach the replay: write-through writes every new block to the
+    lowest tier too, so it moves more bytes than write-back on the same trace."""
+    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "2GiB", "--kv-host", "8GiB", "--sweep-points", "1",
+            "--policy", "lru"]
+    wb = plan_json(terrace, *args)["trace"]
+    wt = plan_json(terrace, *args, "--write-policy", "write-through")["trace"]
+    inc = plan_json(terrace, *args, "--placement", "inclusive")["trace"]
+    assert (wb["placement"], wb["write_policy"]) == ("exclusive", "write-back")
+    assert (inc["placement"], wt["write_policy"]) == ("inclusive", "write-through")
+    # NVMe never fills here, so each distinct block is computed once and written through once; every
+    # victim above it then has an NVMe copy and is dropped without a demotion write.
+    nvme = [t for t in wt["policies"][0]["tiers"] if t["name"] == "nvme"][0]
+    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["block_bytes"]
+    assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
+    assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
+    assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
+
+
+def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path):
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", tmp_path / "toy")
+    assert r.returncode == 0, r.stderr
+    want = plan_json(terrace, "--model", "k3-toy")
+    for given in (tmp_path / "toy", tmp_path / "toy" / "config.json"):
+        got = plan_json(terrace, "--model", given)
+        assert got["model"] == str(given)
+        got["model"] = want["model"]
+        assert got == want
+    r = terrace("plan", "--model", tmp_path)  # a directory without config.json
+    assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
+
+
+def test_bad_trace_prints_only_the_error(terrace, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    r = terrace("plan", "--trace", empty)
+    assert r.returncode == 2 and "empty" in r.stderr
+    assert r.stdout == ""  # no plan printed before the refusal
+    r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "0", "--kv-host", "0", "--kv-nvme", "0")
+    assert r.returncode == 2 and "--kv-hbm" in r.stderr and r.stdout == ""
