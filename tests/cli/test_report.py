@@ -272,16 +272,6 @@ def test_plan_report_renders_in_a_headless_browser(terrace, tmp_path):
     assert BLUE in colours and RED in colours
 
 
-def test_demo_report_renders_in_a_headless_browser(demo_run, tmp_path):
-    """The report the demo wrote, as chromium draws it (its top: the figures and the first charts)."""
-    browser = _browser()
-    d, _, _ = demo_run
-    png = tmp_path / "demo.png"
-    _screenshot(browser, d / "report.html", png, 1200)
-    colours = _colours(png)
-    assert BLUE in colours and RED in colours
-
-
 def test_report_png_charts(terrace, demo_run, tmp_path):
     """--png: one PNG per chart, 720x380, drawn (the first series' blue is in each; the hot experts' red in
     the per-expert chart). Skipped without rsvg-convert."""
