@@ -552,11 +552,11 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
   const json& rows = Arr(j, "rows");
   r->title = fmt::format("Terrace verify kv: codec quality on {}", Str(j, "model"));
   auto bars = [&](std::vector<std::pair<const char*, const char*>> keys, std::string title, AxisFormat f,
-                  std::string name) {
+                  std::string name, std::string y_label = "") {
     BarChart b;
     b.title = std::move(title);
     b.y_format = f;
-    b.y_label = keys.front().second;
+    b.y_label = y_label.empty() ? keys.front().second : std::move(y_label);
     for (auto [k, n] : keys) b.bars.push_back(n);
     b.value_labels = rows.size() * keys.size() <= 24;
     for (const auto& row : rows) {
@@ -568,13 +568,13 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
     Add(r, body, std::move(name), RenderSvg(b));
   };
   bars({{"kl_mean", "KL mean (nats)"}, {"kl_max", "KL max (nats)"}}, "KL divergence from the exact path per codec",
-       AxisFormat::kPlain, "codec-kl");
+       AxisFormat::kPlain, "codec-kl", "KL divergence (nats)");
   bars({{"top1_agreement", "top-1 agreement"}}, "Top-1 agreement with the exact path per codec", AxisFormat::kPercent,
        "codec-top1");
   if (RowsHave(j, "top8_overlap_mean")) {
     bars({{"top8_overlap_mean", "mean"}, {"top8_overlap_min", "min"}},
          "Attention overlap with the exact path per codec (top-8 positions kept)", AxisFormat::kPercent,
-         "codec-attention-overlap");
+         "codec-attention-overlap", "share of the exact top-8 kept");
   }
   bars({{"compression_ratio", "compression vs f32"}}, "Compression ratio per codec", AxisFormat::kPlain,
        "codec-compression");
