@@ -580,6 +580,59 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
        "codec-compression");
 }
 
+// `terrace bench tiers --json`: one object with `tier`, `op`, `mb_per_s` and `passes_mb_per_s`.
+void BenchTiersSections(const json& j, Report* r, std::string* body) {
+  r->title = fmt::format("Terrace bench tiers: {} {} of {} blocks", Str(j, "tier"), Str(j, "op"),
+                         B(Num(j, "block_size")));
+  *body += fmt::format("<p>{} at queue depth {}, {} thread(s), batch {}; {}.</p>", B(Num(j, "total_bytes")),
+                       Cell(j.value("queue_depth", json(0))), Cell(j.value("threads", json(0))),
+                       Cell(j.value("batch", json(0))), XmlEscape(Str(j, "detail")));
+  BarChart t;
+  t.title = "Throughput per pass";
+  t.subtitle = fmt::format("{} passes after {} warm-up; dashed: the reported figure{}", Arr(j, "passes_mb_per_s").size(),
+                           Cell(j.value("warmup", json(0))), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
+  t.x_label = "pass";
+  t.y_label = "MB/s";
+  t.bars = {"MB/s"};
+  t.value_labels = Arr(j, "passes_mb_per_s").size() <= 24;
+  const std::vector<double> passes = Numbers(Arr(j, "passes_mb_per_s"));
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    t.groups.push_back(std::to_string(i + 1));
+    t.values.push_back({passes[i]});
+  }
+  if (j.contains("memcpy_mb_per_s")) t.ref_lines.push_back({"memcpy", Num(j, "memcpy_mb_per_s")});
+  t.ref_lines.push_back({"reported", Num(j, "mb_per_s")});
+  Add(r, body, "throughput-per-pass", RenderSvg(t));
+  if (j.contains("p50_us")) {
+    BarChart l;
+    l.title = "Latency per operation";
+    l.subtitle = Str(j, "latency");
+    l.y_label = "microseconds";
+    l.bars = {"latency"};
+    l.value_labels = true;
+    l.groups = {"p50", "p99"};
+    l.values = {{Num(j, "p50_us")}, {Num(j, "p99_us")}};
+    Add(r, body, "latency", RenderSvg(l));
+  }
+}
+
+// `terrace bench store --json`: one object of `<path>_mb_per_s` figures (puts and gets by tier).
+void BenchStoreSections(const json& j, Report* r, std::string* body) {
+  r->title = fmt::format("Terrace bench store: {} blocks of {}", Cell(j.value("blocks", json(0))), B(Num(j, "block_size")));
+  BarChart b;
+  b.title = "Store throughput by path";
+  b.subtitle = "each figure's JSON key without _mb_per_s; the tier's raw rate next to the store's";
+  b.y_label = "MB/s";
+  b.bars = {"MB/s"};
+  b.value_labels = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it->is_number() || !EndsWith(it.key(), "_mb_per_s")) continue;
+    b.groups.push_back(Words(it.key().substr(0, it.key().size() - 9)));
+    b.values.push_back({it->get<double>()});
+  }
+  Add(r, body, "store-throughput", RenderSvg(b));
+}
+
 }  // namespace
 
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
@@ -599,6 +652,10 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
     BenchKvSections(j, &r, &body);
   } else if (RowsHave(j, "codec")) {
     VerifyKvSections(j, &r, &body);
+  } else if (j.contains("tier") && j.contains("op") && !Arr(j, "passes_mb_per_s").empty()) {
+    BenchTiersSections(j, &r, &body);
+  } else if (j.contains("put_first_mb_per_s") || j.contains("get_host_mb_per_s")) {
+    BenchStoreSections(j, &r, &body);
   } else {
     r.title = fmt::format("Terrace report: {}", source);
   }

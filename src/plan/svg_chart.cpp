@@ -135,6 +135,7 @@ void Legend(std::string* s, const std::vector<std::string>& names, const std::ve
 std::string ValueLabel(double v, AxisFormat f) {
   if (f == AxisFormat::kPercent) return fmt::format("{:.1f}%", v * 100);
   if (f == AxisFormat::kBytes) return FormatAxisValue(v, f);
+  if (std::fabs(v) >= 1000) return fmt::format("{:.0f}", v);  // not 1.23e+03
   return fmt::format("{:.3g}", v);
 }
 
@@ -243,6 +244,10 @@ std::string RenderSvg(const BarChart& c) {
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
   const double bw = gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
+  // Labels wider than their group (about 6.5 px a character at 12 px) are drawn slanted.
+  std::size_t longest = 0;
+  for (const auto& g : c.groups) longest = std::max(longest, g.size());
+  const bool slanted = static_cast<double>(longest) * 6.5 > gw * 0.95;
   for (std::size_t g = 0; g < c.groups.size(); ++g) {
     const double gx = x0 + g * gw + gw * 0.1;
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
@@ -259,9 +264,14 @@ std::string RenderSvg(const BarChart& c) {
                          gx + b * bw + bw * 0.46, top - 4, XmlEscape(ValueLabel(v, c.y_format)));
     }
     const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
-    if (g % label_every == 0)
+    if (g % label_every == 0 && slanted) {
+      const double lx = x0 + g * gw + gw / 2 + 4;
+      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" text-anchor=\"end\" transform=\"rotate(-25 {0:.1f} {1})\">{2}</text>", lx,
+                       y0 + 14, XmlEscape(c.groups[g]));
+    } else if (g % label_every == 0) {
       s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
                        XmlEscape(c.groups[g]));
+    }
   }
   for (std::size_t i = 0; i < c.ref_lines.size(); ++i) {
     const RefLine& r = c.ref_lines[i];

@@ -307,3 +307,24 @@ def test_report_png_without_the_rasteriser_fails_and_writes_nothing(terrace, tmp
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "--png" in r.stderr and "librsvg2-bin" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-path", "plan.json"]
+
+
+def test_bench_tiers_report(terrace, tmp_path):
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--queue-depth", "4",
+                "--total-bytes", "16MiB", "--repeat", "3", "--json", timeout=120, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "tiers")
+    assert {"throughput-per-pass", "latency"} <= set(c)
+    assert bar_values(c["throughput-per-pass"]) == pytest.approx(j["passes_mb_per_s"], rel=1e-5)
+    same_order([h for _, h in bars(c["throughput-per-pass"])], j["passes_mb_per_s"])
+    assert bar_values(c["latency"]) == pytest.approx([j["p50_us"], j["p99_us"]], rel=1e-5)
+
+
+def test_bench_store_report(terrace, tmp_path):
+    r = terrace("bench", "store", "--dir", tmp_path / "store", "--total-bytes", "16MiB", "--repeat", "1", "--json",
+                timeout=120, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "store")
+    want = [v for k, v in j.items() if k.endswith("_mb_per_s") and isinstance(v, (int, float))]
+    assert len(want) >= 4
+    assert bar_values(c["store-throughput"]) == pytest.approx(want, rel=1e-5)
