@@ -473,6 +473,13 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   *body += fmt::format("<h2>Hot experts per layer (load &gt; {:.3g} x the layer mean)</h2>", hot_factor) + KeyValueTable(hot_rows);
 }
 
+// A bench-experts configuration's label: its name, and its expert-cache budget when it has one
+// below 100% (the same names repeat for each --budgets entry).
+std::string ConfigLabel(const json& c) {
+  const double b = Num(c, "budget_fraction");
+  return b > 0 && b < 1 ? fmt::format("{} @ {:.3g}%", Str(c, "name"), 100 * b) : Str(c, "name");
+}
+
 // `terrace bench experts --json`: {"configs": [{"name", "tokens_per_s", "layer_recall", ...}]}.
 void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   const json& cfgs = Arr(j, "configs");
@@ -487,7 +494,7 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
     b.bars = {std::move(y_label)};
     b.value_labels = true;
     for (const auto& c : cfgs) {
-      b.groups.push_back(Str(c, "name"));
+      b.groups.push_back(ConfigLabel(c));
       b.values.push_back({value(c)});
     }
     Add(r, body, std::move(name), RenderSvg(b));
@@ -510,7 +517,7 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   for (const auto& c : cfgs) {
     const json& rec = Arr(c, "layer_recall");
     if (rec.empty()) continue;
-    Series ser{Str(c, "name"), {}, false};
+    Series ser{ConfigLabel(c), {}, false};
     for (std::size_t i = 0; i < rec.size(); ++i) ser.points.emplace_back(static_cast<double>(i), rec[i].is_number() ? rec[i].get<double>() : 0);
     lr.series.push_back(std::move(ser));
   }
@@ -518,8 +525,12 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   for (const auto& c : cfgs) {  // routing is the same for every configuration: the first with loads
     if (Arr(c, "expert_load").empty()) continue;
     Add(r, body, "expert-utilisation",
-        RenderSvg(ExpertLoad(c, fmt::format("Tokens routed to each expert, summed over the MoE layers ({}; red: hot in "
-                                            "some layer)", Str(c, "name")))));
+        [&] {
+          BarChart b = ExpertLoad(c, "Tokens routed to each expert, summed over the MoE layers");
+          b.subtitle = fmt::format("{}; red: hot (load > the hot factor x the layer mean) in some layer", ConfigLabel(c));
+          b.x_label = "expert";
+          return RenderSvg(b);
+        }());
     break;
   }
 }

@@ -71,13 +71,13 @@ Axis MakeAxis(double lo, double hi, bool log) {
   return a;
 }
 
-std::string Header(const std::string& title, const std::string& subtitle) {
+std::string Header(const std::string& title, const std::string& subtitle, int height = kChartHeight) {
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"12\" role=\"img\"><title>{2}</title>"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"#ffffff\"/>"
       "<text x=\"{3}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{2}</text>",
-      kChartWidth, kChartHeight, XmlEscape(title), kLeft);
+      kChartWidth, height, XmlEscape(title), kLeft);
   if (!subtitle.empty())
     s += fmt::format("<text x=\"{}\" y=\"38\" font-size=\"11\" fill=\"#555\">{}</text>", kLeft, XmlEscape(subtitle));
   return s;
@@ -97,7 +97,8 @@ Axis IntegerAxis(double lo, double hi) {
   return a;
 }
 
-void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_label, const std::string& x_label) {
+void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_label, const std::string& x_label,
+           int height = kChartHeight) {
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   for (double t : y.Ticks()) {
     const double py = y.Map(t, y0, y1);
@@ -107,7 +108,7 @@ void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_la
   }
   *s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>", x0, y1,
                     x1 - x0, y0 - y1);
-  *s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>", (x0 + x1) / 2, kChartHeight - 12,
+  *s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>", (x0 + x1) / 2, height - 12,
                     XmlEscape(x_label));
   *s += fmt::format("<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>", (y0 + y1) / 2,
                     XmlEscape(y_label));
@@ -239,15 +240,21 @@ std::string RenderSvg(const BarChart& c) {
   for (const RefLine& r : c.ref_lines)
     if (std::isfinite(r.y)) yhi = std::max(yhi, r.y);
   const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false);
-  std::string s = Header(c.title, c.subtitle);
-  Frame(&s, ay, c.y_format, c.y_label, c.x_label);
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
   const double bw = gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
-  // Labels wider than their group (about 6.5 px a character at 12 px) are drawn slanted.
+  // Labels wider than their group (about 6.5 px a character at 12 px) are drawn slanted down to the
+  // right, and the canvas grows below the plot to hold them (the plot keeps its place and size).
   std::size_t longest = 0;
   for (const auto& g : c.groups) longest = std::max(longest, g.size());
-  const bool slanted = static_cast<double>(longest) * 6.5 > gw * 0.95;
+  const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
+  const bool slanted = static_cast<double>(longest) * 6.5 > gw * static_cast<double>(label_every) * 0.95;
+  const int height =
+      slanted ? std::max(kChartHeight, y0 + 24 + static_cast<int>(static_cast<double>(longest) * 6.5 * 0.574) + 8 +
+                                           (c.x_label.empty() ? 0 : 18))
+              : kChartHeight;
+  std::string s = Header(c.title, c.subtitle, height);
+  Frame(&s, ay, c.y_format, c.y_label, c.x_label, height);
   for (std::size_t g = 0; g < c.groups.size(); ++g) {
     const double gx = x0 + g * gw + gw * 0.1;
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
@@ -263,11 +270,10 @@ std::string RenderSvg(const BarChart& c) {
         s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
                          gx + b * bw + bw * 0.46, top - 4, XmlEscape(ValueLabel(v, c.y_format)));
     }
-    const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
     if (g % label_every == 0 && slanted) {
-      const double lx = x0 + g * gw + gw / 2 + 4;
-      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" text-anchor=\"end\" transform=\"rotate(-25 {0:.1f} {1})\">{2}</text>", lx,
-                       y0 + 14, XmlEscape(c.groups[g]));
+      const double lx = x0 + g * gw + gw / 2 - 4;
+      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" transform=\"rotate(35 {0:.1f} {1})\">{2}</text>", lx, y0 + 14,
+                       XmlEscape(c.groups[g]));
     } else if (g % label_every == 0) {
       s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
                        XmlEscape(c.groups[g]));

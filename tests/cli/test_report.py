@@ -138,9 +138,14 @@ def test_bench_experts_report(terrace, toy, tmp_path):
     assert len(b) == len(first["expert_load"])
     same_order([h for _, h in b], first["expert_load"])
     assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == set(first["hot_experts"])
+    def label(cfg):  # the same names repeat per budget: the label carries the budget
+        b = cfg["budget_fraction"]
+        return f"{cfg['name']} @ {100 * b:g}%" if 0 < b < 1 else cfg["name"]
+
+    assert len({label(cfg) for cfg in j["configs"]}) == len(j["configs"])
     for cfg in j["configs"]:
         if cfg["layer_recall"]:
-            pts = polyline(c["recall-per-layer"], cfg["name"])
+            pts = polyline(c["recall-per-layer"], label(cfg))
             assert len(pts) == len(cfg["layer_recall"])
             svg_y_order(pts, cfg["layer_recall"])
 

@@ -151,3 +151,19 @@ TEST_CASE("Charts: counts on x get whole-number ticks over the data's range") {
   }
   CHECK(labels == std::vector<std::string>{"1", "2", "3", "4", "5", "6", "7", "8", "9"});
 }
+
+TEST_CASE("Charts: bar labels wider than their bar are slanted and the canvas grows to hold them") {
+  BarChart b;
+  b.bars = {"v"};
+  for (int i = 0; i < 10; ++i) {
+    b.groups.push_back(fmt::format("utility+statistical @ {}%", i));
+    b.values.push_back({1.0 + i});
+  }
+  const std::string slanted = RenderSvg(b);
+  CHECK(slanted.find("rotate(35") != std::string::npos);
+  CHECK(slanted.find(fmt::format("height=\"{}\"", kChartHeight)) == std::string::npos);
+  for (auto& g : b.groups) g = g.substr(g.size() - 2);  // "0%" .. "9%": fit
+  const std::string flat = RenderSvg(b);
+  CHECK(flat.find("rotate(") == std::string::npos);
+  CHECK(flat.find(fmt::format("height=\"{}\"", kChartHeight)) != std::string::npos);
+}
