@@ -7,7 +7,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 apt_packages=(build-essential cmake ninja-build pkg-config git
   liburing-dev librocksdb-dev libboost-dev libfmt-dev catch2 libxxhash-dev nlohmann-json3-dev
-  libcli11-dev libabsl-dev libopenblas-dev libzstd-dev liblz4-dev fio python3 python3-venv python3-pip ${TERRACE_EXTRA_APT:-})
+  libcli11-dev libabsl-dev libopenblas-dev libzstd-dev liblz4-dev fio python3 python3-venv python3-pip
+  librsvg2-bin ${TERRACE_EXTRA_APT:-})  # librsvg2-bin: rsvg-convert, for `terrace report --png`
 
 missing=()
 for p in "${apt_packages[@]}"; do

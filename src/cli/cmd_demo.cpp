@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,6 +32,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/mutex.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
@@ -62,6 +64,7 @@ struct DemoArgs {
 
 constexpr int kChunkTokens = 64;
 constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
+constexpr std::size_t kTiers = kNumTiers;
 
 // Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
 std::FILE* g_progress = stdout;
@@ -69,6 +72,40 @@ void Progress(const std::string& line) {
   fmt::print(g_progress, "{}\n", line);
   std::fflush(g_progress);
 }
+
+// While it lives, prints "      ... <what>: N s" every `every` on a thread of its own, so that a
+// long step with no progress of its own (building the model) still shows the demo is working.
+class ProgressTicker {
+ public:
+  ProgressTicker(std::string what, std::chrono::seconds every) : what_(std::move(what)), every_(every) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ProgressTicker() {
+    {
+      MutexLock l(&mu_);
+      done_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
+  }
+  ProgressTicker(const ProgressTicker&) = delete;
+  ProgressTicker& operator=(const ProgressTicker&) = delete;
+
+ private:
+  void Run() {
+    const auto t0 = Clock::now();
+    MutexLock l(&mu_);
+    while (!done_) {
+      if (!cv_.WaitFor(&mu_, every_) && !done_) Progress(fmt::format("      ... {}: {:.0f} s", what_, Since(t0)));
+    }
+  }
+  const std::string what_;
+  const std::chrono::seconds every_;
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ TERRACE_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 // A conversation's turns: the shared system prompt, then per turn `user_tokens` ids of its own.
 std::vector<int> UserTokens(const DemoArgs& a, int vocab, unsigned conversation, unsigned turn) {
@@ -101,7 +138,12 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
   fs::remove_all(tmp, ec);
   model::InitOptions o;
   o.seed = seed;
-  TERRACE_RETURN_IF_ERROR(model::InitWeights(config, tmp, o).WithContext("building the demo model"));
+  {
+    ProgressTicker ticker(fmt::format("building {} ({} of random weights)", preset,
+                                      FormatBytes(static_cast<double>(model::WeightBytes(config)))),
+                          std::chrono::seconds(5));
+    TERRACE_RETURN_IF_ERROR(model::InitWeights(config, tmp, o).WithContext("building the demo model"));
+  }
   fs::rename(tmp, out, ec);
   if (ec) return Status::IoError(fmt::format("cannot move {} to {}: {}", tmp.string(), out.string(), ec.message()));
   return false;
@@ -148,7 +190,25 @@ struct TurnResult {
   double ttft_s = 0, ttft_recompute_s = 0, decode_s = 0, forward_s = 0;
   std::array<std::uint64_t, kNumTiers> restore_bytes{};
   int fallbacks = 0;
+  // This turn's share of the run's counters (deltas of ExpertMetrics and the stores' tier stats).
+  std::uint64_t expert_hits = 0, expert_late_hits = 0, expert_misses = 0;
+  double stall_prefill_s = 0, stall_decode_s = 0;  // forward time waiting for expert loads
+  std::array<std::uint64_t, kNumTiers> prefix_hits{}, prefix_misses{};  // kv + state pools, per tier
 };
+
+// Tier hits and misses summed over the prefix pools.
+std::array<std::array<std::uint64_t, kNumTiers>, 2> PrefixTierCounts(const Store& kv, const Store& state) {
+  std::array<std::array<std::uint64_t, kNumTiers>, 2> c{};
+  for (const Store* st : {&kv, &state}) {
+    const StoreStats s = st->Stats();
+    for (std::size_t t = 0; t < kTiers; ++t) {
+      if (!s.present[t]) continue;
+      c[0][t] += s.tiers[t].hits;
+      c[1][t] += s.tiers[t].misses;
+    }
+  }
+  return c;
+}
 
 // Differences between two logits arrays: bitwise equality and the largest |a - b|.
 void Compare(std::span<const float> x, std::span<const float> y, bool* equal, double* max_abs) {
@@ -257,7 +317,10 @@ int RunDemo(const DemoArgs& a) {
                        static_cast<std::int64_t>(config.num_experts) *
                            (config.num_hidden_layers - config.first_k_dense_replace),
                        FormatBytes(static_cast<double>(experts::ExpertOffload::TotalExpertBytes(config)))));
-  auto ex = OpenDemoExperts(a, dir, config, **md);
+  auto ex = [&] {
+    ProgressTicker ticker("putting the experts into the expert store", std::chrono::seconds(5));
+    return OpenDemoExperts(a, dir, config, **md);
+  }();
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
   if (created[2]) {
     if (Status s = WriteMarker(dir / kDemoStores[2], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
@@ -300,6 +363,8 @@ int RunDemo(const DemoArgs& a) {
       model::ForwardOptions hooks;
       ex->offload->AttachHooks(&hooks);
       session.set_hooks(hooks);
+      const experts::ExpertMetrics em0 = ex->offload->Metrics();
+      const auto tiers0 = PrefixTierCounts(*kv->kv_store, *kv->state_store);
       auto t_turn = Clock::now();
       const auto request = cache.Prepare(prompt, "");
       auto p = kv::PrefillWithCache(&session, cache, request);
@@ -309,6 +374,7 @@ int RunDemo(const DemoArgs& a) {
       r.computed = p->computed_tokens;
       r.restore_bytes = p->restore.bytes_read;
       r.fallbacks = p->restore.fallbacks;
+      const std::uint64_t stall_after_prefill = ex->offload->Metrics().stall_ns;
       if (a.inject_fault == "state" && r.restored > 0 && !fault_done) {
         for (int l = 0; l < session.state().num_layers(); ++l) {
           auto& ls = session.state().layer(l);
@@ -331,6 +397,19 @@ int RunDemo(const DemoArgs& a) {
       }
       r.decode_s = Since(t_dec);
       r.forward_s = r.ttft_s + r.decode_s;
+      {
+        const experts::ExpertMetrics em1 = ex->offload->Metrics();
+        const auto tiers1 = PrefixTierCounts(*kv->kv_store, *kv->state_store);
+        r.expert_hits = em1.hits - em0.hits;
+        r.expert_late_hits = em1.late_hits - em0.late_hits;
+        r.expert_misses = em1.misses - em0.misses;
+        r.stall_prefill_s = static_cast<double>(stall_after_prefill - em0.stall_ns) * 1e-9;
+        r.stall_decode_s = static_cast<double>(em1.stall_ns - stall_after_prefill) * 1e-9;
+        for (std::size_t tier = 0; tier < kTiers; ++tier) {
+          r.prefix_hits[tier] = tiers1[0][tier] - tiers0[0][tier];
+          r.prefix_misses[tier] = tiers1[1][tier] - tiers0[1][tier];
+        }
+      }
       const auto& last = session.last_logits();
       r.final_logits_xxh3 = fmt::format("{:016x}", XXH3_64bits(last.data(), last.size() * sizeof(float)));
 
@@ -392,6 +471,8 @@ int RunDemo(const DemoArgs& a) {
   double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
   int restored_turns = 0;
   bool verified = true;
+  double stall_prefill = 0, stall_decode = 0;
+  std::int64_t computed = 0, decode_steps = 0;
   std::array<std::uint64_t, kNumTiers> restore_bytes{};
   for (const TurnResult& r : results) {
     prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
@@ -407,6 +488,10 @@ int RunDemo(const DemoArgs& a) {
       ttft_restored_ref += r.ttft_recompute_s;
     }
     verified = verified && r.equal;
+    stall_prefill += r.stall_prefill_s;
+    stall_decode += r.stall_decode_s;
+    computed += r.computed;
+    decode_steps += r.generated.empty() ? 0 : static_cast<std::int64_t>(r.generated.size()) - 1;
     for (int t = 0; t < kNumTiers; ++t) restore_bytes[static_cast<std::size_t>(t)] += r.restore_bytes[static_cast<std::size_t>(t)];
   }
   verified = verified && kst.write_failures == 0;
@@ -440,6 +525,19 @@ int RunDemo(const DemoArgs& a) {
     t["ttft_recompute_s"] = r.ttft_recompute_s;
     t["fallbacks"] = r.fallbacks;
     for (int tier = 0; tier < kNumTiers; ++tier) t["restore_bytes"][kTierNames[tier]] = r.restore_bytes[static_cast<std::size_t>(tier)];
+    // This turn alone: hit rates (null where a tier had no lookups) and stalls per token.
+    for (std::size_t tier = 0; tier < kTiers; ++tier) {
+      const std::uint64_t looked = r.prefix_hits[tier] + r.prefix_misses[tier];
+      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Rate(r.prefix_hits[tier], looked)) : nlohmann::json();
+    }
+    const std::uint64_t acquires = r.expert_hits + r.expert_late_hits + r.expert_misses;
+    const std::size_t steps = r.generated.empty() ? 0 : r.generated.size() - 1;
+    t["experts"] = {{"hits", r.expert_hits}, {"late_hits", r.expert_late_hits}, {"misses", r.expert_misses},
+                    {"hit_rate", acquires > 0 ? nlohmann::json(Rate(r.expert_hits, acquires)) : nlohmann::json()},
+                    {"stall_prefill_s", r.stall_prefill_s}, {"stall_decode_s", r.stall_decode_s},
+                    {"stall_s_per_prefill_token", r.computed > 0 ? r.stall_prefill_s / static_cast<double>(r.computed) : 0.0},
+                    {"stall_s_per_decode_token",
+                     steps > 0 ? r.stall_decode_s / static_cast<double>(steps) : 0.0}};
     j["turns"].push_back(t);
   }
   nlohmann::json& s = j["summary"];
@@ -463,6 +561,8 @@ int RunDemo(const DemoArgs& a) {
                   {"prefetch_precision", em.prediction.precision()}, {"prefetch_recall", em.prediction.recall()},
                   {"stall_s", static_cast<double>(em.stall_ns) * 1e-9},
                   {"stall_share", forward_s > 0 ? static_cast<double>(em.stall_ns) * 1e-9 / forward_s : 0.0},
+                  {"stall_s_per_prefill_token", computed > 0 ? stall_prefill / static_cast<double>(computed) : 0.0},
+                  {"stall_s_per_decode_token", decode_steps > 0 ? stall_decode / static_cast<double>(decode_steps) : 0.0},
                   {"demand_bytes", em.demand_bytes}, {"prefetched_bytes", em.speculative_bytes},
                   {"prefetched_wasted_bytes", em.speculative_wasted_bytes}, {"budget_bytes", em.budget_bytes},
                   {"total_expert_bytes", em.total_expert_bytes}, {"hot_factor", em.hot_factor}};
@@ -527,9 +627,11 @@ int RunDemo(const DemoArgs& a) {
     fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
   }
   fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
-             "{}; stalls {} of forward time\n",
+             "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
              Pct(em.hit_rate), em.hits, em.late_hits, em.misses, Pct(em.prediction.precision()),
-             Pct(em.prediction.recall()), Pct(s["experts"]["stall_share"].get<double>()));
+             Pct(em.prediction.recall()), Pct(s["experts"]["stall_share"].get<double>()),
+             1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
+             1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
              FormatBytes(static_cast<double>(restore_all)), FormatBytes(static_cast<double>(kst.bytes_written)),
              FormatBytes(static_cast<double>(em.demand_bytes)), FormatBytes(static_cast<double>(em.speculative_bytes)));

@@ -1,8 +1,19 @@
-// `terrace report RUN.json -o report.html [--svg]`: a self-contained HTML page (inline SVG charts,
-// no scripts, no network) from a run's JSON; docs/plan.md, "Reports".
+// `terrace report RUN.json -o report.html [--svg] [--png]`: a self-contained HTML page (inline SVG
+// charts, no scripts, no network) from a run's JSON; --svg and --png also write each chart as a file
+// next to it (PNG rasterised by rsvg-convert, Debian's librsvg2-bin); docs/plan.md, "Reports".
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -17,19 +28,117 @@ constexpr std::uint64_t kMaxRunJsonBytes = 256ull << 20;
 
 struct ReportArgs {
   std::string in, out;
-  bool svg = false;
+  bool svg = false, png = false;
 };
+
+constexpr const char* kRasteriser = "rsvg-convert";
+
+// The rasteriser's path on $PATH; empty when it is not installed.
+std::string FindOnPath(std::string_view name) {
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!rest.empty()) {
+    const std::size_t colon = rest.find(':');
+    const std::string_view dir = rest.substr(0, colon);
+    rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    if (dir.empty()) continue;
+    const std::string candidate = fmt::format("{}/{}", dir, name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// `svg` rasterised to PNG bytes by rsvg-convert: the SVG goes in on its stdin, the PNG comes back on
+// its stdout (so the output file is written by WriteOutputFile, with its rules, not by the tool).
+Result<std::string> RasterisePng(const std::string& tool, std::string_view svg, std::string_view what) {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return Status::IoError(fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return Status::IoError(fmt::format("pipe: {}", std::strerror(errno)));
+  }
+  std::string a0 = tool, a1 = "--format=png";
+  char* argv[] = {a0.data(), a1.data(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, tool.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in[0]);
+  ::close(out[1]);
+  if (rc != 0) {
+    ::close(in[1]);
+    ::close(out[0]);
+    return Status::IoError(fmt::format("--png: cannot start {}: {}", tool, std::strerror(rc)));
+  }
+  // rsvg-convert reads all of stdin before it writes anything, so writing the whole SVG first and
+  // reading the PNG after cannot deadlock on full pipes.
+  bool write_failed = false;
+  // A tool that exits early must fail the write (EPIPE), not kill this process with SIGPIPE.
+  struct sigaction ignore {}, previous {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &previous);
+  for (std::size_t done = 0; done < svg.size();) {
+    const ssize_t n = ::write(in[1], svg.data() + done, svg.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      write_failed = true;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(in[1]);
+  ::sigaction(SIGPIPE, &previous, nullptr);
+  std::string png;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    png.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(out[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (write_failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || png.compare(0, 4, "\x89PNG") != 0)
+    return Status::IoError(fmt::format("--png: {} failed on the {} chart (exit status {})", tool, what,
+                                       WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  return png;
+}
 
 int RunReport(const ReportArgs& a) {
   auto text = ReadInputFile(a.in, "RUN.json", kMaxRunJsonBytes);
   if (!text.ok()) return text.status().IsIoError() ? Fail(text.status().ToString()) : FailUsage(text.status().message());
   auto report = plan::RenderReport(*text, a.in);
   if (!report.ok()) return FailUsage(report.status().message());
+  std::string rasteriser;
+  if (a.png) {
+    rasteriser = FindOnPath(kRasteriser);
+    if (rasteriser.empty())
+      return Fail(fmt::format("--png needs {} on PATH to rasterise the charts; install it (Debian: apt-get install "
+                              "librsvg2-bin) or leave out --png (--svg writes the charts as SVG)",
+                              kRasteriser));
+  }
   const std::filesystem::path out(a.out);
   std::vector<std::pair<std::filesystem::path, std::string>> files{{out, report->html}};
-  if (a.svg) {
+  auto beside = [&](const plan::ReportChart& c, const char* ext) {
+    return out.parent_path() / (out.stem().string() + "-" + c.name + ext);
+  };
+  for (const plan::ReportChart& c : report->charts) {
+    if (a.svg) files.emplace_back(beside(c, ".svg"), c.svg);
+  }
+  if (a.png) {
     for (const plan::ReportChart& c : report->charts) {
-      files.emplace_back(out.parent_path() / (out.stem().string() + "-" + c.name + ".svg"), c.svg);
+      if (Status s = CheckOutputFile(beside(c, ".png"), "-o"); !s.ok()) return FailUsage(s.message());
+    }
+    for (const plan::ReportChart& c : report->charts) {
+      auto png = RasterisePng(rasteriser, c.svg, c.name);
+      if (!png.ok()) return Fail(png.status().message());
+      files.emplace_back(beside(c, ".png"), std::move(png).value());
     }
   }
   for (const auto& [path, content] : files) {
@@ -46,10 +155,11 @@ int RunReport(const ReportArgs& a) {
 
 void RegisterReport(CLI::App& app, Runner* run) {
   auto a = std::make_shared<ReportArgs>();
-  auto* c = app.add_subcommand("report", "Self-contained HTML report (inline SVG charts) from a --json run, e.g. terrace plan --json");
+  auto* c = app.add_subcommand("report", "Self-contained HTML report (inline SVG charts) from a --json run of plan, demo, bench or verify");
   c->add_option("RUN.json", a->in, "JSON output of a Terrace command")->required();
   c->add_option("-o,--out", a->out, "HTML file to write")->required();
   c->add_flag("--svg", a->svg, "Also write each chart as OUT-<chart>.svg next to the HTML");
+  c->add_flag("--png", a->png, "Also write each chart as OUT-<chart>.png next to the HTML (needs rsvg-convert)");
   c->callback([run, a] { *run = [a] { return RunReport(*a); }; });
 }
 

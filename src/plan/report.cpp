@@ -1,6 +1,7 @@
 #include "src/plan/report.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -58,11 +59,34 @@ std::string KeyValueTable(const std::vector<std::pair<std::string, std::string>>
 std::string B(double v) { return XmlEscape(FormatAxisValue(v, AxisFormat::kBytes)); }
 std::string P(double v) { return fmt::format("{:.1f}%", 100 * v); }
 
+bool EndsWith(std::string_view s, std::string_view end) { return s.size() >= end.size() && s.substr(s.size() - end.size()) == end; }
+
+// "decode_step_s" -> "decode step s": a JSON key as words.
+std::string Words(std::string key) {
+  std::replace(key.begin(), key.end(), '_', ' ');
+  return key;
+}
+
+// A value with the unit its key names: ..._s seconds, ..._per_s a rate, ..._bytes... bytes, ..._share a share.
+std::string WithUnit(const std::string& key, const json& v) {
+  if (!v.is_number()) return Cell(v);
+  const double x = v.get<double>();
+  if (key.find("bytes") != std::string::npos) return B(x) + (EndsWith(key, "_per_s") ? "/s" : "");
+  if (EndsWith(key, "_per_s")) return fmt::format("{:.4g} /s", x);
+  if (EndsWith(key, "_share")) return P(x);
+  if (EndsWith(key, "_s")) return x < 1 ? fmt::format("{:.3g} ms", 1e3 * x) : fmt::format("{:.3g} s", x);
+  return fmt::format("{:.4g}", x);
+}
+
 void PlanSections(const json& j, Report* r, std::string* body) {
   const json& m = j.value("memory", json::object());
   r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(j.value("hardware", json::object()), "name"));
-  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {}.</p>", XmlEscape(Str(j, "kv_codec")),
-                       XmlEscape(Str(j, "state_codec")), Cell(j.value("workload", json::object())));
+  const json& w = j.value("workload", json::object());
+  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {} requests/s, {} tokens of context, "
+                       "{} decoded tokens per request, {} concurrent sequences, {} of the prompt a reused prefix.</p>",
+                       XmlEscape(Str(j, "kv_codec")), XmlEscape(Str(j, "state_codec")), Cell(w.value("rate_rps", json(0))),
+                       Cell(w.value("context_tokens", json(0))), Cell(w.value("decode_tokens", json(0))),
+                       Cell(w.value("concurrency", json(0))), P(Num(w, "prefix_reuse")));
   *body += "<h2>Memory per token and per sequence</h2>";
   *body += KeyValueTable({
       {"MLA latents per token", B(Num(m, "mla_bytes_per_token"))},
@@ -118,6 +142,17 @@ void PlanSections(const json& j, Report* r, std::string* body) {
         {"stall per token, batch 1", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batch1"))},
         {"stall per token, batched", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batched"))},
     });
+    BarChart st;
+    st.title = "Expected stall per decoded token";
+    st.subtitle = fmt::format("expert-cache misses loaded over the host link, budget {} ({} hit rate)",
+                              B(Num(e, "budget_bytes")), P(Num(e, "hit_rate")));
+    st.y_label = "milliseconds per token";
+    st.bars = {"stall per token"};
+    st.value_labels = true;
+    st.groups = {"batch 1", "batched (--concurrency)"};
+    st.values = {{1e3 * Num(e, "stall_s_per_token_batch1")}, {1e3 * Num(e, "stall_s_per_token_batched")}};
+    r->charts.push_back({"stall-per-token", RenderSvg(st)});
+    *body += r->charts.back().svg;
   }
   if (j.contains("tiers") && j["tiers"].is_array()) {
     *body += "<h2>Tiers</h2><table><thead><tr><th>tier</th><th>capacity</th><th>for KV/state</th><th>sequences</th>"
@@ -140,9 +175,9 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     }
     *body += "</tbody></table>";
   }
-  if (j.contains("lifecycle")) {
+  if (j.contains("lifecycle") && j["lifecycle"].is_object()) {
     std::vector<std::pair<std::string, std::string>> rows;
-    Flatten(j["lifecycle"], "", &rows);
+    for (auto it = j["lifecycle"].begin(); it != j["lifecycle"].end(); ++it) rows.emplace_back(Words(it.key()), WithUnit(it.key(), *it));
     *body += "<h2>Lifecycle</h2>" + KeyValueTable(rows);
   }
   if (!j.contains("trace")) return;
@@ -263,28 +298,125 @@ BarChart ExpertLoad(const json& layer, std::string title) {
   return b;
 }
 
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+std::vector<double> Numbers(const json& a) {
+  std::vector<double> v;
+  for (const auto& x : a) v.push_back(x.is_number() ? x.get<double>() : 0.0);
+  return v;
+}
+
+// Per expert of one MoE layer: tokens routed to it, the hot ones (listed in `hot`) in red, with the
+// layer mean and the hot threshold (hot_factor x mean) as reference lines.
+BarChart LayerLoad(const json& layer, double hot_factor, std::string title, std::string subtitle) {
+  BarChart b = ExpertLoad(layer, std::move(title));
+  b.subtitle = std::move(subtitle);
+  b.x_label = "expert";
+  const double mean = Mean(Numbers(Arr(layer, "expert_load")));
+  b.ref_lines = {{"layer mean", mean}, {fmt::format("hot: > {:.3g} x mean", hot_factor), hot_factor * mean}};
+  return b;
+}
+
+// All MoE layers' experts by load relative to their layer's mean: a histogram whose bins at or above
+// hot_factor x mean (the hot experts) are red.
+BarChart LoadHistogram(const json& layers, double hot_factor) {
+  BarChart b;
+  b.title = "Expert utilisation histogram, all MoE layers";
+  b.subtitle = fmt::format("experts per bin of (tokens routed / layer mean); red: hot (> {:.3g} x mean)", hot_factor);
+  b.x_label = "tokens routed / layer mean";
+  b.y_label = "experts";
+  b.bars = {"experts"};
+  b.value_labels = true;
+  const double width = hot_factor > 0 ? hot_factor / 8 : 0.25;  // hot_factor is a bin edge
+  std::vector<double> counts;
+  for (const auto& l : layers) {
+    const std::vector<double> load = Numbers(Arr(l, "expert_load"));
+    const double mean = Mean(load);
+    if (mean <= 0) continue;
+    for (double x : load) {
+      const auto bin = static_cast<std::size_t>(std::min(x / mean / width, 1e6));
+      if (counts.size() <= bin) counts.resize(bin + 1);
+      counts[bin] += 1;
+    }
+  }
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    b.groups.push_back(fmt::format("{:.2g}", (static_cast<double>(i) + 0.5) * width));
+    b.values.push_back({counts[i]});
+    b.hot_groups.push_back(static_cast<double>(i) * width >= hot_factor * (1 - 1e-9));
+  }
+  return b;
+}
+
 // `terrace demo --json` / DIR/demo-run.json: {"turns": [...], "summary": {"experts": ...}}.
 void DemoSections(const json& j, Report* r, std::string* body) {
   const json& turns = Arr(j, "turns");
   const json& s = j["summary"];
   const json& e = s.value("experts", json::object());
+  const json& moved = s.value("bytes_moved", json::object());
   r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(j.value("model", json::object()), "preset"));
-  *body += fmt::format("<p>Verified against a full recompute: <b>{}</b>. {:.1f} tokens/s; prefix restored {}; "
-                       "experts: fast-tier hit rate {}, prefetch precision {}, recall {}, stall share {}.</p>",
-                       j.value("verified", false) ? "yes" : "NO", Num(s, "tokens_per_s"), P(Num(s, "restored_share")),
-                       P(Num(e, "hit_rate")), P(Num(e, "prefetch_precision")), P(Num(e, "prefetch_recall")),
-                       P(Num(e, "stall_share")));
+  *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
+                       "checked against a full recompute with all experts resident and no store: <b>{}</b>.</p>",
+                       j.value("verified", false) ? "bitwise equal" : "NOT EQUAL");
+  *body += KeyValueTable({
+      {"throughput", fmt::format("{:.1f} tokens/s (decode {:.1f} tokens/s)", Num(s, "tokens_per_s"),
+                                 Num(s, "decode_tokens_per_s"))},
+      {"time to first token", fmt::format("{:.3f} s with restore, {:.3f} s by full recompute (mean of all turns)",
+                                          Num(s, "ttft_mean_s"), Num(s, "ttft_recompute_mean_s"))},
+      {"prefix restored", fmt::format("{} of prompt tokens", P(Num(s, "restored_share")))},
+      {"expert fast-tier hit rate", P(Num(e, "hit_rate"))},
+      {"expert prefetch", fmt::format("precision {}, recall {}", P(Num(e, "prefetch_precision")),
+                                      P(Num(e, "prefetch_recall")))},
+      {"stalls on expert loads", fmt::format("{} of forward time; {:.3g} ms per computed prompt token, {:.3g} ms per "
+                                             "decode step",
+                                             P(Num(e, "stall_share")), 1e3 * Num(e, "stall_s_per_prefill_token"),
+                                             1e3 * Num(e, "stall_s_per_decode_token"))},
+      {"bytes moved", fmt::format("prefix restored {}, written {}; experts on demand {}, prefetched {}",
+                                  B(Num(moved, "prefix_restored")), B(Num(moved, "prefix_written")),
+                                  B(Num(moved, "experts_on_demand")), B(Num(moved, "experts_prefetched")))},
+  });
   LineChart t = Lines(turns, nullptr, {{"ttft_s", "with restore"}, {"ttft_recompute_s", "full recompute"}});
   t.title = "Time to first token per turn";
+  t.subtitle = "with prefix restore and expert offload vs a full recompute with every expert resident";
   t.x_label = "turn (in run order)";
   t.y_label = "seconds";
+  t.integer_x = t.markers = true;
   Add(r, body, "ttft-per-turn", RenderSvg(t));
-  // Tier hit rates over time: per turn, the share of its prompt restored from each tier (by bytes).
+  // Tier hit rates over time: per turn, hits / lookups of each prefix-pool tier and of the expert cache.
+  if (!turns.empty() && turns[0].contains("prefix_hit_rate")) {
+    LineChart h;
+    h.title = "Tier hit rates per turn";
+    h.subtitle = "hits / lookups in the turn; a tier with no lookups in a turn has no point";
+    h.x_label = "turn (in run order)";
+    h.y_label = "hit rate";
+    h.y_format = AxisFormat::kPercent;
+    h.integer_x = h.markers = true;
+    for (const char* tier : {"hbm", "host", "nvme"}) {
+      Series ser{fmt::format("prefix {}", tier), {}, false};
+      for (std::size_t i = 0; i < turns.size(); ++i) {
+        const json& v = turns[i].value("prefix_hit_rate", json::object());
+        if (v.contains(tier) && v[tier].is_number()) ser.points.emplace_back(static_cast<double>(i + 1), v[tier].get<double>());
+      }
+      if (!ser.points.empty()) h.series.push_back(std::move(ser));
+    }
+    Series ex{"expert cache (hbm)", {}, false};
+    for (std::size_t i = 0; i < turns.size(); ++i) {
+      const json& x = turns[i].value("experts", json::object());
+      if (x.contains("hit_rate") && x["hit_rate"].is_number()) ex.points.emplace_back(static_cast<double>(i + 1), x["hit_rate"].get<double>());
+    }
+    if (!ex.points.empty()) h.series.push_back(std::move(ex));
+    Add(r, body, "tier-hit-rates-over-time", RenderSvg(h));
+  }
   LineChart h;
-  h.title = "Prefix restored per turn, by tier";
+  h.title = "Restored prefix per turn, by the tier it came from";
+  h.subtitle = "share of the turn's prompt tokens, split by restored bytes per tier";
   h.x_label = "turn (in run order)";
   h.y_label = "share of the prompt's tokens";
   h.y_format = AxisFormat::kPercent;
+  h.integer_x = h.markers = true;
   for (const char* tier : {"hbm", "host", "nvme"}) h.series.push_back({tier, {}, false});
   for (std::size_t i = 0; i < turns.size(); ++i) {
     const json& rb = turns[i].value("restore_bytes", json::object());
@@ -293,74 +425,99 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     for (auto& ser : h.series)
       ser.points.emplace_back(static_cast<double>(i + 1), all > 0 ? share * Num(rb, ser.name.c_str()) / all : 0.0);
   }
-  Add(r, body, "tier-hit-rates-over-time", RenderSvg(h));
-  BarChart st;
-  st.title = "Share of forward time stalled on expert loads";
-  st.y_format = AxisFormat::kPercent;
-  st.y_label = "share";
-  st.groups = {"demo"};
-  st.bars = {"stall share"};
-  st.values = {{Num(e, "stall_share")}};
-  Add(r, body, "stall-share", RenderSvg(st));
+  Add(r, body, "prefix-restore-by-tier", RenderSvg(h));
+  if (!turns.empty() && turns[0].contains("experts")) {
+    LineChart st;
+    st.title = "Stall on expert loads per token, per turn";
+    st.subtitle = fmt::format("forward time waiting for experts; whole run: {} of forward time", P(Num(e, "stall_share")));
+    st.x_label = "turn (in run order)";
+    st.y_label = "milliseconds per token";
+    st.integer_x = st.markers = true;
+    Series pre{"prompt token (prefill)", {}, false}, dec{"decode step", {}, false};
+    for (std::size_t i = 0; i < turns.size(); ++i) {
+      const json& x = turns[i].value("experts", json::object());
+      if (Num(turns[i], "computed_tokens") > 0) pre.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_prefill_token"));
+      dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_decode_token"));
+    }
+    st.series = {std::move(pre), std::move(dec)};
+    Add(r, body, "stall-per-token", RenderSvg(st));
+  }
   const json& layers = Arr(e, "layers");
   if (layers.empty()) return;
   LineChart pr = Lines(layers, "layer", {{"prefetch_precision", "precision"}, {"prefetch_recall", "recall"},
                                          {"hit_rate", "fast-tier hit rate"}});
   pr.title = "Expert prefetch precision and recall per layer";
-  pr.x_label = "layer";
+  pr.subtitle = "the lookahead predictor, over the whole run";
+  pr.x_label = "MoE layer";
   pr.y_label = "rate";
   pr.y_format = AxisFormat::kPercent;
+  pr.integer_x = pr.markers = true;
   Add(r, body, "prefetch-per-layer", RenderSvg(pr));
-  // The utilisation histogram of all MoE layers together (the sum over layers per expert id).
-  json total = {{"expert_load", json::array()}, {"hot_experts", json::array()}};
-  std::vector<double> sum;
-  std::vector<bool> hot;
-  for (const auto& l : layers) {
-    const json& load = Arr(l, "expert_load");
-    if (sum.size() < load.size()) sum.resize(load.size()), hot.resize(load.size());
-    for (std::size_t x = 0; x < load.size(); ++x) sum[x] += load[x].is_number() ? load[x].get<double>() : 0;
-    for (const auto& x : Arr(l, "hot_experts"))
-      if (x.is_number_integer() && x.get<std::size_t>() < hot.size()) hot[x.get<std::size_t>()] = true;
-  }
-  for (std::size_t x = 0; x < sum.size(); ++x) {
-    total["expert_load"].push_back(sum[x]);
-    if (hot[x]) total["hot_experts"].push_back(x);
-  }
+  const double hot_factor = Num(e, "hot_factor") > 0 ? Num(e, "hot_factor") : 2.0;
+  // Per-expert bars of the layer with the most hot experts (ties: the first); then all layers as a histogram.
+  std::size_t pick = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (Arr(layers[i], "hot_experts").size() > Arr(layers[pick], "hot_experts").size()) pick = i;
   Add(r, body, "expert-utilisation",
-      RenderSvg(ExpertLoad(total, fmt::format("Tokens routed to each expert, all {} MoE layers (red: hot in some layer, "
-                                              "load > {:.3g} x the layer mean)",
-                                              layers.size(), Num(e, "hot_factor")))));
+      RenderSvg(LayerLoad(layers[pick], hot_factor,
+                          fmt::format("Tokens routed to each expert of layer {}", Str(layers[pick], "layer")),
+                          fmt::format("the MoE layer with the most hot experts ({} of {}); red: hot",
+                                      Arr(layers[pick], "hot_experts").size(), Arr(layers[pick], "expert_load").size()))));
+  Add(r, body, "expert-load-histogram", RenderSvg(LoadHistogram(layers, hot_factor)));
+  std::vector<std::pair<std::string, std::string>> hot_rows;
+  for (const auto& l : layers) {
+    std::vector<std::string> ids;
+    for (const auto& x : Arr(l, "hot_experts")) ids.push_back(x.dump());
+    hot_rows.emplace_back(fmt::format("layer {}", Str(l, "layer")), ids.empty() ? "none" : XmlEscape(fmt::format("{}", fmt::join(ids, ", "))));
+  }
+  *body += fmt::format("<h2>Hot experts per layer (load &gt; {:.3g} x the layer mean)</h2>", hot_factor) + KeyValueTable(hot_rows);
+}
+
+// A bench-experts configuration's label: its name, and its expert-cache budget when it has one
+// below 100% (the same names repeat for each --budgets entry).
+std::string ConfigLabel(const json& c) {
+  const double b = Num(c, "budget_fraction");
+  return b > 0 && b < 1 ? fmt::format("{} @ {:.3g}%", Str(c, "name"), 100 * b) : Str(c, "name");
 }
 
 // `terrace bench experts --json`: {"configs": [{"name", "tokens_per_s", "layer_recall", ...}]}.
 void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   const json& cfgs = Arr(j, "configs");
   r->title = fmt::format("Terrace bench experts: {}", Str(j, "model"));
-  auto bars = [&](const char* key, std::string title, AxisFormat f, std::string name) {
+  // One bar per configuration of value(config).
+  auto bars = [&](const std::function<double(const json&)>& value, std::string y_label, std::string title,
+                  AxisFormat f, std::string name) {
     BarChart b;
     b.title = std::move(title);
     b.y_format = f;
-    b.y_label = key;
-    b.bars = {key};
+    b.y_label = y_label;
+    b.bars = {std::move(y_label)};
+    b.value_labels = true;
     for (const auto& c : cfgs) {
-      b.groups.push_back(Str(c, "name"));
-      b.values.push_back({Num(c, key)});
+      b.groups.push_back(ConfigLabel(c));
+      b.values.push_back({value(c)});
     }
     Add(r, body, std::move(name), RenderSvg(b));
   };
-  bars("tokens_per_s", "Decode tokens/s per configuration", AxisFormat::kPlain, "tokens-per-s");
-  bars("stall_share", "Stall share per configuration", AxisFormat::kPercent, "stall-share");
-  bars("hit_rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
-  bars("recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");
+  auto key = [](const char* k) { return [k](const json& c) { return Num(c, k); }; };
+  bars(key("tokens_per_s"), "tokens/s", "Decode tokens/s per configuration", AxisFormat::kPlain, "tokens-per-s");
+  bars(key("stall_share"), "share of decode time", "Stall share per configuration", AxisFormat::kPercent, "stall-share");
+  // stall_share is stall time / decode time and tokens_per_s decode tokens / decode time.
+  bars([](const json& c) { return Num(c, "tokens_per_s") > 0 ? 1e3 * Num(c, "stall_share") / Num(c, "tokens_per_s") : 0.0; },
+       "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token");
+  bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
+  bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision");
+  bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");
   LineChart lr;
   lr.title = "Prefetch recall per layer";
   lr.x_label = "MoE layer (in order)";
   lr.y_label = "recall";
   lr.y_format = AxisFormat::kPercent;
+  lr.integer_x = lr.markers = true;
   for (const auto& c : cfgs) {
     const json& rec = Arr(c, "layer_recall");
     if (rec.empty()) continue;
-    Series ser{Str(c, "name"), {}, false};
+    Series ser{ConfigLabel(c), {}, false};
     for (std::size_t i = 0; i < rec.size(); ++i) ser.points.emplace_back(static_cast<double>(i), rec[i].is_number() ? rec[i].get<double>() : 0);
     lr.series.push_back(std::move(ser));
   }
@@ -368,8 +525,12 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   for (const auto& c : cfgs) {  // routing is the same for every configuration: the first with loads
     if (Arr(c, "expert_load").empty()) continue;
     Add(r, body, "expert-utilisation",
-        RenderSvg(ExpertLoad(c, fmt::format("Tokens routed to each expert, summed over the MoE layers ({}; red: hot in "
-                                            "some layer)", Str(c, "name")))));
+        [&] {
+          BarChart b = ExpertLoad(c, "Tokens routed to each expert, summed over the MoE layers");
+          b.subtitle = fmt::format("{}; red: hot (load > the hot factor x the layer mean) in some layer", ConfigLabel(c));
+          b.x_label = "expert";
+          return RenderSvg(b);
+        }());
     break;
   }
 }
@@ -392,17 +553,23 @@ void BenchKvSections(const json& j, Report* r, std::string* body) {
   Add(r, body, "restore-bandwidth", RenderSvg(b));
 }
 
+bool RowsHave(const json& j, const char* key) {
+  const json& rows = Arr(j, "rows");
+  return !rows.empty() && rows[0].is_object() && rows[0].contains(key);
+}
+
 // `terrace verify kv --json`: {"rows": [{"codec", "kl_mean", "top1_agreement", "compression_ratio"}]}.
 void VerifyKvSections(const json& j, Report* r, std::string* body) {
   const json& rows = Arr(j, "rows");
   r->title = fmt::format("Terrace verify kv: codec quality on {}", Str(j, "model"));
   auto bars = [&](std::vector<std::pair<const char*, const char*>> keys, std::string title, AxisFormat f,
-                  std::string name) {
+                  std::string name, std::string y_label = "") {
     BarChart b;
     b.title = std::move(title);
     b.y_format = f;
-    b.y_label = keys.front().second;
+    b.y_label = y_label.empty() ? keys.front().second : std::move(y_label);
     for (auto [k, n] : keys) b.bars.push_back(n);
+    b.value_labels = rows.size() * keys.size() <= 24;
     for (const auto& row : rows) {
       b.groups.push_back(Str(row, "codec"));
       std::vector<double> v;
@@ -412,17 +579,71 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
     Add(r, body, std::move(name), RenderSvg(b));
   };
   bars({{"kl_mean", "KL mean (nats)"}, {"kl_max", "KL max (nats)"}}, "KL divergence from the exact path per codec",
-       AxisFormat::kPlain, "codec-kl");
+       AxisFormat::kPlain, "codec-kl", "KL divergence (nats)");
   bars({{"top1_agreement", "top-1 agreement"}}, "Top-1 agreement with the exact path per codec", AxisFormat::kPercent,
        "codec-top1");
+  if (RowsHave(j, "top8_overlap_mean")) {
+    bars({{"top8_overlap_mean", "mean"}, {"top8_overlap_min", "min"}},
+         "Attention overlap with the exact path per codec (top-8 positions kept)", AxisFormat::kPercent,
+         "codec-attention-overlap", "share of the exact top-8 kept");
+  }
   bars({{"compression_ratio", "compression vs f32"}}, "Compression ratio per codec", AxisFormat::kPlain,
        "codec-compression");
 }
 
-bool RowsHave(const json& j, const char* key) {
-  const json& rows = Arr(j, "rows");
-  return !rows.empty() && rows[0].is_object() && rows[0].contains(key);
+// `terrace bench tiers --json`: one object with `tier`, `op`, `mb_per_s` and `passes_mb_per_s`.
+void BenchTiersSections(const json& j, Report* r, std::string* body) {
+  r->title = fmt::format("Terrace bench tiers: {} {} of {} blocks", Str(j, "tier"), Str(j, "op"),
+                         B(Num(j, "block_size")));
+  *body += fmt::format("<p>{} at queue depth {}, {} thread(s), batch {}; {}.</p>", B(Num(j, "total_bytes")),
+                       Cell(j.value("queue_depth", json(0))), Cell(j.value("threads", json(0))),
+                       Cell(j.value("batch", json(0))), XmlEscape(Str(j, "detail")));
+  BarChart t;
+  t.title = "Throughput per pass";
+  t.subtitle = fmt::format("{} passes after {} warm-up; dashed: the reported figure{}", Arr(j, "passes_mb_per_s").size(),
+                           Cell(j.value("warmup", json(0))), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
+  t.x_label = "pass";
+  t.y_label = "MB/s";
+  t.bars = {"MB/s"};
+  t.value_labels = Arr(j, "passes_mb_per_s").size() <= 24;
+  const std::vector<double> passes = Numbers(Arr(j, "passes_mb_per_s"));
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    t.groups.push_back(std::to_string(i + 1));
+    t.values.push_back({passes[i]});
+  }
+  if (j.contains("memcpy_mb_per_s")) t.ref_lines.push_back({"memcpy", Num(j, "memcpy_mb_per_s")});
+  t.ref_lines.push_back({"reported", Num(j, "mb_per_s")});
+  Add(r, body, "throughput-per-pass", RenderSvg(t));
+  if (j.contains("p50_us")) {
+    BarChart l;
+    l.title = "Latency per operation";
+    l.subtitle = Str(j, "latency");
+    l.y_label = "microseconds";
+    l.bars = {"latency"};
+    l.value_labels = true;
+    l.groups = {"p50", "p99"};
+    l.values = {{Num(j, "p50_us")}, {Num(j, "p99_us")}};
+    Add(r, body, "latency", RenderSvg(l));
+  }
 }
+
+// `terrace bench store --json`: one object of `<path>_mb_per_s` figures (puts and gets by tier).
+void BenchStoreSections(const json& j, Report* r, std::string* body) {
+  r->title = fmt::format("Terrace bench store: {} blocks of {}", Cell(j.value("blocks", json(0))), B(Num(j, "block_size")));
+  BarChart b;
+  b.title = "Store throughput by path";
+  b.subtitle = "each figure's JSON key without _mb_per_s; the tier's raw rate next to the store's";
+  b.y_label = "MB/s";
+  b.bars = {"MB/s"};
+  b.value_labels = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it->is_number() || !EndsWith(it.key(), "_mb_per_s")) continue;
+    b.groups.push_back(Words(it.key().substr(0, it.key().size() - 9)));
+    b.values.push_back({it->get<double>()});
+  }
+  Add(r, body, "store-throughput", RenderSvg(b));
+}
+
 }  // namespace
 
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
@@ -442,6 +663,10 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
     BenchKvSections(j, &r, &body);
   } else if (RowsHave(j, "codec")) {
     VerifyKvSections(j, &r, &body);
+  } else if (j.contains("tier") && j.contains("op") && !Arr(j, "passes_mb_per_s").empty()) {
+    BenchTiersSections(j, &r, &body);
+  } else if (j.contains("put_first_mb_per_s") || j.contains("get_host_mb_per_s")) {
+    BenchStoreSections(j, &r, &body);
   } else {
     r.title = fmt::format("Terrace report: {}", source);
   }

@@ -9,7 +9,7 @@
 namespace terrace::plan {
 namespace {
 
-constexpr int kLeft = 80, kRight = 200, kTop = 40, kBottom = 56;
+constexpr int kLeft = 80, kRight = 200, kTop = 52, kBottom = 56;
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                                     "#7f7f7f"};
 constexpr int kPaletteSize = 8;
@@ -71,16 +71,34 @@ Axis MakeAxis(double lo, double hi, bool log) {
   return a;
 }
 
-std::string Header(const std::string& title) {
-  return fmt::format(
+std::string Header(const std::string& title, const std::string& subtitle, int height = kChartHeight) {
+  std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"12\" role=\"img\"><title>{2}</title>"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"#ffffff\"/>"
-      "<text x=\"{3}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{2}</text>",
-      kChartWidth, kChartHeight, XmlEscape(title), kLeft);
+      "<text x=\"{3}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{2}</text>",
+      kChartWidth, height, XmlEscape(title), kLeft);
+  if (!subtitle.empty())
+    s += fmt::format("<text x=\"{}\" y=\"38\" font-size=\"11\" fill=\"#555\">{}</text>", kLeft, XmlEscape(subtitle));
+  return s;
 }
 
-void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_label, const std::string& x_label) {
+// A linear axis over [lo, hi] with whole-number ticks (counts: turns, layers), at most ~10.
+Axis IntegerAxis(double lo, double hi) {
+  Axis a;
+  if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi)) lo = hi = 0;
+  a.lo = std::floor(lo);
+  a.hi = std::ceil(hi);
+  if (a.hi == a.lo) {
+    a.lo -= 1;
+    a.hi += 1;
+  }
+  a.step = std::max(1.0, std::ceil((a.hi - a.lo) / 10.0));
+  return a;
+}
+
+void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_label, const std::string& x_label,
+           int height = kChartHeight) {
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   for (double t : y.Ticks()) {
     const double py = y.Map(t, y0, y1);
@@ -90,21 +108,36 @@ void Frame(std::string* s, const Axis& y, AxisFormat yf, const std::string& y_la
   }
   *s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>", x0, y1,
                     x1 - x0, y0 - y1);
-  *s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>", (x0 + x1) / 2, kChartHeight - 12,
+  *s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>", (x0 + x1) / 2, height - 12,
                     XmlEscape(x_label));
   *s += fmt::format("<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>", (y0 + y1) / 2,
                     XmlEscape(y_label));
 }
 
-void Legend(std::string* s, const std::vector<std::string>& names, const std::vector<bool>& dashed) {
+// Line swatches (line charts) or filled squares (bar charts), one per name, right of the plot.
+void Legend(std::string* s, const std::vector<std::string>& names, const std::vector<bool>& dashed, bool squares,
+            std::size_t first_row = 0) {
   const int x = kChartWidth - kRight + 12;
   for (std::size_t i = 0; i < names.size(); ++i) {
-    const int y = kTop + 14 + static_cast<int>(i) * 20;
-    *s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"{}/>", x, y - 4,
-                      x + 22, y - 4, kPalette[i % kPaletteSize],
-                      i < dashed.size() && dashed[i] ? " stroke-dasharray=\"6 4\"" : "");
+    const int y = kTop + 14 + static_cast<int>(i + first_row) * 20;
+    if (squares) {
+      *s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\"/>", x + 4, y - 11,
+                        kPalette[i % kPaletteSize]);
+    } else {
+      *s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"{}/>", x, y - 4,
+                        x + 22, y - 4, kPalette[i % kPaletteSize],
+                        i < dashed.size() && dashed[i] ? " stroke-dasharray=\"6 4\"" : "");
+    }
     *s += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>", x + 28, y, XmlEscape(names[i]));
   }
+}
+
+// A bar's value label: 3 significant digits (percentages with one decimal).
+std::string ValueLabel(double v, AxisFormat f) {
+  if (f == AxisFormat::kPercent) return fmt::format("{:.1f}%", v * 100);
+  if (f == AxisFormat::kBytes) return FormatAxisValue(v, f);
+  if (std::fabs(v) >= 1000) return fmt::format("{:.0f}", v);  // not 1.23e+03
+  return fmt::format("{:.3g}", v);
 }
 
 }  // namespace
@@ -160,10 +193,10 @@ std::string RenderSvg(const LineChart& c) {
       yhi = std::max(yhi, y);
     }
   }
-  const Axis ax = MakeAxis(xlo, xhi, c.log_x);
+  const Axis ax = c.integer_x && !c.log_x ? IntegerAxis(xlo, xhi) : MakeAxis(xlo, xhi, c.log_x);
   Axis ay = MakeAxis(ylo, yhi, c.log_y);
   if (c.y_format == AxisFormat::kPercent && !c.log_y) ay = MakeAxis(0, std::max(1.0, yhi), false);
-  std::string s = Header(c.title);
+  std::string s = Header(c.title, c.subtitle);
   Frame(&s, ay, c.y_format, c.y_label, c.x_label);
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   for (double t : ax.Ticks()) {
@@ -184,10 +217,17 @@ std::string RenderSvg(const LineChart& c) {
     s += fmt::format("<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} "
                      "points=\"{}\"/>",
                      XmlEscape(se.name), kPalette[i % kPaletteSize], se.dashed ? " stroke-dasharray=\"6 4\"" : "", pts);
+    if (c.markers) {
+      for (auto [x, y] : se.points) {
+        if (!usable(x, y)) continue;
+        s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>", ax.Map(x, x0, x1), ay.Map(y, y0, y1),
+                         kPalette[i % kPaletteSize]);
+      }
+    }
     names.push_back(se.name);
     dashed.push_back(se.dashed);
   }
-  Legend(&s, names, dashed);
+  Legend(&s, names, dashed, /*squares=*/false);
   s += "</svg>";
   return s;
 }
@@ -197,12 +237,24 @@ std::string RenderSvg(const BarChart& c) {
   for (const auto& g : c.values)
     for (double v : g)
       if (std::isfinite(v)) yhi = std::max(yhi, v);
+  for (const RefLine& r : c.ref_lines)
+    if (std::isfinite(r.y)) yhi = std::max(yhi, r.y);
   const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false);
-  std::string s = Header(c.title);
-  Frame(&s, ay, c.y_format, c.y_label, "");
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
   const double bw = gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
+  // Labels wider than their group (about 6.5 px a character at 12 px) are drawn slanted down to the
+  // right, and the canvas grows below the plot to hold them (the plot keeps its place and size).
+  std::size_t longest = 0;
+  for (const auto& g : c.groups) longest = std::max(longest, g.size());
+  const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
+  const bool slanted = static_cast<double>(longest) * 6.5 > gw * static_cast<double>(label_every) * 0.95;
+  const int height =
+      slanted ? std::max(kChartHeight, y0 + 24 + static_cast<int>(static_cast<double>(longest) * 6.5 * 0.574) + 8 +
+                                           (c.x_label.empty() ? 0 : 18))
+              : kChartHeight;
+  std::string s = Header(c.title, c.subtitle, height);
+  Frame(&s, ay, c.y_format, c.y_label, c.x_label, height);
   for (std::size_t g = 0; g < c.groups.size(); ++g) {
     const double gx = x0 + g * gw + gw * 0.1;
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
@@ -214,13 +266,40 @@ std::string RenderSvg(const BarChart& c) {
                        hot ? " hot" : "", gx + b * bw, top, bw * 0.92, y0 - top,
                        hot ? "#c0392b" : kPalette[b % kPaletteSize], XmlEscape(c.groups[g]),
                        XmlEscape(c.bars[b]), XmlEscape(FormatAxisValue(v, c.y_format)));
+      if (c.value_labels)
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
+                         gx + b * bw + bw * 0.46, top - 4, XmlEscape(ValueLabel(v, c.y_format)));
     }
-    const std::size_t label_every = c.groups.size() / 24 + 1;  // keep many group labels from overlapping
-    if (g % label_every == 0)
+    if (g % label_every == 0 && slanted) {
+      const double lx = x0 + g * gw + gw / 2 - 4;
+      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" transform=\"rotate(35 {0:.1f} {1})\">{2}</text>", lx, y0 + 14,
+                       XmlEscape(c.groups[g]));
+    } else if (g % label_every == 0) {
       s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
                        XmlEscape(c.groups[g]));
+    }
   }
-  Legend(&s, c.bars, {});
+  for (std::size_t i = 0; i < c.ref_lines.size(); ++i) {
+    const RefLine& r = c.ref_lines[i];
+    if (!std::isfinite(r.y)) continue;
+    const double py = ay.Map(r.y, y0, y1);
+    s += fmt::format("<line class=\"ref\" data-name=\"{}\" x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#333\" "
+                     "stroke-width=\"1.5\" stroke-dasharray=\"{}\"/>",
+                     XmlEscape(r.name), x0, py, x1, py, i == 0 ? "2 3" : "7 4");
+  }
+  Legend(&s, c.bars, {}, /*squares=*/true);
+  if (!c.hot_groups.empty() && std::find(c.hot_groups.begin(), c.hot_groups.end(), true) != c.hot_groups.end()) {
+    const int y = kTop + 14 + static_cast<int>(c.bars.size()) * 20;
+    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"#c0392b\"/><text x=\"{}\" y=\"{}\">hot</text>",
+                     kChartWidth - kRight + 16, y - 11, kChartWidth - kRight + 40, y);
+  }
+  for (std::size_t i = 0; i < c.ref_lines.size(); ++i) {
+    const int y = kTop + 14 + static_cast<int>(c.bars.size() + 1 + i) * 20;
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\" stroke-width=\"1.5\" "
+                     "stroke-dasharray=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>",
+                     kChartWidth - kRight + 12, y - 4, kChartWidth - kRight + 34, y - 4, i == 0 ? "2 3" : "7 4",
+                     kChartWidth - kRight + 40, y, XmlEscape(c.ref_lines[i].name));
+  }
   s += "</svg>";
   return s;
 }

@@ -17,20 +17,30 @@ struct Series {
   bool dashed = false;
 };
 
+// A horizontal reference line across the plot (dashed, labelled at its right end).
+struct RefLine {
+  std::string name;
+  double y = 0;
+};
+
 struct LineChart {
-  std::string title, x_label, y_label;
+  std::string title, subtitle, x_label, y_label;  // subtitle: a smaller second line under the title
   bool log_x = false, log_y = false;  // log axes need positive values; others are dropped
+  bool integer_x = false;             // x is a count (turns, layers): the axis spans the data, integer ticks
+  bool markers = false;               // a dot at every point (series with few points, or gaps)
   AxisFormat x_format = AxisFormat::kPlain, y_format = AxisFormat::kPlain;
   std::vector<Series> series;
 };
 
 struct BarChart {
-  std::string title, y_label;
+  std::string title, subtitle, x_label, y_label;
   AxisFormat y_format = AxisFormat::kPlain;
   std::vector<std::string> groups;       // x categories
   std::vector<std::string> bars;         // bars within a group (legend)
   std::vector<std::vector<double>> values;  // [group][bar]
   std::vector<bool> hot_groups;          // [group]: drawn red with class "bar hot" (e.g. hot experts)
+  std::vector<RefLine> ref_lines;        // e.g. the layer mean and the hot threshold
+  bool value_labels = false;             // the value above each bar (few bars)
 };
 
 inline constexpr int kChartWidth = 720, kChartHeight = 380;

@@ -55,6 +55,21 @@ def test_demo_verifies_every_turn_and_restores_on_a_later_turn(two_runs):
     assert s["experts"]["hits"] + s["experts"]["late_hits"] + s["experts"]["misses"] > 0
     assert s["bytes_moved"]["prefix_restored"] > 0 and s["bytes_moved"]["prefix_written"] > 0
     assert "verified:" in r.stdout and "demo-run.json" in r.stdout
+    # The per-turn figures are the run's counters split by turn: they add up to the summary's.
+    e = s["experts"]
+    per_turn = [t["experts"] for t in j["turns"]]
+    for k in ("hits", "late_hits", "misses"):
+        assert sum(x[k] for x in per_turn) == e[k], k
+    assert sum(x["stall_prefill_s"] + x["stall_decode_s"] for x in per_turn) == pytest.approx(e["stall_s"], rel=1e-6)
+    steps = sum(len(t["generated"]) - 1 for t in j["turns"])
+    assert e["stall_s_per_decode_token"] == pytest.approx(sum(x["stall_decode_s"] for x in per_turn) / steps)
+    for t in j["turns"]:
+        x = t["experts"]
+        assert x["hit_rate"] == pytest.approx(x["hits"] / (x["hits"] + x["late_hits"] + x["misses"]))
+        assert set(t["prefix_hit_rate"]) == {"hbm", "host", "nvme"}
+    assert j["turns"][0]["prefix_hit_rate"]["nvme"] is None  # a fresh directory: nothing read from NVMe
+    assert any(t["prefix_hit_rate"]["host"] for t in j["turns"][1:])
+    assert r.stdout.rstrip().splitlines()[-2].startswith("report:")  # it ends by pointing at the report
 
 
 def test_a_second_run_reuses_the_data_and_restores_on_its_first_turn(two_runs):

@@ -55,34 +55,67 @@ def toy(toy_model):
     return toy_model
 
 
-def test_demo_report(terrace, tmp_path):
-    d = tmp_path / "data"
+@pytest.fixture(scope="module")
+def demo_run(terrace, tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo-report") / "data"
     r = terrace("demo", "--dir", d, "--preset", "k3-toy", "--conversations", "2", "--turns", "2", "--system-tokens",
                 "80", "--user-tokens", "16", "--new-tokens", "3", "--kv-nvme-size", "8MiB", "--state-nvme-size",
                 "16MiB", timeout=300, check=True)
-    assert str(d / "report.html") in r.stdout
+    return d, r, json.loads((d / "demo-run.json").read_text())
+
+
+def bar_values(svg):
+    """The value each bar's tooltip names ("<group> <bar>: <value>")."""
+    return [float(r.find(NS + "title").text.rsplit(": ", 1)[1].rstrip("%")) for r in svg.iter(NS + "rect")
+            if "bar" in (r.get("class") or "")]
+
+
+def ref_line_y(svg, prefix):
+    return next(float(l.get("y1")) for l in svg.iter(NS + "line") if (l.get("data-name") or "").startswith(prefix))
+
+
+def test_demo_report(terrace, demo_run, tmp_path):
+    d, r, j = demo_run
+    assert str(d / "report.html") in r.stdout.splitlines()[-2]  # the demo ends by pointing at the report it wrote
     assert "<svg" in (d / "report.html").read_text()
-    j = json.loads((d / "demo-run.json").read_text())
     layers = j["summary"]["experts"]["layers"]
     assert layers and all(len(l["expert_load"]) > 0 for l in layers)
     c = report(terrace, tmp_path, j, "demo")
-    assert {"ttft-per-turn", "tier-hit-rates-over-time", "stall-share", "prefetch-per-layer",
-            "expert-utilisation"} <= set(c)
-    n = len(j["turns"])
+    assert {"ttft-per-turn", "tier-hit-rates-over-time", "prefix-restore-by-tier", "stall-per-token",
+            "prefetch-per-layer", "expert-utilisation", "expert-load-histogram"} <= set(c)
+    turns = j["turns"]
+    n = len(turns)
     restore = polyline(c["ttft-per-turn"], "with restore")
     assert len(restore) == n and len(polyline(c["ttft-per-turn"], "full recompute")) == n
-    svg_y_order(restore, [t["ttft_s"] for t in j["turns"]])
+    svg_y_order(restore, [t["ttft_s"] for t in turns])
+    # Tier hit rates over time: one point per turn that looked the tier up, at the turn's own rate.
+    for name, rates in (("expert cache (hbm)", [t["experts"]["hit_rate"] for t in turns]),
+                        ("prefix host", [t["prefix_hit_rate"]["host"] for t in turns])):
+        pts = polyline(c["tier-hit-rates-over-time"], name)
+        want = [x for x in rates if x is not None]
+        assert len(pts) == len(want) > 0, name
+        svg_y_order(pts, want)
     for tier in ("hbm", "host", "nvme"):
-        assert len(polyline(c["tier-hit-rates-over-time"], tier)) == n
+        assert len(polyline(c["prefix-restore-by-tier"], tier)) == n
+    dec = polyline(c["stall-per-token"], "decode step")
+    assert len(dec) == n
+    svg_y_order(dec, [t["experts"]["stall_s_per_decode_token"] for t in turns])
     rec = polyline(c["prefetch-per-layer"], "recall")
     assert len(rec) == len(layers)
     svg_y_order(rec, [l["prefetch_recall"] for l in layers])
-    load = [sum(l["expert_load"][e] for l in layers) for e in range(len(layers[0]["expert_load"]))]
+    # The per-expert chart: the layer with the most hot experts, its hot ones red, the hot line above the mean.
+    pick = max(layers, key=lambda l: len(l["hot_experts"]))
     b = bars(c["expert-utilisation"])
-    assert len(b) == len(load)
-    same_order([h for _, h in b], load)
-    hot = {e for l in layers for e in l["hot_experts"]}
-    assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == hot
+    assert len(b) == len(pick["expert_load"])
+    same_order([h for _, h in b], pick["expert_load"])
+    assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == set(pick["hot_experts"])
+    assert ref_line_y(c["expert-utilisation"], "hot") < ref_line_y(c["expert-utilisation"], "layer mean")
+    # The histogram counts every expert of every MoE layer once; its red bins hold exactly the hot experts.
+    hist = c["expert-load-histogram"]
+    counts = bar_values(hist)
+    assert sum(counts) == sum(len(l["expert_load"]) for l in layers)
+    hot_bins = [v for (cls, _), v in zip(bars(hist), counts) if cls == "bar hot"]
+    assert sum(hot_bins) == sum(len(l["hot_experts"]) for l in layers)
 
 
 def test_bench_experts_report(terrace, toy, tmp_path):
@@ -90,19 +123,29 @@ def test_bench_experts_report(terrace, toy, tmp_path):
                 "--json", timeout=300, check=True)
     j = json.loads(r.stdout)
     c = report(terrace, tmp_path, j, "experts")
-    assert {"tokens-per-s", "stall-share", "hit-rate", "recall", "recall-per-layer", "expert-utilisation"} <= set(c)
-    for chart, key in (("tokens-per-s", "tokens_per_s"), ("hit-rate", "hit_rate"), ("stall-share", "stall_share")):
+    assert {"tokens-per-s", "stall-share", "stall-per-token", "hit-rate", "precision", "recall", "recall-per-layer",
+            "expert-utilisation"} <= set(c)
+    for chart, key in (("tokens-per-s", "tokens_per_s"), ("hit-rate", "hit_rate"), ("stall-share", "stall_share"),
+                       ("precision", "precision")):
         b = bars(c[chart])
         assert len(b) == len(j["configs"])
         same_order([h for _, h in b], [x[key] for x in j["configs"]])
+    # Stall per decoded token = stall share x decode time / decode tokens = stall_share / tokens_per_s.
+    per_token = [1e3 * x["stall_share"] / x["tokens_per_s"] for x in j["configs"]]
+    assert bar_values(c["stall-per-token"]) == pytest.approx(per_token, rel=1e-3, abs=1e-3)
     first = next(cfg for cfg in j["configs"] if cfg["expert_load"])
     b = bars(c["expert-utilisation"])
     assert len(b) == len(first["expert_load"])
     same_order([h for _, h in b], first["expert_load"])
     assert {i for i, (cls, _) in enumerate(b) if cls == "bar hot"} == set(first["hot_experts"])
+    def label(cfg):  # the same names repeat per budget: the label carries the budget
+        b = cfg["budget_fraction"]
+        return f"{cfg['name']} @ {100 * b:g}%" if 0 < b < 1 else cfg["name"]
+
+    assert len({label(cfg) for cfg in j["configs"]}) == len(j["configs"])
     for cfg in j["configs"]:
         if cfg["layer_recall"]:
-            pts = polyline(c["recall-per-layer"], cfg["name"])
+            pts = polyline(c["recall-per-layer"], label(cfg))
             assert len(pts) == len(cfg["layer_recall"])
             svg_y_order(pts, cfg["layer_recall"])
 
@@ -137,6 +180,10 @@ def test_verify_kv_report(terrace, toy, tmp_path):
     assert len(kl) == 2 * len(rows)
     same_order([h for _, h in kl[0::2]], [row["kl_mean"] for row in rows])
     assert len(bars(c["codec-top1"])) == len(rows)
+    overlap = bars(c["codec-attention-overlap"])  # mean and min per codec
+    assert len(overlap) == 2 * len(rows)
+    same_order([h for _, h in overlap[0::2]], [row["top8_overlap_mean"] for row in rows])
+    same_order([h for _, h in overlap[1::2]], [row["top8_overlap_min"] for row in rows])
     titles = [t.text for t in c["codec-kl"].iter(NS + "title")]
     assert all(any(row["codec"] in (t or "") for t in titles) for row in rows)
 
@@ -188,26 +235,101 @@ def _png_pixels(path):
     return width, height, bpp, rows
 
 
-def test_plan_report_renders_in_a_headless_browser(terrace, tmp_path):
-    """The page as a browser draws it: Debian's chromium screenshots it headless; the chart's series
-    colours must appear on the page (no blank or broken render). Skipped where chromium is absent."""
+def _colours(path, step=2):
+    _, _, bpp, rows = _png_pixels(path)
+    colours = set()
+    for row in rows[::step]:
+        for i in range(0, len(row), bpp * step):
+            colours.add(tuple(row[i:i + 3]))
+    return colours
+
+
+BLUE, RED, HOT = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28), (0xC0, 0x39, 0x2B)
+
+
+def _browser():
     import shutil
-    import subprocess
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if not browser:
         pytest.skip("chromium is not installed (apt-get install chromium to render the report headless)")
+    return browser
+
+
+def _screenshot(browser, html, png, height):
+    import subprocess
+
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+                    f"--window-size=1000,{height}", html.as_uri()], check=True, capture_output=True, timeout=120)
+
+
+def test_plan_report_renders_in_a_headless_browser(terrace, tmp_path):
+    """The page as a browser draws it: Debian's chromium screenshots it headless; the chart's series
+    colours must appear on the page (no blank or broken render). Skipped where chromium is absent."""
+    browser = _browser()
     plan = terrace("plan", "--json", check=True).stdout
     src, out, png = tmp_path / "plan.json", tmp_path / "plan.html", tmp_path / "plan.png"
     src.write_text(plan)
     terrace("report", src, "-o", out, check=True)
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
-                    "--window-size=1000,1200", out.as_uri()], check=True, capture_output=True, timeout=120)
-    _, _, bpp, rows = _png_pixels(png)
-    colours = set()
-    for row in rows[::2]:
-        for i in range(0, len(row), bpp * 2):
-            colours.add(tuple(row[i:i + 3]))
+    _screenshot(browser, out, png, 1200)
+    colours = _colours(png)
     # The memory-vs-context chart draws its first two series in the palette's blue and red.
-    assert (0x1F, 0x77, 0xB4) in colours
-    assert (0xD6, 0x27, 0x28) in colours
+    assert BLUE in colours and RED in colours
+
+
+def test_report_png_charts(terrace, demo_run, tmp_path):
+    """--png: one PNG per chart, 720x380, drawn (the first series' blue is in each; the hot experts' red in
+    the per-expert chart). Skipped without rsvg-convert."""
+    import shutil
+
+    if not shutil.which("rsvg-convert"):
+        pytest.skip("rsvg-convert is not installed (apt-get install librsvg2-bin for --png)")
+    d, _, j = demo_run
+    assert any(l["hot_experts"] for l in j["summary"]["experts"]["layers"])
+    out = tmp_path / "demo.html"
+    r = terrace("report", d / "demo-run.json", "-o", out, "--png", check=True)
+    pngs = {p.stem[len("demo-"):]: p for p in tmp_path.glob("demo-*.png")}
+    assert {"ttft-per-turn", "stall-per-token", "expert-utilisation", "expert-load-histogram"} <= set(pngs)
+    assert not list(tmp_path.glob("*.svg"))  # --png alone writes no SVG files
+    for name, p in pngs.items():
+        assert str(p) in r.stdout
+        w, h, _, _ = _png_pixels(p)
+        assert (w, h) == (720, 380), name
+        assert BLUE in _colours(p, 1), name
+    assert HOT in _colours(pngs["expert-utilisation"], 1)
+
+
+def test_report_png_without_the_rasteriser_fails_and_writes_nothing(terrace, tmp_path):
+    import os
+    import subprocess
+
+    src, out = tmp_path / "plan.json", tmp_path / "plan.html"
+    src.write_text(terrace("plan", "--json", check=True).stdout)
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    r = subprocess.run([terrace.path, "report", str(src), "-o", str(out), "--png"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PATH": str(empty)})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "--png" in r.stderr and "librsvg2-bin" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-path", "plan.json"]
+
+
+def test_bench_tiers_report(terrace, tmp_path):
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--queue-depth", "4",
+                "--total-bytes", "16MiB", "--repeat", "3", "--json", timeout=120, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "tiers")
+    assert {"throughput-per-pass", "latency"} <= set(c)
+    assert bar_values(c["throughput-per-pass"]) == pytest.approx(j["passes_mb_per_s"], rel=1e-5)
+    same_order([h for _, h in bars(c["throughput-per-pass"])], j["passes_mb_per_s"])
+    assert bar_values(c["latency"]) == pytest.approx([j["p50_us"], j["p99_us"]], rel=1e-5)
+
+
+def test_bench_store_report(terrace, tmp_path):
+    r = terrace("bench", "store", "--dir", tmp_path / "store", "--total-bytes", "16MiB", "--repeat", "1", "--json",
+                timeout=120, check=True)
+    j = json.loads(r.stdout)
+    c = report(terrace, tmp_path, j, "store")
+    want = [v for k, v in j.items() if k.endswith("_mb_per_s") and isinstance(v, (int, float))]
+    assert len(want) >= 4
+    assert bar_values(c["store-throughput"]) == pytest.approx(want, rel=1e-5)

@@ -1,6 +1,8 @@
 // `terrace report`: self-contained HTML with inline SVG whose polylines follow the data.
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 
 #include "src/plan/report.h"
@@ -104,4 +106,64 @@ TEST_CASE("Report: other JSON becomes a table of values; non-objects are refused
   CHECK(FormatAxisValue(1536, AxisFormat::kBytes) == "1.5 KiB");
   CHECK(FormatAxisValue(0.25, AxisFormat::kPercent) == "25%");
   CHECK(FormatAxisValue(2048, AxisFormat::kTokens) == "2k");
+}
+
+TEST_CASE("Report: a plan's expected stall per token is drawn; lifecycle and workload read as words with units") {
+  auto r = RenderReport(R"({"kind": "plan", "model": "m", "hardware": {"name": "hw"},
+    "workload": {"rate_rps": 2, "context_tokens": 4096, "decode_tokens": 64, "concurrency": 8, "prefix_reuse": 0.25},
+    "experts": {"hit_target": 0.9, "bytes_for_target": 1, "budget_bytes": 2048, "hit_rate": 0.5,
+                "stall_s_per_token_batch1": 0.004, "stall_s_per_token_batched": 0.001},
+    "lifecycle": {"weight_load_s": 15.25, "decode_step_s": 0.0125, "offload_bytes_per_request": 3221225472,
+                  "routing_flops_share": 0.03}})",
+                        "p.json");
+  REQUIRE(r.ok());
+  const ReportChart* stall = nullptr;
+  for (const auto& c : r->charts)
+    if (c.name == "stall-per-token") stall = &c;
+  REQUIRE(stall != nullptr);
+  // Two bars, the batch-1 one (4 ms) four times the batched one (1 ms).
+  std::vector<double> heights;
+  for (std::size_t p = 0; (p = stall->svg.find("class=\"bar\"", p)) != std::string::npos; ++p) {
+    const std::size_t h = stall->svg.find("height=\"", p) + 8;
+    heights.push_back(std::stod(stall->svg.substr(h)));
+  }
+  REQUIRE(heights.size() == 2);
+  CHECK(heights[0] == Approx(4 * heights[1]).epsilon(0.02));
+  CHECK(r->html.find("weight load s</th><td>15.2 s") != std::string::npos);
+  CHECK(r->html.find("decode step s</th><td>12.5 ms") != std::string::npos);
+  CHECK(r->html.find("offload bytes per request</th><td>3 GiB") != std::string::npos);
+  CHECK(r->html.find("routing flops share</th><td>3.0%") != std::string::npos);
+  CHECK(r->html.find("2 requests/s, 4096 tokens of context") != std::string::npos);
+  CHECK(r->html.find("25.0% of the prompt a reused prefix") != std::string::npos);
+}
+
+TEST_CASE("Charts: counts on x get whole-number ticks over the data's range") {
+  LineChart c;
+  c.integer_x = true;
+  c.series.push_back({"s", {{1, 1}, {2, 2}, {9, 3}}, false});
+  const std::string svg = RenderSvg(c);
+  // The x tick labels: centred text 18 px below the plot (whose bottom is 56 px above the chart's).
+  const std::string at = fmt::format("y=\"{}\" text-anchor=\"middle\">", kChartHeight - 56 + 18);
+  std::vector<std::string> labels;
+  for (std::size_t p = svg.find(at); p != std::string::npos; p = svg.find(at, p + 1)) {
+    const std::size_t b = p + at.size();
+    labels.push_back(svg.substr(b, svg.find('<', b) - b));
+  }
+  CHECK(labels == std::vector<std::string>{"1", "2", "3", "4", "5", "6", "7", "8", "9"});
+}
+
+TEST_CASE("Charts: bar labels wider than their bar are slanted and the canvas grows to hold them") {
+  BarChart b;
+  b.bars = {"v"};
+  for (int i = 0; i < 10; ++i) {
+    b.groups.push_back(fmt::format("utility+statistical @ {}%", i));
+    b.values.push_back({1.0 + i});
+  }
+  const std::string slanted = RenderSvg(b);
+  CHECK(slanted.find("rotate(35") != std::string::npos);
+  CHECK(slanted.find(fmt::format("height=\"{}\"", kChartHeight)) == std::string::npos);
+  for (auto& g : b.groups) g = g.substr(g.size() - 2);  // "0%" .. "9%": fit
+  const std::string flat = RenderSvg(b);
+  CHECK(flat.find("rotate(35") == std::string::npos);
+  CHECK(flat.find(fmt::format("height=\"{}\"", kChartHeight)) != std::string::npos);
 }

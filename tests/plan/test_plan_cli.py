@@ -144,7 +144,8 @@ def test_report_from_plan_json(terrace, tmp_path):
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html
     svgs = sorted(p.name for p in tmp_path.glob("report-*.svg"))
-    assert svgs == ["report-hit-rate-vs-capacity.svg", "report-memory-vs-context.svg", "report-tier-hit-rates.svg"]
+    assert svgs == ["report-hit-rate-vs-capacity.svg", "report-memory-vs-context.svg", "report-stall-per-token.svg",
+                    "report-tier-hit-rates.svg"]
     for name in svgs:
         root = ET.parse(tmp_path / name).getroot()  # well-formed XML
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
