@@ -47,9 +47,10 @@ void NvmeTier::PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::s
 }
 
 void NvmeTier::ResolveExternalBuffers(IoOp op, std::span<const Chunk> chunks, std::vector<int>* index) const {
-  index->assign(chunks.size(), -1);
+  index->clear();
   MutexLock l(&reg_mu_);
   if (external_.empty()) return;
+  index->assign(chunks.size(), -1);
   const int first = static_cast<int>(staging_->count());
   std::size_t last = 0;  // the region the previous chunk fell in: a batch usually lands in one or a few
   for (std::size_t k = 0; k < chunks.size(); ++k) {
@@ -116,7 +117,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
         } else {
           r.buf = c.dst;
         }
-        r.buf_index = ext_index[i];
+        r.buf_index = ext_index.empty() ? -1 : ext_index[i];
         req_buf.push_back(-1);
       }
       reqs.push_back(r);
