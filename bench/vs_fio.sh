@@ -8,6 +8,9 @@
 # set, default 1GiB), THREADS (Terrace workers, and fio jobs for the random reads; default 1),
 # REPEAT (the random-read pair runs this many times, alternating fio and Terrace; the ratio line
 # gives each round's ratio and their median; default 1), RAND_ONLY=1 (skip the sequential cases).
+# CPU us/IO: user + system CPU time per I/O (fio: its usr/sys over its runtime; Terrace: the
+# process's getrusage over the timed pass, every thread; Terrace reads into buffers registered
+# with the tier, as the store's host arena is, where fio pins its buffers on every I/O).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="${1:-terrace-vs-fio}"
@@ -24,7 +27,7 @@ mkdir -p "$dir"
 bytes() { python3 -c "import sys; s=sys.argv[1]; u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30}; n=[k for k in u if s.endswith(k)]; print(int(s[:-3])*u[n[0]] if n else int(s))" "$1"; }
 fio_size=$(bytes "$size"); fio_rand=$(bytes "$rand_size")
 
-fio_run() {  # rw bs size [jobs] -> "MB/s IOPS p50_us p99_us"
+fio_run() {  # rw bs size [jobs] -> "MB/s IOPS p50_us p99_us cpu_us_per_io(user+sys)"
   local rw=$1 bs=$2 sz=$3 jobs=${4:-1}
   fio --name=t --filename="$dir/fio.dat" --size="$sz" --bs="$bs" --iodepth="$qd" --rw="$rw" \
       --ioengine=io_uring --direct=1 --numjobs="$jobs" --group_reporting --output-format=json 2>/dev/null |
@@ -33,17 +36,23 @@ import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 side = j["read"] if j["read"]["io_bytes"] else j["write"]
 pct = side["clat_ns"].get("percentile", {})
-print("%.0f %.0f %.1f %.1f" % (side["bw_bytes"] / 1e6, side["iops"], pct.get("50.000000", 0) / 1e3, pct.get("99.000000", 0) / 1e3))'
+# With --group_reporting, usr_cpu / sys_cpu are the mean over the jobs: times the job count.
+ios = max(side["total_ios"], 1); cpu_s = side["runtime"] / 1e3 * (j["usr_cpu"] + j["sys_cpu"]) / 100 * int(sys.argv[1])
+print("%.0f %.0f %.1f %.1f %.2f" % (side["bw_bytes"] / 1e6, side["iops"], pct.get("50.000000", 0) / 1e3, pct.get("99.000000", 0) / 1e3, cpu_s * 1e6 / ios))' "$jobs"
 }
-terrace_run() {  # op bs total durability -> "MB/s IOPS p50_us p99_us"
+terrace_run() {  # op bs total durability -> "MB/s IOPS p50_us p99_us cpu_us_per_io(user+sys, or - )"
   "$terrace" bench tiers --tier nvme --op "$1" --block-size "$2" --queue-depth "$qd" --total-bytes "$3" \
       --durability "$4" --threads "$threads" --dir "$dir/terrace" --json |
-    python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.0f %.0f %.1f %.1f" % (j["mb_per_s"], j["iops"], j["p50_us"], j["p99_us"]))'
+    python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+cpu = "%.2f" % (j["user_us_per_op"] + j["sys_us_per_op"]) if "user_us_per_op" in j else "-"
+print("%.0f %.0f %.1f %.1f %s" % (j["mb_per_s"], j["iops"], j["p50_us"], j["p99_us"], cpu))'
   rm -rf "$dir/terrace"
 }
 
-printf "%-34s %10s %10s %9s %9s\n" "case" "MB/s" "IOPS" "p50 us" "p99 us"
-row() { printf "%-34s %10s %10s %9s %9s\n" "$1" $2; }
+printf "%-34s %10s %10s %9s %9s %10s\n" "case" "MB/s" "IOPS" "p50 us" "p99 us" "CPU us/IO"
+row() { printf "%-34s %10s %10s %9s %9s %10s\n" "$1" $2; }
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print('%.2f' % (a/b if b else 0))" "$1" "$2"; }
 
 if [ "$rand_only" != 1 ]; then

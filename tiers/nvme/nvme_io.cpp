@@ -46,13 +46,27 @@ void NvmeTier::PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::s
   PlanChunks(op, file_offset, nullptr, src.data(), src.size(), src.size(), out);
 }
 
-int NvmeTier::ExternalBufferIndex(const std::byte* p, std::size_t len) const {
+void NvmeTier::ResolveExternalBuffers(IoOp op, std::span<const Chunk> chunks, std::vector<int>* index) const {
+  index->clear();
   MutexLock l(&reg_mu_);
-  for (std::size_t i = 0; i < external_.size(); ++i) {
-    auto* b = static_cast<const std::byte*>(external_[i].iov_base);
-    if (p >= b && p + len <= b + external_[i].iov_len) return static_cast<int>(staging_->count() + i);
+  if (external_.empty()) return;
+  index->assign(chunks.size(), -1);
+  const int first = static_cast<int>(staging_->count());
+  std::size_t last = 0;  // the region the previous chunk fell in: a batch usually lands in one or a few
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const Chunk& c = chunks[k];
+    if (c.staged) continue;
+    const std::byte* p = op == IoOp::kWrite ? c.src : c.dst;
+    for (std::size_t n = 0; n < external_.size(); ++n) {
+      const std::size_t i = (last + n) % external_.size();
+      auto* b = static_cast<const std::byte*>(external_[i].iov_base);
+      if (p >= b && p + c.io_len <= b + external_[i].iov_len) {
+        (*index)[k] = first + static_cast<int>(i);
+        last = i;
+        break;
+      }
+    }
   }
-  return -1;
 }
 
 void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done) {
@@ -63,11 +77,10 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
   reqs.reserve(chunks.size());
   req_chunk.reserve(chunks.size());
   req_buf.reserve(chunks.size());
-  bool have_external;
-  {
-    MutexLock l(&reg_mu_);
-    have_external = !external_.empty();
-  }
+  // Fixed-buffer indices of the chunks in registered external memory, resolved under one reg_mu_
+  // round trip for the whole call (not one per I/O).
+  std::vector<int> ext_index;
+  ResolveExternalBuffers(op, chunks, &ext_index);
   std::size_t i = 0;
   while (i < chunks.size()) {
     std::size_t staged_needed = 0;
@@ -104,7 +117,7 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
         } else {
           r.buf = c.dst;
         }
-        r.buf_index = have_external ? ExternalBufferIndex(op == IoOp::kWrite ? c.src : c.dst, c.len) : -1;
+        r.buf_index = ext_index.empty() ? -1 : ext_index[i];
         req_buf.push_back(-1);
       }
       reqs.push_back(r);

@@ -287,7 +287,10 @@ class NvmeTier final : public Tier {
   void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, const std::byte* src, std::uint64_t len,
                   std::uint64_t room, std::vector<Chunk>* out) const;
   void RunChunks(nvme::IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done);
-  int ExternalBufferIndex(const std::byte* p, std::size_t len) const;
+  // (*index)[k]: the fixed-buffer index of chunk k's memory when its whole I/O length lies in one
+  // registered external region, else -1 (staged chunks: -1); left empty (no allocation) when no
+  // external region is registered. Takes reg_mu_ once.
+  void ResolveExternalBuffers(nvme::IoOp op, std::span<const Chunk> chunks, std::vector<int>* index) const;
   Status IoStatus(nvme::IoOp op, int err, const BlockKey& key, std::uint64_t offset) const;
   // nvme_tier.cpp
   Status ReadOnlyError(std::string_view op) const;
