@@ -1,19 +1,27 @@
 #include "src/plan/replay.h"
 
 #include <algorithm>
-#include <bit>
 #include <memory>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "src/store/eviction_policy.h"
+#include "src/store/placement_rules.h"
 #include "terrace/block.h"
 
 namespace terrace::plan {
 namespace {
 
+using store_internal::Bit;
+using store_internal::DroppedByMove;
+using store_internal::EvictAction;
+using store_internal::EvictDecision;
 using store_internal::EvictionPolicy;
+using store_internal::EvictRule;
+using store_internal::Fastest;
+using store_internal::SlotMask;
+using store_internal::WriteThroughSlot;
 
 BlockKey KeyOf(std::uint64_t hash_id) {
   BlockKey k;
@@ -28,30 +36,38 @@ struct TierState {
   std::unique_ptr<EvictionPolicy> policy;
 };
 
-// Bit t set: a copy of the block is in tier t (as the store's Entry::mask).
-using CopyMask = std::uint32_t;
-constexpr CopyMask Bit(std::size_t t) { return CopyMask{1} << t; }
-// The fastest tier holding a copy (the one a read comes from).
-int FastestCopy(CopyMask m) { return std::countr_zero(m); }
-
+// A node's simulated tiers are the store's tier slots: the tiers with room for a block, fastest
+// first, slot 0 = the first of them (an absent tier, capacity 0, has no slot, as a store has no slot
+// for a tier it does not configure). Copies are tracked as the store's Entry::mask is, and every
+// placement decision is the store's own (src/store/placement_rules.h).
 struct Node {
-  std::vector<TierState> tiers;
-  std::unordered_map<std::uint64_t, CopyMask> where;  // hash id -> tiers holding a copy
-  std::vector<double> link_free_s;                    // per tier: when its link is next idle
+  std::vector<TierState> slots;                       // per slot
+  std::unordered_map<std::uint64_t, SlotMask> where;  // hash id -> slots holding a copy
+  std::vector<double> link_free_s;                    // per tier (ReplayOptions::tiers): when its link is next idle
   std::uint64_t requests = 0;
 };
 
 class Simulator {
  public:
-  Simulator(const ReplayOptions& o, ReplayResult* r) : o_(o), r_(r) {}
+  Simulator(const ReplayOptions& o, ReplayResult* r) : o_(o), r_(r) {
+    for (std::size_t t = 0; t < o_.tiers.size(); ++t) {
+      if (o_.tiers[t].capacity_bytes / o_.block_bytes > 0) slot_tier_.push_back(t);
+    }
+  }
+
+  // The number of slots (tiers with room for a block); at least 1 (Replay checks).
+  std::size_t slot_count() const { return slot_tier_.size(); }
+  int lowest() const { return static_cast<int>(slot_tier_.size()) - 1; }
+  // The ReplayOptions::tiers index of slot `s` (what the per-tier results are indexed by).
+  std::size_t TierOf(int s) const { return slot_tier_[static_cast<std::size_t>(s)]; }
 
   Node MakeNode() const {
     Node n;
-    for (const TierSpec& t : o_.tiers) {
+    for (std::size_t t : slot_tier_) {
       TierState s;
-      s.capacity_blocks = t.capacity_bytes / o_.block_bytes;
+      s.capacity_blocks = o_.tiers[t].capacity_bytes / o_.block_bytes;
       s.policy = store_internal::MakeEvictionPolicy(o_.policy);
-      n.tiers.push_back(std::move(s));
+      n.slots.push_back(std::move(s));
     }
     n.link_free_s.assign(o_.tiers.size(), 0.0);
     return n;
@@ -64,40 +80,29 @@ class Simulator {
     return run;
   }
 
-  // The first tier at or after `k` that has any capacity (n.tiers.size() if none).
-  std::size_t Present(const Node& n, std::size_t k) const {
-    while (k < n.tiers.size() && n.tiers[k].capacity_blocks == 0) ++k;
-    return k;
-  }
-
-  // Puts a copy of `id` into tier k (or the first present tier after it), evicting its policy's
-  // victims first, as the store's PlaceWith / EvictLocked do: a victim whose only copy at or below
-  // the tier is this one is written back (demoted) into the next present tier; one with a copy below
-  // is dropped; the last tier drops its victims. Returns the tier the copy went to, or -1.
-  int Place(Node& n, std::size_t k, std::uint64_t id) {
-    k = Present(n, k);
-    if (k >= n.tiers.size()) return -1;
+  // Puts a copy of `id` into slot k, evicting its policy's victims first, as the store's PlaceWith
+  // / EvictLocked do, deciding each victim's fate with the store's EvictRule: written back
+  // (demoted) into the next slot, or dropped; a last copy in the lowest slot, which the store
+  // would refuse to drop, is dropped (the replay is a cache: the block is recomputed).
+  void Place(Node& n, int k, std::uint64_t id) {
     if (auto it = n.where.find(id); it != n.where.end() && (it->second & Bit(k))) {
-      n.tiers[k].policy->OnAccess(KeyOf(id));
-      return static_cast<int>(k);
+      n.slots[static_cast<std::size_t>(k)].policy->OnAccess(KeyOf(id));
+      return;
     }
-    TierState& t = n.tiers[k];
+    TierState& t = n.slots[static_cast<std::size_t>(k)];
     while (t.resident >= t.capacity_blocks) {
       auto victim = t.policy->PickVictim([](const BlockKey&) { return true; });
       if (!victim) break;
       const std::uint64_t vid = victim->id.lo;
       t.policy->OnErase(*victim, /*evicted=*/true);
       --t.resident;
-      ++r_->tiers[k].evictions;
+      ++r_->tiers[TierOf(k)].evictions;
       auto vit = n.where.find(vid);
-      const CopyMask below = vit->second & ~(Bit(k + 1) - 1);
-      vit->second &= ~Bit(k);
-      if (below == 0) {
-        const std::size_t next = Present(n, k + 1);
-        if (next < n.tiers.size()) {
-          r_->tiers[next].bytes_written += o_.block_bytes;
-          Place(n, next, vid);
-        }
+      const EvictDecision rule = EvictRule(vit->second, k, lowest());
+      vit->second = static_cast<SlotMask>(vit->second & ~Bit(k));
+      if (rule.action == EvictAction::kWriteBack) {
+        r_->tiers[TierOf(rule.write_back_to)].bytes_written += o_.block_bytes;
+        Place(n, rule.write_back_to, vid);
       }
       vit = n.where.find(vid);
       if (vit != n.where.end() && vit->second == 0) n.where.erase(vit);
@@ -105,47 +110,40 @@ class Simulator {
     t.policy->OnInsert(KeyOf(id), o_.block_bytes);
     ++t.resident;
     n.where[id] |= Bit(k);
-    return static_cast<int>(k);
   }
 
-  void DropCopy(Node& n, std::uint64_t id, std::size_t k) {
-    n.tiers[k].policy->OnErase(KeyOf(id), /*evicted=*/false);
-    --n.tiers[k].resident;
+  void DropCopy(Node& n, std::uint64_t id, int k) {
+    n.slots[static_cast<std::size_t>(k)].policy->OnErase(KeyOf(id), /*evicted=*/false);
+    --n.slots[static_cast<std::size_t>(k)].resident;
     auto it = n.where.find(id);
-    it->second &= ~Bit(k);
+    it->second = static_cast<SlotMask>(it->second & ~Bit(k));
     if (it->second == 0) n.where.erase(it);
   }
 
-  // A read of `id`, whose fastest copy is in tier k: tier 0 counts an access; a lower tier's copy is
-  // promoted into tier 0 (moved under kExclusive, copied under kInclusive).
+  // A read of `id`, whose fastest copy is in slot k: slot 0 counts an access; a lower slot's copy
+  // is promoted into slot 0, and the copies the store's DroppedByMove names are dropped (exclusive
+  // placement: the others, except the lowest slot's under write-through) before the copy is placed.
   void Touch(Node& n, std::uint64_t id, int k) {
-    const auto kk = static_cast<std::size_t>(k);
-    if (kk == Present(n, 0)) {
-      n.tiers[kk].policy->OnAccess(KeyOf(id));
+    if (k == 0) {
+      n.slots[0].policy->OnAccess(KeyOf(id));
       return;
     }
-    if (o_.placement == terrace::Placement::kExclusive) {
-      DropCopy(n, id, kk);
-    } else {
-      n.tiers[kk].policy->OnAccess(KeyOf(id));
+    const SlotMask copies = n.where.at(id);
+    const SlotMask drop = DroppedByMove(copies, 0, lowest(), o_.placement, o_.write_policy, /*keep_faster=*/true);
+    for (int s = 0; s < static_cast<int>(slot_count()); ++s) {
+      if (drop & Bit(s)) DropCopy(n, id, s);
     }
+    if (!(drop & Bit(k))) n.slots[static_cast<std::size_t>(k)].policy->OnAccess(KeyOf(id));
     Place(n, 0, id);
   }
 
-  // A newly computed block: into tier 0; under kWriteThrough also into the lowest tier.
+  // A newly computed block: into slot 0, and into the slot the store's WriteThroughSlot names.
   void Insert(Node& n, std::uint64_t id) {
-    const int placed = Place(n, 0, id);
-    if (o_.write_policy != terrace::WritePolicy::kWriteThrough) return;
-    std::size_t lowest = n.tiers.size();
-    for (std::size_t k = n.tiers.size(); k-- > 0;) {
-      if (n.tiers[k].capacity_blocks > 0) {
-        lowest = k;
-        break;
-      }
-    }
-    if (lowest < n.tiers.size() && static_cast<int>(lowest) != placed) {
-      r_->tiers[lowest].bytes_written += o_.block_bytes;
-      Place(n, lowest, id);
+    Place(n, 0, id);
+    const int through = WriteThroughSlot(0, lowest(), o_.write_policy);
+    if (through >= 0) {
+      r_->tiers[TierOf(through)].bytes_written += o_.block_bytes;
+      Place(n, through, id);
     }
   }
 
@@ -153,7 +151,7 @@ class Simulator {
     std::vector<Node> nodes;
     for (int i = 0; i < o_.nodes; ++i) nodes.push_back(MakeNode());
     std::vector<std::uint64_t> per_tier_bytes(o_.tiers.size());
-    std::vector<int> hit_tier;
+    std::vector<std::size_t> hit_tier;  // per hit block: the tier (ReplayOptions::tiers index) it was read from
     for (std::size_t ri = 0; ri < trace.requests.size(); ++ri) {
       const TraceRequest& req = trace.requests[ri];
       const double now = static_cast<double>(req.timestamp_ms) / 1000.0;
@@ -180,15 +178,15 @@ class Simulator {
       hit_tier.resize(run);
       std::fill(per_tier_bytes.begin(), per_tier_bytes.end(), 0);
       for (std::size_t i = 0; i < run; ++i) {
-        const int k = FastestCopy(n.where.at(req.hash_ids[i]));
+        const std::size_t k = TierOf(Fastest(n.where.at(req.hash_ids[i])));
         hit_tier[i] = k;
-        ++r_->tiers[static_cast<std::size_t>(k)].hit_blocks;
-        if (k > 0) per_tier_bytes[static_cast<std::size_t>(k)] += o_.block_bytes;
+        ++r_->tiers[k].hit_blocks;
+        if (k > 0) per_tier_bytes[k] += o_.block_bytes;
       }
       r_->hit_blocks += run;
       if (run > 0) {
         ++r_->restores;
-        const std::size_t last = static_cast<std::size_t>(hit_tier[run - 1]);
+        const std::size_t last = hit_tier[run - 1];
         if (last > 0) per_tier_bytes[last] += o_.restore_extra_bytes;
         // Every lower tier's link transfers its share; the restore ends when the last one does.
         double done = now, transfer_only = 0;
@@ -219,7 +217,7 @@ class Simulator {
         if (it == n.where.end()) {
           Insert(n, id);
         } else {
-          Touch(n, id, FastestCopy(it->second));
+          Touch(n, id, Fastest(it->second));
         }
       }
     }
@@ -229,6 +227,7 @@ class Simulator {
  private:
   const ReplayOptions& o_;
   ReplayResult* r_;
+  std::vector<std::size_t> slot_tier_;  // per slot: its ReplayOptions::tiers index
 };
 
 }  // namespace
@@ -251,7 +250,9 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   if (o.block_tokens == 0) return Status::InvalidArgument("--trace-block-tokens must be positive");
   if (o.block_bytes == 0) return Status::InvalidArgument("the model's KV block size is 0 bytes (a model without MLA layers?)");
   if (o.nodes < 1) return Status::InvalidArgument("--nodes must be at least 1");
-  if (o.tiers.size() > 32) return Status::InvalidArgument("at most 32 tiers can be replayed");
+  if (o.tiers.size() > static_cast<std::size_t>(kMaxTierSlots)) {
+    return Status::InvalidArgument(fmt::format("at most {} tiers can be replayed (as a store composes)", kMaxTierSlots));
+  }
   if (!(o.prefill_tokens_per_s > 0)) return Status::InvalidArgument("the prefill speed must be positive (--hardware)");
   for (std::size_t k = 1; k < o.tiers.size(); ++k) {
     if (!(o.tiers[k].read_bandwidth > 0)) {

@@ -1,14 +1,17 @@
 // Trace replay: runs a request trace (trace.h) through simulated tiers, each a capacity and a link
-// bandwidth, with the store's own eviction policies (src/store/eviction_policy.h: LRU, S3-FIFO).
-// Model (docs/plan.md, "Trace replay"): every node has its own tiers, fastest first; tier 0 is where
-// compute reads the KV (HBM). A request's prefix hit is the leading run of its hash ids resident
-// anywhere on its node; hit blocks whose fastest copy is in a lower tier are read over that tier's
-// link into tier 0 (promoted: moved under Placement::kExclusive, copied under kInclusive), the rest
-// of the prompt is recomputed and written to tier 0 (and, under WritePolicy::kWriteThrough, to the
-// lowest tier). A full tier evicts its policy's victim: written back into the next tier when it has
-// no copy below (a write over that tier's link), else dropped; the last tier drops it. Links are
-// FIFO servers: a restore waits for earlier transfers on the same link. Decode-time KV (output
-// tokens) is not simulated. Pure function of its inputs; thread-safe.
+// bandwidth, with the store's own eviction policies (src/store/eviction_policy.h: LRU, S3-FIFO) and
+// the store's own placement rules (src/store/placement_rules.h: EvictRule, DroppedByMove,
+// WriteThroughSlot). Model (docs/plan.md, "Trace replay"): every node has its own tiers, fastest
+// first; the first tier with room for a block is where compute reads the KV (HBM). A request's
+// prefix hit is the leading run of its hash ids resident anywhere on its node; hit blocks whose
+// fastest copy is in a lower tier are read over that tier's link and promoted into the first tier
+// (Placement::kExclusive drops the other copies, except the lowest tier's under
+// WritePolicy::kWriteThrough; kInclusive keeps them), the rest of the prompt is recomputed and
+// written to the first tier (and, under kWriteThrough, to the lowest tier). A full tier evicts its
+// policy's victim: written back into the next tier when it has no copy below (a write over that
+// tier's link), else dropped; the last tier drops it. Links are FIFO servers: a restore waits for
+// earlier transfers on the same link. Decode-time KV (output tokens) is not simulated. Pure
+// function of its inputs; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +49,10 @@ struct ReplayOptions {
   std::uint64_t restore_extra_bytes = 0;
   std::vector<TierSpec> tiers;       // fastest first, at least one
   ReplayPolicy policy = ReplayPolicy::kLru;
-  // The store's placement rules (StoreOptions::placement / write_policy, terrace/options.h):
-  // kExclusive moves a block up on a hit, kInclusive keeps its copy below (so evicting the upper
-  // copy writes nothing); kWriteThrough also writes every new block into the lowest tier.
+  // The store's placement rules (StoreOptions::placement / write_policy, terrace/options.h;
+  // applied through src/store/placement_rules.h): kExclusive moves a block up on a hit,
+  // kInclusive keeps its copy below (so evicting the upper copy writes nothing); kWriteThrough
+  // also writes every new block into the lowest tier, which keeps that copy under both.
   terrace::Placement placement = terrace::Placement::kExclusive;
   terrace::WritePolicy write_policy = terrace::WritePolicy::kWriteBack;
   int nodes = 1;
@@ -87,6 +91,7 @@ struct ReplayResult {
 };
 
 // InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block,
+// more tiers than a store composes (kMaxTierSlots),
 // zero block bytes or tokens,
 // nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);

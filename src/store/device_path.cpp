@@ -26,8 +26,8 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
         "put {}: the data is in device memory, which tier {} cannot read; put it into the hbm tier "
         "(PutOptions::tier = TierId::kHbm) or pass a host buffer", key.ToString(), SlotName(target)));
   }
-  const int lowest = LowestSlot();
-  const bool write_through = options_.write_policy == WritePolicy::kWriteThrough && lowest != target;
+  const int through = WriteThroughSlot(target, LowestSlot(), options_.write_policy);  // -1: none
+  const bool write_through = through >= 0;
 
   auto guard = key_locks_.Lock(key);
   TERRACE_ASSIGN_OR_RETURN(const SlotMask old_mask, ReplaceableMask(key));
@@ -48,15 +48,15 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
   SlotMask new_mask = Bit(target);
   if (write_through) {
     // The lowest tier cannot read device memory: copy the stored block down from `target`.
-    TransferOutcome t = Transfer(target, lowest, key, desc);
+    TransferOutcome t = Transfer(target, through, key, desc);
     Status ws = t.read.ok() ? t.write : t.read;
     if (!ws.ok()) {
       RemoveEveryCopy(key, old_mask | new_mask);
       return ws.WithContext(fmt::format("put {} from device memory reached tier {} but could not be written through "
                                         "to tier {}; the block and any previous version under this key were removed",
-                                        key.ToString(), SlotName(target), SlotName(lowest)));
+                                        key.ToString(), SlotName(target), SlotName(through)));
     }
-    new_mask |= Bit(lowest);
+    new_mask |= Bit(through);
   }
   PublishPut(key, desc, old_mask, new_mask);
   return Status::Ok();

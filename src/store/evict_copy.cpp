@@ -28,13 +28,13 @@ Status StoreImpl::EvictCopy(const BlockKey& key, TierId tier) {
           "evict {} from tier {}: the block is pinned there (by Pin or a live BlockHandle); release it first",
           key.ToString(), SlotName(s)));
     }
-    if (!(it->second.mask & Below(s))) {
+    if (EvictRule(it->second.mask, s, LowestSlot()).action != EvictAction::kDrop) {
       return Status::InvalidArgument(fmt::format(
           "evict {} from tier {}: it is the lowest copy of the block; EvictCopy never drops the last copy "
           "(use Erase to remove the block)", key.ToString(), SlotName(s)));
     }
   }
-  // A copy exists below, so EvictLocked drops this one without a demotion write.
+  // EvictRule said kDrop (a copy exists below), so EvictLocked drops this one without a demotion write.
   return EvictLocked(s, key);
 }
 

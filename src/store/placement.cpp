@@ -156,9 +156,10 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
     mask = it->second.mask;
   }
   std::optional<int> placed;
-  if (!(mask & Below(t))) {  // the only copy at or below t: write it back first
-    if (t == LowestSlot()) return Status::OutOfCapacity("no lower tier");
-    const int lower = t + 1;
+  const EvictDecision rule = EvictRule(mask, t, LowestSlot());
+  if (rule.action == EvictAction::kLastCopy) return Status::OutOfCapacity("no lower tier");
+  if (rule.action == EvictAction::kWriteBack) {  // the only copy at or below t: write it back first
+    const int lower = rule.write_back_to;
     Status s = DemoteCopy(t, lower, key, desc);
     if (s.IsCorruption()) {  // the copy is lost anyway; dropping it frees the space
       DropCopy(key, t);

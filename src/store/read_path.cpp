@@ -235,19 +235,14 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, i
     if (!ms.ok()) {
       out.move_status = std::move(ms);
     } else {
-      // Exclusive placement: the moved block leaves its other copies (but the lowest tier keeps
-      // its copy under write-through, and copies pinned by a handle stay).
-      SlotMask remove = 0;
-      if (options_.placement == Placement::kExclusive) {
+      // The copies placement drops after the move (DroppedByMove: exclusive placement), less
+      // those pinned by a handle.
+      SlotMask remove = DroppedByMove(mask, target, LowestSlot(), options_.placement, options_.write_policy,
+                                      /*keep_faster=*/mode == MoveMode::kUp);
+      if (remove != 0) {
         MutexLock lock(&mu_);
         auto it = entries_.find(key);
-        for (int i = 0; it != entries_.end() && i < slot_count(); ++i) {
-          if (i == target || !(mask & Bit(i))) continue;
-          if (mode == MoveMode::kUp && i < target) continue;
-          if (options_.write_policy == WritePolicy::kWriteThrough && i == LowestSlot()) continue;
-          if (it->second.handle_mask & Bit(i)) continue;
-          remove |= Bit(i);
-        }
+        remove = it == entries_.end() ? SlotMask{0} : static_cast<SlotMask>(remove & ~it->second.handle_mask);
       }
       for (int i = 0; i < slot_count(); ++i) {
         if (!(remove & Bit(i))) continue;

@@ -41,21 +41,14 @@
 #include "src/store/eviction_policy.h"
 #include "src/store/inflight.h"
 #include "src/store/key_locks.h"
+#include "src/store/placement_rules.h"
 #include "src/store/thread_pool.h"
 #include "terrace/store.h"
 
 namespace terrace::store_internal {
 
-// Tier slots are positions in the store's ordered tier list, 0 = fastest. A SlotMask has bit i
-// set when slot i holds a copy.
-using SlotMask = std::uint8_t;
-static_assert(kMaxTierSlots <= 8 * sizeof(SlotMask));
-inline SlotMask Bit(int slot) { return static_cast<SlotMask>(1u << static_cast<unsigned>(slot)); }
-// Index of the fastest slot in `mask`, or -1 when the mask is empty.
-inline int Fastest(SlotMask mask) { return mask == 0 ? -1 : std::countr_zero(static_cast<unsigned>(mask)); }
-// Slots strictly after `slot`.
-inline SlotMask Below(int slot) { return static_cast<SlotMask>(~((2u << static_cast<unsigned>(slot)) - 1u)); }
-
+// Tier slots are positions in the store's ordered tier list, 0 = fastest; SlotMask, Bit, Fastest,
+// Below and the placement decisions over them are in src/store/placement_rules.h.
 
 // True when a tier's answer (`got`, `bytes`) is the block the directory describes (`want`). A tier
 // whose Get verifies its own output (TierCaps::verifies_gets) has already hashed `bytes` against

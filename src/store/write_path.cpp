@@ -21,8 +21,8 @@ Result<int> StoreImpl::PutTarget(const BlockKey& key, const PutOptions& opts) co
 Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
   const BlockDesc desc = DescribeBlock(data, opts.codec);
   TERRACE_ASSIGN_OR_RETURN(const int target, PutTarget(key, opts));
-  const int lowest = LowestSlot();
-  const bool write_through = options_.write_policy == WritePolicy::kWriteThrough && lowest != target;
+  const int through = WriteThroughSlot(target, LowestSlot(), options_.write_policy);  // -1: none
+  const bool write_through = through >= 0;
 
   auto guard = key_locks_.Lock(key);
   SlotMask old_mask = 0;
@@ -31,7 +31,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       Entry& e = it->second;
-      if (e.desc == desc && (!write_through || (e.mask & Bit(lowest)))) {
+      if (e.desc == desc && (!write_through || (e.mask & Bit(through)))) {
         Policy(Fastest(e.mask)).OnAccess(key);
         put_dedup_hits_.fetch_add(1, std::memory_order_relaxed);
         return Status::Ok();
@@ -47,8 +47,8 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
 
   SlotMask new_mask = 0;
   if (write_through) {
-    TERRACE_RETURN_IF_ERROR(PlaceInTier(lowest, key, desc, data));
-    new_mask |= Bit(lowest);
+    TERRACE_RETURN_IF_ERROR(PlaceInTier(through, key, desc, data));
+    new_mask |= Bit(through);
   }
   Status s = PlaceInTier(target, key, desc, data);
   if (!s.ok()) {
@@ -57,7 +57,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     RemoveEveryCopy(key, old_mask | new_mask);
     return s.WithContext(fmt::format("put {} failed after writing through to tier {}; the block and any "
                                      "previous version under this key were removed", key.ToString(),
-                                     SlotName(lowest)));
+                                     SlotName(through)));
   }
   new_mask |= Bit(target);
   PublishPut(key, desc, old_mask, new_mask);

@@ -259,3 +259,21 @@ TEST_CASE("Every placement and write policy reaches the ceiling with room for ev
     }
   }
 }
+
+TEST_CASE("Exclusive write-through: a promotion keeps the lowest tier's copy, as the store does, by hand") {
+  // The store's scenario in tests/store/placement_rules_store_test.cpp. hbm 1, host 2 (the lowest),
+  // exclusive, write-through. r1 [1]: hbm + host (write). r2 [2]: hbm evicts 1 (host copy: dropped),
+  // + host (write). r3 [1]: host hit, promoted; host keeps its copy; hbm evicts 2 (host copy:
+  // dropped). r4 [2]: the same. Host writes: 2 blocks, none a demotion.
+  const Trace t = Make({{1}, {2}, {1}, {2}});
+  ReplayOptions o = OneTier(1);
+  o.tiers.push_back({"host", 200, 1e6});
+  o.placement = terrace::Placement::kExclusive;
+  o.write_policy = terrace::WritePolicy::kWriteThrough;
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->tiers[1].hit_blocks == 2);
+  CHECK(r->tiers[1].bytes_read == 200);
+  CHECK(r->tiers[1].bytes_written == 200);
+  CHECK(r->tiers[0].evictions == 3);
+}
