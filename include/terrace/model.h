@@ -54,6 +54,11 @@ struct ForwardOptions {
   // Called for every layer, the last included. The span is valid only during the call. Runs on the
   // forward pass's thread; must be cheap or hand work off.
   std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_layer_end;
+  // Called before layer `layer`'s FFN (every layer) with the residual stream [tokens, hidden] its
+  // router reads, before the FFN input norm: PredictRouting(layer, hidden, tokens) on it is the
+  // layer's routing. For measuring predictors (docs/experts.md); valid only during the call; runs
+  // on the forward pass's thread. Unset: no cost.
+  std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_ffn_input;
   // Attention focus probe: called by every MLA layer, once per head, with that head's attention
   // probabilities for this call's tokens, `probs` [tokens, positions] row-major (positions = the
   // layer's cached tokens after this call; row i is the token at absolute position
@@ -133,11 +138,12 @@ class Session {
   SequenceState& state() { return state_; }
   const SequenceState& state() const { return state_; }
   Profile& profile() { return profile_; }
-  // Callbacks (on_routing, on_layer_end, on_layer_begin, on_mla_attention) copied into every later
+  // Callbacks (on_routing, on_layer_end, on_ffn_input, on_layer_begin, on_mla_attention) copied into every later
   // Prefill / Decode's ForwardOptions; the other fields of `hooks` are ignored.
   void set_hooks(const ForwardOptions& hooks) {
     hooks_.on_routing = hooks.on_routing;
     hooks_.on_layer_end = hooks.on_layer_end;
+    hooks_.on_ffn_input = hooks.on_ffn_input;
     hooks_.on_layer_begin = hooks.on_layer_begin;
     hooks_.on_mla_attention = hooks.on_mla_attention;
   }

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -78,6 +79,20 @@ struct LookupResult {
 enum class Priority : std::uint8_t { kDemand = 0, kHigh = 1, kLow = 2 };
 
 using Clock = std::chrono::steady_clock;
+
+// Options of the Prefetch overload that reports each key as it finishes.
+struct PrefetchOptions {
+  Priority priority = Priority::kHigh;
+  // Items not started when it passes complete TimedOut.
+  Clock::time_point deadline = Clock::time_point::max();
+  // Called once per key, with the key's index in `keys` and its Status (the same one the Future's
+  // vector holds), as soon as that key is done: OK means the block is in the target tier (it may
+  // be evicted again at any time, like any unpinned copy). Runs on the store thread that finished
+  // the key, or on the calling thread inside Prefetch for keys that fail at once; before the
+  // Future completes; with no store lock held, so it may call Store methods. It must not block for
+  // long (it delays the store's other prefetch items) and must not throw. Empty: not called.
+  std::function<void(std::size_t index, const Status& status)> on_item;
+};
 
 // A move-only handle to a block resident in an addressable tier. While it lives the block is
 // pinned in that tier, so data() stays valid. It must not outlive its Store.
@@ -203,9 +218,19 @@ class Store {
 
   // Moves blocks up to `target` in the background; one Status per key, in order. Items not
   // started when `deadline` passes get TimedOut; after Future::cancel() they get Cancelled.
+  // The Future completes when every key is done. A kDemand prefetch counts as demand from this
+  // call until its last key is done: speculative (kHigh, kLow) items not yet started wait for it,
+  // as they do for a Get; speculative items start at most kSpeculativeGroup at a time, so a demand
+  // arriving during a large speculative prefetch waits for at most that many reads.
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target,
                                        Priority priority = Priority::kHigh,
                                        Clock::time_point deadline = Clock::time_point::max());
+  // The same, also reporting each key as soon as it is done (PrefetchOptions::on_item), so a
+  // caller can use the first blocks of a batch while the rest still load.
+  Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target,
+                                       const PrefetchOptions& options);
+  // Speculative prefetch items one store thread starts together (one batched tier read).
+  static constexpr std::size_t kSpeculativeGroup = 8;
   // Async forms run on the store's thread pool. The caller keeps `out` / `data` alive until the
   // Future is ready.
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -205,6 +206,9 @@ struct ConfigResult {
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
   std::uint64_t speculative_bytes = 0, wasted_bytes = 0, misses_per_token_x1000 = 0;
   std::vector<double> layer_recall;
+  // Per decode token: the forward (this) thread's CPU time, and the CPU time of the process's
+  // other threads (the store's lanes, the NVMe tier's rings) over the same steps.
+  double wall_s_per_token = 0, forward_cpu_s_per_token = 0, background_cpu_s_per_token = 0;
   std::vector<std::uint64_t> expert_load;  // whole run (prefill included): tokens routed to each expert id, summed over MoE layers
   std::vector<int> hot_experts;            // ids hot (load > hot_factor x the layer mean) in some MoE layer
 };
@@ -225,7 +229,89 @@ Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt
   return Seconds(t0);
 }
 
+// What limits the lookahead predictor on this checkpoint, per MoE layer l (decode steps of the
+// resident model): the recall of the top-k that layer l's router picks from the hidden state that
+// leaves layer l - 1 (what lookahead at distance 1 sees), the recall from the router's true input
+// (that state plus layer l's attention update; 1.0 unless the predictor's router math is wrong),
+// and the size of that update relative to the state, ||update|| / ||state||.
+struct LookaheadLimit {
+  std::vector<int> layers;
+  std::vector<double> recall_lookahead, recall_true_input, update_ratio;
+};
+
+Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::vector<int>& prompt, int decode) {
+  const model::ModelConfig& c = m.config();
+  const int L = c.num_hidden_layers;
+  std::vector<std::vector<float>> after(static_cast<std::size_t>(L));  // hidden leaving layer l, this step
+  std::vector<double> tp_la(static_cast<std::size_t>(L), 0), tp_true(static_cast<std::size_t>(L), 0),
+      routed(static_cast<std::size_t>(L), 0), ratio_sum(static_cast<std::size_t>(L), 0), ratio_n(static_cast<std::size_t>(L), 0);
+  std::vector<std::vector<int>> pred_la(static_cast<std::size_t>(L)), pred_true(static_cast<std::size_t>(L));
+  bool measuring = false;
+  Status failed;
+  auto distinct = [](std::vector<int> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  };
+  model::ForwardOptions o;
+  o.on_layer_end = [&](int l, std::span<const float> h, std::int64_t) {
+    after[static_cast<std::size_t>(l)].assign(h.begin(), h.end());
+  };
+  o.on_ffn_input = [&](int l, std::span<const float> h, std::int64_t T) {
+    if (!measuring || l == 0 || c.IsDenseLayer(l)) return;
+    const auto& prev = after[static_cast<std::size_t>(l - 1)];
+    auto la = m.PredictRouting(l, prev, T);
+    auto tr = m.PredictRouting(l, h, T);
+    if (!la.ok() || !tr.ok()) {
+      failed = !la.ok() ? la.status() : tr.status();
+      return;
+    }
+    pred_la[static_cast<std::size_t>(l)] = distinct(la->ids);
+    pred_true[static_cast<std::size_t>(l)] = distinct(tr->ids);
+    double du = 0, hn = 0;
+    for (std::size_t i = 0; i < h.size() && i < prev.size(); ++i) {
+      du += (h[i] - prev[i]) * static_cast<double>(h[i] - prev[i]);
+      hn += static_cast<double>(prev[i]) * prev[i];
+    }
+    ratio_sum[static_cast<std::size_t>(l)] += hn > 0 ? std::sqrt(du / hn) : 0;
+    ratio_n[static_cast<std::size_t>(l)] += 1;
+  };
+  o.on_routing = [&](int l, const model::Routing& r) {
+    if (!measuring || l == 0) return;
+    const std::vector<int> actual = distinct(r.ids);
+    auto hits = [&](const std::vector<int>& p) {
+      double n = 0;
+      for (int e : actual) n += std::binary_search(p.begin(), p.end(), e) ? 1 : 0;
+      return n;
+    };
+    tp_la[static_cast<std::size_t>(l)] += hits(pred_la[static_cast<std::size_t>(l)]);
+    tp_true[static_cast<std::size_t>(l)] += hits(pred_true[static_cast<std::size_t>(l)]);
+    routed[static_cast<std::size_t>(l)] += static_cast<double>(actual.size());
+  };
+  model::Session s(m);
+  s.set_hooks(o);
+  TERRACE_RETURN_IF_ERROR(s.Prefill(prompt).status());
+  measuring = true;
+  for (int i = 0; i < decode; ++i) TERRACE_RETURN_IF_ERROR(s.Decode(model::Argmax(s.last_logits())).status());
+  TERRACE_RETURN_IF_ERROR(failed);
+  LookaheadLimit out;
+  for (int l = 1; l < L; ++l) {
+    if (c.IsDenseLayer(l) || routed[static_cast<std::size_t>(l)] == 0) continue;
+    out.layers.push_back(l);
+    out.recall_lookahead.push_back(tp_la[static_cast<std::size_t>(l)] / routed[static_cast<std::size_t>(l)]);
+    out.recall_true_input.push_back(tp_true[static_cast<std::size_t>(l)] / routed[static_cast<std::size_t>(l)]);
+    out.update_ratio.push_back(ratio_sum[static_cast<std::size_t>(l)] / std::max(ratio_n[static_cast<std::size_t>(l)], 1.0));
+  }
+  return out;
+}
+
 std::string Yes(bool met) { return met ? "met" : "NOT met"; }
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 int RunBenchExperts(const BenchExpertsArgs& a) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
@@ -271,6 +357,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
   // not inflate it; the wall time per step is reported beside it.
   progress.Phase(fmt::format("resident (all {:.1f} MiB of experts in memory)", static_cast<double>(total) / (1 << 20)));
   double compute_s_per_token = 0, resident_wall_s_per_token = 0;
+  LookaheadLimit limit;
   {
     auto m = model::Model::Load(config, **md);
     if (!m.ok()) return Fail(m.status().ToString());
@@ -280,6 +367,9 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     resident_wall_s_per_token = *t / a.decode;
     compute_s_per_token = (ThreadCpuSeconds() - cpu0) / a.decode;
     if (a.threads > 1 || !(compute_s_per_token > 0)) compute_s_per_token = resident_wall_s_per_token;
+    auto lim = MeasureLookaheadLimit(**m, prompt, a.decode);  // untimed
+    if (!lim.ok()) return Fail(lim.status().ToString());
+    limit = std::move(lim).value();
     ConfigResult r;
     r.name = "resident";
     r.tokens_per_s = a.decode / *t;
@@ -364,11 +454,15 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       x.AttachHooks(&hooks);
       experts::ExpertMetrics m0;
       StoreStats s0;
+      double fcpu0 = 0, pcpu0 = 0;
       auto t = TimedDecode(**m, prompt, a.decode, &hooks, [&] {
         m0 = x.Metrics();
         s0 = (*st)->Stats();
+        fcpu0 = ThreadCpuSeconds();
+        pcpu0 = ProcessCpuSeconds();
       }, &progress);
       if (!t.ok()) return Fail(t.status().ToString());
+      const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuSeconds() - pcpu0;
       const experts::ExpertMetrics m1 = x.Metrics();
       const StoreStats s1 = (*st)->Stats();
       ConfigResult r;
@@ -376,6 +470,9 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       r.budget_fraction = budget.fraction;
       r.tokens_per_s = a.decode / *t;
       r.stall_share = static_cast<double>(m1.stall_ns - m0.stall_ns) / 1e9 / *t;
+      r.wall_s_per_token = *t / a.decode;
+      r.forward_cpu_s_per_token = fcpu / a.decode;
+      r.background_cpu_s_per_token = std::max(pcpu - fcpu, 0.0) / a.decode;
       const double hits = static_cast<double>(m1.hits - m0.hits);
       const double misses = static_cast<double>((m1.misses - m0.misses) + (m1.late_hits - m0.late_hits));
       r.hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
@@ -510,12 +607,19 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["mmap_residency_measured"] = before.measured;
     j["mmap_cold"] = cold;
     j["chance_recall"] = chance_recall;
+    j["lookahead_limit"] = {{"layers", limit.layers},
+                            {"recall_from_previous_layer_output", limit.recall_lookahead},
+                            {"recall_from_true_router_input", limit.recall_true_input},
+                            {"attention_update_ratio", limit.update_ratio}};
     for (const auto& r : results) {
       nlohmann::json c;
       c["name"] = r.name;
       c["budget_fraction"] = r.budget_fraction;
       c["tokens_per_s"] = r.tokens_per_s;
       c["stall_share"] = r.stall_share;
+      c["wall_s_per_token"] = r.wall_s_per_token;
+      c["forward_cpu_s_per_token"] = r.forward_cpu_s_per_token;
+      c["background_cpu_s_per_token"] = r.background_cpu_s_per_token;
       c["hit_rate"] = r.hit_rate;
       c["recall"] = r.recall;
       c["precision"] = r.precision;
@@ -578,6 +682,27 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     fmt::print("per-layer recall, {} at {:.0f}%:{}\n", r.name, r.budget_fraction * 100, layers);
   }
   fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", regime.top_k, regime.experts_per_layer, chance_recall);
+  for (const auto& r : results) {
+    if (r.name == "resident" || r.name == "mmap") continue;
+    const double stalled = r.stall_share * r.wall_s_per_token;
+    fmt::print("ms per decode token, {} at {:.0f}%: wall {:.1f} = forward-thread CPU {:.1f} + stalled {:.1f} + other {:.1f} "
+               "(descheduled); other threads' CPU {:.1f} (resident compute {:.1f})\n",
+               r.name, r.budget_fraction * 100, r.wall_s_per_token * 1e3, r.forward_cpu_s_per_token * 1e3, stalled * 1e3,
+               std::max(r.wall_s_per_token - r.forward_cpu_s_per_token - stalled, 0.0) * 1e3,
+               r.background_cpu_s_per_token * 1e3, compute_s_per_token * 1e3);
+  }
+  {
+    std::string la, tr, up, ls;
+    for (std::size_t i = 0; i < limit.layers.size(); ++i) {
+      ls += fmt::format(" {}", limit.layers[i]);
+      la += fmt::format(" {:.2f}", limit.recall_lookahead[i]);
+      tr += fmt::format(" {:.2f}", limit.recall_true_input[i]);
+      up += fmt::format(" {:.2f}", limit.update_ratio[i]);
+    }
+    fmt::print("lookahead limit (resident decode), MoE layers{}: router recall from the previous layer's output{}, "
+               "from the router's true input{}; attention update / residual norm{}\n",
+               ls, la, tr, up);
+  }
   fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
              advised ? "accepted" : "refused for some shard", drop_caches,
              before.measured ? fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * before.fraction(),

@@ -6,11 +6,16 @@
 // -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
 // selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
 // but not speculative); any other demand load goes absent -> resident directly on the calling
-// thread. Leases pin the store handle; a pinned expert is never a victim. Everything is guarded
-// by Impl::mu; store futures are polled, never called back, so no store thread ever takes mu.
+// thread. A resident expert keeps the store handle (pinned in the fast tier) and its parsed weights
+// from its first acquire until it is evicted, so a hit costs no checksum and no parse (the store
+// verifies the copy once, at that first acquire); only leased experts (refs > 0) are never victims.
+// Everything is guarded by Impl::mu. Store threads never take mu: a Store::Prefetch reports each
+// key to its InFlight's Landing (its own mutex), which the forward thread polls or waits on, so
+// expert e of a batch is usable as soon as e is in, not when the whole batch is.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -40,8 +45,8 @@ struct Slot {
   BlockKey key;
   std::uint64_t bytes = 0;  // block size; 0: no such expert (dense layer)
   SlotState state = SlotState::kAbsent;
-  BlockHandle handle;              // valid while refs > 0
-  model::ExpertWeights weights;    // views into handle's bytes while refs > 0
+  BlockHandle handle;              // valid from the first acquire after landing until eviction
+  model::ExpertWeights weights;    // views into handle's bytes while handle is valid
   int refs = 0;
   bool unused_prefetch = false;    // landed by a prefetch and not acquired since
   bool pending = false;            // in the prefetch queue
@@ -52,12 +57,43 @@ struct Slot {
   double wanted_confidence = 0;
 };
 
+// Per-key outcomes of one Store::Prefetch call, written by store threads (PrefetchOptions::on_item)
+// and read by the forward thread. Thread-safe; its mutex is a leaf.
+struct Landing {
+  explicit Landing(std::size_t n) : status(n), done(n, 0) {}
+  void Set(std::size_t k, const Status& s) {
+    {
+      std::lock_guard lock(mu);
+      status[k] = s;
+      done[k] = 1;
+    }
+    cv.notify_all();
+  }
+  std::optional<Status> Poll(std::size_t k) {
+    std::lock_guard lock(mu);
+    if (!done[k]) return std::nullopt;
+    return status[k];
+  }
+  Status Wait(std::size_t k) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done[k] != 0; });
+    return status[k];
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Status> status;  // GUARDED_BY(mu)
+  std::vector<char> done;      // GUARDED_BY(mu)
+};
+
 // One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
 struct InFlight {
   std::vector<std::size_t> slot_ids;
   std::int64_t target;  // ordinal of the (predicted or known) use
   bool demand = false;  // the current layer's known selection (Priority::kDemand): never cancelled for room
-  Future<std::vector<Status>> future;
+  Future<std::vector<Status>> future;  // reset once every key is booked
+  std::shared_ptr<Landing> landing;
+  std::vector<char> booked;            // key k's outcome is accounted for
+  std::size_t unbooked = 0;
 };
 
 struct Pending {
@@ -156,6 +192,8 @@ struct ExpertOffload::Impl {
 
   Status Evict(std::size_t i) {
     Slot& s = slots[i];
+    s.weights = model::ExpertWeights{};
+    s.handle.Release();  // unleased (refs == 0): the cached pin only
     Status st = store->EvictCopy(s.key, TierId::kHbm);
     if (!st.ok() && !st.IsNotFound())
       return st.WithContext(fmt::format("evicting expert {} of layer {} from the fast tier", ExpertOf(i), LayerOf(i)));
@@ -163,47 +201,87 @@ struct ExpertOffload::Impl {
     return Status::Ok();
   }
 
-  // Books one finished Prefetch call (waiting for it when `wait`). Returns true when it was finished.
-  bool Book(InFlight& f, bool wait) {
-    if (!f.future.valid()) return true;
-    if (!wait && !f.future.is_ready()) return false;
-    std::vector<Status> st = f.future.get();
-    for (std::size_t k = 0; k < f.slot_ids.size(); ++k) {
-      Slot& s = slots[f.slot_ids[k]];
-      if (!f.demand) {
-        spec_inflight -= s.bytes;
-        --spec_keys_inflight;
-      }
-      bool landed = k < st.size() && st[k].ok();
-      if (!landed) {
-        // A cancelled item never started; any other failure may still have left a copy.
-        auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
-        landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
-        if (!landed && !f.demand && k < st.size() &&
-            (st[k].code() == Code::kCancelled || st[k].code() == Code::kTimedOut))
-          ++cancelled;
-      }
-      if (landed) {
-        s.state = SlotState::kResident;
-        s.last_use = ++tick;
-        if (f.demand) {
-          demand_bytes += s.bytes;
-        } else {
-          s.unused_prefetch = true;
-          spec_bytes += s.bytes;
-        }
+  // Accounts for key k of `f`, whose store outcome is `st`.
+  void BookItem(InFlight& f, std::size_t k, const Status& st) {
+    f.booked[k] = 1;
+    --f.unbooked;
+    Slot& s = slots[f.slot_ids[k]];
+    if (!f.demand) {
+      spec_inflight -= s.bytes;
+      --spec_keys_inflight;
+    }
+    bool landed = st.ok();
+    if (!landed) {
+      // A cancelled item never started; any other failure may still have left a copy.
+      auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
+      landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
+      if (!landed && !f.demand && (st.code() == Code::kCancelled || st.code() == Code::kTimedOut)) ++cancelled;
+    }
+    if (landed) {
+      s.state = SlotState::kResident;
+      s.last_use = ++tick;
+      if (f.demand) {
+        demand_bytes += s.bytes;
       } else {
-        s.state = SlotState::kAbsent;
-        s.demand_load = false;
-        used -= s.bytes;
+        s.unused_prefetch = true;
+        spec_bytes += s.bytes;
+      }
+    } else {
+      s.state = SlotState::kAbsent;
+      s.demand_load = false;
+      used -= s.bytes;
+    }
+    if (f.unbooked == 0) f.future = Future<std::vector<Status>>();
+  }
+
+  // Books the keys of `f` that are done (all of them, waiting, when `wait`). True when every key
+  // of `f` is booked.
+  bool Book(InFlight& f, bool wait) {
+    for (std::size_t k = 0; k < f.slot_ids.size() && f.unbooked > 0; ++k) {
+      if (f.booked[k]) continue;
+      if (wait) {
+        BookItem(f, k, f.landing->Wait(k));
+      } else if (std::optional<Status> st = f.landing->Poll(k)) {
+        BookItem(f, k, *st);
       }
     }
-    return true;
+    return f.unbooked == 0;
+  }
+
+  // Waits for slot `i`'s key in whichever InFlight holds it, and books it (only it).
+  void WaitForSlot(std::size_t i) {
+    for (auto& f : inflight) {
+      if (f.unbooked == 0) continue;
+      for (std::size_t k = 0; k < f.slot_ids.size(); ++k) {
+        if (f.slot_ids[k] != i || f.booked[k]) continue;
+        BookItem(f, k, f.landing->Wait(k));
+        return;
+      }
+    }
+  }
+
+  // A Store::Prefetch of `ids`' keys whose every key reports to the returned InFlight's Landing.
+  InFlight Issue(std::vector<std::size_t> ids, std::int64_t target, bool demand, Priority prio) {
+    InFlight f;
+    std::vector<BlockKey> keys;
+    keys.reserve(ids.size());
+    for (std::size_t i : ids) keys.push_back(slots[i].key);
+    f.slot_ids = std::move(ids);
+    f.target = target;
+    f.demand = demand;
+    f.landing = std::make_shared<Landing>(f.slot_ids.size());
+    f.booked.assign(f.slot_ids.size(), 0);
+    f.unbooked = f.slot_ids.size();
+    PrefetchOptions po;
+    po.priority = prio;
+    po.on_item = [landing = f.landing](std::size_t k, const Status& st) { landing->Set(k, st); };
+    f.future = store->Prefetch(keys, TierId::kHbm, po);
+    return f;
   }
 
   void Harvest(bool wait) {
     for (auto& f : inflight) Book(f, wait);
-    std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
+    std::erase_if(inflight, [](const InFlight& f) { return f.unbooked == 0; });
   }
 
   enum class ReserveKind { kDemand, kSelection, kSpeculative };
@@ -264,15 +342,12 @@ struct ExpertOffload::Impl {
       return a.target < b.target || (a.target == b.target && a.confidence > b.confidence);
     });
     std::vector<std::size_t> group;
-    std::vector<BlockKey> keys;
     std::int64_t group_target = 0;
     auto flush = [&] {
       if (group.empty()) return;
       const Priority prio = group_target <= Now() + 1 ? Priority::kHigh : Priority::kLow;
-      auto fut = store->Prefetch(keys, TierId::kHbm, prio);
-      inflight.push_back(InFlight{std::move(group), group_target, false, std::move(fut)});
+      inflight.push_back(Issue(std::move(group), group_target, /*demand=*/false, prio));
       group.clear();
-      keys.clear();
     };
     while (!pending.empty() && spec_keys_inflight < max_inflight) {
       Pending p = pending.front();
@@ -300,7 +375,6 @@ struct ExpertOffload::Impl {
       ++spec_keys_inflight;
       ++issued;
       group.push_back(p.slot);
-      keys.push_back(s.key);
     }
     flush();
   }
@@ -310,7 +384,6 @@ struct ExpertOffload::Impl {
   // before the forward thread acquires the first. Experts that do not fit are left to Acquire.
   void LoadSelection(int layer, std::span<const int> sel) {
     std::vector<std::size_t> ids;
-    std::vector<BlockKey> keys;
     for (int e : sel) {
       const std::size_t i = static_cast<std::size_t>(layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);
       Slot& s = slots[i];
@@ -319,11 +392,9 @@ struct ExpertOffload::Impl {
       s.state = SlotState::kInFlight;
       s.demand_load = true;
       ids.push_back(i);
-      keys.push_back(s.key);
     }
     if (ids.empty()) return;
-    auto fut = store->Prefetch(keys, TierId::kHbm, Priority::kDemand);
-    inflight.push_back(InFlight{std::move(ids), Now(), true, std::move(fut)});
+    inflight.push_back(Issue(std::move(ids), Now(), /*demand=*/true, Priority::kDemand));
   }
 
   void Submit(std::vector<Prediction>& preds, bool score) {
@@ -360,9 +431,15 @@ struct ExpertOffload::Impl {
     Harvest(false);
     Slot& s = slot(layer, expert);
     LayerCounters& c = counters[static_cast<std::size_t>(layer)];
-    if (s.refs > 0) {
+    if (s.handle.valid()) {  // resident, verified and parsed at an earlier acquire
+      if (s.demand_load) {
+        ++c.misses;
+      } else {
+        ++c.hits;
+      }
       ++s.refs;
-      ++c.hits;
+      s.unused_prefetch = false;
+      s.demand_load = false;
       s.last_use = ++tick;
       ++s.uses;
       return &s.weights;
@@ -379,10 +456,8 @@ struct ExpertOffload::Impl {
       }
       counted = true;
       stalled = true;
-      const std::size_t me = static_cast<std::size_t>(&s - slots.data());
-      for (auto& f : inflight)
-        if (std::find(f.slot_ids.begin(), f.slot_ids.end(), me) != f.slot_ids.end()) Book(f, /*wait=*/true);
-      std::erase_if(inflight, [](const InFlight& f) { return !f.future.valid(); });
+      WaitForSlot(static_cast<std::size_t>(&s - slots.data()));  // this key only, not its whole batch
+      std::erase_if(inflight, [](const InFlight& f) { return f.unbooked == 0; });
     } else if (s.state == SlotState::kResident) {
       if (s.demand_load) {
         ++c.misses;
@@ -440,10 +515,7 @@ struct ExpertOffload::Impl {
     if (layer < 0 || layer >= L || expert < 0 || expert >= E) return;
     Slot& s = slot(layer, expert);
     if (s.refs == 0) return;
-    if (--s.refs == 0) {
-      s.weights = model::ExpertWeights{};
-      s.handle.Release();
-    }
+    --s.refs;  // the handle stays (cached) until the expert is evicted
   }
 };
 

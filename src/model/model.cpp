@@ -152,6 +152,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
         prefix = a;
       }
       Mix(bank, prefix, T, d, w.mlp_res_w, w.mlp_res_n, &h, o.profile);
+      if (o.on_ffn_input) o.on_ffn_input(l, h, T);
       {
         ScopedPhase timer(o.profile, Phase::kOther);
         ops::RmsNorm(h.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
@@ -166,6 +167,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
       }
       TERRACE_RETURN_IF_ERROR(RunLayer(l, T, normed.data(), state, o, a.data()));
       for (std::size_t i = 0; i < n; ++i) hidden[i] += a[i];
+      if (o.on_ffn_input) o.on_ffn_input(l, hidden, T);
       {
         ScopedPhase timer(o.profile, Phase::kOther);
         ops::RmsNorm(hidden.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());

@@ -196,7 +196,8 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
 }
 
 void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
-                          const std::function<Status(std::size_t)>& still_wanted) {
+                          const std::function<Status(std::size_t)>& still_wanted,
+                          const std::function<void(std::size_t)>& finished) {
   std::vector<BulkLead> leads = LeadBulkItems(items, move_to, by_prefetch);
   // Read one window at a time: one tier call per source slot and window of destinations (reserved
   // room up to kWindowBytes, bounce buffers as many as are free), finished before the next is read,
@@ -215,7 +216,10 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to,
     }
     std::span<BulkLead> group(leads.data() + begin, end - begin);
     ReadLeads(group, items);
-    for (BulkLead& l : group) FinishLead(l, items[l.item], move_to, by_prefetch, still_wanted);
+    for (BulkLead& l : group) {
+      FinishLead(l, items[l.item], move_to, by_prefetch, still_wanted);
+      if (finished) finished(l.item);
+    }
     begin = end;
   }
 }

@@ -194,7 +194,15 @@ std::vector<Status> Store::EraseBatch(std::span<const BlockKey> keys) {
 
 Future<std::vector<Status>> Store::Prefetch(std::span<const BlockKey> keys, TierId target, Priority priority,
                                             Clock::time_point deadline) {
-  return impl_->Prefetch(keys, target, priority, deadline);
+  PrefetchOptions o;
+  o.priority = priority;
+  o.deadline = deadline;
+  return impl_->Prefetch(keys, target, o);
+}
+
+Future<std::vector<Status>> Store::Prefetch(std::span<const BlockKey> keys, TierId target,
+                                            const PrefetchOptions& options) {
+  return impl_->Prefetch(keys, target, options);
 }
 Future<Result<BlockDesc>> Store::GetAsync(const BlockKey& key, std::span<std::byte> out) {
   return impl_->GetAsync(key, out);

@@ -119,7 +119,8 @@ struct BulkItem {
   BlockDesc desc;            // when handled and OK
 };
 
-// Where speculative prefetch waits for demand to end. Shared with prefetch Futures' cancel
+// Where speculative prefetch waits for demand to end (demand Gets, and kDemand prefetch jobs from
+// their Prefetch call until their last item is done). Shared with prefetch Futures' cancel
 // callbacks (which may outlive the store), so it is reference-counted. Thread-safe.
 struct DemandGate {
   Mutex mu;
@@ -175,8 +176,7 @@ class StoreImpl {
   Status Flush();
 
   std::vector<Status> GetBatch(std::span<Store::GetItem> items);
-  Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, Priority priority,
-                                       Clock::time_point deadline);
+  Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
 
@@ -264,8 +264,10 @@ class StoreImpl {
   // Items it leaves unhandled (in memory tiers, already being fetched by another caller, missing,
   // buffer too small) are the caller's to finish on the single-key path. `still_wanted(i)`, if
   // given, is asked after the read: a non-OK answer becomes item i's status and nothing moves.
+  // `finished(i)`, if given, is called (no lock held) as soon as item i is handled.
   void BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,
-                 const std::function<Status(std::size_t)>& still_wanted = {});
+                 const std::function<Status(std::size_t)>& still_wanted = {},
+                 const std::function<void(std::size_t)>& finished = {});
   // BulkFetch's steps. Leads: the items this call reads, each leading its key's in-flight fetch.
   std::vector<BulkLead> LeadBulkItems(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch);
   // Gives a lead its destination: reserved room in `target` when that tier reserves (the read then
@@ -330,11 +332,14 @@ class StoreImpl {
 
   // prefetch.cpp
   using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
-  static constexpr std::size_t kPrefetchGroup = 64;  // items per drainer pass (one batched read)
+  static constexpr std::size_t kPrefetchGroup = 64;  // kDemand items per drainer pass (one batched read)
+  // Speculative items per pass: Store::kSpeculativeGroup, so a demand waits for at most that many.
   void EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job);
   void DrainPrefetch();
   Status PrefetchCheck(const PrefetchJob& job, std::size_t i) const;  // OK: item i may still start
-  void RunPrefetchGroup(std::span<PrefetchItem> group);
+  // False: a speculative group that found a demand job queued while it had to wait for demand; its
+  // items went back to the front of their queue, so this lane thread can run the demand job.
+  bool RunPrefetchGroup(std::span<PrefetchItem> group);
 
   friend class ::terrace::BlockHandle;
 
@@ -372,6 +377,7 @@ class StoreImpl {
   Mutex prefetch_mu_;
   std::array<std::deque<PrefetchItem>, 3> prefetch_queues_ TERRACE_GUARDED_BY(prefetch_mu_);  // by Priority
   unsigned prefetch_drainers_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drain tasks on prefetch_lane_
+  unsigned prefetch_spec_running_ TERRACE_GUARDED_BY(prefetch_mu_) = 0;  // drainers running a speculative group
 
   // Staging buffers (StoreOptions::bounce_buffers): bounce_ for Transfer, batch_bounce_ for
   // BulkFetch windows. Separate because a window holds its buffers while it blocks on key stripes,

@@ -104,6 +104,29 @@ TEST_CASE("demand loads go ahead of queued speculative prefetches", "[experts]")
   CHECK(m.speculative_bytes == 8 * BlockBytes());
 }
 
+TEST_CASE("the first expert of a layer's selection batch is usable before the rest of the batch is read", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  SlowRig rig = MakeSlowRig(std::move(opt), 3);
+  rig.slow->set_delay(std::chrono::milliseconds(terrace::testing::kSanitizedBuild ? 40 : 25));
+  const std::vector<int> sel = {1, 2, 3, 4, 5, 6};
+  rig.offload->Prefetch(2, sel);  // layer 2's routing: its six experts go to the store as one batch
+  auto first = rig.offload->Lease(2, sel.front());
+  REQUIRE(first.ok());
+  const std::size_t read_then = rig.slow->reads().size();
+  INFO(read_then << " of " << sel.size() << " experts of the batch were read when the first one was leased");
+  CHECK(read_then < sel.size());  // the first one's compute can start while the rest load
+  first->Release();
+  for (std::size_t k = 1; k < sel.size(); ++k) {
+    auto l = rig.offload->Lease(2, sel[k]);
+    REQUIRE(l.ok());
+  }
+  CHECK(rig.slow->reads().size() == sel.size());  // each read once
+  ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.misses == sel.size());
+  CHECK(m.demand_bytes == sel.size() * BlockBytes());
+}
+
 TEST_CASE("prefetches whose layer has passed are cancelled, queued or in the store", "[experts]") {
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");

@@ -17,6 +17,11 @@ if not BIN or not os.path.exists(BIN):
 TOKENS = ",".join(str((i * 37 + 5) % 512) for i in range(40))
 
 
+# The prefix cache's pools are created at these NVMe sizes instead of their defaults (1 GiB + 256
+# MiB of data files per store), so the test's temporary directory stays small.
+SMALL_STORE = ("--store-nvme-size", "64MiB", "--state-nvme-size", "16MiB")
+
+
 @pytest.fixture(scope="module")
 def toy(make_model):
     return make_model("k3-toy", seed=5)
@@ -67,10 +72,10 @@ def test_nvme_home_with_prefix_cache_twice(toy, tmp_path):
     # The prefix cache prefills in chunk pieces, so its reference is a prefix-cache run without
     # expert offload (same flags, its own store).
     kv = ("--kv-codec", "f32", "--chunk-tokens", "16")
-    want = run_json(toy, "--store", str(tmp_path / "ref"), *kv, "--dump-logits", str(tmp_path / "ref.safetensors"))
+    want = run_json(toy, "--store", str(tmp_path / "ref"), *SMALL_STORE, *kv, "--dump-logits", str(tmp_path / "ref.safetensors"))
     store = tmp_path / "st"
     for i in range(2):
-        got = run_json(toy, "--store", str(store), *kv, "--expert-cache", "1MiB",
+        got = run_json(toy, "--store", str(store), *SMALL_STORE, *kv, "--expert-cache", "1MiB",
                        "--dump-logits", str(tmp_path / f"{i}.safetensors"))
         assert got["generated"] == want["generated"]
         assert got["logits_xxh3_64"] == want["logits_xxh3_64"]
@@ -106,14 +111,14 @@ def test_flag_errors_exit_2(toy, flags, needle):
 
 def test_corrupt_expert_store_names_layer_and_expert(toy, tmp_path):
     store = tmp_path / "st"
-    run(toy, "--store", str(store), "--expert-cache", "25%")
+    run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%")
     data = store / "experts" / "terrace.data"
     raw = bytearray(data.read_bytes())
     # Flip a byte in every 4 KiB page past the first MiB: the expert blocks live there.
     for off in range(1 << 20, min(len(raw), 8 << 20), 4096):
         raw[off + 100] ^= 0xFF
     data.write_bytes(bytes(raw))
-    p = run(toy, "--store", str(store), "--expert-cache", "25%", expect=1)
+    p = run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%", expect=1)
     assert "of layer" in p.stderr and "expert" in p.stderr
     assert "checksum" in p.stderr or "Corruption" in p.stderr
 
