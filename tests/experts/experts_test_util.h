@@ -107,6 +107,10 @@ class SlowTier final : public terrace::testing::ForwardingTier {
     reads_.clear();
   }
 
+  // No zero-copy access: every read of this tier goes through Get and pays the delay (else a move
+  // up into HBM copies straight from the inner host arena).
+  const std::byte* ResidentPtr(const BlockKey&) const override { return nullptr; }
+
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
     std::unique_lock lock(mu_);
     const std::uint64_t ticket = next_ticket_++;
@@ -122,7 +126,6 @@ class SlowTier final : public terrace::testing::ForwardingTier {
     cv_.notify_all();
     return s;
   }
-  const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
 
  private:
   mutable std::mutex mu_;
