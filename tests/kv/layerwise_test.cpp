@@ -258,8 +258,8 @@ TEST_CASE("a restore decodes MLA latents into the state's own cache, sized for t
     // Every MLA layer holds its 80 restored rows in a buffer with room for the whole prompt ...
     std::vector<const float*> where;
     for (int l : L.mla_layers()) {
-      CHECK(s.state().layer(l).latents.size() == 80 * W);
-      CHECK(s.state().layer(l).latents.capacity() >= p2.size() * W);
+      REQUIRE(s.state().layer(l).latents.size() == 80 * W);
+      REQUIRE(s.state().layer(l).latents.capacity() >= p2.size() * W);
       where.push_back(s.state().layer(l).latents.data());
     }
     // ... so computing the suffix appends its rows there: the restored rows are never copied again.
