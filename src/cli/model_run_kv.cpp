@@ -51,6 +51,10 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   o.put_tier = TierId::kHost;
   // Every block also goes to NVMe, so the next process finds it.
   o.write_policy = WritePolicy::kWriteThrough;
+  // No promotion on Get: a process restores a prefix once (`model run`, each `bench kv` row), so a
+  // copy moved up into the host tier would never be read, and placing it there cost the NVMe
+  // restore about 40 % of its time (docs/benchmarks.md, "Layerwise restore").
+  o.promote_on_get = false;
   auto s = Store::Open(o);
   if (!s.ok())
     return s.status().WithContext(fmt::format("--store: opening the pool in {} (its NVMe size is {} when created)",

@@ -3,12 +3,22 @@
 // own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of about a
 // quarter of the restore, each window one GetBatch), and a decoder thread checks and decodes each
 // window while the next is in flight. A layer becomes ready when all of its blocks are decoded.
+//
+// Where the time goes (docs/benchmarks.md, "Layerwise restore"): the reads are issued before any
+// large buffer is touched. Raw blocks land in a few window buffers that the reader and decoder
+// recycle (no per-block allocation, no zero-filling), and each MLA layer's latents are decoded
+// straight into the vector that becomes the state's latent cache: it is reserved for the whole
+// prompt up front (address space only), grown window by window by the decoder (so its page faults
+// overlap the later reads) and moved into the state when the layer is retrieved, not copied.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,6 +34,27 @@ namespace {
 // early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
 // sees a deep queue.
 constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
+// Window buffers the reader and decoder share: one being read, one being decoded, one spare.
+constexpr std::size_t kWindowBuffers = 3;
+// Raw blocks start at this alignment inside a window buffer (the NVMe tier's direct-I/O unit).
+constexpr std::uint64_t kBlockAlign = 4096;
+
+std::uint64_t AlignUp(std::uint64_t n) { return (n + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
+
+// An uninitialised, kBlockAlign-aligned byte buffer (a read overwrites it; zero-filling it first
+// would only add page faults and a memset to the restore).
+struct RawBuffer {
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kBlockAlign}); }
+  };
+  std::unique_ptr<std::byte[], Free> data;
+  std::uint64_t size = 0;
+  void Ensure(std::uint64_t n) {
+    if (size >= n) return;
+    data.reset(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kBlockAlign})));
+    size = n;
+  }
+};
 
 }  // namespace
 
@@ -36,6 +67,7 @@ struct LayerwiseRestore::Job {
   model::SequenceState* state = nullptr;
   PrefixCache::Impl::Found f;
   std::int64_t kmax = 0, C = 0, W = 0;
+  std::int64_t prompt_tokens = 0;  // the request's tokens: the latent vectors are reserved for all of them
   std::chrono::steady_clock::time_point t0;
 
   std::mutex mu;
@@ -43,21 +75,26 @@ struct LayerwiseRestore::Job {
   std::vector<char> ready;           // (mu) per model layer: its blocks at kmax are decoded (or failed)
   std::vector<Status> layer_status;  // (mu) per model layer
   std::deque<int> work;              // (mu) -1 = the snapshots, w >= 0 = KV window w
+  std::vector<std::size_t> free_buffers;  // (mu) indices into window_buffers not holding a window
   bool reads_done = false;           // (mu) the reader queued its last work item
   bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
   std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
 
-  // KV chunks [0, kmax): raw blocks, and per MLA layer the decoded latents [kmax * C, W].
-  std::vector<std::vector<std::byte>> kv_bufs;
+  // KV chunks [0, kmax): raw blocks (in window buffers), and per MLA layer the decoded latents
+  // [kmax * C, W], grown by the decoder window by window within a capacity reserved up front.
+  std::array<RawBuffer, kWindowBuffers> window_buffers;
+  std::vector<std::size_t> window_buffer;  // per window: the buffer its blocks were read into
   std::vector<Store::GetItem> kv_items;
   std::vector<Status> kv_status;
   std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // chunk ranges [begin, end)
+  std::uint64_t max_window_bytes = 0;                          // the largest window, blocks aligned
   std::vector<std::vector<float>> latents;
+  std::vector<char> latents_moved;  // caller thread only: latents[j] now is the state's cache
   std::int64_t good_chunks = 0;  // (mu) leading chunks decoded cleanly (all kmax without MLA layers)
   Status chunk_error;            // (mu) why chunk good_chunks failed (OK: none failed)
   std::string chunk_what;
   // Snapshots at kmax: per KDA layer (index j of layout.kda_layers()).
-  std::vector<std::vector<std::byte>> snap_bufs;
+  RawBuffer snap_buffer;
   std::vector<Store::GetItem> snap_items;
   std::vector<Status> snap_status;
   std::vector<std::vector<float>> recurrent, conv;
@@ -87,7 +124,6 @@ struct LayerwiseRestore::Job {
     }
     if (!mla.empty()) {
       const auto K = static_cast<std::size_t>(kmax);
-      kv_bufs.resize(K);
       kv_items.resize(K);
       kv_status.resize(K);
       std::uint64_t total = 0;
@@ -96,30 +132,31 @@ struct LayerwiseRestore::Job {
       std::uint64_t in_window = 0;
       std::int64_t begin = 0;
       for (std::size_t i = 0; i < K; ++i) {
-        kv_bufs[i].resize(f.kv[i].desc.size);
         kv_items[i].key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
-        kv_items[i].out = kv_bufs[i];
-        in_window += f.kv[i].desc.size;
+        in_window += AlignUp(f.kv[i].desc.size);
         if (in_window >= window || i + 1 == K) {
           windows.emplace_back(begin, static_cast<std::int64_t>(i) + 1);
+          max_window_bytes = std::max(max_window_bytes, in_window);
           begin = static_cast<std::int64_t>(i) + 1;
           in_window = 0;
         }
       }
-      latents.assign(mla.size(), std::vector<float>(static_cast<std::size_t>(kmax * C * W)));
+      window_buffer.assign(windows.size(), 0);
+      for (std::size_t b = 0; b < std::min(kWindowBuffers, windows.size()); ++b) free_buffers.push_back(b);
+      // Address space for the whole prompt; the decoder grows each vector window by window.
+      const auto rows = static_cast<std::size_t>(std::max(kmax * C, prompt_tokens));
+      latents.resize(mla.size());
+      for (auto& v : latents) v.reserve(rows * static_cast<std::size_t>(W));
+      latents_moved.assign(mla.size(), 0);
     }
     good_chunks = mla.empty() ? kmax : 0;
     if (!kda.empty()) {
-      snap_bufs.resize(kda.size());
       snap_items.resize(kda.size());
       snap_status.resize(kda.size());
       recurrent.resize(kda.size());
       conv.resize(kda.size());
-      for (std::size_t j = 0; j < kda.size(); ++j) {
-        snap_bufs[j].resize(f.state[static_cast<std::size_t>(kmax - 1) * kda.size() + j].desc.size);
+      for (std::size_t j = 0; j < kda.size(); ++j)
         snap_items[j].key = keys::StateKey(m->ns_state, kda[j], chunk_ids[static_cast<std::size_t>(kmax - 1)]);
-        snap_items[j].out = snap_bufs[j];
-      }
     }
     reader = std::thread([this] { ReadLoop(); });
     decoder = std::thread([this] { DecodeLoop(); });
@@ -138,14 +175,41 @@ struct LayerwiseRestore::Job {
     cv.notify_all();
   }
 
+  // Points items' outputs at consecutive kBlockAlign-aligned slots of `buf` (sized for them).
+  static void Place(std::span<Store::GetItem> items, std::span<const LookupResult> found, RawBuffer& buf) {
+    std::uint64_t need = 0;
+    for (const auto& r : found) need += AlignUp(r.desc.size);
+    buf.Ensure(need);
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      items[i].out = std::span<std::byte>(buf.data.get() + at, found[i].desc.size);
+      at += AlignUp(found[i].desc.size);
+    }
+  }
+
   void ReadLoop() {
+    const auto& kda = L().kda_layers();
     if (!snap_items.empty()) {
+      Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
+            snap_buffer);
       snap_status = m->st->GetBatch(snap_items);
       Queue(-1);
     }
-    for (std::size_t w = 0; w < windows.size() && !Stopped(); ++w) {
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      std::size_t buffer = 0;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stop || !free_buffers.empty(); });
+        if (stop) break;
+        buffer = free_buffers.back();
+        free_buffers.pop_back();
+      }
+      window_buffer[w] = buffer;
+      window_buffers[buffer].Ensure(max_window_bytes);
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
+      Place(items, std::span(f.kv).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)),
+            window_buffers[buffer]);
       const auto st = m->kv->GetBatch(items);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
       Queue(static_cast<int>(w));
@@ -166,7 +230,7 @@ struct LayerwiseRestore::Job {
         recurrent[j].resize(static_cast<std::size_t>(L().kda_heads()) * L().kda_head_dim() * L().kda_head_dim());
         conv[j].resize(static_cast<std::size_t>(L().kda_conv_rows()) * L().kda_conv_cols());
         s = format::DecodeState(L(), kda[j], kmax * C, chunk_ids[static_cast<std::size_t>(kmax - 1)],
-                                std::span<const std::byte>(snap_bufs[j].data(), snap_items[j].desc.size), recurrent[j],
+                                std::span<const std::byte>(snap_items[j].out.data(), snap_items[j].desc.size), recurrent[j],
                                 conv[j]);
       }
       std::lock_guard lock(mu);
@@ -182,14 +246,28 @@ struct LayerwiseRestore::Job {
   }
 
   // Decodes window w; false once a chunk failed (later chunks are of no use).
+  // Its window buffer goes back to the reader either way.
   bool DecodeWindow(int w) {
+    const bool ok = DecodeWindowBlocks(w);
+    {
+      std::lock_guard lock(mu);
+      free_buffers.push_back(window_buffer[static_cast<std::size_t>(w)]);
+    }
+    cv.notify_all();
+    return ok;
+  }
+
+  bool DecodeWindowBlocks(int w) {
     const auto& mla = L().mla_layers();
     const auto [b, e] = windows[static_cast<std::size_t>(w)];
+    // Grow every layer's latents to the window's end: within the reserved capacity, so the
+    // vectors never move (the caller reads them only once the layer is ready).
+    for (auto& v : latents) v.resize(static_cast<std::size_t>(e * C * W));
     for (std::int64_t i = b; i < e; ++i) {
       const auto u = static_cast<std::size_t>(i);
       Status s = kv_status[u];
       if (s.ok()) {
-        const std::span<const std::byte> block(kv_bufs[u].data(), kv_items[u].desc.size);
+        const std::span<const std::byte> block(kv_items[u].out.data(), kv_items[u].desc.size);
         auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], block);
         s = ranges.status();
         for (std::size_t j = 0; s.ok() && j < mla.size(); ++j)
@@ -208,6 +286,7 @@ struct LayerwiseRestore::Job {
         chunk_error = s;
         chunk_what = fmt::format("KV chunk {} ({})", i, kv_items[u].key.ToString());
         stop = true;
+        for (auto& v : latents) v.resize(static_cast<std::size_t>(i * C * W));  // the good chunks only
         return false;
       }
     }
@@ -264,7 +343,23 @@ struct LayerwiseRestore::Job {
       std::lock_guard lock(mu);
       stop = true;
     }
+    cv.notify_all();
     Join();
+  }
+
+  // Takes back the latents handed to the state (before the state is reset for a fallback): its
+  // first kmax * C rows are still what was decoded (the forward pass only appends rows).
+  void ReclaimLatents() {
+    const auto& mla = L().mla_layers();
+    for (std::size_t j = 0; j < latents_moved.size(); ++j) {  // empty when nothing was read
+      if (!latents_moved[j]) continue;
+      std::vector<float>& v = state->layer(mla[j]).latents;
+      v.resize(static_cast<std::size_t>(kmax * C * W));
+      latents[j] = std::move(v);
+      v.clear();
+      state->layer(mla[j]).tokens = 0;
+      latents_moved[j] = 0;
+    }
   }
 
   // Imports layer l at `chunks` (<= kmax) from the decoded buffers (index j of its kind).
@@ -274,7 +369,19 @@ struct LayerwiseRestore::Job {
     const std::int64_t bt = chunks * C;
     if (auto it = std::find(mla.begin(), mla.end(), l); it != mla.end()) {
       const auto j = static_cast<std::size_t>(it - mla.begin());
-      return state->ImportLayer(l, std::as_bytes(std::span(latents[j]).first(static_cast<std::size_t>(bt * W))), bt);
+      const auto n = static_cast<std::size_t>(bt * W);
+      if (latents_moved[j] || latents[j].size() < n)
+        return Status::Internal(fmt::format("prefix cache: MLA layer {} has no decoded latents for {} tokens", l, bt));
+      if (chunks == kmax && latents[j].size() == n && state->layer(l).is_mla) {
+        // The whole restored cache: hand the decoded vector over (its capacity holds the prompt,
+        // so the suffix's rows are appended in place).
+        model::LayerState& s = state->layer(l);
+        s.latents = std::move(latents[j]);
+        s.tokens = bt;
+        latents_moved[j] = 1;
+        return Status::Ok();
+      }
+      return state->ImportLayer(l, std::as_bytes(std::span(latents[j]).first(n)), bt);
     }
     const auto j = static_cast<std::size_t>(std::find(kda.begin(), kda.end(), l) - kda.begin());
     model::LayerState& s = state->layer(l);
@@ -315,6 +422,7 @@ Status LayerwiseRestore::RetrieveLayer(int layer) {
   if (s.ok()) s = j.Import(layer, j.kmax);
   if (!s.ok()) {
     j.voided = true;  // the reads go on: Finish's fallback uses the chunks before the boundary
+    j.ReclaimLatents();
     return Status::Cancelled(fmt::format("the layerwise restore to token {} is void: layer {}: {}; discard this pass and "
                                        "Finish() the restore (it falls back to an earlier boundary)",
                                        j.kmax * j.C, layer, s.ToString()));
@@ -359,6 +467,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
       return Status::Internal("prefix cache restored a state that is not at a joint boundary: " + s.message());
   } else {
     rep.layerwise_voided = j.voided;
+    j.ReclaimLatents();
     j.state->Reset();
     if (j.kmax > 0) {
       // The boundary kmax failed: say why (the chunk first: it also rules out every boundary past it).
@@ -452,6 +561,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
   job->state = state;
   job->C = L.chunk_tokens();
   job->W = L.mla_width();
+  job->prompt_tokens = static_cast<std::int64_t>(request.tokens.size());
   job->f = m.LookupFound(request);
   job->kmax = job->f.candidates.empty() ? 0 : job->f.candidates.front();
   job->Start();

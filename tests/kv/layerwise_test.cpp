@@ -227,6 +227,56 @@ TEST_CASE("a layer is handed out while later layers' KV chunks are still being r
   CHECK((*cache)->Stats().restore_wait_seconds >= r->restore.wait_seconds);
 }
 
+TEST_CASE("a restore decodes MLA latents into the state's own cache, sized for the prompt: the suffix appends in place") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 24);  // restores 80 tokens, computes [80, 96) and [96, 104)
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
+  const auto req = (*cache)->Prepare(p2, "");
+  const auto W = static_cast<std::size_t>(L.mla_width());
+  for (bool layerwise : {true, false}) {
+    CAPTURE(layerwise);
+    model::Session s(*m.model);
+    std::unique_ptr<LayerwiseRestore> lw;
+    if (layerwise) {
+      auto r = (*cache)->BeginRestore(req, &s.state());
+      REQUIRE(r.ok());
+      lw = std::move(r).value();
+      for (int l = 0; l < L.num_layers(); ++l) REQUIRE(lw->RetrieveLayer(l).ok());
+      REQUIRE(lw->Finish().ok());
+    } else {
+      auto r = (*cache)->Restore(req, &s.state());
+      REQUIRE(r.ok());
+      REQUIRE(r->boundary_tokens == 80);
+    }
+    // Every MLA layer holds its 80 restored rows in a buffer with room for the whole prompt ...
+    std::vector<const float*> where;
+    for (int l : L.mla_layers()) {
+      REQUIRE(s.state().layer(l).latents.size() == 80 * W);
+      REQUIRE(s.state().layer(l).latents.capacity() >= p2.size() * W);
+      where.push_back(s.state().layer(l).latents.data());
+    }
+    // ... so computing the suffix appends its rows there: the restored rows are never copied again.
+    std::vector<float> logits;
+    for (const auto& [b, e] : {std::pair{80, 96}, std::pair{96, 104}}) {
+      auto piece = s.Prefill(std::span(p2).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)));
+      REQUIRE(piece.ok());
+      logits.insert(logits.end(), piece->data.begin(), piece->data.end());
+    }
+    for (std::size_t j = 0; j < L.mla_layers().size(); ++j) {
+      CHECK(s.state().layer(L.mla_layers()[j]).latents.size() == p2.size() * W);
+      CHECK(s.state().layer(L.mla_layers()[j]).latents.data() == where[j]);
+    }
+    CHECK(Bitwise(logits, Rows(cold.prefill.logits, 80)));
+  }
+}
+
 // Flips one byte of the block in `file` whose header starts with `magic` and carries `needle`
 // (8 bytes) at `needle_at`: at `flip_at`, or (flip_at_entry_offset) at 100 bytes into the
 // sub-range whose offset the KV chunk header's layer entry `entry` states.

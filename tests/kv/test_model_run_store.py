@@ -20,9 +20,15 @@ def toy(make_model):
     return make_model("k3-toy", seed=3)
 
 
+# Small NVMe pools: the defaults (1 GiB + 256 MiB) would be fallocated for every store a test makes.
+SMALL_POOLS = ("--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB")
+
+
 def run(toy, store, *flags, tokens=TOKENS, expect=0):
     if "--kv-codec" not in flags:
         flags = ("--kv-codec", "f32", *flags)
+    if "--store-nvme-size" not in flags:
+        flags = (*SMALL_POOLS, *flags)
     p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--store", str(store), "--tokens", tokens,
                         "--max-new", "3", "--chunk-tokens", "32", *flags],
                        capture_output=True, text=True, timeout=300)
@@ -100,7 +106,8 @@ def test_bad_flags_exit_2(toy, tmp_path):
 
 def test_bench_kv_json_rows(toy, tmp_path):
     p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--prefix-tokens", "64,96", "--chunk-tokens", "32",
-                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--recompute-max-tokens", "64", "--json"],
+                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--recompute-max-tokens", "64", *SMALL_POOLS,
+                        "--json"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
