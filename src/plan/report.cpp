@@ -268,6 +268,19 @@ const json& Arr(const json& j, const char* key) {
 }
 
 // One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null).
+// A chart over the demo's turns (x: turn number in run order, a dot per turn).
+LineChart TurnChart(std::string title, std::string subtitle, std::string y_label,
+                    AxisFormat y_format = AxisFormat::kPlain) {
+  LineChart c;
+  c.title = std::move(title);
+  c.subtitle = std::move(subtitle);
+  c.x_label = "turn (in run order)";
+  c.y_label = std::move(y_label);
+  c.y_format = y_format;
+  c.integer_x = c.markers = true;
+  return c;
+}
+
 LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
   LineChart c;
   for (auto [key, name] : keys) {
@@ -387,13 +400,9 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   Add(r, body, "ttft-per-turn", RenderSvg(t));
   // Tier hit rates over time: per turn, hits / lookups of each prefix-pool tier and of the expert cache.
   if (!turns.empty() && turns[0].contains("prefix_hit_rate")) {
-    LineChart h;
-    h.title = "Tier hit rates per turn";
-    h.subtitle = "hits / lookups in the turn; a tier with no lookups in a turn has no point";
-    h.x_label = "turn (in run order)";
-    h.y_label = "hit rate";
-    h.y_format = AxisFormat::kPercent;
-    h.integer_x = h.markers = true;
+    LineChart h = TurnChart("Tier hit rates per turn",
+                            "hits / lookups in the turn; a tier with no lookups in a turn has no point", "hit rate",
+                            AxisFormat::kPercent);
     for (const char* tier : {"hbm", "host", "nvme"}) {
       Series ser{fmt::format("prefix {}", tier), {}, false};
       for (std::size_t i = 0; i < turns.size(); ++i) {
@@ -410,13 +419,9 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     if (!ex.points.empty()) h.series.push_back(std::move(ex));
     Add(r, body, "tier-hit-rates-over-time", RenderSvg(h));
   }
-  LineChart h;
-  h.title = "Restored prefix per turn, by the tier it came from";
-  h.subtitle = "share of the turn's prompt tokens, split by restored bytes per tier";
-  h.x_label = "turn (in run order)";
-  h.y_label = "share of the prompt's tokens";
-  h.y_format = AxisFormat::kPercent;
-  h.integer_x = h.markers = true;
+  LineChart h = TurnChart("Restored prefix per turn, by the tier it came from",
+                          "share of the turn's prompt tokens, split by restored bytes per tier",
+                          "share of the prompt's tokens", AxisFormat::kPercent);
   for (const char* tier : {"hbm", "host", "nvme"}) h.series.push_back({tier, {}, false});
   for (std::size_t i = 0; i < turns.size(); ++i) {
     const json& rb = turns[i].value("restore_bytes", json::object());
@@ -427,12 +432,10 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   }
   Add(r, body, "prefix-restore-by-tier", RenderSvg(h));
   if (!turns.empty() && turns[0].contains("experts")) {
-    LineChart st;
-    st.title = "Stall on expert loads per token, per turn";
-    st.subtitle = fmt::format("forward time waiting for experts; whole run: {} of forward time", P(Num(e, "stall_share")));
-    st.x_label = "turn (in run order)";
-    st.y_label = "milliseconds per token";
-    st.integer_x = st.markers = true;
+    LineChart st = TurnChart("Stall on expert loads per token, per turn",
+                             fmt::format("forward time waiting for experts; whole run: {} of forward time",
+                                         P(Num(e, "stall_share"))),
+                             "milliseconds per token");
     Series pre{"prompt token (prefill)", {}, false}, dec{"decode step", {}, false};
     for (std::size_t i = 0; i < turns.size(); ++i) {
       const json& x = turns[i].value("experts", json::object());
