@@ -77,6 +77,12 @@ struct ModelConfig {
   int MlaCacheWidth() const { return kv_lora_rank + qk_rope_head_dim; }  // values per token per MLA layer
   int QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool HasLatentProjection() const { return routed_expert_hidden_size != hidden_size; }
+  // Block Attention Residuals: the completed block vectors the bank holds by the last layer (one per
+  // attn_res_block_size layers, the last block possibly short); the mix also reads the running
+  // partial sum, so it has AttnResBankBlocks() + 1 sources at most. 0 without AttnRes.
+  int AttnResBankBlocks() const {
+    return attn_res_block_size > 0 ? (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size : 0;
+  }
   // eps of MLA's q_a_layernorm / kv_a_layernorm: Kimi Linear's code constructs them with the RMSNorm
   // default 1e-6, K3's with rms_norm_eps.
   float MlaLatentNormEps() const { return model_type == "kimi_linear" ? 1e-6f : rms_norm_eps; }

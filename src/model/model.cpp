@@ -126,6 +126,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
   }
   const int bs = config_.attn_res_block_size;
   std::vector<Rows> bank;  // per forward pass only (docs/model.md, "Block Attention Residuals")
+  bank.reserve(static_cast<std::size_t>(config_.AttnResBankBlocks()));
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = layer(l);
     if (o.on_layer_begin) TERRACE_RETURN_IF_ERROR(o.on_layer_begin(l, T));

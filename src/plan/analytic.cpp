@@ -196,8 +196,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   m.mla_stored_bytes_per_token = static_cast<double>(m.mla_chunk_block_bytes) / layout.chunk_tokens();
   m.state_block_bytes = layout.state_block_bytes();
   if (config.attn_res_block_size > 0) {
-    const int bs = config.attn_res_block_size;
-    m.attnres_sources = (config.num_hidden_layers + bs - 1) / bs + 1;
+    m.attnres_sources = config.AttnResBankBlocks() + 1;  // the blocks and the running partial sum
     m.attnres_bank_bytes_per_token = static_cast<std::uint64_t>(m.attnres_sources) *
                                      static_cast<std::uint64_t>(config.hidden_size) * sizeof(float);
   }
