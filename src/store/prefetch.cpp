@@ -126,7 +126,7 @@ void StoreImpl::DrainPrefetch() {
         return;
       }
     }
-    (void)RunPrefetchGroup(group);  // requeued or done: either way, take the next group
+    RunPrefetchGroup(group);  // done, or requeued for a demand job: either way, take the next group
     if (speculative) {
       MutexLock lock(&prefetch_mu_);
       --prefetch_spec_running_;
@@ -147,7 +147,7 @@ Status StoreImpl::PrefetchCheck(const PrefetchJob& job, std::size_t i) const {
   return Status::Ok();
 }
 
-bool StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
+void StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
   // Items that can no longer start are completed now; the rest yield to demand (Gets, kDemand
   // jobs) if they are speculative (one queue: one priority), re-checked after every wait.
   std::vector<PrefetchItem> live;
@@ -183,7 +183,7 @@ bool StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
         if (!dq.empty()) {
           auto& q = prefetch_queues_[static_cast<int>(live.front().first->priority)];
           for (auto it = live.rbegin(); it != live.rend(); ++it) q.push_front(std::move(*it));
-          return false;
+          return;
         }
       }
       Clock::time_point wake = Clock::time_point::max();
@@ -201,7 +201,7 @@ bool StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
       sift(live);
     }
   }
-  if (live.empty()) return true;
+  if (live.empty()) return;
   const int target = live.front().first->target;
   std::vector<BulkItem> bulk;
   bulk.reserve(live.size());
@@ -225,7 +225,6 @@ bool StoreImpl::RunPrefetchGroup(std::span<PrefetchItem> group) {
     Status s = PrefetchCheck(*job, i);
     job->Complete(i, s.ok() ? MoveUp(job->keys[i], target, /*by_prefetch=*/true) : std::move(s));
   }
-  return true;
 }
 
 Future<Result<BlockDesc>> StoreImpl::GetAsync(const BlockKey& key, std::span<std::byte> out) {

@@ -337,9 +337,10 @@ class StoreImpl {
   void EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job);
   void DrainPrefetch();
   Status PrefetchCheck(const PrefetchJob& job, std::size_t i) const;  // OK: item i may still start
-  // False: a speculative group that found a demand job queued while it had to wait for demand; its
-  // items went back to the front of their queue, so this lane thread can run the demand job.
-  bool RunPrefetchGroup(std::span<PrefetchItem> group);
+  // Runs the group's items. A speculative group that finds a demand job queued while it has to wait
+  // for demand puts its items back at the front of their queue instead, so this lane thread can run
+  // the demand job.
+  void RunPrefetchGroup(std::span<PrefetchItem> group);
 
   friend class ::terrace::BlockHandle;
 
