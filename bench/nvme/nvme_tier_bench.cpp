@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <rocksdb/write_batch.h>
 
+#include "src/common/aligned_buffer.h"
 #include "terrace/options.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -162,7 +163,12 @@ int main(int argc, char** argv) {
   const bool seq = has("seqwrite") || has("seqread");
   std::size_t arena_bytes = batch * (seq ? bs : 4096);
   arena_bytes = std::max<std::size_t>(arena_bytes, 1024 * 4096);  // the 4 KiB fill uses 1024 per batch
-  auto* arena = static_cast<std::byte*>(std::aligned_alloc(4096, arena_bytes));
+  AlignedBuffer arena_buffer(arena_bytes);
+  if (!arena_buffer.ok()) {
+    fmt::print(stderr, "bench_nvme_tier: no memory for a {}-byte I/O arena\n", arena_bytes);
+    return 1;
+  }
+  std::byte* arena = arena_buffer.data();
   std::mt19937_64 rng(1);
   std::uint64_t x = 0x9E3779B97F4A7C15ull;  // xorshift64: fast incompressible filler
   for (std::size_t i = 0; i < arena_bytes; i += 8) {
@@ -244,7 +250,6 @@ int main(int argc, char** argv) {
       fmt::print("reopen of {} records: {} blocks in {:.3f} s\n", reopen_records, tier->block_count(), s);
     }
   }
-  std::free(arena);
   if (!keep) fs::remove_all(dir);
   return 0;
 }

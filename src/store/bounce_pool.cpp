@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 namespace terrace::store_internal {
@@ -12,10 +11,6 @@ namespace {
 constexpr std::uint64_t kAlign = 4096;
 
 std::uint64_t RoundUp(std::uint64_t n) { return (std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign; }
-
-std::byte* AllocAligned(std::uint64_t bytes) {
-  return static_cast<std::byte*>(std::aligned_alloc(kAlign, static_cast<std::size_t>(bytes)));
-}
 
 // Leases this thread holds, over every pool (a nested acquire never waits).
 thread_local int t_leases_held = 0;
@@ -28,9 +23,7 @@ BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes)
 BouncePool::~BouncePool() {
   MutexLock lock(&mu_);
   for (Buffer& b : buffers_) {
-    if (b.data == nullptr) continue;
-    if (b.locked) (void)munlock(b.data, buffer_bytes_);
-    std::free(b.data);
+    if (b.locked) (void)munlock(b.mem.data(), buffer_bytes_);
   }
 }
 
@@ -42,7 +35,7 @@ BouncePool::Lease& BouncePool::Lease::operator=(Lease&& o) noexcept {
     pool_ = std::exchange(o.pool_, nullptr);
     bytes_ = std::exchange(o.bytes_, {});
     index_ = o.index_;
-    owns_ = o.owns_;
+    owned_ = std::move(o.owned_);
   }
   return *this;
 }
@@ -84,19 +77,19 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
         if (free_index >= 0) {
           Buffer& b = buffers_[static_cast<std::size_t>(free_index)];
           b.busy = true;
-          if (b.data == nullptr) {  // first use: allocate and lock it (allocation under mu_ is rare)
-            b.data = AllocAligned(buffer_bytes_);
-            if (b.data != nullptr) {
-              b.locked = mlock(b.data, buffer_bytes_) == 0;
+          if (b.mem.data() == nullptr) {  // first use: allocate and lock it (allocation under mu_ is rare)
+            b.mem = AlignedBuffer(static_cast<std::size_t>(buffer_bytes_), kAlign);
+            if (b.mem.data() != nullptr) {
+              b.locked = mlock(b.mem.data(), buffer_bytes_) == 0;
               if (!b.locked) unlocked_ = true;
             }
           }
-          if (b.data == nullptr) {
+          if (b.mem.data() == nullptr) {
             b.busy = false;
             return Lease{};  // out of memory
           }
           l.index_ = free_index;
-          l.bytes_ = {b.data, static_cast<std::size_t>(buffer_bytes_)};
+          l.bytes_ = {b.mem.data(), static_cast<std::size_t>(buffer_bytes_)};
           break;
         }
       }
@@ -112,9 +105,8 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
     }
   }
   if (l.index_ == kOversize || l.index_ == kOneOff) {
-    const std::uint64_t n = RoundUp(bytes);
-    std::byte* p = AllocAligned(n);
-    if (p == nullptr) {
+    l.owned_ = AlignedBuffer(static_cast<std::size_t>(RoundUp(bytes)), kAlign);
+    if (l.owned_.data() == nullptr) {
       if (l.index_ == kOversize) {
         {
           MutexLock lock(&mu_);
@@ -124,8 +116,7 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
       }
       return Lease{};
     }
-    l.bytes_ = {p, static_cast<std::size_t>(n)};
-    l.owns_ = true;
+    l.bytes_ = {l.owned_.data(), l.owned_.capacity()};
   }
   l.pool_ = this;
   ++t_leases_held;
@@ -134,7 +125,7 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
 
 void BouncePool::Return(Lease& l) {
   --t_leases_held;
-  if (l.owns_) std::free(l.bytes_.data());
+  l.owned_ = AlignedBuffer();
   if (l.index_ == kOneOff) return;
   {
     MutexLock lock(&mu_);

@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/mutex.h"
 
 namespace terrace::store_internal {
@@ -50,8 +51,8 @@ class BouncePool {
     void Release();
     BouncePool* pool_ = nullptr;
     std::span<std::byte> bytes_;
-    int index_ = -1;     // pool buffer index; kOversize; kOneOff
-    bool owns_ = false;  // bytes_ was allocated for this lease alone (freed on release)
+    int index_ = -1;       // pool buffer index; kOversize; kOneOff
+    AlignedBuffer owned_;  // the bytes of a kOversize / kOneOff lease, allocated for it alone
   };
 
   // Waits for a buffer of at least `bytes` (see the class comment for when it does not wait).
@@ -76,7 +77,7 @@ class BouncePool {
   mutable Mutex mu_;
   CondVar cv_;  // signalled when a buffer or the oversize slot is returned
   struct Buffer {
-    std::byte* data = nullptr;
+    AlignedBuffer mem;  // allocated on first use
     bool locked = false;
     bool busy = false;
   };
