@@ -7,7 +7,12 @@
 # Env: TERRACE=path/to/terrace (default build/bin/terrace), QD (32), RAND_SIZE (size of the random-read
 # set, default 1GiB), THREADS (Terrace workers, and fio jobs for the random reads; default 1),
 # REPEAT (the random-read pair runs this many times, alternating fio and Terrace; the ratio line
-# gives each round's ratio and their median; default 1), RAND_ONLY=1 (skip the sequential cases).
+# gives each round's ratio and their median; default 1), RAND_ONLY=1 (skip the sequential cases),
+# TERRACE_B=path/to/other/terrace (a second binary, e.g. a "before" build: each round runs it too,
+# the two Terrace runs in alternating order, and it gets its own ratio line).
+# The random reads read one data set per binary, laid out once before the rounds (a --keep store,
+# as fio lays out its file once): no round pays for, or follows, the writing or deleting of its
+# data. A binary older than the reuse of kept stores rewrites the blocks, untimed, in every round.
 # CPU us/IO: user + system CPU time per I/O (fio: its usr/sys over its runtime; Terrace: the
 # process's getrusage over the timed pass, every thread; Terrace reads into buffers registered
 # with the tier, as the store's host arena is, where fio pins its buffers on every I/O).
@@ -21,8 +26,10 @@ threads="${THREADS:-1}"
 repeat="${REPEAT:-1}"
 rand_only="${RAND_ONLY:-0}"
 terrace="${TERRACE:-$root/build/bin/terrace}"
+terrace_b="${TERRACE_B:-}"
 command -v fio >/dev/null || { echo "vs_fio: fio is not installed (apt-get install fio)" >&2; exit 1; }
 [ -x "$terrace" ] || { echo "vs_fio: $terrace not found; build first (scripts/build.sh)" >&2; exit 1; }
+[ -z "$terrace_b" ] || [ -x "$terrace_b" ] || { echo "vs_fio: TERRACE_B=$terrace_b is not an executable" >&2; exit 1; }
 mkdir -p "$dir"
 bytes() { python3 -c "import sys; s=sys.argv[1]; u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30}; n=[k for k in u if s.endswith(k)]; print(int(s[:-3])*u[n[0]] if n else int(s))" "$1"; }
 fio_size=$(bytes "$size"); fio_rand=$(bytes "$rand_size")
@@ -40,15 +47,17 @@ pct = side["clat_ns"].get("percentile", {})
 ios = max(side["total_ios"], 1); cpu_s = side["runtime"] / 1e3 * (j["usr_cpu"] + j["sys_cpu"]) / 100 * int(sys.argv[1])
 print("%.0f %.0f %.1f %.1f %.2f" % (side["bw_bytes"] / 1e6, side["iops"], pct.get("50.000000", 0) / 1e3, pct.get("99.000000", 0) / 1e3, cpu_s * 1e6 / ios))' "$jobs"
 }
-terrace_run() {  # op bs total durability -> "MB/s IOPS p50_us p99_us cpu_us_per_io(user+sys, or - )"
-  "$terrace" bench tiers --tier nvme --op "$1" --block-size "$2" --queue-depth "$qd" --total-bytes "$3" \
-      --durability "$4" --threads "$threads" --dir "$dir/terrace" --json |
+terrace_run() {  # op bs total durability [binary [kept dir]] -> "MB/s IOPS p50_us p99_us cpu_us_per_io(user+sys, or - )"
+  local bin=${5:-$terrace} keep_dir=${6:-}
+  local d=${keep_dir:-$dir/terrace}
+  "$bin" bench tiers --tier nvme --op "$1" --block-size "$2" --queue-depth "$qd" --total-bytes "$3" \
+      --durability "$4" --threads "$threads" --dir "$d" ${keep_dir:+--keep} --json |
     python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 cpu = "%.2f" % (j["user_us_per_op"] + j["sys_us_per_op"]) if "user_us_per_op" in j else "-"
 print("%.0f %.0f %.1f %.1f %s" % (j["mb_per_s"], j["iops"], j["p50_us"], j["p99_us"], cpu))'
-  rm -rf "$dir/terrace"
+  [ -n "$keep_dir" ] || rm -rf "$d"
 }
 
 printf "%-34s %10s %10s %9s %9s %10s\n" "case" "MB/s" "IOPS" "p50 us" "p99 us" "CPU us/IO"
@@ -62,14 +71,33 @@ if [ "$rand_only" != 1 ]; then
   fr=$(fio_run read 1M "$fio_size");           row "fio seq read 1MiB qd$qd" "$fr"
   tr=$(terrace_run read 1MiB "$size" async);   row "terrace seq read 1MiB" "$tr"
 fi
+# Lay out each data set once, untimed: fio's file, and a kept Terrace store per binary.
 fio_run write 1M "$fio_rand" >/dev/null
-ratios=()
+rand_a="$dir/terrace-rand-a" rand_b="$dir/terrace-rand-b"
+rm -rf "$rand_a" "$rand_b"
+terrace_run randread 4KiB "$rand_size" async "$terrace" "$rand_a" >/dev/null
+[ -z "$terrace_b" ] || terrace_run randread 4KiB "$rand_size" async "$terrace_b" "$rand_b" >/dev/null
+ratios=() ratios_b=()
+rand_a_row() {
+  local t; t=$(terrace_run randread 4KiB "$rand_size" async "$terrace" "$rand_a"); row "terrace rand read 4KiB x$threads" "$t"
+  ratios+=("$(ratio "$(echo "$t" | cut -d' ' -f2)" "$(echo "$frr" | cut -d' ' -f2)")")
+}
+rand_b_row() {
+  local t; t=$(terrace_run randread 4KiB "$rand_size" async "$terrace_b" "$rand_b"); row "TERRACE_B rand read 4KiB x$threads" "$t"
+  ratios_b+=("$(ratio "$(echo "$t" | cut -d' ' -f2)" "$(echo "$frr" | cut -d' ' -f2)")")
+}
 for ((r = 1; r <= repeat; ++r)); do
   frr=$(fio_run randread 4k "$fio_rand" "$threads"); row "fio rand read 4KiB qd$qd x$threads" "$frr"
-  trr=$(terrace_run randread 4KiB "$rand_size" async); row "terrace rand read 4KiB x$threads" "$trr"
-  ratios+=("$(ratio "$(echo "$trr" | cut -d' ' -f2)" "$(echo "$frr" | cut -d' ' -f2)")")
+  if [ -z "$terrace_b" ]; then
+    rand_a_row
+  elif ((r % 2)); then
+    rand_a_row; rand_b_row
+  else
+    rand_b_row; rand_a_row
+  fi
 done
 rm -f "$dir/fio.dat"
+rm -rf "$rand_a" "$rand_b"
 echo
 if [ "$rand_only" != 1 ]; then
   echo "ratio seq write (async / fio):  $(ratio "${tw%% *}" "${fw%% *}")   target >= 0.9"
@@ -78,3 +106,7 @@ if [ "$rand_only" != 1 ]; then
 fi
 median=$(python3 -c "import sys, statistics; print('%.2f' % statistics.median(map(float, sys.argv[1:])))" "${ratios[@]}")
 echo "ratio 4KiB rand read IOPS:      $median (median of ${ratios[*]})   target >= 0.9"
+if [ -n "$terrace_b" ]; then
+  median_b=$(python3 -c "import sys, statistics; print('%.2f' % statistics.median(map(float, sys.argv[1:])))" "${ratios_b[@]}")
+  echo "ratio 4KiB rand read IOPS (TERRACE_B): $median_b (median of ${ratios_b[*]})"
+fi

@@ -51,3 +51,20 @@ def test_bench_tiers_host_prefault_flag(terrace):
         assert j["total_bytes"] == 16 << 20
     r = terrace("bench", "tiers", "--tier", "host", "--host-prefault", "maybe")
     assert r.returncode == 2 and "--host-prefault" in r.stderr
+
+
+def test_bench_tiers_nvme_read_reuses_a_kept_data_set(terrace, tmp_path):
+    # A read run on a store kept by --keep that holds the bench's blocks reads them as they are (as
+    # fio rereads its file) instead of writing them again first; one that lacks some writes them.
+    import shutil
+    d = tmp_path / "kept"
+    args = ("bench", "tiers", "--tier", "nvme", "--op", "randread", "--block-size", "4KiB", "--dir", d, "--keep",
+            "--warmup", "0", "--json")
+    runs = []
+    for total in ("8MiB", "8MiB", "16MiB", "16MiB"):
+        r = terrace(*args, "--total-bytes", total, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    assert [j["prep_writes"] for j in runs] == [2048, 0, 4096, 0]
+    assert all(j["iops"] > 0 for j in runs)
+    shutil.rmtree(d)

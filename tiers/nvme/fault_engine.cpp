@@ -82,6 +82,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
     if (err != 0) {
       reqs[i].result = err;
       reqs[i].submit_ns = SteadyNanos();
+      reqs[i].complete_ns = 0;
       if (on_complete) (*on_complete)(i);
       continue;
     }
@@ -95,6 +96,7 @@ void FaultInjectingIoEngine::Execute(std::span<IoRequest> reqs, const IoCompleti
     std::size_t i = fwd_map[j];
     reqs[i].result = fwd[j].result;
     reqs[i].submit_ns = fwd[j].submit_ns;
+    reqs[i].complete_ns = fwd[j].complete_ns;
     if (fault[i] == static_cast<int>(FaultKind::kBitFlip) && fwd[j].result > 0) {
       std::uint64_t bit = flip_pos[i] % (static_cast<std::uint64_t>(fwd[j].result) * 8);
       reqs[i].buf[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));

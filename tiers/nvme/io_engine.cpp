@@ -63,6 +63,7 @@ void RunToCompletion(IoEngine& engine, std::span<IoRequest> reqs,
     IoCompletion cb = [&](std::size_t j) {
       reqs[round_map[j]].result = round_reqs[j].result;
       reqs[round_map[j]].submit_ns = round_reqs[j].submit_ns;
+      reqs[round_map[j]].complete_ns = round_reqs[j].complete_ns;
       settle(round_map[j], round_reqs[j]);
     };
     engine.Execute(round_reqs, &cb);

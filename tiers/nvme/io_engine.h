@@ -32,6 +32,9 @@ struct IoRequest {
   int buf_index = -1;        // registered buffer holding [buf, buf+len) (fixed I/O), or -1
   int result = 0;            // out: bytes transferred (possibly fewer than len) or -errno
   std::uint64_t submit_ns = 0;  // out: steady-clock time the engine queued it (latency stats)
+  // out: steady-clock time the engine reaped its completion, before any callback ran; 0 when the
+  // engine did not stamp it (the caller uses the time its callback runs).
+  std::uint64_t complete_ns = 0;
 };
 
 // Called on the submitting thread when request `index` of the span completes.

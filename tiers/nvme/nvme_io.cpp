@@ -126,8 +126,8 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
     counters_.Add(counters_.queue_depth, reqs.size());
     nvme::RunToCompletion(*engine_, reqs, [&](std::size_t k, int err) {
       Chunk& c = chunks[req_chunk[k]];
-      (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency)
-          .Record(SteadyNanos() - reqs[k].submit_ns);
+      const std::uint64_t end = reqs[k].complete_ns != 0 ? reqs[k].complete_ns : SteadyNanos();
+      (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency).Record(end - reqs[k].submit_ns);
       if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.dst, staging_->data(req_buf[k]), c.len);
       done(req_chunk[k], err);
     });

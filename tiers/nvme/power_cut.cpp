@@ -140,6 +140,7 @@ class PowerCutEngine final : public IoEngine {
     for (std::size_t i : failed) {
       reqs[i].result = -EIO;
       reqs[i].submit_ns = SteadyNanos();
+      reqs[i].complete_ns = 0;
       if (on_complete) (*on_complete)(i);
     }
     if (fwd.empty()) return;
@@ -147,6 +148,7 @@ class PowerCutEngine final : public IoEngine {
       std::size_t i = fwd_map[j];
       reqs[i].result = fwd[j].result;
       reqs[i].submit_ns = fwd[j].submit_ns;
+      reqs[i].complete_ns = fwd[j].complete_ns;
       if (undo_id[j] != UINT64_MAX) {
         MutexLock l(&s_->mu);
         auto it = s_->undo.find(undo_id[j]);
