@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/aligned_buffer.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/io_engine.h"
@@ -54,17 +55,14 @@ std::uint64_t GroupCommitter::StageClear(Extent release) {
 }
 
 Status GroupCommitter::ClearDescriptors(const std::vector<Extent>& extents) {
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> zero(static_cast<std::byte*>(std::aligned_alloc(kUnit, kUnit)));
-  if (!zero) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB to clear descriptors");
-  std::memset(zero.get(), 0, kUnit);
+  AlignedBuffer zero(kUnit, kUnit);
+  if (!zero.data()) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB to clear descriptors");
+  std::memset(zero.data(), 0, kUnit);
   std::vector<IoRequest> reqs(extents.size());
   for (std::size_t i = 0; i < extents.size(); ++i) {
     reqs[i].op = IoOp::kWrite;
     reqs[i].offset = extents[i].offset + extents[i].length - kUnit;  // the descriptor is the extent's last unit
-    reqs[i].src = zero.get();  // only read by the engine: one buffer serves every request
+    reqs[i].src = zero.data();  // only read by the engine: one buffer serves every request
     reqs[i].len = static_cast<std::uint32_t>(kUnit);
   }
   int first_err = 0;

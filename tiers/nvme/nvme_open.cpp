@@ -81,8 +81,8 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks)
   caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
   caps_.io_alignment = static_cast<std::uint32_t>(kUnit);  // aligned reads with room for the rounded tail: no staging
   SetCapacity(options.capacity_bytes);
-  sb_unit_.reset(static_cast<std::byte*>(std::aligned_alloc(kUnit, nvme::kSuperblockBytes)));
-  if (sb_unit_) std::memset(sb_unit_.get(), 0, nvme::kSuperblockBytes);
+  sb_unit_ = AlignedBuffer(nvme::kSuperblockBytes, kUnit);
+  if (sb_unit_.data()) std::memset(sb_unit_.data(), 0, nvme::kSuperblockBytes);
 }
 
 void NvmeTier::SetCapacity(std::uint64_t capacity) {
@@ -174,7 +174,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
   std::unique_ptr<NvmeTier> t(new NvmeTier(options, hooks));
   {
     MutexLock l(&t->sb_mu_);
-    if (!t->sb_unit_) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
+    if (!t->sb_unit_.data()) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB for the superblock");
   }
   if (!t->hooks_.engine) t->hooks_.engine = nvme::OpenUringEngine;
   TERRACE_RETURN_IF_ERROR(t->OpenFiles());
@@ -338,8 +338,8 @@ Status NvmeTier::EngineSync(std::string_view what) {
 
 Status NvmeTier::PersistSuperblockLocked() {
   ++sb_.sequence;
-  sb_.EncodeIntoUnit(sb_unit_.get());
-  return EngineIo(nvme::IoOp::kWrite, 0, sb_unit_.get(), static_cast<std::uint32_t>(nvme::kSuperblockBytes),
+  sb_.EncodeIntoUnit(sb_unit_.data());
+  return EngineIo(nvme::IoOp::kWrite, 0, sb_unit_.data(), static_cast<std::uint32_t>(nvme::kSuperblockBytes),
                   "writing the superblock of");
 }
 
@@ -360,7 +360,7 @@ Status NvmeTier::WriteFreshSuperblock() {
   sb.capacity_bytes = options_.capacity_bytes;
   sb.generation_limit = 1;
   sb_ = sb;
-  std::memset(sb_unit_.get(), 0, nvme::kSuperblockBytes);  // both slots: nothing of an earlier store survives
+  std::memset(sb_unit_.data(), 0, nvme::kSuperblockBytes);  // both slots: nothing of an earlier store survives
   TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
   return EngineSync("syncing the superblock of");
 }
@@ -450,15 +450,15 @@ Status NvmeTier::ResumeCreation() {
   if (::fstat(fd_, &st) != 0) return Errno("cannot stat", creating_path_, errno, "check the file");
   bool have_sb = false;
   if (static_cast<std::uint64_t>(st.st_size) >= nvme::kSuperblockBytes) {
-    TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.get(),
+    TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.data(),
                                      static_cast<std::uint32_t>(nvme::kSuperblockBytes), "reading the superblock of"));
-    auto sb = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.get(), nvme::kSuperblockBytes),
+    auto sb = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes),
                                            creating_path_.string());
     if (sb.ok()) {
       sb_ = *sb;
       have_sb = true;
     } else {
-      const bool blank = std::all_of(sb_unit_.get(), sb_unit_.get() + nvme::kSuperblockBytes,
+      const bool blank = std::all_of(sb_unit_.data(), sb_unit_.data() + nvme::kSuperblockBytes,
                                      [](std::byte b) { return b == std::byte{0}; });
       if (!blank && !sb.status().IsCorruption()) {
         return Status::InvalidArgument(fmt::format(
@@ -540,9 +540,9 @@ Status NvmeTier::OpenExisting(bool block_device) {
     return Status::InvalidArgument(
         fmt::format("'{}' is {} bytes: too short to be a Terrace store", data_path_.string(), size));
   }
-  TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.get(),
+  TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.data(),
                                    static_cast<std::uint32_t>(nvme::kSuperblockBytes), "reading the superblock of"));
-  const bool blank = std::all_of(sb_unit_.get(), sb_unit_.get() + nvme::kSuperblockBytes,
+  const bool blank = std::all_of(sb_unit_.data(), sb_unit_.data() + nvme::kSuperblockBytes,
                                  [](std::byte b) { return b == std::byte{0}; });
   if (block_device && blank && !options_.read_only && (options_.create_if_missing || options_.reformat)) {
     if (options_.capacity_bytes == 0) {
@@ -556,7 +556,7 @@ Status NvmeTier::OpenExisting(bool block_device) {
     }
     return FormatBlockDevice();
   }
-  auto decoded = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.get(), nvme::kSuperblockBytes),
+  auto decoded = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes),
                                               data_path_.string());
   if (!decoded.ok()) {
     if (options_.reformat && !options_.read_only && size >= options_.capacity_bytes && options_.capacity_bytes > 0) {

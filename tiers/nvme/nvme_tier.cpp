@@ -64,7 +64,7 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
     AbandonExtents(ops, plans, s, st);
     return st;
   }
-  WriteExtents(ops, plans, descs.get(), st);
+  WriteExtents(ops, plans, descs.data(), st);
   std::uint64_t bytes = 0;
   const std::uint64_t last_seq = SwitchIndex(ops, plans, st, &bytes);
   if (options_.durability == Durability::kSync && last_seq > 0) {
@@ -150,8 +150,8 @@ Status NvmeTier::PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnit
   }
   if (n_allocated == 0) return Status::Ok();
   TERRACE_RETURN_IF_ERROR(ReserveGenerations(max_generation));
-  descs->reset(static_cast<std::byte*>(std::aligned_alloc(nvme::kUnit, n_allocated * nvme::kUnit)));
-  if (!*descs) return Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
+  *descs = AlignedBuffer(n_allocated * nvme::kUnit, nvme::kUnit);
+  if (!descs->data()) return Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
   return Status::Ok();
 }
 

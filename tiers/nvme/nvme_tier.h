@@ -61,8 +61,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/common/mutex.h"
+#include "src/common/aligned_buffer.h"
 #include "src/common/key_map.h"
+#include "src/common/mutex.h"
 #include "terrace/log.h"
 #include "terrace/options.h"
 #include "terrace/tier.h"
@@ -235,10 +236,7 @@ class NvmeTier final : public Tier {
     bool bad = false;             // the last read of it failed its checksum
     std::uint32_t pending = 0;    // its chunks still being read
   };
-  struct FreeDeleter {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  using DescriptorUnits = std::unique_ptr<std::byte, FreeDeleter>;  // 4 KiB-aligned, one unit per allocated op
+  using DescriptorUnits = AlignedBuffer;  // one 4 KiB unit per allocated op
 
   NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // nvme_open.cpp
@@ -332,7 +330,7 @@ class NvmeTier final : public Tier {
 
   mutable Mutex sb_mu_;
   nvme::Superblock sb_ TERRACE_GUARDED_BY(sb_mu_);  // (identity fields never change)
-  std::unique_ptr<std::byte, FreeDeleter> sb_unit_ TERRACE_GUARDED_BY(sb_mu_);  // the 4 KiB superblock as on disk
+  AlignedBuffer sb_unit_ TERRACE_GUARDED_BY(sb_mu_);  // the 4 KiB superblock as on disk
   std::unique_ptr<nvme::IoEngine> engine_;
   std::unique_ptr<nvme::IndexStore> index_;
   std::unique_ptr<nvme::StagingPool> staging_;

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/mutex.h"
 #include "tiers/nvme/format.h"
 
@@ -27,21 +28,14 @@ namespace {
 
 constexpr const char* kCutMessage = "simulated power cut";
 
-struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
-
-AlignedBytes AllocAligned(std::size_t n) {
-  return AlignedBytes(static_cast<std::byte*>(std::aligned_alloc(kUnit, RoundUp(std::max<std::size_t>(n, 1), kUnit))));
-}
+AlignedBuffer AllocAligned(std::size_t n) { return AlignedBuffer(n, kUnit); }
 
 // One data-file write not yet known to be durable, with the bytes it replaced.
 struct Undo {
   std::uint64_t offset = 0;
   std::uint32_t len = 0;
-  AlignedBytes old;
-  AlignedBytes new_bytes;  // what the write carried (kTorn mixes the two per sector)
+  AlignedBuffer old;
+  AlignedBuffer new_bytes;  // what the write carried (kTorn mixes the two per sector)
   bool completed = false;  // the engine reported the write done (a later sync covers it)
 };
 
@@ -118,12 +112,12 @@ class PowerCutEngine final : public IoEngine {
           u.len = r.len;
           u.old = AllocAligned(r.len);
           u.new_bytes = AllocAligned(r.len);
-          ssize_t got = u.old && u.new_bytes ? ::pread(s_->data_fd, u.old.get(), r.len, static_cast<off_t>(r.offset)) : -1;
+          ssize_t got = u.old.data() && u.new_bytes.data() ? ::pread(s_->data_fd, u.old.data(), r.len, static_cast<off_t>(r.offset)) : -1;
           if (got < 0) {
             ok = false;  // cannot keep an undo copy: fail the write rather than make it unrevertable
           } else {
-            if (static_cast<std::uint32_t>(got) < r.len) std::memset(u.old.get() + got, 0, r.len - got);
-            std::memcpy(u.new_bytes.get(), r.src, r.len);
+            if (static_cast<std::uint32_t>(got) < r.len) std::memset(u.old.data() + got, 0, r.len - got);
+            std::memcpy(u.new_bytes.data(), r.src, r.len);
             id = s_->next_undo++;
             s_->undo.emplace(id, std::move(u));
           }
@@ -480,29 +474,29 @@ Result<PowerCutReport> PowerCut::Cut() {
     // write may be unaligned: it is then one unit.
     const bool aligned = u.offset % kUnit == 0 && u.len % kUnit == 0;
     const std::uint64_t unit = aligned ? kUnit : std::max<std::uint32_t>(u.len, 1);
-    AlignedBytes garbage = AllocAligned(unit);
-    if (!garbage) return Status::OutOfCapacity("power cut: cannot allocate a scratch unit");
+    AlignedBuffer garbage = AllocAligned(unit);
+    if (!garbage.data()) return Status::OutOfCapacity("power cut: cannot allocate a scratch unit");
     for (std::uint64_t pos = 0; pos < u.len; pos += unit) {
       const std::uint64_t n = std::min<std::uint64_t>(unit, u.len - pos);
       LostWrite m = s_->mode == LostWrite::kMixed ? static_cast<LostWrite>(pick(s_->rng)) : s_->mode;  // 0..2
       const std::byte* src = nullptr;
       if (m == LostWrite::kRevert) {
-        src = u.old.get() + pos;
+        src = u.old.data() + pos;
         ++rep.data_units_reverted;
       } else if (m == LostWrite::kTorn) {
         // What the device holds now is the new bytes; put the old ones back in a random subset of
         // sectors. Each sector is wholly old or wholly new, never a mix.
-        std::memcpy(garbage.get(), u.new_bytes.get() + pos, n);
+        std::memcpy(garbage.data(), u.new_bytes.data() + pos, n);
         for (std::uint64_t sec = 0; sec < n; sec += kAtomicSectorBytes) {
           if (s_->rng() & 1) {
-            std::memcpy(garbage.get() + sec, u.old.get() + pos + sec, std::min<std::uint64_t>(kAtomicSectorBytes, n - sec));
+            std::memcpy(garbage.data() + sec, u.old.data() + pos + sec, std::min<std::uint64_t>(kAtomicSectorBytes, n - sec));
           }
         }
-        src = garbage.get();
+        src = garbage.data();
         ++rep.data_units_torn;
       } else if (m == LostWrite::kGarbage) {
-        for (std::uint64_t b = 0; b < n; ++b) garbage.get()[b] = static_cast<std::byte>(s_->rng());
-        src = garbage.get();
+        for (std::uint64_t b = 0; b < n; ++b) garbage.data()[b] = static_cast<std::byte>(s_->rng());
+        src = garbage.data();
         ++rep.data_units_garbage;
       } else {
         ++rep.data_units_kept;

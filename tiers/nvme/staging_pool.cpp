@@ -6,12 +6,12 @@
 namespace terrace::nvme {
 
 StagingPool::StagingPool(std::size_t count, std::size_t buffer_bytes) : count_(count), bytes_(buffer_bytes) {
-  base_ = static_cast<std::byte*>(std::aligned_alloc(4096, count_ * bytes_));
-  if (!base_) throw std::bad_alloc();
+  base_ = AlignedBuffer(count_ * bytes_);
+  if (!base_.data()) throw std::bad_alloc();
   for (std::size_t i = count_; i-- > 0;) free_.push_back(static_cast<int>(i));
 }
 
-StagingPool::~StagingPool() { std::free(base_); }
+StagingPool::~StagingPool() = default;
 
 void StagingPool::Acquire(std::size_t want, std::vector<int>* out) {
   MutexLock l(&mu_);

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/mutex.h"
 
 namespace terrace::nvme {
@@ -25,14 +26,14 @@ class StagingPool {
   void Acquire(std::size_t want, std::vector<int>* out);
   void Release(std::span<const int> bufs);
 
-  std::byte* data(int i) const { return base_ + static_cast<std::size_t>(i) * bytes_; }
+  std::byte* data(int i) const { return base_.data() + static_cast<std::size_t>(i) * bytes_; }
   std::size_t buffer_bytes() const { return bytes_; }
   std::size_t count() const { return count_; }
   std::vector<iovec> iovecs() const;
 
  private:
   std::size_t count_, bytes_;
-  std::byte* base_;  // owned, count_ * bytes_ bytes, 4 KiB-aligned
+  AlignedBuffer base_;  // count_ * bytes_ bytes, 4 KiB-aligned
   Mutex mu_;
   CondVar cv_;
   std::vector<int> free_ TERRACE_GUARDED_BY(mu_);
