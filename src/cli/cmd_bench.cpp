@@ -59,7 +59,7 @@ struct BenchArgs {
   unsigned warmup = 1;  // untimed passes before the timed ones
   unsigned repeat = 1;  // timed passes (median reported)
   bool keep = false;
-  std::string host_prefault = "on";  // --host-prefault: HostTierOptions::prefault
+  std::string host_prefault = "on";  // --host-prefault: HostOptionsFor()
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.
   unsigned BatchSize() const {
@@ -165,6 +165,19 @@ class RemoveCreatedDirs {
   std::vector<std::filesystem::path> paths_;
 };
 
+// The host tier's options for --host-prefault: on / off set HostTierOptions::prefault (faulting new
+// chunks alongside the puts, or on the putting thread); background / eager populate the whole
+// capacity at open (HostPopulate::kBackground / kAtOpen).
+HostTierOptions HostOptionsFor(const BenchArgs& a, std::uint64_t capacity) {
+  HostTierOptions o;
+  o.capacity_bytes = capacity;
+  o.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 256 * kMiB);
+  o.prefault = a.host_prefault != "off";
+  if (a.host_prefault == "background") o.populate = HostPopulate::kBackground;
+  if (a.host_prefault == "eager") o.populate = HostPopulate::kAtOpen;
+  return o;
+}
+
 Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
   std::uint64_t blocks = a.total_bytes / a.block_size;
   // The NVMe tier stores each block in an extent of its data units plus one descriptor unit.
@@ -173,11 +186,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem
   std::uint64_t need = blocks * per_block;
   std::uint64_t capacity = RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
   if (a.tier == "host") {
-    HostTierOptions o;
-    o.capacity_bytes = capacity;
-    o.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 256 * kMiB);
-    o.prefault = a.host_prefault == "on";
-    TERRACE_ASSIGN_OR_RETURN(auto t, HostTier::Create(o));
+    TERRACE_ASSIGN_OR_RETURN(auto t, HostTier::Create(HostOptionsFor(a, capacity)));
     return std::unique_ptr<Tier>(std::move(t));
   }
   if (a.tier == "hbm") {
@@ -437,7 +446,9 @@ int RunBenchTiers(const BenchArgs& a) {
     created_dir = cleanup.AddIfMissing(dir);
     if (!a.index_dir.empty()) created_index = cleanup.AddIfMissing(a.index_dir);
   }
+  const auto open0 = Clock::now();
   auto tier_or = MakeTier(a, dir);
+  const double open_seconds = std::chrono::duration<double>(Clock::now() - open0).count();
   if (!tier_or.ok()) return Fail(tier_or.status().ToString());
   std::unique_ptr<Tier> tier = std::move(*tier_or);
   if (created_dir && !IsBlockDevice(dir.string())) {
@@ -542,6 +553,7 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"iops", iops},           {"p50_us", p50},
                         {"p99_us", p99},          {"emulated", stats.emulated},
                         {"durability", a.durability}, {"flush_seconds", r->flush_seconds},
+                        {"open_seconds", open_seconds}, {"host_prefault", a.tier == "host" ? a.host_prefault : ""},
                         {"warmup", a.warmup}, {"repeat", a.repeat}, {"memcpy_mb_per_s", memcpy_mbps}, {"passes_mb_per_s", pass_mbps},
                         {"min_mb_per_s", min_mbps}, {"max_mb_per_s", max_mbps},
                         {"latency", a.tier == "nvme" ? "per-io (tier)" : "per-op (single-operation calls)"},
@@ -557,6 +569,7 @@ int RunBenchTiers(const BenchArgs& a) {
            fmt::format("{:.1f}", p50), fmt::format("{:.1f}", p99)});
     fmt::print("{}", t.Render());
     if (!stats.detail.empty()) fmt::print("{}: {}\n", a.tier, stats.detail);
+    fmt::print("tier open (create{}): {:.2f} s, not in MB/s\n", a.tier == "host" ? ", with any populate" : "", open_seconds);
     if (memcpy_mbps > 0) {
       fmt::print("memcpy into pre-faulted memory, same run: {:.0f} MB/s; median pass / memcpy: {:.2f}x\n", memcpy_mbps,
                  mbps / memcpy_mbps);
@@ -600,9 +613,12 @@ void RegisterBench(CLI::App& app, Runner* run) {
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them)");
   tiers->add_option("--host-prefault", a->host_prefault,
-                    "Host tier: fault new arena chunks in on a background thread ahead of the puts (on), or on the "
-                    "putting thread (off: when a pinned chunk is added, else on first touch)")
-      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+                    "Host tier: when its memory is faulted in. on: each new arena chunk on a background thread, "
+                    "alongside the puts; off: on the putting thread (when a pinned chunk is added, else on first "
+                    "touch); background: the whole capacity from open, on a background thread the puts never wait "
+                    "for; eager: the whole capacity before the first put (open_seconds says how long). background "
+                    "and eager hold the whole capacity in RAM (locked when pinned) from open")
+      ->check(CLI::IsMember({"on", "off", "background", "eager"}))->capture_default_str();
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
   RegisterBenchKv(bench, run);
