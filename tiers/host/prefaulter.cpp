@@ -20,7 +20,7 @@ Status PopulateNow(std::byte* data, std::size_t bytes) {
   const int err = errno;
   if (err != EINVAL) {
     return Status::OutOfCapacity(fmt::format("faulting in {} MiB of host memory at open failed: madvise"
-                                             "(MADV_POPULATE_WRITE): {}; populate fewer bytes or free memory",
+                                             "(MADV_POPULATE_WRITE): {}; lower HostTierOptions::populate_bytes or free memory",
                                              bytes >> 20, std::strerror(err)));
   }
   // Kernel before 5.14: a write per page faults it in; the memory is fresh and zero-filled.
