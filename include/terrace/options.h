@@ -30,7 +30,9 @@ enum class HostPopulate : std::uint8_t {
   // populate_bytes mapped at open and faulted by a background thread that starts at open, in the
   // order the allocator hands pages out; Create and puts never wait for it (a put that gets ahead
   // faults its own pages). Put bandwidth into the fresh tier reaches memory speed only for the
-  // part populated before the puts reach it (the fault rate is the background thread's).
+  // part populated before the puts reach it (the fault rate is the background thread's). With a
+  // CUDA device the chunks come from cudaHostAlloc, which faults them as it allocates: then
+  // Create populates them as kAtOpen does.
   kBackground = 1,
   // populate_bytes faulted before Create returns: deterministic put latency from the first put;
   // Create takes about populate_bytes / the kernel's fault rate (docs/benchmarks.md).
