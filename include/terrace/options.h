@@ -24,6 +24,21 @@ enum class Durability : std::uint8_t {
   kSync = 1,
 };
 
+// When a host tier faults in its memory (HostTierOptions::populate).
+enum class HostPopulate : std::uint8_t {
+  kOnDemand = 0,    // chunk by chunk as the arena grows (HostTierOptions::prefault says by whom)
+  // populate_bytes mapped at open and faulted by a background thread that starts at open, in the
+  // order the allocator hands pages out; Create and puts never wait for it (a put that gets ahead
+  // faults its own pages). Put bandwidth into the fresh tier reaches memory speed only for the
+  // part populated before the puts reach it (the fault rate is the background thread's). With a
+  // CUDA device the chunks come from cudaHostAlloc, which faults them as it allocates: then
+  // Create populates them as kAtOpen does.
+  kBackground = 1,
+  // populate_bytes faulted before Create returns: deterministic put latency from the first put;
+  // Create takes about populate_bytes / the kernel's fault rate (docs/benchmarks.md).
+  kAtOpen = 2,
+};
+
 struct HostTierOptions {
   std::uint64_t capacity_bytes = 4 * kGiB;
   // Pin memory: cudaHostAlloc when a CUDA device exists, else mlock where permitted. Pinning is
@@ -35,6 +50,16 @@ struct HostTierOptions {
   // that fill it; puts never wait for it. false: a pinned chunk is faulted and locked on the putting
   // thread when it is added, an unpinned one page by page on first touch.
   bool prefault = true;
+  // Populate at open: map, fault in and (with pin) lock the first populate_bytes of the capacity
+  // when the tier is created, the way a serving engine sets up its pinned pool at start-up, so that
+  // puts into the fresh tier copy at memory speed instead of at the kernel's page-fault rate. The
+  // populated bytes then stay resident (locked, with pin) for the tier's lifetime whether or not
+  // blocks use them, which is why the default is kOnDemand: a huge tier never takes its whole
+  // capacity of RAM unasked.
+  HostPopulate populate = HostPopulate::kOnDemand;
+  // With populate kBackground / kAtOpen: bytes to populate from the start of the capacity (rounded
+  // up to whole chunks); 0 or >= capacity_bytes: the whole capacity.
+  std::uint64_t populate_bytes = 0;
   std::shared_ptr<Logger> logger;           // null: the store's logger, or stderr (terrace/log.h)
 };
 

@@ -4,7 +4,8 @@
 // (docs/benchmarks.md, "terrace bench store").
 //
 // Phases, in order (each batch is --batch blocks; MB/s = 1e6 bytes per second):
-//   put first   PutBatch into the fresh host tier (arena pages faulted and pinned on first touch);
+//   put first   PutBatch into the fresh host tier (arena pages faulted and pinned as they are first
+//               used, unless --host-prefault background / eager populated them at open);
 //   get host    GetBatch of those blocks (checksums verified);
 //   put warm    the blocks erased and put again, --repeat times (the arena's pages already exist);
 //   put nvme    PutBatch with PutOptions::tier = nvme, then Flush;
@@ -49,6 +50,7 @@ struct BenchStoreArgs {
   unsigned batch = 64;
   unsigned repeat = 3;
   bool json = false;
+  std::string host_prefault = "on";  // --host-prefault, as in bench tiers
 };
 
 std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
@@ -178,7 +180,12 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   // Room for one set of blocks below the store's high watermark (0.9).
   ho.capacity_bytes = RoundUp(host_need + host_need / 4 + 64 * kMiB, 4 * kKiB);
   ho.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 64 * kMiB);
+  ho.prefault = a.host_prefault != "off";
+  if (a.host_prefault == "background") ho.populate = HostPopulate::kBackground;
+  if (a.host_prefault == "eager") ho.populate = HostPopulate::kAtOpen;
+  const auto open0 = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
+  const double host_open = Since(open0);
   NvmeTierOptions no;
   no.path = nvme_dir;
   const std::uint64_t nvme_need = blocks * nvme::Record{.length = a.block_size}.extent_bytes();
@@ -246,6 +253,8 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   j["total_bytes"] = blocks * a.block_size;
   j["batch"] = a.batch;
   j["repeat"] = a.repeat;
+  j["host_prefault"] = a.host_prefault;
+  j["host_open_seconds"] = host_open;
   j["put_first_mb_per_s"] = b.MbPerS(put_first);
   j["put_warm_mb_per_s"] = Median(put_warm);
   j["put_warm_rounds_mb_per_s"] = put_warm;
@@ -326,6 +335,8 @@ int RunBenchStore(const BenchStoreArgs& a) {
   row("promote NVMe -> host", "promote_mb_per_s");
   row("get, promoted", "get_promoted_mb_per_s");
   fmt::print("{}", t.Render());
+  fmt::print("host tier open (with any populate, --host-prefault {}): {:.2f} s, not in MB/s\n", a.host_prefault,
+             r["host_open_seconds"].get<double>());
   fmt::print("store get / NVMe tier get (median of per-round ratios): {:.2f}x\n", r["ratio_vs_tier"].get<double>());
   return 0;
 }
@@ -342,6 +353,10 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
   AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);
   AddIntOption(cmd, "--batch", &a->batch, 1u, 4096u, "Blocks per PutBatch / GetBatch call");
   AddIntOption(cmd, "--repeat", &a->repeat, 1u, 100u, "Rounds of the warm put and of the NVMe get comparison");
+  cmd->add_option("--host-prefault", a->host_prefault,
+                  "Host tier: when its memory is faulted in (on | off | background | eager, as in bench tiers; "
+                  "background and eager hold the whole host capacity in RAM from open)")
+      ->check(CLI::IsMember({"on", "off", "background", "eager"}))->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
   cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
 }

@@ -40,3 +40,16 @@ def test_bench_store_bad_sizes_exit_2(terrace, tmp_path):
     r = terrace("bench", "store", "--dir", tmp_path / "x", "--block-size", "1MiB", "--total-bytes", "64KiB")
     assert r.returncode == 2 and "--total-bytes" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_bench_store_host_prefault_eager_populates_the_host_tier_at_open(terrace, tmp_path):
+    d = tmp_path / "bs"
+    r = terrace("bench", "store", "--dir", d, "--total-bytes", "8MiB", "--batch", "8", "--repeat", "1",
+                "--host-prefault", "eager", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["host_prefault"] == "eager" and j["host_open_seconds"] > 0
+    assert "at open in" in j["host_detail"], j["host_detail"]
+    assert not d.exists()
+    r = terrace("bench", "store", "--dir", d, "--host-prefault", "maybe")
+    assert r.returncode == 2 and "--host-prefault" in r.stderr

@@ -49,6 +49,15 @@ def test_bench_tiers_host_prefault_flag(terrace):
         j = json.loads(r.stdout)
         assert ("faulted ahead" in j["detail"]) == faulted_ahead, j["detail"]
         assert j["total_bytes"] == 16 << 20
+    # background / eager populate the whole capacity at open: "populating" (from open, on the
+    # background thread) or "populated ... at open" (before the first put; open_seconds > 0).
+    for value, note in (("background", "in the background from open"), ("eager", "at open in")):
+        r = terrace("bench", "tiers", "--tier", "host", "--op", "write", "--block-size", "1MiB", "--total-bytes",
+                    "16MiB", "--warmup", "0", "--host-prefault", value, "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert note in j["detail"], j["detail"]
+        assert j["host_prefault"] == value and j["open_seconds"] > 0
     r = terrace("bench", "tiers", "--tier", "host", "--host-prefault", "maybe")
     assert r.returncode == 2 and "--host-prefault" in r.stderr
 

@@ -77,15 +77,34 @@ Result<BlockArena::Ticket> BlockArena::BeginWrite(const BlockKey& key, const Blo
           tier_name_, key.ToString(), desc.size, alloc_.free_pages() * page_bytes_, capacity_bytes_,
           std::uint64_t{alloc_.largest_free_run()} * page_bytes_));
     }
-    const std::uint64_t bytes = std::min(chunk_bytes_, capacity_bytes_ - std::uint64_t{chunk} * chunk_bytes_);
-    growing_ = true;
-    lock.Unlock();
-    Status st = grow_(chunk, bytes);
-    lock.Lock();
-    growing_ = false;
-    grow_done_.SignalAll();
-    if (!st.ok()) return st.WithContext(fmt::format("{} tier: growing the arena for block {}", tier_name_, key.ToString()));
-    alloc_.AddChunk(static_cast<std::uint32_t>(bytes / page_bytes_));
+    TERRACE_RETURN_IF_ERROR(GrowOne(fmt::format("block {}", key.ToString())));
+  }
+}
+
+Status BlockArena::GrowOne(std::string_view why) {
+  const std::uint32_t chunk = alloc_.num_chunks();
+  if (chunk >= alloc_.max_chunks()) {
+    return Status::OutOfCapacity(fmt::format("{} tier: the arena is at its capacity ({} bytes)", tier_name_, capacity_bytes_));
+  }
+  const std::uint64_t bytes = std::min(chunk_bytes_, capacity_bytes_ - std::uint64_t{chunk} * chunk_bytes_);
+  growing_ = true;
+  mu_.Unlock();
+  Status st = grow_(chunk, bytes);
+  mu_.Lock();
+  growing_ = false;
+  grow_done_.SignalAll();
+  if (!st.ok()) return st.WithContext(fmt::format("{} tier: growing the arena for {}", tier_name_, why));
+  alloc_.AddChunk(static_cast<std::uint32_t>(bytes / page_bytes_));
+  return Status::Ok();
+}
+
+Status BlockArena::GrowTo(std::uint64_t bytes) {
+  const std::uint64_t target = std::min(bytes, capacity_bytes_);
+  MutexLock lock(&mu_);
+  for (;;) {
+    while (growing_) grow_done_.Wait(&mu_);
+    if (alloc_.total_pages() * page_bytes_ >= target || alloc_.num_chunks() >= alloc_.max_chunks()) return Status::Ok();
+    TERRACE_RETURN_IF_ERROR(GrowOne("populating it at open"));
   }
 }
 

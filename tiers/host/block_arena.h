@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory_resource>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -53,6 +54,10 @@ class BlockArena {
   Result<Ticket> BeginWrite(const BlockKey& key, const BlockDesc& desc);
   Status CommitWrite(const BlockKey& key, const Ticket& ticket);  // on error the ticket is aborted
   void AbortWrite(const Ticket& ticket);
+
+  // Materializes chunks (calling the GrowFn, in chunk order) until at least min(bytes, capacity)
+  // bytes of chunks exist; chunks that already exist are kept. For populating a tier at open.
+  Status GrowTo(std::uint64_t bytes);
 
   Result<Ticket> BeginRead(const BlockKey& key);
   // drop_corrupt: the reader found the bytes failing their checksum; the block is removed from the
@@ -90,6 +95,9 @@ class BlockArena {
     std::uint32_t pins = 0;
   };
 
+  // Adds chunk alloc_.num_chunks() (growing_ must be false on entry; mu_ is released around the
+  // GrowFn and held again on return). Fails with OutOfCapacity at capacity.
+  Status GrowOne(std::string_view why) TERRACE_REQUIRES(mu_);
   std::uint32_t NewSlot(const PageExtent& e) TERRACE_REQUIRES(mu_);
   void ReleaseSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);  // frees extent + slot
   void RetireSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);

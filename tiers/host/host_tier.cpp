@@ -34,7 +34,13 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                                                "million chunks; raise chunk_bytes",
                                                options.capacity_bytes, options.chunk_bytes));
   }
-  return std::unique_ptr<HostTier>(new HostTier(options));
+  std::unique_ptr<HostTier> tier(new HostTier(options));
+  if (options.populate != HostPopulate::kOnDemand && tier->populate_chunks_ > 0) {
+    const std::uint64_t t0 = SteadyNanos();
+    TERRACE_RETURN_IF_ERROR(tier->arena_.GrowTo(std::uint64_t{tier->populate_chunks_} * tier->arena_.chunk_bytes()));
+    tier->open_populate_ns_ = SteadyNanos() - t0;
+  }
+  return tier;
 }
 
 HostTier::HostTier(const HostTierOptions& options)
@@ -51,7 +57,14 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();
   bases_.assign(chunk == 0 ? 0 : (arena_.capacity_bytes() + chunk - 1) / chunk, nullptr);
-  if (options.prefault) prefaulter_ = std::make_unique<tiers::Prefaulter>(kPrefaultPieceBytes);
+  if (options.populate != HostPopulate::kOnDemand && chunk > 0) {
+    const std::uint64_t cap = arena_.capacity_bytes();
+    const std::uint64_t want = options.populate_bytes == 0 ? cap : std::min(options.populate_bytes, cap);
+    populate_chunks_ = static_cast<std::uint32_t>((want + chunk - 1) / chunk);
+  }
+  if (options.prefault || (options.populate == HostPopulate::kBackground && populate_chunks_ > 0)) {
+    prefaulter_ = std::make_unique<tiers::Prefaulter>(kPrefaultPieceBytes);
+  }
 }
 
 HostTier::~HostTier() {
@@ -61,9 +74,15 @@ HostTier::~HostTier() {
 }
 
 Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
+  // Who faults the chunk's pages in: mlock on this thread (pinned, no prefaulter; unpinned
+  // chunks then fault on first touch), the prefaulter, or this thread now (populate at open).
+  enum class Fault { kByPin, kAhead, kNow };
+  const bool populated = chunk < populate_chunks_;
+  const Fault how = populated ? (options_.populate == HostPopulate::kAtOpen ? Fault::kNow : Fault::kAhead)
+                              : (options_.prefault ? Fault::kAhead : Fault::kByPin);
   tiers::HostChunkOptions co;
   co.pin = options_.pin;
-  co.populate = prefaulter_ == nullptr;
+  co.populate = how == Fault::kByPin;
   // No MADV_HUGEPAGE: on the benchmark VM (THP "madvise", no compaction stalls) a huge-page chunk
   // faulted in 3-5x slower than 4 KiB pages and steady copies were no faster (docs/benchmarks.md).
   co.huge_pages = false;
@@ -71,8 +90,16 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
   if (!c.pin_note.empty()) {
     pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));
   }
+  if (c.kind != tiers::PinKind::kCudaHost) {  // cudaHostAlloc chunks are faulted already
+    if (how == Fault::kAhead) prefaulter_->Enqueue(c.data, c.bytes);
+    if (how == Fault::kNow) {
+      if (Status st = tiers::PopulateNow(c.data, c.bytes); !st.ok()) {
+        tiers::FreeHostChunk(c);
+        return st;
+      }
+    }
+  }
   bases_[chunk] = c.data;
-  if (prefaulter_ != nullptr && c.kind != tiers::PinKind::kCudaHost) prefaulter_->Enqueue(c.data, c.bytes);
   MutexLock lock(&chunks_mu_);
   chunks_.push_back(std::move(c));
   return Status::Ok();
@@ -207,6 +234,14 @@ TierStatsSnapshot HostTier::Stats() const {
   s.used_bytes = used_bytes();
   s.blocks = block_count();
   s.detail = fmt::format("{}; arena {} MiB of {} MiB", PinSummary(), arena_.arena_bytes() >> 20, caps_.capacity_bytes >> 20);
+  if (populate_chunks_ > 0) {
+    const std::uint64_t mib = std::min(std::uint64_t{populate_chunks_} * arena_.chunk_bytes(), caps_.capacity_bytes) >> 20;
+    if (options_.populate == HostPopulate::kAtOpen) {
+      s.detail += fmt::format("; populated {} MiB at open in {:.2f} s", mib, static_cast<double>(open_populate_ns_) / 1e9);
+    } else {
+      s.detail += fmt::format("; populating {} MiB in the background from open", mib);
+    }
+  }
   if (prefaulter_ != nullptr) {
     s.detail += fmt::format("; faulted ahead {} MiB", prefaulter_->faulted_bytes() >> 20);
     if (std::string note = prefaulter_->note(); !note.empty()) s.detail += "; " + note;

@@ -3,7 +3,9 @@
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
 // chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::prefault, adding a
 // chunk only maps it (locked on fault) and a background Prefaulter faults its pages in ahead of the
-// puts; without, pinning faults the whole chunk on the putting thread. A refused pin is logged once per tier (a
+// puts; without, pinning faults the whole chunk on the putting thread. HostTierOptions::populate
+// kBackground / kAtOpen materialize the first populate_bytes of chunks at Create and fault them in
+// on the prefaulter (from open, in allocation order) or before Create returns. A refused pin is logged once per tier (a
 // warning to HostTierOptions::logger) and shown in Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
 // PageAllocator): a block uses ceil(size / 4 KiB) pages, at most one chunk.
 //
@@ -68,8 +70,10 @@ class HostTier final : public Tier {
   std::string PinSummary() const;
   // Allocator consistency check, for tests.
   bool CheckInvariants() const { return arena_.CheckInvariants(); }
-  // Blocks until the chunks added so far have been faulted in ahead (no-op without prefault); tests.
+  // Blocks until the chunks added so far have been faulted in ahead (no-op without a prefaulter); tests.
   void WaitForPrefault() const;
+  // Nanoseconds Create spent populating (HostPopulate::kAtOpen: faulting; kBackground: mapping only).
+  std::uint64_t open_populate_ns() const { return open_populate_ns_; }
 
  private:
   explicit HostTier(const HostTierOptions& options);
@@ -85,9 +89,11 @@ class HostTier final : public Tier {
   std::vector<std::byte*> bases_;
   mutable Mutex chunks_mu_;
   std::vector<tiers::HostChunk> chunks_ TERRACE_GUARDED_BY(chunks_mu_);
-  // Null without HostTierOptions::prefault. Destroyed before the chunks are unmapped.
+  // Null without HostTierOptions::prefault or populate kBackground. Destroyed before the chunks are unmapped.
   std::unique_ptr<tiers::Prefaulter> prefaulter_;
   tiers::BlockArena arena_;
+  std::uint32_t populate_chunks_ = 0;   // chunks [0, n) are populated at open; set by the constructor
+  std::uint64_t open_populate_ns_ = 0;  // written by Create before the tier is shared
   mutable TierCounters counters_;
 };
 

@@ -14,6 +14,22 @@
 
 namespace terrace::tiers {
 
+Status PopulateNow(std::byte* data, std::size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (::madvise(data, bytes, MADV_POPULATE_WRITE) == 0) return Status::Ok();
+  const int err = errno;
+  if (err != EINVAL) {
+    return Status::OutOfCapacity(fmt::format("faulting in {} MiB of host memory at open failed: madvise"
+                                             "(MADV_POPULATE_WRITE): {}; lower HostTierOptions::populate_bytes or free memory",
+                                             bytes >> 20, std::strerror(err)));
+  }
+  // Kernel before 5.14: a write per page faults it in; the memory is fresh and zero-filled.
+  for (std::size_t off = 0; off < bytes; off += 4096) {
+    reinterpret_cast<volatile unsigned char*>(data)[off] = 0;
+  }
+  return Status::Ok();
+}
+
 Prefaulter::Prefaulter(std::size_t piece_bytes)
     : piece_bytes_(std::max<std::size_t>(piece_bytes, 4096)), thread_([this] { Run(); }) {}
 

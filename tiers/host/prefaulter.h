@@ -21,8 +21,15 @@
 #include <thread>
 
 #include "src/common/mutex.h"
+#include "terrace/status.h"
 
 namespace terrace::tiers {
+
+// Faults in (and, for MLOCK_ONFAULT chunks, locks) [data, data + bytes) on the calling thread
+// (page-aligned, mapped read-write, not yet written by anyone else: where the kernel lacks
+// MADV_POPULATE_WRITE each page is touched with a write of zero). OutOfCapacity when the kernel
+// has no memory for the pages.
+Status PopulateNow(std::byte* data, std::size_t bytes);
 
 class Prefaulter {
  public:
