@@ -1,8 +1,10 @@
 // Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
-// "Restore"). One engine for both: a restore job issues every read of its boundary at once on its
-// own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of about a
-// quarter of the restore, each window one GetBatch), and a decoder thread checks and decodes each
-// window while the next is in flight. A layer becomes ready when all of its blocks are decoded.
+// "Restore"). One engine for both: a restore job issues every read of its boundary at once: the
+// KV chunks in windows of about a quarter of the restore, each window one GetBatch, on two reader
+// threads (so one window's GetBatch is in flight while the other's finishes and the tier's queue
+// does not drain between windows), and the boundary's KDA snapshots (one GetBatch) on the decoder
+// thread, which then checks and decodes the KV windows in order while the next ones are in flight.
+// A layer becomes ready when all of its blocks are decoded.
 //
 // Where the time goes (docs/benchmarks.md, "Layerwise restore"): the reads are issued before any
 // large buffer is touched. Raw blocks land in a few window buffers that the reader and decoder
@@ -19,7 +21,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -34,6 +35,8 @@
 namespace terrace::kv {
 namespace {
 
+// Threads issuing KV window reads.
+constexpr std::size_t kReaders = 2;
 // Bytes of KV chunk blocks one GetBatch reads: about a quarter of the restore, so decoding starts
 // early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
 // sees a deep queue.
@@ -43,9 +46,10 @@ std::uint64_t AlignUp(std::uint64_t n) { return (n + kRawAlign - 1) / kRawAlign 
 
 }  // namespace
 
-// Thread-safety: fields marked (mu) are under mu; the buffers of a window / of the snapshots are
-// written by the reader thread before it queues them and by the decoder after, then only read by
-// the caller's thread once the layer is marked ready (mu orders the hand-over).
+// Thread-safety: fields marked (mu) are under mu; the buffers of a window are written by the
+// reader that claimed it before it marks it read and by the decoder after, the snapshots' by the
+// decoder; the caller's thread reads them only once the layer is marked ready (mu orders each
+// hand-over).
 struct LayerwiseRestore::Job {
   PrefixCache::Impl* m = nullptr;
   std::vector<ContentId> chunk_ids;
@@ -59,9 +63,11 @@ struct LayerwiseRestore::Job {
   std::condition_variable cv;
   std::vector<char> ready;           // (mu) per model layer: its blocks at kmax are decoded (or failed)
   std::vector<Status> layer_status;  // (mu) per model layer
-  std::deque<int> work;              // (mu) -1 = the snapshots, w >= 0 = KV window w
+  std::vector<char> window_read;     // (mu) per KV window: its GetBatch returned
+  std::size_t next_window = 0;       // (mu) the next KV window a reader claims
+  std::size_t readers_left = 0;      // (mu) reader threads still running
   std::vector<std::size_t> free_buffers;  // (mu) indices into window_buffers not holding a window
-  bool reads_done = false;           // (mu) the reader queued its last work item
+  bool reads_done = false;           // (mu) every reader thread is done
   bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
   std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
 
@@ -70,7 +76,7 @@ struct LayerwiseRestore::Job {
   // The buffers below marked (pool) come from m->restore_buffers at Start and go back in ~Job.
   std::unique_ptr<RestoreBuffers> pooled;                    // the set they were taken from
   std::array<RawBuffer, kWindowBuffers> window_buffers;      // (pool)
-  std::vector<std::size_t> window_buffer;  // per window: the buffer its blocks were read into
+  std::vector<std::size_t> window_buffer;  // (mu) per window: the buffer its blocks were read into
   std::vector<Store::GetItem> kv_items;
   std::vector<Status> kv_status;
   std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // chunk ranges [begin, end)
@@ -93,7 +99,8 @@ struct LayerwiseRestore::Job {
   bool voided = false;          // caller thread only
   bool finished = false;
   double wait_seconds = 0;
-  std::thread reader, decoder;
+  std::array<std::thread, kReaders> readers;
+  std::thread decoder;
 
   const KvLayout& L() const { return m->layout; }
 
@@ -160,21 +167,15 @@ struct LayerwiseRestore::Job {
       for (std::size_t j = 0; j < kda.size(); ++j)
         snap_items[j].key = keys::StateKey(m->ns_state, kda[j], chunk_ids[static_cast<std::size_t>(kmax - 1)]);
     }
-    reader = std::thread([this] { ReadLoop(); });
+    window_read.assign(windows.size(), 0);
+    readers_left = kReaders;
+    for (auto& r : readers) r = std::thread([this] { ReadLoop(); });
     decoder = std::thread([this] { DecodeLoop(); });
   }
 
   bool Stopped() {
     std::lock_guard lock(mu);
     return stop;
-  }
-
-  void Queue(int item) {
-    {
-      std::lock_guard lock(mu);
-      work.push_back(item);
-    }
-    cv.notify_all();
   }
 
   // Points items' outputs at consecutive kRawAlign-aligned slots of `buf` (sized for them).
@@ -189,24 +190,21 @@ struct LayerwiseRestore::Job {
     }
   }
 
+  // One reader thread: claims the next KV window together with a free buffer (in window order,
+  // so the window the decoder needs next always has a buffer: later windows can never hold them
+  // all), reads it with one GetBatch and marks it read.
   void ReadLoop() {
-    const auto& kda = L().kda_layers();
-    if (!snap_items.empty()) {
-      Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
-            snap_buffer);
-      snap_status = m->st->GetBatch(snap_items);
-      Queue(-1);
-    }
-    for (std::size_t w = 0; w < windows.size(); ++w) {
-      std::size_t buffer = 0;
+    for (;;) {
+      std::size_t w = 0, buffer = 0;
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stop || !free_buffers.empty(); });
-        if (stop) break;
+        cv.wait(lock, [&] { return stop || next_window >= windows.size() || !free_buffers.empty(); });
+        if (stop || next_window >= windows.size()) break;
+        w = next_window++;
         buffer = free_buffers.back();
         free_buffers.pop_back();
+        window_buffer[w] = buffer;
       }
-      window_buffer[w] = buffer;
       window_buffers[buffer].Ensure(max_window_bytes);
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
@@ -214,13 +212,26 @@ struct LayerwiseRestore::Job {
             window_buffers[buffer]);
       const auto st = m->kv->GetBatch(items);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
-      Queue(static_cast<int>(w));
+      {
+        std::lock_guard lock(mu);
+        window_read[w] = 1;
+      }
+      cv.notify_all();
     }
     {
       std::lock_guard lock(mu);
-      reads_done = true;
+      if (--readers_left == 0) reads_done = true;
     }
     cv.notify_all();
+  }
+
+  // The boundary's snapshots, on the decoder thread (their GetBatch runs beside the readers' first
+  // KV windows).
+  void ReadSnapshots() {
+    const auto& kda = L().kda_layers();
+    Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
+          snap_buffer);
+    snap_status = m->st->GetBatch(snap_items);
   }
 
   void DecodeSnapshots() {
@@ -248,7 +259,7 @@ struct LayerwiseRestore::Job {
   }
 
   // Decodes window w; false once a chunk failed (later chunks are of no use).
-  // Its window buffer goes back to the reader either way.
+  // Its window buffer goes back to the readers either way.
   bool DecodeWindow(int w) {
     const bool ok = DecodeWindowBlocks(w);
     {
@@ -296,23 +307,20 @@ struct LayerwiseRestore::Job {
   }
 
   void DecodeLoop() {
+    if (!snap_items.empty() && !Stopped()) {
+      ReadSnapshots();
+      DecodeSnapshots();
+    }
     bool kv_ok = true;
     std::size_t windows_done = 0;
-    for (;;) {
-      int item = 0;
+    for (std::size_t w = 0; kv_ok && w < windows.size(); ++w) {
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return !work.empty() || reads_done; });
-        if (work.empty()) break;
-        item = work.front();
-        work.pop_front();
+        cv.wait(lock, [&] { return window_read[w] != 0 || reads_done; });
+        if (!window_read[w]) break;  // stopped before this window was read
       }
-      if (item < 0) {
-        DecodeSnapshots();
-      } else if (kv_ok) {
-        kv_ok = DecodeWindow(item);
-        ++windows_done;
-      }
+      kv_ok = DecodeWindow(static_cast<int>(w));
+      ++windows_done;
     }
     {
       std::lock_guard lock(mu);
@@ -336,7 +344,8 @@ struct LayerwiseRestore::Job {
   }
 
   void Join() {
-    if (reader.joinable()) reader.join();
+    for (auto& r : readers)
+      if (r.joinable()) r.join();
     if (decoder.joinable()) decoder.join();
   }
 

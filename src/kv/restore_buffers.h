@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "terrace/kv_layout.h"
@@ -31,7 +32,14 @@ struct RawBuffer {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kRawAlign}); }
   };
   std::unique_ptr<std::byte[], Free> data;
-  std::uint64_t size = 0;
+  std::uint64_t size = 0;  // bytes `data` holds (0 after a move from it)
+  RawBuffer() = default;
+  RawBuffer(RawBuffer&& o) noexcept : data(std::move(o.data)), size(std::exchange(o.size, 0)) {}
+  RawBuffer& operator=(RawBuffer&& o) noexcept {
+    data = std::move(o.data);
+    size = std::exchange(o.size, 0);
+    return *this;
+  }
   void Ensure(std::uint64_t n) {
     if (size >= n) return;
     data.reset(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kRawAlign})));
