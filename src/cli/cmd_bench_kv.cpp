@@ -8,7 +8,10 @@
 // the cache (restore + the suffix) and without (a cold prefill of the whole prompt, same chunk
 // pieces) are measured, with the restore's bandwidth and the tier's raw read bandwidth (O_DIRECT
 // 1 MiB sequential reads of the bytes the restore read, from the same pools' data files, nvme; a
-// memcpy of the same bytes, host) measured in the same run, right after the restore. Prefixes
+// memcpy of the same bytes, host) measured in the same run, right after the restore. Then the
+// same restore again, warm: into the same session's state after Reset (its latent caches keep
+// their memory) with the same cache (its restore buffers are reused), as a serving process's
+// steady state, with its own raw read right after it. Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
 // prompt computed from token 0 (storing the prefix as it
 // goes), and its time is the row's recompute TTFT. Progress goes to stderr every few seconds.
@@ -257,9 +260,9 @@ int RunBenchKv(const BenchKvArgs& a) {
     fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore{}...\n", P,
                recompute_in_turn1 ? "" : ", then recompute");
     const auto req = run->cache->Prepare(prompt, "");
-    model::Session warm(**m);
+    model::Session turn2(**m);
     const auto t0 = std::chrono::steady_clock::now();
-    auto r2 = kv::PrefillWithCache(&warm, *run->cache, req, {.restore = true, .write_back = false});
+    auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
     const double ttft_restore = Since(t0);
     if (!r2.ok()) {
       rc = Fail(r2.status().ToString());
@@ -279,19 +282,34 @@ int RunBenchKv(const BenchKvArgs& a) {
       r3 = std::move(cold_run).value();
     }
     const std::uint64_t restored_bytes = r2->restore.kv_bytes + r2->restore.state_bytes;
-    double tier_mb = 0;
-    if (a.tier == "nvme") {
+    // The tier's raw read of what a restore read, right after it.
+    auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
+      if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
       const std::pair<std::filesystem::path, std::uint64_t> parts[] = {
-          {dir / "kv" / "terrace.data", r2->restore.kv_bytes}, {dir / "state" / "terrace.data", r2->restore.state_bytes}};
-      auto raw = RawReadMbPerS(parts);
-      if (!raw.ok()) {
-        rc = Fail(raw.status().ToString());
-        break;
-      }
-      tier_mb = *raw;
-    } else {
-      tier_mb = MemcpyMbPerS(restored_bytes);
+          {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
+      return RawReadMbPerS(parts);
+    };
+    auto raw = tier_read(r2->restore);
+    if (!raw.ok()) {
+      rc = Fail(raw.status().ToString());
+      break;
     }
+    const double tier_mb = *raw;
+    // Warm: the same restore into the same state after Reset (memory reused), same cache.
+    turn2.state().Reset();
+    const auto tw = std::chrono::steady_clock::now();
+    auto rw = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
+    const double ttft_warm = Since(tw);
+    if (!rw.ok()) {
+      rc = Fail(rw.status().ToString());
+      break;
+    }
+    auto raw_warm = tier_read(rw->restore);
+    if (!raw_warm.ok()) {
+      rc = Fail(raw_warm.status().ToString());
+      break;
+    }
+    const std::uint64_t warm_bytes = rw->restore.kv_bytes + rw->restore.state_bytes;
     // The restored run's logits against the recompute's for the same positions.
     double num = 0, den = 0;
     const std::size_t off = static_cast<std::size_t>(r2->restored_tokens) * static_cast<std::size_t>(config.vocab_size);
@@ -310,6 +328,16 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["restore_wait_s"] = r2->restore.wait_seconds;
     row["restore_mb_per_s"] = r2->restore.seconds > 0 ? static_cast<double>(restored_bytes) / r2->restore.seconds / 1e6 : 0.0;
     row["tier_read_mb_per_s"] = tier_mb;
+    row["restore_over_tier"] = tier_mb > 0 ? row["restore_mb_per_s"].get<double>() / tier_mb : 0.0;
+    row["warm_ttft_restore_s"] = ttft_warm;
+    row["warm_restored_tokens"] = rw->restored_tokens;
+    row["warm_restore_s"] = rw->restore.seconds;
+    row["warm_restore_wait_s"] = rw->restore.wait_seconds;
+    row["warm_restore_mb_per_s"] = rw->restore.seconds > 0 ? static_cast<double>(warm_bytes) / rw->restore.seconds / 1e6 : 0.0;
+    row["warm_tier_read_mb_per_s"] = *raw_warm;
+    row["warm_restore_over_tier"] = *raw_warm > 0 ? row["warm_restore_mb_per_s"].get<double>() / *raw_warm : 0.0;
+    row["warm_fallbacks"] = rw->restore.fallbacks;
+    row["warm_logits_bitwise_equal"] = rw->logits.data == r2->logits.data;
     row["kv_bytes"] = r2->restore.kv_bytes;
     row["state_bytes"] = r2->restore.state_bytes;
     for (int t = 0; t < kNumTiers; ++t)
@@ -338,16 +366,17 @@ int RunBenchKv(const BenchKvArgs& a) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>16} {:>16}\n", "prefix", "restored", "ttft restore s",
-             "ttft recompute s", "speedup", "restore MB/s", "tier read MB/s");
+  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>16} {:>16} {:>16} {:>16}\n", "prefix", "restored", "ttft restore s",
+             "ttft recompute s", "speedup", "restore MB/s", "tier read MB/s", "warm restore MB/s", "warm tier MB/s");
   bool any_turn1 = false;
   for (const auto& r : rows) {
     const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
     const bool turn1 = r["recompute_in_turn1"].get<bool>();
     any_turn1 = any_turn1 || turn1;
-    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>16.1f} {:>16.1f}\n", r["prefix_tokens"].get<int>(),
-               r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
-               r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>());
+    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>16.1f} {:>16.1f} {:>16.1f} {:>16.1f}\n",
+               r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
+               r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
+               r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>());
   }
   if (any_turn1)
     fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",

@@ -59,6 +59,7 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
     offsets[i] = total;
     total += enc[i].size();
   }
+  total = AlignUp(total, kBlockAlign);
   out->assign(total, std::byte{0});
   std::byte* p = out->data();
   std::memcpy(p, kChunkMagic, 8);
@@ -69,6 +70,7 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
   Put(p + 24, chunk_id.hi, 8);
   Put(p + 32, chunk_id.lo, 8);
   Put(p + 40, header, 8);
+  Put(p + 48, total, 8);
   for (std::size_t i = 0; i < layers.size(); ++i) {
     std::byte* e = p + kChunkFixedHeader + kChunkLayerEntry * i;
     std::memcpy(p + offsets[i], enc[i].data(), enc[i].size());
@@ -94,6 +96,9 @@ Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const
     return Status::Corruption("KV chunk block: layer count, chunk size, width or header size differ from the layout");
   if (Get(p + 24, 8) != chunk_id.hi || Get(p + 32, 8) != chunk_id.lo)
     return Status::Corruption("KV chunk block: it holds another chunk (chunk id mismatch)");
+  if (Get(p + 48, 8) != block.size() || block.size() % kBlockAlign != 0)
+    return Status::Corruption(fmt::format("KV chunk block: {} bytes read, its header says {} (a multiple of {})", block.size(),
+                                          Get(p + 48, 8), kBlockAlign));
   std::vector<LayerRange> ranges(layers.size());
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const std::byte* e = p + kChunkFixedHeader + kChunkLayerEntry * i;
@@ -126,7 +131,8 @@ Status EncodeState(const KvLayout& layout, int layer, std::int64_t boundary_toke
                               .WithContext(fmt::format("encoding KDA layer {} recurrent state", layer)));
   TERRACE_RETURN_IF_ERROR(codec::Encode(layout.state_codec(), conv, layout.kda_conv_rows(), layout.kda_conv_cols(), &cv)
                               .WithContext(fmt::format("encoding KDA layer {} conv state", layer)));
-  out->assign(kStateHeader + rec.size() + cv.size(), std::byte{0});
+  const std::uint64_t total = AlignUp(kStateHeader + rec.size() + cv.size(), kBlockAlign);
+  out->assign(total, std::byte{0});
   std::byte* p = out->data();
   std::memcpy(p, kStateMagic, 8);
   Put(p + 8, kFormatVersion, 4);
@@ -146,6 +152,7 @@ Status EncodeState(const KvLayout& layout, int layer, std::int64_t boundary_toke
   Put(p + 88, kStateHeader + rec.size(), 8);
   Put(p + 96, cv.size(), 8);
   Put(p + 104, Xxh(cv), 8);
+  Put(p + 112, total, 8);
   return Status::Ok();
 }
 
@@ -163,6 +170,9 @@ Status DecodeState(const KvLayout& layout, int layer, std::int64_t boundary_toke
   if (Get(p + 40, 4) != static_cast<std::uint64_t>(H) || Get(p + 44, 4) != static_cast<std::uint64_t>(d) ||
       Get(p + 48, 4) != static_cast<std::uint64_t>(layout.kda_conv_rows() + 1) || !CodecMatches(p + 52, layout.state_codec()))
     return Status::Corruption(where + ": dimensions or codec differ from the layout");
+  if (Get(p + 112, 8) != block.size() || block.size() % kBlockAlign != 0)
+    return Status::Corruption(fmt::format("{}: {} bytes read, its header says {} (a multiple of {})", where, block.size(),
+                                          Get(p + 112, 8), kBlockAlign));
   const std::uint64_t ro = Get(p + 64, 8), rs = Get(p + 72, 8), co = Get(p + 88, 8), cs = Get(p + 96, 8);
   if (ro < kStateHeader || ro > block.size() || rs > block.size() - ro || co < kStateHeader || co > block.size() ||
       cs > block.size() - co)

@@ -3,19 +3,21 @@
 //
 // KV chunk block (all MLA layers of one chunk):
 //   [0, 64)    magic "TKVCHNK1", version u32, layers u32, chunk_tokens u32, width u32,
-//              chunk id hi u64, lo u64, header_bytes u64, 16 reserved zero bytes
+//              chunk id hi u64, lo u64, header_bytes u64, block_bytes u64, 8 reserved zero bytes
 //   [64 + 48 i) per MLA layer i: model layer u32, codec kind u8, scales u8, lossless u8, 0 u8,
 //              group u32, 0 u32, offset u64, size u64, XXH3-64 of the sub-range u64, 0 u64
 //   zero padding to header_bytes (a multiple of 4 KiB), then each layer's kv_codec encoding of
-//   its latents [chunk_tokens, width] at its offset (each offset a multiple of 4 KiB).
+//   its latents [chunk_tokens, width] at its offset (each offset a multiple of 4 KiB), then zero
+//   padding to block_bytes (version 2: the block's size, a multiple of 4 KiB, so the NVMe tier
+//   reads it straight into a 4 KiB-aligned buffer without staging).
 // KDA snapshot block (one KDA layer at a boundary):
 //   [0, 128)   magic "TKDASNP1", version u32, model layer u32, boundary tokens u64,
 //              boundary id hi u64, lo u64, heads u32, head_dim u32, kernel u32,
 //              codec kind u8, scales u8, lossless u8, 0 u8, group u32, 0 u32,
 //              recurrent offset u64, size u64, XXH3-64 u64, conv offset u64, size u64, XXH3-64 u64,
-//              16 reserved zero bytes
+//              block_bytes u64, 8 reserved zero bytes
 //   then state_codec's encoding of the recurrent state [H*d_k, d_v] and of the conv state
-//   [kernel-1, 3*H*d_k].
+//   [kernel-1, 3*H*d_k], then zero padding to block_bytes (a multiple of 4 KiB, version 2).
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,10 @@
 
 namespace terrace::kv::format {
 
-inline constexpr std::uint32_t kFormatVersion = 1;
+// 2: blocks padded to a multiple of kBlockAlign (block_bytes in the header). Version 1 blocks
+// live in another key namespace (KvLayout::Id), so they are never looked up.
+inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr std::uint64_t kBlockAlign = kSubRangeAlign;
 inline constexpr std::size_t kChunkFixedHeader = 64, kChunkLayerEntry = 48, kStateHeader = 128;
 
 // One MLA layer's sub-range inside a KV chunk block, as its header states it (checked).

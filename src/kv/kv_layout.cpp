@@ -70,11 +70,13 @@ std::uint64_t KvLayout::mla_chunk_block_bytes() const {
   return chunk_header_bytes() + AlignUp(mla_layer_range_bytes(), kSubRangeAlign) * mla_layers_.size();
 }
 
-// Header: 128 bytes (src/kv/block_format.h), then recurrent, then conv.
+// Header: 128 bytes (src/kv/block_format.h), then recurrent, then conv, padded to kSubRangeAlign.
 std::uint64_t KvLayout::state_block_bytes() const {
-  return 128 +
-         codec::MaxEncodedBytes(options_.state_codec, static_cast<std::int64_t>(kda_heads_) * kda_head_dim_, kda_head_dim_) +
-         codec::MaxEncodedBytes(options_.state_codec, kda_conv_rows(), kda_conv_cols());
+  return AlignUp(128 +
+                     codec::MaxEncodedBytes(options_.state_codec, static_cast<std::int64_t>(kda_heads_) * kda_head_dim_,
+                                            kda_head_dim_) +
+                     codec::MaxEncodedBytes(options_.state_codec, kda_conv_rows(), kda_conv_cols()),
+                 kSubRangeAlign);
 }
 
 bool KvLayout::SnapshotDue(std::int64_t chunks, std::int64_t last_chunks) const {
@@ -84,7 +86,7 @@ bool KvLayout::SnapshotDue(std::int64_t chunks, std::int64_t last_chunks) const 
 }
 
 std::string KvLayout::Id() const {
-  return fmt::format("kv-layout-v1 chunk={} mla={} width={} kda={} kda_heads={} kda_dim={} kernel={} kv={} state={}",
+  return fmt::format("kv-layout-v2 chunk={} mla={} width={} kda={} kda_heads={} kda_dim={} kernel={} kv={} state={}",
                      options_.chunk_tokens, Join(mla_layers_), mla_width_, Join(kda_layers_), kda_heads_,
                      kda_head_dim_, kda_kernel_, options_.kv_codec.Name(), options_.state_codec.Name());
 }

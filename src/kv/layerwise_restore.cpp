@@ -1,21 +1,26 @@
 // Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
-// "Restore"). One engine for both: a restore job issues every read of its boundary at once on its
-// own reader thread (the boundary's KDA snapshots first, then the KV chunks in windows of about a
-// quarter of the restore, each window one GetBatch), and a decoder thread checks and decodes each
-// window while the next is in flight. A layer becomes ready when all of its blocks are decoded.
+// "Restore"). One engine for both: a restore job issues every read of its boundary at once: the
+// KV chunks in windows of about a quarter of the restore, each window one GetBatch, on two reader
+// threads (so one window's GetBatch is in flight while the other's finishes and the tier's queue
+// does not drain between windows), and the boundary's KDA snapshots (one GetBatch) on the decoder
+// thread, which then checks and decodes the KV windows in order while the next ones are in flight.
+// A layer becomes ready when all of its blocks are decoded.
 //
 // Where the time goes (docs/benchmarks.md, "Layerwise restore"): the reads are issued before any
 // large buffer is touched. Raw blocks land in a few window buffers that the reader and decoder
-// recycle (no per-block allocation, no zero-filling), and each MLA layer's latents are decoded
-// straight into the vector that becomes the state's latent cache: it is reserved for the whole
-// prompt up front (address space only), grown window by window by the decoder (so its page faults
-// overlap the later reads) and moved into the state when the layer is retrieved, not copied.
+// recycle (no per-block allocation, no zero-filling), taken from the cache's pool of restore
+// buffers, so a process's later restores read into memory it already faulted in. Each MLA
+// layer's latents are decoded straight into the vector that becomes the state's latent cache:
+// the state's own vector when it already has room for the prompt (a state reused after Reset),
+// else one reserved for the whole prompt up front (address space only); grown window by window by
+// the decoder (so first-touch page faults overlap the later reads) and moved into the state when
+// the layer is retrieved, not copied. Every block is a multiple of 4 KiB (block format 2) and
+// lands at a 4 KiB-aligned offset, so the NVMe tier reads it without a staging copy.
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -30,37 +35,21 @@
 namespace terrace::kv {
 namespace {
 
+// Threads issuing KV window reads.
+constexpr std::size_t kReaders = 2;
 // Bytes of KV chunk blocks one GetBatch reads: about a quarter of the restore, so decoding starts
 // early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
 // sees a deep queue.
 constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
-// Window buffers the reader and decoder share: one being read, one being decoded, one spare.
-constexpr std::size_t kWindowBuffers = 3;
-// Raw blocks start at this alignment inside a window buffer (the NVMe tier's direct-I/O unit).
-constexpr std::uint64_t kBlockAlign = 4096;
 
-std::uint64_t AlignUp(std::uint64_t n) { return (n + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
-
-// An uninitialised, kBlockAlign-aligned byte buffer (a read overwrites it; zero-filling it first
-// would only add page faults and a memset to the restore).
-struct RawBuffer {
-  struct Free {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kBlockAlign}); }
-  };
-  std::unique_ptr<std::byte[], Free> data;
-  std::uint64_t size = 0;
-  void Ensure(std::uint64_t n) {
-    if (size >= n) return;
-    data.reset(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kBlockAlign})));
-    size = n;
-  }
-};
+std::uint64_t AlignUp(std::uint64_t n) { return (n + kRawAlign - 1) / kRawAlign * kRawAlign; }
 
 }  // namespace
 
-// Thread-safety: fields marked (mu) are under mu; the buffers of a window / of the snapshots are
-// written by the reader thread before it queues them and by the decoder after, then only read by
-// the caller's thread once the layer is marked ready (mu orders the hand-over).
+// Thread-safety: fields marked (mu) are under mu; the buffers of a window are written by the
+// reader that claimed it before it marks it read and by the decoder after, the snapshots' by the
+// decoder; the caller's thread reads them only once the layer is marked ready (mu orders each
+// hand-over).
 struct LayerwiseRestore::Job {
   PrefixCache::Impl* m = nullptr;
   std::vector<ContentId> chunk_ids;
@@ -74,16 +63,20 @@ struct LayerwiseRestore::Job {
   std::condition_variable cv;
   std::vector<char> ready;           // (mu) per model layer: its blocks at kmax are decoded (or failed)
   std::vector<Status> layer_status;  // (mu) per model layer
-  std::deque<int> work;              // (mu) -1 = the snapshots, w >= 0 = KV window w
+  std::vector<char> window_read;     // (mu) per KV window: its GetBatch returned
+  std::size_t next_window = 0;       // (mu) the next KV window a reader claims
+  std::size_t readers_left = 0;      // (mu) reader threads still running
   std::vector<std::size_t> free_buffers;  // (mu) indices into window_buffers not holding a window
-  bool reads_done = false;           // (mu) the reader queued its last work item
+  bool reads_done = false;           // (mu) every reader thread is done
   bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
   std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
 
   // KV chunks [0, kmax): raw blocks (in window buffers), and per MLA layer the decoded latents
   // [kmax * C, W], grown by the decoder window by window within a capacity reserved up front.
-  std::array<RawBuffer, kWindowBuffers> window_buffers;
-  std::vector<std::size_t> window_buffer;  // per window: the buffer its blocks were read into
+  // The buffers below marked (pool) come from m->restore_buffers at Start and go back in ~Job.
+  std::unique_ptr<RestoreBuffers> pooled;                    // the set they were taken from
+  std::array<RawBuffer, kWindowBuffers> window_buffers;      // (pool)
+  std::vector<std::size_t> window_buffer;  // (mu) per window: the buffer its blocks were read into
   std::vector<Store::GetItem> kv_items;
   std::vector<Status> kv_status;
   std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // chunk ranges [begin, end)
@@ -94,10 +87,10 @@ struct LayerwiseRestore::Job {
   Status chunk_error;            // (mu) why chunk good_chunks failed (OK: none failed)
   std::string chunk_what;
   // Snapshots at kmax: per KDA layer (index j of layout.kda_layers()).
-  RawBuffer snap_buffer;
+  RawBuffer snap_buffer;  // (pool)
   std::vector<Store::GetItem> snap_items;
   std::vector<Status> snap_status;
-  std::vector<std::vector<float>> recurrent, conv;
+  std::vector<std::vector<float>> recurrent, conv;  // (pool)
 
   std::array<std::uint64_t, kNumTiers> bytes_read{};  // (mu)
   std::uint64_t kv_bytes = 0, state_bytes = 0;         // (mu)
@@ -106,7 +99,8 @@ struct LayerwiseRestore::Job {
   bool voided = false;          // caller thread only
   bool finished = false;
   double wait_seconds = 0;
-  std::thread reader, decoder;
+  std::array<std::thread, kReaders> readers;
+  std::thread decoder;
 
   const KvLayout& L() const { return m->layout; }
 
@@ -116,12 +110,17 @@ struct LayerwiseRestore::Job {
     ready.assign(static_cast<std::size_t>(L().num_layers()), 0);
     layer_status.assign(static_cast<std::size_t>(L().num_layers()), Status::Ok());
     retrieved.assign(static_cast<std::size_t>(L().num_layers()), 0);
-    if (kmax == 0) {
+    if (kmax == 0) {  // nothing to read: no buffers taken, the state's memory untouched
       std::fill(ready.begin(), ready.end(), 1);
       reads_done = true;
       decoded_at = std::chrono::steady_clock::now();
       return;
     }
+    pooled = m->restore_buffers.Take();
+    window_buffers = std::move(pooled->windows);
+    snap_buffer = std::move(pooled->snapshots);
+    recurrent = std::move(pooled->recurrent);
+    conv = std::move(pooled->conv);
     if (!mla.empty()) {
       const auto K = static_cast<std::size_t>(kmax);
       kv_items.resize(K);
@@ -143,10 +142,20 @@ struct LayerwiseRestore::Job {
       }
       window_buffer.assign(windows.size(), 0);
       for (std::size_t b = 0; b < std::min(kWindowBuffers, windows.size()); ++b) free_buffers.push_back(b);
-      // Address space for the whole prompt; the decoder grows each vector window by window.
-      const auto rows = static_cast<std::size_t>(std::max(kmax * C, prompt_tokens));
+      // Room for the whole prompt: the state's own vector when it has that room (memory the
+      // caller owns and has touched before, e.g. a state reused after Reset), else address space
+      // reserved here; the decoder grows each vector window by window.
+      const auto n = static_cast<std::size_t>(std::max(kmax * C, prompt_tokens)) * static_cast<std::size_t>(W);
       latents.resize(mla.size());
-      for (auto& v : latents) v.reserve(rows * static_cast<std::size_t>(W));
+      for (std::size_t j = 0; j < mla.size(); ++j) {
+        std::vector<float>& own = state->layer(mla[j]).latents;
+        if (own.capacity() >= n) {
+          latents[j] = std::move(own);
+          own = std::vector<float>();
+          latents[j].clear();
+        }
+        latents[j].reserve(n);
+      }
       latents_moved.assign(mla.size(), 0);
     }
     good_chunks = mla.empty() ? kmax : 0;
@@ -158,7 +167,9 @@ struct LayerwiseRestore::Job {
       for (std::size_t j = 0; j < kda.size(); ++j)
         snap_items[j].key = keys::StateKey(m->ns_state, kda[j], chunk_ids[static_cast<std::size_t>(kmax - 1)]);
     }
-    reader = std::thread([this] { ReadLoop(); });
+    window_read.assign(windows.size(), 0);
+    readers_left = kReaders;
+    for (auto& r : readers) r = std::thread([this] { ReadLoop(); });
     decoder = std::thread([this] { DecodeLoop(); });
   }
 
@@ -167,15 +178,7 @@ struct LayerwiseRestore::Job {
     return stop;
   }
 
-  void Queue(int item) {
-    {
-      std::lock_guard lock(mu);
-      work.push_back(item);
-    }
-    cv.notify_all();
-  }
-
-  // Points items' outputs at consecutive kBlockAlign-aligned slots of `buf` (sized for them).
+  // Points items' outputs at consecutive kRawAlign-aligned slots of `buf` (sized for them).
   static void Place(std::span<Store::GetItem> items, std::span<const LookupResult> found, RawBuffer& buf) {
     std::uint64_t need = 0;
     for (const auto& r : found) need += AlignUp(r.desc.size);
@@ -187,24 +190,21 @@ struct LayerwiseRestore::Job {
     }
   }
 
+  // One reader thread: claims the next KV window together with a free buffer (in window order,
+  // so the window the decoder needs next always has a buffer: later windows can never hold them
+  // all), reads it with one GetBatch and marks it read.
   void ReadLoop() {
-    const auto& kda = L().kda_layers();
-    if (!snap_items.empty()) {
-      Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
-            snap_buffer);
-      snap_status = m->st->GetBatch(snap_items);
-      Queue(-1);
-    }
-    for (std::size_t w = 0; w < windows.size(); ++w) {
-      std::size_t buffer = 0;
+    for (;;) {
+      std::size_t w = 0, buffer = 0;
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stop || !free_buffers.empty(); });
-        if (stop) break;
+        cv.wait(lock, [&] { return stop || next_window >= windows.size() || !free_buffers.empty(); });
+        if (stop || next_window >= windows.size()) break;
+        w = next_window++;
         buffer = free_buffers.back();
         free_buffers.pop_back();
+        window_buffer[w] = buffer;
       }
-      window_buffer[w] = buffer;
       window_buffers[buffer].Ensure(max_window_bytes);
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
@@ -212,13 +212,26 @@ struct LayerwiseRestore::Job {
             window_buffers[buffer]);
       const auto st = m->kv->GetBatch(items);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
-      Queue(static_cast<int>(w));
+      {
+        std::lock_guard lock(mu);
+        window_read[w] = 1;
+      }
+      cv.notify_all();
     }
     {
       std::lock_guard lock(mu);
-      reads_done = true;
+      if (--readers_left == 0) reads_done = true;
     }
     cv.notify_all();
+  }
+
+  // The boundary's snapshots, on the decoder thread (their GetBatch runs beside the readers' first
+  // KV windows).
+  void ReadSnapshots() {
+    const auto& kda = L().kda_layers();
+    Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
+          snap_buffer);
+    snap_status = m->st->GetBatch(snap_items);
   }
 
   void DecodeSnapshots() {
@@ -246,7 +259,7 @@ struct LayerwiseRestore::Job {
   }
 
   // Decodes window w; false once a chunk failed (later chunks are of no use).
-  // Its window buffer goes back to the reader either way.
+  // Its window buffer goes back to the readers either way.
   bool DecodeWindow(int w) {
     const bool ok = DecodeWindowBlocks(w);
     {
@@ -294,23 +307,20 @@ struct LayerwiseRestore::Job {
   }
 
   void DecodeLoop() {
+    if (!snap_items.empty() && !Stopped()) {
+      ReadSnapshots();
+      DecodeSnapshots();
+    }
     bool kv_ok = true;
     std::size_t windows_done = 0;
-    for (;;) {
-      int item = 0;
+    for (std::size_t w = 0; kv_ok && w < windows.size(); ++w) {
       {
         std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return !work.empty() || reads_done; });
-        if (work.empty()) break;
-        item = work.front();
-        work.pop_front();
+        cv.wait(lock, [&] { return window_read[w] != 0 || reads_done; });
+        if (!window_read[w]) break;  // stopped before this window was read
       }
-      if (item < 0) {
-        DecodeSnapshots();
-      } else if (kv_ok) {
-        kv_ok = DecodeWindow(item);
-        ++windows_done;
-      }
+      kv_ok = DecodeWindow(static_cast<int>(w));
+      ++windows_done;
     }
     {
       std::lock_guard lock(mu);
@@ -334,7 +344,8 @@ struct LayerwiseRestore::Job {
   }
 
   void Join() {
-    if (reader.joinable()) reader.join();
+    for (auto& r : readers)
+      if (r.joinable()) r.join();
     if (decoder.joinable()) decoder.join();
   }
 
@@ -345,6 +356,26 @@ struct LayerwiseRestore::Job {
     }
     cv.notify_all();
     Join();
+    if (pooled) {
+      pooled->windows = std::move(window_buffers);
+      pooled->snapshots = std::move(snap_buffer);
+      pooled->recurrent = std::move(recurrent);
+      pooled->conv = std::move(conv);
+      m->restore_buffers.Give(std::move(pooled));
+    }
+  }
+
+  // Gives the latent vectors no layer took back to the state, emptied (a restore to boundary 0
+  // leaves the caller's memory with the caller). Only for layers whose state cache is empty.
+  void ReturnUnusedLatents() {
+    const auto& mla = L().mla_layers();
+    for (std::size_t j = 0; j < latents_moved.size(); ++j) {
+      std::vector<float>& own = state->layer(mla[j]).latents;
+      if (latents_moved[j] || !own.empty() || own.capacity() >= latents[j].capacity()) continue;
+      latents[j].clear();
+      own = std::move(latents[j]);
+      latents[j] = std::vector<float>();
+    }
   }
 
   // Takes back the latents handed to the state (before the state is reset for a fallback): its
@@ -372,16 +403,16 @@ struct LayerwiseRestore::Job {
       const auto n = static_cast<std::size_t>(bt * W);
       if (latents_moved[j] || latents[j].size() < n)
         return Status::Internal(fmt::format("prefix cache: MLA layer {} has no decoded latents for {} tokens", l, bt));
-      if (chunks == kmax && latents[j].size() == n && state->layer(l).is_mla) {
-        // The whole restored cache: hand the decoded vector over (its capacity holds the prompt,
-        // so the suffix's rows are appended in place).
-        model::LayerState& s = state->layer(l);
-        s.latents = std::move(latents[j]);
-        s.tokens = bt;
-        latents_moved[j] = 1;
-        return Status::Ok();
-      }
-      return state->ImportLayer(l, std::as_bytes(std::span(latents[j]).first(n)), bt);
+      if (!state->layer(l).is_mla)
+        return Status::InvalidArgument(fmt::format("layer {}: the state is not shaped for this cache's model", l));
+      // Hand the decoded vector over, cut to the boundary (its first rows are chunks [0, chunks)):
+      // its capacity holds the prompt, so the suffix's rows are appended in place.
+      model::LayerState& s = state->layer(l);
+      s.latents = std::move(latents[j]);
+      s.latents.resize(n);
+      s.tokens = bt;
+      latents_moved[j] = 1;
+      return Status::Ok();
     }
     const auto j = static_cast<std::size_t>(std::find(kda.begin(), kda.end(), l) - kda.begin());
     model::LayerState& s = state->layer(l);
@@ -483,13 +514,12 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
       if (k >= j.kmax || k > j.good_chunks) continue;
       bool ok = true;
       if (!kda.empty()) {
-        std::vector<std::vector<std::byte>> bufs(kda.size());
         std::vector<Store::GetItem> items(kda.size());
-        for (std::size_t i = 0; i < kda.size(); ++i) {
-          bufs[i].resize(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].desc.size);
+        for (std::size_t i = 0; i < kda.size(); ++i)
           items[i].key = keys::StateKey(m.ns_state, kda[i], j.chunk_ids[static_cast<std::size_t>(k - 1)]);
-          items[i].out = bufs[i];
-        }
+        // The reads are done (Join): the snapshot buffer is free for this boundary's blocks.
+        LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
+                                     j.snap_buffer);
         const auto statuses = m.st->GetBatch(items);
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
@@ -500,7 +530,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
             j.recurrent[i].resize(static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim());
             j.conv[i].resize(static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols());
             s = format::DecodeState(L, kda[i], k * C, j.chunk_ids[static_cast<std::size_t>(k - 1)],
-                                    std::span<const std::byte>(bufs[i].data(), items[i].desc.size), j.recurrent[i],
+                                    std::span<const std::byte>(items[i].out.data(), items[i].desc.size), j.recurrent[i],
                                     j.conv[i]);
           }
           if (!s.ok()) {
@@ -520,6 +550,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
         return Status::Internal("prefix cache restored a state that is not at a joint boundary: " + s.message());
     }
   }
+  if (b == 0) j.ReturnUnusedLatents();
   rep.boundary_tokens = b * C;
   rep.bytes_read = j.bytes_read;
   rep.kv_bytes = j.kv_bytes;

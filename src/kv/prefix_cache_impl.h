@@ -2,8 +2,8 @@
 // layerwise_restore.cpp: restores; cached_prefill.cpp: PrefillWithCache).
 //
 // Thread-safety: `stats` under stats_mu; the write queue, `puts_in_flight` and `pending_chunks`
-// under q_mu. Lock order: q_mu before stats_mu (never the reverse). The rest is immutable after
-// Create.
+// under q_mu. Lock order: q_mu before stats_mu (never the reverse). `restore_buffers` locks
+// itself. The rest is immutable after Create.
 #pragma once
 
 #include <chrono>
@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/kv/restore_buffers.h"
 #include "terrace/prefix_cache.h"
 
 namespace terrace::kv {
@@ -36,6 +37,9 @@ struct PrefixCache::Impl {
 
   mutable std::mutex stats_mu;
   mutable PrefixCacheStats stats;
+
+  // Restores' raw-block and snapshot buffers, reused from one restore to the next (thread-safe).
+  RestoreBufferPool restore_buffers;
 
   // Write-out: jobs (encode + PutAsync) run on `writer`; the Puts complete on the store's pool.
   std::mutex q_mu;

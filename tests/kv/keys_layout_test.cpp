@@ -72,7 +72,7 @@ TEST_CASE("KvLayout of k3-toy and option errors") {
   CHECK(layout->kda_recurrent_bytes_per_layer() == 4ull * 64 * 64 * 4);
   CHECK(layout->kda_conv_bytes_per_layer() == 3ull * 3 * 4 * 64 * 4);
   CHECK(layout->Id() ==
-        "kv-layout-v1 chunk=16 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32");
+        "kv-layout-v2 chunk=16 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32");
   CHECK(layout->SnapshotDue(2, 5));
   CHECK(!layout->SnapshotDue(3, 5));
   CHECK(layout->SnapshotDue(5, 5));  // the request's last full chunk
