@@ -32,6 +32,7 @@
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/aligned_buffer.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -68,19 +69,6 @@ struct BenchArgs {
     const std::uint64_t by_bytes = std::min<std::uint64_t>(4096, (64ull << 20) / std::max<std::uint64_t>(block_size, 1));
     return static_cast<unsigned>(std::max<std::uint64_t>(8ull * queue_depth, by_bytes));
   }
-};
-
-// 4 KiB-aligned bytes. data is null when the allocation failed (check ok()).
-struct AlignedBuffer {
-  explicit AlignedBuffer(std::size_t n)
-      : size(n), data(n == 0 ? nullptr : static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
-  bool ok() const { return size == 0 || data != nullptr; }
-  ~AlignedBuffer() { std::free(data); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  std::span<std::byte> span() const { return {data, size}; }
-  std::size_t size;
-  std::byte* data;
 };
 
 // Set by SIGINT/SIGTERM while a bench runs: workers stop, the tier closes and the directories the
@@ -264,7 +252,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     if (!outs.back()->ok()) {
       return Status::OutOfCapacity(fmt::format(
           "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
-          FormatBytes(static_cast<double>(outs.back()->size)), batch, FormatBytes(static_cast<double>(a.block_size))));
+          FormatBytes(static_cast<double>(outs.back()->size())), batch, FormatBytes(static_cast<double>(a.block_size))));
     }
     regions.push_back(outs.back()->span());
   }
@@ -350,10 +338,10 @@ class MemcpyBaseline {
         reads_(reads), batch_(std::max(1u, batch)), mem_(n_ * block_), buf_(reads ? RoundUp(block_, 4 * kKiB) * batch_ : 0),
         payload_(payload) {
     if (!ok()) return;
-    std::memset(mem_.data, 0, mem_.size);  // fault every page first
+    std::memset(mem_.data(), 0, mem_.size());  // fault every page first
     if (reads_) {
-      std::memset(buf_.data, 0, buf_.size);
-      for (std::uint64_t i = 0; i < n_; ++i) std::memcpy(mem_.data + i * block_, payload_.data(), block_);
+      std::memset(buf_.data(), 0, buf_.size());
+      for (std::uint64_t i = 0; i < n_; ++i) std::memcpy(mem_.data() + i * block_, payload_.data(), block_);
     }
   }
   bool ok() const { return mem_.ok() && buf_.ok(); }
@@ -364,11 +352,11 @@ class MemcpyBaseline {
     const std::uint64_t stride = RoundUp(block_, 4 * kKiB);
     const auto t0 = Clock::now();
     for (std::uint64_t i = 0; i < n_; ++i) {
-      if (reads_) std::memcpy(buf_.data + (i % batch_) * stride, mem_.data + i * block_, block_);
-      else std::memcpy(mem_.data + i * block_, payload_.data(), block_);
+      if (reads_) std::memcpy(buf_.data() + (i % batch_) * stride, mem_.data() + i * block_, block_);
+      else std::memcpy(mem_.data() + i * block_, payload_.data(), block_);
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    return static_cast<double>(mem_.size) / 1e6 / s;
+    return static_cast<double>(mem_.size()) / 1e6 / s;
   }
 
  private:

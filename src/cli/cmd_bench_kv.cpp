@@ -40,6 +40,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/aligned_buffer.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
@@ -112,8 +113,9 @@ Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std:
 // of the disk's caches. 1 MiB requests are the tier's best case; the restore reads its 150-230
 // KiB blocks as batches.
 Result<double> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
-  void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, 1 << 20) != 0) return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
+  AlignedBuffer buffer(1 << 20);
+  if (!buffer.data()) return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
+  void* buf = buffer.data();
   std::vector<double> rates;
   Status error;
   for (int pass = 0; pass < 3 && error.ok(); ++pass) {
@@ -122,7 +124,6 @@ Result<double> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, st
     if (!s.ok()) error = s.status();
     else rates.push_back(static_cast<double>(done) / *s / 1e6);
   }
-  std::free(buf);
   if (!error.ok()) return error;
   std::sort(rates.begin(), rates.end());
   return rates[1];

@@ -33,6 +33,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
+#include "src/common/aligned_buffer.h"
 #include "terrace/store.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -66,16 +67,6 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// 4 KiB-aligned bytes, freed on destruction; data is null when the allocation failed.
-struct Aligned {
-  explicit Aligned(std::size_t n) : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, RoundUp(n, 4096)))) {}
-  ~Aligned() { std::free(data); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  std::size_t size;
-  std::byte* data;
-};
-
 BlockKey Key(std::uint64_t i) { return BlockKey{0xbe57, BlockKind::kOther, 0, ContentId{0, i}}; }
 
 // The first failed Status of `st`, naming the phase; Ok when all succeeded.
@@ -91,11 +82,11 @@ class BenchStore {
       : a_(a), store_(store), nvme_(nvme), blocks_(a.total_bytes / a.block_size),
         stride_(RoundUp(a.block_size, 4 * kKiB)), payload_(a.block_size), out_(stride_ * a.batch) {}
 
-  bool allocated() const { return payload_.data != nullptr && out_.data != nullptr; }
+  bool allocated() const { return payload_.data() != nullptr && out_.data() != nullptr; }
   std::uint64_t blocks() const { return blocks_; }
-  std::span<const std::byte> payload() const { return {payload_.data, payload_.size}; }
+  std::span<const std::byte> payload() const { return {payload_.data(), payload_.size()}; }
   void Fill() {
-    FillPattern(11, Key(0), {payload_.data, payload_.size});
+    FillPattern(11, Key(0), {payload_.data(), payload_.size()});
     desc_ = DescribeBlock(payload());
   }
 
@@ -129,7 +120,7 @@ class BenchStore {
       items.clear();
       ops.clear();
       for (std::uint64_t k = 0; k < n; ++k) {
-        std::span<std::byte> out{out_.data + k * stride_, a_.block_size};
+        std::span<std::byte> out{out_.data() + k * stride_, a_.block_size};
         if (tier_direct) ops.push_back(GetOp{Key(first + b + k), out, {}});
         else items.push_back(Store::GetItem{Key(first + b + k), out, {}});
       }
@@ -139,7 +130,7 @@ class BenchStore {
       TERRACE_RETURN_IF_ERROR(FirstError(st, phase));
       if (verify) {
         for (std::uint64_t k = 0; k < n; ++k) {
-          if (std::memcmp(out_.data + k * stride_, payload_.data, a_.block_size) != 0) {
+          if (std::memcmp(out_.data() + k * stride_, payload_.data(), a_.block_size) != 0) {
             return Status::Corruption(fmt::format("bench store: {}: block {} read back different bytes than were put",
                                                   phase, first + b + k));
           }
@@ -168,7 +159,7 @@ class BenchStore {
   Store* store_;
   NvmeTier* nvme_;
   std::uint64_t blocks_, stride_;
-  Aligned payload_, out_;
+  AlignedBuffer payload_, out_;
   BlockDesc desc_;
 };
 

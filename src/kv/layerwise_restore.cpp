@@ -182,10 +182,10 @@ struct LayerwiseRestore::Job {
   static void Place(std::span<Store::GetItem> items, std::span<const LookupResult> found, RawBuffer& buf) {
     std::uint64_t need = 0;
     for (const auto& r : found) need += AlignUp(r.desc.size);
-    buf.Ensure(need);
+    EnsureRaw(buf, need);
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {
-      items[i].out = std::span<std::byte>(buf.data.get() + at, found[i].desc.size);
+      items[i].out = std::span<std::byte>(buf.data() + at, found[i].desc.size);
       at += AlignUp(found[i].desc.size);
     }
   }
@@ -205,7 +205,7 @@ struct LayerwiseRestore::Job {
         free_buffers.pop_back();
         window_buffer[w] = buffer;
       }
-      window_buffers[buffer].Ensure(max_window_bytes);
+      EnsureRaw(window_buffers[buffer], max_window_bytes);
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
       Place(items, std::span(f.kv).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)),

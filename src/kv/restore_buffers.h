@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "terrace/kv_layout.h"
 
 namespace terrace::kv {
@@ -24,28 +25,15 @@ inline constexpr std::uint64_t kRawAlign = kSubRangeAlign;
 // Window buffers the reader and decoder share: one being read, one being decoded, one spare.
 inline constexpr std::size_t kWindowBuffers = 3;
 
-// An uninitialised, kRawAlign-aligned byte buffer (a read overwrites it; zero-filling it first
-// would only add page faults and a memset to the restore). Ensure keeps the memory when it is
-// already large enough.
-struct RawBuffer {
-  struct Free {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{kRawAlign}); }
-  };
-  std::unique_ptr<std::byte[], Free> data;
-  std::uint64_t size = 0;  // bytes `data` holds (0 after a move from it)
-  RawBuffer() = default;
-  RawBuffer(RawBuffer&& o) noexcept : data(std::move(o.data)), size(std::exchange(o.size, 0)) {}
-  RawBuffer& operator=(RawBuffer&& o) noexcept {
-    data = std::move(o.data);
-    size = std::exchange(o.size, 0);
-    return *this;
-  }
-  void Ensure(std::uint64_t n) {
-    if (size >= n) return;
-    data.reset(static_cast<std::byte*>(::operator new[](n, std::align_val_t{kRawAlign})));
-    size = n;
-  }
-};
+// Uninitialised raw-block memory (a read overwrites it; zero-filling it first would only add page
+// faults and a memset to the restore), kept across restores: EnsureRaw keeps it when its room is
+// already large enough, and throws std::bad_alloc when it cannot get the room.
+using RawBuffer = AlignedBuffer;
+static_assert(kRawAlign == AlignedBuffer::kDefaultAlignment);
+
+inline void EnsureRaw(RawBuffer& buf, std::uint64_t bytes) {
+  if (!buf.Ensure(static_cast<std::size_t>(bytes), kRawAlign)) throw std::bad_alloc();
+}
 
 // One restore's reusable buffers: the KV window buffers, the snapshots' raw blocks, and each KDA
 // layer's decoded recurrent and conv state (index j of KvLayout::kda_layers()).
