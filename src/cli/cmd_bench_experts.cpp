@@ -338,6 +338,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       {"on-demand", experts::CachePolicyKind::kLru, experts::PredictorKind::kNone},
       {"lru+lookahead", experts::CachePolicyKind::kLru, experts::PredictorKind::kLookahead},
       {"utility+statistical", experts::CachePolicyKind::kUtility, experts::PredictorKind::kStatistical},
+      {"utility+lookahead", experts::CachePolicyKind::kUtility, experts::PredictorKind::kLookahead},
       {"oracle", experts::CachePolicyKind::kUtility, experts::PredictorKind::kOracle}};
   for (const auto& budget : budgets) {
     for (const Config& c : configs) {
@@ -523,7 +524,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     // The 2x-on-demand question: the fewest drive bytes per decode token any store-backed row read
     // at this budget, what that allows with compute and reads perfectly overlapped, and that over
     // on-demand's serial time (compute + its stall) and over its measured tokens/s.
-    double min_nvme_bytes_per_token = 0, overlap_bound_tps = 0, overlap_bound_vs_on_demand = 0;
+    double min_nvme_bytes_per_token = 0, overlap_bound_tps = 0, overlap_bound_vs_on_demand = 0,
+           overlap_bound_vs_serial_on_demand = 0;
   };
   // The drive bound of every row that read from the drive (perfect overlap of compute and its reads).
   for (auto& r : results) {
@@ -543,7 +545,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
   for (const auto& b : budgets) {
     Summary s;
     s.budget = b.fraction;
-    for (const char* n : {"lru+lookahead", "utility+statistical"}) {
+    for (const char* n : {"lru+lookahead", "utility+statistical", "utility+lookahead"}) {
       const ConfigResult* r = lookup(n, b.fraction);
       if (r != nullptr && r->tokens_per_s > s.best_tps) {
         s.best = n;
@@ -566,6 +568,12 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     const double io_s = fewest / std::max(nvme_bytes_per_s, 1.0) + fewest / link.bandwidth_bytes_per_s;
     s.overlap_bound_tps = 1.0 / std::max(compute_s_per_token, io_s);
     s.overlap_bound_vs_on_demand = s.overlap_bound_tps / s.on_demand;
+    // The same against on-demand's own serial model (compute, then its reads), which does not
+    // carry the machine's descheduling into the ratio.
+    const ConfigResult* od = lookup("on-demand", b.fraction);
+    const double od_bytes = static_cast<double>(od->bytes_read[static_cast<int>(TierId::kNvme)]) / a.decode;
+    const double od_serial_s = compute_s_per_token + od_bytes / std::max(nvme_bytes_per_s, 1.0) + od_bytes / link.bandwidth_bytes_per_s;
+    s.overlap_bound_vs_serial_on_demand = od_serial_s * s.overlap_bound_tps;
     summaries.push_back(s);
   }
   const double chance_recall = static_cast<double>(regime.top_k) / std::max(regime.experts_per_layer, 1);
@@ -654,6 +662,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                               {"min_nvme_bytes_per_token", s.min_nvme_bytes_per_token},
                               {"overlap_bound_tokens_per_s", s.overlap_bound_tps},
                               {"overlap_bound_vs_on_demand", s.overlap_bound_vs_on_demand},
+                              {"overlap_bound_vs_serial_on_demand", s.overlap_bound_vs_serial_on_demand},
                               {"best_vs_resident", s.best_tps / resident_tps},
                               {"oracle_vs_resident", s.oracle / resident_tps},
                               {"lookahead_recall", s.lookahead_recall}});
@@ -701,13 +710,13 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                    ? fmt::format(", {:.1f} MiB once the read-ahead in flight had landed and was dropped (budget {:.1f} MiB: {})",
                                  static_cast<double>(r.mmap_expert_bytes_settled) / (1 << 20),
                                  static_cast<double>(r.mmap_budget_bytes) / (1 << 20),
-                                 r.mmap_settled && r.mmap_expert_bytes_settled <= r.mmap_budget_bytes ? "within" : "OVER")
+                                 r.mmap_expert_bytes_settled <= r.mmap_budget_bytes ? "within" : "OVER")
                    : " (no budget)",
                static_cast<double>(r.mmap_peak_charged_bytes) / (1 << 20), r.mmap_evictions, r.mmap_overcommits,
                static_cast<double>(r.mmap_spill_dropped_bytes) / (1 << 20), r.mmap_drop_failures);
   }
   for (const auto& r : results) {
-    if (r.name != "lru+lookahead" && r.name != "utility+statistical") continue;
+    if (r.name != "lru+lookahead" && r.name != "utility+statistical" && r.name != "utility+lookahead") continue;
     std::string layers;
     for (double v : r.layer_recall) layers += fmt::format(" {:.2f}", v);
     fmt::print("per-layer recall, {} at {:.0f}%:{}\n", r.name, r.budget_fraction * 100, layers);
@@ -753,10 +762,13 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                    : " (< 0.9x: the resident target does not apply)",
                s.lookahead_recall, Yes(s.lookahead_recall >= 0.8));
     fmt::print("bound at {:.0f}%: the fewest drive bytes any row read, {:.1f} MiB per token, at {:.2f} GB/s with compute ({:.1f} "
-               "ms) perfectly overlapped allow {:.1f} tok/s = {:.2f}x on-demand's measured {:.1f} tok/s: 2x on-demand is {}\n",
+               "ms) perfectly overlapped allow {:.1f} tok/s = {:.2f}x on-demand's measured {:.1f} tok/s and {:.2f}x on-demand's "
+               "serial model (compute + its reads): 2x on-demand is {}\n",
                s.budget * 100, s.min_nvme_bytes_per_token / (1 << 20), nvme_bytes_per_s / 1e9, compute_s_per_token * 1e3,
-               s.overlap_bound_tps, s.overlap_bound_vs_on_demand, s.on_demand,
-               s.overlap_bound_vs_on_demand >= 2 ? "within the bound" : "beyond what this drive allows");
+               s.overlap_bound_tps, s.overlap_bound_vs_on_demand, s.on_demand, s.overlap_bound_vs_serial_on_demand,
+               s.overlap_bound_vs_serial_on_demand >= 2 ? "within the bound"
+                                                       : "beyond what this drive allows (reached only when the measured on-demand "
+                                                         "run is slower than its own serial model)");
   }
   return 0;
 }
