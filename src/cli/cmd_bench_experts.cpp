@@ -182,6 +182,7 @@ struct ConfigResult {
   std::uint64_t mmap_budget_bytes = 0, mmap_expert_bytes_after = 0, mmap_peak_charged_bytes = 0, mmap_evictions = 0,
                 mmap_overcommits = 0, mmap_spill_dropped_bytes = 0, mmap_drop_failures = 0;
   std::uint64_t mmap_expert_bytes_settled = 0;
+  double mmap_drop_s_per_token = 0, mmap_tokens_per_s_without_drops = 0;
   bool mmap_settled = true;
   double mmap_cold_fraction_before = 0;
   bool mmap_cold_measured = false;
@@ -501,6 +502,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     r.mmap_overcommits = st1.overcommits;
     r.mmap_spill_dropped_bytes = st1.spill_dropped_bytes - st0.spill_dropped_bytes;
     r.mmap_drop_failures = st1.drop_failures;
+    r.mmap_drop_s_per_token = static_cast<double>(st1.drop_ns - st0.drop_ns) / 1e9 / a.decode;
+    // The same decode without the provider's own eviction work (on a RAM-limited machine the
+    // kernel's reclaim does it on another thread): the stronger baseline, which the targets use.
+    r.mmap_tokens_per_s_without_drops = a.decode / std::max(t - static_cast<double>(st1.drop_ns - st0.drop_ns) / 1e9, 1e-9);
     r.miss_bytes_per_token = static_cast<double>(r.bytes_read[static_cast<int>(TierId::kNvme)]) / a.decode;
     if (budget_bytes == 0) {
       before = cold_before;
@@ -520,7 +525,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     double budget = 0;
     std::string best;
     double best_tps = 0, oracle = 0, on_demand = 0, lookahead_recall = 0, io_bound_oracle = 0, io_bound_best = 0;
-    double mmap = 0;  // the budgeted mmap baseline at this budget
+    double mmap = 0;             // the budgeted mmap baseline at this budget, its eviction work left out
+    double mmap_with_drops = 0;  // and as measured
     // The 2x-on-demand question: the fewest drive bytes per decode token any store-backed row read
     // at this budget, what that allows with compute and reads perfectly overlapped, and that over
     // on-demand's serial time (compute + its stall) and over its measured tokens/s.
@@ -557,7 +563,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     s.io_bound_oracle = lookup("oracle", b.fraction)->io_bound_tokens_per_s;
     s.on_demand = lookup("on-demand", b.fraction)->tokens_per_s;
     s.lookahead_recall = lookup("lru+lookahead", b.fraction)->recall;
-    s.mmap = lookup("mmap", b.fraction)->tokens_per_s;
+    s.mmap = lookup("mmap", b.fraction)->mmap_tokens_per_s_without_drops;
+    s.mmap_with_drops = lookup("mmap", b.fraction)->tokens_per_s;
     double fewest = 0;
     for (const auto& r : results) {
       if (r.IsMmap() || r.name == "resident" || r.budget_fraction != b.fraction) continue;
@@ -643,6 +650,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         c["mmap_overcommits"] = r.mmap_overcommits;
         c["mmap_spill_dropped_bytes"] = r.mmap_spill_dropped_bytes;
         c["mmap_drop_failures"] = r.mmap_drop_failures;
+        c["mmap_drop_s_per_token"] = r.mmap_drop_s_per_token;
+        c["mmap_tokens_per_s_without_drops"] = r.mmap_tokens_per_s_without_drops;
       }
       for (int i = 0; i < kNumTiers; ++i) c["bytes_read"][std::string(TierName(static_cast<TierId>(i)))] = r.bytes_read[i];
       c["speculative_bytes"] = r.speculative_bytes;
@@ -658,6 +667,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                               {"best_vs_oracle", s.best_tps / s.oracle},
                               {"best_vs_on_demand", s.best_tps / s.on_demand},
                               {"best_vs_mmap", s.best_tps / s.mmap},
+                              {"best_vs_mmap_with_drops", s.best_tps / s.mmap_with_drops},
                               {"best_vs_mmap_unbounded", s.best_tps / mmap_unbounded_tps},
                               {"min_nvme_bytes_per_token", s.min_nvme_bytes_per_token},
                               {"overlap_bound_tokens_per_s", s.overlap_bound_tps},
@@ -703,7 +713,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     if (!r.IsMmap()) continue;
     fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run; experts' page-cache bytes after it (mincore) "
                "{:.1f} MiB{}; peak charged {:.1f} MiB; {} evictions, {} over-budget loads, {:.1f} MiB of read-ahead spill "
-               "dropped, {} failed drops\n",
+               "dropped, {} failed drops; {:.1f} ms per token evicting and sweeping, {:.2f} tok/s without it\n",
                r.name, r.mmap_budget_bytes > 0 ? fmt::format(" at {:.0f}%", r.budget_fraction * 100) : "",
                100 * r.mmap_cold_fraction_before, static_cast<double>(r.mmap_expert_bytes_after) / (1 << 20),
                r.mmap_budget_bytes > 0
@@ -713,7 +723,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                                  r.mmap_expert_bytes_settled <= r.mmap_budget_bytes ? "within" : "OVER")
                    : " (no budget)",
                static_cast<double>(r.mmap_peak_charged_bytes) / (1 << 20), r.mmap_evictions, r.mmap_overcommits,
-               static_cast<double>(r.mmap_spill_dropped_bytes) / (1 << 20), r.mmap_drop_failures);
+               static_cast<double>(r.mmap_spill_dropped_bytes) / (1 << 20), r.mmap_drop_failures,
+               r.mmap_drop_s_per_token * 1e3, r.mmap_tokens_per_s_without_drops);
   }
   for (const auto& r : results) {
     if (r.name != "lru+lookahead" && r.name != "utility+statistical" && r.name != "utility+lookahead") continue;
@@ -751,11 +762,12 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                              : "not measured (mincore failed)");
   for (const auto& s : summaries) {
     fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {:.2f}x oracle (>= 0.9: {}), {:.2f}x on-demand "
-               "(>= 2: {}), {:.2f}x mmap at the same budget (>= 3: {}) [{:.2f}x mmap-unbounded{}]; oracle {:.2f}x resident{}; "
-               "lookahead recall {:.3f} (>= 0.8: {})\n",
+               "(>= 2: {}), {:.2f}x mmap at the same budget without its eviction work (>= 3: {}) [{:.2f}x with it, {:.2f}x "
+               "mmap-unbounded{}]; oracle {:.2f}x resident{}; lookahead recall {:.3f} (>= 0.8: {})\n",
                s.budget * 100, s.best, s.best_tps, s.best_tps / s.oracle, Yes(s.best_tps >= 0.9 * s.oracle),
                s.best_tps / s.on_demand, Yes(s.best_tps >= 2 * s.on_demand), s.best_tps / s.mmap,
-               Yes(s.best_tps >= 3 * s.mmap), s.best_tps / mmap_unbounded_tps, cold ? "" : ", not cold",
+               Yes(s.best_tps >= 3 * s.mmap), s.best_tps / s.mmap_with_drops, s.best_tps / mmap_unbounded_tps,
+               cold ? "" : ", not cold",
                s.oracle / resident_tps,
                s.oracle >= 0.9 * resident_tps
                    ? fmt::format(" so best >= 0.85x resident: {:.2f}x, {}", s.best_tps / resident_tps, Yes(s.best_tps >= 0.85 * resident_tps))

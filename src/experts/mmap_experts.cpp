@@ -242,6 +242,7 @@ Result<const model::ExpertWeights*> MmapExpertProvider::Acquire(int layer, int e
     ++stats_.hits;
     lru_.splice(lru_.end(), lru_, x.lru);
   } else {
+    const auto t0 = std::chrono::steady_clock::now();
     while (budget_ > 0 && stats_.charged_bytes + UnchargedBytes(x) > budget_) {
       auto victim = std::find_if(lru_.begin(), lru_.end(), [&](int i) { return experts_[static_cast<std::size_t>(i)].leases == 0; });
       if (victim == lru_.end()) {
@@ -250,6 +251,8 @@ Result<const model::ExpertWeights*> MmapExpertProvider::Acquire(int layer, int e
       }
       Evict(*victim);
     }
+    stats_.drop_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     Charge(&x);
     x.lru = lru_.insert(lru_.end(), static_cast<int>(index));
     x.fresh = true;
@@ -265,9 +268,12 @@ void MmapExpertProvider::Release(int layer, int expert) {
   Expert& x = experts_[index];
   if (x.leases > 0) --x.leases;
   if (x.fresh && budget_ > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
     if (recent_.size() == kRecentSweeps) recent_.erase(recent_.begin());
     recent_.push_back(static_cast<int>(index));
     for (int i : recent_) DropSpill(experts_[static_cast<std::size_t>(i)]);
+    stats_.drop_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
   x.fresh = false;
 }

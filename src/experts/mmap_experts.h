@@ -30,6 +30,10 @@ struct MmapExpertStats {
   std::uint64_t overcommits = 0;     // loads that exceeded the budget because every charged expert was leased
   std::uint64_t spill_dropped_bytes = 0;  // read-ahead pages outside any charged expert, dropped after a load
   std::uint64_t drop_failures = 0;        // madvise / posix_fadvise calls that failed
+  // Forward-thread time spent evicting and sweeping (mincore, madvise, posix_fadvise): the work a
+  // RAM-limited machine's kernel reclaim would do on another thread, so the bench can report the
+  // baseline with and without it.
+  std::uint64_t drop_ns = 0;
 };
 
 // Not thread-safe: one forward thread acquires and releases (as model::Model does). The mapping and
