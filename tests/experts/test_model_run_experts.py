@@ -222,3 +222,12 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"{top_k} x {len(layers)} x {block} B" in p.stdout
     assert "per-layer recall, lru+lookahead at 50%:" in p.stdout and "targets at 50%:" in p.stdout
+
+
+def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
+    for bad in ("0", "1.5", "-0.25"):
+        p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(tmp_path / "m"), "--residual-scale", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "--residual-scale must be in (0, 1]" in p.stderr
+        assert not (tmp_path / "m").exists()
