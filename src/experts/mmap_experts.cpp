@@ -285,9 +285,10 @@ std::uint64_t MmapExpertProvider::expert_page_bytes() const {
   return n * page_;
 }
 
-bool MmapExpertProvider::Settle(int timeout_ms) {
+bool MmapExpertProvider::Settle(int timeout_ms, int quiet_ms) {
   if (budget_ == 0) return true;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto clean_since = std::chrono::steady_clock::now();
   for (;;) {
     bool left = false;
     for (std::size_t si = 0; si < shards_.size(); ++si) {
@@ -309,9 +310,11 @@ bool MmapExpertProvider::Settle(int timeout_ms) {
         }
       }
     }
-    if (!left) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto now = std::chrono::steady_clock::now();
+    if (left) clean_since = now;
+    if (!left && now - clean_since >= std::chrono::milliseconds(quiet_ms)) return true;
+    if (now > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 

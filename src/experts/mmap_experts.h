@@ -59,9 +59,11 @@ class MmapExpertProvider final : public model::ExpertProvider {
   Result<std::uint64_t> ResidentExpertBytes() const;
   // Budgeted only: drops every expert page in the page cache that no charged expert covers (the
   // kernel's read-ahead around a fault can land after the sweep at release: pages still under I/O
-  // are not dropped), retrying until none is left or `timeout_ms` has passed. Afterwards
-  // ResidentExpertBytes() <= budget_bytes() unless it returned false. Untimed use (tests, reports).
-  bool Settle(int timeout_ms = 1000);
+  // are neither dropped nor reported by mincore until their read completes), retrying until no
+  // such page has been seen for `quiet_ms` or `timeout_ms` has passed (then false). Afterwards
+  // ResidentExpertBytes() <= budget_bytes() unless a read-ahead outlasted `quiet_ms`. Untimed use
+  // (tests, reports).
+  bool Settle(int timeout_ms = 1000, int quiet_ms = 20);
 
  private:
   struct Range {  // pages [first, last) of one shard

@@ -31,8 +31,9 @@ void DropPageCache(const std::filesystem::path& dir) {
   }
 }
 
-// Forwards to the mmap provider; after every Release lets the read-ahead in flight land and be
-// dropped (Settle), then records the experts' page-cache bytes (mincore).
+// Forwards to the mmap provider, recording the charged bytes after every Acquire; Check() lets the
+// read-ahead in flight land and be dropped (Settle), then records the experts' page-cache bytes
+// (mincore).
 class CheckingProvider final : public model::ExpertProvider {
  public:
   explicit CheckingProvider(MmapExpertProvider* inner) : inner_(inner) {}
@@ -41,9 +42,9 @@ class CheckingProvider final : public model::ExpertProvider {
     max_charged = std::max(max_charged, inner_->stats().charged_bytes);
     return r;
   }
-  void Release(int layer, int expert) override {
-    inner_->Release(layer, expert);
-    settled = inner_->Settle(200) && settled;
+  void Release(int layer, int expert) override { inner_->Release(layer, expert); }
+  void Check() {
+    settled = inner_->Settle(2000, 50) && settled;
     auto b = inner_->ResidentExpertBytes();
     if (!b.ok()) {
       measured = false;
@@ -57,6 +58,25 @@ class CheckingProvider final : public model::ExpertProvider {
   int checks = 0;
   bool measured = true, settled = true;
 };
+
+// testing::Run with the page-cache check after the prefill and after every decode step.
+testing::RunOutput RunChecked(const model::Model& m, CheckingProvider* check) {
+  model::Session s(m);
+  testing::RunOutput out;
+  auto pre = s.Prefill(testing::Prompt());
+  if (!pre.ok()) FAIL(pre.status().ToString());
+  check->Check();
+  out.logits = pre->data;
+  for (int i = 0; i < testing::kDecodeSteps; ++i) {
+    const int next = model::Argmax(s.last_logits());
+    out.ids.push_back(next);
+    auto l = s.Decode(next);
+    if (!l.ok()) FAIL(l.status().ToString());
+    check->Check();
+    out.logits.insert(out.logits.end(), l->begin(), l->end());
+  }
+  return out;
+}
 
 struct Fixture {
   terrace::testing::TempDir dir{"experts-mmap"};
@@ -98,7 +118,7 @@ TEST_CASE("budgeted mmap baseline equals resident and holds the experts' page ca
   auto checking = std::make_shared<CheckingProvider>(mp);
   auto m = model::Model::Load(f.md->config(), *f.md, checking);
   REQUIRE(m.ok());
-  const auto out = Run(**m);
+  const auto out = RunChecked(**m, checking.get());
   CHECK(out.ids == ResidentRun().ids);
   CHECK(SameBits(out.logits, ResidentRun().logits));
 
