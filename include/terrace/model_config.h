@@ -111,7 +111,8 @@ Status ValidateConfig(const ModelConfig& config);
 // Serialises back to config.json (the same field names, top level).
 std::string ToConfigJson(const ModelConfig& config);
 
-// Presets: "k3-toy", "k3-small", "moe-bench" (the expert-offload benchmark's model), "kimi-k3",
+// Presets: "k3-toy", "k3-small", "moe-bench" (the expert-offload benchmark's model), "moe-bench-plain"
+// (the same without Block AttnRes, for judging lookahead), "kimi-k3",
 // "kimi-linear-48b".
 Result<ModelConfig> Preset(std::string_view name);
 std::vector<std::string> PresetNames();

@@ -40,6 +40,7 @@ struct InitArgs {
   std::uint64_t shard_bytes = 2ull << 30;
   bool force = false;
   int routing_tokens = 64;
+  double residual_scale = 1.0;
 };
 
 constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;  // a config.json is a few KiB
@@ -215,6 +216,7 @@ int RunInit(const InitArgs& a) {
   options.shard_bytes = a.shard_bytes;
   options.force = a.force;
   options.random_expert_codes = !a.preset.empty() && PresetUsesRandomExpertCodes(a.preset);
+  options.residual_scale = a.residual_scale;
   Status s = WriteCheckpoint(*config, a.out, options);
   if (!s.ok()) return Fail(s.ToString());
   auto md = ModelDir::Open(a.out);
@@ -355,9 +357,16 @@ void RegisterModel(CLI::App& app, Runner* run) {
               "(kimi-k3, kimi-linear-48b)");
   AddIntOption(i, "--routing-tokens", &init->routing_tokens, 0, kMaxRoutingTokens,
                "Prompt tokens for the routing report (0: skip)");
+  i->add_option("--residual-scale", init->residual_scale,
+                "Scale the weights that write into the residual stream (attention/MLP output projections, the MoE "
+                "output) by this factor, in (0, 1]: smaller layer updates relative to the stream, as in trained "
+                "models (docs/experts.md)")
+      ->capture_default_str();
   i->callback([run, init] {
     *run = [init] {
       if (init->preset.empty() && init->config.empty()) return FailUsage("model init needs --preset or --config");
+      if (!(init->residual_scale > 0 && init->residual_scale <= 1))
+        return FailUsage(fmt::format("--residual-scale must be in (0, 1] (got {})", init->residual_scale));
       return RunInit(*init);
     };
   });

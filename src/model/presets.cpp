@@ -109,6 +109,18 @@ ModelConfig MoeBench() {
   return c;
 }
 
+// moe-bench with a plain residual stream (attn_res_block_size 0, as Kimi Linear 48B has) instead of
+// Block AttnRes: every tensor but the AttnRes pseudo-queries is the same. With AttnRes a MoE layer's
+// router reads a softmax mix over the block outputs, which the state leaving the previous layer does
+// not carry, so lookahead cannot be judged on moe-bench's random weights (docs/experts.md,
+// "Predictors"); here each layer adds to one stream, as in the models lookahead prefetching was
+// published for.
+ModelConfig MoeBenchPlain() {
+  ModelConfig c = MoeBench();
+  c.attn_res_block_size = 0;
+  return c;
+}
+
 // Kimi K3 as its published config.json (text_config) states it; every value and its source:
 // docs/model-format.md section 3.
 ModelConfig KimiK3() {
@@ -173,9 +185,11 @@ ModelConfig KimiLinear48B() {
 
 }  // namespace
 
-std::vector<std::string> PresetNames() { return {"k3-toy", "k3-small", "moe-bench", "kimi-k3", "kimi-linear-48b"}; }
+std::vector<std::string> PresetNames() {
+  return {"k3-toy", "k3-small", "moe-bench", "moe-bench-plain", "kimi-k3", "kimi-linear-48b"};
+}
 
-bool PresetUsesRandomExpertCodes(std::string_view name) { return name == "moe-bench"; }
+bool PresetUsesRandomExpertCodes(std::string_view name) { return name == "moe-bench" || name == "moe-bench-plain"; }
 
 Result<ModelConfig> Preset(std::string_view name) {
   ModelConfig c;
@@ -185,6 +199,8 @@ Result<ModelConfig> Preset(std::string_view name) {
     c = K3Small();
   } else if (name == "moe-bench") {
     c = MoeBench();
+  } else if (name == "moe-bench-plain") {
+    c = MoeBenchPlain();
   } else if (name == "kimi-k3") {
     c = KimiK3();
   } else if (name == "kimi-linear-48b") {

@@ -52,7 +52,7 @@ class Rng {
 
 // The fp32 values of one tensor (for MXFP4 tensors: the unpacked [rows, cols] matrix).
 std::vector<float> Generate(const ModelConfig& c, const std::string& name, const std::vector<std::int64_t>& shape,
-                            std::uint64_t seed) {
+                            std::uint64_t seed, double residual_scale) {
   Rng rng(seed, name);
   const auto n = static_cast<std::size_t>(NumElements(shape));
   std::vector<float> v(n);
@@ -60,7 +60,7 @@ std::vector<float> Generate(const ModelConfig& c, const std::string& name, const
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(f(i));
   };
   const bool bounded = c.kda.gate_lower_bound.has_value();
-  const double out_scale = 1.0 / std::sqrt(2.0 * c.num_hidden_layers);
+  const double out_scale = residual_scale / std::sqrt(2.0 * c.num_hidden_layers);
   const double fan_in = static_cast<double>(shape.back());
 
   if (name.ends_with(".A_log")) {  // exp(A_log) in [0.5, 1.5] (bounded gate) or [1, 4] (unbounded)
@@ -73,7 +73,10 @@ std::vector<float> Generate(const ModelConfig& c, const std::string& name, const
   } else if (name.ends_with("_res_proj.weight")) {  // AttnRes pseudo-query: score std ~ 0.5
     fill([&](std::size_t) { return 0.5 / std::sqrt(fan_in) * rng.Normal(); });
   } else if (name.ends_with("norm.weight")) {
-    fill([&](std::size_t) { return 1.0 + 0.02 * rng.Normal(); });
+    // Without a latent up-projection the routed experts' norm is the last op before the residual
+    // stream: its weights set the size of the MoE update, so the residual scale applies to them.
+    const double s = name.ends_with("routed_expert_norm.weight") && !c.HasLatentProjection() ? residual_scale : 1.0;
+    fill([&](std::size_t) { return s * (1.0 + 0.02 * rng.Normal()); });
   } else if (name.ends_with("embed_tokens.weight")) {
     fill([&](std::size_t) { return rng.Normal(); });
   } else if (name.ends_with("_conv1d.weight")) {  // [C, 1, K]: mostly the current token
@@ -160,6 +163,9 @@ std::uint64_t WeightBytes(const ModelConfig& config) {
 Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, const InitOptions& options) {
   TERRACE_RETURN_IF_ERROR(ValidateConfig(config));
   if (options.shard_bytes == 0) return Status::InvalidArgument("shard size must be positive (--shard-bytes)");
+  if (!(options.residual_scale > 0) || !std::isfinite(options.residual_scale))
+    return Status::InvalidArgument(fmt::format("the residual scale must be positive and finite (--residual-scale; got {})",
+                                               options.residual_scale));
   const std::vector<TensorSpec> specs = ExpectedTensors(config);
   std::uint64_t total = 0;
   for (const auto& s : specs) total += SpecBytes(s);
@@ -195,6 +201,7 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
     SafetensorsWriter w;
     w.SetMetadata("format", "pt");
     w.SetMetadata("terrace_seed", std::to_string(options.seed));
+    if (options.residual_scale != 1.0) w.SetMetadata("terrace_residual_scale", fmt::format("{}", options.residual_scale));
     const std::string file = shards == 1 ? std::string(kSingleFileName) : ShardName(shard, shards);
     for (; i < specs.size() && shard_of[i] == shard; ++i) {
       const TensorSpec& s = specs[i];
@@ -212,13 +219,13 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
       } else if (s.mxfp4) {  // weight_packed [rows, cols/2]: generate [rows, cols], quantize
         const std::vector<std::int64_t> logical{s.shape[0], s.shape[1] * 2};
         const std::string base = s.name.substr(0, s.name.size() - std::string_view("weight_packed").size());
-        const std::vector<float> values = Generate(config, base + "weight", logical, options.seed);
+        const std::vector<float> values = Generate(config, base + "weight", logical, options.seed, options.residual_scale);
         std::vector<std::uint8_t> packed, scales;
         TERRACE_RETURN_IF_ERROR(QuantizeMxfp4(values, logical[0], logical[1], &packed, &scales));
         TERRACE_RETURN_IF_ERROR(w.Add(s.name, s.dtype, s.shape, std::as_bytes(std::span(packed))));
         pending_scales[base + "weight_scale"] = std::move(scales);
       } else {
-        const std::vector<float> values = Generate(config, s.name, s.shape, options.seed);
+        const std::vector<float> values = Generate(config, s.name, s.shape, options.seed, options.residual_scale);
         TERRACE_RETURN_IF_ERROR(w.Add(s.name, s.dtype, s.shape, Encode(values, s.dtype)));
       }
       weight_map[s.name] = file;

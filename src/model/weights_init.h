@@ -21,6 +21,12 @@ struct InitOptions {
   // the weights' std is the nearest power of two to 1/sqrt(fan_in)) instead of quantised normals:
   // about 100x faster, for multi-GiB benchmark checkpoints. Other tensors are unchanged.
   bool random_expert_codes = false;
+  // Multiplies the projections that write into the residual stream (attention and KDA o_proj, MLP
+  // and shared-expert down_proj, the routed experts' routed_expert_up_proj, or, in a model without
+  // that latent up-projection, the routed experts' latent norm weights) by this factor, so each
+  // layer's update is this much smaller relative to the stream it is added to (`model init
+  // --residual-scale`; docs/experts.md). 1 = the default init. Must be positive and finite.
+  double residual_scale = 1.0;
 };
 
 inline constexpr std::uint64_t kMaxInitBytes = 4ull << 30;

@@ -131,9 +131,20 @@ def test_bench_experts_json(toy, tmp_path):
     j = json.loads(p.stdout)
     names = [(c["name"], c["budget_fraction"]) for c in j["configs"]]
     for b in (0.25, 0.5):
-        for n in ("on-demand", "lru+lookahead", "utility+statistical", "oracle"):
+        for n in ("on-demand", "lru+lookahead", "utility+statistical", "utility+lookahead", "oracle", "mmap"):
             assert (n, b) in names
-    assert ("resident", 1.0) in names and ("mmap", 1.0) in names
+    assert ("resident", 1.0) in names and ("mmap-unbounded", 1.0) in names
+    # The budgeted mmap baseline: its experts' page-cache bytes (mincore, once in-flight read-ahead
+    # landed) within the same budget as the store-backed rows; the unbounded one has no budget.
+    total = j["routed_expert_bytes"]
+    for c in j["configs"]:
+        if c["name"] == "mmap":
+            assert c["mmap_budget_bytes"] == int(c["budget_fraction"] * total)
+            assert c["mmap_peak_charged_bytes"] <= c["mmap_budget_bytes"]
+            assert c["mmap_expert_page_cache_bytes_settled"] <= c["mmap_budget_bytes"]
+            assert c["mmap_drop_failures"] == 0
+        if c["name"] == "mmap-unbounded":
+            assert c["mmap_budget_bytes"] == 0
     for c in j["configs"]:
         for k in ("tokens_per_s", "stall_share", "hit_rate", "recall", "bytes_read"):
             assert k in c
@@ -195,7 +206,7 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
     assert j["mmap_cold"] == (j["mmap_resident_fraction_before"] < 0.05)
     assert j["mmap_drop_caches"].startswith("not requested")
     for c in j["configs"]:
-        if c["name"] in ("resident", "mmap"):
+        if c["name"] == "resident" or c["name"].startswith("mmap"):
             continue
         assert len(c["layer_recall"]) == len(layers)
         assert c["bound_tokens_per_s"] > 0
@@ -204,9 +215,19 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
         else:
             assert c["io_bound_tokens_per_s"] >= c["bound_tokens_per_s"]
     (t,) = j["targets"]
-    assert t["budget_fraction"] == 0.5 and t["best_real"] in ("lru+lookahead", "utility+statistical")
+    assert t["budget_fraction"] == 0.5 and t["best_real"] in ("lru+lookahead", "utility+statistical", "utility+lookahead")
+    assert t["overlap_bound_tokens_per_s"] > 0 and t["best_vs_mmap"] > 0
     p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "c"), "--prompt", "2",
                         "--decode", "1", "--budgets", "50%"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert f"{top_k} x {len(layers)} x {block} B" in p.stdout
     assert "per-layer recall, lru+lookahead at 50%:" in p.stdout and "targets at 50%:" in p.stdout
+
+
+def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
+    for bad in ("0", "1.5", "-0.25"):
+        p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(tmp_path / "m"), "--residual-scale", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert "--residual-scale must be in (0, 1]" in p.stderr
+        assert not (tmp_path / "m").exists()
