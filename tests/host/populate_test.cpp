@@ -9,10 +9,12 @@
 #include <random>
 #include <vector>
 
+#include "host_test_util.h"
 #include "test_util.h"
 #include "tiers/host/host_tier.h"
 
 using namespace terrace;
+using terrace::testing::ResidentPages;
 using terrace::testing::TestBytes;
 using terrace::testing::TestKey;
 
@@ -38,10 +40,8 @@ std::unique_ptr<HostTier> MakeHost(HostPopulate populate, std::uint64_t populate
 std::pair<std::size_t, std::size_t> Residency(const HostTier& t) {
   std::size_t resident = 0, pages = 0;
   for (const iovec& r : t.Regions()) {
-    std::vector<unsigned char> vec(r.iov_len / 4096);
-    REQUIRE(::mincore(r.iov_base, r.iov_len, vec.data()) == 0);
-    for (unsigned char v : vec) resident += v & 1;
-    pages += vec.size();
+    resident += ResidentPages(r.iov_base, r.iov_len);
+    pages += r.iov_len / 4096;
   }
   return {resident, pages};
 }

@@ -9,10 +9,12 @@
 #include <random>
 #include <vector>
 
+#include "host_test_util.h"
 #include "test_util.h"
 #include "tiers/host/host_tier.h"
 
 using namespace terrace;
+using terrace::testing::ResidentPages;
 using terrace::testing::TestBytes;
 using terrace::testing::TestKey;
 
@@ -27,15 +29,6 @@ std::unique_ptr<HostTier> MakeHost(bool prefault, bool pin, std::uint64_t capaci
   auto t = HostTier::Create(o);
   REQUIRE(t.ok());
   return std::move(t).value();
-}
-
-// Pages of [p, p + bytes) the kernel has resident.
-std::size_t ResidentPages(const void* p, std::size_t bytes) {
-  std::vector<unsigned char> vec(bytes / 4096);
-  REQUIRE(::mincore(const_cast<void*>(p), bytes, vec.data()) == 0);
-  std::size_t n = 0;
-  for (unsigned char v : vec) n += v & 1;
-  return n;
 }
 
 struct Outcome {
