@@ -121,8 +121,6 @@ std::pair<double, double> ProcessCpuSeconds() {
 
 using Clock = std::chrono::steady_clock;
 
-std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
-
 // Directories the bench creates (--dir, --index-dir), removed when it ends. Only paths that did not
 // exist before the run are recorded, and only directories are removed: never a block device, a
 // file, or a directory the user already had.

@@ -54,8 +54,6 @@ struct BenchStoreArgs {
   std::string host_prefault = "on";  // --host-prefault, as in bench tiers
 };
 
-std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
-
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <span>
@@ -16,13 +17,16 @@
 
 namespace terrace {
 
+// v rounded up to a multiple of `unit` (> 0).
+constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
+
 class AlignedBuffer {
  public:
   static constexpr std::size_t kDefaultAlignment = 4096;
 
   AlignedBuffer() = default;
   explicit AlignedBuffer(std::size_t bytes, std::size_t alignment = kDefaultAlignment)
-      : size_(bytes), capacity_(RoundUp(bytes == 0 ? 1 : bytes, alignment)) {
+      : size_(bytes), capacity_(static_cast<std::size_t>(RoundUp(bytes == 0 ? 1 : bytes, alignment))) {
     data_.reset(static_cast<std::byte*>(std::aligned_alloc(alignment, capacity_)));
     if (!data_) capacity_ = 0;
   }
@@ -52,10 +56,6 @@ class AlignedBuffer {
     }
     *this = AlignedBuffer(bytes, alignment);
     return ok();
-  }
-
-  static constexpr std::size_t RoundUp(std::size_t n, std::size_t alignment) {
-    return (n + alignment - 1) / alignment * alignment;
   }
 
  private:

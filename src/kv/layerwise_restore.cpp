@@ -42,7 +42,7 @@ constexpr std::size_t kReaders = 2;
 // sees a deep queue.
 constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
 
-std::uint64_t AlignUp(std::uint64_t n) { return (n + kRawAlign - 1) / kRawAlign * kRawAlign; }
+std::uint64_t AlignUp(std::uint64_t n) { return RoundUp(n, kRawAlign); }
 
 }  // namespace
 

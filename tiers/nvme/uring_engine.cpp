@@ -163,7 +163,7 @@ class UringEngine final : public IoEngine {
       Fill(ring, reqs, &next, &inflight, &unsubmitted);
       int ret = io_uring_submit_and_wait(&ring.ring, 1);
       if (ret >= 0) {
-        unsubmitted = unsubmitted > static_cast<std::size_t>(ret) ? unsubmitted - ret : 0;
+        Submitted(ret, &unsubmitted);
       } else if (ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
         // The ring cannot submit: fail everything not yet submitted, reap what was, and mark the
         // ring broken (its queued entries can no longer be trusted).
