@@ -246,4 +246,16 @@ Status CheckNvmePaths(const std::string& dir, const std::string& index_dir) {
   return Status::Ok();
 }
 
+CLI::Option* AddHostPrefaultOption(CLI::App* app, std::string* value, const std::string& help) {
+  return app->add_option("--host-prefault", *value, help)
+      ->check(CLI::IsMember({"on", "off", "background", "eager"}))
+      ->capture_default_str();
+}
+
+void ApplyHostPrefault(std::string_view value, HostTierOptions* o) {
+  o->prefault = value != "off";
+  if (value == "background") o->populate = HostPopulate::kBackground;
+  if (value == "eager") o->populate = HostPopulate::kAtOpen;
+}
+
 }  // namespace terrace::cli

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "terrace/block.h"
+#include "terrace/options.h"
 #include "terrace/stats.h"
 #include "terrace/status.h"
 
@@ -89,6 +90,14 @@ CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::option
 void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> out);
 // The key `store fill` uses for its i-th block under `seed`.
 BlockKey FillKey(std::uint64_t seed, std::uint64_t i);
+
+// --host-prefault of the benches (bench tiers, bench store): how a host tier faults its memory in.
+// Adds the option (one of on / off / background / eager, default on) with `help`.
+CLI::Option* AddHostPrefaultOption(CLI::App* app, std::string* value, const std::string& help);
+// Sets `o`'s prefault and populate from a --host-prefault value: on / off set
+// HostTierOptions::prefault (new chunks faulted on a background thread, or on the putting thread);
+// background / eager populate the whole capacity from open (HostPopulate::kBackground / kAtOpen).
+void ApplyHostPrefault(std::string_view value, HostTierOptions* o);
 
 // True when `path` names a block device (following symlinks such as /dev/disk/by-id/...).
 bool IsBlockDevice(const std::string& path);

@@ -61,6 +61,7 @@ struct BenchArgs {
   unsigned repeat = 1;  // timed passes (median reported)
   bool keep = false;
   std::string host_prefault = "on";  // --host-prefault: HostOptionsFor()
+  bool host_prefault_given = false;  // --host-prefault was on the command line (refused for other tiers)
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.
   unsigned BatchSize() const {
@@ -151,16 +152,12 @@ class RemoveCreatedDirs {
   std::vector<std::filesystem::path> paths_;
 };
 
-// The host tier's options for --host-prefault: on / off set HostTierOptions::prefault (faulting new
-// chunks alongside the puts, or on the putting thread); background / eager populate the whole
-// capacity at open (HostPopulate::kBackground / kAtOpen).
+// The host tier's options: its capacity, and --host-prefault (ApplyHostPrefault).
 HostTierOptions HostOptionsFor(const BenchArgs& a, std::uint64_t capacity) {
   HostTierOptions o;
   o.capacity_bytes = capacity;
   o.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 256 * kMiB);
-  o.prefault = a.host_prefault != "off";
-  if (a.host_prefault == "background") o.populate = HostPopulate::kBackground;
-  if (a.host_prefault == "eager") o.populate = HostPopulate::kAtOpen;
+  ApplyHostPrefault(a.host_prefault, &o);
   return o;
 }
 
@@ -453,6 +450,9 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
 int RunBenchTiers(const BenchArgs& a) {
   StopSignals stop_signals;
   g_stop_signal.store(0);
+  if (a.host_prefault_given && a.tier != "host") {
+    return FailUsage(fmt::format("--host-prefault applies to --tier host only (got --tier {}); drop it", a.tier));
+  }
   if (a.total_bytes < a.block_size) {
     return FailUsage(fmt::format("--total-bytes {} is less than one --block-size {}; raise --total-bytes",
                                  FormatBytes(static_cast<double>(a.total_bytes)),
@@ -663,13 +663,13 @@ void RegisterBench(CLI::App& app, Runner* run) {
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them). A read run on a kept store that holds its blocks reads them "
                   "without writing them first");
-  tiers->add_option("--host-prefault", a->host_prefault,
+  AddHostPrefaultOption(tiers, &a->host_prefault,
                     "Host tier: when its memory is faulted in. on: each new arena chunk on a background thread, "
                     "alongside the puts; off: on the putting thread (when a pinned chunk is added, else on first "
                     "touch); background: the whole capacity from open, on a background thread the puts never wait "
                     "for; eager: the whole capacity before the first put (open_seconds says how long). background "
                     "and eager hold the whole capacity in RAM (locked when pinned) from open")
-      ->check(CLI::IsMember({"on", "off", "background", "eager"}))->capture_default_str();
+      ->each([a](const std::string&) { a->host_prefault_given = true; });
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
   RegisterBenchKv(bench, run);

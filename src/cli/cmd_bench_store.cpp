@@ -169,9 +169,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   // Room for one set of blocks below the store's high watermark (0.9).
   ho.capacity_bytes = RoundUp(host_need + host_need / 4 + 64 * kMiB, 4 * kKiB);
   ho.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 64 * kMiB);
-  ho.prefault = a.host_prefault != "off";
-  if (a.host_prefault == "background") ho.populate = HostPopulate::kBackground;
-  if (a.host_prefault == "eager") ho.populate = HostPopulate::kAtOpen;
+  ApplyHostPrefault(a.host_prefault, &ho);
   const auto open0 = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
   const double host_open = Since(open0);
@@ -342,10 +340,9 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
   AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);
   AddIntOption(cmd, "--batch", &a->batch, 1u, 4096u, "Blocks per PutBatch / GetBatch call");
   AddIntOption(cmd, "--repeat", &a->repeat, 1u, 100u, "Rounds of the warm put and of the NVMe get comparison");
-  cmd->add_option("--host-prefault", a->host_prefault,
-                  "Host tier: when its memory is faulted in (on | off | background | eager, as in bench tiers; "
-                  "background and eager hold the whole host capacity in RAM from open)")
-      ->check(CLI::IsMember({"on", "off", "background", "eager"}))->capture_default_str();
+  AddHostPrefaultOption(cmd, &a->host_prefault,
+                        "Host tier: when its memory is faulted in (on | off | background | eager, as in bench "
+                        "tiers; background and eager hold the whole host capacity in RAM from open)");
   cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
   cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
 }

@@ -60,6 +60,10 @@ def test_bench_tiers_host_prefault_flag(terrace):
         assert j["host_prefault"] == value and j["open_seconds"] > 0
     r = terrace("bench", "tiers", "--tier", "host", "--host-prefault", "maybe")
     assert r.returncode == 2 and "--host-prefault" in r.stderr
+    # The flag means nothing for other tiers: refused, not ignored.
+    for tier in ("nvme", "hbm"):
+        r = terrace("bench", "tiers", "--tier", tier, "--host-prefault", "eager", "--total-bytes", "8MiB")
+        assert r.returncode == 2 and "--host-prefault applies to --tier host only" in r.stderr, (tier, r.stderr)
 
 
 def test_bench_tiers_nvme_read_reuses_a_kept_data_set(terrace, tmp_path):
