@@ -31,6 +31,10 @@ command -v fio >/dev/null || { echo "vs_fio: fio is not installed (apt-get insta
 [ -x "$terrace" ] || { echo "vs_fio: $terrace not found; build first (scripts/build.sh)" >&2; exit 1; }
 [ -z "$terrace_b" ] || [ -x "$terrace_b" ] || { echo "vs_fio: TERRACE_B=$terrace_b is not an executable" >&2; exit 1; }
 mkdir -p "$dir"
+# Scratch names this script creates in $dir and removes when it ends; never remove what was there.
+for p in "$dir/fio.dat" "$dir/terrace" "$dir/terrace-rand-a" "$dir/terrace-rand-b"; do
+  [ ! -e "$p" ] || { echo "vs_fio: $p exists (left by an interrupted run, or not ours); remove it or pick another directory" >&2; exit 1; }
+done
 bytes() { python3 -c "import sys; s=sys.argv[1]; u={'KiB':1<<10,'MiB':1<<20,'GiB':1<<30}; n=[k for k in u if s.endswith(k)]; print(int(s[:-3])*u[n[0]] if n else int(s))" "$1"; }
 fio_size=$(bytes "$size"); fio_rand=$(bytes "$rand_size")
 
@@ -74,7 +78,6 @@ fi
 # Lay out each data set once, untimed: fio's file, and a kept Terrace store per binary.
 fio_run write 1M "$fio_rand" >/dev/null
 rand_a="$dir/terrace-rand-a" rand_b="$dir/terrace-rand-b"
-rm -rf "$rand_a" "$rand_b"
 terrace_run randread 4KiB "$rand_size" async "$terrace" "$rand_a" >/dev/null
 [ -z "$terrace_b" ] || terrace_run randread 4KiB "$rand_size" async "$terrace_b" "$rand_b" >/dev/null
 ratios=() ratios_b=()
