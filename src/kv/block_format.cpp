@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "src/common/aligned_buffer.h"
+
 namespace terrace::kv::format {
 namespace {
 
@@ -22,7 +24,6 @@ std::uint64_t Get(const std::byte* p, int bytes) {
   for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
   return v;
 }
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 std::uint64_t Xxh(std::span<const std::byte> b) { return XXH3_64bits(b.data(), b.size()); }
 
 void PutCodec(std::byte* p, const codec::CodecSpec& c) {
@@ -55,11 +56,11 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
   std::uint64_t total = header;
   std::vector<std::uint64_t> offsets(layers.size());
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    total = AlignUp(total, kSubRangeAlign);
+    total = RoundUp(total, kSubRangeAlign);
     offsets[i] = total;
     total += enc[i].size();
   }
-  total = AlignUp(total, kBlockAlign);
+  total = RoundUp(total, kBlockAlign);
   out->assign(total, std::byte{0});
   std::byte* p = out->data();
   std::memcpy(p, kChunkMagic, 8);
@@ -131,7 +132,7 @@ Status EncodeState(const KvLayout& layout, int layer, std::int64_t boundary_toke
                               .WithContext(fmt::format("encoding KDA layer {} recurrent state", layer)));
   TERRACE_RETURN_IF_ERROR(codec::Encode(layout.state_codec(), conv, layout.kda_conv_rows(), layout.kda_conv_cols(), &cv)
                               .WithContext(fmt::format("encoding KDA layer {} conv state", layer)));
-  const std::uint64_t total = AlignUp(kStateHeader + rec.size() + cv.size(), kBlockAlign);
+  const std::uint64_t total = RoundUp(kStateHeader + rec.size() + cv.size(), kBlockAlign);
   out->assign(total, std::byte{0});
   std::byte* p = out->data();
   std::memcpy(p, kStateMagic, 8);

@@ -4,10 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "src/common/aligned_buffer.h"
+
 namespace terrace::kv {
 namespace {
 
-std::uint64_t AlignUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 std::uint64_t Nominal(const codec::CodecSpec& spec, std::uint64_t values) {
   return static_cast<std::uint64_t>(std::ceil(static_cast<double>(values) * spec.NominalBytesPerValue()));
@@ -60,19 +61,19 @@ std::uint64_t KvLayout::kda_state_bytes_per_sequence() const {
 }
 
 // Header: 64 fixed bytes + 48 per MLA layer (src/kv/block_format.h), padded to kSubRangeAlign.
-std::uint64_t KvLayout::chunk_header_bytes() const { return AlignUp(64 + 48 * mla_layers_.size(), kSubRangeAlign); }
+std::uint64_t KvLayout::chunk_header_bytes() const { return RoundUp(64 + 48 * mla_layers_.size(), kSubRangeAlign); }
 
 std::uint64_t KvLayout::mla_layer_range_bytes() const {
   return codec::MaxEncodedBytes(options_.kv_codec, options_.chunk_tokens, mla_width_);
 }
 
 std::uint64_t KvLayout::mla_chunk_block_bytes() const {
-  return chunk_header_bytes() + AlignUp(mla_layer_range_bytes(), kSubRangeAlign) * mla_layers_.size();
+  return chunk_header_bytes() + RoundUp(mla_layer_range_bytes(), kSubRangeAlign) * mla_layers_.size();
 }
 
 // Header: 128 bytes (src/kv/block_format.h), then recurrent, then conv, padded to kSubRangeAlign.
 std::uint64_t KvLayout::state_block_bytes() const {
-  return AlignUp(128 +
+  return RoundUp(128 +
                      codec::MaxEncodedBytes(options_.state_codec, static_cast<std::int64_t>(kda_heads_) * kda_head_dim_,
                                             kda_head_dim_) +
                      codec::MaxEncodedBytes(options_.state_codec, kda_conv_rows(), kda_conv_cols()),

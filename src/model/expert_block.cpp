@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/aligned_buffer.h"
 #include "src/model/mxfp4.h"
 #include "terrace/model_weights.h"
 
@@ -16,7 +17,6 @@ constexpr char kMagic[8] = {'T', 'X', 'P', 'R', 'T', '0', '0', '1'};
 constexpr std::size_t kSections = 6;  // w1.packed, w1.scales, w3.packed, w3.scales, w2.packed, w2.scales
 constexpr std::size_t kOffsetsAt = 16, kTotalAt = 40;
 
-std::size_t AlignUp(std::size_t v) { return (v + kExpertBlockAlign - 1) / kExpertBlockAlign * kExpertBlockAlign; }
 
 bool ValidDims(std::int64_t latent, std::int64_t intermediate) {
   constexpr std::int64_t kMax = std::int64_t{1} << 20;
@@ -36,7 +36,7 @@ Layout MakeLayout(std::int64_t L, std::int64_t I) {
   for (std::size_t i = 0; i < kSections; ++i) {
     l.offset[i] = at;
     l.size[i] = i % 2 == 0 ? packed : scales;
-    at = AlignUp(at + l.size[i]);
+    at = static_cast<std::size_t>(RoundUp(at + l.size[i], kExpertBlockAlign));
   }
   l.total = at;
   return l;

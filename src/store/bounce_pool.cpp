@@ -10,7 +10,8 @@ namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 
-std::uint64_t RoundUp(std::uint64_t n) { return (std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign; }
+// At least one unit, so an empty request still gets a usable buffer.
+std::uint64_t BufferBytes(std::uint64_t n) { return RoundUp(std::max<std::uint64_t>(n, 1), kAlign); }
 
 // Leases this thread holds, over every pool (a nested acquire never waits).
 thread_local int t_leases_held = 0;
@@ -18,7 +19,7 @@ thread_local int t_leases_held = 0;
 }  // namespace
 
 BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes)
-    : buffer_bytes_(RoundUp(buffer_bytes)), count_(std::max<std::size_t>(count, 1)), buffers_(count_) {}
+    : buffer_bytes_(BufferBytes(buffer_bytes)), count_(std::max<std::size_t>(count, 1)), buffers_(count_) {}
 
 BouncePool::~BouncePool() {
   MutexLock lock(&mu_);
@@ -105,7 +106,7 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
     }
   }
   if (l.index_ == kOversize || l.index_ == kOneOff) {
-    l.owned_ = AlignedBuffer(static_cast<std::size_t>(RoundUp(bytes)), kAlign);
+    l.owned_ = AlignedBuffer(static_cast<std::size_t>(BufferBytes(bytes)), kAlign);
     if (l.owned_.data() == nullptr) {
       if (l.index_ == kOversize) {
         {

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/common/aligned_buffer.h"
 #include "terrace/block.h"
 #include "terrace/status.h"
 
@@ -32,7 +33,7 @@ inline constexpr std::uint8_t kRecordVersion = 2;
 inline constexpr std::string_view kManifestKey = "!terrace-manifest";
 inline constexpr std::string_view kCommitKey = "!terrace-commit";
 
-inline constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+using terrace::RoundUp;  // v rounded up to a multiple of a unit
 
 struct Superblock {
   // Identity (fixed at creation).
