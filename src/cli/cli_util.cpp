@@ -10,11 +10,11 @@
 #include <filesystem>
 
 #include <fcntl.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
+
+#include "tiers/nvme/nvme_paths.h"
 
 namespace terrace::cli {
 namespace {
@@ -229,10 +229,9 @@ Result<std::uint64_t> BlockDeviceBytes(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::IoError(fmt::format("cannot open block device '{}': {}", path, std::strerror(errno)));
   std::uint64_t bytes = 0;
-  int rc = ::ioctl(fd, BLKGETSIZE64, &bytes);
-  int err = errno;
+  const int err = nvme::DataAreaBytes(fd, /*block_device=*/true, &bytes);
   ::close(fd);
-  if (rc != 0) return Status::IoError(fmt::format("cannot read the size of block device '{}': {}", path, std::strerror(err)));
+  if (err != 0) return Status::IoError(fmt::format("cannot read the size of block device '{}': {}", path, std::strerror(err)));
   return bytes;
 }
 
