@@ -33,12 +33,29 @@ struct LayerWeights;
 struct KdaDims;
 struct MlaDims;
 struct MoeDims;
+class Model;
 
 // The router's choice for T tokens: ids and weights [T, top_k], ids by decreasing biased score.
 struct Routing {
   std::int64_t top_k = 0;
   std::vector<int> ids;
   std::vector<float> weights;
+};
+
+// A Block AttnRes forward pass's state at one of its hooks (docs/model.md, "Block Attention
+// Residuals"), for predicting later layers' routing (Model::PredictRoutingAttnRes). Read-only views
+// into the forward pass's own buffers: nothing is copied, and every span is valid only during the
+// callback in which Model::CurrentAttnResView() returned it.
+struct AttnResView {
+  const Model* model = nullptr;  // the model whose forward pass this is
+  int layer = -1;                // the layer whose hook is running
+  std::int64_t tokens = 0;
+  // The completed block vectors, oldest first (bank[0] is the embedding), each [tokens, hidden],
+  // including `layer`'s own push (when layer % attn_res_block_size == 0).
+  std::span<const std::span<const float>> bank;
+  // The running partial sum [tokens, hidden]: in on_ffn_input, the one `layer`'s FFN mix reads
+  // (its mixer output included, its FFN output not); in on_layer_end, the hook's `hidden` span.
+  std::span<const float> partial;
 };
 
 struct ForwardOptions {
@@ -50,9 +67,10 @@ struct ForwardOptions {
   std::function<void(int layer, const Routing& routing)> on_routing;
   // Called after layer `layer` (0-based) finished, with the hidden state [tokens, hidden] that
   // feeds the next layer (for AttnRes models: the running partial sum the next layer's input is
-  // built from, i.e. what PredictRouting(l + 1, ...) approximates the next router's input with).
-  // Called for every layer, the last included. The span is valid only during the call. Runs on the
-  // forward pass's thread; must be cheap or hand work off.
+  // built from, i.e. what PredictRouting(l + 1, ...) approximates the next router's input with;
+  // Model::CurrentAttnResView() gives the bank beside it). Called for every layer, the last
+  // included. The span is valid only during the call. Runs on the forward pass's thread; must be
+  // cheap or hand work off.
   std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_layer_end;
   // Called before layer `layer`'s FFN (every layer) with the residual stream [tokens, hidden] its
   // router reads, before the FFN input norm: PredictRouting(layer, hidden, tokens) on it is the
@@ -105,6 +123,22 @@ class Model {
   // the layer's own mixer output (and, for AttnRes models, the mix). InvalidArgument for a dense
   // or out-of-range layer, or a span whose size is not tokens * hidden. Thread-safe.
   Result<Routing> PredictRouting(int layer, std::span<const float> hidden, std::int64_t tokens) const;
+
+  // For Block AttnRes models (attn_res_block_size > 0), on the forward pass's thread, while its
+  // on_ffn_input or on_layer_end callback runs: that pass's AttnResView (the innermost one, if a
+  // callback runs another pass). Null anywhere else and for plain residual models.
+  static const AttnResView* CurrentAttnResView();
+  // The routing layer `target`'s router would choose given the AttnRes state `view` of an earlier
+  // point of the same pass: the layers view.layer + 1 .. target are replayed without their mixer
+  // and FFN outputs (unknown yet): a layer k with k % attn_res_block_size == 0 pushes the partial
+  // sum into the bank and starts an empty one, so the target's FFN input is approximated by
+  // AttnRes(bank + [partial, if not empty], target's mlp_res_w / mlp_res_n), then RMSNorm
+  // post_norm and the router as MoeForward applies it (docs/experts.md, "Predictors": what is
+  // known and what is approximated). With an on_ffn_input view and target == view.layer nothing
+  // is replayed: the result is that layer's routing bit for bit. InvalidArgument for a plain
+  // model, a view of another model, a dense or out-of-range target, target < view.layer, or spans
+  // whose sizes are not tokens * hidden. Thread-safe; reads the view's spans only during the call.
+  Result<Routing> PredictRoutingAttnRes(int target, const AttnResView& view) const;
 
  private:
   Model();

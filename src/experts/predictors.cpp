@@ -1,4 +1,5 @@
-// The predictors: none, lookahead (the next layers' routers on the current hidden state),
+// The predictors: none, lookahead (the next layers' routers on the current hidden state, or with
+// Block AttnRes on the mix those routers will read, as far as it is known after this layer),
 // statistical (online transition counts) and oracle (a recorded trace of the same run).
 #include <algorithm>
 #include <numeric>
@@ -37,13 +38,19 @@ class LookaheadPredictor final : public Predictor {
   void OnLayerEnd(std::int64_t step, int layer, std::span<const float> hidden, std::int64_t tokens,
                   std::vector<Prediction>* out) override {
     const model::ModelConfig& c = model_.config();
+    // Block AttnRes: the bank and partial sum of this very hook (the forward pass publishes them
+    // while on_layer_end runs); without them (a call from outside the hook) the plain form.
+    const model::AttnResView* attn_res = c.attn_res_block_size > 0 ? model::Model::CurrentAttnResView() : nullptr;
+    if (attn_res && (attn_res->model != &model_ || attn_res->layer != layer || attn_res->tokens != tokens ||
+                     attn_res->partial.data() != hidden.data() || attn_res->partial.size() != hidden.size()))
+      attn_res = nullptr;
     for (int j = 1; j <= options_.depth; ++j) {
       const int target = layer + j;
       if (target >= c.num_hidden_layers) break;
       if (c.IsDenseLayer(target)) continue;
       const double conf = confidence_[static_cast<std::size_t>(j)];
       if (j > 1 && conf < options_.min_confidence && step % 8 != 0) break;
-      auto r = model_.PredictRouting(target, hidden, tokens);
+      auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, hidden, tokens);
       if (!r.ok()) break;
       Prediction p{step, target, Distinct(r->ids), conf};
       issued_.push_back({step, target, j, p.experts});

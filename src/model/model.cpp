@@ -26,7 +26,33 @@ void Mix(const std::vector<Rows>& bank, const Rows& prefix, std::int64_t T, std:
   AttnResMix(sources, T, d, w.ptr(), n.ptr(), out->data());
 }
 
+// The AttnResView of the innermost forward-pass hook running on this thread (Model::CurrentAttnResView).
+thread_local const AttnResView* t_attn_res_view = nullptr;
+
+// Publishes `bank` and `partial` as this thread's AttnResView while it lives (a nested pass restores
+// the outer view when it ends). `spans` holds the bank's views; nothing is copied.
+class ScopedAttnResView {
+ public:
+  ScopedAttnResView(const Model* m, int layer, std::int64_t T, const std::vector<Rows>& bank,
+                    std::span<const float> partial, std::vector<std::span<const float>>* spans)
+      : prev_(t_attn_res_view) {
+    spans->clear();
+    for (const auto& b : bank) spans->emplace_back(b);
+    view_ = AttnResView{m, layer, T, *spans, partial};
+    t_attn_res_view = &view_;
+  }
+  ~ScopedAttnResView() { t_attn_res_view = prev_; }
+  ScopedAttnResView(const ScopedAttnResView&) = delete;
+  ScopedAttnResView& operator=(const ScopedAttnResView&) = delete;
+
+ private:
+  const AttnResView* prev_;
+  AttnResView view_;
+};
+
 }  // namespace
+
+const AttnResView* Model::CurrentAttnResView() { return t_attn_res_view; }
 
 Status Model::RunLayer(int l, std::int64_t T, const float* normed, SequenceState* state, const ForwardOptions& o,
                        float* out) const {
@@ -104,6 +130,49 @@ Result<Routing> Model::PredictRouting(int l, std::span<const float> hidden, std:
   return r;
 }
 
+Result<Routing> Model::PredictRoutingAttnRes(int target, const AttnResView& v) const {
+  const int bs = config_.attn_res_block_size;
+  if (bs <= 0)
+    return Status::InvalidArgument("PredictRoutingAttnRes: the model has no Block AttnRes (attn_res_block_size 0); "
+                                   "use PredictRouting");
+  if (v.model != this)
+    return Status::InvalidArgument("PredictRoutingAttnRes: the view is of another model's forward pass");
+  if (target < 0 || target >= config_.num_hidden_layers)
+    return Status::InvalidArgument(
+        fmt::format("PredictRoutingAttnRes: layer {} is out of range [0, {})", target, config_.num_hidden_layers));
+  if (v.layer < 0 || v.layer > target)
+    return Status::InvalidArgument(
+        fmt::format("PredictRoutingAttnRes: the view is of layer {}, after target layer {}", v.layer, target));
+  const LayerWeights& w = layer(target);
+  if (w.dense)
+    return Status::InvalidArgument(fmt::format("PredictRoutingAttnRes: layer {} is a dense layer (no router)", target));
+  const std::int64_t d = config_.hidden_size, T = v.tokens;
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(T, 0) * d);
+  bool sizes_ok = T >= 1 && v.partial.size() == n && !v.bank.empty();
+  for (const auto& b : v.bank) sizes_ok = sizes_ok && b.size() == n;
+  if (!sizes_ok)
+    return Status::InvalidArgument(fmt::format(
+        "PredictRoutingAttnRes: the view's bank ({} blocks) and partial sum ({} values) do not all hold {} tokens of "
+        "hidden size {}", v.bank.size(), v.partial.size(), T, d));
+  std::vector<const float*> sources;
+  sources.reserve(v.bank.size() + static_cast<std::size_t>(target - v.layer) + 1);
+  for (const auto& b : v.bank) sources.push_back(b.data());
+  // Replay the bank pushes of layers v.layer + 1 .. target; their own updates are unknown (taken as zero).
+  const float* partial = v.partial.data();
+  for (int k = v.layer + 1; k <= target; ++k) {
+    if (k % bs != 0) continue;
+    if (partial) sources.push_back(partial);
+    partial = nullptr;
+  }
+  if (partial) sources.push_back(partial);
+  Rows h(n), normed(n);
+  AttnResMix(sources, T, d, w.mlp_res_w.ptr(), w.mlp_res_n.ptr(), h.data());
+  ops::RmsNorm(h.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
+  Routing r;
+  Route(w.moe, moe_dims(), normed.data(), T, &r);
+  return r;
+}
+
 Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* state, const ForwardOptions& o) const {
   const std::int64_t T = static_cast<std::int64_t>(tokens.size()), d = config_.hidden_size;
   if (T == 0) return Status::InvalidArgument("no input tokens; pass at least one token id");
@@ -127,6 +196,7 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
   const int bs = config_.attn_res_block_size;
   std::vector<Rows> bank;  // per forward pass only (docs/model.md, "Block Attention Residuals")
   bank.reserve(static_cast<std::size_t>(config_.AttnResBankBlocks()));
+  std::vector<std::span<const float>> bank_spans;  // the hooks' AttnResView::bank
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = layer(l);
     if (o.on_layer_begin) TERRACE_RETURN_IF_ERROR(o.on_layer_begin(l, T));
@@ -153,14 +223,20 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
         prefix = a;
       }
       Mix(bank, prefix, T, d, w.mlp_res_w, w.mlp_res_n, &h, o.profile);
-      if (o.on_ffn_input) o.on_ffn_input(l, h, T);
+      if (o.on_ffn_input) {
+        ScopedAttnResView view(this, l, T, bank, prefix, &bank_spans);
+        o.on_ffn_input(l, h, T);
+      }
       {
         ScopedPhase timer(o.profile, Phase::kOther);
         ops::RmsNorm(h.data(), T, d, w.post_norm.ptr(), config_.rms_norm_eps, normed.data());
       }
       TERRACE_RETURN_IF_ERROR(RunFfn(l, T, normed.data(), o, f.data()));
       for (std::size_t i = 0; i < n; ++i) hidden[i] = prefix[i] + f[i];
-      if (o.on_layer_end) o.on_layer_end(l, hidden, T);
+      if (o.on_layer_end) {
+        ScopedAttnResView view(this, l, T, bank, hidden, &bank_spans);
+        o.on_layer_end(l, hidden, T);
+      }
     } else {
       {
         ScopedPhase timer(o.profile, Phase::kOther);
