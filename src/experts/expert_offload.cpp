@@ -161,7 +161,9 @@ struct ExpertOffload::Impl {
   std::uint64_t issued = 0, cancelled = 0, skipped = 0, evictions = 0;
   std::uint64_t corrupt_base = 0;  // store corruptions_dropped at the last Reset
   ExpertScheduleMetrics sched;     // everything but load_busy_ns, which Metrics derives from load_iv
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;  // [start, end) steady ns of each load
+  // [start, end) steady ns of each load not yet folded into load_busy_folded (CompactLoadIntervals).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;
+  std::uint64_t load_busy_folded = 0;  // union length of the intervals folded away
   std::vector<std::uint64_t> layer_stall;  // [layer] ns
 
   Slot& slot(int l, int e) { return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]; }
@@ -241,7 +243,7 @@ struct ExpertOffload::Impl {
     }
     bool landed = st.ok();
     const std::uint64_t done_ns = f.landing->DoneNs(k);
-    if (done_ns > f.issue_ns) load_iv.emplace_back(f.issue_ns, done_ns);
+    if (done_ns > f.issue_ns) AddLoadInterval(f.issue_ns, done_ns);
     if (!landed) {
       // A cancelled item never started; any other failure may still have left a copy.
       auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
@@ -546,7 +548,7 @@ struct ExpertOffload::Impl {
     }
     const std::uint64_t load_start = sync_load ? SteadyNs() : 0;
     auto h = store->Acquire(s.key, TierId::kHbm);
-    if (sync_load) load_iv.emplace_back(load_start, SteadyNs());
+    if (sync_load) AddLoadInterval(load_start, SteadyNs());
     if (!h.ok()) {
       auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
       if (where.empty() || !where[0].found || where[0].tier != TierId::kHbm) {
@@ -603,9 +605,42 @@ struct ExpertOffload::Impl {
     }
   }
 
-  // Union of load_iv's intervals, ns.
+  // Merges `iv` in place (sorted, disjoint).
+  static void MergeIntervals(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv) {
+    std::sort(iv.begin(), iv.end());
+    std::size_t n = 0;
+    for (const auto& x : iv) {
+      if (n > 0 && x.first <= iv[n - 1].second) {
+        iv[n - 1].second = std::max(iv[n - 1].second, x.second);
+      } else {
+        iv[n++] = x;
+      }
+    }
+    iv.resize(n);
+  }
+
+  // Records one load's interval; keeps load_iv bounded over a long run by folding the merged
+  // intervals that no later load can overlap (every later one starts at or after the earliest
+  // issue still in flight, or now).
+  void AddLoadInterval(std::uint64_t start, std::uint64_t end) {
+    load_iv.emplace_back(start, end);
+    if (load_iv.size() < 4096) return;
+    std::uint64_t horizon = SteadyNs();
+    for (const InFlight& f : inflight)
+      if (f.unbooked > 0) horizon = std::min(horizon, f.issue_ns);
+    MergeIntervals(load_iv);
+    std::size_t keep = 0;
+    while (keep < load_iv.size() && load_iv[keep].second < horizon) {
+      load_busy_folded += load_iv[keep].second - load_iv[keep].first;
+      ++keep;
+    }
+    load_iv.erase(load_iv.begin(), load_iv.begin() + static_cast<std::ptrdiff_t>(keep));
+  }
+
+  // Union of every load interval since Reset, ns.
   std::uint64_t LoadBusyNs() const {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> iv = load_iv;
+    std::uint64_t folded = load_busy_folded;
     std::sort(iv.begin(), iv.end());
     std::uint64_t busy = 0, cur_start = 0, cur_end = 0;
     bool open = false;
@@ -620,7 +655,7 @@ struct ExpertOffload::Impl {
       }
     }
     if (open) busy += cur_end - cur_start;
-    return busy;
+    return busy + folded;
   }
 
   void ReleaseLocked(int layer, int expert) {
@@ -953,6 +988,7 @@ Status ExpertOffload::Reset() {
   m.issued = m.cancelled = m.skipped = m.evictions = 0;
   m.sched = ExpertScheduleMetrics{};
   m.load_iv.clear();
+  m.load_busy_folded = 0;
   std::fill(m.layer_stall.begin(), m.layer_stall.end(), 0);
   m.corrupt_base = m.store->Stats().corruptions_dropped;
   return Status::Ok();
