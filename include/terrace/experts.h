@@ -125,6 +125,28 @@ struct LayerMetrics {
   std::vector<std::uint64_t> expert_load;  // tokens routed to each expert (selections without hooks)
   double load_max = 0, load_mean = 0, load_cv = 0;  // over this layer's experts
   std::vector<int> hot_experts;  // load > hot_factor x mean
+  std::uint64_t stall_ns = 0;    // forward-thread time waiting for this layer's expert loads
+};
+
+// Where a run's load time went (docs/experts.md, "Metrics"): sums since the last Reset, so that
+// two snapshots' difference describes the steps between them. Times are steady-clock nanoseconds.
+struct ExpertScheduleMetrics {
+  // Wall time during which at least one expert load (a store prefetch key not yet landed, or a
+  // demand load on the forward thread) was outstanding: the drive/link were busy or queued.
+  std::uint64_t load_busy_ns = 0;
+  // Speculative loads that landed: their count, summed issue-to-landing time, and summed lead
+  // (layers and ns from issue to the moment their layer's router chose, for the ones it chose).
+  std::uint64_t spec_landed = 0, spec_load_ns = 0;
+  std::uint64_t spec_used = 0, spec_lead_layers = 0, spec_lead_ns = 0;
+  std::uint64_t spec_late = 0;                // chosen while still in flight (the layer waited for it)
+  std::uint64_t spec_evicted_unused = 0;      // prefetched, evicted before any use
+  std::uint64_t spec_evicted_before_target = 0;  // ... while its predicted use was still ahead (thrash)
+  std::uint64_t selection_batches = 0;        // a layer's selection batches handed to the store
+  std::uint64_t selection_behind_spec = 0;    // ... issued while speculative keys were in flight
+  std::uint64_t selection_behind_spec_keys = 0;  // summed speculative keys in flight at those issues
+  std::uint64_t pump_held_inflight = 0;       // queue left waiting by max_inflight_prefetches
+  std::uint64_t pump_held_bytes = 0;          // ... by the speculative-bytes cap
+  std::uint64_t pump_held_selection = 0;      // ... because a selection batch was in flight
 };
 
 struct ExpertMetrics {
@@ -145,6 +167,7 @@ struct ExpertMetrics {
   double load_max = 0, load_mean = 0, load_cv = 0, hot_factor = 2.0;
   std::uint64_t hot_experts = 0;
   std::string policy, predictor;
+  ExpertScheduleMetrics schedule;
 
   std::string ToText() const;        // the CLI's lines
   std::string ToJson() const;        // one JSON object
@@ -165,6 +188,12 @@ struct ExpertOffloadOptions {
   // (its top-k) is not counted: it loads as one demand batch. 8 raised the oracle's hit rate on
   // moe-bench but slowed lookahead (more wrong predictions read): docs/benchmarks.md.
   unsigned max_inflight_prefetches = 2;
+  // Predictions whose confidence is >= confident_prefetch_min may keep up to this many speculative
+  // blocks in flight instead (0: twice the model's top-k), still under max_speculative_bytes: a
+  // predictor that is usually right keeps the drive's queue full, one that is usually wrong is held
+  // to max_inflight_prefetches (docs/experts.md, "Prefetch control").
+  unsigned max_inflight_confident_prefetches = 0;
+  double confident_prefetch_min = 0.75;
   double hot_factor = 2.0;
 };
 

@@ -40,15 +40,18 @@ namespace terrace::cli {
 namespace {
 
 constexpr std::string_view kMarker = "terrace-bench-experts.marker";
+constexpr const char* kAllConfigs = "on-demand,lru+lookahead,utility+statistical,utility+lookahead,oracle,mmap-unbounded,mmap";
 using SteadyClock = std::chrono::steady_clock;
 
 struct BenchExpertsArgs {
   std::string model;
   std::string dir = "terrace-bench-experts";
   std::string budgets = "25%,50%";
+  std::string configs = kAllConfigs;  // the rows to run besides resident (comma-separated)
   int prompt = 16;
   int decode = 32;
   int threads = 1;
+  int lookahead_depth = 2;
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
@@ -174,6 +177,9 @@ struct ConfigResult {
   double wall_s_per_token = 0, forward_cpu_s_per_token = 0, background_cpu_s_per_token = 0;
   std::vector<std::uint64_t> expert_load;  // whole run (prefill included): tokens routed to each expert id, summed over MoE layers
   std::vector<int> hot_experts;            // ids hot (load > hot_factor x the layer mean) in some MoE layer
+  // Store-backed rows: the decode steps' schedule (ExpertScheduleMetrics, m1 - m0) and stall per MoE layer.
+  experts::ExpertScheduleMetrics schedule;
+  std::vector<double> layer_stall_s_per_token;
   // Perfect overlap of compute and this row's drive reads: 1 / max(compute, NVMe bytes per token /
   // drive rate + / link). 0 for rows without NVMe reads.
   double drive_bound_tokens_per_s = 0;
@@ -242,6 +248,17 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     pos = end + 1;
   }
   if (!(a.link_gbps > 0)) return FailUsage(fmt::format("--link-gbps must be positive (got {})", a.link_gbps));
+  std::vector<std::string> wanted;
+  for (std::size_t pos = 0; pos <= a.configs.size();) {
+    const std::size_t end = std::min(a.configs.find(',', pos), a.configs.size());
+    std::string name = a.configs.substr(pos, end - pos);
+    const std::string all = std::string(",") + kAllConfigs + ",";
+    if (name.empty() || all.find("," + name + ",") == std::string::npos)
+      return FailUsage(fmt::format("--configs: unknown configuration '{}' (choose from {})", name, kAllConfigs));
+    wanted.push_back(std::move(name));
+    pos = end + 1;
+  }
+  auto run_config = [&](const std::string& name) { return std::find(wanted.begin(), wanted.end(), name) != wanted.end(); };
   model::ops::SetBlasThreads(a.threads);
   const std::filesystem::path dir(a.dir);
   std::error_code ec;
@@ -343,6 +360,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       {"oracle", experts::CachePolicyKind::kUtility, experts::PredictorKind::kOracle}};
   for (const auto& budget : budgets) {
     for (const Config& c : configs) {
+      if (!run_config(c.name)) continue;
       progress.Phase(fmt::format("{} at {}", c.name, budget.ToString()));
       // A cold cache: a fresh store over the same NVMe tier (the HBM and host tiers start empty).
       auto st = Store::Open(experts::ExpertOffload::OpenStoreOptions(total, budget.Resolve(total), a.dir, link));
@@ -356,7 +374,11 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       auto m = model::Model::Load(config, **md, *off);
       if (!m.ok()) return Fail(m.status().ToString());
       experts::ExpertOffload& x = **off;
-      if (c.predictor == experts::PredictorKind::kLookahead) x.SetPredictor(experts::MakeLookaheadPredictor(**m, {}));
+      if (c.predictor == experts::PredictorKind::kLookahead) {
+        experts::LookaheadOptions lo;
+        lo.depth = a.lookahead_depth;
+        x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
+      }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
       if (c.predictor == experts::PredictorKind::kOracle) {
         model::ForwardOptions h;
@@ -418,6 +440,29 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
           if (std::find(r.hot_experts.begin(), r.hot_experts.end(), e) == r.hot_experts.end()) r.hot_experts.push_back(e);
       }
       std::sort(r.hot_experts.begin(), r.hot_experts.end());
+      {
+        const experts::ExpertScheduleMetrics& a1 = m1.schedule;
+        const experts::ExpertScheduleMetrics& a0 = m0.schedule;
+        experts::ExpertScheduleMetrics& d = r.schedule;
+        d.load_busy_ns = a1.load_busy_ns - a0.load_busy_ns;
+        d.spec_landed = a1.spec_landed - a0.spec_landed;
+        d.spec_load_ns = a1.spec_load_ns - a0.spec_load_ns;
+        d.spec_used = a1.spec_used - a0.spec_used;
+        d.spec_lead_layers = a1.spec_lead_layers - a0.spec_lead_layers;
+        d.spec_lead_ns = a1.spec_lead_ns - a0.spec_lead_ns;
+        d.spec_late = a1.spec_late - a0.spec_late;
+        d.spec_evicted_unused = a1.spec_evicted_unused - a0.spec_evicted_unused;
+        d.spec_evicted_before_target = a1.spec_evicted_before_target - a0.spec_evicted_before_target;
+        d.selection_batches = a1.selection_batches - a0.selection_batches;
+        d.selection_behind_spec = a1.selection_behind_spec - a0.selection_behind_spec;
+        d.selection_behind_spec_keys = a1.selection_behind_spec_keys - a0.selection_behind_spec_keys;
+        d.pump_held_inflight = a1.pump_held_inflight - a0.pump_held_inflight;
+        d.pump_held_bytes = a1.pump_held_bytes - a0.pump_held_bytes;
+        d.pump_held_selection = a1.pump_held_selection - a0.pump_held_selection;
+        for (std::size_t l = 0; l < m1.layers.size(); ++l)
+          r.layer_stall_s_per_token.push_back(
+              static_cast<double>(m1.layers[l].stall_ns - (l < m0.layers.size() ? m0.layers[l].stall_ns : 0)) / 1e9 / a.decode);
+      }
       for (int i = 0; i < kNumTiers; ++i) r.bytes_read[i] = s1.tiers[i].bytes_read - s0.tiers[i].bytes_read;
       // Whole run (prefill included): "wasted" counts blocks still unused, so a decode-only
       // difference could go negative.
@@ -514,9 +559,11 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     results.push_back(r);
     return Status::Ok();
   };
-  if (Status s = run_mmap("mmap-unbounded", 1.0, 0); !s.ok()) return Fail(s.ToString());
-  for (const auto& budget : budgets)
-    if (Status s = run_mmap("mmap", budget.fraction, budget.Resolve(total)); !s.ok()) return Fail(s.ToString());
+  if (run_config("mmap-unbounded"))
+    if (Status s = run_mmap("mmap-unbounded", 1.0, 0); !s.ok()) return Fail(s.ToString());
+  if (run_config("mmap"))
+    for (const auto& budget : budgets)
+      if (Status s = run_mmap("mmap", budget.fraction, budget.Resolve(total)); !s.ok()) return Fail(s.ToString());
   const bool cold = before.measured && before.file_bytes > 0 && before.fraction() < 0.05;
   cleanup();
 
@@ -545,8 +592,14 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       if (r.name == name && (name == "resident" || name == "mmap-unbounded" || r.budget_fraction == budget)) return &r;
     return nullptr;
   };
-  const double resident_tps = lookup("resident", 1)->tokens_per_s;
-  const double mmap_unbounded_tps = lookup("mmap-unbounded", 1)->tokens_per_s;
+  // A row left out by --configs reads as an empty one (0 tok/s): its ratios print as inf / null.
+  const ConfigResult kAbsentRow;
+  auto row = [&](const std::string& name, double budget) -> const ConfigResult& {
+    const ConfigResult* r = lookup(name, budget);
+    return r != nullptr ? *r : kAbsentRow;
+  };
+  const double resident_tps = row("resident", 1).tokens_per_s;
+  const double mmap_unbounded_tps = row("mmap-unbounded", 1).tokens_per_s;
   std::vector<Summary> summaries;
   for (const auto& b : budgets) {
     Summary s;
@@ -559,12 +612,13 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         s.io_bound_best = r->io_bound_tokens_per_s;
       }
     }
-    s.oracle = lookup("oracle", b.fraction)->tokens_per_s;
-    s.io_bound_oracle = lookup("oracle", b.fraction)->io_bound_tokens_per_s;
-    s.on_demand = lookup("on-demand", b.fraction)->tokens_per_s;
-    s.lookahead_recall = lookup("lru+lookahead", b.fraction)->recall;
-    s.mmap = lookup("mmap", b.fraction)->mmap_tokens_per_s_without_drops;
-    s.mmap_with_drops = lookup("mmap", b.fraction)->tokens_per_s;
+    s.oracle = row("oracle", b.fraction).tokens_per_s;
+    s.io_bound_oracle = row("oracle", b.fraction).io_bound_tokens_per_s;
+    s.on_demand = row("on-demand", b.fraction).tokens_per_s;
+    s.lookahead_recall = lookup("lru+lookahead", b.fraction) != nullptr ? row("lru+lookahead", b.fraction).recall
+                                                                         : row("utility+lookahead", b.fraction).recall;
+    s.mmap = row("mmap", b.fraction).mmap_tokens_per_s_without_drops;
+    s.mmap_with_drops = row("mmap", b.fraction).tokens_per_s;
     double fewest = 0;
     for (const auto& r : results) {
       if (r.IsMmap() || r.name == "resident" || r.budget_fraction != b.fraction) continue;
@@ -577,7 +631,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     s.overlap_bound_vs_on_demand = s.overlap_bound_tps / s.on_demand;
     // The same against on-demand's own serial model (compute, then its reads), which does not
     // carry the machine's descheduling into the ratio.
-    const ConfigResult* od = lookup("on-demand", b.fraction);
+    const ConfigResult* od = &row("on-demand", b.fraction);
     const double od_bytes = static_cast<double>(od->bytes_read[static_cast<int>(TierId::kNvme)]) / a.decode;
     const double od_serial_s = compute_s_per_token + od_bytes / std::max(nvme_bytes_per_s, 1.0) + od_bytes / link.bandwidth_bytes_per_s;
     s.overlap_bound_vs_serial_on_demand = od_serial_s * s.overlap_bound_tps;
@@ -657,6 +711,26 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       c["speculative_bytes"] = r.speculative_bytes;
       c["speculative_wasted_bytes"] = r.wasted_bytes;
       c["layer_recall"] = r.layer_recall;
+      if (!r.IsMmap() && r.name != "resident") {
+        const experts::ExpertScheduleMetrics& d = r.schedule;
+        c["layer_stall_s_per_token"] = r.layer_stall_s_per_token;
+        c["schedule"] = {{"load_busy_s_per_token", static_cast<double>(d.load_busy_ns) / 1e9 / a.decode},
+                         {"load_idle_s_per_token", std::max(r.wall_s_per_token - static_cast<double>(d.load_busy_ns) / 1e9 / a.decode, 0.0)},
+                         {"spec_landed", d.spec_landed},
+                         {"spec_load_s_mean", d.spec_landed ? static_cast<double>(d.spec_load_ns) / 1e9 / static_cast<double>(d.spec_landed) : 0.0},
+                         {"spec_used", d.spec_used},
+                         {"spec_lead_layers_mean", d.spec_used ? static_cast<double>(d.spec_lead_layers) / static_cast<double>(d.spec_used) : 0.0},
+                         {"spec_lead_s_mean", d.spec_used ? static_cast<double>(d.spec_lead_ns) / 1e9 / static_cast<double>(d.spec_used) : 0.0},
+                         {"spec_late", d.spec_late},
+                         {"spec_evicted_unused", d.spec_evicted_unused},
+                         {"spec_evicted_before_target", d.spec_evicted_before_target},
+                         {"selection_batches", d.selection_batches},
+                         {"selection_behind_spec", d.selection_behind_spec},
+                         {"selection_behind_spec_keys", d.selection_behind_spec_keys},
+                         {"pump_held_inflight", d.pump_held_inflight},
+                         {"pump_held_bytes", d.pump_held_bytes},
+                         {"pump_held_selection", d.pump_held_selection}};
+      }
       c["expert_load"] = r.expert_load;
       c["hot_experts"] = r.hot_experts;
       j["configs"].push_back(c);
@@ -742,6 +816,23 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                std::max(r.wall_s_per_token - r.forward_cpu_s_per_token - stalled, 0.0) * 1e3,
                r.background_cpu_s_per_token * 1e3, compute_s_per_token * 1e3);
   }
+  for (const auto& r : results) {
+    if (r.name == "resident" || r.IsMmap()) continue;
+    const experts::ExpertScheduleMetrics& d = r.schedule;
+    const double busy = static_cast<double>(d.load_busy_ns) / 1e9 / a.decode;
+    std::string stalls;
+    for (double v : r.layer_stall_s_per_token) stalls += fmt::format(" {:.1f}", v * 1e3);
+    fmt::print("schedule per decode token, {} at {:.0f}%: loads outstanding {:.1f} ms, none {:.1f} ms; stall per MoE layer "
+               "(ms){}; speculative: {} landed ({:.1f} ms issue-to-landing), {} used, issued {:.2f} layers / {:.1f} ms ahead, {} "
+               "late, {} evicted unused ({} before their target); {} selection batches, {} behind speculation ({} keys); "
+               "queue held by the in-flight limit {}, the bytes cap {}, a selection batch {}\n",
+               r.name, r.budget_fraction * 100, busy * 1e3, std::max(r.wall_s_per_token - busy, 0.0) * 1e3, stalls,
+               d.spec_landed, d.spec_landed ? static_cast<double>(d.spec_load_ns) / 1e6 / static_cast<double>(d.spec_landed) : 0.0,
+               d.spec_used, d.spec_used ? static_cast<double>(d.spec_lead_layers) / static_cast<double>(d.spec_used) : 0.0,
+               d.spec_used ? static_cast<double>(d.spec_lead_ns) / 1e6 / static_cast<double>(d.spec_used) : 0.0, d.spec_late,
+               d.spec_evicted_unused, d.spec_evicted_before_target, d.selection_batches, d.selection_behind_spec,
+               d.selection_behind_spec_keys, d.pump_held_inflight, d.pump_held_bytes, d.pump_held_selection);
+  }
   {
     std::string la, tr, up, lu, ls;
     for (std::size_t i = 0; i < limit.layers.size(); ++i) {
@@ -795,9 +886,14 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
                                    "(terrace-bench-experts.marker) and removed afterwards")
       ->capture_default_str();
   cmd->add_option("--budgets", a->budgets, "Fast-tier budgets, percentages of the routed expert bytes")->capture_default_str();
+  cmd->add_option("--configs", a->configs,
+                  "Rows to run besides resident, comma-separated (a quick A/B; the targets need on-demand, oracle, mmap and a "
+                  "real predictor)")
+      ->capture_default_str();
   AddIntOption(cmd, "--prompt", &a->prompt, 1, 65536, "Prompt tokens (prefilled, untimed)");
   AddIntOption(cmd, "--decode", &a->decode, 1, 65536, "Timed decode tokens per configuration");
   AddIntOption(cmd, "--threads", &a->threads, 1, 256, "OpenBLAS threads");
+  AddIntOption(cmd, "--lookahead-depth", &a->lookahead_depth, 1, 64, "Layers the lookahead rows predict ahead");
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");

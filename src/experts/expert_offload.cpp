@@ -34,6 +34,11 @@ using SteadyClock = std::chrono::steady_clock;
 
 std::uint64_t Align64(std::uint64_t n) { return (n + 63) / 64 * 64; }
 
+std::uint64_t SteadyNs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count());
+}
+
 std::uint64_t NsSince(SteadyClock::time_point t0) {
   return static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() - t0).count());
@@ -55,17 +60,23 @@ struct Slot {
   std::uint64_t last_use = 0, uses = 0;
   std::int64_t wanted = -1;        // nearest predicted ordinal
   double wanted_confidence = 0;
+  // The speculative load in flight or landed and not yet chosen by its layer (0: none): when it was
+  // issued (steady ns) and at which ordinal, for ExpertScheduleMetrics.
+  std::uint64_t spec_issue_ns = 0;
+  std::int64_t spec_issue_ord = 0;
 };
 
 // Per-key outcomes of one Store::Prefetch call, written by store threads (PrefetchOptions::on_item)
 // and read by the forward thread. Thread-safe; its mutex is a leaf.
 struct Landing {
-  explicit Landing(std::size_t n) : status(n), done(n, 0) {}
+  explicit Landing(std::size_t n) : status(n), done(n, 0), done_ns(n, 0) {}
   void Set(std::size_t k, const Status& s) {
+    const std::uint64_t t = SteadyNs();
     {
       std::lock_guard lock(mu);
       status[k] = s;
       done[k] = 1;
+      done_ns[k] = t;
     }
     cv.notify_all();
   }
@@ -73,6 +84,10 @@ struct Landing {
     std::lock_guard lock(mu);
     if (!done[k]) return std::nullopt;
     return status[k];
+  }
+  std::uint64_t DoneNs(std::size_t k) {
+    std::lock_guard lock(mu);
+    return done_ns[k];
   }
   Status Wait(std::size_t k) {
     std::unique_lock lock(mu);
@@ -83,6 +98,7 @@ struct Landing {
   std::condition_variable cv;
   std::vector<Status> status;  // GUARDED_BY(mu)
   std::vector<char> done;      // GUARDED_BY(mu)
+  std::vector<std::uint64_t> done_ns;  // GUARDED_BY(mu): steady ns when key k finished
 };
 
 // One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
@@ -90,6 +106,7 @@ struct InFlight {
   std::vector<std::size_t> slot_ids;
   std::int64_t target;  // ordinal of the (predicted or known) use
   bool demand = false;  // the current layer's known selection (Priority::kDemand): never cancelled for room
+  std::uint64_t issue_ns = 0;          // steady ns of the Store::Prefetch call
   Future<std::vector<Status>> future;  // reset once every key is booked
   std::shared_ptr<Landing> landing;
   std::vector<char> booked;            // key k's outcome is accounted for
@@ -118,6 +135,8 @@ struct ExpertOffload::Impl {
   std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
   int window = 2;
   unsigned max_inflight = 2;  // speculative blocks handed to the store, not landed
+  unsigned max_inflight_confident = 16;  // ... when the prediction's confidence >= confident_min
+  double confident_min = 0.75;
   double hot_factor = 2.0;
   double seconds_per_byte = 0;
   std::unique_ptr<CachePolicy> policy;
@@ -141,6 +160,11 @@ struct ExpertOffload::Impl {
   std::uint64_t tokens = 0, steps_seen = 0, stall_ns = 0, demand_bytes = 0, spec_bytes = 0, spec_wasted = 0;
   std::uint64_t issued = 0, cancelled = 0, skipped = 0, evictions = 0;
   std::uint64_t corrupt_base = 0;  // store corruptions_dropped at the last Reset
+  ExpertScheduleMetrics sched;     // everything but load_busy_ns, which Metrics derives from load_iv
+  // [start, end) steady ns of each load not yet folded into load_busy_folded (CompactLoadIntervals).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;
+  std::uint64_t load_busy_folded = 0;  // union length of the intervals folded away
+  std::vector<std::uint64_t> layer_stall;  // [layer] ns
 
   Slot& slot(int l, int e) { return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]; }
   std::int64_t Ordinal(std::int64_t s, int l) const { return s * L + l; }
@@ -184,8 +208,15 @@ struct ExpertOffload::Impl {
     Slot& s = slots[i];
     s.state = SlotState::kAbsent;
     used -= s.bytes;
-    if (s.unused_prefetch) spec_wasted += s.bytes;
+    if (s.unused_prefetch) {
+      spec_wasted += s.bytes;
+      if (count_eviction) {
+        ++sched.spec_evicted_unused;
+        if (s.wanted >= Now()) ++sched.spec_evicted_before_target;
+      }
+    }
     s.unused_prefetch = false;
+    s.spec_issue_ns = 0;
     s.demand_load = false;
     if (count_eviction) ++evictions;
   }
@@ -211,6 +242,8 @@ struct ExpertOffload::Impl {
       --spec_keys_inflight;
     }
     bool landed = st.ok();
+    const std::uint64_t done_ns = f.landing->DoneNs(k);
+    if (done_ns > f.issue_ns) AddLoadInterval(f.issue_ns, done_ns);
     if (!landed) {
       // A cancelled item never started; any other failure may still have left a copy.
       auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
@@ -225,10 +258,13 @@ struct ExpertOffload::Impl {
       } else {
         s.unused_prefetch = true;
         spec_bytes += s.bytes;
+        ++sched.spec_landed;
+        sched.spec_load_ns += done_ns > f.issue_ns ? done_ns - f.issue_ns : 0;
       }
     } else {
       s.state = SlotState::kAbsent;
       s.demand_load = false;
+      s.spec_issue_ns = 0;
       used -= s.bytes;
     }
     if (f.unbooked == 0) f.future = Future<std::vector<Status>>();
@@ -272,6 +308,13 @@ struct ExpertOffload::Impl {
     f.landing = std::make_shared<Landing>(f.slot_ids.size());
     f.booked.assign(f.slot_ids.size(), 0);
     f.unbooked = f.slot_ids.size();
+    f.issue_ns = SteadyNs();
+    if (!demand) {
+      for (std::size_t i : f.slot_ids) {
+        slots[i].spec_issue_ns = f.issue_ns;
+        slots[i].spec_issue_ord = Now();
+      }
+    }
     PrefetchOptions po;
     po.priority = prio;
     po.on_item = [landing = f.landing](std::size_t k, const Status& st) { landing->Set(k, st); };
@@ -336,8 +379,12 @@ struct ExpertOffload::Impl {
     Harvest(false);
     // Demand preempts speculation: while the current layer's selection batch is in flight, queued
     // speculation waits here (the prefetches already handed to the store go on).
-    for (const InFlight& f : inflight)
-      if (f.demand) return;
+    for (const InFlight& f : inflight) {
+      if (f.demand) {
+        if (!pending.empty()) ++sched.pump_held_selection;
+        return;
+      }
+    }
     std::sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
       return a.target < b.target || (a.target == b.target && a.confidence > b.confidence);
     });
@@ -349,7 +396,17 @@ struct ExpertOffload::Impl {
       inflight.push_back(Issue(std::move(group), group_target, /*demand=*/false, prio));
       group.clear();
     };
-    while (!pending.empty() && spec_keys_inflight < max_inflight) {
+    // The nearest target (the next layer to run that has predictions) may go deep when its
+    // prediction is confident; later targets are held to max_inflight, so that a fresher
+    // prediction for them can still supersede what is queued (Submit).
+    std::int64_t nearest = pending.empty() ? 0 : pending.front().target;
+    for (const InFlight& f : inflight)
+      if (!f.demand && f.unbooked > 0) nearest = std::min(nearest, f.target);
+    auto admit = [&](const Pending& p) {
+      return spec_keys_inflight < max_inflight ||
+             (p.target == nearest && p.confidence >= confident_min && spec_keys_inflight < max_inflight_confident);
+    };
+    while (!pending.empty() && admit(pending.front())) {
       Pending p = pending.front();
       Slot& s = slots[p.slot];
       if (s.state != SlotState::kAbsent) {
@@ -357,7 +414,10 @@ struct ExpertOffload::Impl {
         pending.pop_front();
         continue;
       }
-      if (spec_inflight + s.bytes > spec_cap && spec_inflight > 0) break;
+      if (spec_inflight + s.bytes > spec_cap && spec_inflight > 0) {
+        ++sched.pump_held_bytes;
+        break;
+      }
       pending.pop_front();
       s.pending = false;
       CacheEntryView v = View(p.slot);
@@ -376,6 +436,7 @@ struct ExpertOffload::Impl {
       ++issued;
       group.push_back(p.slot);
     }
+    if (!pending.empty() && !admit(pending.front())) ++sched.pump_held_inflight;
     flush();
   }
 
@@ -394,6 +455,11 @@ struct ExpertOffload::Impl {
       ids.push_back(i);
     }
     if (ids.empty()) return;
+    ++sched.selection_batches;
+    if (spec_keys_inflight > 0) {
+      ++sched.selection_behind_spec;
+      sched.selection_behind_spec_keys += spec_keys_inflight;
+    }
     inflight.push_back(Issue(std::move(ids), Now(), /*demand=*/true, Priority::kDemand));
   }
 
@@ -428,7 +494,11 @@ struct ExpertOffload::Impl {
           expert, layer, L, E));
     }
     if (layer != cur_layer) Advance(layer);
+    const unsigned spec_before = spec_keys_inflight;
     Harvest(false);
+    // A speculative prefetch landed: refill the store's queue now rather than at the next
+    // prediction or demand load, so the drive does not idle while this layer computes.
+    if (spec_keys_inflight < spec_before && !pending.empty()) Pump();
     Slot& s = slot(layer, expert);
     LayerCounters& c = counters[static_cast<std::size_t>(layer)];
     if (s.handle.valid()) {  // resident, verified and parsed at an earlier acquire
@@ -448,6 +518,7 @@ struct ExpertOffload::Impl {
     bool stalled = false;
     // A selection-batch load counts as a miss (loaded on demand), landed or not.
     bool counted = false;
+    bool sync_load = false;  // read by this thread's store->Acquire below
     if (s.state == SlotState::kInFlight) {
       if (s.demand_load) {
         ++c.misses;
@@ -473,8 +544,11 @@ struct ExpertOffload::Impl {
           fmt::format("loading expert {} of layer {}", expert, layer)));
       s.state = SlotState::kResident;
       demand_bytes += s.bytes;
+      sync_load = true;
     }
+    const std::uint64_t load_start = sync_load ? SteadyNs() : 0;
     auto h = store->Acquire(s.key, TierId::kHbm);
+    if (sync_load) AddLoadInterval(load_start, SteadyNs());
     if (!h.ok()) {
       auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
       if (where.empty() || !where[0].found || where[0].tier != TierId::kHbm) {
@@ -483,7 +557,7 @@ struct ExpertOffload::Impl {
         s.unused_prefetch = false;
         s.demand_load = false;
       }
-      if (stalled) stall_ns += NsSince(t0);
+      if (stalled) AddStall(layer, t0);
       const Status& st = h.status();
       std::string what = st.IsNotFound()    ? "its block is missing from the store"
                          : st.IsCorruption() ? "no copy of its block passed its checksum"
@@ -495,11 +569,11 @@ struct ExpertOffload::Impl {
     }
     auto w = model::ParseExpertBlock(std::span<const std::byte>(h->data(), h->size()), latent, intermediate);
     if (!w.ok()) {
-      if (stalled) stall_ns += NsSince(t0);
+      if (stalled) AddStall(layer, t0);
       return Status::Corruption(fmt::format("expert {} of layer {}: block {} is not a valid expert block: {}", expert,
                                             layer, s.key.ToString(), w.status().message()));
     }
-    if (stalled) stall_ns += NsSince(t0);
+    if (stalled) AddStall(layer, t0);
     s.handle = std::move(h).value();
     s.weights = std::move(w).value();
     s.refs = 1;
@@ -509,6 +583,79 @@ struct ExpertOffload::Impl {
     ++s.uses;
     Pump();  // speculation waited while this demand load ran
     return &s.weights;
+  }
+
+  void AddStall(int layer, SteadyClock::time_point t0) {
+    const std::uint64_t d = NsSince(t0);
+    stall_ns += d;
+    layer_stall[static_cast<std::size_t>(layer)] += d;
+  }
+
+  // The layer's router chose `sel`: scores the speculative loads of its experts (lead, lateness).
+  void ScoreSpeculation(int layer, std::span<const int> sel) {
+    const std::uint64_t t = SteadyNs();
+    for (int e : sel) {
+      Slot& s = slot(layer, e);
+      if (s.spec_issue_ns == 0) continue;
+      ++sched.spec_used;
+      sched.spec_lead_layers += static_cast<std::uint64_t>(std::max<std::int64_t>(Now() - s.spec_issue_ord, 0));
+      sched.spec_lead_ns += t > s.spec_issue_ns ? t - s.spec_issue_ns : 0;
+      if (s.state == SlotState::kInFlight) ++sched.spec_late;
+      s.spec_issue_ns = 0;
+    }
+  }
+
+  // Merges `iv` in place (sorted, disjoint).
+  static void MergeIntervals(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv) {
+    std::sort(iv.begin(), iv.end());
+    std::size_t n = 0;
+    for (const auto& x : iv) {
+      if (n > 0 && x.first <= iv[n - 1].second) {
+        iv[n - 1].second = std::max(iv[n - 1].second, x.second);
+      } else {
+        iv[n++] = x;
+      }
+    }
+    iv.resize(n);
+  }
+
+  // Records one load's interval; keeps load_iv bounded over a long run by folding the merged
+  // intervals that no later load can overlap (every later one starts at or after the earliest
+  // issue still in flight, or now).
+  void AddLoadInterval(std::uint64_t start, std::uint64_t end) {
+    load_iv.emplace_back(start, end);
+    if (load_iv.size() < 4096) return;
+    std::uint64_t horizon = SteadyNs();
+    for (const InFlight& f : inflight)
+      if (f.unbooked > 0) horizon = std::min(horizon, f.issue_ns);
+    MergeIntervals(load_iv);
+    std::size_t keep = 0;
+    while (keep < load_iv.size() && load_iv[keep].second < horizon) {
+      load_busy_folded += load_iv[keep].second - load_iv[keep].first;
+      ++keep;
+    }
+    load_iv.erase(load_iv.begin(), load_iv.begin() + static_cast<std::ptrdiff_t>(keep));
+  }
+
+  // Union of every load interval since Reset, ns.
+  std::uint64_t LoadBusyNs() const {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> iv = load_iv;
+    std::uint64_t folded = load_busy_folded;
+    std::sort(iv.begin(), iv.end());
+    std::uint64_t busy = 0, cur_start = 0, cur_end = 0;
+    bool open = false;
+    for (const auto& [a, b] : iv) {
+      if (!open || a > cur_end) {
+        if (open) busy += cur_end - cur_start;
+        cur_start = a;
+        cur_end = b;
+        open = true;
+      } else {
+        cur_end = std::max(cur_end, b);
+      }
+    }
+    if (open) busy += cur_end - cur_start;
+    return busy + folded;
   }
 
   void ReleaseLocked(int layer, int expert) {
@@ -652,11 +799,17 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   m.intermediate = config.moe_intermediate_size;
   m.window = std::max(options.window, 1);
   m.max_inflight = std::max(options.max_inflight_prefetches, 1u);
+  m.max_inflight_confident = options.max_inflight_confident_prefetches != 0
+                                 ? options.max_inflight_confident_prefetches
+                                 : static_cast<unsigned>(2 * std::max(config.num_experts_per_token, 1));
+  m.max_inflight_confident = std::max(m.max_inflight_confident, m.max_inflight);
+  m.confident_min = options.confident_prefetch_min;
   m.hot_factor = options.hot_factor;
   m.policy = MakeCachePolicy(options.policy);
   m.predictor = options.predictor ? std::move(options.predictor) : MakeNonePredictor();
   m.slots.resize(static_cast<std::size_t>(m.L) * static_cast<std::size_t>(m.E));
   m.counters.resize(static_cast<std::size_t>(m.L));
+  m.layer_stall.assign(static_cast<std::size_t>(m.L), 0);
   m.token_load.assign(static_cast<std::size_t>(m.L), std::vector<std::uint64_t>(static_cast<std::size_t>(m.E), 0));
   m.select_load = m.token_load;
   m.scorer = PredictionScorer(m.L);
@@ -746,6 +899,7 @@ void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
     steps.emplace_back(static_cast<std::size_t>(m.L));
   steps[static_cast<std::size_t>(m.step)][static_cast<std::size_t>(layer)] = sel;
   m.scorer.Observe(m.step, layer, sel);
+  m.ScoreSpeculation(layer, sel);
   for (auto& s : m.slots) s.protect = false;
   for (int e : sel) {
     m.slot(layer, e).protect = true;
@@ -818,6 +972,7 @@ Status ExpertOffload::Reset() {
     s.protect = false;
     s.unused_prefetch = false;
     s.demand_load = false;
+    s.spec_issue_ns = 0;
   }
   m.step = 0;
   m.cur_layer = -1;
@@ -831,6 +986,10 @@ Status ExpertOffload::Reset() {
   m.have_token_load = false;
   m.tokens = m.steps_seen = m.stall_ns = m.demand_bytes = m.spec_bytes = m.spec_wasted = 0;
   m.issued = m.cancelled = m.skipped = m.evictions = 0;
+  m.sched = ExpertScheduleMetrics{};
+  m.load_iv.clear();
+  m.load_busy_folded = 0;
+  std::fill(m.layer_stall.begin(), m.layer_stall.end(), 0);
   m.corrupt_base = m.store->Stats().corruptions_dropped;
   return Status::Ok();
 }
@@ -871,6 +1030,7 @@ ExpertMetrics ExpertOffload::Metrics() const {
     lm.hits = c.hits;
     lm.late_hits = c.late_hits;
     lm.misses = c.misses;
+    lm.stall_ns = m.layer_stall[static_cast<std::size_t>(l)];
     lm.prediction = m.scorer.layer(l);
     lm.expert_load = m.have_token_load ? m.token_load[static_cast<std::size_t>(l)] : m.select_load[static_cast<std::size_t>(l)];
     double sum = 0, sq = 0, mx = 0;
@@ -930,6 +1090,8 @@ ExpertMetrics ExpertOffload::Metrics() const {
     if (s.state == SlotState::kResident) resident += s.bytes;
   x.resident_bytes = resident;
   x.total_expert_bytes = m.total_bytes;
+  x.schedule = m.sched;
+  x.schedule.load_busy_ns = m.LoadBusyNs();
   return x;
 }
 

@@ -28,6 +28,18 @@ std::string ExpertMetrics::ToText() const {
                      prefetches_skipped, evictions, corrupt_copies_reread);
   out += fmt::format("experts: load max/mean {:.2f}, cv {:.3f}, {} hot experts (> {:g}x their layer's mean)\n",
                      load_mean > 0 ? load_max / load_mean : 0.0, load_cv, hot_experts, hot_factor);
+  {
+    const ExpertScheduleMetrics& d = schedule;
+    out += fmt::format("experts: loads outstanding {:.3f} s; speculative {} landed ({:.2f} ms issue-to-landing), {} chosen by "
+                       "their layer ({} still in flight then), issued {:.2f} layers / {:.2f} ms before; {} evicted unused "
+                       "({} before their predicted use); {} selection batches, {} behind speculation\n",
+                       static_cast<double>(d.load_busy_ns) / 1e9, d.spec_landed,
+                       d.spec_landed ? static_cast<double>(d.spec_load_ns) / 1e6 / static_cast<double>(d.spec_landed) : 0.0,
+                       d.spec_used, d.spec_late,
+                       d.spec_used ? static_cast<double>(d.spec_lead_layers) / static_cast<double>(d.spec_used) : 0.0,
+                       d.spec_used ? static_cast<double>(d.spec_lead_ns) / 1e6 / static_cast<double>(d.spec_used) : 0.0,
+                       d.spec_evicted_unused, d.spec_evicted_before_target, d.selection_batches, d.selection_behind_spec);
+  }
   for (const auto& l : layers) {
     std::string hot;
     for (int e : l.hot_experts) hot += fmt::format("{}{}", hot.empty() ? "" : ",", e);
@@ -69,6 +81,21 @@ std::string ExpertMetrics::ToJson() const {
   j["load_cv"] = load_cv;
   j["hot_factor"] = hot_factor;
   j["hot_experts"] = hot_experts;
+  j["schedule"] = {{"load_busy_ns", schedule.load_busy_ns},
+                   {"spec_landed", schedule.spec_landed},
+                   {"spec_load_ns", schedule.spec_load_ns},
+                   {"spec_used", schedule.spec_used},
+                   {"spec_lead_layers", schedule.spec_lead_layers},
+                   {"spec_lead_ns", schedule.spec_lead_ns},
+                   {"spec_late", schedule.spec_late},
+                   {"spec_evicted_unused", schedule.spec_evicted_unused},
+                   {"spec_evicted_before_target", schedule.spec_evicted_before_target},
+                   {"selection_batches", schedule.selection_batches},
+                   {"selection_behind_spec", schedule.selection_behind_spec},
+                   {"selection_behind_spec_keys", schedule.selection_behind_spec_keys},
+                   {"pump_held_inflight", schedule.pump_held_inflight},
+                   {"pump_held_bytes", schedule.pump_held_bytes},
+                   {"pump_held_selection", schedule.pump_held_selection}};
   j["layers"] = nlohmann::json::array();
   for (const auto& l : layers) {
     j["layers"].push_back({{"layer", l.layer},
@@ -85,7 +112,8 @@ std::string ExpertMetrics::ToJson() const {
                            {"load_max", l.load_max},
                            {"load_mean", l.load_mean},
                            {"load_cv", l.load_cv},
-                           {"hot_experts", l.hot_experts}});
+                           {"hot_experts", l.hot_experts},
+                           {"stall_ns", l.stall_ns}});
   }
   return j.dump();
 }
@@ -119,6 +147,11 @@ std::string ExpertMetrics::PrometheusText() const {
   out += fmt::format("terrace_experts_hot_experts {}\n", hot_experts);
   metric("stall_seconds_total", "counter", "Forward-thread time spent waiting for expert loads.");
   out += fmt::format("terrace_experts_stall_seconds_total {}\n", static_cast<double>(stall_ns) / 1e9);
+  metric("layer_stall_seconds_total", "counter", "Forward-thread time spent waiting for expert loads, by layer.");
+  for (const auto& l : layers)
+    out += fmt::format("terrace_experts_layer_stall_seconds_total{{layer=\"{}\"}} {}\n", l.layer, static_cast<double>(l.stall_ns) / 1e9);
+  metric("load_busy_seconds_total", "counter", "Wall time with at least one expert load outstanding.");
+  out += fmt::format("terrace_experts_load_busy_seconds_total {}\n", static_cast<double>(schedule.load_busy_ns) / 1e9);
   metric("tokens_total", "counter", "Tokens run through the model.");
   out += fmt::format("terrace_experts_tokens_total {}\n", tokens);
   metric("bytes_total", "counter", "Bytes loaded into the fast tier: demand, speculative (prefetched) and wasted (prefetched, never used).");

@@ -19,17 +19,18 @@ using testing::ToyDir;
 // Predicts a fixed set of experts of `target` after layer `after` ends.
 class ScriptedPredictor final : public Predictor {
  public:
-  ScriptedPredictor(int after, int target, std::vector<int> experts)
-      : after_(after), target_(target), experts_(std::move(experts)) {}
+  ScriptedPredictor(int after, int target, std::vector<int> experts, double confidence = 0.9)
+      : after_(after), target_(target), experts_(std::move(experts)), confidence_(confidence) {}
   std::string_view name() const override { return "scripted"; }
   void OnLayerEnd(std::int64_t step, int layer, std::span<const float>, std::int64_t,
                   std::vector<Prediction>* out) override {
-    if (layer == after_) out->push_back(Prediction{step, target_, experts_, 0.9});
+    if (layer == after_) out->push_back(Prediction{step, target_, experts_, confidence_});
   }
 
  private:
   int after_, target_;
   std::vector<int> experts_;
+  double confidence_;
 };
 
 struct SlowRig {
@@ -75,6 +76,7 @@ TEST_CASE("demand loads go ahead of queued speculative prefetches", "[experts]")
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");
   opt.max_inflight_prefetches = 2;
+  opt.max_inflight_confident_prefetches = 2;  // however confident, two in flight
   opt.max_speculative_bytes = 64 * BlockBytes();
   // After layer 1, eight experts of layer 3 are predicted.
   opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
@@ -102,6 +104,66 @@ TEST_CASE("demand loads go ahead of queued speculative prefetches", "[experts]")
   CHECK(m.misses == 1);
   CHECK(m.prefetches_issued == 8);
   CHECK(m.speculative_bytes == 8 * BlockBytes());
+}
+
+TEST_CASE("a confident prediction for the next layer keeps more prefetches in flight; an unsure one two", "[experts]") {
+  for (const double confidence : {0.9, 0.5}) {
+    ExpertOffloadOptions opt;
+    opt.budget = *CacheBudget::Parse("100%");
+    opt.max_inflight_prefetches = 2;
+    opt.max_inflight_confident_prefetches = 6;
+    opt.confident_prefetch_min = 0.75;
+    opt.max_speculative_bytes = 64 * BlockBytes();
+    opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}, confidence);
+    SlowRig rig = MakeSlowRig(std::move(opt), 8);
+    rig.slow->set_delay(std::chrono::milliseconds(30));
+    const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+    rig.offload->OnLayerEnd(1, hidden, 1);
+    INFO("confidence " << confidence);
+    CHECK(rig.offload->Metrics().prefetches_issued == (confidence >= 0.75 ? 6u : 2u));
+    rig.offload->Quiesce();
+    ExpertMetrics m = rig.offload->Metrics();
+    CHECK(m.prefetches_issued == 8);
+    CHECK(m.speculative_bytes == 8 * BlockBytes());
+    CHECK(rig.slow->reads().size() == 8);
+  }
+}
+
+TEST_CASE("a landed prefetch frees its place for a queued one at the next acquire, a hit included", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 2;
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0, 1, 2, 3, 4, 5}, 0.5);
+  SlowRig rig = MakeSlowRig(std::move(opt), 8);
+  {
+    auto warm = rig.offload->Lease(2, 9);  // resident from here on: its next acquire is a hit
+    REQUIRE(warm.ok());
+  }
+  rig.slow->set_delay(std::chrono::milliseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(1, hidden, 1);
+  CHECK(rig.offload->Metrics().prefetches_issued == 2);
+  // Both land; nothing else pumps the queue until layer 2's hit.
+  for (int i = 0; i < 200 && rig.slow->reads().size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(terrace::testing::kSanitizedBuild ? 60 : 30));
+  auto hit = rig.offload->Lease(2, 9);
+  REQUIRE(hit.ok());
+  ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.hits == 1);
+  CHECK(m.prefetches_issued == 4);
+  hit->Release();
+  rig.offload->Quiesce();
+  m = rig.offload->Metrics();
+  CHECK(m.prefetches_issued == 6);
+  // Six 20 ms reads, two at a time, with one more warm-up read before them: the loads were
+  // outstanding at least 60 ms and at most the time since the prediction.
+  const auto elapsed = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  CHECK(m.schedule.load_busy_ns >= 60'000'000ull);
+  CHECK(m.schedule.load_busy_ns <= elapsed + 50'000'000ull);
+  CHECK(m.schedule.spec_landed == 6);
 }
 
 TEST_CASE("the first expert of a layer's selection batch is usable before the rest of the batch is read", "[experts]") {

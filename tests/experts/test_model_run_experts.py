@@ -231,3 +231,24 @@ def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
         assert p.returncode == 2, p.stderr
         assert "--residual-scale must be in (0, 1]" in p.stderr
         assert not (tmp_path / "m").exists()
+
+
+def test_bench_experts_configs_runs_only_the_named_rows_with_their_schedule(toy, tmp_path):
+    d = tmp_path / "q"
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(d), "--prompt", "2", "--decode", "2",
+                        "--budgets", "50%", "--configs", "on-demand,oracle", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert sorted(c["name"] for c in j["configs"]) == ["on-demand", "oracle", "resident"]
+    for c in j["configs"]:
+        if c["name"] == "resident":
+            continue
+        s = c["schedule"]
+        # Loads were outstanding for part of the decode (cold cache), never longer than it lasted.
+        assert 0 < s["load_busy_s_per_token"] <= c["wall_s_per_token"] * 1.01
+        assert len(c["layer_stall_s_per_token"]) == j["moe_layers"]
+        assert sum(c["layer_stall_s_per_token"]) <= c["stall_share"] * c["wall_s_per_token"] * 1.01 + 1e-9
+    bad = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "r"), "--configs", "magic"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--configs" in bad.stderr and "magic" in bad.stderr
