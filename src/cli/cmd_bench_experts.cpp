@@ -665,7 +665,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["mmap_cold"] = cold;
     j["chance_recall"] = chance_recall;
     j["lookahead_limit"] = {{"layers", limit.layers},
-                            {"recall_from_previous_layer_output", limit.recall_lookahead},
+                            {"recall_at_distance_1", limit.recall_lookahead},
                             {"recall_from_true_router_input", limit.recall_true_input},
                             {"attention_update_ratio", limit.update_ratio},
                             {"layer_update_ratio", limit.layer_update_ratio}};
@@ -842,7 +842,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       up += fmt::format(" {:.2f}", limit.update_ratio[i]);
       lu += fmt::format(" {:.2f}", limit.layer_update_ratio[i]);
     }
-    fmt::print("lookahead limit (resident decode), MoE layers{}: router recall from the previous layer's output{}, "
+    fmt::print("lookahead limit (resident decode), MoE layers{}: router recall at distance 1 (lookahead's input){}, "
                "from the router's true input{}; attention update / residual norm{}; whole-layer update / residual norm{}\n",
                ls, la, tr, up, lu);
   }

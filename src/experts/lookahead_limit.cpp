@@ -21,7 +21,7 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
     return v;
   };
   model::ForwardOptions o;
-  o.on_layer_end = [&](int l, std::span<const float> h, std::int64_t) {
+  o.on_layer_end = [&](int l, std::span<const float> h, std::int64_t T) {
     if (measuring && l > 0 && !c.IsDenseLayer(l)) {
       const auto& prev = after[static_cast<std::size_t>(l - 1)];
       double du = 0, hn = 0;
@@ -32,17 +32,27 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
       layer_sum[static_cast<std::size_t>(l)] += hn > 0 ? std::sqrt(du / hn) : 0;
     }
     after[static_cast<std::size_t>(l)].assign(h.begin(), h.end());
+    // The lookahead prediction for the next layer, formed as the predictor forms it: on a Block
+    // AttnRes model from the bank and partial sum the forward pass publishes, else from h.
+    const int next = l + 1;
+    if (!measuring || next >= L || c.IsDenseLayer(next)) return;
+    const model::AttnResView* view = model::Model::CurrentAttnResView();
+    auto la = (c.attn_res_block_size > 0 && view != nullptr) ? m.PredictRoutingAttnRes(next, *view)
+                                                             : m.PredictRouting(next, h, T);
+    if (!la.ok()) {
+      failed = la.status();
+      return;
+    }
+    pred_la[static_cast<std::size_t>(next)] = distinct(la->ids);
   };
   o.on_ffn_input = [&](int l, std::span<const float> h, std::int64_t T) {
     if (!measuring || l == 0 || c.IsDenseLayer(l)) return;
     const auto& prev = after[static_cast<std::size_t>(l - 1)];
-    auto la = m.PredictRouting(l, prev, T);
     auto tr = m.PredictRouting(l, h, T);
-    if (!la.ok() || !tr.ok()) {
-      failed = !la.ok() ? la.status() : tr.status();
+    if (!tr.ok()) {
+      failed = tr.status();
       return;
     }
-    pred_la[static_cast<std::size_t>(l)] = distinct(la->ids);
     pred_true[static_cast<std::size_t>(l)] = distinct(tr->ids);
     double du = 0, hn = 0;
     for (std::size_t i = 0; i < h.size() && i < prev.size(); ++i) {

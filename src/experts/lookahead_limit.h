@@ -10,8 +10,9 @@
 namespace terrace::experts {
 
 // What limits the lookahead predictor on this checkpoint, per MoE layer l (decode steps of the
-// resident model): the recall of the top-k that layer l's router picks from the hidden state that
-// leaves layer l - 1 (what lookahead at distance 1 sees), the recall from the router's true input
+// resident model): the recall of the top-k that layer l's router picks from what the lookahead
+// predictor sees at distance 1 (the hidden state leaving layer l - 1; on a Block AttnRes model the
+// mix Model::PredictRoutingAttnRes forms from the bank after layer l - 1), the recall from the router's true input
 // (that state plus layer l's attention update; 1.0 unless the predictor's router math is wrong),
 // and the size of that update relative to the state, ||update|| / ||state||.
 struct LookaheadLimit {
