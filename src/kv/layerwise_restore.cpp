@@ -111,11 +111,14 @@ struct LayerwiseRestore::Job {
   std::array<std::thread, kReaders> readers;
   std::thread decoder;
   std::thread snapshotter;
-  // The latents' first-touch page faults (a fresh process's restore: 28 MB of fresh f32 pages
-  // at 16k tokens of k3-small) are taken by a faulter thread, from the last window back, while
-  // the reads are in flight, and by the decoder from the first window on, until they meet.
+  // The first-touch page faults of memory this restore allocated (a fresh process's restore: 28 MB
+  // of fresh f32 latents at 16k tokens of k3-small, and its window buffers) are taken by a faulter
+  // thread while the reads are in flight (the latents from the last window back) and by the decoder
+  // from the first window on, until they meet. A warm restore (reused set and state) starts none.
   std::thread faulter;
-  std::vector<float*> latent_base;     // latents[j].data(), fixed before the threads start
+  // Fresh memory only (a reused set's buffers and a reused state's latents are already faulted in):
+  std::vector<float*> latent_base;     // the fresh latents[j].data(), fixed before the threads start
+  std::array<char, kWindowBuffers> fresh_buffer{};  // window buffer b was allocated by this restore
   // The window buffers the readers claim after their first ones, in claim order (fixed before the
   // threads start; free_buffers holds 0..n-1 and the readers take from its back).
   std::vector<std::byte*> later_buffers;
@@ -164,7 +167,9 @@ struct LayerwiseRestore::Job {
       // allocated by its reader, which fails the restore if it cannot.
       for (std::size_t b = 0; b < std::min(kWindowBuffers, windows.size()); ++b) {
         free_buffers.push_back(b);
+        const std::byte* before = window_buffers[b].data();
         (void)window_buffers[b].Ensure(static_cast<std::size_t>(max_window_bytes), kRawAlign);
+        fresh_buffer[b] = window_buffers[b].data() != before;
       }
       // Room for the whole prompt: the state's own vector when it has that room (memory the
       // caller owns and has touched before, e.g. a state reused after Reset), else address space
@@ -177,8 +182,10 @@ struct LayerwiseRestore::Job {
           latents[j] = std::move(own);
           own = std::vector<float>();
           latents[j].clear();
+        } else {
+          latents[j].reserve(n);
+          latent_base.push_back(latents[j].data());  // fresh address space: the faulter's
         }
-        latents[j].reserve(n);
       }
       latents_moved.assign(mla.size(), 0);
     }
@@ -195,13 +202,12 @@ struct LayerwiseRestore::Job {
     readers_left = kReaders;
     snapshots_done = snap_items.empty();
     for (std::size_t k = free_buffers.size(); k-- > 0;)
-      if (k + kReaders < free_buffers.size() && window_buffers[free_buffers[k]].data() != nullptr)
+      if (k + kReaders < free_buffers.size() && fresh_buffer[free_buffers[k]])
         later_buffers.push_back(window_buffers[free_buffers[k]].data());
-    for (auto& v : latents) latent_base.push_back(v.data());
     for (auto& r : readers) r = std::thread([this] { ReadLoop(); });
     decoder = std::thread([this] { DecodeLoop(); });
     if (!snap_items.empty()) snapshotter = std::thread([this] { SnapshotLoop(); });
-    if (!latents.empty() && (windows.size() > 1 || !later_buffers.empty())) faulter = std::thread([this] { FaultLoop(); });
+    if ((!latent_base.empty() && windows.size() > 1) || !later_buffers.empty()) faulter = std::thread([this] { FaultLoop(); });
   }
 
   bool Stopped() {
