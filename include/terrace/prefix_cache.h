@@ -132,6 +132,12 @@ class LayerwiseRestore {
   std::unique_ptr<Job> job_;
 };
 
+// Threads a restore reads KV chunk windows on, each holding one GetBatch on the KV pool at a time.
+// An NVMe tier holds one io_uring ring per call until its I/O completes, so the KV pool's
+// NvmeTierOptions::io_threads should be at least this for the windows' reads to overlap (with
+// fewer rings they run one after the other and the tier's queue drains between windows).
+inline constexpr int kRestoreKvReaders = 2;
+
 class PrefixCache {
  public:
   // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store.

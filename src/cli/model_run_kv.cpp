@@ -35,7 +35,7 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a) {
 namespace {
 
 Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::uint64_t nvme, std::uint64_t host,
-                                        std::uint64_t hbm, std::string_view nvme_flag) {
+                                        std::uint64_t hbm, std::string_view nvme_flag, unsigned io_threads) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError(fmt::format("--store: cannot create {}: {}", dir.string(), ec.message()));
@@ -48,6 +48,9 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   o.nvme.path = dir;
   // An existing pool keeps its size (read from its superblock).
   o.nvme.capacity_bytes = StoreDataExists(dir) ? 0 : nvme;
+  // One io_uring ring per thread that reads the pool at once: a tier call holds its ring until
+  // its I/O completes, so the restore's concurrent KV window reads need a ring each to overlap.
+  o.nvme.io_threads = io_threads;
   o.put_tier = TierId::kHost;
   // Every block also goes to NVMe, so the next process finds it.
   o.write_policy = WritePolicy::kWriteThrough;
@@ -80,12 +83,13 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
   KvRun run;
   const std::filesystem::path dir(a.store);
   {
-    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, "--store-nvme-size");
+    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, "--store-nvme-size",
+                      static_cast<unsigned>(kv::kRestoreKvReaders));
     if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
     run.kv_store = std::move(s).value();
   }
   {
-    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, "--state-nvme-size");
+    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, "--state-nvme-size", 1);
     if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
     run.state_store = std::move(s).value();
   }

@@ -1,23 +1,29 @@
 // Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
 // "Restore"). One engine for both: a restore job issues every read of its boundary at once: the
-// KV chunks in windows of about a quarter of the restore, each window one GetBatch, on two reader
-// threads (so one window's GetBatch is in flight while the other's finishes and the tier's queue
-// does not drain between windows), and the boundary's KDA snapshots (one GetBatch) on the decoder
-// thread, which then checks and decodes the KV windows in order while the next ones are in flight.
-// A layer becomes ready when all of its blocks are decoded.
+// KV chunks in windows of about an eighth of the restore, each window one GetBatch, on
+// kRestoreKvReaders reader threads (so one window's GetBatch is in flight while the other's
+// finishes and the tier's queue does not drain between windows: the KV pool needs a ring per
+// reader), and the boundary's KDA snapshots (one GetBatch on the state pool) on a snapshot thread
+// that also decodes them. The decoder thread checks and decodes the KV windows in order while the
+// next ones are in flight. A layer becomes ready when all of its blocks are decoded.
 //
 // Where the time goes (docs/benchmarks.md, "Layerwise restore"): the reads are issued before any
-// large buffer is touched. Raw blocks land in a few window buffers that the reader and decoder
+// large buffer is touched. Raw blocks land in a few window buffers that the readers and decoder
 // recycle (no per-block allocation, no zero-filling), taken from the cache's pool of restore
 // buffers, so a process's later restores read into memory it already faulted in. Each MLA
 // layer's latents are decoded straight into the vector that becomes the state's latent cache:
 // the state's own vector when it already has room for the prompt (a state reused after Reset),
 // else one reserved for the whole prompt up front (address space only); grown window by window by
-// the decoder (so first-touch page faults overlap the later reads) and moved into the state when
-// the layer is retrieved, not copied. Every block is a multiple of 4 KiB (block format 2) and
+// the decoder and moved into the state when the layer is retrieved, not copied. Fresh pages (the
+// later window buffers, then the latents from the last window back) are faulted in by a faulter
+// thread while the reads are in flight. Every block is a multiple of 4 KiB (block format 2) and
 // lands at a 4 KiB-aligned offset, so the NVMe tier reads it without a staging copy.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -36,11 +42,13 @@ namespace terrace::kv {
 namespace {
 
 // Threads issuing KV window reads.
-constexpr std::size_t kReaders = 2;
-// Bytes of KV chunk blocks one GetBatch reads: about a quarter of the restore, so decoding starts
-// early and overlaps the later reads, within [kMinWindowBytes, kMaxWindowBytes] so the tier still
-// sees a deep queue.
-constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 4ull << 20;
+constexpr std::size_t kReaders = static_cast<std::size_t>(kRestoreKvReaders);
+// Bytes of KV chunk blocks one GetBatch reads: about an eighth of the restore, so decoding starts
+// early and the last window's decode (the part no read overlaps) is short, within
+// [kMinWindowBytes, kMaxWindowBytes]; with kReaders windows in flight the tier still sees a queue
+// of 2 x 8 blocks at 16k tokens of k3-small.
+constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 2ull << 20;
+constexpr std::uint64_t kWindowsPerRestore = 8;
 
 std::uint64_t AlignUp(std::uint64_t n) { return RoundUp(n, kRawAlign); }
 
@@ -68,6 +76,7 @@ struct LayerwiseRestore::Job {
   std::size_t readers_left = 0;      // (mu) reader threads still running
   std::vector<std::size_t> free_buffers;  // (mu) indices into window_buffers not holding a window
   bool reads_done = false;           // (mu) every reader thread is done
+  bool snapshots_done = true;        // (mu) the snapshot thread is done (or there is none)
   bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
   std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
 
@@ -101,6 +110,19 @@ struct LayerwiseRestore::Job {
   double wait_seconds = 0;
   std::array<std::thread, kReaders> readers;
   std::thread decoder;
+  std::thread snapshotter;
+  // The first-touch page faults of memory this restore allocated (a fresh process's restore: 28 MB
+  // of fresh f32 latents at 16k tokens of k3-small, and its window buffers) are taken by a faulter
+  // thread while the reads are in flight (the latents from the last window back) and by the decoder
+  // from the first window on, until they meet. A warm restore (reused set and state) starts none.
+  std::thread faulter;
+  // Fresh memory only (a reused set's buffers and a reused state's latents are already faulted in):
+  std::vector<float*> latent_base;     // the fresh latents[j].data(), fixed before the threads start
+  std::array<char, kWindowBuffers> fresh_buffer{};  // window buffer b was allocated by this restore
+  // The window buffers the readers claim after their first ones, in claim order (fixed before the
+  // threads start; free_buffers holds 0..n-1 and the readers take from its back).
+  std::vector<std::byte*> later_buffers;
+  std::atomic<std::size_t> decoding{0};  // the window the decoder is at (the faulter stops there)
 
   const KvLayout& L() const { return m->layout; }
 
@@ -127,7 +149,7 @@ struct LayerwiseRestore::Job {
       kv_status.resize(K);
       std::uint64_t total = 0;
       for (std::size_t i = 0; i < K; ++i) total += f.kv[i].desc.size;
-      const std::uint64_t window = std::clamp(total / 4, kMinWindowBytes, kMaxWindowBytes);
+      const std::uint64_t window = std::clamp(total / kWindowsPerRestore, kMinWindowBytes, kMaxWindowBytes);
       std::uint64_t in_window = 0;
       std::int64_t begin = 0;
       for (std::size_t i = 0; i < K; ++i) {
@@ -141,7 +163,14 @@ struct LayerwiseRestore::Job {
         }
       }
       window_buffer.assign(windows.size(), 0);
-      for (std::size_t b = 0; b < std::min(kWindowBuffers, windows.size()); ++b) free_buffers.push_back(b);
+      // Address space only (no page is touched here); a buffer that cannot be had now is
+      // allocated by its reader, which fails the restore if it cannot.
+      for (std::size_t b = 0; b < std::min(kWindowBuffers, windows.size()); ++b) {
+        free_buffers.push_back(b);
+        const std::byte* before = window_buffers[b].data();
+        (void)window_buffers[b].Ensure(static_cast<std::size_t>(max_window_bytes), kRawAlign);
+        fresh_buffer[b] = window_buffers[b].data() != before;
+      }
       // Room for the whole prompt: the state's own vector when it has that room (memory the
       // caller owns and has touched before, e.g. a state reused after Reset), else address space
       // reserved here; the decoder grows each vector window by window.
@@ -153,8 +182,10 @@ struct LayerwiseRestore::Job {
           latents[j] = std::move(own);
           own = std::vector<float>();
           latents[j].clear();
+        } else {
+          latents[j].reserve(n);
+          latent_base.push_back(latents[j].data());  // fresh address space: the faulter's
         }
-        latents[j].reserve(n);
       }
       latents_moved.assign(mla.size(), 0);
     }
@@ -169,8 +200,14 @@ struct LayerwiseRestore::Job {
     }
     window_read.assign(windows.size(), 0);
     readers_left = kReaders;
+    snapshots_done = snap_items.empty();
+    for (std::size_t k = free_buffers.size(); k-- > 0;)
+      if (k + kReaders < free_buffers.size() && fresh_buffer[free_buffers[k]])
+        later_buffers.push_back(window_buffers[free_buffers[k]].data());
     for (auto& r : readers) r = std::thread([this] { ReadLoop(); });
     decoder = std::thread([this] { DecodeLoop(); });
+    if (!snap_items.empty()) snapshotter = std::thread([this] { SnapshotLoop(); });
+    if ((!latent_base.empty() && windows.size() > 1) || !later_buffers.empty()) faulter = std::thread([this] { FaultLoop(); });
   }
 
   bool Stopped() {
@@ -225,8 +262,8 @@ struct LayerwiseRestore::Job {
     cv.notify_all();
   }
 
-  // The boundary's snapshots, on the decoder thread (their GetBatch runs beside the readers' first
-  // KV windows).
+  // The boundary's snapshots, on the snapshot thread (their GetBatch runs beside the readers'
+  // first KV windows).
   void ReadSnapshots() {
     const auto& kda = L().kda_layers();
     Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
@@ -270,7 +307,32 @@ struct LayerwiseRestore::Job {
     return ok;
   }
 
+  // Faults in the latents' pages of the windows the decoder has not reached, last window first
+  // (MADV_POPULATE_WRITE: the kernel maps zeroed pages and leaves pages already there alone, so
+  // it never races with the decoder's writes; where the kernel lacks it, the decoder faults).
+  // Before that, the window buffers the readers claim after their first windows (a fresh set's
+  // pages are otherwise faulted in by the kernel inside the readers' direct reads).
+  void FaultLoop() {
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    auto populate = [&](const void* begin, const void* end) {
+      const auto from = RoundUp(reinterpret_cast<std::uintptr_t>(begin), page);
+      const auto to = reinterpret_cast<std::uintptr_t>(end) / page * page;
+      return to <= from || ::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE) == 0;
+    };
+    for (std::byte* buf : later_buffers) {
+      if (Stopped()) return;
+      if (!populate(buf, buf + max_window_bytes)) return;
+    }
+    for (std::size_t w = windows.size(); w-- > 0;) {
+      if (w <= decoding.load(std::memory_order_relaxed) || Stopped()) return;
+      const auto [b, e] = windows[w];
+      for (float* base : latent_base)
+        if (!populate(base + b * C * W, base + e * C * W)) return;
+    }
+  }
+
   bool DecodeWindowBlocks(int w) {
+    decoding.store(static_cast<std::size_t>(w), std::memory_order_relaxed);
     const auto& mla = L().mla_layers();
     const auto [b, e] = windows[static_cast<std::size_t>(w)];
     // Grow every layer's latents to the window's end: within the reserved capacity, so the
@@ -306,11 +368,22 @@ struct LayerwiseRestore::Job {
     return true;
   }
 
-  void DecodeLoop() {
-    if (!snap_items.empty() && !Stopped()) {
+  // The snapshot thread: reads and decodes the boundary's snapshots beside the KV windows (its
+  // GetBatch goes to the state pool, so it never waits for the KV pool's rings, and the decoder
+  // never waits for it before the first KV window).
+  void SnapshotLoop() {
+    if (!Stopped()) {
       ReadSnapshots();
       DecodeSnapshots();
     }
+    {
+      std::lock_guard lock(mu);
+      snapshots_done = true;
+    }
+    cv.notify_all();
+  }
+
+  void DecodeLoop() {
     bool kv_ok = true;
     std::size_t windows_done = 0;
     for (std::size_t w = 0; kv_ok && w < windows.size(); ++w) {
@@ -332,6 +405,12 @@ struct LayerwiseRestore::Job {
         layer_status[static_cast<std::size_t>(l)] = mla_status;
         ready[static_cast<std::size_t>(l)] = 1;
       }
+    }
+    cv.notify_all();
+    {
+      // The restore is decoded when the snapshots are too (they may land after the KV chunks).
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return snapshots_done; });
       for (int l : L().kda_layers()) {  // snapshots never read (stopped early)
         if (!ready[static_cast<std::size_t>(l)]) {
           layer_status[static_cast<std::size_t>(l)] = Status::Cancelled("the restore was stopped before its snapshots were read");
@@ -347,6 +426,8 @@ struct LayerwiseRestore::Job {
     for (auto& r : readers)
       if (r.joinable()) r.join();
     if (decoder.joinable()) decoder.join();
+    if (snapshotter.joinable()) snapshotter.join();
+    if (faulter.joinable()) faulter.join();
   }
 
   ~Job() {

@@ -22,8 +22,10 @@ namespace terrace::kv {
 
 // Raw blocks start at this alignment inside a buffer (the NVMe tier's direct-I/O unit).
 inline constexpr std::uint64_t kRawAlign = kSubRangeAlign;
-// Window buffers the reader and decoder share: one being read, one being decoded, one spare.
-inline constexpr std::size_t kWindowBuffers = 3;
+// Window buffers the readers and the decoder share: one per reader being read, one being decoded,
+// and three read and waiting for the decoder, so the reads run on while a window's decode is
+// slow (the decoder shares the CPU with the forward pass's first layers).
+inline constexpr std::size_t kWindowBuffers = 6;
 
 // Uninitialised raw-block memory (a read overwrites it; zero-filling it first would only add page
 // faults and a memset to the restore), kept across restores: EnsureRaw keeps it when its room is
@@ -44,7 +46,7 @@ struct RestoreBuffers {
 };
 
 // Up to kMaxPooled sets kept for later restores (more concurrent restores allocate their own,
-// dropped when they end). Memory held: about three KV windows (<= 3 x 4 MiB plus a block each),
+// dropped when they end). Memory held: six KV windows (<= 6 x 2 MiB plus a block each),
 // the boundary's snapshot blocks and their decoded floats, per set.
 class RestoreBufferPool {
  public:

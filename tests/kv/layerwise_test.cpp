@@ -227,6 +227,44 @@ TEST_CASE("a layer is handed out while later layers' KV chunks are still being r
   CHECK((*cache)->Stats().restore_wait_seconds >= r->restore.wait_seconds);
 }
 
+TEST_CASE("the KV chunks are read and decoded while the snapshots' read is still in flight") {
+  // The snapshots have a thread of their own: a slow state pool never holds back the KV windows
+  // (before, the decoder read the snapshots first and decoded no KV window until they landed).
+  const auto& m = Toy();
+  auto kv = HostStore();
+  auto st = MakeGatedStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.get(), st.store.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  REQUIRE(!L.kda_layers().empty());
+  REQUIRE(!L.mla_layers().empty());
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto req = (*cache)->Prepare(p, "");
+
+  st.gate->Close(false, true);
+  const int gets_before = st.gate->gets_entered(), done_before = st.gate->gets_done();
+  auto state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto restore = (*cache)->BeginRestore(req, &state);
+  REQUIRE(restore.ok());
+  REQUIRE((*restore)->boundary_tokens() == 80);
+  REQUIRE(st.gate->WaitEntered(false, gets_before + 1, 2000ms));  // a snapshot read is held
+  for (int l : L.mla_layers()) CHECK((*restore)->RetrieveLayer(l).ok());
+  CHECK(st.gate->gets_done() == done_before);  // every MLA layer was handed out before a snapshot landed
+  for (int l : L.mla_layers()) CHECK(state.layer(l).tokens == 80);
+  st.gate->Open();
+  for (int l : L.kda_layers()) CHECK((*restore)->RetrieveLayer(l).ok());
+  auto rep = (*restore)->Finish();
+  REQUIRE(rep.ok());
+  CHECK(rep->boundary_tokens == 80);
+  CHECK(rep->fallbacks == 0);
+  auto whole_state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto whole = (*cache)->Restore(req, &whole_state);
+  REQUIRE(whole.ok());
+  CHECK(SameState(state, whole_state));
+}
+
 TEST_CASE("a restore decodes MLA latents into the state's own cache, sized for the prompt: the suffix appends in place") {
   const auto& m = Toy();
   auto store = HostStore();
