@@ -2,6 +2,7 @@
 
 #include "src/common/clock.h"
 #include "tiers/host/fast_checksum.h"
+#include "tiers/host/stream_copy.h"
 
 #include <algorithm>
 #include <atomic>
@@ -115,7 +116,7 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
-  if (desc.size > 0) std::memcpy(Address(t.extent), data.data(), desc.size);
+  tiers::CopyForPut(Address(t.extent), data.data(), desc.size);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
