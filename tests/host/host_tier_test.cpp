@@ -104,6 +104,9 @@ TEST_CASE("Host tier refuses to replace a pinned block") {
   CHECK(t->Put(TestKey(1), DescribeBlock(b), b).ok());
   CHECK(*t->Lookup(TestKey(1)) == DescribeBlock(b));
   CHECK(t->Put(TestKey(9), DescribeBlock(b), a).IsInvalidArgument());  // size mismatch
+  BlockDesc wrong = DescribeBlock(b);
+  CHECK(t->PutDescribing(TestKey(9), &wrong, a).IsInvalidArgument());
+  CHECK(t->Lookup(TestKey(9)).status().IsNotFound());
 }
 
 TEST_CASE("Long random put/erase run at steady state: no OutOfCapacity, bounded arena") {

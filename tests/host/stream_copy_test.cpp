@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "terrace/block.h"
 #include "tiers/host/stream_copy.h"
 
 using namespace terrace::tiers;
@@ -88,4 +89,21 @@ TEST_CASE("The best streaming kernel is a supported one, and x86-64 always strea
   CHECK(BestStreamKernel() != CopyKernel::kMemcpy);
   CHECK(CopyKernelSupported(CopyKernel::kSse2));
 #endif
+}
+
+TEST_CASE("CopyForPutAndChecksum copies exactly and returns terrace::Checksum of the bytes") {
+  std::mt19937_64 rng(9);
+  for (std::size_t n : EdgeSizes()) {
+    for (std::size_t off : {std::size_t{0}, std::size_t{3}, std::size_t{40}}) {
+      std::uint64_t sum = 0, want = 0;
+      CheckCopy(
+          [&](void* d, const void* s, std::size_t len) {
+            want = terrace::Checksum({static_cast<const std::byte*>(s), len});
+            sum = CopyForPutAndChecksum(d, s, len);
+          },
+          n, off, (off * 7) % 64, rng);
+      INFO("n=" << n << " offset " << off);
+      CHECK(sum == want);
+    }
+  }
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace terrace::tiers {
 
@@ -34,5 +35,9 @@ void CopyWith(CopyKernel k, void* dst, const void* src, std::size_t n);
 
 // The put copy: BestStreamKernel() for n >= kStreamCopyMinBytes, memcpy below.
 void CopyForPut(void* dst, const void* src, std::size_t n);
+
+// CopyForPut that also returns the XXH3-64 checksum of the n bytes (terrace::Checksum's value),
+// hashing each 4 KiB piece of src right after copying it, so the bytes are read from memory once.
+std::uint64_t CopyForPutAndChecksum(void* dst, const void* src, std::size_t n);
 
 }  // namespace terrace::tiers
