@@ -107,6 +107,10 @@ TEST_CASE("Host tier refuses to replace a pinned block") {
   BlockDesc wrong = DescribeBlock(b);
   CHECK(t->PutDescribing(TestKey(9), &wrong, a).IsInvalidArgument());
   CHECK(t->Lookup(TestKey(9)).status().IsNotFound());
+  BlockDesc empty{0, Codec::kRaw, 1};  // a 0-byte block through PutDescribing
+  REQUIRE(t->PutDescribing(TestKey(10), &empty, {}).ok());
+  CHECK(empty == DescribeBlock({}));
+  CHECK(*t->Lookup(TestKey(10)) == empty);
 }
 
 TEST_CASE("Long random put/erase run at steady state: no OutOfCapacity, bounded arena") {
