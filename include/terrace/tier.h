@@ -100,6 +100,15 @@ class Tier {
   virtual const TierCaps& caps() const = 0;
 
   virtual Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) = 0;
+  // Put for a caller that has not hashed the bytes: stores `data` as Put does and sets
+  // desc->checksum to their XXH3-64 (Checksum(data), what DescribeBlock gives); desc->size must
+  // equal data.size() and desc->codec is kept. *desc is what Lookup reports afterwards. A tier
+  // that copies through the CPU can hash while it copies (the host tier), reading the bytes once
+  // instead of twice. Default: Checksum, then Put.
+  virtual Status PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<const std::byte> data) {
+    desc->checksum = Checksum(data);
+    return Put(key, *desc, data);
+  }
   // Copies the block into `out` (out.size() >= block size) and fills *desc. A tier with
   // caps().io_alignment may also overwrite out's bytes past the block's size (up to out.size(),
   // within the size rounded up to io_alignment) when that saves a staging copy.

@@ -1,5 +1,6 @@
 // Write path: Put (placement, write-through, replacing stale copies), Erase, Pin, Lookup.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -19,12 +20,39 @@ Result<int> StoreImpl::PutTarget(const BlockKey& key, const PutOptions& opts) co
 }
 
 Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
-  const BlockDesc desc = DescribeBlock(data, opts.codec);
   TERRACE_ASSIGN_OR_RETURN(const int target, PutTarget(key, opts));
   const int through = WriteThroughSlot(target, LowestSlot(), options_.write_policy);  // -1: none
   const bool write_through = through >= 0;
+  // A key the directory has no entry for, written to one tier (no write-through, no shared tier
+  // that may hold an older copy): nothing to compare the checksum with before the write, so the
+  // tier computes it while it copies (Tier::PutDescribing) and the bytes are read once.
+  const bool may_describe_in_tier = !write_through && shared_mask_ == 0;
+  std::optional<BlockDesc> early;
+  if (!may_describe_in_tier) early = DescribeBlock(data, opts.codec);  // outside the key lock
 
   auto guard = key_locks_.Lock(key);
+  if (may_describe_in_tier) {
+    bool known;
+    {
+      MutexLock lock(&mu_);
+      known = entries_.find(key) != entries_.end();
+    }
+    if (!known) {
+      BlockDesc desc{data.size(), opts.codec, 0};
+      TERRACE_RETURN_IF_ERROR(PlaceWith(target, key, desc.size, [&] {
+        TierCounters& m = slot(target).measured;
+        const auto t0 = Clock::now();
+        Status s = tier(target).PutDescribing(key, &desc, data);
+        m.write_latency.Record(NanosSince(t0));
+        if (s.IsIoError()) m.Add(m.io_errors);
+        return s;
+      }));
+      PublishPut(key, desc, 0, Bit(target));
+      return Status::Ok();
+    }
+    early = DescribeBlock(data, opts.codec);
+  }
+  const BlockDesc desc = *early;
   SlotMask old_mask = 0;
   {
     MutexLock lock(&mu_);

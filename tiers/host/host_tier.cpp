@@ -2,6 +2,7 @@
 
 #include "src/common/clock.h"
 #include "tiers/host/fast_checksum.h"
+#include "tiers/host/stream_copy.h"
 
 #include <algorithm>
 #include <atomic>
@@ -115,10 +116,28 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
-  if (desc.size > 0) std::memcpy(Address(t.extent), data.data(), desc.size);
+  if (desc.size > 0) tiers::CopyForPut(Address(t.extent), data.data(), desc.size);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
+  counters_.write_latency.Record(SteadyNanos() - t0);
+  return Status::Ok();
+}
+
+Status HostTier::PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<const std::byte> data) {
+  if (desc->size != data.size()) {
+    return Status::InvalidArgument(fmt::format("host tier: put of block {}: desc.size {} != data size {}; "
+                                               "set the desc's size to the data's",
+                                               key.ToString(), desc->size, data.size()));
+  }
+  const std::uint64_t t0 = SteadyNanos();
+  TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, *desc));  // sized by desc->size
+  t.desc.checksum = desc->size > 0 ? tiers::CopyForPutAndChecksum(Address(t.extent), data.data(), desc->size)
+                                   : tiers::FastChecksum(nullptr, 0);
+  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
+  desc->checksum = t.desc.checksum;
+  counters_.Add(counters_.puts);
+  counters_.Add(counters_.bytes_written, desc->size);
   counters_.write_latency.Record(SteadyNanos() - t0);
   return Status::Ok();
 }

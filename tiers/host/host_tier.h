@@ -43,6 +43,8 @@ class HostTier final : public Tier {
 
   const TierCaps& caps() const override { return caps_; }
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
+  // Hashes while it copies (tiers::CopyForPutAndChecksum): one read of `data`.
+  Status PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return arena_.Lookup(key); }
   Status Erase(const BlockKey& key) override;

@@ -1,0 +1,154 @@
+#include "tiers/host/stream_copy.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "tiers/host/fast_checksum.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TERRACE_STREAM_COPY_X86 1
+#endif
+
+namespace terrace::tiers {
+namespace {
+
+constexpr std::size_t kLine = 64;  // streaming stores write whole cache lines from here on
+
+// Below this a streaming kernel is a plain memcpy: too few whole lines to pay for the fence.
+constexpr std::size_t kMinStreamBytes = 4 * kLine;
+
+#ifdef TERRACE_STREAM_COPY_X86
+
+// Both kernels: memcpy up to the first 64-byte boundary of dst, stream whole steps of the body
+// (unaligned loads, aligned streaming stores), memcpy the rest. No fence: the caller sfences.
+void StreamSse2(std::byte* dst, const std::byte* src, std::size_t n) {
+  const std::size_t head = (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  constexpr std::size_t kStep = 64;
+  const std::size_t body = n / kStep * kStep;
+  for (std::size_t i = 0; i < body; i += kStep) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + body, src + body, n - body);
+}
+
+__attribute__((target("avx2"))) void StreamAvx2(std::byte* dst, const std::byte* src, std::size_t n) {
+  const std::size_t head = (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  constexpr std::size_t kStep = 128;
+  const std::size_t body = n / kStep * kStep;
+  for (std::size_t i = 0; i < body; i += kStep) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
+  }
+  std::memcpy(dst + body, src + body, n - body);
+}
+
+// `k` is kSse2 or kAvx2 (supported), n >= kMinStreamBytes.
+void StreamUnfenced(CopyKernel k, std::byte* dst, const std::byte* src, std::size_t n) {
+  if (k == CopyKernel::kAvx2) {
+    StreamAvx2(dst, src, n);
+  } else {
+    StreamSse2(dst, src, n);
+  }
+}
+
+#endif  // TERRACE_STREAM_COPY_X86
+
+}  // namespace
+
+bool CopyKernelSupported(CopyKernel k) {
+  switch (k) {
+    case CopyKernel::kMemcpy:
+      return true;
+#ifdef TERRACE_STREAM_COPY_X86
+    case CopyKernel::kSse2:
+      return true;  // part of x86-64
+    case CopyKernel::kAvx2: {
+      static const bool avx2 = __builtin_cpu_supports("avx2");  // checks the OS saves the AVX state too
+      return avx2;
+    }
+#else
+    case CopyKernel::kSse2:
+    case CopyKernel::kAvx2:
+      return false;
+#endif
+  }
+  return false;
+}
+
+CopyKernel BestStreamKernel() {
+  static const CopyKernel best = CopyKernelSupported(CopyKernel::kAvx2)   ? CopyKernel::kAvx2
+                                 : CopyKernelSupported(CopyKernel::kSse2) ? CopyKernel::kSse2
+                                                                          : CopyKernel::kMemcpy;
+  return best;
+}
+
+void CopyWith(CopyKernel k, void* dst, const void* src, std::size_t n) {
+  if (n < kMinStreamBytes || k == CopyKernel::kMemcpy || !CopyKernelSupported(k)) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return;
+  }
+#ifdef TERRACE_STREAM_COPY_X86
+  StreamUnfenced(k, static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
+  _mm_sfence();
+#endif
+}
+
+void CopyForPut(void* dst, const void* src, std::size_t n) {
+  CopyWith(n >= kStreamCopyMinBytes ? BestStreamKernel() : CopyKernel::kMemcpy, dst, src, n);
+}
+
+std::uint64_t CopyForPutAndChecksum(void* dst, const void* src, std::size_t n) {
+  const CopyKernel k = n >= kStreamCopyMinBytes ? BestStreamKernel() : CopyKernel::kMemcpy;
+  const auto* s = static_cast<const std::byte*>(src);
+  if (k == CopyKernel::kMemcpy) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return FastChecksum(s, n);
+  }
+#ifdef TERRACE_STREAM_COPY_X86
+  // Each piece is hashed right after it is streamed, from the source lines the copy just loaded
+  // into L1; one fence at the end (a fence per piece measured slower than hashing first).
+  constexpr std::size_t kPiece = 4 * 1024;
+  auto* d = static_cast<std::byte*>(dst);
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (std::size_t off = 0; off < n; off += kPiece) {
+    const std::size_t len = std::min(kPiece, n - off);
+    if (len >= kMinStreamBytes) {
+      StreamUnfenced(k, d + off, s + off, len);
+    } else {
+      std::memcpy(d + off, s + off, len);
+    }
+    XXH3_64bits_update(&state, s + off, len);
+  }
+  _mm_sfence();
+  return XXH3_64bits_digest(&state);
+#else
+  return 0;  // unreachable: no streaming kernel is supported off x86-64
+#endif
+}
+
+}  // namespace terrace::tiers
