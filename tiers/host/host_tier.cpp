@@ -58,6 +58,7 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.max_block_bytes = arena_.max_block_bytes();
   const std::uint64_t chunk = arena_.chunk_bytes();
   bases_.assign(chunk == 0 ? 0 : (arena_.capacity_bytes() + chunk - 1) / chunk, nullptr);
+  faulted_ = std::make_unique<std::atomic<std::uint64_t>[]>(bases_.size());
   if (options.populate != HostPopulate::kOnDemand && chunk > 0) {
     const std::uint64_t cap = arena_.capacity_bytes();
     const std::uint64_t want = options.populate_bytes == 0 ? cap : std::min(options.populate_bytes, cap);
@@ -100,6 +101,9 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
       }
     }
   }
+  const bool faulted_now = how == Fault::kNow || c.kind == tiers::PinKind::kCudaHost ||
+                           (how == Fault::kByPin && c.kind == tiers::PinKind::kMlock);
+  faulted_[chunk].store(faulted_now ? c.bytes : 0, std::memory_order_relaxed);
   bases_[chunk] = c.data;
   MutexLock lock(&chunks_mu_);
   chunks_.push_back(std::move(c));
@@ -107,6 +111,39 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
 }
 
 std::byte* HostTier::Address(const tiers::PageExtent& e) const { return bases_[e.chunk] + arena_.ByteOffset(e); }
+
+bool HostTier::FaultedIn(const tiers::PageExtent& e) const {
+  return arena_.ByteOffset(e) + std::uint64_t{e.pages} * arena_.page_bytes() <=
+         faulted_[e.chunk].load(std::memory_order_relaxed);
+}
+
+void HostTier::NoteWritten(const tiers::PageExtent& e) {
+  const std::uint64_t end = arena_.ByteOffset(e) + std::uint64_t{e.pages} * arena_.page_bytes();
+  std::atomic<std::uint64_t>& f = faulted_[e.chunk];
+  std::uint64_t cur = f.load(std::memory_order_relaxed);
+  while (cur < end && !f.compare_exchange_weak(cur, end, std::memory_order_relaxed)) {
+  }
+}
+
+void HostTier::CopyIn(const tiers::PageExtent& e, const std::byte* src, std::size_t n) {
+  if (FaultedIn(e) && n >= tiers::kStreamCopyMinBytes) {
+    tiers::CopyForPut(Address(e), src, n);
+    streamed_puts_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    std::memcpy(Address(e), src, n);
+    NoteWritten(e);
+  }
+}
+
+std::uint64_t HostTier::CopyInAndChecksum(const tiers::PageExtent& e, const std::byte* src, std::size_t n) {
+  if (FaultedIn(e) && n >= tiers::kStreamCopyMinBytes) {
+    streamed_puts_.fetch_add(1, std::memory_order_relaxed);
+    return tiers::CopyForPutAndChecksum(Address(e), src, n);
+  }
+  const std::uint64_t sum = tiers::CopyAndChecksum(Address(e), src, n);
+  NoteWritten(e);
+  return sum;
+}
 
 Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
   if (desc.size != data.size()) {
@@ -116,7 +153,7 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
-  if (desc.size > 0) tiers::CopyForPut(Address(t.extent), data.data(), desc.size);
+  if (desc.size > 0) CopyIn(t.extent, data.data(), desc.size);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
@@ -132,7 +169,7 @@ Status HostTier::PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<c
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, *desc));  // sized by desc->size
-  t.desc.checksum = desc->size > 0 ? tiers::CopyForPutAndChecksum(Address(t.extent), data.data(), desc->size)
+  t.desc.checksum = desc->size > 0 ? CopyInAndChecksum(t.extent, data.data(), desc->size)
                                    : tiers::FastChecksum(nullptr, 0);
   TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
   desc->checksum = t.desc.checksum;
@@ -201,7 +238,9 @@ Result<Reservation> HostTier::Reserve(const BlockKey& key, const BlockDesc& desc
 }
 
 Status HostTier::Commit(const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
-  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, TicketOf(r, desc)));
+  const tiers::BlockArena::Ticket t = TicketOf(r, desc);
+  TERRACE_RETURN_IF_ERROR(arena_.CommitWrite(key, t));
+  NoteWritten(t.extent);  // the caller filled the reservation: its pages are faulted in
   counters_.Add(counters_.puts);
   counters_.Add(counters_.bytes_written, desc.size);
   return Status::Ok();

@@ -74,6 +74,8 @@ class HostTier final : public Tier {
   bool CheckInvariants() const { return arena_.CheckInvariants(); }
   // Blocks until the chunks added so far have been faulted in ahead (no-op without a prefaulter); tests.
   void WaitForPrefault() const;
+  // Puts whose copy used streaming stores (tiers/host/stream_copy.h) so far; tests.
+  std::uint64_t streamed_puts() const { return streamed_puts_.load(std::memory_order_relaxed); }
   // Nanoseconds Create spent populating (HostPopulate::kAtOpen: faulting; kBackground: mapping only).
   std::uint64_t open_populate_ns() const { return open_populate_ns_; }
 
@@ -81,6 +83,12 @@ class HostTier final : public Tier {
   explicit HostTier(const HostTierOptions& options);
   Status Grow(std::uint32_t chunk, std::uint64_t bytes);
   std::byte* Address(const tiers::PageExtent& e) const;
+  // The put copies. Streaming stores only into pages known to be faulted in: into a page the
+  // kernel has just zeroed (its lines still in cache) they are slower than memcpy's cached stores.
+  bool FaultedIn(const tiers::PageExtent& e) const;
+  void NoteWritten(const tiers::PageExtent& e);
+  void CopyIn(const tiers::PageExtent& e, const std::byte* src, std::size_t n);
+  std::uint64_t CopyInAndChecksum(const tiers::PageExtent& e, const std::byte* src, std::size_t n);
 
   const HostTierOptions options_;
   const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
@@ -89,6 +97,11 @@ class HostTier final : public Tier {
   // Chunk base addresses, sized for every possible chunk at construction; entry i is written once,
   // before chunk i is handed to the allocator (which publishes it under the arena lock).
   std::vector<std::byte*> bases_;
+  // Per chunk: bytes from its start known to be faulted in (the whole chunk when it was populated
+  // or locked before first use; else the end of the furthest put so far). A hint for the copy
+  // only (pages below it that no put wrote are merely slower to stream into), never for data.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> faulted_;
+  std::atomic<std::uint64_t> streamed_puts_{0};
   mutable Mutex chunks_mu_;
   std::vector<tiers::HostChunk> chunks_ TERRACE_GUARDED_BY(chunks_mu_);
   // Null without HostTierOptions::prefault or populate kBackground. Destroyed before the chunks are unmapped.
