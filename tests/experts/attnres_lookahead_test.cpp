@@ -85,6 +85,20 @@ int CheckExactInput(const model::Model& m) {
   return compared;
 }
 
+// `base` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
+model::ModelConfig Small(model::ModelConfig c) {
+  c.hidden_size = 256;
+  c.vocab_size = 512;
+  c.num_experts = 64;
+  c.moe_intermediate_size = 64;
+  c.routed_expert_hidden_size = 256;
+  c.shared_expert_intermediate_size = 64;
+  c.intermediate_size = 256;
+  c.kda.num_heads = 2;
+  c.num_attention_heads = 2;
+  return c;
+}
+
 TEST_CASE("a router call on the exact FFN input reproduces the routing bit for bit", "[experts][lookahead]") {
   const model::ModelDir& dir = testing::ToyDir();
   REQUIRE(dir.config().attn_res_block_size > 0);
@@ -184,16 +198,7 @@ TEST_CASE("AttnRes-aware lookahead recalls more at distance 1 than the router on
   // A small moe-bench-shaped AttnRes model: block size 2, a dense first layer, top-8 of 64.
   auto base = model::Preset("moe-bench");
   REQUIRE(base.ok());
-  model::ModelConfig c = *base;
-  c.hidden_size = 256;
-  c.vocab_size = 512;
-  c.num_experts = 64;
-  c.moe_intermediate_size = 64;
-  c.routed_expert_hidden_size = 256;
-  c.shared_expert_intermediate_size = 64;
-  c.intermediate_size = 256;
-  c.kda.num_heads = 2;
-  c.num_attention_heads = 2;
+  const model::ModelConfig c = Small(*base);
   terrace::testing::TempDir d("arl-attnres");
   auto dir = InitDir(c, d.path());
   auto m = model::Model::Load(dir->config(), *dir);
@@ -207,16 +212,7 @@ TEST_CASE("AttnRes-aware lookahead recalls more at distance 1 than the router on
 TEST_CASE("on a plain residual model the lookahead predictor is the plain form", "[experts][lookahead]") {
   auto base = model::Preset("moe-bench-plain");
   REQUIRE(base.ok());
-  model::ModelConfig c = *base;
-  c.hidden_size = 256;
-  c.vocab_size = 512;
-  c.num_experts = 64;
-  c.moe_intermediate_size = 64;
-  c.routed_expert_hidden_size = 256;
-  c.shared_expert_intermediate_size = 64;
-  c.intermediate_size = 256;
-  c.kda.num_heads = 2;
-  c.num_attention_heads = 2;
+  const model::ModelConfig c = Small(*base);
   terrace::testing::TempDir d("arl-plainrec");
   auto dir = InitDir(c, d.path());
   auto m = model::Model::Load(dir->config(), *dir);
