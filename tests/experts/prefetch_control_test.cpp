@@ -147,7 +147,7 @@ TEST_CASE("a landed prefetch frees its place for a queued one at the next acquir
   CHECK(rig.offload->Metrics().prefetches_issued == 2);
   // Both land; nothing else pumps the queue until layer 2's hit.
   for (int i = 0; i < 200 && rig.slow->reads().size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(terrace::testing::kSanitizedBuild ? 60 : 30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(terrace::testing::kSanitizedBuild ? 300 : 150));  // both 20 ms reads land
   auto hit = rig.offload->Lease(2, 9);
   REQUIRE(hit.ok());
   ExpertMetrics m = rig.offload->Metrics();
@@ -226,8 +226,13 @@ TEST_CASE("speculative bytes in flight stay under the cap", "[experts]") {
   const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
   rig.offload->OnLayerEnd(0, hidden, 1);
   CHECK(rig.offload->Metrics().prefetches_issued == 3);  // the cap's worth went to the store
+  // The three reads start on store threads (late on a loaded machine); once they have, and have
+  // had time to finish (20 ms each), nothing more is read until the next pump.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (rig.slow->reads().size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  CHECK(rig.slow->reads().size() == 3);  // and nothing more until the next pump
+  CHECK(rig.slow->reads().size() == 3);
   rig.offload->Quiesce();
   CHECK(rig.slow->reads().size() == 10);
   CHECK(rig.offload->Metrics().speculative_bytes == 10 * BlockBytes());
