@@ -41,7 +41,23 @@ class SequenceState {
   // Tokens covered by layer 0 (all layers agree after a forward pass).
   std::int64_t num_tokens() const { return layers_.empty() ? 0 : layers_.front().tokens; }
   std::int64_t mla_width() const { return mla_width_; }
+  // Clears every layer to 0 tokens; the MLA caches keep their memory (capacity), so a state reused
+  // for the next request (or prepared with Reserve) restores and computes into pages already
+  // faulted in.
   void Reset();
+
+  // Makes every MLA layer's latent cache own room for `tokens` tokens, its pages faulted in
+  // (written once), ahead of a request, so the first restore or forward pass into this state
+  // pays no first-touch page faults for them. The rows held are kept. Idempotent: a cache with
+  // that room already is left alone (nothing touched). A request longer than reserved still
+  // works (the cache grows, paying the faults). For a prefix-cache restore, reserve the whole
+  // prompt (restored + computed tokens): a restore decodes into this memory only when it has
+  // room for all of the prompt (docs/prefix-cache.md, "Buffers"). KDA layers own their
+  // fixed-size state from ForConfig on. InvalidArgument for tokens < 0; OutOfCapacity when the
+  // memory cannot be had.
+  Status Reserve(std::int64_t tokens);
+  // The tokens every MLA layer's cache has room for without growing (its capacity); 0 without MLA layers.
+  std::int64_t reserved_tokens() const;
 
   // One layer's state as bytes (layouts above). InvalidArgument for a bad layer index.
   Result<std::vector<std::byte>> ExportLayer(int layer) const;

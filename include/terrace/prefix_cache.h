@@ -138,6 +138,13 @@ class LayerwiseRestore {
 // fewer rings they run one after the other and the tier's queue drains between windows).
 inline constexpr int kRestoreKvReaders = 2;
 
+// What PrefixCache::Reserve prepared (bytes of restore buffers, 4 KiB pages faulted in).
+struct RestoreReservation {
+  std::uint64_t bytes_held = 0;      // the reserved sets' buffers in all (what they keep now)
+  std::uint64_t bytes_prepared = 0;  // of those, allocated and faulted in by this call (0: already there)
+  int sets = 0;                      // buffer sets held ready for restores
+};
+
 class PrefixCache {
  public:
   // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store.
@@ -167,6 +174,23 @@ class PrefixCache {
   // issues every read of the boundary at once and returns. Restore() is BeginRestore + Finish.
   // InvalidArgument for a state of the wrong shape.
   Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state);
+
+  // Prepares the cache's restore memory ahead of the first request, as a serving engine reserves
+  // its KV memory at start-up: `restores` buffer sets (1 to RestoreBufferPool's 2 pooled sets;
+  // one per restore that may run at once) sized for a restore of a prompt of up to
+  // `prompt_tokens` tokens at this layout's block upper bounds (its KV window buffers, the
+  // boundary's snapshot blocks and their decoded KDA state), allocated and faulted in
+  // (MADV_POPULATE_WRITE, or a write per page where the kernel lacks it), then kept in the
+  // cache's pool for the restores to take. The latent caches a restore decodes into belong to the
+  // state: prepare those with model::SequenceState::Reserve (for the whole prompt, restored +
+  // computed tokens). Ownership: the cache owns the sets until it is destroyed; a restore borrows
+  // one and gives it back. Idempotent: a set already large enough is kept as it is (nothing
+  // allocated or touched); a smaller one is replaced. A restore larger than reserved still works:
+  // it grows the buffers it needs and pays their first-touch faults. Thread-safe, also with
+  // restores running (a restore that finds the pool empty meanwhile uses fresh memory).
+  // InvalidArgument for prompt_tokens < 0 or restores outside [1, 2]; OutOfCapacity when the
+  // memory cannot be had (what was prepared before stays).
+  Result<RestoreReservation> Reserve(std::int64_t prompt_tokens, int restores = 1);
 
   // Write-back of the state right after chunk `chunks - 1` of `request` was computed
   // (state.num_tokens() == chunks * chunk_tokens): that chunk's MLA latents, and every KDA layer's

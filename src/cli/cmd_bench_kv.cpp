@@ -4,11 +4,16 @@
 //
 // Per prefix length P: turn 1 computes a P-token prefix (a system prompt and earlier turns) and
 // stores its chunks and snapshots; the pools are then closed and reopened (nvme: so nothing is
-// left in memory; host: kept open). Turn 2 is the prefix plus a new 32-token message: its TTFT with
-// the cache (restore + the suffix) and without (a cold prefill of the whole prompt, same chunk
-// pieces) are measured, with the restore's bandwidth and the tier's raw read bandwidth (O_DIRECT
-// 1 MiB sequential reads of the bytes the restore read, from the same pools' data files, nvme; a
-// memcpy of the same bytes, host) measured in the same run, right after the restore. Then the
+// left in memory; host: kept open, the cache new). Turn 2 is the prefix plus a new 32-token
+// message, restored three times. Cold unprepared: a fresh cache's first restore into a fresh
+// session (every buffer and latent page first touched inside the restore). Cold prepared (the
+// row's headline keys): the pools reopened again, the fresh cache's and session's restore memory
+// prepared for the prompt at open (PrefixCache::Reserve, SequenceState::Reserve; timed as
+// prepare_s, outside the TTFT), then the first restore. Its TTFT with the cache (restore + the
+// suffix) and without (a cold prefill of the whole prompt, same chunk pieces) are measured, with
+// each restore's bandwidth and the tier's raw read bandwidth (O_DIRECT 1 MiB sequential reads of
+// the bytes the restore read, from the same pools' data files, into one reused 1 MiB buffer,
+// nvme; a memcpy of the same bytes, host) measured in the same run, right after it. Then the
 // same restore again, warm: into the same session's state after Reset (its latent caches keep
 // their memory) with the same cache (its restore buffers are reused), as a serving process's
 // steady state, with its own raw read right after it. Prefixes
@@ -246,22 +251,85 @@ int RunBenchKv(const BenchKvArgs& a) {
       run->cache->Flush();
     }
     const auto written = run->cache->Stats();
-    if (a.tier == "nvme") {  // close and reopen: the blocks are only on NVMe now
+    // A fresh cache on the pools, as a new process opens it (nvme: the pools closed and reopened,
+    // so nothing is left in memory; host: the pools kept, the cache and its restore buffers new).
+    auto fresh_cache = [&]() -> Status {
+      if (a.tier != "nvme") {
+        const kv::KvLayout layout = run->cache->layout();
+        run->cache.reset();
+        auto c = kv::PrefixCache::Create(layout, keys::ModelId(config, **mdir), run->kv_store.get(), run->state_store.get());
+        if (!c.ok()) return c.status();
+        run->cache = std::move(c).value();
+        return Status::Ok();
+      }
       run->cache.reset();
-      if (Status s = run->kv_store->Flush(); !s.ok()) return Fail(s.ToString());
-      if (Status s = run->state_store->Flush(); !s.ok()) return Fail(s.ToString());
+      TERRACE_RETURN_IF_ERROR(run->kv_store->Flush());
+      TERRACE_RETURN_IF_ERROR(run->state_store->Flush());
       *run = KvRun{};
       auto again = OpenKvRun(kv, config, **mdir);
-      if (!again.ok()) {
-        rc = Fail(again.status().ToString());
+      if (!again.ok()) return again.status();
+      *run = std::move(again).value();
+      return Status::Ok();
+    };
+    // The tier's raw read of what a restore read, right after it.
+    auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
+      if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
+      const std::pair<std::filesystem::path, std::uint64_t> parts[] = {
+          {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
+      return RawReadMbPerS(parts);
+    };
+    if (Status s = fresh_cache(); !s.ok()) {
+      rc = Fail(s.ToString());
+      break;
+    }
+    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared{}...\n", P,
+               recompute_in_turn1 ? "" : ", then recompute");
+    // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and latent
+    // page touched for the first time inside the restore.
+    std::optional<kv::CachedPrefill> ru;
+    double ttft_unprepared = 0, tier_unprepared = 0;
+    {
+      model::Session fresh(**m);
+      const auto tu = std::chrono::steady_clock::now();
+      auto r = kv::PrefillWithCache(&fresh, *run->cache, run->cache->Prepare(prompt, ""),
+                                    {.restore = true, .write_back = false});
+      ttft_unprepared = Since(tu);
+      if (!r.ok()) {
+        rc = Fail(r.status().ToString());
         break;
       }
-      *run = std::move(again).value();
+      ru = std::move(r).value();
+      auto raw = tier_read(ru->restore);
+      if (!raw.ok()) {
+        rc = Fail(raw.status().ToString());
+        break;
+      }
+      tier_unprepared = *raw;
     }
-    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore{}...\n", P,
-               recompute_in_turn1 ? "" : ", then recompute");
+    if (Status s = fresh_cache(); !s.ok()) {
+      rc = Fail(s.ToString());
+      break;
+    }
     const auto req = run->cache->Prepare(prompt, "");
+    // Cold, prepared (the row's headline): a fresh cache and session whose restore memory was
+    // prepared at open (PrefixCache::Reserve + SequenceState::Reserve for the prompt), outside the
+    // request; the preparation is timed on its own (prepare_s).
     model::Session turn2(**m);
+    const auto tp = std::chrono::steady_clock::now();
+    auto reserved = run->cache->Reserve(static_cast<std::int64_t>(prompt.size()));
+    if (!reserved.ok()) {
+      rc = Fail(reserved.status().ToString());
+      break;
+    }
+    if (Status s = turn2.state().Reserve(static_cast<std::int64_t>(prompt.size())); !s.ok()) {
+      rc = Fail(s.ToString());
+      break;
+    }
+    const double prepare_s = Since(tp);
+    const std::uint64_t prepare_bytes =
+        reserved->bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
+                                       static_cast<std::uint64_t>(turn2.state().mla_width()) * sizeof(float) *
+                                       run->cache->layout().mla_layers().size();
     const auto t0 = std::chrono::steady_clock::now();
     auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
     const double ttft_restore = Since(t0);
@@ -283,13 +351,6 @@ int RunBenchKv(const BenchKvArgs& a) {
       r3 = std::move(cold_run).value();
     }
     const std::uint64_t restored_bytes = r2->restore.kv_bytes + r2->restore.state_bytes;
-    // The tier's raw read of what a restore read, right after it.
-    auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
-      if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
-      const std::pair<std::filesystem::path, std::uint64_t> parts[] = {
-          {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
-      return RawReadMbPerS(parts);
-    };
     auto raw = tier_read(r2->restore);
     if (!raw.ok()) {
       rc = Fail(raw.status().ToString());
@@ -330,6 +391,18 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["restore_mb_per_s"] = r2->restore.seconds > 0 ? static_cast<double>(restored_bytes) / r2->restore.seconds / 1e6 : 0.0;
     row["tier_read_mb_per_s"] = tier_mb;
     row["restore_over_tier"] = tier_mb > 0 ? row["restore_mb_per_s"].get<double>() / tier_mb : 0.0;
+    row["prepare_s"] = prepare_s;
+    row["prepare_bytes"] = prepare_bytes;
+    const std::uint64_t unprepared_bytes = ru->restore.kv_bytes + ru->restore.state_bytes;
+    const double unprepared_mb = ru->restore.seconds > 0 ? static_cast<double>(unprepared_bytes) / ru->restore.seconds / 1e6 : 0.0;
+    row["cold_unprepared_ttft_restore_s"] = ttft_unprepared;
+    row["cold_unprepared_restored_tokens"] = ru->restored_tokens;
+    row["cold_unprepared_restore_s"] = ru->restore.seconds;
+    row["cold_unprepared_restore_wait_s"] = ru->restore.wait_seconds;
+    row["cold_unprepared_restore_mb_per_s"] = unprepared_mb;
+    row["cold_unprepared_tier_read_mb_per_s"] = tier_unprepared;
+    row["cold_unprepared_restore_over_tier"] = tier_unprepared > 0 ? unprepared_mb / tier_unprepared : 0.0;
+    row["cold_unprepared_logits_bitwise_equal"] = ru->logits.data == r2->logits.data;
     row["warm_ttft_restore_s"] = ttft_warm;
     row["warm_restored_tokens"] = rw->restored_tokens;
     row["warm_restore_s"] = rw->restore.seconds;
@@ -367,16 +440,18 @@ int RunBenchKv(const BenchKvArgs& a) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>16} {:>16} {:>16} {:>16}\n", "prefix", "restored", "ttft restore s",
-             "ttft recompute s", "speedup", "restore MB/s", "tier read MB/s", "warm restore MB/s", "warm tier MB/s");
+  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>10} {:>16} {:>16} {:>18} {:>16} {:>16} {:>16}\n", "prefix", "restored",
+             "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s", "tier read MB/s",
+             "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s");
   bool any_turn1 = false;
   for (const auto& r : rows) {
     const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
     const bool turn1 = r["recompute_in_turn1"].get<bool>();
     any_turn1 = any_turn1 || turn1;
-    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>16.1f} {:>16.1f} {:>16.1f} {:>16.1f}\n",
+    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f}\n",
                r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
-               r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
+               r["prepare_s"].get<double>(), r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
+               r["cold_unprepared_restore_mb_per_s"].get<double>(), r["cold_unprepared_tier_read_mb_per_s"].get<double>(),
                r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>());
   }
   if (any_turn1)

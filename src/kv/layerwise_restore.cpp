@@ -31,6 +31,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -51,6 +52,23 @@ constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 2ull <
 constexpr std::uint64_t kWindowsPerRestore = 8;
 
 std::uint64_t AlignUp(std::uint64_t n) { return RoundUp(n, kRawAlign); }
+
+// The bytes of KV chunk blocks a window is cut at, for a restore of `total` bytes of blocks.
+std::uint64_t WindowTarget(std::uint64_t total) {
+  return std::clamp(total / kWindowsPerRestore, kMinWindowBytes, kMaxWindowBytes);
+}
+
+// Faults in [p, p + bytes) (whole pages of it) for writing: MADV_POPULATE_WRITE, or one write per
+// page where the kernel lacks it (the bytes are uninitialised room: what is written is of no use).
+void PopulateWrite(std::byte* p, std::size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto from = RoundUp(reinterpret_cast<std::uintptr_t>(p), page);
+  const auto to = (reinterpret_cast<std::uintptr_t>(p) + bytes) / page * page;
+  if (to <= from) return;
+  if (::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE) == 0) return;
+  for (std::uintptr_t a = from; a < to; a += page) *reinterpret_cast<volatile std::byte*>(a) = std::byte{0};
+}
 
 }  // namespace
 
@@ -149,7 +167,7 @@ struct LayerwiseRestore::Job {
       kv_status.resize(K);
       std::uint64_t total = 0;
       for (std::size_t i = 0; i < K; ++i) total += f.kv[i].desc.size;
-      const std::uint64_t window = std::clamp(total / kWindowsPerRestore, kMinWindowBytes, kMaxWindowBytes);
+      const std::uint64_t window = WindowTarget(total);
       std::uint64_t in_window = 0;
       std::int64_t begin = 0;
       for (std::size_t i = 0; i < K; ++i) {
@@ -678,6 +696,75 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
   job->kmax = job->f.candidates.empty() ? 0 : job->f.candidates.front();
   job->Start();
   return std::unique_ptr<LayerwiseRestore>(new LayerwiseRestore(std::move(job)));
+}
+
+Result<RestoreReservation> PrefixCache::Reserve(std::int64_t prompt_tokens, int restores) {
+  Impl& m = *impl_;
+  const KvLayout& L = m.layout;
+  if (prompt_tokens < 0)
+    return Status::InvalidArgument(fmt::format("PrefixCache::Reserve: negative prompt length {}", prompt_tokens));
+  if (restores < 1 || restores > static_cast<int>(RestoreBufferPool::kMaxPooled))
+    return Status::InvalidArgument(fmt::format("PrefixCache::Reserve: {} restores is outside [1, {}] (the pooled sets)",
+                                               restores, RestoreBufferPool::kMaxPooled));
+  // A restore of this prompt covers at most its full chunks before the last token (PrefixRequest).
+  const std::int64_t chunks = prompt_tokens > 0 ? (prompt_tokens - 1) / L.chunk_tokens() : 0;
+  RestoreReservation out;
+  if (chunks == 0) return out;  // nothing a restore would read
+  const auto K = static_cast<std::uint64_t>(chunks);
+  const auto& kda = L.kda_layers();
+  // Upper bounds of what Start sizes for this restore: windows are cut once they reach
+  // WindowTarget(total), so none holds more than the target plus one block (nor more than all).
+  std::uint64_t window_bytes = 0;
+  std::size_t window_count = 0;
+  if (!L.mla_layers().empty()) {
+    const std::uint64_t block = AlignUp(L.mla_chunk_block_bytes()), total = K * block;
+    window_bytes = std::min(total, WindowTarget(total) + block);
+    window_count = static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBuffers, K));
+  }
+  const std::uint64_t snap_bytes = kda.size() * AlignUp(L.state_block_bytes());
+  const auto rec_n = static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim();
+  const auto conv_n = static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols();
+  std::vector<std::unique_ptr<RestoreBuffers>> sets;
+  for (int i = 0; i < restores; ++i) sets.push_back(m.restore_buffers.Take());
+  Status error;
+  for (auto& set : sets) {
+    auto ensure = [&](RawBuffer& buf, std::uint64_t bytes) {
+      if (!error.ok() || bytes == 0) return;
+      const std::byte* before = buf.data();
+      if (!buf.Ensure(static_cast<std::size_t>(bytes), kRawAlign)) {
+        error = Status::OutOfCapacity(fmt::format("PrefixCache::Reserve: no memory for a {}-byte restore buffer", bytes));
+        return;
+      }
+      if (buf.data() != before) {
+        PopulateWrite(buf.data(), buf.capacity());
+        out.bytes_prepared += buf.capacity();
+      }
+    };
+    for (std::size_t b = 0; b < window_count; ++b) ensure(set->windows[b], window_bytes);
+    ensure(set->snapshots, snap_bytes);
+    if (error.ok()) {
+      try {
+        set->recurrent.resize(kda.size());
+        set->conv.resize(kda.size());
+        for (std::size_t j = 0; j < kda.size(); ++j)
+          for (auto [v, n] : {std::pair{&set->recurrent[j], rec_n}, std::pair{&set->conv[j], conv_n}}) {
+            if (v->size() >= n) continue;
+            v->resize(n);  // value-initialised: written, so faulted in
+            out.bytes_prepared += n * sizeof(float);
+          }
+      } catch (const std::bad_alloc&) {
+        error = Status::OutOfCapacity("PrefixCache::Reserve: no memory for the decoded KDA snapshots");
+      }
+    }
+    for (const auto& w : set->windows) out.bytes_held += w.data() ? w.capacity() : 0;
+    out.bytes_held += set->snapshots.data() ? set->snapshots.capacity() : 0;
+    for (const auto& v : set->recurrent) out.bytes_held += v.capacity() * sizeof(float);
+    for (const auto& v : set->conv) out.bytes_held += v.capacity() * sizeof(float);
+  }
+  out.sets = static_cast<int>(sets.size());
+  for (auto& set : sets) m.restore_buffers.Give(std::move(set));
+  if (!error.ok()) return error;
+  return out;
 }
 
 Result<RestoreReport> PrefixCache::Restore(const PrefixRequest& request, model::SequenceState* state) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -39,6 +40,37 @@ void SequenceState::Reset() {
     l.latents.clear();
     l.tokens = 0;
   }
+}
+
+Status SequenceState::Reserve(std::int64_t tokens) {
+  if (tokens < 0) return Status::InvalidArgument(fmt::format("SequenceState::Reserve: negative token count {}", tokens));
+  const auto n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(mla_width_);
+  try {
+    for (auto& l : layers_) {
+      if (!l.is_mla || l.latents.capacity() >= n) continue;
+      l.latents.reserve(n);
+      // Write the new room once (value-initialised rows, then cut back): the pages are faulted in
+      // now, not by the first restore or forward pass that appends into them.
+      const std::size_t held = l.latents.size();
+      l.latents.resize(n);
+      l.latents.resize(held);
+    }
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfCapacity(
+        fmt::format("SequenceState::Reserve: no memory for {} tokens of MLA latents ({} floats per layer)", tokens, n));
+  }
+  return Status::Ok();
+}
+
+std::int64_t SequenceState::reserved_tokens() const {
+  if (mla_width_ <= 0) return 0;
+  std::int64_t out = -1;
+  for (const auto& l : layers_)
+    if (l.is_mla) {
+      const auto t = static_cast<std::int64_t>(l.latents.capacity() / static_cast<std::size_t>(mla_width_));
+      out = out < 0 ? t : std::min(out, t);
+    }
+  return std::max<std::int64_t>(out, 0);
 }
 
 Result<std::vector<std::byte>> SequenceState::ExportLayer(int l) const {
