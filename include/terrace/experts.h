@@ -75,6 +75,12 @@ class Predictor {
                           std::vector<Prediction>* out) {
     (void)step, (void)layer, (void)hidden, (void)tokens, (void)out;
   }
+  // Step `step` starts: `embedding` [tokens, hidden_size] is what layer 0 starts from (the forward
+  // pass's on_embedding hook, before any layer of the step has run).
+  virtual void OnTokenStart(std::int64_t step, std::span<const float> embedding, std::int64_t tokens,
+                            std::vector<Prediction>* out) {
+    (void)step, (void)embedding, (void)tokens, (void)out;
+  }
 };
 
 struct LookaheadOptions {
@@ -83,6 +89,11 @@ struct LookaheadOptions {
   // 1) stays >= min_confidence (depth gated by confidence); a gated distance is still tried every
   // 8th step so that its estimate can recover.
   double min_confidence = 0.5;
+  // At token start (OnTokenStart) predict the first `embedding_depth` MoE layers of the step from
+  // the embedding (0: off), so their loads start before layer 0 runs. Each such target is gated
+  // like a distance > 1: predicted while its own running precision stays >= min_confidence, and
+  // tried every 8th step otherwise.
+  int embedding_depth = 1;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
 std::unique_ptr<Predictor> MakeNonePredictor();
@@ -252,11 +263,14 @@ class ExpertOffload final : public model::ExpertProvider {
   void Release(int layer, int expert) override;
   void Prefetch(int layer, std::span<const int> experts) override;
 
-  // Installs on_routing (expert load) and on_layer_end (predictor) into `options`, chaining any
+  // Installs on_routing (expert load), on_embedding and on_layer_end (predictor) into `options`, chaining any
   // callbacks already there. The callbacks hold a plain pointer: this object must outlive them.
   void AttachHooks(model::ForwardOptions* options);
   // Lookahead's entry point (also called by the on_layer_end hook).
   void OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens);
+  // Token start (called by the on_embedding hook): starts the step's clock at layer 0 and issues
+  // the predictor's OnTokenStart predictions.
+  void OnTokenStart(std::span<const float> embedding, std::int64_t tokens);
 
   // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
   // provider, or an oracle built from trace() after a first run.

@@ -924,6 +924,15 @@ void ExpertOffload::OnLayerEnd(int layer, std::span<const float> hidden, std::in
   m.Submit(preds, /*score=*/true);
 }
 
+void ExpertOffload::OnTokenStart(std::span<const float> embedding, std::int64_t tokens) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  m.Advance(0);
+  std::vector<Prediction> preds;
+  m.predictor->OnTokenStart(m.step, embedding, tokens, &preds);
+  m.Submit(preds, /*score=*/true);
+}
+
 void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
   auto prev_routing = options->on_routing;
   options->on_routing = [this, prev_routing](int layer, const model::Routing& r) {
@@ -939,6 +948,11 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
   options->on_layer_end = [this, prev_end](int layer, std::span<const float> hidden, std::int64_t tokens) {
     if (prev_end) prev_end(layer, hidden, tokens);
     OnLayerEnd(layer, hidden, tokens);
+  };
+  auto prev_embedding = options->on_embedding;
+  options->on_embedding = [this, prev_embedding](std::span<const float> embedding, std::int64_t tokens) {
+    if (prev_embedding) prev_embedding(embedding, tokens);
+    OnTokenStart(embedding, tokens);
   };
 }
 
