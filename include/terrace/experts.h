@@ -56,8 +56,12 @@ struct RoutingTrace {
 struct Prediction {
   std::int64_t step = 0;
   int layer = 0;
-  std::vector<int> experts;
+  std::vector<int> experts;  // ascending
   double confidence = 1.0;
+  // A fresher prediction of the same (step, layer) than the predictor's earlier ones: queued
+  // prefetches for that target that `experts` leaves out are dropped (counted as cancelled);
+  // ones already handed to the store keep going. The scorer still counts every prediction.
+  bool supersedes = false;
 };
 
 // Predictors, behind one interface. Called under ExpertOffload's mutex, on the forward thread.
@@ -94,6 +98,9 @@ struct LookaheadOptions {
   // like a distance > 1: predicted while its own running precision stays >= min_confidence, and
   // tried every 8th step otherwise.
   int embedding_depth = 1;
+  // Predictions made after a layer supersede the earlier ones of the same target (Prediction::
+  // supersedes): what a fresher, nearer prediction leaves out and is still queued is not read.
+  bool supersede = true;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
 std::unique_ptr<Predictor> MakeNonePredictor();

@@ -55,6 +55,7 @@ struct BenchExpertsArgs {
   int lookahead_depth = 2;
   int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
   std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
+  bool no_lookahead_supersede = false;
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
@@ -382,6 +383,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         lo.depth = a.lookahead_depth;
         lo.embedding_depth = a.lookahead_embedding_depth;
         if (a.lookahead_min_confidence) lo.min_confidence = *a.lookahead_min_confidence;
+        lo.supersede = !a.no_lookahead_supersede;
         x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
       }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
@@ -658,6 +660,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["prompt_tokens"] = a.prompt;
     j["lookahead_depth"] = a.lookahead_depth;
     j["lookahead_embedding_depth"] = a.lookahead_embedding_depth;
+    j["lookahead_supersede"] = !a.no_lookahead_supersede;
     j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
@@ -910,6 +913,8 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddDoubleOption(cmd, "--lookahead-min-confidence", &a->lookahead_min_confidence, 0.0, 1.0,
                   "Running precision below which lookahead stops predicting a distance > 1 or an embedding target "
                   "(default 0.5)");
+  cmd->add_flag("--no-lookahead-supersede", a->no_lookahead_supersede,
+                "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");

@@ -470,6 +470,22 @@ struct ExpertOffload::Impl {
       if (score) scorer.Predict(p);
       const std::int64_t target = Ordinal(p.step, p.layer);
       if (target < now) continue;
+      if (p.supersedes) {
+        for (auto it = pending.begin(); it != pending.end();) {
+          if (it->target == target && !std::binary_search(p.experts.begin(), p.experts.end(), ExpertOf(it->slot))) {
+            Slot& s = slots[it->slot];
+            s.pending = false;
+            if (s.wanted == target) {
+              s.wanted = -1;
+              s.wanted_confidence = 0;
+            }
+            ++cancelled;
+            it = pending.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
       for (int e : p.experts) {
         if (e < 0 || e >= E) continue;
         const std::size_t i = static_cast<std::size_t>(p.layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);

@@ -53,7 +53,8 @@ class LookaheadPredictor final : public Predictor {
       if (j > 1 && conf < options_.min_confidence && step % 8 != 0) break;
       auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, hidden, tokens);
       if (!r.ok()) break;
-      Prediction p{step, target, Distinct(r->ids), conf};
+      // Nearer than any earlier prediction of this target (from the embedding or an earlier layer).
+      Prediction p{step, target, Distinct(r->ids), conf, options_.supersede};
       issued_.push_back({step, target, j, p.experts});
       out->push_back(std::move(p));
     }
