@@ -62,6 +62,10 @@ struct Prediction {
   // prefetches for that target that `experts` leaves out are dropped (counted as cancelled);
   // ones already handed to the store keep going. The scorer still counts every prediction.
   bool supersedes = false;
+  // A fresher prediction of this target will follow before its layer runs (lookahead at distance
+  // > 1): its items are held to max_inflight_prefetches even when confident, so that what the
+  // fresher one leaves out is still queued when it arrives.
+  bool provisional = false;
 };
 
 // Predictors, behind one interface. Called under ExpertOffload's mutex, on the forward thread.
@@ -99,7 +103,8 @@ struct LookaheadOptions {
   // tried every 8th step otherwise.
   int embedding_depth = 1;
   // Predictions made after a layer supersede the earlier ones of the same target (Prediction::
-  // supersedes): what a fresher, nearer prediction leaves out and is still queued is not read.
+  // supersedes), and those at distance > 1 are provisional (Prediction::provisional): what a
+  // fresher, nearer prediction leaves out and is still queued is not read.
   bool supersede = true;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.

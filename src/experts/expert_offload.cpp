@@ -117,6 +117,7 @@ struct Pending {
   std::size_t slot;
   std::int64_t target;
   double confidence;
+  bool provisional = false;  // Prediction::provisional: never admitted past max_inflight
 };
 
 struct LayerCounters {
@@ -403,8 +404,9 @@ struct ExpertOffload::Impl {
     for (const InFlight& f : inflight)
       if (!f.demand && f.unbooked > 0) nearest = std::min(nearest, f.target);
     auto admit = [&](const Pending& p) {
-      return spec_keys_inflight < max_inflight ||
-             (p.target == nearest && p.confidence >= confident_min && spec_keys_inflight < max_inflight_confident);
+      return spec_keys_inflight < max_inflight || (p.target == nearest && !p.provisional &&
+                                                   p.confidence >= confident_min &&
+                                                   spec_keys_inflight < max_inflight_confident);
     };
     while (!pending.empty() && admit(pending.front())) {
       Pending p = pending.front();
@@ -496,7 +498,14 @@ struct ExpertOffload::Impl {
         }
         if (s.state == SlotState::kAbsent && !s.pending) {
           s.pending = true;
-          pending.push_back(Pending{i, target, p.confidence});
+          pending.push_back(Pending{i, target, p.confidence, p.provisional});
+        } else if (s.pending && !p.provisional) {
+          for (Pending& q : pending) {
+            if (q.slot == i && q.target == target) {
+              q.provisional = false;
+              q.confidence = std::max(q.confidence, p.confidence);
+            }
+          }
         }
       }
     }
