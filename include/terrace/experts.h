@@ -56,8 +56,16 @@ struct RoutingTrace {
 struct Prediction {
   std::int64_t step = 0;
   int layer = 0;
-  std::vector<int> experts;
+  std::vector<int> experts;  // ascending
   double confidence = 1.0;
+  // A fresher prediction of the same (step, layer) than the predictor's earlier ones: queued
+  // prefetches for that target that `experts` leaves out are dropped (counted as cancelled);
+  // ones already handed to the store keep going. The scorer still counts every prediction.
+  bool supersedes = false;
+  // A fresher prediction of this target will follow before its layer runs (lookahead at distance
+  // > 1): its items are held to max_inflight_prefetches even when confident, so that what the
+  // fresher one leaves out is still queued when it arrives.
+  bool provisional = false;
 };
 
 // Predictors, behind one interface. Called under ExpertOffload's mutex, on the forward thread.
@@ -75,6 +83,12 @@ class Predictor {
                           std::vector<Prediction>* out) {
     (void)step, (void)layer, (void)hidden, (void)tokens, (void)out;
   }
+  // Step `step` starts: `embedding` [tokens, hidden_size] is what layer 0 starts from (the forward
+  // pass's on_embedding hook, before any layer of the step has run).
+  virtual void OnTokenStart(std::int64_t step, std::span<const float> embedding, std::int64_t tokens,
+                            std::vector<Prediction>* out) {
+    (void)step, (void)embedding, (void)tokens, (void)out;
+  }
 };
 
 struct LookaheadOptions {
@@ -83,6 +97,15 @@ struct LookaheadOptions {
   // 1) stays >= min_confidence (depth gated by confidence); a gated distance is still tried every
   // 8th step so that its estimate can recover.
   double min_confidence = 0.5;
+  // At token start (OnTokenStart) predict the first `embedding_depth` MoE layers of the step from
+  // the embedding (0: off), so their loads start before layer 0 runs. Each such target is gated
+  // like a distance > 1: predicted while its own running precision stays >= min_confidence, and
+  // tried every 8th step otherwise.
+  int embedding_depth = 1;
+  // Predictions made after a layer supersede the earlier ones of the same target (Prediction::
+  // supersedes), and those at distance > 1 are provisional (Prediction::provisional): what a
+  // fresher, nearer prediction leaves out and is still queued is not read.
+  bool supersede = true;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
 std::unique_ptr<Predictor> MakeNonePredictor();
@@ -252,11 +275,14 @@ class ExpertOffload final : public model::ExpertProvider {
   void Release(int layer, int expert) override;
   void Prefetch(int layer, std::span<const int> experts) override;
 
-  // Installs on_routing (expert load) and on_layer_end (predictor) into `options`, chaining any
+  // Installs on_routing (expert load), on_embedding and on_layer_end (predictor) into `options`, chaining any
   // callbacks already there. The callbacks hold a plain pointer: this object must outlive them.
   void AttachHooks(model::ForwardOptions* options);
   // Lookahead's entry point (also called by the on_layer_end hook).
   void OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens);
+  // Token start (called by the on_embedding hook): starts the step's clock at layer 0 and issues
+  // the predictor's OnTokenStart predictions.
+  void OnTokenStart(std::span<const float> embedding, std::int64_t tokens);
 
   // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
   // provider, or an oracle built from trace() after a first run.

@@ -48,13 +48,16 @@ struct Routing {
 // callback in which Model::CurrentAttnResView() returned it.
 struct AttnResView {
   const Model* model = nullptr;  // the model whose forward pass this is
-  int layer = -1;                // the layer whose hook is running
+  // The layer whose hook is running; -1 in on_embedding (before layer 0: no layer has run).
+  int layer = -1;
   std::int64_t tokens = 0;
   // The completed block vectors, oldest first (bank[0] is the embedding), each [tokens, hidden],
-  // including `layer`'s own push (when layer % attn_res_block_size == 0).
+  // including `layer`'s own push (when layer % attn_res_block_size == 0). At layer -1 the bank is
+  // [embedding]: layer 0's push, which is always the embedding, counted as done.
   std::span<const std::span<const float>> bank;
   // The running partial sum [tokens, hidden]: in on_ffn_input, the one `layer`'s FFN mix reads
   // (its mixer output included, its FFN output not); in on_layer_end, the hook's `hidden` span.
+  // Empty at layer -1 (layer 0's partial sum starts with its mixer output, not known yet).
   std::span<const float> partial;
 };
 
@@ -77,6 +80,14 @@ struct ForwardOptions {
   // layer's routing. For measuring predictors (docs/experts.md); valid only during the call; runs
   // on the forward pass's thread. Unset: no cost.
   std::function<void(int layer, std::span<const float> hidden, std::int64_t tokens)> on_ffn_input;
+  // Called once per pass at token start: after the embedding lookup, before layer 0 (and before
+  // on_layer_begin(0)), with the embedding rows [tokens, hidden] of this call's tokens, the
+  // residual stream layer 0 starts from. For predicting the first layers' routing before any
+  // layer has run: PredictRouting(l, hidden, tokens) on a plain residual model, and on a Block
+  // AttnRes model PredictRoutingAttnRes(l, *Model::CurrentAttnResView()), whose view has layer
+  // -1, bank [embedding] and an empty partial sum. Read-only; the span is valid only during the
+  // call; runs on the forward pass's thread; must be cheap or hand work off. Unset: no cost.
+  std::function<void(std::span<const float> hidden, std::int64_t tokens)> on_embedding;
   // Attention focus probe: called by every MLA layer, once per head, with that head's attention
   // probabilities for this call's tokens, `probs` [tokens, positions] row-major (positions = the
   // layer's cached tokens after this call; row i is the token at absolute position
@@ -125,7 +136,7 @@ class Model {
   Result<Routing> PredictRouting(int layer, std::span<const float> hidden, std::int64_t tokens) const;
 
   // For Block AttnRes models (attn_res_block_size > 0), on the forward pass's thread, while its
-  // on_ffn_input or on_layer_end callback runs: that pass's AttnResView (the innermost one, if a
+  // on_embedding, on_ffn_input or on_layer_end callback runs: that pass's AttnResView (the innermost one, if a
   // callback runs another pass). Null anywhere else and for plain residual models.
   static const AttnResView* CurrentAttnResView();
   // The routing layer `target`'s router would choose given the AttnRes state `view` of an earlier
@@ -135,9 +146,12 @@ class Model {
   // AttnRes(bank + [partial, if not empty], target's mlp_res_w / mlp_res_n), then RMSNorm
   // post_norm and the router as MoeForward applies it (docs/experts.md, "Predictors": what is
   // known and what is approximated). With an on_ffn_input view and target == view.layer nothing
-  // is replayed: the result is that layer's routing bit for bit. InvalidArgument for a plain
-  // model, a view of another model, a dense or out-of-range target, target < view.layer, or spans
-  // whose sizes are not tokens * hidden. Thread-safe; reads the view's spans only during the call.
+  // is replayed: the result is that layer's routing bit for bit. From an on_embedding view (layer
+  // -1, bank [embedding], no partial sum) every target's mix is over [embedding] alone, i.e. the
+  // embedding itself: the result equals PredictRouting(target, embedding, tokens) bit for bit.
+  // InvalidArgument for a plain model, a view of another model, a dense or out-of-range target,
+  // target < view.layer, a layer -1 view whose bank is not one block or whose partial sum is not
+  // empty, or spans whose sizes are not tokens * hidden. Thread-safe; reads the view's spans only during the call.
   Result<Routing> PredictRoutingAttnRes(int target, const AttnResView& view) const;
 
  private:
@@ -172,12 +186,13 @@ class Session {
   SequenceState& state() { return state_; }
   const SequenceState& state() const { return state_; }
   Profile& profile() { return profile_; }
-  // Callbacks (on_routing, on_layer_end, on_ffn_input, on_layer_begin, on_mla_attention) copied into every later
+  // Callbacks (on_routing, on_layer_end, on_ffn_input, on_embedding, on_layer_begin, on_mla_attention) copied into every later
   // Prefill / Decode's ForwardOptions; the other fields of `hooks` are ignored.
   void set_hooks(const ForwardOptions& hooks) {
     hooks_.on_routing = hooks.on_routing;
     hooks_.on_layer_end = hooks.on_layer_end;
     hooks_.on_ffn_input = hooks.on_ffn_input;
+    hooks_.on_embedding = hooks.on_embedding;
     hooks_.on_layer_begin = hooks.on_layer_begin;
     hooks_.on_mla_attention = hooks.on_mla_attention;
   }

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct BenchExpertsArgs {
   int decode = 32;
   int threads = 1;
   int lookahead_depth = 2;
+  int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
+  std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
+  bool no_lookahead_supersede = false;
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
@@ -377,6 +381,9 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       if (c.predictor == experts::PredictorKind::kLookahead) {
         experts::LookaheadOptions lo;
         lo.depth = a.lookahead_depth;
+        lo.embedding_depth = a.lookahead_embedding_depth;
+        if (a.lookahead_min_confidence) lo.min_confidence = *a.lookahead_min_confidence;
+        lo.supersede = !a.no_lookahead_supersede;
         x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
       }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
@@ -651,6 +658,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["all_miss_transfer_s"] = all_miss_s;
     j["all_miss_compute_ratio"] = all_miss_ratio;
     j["prompt_tokens"] = a.prompt;
+    j["lookahead_depth"] = a.lookahead_depth;
+    j["lookahead_embedding_depth"] = a.lookahead_embedding_depth;
+    j["lookahead_supersede"] = !a.no_lookahead_supersede;
+    j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
     j["nvme_read_bytes_per_s"] = nvme_bytes_per_s;
@@ -668,7 +679,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                             {"recall_at_distance_1", limit.recall_lookahead},
                             {"recall_from_true_router_input", limit.recall_true_input},
                             {"attention_update_ratio", limit.update_ratio},
-                            {"layer_update_ratio", limit.layer_update_ratio}};
+                            {"layer_update_ratio", limit.layer_update_ratio},
+                            {"recall_from_embedding", limit.recall_embedding}};
     for (const auto& r : results) {
       nlohmann::json c;
       c["name"] = r.name;
@@ -834,17 +846,19 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
                d.selection_behind_spec_keys, d.pump_held_inflight, d.pump_held_bytes, d.pump_held_selection);
   }
   {
-    std::string la, tr, up, lu, ls;
+    std::string la, tr, up, lu, ls, le;
     for (std::size_t i = 0; i < limit.layers.size(); ++i) {
       ls += fmt::format(" {}", limit.layers[i]);
+      le += fmt::format(" {:.2f}", limit.recall_embedding[i]);
       la += fmt::format(" {:.2f}", limit.recall_lookahead[i]);
       tr += fmt::format(" {:.2f}", limit.recall_true_input[i]);
       up += fmt::format(" {:.2f}", limit.update_ratio[i]);
       lu += fmt::format(" {:.2f}", limit.layer_update_ratio[i]);
     }
     fmt::print("lookahead limit (resident decode), MoE layers{}: router recall at distance 1 (lookahead's input){}, "
-               "from the router's true input{}; attention update / residual norm{}; whole-layer update / residual norm{}\n",
-               ls, la, tr, up, lu);
+               "from the router's true input{}, from the embedding (token start){}; attention update / residual norm{}; "
+               "whole-layer update / residual norm{}\n",
+               ls, la, tr, le, up, lu);
   }
   fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
              advised ? "accepted" : "refused for some shard", drop_caches,
@@ -894,6 +908,13 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--decode", &a->decode, 1, 65536, "Timed decode tokens per configuration");
   AddIntOption(cmd, "--threads", &a->threads, 1, 256, "OpenBLAS threads");
   AddIntOption(cmd, "--lookahead-depth", &a->lookahead_depth, 1, 64, "Layers the lookahead rows predict ahead");
+  AddIntOption(cmd, "--lookahead-embedding-depth", &a->lookahead_embedding_depth, 0, 64,
+               "MoE layers the lookahead rows predict from the embedding at token start (0: off; default 1)");
+  AddDoubleOption(cmd, "--lookahead-min-confidence", &a->lookahead_min_confidence, 0.0, 1.0,
+                  "Running precision below which lookahead stops predicting a distance > 1 or an embedding target "
+                  "(default 0.5)");
+  cmd->add_flag("--no-lookahead-supersede", a->no_lookahead_supersede,
+                "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");

@@ -117,6 +117,7 @@ struct Pending {
   std::size_t slot;
   std::int64_t target;
   double confidence;
+  bool provisional = false;  // Prediction::provisional: never admitted past max_inflight
 };
 
 struct LayerCounters {
@@ -403,8 +404,9 @@ struct ExpertOffload::Impl {
     for (const InFlight& f : inflight)
       if (!f.demand && f.unbooked > 0) nearest = std::min(nearest, f.target);
     auto admit = [&](const Pending& p) {
-      return spec_keys_inflight < max_inflight ||
-             (p.target == nearest && p.confidence >= confident_min && spec_keys_inflight < max_inflight_confident);
+      return spec_keys_inflight < max_inflight || (p.target == nearest && !p.provisional &&
+                                                   p.confidence >= confident_min &&
+                                                   spec_keys_inflight < max_inflight_confident);
     };
     while (!pending.empty() && admit(pending.front())) {
       Pending p = pending.front();
@@ -470,6 +472,22 @@ struct ExpertOffload::Impl {
       if (score) scorer.Predict(p);
       const std::int64_t target = Ordinal(p.step, p.layer);
       if (target < now) continue;
+      if (p.supersedes) {
+        for (auto it = pending.begin(); it != pending.end();) {
+          if (it->target == target && !std::binary_search(p.experts.begin(), p.experts.end(), ExpertOf(it->slot))) {
+            Slot& s = slots[it->slot];
+            s.pending = false;
+            if (s.wanted == target) {
+              s.wanted = -1;
+              s.wanted_confidence = 0;
+            }
+            ++cancelled;
+            it = pending.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
       for (int e : p.experts) {
         if (e < 0 || e >= E) continue;
         const std::size_t i = static_cast<std::size_t>(p.layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);
@@ -480,7 +498,14 @@ struct ExpertOffload::Impl {
         }
         if (s.state == SlotState::kAbsent && !s.pending) {
           s.pending = true;
-          pending.push_back(Pending{i, target, p.confidence});
+          pending.push_back(Pending{i, target, p.confidence, p.provisional});
+        } else if (s.pending && !p.provisional) {
+          for (Pending& q : pending) {
+            if (q.slot == i && q.target == target) {
+              q.provisional = false;
+              q.confidence = std::max(q.confidence, p.confidence);
+            }
+          }
         }
       }
     }
@@ -924,6 +949,15 @@ void ExpertOffload::OnLayerEnd(int layer, std::span<const float> hidden, std::in
   m.Submit(preds, /*score=*/true);
 }
 
+void ExpertOffload::OnTokenStart(std::span<const float> embedding, std::int64_t tokens) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  m.Advance(0);
+  std::vector<Prediction> preds;
+  m.predictor->OnTokenStart(m.step, embedding, tokens, &preds);
+  m.Submit(preds, /*score=*/true);
+}
+
 void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
   auto prev_routing = options->on_routing;
   options->on_routing = [this, prev_routing](int layer, const model::Routing& r) {
@@ -939,6 +973,11 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
   options->on_layer_end = [this, prev_end](int layer, std::span<const float> hidden, std::int64_t tokens) {
     if (prev_end) prev_end(layer, hidden, tokens);
     OnLayerEnd(layer, hidden, tokens);
+  };
+  auto prev_embedding = options->on_embedding;
+  options->on_embedding = [this, prev_embedding](std::span<const float> embedding, std::int64_t tokens) {
+    if (prev_embedding) prev_embedding(embedding, tokens);
+    OnTokenStart(embedding, tokens);
   };
 }
 

@@ -10,9 +10,11 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
   const int L = c.num_hidden_layers;
   std::vector<std::vector<float>> after(static_cast<std::size_t>(L));  // hidden leaving layer l, this step
   std::vector<double> tp_la(static_cast<std::size_t>(L), 0), tp_true(static_cast<std::size_t>(L), 0),
+      tp_emb(static_cast<std::size_t>(L), 0),
       routed(static_cast<std::size_t>(L), 0), ratio_sum(static_cast<std::size_t>(L), 0), ratio_n(static_cast<std::size_t>(L), 0),
       layer_sum(static_cast<std::size_t>(L), 0);
-  std::vector<std::vector<int>> pred_la(static_cast<std::size_t>(L)), pred_true(static_cast<std::size_t>(L));
+  std::vector<std::vector<int>> pred_la(static_cast<std::size_t>(L)), pred_true(static_cast<std::size_t>(L)),
+      pred_emb(static_cast<std::size_t>(L));
   bool measuring = false;
   Status failed;
   auto distinct = [](std::vector<int> v) {
@@ -21,6 +23,20 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
     return v;
   };
   model::ForwardOptions o;
+  o.on_embedding = [&](std::span<const float> h, std::int64_t T) {
+    if (!measuring) return;
+    const model::AttnResView* view = model::Model::CurrentAttnResView();
+    for (int l = 0; l < L; ++l) {
+      if (c.IsDenseLayer(l)) continue;
+      auto r = (c.attn_res_block_size > 0 && view != nullptr) ? m.PredictRoutingAttnRes(l, *view)
+                                                              : m.PredictRouting(l, h, T);
+      if (!r.ok()) {
+        failed = r.status();
+        return;
+      }
+      pred_emb[static_cast<std::size_t>(l)] = distinct(r->ids);
+    }
+  };
   o.on_layer_end = [&](int l, std::span<const float> h, std::int64_t T) {
     if (measuring && l > 0 && !c.IsDenseLayer(l)) {
       const auto& prev = after[static_cast<std::size_t>(l - 1)];
@@ -72,6 +88,7 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
     };
     tp_la[static_cast<std::size_t>(l)] += hits(pred_la[static_cast<std::size_t>(l)]);
     tp_true[static_cast<std::size_t>(l)] += hits(pred_true[static_cast<std::size_t>(l)]);
+    tp_emb[static_cast<std::size_t>(l)] += hits(pred_emb[static_cast<std::size_t>(l)]);
     routed[static_cast<std::size_t>(l)] += static_cast<double>(actual.size());
   };
   model::Session s(m);
@@ -86,6 +103,7 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
     out.layers.push_back(l);
     out.recall_lookahead.push_back(tp_la[static_cast<std::size_t>(l)] / routed[static_cast<std::size_t>(l)]);
     out.recall_true_input.push_back(tp_true[static_cast<std::size_t>(l)] / routed[static_cast<std::size_t>(l)]);
+    out.recall_embedding.push_back(tp_emb[static_cast<std::size_t>(l)] / routed[static_cast<std::size_t>(l)]);
     out.update_ratio.push_back(ratio_sum[static_cast<std::size_t>(l)] / std::max(ratio_n[static_cast<std::size_t>(l)], 1.0));
     out.layer_update_ratio.push_back(layer_sum[static_cast<std::size_t>(l)] / std::max(ratio_n[static_cast<std::size_t>(l)], 1.0));
   }

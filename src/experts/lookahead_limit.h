@@ -21,10 +21,13 @@ struct LookaheadLimit {
   // ||state leaving layer l - state leaving l - 1|| / ||state leaving l - 1||: the whole layer's
   // update (attention and MoE), in the hidden state the forward pass hands to on_layer_end.
   std::vector<double> layer_update_ratio;
+  // The recall of layer l's top-k from the embedding, as lookahead predicts it at token start
+  // (on_embedding: PredictRouting on the embedding, or PredictRoutingAttnRes on the layer -1 view).
+  std::vector<double> recall_embedding;
 };
 
 // Prefills `prompt`, then measures over `decode` greedy decode steps (the prefill is not scored).
-// Uses the model's on_layer_end, on_ffn_input and on_routing hooks of its own session.
+// Uses the model's on_embedding, on_layer_end, on_ffn_input and on_routing hooks of its own session.
 Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::vector<int>& prompt, int decode);
 
 }  // namespace terrace::experts

@@ -1,5 +1,6 @@
 // The predictors: none, lookahead (the next layers' routers on the current hidden state, or with
-// Block AttnRes on the mix those routers will read, as far as it is known after this layer),
+// Block AttnRes on the mix those routers will read, as far as it is known after this layer; at
+// token start the first MoE layers' routers on the embedding),
 // statistical (online transition counts) and oracle (a recorded trace of the same run).
 #include <algorithm>
 #include <numeric>
@@ -52,16 +53,47 @@ class LookaheadPredictor final : public Predictor {
       if (j > 1 && conf < options_.min_confidence && step % 8 != 0) break;
       auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, hidden, tokens);
       if (!r.ok()) break;
-      Prediction p{step, target, Distinct(r->ids), conf};
+      // Nearer than any earlier prediction of this target (from the embedding or an earlier layer).
+      Prediction p{step, target, Distinct(r->ids), conf, options_.supersede, options_.supersede && j > 1};
       issued_.push_back({step, target, j, p.experts});
       out->push_back(std::move(p));
+    }
+  }
+
+  // From the embedding: the first embedding_depth MoE layers, each gated by its own precision.
+  void OnTokenStart(std::int64_t step, std::span<const float> embedding, std::int64_t tokens,
+                    std::vector<Prediction>* out) override {
+    const model::ModelConfig& c = model_.config();
+    const model::AttnResView* attn_res = c.attn_res_block_size > 0 ? model::Model::CurrentAttnResView() : nullptr;
+    if (attn_res && (attn_res->model != &model_ || attn_res->layer != -1 || attn_res->tokens != tokens ||
+                     attn_res->bank.size() != 1 || attn_res->bank[0].data() != embedding.data()))
+      attn_res = nullptr;
+    model::AttnResView own;
+    const std::span<const float> bank[1] = {embedding};
+    if (c.attn_res_block_size > 0 && !attn_res) {
+      // A call from outside the hook: the view on_embedding would publish.
+      own = model::AttnResView{&model_, -1, tokens, bank, {}};
+      attn_res = &own;
+    }
+    int j = 0;
+    for (int target = 0; target < c.num_hidden_layers && j < options_.embedding_depth; ++target) {
+      if (c.IsDenseLayer(target)) continue;
+      const double conf = embedding_confidence_[static_cast<std::size_t>(j)];
+      if (conf < options_.min_confidence && step % 8 != 0) break;
+      auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, embedding, tokens);
+      if (!r.ok()) break;
+      Prediction p{step, target, Distinct(r->ids), conf};
+      issued_.push_back({step, target, -1 - j, p.experts});
+      out->push_back(std::move(p));
+      ++j;
     }
   }
 
   void OnRouting(std::int64_t step, int layer, std::span<const int> experts, std::vector<Prediction>*) override {
     for (auto it = issued_.begin(); it != issued_.end();) {
       if (it->step == step && it->layer == layer) {
-        double& c = confidence_[static_cast<std::size_t>(it->distance)];
+        double& c = it->distance < 0 ? embedding_confidence_[static_cast<std::size_t>(-1 - it->distance)]
+                                     : confidence_[static_cast<std::size_t>(it->distance)];
         c = 0.8 * c + 0.2 * Precision(it->experts, experts);
         it = issued_.erase(it);
       } else if (it->step < step) {
@@ -75,12 +107,14 @@ class LookaheadPredictor final : public Predictor {
  private:
   struct Issued {
     std::int64_t step;
-    int layer, distance;
+    int layer, distance;  // distance -1 - j: the embedding's j-th target
     std::vector<int> experts;
   };
   const model::Model& model_;
   LookaheadOptions options_;
   std::vector<double> confidence_;  // [distance]
+  std::vector<double> embedding_confidence_ =
+      std::vector<double>(static_cast<std::size_t>(std::max(options_.embedding_depth, 0)) + 1, 1.0);  // [j]
   std::vector<Issued> issued_;
 };
 

@@ -41,6 +41,10 @@ class ScopedAttnResView {
     view_ = AttnResView{m, layer, T, *spans, partial};
     t_attn_res_view = &view_;
   }
+  // Publishes a view built by the caller (its spans must outlive this object).
+  explicit ScopedAttnResView(const AttnResView& view) : prev_(t_attn_res_view), view_(view) {
+    t_attn_res_view = &view_;
+  }
   ~ScopedAttnResView() { t_attn_res_view = prev_; }
   ScopedAttnResView(const ScopedAttnResView&) = delete;
   ScopedAttnResView& operator=(const ScopedAttnResView&) = delete;
@@ -140,7 +144,7 @@ Result<Routing> Model::PredictRoutingAttnRes(int target, const AttnResView& v) c
   if (target < 0 || target >= config_.num_hidden_layers)
     return Status::InvalidArgument(
         fmt::format("PredictRoutingAttnRes: layer {} is out of range [0, {})", target, config_.num_hidden_layers));
-  if (v.layer < 0 || v.layer > target)
+  if (v.layer < -1 || v.layer > target)
     return Status::InvalidArgument(
         fmt::format("PredictRoutingAttnRes: the view is of layer {}, after target layer {}", v.layer, target));
   const LayerWeights& w = layer(target);
@@ -148,7 +152,13 @@ Result<Routing> Model::PredictRoutingAttnRes(int target, const AttnResView& v) c
     return Status::InvalidArgument(fmt::format("PredictRoutingAttnRes: layer {} is a dense layer (no router)", target));
   const std::int64_t d = config_.hidden_size, T = v.tokens;
   const auto n = static_cast<std::size_t>(std::max<std::int64_t>(T, 0) * d);
-  bool sizes_ok = T >= 1 && v.partial.size() == n && !v.bank.empty();
+  // Layer -1 (on_embedding): the bank is [embedding] and there is no partial sum yet.
+  const bool at_embedding = v.layer == -1;
+  if (at_embedding && (v.bank.size() != 1 || !v.partial.empty()))
+    return Status::InvalidArgument(fmt::format(
+        "PredictRoutingAttnRes: a layer -1 (embedding) view has a bank of one block and no partial sum (got {} "
+        "blocks and {} values)", v.bank.size(), v.partial.size()));
+  bool sizes_ok = T >= 1 && (at_embedding || v.partial.size() == n) && !v.bank.empty();
   for (const auto& b : v.bank) sizes_ok = sizes_ok && b.size() == n;
   if (!sizes_ok)
     return Status::InvalidArgument(fmt::format(
@@ -158,7 +168,8 @@ Result<Routing> Model::PredictRoutingAttnRes(int target, const AttnResView& v) c
   sources.reserve(v.bank.size() + static_cast<std::size_t>(target - v.layer) + 1);
   for (const auto& b : v.bank) sources.push_back(b.data());
   // Replay the bank pushes of layers v.layer + 1 .. target; their own updates are unknown (taken as zero).
-  const float* partial = v.partial.data();
+  // Layer 0's push (k = 0) is already in a layer -1 view's bank, and there is no partial sum to push.
+  const float* partial = at_embedding ? nullptr : v.partial.data();
   for (int k = v.layer + 1; k <= target; ++k) {
     if (k % bs != 0) continue;
     if (partial) sources.push_back(partial);
@@ -197,6 +208,17 @@ Result<Tensor> Model::ForwardImpl(std::span<const int> tokens, SequenceState* st
   std::vector<Rows> bank;  // per forward pass only (docs/model.md, "Block Attention Residuals")
   bank.reserve(static_cast<std::size_t>(config_.AttnResBankBlocks()));
   std::vector<std::span<const float>> bank_spans;  // the hooks' AttnResView::bank
+  if (o.on_embedding) {
+    if (bs > 0) {
+      // Layer 0 pushes the embedding into the bank first thing: publish the bank as [embedding].
+      bank_spans.assign(1, std::span<const float>(hidden));
+      const AttnResView view{this, -1, T, bank_spans, {}};
+      ScopedAttnResView scoped(view);
+      o.on_embedding(hidden, T);
+    } else {
+      o.on_embedding(hidden, T);
+    }
+  }
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const LayerWeights& w = layer(l);
     if (o.on_layer_begin) TERRACE_RETURN_IF_ERROR(o.on_layer_begin(l, T));

@@ -3,6 +3,7 @@
 // in flight stay under the cap; and corrupt or missing blocks are errors naming layer and expert,
 // or re-reads from the slower copy, counted.
 #include <atomic>
+#include <set>
 
 #include "experts_test_util.h"
 #include "tiers/fault/fault_tier.h"
@@ -299,6 +300,104 @@ TEST_CASE("a missing or corrupt home copy is an error naming the layer and exper
   CHECK(rotten.status().IsCorruption());
   CHECK(rotten.status().message().find("expert 2 of layer 4") != std::string::npos);
   CHECK(rotten.status().message().find("checksum") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace terrace::experts
+
+namespace terrace::experts {
+namespace {
+
+// Predicts eight experts of layer 3 after layer 0, then (a nearer prediction) two of them after
+// layer 1, superseding the first.
+class RefiningPredictor final : public Predictor {
+ public:
+  explicit RefiningPredictor(bool supersede) : supersede_(supersede) {}
+  std::string_view name() const override { return "refining"; }
+  void OnLayerEnd(std::int64_t step, int layer, std::span<const float>, std::int64_t,
+                  std::vector<Prediction>* out) override {
+    if (layer == 0) out->push_back(Prediction{step, 3, {0, 1, 2, 3, 4, 5, 6, 7}, 0.5});
+    if (layer == 1) out->push_back(Prediction{step, 3, {6, 7}, 0.5, supersede_});
+  }
+
+ private:
+  bool supersede_;
+};
+
+// A confident prediction of eight experts of layer 3 after layer 0, provisional or not, then a
+// superseding one of two of them after layer 1.
+class ProvisionalPredictor final : public Predictor {
+ public:
+  explicit ProvisionalPredictor(bool provisional) : provisional_(provisional) {}
+  std::string_view name() const override { return "provisional"; }
+  void OnLayerEnd(std::int64_t step, int layer, std::span<const float>, std::int64_t,
+                  std::vector<Prediction>* out) override {
+    if (layer == 0) out->push_back(Prediction{step, 3, {0, 1, 2, 3, 4, 5, 6, 7}, 0.9, true, provisional_});
+    if (layer == 1) out->push_back(Prediction{step, 3, {6, 7}, 0.9, true});
+  }
+
+ private:
+  bool provisional_;
+};
+
+TEST_CASE("a provisional prediction stays at the plain in-flight limit however confident", "[experts]") {
+  for (bool provisional : {true, false}) {
+    INFO("provisional " << provisional);
+    ExpertOffloadOptions opt;
+    opt.budget = *CacheBudget::Parse("100%");
+    opt.max_inflight_prefetches = 2;
+    opt.max_inflight_confident_prefetches = 8;
+    opt.max_speculative_bytes = 64 * BlockBytes();
+    opt.predictor = std::make_unique<ProvisionalPredictor>(provisional);
+    SlowRig rig = MakeSlowRig(std::move(opt), 8);
+    rig.slow->set_delay(std::chrono::milliseconds(20));
+    const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+    rig.offload->OnLayerEnd(0, hidden, 1);
+    rig.offload->OnLayerEnd(1, hidden, 1);
+    rig.offload->Quiesce();
+    std::set<int> read;
+    for (const BlockKey& k : rig.slow->reads())
+      if (LayerOf(k) == 3) read.insert(ExpertOf(k));
+    // Provisional: two handed to the store, the rest queued and superseded. Not provisional: a
+    // confident prediction for the nearest target, all eight handed to the store at once.
+    if (provisional) {
+      CHECK(read.size() <= 4);
+      CHECK(read.count(6) == 1);
+      CHECK(read.count(7) == 1);
+    } else {
+      CHECK(read.size() == 8);
+    }
+  }
+}
+
+TEST_CASE("a superseding prediction drops the queued prefetches it leaves out", "[experts]") {
+  for (bool supersede : {true, false}) {
+    INFO("supersedes " << supersede);
+    ExpertOffloadOptions opt;
+    opt.budget = *CacheBudget::Parse("100%");
+    opt.max_inflight_prefetches = 2;
+    opt.max_inflight_confident_prefetches = 2;
+    opt.max_speculative_bytes = 64 * BlockBytes();
+    opt.predictor = std::make_unique<RefiningPredictor>(supersede);
+    SlowRig rig = MakeSlowRig(std::move(opt), 8);
+    rig.slow->set_delay(std::chrono::milliseconds(20));
+    const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+    rig.offload->OnLayerEnd(0, hidden, 1);  // eight queued, two handed to the store
+    rig.offload->OnLayerEnd(1, hidden, 1);  // the nearer prediction: 6 and 7
+    rig.offload->Quiesce();
+    std::set<int> read;
+    for (const BlockKey& k : rig.slow->reads())
+      if (LayerOf(k) == 3) read.insert(ExpertOf(k));
+    if (supersede) {
+      // The two in flight before the refinement, and 6 and 7: at most four, 6 and 7 among them.
+      CHECK(read.size() <= 4);
+      CHECK(read.count(6) == 1);
+      CHECK(read.count(7) == 1);
+      CHECK(rig.offload->Metrics().prefetches_cancelled >= 4);
+    } else {
+      CHECK(read.size() == 8);
+    }
+  }
 }
 
 }  // namespace
