@@ -6,26 +6,20 @@
 
 #include <cuda_runtime_api.h>
 
-#include <iostream>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "terrace/store.h"
 #include "test_util.h"
 #include "tiers/hbm/hbm_tier.h"
 
 using namespace terrace;
 using terrace::testing::TempDir;
+using terrace::testing::SkipWithoutDevice;
 using terrace::testing::TestBytes;
 using terrace::testing::TestKey;
 
 namespace {
-
-bool SkipWithoutDevice() {
-  if (HbmCudaDeviceAvailable()) return false;
-  std::cout << "SKIPPED: no CUDA device" << std::endl;
-  SUCCEED("SKIPPED: no CUDA device");
-  return true;
-}
 
 // A cudaMalloc'ed buffer.
 struct DeviceBuffer {
