@@ -53,7 +53,7 @@ GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 
 # ---- 3. Build ----------------------------------------------------------------------------------
 MODE=none
-TESTS=(test_hbm_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda)
+TESTS=(test_hbm_cuda test_hbm_store_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda)
 BENCHES=(bench_hbm_bandwidth bench_hbm_tier bench_host_tier bench_codec_cuda)
 if command -v cmake >/dev/null && [[ -z ${TERRACE_GPU_CHECK_SKIP_FULL:-} ]]; then
   say "configuring the full project (TERRACE_CUDA=ON) in $BUILD/full"
@@ -95,7 +95,7 @@ say "build mode: $MODE"
 declare -A RESULT
 FAILED=0
 if [[ $MODE == full || $MODE == standalone ]]; then
-  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_emulated|test_host_tier|test_conformance|test_codec_cuda)$'
+  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_store_cuda|test_hbm_emulated|test_host_tier|test_conformance|test_codec_cuda)$'
   else TEST_RE='^test_hbm_'; fi
   say "running GPU tests"
   set +e
@@ -134,7 +134,7 @@ pick() {  # file, awk filter -> max GB/s
 echo
 echo "================ Terrace GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) ================"
 printf '%-44s %s\n' "build" "$MODE"
-for t in test_hbm_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda; do
+for t in test_hbm_cuda test_hbm_store_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda; do
   printf '%-44s %s\n' "$t" "${RESULT[$t]:-not run}"
 done
 printf '%-44s %s GB/s\n' "H2D pinned (peak over 64 KiB..256 MiB)"   "$(pick bench_hbm_bandwidth.log '$1=="RESULT" && $2=="pinned" && $3=="h2d"')"

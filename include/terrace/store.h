@@ -153,6 +153,16 @@ struct StoreStats {
   // NVMe read landing in a host reservation). Staged: through a store-side buffer.
   std::uint64_t direct_transfers = 0, direct_transfer_bytes = 0;
   std::uint64_t staged_transfers = 0, staged_transfer_bytes = 0;
+  // Device-buffer Gets (Get / GetBatch into BufferKind::kDevice): blocks copied out of the device
+  // tier into the caller's device memory (device to device; a block brought into that tier first
+  // is also counted above as a transfer).
+  std::uint64_t device_copies = 0, device_copy_bytes = 0;
+  // The store's staging (bounce) buffers allocated so far, by the memory they are in:
+  // registered with CUDA (cudaHostRegister: host <-> HBM copies from them are DMA; only in CUDA
+  // builds with a device present), mlock'ed, or pageable (mlock refused). bounce_memory names the
+  // kind: "cuda-registered", "mlock", "pageable", "mixed", or "none" (none allocated yet).
+  std::uint64_t bounce_cuda_registered = 0, bounce_locked = 0, bounce_pageable = 0;
+  std::string bounce_memory;
 };
 
 class Store {
@@ -208,12 +218,26 @@ class Store {
     std::span<std::byte> out;
     BlockDesc desc;  // filled on success
   };
+  // A GetBatch item whose buffer has a memory kind (BufferRef).
+  struct GetRefItem {
+    BlockKey key;
+    BufferRef out;
+    BlockDesc desc;  // filled on success
+  };
   // One Status per item, in order, each as the single-key call would return it. GetBatch hands
   // every block found only on NVMe to the tier in one batch (the reads share its I/O queue), so a
   // batch of small blocks is several times faster than the same Gets one by one. PutBatch and
   // EraseBatch run the items one after another.
   std::vector<Status> PutBatch(std::span<const PutItem> items);
   std::vector<Status> GetBatch(std::span<GetItem> items);
+  // GetBatch with buffers of any kind, one Status per item as Get(key, BufferRef) would return it.
+  // kHost / kPinnedHost items go through the span form above (as one batch). kDevice items: every
+  // block found only on NVMe is read in one tier batch (staged through the store's bounce
+  // buffers), placed in the first tier that takes device buffers, then copied device to device
+  // into `out`; blocks in a memory tier are moved there (direct from the host arena) and copied
+  // the same way. Checksums are verified on every path; a corrupt or missing block is an error
+  // for its item only. InvalidArgument for every kDevice item when no tier takes device buffers.
+  std::vector<Status> GetBatch(std::span<GetRefItem> items);
   std::vector<Status> EraseBatch(std::span<const BlockKey> keys);
 
   // Moves blocks up to `target` in the background; one Status per key, in order. Items not

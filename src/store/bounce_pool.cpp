@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "src/store/staging_memory.h"
+
 namespace terrace::store_internal {
 namespace {
 
@@ -18,14 +20,48 @@ thread_local int t_leases_held = 0;
 
 }  // namespace
 
-BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes)
-    : buffer_bytes_(BufferBytes(buffer_bytes)), count_(std::max<std::size_t>(count, 1)), buffers_(count_) {}
+BouncePool::BouncePool(std::size_t count, std::uint64_t buffer_bytes, bool cuda_register)
+    : buffer_bytes_(BufferBytes(buffer_bytes)),
+      count_(std::max<std::size_t>(count, 1)),
+      cuda_register_(cuda_register),
+      buffers_(count_) {}
 
 BouncePool::~BouncePool() {
   MutexLock lock(&mu_);
   for (Buffer& b : buffers_) {
-    if (b.locked) (void)munlock(b.mem.data(), buffer_bytes_);
+    if (b.pinning == Pinning::kCuda) staging_memory::Unregister(b.mem.data());
+    if (b.pinning == Pinning::kMlock) (void)munlock(b.mem.data(), buffer_bytes_);
   }
+}
+
+void BouncePool::Allocate(Buffer& b) {
+  b.mem = AlignedBuffer(static_cast<std::size_t>(buffer_bytes_), kAlign);
+  if (b.mem.data() == nullptr) return;
+  if (cuda_register_ && staging_memory::CudaDevicePresent() &&
+      staging_memory::Register(b.mem.data(), static_cast<std::size_t>(buffer_bytes_))) {
+    b.pinning = Pinning::kCuda;
+    ++memory_.cuda_registered;
+  } else if (mlock(b.mem.data(), buffer_bytes_) == 0) {
+    b.pinning = Pinning::kMlock;
+    ++memory_.locked;
+  } else {
+    ++memory_.pageable;
+  }
+}
+
+std::string_view BouncePool::Memory::Name() const {
+  const int kinds = (cuda_registered > 0) + (locked > 0) + (pageable > 0);
+  if (kinds == 0) return "none";
+  if (kinds > 1) return "mixed";
+  if (cuda_registered > 0) return "cuda-registered";
+  return locked > 0 ? "mlock" : "pageable";
+}
+
+BouncePool::Memory& BouncePool::Memory::operator+=(const Memory& o) {
+  cuda_registered += o.cuda_registered;
+  locked += o.locked;
+  pageable += o.pageable;
+  return *this;
 }
 
 BouncePool::Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
@@ -78,13 +114,7 @@ BouncePool::Lease BouncePool::Take(std::uint64_t bytes, bool wait, bool one_off)
         if (free_index >= 0) {
           Buffer& b = buffers_[static_cast<std::size_t>(free_index)];
           b.busy = true;
-          if (b.mem.data() == nullptr) {  // first use: allocate and lock it (allocation under mu_ is rare)
-            b.mem = AlignedBuffer(static_cast<std::size_t>(buffer_bytes_), kAlign);
-            if (b.mem.data() != nullptr) {
-              b.locked = mlock(b.mem.data(), buffer_bytes_) == 0;
-              if (!b.locked) unlocked_ = true;
-            }
-          }
+          if (b.mem.data() == nullptr) Allocate(b);
           if (b.mem.data() == nullptr) {
             b.busy = false;
             return Lease{};  // out of memory
@@ -151,7 +181,12 @@ std::uint64_t BouncePool::one_offs() const {
 
 bool BouncePool::all_locked() const {
   MutexLock lock(&mu_);
-  return !unlocked_;
+  return memory_.pageable == 0;
+}
+
+BouncePool::Memory BouncePool::memory() const {
+  MutexLock lock(&mu_);
+  return memory_;
 }
 
 }  // namespace terrace::store_internal

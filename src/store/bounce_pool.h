@@ -4,7 +4,10 @@
 //
 // - `count` buffers of `buffer_bytes` each (rounded up to 4 KiB), 4 KiB-aligned (so a tier with
 //   TierCaps::io_alignment transfers into them without a staging copy of its own), allocated on
-//   first use and kept, and mlock'ed where the system permits (a refusal is counted, not fatal).
+//   first use and kept. Page-locked on allocation: registered with CUDA (cudaHostRegister, through
+//   staging_memory.h) when `cuda_register` is set and a CUDA device is usable, so host <-> HBM
+//   copies from them are DMA; otherwise mlock'ed where the system permits; else pageable (a
+//   refusal is counted, not fatal). memory() says which kinds were allocated.
 // - A block larger than buffer_bytes uses the one oversize slot: an aligned buffer of the block's
 //   size (rounded to 4 KiB) allocated for that lease and freed when it ends. Memory held is
 //   therefore at most count * buffer_bytes plus one block.
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "src/common/aligned_buffer.h"
@@ -28,7 +32,7 @@ namespace terrace::store_internal {
 
 class BouncePool {
  public:
-  BouncePool(std::size_t count, std::uint64_t buffer_bytes);
+  BouncePool(std::size_t count, std::uint64_t buffer_bytes, bool cuda_register = true);
   ~BouncePool();
   BouncePool(const BouncePool&) = delete;
   BouncePool& operator=(const BouncePool&) = delete;
@@ -65,27 +69,42 @@ class BouncePool {
   // Acquires that had to wait for a buffer; one-off allocations made by nested acquires.
   std::uint64_t waits() const;
   std::uint64_t one_offs() const;
-  bool all_locked() const;  // every buffer allocated so far is mlock'ed
+  bool all_locked() const;  // every buffer allocated so far is page-locked (CUDA-registered or mlock'ed)
+
+  // The pool buffers allocated so far, by the memory they are in (oversize and one-off buffers,
+  // allocated per lease, are plain aligned memory and not counted).
+  struct Memory {
+    std::uint64_t cuda_registered = 0, locked = 0, pageable = 0;
+    // "cuda-registered", "mlock", "pageable", "mixed" (more than one kind), "none" (none yet).
+    std::string_view Name() const;
+    Memory& operator+=(const Memory& o);
+  };
+  Memory memory() const;
 
  private:
   static constexpr int kOversize = -2, kOneOff = -3;
   Lease Take(std::uint64_t bytes, bool wait, bool one_off);
   void Return(Lease& lease);
 
+  enum class Pinning : std::uint8_t { kNone, kCuda, kMlock };
+
   const std::uint64_t buffer_bytes_;
   const std::size_t count_;
+  const bool cuda_register_;
   mutable Mutex mu_;
   CondVar cv_;  // signalled when a buffer or the oversize slot is returned
   struct Buffer {
     AlignedBuffer mem;  // allocated on first use
-    bool locked = false;
+    Pinning pinning = Pinning::kNone;
     bool busy = false;
   };
+  // Allocates b's memory on first use and page-locks it (under mu_: first use is rare).
+  void Allocate(Buffer& b) TERRACE_REQUIRES(mu_);
   std::vector<Buffer> buffers_ TERRACE_GUARDED_BY(mu_);  // size fixed at construction
   bool oversize_busy_ TERRACE_GUARDED_BY(mu_) = false;
   std::uint64_t waits_ TERRACE_GUARDED_BY(mu_) = 0;
   std::uint64_t one_offs_ TERRACE_GUARDED_BY(mu_) = 0;
-  bool unlocked_ TERRACE_GUARDED_BY(mu_) = false;
+  Memory memory_ TERRACE_GUARDED_BY(mu_);
 };
 
 }  // namespace terrace::store_internal

@@ -1,6 +1,7 @@
-// Device-memory buffers (BufferKind::kDevice): Put and Get that go to and from a tier that takes
-// device buffers (TierCaps::device_buffers, the HBM tier) with no host bounce; the tier computes
-// and checks the checksum where the data is. Store::Put / Get with a BufferRef land here.
+// Device-memory buffers (BufferKind::kDevice): Put, Get and GetBatch that go to and from a tier
+// that takes device buffers (TierCaps::device_buffers, the HBM tier) with no host bounce; the tier
+// computes and checks the checksum where the data is. Store::Put / Get / GetBatch with a BufferRef
+// land here.
 #include <fmt/format.h>
 
 #include "src/store/store_impl.h"
@@ -16,6 +17,8 @@ Result<BlockDesc> Store::Get(const BlockKey& key, BufferRef out) {
   if (out.kind == BufferKind::kDevice) return impl_->GetDevice(key, out.bytes);
   return impl_->Get(key, out.bytes);
 }
+
+std::vector<Status> Store::GetBatch(std::span<GetRefItem> items) { return impl_->GetBatch(items); }
 
 namespace store_internal {
 
@@ -33,16 +36,11 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
   TERRACE_ASSIGN_OR_RETURN(const SlotMask old_mask, ReplaceableMask(key));
   BlockDesc desc;
   Status s = PlaceWith(target, key, data.size(), [&] {
-    TierCounters& m = slot(target).measured;
-    auto t0 = Clock::now();
-    Result<BlockDesc> r = tier(target).PutDevice(key, opts.codec, data);
-    m.write_latency.Record(NanosSince(t0));
-    if (!r.ok()) {
-      if (r.status().IsIoError()) m.Add(m.io_errors);
+    return TimedTierWrite(target, [&] {
+      Result<BlockDesc> r = tier(target).PutDevice(key, opts.codec, data);
+      if (r.ok()) desc = *r;
       return r.status();
-    }
-    desc = *r;
-    return Status::Ok();
+    });
   });
   if (!s.ok()) return s.WithContext(fmt::format("put {} from device memory into tier {}", key.ToString(), SlotName(target)));
   SlotMask new_mask = Bit(target);
@@ -62,16 +60,22 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
   return Status::Ok();
 }
 
+int StoreImpl::DeviceSlot() const {
+  for (int i = 0; i < slot_count(); ++i) {
+    if (tier(i).caps().device_buffers) return i;
+  }
+  return -1;
+}
+
+Status StoreImpl::NoDeviceTier(const BlockKey& key) {
+  return Status::InvalidArgument(fmt::format(
+      "get {} into device memory: no tier of this store writes device memory; configure the hbm tier or "
+      "get into a host buffer", key.ToString()));
+}
+
 Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte> out) {
-  int d = -1;
-  for (int i = 0; i < slot_count() && d < 0; ++i) {
-    if (tier(i).caps().device_buffers) d = i;
-  }
-  if (d < 0) {
-    return Status::InvalidArgument(fmt::format(
-        "get {} into device memory: no tier of this store writes device memory; configure the hbm tier or "
-        "get into a host buffer", key.ToString()));
-  }
+  const int d = DeviceSlot();
+  if (d < 0) return NoDeviceTier(key);
   DemandScope demand(*demand_);
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
@@ -93,6 +97,8 @@ Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte>
     if (s.ok() && got == desc) {
       if (!o.moved) CountGet(d);
       m.Add(m.bytes_read, desc.size);
+      device_copies_.fetch_add(1, std::memory_order_relaxed);
+      device_copy_bytes_.fetch_add(desc.size, std::memory_order_relaxed);
       MutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end() && (it->second.mask & Bit(d))) Policy(d).OnAccess(key);
@@ -107,6 +113,57 @@ Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte>
   }
   return Status::Corruption(fmt::format("block {}: every copy failed verification while getting it into device memory "
                                         "from tier {}", key.ToString(), SlotName(d)));
+}
+
+std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetRefItem> items) {
+  std::vector<Status> st(items.size());
+  std::vector<Store::GetItem> host;
+  std::vector<std::size_t> host_index;
+  std::vector<BulkItem> dev;
+  std::vector<std::size_t> dev_index;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].out.kind == BufferKind::kDevice) {
+      dev.push_back(BulkItem{items[i].key, {}, false, {}, {}});
+      dev_index.push_back(i);
+    } else {
+      host.push_back(Store::GetItem{items[i].key, items[i].out.bytes, {}});
+      host_index.push_back(i);
+    }
+  }
+  if (!host.empty()) {
+    std::vector<Status> hs = GetBatch(std::span<Store::GetItem>(host));
+    for (std::size_t k = 0; k < host.size(); ++k) {
+      if (hs[k].ok()) items[host_index[k]].desc = host[k].desc;
+      st[host_index[k]] = std::move(hs[k]);
+    }
+  }
+  if (dev.empty()) return st;
+  const int d = DeviceSlot();
+  if (d < 0) {
+    for (std::size_t k = 0; k < dev.size(); ++k) st[dev_index[k]] = NoDeviceTier(dev[k].key);
+    return st;
+  }
+  {
+    // Moves every block found only in a non-addressable tier (NVMe) up into the device tier with
+    // one tier read per source tier (staged through batch_bounce_: the device tier does not
+    // reserve); the rest is moved key by key below.
+    DemandScope demand(*demand_);
+    BulkFetch(dev, d, /*by_prefetch=*/false);
+  }
+  for (std::size_t k = 0; k < dev.size(); ++k) {
+    Store::GetRefItem& item = items[dev_index[k]];
+    // A copy lost to corruption, or a key gone: that is the item's answer. Anything else (moved,
+    // already there, not batched, a move that failed) is finished by the single-key device Get,
+    // which moves the block if it still has to and copies it device to device.
+    if (dev[k].handled && (dev[k].status.IsCorruption() || dev[k].status.IsNotFound())) {
+      st[dev_index[k]] = dev[k].status;
+      continue;
+    }
+    Result<BlockDesc> r = GetDevice(item.key, item.out.bytes);
+    if (r.ok()) item.desc = *r;
+    st[dev_index[k]] = r.status();
+  }
+  return st;
 }
 
 }  // namespace store_internal

@@ -20,12 +20,7 @@ Status StoreImpl::TimedTierGet(int t, const BlockKey& key, std::span<std::byte> 
 }
 
 Status StoreImpl::TimedTierPut(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
-  TierCounters& m = slot(t).measured;
-  auto t0 = Clock::now();
-  Status s = tier(t).Put(key, desc, data);
-  m.write_latency.Record(NanosSince(t0));
-  if (s.IsIoError()) m.Add(m.io_errors);
-  return s;
+  return TimedTierWrite(t, [&] { return tier(t).Put(key, desc, data); });
 }
 
 void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from) {

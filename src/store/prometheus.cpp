@@ -83,6 +83,14 @@ StoreStats StoreImpl::Stats() const {
   st.direct_transfer_bytes = ld(direct_transfer_bytes_);
   st.staged_transfers = ld(staged_transfers_);
   st.staged_transfer_bytes = ld(staged_transfer_bytes_);
+  st.device_copies = ld(device_copies_);
+  st.device_copy_bytes = ld(device_copy_bytes_);
+  BouncePool::Memory bounce = bounce_.memory();
+  bounce += batch_bounce_.memory();
+  st.bounce_cuda_registered = bounce.cuda_registered;
+  st.bounce_locked = bounce.locked;
+  st.bounce_pageable = bounce.pageable;
+  st.bounce_memory = std::string(bounce.Name());
   return st;
 }
 
@@ -140,6 +148,8 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_store_direct_transfer_bytes_total", {"Bytes of direct transfers.", st.direct_transfer_bytes}},
       {"terrace_store_staged_transfers_total", {"Blocks moved between tiers through a store-side copy.", st.staged_transfers}},
       {"terrace_store_staged_transfer_bytes_total", {"Bytes of staged transfers.", st.staged_transfer_bytes}},
+      {"terrace_store_device_copies_total", {"Blocks copied device to device into a caller's device buffer.", st.device_copies}},
+      {"terrace_store_device_copy_bytes_total", {"Bytes of device copies.", st.device_copy_bytes}},
   };
   for (const auto& [name, hv] : kStore) {
     Header(out, name, "counter", hv.first);
@@ -147,6 +157,10 @@ std::string StoreImpl::PrometheusText() const {
   }
   Header(out, "terrace_store_evictions_total", "counter", "Copies evicted, by eviction policy.");
   out += fmt::format("terrace_store_evictions_total{{policy=\"{}\"}} {}\n", st.eviction_policy, st.evictions);
+  Header(out, "terrace_store_bounce_buffers", "gauge", "Staging buffers allocated, by the memory they are in.");
+  out += fmt::format("terrace_store_bounce_buffers{{memory=\"cuda-registered\"}} {}\n", st.bounce_cuda_registered);
+  out += fmt::format("terrace_store_bounce_buffers{{memory=\"mlock\"}} {}\n", st.bounce_locked);
+  out += fmt::format("terrace_store_bounce_buffers{{memory=\"pageable\"}} {}\n", st.bounce_pageable);
   Header(out, "terrace_store_blocks", "gauge", "Distinct blocks stored.");
   out += fmt::format("terrace_store_blocks {}\n", st.blocks);
   return out;

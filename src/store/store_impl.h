@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/common/clock.h"
@@ -176,6 +177,7 @@ class StoreImpl {
   Status Flush();
 
   std::vector<Status> GetBatch(std::span<Store::GetItem> items);
+  std::vector<Status> GetBatch(std::span<Store::GetRefItem> items);  // device_path.cpp
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
@@ -305,6 +307,10 @@ class StoreImpl {
   Result<BlockDesc> GetDevice(const BlockKey& key, std::span<std::byte> out);
 
  private:
+  // The first slot whose tier takes device buffers (TierCaps::device_buffers), or -1.
+  int DeviceSlot() const;
+  // Result of a kDevice Get when DeviceSlot() < 0.
+  static Status NoDeviceTier(const BlockKey& key);
 
   // placement.cpp
   Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
@@ -325,6 +331,17 @@ class StoreImpl {
   void RefreshIoRegions(int from, int to);
   Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
   Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // Runs `write` (one write into slot t's tier, returning its Status), recording its latency and
+  // an IoError in the slot's store-measured counters. Every store write into a tier goes through it.
+  template <typename Write>
+  Status TimedTierWrite(int t, Write&& write) {
+    TierCounters& m = slot(t).measured;
+    const auto t0 = Clock::now();
+    Status s = std::forward<Write>(write)();
+    m.write_latency.Record(NanosSince(t0));
+    if (s.IsIoError()) m.Add(m.io_errors);
+    return s;
+  }
   // Sets e's mask to new_mask, telling the policies; `evicted_from` is the slot a policy eviction
   // removed the copy from, if any.
   void SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, int evicted_from = -1)
@@ -368,7 +385,7 @@ class StoreImpl {
   std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
       prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
-      staged_transfers_{0}, staged_transfer_bytes_{0};
+      staged_transfers_{0}, staged_transfer_bytes_{0}, device_copies_{0}, device_copy_bytes_{0};
 
   // Demand fetches in progress; speculative prefetch waits while there are any.
   const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();

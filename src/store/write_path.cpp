@@ -40,12 +40,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     if (!known) {
       BlockDesc desc{data.size(), opts.codec, 0};
       TERRACE_RETURN_IF_ERROR(PlaceWith(target, key, desc.size, [&] {
-        TierCounters& m = slot(target).measured;
-        const auto t0 = Clock::now();
-        Status s = tier(target).PutDescribing(key, &desc, data);
-        m.write_latency.Record(NanosSince(t0));
-        if (s.IsIoError()) m.Add(m.io_errors);
-        return s;
+        return TimedTierWrite(target, [&] { return tier(target).PutDescribing(key, &desc, data); });
       }));
       PublishPut(key, desc, 0, Bit(target));
       return Status::Ok();

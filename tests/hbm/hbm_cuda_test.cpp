@@ -10,21 +10,16 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "test_util.h"
 #include "tiers/hbm/hbm_tier.h"
 
 using namespace terrace;
+using terrace::testing::SkipWithoutDevice;
 using terrace::testing::TestBytes;
 using terrace::testing::TestKey;
 
 namespace {
-
-bool SkipWithoutDevice() {
-  if (HbmCudaDeviceAvailable()) return false;
-  std::cout << "SKIPPED: no CUDA device" << std::endl;
-  SUCCEED("SKIPPED: no CUDA device");
-  return true;
-}
 
 std::unique_ptr<Tier> MakeCuda(std::uint64_t capacity, unsigned streams = 2) {
   HbmTierOptions o;

@@ -1,7 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -24,6 +27,43 @@ std::unique_ptr<HostTier> MakeHost(std::uint64_t capacity, std::uint64_t chunk, 
   auto t = HostTier::Create(o);
   REQUIRE(t.ok());
   return std::move(t).value();
+}
+
+// Runs `readers` threads that Get `key` from `t` in a loop while `writer` runs on this thread, and
+// returns the number of reads that found the key but did not get exactly one of `versions` (bytes
+// and descriptor); NotFound (an erase in between) counts as neither.
+int RacingReadersBadReads(HostTier& t, const BlockKey& key, const std::vector<std::vector<std::byte>>& versions,
+                          int readers, const std::function<void()>& writer) {
+  std::size_t largest = 0;
+  for (const auto& v : versions) largest = std::max(largest, v.size());
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_reads{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < readers; ++r) {
+    threads.emplace_back([&] {
+      std::vector<std::byte> out(largest);
+      while (!stop.load()) {
+        BlockDesc d;
+        Status st = t.Get(key, out, &d);
+        if (st.IsNotFound()) continue;
+        bool matches = false;
+        for (const auto& v : versions) {
+          matches |= st.ok() && d == DescribeBlock(v) && std::memcmp(out.data(), v.data(), v.size()) == 0;
+        }
+        if (!matches) bad_reads.fetch_add(1);
+      }
+    });
+  }
+  std::exception_ptr failed;  // a REQUIRE in `writer`: stop and join the readers first, then rethrow
+  try {
+    writer();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  if (failed) std::rethrow_exception(failed);
+  return bad_reads.load();
 }
 
 }  // namespace
@@ -170,32 +210,14 @@ TEST_CASE("Readers racing overwrites and erases of one key see whole blocks") {
   const BlockKey key = TestKey(77);
   std::vector<std::vector<std::byte>> versions;
   for (int v = 0; v < 4; ++v) versions.push_back(TestBytes(100 + v, 64 * 1024 + v * 4096 + 3));
-  std::atomic<bool> stop{false};
-  std::atomic<int> ok_reads{0}, bad_reads{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 3; ++r) {
-    readers.emplace_back([&] {
-      std::vector<std::byte> out(128 * 1024);
-      while (!stop.load()) {
-        BlockDesc d;
-        Status st = t->Get(key, out, &d);
-        if (st.IsNotFound()) continue;
-        bool matches = false;
-        for (const auto& v : versions) {
-          matches |= st.ok() && d == DescribeBlock(v) && std::memcmp(out.data(), v.data(), v.size()) == 0;
-        }
-        (matches ? ok_reads : bad_reads).fetch_add(1);
-      }
-    });
-  }
-  for (int i = 0; i < 600; ++i) {
-    const auto& v = versions[i % versions.size()];
-    REQUIRE(t->Put(key, DescribeBlock(v), v).ok());
-    if (i % 5 == 4) (void)t->Erase(key);
-  }
-  stop = true;
-  for (auto& th : readers) th.join();
-  CHECK(bad_reads.load() == 0);
+  const int bad_reads = RacingReadersBadReads(*t, key, versions, 3, [&] {
+    for (int i = 0; i < 600; ++i) {
+      const auto& v = versions[i % versions.size()];
+      REQUIRE(t->Put(key, DescribeBlock(v), v).ok());
+      if (i % 5 == 4) (void)t->Erase(key);
+    }
+  });
+  CHECK(bad_reads == 0);
   CHECK(t->Stats().corruptions == 0);
   REQUIRE(t->CheckInvariants());
 }
@@ -222,32 +244,14 @@ TEST_CASE("Puts around the streaming-copy threshold read back byte-exact, from u
   const BlockKey key = TestKey(1000);
   std::vector<std::vector<std::byte>> versions;
   for (int v = 0; v < 3; ++v) versions.push_back(TestBytes(200 + v, tiers::kStreamCopyMinBytes + v * 8192 + 5));
-  std::atomic<bool> stop{false};
-  std::atomic<int> bad_reads{0};
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 2; ++r) {
-    readers.emplace_back([&] {
-      std::vector<std::byte> out(versions.back().size());
-      while (!stop.load()) {
-        BlockDesc d;
-        Status st = t->Get(key, out, &d);
-        if (st.IsNotFound()) continue;
-        bool matches = false;
-        for (const auto& v : versions) {
-          matches |= st.ok() && d == DescribeBlock(v) && std::memcmp(out.data(), v.data(), v.size()) == 0;
-        }
-        if (!matches) bad_reads.fetch_add(1);
-      }
-    });
-  }
   const int rounds = terrace::testing::kSanitizedBuild ? 40 : 300;
-  for (int i = 0; i < rounds; ++i) {
-    const auto& v = versions[i % versions.size()];
-    REQUIRE(t->Put(key, DescribeBlock(v), v).ok());
-  }
-  stop = true;
-  for (auto& th : readers) th.join();
-  CHECK(bad_reads.load() == 0);
+  const int bad_reads = RacingReadersBadReads(*t, key, versions, 2, [&] {
+    for (int i = 0; i < rounds; ++i) {
+      const auto& v = versions[i % versions.size()];
+      REQUIRE(t->Put(key, DescribeBlock(v), v).ok());
+    }
+  });
+  CHECK(bad_reads == 0);
   CHECK(t->Stats().corruptions == 0);
   REQUIRE(t->CheckInvariants());
 }

@@ -34,6 +34,28 @@ TEST_CASE("BouncePool: buffers are 4 KiB-aligned, rounded up, and reused") {
   CHECK_FALSE(pool.TryAcquire(100000).valid());  // one oversize lease at a time
 }
 
+TEST_CASE("BouncePool: memory() counts the pool buffers allocated, by the memory they are in") {
+  BouncePool pool(3, 4096, /*cuda_register=*/false);
+  CHECK(pool.memory().Name() == "none");
+  {
+    auto a = pool.Acquire(10);
+    auto b = pool.Acquire(10);
+    auto big = pool.Acquire(100000);  // oversize: per lease, not counted
+    REQUIRE((a.valid() && b.valid() && big.valid()));
+  }
+  auto again = pool.Acquire(10);  // reuses a buffer: nothing new allocated
+  const BouncePool::Memory m = pool.memory();
+  CHECK(m.cuda_registered == 0);  // registration off (and no device on this machine anyway)
+  CHECK(m.locked + m.pageable == 2);
+  CHECK(pool.all_locked() == (m.pageable == 0));
+  CHECK((m.Name() == "mlock" || m.Name() == "pageable" || m.Name() == "mixed"));
+  BouncePool::Memory mixed{1, 1, 0};
+  CHECK(mixed.Name() == "mixed");
+  mixed += BouncePool::Memory{0, 0, 2};
+  CHECK((mixed.cuda_registered == 1 && mixed.locked == 1 && mixed.pageable == 2));
+  CHECK(BouncePool::Memory{3, 0, 0}.Name() == "cuda-registered");
+}
+
 TEST_CASE("BouncePool: a caller waits for a free buffer instead of allocating one") {
   BouncePool pool(1, 4096);
   std::atomic<bool> got{false};

@@ -21,48 +21,48 @@ constexpr std::size_t kMinStreamBytes = 4 * kLine;
 
 #ifdef TERRACE_STREAM_COPY_X86
 
-// Both kernels: memcpy up to the first 64-byte boundary of dst, stream whole steps of the body
+// The streaming kernels are one body (StreamBody) over an ISA's vector move: an unaligned load and
+// an aligned streaming store of kWidth bytes. Each kernel is StreamBody instantiated inside a
+// function compiled for its ISA; `flatten` inlines the moves there (a move compiled for AVX2
+// cannot be inlined into a function compiled without it, so the body itself carries no target).
+struct Sse2Move {
+  static constexpr std::size_t kWidth = 16;
+  static void Move(std::byte* dst, const std::byte* src) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  }
+};
+struct Avx2Move {
+  static constexpr std::size_t kWidth = 32;
+  __attribute__((target("avx2"))) static void Move(std::byte* dst, const std::byte* src) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  }
+};
+
+// memcpy up to the first 64-byte boundary of dst, stream whole steps of four moves of the body
 // (unaligned loads, aligned streaming stores), memcpy the rest. No fence: the caller sfences.
-void StreamSse2(std::byte* dst, const std::byte* src, std::size_t n) {
+template <typename V>
+inline void StreamBody(std::byte* dst, const std::byte* src, std::size_t n) {
   const std::size_t head = (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
   std::memcpy(dst, src, head);
   dst += head;
   src += head;
   n -= head;
-  constexpr std::size_t kStep = 64;
+  constexpr std::size_t kW = V::kWidth, kStep = 4 * kW;
   const std::size_t body = n / kStep * kStep;
   for (std::size_t i = 0; i < body; i += kStep) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    V::Move(dst + i, src + i);
+    V::Move(dst + i + kW, src + i + kW);
+    V::Move(dst + i + 2 * kW, src + i + 2 * kW);
+    V::Move(dst + i + 3 * kW, src + i + 3 * kW);
   }
   std::memcpy(dst + body, src + body, n - body);
 }
 
-__attribute__((target("avx2"))) void StreamAvx2(std::byte* dst, const std::byte* src, std::size_t n) {
-  const std::size_t head = (kLine - (reinterpret_cast<std::uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
-  std::memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  constexpr std::size_t kStep = 128;
-  const std::size_t body = n / kStep * kStep;
-  for (std::size_t i = 0; i < body; i += kStep) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
-    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
-  }
-  std::memcpy(dst + body, src + body, n - body);
+__attribute__((flatten)) void StreamSse2(std::byte* dst, const std::byte* src, std::size_t n) {
+  StreamBody<Sse2Move>(dst, src, n);
+}
+__attribute__((target("avx2"), flatten)) void StreamAvx2(std::byte* dst, const std::byte* src, std::size_t n) {
+  StreamBody<Avx2Move>(dst, src, n);
 }
 
 // `k` is kSse2 or kAvx2 (supported), n >= kMinStreamBytes.
