@@ -21,6 +21,7 @@
 // prompt computed from token 0 (storing the prefix as it
 // goes), and its time is the row's recompute TTFT. Progress goes to stderr every few seconds.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,13 @@ struct BenchKvArgs {
   KvRunArgs kv;
   bool json = false;
 };
+
+// The process's minor page faults so far (every thread, getrusage RUSAGE_SELF).
+long MinorFaults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -288,12 +296,15 @@ int RunBenchKv(const BenchKvArgs& a) {
     // page touched for the first time inside the restore.
     std::optional<kv::CachedPrefill> ru;
     double ttft_unprepared = 0, tier_unprepared = 0;
+    long faults_unprepared = 0;
     {
       model::Session fresh(**m);
+      const long fu = MinorFaults();
       const auto tu = std::chrono::steady_clock::now();
       auto r = kv::PrefillWithCache(&fresh, *run->cache, run->cache->Prepare(prompt, ""),
                                     {.restore = true, .write_back = false});
       ttft_unprepared = Since(tu);
+      faults_unprepared = MinorFaults() - fu;
       if (!r.ok()) {
         rc = Fail(r.status().ToString());
         break;
@@ -330,9 +341,11 @@ int RunBenchKv(const BenchKvArgs& a) {
         reserved->bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
                                        static_cast<std::uint64_t>(turn2.state().mla_width()) * sizeof(float) *
                                        run->cache->layout().mla_layers().size();
+    const long f2 = MinorFaults();
     const auto t0 = std::chrono::steady_clock::now();
     auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
     const double ttft_restore = Since(t0);
+    const long faults_prepared = MinorFaults() - f2;
     if (!r2.ok()) {
       rc = Fail(r2.status().ToString());
       break;
@@ -359,9 +372,11 @@ int RunBenchKv(const BenchKvArgs& a) {
     const double tier_mb = *raw;
     // Warm: the same restore into the same state after Reset (memory reused), same cache.
     turn2.state().Reset();
+    const long fw = MinorFaults();
     const auto tw = std::chrono::steady_clock::now();
     auto rw = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
     const double ttft_warm = Since(tw);
+    const long faults_warm = MinorFaults() - fw;
     if (!rw.ok()) {
       rc = Fail(rw.status().ToString());
       break;
@@ -395,6 +410,10 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["prepare_bytes"] = prepare_bytes;
     const std::uint64_t unprepared_bytes = ru->restore.kv_bytes + ru->restore.state_bytes;
     const double unprepared_mb = ru->restore.seconds > 0 ? static_cast<double>(unprepared_bytes) / ru->restore.seconds / 1e6 : 0.0;
+    // Minor page faults of the whole process during each TTFT (restore + the suffix's forward pass).
+    row["ttft_minor_faults"] = faults_prepared;
+    row["cold_unprepared_ttft_minor_faults"] = faults_unprepared;
+    row["warm_ttft_minor_faults"] = faults_warm;
     row["cold_unprepared_ttft_restore_s"] = ttft_unprepared;
     row["cold_unprepared_restored_tokens"] = ru->restored_tokens;
     row["cold_unprepared_restore_s"] = ru->restore.seconds;

@@ -16,8 +16,10 @@
 // else one reserved for the whole prompt up front (address space only); grown window by window by
 // the decoder and moved into the state when the layer is retrieved, not copied. Fresh pages (the
 // later window buffers, then the latents from the last window back) are faulted in by a faulter
-// thread while the reads are in flight. Every block is a multiple of 4 KiB (block format 2) and
-// lands at a 4 KiB-aligned offset, so the NVMe tier reads it without a staging copy.
+// thread while the reads are in flight; an embedder that prepared the memory before the first
+// request (PrefixCache::Reserve, SequenceState::Reserve) has none to fault. Every block is a
+// multiple of 4 KiB (block format 2) and lands at a 4 KiB-aligned offset, so the NVMe tier reads
+// it without a staging copy.
 #include <sys/mman.h>
 #include <unistd.h>
 

@@ -172,11 +172,6 @@ long MinorFaults() {
 // state fault in their window buffers and latents inside the restore; prepared ones fault only what
 // the restore's threads themselves need (stacks, thread arenas): a small fraction of the first.
 TEST_CASE("a restore into reserved memory faults in almost none of the pages an unprepared one does") {
-  // glibc raises its mmap threshold when a large block is freed (the prefill below frees its
-  // latents), and would then serve the unprepared restore's latents from heap pages already
-  // faulted in; fixing the threshold at its default keeps every large allocation fresh, as in a new
-  // process (a fixed threshold only changes where later large blocks of this binary come from).
-  REQUIRE(::mallopt(M_MMAP_THRESHOLD, 128 * 1024) == 1);
   const auto& m = Toy();
   auto store = HostStore();
   auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
@@ -195,6 +190,9 @@ TEST_CASE("a restore into reserved memory faults in almost none of the pages an 
       auto fresh = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
       REQUIRE(fresh.ok());
       auto state = model::SequenceState::ForConfig(m.ckpt.config);
+      // malloc may serve the restore's allocations from heap pages earlier tests freed (already
+      // faulted in); give every free page back first (madvise DONTNEED), as in a new process.
+      ::malloc_trim(0);
       const long f0 = MinorFaults();
       auto r = (*fresh)->Restore(req, &state);
       const long f1 = MinorFaults();
@@ -208,6 +206,7 @@ TEST_CASE("a restore into reserved memory faults in almost none of the pages an 
       REQUIRE((*fresh)->Reserve(n).ok());
       auto state = model::SequenceState::ForConfig(m.ckpt.config);
       REQUIRE(state.Reserve(n).ok());
+      ::malloc_trim(0);  // the same for the prepared restore (its reserved memory is in use: kept)
       const long f0 = MinorFaults();
       auto r = (*fresh)->Restore(req, &state);
       const long f1 = MinorFaults();

@@ -120,6 +120,14 @@ def test_bench_kv_json_rows(toy, tmp_path):
         assert r["logits_max_rel_err_vs_recompute"] == 0.0  # f32: bitwise
         # Above --recompute-max-tokens the cold run is turn 1 (the whole prompt, storing the prefix).
         assert r["recompute_in_turn1"] == (r["prefix_tokens"] > 64)
+        # The headline restore is a fresh cache's first restore into memory prepared at open (timed
+        # apart); the unprepared first restore and the warm one restore the same tokens, bitwise.
+        assert r["prepare_s"] >= 0 and r["prepare_bytes"] > 0
+        assert r["cold_unprepared_restored_tokens"] == r["warm_restored_tokens"] == r["prefix_tokens"]
+        assert r["cold_unprepared_restore_s"] > 0 and r["cold_unprepared_tier_read_mb_per_s"] > 0
+        assert r["cold_unprepared_logits_bitwise_equal"] and r["warm_logits_bitwise_equal"]
+        for k in ("ttft_minor_faults", "cold_unprepared_ttft_minor_faults", "warm_ttft_minor_faults"):
+            assert r[k] >= 0, k
     # The bench removed what it created.
     assert not (tmp_path / "b").exists()
 
