@@ -103,9 +103,12 @@ struct LookaheadOptions {
   // tried every 8th step otherwise.
   int embedding_depth = 1;
   // Predictions made after a layer supersede the earlier ones of the same target (Prediction::
-  // supersedes), and those at distance > 1 are provisional (Prediction::provisional): what a
-  // fresher, nearer prediction leaves out and is still queued is not read.
+  // supersedes): what a fresher, nearer prediction leaves out and is still queued is not read.
   bool supersede = true;
+  // Predictions at distance > 1 are provisional (Prediction::provisional: held to two in flight
+  // until the nearer prediction arrives). Off by default: it read 2-5% less on moe-bench-plain but
+  // lost in the median of alternating runs on moe-bench (docs/benchmarks.md).
+  bool provisional = false;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
 std::unique_ptr<Predictor> MakeNonePredictor();

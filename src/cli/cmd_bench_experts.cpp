@@ -56,6 +56,7 @@ struct BenchExpertsArgs {
   int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
   std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
   bool no_lookahead_supersede = false;
+  bool lookahead_provisional = false;
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
@@ -384,6 +385,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         lo.embedding_depth = a.lookahead_embedding_depth;
         if (a.lookahead_min_confidence) lo.min_confidence = *a.lookahead_min_confidence;
         lo.supersede = !a.no_lookahead_supersede;
+        lo.provisional = a.lookahead_provisional;
         x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
       }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
@@ -661,6 +663,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["lookahead_depth"] = a.lookahead_depth;
     j["lookahead_embedding_depth"] = a.lookahead_embedding_depth;
     j["lookahead_supersede"] = !a.no_lookahead_supersede;
+    j["lookahead_provisional"] = a.lookahead_provisional;
     j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
@@ -915,6 +918,8 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
                   "(default 0.5)");
   cmd->add_flag("--no-lookahead-supersede", a->no_lookahead_supersede,
                 "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
+  cmd->add_flag("--lookahead-provisional", a->lookahead_provisional,
+                "Hold lookahead's distance > 1 predictions to two in flight until the nearer prediction arrives");
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");

@@ -54,7 +54,7 @@ class LookaheadPredictor final : public Predictor {
       auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, hidden, tokens);
       if (!r.ok()) break;
       // Nearer than any earlier prediction of this target (from the embedding or an earlier layer).
-      Prediction p{step, target, Distinct(r->ids), conf, options_.supersede, options_.supersede && j > 1};
+      Prediction p{step, target, Distinct(r->ids), conf, options_.supersede, options_.provisional && j > 1};
       issued_.push_back({step, target, j, p.experts});
       out->push_back(std::move(p));
     }
