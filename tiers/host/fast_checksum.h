@@ -37,4 +37,27 @@ inline std::uint64_t CopyAndChecksum(std::byte* dst, const std::byte* src, std::
   return XXH3_64bits_digest(&state);
 }
 
+// Returns the checksum of n bytes at src and copies them to dst: each piece is hashed where it
+// lies, then copied while it is still in cache. The checksum covers the source bytes (a get's
+// verification of the tier's copy); src must not change during the call. On a DRAM-bound read
+// this runs at 0.88x memcpy against 0.74x for CopyAndChecksum (one 2 GiB pass, Xeon with
+// AVX-512, docs/benchmarks.md): the hash's loads pull the lines in, the copy then reads cache.
+inline std::uint64_t ChecksumAndCopy(std::byte* dst, const std::byte* src, std::size_t n) {
+  constexpr std::size_t kPiece = 8 * 1024;
+  if (n <= kPiece) {
+    const std::uint64_t sum = XXH3_64bits(src, n);
+    if (n > 0) std::memcpy(dst, src, n);
+    return sum;
+  }
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (std::size_t off = 0; off < n; off += kPiece) {
+    const std::size_t len = std::min(kPiece, n - off);
+    XXH3_64bits_update(&state, src + off, len);
+    std::memcpy(dst + off, src + off, len);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
 }  // namespace terrace::tiers

@@ -193,7 +193,7 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
                                                "the block ({} bytes); Lookup the size first",
                                                key.ToString(), out.size(), t.desc.size));
   }
-  const std::uint64_t sum = t.desc.size > 0 ? tiers::CopyAndChecksum(out.data(), Address(t.extent), t.desc.size)
+  const std::uint64_t sum = t.desc.size > 0 ? tiers::ChecksumAndCopy(out.data(), Address(t.extent), t.desc.size)
                                            : tiers::FastChecksum(nullptr, 0);
   const bool corrupt = sum != t.desc.checksum;
   arena_.EndRead(key, t, corrupt);
