@@ -14,13 +14,7 @@ namespace terrace::experts {
 namespace {
 
 std::unique_ptr<model::ModelDir> InitDir(const model::ModelConfig& c, const std::filesystem::path& dir) {
-  model::InitOptions o;
-  o.seed = 7;
-  o.random_expert_codes = true;
-  REQUIRE(model::InitWeights(c, dir, o).ok());
-  auto d = model::ModelDir::Open(dir);
-  REQUIRE(d.ok());
-  return std::move(d).value();
+  return testing::InitRandomCodesDir(c, dir, 7);
 }
 
 bool SameRouting(const model::Routing& a, const model::Routing& b) {

@@ -15,13 +15,7 @@ namespace terrace::experts {
 namespace {
 
 std::unique_ptr<model::ModelDir> InitDir(const model::ModelConfig& c, const std::filesystem::path& dir) {
-  model::InitOptions o;
-  o.seed = 5;
-  o.random_expert_codes = true;
-  REQUIRE(model::InitWeights(c, dir, o).ok());
-  auto d = model::ModelDir::Open(dir);
-  REQUIRE(d.ok());
-  return std::move(d).value();
+  return testing::InitRandomCodesDir(c, dir, 5);
 }
 
 // `base` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -23,6 +24,20 @@
 #include "test_util.h"
 
 namespace terrace::experts::testing {
+
+// A checkpoint of `c` in `dir` with random MXFP4 expert codes (seconds faster than quantising
+// random fp32 experts), opened. `residual_scale`: InitOptions::residual_scale.
+inline std::unique_ptr<model::ModelDir> InitRandomCodesDir(const model::ModelConfig& c, const std::filesystem::path& dir,
+                                                           std::uint64_t seed, double residual_scale = 1.0) {
+  model::InitOptions o;
+  o.seed = seed;
+  o.residual_scale = residual_scale;
+  o.random_expert_codes = true;
+  REQUIRE(model::InitWeights(c, dir, o).ok());
+  auto d = model::ModelDir::Open(dir);
+  REQUIRE(d.ok());
+  return std::move(d).value();
+}
 
 inline const model::ModelDir& ToyDir() {
   static terrace::testing::TempDir dir("experts-k3toy");

@@ -12,14 +12,7 @@ namespace terrace::experts {
 namespace {
 
 std::unique_ptr<model::ModelDir> Init(const model::ModelConfig& c, const std::filesystem::path& dir, double scale) {
-  model::InitOptions o;
-  o.seed = 5;
-  o.residual_scale = scale;
-  o.random_expert_codes = true;  // seconds faster; routed experts are not scaled (their output is, after them)
-  REQUIRE(model::InitWeights(c, dir, o).ok());
-  auto d = model::ModelDir::Open(dir);
-  REQUIRE(d.ok());
-  return std::move(d).value();
+  return testing::InitRandomCodesDir(c, dir, 5, scale);
 }
 
 bool WritesResidual(const model::ModelConfig& c, const std::string& name) {
