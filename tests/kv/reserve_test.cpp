@@ -217,7 +217,14 @@ TEST_CASE("a restore into reserved memory faults in almost none of the pages an 
   }
   INFO("latent pages " << latent_pages << ", faults unprepared " << unprepared << ", prepared " << prepared);
   CHECK(static_cast<double>(unprepared) >= 0.5 * latent_pages);  // the measure sees the fresh pages
+#if defined(__SANITIZE_THREAD__)
+  // TSan's shadow memory faults in on every first access to an address range, the reserved
+  // buffers' too, so the process's fault count cannot tell the two apart there (4235 prepared
+  // against 8989 unprepared in CI); the bound is checked in the normal and ASan builds.
+  WARN("fault bound not checked under ThreadSanitizer (its shadow pages fault in too)");
+#else
   CHECK(static_cast<double>(prepared) <= 0.25 * static_cast<double>(unprepared));
+#endif
 }
 
 }  // namespace
