@@ -25,11 +25,11 @@ Result<LookaheadLimit> MeasureLookaheadLimit(const model::Model& m, const std::v
   model::ForwardOptions o;
   o.on_embedding = [&](std::span<const float> h, std::int64_t T) {
     if (!measuring) return;
-    const model::AttnResView* view = model::Model::CurrentAttnResView();
+    // With AttnRes too: the mix over [embedding] is the embedding (PredictRoutingAttnRes from the
+    // layer -1 view equals this bit for bit, include/terrace/model.h).
     for (int l = 0; l < L; ++l) {
       if (c.IsDenseLayer(l)) continue;
-      auto r = (c.attn_res_block_size > 0 && view != nullptr) ? m.PredictRoutingAttnRes(l, *view)
-                                                              : m.PredictRouting(l, h, T);
+      auto r = m.PredictRouting(l, h, T);
       if (!r.ok()) {
         failed = r.status();
         return;

@@ -63,24 +63,16 @@ class LookaheadPredictor final : public Predictor {
   // From the embedding: the first embedding_depth MoE layers, each gated by its own precision.
   void OnTokenStart(std::int64_t step, std::span<const float> embedding, std::int64_t tokens,
                     std::vector<Prediction>* out) override {
+    // On a Block AttnRes model the mix over the bank [embedding] is the embedding itself:
+    // PredictRoutingAttnRes from the layer -1 view equals PredictRouting on the embedding bit for
+    // bit (include/terrace/model.h), so one call serves both kinds of model.
     const model::ModelConfig& c = model_.config();
-    const model::AttnResView* attn_res = c.attn_res_block_size > 0 ? model::Model::CurrentAttnResView() : nullptr;
-    if (attn_res && (attn_res->model != &model_ || attn_res->layer != -1 || attn_res->tokens != tokens ||
-                     attn_res->bank.size() != 1 || attn_res->bank[0].data() != embedding.data()))
-      attn_res = nullptr;
-    model::AttnResView own;
-    const std::span<const float> bank[1] = {embedding};
-    if (c.attn_res_block_size > 0 && !attn_res) {
-      // A call from outside the hook: the view on_embedding would publish.
-      own = model::AttnResView{&model_, -1, tokens, bank, {}};
-      attn_res = &own;
-    }
     int j = 0;
     for (int target = 0; target < c.num_hidden_layers && j < options_.embedding_depth; ++target) {
       if (c.IsDenseLayer(target)) continue;
       const double conf = embedding_confidence_[static_cast<std::size_t>(j)];
       if (conf < options_.min_confidence && step % 8 != 0) break;
-      auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, embedding, tokens);
+      auto r = model_.PredictRouting(target, embedding, tokens);
       if (!r.ok()) break;
       Prediction p{step, target, Distinct(r->ids), conf};
       issued_.push_back({step, target, -1 - j, p.experts});
