@@ -55,8 +55,11 @@ struct BenchExpertsArgs {
   int lookahead_depth = 2;
   int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
   std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
+  std::optional<double> lookahead_min_rank_precision;  // unset: LookaheadOptions' default
   bool no_lookahead_supersede = false;
   bool lookahead_provisional = false;
+  int lead_protected_layers = experts::ExpertOffloadOptions{}.lead_protected_layers;
+  std::optional<double> lead_protected_share;  // unset: ExpertOffloadOptions' default
   double link_gbps = 55.0;
   bool json = false;
   bool keep = false;
@@ -374,6 +377,8 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       o.home = TierId::kNvme;
       o.budget = budget;
       o.policy = c.policy;
+      o.lead_protected_layers = a.lead_protected_layers;
+      if (a.lead_protected_share) o.lead_protected_share = *a.lead_protected_share;
       auto off = experts::ExpertOffload::Create(config, **md, st->get(), std::move(o));
       if (!off.ok()) return Fail(off.status().ToString());
       auto m = model::Model::Load(config, **md, *off);
@@ -386,6 +391,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         if (a.lookahead_min_confidence) lo.min_confidence = *a.lookahead_min_confidence;
         lo.supersede = !a.no_lookahead_supersede;
         lo.provisional = a.lookahead_provisional;
+        if (a.lookahead_min_rank_precision) lo.min_rank_precision = *a.lookahead_min_rank_precision;
         x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
       }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
@@ -664,6 +670,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     j["lookahead_embedding_depth"] = a.lookahead_embedding_depth;
     j["lookahead_supersede"] = !a.no_lookahead_supersede;
     j["lookahead_provisional"] = a.lookahead_provisional;
+    j["lead_protected_layers"] = a.lead_protected_layers;
+    j["lead_protected_share"] = a.lead_protected_share.value_or(experts::ExpertOffloadOptions{}.lead_protected_share);
+    j["lookahead_min_rank_precision"] =
+        a.lookahead_min_rank_precision.value_or(experts::LookaheadOptions{}.min_rank_precision);
     j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
@@ -916,10 +926,18 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddDoubleOption(cmd, "--lookahead-min-confidence", &a->lookahead_min_confidence, 0.0, 1.0,
                   "Running precision below which lookahead stops predicting a distance > 1 or an embedding target "
                   "(default 0.5)");
+  AddDoubleOption(cmd, "--lookahead-min-rank-precision", &a->lookahead_min_rank_precision, 0.0, 1.0,
+                  "Lookahead prefetches only the experts whose top-k rank's running precision at their distance is at "
+                  "least this (0: off; default 0.7)");
   cmd->add_flag("--no-lookahead-supersede", a->no_lookahead_supersede,
                 "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
   cmd->add_flag("--lookahead-provisional", a->lookahead_provisional,
                 "Hold lookahead's distance > 1 predictions to two in flight until the nearer prediction arrives");
+  AddIntOption(cmd, "--lead-protected-layers", &a->lead_protected_layers, 0, 64,
+               "First MoE layers whose experts get a reserved share of every store-backed row's cache (their misses "
+               "have no lead time to hide behind; 0: off; default 1)");
+  AddDoubleOption(cmd, "--lead-protected-share", &a->lead_protected_share, 0.0, 1.0,
+                  "Share of the budget reserved for the --lead-protected-layers experts (default 0.5)");
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");

@@ -140,6 +140,10 @@ struct ExpertOffload::Impl {
   double confident_min = 0.75;
   double hot_factor = 2.0;
   double seconds_per_byte = 0;
+  // Lead-time partition (ExpertOffloadOptions::lead_protected_*): lead_layer[l] for the protected
+  // MoE layers; lead_cap their reserved bytes (0: off).
+  std::vector<char> lead_layer;
+  std::uint64_t lead_cap = 0;
   std::unique_ptr<CachePolicy> policy;
 
   mutable std::mutex mu;
@@ -330,31 +334,63 @@ struct ExpertOffload::Impl {
 
   enum class ReserveKind { kDemand, kSelection, kSpeculative };
 
-  // Makes room for `bytes`. A speculative reservation for ordinal `target` may evict only experts
-  // that are neither in the current selection nor wanted before `target`, and (utility policy)
-  // only those worth less than the candidate; a selection one (the current layer's batch) any
-  // unpinned expert outside the current selection, without waiting; a demand one any unpinned
-  // expert, cancelling and waiting for in-flight speculative prefetches (and waiting for the
-  // selection batch) when nothing else can go.
-  Status Reserve(std::uint64_t bytes, ReserveKind kind, std::int64_t target, double candidate_value) {
+  bool LeadProtected(int layer) const { return lead_cap > 0 && lead_layer[static_cast<std::size_t>(layer)] != 0; }
+
+  // Resident and in-flight bytes of the lead-protected layers.
+  std::uint64_t LeadUsed() const {
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].state != SlotState::kAbsent && LeadProtected(LayerOf(i))) n += slots[i].bytes;
+    return n;
+  }
+
+  // Which side of the lead-time partition a victim may come from.
+  enum class VictimSide { kAny, kLead, kOther };
+
+  // Makes room for `bytes` of an expert of `layer`. A speculative reservation for ordinal `target`
+  // may evict only experts that are neither in the current selection nor wanted before `target`,
+  // and (utility policy) only those worth less than the candidate; a selection one (the current
+  // layer's batch) any unpinned expert outside the current selection, without waiting; a demand
+  // one any unpinned expert, cancelling and waiting for in-flight speculative prefetches (and
+  // waiting for the selection batch) when nothing else can go. With the lead-time partition on,
+  // the victim comes from the side the partition names (lead_protected_share), then, for demand
+  // and selection loads only, from either side.
+  Status Reserve(std::uint64_t bytes, ReserveKind kind, int layer, std::int64_t target, double candidate_value) {
     const bool speculative = kind == ReserveKind::kSpeculative;
     const CacheContext ctx = Context();
+    const bool incoming_lead = LeadProtected(layer);
+    std::uint64_t lead_used = lead_cap > 0 ? LeadUsed() : 0;
     while (used + bytes > budget) {
-      std::optional<std::size_t> victim;
-      double best = 0;
-      for (std::size_t i = 0; i < slots.size(); ++i) {
-        const Slot& s = slots[i];
-        if (s.state != SlotState::kResident || s.refs > 0) continue;
-        if (kind == ReserveKind::kSelection && s.protect) continue;
-        if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
-        const double score = policy->Score(View(i), ctx);
-        if (speculative && policy->kind() == CachePolicyKind::kUtility && score >= candidate_value) continue;
-        if (!victim || score < best) {
-          victim = i;
-          best = score;
+      VictimSide side = VictimSide::kAny;
+      if (lead_cap > 0) {
+        if (incoming_lead) {
+          side = lead_used + bytes > lead_cap ? VictimSide::kLead : VictimSide::kOther;
+        } else if (lead_used <= lead_cap) {
+          side = VictimSide::kOther;
         }
       }
+      auto pick = [&](VictimSide from) {
+        std::optional<std::size_t> victim;
+        double best = 0;
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+          const Slot& s = slots[i];
+          if (s.state != SlotState::kResident || s.refs > 0) continue;
+          if (from != VictimSide::kAny && LeadProtected(LayerOf(i)) != (from == VictimSide::kLead)) continue;
+          if (kind == ReserveKind::kSelection && s.protect) continue;
+          if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
+          const double score = policy->Score(View(i), ctx);
+          if (speculative && policy->kind() == CachePolicyKind::kUtility && score >= candidate_value) continue;
+          if (!victim || score < best) {
+            victim = i;
+            best = score;
+          }
+        }
+        return victim;
+      };
+      std::optional<std::size_t> victim = pick(side);
+      if (!victim && !speculative && side != VictimSide::kAny) victim = pick(VictimSide::kAny);
       if (victim) {
+        if (LeadProtected(LayerOf(*victim))) lead_used -= slots[*victim].bytes;
         TERRACE_RETURN_IF_ERROR(Evict(*victim));
         continue;
       }
@@ -426,7 +462,7 @@ struct ExpertOffload::Impl {
       v.wanted = p.target;
       v.wanted_confidence = p.confidence;
       const double value = policy->Score(v, Context());
-      if (!Reserve(s.bytes, ReserveKind::kSpeculative, p.target, value).ok()) {
+      if (!Reserve(s.bytes, ReserveKind::kSpeculative, LayerOf(p.slot), p.target, value).ok()) {
         ++skipped;
         continue;
       }
@@ -451,7 +487,7 @@ struct ExpertOffload::Impl {
       const std::size_t i = static_cast<std::size_t>(layer) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e);
       Slot& s = slots[i];
       if (s.bytes == 0 || s.state != SlotState::kAbsent) continue;
-      if (!Reserve(s.bytes, ReserveKind::kSelection, Now(), 0).ok()) break;
+      if (!Reserve(s.bytes, ReserveKind::kSelection, layer, Now(), 0).ok()) break;
       s.state = SlotState::kInFlight;
       s.demand_load = true;
       ids.push_back(i);
@@ -565,7 +601,7 @@ struct ExpertOffload::Impl {
     if (s.state == SlotState::kAbsent) {
       if (!counted) ++c.misses;
       stalled = true;
-      TERRACE_RETURN_IF_ERROR(Reserve(s.bytes, ReserveKind::kDemand, Now(), 0).WithContext(
+      TERRACE_RETURN_IF_ERROR(Reserve(s.bytes, ReserveKind::kDemand, layer, Now(), 0).WithContext(
           fmt::format("loading expert {} of layer {}", expert, layer)));
       s.state = SlotState::kResident;
       demand_bytes += s.bytes;
@@ -882,6 +918,19 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   const LinkModel& link = store->options().hbm.link;
   m.seconds_per_byte = 1.0 / std::max(link.bandwidth_bytes_per_s, 1.0);
   if (options.home == TierId::kNvme) m.seconds_per_byte += 1.0 / 7e9;  // a Gen4 drive's sequential read
+  if (!(options.lead_protected_share >= 0.0 && options.lead_protected_share <= 1.0) || options.lead_protected_layers < 0) {
+    return Status::InvalidArgument(fmt::format(
+        "expert offload: lead_protected_share must be in [0, 1] and lead_protected_layers >= 0 (got {} and {})",
+        options.lead_protected_share, options.lead_protected_layers));
+  }
+  m.lead_layer.assign(static_cast<std::size_t>(m.L), 0);
+  for (int l = 0, n = 0; l < m.L && n < options.lead_protected_layers; ++l) {
+    if (config.IsDenseLayer(l)) continue;
+    m.lead_layer[static_cast<std::size_t>(l)] = 1;
+    ++n;
+  }
+  if (options.lead_protected_layers > 0)
+    m.lead_cap = static_cast<std::uint64_t>(options.lead_protected_share * static_cast<double>(m.budget));
   m.corrupt_base = store->Stats().corruptions_dropped;
   return std::shared_ptr<ExpertOffload>(new ExpertOffload(std::move(impl)));
 }

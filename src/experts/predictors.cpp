@@ -3,6 +3,7 @@
 // token start the first MoE layers' routers on the embedding),
 // statistical (online transition counts) and oracle (a recorded trace of the same run).
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "terrace/experts.h"
@@ -54,9 +55,8 @@ class LookaheadPredictor final : public Predictor {
       auto r = attn_res ? model_.PredictRoutingAttnRes(target, *attn_res) : model_.PredictRouting(target, hidden, tokens);
       if (!r.ok()) break;
       // Nearer than any earlier prediction of this target (from the embedding or an earlier layer).
-      Prediction p{step, target, Distinct(r->ids), conf, options_.supersede, options_.provisional && j > 1};
-      issued_.push_back({step, target, j, p.experts});
-      out->push_back(std::move(p));
+      Prediction p{step, target, {}, conf, options_.supersede, options_.provisional && j > 1};
+      Emit(std::move(p), *r, j, out);
     }
   }
 
@@ -74,9 +74,7 @@ class LookaheadPredictor final : public Predictor {
       if (conf < options_.min_confidence && step % 8 != 0) break;
       auto r = model_.PredictRouting(target, embedding, tokens);
       if (!r.ok()) break;
-      Prediction p{step, target, Distinct(r->ids), conf};
-      issued_.push_back({step, target, -1 - j, p.experts});
-      out->push_back(std::move(p));
+      Emit(Prediction{step, target, {}, conf}, *r, -1 - j, out);
       ++j;
     }
   }
@@ -87,6 +85,15 @@ class LookaheadPredictor final : public Predictor {
         double& c = it->distance < 0 ? embedding_confidence_[static_cast<std::size_t>(-1 - it->distance)]
                                      : confidence_[static_cast<std::size_t>(it->distance)];
         c = 0.8 * c + 0.2 * Precision(it->experts, experts);
+        // Every candidate's rank is scored, also those left out of the prediction (so a rank can
+        // come back once its precision recovers).
+        std::vector<double>& rp = RankPrecision(it->distance);
+        for (std::size_t k = 0; k < it->experts.size(); ++k) {
+          const std::size_t rank = static_cast<std::size_t>(it->ranks[k]);
+          if (rank >= rp.size()) continue;
+          const bool used = std::binary_search(experts.begin(), experts.end(), it->experts[k]);
+          rp[rank] = 0.9 * rp[rank] + 0.1 * (used ? 1.0 : 0.0);
+        }
         it = issued_.erase(it);
       } else if (it->step < step) {
         it = issued_.erase(it);
@@ -100,14 +107,49 @@ class LookaheadPredictor final : public Predictor {
   struct Issued {
     std::int64_t step;
     int layer, distance;  // distance -1 - j: the embedding's j-th target
-    std::vector<int> experts;
+    std::vector<int> experts;  // every candidate (the router's top-k), ascending
+    std::vector<int> ranks;    // [k]: experts[k]'s best rank in its token's top-k (0: the highest score)
   };
+
+  // The running precision of each top-k rank of predictions made at `distance` (as in Issued).
+  std::vector<double>& RankPrecision(int distance) {
+    const std::size_t slot = distance < 0 ? static_cast<std::size_t>(options_.depth + 1 + (-1 - distance))
+                                          : static_cast<std::size_t>(distance);
+    if (rank_precision_.size() <= slot) rank_precision_.resize(slot + 1);
+    std::vector<double>& v = rank_precision_[slot];
+    if (v.empty()) v.assign(static_cast<std::size_t>(std::max<std::int64_t>(model_.config().num_experts_per_token, 1)), 1.0);
+    return v;
+  }
+
+  // Records the candidates of `r` (the router's choice at `distance`) and emits `p` with those
+  // whose rank's running precision is >= min_rank_precision (all of them every 8th step, and when
+  // the option is 0); nothing when none passes.
+  void Emit(Prediction p, const model::Routing& r, int distance, std::vector<Prediction>* out) {
+    Issued is{p.step, p.layer, distance, Distinct(r.ids), {}};
+    is.ranks.assign(is.experts.size(), std::numeric_limits<int>::max());
+    const std::int64_t k = std::max<std::int64_t>(r.top_k, 1);
+    for (std::size_t i = 0; i < r.ids.size(); ++i) {
+      const auto pos = std::lower_bound(is.experts.begin(), is.experts.end(), r.ids[i]) - is.experts.begin();
+      int& rank = is.ranks[static_cast<std::size_t>(pos)];
+      rank = std::min(rank, static_cast<int>(static_cast<std::int64_t>(i) % k));
+    }
+    const std::vector<double>& rp = RankPrecision(distance);
+    const bool filter = options_.min_rank_precision > 0 && p.step % 8 != 0;
+    for (std::size_t i = 0; i < is.experts.size(); ++i) {
+      const std::size_t rank = static_cast<std::size_t>(is.ranks[i]);
+      if (!filter || rank >= rp.size() || rp[rank] >= options_.min_rank_precision) p.experts.push_back(is.experts[i]);
+    }
+    issued_.push_back(std::move(is));
+    if (!p.experts.empty()) out->push_back(std::move(p));
+  }
   const model::Model& model_;
   LookaheadOptions options_;
   std::vector<double> confidence_;  // [distance]
   std::vector<double> embedding_confidence_ =
       std::vector<double>(static_cast<std::size_t>(std::max(options_.embedding_depth, 0)) + 1, 1.0);  // [j]
   std::vector<Issued> issued_;
+  // [distance 1..depth, then depth + 1 + j for the embedding's j-th target][rank]
+  std::vector<std::vector<double>> rank_precision_;
 };
 
 // counts_[l][a * E + b]: times expert b of layer `next(l)` followed expert a of layer l in one step;
