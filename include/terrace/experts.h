@@ -114,7 +114,7 @@ struct LookaheadOptions {
   // layer's routing arrives, issued or not); a prediction carries only the experts whose rank's
   // precision is >= min_rank_precision (all of them every 8th step). A wrong prefetch costs a
   // block's read and evicts a cached expert, so a rank that is usually wrong is not worth reading
-  // ahead: the layer's selection batch loads it if the router chooses it after all. 0.7 read 8%
+  // ahead: the layer's selection batch loads it if the router chooses it after all. 0.7 read 6-8%
   // fewer drive bytes than 0 on both bench checkpoints (docs/benchmarks.md).
   double min_rank_precision = 0.7;
 };
