@@ -1,6 +1,7 @@
 // Restores: PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
 // "Restore"). One engine for both: a restore job issues every read of its boundary at once: the
-// KV chunks in windows of about an eighth of the restore, each window one GetBatch, on
+// KV chunks in windows of about an eighth of the restore (the last two a quarter and a half of
+// that, CutWindows), each window one GetBatch, on
 // kRestoreKvReaders reader threads (so one window's GetBatch is in flight while the other's
 // finishes and the tier's queue does not drain between windows: the KV pool needs a ring per
 // reader), and the boundary's KDA snapshots (one GetBatch on the state pool) on a snapshot thread
@@ -13,7 +14,7 @@
 // buffers, so a process's later restores read into memory it already faulted in. Each MLA
 // layer's latents are decoded straight into the vector that becomes the state's latent cache:
 // the state's own vector when it already has room for the prompt (a state reused after Reset),
-// else one reserved for the whole prompt up front (address space only); grown window by window by
+// else one reserved for the whole prompt up front (address space only); grown chunk by chunk by
 // the decoder and moved into the state when the layer is retrieved, not copied. Fresh pages (the
 // later window buffers, then the latents from the last window back) are faulted in by a faulter
 // thread while the reads are in flight; an embedder that prepared the memory before the first
@@ -123,7 +124,7 @@ struct LayerwiseRestore::Job {
   std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
 
   // KV chunks [0, kmax): raw blocks (in window buffers), and per MLA layer the decoded latents
-  // [kmax * C, W], grown by the decoder window by window within a capacity reserved up front.
+  // [kmax * C, W], grown by the decoder chunk by chunk within a capacity reserved up front.
   // The buffers below marked (pool) come from m->restore_buffers at Start and go back in ~Job.
   std::unique_ptr<RestoreBuffers> pooled;                    // the set they were taken from
   std::array<RawBuffer, kWindowBuffers> window_buffers;      // (pool)
@@ -211,7 +212,7 @@ struct LayerwiseRestore::Job {
       }
       // Room for the whole prompt: the state's own vector when it has that room (memory the
       // caller owns and has touched before, e.g. a state reused after Reset), else address space
-      // reserved here; the decoder grows each vector window by window.
+      // reserved here; the decoder grows each vector chunk by chunk.
       const auto n = static_cast<std::size_t>(std::max(kmax * C, prompt_tokens)) * static_cast<std::size_t>(W);
       latents.resize(mla.size());
       for (std::size_t j = 0; j < mla.size(); ++j) {
