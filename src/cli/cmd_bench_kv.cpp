@@ -64,6 +64,7 @@ struct BenchKvArgs {
   std::string prefixes = "256,1024,4096";
   std::string tier = "nvme";
   int recompute_max_tokens = 4096;
+  int repeat = 1;
   KvRunArgs kv;
   bool json = false;
 };
@@ -286,107 +287,114 @@ int RunBenchKv(const BenchKvArgs& a) {
           {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
       return RawReadMbPerS(parts);
     };
-    if (Status s = fresh_cache(); !s.ok()) {
-      rc = Fail(s.ToString());
-      break;
-    }
-    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared{}...\n", P,
-               recompute_in_turn1 ? "" : ", then recompute");
-    // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and latent
-    // page touched for the first time inside the restore.
-    std::optional<kv::CachedPrefill> ru;
-    double ttft_unprepared = 0, tier_unprepared = 0;
-    long faults_unprepared = 0;
-    {
-      model::Session fresh(**m);
-      const long fu = MinorFaults();
-      const auto tu = std::chrono::steady_clock::now();
-      auto r = kv::PrefillWithCache(&fresh, *run->cache, run->cache->Prepare(prompt, ""),
-                                    {.restore = true, .write_back = false});
-      ttft_unprepared = Since(tu);
-      faults_unprepared = MinorFaults() - fu;
-      if (!r.ok()) {
-        rc = Fail(r.status().ToString());
-        break;
+    // One round of turn 2: the unprepared, the prepared and the warm restore (each with its raw
+    // read right after it); round 0 also runs the recompute (unless turn 1 was it).
+    struct Round {
+      std::optional<kv::CachedPrefill> ru, r2, rw;
+      double ttft_unprepared = 0, tier_unprepared = 0, ttft_restore = 0, tier_mb = 0, ttft_warm = 0, tier_warm = 0;
+      double prepare_s = 0;
+      std::uint64_t prepare_bytes = 0;
+      long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
+    };
+    auto round = [&](int index, Round* out) -> Status {
+      TERRACE_RETURN_IF_ERROR(fresh_cache());
+      // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and
+      // latent page touched for the first time inside the restore.
+      {
+        model::Session fresh(**m);
+        const long fu = MinorFaults();
+        const auto tu = std::chrono::steady_clock::now();
+        auto r = kv::PrefillWithCache(&fresh, *run->cache, run->cache->Prepare(prompt, ""),
+                                      {.restore = true, .write_back = false});
+        out->ttft_unprepared = Since(tu);
+        out->faults_unprepared = MinorFaults() - fu;
+        if (!r.ok()) return r.status();
+        out->ru = std::move(r).value();
+        TERRACE_ASSIGN_OR_RETURN(out->tier_unprepared, tier_read(out->ru->restore));
       }
-      ru = std::move(r).value();
-      auto raw = tier_read(ru->restore);
-      if (!raw.ok()) {
-        rc = Fail(raw.status().ToString());
-        break;
+      TERRACE_RETURN_IF_ERROR(fresh_cache());
+      const auto req = run->cache->Prepare(prompt, "");
+      // Cold, prepared (the row's headline): a fresh cache and session whose restore memory was
+      // prepared at open (PrefixCache::Reserve + SequenceState::Reserve for the prompt), outside
+      // the request; the preparation is timed on its own (prepare_s).
+      model::Session turn2(**m);
+      const auto tp = std::chrono::steady_clock::now();
+      TERRACE_ASSIGN_OR_RETURN(auto reserved, run->cache->Reserve(static_cast<std::int64_t>(prompt.size())));
+      TERRACE_RETURN_IF_ERROR(turn2.state().Reserve(static_cast<std::int64_t>(prompt.size())));
+      out->prepare_s = Since(tp);
+      out->prepare_bytes = reserved.bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
+                                                         static_cast<std::uint64_t>(turn2.state().mla_width()) *
+                                                         sizeof(float) * run->cache->layout().mla_layers().size();
+      const long f2 = MinorFaults();
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
+      out->ttft_restore = Since(t0);
+      out->faults_prepared = MinorFaults() - f2;
+      if (!r2.ok()) return r2.status();
+      out->r2 = std::move(r2).value();
+      if (index == 0 && !recompute_in_turn1) {
+        fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
+        model::Session cold(**m);
+        Progress progress("recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
+        cold.set_hooks(progress.Hooks());
+        const auto t1 = std::chrono::steady_clock::now();
+        auto cold_run = kv::PrefillWithCache(&cold, *run->cache, req, {.restore = false, .write_back = false});
+        ttft_recompute = Since(t1);
+        if (!cold_run.ok()) return cold_run.status();
+        r3 = std::move(cold_run).value();
       }
-      tier_unprepared = *raw;
-    }
-    if (Status s = fresh_cache(); !s.ok()) {
-      rc = Fail(s.ToString());
+      TERRACE_ASSIGN_OR_RETURN(out->tier_mb, tier_read(out->r2->restore));
+      // Warm: the same restore into the same state after Reset (memory reused), same cache.
+      turn2.state().Reset();
+      const long fw = MinorFaults();
+      const auto tw = std::chrono::steady_clock::now();
+      auto rw = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
+      out->ttft_warm = Since(tw);
+      out->faults_warm = MinorFaults() - fw;
+      if (!rw.ok()) return rw.status();
+      out->rw = std::move(rw).value();
+      TERRACE_ASSIGN_OR_RETURN(out->tier_warm, tier_read(out->rw->restore));
+      return Status::Ok();
+    };
+    fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared, warm ({} round{})...\n",
+               P, a.repeat, a.repeat == 1 ? "" : "s");
+    std::vector<Round> rounds(static_cast<std::size_t>(a.repeat));
+    Status round_error;
+    for (int i = 0; i < a.repeat && round_error.ok(); ++i) round_error = round(i, &rounds[static_cast<std::size_t>(i)]);
+    if (!round_error.ok()) {
+      rc = Fail(round_error.ToString());
       break;
     }
-    const auto req = run->cache->Prepare(prompt, "");
-    // Cold, prepared (the row's headline): a fresh cache and session whose restore memory was
-    // prepared at open (PrefixCache::Reserve + SequenceState::Reserve for the prompt), outside the
-    // request; the preparation is timed on its own (prepare_s).
-    model::Session turn2(**m);
-    const auto tp = std::chrono::steady_clock::now();
-    auto reserved = run->cache->Reserve(static_cast<std::int64_t>(prompt.size()));
-    if (!reserved.ok()) {
-      rc = Fail(reserved.status().ToString());
-      break;
+    // Scalar figures: the median over the rounds (each round's own value is in the *_runs lists).
+    auto median = [&](auto get) {
+      std::vector<double> v;
+      for (const Round& r : rounds) v.push_back(static_cast<double>(get(r)));
+      std::sort(v.begin(), v.end());
+      return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    auto runs = [&](auto get) {
+      nlohmann::json l = nlohmann::json::array();
+      for (const Round& r : rounds) l.push_back(get(r));
+      return l;
+    };
+    auto mb_per_s = [](const kv::CachedPrefill& c) {
+      return c.restore.seconds > 0 ? static_cast<double>(c.restore.kv_bytes + c.restore.state_bytes) / c.restore.seconds / 1e6
+                                   : 0.0;
+    };
+    auto ratio = [&](const kv::CachedPrefill& c, double tier) { return tier > 0 ? mb_per_s(c) / tier : 0.0; };
+    const Round& first = rounds.front();
+    const kv::CachedPrefill* r2 = &*first.r2;
+    const kv::CachedPrefill* ru = &*first.ru;
+    const kv::CachedPrefill* rw = &*first.rw;
+    bool unprepared_equal = true, warm_equal = true, prepared_equal = true;
+    int warm_fallbacks = 0, fallbacks = 0;
+    for (const Round& r : rounds) {
+      unprepared_equal = unprepared_equal && r.ru->logits.data == r2->logits.data;
+      warm_equal = warm_equal && r.rw->logits.data == r2->logits.data;
+      prepared_equal = prepared_equal && r.r2->logits.data == r2->logits.data;
+      warm_fallbacks += r.rw->restore.fallbacks;
+      fallbacks += r.r2->restore.fallbacks;
     }
-    if (Status s = turn2.state().Reserve(static_cast<std::int64_t>(prompt.size())); !s.ok()) {
-      rc = Fail(s.ToString());
-      break;
-    }
-    const double prepare_s = Since(tp);
-    const std::uint64_t prepare_bytes =
-        reserved->bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
-                                       static_cast<std::uint64_t>(turn2.state().mla_width()) * sizeof(float) *
-                                       run->cache->layout().mla_layers().size();
-    const long f2 = MinorFaults();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
-    const double ttft_restore = Since(t0);
-    const long faults_prepared = MinorFaults() - f2;
-    if (!r2.ok()) {
-      rc = Fail(r2.status().ToString());
-      break;
-    }
-    if (!recompute_in_turn1) {
-      model::Session cold(**m);
-      Progress progress("recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
-      cold.set_hooks(progress.Hooks());
-      const auto t1 = std::chrono::steady_clock::now();
-      auto cold_run = kv::PrefillWithCache(&cold, *run->cache, req, {.restore = false, .write_back = false});
-      ttft_recompute = Since(t1);
-      if (!cold_run.ok()) {
-        rc = Fail(cold_run.status().ToString());
-        break;
-      }
-      r3 = std::move(cold_run).value();
-    }
-    const std::uint64_t restored_bytes = r2->restore.kv_bytes + r2->restore.state_bytes;
-    auto raw = tier_read(r2->restore);
-    if (!raw.ok()) {
-      rc = Fail(raw.status().ToString());
-      break;
-    }
-    const double tier_mb = *raw;
-    // Warm: the same restore into the same state after Reset (memory reused), same cache.
-    turn2.state().Reset();
-    const long fw = MinorFaults();
-    const auto tw = std::chrono::steady_clock::now();
-    auto rw = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
-    const double ttft_warm = Since(tw);
-    const long faults_warm = MinorFaults() - fw;
-    if (!rw.ok()) {
-      rc = Fail(rw.status().ToString());
-      break;
-    }
-    auto raw_warm = tier_read(rw->restore);
-    if (!raw_warm.ok()) {
-      rc = Fail(raw_warm.status().ToString());
-      break;
-    }
-    const std::uint64_t warm_bytes = rw->restore.kv_bytes + rw->restore.state_bytes;
     // The restored run's logits against the recompute's for the same positions.
     double num = 0, den = 0;
     const std::size_t off = static_cast<std::size_t>(r2->restored_tokens) * static_cast<std::size_t>(config.vocab_size);
@@ -397,40 +405,45 @@ int RunBenchKv(const BenchKvArgs& a) {
     nlohmann::json row;
     row["prefix_tokens"] = P;
     row["prompt_tokens"] = prompt.size();
+    row["rounds"] = a.repeat;
     row["restored_tokens"] = r2->restored_tokens;
-    row["ttft_restore_s"] = ttft_restore;
+    row["ttft_restore_s"] = median([](const Round& r) { return r.ttft_restore; });
     row["ttft_recompute_s"] = ttft_recompute;
     row["recompute_in_turn1"] = recompute_in_turn1;  // true: timed while storing the prefix
-    row["restore_s"] = r2->restore.seconds;
-    row["restore_wait_s"] = r2->restore.wait_seconds;
-    row["restore_mb_per_s"] = r2->restore.seconds > 0 ? static_cast<double>(restored_bytes) / r2->restore.seconds / 1e6 : 0.0;
-    row["tier_read_mb_per_s"] = tier_mb;
-    row["restore_over_tier"] = tier_mb > 0 ? row["restore_mb_per_s"].get<double>() / tier_mb : 0.0;
-    row["prepare_s"] = prepare_s;
-    row["prepare_bytes"] = prepare_bytes;
-    const std::uint64_t unprepared_bytes = ru->restore.kv_bytes + ru->restore.state_bytes;
-    const double unprepared_mb = ru->restore.seconds > 0 ? static_cast<double>(unprepared_bytes) / ru->restore.seconds / 1e6 : 0.0;
+    row["restore_s"] = median([](const Round& r) { return r.r2->restore.seconds; });
+    row["restore_wait_s"] = median([](const Round& r) { return r.r2->restore.wait_seconds; });
+    row["restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.r2); });
+    row["tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_mb; });
+    row["restore_over_tier"] = median([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
+    row["restore_s_runs"] = runs([](const Round& r) { return r.r2->restore.seconds; });
+    row["restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
+    row["prepare_s"] = median([](const Round& r) { return r.prepare_s; });
+    row["prepare_bytes"] = first.prepare_bytes;
     // Minor page faults of the whole process during each TTFT (restore + the suffix's forward pass).
-    row["ttft_minor_faults"] = faults_prepared;
-    row["cold_unprepared_ttft_minor_faults"] = faults_unprepared;
-    row["warm_ttft_minor_faults"] = faults_warm;
-    row["cold_unprepared_ttft_restore_s"] = ttft_unprepared;
+    row["ttft_minor_faults"] = median([](const Round& r) { return r.faults_prepared; });
+    row["cold_unprepared_ttft_minor_faults"] = median([](const Round& r) { return r.faults_unprepared; });
+    row["warm_ttft_minor_faults"] = median([](const Round& r) { return r.faults_warm; });
+    row["cold_unprepared_ttft_restore_s"] = median([](const Round& r) { return r.ttft_unprepared; });
     row["cold_unprepared_restored_tokens"] = ru->restored_tokens;
-    row["cold_unprepared_restore_s"] = ru->restore.seconds;
-    row["cold_unprepared_restore_wait_s"] = ru->restore.wait_seconds;
-    row["cold_unprepared_restore_mb_per_s"] = unprepared_mb;
-    row["cold_unprepared_tier_read_mb_per_s"] = tier_unprepared;
-    row["cold_unprepared_restore_over_tier"] = tier_unprepared > 0 ? unprepared_mb / tier_unprepared : 0.0;
-    row["cold_unprepared_logits_bitwise_equal"] = ru->logits.data == r2->logits.data;
-    row["warm_ttft_restore_s"] = ttft_warm;
+    row["cold_unprepared_restore_s"] = median([](const Round& r) { return r.ru->restore.seconds; });
+    row["cold_unprepared_restore_wait_s"] = median([](const Round& r) { return r.ru->restore.wait_seconds; });
+    row["cold_unprepared_restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.ru); });
+    row["cold_unprepared_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_unprepared; });
+    row["cold_unprepared_restore_over_tier"] = median([&](const Round& r) { return ratio(*r.ru, r.tier_unprepared); });
+    row["cold_unprepared_restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.ru, r.tier_unprepared); });
+    row["cold_unprepared_logits_bitwise_equal"] = unprepared_equal;
+    row["prepared_logits_bitwise_equal_across_rounds"] = prepared_equal;
+    row["warm_ttft_restore_s"] = median([](const Round& r) { return r.ttft_warm; });
     row["warm_restored_tokens"] = rw->restored_tokens;
-    row["warm_restore_s"] = rw->restore.seconds;
-    row["warm_restore_wait_s"] = rw->restore.wait_seconds;
-    row["warm_restore_mb_per_s"] = rw->restore.seconds > 0 ? static_cast<double>(warm_bytes) / rw->restore.seconds / 1e6 : 0.0;
-    row["warm_tier_read_mb_per_s"] = *raw_warm;
-    row["warm_restore_over_tier"] = *raw_warm > 0 ? row["warm_restore_mb_per_s"].get<double>() / *raw_warm : 0.0;
-    row["warm_fallbacks"] = rw->restore.fallbacks;
-    row["warm_logits_bitwise_equal"] = rw->logits.data == r2->logits.data;
+    row["warm_restore_s"] = median([](const Round& r) { return r.rw->restore.seconds; });
+    row["warm_restore_wait_s"] = median([](const Round& r) { return r.rw->restore.wait_seconds; });
+    row["warm_restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.rw); });
+    row["warm_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_warm; });
+    row["warm_restore_over_tier"] = median([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
+    row["warm_restore_s_runs"] = runs([](const Round& r) { return r.rw->restore.seconds; });
+    row["warm_restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
+    row["warm_fallbacks"] = warm_fallbacks;
+    row["warm_logits_bitwise_equal"] = warm_equal;
     row["kv_bytes"] = r2->restore.kv_bytes;
     row["state_bytes"] = r2->restore.state_bytes;
     for (int t = 0; t < kNumTiers; ++t)
@@ -438,7 +451,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["bytes_written"] = written.bytes_written;
     row["kv_bytes_per_token"] = run->cache->layout().mla_bytes_per_token();
     row["state_bytes_per_sequence"] = run->cache->layout().kda_state_bytes_per_sequence();
-    row["fallbacks"] = r2->restore.fallbacks;
+    row["fallbacks"] = fallbacks;
     row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
     rows.push_back(row);
     run->cache.reset();
@@ -493,6 +506,9 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--recompute-max-tokens", &a->recompute_max_tokens, 0, 1 << 20,
                "Longest prefix whose recompute is a separate run; longer ones are computed cold only once, in "
                "turn 1 (the whole prompt, storing the prefix as it goes), and that is their recompute time");
+  AddIntOption(cmd, "--repeat", &a->repeat, 1, 100,
+               "Rounds of turn 2's three restores per prefix (each round reopens the pools); the row's figures are "
+               "the medians over the rounds, the *_runs lists each round's own");
   AddKvFlags(cmd, &a->kv);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
   cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });

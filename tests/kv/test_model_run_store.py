@@ -61,6 +61,20 @@ def test_second_process_restores_with_identical_output(toy, tmp_path):
     assert d["restored_tokens"] == 0
 
 
+def test_state_reserved_while_the_pools_open_changes_no_output(toy, tmp_path):
+    # model run --store reserves the state's latents for the prompt beside the pools' opening;
+    # --no-reserve leaves them to the restore and the forward pass. Same ids and digest either way.
+    store = tmp_path / "st"
+    a = run_json(toy, store)
+    assert a["state_reserve_s"] > 0 and a["pools_open_s"] > 0
+    b = run_json(toy, store)
+    c = run_json(toy, store, "--no-reserve")
+    assert b["restored_tokens"] == c["restored_tokens"] == 128
+    assert b["state_reserve_s"] > 0 and c["state_reserve_s"] == 0
+    assert a["generated"] == b["generated"] == c["generated"]
+    assert a["logits_xxh3_64"] == b["logits_xxh3_64"] == c["logits_xxh3_64"]
+
+
 def test_snapshot_interval_and_text_output(toy, tmp_path):
     store = tmp_path / "st"
     run_json(toy, store, "--snapshot-every", "3")
@@ -130,6 +144,28 @@ def test_bench_kv_json_rows(toy, tmp_path):
             assert r[k] >= 0, k
     # The bench removed what it created.
     assert not (tmp_path / "b").exists()
+
+
+def test_bench_kv_repeat_reports_medians_and_rounds(toy, tmp_path):
+    p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--prefix-tokens", "96", "--chunk-tokens", "32",
+                        "--kv-codec", "f32", "--dir", str(tmp_path / "b"), "--recompute-max-tokens", "64", *SMALL_POOLS,
+                        "--repeat", "3", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(p.stdout)["rows"]
+    assert r["rounds"] == 3
+    for k in ("restore_s_runs", "restore_over_tier_runs", "warm_restore_s_runs", "warm_restore_over_tier_runs",
+              "cold_unprepared_restore_over_tier_runs"):
+        assert len(r[k]) == 3 and all(v > 0 for v in r[k]), k
+    assert r["restore_s"] == sorted(r["restore_s_runs"])[1]  # the median round
+    assert r["warm_restore_s"] == sorted(r["warm_restore_s_runs"])[1]
+    assert r["prepared_logits_bitwise_equal_across_rounds"] and r["warm_logits_bitwise_equal"]
+    assert r["cold_unprepared_logits_bitwise_equal"] and r["logits_max_rel_err_vs_recompute"] == 0.0
+    assert r["fallbacks"] == 0 and r["warm_fallbacks"] == 0
+    assert not (tmp_path / "b").exists()
+    # Out of range.
+    q = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--repeat", "0"], capture_output=True, text=True)
+    assert q.returncode == 2
 
 
 def test_verify_kv_orders_codecs(toy):
