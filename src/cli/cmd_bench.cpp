@@ -62,7 +62,7 @@ struct BenchArgs {
   bool keep = false;
   std::string host_prefault = "on";  // --host-prefault: HostOptionsFor()
   bool host_prefault_given = false;  // --host-prefault was on the command line (refused for other tiers)
-  std::string host_huge_pages = "on";  // --host-huge-pages: HostTierOptions::huge_pages
+  std::string host_huge_pages = "off";  // --host-huge-pages: HostTierOptions::huge_pages
   bool host_huge_pages_given = false;
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.

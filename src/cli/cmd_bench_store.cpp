@@ -52,7 +52,7 @@ struct BenchStoreArgs {
   unsigned repeat = 3;
   bool json = false;
   std::string host_prefault = "on";  // --host-prefault, as in bench tiers
-  std::string host_huge_pages = "on";  // --host-huge-pages, as in bench tiers
+  std::string host_huge_pages = "off";  // --host-huge-pages, as in bench tiers
 };
 
 double Since(std::chrono::steady_clock::time_point t0) {

@@ -1,8 +1,8 @@
 // HostTier: blocks in (pinned) host RAM.
 //
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
-// chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::huge_pages (and THP
-// "always" or "madvise"), mmap'ed chunks are 2 MiB-aligned and advised MADV_HUGEPAGE. With
+// chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::huge_pages (off by
+// default; and THP "always" or "madvise"), mmap'ed chunks are 2 MiB-aligned and advised MADV_HUGEPAGE. With
 // HostTierOptions::prefault, adding a chunk only maps it (locked on fault) and a background
 // Prefaulter faults its pages in ahead of the puts (one touch per huge page; it jumps ahead of a
 // put that overtook it); without, pinning faults the whole chunk on the putting thread. HostTierOptions::populate
