@@ -50,6 +50,15 @@ struct HostTierOptions {
   // that fill it; puts never wait for it. false: a pinned chunk is faulted and locked on the putting
   // thread when it is added, an unpinned one page by page on first touch.
   bool prefault = true;
+  // Back mmap'ed chunks with transparent huge pages (2 MiB-aligned, madvise(MADV_HUGEPAGE)) where
+  // /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise"; the prefaulter then
+  // touches one page per huge page. Advisory: the kernel may still use 4 KiB pages;
+  // Stats().detail says what it granted. cudaHostAlloc chunks are unaffected. Off by default: on
+  // the benchmark VM (a Firecracker guest with free page reporting, so a fresh tier's memory is
+  // memory the host has taken back) huge pages made puts into a fresh tier 2-3x slower and steady
+  // gets no faster (docs/benchmarks.md, "Host tier huge pages"); they win only on memory the
+  // guest freed moments before. Measure on your host before turning them on.
+  bool huge_pages = false;
   // Populate at open: map, fault in and (with pin) lock the first populate_bytes of the capacity
   // when the tier is created, the way a serving engine sets up its pinned pool at start-up, so that
   // puts into the fresh tier copy at memory speed instead of at the kernel's page-fault rate. The

@@ -257,4 +257,12 @@ void ApplyHostPrefault(std::string_view value, HostTierOptions* o) {
   if (value == "eager") o->populate = HostPopulate::kAtOpen;
 }
 
+CLI::Option* AddHostHugePagesOption(CLI::App* app, std::string* value) {
+  return app->add_option("--host-huge-pages", *value,
+                         "Host tier: back its chunks with transparent huge pages (madvise(MADV_HUGEPAGE)) where "
+                         "/sys/kernel/mm/transparent_hugepage/enabled allows (on), or use 4 KiB pages (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+}
+
 }  // namespace terrace::cli

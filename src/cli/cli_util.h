@@ -98,6 +98,8 @@ CLI::Option* AddHostPrefaultOption(CLI::App* app, std::string* value, const std:
 // HostTierOptions::prefault (new chunks faulted on a background thread, or on the putting thread);
 // background / eager populate the whole capacity from open (HostPopulate::kBackground / kAtOpen).
 void ApplyHostPrefault(std::string_view value, HostTierOptions* o);
+// --host-huge-pages of the benches (on / off; the callers default to off): HostTierOptions::huge_pages.
+CLI::Option* AddHostHugePagesOption(CLI::App* app, std::string* value);
 
 // True when `path` names a block device (following symlinks such as /dev/disk/by-id/...).
 bool IsBlockDevice(const std::string& path);

@@ -52,6 +52,7 @@ struct BenchStoreArgs {
   unsigned repeat = 3;
   bool json = false;
   std::string host_prefault = "on";  // --host-prefault, as in bench tiers
+  std::string host_huge_pages = "off";  // --host-huge-pages, as in bench tiers
 };
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -170,6 +171,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   ho.capacity_bytes = RoundUp(host_need + host_need / 4 + 64 * kMiB, 4 * kKiB);
   ho.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 64 * kMiB);
   ApplyHostPrefault(a.host_prefault, &ho);
+  ho.huge_pages = a.host_huge_pages == "on";
   const auto open0 = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
   const double host_open = Since(open0);
@@ -241,6 +243,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   j["batch"] = a.batch;
   j["repeat"] = a.repeat;
   j["host_prefault"] = a.host_prefault;
+  j["host_huge_pages"] = a.host_huge_pages;
   j["host_open_seconds"] = host_open;
   j["put_first_mb_per_s"] = b.MbPerS(put_first);
   j["put_warm_mb_per_s"] = Median(put_warm);
@@ -343,6 +346,7 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
   AddHostPrefaultOption(cmd, &a->host_prefault,
                         "Host tier: when its memory is faulted in (on | off | background | eager, as in bench "
                         "tiers; background and eager hold the whole host capacity in RAM from open)");
+  AddHostHugePagesOption(cmd, &a->host_huge_pages);
   cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
   cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
 }

@@ -64,6 +64,14 @@ HostTier::HostTier(const HostTierOptions& options)
     const std::uint64_t want = options.populate_bytes == 0 ? cap : std::min(options.populate_bytes, cap);
     populate_chunks_ = static_cast<std::uint32_t>((want + chunk - 1) / chunk);
   }
+  if (!options.huge_pages) {
+    huge_note_ = "HostTierOptions::huge_pages off";
+  } else if (const tiers::ThpSupport& thp = tiers::TransparentHugePages(); !thp.usable) {
+    huge_note_ = thp.why;
+  } else {
+    huge_pages_ = true;
+    huge_note_ = thp.why;
+  }
   if (options.prefault || (options.populate == HostPopulate::kBackground && populate_chunks_ > 0)) {
     prefaulter_ = std::make_unique<tiers::Prefaulter>(kPrefaultPieceBytes);
   }
@@ -85,15 +93,17 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
   tiers::HostChunkOptions co;
   co.pin = options_.pin;
   co.populate = how == Fault::kByPin;
-  // No MADV_HUGEPAGE: on the benchmark VM (THP "madvise", no compaction stalls) a huge-page chunk
-  // faulted in 3-5x slower than 4 KiB pages and steady copies were no faster (docs/benchmarks.md).
-  co.huge_pages = false;
+  co.huge_pages = huge_pages_;
   TERRACE_ASSIGN_OR_RETURN(tiers::HostChunk c, tiers::AllocateHostChunk(bytes, co));
   if (!c.pin_note.empty()) {
     pin_refusal_log_.Log(*logger_, LogLevel::kWarning, "host", fmt::format("pinned: no ({})", c.pin_note));
   }
+  const bool faulted_now = how == Fault::kNow || c.kind == tiers::PinKind::kCudaHost ||
+                           (how == Fault::kByPin && c.kind == tiers::PinKind::kMlock);
+  // Before the prefaulter sees the chunk: it reads faulted_[chunk] as the puts' frontier.
+  faulted_[chunk].store(faulted_now ? c.bytes : 0, std::memory_order_relaxed);
   if (c.kind != tiers::PinKind::kCudaHost) {  // cudaHostAlloc chunks are faulted already
-    if (how == Fault::kAhead) prefaulter_->Enqueue(c.data, c.bytes);
+    if (how == Fault::kAhead) prefaulter_->Enqueue(c.data, c.bytes, c.huge_pages, &faulted_[chunk]);
     if (how == Fault::kNow) {
       if (Status st = tiers::PopulateNow(c.data, c.bytes); !st.ok()) {
         tiers::FreeHostChunk(c);
@@ -101,9 +111,6 @@ Status HostTier::Grow(std::uint32_t chunk, std::uint64_t bytes) {
       }
     }
   }
-  const bool faulted_now = how == Fault::kNow || c.kind == tiers::PinKind::kCudaHost ||
-                           (how == Fault::kByPin && c.kind == tiers::PinKind::kMlock);
-  faulted_[chunk].store(faulted_now ? c.bytes : 0, std::memory_order_relaxed);
   bases_[chunk] = c.data;
   MutexLock lock(&chunks_mu_);
   chunks_.push_back(std::move(c));
@@ -285,13 +292,44 @@ std::string HostTier::PinSummary() const {
   return fmt::format("pinned: partial ({} of {} chunks; mlock refused for the rest)", cuda + mlocked, n);
 }
 
+std::uint64_t HostTier::huge_page_bytes() const {
+  std::vector<tiers::ByteRange> ranges;
+  {
+    MutexLock lock(&chunks_mu_);
+    for (const auto& c : chunks_) {
+      if (c.huge_pages) ranges.push_back(tiers::ByteRange{c.data, c.bytes});
+    }
+  }
+  if (ranges.empty()) return 0;
+  auto bytes = tiers::AnonHugeBytes(ranges);
+  return bytes.ok() ? *bytes : 0;
+}
+
+std::string HostTier::HugePageSummary() const {
+  if (!huge_pages_) return fmt::format("huge pages: no ({})", huge_note_);
+  std::uint64_t advised = 0, total = 0;
+  {
+    MutexLock lock(&chunks_mu_);
+    if (chunks_.empty()) return fmt::format("huge pages: pending ({}; no chunk yet)", huge_note_);
+    for (const auto& c : chunks_) {
+      total += c.bytes;
+      if (c.huge_pages) advised += c.bytes;
+    }
+  }
+  if (advised == 0) return "huge pages: no (cudaHostAlloc chunks, or madvise(MADV_HUGEPAGE) refused)";
+  const std::uint64_t huge = huge_page_bytes();
+  if (huge == 0) return fmt::format("huge pages: advised, none granted so far ({}; {} MiB of chunks)", huge_note_, total >> 20);
+  return fmt::format("huge pages: yes ({}; {} of {} MiB faulted in as huge pages)", huge_note_, huge >> 20, total >> 20);
+}
+
 TierStatsSnapshot HostTier::Stats() const {
   TierStatsSnapshot s = SnapshotCounters(counters_);
   s.name = caps_.name;
   s.capacity_bytes = caps_.capacity_bytes;
   s.used_bytes = used_bytes();
   s.blocks = block_count();
-  s.detail = fmt::format("{}; arena {} MiB of {} MiB", PinSummary(), arena_.arena_bytes() >> 20, caps_.capacity_bytes >> 20);
+  s.detail = fmt::format("{}; {}; arena {} MiB of {} MiB", PinSummary(), HugePageSummary(), arena_.arena_bytes() >> 20,
+                         caps_.capacity_bytes >> 20);
   if (populate_chunks_ > 0) {
     const std::uint64_t mib = std::min(std::uint64_t{populate_chunks_} * arena_.chunk_bytes(), caps_.capacity_bytes) >> 20;
     if (options_.populate == HostPopulate::kAtOpen) {
@@ -302,6 +340,9 @@ TierStatsSnapshot HostTier::Stats() const {
   }
   if (prefaulter_ != nullptr) {
     s.detail += fmt::format("; faulted ahead {} MiB", prefaulter_->faulted_bytes() >> 20);
+    if (const std::uint64_t skipped = prefaulter_->skipped_bytes(); skipped > 0) {
+      s.detail += fmt::format(" ({} MiB first reached by puts)", skipped >> 20);
+    }
     if (std::string note = prefaulter_->note(); !note.empty()) s.detail += "; " + note;
   }
   return s;

@@ -1,9 +1,11 @@
 // HostTier: blocks in (pinned) host RAM.
 //
 // Memory: an arena grown lazily in HostTierOptions::chunk_bytes chunks up to capacity_bytes; each
-// chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::prefault, adding a
-// chunk only maps it (locked on fault) and a background Prefaulter faults its pages in ahead of the
-// puts; without, pinning faults the whole chunk on the putting thread. HostTierOptions::populate
+// chunk is pinned when it is added (see pinned_memory.h). With HostTierOptions::huge_pages (off by
+// default; and THP "always" or "madvise"), mmap'ed chunks are 2 MiB-aligned and advised MADV_HUGEPAGE. With
+// HostTierOptions::prefault, adding a chunk only maps it (locked on fault) and a background
+// Prefaulter faults its pages in ahead of the puts (one touch per huge page; it jumps ahead of a
+// put that overtook it); without, pinning faults the whole chunk on the putting thread. HostTierOptions::populate
 // kBackground / kAtOpen materialize the first populate_bytes of chunks at Create and fault them in
 // on the prefaulter (from open, in allocation order) or before Create returns. A refused pin is logged once per tier (a
 // warning to HostTierOptions::logger) and shown in Stats().detail, never fatal. Blocks are page-aligned runs of 4 KiB pages (BlockArena /
@@ -70,6 +72,15 @@ class HostTier final : public Tier {
   std::uint64_t arena_bytes() const { return arena_.arena_bytes(); }
   // "pinned: yes (cudaHostAlloc)", "pinned: no (mlock refused)", ...; empty until a chunk exists.
   std::string PinSummary() const;
+  // "huge pages: yes (THP madvise; 512 of 512 MiB faulted in as huge pages)", "huge pages: no
+  // (THP never)", "huge pages: no (HostTierOptions::huge_pages off)", ... Reads /proc/self/smaps
+  // when huge pages were advised (tiers::AnonHugeBytes): for stats, not data paths.
+  std::string HugePageSummary() const;
+  // Bytes of the arena's chunks backed by transparent huge pages now (tiers::AnonHugeBytes); tests.
+  std::uint64_t huge_page_bytes() const;
+  // True when new mmap'ed chunks are advised MADV_HUGEPAGE (HostTierOptions::huge_pages and THP
+  // "always" or "madvise").
+  bool huge_pages_advised() const { return huge_pages_; }
   // Allocator consistency check, for tests.
   bool CheckInvariants() const { return arena_.CheckInvariants(); }
   // Blocks until the chunks added so far have been faulted in ahead (no-op without a prefaulter); tests.
@@ -107,6 +118,8 @@ class HostTier final : public Tier {
   // Null without HostTierOptions::prefault or populate kBackground. Destroyed before the chunks are unmapped.
   std::unique_ptr<tiers::Prefaulter> prefaulter_;
   tiers::BlockArena arena_;
+  bool huge_pages_ = false;              // chunks are advised MADV_HUGEPAGE; set by the constructor
+  std::string huge_note_;                // why (not), for HugePageSummary; set by the constructor
   std::uint32_t populate_chunks_ = 0;   // chunks [0, n) are populated at open; set by the constructor
   std::uint64_t open_populate_ns_ = 0;  // written by Create before the tier is shared
   mutable TierCounters counters_;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "terrace/status.h"
 
@@ -25,6 +26,9 @@ struct HostChunk {
   std::size_t bytes = 0;
   PinKind kind = PinKind::kPageable;
   std::string pin_note;  // why the chunk is pageable when pinning was asked for; empty otherwise
+  // madvise(MADV_HUGEPAGE) succeeded on the chunk (which is then 2 MiB-aligned). Advice only:
+  // whether the kernel grants huge pages is known once pages are faulted (AnonHugeBytes).
+  bool huge_pages = false;
 };
 
 struct HostChunkOptions {
@@ -33,8 +37,30 @@ struct HostChunkOptions {
   // is locked with mlock2(MLOCK_ONFAULT), its pages are faulted on first touch (or by a Prefaulter)
   // and locked as they are. cudaHostAlloc chunks are always faulted; unpinned chunks never are.
   bool populate = true;
-  bool huge_pages = false;  // madvise(MADV_HUGEPAGE) on mmap'ed chunks (advisory)
+  // mmap'ed chunks: align the chunk to kHugePageBytes and madvise(MADV_HUGEPAGE) it. Advisory:
+  // the kernel may still fault 4 KiB pages (fragmented memory, THP "never").
+  bool huge_pages = false;
 };
+
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;  // x86-64 / arm64-4K PMD size
+
+// Whether transparent huge pages can back MADV_HUGEPAGE memory: /sys/kernel/mm/transparent_hugepage/
+// enabled reads "always" or "madvise". `why` names the mode (or why it could not be read). Cached.
+struct ThpSupport {
+  bool usable = false;
+  std::string why;  // e.g. "THP madvise", "THP never", "no /sys/kernel/mm/transparent_hugepage/enabled"
+};
+const ThpSupport& TransparentHugePages();
+
+// Bytes of [data, data + bytes) ranges backed by transparent huge pages, from the AnonHugePages
+// lines of /proc/self/smaps (each mapping's count capped at its overlap with the ranges, so a
+// mapping merged with neighbouring memory is not over-counted beyond the ranges). Reads and parses
+// smaps: O(mappings of the process); for stats and tests, not data paths. IoError if unreadable.
+struct ByteRange {
+  const std::byte* data;
+  std::size_t bytes;
+};
+Result<std::uint64_t> AnonHugeBytes(const std::vector<ByteRange>& ranges);
 
 // Allocates `bytes` (a multiple of the page size) of zero-filled memory. Ownership passes to the
 // caller, who frees it with FreeHostChunk.

@@ -1,5 +1,7 @@
 #include "tiers/host/prefaulter.h"
 
+#include "tiers/host/pinned_memory.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -43,10 +45,10 @@ Prefaulter::~Prefaulter() {
   thread_.join();
 }
 
-void Prefaulter::Enqueue(std::byte* data, std::size_t bytes) {
+void Prefaulter::Enqueue(std::byte* data, std::size_t bytes, bool huge, const std::atomic<std::uint64_t>* frontier) {
   MutexLock lock(&mu_);
   if (failed_ || stop_ || bytes == 0) return;
-  queue_.push_back(Range{data, bytes});
+  queue_.push_back(Range{data, bytes, huge, frontier});
   work_.Signal();
 }
 
@@ -58,6 +60,11 @@ void Prefaulter::Drain() {
 std::uint64_t Prefaulter::faulted_bytes() const {
   MutexLock lock(&mu_);
   return faulted_;
+}
+
+std::uint64_t Prefaulter::skipped_bytes() const {
+  MutexLock lock(&mu_);
+  return skipped_;
 }
 
 std::string Prefaulter::note() const {
@@ -73,11 +80,25 @@ void Prefaulter::Run() {
     Range r = queue_.front();
     queue_.pop_front();
     busy_ = true;
+    // Huge-page ranges: one kHugePageBytes step per call, populating its first 4 KiB page.
+    const std::size_t step = r.huge ? kHugePageBytes : piece_bytes_;
     std::size_t off = 0;
     while (off < r.bytes && !stop_) {
-      const std::size_t len = std::min(piece_bytes_, r.bytes - off);
+      if (r.frontier != nullptr) {
+        const std::uint64_t reached = std::min<std::uint64_t>(r.frontier->load(std::memory_order_relaxed), r.bytes);
+        if (reached > off) {
+          // Writers are ahead: resume two steps past them; what lies between is queued again.
+          const std::size_t to = std::min<std::size_t>(r.bytes, (reached + step - 1) / step * step + 2 * step);
+          queue_.push_back(Range{r.data + off, to - off, r.huge, nullptr});
+          skipped_ += to - off;
+          off = to;
+          continue;
+        }
+      }
+      const std::size_t len = std::min(step, r.bytes - off);
+      const std::size_t populate = r.huge && len == kHugePageBytes ? 4096 : len;
       lock.Unlock();
-      const int rc = ::madvise(r.data + off, len, MADV_POPULATE_WRITE);
+      const int rc = ::madvise(r.data + off, populate, MADV_POPULATE_WRITE);
       const int err = errno;
       lock.Lock();
       if (rc != 0) {
