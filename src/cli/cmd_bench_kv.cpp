@@ -296,21 +296,27 @@ int RunBenchKv(const BenchKvArgs& a) {
       std::uint64_t prepare_bytes = 0;
       long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
     };
+    // One restore into `session`, timed with its minor faults, then the tier's raw read of what it read.
+    auto timed_restore = [&](model::Session* session, const auto& req, std::optional<kv::CachedPrefill>* result,
+                             double* ttft_s, long* faults, double* tier_mb) -> Status {
+      const long f0 = MinorFaults();
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = kv::PrefillWithCache(session, *run->cache, req, {.restore = true, .write_back = false});
+      *ttft_s = Since(t0);
+      *faults = MinorFaults() - f0;
+      if (!r.ok()) return r.status();
+      *result = std::move(r).value();
+      TERRACE_ASSIGN_OR_RETURN(*tier_mb, tier_read((*result)->restore));
+      return Status::Ok();
+    };
     auto round = [&](int index, Round* out) -> Status {
       TERRACE_RETURN_IF_ERROR(fresh_cache());
       // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and
       // latent page touched for the first time inside the restore.
       {
         model::Session fresh(**m);
-        const long fu = MinorFaults();
-        const auto tu = std::chrono::steady_clock::now();
-        auto r = kv::PrefillWithCache(&fresh, *run->cache, run->cache->Prepare(prompt, ""),
-                                      {.restore = true, .write_back = false});
-        out->ttft_unprepared = Since(tu);
-        out->faults_unprepared = MinorFaults() - fu;
-        if (!r.ok()) return r.status();
-        out->ru = std::move(r).value();
-        TERRACE_ASSIGN_OR_RETURN(out->tier_unprepared, tier_read(out->ru->restore));
+        TERRACE_RETURN_IF_ERROR(timed_restore(&fresh, run->cache->Prepare(prompt, ""), &out->ru, &out->ttft_unprepared,
+                                              &out->faults_unprepared, &out->tier_unprepared));
       }
       TERRACE_RETURN_IF_ERROR(fresh_cache());
       const auto req = run->cache->Prepare(prompt, "");
@@ -325,13 +331,8 @@ int RunBenchKv(const BenchKvArgs& a) {
       out->prepare_bytes = reserved.bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
                                                          static_cast<std::uint64_t>(turn2.state().mla_width()) *
                                                          sizeof(float) * run->cache->layout().mla_layers().size();
-      const long f2 = MinorFaults();
-      const auto t0 = std::chrono::steady_clock::now();
-      auto r2 = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
-      out->ttft_restore = Since(t0);
-      out->faults_prepared = MinorFaults() - f2;
-      if (!r2.ok()) return r2.status();
-      out->r2 = std::move(r2).value();
+      TERRACE_RETURN_IF_ERROR(
+          timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
       if (index == 0 && !recompute_in_turn1) {
         fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
         model::Session cold(**m);
@@ -343,17 +344,9 @@ int RunBenchKv(const BenchKvArgs& a) {
         if (!cold_run.ok()) return cold_run.status();
         r3 = std::move(cold_run).value();
       }
-      TERRACE_ASSIGN_OR_RETURN(out->tier_mb, tier_read(out->r2->restore));
       // Warm: the same restore into the same state after Reset (memory reused), same cache.
       turn2.state().Reset();
-      const long fw = MinorFaults();
-      const auto tw = std::chrono::steady_clock::now();
-      auto rw = kv::PrefillWithCache(&turn2, *run->cache, req, {.restore = true, .write_back = false});
-      out->ttft_warm = Since(tw);
-      out->faults_warm = MinorFaults() - fw;
-      if (!rw.ok()) return rw.status();
-      out->rw = std::move(rw).value();
-      TERRACE_ASSIGN_OR_RETURN(out->tier_warm, tier_read(out->rw->restore));
+      TERRACE_RETURN_IF_ERROR(timed_restore(&turn2, req, &out->rw, &out->ttft_warm, &out->faults_warm, &out->tier_warm));
       return Status::Ok();
     };
     fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared, warm ({} round{})...\n",
