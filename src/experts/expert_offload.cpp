@@ -359,10 +359,11 @@ struct ExpertOffload::Impl {
     const bool speculative = kind == ReserveKind::kSpeculative;
     const CacheContext ctx = Context();
     const bool incoming_lead = LeadProtected(layer);
-    std::uint64_t lead_used = lead_cap > 0 ? LeadUsed() : 0;
     while (used + bytes > budget) {
       VictimSide side = VictimSide::kAny;
       if (lead_cap > 0) {
+        // Counted afresh each pass: an eviction or a cancelled prefetch (below) frees lead bytes.
+        const std::uint64_t lead_used = LeadUsed();
         if (incoming_lead) {
           side = lead_used + bytes > lead_cap ? VictimSide::kLead : VictimSide::kOther;
         } else if (lead_used <= lead_cap) {
@@ -390,7 +391,6 @@ struct ExpertOffload::Impl {
       std::optional<std::size_t> victim = pick(side);
       if (!victim && !speculative && side != VictimSide::kAny) victim = pick(VictimSide::kAny);
       if (victim) {
-        if (LeadProtected(LayerOf(*victim))) lead_used -= slots[*victim].bytes;
         TERRACE_RETURN_IF_ERROR(Evict(*victim));
         continue;
       }
