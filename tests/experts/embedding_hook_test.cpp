@@ -266,25 +266,19 @@ class RecordingPredictor final : public Predictor {
 TEST_CASE("ExpertOffload calls the predictor at token start once per pass, in that pass's step",
           "[experts][lookahead][embedding]") {
   const auto& config = testing::ToyDir().config();
-  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
-  const CacheBudget budget = *CacheBudget::Parse("50%");
-  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, budget.Resolve(total), {}));
-  REQUIRE(store.ok());
   ExpertOffloadOptions opt;
-  opt.budget = budget;
-  opt.home = TierId::kHost;
-  auto off = ExpertOffload::Create(config, testing::ToyDir(), store->get(), std::move(opt));
-  REQUIRE(off.ok());
-  auto m = model::Model::Load(config, testing::ToyDir(), *off);
+  opt.budget = *CacheBudget::Parse("50%");
+  testing::ToyOffload t = testing::OpenToyOffload(std::move(opt));
+  auto m = model::Model::Load(config, testing::ToyDir(), t.offload);
   REQUIRE(m.ok());
   const int first = config.first_k_dense_replace;
   auto rec = std::make_unique<RecordingPredictor>(first);
   RecordingPredictor* r = rec.get();
-  (*off)->SetPredictor(std::move(rec));
+  t.offload->SetPredictor(std::move(rec));
   model::ForwardOptions hooks;
-  (*off)->AttachHooks(&hooks);
+  t.offload->AttachHooks(&hooks);
   const testing::RunOutput got = testing::Run(**m, &hooks);
-  (*off)->Quiesce();
+  t.offload->Quiesce();
   CHECK(testing::SameBits(got.logits, testing::ResidentRun().logits));
   const std::int64_t passes = 1 + testing::kDecodeSteps;
   REQUIRE(static_cast<std::int64_t>(r->starts.size()) == passes);
@@ -297,7 +291,7 @@ TEST_CASE("ExpertOffload calls the predictor at token start once per pass, in th
     CHECK(r->starts[i].values == T * config.hidden_size);
   }
   // The token-start predictions were scored against the first MoE layer's routing.
-  const ExpertMetrics x = (*off)->Metrics();
+  const ExpertMetrics x = t.offload->Metrics();
   REQUIRE_FALSE(x.layers.empty());
   REQUIRE(x.layers[0].layer == first);
   const PredictionCounts& p = x.layers[0].prediction;

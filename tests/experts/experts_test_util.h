@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -102,6 +103,27 @@ inline std::uint64_t BlockBytes() {
   int moe = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) moe += c.IsDenseLayer(l) ? 0 : 1;
   return ExpertOffload::TotalExpertBytes(c) / static_cast<std::uint64_t>(moe * c.num_experts);
+}
+
+// A store sized for ToyDir's experts, whose fast tier holds opt.budget (home on NVMe in `nvme_dir`
+// when given, else in host memory), and an ExpertOffload over it with `opt`. FAILs the test when
+// either cannot be opened.
+struct ToyOffload {
+  std::unique_ptr<Store> store;
+  std::shared_ptr<ExpertOffload> offload;
+};
+inline ToyOffload OpenToyOffload(ExpertOffloadOptions opt, const std::string& nvme_dir = {}) {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  ToyOffload t;
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, opt.budget.Resolve(total), nvme_dir));
+  if (!store.ok()) FAIL(store.status().ToString());
+  t.store = std::move(store).value();
+  if (!nvme_dir.empty()) opt.home = TierId::kNvme;
+  auto off = ExpertOffload::Create(config, ToyDir(), t.store.get(), std::move(opt));
+  if (!off.ok()) FAIL(off.status().ToString());
+  t.offload = *off;
+  return t;
 }
 
 // A tier wrapper that serves Gets one at a time, in arrival order, each taking `delay`: a slow

@@ -15,27 +15,15 @@ using testing::RunOutput;
 using testing::SameBits;
 using testing::ToyDir;
 
-struct Rig {
-  std::unique_ptr<Store> store;
-  std::shared_ptr<ExpertOffload> offload;
-};
+using Rig = testing::ToyOffload;
 
 Rig MakeRig(CachePolicyKind policy, std::uint64_t budget_bytes, int lead_layers, double share) {
-  const auto& config = ToyDir().config();
-  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
-  Rig r;
-  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, budget_bytes, ""));
-  if (!store.ok()) FAIL(store.status().ToString());
-  r.store = std::move(store).value();
   ExpertOffloadOptions opt;
   opt.policy = policy;
   opt.budget = CacheBudget{0, budget_bytes};
   opt.lead_protected_layers = lead_layers;
   opt.lead_protected_share = share;
-  auto off = ExpertOffload::Create(config, ToyDir(), r.store.get(), std::move(opt));
-  if (!off.ok()) FAIL(off.status().ToString());
-  r.offload = *off;
-  return r;
+  return testing::OpenToyOffload(std::move(opt));
 }
 
 // Experts of `layer` whose copy is in the fast tier.

@@ -21,20 +21,14 @@ struct Offloaded {
 };
 
 Offloaded Make(CachePolicyKind policy, CacheBudget budget, const std::string& nvme_dir = {}) {
-  const auto& config = ToyDir().config();
-  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
-  Offloaded o;
-  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, budget.Resolve(total), nvme_dir));
-  if (!store.ok()) FAIL(store.status().ToString());
-  o.store = std::move(store).value();
   ExpertOffloadOptions opt;
   opt.policy = policy;
   opt.budget = budget;
-  opt.home = nvme_dir.empty() ? TierId::kHost : TierId::kNvme;
-  auto off = ExpertOffload::Create(config, ToyDir(), o.store.get(), std::move(opt));
-  if (!off.ok()) FAIL(off.status().ToString());
-  o.offload = *off;
-  auto m = model::Model::Load(config, ToyDir(), o.offload);
+  testing::ToyOffload t = testing::OpenToyOffload(std::move(opt), nvme_dir);
+  Offloaded o;
+  o.store = std::move(t.store);
+  o.offload = std::move(t.offload);
+  auto m = model::Model::Load(ToyDir().config(), ToyDir(), o.offload);
   REQUIRE(m.ok());
   o.model = std::move(m).value();
   return o;

@@ -44,28 +44,24 @@ TEST_CASE("precision and recall match counts made by hand", "[experts]") {
 
 // Feeds `trace` to an ExpertOffload (as MoeForward's Prefetch calls would) and returns its metrics.
 ExpertMetrics Replay(const RoutingTrace& trace, std::unique_ptr<Predictor> predictor) {
-  const auto& config = testing::ToyDir().config();
-  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
-  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, total, ""));
-  REQUIRE(store.ok());
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");
   opt.predictor = std::move(predictor);
-  auto off = ExpertOffload::Create(config, testing::ToyDir(), store->get(), std::move(opt));
-  REQUIRE(off.ok());
+  const testing::ToyOffload t = testing::OpenToyOffload(std::move(opt));
+  const std::shared_ptr<ExpertOffload>& off = t.offload;
   for (const auto& step : trace.steps) {
     for (int l = 0; l < trace.num_layers; ++l) {
       const auto& sel = step[static_cast<std::size_t>(l)];
       if (sel.empty()) continue;
-      (*off)->Prefetch(l, sel);
+      off->Prefetch(l, sel);
       for (int e : sel) {
-        auto lease = (*off)->Lease(l, e);
+        auto lease = off->Lease(l, e);
         REQUIRE(lease.ok());
       }
     }
   }
-  (*off)->Quiesce();
-  return (*off)->Metrics();
+  off->Quiesce();
+  return off->Metrics();
 }
 
 RoutingTrace HandTrace(int steps, bool periodic) {
