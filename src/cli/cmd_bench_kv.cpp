@@ -502,7 +502,7 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--repeat", &a->repeat, 1, 100,
                "Rounds of turn 2's three restores per prefix (each round reopens the pools); the row's figures are "
                "the medians over the rounds, the *_runs lists each round's own");
-  AddKvFlags(cmd, &a->kv);
+  AddKvFlags(cmd, &a->kv, /*with_store=*/false);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
   cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });
 }

@@ -235,14 +235,15 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   cmd->add_option("--tokens", args->tokens, "Prompt token ids, comma separated (e.g. 1,2,3)")->required();
   AddIntOption(cmd, "--max-new", &args->max_new, 0, kMaxNewTokens, "Tokens to generate greedily (0: prefill only)");
   cmd->add_flag("--json", args->json, "Print one JSON object (adds routing statistics)");
-  cmd->add_flag("--no-reserve", args->no_reserve,
-                "With --store: do not reserve the state's latent memory for the prompt while the pools open (it is "
-                "then faulted in by the restore and the forward pass)");
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors); "
                   "with --store, positions restored from the cache are recomputed for the file");
   AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads, "OpenBLAS threads");
-  AddKvFlags(cmd, &args->kv);
+  AddKvFlags(cmd, &args->kv, /*with_store=*/true);
+  cmd->add_flag("--no-reserve", args->no_reserve,
+                "With --store: do not reserve the state's latent memory for the prompt while the pools open (it is "
+                "then faulted in by the restore and the forward pass)")
+      ->needs("--store");
   AddExpertFlags(cmd, &args->experts);
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }

@@ -11,10 +11,15 @@
 
 namespace terrace::cli {
 
-void AddKvFlags(CLI::App* cmd, KvRunArgs* a) {
-  cmd->add_option("--store", a->store,
-                  "Prefix cache directory: restore the prompt's longest cached prefix from it and store what was "
-                  "computed (KV pool in DIR/kv, KDA state pool in DIR/state)");
+void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
+  CLI::Option* store = nullptr;
+  if (with_store) {
+    store = cmd->add_option("--store", a->store,
+                            "Prefix cache directory: restore the prompt's longest cached prefix from it and store what "
+                            "was computed (KV pool in DIR/kv, KDA state pool in DIR/state)");
+  }
+  // The first option this function adds after --store; all of them up to the end need --store.
+  const std::size_t first = cmd->get_options().size();
   cmd->add_option("--tenant", a->tenant, "Tenant of this request (blocks of other tenants are never used); default: none");
   cmd->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latent blocks (f32, bf16, f16, fp8, fp8-block, int8, "
                                               "int4-g32, int4-g64, optionally +zstd or +lz4)")
@@ -30,6 +35,10 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a) {
   AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20);
   AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20);
   AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
+  if (store != nullptr) {
+    const std::vector<CLI::Option*> added = cmd->get_options();
+    for (std::size_t i = first; i < added.size(); ++i) added[i]->needs(store);
+  }
 }
 
 namespace {

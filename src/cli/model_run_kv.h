@@ -31,7 +31,10 @@ struct KvRunArgs {
   std::uint64_t hbm_bytes = 256ull << 20;
 };
 
-void AddKvFlags(CLI::App* cmd, KvRunArgs* args);
+// The prefix-cache flags. with_store: also --store DIR, which every other flag here then needs
+// (given without it, they are a usage error, never ignored); without (bench kv, whose --dir names
+// the pools): the rest only.
+void AddKvFlags(CLI::App* cmd, KvRunArgs* args, bool with_store);
 
 // The opened cache and its pools.
 struct KvRun {

@@ -168,6 +168,24 @@ def test_bench_kv_repeat_reports_medians_and_rounds(toy, tmp_path):
     assert q.returncode == 2
 
 
+
+@pytest.mark.parametrize("flags", [["--no-reserve"], ["--tenant", "t1"], ["--kv-codec", "fp8"],
+                                   ["--chunk-tokens", "32"], ["--state-nvme-size", "16MiB"]])
+def test_cache_flags_without_store_are_refused(toy, flags):
+    # A prefix-cache flag with no --store would change nothing: a usage error that names both.
+    p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--tokens", "1,2,3", "--max-new", "1", *flags],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert flags[0] in p.stderr and "--store" in p.stderr
+
+
+def test_bench_kv_has_no_store_flag(toy, tmp_path):
+    # bench kv's pools live in --dir; a --store there would be ignored, so it is not accepted.
+    p = subprocess.run([BIN, "bench", "kv", "--model", str(toy), "--store", str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--store" in p.stderr
+    assert not (tmp_path / "s").exists()
+
 def test_verify_kv_orders_codecs(toy):
     p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "128", "--chunk-tokens", "32",
                         "--eval-tokens", "8", "--codecs", "f32,bf16,int4-g32", "--json"],
