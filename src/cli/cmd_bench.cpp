@@ -32,6 +32,7 @@
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -72,34 +73,6 @@ struct BenchArgs {
     const std::uint64_t by_bytes = std::min<std::uint64_t>(4096, (64ull << 20) / std::max<std::uint64_t>(block_size, 1));
     return static_cast<unsigned>(std::max<std::uint64_t>(8ull * queue_depth, by_bytes));
   }
-};
-
-// Set by SIGINT/SIGTERM while a bench runs: workers stop, the tier closes and the directories the
-// bench created are removed before it exits with 128 + the signal number.
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void OnStopSignal(int sig) { g_stop_signal.store(sig); }
-
-// Installs OnStopSignal for SIGINT and SIGTERM for its lifetime (restoring the old handlers).
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = OnStopSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
 };
 
 // Marks a directory the bench created (and removes on exit), so that a later run recognises what a
@@ -268,7 +241,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     AlignedBuffer none(0);
     AlignedBuffer& out = write ? none : *outs[next_worker.fetch_add(1)];
     while (!failed.load(std::memory_order_relaxed)) {
-      if (g_stop_signal.load() != 0) {
+      if (StopSignalReceived() != 0) {
         if (!failed.exchange(true)) {
           std::lock_guard<std::mutex> l(err_mu);
           first_error = Status::Cancelled("interrupted");
@@ -451,8 +424,7 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
 }
 
 int RunBenchTiers(const BenchArgs& a) {
-  StopSignals stop_signals;
-  g_stop_signal.store(0);
+  StopSignals stop_signals;  // workers stop, the tier closes and what the bench created is removed
   if (a.host_prefault_given && a.tier != "host") {
     return FailUsage(fmt::format("--host-prefault applies to --tier host only (got --tier {}); drop it", a.tier));
   }
@@ -560,12 +532,12 @@ int RunBenchTiers(const BenchArgs& a) {
     std::sort(sorted.begin(), sorted.end(), [](const BenchResult& x, const BenchResult& y) { return x.seconds < y.seconds; });
     return sorted[sorted.size() / 2];
   };
-  Result<BenchResult> r = g_stop_signal.load() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
+  Result<BenchResult> r = StopSignalReceived() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
   TierStatsSnapshot stats = tier->Stats();
   tier.reset();
   cleanup.Run();
-  if (const int sig = g_stop_signal.load(); sig != 0) {
-    fmt::print(stderr, "bench: stopped by {}{}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+  if (const int sig = StopSignalReceived(); sig != 0) {
+    fmt::print(stderr, "bench: stopped by {}{}\n", StopSignalName(sig),
                created_dir || created_index ? "; removed the directories it created" : "");
     return 128 + sig;
   }

@@ -27,6 +27,7 @@
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/clock.h"
 #include "src/experts/bench_regime.h"
 #include "src/experts/lookahead_limit.h"
@@ -229,11 +230,16 @@ Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt
   if (between) between();
   const auto t0 = SteadyClock::now();
   for (int i = 0; i < decode; ++i) {
+    TERRACE_RETURN_IF_ERROR(StopCheck());
     TERRACE_RETURN_IF_ERROR(s.Decode(model::Argmax(s.last_logits())).status());
     progress->Tick("decode token", i + 1, decode);
   }
   return Seconds(t0);
 }
+
+// A failure's exit status: Fail's message, except for the stop a signal asked for (said once, after
+// the cleanup, by RunBenchExperts).
+int FailUnlessStopped(const Status& s) { return StopSignalReceived() != 0 ? 1 : Fail(s.ToString()); }
 
 std::string Yes(bool met) { return met ? "met" : "NOT met"; }
 
@@ -243,7 +249,7 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-int RunBenchExperts(const BenchExpertsArgs& a) {
+int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   std::vector<experts::CacheBudget> budgets;
@@ -304,7 +310,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     if (!m.ok()) return Fail(m.status().ToString());
     double cpu0 = 0;
     auto t = TimedDecode(**m, prompt, a.decode, nullptr, [&] { cpu0 = ThreadCpuSeconds(); }, &progress);
-    if (!t.ok()) return Fail(t.status().ToString());
+    if (!t.ok()) return FailUnlessStopped(t.status());
     resident_wall_s_per_token = *t / a.decode;
     compute_s_per_token = (ThreadCpuSeconds() - cpu0) / a.decode;
     if (a.threads > 1 || !(compute_s_per_token > 0)) compute_s_per_token = resident_wall_s_per_token;
@@ -348,6 +354,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       for (std::size_t j = i; j < std::min(keys.size(), i + kBatch); ++j) items.push_back(Store::GetItem{keys[j], bufs[j - i], {}});
       for (const Status& s : (*st)->GetBatch(items))
         if (!s.ok()) return Fail(s.ToString());
+      if (Status s = StopCheck(); !s.ok()) return FailUnlessStopped(s);
       progress.Tick("block", static_cast<int>(std::min(keys.size(), i + kBatch)), static_cast<int>(keys.size()));
     }
     nvme_bytes_per_s = static_cast<double>(total) / std::max(Seconds(t0), 1e-9);
@@ -398,7 +405,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
       if (c.predictor == experts::PredictorKind::kOracle) {
         model::ForwardOptions h;
         x.AttachHooks(&h);
-        if (auto t = TimedDecode(**m, prompt, a.decode, &h, {}, &progress); !t.ok()) return Fail(t.status().ToString());
+        if (auto t = TimedDecode(**m, prompt, a.decode, &h, {}, &progress); !t.ok()) return FailUnlessStopped(t.status());
         auto trace = x.trace();
         if (Status s = x.Reset(); !s.ok()) return Fail(s.ToString());
         x.SetPredictor(experts::MakeOraclePredictor(std::move(trace)));
@@ -415,7 +422,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
         fcpu0 = ThreadCpuSeconds();
         pcpu0 = ProcessCpuSeconds();
       }, &progress);
-      if (!t.ok()) return Fail(t.status().ToString());
+      if (!t.ok()) return FailUnlessStopped(t.status());
       const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuSeconds() - pcpu0;
       const experts::ExpertMetrics m1 = x.Metrics();
       const StoreStats s1 = (*st)->Stats();
@@ -575,10 +582,10 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
     return Status::Ok();
   };
   if (run_config("mmap-unbounded"))
-    if (Status s = run_mmap("mmap-unbounded", 1.0, 0); !s.ok()) return Fail(s.ToString());
+    if (Status s = run_mmap("mmap-unbounded", 1.0, 0); !s.ok()) return FailUnlessStopped(s);
   if (run_config("mmap"))
     for (const auto& budget : budgets)
-      if (Status s = run_mmap("mmap", budget.fraction, budget.Resolve(total)); !s.ok()) return Fail(s.ToString());
+      if (Status s = run_mmap("mmap", budget.fraction, budget.Resolve(total)); !s.ok()) return FailUnlessStopped(s);
   const bool cold = before.measured && before.file_bytes > 0 && before.fraction() < 0.05;
   cleanup();
 
@@ -903,6 +910,18 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
   return 0;
 }
 
+int RunBenchExperts(const BenchExpertsArgs& a) {
+  StopSignals stop_signals;  // Ctrl-C: stop before the next decode step, remove the store in --dir (unless --keep)
+  const int rc = RunBenchExpertsOnce(a);
+  if (StopSignalReceived() == 0) return rc;
+  bool removed = false;
+  if (!a.keep) {
+    auto r = RemoveOwnedStore(a.dir, kMarker, "--dir", "terrace bench experts");
+    removed = r.ok() && *r;
+  }
+  return ExitStopped("bench experts", removed ? "; removed the store it created in --dir" : "");
+}
+
 }  // namespace
 
 void RegisterBenchExperts(CLI::App* bench, Runner* run) {
@@ -910,7 +929,8 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   auto* cmd = bench->add_subcommand("experts", "Decode speed with routed experts offloaded to NVMe, per cache policy and predictor");
   cmd->add_option("--model", a->model, "MXFP4 model directory (e.g. from terrace model init)")->required();
   cmd->add_option("--dir", a->dir, "NVMe tier directory for the expert store; created, marked "
-                                   "(terrace-bench-experts.marker) and removed afterwards")
+                                   "(terrace-bench-experts.marker) and removed afterwards, also on SIGINT/SIGTERM (unless "
+                                   "--keep); the next run removes a marked leftover of a killed run")
       ->capture_default_str();
   cmd->add_option("--budgets", a->budgets, "Fast-tier budgets, percentages of the routed expert bytes")->capture_default_str();
   cmd->add_option("--configs", a->configs,

@@ -46,6 +46,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
@@ -169,6 +170,7 @@ class Progress {
       last_print_ = now;
       fmt::print(stderr, "terrace bench kv: {}: {}/{} tokens, {:.0f} s\n", what_, done_, total_, Since(t0_));
     };
+    o.on_layer_begin = [](int, std::int64_t) { return StopCheck(); };  // Ctrl-C stops the pass at the next layer
     return o;
   }
 
@@ -178,6 +180,19 @@ class Progress {
   int last_layer_;
   std::chrono::steady_clock::time_point t0_, last_print_;
 };
+
+// True when `dir` holds only what a killed run of this bench left there: kv/ and/or state/, each a
+// store marked by this bench (see RemovePools).
+bool IsKvLeftover(const std::filesystem::path& dir) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if ((name != "kv" && name != "state") || !IsOwnedStore(e.path(), kMarker)) return false;
+    any = true;
+  }
+  return any && !ec;
+}
 
 void RemovePools(const std::filesystem::path& dir, bool created_dir) {
   for (const char* sub : {"kv", "state"}) {
@@ -203,9 +218,15 @@ int RunBenchKv(const BenchKvArgs& a) {
     dir = std::filesystem::temp_directory_path() / fmt::format("terrace-bench-kv-{:08x}", rd());
   }
   std::error_code ec;
-  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec))
-    return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
-                                 "creates there)", dir.string()));
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
+    if (!IsKvLeftover(dir))
+      return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
+                                   "creates there)", dir.string()));
+    fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "
+                       "finish\n", dir.string());
+    RemovePools(dir, false);
+  }
+  StopSignals stop_signals;  // Ctrl-C: stop at the next layer, remove the pools, exit 128 + signal
   if (!std::filesystem::exists(dir, ec)) {
     std::filesystem::create_directories(dir, ec);
     if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
@@ -221,7 +242,10 @@ int RunBenchKv(const BenchKvArgs& a) {
 
   nlohmann::json rows = nlohmann::json::array();
   int rc = 0;
+  // An error, unless it is the stop a signal asked for (said once, after the cleanup).
+  const auto fail = [](const Status& s) { return StopSignalReceived() != 0 ? 1 : Fail(s.ToString()); };
   for (int P : *prefixes) {
+    if (StopSignalReceived() != 0) break;
     std::vector<std::int32_t> prompt(static_cast<std::size_t>(P + kSuffixTokens));
     for (std::size_t i = 0; i < prompt.size(); ++i)
       prompt[i] = static_cast<std::int32_t>((i * 7919 + 13 + (i >= static_cast<std::size_t>(P) ? 1 : 0)) %
@@ -250,7 +274,7 @@ int RunBenchKv(const BenchKvArgs& a) {
                     ? kv::PrefillWithCache(&s1, *run->cache, run->cache->Prepare(prompt, ""), {.restore = false})
                     : kv::PrefillWithCache(&s1, *run->cache, run->cache->Prepare(prefix, ""));
       if (!r1.ok()) {
-        rc = Fail(r1.status().ToString());
+        rc = fail(r1.status());
         break;
       }
       if (recompute_in_turn1) {
@@ -310,6 +334,7 @@ int RunBenchKv(const BenchKvArgs& a) {
       return Status::Ok();
     };
     auto round = [&](int index, Round* out) -> Status {
+      TERRACE_RETURN_IF_ERROR(StopCheck());
       TERRACE_RETURN_IF_ERROR(fresh_cache());
       // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and
       // latent page touched for the first time inside the restore.
@@ -355,7 +380,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     Status round_error;
     for (int i = 0; i < a.repeat && round_error.ok(); ++i) round_error = round(i, &rounds[static_cast<std::size_t>(i)]);
     if (!round_error.ok()) {
-      rc = Fail(round_error.ToString());
+      rc = fail(round_error);
       break;
     }
     // Scalar figures: the median over the rounds (each round's own value is in the *_runs lists).
@@ -452,6 +477,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     RemovePools(dir, false);
   }
   RemovePools(dir, created_dir);
+  if (StopSignalReceived() != 0) return ExitStopped("terrace bench kv", "; removed the pools it created in --dir");
   if (rc != 0) return rc;
   nlohmann::json j;
   j["model"] = a.model;
@@ -492,7 +518,8 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   auto* cmd = bench->add_subcommand("kv", "Prefix cache: time to first token with restore vs recompute per prefix length");
   cmd->add_option("--model", a->model, "Model directory (e.g. from 'terrace model init --preset k3-small')")->required();
   cmd->add_option("--dir", a->dir, "Directory for the two pools (new or empty; what the bench creates there is removed "
-                                   "afterwards). Default: a new directory under the system temp dir");
+                                   "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
+                                   "killed run). Default: a new directory under the system temp dir");
   cmd->add_option("--prefix-tokens", a->prefixes, "Prefix lengths, comma separated (each 1 to 1048576)")->capture_default_str();
   cmd->add_option("--tier", a->tier, "Where turn 2 restores from: nvme (pools reopened) | host")
       ->check(CLI::IsMember({"nvme", "host"}))->capture_default_str();

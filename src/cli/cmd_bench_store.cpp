@@ -33,6 +33,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "terrace/store.h"
 #include "tiers/host/host_tier.h"
@@ -98,6 +99,7 @@ class BenchStore {
       for (std::uint64_t i = b; i < std::min<std::uint64_t>(b + a_.batch, blocks_); ++i)
         items.push_back(Store::PutItem{Key(first + i), payload(), PutOptions{.tier = tier}});
       TERRACE_RETURN_IF_ERROR(FirstError(store_->PutBatch(items), phase));
+      TERRACE_RETURN_IF_ERROR(StopCheck());
     }
     return Since(t0);
   }
@@ -127,6 +129,7 @@ class BenchStore {
       std::vector<Status> st = tier_direct ? nvme_->GetBatch(ops) : store_->GetBatch(items);
       seconds += Since(t0);
       TERRACE_RETURN_IF_ERROR(FirstError(st, phase));
+      TERRACE_RETURN_IF_ERROR(StopCheck());
       if (verify) {
         for (std::uint64_t k = 0; k < n; ++k) {
           if (std::memcmp(out_.data() + k * stride_, payload_.data(), a_.block_size) != 0) {
@@ -291,8 +294,19 @@ int RunBenchStore(const BenchStoreArgs& a) {
   if (Status s = CheckStoreDirArg(dir, "--dir"); !s.ok()) return FailUsage(s.message());
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
-                                 "creates there)", dir.string()));
+    // A killed run's leftover (dir holding only its marked nvme/ store) is removed; anything else refused.
+    bool leftover = true;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      leftover = leftover && e.path().filename() == "nvme" && IsOwnedStore(e.path(), kMarker);
+    leftover = leftover && !ec;
+    if (!leftover) {
+      return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
+                                   "creates there)", dir.string()));
+    }
+    fmt::print(stderr, "bench store: removing '{}', left behind by an earlier run that did not finish\n",
+               (dir / "nvme").string());
+    if (auto r = RemoveOwnedStore(dir / "nvme", kMarker, "--dir", kWho); !r.ok()) return Fail(r.status().ToString());
+    std::filesystem::remove(dir / "nvme", ec);
   }
   bool created_dir = false;
   if (!std::filesystem::exists(dir, ec)) {
@@ -301,11 +315,13 @@ int RunBenchStore(const BenchStoreArgs& a) {
     created_dir = true;
   }
   const std::filesystem::path nvme_dir = dir / "nvme";
+  StopSignals stop_signals;  // Ctrl-C: stop after the current batch, remove what the bench created, exit 128 + signal
   Result<nlohmann::json> j = RunPhases(a, nvme_dir);  // the store is closed when it returns
   auto removed = RemoveOwnedStore(nvme_dir, kMarker, "--dir", kWho);
   if (!removed.ok()) fmt::print(stderr, "bench store: left {} in place: {}\n", nvme_dir.string(), removed.status().message());
   std::filesystem::remove(nvme_dir, ec);  // only if empty
   if (created_dir) std::filesystem::remove(dir, ec);  // only if empty
+  if (StopSignalReceived() != 0) return ExitStopped("bench store", removed.ok() ? "; removed what it created in --dir" : "");
   if (!j.ok()) return Fail(j.status().ToString());
   if (a.json) {
     fmt::print("{}\n", j->dump());
@@ -338,7 +354,8 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
   auto* cmd = bench->add_subcommand("store", "Put, get and promote through a Store (host over NVMe on a file), against "
                                              "the NVMe tier's own reads");
   cmd->add_option("--dir", a->dir, "Directory for the NVMe tier (new or empty; what the bench creates there is removed "
-                                   "afterwards). Default: a new directory under the system temp dir");
+                                   "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
+                                   "killed run). Default: a new directory under the system temp dir");
   AddSizeOption(cmd, "--block-size", &a->block_size, "Block size", 4096, 1 * kGiB);
   AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);
   AddIntOption(cmd, "--batch", &a->batch, 1u, 4096u, "Blocks per PutBatch / GetBatch call");

@@ -1,0 +1,57 @@
+#include "stop_signals.h"
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace terrace::cli {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
+
+extern "C" void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_stop_signal.store(0);
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  // SA_RESETHAND: a second Ctrl-C gets the default action (the user insists: stop now).
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  ::sigaction(SIGINT, &sa, &old_int_);
+  ::sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignals::~StopSignals() {
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+}
+
+int StopSignalReceived() { return g_stop_signal.load(); }
+
+std::string_view StopSignalName(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    default: return "a signal";
+  }
+}
+
+Status StopCheck() {
+  const int sig = g_stop_signal.load();
+  if (sig == 0) return Status::Ok();
+  return Status::Cancelled(std::string("stopped by ") + std::string(StopSignalName(sig)));
+}
+
+int ExitStopped(std::string_view who, std::string_view how) {
+  const int sig = g_stop_signal.load();
+  fmt::print(stderr, "{}: stopped by {}{}\n", who, StopSignalName(sig), how);
+  return 128 + sig;
+}
+
+}  // namespace terrace::cli

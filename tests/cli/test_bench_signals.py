@@ -1,0 +1,100 @@
+"""bench kv, bench experts and bench store stopped by SIGINT/SIGTERM: each exits with 128 + the signal
+and removes the pools it created; after SIGKILL (no chance to clean up) the next run recognises its own
+marked leftover and removes it, while a folder holding anything else is still refused untouched."""
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import snapshot
+
+
+def wait_for(path, seconds=60):
+    end = time.time() + seconds
+    while time.time() < end:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# Each workload runs for far longer than the test waits (minutes), so the signal always lands mid-run;
+# the marker file says the bench has created its store and is at work.
+def kv_bench(toy, d):
+    return ["bench", "kv", "--model", toy, "--dir", d, "--prefix-tokens", "8192,16384,32768", "--chunk-tokens", "64",
+            "--repeat", "20"], d / "kv" / "terrace-bench-kv.marker"
+
+
+def experts_bench(toy, d):
+    return ["bench", "experts", "--model", toy, "--dir", d, "--prompt", "4", "--decode", "1500", "--budgets", "50%",
+            "--configs", "on-demand,oracle"], \
+        d / "terrace-bench-experts.marker"
+
+
+def store_bench(toy, d):
+    return ["bench", "store", "--dir", d, "--block-size", "64KiB", "--total-bytes", "256MiB", "--batch", "1",
+            "--repeat", "100"], d / "nvme" / "terrace-bench-store.marker"
+
+
+BENCHES = {"kv": kv_bench, "experts": experts_bench, "store": store_bench}
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_bench_stops_and_cleans_up_on_signal(terrace, toy_model, tmp_path, bench, sig):
+    d = tmp_path / "pools"
+    argv, marker = BENCHES[bench](toy_model, d)
+    p = terrace.popen(*argv)
+    try:
+        assert wait_for(marker), f"bench {bench} did not mark its store"
+        time.sleep(0.3)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 128 + sig, (p.returncode, err)
+    assert f"stopped by {signal.Signals(sig).name}" in err, err
+    assert "terrace: error" not in err, err  # the stop is not reported as a failure
+    # Everything the bench created is gone: kv and store made --dir and remove it; experts removes its store.
+    assert not d.exists() or os.listdir(d) == [], os.listdir(d)
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_bench_removes_its_own_leftover_after_sigkill(terrace, toy_model, tmp_path, bench):
+    d = tmp_path / "pools"
+    argv, marker = BENCHES[bench](toy_model, d)
+    p = terrace.popen(*argv)
+    try:
+        assert wait_for(marker), f"bench {bench} did not mark its store"
+    finally:
+        p.kill()
+        p.communicate()
+    assert marker.exists()  # SIGKILL: no chance to clean up
+    # A short run on the same --dir recognises the leftover as its own and removes it first.
+    short = {"kv": ["bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--chunk-tokens", "32"],
+             "experts": ["bench", "experts", "--model", toy_model, "--dir", d, "--prompt", "2", "--decode", "2",
+                         "--budgets", "50%", "--configs", "on-demand"],
+             "store": ["bench", "store", "--dir", d, "--total-bytes", "4MiB", "--repeat", "1"]}[bench]
+    r = terrace(*short, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+def test_bench_refuses_a_folder_with_anything_else(terrace, toy_model, tmp_path, bench):
+    d = tmp_path / "pools"
+    argv, marker = BENCHES[bench](toy_model, d)
+    p = terrace.popen(*argv)
+    try:
+        assert wait_for(marker)
+    finally:
+        p.kill()
+        p.communicate()
+    (d / "notes.txt").write_text("mine")  # the user's file beside the leftover: nothing may be removed
+    before = snapshot(d)
+    r = terrace(*argv, timeout=60)
+    assert r.returncode == 2 and ("not empty" in r.stderr or "notes.txt" in r.stderr), r.stderr
+    assert snapshot(d) == before
