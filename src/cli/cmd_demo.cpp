@@ -34,6 +34,7 @@
 #include "src/cli/safe_files.h"
 #include "src/common/mutex.h"
 #include "src/model/model.h"
+#include "src/model/ops.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
 #include "src/model/weights_init.h"
@@ -60,6 +61,7 @@ struct DemoArgs {
   bool json = false;
   std::string preset = "k3-small";
   std::string inject_fault;  // hidden, for tests: "state" perturbs a restored turn's state
+  int threads = 1;  // OpenBLAS threads, as `model run`'s default: the same logits bit for bit
 };
 
 constexpr int kChunkTokens = 64;
@@ -245,6 +247,7 @@ int RunDemo(const DemoArgs& a) {
     return FailUsage(fmt::format("--inject-fault: '{}' is not 'state'", a.inject_fault));
   if (a.preset != "k3-small" && a.preset != "k3-toy")
     return FailUsage(fmt::format("--preset: '{}' is not k3-small or k3-toy", a.preset));
+  model::ops::SetBlasThreads(a.threads);
   if (auto b = experts::CacheBudget::Parse(a.expert_cache); !b.ok())
     return FailUsage("--expert-cache: " + b.status().message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
@@ -661,6 +664,9 @@ void RegisterDemo(CLI::App& app, Runner* run) {
   AddIntOption(demo, "--user-tokens", &a->user_tokens, 1u, 1024u, "New user tokens per turn");
   AddIntOption(demo, "--new-tokens", &a->new_tokens, 1u, 256u, "Tokens generated per turn");
   AddIntOption<std::uint64_t>(demo, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the model weights and the prompts");
+  AddIntOption(demo, "--threads", &a->threads, 1, 256,
+               "OpenBLAS threads. Logits are bitwise reproducible for a given count (the default is `model run`'s, so "
+               "its output matches the demo's bit for bit); another count may change their last bits");
   demo->add_option("--expert-cache", a->expert_cache,
                    "Fast-tier expert cache: a share of all routed expert bytes (25%) or a size (16MiB)")
       ->capture_default_str();

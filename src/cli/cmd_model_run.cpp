@@ -238,7 +238,8 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors); "
                   "with --store, positions restored from the cache are recomputed for the file");
-  AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads, "OpenBLAS threads");
+  AddIntOption(cmd, "--threads", &args->threads, 1, kMaxThreads,
+               "OpenBLAS threads (logits are bitwise reproducible for a given count; another may change their last bits)");
   AddKvFlags(cmd, &args->kv, /*with_store=*/true);
   cmd->add_flag("--no-reserve", args->no_reserve,
                 "With --store: do not reserve the state's latent memory for the prompt while the pools open (it is "
