@@ -50,9 +50,18 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
 // layer, in order). Corruption naming what is wrong.
 Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
                                                    std::span<const std::byte> block);
-// Verifies one layer's sub-range checksum and decodes it into `out` (chunk_tokens * width floats).
+// Whether DecodeKvLayer hashes the layer's sub-range against its header checksum first.
+enum class LayerCheck {
+  kVerify,  // the bytes came from anywhere else (a sub-range read, a caller's buffer)
+  // `block` is a whole block exactly as a Store get returned it: the store verified every byte of
+  // it against the checksum recorded at put (Tier::caps().verifies_gets, else its own hash), so a
+  // second hash of each sub-range would find nothing the first did not.
+  kBlockVerifiedByStore,
+};
+// Decodes one layer's sub-range into `out` (chunk_tokens * width floats), after verifying its
+// checksum unless `check` says the whole block was verified already. Corruption naming the layer.
 Status DecodeKvLayer(const KvLayout& layout, std::span<const std::byte> block, const LayerRange& range,
-                     std::span<float> out);
+                     std::span<float> out, LayerCheck check = LayerCheck::kVerify);
 
 Status EncodeState(const KvLayout& layout, int layer, std::int64_t boundary_tokens, const ContentId& boundary_id,
                    std::span<const float> recurrent, std::span<const float> conv, std::vector<std::byte>* out);

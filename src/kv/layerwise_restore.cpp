@@ -391,7 +391,9 @@ struct LayerwiseRestore::Job {
           // overwrites them (growing a whole window first wrote 3.5 MB of zeros to memory and
           // then the decode wrote the same lines again: 7.2 -> 5.7 ms for 16k tokens of k3-small).
           latents[j].resize((u + 1) * rows);
-          s = format::DecodeKvLayer(L(), block, (*ranges)[j], std::span(latents[j]).subspan(u * rows, rows));
+          // The block is whole, as the KV pool's GetBatch verified it: no second hash per layer.
+          s = format::DecodeKvLayer(L(), block, (*ranges)[j], std::span(latents[j]).subspan(u * rows, rows),
+                                    format::LayerCheck::kBlockVerifiedByStore);
         }
       }
       std::lock_guard lock(mu);

@@ -57,6 +57,31 @@ TEST_CASE("KV chunk and KDA snapshot blocks are 4 KiB multiples; a block of anot
   }
 }
 
+TEST_CASE("a KV layer's sub-range checksum: verified by default, skipped only for a block the store verified") {
+  const KvLayout L = Layout(16, 1, "bf16", "f32");
+  const ContentId id{0x1234, 0x5678};
+  std::vector<std::vector<float>> rows(L.mla_layers().size(), std::vector<float>(static_cast<std::size_t>(16 * L.mla_width())));
+  for (std::size_t i = 0; i < rows[0].size(); ++i) rows[0][i] = 0.01f * static_cast<float>(i % 97);
+  std::vector<std::byte> chunk;
+  REQUIRE(format::EncodeKvChunk(L, id, rows, &chunk).ok());
+  auto ranges = format::ParseKvChunkHeader(L, id, chunk);
+  REQUIRE(ranges.ok());
+  const format::LayerRange& r0 = (*ranges)[0];
+  std::vector<float> good(rows[0].size()), out(rows[0].size());
+  REQUIRE(format::DecodeKvLayer(L, chunk, r0, good).ok());
+  REQUIRE(format::DecodeKvLayer(L, chunk, r0, out, format::LayerCheck::kBlockVerifiedByStore).ok());
+  CHECK(out == good);  // the same decode, only the hash left out
+  // One flipped payload byte: the default check names the layer; the store-verified mode decodes
+  // what it was given (the store's whole-block checksum is what refuses such a block on a get).
+  std::vector<std::byte> bad = chunk;
+  bad[r0.offset + r0.size / 2] ^= std::byte{0x40};  // in the middle of the payload, past the codec header
+  const Status s = format::DecodeKvLayer(L, bad, r0, out);
+  CHECK(s.IsCorruption());
+  CHECK(s.message().find("layer " + std::to_string(r0.model_layer)) != std::string::npos);
+  CHECK(format::DecodeKvLayer(L, bad, r0, out, format::LayerCheck::kBlockVerifiedByStore).ok());
+  CHECK(out != good);
+}
+
 TEST_CASE("a restore from NVMe reads every block straight into its buffer (no staged I/O), output exact") {
   const auto& m = Toy();
   terrace::testing::TempDir dir("kvdirect");
