@@ -1,5 +1,6 @@
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -66,3 +67,13 @@ def user_folder(path):
     (path / "photos").mkdir(exist_ok=True)
     (path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     return path
+
+
+def wait_for(path, seconds=60):
+    """True once `path` exists (polled every 50 ms), False after `seconds`."""
+    end = time.time() + seconds
+    while time.time() < end:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False

@@ -7,16 +7,18 @@ import time
 
 import pytest
 
-from conftest import snapshot
+from conftest import snapshot, wait_for
 
 
-def wait_for(path, seconds=60):
-    end = time.time() + seconds
-    while time.time() < end:
-        if path.exists():
-            return True
-        time.sleep(0.05)
-    return False
+def kill_once_marked(terrace, argv, marker):
+    """Starts the bench and SIGKILLs it once it has marked its store (no chance to clean up)."""
+    p = terrace.popen(*argv)
+    try:
+        assert wait_for(marker), f"the bench did not mark its store: {argv}"
+    finally:
+        p.kill()
+        p.communicate()
+    assert marker.exists()
 
 
 # Each workload runs for far longer than the test waits (minutes), so the signal always lands mid-run;
@@ -66,13 +68,7 @@ def test_bench_stops_and_cleans_up_on_signal(terrace, toy_model, tmp_path, bench
 def test_bench_removes_its_own_leftover_after_sigkill(terrace, toy_model, tmp_path, bench):
     d = tmp_path / "pools"
     argv, marker = BENCHES[bench](toy_model, d)
-    p = terrace.popen(*argv)
-    try:
-        assert wait_for(marker), f"bench {bench} did not mark its store"
-    finally:
-        p.kill()
-        p.communicate()
-    assert marker.exists()  # SIGKILL: no chance to clean up
+    kill_once_marked(terrace, argv, marker)
     # A short run on the same --dir recognises the leftover as its own and removes it first.
     short = {"kv": ["bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--chunk-tokens", "32"],
              "experts": ["bench", "experts", "--model", toy_model, "--dir", d, "--prompt", "2", "--decode", "2",
@@ -87,12 +83,7 @@ def test_bench_removes_its_own_leftover_after_sigkill(terrace, toy_model, tmp_pa
 def test_bench_refuses_a_folder_with_anything_else(terrace, toy_model, tmp_path, bench):
     d = tmp_path / "pools"
     argv, marker = BENCHES[bench](toy_model, d)
-    p = terrace.popen(*argv)
-    try:
-        assert wait_for(marker)
-    finally:
-        p.kill()
-        p.communicate()
+    kill_once_marked(terrace, argv, marker)
     (d / "notes.txt").write_text("mine")  # the user's file beside the leftover: nothing may be removed
     before = snapshot(d)
     r = terrace(*argv, timeout=60)

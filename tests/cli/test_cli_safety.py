@@ -8,11 +8,10 @@ import shutil
 import signal
 import stat
 import struct
-import time
 
 import pytest
 
-from conftest import snapshot, user_folder
+from conftest import snapshot, user_folder, wait_for
 
 API_FIELDS = ("capacity_bytes", "create_if_missing", "PutOptions", "index_dir", "chunk_bytes", "options.")
 
@@ -370,15 +369,6 @@ def test_inputs_that_are_fifos_or_devices_are_refused_not_waited_on(terrace, toy
 
 SLOW_NVME = ["bench", "tiers", "--tier", "nvme", "--block-size", "4KiB", "--total-bytes", "256MiB",
              "--durability", "sync", "--batch", "1"]
-
-
-def wait_for(path, seconds=30):
-    end = time.time() + seconds
-    while time.time() < end:
-        if path.exists():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
