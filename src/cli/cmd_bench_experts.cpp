@@ -237,10 +237,6 @@ Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt
   return Seconds(t0);
 }
 
-// A failure's exit status: Fail's message, except for the stop a signal asked for (said once, after
-// the cleanup, by RunBenchExperts).
-int FailUnlessStopped(const Status& s) { return StopSignalReceived() != 0 ? 1 : Fail(s.ToString()); }
-
 std::string Yes(bool met) { return met ? "met" : "NOT met"; }
 
 double ProcessCpuSeconds() {

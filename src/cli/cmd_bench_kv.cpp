@@ -181,19 +181,6 @@ class Progress {
   std::chrono::steady_clock::time_point t0_, last_print_;
 };
 
-// True when `dir` holds only what a killed run of this bench left there: kv/ and/or state/, each a
-// store marked by this bench (see RemovePools).
-bool IsKvLeftover(const std::filesystem::path& dir) {
-  std::error_code ec;
-  bool any = false;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if ((name != "kv" && name != "state") || !IsOwnedStore(e.path(), kMarker)) return false;
-    any = true;
-  }
-  return any && !ec;
-}
-
 void RemovePools(const std::filesystem::path& dir, bool created_dir) {
   for (const char* sub : {"kv", "state"}) {
     auto r = RemoveOwnedStore(dir / sub, kMarker, "--dir", "terrace bench kv");
@@ -219,7 +206,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    if (!IsKvLeftover(dir))
+    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kMarker))  // else a killed run's leftover
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "
@@ -242,8 +229,6 @@ int RunBenchKv(const BenchKvArgs& a) {
 
   nlohmann::json rows = nlohmann::json::array();
   int rc = 0;
-  // An error, unless it is the stop a signal asked for (said once, after the cleanup).
-  const auto fail = [](const Status& s) { return StopSignalReceived() != 0 ? 1 : Fail(s.ToString()); };
   for (int P : *prefixes) {
     if (StopSignalReceived() != 0) break;
     std::vector<std::int32_t> prompt(static_cast<std::size_t>(P + kSuffixTokens));
@@ -274,7 +259,7 @@ int RunBenchKv(const BenchKvArgs& a) {
                     ? kv::PrefillWithCache(&s1, *run->cache, run->cache->Prepare(prompt, ""), {.restore = false})
                     : kv::PrefillWithCache(&s1, *run->cache, run->cache->Prepare(prefix, ""));
       if (!r1.ok()) {
-        rc = fail(r1.status());
+        rc = FailUnlessStopped(r1.status());
         break;
       }
       if (recompute_in_turn1) {
@@ -380,7 +365,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     Status round_error;
     for (int i = 0; i < a.repeat && round_error.ok(); ++i) round_error = round(i, &rounds[static_cast<std::size_t>(i)]);
     if (!round_error.ok()) {
-      rc = fail(round_error);
+      rc = FailUnlessStopped(round_error);
       break;
     }
     // Scalar figures: the median over the rounds (each round's own value is in the *_runs lists).

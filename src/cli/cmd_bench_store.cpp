@@ -295,11 +295,7 @@ int RunBenchStore(const BenchStoreArgs& a) {
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     // A killed run's leftover (dir holding only its marked nvme/ store) is removed; anything else refused.
-    bool leftover = true;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-      leftover = leftover && e.path().filename() == "nvme" && IsOwnedStore(e.path(), kMarker);
-    leftover = leftover && !ec;
-    if (!leftover) {
+    if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kMarker)) {
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     }

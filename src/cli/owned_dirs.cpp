@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <span>
@@ -100,6 +101,18 @@ bool IsOwnedStore(const fs::path& dir, std::string_view marker) {
   if (!IsKind(dir, S_IFDIR)) return false;
   std::size_t entries = 0;
   return WhyNotOwned(dir, marker, "", "", &entries).empty() && entries > 0;
+}
+
+bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
+                          std::string_view marker) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(names.begin(), names.end(), name) == names.end() || !IsOwnedStore(e.path(), marker)) return false;
+    any = true;
+  }
+  return any && !ec;
 }
 
 Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std::string_view flag,

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,11 @@ bool StoreDataExists(const std::filesystem::path& dir);
 // entries are exactly terrace.data (a regular file starting with the magic), optionally index/
 // (a directory), and the regular file `marker`.
 bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
+
+// True when `dir` holds at least one entry and each is one of `names` and an IsOwnedStore(entry,
+// marker): what a killed run of a bench that keeps its stores in sub-folders of its --dir left.
+bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
+                          std::string_view marker);
 
 // Removes the store in `dir` if IsOwnedStore(dir, marker): its terrace.data, index/ and marker;
 // the directory itself stays. Ok(false) when `dir` is absent or empty (nothing to do). A `dir`

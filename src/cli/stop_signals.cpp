@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "src/cli/command.h"
+
 namespace terrace::cli {
 namespace {
 
@@ -53,5 +55,7 @@ int ExitStopped(std::string_view who, std::string_view how) {
   fmt::print(stderr, "{}: stopped by {}{}\n", who, StopSignalName(sig), how);
   return 128 + sig;
 }
+
+int FailUnlessStopped(const Status& s) { return g_stop_signal.load() != 0 ? 1 : Fail(s.ToString()); }
 
 }  // namespace terrace::cli

@@ -37,4 +37,8 @@ std::string_view StopSignalName(int sig);
 // on stderr and returns the exit status, 128 + the signal number.
 int ExitStopped(std::string_view who, std::string_view how);
 
+// A failed step's exit status: Fail(s)'s, except after a signal, when the failure is the stop itself
+// (ExitStopped says so once, after the cleanup) and 1 is returned without a message.
+int FailUnlessStopped(const Status& s);
+
 }  // namespace terrace::cli
