@@ -12,6 +12,9 @@ build="${1:-$root/build}"
 shift || true
 args=(-S "$root" -B "$build" -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python")
 if command -v ccache >/dev/null; then
+  # Paths inside the checkout are hashed relative to it, so clones at other paths (CI's clean
+  # clone) reuse the cache; the build directory's own path is not hashed either.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
   args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 targets=()

@@ -22,6 +22,15 @@ inline constexpr bool kSanitizedBuild = true;
 inline constexpr bool kSanitizedBuild = false;
 #endif
 
+// True in TSan builds only. TSan checks interleavings, not inputs: a sweep over inputs (prefix
+// lengths, policies, damage sites) keeps a few representative points there, since every point runs
+// in the normal and ASan builds and TSan's tests are CI's longest test step.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizedBuild = true;
+#else
+inline constexpr bool kThreadSanitizedBuild = false;
+#endif
+
 // A fresh directory under $TERRACE_TEST_TMPDIR (or the system temp dir), removed on destruction.
 class TempDir {
  public:

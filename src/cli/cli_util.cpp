@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -263,6 +264,13 @@ CLI::Option* AddHostHugePagesOption(CLI::App* app, std::string* value) {
                          "/sys/kernel/mm/transparent_hugepage/enabled allows (on), or use 4 KiB pages (off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+}
+
+std::pair<double, double> ProcessCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return {sec(u.ru_utime), sec(u.ru_stime)};
 }
 
 }  // namespace terrace::cli

@@ -2,6 +2,7 @@
 // formatting, test-pattern blocks, and aligned text tables. Safe file access: safe_files.h.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +27,13 @@ namespace terrace::cli {
 Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "size");
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
+
+// Seconds of steady_clock time since `t0`.
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+// The process's user and system CPU time so far (every thread), in seconds.
+std::pair<double, double> ProcessCpuSeconds();
 
 // Adds a size option that accepts ParseSize's suffixes. Values outside [min, max] are a usage error
 // (exit 2) naming the flag and the accepted range; so is a negative number or one that overflows.

@@ -87,14 +87,6 @@ struct BenchResult {
   double user_seconds = 0, sys_seconds = 0;  // the process's CPU time over the pass (every thread)
 };
 
-// The process's user and system CPU time so far, in seconds.
-std::pair<double, double> ProcessCpuSeconds() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
-  return {sec(u.ru_utime), sec(u.ru_stime)};
-}
-
 using Clock = std::chrono::steady_clock;
 
 // Directories the bench creates (--dir, --index-dir), removed when it ends. Only paths that did not

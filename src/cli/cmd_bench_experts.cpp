@@ -41,7 +41,7 @@
 namespace terrace::cli {
 namespace {
 
-constexpr std::string_view kMarker = "terrace-bench-experts.marker";
+constexpr std::string_view kExpertsMarker = "terrace-bench-experts.marker";
 constexpr const char* kAllConfigs = "on-demand,lru+lookahead,utility+statistical,utility+lookahead,oracle,mmap-unbounded,mmap";
 using SteadyClock = std::chrono::steady_clock;
 
@@ -152,8 +152,8 @@ Residency MeasureResidency(const std::vector<std::filesystem::path>& shards) {
   return r;
 }
 
-// Progress lines on stderr: phase starts, and within a long phase at most one line per 2 s.
-class Progress {
+// PhaseProgress lines on stderr: phase starts, and within a long phase at most one line per 2 s.
+class PhaseProgress {
  public:
   void Phase(const std::string& what) {
     fmt::print(stderr, "bench experts [{:6.1f} s]: {}\n", Seconds(start_), what);
@@ -223,7 +223,7 @@ std::uint64_t ProcessReadBytes() {
 // Prefill, then time `decode` greedy decode steps. `between` runs after the prefill (snapshots).
 Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt, int decode,
                            const model::ForwardOptions* hooks, const std::function<void()>& between,
-                           Progress* progress) {
+                           PhaseProgress* progress) {
   model::Session s(m);
   if (hooks) s.set_hooks(*hooks);
   TERRACE_RETURN_IF_ERROR(s.Prefill(prompt).status());
@@ -239,10 +239,10 @@ Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt
 
 std::string Yes(bool met) { return met ? "met" : "NOT met"; }
 
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+// User + system CPU seconds of every thread of the process so far.
+double ProcessCpuTotalSeconds() {
+  const auto [user, sys] = ProcessCpuSeconds();
+  return user + sys;
 }
 
 int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
@@ -273,13 +273,13 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
   const std::filesystem::path dir(a.dir);
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    auto removed = RemoveOwnedStore(dir, kMarker, "--dir", "terrace bench experts");
+    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
     if (!removed.ok()) return FailUsage(removed.status().message());
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
   auto cleanup = [&] {
-    if (!a.keep) (void)RemoveOwnedStore(dir, kMarker, "--dir", "terrace bench experts");
+    if (!a.keep) (void)RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
   };
 
   auto md = model::ModelDir::Open(a.model);
@@ -292,7 +292,7 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
   const std::uint64_t total = regime.routed_expert_bytes;
   LinkModel link;
   link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
-  Progress progress;
+  PhaseProgress progress;
   std::vector<ConfigResult> results;
 
   // All-resident: the compute cost of a token, as this thread's CPU time per decode step (one
@@ -330,7 +330,7 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
     auto st = Store::Open(experts::ExpertOffload::OpenStoreOptions(total, total, a.dir, link));
     if (!st.ok()) return Fail(st.status().ToString());
     // Marked once the store exists (the NVMe tier wants an empty directory or a store).
-    if (Status s = WriteMarker(dir, kMarker, "terrace bench experts"); !s.ok()) return Fail(s.ToString());
+    if (Status s = WriteMarker(dir, kExpertsMarker, "terrace bench experts"); !s.ok()) return Fail(s.ToString());
     experts::ExpertOffloadOptions o;
     o.home = TierId::kNvme;
     o.budget = *experts::CacheBudget::Parse("100%");
@@ -416,10 +416,10 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
         m0 = x.Metrics();
         s0 = (*st)->Stats();
         fcpu0 = ThreadCpuSeconds();
-        pcpu0 = ProcessCpuSeconds();
+        pcpu0 = ProcessCpuTotalSeconds();
       }, &progress);
       if (!t.ok()) return FailUnlessStopped(t.status());
-      const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuSeconds() - pcpu0;
+      const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuTotalSeconds() - pcpu0;
       const experts::ExpertMetrics m1 = x.Metrics();
       const StoreStats s1 = (*st)->Stats();
       ConfigResult r;
@@ -912,7 +912,7 @@ int RunBenchExperts(const BenchExpertsArgs& a) {
   if (StopSignalReceived() == 0) return rc;
   bool removed = false;
   if (!a.keep) {
-    auto r = RemoveOwnedStore(a.dir, kMarker, "--dir", "terrace bench experts");
+    auto r = RemoveOwnedStore(a.dir, kExpertsMarker, "--dir", "terrace bench experts");
     removed = r.ok() && *r;
   }
   return ExitStopped("bench experts", removed ? "; removed the store it created in --dir" : "");

@@ -19,7 +19,7 @@
 // steady state, with its own raw read right after it. Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
 // prompt computed from token 0 (storing the prefix as it
-// goes), and its time is the row's recompute TTFT. Progress goes to stderr every few seconds.
+// goes), and its time is the row's recompute TTFT. PrefillProgress goes to stderr every few seconds.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -56,7 +56,7 @@
 namespace terrace::cli {
 namespace {
 
-constexpr const char* kMarker = "terrace-bench-kv.marker";
+constexpr const char* kKvMarker = "terrace-bench-kv.marker";
 constexpr int kSuffixTokens = 32;
 
 struct BenchKvArgs {
@@ -75,10 +75,6 @@ long MinorFaults() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   return u.ru_minflt;
-}
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 Result<std::vector<int>> ParseList(const std::string& text) {
@@ -113,7 +109,7 @@ Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std:
       if (n <= 0) break;
       got += static_cast<std::uint64_t>(n);
     }
-    seconds += Since(t0);
+    seconds += SecondsSince(t0);
     ::close(fd);
     if (got == 0) return Status::IoError(fmt::format("reading {} returned no bytes", file.string()));
     *done += got;
@@ -148,16 +144,16 @@ double MemcpyMbPerS(std::uint64_t bytes) {
   std::vector<std::byte> a(std::max<std::uint64_t>(bytes, 4 << 20), std::byte{1}), b(a.size());
   const auto t0 = std::chrono::steady_clock::now();
   std::memcpy(b.data(), a.data(), a.size());
-  const double s = Since(t0);
+  const double s = SecondsSince(t0);
   return static_cast<double>(a.size()) / s / 1e6;
 }
 
 // Session hooks that print "<what>: k/n tokens" to stderr at most every kEverySeconds, counted at
 // the last layer of each forward call. The returned options must outlive the Session's use.
-class Progress {
+class PrefillProgress {
  public:
   static constexpr double kEverySeconds = 5.0;
-  Progress(std::string what, std::int64_t total, int last_layer)
+  PrefillProgress(std::string what, std::int64_t total, int last_layer)
       : what_(std::move(what)), total_(total), last_layer_(last_layer), t0_(std::chrono::steady_clock::now()),
         last_print_(t0_) {}
   model::ForwardOptions Hooks() {
@@ -168,7 +164,7 @@ class Progress {
       const auto now = std::chrono::steady_clock::now();
       if (std::chrono::duration<double>(now - last_print_).count() < kEverySeconds) return;
       last_print_ = now;
-      fmt::print(stderr, "terrace bench kv: {}: {}/{} tokens, {:.0f} s\n", what_, done_, total_, Since(t0_));
+      fmt::print(stderr, "terrace bench kv: {}: {}/{} tokens, {:.0f} s\n", what_, done_, total_, SecondsSince(t0_));
     };
     o.on_layer_begin = [](int, std::int64_t) { return StopCheck(); };  // Ctrl-C stops the pass at the next layer
     return o;
@@ -183,7 +179,7 @@ class Progress {
 
 void RemovePools(const std::filesystem::path& dir, bool created_dir) {
   for (const char* sub : {"kv", "state"}) {
-    auto r = RemoveOwnedStore(dir / sub, kMarker, "--dir", "terrace bench kv");
+    auto r = RemoveOwnedStore(dir / sub, kKvMarker, "--dir", "terrace bench kv");
     if (!r.ok()) fmt::print(stderr, "terrace bench kv: left {} in place: {}\n", (dir / sub).string(), r.status().message());
     std::error_code ec;
     std::filesystem::remove(dir / sub, ec);  // only if empty
@@ -206,7 +202,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kMarker))  // else a killed run's leftover
+    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker))  // else a killed run's leftover
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "
@@ -245,13 +241,13 @@ int RunBenchKv(const BenchKvArgs& a) {
       rc = run.status().code() == Code::kInvalidArgument ? FailUsage(run.status().message()) : Fail(run.status().ToString());
       break;
     }
-    for (const char* sub : {"kv", "state"}) (void)WriteMarker(dir / sub, kMarker, "terrace bench kv");
+    for (const char* sub : {"kv", "state"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
     const int last_layer = config.num_hidden_layers - 1;
     double ttft_recompute = 0;
     std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
     {
       model::Session s1(**m);
-      Progress progress("turn 1", static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
+      PrefillProgress progress("turn 1", static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
                         last_layer);
       s1.set_hooks(progress.Hooks());
       const auto t1 = std::chrono::steady_clock::now();
@@ -263,7 +259,7 @@ int RunBenchKv(const BenchKvArgs& a) {
         break;
       }
       if (recompute_in_turn1) {
-        ttft_recompute = Since(t1);
+        ttft_recompute = SecondsSince(t1);
         r3 = std::move(r1).value();
       }
       run->cache->Flush();
@@ -311,7 +307,7 @@ int RunBenchKv(const BenchKvArgs& a) {
       const long f0 = MinorFaults();
       const auto t0 = std::chrono::steady_clock::now();
       auto r = kv::PrefillWithCache(session, *run->cache, req, {.restore = true, .write_back = false});
-      *ttft_s = Since(t0);
+      *ttft_s = SecondsSince(t0);
       *faults = MinorFaults() - f0;
       if (!r.ok()) return r.status();
       *result = std::move(r).value();
@@ -337,7 +333,7 @@ int RunBenchKv(const BenchKvArgs& a) {
       const auto tp = std::chrono::steady_clock::now();
       TERRACE_ASSIGN_OR_RETURN(auto reserved, run->cache->Reserve(static_cast<std::int64_t>(prompt.size())));
       TERRACE_RETURN_IF_ERROR(turn2.state().Reserve(static_cast<std::int64_t>(prompt.size())));
-      out->prepare_s = Since(tp);
+      out->prepare_s = SecondsSince(tp);
       out->prepare_bytes = reserved.bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
                                                          static_cast<std::uint64_t>(turn2.state().mla_width()) *
                                                          sizeof(float) * run->cache->layout().mla_layers().size();
@@ -346,11 +342,11 @@ int RunBenchKv(const BenchKvArgs& a) {
       if (index == 0 && !recompute_in_turn1) {
         fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
         model::Session cold(**m);
-        Progress progress("recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
+        PrefillProgress progress("recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
         cold.set_hooks(progress.Hooks());
         const auto t1 = std::chrono::steady_clock::now();
         auto cold_run = kv::PrefillWithCache(&cold, *run->cache, req, {.restore = false, .write_back = false});
-        ttft_recompute = Since(t1);
+        ttft_recompute = SecondsSince(t1);
         if (!cold_run.ok()) return cold_run.status();
         r3 = std::move(cold_run).value();
       }

@@ -42,7 +42,7 @@
 namespace terrace::cli {
 namespace {
 
-constexpr const char* kMarker = "terrace-bench-store.marker";
+constexpr const char* kStoreMarker = "terrace-bench-store.marker";
 constexpr const char* kWho = "terrace bench store";
 
 struct BenchStoreArgs {
@@ -55,10 +55,6 @@ struct BenchStoreArgs {
   std::string host_prefault = "on";  // --host-prefault, as in bench tiers
   std::string host_huge_pages = "off";  // --host-huge-pages, as in bench tiers
 };
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -101,7 +97,7 @@ class BenchStore {
       TERRACE_RETURN_IF_ERROR(FirstError(store_->PutBatch(items), phase));
       TERRACE_RETURN_IF_ERROR(StopCheck());
     }
-    return Since(t0);
+    return SecondsSince(t0);
   }
 
   Status Erase(std::uint64_t first) {
@@ -127,7 +123,7 @@ class BenchStore {
       }
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<Status> st = tier_direct ? nvme_->GetBatch(ops) : store_->GetBatch(items);
-      seconds += Since(t0);
+      seconds += SecondsSince(t0);
       TERRACE_RETURN_IF_ERROR(FirstError(st, phase));
       TERRACE_RETURN_IF_ERROR(StopCheck());
       if (verify) {
@@ -147,7 +143,7 @@ class BenchStore {
     for (std::uint64_t i = 0; i < blocks_; ++i) keys.push_back(Key(first + i));
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Status> st = store_->Prefetch(keys, TierId::kHost, Priority::kDemand).get();
-    const double s = Since(t0);
+    const double s = SecondsSince(t0);
     TERRACE_RETURN_IF_ERROR(FirstError(st, "promote"));
     return s;
   }
@@ -177,13 +173,13 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   ho.huge_pages = a.host_huge_pages == "on";
   const auto open0 = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
-  const double host_open = Since(open0);
+  const double host_open = SecondsSince(open0);
   NvmeTierOptions no;
   no.path = nvme_dir;
   const std::uint64_t nvme_need = blocks * nvme::Record{.length = a.block_size}.extent_bytes();
   no.capacity_bytes = RoundUp(nvme_need + nvme_need / 4 + 64 * kMiB, 4 * kKiB);
   TERRACE_ASSIGN_OR_RETURN(auto nvme, NvmeTier::Open(no));
-  if (Status s = WriteMarker(nvme_dir, kMarker, kWho); !s.ok()) return s;
+  if (Status s = WriteMarker(nvme_dir, kStoreMarker, kWho); !s.ok()) return s;
   NvmeTier* nvme_raw = nvme.get();
   StoreOptions so;
   so.put_tier = TierId::kHost;
@@ -217,7 +213,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   TERRACE_ASSIGN_OR_RETURN(double put_nvme, b.Put(nvme_keys, TierId::kNvme, "put nvme"));
   const auto f0 = std::chrono::steady_clock::now();
   TERRACE_RETURN_IF_ERROR(store->Flush());
-  const double flush = Since(f0);
+  const double flush = SecondsSince(f0);
   std::vector<double> store_mb, tier_mb, ratio;
   for (unsigned r = 0; r < a.repeat; ++r) {
     note(fmt::format("get NVMe-resident blocks: store and tier, round {}/{}", r + 1, a.repeat));
@@ -295,13 +291,13 @@ int RunBenchStore(const BenchStoreArgs& a) {
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     // A killed run's leftover (dir holding only its marked nvme/ store) is removed; anything else refused.
-    if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kMarker)) {
+    if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kStoreMarker)) {
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     }
     fmt::print(stderr, "bench store: removing '{}', left behind by an earlier run that did not finish\n",
                (dir / "nvme").string());
-    if (auto r = RemoveOwnedStore(dir / "nvme", kMarker, "--dir", kWho); !r.ok()) return Fail(r.status().ToString());
+    if (auto r = RemoveOwnedStore(dir / "nvme", kStoreMarker, "--dir", kWho); !r.ok()) return Fail(r.status().ToString());
     std::filesystem::remove(dir / "nvme", ec);
   }
   bool created_dir = false;
@@ -313,7 +309,7 @@ int RunBenchStore(const BenchStoreArgs& a) {
   const std::filesystem::path nvme_dir = dir / "nvme";
   StopSignals stop_signals;  // Ctrl-C: stop after the current batch, remove what the bench created, exit 128 + signal
   Result<nlohmann::json> j = RunPhases(a, nvme_dir);  // the store is closed when it returns
-  auto removed = RemoveOwnedStore(nvme_dir, kMarker, "--dir", kWho);
+  auto removed = RemoveOwnedStore(nvme_dir, kStoreMarker, "--dir", kWho);
   if (!removed.ok()) fmt::print(stderr, "bench store: left {} in place: {}\n", nvme_dir.string(), removed.status().message());
   std::filesystem::remove(nvme_dir, ec);  // only if empty
   if (created_dir) std::filesystem::remove(dir, ec);  // only if empty

@@ -44,7 +44,6 @@ namespace terrace::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct DemoArgs {
   std::string dir = "terrace-data";
@@ -98,7 +97,7 @@ class ProgressTicker {
     const auto t0 = Clock::now();
     MutexLock l(&mu_);
     while (!done_) {
-      if (!cv_.WaitFor(&mu_, every_) && !done_) Progress(fmt::format("      ... {}: {:.0f} s", what_, Since(t0)));
+      if (!cv_.WaitFor(&mu_, every_) && !done_) Progress(fmt::format("      ... {}: {:.0f} s", what_, SecondsSince(t0)));
     }
   }
   const std::string what_;
@@ -289,7 +288,7 @@ int RunDemo(const DemoArgs& a) {
   if (!md.ok()) return Fail(md.status().ToString());
   Progress(fmt::format("      {} {} in {:.1f} s ({}, random weights, seed {})",
                        *reused_model ? "reused the model from the last run" : "built the model",
-                       (dir / kDemoModelDir).string(), Since(t0), FormatBytes(static_cast<double>(model::WeightBytes(config))),
+                       (dir / kDemoModelDir).string(), SecondsSince(t0), FormatBytes(static_cast<double>(model::WeightBytes(config))),
                        a.seed));
 
   // 2. The stores: prefix cache pools and the expert store, all on NVMe files under DIR.
@@ -332,7 +331,7 @@ int RunDemo(const DemoArgs& a) {
   const std::uint64_t expert_puts = ex->store->Stats().tiers[static_cast<std::size_t>(TierId::kNvme)].puts;
   Progress(fmt::format("      stores open in {:.1f} s: {} KV chunk and {} KDA state blocks from earlier runs; {} expert "
                        "blocks written ({}); expert cache {} of the experts ({}) in emulated HBM, lookahead predictor",
-                       Since(t0), kv_blocks_before, state_blocks_before, expert_puts,
+                       SecondsSince(t0), kv_blocks_before, state_blocks_before, expert_puts,
                        expert_puts == 0 ? "all were on NVMe from an earlier run" : "a new expert store",
                        a.expert_cache, FormatBytes(static_cast<double>(ex->offload->budget_bytes()))));
 
@@ -372,7 +371,7 @@ int RunDemo(const DemoArgs& a) {
       const auto request = cache.Prepare(prompt, "");
       auto p = kv::PrefillWithCache(&session, cache, request);
       if (!p.ok()) return Fail(p.status().ToString());
-      r.ttft_s = Since(t_turn);
+      r.ttft_s = SecondsSince(t_turn);
       r.restored = p->restored_tokens;
       r.computed = p->computed_tokens;
       r.restore_bytes = p->restore.bytes_read;
@@ -398,7 +397,7 @@ int RunDemo(const DemoArgs& a) {
           step_logits.push_back(*l);
         }
       }
-      r.decode_s = Since(t_dec);
+      r.decode_s = SecondsSince(t_dec);
       r.forward_s = r.ttft_s + r.decode_s;
       {
         const experts::ExpertMetrics em1 = ex->offload->Metrics();
@@ -431,7 +430,7 @@ int RunDemo(const DemoArgs& a) {
         }
         pos = end;
       }
-      r.ttft_recompute_s = Since(t_ref);
+      r.ttft_recompute_s = SecondsSince(t_ref);
       r.equal = true;
       Compare(p->logits.data, ref_prefill, &r.equal, &r.max_abs_diff);
       for (unsigned i = 0; i < a.new_tokens; ++i) {
@@ -580,7 +579,7 @@ int RunDemo(const DemoArgs& a) {
   }
   s["bytes_moved"] = {{"prefix_restored", restore_all}, {"prefix_written", kst.bytes_written},
                       {"experts_on_demand", em.demand_bytes}, {"experts_prefetched", em.speculative_bytes}};
-  s["seconds"] = Since(t_start);
+  s["seconds"] = SecondsSince(t_start);
   s["forward_s"] = forward_s;
   s["verified_turns"] = results.size();
 
@@ -597,7 +596,7 @@ int RunDemo(const DemoArgs& a) {
     return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }
 
-  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", results.size(), Since(t_start));
+  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", results.size(), SecondsSince(t_start));
   if (second_run) {
     std::vector<std::string> reused;
     if (*reused_model) reused.push_back("the model");

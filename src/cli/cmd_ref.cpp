@@ -279,7 +279,7 @@ Status RefMoe(const RefArgs& a) {
   TERRACE_RETURN_IF_ERROR(CheckMoeWeights(w, m, ""));
   FileExperts experts(src, m.latent, m.intermediate, static_cast<int>(m.experts));
   Tensor out({T, d});
-  Routing r;
+  model::Routing r;
   TERRACE_RETURN_IF_ERROR(MoeForward(w, m, 0, &experts, x.ptr(), T, out.ptr(), &r));
   Tensor weights({T, m.top_k});
   weights.data = r.weights;

@@ -49,7 +49,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kMarker = ".terrace-drill";
+constexpr const char* kDrillMarker = ".terrace-drill";
 constexpr int kChildTimeoutSeconds = 300;  // one round's child, start to exit
 constexpr const char* kAllKinds[] = {"eio", "enospc", "short", "bitflip", "powercut"};
 
@@ -83,17 +83,17 @@ std::string PrepareDrillDir(const std::string& dir) {
   } else if (!fs::is_directory(st)) {
     return fmt::format("--dir '{}' is not a directory; give a new or empty directory for the drill's stores", dir);
   } else if (!fs::is_empty(dir, ec)) {
-    if (!fs::exists(fs::path(dir) / kMarker, ec)) {
+    if (!fs::exists(fs::path(dir) / kDrillMarker, ec)) {
       return fmt::format("--dir '{}' is not empty and was not made by 'terrace store drill' (no {} marker); give a "
                          "new or empty directory",
-                         dir, kMarker);
+                         dir, kDrillMarker);
     }
     for (const char* k : kAllKinds) {  // only what an earlier drill created
       fs::remove_all(fs::path(dir) / k, ec);
       fs::remove(fs::path(dir) / (std::string(k) + ".log"), ec);
     }
   }
-  FILE* m = std::fopen((fs::path(dir) / kMarker).c_str(), "w");
+  FILE* m = std::fopen((fs::path(dir) / kDrillMarker).c_str(), "w");
   if (!m) return fmt::format("cannot write the drill marker in --dir '{}': {}", dir, std::strerror(errno));
   std::fputs("terrace store drill: this directory holds drill stores; a later drill may delete them\n", m);
   std::fclose(m);

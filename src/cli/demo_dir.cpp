@@ -15,11 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool IsKind(const fs::path& p, mode_t kind) {
-  struct stat st {};
-  return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
-}
-
 // The checkpoint files `model init` writes for a single-file model (in DIR/model.tmp, also the
 // partial writes of a stopped run: names that start with them).
 bool IsModelFile(std::string_view f, bool partial = false) {

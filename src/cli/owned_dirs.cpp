@@ -24,11 +24,6 @@ namespace fs = std::filesystem;
 constexpr std::string_view kDataFile = "terrace.data";
 constexpr std::string_view kIndexDir = "index";
 
-bool IsKind(const fs::path& p, mode_t kind) {
-  struct stat st {};
-  return ::lstat(p.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
-}
-
 // A Terrace data file: the magic at offset 0, or a superblock unit that decodes (either of its two
 // slots: the first slot is all zeros until the store has rewritten its superblock).
 bool HasMagic(const fs::path& data) {

@@ -68,6 +68,11 @@ Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view fl
 
 }  // namespace
 
+bool IsKind(const std::filesystem::path& path, unsigned kind) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
 std::string DescribePathKind(const fs::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return "missing";

@@ -31,6 +31,9 @@ namespace terrace::cli {
 // "a directory", "a symbolic link", "a FIFO", "a socket", "a block device", "a character device",
 // "a regular file", or "missing" for the entry `path` itself (lstat: not followed).
 std::string DescribePathKind(const std::filesystem::path& path);
+// True when the entry `path` itself (lstat: not followed) exists and its S_IFMT type is `kind`
+// (S_IFREG, S_IFDIR, ...).
+bool IsKind(const std::filesystem::path& path, unsigned kind);
 
 // Ok when `path` may be written as an output file: absent or a regular file (not a symlink), and
 // its parent is an existing directory. InvalidArgument "<flag> <path> is a FIFO; ..." otherwise.

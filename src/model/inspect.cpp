@@ -13,10 +13,6 @@
 namespace terrace::model {
 namespace {
 
-std::uint64_t SpecBytes(const TensorSpec& s) {
-  return static_cast<std::uint64_t>(NumElements(s.shape)) * DTypeSize(s.dtype);
-}
-
 void Total(InspectReport* r, const std::vector<TensorSpec>& specs, const std::vector<std::uint64_t>& bytes,
            const std::vector<bool>& present) {
   std::array<ComponentTotal, kNumComponents> per{};
@@ -93,7 +89,7 @@ InspectReport InspectConfig(const ModelConfig& config, std::string source) {
   std::vector<std::uint64_t> bytes;
   bytes.reserve(specs.size());
   for (const auto& s : specs) {
-    bytes.push_back(SpecBytes(s));
+    bytes.push_back(s.bytes());
     r.tensors.push_back(InspectedTensor{s.name, std::string(DTypeName(s.dtype)), s.shape, bytes.back(),
                                         std::string(ComponentName(s.component))});
   }

@@ -146,6 +146,8 @@ std::int64_t TensorSpec::params() const {
   return 2 * NumElements(shape);
 }
 
+std::uint64_t TensorSpec::bytes() const { return static_cast<std::uint64_t>(NumElements(shape)) * DTypeSize(dtype); }
+
 ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& c) {
   const int l = c.first_k_dense_replace;
   if (l >= c.num_hidden_layers) return ExpertFormat::kMxfp4;

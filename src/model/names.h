@@ -59,6 +59,7 @@ struct TensorSpec {
   int expert = -1;  // routed expert index, -1 otherwise
   bool mxfp4 = false;  // a weight_packed / weight_scale tensor: must be U8
   std::int64_t params() const;  // logical parameter count (a packed byte holds 2; scales count 0)
+  std::uint64_t bytes() const;  // stored size: elements x DTypeSize(dtype)
 };
 
 // How a checkpoint stores its routed experts (the public ExpertFormat, terrace/model_weights.h):

@@ -121,10 +121,6 @@ std::vector<std::byte> Encode(const std::vector<float>& v, DType dtype) {
   return out;
 }
 
-std::uint64_t SpecBytes(const TensorSpec& s) {
-  return static_cast<std::uint64_t>(NumElements(s.shape)) * DTypeSize(s.dtype);
-}
-
 std::string ShardName(std::size_t i, std::size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
 }
@@ -156,7 +152,7 @@ Status RemoveOldModelFiles(const std::filesystem::path& dir) {
 
 std::uint64_t WeightBytes(const ModelConfig& config) {
   std::uint64_t total = 0;
-  for (const auto& s : ExpectedTensors(config)) total += SpecBytes(s);
+  for (const auto& s : ExpectedTensors(config)) total += s.bytes();
   return total;
 }
 
@@ -168,7 +164,7 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
                                                options.residual_scale));
   const std::vector<TensorSpec> specs = ExpectedTensors(config);
   std::uint64_t total = 0;
-  for (const auto& s : specs) total += SpecBytes(s);
+  for (const auto& s : specs) total += s.bytes();
   if (total > kMaxInitBytes && !options.force) {
     return Status::InvalidArgument(fmt::format(
         "model '{}' needs {:.1f} GiB of weights, over the {} GiB safety limit for random init; "
@@ -185,7 +181,7 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
   std::size_t shards = 1;
   std::uint64_t in_shard = 0;
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    const std::uint64_t b = SpecBytes(specs[i]);
+    const std::uint64_t b = specs[i].bytes();
     if (in_shard > 0 && in_shard + b > options.shard_bytes) {
       ++shards;
       in_shard = 0;

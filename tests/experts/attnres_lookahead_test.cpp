@@ -13,15 +13,6 @@
 namespace terrace::experts {
 namespace {
 
-std::unique_ptr<model::ModelDir> InitDir(const model::ModelConfig& c, const std::filesystem::path& dir) {
-  return testing::InitRandomCodesDir(c, dir, 7);
-}
-
-bool SameRouting(const model::Routing& a, const model::Routing& b) {
-  return a.top_k == b.top_k && a.ids == b.ids && a.weights.size() == b.weights.size() &&
-         std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)) == 0;
-}
-
 // Prefill of Prompt() then kDecodeSteps greedy decode steps through `hooks`.
 void RunWith(const model::Model& m, const model::ForwardOptions& hooks) {
   model::Session s(m);
@@ -56,10 +47,10 @@ int CheckExactInput(const model::Model& m) {
   o.on_routing = [&](int l, const model::Routing& r) {
     INFO("layer " << l);
     REQUIRE(plain.count(l) == 1);
-    CHECK(SameRouting(plain[l], r));
+    CHECK(testing::SameRouting(plain[l], r));
     if (attn_res) {
       REQUIRE(mixed.count(l) == 1);
-      CHECK(SameRouting(mixed[l], r));
+      CHECK(testing::SameRouting(mixed[l], r));
     }
     plain.erase(l);
     mixed.erase(l);
@@ -79,20 +70,6 @@ int CheckExactInput(const model::Model& m) {
   return compared;
 }
 
-// `base` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
-model::ModelConfig Small(model::ModelConfig c) {
-  c.hidden_size = 256;
-  c.vocab_size = 512;
-  c.num_experts = 64;
-  c.moe_intermediate_size = 64;
-  c.routed_expert_hidden_size = 256;
-  c.shared_expert_intermediate_size = 64;
-  c.intermediate_size = 256;
-  c.kda.num_heads = 2;
-  c.num_attention_heads = 2;
-  return c;
-}
-
 TEST_CASE("a router call on the exact FFN input reproduces the routing bit for bit", "[experts][lookahead]") {
   const model::ModelDir& dir = testing::ToyDir();
   REQUIRE(dir.config().attn_res_block_size > 0);
@@ -103,7 +80,7 @@ TEST_CASE("a router call on the exact FFN input reproduces the routing bit for b
   model::ModelConfig plain = dir.config();
   plain.attn_res_block_size = 0;
   terrace::testing::TempDir pd("arl-plain");
-  auto pdir = InitDir(plain, pd.path());
+  auto pdir = testing::InitRandomCodesDir(plain, pd.path(), 7);
   auto pm = model::Model::Load(pdir->config(), *pdir);
   REQUIRE(pm.ok());
   CHECK(CheckExactInput(**pm) > 0);
@@ -192,9 +169,9 @@ TEST_CASE("AttnRes-aware lookahead recalls more at distance 1 than the router on
   // A small moe-bench-shaped AttnRes model: block size 2, a dense first layer, top-8 of 64.
   auto base = model::Preset("moe-bench");
   REQUIRE(base.ok());
-  const model::ModelConfig c = Small(*base);
+  const model::ModelConfig c = testing::SmallConfig(*base);
   terrace::testing::TempDir d("arl-attnres");
-  auto dir = InitDir(c, d.path());
+  auto dir = testing::InitRandomCodesDir(c, d.path(), 7);
   auto m = model::Model::Load(dir->config(), *dir);
   REQUIRE(m.ok());
   const Recalls r = DistanceOneRecall(**m, testing::Prompt(), 12);
@@ -206,9 +183,9 @@ TEST_CASE("AttnRes-aware lookahead recalls more at distance 1 than the router on
 TEST_CASE("on a plain residual model the lookahead predictor is the plain form", "[experts][lookahead]") {
   auto base = model::Preset("moe-bench-plain");
   REQUIRE(base.ok());
-  const model::ModelConfig c = Small(*base);
+  const model::ModelConfig c = testing::SmallConfig(*base);
   terrace::testing::TempDir d("arl-plainrec");
-  auto dir = InitDir(c, d.path());
+  auto dir = testing::InitRandomCodesDir(c, d.path(), 7);
   auto m = model::Model::Load(dir->config(), *dir);
   REQUIRE(m.ok());
   const Recalls r = DistanceOneRecall(**m, testing::Prompt(), 6);

@@ -94,7 +94,7 @@ TEST_CASE("random expert codes: a valid checkpoint, experts at 1/sqrt(fan_in), e
           "[experts][bench]") {
   auto c = model::Preset("k3-toy");
   REQUIRE(c.ok());
-  testing::TempDir normal("normal"), coded("coded"), again("again");
+  terrace::testing::TempDir normal("normal"), coded("coded"), again("again");
   model::InitOptions o;
   o.seed = 7;
   REQUIRE(model::InitWeights(*c, normal.path() / "m", o).ok());

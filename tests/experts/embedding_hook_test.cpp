@@ -14,29 +14,6 @@
 namespace terrace::experts {
 namespace {
 
-std::unique_ptr<model::ModelDir> InitDir(const model::ModelConfig& c, const std::filesystem::path& dir) {
-  return testing::InitRandomCodesDir(c, dir, 5);
-}
-
-// `base` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
-model::ModelConfig Small(model::ModelConfig c) {
-  c.hidden_size = 256;
-  c.vocab_size = 512;
-  c.num_experts = 64;
-  c.moe_intermediate_size = 64;
-  c.routed_expert_hidden_size = 256;
-  c.shared_expert_intermediate_size = 64;
-  c.intermediate_size = 256;
-  c.kda.num_heads = 2;
-  c.num_attention_heads = 2;
-  return c;
-}
-
-bool SameRouting(const model::Routing& a, const model::Routing& b) {
-  return a.top_k == b.top_k && a.ids == b.ids && a.weights.size() == b.weights.size() &&
-         std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)) == 0;
-}
-
 // Serves `inner` with one tensor replaced by zeros of the same dtype and shape.
 class ZeroingSource final : public model::WeightSource {
  public:
@@ -103,7 +80,7 @@ TEST_CASE("on_embedding runs once per pass before layer 0 with the embedding and
       auto b = m.PredictRouting(l, h, T);
       REQUIRE(a.ok());
       REQUIRE(b.ok());
-      CHECK(SameRouting(*a, *b));
+      CHECK(testing::SameRouting(*a, *b));
       ++compared;
     }
     // A layer -1 view with a partial sum, or a second bank block, is not one the pass publishes.
@@ -160,7 +137,7 @@ std::pair<int, int> FirstLayerFromEmbedding(const model::Model& m, bool require_
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     if (predicted[0].experts == ids && predicted_routing.ids == r.ids) ++matched;
-    if (require_bitwise) CHECK(SameRouting(predicted_routing, r));
+    if (require_bitwise) CHECK(testing::SameRouting(predicted_routing, r));
     ++step;
   };
   RunSession(m, o, 4);
@@ -173,10 +150,10 @@ TEST_CASE("with a first MoE layer whose mixer adds nothing, the prediction from 
     INFO(preset);
     auto base = model::Preset(preset);
     REQUIRE(base.ok());
-    model::ModelConfig c = Small(*base);
+    model::ModelConfig c = testing::SmallConfig(*base);
     c.first_k_dense_replace = 0;  // layer 0 is MoE
     terrace::testing::TempDir d(std::string("emb-") + preset);
-    auto dir = InitDir(c, d.path());
+    auto dir = testing::InitRandomCodesDir(c, d.path(), 5);
     const bool attn_res = c.attn_res_block_size > 0;
     // Layer 0's mixer output is zero: its router reads the embedding (plain: exactly; AttnRes: the
     // mix over [embedding, zero], a scaled embedding, which the RMSNorm makes the same direction).
@@ -198,9 +175,9 @@ TEST_CASE("with a first MoE layer whose mixer adds nothing, the prediction from 
 TEST_CASE("lookahead's embedding prediction is gated by its own precision", "[experts][lookahead][embedding]") {
   auto base = model::Preset("moe-bench-plain");
   REQUIRE(base.ok());
-  const model::ModelConfig c = Small(*base);
+  const model::ModelConfig c = testing::SmallConfig(*base);
   terrace::testing::TempDir d("emb-gate");
-  auto dir = InitDir(c, d.path());
+  auto dir = testing::InitRandomCodesDir(c, d.path(), 5);
   auto m = model::Model::Load(c, *dir);
   REQUIRE(m.ok());
   const int first = c.first_k_dense_replace;

@@ -172,4 +172,24 @@ class SlowTier final : public terrace::testing::ForwardingTier {
   std::vector<BlockKey> reads_;
 };
 
+// `c` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
+inline model::ModelConfig SmallConfig(model::ModelConfig c) {
+  c.hidden_size = 256;
+  c.vocab_size = 512;
+  c.num_experts = 64;
+  c.moe_intermediate_size = 64;
+  c.routed_expert_hidden_size = 256;
+  c.shared_expert_intermediate_size = 64;
+  c.intermediate_size = 256;
+  c.kda.num_heads = 2;
+  c.num_attention_heads = 2;
+  return c;
+}
+
+// Same top-k, ids and weights (bitwise).
+inline bool SameRouting(const model::Routing& a, const model::Routing& b) {
+  return a.top_k == b.top_k && a.ids == b.ids && a.weights.size() == b.weights.size() &&
+         std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)) == 0;
+}
+
 }  // namespace terrace::experts::testing

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/model/config.h"
+#include "model_io/mentions.h"
 
 using namespace terrace::model;
 using Json = nlohmann::json;
@@ -21,11 +22,6 @@ std::string ErrorOf(const Json& j) {
   CHECK(r.status().IsInvalidArgument());
   CHECK(r.status().message().find("my/config.json") != std::string::npos);
   return r.status().message();
-}
-
-bool Mentions(const std::string& msg, const std::string& what) {
-  INFO("message: " << msg);
-  return msg.find(what) != std::string::npos;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "src/model/safetensors_header.h"
+#include "model_io/mentions.h"
 
 using namespace terrace::model;
 using terrace::Status;
@@ -29,11 +30,6 @@ std::string Error(const std::vector<std::byte>& bytes) {
   CHECK(s.IsCorruption());
   CHECK(s.message().find("bad.safetensors") != std::string::npos);
   return s.message();
-}
-
-bool Mentions(const std::string& msg, const std::string& what) {
-  INFO("message: " << msg);
-  return msg.find(what) != std::string::npos;
 }
 
 }  // namespace

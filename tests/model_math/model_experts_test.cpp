@@ -22,7 +22,7 @@
 namespace terrace::model {
 namespace {
 
-const ModelDir& ToyDir() {
+const ModelDir& ExpertsToyDir() {
   static terrace::testing::TempDir dir("k3toy_experts");
   static std::unique_ptr<ModelDir> model = [] {
     auto config = Preset("k3-toy");
@@ -103,7 +103,7 @@ class BlockBufferProvider : public ExpertProvider {
   int acquires_ = 0, releases_ = 0;
 };
 
-std::vector<int> Prompt(int n) {
+std::vector<int> ExpertsPrompt(int n) {
   std::vector<int> p(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = (i * 53 + 9) % 512;
   return p;
@@ -115,7 +115,7 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("Resident provider keeps MXFP4 experts as MXFP4 expert blocks", "[model][experts]") {
   const ModelConfig c = ToyConfig();
-  auto p = ResidentExpertProvider::Create(ToyDir(), c);
+  auto p = ResidentExpertProvider::Create(ExpertsToyDir(), c);
   REQUIRE(p.ok());
   int moe_layers = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.IsDenseLayer(l) ? 0 : 1;
@@ -132,12 +132,12 @@ TEST_CASE("Resident provider keeps MXFP4 experts as MXFP4 expert blocks", "[mode
 
 TEST_CASE("Experts served as expert blocks from another buffer == resident, bitwise", "[model][experts]") {
   const ModelConfig c = ToyConfig();
-  auto resident = Model::Load(c, ToyDir());
+  auto resident = Model::Load(c, ExpertsToyDir());
   REQUIRE(resident.ok());
-  auto provider = std::make_shared<BlockBufferProvider>(ToyDir(), c);
-  auto offloaded = Model::Load(c, ToyDir(), provider);
+  auto provider = std::make_shared<BlockBufferProvider>(ExpertsToyDir(), c);
+  auto offloaded = Model::Load(c, ExpertsToyDir(), provider);
   REQUIRE(offloaded.ok());
-  const auto prompt = Prompt(37);
+  const auto prompt = ExpertsPrompt(37);
   Session a(**resident), b(**offloaded);
   auto la = a.Prefill(prompt);
   auto lb = b.Prefill(prompt);
@@ -161,7 +161,7 @@ TEST_CASE("Experts served as expert blocks from another buffer == resident, bitw
 
 TEST_CASE("BF16 dense weights keep their bf16 bits for decode; they widen to the fp32 values", "[model][bf16]") {
   const ModelConfig c = ToyConfig();
-  auto model = Model::Load(c, ToyDir());
+  auto model = Model::Load(c, ExpertsToyDir());
   REQUIRE(model.ok());
   const LayerWeights& l1 = (*model)->layer(1);
   for (const Weight* w : {&l1.moe.router, &l1.moe.shared_down, &l1.kda.q_proj, &l1.kda.o_proj}) {
@@ -174,11 +174,11 @@ TEST_CASE("BF16 dense weights keep their bf16 bits for decode; they widen to the
 
 TEST_CASE("on_layer_end sees every layer's hidden state; decode rows == prefill rows", "[model][hooks]") {
   const ModelConfig c = ToyConfig();
-  auto model = Model::Load(c, ToyDir());
+  auto model = Model::Load(c, ExpertsToyDir());
   REQUIRE(model.ok());
   const std::int64_t d = c.hidden_size;
   const int T = 9;
-  const auto prompt = Prompt(T);
+  const auto prompt = ExpertsPrompt(T);
   // Prefill: one call per layer, in order, [T, d].
   std::vector<std::vector<float>> full(static_cast<std::size_t>(c.num_hidden_layers));
   std::vector<int> order;
@@ -216,7 +216,7 @@ TEST_CASE("on_layer_end sees every layer's hidden state; decode rows == prefill 
 
 TEST_CASE("PredictRouting applies the layer's FFN norm and router", "[model][hooks]") {
   const ModelConfig c = ToyConfig();
-  auto loaded = Model::Load(c, ToyDir());
+  auto loaded = Model::Load(c, ExpertsToyDir());
   REQUIRE(loaded.ok());
   const Model& model = **loaded;
   const std::int64_t d = c.hidden_size, T = 5;

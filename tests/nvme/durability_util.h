@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "nvme_test_util.h"
 
 extern char** environ;
@@ -77,7 +79,9 @@ inline std::map<std::string, std::uint64_t> HashTree(const std::filesystem::path
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     std::ifstream f(e.path(), std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string bytes(static_cast<std::size_t>(e.file_size()), '\0');
+    f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    REQUIRE(f.gcount() == static_cast<std::streamsize>(bytes.size()));
     out[std::filesystem::relative(e.path(), dir).string()] = Checksum(std::as_bytes(std::span(bytes.data(), bytes.size())));
   }
   return out;

@@ -7,14 +7,14 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 3000;  // not a multiple of 4 KiB
+constexpr std::size_t kOddBlock = 3000;  // not a multiple of 4 KiB
 
-// Puts n blocks (key i holds TestBytes(i, kBlock + i)) straight into the NVMe tier.
+// Puts n blocks (key i holds TestBytes(i, kOddBlock + i)) straight into the NVMe tier.
 std::vector<BlockKey> PutInNvme(Store& store, int n) {
   std::vector<BlockKey> keys;
   for (int i = 0; i < n; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store.Put(keys.back(), TestBytes(i, kBlock + i), {Codec::kRaw, TierId::kNvme}).ok());
+    REQUIRE(store.Put(keys.back(), TestBytes(i, kOddBlock + i), {Codec::kRaw, TierId::kNvme}).ok());
   }
   return keys;
 }
@@ -29,7 +29,7 @@ TEST_CASE("GetBatch reads NVMe-only blocks in one tier batch and matches single 
   constexpr int kN = 20;
   auto keys = PutInNvme(*store, kN);
   // Items: every key, a missing key, a duplicate of key 3, and a buffer too small for key 4.
-  std::vector<std::vector<std::byte>> bufs(kN + 3, std::vector<std::byte>(kBlock + kN));
+  std::vector<std::vector<std::byte>> bufs(kN + 3, std::vector<std::byte>(kOddBlock + kN));
   std::vector<Store::GetItem> items;
   for (int i = 0; i < kN; ++i) items.push_back({keys[i], bufs[i], {}});
   items.push_back({TestKey(999), bufs[kN], {}});
@@ -40,13 +40,13 @@ TEST_CASE("GetBatch reads NVMe-only blocks in one tier batch and matches single 
   for (int i = 0; i < kN; ++i) {
     INFO(i << ": " << st[i].ToString());
     REQUIRE(st[i].ok());
-    auto want = TestBytes(i, kBlock + i);
+    auto want = TestBytes(i, kOddBlock + i);
     CHECK(items[i].desc == DescribeBlock(want));
     CHECK(std::equal(want.begin(), want.end(), bufs[i].begin()));
   }
   CHECK(st[kN].IsNotFound());
   REQUIRE(st[kN + 1].ok());
-  CHECK(std::equal(bufs[3].begin(), bufs[3].begin() + kBlock + 3, bufs[kN + 1].begin()));
+  CHECK(std::equal(bufs[3].begin(), bufs[3].begin() + kOddBlock + 3, bufs[kN + 1].begin()));
   CHECK(st[kN + 2].IsInvalidArgument());
   CHECK(nvme.batch_calls() == 1);  // the 20 distinct NVMe reads went out together
   CHECK(nvme.batch_ops() == kN);
@@ -54,7 +54,7 @@ TEST_CASE("GetBatch reads NVMe-only blocks in one tier batch and matches single 
   auto stats = store->Stats();
   CHECK(stats.lower_tier_reads >= kN);
   // Equivalence: a second batch (now served by host when promoted) returns the same bytes.
-  std::vector<std::vector<std::byte>> again(kN, std::vector<std::byte>(kBlock + kN));
+  std::vector<std::vector<std::byte>> again(kN, std::vector<std::byte>(kOddBlock + kN));
   std::vector<Store::GetItem> items2;
   for (int i = 0; i < kN; ++i) items2.push_back({keys[i], again[i], {}});
   for (const auto& s : store->GetBatch(items2)) CHECK(s.ok());
@@ -67,7 +67,7 @@ TEST_CASE("GetBatch never returns a corrupt NVMe copy: Corruption for it, the re
   auto store = OpenFakeStore(f);
   auto keys = PutInNvme(*store, 8);
   REQUIRE(nvme.CorruptStored(keys[5]));
-  std::vector<std::vector<std::byte>> bufs(8, std::vector<std::byte>(kBlock + 8));
+  std::vector<std::vector<std::byte>> bufs(8, std::vector<std::byte>(kOddBlock + 8));
   std::vector<Store::GetItem> items;
   for (int i = 0; i < 8; ++i) items.push_back({keys[i], bufs[i], {}});
   auto st = store->GetBatch(items);
@@ -78,7 +78,7 @@ TEST_CASE("GetBatch never returns a corrupt NVMe copy: Corruption for it, the re
       CHECK_THAT(st[i].message(), Catch::Contains(keys[5].ToString()) && Catch::Contains("nvme"));
     } else {
       REQUIRE(st[i].ok());
-      auto want = TestBytes(i, kBlock + i);
+      auto want = TestBytes(i, kOddBlock + i);
       CHECK(std::equal(want.begin(), want.end(), bufs[i].begin()));
     }
   }
@@ -97,7 +97,7 @@ TEST_CASE("Prefetch of many NVMe blocks goes out as batched tier reads") {
   for (const auto& s : store->Prefetch(keys, TierId::kHost, Priority::kDemand).get()) CHECK(s.ok());
   for (int i = 0; i < kN; ++i) {
     CHECK(TierOf(*store, keys[i]) == TierId::kHost);
-    CHECK(*GetBytes(*store, keys[i]) == TestBytes(i, kBlock + i));
+    CHECK(*GetBytes(*store, keys[i]) == TestBytes(i, kOddBlock + i));
   }
   CHECK(nvme.batch_ops() == kN);
   CHECK(nvme.batch_calls() <= 4);  // groups of up to 64, not one call per key

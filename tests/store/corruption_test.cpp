@@ -10,7 +10,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 2048;
+constexpr std::size_t kCorruptionBlock = 2048;
 
 struct FaultStore {
   FaultInjectingTier* host = nullptr;
@@ -33,7 +33,7 @@ struct FaultStore {
 TEST_CASE("A bit flip on the only copy yields Corruption naming key and tier; the copy is dropped") {
   FaultStore fs(Quiet());
   BlockKey key = TestKey(1);
-  REQUIRE(fs.store->Put(key, TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(fs.store->Put(key, TestBytes(1, kCorruptionBlock), {Codec::kRaw, TierId::kNvme}).ok());
   fs.nvme->FlipBitInNextGets(1);
   auto r = GetBytes(*fs.store, key);
   REQUIRE(r.status().IsCorruption());
@@ -48,7 +48,7 @@ TEST_CASE("Inclusive: a corrupt upper copy is dropped and the lower copy is retu
   o.placement = Placement::kInclusive;
   FaultStore fs(o);
   BlockKey key = TestKey(2);
-  auto bytes = TestBytes(2, kBlock);
+  auto bytes = TestBytes(2, kCorruptionBlock);
   REQUIRE(fs.store->Put(key, bytes, {Codec::kRaw, TierId::kNvme}).ok());
   REQUIRE(GetBytes(*fs.store, key).ok());  // promoted; nvme keeps its copy
   REQUIRE(TierOf(*fs.store, key) == TierId::kHost);
@@ -62,7 +62,7 @@ TEST_CASE("Inclusive: a corrupt upper copy is dropped and the lower copy is retu
 TEST_CASE("Corruption at rest in a lower tier is caught and never returned") {
   FaultStore fs(Quiet());
   fs.nvme->CorruptNextPuts(1);
-  REQUIRE(fs.store->Put(TestKey(3), TestBytes(3, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(fs.store->Put(TestKey(3), TestBytes(3, kCorruptionBlock), {Codec::kRaw, TierId::kNvme}).ok());
   auto r = GetBytes(*fs.store, TestKey(3));
   CHECK(r.status().IsCorruption());
   CHECK_FALSE(fs.store->Contains(TestKey(3)));
@@ -70,13 +70,13 @@ TEST_CASE("Corruption at rest in a lower tier is caught and never returned") {
 
 TEST_CASE("I/O errors surface as IoError and keep the block") {
   FaultStore fs(Quiet());
-  REQUIRE(fs.store->Put(TestKey(4), TestBytes(4, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(fs.store->Put(TestKey(4), TestBytes(4, kCorruptionBlock), {Codec::kRaw, TierId::kNvme}).ok());
   fs.nvme->FailNextGets(1, FaultInjectingTier::Eio(true));
   auto r = GetBytes(*fs.store, TestKey(4));
   REQUIRE(r.status().IsIoError());
   CHECK(r.status().retryable());
   CHECK_THAT(r.status().message(), Catch::Contains(TestKey(4).ToString()));
-  CHECK(*GetBytes(*fs.store, TestKey(4)) == TestBytes(4, kBlock));
+  CHECK(*GetBytes(*fs.store, TestKey(4)) == TestBytes(4, kCorruptionBlock));
 }
 
 TEST_CASE("Random faults: every successful Get returns exactly the bytes put") {
@@ -89,7 +89,7 @@ TEST_CASE("Random faults: every successful Get returns exactly the bytes put") {
   rf.get_error = 0.1;
   rf.seed = 99;
   constexpr int kKeys = 40;
-  for (int i = 0; i < kKeys; ++i) REQUIRE(fs.store->Put(TestKey(i), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  for (int i = 0; i < kKeys; ++i) REQUIRE(fs.store->Put(TestKey(i), TestBytes(i, kCorruptionBlock), {Codec::kRaw, TierId::kNvme}).ok());
   fs.nvme->SetRandom(rf);
   fs.host->SetRandom(rf);
   std::mt19937 rng(5);
@@ -99,7 +99,7 @@ TEST_CASE("Random faults: every successful Get returns exactly the bytes put") {
     auto r = GetBytes(*fs.store, TestKey(i));
     if (r.ok()) {
       ++ok;
-      REQUIRE(*r == TestBytes(i, kBlock));
+      REQUIRE(*r == TestBytes(i, kCorruptionBlock));
     } else {
       ++failed;
       CHECK((r.status().IsCorruption() || r.status().IsIoError() || r.status().IsNotFound()));

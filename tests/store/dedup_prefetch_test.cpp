@@ -9,7 +9,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kDedupBlock = 4096;
 
 TEST_CASE("Concurrent Gets of one key read the lower tier once") {
   bool promote = GENERATE(true, false);
@@ -19,7 +19,7 @@ TEST_CASE("Concurrent Gets of one key read the lower tier once") {
   o.promote_on_get = promote;
   auto store = OpenFakeStore(f, o);
   BlockKey key = TestKey(1);
-  auto bytes = TestBytes(1, kBlock);
+  auto bytes = TestBytes(1, kDedupBlock);
   REQUIRE(store->Put(key, bytes, {Codec::kRaw, TierId::kNvme}).ok());
   nvme.get_delay_ms = 300;  // long enough that every caller arrives while the first read runs
   constexpr int kThreads = 6;
@@ -47,7 +47,7 @@ TEST_CASE("Prefetch moves blocks up to the target and counts useful prefetches")
   std::vector<BlockKey> keys;
   for (int i = 0; i < 10; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
   }
   auto fut = store->Prefetch(keys, TierId::kHost, Priority::kHigh);
   auto statuses = fut.get();
@@ -60,7 +60,7 @@ TEST_CASE("Prefetch moves blocks up to the target and counts useful prefetches")
   CHECK(TierOf(*store, keys[0]) == TierId::kHost);
   for (const auto& s : store->Prefetch({keys.data(), 2}, TierId::kHbm, Priority::kDemand).get()) CHECK(s.ok());
   CHECK(TierOf(*store, keys[0]) == TierId::kHbm);
-  REQUIRE(*GetBytes(*store, keys[5]) == TestBytes(5, kBlock));
+  REQUIRE(*GetBytes(*store, keys[5]) == TestBytes(5, kDedupBlock));
   CHECK(store->Stats().prefetch_useful >= 1);
   // Missing keys and absent tiers are reported per item.
   BlockKey missing = TestKey(999);
@@ -71,7 +71,7 @@ TEST_CASE("Prefetch to an absent tier is InvalidArgument") {
   FakeTiers f(0, 1 << 20, 1 << 20);
   auto store = OpenFakeStore(f);
   BlockKey key = TestKey(1);
-  REQUIRE(store->Put(key, TestBytes(1, kBlock)).ok());
+  REQUIRE(store->Put(key, TestBytes(1, kDedupBlock)).ok());
   CHECK(store->Prefetch({&key, 1}, TierId::kHbm).get()[0].IsInvalidArgument());
 }
 
@@ -81,7 +81,7 @@ TEST_CASE("A passed deadline times out every item and moves nothing") {
   std::vector<BlockKey> keys;
   for (int i = 0; i < 5; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
   }
   auto statuses = store->Prefetch(keys, TierId::kHost, Priority::kLow, Clock::now() - std::chrono::seconds(1)).get();
   for (const auto& s : statuses) CHECK(s.code() == Code::kTimedOut);
@@ -97,7 +97,7 @@ TEST_CASE("cancel() stops the items that have not started") {
   std::vector<BlockKey> keys;
   for (int i = 0; i < 20; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
   }
   nvme.get_delay_ms = 50;
   auto fut = store->Prefetch(keys, TierId::kHost, Priority::kLow);
@@ -120,8 +120,8 @@ TEST_CASE("Speculative prefetch does not start while a demand fetch is in flight
   BlockKey demand_key = TestKey(1), spec_key = TestKey(2);
   GetGate gate(f.at(TierId::kNvme), demand_key);
   auto store = OpenFakeStore(f);
-  REQUIRE(store->Put(demand_key, TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
-  REQUIRE(store->Put(spec_key, TestBytes(2, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(demand_key, TestBytes(1, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(spec_key, TestBytes(2, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
   std::thread demand([&] { CHECK(GetBytes(*store, demand_key).ok()); });
   gate.WaitHeld();
   auto fut = store->Prefetch({&spec_key, 1}, TierId::kHost, Priority::kLow);

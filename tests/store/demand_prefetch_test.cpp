@@ -15,7 +15,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kDemandBlock = 4096;
 
 // One device queue: a Get queues one read, a GetBatch queues all of its reads at once (as an NVMe
 // submission does); reads are served one at a time in queue order, each taking `delay`. Records
@@ -97,7 +97,7 @@ std::vector<BlockKey> PutKeys(Store& store, TierId home, int first, int n) {
   std::vector<BlockKey> keys;
   for (int i = first; i < first + n; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store.Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, home}).ok());
+    REQUIRE(store.Put(keys.back(), TestBytes(i, kDemandBlock), {Codec::kRaw, home}).ok());
   }
   return keys;
 }
@@ -143,7 +143,7 @@ TEST_CASE("A demand prefetch queued while every lane thread waits for demand sti
   StoreOptions o = Quiet();
   o.background_threads = 2;  // one lane thread
   auto store = OpenFakeStore(f, o);
-  for (int i : {1, 2, 3}) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  for (int i : {1, 2, 3}) REQUIRE(store->Put(TestKey(i), TestBytes(i, kDemandBlock), {Codec::kRaw, TierId::kNvme}).ok());
   std::thread get([&] { CHECK(GetBytes(*store, held).ok()); });
   gate.WaitHeld();
   auto spec = store->Prefetch({&spec_key, 1}, TierId::kHbm, Priority::kLow);

@@ -10,7 +10,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kLaneBlock = 4096;
 constexpr int kDelayMs = 25;  // the slow tier's time per Get
 
 TEST_CASE("GetAsync and PutAsync during a large speculative prefetch wait for one slow read, not the drain") {
@@ -23,26 +23,26 @@ TEST_CASE("GetAsync and PutAsync during a large speculative prefetch wait for on
   std::vector<BlockKey> keys;
   for (int i = 0; i < kPrefetched; ++i) {
     keys.push_back(TestKey(i));
-    REQUIRE(store->Put(keys.back(), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+    REQUIRE(store->Put(keys.back(), TestBytes(i, kLaneBlock), {Codec::kRaw, TierId::kNvme}).ok());
   }
   const BlockKey wanted = TestKey(1000);  // on the slow tier too, not part of the prefetch
-  REQUIRE(store->Put(wanted, TestBytes(1000, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(wanted, TestBytes(1000, kLaneBlock), {Codec::kRaw, TierId::kNvme}).ok());
   nvme.get_delay_ms = kDelayMs;
 
   auto pre = store->Prefetch(keys, TierId::kHost, Priority::kLow);
   while (nvme.gets() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the drain is reading
 
-  std::vector<std::byte> out(kBlock);
+  std::vector<std::byte> out(kLaneBlock);
   const auto t0 = Clock::now();
   auto get = store->GetAsync(wanted, out);
-  const auto put_bytes = TestBytes(2000, kBlock);  // PutAsync: the caller keeps the bytes alive
+  const auto put_bytes = TestBytes(2000, kLaneBlock);  // PutAsync: the caller keeps the bytes alive
   auto put = store->PutAsync(TestKey(2000), put_bytes);
   auto r = get.get();
   const auto get_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   REQUIRE(put.get().ok());
   const auto both_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   REQUIRE(r.ok());
-  CHECK(std::equal(out.begin(), out.end(), TestBytes(1000, kBlock).begin()));
+  CHECK(std::equal(out.begin(), out.end(), TestBytes(1000, kLaneBlock).begin()));
   INFO("GetAsync took " << get_ms << " ms, GetAsync + PutAsync " << both_ms << " ms; one slow read is "
                         << kDelayMs << " ms; the prefetch needs at least " << kPrefetched * kDelayMs << " ms");
   // Generous: one slow read plus scheduling, far below the drain still running behind it.
@@ -60,8 +60,8 @@ TEST_CASE("A speculative prefetch waiting for demand completes on cancel() witho
   BlockKey demand_key = TestKey(1), spec_key = TestKey(2);
   GetGate gate(f.at(TierId::kNvme), demand_key);
   auto store = OpenFakeStore(f);
-  REQUIRE(store->Put(demand_key, TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
-  REQUIRE(store->Put(spec_key, TestBytes(2, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(demand_key, TestBytes(1, kLaneBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(spec_key, TestBytes(2, kLaneBlock), {Codec::kRaw, TierId::kNvme}).ok());
   std::thread demand([&] { CHECK(GetBytes(*store, demand_key).ok()); });
   gate.WaitHeld();
   auto fut = store->Prefetch({&spec_key, 1}, TierId::kHost, Priority::kLow);

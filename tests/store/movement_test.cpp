@@ -10,7 +10,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 1024;
+constexpr std::size_t kMoveBlock = 1024;
 
 std::uint64_t Blocks(FakeTiers& f) {
   std::uint64_t n = 0;
@@ -20,14 +20,14 @@ std::uint64_t Blocks(FakeTiers& f) {
 
 TEST_CASE("Eviction demotes down the hierarchy and every block stays readable") {
   auto policy = GENERATE(EvictionPolicy::kLru, EvictionPolicy::kS3Fifo);
-  FakeTiers f(8 * kBlock, 8 * kBlock, 1 << 20);
+  FakeTiers f(8 * kMoveBlock, 8 * kMoveBlock, 1 << 20);
   StoreOptions o = Quiet();
   o.put_tier = TierId::kHbm;
   o.eviction = policy;
   auto store = OpenFakeStore(f, o);
-  for (int i = 0; i < 30; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
-  CHECK(f.at(TierId::kHbm).used_bytes() <= 8 * kBlock);
-  CHECK(f.at(TierId::kHost).used_bytes() <= 8 * kBlock);
+  for (int i = 0; i < 30; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
+  CHECK(f.at(TierId::kHbm).used_bytes() <= 8 * kMoveBlock);
+  CHECK(f.at(TierId::kHost).used_bytes() <= 8 * kMoveBlock);
   CHECK(f.at(TierId::kNvme).block_count() >= 14);
   CHECK(Blocks(f) == 30);  // exclusive: exactly one copy each
   auto st = store->Stats();
@@ -36,26 +36,26 @@ TEST_CASE("Eviction demotes down the hierarchy and every block stays readable") 
   for (int i = 0; i < 30; ++i) {
     auto got = GetBytes(*store, TestKey(i));
     REQUIRE(got.ok());
-    CHECK(*got == TestBytes(i, kBlock));
+    CHECK(*got == TestBytes(i, kMoveBlock));
   }
 }
 
 TEST_CASE("When the lowest tier is full, a put fails with OutOfCapacity and nothing is lost") {
-  FakeTiers f(0, 4 * kBlock, 2 * kBlock);
+  FakeTiers f(0, 4 * kMoveBlock, 2 * kMoveBlock);
   auto store = OpenFakeStore(f);
-  for (int i = 0; i < 6; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
-  Status s = store->Put(TestKey(6), TestBytes(6, kBlock));
+  for (int i = 0; i < 6; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
+  Status s = store->Put(TestKey(6), TestBytes(6, kMoveBlock));
   REQUIRE(s.IsOutOfCapacity());
   CHECK_THAT(s.message(), Catch::Contains("never drops"));
   CHECK_FALSE(store->Contains(TestKey(6)));
-  for (int i = 0; i < 6; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kBlock));
+  for (int i = 0; i < 6; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kMoveBlock));
 }
 
 TEST_CASE("With no tier below, eviction from the only tier never drops blocks") {
-  FakeTiers f(0, 4 * kBlock, 0);
+  FakeTiers f(0, 4 * kMoveBlock, 0);
   auto store = OpenFakeStore(f);
-  for (int i = 0; i < 4; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
-  CHECK(store->Put(TestKey(9), TestBytes(9, kBlock)).IsOutOfCapacity());
+  for (int i = 0; i < 4; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
+  CHECK(store->Put(TestKey(9), TestBytes(9, kMoveBlock)).IsOutOfCapacity());
   for (int i = 0; i < 4; ++i) CHECK(store->Contains(TestKey(i)));
 }
 
@@ -66,7 +66,7 @@ TEST_CASE("Promotion on get: exclusive moves the block, inclusive keeps the lowe
   o.placement = placement;
   auto store = OpenFakeStore(f, o);
   BlockKey key = TestKey(1);
-  REQUIRE(store->Put(key, TestBytes(1, kBlock), PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(key, TestBytes(1, kMoveBlock), PutOptions{Codec::kRaw, TierId::kNvme}).ok());
   CHECK(TierOf(*store, key) == TierId::kNvme);
   REQUIRE(GetBytes(*store, key).ok());
   CHECK(TierOf(*store, key) == TierId::kHost);
@@ -76,18 +76,18 @@ TEST_CASE("Promotion on get: exclusive moves the block, inclusive keeps the lowe
 }
 
 TEST_CASE("Inclusive eviction drops the clean upper copy without writing it again") {
-  FakeTiers f(0, 2 * kBlock, 1 << 20);
+  FakeTiers f(0, 2 * kMoveBlock, 1 << 20);
   StoreOptions o = Quiet();
   o.placement = Placement::kInclusive;
   auto store = OpenFakeStore(f, o);
-  for (int i = 0; i < 2; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  for (int i = 0; i < 2; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock), {Codec::kRaw, TierId::kNvme}).ok());
   for (int i = 0; i < 2; ++i) REQUIRE(GetBytes(*store, TestKey(i)).ok());  // now in host too
   auto nvme_puts = f.at(TierId::kNvme).Stats().puts;
-  REQUIRE(store->Put(TestKey(5), TestBytes(5, kBlock)).ok());  // evicts one clean copy
+  REQUIRE(store->Put(TestKey(5), TestBytes(5, kMoveBlock)).ok());  // evicts one clean copy
   CHECK(f.at(TierId::kNvme).Stats().puts == nvme_puts);
   CHECK(store->Stats().demotions == 0);
   CHECK(store->Stats().evictions == 1);
-  for (int i = 0; i < 2; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kBlock));
+  for (int i = 0; i < 2; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kMoveBlock));
 }
 
 TEST_CASE("promote_on_get = false leaves the block where it is") {
@@ -95,7 +95,7 @@ TEST_CASE("promote_on_get = false leaves the block where it is") {
   StoreOptions o = Quiet();
   o.promote_on_get = false;
   auto store = OpenFakeStore(f, o);
-  REQUIRE(store->Put(TestKey(1), TestBytes(1, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kMoveBlock), {Codec::kRaw, TierId::kNvme}).ok());
   REQUIRE(GetBytes(*store, TestKey(1)).ok());
   CHECK(TierOf(*store, TestKey(1)) == TierId::kNvme);
   CHECK(store->Stats().tiers[2].hits == 1);
@@ -107,7 +107,7 @@ TEST_CASE("Write-through puts reach the lowest tier before returning") {
   StoreOptions o = Quiet();
   o.write_policy = WritePolicy::kWriteThrough;
   auto store = OpenFakeStore(f, o);
-  REQUIRE(store->Put(TestKey(1), TestBytes(1, kBlock)).ok());
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kMoveBlock)).ok());
   CHECK(f.at(TierId::kHost).Has(TestKey(1)));
   CHECK(f.at(TierId::kNvme).Has(TestKey(1)));
 }
@@ -124,7 +124,7 @@ TEST_CASE("A failed write-through put leaves nothing visible") {
   o.write_policy = WritePolicy::kWriteThrough;
   auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
   fault_raw->FailNextPuts(1, FaultInjectingTier::Eio(false));
-  Status s = store->Put(TestKey(1), TestBytes(1, kBlock));
+  Status s = store->Put(TestKey(1), TestBytes(1, kMoveBlock));
   CHECK(s.IsIoError());
   CHECK_FALSE(store->Contains(TestKey(1)));
   CHECK_FALSE(host_raw->Has(TestKey(1)));
@@ -132,62 +132,62 @@ TEST_CASE("A failed write-through put leaves nothing visible") {
 
 TEST_CASE("A failing demotion fails the put and keeps the victim") {
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
-  tiers[1] = std::make_unique<FakeTier>(TierId::kHost, 2 * kBlock);
+  tiers[1] = std::make_unique<FakeTier>(TierId::kHost, 2 * kMoveBlock);
   auto fault = std::make_unique<FaultInjectingTier>(std::make_unique<FakeTier>(TierId::kNvme, 1 << 20));
   auto* fault_raw = fault.get();
   tiers[2] = std::move(fault);
   auto store = std::move(Store::OpenWithTiers(Quiet(), std::move(tiers)).value());
-  for (int i = 0; i < 2; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 0; i < 2; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   fault_raw->FailNextPuts(1000, FaultInjectingTier::Eio(true));
-  Status failed = store->Put(TestKey(2), TestBytes(2, kBlock));
+  Status failed = store->Put(TestKey(2), TestBytes(2, kMoveBlock));
   CHECK(failed.IsIoError());  // the demotion error, not a generic OutOfCapacity
   CHECK_THAT(failed.message(), Catch::Contains("demoted"));
   CHECK_FALSE(store->Contains(TestKey(2)));
   fault_raw->Disarm();
-  for (int i = 0; i < 2; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kBlock));
-  CHECK(store->Put(TestKey(2), TestBytes(2, kBlock)).ok());
+  for (int i = 0; i < 2; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kMoveBlock));
+  CHECK(store->Put(TestKey(2), TestBytes(2, kMoveBlock)).ok());
 }
 
 TEST_CASE("Pinned blocks are never evicted") {
-  FakeTiers f(0, 4 * kBlock, 1 << 20);
+  FakeTiers f(0, 4 * kMoveBlock, 1 << 20);
   auto store = OpenFakeStore(f);
-  for (int i = 0; i < 4; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 0; i < 4; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   REQUIRE(store->Pin(TestKey(0)).ok());
   auto handle = store->Acquire(TestKey(1));
   REQUIRE(handle.ok());
-  for (int i = 10; i < 30; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 10; i < 30; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   CHECK(TierOf(*store, TestKey(0)) == TierId::kHost);
   CHECK(TierOf(*store, TestKey(1)) == TierId::kHost);
-  CHECK(std::equal(handle->data(), handle->data() + kBlock, TestBytes(1, kBlock).begin()));
+  CHECK(std::equal(handle->data(), handle->data() + kMoveBlock, TestBytes(1, kMoveBlock).begin()));
 }
 
 TEST_CASE("All blocks pinned: a put that needs room fails with OutOfCapacity") {
-  FakeTiers f(0, 2 * kBlock, 1 << 20);
+  FakeTiers f(0, 2 * kMoveBlock, 1 << 20);
   auto store = OpenFakeStore(f);
   for (int i = 0; i < 2; ++i) {
-    REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+    REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
     REQUIRE(store->Pin(TestKey(i)).ok());
   }
-  CHECK(store->Put(TestKey(5), TestBytes(5, kBlock)).IsOutOfCapacity());
-  REQUIRE(store->Put(TestKey(5), TestBytes(5, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  CHECK(store->Put(TestKey(5), TestBytes(5, kMoveBlock)).IsOutOfCapacity());
+  REQUIRE(store->Put(TestKey(5), TestBytes(5, kMoveBlock), {Codec::kRaw, TierId::kNvme}).ok());
 }
 
 TEST_CASE("Background demotion drains a tier from its high to its low watermark") {
-  FakeTiers f(0, 10 * kBlock, 1 << 20);
+  FakeTiers f(0, 10 * kMoveBlock, 1 << 20);
   StoreOptions o;
   o.high_watermark = 0.5;
   o.low_watermark = 0.3;
   auto store = OpenFakeStore(f, o);
   // Only the 6th put crosses the high watermark (6 > 5 blocks), so exactly one drain runs.
-  for (int i = 0; i < 6; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 0; i < 6; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   // Background work is asynchronous: wait (bounded) for it to reach the low watermark.
-  for (int i = 0; i < 1000 && f.at(TierId::kHost).used_bytes() > 3 * kBlock; ++i) {
+  for (int i = 0; i < 1000 && f.at(TierId::kHost).used_bytes() > 3 * kMoveBlock; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  CHECK(f.at(TierId::kHost).used_bytes() <= 3 * kBlock);
-  CHECK(f.at(TierId::kHost).used_bytes() >= 2 * kBlock);  // stops near the low watermark, not at zero
+  CHECK(f.at(TierId::kHost).used_bytes() <= 3 * kMoveBlock);
+  CHECK(f.at(TierId::kHost).used_bytes() >= 2 * kMoveBlock);  // stops near the low watermark, not at zero
   CHECK(Blocks(f) == 6);
-  for (int i = 0; i < 6; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kBlock));
+  for (int i = 0; i < 6; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kMoveBlock));
 }
 
 }  // namespace
@@ -198,15 +198,15 @@ namespace {
 
 // Hot keys read repeatedly, then a scan of one-hit puts: how many hot keys are still in host.
 int HotInHostAfterScan(EvictionPolicy policy) {
-  FakeTiers f(0, 20 * kBlock, 1 << 20);
+  FakeTiers f(0, 20 * kMoveBlock, 1 << 20);
   StoreOptions o = Quiet();
   o.eviction = policy;
   auto store = OpenFakeStore(f, o);
-  for (int i = 0; i < 10; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 0; i < 10; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < 10; ++i) REQUIRE(GetBytes(*store, TestKey(i)).ok());
   }
-  for (int i = 100; i < 200; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 100; i < 200; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   int hot = 0;
   for (int i = 0; i < 10; ++i) hot += TierOf(*store, TestKey(i)) == TierId::kHost ? 1 : 0;
   return hot;

@@ -8,25 +8,25 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 1024;
+constexpr std::size_t kRuleBlock = 1024;
 
 TEST_CASE("Exclusive write-through: a promotion keeps the lowest tier's copy, so no eviction writes back") {
   // hbm 1 block, host 2 blocks (the lowest), write-through, puts into hbm.
   // Put 1: host + hbm. Put 2: host + hbm, evicting hbm's 1 (host has it: dropped). Get 1 promotes it
   // from host into hbm, evicting 2 (host copy: dropped); host keeps 1 (DroppedByMove spares the
   // lowest slot under write-through). Get 2 likewise. No demotion ever writes; host holds both.
-  FakeTiers f(kBlock, 2 * kBlock, 0);
+  FakeTiers f(kRuleBlock, 2 * kRuleBlock, 0);
   StoreOptions o = Quiet();
   o.put_tier = TierId::kHbm;
   o.placement = Placement::kExclusive;
   o.write_policy = WritePolicy::kWriteThrough;
   auto store = OpenFakeStore(f, o);
-  REQUIRE(store->Put(TestKey(1), TestBytes(1, kBlock)).ok());
-  REQUIRE(store->Put(TestKey(2), TestBytes(2, kBlock)).ok());
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kRuleBlock)).ok());
+  REQUIRE(store->Put(TestKey(2), TestBytes(2, kRuleBlock)).ok());
   for (int k : {1, 2}) {
     auto got = GetBytes(*store, TestKey(k));
     REQUIRE(got.ok());
-    CHECK(*got == TestBytes(k, kBlock));
+    CHECK(*got == TestBytes(k, kRuleBlock));
     CHECK(f.at(TierId::kHbm).Has(TestKey(k)));
   }
   CHECK(f.at(TierId::kHost).Has(TestKey(1)));

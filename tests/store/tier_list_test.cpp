@@ -11,7 +11,7 @@
 namespace terrace::testing {
 namespace {
 
-constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kListBlock = 4096;
 
 // Forwards to a tier other stores use too, reporting it as shared (or not, for the control).
 class SharedView final : public terrace::testing::ForwardingTier {
@@ -25,8 +25,8 @@ struct FourTiers {
   FourTiers(std::uint64_t host_blocks, std::uint64_t nvme_blocks, const StoreOptions& o = Quiet()) {
     std::vector<std::unique_ptr<Tier>> tiers;
     const std::pair<TierId, std::uint64_t> spec[] = {{TierId::kHbm, 1 << 20},
-                                                     {TierId::kHost, host_blocks * kBlock},
-                                                     {TierId::kNvme, nvme_blocks * kBlock},
+                                                     {TierId::kHost, host_blocks * kListBlock},
+                                                     {TierId::kNvme, nvme_blocks * kListBlock},
                                                      {TierId::kNvme, 1 << 22}};
     for (const auto& [id, cap] : spec) {
       auto t = std::make_unique<FakeTier>(id, cap, id == TierId::kHbm);
@@ -43,7 +43,7 @@ struct FourTiers {
 TEST_CASE("Four tiers: eviction demotes through both NVMe tiers and nothing is lost") {
   FourTiers f(/*host_blocks=*/2, /*nvme_blocks=*/3);
   constexpr int kKeys = 12;
-  for (int i = 0; i < kKeys; ++i) REQUIRE(f.store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  for (int i = 0; i < kKeys; ++i) REQUIRE(f.store->Put(TestKey(i), TestBytes(i, kListBlock)).ok());
 
   StoreStats st = f.store->Stats();
   REQUIRE(st.slots.size() == 4);
@@ -80,13 +80,13 @@ TEST_CASE("Four tiers: eviction demotes through both NVMe tiers and nothing is l
   }
   REQUIRE(deepest_i >= 0);
   const BlockKey deepest = TestKey(deepest_i);
-  REQUIRE(*GetBytes(*f.store, deepest) == TestBytes(deepest_i, kBlock));
+  REQUIRE(*GetBytes(*f.store, deepest) == TestBytes(deepest_i, kListBlock));
   CHECK(TierOf(*f.store, deepest) == TierId::kHost);
   CHECK_FALSE(f.fake[3]->Has(deepest));
   for (int i = 0; i < kKeys; ++i) {
     auto got = GetBytes(*f.store, TestKey(i));
     REQUIRE(got.ok());
-    CHECK(*got == TestBytes(i, kBlock));
+    CHECK(*got == TestBytes(i, kListBlock));
   }
   std::uint64_t copies = 0;
   for (FakeTier* t : f.fake) copies += t->block_count();
@@ -106,7 +106,7 @@ TEST_CASE("Four tiers: write-through reaches the last tier; recovery reads every
   tiers.push_back(std::make_unique<FakeTier>(TierId::kNvme, 1 << 20));
   tiers.push_back(std::move(last));
   auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
-  REQUIRE(store->Put(TestKey(1), TestBytes(1, kBlock)).ok());
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kListBlock)).ok());
   CHECK(last_raw->Has(TestKey(1)));
   CHECK(store->Stats().slots.back().name == "nvme-3");
 
@@ -151,7 +151,7 @@ TEST_CASE("A directory miss asks a shared tier; a tier not marked shared is not 
     auto writer = open();
     auto reader = open();  // opened before the block exists: its directory cannot know it
     BlockKey k = TestKey(42);
-    auto bytes = TestBytes(42, 3 * kBlock + 5);
+    auto bytes = TestBytes(42, 3 * kListBlock + 5);
     REQUIRE(writer->Put(k, bytes, PutOptions{Codec::kRaw, TierId::kNvme}).ok());
     REQUIRE(common->Has(k));
 
