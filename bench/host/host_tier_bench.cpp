@@ -1,11 +1,16 @@
 // Host tier put/get of fixed-size blocks vs plain memcpy of the same sizes between two buffers,
 // in the same run. Prints GB/s (10^9 bytes/s) and the tier/memcpy ratio (goal: >= 0.8).
 // Also prints Store::Get of the same blocks resident in a host-only Store, and memcpy + XXH3 (what a
-// verifying Get must do at least) to show the checksum cost.
+// verifying Get must do at least) to show the checksum cost. Batched rows: GetBatch of --batch
+// blocks into distinct buffers, with the tier's default (streaming stores once the batch's buffers
+// reach a quarter of the last-level cache) and with cached stores only
+// (HostTierOptions::stream_get_min_bytes = UINT64_MAX), through the tier and through
+// Store::GetBatch; "+ read" rows then read every line of each block, as a consumer would next.
 //
 // Usage: bench_host_tier [--block-size BYTES] [--blocks N] [--passes P] [--rounds R] [--threads T]
+//                        [--batch B]
 // Defaults: 1 MiB blocks, 128 blocks (128 MiB working set, beyond the CPU caches), 2 passes per
-// round, 6 rounds (best round kept), 1 thread.
+// round, 6 rounds (best round kept), 1 thread, batches of 32.
 #include "tiers/host/fast_checksum.h"
 
 #include <algorithm>
@@ -13,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -33,6 +39,7 @@ struct Args {
   int passes = 2;
   int rounds = 6;
   int threads = 1;
+  std::size_t batch = 32;
 };
 
 Args Parse(int argc, char** argv) {
@@ -45,8 +52,9 @@ Args Parse(int argc, char** argv) {
     else if (k == "--passes") a.passes = static_cast<int>(v);
     else if (k == "--threads") a.threads = static_cast<int>(v);
     else if (k == "--rounds") a.rounds = static_cast<int>(v);
+    else if (k == "--batch") a.batch = static_cast<std::size_t>(std::max(v, 1LL));
     else {
-      fmt::print(stderr, "bench_host_tier: unknown flag {}; flags: --block-size --blocks --passes --rounds --threads\n", k);
+      fmt::print(stderr, "bench_host_tier: unknown flag {}; flags: --block-size --blocks --passes --rounds --threads --batch\n", k);
       std::exit(2);
     }
   }
@@ -72,6 +80,29 @@ double Measure(const Args& a, Fn fn) {
   return static_cast<double>(a.block) * static_cast<double>(a.blocks) * a.passes / s / 1e9;
 }
 
+// Runs fn(first block, count) over every block in batches of a.batch, passes times, on one
+// thread; returns GB/s.
+template <typename Fn>
+double MeasureBatches(const Args& a, Fn fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int p = 0; p < a.passes; ++p) {
+    for (std::size_t i = 0; i < a.blocks; i += a.batch) fn(i, std::min(a.batch, a.blocks - i));
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(a.block) * static_cast<double>(a.blocks) * a.passes / s / 1e9;
+}
+
+// Reads one word per cache line of `b` (what a consumer of the block does next, at least).
+std::uint64_t ReadLines(const std::vector<std::byte>& b) {
+  std::uint64_t acc = 0;
+  for (std::size_t j = 0; j + sizeof(std::uint64_t) <= b.size(); j += 64) {
+    std::uint64_t w;
+    std::memcpy(&w, b.data() + j, sizeof w);
+    acc += w;
+  }
+  return acc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,10 +125,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& tier = **created;
+  HostTierOptions cached_o = o;
+  cached_o.stream_get_min_bytes = UINT64_MAX;
+  auto cached_created = HostTier::Create(cached_o);
+  if (!cached_created.ok()) {
+    fmt::print(stderr, "bench_host_tier: {}\n", cached_created.status().ToString());
+    return 1;
+  }
+  auto& cached = **cached_created;
   // Warm-up: fault in both buffers and grow the arena, so every measured pass is steady state.
   for (std::size_t i = 0; i < a.blocks; ++i) {
     std::memcpy(dst[i].data(), src[i].data(), a.block);
-    if (!tier.Put(Key(i), descs[i], src[i]).ok()) return 1;
+    if (!tier.Put(Key(i), descs[i], src[i]).ok() || !cached.Put(Key(i), descs[i], src[i]).ok()) return 1;
   }
   // The same blocks through a Store whose only tier is a host tier (the directory, policy and the
   // store's end-to-end check on top of the tier's get).
@@ -114,10 +153,25 @@ int main(int argc, char** argv) {
     if (!store.Put(Key(i), src[i]).ok()) return 1;
   }
   std::atomic<int> errors{0};
+  std::atomic<std::uint64_t> sink{0};
+  auto tier_batch = [&](HostTier& t, std::size_t first, std::size_t n, bool read) {
+    std::vector<GetOp> ops;
+    for (std::size_t k = 0; k < n; ++k) ops.push_back(GetOp{Key(first + k), dst[first + k], {}});
+    for (const Status& st : t.GetBatch(ops)) errors += st.ok() ? 0 : 1;
+    if (read) {
+      for (std::size_t k = 0; k < n; ++k) sink += ReadLines(dst[first + k]);
+    }
+  };
+  auto store_batch = [&](std::size_t first, std::size_t n) {
+    std::vector<Store::GetItem> items;
+    for (std::size_t k = 0; k < n; ++k) items.push_back(Store::GetItem{Key(first + k), dst[first + k], {}});
+    for (const Status& st : store.GetBatch(items)) errors += st.ok() ? 0 : 1;
+  };
   // The machine may be shared: the four measurements are interleaved in rounds and each keeps its
   // best round, so a burst of outside load hurts all of them alike rather than one.
-  enum { kMemcpy, kPut, kGet, kHash, kStoreGet, kOps };
-  double best[kOps] = {0, 0, 0, 0, 0};
+  enum { kMemcpy, kPut, kGet, kHash, kStoreGet, kBatch, kBatchCached, kStoreBatch, kMemcpyRead, kBatchRead,
+         kBatchCachedRead, kOps };
+  double best[kOps] = {};
   for (int round = 0; round < a.rounds; ++round) {
     best[kMemcpy] = std::max(best[kMemcpy], Measure(a, [&](std::size_t i) { std::memcpy(dst[i].data(), src[i].data(), a.block); }));
     best[kPut] = std::max(best[kPut], Measure(a, [&](std::size_t i) {
@@ -134,17 +188,42 @@ int main(int argc, char** argv) {
       std::memcpy(dst[i].data(), src[i].data(), a.block);
       if (tiers::FastChecksum(dst[i].data(), a.block) == 0) ++errors;  // keeps the hash live
     }));
+    best[kBatch] = std::max(best[kBatch], MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, false); }));
+    best[kBatchCached] = std::max(best[kBatchCached],
+                                  MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, false); }));
+    best[kStoreBatch] = std::max(best[kStoreBatch], MeasureBatches(a, store_batch));
+    best[kMemcpyRead] = std::max(best[kMemcpyRead], Measure(a, [&](std::size_t i) {
+      std::memcpy(dst[i].data(), src[i].data(), a.block);
+      sink += ReadLines(dst[i]);
+    }));
+    best[kBatchRead] = std::max(best[kBatchRead], MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, true); }));
+    best[kBatchCachedRead] = std::max(best[kBatchCachedRead],
+                                      MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, true); }));
   }
   const double base = best[kMemcpy];
   fmt::print("host tier bench: {} KiB blocks x {} ({} MiB working set), {} passes x {} rounds (best round), "
              "{} thread(s); {}\n",
              a.block >> 10, a.blocks, (a.block * a.blocks) >> 20, a.passes, a.rounds, a.threads, tier.PinSummary());
-  fmt::print("  {:<34} {:>7.2f} GB/s\n", "memcpy buffer->buffer", base);
-  fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier put", best[kPut], best[kPut] / base);
-  fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier get (verifies checksum)", best[kGet], best[kGet] / base);
-  fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::Get, host-resident", best[kStoreGet],
+  fmt::print("  {:<38} {:>7.2f} GB/s\n", "memcpy buffer->buffer", base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier put", best[kPut], best[kPut] / base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier get (verifies checksum)", best[kGet], best[kGet] / base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::Get, host-resident", best[kStoreGet],
              best[kStoreGet] / base);
-  fmt::print("  {:<34} {:>7.2f} GB/s  ratio {:.2f}x\n", "memcpy then XXH3 (unfused)", best[kHash], best[kHash] / base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "memcpy then XXH3 (unfused)", best[kHash], best[kHash] / base);
+  const std::string b = fmt::format("GetBatch of {}", a.batch);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x  ({})\n", b + ", default", best[kBatch], best[kBatch] / base,
+             tier.stream_get_bytes() == UINT64_MAX
+                 ? std::string("cached stores: no cache size known")
+                 : fmt::format("streams from {} KiB of buffers", tier.stream_get_bytes() >> 10));
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", cached stores", best[kBatchCached], best[kBatchCached] / base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::" + b + ", host-resident", best[kStoreBatch],
+             best[kStoreBatch] / base);
+  const double read_base = best[kMemcpyRead];
+  fmt::print("  {:<38} {:>7.2f} GB/s\n", "memcpy + read", read_base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", default + read", best[kBatchRead], best[kBatchRead] / read_base);
+  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", cached + read", best[kBatchCachedRead],
+             best[kBatchCachedRead] / read_base);
+  if (sink.load() == 1) fmt::print(" ");  // keeps the reads live
   if (errors.load() != 0) {
     fmt::print(stderr, "bench_host_tier: {} operations failed\n", errors.load());
     return 1;

@@ -69,6 +69,14 @@ struct HostTierOptions {
   // With populate kBackground / kAtOpen: bytes to populate from the start of the capacity (rounded
   // up to whole chunks); 0 or >= capacity_bytes: the whole capacity.
   std::uint64_t populate_bytes = 0;
+  // Gets whose destination is at least this many bytes - one Get's buffer, or the buffers of one
+  // GetBatch together - copy out with streaming (non-temporal) stores, which write the caller's
+  // lines without reading them first: such a destination does not stay in cache anyway. Below it,
+  // cached stores (the destination may be in cache, and the caller reads it next). 0: a quarter of
+  // the last-level cache the kernel reports (8 MiB for a 32 MiB L3; where none is reported,
+  // never); UINT64_MAX: never. Only blocks of at least 256 KiB are streamed. The checksum is
+  // verified either way (docs/benchmarks.md, "Host tier gets: streaming stores").
+  std::uint64_t stream_get_min_bytes = 0;
   std::shared_ptr<Logger> logger;           // null: the store's logger, or stderr (terrace/log.h)
 };
 

@@ -266,6 +266,19 @@ CLI::Option* AddHostHugePagesOption(CLI::App* app, std::string* value) {
       ->capture_default_str();
 }
 
+CLI::Option* AddHostStreamGetsOption(CLI::App* app, std::string* value) {
+  return app->add_option("--host-stream-gets", *value,
+                         "Host tier: write gets into the caller's buffers with streaming stores when those buffers "
+                         "(one get's, or a batch's together) reach a quarter of the last-level cache (auto), for "
+                         "every block of at least 256 KiB (on), or never (off: cached stores)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+}
+
+void ApplyHostStreamGets(std::string_view value, HostTierOptions* o) {
+  o->stream_get_min_bytes = value == "on" ? 1 : value == "off" ? UINT64_MAX : 0;
+}
+
 std::pair<double, double> ProcessCpuSeconds() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);

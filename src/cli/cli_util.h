@@ -109,6 +109,11 @@ CLI::Option* AddHostPrefaultOption(CLI::App* app, std::string* value, const std:
 void ApplyHostPrefault(std::string_view value, HostTierOptions* o);
 // --host-huge-pages of the benches (on / off; the callers default to off): HostTierOptions::huge_pages.
 CLI::Option* AddHostHugePagesOption(CLI::App* app, std::string* value);
+// --host-stream-gets of the benches (auto / on / off; default auto): HostTierOptions::
+// stream_get_min_bytes 0 (a quarter of the last-level cache), 1 (every get of a block of at least
+// 256 KiB) or UINT64_MAX (never), through ApplyHostStreamGets.
+CLI::Option* AddHostStreamGetsOption(CLI::App* app, std::string* value);
+void ApplyHostStreamGets(std::string_view value, HostTierOptions* o);
 
 // True when `path` names a block device (following symlinks such as /dev/disk/by-id/...).
 bool IsBlockDevice(const std::string& path);

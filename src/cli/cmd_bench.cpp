@@ -65,6 +65,8 @@ struct BenchArgs {
   bool host_prefault_given = false;  // --host-prefault was on the command line (refused for other tiers)
   std::string host_huge_pages = "off";  // --host-huge-pages: HostTierOptions::huge_pages
   bool host_huge_pages_given = false;
+  std::string host_stream_gets = "auto";  // --host-stream-gets: HostTierOptions::stream_get_min_bytes
+  bool host_stream_gets_given = false;
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.
   unsigned BatchSize() const {
@@ -126,6 +128,7 @@ HostTierOptions HostOptionsFor(const BenchArgs& a, std::uint64_t capacity) {
   o.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 256 * kMiB);
   ApplyHostPrefault(a.host_prefault, &o);
   o.huge_pages = a.host_huge_pages == "on";
+  ApplyHostStreamGets(a.host_stream_gets, &o);
   return o;
 }
 
@@ -420,6 +423,9 @@ int RunBenchTiers(const BenchArgs& a) {
   if (a.host_prefault_given && a.tier != "host") {
     return FailUsage(fmt::format("--host-prefault applies to --tier host only (got --tier {}); drop it", a.tier));
   }
+  if (a.host_stream_gets_given && a.tier != "host") {
+    return FailUsage(fmt::format("--host-stream-gets applies to --tier host only (got --tier {}); drop it", a.tier));
+  }
   if (a.host_huge_pages_given && a.tier != "host") {
     return FailUsage(fmt::format("--host-huge-pages applies to --tier host only (got --tier {}); drop it", a.tier));
   }
@@ -573,6 +579,7 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"durability", a.durability}, {"flush_seconds", r->flush_seconds},
                         {"open_seconds", open_seconds}, {"host_prefault", a.tier == "host" ? a.host_prefault : ""},
                         {"host_huge_pages", a.tier == "host" ? a.host_huge_pages : ""},
+                        {"host_stream_gets", a.tier == "host" ? a.host_stream_gets : ""},
                         {"warmup", a.warmup}, {"repeat", a.repeat}, {"memcpy_mb_per_s", memcpy_mbps}, {"passes_mb_per_s", pass_mbps},
                         {"memcpy_passes_mb_per_s", memcpy_passes}, {"ratio_vs_memcpy", ratio_vs_memcpy},
                         {"memcpy_baseline", baseline ? baseline->what() : ""},
@@ -642,6 +649,7 @@ void RegisterBench(CLI::App& app, Runner* run) {
                     "and eager hold the whole capacity in RAM (locked when pinned) from open")
       ->each([a](const std::string&) { a->host_prefault_given = true; });
   AddHostHugePagesOption(tiers, &a->host_huge_pages)->each([a](const std::string&) { a->host_huge_pages_given = true; });
+  AddHostStreamGetsOption(tiers, &a->host_stream_gets)->each([a](const std::string&) { a->host_stream_gets_given = true; });
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
   tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
   RegisterBenchKv(bench, run);

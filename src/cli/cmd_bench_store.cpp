@@ -54,6 +54,7 @@ struct BenchStoreArgs {
   bool json = false;
   std::string host_prefault = "on";  // --host-prefault, as in bench tiers
   std::string host_huge_pages = "off";  // --host-huge-pages, as in bench tiers
+  std::string host_stream_gets = "auto";  // --host-stream-gets, as in bench tiers
 };
 
 double Median(std::vector<double> v) {
@@ -171,6 +172,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   ho.chunk_bytes = std::max<std::uint64_t>(RoundUp(a.block_size, 4 * kKiB), 64 * kMiB);
   ApplyHostPrefault(a.host_prefault, &ho);
   ho.huge_pages = a.host_huge_pages == "on";
+  ApplyHostStreamGets(a.host_stream_gets, &ho);
   const auto open0 = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(auto host, HostTier::Create(ho));
   const double host_open = SecondsSince(open0);
@@ -243,6 +245,7 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   j["repeat"] = a.repeat;
   j["host_prefault"] = a.host_prefault;
   j["host_huge_pages"] = a.host_huge_pages;
+  j["host_stream_gets"] = a.host_stream_gets;
   j["host_open_seconds"] = host_open;
   j["put_first_mb_per_s"] = b.MbPerS(put_first);
   j["put_warm_mb_per_s"] = Median(put_warm);
@@ -356,6 +359,7 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
                         "Host tier: when its memory is faulted in (on | off | background | eager, as in bench "
                         "tiers; background and eager hold the whole host capacity in RAM from open)");
   AddHostHugePagesOption(cmd, &a->host_huge_pages);
+  AddHostStreamGetsOption(cmd, &a->host_stream_gets);
   cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
   cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
 }

@@ -228,15 +228,45 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
   std::vector<Status> st(items.size());
   std::vector<BulkItem> slow;
   std::vector<std::size_t> slow_index;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    Result<BlockDesc> r = Status::NotFound("unset");
-    if (FastGet(items[i].key, items[i].out, &r)) {
-      if (r.ok()) items[i].desc = *r;
-      st[i] = r.status();
-      continue;
-    }
+  auto to_slow = [&](std::size_t i) {
     slow.push_back(BulkItem{items[i].key, items[i].out, false, {}, {}});
     slow_index.push_back(i);
+  };
+  auto answer = [&](std::size_t i, const Result<BlockDesc>& r) {
+    if (r.ok()) items[i].desc = *r;
+    st[i] = r.status();
+  };
+  // Fast reads, grouped by the slot they read from: one tier GetBatch per slot, so a tier sees
+  // the whole batch's destination (the host tier streams into a large one).
+  std::vector<FastRead> plans(items.size());
+  std::vector<std::vector<std::size_t>> by_slot(static_cast<std::size_t>(slot_count()));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Result<BlockDesc> r = Status::NotFound("unset");
+    plans[i] = PlanFastGet(items[i].key, items[i].out, &r);
+    if (plans[i].answered) {
+      answer(i, r);
+    } else if (plans[i].src < 0) {
+      to_slow(i);
+    } else {
+      by_slot[static_cast<std::size_t>(plans[i].src)].push_back(i);
+    }
+  }
+  for (int src = 0; src < slot_count(); ++src) {
+    const std::vector<std::size_t>& group = by_slot[static_cast<std::size_t>(src)];
+    if (group.empty()) continue;
+    std::vector<GetOp> ops;
+    ops.reserve(group.size());
+    for (std::size_t i : group) ops.push_back(GetOp{items[i].key, items[i].out, {}});
+    const std::vector<Status> reads = TimedTierGetBatch(src, ops);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::size_t i = group[k];
+      Result<BlockDesc> r = Status::NotFound("unset");
+      if (FinishFastGet(items[i].key, plans[i], reads[k], ops[k].desc, items[i].out, &r)) {
+        answer(i, r);
+      } else {
+        to_slow(i);
+      }
+    }
   }
   if (slow.empty()) return st;
   DemandScope demand(*demand_);

@@ -19,6 +19,19 @@ Status StoreImpl::TimedTierGet(int t, const BlockKey& key, std::span<std::byte> 
   return s;
 }
 
+std::vector<Status> StoreImpl::TimedTierGetBatch(int t, std::span<GetOp> ops) {
+  if (ops.size() == 1) return {TimedTierGet(t, ops[0].key, ops[0].out, &ops[0].desc)};
+  TierCounters& m = slot(t).measured;
+  auto t0 = Clock::now();
+  std::vector<Status> st = tier(t).GetBatch(ops);
+  const std::uint64_t per_op = NanosSince(t0) / std::max<std::uint64_t>(ops.size(), 1);
+  for (const Status& s : st) {
+    m.read_latency.Record(per_op);
+    if (s.IsIoError()) m.Add(m.io_errors);
+  }
+  return st;
+}
+
 Status StoreImpl::TimedTierPut(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
   return TimedTierWrite(t, [&] { return tier(t).Put(key, desc, data); });
 }

@@ -17,46 +17,59 @@ void StoreImpl::CountGet(int served_from) {
   slot(served_from).measured.Add(slot(served_from).measured.hits);
 }
 
-bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result) {
-  BlockDesc desc;
-  SlotMask mask = 0;
+FastRead StoreImpl::PlanFastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result) {
+  FastRead f;
   {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
-      if (shared_mask_ != 0) return false;  // a shared tier may hold it: the locked path asks
+      if (shared_mask_ != 0) return f;  // a shared tier may hold it: the locked path asks
       for (int i = 0; i < slot_count(); ++i) slot(i).measured.Add(slot(i).measured.misses);
       *result = MissLocked(key);
-      return true;
+      f.answered = true;
+      return f;
     }
-    desc = it->second.desc;
-    mask = it->second.mask;
+    f.desc = it->second.desc;
+    f.src = Fastest(it->second.mask);
   }
-  if (out.size() < desc.size) {
+  if (out.size() < f.desc.size) {
     *result = Status::InvalidArgument(fmt::format("buffer for block {} holds {} bytes; the block needs {} bytes",
-                                                  key.ToString(), out.size(), desc.size));
-    return true;
+                                                  key.ToString(), out.size(), f.desc.size));
+    f.answered = true;
+    f.src = -1;
+    return f;
   }
-  int src = Fastest(mask);
-  if (src < 0 || src > promote_slot_) return false;
-  BlockDesc got;
-  Status s = TimedTierGet(src, key, out, &got);
-  if (!s.ok() || !Verify(tier(src).caps(), desc, got, out)) return false;  // moved, replaced or bad: use the locked path
+  if (f.src > promote_slot_) f.src = -1;
+  return f;
+}
+
+bool StoreImpl::FinishFastGet(const BlockKey& key, const FastRead& f, const Status& read, const BlockDesc& got,
+                              std::span<const std::byte> out, Result<BlockDesc>* result) {
+  if (!read.ok() || !Verify(tier(f.src).caps(), f.desc, got, out)) return false;  // moved, replaced or bad: use the locked path
   {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) {
-      Policy(src).OnAccess(key);
+      Policy(f.src).OnAccess(key);
       if (it->second.prefetched) {
         it->second.prefetched = false;
         prefetch_useful_.fetch_add(1, std::memory_order_relaxed);
       }
     }
   }
-  CountGet(src);
-  slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
+  CountGet(f.src);
+  slot(f.src).measured.Add(slot(f.src).measured.bytes_read, f.desc.size);
   *result = got;
   return true;
+}
+
+bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result) {
+  const FastRead f = PlanFastGet(key, out, result);
+  if (f.answered) return true;
+  if (f.src < 0) return false;
+  BlockDesc got;
+  const Status s = TimedTierGet(f.src, key, out, &got);
+  return FinishFastGet(key, f, s, got, out, result);
 }
 
 Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) {

@@ -94,6 +94,13 @@ enum class MoveMode : std::uint8_t {
   kExact,  // make sure target holds a copy (from wherever it is)
 };
 
+// PlanFastGet's answer for one key: the directory's descriptor and the tier slot to read it from.
+struct FastRead {
+  bool answered = false;  // the result is final without a read (a miss, a buffer too small)
+  int src = -1;           // the slot to read from; -1: the locked path
+  BlockDesc desc;
+};
+
 struct ReadOutcome {
   Result<BlockDesc> desc = Status::NotFound("unset");
   Status move_status;  // OK when no move was needed or it succeeded
@@ -213,7 +220,15 @@ class StoreImpl {
   bool InDirectory(const BlockKey& key) const;  // has a directory entry with a copy
 
   // read_path.cpp
+  // Unlocked read from the fastest copy at or above the promotion slot: true with *result set, or
+  // false when the locked path must answer (no such copy, or it moved or failed its check).
   bool FastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result);
+  // FastGet in two steps, so that GetBatch can read many keys from one tier with one GetBatch:
+  // PlanFastGet looks the key up (answered: *result is final, a miss or a short buffer; src < 0:
+  // the locked path), FinishFastGet takes the tier's answer for f.src.
+  FastRead PlanFastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result);
+  bool FinishFastGet(const BlockKey& key, const FastRead& f, const Status& read, const BlockDesc& got,
+                     std::span<const std::byte> out, Result<BlockDesc>* result);
   // Deduplicated, locked fetch; with move_to, also moves the block (kUp semantics).
   // Copies the block into `out` when it is non-empty.
   ReadOutcome FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
@@ -330,6 +345,8 @@ class StoreImpl {
   // Registers `from`'s memory regions with `to` for direct I/O, again whenever `from` has grown.
   void RefreshIoRegions(int from, int to);
   Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
+  // One tier GetBatch; each op's read latency is recorded as the batch's time / ops.
+  std::vector<Status> TimedTierGetBatch(int slot, std::span<GetOp> ops);
   Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
   // Runs `write` (one write into slot t's tier, returning its Status), recording its latency and
   // an IoError in the slot's store-measured counters. Every store write into a tier goes through it.

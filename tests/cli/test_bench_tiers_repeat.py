@@ -1,6 +1,7 @@
 """`terrace bench tiers --warmup/--repeat`: median and spread over timed passes; memory tiers report
 per-operation latency (single-operation calls), not the latency of the batch that carried an op."""
 import json
+import re
 
 
 def test_bench_tiers_repeat_median_spread_and_per_op_latency(terrace):
@@ -81,3 +82,25 @@ def test_bench_tiers_nvme_read_reuses_a_kept_data_set(terrace, tmp_path):
     assert [j["prep_writes"] for j in runs] == [2048, 0, 4096, 0]
     assert all(j["iops"] > 0 for j in runs)
     shutil.rmtree(d)
+
+
+def test_bench_tiers_host_stream_gets_flag(terrace):
+    # --host-stream-gets: on streams every get of a 1 MiB block, off none; auto (the default) streams
+    # a batch of 32 x 1 MiB buffers wherever the kernel reports a last-level cache of at most 128 MiB.
+    # The detail names the mode and counts the streamed gets; bytes are verified either way.
+    for value, want in (("on", "gets stream every block of at least 256 KiB ("), ("off", "gets: cached stores")):
+        r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--total-bytes",
+                    "16MiB", "--warmup", "0", "--host-stream-gets", value, "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert want in j["detail"], j["detail"]
+        assert j["host_stream_gets"] == value
+        if value == "on":  # at least the 16 timed gets
+            assert int(re.search(r"\((\d+) streamed\)", j["detail"]).group(1)) >= 16, j["detail"]
+    r = terrace("bench", "tiers", "--tier", "nvme", "--op", "read", "--block-size", "1MiB", "--total-bytes", "16MiB",
+                "--host-stream-gets", "on")
+    assert r.returncode == 2
+    assert "--host-stream-gets applies to --tier host only" in r.stderr
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--host-stream-gets", "sometimes")
+    assert r.returncode == 2
+    assert "--host-stream-gets" in r.stderr

@@ -256,7 +256,7 @@ TEST_CASE("Conformance: batch ops report one status per op, in order") {
 TEST_CASE("Conformance: Get never returns bytes damaged at rest") {
   FOR_EACH_TIER(f);
   FaultInjectingTier faulty(*f.tier);  // stores a one-bit-damaged copy under the true desc
-  auto data = TestBytes(9, 20000);
+  auto data = TestBytes(9, 300000);  // above the host tier's 256 KiB streaming threshold
   faulty.CorruptNextPuts(1);
   Status put = PutBytes(faulty, TestKey(9), data);
   REQUIRE(faulty.injected().corrupted_puts == 1);

@@ -10,13 +10,23 @@
 namespace terrace::conformance {
 namespace {
 
-Result<std::unique_ptr<Tier>> MakeHost(const std::filesystem::path&, std::uint64_t capacity) {
+Result<std::unique_ptr<Tier>> MakeHostWith(std::uint64_t capacity, std::uint64_t stream_get_min_bytes) {
   HostTierOptions o;
   o.capacity_bytes = capacity;
   o.chunk_bytes = capacity / 4;  // several chunks: exercises lazy growth
+  o.stream_get_min_bytes = stream_get_min_bytes;
   auto t = HostTier::Create(o);
   if (!t.ok()) return t.status();
   return std::unique_ptr<Tier>(std::move(t).value());
+}
+
+Result<std::unique_ptr<Tier>> MakeHost(const std::filesystem::path&, std::uint64_t capacity) {
+  return MakeHostWith(capacity, 0);
+}
+
+// Every get of a block of >= 256 KiB streams into the caller's buffer.
+Result<std::unique_ptr<Tier>> MakeHostStreamingGets(const std::filesystem::path&, std::uint64_t capacity) {
+  return MakeHostWith(capacity, 1);
 }
 
 Result<std::unique_ptr<Tier>> MakeHbmEmulated(const std::filesystem::path&, std::uint64_t capacity) {
@@ -72,6 +82,7 @@ const std::vector<TierFactory>& TierFactories() {
   static const std::vector<TierFactory> table = [] {
     std::vector<TierFactory> t = {
         {"host", MakeHost},
+        {"host, streaming gets", MakeHostStreamingGets},
         {"hbm-emulated", MakeHbmEmulated},
         {"fault(host), nothing armed", MakeFaultWrappedHost},
         {"nvme", MakeNvme},

@@ -256,6 +256,78 @@ TEST_CASE("Puts around the streaming-copy threshold read back byte-exact, from u
   REQUIRE(t->CheckInvariants());
 }
 
+TEST_CASE("Gets stream once the destination reaches stream_get_min_bytes: a Get's buffer, a GetBatch's together") {
+  HostTierOptions o;
+  o.capacity_bytes = 16 * kMiB;
+  o.chunk_bytes = 4 * kMiB;
+  o.stream_get_min_bytes = 3 * kMiB;
+  auto created = HostTier::Create(o);
+  REQUIRE(created.ok());
+  HostTier& t = **created;
+  CHECK(t.stream_get_bytes() == 3 * kMiB);
+  CHECK(t.Stats().detail.find("gets stream from 3072 KiB of destination") != std::string::npos);
+  std::vector<std::vector<std::byte>> blocks;
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    blocks.push_back(TestBytes(300 + i, 1 * kMiB - 3 + i * 4097));  // ragged sizes, 1 MiB each or so
+    REQUIRE(t.Put(TestKey(300 + i), DescribeBlock(blocks.back()), blocks.back()).ok());
+  }
+  // Buffers one byte off a line, so the streaming kernel's unaligned head is taken.
+  std::vector<std::vector<std::byte>> stores(blocks.size(), std::vector<std::byte>(2 * kMiB, std::byte{0xEE}));
+  auto read_batch = [&](std::size_t n) {
+    std::vector<GetOp> ops;
+    for (std::size_t i = 0; i < n; ++i) ops.push_back({TestKey(300 + i), std::span<std::byte>(stores[i]).subspan(1, kMiB + 16384), {}});
+    std::vector<Status> st = t.GetBatch(ops);
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("op " << i << " of " << n);
+      REQUIRE(st[i].ok());
+      CHECK(ops[i].desc == DescribeBlock(blocks[i]));
+      CHECK(std::memcmp(stores[i].data() + 1, blocks[i].data(), blocks[i].size()) == 0);
+      CHECK(stores[i][1 + blocks[i].size()] == std::byte{0xEE});  // nothing past the block
+    }
+  };
+  read_batch(2);  // about 2 MiB of buffers: cached stores
+  CHECK(t.streamed_gets() == 0);
+  read_batch(4);  // about 4 MiB: every op streams
+  CHECK(t.streamed_gets() == 4);
+  std::vector<std::byte> small(kMiB + 16384), large(4 * kMiB);
+  BlockDesc d;
+  REQUIRE(t.Get(TestKey(300), small, &d).ok());  // one Get below the threshold
+  CHECK(t.streamed_gets() == 4);
+  REQUIRE(t.Get(TestKey(300), large, &d).ok());  // one Get whose buffer reaches it
+  CHECK(t.streamed_gets() == 5);
+  CHECK(std::memcmp(large.data(), blocks[0].data(), blocks[0].size()) == 0);
+  // A streamed get still verifies: a bit flipped at rest is caught and the block dropped.
+  auto* p = const_cast<std::byte*>(t.ResidentPtr(TestKey(301)));
+  REQUIRE(p != nullptr);
+  p[777777] ^= std::byte{0x10};
+  Status st = t.Get(TestKey(301), large, &d);
+  CHECK(st.IsCorruption());
+  CHECK(t.streamed_gets() == 6);
+  CHECK(t.Lookup(TestKey(301)).status().IsNotFound());
+}
+
+TEST_CASE("Gets stream by default only from a quarter of the last-level cache, and never when told") {
+  HostTierOptions o;
+  o.capacity_bytes = 4 * kMiB;
+  o.chunk_bytes = 1 * kMiB;
+  auto by_default = HostTier::Create(o);
+  REQUIRE(by_default.ok());
+  const std::uint64_t llc = tiers::LastLevelCacheBytes();
+  CHECK((*by_default)->stream_get_bytes() == (llc > 0 ? llc / 4 : UINT64_MAX));
+  o.stream_get_min_bytes = UINT64_MAX;
+  auto never = HostTier::Create(o);
+  REQUIRE(never.ok());
+  CHECK((*never)->stream_get_bytes() == UINT64_MAX);
+  CHECK((*never)->Stats().detail.find("gets: cached stores") != std::string::npos);
+  auto data = TestBytes(7, 512 * 1024);
+  REQUIRE((*never)->Put(TestKey(7), DescribeBlock(data), data).ok());
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  REQUIRE((*never)->Get(TestKey(7), out, &d).ok());
+  CHECK((*never)->streamed_gets() == 0);
+  CHECK(out == data);
+}
+
 TEST_CASE("Puts stream only into pages already faulted in; the bytes are exact either way") {
   // Unpinned, no prefaulter: a fresh chunk's pages fault on first touch, so the first puts copy
   // with cached stores; once every page has been written, puts (and PutDescribing) stream.

@@ -107,3 +107,33 @@ TEST_CASE("CopyForPutAndChecksum copies exactly and returns terrace::Checksum of
     }
   }
 }
+
+TEST_CASE("ChecksumAndStream copies exactly and returns terrace::Checksum of the source bytes") {
+  std::mt19937_64 rng(11);
+  std::vector<std::size_t> sizes = EdgeSizes();
+  sizes.push_back((std::size_t{8} << 10) * 40 + 5);  // many 8 KiB pieces and a short last one
+  for (std::size_t n : sizes) {
+    for (std::size_t off : {std::size_t{0}, std::size_t{5}, std::size_t{63}}) {
+      std::uint64_t sum = 0, want = 0;
+      CheckCopy(
+          [&](void* d, const void* s, std::size_t len) {
+            want = terrace::Checksum({static_cast<const std::byte*>(s), len});
+            sum = ChecksumAndStream(d, s, len);
+          },
+          n, (off * 3) % 64, off, rng);
+      INFO("n=" << n << " dst offset " << off);
+      CHECK(sum == want);
+    }
+  }
+}
+
+TEST_CASE("The last-level cache size is read from the kernel where it reports one") {
+  const std::uint64_t llc = LastLevelCacheBytes();
+  CHECK(llc == LastLevelCacheBytes());  // probed once
+  if (llc == 0) {
+    WARN("no cache size under /sys/devices/system/cpu/cpu0/cache or in sysconf: gets never stream by default here");
+  } else {
+    CHECK(llc >= 64 * 1024);   // no CPU this runs on has a smaller last level
+    CHECK(llc <= (std::uint64_t{4} << 30));
+  }
+}

@@ -86,6 +86,55 @@ TEST_CASE("GetBatch never returns a corrupt NVMe copy: Corruption for it, the re
   CHECK(store->Stats().corruptions_dropped == 1);
 }
 
+TEST_CASE("GetBatch reads memory-resident blocks with one tier GetBatch per tier, beside NVMe reads and misses") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  FakeTier& hbm = f.at(TierId::kHbm);
+  FakeTier& host = f.at(TierId::kHost);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  StoreOptions o = Quiet();
+  o.promote_on_get = false;  // every key stays where it was put
+  auto store = OpenFakeStore(f, o);
+  const TierId where[] = {TierId::kHost, TierId::kHbm, TierId::kNvme, TierId::kHost, TierId::kHbm,
+                          TierId::kHost, TierId::kNvme, TierId::kHost, TierId::kHbm, TierId::kHost};
+  constexpr int kN = 10;
+  for (int i = 0; i < kN; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kOddBlock + i), {Codec::kRaw, where[i]}).ok());
+  REQUIRE(host.CorruptStored(TestKey(5)));
+  // Items: every key (interleaved across tiers), a missing key and a buffer too small for key 7.
+  std::vector<std::vector<std::byte>> bufs(kN + 2, std::vector<std::byte>(kOddBlock + kN));
+  std::vector<Store::GetItem> items;
+  for (int i = 0; i < kN; ++i) items.push_back({TestKey(i), bufs[i], {}});
+  items.push_back({TestKey(999), bufs[kN], {}});
+  items.push_back({TestKey(7), std::span<std::byte>(bufs[kN + 1]).first(10), {}});
+  const std::uint64_t host_calls = host.batch_calls(), hbm_calls = hbm.batch_calls();
+  const std::uint64_t host_ops = host.batch_ops(), hbm_ops = hbm.batch_ops();
+  auto st = store->GetBatch(items);
+  REQUIRE(st.size() == items.size());
+  for (int i = 0; i < kN; ++i) {
+    INFO(i << ": " << st[i].ToString());
+    if (i == 5) {  // the only copy failed its check: Corruption, and it is gone
+      CHECK(st[i].IsCorruption());
+      continue;
+    }
+    REQUIRE(st[i].ok());
+    auto want = TestBytes(i, kOddBlock + i);
+    CHECK(items[i].desc == DescribeBlock(want));
+    CHECK(std::equal(want.begin(), want.end(), bufs[i].begin()));
+  }
+  CHECK(st[kN].IsNotFound());
+  CHECK(st[kN + 1].IsInvalidArgument());
+  CHECK(host.batch_calls() - host_calls == 1);  // keys 0, 3, 5, 7, 9 together (5's locked re-read is a Get)
+  CHECK(host.batch_ops() - host_ops == 5);
+  CHECK(hbm.batch_calls() - hbm_calls == 1);    // keys 1, 4, 8 together
+  CHECK(hbm.batch_ops() - hbm_ops == 3);
+  CHECK(nvme.batch_calls() == 1);               // keys 2, 6 together
+  CHECK_FALSE(store->Contains(TestKey(5)));
+  // Equivalence: single Gets give the same bytes.
+  for (int i = 0; i < kN; ++i) {
+    if (i == 5) continue;
+    CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kOddBlock + i));
+  }
+}
+
 TEST_CASE("Prefetch of many NVMe blocks goes out as batched tier reads") {
   FakeTiers f(0, 1 << 20, 1 << 20);
   FakeTier& nvme = f.at(TierId::kNvme);

@@ -37,6 +37,23 @@ inline std::uint64_t CopyAndChecksum(std::byte* dst, const std::byte* src, std::
   return XXH3_64bits_digest(&state);
 }
 
+// Hashes each `piece`-byte piece of src where it lies, then copy(dst + off, src + off, len) copies
+// it from cache; returns the XXH3-64 of all n bytes. The loop behind ChecksumAndCopy and
+// ChecksumAndStream.
+template <typename Copy>
+inline std::uint64_t HashEachPieceThenCopy(std::byte* dst, const std::byte* src, std::size_t n, std::size_t piece,
+                                           Copy copy) {
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (std::size_t off = 0; off < n; off += piece) {
+    const std::size_t len = std::min(piece, n - off);
+    XXH3_64bits_update(&state, src + off, len);
+    copy(dst + off, src + off, len);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
 // Returns the checksum of n bytes at src and copies them to dst: each piece is hashed where it
 // lies, then copied while it is still in cache. The checksum covers the source bytes (a get's
 // verification of the tier's copy); src must not change during the call. On a DRAM-bound read
@@ -49,15 +66,8 @@ inline std::uint64_t ChecksumAndCopy(std::byte* dst, const std::byte* src, std::
     if (n > 0) std::memcpy(dst, src, n);
     return sum;
   }
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
-  for (std::size_t off = 0; off < n; off += kPiece) {
-    const std::size_t len = std::min(kPiece, n - off);
-    XXH3_64bits_update(&state, src + off, len);
-    std::memcpy(dst + off, src + off, len);
-  }
-  return XXH3_64bits_digest(&state);
+  return HashEachPieceThenCopy(dst, src, n, kPiece,
+                               [](std::byte* d, const std::byte* s, std::size_t len) { std::memcpy(d, s, len); });
 }
 
 }  // namespace terrace::tiers

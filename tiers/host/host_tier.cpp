@@ -56,6 +56,11 @@ HostTier::HostTier(const HostTierOptions& options)
   caps_.reserves = true;
   caps_.capacity_bytes = arena_.capacity_bytes();
   caps_.max_block_bytes = arena_.max_block_bytes();
+  if (options.stream_get_min_bytes != 0) {
+    stream_get_bytes_ = options.stream_get_min_bytes;
+  } else if (const std::uint64_t llc = tiers::LastLevelCacheBytes(); llc > 0) {
+    stream_get_bytes_ = llc / 4;
+  }
   const std::uint64_t chunk = arena_.chunk_bytes();
   bases_.assign(chunk == 0 ? 0 : (arena_.capacity_bytes() + chunk - 1) / chunk, nullptr);
   faulted_ = std::make_unique<std::atomic<std::uint64_t>[]>(bases_.size());
@@ -187,6 +192,20 @@ Status HostTier::PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<c
 }
 
 Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  return GetInto(key, out, desc, out.size() >= stream_get_bytes_);
+}
+
+std::vector<Status> HostTier::GetBatch(std::span<GetOp> ops) {
+  std::uint64_t dest = 0;
+  for (const GetOp& op : ops) dest += op.out.size();
+  const bool stream = dest >= stream_get_bytes_;
+  std::vector<Status> st;
+  st.reserve(ops.size());
+  for (GetOp& op : ops) st.push_back(GetInto(op.key, op.out, &op.desc, stream));
+  return st;
+}
+
+Status HostTier::GetInto(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc, bool stream) {
   const std::uint64_t t0 = SteadyNanos();
   auto r = arena_.BeginRead(key);
   if (!r.ok()) {
@@ -200,8 +219,11 @@ Status HostTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* d
                                                "the block ({} bytes); Lookup the size first",
                                                key.ToString(), out.size(), t.desc.size));
   }
-  const std::uint64_t sum = t.desc.size > 0 ? tiers::ChecksumAndCopy(out.data(), Address(t.extent), t.desc.size)
-                                           : tiers::FastChecksum(nullptr, 0);
+  stream = stream && t.desc.size >= tiers::kStreamCopyMinBytes;
+  if (stream) streamed_gets_.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t sum = t.desc.size == 0 ? tiers::FastChecksum(nullptr, 0)
+                            : stream        ? tiers::ChecksumAndStream(out.data(), Address(t.extent), t.desc.size)
+                                            : tiers::ChecksumAndCopy(out.data(), Address(t.extent), t.desc.size);
   const bool corrupt = sum != t.desc.checksum;
   arena_.EndRead(key, t, corrupt);
   if (corrupt) {
@@ -330,6 +352,15 @@ TierStatsSnapshot HostTier::Stats() const {
   s.blocks = block_count();
   s.detail = fmt::format("{}; {}; arena {} MiB of {} MiB", PinSummary(), HugePageSummary(), arena_.arena_bytes() >> 20,
                          caps_.capacity_bytes >> 20);
+  if (stream_get_bytes_ == UINT64_MAX) {
+    s.detail += "; gets: cached stores";
+  } else if (stream_get_bytes_ <= tiers::kStreamCopyMinBytes) {
+    s.detail += fmt::format("; gets stream every block of at least {} KiB ({} streamed)",
+                            tiers::kStreamCopyMinBytes >> 10, streamed_gets());
+  } else {
+    s.detail += fmt::format("; gets stream from {} KiB of destination ({} streamed)", stream_get_bytes_ >> 10,
+                            streamed_gets());
+  }
   if (populate_chunks_ > 0) {
     const std::uint64_t mib = std::min(std::uint64_t{populate_chunks_} * arena_.chunk_bytes(), caps_.capacity_bytes) >> 20;
     if (options_.populate == HostPopulate::kAtOpen) {

@@ -14,6 +14,8 @@
 // Contract beyond terrace/tier.h:
 // - Get verifies the XXH3-64 checksum while it copies (fused, from cache) on every call: host memory
 //   is not trusted blindly, and a failing block is dropped (unless pinned) and reported as Corruption.
+//   A destination of at least stream_get_bytes() (one Get's buffer, or a GetBatch's together) is
+//   written with streaming stores (HostTierOptions::stream_get_min_bytes).
 //   Put trusts desc.checksum (the caller computed it with DescribeBlock); desc.size must equal
 //   data.size().
 // - Put on a pinned key returns InvalidArgument (a resident pointer to it may be in use).
@@ -48,6 +50,11 @@ class HostTier final : public Tier {
   // Hashes while it copies (tiers::CopyForPutAndChecksum): one read of `data`.
   Status PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  // Get of each op; streams the copies when the ops' buffers together reach stream_get_bytes().
+  std::vector<Status> GetBatch(std::span<GetOp> ops) override;
+  // The destination size from which gets stream (HostTierOptions::stream_get_min_bytes resolved;
+  // UINT64_MAX: never).
+  std::uint64_t stream_get_bytes() const { return stream_get_bytes_; }
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return arena_.Lookup(key); }
   Status Erase(const BlockKey& key) override;
   // Reserve hands out the block's page-aligned arena extent (whole pages); Commit publishes it.
@@ -87,6 +94,8 @@ class HostTier final : public Tier {
   void WaitForPrefault() const;
   // Puts whose copy used streaming stores (tiers/host/stream_copy.h) so far; tests.
   std::uint64_t streamed_puts() const { return streamed_puts_.load(std::memory_order_relaxed); }
+  // Gets copied out with streaming stores (stream_get_bytes()).
+  std::uint64_t streamed_gets() const { return streamed_gets_.load(std::memory_order_relaxed); }
   // Nanoseconds Create spent populating (HostPopulate::kAtOpen: faulting; kBackground: mapping only).
   std::uint64_t open_populate_ns() const { return open_populate_ns_; }
 
@@ -101,7 +110,11 @@ class HostTier final : public Tier {
   void CopyIn(const tiers::PageExtent& e, const std::byte* src, std::size_t n);
   std::uint64_t CopyInAndChecksum(const tiers::PageExtent& e, const std::byte* src, std::size_t n);
 
+  // Get with the copy chosen by the caller: `stream` writes `out` with streaming stores.
+  Status GetInto(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc, bool stream);
+
   const HostTierOptions options_;
+  std::uint64_t stream_get_bytes_ = UINT64_MAX;
   const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
   LogOnce pin_refusal_log_;               // a refused pin is logged for the first chunk only
   TierCaps caps_;
@@ -113,6 +126,7 @@ class HostTier final : public Tier {
   // only (pages below it that no put wrote are merely slower to stream into), never for data.
   std::unique_ptr<std::atomic<std::uint64_t>[]> faulted_;
   std::atomic<std::uint64_t> streamed_puts_{0};
+  std::atomic<std::uint64_t> streamed_gets_{0};
   mutable Mutex chunks_mu_;
   std::vector<tiers::HostChunk> chunks_ TERRACE_GUARDED_BY(chunks_mu_);
   // Null without HostTierOptions::prefault or populate kBackground. Destroyed before the chunks are unmapped.

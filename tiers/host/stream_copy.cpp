@@ -1,8 +1,13 @@
 #include "tiers/host/stream_copy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "tiers/host/fast_checksum.h"
 
@@ -146,6 +151,61 @@ std::uint64_t CopyForPutAndChecksum(void* dst, const void* src, std::size_t n) {
   }
   _mm_sfence();
   return XXH3_64bits_digest(&state);
+#else
+  return 0;  // unreachable: no streaming kernel is supported off x86-64
+#endif
+}
+
+namespace {
+// "32768K", "1M" or "524288" (the sysfs cache size format) in bytes; 0 if unreadable.
+std::uint64_t ParseCacheSize(const std::string& text) {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc()) return 0;
+  const char unit = end < text.data() + text.size() ? *end : '\0';
+  if (unit == 'K') return v << 10;
+  if (unit == 'M') return v << 20;
+  if (unit == 'G') return v << 30;
+  return v;
+}
+}  // namespace
+
+std::uint64_t LastLevelCacheBytes() {
+  static const std::uint64_t bytes = [] {
+    std::uint64_t best = 0;
+    for (int i = 0; i < 8; ++i) {
+      std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+      std::string text;
+      if (f >> text) best = std::max(best, ParseCacheSize(text));
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (best == 0) {
+      const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+      if (l3 > 0) best = static_cast<std::uint64_t>(l3);
+    }
+#endif
+    return best;
+  }();
+  return bytes;
+}
+
+std::uint64_t ChecksumAndStream(void* dst, const void* src, std::size_t n) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  const CopyKernel k = n >= kStreamCopyMinBytes ? BestStreamKernel() : CopyKernel::kMemcpy;
+  if (k == CopyKernel::kMemcpy) return ChecksumAndCopy(d, s, n);
+#ifdef TERRACE_STREAM_COPY_X86
+  // As ChecksumAndCopy: the hash's loads bring each piece into L1, then the piece is streamed out.
+  const std::uint64_t sum =
+      HashEachPieceThenCopy(d, s, n, 8 * 1024, [k](std::byte* pd, const std::byte* ps, std::size_t len) {
+        if (len >= kMinStreamBytes) {
+          StreamUnfenced(k, pd, ps, len);
+        } else {
+          std::memcpy(pd, ps, len);
+        }
+      });
+  _mm_sfence();
+  return sum;
 #else
   return 0;  // unreachable: no streaming kernel is supported off x86-64
 #endif

@@ -40,4 +40,15 @@ void CopyForPut(void* dst, const void* src, std::size_t n);
 // hashing each 4 KiB piece of src right after copying it, so the bytes are read from memory once.
 std::uint64_t CopyForPutAndChecksum(void* dst, const void* src, std::size_t n);
 
+// A get's copy out of the arena into a destination that will not stay in cache anyway (a large
+// buffer, or a batch of them: HostTierOptions::stream_get_min_bytes): returns the XXH3-64 of the n
+// bytes at src, hashing each 8 KiB piece where it lies and then streaming it to dst, so the copy
+// reads the piece from L1 and writes dst without reading it first. n < kStreamCopyMinBytes, or no
+// streaming kernel: ChecksumAndCopy. src must not change during the call.
+std::uint64_t ChecksumAndStream(void* dst, const void* src, std::size_t n);
+
+// The last-level cache the kernel reports for CPU 0 (the largest
+// /sys/devices/system/cpu/cpu0/cache/index*/size, else sysconf), bytes; 0 when neither says.
+std::uint64_t LastLevelCacheBytes();
+
 }  // namespace terrace::tiers
