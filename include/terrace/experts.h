@@ -89,6 +89,10 @@ class Predictor {
                             std::vector<Prediction>* out) {
     (void)step, (void)embedding, (void)tokens, (void)out;
   }
+  // A new step starts: `share` (0..1) is the share of the last step's wall time during which an
+  // expert load was in flight (ExpertScheduleMetrics::load_busy_ns over that step): how busy the
+  // drive and link were. Called before OnTokenStart of the new step.
+  virtual void OnLoadBusyShare(double share) { (void)share; }
 };
 
 struct LookaheadOptions {
@@ -117,6 +121,15 @@ struct LookaheadOptions {
   // ahead: the layer's selection batch loads it if the router chooses it after all. 0.7 read 6-8%
   // fewer drive bytes than 0 on both bench checkpoints (docs/benchmarks.md).
   double min_rank_precision = 0.7;
+  // A rank gate that follows the drive (0: off, the threshold stays min_rank_precision). When the
+  // expert loads kept the drive busy for most of the last step, a false positive's read delays
+  // the reads that are needed, and an early read saves little; so the threshold rises linearly
+  // from min_rank_precision at a busy share of kBusyGateFrom to busy_rank_precision at a share of
+  // 1 (Predictor::OnLoadBusyShare). Below kBusyGateFrom it stays min_rank_precision.
+  double busy_rank_precision = 0;
+  static constexpr double kBusyGateFrom = 0.5;
+  // The threshold at busy share `share`.
+  double RankThreshold(double share) const;
 };
 // Factories. lookahead needs the loaded model (its routers); the model must outlive the predictor.
 std::unique_ptr<Predictor> MakeNonePredictor();

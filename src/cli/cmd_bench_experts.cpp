@@ -57,6 +57,7 @@ struct BenchExpertsArgs {
   int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
   std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
   std::optional<double> lookahead_min_rank_precision;  // unset: LookaheadOptions' default
+  std::optional<double> lookahead_busy_rank_precision;  // unset: LookaheadOptions' default (off)
   bool no_lookahead_supersede = false;
   bool lookahead_provisional = false;
   int lead_protected_layers = experts::ExpertOffloadOptions{}.lead_protected_layers;
@@ -395,6 +396,7 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
         lo.supersede = !a.no_lookahead_supersede;
         lo.provisional = a.lookahead_provisional;
         if (a.lookahead_min_rank_precision) lo.min_rank_precision = *a.lookahead_min_rank_precision;
+        if (a.lookahead_busy_rank_precision) lo.busy_rank_precision = *a.lookahead_busy_rank_precision;
         x.SetPredictor(experts::MakeLookaheadPredictor(**m, lo));
       }
       if (c.predictor == experts::PredictorKind::kStatistical) x.SetPredictor(experts::MakeStatisticalPredictor(config));
@@ -677,6 +679,8 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
     j["lead_protected_share"] = a.lead_protected_share.value_or(experts::ExpertOffloadOptions{}.lead_protected_share);
     j["lookahead_min_rank_precision"] =
         a.lookahead_min_rank_precision.value_or(experts::LookaheadOptions{}.min_rank_precision);
+    j["lookahead_busy_rank_precision"] =
+        a.lookahead_busy_rank_precision.value_or(experts::LookaheadOptions{}.busy_rank_precision);
     j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
     j["decode_tokens"] = a.decode;
     j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
@@ -945,6 +949,10 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddDoubleOption(cmd, "--lookahead-min-rank-precision", &a->lookahead_min_rank_precision, 0.0, 1.0,
                   "Lookahead prefetches only the experts whose top-k rank's running precision at their distance is at "
                   "least this (0: off; default 0.7)");
+  AddDoubleOption(cmd, "--lookahead-busy-rank-precision", &a->lookahead_busy_rank_precision, 0.0, 1.0,
+                  "Raise that threshold with the drive's load: linearly from --lookahead-min-rank-precision while "
+                  "expert loads were in flight for half of the last token's time, to this when they were all of it "
+                  "(0: off, the default)");
   cmd->add_flag("--no-lookahead-supersede", a->no_lookahead_supersede,
                 "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
   cmd->add_flag("--lookahead-provisional", a->lookahead_provisional,

@@ -169,6 +169,7 @@ struct ExpertOffload::Impl {
   // [start, end) steady ns of each load not yet folded into load_busy_folded (CompactLoadIntervals).
   std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;
   std::uint64_t load_busy_folded = 0;  // union length of the intervals folded away
+  std::uint64_t step_start_ns = 0, step_start_busy_ns = 0;  // steady ns and LoadBusyNs() when this step began
   std::vector<std::uint64_t> layer_stall;  // [layer] ns
 
   Slot& slot(int l, int e) { return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]; }
@@ -183,8 +184,10 @@ struct ExpertOffload::Impl {
     if (layer < cur_layer) {
       ++step;
       ++steps_seen;
+      ReportLoadBusyShare();
     } else if (cur_layer < 0) {
       steps_seen = std::max<std::uint64_t>(steps_seen, 1);
+      ReportLoadBusyShare();  // starts the first step's clock
     }
     cur_layer = layer;
     const std::int64_t now = Now();
@@ -199,6 +202,18 @@ struct ExpertOffload::Impl {
     }
     for (auto& f : inflight)
       if (f.target < now && f.future.valid()) f.future.cancel();
+  }
+
+  // Tells the predictor how busy the loads kept the drive during the step that just ended.
+  void ReportLoadBusyShare() {
+    const std::uint64_t now = SteadyNs(), busy = LoadBusyNs(now);
+    if (step_start_ns != 0 && now > step_start_ns) {
+      const double share = static_cast<double>(busy - std::min(busy, step_start_busy_ns)) /
+                           static_cast<double>(now - step_start_ns);
+      predictor->OnLoadBusyShare(std::clamp(share, 0.0, 1.0));
+    }
+    step_start_ns = now;
+    step_start_busy_ns = busy;
   }
 
   CacheContext Context() const {
@@ -698,9 +713,14 @@ struct ExpertOffload::Impl {
     load_iv.erase(load_iv.begin(), load_iv.begin() + static_cast<std::ptrdiff_t>(keep));
   }
 
-  // Union of every load interval since Reset, ns.
-  std::uint64_t LoadBusyNs() const {
+  // Union of every load interval since Reset, ns; with open_until, also of the loads still in
+  // flight, as if they ended then.
+  std::uint64_t LoadBusyNs(std::uint64_t open_until = 0) const {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> iv = load_iv;
+    if (open_until != 0) {
+      for (const InFlight& f : inflight)
+        if (f.unbooked > 0 && f.issue_ns < open_until) iv.emplace_back(f.issue_ns, open_until);
+    }
     std::uint64_t folded = load_busy_folded;
     std::sort(iv.begin(), iv.end());
     std::uint64_t busy = 0, cur_start = 0, cur_end = 0;
@@ -1077,6 +1097,7 @@ Status ExpertOffload::Reset() {
   m.sched = ExpertScheduleMetrics{};
   m.load_iv.clear();
   m.load_busy_folded = 0;
+  m.step_start_ns = m.step_start_busy_ns = 0;
   std::fill(m.layer_stall.begin(), m.layer_stall.end(), 0);
   m.corrupt_base = m.store->Stats().corruptions_dropped;
   return Status::Ok();

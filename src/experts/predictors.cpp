@@ -25,6 +25,16 @@ double Precision(const std::vector<int>& predicted, std::span<const int> actual_
   return static_cast<double>(tp) / static_cast<double>(predicted.size());
 }
 
+}  // namespace
+
+double LookaheadOptions::RankThreshold(double share) const {
+  if (busy_rank_precision <= 0 || busy_rank_precision <= min_rank_precision) return min_rank_precision;
+  const double t = std::clamp((share - kBusyGateFrom) / (1.0 - kBusyGateFrom), 0.0, 1.0);
+  return min_rank_precision + t * (busy_rank_precision - min_rank_precision);
+}
+
+namespace {
+
 class NonePredictor final : public Predictor {
  public:
   std::string_view name() const override { return "none"; }
@@ -79,6 +89,8 @@ class LookaheadPredictor final : public Predictor {
     }
   }
 
+  void OnLoadBusyShare(double share) override { threshold_ = options_.RankThreshold(share); }
+
   void OnRouting(std::int64_t step, int layer, std::span<const int> experts, std::vector<Prediction>*) override {
     for (auto it = issued_.begin(); it != issued_.end();) {
       if (it->step == step && it->layer == layer) {
@@ -122,8 +134,9 @@ class LookaheadPredictor final : public Predictor {
   }
 
   // Records the candidates of `r` (the router's choice at `distance`) and emits `p` with those
-  // whose rank's running precision is >= min_rank_precision (all of them every 8th step, and when
-  // the option is 0); nothing when none passes.
+  // whose rank's running precision is >= the threshold (min_rank_precision, raised with the
+  // drive's busy share by busy_rank_precision; all of them every 8th step, and when
+  // min_rank_precision is 0); nothing when none passes.
   void Emit(Prediction p, const model::Routing& r, int distance, std::vector<Prediction>* out) {
     Issued is{p.step, p.layer, distance, Distinct(r.ids), {}};
     is.ranks.assign(is.experts.size(), std::numeric_limits<int>::max());
@@ -134,16 +147,17 @@ class LookaheadPredictor final : public Predictor {
       rank = std::min(rank, static_cast<int>(static_cast<std::int64_t>(i) % k));
     }
     const std::vector<double>& rp = RankPrecision(distance);
-    const bool filter = options_.min_rank_precision > 0 && p.step % 8 != 0;
+    const bool filter = threshold_ > 0 && p.step % 8 != 0;
     for (std::size_t i = 0; i < is.experts.size(); ++i) {
       const std::size_t rank = static_cast<std::size_t>(is.ranks[i]);
-      if (!filter || rank >= rp.size() || rp[rank] >= options_.min_rank_precision) p.experts.push_back(is.experts[i]);
+      if (!filter || rank >= rp.size() || rp[rank] >= threshold_) p.experts.push_back(is.experts[i]);
     }
     issued_.push_back(std::move(is));
     if (!p.experts.empty()) out->push_back(std::move(p));
   }
   const model::Model& model_;
   LookaheadOptions options_;
+  double threshold_ = options_.min_rank_precision;  // the rank gate's, at the last busy share
   std::vector<double> confidence_;  // [distance]
   std::vector<double> embedding_confidence_ =
       std::vector<double>(static_cast<std::size_t>(std::max(options_.embedding_depth, 0)) + 1, 1.0);  // [j]

@@ -70,6 +70,17 @@ SlowRig MakeSlowRig(ExpertOffloadOptions opt, unsigned store_threads) {
   return rig;
 }
 
+// Records every OnLoadBusyShare.
+class BusyShareRecorder final : public Predictor {
+ public:
+  explicit BusyShareRecorder(std::vector<double>* shares) : shares_(shares) {}
+  std::string_view name() const override { return "busy-share recorder"; }
+  void OnLoadBusyShare(double share) override { shares_->push_back(share); }
+
+ private:
+  std::vector<double>* shares_;
+};
+
 int LayerOf(const BlockKey& k) { return static_cast<int>(k.layer); }
 int ExpertOf(const BlockKey& k) { return static_cast<int>(k.id.lo); }
 
@@ -398,6 +409,38 @@ TEST_CASE("a superseding prediction drops the queued prefetches it leaves out", 
       CHECK(read.size() == 8);
     }
   }
+}
+
+}  // namespace
+}  // namespace terrace::experts
+
+namespace terrace::experts {
+namespace {
+
+TEST_CASE("each new step tells the predictor the share of the last step a load was in flight", "[experts][lookahead]") {
+  std::vector<double> shares;
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.predictor = std::make_unique<BusyShareRecorder>(&shares);
+  SlowRig rig = MakeSlowRig(std::move(opt), 2);
+  const std::vector<float> embedding(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnTokenStart(embedding, 1);  // step 0 starts the clock: nothing to report yet
+  CHECK(shares.empty());
+  rig.slow->set_delay(std::chrono::milliseconds(60));
+  {
+    auto lease = rig.offload->Lease(2, 9);  // one demand load of 60 ms: the step is nearly all load
+    REQUIRE(lease.ok());
+  }
+  rig.offload->OnTokenStart(embedding, 1);  // step 1
+  REQUIRE(shares.size() == 1);
+  CHECK(shares[0] > 0.75);
+  CHECK(shares[0] <= 1.0);
+  rig.offload->OnLayerEnd(0, embedding, 1);                     // layer 1 of step 1, no loads at all
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  rig.offload->OnTokenStart(embedding, 1);  // step 2
+  REQUIRE(shares.size() == 2);
+  CHECK(shares[1] >= 0.0);
+  CHECK(shares[1] < 0.25);
 }
 
 }  // namespace

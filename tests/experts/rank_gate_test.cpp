@@ -77,5 +77,48 @@ TEST_CASE("lookahead's rank gate drops a usually wrong rank, keeps the others, a
   CHECK(Step(*gated, p, 11, {p.rank0, p.rank1}) == both);
 }
 
+TEST_CASE("the rank gate's threshold follows the drive's busy share when busy_rank_precision is set", "[experts][lookahead]") {
+  LookaheadOptions o;
+  o.min_rank_precision = 0.7;
+  CHECK(o.RankThreshold(1.0) == 0.7);  // off by default
+  o.busy_rank_precision = 0.9;
+  CHECK(o.RankThreshold(0.0) == 0.7);
+  CHECK(o.RankThreshold(LookaheadOptions::kBusyGateFrom) == 0.7);
+  CHECK(o.RankThreshold(0.75) == Approx(0.8));
+  CHECK(o.RankThreshold(1.0) == Approx(0.9));
+  CHECK(o.RankThreshold(2.0) == Approx(0.9));  // clamped
+  o.busy_rank_precision = 0.5;                 // below the base threshold: never lowers it
+  CHECK(o.RankThreshold(1.0) == 0.7);
+}
+
+TEST_CASE("a busy drive raises lookahead's rank gate; an idle one lowers it back", "[experts][lookahead]") {
+  const Probe p = MakeProbe();
+  std::vector<int> both{p.rank0, p.rank1};
+  std::sort(both.begin(), both.end());
+  int other = 0;
+  while (other == p.rank0 || other == p.rank1) ++other;
+  LookaheadOptions o;
+  o.depth = 1;
+  o.embedding_depth = 0;
+  o.min_rank_precision = 0.7;
+  auto fixed = MakeLookaheadPredictor(*p.model, o);
+  o.busy_rank_precision = 0.95;
+  auto following = MakeLookaheadPredictor(*p.model, o);
+  // Steps 1, 2: rank 1 is wrong, its precision falls 1 -> 0.9 -> 0.81.
+  for (std::int64_t s = 1; s <= 2; ++s) {
+    CHECK(Step(*fixed, p, s, {p.rank0, other}) == both);
+    CHECK(Step(*following, p, s, {p.rank0, other}) == both);
+  }
+  // Step 3 after a step whose loads kept the drive busy throughout: 0.81 < 0.95 leaves rank 1 out
+  // of the following gate only (it is still scored: 0.73).
+  fixed->OnLoadBusyShare(1.0);
+  following->OnLoadBusyShare(1.0);
+  CHECK(Step(*fixed, p, 3, {p.rank0, other}) == both);
+  CHECK(Step(*following, p, 3, {p.rank0, other}) == std::vector<int>{p.rank0});
+  // Step 4 after an idle step: the threshold is 0.7 again and 0.73 passes it.
+  following->OnLoadBusyShare(0.1);
+  CHECK(Step(*following, p, 4, {p.rank0, other}) == both);
+}
+
 }  // namespace
 }  // namespace terrace::experts
