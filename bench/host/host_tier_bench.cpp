@@ -80,6 +80,14 @@ double Measure(const Args& a, Fn fn) {
   return static_cast<double>(a.block) * static_cast<double>(a.blocks) * a.passes / s / 1e9;
 }
 
+// The opened object, or null after printing why it could not be opened.
+template <typename T>
+std::unique_ptr<T> OrNull(Result<std::unique_ptr<T>> r) {
+  if (r.ok()) return std::move(r).value();
+  fmt::print(stderr, "bench_host_tier: {}\n", r.status().ToString());
+  return nullptr;
+}
+
 // Runs fn(first block, count) over every block in batches of a.batch, passes times, on one
 // thread; returns GB/s.
 template <typename Fn>
@@ -119,20 +127,13 @@ int main(int argc, char** argv) {
   HostTierOptions o;
   o.capacity_bytes = (a.blocks + 8) * ((a.block + 4095) / 4096 * 4096) * 2;
   o.chunk_bytes = std::max<std::uint64_t>(64 * kMiB, a.block);
-  auto created = HostTier::Create(o);
-  if (!created.ok()) {
-    fmt::print(stderr, "bench_host_tier: {}\n", created.status().ToString());
-    return 1;
-  }
-  auto& tier = **created;
   HostTierOptions cached_o = o;
   cached_o.stream_get_min_bytes = UINT64_MAX;
-  auto cached_created = HostTier::Create(cached_o);
-  if (!cached_created.ok()) {
-    fmt::print(stderr, "bench_host_tier: {}\n", cached_created.status().ToString());
-    return 1;
-  }
-  auto& cached = **cached_created;
+  std::unique_ptr<HostTier> tier_owned = OrNull(HostTier::Create(o));
+  std::unique_ptr<HostTier> cached_owned = OrNull(HostTier::Create(cached_o));
+  if (!tier_owned || !cached_owned) return 1;
+  HostTier& tier = *tier_owned;
+  HostTier& cached = *cached_owned;
   // Warm-up: fault in both buffers and grow the arena, so every measured pass is steady state.
   for (std::size_t i = 0; i < a.blocks; ++i) {
     std::memcpy(dst[i].data(), src[i].data(), a.block);
@@ -143,12 +144,9 @@ int main(int argc, char** argv) {
   StoreOptions so;
   so.hbm.mode = HbmMode::kOff;
   so.host = o;
-  auto store_or = Store::Open(so);
-  if (!store_or.ok()) {
-    fmt::print(stderr, "bench_host_tier: {}\n", store_or.status().ToString());
-    return 1;
-  }
-  Store& store = **store_or;
+  std::unique_ptr<Store> store_owned = OrNull(Store::Open(so));
+  if (!store_owned) return 1;
+  Store& store = *store_owned;
   for (std::size_t i = 0; i < a.blocks; ++i) {
     if (!store.Put(Key(i), src[i]).ok()) return 1;
   }
