@@ -115,15 +115,10 @@ void StoreImpl::ReadLeads(std::span<BulkLead> leads, std::span<BulkItem> items) 
   std::vector<GetOp> ops;
   ops.reserve(leads.size());
   for (BulkLead& l : leads) ops.push_back(GetOp{items[l.item].key, l.Destination(items[l.item]), {}});
-  auto t0 = Clock::now();
-  std::vector<Status> st = tier(src).GetBatch(ops);
-  const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call: an upper bound
-  TierCounters& m = slot(src).measured;
+  std::vector<Status> st = TimedTierGetBatch(src, ops);
   for (std::size_t k = 0; k < leads.size(); ++k) {
     leads[k].status = std::move(st[k]);
     leads[k].got = ops[k].desc;
-    m.read_latency.Record(ns);
-    if (leads[k].status.IsIoError()) m.Add(m.io_errors);
   }
 }
 

@@ -344,9 +344,12 @@ class StoreImpl {
   Status DemoteCopy(int from, int to, const BlockKey& key, const BlockDesc& desc);
   // Registers `from`'s memory regions with `to` for direct I/O, again whenever `from` has grown.
   void RefreshIoRegions(int from, int to);
+  // Every store read from a tier goes through one of these two: the read's latency and an IoError
+  // go into the slot's store-measured counters (NoteTierRead). A batch charges each op the whole
+  // call (an upper bound).
   Status TimedTierGet(int slot, const BlockKey& key, std::span<std::byte> out, BlockDesc* desc);
-  // One tier GetBatch; each op's read latency is recorded as the batch's time / ops.
   std::vector<Status> TimedTierGetBatch(int slot, std::span<GetOp> ops);
+  void NoteTierRead(int slot, std::uint64_t ns, const Status& s);
   Status TimedTierPut(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
   // Runs `write` (one write into slot t's tier, returning its Status), recording its latency and
   // an IoError in the slot's store-measured counters. Every store write into a tier goes through it.
