@@ -270,6 +270,23 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
     pos = end + 1;
   }
   auto run_config = [&](const std::string& name) { return std::find(wanted.begin(), wanted.end(), name) != wanted.end(); };
+  // The lookahead flags tune only the rows whose predictor is lookahead: refused without one.
+  const bool any_lookahead = std::any_of(wanted.begin(), wanted.end(),
+                                         [](const std::string& n) { return n.find("lookahead") != std::string::npos; });
+  if (!any_lookahead) {
+    const std::pair<bool, const char*> lookahead_flags[] = {
+        {a.lookahead_min_confidence.has_value(), "--lookahead-min-confidence"},
+        {a.lookahead_min_rank_precision.has_value(), "--lookahead-min-rank-precision"},
+        {a.lookahead_busy_rank_precision.has_value(), "--lookahead-busy-rank-precision"},
+        {a.no_lookahead_supersede, "--no-lookahead-supersede"},
+        {a.lookahead_provisional, "--lookahead-provisional"}};
+    for (const auto& [given, flag] : lookahead_flags) {
+      if (given)
+        return FailUsage(fmt::format("{} tunes the lookahead rows, and --configs '{}' has none; add one (e.g. "
+                                     "lru+lookahead) or drop {}",
+                                     flag, a.configs, flag));
+    }
+  }
   model::ops::SetBlasThreads(a.threads);
   const std::filesystem::path dir(a.dir);
   std::error_code ec;

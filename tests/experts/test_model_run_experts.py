@@ -252,3 +252,11 @@ def test_bench_experts_configs_runs_only_the_named_rows_with_their_schedule(toy,
     bad = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "r"), "--configs", "magic"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--configs" in bad.stderr and "magic" in bad.stderr
+    # A lookahead flag with no lookahead row would change nothing: refused, naming the flag.
+    for flag in (["--lookahead-busy-rank-precision", "0.9"], ["--lookahead-min-rank-precision", "0.5"],
+                 ["--lookahead-provisional"]):
+        bad = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "r"),
+                              "--configs", "on-demand,oracle", *flag], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2, bad.stderr
+        assert flag[0] in bad.stderr and "lookahead rows" in bad.stderr, bad.stderr
+        assert not (tmp_path / "r").exists()
