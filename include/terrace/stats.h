@@ -60,6 +60,9 @@ struct TierStatsSnapshot {
   std::uint64_t evictions = 0, io_errors = 0, corruptions = 0, queue_depth = 0;
   std::uint64_t read_p50_ns = 0, read_p99_ns = 0, write_p50_ns = 0, write_p99_ns = 0;
   std::uint64_t reads = 0, writes = 0;
+  // I/O requests the tier itself issued for reads (0: a tier that does not count them). NVMe:
+  // fewer than the blocks it read when a GetBatch read adjacent blocks together (read_gap_bytes).
+  std::uint64_t read_requests = 0;
   std::string detail;  // free text from the tier, e.g. "pinned: no (mlock refused)"; may be empty
 };
 

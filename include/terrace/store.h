@@ -226,7 +226,9 @@ class Store {
   };
   // One Status per item, in order, each as the single-key call would return it. GetBatch hands
   // every block found only on NVMe to the tier in one batch (the reads share its I/O queue), so a
-  // batch of small blocks is several times faster than the same Gets one by one. PutBatch and
+  // batch of small blocks is several times faster than the same Gets one by one; it may overwrite
+  // an item's bytes past the block's size (up to out.size()): with buffers laid out as
+  // read_gap_bytes() says, blocks adjacent on disk are read as one request. PutBatch and
   // EraseBatch run the items one after another.
   std::vector<Status> PutBatch(std::span<const PutItem> items);
   std::vector<Status> GetBatch(std::span<GetItem> items);
@@ -270,6 +272,11 @@ class Store {
   const StoreOptions& options() const;
   // True when some slot is of kind `id`.
   bool HasTier(TierId id) const;
+  // The largest TierCaps::read_gap_bytes of the tiers: a GetBatch whose buffers lie one after the
+  // other, each block's slot its size rounded up to the tiers' io_alignment plus this many bytes
+  // (and each out covering its whole slot), lets every tier read blocks adjacent on its medium
+  // as one request. 0 when no tier merges reads.
+  std::uint32_t read_gap_bytes() const;
 
  private:
   explicit Store(std::unique_ptr<store_internal::StoreImpl> impl);

@@ -67,6 +67,13 @@ struct TierCaps {
   // Direct-transfer unit, bytes (0: none): a Get into memory aligned to it, with room for the
   // block rounded up to it, transfers without a staging copy (NVMe O_DIRECT: 4096).
   std::uint32_t io_alignment = 0;
+  // Bytes between the data of two blocks written one after the other (0: none; NVMe: 4096, each
+  // extent's descriptor unit). A GetBatch reads a run of blocks that lie one after the other on
+  // the medium as one request when their buffers lie the same way: op k+1's out starting exactly
+  // read_gap_bytes past op k's size rounded up to io_alignment, which op k's out must cover (the
+  // gap's bytes are overwritten). A caller that lays out a batch's buffers so lets the device see
+  // a few large reads instead of many small ones.
+  std::uint32_t read_gap_bytes = 0;
   // Reserve / Commit / Abort are implemented: another tier can read a block straight into this
   // tier's memory.
   bool reserves = false;

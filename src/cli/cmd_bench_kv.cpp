@@ -5,7 +5,7 @@
 // Per prefix length P: turn 1 computes a P-token prefix (a system prompt and earlier turns) and
 // stores its chunks and snapshots; the pools are then closed and reopened (nvme: so nothing is
 // left in memory; host: kept open, the cache new). Turn 2 is the prefix plus a new 32-token
-// message, restored three times. Cold unprepared: a fresh cache's first restore into a fresh
+// message, restored four times. Cold unprepared: a fresh cache's first restore into a fresh
 // session (every buffer and latent page first touched inside the restore). Cold prepared (the
 // row's headline keys): the pools reopened again, the fresh cache's and session's restore memory
 // prepared for the prompt at open (PrefixCache::Reserve, SequenceState::Reserve; timed as
@@ -16,7 +16,8 @@
 // nvme; a memcpy of the same bytes, host) measured in the same run, right after it. Then the
 // same restore again, warm: into the same session's state after Reset (its latent caches keep
 // their memory) with the same cache (its restore buffers are reused), as a serving process's
-// steady state, with its own raw read right after it. Prefixes
+// steady state, with its own raw read right after it; and warm once more alone (Restore with no
+// forward pass beside it: the restore's own cost, without contention for the CPU). Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
 // prompt computed from token 0 (storing the prefix as it
 // goes), and its time is the row's recompute TTFT. PrefillProgress goes to stderr every few seconds.
@@ -285,6 +286,16 @@ int RunBenchKv(const BenchKvArgs& a) {
       *run = std::move(again).value();
       return Status::Ok();
     };
+    // Read requests the NVMe tiers of both pools have completed (0 for --tier host).
+    auto nvme_reads = [&]() -> std::uint64_t {
+      std::uint64_t n = 0;
+      for (Store* s : {run->kv_store.get(), run->state_store.get()}) {
+        const StoreStats st = s->Stats();
+        if (st.present[static_cast<std::size_t>(TierId::kNvme)])
+          n += st.tiers[static_cast<std::size_t>(TierId::kNvme)].read_requests;
+      }
+      return n;
+    };
     // The tier's raw read of what a restore read, right after it.
     auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
       if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
@@ -296,7 +307,10 @@ int RunBenchKv(const BenchKvArgs& a) {
     // read right after it); round 0 also runs the recompute (unless turn 1 was it).
     struct Round {
       std::optional<kv::CachedPrefill> ru, r2, rw;
+      kv::RestoreReport alone;  // PrefixCache::Restore with no forward pass beside it
+      std::uint64_t alone_requests = 0;  // NVMe read requests it issued (both pools)
       double ttft_unprepared = 0, tier_unprepared = 0, ttft_restore = 0, tier_mb = 0, ttft_warm = 0, tier_warm = 0;
+      double tier_alone = 0;
       double prepare_s = 0;
       std::uint64_t prepare_bytes = 0;
       long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
@@ -353,6 +367,17 @@ int RunBenchKv(const BenchKvArgs& a) {
       // Warm: the same restore into the same state after Reset (memory reused), same cache.
       turn2.state().Reset();
       TERRACE_RETURN_IF_ERROR(timed_restore(&turn2, req, &out->rw, &out->ttft_warm, &out->faults_warm, &out->tier_warm));
+      // Alone: the same warm restore, whole (PrefixCache::Restore), with no forward pass sharing
+      // the cores: what the restore engine reaches when the compute is elsewhere (an engine's
+      // forward pass runs on the GPU, not beside the restore on a CPU core).
+      turn2.state().Reset();
+      const std::uint64_t requests_before = nvme_reads();
+      TERRACE_ASSIGN_OR_RETURN(out->alone, run->cache->Restore(req, &turn2.state()));
+      out->alone_requests = nvme_reads() - requests_before;
+      if (out->alone.boundary_tokens != out->rw->restored_tokens)
+        return Status::Internal(fmt::format("bench kv: the restore alone restored {} tokens, the warm one {}",
+                                            out->alone.boundary_tokens, out->rw->restored_tokens));
+      TERRACE_ASSIGN_OR_RETURN(out->tier_alone, tier_read(out->alone));
       return Status::Ok();
     };
     fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared, warm ({} round{})...\n",
@@ -376,11 +401,12 @@ int RunBenchKv(const BenchKvArgs& a) {
       for (const Round& r : rounds) l.push_back(get(r));
       return l;
     };
-    auto mb_per_s = [](const kv::CachedPrefill& c) {
-      return c.restore.seconds > 0 ? static_cast<double>(c.restore.kv_bytes + c.restore.state_bytes) / c.restore.seconds / 1e6
-                                   : 0.0;
+    auto report_mb_per_s = [](const kv::RestoreReport& r) {
+      return r.seconds > 0 ? static_cast<double>(r.kv_bytes + r.state_bytes) / r.seconds / 1e6 : 0.0;
     };
+    auto mb_per_s = [&](const kv::CachedPrefill& c) { return report_mb_per_s(c.restore); };
     auto ratio = [&](const kv::CachedPrefill& c, double tier) { return tier > 0 ? mb_per_s(c) / tier : 0.0; };
+    auto alone_ratio = [&](const Round& r) { return r.tier_alone > 0 ? report_mb_per_s(r.alone) / r.tier_alone : 0.0; };
     const Round& first = rounds.front();
     const kv::CachedPrefill* r2 = &*first.r2;
     const kv::CachedPrefill* ru = &*first.ru;
@@ -441,6 +467,13 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["warm_restore_over_tier"] = median([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
     row["warm_restore_s_runs"] = runs([](const Round& r) { return r.rw->restore.seconds; });
     row["warm_restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
+    row["alone_restore_s"] = median([](const Round& r) { return r.alone.seconds; });
+    row["alone_restore_mb_per_s"] = median([&](const Round& r) { return report_mb_per_s(r.alone); });
+    row["alone_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_alone; });
+    row["alone_restore_over_tier"] = median(alone_ratio);
+    row["alone_restore_s_runs"] = runs([](const Round& r) { return r.alone.seconds; });
+    row["alone_restore_over_tier_runs"] = runs(alone_ratio);
+    row["alone_read_requests"] = median([](const Round& r) { return r.alone_requests; });
     row["warm_fallbacks"] = warm_fallbacks;
     row["warm_logits_bitwise_equal"] = warm_equal;
     row["kv_bytes"] = r2->restore.kv_bytes;
@@ -472,19 +505,21 @@ int RunBenchKv(const BenchKvArgs& a) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>10} {:>16} {:>16} {:>18} {:>16} {:>16} {:>16}\n", "prefix", "restored",
-             "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s", "tier read MB/s",
-             "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s");
+  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>10} {:>16} {:>16} {:>18} {:>16} {:>16} {:>16} {:>12} {:>15}\n", "prefix",
+             "restored", "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s", "tier read MB/s",
+             "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s", "alone MB/s", "alone tier MB/s");
   bool any_turn1 = false;
   for (const auto& r : rows) {
     const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
     const bool turn1 = r["recompute_in_turn1"].get<bool>();
     any_turn1 = any_turn1 || turn1;
-    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f}\n",
+    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f} "
+               "{:>12.1f} {:>15.1f}\n",
                r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
                r["prepare_s"].get<double>(), r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
                r["cold_unprepared_restore_mb_per_s"].get<double>(), r["cold_unprepared_tier_read_mb_per_s"].get<double>(),
-               r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>());
+               r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>(),
+               r["alone_restore_mb_per_s"].get<double>(), r["alone_tier_read_mb_per_s"].get<double>());
   }
   if (any_turn1)
     fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
@@ -508,7 +543,7 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
                "Longest prefix whose recompute is a separate run; longer ones are computed cold only once, in "
                "turn 1 (the whole prompt, storing the prefix as it goes), and that is their recompute time");
   AddIntOption(cmd, "--repeat", &a->repeat, 1, 100,
-               "Rounds of turn 2's three restores per prefix (each round reopens the pools); the row's figures are "
+               "Rounds of turn 2's four restores per prefix (each round reopens the pools); the row's figures are "
                "the medians over the rounds, the *_runs lists each round's own");
   AddKvFlags(cmd, &a->kv, /*with_store=*/false);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");

@@ -54,20 +54,23 @@ constexpr std::size_t kReaders = static_cast<std::size_t>(kRestoreKvReaders);
 constexpr std::uint64_t kMinWindowBytes = 256ull << 10, kMaxWindowBytes = 2ull << 20;
 constexpr std::uint64_t kWindowsPerRestore = 8;
 
-std::uint64_t AlignUp(std::uint64_t n) { return RoundUp(n, kRawAlign); }
+// A raw block's slot in a read buffer: its size aligned, then the store's read gap
+// (Store::read_gap_bytes), so blocks adjacent on disk land one slot apart and the tier reads a
+// window of them in a few large requests instead of one per block.
+std::uint64_t Slot(std::uint64_t n, std::uint64_t gap) { return RoundUp(n, kRawAlign) + gap; }
 
 // The bytes of KV chunk blocks a window is cut at, for a restore of `total` bytes of blocks.
 std::uint64_t WindowTarget(std::uint64_t total) {
   return std::clamp(total / kWindowsPerRestore, kMinWindowBytes, kMaxWindowBytes);
 }
 
-// The KV windows of a restore of K chunk blocks (`found`; `total`: their bytes, aligned), cut
+// The KV windows of a restore of K chunk blocks (`found`; `total`: their slots' bytes), cut
 // from the back: the last window holds about a quarter of WindowTarget(total), the one before it
 // half, the others the target, and the first what is left. So the decode after the last read (the
 // part of the restore no read overlaps) is a quarter window, and the first decode starts early.
 // No window holds more than the target plus one block (PrefixCache::Reserve sizes by that).
 std::vector<std::pair<std::int64_t, std::int64_t>> CutWindows(const LookupResult* found, std::size_t K,
-                                                               std::uint64_t total) {
+                                                               std::uint64_t total, std::uint64_t gap) {
   const std::uint64_t target = WindowTarget(total);
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   std::size_t end = K;
@@ -75,7 +78,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> CutWindows(const LookupResult
     const std::uint64_t want = n == 0 ? target / 4 : n == 1 ? target / 2 : target;
     std::size_t b = end;
     std::uint64_t in = 0;
-    while (b > 0 && in < want) in += AlignUp(found[--b].desc.size);
+    while (b > 0 && in < want) in += Slot(found[--b].desc.size, gap);
     out.emplace_back(static_cast<std::int64_t>(b), static_cast<std::int64_t>(end));
     end = b;
   }
@@ -108,6 +111,7 @@ struct LayerwiseRestore::Job {
   PrefixCache::Impl::Found f;
   std::int64_t kmax = 0, C = 0, W = 0;
   std::int64_t prompt_tokens = 0;  // the request's tokens: the latent vectors are reserved for all of them
+  std::uint64_t kv_gap = 0, st_gap = 0;  // the KV and state stores' read_gap_bytes (set by Start)
   std::chrono::steady_clock::time_point t0;
 
   std::mutex mu;
@@ -132,7 +136,7 @@ struct LayerwiseRestore::Job {
   std::vector<Store::GetItem> kv_items;
   std::vector<Status> kv_status;
   std::vector<std::pair<std::int64_t, std::int64_t>> windows;  // chunk ranges [begin, end)
-  std::uint64_t max_window_bytes = 0;                          // the largest window, blocks aligned
+  std::uint64_t max_window_bytes = 0;                          // the largest window, in slots
   std::vector<std::vector<float>> latents;
   std::vector<char> latents_moved;  // caller thread only: latents[j] now is the state's cache
   std::int64_t good_chunks = 0;  // (mu) leading chunks decoded cleanly (all kmax without MLA layers)
@@ -170,6 +174,8 @@ struct LayerwiseRestore::Job {
   const KvLayout& L() const { return m->layout; }
 
   void Start() {
+    kv_gap = m->kv->read_gap_bytes();
+    st_gap = m->st->read_gap_bytes();
     const auto& mla = L().mla_layers();
     const auto& kda = L().kda_layers();
     ready.assign(static_cast<std::size_t>(L().num_layers()), 0);
@@ -193,12 +199,12 @@ struct LayerwiseRestore::Job {
       std::uint64_t total = 0;
       for (std::size_t i = 0; i < K; ++i) {
         kv_items[i].key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
-        total += AlignUp(f.kv[i].desc.size);
+        total += Slot(f.kv[i].desc.size, kv_gap);
       }
-      windows = CutWindows(f.kv.data(), K, total);
+      windows = CutWindows(f.kv.data(), K, total, kv_gap);
       for (const auto& [b, e] : windows) {
         std::uint64_t bytes = 0;
-        for (std::int64_t i = b; i < e; ++i) bytes += AlignUp(f.kv[static_cast<std::size_t>(i)].desc.size);
+        for (std::int64_t i = b; i < e; ++i) bytes += Slot(f.kv[static_cast<std::size_t>(i)].desc.size, kv_gap);
         max_window_bytes = std::max(max_window_bytes, bytes);
       }
       window_buffer.assign(windows.size(), 0);
@@ -256,15 +262,18 @@ struct LayerwiseRestore::Job {
     return stop;
   }
 
-  // Points items' outputs at consecutive kRawAlign-aligned slots of `buf` (sized for them).
-  static void Place(std::span<Store::GetItem> items, std::span<const LookupResult> found, RawBuffer& buf) {
+  // Points items' outputs at consecutive slots of `buf` (sized for them; `gap`: the read gap of
+  // the store they are read from), each out covering its whole slot.
+  static void Place(std::span<Store::GetItem> items, std::span<const LookupResult> found, RawBuffer& buf,
+                    std::uint64_t gap) {
     std::uint64_t need = 0;
-    for (const auto& r : found) need += AlignUp(r.desc.size);
+    for (const auto& r : found) need += Slot(r.desc.size, gap);
     EnsureRaw(buf, need);
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < items.size(); ++i) {
-      items[i].out = std::span<std::byte>(buf.data() + at, found[i].desc.size);
-      at += AlignUp(found[i].desc.size);
+      const std::uint64_t slot = Slot(found[i].desc.size, gap);
+      items[i].out = std::span<std::byte>(buf.data() + at, slot);
+      at += slot;
     }
   }
 
@@ -287,7 +296,7 @@ struct LayerwiseRestore::Job {
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
       Place(items, std::span(f.kv).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)),
-            window_buffers[buffer]);
+            window_buffers[buffer], kv_gap);
       const auto st = m->kv->GetBatch(items);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
       {
@@ -308,7 +317,7 @@ struct LayerwiseRestore::Job {
   void ReadSnapshots() {
     const auto& kda = L().kda_layers();
     Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
-          snap_buffer);
+          snap_buffer, st_gap);
     snap_status = m->st->GetBatch(snap_items);
   }
 
@@ -646,7 +655,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
           items[i].key = keys::StateKey(m.ns_state, kda[i], j.chunk_ids[static_cast<std::size_t>(k - 1)]);
         // The reads are done (Join): the snapshot buffer is free for this boundary's blocks.
         LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
-                                     j.snap_buffer);
+                                     j.snap_buffer, j.st_gap);
         const auto statuses = m.st->GetBatch(items);
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
@@ -745,11 +754,11 @@ Result<RestoreReservation> PrefixCache::Reserve(std::int64_t prompt_tokens, int 
   std::uint64_t window_bytes = 0;
   std::size_t window_count = 0;
   if (!L.mla_layers().empty()) {
-    const std::uint64_t block = AlignUp(L.mla_chunk_block_bytes()), total = K * block;
+    const std::uint64_t block = Slot(L.mla_chunk_block_bytes(), m.kv->read_gap_bytes()), total = K * block;
     window_bytes = std::min(total, WindowTarget(total) + block);
     window_count = static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBuffers, K));
   }
-  const std::uint64_t snap_bytes = kda.size() * AlignUp(L.state_block_bytes());
+  const std::uint64_t snap_bytes = kda.size() * Slot(L.state_block_bytes(), m.st->read_gap_bytes());
   const auto rec_n = static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim();
   const auto conv_n = static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols();
   std::vector<std::unique_ptr<RestoreBuffers>> sets;

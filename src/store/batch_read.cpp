@@ -37,10 +37,11 @@ struct BulkLead {
   BlockDesc got;
 
   // Where the read lands: the reservation (with its rounded-up room, so an aligned tier needs no
-  // staging), the caller's buffer, or space in a bounce buffer.
+  // staging), the caller's buffer (all of it: its room past the block lets an aligned tier read
+  // the rounded-up tail, or the gap to the next block, in place), or space in a bounce buffer.
   std::span<std::byte> Destination(const BulkItem& it) {
     if (room) return room->bytes;
-    if (!it.out.empty()) return it.out.first(desc.size);
+    if (!it.out.empty()) return it.out;
     return staged;
   }
   std::span<std::byte> Bytes(const BulkItem& it) { return Destination(it).first(desc.size); }

@@ -108,6 +108,8 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_tier_misses_total", "counter", "Gets that found no copy in the tier.", &TierStatsSnapshot::misses},
       {"terrace_tier_written_bytes_total", "counter", "Bytes written into the tier.", &TierStatsSnapshot::bytes_written},
       {"terrace_tier_read_bytes_total", "counter", "Bytes read out of the tier.", &TierStatsSnapshot::bytes_read},
+      {"terrace_tier_read_requests_total", "counter",
+       "Read I/O requests the tier issued (NVMe: adjacent blocks of a batch share one).", &TierStatsSnapshot::read_requests},
       {"terrace_tier_puts_total", "counter", "Blocks written into the tier.", &TierStatsSnapshot::puts},
       {"terrace_tier_evictions_total", "counter", "Copies evicted from the tier.", &TierStatsSnapshot::evictions},
       {"terrace_tier_io_errors_total", "counter", "I/O errors the tier reported.", &TierStatsSnapshot::io_errors},

@@ -215,6 +215,7 @@ StoreStats Store::Stats() const { return impl_->Stats(); }
 std::string Store::PrometheusText() const { return impl_->PrometheusText(); }
 const StoreOptions& Store::options() const { return impl_->options(); }
 bool Store::HasTier(TierId id) const { return impl_->HasTier(id); }
+std::uint32_t Store::read_gap_bytes() const { return impl_->read_gap_bytes(); }
 
 BlockHandle::~BlockHandle() { Release(); }
 

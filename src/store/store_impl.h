@@ -22,6 +22,7 @@
 // store re-verifies checksums; any anomaly retries on the locked slow path.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <chrono>
@@ -194,6 +195,11 @@ class StoreImpl {
 
   const StoreOptions& options() const { return options_; }
   bool HasTier(TierId t) const { return SlotOf(t) >= 0; }
+  std::uint32_t read_gap_bytes() const {
+    std::uint32_t gap = 0;
+    for (int t = 0; t < slot_count(); ++t) gap = std::max(gap, tier(t).caps().read_gap_bytes);
+    return gap;
+  }
 
  private:
   int slot_count() const { return static_cast<int>(slots_.size()); }

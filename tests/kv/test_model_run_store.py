@@ -140,6 +140,8 @@ def test_bench_kv_json_rows(toy, tmp_path):
         assert r["cold_unprepared_restored_tokens"] == r["warm_restored_tokens"] == r["prefix_tokens"]
         assert r["cold_unprepared_restore_s"] > 0 and r["cold_unprepared_tier_read_mb_per_s"] > 0
         assert r["cold_unprepared_logits_bitwise_equal"] and r["warm_logits_bitwise_equal"]
+        # The restore alone (no forward pass beside it) read the same blocks, timed with its raw read.
+        assert r["alone_restore_s"] > 0 and r["alone_tier_read_mb_per_s"] > 0 and r["alone_restore_over_tier"] > 0
         for k in ("ttft_minor_faults", "cold_unprepared_ttft_minor_faults", "warm_ttft_minor_faults"):
             assert r[k] >= 0, k
     # The bench removed what it created.
@@ -155,7 +157,7 @@ def test_bench_kv_repeat_reports_medians_and_rounds(toy, tmp_path):
     (r,) = json.loads(p.stdout)["rows"]
     assert r["rounds"] == 3
     for k in ("restore_s_runs", "restore_over_tier_runs", "warm_restore_s_runs", "warm_restore_over_tier_runs",
-              "cold_unprepared_restore_over_tier_runs"):
+              "cold_unprepared_restore_over_tier_runs", "alone_restore_s_runs", "alone_restore_over_tier_runs"):
         assert len(r[k]) == 3 and all(v > 0 for v in r[k]), k
     assert r["restore_s"] == sorted(r["restore_s_runs"])[1]  # the median round
     assert r["warm_restore_s"] == sorted(r["warm_restore_s_runs"])[1]

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include "src/common/aligned_buffer.h"
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -91,6 +92,48 @@ TEST_CASE("Real tiers: GetBatch and Prefetch of NVMe-only blocks return exactly 
     CHECK(TierOf(*store, TestKey(i)) == TierId::kHost);
     CHECK(*GetBytes(*store, TestKey(i), size_of(i)) == TestBytes(i, size_of(i)));
   }
+}
+
+TEST_CASE("Real tiers: a GetBatch into buffers laid out by read_gap_bytes reads adjacent NVMe blocks together") {
+  TempDir dir("store-real-gap");
+  StoreOptions o = RealOptions(dir.path());
+  o.promote_on_get = false;  // reads go straight into the caller's buffers
+  auto opened = Store::Open(o);
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  auto& store = *opened;
+  REQUIRE(store->read_gap_bytes() == 4096);
+  constexpr int kBlocks = 12;
+  constexpr std::size_t kSize = 5 * 4096;  // aligned: slots of 24 KiB with the gap
+  for (int i = 0; i < kBlocks; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kSize), {Codec::kRaw, TierId::kNvme}).ok());
+  const std::size_t slot = kSize + store->read_gap_bytes();
+  AlignedBuffer mem(slot * kBlocks);
+  REQUIRE(mem.data() != nullptr);
+  std::vector<Store::GetItem> items;
+  for (int i = 0; i < kBlocks; ++i)
+    items.push_back({TestKey(i), std::span<std::byte>(mem.data() + slot * static_cast<std::size_t>(i), slot), {}});
+  auto requests = [&] { return store->Stats().tiers[static_cast<std::size_t>(TierId::kNvme)].read_requests; };
+  const std::uint64_t before = requests();
+  auto st = store->GetBatch(items);
+  for (int i = 0; i < kBlocks; ++i) {
+    INFO(i << ": " << st[static_cast<std::size_t>(i)].ToString());
+    REQUIRE(st[static_cast<std::size_t>(i)].ok());
+    CHECK(items[static_cast<std::size_t>(i)].desc.size == kSize);
+    const auto want = TestBytes(i, kSize);
+    CHECK(std::equal(want.begin(), want.end(), items[static_cast<std::size_t>(i)].out.begin()));
+    CHECK(TierOf(*store, TestKey(i)) == TierId::kNvme);  // not promoted
+  }
+  CHECK(requests() - before == 1);  // 12 x 24 KiB: one request
+  // Exactly sized buffers: one request per block, the same bytes.
+  std::vector<std::vector<std::byte>> bufs(kBlocks, std::vector<std::byte>(kSize));
+  for (int i = 0; i < kBlocks; ++i) items[static_cast<std::size_t>(i)].out = bufs[static_cast<std::size_t>(i)];
+  const std::uint64_t before_tight = requests();
+  st = store->GetBatch(items);
+  for (int i = 0; i < kBlocks; ++i) {
+    REQUIRE(st[static_cast<std::size_t>(i)].ok());
+    CHECK(bufs[static_cast<std::size_t>(i)] == TestBytes(i, kSize));
+  }
+  CHECK(requests() - before_tight == kBlocks);
 }
 
 TEST_CASE("Real tiers: write-through blocks survive a reopen") {

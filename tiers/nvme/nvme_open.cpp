@@ -80,6 +80,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks)
   caps_.memory = MemoryKind::kNone;
   caps_.verifies_gets = true;  // GetBatch hashes each block in the caller's buffer
   caps_.io_alignment = static_cast<std::uint32_t>(kUnit);  // aligned reads with room for the rounded tail: no staging
+  caps_.read_gap_bytes = static_cast<std::uint32_t>(kUnit);  // an extent is its data, then one descriptor unit
   SetCapacity(options.capacity_bytes);
   sb_unit_ = AlignedBuffer(nvme::kSuperblockBytes, kUnit);
   if (sb_unit_.data()) std::memset(sb_unit_.data(), 0, nvme::kSuperblockBytes);

@@ -477,13 +477,15 @@ TierStatsSnapshot NvmeTier::Stats() const {
   TierStatsSnapshot s = SnapshotCounters(counters_);
   s.name = caps_.name;
   s.capacity_bytes = caps_.capacity_bytes;
+  s.read_requests = counters_.read_latency.count();  // one sample per request (RunChunks)
   MutexLock l(&mu_);
   s.used_bytes = used_bytes_;
   s.blocks = map_.size();
   MutexLock r(&reg_mu_);
-  s.detail = fmt::format("fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}",
-                         engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size(),
-                         staged_ios_.load(std::memory_order_relaxed));
+  s.detail = fmt::format(
+      "fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}; merged reads: {}",
+      engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size(),
+      staged_ios_.load(std::memory_order_relaxed), merged_reads_.load(std::memory_order_relaxed));
   if (options_.read_only) s.detail += "; read-only";
   for (const std::string& w : report_.warnings) s.detail += "; warning: " + w;
   return s;

@@ -200,6 +200,9 @@ class NvmeTier final : public Tier {
   // I/Os that went through a staging buffer (unaligned memory, or a tail without room): each one
   // is a copy; a Get into aligned memory with room for the rounded-up tail needs none.
   std::uint64_t staged_ios() const { return staged_ios_.load(std::memory_order_relaxed); }
+  // Chunks read along in the request of the chunk before them (GetBatch over blocks adjacent on
+  // disk whose buffers are laid out as caps().read_gap_bytes describes): requests saved.
+  std::uint64_t merged_reads() const { return merged_reads_.load(std::memory_order_relaxed); }
 
  private:
   struct Entry {
@@ -220,6 +223,9 @@ class NvmeTier final : public Tier {
     const std::byte* src = nullptr;  // writes: the caller's bytes for this chunk
     std::uint32_t len = 0;     // bytes of the block in this chunk
     std::uint32_t io_len = 0;  // len rounded up to the unit
+    // reads: bytes of the caller's buffer past dst + io_len that may be overwritten (a request
+    // that reads the next chunk along reads the gap before it into them)
+    std::uint64_t room_after = 0;
     bool staged = false;
   };
   // One op of a PutBatch on its way through the steps (PutBatch in nvme_tier.cpp).
@@ -347,6 +353,7 @@ class NvmeTier final : public Tier {
   std::uint64_t next_generation_ TERRACE_GUARDED_BY(mu_) = 1;
   mutable TierCounters counters_;
   std::atomic<std::uint64_t> staged_ios_{0};  // I/Os that went through a staging buffer (a copy)
+  std::atomic<std::uint64_t> merged_reads_{0};  // chunks read in the request of the chunk before them
 };
 
 }  // namespace terrace
