@@ -404,9 +404,10 @@ int RunBenchKv(const BenchKvArgs& a) {
     auto report_mb_per_s = [](const kv::RestoreReport& r) {
       return r.seconds > 0 ? static_cast<double>(r.kv_bytes + r.state_bytes) / r.seconds / 1e6 : 0.0;
     };
+    auto report_ratio = [&](const kv::RestoreReport& r, double tier) { return tier > 0 ? report_mb_per_s(r) / tier : 0.0; };
     auto mb_per_s = [&](const kv::CachedPrefill& c) { return report_mb_per_s(c.restore); };
-    auto ratio = [&](const kv::CachedPrefill& c, double tier) { return tier > 0 ? mb_per_s(c) / tier : 0.0; };
-    auto alone_ratio = [&](const Round& r) { return r.tier_alone > 0 ? report_mb_per_s(r.alone) / r.tier_alone : 0.0; };
+    auto ratio = [&](const kv::CachedPrefill& c, double tier) { return report_ratio(c.restore, tier); };
+    auto alone_ratio = [&](const Round& r) { return report_ratio(r.alone, r.tier_alone); };
     const Round& first = rounds.front();
     const kv::CachedPrefill* r2 = &*first.r2;
     const kv::CachedPrefill* ru = &*first.ru;

@@ -111,7 +111,6 @@ struct LayerwiseRestore::Job {
   PrefixCache::Impl::Found f;
   std::int64_t kmax = 0, C = 0, W = 0;
   std::int64_t prompt_tokens = 0;  // the request's tokens: the latent vectors are reserved for all of them
-  std::uint64_t kv_gap = 0, st_gap = 0;  // the KV and state stores' read_gap_bytes (set by Start)
   std::chrono::steady_clock::time_point t0;
 
   std::mutex mu;
@@ -174,8 +173,6 @@ struct LayerwiseRestore::Job {
   const KvLayout& L() const { return m->layout; }
 
   void Start() {
-    kv_gap = m->kv->read_gap_bytes();
-    st_gap = m->st->read_gap_bytes();
     const auto& mla = L().mla_layers();
     const auto& kda = L().kda_layers();
     ready.assign(static_cast<std::size_t>(L().num_layers()), 0);
@@ -199,12 +196,12 @@ struct LayerwiseRestore::Job {
       std::uint64_t total = 0;
       for (std::size_t i = 0; i < K; ++i) {
         kv_items[i].key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
-        total += Slot(f.kv[i].desc.size, kv_gap);
+        total += Slot(f.kv[i].desc.size, m->kv_gap);
       }
-      windows = CutWindows(f.kv.data(), K, total, kv_gap);
+      windows = CutWindows(f.kv.data(), K, total, m->kv_gap);
       for (const auto& [b, e] : windows) {
         std::uint64_t bytes = 0;
-        for (std::int64_t i = b; i < e; ++i) bytes += Slot(f.kv[static_cast<std::size_t>(i)].desc.size, kv_gap);
+        for (std::int64_t i = b; i < e; ++i) bytes += Slot(f.kv[static_cast<std::size_t>(i)].desc.size, m->kv_gap);
         max_window_bytes = std::max(max_window_bytes, bytes);
       }
       window_buffer.assign(windows.size(), 0);
@@ -296,7 +293,7 @@ struct LayerwiseRestore::Job {
       const auto [b, e] = windows[w];
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
       Place(items, std::span(f.kv).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)),
-            window_buffers[buffer], kv_gap);
+            window_buffers[buffer], m->kv_gap);
       const auto st = m->kv->GetBatch(items);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
       {
@@ -317,7 +314,7 @@ struct LayerwiseRestore::Job {
   void ReadSnapshots() {
     const auto& kda = L().kda_layers();
     Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
-          snap_buffer, st_gap);
+          snap_buffer, m->st_gap);
     snap_status = m->st->GetBatch(snap_items);
   }
 
@@ -655,7 +652,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
           items[i].key = keys::StateKey(m.ns_state, kda[i], j.chunk_ids[static_cast<std::size_t>(k - 1)]);
         // The reads are done (Join): the snapshot buffer is free for this boundary's blocks.
         LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
-                                     j.snap_buffer, j.st_gap);
+                                     j.snap_buffer, m.st_gap);
         const auto statuses = m.st->GetBatch(items);
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
@@ -754,11 +751,11 @@ Result<RestoreReservation> PrefixCache::Reserve(std::int64_t prompt_tokens, int 
   std::uint64_t window_bytes = 0;
   std::size_t window_count = 0;
   if (!L.mla_layers().empty()) {
-    const std::uint64_t block = Slot(L.mla_chunk_block_bytes(), m.kv->read_gap_bytes()), total = K * block;
+    const std::uint64_t block = Slot(L.mla_chunk_block_bytes(), m.kv_gap), total = K * block;
     window_bytes = std::min(total, WindowTarget(total) + block);
     window_count = static_cast<std::size_t>(std::min<std::uint64_t>(kWindowBuffers, K));
   }
-  const std::uint64_t snap_bytes = kda.size() * Slot(L.state_block_bytes(), m.st->read_gap_bytes());
+  const std::uint64_t snap_bytes = kda.size() * Slot(L.state_block_bytes(), m.st_gap);
   const auto rec_n = static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim();
   const auto conv_n = static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols();
   std::vector<std::unique_ptr<RestoreBuffers>> sets;

@@ -162,6 +162,8 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const KvLayout& layout,
   impl->model_id = model_id;
   impl->kv = kv_store;
   impl->st = state_store;
+  impl->kv_gap = kv_store->read_gap_bytes();
+  impl->st_gap = state_store->read_gap_bytes();
   impl->logger = LoggerOrDefault(std::move(logger));
   impl->ns_kv = keys::Namespace(model_id, layout.Id(), layout.kv_codec().Name(), keys::kKeySchemaVersion);
   impl->ns_state = keys::Namespace(model_id, layout.Id(), layout.state_codec().Name(), keys::kKeySchemaVersion);

@@ -34,6 +34,9 @@ struct PrefixCache::Impl {
   Store* st = nullptr;
   std::shared_ptr<Logger> logger;
   std::uint32_t ns_kv = 0, ns_state = 0;
+  // The stores' read_gap_bytes: the room a restore leaves past each raw block in its buffers
+  // (layerwise_restore.cpp, Slot), so adjacent blocks are read as one request.
+  std::uint64_t kv_gap = 0, st_gap = 0;
 
   mutable std::mutex stats_mu;
   mutable PrefixCacheStats stats;

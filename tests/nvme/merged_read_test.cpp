@@ -3,10 +3,10 @@
 // its own verdict and its exact bytes, and faults in a merged request reach every block in it.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <vector>
 
 #include "nvme_test_util.h"
+#include "src/common/aligned_buffer.h"
 
 using namespace terrace;
 using namespace terrace::testing;
@@ -22,21 +22,19 @@ void PutRun(NvmeTier& tier, int n, std::uint64_t seed = 42) {
 
 // One aligned buffer holding a slot per block: its size rounded to the unit plus `gap` bytes.
 struct Slots {
-  Slots(int n, std::size_t gap) : slot(RoundUp(kBlockBytes, 4096) + gap), count(n) {
-    mem = static_cast<std::byte*>(std::aligned_alloc(4096, slot * static_cast<std::size_t>(n)));
-    REQUIRE(mem != nullptr);
+  Slots(int n, std::size_t gap) : slot(RoundUp(kBlockBytes, 4096) + gap), count(n), mem(slot * static_cast<std::size_t>(n)) {
+    REQUIRE(mem.data() != nullptr);
   }
-  ~Slots() { std::free(mem); }
-  std::vector<GetOp> Ops() const {
+  std::vector<GetOp> Ops() {
     std::vector<GetOp> ops(static_cast<std::size_t>(count));
     for (int i = 0; i < count; ++i)
-      ops[static_cast<std::size_t>(i)] = GetOp{TestKey(static_cast<std::uint64_t>(i)),
-                                               std::span<std::byte>(mem + slot * static_cast<std::size_t>(i), slot), {}};
+      ops[static_cast<std::size_t>(i)] = GetOp{
+          TestKey(static_cast<std::uint64_t>(i)), std::span<std::byte>(mem.data() + slot * static_cast<std::size_t>(i), slot), {}};
     return ops;
   }
   std::size_t slot;
   int count;
-  std::byte* mem = nullptr;
+  AlignedBuffer mem;  // 4 KiB-aligned
 };
 
 bool HoldsBlock(const GetOp& op, std::uint64_t i, std::uint64_t seed = 42) {
