@@ -242,7 +242,9 @@ int RunBenchKv(const BenchKvArgs& a) {
       rc = run.status().code() == Code::kInvalidArgument ? FailUsage(run.status().message()) : Fail(run.status().ToString());
       break;
     }
-    for (const char* sub : {"kv", "state"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
+    // The state pool's marker first: the kv pool's one then says both pools are marked (a run killed
+    // between the two leaves a pool the next run refuses, untouched, rather than one it removes).
+    for (const char* sub : {"state", "kv"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
     const int last_layer = config.num_hidden_layers - 1;
     double ttft_recompute = 0;
     std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
