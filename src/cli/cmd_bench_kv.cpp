@@ -20,12 +20,19 @@
 // forward pass beside it: the restore's own cost, without contention for the CPU). Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
 // prompt computed from token 0 (storing the prefix as it
-// goes), and its time is the row's recompute TTFT. PrefillProgress goes to stderr every few seconds.
+// goes), and its time is the row's recompute TTFT. Each row also says which tier served the
+// prepared restore's blocks (hit_rate_by_tier: the pools' store stats, deltas around it) and what
+// turn 1 wrote per tier. Then a multi-turn workload (RunMultiTurn: conversations sharing a system
+// prompt, each turn = the conversation so far + new tokens) reports per turn the restored and
+// computed tokens, the TTFT with the cache and the tiers' shares; and a table of KV bytes per token
+// and state bytes per snapshot for every codec, from KvLayout. PrefillProgress goes to stderr every
+// few seconds.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -46,13 +53,17 @@
 #include "src/cli/command.h"
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
+#include "src/cli/prefill_progress.h"
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
+#include "terrace/codec.h"
 #include "terrace/keys.h"
+#include "terrace/kv_layout.h"
+#include "terrace/tier.h"
 
 namespace terrace::cli {
 namespace {
@@ -67,6 +78,11 @@ struct BenchKvArgs {
   std::string tier = "nvme";
   int recompute_max_tokens = 4096;
   int repeat = 1;
+  // The multi-turn workload (RunMultiTurn); turns = 0 leaves it out.
+  int turns = 4;
+  int conversations = 3;
+  int system_tokens = 1024;
+  int user_tokens = 192;
   KvRunArgs kv;
   bool json = false;
 };
@@ -78,8 +94,10 @@ long MinorFaults() {
   return u.ru_minflt;
 }
 
+// "256,1024,4096"; "none": no prefix rows (the multi-turn workload only).
 Result<std::vector<int>> ParseList(const std::string& text) {
   std::vector<int> out;
+  if (text == "none") return out;
   std::size_t pos = 0;
   while (pos <= text.size()) {
     const std::size_t end = std::min(text.find(',', pos), text.size());
@@ -149,34 +167,115 @@ double MemcpyMbPerS(std::uint64_t bytes) {
   return static_cast<double>(a.size()) / s / 1e6;
 }
 
-// Session hooks that print "<what>: k/n tokens" to stderr at most every kEverySeconds, counted at
-// the last layer of each forward call. The returned options must outlive the Session's use.
-class PrefillProgress {
- public:
-  static constexpr double kEverySeconds = 5.0;
-  PrefillProgress(std::string what, std::int64_t total, int last_layer)
-      : what_(std::move(what)), total_(total), last_layer_(last_layer), t0_(std::chrono::steady_clock::now()),
-        last_print_(t0_) {}
-  model::ForwardOptions Hooks() {
-    model::ForwardOptions o;
-    o.on_layer_end = [this](int layer, std::span<const float>, std::int64_t tokens) {
-      if (layer != last_layer_) return;
-      done_ += tokens;
-      const auto now = std::chrono::steady_clock::now();
-      if (std::chrono::duration<double>(now - last_print_).count() < kEverySeconds) return;
-      last_print_ = now;
-      fmt::print(stderr, "terrace bench kv: {}: {}/{} tokens, {:.0f} s\n", what_, done_, total_, SecondsSince(t0_));
-    };
-    o.on_layer_begin = [](int, std::int64_t) { return StopCheck(); };  // Ctrl-C stops the pass at the next layer
-    return o;
+// Per-tier counters of both pools (the KV and the state pool's StoreStats, summed). The difference
+// of two tallies is what the pools did between them.
+struct TierTally {
+  std::array<std::uint64_t, kNumTiers> hits{}, bytes_read{}, bytes_written{};
+  // Gets: served by a tier (its hits) or by none (the slowest slot's misses: a Get that no tier
+  // served counts a miss in every slot).
+  std::uint64_t gets = 0;
+  TierTally& operator+=(const TierTally& o) { return Combine(o, 1); }
+  TierTally operator-(const TierTally& o) const { return TierTally(*this).Combine(o, -1); }
+  // The share of the Gets tier t served (0 when there were none).
+  double HitRate(std::size_t t) const {
+    return gets > 0 ? static_cast<double>(hits[t]) / static_cast<double>(gets) : 0.0;
   }
 
  private:
-  std::string what_;
-  std::int64_t total_, done_ = 0;
-  int last_layer_;
-  std::chrono::steady_clock::time_point t0_, last_print_;
+  // Adds (sign 1) or subtracts (-1: o must be an earlier tally of the same pools) o's counters.
+  TierTally& Combine(const TierTally& o, int sign) {
+    auto add = [sign](std::uint64_t* a, std::uint64_t b) { *a = sign > 0 ? *a + b : *a - b; };
+    for (std::size_t t = 0; t < kNumTiers; ++t) {
+      add(&hits[t], o.hits[t]);
+      add(&bytes_read[t], o.bytes_read[t]);
+      add(&bytes_written[t], o.bytes_written[t]);
+    }
+    add(&gets, o.gets);
+    return *this;
+  }
 };
+
+TierTally Tally(const KvRun& run) {
+  TierTally t;
+  for (const Store* s : {run.kv_store.get(), run.state_store.get()}) {
+    const StoreStats st = s->Stats();
+    for (std::size_t i = 0; i < kNumTiers; ++i) {
+      if (!st.present[i]) continue;
+      t.hits[i] += st.tiers[i].hits;
+      t.bytes_read[i] += st.tiers[i].bytes_read;
+      t.bytes_written[i] += st.tiers[i].bytes_written;
+    }
+    for (const TierStatsSnapshot& slot : st.slots) t.gets += slot.hits;
+    if (!st.slots.empty()) t.gets += st.slots.back().misses;
+  }
+  return t;
+}
+
+// {"hbm": v(0), "host": v(1), "nvme": v(2)}.
+template <typename F>
+nlohmann::json ByTier(F v) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t t = 0; t < kNumTiers; ++t) j[std::string(TierName(static_cast<TierId>(t)))] = v(t);
+  return j;
+}
+
+// The tier keys of a row: what `read` (the restores' deltas) read per tier and what `written`
+// (the write-back's deltas) wrote per tier.
+void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::json* row) {
+  (*row)["hit_rate_by_tier"] = ByTier([&](std::size_t t) { return read.HitRate(t); });
+  (*row)["blocks_read_by_tier"] = ByTier([&](std::size_t t) { return read.hits[t]; });
+  (*row)["blocks_requested"] = read.gets;
+  (*row)["bytes_read_by_tier"] = ByTier([&](std::size_t t) { return read.bytes_read[t]; });
+  (*row)["bytes_written_by_tier"] = ByTier([&](std::size_t t) { return written.bytes_written[t]; });
+}
+
+// "hbm 0% host 0% nvme 100% of 7 blocks" for a row's hit_rate_by_tier / blocks_requested.
+std::string TierRateText(const nlohmann::json& row) {
+  std::string s;
+  for (std::size_t t = 0; t < kNumTiers; ++t) {
+    const std::string name(TierName(static_cast<TierId>(t)));
+    s += fmt::format("{} {:.0f}% ", name, 100.0 * row["hit_rate_by_tier"][name].get<double>());
+  }
+  return s + fmt::format("of {} blocks", row["blocks_requested"].get<std::uint64_t>());
+}
+
+// "hbm 0 B, host 2.2 MiB, nvme 2.2 MiB" for one of a row's *_by_tier byte objects.
+std::string TierBytesText(const nlohmann::json& by_tier) {
+  std::string s;
+  for (std::size_t t = 0; t < kNumTiers; ++t) {
+    const std::string name(TierName(static_cast<TierId>(t)));
+    s += fmt::format("{}{} {}", t ? ", " : "", name, FormatBytes(by_tier[name].get<double>()));
+  }
+  return s;
+}
+
+// Every codec a KvLayout takes for either block kind (CodecSpec::Parse's names without a lossless
+// stage, whose output size depends on the data).
+constexpr std::array<const char*, 8> kLayoutCodecs = {"f32", "bf16", "f16", "fp8", "fp8-block", "int8", "int4-g32",
+                                                      "int4-g64"};
+
+// KV bytes per token and KDA state bytes per snapshot (every KDA layer at one boundary) of every
+// codec, from KvLayout with the run's chunk size (every size is the layout's, none computed here):
+// nominal (values x the codec's bytes per value) and as stored (the blocks' upper bounds: headers,
+// scales, 4 KiB alignment).
+Result<nlohmann::json> BytesPerTokenByCodec(const model::ModelConfig& config, const KvRunArgs& kv) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const char* name : kLayoutCodecs) {
+    TERRACE_ASSIGN_OR_RETURN(const codec::CodecSpec spec, codec::CodecSpec::Parse(name));
+    kv::KvLayoutOptions o;
+    o.chunk_tokens = kv.chunk_tokens;
+    o.snapshot_every = kv.snapshot_every;
+    o.kv_codec = spec;
+    o.state_codec = spec;
+    TERRACE_ASSIGN_OR_RETURN(const kv::KvLayout l, kv::KvLayout::FromConfig(config, o));
+    j[name] = {{"kv_bytes_per_token", l.mla_bytes_per_token()},
+               {"kv_block_bytes_per_token",
+                static_cast<double>(l.mla_chunk_block_bytes()) / static_cast<double>(l.chunk_tokens())},
+               {"state_bytes_per_snapshot", l.kda_state_bytes_per_sequence()},
+               {"state_block_bytes_per_snapshot", l.state_block_bytes() * l.kda_layers().size()}};
+  }
+  return j;
+}
 
 void RemovePools(const std::filesystem::path& dir, bool created_dir) {
   for (const char* sub : {"kv", "state"}) {
@@ -191,10 +290,171 @@ void RemovePools(const std::filesystem::path& dir, bool created_dir) {
   }
 }
 
+// A conversation's new tokens at a turn (user message; stands in for the previous answer too):
+// deterministic, different for every (conversation, turn).
+std::vector<std::int32_t> TurnTokens(int vocab, int conversation, int turn, int count) {
+  std::mt19937_64 rng(0x6B7642ull * 1000003u + static_cast<std::uint64_t>(conversation) * 1009u +
+                      static_cast<std::uint64_t>(turn) + 1);
+  std::vector<std::int32_t> t(static_cast<std::size_t>(count));
+  for (auto& id : t) id = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab));
+  return t;
+}
+
+// The multi-turn workload: --conversations conversations share a --system-tokens system prompt;
+// at each of --turns turns (round-robin over the conversations, as `terrace demo` plays them) a
+// conversation's prompt is everything so far plus --user-tokens new tokens, run through the
+// cache (restore the longest stored prefix, compute the rest, write it back), then the write-back
+// is flushed (outside the turn's time). The pools stay open throughout, as in a serving process:
+// blocks come from whichever tier holds them. Returns the "multi_turn" object.
+Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, const std::filesystem::path& dir,
+                                    const model::ModelConfig& config, const model::ModelDir& mdir,
+                                    const model::Model& m) {
+  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, mdir));
+  for (const char* sub : {"state", "kv"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
+  std::vector<std::int32_t> system(static_cast<std::size_t>(a.system_tokens));
+  for (std::size_t i = 0; i < system.size(); ++i)
+    system[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(config.vocab_size));
+  std::vector<std::vector<std::int32_t>> history(static_cast<std::size_t>(a.conversations), system);
+  PrefillProgress progress("terrace bench kv", "multi-turn", 0, config.num_hidden_layers - 1);
+  nlohmann::json rows = nlohmann::json::array();
+  TierTally all;
+  std::int64_t restored = 0, computed = 0;
+  double ttft_sum = 0;
+  for (int t = 0; t < a.turns; ++t) {
+    for (int c = 0; c < a.conversations; ++c) {
+      TERRACE_RETURN_IF_ERROR(StopCheck());
+      auto& prompt = history[static_cast<std::size_t>(c)];
+      const auto user = TurnTokens(config.vocab_size, c, t, a.user_tokens);
+      prompt.insert(prompt.end(), user.begin(), user.end());
+      progress.set_what(fmt::format("multi-turn, turn {}/{}, conversation {}/{}", t + 1, a.turns, c + 1,
+                                    a.conversations));
+      model::Session session(m);
+      session.set_hooks(progress.Hooks());
+      const TierTally before = Tally(run);
+      const std::uint64_t failures_before = run.cache->Stats().write_failures;
+      const auto t0 = std::chrono::steady_clock::now();
+      TERRACE_ASSIGN_OR_RETURN(const kv::CachedPrefill r,
+                               kv::PrefillWithCache(&session, *run.cache, run.cache->Prepare(prompt, "")));
+      const double ttft = SecondsSince(t0);
+      run.cache->Flush();  // the write-back, outside the turn's time (a reply is generated meanwhile)
+      const TierTally turn = Tally(run) - before;
+      all += turn;
+      restored += r.restored_tokens;
+      computed += r.computed_tokens;
+      ttft_sum += ttft;
+      nlohmann::json row;
+      row["conversation"] = c + 1;
+      row["turn"] = t + 1;
+      row["prompt_tokens"] = prompt.size();
+      row["restored_tokens"] = r.restored_tokens;
+      row["computed_tokens"] = r.computed_tokens;
+      row["ttft_restore_s"] = ttft;
+      row["restore_s"] = r.restore.seconds;
+      row["restore_wait_s"] = r.restore.wait_seconds;
+      row["fallbacks"] = r.restore.fallbacks;
+      row["write_failures"] = run.cache->Stats().write_failures - failures_before;
+      PutTierFigures(turn, turn, &row);
+      rows.push_back(std::move(row));
+    }
+  }
+  const kv::PrefixCacheStats st = run.cache->Stats();
+  if (st.write_failures > 0)
+    fmt::print(stderr, "terrace bench kv: multi-turn: {} block writes failed (a pool's tiers are full: raise "
+                       "--store-nvme-size / --state-nvme-size); later turns restore only what was stored\n",
+               st.write_failures);
+  nlohmann::json j;
+  j["conversations"] = a.conversations;
+  j["turns"] = a.turns;
+  j["system_tokens"] = a.system_tokens;
+  j["user_tokens"] = a.user_tokens;
+  j["restored_tokens"] = restored;
+  j["computed_tokens"] = computed;
+  j["ttft_restore_s_sum"] = ttft_sum;
+  j["seconds"] = progress.seconds();
+  j["write_failures"] = st.write_failures;
+  PutTierFigures(all, all, &j);
+  j["rows"] = std::move(rows);
+  run.cache.reset();
+  return j;
+}
+
+// The text report of RunBenchKv's object `j`.
+void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
+  const nlohmann::json& rows = j["rows"];
+  if (!rows.empty())
+    fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>10} {:>16} {:>16} {:>18} {:>16} {:>16} {:>16} {:>12} {:>15}\n",
+               "prefix", "restored", "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s",
+               "tier read MB/s", "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s",
+               "alone MB/s", "alone tier MB/s");
+  bool any_turn1 = false;
+  for (const auto& r : rows) {
+    const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
+    const bool turn1 = r["recompute_in_turn1"].get<bool>();
+    any_turn1 = any_turn1 || turn1;
+    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f} "
+               "{:>12.1f} {:>15.1f}\n",
+               r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
+               r["prepare_s"].get<double>(), r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
+               r["cold_unprepared_restore_mb_per_s"].get<double>(), r["cold_unprepared_tier_read_mb_per_s"].get<double>(),
+               r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>(),
+               r["alone_restore_mb_per_s"].get<double>(), r["alone_tier_read_mb_per_s"].get<double>());
+  }
+  if (any_turn1)
+    fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
+               a.recompute_max_tokens);
+  for (const auto& r : rows)
+    fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}\n", r["prefix_tokens"].get<int>(),
+               TierRateText(r), TierBytesText(r["bytes_written_by_tier"]));
+  // Bytes per token per codec (KvLayout's sizes; the run's codecs marked).
+  fmt::print("\nper codec, chunk {} tokens (kv: MLA latents of every MLA layer; state: every KDA layer's snapshot at "
+             "one boundary; block: as stored, headers, scales and 4 KiB alignment included)\n",
+             j["chunk_tokens"].get<int>());
+  Table codecs({"codec", "kv B/token", "kv block B/token", "state B/snapshot", "state block B/snapshot"});
+  for (const std::string name : kLayoutCodecs) {
+    const nlohmann::json& c = j["bytes_per_token_by_codec"][name];
+    const std::string mark =
+        std::string(name == a.kv.kv_codec ? " kv" : "") + (name == a.kv.state_codec ? " state" : "");
+    codecs.Add({name + (mark.empty() ? "" : " (run:" + mark + ")"),
+                fmt::format("{}", c["kv_bytes_per_token"].get<std::uint64_t>()),
+                fmt::format("{:.1f}", c["kv_block_bytes_per_token"].get<double>()),
+                FormatBytes(c["state_bytes_per_snapshot"].get<double>()),
+                FormatBytes(c["state_block_bytes_per_snapshot"].get<double>())});
+  }
+  fmt::print("{}", codecs.Render());
+  if (!j.contains("multi_turn")) return;
+  const nlohmann::json& mt = j["multi_turn"];
+  fmt::print("\nmulti-turn: {} conversations x {} turns, system prompt {} tokens, {} new tokens per turn; {:.1f} s\n",
+             mt["conversations"].get<int>(), mt["turns"].get<int>(), mt["system_tokens"].get<int>(),
+             mt["user_tokens"].get<int>(), mt["seconds"].get<double>());
+  Table turns({"turn", "conversation", "prompt", "restored", "computed", "ttft restore s", "hbm", "host", "nvme",
+               "blocks", "written"});
+  auto pct = [](const nlohmann::json& r, const char* tier) {
+    return fmt::format("{:.0f}%", 100.0 * r["hit_rate_by_tier"][tier].get<double>());
+  };
+  for (const auto& r : mt["rows"]) {
+    std::uint64_t written = 0;
+    for (const auto& [tier, b] : r["bytes_written_by_tier"].items()) written += b.get<std::uint64_t>();
+    turns.Add({fmt::format("{}", r["turn"].get<int>()), fmt::format("{}", r["conversation"].get<int>()),
+               fmt::format("{}", r["prompt_tokens"].get<std::int64_t>()),
+               fmt::format("{}", r["restored_tokens"].get<std::int64_t>()),
+               fmt::format("{}", r["computed_tokens"].get<std::int64_t>()),
+               fmt::format("{:.4f}", r["ttft_restore_s"].get<double>()), pct(r, "hbm"), pct(r, "host"), pct(r, "nvme"),
+               fmt::format("{}", r["blocks_requested"].get<std::uint64_t>()),
+               FormatBytes(static_cast<double>(written))});
+  }
+  fmt::print("{}", turns.Render());
+  fmt::print("multi-turn: restored {} tokens, computed {}; the restores' blocks by tier: {}; written {}; {} write "
+             "failure(s)\n",
+             mt["restored_tokens"].get<std::int64_t>(), mt["computed_tokens"].get<std::int64_t>(), TierRateText(mt),
+             TierBytesText(mt["bytes_written_by_tier"]), mt["write_failures"].get<std::uint64_t>());
+}
+
 int RunBenchKv(const BenchKvArgs& a) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   auto prefixes = ParseList(a.prefixes);
   if (!prefixes.ok()) return FailUsage(prefixes.status().message());
+  if (prefixes->empty() && a.turns == 0)
+    return FailUsage("--prefix-tokens none with --turns 0 leaves nothing to run; give prefix lengths or turns");
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
   if (dir.empty()) {
@@ -223,8 +483,14 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (!m.ok()) return Fail(m.status().ToString());
   KvRunArgs kv = a.kv;
   kv.store = dir.string();
+  auto by_codec = BytesPerTokenByCodec(config, kv);
+  if (!by_codec.ok()) {
+    RemovePools(dir, created_dir);
+    return Fail(by_codec.status().ToString());
+  }
 
   nlohmann::json rows = nlohmann::json::array();
+  TierTally all_read, all_written;  // over every row
   int rc = 0;
   for (int P : *prefixes) {
     if (StopSignalReceived() != 0) break;
@@ -233,6 +499,7 @@ int RunBenchKv(const BenchKvArgs& a) {
       prompt[i] = static_cast<std::int32_t>((i * 7919 + 13 + (i >= static_cast<std::size_t>(P) ? 1 : 0)) %
                                             static_cast<std::size_t>(config.vocab_size));
     std::vector<std::int32_t> prefix(prompt.begin(), prompt.begin() + P);
+    TierTally written;  // turn 1's write-back, per tier (both pools)
     // Long prefixes: turn 1 computes the whole prompt cold and is the row's recompute measurement.
     const bool recompute_in_turn1 = P > a.recompute_max_tokens;
     fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 1 (compute and store{})...\n", P,
@@ -249,9 +516,11 @@ int RunBenchKv(const BenchKvArgs& a) {
     double ttft_recompute = 0;
     std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
     {
+      const TierTally before = Tally(*run);
       model::Session s1(**m);
-      PrefillProgress progress("turn 1", static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
-                        last_layer);
+      PrefillProgress progress("terrace bench kv", "turn 1",
+                               static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
+                               last_layer);
       s1.set_hooks(progress.Hooks());
       const auto t1 = std::chrono::steady_clock::now();
       auto r1 = recompute_in_turn1
@@ -266,8 +535,9 @@ int RunBenchKv(const BenchKvArgs& a) {
         r3 = std::move(r1).value();
       }
       run->cache->Flush();
+      written = Tally(*run) - before;
     }
-    const auto written = run->cache->Stats();
+    const auto cache_written = run->cache->Stats();
     // A fresh cache on the pools, as a new process opens it (nvme: the pools closed and reopened,
     // so nothing is left in memory; host: the pools kept, the cache and its restore buffers new).
     auto fresh_cache = [&]() -> Status {
@@ -315,6 +585,7 @@ int RunBenchKv(const BenchKvArgs& a) {
       double tier_alone = 0;
       double prepare_s = 0;
       std::uint64_t prepare_bytes = 0;
+      TierTally read;  // what the prepared restore read, per tier (both pools)
       long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
     };
     // One restore into `session`, timed with its minor faults, then the tier's raw read of what it read.
@@ -353,12 +624,14 @@ int RunBenchKv(const BenchKvArgs& a) {
       out->prepare_bytes = reserved.bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
                                                          static_cast<std::uint64_t>(turn2.state().mla_width()) *
                                                          sizeof(float) * run->cache->layout().mla_layers().size();
+      const TierTally before = Tally(*run);
       TERRACE_RETURN_IF_ERROR(
           timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
+      out->read = Tally(*run) - before;
       if (index == 0 && !recompute_in_turn1) {
         fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
         model::Session cold(**m);
-        PrefillProgress progress("recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
+        PrefillProgress progress("terrace bench kv", "recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
         cold.set_hooks(progress.Hooks());
         const auto t1 = std::chrono::steady_clock::now();
         auto cold_run = kv::PrefillWithCache(&cold, *run->cache, req, {.restore = false, .write_back = false});
@@ -481,17 +754,30 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["warm_logits_bitwise_equal"] = warm_equal;
     row["kv_bytes"] = r2->restore.kv_bytes;
     row["state_bytes"] = r2->restore.state_bytes;
-    for (int t = 0; t < kNumTiers; ++t)
-      row["bytes_read"][std::array{"hbm", "host", "nvme"}[static_cast<std::size_t>(t)]] = r2->restore.bytes_read[static_cast<std::size_t>(t)];
-    row["bytes_written"] = written.bytes_written;
+    row["bytes_read"] = ByTier([&](std::size_t t) { return r2->restore.bytes_read[t]; });
+    row["bytes_written"] = cache_written.bytes_written;
     row["kv_bytes_per_token"] = run->cache->layout().mla_bytes_per_token();
     row["state_bytes_per_sequence"] = run->cache->layout().kda_state_bytes_per_sequence();
     row["fallbacks"] = fallbacks;
+    TierTally read;  // the prepared restores of every round
+    for (const Round& r : rounds) read += r.read;
+    PutTierFigures(read, written, &row);
+    all_read += read;
+    all_written += written;
     row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
     rows.push_back(row);
     run->cache.reset();
     *run = KvRun{};
     RemovePools(dir, false);
+  }
+  nlohmann::json multi_turn;
+  if (rc == 0 && a.turns > 0 && StopSignalReceived() == 0) {
+    fmt::print(stderr, "terrace bench kv: multi-turn: {} conversations x {} turns (system prompt {} tokens, {} new "
+                       "tokens per turn)...\n", a.conversations, a.turns, a.system_tokens, a.user_tokens);
+    auto mt = RunMultiTurn(a, kv, dir, config, **mdir, **m);
+    if (mt.ok()) multi_turn = std::move(mt).value();
+    else if (mt.status().code() == Code::kInvalidArgument) rc = FailUsage(mt.status().message());
+    else rc = FailUnlessStopped(mt.status());
   }
   RemovePools(dir, created_dir);
   if (StopSignalReceived() != 0) return ExitStopped("terrace bench kv", "; removed the pools it created in --dir");
@@ -504,29 +790,14 @@ int RunBenchKv(const BenchKvArgs& a) {
   j["chunk_tokens"] = a.kv.chunk_tokens;
   j["suffix_tokens"] = kSuffixTokens;
   j["rows"] = rows;
+  PutTierFigures(all_read, all_written, &j);
+  j["bytes_per_token_by_codec"] = *by_codec;
+  if (a.turns > 0) j["multi_turn"] = multi_turn;
   if (a.json) {
     fmt::print("{}\n", j.dump());
     return 0;
   }
-  fmt::print("{:>8} {:>9} {:>14} {:>16} {:>12} {:>10} {:>16} {:>16} {:>18} {:>16} {:>16} {:>16} {:>12} {:>15}\n", "prefix",
-             "restored", "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s", "tier read MB/s",
-             "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s", "alone MB/s", "alone tier MB/s");
-  bool any_turn1 = false;
-  for (const auto& r : rows) {
-    const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
-    const bool turn1 = r["recompute_in_turn1"].get<bool>();
-    any_turn1 = any_turn1 || turn1;
-    fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f} "
-               "{:>12.1f} {:>15.1f}\n",
-               r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
-               r["prepare_s"].get<double>(), r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
-               r["cold_unprepared_restore_mb_per_s"].get<double>(), r["cold_unprepared_tier_read_mb_per_s"].get<double>(),
-               r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>(),
-               r["alone_restore_mb_per_s"].get<double>(), r["alone_tier_read_mb_per_s"].get<double>());
-  }
-  if (any_turn1)
-    fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
-               a.recompute_max_tokens);
+  PrintBenchKvText(a, j);
   return 0;
 }
 
@@ -539,7 +810,9 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   cmd->add_option("--dir", a->dir, "Directory for the two pools (new or empty; what the bench creates there is removed "
                                    "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
                                    "killed run). Default: a new directory under the system temp dir");
-  cmd->add_option("--prefix-tokens", a->prefixes, "Prefix lengths, comma separated (each 1 to 1048576)")->capture_default_str();
+  cmd->add_option("--prefix-tokens", a->prefixes,
+                  "Prefix lengths, comma separated (each 1 to 1048576); none: no per-prefix rows (only the multi-turn "
+                  "workload)")->capture_default_str();
   cmd->add_option("--tier", a->tier, "Where turn 2 restores from: nvme (pools reopened) | host")
       ->check(CLI::IsMember({"nvme", "host"}))->capture_default_str();
   AddIntOption(cmd, "--recompute-max-tokens", &a->recompute_max_tokens, 0, 1 << 20,
@@ -548,6 +821,14 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--repeat", &a->repeat, 1, 100,
                "Rounds of turn 2's four restores per prefix (each round reopens the pools); the row's figures are "
                "the medians over the rounds, the *_runs lists each round's own");
+  AddIntOption(cmd, "--turns", &a->turns, 0, 1000,
+               "Multi-turn workload after the prefix rows: turns per conversation, each = the conversation so far + "
+               "--user-tokens new tokens, through the cache (0: none)");
+  AddIntOption(cmd, "--conversations", &a->conversations, 1, 1000,
+               "Multi-turn workload: conversations sharing the system prompt, played round-robin");
+  AddIntOption(cmd, "--system-tokens", &a->system_tokens, 0, 1 << 20,
+               "Multi-turn workload: tokens of the shared system prompt");
+  AddIntOption(cmd, "--user-tokens", &a->user_tokens, 1, 1 << 20, "Multi-turn workload: new tokens per turn");
   AddKvFlags(cmd, &a->kv, /*with_store=*/false);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
   cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });

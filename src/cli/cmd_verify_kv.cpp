@@ -21,6 +21,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/prefill_progress.h"
 #include "src/cli/safe_files.h"
 #include "src/model/mla.h"
 #include "src/model/model.h"
@@ -188,8 +189,9 @@ int RunVerifyKv(const VerifyKvArgs& a) {
   model::Session exact(**m);
   const std::int64_t heads = (*m)->mla_dims().heads;
   FocusRecorder exact_focus(a.context, a.eval, config.num_hidden_layers, heads);
+  PrefillProgress progress("terrace verify kv", "exact pass", n, config.num_hidden_layers - 1);
   {
-    model::ForwardOptions hooks;
+    model::ForwardOptions hooks = progress.Hooks();
     hooks.on_mla_attention = exact_focus.Probe();
     exact.set_hooks(hooks);
   }
@@ -211,7 +213,8 @@ int RunVerifyKv(const VerifyKvArgs& a) {
     pos = end;
   }
   fmt::print(stderr, "terrace verify kv: exact pass {:.1f} s; restoring per codec...\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+             SecondsSince(t0));
+  std::fflush(stderr);
 
   nlohmann::json rows = nlohmann::json::array();
   for (auto& p : pools) {
@@ -257,6 +260,8 @@ int RunVerifyKv(const VerifyKvArgs& a) {
     row["top8_overlap_min"] = overlap.min;
     row["top8_compared"] = overlap.compared;
     rows.push_back(row);
+    fmt::print(stderr, "terrace verify kv: codec {} done ({}/{}), {:.1f} s\n", p.spec.Name(), rows.size(), pools.size(),
+               SecondsSince(t0));
   }
   nlohmann::json j;
   j["model"] = a.model;

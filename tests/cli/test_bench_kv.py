@@ -1,0 +1,187 @@
+"""`terrace bench kv`'s tier figures, bytes per token per codec and multi-turn workload, and
+`terrace verify kv`'s progress, on k3-toy with 32-token chunks (seconds per test)."""
+import json
+
+import pytest
+
+# Small NVMe pools: the defaults (1 GiB + 256 MiB) would be fallocated for every run.
+SMALL_POOLS = ("--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB")
+CHUNK = 32
+TIERS = ("hbm", "host", "nvme")
+# Every codec a KvLayout takes, by nominal bytes per value: 4, 2, 2, 1, 1, 1, 0.5, 0.5.
+CODECS = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "fp8-block": 1, "int8": 1, "int4-g32": 0.5, "int4-g64": 0.5}
+
+
+def bench(terrace, tmp_path, *flags):
+    if "--chunk-tokens" not in flags:
+        flags = ("--chunk-tokens", CHUNK, *flags)
+    r = terrace("bench", "kv", "--dir", tmp_path / "b", *SMALL_POOLS, *flags, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "b").exists()  # the bench removed what it created
+    return r
+
+
+def bench_json(terrace, toy_model, tmp_path, *flags):
+    return json.loads(bench(terrace, tmp_path, "--model", toy_model, "--json", *flags).stdout)
+
+
+def check_tier_shares(row):
+    """Shares in [0, 1], summing to at most 1, and to exactly 1 when every requested block was
+    served (the blocks per tier add up to the requests)."""
+    rates = row["hit_rate_by_tier"]
+    assert set(rates) == set(TIERS)
+    assert all(0.0 <= rates[t] <= 1.0 for t in TIERS), rates
+    assert sum(rates.values()) <= 1.0 + 1e-12, rates
+    blocks = row["blocks_read_by_tier"]
+    assert sum(blocks.values()) <= row["blocks_requested"]
+    for t in TIERS:
+        want = blocks[t] / row["blocks_requested"] if row["blocks_requested"] else 0.0
+        assert rates[t] == pytest.approx(want), t
+    if row["blocks_requested"] and sum(blocks.values()) == row["blocks_requested"]:
+        assert sum(rates.values()) == pytest.approx(1.0)
+    # A tier that served no block read no bytes, and one that served blocks read some.
+    for t in TIERS:
+        assert (blocks[t] > 0) == (row["bytes_read_by_tier"][t] > 0), t
+
+
+def test_rows_say_the_nvme_tier_served_every_block(terrace, toy_model, tmp_path):
+    j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64,96", "--kv-codec", "f32", "--turns", "0")
+    assert "multi_turn" not in j  # --turns 0: no multi-turn workload
+    for r in j["rows"]:
+        check_tier_shares(r)
+        # The pools were reopened before turn 2: every block of the restore came from NVMe.
+        assert r["hit_rate_by_tier"]["nvme"] == 1.0
+        assert r["blocks_read_by_tier"]["nvme"] == r["blocks_requested"] > r["prefix_tokens"] // CHUNK
+        # One round: the store's bytes per tier are the restore's own report of them.
+        assert r["bytes_read_by_tier"] == r["bytes_read"]
+        # Turn 1 wrote every block through to NVMe once (write-through from the host tier).
+        assert r["bytes_written_by_tier"]["nvme"] == r["bytes_written"] > 0
+        assert r["bytes_written_by_tier"]["host"] > 0
+    # The run's totals are the rows' sums.
+    check_tier_shares(j)
+    for k in ("blocks_requested",):
+        assert j[k] == sum(r[k] for r in j["rows"])
+    for t in TIERS:
+        assert j["bytes_written_by_tier"][t] == sum(r["bytes_written_by_tier"][t] for r in j["rows"])
+    assert j["hit_rate_by_tier"]["nvme"] == 1.0
+
+
+def test_host_tier_restores_say_host(terrace, toy_model, tmp_path):
+    j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--tier", "host", "--repeat", "2",
+                   "--turns", "0")
+    (r,) = j["rows"]
+    check_tier_shares(r)
+    assert r["hit_rate_by_tier"]["host"] == 1.0 and r["hit_rate_by_tier"]["nvme"] == 0.0
+    # Two rounds of the prepared restore, each reading the same blocks.
+    assert r["blocks_read_by_tier"]["host"] == r["blocks_requested"]
+    assert r["bytes_read_by_tier"]["host"] == 2 * r["bytes_read"]["host"]
+
+
+def test_bytes_per_token_by_codec_follow_the_codec_sizes(terrace, toy_model, tmp_path):
+    j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--kv-codec", "f32", "--turns", "0")
+    by = j["bytes_per_token_by_codec"]
+    assert set(by) == set(CODECS)
+    f32 = by["f32"]
+    for name, size in CODECS.items():
+        c = by[name]
+        # Nominal sizes scale with the codec's bytes per value ...
+        assert c["kv_bytes_per_token"] == pytest.approx(f32["kv_bytes_per_token"] * size / 4), name
+        assert c["state_bytes_per_snapshot"] == pytest.approx(f32["state_bytes_per_snapshot"] * size / 4, abs=1), name
+        # ... and the stored blocks hold at least that (headers, scales, 4 KiB alignment).
+        assert c["kv_block_bytes_per_token"] >= c["kv_bytes_per_token"], name
+        assert c["state_block_bytes_per_snapshot"] >= c["state_bytes_per_snapshot"], name
+    for a, b in (("f32", "bf16"), ("bf16", "fp8"), ("fp8", "int4-g32")):
+        assert by[a]["kv_bytes_per_token"] > by[b]["kv_bytes_per_token"], (a, b)
+        assert by[a]["state_bytes_per_snapshot"] > by[b]["state_bytes_per_snapshot"], (a, b)
+        assert by[a]["kv_block_bytes_per_token"] >= by[b]["kv_block_bytes_per_token"], (a, b)
+        assert by[a]["state_block_bytes_per_snapshot"] >= by[b]["state_block_bytes_per_snapshot"], (a, b)
+    # The run's own codecs (f32 KV, f32 state) are the same figures as the row's.
+    (r,) = j["rows"]
+    assert r["kv_bytes_per_token"] == f32["kv_bytes_per_token"]
+    assert r["state_bytes_per_sequence"] == f32["state_bytes_per_snapshot"]
+    # Per token means per token: another chunk size changes the blocks' overhead, not the nominal size.
+    k = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--turns", "0", "--chunk-tokens", "64")
+    assert k["bytes_per_token_by_codec"]["bf16"]["kv_bytes_per_token"] == by["bf16"]["kv_bytes_per_token"]
+    assert k["bytes_per_token_by_codec"]["bf16"]["kv_block_bytes_per_token"] <= by["bf16"]["kv_block_bytes_per_token"]
+
+
+MULTI = ("--prefix-tokens", "none", "--turns", "3", "--conversations", "2", "--system-tokens", "80", "--user-tokens",
+         "40")
+
+
+def check_multi_turn(mt, system=80, user=40, turns=3, conversations=2):
+    rows = mt["rows"]
+    assert [(r["turn"], r["conversation"]) for r in rows] == [
+        (t, c) for t in range(1, turns + 1) for c in range(1, conversations + 1)]
+    prev = {}
+    for r in rows:
+        n = r["prompt_tokens"]
+        assert n == system + user * r["turn"]
+        assert r["restored_tokens"] + r["computed_tokens"] == n
+        assert r["restored_tokens"] % CHUNK == 0 and r["restored_tokens"] <= (n - 1) // CHUNK * CHUNK
+        assert r["fallbacks"] == 0 and r["write_failures"] == 0
+        check_tier_shares(r)
+        if r["turn"] == 1:
+            # The first conversation computes everything; the others restore the shared system
+            # prompt's full chunks.
+            assert r["restored_tokens"] == (0 if r["conversation"] == 1 else system // CHUNK * CHUNK)
+        else:
+            # Turn k restores at least every full chunk of the conversation's turn k-1.
+            assert r["restored_tokens"] >= prev[r["conversation"]] // CHUNK * CHUNK
+        if r["restored_tokens"] > 0:
+            assert r["blocks_requested"] > 0 and sum(r["hit_rate_by_tier"].values()) == pytest.approx(1.0)
+        prev[r["conversation"]] = n
+    assert mt["restored_tokens"] == sum(r["restored_tokens"] for r in rows)
+    assert mt["computed_tokens"] == sum(r["computed_tokens"] for r in rows)
+    assert mt["blocks_requested"] == sum(r["blocks_requested"] for r in rows)
+    for t in TIERS:
+        assert mt["blocks_read_by_tier"][t] == sum(r["blocks_read_by_tier"][t] for r in rows)
+        assert mt["bytes_written_by_tier"][t] == sum(r["bytes_written_by_tier"][t] for r in rows)
+    check_tier_shares(mt)
+    assert mt["write_failures"] == 0
+
+
+def test_multi_turn_restores_the_conversation_so_far(terrace, toy_model, tmp_path):
+    j = bench_json(terrace, toy_model, tmp_path, *MULTI)
+    assert j["rows"] == [] and j["blocks_requested"] == 0  # --prefix-tokens none: no prefix rows
+    mt = j["multi_turn"]
+    assert (mt["conversations"], mt["turns"], mt["system_tokens"], mt["user_tokens"]) == (2, 3, 80, 40)
+    check_multi_turn(mt)
+    # The pools stay open: with tiers of the default sizes every block comes from the host tier.
+    assert mt["hit_rate_by_tier"]["host"] == 1.0
+    assert all(r["ttft_restore_s"] > 0 for r in mt["rows"])
+
+
+def test_multi_turn_blocks_evicted_from_host_come_from_nvme(terrace, toy_model, tmp_path):
+    # 1 MiB host tiers hold a few of the blocks; the rest were written through to NVMe.
+    j = bench_json(terrace, toy_model, tmp_path, *MULTI, "--store-host-size", "1MiB", "--state-host-size", "1MiB")
+    mt = j["multi_turn"]
+    check_multi_turn(mt)
+    assert mt["hit_rate_by_tier"]["nvme"] > 0
+    assert mt["hit_rate_by_tier"]["host"] + mt["hit_rate_by_tier"]["nvme"] == pytest.approx(1.0)
+
+
+def test_text_output_has_the_tier_lines_codec_table_and_turns(terrace, toy_model, tmp_path):
+    out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "64", "--turns", "2", "--conversations",
+                "1", "--system-tokens", "40", "--user-tokens", "40").stdout
+    assert "prefix 64: the restore's blocks by tier: hbm 0% host 0% nvme 100% of" in out
+    assert "int4-g64" in out and "bf16 (run: kv)" in out and "f32 (run: state)" in out
+    assert "multi-turn: 1 conversations x 2 turns, system prompt 40 tokens, 40 new tokens per turn" in out
+    # Turn 1 computes its 80 tokens; turn 2 (120 tokens) restores its 2 full chunks and computes 56.
+    assert "multi-turn: restored 64 tokens, computed 136;" in out
+
+
+def test_nothing_to_run_is_a_usage_error(terrace, toy_model, tmp_path):
+    r = terrace("bench", "kv", "--model", toy_model, "--prefix-tokens", "none", "--turns", "0",
+                "--dir", tmp_path / "b")
+    assert r.returncode == 2 and "--prefix-tokens none" in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_verify_kv_reports_progress_per_codec(terrace, toy_model):
+    r = terrace("verify", "kv", "--model", toy_model, "--context", "64", "--chunk-tokens", CHUNK, "--eval-tokens", "4",
+                "--codecs", "f32,int8", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [row["codec"] for row in json.loads(r.stdout)["rows"]] == ["f32", "int8"]  # stdout: the JSON only
+    assert "terrace verify kv: codec f32 done (1/2)" in r.stderr
+    assert "terrace verify kv: codec int8 done (2/2)" in r.stderr
