@@ -95,7 +95,7 @@ say "build mode: $MODE"
 declare -A RESULT
 FAILED=0
 if [[ $MODE == full || $MODE == standalone ]]; then
-  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_store_cuda|test_hbm_emulated|test_host_tier|test_conformance|test_codec_cuda)$'
+  if [[ $MODE == full ]]; then TEST_RE='^(test_hbm_cuda|test_hbm_store_cuda|test_hbm_emulated|test_host_tier|test_conformance|test_codec_cuda|test_codec_cuda_api)$'
   else TEST_RE='^test_hbm_'; fi
   say "running GPU tests"
   set +e
@@ -134,7 +134,7 @@ pick() {  # file, awk filter -> max GB/s
 echo
 echo "================ Terrace GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) ================"
 printf '%-44s %s\n' "build" "$MODE"
-for t in test_hbm_cuda test_hbm_store_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda; do
+for t in test_hbm_cuda test_hbm_store_cuda test_hbm_emulated test_host_tier test_conformance test_codec_cuda test_codec_cuda_api; do
   printf '%-44s %s\n' "$t" "${RESULT[$t]:-not run}"
 done
 printf '%-44s %s GB/s\n' "H2D pinned (peak over 64 KiB..256 MiB)"   "$(pick bench_hbm_bandwidth.log '$1=="RESULT" && $2=="pinned" && $3=="h2d"')"
@@ -145,7 +145,12 @@ printf '%-44s %s GB/s\n' "HBM tier put, pinned source (best)"        "$(pick ben
 printf '%-44s %s GB/s\n' "HBM tier get, pinned dest (best)"          "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="get" && $4=="pinned"')"
 printf '%-44s %s GB/s\n' "HBM tier put, pageable source (best)"      "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="put" && $4=="pageable"')"
 printf '%-44s %s GB/s\n' "HBM tier get, pageable dest (best)"        "$(pick bench_hbm_tier.log '$1=="RESULT" && $3=="get" && $4=="pageable"')"
-printf '%-44s %s GB/s\n' "codec fp8 encode / decode on the GPU"        "$(pick bench_codec_cuda.log '$1=="RESULT" && $3=="fp8" && $4=="encode"') / $(pick bench_codec_cuda.log '$1=="RESULT" && $3=="fp8" && $4=="decode"')"
+# KV codecs on the GPU (bench_codec_cuda: device-resident fp32 in and out, GB/s of fp32 values).
+printf '%-44s %s GB/s\n' "codec: device memcpy of the same fp32 bytes"  "$(pick bench_codec_cuda.log '$1=="RESULT" && $3=="memcpy"')"
+for c in f32 bf16 f16 fp8 fp8-block int8 int4-g32 int4-g64; do
+  printf '%-44s %s GB/s\n' "codec $c encode / decode on the GPU" \
+    "$(pick bench_codec_cuda.log '$1=="RESULT" && $3=="'"$c"'" && $4=="encode"') / $(pick bench_codec_cuda.log '$1=="RESULT" && $3=="'"$c"'" && $4=="decode"')"
+done
 echo "logs: $LOGDIR   total time: $(( $(date +%s) - START )) s"
 if (( FAILED )); then echo "RESULT: FAIL"; exit 1; fi
 echo "RESULT: PASS"
