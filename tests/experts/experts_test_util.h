@@ -105,6 +105,15 @@ inline std::uint64_t BlockBytes() {
   return ExpertOffload::TotalExpertBytes(c) / static_cast<std::uint64_t>(moe * c.num_experts);
 }
 
+// ToyDir's first MoE layer.
+inline int FirstMoeLayer() {
+  const auto& c = ToyDir().config();
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (!c.IsDenseLayer(l)) return l;
+  FAIL("k3-toy has no MoE layer");
+  return -1;
+}
+
 // A store sized for ToyDir's experts, whose fast tier holds opt.budget (home on NVMe in `nvme_dir`
 // when given, else in host memory), and an ExpertOffload over it with `opt`. FAILs the test when
 // either cannot be opened.

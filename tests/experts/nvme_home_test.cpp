@@ -17,20 +17,12 @@ using testing::MakeSlowRig;
 using testing::SlowRig;
 using testing::ToyDir;
 
-int FirstMoeLayerOfToy() {
-  const auto& c = ToyDir().config();
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    if (!c.IsDenseLayer(l)) return l;
-  FAIL("k3-toy has no MoE layer");
-  return -1;
-}
-
 TEST_CASE("a slow NVMe home serves a layer's selection as one batched read", "[experts][nvme]") {
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");
   SlowRig rig = MakeSlowRig(std::move(opt), 3, Home::kNvme, /*wrap_hbm=*/false);
   rig.slow->set_delay(std::chrono::milliseconds(20));
-  const int layer = FirstMoeLayerOfToy();
+  const int layer = testing::FirstMoeLayer();
   const std::vector<int> sel{2, 3, 7, 11, 12, 14};
   rig.offload->Prefetch(layer, sel);  // the layer's routing: one demand batch
   for (int e : sel) {
