@@ -143,8 +143,20 @@ std::string ExpertMetrics::PrometheusText() const {
   for (const auto& l : layers)
     out += fmt::format("terrace_experts_expert_load_max_over_mean{{layer=\"{}\"}} {}\n", l.layer,
                        l.load_mean > 0 ? l.load_max / l.load_mean : 0.0);
+  metric("expert_load_max", "gauge", "Tokens routed to the layer's most-loaded expert (selections without hooks), by layer.");
+  for (const auto& l : layers) out += fmt::format("terrace_experts_expert_load_max{{layer=\"{}\"}} {}\n", l.layer, l.load_max);
+  metric("expert_load_mean", "gauge", "Mean tokens routed per expert of the layer (selections without hooks), by layer.");
+  for (const auto& l : layers) out += fmt::format("terrace_experts_expert_load_mean{{layer=\"{}\"}} {}\n", l.layer, l.load_mean);
   metric("hot_experts", "gauge", "Experts whose load exceeds hot_factor x their layer's mean.");
   out += fmt::format("terrace_experts_hot_experts {}\n", hot_experts);
+  metric("layer_hot_experts", "gauge", "Experts whose load exceeds hot_factor x their layer's mean, by layer.");
+  for (const auto& l : layers)
+    out += fmt::format("terrace_experts_layer_hot_experts{{layer=\"{}\"}} {}\n", l.layer, l.hot_experts.size());
+  metric("hot_expert_load", "gauge", "Tokens routed to each hot expert (load > hot_factor x its layer's mean), by layer and expert.");
+  for (const auto& l : layers)
+    for (int e : l.hot_experts)
+      out += fmt::format("terrace_experts_hot_expert_load{{layer=\"{}\",expert=\"{}\"}} {}\n", l.layer, e,
+                         l.expert_load[static_cast<std::size_t>(e)]);
   metric("stall_seconds_total", "counter", "Forward-thread time spent waiting for expert loads.");
   out += fmt::format("terrace_experts_stall_seconds_total {}\n", static_cast<double>(stall_ns) / 1e9);
   metric("layer_stall_seconds_total", "counter", "Forward-thread time spent waiting for expert loads, by layer.");

@@ -1,5 +1,5 @@
 // Shared fixtures for the expert-offload tests: one k3-toy checkpoint with random MXFP4 experts,
-// resident and offloaded runs of the same prompt, and a slow single-channel tier wrapper.
+// resident and offloaded runs of the same prompt (slow home tier wrappers: slow_tier.h).
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 #include "terrace/experts.h"
 #include "terrace/model.h"
 #include "terrace/store.h"
-#include "forwarding_tier.h"
+#include "slow_tier.h"
 #include "test_util.h"
 
 namespace terrace::experts::testing {
@@ -105,6 +105,15 @@ inline std::uint64_t BlockBytes() {
   return ExpertOffload::TotalExpertBytes(c) / static_cast<std::uint64_t>(moe * c.num_experts);
 }
 
+// ToyDir's first MoE layer.
+inline int FirstMoeLayer() {
+  const auto& c = ToyDir().config();
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (!c.IsDenseLayer(l)) return l;
+  FAIL("k3-toy has no MoE layer");
+  return -1;
+}
+
 // A store sized for ToyDir's experts, whose fast tier holds opt.budget (home on NVMe in `nvme_dir`
 // when given, else in host memory), and an ExpertOffload over it with `opt`. FAILs the test when
 // either cannot be opened.
@@ -125,52 +134,6 @@ inline ToyOffload OpenToyOffload(ExpertOffloadOptions opt, const std::string& nv
   t.offload = *off;
   return t;
 }
-
-// A tier wrapper that serves Gets one at a time, in arrival order, each taking `delay`: a slow
-// single-channel device. Records the keys it read, in order. Thread-safe.
-class SlowTier final : public terrace::testing::ForwardingTier {
- public:
-  SlowTier(std::unique_ptr<Tier> inner, std::chrono::milliseconds delay) : ForwardingTier(std::move(inner)), delay_(delay) {}
-  void set_delay(std::chrono::milliseconds d) {
-    std::lock_guard lock(mu_);
-    delay_ = d;
-  }
-  std::vector<BlockKey> reads() const {
-    std::lock_guard lock(mu_);
-    return reads_;
-  }
-  void clear_reads() {
-    std::lock_guard lock(mu_);
-    reads_.clear();
-  }
-
-  // No zero-copy access: every read of this tier goes through Get and pays the delay (else a move
-  // up into HBM copies straight from the inner host arena).
-  const std::byte* ResidentPtr(const BlockKey&) const override { return nullptr; }
-
-  Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override {
-    std::unique_lock lock(mu_);
-    const std::uint64_t ticket = next_ticket_++;
-    cv_.wait(lock, [&] { return serving_ == ticket; });
-    reads_.push_back(key);
-    const auto d = delay_;
-    lock.unlock();
-    std::this_thread::sleep_for(d);
-    Status s = inner_->Get(key, out, desc);
-    lock.lock();
-    ++serving_;
-    lock.unlock();
-    cv_.notify_all();
-    return s;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::chrono::milliseconds delay_;
-  std::uint64_t next_ticket_ = 0, serving_ = 0;
-  std::vector<BlockKey> reads_;
-};
 
 // `c` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
 inline model::ModelConfig SmallConfig(model::ModelConfig c) {

@@ -88,18 +88,10 @@ Rig MakeRig() {
   return rig;
 }
 
-int FirstMoeLayer() {
-  const auto& c = ToyDir().config();
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    if (!c.IsDenseLayer(l)) return l;
-  FAIL("k3-toy has no MoE layer");
-  return -1;
-}
-
 TEST_CASE("a layer's known selection reaches the home tier as one batched read", "[experts]") {
   Rig rig = MakeRig();  // predictor none: on-demand
   rig.home->clear();
-  const int layer = FirstMoeLayer();
+  const int layer = testing::FirstMoeLayer();
   const std::vector<int> sel{1, 4, 5, 9, 12, 13};
   rig.offload->Prefetch(layer, sel);
   for (int e : sel) {

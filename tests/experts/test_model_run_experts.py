@@ -93,6 +93,23 @@ def test_text_and_prometheus(toy, tmp_path):
     assert "# TYPE terrace_experts_hit_rate gauge" in text
     assert 'terrace_experts_accesses_total{layer="1",outcome="miss"}' in text
     assert "terrace_experts_stall_seconds_total" in text
+    # Per layer: hot-expert counts that add up to the total, and max / mean load that agree with
+    # the max/mean ratio; each hot expert's own load above twice its layer's mean.
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    layers = [f'layer="{l}"' for l in range(1, 8)]
+    hot = [series[f"terrace_experts_layer_hot_experts{{{l}}}"] for l in layers]
+    assert sum(hot) == series["terrace_experts_hot_experts"]
+    for l, n in zip(layers, hot):
+        mx = series[f"terrace_experts_expert_load_max{{{l}}}"]
+        mean = series[f"terrace_experts_expert_load_mean{{{l}}}"]
+        assert mean > 0 and mx >= mean
+        assert abs(series[f"terrace_experts_expert_load_max_over_mean{{{l}}}"] - mx / mean) <= 1e-9 * mx / mean
+        loads = [v for k, v in series.items() if k.startswith(f"terrace_experts_hot_expert_load{{{l},")]
+        assert len(loads) == n and all(v > 2 * mean for v in loads)
 
 
 @pytest.mark.parametrize("flags,needle", [
