@@ -148,9 +148,13 @@ struct StoreStats {
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
   std::uint64_t prefetch_late = 0;        // Gets that waited on an in-flight prefetch of their key
   std::uint64_t corruptions_dropped = 0;  // copies dropped because they failed checksum
-  // Blocks moved between tiers (promotions, prefetches, demotions). Direct: from one tier's
-  // memory into another's with no copy in the store (a demotion written from the host arena, an
-  // NVMe read landing in a host reservation). Staged: through a store-side buffer.
+  // Blocks moved between tiers (promotions, prefetches, demotions), and blocks read from a tier
+  // below the promotion tier into a Get's / GetBatch's buffer without moving (promote_on_get off).
+  // Direct: from one tier's memory into another's, or into the caller's buffer, with no copy in
+  // the store (a demotion written from the host arena, an NVMe read landing in a host reservation
+  // or in the caller's aligned buffer). Staged: through a store-side buffer and a copy (an NVMe
+  // read into a bounce buffer, then into an unaligned caller buffer). The copy of a promoted block
+  // from the host arena into the Get's buffer is not counted (a delivery, like a host-tier hit).
   std::uint64_t direct_transfers = 0, direct_transfer_bytes = 0;
   std::uint64_t staged_transfers = 0, staged_transfer_bytes = 0;
   // Device-buffer Gets (Get / GetBatch into BufferKind::kDevice): blocks copied out of the device
@@ -184,6 +188,9 @@ class Store {
 
   Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
   // Copies the block into `out`; InvalidArgument (naming the size needed) if `out` is too small.
+  // May overwrite `out`'s bytes past the block's size, up to out.size() and within the size
+  // rounded up to the tiers' io_alignment (4 KiB for NVMe): a buffer aligned to that with such
+  // room lets a read from NVMe that moves nothing land in it directly, with no staging copy.
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
   // Buffers with a memory kind. kHost / kPinnedHost: as the span forms. kDevice: the block goes
   // to and from device memory without a host bounce. A device Put lands in its tier (put_tier or

@@ -13,6 +13,10 @@
 //               into host buffers (promote_on_get off, so they stay on NVMe) and the NVMe tier's
 //               own GetBatch of the same keys, in alternating order. Round 1 is "first" (fresh
 //               tier); mb_per_s / tier_mb_per_s are the medians over all rounds;
+//   single get  --repeat rounds; each round times Store::Get of every NVMe-resident block, one key
+//               per call, into a 4 KiB-aligned host buffer with room for the rounded-up block (so
+//               the NVMe read lands in it directly), and the NVMe tier's own Get of the same keys
+//               into the same buffers, in alternating order (single_get_* in the JSON);
 //   promote     Prefetch of every NVMe block to the host tier at demand priority.
 // The read data is compared with what was put (outside the timed regions).
 #include <unistd.h>
@@ -63,6 +67,11 @@ double Median(std::vector<double> v) {
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+// One get phase's rounds, store against tier: MB/s per round, and the store/tier ratio per round.
+struct Rounds {
+  std::vector<double> store_mb, tier_mb, ratio;
+};
 
 BlockKey Key(std::uint64_t i) { return BlockKey{0xbe57, BlockKind::kOther, 0, ContentId{0, i}}; }
 
@@ -134,6 +143,28 @@ class BenchStore {
                                                   phase, first + b + k));
           }
         }
+      }
+    }
+    return seconds;
+  }
+
+  // Gets keys [first, first + blocks) one key per call, through Store::Get (tier_direct false) or
+  // the NVMe tier's own Get (true), each into a --batch slot of stride_ bytes (4 KiB-aligned, room
+  // for the block rounded up to 4 KiB); seconds. With verify, each block is compared with the
+  // payload (not timed).
+  Result<double> GetOneByOne(std::uint64_t first, bool tier_direct, bool verify, std::string_view phase) {
+    double seconds = 0;
+    for (std::uint64_t i = 0; i < blocks_; ++i) {
+      std::span<std::byte> out{out_.data() + (i % a_.batch) * stride_, stride_};
+      BlockDesc desc;
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = tier_direct ? nvme_->Get(Key(first + i), out, &desc) : store_->Get(Key(first + i), out).status();
+      seconds += SecondsSince(t0);
+      if (!st.ok()) return st.WithContext(fmt::format("bench store: {}", phase));
+      if (i % a_.batch == 0) TERRACE_RETURN_IF_ERROR(StopCheck());
+      if (verify && std::memcmp(out.data(), payload_.data(), a_.block_size) != 0) {
+        return Status::Corruption(
+            fmt::format("bench store: {}: block {} read back different bytes than were put", phase, first + i));
       }
     }
     return seconds;
@@ -216,22 +247,33 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   const auto f0 = std::chrono::steady_clock::now();
   TERRACE_RETURN_IF_ERROR(store->Flush());
   const double flush = SecondsSince(f0);
-  std::vector<double> store_mb, tier_mb, ratio;
-  for (unsigned r = 0; r < a.repeat; ++r) {
-    note(fmt::format("get NVMe-resident blocks: store and tier, round {}/{}", r + 1, a.repeat));
-    double s_store = 0, s_tier = 0;
-    const bool verify = r == 0;
-    if (r % 2 == 0) {
-      TERRACE_ASSIGN_OR_RETURN(s_store, b.Get(nvme_keys, false, verify, "get nvme (store)"));
-      TERRACE_ASSIGN_OR_RETURN(s_tier, b.Get(nvme_keys, true, verify, "get nvme (tier)"));
-    } else {
-      TERRACE_ASSIGN_OR_RETURN(s_tier, b.Get(nvme_keys, true, verify, "get nvme (tier)"));
-      TERRACE_ASSIGN_OR_RETURN(s_store, b.Get(nvme_keys, false, verify, "get nvme (store)"));
+  // --repeat rounds of one get phase through the store and through the NVMe tier, in alternating
+  // order (even rounds: store first); the first round also verifies the bytes.
+  const auto compare = [&](std::string_view what, bool one_by_one) -> Result<Rounds> {
+    Rounds out;
+    const auto get = [&](bool tier, bool verify) {
+      const std::string phase = fmt::format("{} ({})", one_by_one ? "single get" : "get nvme", tier ? "tier" : "store");
+      return one_by_one ? b.GetOneByOne(nvme_keys, tier, verify, phase) : b.Get(nvme_keys, tier, verify, phase);
+    };
+    for (unsigned r = 0; r < a.repeat; ++r) {
+      note(fmt::format("get NVMe-resident blocks{}: store and tier, round {}/{}", what, r + 1, a.repeat));
+      const bool store_first = r % 2 == 0, verify = r == 0;
+      TERRACE_ASSIGN_OR_RETURN(double first, get(!store_first, verify));
+      TERRACE_ASSIGN_OR_RETURN(double second, get(store_first, verify));
+      out.store_mb.push_back(b.MbPerS(store_first ? first : second));
+      out.tier_mb.push_back(b.MbPerS(store_first ? second : first));
+      out.ratio.push_back(out.tier_mb.back() > 0 ? out.store_mb.back() / out.tier_mb.back() : 0.0);
     }
-    store_mb.push_back(b.MbPerS(s_store));
-    tier_mb.push_back(b.MbPerS(s_tier));
-    ratio.push_back(tier_mb.back() > 0 ? store_mb.back() / tier_mb.back() : 0.0);
-  }
+    return out;
+  };
+  TERRACE_ASSIGN_OR_RETURN(const Rounds batched, compare("", false));
+  // The same comparison one key per call (Store::Get against the tier's own Get).
+  const StoreStats single_before = store->Stats();
+  const std::uint64_t staged_ios_before = nvme_raw->staged_ios();
+  TERRACE_ASSIGN_OR_RETURN(const Rounds singles, compare(" one key at a time", true));
+  const StoreStats single_after = store->Stats();
+  const std::uint64_t single_staged_ios = nvme_raw->staged_ios() - staged_ios_before;
+
   const StoreStats before = store->Stats();
   note("promote NVMe-resident blocks to the host tier");
   TERRACE_ASSIGN_OR_RETURN(double promote, b.Promote(nvme_keys));
@@ -253,13 +295,23 @@ Result<nlohmann::json> RunPhases(const BenchStoreArgs& a, const std::filesystem:
   j["get_host_mb_per_s"] = b.MbPerS(get_host);
   j["put_nvme_mb_per_s"] = b.MbPerS(put_nvme);
   j["flush_seconds"] = flush;
-  j["get_nvme_first_mb_per_s"] = store_mb.front();
-  j["tier_first_mb_per_s"] = tier_mb.front();
-  j["get_nvme_rounds_mb_per_s"] = store_mb;
-  j["tier_rounds_mb_per_s"] = tier_mb;
-  j["mb_per_s"] = Median(store_mb);
-  j["tier_mb_per_s"] = Median(tier_mb);
-  j["ratio_vs_tier"] = Median(ratio);
+  j["get_nvme_first_mb_per_s"] = batched.store_mb.front();
+  j["tier_first_mb_per_s"] = batched.tier_mb.front();
+  j["get_nvme_rounds_mb_per_s"] = batched.store_mb;
+  j["tier_rounds_mb_per_s"] = batched.tier_mb;
+  j["mb_per_s"] = Median(batched.store_mb);
+  j["tier_mb_per_s"] = Median(batched.tier_mb);
+  j["ratio_vs_tier"] = Median(batched.ratio);
+  j["single_get_mb_per_s"] = Median(singles.store_mb);
+  j["single_get_tier_mb_per_s"] = Median(singles.tier_mb);
+  j["single_get_ratio_vs_tier"] = Median(singles.ratio);
+  j["single_get_first_mb_per_s"] = singles.store_mb.front();
+  j["single_get_tier_first_mb_per_s"] = singles.tier_mb.front();
+  j["single_get_rounds_mb_per_s"] = singles.store_mb;
+  j["single_get_tier_rounds_mb_per_s"] = singles.tier_mb;
+  j["single_get_direct_transfers"] = single_after.direct_transfers - single_before.direct_transfers;
+  j["single_get_staged_transfers"] = single_after.staged_transfers - single_before.staged_transfers;
+  j["single_get_nvme_staged_ios"] = single_staged_ios;  // the tier's own reads included
   j["promote_mb_per_s"] = b.MbPerS(promote);
   j["promotions"] = after.promotions - before.promotions;
   j["get_promoted_mb_per_s"] = b.MbPerS(get_promoted);
@@ -333,12 +385,15 @@ int RunBenchStore(const BenchStoreArgs& a) {
   row("get NVMe-resident via store (median)", "mb_per_s");
   row("NVMe tier GetBatch, first", "tier_first_mb_per_s");
   row("NVMe tier GetBatch (median)", "tier_mb_per_s");
+  row("get NVMe-resident via store, one key per Get (median)", "single_get_mb_per_s");
+  row("NVMe tier Get, one key per call (median)", "single_get_tier_mb_per_s");
   row("promote NVMe -> host", "promote_mb_per_s");
   row("get, promoted", "get_promoted_mb_per_s");
   fmt::print("{}", t.Render());
   fmt::print("host tier open (with any populate, --host-prefault {}): {:.2f} s, not in MB/s\n", a.host_prefault,
              r["host_open_seconds"].get<double>());
-  fmt::print("store get / NVMe tier get (median of per-round ratios): {:.2f}x\n", r["ratio_vs_tier"].get<double>());
+  fmt::print("store get / NVMe tier get (median of per-round ratios): {:.2f}x; one key at a time: {:.2f}x\n",
+             r["ratio_vs_tier"].get<double>(), r["single_get_ratio_vs_tier"].get<double>());
   return 0;
 }
 
@@ -360,7 +415,7 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
                         "tiers; background and eager hold the whole host capacity in RAM from open)");
   AddHostHugePagesOption(cmd, &a->host_huge_pages);
   AddHostStreamGetsOption(cmd, &a->host_stream_gets);
-  cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, ...)");
+  cmd->add_flag("--json", a->json, "Print one JSON object (mb_per_s, tier_mb_per_s, ratio_vs_tier, single_get_mb_per_s, ...)");
   cmd->callback([run, a] { *run = [a] { return RunBenchStore(*a); }; });
 }
 

@@ -75,7 +75,7 @@ std::vector<BulkLead> StoreImpl::LeadBulkItems(std::span<BulkItem> items, std::o
   // Lead each fetch (outside mu_, like FetchDedup); a key someone else is fetching, or that
   // appears twice in this batch, goes to the caller's fallback and joins that fetch there.
   std::erase_if(leads, [&](BulkLead& l) {
-    auto ticket = inflight_.JoinOrLead(items[l.item].key, by_prefetch);
+    auto ticket = inflight_.JoinOrLead(items[l.item].key, by_prefetch, /*wants_bytes=*/!items[l.item].out.empty());
     if (!ticket.leader) return true;
     l.fetch = std::move(ticket.fetch);
     return false;
@@ -129,7 +129,6 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
   // An item no longer wanted (cancelled, past its deadline) is read but not moved.
   Status wanted = still_wanted ? still_wanted(l.item) : Status::Ok();
   const MoveMode mode = move_to && wanted.ok() ? MoveMode::kUp : MoveMode::kNone;
-  Fetch& f = *l.fetch;
   std::span<std::byte> bytes = l.Bytes(item);
   const bool good = l.status.ok() && Verify(tier(l.src).caps(), l.desc, l.got, bytes);
   ReadOutcome o;
@@ -162,6 +161,9 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
         };
       }
       CompleteLockedRead(item.key, l.desc, l.src, mask, mode, target, by_prefetch, &o, place);
+      // A block delivered to the caller and not moved: read from a slower tier into the caller's
+      // buffer (direct) or into a reservation not kept and copied from there (staged).
+      if (!o.moved && !item.out.empty() && l.src > promote_slot_) CountTransfer(/*direct=*/!l.room, l.desc.size);
       from_bulk = true;
     } else {
       std::string dropped;
@@ -170,25 +172,23 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
         dropped = SlotName(l.src);
       }
       if (l.room) tier(l.room_slot).Abort(*std::exchange(l.room, std::nullopt));
-      o = LockedRead(item.key, &f.bytes, mode, target, by_prefetch, std::move(dropped));
-      if (o.desc.ok() && !item.out.empty()) std::memcpy(item.out.data(), f.bytes.data(), o.desc->size);
+      o = LockedRead(item.key, item.out, mode, target, by_prefetch, std::move(dropped));
     }
-    f.status = o.desc.status();
-    if (o.desc.ok()) f.desc = *o.desc;
-    // Close under the stripe: `bytes` may be a committed reservation, which an eviction could free
-    // as soon as the stripe is released.
-    const std::size_t followers = inflight_.Close(item.key, l.fetch);
-    if (from_bulk && followers > 0) f.bytes.assign(bytes.begin(), bytes.end());
+    const bool delivered = o.desc.ok() && item.out.size() >= o.desc->size;
+    CloseFetch(item.key, l.fetch, o, from_bulk ? bytes : delivered ? item.out.first(o.desc->size) : std::span<std::byte>{},
+               by_prefetch);
     if (l.room) tier(l.room_slot).Abort(*std::exchange(l.room, std::nullopt));  // read, but not moved
   }
   item.handled = true;
   if (!wanted.ok()) {
     item.status = std::move(wanted);
+  } else if (o.desc.ok() && !item.out.empty() && item.out.size() < o.desc->size) {
+    item.status = ShortBuffer(item.key, item.out.size(), o.desc->size);  // the block changed since LeadBulkItems
   } else {
     item.status = o.desc.ok() && move_to && item.out.empty() ? o.move_status : o.desc.status();
   }
   if (o.desc.ok()) item.desc = *o.desc;
-  InflightTable::Wake(f);
+  InflightTable::Wake(*l.fetch);
 }
 
 void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to, bool by_prefetch,

@@ -81,7 +81,7 @@ Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte>
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
     // Bring the block into the device tier (a Transfer when it is elsewhere), then copy it out
     // device to device.
-    ReadOutcome o = LockedRead(key, nullptr, MoveMode::kExact, d, /*by_prefetch=*/false);
+    ReadOutcome o = LockedRead(key, {}, MoveMode::kExact, d, /*by_prefetch=*/false);
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

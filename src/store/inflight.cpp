@@ -2,28 +2,23 @@
 
 namespace terrace::store_internal {
 
-InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_prefetch) {
+InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_prefetch, bool wants_bytes) {
   MutexLock lock(&mu_);
   auto [it, inserted] = fetches_.try_emplace(key);
   if (inserted) {
     it->second = std::make_shared<Fetch>();
     it->second->by_prefetch = by_prefetch;
-  } else {
-    ++it->second->followers;
+  } else if (wants_bytes) {
+    ++it->second->readers;
   }
   return Ticket{it->second, inserted};
-}
-
-void InflightTable::Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
-  Close(key, fetch);
-  Wake(*fetch);
 }
 
 std::size_t InflightTable::Close(const BlockKey& key, const std::shared_ptr<Fetch>& fetch) {
   MutexLock lock(&mu_);
   auto it = fetches_.find(key);
   if (it != fetches_.end() && it->second == fetch) fetches_.erase(it);
-  return fetch->followers;
+  return fetch->readers;
 }
 
 void InflightTable::Wake(Fetch& fetch) {

@@ -1,6 +1,8 @@
 // InflightTable: in-flight deduplication of reads from slow tiers. The first caller to fetch a
 // key becomes the leader and does the read; callers arriving while it runs wait for its result
-// (bytes and status) instead of reading again. Thread-safe.
+// (status, and the bytes when they asked for them) instead of reading again. The leader reads into
+// its own destination (its caller's buffer, a reservation, a bounce buffer) and copies the block
+// into Fetch::bytes only when a follower that wants the bytes joined. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +17,14 @@
 namespace terrace::store_internal {
 
 struct Fetch {
-  // Set by the leader before Finish(); read by followers only after Wait() returns.
+  // Set by the leader before Wake(); read by followers only after Wait() returns.
   Status status;
   BlockDesc desc;
-  std::vector<std::byte> bytes;  // the block when status is OK
+  std::vector<std::byte> bytes;  // the block when status is OK and readers > 0 (else empty)
   bool by_prefetch = false;      // immutable after creation
-  std::size_t followers = 0;     // callers that joined; guarded by the InflightTable's mu_ (not
-                                 // expressible as an annotation: another object's lock), final after Close()
+  // Followers that want the bytes (not only the outcome); guarded by the InflightTable's mu_ (not
+  // expressible as an annotation: another object's lock), final after Close().
+  std::size_t readers = 0;
 
   Mutex mu;
   CondVar cv;
@@ -35,13 +38,13 @@ class InflightTable {
     bool leader = false;
   };
 
-  Ticket JoinOrLead(const BlockKey& key, bool by_prefetch);
-  // Leader only: removes the entry, then wakes the followers. The leader must have published
-  // its effects (directory updates) before calling, so a caller arriving later sees them.
-  void Finish(const BlockKey& key, const std::shared_ptr<Fetch>& fetch);
-  // Finish in two steps, for a leader that publishes bytes only when someone waits for them:
-  // Close removes the entry (no one can join after it) and returns how many joined; Wake then
-  // releases them. Between the two the leader sets status, desc and (if followers) bytes.
+  // wants_bytes: a follower needs Fetch::bytes (a Get), not only the outcome (a move).
+  Ticket JoinOrLead(const BlockKey& key, bool by_prefetch, bool wants_bytes);
+  // Leader only, in two steps, so that it publishes bytes only when someone waits for them. The
+  // leader must have published its effects (directory updates) before Close, so a caller
+  // arriving later sees them. Close removes the entry (no one can join after it) and returns how
+  // many joined wanting the bytes (readers); Wake then releases them. Between the two the leader
+  // sets status, desc and (if readers) bytes.
   std::size_t Close(const BlockKey& key, const std::shared_ptr<Fetch>& fetch);
   static void Wake(Fetch& fetch);
   static void Wait(Fetch& fetch);

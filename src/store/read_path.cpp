@@ -12,6 +12,11 @@ void StoreImpl::CountTransfer(bool direct, std::uint64_t bytes) {
   (direct ? direct_transfer_bytes_ : staged_transfer_bytes_).fetch_add(bytes, std::memory_order_relaxed);
 }
 
+Status ShortBuffer(const BlockKey& key, std::size_t have, std::uint64_t need) {
+  return Status::InvalidArgument(
+      fmt::format("buffer for block {} holds {} bytes; the block needs {} bytes", key.ToString(), have, need));
+}
+
 void StoreImpl::CountGet(int served_from) {
   for (int i = 0; i < served_from; ++i) slot(i).measured.Add(slot(i).measured.misses);
   slot(served_from).measured.Add(slot(served_from).measured.hits);
@@ -33,8 +38,7 @@ FastRead StoreImpl::PlanFastGet(const BlockKey& key, std::span<std::byte> out, R
     f.src = Fastest(it->second.mask);
   }
   if (out.size() < f.desc.size) {
-    *result = Status::InvalidArgument(fmt::format("buffer for block {} holds {} bytes; the block needs {} bytes",
-                                                  key.ToString(), out.size(), f.desc.size));
+    *result = ShortBuffer(key, out.size(), f.desc.size);
     f.answered = true;
     f.src = -1;
     return f;
@@ -82,7 +86,7 @@ Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) 
 
 ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                                   std::span<std::byte> out) {
-  auto ticket = inflight_.JoinOrLead(key, by_prefetch);
+  auto ticket = inflight_.JoinOrLead(key, by_prefetch, /*wants_bytes=*/!out.empty());
   Fetch& f = *ticket.fetch;
   ReadOutcome o;
   if (!ticket.leader) {
@@ -92,29 +96,41 @@ ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<int> move_t
     o.leader = false;
     if (!f.status.ok()) {
       o.desc = f.status;
+    } else if (!out.empty() && out.size() < f.desc.size) {
+      o.desc = ShortBuffer(key, out.size(), f.desc.size);
     } else {
       o.desc = f.desc;
+      // The leader filled f.bytes because this follower asked for them (CloseFetch).
+      if (!out.empty()) std::memcpy(out.data(), f.bytes.data(), f.desc.size);
     }
-  } else {
-    {
-      auto guard = key_locks_.Lock(key);
-      o = LockedRead(key, &f.bytes, move_to ? MoveMode::kUp : MoveMode::kNone, move_to.value_or(0),
-                     by_prefetch);
-    }
-    o.leader = true;
-    f.status = o.desc.status();
-    if (o.desc.ok()) f.desc = *o.desc;
+    return o;
   }
-  if (o.desc.ok() && !out.empty()) {
-    if (out.size() < f.desc.size) {
-      o.desc = Status::InvalidArgument(fmt::format("buffer for block {} holds {} bytes; the block needs {} bytes",
-                                                   key.ToString(), out.size(), f.desc.size));
-    } else {
-      std::memcpy(out.data(), f.bytes.data(), f.desc.size);
-    }
+  {
+    auto guard = key_locks_.Lock(key);
+    o = LockedRead(key, out, move_to ? MoveMode::kUp : MoveMode::kNone, move_to.value_or(0), by_prefetch);
+    const bool delivered = o.desc.ok() && out.size() >= o.desc->size;
+    CloseFetch(key, ticket.fetch, o, delivered ? out.first(o.desc->size) : std::span<std::byte>{}, by_prefetch);
   }
-  if (ticket.leader) inflight_.Finish(key, ticket.fetch);
+  InflightTable::Wake(f);
+  if (o.desc.ok() && !out.empty() && out.size() < o.desc->size) o.desc = ShortBuffer(key, out.size(), o.desc->size);
   return o;
+}
+
+void StoreImpl::CloseFetch(const BlockKey& key, const std::shared_ptr<Fetch>& fetch, const ReadOutcome& o,
+                           std::span<const std::byte> have, bool by_prefetch) {
+  Fetch& f = *fetch;
+  f.status = o.desc.status();
+  if (o.desc.ok()) f.desc = *o.desc;
+  if (inflight_.Close(key, fetch) == 0 || !f.status.ok()) return;
+  if (have.size() >= f.desc.size) {
+    f.bytes.assign(have.begin(), have.begin() + static_cast<std::ptrdiff_t>(f.desc.size));
+    return;
+  }
+  // A move-only leader: read the block once more for the followers, from its fastest copy.
+  f.bytes.resize(f.desc.size);
+  ReadOutcome again = LockedRead(key, f.bytes, MoveMode::kNone, 0, by_prefetch);
+  f.status = again.desc.status();
+  if (again.desc.ok()) f.desc = *again.desc;
 }
 
 void StoreImpl::DropCopy(const BlockKey& key, int t) {
@@ -158,9 +174,33 @@ Status StoreImpl::Miss(const BlockKey& key) const {
   return MissLocked(key);
 }
 
-ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
+Status StoreImpl::ReadOut(int src, const BlockKey& key, const BlockDesc& desc, std::span<std::byte> out) {
+  const TierCaps& caps = tier(src).caps();
+  const bool transfer = src > promote_slot_ && !out.empty();  // from a slower tier to a caller
+  BlockDesc got;
+  if (!out.empty() && ReadsInPlace(caps, out, desc.size)) {
+    Status s = TimedTierGet(src, key, out, &got);
+    if (s.ok() && !Verify(caps, desc, got, out)) s = Status::Corruption("checksum mismatch");
+    if (s.ok() && transfer) CountTransfer(/*direct=*/true, desc.size);
+    return s;
+  }
+  BouncePool::Lease lease = bounce_.Acquire(desc.size);
+  if (!lease.valid()) {
+    return Status::OutOfCapacity(fmt::format("no memory for a {}-byte staging buffer to read block {} from tier {}",
+                                             desc.size, key.ToString(), SlotName(src)));
+  }
+  const std::span<std::byte> buf = lease.bytes();
+  Status s = TimedTierGet(src, key, buf, &got);
+  if (s.ok() && !Verify(caps, desc, got, buf)) s = Status::Corruption("checksum mismatch");
+  if (!s.ok() || out.empty()) return s;
+  std::memcpy(out.data(), buf.data(), desc.size);
+  if (transfer) CountTransfer(/*direct=*/false, desc.size);
+  return s;
+}
+
+ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out, MoveMode mode, int target,
                                   bool by_prefetch, std::string dropped) {
-  ReadOutcome out;
+  ReadOutcome result;
   SlotMask tried = 0;  // copies that failed with a non-corruption error
   Status last_error;
   bool asked_shared = false;
@@ -183,40 +223,38 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
     }
     if (mask == 0) {
       if (!dropped.empty()) {
-        out.desc = Status::Corruption(fmt::format(
+        result.desc = Status::Corruption(fmt::format(
             "block {}: the copy in tier {} failed its checksum and was dropped; no good copy is left; "
             "put the block again", key.ToString(), dropped));
       } else {
-        out.desc = Miss(key);
+        result.desc = Miss(key);
       }
-      return out;
+      return result;
     }
     if (mode == MoveMode::kExact && (mask & Bit(target))) {
-      out.desc = desc;
-      return out;
+      result.desc = desc;
+      return result;
     }
     int src = Fastest(static_cast<SlotMask>(mask & ~tried));
     if (src < 0) {
-      out.desc = last_error;
-      return out;
+      result.desc = last_error;
+      return result;
     }
     // A move goes through Transfer (direct where a route exists), which also hands the verified
-    // bytes to *buf; a plain read lands in *buf.
+    // bytes over to be copied into the caller's buffer; a plain read is ReadOut's. The block is
+    // delivered only into a buffer that holds it.
+    const std::span<std::byte> deliver = out.size() >= desc.size ? out.first(desc.size) : std::span<std::byte>{};
     const bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;
     Status s;
     TransferOutcome moved;
     if (want_move) {
       moved = Transfer(src, target, key, desc, [&](std::span<const std::byte> b) {
-        if (buf != nullptr) buf->assign(b.begin(), b.end());
+        if (!deliver.empty()) std::memcpy(deliver.data(), b.data(), deliver.size());
       });
       s = moved.read;
     } else {
-      std::vector<std::byte> local;
-      std::vector<std::byte>* into = buf != nullptr ? buf : &local;
-      into->resize(desc.size);
-      BlockDesc got;
-      s = TimedTierGet(src, key, *into, &got);
-      if (s.ok() && !Verify(tier(src).caps(), desc, got, *into)) s = Status::Corruption("checksum mismatch");
+      // All of `out`, not only the block's bytes: its room past them lets an aligned tier read in place.
+      s = ReadOut(src, key, desc, deliver.empty() ? deliver : out);
     }
     if (s.IsCorruption() || s.IsNotFound()) {
       if (s.IsCorruption()) dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
@@ -228,9 +266,9 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::vector<std::byte>* b
       last_error = s.WithContext(fmt::format("get {} from tier {}", key.ToString(), SlotName(src)));
       continue;
     }
-    out.desc = desc;
-    CompleteLockedRead(key, desc, src, mask, mode, target, by_prefetch, &out, [&] { return moved.write; });
-    return out;
+    result.desc = desc;
+    CompleteLockedRead(key, desc, src, mask, mode, target, by_prefetch, &result, [&] { return moved.write; });
+    return result;
   }
 }
 
@@ -301,7 +339,7 @@ Status StoreImpl::MoveUp(const BlockKey& key, int target, bool by_prefetch) {
   TERRACE_ASSIGN_OR_RETURN(bool moved, at_or_above());  // we joined someone else's read; did it move?
   if (moved) return Status::Ok();
   auto guard = key_locks_.Lock(key);
-  ReadOutcome o2 = LockedRead(key, nullptr, MoveMode::kUp, target, by_prefetch);
+  ReadOutcome o2 = LockedRead(key, {}, MoveMode::kUp, target, by_prefetch);
   return o2.desc.ok() ? o2.move_status : o2.desc.status();
 }
 
@@ -320,7 +358,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
   }
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
-    ReadOutcome o = LockedRead(key, nullptr, MoveMode::kExact, s, /*by_prefetch=*/false);
+    ReadOutcome o = LockedRead(key, {}, MoveMode::kExact, s, /*by_prefetch=*/false);
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

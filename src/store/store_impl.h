@@ -9,8 +9,10 @@
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
 //   Leaves, never held while taking another store lock: bounce_'s and batch_bounce_'s mutexes
-//   (a Transfer waits on bounce_ holding only its key stripe; a BulkFetch window waits on
-//   batch_bounce_ holding no stripe and no buffer; see BouncePool), inflight_'s table mutex and each
+//   (a Transfer, or a single-key read into a caller's buffer the tier cannot write in place
+//   (ReadOut), waits on bounce_ holding only its key stripe - inside a BulkFetch window, which
+//   holds batch_bounce_ buffers, it never waits: a thread holding a lease takes a one-off buffer;
+//   a BulkFetch window waits on batch_bounce_ holding no stripe and no buffer; see BouncePool), inflight_'s table mutex and each
 //   Fetch::mu, prefetch_mu_ (the queues), DemandGate::mu (a speculative group sleeps on it with
 //   no other lock held), the Future states' mutexes (a cancel callback takes DemandGate::mu).
 // Tier I/O runs under at most the stripes (and regions_mu_ for registration), never under mu_,
@@ -59,6 +61,20 @@ inline bool Verify(const TierCaps& caps, const BlockDesc& want, const BlockDesc&
   if (got.size != want.size || got.checksum != want.checksum || bytes.size() < want.size) return false;
   return caps.verifies_gets || Checksum(bytes.first(want.size)) == want.checksum;
 }
+
+// True when a tier's Get can write `size` bytes straight into `out`: it holds the block, and for a
+// tier with an io_alignment (NVMe O_DIRECT) it starts on that alignment and has room for the size
+// rounded up to it (the tier may overwrite that tail). Otherwise the tier would stage the read
+// itself, so the store reads through an aligned bounce buffer instead.
+inline bool ReadsInPlace(const TierCaps& caps, std::span<const std::byte> out, std::uint64_t size) {
+  if (out.size() < size) return false;
+  const std::uint64_t align = caps.io_alignment;
+  return align == 0 ||
+         (reinterpret_cast<std::uintptr_t>(out.data()) % align == 0 && out.size() >= (size + align - 1) / align * align);
+}
+
+// InvalidArgument for a Get whose buffer (`have` bytes) is smaller than the block (`need` bytes).
+Status ShortBuffer(const BlockKey& key, std::size_t have, std::uint64_t need);
 
 struct Entry {
   BlockDesc desc;
@@ -236,14 +252,32 @@ class StoreImpl {
   bool FinishFastGet(const BlockKey& key, const FastRead& f, const Status& read, const BlockDesc& got,
                      std::span<const std::byte> out, Result<BlockDesc>* result);
   // Deduplicated, locked fetch; with move_to, also moves the block (kUp semantics).
-  // Copies the block into `out` when it is non-empty.
+  // Delivers the block into `out` when it is non-empty (InvalidArgument when too small).
   ReadOutcome FetchDedup(const BlockKey& key, std::optional<int> move_to, bool by_prefetch,
                          std::span<std::byte> out);
-  // Caller holds key's stripe. Reads the fastest good copy into *buf (dropping bad copies; buf may
-  // be null when only the move matters) and moves it per `mode` to slot `target` (Transfer). `dropped` names tiers whose copy the caller already
-  // dropped as corrupt.
-  ReadOutcome LockedRead(const BlockKey& key, std::vector<std::byte>* buf, MoveMode mode, int target,
+  // Caller holds key's stripe. Reads the fastest good copy (dropping bad copies) and moves it per
+  // `mode` to slot `target` (Transfer). The verified block lands in `out` when out holds it
+  // (else, e.g. empty when only the move matters, it is read and checked but not delivered): a
+  // move copies it there from where Transfer put it (the reservation in the target, once); a read
+  // that moves nothing is ReadOut's. `dropped` names tiers whose copy the caller already dropped
+  // as corrupt.
+  ReadOutcome LockedRead(const BlockKey& key, std::span<std::byte> out, MoveMode mode, int target,
                          bool by_prefetch, std::string dropped = {});
+  // Caller holds key's stripe. A read of slot `src`'s copy of the block (`desc`) that moves
+  // nothing, verified. Into `out` directly when the tier can write it in place (ReadsInPlace),
+  // else through a bounce_ buffer and one copy into `out` (empty `out`: read and checked only).
+  // From a tier below the promotion slot, a delivered block counts as a transfer: direct, or
+  // staged through the bounce buffer. Corruption: the copy failed its checksum.
+  Status ReadOut(int src, const BlockKey& key, const BlockDesc& desc, std::span<std::byte> out);
+  // Caller holds key's stripe and leads `fetch`, whose read ended in `o`; `have` holds the verified
+  // block when the leader has it (its caller's buffer, a bounce buffer, a reservation; empty: it
+  // read for a move only). Closes the fetch (no caller joins it after this), sets its status and
+  // desc, and when a follower that wants the bytes joined, copies them into Fetch::bytes: from
+  // `have`, else read again from the block's fastest copy (now the move's target). Under the
+  // stripe because `have` may be a committed reservation, which an eviction could free once the
+  // stripe is released. The caller wakes the fetch (InflightTable::Wake) afterwards.
+  void CloseFetch(const BlockKey& key, const std::shared_ptr<Fetch>& fetch, const ReadOutcome& o,
+                  std::span<const std::byte> have, bool by_prefetch);
   // Caller holds key's stripe; the block was just read (verified) from slot `src` while the
   // entry's mask was `mask`. Counts the read, and when `mode` asks for a move to `target`, calls
   // `place` (which puts the block there and counts the transfer) and updates the directory;

@@ -18,6 +18,17 @@ def test_bench_store_json_small(terrace, tmp_path):
     assert min(j["get_nvme_rounds_mb_per_s"]) <= j["mb_per_s"] <= max(j["get_nvme_rounds_mb_per_s"])
     assert min(j["tier_rounds_mb_per_s"]) <= j["tier_mb_per_s"] <= max(j["tier_rounds_mb_per_s"])
     assert j["ratio_vs_tier"] > 0
+    # One key per call: Store::Get against the NVMe tier's own Get, into aligned buffers with room,
+    # so every store read landed in the caller's buffer directly and nothing was staged.
+    for k in ("single_get_mb_per_s", "single_get_tier_mb_per_s", "single_get_ratio_vs_tier",
+              "single_get_first_mb_per_s", "single_get_tier_first_mb_per_s"):
+        assert isinstance(j[k], (int, float)) and j[k] > 0, k
+    rounds, tier_rounds = j["single_get_rounds_mb_per_s"], j["single_get_tier_rounds_mb_per_s"]
+    assert len(rounds) == 2 and len(tier_rounds) == 2
+    assert min(rounds) <= j["single_get_mb_per_s"] <= max(rounds)
+    assert min(tier_rounds) <= j["single_get_tier_mb_per_s"] <= max(tier_rounds)
+    assert j["single_get_direct_transfers"] == 2 * 16 and j["single_get_staged_transfers"] == 0
+    assert j["single_get_nvme_staged_ios"] == 0
     # Every NVMe-resident block was promoted by the prefetch.
     assert j["promotions"] == 16
     assert "bench store:" in r.stderr  # progress

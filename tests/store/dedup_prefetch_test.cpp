@@ -41,6 +41,35 @@ TEST_CASE("Concurrent Gets of one key read the lower tier once") {
   CHECK(st.lower_tier_reads == 1);
 }
 
+TEST_CASE("A Get that joins a move-only fetch (a prefetch) still gets the block's bytes") {
+  // put_tier hbm: a block in the host tier is below the promotion tier, so a Get of it takes the
+  // deduplicated path and joins a prefetch already moving it (whose leader has no buffer of its own).
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  const BlockKey key = TestKey(7);
+  const auto bytes = TestBytes(7, kDedupBlock + 123);
+  GetGate gate(f.at(TierId::kHost), key);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHbm;
+  auto store = OpenFakeStore(f, o);
+  REQUIRE(store->Put(key, bytes, {Codec::kRaw, TierId::kHost}).ok());
+  auto moved = store->Prefetch({&key, 1}, TierId::kHbm, Priority::kDemand);
+  gate.WaitHeld();  // the prefetch's read of the host copy is in flight
+  Result<std::vector<std::byte>> got = Status::NotFound("unset");
+  std::thread get([&] { got = GetBytes(*store, key); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // long enough to join the fetch
+  gate.Open();
+  get.join();
+  REQUIRE(moved.get()[0].ok());
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == bytes);
+  CHECK(gate.Started(key) == 1);  // the Get did not read the host copy itself
+  const StoreStats st = store->Stats();
+  CHECK(st.dedup_hits == 1);
+  CHECK(st.prefetch_late == 1);
+  CHECK(TierOf(*store, key) == TierId::kHbm);
+}
+
 TEST_CASE("Prefetch moves blocks up to the target and counts useful prefetches") {
   FakeTiers f(1 << 20, 1 << 20, 1 << 20);
   auto store = OpenFakeStore(f);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "src/common/aligned_buffer.h"
+#include "host_nvme.h"
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -288,25 +289,9 @@ TEST_CASE("Real tiers: a tier list naming an unknown kind is refused with the kn
 
 TEST_CASE("Real tiers: a prefetch from NVMe lands directly in the host arena, with no staging copy") {
   TempDir dir("store-direct");
-  NvmeTierOptions no;
-  no.path = dir.path();
-  no.capacity_bytes = 16 * kMiB;
-  auto nvme = NvmeTier::Open(no);
-  REQUIRE(nvme.ok());
-  NvmeTier* nvme_raw = nvme->get();
-  HostTierOptions ho;
-  ho.capacity_bytes = 8 * kMiB;
-  ho.chunk_bytes = 4 * kMiB;
-  ho.pin = false;
-  auto host = HostTier::Create(ho);
-  REQUIRE(host.ok());
-  std::vector<std::unique_ptr<Tier>> tiers;
-  tiers.push_back(std::move(*host));
-  tiers.push_back(std::move(*nvme));
-  StoreOptions o;
-  o.high_watermark = 1.0;
-  o.low_watermark = 1.0;
-  auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
+  HostNvme hn(dir.path());
+  Store* store = hn.store.get();
+  NvmeTier* nvme_raw = hn.nvme;
   std::vector<BlockKey> keys;
   std::vector<std::size_t> sizes;
   for (int i = 0; i < 24; ++i) {
