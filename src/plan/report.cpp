@@ -267,7 +267,6 @@ const json& Arr(const json& j, const char* key) {
   return it != j.end() && it->is_array() ? *it : empty;
 }
 
-// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null).
 // A chart over the demo's turns (x: turn number in run order, a dot per turn).
 LineChart TurnChart(std::string title, std::string subtitle, std::string y_label,
                     AxisFormat y_format = AxisFormat::kPlain) {
@@ -281,6 +280,7 @@ LineChart TurnChart(std::string title, std::string subtitle, std::string y_label
   return c;
 }
 
+// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null).
 LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
   LineChart c;
   for (auto [key, name] : keys) {
@@ -538,10 +538,120 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   }
 }
 
-// `terrace bench kv --json`: {"rows": [{"prefix_tokens", "ttft_restore_s", "ttft_recompute_s", ...}]}.
-void BenchKvSections(const json& j, Report* r, std::string* body) {
+const json& Obj(const json& j, const char* key) {
+  static const json empty = json::object();
+  auto it = j.find(key);  // find on a non-object finds nothing
+  return it != j.end() && it->is_object() ? *it : empty;
+}
+
+// A visible note where part of the run's JSON is missing or malformed, naming the key: the page says
+// what it left out and why instead of drawing zeros.
+void Skipped(std::string* body, std::string_view what, std::string_view why) {
+  *body += fmt::format("<p class=\"skipped\">Not charted: {} ({}).</p>", XmlEscape(what), XmlEscape(why));
+}
+
+constexpr const char* kTiers[] = {"hbm", "host", "nvme"};
+
+// "hbm 0 B, host 2.2 MiB, nvme 2.2 MiB": the bytes of a `*_by_tier` object.
+std::string TierBytes(const json& by_tier) {
+  return fmt::format("hbm {}, host {}, nvme {}", B(Num(by_tier, "hbm")), B(Num(by_tier, "host")), B(Num(by_tier, "nvme")));
+}
+
+// "hbm 0.0%, host 0.0%, nvme 100.0% of 10 blocks": the shares of a `hit_rate_by_tier` object.
+std::string TierShareText(const json& j) {
+  const json& h = Obj(j, "hit_rate_by_tier");
+  return fmt::format("hbm {}, host {}, nvme {} of {} blocks", P(Num(h, "hbm")), P(Num(h, "host")), P(Num(h, "nvme")),
+                     Cell(j.value("blocks_requested", json(0))));
+}
+
+// Adds `b` (its titles and x label set) as stacked bars, one per row of `rows` (labelled by `label`):
+// the share of the blocks the row's restore asked for that each tier served (`hit_rate_by_tier`)
+// and, on top, the share found in no tier (a fallback; drawn only when some row has one). Rows
+// without a `hit_rate_by_tier` object are left out and named in a note ("Not charted: <what> <labels>").
+void AddTierShares(Report* r, std::string* body, BarChart b, const json& rows,
+                   const std::function<std::string(const json&)>& label, std::string name, std::string_view what) {
+  std::vector<std::string> missing;
+  b.groups.clear();
+  b.y_label = "share of the blocks asked for";
+  b.y_format = AxisFormat::kPercent;
+  b.stacked = true;
+  b.bars = {"hbm", "host", "nvme", "in no tier (fallback)"};
+  bool fallbacks = false;
+  for (const auto& row : rows) {
+    const json& h = Obj(row, "hit_rate_by_tier");
+    if (h.empty()) {
+      missing.push_back(label(row));
+      continue;
+    }
+    std::vector<double> v;
+    double found = 0;
+    for (const char* tier : kTiers) {
+      v.push_back(Num(h, tier));
+      found += v.back();
+    }
+    // A row that asked for no block (a turn that computed its whole prompt) misses nothing.
+    const bool asked = row.contains("blocks_requested") ? Num(row, "blocks_requested") > 0 : found > 0;
+    v.push_back(asked ? std::max(0.0, 1 - found) : 0.0);
+    fallbacks = fallbacks || v.back() > 1e-9;
+    b.groups.push_back(label(row));
+    b.values.push_back(std::move(v));
+  }
+  if (!fallbacks) {
+    b.bars.pop_back();
+    for (auto& v : b.values) v.pop_back();
+  }
+  if (!b.groups.empty()) Add(r, body, std::move(name), RenderSvg(b));
+  if (!missing.empty())
+    Skipped(body, fmt::format("{} {}", what, fmt::join(missing, ", ")), "hit_rate_by_tier is missing or not an object");
+}
+
+// Per codec of `bytes_per_token_by_codec` (largest first): the nominal and the as-stored bytes
+// (`nominal_key`, `stored_key`), the codec the run used (`used`, its lossless stage stripped: the
+// table has none) outlined. Entries that are not objects are left out.
+BarChart CodecBytes(const json& by_codec, const char* nominal_key, const char* stored_key, const std::string& used) {
+  std::vector<std::pair<std::string, const json*>> codecs;
+  for (auto it = by_codec.begin(); it != by_codec.end(); ++it) {
+    if (it->is_object()) codecs.emplace_back(it.key(), &*it);
+  }
+  std::stable_sort(codecs.begin(), codecs.end(),
+                   [&](const auto& a, const auto& b) { return Num(*a.second, nominal_key) > Num(*b.second, nominal_key); });
+  const std::string base = used.substr(0, used.find('+'));
+  BarChart c;
+  c.y_format = AxisFormat::kBytes;
+  c.bars = {"nominal", "as stored"};
+  c.value_labels = codecs.size() <= 6;  // more: the labels of neighbouring bars overlap (the tooltips keep them)
+  c.marked_label = fmt::format("this run: {}", used);
+  bool found = false;
+  for (const auto& [name, entry] : codecs) {
+    c.groups.push_back(name);
+    c.values.push_back({Num(*entry, nominal_key), Num(*entry, stored_key)});
+    c.marked_groups.push_back(name == base);
+    found = found || name == base;
+  }
+  const std::string mark = !found        ? fmt::format("this run's codec {} is not in the table", used)
+                           : base != used ? fmt::format("outlined: {}, the run's {} before its lossless stage", base, used)
+                                          : fmt::format("outlined: {}, the codec this run used", used);
+  c.subtitle = "as stored: with the block header, scales and 4 KiB alignment; " + mark;
+  return c;
+}
+
+// "t2 c1": a multi-turn row's turn and conversation ("?" where the row lacks one).
+std::string TurnLabel(const json& row) {
+  auto part = [&](const char* key) { return row.contains(key) ? Str(row, key) : "?"; };
+  return fmt::format("t{} c{}", part("turn"), part("conversation"));
+}
+
+// The prefix rows of `bench kv`: TTFT, restore bandwidth and, per prefix, the restore's blocks by tier.
+void BenchKvRows(const json& j, Report* r, std::string* body) {
   const json& rows = Arr(j, "rows");
-  r->title = fmt::format("Terrace bench kv: {} from {}", Str(j, "model"), Str(j, "tier"));
+  *body += "<h2>Restore vs recompute per prefix length</h2>";
+  if (rows.empty()) {
+    *body += "<p>No per-prefix rows (<code>--prefix-tokens none</code>).</p>";
+    return;
+  }
+  *body += KeyValueTable({{"blocks restored, all rows", TierShareText(j)},
+                          {"bytes read, all rows", TierBytes(Obj(j, "bytes_read_by_tier"))},
+                          {"bytes written by turn 1, all rows", TierBytes(Obj(j, "bytes_written_by_tier"))}});
   LineChart t = Lines(rows, "prefix_tokens", {{"ttft_restore_s", "restore"}, {"ttft_recompute_s", "recompute"}});
   t.title = "Time to first token vs prefix length";
   t.x_label = "prefix (tokens)";
@@ -554,6 +664,101 @@ void BenchKvSections(const json& j, Report* r, std::string* body) {
   b.y_label = "MB/s";
   b.x_format = AxisFormat::kTokens;
   Add(r, body, "restore-bandwidth", RenderSvg(b));
+  BarChart h;
+  h.title = "Restore hit rate per tier vs prefix length";
+  h.subtitle = fmt::format("the share of the prepared restore's blocks each tier served (--tier {})", Str(j, "tier"));
+  h.x_label = "prefix (tokens)";
+  AddTierShares(r, body, std::move(h), rows,
+                [](const json& row) { return FormatAxisValue(Num(row, "prefix_tokens"), AxisFormat::kTokens); },
+                "tier-hit-rates-by-prefix", "the hit rate per tier of prefix");
+}
+
+// The `multi_turn` part of `bench kv`: per turn, restored vs computed tokens, TTFT and the tier shares.
+void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
+  *body += "<h2>Multi-turn workload</h2>";
+  auto it = j.find("multi_turn");
+  if (it == j.end()) {
+    *body += "<p>Not run (<code>--turns 0</code>).</p>";
+    return;
+  }
+  if (!it->is_object()) return Skipped(body, "the multi-turn workload", "multi_turn is not an object");
+  const json& mt = *it;
+  const json& rows = Arr(mt, "rows");
+  const double restored = Num(mt, "restored_tokens"), computed = Num(mt, "computed_tokens");
+  *body += KeyValueTable({
+      {"workload", fmt::format("{} conversations x {} turns, a {}-token system prompt, {} new tokens per turn",
+                               Cell(mt.value("conversations", json(0))), Cell(mt.value("turns", json(0))),
+                               Cell(mt.value("system_tokens", json(0))), Cell(mt.value("user_tokens", json(0))))},
+      {"prompt tokens", fmt::format("{:.0f} restored, {:.0f} computed ({} restored)", restored, computed,
+                                    P(restored + computed > 0 ? restored / (restored + computed) : 0))},
+      {"time", fmt::format("TTFT summed over the turns {:.3g} s; the part, flushes included, {:.3g} s",
+                           Num(mt, "ttft_restore_s_sum"), Num(mt, "seconds"))},
+      {"blocks restored", TierShareText(mt)},
+      {"bytes read", TierBytes(Obj(mt, "bytes_read_by_tier"))},
+      {"bytes written", TierBytes(Obj(mt, "bytes_written_by_tier"))},
+      {"write failures", Cell(mt.value("write_failures", json(0)))},
+  });
+  if (rows.empty()) return Skipped(body, "the multi-turn charts", "multi_turn.rows is missing or empty");
+  // One group per turn, in the order played (tN cM: turn N of conversation M).
+  auto per_turn = [&](std::string title, std::string subtitle, std::string y_label) {
+    BarChart b;
+    b.title = std::move(title);
+    b.subtitle = std::move(subtitle);
+    b.x_label = "turn t of conversation c, in the order played";
+    b.y_label = std::move(y_label);
+    for (const auto& row : rows) b.groups.push_back(TurnLabel(row));
+    return b;
+  };
+  BarChart tok = per_turn("Prompt tokens per turn: restored vs computed",
+                          "restored from the cache (bottom) and computed (top); the stack is the prompt", "tokens");
+  tok.stacked = true;
+  tok.bars = {"restored", "computed"};
+  for (const auto& row : rows) tok.values.push_back({Num(row, "restored_tokens"), Num(row, "computed_tokens")});
+  Add(r, body, "multi-turn-tokens", RenderSvg(tok));
+  BarChart ttft = per_turn("Time to first token per turn, with restore",
+                           "restore + the rest of the prompt's forward pass; beside it, the time it waited on reads",
+                           "milliseconds");
+  ttft.bars = {"TTFT with restore", "waiting on reads"};
+  ttft.value_labels = rows.size() * 2 <= 24;
+  for (const auto& row : rows) ttft.values.push_back({1e3 * Num(row, "ttft_restore_s"), 1e3 * Num(row, "restore_wait_s")});
+  Add(r, body, "multi-turn-ttft", RenderSvg(ttft));
+  AddTierShares(r, body,
+                per_turn("Restore hit rate per tier, per turn",
+                         "the share of the turn's restored blocks each tier served; empty: the turn restored nothing", ""),
+                rows, TurnLabel, "multi-turn-tier-shares", "the tier shares of turn");
+}
+
+// `bytes_per_token_by_codec` of `bench kv`: KV bytes per token and state bytes per snapshot per codec.
+void BenchKvCodecs(const json& j, Report* r, std::string* body) {
+  *body += "<h2>Bytes per token per codec</h2>";
+  auto it = j.find("bytes_per_token_by_codec");
+  if (it == j.end() || !it->is_object() || it->empty())
+    return Skipped(body, "the bytes per codec", "bytes_per_token_by_codec is missing, empty or not an object");
+  BarChart kv = CodecBytes(*it, "kv_bytes_per_token", "kv_block_bytes_per_token", Str(j, "kv_codec"));
+  kv.title = "KV bytes per token per codec";
+  kv.y_label = "bytes per token (every MLA layer)";
+  Add(r, body, "kv-bytes-per-token-by-codec", RenderSvg(kv));
+  BarChart st = CodecBytes(*it, "state_bytes_per_snapshot", "state_block_bytes_per_snapshot", Str(j, "state_codec"));
+  st.title = "KDA state bytes per snapshot per codec";
+  st.y_label = "bytes per snapshot (every KDA layer)";
+  Add(r, body, "state-bytes-per-snapshot-by-codec", RenderSvg(st));
+  std::vector<std::string> missing;
+  for (auto c = it->begin(); c != it->end(); ++c)
+    if (!c->is_object()) missing.push_back(c.key());
+  if (!missing.empty())
+    Skipped(body, fmt::format("codec {}", fmt::join(missing, ", ")), "its bytes_per_token_by_codec entry is not an object");
+}
+
+// `terrace bench kv --json`: {"rows": [{"prefix_tokens", "ttft_restore_s", ...}], "multi_turn": {...},
+// "bytes_per_token_by_codec": {...}}; rows is empty with --prefix-tokens none, multi_turn absent with --turns 0.
+void BenchKvSections(const json& j, Report* r, std::string* body) {
+  r->title = Arr(j, "rows").empty() ? fmt::format("Terrace bench kv: {}", Str(j, "model"))
+                                    : fmt::format("Terrace bench kv: {} from {}", Str(j, "model"), Str(j, "tier"));
+  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>, {}-token chunks.</p>", XmlEscape(Str(j, "kv_codec")),
+                       XmlEscape(Str(j, "state_codec")), Cell(j.value("chunk_tokens", json(0))));
+  BenchKvRows(j, r, body);
+  BenchKvMultiTurn(j, r, body);
+  BenchKvCodecs(j, r, body);
 }
 
 bool RowsHave(const json& j, const char* key) {
@@ -662,7 +867,7 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
     DemoSections(j, &r, &body);
   } else if (!Arr(j, "configs").empty()) {
     BenchExpertsSections(j, &r, &body);
-  } else if (RowsHave(j, "prefix_tokens")) {
+  } else if (RowsHave(j, "prefix_tokens") || j.contains("multi_turn") || j.contains("bytes_per_token_by_codec")) {
     BenchKvSections(j, &r, &body);
   } else if (RowsHave(j, "codec")) {
     VerifyKvSections(j, &r, &body);
@@ -680,7 +885,7 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title><style>"
       "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"
       "table{{border-collapse:collapse;margin:0.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;"
-      "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}svg{{display:block;margin:1em 0}}"
+      "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}p.skipped{{color:#b00}}svg{{display:block;margin:1em 0}}"
       "</style></head><body><h1>{0}</h1><p>Source: {1}</p>\n{2}\n</body></html>\n",
       XmlEscape(r.title), XmlEscape(source), body);
   return r;

@@ -40,8 +40,24 @@ struct Axis {
   }
 };
 
-Axis MakeAxis(double lo, double hi, bool log) {
+Axis MakeAxis(double lo, double hi, bool log, AxisFormat f = AxisFormat::kPlain) {
   Axis a;
+  // Byte axes tick at round numbers of their unit (100 KiB, not 97.7 KiB): the linear axis is made in
+  // that unit (KiB, MiB, ... as FormatAxisValue prints) and scaled back.
+  if (f == AxisFormat::kBytes && !log && std::isfinite(hi) && std::fabs(hi) >= 1024) {
+    double unit = 1;
+    while (std::fabs(hi) / unit >= 1024 && unit < 0x1p50) unit *= 1024;
+    a = MakeAxis(lo / unit, hi / unit, false);
+    if (a.step < 1) {  // under one unit: half units (512 KiB), not 0.2 MiB (204.8 KiB)
+      a.step = a.step <= 0.5 ? 0.5 : 1;
+      a.lo = std::floor(a.lo / a.step + 1e-9) * a.step;
+      a.hi = std::ceil(a.hi / a.step - 1e-9) * a.step;
+    }
+    a.lo *= unit;
+    a.hi *= unit;
+    a.step *= unit;
+    return a;
+  }
   a.log = log;
   if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi)) lo = hi = log ? 1 : 0;
   if (log) {
@@ -193,8 +209,8 @@ std::string RenderSvg(const LineChart& c) {
       yhi = std::max(yhi, y);
     }
   }
-  const Axis ax = c.integer_x && !c.log_x ? IntegerAxis(xlo, xhi) : MakeAxis(xlo, xhi, c.log_x);
-  Axis ay = MakeAxis(ylo, yhi, c.log_y);
+  const Axis ax = c.integer_x && !c.log_x ? IntegerAxis(xlo, xhi) : MakeAxis(xlo, xhi, c.log_x, c.x_format);
+  Axis ay = MakeAxis(ylo, yhi, c.log_y, c.y_format);
   if (c.y_format == AxisFormat::kPercent && !c.log_y) ay = MakeAxis(0, std::max(1.0, yhi), false);
   std::string s = Header(c.title, c.subtitle);
   Frame(&s, ay, c.y_format, c.y_label, c.x_label);
@@ -233,16 +249,22 @@ std::string RenderSvg(const LineChart& c) {
 }
 
 std::string RenderSvg(const BarChart& c) {
+  // A bar's drawn value: finite, and not below zero when stacked (a segment never hangs under its base).
+  auto value = [&](double v) { return !std::isfinite(v) ? 0 : c.stacked ? std::max(v, 0.0) : v; };
   double yhi = 0;
-  for (const auto& g : c.values)
-    for (double v : g)
-      if (std::isfinite(v)) yhi = std::max(yhi, v);
+  for (const auto& g : c.values) {
+    double total = 0;
+    for (double v : g) {
+      total += value(v);
+      yhi = std::max(yhi, c.stacked ? total : value(v));
+    }
+  }
   for (const RefLine& r : c.ref_lines)
     if (std::isfinite(r.y)) yhi = std::max(yhi, r.y);
-  const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false);
+  const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false, c.y_format);
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
-  const double bw = gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
+  const double bw = c.stacked ? gw * 0.8 : gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
   // Labels wider than their group (about 6.5 px a character at 12 px) are drawn slanted down to the
   // right, and the canvas grows below the plot to hold them (the plot keeps its place and size).
   std::size_t longest = 0;
@@ -255,28 +277,36 @@ std::string RenderSvg(const BarChart& c) {
               : kChartHeight;
   std::string s = Header(c.title, c.subtitle, height);
   Frame(&s, ay, c.y_format, c.y_label, c.x_label, height);
+  // A value label centred above the bar at x whose top is at py.
+  auto label_above = [&](double x, double py, double v) {
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
+                     x + bw * 0.46, py - 4, XmlEscape(ValueLabel(v, c.y_format)));
+  };
   for (std::size_t g = 0; g < c.groups.size(); ++g) {
     const double gx = x0 + g * gw + gw * 0.1;
+    const bool hot = g < c.hot_groups.size() && c.hot_groups[g];
+    const bool marked = g < c.marked_groups.size() && c.marked_groups[g];
+    double base = 0;  // stacked: the top of the group's bars so far
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
-      const double v = std::isfinite(c.values[g][b]) ? c.values[g][b] : 0;
-      const double top = ay.Map(v, y0, y1);
-      const bool hot = g < c.hot_groups.size() && c.hot_groups[g];
-      s += fmt::format("<rect class=\"bar{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+      const double v = value(c.values[g][b]);
+      const double x = c.stacked ? gx : gx + b * bw, top = ay.Map(base + v, y0, y1), bottom = ay.Map(base, y0, y1);
+      s += fmt::format("<rect class=\"bar{}{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"{}>"
                        "<title>{} {}: {}</title></rect>",
-                       hot ? " hot" : "", gx + b * bw, top, bw * 0.92, y0 - top,
-                       hot ? "#c0392b" : kPalette[b % kPaletteSize], XmlEscape(c.groups[g]),
-                       XmlEscape(c.bars[b]), XmlEscape(FormatAxisValue(v, c.y_format)));
-      if (c.value_labels)
-        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
-                         gx + b * bw + bw * 0.46, top - 4, XmlEscape(ValueLabel(v, c.y_format)));
+                       hot ? " hot" : "", marked ? " marked" : "", x, top, bw * 0.92, bottom - top,
+                       hot ? "#c0392b" : kPalette[b % kPaletteSize], marked ? " stroke=\"#111\" stroke-width=\"2\"" : "",
+                       XmlEscape(c.groups[g]), XmlEscape(c.bars[b]), XmlEscape(FormatAxisValue(v, c.y_format)));
+      if (c.value_labels && !c.stacked) label_above(x, top, v);
+      if (c.stacked) base += v;
     }
+    if (c.value_labels && c.stacked) label_above(gx, ay.Map(base, y0, y1), base);
+    const char* weight = marked ? " font-weight=\"bold\"" : "";
     if (g % label_every == 0 && slanted) {
       const double lx = x0 + g * gw + gw / 2 - 4;
-      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" transform=\"rotate(35 {0:.1f} {1})\">{2}</text>", lx, y0 + 14,
-                       XmlEscape(c.groups[g]));
+      s += fmt::format("<text x=\"{0:.1f}\" y=\"{1}\" transform=\"rotate(35 {0:.1f} {1})\"{3}>{2}</text>", lx, y0 + 14,
+                       XmlEscape(c.groups[g]), weight);
     } else if (g % label_every == 0) {
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x0 + g * gw + gw / 2, y0 + 18,
-                       XmlEscape(c.groups[g]));
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\"{}>{}</text>", x0 + g * gw + gw / 2, y0 + 18,
+                       weight, XmlEscape(c.groups[g]));
     }
   }
   for (std::size_t i = 0; i < c.ref_lines.size(); ++i) {
@@ -299,6 +329,12 @@ std::string RenderSvg(const BarChart& c) {
                      "stroke-dasharray=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>",
                      kChartWidth - kRight + 12, y - 4, kChartWidth - kRight + 34, y - 4, i == 0 ? "2 3" : "7 4",
                      kChartWidth - kRight + 40, y, XmlEscape(c.ref_lines[i].name));
+  }
+  if (std::find(c.marked_groups.begin(), c.marked_groups.end(), true) != c.marked_groups.end()) {
+    const int y = kTop + 14 + static_cast<int>(c.bars.size() + 1 + c.ref_lines.size()) * 20;
+    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"none\" stroke=\"#111\" stroke-width=\"2\"/>"
+                     "<text x=\"{}\" y=\"{}\">{}</text>",
+                     kChartWidth - kRight + 16, y - 11, kChartWidth - kRight + 40, y, XmlEscape(c.marked_label));
   }
   s += "</svg>";
   return s;

@@ -39,8 +39,11 @@ struct BarChart {
   std::vector<std::string> bars;         // bars within a group (legend)
   std::vector<std::vector<double>> values;  // [group][bar]
   std::vector<bool> hot_groups;          // [group]: drawn red with class "bar hot" (e.g. hot experts)
+  std::vector<bool> marked_groups;       // [group]: outlined, class "bar marked", label bold (e.g. the run's codec)
+  std::string marked_label;              // the legend entry of the outline (when a group is marked)
+  bool stacked = false;                  // a group's bars stacked in one column, bars[0] at the bottom
   std::vector<RefLine> ref_lines;        // e.g. the layer mean and the hot threshold
-  bool value_labels = false;             // the value above each bar (few bars)
+  bool value_labels = false;             // the value above each bar (stacked: the group's total)
 };
 
 inline constexpr int kChartWidth = 720, kChartHeight = 380;

@@ -1,6 +1,8 @@
-"""terrace report on real, small outputs of `demo`, `bench experts`, `bench kv` and `verify kv` (each run here
-on k3-toy): each shape gets its charts; every SVG parses as XML, references nothing outside the page, and
-its polylines / bars follow the JSON (point count = rows, heights ordered like the values)."""
+"""terrace report on real, small outputs of `demo`, `bench experts`, `bench kv` (with and without prefix rows)
+and `verify kv` (each run here on k3-toy): each shape gets its charts; every SVG parses as XML, references
+nothing outside the page, and its polylines / bars follow the JSON (point count = rows, heights ordered like
+the values, stacked segments on each other); malformed bench kv JSON is rendered with the parts it could not
+chart named on the page."""
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -150,12 +152,99 @@ def test_bench_experts_report(terrace, toy, tmp_path):
             svg_y_order(pts, cfg["layer_recall"])
 
 
+# Small multi-turn settings: k3-toy, 64-token chunks, a 128-token system prompt.
+KV_SMALL = ("--chunk-tokens", "64", "--store-nvme-size", "8MiB", "--state-nvme-size", "16MiB", "--turns", "3",
+            "--conversations", "2", "--system-tokens", "128", "--user-tokens", "48")
+KV_MULTI_TURN_CHARTS = {"multi-turn-tokens", "multi-turn-ttft", "multi-turn-tier-shares"}
+KV_CODEC_CHARTS = {"kv-bytes-per-token-by-codec", "state-bytes-per-snapshot-by-codec"}
+
+
+def rects(svg):
+    """The bars as dicts of their attributes and tooltip ("<group> <bar>: <value>"; the value a number, or
+    None where the tooltip gives it with a unit, as byte charts do), in drawing order."""
+    out = []
+    for r in svg.iter(NS + "rect"):
+        if "bar" not in (r.get("class") or ""):
+            continue
+        label, value = r.find(NS + "title").text.rsplit(": ", 1)
+        number = value.rstrip("%")
+        out.append({"class": r.get("class"), "y": float(r.get("y")), "h": float(r.get("height")), "label": label,
+                    "value": float(number) if re.fullmatch(r"[-+.e0-9]+", number) else None})
+    return out
+
+
+def check_page(html, charts):
+    """One inline SVG per chart, each under its own title; the page is not the generic fallback."""
+    assert html.count("<svg") == len(charts)
+    for svg in charts.values():
+        title = svg.find(NS + "title").text
+        for ch, ent in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("'", "&#39;")):
+            title = title.replace(ch, ent)  # as the report escapes it
+        assert f"<title>{title}</title>" in html
+    assert "<title>Terrace bench kv: " in html and "Not charted" not in html
+
+
+def check_tier_shares(svg, rows, label):
+    """Stacked hbm/host/nvme bars per row at the row's hit_rate_by_tier, each segment on the one below."""
+    b = rects(svg)
+    assert len(b) == 3 * len(rows)
+    for i, row in enumerate(rows):
+        group = b[3 * i:3 * i + 3]
+        assert [g["label"] for g in group] == [f"{label(row)} {t}" for t in ("hbm", "host", "nvme")]
+        assert [g["value"] for g in group] == pytest.approx([100 * row["hit_rate_by_tier"][t]
+                                                            for t in ("hbm", "host", "nvme")], abs=0.5)
+        for low, high in zip(group, group[1:]):
+            assert high["y"] + high["h"] == pytest.approx(low["y"], abs=0.15)
+
+
+def check_multi_turn(c, mt):
+    rows = mt["rows"]
+    assert len(rows) == mt["conversations"] * mt["turns"]
+    label = lambda r: f"t{r['turn']} c{r['conversation']}"  # noqa: E731
+    # Restored (bottom) and computed (top) stacked: heights in proportion, the stack the prompt.
+    tok = rects(c["multi-turn-tokens"])
+    assert len(tok) == 2 * len(rows)
+    scale = max(t["h"] for t in tok[1::2]) / max(r["computed_tokens"] for r in rows)
+    for (restored, computed), row in zip(zip(tok[0::2], tok[1::2]), rows):
+        assert restored["label"] == f"{label(row)} restored" and computed["label"] == f"{label(row)} computed"
+        assert restored["h"] == pytest.approx(scale * row["restored_tokens"], abs=0.3)
+        assert computed["h"] == pytest.approx(scale * row["computed_tokens"], abs=0.3)
+        assert computed["y"] + computed["h"] == pytest.approx(restored["y"], abs=0.15)
+        assert row["restored_tokens"] + row["computed_tokens"] == row["prompt_tokens"]
+    assert any(r["restored_tokens"] > 0 for r in rows) and rows[0]["restored_tokens"] == 0
+    ttft = rects(c["multi-turn-ttft"])
+    assert [t["value"] for t in ttft[0::2]] == pytest.approx([1e3 * r["ttft_restore_s"] for r in rows], rel=1e-4)
+    assert [t["value"] for t in ttft[1::2]] == pytest.approx([1e3 * r["restore_wait_s"] for r in rows], rel=1e-4,
+                                                              abs=1e-6)
+    same_order([t["h"] for t in ttft[0::2]], [r["ttft_restore_s"] for r in rows])
+    check_tier_shares(c["multi-turn-tier-shares"], rows, label)
+
+
+def check_codecs(c, j):
+    for chart, nominal, stored, used in (
+            ("kv-bytes-per-token-by-codec", "kv_bytes_per_token", "kv_block_bytes_per_token", j["kv_codec"]),
+            ("state-bytes-per-snapshot-by-codec", "state_bytes_per_snapshot", "state_block_bytes_per_snapshot",
+             j["state_codec"])):
+        by = j["bytes_per_token_by_codec"]
+        b = rects(c[chart])
+        assert len(b) == 2 * len(by)
+        names = [x["label"].rsplit(" ", 1)[0] for x in b[0::2]]
+        assert sorted(names) == sorted(by)
+        same_order([x["h"] for x in b[0::2]], [by[n][nominal] for n in names])
+        same_order([x["h"] for x in b[1::2]], [by[n][stored] for n in names])
+        assert [x["h"] for x in b[0::2]] == sorted((x["h"] for x in b[0::2]), reverse=True)  # largest first
+        # The codec the run used is the one outlined (both its bars).
+        assert [x["label"] for x in b if "marked" in x["class"]] == [f"{used} nominal", f"{used} as stored"]
+
+
 def test_bench_kv_report(terrace, toy, tmp_path):
     r = terrace("bench", "kv", "--model", toy, "--dir", tmp_path / "kv", "--prefix-tokens", "64,128,256",
-                "--chunk-tokens", "64", "--store-nvme-size", "8MiB", "--state-nvme-size", "16MiB", "--json",
-                timeout=300, check=True)
+                "--state-codec", "int8", *KV_SMALL, "--json", timeout=300, check=True)
     j = json.loads(r.stdout)
     c = report(terrace, tmp_path, j, "kv")
+    assert {"ttft-vs-prefix", "restore-bandwidth", "tier-hit-rates-by-prefix"} | KV_MULTI_TURN_CHARTS | \
+        KV_CODEC_CHARTS == set(c)
+    check_page((tmp_path / "kv.html").read_text(), c)
     rows = j["rows"]
     for chart, series, key in (("ttft-vs-prefix", "restore", "ttft_restore_s"),
                                ("ttft-vs-prefix", "recompute", "ttft_recompute_s"),
@@ -165,6 +254,61 @@ def test_bench_kv_report(terrace, toy, tmp_path):
         assert len(pts) == len(rows)
         svg_y_order(pts, [row[key] for row in rows])
         assert [x for x, _ in pts] == sorted(x for x, _ in pts)  # x follows the prefix length
+    assert all(row["hit_rate_by_tier"]["nvme"] == 1 for row in rows)  # --tier nvme: every block from NVMe
+    check_tier_shares(c["tier-hit-rates-by-prefix"], rows, lambda row: str(row["prefix_tokens"]))
+    check_multi_turn(c, j["multi_turn"])
+    check_codecs(c, j)
+
+
+def test_bench_kv_multi_turn_only_report(terrace, toy, tmp_path):
+    """--prefix-tokens none: a bench kv page (not the generic table) with the multi-turn and codec charts.
+    Small host tiers make later turns restore part of their blocks from NVMe."""
+    r = terrace("bench", "kv", "--model", toy, "--dir", tmp_path / "kv", "--prefix-tokens", "none", *KV_SMALL,
+                "--store-host-size", "1MiB", "--state-host-size", "1MiB", "--json", timeout=300, check=True)
+    j = json.loads(r.stdout)
+    assert j["rows"] == []
+    c = report(terrace, tmp_path, j, "mt")
+    assert KV_MULTI_TURN_CHARTS | KV_CODEC_CHARTS == set(c)
+    html = (tmp_path / "mt.html").read_text()
+    check_page(html, c)
+    assert "No per-prefix rows" in html
+    shares = [row["hit_rate_by_tier"] for row in j["multi_turn"]["rows"]]
+    assert any(s["nvme"] > 0 for s in shares) and any(s["host"] > 0 for s in shares)
+    check_multi_turn(c, j["multi_turn"])
+    check_codecs(c, j)
+
+
+def test_bench_kv_report_skips_malformed_parts_visibly(terrace, tmp_path):
+    """Hand-written bench kv JSON with missing or malformed parts: the page still renders (exit 0), draws
+    what it can, and names each part it left out and why."""
+    row = {"prefix_tokens": 64, "ttft_restore_s": 0.01, "ttft_recompute_s": 0.02}  # no hit_rate_by_tier
+    codecs = {"bf16": {"kv_bytes_per_token": 320, "kv_block_bytes_per_token": 448, "state_bytes_per_snapshot": 9,
+                       "state_block_bytes_per_snapshot": 10}, "f32": 7}
+    j = {"model": "m", "tier": "nvme", "kv_codec": "bf16+zstd", "state_codec": "f32", "rows": [row],
+         "multi_turn": "oops", "bytes_per_token_by_codec": codecs}
+    c = report(terrace, tmp_path, j, "bad")
+    html = (tmp_path / "bad.html").read_text()
+    assert {"ttft-vs-prefix", "restore-bandwidth"} | KV_CODEC_CHARTS == set(c)
+    assert "Not charted: the hit rate per tier of prefix 64 (hit_rate_by_tier is missing or not an object)" in html
+    assert "Not charted: the multi-turn workload (multi_turn is not an object)" in html
+    assert "Not charted: codec f32 (its bytes_per_token_by_codec entry is not an object)" in html
+    # bf16+zstd: the table has no lossless stages; bf16 is outlined and the subtitle says why.
+    kv = c["kv-bytes-per-token-by-codec"]
+    assert [x["label"] for x in rects(kv) if "marked" in x["class"]] == ["bf16 nominal", "bf16 as stored"]
+    assert "before its lossless stage" in ET.tostring(kv, encoding="unicode")
+    # Only the multi-turn part (rows empty), its rows malformed: turn rows that are not objects or lack keys.
+    mt = {"conversations": 1, "turns": 2, "rows": [{"turn": 1, "conversation": 1, "restored_tokens": "x",
+                                                      "hit_rate_by_tier": [1]}, 5]}
+    c = report(terrace, tmp_path, {"rows": [], "multi_turn": mt}, "bad2")
+    html = (tmp_path / "bad2.html").read_text()
+    assert "<title>Terrace bench kv: " in html
+    assert {"multi-turn-tokens", "multi-turn-ttft"} == set(c)
+    assert "Not charted: the tier shares of turn t1 c1, t? c? (hit_rate_by_tier is missing or not an object)" in html
+    assert "Not charted: the bytes per codec (bytes_per_token_by_codec is missing, empty or not an object)" in html
+    for name, j, note in (("bad3", {"rows": [], "multi_turn": {}}, "multi_turn.rows is missing or empty"),
+                          ("bad4", {"bytes_per_token_by_codec": []}, "bytes_per_token_by_codec is missing")):
+        assert report(terrace, tmp_path, j, name) == {}
+        assert note in (tmp_path / f"{name}.html").read_text()
 
 
 def test_verify_kv_report(terrace, toy, tmp_path):

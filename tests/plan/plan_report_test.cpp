@@ -1,4 +1,5 @@
 // `terrace report`: self-contained HTML with inline SVG whose polylines follow the data.
+#include <cstring>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -166,4 +167,97 @@ TEST_CASE("Charts: bar labels wider than their bar are slanted and the canvas gr
   const std::string flat = RenderSvg(b);
   CHECK(flat.find("rotate(35") == std::string::npos);
   CHECK(flat.find(fmt::format("height=\"{}\"", kChartHeight)) != std::string::npos);
+}
+
+namespace {
+// The (y, height) of every bar rect ("class=\"bar...\""), in drawing order, and whether it is marked.
+struct Rect {
+  double y, h;
+  bool marked;
+};
+std::vector<Rect> Bars(const std::string& svg) {
+  std::vector<Rect> out;
+  for (std::size_t p = svg.find("class=\"bar"); p != std::string::npos; p = svg.find("class=\"bar", p + 1)) {
+    const std::size_t end = svg.find('>', p);
+    const std::string tag = svg.substr(p, end - p);
+    auto attr = [&](const char* name) { return std::stod(tag.substr(tag.find(name) + std::strlen(name))); };
+    out.push_back({attr(" y=\""), attr("height=\""), tag.find(" marked") != std::string::npos});
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("Charts: stacked bars sit on each other, heights in proportion; the axis spans the tallest stack") {
+  BarChart b;
+  b.stacked = true;
+  b.bars = {"restored", "computed"};
+  b.groups = {"a", "b"};
+  b.values = {{30, 10}, {0, 80}};
+  const auto r = Bars(RenderSvg(b));
+  REQUIRE(r.size() == 4);
+  CHECK(r[1].y + r[1].h == Approx(r[0].y).margin(0.15));  // computed on restored
+  CHECK(r[0].h == Approx(3 * r[1].h).margin(0.3));
+  CHECK(r[2].h == Approx(0).margin(0.05));
+  CHECK(r[3].h == Approx(2 * (r[0].h + r[1].h)).margin(0.3));  // 80 = 2 x 40
+  // The tallest stack (80) reaches the plot's top (80 is a tick: the axis ends there).
+  CHECK(r[3].y == Approx(52).margin(0.15));
+}
+
+TEST_CASE("Charts: marked groups are outlined and labelled in the legend; byte axes tick at round units") {
+  BarChart b;
+  b.y_format = AxisFormat::kBytes;
+  b.bars = {"nominal", "as stored"};
+  b.groups = {"f32", "bf16"};
+  b.values = {{448512, 466944}, {224256, 245760}};
+  b.marked_groups = {false, true};
+  b.marked_label = "this run: bf16";
+  const std::string svg = RenderSvg(b);
+  const auto r = Bars(svg);
+  REQUIRE(r.size() == 4);
+  CHECK_FALSE(r[0].marked);
+  CHECK_FALSE(r[1].marked);
+  CHECK(r[2].marked);
+  CHECK(r[3].marked);
+  CHECK(svg.find(">this run: bf16<") != std::string::npos);
+  CHECK(svg.find("font-weight=\"bold\">bf16<") != std::string::npos);
+  // 0..456 KiB: ticks every 100 KiB, not at decimal bytes (97.7 KiB).
+  CHECK(svg.find(">100 KiB<") != std::string::npos);
+  CHECK(svg.find(">500 KiB<") != std::string::npos);
+  CHECK(svg.find("97.7 KiB") == std::string::npos);
+  b.marked_groups.clear();
+  CHECK(RenderSvg(b).find("this run") == std::string::npos);  // no marked group, no legend entry
+}
+
+TEST_CASE("Report: bench kv JSON without prefix rows is a bench kv page; malformed parts are named, not drawn") {
+  auto r = RenderReport(R"({"model": "m", "tier": "nvme", "kv_codec": "bf16", "state_codec": "f32", "rows": [],
+    "multi_turn": {"conversations": 1, "turns": 2, "rows": [
+      {"turn": 1, "conversation": 1, "prompt_tokens": 100, "restored_tokens": 0, "computed_tokens": 100,
+       "ttft_restore_s": 0.2, "restore_wait_s": 0, "blocks_requested": 0,
+       "hit_rate_by_tier": {"hbm": 0, "host": 0, "nvme": 0}},
+      {"turn": 2, "conversation": 1, "prompt_tokens": 150, "restored_tokens": 64, "computed_tokens": 86,
+       "ttft_restore_s": 0.1, "restore_wait_s": 0.01, "blocks_requested": 4,
+       "hit_rate_by_tier": {"hbm": 0, "host": 0.25, "nvme": 0.5}}]},
+    "bytes_per_token_by_codec": {"bf16": {"kv_bytes_per_token": 320}, "f32": "x"}})",
+                        "kv.json");
+  REQUIRE(r.ok());
+  CHECK(r->title == "Terrace bench kv: m");
+  std::vector<std::string> names;
+  for (const auto& c : r->charts) names.push_back(c.name);
+  CHECK(names == std::vector<std::string>{"multi-turn-tokens", "multi-turn-ttft", "multi-turn-tier-shares",
+                                          "kv-bytes-per-token-by-codec", "state-bytes-per-snapshot-by-codec"});
+  // Turn 2 found 75% of its blocks: a fourth segment, "in no tier", stacks the remaining 25%.
+  const std::string& tiers = r->charts[2].svg;
+  CHECK(tiers.find("t2 c1 in no tier (fallback): 25%") != std::string::npos);
+  CHECK(tiers.find("t1 c1 in no tier (fallback): 0%") != std::string::npos);  // asked for nothing: misses nothing
+  CHECK(r->html.find("Not charted: codec f32 (its bytes_per_token_by_codec entry is not an object)") != std::string::npos);
+  CHECK(r->html.find("No per-prefix rows") != std::string::npos);
+  // multi_turn of the wrong type: named, no crash, the rest still drawn.
+  auto bad = RenderReport(R"({"rows": [{"prefix_tokens": 64, "ttft_restore_s": 1, "hit_rate_by_tier": 3}],
+    "multi_turn": [1]})",
+                          "bad.json");
+  REQUIRE(bad.ok());
+  CHECK(bad->html.find("Not charted: the multi-turn workload (multi_turn is not an object)") != std::string::npos);
+  CHECK(bad->html.find("Not charted: the hit rate per tier of prefix 64") != std::string::npos);
+  CHECK(bad->html.find("Not charted: the bytes per codec") != std::string::npos);
+  CHECK(bad->charts.size() == 2);  // ttft-vs-prefix, restore-bandwidth
 }
