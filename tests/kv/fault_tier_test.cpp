@@ -24,22 +24,28 @@ std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n
   return base;
 }
 
+// A store whose only tier is `host` (in the host slot; HBM off), with the rest of `so`.
+std::unique_ptr<Store> StoreOnHostTier(std::unique_ptr<Tier> host, StoreOptions so = {}) {
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<std::size_t>(TierId::kHost)] = std::move(host);
+  so.hbm.mode = HbmMode::kOff;
+  auto s = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
 TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt at rest falls back") {
   const auto& m = Toy();
   auto kv_store = HostStore();
   auto fault = std::make_unique<FaultInjectingTier>(SmallHostTier());
   FaultInjectingTier* f = fault.get();
-  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
-  tiers[static_cast<std::size_t>(TierId::kHost)] = std::move(fault);
   StoreOptions so;
-  so.hbm.mode = HbmMode::kOff;
   // One thread runs the state pool's PutAsync calls, so they reach the fault tier in the writer's
   // order and the armed faults hit the puts the test names (with two, boundary 7's first snapshot
   // could overtake boundary 6's last one: about 1 run in 12 under load).
   so.background_threads = 1;
-  auto st_store = Store::OpenWithTiers(so, std::move(tiers));
-  REQUIRE(st_store.ok());
-  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store->get());
+  auto st_store = StoreOnHostTier(std::move(fault), so);
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
   REQUIRE(cache.ok());
   const int kda = static_cast<int>((*cache)->layout().kda_layers().size());
 
@@ -77,7 +83,7 @@ TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt 
   CHECK(w7.prefill.restored_tokens == 80);
   CHECK(w7.prefill.restore.fallbacks >= 1);
   CHECK(f->injected().corrupted_puts == 1);
-  CHECK((*st_store)->Stats().corruptions_dropped == 1);
+  CHECK(st_store->Stats().corruptions_dropped == 1);
   const Run c7 = Prefill(*m.model, **cache, p7b, "", {.restore = false, .write_back = false}, 2);
   CHECK(Bitwise(w7.prefill.logits.data, Rows(c7.prefill.logits, 80)));
   CHECK(Bitwise(w7.decode_logits.back(), c7.decode_logits.back()));
@@ -129,13 +135,8 @@ TEST_CASE("a KV chunk or snapshot erased between the restore's lookup and its re
       CAPTURE(layerwise, snapshot);
       auto tier = std::make_unique<VanishingTier>(SmallHostTier());
       VanishingTier* v = tier.get();
-      std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
-      tiers[static_cast<std::size_t>(TierId::kHost)] = std::move(tier);
-      StoreOptions so;
-      so.hbm.mode = HbmMode::kOff;
-      auto opened = Store::OpenWithTiers(so, std::move(tiers));
-      REQUIRE(opened.ok());
-      Store* store = opened->get();
+      const auto owned = StoreOnHostTier(std::move(tier));
+      Store* store = owned.get();
       // Snapshots every 2 chunks: at chunks 2, 4 and 5 (the request's last full chunk).
       auto cache = PrefixCache::Create(Layout(16, 2), m.id, store, store);
       REQUIRE(cache.ok());

@@ -37,8 +37,8 @@ using namespace testing;
 // to 1, 2 or 5 x 10^k (docs/prefix-cache.md, "Lossy codecs", has the measured figures).
 double KvTolerance(const std::string& base) {
   static const std::map<std::string, double> t = {
-      {"f32", 0},          {"bf16", 2e-3}, {"f16", 2e-4},      {"fp8", 1e-2},      {"fp8-block", 2e-2},
-      {"int8", 2e-3},      {"int4-g32", 5e-2}, {"int4-g64", 5e-2},
+      {"f32", 0},    {"bf16", 2e-3}, {"f16", 2e-4},      {"fp8", 1e-2},
+      {"int8", 2e-3}, {"fp8-block", 2e-2}, {"int4-g32", 5e-2}, {"int4-g64", 5e-2},
   };
   return t.at(base);
 }
