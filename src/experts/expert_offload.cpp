@@ -897,7 +897,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   m.trace = std::make_shared<RoutingTrace>();
   m.trace->num_layers = m.L;
 
-  const std::uint32_t ns = keys::Namespace(keys::ModelId(config, weights), "experts-mxfp4-v1", "mxfp4", 1);
+  const std::uint32_t ns = keys::Namespace(keys::ModelId(config, weights), "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
   for (int l = 0; l < m.L; ++l) {
     if (config.IsDenseLayer(l)) continue;
     for (int e = 0; e < m.E; ++e) {

@@ -205,5 +205,53 @@ TEST_CASE("ModelId covers the config and every tensor byte") {
   CHECK(keys::ModelId(c2, *ckpt->weights) != id);
 }
 
+// Golden key vectors: the keys of fixed inputs (model id, layout, codecs, tenants, tokens) pinned as
+// literals, so "identical in every process and on every machine" is checked against constants, not
+// only between two processes of this build. They pin the whole derivation of docs/keys.md: the
+// namespace byte string and its XXH3-64, the root and tenant salt, the XXH3-128 chunk chain and the
+// key text. The literals were reproduced independently from the byte strings of docs/keys.md with
+// Python's xxhash 4.1.0 (xxh3_64 / xxh3_128), not only printed by this code.
+//
+// Changing any of them is a key-schema break: every block stored by an earlier build stops being
+// hit, and machines running both builds stop sharing blocks. Do it only on purpose, together with a
+// bump of keys::kKeySchemaVersion (docs/keys.md, "Versioning"), and update the literals here in the
+// same commit. (A new KvLayout::Id text, e.g. a block format version, changes the layout input and
+// so the keys too; that one is versioned inside the text: docs/prefix-cache.md.)
+TEST_CASE("golden key vectors: fixed inputs give the pinned namespaces, content ids and keys") {
+  CHECK(keys::kKeySchemaVersion == 1);
+  const ContentId model{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  const std::string layout =
+      "kv-layout-v2 chunk=16 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32";
+  auto toy = KvLayout::FromConfig(PresetOrDie("k3-toy"), {.chunk_tokens = 16});
+  REQUIRE(toy.ok());
+  CHECK(toy->Id() == layout);  // the layout input is k3-toy's at 16 tokens a chunk, bf16 KV, f32 state
+
+  const std::uint32_t ns_kv = keys::Namespace(model, layout, "bf16", keys::kKeySchemaVersion);
+  const std::uint32_t ns_state = keys::Namespace(model, layout, "f32", keys::kKeySchemaVersion);
+  const std::uint32_t ns_expert = keys::Namespace(model, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+  CHECK(ns_kv == 1138107535u);
+  CHECK(ns_state == 1089781997u);
+  CHECK(ns_expert == 1069081685u);
+
+  CHECK(keys::TenantRoot(ns_kv, "") == ContentId{0xad17f8ce436ad407ull, 0xb5f03a0fcc57df27ull});
+  CHECK(keys::TenantRoot(ns_kv, "tenant-a") == ContentId{0xcef8f01316b037e3ull, 0xce33b20c0dc1a58eull});
+
+  std::vector<std::int32_t> tokens(40);
+  for (int i = 0; i < 40; ++i) tokens[static_cast<std::size_t>(i)] = (i * 37 + 5) % 512;
+  const auto ids = keys::ChunkIds(ns_kv, "", tokens, 16);
+  const auto ids_a = keys::ChunkIds(ns_kv, "tenant-a", tokens, 16);
+  REQUIRE(ids.size() == 2);
+  REQUIRE(ids_a.size() == 2);
+  CHECK(ids[0] == ContentId{0x9aa56423c61e14f0ull, 0x2314e3c2cc12e024ull});
+  CHECK(ids[1] == ContentId{0xbe3544fc5e23f4b1ull, 0x42d39fc5da925642ull});
+  CHECK(ids_a[0] == ContentId{0xb883012a062199ccull, 0xc3c28fdc50ed3e00ull});
+  CHECK(ids_a[1] == ContentId{0x1147f37f47d0f99bull, 0x4b0e10954d46d35dull});
+
+  CHECK(keys::KvChunkKey(ns_kv, ids[1]).ToString() == "1138107535:kv:0:be3544fc5e23f4b142d39fc5da925642");
+  CHECK(keys::StateKey(ns_state, 2, ids[1]).ToString() == "1089781997:state:2:be3544fc5e23f4b142d39fc5da925642");
+  CHECK(keys::KvChunkKey(ns_kv, ids_a[0]).ToString() == "1138107535:kv:0:b883012a062199ccc3c28fdc50ed3e00");
+  CHECK(keys::ExpertKey(ns_expert, 5, 13).ToString() == "1069081685:expert:5:0000000000000000000000000000000d");
+}
+
 }  // namespace
 }  // namespace terrace::kv

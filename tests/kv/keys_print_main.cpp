@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   auto layout = terrace::kv::KvLayout::FromConfig(ckpt->config, {.chunk_tokens = 16});
   if (!layout.ok()) return 1;
   const auto model_id = terrace::keys::ModelId(ckpt->config, *ckpt->weights);
-  const auto ns = terrace::keys::Namespace(model_id, layout->Id(), layout->kv_codec().Name(), 1);
+  const auto ns = terrace::keys::Namespace(model_id, layout->Id(), layout->kv_codec().Name(), terrace::keys::kKeySchemaVersion);
   std::vector<std::int32_t> tokens(40);
   for (int i = 0; i < 40; ++i) tokens[static_cast<std::size_t>(i)] = (i * 37 + 5) % 512;
   fmt::print("model {:016x}{:016x}\n", model_id.hi, model_id.lo);

@@ -135,4 +135,38 @@ inline bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// The boundary (tokens) a restore of prompt 2 must reach after prompt 1 (n1 tokens) was computed
+// cold with write-back, when the prompts agree on their first `shared` tokens.
+inline std::int64_t ExpectedBoundary(int n1, int shared, int n2, int C, int every) {
+  const int written = n1 / C;
+  std::int64_t best = 0;
+  for (int k = 1; k <= written; ++k) {
+    const bool snap = every == 0 ? k == written : (k % every == 0 || k == written);
+    if (snap && k <= (n2 - 1) / C && k <= shared / C) best = k;
+  }
+  return best * C;
+}
+
+// Prompt 2 of n2 tokens: p1's first `shared` tokens (then p1's tokens, or a pattern past p1's end),
+// changed from position `shared` on.
+inline std::vector<std::int32_t> Diverge(const std::vector<std::int32_t>& p1, int shared, int n2) {
+  std::vector<std::int32_t> p2(static_cast<std::size_t>(n2));
+  for (int i = 0; i < n2; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const std::int32_t base = i < static_cast<int>(p1.size()) ? p1[u] : (i * 13 + 1) % 512;
+    p2[u] = i < shared ? base : (base + 1 + i) % 512;
+  }
+  return p2;
+}
+
+// Whether two states hold the same bytes in every layer and cover the same tokens.
+inline bool SameState(const model::SequenceState& a, const model::SequenceState& b) {
+  if (a.num_layers() != b.num_layers()) return false;
+  for (int l = 0; l < a.num_layers(); ++l) {
+    auto x = a.ExportLayer(l), y = b.ExportLayer(l);
+    if (!x.ok() || !y.ok() || *x != *y || a.layer(l).tokens != b.layer(l).tokens) return false;
+  }
+  return true;
+}
+
 }  // namespace terrace::kv::testing

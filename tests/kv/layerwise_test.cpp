@@ -118,15 +118,6 @@ std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n
   return base;
 }
 
-bool SameState(const model::SequenceState& a, const model::SequenceState& b) {
-  if (a.num_layers() != b.num_layers()) return false;
-  for (int l = 0; l < a.num_layers(); ++l) {
-    auto x = a.ExportLayer(l), y = b.ExportLayer(l);
-    if (!x.ok() || !y.ok() || *x != *y || a.layer(l).tokens != b.layer(l).tokens) return false;
-  }
-  return true;
-}
-
 TEST_CASE("layerwise restore == whole restore == full recompute, bitwise (f32), across chunk sizes and intervals") {
   const auto& m = Toy();
   for (const auto& ce : {std::pair{16, 1}, std::pair{16, 2}, std::pair{8, 3}, std::pair{32, 0}}) {
