@@ -36,13 +36,18 @@ struct CacheBudget {
   std::string ToString() const;
 };
 
-enum class CachePolicyKind : std::uint8_t { kLru, kLfu, kUtility };
+// kBelady: Belady's optimal replacement, which needs the future (the oracle predictor's recorded
+// trace, Predictor::known_future): evicts the expert whose next use is farthest ahead.
+enum class CachePolicyKind : std::uint8_t { kLru, kLfu, kUtility, kBelady };
 enum class PredictorKind : std::uint8_t { kNone, kLookahead, kStatistical, kOracle };
-// "lru" "lfu" "utility"; "none" "lookahead" "statistical" "oracle". InvalidArgument listing them.
+// "lru" "lfu" "utility" "belady"; "none" "lookahead" "statistical" "oracle". InvalidArgument listing them.
 Result<CachePolicyKind> ParseCachePolicy(std::string_view name);
 Result<PredictorKind> ParsePredictor(std::string_view name);
 std::string_view CachePolicyName(CachePolicyKind kind);
 std::string_view PredictorName(PredictorKind kind);
+// InvalidArgument when `policy` cannot run with `predictor`: belady needs the oracle (the only
+// predictor that knows the future). Ok otherwise.
+Status CheckPolicyPredictor(CachePolicyKind policy, PredictorKind predictor);
 
 // The routing of a run: for every forward step (one Forward call: a prefill or one decode token)
 // and every model layer, the distinct experts it used, ascending (empty for dense layers).
@@ -93,6 +98,9 @@ class Predictor {
   // expert load was in flight (ExpertScheduleMetrics::load_busy_ns over that step): how busy the
   // drive and link were. Called before OnTokenStart of the new step.
   virtual void OnLoadBusyShare(double share) { (void)share; }
+  // The routing this predictor knows in advance (the oracle's recorded trace), or null. The belady
+  // cache policy runs only with a predictor that has one.
+  virtual std::shared_ptr<const RoutingTrace> known_future() const { return nullptr; }
 };
 
 struct LookaheadOptions {
@@ -225,7 +233,8 @@ struct ExpertOffloadOptions {
   TierId home = TierId::kHost;      // where each expert's immutable copy lives: kHost or kNvme
   CacheBudget budget;               // the fast-tier (kHbm) cache
   CachePolicyKind policy = CachePolicyKind::kLru;
-  // The predictor; null: none. ExpertOffload takes ownership.
+  // The predictor; null: none. ExpertOffload takes ownership. With policy kBelady it must be null
+  // (set the oracle later with SetPredictor) or have a known_future(): Create refuses any other.
   std::unique_ptr<Predictor> predictor;
   int window = 2;                   // layers ahead the utility policy protects
   // Cap on speculative bytes in flight (issued, not landed); 0: a quarter of the budget.
@@ -320,7 +329,11 @@ class ExpertOffload final : public model::ExpertProvider {
   void OnTokenStart(std::span<const float> embedding, std::int64_t tokens);
 
   // Replaces the predictor (null: none), e.g. lookahead once the model is loaded over this
-  // provider, or an oracle built from trace() after a first run.
+  // provider, or an oracle built from trace() after a first run. Under the belady policy a
+  // non-null predictor without a known_future() (or one whose trace has another layer count) is
+  // refused: every later Lease/Acquire fails with InvalidArgument saying so, until a predictor
+  // with one, or null, is set (CheckPolicyPredictor tells beforehand). Null under belady means no
+  // known future yet (the pass that records the trace): it evicts as lru meanwhile.
   void SetPredictor(std::unique_ptr<Predictor> predictor);
   // Issues every queued prefetch and waits until all have finished (or were cancelled).
   void Quiesce();

@@ -21,7 +21,8 @@ void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
       ->default_str("lookahead");
   cmd->add_option("--expert-policy", a->policy,
                   "Fast-tier cache policy (with --expert-cache): lru, lfu, utility (P(use within the lookahead "
-                  "window) x reload cost)")
+                  "window) x reload cost), belady (evict the expert used farthest ahead; only with --predictor oracle, "
+                  "whose recorded routing is the future it needs: the replacement bound)")
       ->default_str("utility");
   cmd->add_option("--expert-home", a->home,
                   "Where each expert's one immutable copy lives: host or nvme (default: nvme with --store, in "
@@ -45,6 +46,8 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (!predictor.ok()) return Status::InvalidArgument("--predictor: " + predictor.status().message());
   auto policy = experts::ParseCachePolicy(a.policy);
   if (!policy.ok()) return Status::InvalidArgument("--expert-policy: " + policy.status().message());
+  if (Status s = experts::CheckPolicyPredictor(*policy, *predictor); !s.ok())
+    return Status::InvalidArgument(fmt::format("--expert-policy {} with --predictor {}: {}", a.policy, a.predictor, s.message()));
   if (!a.prometheus.empty()) TERRACE_RETURN_IF_ERROR(CheckOutputFile(a.prometheus, "--expert-prometheus"));
   const std::string home = a.home.empty() ? (store_dir.empty() ? "host" : "nvme") : a.home;
   if (home != "host" && home != "nvme")

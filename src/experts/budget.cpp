@@ -1,4 +1,4 @@
-// CacheBudget parsing and the name tables of policies and predictors.
+// CacheBudget parsing, the name tables of policies and predictors, and which policy runs with which predictor.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -67,8 +67,9 @@ std::string CacheBudget::ToString() const {
 }
 
 namespace {
-constexpr std::array<std::pair<std::string_view, CachePolicyKind>, 3> kPolicies{
-    {{"lru", CachePolicyKind::kLru}, {"lfu", CachePolicyKind::kLfu}, {"utility", CachePolicyKind::kUtility}}};
+constexpr std::array<std::pair<std::string_view, CachePolicyKind>, 4> kPolicies{
+    {{"lru", CachePolicyKind::kLru}, {"lfu", CachePolicyKind::kLfu}, {"utility", CachePolicyKind::kUtility},
+     {"belady", CachePolicyKind::kBelady}}};
 constexpr std::array<std::pair<std::string_view, PredictorKind>, 4> kPredictors{
     {{"none", PredictorKind::kNone}, {"lookahead", PredictorKind::kLookahead},
      {"statistical", PredictorKind::kStatistical}, {"oracle", PredictorKind::kOracle}}};
@@ -77,7 +78,9 @@ constexpr std::array<std::pair<std::string_view, PredictorKind>, 4> kPredictors{
 Result<CachePolicyKind> ParseCachePolicy(std::string_view name) {
   for (const auto& [n, k] : kPolicies)
     if (n == name) return k;
-  return Status::InvalidArgument(fmt::format("unknown expert cache policy '{}'; choose lru, lfu or utility", name));
+  return Status::InvalidArgument(fmt::format(
+      "unknown expert cache policy '{}'; choose lru, lfu, utility or belady (belady only with the oracle predictor)",
+      name));
 }
 
 Result<PredictorKind> ParsePredictor(std::string_view name) {
@@ -85,6 +88,14 @@ Result<PredictorKind> ParsePredictor(std::string_view name) {
     if (n == name) return k;
   return Status::InvalidArgument(
       fmt::format("unknown expert predictor '{}'; choose lookahead, statistical, none or oracle", name));
+}
+
+Status CheckPolicyPredictor(CachePolicyKind policy, PredictorKind predictor) {
+  if (policy != CachePolicyKind::kBelady || predictor == PredictorKind::kOracle) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "the belady cache policy evicts the expert whose next use is farthest ahead, so it needs the future: the "
+      "oracle predictor's recorded trace; it cannot run with the {} predictor (use the oracle predictor, or another policy)",
+      PredictorName(predictor)));
 }
 
 std::string_view CachePolicyName(CachePolicyKind kind) {

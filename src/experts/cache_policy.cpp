@@ -1,6 +1,7 @@
 #include "src/experts/cache_policy.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace terrace::experts {
 namespace {
@@ -28,6 +29,21 @@ class UtilityPolicy final : public CachePolicy {
     const double cost = static_cast<double>(e.bytes) * std::max(ctx.seconds_per_byte, 1e-15);
     return UseProbability(e, ctx) * cost * (1.0 + static_cast<double>(e.last_use) * 0x1p-52);
   }
+  bool PrefetchMustOutscore() const override { return true; }
+};
+
+// Belady's replacement: the farther the next use, the lower the score; never used again, lowest
+// (ties: the first in slot order). Without a known future (next_use -1, the pass that records the
+// trace) it scores as lru.
+class BeladyPolicy final : public CachePolicy {
+ public:
+  CachePolicyKind kind() const override { return CachePolicyKind::kBelady; }
+  double Score(const CacheEntryView& e, const CacheContext&) const override {
+    if (e.next_use < 0) return static_cast<double>(e.last_use);
+    if (e.next_use == CacheEntryView::kNeverUsed) return -std::numeric_limits<double>::infinity();
+    return -static_cast<double>(e.next_use);
+  }
+  bool PrefetchMustOutscore() const override { return true; }
 };
 
 }  // namespace
@@ -48,6 +64,7 @@ std::unique_ptr<CachePolicy> MakeCachePolicy(CachePolicyKind kind) {
   switch (kind) {
     case CachePolicyKind::kLfu: return std::make_unique<LfuPolicy>();
     case CachePolicyKind::kUtility: return std::make_unique<UtilityPolicy>();
+    case CachePolicyKind::kBelady: return std::make_unique<BeladyPolicy>();
     case CachePolicyKind::kLru: break;
   }
   return std::make_unique<LruPolicy>();

@@ -17,6 +17,10 @@ struct CacheEntryView {
   std::uint64_t uses = 0;       // acquires since it entered the cache history (kept across evictions)
   std::int64_t wanted = -1;     // ordinal (step * layers + layer) of its nearest predicted use; -1: none
   double wanted_confidence = 0;
+  // belady only: the position of its next acquire in the known future, ordinal * experts + expert
+  // (a layer acquires its experts in ascending order); kNeverUsed: not again; -1: no known future.
+  std::int64_t next_use = -1;
+  static constexpr std::int64_t kNeverUsed = INT64_MAX;
 };
 
 struct CacheContext {
@@ -33,6 +37,9 @@ class CachePolicy {
   virtual CachePolicyKind kind() const = 0;
   // Lower is evicted first. Must be a pure function of its arguments.
   virtual double Score(const CacheEntryView& e, const CacheContext& ctx) const = 0;
+  // True when a prefetch may evict only an expert that scores below the one it brings in (the
+  // score is a value of keeping it: utility, belady); false when scores only order victims.
+  virtual bool PrefetchMustOutscore() const { return false; }
 };
 
 std::unique_ptr<CachePolicy> MakeCachePolicy(CachePolicyKind kind);

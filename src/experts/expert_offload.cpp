@@ -58,6 +58,7 @@ struct Slot {
   bool protect = false;            // in the current layer's selection
   bool demand_load = false;        // in flight or landed by its layer's selection batch, not acquired since
   std::uint64_t last_use = 0, uses = 0;
+  std::int64_t acquired_ord = -1;  // ordinal of its last acquire (belady: used already in this layer)
   std::int64_t wanted = -1;        // nearest predicted ordinal
   double wanted_confidence = 0;
   // The speculative load in flight or landed and not yet chosen by its layer (0: none): when it was
@@ -148,6 +149,12 @@ struct ExpertOffload::Impl {
 
   mutable std::mutex mu;
   std::unique_ptr<Predictor> predictor;  // GUARDED_BY(mu)
+  // belady: the known future's acquires, per slot the ascending ordinals at which its layer routes
+  // to it (empty when there is no known future: future_known false); predictor_error: the
+  // predictor SetPredictor refused, returned by every acquire until another is set.
+  std::vector<std::vector<std::int64_t>> future_uses;
+  bool future_known = false;
+  Status predictor_error;
   std::vector<Slot> slots;               // [layer * E + expert]
   std::uint64_t used = 0;                // resident + in-flight bytes
   std::uint64_t spec_inflight = 0;
@@ -221,7 +228,59 @@ struct ExpertOffload::Impl {
   }
   CacheEntryView View(std::size_t i) const {
     const Slot& s = slots[i];
-    return CacheEntryView{LayerOf(i), ExpertOf(i), s.bytes, s.last_use, s.uses, s.wanted, s.wanted_confidence};
+    return CacheEntryView{LayerOf(i), ExpertOf(i), s.bytes, s.last_use, s.uses, s.wanted, s.wanted_confidence,
+                          future_known ? NextUse(i) : -1};
+  }
+
+  // belady: the position (ordinal * E + expert: a layer acquires its experts in ascending order) of
+  // slot i's next acquire in the known future; an expert already acquired in the current layer is
+  // next acquired in a later step. kNeverUsed past the trace's end.
+  std::int64_t NextUse(std::size_t i) const {
+    const std::vector<std::int64_t>& uses = future_uses[i];
+    const std::int64_t now = Now();
+    const std::int64_t from = slots[i].acquired_ord == now ? now + 1 : now;
+    auto it = std::lower_bound(uses.begin(), uses.end(), from);
+    return it == uses.end() ? CacheEntryView::kNeverUsed : *it * E + ExpertOf(i);
+  }
+
+  // Installs `p` (null: none). Under belady, indexes its known future, or records why it cannot
+  // run (predictor_error) when `p` is not null and has none.
+  void InstallPredictor(std::unique_ptr<Predictor> p) {
+    const bool given = p != nullptr;
+    predictor = given ? std::move(p) : MakeNonePredictor();
+    predictor_error = Status::Ok();
+    future_known = false;
+    future_uses.assign(policy->kind() == CachePolicyKind::kBelady ? slots.size() : 0, {});
+    if (policy->kind() != CachePolicyKind::kBelady || !given) return;
+    predictor_error = CheckFuture(*predictor, L);
+    if (!predictor_error.ok()) return;
+    const std::shared_ptr<const RoutingTrace> future = predictor->known_future();
+    for (std::size_t st = 0; st < future->steps.size(); ++st) {
+      const auto& layers = future->steps[st];
+      for (int l = 0; l < L && l < static_cast<int>(layers.size()); ++l)
+        for (int e : layers[static_cast<std::size_t>(l)])
+          if (e >= 0 && e < E) future_uses[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)]
+                                   .push_back(Ordinal(static_cast<std::int64_t>(st), l));
+    }
+    future_known = true;
+  }
+
+  // Ok when `p` can drive the belady policy over a model of `layers` layers.
+  static Status CheckFuture(const Predictor& p, int layers) {
+    const std::shared_ptr<const RoutingTrace> future = p.known_future();
+    if (!future) {
+      return Status::InvalidArgument(fmt::format(
+          "the belady expert cache policy needs a predictor that knows the future (the oracle, over a recorded "
+          "trace); the {} predictor does not: use MakeOraclePredictor, or another policy",
+          p.name()));
+    }
+    if (future->num_layers != layers) {
+      return Status::InvalidArgument(fmt::format(
+          "the belady expert cache policy got a recorded trace of {} layers for a model of {}: record it from this "
+          "model",
+          future->num_layers, layers));
+    }
+    return Status::Ok();
   }
 
   void DropResident(std::size_t i, bool count_eviction) {
@@ -364,8 +423,9 @@ struct ExpertOffload::Impl {
 
   // Makes room for `bytes` of an expert of `layer`. A speculative reservation for ordinal `target`
   // may evict only experts that are neither in the current selection nor wanted before `target`,
-  // and (utility policy) only those worth less than the candidate; a selection one (the current
-  // layer's batch) any unpinned expert outside the current selection, without waiting; a demand
+  // and (utility, belady: PrefetchMustOutscore) only those scoring below the candidate; a
+  // selection one (the current layer's batch) any unpinned expert outside the current selection,
+  // without waiting; a demand
   // one any unpinned expert, cancelling and waiting for in-flight speculative prefetches (and
   // waiting for the selection batch) when nothing else can go. With the lead-time partition on,
   // the victim comes from the side the partition names (lead_protected_share), then, for demand
@@ -395,7 +455,7 @@ struct ExpertOffload::Impl {
           if (kind == ReserveKind::kSelection && s.protect) continue;
           if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
           const double score = policy->Score(View(i), ctx);
-          if (speculative && policy->kind() == CachePolicyKind::kUtility && score >= candidate_value) continue;
+          if (speculative && policy->PrefetchMustOutscore() && score >= candidate_value) continue;
           if (!victim || score < best) {
             victim = i;
             best = score;
@@ -564,6 +624,7 @@ struct ExpertOffload::Impl {
   }
 
   Result<const model::ExpertWeights*> AcquireLocked(int layer, int expert) {
+    if (!predictor_error.ok()) return predictor_error;
     if (layer < 0 || layer >= L || expert < 0 || expert >= E || slot(layer, expert).bytes == 0) {
       return Status::InvalidArgument(fmt::format(
           "expert {} of layer {} does not exist (the model has {} layers x {} routed experts; dense layers have none)",
@@ -587,6 +648,7 @@ struct ExpertOffload::Impl {
       s.unused_prefetch = false;
       s.demand_load = false;
       s.last_use = ++tick;
+      s.acquired_ord = Now();
       ++s.uses;
       return &s.weights;
     }
@@ -656,6 +718,7 @@ struct ExpertOffload::Impl {
     s.unused_prefetch = false;
     s.demand_load = false;
     s.last_use = ++tick;
+    s.acquired_ord = Now();
     ++s.uses;
     Pump();  // speculation waited while this demand load ran
     return &s.weights;
@@ -887,8 +950,10 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   m.confident_min = options.confident_prefetch_min;
   m.hot_factor = options.hot_factor;
   m.policy = MakeCachePolicy(options.policy);
-  m.predictor = options.predictor ? std::move(options.predictor) : MakeNonePredictor();
   m.slots.resize(static_cast<std::size_t>(m.L) * static_cast<std::size_t>(m.E));
+  if (options.policy == CachePolicyKind::kBelady && options.predictor)
+    TERRACE_RETURN_IF_ERROR(Impl::CheckFuture(*options.predictor, m.L));
+  m.InstallPredictor(std::move(options.predictor));
   m.counters.resize(static_cast<std::size_t>(m.L));
   m.layer_stall.assign(static_cast<std::size_t>(m.L), 0);
   m.token_load.assign(static_cast<std::size_t>(m.L), std::vector<std::uint64_t>(static_cast<std::size_t>(m.E), 0));
@@ -1075,6 +1140,7 @@ Status ExpertOffload::Reset() {
     if (s.state == SlotState::kResident && s.refs == 0) TERRACE_RETURN_IF_ERROR(m.Evict(i));
     s.uses = 0;
     s.last_use = 0;
+    s.acquired_ord = -1;
     s.wanted = -1;
     s.wanted_confidence = 0;
     s.protect = false;
@@ -1105,7 +1171,7 @@ Status ExpertOffload::Reset() {
 
 void ExpertOffload::SetPredictor(std::unique_ptr<Predictor> predictor) {
   std::lock_guard lock(impl_->mu);
-  impl_->predictor = predictor ? std::move(predictor) : MakeNonePredictor();
+  impl_->InstallPredictor(std::move(predictor));
 }
 
 std::shared_ptr<const RoutingTrace> ExpertOffload::trace() const {

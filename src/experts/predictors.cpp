@@ -280,6 +280,7 @@ class OraclePredictor final : public Predictor {
  public:
   OraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth) : trace_(std::move(trace)), depth_(depth) {}
   std::string_view name() const override { return "oracle"; }
+  std::shared_ptr<const RoutingTrace> known_future() const override { return trace_; }
   void OnRouting(std::int64_t step, int layer, std::span<const int>, std::vector<Prediction>* out) override {
     if (!trace_ || trace_->num_layers <= 0) return;
     const std::int64_t L = trace_->num_layers;

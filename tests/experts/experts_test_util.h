@@ -135,6 +135,18 @@ inline ToyOffload OpenToyOffload(ExpertOffloadOptions opt, const std::string& nv
   return t;
 }
 
+// Experts of `layer` whose copy is in t's fast tier.
+inline int ResidentIn(const ToyOffload& t, int layer) {
+  int n = 0;
+  for (int e = 0; e < ToyDir().config().num_experts; ++e) {
+    auto k = t.offload->key(layer, e);
+    REQUIRE(k.ok());
+    auto where = t.store->Lookup(std::span<const BlockKey>(&*k, 1));
+    n += (!where.empty() && where[0].found && where[0].tier == TierId::kHbm) ? 1 : 0;
+  }
+  return n;
+}
+
 // `c` shrunk to a test-sized model (top-8 of 64 experts), its layer pattern and residuals kept.
 inline model::ModelConfig SmallConfig(model::ModelConfig c) {
   c.hidden_size = 256;

@@ -10,6 +10,7 @@ namespace terrace::experts {
 namespace {
 
 using testing::BlockBytes;
+using testing::ResidentIn;
 using testing::ResidentRun;
 using testing::RunOutput;
 using testing::SameBits;
@@ -24,18 +25,6 @@ Rig MakeRig(CachePolicyKind policy, std::uint64_t budget_bytes, int lead_layers,
   opt.lead_protected_layers = lead_layers;
   opt.lead_protected_share = share;
   return testing::OpenToyOffload(std::move(opt));
-}
-
-// Experts of `layer` whose copy is in the fast tier.
-int ResidentIn(const Rig& r, int layer) {
-  int n = 0;
-  for (int e = 0; e < ToyDir().config().num_experts; ++e) {
-    auto k = r.offload->key(layer, e);
-    REQUIRE(k.ok());
-    auto where = r.store->Lookup(std::span<const BlockKey>(&*k, 1));
-    n += (!where.empty() && where[0].found && where[0].tier == TierId::kHbm) ? 1 : 0;
-  }
-  return n;
 }
 
 LayerMetrics LayerOf(const ExpertMetrics& m, int layer) {

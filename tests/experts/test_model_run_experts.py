@@ -68,6 +68,17 @@ def test_offloaded_equals_resident(toy, resident, tmp_path, predictor, policy):
         assert e["precision"] == 1.0 and e["recall"] > 0.8
 
 
+def test_belady_with_the_oracle_equals_resident(toy, resident, tmp_path):
+    want, want_logits = resident
+    got = run_json(toy, "--expert-cache", "25%", "--predictor", "oracle", "--expert-policy", "belady",
+                   "--dump-logits", str(tmp_path / "o.safetensors"))
+    assert got["generated"] == want["generated"]
+    assert (tmp_path / "o.safetensors").read_bytes() == want_logits
+    e = got["experts"]
+    assert e["policy"] == "belady" and e["predictor"] == "oracle"
+    assert e["resident_bytes"] <= e["budget_bytes"]
+
+
 def test_nvme_home_with_prefix_cache_twice(toy, tmp_path):
     # The prefix cache prefills in chunk pieces, so its reference is a prefix-cache run without
     # expert offload (same flags, its own store).
@@ -118,6 +129,8 @@ def test_text_and_prometheus(toy, tmp_path):
     (["--expert-cache", "10"], "--expert-cache"),  # 10 bytes: smaller than one expert
     (["--expert-cache", "25%", "--predictor", "magic"], "--predictor"),
     (["--expert-cache", "25%", "--expert-policy", "fifo"], "--expert-policy"),
+    (["--expert-cache", "25%", "--expert-policy", "belady", "--predictor", "lookahead"],
+     "--expert-policy belady with --predictor lookahead"),
     (["--expert-cache", "25%", "--expert-home", "nvme"], "--store"),
     (["--expert-home", "host"], "--expert-cache"),
 ])
@@ -148,7 +161,8 @@ def test_bench_experts_json(toy, tmp_path):
     j = json.loads(p.stdout)
     names = [(c["name"], c["budget_fraction"]) for c in j["configs"]]
     for b in (0.25, 0.5):
-        for n in ("on-demand", "lru+lookahead", "utility+statistical", "utility+lookahead", "oracle", "mmap"):
+        for n in ("on-demand", "lru+lookahead", "utility+statistical", "utility+lookahead", "oracle", "oracle+belady",
+                  "mmap"):
             assert (n, b) in names
     assert ("resident", 1.0) in names and ("mmap-unbounded", 1.0) in names
     # The budgeted mmap baseline: its experts' page-cache bytes (mincore, once in-flight read-ahead
@@ -166,7 +180,7 @@ def test_bench_experts_json(toy, tmp_path):
         for k in ("tokens_per_s", "stall_share", "hit_rate", "recall", "bytes_read"):
             assert k in c
         assert c["tokens_per_s"] > 0
-    oracle = [c for c in j["configs"] if c["name"] == "oracle"]
+    oracle = [c for c in j["configs"] if c["name"] in ("oracle", "oracle+belady")]
     assert all(c["recall"] == 1.0 for c in oracle)  # decode steps only: every one was predicted
     on_demand = [c for c in j["configs"] if c["name"] == "on-demand"]
     assert all(c["bytes_read"]["nvme"] > 0 for c in on_demand)  # cold on the NVMe tier
@@ -277,3 +291,46 @@ def test_bench_experts_configs_runs_only_the_named_rows_with_their_schedule(toy,
         assert bad.returncode == 2, bad.stderr
         assert flag[0] in bad.stderr and "lookahead rows" in bad.stderr, bad.stderr
         assert not (tmp_path / "r").exists()
+
+
+def test_bench_experts_belady_row_and_bound(toy, tmp_path):
+    """The oracle+belady row replays the routing on-demand recorded; the Belady bound (targets'
+    belady_* keys) is the fewest drive bytes a demand-paged cache of the budget can read, so no
+    more than on-demand read, and the overlap bound follows from it as from the old minimum."""
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"), "--prompt", "2",
+                        "--decode", "2", "--budgets", "50%", "--configs", "on-demand,oracle+belady", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    rows = {c["name"]: c for c in j["configs"]}
+    assert sorted(rows) == ["on-demand", "oracle+belady", "resident"]
+    assert rows["oracle+belady"]["recall"] == 1.0
+    decode, block = j["decode_tokens"], j["expert_block_bytes"]
+    (t,) = j["targets"]
+    for k in ("best_real", "best_vs_oracle", "best_vs_on_demand", "best_vs_mmap", "best_vs_mmap_with_drops",
+              "best_vs_mmap_unbounded", "best_vs_resident", "oracle_vs_resident", "lookahead_recall",
+              "min_nvme_bytes_per_token", "overlap_bound_tokens_per_s", "overlap_bound_vs_on_demand",
+              "overlap_bound_vs_serial_on_demand"):
+        assert k in t
+    assert t["belady_capacity_blocks"] == int(j["routed_expert_bytes"] * 0.5) // block
+    b = t["belady_nvme_bytes_per_token"]
+    assert b >= 0 and round(b * decode) % block == 0  # whole blocks
+    od = rows["on-demand"]["bytes_read"]["nvme"] / decode
+    assert od >= b
+    # The old minimum leaves oracle+belady out; here it is on-demand's.
+    assert t["min_nvme_bytes_per_token"] == od
+    io_s = b / j["nvme_read_bytes_per_s"] + b / j["link_bytes_per_s"]
+    bound = 1 / max(j["compute_s_per_token"], io_s)
+    assert abs(t["belady_overlap_bound_tokens_per_s"] - bound) <= 1e-9 * bound
+    assert t["belady_overlap_bound_tokens_per_s"] >= t["overlap_bound_tokens_per_s"] * (1 - 1e-12)
+    want = bound / rows["on-demand"]["tokens_per_s"]
+    assert abs(t["belady_bound_vs_on_demand"] - want) <= 1e-9 * want
+    serial = j["compute_s_per_token"] + od / j["nvme_read_bytes_per_s"] + od / j["link_bytes_per_s"]
+    assert abs(t["belady_bound_vs_serial_on_demand"] - serial * bound) <= 1e-9 * serial * bound
+    assert t["belady_row_nvme_bytes_per_token"] == rows["oracle+belady"]["bytes_read"]["nvme"] / decode
+    # Alone, the row records the routing itself first.
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "c"), "--prompt", "2",
+                        "--decode", "1", "--budgets", "50%", "--configs", "oracle+belady"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "Belady bound at 50%:" in p.stdout and "the oracle+belady row read" in p.stdout
