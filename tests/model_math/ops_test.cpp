@@ -35,9 +35,9 @@ TEST_CASE("Linear computes x W^T (matrix and vector paths, accumulate)", "[ops]"
 
 TEST_CASE("Bf16Gemv == the fp32 GEMV over the widened weights within fp32 rounding", "[ops][bf16]") {
   // The widening is exact, so only summation order differs: |y - exact| <= gamma_k sum|w x| for
-  // both, u = 2^-24. Odd k (a scalar tail) and row counts not a multiple of 4.
+  // both, u = 2^-24. k with and without the 32-wide body, an 8-wide step and a scalar tail.
   for (const std::int64_t n : {1, 3, 4, 9}) {
-    for (const std::int64_t k : {1, 7, 8, 33, 256}) {
+    for (const std::int64_t k : {1, 7, 8, 33, 47, 72, 256, 517}) {
       CAPTURE(n, k);
       const auto wf = RandomVec(static_cast<std::size_t>(n * k), 10 + n * k);
       Weight w(Tensor({n, k}));
