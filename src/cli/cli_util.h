@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "src/common/clock.h"
 #include "terrace/block.h"
 #include "terrace/options.h"
 #include "terrace/stats.h"
@@ -29,9 +30,6 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "
 std::string FormatBytes(double bytes);
 
 // Seconds of steady_clock time since `t0`.
-inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 // The process's user and system CPU time so far (every thread), in seconds.
 std::pair<double, double> ProcessCpuSeconds();
 

@@ -260,7 +260,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
         }
         st = tier.GetBatch(gets);
       }
-      auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+      auto ns = NanosSince(t0);
       for (const Status& s : st) {
         if (!s.ok() && !failed.exchange(true)) {
           std::lock_guard<std::mutex> l(err_mu);
@@ -275,7 +275,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < nthreads; ++t) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
-  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.seconds = SecondsSince(start);
   const auto cpu1 = ProcessCpuSeconds();
   r.user_seconds = cpu1.first - cpu0.first;
   r.sys_seconds = cpu1.second - cpu0.second;
@@ -286,7 +286,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   if (write) {
     auto f0 = Clock::now();
     TERRACE_RETURN_IF_ERROR(tier.Flush());
-    r.flush_seconds = std::chrono::duration<double>(Clock::now() - f0).count();
+    r.flush_seconds = SecondsSince(f0);
   }
   return r;
 }
@@ -321,7 +321,7 @@ class MemcpyBaseline {
       if (reads_) std::memcpy(buf_.data() + (i % batch_) * stride, mem_.data() + i * block_, block_);
       else std::memcpy(mem_.data() + i * block_, payload_.data(), block_);
     }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = SecondsSince(t0);
     return static_cast<double>(mem_.size()) / 1e6 / s;
   }
 
@@ -449,7 +449,7 @@ int RunBenchTiers(const BenchArgs& a) {
   }
   const auto open0 = Clock::now();
   auto tier_or = MakeTier(a, dir);
-  const double open_seconds = std::chrono::duration<double>(Clock::now() - open0).count();
+  const double open_seconds = SecondsSince(open0);
   if (!tier_or.ok()) return Fail(tier_or.status().ToString());
   std::unique_ptr<Tier> tier = std::move(*tier_or);
   if (created_dir && !IsBlockDevice(dir.string())) {

@@ -72,10 +72,6 @@ struct BenchExpertsArgs {
   bool drop_caches = false;  // also echo 1 > /proc/sys/vm/drop_caches before the mmap run (root only)
 };
 
-double Seconds(SteadyClock::time_point t0) {
-  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
-}
-
 // The checkpoint's shards (model.safetensors or model-*-of-*.safetensors) in `dir`.
 std::vector<std::filesystem::path> Shards(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> out;
@@ -161,13 +157,13 @@ Residency MeasureResidency(const std::vector<std::filesystem::path>& shards) {
 class PhaseProgress {
  public:
   void Phase(const std::string& what) {
-    fmt::print(stderr, "bench experts [{:6.1f} s]: {}\n", Seconds(start_), what);
+    fmt::print(stderr, "bench experts [{:6.1f} s]: {}\n", SecondsSince(start_), what);
     phase_ = what;
     last_ = SteadyClock::now();
   }
   void Tick(const char* step, int done, int total) {
-    if (Seconds(last_) < 2.0) return;
-    fmt::print(stderr, "bench experts [{:6.1f} s]:   {}: {} {}/{}\n", Seconds(start_), phase_, step, done, total);
+    if (SecondsSince(last_) < 2.0) return;
+    fmt::print(stderr, "bench experts [{:6.1f} s]:   {}: {} {}/{}\n", SecondsSince(start_), phase_, step, done, total);
     last_ = SteadyClock::now();
   }
 
@@ -239,7 +235,7 @@ Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt
     TERRACE_RETURN_IF_ERROR(s.Decode(model::Argmax(s.last_logits())).status());
     progress->Tick("decode token", i + 1, decode);
   }
-  return Seconds(t0);
+  return SecondsSince(t0);
 }
 
 std::string Yes(bool met) { return met ? "met" : "NOT met"; }
@@ -375,7 +371,7 @@ int RunBenchExpertsOnce(const BenchExpertsArgs& a) {
       if (Status s = StopCheck(); !s.ok()) return FailUnlessStopped(s);
       progress.Tick("block", static_cast<int>(std::min(keys.size(), i + kBatch)), static_cast<int>(keys.size()));
     }
-    nvme_bytes_per_s = static_cast<double>(total) / std::max(Seconds(t0), 1e-9);
+    nvme_bytes_per_s = static_cast<double>(total) / std::max(SecondsSince(t0), 1e-9);
   }
   const double all_miss_s = regime.AllMissSeconds(nvme_bytes_per_s, link.bandwidth_bytes_per_s);
   const double all_miss_ratio = all_miss_s / std::max(compute_s_per_token, 1e-12);

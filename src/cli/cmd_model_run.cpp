@@ -109,11 +109,11 @@ int RunModel(const RunArgs& a) {
       reserver = std::thread([&] {
         const auto t0 = std::chrono::steady_clock::now();
         reserved = session.state().Reserve(static_cast<std::int64_t>(prompt->size()));
-        reserve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        reserve_s = SecondsSince(t0);
       });
     const auto t_open = std::chrono::steady_clock::now();
     auto opened = OpenKvRun(a.kv, config, **dir);
-    open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
+    open_s = SecondsSince(t_open);
     if (reserver.joinable()) reserver.join();
     kv_prepare = {reserve_s, open_s};
     if (!reserved.ok()) return Fail(reserved.ToString());

@@ -431,7 +431,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     tj["cluster"] = cl;
   }
   tj["parse_seconds"] = parse_s;
-  tj["replay_seconds"] = parse_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  tj["replay_seconds"] = parse_s + SecondsSince(t0);
 
   if (!a.json) {
     *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
@@ -500,7 +500,7 @@ int RunPlan(const PlanArgs& a) {
     if (!parsed.ok()) return FailUsage(fmt::format("--trace: {}", parsed.status().message()));
     trace = std::move(*parsed);
   }
-  const double parse_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double parse_s = SecondsSince(t0);
   auto hw = ResolveHardware(a.hardware);
   if (!hw.ok()) return FailUsage(hw.status().message());
   PlanOptions o;

@@ -205,7 +205,7 @@ int RunFill(const FillArgs& a) {
     cut->PowerOff();  // the power goes off at the latest at the end of the run, before the close
     return finish_cut();
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = SecondsSince(start);
   const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
   const std::uint64_t attempted = w + same + bad;
   if (w == 0 && same > 0 && bad == 0) {

@@ -18,6 +18,11 @@ inline std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// Seconds from `t0` to now (wall time on the steady clock).
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): for benchmarks on a shared machine,
 // where the time a thread is descheduled should not count.
 inline double ThreadCpuSeconds() {

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "src/model/names.h"
 #include "src/model/safetensors_header.h"
 
@@ -251,8 +252,7 @@ Result<const model::ExpertWeights*> MmapExpertProvider::Acquire(int layer, int e
       }
       Evict(*victim);
     }
-    stats_.drop_ns += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    stats_.drop_ns += NanosSince(t0);
     Charge(&x);
     x.lru = lru_.insert(lru_.end(), static_cast<int>(index));
     x.fresh = true;
@@ -272,8 +272,7 @@ void MmapExpertProvider::Release(int layer, int expert) {
     if (recent_.size() == kRecentSweeps) recent_.erase(recent_.begin());
     recent_.push_back(static_cast<int>(index));
     for (int i : recent_) DropSpill(experts_[static_cast<std::size_t>(i)]);
-    stats_.drop_ns += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    stats_.drop_ns += NanosSince(t0);
   }
   x.fresh = false;
 }

@@ -18,14 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/clock.h"
 #include "src/kv/restore_buffers.h"
 #include "terrace/prefix_cache.h"
 
 namespace terrace::kv {
-
-inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 struct PrefixCache::Impl {
   KvLayout layout;

@@ -4,14 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
+
 namespace terrace::model {
-namespace {
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 int Argmax(std::span<const float> v) {
   if (v.empty()) return -1;
@@ -30,7 +25,7 @@ Result<Tensor> Session::Prefill(std::span<const int> tokens) {
   TERRACE_ASSIGN_OR_RETURN(Tensor logits, model_.Forward(tokens, &state_, o));
   const std::int64_t V = logits.dim(1);
   last_logits_.assign(logits.data.end() - V, logits.data.end());
-  prefill_s_ += Since(t0);
+  prefill_s_ += SecondsSince(t0);
   prefill_tokens_ += static_cast<std::int64_t>(tokens.size());
   return logits;
 }
@@ -44,7 +39,7 @@ Result<std::vector<float>> Session::Decode(int token) {
   const int one[1] = {token};
   TERRACE_ASSIGN_OR_RETURN(Tensor logits, model_.Forward(one, &state_, o));
   last_logits_ = std::move(logits.data);
-  decode_s_ += Since(t0);
+  decode_s_ += SecondsSince(t0);
   ++decode_tokens_;
   return last_logits_;
 }

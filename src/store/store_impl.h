@@ -431,13 +431,13 @@ class StoreImpl {
   KeyMap<Entry> entries_ TERRACE_GUARDED_BY(mu_);  // no reference into it survives an insert
   // Live BlockHandles per slot, for keys with any (Entry::handle_mask mirrors it).
   KeyMap<std::array<std::uint32_t, kMaxTierSlots>> handles_ TERRACE_GUARDED_BY(mu_);
-  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::uint64_t last_version_ TERRACE_GUARDED_BY(mu_) = 0;  // Entry::version source (unique across erase + re-put)
   // Keys whose last copy was dropped as bad (DropCopy), with the slots it was dropped from, so a
   // later read answers Corruption ("stored but lost"), not NotFound ("never stored"). Cleared by a
   // Put or an Erase of the key; at most kMaxLost keys, the oldest forgotten first.
   static constexpr std::size_t kMaxLost = 65536;
   KeyMap<SlotMask> lost_ TERRACE_GUARDED_BY(mu_);
-  std::deque<BlockKey> lost_order_ TERRACE_GUARDED_BY(mu_);  // insertion order of lost_ (may hold stale keys)  // Entry::version source (unique across erase + re-put)
+  std::deque<BlockKey> lost_order_ TERRACE_GUARDED_BY(mu_);  // insertion order of lost_ (may hold stale keys)
 
   KeyLocks key_locks_;
   InflightTable inflight_;

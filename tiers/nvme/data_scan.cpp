@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -214,7 +215,7 @@ Result<DataScanReport> NvmeTier::ScanDataFile(
   if (on_block) {
     for (const Found& f : found) on_block(f.key, BlockDesc{f.rec.length, f.rec.codec, f.rec.checksum}, f.rec.generation);
   }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = SecondsSince(start);
   return report;
 }
 
@@ -327,7 +328,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   report.blocks_indexed = found.size();
   report.corrupt_skipped = report.scan.corrupt;
   report.bytes_scanned = report.scan.bytes_scanned;
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = SecondsSince(start);
   report.scan.seconds = report.seconds;
   logger->Log(LogLevel::kInfo, "nvme", fmt::format("'{}': {}", paths.data.string(), report.ToString()));
   return report;

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/clock.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
@@ -206,7 +207,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
         t->index_commit_, interval);
   }
   if (options.verify_on_open) TERRACE_RETURN_IF_ERROR(t->VerifyAllBlocks());
-  t->report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  t->report_.seconds = SecondsSince(start);
   t->logger_->Log(LogLevel::kInfo, "nvme",
                   fmt::format("{} '{}' ({}{} I/O, {} mode, {}): {}; {:.3f} s", t->report_.created ? "created" : "opened",
                               t->data_path_.string(), options.read_only ? "read-only, " : "",
