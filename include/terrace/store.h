@@ -56,6 +56,15 @@ struct PutOptions {
   std::optional<TierId> tier;  // default: StoreOptions::put_tier
 };
 
+// Per-call read options (Get, GetBatch with host buffers).
+struct GetOptions {
+  // Whether a block read from below put_tier is copied up to put_tier (a promotion) or read
+  // straight into the caller's buffer and left where it is. Unset: StoreOptions::promote_on_get.
+  // A read that will not repeat soon (a one-off restore, a scan) passes false and skips the
+  // promotion's copy; a hot key's read passes true even in a store that does not promote.
+  std::optional<bool> promote;
+};
+
 // A caller's buffer and the memory it is in (BufferKind, terrace/tier.h). The plain-span Put and
 // Get mean kHost.
 struct BufferRef {
@@ -192,6 +201,7 @@ class Store {
   // rounded up to the tiers' io_alignment (4 KiB for NVMe): a buffer aligned to that with such
   // room lets a read from NVMe that moves nothing land in it directly, with no staging copy.
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts);
   // Buffers with a memory kind. kHost / kPinnedHost: as the span forms. kDevice: the block goes
   // to and from device memory without a host bounce. A device Put lands in its tier (put_tier or
   // opts.tier) only if that tier takes device buffers (TierCaps::device_buffers: the HBM tier),
@@ -239,6 +249,7 @@ class Store {
   // EraseBatch run the items one after another.
   std::vector<Status> PutBatch(std::span<const PutItem> items);
   std::vector<Status> GetBatch(std::span<GetItem> items);
+  std::vector<Status> GetBatch(std::span<GetItem> items, const GetOptions& opts);
   // GetBatch with buffers of any kind, one Status per item as Get(key, BufferRef) would return it.
   // kHost / kPinnedHost items go through the span form above (as one batch). kDevice items: every
   // block found only on NVMe is read in one tier batch (staged through the store's bounce

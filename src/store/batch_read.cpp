@@ -220,7 +220,7 @@ void StoreImpl::BulkFetch(std::span<BulkItem> items, std::optional<int> move_to,
   }
 }
 
-std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
+std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items, const GetOptions& opts) {
   std::vector<Status> st(items.size());
   std::vector<BulkItem> slow;
   std::vector<std::size_t> slow_index;
@@ -266,7 +266,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items) {
   }
   if (slow.empty()) return st;
   DemandScope demand(*demand_);
-  BulkFetch(slow, PromoteOnGetTarget(), /*by_prefetch=*/false);
+  BulkFetch(slow, PromoteOnGetTarget(opts), /*by_prefetch=*/false);
   for (std::size_t k = 0; k < slow.size(); ++k) {
     Store::GetItem& item = items[slow_index[k]];
     if (slow[k].handled) {

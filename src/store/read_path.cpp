@@ -76,11 +76,11 @@ bool StoreImpl::FastGet(const BlockKey& key, std::span<std::byte> out, Result<Bl
   return FinishFastGet(key, f, s, got, out, result);
 }
 
-Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out) {
+Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts) {
   Result<BlockDesc> r = Status::NotFound("unset");
   if (FastGet(key, out, &r)) return r;
   DemandScope demand(*demand_);
-  ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(), /*by_prefetch=*/false, out);
+  ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(opts), /*by_prefetch=*/false, out);
   return std::move(o.desc);
 }
 

@@ -169,6 +169,9 @@ Status Store::Put(const BlockKey& key, std::span<const std::byte> data, const Pu
   return impl_->Put(key, data, opts);
 }
 Result<BlockDesc> Store::Get(const BlockKey& key, std::span<std::byte> out) { return impl_->Get(key, out); }
+Result<BlockDesc> Store::Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts) {
+  return impl_->Get(key, out, opts);
+}
 Result<BlockHandle> Store::Acquire(const BlockKey& key, TierId where) { return impl_->Acquire(key, where); }
 std::vector<LookupResult> Store::Lookup(std::span<const BlockKey> keys) const { return impl_->Lookup(keys); }
 bool Store::Contains(const BlockKey& key) const { return impl_->Contains(key); }
@@ -184,6 +187,9 @@ std::vector<Status> Store::PutBatch(std::span<const PutItem> items) {
 }
 
 std::vector<Status> Store::GetBatch(std::span<GetItem> items) { return impl_->GetBatch(items); }
+std::vector<Status> Store::GetBatch(std::span<GetItem> items, const GetOptions& opts) {
+  return impl_->GetBatch(items, opts);
+}
 
 std::vector<Status> Store::EraseBatch(std::span<const BlockKey> keys) {
   std::vector<Status> out;

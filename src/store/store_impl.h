@@ -189,7 +189,7 @@ class StoreImpl {
   Status Init();  // validates tiers, recovers the directory from what they hold
 
   Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
-  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
+  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts = {});
   Result<BlockHandle> Acquire(const BlockKey& key, TierId where);
   std::vector<LookupResult> Lookup(std::span<const BlockKey> keys) const;
   bool Contains(const BlockKey& key) const;
@@ -200,7 +200,7 @@ class StoreImpl {
   void ReleaseHandle(const BlockKey& key, int slot);
   Status Flush();
 
-  std::vector<Status> GetBatch(std::span<Store::GetItem> items);
+  std::vector<Status> GetBatch(std::span<Store::GetItem> items, const GetOptions& opts = {});
   std::vector<Status> GetBatch(std::span<Store::GetRefItem> items);  // device_path.cpp
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
@@ -230,10 +230,10 @@ class StoreImpl {
   int SlotOf(TierId kind) const;
   // The first slot of kind `kind` or of a slower kind (the "nearest present tier below"), or -1.
   int SlotAtOrBelow(TierId kind) const;
-  // Where a Get from a lower tier moves the block: promote_slot_, or nowhere when promote_on_get
-  // is off.
-  std::optional<int> PromoteOnGetTarget() const {
-    return options_.promote_on_get ? std::optional(promote_slot_) : std::nullopt;
+  // Where a Get from a lower tier moves the block: promote_slot_, or nowhere when the call's
+  // GetOptions::promote (or, unset, promote_on_get) is off.
+  std::optional<int> PromoteOnGetTarget(const GetOptions& opts) const {
+    return opts.promote.value_or(options_.promote_on_get) ? std::optional(promote_slot_) : std::nullopt;
   }
 
   // Caller holds key's stripe; the directory has no entry for key. Asks each shared tier

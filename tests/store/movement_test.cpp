@@ -102,6 +102,38 @@ TEST_CASE("promote_on_get = false leaves the block where it is") {
   CHECK(store->Stats().tiers[1].misses == 1);
 }
 
+TEST_CASE("GetOptions::promote overrides promote_on_get per call, for Get and GetBatch") {
+  const bool store_default = GENERATE(true, false);
+  CAPTURE(store_default);
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  StoreOptions o = Quiet();
+  o.promote_on_get = store_default;
+  auto store = OpenFakeStore(f, o);
+  for (int i = 0; i < 6; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  std::vector<std::byte> buf(kMoveBlock);
+  // Single Gets: key 0 against the store's default, key 1 forced not to move, key 2 forced to.
+  REQUIRE(store->Get(TestKey(0), buf).ok());
+  CHECK(buf == TestBytes(0, kMoveBlock));
+  CHECK(TierOf(*store, TestKey(0)) == (store_default ? TierId::kHost : TierId::kNvme));
+  REQUIRE(store->Get(TestKey(1), buf, GetOptions{false}).ok());
+  CHECK(buf == TestBytes(1, kMoveBlock));
+  CHECK(TierOf(*store, TestKey(1)) == TierId::kNvme);
+  REQUIRE(store->Get(TestKey(2), buf, GetOptions{true}).ok());
+  CHECK(buf == TestBytes(2, kMoveBlock));
+  CHECK(TierOf(*store, TestKey(2)) == TierId::kHost);
+  // A batch: keys 3, 4 with promotion off, then key 5 with it on.
+  std::vector<std::vector<std::byte>> out(3, std::vector<std::byte>(kMoveBlock));
+  std::vector<Store::GetItem> items = {{TestKey(3), out[0], {}}, {TestKey(4), out[1], {}}};
+  for (const Status& s : store->GetBatch(items, GetOptions{false})) REQUIRE(s.ok());
+  std::vector<Store::GetItem> one = {{TestKey(5), out[2], {}}};
+  REQUIRE(store->GetBatch(one, GetOptions{true})[0].ok());
+  for (int i = 3; i < 6; ++i) CHECK(out[static_cast<std::size_t>(i - 3)] == TestBytes(i, kMoveBlock));
+  CHECK(TierOf(*store, TestKey(3)) == TierId::kNvme);
+  CHECK(TierOf(*store, TestKey(4)) == TierId::kNvme);
+  CHECK(TierOf(*store, TestKey(5)) == TierId::kHost);
+  CHECK(store->Stats().promotions == (store_default ? 3u : 2u));
+}
+
 TEST_CASE("Write-through puts reach the lowest tier before returning") {
   FakeTiers f(0, 1 << 20, 1 << 20);
   StoreOptions o = Quiet();
