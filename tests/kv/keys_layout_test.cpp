@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -251,6 +252,64 @@ TEST_CASE("golden key vectors: fixed inputs give the pinned namespaces, content 
   CHECK(keys::StateKey(ns_state, 2, ids[1]).ToString() == "1089781997:state:2:be3544fc5e23f4b142d39fc5da925642");
   CHECK(keys::KvChunkKey(ns_kv, ids_a[0]).ToString() == "1138107535:kv:0:b883012a062199ccc3c28fdc50ed3e00");
   CHECK(keys::ExpertKey(ns_expert, 5, 13).ToString() == "1069081685:expert:5:0000000000000000000000000000000d");
+}
+
+// A fixed two-tensor weight source for the model-id golden vector.
+class FixedSource final : public model::WeightSource {
+ public:
+  FixedSource() {
+    const float z[2] = {1.0f, -2.0f};
+    z_.resize(sizeof(z));
+    std::memcpy(z_.data(), z, sizeof(z));
+    a_ = {1, 2, 3};
+  }
+  Result<model::TensorView> Get(std::string_view name) const override {
+    if (name == "z.weight") return model::TensorView{model::DType::kF32, {2}, std::as_bytes(std::span(z_))};
+    if (name == "a.bias") return model::TensorView{model::DType::kU8, {1, 3}, std::as_bytes(std::span(a_))};
+    return Status::NotFound(std::string(name));
+  }
+  bool Has(std::string_view name) const override { return name == "z.weight" || name == "a.bias"; }
+  std::vector<std::string> Names() const override { return {"z.weight", "a.bias"}; }  // unsorted on purpose
+
+ private:
+  std::vector<std::uint8_t> z_, a_;
+};
+
+// The model id's golden vector: k3-toy's config with two fixed tensors. Pins ToConfigJson's
+// canonical text (by its XXH3-64) and the id's byte string (docs/keys.md, "Model id"); both literals
+// were reproduced with Python's xxhash 4.1.0 from the byte string that section describes. A
+// changed config JSON (a new key, another number format) or id derivation moves every namespace:
+// every stored block stops being hit. Do that only on purpose, as for the key vectors above.
+TEST_CASE("golden model id: k3-toy's config and two fixed tensors give the pinned id") {
+  const model::ModelConfig config = PresetOrDie("k3-toy");
+  const std::string json = model::ToConfigJson(config);
+  CHECK(XXH3_64bits(json.data(), json.size()) == 0x06cfeeb9bf730cbaull);
+  FixedSource weights;
+  CHECK(keys::ModelId(config, weights) == ContentId{0x08c2b7009f6b275eull, 0x6c551fb2deba974dull});
+  // Every input counts: a tensor byte, a dtype, a shape, the config.
+  class Tweaked final : public model::WeightSource {
+   public:
+    explicit Tweaked(int what) : what_(what) {}
+    Result<model::TensorView> Get(std::string_view name) const override {
+      auto v = base_.Get(name);
+      if (!v.ok() || name != "a.bias") return v;
+      if (what_ == 0) return model::TensorView{v->dtype, v->shape, std::as_bytes(std::span(other_))};
+      if (what_ == 1) return model::TensorView{model::DType::kI8, v->shape, v->data};
+      return model::TensorView{v->dtype, {3}, v->data};
+    }
+    bool Has(std::string_view name) const override { return base_.Has(name); }
+    std::vector<std::string> Names() const override { return base_.Names(); }
+
+   private:
+    FixedSource base_;
+    int what_;
+    std::vector<std::uint8_t> other_ = {1, 2, 4};
+  };
+  const ContentId id = keys::ModelId(config, weights);
+  for (int what = 0; what < 3; ++what) CHECK(keys::ModelId(config, Tweaked(what)) != id);
+  model::ModelConfig c2 = config;
+  c2.vocab_size += 1;
+  CHECK(keys::ModelId(c2, weights) != id);
 }
 
 }  // namespace
