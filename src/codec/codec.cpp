@@ -1,5 +1,5 @@
-// Encode / Decode: header, scales, the lossless stage and the int4 packing; the element loops are
-// in the kernels (kernels.h). Format: docs/kv-codecs.md.
+// Encode / Decode: header, scales and the lossless stage; the element loops (the int4 groups with
+// their scales included) are in the kernels (kernels.h). Format: docs/kv-codecs.md.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -67,55 +67,6 @@ Status Overflow16(const CodecSpec& spec, std::span<const float> x, std::int64_t 
     }
   }
   return Status::Internal("codec " + spec.Name() + ": overflow reported but not found");
-}
-
-// scale = amax / qmax, capped at max_scale; 0 below the smallest normal float. inv = 1 / scale, or
-// 0 for a zero scale.
-void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float max_scale, float* scale, float* inv) {
-  const float s = std::min(std::bit_cast<float>(amax_bits) / qmax, max_scale);
-  if (s < detail::kMinScale) {
-    *scale = 0.0f;
-    *inv = 0.0f;
-  } else {
-    *scale = s;
-    *inv = 1.0f / s;
-  }
-}
-
-void Int4EncodeGroups(std::span<const float> x, std::size_t rows, std::size_t cols, std::size_t group, float* scales,
-                      unsigned char* out) {
-  const std::size_t groups = (cols + group - 1) / group;
-  std::memset(out, 0, (rows * cols + 1) / 2);
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t c0 = g * group, c1 = std::min(cols, c0 + group);
-      const float* v = x.data() + r * cols;
-      std::uint32_t amax = 0;
-      for (std::size_t c = c0; c < c1; ++c) amax = std::max(amax, Bits(v[c]) & 0x7FFFFFFFu);
-      float s, inv;
-      ScaleFromAmax(amax, detail::kInt4Max, detail::MaxScale(CodecKind::kInt4), &s, &inv);
-      scales[r * groups + g] = s;
-      for (std::size_t c = c0; c < c1; ++c) {
-        const float y = std::clamp(v[c] * inv, -detail::kInt4Max, detail::kInt4Max);
-        const auto q = static_cast<unsigned>(static_cast<int>(std::nearbyint(y))) & 0xFu;
-        const std::size_t k = r * cols + c;
-        out[k >> 1] = static_cast<unsigned char>(out[k >> 1] | (q << ((k & 1) * 4)));
-      }
-    }
-  }
-}
-
-void Int4DecodeGroups(const unsigned char* in, std::size_t rows, std::size_t cols, std::size_t group,
-                      const float* scales, float* out) {
-  const std::size_t groups = (cols + group - 1) / group;
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) {
-      const std::size_t k = r * cols + c;
-      const int nib = (in[k >> 1] >> ((k & 1) * 4)) & 0xF;
-      const int q = nib >= 8 ? nib - 16 : nib;
-      out[k] = static_cast<float>(q) * scales[r * groups + c / group];
-    }
-  }
 }
 
 // Appends only: GCC 12 at -O3 reports a false -Wrestrict in `"[" + std::to_string(r)` (operator+ on a
@@ -191,7 +142,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
         const std::uint32_t amax = k.max_abs_bits(x.data(), n);
         if (amax >= 0x7F800000u) return NonFinite(spec, x, cols);
         inv.resize(1);
-        ScaleFromAmax(amax, qmax, detail::MaxScale(spec.kind), &scales[0], &inv[0]);
+        detail::ScaleFromAmax(amax, qmax, detail::MaxScale(spec.kind), &scales[0], &inv[0]);
         k.fp8_encode(x.data(), inv.data(), 0, n, payload);
       } else {
         std::vector<std::uint32_t> colmax(cn, 0);
@@ -199,7 +150,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
         inv.resize(cn);
         for (std::size_t j = 0; j < cn; ++j) {
           if (colmax[j] >= 0x7F800000u) return NonFinite(spec, x, cols);
-          ScaleFromAmax(colmax[j], qmax, detail::MaxScale(spec.kind), &scales[j], &inv[j]);
+          detail::ScaleFromAmax(colmax[j], qmax, detail::MaxScale(spec.kind), &scales[j], &inv[j]);
         }
         for (std::size_t i = 0; i < rn; ++i) {
           if (spec.kind == CodecKind::kInt8) {
@@ -212,8 +163,9 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
       break;
     }
     case CodecKind::kInt4:
-      if (k.max_abs_bits(x.data(), n) >= 0x7F800000u) return NonFinite(spec, x, cols);
-      Int4EncodeGroups(x, rn, cn, static_cast<std::size_t>(spec.group), scales.data(), payload);
+      if (!k.int4_encode(x.data(), rn, cn, static_cast<std::size_t>(spec.group), detail::MaxScale(spec.kind),
+                         scales.data(), payload))
+        return NonFinite(spec, x, cols);
       break;
   }
 
@@ -349,7 +301,7 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
     case CodecKind::kInt4:
       if ((n & 1) && (payload[raw_bytes - 1] >> 4) != 0)
         return Status::Corruption("codec block (" + spec.Name() + ") has a non-zero padding nibble after its last value");
-      Int4DecodeGroups(payload, rn, cn, static_cast<std::size_t>(spec.group), scales.data(), out.data());
+      k.int4_decode(payload, rn, cn, static_cast<std::size_t>(spec.group), scales.data(), out.data());
       break;
   }
   return Status::Ok();

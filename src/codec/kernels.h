@@ -32,6 +32,17 @@ struct KernelTable {
   // int8: q = clamp(rne(x[i] * inv[i]), -127, 127) (inv per element, stride 1).
   void (*int8_encode)(const float* x, const float* inv, std::size_t n, unsigned char* out);
   void (*int8_decode)(const unsigned char* in, const float* s, std::size_t n, float* out);
+  // int4, groups of `group` (> 0) columns along each row of x [rows, cols] (the last group of a row is
+  // shorter when group does not divide cols): scales[r * groups + g] is ScaleFromAmax(amax of the
+  // group, 7, max_scale); value k = r * cols + c is the nibble clamp(rne(x[k] * inv), -7, 7) & 0xF,
+  // the low nibble of out[k / 2] for even k, the high one for odd k, and the nibble after an odd
+  // count is 0. Writes every byte of out[0, (rows * cols + 1) / 2). Returns false, with scales and
+  // out partly written, when x holds a NaN or Inf (each group is checked before its codes).
+  bool (*int4_encode)(const float* x, std::size_t rows, std::size_t cols, std::size_t group, float max_scale,
+                      float* scales, unsigned char* out);
+  // out[k] = (nibble k as a signed 4-bit value, -8..7) * scales[r * groups + c / group].
+  void (*int4_decode)(const unsigned char* in, std::size_t rows, std::size_t cols, std::size_t group,
+                      const float* scales, float* out);
 };
 
 const KernelTable& ScalarKernels();
@@ -39,6 +50,12 @@ const KernelTable& ScalarKernels();
 const KernelTable* Avx2Kernels();
 // The table Encode/Decode use: AVX2 when the CPU has it, unless TERRACE_CODEC_KERNELS=scalar.
 const KernelTable& Kernels();
+
+// scale = min(amax / qmax, max_scale) (fp32 division), 0 below the smallest normal float (2^-126);
+// inv = 1 / scale, or 0 for a zero scale (docs/kv-codecs.md, "Scales"). Encode and both kernel
+// tables call this one out-of-line definition (kernels_scalar.cpp, compiled without ISA flags), so
+// their scales are the same bits.
+void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float max_scale, float* scale, float* inv);
 
 // Scalar element conversions, shared by the kernels and the tests.
 std::uint16_t Bf16FromF32(float x);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "src/codec/format.h"
 #include "src/codec/kernels.h"
 
 namespace terrace::codec::detail {
@@ -104,7 +105,58 @@ void Int8Decode(const unsigned char* in, const float* s, std::size_t n, float* o
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(in[i])) * s[i];
 }
 
+// The reference int4 loops (kernels.h): group by group, amax, scale, then the codes ORed into the
+// zeroed payload one nibble at a time.
+bool Int4Encode(const float* x, std::size_t rows, std::size_t cols, std::size_t group, float max_scale, float* scales,
+                unsigned char* out) {
+  const std::size_t groups = (cols + group - 1) / group;
+  std::memset(out, 0, (rows * cols + 1) / 2);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::size_t c0 = g * group, c1 = std::min(cols, c0 + group);
+      const float* v = x + r * cols;
+      std::uint32_t amax = 0;
+      for (std::size_t c = c0; c < c1; ++c) amax = std::max(amax, Bits(v[c]) & 0x7FFFFFFFu);
+      if (amax >= 0x7F800000u) return false;
+      float s, inv;
+      ScaleFromAmax(amax, kInt4Max, max_scale, &s, &inv);
+      scales[r * groups + g] = s;
+      for (std::size_t c = c0; c < c1; ++c) {
+        const float y = std::clamp(v[c] * inv, -kInt4Max, kInt4Max);
+        const auto q = static_cast<unsigned>(static_cast<int>(std::nearbyint(y))) & 0xFu;
+        const std::size_t k = r * cols + c;
+        out[k >> 1] = static_cast<unsigned char>(out[k >> 1] | (q << ((k & 1) * 4)));
+      }
+    }
+  }
+  return true;
+}
+
+void Int4Decode(const unsigned char* in, std::size_t rows, std::size_t cols, std::size_t group, const float* scales,
+                float* out) {
+  const std::size_t groups = (cols + group - 1) / group;
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) {
+      const std::size_t k = r * cols + c;
+      const int nib = (in[k >> 1] >> ((k & 1) * 4)) & 0xF;
+      const int q = nib >= 8 ? nib - 16 : nib;
+      out[k] = static_cast<float>(q) * scales[r * groups + c / group];
+    }
+  }
+}
+
 }  // namespace
+
+void ScaleFromAmax(std::uint32_t amax_bits, float qmax, float max_scale, float* scale, float* inv) {
+  const float s = std::min(FromBits(amax_bits) / qmax, max_scale);
+  if (s < kMinScale) {
+    *scale = 0.0f;
+    *inv = 0.0f;
+  } else {
+    *scale = s;
+    *inv = 1.0f / s;
+  }
+}
 
 std::uint16_t Bf16FromF32(float x) {
   const std::uint32_t b = Bits(x), a = b & 0x7FFFFFFFu;
@@ -157,8 +209,8 @@ float F32FromFp8(std::uint8_t code) { return kFp8Table[code]; }
 const float* Fp8Values() { return kFp8Table.data(); }
 
 const KernelTable& ScalarKernels() {
-  static const KernelTable t{"scalar",   MaxAbsBits, ColMaxAbsBits, Bf16Encode, Bf16Decode, F16Encode,
-                             F16Decode,  Fp8Encode,  Fp8Decode,     Int8Encode, Int8Decode};
+  static const KernelTable t{"scalar",  MaxAbsBits, ColMaxAbsBits, Bf16Encode, Bf16Decode, F16Encode, F16Decode,
+                             Fp8Encode, Fp8Decode,  Int8Encode,    Int8Decode, Int4Encode, Int4Decode};
   return t;
 }
 

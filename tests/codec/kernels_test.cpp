@@ -1,5 +1,7 @@
 // The element conversions against brute-force oracles, and every SIMD kernel table this CPU can
-// run against the scalar one, bit for bit (lengths with tails, ties, subnormals, edges).
+// run against the scalar one, bit for bit (lengths with tails, ties, subnormals, edges; int4 over
+// random shapes, groups and special groups, NaN / Inf included).
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -148,4 +150,96 @@ TEST_CASE("SIMD kernels match the scalar kernels bit for bit", "[codec][kernels]
       CHECK(((4 * n) == 0 || std::memcmp(d1.data(), d2.data(), 4 * n) == 0));
     }
   }
+}
+
+namespace {
+
+// One int4 input of [rows, cols]: Tricky values, with some groups made special (all zeros of either
+// sign, subnormals only, exact x * inv ties, values near FLT_MAX where the scale is capped).
+std::vector<float> Int4Input(std::size_t rows, std::size_t cols, std::size_t group, std::uint64_t seed) {
+  auto x = Tricky(rows * cols, seed);
+  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c0 = 0; c0 < cols; c0 += group) {
+      const std::size_t c1 = std::min(cols, c0 + group);
+      float* g = x.data() + r * cols;
+      const std::uint64_t kind = rng() % 8;
+      for (std::size_t c = c0; c < c1; ++c) {
+        const std::uint64_t u = rng();
+        switch (kind) {
+          case 0: g[c] = u % 2 ? 0.0f : -0.0f; break;
+          case 1: g[c] = std::bit_cast<float>(static_cast<std::uint32_t>(u >> 32) & 0x807FFFFFu); break;
+          // amax 7 (the group's first value) makes inv 1: every half-integer is a tie.
+          case 2: g[c] = c == c0 ? 7.0f : static_cast<float>(static_cast<int>(u % 15) - 7) + (u & 16 ? 0.5f : 0.0f); break;
+          case 3: g[c] = (u % 2 ? 1.0f : -1.0f) * std::numeric_limits<float>::max() / static_cast<float>(1 + u % 3); break;
+          case 4: g[c] = std::ldexp(static_cast<float>(u % 64) - 32.0f, static_cast<int>((u >> 8) % 16) - 140); break;
+          default: break;  // Tricky as it is
+        }
+      }
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("int4 SIMD kernels match the scalar kernels bit for bit", "[codec][kernels][int4]") {
+  const KernelTable& ref = ScalarKernels();
+  const float max_scale = std::nextafter(std::numeric_limits<float>::max() / 8.0f, 0.0f);  // MaxScale(kInt4)
+  const auto tables = SimdTables();
+  std::mt19937_64 rng(42);
+  std::size_t cases = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    // Groups of 32 and 64 (what the codec uses) and others the kernels accept (not multiples of 8);
+    // widths with tails and odd widths (every other row starts mid-byte).
+    const std::size_t group = iter % 4 == 0 ? std::size_t{1} + rng() % 40 : (iter % 2 ? 32 : 64);
+    const std::size_t rows = rng() % 7, cols = iter % 5 == 0 ? rng() % 400 : rng() % 140;
+    const std::size_t n = rows * cols, groups = cols == 0 ? 0 : (cols + group - 1) / group, bytes = (n + 1) / 2;
+    auto x = Int4Input(rows, cols, group, rng());
+    const bool nonfinite = iter % 9 == 0 && n > 0;
+    if (nonfinite) {
+      const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()};
+      x[rng() % n] = bad[rng() % 4];
+    }
+    INFO("rows=" << rows << " cols=" << cols << " group=" << group << " iter=" << iter);
+    // Canaries after every output: the kernels write exactly their outputs.
+    std::vector<float> s_ref(groups * rows + 1, 1234.0f), s_simd(s_ref);
+    std::vector<unsigned char> e_ref(bytes + 1, 0xA5), e_simd(e_ref);
+    const bool ok = ref.int4_encode(x.data(), rows, cols, group, max_scale, s_ref.data(), e_ref.data());
+    REQUIRE(ok == !nonfinite);
+    REQUIRE(e_ref[bytes] == 0xA5);
+    if (ok && (n & 1)) REQUIRE((e_ref[bytes - 1] >> 4) == 0);
+    // Every byte value (padding nibble included) and random scales (zero, subnormal, huge) through
+    // the decoders too.
+    std::vector<unsigned char> random_bytes(bytes);
+    std::vector<float> random_scales(groups * rows);
+    for (auto& b : random_bytes) b = static_cast<unsigned char>(rng());
+    for (auto& s : random_scales) {
+      const std::uint64_t u = rng();
+      s = u % 5 == 0 ? 0.0f : u % 5 == 1 ? std::bit_cast<float>(static_cast<std::uint32_t>(u >> 40)) : u % 5 == 2 ? max_scale
+                                                                   : std::ldexp(static_cast<float>(u >> 40), -30);
+    }
+    std::vector<float> d_ref(n + 8, -5.0f), d_rand_ref(n + 8, -5.0f);
+    if (ok) ref.int4_decode(e_ref.data(), rows, cols, group, s_ref.data(), d_ref.data());
+    ref.int4_decode(random_bytes.data(), rows, cols, group, random_scales.data(), d_rand_ref.data());
+    for (const KernelTable* k : tables) {
+      INFO("kernels " << k->name);
+      REQUIRE(k->int4_encode(x.data(), rows, cols, group, max_scale, s_simd.data(), e_simd.data()) == ok);
+      REQUIRE(e_simd[bytes] == 0xA5);
+      REQUIRE(s_simd.back() == 1234.0f);
+      if (ok) {
+        REQUIRE(std::memcmp(s_simd.data(), s_ref.data(), 4 * s_ref.size()) == 0);
+        REQUIRE(e_simd == e_ref);
+        std::vector<float> d(n + 8, -5.0f);
+        k->int4_decode(e_ref.data(), rows, cols, group, s_ref.data(), d.data());
+        REQUIRE(std::memcmp(d.data(), d_ref.data(), 4 * d.size()) == 0);
+      }
+      std::vector<float> d(n + 8, -5.0f);
+      k->int4_decode(random_bytes.data(), rows, cols, group, random_scales.data(), d.data());
+      REQUIRE(std::memcmp(d.data(), d_rand_ref.data(), 4 * d.size()) == 0);
+      ++cases;
+    }
+  }
+  if (!tables.empty()) CHECK(cases == 1500 * tables.size());
 }

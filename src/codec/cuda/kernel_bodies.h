@@ -165,7 +165,7 @@ TERRACE_HD std::int32_t RoundClamp(float y, float qmax) {
   return static_cast<std::int32_t>(Bits(Add(c, kRoundMagic))) - kRoundMagicBits;
 }
 
-// ---- Scales (codec.cpp, ScaleFromAmax; docs/kv-codecs.md "Scales") ----
+// ---- Scales (kernels_scalar.cpp, ScaleFromAmax; docs/kv-codecs.md "Scales") ----
 
 // scale = min(amax / qmax, max_scale), 0 below 2^-126; `limit` is the largest code magnitude a
 // block can hold (fp8 448, int8 128, int4 8): max_scale = FLT_MAX / limit rounded down (the next
