@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -208,6 +209,11 @@ class PrefixCache {
   // forward pass calling it from on_layer_end never waits for a write. Failures as WriteBack's.
   Status StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer, const model::SequenceState& state,
                     bool snapshot);
+  // Whether a restore's reads copy blocks found below a store's put tier up to it (a promotion:
+  // the next restore of the prefix reads them from there) or read them straight into the restore's
+  // buffers (Store's GetOptions::promote). Unset, the default: each store's
+  // StoreOptions::promote_on_get. Applies to restores begun after the call; thread-safe.
+  void SetRestorePromotion(std::optional<bool> promote);
   // Waits until every WriteBack / StoreLayer so far has been written or has failed.
   void Flush();
 

@@ -106,6 +106,7 @@ void PopulateWrite(std::byte* p, std::size_t bytes) {
 // hand-over).
 struct LayerwiseRestore::Job {
   PrefixCache::Impl* m = nullptr;
+  GetOptions reads;  // every GetBatch of this restore (promotion: PrefixCache::SetRestorePromotion)
   std::vector<ContentId> chunk_ids;
   model::SequenceState* state = nullptr;
   PrefixCache::Impl::Found f;
@@ -294,7 +295,7 @@ struct LayerwiseRestore::Job {
       auto items = std::span(kv_items).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
       Place(items, std::span(f.kv).subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)),
             window_buffers[buffer], m->kv_gap);
-      const auto st = m->kv->GetBatch(items);
+      const auto st = m->kv->GetBatch(items, reads);
       std::copy(st.begin(), st.end(), kv_status.begin() + b);
       {
         std::lock_guard lock(mu);
@@ -315,7 +316,7 @@ struct LayerwiseRestore::Job {
     const auto& kda = L().kda_layers();
     Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
           snap_buffer, m->st_gap);
-    snap_status = m->st->GetBatch(snap_items);
+    snap_status = m->st->GetBatch(snap_items, reads);
   }
 
   void DecodeSnapshots() {
@@ -653,7 +654,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
         // The reads are done (Join): the snapshot buffer is free for this boundary's blocks.
         LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
                                      j.snap_buffer, m.st_gap);
-        const auto statuses = m.st->GetBatch(items);
+        const auto statuses = m.st->GetBatch(items, j.reads);
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
           if (s.ok()) {
@@ -720,6 +721,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
                                    "(create it with SequenceState::ForConfig of the same config)");
   auto job = std::make_unique<LayerwiseRestore::Job>();
   job->m = &m;
+  job->reads.promote = m.RestorePromotion();
   job->t0 = t0;
   job->chunk_ids = request.chunk_ids;
   job->state = state;

@@ -275,6 +275,10 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
   return Status::Ok();
 }
 
+void PrefixCache::SetRestorePromotion(std::optional<bool> promote) {
+  impl_->restore_promote.store(promote.has_value() ? (*promote ? 1 : 0) : -1, std::memory_order_relaxed);
+}
+
 void PrefixCache::Flush() {
   std::unique_lock lock(impl_->q_mu);
   impl_->idle_cv.wait(lock, [&] { return impl_->queue.empty() && impl_->active == 0 && impl_->puts_in_flight == 0; });

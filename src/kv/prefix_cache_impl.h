@@ -6,6 +6,7 @@
 // itself. The rest is immutable after Create.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,6 +36,12 @@ struct PrefixCache::Impl {
   // The stores' read_gap_bytes: the room a restore leaves past each raw block in its buffers
   // (layerwise_restore.cpp, Slot), so adjacent blocks are read as one request.
   std::uint64_t kv_gap = 0, st_gap = 0;
+  // SetRestorePromotion: -1 unset (each store's promote_on_get), 0 no, 1 yes.
+  std::atomic<int> restore_promote{-1};
+  std::optional<bool> RestorePromotion() const {
+    const int v = restore_promote.load(std::memory_order_relaxed);
+    return v < 0 ? std::nullopt : std::optional<bool>(v == 1);
+  }
 
   mutable std::mutex stats_mu;
   mutable PrefixCacheStats stats;

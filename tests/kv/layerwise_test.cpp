@@ -438,4 +438,69 @@ TEST_CASE("the per-layer write-out starts during the forward pass and never bloc
 }
 
 }  // namespace
+// Host + NVMe over `dir` (recovering what an NvmeStore left there), put tier host: blocks found
+// only on NVMe are below the put tier, so a read of them may promote.
+std::unique_ptr<Store> HostOverNvme(const std::filesystem::path& dir, bool promote_on_get) {
+  StoreOptions o;
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 16 * kMiB;
+  o.host.pin = false;
+  o.host.chunk_bytes = 4 * kMiB;
+  o.nvme.path = dir;
+  o.nvme.capacity_bytes = 64 * kMiB;
+  o.put_tier = TierId::kHost;
+  o.promote_on_get = promote_on_get;
+  auto s = Store::Open(o);
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+TEST_CASE("SetRestorePromotion overrides the stores' promote_on_get for a restore's reads; output exact either way") {
+  const auto& m = Toy();
+  const int C = 16;
+  const auto p = Tokens(4 * C + 5);
+  // Writes the prefix into NVMe-only stores under `dir` (each case gets its own: under exclusive
+  // placement a promotion moves a block out of NVMe into the volatile host tier).
+  auto write_prefix = [&](const std::filesystem::path& dir) {
+    auto kv = NvmeStore(dir / "kv");
+    auto st = NvmeStore(dir / "state");
+    auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv.get(), st.get());
+    REQUIRE(cache.ok());
+    Prefill(*m.model, **cache, p, "");
+    (*cache)->Flush();
+  };
+  const auto p2 = Extend(p, 4 * C + 5, 4 * C + 5 + 7);
+  const Run cold = [&] {
+    auto kv = HostStore();
+    auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv.get(), kv.get());
+    REQUIRE(cache.ok());
+    return Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 1);
+  }();
+  // (store default, override) -> whether the restore promotes.
+  for (const auto& [store_default, override_with] :
+       {std::pair{false, std::optional<bool>{}}, std::pair{false, std::optional<bool>{true}},
+        std::pair{true, std::optional<bool>{}}, std::pair{true, std::optional<bool>{false}}}) {
+    const bool promotes = override_with.value_or(store_default);
+    CAPTURE(store_default, override_with.has_value(), promotes);
+    terrace::testing::TempDir dir("kvpromote");
+    write_prefix(dir.path());
+    auto kv = HostOverNvme(dir.path() / "kv", store_default);
+    auto st = HostOverNvme(dir.path() / "state", store_default);
+    auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv.get(), st.get());
+    REQUIRE(cache.ok());
+    (*cache)->SetRestorePromotion(override_with);
+    const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 1);
+    REQUIRE(r.prefill.restored_tokens == 4 * C);
+    CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, r.prefill.restored_tokens)));
+    CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
+    CHECK(r.prefill.restore.bytes_read[static_cast<std::size_t>(TierId::kNvme)] > 0);
+    CHECK((kv->Stats().promotions > 0) == promotes);
+    CHECK((st->Stats().promotions > 0) == promotes);
+    // A second restore of the prefix reads what the first promoted from the host tier.
+    const Run again = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 1);
+    CHECK(Bitwise(again.decode_logits.back(), cold.decode_logits.back()));
+    CHECK((again.prefill.restore.bytes_read[static_cast<std::size_t>(TierId::kNvme)] == 0) == promotes);
+  }
+}
+
 }  // namespace terrace::kv
