@@ -71,20 +71,26 @@ inline std::unique_ptr<Store> HostStore(std::uint64_t capacity = 256 * kMiB) {
   return std::move(s).value();
 }
 
-// An NVMe-only store on a file in `dir` (blocks are written straight to the data file).
-inline std::unique_ptr<Store> NvmeStore(const std::filesystem::path& dir, std::uint64_t capacity = 64 * kMiB) {
+// A host tier over an NVMe tier on a file in `dir` (recovering what the file holds).
+inline std::unique_ptr<Store> HostNvmeStore(const std::filesystem::path& dir, TierId put_tier, bool promote_on_get,
+                                            std::uint64_t host_capacity, std::uint64_t nvme_capacity = 64 * kMiB) {
   StoreOptions o;
   o.hbm.mode = HbmMode::kOff;
-  o.host.capacity_bytes = 4 * kMiB;
+  o.host.capacity_bytes = host_capacity;
   o.host.pin = false;
   o.host.chunk_bytes = 4 * kMiB;
   o.nvme.path = dir;
-  o.nvme.capacity_bytes = capacity;
-  o.put_tier = TierId::kNvme;
-  o.promote_on_get = false;
+  o.nvme.capacity_bytes = nvme_capacity;
+  o.put_tier = put_tier;
+  o.promote_on_get = promote_on_get;
   auto s = Store::Open(o);
   REQUIRE(s.ok());
   return std::move(s).value();
+}
+
+// An NVMe-only store on a file in `dir` (blocks are written straight to the data file).
+inline std::unique_ptr<Store> NvmeStore(const std::filesystem::path& dir, std::uint64_t capacity = 64 * kMiB) {
+  return HostNvmeStore(dir, TierId::kNvme, /*promote_on_get=*/false, 4 * kMiB, capacity);
 }
 
 inline std::vector<std::int32_t> Tokens(int n, int salt = 0) {

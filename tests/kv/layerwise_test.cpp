@@ -438,23 +438,6 @@ TEST_CASE("the per-layer write-out starts during the forward pass and never bloc
 }
 
 }  // namespace
-// Host + NVMe over `dir` (recovering what an NvmeStore left there), put tier host: blocks found
-// only on NVMe are below the put tier, so a read of them may promote.
-std::unique_ptr<Store> HostOverNvme(const std::filesystem::path& dir, bool promote_on_get) {
-  StoreOptions o;
-  o.hbm.mode = HbmMode::kOff;
-  o.host.capacity_bytes = 16 * kMiB;
-  o.host.pin = false;
-  o.host.chunk_bytes = 4 * kMiB;
-  o.nvme.path = dir;
-  o.nvme.capacity_bytes = 64 * kMiB;
-  o.put_tier = TierId::kHost;
-  o.promote_on_get = promote_on_get;
-  auto s = Store::Open(o);
-  REQUIRE(s.ok());
-  return std::move(s).value();
-}
-
 TEST_CASE("SetRestorePromotion overrides the stores' promote_on_get for a restore's reads; output exact either way") {
   const auto& m = Toy();
   const int C = 16;
@@ -484,8 +467,8 @@ TEST_CASE("SetRestorePromotion overrides the stores' promote_on_get for a restor
     CAPTURE(store_default, override_with.has_value(), promotes);
     terrace::testing::TempDir dir("kvpromote");
     write_prefix(dir.path());
-    auto kv = HostOverNvme(dir.path() / "kv", store_default);
-    auto st = HostOverNvme(dir.path() / "state", store_default);
+    auto kv = HostNvmeStore(dir.path() / "kv", TierId::kHost, store_default, 16 * kMiB);
+    auto st = HostNvmeStore(dir.path() / "state", TierId::kHost, store_default, 16 * kMiB);
     auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv.get(), st.get());
     REQUIRE(cache.ok());
     (*cache)->SetRestorePromotion(override_with);
