@@ -200,8 +200,7 @@ class Store {
   // May overwrite `out`'s bytes past the block's size, up to out.size() and within the size
   // rounded up to the tiers' io_alignment (4 KiB for NVMe): a buffer aligned to that with such
   // room lets a read from NVMe that moves nothing land in it directly, with no staging copy.
-  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out);
-  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts);
+  Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts = {});
   // Buffers with a memory kind. kHost / kPinnedHost: as the span forms. kDevice: the block goes
   // to and from device memory without a host bounce. A device Put lands in its tier (put_tier or
   // opts.tier) only if that tier takes device buffers (TierCaps::device_buffers: the HBM tier),
@@ -248,8 +247,7 @@ class Store {
   // read_gap_bytes() says, blocks adjacent on disk are read as one request. PutBatch and
   // EraseBatch run the items one after another.
   std::vector<Status> PutBatch(std::span<const PutItem> items);
-  std::vector<Status> GetBatch(std::span<GetItem> items);
-  std::vector<Status> GetBatch(std::span<GetItem> items, const GetOptions& opts);
+  std::vector<Status> GetBatch(std::span<GetItem> items, const GetOptions& opts = {});
   // GetBatch with buffers of any kind, one Status per item as Get(key, BufferRef) would return it.
   // kHost / kPinnedHost items go through the span form above (as one batch). kDevice items: every
   // block found only on NVMe is read in one tier batch (staged through the store's bounce

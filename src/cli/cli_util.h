@@ -29,7 +29,6 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 
-// Seconds of steady_clock time since `t0`.
 // The process's user and system CPU time so far (every thread), in seconds.
 std::pair<double, double> ProcessCpuSeconds();
 

@@ -721,7 +721,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
                                    "(create it with SequenceState::ForConfig of the same config)");
   auto job = std::make_unique<LayerwiseRestore::Job>();
   job->m = &m;
-  job->reads.promote = m.RestorePromotion();
+  job->reads.promote = m.restore_promote.load(std::memory_order_relaxed);
   job->t0 = t0;
   job->chunk_ids = request.chunk_ids;
   job->state = state;

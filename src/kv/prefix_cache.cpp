@@ -276,7 +276,7 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
 }
 
 void PrefixCache::SetRestorePromotion(std::optional<bool> promote) {
-  impl_->restore_promote.store(promote.has_value() ? (*promote ? 1 : 0) : -1, std::memory_order_relaxed);
+  impl_->restore_promote.store(promote, std::memory_order_relaxed);
 }
 
 void PrefixCache::Flush() {

@@ -36,12 +36,8 @@ struct PrefixCache::Impl {
   // The stores' read_gap_bytes: the room a restore leaves past each raw block in its buffers
   // (layerwise_restore.cpp, Slot), so adjacent blocks are read as one request.
   std::uint64_t kv_gap = 0, st_gap = 0;
-  // SetRestorePromotion: -1 unset (each store's promote_on_get), 0 no, 1 yes.
-  std::atomic<int> restore_promote{-1};
-  std::optional<bool> RestorePromotion() const {
-    const int v = restore_promote.load(std::memory_order_relaxed);
-    return v < 0 ? std::nullopt : std::optional<bool>(v == 1);
-  }
+  // SetRestorePromotion's choice (unset: each store's promote_on_get), read when a restore begins.
+  std::atomic<std::optional<bool>> restore_promote{};
 
   mutable std::mutex stats_mu;
   mutable PrefixCacheStats stats;

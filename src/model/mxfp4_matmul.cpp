@@ -108,7 +108,8 @@ TERRACE_AVX2 inline float HorizontalSum(__m256 v) {
 // y[r] = W[r] . xp (xp in PermuteColumns order). One row at a time, so the packed weights are
 // read as one sequential stream (rows are contiguous); four rows at a time made four interleaved
 // streams the hardware prefetcher followed poorly (a K3-sized 3072 x 3584 matrix from memory:
-// 10.4 Gweights/s, against 15.6 one row at a time; 256 x 256 the same either way). Four
+// 10.4 Gweights/s, against 15.6 one row at a time; for 256 x 256, whose four rows share cache
+// lines, one row at a time is about 5% slower). Four
 // accumulators (a block's two 16-column halves, even and odd columns) hide the FMA latency.
 TERRACE_AVX2 void GemvRow(const Mxfp4Matrix& w, std::int64_t r, const float* xp, float* y, bool accumulate) {
   const auto& st = ScaleTable();

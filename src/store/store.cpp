@@ -168,7 +168,6 @@ Result<std::unique_ptr<Store>> Store::OpenWithTiers(const StoreOptions& options,
 Status Store::Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts) {
   return impl_->Put(key, data, opts);
 }
-Result<BlockDesc> Store::Get(const BlockKey& key, std::span<std::byte> out) { return impl_->Get(key, out); }
 Result<BlockDesc> Store::Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts) {
   return impl_->Get(key, out, opts);
 }
@@ -186,7 +185,6 @@ std::vector<Status> Store::PutBatch(std::span<const PutItem> items) {
   return out;
 }
 
-std::vector<Status> Store::GetBatch(std::span<GetItem> items) { return impl_->GetBatch(items); }
 std::vector<Status> Store::GetBatch(std::span<GetItem> items, const GetOptions& opts) {
   return impl_->GetBatch(items, opts);
 }
