@@ -5,6 +5,8 @@
 
 #include <cblas.h>
 
+#include "src/model/vec_math.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TERRACE_OPS_X86 1
@@ -121,10 +123,6 @@ TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float b
   for (; i < n; ++i) g[i] = Situ(g[i], u[i], beta_g, beta_u);
 }
 
-bool HasAvx2Fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
 
 }  // namespace
