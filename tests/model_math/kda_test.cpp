@@ -8,6 +8,7 @@
 #include "math_test_util.h"
 #include "src/model/kda.h"
 #include "src/model/kda_pairs.h"
+#include "src/model/short_conv.h"
 #include "src/model/ops.h"
 
 namespace terrace::model {
@@ -173,6 +174,44 @@ TEST_CASE("KDA chunkwise form is independent of the chunk size", "[kda]") {
   KdaChunked(in.Args(), s2.data(), o2.data(), 64);
   CHECK(RelErr(o1, o2) < 1e-4);
   CHECK(RelErr(s1, s2) < 1e-4);
+}
+
+TEST_CASE("ShortConvSilu == a double-precision causal conv + SiLU, and continues across calls", "[kda]") {
+  // channels 24: the AVX2 path; 12: the scalar one. The state block sits at a column offset inside
+  // a wider state, whose other columns must not change.
+  for (std::int64_t C : {24, 12}) {
+    for (std::int64_t T : {1, 2, 9}) {
+      CAPTURE(C, T);
+      const std::int64_t kernel = 4, hist = 3, width = C + 5, col = 2;
+      const auto w = RandomVec(C * kernel, 40 + C), x0 = RandomVec(T * C, 41 + T, -3.0f, 3.0f);
+      const auto state0 = RandomVec(hist * width, 42);
+      // The reference over the sequence [state rows; x rows].
+      std::vector<double> seq;
+      for (std::int64_t r = 0; r < hist; ++r)
+        for (std::int64_t c = 0; c < C; ++c) seq.push_back(state0[r * width + col + c]);
+      for (float v : x0) seq.push_back(v);
+      std::vector<float> want(T * C);
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < C; ++c) {
+          double acc = 0.0;
+          for (std::int64_t j = 0; j < kernel; ++j) acc += w[c * kernel + j] * seq[(t + j) * C + c];
+          want[t * C + c] = static_cast<float>(acc / (1.0 + std::exp(-acc)));
+        }
+      std::vector<float> x = x0, state = state0;
+      ShortConvSilu(x.data(), T, C, w.data(), kernel, state.data(), width, col);
+      CHECK(RelErr(x, want) < 1e-6);
+      for (std::int64_t r = 0; r < hist; ++r)
+        for (std::int64_t c = 0; c < width; ++c) {
+          const bool mine = c >= col && c < col + C;
+          CHECK(state[r * width + c] == (mine ? static_cast<float>(seq[(T + r) * C + c - col]) : state0[r * width + c]));
+        }
+      // Token by token through the state: the same bits as one call.
+      std::vector<float> step = x0, state2 = state0;
+      for (std::int64_t t = 0; t < T; ++t) ShortConvSilu(&step[t * C], 1, C, w.data(), kernel, state2.data(), width, col);
+      CHECK(step == x);
+      CHECK(state2 == state);
+    }
+  }
 }
 
 struct Mixer {
