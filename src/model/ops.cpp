@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 
+#include "src/model/avx2_math.h"
 #include "src/model/vec_math.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -70,23 +71,6 @@ TERRACE_OPS_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::ui
   }
 }
 
-// exp(x) for x clamped to [-87.33, 88]: 2^n * p(r), r = x - n ln 2 (Cephes expf).
-TERRACE_OPS_AVX2 inline __m256 VecExp(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 // tanh(x): odd [13/6] rational on the clamped range (Eigen's fast tanh), x itself for |x| < 4e-4.
 TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
   const __m256 x = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(-7.99881172180175781f)),
@@ -133,11 +117,10 @@ TERRACE_OPS_AVX2 void AxpyAvx2(float alpha, const float* x, float* y, std::int64
 TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
   const __m256 bg = _mm256_set1_ps(beta_g), bu = _mm256_set1_ps(beta_u);
   const __m256 ibg = _mm256_set1_ps(1.0f / beta_g), ibu = _mm256_set1_ps(1.0f / beta_u);
-  const __m256 one = _mm256_set1_ps(1.0f);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
-    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, VecExp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    const __m256 sig = simd::Sigmoid8(gv);
     const __m256 tg = _mm256_mul_ps(bg, VecTanh(_mm256_mul_ps(gv, ibg)));
     const __m256 tu = _mm256_mul_ps(bu, VecTanh(_mm256_mul_ps(uv, ibu)));
     _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(tg, sig), tu));

@@ -75,8 +75,8 @@ inline float Situ(float g, float u, float beta_g, float beta_u) {
 
 // g[i] = Situ(g[i], u[i], beta_g, beta_u) for i < n. With AVX2 + FMA, tanh and exp are computed
 // by polynomials (tanh: a [13/6] rational on [-7.9988, 7.9988], +-1 beyond, x itself below 4e-4;
-// exp: Cephes' degree-6 polynomial after range reduction): within 1e-6 of the scalar Situ relative
-// to the row's largest value (ops_test). Without AVX2: the scalar Situ.
+// sigmoid: simd::Sigmoid8, avx2_math.h): within 1e-6 of the scalar Situ relative to the row's
+// largest value (ops_test). Without AVX2: the scalar Situ.
 void SituInPlace(float* g, const float* u, std::int64_t n, float beta_g, float beta_u);
 
 // Sets the OpenBLAS thread count (>= 1) for this process.
