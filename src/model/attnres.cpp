@@ -15,20 +15,13 @@ void AttnResMix(std::span<const float* const> sources, std::int64_t tokens, std:
   for (std::int64_t t = 0; t < tokens; ++t) {
     for (std::size_t s = 0; s < S; ++s) {
       const float* v = sources[s] + t * d;
-      float dot = 0.0f, ss = 0.0f;
-      for (std::int64_t i = 0; i < d; ++i) {
-        dot += wn[static_cast<std::size_t>(i)] * v[i];
-        ss += v[i] * v[i];
-      }
+      const float dot = ops::Dot(wn.data(), v, d), ss = ops::SumSquares(v, d);
       p[s] = dot / std::sqrt(ss / static_cast<float>(d) + kAttnResEps);
     }
     ops::SoftmaxInPlace(p.data(), static_cast<std::int64_t>(S));
     float* o = out + t * d;
     for (std::int64_t i = 0; i < d; ++i) o[i] = 0.0f;
-    for (std::size_t s = 0; s < S; ++s) {
-      const float* v = sources[s] + t * d;
-      for (std::int64_t i = 0; i < d; ++i) o[i] += p[s] * v[i];
-    }
+    for (std::size_t s = 0; s < S; ++s) ops::Axpy(p[s], sources[s] + t * d, o, d);
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include "src/model/kda.h"
 #include "src/model/ops.h"
+#include "src/model/short_conv.h"
+#include "src/model/vec_math.h"
 
 namespace terrace::model {
 namespace {
@@ -20,26 +22,6 @@ Status CheckShape(const Tensor& t, std::initializer_list<std::int64_t> want, std
                                                ShapeString(t.shape)));
   }
   return Status::Ok();
-}
-
-// Causal depthwise conv over `tokens` rows of `channels` columns (column offset `col` inside the
-// combined conv state of width `state_width`), then SiLU, in place on x.
-void ShortConvSilu(float* x, std::int64_t tokens, std::int64_t channels, const float* weight,
-                   std::int64_t kernel, float* conv_state, std::int64_t state_width, std::int64_t col) {
-  const std::int64_t hist = kernel - 1;
-  std::vector<float> ext(static_cast<std::size_t>((hist + tokens) * channels));
-  for (std::int64_t r = 0; r < hist; ++r)
-    std::copy_n(conv_state + r * state_width + col, channels, &ext[static_cast<std::size_t>(r * channels)]);
-  std::copy_n(x, tokens * channels, &ext[static_cast<std::size_t>(hist * channels)]);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (std::int64_t c = 0; c < channels; ++c) {
-      float acc = 0.0f;
-      for (std::int64_t j = 0; j < kernel; ++j) acc += weight[c * kernel + j] * ext[static_cast<std::size_t>((t + j) * channels + c)];
-      x[t * channels + c] = ops::Silu(acc);
-    }
-  }
-  for (std::int64_t r = 0; r < hist; ++r)
-    std::copy_n(&ext[static_cast<std::size_t>((tokens + r) * channels)], channels, conv_state + r * state_width + col);
 }
 
 }  // namespace
@@ -92,7 +74,7 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
     for (std::int64_t i = 0; i < K; ++i) q[n(r * K + i)] *= scale;
   }
   ops::Linear(x, T, d, w.b_proj, H, beta.data());
-  for (float& b : beta) b = ops::Sigmoid(b);
+  ops::SigmoidInPlace(beta.data(), T * H);
   // Decay gate: raw = f_b(f_a(x)); bounded lb * sigmoid(exp(A) (raw + dt)) or -exp(A) softplus(raw + dt).
   ops::Linear(x, T, d, w.f_a, K, low.data());
   ops::Linear(low.data(), T, K, w.f_b, C, g.data());
@@ -103,9 +85,13 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
       for (std::int64_t i = 0; i < K; ++i) {
         float& gi = g[n(t * C + h * K + i)];
         const float z = gi + w.dt_bias.data[n(per_channel_dt ? h * K + i : h)];
-        gi = dims.gate_lower_bound ? *dims.gate_lower_bound * ops::Sigmoid(a * z) : -a * ops::Softplus(z);
+        gi = dims.gate_lower_bound ? a * z : -a * ops::Softplus(z);
       }
     }
+  }
+  if (dims.gate_lower_bound) {  // g = lb * sigmoid(a z)
+    ops::SigmoidInPlace(g.data(), T * C);
+    for (float& gi : g) gi *= *dims.gate_lower_bound;
   }
   KdaCoreArgs args{q.data(), k.data(), v.data(), g.data(), beta.data(), T, H, K, K};
   if (chunked) {
@@ -120,7 +106,7 @@ void KdaForward(const KdaWeights& w, const KdaDims& dims, const float* x, std::i
     ops::Linear(x, T, d, w.g_a, K, low.data());
     ops::Linear(low.data(), T, K, w.g_b, C, gate.data());
   }
-  for (std::size_t i = 0; i < o.size(); ++i) o[i] *= ops::Sigmoid(gate[i]);
+  ops::MulSigmoidInPlace(o.data(), gate.data(), T * C);
   ops::Linear(o.data(), T, C, w.o_proj, d, out);
 }
 

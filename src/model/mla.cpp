@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "src/model/ops.h"
+#include "src/model/vec_math.h"
 
 namespace terrace::model {
 namespace {
@@ -110,7 +111,7 @@ void MlaForward(const MlaWeights& w, const MlaDims& m, const float* x, std::int6
   if (m.output_gate) {
     std::vector<float> gate(o.size());
     ops::Linear(x, T, d, w.g_proj, H * m.v, gate.data());
-    for (std::size_t i = 0; i < o.size(); ++i) o[i] *= ops::Sigmoid(gate[i]);
+    ops::MulSigmoidInPlace(o.data(), gate.data(), static_cast<std::int64_t>(o.size()));
   }
   ops::Linear(o.data(), T, H * m.v, w.o_proj, d, out);
 }

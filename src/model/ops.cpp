@@ -5,6 +5,9 @@
 
 #include <cblas.h>
 
+#include "src/model/avx2_math.h"
+#include "src/model/vec_math.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TERRACE_OPS_X86 1
@@ -68,23 +71,6 @@ TERRACE_OPS_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::ui
   }
 }
 
-// exp(x) for x clamped to [-87.33, 88]: 2^n * p(r), r = x - n ln 2 (Cephes expf).
-TERRACE_OPS_AVX2 inline __m256 VecExp(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 // tanh(x): odd [13/6] rational on the clamped range (Eigen's fast tanh), x itself for |x| < 4e-4.
 TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
   const __m256 x = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(-7.99881172180175781f)),
@@ -106,14 +92,35 @@ TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
   return _mm256_blendv_ps(_mm256_div_ps(p, q), a, tiny);
 }
 
+TERRACE_OPS_AVX2 float DotAvx2(const float* a, const float* b, std::int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  std::int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = Hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+TERRACE_OPS_AVX2 void AxpyAvx2(float alpha, const float* x, float* y, std::int64_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
 TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
   const __m256 bg = _mm256_set1_ps(beta_g), bu = _mm256_set1_ps(beta_u);
   const __m256 ibg = _mm256_set1_ps(1.0f / beta_g), ibu = _mm256_set1_ps(1.0f / beta_u);
-  const __m256 one = _mm256_set1_ps(1.0f);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
-    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, VecExp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    const __m256 sig = simd::Sigmoid8(gv);
     const __m256 tg = _mm256_mul_ps(bg, VecTanh(_mm256_mul_ps(gv, ibg)));
     const __m256 tu = _mm256_mul_ps(bu, VecTanh(_mm256_mul_ps(uv, ibu)));
     _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(tg, sig), tu));
@@ -121,10 +128,6 @@ TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float b
   for (; i < n; ++i) g[i] = Situ(g[i], u[i], beta_g, beta_u);
 }
 
-bool HasAvx2Fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
 
 }  // namespace
@@ -197,12 +200,29 @@ void SolveUnitLower(const float* l, std::int64_t n, float* b, std::int64_t cols,
               static_cast<blasint>(cols), 1.0f, l, static_cast<blasint>(n), b, static_cast<blasint>(ldb));
 }
 
+float Dot(const float* a, const float* b, std::int64_t n) {
+#ifdef TERRACE_OPS_X86
+  if (HasAvx2Fma()) return DotAvx2(a, b, n);
+#endif
+  float s = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+float SumSquares(const float* x, std::int64_t n) { return Dot(x, x, n); }
+
+void Axpy(float alpha, const float* x, float* y, std::int64_t n) {
+#ifdef TERRACE_OPS_X86
+  if (HasAvx2Fma()) return AxpyAvx2(alpha, x, y, n);
+#endif
+  for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
 void RmsNorm(const float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps, float* out) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* yr = out + r * n;
-    float ss = 0.0f;
-    for (std::int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float ss = SumSquares(xr, n);
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
     if (weight != nullptr) {
       for (std::int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * weight[i];
@@ -213,8 +233,7 @@ void RmsNorm(const float* x, std::int64_t rows, std::int64_t n, const float* wei
 }
 
 void L2NormalizeInPlace(float* x, std::int64_t n, float eps) {
-  float ss = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float ss = SumSquares(x, n);
   const float inv = 1.0f / std::sqrt(ss + eps);
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
@@ -222,11 +241,10 @@ void L2NormalizeInPlace(float* x, std::int64_t n, float eps) {
 void SoftmaxInPlace(float* x, std::int64_t n) {
   if (n <= 0) return;
   const float mx = *std::max_element(x, x + n);
+  for (std::int64_t i = 0; i < n; ++i) x[i] -= mx;
+  ExpInPlace(x, n);
   float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i];
   const float inv = 1.0f / sum;
   for (std::int64_t i = 0; i < n; ++i) x[i] *= inv;
 }

@@ -48,6 +48,13 @@ void Gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 // upper triangle are ignored); b is [n, cols] with leading dimension ldb.
 void SolveUnitLower(const float* l, std::int64_t n, float* b, std::int64_t cols, std::int64_t ldb);
 
+// sum_i a[i] b[i], sum_i x[i]^2, and y[i] += alpha x[i], over n values. With AVX2 + FMA the sums
+// keep four 8-lane partial sums, combined in a fixed order, then add the last n % 8 products in
+// order; the result depends only on the values and n (not on alignment). Scalar loops otherwise.
+float Dot(const float* a, const float* b, std::int64_t n);
+float SumSquares(const float* x, std::int64_t n);
+void Axpy(float alpha, const float* x, float* y, std::int64_t n);
+
 // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight, for `rows` rows of width n.
 // out may alias x. weight may be null (no scale).
 void RmsNorm(const float* x, std::int64_t rows, std::int64_t n, const float* weight, float eps, float* out);
@@ -55,7 +62,7 @@ void RmsNorm(const float* x, std::int64_t rows, std::int64_t n, const float* wei
 // x / sqrt(sum(x^2) + eps), in place, over n values.
 void L2NormalizeInPlace(float* x, std::int64_t n, float eps = 1e-6f);
 
-// Numerically stable softmax over n values, in place.
+// Numerically stable softmax over n values, in place (exp through ExpInPlace, vec_math.h).
 void SoftmaxInPlace(float* x, std::int64_t n);
 
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -68,8 +75,8 @@ inline float Situ(float g, float u, float beta_g, float beta_u) {
 
 // g[i] = Situ(g[i], u[i], beta_g, beta_u) for i < n. With AVX2 + FMA, tanh and exp are computed
 // by polynomials (tanh: a [13/6] rational on [-7.9988, 7.9988], +-1 beyond, x itself below 4e-4;
-// exp: Cephes' degree-6 polynomial after range reduction): within 1e-6 of the scalar Situ relative
-// to the row's largest value (ops_test). Without AVX2: the scalar Situ.
+// sigmoid: simd::Sigmoid8, avx2_math.h): within 1e-6 of the scalar Situ relative to the row's
+// largest value (ops_test). Without AVX2: the scalar Situ.
 void SituInPlace(float* g, const float* u, std::int64_t n, float beta_g, float beta_u);
 
 // Sets the OpenBLAS thread count (>= 1) for this process.

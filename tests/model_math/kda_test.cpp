@@ -7,6 +7,8 @@
 
 #include "math_test_util.h"
 #include "src/model/kda.h"
+#include "src/model/kda_pairs.h"
+#include "src/model/short_conv.h"
 #include "src/model/ops.h"
 
 namespace terrace::model {
@@ -85,6 +87,65 @@ TEST_CASE("KDA recurrent form matches the matrix-form oracle", "[kda]") {
   }
 }
 
+// P[i, j] = q_i . (k_j * e_{j+1} ... e_i) and A[i, j] = b_i k_i . (same), in double.
+void OraclePairs(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& e,
+                 const std::vector<float>& b, std::int64_t L, std::int64_t K, std::vector<double>& A,
+                 std::vector<double>& P) {
+  A.assign(L * L, 0.0);
+  P.assign(L * L, 0.0);
+  for (std::int64_t i = 0; i < L; ++i)
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double sq = 0.0, sk = 0.0;
+      for (std::int64_t d = 0; d < K; ++d) {
+        double w = k[j * K + d];
+        for (std::int64_t t = j + 1; t <= i; ++t) w *= e[t * K + d];
+        sq += q[i * K + d] * w;
+        sk += k[i * K + d] * w;
+      }
+      P[i * L + j] = sq;
+      if (j < i) A[i * L + j] = b[i] * sk;
+    }
+}
+
+TEST_CASE("KdaDecayedPairs == the double-precision products, zero above the diagonal", "[kda]") {
+  // K = 64 and 40: the AVX2 body and its 8-wide tail; K = 12: the scalar path. Decays from mild to
+  // strong enough that far products underflow to 0.
+  for (std::int64_t K : {64, 40, 12}) {
+    for (std::int64_t L : {1, 17, 64}) {
+      for (float strength : {0.05f, 3.0f, 60.0f}) {
+        CAPTURE(K, L, strength);
+        const std::uint64_t seed = static_cast<std::uint64_t>(K * 1000 + L * 10) + static_cast<std::uint64_t>(strength);
+        const auto q = RandomVec(L * K, seed), k = RandomVec(L * K, seed + 1), b = RandomVec(L, seed + 2, 0.1f, 1.0f);
+        auto e = RandomVec(L * K, seed + 3, -strength, 0.0f);
+        for (auto& x : e) x = std::exp(x);
+        const std::int64_t ld = L + 3;  // a leading dimension wider than the chunk
+        std::vector<float> A(L * ld, 7.0f), P(L * ld, 7.0f);
+        KdaDecayedPairs(q.data(), k.data(), e.data(), b.data(), L, K, ld, A.data(), P.data());
+        std::vector<double> Aref, Pref;
+        OraclePairs(q, k, e, b, L, K, Aref, Pref);
+        double maxp = 0.0, maxa = 0.0, errp = 0.0, erra = 0.0;
+        for (std::int64_t i = 0; i < L; ++i) {
+          for (std::int64_t j = 0; j < L; ++j) {
+            const float p = P[i * ld + j], a = A[i * ld + j];
+            REQUIRE(std::isfinite(p));
+            REQUIRE(std::isfinite(a));
+            if (j > i) CHECK(p == 0.0f);
+            if (j >= i) CHECK(a == 0.0f);
+            maxp = std::max(maxp, std::abs(Pref[i * L + j]));
+            maxa = std::max(maxa, std::abs(Aref[i * L + j]));
+            errp = std::max(errp, std::abs(p - Pref[i * L + j]));
+            erra = std::max(erra, std::abs(a - Aref[i * L + j]));
+          }
+          CHECK(P[i * ld + L] == 7.0f);  // nothing written past column L
+        }
+        CHECK(errp <= 1e-5 * maxp);
+        CHECK(erra <= 1e-5 * std::max(maxa, 1e-30));
+        CHECK(maxp > 1e-3);
+      }
+    }
+  }
+}
+
 TEST_CASE("KDA chunkwise form equals the recurrent form", "[kda]") {
   for (std::int64_t T : {1, 63, 64, 65, 200}) {
     for (std::int64_t H : {1, 3}) {
@@ -113,6 +174,44 @@ TEST_CASE("KDA chunkwise form is independent of the chunk size", "[kda]") {
   KdaChunked(in.Args(), s2.data(), o2.data(), 64);
   CHECK(RelErr(o1, o2) < 1e-4);
   CHECK(RelErr(s1, s2) < 1e-4);
+}
+
+TEST_CASE("ShortConvSilu == a double-precision causal conv + SiLU, and continues across calls", "[kda]") {
+  // channels 24: the AVX2 path; 12: the scalar one. The state block sits at a column offset inside
+  // a wider state, whose other columns must not change.
+  for (std::int64_t C : {24, 12}) {
+    for (std::int64_t T : {1, 2, 9}) {
+      CAPTURE(C, T);
+      const std::int64_t kernel = 4, hist = 3, width = C + 5, col = 2;
+      const auto w = RandomVec(C * kernel, 40 + C), x0 = RandomVec(T * C, 41 + T, -3.0f, 3.0f);
+      const auto state0 = RandomVec(hist * width, 42);
+      // The reference over the sequence [state rows; x rows].
+      std::vector<double> seq;
+      for (std::int64_t r = 0; r < hist; ++r)
+        for (std::int64_t c = 0; c < C; ++c) seq.push_back(state0[r * width + col + c]);
+      for (float v : x0) seq.push_back(v);
+      std::vector<float> want(T * C);
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < C; ++c) {
+          double acc = 0.0;
+          for (std::int64_t j = 0; j < kernel; ++j) acc += w[c * kernel + j] * seq[(t + j) * C + c];
+          want[t * C + c] = static_cast<float>(acc / (1.0 + std::exp(-acc)));
+        }
+      std::vector<float> x = x0, state = state0;
+      ShortConvSilu(x.data(), T, C, w.data(), kernel, state.data(), width, col);
+      CHECK(RelErr(x, want) < 1e-6);
+      for (std::int64_t r = 0; r < hist; ++r)
+        for (std::int64_t c = 0; c < width; ++c) {
+          const bool mine = c >= col && c < col + C;
+          CHECK(state[r * width + c] == (mine ? static_cast<float>(seq[(T + r) * C + c - col]) : state0[r * width + c]));
+        }
+      // Token by token through the state: the same bits as one call.
+      std::vector<float> step = x0, state2 = state0;
+      for (std::int64_t t = 0; t < T; ++t) ShortConvSilu(&step[t * C], 1, C, w.data(), kernel, state2.data(), width, col);
+      CHECK(step == x);
+      CHECK(state2 == state);
+    }
+  }
 }
 
 struct Mixer {

@@ -1,6 +1,7 @@
 // The BLAS-backed ops against plain double-precision loops.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -89,6 +90,39 @@ TEST_CASE("SituInPlace (vectorised tanh / exp) == the scalar SiTU within 1e-6 re
       CAPTURE(i, want[i], g[i]);
       CHECK(std::fabs(g[i] - want[i]) <= 2e-6 * std::fabs(want[i]) + 1e-30f);
     }
+  }
+}
+
+TEST_CASE("Dot, SumSquares and Axpy == double loops; Dot independent of alignment", "[ops]") {
+  // n with and without the 32-wide body, the 8-wide step and a scalar tail.
+  for (const std::int64_t n : {0, 1, 7, 8, 31, 32, 45, 512, 517}) {
+    CAPTURE(n);
+    const auto a = RandomVec(static_cast<std::size_t>(n) + 8, 31), b = RandomVec(static_cast<std::size_t>(n) + 8, 32);
+    double dot = 0.0, ss = 0.0, bound = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      dot += static_cast<double>(a[i]) * b[i];
+      ss += static_cast<double>(a[i]) * a[i];
+      bound += std::abs(static_cast<double>(a[i]) * b[i]);
+    }
+    // |error| <= gamma_n sum |a b| for any summation order (u = 2^-24).
+    const double gamma = static_cast<double>(n) * 0x1p-24 / (1.0 - static_cast<double>(n) * 0x1p-24);
+    const float d0 = ops::Dot(a.data(), b.data(), n);
+    CHECK(std::abs(d0 - dot) <= gamma * bound + 1e-30);
+    CHECK(std::abs(ops::SumSquares(a.data(), n) - ss) <= gamma * ss + 1e-30);
+    for (std::int64_t off = 1; off < 8; ++off) {
+      std::vector<float> a2(a.size() + 8), b2(b.size() + 8);
+      std::copy(a.begin(), a.begin() + n, a2.begin() + off);
+      std::copy(b.begin(), b.begin() + n, b2.begin() + off);
+      CHECK(ops::Dot(a2.data() + off, b2.data() + off, n) == d0);
+    }
+    auto y = RandomVec(static_cast<std::size_t>(n) + 1, 33);
+    const auto y0 = y;
+    ops::Axpy(-0.75f, a.data(), y.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double want = y0[i] - 0.75 * static_cast<double>(a[i]);
+      CHECK(std::abs(y[i] - want) <= 0x1p-23 * (std::abs(y0[i]) + 0.75 * std::abs(a[i])));
+    }
+    CHECK(y[n] == y0[n]);  // nothing written past n
   }
 }
 
