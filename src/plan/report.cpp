@@ -4,6 +4,7 @@
 #include <functional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "src/plan/svg_chart.h"
@@ -554,14 +555,17 @@ constexpr const char* kTiers[] = {"hbm", "host", "nvme"};
 
 // "hbm 0 B, host 2.2 MiB, nvme 2.2 MiB": the bytes of a `*_by_tier` object.
 std::string TierBytes(const json& by_tier) {
-  return fmt::format("hbm {}, host {}, nvme {}", B(Num(by_tier, "hbm")), B(Num(by_tier, "host")), B(Num(by_tier, "nvme")));
+  std::vector<std::string> parts;
+  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, B(Num(by_tier, tier))));
+  return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 // "hbm 0.0%, host 0.0%, nvme 100.0% of 10 blocks": the shares of a `hit_rate_by_tier` object.
 std::string TierShareText(const json& j) {
   const json& h = Obj(j, "hit_rate_by_tier");
-  return fmt::format("hbm {}, host {}, nvme {} of {} blocks", P(Num(h, "hbm")), P(Num(h, "host")), P(Num(h, "nvme")),
-                     Cell(j.value("blocks_requested", json(0))));
+  std::vector<std::string> parts;
+  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, P(Num(h, tier))));
+  return fmt::format("{} of {} blocks", fmt::join(parts, ", "), Cell(j.value("blocks_requested", json(0))));
 }
 
 // Adds `b` (its titles and x label set) as stacked bars, one per row of `rows` (labelled by `label`):

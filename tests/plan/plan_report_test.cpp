@@ -261,3 +261,13 @@ TEST_CASE("Report: bench kv JSON without prefix rows is a bench kv page; malform
   CHECK(bad->html.find("Not charted: the bytes per codec") != std::string::npos);
   CHECK(bad->charts.size() == 2);  // ttft-vs-prefix, restore-bandwidth
 }
+
+TEST_CASE("Report: bench kv's per-tier lines name every tier with its own value") {
+  auto r = RenderReport(R"({"rows": [{"prefix_tokens": 256, "ttft_restore_s": 0.1, "ttft_recompute_s": 0.5}],
+    "hit_rate_by_tier": {"hbm": 0.25, "host": 0.5, "nvme": 0.125}, "blocks_requested": 8,
+    "bytes_read_by_tier": {"hbm": 1024, "host": 2048, "nvme": 3072}})",
+                        "kv.json");
+  REQUIRE(r.ok());
+  CHECK(r->html.find("hbm 25.0%, host 50.0%, nvme 12.5% of 8 blocks") != std::string::npos);
+  CHECK(r->html.find("hbm 1 KiB, host 2 KiB, nvme 3 KiB") != std::string::npos);
+}
