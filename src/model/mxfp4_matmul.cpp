@@ -13,6 +13,7 @@
 #endif
 
 #include "src/model/mxfp4.h"
+#include "src/model/vec_math.h"
 
 namespace terrace::model {
 namespace {
@@ -291,8 +292,7 @@ TERRACE_AVX2 void LinearAvx2(const Mxfp4Matrix& w, const float* x, std::int64_t 
 
 bool Mxfp4Avx2Available() {
 #ifdef TERRACE_MXFP4_X86
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return available;
+  return ops::HasAvx2Fma();
 #else
   return false;
 #endif
