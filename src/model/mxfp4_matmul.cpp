@@ -7,11 +7,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define TERRACE_MXFP4_X86 1
-#endif
-
+#include "src/model/avx2_math.h"
 #include "src/model/mxfp4.h"
 #include "src/model/vec_math.h"
 
@@ -62,13 +58,11 @@ void LinearScalar(const Mxfp4Matrix& w, const float* x, std::int64_t m, float* y
   }
 }
 
-#ifdef TERRACE_MXFP4_X86
-
-#define TERRACE_AVX2 __attribute__((target("avx2,fma")))
+#ifdef TERRACE_SIMD_X86
 
 // Columns within each group of 16 (8 packed bytes) in the order the AVX2 dequantiser produces
 // them: the 8 even columns (low nibbles) then the 8 odd ones (high nibbles).
-TERRACE_AVX2 void PermuteColumns(const float* x, std::int64_t K, float* xp) {
+TERRACE_SIMD_AVX2 void PermuteColumns(const float* x, std::int64_t K, float* xp) {
   for (std::int64_t g = 0; g < K; g += 16) {
     #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
@@ -80,13 +74,13 @@ TERRACE_AVX2 void PermuteColumns(const float* x, std::int64_t K, float* xp) {
 
 // The table Dequant16 looks codes up in, for one block's scale: entry c (0..7) holds the bits of
 // E2M1 magnitude c times the scale, xor-ed with c << 28 (undone by Dequant16's sign step).
-TERRACE_AVX2 inline __m256 BlockTable(__m256 mags, float scale) {
+TERRACE_SIMD_AVX2 inline __m256 BlockTable(__m256 mags, float scale) {
   const __m256i code_bits = _mm256_setr_epi32(0 << 28, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28, 7 << 28);
   return _mm256_xor_ps(_mm256_mul_ps(mags, _mm256_set1_ps(scale)), _mm256_castsi256_ps(code_bits));
 }
 
 // 16 weights (8 packed bytes at p) with a BlockTable: lo = even columns, hi = odd columns.
-TERRACE_AVX2 inline void Dequant16(const std::uint8_t* p, __m256 table, __m256& lo, __m256& hi) {
+TERRACE_SIMD_AVX2 inline void Dequant16(const std::uint8_t* p, __m256 table, __m256& lo, __m256& hi) {
   std::uint64_t bytes;
   std::memcpy(&bytes, p, 8);
   const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes)));
@@ -99,20 +93,13 @@ TERRACE_AVX2 inline void Dequant16(const std::uint8_t* p, __m256 table, __m256& 
   hi = _mm256_xor_ps(hi, _mm256_castsi256_ps(_mm256_slli_epi32(vh, 28)));
 }
 
-TERRACE_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // y[r] = W[r] . xp (xp in PermuteColumns order). One row at a time, so the packed weights are
 // read as one sequential stream (rows are contiguous); four rows at a time made four interleaved
 // streams the hardware prefetcher followed poorly (a K3-sized 3072 x 3584 matrix from memory:
 // 10.4 Gweights/s, against 15.6 one row at a time; for 256 x 256, whose four rows share cache
 // lines, one row at a time is about 5% slower). Four
 // accumulators (a block's two 16-column halves, even and odd columns) hide the FMA latency.
-TERRACE_AVX2 void GemvRow(const Mxfp4Matrix& w, std::int64_t r, const float* xp, float* y, bool accumulate) {
+TERRACE_SIMD_AVX2 void GemvRow(const Mxfp4Matrix& w, std::int64_t r, const float* xp, float* y, bool accumulate) {
   const auto& st = ScaleTable();
   const std::int64_t K = w.cols, blocks = K / kMxfp4BlockSize;
   const __m256 mags = _mm256_loadu_ps(kMagnitudes);
@@ -130,7 +117,7 @@ TERRACE_AVX2 void GemvRow(const Mxfp4Matrix& w, std::int64_t r, const float* xp,
     a2 = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(xb + 16), a2);
     a3 = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xb + 24), a3);
   }
-  const float v = HorizontalSum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  const float v = simd::HorizontalSum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   y[r] = accumulate ? y[r] + v : v;
 }
 
@@ -140,7 +127,7 @@ constexpr int kTileTokens = 6;          // 6 tokens x 16 rows = 12 accumulators
 
 // Rows [r0, r0 + rr) x columns [k0, k0 + kc) of W dequantised into tmp [kTileRows, kc]
 // (PermuteColumns order); rows rr.. are zero.
-TERRACE_AVX2 void DequantRows(const Mxfp4Matrix& w, std::int64_t r0, std::int64_t rr, std::int64_t k0, std::int64_t kc,
+TERRACE_SIMD_AVX2 void DequantRows(const Mxfp4Matrix& w, std::int64_t r0, std::int64_t rr, std::int64_t k0, std::int64_t kc,
                               float* tmp) {
   const auto& st = ScaleTable();
   const std::int64_t K = w.cols, blocks = K / kMxfp4BlockSize;
@@ -167,7 +154,7 @@ TERRACE_AVX2 void DequantRows(const Mxfp4Matrix& w, std::int64_t r0, std::int64_
 }
 
 // tile [kc, kTileRows] = transpose of tmp [kTileRows, kc], by 8 x 8 blocks.
-TERRACE_AVX2 void TransposeTile(const float* tmp, std::int64_t kc, float* tile) {
+TERRACE_SIMD_AVX2 void TransposeTile(const float* tmp, std::int64_t kc, float* tile) {
   for (std::int64_t c = 0; c < kc; c += 8) {
     for (std::int64_t h = 0; h < kTileRows; h += 8) {
       __m256 r[8], t[8];
@@ -195,7 +182,7 @@ TERRACE_AVX2 void TransposeTile(const float* tmp, std::int64_t kc, float* tile) 
 // c[t, 0..16) (+)= sum_k xp[t, k] * tile[k, 0..16) for NT tokens (xp rows ldx apart, c rows ldc
 // apart); load_c: continue the sums already in c, else start from zero.
 template <int NT>
-TERRACE_AVX2 void TileKernel(const float* tile, std::int64_t kc, const float* xp, std::int64_t ldx, float* c,
+TERRACE_SIMD_AVX2 void TileKernel(const float* tile, std::int64_t kc, const float* xp, std::int64_t ldx, float* c,
                              std::int64_t ldc, bool load_c) {
   __m256 c0[NT], c1[NT];
   #pragma GCC unroll 8
@@ -219,7 +206,7 @@ TERRACE_AVX2 void TileKernel(const float* tile, std::int64_t kc, const float* xp
   }
 }
 
-TERRACE_AVX2 void TileKernelN(int nt, const float* tile, std::int64_t kc, const float* xp, std::int64_t ldx, float* c,
+TERRACE_SIMD_AVX2 void TileKernelN(int nt, const float* tile, std::int64_t kc, const float* xp, std::int64_t ldx, float* c,
                               std::int64_t ldc, bool load_c) {
   switch (nt) {
     case 6: TileKernel<6>(tile, kc, xp, ldx, c, ldc, load_c); break;
@@ -233,7 +220,7 @@ TERRACE_AVX2 void TileKernelN(int nt, const float* tile, std::int64_t kc, const 
 
 // y [m, N] = xp W^T (overwrites y), m > 1: tiles of 16 rows x 256 columns dequantised once, each
 // multiplied with all m tokens.
-TERRACE_AVX2 void LinearTiled(const Mxfp4Matrix& w, const float* xp, std::int64_t m, float* y) {
+TERRACE_SIMD_AVX2 void LinearTiled(const Mxfp4Matrix& w, const float* xp, std::int64_t m, float* y) {
   const std::int64_t K = w.cols, N = w.rows;
   thread_local std::vector<float> tmp_buf, tile_buf;
   tmp_buf.resize(static_cast<std::size_t>(kTileRows * kTileK));
@@ -266,7 +253,7 @@ TERRACE_AVX2 void LinearTiled(const Mxfp4Matrix& w, const float* xp, std::int64_
   }
 }
 
-TERRACE_AVX2 void LinearAvx2(const Mxfp4Matrix& w, const float* x, std::int64_t m, float* y, bool accumulate) {
+TERRACE_SIMD_AVX2 void LinearAvx2(const Mxfp4Matrix& w, const float* x, std::int64_t m, float* y, bool accumulate) {
   const std::int64_t K = w.cols, N = w.rows;
   thread_local std::vector<float> xp_buf, acc_buf;
   xp_buf.resize(static_cast<std::size_t>(m * K));
@@ -286,12 +273,12 @@ TERRACE_AVX2 void LinearAvx2(const Mxfp4Matrix& w, const float* x, std::int64_t 
   for (std::size_t i = 0; i < acc_buf.size(); ++i) y[i] += acc_buf[i];
 }
 
-#endif  // TERRACE_MXFP4_X86
+#endif  // TERRACE_SIMD_X86
 
 }  // namespace
 
 bool Mxfp4Avx2Available() {
-#ifdef TERRACE_MXFP4_X86
+#ifdef TERRACE_SIMD_X86
   return ops::HasAvx2Fma();
 #else
   return false;
@@ -306,7 +293,7 @@ std::string_view Mxfp4KernelName(Mxfp4Kernel kernel) {
 void Mxfp4Linear(const Mxfp4Matrix& w, const float* x, std::int64_t m, float* y, bool accumulate,
                  Mxfp4Kernel kernel) {
   if (m <= 0 || w.rows <= 0) return;
-#ifdef TERRACE_MXFP4_X86
+#ifdef TERRACE_SIMD_X86
   if (kernel != Mxfp4Kernel::kScalar && Mxfp4Avx2Available()) {
     LinearAvx2(w, x, m, y, accumulate);
     return;

@@ -8,11 +8,6 @@
 #include "src/model/avx2_math.h"
 #include "src/model/vec_math.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define TERRACE_OPS_X86 1
-#endif
-
 namespace terrace::model::ops {
 namespace {
 
@@ -33,46 +28,55 @@ void Bf16GemvScalar(const float* x, std::int64_t k, const std::uint16_t* w, std:
   }
 }
 
-#ifdef TERRACE_OPS_X86
-#define TERRACE_OPS_AVX2 __attribute__((target("avx2,fma")))
+#ifdef TERRACE_SIMD_X86
 
-TERRACE_OPS_AVX2 inline __m256 Load8Bf16(const std::uint16_t* p) {
+TERRACE_SIMD_AVX2 inline __m256 Load8Bf16(const std::uint16_t* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
-TERRACE_OPS_AVX2 inline float Hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// Readers of 8 values of a dot product's first operand, as floats (Dot4): float and bf16 rows.
+struct F32Reader {
+  TERRACE_SIMD_AVX2 __m256 operator()(const float* p) const { return _mm256_loadu_ps(p); }
+  float operator()(float v) const { return v; }
+};
+struct Bf16Reader {
+  TERRACE_SIMD_AVX2 __m256 operator()(const std::uint16_t* p) const { return Load8Bf16(p); }
+  float operator()(std::uint16_t v) const { return WidenBf16(v); }
+};
+
+// sum_i a[i] b[i]: four 8-lane accumulators over steps of 32 (they hide the FMA latency), then
+// steps of 8 into the first, combined in a fixed order, then the last n % 8 products in order.
+template <typename T, typename Reader>
+TERRACE_SIMD_AVX2 inline float Dot4(const T* a, const float* b, std::int64_t n, Reader read) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  std::int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(read(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(read(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(read(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(read(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(read(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = simd::HorizontalSum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += read(a[i]) * b[i];
+  return s;
 }
 
 // One row at a time, so the weights are read as one sequential stream (rows are contiguous): the
 // hardware prefetcher keeps up with that at memory bandwidth, but not with several interleaved
 // short row streams (k = 512 bf16 is 16 cache lines), which ran at a third of it. Four
 // accumulators hide the FMA latency.
-TERRACE_OPS_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
-                                   bool accumulate) {
+TERRACE_SIMD_AVX2 void Bf16GemvAvx2(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y,
+                                    bool accumulate) {
   for (std::int64_t r = 0; r < n; ++r) {
-    const std::uint16_t* wr = w + r * k;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    std::int64_t j = 0;
-    for (; j + 32 <= k; j += 32) {
-      a0 = _mm256_fmadd_ps(Load8Bf16(wr + j), _mm256_loadu_ps(x + j), a0);
-      a1 = _mm256_fmadd_ps(Load8Bf16(wr + j + 8), _mm256_loadu_ps(x + j + 8), a1);
-      a2 = _mm256_fmadd_ps(Load8Bf16(wr + j + 16), _mm256_loadu_ps(x + j + 16), a2);
-      a3 = _mm256_fmadd_ps(Load8Bf16(wr + j + 24), _mm256_loadu_ps(x + j + 24), a3);
-    }
-    for (; j + 8 <= k; j += 8) a0 = _mm256_fmadd_ps(Load8Bf16(wr + j), _mm256_loadu_ps(x + j), a0);
-    float s = Hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; j < k; ++j) s += WidenBf16(wr[j]) * x[j];
+    const float s = Dot4(w + r * k, x, k, Bf16Reader{});
     y[r] = accumulate ? y[r] + s : s;
   }
 }
 
 // tanh(x): odd [13/6] rational on the clamped range (Eigen's fast tanh), x itself for |x| < 4e-4.
-TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
+TERRACE_SIMD_AVX2 inline __m256 VecTanh(__m256 a) {
   const __m256 x = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(-7.99881172180175781f)),
                                  _mm256_set1_ps(7.99881172180175781f));
   const __m256 x2 = _mm256_mul_ps(x, x);
@@ -92,29 +96,16 @@ TERRACE_OPS_AVX2 inline __m256 VecTanh(__m256 a) {
   return _mm256_blendv_ps(_mm256_div_ps(p, q), a, tiny);
 }
 
-TERRACE_OPS_AVX2 float DotAvx2(const float* a, const float* b, std::int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  std::int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = Hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+TERRACE_SIMD_AVX2 float DotAvx2(const float* a, const float* b, std::int64_t n) { return Dot4(a, b, n, F32Reader{}); }
 
-TERRACE_OPS_AVX2 void AxpyAvx2(float alpha, const float* x, float* y, std::int64_t n) {
+TERRACE_SIMD_AVX2 void AxpyAvx2(float alpha, const float* x, float* y, std::int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
-TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
+TERRACE_SIMD_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
   const __m256 bg = _mm256_set1_ps(beta_g), bu = _mm256_set1_ps(beta_u);
   const __m256 ibg = _mm256_set1_ps(1.0f / beta_g), ibu = _mm256_set1_ps(1.0f / beta_u);
   std::int64_t i = 0;
@@ -134,7 +125,7 @@ TERRACE_OPS_AVX2 void SituAvx2(float* g, const float* u, std::int64_t n, float b
 
 void Bf16Gemv(const float* x, std::int64_t k, const std::uint16_t* w, std::int64_t n, float* y, bool accumulate) {
   if (n <= 0) return;
-#ifdef TERRACE_OPS_X86
+#ifdef TERRACE_SIMD_X86
   if (HasAvx2Fma()) {
     Bf16GemvAvx2(x, k, w, n, y, accumulate);
     return;
@@ -144,7 +135,7 @@ void Bf16Gemv(const float* x, std::int64_t k, const std::uint16_t* w, std::int64
 }
 
 void SituInPlace(float* g, const float* u, std::int64_t n, float beta_g, float beta_u) {
-#ifdef TERRACE_OPS_X86
+#ifdef TERRACE_SIMD_X86
   if (HasAvx2Fma()) {
     SituAvx2(g, u, n, beta_g, beta_u);
     return;
@@ -201,7 +192,7 @@ void SolveUnitLower(const float* l, std::int64_t n, float* b, std::int64_t cols,
 }
 
 float Dot(const float* a, const float* b, std::int64_t n) {
-#ifdef TERRACE_OPS_X86
+#ifdef TERRACE_SIMD_X86
   if (HasAvx2Fma()) return DotAvx2(a, b, n);
 #endif
   float s = 0.0f;
@@ -212,7 +203,7 @@ float Dot(const float* a, const float* b, std::int64_t n) {
 float SumSquares(const float* x, std::int64_t n) { return Dot(x, x, n); }
 
 void Axpy(float alpha, const float* x, float* y, std::int64_t n) {
-#ifdef TERRACE_OPS_X86
+#ifdef TERRACE_SIMD_X86
   if (HasAvx2Fma()) return AxpyAvx2(alpha, x, y, n);
 #endif
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
