@@ -100,6 +100,19 @@ struct GetOp {
   BlockDesc desc;                       // filled on success
 };
 
+// One ranged read (Tier::GetRangeBatch): bytes [offset, offset + length) of a block.
+struct RangeOp {
+  BlockKey key;
+  std::uint64_t offset = 0;             // bytes into the block
+  std::uint64_t length = 0;             // offset + length <= the block's size
+  std::span<std::byte> out;             // must hold at least length bytes
+  BlockDesc desc;                       // filled on success: the whole block's descriptor
+};
+
+// OK when `op`'s range lies within a block of `block_size` bytes and op.out holds it; else
+// InvalidArgument naming the key, the range and the size (what every GetRangeBatch answers).
+Status CheckRange(const RangeOp& op, std::uint64_t block_size);
+
 class Tier {
  public:
   virtual ~Tier() = default;
@@ -128,6 +141,18 @@ class Tier {
   // them to submit together (one io_uring submission for a batch of NVMe reads, say).
   virtual std::vector<Status> PutBatch(std::span<const PutOp> ops);
   virtual std::vector<Status> GetBatch(std::span<GetOp> ops);
+
+  // Ranged reads: copies bytes [offset, offset + length) of each op's block into op.out and fills
+  // op.desc with the whole block's descriptor; one Status per op, in order. NOT verified: the
+  // recorded checksum covers the whole block, so a range comes back as the medium holds it. A
+  // caller checks it against a checksum of its own (the prefix cache's per-layer XXH3-64) and, on
+  // a mismatch, reads the whole block with Get, which verifies it and drops a damaged copy.
+  // NotFound if absent; InvalidArgument when the range passes the block's end or out is short.
+  // A tier with caps().io_alignment reads a range whose offset is a multiple of it into aligned
+  // memory with no staging copy, and may then overwrite out's bytes past length (up to out.size(),
+  // within length rounded up to io_alignment). Default: each op's whole block through Get
+  // (verified) into a temporary buffer, then the range copied out.
+  virtual std::vector<Status> GetRangeBatch(std::span<RangeOp> ops);
 
   // Pin: the block may not be erased while pinned; pins nest. NotFound if absent.
   virtual Status Pin(const BlockKey& key) = 0;
