@@ -152,6 +152,7 @@ struct StoreStats {
   std::string eviction_policy;            // "lru" or "s3fifo"
   std::uint64_t dedup_hits = 0;           // fetches that joined an in-flight read of the same key
   std::uint64_t lower_tier_reads = 0;     // reads issued below put_tier (after dedup)
+  std::uint64_t range_reads = 0, range_read_bytes = 0;  // GetRanges items answered OK, and their lengths
   std::uint64_t put_dedup_hits = 0;       // Puts of bytes identical to the stored block (skipped)
   std::uint64_t prefetch_issued = 0;      // prefetch items that moved a block
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
@@ -257,6 +258,26 @@ class Store {
   // for its item only. InvalidArgument for every kDevice item when no tier takes device buffers.
   std::vector<Status> GetBatch(std::span<GetRefItem> items);
   std::vector<Status> EraseBatch(std::span<const BlockKey> keys);
+
+  // A ranged read (GetRanges): bytes [offset, offset + length) of a block.
+  struct GetRangeItem {
+    BlockKey key;
+    std::uint64_t offset = 0, length = 0;
+    std::span<std::byte> out;     // at least length bytes
+    BlockDesc desc;               // filled on success: the whole block's descriptor
+    TierId tier = TierId::kHost;  // filled on success: the kind of tier the range came from
+  };
+  // Reads each item's range from the fastest copy of its block (Tier::GetRangeBatch, one tier
+  // call per source tier), moving nothing: no promotion, no change to eviction order. NOT
+  // verified: a block's checksum covers all of it, so the caller checks each range against a
+  // checksum of its own and, on a mismatch, reads the whole block with Get (which verifies it,
+  // drops a damaged copy and tries the next). One Status per item: NotFound / Corruption for a
+  // missing or lost key as Get says them (keys only a shared tier holds are not looked up there:
+  // NotFound), InvalidArgument naming the key when the range passes the block's end or `out` is
+  // short. A range at a multiple of the tiers' io_alignment, read into memory aligned to it with
+  // room for its length rounded up, goes from NVMe with no staging copy (the bytes of `out` past
+  // `length`, up to that rounding, may be overwritten).
+  std::vector<Status> GetRanges(std::span<GetRangeItem> items);
 
   // Moves blocks up to `target` in the background; one Status per key, in order. Items not
   // started when `deadline` passes get TimedOut; after Future::cancel() they get Cancelled.

@@ -150,8 +150,8 @@ class Tier {
   // NotFound if absent; InvalidArgument when the range passes the block's end or out is short.
   // A tier with caps().io_alignment reads a range whose offset is a multiple of it into aligned
   // memory with no staging copy, and may then overwrite out's bytes past length (up to out.size(),
-  // within length rounded up to io_alignment). Default: each op's whole block through Get
-  // (verified) into a temporary buffer, then the range copied out.
+  // within length rounded up to io_alignment). Default: each op's whole block through Get (which
+  // verifies it, in every built-in tier) into a temporary buffer, then the range copied out.
   virtual std::vector<Status> GetRangeBatch(std::span<RangeOp> ops);
 
   // Pin: the block may not be erased while pinned; pins nest. NotFound if absent.

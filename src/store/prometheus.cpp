@@ -74,6 +74,8 @@ StoreStats StoreImpl::Stats() const {
   st.evictions = ld(evictions_);
   st.dedup_hits = ld(dedup_hits_);
   st.lower_tier_reads = ld(lower_tier_reads_);
+  st.range_reads = ld(range_reads_);
+  st.range_read_bytes = ld(range_read_bytes_);
   st.put_dedup_hits = ld(put_dedup_hits_);
   st.prefetch_issued = ld(prefetch_issued_);
   st.prefetch_useful = ld(prefetch_useful_);
@@ -141,6 +143,8 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_store_demotions_total", {"Victims written to a slower tier on eviction.", st.demotions}},
       {"terrace_store_dedup_hits_total", {"Fetches that joined an in-flight read of the same key.", st.dedup_hits}},
       {"terrace_store_lower_tier_reads_total", {"Reads issued below the put tier.", st.lower_tier_reads}},
+      {"terrace_store_range_reads_total", {"Ranged reads (parts of blocks) answered.", st.range_reads}},
+      {"terrace_store_range_read_bytes_total", {"Bytes of ranged reads.", st.range_read_bytes}},
       {"terrace_store_put_dedup_hits_total", {"Puts of bytes identical to the stored block.", st.put_dedup_hits}},
       {"terrace_store_prefetch_issued_total", {"Prefetch items that moved a block.", st.prefetch_issued}},
       {"terrace_store_prefetch_useful_total", {"Prefetched blocks later read by a Get.", st.prefetch_useful}},

@@ -189,6 +189,8 @@ std::vector<Status> Store::GetBatch(std::span<GetItem> items, const GetOptions& 
   return impl_->GetBatch(items, opts);
 }
 
+std::vector<Status> Store::GetRanges(std::span<GetRangeItem> items) { return impl_->GetRanges(items); }
+
 std::vector<Status> Store::EraseBatch(std::span<const BlockKey> keys) {
   std::vector<Status> out;
   out.reserve(keys.size());

@@ -202,6 +202,7 @@ class StoreImpl {
 
   std::vector<Status> GetBatch(std::span<Store::GetItem> items, const GetOptions& opts = {});
   std::vector<Status> GetBatch(std::span<Store::GetRefItem> items);  // device_path.cpp
+  std::vector<Status> GetRanges(std::span<Store::GetRangeItem> items);  // range_read.cpp
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
@@ -445,7 +446,8 @@ class StoreImpl {
   std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
       prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
-      staged_transfers_{0}, staged_transfer_bytes_{0}, device_copies_{0}, device_copy_bytes_{0};
+      staged_transfers_{0}, staged_transfer_bytes_{0}, device_copies_{0}, device_copy_bytes_{0},
+      range_reads_{0}, range_read_bytes_{0};
 
   // Demand fetches in progress; speculative prefetch waits while there are any.
   const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();

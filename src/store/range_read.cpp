@@ -1,0 +1,79 @@
+// Store::GetRanges: parts of blocks from each key's fastest copy, moving nothing. The directory
+// names the copy; the read itself runs without the store's locks (a tier keeps a block it is
+// reading readable, or answers NotFound once it is gone), so a copy that moved between the two
+// (demoted, evicted, replaced in another tier) is looked up again.
+#include <algorithm>
+#include <utility>
+
+#include "src/store/store_impl.h"
+
+namespace terrace::store_internal {
+namespace {
+
+// Lookups per item: a copy can move between the directory lookup and the tier's read; a third
+// miss in a row is answered as the tier's NotFound.
+constexpr int kRangeRounds = 3;
+
+}  // namespace
+
+std::vector<Status> StoreImpl::GetRanges(std::span<Store::GetRangeItem> items) {
+  std::vector<Status> st(items.size());
+  std::vector<std::size_t> pending(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) pending[i] = i;
+  for (int round = 0; round < kRangeRounds && !pending.empty(); ++round) {
+    std::vector<std::pair<int, std::size_t>> plan;  // (source slot, item), fastest copy first
+    plan.reserve(pending.size());
+    {
+      MutexLock lock(&mu_);
+      for (std::size_t i : pending) {
+        const Store::GetRangeItem& it = items[i];
+        auto e = entries_.find(it.key);
+        if (e == entries_.end() || e->second.mask == 0) {
+          st[i] = MissLocked(it.key);
+          continue;
+        }
+        st[i] = CheckRange(RangeOp{it.key, it.offset, it.length, it.out, {}}, e->second.desc.size);
+        if (st[i].ok()) plan.emplace_back(Fastest(e->second.mask), i);
+      }
+    }
+    std::stable_sort(plan.begin(), plan.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<std::size_t> moved;  // answered NotFound by the tier the directory named
+    std::vector<RangeOp> ops;
+    for (std::size_t g = 0; g < plan.size();) {
+      const int src = plan[g].first;
+      std::size_t end = g;
+      ops.clear();
+      for (; end < plan.size() && plan[end].first == src; ++end) {
+        const Store::GetRangeItem& it = items[plan[end].second];
+        ops.push_back(RangeOp{it.key, it.offset, it.length, it.out, {}});
+      }
+      const auto t0 = Clock::now();
+      std::vector<Status> res = tier(src).GetRangeBatch(ops);
+      const std::uint64_t ns = NanosSince(t0);  // each op is charged the whole call, as TimedTierGetBatch does
+      std::uint64_t ok = 0, bytes = 0;
+      for (std::size_t k = 0; k < ops.size(); ++k) {
+        const std::size_t i = plan[g + k].second;
+        NoteTierRead(src, ns, res[k]);
+        if (res[k].IsNotFound()) {
+          moved.push_back(i);
+          st[i] = std::move(res[k]);
+          continue;
+        }
+        st[i] = std::move(res[k]);
+        if (!st[i].ok()) continue;
+        items[i].desc = ops[k].desc;
+        items[i].tier = slot(src).kind;
+        CountGet(src);
+        ++ok;
+        bytes += ops[k].length;
+      }
+      range_reads_.fetch_add(ok, std::memory_order_relaxed);
+      range_read_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      g = end;
+    }
+    pending = std::move(moved);
+  }
+  return st;
+}
+
+}  // namespace terrace::store_internal

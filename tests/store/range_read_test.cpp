@@ -1,0 +1,106 @@
+// Store::GetRanges: parts of blocks from the fastest copy, nothing moved, one status per item, and
+// a copy that moves away during the read looked up again.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "store_test_util.h"
+
+namespace terrace::testing {
+namespace {
+
+constexpr std::size_t kBlock = 10000;
+
+std::vector<std::byte> Slice(const std::vector<std::byte>& v, std::uint64_t offset, std::uint64_t length) {
+  return {v.begin() + static_cast<std::ptrdiff_t>(offset), v.begin() + static_cast<std::ptrdiff_t>(offset + length)};
+}
+
+TEST_CASE("GetRanges reads ranges from the fastest copy and moves nothing") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);  // promote_on_get: a Get would move NVMe blocks up; GetRanges must not
+  const BlockKey in_host = TestKey(1), in_nvme = TestKey(2);
+  const auto host_bytes = TestBytes(1, kBlock), nvme_bytes = TestBytes(2, kBlock + 1);
+  REQUIRE(store->Put(in_host, host_bytes).ok());
+  REQUIRE(store->Put(in_nvme, nvme_bytes, {Codec::kRaw, TierId::kNvme}).ok());
+  struct Want {
+    BlockKey key;
+    std::uint64_t offset, length;
+  };
+  const std::vector<Want> wants = {{in_host, 0, kBlock},  {in_host, 4096, 100}, {in_host, kBlock - 1, 1},
+                                   {in_nvme, 0, 0},       {in_nvme, 7, 5000},   {in_nvme, kBlock, 1}};
+  std::vector<std::vector<std::byte>> outs(wants.size(), std::vector<std::byte>(kBlock + 1));
+  std::vector<Store::GetRangeItem> items;
+  for (std::size_t i = 0; i < wants.size(); ++i) items.push_back({wants[i].key, wants[i].offset, wants[i].length, outs[i]});
+  const auto before = store->Stats();
+  auto st = store->GetRanges(items);
+  REQUIRE(st.size() == items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    INFO("item " << i << ": " << st[i].ToString());
+    REQUIRE(st[i].ok());
+    const auto& whole = wants[i].key == in_host ? host_bytes : nvme_bytes;
+    CHECK(items[i].desc == DescribeBlock(whole));
+    CHECK(items[i].tier == (wants[i].key == in_host ? TierId::kHost : TierId::kNvme));
+    CHECK(Slice(outs[i], 0, wants[i].length) == Slice(whole, wants[i].offset, wants[i].length));
+  }
+  CHECK(TierOf(*store, in_nvme) == TierId::kNvme);  // not promoted
+  const auto after = store->Stats();
+  CHECK(after.promotions == before.promotions);
+  CHECK(after.range_reads == before.range_reads + items.size());
+  std::uint64_t bytes = 0;
+  for (const auto& w : wants) bytes += w.length;
+  CHECK(after.range_read_bytes == before.range_read_bytes + bytes);
+  CHECK(after.tiers[static_cast<int>(TierId::kNvme)].hits >= 3);
+}
+
+TEST_CASE("GetRanges answers every item: missing, lost, out of bounds, short buffer") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  auto store = OpenFakeStore(f);
+  const auto good = TestBytes(3, kBlock);
+  REQUIRE(store->Put(TestKey(3), good, {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(store->Put(TestKey(4), TestBytes(4, kBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(nvme.CorruptStored(TestKey(4)));
+  REQUIRE(GetBytes(*store, TestKey(4)).status().IsCorruption());  // the last copy is dropped: lost
+  std::vector<std::byte> a(kBlock), b(kBlock), c(kBlock), d(10), e(kBlock);
+  std::vector<Store::GetRangeItem> items = {{TestKey(99), 0, 10, a},      {TestKey(4), 0, 10, b},
+                                            {TestKey(3), kBlock - 5, 6, c}, {TestKey(3), 0, 11, d},
+                                            {TestKey(3), 100, 200, e}};
+  auto st = store->GetRanges(items);
+  REQUIRE(st.size() == items.size());
+  CHECK(st[0].IsNotFound());
+  CHECK(st[1].IsCorruption());
+  CHECK(st[2].IsInvalidArgument());
+  CHECK_THAT(st[2].message(), Catch::Contains(TestKey(3).ToString()) && Catch::Contains("end"));
+  CHECK(st[3].IsInvalidArgument());
+  REQUIRE(st[4].ok());
+  CHECK(Slice(e, 0, 200) == Slice(good, 100, 200));
+}
+
+TEST_CASE("GetRanges looks a copy up again when it leaves its tier during the read") {
+  FakeTiers f(0, 1 << 20, 1 << 20);
+  FakeTier& host = f.at(TierId::kHost);
+  StoreOptions o = Quiet();
+  o.write_policy = WritePolicy::kWriteThrough;  // host and NVMe copies
+  const BlockKey key = TestKey(5);
+  GetGate gate(host, key);  // holds the range read inside the host tier
+  auto store = OpenFakeStore(f, o);
+  const auto bytes = TestBytes(5, kBlock);
+  REQUIRE(store->Put(key, bytes).ok());
+  REQUIRE(TierOf(*store, key) == TierId::kHost);
+  std::vector<std::byte> out(kBlock);
+  std::vector<Store::GetRangeItem> items = {{key, 1000, 3000, out}};
+  std::vector<Status> st;
+  std::thread reader([&] { st = store->GetRanges(items); });
+  gate.WaitHeld();
+  REQUIRE(store->EvictCopy(key, TierId::kHost).ok());  // the copy the directory named is gone
+  gate.Open();
+  reader.join();
+  REQUIRE(st.size() == 1);
+  INFO(st[0].ToString());
+  REQUIRE(st[0].ok());
+  CHECK(items[0].tier == TierId::kNvme);
+  CHECK(Slice(out, 0, 3000) == Slice(bytes, 1000, 3000));
+}
+
+}  // namespace
+}  // namespace terrace::testing
