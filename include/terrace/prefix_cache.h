@@ -67,6 +67,8 @@ struct RestoreReport {
   // restores: 0 (the forward pass waits for all of `seconds`).
   double wait_seconds = 0;
   bool layerwise = false;        // restored layer by layer under a forward pass
+  bool read_by_layer = false;    // KV chunks read as per-layer sub-ranges (RestoreReadOrder::kLayers)
+  int range_rereads = 0;         // sub-ranges that failed their check or read: whole block re-read
   bool layerwise_voided = false; // a layer failed after others were handed out: the pass was
                                  // discarded and the state restored whole at the earlier boundary
 };
@@ -85,9 +87,24 @@ struct PrefixCacheStats {
   std::uint64_t layerwise_restores = 0;  // restores (b > 0) that ran under a forward pass
   std::uint64_t layerwise_voided = 0;    // of those, passes discarded because a layer failed
   double restore_wait_seconds = 0;       // sum of RestoreReport::wait_seconds
+  std::uint64_t range_rereads = 0;       // sum of RestoreReport::range_rereads
 };
 
 class PrefixCache;
+
+// How a layerwise restore (PrefixCache::BeginRestore) reads the KV chunk blocks.
+// kChunks: whole blocks in chunk order; every MLA layer is ready once the last block is in. Fewer,
+//   larger reads (adjacent blocks merged into one request).
+// kLayers: each MLA layer's sub-ranges of every chunk (Store::GetRanges), the layers in model
+//   order, the first read of each chunk also bringing its header: MLA layer l is ready as soon as
+//   its own sub-ranges are in, so the forward pass computes it while the next MLA layer's are in
+//   flight. Each sub-range is checked against its header's XXH3-64; one that fails (or whose read
+//   fails) is read again as a whole block through Store::Get, which verifies it. Used only where
+//   the sub-ranges sit at offsets the layout fixes (two or more MLA layers, a kv codec without a
+//   lossless stage) and the restore does not promote (SetRestorePromotion; a promotion moves whole
+//   blocks); otherwise kChunks. RestoreReport::read_by_layer says which order a restore used.
+// PrefixCache::Restore (nothing runs beside it) always reads whole blocks.
+enum class RestoreReadOrder : std::uint8_t { kChunks = 0, kLayers = 1 };
 
 // A restore whose reads run in the background (all KV chunks and the boundary's snapshots at
 // once, decoded as they arrive) while the caller computes: RetrieveLayer(l) from the forward
@@ -214,6 +231,8 @@ class PrefixCache {
   // buffers (Store's GetOptions::promote). Unset, the default: each store's
   // StoreOptions::promote_on_get. Applies to restores begun after the call; thread-safe.
   void SetRestorePromotion(std::optional<bool> promote);
+  // BeginRestore's read order (default kLayers). Applies to restores begun after the call; thread-safe.
+  void SetRestoreReadOrder(RestoreReadOrder order);
   // Waits until every WriteBack / StoreLayer so far has been written or has failed.
   void Flush();
 
@@ -223,6 +242,8 @@ class PrefixCache {
 
  private:
   explicit PrefixCache(std::unique_ptr<Impl> impl);
+  Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state,
+                                                         RestoreReadOrder order);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -86,10 +86,16 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
 
 Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
                                                    std::span<const std::byte> block) {
+  return ParseKvChunkHeader(layout, chunk_id, block, block.size());
+}
+
+Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
+                                                   std::span<const std::byte> head, std::uint64_t block_size) {
   const auto& layers = layout.mla_layers();
   const std::uint64_t header = layout.chunk_header_bytes();
-  if (block.size() < header) return Status::Corruption(fmt::format("KV chunk block of {} bytes is shorter than its {}-byte header", block.size(), header));
-  const std::byte* p = block.data();
+  if (head.size() < header || block_size < head.size())
+    return Status::Corruption(fmt::format("KV chunk block of {} bytes is shorter than its {}-byte header", block_size, header));
+  const std::byte* p = head.data();
   if (std::memcmp(p, kChunkMagic, 8) != 0) return Status::Corruption("KV chunk block: bad magic (not a TKVCHNK1 block)");
   if (Get(p + 8, 4) != kFormatVersion) return Status::Corruption(fmt::format("KV chunk block: format version {} (this build reads {})", Get(p + 8, 4), kFormatVersion));
   if (Get(p + 12, 4) != layers.size() || Get(p + 16, 4) != static_cast<std::uint64_t>(layout.chunk_tokens()) ||
@@ -97,8 +103,8 @@ Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const
     return Status::Corruption("KV chunk block: layer count, chunk size, width or header size differ from the layout");
   if (Get(p + 24, 8) != chunk_id.hi || Get(p + 32, 8) != chunk_id.lo)
     return Status::Corruption("KV chunk block: it holds another chunk (chunk id mismatch)");
-  if (Get(p + 48, 8) != block.size() || block.size() % kBlockAlign != 0)
-    return Status::Corruption(fmt::format("KV chunk block: {} bytes read, its header says {} (a multiple of {})", block.size(),
+  if (Get(p + 48, 8) != block_size || block_size % kBlockAlign != 0)
+    return Status::Corruption(fmt::format("KV chunk block: {} bytes stored, its header says {} (a multiple of {})", block_size,
                                           Get(p + 48, 8), kBlockAlign));
   std::vector<LayerRange> ranges(layers.size());
   for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -110,8 +116,8 @@ Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const
     r.checksum = Get(e + 32, 8);
     if (r.model_layer != layers[i]) return Status::Corruption(fmt::format("KV chunk block: entry {} names layer {}, expected {}", i, r.model_layer, layers[i]));
     if (!CodecMatches(e + 4, layout.kv_codec())) return Status::Corruption(fmt::format("KV chunk block: layer {} was encoded with another codec", r.model_layer));
-    if (r.offset % kSubRangeAlign != 0 || r.offset < header || r.offset > block.size() || r.size > block.size() - r.offset)
-      return Status::Corruption(fmt::format("KV chunk block: layer {} range [{}, +{}) is outside the {}-byte block or misaligned", r.model_layer, r.offset, r.size, block.size()));
+    if (r.offset % kSubRangeAlign != 0 || r.offset < header || r.offset > block_size || r.size > block_size - r.offset)
+      return Status::Corruption(fmt::format("KV chunk block: layer {} range [{}, +{}) is outside the {}-byte block or misaligned", r.model_layer, r.offset, r.size, block_size));
   }
   return ranges;
 }

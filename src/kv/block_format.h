@@ -50,6 +50,10 @@ Status EncodeKvChunk(const KvLayout& layout, const ContentId& chunk_id, std::spa
 // layer, in order). Corruption naming what is wrong.
 Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
                                                    std::span<const std::byte> block);
+// The same from the block's first bytes (`head`: at least layout.chunk_header_bytes()) and the
+// block's size as stored (a ranged read's BlockDesc::size): the ranges are checked against that.
+Result<std::vector<LayerRange>> ParseKvChunkHeader(const KvLayout& layout, const ContentId& chunk_id,
+                                                   std::span<const std::byte> head, std::uint64_t block_size);
 // Whether DecodeKvLayer hashes the layer's sub-range against its header checksum first.
 enum class LayerCheck {
   kVerify,  // the bytes came from anywhere else (a sub-range read, a caller's buffer)

@@ -279,6 +279,10 @@ void PrefixCache::SetRestorePromotion(std::optional<bool> promote) {
   impl_->restore_promote.store(promote, std::memory_order_relaxed);
 }
 
+void PrefixCache::SetRestoreReadOrder(RestoreReadOrder order) {
+  impl_->restore_order.store(order, std::memory_order_relaxed);
+}
+
 void PrefixCache::Flush() {
   std::unique_lock lock(impl_->q_mu);
   impl_->idle_cv.wait(lock, [&] { return impl_->queue.empty() && impl_->active == 0 && impl_->puts_in_flight == 0; });

@@ -38,6 +38,8 @@ struct PrefixCache::Impl {
   std::uint64_t kv_gap = 0, st_gap = 0;
   // SetRestorePromotion's choice (unset: each store's promote_on_get), read when a restore begins.
   std::atomic<std::optional<bool>> restore_promote{};
+  // SetRestoreReadOrder's choice, read when a layerwise restore begins.
+  std::atomic<RestoreReadOrder> restore_order{RestoreReadOrder::kLayers};
 
   mutable std::mutex stats_mu;
   mutable PrefixCacheStats stats;

@@ -18,12 +18,6 @@ namespace {
 
 using namespace testing;
 
-std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n, int salt) {
-  base.resize(static_cast<std::size_t>(keep));
-  for (int i = keep; i < n; ++i) base.push_back((i * 29 + salt) % 512);
-  return base;
-}
-
 // A store whose only tier is `host` (in the host slot; HBM off), with the rest of `so`.
 std::unique_ptr<Store> StoreOnHostTier(std::unique_ptr<Tier> host, StoreOptions so = {}) {
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;

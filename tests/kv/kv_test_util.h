@@ -99,6 +99,14 @@ inline std::vector<std::int32_t> Tokens(int n, int salt = 0) {
   return p;
 }
 
+// `base`'s first `keep` tokens, then a pattern (one per salt) up to n tokens: a prompt that shares
+// exactly a prefix with `base` where the pattern differs from it.
+inline std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n, int salt = 0) {
+  base.resize(static_cast<std::size_t>(keep));
+  for (int i = keep; i < n; ++i) base.push_back((i * 31 + 3 + 7 * salt) % 512);
+  return base;
+}
+
 inline KvLayout Layout(int chunk, int every, const char* kv_codec = "f32", const char* state_codec = "f32") {
   KvLayoutOptions o;
   o.chunk_tokens = chunk;

@@ -112,12 +112,6 @@ GatedStore MakeGatedStore() {
   return out;
 }
 
-std::vector<std::int32_t> Extend(std::vector<std::int32_t> base, int keep, int n) {
-  base.resize(static_cast<std::size_t>(keep));
-  for (int i = keep; i < n; ++i) base.push_back((i * 31 + 3) % 512);
-  return base;
-}
-
 TEST_CASE("layerwise restore == whole restore == full recompute, bitwise (f32), across chunk sizes and intervals") {
   const auto& m = Toy();
   for (const auto& ce : {std::pair{16, 1}, std::pair{16, 2}, std::pair{8, 3}, std::pair{32, 0}}) {

@@ -1,0 +1,284 @@
+// Restores that read by layer (RestoreReadOrder::kLayers, docs/prefix-cache.md "Read order"): each
+// MLA layer's sub-ranges of every chunk in turn, through Store::GetRanges. They equal a restore that
+// reads whole chunks and a full recompute, bitwise, for every codec without a lossless stage; a
+// range that comes back damaged is read again as a whole verified block (counted, output exact);
+// a block gone between two layers' reads moves the boundary back; and the first MLA layer is handed
+// out while the next layer's ranges are still in flight.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "forwarding_tier.h"
+#include "kv_test_util.h"
+
+namespace terrace::kv {
+namespace {
+
+using namespace testing;
+using namespace std::chrono_literals;
+
+// A host tier posing as an NVMe-kind tier whose ranged reads the test watches: `on_range` runs on
+// each range op after the inner tier's GetRangeBatch filled it (it may change the bytes or the
+// status), and ranges past a block's first layer (offset > 0) wait at a gate while it is closed.
+class RangeTapTier final : public terrace::testing::ForwardingTier {
+ public:
+  static constexpr auto kGateTimeout = 4s;
+  using Hook = std::function<void(RangeOp&, Status&)>;
+  explicit RangeTapTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
+    caps_.id = TierId::kNvme;
+    caps_.name = "nvme";
+    caps_.memory = MemoryKind::kNone;
+    caps_.reserves = false;
+  }
+  void set_hook(Hook h) { hook_ = std::move(h); }
+  void CloseLaterLayers() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    {
+      std::lock_guard lock(mu_);
+      closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  bool WaitHeld(std::chrono::milliseconds d) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, d, [&] { return held_ > 0; });
+  }
+  int later_ranges_done() const {
+    std::lock_guard lock(mu_);
+    return later_done_;
+  }
+
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override {
+    const bool later = !ops.empty() && ops.front().offset > 0;
+    if (later) {
+      std::unique_lock lock(mu_);
+      ++held_;
+      cv_.notify_all();
+      cv_.wait_for(lock, kGateTimeout, [&] { return !closed_; });
+      --held_;
+    }
+    auto st = inner_->GetRangeBatch(ops);
+    if (hook_)
+      for (std::size_t i = 0; i < ops.size(); ++i) hook_(ops[i], st[i]);
+    if (later) {
+      std::lock_guard lock(mu_);
+      later_done_ += static_cast<int>(ops.size());
+    }
+    return st;
+  }
+
+ private:
+  Hook hook_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int held_ = 0, later_done_ = 0;
+};
+
+struct TapStore {
+  RangeTapTier* tap = nullptr;
+  std::unique_ptr<Store> store;
+};
+
+TapStore MakeTapStore() {
+  auto tap = std::make_unique<RangeTapTier>(SmallHostTier());
+  TapStore out;
+  out.tap = tap.get();
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(tap);
+  StoreOptions so;
+  so.hbm.mode = HbmMode::kOff;
+  so.put_tier = TierId::kNvme;
+  so.promote_on_get = false;
+  auto s = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(s.ok());
+  out.store = std::move(s).value();
+  return out;
+}
+
+TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, across chunk sizes, intervals and codecs") {
+  const auto& m = Toy();
+  terrace::testing::TempDir dir("kvorder");
+  int store_no = 0;
+  for (const auto& [C, every, codec] : {std::tuple{16, 1, "f32"}, std::tuple{8, 3, "f32"}, std::tuple{32, 2, "f32"},
+                                        std::tuple{16, 1, "bf16"}, std::tuple{16, 2, "fp8"}, std::tuple{8, 1, "int4-g32"}}) {
+    CAPTURE(C, every, codec);
+    // On the NVMe tier: its own ranged reads (direct, only the sectors of the range).
+    auto kv = NvmeStore(dir.path() / fmt::format("kv{}", store_no));
+    auto st = NvmeStore(dir.path() / fmt::format("st{}", store_no++));
+    auto cache = PrefixCache::Create(Layout(C, every, codec), m.id, kv.get(), st.get());
+    REQUIRE(cache.ok());
+    REQUIRE((*cache)->layout().mla_layers().size() >= 2);  // k3-toy: layers 4 and 8
+    const int n1 = 4 * C + 5;
+    const auto p = Tokens(n1);
+    Prefill(*m.model, **cache, p, "");
+    (*cache)->Flush();
+    for (const int n2 : {4 * C + 1, 4 * C + C / 2 + 3, 3 * C + 1}) {
+      CAPTURE(n2);
+      const auto p2 = Extend(p, std::min(n1, n2), n2);
+      const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+      (*cache)->SetRestoreReadOrder(RestoreReadOrder::kChunks);
+      const auto ranges_before = kv->Stats().range_reads;
+      const Run chunks = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+      CHECK(kv->Stats().range_reads == ranges_before);
+      (*cache)->SetRestoreReadOrder(RestoreReadOrder::kLayers);
+      const Run layers = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+      CHECK(kv->Stats().range_reads > ranges_before);
+      const std::int64_t want = ExpectedBoundary(n1, std::min(n1, n2), n2, C, every);
+      REQUIRE(want > 0);
+      CHECK(chunks.prefill.restored_tokens == want);
+      CHECK(layers.prefill.restored_tokens == want);
+      CHECK(!chunks.prefill.restore.read_by_layer);
+      CHECK(layers.prefill.restore.read_by_layer);
+      CHECK(layers.prefill.restore.range_rereads == 0);
+      CHECK(layers.prefill.restore.fallbacks == 0);
+      // The sub-ranges cover the header and each layer's bytes: never more than the whole blocks.
+      CHECK(layers.prefill.restore.kv_bytes <= chunks.prefill.restore.kv_bytes);
+      CHECK(layers.prefill.restore.kv_bytes > 0);
+      CHECK(Bitwise(layers.prefill.logits.data, chunks.prefill.logits.data));
+      if (std::string(codec) == "f32") CHECK(Bitwise(layers.prefill.logits.data, Rows(cold.prefill.logits, want)));
+      CHECK(Bitwise(layers.decode_logits.back(), chunks.decode_logits.back()));
+    }
+    CHECK((*cache)->Stats().range_rereads == 0);
+  }
+}
+
+TEST_CASE("a lossless stage or a single MLA layer reads whole chunks whatever the read order") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1, "f32+zstd"), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(3 * 16 + 2);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  (*cache)->SetRestoreReadOrder(RestoreReadOrder::kLayers);
+  const Run r = Prefill(*m.model, **cache, Extend(p, 3 * 16 + 2, 3 * 16 + 4), "", {.restore = true, .write_back = false});
+  CHECK(r.prefill.restored_tokens == 48);
+  CHECK(!r.prefill.restore.read_by_layer);  // compressed: a layer's offset is not the layout's
+  CHECK(store->Stats().range_reads == 0);
+}
+
+TEST_CASE("a damaged range is read again as a whole verified block: counted, output exact") {
+  const auto& m = Toy();
+  auto kv = MakeTapStore();
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+  for (const bool later_layer : {false, true}) {
+    CAPTURE(later_layer);
+    // One bit of one range flipped on its way out (the stored block stays good): chunk 3's header
+    // range (layer 0's phase) or its second MLA layer's.
+    const auto req = (*cache)->Prepare(p2, "");
+    const BlockKey victim = keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[3]);
+    std::mutex mu;
+    int flipped = 0;
+    kv.tap->set_hook([&](RangeOp& op, Status& s) {
+      std::lock_guard lock(mu);
+      if (!s.ok() || !(op.key == victim) || (op.offset > 0) != later_layer || flipped > 0) return;
+      // The middle of the layer's values (the first range starts with the block's header).
+      const auto& L = (*cache)->layout();
+      op.out[(later_layer ? 0 : L.chunk_header_bytes()) + L.mla_layer_range_bytes() / 2] ^= std::byte{0x10};
+      ++flipped;
+    });
+    const auto rereads_before = (*cache)->Stats().range_rereads;
+    const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+    kv.tap->set_hook(nullptr);
+    CHECK(flipped == 1);
+    CHECK(r.prefill.restore.read_by_layer);
+    CHECK(r.prefill.restore.range_rereads == 1);
+    CHECK((*cache)->Stats().range_rereads == rereads_before + 1);
+    CHECK(r.prefill.restored_tokens == 80);  // the whole block read back good: no fallback
+    CHECK(r.prefill.restore.fallbacks == 0);
+    CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 80)));
+    CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
+  }
+}
+
+TEST_CASE("a block gone between two layers' reads moves the boundary back to before it; output exact") {
+  const auto& m = Toy();
+  auto kv = MakeTapStore();
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+  const auto req = (*cache)->Prepare(p2, "");
+  const BlockKey victim = keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[2]);
+  // Chunk 2's block is erased from the store once its first layer was read (an eviction between
+  // the two phases): the second MLA layer's range and the whole-block re-read both miss.
+  std::mutex mu;
+  bool erased = false;
+  Store* store = kv.store.get();
+  kv.tap->set_hook([&](RangeOp& op, Status&) {
+    std::lock_guard lock(mu);
+    if (erased || !(op.key == victim) || op.offset > 0) return;
+    erased = true;
+    REQUIRE(store->Erase(victim).ok());  // the store holds no lock while a tier reads
+  });
+  const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+  kv.tap->set_hook(nullptr);
+  CHECK(erased);
+  CHECK(r.prefill.restore.read_by_layer);
+  CHECK(r.prefill.restore.lookup_boundary_tokens == 80);
+  CHECK(r.prefill.restored_tokens == 32);
+  CHECK(r.prefill.restore.fallbacks >= 1);
+  CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 32)));
+  CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
+}
+
+TEST_CASE("the first MLA layer is handed out while the next MLA layer's ranges are still in flight") {
+  const auto& m = Toy();
+  auto kv = MakeTapStore();
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  const int first = L.mla_layers().front(), second = L.mla_layers()[1];
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto req = (*cache)->Prepare(p, "");
+
+  kv.tap->CloseLaterLayers();
+  auto state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto restore = (*cache)->BeginRestore(req, &state);
+  REQUIRE(restore.ok());
+  for (int l = 0; l < second; ++l) CHECK((*restore)->RetrieveLayer(l).ok());
+  CHECK(state.layer(first).tokens == 80);
+  // The second layer's ranges were asked for and are held: none has come back.
+  CHECK(kv.tap->WaitHeld(2000ms));
+  CHECK(kv.tap->later_ranges_done() == 0);
+  CHECK(state.layer(second).tokens == 0);
+  kv.tap->Open();
+  for (int l = second; l < L.num_layers(); ++l) CHECK((*restore)->RetrieveLayer(l).ok());
+  auto rep = (*restore)->Finish();
+  REQUIRE(rep.ok());
+  CHECK(rep->read_by_layer);
+  CHECK(rep->boundary_tokens == 80);
+  (*cache)->SetRestoreReadOrder(RestoreReadOrder::kChunks);
+  auto whole_state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto whole = (*cache)->Restore(req, &whole_state);
+  REQUIRE(whole.ok());
+  CHECK(!whole->read_by_layer);
+  CHECK(SameState(state, whole_state));
+}
+
+}  // namespace
+}  // namespace terrace::kv
