@@ -403,8 +403,11 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
     fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
                a.recompute_max_tokens);
   for (const auto& r : rows)
-    fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}\n", r["prefix_tokens"].get<int>(),
-               TierRateText(r), TierBytesText(r["bytes_written_by_tier"]));
+    fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}; read {} (--read-order {}), the forward "
+               "pass waited {:.4f} s of its {:.4f} s\n",
+               r["prefix_tokens"].get<int>(), TierRateText(r), TierBytesText(r["bytes_written_by_tier"]),
+               r["read_by_layer"].get<bool>() ? "by layer" : "in whole chunks", a.kv.read_order,
+               r["restore_wait_s"].get<double>(), r["restore_s"].get<double>());
   // Bytes per token per codec (KvLayout's sizes; the run's codecs marked).
   fmt::print("\nper codec, chunk {} tokens (kv: MLA latents of every MLA layer; state: every KDA layer's snapshot at "
              "one boundary; block: as stored, headers, scales and 4 KiB alignment included)\n",
@@ -547,6 +550,7 @@ int RunBenchKv(const BenchKvArgs& a) {
         auto c = kv::PrefixCache::Create(layout, keys::ModelId(config, **mdir), run->kv_store.get(), run->state_store.get());
         if (!c.ok()) return c.status();
         run->cache = std::move(c).value();
+        run->cache->SetRestoreReadOrder(ReadOrder(kv));
         return Status::Ok();
       }
       run->cache.reset();
@@ -750,6 +754,8 @@ int RunBenchKv(const BenchKvArgs& a) {
     row["alone_restore_s_runs"] = runs([](const Round& r) { return r.alone.seconds; });
     row["alone_restore_over_tier_runs"] = runs(alone_ratio);
     row["alone_read_requests"] = median([](const Round& r) { return r.alone_requests; });
+    row["read_by_layer"] = r2->restore.read_by_layer;
+    row["range_rereads"] = r2->restore.range_rereads;
     row["warm_fallbacks"] = warm_fallbacks;
     row["warm_logits_bitwise_equal"] = warm_equal;
     row["kv_bytes"] = r2->restore.kv_bytes;
@@ -788,6 +794,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   j["kv_codec"] = a.kv.kv_codec;
   j["state_codec"] = a.kv.state_codec;
   j["chunk_tokens"] = a.kv.chunk_tokens;
+  j["read_order"] = a.kv.read_order;
   j["suffix_tokens"] = kSuffixTokens;
   j["rows"] = rows;
   PutTierFigures(all_read, all_written, &j);

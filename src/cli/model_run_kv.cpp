@@ -35,6 +35,12 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20);
   AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20);
   AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
+  cmd->add_option("--read-order", a->read_order,
+                  "How a restore under the forward pass reads the KV chunks: layers (each MLA layer's part of every "
+                  "chunk in turn, so a layer is computed while the next one's are read; whole chunks where the codec "
+                  "has a lossless stage) | chunks (whole chunks)")
+      ->check(CLI::IsMember({"layers", "chunks"}))
+      ->capture_default_str();
   if (store != nullptr) {
     const std::vector<CLI::Option*> added = cmd->get_options();
     for (std::size_t i = first; i < added.size(); ++i) added[i]->needs(store);
@@ -76,6 +82,10 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
 
 }  // namespace
 
+kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
+  return a.read_order == "chunks" ? kv::RestoreReadOrder::kChunks : kv::RestoreReadOrder::kLayers;
+}
+
 Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
   if (Status s = CheckStoreDirArg(a.store, "--store"); !s.ok()) return s;
   auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
@@ -105,6 +115,7 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
   auto cache = kv::PrefixCache::Create(*layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get());
   if (!cache.ok()) return Status::Internal(cache.status().message());
   run.cache = std::move(cache).value();
+  run.cache->SetRestoreReadOrder(ReadOrder(a));
   return run;
 }
 
@@ -132,6 +143,8 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   j["restore_wait_s"] = p.restore.wait_seconds;
   j["restore_layerwise"] = p.restore.layerwise;
   j["restore_layerwise_voided"] = p.restore.layerwise_voided;
+  j["restore_read_by_layer"] = p.restore.read_by_layer;
+  j["range_rereads"] = p.restore.range_rereads;
   j["compute_s"] = p.compute_seconds;
   // Estimate: the restored tokens at this run's own compute rate, minus what the restore cost the
   // forward pass (a layerwise restore: only its wait).
@@ -148,11 +161,15 @@ std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats&
   const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
   std::string out = fmt::format(
       "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s "
-      "({}, the forward pass waited {:.4f} s); saved ~{:.4f} s\n",
+      "({}{}, the forward pass waited {:.4f} s); saved ~{:.4f} s\n",
       p.restored_tokens, p.restore.boundary_tokens, p.computed_tokens, FormatBytes(static_cast<double>(p.restore.bytes_read[0])),
       FormatBytes(static_cast<double>(p.restore.bytes_read[1])), FormatBytes(static_cast<double>(p.restore.bytes_read[2])),
-      p.restore.seconds, p.restore.layerwise ? "layerwise" : "whole", p.restore.layerwise ? p.restore.wait_seconds : p.restore.seconds,
+      p.restore.seconds, p.restore.layerwise ? "layerwise" : "whole", p.restore.read_by_layer ? ", read by layer" : "",
+      p.restore.layerwise ? p.restore.wait_seconds : p.restore.seconds,
       per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p));
+  if (p.restore.range_rereads > 0)
+    out += fmt::format("prefix cache: {} per-layer read(s) failed their check and were read again as whole blocks\n",
+                       p.restore.range_rereads);
   if (p.restore.layerwise_voided)
     out += "prefix cache: a layer of the layerwise restore failed; the pass was discarded and the prompt computed from "
            "the earlier boundary\n";

@@ -29,12 +29,16 @@ struct KvRunArgs {
   std::uint64_t host_bytes = 256ull << 20;
   std::uint64_t state_host_bytes = 64ull << 20;
   std::uint64_t hbm_bytes = 256ull << 20;
+  std::string read_order = "layers";  // kv::RestoreReadOrder: layers | chunks
 };
 
 // The prefix-cache flags. with_store: also --store DIR, which every other flag here then needs
 // (given without it, they are a usage error, never ignored); without (bench kv, whose --dir names
 // the pools): the rest only.
 void AddKvFlags(CLI::App* cmd, KvRunArgs* args, bool with_store);
+
+// --read-order as the cache's RestoreReadOrder.
+kv::RestoreReadOrder ReadOrder(const KvRunArgs& args);
 
 // The opened cache and its pools.
 struct KvRun {

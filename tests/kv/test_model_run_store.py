@@ -107,6 +107,26 @@ def test_corrupt_state_block_falls_back_exactly(toy, tmp_path):
     assert b["generated"] == a["generated"] and b["logits_xxh3_64"] == a["logits_xxh3_64"]
 
 
+def test_read_order_changes_how_not_what_is_restored(toy, tmp_path):
+    store = tmp_path / "st"
+    a = run_json(toy, store)
+    by_layer = run_json(toy, store, "--read-order", "layers")
+    by_chunk = run_json(toy, store, "--read-order", "chunks")
+    for r in (by_layer, by_chunk):
+        assert r["restored_tokens"] == 128 and r["fallbacks"] == 0 and r["range_rereads"] == 0
+        assert r["generated"] == a["generated"] and r["logits_xxh3_64"] == a["logits_xxh3_64"]
+    assert by_layer["restore_read_by_layer"] and not by_chunk["restore_read_by_layer"]
+    # A lossless stage moves the layers off the offsets the layout fixes: whole chunks.
+    z = run_json(toy, tmp_path / "z", "--kv-codec", "f32+zstd")
+    z = run_json(toy, tmp_path / "z", "--kv-codec", "f32+zstd", "--read-order", "layers")
+    assert z["restored_tokens"] == 128 and not z["restore_read_by_layer"]
+    assert z["logits_xxh3_64"] == a["logits_xxh3_64"]
+    text = run(toy, store, "--read-order", "layers").stdout
+    assert "read by layer" in text
+    p = run(toy, store, "--read-order", "sideways", expect=2)
+    assert "--read-order" in p.stderr
+
+
 def test_bad_flags_exit_2(toy, tmp_path):
     p = run(toy, tmp_path / "st", "--kv-codec", "nope", expect=2)
     assert "--kv-codec" in p.stderr
@@ -172,7 +192,8 @@ def test_bench_kv_repeat_reports_medians_and_rounds(toy, tmp_path):
 
 
 @pytest.mark.parametrize("flags", [["--no-reserve"], ["--tenant", "t1"], ["--kv-codec", "fp8"],
-                                   ["--chunk-tokens", "32"], ["--state-nvme-size", "16MiB"]])
+                                   ["--chunk-tokens", "32"], ["--state-nvme-size", "16MiB"],
+                                   ["--read-order", "chunks"]])
 def test_cache_flags_without_store_are_refused(toy, flags):
     # A prefix-cache flag with no --store would change nothing: a usage error that names both.
     p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--tokens", "1,2,3", "--max-new", "1", *flags],
