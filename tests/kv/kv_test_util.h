@@ -60,6 +60,39 @@ inline std::unique_ptr<HostTier> SmallHostTier() {
   return std::move(host).value();
 }
 
+// Makes a wrapping test tier's caps those of a slow, non-addressable (NVMe-kind) tier, so a store
+// puts it in the NVMe slot and reads it as it reads NVMe.
+inline void PoseAsNvme(TierCaps* caps) {
+  caps->id = TierId::kNvme;
+  caps->name = "nvme";
+  caps->memory = MemoryKind::kNone;
+  caps->reserves = false;
+}
+
+// A store whose only tier is `tier` (a test wrapper posing as NVMe: PoseAsNvme), put there, never
+// promoted from; `tier` points at it for the test to drive.
+template <class T>
+struct WrappedStore {
+  T* tier = nullptr;
+  std::unique_ptr<Store> store;
+};
+
+template <class T>
+WrappedStore<T> StoreOver(std::unique_ptr<T> tier) {
+  WrappedStore<T> out;
+  out.tier = tier.get();
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(tier);
+  StoreOptions so;
+  so.hbm.mode = HbmMode::kOff;
+  so.put_tier = TierId::kNvme;
+  so.promote_on_get = false;
+  auto s = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(s.ok());
+  out.store = std::move(s).value();
+  return out;
+}
+
 inline std::unique_ptr<Store> HostStore(std::uint64_t capacity = 256 * kMiB) {
   StoreOptions o;
   o.hbm.mode = HbmMode::kOff;

@@ -30,12 +30,7 @@ class RangeTapTier final : public terrace::testing::ForwardingTier {
  public:
   static constexpr auto kGateTimeout = 4s;
   using Hook = std::function<void(RangeOp&, Status&)>;
-  explicit RangeTapTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
-    caps_.id = TierId::kNvme;
-    caps_.name = "nvme";
-    caps_.memory = MemoryKind::kNone;
-    caps_.reserves = false;
-  }
+  explicit RangeTapTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) { PoseAsNvme(&caps_); }
   void set_hook(Hook h) { hook_ = std::move(h); }
   void CloseLaterLayers() {
     std::lock_guard lock(mu_);
@@ -83,27 +78,6 @@ class RangeTapTier final : public terrace::testing::ForwardingTier {
   bool closed_ = false;
   int held_ = 0, later_done_ = 0;
 };
-
-struct TapStore {
-  RangeTapTier* tap = nullptr;
-  std::unique_ptr<Store> store;
-};
-
-TapStore MakeTapStore() {
-  auto tap = std::make_unique<RangeTapTier>(SmallHostTier());
-  TapStore out;
-  out.tap = tap.get();
-  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
-  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(tap);
-  StoreOptions so;
-  so.hbm.mode = HbmMode::kOff;
-  so.put_tier = TierId::kNvme;
-  so.promote_on_get = false;
-  auto s = Store::OpenWithTiers(so, std::move(tiers));
-  REQUIRE(s.ok());
-  out.store = std::move(s).value();
-  return out;
-}
 
 TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, across chunk sizes, intervals and codecs") {
   const auto& m = Toy();
@@ -167,114 +141,108 @@ TEST_CASE("a lossless stage or a single MLA layer reads whole chunks whatever th
   CHECK(store->Stats().range_reads == 0);
 }
 
+// A cache whose KV pool is a RangeTapTier (the state pool a host store) holding an 83-token
+// prompt's 5 chunks of 16 tokens, and a cold run of a prompt that extends it by 6 tokens.
+struct TapFixture {
+  const ToyModel& m = Toy();
+  WrappedStore<RangeTapTier> kv = StoreOver(std::make_unique<RangeTapTier>(SmallHostTier()));
+  std::unique_ptr<Store> st = HostStore();
+  std::unique_ptr<PrefixCache> cache;
+  std::vector<std::int32_t> p = Tokens(5 * 16 + 3), p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
+  Run cold;
+
+  TapFixture() {
+    auto c = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+    REQUIRE(c.ok());
+    cache = std::move(c).value();
+    Prefill(*m.model, *cache, p, "");
+    cache->Flush();
+    cold = Prefill(*m.model, *cache, p2, "", {.restore = false, .write_back = false}, 2);
+  }
+  // Chunk i's block key in the restore of p2.
+  BlockKey Chunk(std::size_t i) const { return keys::KvChunkKey(cache->kv_namespace(), cache->Prepare(p2, "").chunk_ids[i]); }
+};
+
 TEST_CASE("a damaged range is read again as a whole verified block: counted, output exact") {
-  const auto& m = Toy();
-  auto kv = MakeTapStore();
-  auto st = HostStore();
-  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
-  REQUIRE(cache.ok());
-  const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
-  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+  TapFixture f;
+  auto& cache = f.cache;
   for (const bool later_layer : {false, true}) {
     CAPTURE(later_layer);
     // One bit of one range flipped on its way out (the stored block stays good): chunk 3's header
     // range (layer 0's phase) or its second MLA layer's.
-    const auto req = (*cache)->Prepare(p2, "");
-    const BlockKey victim = keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[3]);
+    const BlockKey victim = f.Chunk(3);
     std::mutex mu;
     int flipped = 0;
-    kv.tap->set_hook([&](RangeOp& op, Status& s) {
+    f.kv.tier->set_hook([&](RangeOp& op, Status& s) {
       std::lock_guard lock(mu);
       if (!s.ok() || !(op.key == victim) || (op.offset > 0) != later_layer || flipped > 0) return;
       // The middle of the layer's values (the first range starts with the block's header).
-      const auto& L = (*cache)->layout();
+      const auto& L = cache->layout();
       op.out[(later_layer ? 0 : L.chunk_header_bytes()) + L.mla_layer_range_bytes() / 2] ^= std::byte{0x10};
       ++flipped;
     });
-    const auto rereads_before = (*cache)->Stats().range_rereads;
-    const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
-    kv.tap->set_hook(nullptr);
+    const auto rereads_before = cache->Stats().range_rereads;
+    const Run r = Prefill(*f.m.model, *cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+    f.kv.tier->set_hook(nullptr);
     CHECK(flipped == 1);
     CHECK(r.prefill.restore.read_by_layer);
     CHECK(r.prefill.restore.range_rereads == 1);
-    CHECK((*cache)->Stats().range_rereads == rereads_before + 1);
+    CHECK(cache->Stats().range_rereads == rereads_before + 1);
     CHECK(r.prefill.restored_tokens == 80);  // the whole block read back good: no fallback
     CHECK(r.prefill.restore.fallbacks == 0);
-    CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 80)));
-    CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
+    CHECK(Bitwise(r.prefill.logits.data, Rows(f.cold.prefill.logits, 80)));
+    CHECK(Bitwise(r.decode_logits.back(), f.cold.decode_logits.back()));
   }
 }
 
 TEST_CASE("a block gone between two layers' reads moves the boundary back to before it; output exact") {
-  const auto& m = Toy();
-  auto kv = MakeTapStore();
-  auto st = HostStore();
-  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
-  REQUIRE(cache.ok());
-  const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
-  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
-  const auto req = (*cache)->Prepare(p2, "");
-  const BlockKey victim = keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[2]);
+  TapFixture f;
+  const BlockKey victim = f.Chunk(2);
   // Chunk 2's block is erased from the store once its first layer was read (an eviction between
   // the two phases): the second MLA layer's range and the whole-block re-read both miss.
   std::mutex mu;
-  bool erased = false;
-  Store* store = kv.store.get();
-  kv.tap->set_hook([&](RangeOp& op, Status&) {
+  bool erased = false;  // (mu) set on a reader thread: checked here after the run
+  Store* store = f.kv.store.get();
+  f.kv.tier->set_hook([&](RangeOp& op, Status&) {
     std::lock_guard lock(mu);
     if (erased || !(op.key == victim) || op.offset > 0) return;
-    erased = true;
-    REQUIRE(store->Erase(victim).ok());  // the store holds no lock while a tier reads
+    erased = store->Erase(victim).ok();  // the store holds no lock while a tier reads
   });
-  const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
-  kv.tap->set_hook(nullptr);
+  const Run r = Prefill(*f.m.model, *f.cache, f.p2, "", {.restore = true, .write_back = false}, 2);
+  f.kv.tier->set_hook(nullptr);
   CHECK(erased);
   CHECK(r.prefill.restore.read_by_layer);
   CHECK(r.prefill.restore.lookup_boundary_tokens == 80);
   CHECK(r.prefill.restored_tokens == 32);
   CHECK(r.prefill.restore.fallbacks >= 1);
-  CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 32)));
-  CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
+  CHECK(Bitwise(r.prefill.logits.data, Rows(f.cold.prefill.logits, 32)));
+  CHECK(Bitwise(r.decode_logits.back(), f.cold.decode_logits.back()));
 }
 
 TEST_CASE("the first MLA layer is handed out while the next MLA layer's ranges are still in flight") {
-  const auto& m = Toy();
-  auto kv = MakeTapStore();
-  auto st = HostStore();
-  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
-  REQUIRE(cache.ok());
-  const auto& L = (*cache)->layout();
+  TapFixture f;
+  const auto& L = f.cache->layout();
   const int first = L.mla_layers().front(), second = L.mla_layers()[1];
-  const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
-  const auto req = (*cache)->Prepare(p, "");
-
-  kv.tap->CloseLaterLayers();
-  auto state = model::SequenceState::ForConfig(m.ckpt.config);
-  auto restore = (*cache)->BeginRestore(req, &state);
+  const auto req = f.cache->Prepare(f.p, "");
+  f.kv.tier->CloseLaterLayers();
+  auto state = model::SequenceState::ForConfig(f.m.ckpt.config);
+  auto restore = f.cache->BeginRestore(req, &state);
   REQUIRE(restore.ok());
   for (int l = 0; l < second; ++l) CHECK((*restore)->RetrieveLayer(l).ok());
   CHECK(state.layer(first).tokens == 80);
   // The second layer's ranges were asked for and are held: none has come back.
-  CHECK(kv.tap->WaitHeld(2000ms));
-  CHECK(kv.tap->later_ranges_done() == 0);
+  CHECK(f.kv.tier->WaitHeld(2000ms));
+  CHECK(f.kv.tier->later_ranges_done() == 0);
   CHECK(state.layer(second).tokens == 0);
-  kv.tap->Open();
+  f.kv.tier->Open();
   for (int l = second; l < L.num_layers(); ++l) CHECK((*restore)->RetrieveLayer(l).ok());
   auto rep = (*restore)->Finish();
   REQUIRE(rep.ok());
   CHECK(rep->read_by_layer);
   CHECK(rep->boundary_tokens == 80);
-  (*cache)->SetRestoreReadOrder(RestoreReadOrder::kChunks);
-  auto whole_state = model::SequenceState::ForConfig(m.ckpt.config);
-  auto whole = (*cache)->Restore(req, &whole_state);
+  f.cache->SetRestoreReadOrder(RestoreReadOrder::kChunks);
+  auto whole_state = model::SequenceState::ForConfig(f.m.ckpt.config);
+  auto whole = f.cache->Restore(req, &whole_state);
   REQUIRE(whole.ok());
   CHECK(!whole->read_by_layer);
   CHECK(SameState(state, whole_state));

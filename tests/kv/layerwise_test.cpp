@@ -30,12 +30,7 @@ using namespace std::chrono_literals;
 class GatedTier final : public terrace::testing::ForwardingTier {
  public:
   static constexpr auto kGateTimeout = 4s;
-  explicit GatedTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
-    caps_.id = TierId::kNvme;
-    caps_.name = "nvme";
-    caps_.memory = MemoryKind::kNone;
-    caps_.reserves = false;
-  }
+  explicit GatedTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) { PoseAsNvme(&caps_); }
   void Close(bool puts, bool gets) {
     std::lock_guard lock(mu_);
     puts_closed_ = puts;
@@ -97,19 +92,8 @@ struct GatedStore {
 };
 
 GatedStore MakeGatedStore() {
-  auto gated = std::make_unique<GatedTier>(SmallHostTier());
-  GatedStore out;
-  out.gate = gated.get();
-  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
-  tiers[static_cast<std::size_t>(TierId::kNvme)] = std::move(gated);
-  StoreOptions so;
-  so.hbm.mode = HbmMode::kOff;
-  so.put_tier = TierId::kNvme;
-  so.promote_on_get = false;
-  auto s = Store::OpenWithTiers(so, std::move(tiers));
-  REQUIRE(s.ok());
-  out.store = std::move(s).value();
-  return out;
+  auto w = StoreOver(std::make_unique<GatedTier>(SmallHostTier()));
+  return {w.tier, std::move(w.store)};
 }
 
 TEST_CASE("layerwise restore == whole restore == full recompute, bitwise (f32), across chunk sizes and intervals") {
