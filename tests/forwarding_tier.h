@@ -3,6 +3,10 @@
 // Stats to `inner`; everything else keeps Tier's defaults (no resident pointers, no reservations,
 // looping batches). caps() is a copy of the inner tier's, which a subclass may edit in its
 // constructor (caps_). Thread-safety: as the inner tier's, plus whatever the subclass adds.
+// GetRangeBatch is deliberately NOT forwarded: Tier's default reads each range through this
+// tier's own (virtual) Get, so a subclass that overrides only Get (VanishingTier, QueuedSlowTier,
+// SlowTier, ...) still sees, delays or gates every read, ranged ones included. Forwarding it to
+// the inner tier's ranged path would let range reads bypass the subclass.
 #pragma once
 
 #include <functional>

@@ -2,12 +2,14 @@
 // terrace/tier.h, checked the same way for all of them.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <thread>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "test_util.h"
 #include "terrace/options.h"
 #include "tier_factories.h"
@@ -54,6 +56,59 @@ void ExpectBlock(Tier& t, const BlockKey& k, const std::vector<std::byte>& want)
   REQUIRE(st.ok());
   CHECK(d == DescribeBlock(want));
   CHECK(std::memcmp(out.data(), want.data(), want.size()) == 0);
+}
+
+// Where a range read writes: `length` bytes at an unaligned address (out.size() == length, so no
+// byte past the range may be written), fenced by guard bytes the read must leave alone; or an
+// aligned buffer with room for length rounded up to 4 KiB (the tier may fill that room).
+struct RangeOut {
+  static constexpr std::size_t kGuard = 60;
+  static constexpr std::byte kFill{0xA5};
+  RangeOut(std::uint64_t length, bool aligned)
+      : aligned_(aligned),
+        fenced_(aligned ? 0 : length + 2 * kGuard + 1, kFill),
+        room_(aligned ? RoundUp(length, 4096) : 0) {
+    if (aligned) REQUIRE(room_.ok());
+    out = aligned ? room_.span() : std::span<std::byte>(fenced_).subspan(kGuard + 1, length);  // an odd address
+  }
+  bool GuardsIntact() const {
+    if (aligned_) return true;
+    const auto fill = [](std::byte b) { return b == kFill; };
+    return std::all_of(fenced_.begin(), fenced_.begin() + kGuard + 1, fill) &&
+           std::all_of(fenced_.end() - kGuard, fenced_.end(), fill);
+  }
+  bool aligned_;
+  std::vector<std::byte> fenced_;
+  AlignedBuffer room_;
+  std::span<std::byte> out;
+};
+
+struct Range {
+  std::uint64_t offset, length;
+};
+
+// Reads `ranges` of block `k` (whose bytes are `whole`) in one GetRangeBatch, into unaligned and
+// aligned buffers in turn, and checks each against the same bytes of `whole`.
+void ExpectRanges(Tier& t, const BlockKey& k, const std::vector<std::byte>& whole, const std::vector<Range>& ranges) {
+  for (const bool aligned : {false, true}) {
+    std::vector<RangeOut> outs;
+    outs.reserve(ranges.size());
+    std::vector<RangeOp> ops;
+    for (const Range& r : ranges) {
+      outs.emplace_back(r.length, aligned);
+      ops.push_back(RangeOp{k, r.offset, r.length, outs.back().out, {}});
+    }
+    auto st = t.GetRangeBatch(ops);
+    REQUIRE(st.size() == ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      INFO("range " << i << " [" << ranges[i].offset << ", +" << ranges[i].length << ") of " << whole.size()
+                    << " bytes, " << (aligned ? "aligned" : "unaligned") << " buffer: " << st[i].ToString());
+      REQUIRE(st[i].ok());
+      CHECK(ops[i].desc == DescribeBlock(whole));
+      CHECK(std::memcmp(ops[i].out.data(), whole.data() + ranges[i].offset, ranges[i].length) == 0);
+      CHECK(outs[i].GuardsIntact());
+    }
+  }
 }
 
 }  // namespace
@@ -418,4 +473,116 @@ TEST_CASE("Conformance: device buffers round-trip with the tier's own checksum (
   CHECK(host == data);
   std::vector<std::byte> small(10);
   CHECK_FALSE(t.GetDevice(TestKey(21), small, &d).ok());
+}
+
+TEST_CASE("Conformance: a range read returns the same bytes as the whole block's Get") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  std::uint64_t i = 300;
+  // Sizes: one byte, a unit less one, one unit, ragged, and more than one NVMe staging buffer.
+  for (std::uint64_t size : {1, 4095, 4096, 10000, 65536 + 13, (1 << 20) + 4096 + 5}) {
+    INFO("block of " << size << " bytes");
+    const auto whole = TestBytes(i, size);
+    REQUIRE(PutBytes(t, TestKey(i), whole).ok());
+    ExpectBlock(t, TestKey(i), whole);  // the whole Get the ranges must agree with
+    std::vector<Range> ranges = {{0, std::min<std::uint64_t>(size, 100)},  // at offset 0
+                                 {size - 1, 1},                            // the last byte
+                                 {0, size},                                // the whole block
+                                 {size / 2, 0}};                           // empty, inside the block
+    if (size > 3) ranges.push_back({size / 3 + 1, size / 3 + 1});        // mid-block, unaligned both ends
+    if (size > 4100) ranges.push_back({4093, 7});                         // across a 4 KiB boundary
+    if (size >= 8192) ranges.push_back({4096, 4096});                     // one aligned unit
+    if (size > (1 << 20)) ranges.push_back({5, size - 10});               // longer than a staging buffer
+    ExpectRanges(t, TestKey(i), whole, ranges);
+    ++i;
+  }
+}
+
+TEST_CASE("Conformance: range reads answer each op: bounds, short buffers, missing keys") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  constexpr std::uint64_t kSize = 10000;
+  const auto a = TestBytes(31, kSize), b = TestBytes(32, 5000);
+  REQUIRE(PutBytes(t, TestKey(31), a).ok());
+  REQUIRE(PutBytes(t, TestKey(32), b).ok());
+  std::vector<std::vector<std::byte>> outs(9, std::vector<std::byte>(kSize + 10, std::byte{0x5A}));
+  outs[4].resize(99);
+  std::vector<RangeOp> ops = {
+      {TestKey(31), 100, 2000, outs[0], {}},         // 0: good
+      {TestKey(31), kSize - 5, 6, outs[1], {}},      // 1: one byte past the end
+      {TestKey(31), kSize + 1, 0, outs[2], {}},      // 2: empty, but starting past the end
+      {TestKey(31), kSize, 0, outs[3], {}},          // 3: empty, at the end: OK
+      {TestKey(31), 0, 100, outs[4], {}},            // 4: out holds 99 of the 100 bytes
+      {TestKey(33), 0, 10, outs[5], {}},             // 5: no such block
+      {TestKey(32), 4999, 1, outs[6], {}},           // 6: good, another key
+      {TestKey(31), ~std::uint64_t{0}, 2, outs[7], {}},  // 7: offset + length overflows
+      {TestKey(32), 1, 4999, outs[8], {}},           // 8: good, to the end
+  };
+  auto st = t.GetRangeBatch(ops);
+  REQUIRE(st.size() == ops.size());
+  for (std::size_t i : {1, 2, 4, 7}) {
+    INFO("op " << i << ": " << st[i].ToString());
+    CHECK(st[i].IsInvalidArgument());
+    CHECK_THAT(st[i].message(), Catch::Contains(TestKey(31).ToString()));
+  }
+  CHECK(st[5].IsNotFound());
+  for (std::size_t i : {0, 3, 6, 8}) {
+    INFO("op " << i << ": " << st[i].ToString());
+    REQUIRE(st[i].ok());
+    const auto& whole = ops[i].key == TestKey(31) ? a : b;
+    CHECK(ops[i].desc == DescribeBlock(whole));
+    CHECK(std::memcmp(outs[i].data(), whole.data() + ops[i].offset, ops[i].length) == 0);
+  }
+  CHECK(outs[4] == std::vector<std::byte>(99, std::byte{0x5A}));  // a refused op writes nothing
+  // Ranges of a block erased or replaced read the current state.
+  REQUIRE(t.Erase(TestKey(32)).ok());
+  const auto c = TestBytes(34, 7000);
+  REQUIRE(PutBytes(t, TestKey(31), c).ok());
+  std::vector<RangeOp> again = {{TestKey(32), 0, 10, outs[0], {}}, {TestKey(31), 6000, 1000, outs[1], {}}};
+  st = t.GetRangeBatch(again);
+  REQUIRE(st.size() == 2);
+  CHECK(st[0].IsNotFound());
+  REQUIRE(st[1].ok());
+  CHECK(again[1].desc == DescribeBlock(c));
+  CHECK(std::memcmp(outs[1].data(), c.data() + 6000, 1000) == 0);
+}
+
+TEST_CASE("Conformance: one range batch of many ranges over several keys") {
+  FOR_EACH_TIER(f);
+  Tier& t = *f.tier;
+  std::vector<std::vector<std::byte>> blocks;
+  for (std::uint64_t k = 0; k < 6; ++k) {
+    blocks.push_back(TestBytes(40 + k, 3000 + k * 37111));
+    REQUIRE(PutBytes(t, TestKey(40 + k), blocks.back()).ok());
+  }
+  std::mt19937_64 rng(7);
+  std::vector<Range> ranges;
+  std::vector<std::size_t> block_of;
+  std::vector<RangeOut> outs;
+  constexpr std::size_t kRanges = 96;
+  outs.reserve(kRanges);
+  std::vector<RangeOp> ops;
+  for (std::size_t i = 0; i < kRanges; ++i) {
+    const std::size_t k = rng() % blocks.size();
+    const std::uint64_t size = blocks[k].size();
+    // Every third range starts on a 4 KiB boundary (the direct path where buffers allow it).
+    std::uint64_t offset = rng() % size;
+    if (i % 3 == 0) offset -= offset % 4096;
+    const std::uint64_t length = 1 + rng() % std::min<std::uint64_t>(size - offset, 20000);
+    ranges.push_back({offset, length});
+    block_of.push_back(k);
+    outs.emplace_back(length, i % 2 == 0);
+    ops.push_back(RangeOp{TestKey(40 + k), offset, length, outs.back().out, {}});
+  }
+  auto st = t.GetRangeBatch(ops);
+  REQUIRE(st.size() == kRanges);
+  for (std::size_t i = 0; i < kRanges; ++i) {
+    const auto& whole = blocks[block_of[i]];
+    INFO("range " << i << " [" << ranges[i].offset << ", +" << ranges[i].length << ") of block " << block_of[i] << " ("
+                  << whole.size() << " bytes): " << st[i].ToString());
+    REQUIRE(st[i].ok());
+    CHECK(ops[i].desc == DescribeBlock(whole));
+    CHECK(std::memcmp(ops[i].out.data(), whole.data() + ranges[i].offset, ranges[i].length) == 0);
+    CHECK(outs[i].GuardsIntact());
+  }
 }

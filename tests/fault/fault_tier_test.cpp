@@ -1,10 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <thread>
 #include <vector>
 
+#include "forwarding_tier.h"
 #include "test_util.h"
 #include "tiers/fault/fault_tier.h"
 #include "tiers/hbm/emulated_hbm_tier.h"
@@ -30,6 +32,30 @@ int BitsDiffering(const std::vector<std::byte>& a, const std::vector<std::byte>&
   int n = 0;
   for (std::size_t i = 0; i < a.size(); ++i) n += std::popcount(static_cast<unsigned>(a[i] ^ b[i]));
   return n;
+}
+
+// A host tier that counts the GetRangeBatch calls reaching it (and forwards them to the host's own
+// ranged path); every other read goes through Get.
+class RangeCountingTier final : public terrace::testing::ForwardingTier {
+ public:
+  using ForwardingTier::ForwardingTier;
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override {
+    ++calls;
+    ops_seen += ops.size();
+    return inner_->GetRangeBatch(ops);
+  }
+  int calls = 0;
+  std::size_t ops_seen = 0;
+};
+
+std::shared_ptr<Tier> Host() {
+  HostTierOptions o;
+  o.capacity_bytes = 8 * kMiB;
+  o.chunk_bytes = 2 * kMiB;
+  o.pin = false;
+  auto h = HostTier::Create(o);
+  REQUIRE(h.ok());
+  return std::shared_ptr<Tier>(std::move(h).value());
 }
 
 }  // namespace
@@ -186,4 +212,46 @@ TEST_CASE("Device buffers pass through the wrapper to a tier that takes them, wi
   CHECK(out == data);
   CHECK(t.injected().put_errors == 1);
   CHECK(t.injected().get_errors == 1);
+}
+
+TEST_CASE("Range reads take armed get failures and bit flips (inside the range), the rest in one inner call") {
+  RangeCountingTier counting(Host());
+  FaultInjectingTier t(counting);
+  const auto a = TestBytes(6, 10000), b = TestBytes(7, 5000);
+  REQUIRE(t.Put(TestKey(6), DescribeBlock(a), a).ok());
+  REQUIRE(t.Put(TestKey(7), DescribeBlock(b), b).ok());
+  constexpr std::byte kFill{0x5A};
+  std::vector<std::vector<std::byte>> outs(4, std::vector<std::byte>(3000, kFill));
+  std::vector<RangeOp> ops = {{TestKey(6), 100, 2000, outs[0], {}},
+                              {TestKey(7), 10, 300, outs[1], {}},
+                              {TestKey(6), 5000, 10, outs[2], {}},
+                              {TestKey(8), 0, 10, outs[3], {}}};
+  t.FailNextGets(1, FaultInjectingTier::Eio(false));
+  t.FlipBitInNextGets(1);
+  auto st = t.GetRangeBatch(ops);
+  REQUIRE(st.size() == 4);
+  CHECK(st[0].IsIoError());  // the armed failure: the first op, not read
+  CHECK_THAT(st[0].message(), Catch::Contains(TestKey(6).ToString()));
+  CHECK(outs[0] == std::vector<std::byte>(3000, kFill));
+  REQUIRE(st[1].ok());  // the flip: the first op the inner tier returned
+  CHECK(ops[1].desc == DescribeBlock(b));
+  const std::vector<std::byte> want1(b.begin() + 10, b.begin() + 310);
+  CHECK(BitsDiffering(std::vector<std::byte>(outs[1].begin(), outs[1].begin() + 300), want1) == 1);
+  CHECK(std::all_of(outs[1].begin() + 300, outs[1].end(), [&](std::byte x) { return x == kFill; }));
+  REQUIRE(st[2].ok());
+  CHECK(std::equal(a.begin() + 5000, a.begin() + 5010, outs[2].begin()));
+  CHECK(st[3].IsNotFound());
+  CHECK(counting.calls == 1);  // the ops not failed here, together, through the inner ranged path
+  CHECK(counting.ops_seen == 3);
+  CHECK(t.injected().get_errors == 1);
+  CHECK(t.injected().bit_flips == 1);
+
+  t.Disarm();
+  st = t.GetRangeBatch(ops);  // nothing armed: the whole batch forwarded as is
+  CHECK(counting.calls == 2);
+  CHECK(counting.ops_seen == 7);
+  REQUIRE(st[0].ok());
+  CHECK(std::equal(a.begin() + 100, a.begin() + 2100, outs[0].begin()));
+  REQUIRE(st[1].ok());
+  CHECK(std::equal(want1.begin(), want1.end(), outs[1].begin()));
 }

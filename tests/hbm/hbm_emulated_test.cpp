@@ -50,6 +50,33 @@ TEST_CASE("Emulated HBM says so in caps and stats, and accounts the link model e
   CHECK(s.write_p50_ns >= 1500);  // op latency includes the modelled link time
 }
 
+TEST_CASE("Emulated HBM charges the link for a range's length, not the block's") {
+  HbmTierOptions o;
+  o.mode = HbmMode::kEmulated;
+  o.capacity_bytes = 16 * kMiB;
+  o.link.bandwidth_bytes_per_s = 50e9;
+  o.link.latency_us = 1.5;
+  auto r = CreateHbmTier(o);
+  REQUIRE(r.ok());
+  auto& t = **r;
+  auto& emu = dynamic_cast<EmulatedHbmTier&>(t);
+  auto data = TestBytes(7, 4 * kMiB);
+  REQUIRE(t.Put(TestKey(7), DescribeBlock(data), data).ok());
+  std::vector<std::byte> a(5000), b(1);
+  std::vector<RangeOp> ops = {{TestKey(7), 12345, 5000, a, {}},
+                              {TestKey(99), 0, 1, b, {}},  // a miss crosses no link
+                              {TestKey(7), data.size() - 1, 1, b, {}}};
+  const std::uint64_t before = emu.modelled_link_ns();
+  auto st = t.GetRangeBatch(ops);
+  REQUIRE(st[0].ok());
+  CHECK(st[1].IsNotFound());
+  REQUIRE(st[2].ok());
+  CHECK(ops[0].desc == DescribeBlock(data));
+  CHECK(std::equal(a.begin(), a.end(), data.begin() + 12345));
+  CHECK(b[0] == data.back());
+  CHECK(emu.modelled_link_ns() - before == emu.LinkNanos(5000) + emu.LinkNanos(1));
+}
+
 TEST_CASE("Emulated HBM with the link model off charges nothing") {
   HbmTierOptions o;
   o.mode = HbmMode::kEmulated;

@@ -132,6 +132,33 @@ TEST_CASE("Host tier detects bytes damaged in place and drops the block") {
   CHECK(t->used_bytes() == 0);
 }
 
+TEST_CASE("Host tier range reads copy from the arena unverified: damage shows in the range, nothing is dropped") {
+  auto t = MakeHost(4 * kMiB, 1 * kMiB);
+  auto data = TestBytes(6, 300000);
+  REQUIRE(t->Put(TestKey(6), DescribeBlock(data), data).ok());
+  auto* p = const_cast<std::byte*>(t->ResidentPtr(TestKey(6)));
+  REQUIRE(p != nullptr);
+  p[123456] ^= std::byte{0x04};  // a bit flip in RAM, inside the first range below only
+  std::vector<std::byte> hit(1000), miss(1000);
+  std::vector<RangeOp> ops = {{TestKey(6), 123000, 1000, hit, {}}, {TestKey(6), 200000, 1000, miss, {}}};
+  const auto before = t->Stats();
+  auto st = t->GetRangeBatch(ops);
+  REQUIRE(st[0].ok());  // not verified: the caller checks ranges against checksums of its own
+  REQUIRE(st[1].ok());
+  CHECK(ops[0].desc == DescribeBlock(data));
+  CHECK(std::memcmp(hit.data(), data.data() + 123000, 1000) != 0);
+  CHECK((hit[456] ^ data[123456]) == std::byte{0x04});
+  CHECK(std::memcmp(miss.data(), data.data() + 200000, 1000) == 0);
+  const auto after = t->Stats();
+  CHECK(after.corruptions == 0);
+  CHECK(after.hits == before.hits + 2);
+  CHECK(after.bytes_read == before.bytes_read + 2000);
+  CHECK(t->Lookup(TestKey(6)).ok());  // kept: only a verified Get drops a block
+  std::vector<std::byte> out(data.size());
+  BlockDesc d;
+  CHECK(t->Get(TestKey(6), out, &d).IsCorruption());
+}
+
 TEST_CASE("Host tier refuses to replace a pinned block") {
   auto t = MakeHost(4 * kMiB, 1 * kMiB);
   auto a = TestBytes(1, 5000), b = TestBytes(2, 7000);

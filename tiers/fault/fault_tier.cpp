@@ -113,25 +113,53 @@ Status FaultInjectingTier::Put(const BlockKey& key, const BlockDesc& desc, std::
   return inner_->Put(key, desc, copy);
 }
 
-Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
-  if (!armed_any_.load(std::memory_order_acquire)) return inner_->Get(key, out, desc);
-  {
-    MutexLock lock(&mu_);
-    Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
-    if (!injected.ok()) return injected.WithContext(fmt::format("get of block {}", key.ToString()));
-  }
-  BlockDesc got;
-  TERRACE_RETURN_IF_ERROR(inner_->Get(key, out, &got));
-  if (desc) *desc = got;
-  if (got.size == 0) return Status::Ok();
+Status FaultInjectingTier::TakeGetFailure(std::string_view what) {
+  MutexLock lock(&mu_);
+  Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
+  return injected.ok() ? injected : injected.WithContext(what);
+}
+
+void FaultInjectingTier::MaybeFlipBit(std::span<std::byte> bytes) {
+  if (bytes.empty()) return;
   std::uint64_t bit = 0;
   {
     MutexLock lock(&mu_);
-    if (!TakeFlag(flip_gets_, random_.get_bit_flip * random_on_, counts_.bit_flips)) return Status::Ok();
-    bit = NextRandom() % (got.size * 8);
+    if (!TakeFlag(flip_gets_, random_.get_bit_flip * random_on_, counts_.bit_flips)) return;
+    bit = NextRandom() % (bytes.size() * 8);
   }
-  out[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+  bytes[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+}
+
+Status FaultInjectingTier::Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) {
+  if (!armed_any_.load(std::memory_order_acquire)) return inner_->Get(key, out, desc);
+  TERRACE_RETURN_IF_ERROR(TakeGetFailure(fmt::format("get of block {}", key.ToString())));
+  BlockDesc got;
+  TERRACE_RETURN_IF_ERROR(inner_->Get(key, out, &got));
+  if (desc) *desc = got;
+  MaybeFlipBit(out.first(got.size));
   return Status::Ok();
+}
+
+std::vector<Status> FaultInjectingTier::GetRangeBatch(std::span<RangeOp> ops) {
+  if (!armed_any_.load(std::memory_order_acquire)) return inner_->GetRangeBatch(ops);
+  std::vector<Status> st(ops.size());
+  std::vector<std::size_t> passed;  // ops not failed here, in order
+  std::vector<RangeOp> inner_ops;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    st[i] = TakeGetFailure(fmt::format("range read of block {}", ops[i].key.ToString()));
+    if (!st[i].ok()) continue;
+    passed.push_back(i);
+    inner_ops.push_back(ops[i]);
+  }
+  if (inner_ops.empty()) return st;
+  std::vector<Status> got = inner_->GetRangeBatch(inner_ops);
+  for (std::size_t k = 0; k < passed.size(); ++k) {
+    RangeOp& op = ops[passed[k]];
+    op.desc = inner_ops[k].desc;
+    if (got[k].ok()) MaybeFlipBit(op.out.first(op.length));
+    st[passed[k]] = std::move(got[k]);
+  }
+  return st;
 }
 
 Result<BlockDesc> FaultInjectingTier::PutDevice(const BlockKey& key, Codec codec,
@@ -146,9 +174,7 @@ Result<BlockDesc> FaultInjectingTier::PutDevice(const BlockKey& key, Codec codec
 
 Status FaultInjectingTier::GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) {
   if (armed_any_.load(std::memory_order_acquire)) {
-    MutexLock lock(&mu_);
-    Status injected = TakeFailure(fail_gets_, random_.get_error * random_on_, counts_.get_errors);
-    if (!injected.ok()) return injected.WithContext(fmt::format("device get of block {}", key.ToString()));
+    TERRACE_RETURN_IF_ERROR(TakeGetFailure(fmt::format("device get of block {}", key.ToString())));
   }
   return inner_->GetDevice(key, device_out, desc);
 }

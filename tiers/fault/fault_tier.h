@@ -13,6 +13,10 @@
 //   Corruption and drop the block (the terrace/tier.h contract).
 // - SetRandom: each put/get independently fails or flips with the given probabilities, from a
 //   seeded generator (reproducible for a given seed and call order).
+// Range reads (GetRangeBatch) are gets here: each op, in order, takes an armed or random get
+// failure (FailNextGets, get_error) and, once the inner tier returned it, a bit flip
+// (FlipBitInNextGets, get_bit_flip) that lands inside the returned range; the ops not failed
+// here go to the inner tier's GetRangeBatch in one call, so its own ranged path runs.
 // Everything else forwards unchanged; caps() is the wrapped tier's, except verifies_gets (false).
 // Thread-safety: all methods, including arming while other threads call Put/Get.
 #pragma once
@@ -61,6 +65,7 @@ class FaultInjectingTier final : public Tier {
   const TierCaps& caps() const override { return caps_; }  // the inner tier's, verifies_gets false
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override;
   // Device buffers go to the inner tier (caps().device_buffers is the inner tier's); armed put/get
   // failures apply to them too, bit flips and corrupted puts do not (the bytes are not on the host).
   Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override;
@@ -91,6 +96,11 @@ class FaultInjectingTier final : public Tier {
   // Decides the fate of one call. Returns a non-OK Status to inject, or OK.
   Status TakeFailure(Armed& armed, double random_rate, std::uint64_t& counter) TERRACE_REQUIRES(mu_);
   bool TakeFlag(int& count, double random_rate, std::uint64_t& counter) TERRACE_REQUIRES(mu_);
+  // A get's armed or random failure (Get, GetDevice, each op of GetRangeBatch), with `what` ("get
+  // of block K") as its context; OK when none is due. Takes mu_.
+  Status TakeGetFailure(std::string_view what);
+  // Flips one bit of `bytes` (what a get returned) when a flip is due; no-op for empty bytes.
+  void MaybeFlipBit(std::span<std::byte> bytes);
   std::uint64_t NextRandom() TERRACE_REQUIRES(mu_);
 
   std::unique_ptr<Tier> owned_;

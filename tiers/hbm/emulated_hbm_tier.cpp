@@ -83,6 +83,21 @@ Status EmulatedHbmTier::Get(const BlockKey& key, std::span<std::byte> out, Block
   return st;
 }
 
+std::vector<Status> EmulatedHbmTier::GetRangeBatch(std::span<RangeOp> ops) {
+  std::vector<Status> st;
+  st.reserve(ops.size());
+  for (RangeOp& op : ops) {  // one at a time: each range pays the link's latency, as each Get does
+    const std::uint64_t t0 = SteadyNanos();
+    Status s = std::move(host_->GetRangeBatch(std::span<RangeOp>(&op, 1))[0]);
+    if (s.ok()) {
+      ChargeLink(t0, op.length);
+      latency_.read_latency.Record(SteadyNanos() - t0);
+    }
+    st.push_back(std::move(s));
+  }
+  return st;
+}
+
 Result<BlockDesc> EmulatedHbmTier::PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) {
   const std::uint64_t t0 = SteadyNanos();
   const BlockDesc desc = DescribeBlock(device_data, codec);  // where the data is: host memory here

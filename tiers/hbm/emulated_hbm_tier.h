@@ -29,6 +29,9 @@ class EmulatedHbmTier final : public Tier {
   const TierCaps& caps() const override { return caps_; }
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override;
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
+  // The host tier's ranged copy (no checksum, no whole-block copy), each OK range charged to the
+  // link model for its length as Get is for a whole block.
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override;
   Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override;
   Status GetDevice(const BlockKey& key, std::span<std::byte> device_out, BlockDesc* desc) override;
   Result<BlockDesc> Lookup(const BlockKey& key) const override { return host_->Lookup(key); }

@@ -181,6 +181,31 @@ class CudaHbmTier final : public Tier {
     return Status::Ok();
   }
 
+  // Copies just each range out of device memory (CopyOut of [offset, offset + length), not
+  // hashed: ranged reads are unverified), under the block's read reference.
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override {
+    std::vector<Status> st;
+    st.reserve(ops.size());
+    for (RangeOp& op : ops) {
+      const std::uint64_t t0 = SteadyNanos();
+      Status s = arena_.ReadRange(op, [&](const BlockArena::Ticket& t) {
+        return CopyOut(op.out.first(op.length), base_ + arena_.ByteOffset(t.extent) + op.offset, nullptr);
+      });
+      if (s.ok()) {
+        counters_.Add(counters_.hits);
+        counters_.Add(counters_.bytes_read, op.length);
+        counters_.read_latency.Record(SteadyNanos() - t0);
+      } else if (s.IsNotFound()) {
+        counters_.Add(counters_.misses);
+      } else if (!s.IsInvalidArgument()) {
+        counters_.Add(counters_.io_errors);
+        s = s.WithContext(fmt::format("range read of block {}", op.key.ToString()));
+      }
+      st.push_back(std::move(s));
+    }
+    return st;
+  }
+
   // Device buffers: a device-to-device copy into the arena, then the stored bytes hashed through
   // the staging buffers (no device kernel); the caller's buffer is never copied to the host.
   Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) override {
@@ -269,14 +294,14 @@ class CudaHbmTier final : public Tier {
     return CudaStatus(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize (H2D)");
   }
 
-  // Copies the device bytes to `out` and returns their XXH3-64 in *sum.
+  // Copies the device bytes to `out` and returns their XXH3-64 in *sum (null: not hashed).
   Status CopyOut(std::span<std::byte> out, const std::byte* dev, std::uint64_t* sum) {
     Lane& l = PickLane();
     MutexLock lock(&l.mu);
     TERRACE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
     if (IsDevice(out.data())) {  // device to device; the checksum from a staged copy of the source
       direct_.fetch_add(1, std::memory_order_relaxed);
-      TERRACE_RETURN_IF_ERROR(StagedHash(l, dev, out.size(), sum));
+      if (sum) TERRACE_RETURN_IF_ERROR(StagedHash(l, dev, out.size(), sum));
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(out.data(), dev, out.size(), cudaMemcpyDeviceToDevice, l.stream), "cudaMemcpyAsync D2D"));
       return CudaStatus(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize (D2D)");
     }
@@ -284,7 +309,7 @@ class CudaHbmTier final : public Tier {
       direct_.fetch_add(1, std::memory_order_relaxed);
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(out.data(), dev, out.size(), cudaMemcpyDeviceToHost, l.stream), "cudaMemcpyAsync D2H"));
       TERRACE_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize (D2H)"));
-      *sum = XXH3_64bits(out.data(), out.size());
+      if (sum) *sum = XXH3_64bits(out.data(), out.size());
       return Status::Ok();
     }
     staged_.fetch_add(1, std::memory_order_relaxed);
@@ -301,13 +326,13 @@ class CudaHbmTier final : public Tier {
       if (!st.ok()) break;
       const std::size_t off = i * kStageBytes, len = std::min(kStageBytes, out.size() - off);
       std::memcpy(out.data() + off, l.stage[b], len);
-      XXH3_64bits_update(&state, out.data() + off, len);
+      if (sum) XXH3_64bits_update(&state, out.data() + off, len);
     }
     if (!st.ok()) {
       (void)cudaStreamSynchronize(l.stream);  // never leave a copy into the staging buffers in flight
       return st;
     }
-    *sum = XXH3_64bits_digest(&state);
+    if (sum) *sum = XXH3_64bits_digest(&state);
     return Status::Ok();
   }
 

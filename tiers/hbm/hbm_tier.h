@@ -10,7 +10,8 @@
 // The CUDA tier (hbm_cuda.cpp): one cudaMalloc of capacity_bytes sub-allocated by the shared
 // BlockArena, copy_streams streams with double-buffered pinned staging (or direct copies when the
 // caller's buffer is already pinned); ResidentPtr is a device pointer (caps().memory == kDevice);
-// Get verifies the checksum on the host side. Device pointers (caps().device_buffers): Put / Get
+// Get verifies the checksum on the host side; GetRangeBatch copies just each range out, unhashed
+// (ranged reads are unverified, terrace/tier.h). Device pointers (caps().device_buffers): Put / Get
 // with a device pointer copy device to device; PutDevice / GetDevice hash the stored bytes from a
 // staged copy (no kernel), never bouncing the caller's buffer through the host. CUDA errors become Status (IoError / Unavailable)
 // carrying the CUDA error string; nothing aborts.

@@ -25,6 +25,7 @@
 #include "src/common/mutex.h"
 #include "terrace/block.h"
 #include "terrace/status.h"
+#include "terrace/tier.h"
 #include "tiers/host/page_allocator.h"
 
 namespace terrace::tiers {
@@ -63,6 +64,20 @@ class BlockArena {
   // drop_corrupt: the reader found the bytes failing their checksum; the block is removed from the
   // index unless pinned or already replaced.
   void EndRead(const BlockKey& key, const Ticket& ticket, bool drop_corrupt);
+  // One ranged read (Tier::GetRangeBatch) under a read reference: NotFound if absent, CheckRange's
+  // InvalidArgument for a range past the block's end or a short op.out; else `copy(ticket)` runs
+  // with the reference held (it copies [op.offset, op.offset + length) of the ticket's extent into
+  // op.out; skipped when length is 0) and, when it returns OK, op.desc is filled. Unverified: the
+  // checksum covers the whole block. Status copy(const Ticket&).
+  template <typename Copy>
+  Status ReadRange(RangeOp& op, const Copy& copy) {
+    TERRACE_ASSIGN_OR_RETURN(Ticket t, BeginRead(op.key));
+    Status st = CheckRange(op, t.desc.size);
+    if (st.ok() && op.length > 0) st = copy(t);
+    EndRead(op.key, t, false);
+    if (st.ok()) op.desc = t.desc;
+    return st;
+  }
 
   Result<BlockDesc> Lookup(const BlockKey& key) const;
   Status Erase(const BlockKey& key);

@@ -205,6 +205,31 @@ std::vector<Status> HostTier::GetBatch(std::span<GetOp> ops) {
   return st;
 }
 
+std::vector<Status> HostTier::GetRangeBatch(std::span<RangeOp> ops) {
+  std::vector<Status> st;
+  st.reserve(ops.size());
+  std::uint64_t hits = 0, misses = 0, bytes = 0;
+  for (RangeOp& op : ops) {
+    const std::uint64_t t0 = SteadyNanos();
+    Status s = arena_.ReadRange(op, [&](const tiers::BlockArena::Ticket& t) {
+      std::memcpy(op.out.data(), Address(t.extent) + op.offset, op.length);
+      return Status::Ok();
+    });
+    if (s.ok()) {
+      ++hits;
+      bytes += op.length;
+      counters_.read_latency.Record(SteadyNanos() - t0);
+    } else if (s.IsNotFound()) {
+      ++misses;
+    }
+    st.push_back(std::move(s));
+  }
+  if (hits > 0) counters_.Add(counters_.hits, hits);
+  if (misses > 0) counters_.Add(counters_.misses, misses);
+  counters_.Add(counters_.bytes_read, bytes);
+  return st;
+}
+
 Status HostTier::GetInto(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc, bool stream) {
   const std::uint64_t t0 = SteadyNanos();
   auto r = arena_.BeginRead(key);

@@ -52,6 +52,10 @@ class HostTier final : public Tier {
   Status Get(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc) override;
   // Get of each op; streams the copies when the ops' buffers together reach stream_get_bytes().
   std::vector<Status> GetBatch(std::span<GetOp> ops) override;
+  // Copies each range straight from the arena (memcpy, under the block's read reference, so a
+  // racing overwrite or Erase leaves the bytes intact until the copy is done); no checksum, no
+  // whole-block copy. Counted in Stats() hits / misses / bytes_read (the range's length).
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override;
   // The destination size from which gets stream (HostTierOptions::stream_get_min_bytes resolved;
   // UINT64_MAX: never).
   std::uint64_t stream_get_bytes() const { return stream_get_bytes_; }

@@ -14,37 +14,42 @@ using nvme::IoOp;
 using nvme::IoRequest;
 using nvme::kUnit;
 
-void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, const std::byte* src,
-                          std::uint64_t len, std::uint64_t room, std::vector<Chunk>* out) const {
-  const std::uint64_t max = staging_->buffer_bytes();
+void NvmeTier::PlanChunks(std::size_t op, std::uint64_t file_offset, std::uint32_t skip, std::byte* dst,
+                          const std::byte* src, std::uint64_t len, std::uint64_t room, std::vector<Chunk>* out) const {
+  const std::uint64_t max = staging_->buffer_bytes();  // a multiple of the unit
   const std::byte* base = dst ? dst : src;
+  // The caller's byte `done` lies at file_offset + skip + done; only the first chunk starts
+  // inside a unit, so every later one starts on a unit boundary.
   for (std::uint64_t done = 0; done < len;) {
-    std::uint64_t n = std::min(max, len - done);
+    const std::uint32_t head = done == 0 ? skip : 0;
+    std::uint64_t n = std::min(max - head, len - done);
     Chunk c;
     c.op = op;
-    c.file_offset = file_offset + done;
+    c.file_offset = file_offset + skip + done - head;
     if (dst) {
       c.dst = dst + done;
     } else {
       c.src = src + done;
     }
     c.len = static_cast<std::uint32_t>(n);
-    c.io_len = static_cast<std::uint32_t>(nvme::RoundUp(n, kUnit));
-    c.staged = reinterpret_cast<std::uintptr_t>(base + done) % kUnit != 0 || (n % kUnit != 0 && done + c.io_len > room);
+    c.skip = head;
+    c.io_len = static_cast<std::uint32_t>(nvme::RoundUp(head + n, kUnit));
+    c.staged = head != 0 || reinterpret_cast<std::uintptr_t>(base + done) % kUnit != 0 ||
+               (n % kUnit != 0 && done + c.io_len > room);
     if (dst && !c.staged && room > done + c.io_len) c.room_after = room - done - c.io_len;
     out->push_back(c);
     done += n;
   }
 }
 
-void NvmeTier::PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, std::uint64_t len,
-                              std::uint64_t room, std::vector<Chunk>* out) const {
-  PlanChunks(op, file_offset, dst, nullptr, len, room, out);
+void NvmeTier::PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::uint32_t skip, std::byte* dst,
+                              std::uint64_t len, std::uint64_t room, std::vector<Chunk>* out) const {
+  PlanChunks(op, file_offset, skip, dst, nullptr, len, room, out);
 }
 
 void NvmeTier::PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::span<const std::byte> src,
                                std::vector<Chunk>* out) const {
-  PlanChunks(op, file_offset, nullptr, src.data(), src.size(), src.size(), out);
+  PlanChunks(op, file_offset, 0, nullptr, src.data(), src.size(), src.size(), out);
 }
 
 void NvmeTier::ResolveExternalBuffers(IoOp op, std::span<const Chunk> chunks, std::vector<int>* index) const {
@@ -157,13 +162,20 @@ void NvmeTier::RunChunks(IoOp op, std::span<Chunk> chunks, const std::function<v
       req_end.push_back(i + 1);
       last_room = c.room_after;
     }
+    if (op == IoOp::kRead) {
+      std::uint64_t bytes = 0;
+      for (const IoRequest& r : reqs) bytes += r.len;
+      device_read_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    }
     counters_.Add(counters_.queue_depth, reqs.size());
     nvme::RunToCompletion(*engine_, reqs, [&](std::size_t k, int err) {
       const std::uint64_t end = reqs[k].complete_ns != 0 ? reqs[k].complete_ns : SteadyNanos();
       (op == IoOp::kRead ? counters_.read_latency : counters_.write_latency).Record(end - reqs[k].submit_ns);
       for (std::size_t ci = req_chunk[k]; ci < req_end[k]; ++ci) {
         Chunk& c = chunks[ci];  // a staged request holds exactly one chunk
-        if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) std::memcpy(c.dst, staging_->data(req_buf[k]), c.len);
+        if (err == 0 && op == IoOp::kRead && req_buf[k] >= 0) {
+          std::memcpy(c.dst, staging_->data(req_buf[k]) + c.skip, c.len);
+        }
         done(ci, err);
       }
     });

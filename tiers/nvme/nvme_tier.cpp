@@ -251,10 +251,61 @@ std::uint64_t NvmeTier::SwitchIndex(std::span<const PutOp> ops, const std::vecto
   return last_seq;
 }
 
+template <typename Op, typename Check>
+void NvmeTier::BeginReads(std::span<Op> ops, const Check& check, std::vector<GetPlan>& plans, std::vector<Status>& st) {
+  constexpr std::size_t kAhead = 8;  // lookups prefetched ahead: the map's cache misses overlap
+  std::uint64_t misses = 0;
+  {
+    MutexLock l(&mu_);
+    for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
+      auto it = map_.find(ops[i].key);
+      if (it == map_.end()) {
+        ++misses;
+        st[i] = Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", ops[i].key.ToString(),
+                                             data_path_.string()));
+        continue;
+      }
+      st[i] = check(ops[i], it->second.rec);
+      if (!st[i].ok()) continue;
+      plans[i].rec = it->second.rec;
+      plans[i].reading = true;
+      ++it->second.readers;
+    }
+  }
+  if (misses > 0) counters_.Add(counters_.misses, misses);
+}
+
+template <typename Op>
+void NvmeTier::EndReads(std::span<Op> ops, const std::vector<GetPlan>& plans) {
+  constexpr std::size_t kAhead = 8;
+  MutexLock l(&mu_);
+  for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
+    if (plans[i].reading) EndRead(ops[i].key, plans[i].rec);
+  }
+}
+
+namespace {
+
+// A Get's buffer must hold the whole block.
+Status CheckGetBuffer(const GetOp& op, const nvme::Record& rec) {
+  if (op.out.size() >= rec.length) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("get of block {}: output buffer has {} bytes, the block has {}; "
+                                             "size the buffer from Lookup()",
+                                             op.key.ToString(), op.out.size(), rec.length));
+}
+
+BlockDesc DescOf(const nvme::Record& rec) { return BlockDesc{rec.length, rec.codec, rec.checksum}; }
+
+}  // namespace
+
 std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
   std::vector<Status> st(ops.size());
   std::vector<GetPlan> plans(ops.size());
-  BeginReads(ops, plans, st);
+  BeginReads(ops, CheckGetBuffer, plans, st);
 
   // Read, then verify each block as soon as its last chunk lands; a mismatch is re-read once
   // (a transient transfer error) before the block is declared corrupt.
@@ -267,7 +318,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
       if (!p.reading || !st[i].ok() || (pass == 1 && !p.bad)) continue;
       p.bad = false;
       const std::size_t before = chunks.size();
-      PlanReadChunks(i, p.rec.offset, ops[i].out.data(), p.rec.length, ops[i].out.size(), &chunks);
+      PlanReadChunks(i, p.rec.offset, 0, ops[i].out.data(), p.rec.length, ops[i].out.size(), &chunks);
       p.pending = static_cast<std::uint32_t>(chunks.size() - before);
       if (p.pending == 0) p.bad = Checksum(ops[i].out.first(0)) != p.rec.checksum;
     }
@@ -302,7 +353,7 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
           "bytes were not returned: recompute or refetch it",
           ops[i].key.ToString(), p.rec.offset, data_path_.string()));
     } else if (st[i].ok()) {
-      ops[i].desc = BlockDesc{p.rec.length, p.rec.codec, p.rec.checksum};
+      ops[i].desc = DescOf(p.rec);
       ++hits;
       bytes += p.rec.length;
     }
@@ -313,45 +364,42 @@ std::vector<Status> NvmeTier::GetBatch(std::span<GetOp> ops) {
   return st;
 }
 
-void NvmeTier::BeginReads(std::span<const GetOp> ops, std::vector<GetPlan>& plans, std::vector<Status>& st) {
-  constexpr std::size_t kAhead = 8;  // lookups prefetched ahead: the map's cache misses overlap
-  std::uint64_t misses = 0;
-  {
-    MutexLock l(&mu_);
-    for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
-      auto it = map_.find(ops[i].key);
-      if (it == map_.end()) {
-        ++misses;
-        st[i] = Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", ops[i].key.ToString(),
-                                             data_path_.string()));
-        continue;
-      }
-      if (ops[i].out.size() < it->second.rec.length) {
-        st[i] = Status::InvalidArgument(fmt::format("get of block {}: output buffer has {} bytes, the block has {}; "
-                                                    "size the buffer from Lookup()",
-                                                    ops[i].key.ToString(), ops[i].out.size(), it->second.rec.length));
-        continue;
-      }
-      plans[i].rec = it->second.rec;
-      plans[i].reading = true;
-      ++it->second.readers;
-    }
-  }
-  if (misses > 0) counters_.Add(counters_.misses, misses);
-}
+std::vector<Status> NvmeTier::GetRangeBatch(std::span<RangeOp> ops) {
+  std::vector<Status> st(ops.size());
+  std::vector<GetPlan> plans(ops.size());
+  BeginReads(ops, [](const RangeOp& op, const nvme::Record& rec) { return CheckRange(op, rec.length); }, plans, st);
 
-void NvmeTier::EndReads(std::span<const GetOp> ops, const std::vector<GetPlan>& plans) {
-  constexpr std::size_t kAhead = 8;
-  MutexLock l(&mu_);
-  for (std::size_t i = 0; i < std::min(kAhead, ops.size()); ++i) map_.prefetch(ops[i].key);
+  // The extent starts on a unit, so the range's first unit is offset rounded down; the chunks
+  // read from there to offset + length rounded up (never past the block's data units).
+  std::vector<Chunk> chunks;
+  chunks.reserve(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (i + kAhead < ops.size()) map_.prefetch(ops[i + kAhead].key);
-    if (plans[i].reading) EndRead(ops[i].key, plans[i].rec);
+    if (!plans[i].reading) continue;
+    const RangeOp& op = ops[i];
+    const std::uint64_t skip = op.offset % nvme::kUnit;
+    PlanReadChunks(i, plans[i].rec.offset + (op.offset - skip), static_cast<std::uint32_t>(skip), op.out.data(),
+                   op.length, op.out.size(), &chunks);
   }
-}
+  RunChunks(IoOp::kRead, chunks, [&](std::size_t ci, int err) {
+    const std::size_t i = chunks[ci].op;
+    if (err != 0 && st[i].ok()) {
+      counters_.Add(counters_.io_errors);
+      st[i] = IoStatus(IoOp::kRead, err, ops[i].key, chunks[ci].file_offset);
+    }
+  });
 
+  std::uint64_t bytes = 0, hits = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!plans[i].reading || !st[i].ok()) continue;
+    ops[i].desc = DescOf(plans[i].rec);
+    ++hits;
+    bytes += ops[i].length;
+  }
+  EndReads(ops, plans);
+  if (hits > 0) counters_.Add(counters_.hits, hits);
+  counters_.Add(counters_.bytes_read, bytes);
+  return st;
+}
 
 void NvmeTier::DropCorrupt(const BlockKey& key, const nvme::Record& rec) {
   MutexLock l(&mu_);
@@ -400,8 +448,7 @@ Result<BlockDesc> NvmeTier::Lookup(const BlockKey& key) const {
   if (it == map_.end()) {
     return Status::NotFound(fmt::format("block {} is not in the NVMe tier at '{}'", key.ToString(), data_path_.string()));
   }
-  const nvme::Record& r = it->second.rec;
-  return BlockDesc{r.length, r.codec, r.checksum};
+  return DescOf(it->second.rec);
 }
 
 Status NvmeTier::Erase(const BlockKey& key) {
@@ -470,7 +517,7 @@ std::uint64_t NvmeTier::free_bytes() const {
 
 void NvmeTier::ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const {
   MutexLock l(&mu_);
-  for (const auto& [k, e] : map_) fn(k, BlockDesc{e.rec.length, e.rec.codec, e.rec.checksum});
+  for (const auto& [k, e] : map_) fn(k, DescOf(e.rec));
 }
 
 TierStatsSnapshot NvmeTier::Stats() const {
@@ -483,9 +530,11 @@ TierStatsSnapshot NvmeTier::Stats() const {
   s.blocks = map_.size();
   MutexLock r(&reg_mu_);
   s.detail = fmt::format(
-      "fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}; merged reads: {}",
+      "fixed buffers: {} ({} staging + {} registered external regions); staged I/Os: {}; merged reads: {}; "
+      "device bytes read: {}",
       engine_->fixed_buffers() ? "on" : "off", staging_->count(), external_.size(),
-      staged_ios_.load(std::memory_order_relaxed), merged_reads_.load(std::memory_order_relaxed));
+      staged_ios_.load(std::memory_order_relaxed), merged_reads_.load(std::memory_order_relaxed),
+      device_read_bytes_.load(std::memory_order_relaxed));
   if (options_.read_only) s.detail += "; read-only";
   for (const std::string& w : report_.warnings) s.detail += "; warning: " + w;
   return s;

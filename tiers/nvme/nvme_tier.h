@@ -179,6 +179,14 @@ class NvmeTier final : public Tier {
   // Submit every op's I/O together (one io_uring submission per queue-depth window).
   std::vector<Status> PutBatch(std::span<const PutOp> ops) override;
   std::vector<Status> GetBatch(std::span<GetOp> ops) override;
+  // Reads only the units covering each range: [offset, offset + length) rounded out to 4 KiB
+  // within the block's extent. A range whose offset is a multiple of 4 KiB, into 4 KiB-aligned
+  // memory with room for its length rounded up, is read straight into op.out; any other goes
+  // through a staging buffer and only the range's bytes are copied out. Every op's I/O is
+  // submitted together, as GetBatch's is, and each op's extent is held (as a reader) until its
+  // read is done, so a concurrent Erase or overwrite never hands the extent to another block under
+  // it. Not verified (terrace/tier.h); counted in Stats().hits and bytes_read (the range's length).
+  std::vector<Status> GetRangeBatch(std::span<RangeOp> ops) override;
   Status Pin(const BlockKey& key) override;
   Status Unpin(const BlockKey& key) override;
   Status Flush() override;
@@ -203,6 +211,9 @@ class NvmeTier final : public Tier {
   // Chunks read along in the request of the chunk before them (GetBatch over blocks adjacent on
   // disk whose buffers are laid out as caps().read_gap_bytes describes): requests saved.
   std::uint64_t merged_reads() const { return merged_reads_.load(std::memory_order_relaxed); }
+  // Bytes block reads (Get, GetBatch, GetRangeBatch) asked the device for: whole 4 KiB units, the
+  // gaps merged reads carry included. A ranged read adds only the units around its range.
+  std::uint64_t device_read_bytes() const { return device_read_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Entry {
@@ -222,7 +233,10 @@ class NvmeTier final : public Tier {
     std::byte* dst = nullptr;        // reads: the caller's memory for this chunk
     const std::byte* src = nullptr;  // writes: the caller's bytes for this chunk
     std::uint32_t len = 0;     // bytes of the block in this chunk
-    std::uint32_t io_len = 0;  // len rounded up to the unit
+    // reads: bytes the I/O reads before the first one the caller wants (a range that starts
+    // inside a unit); a chunk with skip > 0 is staged, and its bytes are copied from stage + skip
+    std::uint32_t skip = 0;
+    std::uint32_t io_len = 0;  // skip + len rounded up to the unit
     // reads: bytes of the caller's buffer past dst + io_len that may be overwritten (a request
     // that reads the next chunk along reads the gap before it into them)
     std::uint64_t room_after = 0;
@@ -235,7 +249,7 @@ class NvmeTier final : public Tier {
     std::uint64_t generation = 0;   // written into its descriptor and index record
     std::uint32_t pending = 0;      // its chunks (data and descriptor) still being written
   };
-  // One op of a GetBatch.
+  // One op of a GetBatch or GetRangeBatch.
   struct GetPlan {
     nvme::Record rec;             // what the index held when the read began
     bool reading = false;         // found: counted in its entry's (or detached extent's) readers
@@ -280,16 +294,18 @@ class NvmeTier final : public Tier {
   std::string RecoverAdvice() const;  // "run `terrace store recover --dir D [--index-dir I]`"
   Status WithRecoverAdvice(Status s) const;  // a Corruption gains RecoverAdvice()
   // nvme_io.cpp
-  // Split a block into chunks of at most one staging buffer. A read of `len` bytes into `dst`:
-  // `room` (>= len) is how many bytes `dst` holds, so a tail that rounds up past len into that room
-  // needs no staging. A write of `src`: a tail short of a unit is always staged (padded with zeros).
-  void PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, std::uint64_t len, std::uint64_t room,
-                      std::vector<Chunk>* out) const;
+  // Split a block into chunks of at most one staging buffer; `file_offset` is a multiple of the
+  // unit. A read of `len` bytes into `dst` starting `skip` (< kUnit) bytes past file_offset (a
+  // range that begins inside a unit; the first chunk is then staged): `room` (>= len) is how many
+  // bytes `dst` holds, so a tail that rounds up past len into that room needs no staging. A write
+  // of `src`: a tail short of a unit is always staged (padded with zeros).
+  void PlanReadChunks(std::size_t op, std::uint64_t file_offset, std::uint32_t skip, std::byte* dst, std::uint64_t len,
+                      std::uint64_t room, std::vector<Chunk>* out) const;
   void PlanWriteChunks(std::size_t op, std::uint64_t file_offset, std::span<const std::byte> src,
                        std::vector<Chunk>* out) const;
-  // Exactly one of dst (a read) and src (a write) is set.
-  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::byte* dst, const std::byte* src, std::uint64_t len,
-                  std::uint64_t room, std::vector<Chunk>* out) const;
+  // Exactly one of dst (a read) and src (a write) is set; skip is 0 for a write.
+  void PlanChunks(std::size_t op, std::uint64_t file_offset, std::uint32_t skip, std::byte* dst, const std::byte* src,
+                  std::uint64_t len, std::uint64_t room, std::vector<Chunk>* out) const;
   void RunChunks(nvme::IoOp op, std::span<Chunk> chunks, const std::function<void(std::size_t, int)>& done);
   // (*index)[k]: the fixed-buffer index of chunk k's memory when its whole I/O length lies in one
   // registered external region, else -1 (staged chunks: -1); left empty (no allocation) when no
@@ -317,10 +333,16 @@ class NvmeTier final : public Tier {
   void Detach(const Entry& e) TERRACE_REQUIRES(mu_);  // before e leaves map_
   void EndRead(const BlockKey& key, const nvme::Record& rec) TERRACE_REQUIRES(mu_);
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
-  // GetBatch's bookkeeping: look every op up and count it as a reader (st[i]: NotFound or a
-  // short buffer); then, after the reads, end every read BeginReads started.
-  void BeginReads(std::span<const GetOp> ops, std::vector<GetPlan>& plans, std::vector<Status>& st);
-  void EndReads(std::span<const GetOp> ops, const std::vector<GetPlan>& plans);
+  // The read reference GetBatch and GetRangeBatch hold (Op: GetOp or RangeOp, each with a key).
+  // BeginReads looks every op up and counts it as a reader of its extent (plans[i].reading, the
+  // record in plans[i].rec), so an Erase, overwrite or drop racing the read detaches the extent
+  // instead of freeing it; st[i]: NotFound, or check(op, record)'s error (a short buffer, a range
+  // past the end), and such an op is not counted. EndReads, after the I/O, ends every read
+  // BeginReads started (the last reader of a released extent frees it). Defined in nvme_tier.cpp.
+  template <typename Op, typename Check>
+  void BeginReads(std::span<Op> ops, const Check& check, std::vector<GetPlan>& plans, std::vector<Status>& st);
+  template <typename Op>
+  void EndReads(std::span<Op> ops, const std::vector<GetPlan>& plans);
 
   NvmeTierOptions options_;
   NvmeOpenHooks hooks_;
@@ -354,6 +376,7 @@ class NvmeTier final : public Tier {
   mutable TierCounters counters_;
   std::atomic<std::uint64_t> staged_ios_{0};  // I/Os that went through a staging buffer (a copy)
   std::atomic<std::uint64_t> merged_reads_{0};  // chunks read in the request of the chunk before them
+  std::atomic<std::uint64_t> device_read_bytes_{0};  // device_read_bytes()
 };
 
 }  // namespace terrace
