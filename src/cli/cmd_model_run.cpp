@@ -39,6 +39,7 @@ struct RunArgs {
   std::string tokens;
   int max_new = 0;
   bool json = false;
+  bool routing_stats = false;  // --routing-stats: a second, uncached prefill of the prompt
   std::string dump_logits;
   int threads = 1;
   bool no_reserve = false;  // --no-reserve: with --store, do not reserve the state's latents while the pools open
@@ -195,14 +196,16 @@ int RunModel(const RunArgs& a) {
     for (int p = 0; p < kNumPhases; ++p) {
       j["time_share"][std::string(PhaseName(static_cast<Phase>(p)))] = prof.Share(static_cast<Phase>(p));
     }
-    auto routing = MeasureRouting(**model, *prompt);
-    if (!routing.ok()) return Fail(routing.status().ToString());
-    j["routing"]["mean_entropy_bits"] = routing->mean_entropy_bits;
-    j["routing"]["max_entropy_bits"] = routing->max_entropy_bits;
-    j["routing"]["min_experts_used"] = routing->min_experts_used;
-    for (const auto& l : routing->layers) {
-      j["routing"]["layers"].push_back({{"layer", l.layer}, {"entropy_bits", l.entropy_bits},
-                                        {"experts_used", l.experts_used}, {"counts", l.counts}});
+    if (a.routing_stats) {
+      auto routing = MeasureRouting(**model, *prompt);
+      if (!routing.ok()) return Fail(routing.status().ToString());
+      j["routing"]["mean_entropy_bits"] = routing->mean_entropy_bits;
+      j["routing"]["max_entropy_bits"] = routing->max_entropy_bits;
+      j["routing"]["min_experts_used"] = routing->min_experts_used;
+      for (const auto& l : routing->layers) {
+        j["routing"]["layers"].push_back({{"layer", l.layer}, {"entropy_bits", l.entropy_bits},
+                                          {"experts_used", l.experts_used}, {"counts", l.counts}});
+      }
     }
     fmt::print("{}\n", j.dump());
     return 0;
@@ -234,7 +237,12 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   cmd->add_option("--model", args->model, "Model directory (config.json + safetensors)")->required();
   cmd->add_option("--tokens", args->tokens, "Prompt token ids, comma separated (e.g. 1,2,3)")->required();
   AddIntOption(cmd, "--max-new", &args->max_new, 0, kMaxNewTokens, "Tokens to generate greedily (0: prefill only)");
-  cmd->add_flag("--json", args->json, "Print one JSON object (adds routing statistics)");
+  auto* json = cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--routing-stats", args->routing_stats,
+                "With --json: add routing statistics over the prompt ('routing': per MoE layer counts, entropy, "
+                "experts used), from a second prefill of the whole prompt with no cache (as long again as an "
+                "uncached run)")
+      ->needs(json);
   cmd->add_option("--dump-logits", args->dump_logits,
                   "Write the prefill logits of every prompt position as F32 'logits' [tokens, vocab] (safetensors); "
                   "with --store, positions restored from the cache are recomputed for the file");

@@ -127,6 +127,20 @@ def test_read_order_changes_how_not_what_is_restored(toy, tmp_path):
     assert "--read-order" in p.stderr
 
 
+def test_routing_stats_only_on_request(toy, tmp_path):
+    # --json alone runs the prompt once (through the cache); --routing-stats adds the uncached pass.
+    store = tmp_path / "st"
+    run_json(toy, store)
+    plain = run_json(toy, store)
+    assert plain["restored_tokens"] == 128 and "routing" not in plain
+    r = run_json(toy, store, "--routing-stats")
+    assert r["logits_xxh3_64"] == plain["logits_xxh3_64"]
+    layers = r["routing"]["layers"]
+    assert layers and all(sum(l["counts"]) % 150 == 0 and sum(l["counts"]) > 0 for l in layers)
+    p = run(toy, store, "--routing-stats", expect=2)
+    assert "--routing-stats" in p.stderr and "--json" in p.stderr
+
+
 def test_bad_flags_exit_2(toy, tmp_path):
     p = run(toy, tmp_path / "st", "--kv-codec", "nope", expect=2)
     assert "--kv-codec" in p.stderr
