@@ -112,7 +112,7 @@ COMMANDS = {
                            "--json": FLAG, "--summary": FLAG, "--tensors": FLAG},
     ("model", "run"): {"--model": paths("model", required=True), "--tokens": opt(["1,2,3", "0", "5"], TOKENS, True),
                        "--max-new": opt(["0", "1", "3"], ["-1", "65537", "4294967296", "x", ""]), "--json": FLAG,
-                       "--dump-logits": paths("new_file", "logits.safetensors", "regfile"),
+                       "--routing-stats": FLAG, "--dump-logits": paths("new_file", "logits.safetensors", "regfile"),
                        "--threads": opt(["1", "2"], ["-1", "0", "257", "100000", "x"])},
     ("model", "dequant-mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT},
     ("model", "quantize-mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT},
