@@ -1,7 +1,8 @@
 // Store::GetRanges: parts of blocks from each key's fastest copy, moving nothing. The directory
 // names the copy; the read itself runs without the store's locks (a tier keeps a block it is
 // reading readable, or answers NotFound once it is gone), so a copy that moved between the two
-// (demoted, evicted, replaced in another tier) is looked up again.
+// (demoted, evicted, replaced in another tier) is looked up again. A key the directory does not
+// know is asked of the shared tiers (TierCaps::shared) first, as Get does.
 #include <algorithm>
 #include <utility>
 
@@ -23,6 +24,7 @@ std::vector<Status> StoreImpl::GetRanges(std::span<Store::GetRangeItem> items) {
   for (int round = 0; round < kRangeRounds && !pending.empty(); ++round) {
     std::vector<std::pair<int, std::size_t>> plan;  // (source slot, item), fastest copy first
     plan.reserve(pending.size());
+    std::vector<std::size_t> unknown;  // not in the directory: a shared tier may hold them
     {
       MutexLock lock(&mu_);
       for (std::size_t i : pending) {
@@ -30,14 +32,21 @@ std::vector<Status> StoreImpl::GetRanges(std::span<Store::GetRangeItem> items) {
         auto e = entries_.find(it.key);
         if (e == entries_.end() || e->second.mask == 0) {
           st[i] = MissLocked(it.key);
+          if (shared_mask_ != 0 && round == 0 && st[i].IsNotFound()) unknown.push_back(i);
           continue;
         }
         st[i] = CheckRange(RangeOp{it.key, it.offset, it.length, it.out, {}}, e->second.desc.size);
         if (st[i].ok()) plan.emplace_back(Fastest(e->second.mask), i);
       }
     }
+    std::vector<std::size_t> moved;  // answered NotFound by the tier the directory named, or adopted
+    // Keys another process put into a shared tier: entered into the directory (under their stripe,
+    // outside mu_: a shared tier's Lookup may be a round trip) and read in the next round.
+    for (std::size_t i : unknown) {
+      auto guard = key_locks_.Lock(items[i].key);
+      if (InDirectory(items[i].key) || AdoptFromShared(items[i].key)) moved.push_back(i);
+    }
     std::stable_sort(plan.begin(), plan.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<std::size_t> moved;  // answered NotFound by the tier the directory named
     std::vector<RangeOp> ops;
     for (std::size_t g = 0; g < plan.size();) {
       const int src = plan[g].first;

@@ -187,6 +187,18 @@ TEST_CASE("A directory miss asks a shared tier; a tier not marked shared is not 
     REQUIRE(writer->Put(k4, TestBytes(45, 100), PutOptions{Codec::kRaw, TierId::kNvme}).ok());
     CHECK(reader->Erase(k4).ok());
     CHECK_FALSE(common->Has(k4));
+    // A ranged read of a block the reader never saw adopts it too, and moves nothing.
+    BlockKey k5 = TestKey(46);
+    const auto bytes5 = TestBytes(46, 2 * kListBlock);
+    REQUIRE(writer->Put(k5, bytes5, PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+    std::vector<std::byte> part(100);
+    std::vector<Store::GetRangeItem> ranges = {{k5, kListBlock + 3, part.size(), part}, {TestKey(98), 0, 1, part}};
+    auto rs = reader->GetRanges(ranges);
+    REQUIRE(rs[0].ok());
+    CHECK(std::memcmp(part.data(), bytes5.data() + kListBlock + 3, part.size()) == 0);
+    CHECK(ranges[0].tier == TierId::kNvme);
+    CHECK(TierOf(*reader, k5) == TierId::kNvme);
+    CHECK(rs[1].IsNotFound());
     // A key in no tier is still NotFound.
     CHECK(GetBytes(*reader, TestKey(99)).status().IsNotFound());
   }
