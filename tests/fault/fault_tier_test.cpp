@@ -18,15 +18,18 @@ using terrace::testing::TestKey;
 
 namespace {
 
-std::unique_ptr<FaultInjectingTier> Wrapped() {
+// An 8 MiB unpinned host tier (2 MiB chunks).
+std::unique_ptr<Tier> Host() {
   HostTierOptions o;
   o.capacity_bytes = 8 * kMiB;
   o.chunk_bytes = 2 * kMiB;
   o.pin = false;
   auto h = HostTier::Create(o);
   REQUIRE(h.ok());
-  return std::make_unique<FaultInjectingTier>(std::move(h).value());
+  return std::move(h).value();
 }
+
+std::unique_ptr<FaultInjectingTier> Wrapped() { return std::make_unique<FaultInjectingTier>(Host()); }
 
 int BitsDiffering(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
   int n = 0;
@@ -48,15 +51,6 @@ class RangeCountingTier final : public terrace::testing::ForwardingTier {
   std::size_t ops_seen = 0;
 };
 
-std::shared_ptr<Tier> Host() {
-  HostTierOptions o;
-  o.capacity_bytes = 8 * kMiB;
-  o.chunk_bytes = 2 * kMiB;
-  o.pin = false;
-  auto h = HostTier::Create(o);
-  REQUIRE(h.ok());
-  return std::shared_ptr<Tier>(std::move(h).value());
-}
 
 }  // namespace
 

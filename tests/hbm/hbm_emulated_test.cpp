@@ -10,7 +10,10 @@ using namespace terrace;
 using terrace::testing::TestBytes;
 using terrace::testing::TestKey;
 
-TEST_CASE("Emulated HBM says so in caps and stats, and accounts the link model exactly") {
+namespace {
+
+// A 16 MiB emulated HBM tier with a 50 GB/s, 1.5 us link.
+std::unique_ptr<Tier> EmulatedTier() {
   HbmTierOptions o;
   o.mode = HbmMode::kEmulated;
   o.capacity_bytes = 16 * kMiB;
@@ -18,7 +21,14 @@ TEST_CASE("Emulated HBM says so in caps and stats, and accounts the link model e
   o.link.latency_us = 1.5;
   auto r = CreateHbmTier(o);
   REQUIRE(r.ok());
-  auto& t = **r;
+  return std::move(r).value();
+}
+
+}  // namespace
+
+TEST_CASE("Emulated HBM says so in caps and stats, and accounts the link model exactly") {
+  auto tier = EmulatedTier();
+  auto& t = *tier;
   CHECK(t.caps().id == TierId::kHbm);
   CHECK(t.caps().emulated);
   CHECK(t.caps().memory == MemoryKind::kHost);
@@ -51,14 +61,8 @@ TEST_CASE("Emulated HBM says so in caps and stats, and accounts the link model e
 }
 
 TEST_CASE("Emulated HBM charges the link for a range's length, not the block's") {
-  HbmTierOptions o;
-  o.mode = HbmMode::kEmulated;
-  o.capacity_bytes = 16 * kMiB;
-  o.link.bandwidth_bytes_per_s = 50e9;
-  o.link.latency_us = 1.5;
-  auto r = CreateHbmTier(o);
-  REQUIRE(r.ok());
-  auto& t = **r;
+  auto tier = EmulatedTier();
+  auto& t = *tier;
   auto& emu = dynamic_cast<EmulatedHbmTier&>(t);
   auto data = TestBytes(7, 4 * kMiB);
   REQUIRE(t.Put(TestKey(7), DescribeBlock(data), data).ok());
