@@ -1,5 +1,6 @@
 // Internal: PrefixCache's state, shared by its source files (prefix_cache.cpp: lookup, write-out;
-// layerwise_restore.cpp: restores; cached_prefill.cpp: PrefillWithCache).
+// restore_job.h and its layerwise_restore.cpp, restore_reads.cpp, restore_decode.cpp: restores;
+// cached_prefill.cpp: PrefillWithCache).
 //
 // Thread-safety: `stats` under stats_mu; the write queue, `puts_in_flight` and `pending_chunks`
 // under q_mu. Lock order: q_mu before stats_mu (never the reverse). `restore_buffers` locks
@@ -34,7 +35,7 @@ struct PrefixCache::Impl {
   std::shared_ptr<Logger> logger;
   std::uint32_t ns_kv = 0, ns_state = 0;
   // The stores' read_gap_bytes: the room a restore leaves past each raw block in its buffers
-  // (layerwise_restore.cpp, Slot), so adjacent blocks are read as one request.
+  // (restore_job.h, Slot), so adjacent blocks are read as one request.
   std::uint64_t kv_gap = 0, st_gap = 0;
   // SetRestorePromotion's choice (unset: each store's promote_on_get), read when a restore begins.
   std::atomic<std::optional<bool>> restore_promote{};
