@@ -36,11 +36,13 @@ void LayerwiseRestore::Job::DecodeSnapshots() {
 
 void LayerwiseRestore::Job::DecodeWindow(int w) {
   DecodeWindowBlocks(w);
-  const Window& win = windows[static_cast<std::size_t>(w)];
+  const auto u = static_cast<std::size_t>(w);
+  const Window& win = windows[u];
+  const bool ends_phase = win.phase >= 0 && (u + 1 == windows.size() || windows[u + 1].phase != win.phase);
   {
     std::lock_guard lock(mu);
-    free_buffers.push_back(window_buffer[static_cast<std::size_t>(w)]);
-    if (win.phase >= 0 && (static_cast<std::size_t>(w) + 1 == windows.size() || windows[static_cast<std::size_t>(w) + 1].phase != win.phase)) {
+    free_buffers.push_back(window_buffer[u]);
+    if (ends_phase) {
       const auto l = static_cast<std::size_t>(L().mla_layers()[static_cast<std::size_t>(win.phase)]);
       layer_status[l] = limit == kmax ? Status::Ok() : chunk_error;
       ready[l] = 1;

@@ -1,12 +1,14 @@
-// LayerwiseRestore::Job, the engine behind PrefixCache::BeginRestore / Restore and LayerwiseRestore (docs/prefix-cache.md,
-// "Restore"). One engine for both: a restore job issues every read of its boundary at once: the
-// KV chunks in windows of about an eighth of the restore (the last two a quarter and a half of
-// that, CutWindows), each window one GetBatch, on
+// LayerwiseRestore::Job, the engine behind PrefixCache::BeginRestore / Restore and
+// LayerwiseRestore (docs/prefix-cache.md, "Restore"). One engine for both: a restore job issues
+// every read of its boundary at once: the KV chunks in windows of about an eighth of the restore
+// (the last two a quarter and a half of that, CutWindows), each window one GetBatch, on
 // kRestoreKvReaders reader threads (so one window's GetBatch is in flight while the other's
 // finishes and the tier's queue does not drain between windows: the KV pool needs a ring per
 // reader), and the boundary's KDA snapshots (one GetBatch on the state pool) on a snapshot thread
 // that also decodes them. The decoder thread checks and decodes the KV windows in order while the
-// next ones are in flight. A layer becomes ready when all of its blocks are decoded.
+// next ones are in flight. A layer becomes ready when all of its blocks are decoded. Read by layer
+// (RestoreReadOrder::kLayers), the windows are cut per MLA layer (a phase) over that layer's
+// sub-ranges of every chunk and read with Store::GetRanges; a layer is ready when its phase is.
 //
 // Where the time goes (docs/benchmarks.md, "Layerwise restore"): the reads are issued before any
 // large buffer is touched. Raw blocks land in a few window buffers that the readers and decoder
