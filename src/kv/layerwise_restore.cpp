@@ -238,6 +238,11 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     m.stats.fallbacks_corrupt += corrupt;
     for (std::size_t t = 0; t < kNumTiers; ++t) m.stats.bytes_read[t] += rep.bytes_read[t];
   }
+  if (rep.range_rereads > 1)
+    m.logger->Log(LogLevel::kWarning, "prefix-cache",
+                  fmt::format("restore to token {}: {} KV sub-ranges failed their read or check and were read again "
+                              "as whole blocks (the first is logged above)", rep.lookup_boundary_tokens,
+                              rep.range_rereads));
   for (const auto& r : rep.fallback_reasons)
     m.logger->Log(LogLevel::kWarning, "prefix-cache", "restore fell back to an earlier joint boundary: " + r);
   return rep;

@@ -130,13 +130,16 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
     }
   }
   if (s.ok()) return s;
+  bool first = false;
   {
     std::lock_guard lock(mu);
-    ++range_rereads;
+    first = range_rereads++ == 0;
   }
-  m->logger->Log(LogLevel::kWarning, "prefix-cache",
-                 fmt::format("KV chunk {} ({}) MLA layer {}: {}; reading the whole block again", u, it.key.ToString(),
-                             L().mla_layers()[j], s.ToString()));
+  // The first per restore (Finish logs how many there were in all, when more than one).
+  if (first)
+    m->logger->Log(LogLevel::kWarning, "prefix-cache",
+                   fmt::format("KV chunk {} ({}) MLA layer {}: {}; reading the whole block again", u,
+                               it.key.ToString(), L().mla_layers()[j], s.ToString()));
   return RereadLayer(j, u);
 }
 
