@@ -114,8 +114,11 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
     if (j == 0) {
       auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], got, it.desc.size);
       s = ranges.status();
-      if (s.ok()) chunk_ranges[u] = std::move(*ranges);
-    } else if (it.desc.size != range_items[u].desc.size) {
+      if (s.ok()) {
+        chunk_ranges[u] = std::move(*ranges);
+        chunk_block_size[u] = it.desc.size;
+      }
+    } else if (it.desc.size != chunk_block_size[u]) {
       s = Status::Corruption("the block changed size between its header's read and this layer's");
     }
     if (s.ok()) {
@@ -159,6 +162,7 @@ Status LayerwiseRestore::Job::RereadLayer(std::size_t j, std::size_t u) {
   auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], block);
   TERRACE_RETURN_IF_ERROR(ranges.status());
   chunk_ranges[u] = std::move(*ranges);
+  chunk_block_size[u] = got->size;
   return format::DecodeKvLayer(L(), block, chunk_ranges[u][j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);
 }
 

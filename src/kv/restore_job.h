@@ -125,6 +125,7 @@ struct LayerwiseRestore::Job {
   std::vector<Store::GetRangeItem> range_items;  // sub-ranges, [phase * kmax + chunk] (kLayers)
   std::vector<Status> range_status;
   std::vector<std::vector<format::LayerRange>> chunk_ranges;  // decoder only: per chunk, its header's (kLayers)
+  std::vector<std::uint64_t> chunk_block_size;  // decoder only: per chunk, the size its header was read with (kLayers)
   RawBuffer reread;                                           // decoder only: a whole block read again (kLayers)
   std::vector<Window> windows;
   std::uint64_t max_window_bytes = 0;                          // the largest window, in slots

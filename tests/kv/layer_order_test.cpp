@@ -16,6 +16,8 @@
 
 #include "forwarding_tier.h"
 #include "kv_test_util.h"
+#include "tiers/fault/fault_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::kv {
 namespace {
@@ -193,6 +195,38 @@ TEST_CASE("a damaged range is read again as a whole verified block: counted, out
     CHECK(Bitwise(r.prefill.logits.data, Rows(f.cold.prefill.logits, 80)));
     CHECK(Bitwise(r.decode_logits.back(), f.cold.decode_logits.back()));
   }
+}
+
+TEST_CASE("over the real NVMe tier, a failed range read is read again whole: counted, output exact") {
+  const auto& m = Toy();
+  terrace::testing::TempDir dir("kvorderfault");
+  NvmeTierOptions no;
+  no.path = dir.path() / "kv";
+  no.capacity_bytes = 32 * kMiB;
+  no.io_threads = static_cast<unsigned>(kRestoreKvReaders);
+  auto nvme = NvmeTier::Open(no);
+  REQUIRE(nvme.ok());
+  auto kv = StoreOver(std::make_unique<FaultInjectingTier>(std::unique_ptr<Tier>(std::move(*nvme))));
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.store.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 9);
+  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
+  // The restore's first KV read is a range of chunk 0 (the header and the first MLA layer): an EIO.
+  kv.tier->FailNextGets(1, FaultInjectingTier::Eio(false));
+  const Run r = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
+  CHECK(kv.tier->injected().get_errors == 1);
+  CHECK(r.prefill.restore.read_by_layer);
+  CHECK(r.prefill.restore.range_rereads == 1);
+  CHECK(r.prefill.restored_tokens == 80);
+  CHECK(r.prefill.restore.fallbacks == 0);
+  // Every other range came through the real NVMe tier (the failed one is not counted).
+  CHECK(kv.store->Stats().range_reads == (*cache)->layout().mla_layers().size() * 5 - 1);
+  CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 80)));
+  CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
 }
 
 TEST_CASE("a block gone between two layers' reads moves the boundary back to before it; output exact") {
