@@ -37,8 +37,8 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
   cmd->add_option("--read-order", a->read_order,
                   "How a restore under the forward pass reads the KV chunks: layers (each MLA layer's part of every "
-                  "chunk in turn, so a layer is computed while the next one's are read; whole chunks where the codec "
-                  "has a lossless stage) | chunks (whole chunks)")
+                  "chunk in turn, so a layer is computed while the next one's are read; whole chunks where that cannot "
+                  "apply: a codec with a lossless stage, a model with one MLA layer) | chunks (whole chunks)")
       ->check(CLI::IsMember({"layers", "chunks"}))
       ->capture_default_str();
   if (store != nullptr) {

@@ -112,17 +112,12 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
       kv_bytes += it.length;
     }
     if (j == 0) {
-      auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], got, it.desc.size);
-      s = ranges.status();
-      if (s.ok()) {
-        chunk_ranges[u] = std::move(*ranges);
-        chunk_block_size[u] = it.desc.size;
-      }
-    } else if (it.desc.size != chunk_block_size[u]) {
+      s = TakeHeader(u, got, it.desc.size);
+    } else if (it.desc.size != headers[u].block_size) {
       s = Status::Corruption("the block changed size between its header's read and this layer's");
     }
     if (s.ok()) {
-      format::LayerRange r = chunk_ranges[u][j];
+      format::LayerRange r = headers[u].ranges[j];
       if (r.offset < it.offset || r.offset - it.offset > it.length || r.size > it.length - (r.offset - it.offset)) {
         s = Status::Corruption(fmt::format("layer {}'s sub-range [{}, +{}) is not where the layout puts it", r.model_layer,
                                            r.offset, r.size));
@@ -159,11 +154,15 @@ Status LayerwiseRestore::Job::RereadLayer(std::size_t j, std::size_t u) {
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += got->size;
     kv_bytes += got->size;
   }
-  auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], block);
+  TERRACE_RETURN_IF_ERROR(TakeHeader(u, block, got->size));
+  return format::DecodeKvLayer(L(), block, headers[u].ranges[j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);
+}
+
+Status LayerwiseRestore::Job::TakeHeader(std::size_t u, std::span<const std::byte> head, std::uint64_t block_size) {
+  auto ranges = format::ParseKvChunkHeader(L(), chunk_ids[u], head, block_size);
   TERRACE_RETURN_IF_ERROR(ranges.status());
-  chunk_ranges[u] = std::move(*ranges);
-  chunk_block_size[u] = got->size;
-  return format::DecodeKvLayer(L(), block, chunk_ranges[u][j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);
+  headers[u] = {std::move(*ranges), block_size};
+  return Status::Ok();
 }
 
 void LayerwiseRestore::Job::DecodeLoop() {

@@ -124,8 +124,13 @@ struct LayerwiseRestore::Job {
   std::vector<Status> kv_status;
   std::vector<Store::GetRangeItem> range_items;  // sub-ranges, [phase * kmax + chunk] (kLayers)
   std::vector<Status> range_status;
-  std::vector<std::vector<format::LayerRange>> chunk_ranges;  // decoder only: per chunk, its header's (kLayers)
-  std::vector<std::uint64_t> chunk_block_size;  // decoder only: per chunk, the size its header was read with (kLayers)
+  // A chunk's parsed header (kLayers): its layers' sub-ranges and the size of the block it was
+  // read from (every later phase's read must find the same size).
+  struct ChunkHeader {
+    std::vector<format::LayerRange> ranges;
+    std::uint64_t block_size = 0;  // 0: not read yet
+  };
+  std::vector<ChunkHeader> headers;  // decoder only: per chunk
   RawBuffer reread;                                           // decoder only: a whole block read again (kLayers)
   std::vector<Window> windows;
   std::uint64_t max_window_bytes = 0;                          // the largest window, in slots
@@ -229,6 +234,10 @@ struct LayerwiseRestore::Job {
   // Chunk u's whole block through Store::Get (which verifies it, drops a damaged copy and tries
   // the next), then MLA layer j from it; its header replaces the one read before.
   Status RereadLayer(std::size_t j, std::size_t u);
+
+  // Parses chunk u's header from `head` (the block's first bytes, or all of it) of a block of
+  // `block_size` bytes into headers[u].
+  Status TakeHeader(std::size_t u, std::span<const std::byte> head, std::uint64_t block_size);
 
   // The snapshot thread: reads and decodes the boundary's snapshots beside the KV windows (its
   // GetBatch goes to the state pool, so it never waits for the KV pool's rings, and the decoder

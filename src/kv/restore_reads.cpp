@@ -126,8 +126,7 @@ void LayerwiseRestore::Job::PlanKvWindows() {
     const std::uint64_t header = L().chunk_header_bytes(), range = RoundUp(L().mla_layer_range_bytes(), kRawAlign);
     range_items.resize(K * phases);
     range_status.resize(K * phases);
-    chunk_ranges.resize(K);
-    chunk_block_size.assign(K, 0);
+    headers.assign(K, {});
     for (std::size_t p = 0; p < phases; ++p)
       for (std::size_t i = 0; i < K; ++i) {
         const std::uint64_t size = f.kv[i].desc.size, at = p == 0 ? 0 : header + p * range;

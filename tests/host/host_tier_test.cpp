@@ -115,13 +115,24 @@ TEST_CASE("Host arena grows lazily in chunks and reports pinning") {
   CHECK(unpinned->Stats().detail.find("pinned: no (not requested)") != std::string::npos);
 }
 
+namespace {
+
+// Puts block `id` (300000 bytes) into `t` and flips bit 2 of its byte 123456 where the arena holds
+// it (a bit flip in RAM); returns the bytes put.
+std::vector<std::byte> PutDamaged(HostTier& t, int id) {
+  auto data = TestBytes(id, 300000);
+  REQUIRE(t.Put(TestKey(id), DescribeBlock(data), data).ok());
+  auto* p = const_cast<std::byte*>(t.ResidentPtr(TestKey(id)));
+  REQUIRE(p != nullptr);
+  p[123456] ^= std::byte{0x04};
+  return data;
+}
+
+}  // namespace
+
 TEST_CASE("Host tier detects bytes damaged in place and drops the block") {
   auto t = MakeHost(4 * kMiB, 1 * kMiB);
-  auto data = TestBytes(5, 300000);
-  REQUIRE(t->Put(TestKey(5), DescribeBlock(data), data).ok());
-  auto* p = const_cast<std::byte*>(t->ResidentPtr(TestKey(5)));
-  REQUIRE(p != nullptr);
-  p[123456] ^= std::byte{0x04};  // a bit flip in RAM
+  const auto data = PutDamaged(*t, 5);
   std::vector<std::byte> out(data.size());
   BlockDesc d;
   Status st = t->Get(TestKey(5), out, &d);
@@ -134,11 +145,7 @@ TEST_CASE("Host tier detects bytes damaged in place and drops the block") {
 
 TEST_CASE("Host tier range reads copy from the arena unverified: damage shows in the range, nothing is dropped") {
   auto t = MakeHost(4 * kMiB, 1 * kMiB);
-  auto data = TestBytes(6, 300000);
-  REQUIRE(t->Put(TestKey(6), DescribeBlock(data), data).ok());
-  auto* p = const_cast<std::byte*>(t->ResidentPtr(TestKey(6)));
-  REQUIRE(p != nullptr);
-  p[123456] ^= std::byte{0x04};  // a bit flip in RAM, inside the first range below only
+  const auto data = PutDamaged(*t, 6);  // byte 123456: inside the first range below only
   std::vector<std::byte> hit(1000), miss(1000);
   std::vector<RangeOp> ops = {{TestKey(6), 123000, 1000, hit, {}}, {TestKey(6), 200000, 1000, miss, {}}};
   const auto before = t->Stats();
