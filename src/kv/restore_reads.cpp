@@ -134,7 +134,7 @@ void LayerwiseRestore::Job::PlanKvWindows() {
         it.key = keys::KvChunkKey(m->ns_kv, chunk_ids[i]);
         it.offset = std::min(at, size);
         it.length = std::min(p == 0 ? header + range : range, size - it.offset);
-        slots[p * K + i] = RoundUp(it.length, kRawAlign);
+        slots[p * K + i] = Slot(it.length, 0);
       }
   }
   std::uint64_t total = 0;
@@ -211,7 +211,7 @@ void LayerwiseRestore::Job::ReadWindow(const Window& win, RawBuffer& buf) {
   auto items = std::span(range_items).subspan(first, n);
   std::uint64_t at = 0;
   for (auto& it : items) {
-    const std::uint64_t slot = RoundUp(it.length, kRawAlign);
+    const std::uint64_t slot = Slot(it.length, 0);  // ranges of one phase are not adjacent on disk: no gap
     it.out = std::span<std::byte>(buf.data() + at, slot);
     at += slot;
   }
