@@ -1,0 +1,275 @@
+// ExpertOffload::Impl and its private types: shared by expert_offload.cpp (the public API, Create,
+// Metrics) and the files that hold the cache's parts: offload_acquire.cpp (the forward pass's
+// acquire and release), offload_loads.cpp (the prefetch queue and the loads in flight),
+// offload_residency.cpp (budget, victims, eviction) and offload_busy_time.cpp (drive busy time).
+// Private to src/experts.
+//
+// State machine of one expert's fast-tier copy: absent -> in flight (a prefetch was handed to the
+// store; its bytes are reserved in the budget) -> resident (in the HBM tier, counted in the budget)
+// -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
+// selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
+// but not speculative); any other demand load goes absent -> resident directly on the calling
+// thread. A resident expert keeps the store handle (pinned in the fast tier) and its parsed weights
+// from its first acquire until it is evicted, so a hit costs no checksum and no parse (the store
+// verifies the copy once, at that first acquire); only leased experts (refs > 0) are never victims.
+//
+// Thread-safety: every member of Impl past the "Immutable after Create" block is guarded by
+// Impl::mu, and every method below requires it held. Store threads never take mu: a
+// Store::Prefetch reports each key to its InFlight's Landing (its own mutex), which the forward
+// thread polls or waits on, so expert e of a batch is usable as soon as e is in, not when the
+// whole batch is.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "src/common/clock.h"
+#include "src/experts/cache_policy.h"
+#include "terrace/experts.h"
+
+namespace terrace::experts {
+namespace offload {
+
+using SteadyClock = std::chrono::steady_clock;
+
+enum class SlotState : std::uint8_t { kAbsent, kInFlight, kResident };
+
+struct Slot {
+  BlockKey key;
+  std::uint64_t bytes = 0;  // block size; 0: no such expert (dense layer)
+  SlotState state = SlotState::kAbsent;
+  BlockHandle handle;              // valid from the first acquire after landing until eviction
+  model::ExpertWeights weights;    // views into handle's bytes while handle is valid
+  int refs = 0;
+  bool unused_prefetch = false;    // landed by a prefetch and not acquired since
+  bool pending = false;            // in the prefetch queue
+  bool protect = false;            // in the current layer's selection
+  bool demand_load = false;        // in flight or landed by its layer's selection batch, not acquired since
+  std::uint64_t last_use = 0, uses = 0;
+  std::int64_t acquired_ord = -1;  // ordinal of its last acquire (belady: used already in this layer)
+  std::int64_t wanted = -1;        // nearest predicted ordinal
+  double wanted_confidence = 0;
+  // The speculative load in flight or landed and not yet chosen by its layer (0: none): when it was
+  // issued (steady ns) and at which ordinal, for ExpertScheduleMetrics.
+  std::uint64_t spec_issue_ns = 0;
+  std::int64_t spec_issue_ord = 0;
+};
+
+// Per-key outcomes of one Store::Prefetch call, written by store threads (PrefetchOptions::on_item)
+// and read by the forward thread. Thread-safe; its mutex is a leaf.
+struct Landing {
+  explicit Landing(std::size_t n) : status(n), done(n, 0), done_ns(n, 0) {}
+  void Set(std::size_t k, const Status& s) {
+    const std::uint64_t t = SteadyNanos();
+    {
+      std::lock_guard lock(mu);
+      status[k] = s;
+      done[k] = 1;
+      done_ns[k] = t;
+    }
+    cv.notify_all();
+  }
+  std::optional<Status> Poll(std::size_t k) {
+    std::lock_guard lock(mu);
+    if (!done[k]) return std::nullopt;
+    return status[k];
+  }
+  std::uint64_t DoneNs(std::size_t k) {
+    std::lock_guard lock(mu);
+    return done_ns[k];
+  }
+  Status Wait(std::size_t k) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done[k] != 0; });
+    return status[k];
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Status> status;  // GUARDED_BY(mu)
+  std::vector<char> done;      // GUARDED_BY(mu)
+  std::vector<std::uint64_t> done_ns;  // GUARDED_BY(mu): steady ns when key k finished
+};
+
+// One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
+struct InFlight {
+  std::vector<std::size_t> slot_ids;
+  std::int64_t target;  // ordinal of the (predicted or known) use
+  bool demand = false;  // the current layer's known selection (Priority::kDemand): never cancelled for room
+  std::uint64_t issue_ns = 0;          // steady ns of the Store::Prefetch call
+  Future<std::vector<Status>> future;  // reset once every key is booked
+  std::shared_ptr<Landing> landing;
+  std::vector<char> booked;            // key k's outcome is accounted for
+  std::size_t unbooked = 0;
+};
+
+struct Pending {
+  std::size_t slot;
+  std::int64_t target;
+  double confidence;
+  bool provisional = false;  // Prediction::provisional: never admitted past max_inflight
+};
+
+struct LayerCounters {
+  std::uint64_t hits = 0, late_hits = 0, misses = 0;
+};
+
+}  // namespace offload
+
+struct ExpertOffload::Impl {
+  // Immutable after Create.
+  model::ModelConfig config;
+  Store* store = nullptr;
+  TierId home = TierId::kHost;
+  int L = 0, E = 0;
+  std::int64_t latent = 0, intermediate = 0;
+  std::uint64_t budget = 0, spec_cap = 0, total_bytes = 0, max_block = 0;
+  int window = 2;
+  unsigned max_inflight = 2;  // speculative blocks handed to the store, not landed
+  unsigned max_inflight_confident = 16;  // ... when the prediction's confidence >= confident_min
+  double confident_min = 0.75;
+  double hot_factor = 2.0;
+  double seconds_per_byte = 0;
+  // Lead-time partition (ExpertOffloadOptions::lead_protected_*): lead_layer[l] for the protected
+  // MoE layers; lead_cap their reserved bytes (0: off).
+  std::vector<char> lead_layer;
+  std::uint64_t lead_cap = 0;
+  std::unique_ptr<CachePolicy> policy;
+
+  mutable std::mutex mu;
+  std::unique_ptr<Predictor> predictor;  // GUARDED_BY(mu)
+  // belady: the known future's acquires, per slot the ascending ordinals at which its layer routes
+  // to it (empty when there is no known future: future_known false); predictor_error: the
+  // predictor SetPredictor refused, returned by every acquire until another is set.
+  std::vector<std::vector<std::int64_t>> future_uses;
+  bool future_known = false;
+  Status predictor_error;
+  std::vector<offload::Slot> slots;               // [layer * E + expert]
+  std::uint64_t used = 0;                // resident + in-flight bytes
+  std::uint64_t spec_inflight = 0;
+  unsigned spec_keys_inflight = 0;
+  std::deque<offload::Pending> pending;
+  std::vector<offload::InFlight> inflight;
+  std::int64_t step = 0;
+  int cur_layer = -1;
+  std::uint64_t tick = 0;
+  std::shared_ptr<RoutingTrace> trace;
+  PredictionScorer scorer{0};
+  std::vector<offload::LayerCounters> counters;
+  std::vector<std::vector<std::uint64_t>> token_load, select_load;  // [layer][expert]
+  bool have_token_load = false;
+  std::uint64_t tokens = 0, steps_seen = 0, stall_ns = 0, demand_bytes = 0, spec_bytes = 0, spec_wasted = 0;
+  std::uint64_t issued = 0, cancelled = 0, skipped = 0, evictions = 0;
+  std::uint64_t corrupt_base = 0;  // store corruptions_dropped at the last Reset
+  ExpertScheduleMetrics sched;     // everything but load_busy_ns, which Metrics derives from load_iv
+  // [start, end) steady ns of each load not yet folded into load_busy_folded (AddLoadInterval).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;
+  std::uint64_t load_busy_folded = 0;  // union length of the intervals folded away
+  std::uint64_t step_start_ns = 0, step_start_busy_ns = 0;  // steady ns and LoadBusyNs() when this step began
+  std::vector<std::uint64_t> layer_stall;  // [layer] ns
+
+  offload::Slot& slot(int l, int e) {
+    return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)];
+  }
+  std::int64_t Ordinal(std::int64_t s, int l) const { return s * L + l; }
+  std::int64_t Now() const { return Ordinal(step, std::max(cur_layer, 0)); }
+  int LayerOf(std::size_t i) const { return static_cast<int>(i / static_cast<std::size_t>(E)); }
+  int ExpertOf(std::size_t i) const { return static_cast<int>(i % static_cast<std::size_t>(E)); }
+  CacheContext Context() const { return CacheContext{Now(), L, window, steps_seen, seconds_per_byte}; }
+
+  // ---- the forward pass's path (offload_acquire.cpp)
+  // Moves the clock to `layer` (a lower layer than the current one starts a new step) and cancels
+  // prefetches whose layer has passed.
+  void Advance(int layer);
+  // ExpertOffload::Acquire under mu: a hit, a wait for the load in flight, or a demand load on
+  // this thread; counts hits, misses and stall time.
+  Result<const model::ExpertWeights*> AcquireLocked(int layer, int expert);
+  // Drops one reference (the copy stays cached until evicted).
+  void ReleaseLocked(int layer, int expert);
+  // Adds the time since t0 to the total and layer's stall.
+  void AddStall(int layer, offload::SteadyClock::time_point t0);
+  // The layer's router chose `sel`: scores the speculative loads of its experts (lead, lateness).
+  void ScoreSpeculation(int layer, std::span<const int> sel);
+
+  // ---- loads: the prefetch queue and what is in flight (offload_loads.cpp)
+  // Queues the predicted experts not yet resident or queued (a superseding prediction first drops
+  // what was queued for its target and is not in it), marks when each is wanted, then Pump()s.
+  // `score`: the predictions count toward precision / recall.
+  void Submit(std::vector<Prediction>& preds, bool score);
+  // Hands queued prefetches to the store while the cap and the in-flight limit allow: the items of
+  // one target go out as one multi-key Store::Prefetch, so the store reads them as one batch.
+  void Pump();
+  // The current layer's known selection: every absent expert of it is reserved and handed to the
+  // store as ONE Priority::kDemand Prefetch (read as one batch, at the NVMe tier's queue depth),
+  // before the forward thread acquires the first. Experts that do not fit are left to Acquire.
+  void LoadSelection(int layer, std::span<const int> sel);
+  // A Store::Prefetch of `ids`' keys whose every key reports to the returned InFlight's Landing.
+  offload::InFlight Issue(std::vector<std::size_t> ids, std::int64_t target, bool demand, Priority prio);
+  // Accounts for key k of `f`, whose store outcome is `st`.
+  void BookItem(offload::InFlight& f, std::size_t k, const Status& st);
+  // Books the keys of `f` that are done (all of them, waiting, when `wait`). True when every key
+  // of `f` is booked.
+  bool Book(offload::InFlight& f, bool wait);
+  // Waits for slot `i`'s key in whichever InFlight holds it, and books it (only it).
+  void WaitForSlot(std::size_t i);
+  // Books every InFlight's finished keys (waiting for all of them when `wait`) and drops the
+  // InFlights that are done.
+  void Harvest(bool wait);
+
+  // ---- residency: budget, victims, eviction, the belady future (offload_residency.cpp)
+  enum class ReserveKind { kDemand, kSelection, kSpeculative };
+  // Which side of the lead-time partition a victim may come from.
+  enum class VictimSide { kAny, kLead, kOther };
+  bool LeadProtected(int layer) const { return lead_cap > 0 && lead_layer[static_cast<std::size_t>(layer)] != 0; }
+  // Resident and in-flight bytes of the lead-protected layers.
+  std::uint64_t LeadUsed() const;
+  // Makes room for `bytes` of an expert of `layer`. A speculative reservation for ordinal `target`
+  // may evict only experts that are neither in the current selection nor wanted before `target`,
+  // and (utility, belady: PrefetchMustOutscore) only those scoring below the candidate; a
+  // selection one (the current layer's batch) any unpinned expert outside the current selection,
+  // without waiting; a demand
+  // one any unpinned expert, cancelling and waiting for in-flight speculative prefetches (and
+  // waiting for the selection batch) when nothing else can go. With the lead-time partition on,
+  // the victim comes from the side the partition names (lead_protected_share), then, for demand
+  // and selection loads only, from either side.
+  Status Reserve(std::uint64_t bytes, ReserveKind kind, int layer, std::int64_t target, double candidate_value);
+  // Drops slot i's fast-tier copy (unleased, resident): its handle, parsed weights and the store's copy.
+  Status Evict(std::size_t i);
+  // Marks slot i absent and frees its budget (counting an unused prefetch as wasted and, when
+  // count_eviction, the eviction).
+  void DropResident(std::size_t i, bool count_eviction);
+  // Slot i as the cache policy sees it.
+  CacheEntryView View(std::size_t i) const;
+  // belady: the position (ordinal * E + expert: a layer acquires its experts in ascending order) of
+  // slot i's next acquire in the known future; an expert already acquired in the current layer is
+  // next acquired in a later step. kNeverUsed past the trace's end.
+  std::int64_t NextUse(std::size_t i) const;
+  // Installs `p` (null: none). Under belady, indexes its known future, or records why it cannot
+  // run (predictor_error) when `p` is not null and has none.
+  void InstallPredictor(std::unique_ptr<Predictor> p);
+  // Ok when `p` can drive the belady policy over a model of `layers` layers.
+  static Status CheckFuture(const Predictor& p, int layers);
+
+  // ---- drive busy time (offload_busy_time.cpp)
+  // Tells the predictor how busy the loads kept the drive during the step that just ended.
+  void ReportLoadBusyShare();
+  // Records one load's interval; keeps load_iv bounded over a long run by folding the merged
+  // intervals that no later load can overlap (every later one starts at or after the earliest
+  // issue still in flight, or now).
+  void AddLoadInterval(std::uint64_t start, std::uint64_t end);
+  // Union of every load interval since Reset, ns; with open_until, also of the loads still in
+  // flight, as if they ended then.
+  std::uint64_t LoadBusyNs(std::uint64_t open_until = 0) const;
+  // Merges `iv` in place (sorted, disjoint).
+  static void MergeIntervals(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv);
+};
+
+}  // namespace terrace::experts
