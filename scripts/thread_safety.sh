@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the store and the tier libraries with clang's thread-safety analysis as errors
-# (-Wthread-safety -Werror), into ./build-tsa (or $1). Fails when a TERRACE_GUARDED_BY member is
+# Builds the store, the tier libraries and the expert cache with clang's thread-safety analysis
+# as errors (-Wthread-safety -Werror), into ./build-tsa (or $1). Fails when a TERRACE_GUARDED_BY member is
 # touched without its lock, a TERRACE_REQUIRES function is called without it, or a lock is
-# released twice / leaked (src/common/thread_annotations.h). No CUDA, model, CLI, bench or tests:
-# only the libraries the annotations are in, so it is quick. Needs clang (CC/CXX override).
+# released twice / leaked (src/common/thread_annotations.h). No CUDA, CLI, bench or tests: only
+# the libraries the annotations are in (and the model, which the expert cache builds on). Needs
+# clang (CC/CXX override).
 #   scripts/thread_safety.sh [build-dir]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,9 +17,10 @@ export CC="${CC:-clang-14}" CXX="${CXX:-clang++-14}"
 command -v "$CXX" >/dev/null || { echo "scripts/thread_safety.sh: $CXX not found; install clang-14 or set CXX" >&2; exit 1; }
 # TERRACE_CMAKE_ARGS is emptied so that a CI setting meant for the GCC build does not leak in.
 TERRACE_CMAKE_ARGS="" "$root/scripts/build.sh" "$build" \
-  -DCMAKE_BUILD_TYPE=Debug -DTERRACE_WERROR=ON -DTERRACE_CUDA=OFF -DTERRACE_BUILD_MODEL=OFF \
+  -DCMAKE_BUILD_TYPE=Debug -DTERRACE_WERROR=ON -DTERRACE_CUDA=OFF -DTERRACE_BUILD_MODEL=ON \
   -DTERRACE_BUILD_CLI=OFF -DTERRACE_BUILD_BENCH=OFF -DTERRACE_BUILD_TESTS=OFF -DTERRACE_BUILD_FUZZ=OFF \
   "-DCMAKE_CXX_FLAGS=-Wthread-safety -ferror-limit=0" \
   --target terrace_store_core --target terrace_store \
-  --target terrace_tier_nvme --target terrace_tier_host --target terrace_tier_hbm --target terrace_tier_fault
+  --target terrace_tier_nvme --target terrace_tier_host --target terrace_tier_hbm --target terrace_tier_fault \
+  --target terrace_experts
 echo "scripts/thread_safety.sh: thread-safety analysis clean ($build)"

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <mutex>
 
 #include <fmt/format.h>
 
@@ -116,7 +115,7 @@ ExpertOffload::ExpertOffload(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 
 ExpertOffload::~ExpertOffload() {
   if (!impl_) return;
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   for (auto& f : impl_->inflight)
     if (f.future.valid()) f.future.cancel();
   impl_->Harvest(true);
@@ -146,6 +145,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   if (config.num_experts <= 0) return Status::InvalidArgument("expert offload: the model has no routed experts");
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
+  MutexLock lock(&m.mu);  // uncontended (nothing else sees m yet): for the lock rule's checker
   m.config = config;
   m.store = store;
   m.home = options.home;
@@ -233,7 +233,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
 }
 
 Result<ExpertLease> ExpertOffload::Lease(int layer, int expert) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   TERRACE_ASSIGN_OR_RETURN(const model::ExpertWeights* w, impl_->AcquireLocked(layer, expert));
   ExpertLease lease;
   lease.owner_ = this;
@@ -244,12 +244,12 @@ Result<ExpertLease> ExpertOffload::Lease(int layer, int expert) {
 }
 
 void ExpertOffload::ReleaseLease(int layer, int expert) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->ReleaseLocked(layer, expert);
 }
 
 Result<const model::ExpertWeights*> ExpertOffload::Acquire(int layer, int expert) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->AcquireLocked(layer, expert);
 }
 
@@ -257,7 +257,7 @@ void ExpertOffload::Release(int layer, int expert) { ReleaseLease(layer, expert)
 
 void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   if (layer < 0 || layer >= m.L) return;
   m.Advance(layer);
   std::vector<int> sel(experts.begin(), experts.end());
@@ -286,7 +286,7 @@ void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
 
 void ExpertOffload::OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   if (layer < 0 || layer >= m.L) return;
   m.Advance(layer + 1);
   if (layer + 1 == m.L) m.tokens += static_cast<std::uint64_t>(std::max<std::int64_t>(tokens, 0));
@@ -297,7 +297,7 @@ void ExpertOffload::OnLayerEnd(int layer, std::span<const float> hidden, std::in
 
 void ExpertOffload::OnTokenStart(std::span<const float> embedding, std::int64_t tokens) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   m.Advance(0);
   std::vector<Prediction> preds;
   m.predictor->OnTokenStart(m.step, embedding, tokens, &preds);
@@ -309,7 +309,7 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
   options->on_routing = [this, prev_routing](int layer, const model::Routing& r) {
     if (prev_routing) prev_routing(layer, r);
     Impl& m = *impl_;
-    std::lock_guard lock(m.mu);
+    MutexLock lock(&m.mu);
     if (layer < 0 || layer >= m.L) return;
     m.have_token_load = true;
     for (int e : r.ids)
@@ -329,7 +329,7 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
 
 void ExpertOffload::Quiesce() {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   // Each round issues at least one queued item (the cap admits one when nothing is in flight) or
   // drops it, so this ends.
   m.Harvest(true);
@@ -341,7 +341,7 @@ void ExpertOffload::Quiesce() {
 
 Status ExpertOffload::Reset() {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   for (auto& f : m.inflight)
     if (f.future.valid()) f.future.cancel();
   m.Harvest(true);
@@ -382,28 +382,28 @@ Status ExpertOffload::Reset() {
 }
 
 void ExpertOffload::SetPredictor(std::unique_ptr<Predictor> predictor) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->InstallPredictor(std::move(predictor));
 }
 
 std::shared_ptr<const RoutingTrace> ExpertOffload::trace() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return std::make_shared<const RoutingTrace>(*impl_->trace);
 }
 
 std::uint64_t ExpertOffload::budget_bytes() const { return impl_->budget; }
 
 Result<BlockKey> ExpertOffload::key(int layer, int expert) const {
-  const Impl& m = *impl_;
-  if (layer < 0 || layer >= m.L || expert < 0 || expert >= m.E ||
-      m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].bytes == 0)
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  if (layer < 0 || layer >= m.L || expert < 0 || expert >= m.E || m.slot(layer, expert).bytes == 0)
     return Status::InvalidArgument(fmt::format("expert {} of layer {} does not exist", expert, layer));
-  return m.slots[static_cast<std::size_t>(layer) * static_cast<std::size_t>(m.E) + static_cast<std::size_t>(expert)].key;
+  return m.slot(layer, expert).key;
 }
 
 ExpertMetrics ExpertOffload::Metrics() const {
   const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
+  MutexLock lock(&m.mu);
   ExpertMetrics x;
   x.policy = std::string(CachePolicyName(m.policy->kind()));
   x.predictor = std::string(m.predictor->name());

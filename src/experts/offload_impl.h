@@ -22,17 +22,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/experts/cache_policy.h"
 #include "terrace/experts.h"
 
@@ -71,32 +70,32 @@ struct Landing {
   void Set(std::size_t k, const Status& s) {
     const std::uint64_t t = SteadyNanos();
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       status[k] = s;
       done[k] = 1;
       done_ns[k] = t;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
   std::optional<Status> Poll(std::size_t k) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (!done[k]) return std::nullopt;
     return status[k];
   }
   std::uint64_t DoneNs(std::size_t k) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     return done_ns[k];
   }
   Status Wait(std::size_t k) {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done[k] != 0; });
+    MutexLock lock(&mu);
+    while (done[k] == 0) cv.Wait(&mu);
     return status[k];
   }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Status> status;  // GUARDED_BY(mu)
-  std::vector<char> done;      // GUARDED_BY(mu)
-  std::vector<std::uint64_t> done_ns;  // GUARDED_BY(mu): steady ns when key k finished
+  Mutex mu;
+  CondVar cv;
+  std::vector<Status> status TERRACE_GUARDED_BY(mu);
+  std::vector<char> done TERRACE_GUARDED_BY(mu);
+  std::vector<std::uint64_t> done_ns TERRACE_GUARDED_BY(mu);  // steady ns when key k finished
 };
 
 // One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
@@ -144,85 +143,97 @@ struct ExpertOffload::Impl {
   std::uint64_t lead_cap = 0;
   std::unique_ptr<CachePolicy> policy;
 
-  mutable std::mutex mu;
-  std::unique_ptr<Predictor> predictor;  // GUARDED_BY(mu)
+  mutable Mutex mu;
+  std::unique_ptr<Predictor> predictor TERRACE_GUARDED_BY(mu);
   // belady: the known future's acquires, per slot the ascending ordinals at which its layer routes
   // to it (empty when there is no known future: future_known false); predictor_error: the
   // predictor SetPredictor refused, returned by every acquire until another is set.
-  std::vector<std::vector<std::int64_t>> future_uses;
-  bool future_known = false;
-  Status predictor_error;
-  std::vector<offload::Slot> slots;               // [layer * E + expert]
-  std::uint64_t used = 0;                // resident + in-flight bytes
-  std::uint64_t spec_inflight = 0;
-  unsigned spec_keys_inflight = 0;
-  std::deque<offload::Pending> pending;
-  std::vector<offload::InFlight> inflight;
-  std::int64_t step = 0;
-  int cur_layer = -1;
-  std::uint64_t tick = 0;
-  std::shared_ptr<RoutingTrace> trace;
-  PredictionScorer scorer{0};
-  std::vector<offload::LayerCounters> counters;
-  std::vector<std::vector<std::uint64_t>> token_load, select_load;  // [layer][expert]
-  bool have_token_load = false;
-  std::uint64_t tokens = 0, steps_seen = 0, stall_ns = 0, demand_bytes = 0, spec_bytes = 0, spec_wasted = 0;
-  std::uint64_t issued = 0, cancelled = 0, skipped = 0, evictions = 0;
-  std::uint64_t corrupt_base = 0;  // store corruptions_dropped at the last Reset
-  ExpertScheduleMetrics sched;     // everything but load_busy_ns, which Metrics derives from load_iv
+  std::vector<std::vector<std::int64_t>> future_uses TERRACE_GUARDED_BY(mu);
+  bool future_known TERRACE_GUARDED_BY(mu) = false;
+  Status predictor_error TERRACE_GUARDED_BY(mu);
+  std::vector<offload::Slot> slots TERRACE_GUARDED_BY(mu);  // [layer * E + expert]
+  std::uint64_t used TERRACE_GUARDED_BY(mu) = 0;  // resident + in-flight bytes
+  std::uint64_t spec_inflight TERRACE_GUARDED_BY(mu) = 0;
+  unsigned spec_keys_inflight TERRACE_GUARDED_BY(mu) = 0;
+  std::deque<offload::Pending> pending TERRACE_GUARDED_BY(mu);
+  std::vector<offload::InFlight> inflight TERRACE_GUARDED_BY(mu);
+  std::int64_t step TERRACE_GUARDED_BY(mu) = 0;
+  int cur_layer TERRACE_GUARDED_BY(mu) = -1;
+  std::uint64_t tick TERRACE_GUARDED_BY(mu) = 0;
+  std::shared_ptr<RoutingTrace> trace TERRACE_GUARDED_BY(mu);
+  PredictionScorer scorer TERRACE_GUARDED_BY(mu){0};
+  std::vector<offload::LayerCounters> counters TERRACE_GUARDED_BY(mu);
+  // [layer][expert]
+  std::vector<std::vector<std::uint64_t>> token_load TERRACE_GUARDED_BY(mu);
+  std::vector<std::vector<std::uint64_t>> select_load TERRACE_GUARDED_BY(mu);
+  bool have_token_load TERRACE_GUARDED_BY(mu) = false;
+  std::uint64_t tokens TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t steps_seen TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t stall_ns TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t demand_bytes TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t spec_bytes TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t spec_wasted TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t issued TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t cancelled TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t skipped TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t evictions TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t corrupt_base TERRACE_GUARDED_BY(mu) = 0;  // store corruptions_dropped at the last Reset
+  ExpertScheduleMetrics sched TERRACE_GUARDED_BY(mu);  // everything but load_busy_ns, which Metrics derives from load_iv
   // [start, end) steady ns of each load not yet folded into load_busy_folded (AddLoadInterval).
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv;
-  std::uint64_t load_busy_folded = 0;  // union length of the intervals folded away
-  std::uint64_t step_start_ns = 0, step_start_busy_ns = 0;  // steady ns and LoadBusyNs() when this step began
-  std::vector<std::uint64_t> layer_stall;  // [layer] ns
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> load_iv TERRACE_GUARDED_BY(mu);
+  std::uint64_t load_busy_folded TERRACE_GUARDED_BY(mu) = 0;  // union length of the intervals folded away
+  // steady ns and LoadBusyNs() when this step began
+  std::uint64_t step_start_ns TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t step_start_busy_ns TERRACE_GUARDED_BY(mu) = 0;
+  std::vector<std::uint64_t> layer_stall TERRACE_GUARDED_BY(mu);  // [layer] ns
 
-  offload::Slot& slot(int l, int e) {
+  offload::Slot& slot(int l, int e) TERRACE_REQUIRES(mu) {
     return slots[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)];
   }
   std::int64_t Ordinal(std::int64_t s, int l) const { return s * L + l; }
-  std::int64_t Now() const { return Ordinal(step, std::max(cur_layer, 0)); }
+  std::int64_t Now() const TERRACE_REQUIRES(mu) { return Ordinal(step, std::max(cur_layer, 0)); }
   int LayerOf(std::size_t i) const { return static_cast<int>(i / static_cast<std::size_t>(E)); }
   int ExpertOf(std::size_t i) const { return static_cast<int>(i % static_cast<std::size_t>(E)); }
-  CacheContext Context() const { return CacheContext{Now(), L, window, steps_seen, seconds_per_byte}; }
+  CacheContext Context() const TERRACE_REQUIRES(mu) { return CacheContext{Now(), L, window, steps_seen, seconds_per_byte}; }
 
   // ---- the forward pass's path (offload_acquire.cpp)
   // Moves the clock to `layer` (a lower layer than the current one starts a new step) and cancels
   // prefetches whose layer has passed.
-  void Advance(int layer);
+  void Advance(int layer) TERRACE_REQUIRES(mu);
   // ExpertOffload::Acquire under mu: a hit, a wait for the load in flight, or a demand load on
   // this thread; counts hits, misses and stall time.
-  Result<const model::ExpertWeights*> AcquireLocked(int layer, int expert);
+  Result<const model::ExpertWeights*> AcquireLocked(int layer, int expert) TERRACE_REQUIRES(mu);
   // Drops one reference (the copy stays cached until evicted).
-  void ReleaseLocked(int layer, int expert);
+  void ReleaseLocked(int layer, int expert) TERRACE_REQUIRES(mu);
   // Adds the time since t0 to the total and layer's stall.
-  void AddStall(int layer, offload::SteadyClock::time_point t0);
+  void AddStall(int layer, offload::SteadyClock::time_point t0) TERRACE_REQUIRES(mu);
   // The layer's router chose `sel`: scores the speculative loads of its experts (lead, lateness).
-  void ScoreSpeculation(int layer, std::span<const int> sel);
+  void ScoreSpeculation(int layer, std::span<const int> sel) TERRACE_REQUIRES(mu);
 
   // ---- loads: the prefetch queue and what is in flight (offload_loads.cpp)
   // Queues the predicted experts not yet resident or queued (a superseding prediction first drops
   // what was queued for its target and is not in it), marks when each is wanted, then Pump()s.
   // `score`: the predictions count toward precision / recall.
-  void Submit(std::vector<Prediction>& preds, bool score);
+  void Submit(std::vector<Prediction>& preds, bool score) TERRACE_REQUIRES(mu);
   // Hands queued prefetches to the store while the cap and the in-flight limit allow: the items of
   // one target go out as one multi-key Store::Prefetch, so the store reads them as one batch.
-  void Pump();
+  void Pump() TERRACE_REQUIRES(mu);
   // The current layer's known selection: every absent expert of it is reserved and handed to the
   // store as ONE Priority::kDemand Prefetch (read as one batch, at the NVMe tier's queue depth),
   // before the forward thread acquires the first. Experts that do not fit are left to Acquire.
-  void LoadSelection(int layer, std::span<const int> sel);
+  void LoadSelection(int layer, std::span<const int> sel) TERRACE_REQUIRES(mu);
   // A Store::Prefetch of `ids`' keys whose every key reports to the returned InFlight's Landing.
-  offload::InFlight Issue(std::vector<std::size_t> ids, std::int64_t target, bool demand, Priority prio);
+  offload::InFlight Issue(std::vector<std::size_t> ids, std::int64_t target, bool demand, Priority prio) TERRACE_REQUIRES(mu);
   // Accounts for key k of `f`, whose store outcome is `st`.
-  void BookItem(offload::InFlight& f, std::size_t k, const Status& st);
+  void BookItem(offload::InFlight& f, std::size_t k, const Status& st) TERRACE_REQUIRES(mu);
   // Books the keys of `f` that are done (all of them, waiting, when `wait`). True when every key
   // of `f` is booked.
-  bool Book(offload::InFlight& f, bool wait);
+  bool Book(offload::InFlight& f, bool wait) TERRACE_REQUIRES(mu);
   // Waits for slot `i`'s key in whichever InFlight holds it, and books it (only it).
-  void WaitForSlot(std::size_t i);
+  void WaitForSlot(std::size_t i) TERRACE_REQUIRES(mu);
   // Books every InFlight's finished keys (waiting for all of them when `wait`) and drops the
   // InFlights that are done.
-  void Harvest(bool wait);
+  void Harvest(bool wait) TERRACE_REQUIRES(mu);
 
   // ---- residency: budget, victims, eviction, the belady future (offload_residency.cpp)
   enum class ReserveKind { kDemand, kSelection, kSpeculative };
@@ -230,7 +241,7 @@ struct ExpertOffload::Impl {
   enum class VictimSide { kAny, kLead, kOther };
   bool LeadProtected(int layer) const { return lead_cap > 0 && lead_layer[static_cast<std::size_t>(layer)] != 0; }
   // Resident and in-flight bytes of the lead-protected layers.
-  std::uint64_t LeadUsed() const;
+  std::uint64_t LeadUsed() const TERRACE_REQUIRES(mu);
   // Makes room for `bytes` of an expert of `layer`. A speculative reservation for ordinal `target`
   // may evict only experts that are neither in the current selection nor wanted before `target`,
   // and (utility, belady: PrefetchMustOutscore) only those scoring below the candidate; a
@@ -240,34 +251,34 @@ struct ExpertOffload::Impl {
   // waiting for the selection batch) when nothing else can go. With the lead-time partition on,
   // the victim comes from the side the partition names (lead_protected_share), then, for demand
   // and selection loads only, from either side.
-  Status Reserve(std::uint64_t bytes, ReserveKind kind, int layer, std::int64_t target, double candidate_value);
+  Status Reserve(std::uint64_t bytes, ReserveKind kind, int layer, std::int64_t target, double candidate_value) TERRACE_REQUIRES(mu);
   // Drops slot i's fast-tier copy (unleased, resident): its handle, parsed weights and the store's copy.
-  Status Evict(std::size_t i);
+  Status Evict(std::size_t i) TERRACE_REQUIRES(mu);
   // Marks slot i absent and frees its budget (counting an unused prefetch as wasted and, when
   // count_eviction, the eviction).
-  void DropResident(std::size_t i, bool count_eviction);
+  void DropResident(std::size_t i, bool count_eviction) TERRACE_REQUIRES(mu);
   // Slot i as the cache policy sees it.
-  CacheEntryView View(std::size_t i) const;
+  CacheEntryView View(std::size_t i) const TERRACE_REQUIRES(mu);
   // belady: the position (ordinal * E + expert: a layer acquires its experts in ascending order) of
   // slot i's next acquire in the known future; an expert already acquired in the current layer is
   // next acquired in a later step. kNeverUsed past the trace's end.
-  std::int64_t NextUse(std::size_t i) const;
+  std::int64_t NextUse(std::size_t i) const TERRACE_REQUIRES(mu);
   // Installs `p` (null: none). Under belady, indexes its known future, or records why it cannot
   // run (predictor_error) when `p` is not null and has none.
-  void InstallPredictor(std::unique_ptr<Predictor> p);
+  void InstallPredictor(std::unique_ptr<Predictor> p) TERRACE_REQUIRES(mu);
   // Ok when `p` can drive the belady policy over a model of `layers` layers.
   static Status CheckFuture(const Predictor& p, int layers);
 
   // ---- drive busy time (offload_busy_time.cpp)
   // Tells the predictor how busy the loads kept the drive during the step that just ended.
-  void ReportLoadBusyShare();
+  void ReportLoadBusyShare() TERRACE_REQUIRES(mu);
   // Records one load's interval; keeps load_iv bounded over a long run by folding the merged
   // intervals that no later load can overlap (every later one starts at or after the earliest
   // issue still in flight, or now).
-  void AddLoadInterval(std::uint64_t start, std::uint64_t end);
+  void AddLoadInterval(std::uint64_t start, std::uint64_t end) TERRACE_REQUIRES(mu);
   // Union of every load interval since Reset, ns; with open_until, also of the loads still in
   // flight, as if they ended then.
-  std::uint64_t LoadBusyNs(std::uint64_t open_until = 0) const;
+  std::uint64_t LoadBusyNs(std::uint64_t open_until = 0) const TERRACE_REQUIRES(mu);
   // Merges `iv` in place (sorted, disjoint).
   static void MergeIntervals(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv);
 };

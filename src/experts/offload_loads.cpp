@@ -111,7 +111,9 @@ void ExpertOffload::Impl::Pump() {
   });
   std::vector<std::size_t> group;
   std::int64_t group_target = 0;
+  // The lambdas run synchronously, under the mu this function requires.
   auto flush = [&] {
+    mu.AssertHeld();
     if (group.empty()) return;
     const Priority prio = group_target <= Now() + 1 ? Priority::kHigh : Priority::kLow;
     inflight.push_back(Issue(std::move(group), group_target, /*demand=*/false, prio));
@@ -124,6 +126,7 @@ void ExpertOffload::Impl::Pump() {
   for (const InFlight& f : inflight)
     if (!f.demand && f.unbooked > 0) nearest = std::min(nearest, f.target);
   auto admit = [&](const Pending& p) {
+    mu.AssertHeld();
     return spec_keys_inflight < max_inflight || (p.target == nearest && !p.provisional &&
                                                  p.confidence >= confident_min &&
                                                  spec_keys_inflight < max_inflight_confident);

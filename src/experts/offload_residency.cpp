@@ -110,6 +110,7 @@ Status ExpertOffload::Impl::Reserve(std::uint64_t bytes, ReserveKind kind, int l
       }
     }
     auto pick = [&](VictimSide from) {
+      mu.AssertHeld();  // called synchronously, under the mu Reserve requires
       std::optional<std::size_t> victim;
       double best = 0;
       for (std::size_t i = 0; i < slots.size(); ++i) {
