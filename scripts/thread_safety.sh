@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the store, the tier libraries and the expert cache with clang's thread-safety analysis
-# as errors (-Wthread-safety -Werror), into ./build-tsa (or $1). Fails when a TERRACE_GUARDED_BY member is
-# touched without its lock, a TERRACE_REQUIRES function is called without it, or a lock is
-# released twice / leaked (src/common/thread_annotations.h). No CUDA, CLI, bench or tests: only
-# the libraries the annotations are in (and the model, which the expert cache builds on). Needs
-# clang (CC/CXX override).
+# Builds the store, the tier libraries, the prefix cache and the expert cache with clang's
+# thread-safety analysis as errors (-Wthread-safety -Werror), into ./build-tsa (or $1). Fails when
+# a TERRACE_GUARDED_BY member is touched without its lock, a TERRACE_REQUIRES function is called
+# without it, or a lock is released twice / leaked (src/common/thread_annotations.h). No CUDA,
+# CLI, bench or tests: only the libraries the annotations are in (and the model, which the prefix
+# and expert caches build on). Needs clang (CC/CXX override).
 #   scripts/thread_safety.sh [build-dir]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,5 +22,5 @@ TERRACE_CMAKE_ARGS="" "$root/scripts/build.sh" "$build" \
   "-DCMAKE_CXX_FLAGS=-Wthread-safety -ferror-limit=0" \
   --target terrace_store_core --target terrace_store \
   --target terrace_tier_nvme --target terrace_tier_host --target terrace_tier_hbm --target terrace_tier_fault \
-  --target terrace_experts
+  --target terrace_kv --target terrace_experts
 echo "scripts/thread_safety.sh: thread-safety analysis clean ($build)"

@@ -21,10 +21,10 @@ void LayerwiseRestore::Job::Join() {
 
 LayerwiseRestore::Job::~Job() {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     stop = true;
   }
-  cv.notify_all();
+  cv.SignalAll();
   Join();
   if (pooled) {
     pooled->windows = std::move(window_buffers);
@@ -109,8 +109,8 @@ Status LayerwiseRestore::RetrieveLayer(int layer) {
   Status s;
   {
     const auto w0 = std::chrono::steady_clock::now();
-    std::unique_lock lock(j.mu);
-    j.cv.wait(lock, [&] { return j.ready[u] != 0; });
+    MutexLock lock(&j.mu);
+    while (j.ready[u] == 0) j.cv.Wait(&j.mu);
     j.wait_seconds += SecondsSince(w0);
     s = j.layer_status[u];
   }
@@ -135,7 +135,24 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   const auto& kda = L.kda_layers();
   const std::int64_t C = j.C;
   j.Join();
+  // What the job's threads left under mu (they are joined: read once; the fallback below adds to
+  // the byte counts).
+  std::int64_t good_chunks = 0;
+  Status chunk_error;
+  std::string chunk_what;
   RestoreReport rep;
+  std::chrono::steady_clock::time_point decoded_at;
+  {
+    MutexLock lock(&j.mu);
+    good_chunks = j.good_chunks;
+    chunk_error = j.chunk_error;
+    chunk_what = j.chunk_what;
+    rep.range_rereads = j.range_rereads;
+    rep.bytes_read = j.bytes_read;
+    rep.kv_bytes = j.kv_bytes;
+    rep.state_bytes = j.state_bytes;
+    decoded_at = j.decoded_at;
+  }
   rep.lookup_boundary_tokens = j.kmax * C;
   rep.wait_seconds = j.wait_seconds;
   std::uint64_t missing = 0, corrupt = 0;
@@ -148,13 +165,12 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     note(Status::NotFound("missing (evicted or never written)"),
          fmt::format("KDA snapshot of layer {} at token {}", j.f.partial_missing_layer, j.f.partial * C));
 
-  bool all_good = j.kmax > 0 && j.good_chunks == j.kmax;
+  bool all_good = j.kmax > 0 && good_chunks == j.kmax;
   for (std::size_t i = 0; all_good && i < kda.size(); ++i) all_good = j.snap_status[i].ok();
   bool any_retrieved = false;
   for (char r : j.retrieved) any_retrieved = any_retrieved || r != 0;
   rep.layerwise = any_retrieved || j.voided;
   rep.read_by_layer = j.by_layer;
-  rep.range_rereads = j.range_rereads;
   std::int64_t b = 0;
   if (all_good && !j.voided) {
     b = j.kmax;
@@ -168,7 +184,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     j.state->Reset();
     if (j.kmax > 0) {
       // The boundary kmax failed: say why (the chunk first: it also rules out every boundary past it).
-      if (!j.chunk_error.ok()) note(j.chunk_error, j.chunk_what);
+      if (!chunk_error.ok()) note(chunk_error, chunk_what);
       else
         for (std::size_t i = 0; i < kda.size(); ++i)
           if (!j.snap_status[i].ok())
@@ -177,7 +193,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     }
     // Earlier candidates: their snapshots, one batch per boundary, until one reads back good.
     for (std::int64_t k : j.f.candidates) {
-      if (k >= j.kmax || k > j.good_chunks) continue;
+      if (k >= j.kmax || k > good_chunks) continue;
       bool ok = true;
       if (!kda.empty()) {
         std::vector<Store::GetItem> items(kda.size());
@@ -190,9 +206,9 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
           if (s.ok()) {
-            j.bytes_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)] +=
+            rep.bytes_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)] +=
                 items[i].desc.size;
-            j.state_bytes += items[i].desc.size;
+            rep.state_bytes += items[i].desc.size;
             j.recurrent[i].resize(static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim());
             j.conv[i].resize(static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols());
             s = format::DecodeState(L, kda[i], k * C, j.chunk_ids[static_cast<std::size_t>(k - 1)],
@@ -218,15 +234,12 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   }
   if (b == 0) j.ReturnUnusedLatents();
   rep.boundary_tokens = b * C;
-  rep.bytes_read = j.bytes_read;
-  rep.kv_bytes = j.kv_bytes;
-  rep.state_bytes = j.state_bytes;
   // Until the last block was decoded; a whole restore's imports come after that, and count.
   rep.seconds = rep.layerwise && !rep.layerwise_voided
-                    ? std::chrono::duration<double>(j.decoded_at - j.t0).count()
+                    ? std::chrono::duration<double>(decoded_at - j.t0).count()
                     : SecondsSince(j.t0);
   {
-    std::lock_guard lock(m.stats_mu);
+    MutexLock lock(&m.stats_mu);
     if (b > 0) ++m.stats.restores;
     if (b > 0 && rep.layerwise && !rep.layerwise_voided) ++m.stats.layerwise_restores;
     if (rep.layerwise_voided) ++m.stats.layerwise_voided;

@@ -29,8 +29,8 @@ void PrefixCache::Impl::WriterLoop() {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock lock(q_mu);
-      q_cv.wait(lock, [&] { return stop || !queue.empty(); });
+      MutexLock lock(&q_mu);
+      while (!stop && queue.empty()) q_cv.Wait(&q_mu);
       if (queue.empty()) return;
       job = std::move(queue.front());
       queue.pop_front();
@@ -38,32 +38,32 @@ void PrefixCache::Impl::WriterLoop() {
     }
     job();
     {
-      std::lock_guard lock(q_mu);
+      MutexLock lock(&q_mu);
       --active;
-      if (queue.empty() && active == 0 && puts_in_flight == 0) idle_cv.notify_all();
+      if (queue.empty() && active == 0 && puts_in_flight == 0) idle_cv.SignalAll();
     }
   }
 }
 
 void PrefixCache::Impl::Enqueue(std::function<void()> job) {
   {
-    std::lock_guard lock(q_mu);
+    MutexLock lock(&q_mu);
     queue.push_back(std::move(job));
   }
-  q_cv.notify_one();
+  q_cv.Signal();
 }
 
 void PrefixCache::Impl::WriteBlock(Store* store, const BlockKey& key,
                                    const std::function<Status(std::vector<std::byte>*)>& encode, bool is_state) {
   if (store->Contains(key)) {
-    std::lock_guard lock(stats_mu);
+    MutexLock lock(&stats_mu);
     ++(is_state ? stats.state_writes : stats.chunk_writes);
     return;
   }
   auto bytes = std::make_shared<std::vector<std::byte>>();
   Status s = encode(bytes.get());
   auto finish = [this, key, is_state](const Status& status, std::uint64_t size) {
-    std::lock_guard lock(stats_mu);
+    MutexLock lock(&stats_mu);
     if (!status.ok()) {
       ++stats.write_failures;
       logger->Log(LogLevel::kWarning, "prefix-cache",
@@ -78,16 +78,16 @@ void PrefixCache::Impl::WriteBlock(Store* store, const BlockKey& key,
     return;
   }
   {
-    std::lock_guard lock(q_mu);
+    MutexLock lock(&q_mu);
     ++puts_in_flight;
   }
   // `bytes` lives in the callback until the Put completed (PutAsync's contract).
   store->PutAsync(key, *bytes, PutOptions{StoreCodecTag(is_state ? layout.state_codec() : layout.kv_codec()), {}})
       .then([this, bytes, finish](Status status) {
         finish(status, bytes->size());
-        std::lock_guard lock(q_mu);
+        MutexLock lock(&q_mu);
         --puts_in_flight;
-        if (queue.empty() && active == 0 && puts_in_flight == 0) idle_cv.notify_all();
+        if (queue.empty() && active == 0 && puts_in_flight == 0) idle_cv.SignalAll();
       });
 }
 
@@ -114,7 +114,7 @@ PrefixCache::Impl::Found PrefixCache::Impl::LookupFound(const PrefixRequest& r) 
   Found f;
   const std::int64_t K = r.restorable_chunks;
   {
-    std::lock_guard lock(stats_mu);
+    MutexLock lock(&stats_mu);
     ++stats.lookups;
   }
   if (K <= 0) return f;
@@ -177,10 +177,10 @@ PrefixCache::PrefixCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PrefixCache::~PrefixCache() {
   Flush();  // the writer's queue and the Puts still in flight
   {
-    std::lock_guard lock(impl_->q_mu);
+    MutexLock lock(&impl_->q_mu);
     impl_->stop = true;
   }
-  impl_->q_cv.notify_all();
+  impl_->q_cv.SignalAll();
   impl_->writer.join();  // drains the queue first
 }
 
@@ -260,7 +260,7 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
   std::vector<float> rows(s.latents.begin() + (chunks - 1) * C * W, s.latents.begin() + chunks * C * W);
   std::shared_ptr<std::vector<std::vector<float>>> complete;
   {
-    std::lock_guard lock(m.q_mu);
+    MutexLock lock(&m.q_mu);
     auto& slot = m.pending_chunks[{id.hi, id.lo}];
     slot.resize(mla.size());
     slot[j] = std::move(rows);
@@ -284,12 +284,12 @@ void PrefixCache::SetRestoreReadOrder(RestoreReadOrder order) {
 }
 
 void PrefixCache::Flush() {
-  std::unique_lock lock(impl_->q_mu);
-  impl_->idle_cv.wait(lock, [&] { return impl_->queue.empty() && impl_->active == 0 && impl_->puts_in_flight == 0; });
+  MutexLock lock(&impl_->q_mu);
+  while (!impl_->queue.empty() || impl_->active != 0 || impl_->puts_in_flight != 0) impl_->idle_cv.Wait(&impl_->q_mu);
 }
 
 PrefixCacheStats PrefixCache::Stats() const {
-  std::lock_guard lock(impl_->stats_mu);
+  MutexLock lock(&impl_->stats_mu);
   return impl_->stats;
 }
 

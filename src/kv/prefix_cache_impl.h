@@ -9,19 +9,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "src/common/clock.h"
+#include "src/common/mutex.h"
 #include "src/kv/restore_buffers.h"
 #include "terrace/prefix_cache.h"
 
@@ -42,24 +41,25 @@ struct PrefixCache::Impl {
   // SetRestoreReadOrder's choice, read when a layerwise restore begins.
   std::atomic<RestoreReadOrder> restore_order{RestoreReadOrder::kLayers};
 
-  mutable std::mutex stats_mu;
-  mutable PrefixCacheStats stats;
+  mutable Mutex stats_mu;
+  mutable PrefixCacheStats stats TERRACE_GUARDED_BY(stats_mu);
 
   // Restores' raw-block and snapshot buffers, reused from one restore to the next (thread-safe).
   RestoreBufferPool restore_buffers;
 
   // Write-out: jobs (encode + PutAsync) run on `writer`; the Puts complete on the store's pool.
-  std::mutex q_mu;
-  std::condition_variable q_cv, idle_cv;
-  std::deque<std::function<void()>> queue;
-  int active = 0;
-  int puts_in_flight = 0;
-  bool stop = false;
+  Mutex q_mu;
+  CondVar q_cv, idle_cv;
+  std::deque<std::function<void()>> queue TERRACE_GUARDED_BY(q_mu);
+  int active TERRACE_GUARDED_BY(q_mu) = 0;
+  int puts_in_flight TERRACE_GUARDED_BY(q_mu) = 0;
+  bool stop TERRACE_GUARDED_BY(q_mu) = false;
   std::thread writer;
   // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> rows per MLA
   // layer (empty until that layer was stored). A pass that stopped between MLA layers leaves its
   // chunk's rows here until that chunk is stored again (never written incomplete).
-  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::vector<float>>> pending_chunks;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::vector<float>>> pending_chunks
+      TERRACE_GUARDED_BY(q_mu);
 
   // What a lookup found, kept for the reads.
   struct Found {

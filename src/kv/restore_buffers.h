@@ -53,20 +53,20 @@ class RestoreBufferPool {
   static constexpr std::size_t kMaxPooled = 2;
   // A pooled set (the most recently returned) or a new, empty one.
   std::unique_ptr<RestoreBuffers> Take() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (free_.empty()) return std::make_unique<RestoreBuffers>();
     auto b = std::move(free_.back());
     free_.pop_back();
     return b;
   }
   void Give(std::unique_ptr<RestoreBuffers> b) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (b && free_.size() < kMaxPooled) free_.push_back(std::move(b));
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<RestoreBuffers>> free_;  // (mu_)
+  Mutex mu_;
+  std::vector<std::unique_ptr<RestoreBuffers>> free_ TERRACE_GUARDED_BY(mu_);
 };
 
 }  // namespace terrace::kv

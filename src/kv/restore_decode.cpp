@@ -22,7 +22,7 @@ void LayerwiseRestore::Job::DecodeSnapshots() {
                               std::span<const std::byte>(snap_items[j].out.data(), snap_items[j].desc.size), recurrent[j],
                               conv[j]);
     }
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (snap_status[j].ok()) {
       bytes_read[static_cast<std::size_t>(tier)] += snap_items[j].desc.size;
       state_bytes += snap_items[j].desc.size;
@@ -31,7 +31,7 @@ void LayerwiseRestore::Job::DecodeSnapshots() {
     layer_status[static_cast<std::size_t>(kda[j])] = s;
     ready[static_cast<std::size_t>(kda[j])] = 1;
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 void LayerwiseRestore::Job::DecodeWindow(int w) {
@@ -40,7 +40,7 @@ void LayerwiseRestore::Job::DecodeWindow(int w) {
   const Window& win = windows[u];
   const bool ends_phase = win.phase >= 0 && (u + 1 == windows.size() || windows[u + 1].phase != win.phase);
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     free_buffers.push_back(window_buffer[u]);
     if (ends_phase) {
       const auto l = static_cast<std::size_t>(L().mla_layers()[static_cast<std::size_t>(win.phase)]);
@@ -48,7 +48,7 @@ void LayerwiseRestore::Job::DecodeWindow(int w) {
       ready[l] = 1;
     }
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 void LayerwiseRestore::Job::DecodeWindowBlocks(int w) {
@@ -58,12 +58,12 @@ void LayerwiseRestore::Job::DecodeWindowBlocks(int w) {
   const bool last_phase = win.phase < 0 || static_cast<std::size_t>(win.phase) + 1 == mla.size();
   for (std::int64_t i = win.b; i < win.e; ++i) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (i >= limit) return;
     }
     const auto u = static_cast<std::size_t>(i);
     const Status s = win.phase < 0 ? DecodeChunk(u) : DecodeChunkLayer(static_cast<std::size_t>(win.phase), u);
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (s.ok()) {
       if (last_phase) good_chunks = i + 1;
       continue;
@@ -94,7 +94,7 @@ Status LayerwiseRestore::Job::DecodeChunk(std::size_t u) {
     // The block is whole, as the KV pool's GetBatch verified it: no second hash per layer.
     for (std::size_t j = 0; s.ok() && j < mla.size(); ++j)
       s = format::DecodeKvLayer(L(), block, (*ranges)[j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += kv_items[u].desc.size;
     kv_bytes += kv_items[u].desc.size;
   }
@@ -107,7 +107,7 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
   if (s.ok()) {
     const std::span<const std::byte> got(it.out.data(), it.length);
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       bytes_read[static_cast<std::size_t>(it.tier)] += it.length;
       kv_bytes += it.length;
     }
@@ -130,7 +130,7 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
   if (s.ok()) return s;
   bool first = false;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     first = range_rereads++ == 0;
   }
   // The first per restore (Finish logs how many there were in all, when more than one).
@@ -150,7 +150,7 @@ Status LayerwiseRestore::Job::RereadLayer(std::size_t j, std::size_t u) {
   if (!got.ok()) return got.status();
   const std::span<const std::byte> block(reread.data(), got->size);
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += got->size;
     kv_bytes += got->size;
   }
@@ -169,15 +169,15 @@ void LayerwiseRestore::Job::DecodeLoop() {
   std::size_t windows_done = 0;
   for (std::size_t w = 0; w < windows.size(); ++w) {
     {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return window_read[w] != 0 || reads_done; });
+      MutexLock lock(&mu);
+      while (window_read[w] == 0 && !reads_done) cv.Wait(&mu);
       if (!window_read[w]) break;  // stopped before this window was read
     }
     DecodeWindow(static_cast<int>(w));
     ++windows_done;
   }
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     const Status mla_status =
         limit == kmax && windows_done == windows.size()
             ? Status::Ok()
@@ -188,11 +188,11 @@ void LayerwiseRestore::Job::DecodeLoop() {
       ready[static_cast<std::size_t>(l)] = 1;
     }
   }
-  cv.notify_all();
+  cv.SignalAll();
   {
     // The restore is decoded when the snapshots are too (they may land after the KV chunks).
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return snapshots_done; });
+    MutexLock lock(&mu);
+    while (!snapshots_done) cv.Wait(&mu);
     for (int l : L().kda_layers()) {  // snapshots never read (stopped early)
       if (!ready[static_cast<std::size_t>(l)]) {
         layer_status[static_cast<std::size_t>(l)] = Status::Cancelled("the restore was stopped before its snapshots were read");
@@ -201,7 +201,7 @@ void LayerwiseRestore::Job::DecodeLoop() {
     }
     decoded_at = std::chrono::steady_clock::now();
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 }  // namespace terrace::kv

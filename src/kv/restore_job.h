@@ -34,16 +34,15 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "src/common/mutex.h"
 #include "src/kv/block_format.h"
 #include "src/kv/prefix_cache_impl.h"
 
@@ -80,7 +79,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> CutWindows(std::span<const st
 // page where the kernel lacks it (the bytes are uninitialised room: what is written is of no use).
 void PopulateWrite(std::byte* p, std::size_t bytes);
 
-// Thread-safety: fields marked (mu) are under mu; the buffers of a window are written by the
+// Thread-safety: fields TERRACE_GUARDED_BY(mu) are under mu; the buffers of a window are written by the
 // reader that claimed it before it marks it read and by the decoder after, the snapshots' by the
 // decoder; the caller's thread reads them only once the layer is marked ready (mu orders each
 // hand-over).
@@ -94,25 +93,25 @@ struct LayerwiseRestore::Job {
   std::int64_t prompt_tokens = 0;  // the request's tokens: the latent vectors are reserved for all of them
   std::chrono::steady_clock::time_point t0;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<char> ready;           // (mu) per model layer: its blocks at kmax are decoded (or failed)
-  std::vector<Status> layer_status;  // (mu) per model layer
-  std::vector<char> window_read;     // (mu) per KV window: its read returned (or it was skipped)
-  std::size_t next_window = 0;       // (mu) the next KV window a reader claims
-  std::size_t readers_left = 0;      // (mu) reader threads still running
-  std::vector<std::size_t> free_buffers;  // (mu) indices into window_buffers not holding a window
-  bool reads_done = false;           // (mu) every reader thread is done
-  bool snapshots_done = true;        // (mu) the snapshot thread is done (or there is none)
-  bool stop = false;                 // (mu) stop issuing reads (a block failed, or shutdown)
-  std::chrono::steady_clock::time_point decoded_at;  // (mu) when the last block was decoded
+  Mutex mu;
+  CondVar cv;
+  std::vector<char> ready TERRACE_GUARDED_BY(mu);           // per model layer: its blocks at kmax are decoded (or failed)
+  std::vector<Status> layer_status TERRACE_GUARDED_BY(mu);  // per model layer
+  std::vector<char> window_read TERRACE_GUARDED_BY(mu);     // per KV window: its read returned (or it was skipped)
+  std::size_t next_window TERRACE_GUARDED_BY(mu) = 0;       // the next KV window a reader claims
+  std::size_t readers_left TERRACE_GUARDED_BY(mu) = 0;      // reader threads still running
+  std::vector<std::size_t> free_buffers TERRACE_GUARDED_BY(mu);  // indices into window_buffers not holding a window
+  bool reads_done TERRACE_GUARDED_BY(mu) = false;           // every reader thread is done
+  bool snapshots_done TERRACE_GUARDED_BY(mu) = true;        // the snapshot thread is done (or there is none)
+  bool stop TERRACE_GUARDED_BY(mu) = false;                 // stop issuing reads (a block failed, or shutdown)
+  std::chrono::steady_clock::time_point decoded_at TERRACE_GUARDED_BY(mu);  // when the last block was decoded
 
   // KV chunks [0, kmax): raw blocks (in window buffers), and per MLA layer the decoded latents
   // [kmax * C, W], grown by the decoder chunk by chunk within a capacity reserved up front.
   // The buffers below marked (pool) come from m->restore_buffers at Start and go back in ~Job.
   std::unique_ptr<RestoreBuffers> pooled;                    // the set they were taken from
   std::array<RawBuffer, kWindowBuffers> window_buffers;      // (pool)
-  std::vector<std::size_t> window_buffer;  // (mu) per window: the buffer its blocks were read into
+  std::vector<std::size_t> window_buffer TERRACE_GUARDED_BY(mu);  // per window: the buffer its blocks were read into
   // A KV window: chunks [b, e) as whole blocks (phase -1, RestoreReadOrder::kChunks) or as MLA
   // layer `phase`'s sub-ranges (index j of layout.mla_layers(); phase 0's also hold the header).
   struct Window {
@@ -136,19 +135,20 @@ struct LayerwiseRestore::Job {
   std::uint64_t max_window_bytes = 0;                          // the largest window, in slots
   std::vector<std::vector<float>> latents;
   std::vector<char> latents_moved;  // caller thread only: latents[j] now is the state's cache
-  std::int64_t good_chunks = 0;  // (mu) leading chunks decoded cleanly in every MLA layer (all kmax without MLA layers)
-  std::int64_t limit = 0;        // (mu) chunks still of use: the first chunk that failed (kmax: none)
-  Status chunk_error;            // (mu) why chunk `limit` failed (OK: none failed)
-  std::string chunk_what;
-  int range_rereads = 0;         // (mu)
+  std::int64_t good_chunks TERRACE_GUARDED_BY(mu) = 0;  // leading chunks decoded cleanly in every MLA layer (all kmax without MLA layers)
+  std::int64_t limit TERRACE_GUARDED_BY(mu) = 0;        // chunks still of use: the first chunk that failed (kmax: none)
+  Status chunk_error TERRACE_GUARDED_BY(mu);            // why chunk `limit` failed (OK: none failed)
+  std::string chunk_what TERRACE_GUARDED_BY(mu);        // which block that was
+  int range_rereads TERRACE_GUARDED_BY(mu) = 0;
   // Snapshots at kmax: per KDA layer (index j of layout.kda_layers()).
   RawBuffer snap_buffer;  // (pool)
   std::vector<Store::GetItem> snap_items;
   std::vector<Status> snap_status;
   std::vector<std::vector<float>> recurrent, conv;  // (pool)
 
-  std::array<std::uint64_t, kNumTiers> bytes_read{};  // (mu)
-  std::uint64_t kv_bytes = 0, state_bytes = 0;         // (mu)
+  std::array<std::uint64_t, kNumTiers> bytes_read TERRACE_GUARDED_BY(mu){};
+  std::uint64_t kv_bytes TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t state_bytes TERRACE_GUARDED_BY(mu) = 0;
 
   std::vector<char> retrieved;  // caller thread only
   bool voided = false;          // caller thread only

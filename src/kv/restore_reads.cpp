@@ -37,6 +37,9 @@ void PopulateWrite(std::byte* p, std::size_t bytes) {
 }
 
 void LayerwiseRestore::Job::Start() {
+  // No thread of the job runs before the end of Start: mu is held for the lock rule's checker and
+  // released before they start.
+  MutexLock lock(&mu);
   const auto& mla = L().mla_layers();
   const auto& kda = L().kda_layers();
   ready.assign(static_cast<std::size_t>(L().num_layers()), 0);
@@ -100,6 +103,7 @@ void LayerwiseRestore::Job::Start() {
   for (std::size_t k = free_buffers.size(); k-- > 0;)
     if (k + kReaders < free_buffers.size() && fresh_buffer[free_buffers[k]])
       later_buffers.push_back(window_buffers[free_buffers[k]].data());
+  lock.Unlock();
   // The snapshots' read first: the forward pass's first (KDA) layers wait for nothing else, and
   // the tier's queue then holds them ahead of the KV windows.
   if (!snap_items.empty()) snapshotter = std::thread([this] { SnapshotLoop(); });
@@ -152,7 +156,7 @@ void LayerwiseRestore::Job::PlanKvWindows() {
 }
 
 bool LayerwiseRestore::Job::Stopped() {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   return stop;
 }
 
@@ -174,8 +178,8 @@ void LayerwiseRestore::Job::ReadLoop() {
     std::size_t w = 0, buffer = 0;
     bool skip = false;  // every chunk of the window is past a failed one: nothing to read
     {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return stop || next_window >= windows.size() || !free_buffers.empty(); });
+      MutexLock lock(&mu);
+      while (!stop && next_window < windows.size() && free_buffers.empty()) cv.Wait(&mu);
       if (stop || next_window >= windows.size()) break;
       w = next_window++;
       buffer = free_buffers.back();
@@ -185,16 +189,16 @@ void LayerwiseRestore::Job::ReadLoop() {
     }
     if (!skip) ReadWindow(windows[w], window_buffers[buffer]);
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       window_read[w] = 1;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (--readers_left == 0) reads_done = true;
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 void LayerwiseRestore::Job::ReadWindow(const Window& win, RawBuffer& buf) {
@@ -254,10 +258,10 @@ void LayerwiseRestore::Job::SnapshotLoop() {
     DecodeSnapshots();
   }
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     snapshots_done = true;
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 }  // namespace terrace::kv
