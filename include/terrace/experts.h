@@ -187,7 +187,8 @@ struct LayerMetrics {
 // two snapshots' difference describes the steps between them. Times are steady-clock nanoseconds.
 struct ExpertScheduleMetrics {
   // Wall time during which at least one expert load (a store prefetch key not yet landed, or a
-  // demand load on the forward thread) was outstanding: the drive/link were busy or queued.
+  // demand load on the forward thread) was outstanding: the drive/link were busy or queued. Loads
+  // in flight when Metrics() is called count up to that moment.
   std::uint64_t load_busy_ns = 0;
   // Speculative loads that landed: their count, summed issue-to-landing time, and summed lead
   // (layers and ns from issue to the moment their layer's router chose, for the ones it chose).

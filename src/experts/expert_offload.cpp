@@ -478,7 +478,10 @@ ExpertMetrics ExpertOffload::Metrics() const {
   x.resident_bytes = resident;
   x.total_expert_bytes = m.total_bytes;
   x.schedule = m.sched;
-  x.schedule.load_busy_ns = m.LoadBusyNs();
+  // Loads still in flight count up to now: the difference of two snapshots then covers only the
+  // time between them (a prefetch issued before the first and booked after it would otherwise
+  // add its whole interval, from before the first snapshot, to the difference).
+  x.schedule.load_busy_ns = m.LoadBusyNs(SteadyNanos());
   return x;
 }
 

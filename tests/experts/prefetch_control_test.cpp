@@ -144,6 +144,31 @@ TEST_CASE("a landed prefetch frees its place for a queued one at the next acquir
   CHECK(m.schedule.spec_landed == 6);
 }
 
+TEST_CASE("load busy time counts a load in flight up to the snapshot: two snapshots differ by at most the time between them",
+          "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 1;
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0}, 0.5);
+  SlowRig rig = MakeSlowRig(std::move(opt), 8);
+  rig.slow->set_delay(std::chrono::milliseconds(200));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(1, hidden, 1);  // one 200 ms prefetch of layer 3's expert 0
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const ExpertMetrics m0 = rig.offload->Metrics();  // the prefetch is still in flight
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(m0.schedule.load_busy_ns >= 90'000'000ull);  // counted up to now, not left out
+  rig.offload->Quiesce();                             // waits for it to land
+  const ExpertMetrics m1 = rig.offload->Metrics();
+  const auto between = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  REQUIRE(m1.schedule.load_busy_ns >= m0.schedule.load_busy_ns);
+  // Left out of m0, the load's first 100 ms would land in this difference.
+  CHECK(m1.schedule.load_busy_ns - m0.schedule.load_busy_ns <= between + 5'000'000ull);
+  CHECK(m1.schedule.spec_landed == 1);
+}
+
 TEST_CASE("the first expert of a layer's selection batch is usable before the rest of the batch is read", "[experts]") {
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");
