@@ -346,7 +346,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   ro.restore_extra_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
   ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
   ro.nodes = a.nodes;
-  ro.routing = a.routing == "round-robin" ? Routing::kRoundRobin : Routing::kPrefixAffinity;
+  ro.routing = a.routing == "round-robin" ? plan::Routing::kRoundRobin : plan::Routing::kPrefixAffinity;
   ro.placement = a.placement == "inclusive" ? terrace::Placement::kInclusive : terrace::Placement::kExclusive;
   ro.write_policy =
       a.write_policy == "write-through" ? terrace::WritePolicy::kWriteThrough : terrace::WritePolicy::kWriteBack;
@@ -415,7 +415,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   // Cluster projection: both routings, first policy.
   if (a.nodes > 1) {
     json cl = json::array();
-    for (Routing rt : {Routing::kPrefixAffinity, Routing::kRoundRobin}) {
+    for (plan::Routing rt : {plan::Routing::kPrefixAffinity, plan::Routing::kRoundRobin}) {
       ReplayOptions co = ro;
       co.policy = policies.front();
       co.routing = rt;

@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 
 constexpr std::uint64_t kDefaultCapacity = 1 * kGiB;
 constexpr std::uint64_t kMaxBlockSize = 1 * kGiB;
-constexpr unsigned kMaxThreads = 256;
+constexpr unsigned kMaxFillThreads = 256;
 constexpr int kMaxConsecutiveFailures = 8;
 
 struct FillArgs {
@@ -311,7 +311,7 @@ void RegisterStore(CLI::App& app, Runner* run) {
   AddIntOption<std::uint64_t>(fill, "--count", &fa->count, 1, UINT64_MAX / 2, "Number of blocks")->required();
   AddSizeOption(fill, "--block-size", &fa->block_size, "Block size", 1, kMaxBlockSize);
   AddIntOption<std::uint64_t>(fill, "--seed", &fa->seed, 0, UINT64_MAX, "Seed of the keys and contents");
-  AddIntOption<std::uint64_t>(fill, "--threads", &fa->threads, 1, kMaxThreads,
+  AddIntOption<std::uint64_t>(fill, "--threads", &fa->threads, 1, kMaxFillThreads,
                 "Concurrent writers (their puts share group commits)");
   // Hidden flags used by `store drill` for its child processes.
   AddIntOption<std::uint64_t>(fill, "--first", &fa->first, 0, UINT64_MAX / 2, "")->group("");
