@@ -110,30 +110,17 @@ std::vector<TargetSummary> SummarizeTargets(Run* run, const std::vector<experts:
 
 void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
   const Args& a = run.a;
-  const std::uint64_t total = run.total;
-  const experts::BenchRegime& regime = run.regime;
-  const LinkModel& link = run.link;
-  const double nvme_bytes_per_s = run.nvme_bytes_per_s, compute_s_per_token = run.compute_s_per_token;
-  const double resident_wall_s_per_token = run.resident_wall_s_per_token;
-  const experts::LookaheadLimit& limit = run.limit;
-  const std::vector<ConfigResult>& results = run.results;
-  const bool advised = run.advised;
-  const std::string& drop_caches = run.drop_caches;
-  const Residency &before = run.before, &after = run.after;
   const Figures f = FiguresOf(run);
-  const double all_miss_s = f.all_miss_s, all_miss_ratio = f.all_miss_ratio, chance_recall = f.chance_recall;
-  const double resident_tps = f.resident_tps, mmap_unbounded_tps = f.mmap_unbounded_tps;
-  const bool cold = f.cold;
   nlohmann::json j;
   j["model"] = a.model;
-  j["routed_expert_bytes"] = total;
-  j["expert_block_bytes"] = regime.block_bytes;
-  j["moe_layers"] = regime.moe_layers;
-  j["experts_per_layer"] = regime.experts_per_layer;
-  j["top_k"] = regime.top_k;
-  j["all_miss_bytes_per_token"] = regime.all_miss_bytes_per_token;
-  j["all_miss_transfer_s"] = all_miss_s;
-  j["all_miss_compute_ratio"] = all_miss_ratio;
+  j["routed_expert_bytes"] = run.total;
+  j["expert_block_bytes"] = run.regime.block_bytes;
+  j["moe_layers"] = run.regime.moe_layers;
+  j["experts_per_layer"] = run.regime.experts_per_layer;
+  j["top_k"] = run.regime.top_k;
+  j["all_miss_bytes_per_token"] = run.regime.all_miss_bytes_per_token;
+  j["all_miss_transfer_s"] = f.all_miss_s;
+  j["all_miss_compute_ratio"] = f.all_miss_ratio;
   j["prompt_tokens"] = a.prompt;
   j["lookahead_depth"] = a.lookahead_depth;
   j["lookahead_embedding_depth"] = a.lookahead_embedding_depth;
@@ -147,25 +134,25 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
       a.lookahead_busy_rank_precision.value_or(experts::LookaheadOptions{}.busy_rank_precision);
   j["lookahead_min_confidence"] = a.lookahead_min_confidence.value_or(experts::LookaheadOptions{}.min_confidence);
   j["decode_tokens"] = a.decode;
-  j["link_bytes_per_s"] = link.bandwidth_bytes_per_s;
-  j["nvme_read_bytes_per_s"] = nvme_bytes_per_s;
-  j["compute_s_per_token"] = compute_s_per_token;
+  j["link_bytes_per_s"] = run.link.bandwidth_bytes_per_s;
+  j["nvme_read_bytes_per_s"] = run.nvme_bytes_per_s;
+  j["compute_s_per_token"] = run.compute_s_per_token;
   j["compute_is_cpu_time"] = a.threads == 1;
-  j["resident_wall_s_per_token"] = resident_wall_s_per_token;
-  j["mmap_page_cache_dropped"] = advised;
-  j["mmap_drop_caches"] = drop_caches;
-  j["mmap_resident_fraction_before"] = before.fraction();
-  j["mmap_resident_fraction_after"] = after.fraction();
-  j["mmap_residency_measured"] = before.measured;
-  j["mmap_cold"] = cold;
-  j["chance_recall"] = chance_recall;
-  j["lookahead_limit"] = {{"layers", limit.layers},
-                          {"recall_at_distance_1", limit.recall_lookahead},
-                          {"recall_from_true_router_input", limit.recall_true_input},
-                          {"attention_update_ratio", limit.update_ratio},
-                          {"layer_update_ratio", limit.layer_update_ratio},
-                          {"recall_from_embedding", limit.recall_embedding}};
-  for (const auto& r : results) {
+  j["resident_wall_s_per_token"] = run.resident_wall_s_per_token;
+  j["mmap_page_cache_dropped"] = run.advised;
+  j["mmap_drop_caches"] = run.drop_caches;
+  j["mmap_resident_fraction_before"] = run.before.fraction();
+  j["mmap_resident_fraction_after"] = run.after.fraction();
+  j["mmap_residency_measured"] = run.before.measured;
+  j["mmap_cold"] = f.cold;
+  j["chance_recall"] = f.chance_recall;
+  j["lookahead_limit"] = {{"layers", run.limit.layers},
+                          {"recall_at_distance_1", run.limit.recall_lookahead},
+                          {"recall_from_true_router_input", run.limit.recall_true_input},
+                          {"attention_update_ratio", run.limit.update_ratio},
+                          {"layer_update_ratio", run.limit.layer_update_ratio},
+                          {"recall_from_embedding", run.limit.recall_embedding}};
+  for (const auto& r : run.results) {
     nlohmann::json c;
     c["name"] = r.name;
     c["budget_fraction"] = r.budget_fraction;
@@ -238,13 +225,13 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
                         {"best_vs_on_demand", s.best_tps / s.on_demand},
                         {"best_vs_mmap", s.best_tps / s.mmap},
                         {"best_vs_mmap_with_drops", s.best_tps / s.mmap_with_drops},
-                        {"best_vs_mmap_unbounded", s.best_tps / mmap_unbounded_tps},
+                        {"best_vs_mmap_unbounded", s.best_tps / f.mmap_unbounded_tps},
                         {"min_nvme_bytes_per_token", s.min_nvme_bytes_per_token},
                         {"overlap_bound_tokens_per_s", s.overlap_bound_tps},
                         {"overlap_bound_vs_on_demand", s.overlap_bound_vs_on_demand},
                         {"overlap_bound_vs_serial_on_demand", s.overlap_bound_vs_serial_on_demand},
-                        {"best_vs_resident", s.best_tps / resident_tps},
-                        {"oracle_vs_resident", s.oracle / resident_tps},
+                        {"best_vs_resident", s.best_tps / f.resident_tps},
+                        {"oracle_vs_resident", s.oracle / f.resident_tps},
                         {"lookahead_recall", s.lookahead_recall}};
     // The Belady bound: null without a store-backed row (no recorded routing to simulate).
     const bool belady = s.belady_nvme_bytes_per_token.has_value();
@@ -264,31 +251,19 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
 
 void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
   const Args& a = run.a;
-  const std::uint64_t total = run.total;
-  const experts::BenchRegime& regime = run.regime;
-  const double nvme_bytes_per_s = run.nvme_bytes_per_s, compute_s_per_token = run.compute_s_per_token;
-  const double resident_wall_s_per_token = run.resident_wall_s_per_token;
-  const experts::LookaheadLimit& limit = run.limit;
-  const std::vector<ConfigResult>& results = run.results;
-  const bool advised = run.advised;
-  const std::string& drop_caches = run.drop_caches;
-  const Residency &before = run.before, &after = run.after;
   const Figures f = FiguresOf(run);
-  const double all_miss_s = f.all_miss_s, all_miss_ratio = f.all_miss_ratio, chance_recall = f.chance_recall;
-  const double resident_tps = f.resident_tps, mmap_unbounded_tps = f.mmap_unbounded_tps;
-  const bool cold = f.cold;
   fmt::print("regime: routed experts {:.1f} MiB = {} MoE layers x {} experts x {} B blocks (target >= 2 GiB: {})\n",
-             static_cast<double>(total) / (1 << 20), regime.moe_layers, regime.experts_per_layer, regime.block_bytes,
-             Yes(total >= (2ull << 30)));
+             static_cast<double>(run.total) / (1 << 20), run.regime.moe_layers, run.regime.experts_per_layer, run.regime.block_bytes,
+             Yes(run.total >= (2ull << 30)));
   fmt::print("regime: an all-miss token moves {} x {} x {} B = {:.1f} MiB: {:.1f} ms (NVMe reads {:.2f} GB/s, link model "
              "{:.0f} GB/s) against {:.2f} ms of compute per token (resident decode, {}; wall {:.2f} ms): {:.2f}x (target >= 3x: {})\n",
-             regime.top_k, regime.moe_layers, regime.block_bytes, static_cast<double>(regime.all_miss_bytes_per_token) / (1 << 20),
-             all_miss_s * 1e3, nvme_bytes_per_s / 1e9, a.link_gbps, compute_s_per_token * 1e3,
-             a.threads == 1 ? "thread CPU time" : "wall time", resident_wall_s_per_token * 1e3, all_miss_ratio,
-             Yes(all_miss_ratio >= 3));
+             run.regime.top_k, run.regime.moe_layers, run.regime.block_bytes, static_cast<double>(run.regime.all_miss_bytes_per_token) / (1 << 20),
+             f.all_miss_s * 1e3, run.nvme_bytes_per_s / 1e9, a.link_gbps, run.compute_s_per_token * 1e3,
+             a.threads == 1 ? "thread CPU time" : "wall time", run.resident_wall_s_per_token * 1e3, f.all_miss_ratio,
+             Yes(f.all_miss_ratio >= 3));
   Table t({"config", "budget", "tokens/s", "io bound", "drive bound", "bound", "stall", "hit rate", "recall", "nvme MiB",
            "host MiB"});
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     const bool cached = r.name != "resident" && !r.IsMmap();
     const bool budgeted = cached || (r.IsMmap() && r.mmap_budget_bytes > 0);
     t.Add({r.name, budgeted ? fmt::format("{:.0f}%", r.budget_fraction * 100) : "-", fmt::format("{:.1f}", r.tokens_per_s),
@@ -306,7 +281,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
              "no compute); drive bound = compute and the row's NVMe reads perfectly overlapped, 1 / max(compute, nvme bytes "
              "per token / drive rate + / link); bound = compute + the misses' transfers, serially; mmap hit rate = acquires "
              "of an expert whose pages were charged to the budget\n");
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     if (!r.IsMmap()) continue;
     fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run; experts' page-cache bytes after it (mincore) "
                "{:.1f} MiB{}; peak charged {:.1f} MiB; {} evictions, {} over-budget loads, {:.1f} MiB of read-ahead spill "
@@ -323,23 +298,23 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                static_cast<double>(r.mmap_spill_dropped_bytes) / (1 << 20), r.mmap_drop_failures,
                r.mmap_drop_s_per_token * 1e3, r.mmap_tokens_per_s_without_drops);
   }
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     if (r.name != "lru+lookahead" && r.name != "utility+statistical" && r.name != "utility+lookahead") continue;
     std::string layers;
     for (double v : r.layer_recall) layers += fmt::format(" {:.2f}", v);
     fmt::print("per-layer recall, {} at {:.0f}%:{}\n", r.name, r.budget_fraction * 100, layers);
   }
-  fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", regime.top_k, regime.experts_per_layer, chance_recall);
-  for (const auto& r : results) {
+  fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", run.regime.top_k, run.regime.experts_per_layer, f.chance_recall);
+  for (const auto& r : run.results) {
     if (r.name == "resident" || r.IsMmap()) continue;
     const double stalled = r.stall_share * r.wall_s_per_token;
     fmt::print("ms per decode token, {} at {:.0f}%: wall {:.1f} = forward-thread CPU {:.1f} + stalled {:.1f} + other {:.1f} "
                "(descheduled); other threads' CPU {:.1f} (resident compute {:.1f})\n",
                r.name, r.budget_fraction * 100, r.wall_s_per_token * 1e3, r.forward_cpu_s_per_token * 1e3, stalled * 1e3,
                std::max(r.wall_s_per_token - r.forward_cpu_s_per_token - stalled, 0.0) * 1e3,
-               r.background_cpu_s_per_token * 1e3, compute_s_per_token * 1e3);
+               r.background_cpu_s_per_token * 1e3, run.compute_s_per_token * 1e3);
   }
-  for (const auto& r : results) {
+  for (const auto& r : run.results) {
     if (r.name == "resident" || r.IsMmap()) continue;
     const experts::ExpertScheduleMetrics& d = r.schedule;
     const double busy = static_cast<double>(d.load_busy_ns) / 1e9 / a.decode;
@@ -358,13 +333,13 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
   }
   {
     std::string la, tr, up, lu, ls, le;
-    for (std::size_t i = 0; i < limit.layers.size(); ++i) {
-      ls += fmt::format(" {}", limit.layers[i]);
-      le += fmt::format(" {:.2f}", limit.recall_embedding[i]);
-      la += fmt::format(" {:.2f}", limit.recall_lookahead[i]);
-      tr += fmt::format(" {:.2f}", limit.recall_true_input[i]);
-      up += fmt::format(" {:.2f}", limit.update_ratio[i]);
-      lu += fmt::format(" {:.2f}", limit.layer_update_ratio[i]);
+    for (std::size_t i = 0; i < run.limit.layers.size(); ++i) {
+      ls += fmt::format(" {}", run.limit.layers[i]);
+      le += fmt::format(" {:.2f}", run.limit.recall_embedding[i]);
+      la += fmt::format(" {:.2f}", run.limit.recall_lookahead[i]);
+      tr += fmt::format(" {:.2f}", run.limit.recall_true_input[i]);
+      up += fmt::format(" {:.2f}", run.limit.update_ratio[i]);
+      lu += fmt::format(" {:.2f}", run.limit.layer_update_ratio[i]);
     }
     fmt::print("lookahead limit (resident decode), MoE layers{}: router recall at distance 1 (lookahead's input){}, "
                "from the router's true input{}, from the embedding (token start){}; attention update / residual norm{}; "
@@ -372,9 +347,9 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                ls, la, tr, le, up, lu);
   }
   fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
-             advised ? "accepted" : "refused for some shard", drop_caches,
-             before.measured ? fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * before.fraction(),
-                                           cold ? "cold" : "NOT cold: the kernel kept the pages", 100 * after.fraction())
+             run.advised ? "accepted" : "refused for some shard", run.drop_caches,
+             run.before.measured ? fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * run.before.fraction(),
+                                           f.cold ? "cold" : "NOT cold: the kernel kept the pages", 100 * run.after.fraction())
                              : "not measured (mincore failed)");
   for (const auto& s : summaries) {
     fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {:.2f}x oracle (>= 0.9: {}), {:.2f}x on-demand "
@@ -382,17 +357,17 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                "mmap-unbounded{}]; oracle {:.2f}x resident{}; lookahead recall {:.3f} (>= 0.8: {})\n",
                s.budget * 100, s.best, s.best_tps, s.best_tps / s.oracle, Yes(s.best_tps >= 0.9 * s.oracle),
                s.best_tps / s.on_demand, Yes(s.best_tps >= 2 * s.on_demand), s.best_tps / s.mmap,
-               Yes(s.best_tps >= 3 * s.mmap), s.best_tps / s.mmap_with_drops, s.best_tps / mmap_unbounded_tps,
-               cold ? "" : ", not cold",
-               s.oracle / resident_tps,
-               s.oracle >= 0.9 * resident_tps
-                   ? fmt::format(" so best >= 0.85x resident: {:.2f}x, {}", s.best_tps / resident_tps, Yes(s.best_tps >= 0.85 * resident_tps))
+               Yes(s.best_tps >= 3 * s.mmap), s.best_tps / s.mmap_with_drops, s.best_tps / f.mmap_unbounded_tps,
+               f.cold ? "" : ", not cold",
+               s.oracle / f.resident_tps,
+               s.oracle >= 0.9 * f.resident_tps
+                   ? fmt::format(" so best >= 0.85x resident: {:.2f}x, {}", s.best_tps / f.resident_tps, Yes(s.best_tps >= 0.85 * f.resident_tps))
                    : " (< 0.9x: the resident target does not apply)",
                s.lookahead_recall, Yes(s.lookahead_recall >= 0.8));
     fmt::print("bound at {:.0f}%: the fewest drive bytes any row but oracle+belady read, {:.1f} MiB per token, at {:.2f} GB/s with compute ({:.1f} "
                "ms) perfectly overlapped allow {:.1f} tok/s = {:.2f}x on-demand's measured {:.1f} tok/s and {:.2f}x on-demand's "
                "serial model (compute + its reads): 2x on-demand is {}\n",
-               s.budget * 100, s.min_nvme_bytes_per_token / (1 << 20), nvme_bytes_per_s / 1e9, compute_s_per_token * 1e3,
+               s.budget * 100, s.min_nvme_bytes_per_token / (1 << 20), run.nvme_bytes_per_s / 1e9, run.compute_s_per_token * 1e3,
                s.overlap_bound_tps, s.overlap_bound_vs_on_demand, s.on_demand, s.overlap_bound_vs_serial_on_demand,
                s.overlap_bound_vs_serial_on_demand >= 2 ? "within the bound"
                                                        : "beyond reach at these miss bytes, on any drive (overlap alone gains at "
