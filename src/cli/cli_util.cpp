@@ -73,6 +73,8 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   return bad();
 }
 
+std::string FormatPercent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
+
 std::string FormatBytes(double bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int i = 0;

@@ -29,6 +29,12 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 
+// The tiers' names by index, as JSON keys and in text ("hbm", "host", "nvme": TierName).
+inline constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
+
+// "12.3%" for a fraction 0.123.
+std::string FormatPercent(double fraction);
+
 // The process's user and system CPU time so far (every thread), in seconds.
 std::pair<double, double> ProcessCpuSeconds();
 

@@ -64,7 +64,6 @@ struct DemoArgs {
 };
 
 constexpr int kChunkTokens = 64;
-constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 constexpr std::size_t kTiers = kNumTiers;
 
 // Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
@@ -222,7 +221,7 @@ void Compare(std::span<const float> x, std::span<const float> y, bool* equal, do
   for (std::size_t i = 0; i < x.size(); ++i) *max_abs = std::max(*max_abs, static_cast<double>(std::fabs(x[i] - y[i])));
 }
 
-double Rate(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
+double Share(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
 
 nlohmann::json TierRates(const Store& store) {
   nlohmann::json j = nlohmann::json::object();
@@ -230,7 +229,7 @@ nlohmann::json TierRates(const Store& store) {
   for (int t = 0; t < kNumTiers; ++t) {
     if (!st.present[static_cast<std::size_t>(t)]) continue;
     const auto& s = st.tiers[static_cast<std::size_t>(t)];
-    j[kTierNames[t]] = {{"hit_rate", s.hits + s.misses > 0 ? nlohmann::json(Rate(s.hits, s.hits + s.misses)) : nlohmann::json()},
+    j[kTierNames[t]] = {{"hit_rate", s.hits + s.misses > 0 ? nlohmann::json(Share(s.hits, s.hits + s.misses)) : nlohmann::json()},
                         {"hits", s.hits}, {"misses", s.misses},
                         {"bytes_read", s.bytes_read}, {"bytes_written", s.bytes_written}, {"blocks", s.blocks},
                         {"capacity_bytes", s.capacity_bytes}, {"evictions", s.evictions}, {"emulated", s.emulated}};
@@ -238,7 +237,6 @@ nlohmann::json TierRates(const Store& store) {
   return j;
 }
 
-std::string Pct(double r) { return fmt::format("{:.1f}%", 100.0 * r); }
 
 int RunDemo(const DemoArgs& a) {
   namespace fs = std::filesystem;
@@ -448,7 +446,7 @@ int RunDemo(const DemoArgs& a) {
         const std::uint64_t all = r.restore_bytes[0] + r.restore_bytes[1] + r.restore_bytes[2];
         for (int tier = 0; tier < kNumTiers; ++tier)
           if (r.restore_bytes[static_cast<std::size_t>(tier)] > 0)
-            parts.push_back(fmt::format("{} {}", Pct(Rate(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
+            parts.push_back(fmt::format("{} {}", FormatPercent(Share(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
         from = fmt::format(" ({})", fmt::join(parts, ", "));
       }
       Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "
@@ -530,12 +528,12 @@ int RunDemo(const DemoArgs& a) {
     // This turn alone: hit rates (null where a tier had no lookups) and stalls per token.
     for (std::size_t tier = 0; tier < kTiers; ++tier) {
       const std::uint64_t looked = r.prefix_hits[tier] + r.prefix_misses[tier];
-      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Rate(r.prefix_hits[tier], looked)) : nlohmann::json();
+      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Share(r.prefix_hits[tier], looked)) : nlohmann::json();
     }
     const std::uint64_t acquires = r.expert_hits + r.expert_late_hits + r.expert_misses;
     const std::size_t steps = r.generated.empty() ? 0 : r.generated.size() - 1;
     t["experts"] = {{"hits", r.expert_hits}, {"late_hits", r.expert_late_hits}, {"misses", r.expert_misses},
-                    {"hit_rate", acquires > 0 ? nlohmann::json(Rate(r.expert_hits, acquires)) : nlohmann::json()},
+                    {"hit_rate", acquires > 0 ? nlohmann::json(Share(r.expert_hits, acquires)) : nlohmann::json()},
                     {"stall_prefill_s", r.stall_prefill_s}, {"stall_decode_s", r.stall_decode_s},
                     {"stall_s_per_prefill_token", r.computed > 0 ? r.stall_prefill_s / static_cast<double>(r.computed) : 0.0},
                     {"stall_s_per_decode_token",
@@ -545,7 +543,7 @@ int RunDemo(const DemoArgs& a) {
   nlohmann::json& s = j["summary"];
   s["prompt_tokens"] = prompt_tokens;
   s["restored_tokens"] = restored;
-  s["restored_share"] = Rate(static_cast<std::uint64_t>(restored), static_cast<std::uint64_t>(prompt_tokens));
+  s["restored_share"] = Share(static_cast<std::uint64_t>(restored), static_cast<std::uint64_t>(prompt_tokens));
   s["generated_tokens"] = generated;
   s["tokens_per_s"] = forward_s > 0 ? static_cast<double>(prompt_tokens + generated) / forward_s : 0.0;
   s["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(generated - static_cast<std::int64_t>(results.size())) / decode_s : 0.0;
@@ -555,7 +553,7 @@ int RunDemo(const DemoArgs& a) {
   s["ttft_restored_turns_mean_s"] = restored_turns > 0 ? ttft_restored / restored_turns : 0.0;
   s["ttft_restored_turns_recompute_mean_s"] = restored_turns > 0 ? ttft_restored_ref / restored_turns : 0.0;
   for (int t = 0; t < kNumTiers; ++t)
-    s["prefix_restore_share_by_tier"][kTierNames[t]] = Rate(restore_bytes[static_cast<std::size_t>(t)], restore_all);
+    s["prefix_restore_share_by_tier"][kTierNames[t]] = Share(restore_bytes[static_cast<std::size_t>(t)], restore_all);
   s["prefix_fallbacks"] = kst.fallbacks;
   s["prefix_write_failures"] = kst.write_failures;
   s["tiers"] = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", TierRates(*ex->store)}};
@@ -614,24 +612,24 @@ int RunDemo(const DemoArgs& a) {
              s["ttft_restored_turns_mean_s"].get<double>(), s["ttft_restored_turns_recompute_mean_s"].get<double>());
   fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
              "host, {} from nvme; {} fallback(s)\n",
-             Pct(s["restored_share"].get<double>()), restored, prompt_tokens, Pct(Rate(restore_bytes[0], restore_all)),
-             Pct(Rate(restore_bytes[1], restore_all)), Pct(Rate(restore_bytes[2], restore_all)), kst.fallbacks);
+             FormatPercent(s["restored_share"].get<double>()), restored, prompt_tokens, FormatPercent(Share(restore_bytes[0], restore_all)),
+             FormatPercent(Share(restore_bytes[1], restore_all)), FormatPercent(Share(restore_bytes[2], restore_all)), kst.fallbacks);
   for (const char* pool : {"kv", "state", "experts"}) {
     std::vector<std::string> parts;
     for (const auto& [tier, v] : s["tiers"][pool].items()) {
       if (std::string_view(pool) == "experts" && tier == "hbm") {  // the expert cache counts its own hits
-        parts.push_back(fmt::format("hbm {} (expert cache)", Pct(em.hit_rate)));
+        parts.push_back(fmt::format("hbm {} (expert cache)", FormatPercent(em.hit_rate)));
       } else {
         parts.push_back(fmt::format("{} {}", tier,
-                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : Pct(v["hit_rate"].get<double>())));
+                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>())));
       }
     }
     fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
   }
   fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
              "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
-             Pct(em.hit_rate), em.hits, em.late_hits, em.misses, Pct(em.prediction.precision()),
-             Pct(em.prediction.recall()), Pct(s["experts"]["stall_share"].get<double>()),
+             FormatPercent(em.hit_rate), em.hits, em.late_hits, em.misses, FormatPercent(em.prediction.precision()),
+             FormatPercent(em.prediction.recall()), FormatPercent(s["experts"]["stall_share"].get<double>()),
              1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
              1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",

@@ -110,8 +110,7 @@ Result<Hardware> ResolveHardware(const std::string& name) {
   return hw;
 }
 
-std::string Rate(double bytes_per_s) { return FormatBytes(bytes_per_s) + "/s"; }
-std::string Pct(double f) { return fmt::format("{:.1f}%", 100.0 * f); }
+std::string RateText(double bytes_per_s) { return FormatBytes(bytes_per_s) + "/s"; }
 std::string Sec(double s) {
   if (s >= 1.0) return fmt::format("{:.2f} s", s);
   if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
@@ -250,7 +249,7 @@ void PrintPlan(const Plan& p) {
   if (m.per_context.size() > 1) {
     Table dist({"sequence (context + decode)", "share", "MLA + KDA"});
     for (const MemoryPlan::ContextRow& r : m.per_context) {
-      dist.Add({std::to_string(r.tokens), Pct(r.share), FormatBytes(static_cast<double>(r.bytes))});
+      dist.Add({std::to_string(r.tokens), FormatPercent(r.share), FormatBytes(static_cast<double>(r.bytes))});
     }
     fmt::print("--context distribution\n{}\n", dist.Render());
   }
@@ -276,11 +275,11 @@ void PrintPlan(const Plan& p) {
 
   const ExpertPlan& e = p.experts;
   fmt::print("expert cache (Zipf {} routing skew, hottest experts cached):\n", p.options.expert_zipf);
-  fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", Pct(e.hit_target),
+  fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", FormatPercent(e.hit_target),
              e.experts_per_layer_for_target, FormatBytes(static_cast<double>(e.bytes_for_target)));
   fmt::print("  budget {} (--expert-cache) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
              "{} per token at --concurrency {}\n\n",
-             FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, Pct(e.hit_rate),
+             FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, FormatPercent(e.hit_rate),
              Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
 
   Table tiers({"tier", "capacity", "for KV/state", "sequences", "if all longest", "also holds"});
@@ -292,7 +291,7 @@ void PrintPlan(const Plan& p) {
   fmt::print("{}\n", tiers.Render());
   Table bw({"link", "required", "available", "use", "for"});
   for (const BandwidthLine& b : p.bandwidth) {
-    bw.Add({b.link, Rate(b.required), Rate(b.available), Pct(b.utilisation()), b.what});
+    bw.Add({b.link, RateText(b.required), RateText(b.available), FormatPercent(b.utilisation()), b.what});
   }
   fmt::print("{}\n", bw.Render());
   const LifecyclePlan& l = p.lifecycle;
@@ -300,8 +299,8 @@ void PrintPlan(const Plan& p) {
              "prefill {:.0f} tok/s ({} busy at --rate) | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert "
              "stalls; workload needs {:.0f})\n",
              Sec(l.weight_load_s), FormatBytes(static_cast<double>(l.kv_state_bytes_per_request)),
-             Pct(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
-             l.prefill_tokens_per_s, Pct(l.prefill_utilisation), Sec(l.decode_step_s), l.decode_tokens_per_s,
+             FormatPercent(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
+             l.prefill_tokens_per_s, FormatPercent(l.prefill_utilisation), Sec(l.decode_step_s), l.decode_tokens_per_s,
              l.decode_tokens_per_s_with_stalls, l.decode_tokens_needed_per_s);
   for (const std::string& warning : p.warnings) fmt::print("warning: {}\n", warning);
 }
@@ -436,7 +435,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   if (!a.json) {
     *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
-               FormatBytes(static_cast<double>(ro.block_bytes)), Pct(ceiling.fraction()));
+               FormatBytes(static_cast<double>(ro.block_bytes)), FormatPercent(ceiling.fraction()));
     if (mismatched > 0) {
       *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
                  "--trace-block-tokens right?\n",
@@ -452,8 +451,8 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
              "bytes moved"});
     for (std::size_t i = 0; i < results.size(); ++i) {
       const ReplayResult& r = results[i];
-      t.Add({std::string(ReplayPolicyName(policies[i])), Pct(r.hit_rate()), Pct(r.tier_hit_rate(0)),
-             Pct(r.tier_hit_rate(1)), Pct(r.tier_hit_rate(2)),
+      t.Add({std::string(ReplayPolicyName(policies[i])), FormatPercent(r.hit_rate()), FormatPercent(r.tier_hit_rate(0)),
+             FormatPercent(r.tier_hit_rate(1)), FormatPercent(r.tier_hit_rate(2)),
              Sec(r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0), Sec(r.queue_wait_s),
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
@@ -461,13 +460,13 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     Table s({"policy", "capacity", "share of footprint", "hit rate"});
     for (const auto& pt : sweep) {
       s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
-             Pct(pt["capacity_share_of_footprint"].get<double>()), Pct(pt["hit_rate"].get<double>())});
+             FormatPercent(pt["capacity_share_of_footprint"].get<double>()), FormatPercent(pt["hit_rate"].get<double>())});
     }
     *text += fmt::format("hit rate vs capacity (one tier)\n{}\n", s.Render());
     if (tj.contains("cluster")) {
       Table c({"routing", "hit rate", "load imbalance (max/mean)"});
       for (const auto& cl : tj["cluster"]) {
-        c.Add({cl["routing"].get<std::string>(), Pct(cl["hit_rate"].get<double>()),
+        c.Add({cl["routing"].get<std::string>(), FormatPercent(cl["hit_rate"].get<double>()),
                fmt::format("{:.2f}", cl["load_imbalance"].get<double>())});
       }
       *text += fmt::format("cluster of {} nodes\n{}\n", a.nodes, c.Render());

@@ -120,7 +120,6 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
 }
 
 namespace {
-constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 }
 
 // Seconds the restore added to the forward pass.

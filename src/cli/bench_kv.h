@@ -1,0 +1,103 @@
+// terrace bench kv, shared by its files: cmd_bench_kv.cpp (flags, the run's order, the multi-turn
+// workload, text output) and bench_kv_row.cpp (one prefix length's row: turn 1, the rounds of
+// turn-2 restores, the row's figures). Private to the CLI.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "src/cli/model_run_kv.h"
+#include "src/model/model.h"
+#include "src/model/safetensors.h"
+#include "terrace/tier.h"
+
+namespace terrace::cli::bench_kv {
+
+// Marks the pools' directories as this bench's (owned_dirs.h): only marked ones are ever removed.
+inline constexpr const char* kKvMarker = "terrace-bench-kv.marker";
+// Tokens of the turn-2 message after each prefix.
+inline constexpr int kSuffixTokens = 32;
+
+struct Args {
+  std::string model;
+  std::string dir;
+  std::string prefixes = "256,1024,4096";
+  std::string tier = "nvme";
+  int recompute_max_tokens = 4096;
+  int repeat = 1;
+  // The multi-turn workload (RunMultiTurn); turns = 0 leaves it out.
+  int turns = 4;
+  int conversations = 3;
+  int system_tokens = 1024;
+  int user_tokens = 192;
+  KvRunArgs kv;
+  bool json = false;
+};
+
+// Per-tier counters of both pools (the KV and the state pool's StoreStats, summed). The difference
+// of two tallies is what the pools did between them.
+struct TierTally {
+  std::array<std::uint64_t, kNumTiers> hits{}, bytes_read{}, bytes_written{};
+  // Gets: served by a tier (its hits) or by none (the slowest slot's misses: a Get that no tier
+  // served counts a miss in every slot).
+  std::uint64_t gets = 0;
+  TierTally& operator+=(const TierTally& o) { return Combine(o, 1); }
+  TierTally operator-(const TierTally& o) const { return TierTally(*this).Combine(o, -1); }
+  // The share of the Gets tier t served (0 when there were none).
+  double HitRate(std::size_t t) const {
+    return gets > 0 ? static_cast<double>(hits[t]) / static_cast<double>(gets) : 0.0;
+  }
+
+ private:
+  // Adds (sign 1) or subtracts (-1: o must be an earlier tally of the same pools) o's counters.
+  TierTally& Combine(const TierTally& o, int sign) {
+    auto add = [sign](std::uint64_t* a, std::uint64_t b) { *a = sign > 0 ? *a + b : *a - b; };
+    for (std::size_t t = 0; t < kNumTiers; ++t) {
+      add(&hits[t], o.hits[t]);
+      add(&bytes_read[t], o.bytes_read[t]);
+      add(&bytes_written[t], o.bytes_written[t]);
+    }
+    add(&gets, o.gets);
+    return *this;
+  }
+};
+
+// What both pools' stores counted so far.
+TierTally Tally(const KvRun& run);
+
+// {"hbm": v(0), "host": v(1), "nvme": v(2)}.
+template <typename F>
+nlohmann::json ByTier(F v) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t t = 0; t < kNumTiers; ++t) j[std::string(TierName(static_cast<TierId>(t)))] = v(t);
+  return j;
+}
+
+// The tier keys of a row: what `read` (the restores' deltas) read per tier and what `written`
+// (the write-back's deltas) wrote per tier.
+void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::json* row);
+
+// Removes the pools this bench created under `dir` (only marked ones), and `dir` itself when this
+// run created it and it is empty.
+void RemovePools(const std::filesystem::path& dir, bool created_dir);
+
+// What every prefix row shares.
+struct RowContext {
+  const Args& a;
+  KvRunArgs kv;  // a.kv with the store set to `dir`
+  std::filesystem::path dir;
+  const model::ModelConfig& config;
+  const model::ModelDir& mdir;
+  const model::Model& m;
+};
+
+// One prefix length's row (the file comment of cmd_bench_kv.cpp says what it measures): its JSON
+// object. Adds what its restores read and its turn 1 wrote, per tier, to *all_read / *all_written.
+// The pools are removed afterwards. InvalidArgument: the pools could not be opened with these flags.
+Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, TierTally* all_read, TierTally* all_written);
+
+}  // namespace terrace::cli::bench_kv

@@ -1,0 +1,374 @@
+// terrace bench kv: one prefix length's row (bench_kv.h). Turn 1 computes and stores the prefix;
+// then, per round, four turn-2 restores (cold unprepared, cold prepared, warm, warm alone), each
+// with the tier's raw read of the same bytes right after it; the first round also times the
+// recompute. The row's figures are the medians over the rounds.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "src/cli/bench_kv.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/prefill_progress.h"
+#include "src/cli/stop_signals.h"
+#include "src/common/aligned_buffer.h"
+#include "src/common/clock.h"
+#include "src/model/session.h"
+#include "terrace/keys.h"
+
+namespace terrace::cli::bench_kv {
+namespace {
+
+// The process's minor page faults so far (every thread, getrusage RUSAGE_SELF).
+long MinorFaults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// One timed pass of O_DIRECT sequential 1 MiB reads over the first bytes of each (file, bytes)
+// (at least 1 MiB; a part of 0 bytes after the first is skipped); adds the bytes read to *done and returns the seconds.
+Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts, void* buf,
+                           std::uint64_t* done) {
+  constexpr std::size_t kIo = 1 << 20;
+  double seconds = 0;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const auto& [file, bytes] = parts[p];
+    if (bytes == 0 && p > 0) continue;  // a pool the restore did not read
+    const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", file.string(), std::strerror(errno)));
+    const std::uint64_t total = std::max<std::uint64_t>(bytes, kIo);
+    std::uint64_t got = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (got < total) {
+      const ssize_t n = ::pread(fd, buf, kIo, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<std::uint64_t>(n);
+    }
+    seconds += SecondsSince(t0);
+    ::close(fd);
+    if (got == 0) return Status::IoError(fmt::format("reading {} returned no bytes", file.string()));
+    *done += got;
+  }
+  return seconds;
+}
+
+// The NVMe tier's raw read rate for a restore that read `parts` (each pool's data file and the
+// bytes the restore took from it), MB/s (1e6 bytes per second): the median of three passes of
+// O_DIRECT sequential 1 MiB reads of that many bytes from the start of each file, right after the
+// restore, so the same files, the same byte counts and the same (just written, just read) state
+// of the disk's caches. 1 MiB requests are the tier's best case; the restore reads its 150-230
+// KiB blocks as batches.
+Result<double> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
+  AlignedBuffer buffer(1 << 20);
+  if (!buffer.data()) return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
+  void* buf = buffer.data();
+  std::vector<double> rates;
+  Status error;
+  for (int pass = 0; pass < 3 && error.ok(); ++pass) {
+    std::uint64_t done = 0;
+    auto s = RawReadPass(parts, buf, &done);
+    if (!s.ok()) error = s.status();
+    else rates.push_back(static_cast<double>(done) / *s / 1e6);
+  }
+  if (!error.ok()) return error;
+  std::sort(rates.begin(), rates.end());
+  return rates[1];
+}
+
+double MemcpyMbPerS(std::uint64_t bytes) {
+  std::vector<std::byte> a(std::max<std::uint64_t>(bytes, 4 << 20), std::byte{1}), b(a.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::memcpy(b.data(), a.data(), a.size());
+  const double s = SecondsSince(t0);
+  return static_cast<double>(a.size()) / s / 1e6;
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, TierTally* all_read, TierTally* all_written) {
+  const Args& a = ctx.a;
+  const KvRunArgs& kv = ctx.kv;
+  const std::filesystem::path& dir = ctx.dir;
+  const model::ModelConfig& config = ctx.config;
+  const int P = prefix_tokens;
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(P + kSuffixTokens));
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<std::int32_t>((i * 7919 + 13 + (i >= static_cast<std::size_t>(P) ? 1 : 0)) %
+                                          static_cast<std::size_t>(config.vocab_size));
+  std::vector<std::int32_t> prefix(prompt.begin(), prompt.begin() + P);
+  TierTally written;  // turn 1's write-back, per tier (both pools)
+  // Long prefixes: turn 1 computes the whole prompt cold and is the row's recompute measurement.
+  const bool recompute_in_turn1 = P > a.recompute_max_tokens;
+  fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 1 (compute and store{})...\n", P,
+             recompute_in_turn1 ? fmt::format(", timed as the recompute of all {} tokens", prompt.size()) : "");
+  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, ctx.mdir));
+  // The state pool's marker first: the kv pool's one then says both pools are marked (a run killed
+  // between the two leaves a pool the next run refuses, untouched, rather than one it removes).
+  for (const char* sub : {"state", "kv"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
+  const int last_layer = config.num_hidden_layers - 1;
+  double ttft_recompute = 0;
+  std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
+  {
+    const TierTally before = Tally(run);
+    model::Session s1(ctx.m);
+    PrefillProgress progress("terrace bench kv", "turn 1",
+                             static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
+                             last_layer);
+    s1.set_hooks(progress.Hooks());
+    const auto t1 = std::chrono::steady_clock::now();
+    auto r1 = recompute_in_turn1
+                  ? kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prompt, ""), {.restore = false})
+                  : kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prefix, ""));
+    if (!r1.ok()) return r1.status();
+    if (recompute_in_turn1) {
+      ttft_recompute = SecondsSince(t1);
+      r3 = std::move(r1).value();
+    }
+    run.cache->Flush();
+    written = Tally(run) - before;
+  }
+  const auto cache_written = run.cache->Stats();
+  // A fresh cache on the pools, as a new process opens it (nvme: the pools closed and reopened,
+  // so nothing is left in memory; host: the pools kept, the cache and its restore buffers new).
+  auto fresh_cache = [&]() -> Status {
+    if (a.tier != "nvme") {
+      const kv::KvLayout layout = run.cache->layout();
+      run.cache.reset();
+      auto c = kv::PrefixCache::Create(layout, keys::ModelId(config, ctx.mdir), run.kv_store.get(), run.state_store.get());
+      if (!c.ok()) return c.status();
+      run.cache = std::move(c).value();
+      run.cache->SetRestoreReadOrder(ReadOrder(kv));
+      return Status::Ok();
+    }
+    run.cache.reset();
+    TERRACE_RETURN_IF_ERROR(run.kv_store->Flush());
+    TERRACE_RETURN_IF_ERROR(run.state_store->Flush());
+    run = KvRun{};
+    auto again = OpenKvRun(kv, config, ctx.mdir);
+    if (!again.ok()) return again.status();
+    run = std::move(again).value();
+    return Status::Ok();
+  };
+  // Read requests the NVMe tiers of both pools have completed (0 for --tier host).
+  auto nvme_reads = [&]() -> std::uint64_t {
+    std::uint64_t n = 0;
+    for (Store* s : {run.kv_store.get(), run.state_store.get()}) {
+      const StoreStats st = s->Stats();
+      if (st.present[static_cast<std::size_t>(TierId::kNvme)])
+        n += st.tiers[static_cast<std::size_t>(TierId::kNvme)].read_requests;
+    }
+    return n;
+  };
+  // The tier's raw read of what a restore read, right after it.
+  auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
+    if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
+    const std::pair<std::filesystem::path, std::uint64_t> parts[] = {
+        {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
+    return RawReadMbPerS(parts);
+  };
+  // One round of turn 2: the unprepared, the prepared and the warm restore (each with its raw
+  // read right after it); round 0 also runs the recompute (unless turn 1 was it).
+  struct Round {
+    std::optional<kv::CachedPrefill> ru, r2, rw;
+    kv::RestoreReport alone;  // PrefixCache::Restore with no forward pass beside it
+    std::uint64_t alone_requests = 0;  // NVMe read requests it issued (both pools)
+    double ttft_unprepared = 0, tier_unprepared = 0, ttft_restore = 0, tier_mb = 0, ttft_warm = 0, tier_warm = 0;
+    double tier_alone = 0;
+    double prepare_s = 0;
+    std::uint64_t prepare_bytes = 0;
+    TierTally read;  // what the prepared restore read, per tier (both pools)
+    long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
+  };
+  // One restore into `session`, timed with its minor faults, then the tier's raw read of what it read.
+  auto timed_restore = [&](model::Session* session, const auto& req, std::optional<kv::CachedPrefill>* result,
+                           double* ttft_s, long* faults, double* tier_mb) -> Status {
+    const long f0 = MinorFaults();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = kv::PrefillWithCache(session, *run.cache, req, {.restore = true, .write_back = false});
+    *ttft_s = SecondsSince(t0);
+    *faults = MinorFaults() - f0;
+    if (!r.ok()) return r.status();
+    *result = std::move(r).value();
+    TERRACE_ASSIGN_OR_RETURN(*tier_mb, tier_read((*result)->restore));
+    return Status::Ok();
+  };
+  auto round = [&](int index, Round* out) -> Status {
+    TERRACE_RETURN_IF_ERROR(StopCheck());
+    TERRACE_RETURN_IF_ERROR(fresh_cache());
+    // Cold, unprepared: a fresh cache's first restore into a fresh session, every buffer and
+    // latent page touched for the first time inside the restore.
+    {
+      model::Session fresh(ctx.m);
+      TERRACE_RETURN_IF_ERROR(timed_restore(&fresh, run.cache->Prepare(prompt, ""), &out->ru, &out->ttft_unprepared,
+                                            &out->faults_unprepared, &out->tier_unprepared));
+    }
+    TERRACE_RETURN_IF_ERROR(fresh_cache());
+    const auto req = run.cache->Prepare(prompt, "");
+    // Cold, prepared (the row's headline): a fresh cache and session whose restore memory was
+    // prepared at open (PrefixCache::Reserve + SequenceState::Reserve for the prompt), outside
+    // the request; the preparation is timed on its own (prepare_s).
+    model::Session turn2(ctx.m);
+    const auto tp = std::chrono::steady_clock::now();
+    TERRACE_ASSIGN_OR_RETURN(auto reserved, run.cache->Reserve(static_cast<std::int64_t>(prompt.size())));
+    TERRACE_RETURN_IF_ERROR(turn2.state().Reserve(static_cast<std::int64_t>(prompt.size())));
+    out->prepare_s = SecondsSince(tp);
+    out->prepare_bytes = reserved.bytes_prepared + static_cast<std::uint64_t>(turn2.state().reserved_tokens()) *
+                                                       static_cast<std::uint64_t>(turn2.state().mla_width()) *
+                                                       sizeof(float) * run.cache->layout().mla_layers().size();
+    const TierTally before = Tally(run);
+    TERRACE_RETURN_IF_ERROR(
+        timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
+    out->read = Tally(run) - before;
+    if (index == 0 && !recompute_in_turn1) {
+      fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
+      model::Session cold(ctx.m);
+      PrefillProgress progress("terrace bench kv", "recompute", static_cast<std::int64_t>(prompt.size()), last_layer);
+      cold.set_hooks(progress.Hooks());
+      const auto t1 = std::chrono::steady_clock::now();
+      auto cold_run = kv::PrefillWithCache(&cold, *run.cache, req, {.restore = false, .write_back = false});
+      ttft_recompute = SecondsSince(t1);
+      if (!cold_run.ok()) return cold_run.status();
+      r3 = std::move(cold_run).value();
+    }
+    // Warm: the same restore into the same state after Reset (memory reused), same cache.
+    turn2.state().Reset();
+    TERRACE_RETURN_IF_ERROR(timed_restore(&turn2, req, &out->rw, &out->ttft_warm, &out->faults_warm, &out->tier_warm));
+    // Alone: the same warm restore, whole (PrefixCache::Restore), with no forward pass sharing
+    // the cores: what the restore engine reaches when the compute is elsewhere (an engine's
+    // forward pass runs on the GPU, not beside the restore on a CPU core).
+    turn2.state().Reset();
+    const std::uint64_t requests_before = nvme_reads();
+    TERRACE_ASSIGN_OR_RETURN(out->alone, run.cache->Restore(req, &turn2.state()));
+    out->alone_requests = nvme_reads() - requests_before;
+    if (out->alone.boundary_tokens != out->rw->restored_tokens)
+      return Status::Internal(fmt::format("bench kv: the restore alone restored {} tokens, the warm one {}",
+                                          out->alone.boundary_tokens, out->rw->restored_tokens));
+    TERRACE_ASSIGN_OR_RETURN(out->tier_alone, tier_read(out->alone));
+    return Status::Ok();
+  };
+  fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared, warm ({} round{})...\n",
+             P, a.repeat, a.repeat == 1 ? "" : "s");
+  std::vector<Round> rounds(static_cast<std::size_t>(a.repeat));
+  Status round_error;
+  for (int i = 0; i < a.repeat && round_error.ok(); ++i) round_error = round(i, &rounds[static_cast<std::size_t>(i)]);
+  if (!round_error.ok()) return round_error;
+  // Scalar figures: the median over the rounds (each round's own value is in the *_runs lists).
+  auto median = [&](auto get) {
+    std::vector<double> v;
+    for (const Round& r : rounds) v.push_back(static_cast<double>(get(r)));
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  auto runs = [&](auto get) {
+    nlohmann::json l = nlohmann::json::array();
+    for (const Round& r : rounds) l.push_back(get(r));
+    return l;
+  };
+  auto report_mb_per_s = [](const kv::RestoreReport& r) {
+    return r.seconds > 0 ? static_cast<double>(r.kv_bytes + r.state_bytes) / r.seconds / 1e6 : 0.0;
+  };
+  auto report_ratio = [&](const kv::RestoreReport& r, double tier) { return tier > 0 ? report_mb_per_s(r) / tier : 0.0; };
+  auto mb_per_s = [&](const kv::CachedPrefill& c) { return report_mb_per_s(c.restore); };
+  auto ratio = [&](const kv::CachedPrefill& c, double tier) { return report_ratio(c.restore, tier); };
+  auto alone_ratio = [&](const Round& r) { return report_ratio(r.alone, r.tier_alone); };
+  const Round& first = rounds.front();
+  const kv::CachedPrefill* r2 = &*first.r2;
+  const kv::CachedPrefill* ru = &*first.ru;
+  const kv::CachedPrefill* rw = &*first.rw;
+  bool unprepared_equal = true, warm_equal = true, prepared_equal = true;
+  int warm_fallbacks = 0, fallbacks = 0;
+  for (const Round& r : rounds) {
+    unprepared_equal = unprepared_equal && r.ru->logits.data == r2->logits.data;
+    warm_equal = warm_equal && r.rw->logits.data == r2->logits.data;
+    prepared_equal = prepared_equal && r.r2->logits.data == r2->logits.data;
+    warm_fallbacks += r.rw->restore.fallbacks;
+    fallbacks += r.r2->restore.fallbacks;
+  }
+  // The restored run's logits against the recompute's for the same positions.
+  double num = 0, den = 0;
+  const std::size_t off = static_cast<std::size_t>(r2->restored_tokens) * static_cast<std::size_t>(config.vocab_size);
+  for (std::size_t i = 0; i < r2->logits.data.size() && off + i < r3->logits.data.size(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(r2->logits.data[i] - r3->logits.data[off + i])));
+    den = std::max(den, static_cast<double>(std::abs(r3->logits.data[off + i])));
+  }
+  nlohmann::json row;
+  row["prefix_tokens"] = P;
+  row["prompt_tokens"] = prompt.size();
+  row["rounds"] = a.repeat;
+  row["restored_tokens"] = r2->restored_tokens;
+  row["ttft_restore_s"] = median([](const Round& r) { return r.ttft_restore; });
+  row["ttft_recompute_s"] = ttft_recompute;
+  row["recompute_in_turn1"] = recompute_in_turn1;  // true: timed while storing the prefix
+  row["restore_s"] = median([](const Round& r) { return r.r2->restore.seconds; });
+  row["restore_wait_s"] = median([](const Round& r) { return r.r2->restore.wait_seconds; });
+  row["restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.r2); });
+  row["tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_mb; });
+  row["restore_over_tier"] = median([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
+  row["restore_s_runs"] = runs([](const Round& r) { return r.r2->restore.seconds; });
+  row["restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
+  row["prepare_s"] = median([](const Round& r) { return r.prepare_s; });
+  row["prepare_bytes"] = first.prepare_bytes;
+  // Minor page faults of the whole process during each TTFT (restore + the suffix's forward pass).
+  row["ttft_minor_faults"] = median([](const Round& r) { return r.faults_prepared; });
+  row["cold_unprepared_ttft_minor_faults"] = median([](const Round& r) { return r.faults_unprepared; });
+  row["warm_ttft_minor_faults"] = median([](const Round& r) { return r.faults_warm; });
+  row["cold_unprepared_ttft_restore_s"] = median([](const Round& r) { return r.ttft_unprepared; });
+  row["cold_unprepared_restored_tokens"] = ru->restored_tokens;
+  row["cold_unprepared_restore_s"] = median([](const Round& r) { return r.ru->restore.seconds; });
+  row["cold_unprepared_restore_wait_s"] = median([](const Round& r) { return r.ru->restore.wait_seconds; });
+  row["cold_unprepared_restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.ru); });
+  row["cold_unprepared_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_unprepared; });
+  row["cold_unprepared_restore_over_tier"] = median([&](const Round& r) { return ratio(*r.ru, r.tier_unprepared); });
+  row["cold_unprepared_restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.ru, r.tier_unprepared); });
+  row["cold_unprepared_logits_bitwise_equal"] = unprepared_equal;
+  row["prepared_logits_bitwise_equal_across_rounds"] = prepared_equal;
+  row["warm_ttft_restore_s"] = median([](const Round& r) { return r.ttft_warm; });
+  row["warm_restored_tokens"] = rw->restored_tokens;
+  row["warm_restore_s"] = median([](const Round& r) { return r.rw->restore.seconds; });
+  row["warm_restore_wait_s"] = median([](const Round& r) { return r.rw->restore.wait_seconds; });
+  row["warm_restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.rw); });
+  row["warm_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_warm; });
+  row["warm_restore_over_tier"] = median([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
+  row["warm_restore_s_runs"] = runs([](const Round& r) { return r.rw->restore.seconds; });
+  row["warm_restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.rw, r.tier_warm); });
+  row["alone_restore_s"] = median([](const Round& r) { return r.alone.seconds; });
+  row["alone_restore_mb_per_s"] = median([&](const Round& r) { return report_mb_per_s(r.alone); });
+  row["alone_tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_alone; });
+  row["alone_restore_over_tier"] = median(alone_ratio);
+  row["alone_restore_s_runs"] = runs([](const Round& r) { return r.alone.seconds; });
+  row["alone_restore_over_tier_runs"] = runs(alone_ratio);
+  row["alone_read_requests"] = median([](const Round& r) { return r.alone_requests; });
+  row["read_by_layer"] = r2->restore.read_by_layer;
+  row["range_rereads"] = r2->restore.range_rereads;
+  row["warm_fallbacks"] = warm_fallbacks;
+  row["warm_logits_bitwise_equal"] = warm_equal;
+  row["kv_bytes"] = r2->restore.kv_bytes;
+  row["state_bytes"] = r2->restore.state_bytes;
+  row["bytes_read"] = ByTier([&](std::size_t t) { return r2->restore.bytes_read[t]; });
+  row["bytes_written"] = cache_written.bytes_written;
+  row["kv_bytes_per_token"] = run.cache->layout().mla_bytes_per_token();
+  row["state_bytes_per_sequence"] = run.cache->layout().kda_state_bytes_per_sequence();
+  row["fallbacks"] = fallbacks;
+  TierTally read;  // the prepared restores of every round
+  for (const Round& r : rounds) read += r.read;
+  PutTierFigures(read, written, &row);
+  *all_read += read;
+  *all_written += written;
+  row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
+  run.cache.reset();
+  run = KvRun{};
+  RemovePools(dir, false);
+  return row;
+}
+
+}  // namespace terrace::cli::bench_kv
