@@ -51,7 +51,7 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign) {
                                                          : std::string(" (a store without ") + kDemoMarker + ")"));
 }
 
-constexpr std::string_view kWho = "terrace demo";
+constexpr std::string_view kDemoWho = "terrace demo";
 
 }  // namespace
 
@@ -95,7 +95,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
                        foreign.size() > kShown ? fmt::format(" and {} more", foreign.size() - kShown) : "");
   }
   if (!marked)
-    return fmt::format("{} {} holds files that '{}' did not create (no {} in it)", flag, dir.string(), kWho, kDemoMarker);
+    return fmt::format("{} {} holds files that '{}' did not create (no {} in it)", flag, dir.string(), kDemoWho, kDemoMarker);
   return "";
 }
 
@@ -111,7 +111,7 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   std::error_code ec;
   bool removed = false;
   for (const char* s : kDemoStores) {
-    auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kWho);
+    auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kDemoWho);
     if (!r.ok()) return r.status();
     std::error_code gone;
     fs::remove(dir / s, gone);  // only when empty (removed above, or a pool a stopped run left empty)

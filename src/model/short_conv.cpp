@@ -10,7 +10,7 @@ namespace terrace::model {
 namespace {
 
 // Row p of the sequence [state rows; x rows] (p < hist: the state).
-struct Rows {
+struct ConvInputRows {
   const float* x;
   const float* state;
   std::int64_t channels, state_width, hist;
@@ -21,7 +21,7 @@ struct Rows {
 
 #ifdef TERRACE_SIMD_X86
 // Row t's pre-activation sums into out (channels % 8 == 0); wt is the weight as [kernel, channels].
-TERRACE_SIMD_AVX2 void ConvRowAvx2(const Rows& in, std::int64_t t, const float* wt, std::int64_t kernel,
+TERRACE_SIMD_AVX2 void ConvRowAvx2(const ConvInputRows& in, std::int64_t t, const float* wt, std::int64_t kernel,
                                    std::int64_t channels, float* out) {
   for (std::int64_t c = 0; c < channels; c += 8) {
     __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(wt + c), _mm256_loadu_ps(in(t) + c));
@@ -32,7 +32,7 @@ TERRACE_SIMD_AVX2 void ConvRowAvx2(const Rows& in, std::int64_t t, const float* 
 }
 #endif
 
-void ConvRowScalar(const Rows& in, std::int64_t t, const float* wt, std::int64_t kernel, std::int64_t channels,
+void ConvRowScalar(const ConvInputRows& in, std::int64_t t, const float* wt, std::int64_t kernel, std::int64_t channels,
                    float* out) {
   for (std::int64_t c = 0; c < channels; ++c) out[c] = 0.0f;
   for (std::int64_t j = 0; j < kernel; ++j) {
@@ -54,7 +54,7 @@ void ShortConvSilu(float* x, std::int64_t tokens, std::int64_t channels, const f
   row.resize(n(channels));
   for (std::int64_t c = 0; c < channels; ++c)
     for (std::int64_t j = 0; j < kernel; ++j) wt[n(j * channels + c)] = weight[c * kernel + j];
-  const Rows in{x, conv_state + col, channels, state_width, hist};
+  const ConvInputRows in{x, conv_state + col, channels, state_width, hist};
   // The next state (rows tokens .. tokens + hist - 1 of the sequence), read before x is overwritten.
   for (std::int64_t r = 0; r < hist; ++r) std::copy_n(in(tokens + r), channels, &next[n(r * channels)]);
   // Last row first: row t reads input rows t - hist .. t only, none overwritten yet.
