@@ -238,6 +238,124 @@ nlohmann::json TierRates(const Store& store) {
 }
 
 
+// One turn of conversation `c`: its new user tokens appended to *prompt, the prompt run through the
+// system (prefix-cache restore, expert offload) and through the oracle (all experts resident, no
+// store, the whole prompt computed in the same pieces), compared, its line printed; the generated
+// tokens are appended to *prompt for the next turn. --inject-fault state perturbs the first
+// restored recurrent state (*fault_done: already done), so the comparison must fail.
+Result<TurnResult> PlayTurn(const DemoArgs& a, const model::ModelConfig& config, KvRun& kv, ExpertRun& ex,
+                            const model::Model& model, const model::Model& reference, unsigned c, unsigned t,
+                            std::vector<int>* prompt_io, bool* fault_done) {
+  kv::PrefixCache& cache = *kv.cache;
+  TurnResult r;
+  r.conversation = c;
+  r.turn = t;
+  std::vector<int>& prompt = *prompt_io;
+  const std::vector<int> user = UserTokens(a, config.vocab_size, c, t);
+  prompt.insert(prompt.end(), user.begin(), user.end());
+  r.prompt = prompt;
+
+  // The system: prefix-cache restore + expert offload.
+  model::Session session(model);
+  model::ForwardOptions hooks;
+  ex.offload->AttachHooks(&hooks);
+  session.set_hooks(hooks);
+  const experts::ExpertMetrics em0 = ex.offload->Metrics();
+  const auto tiers0 = PrefixTierCounts(*kv.kv_store, *kv.state_store);
+  auto t_turn = Clock::now();
+  const auto request = cache.Prepare(prompt, "");
+  auto p = kv::PrefillWithCache(&session, cache, request);
+  if (!p.ok()) return p.status();
+  r.ttft_s = SecondsSince(t_turn);
+  r.restored = p->restored_tokens;
+  r.computed = p->computed_tokens;
+  r.restore_bytes = p->restore.bytes_read;
+  r.fallbacks = p->restore.fallbacks;
+  const std::uint64_t stall_after_prefill = ex.offload->Metrics().stall_ns;
+  if (a.inject_fault == "state" && r.restored > 0 && !*fault_done) {
+    for (int l = 0; l < session.state().num_layers(); ++l) {
+      auto& ls = session.state().layer(l);
+      if (!ls.is_mla && !ls.recurrent.empty()) {
+        ls.recurrent[0] += 1.0f;
+        *fault_done = true;
+        break;
+      }
+    }
+  }
+  std::vector<std::vector<float>> step_logits;
+  auto t_dec = Clock::now();
+  for (unsigned i = 0; i < a.new_tokens; ++i) {
+    r.generated.push_back(model::Argmax(session.last_logits()));
+    if (i + 1 < a.new_tokens) {
+      auto l = session.Decode(r.generated.back());
+      if (!l.ok()) return l.status();
+      step_logits.push_back(*l);
+    }
+  }
+  r.decode_s = SecondsSince(t_dec);
+  r.forward_s = r.ttft_s + r.decode_s;
+  {
+    const experts::ExpertMetrics em1 = ex.offload->Metrics();
+    const auto tiers1 = PrefixTierCounts(*kv.kv_store, *kv.state_store);
+    r.expert_hits = em1.hits - em0.hits;
+    r.expert_late_hits = em1.late_hits - em0.late_hits;
+    r.expert_misses = em1.misses - em0.misses;
+    r.stall_prefill_s = static_cast<double>(stall_after_prefill - em0.stall_ns) * 1e-9;
+    r.stall_decode_s = static_cast<double>(em1.stall_ns - stall_after_prefill) * 1e-9;
+    for (std::size_t tier = 0; tier < kTiers; ++tier) {
+      r.prefix_hits[tier] = tiers1[0][tier] - tiers0[0][tier];
+      r.prefix_misses[tier] = tiers1[1][tier] - tiers0[1][tier];
+    }
+  }
+  const auto& last = session.last_logits();
+  r.final_logits_xxh3 = fmt::format("{:016x}", XXH3_64bits(last.data(), last.size() * sizeof(float)));
+
+  // The oracle: all experts resident, no store, the whole prompt computed in the same pieces.
+  model::Session ref(reference);
+  std::vector<float> ref_prefill;
+  auto t_ref = Clock::now();
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  for (std::int64_t pos = 0; pos < n;) {
+    const std::int64_t end = std::min(n, (pos / kChunkTokens + 1) * kChunkTokens);
+    auto piece = ref.Prefill(std::span(prompt).subspan(static_cast<std::size_t>(pos), static_cast<std::size_t>(end - pos)));
+    if (!piece.ok()) return piece.status();
+    if (end > r.restored) {
+      const std::int64_t from = std::max<std::int64_t>(pos, r.restored) - pos;
+      ref_prefill.insert(ref_prefill.end(), piece->data.begin() + from * config.vocab_size, piece->data.end());
+    }
+    pos = end;
+  }
+  r.ttft_recompute_s = SecondsSince(t_ref);
+  r.equal = true;
+  Compare(p->logits.data, ref_prefill, &r.equal, &r.max_abs_diff);
+  for (unsigned i = 0; i < a.new_tokens; ++i) {
+    r.reference_generated.push_back(model::Argmax(ref.last_logits()));
+    if (i + 1 < a.new_tokens) {
+      auto l = ref.Decode(r.reference_generated.back());
+      if (!l.ok()) return l.status();
+      Compare(*l, step_logits[i], &r.equal, &r.max_abs_diff);
+    }
+  }
+  r.equal = r.equal && r.generated == r.reference_generated;
+  std::string from;
+  if (r.restored > 0) {
+    std::vector<std::string> parts;
+    const std::uint64_t all = r.restore_bytes[0] + r.restore_bytes[1] + r.restore_bytes[2];
+    for (int tier = 0; tier < kNumTiers; ++tier)
+      if (r.restore_bytes[static_cast<std::size_t>(tier)] > 0)
+        parts.push_back(fmt::format("{} {}", FormatPercent(Share(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
+    from = fmt::format(" ({})", fmt::join(parts, ", "));
+  }
+  Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "
+                       "token {:.3f} s (recompute {:.3f} s); {} tokens generated; {}",
+                       c + 1, t + 1, prompt.size(), r.restored, from, r.computed, r.ttft_s, r.ttft_recompute_s,
+                       r.generated.size(),
+                       r.equal ? "ids and logits equal the recompute"
+                               : fmt::format("DIFFERS from the recompute (max |diff| {:.3g})", r.max_abs_diff)));
+  prompt.insert(prompt.end(), r.generated.begin(), r.generated.end());
+  return r;
+}
+
 int RunDemo(const DemoArgs& a) {
   namespace fs = std::filesystem;
   if (!a.inject_fault.empty() && a.inject_fault != "state")
@@ -350,113 +468,9 @@ int RunDemo(const DemoArgs& a) {
   bool fault_done = false;
   for (unsigned t = 0; t < a.turns; ++t) {
     for (unsigned c = 0; c < a.conversations; ++c) {
-      TurnResult r;
-      r.conversation = c;
-      r.turn = t;
-      std::vector<int>& prompt = history[c];
-      const std::vector<int> user = UserTokens(a, config.vocab_size, c, t);
-      prompt.insert(prompt.end(), user.begin(), user.end());
-      r.prompt = prompt;
-
-      // The system: prefix-cache restore + expert offload.
-      model::Session session(**model);
-      model::ForwardOptions hooks;
-      ex->offload->AttachHooks(&hooks);
-      session.set_hooks(hooks);
-      const experts::ExpertMetrics em0 = ex->offload->Metrics();
-      const auto tiers0 = PrefixTierCounts(*kv->kv_store, *kv->state_store);
-      auto t_turn = Clock::now();
-      const auto request = cache.Prepare(prompt, "");
-      auto p = kv::PrefillWithCache(&session, cache, request);
-      if (!p.ok()) return Fail(p.status().ToString());
-      r.ttft_s = SecondsSince(t_turn);
-      r.restored = p->restored_tokens;
-      r.computed = p->computed_tokens;
-      r.restore_bytes = p->restore.bytes_read;
-      r.fallbacks = p->restore.fallbacks;
-      const std::uint64_t stall_after_prefill = ex->offload->Metrics().stall_ns;
-      if (a.inject_fault == "state" && r.restored > 0 && !fault_done) {
-        for (int l = 0; l < session.state().num_layers(); ++l) {
-          auto& ls = session.state().layer(l);
-          if (!ls.is_mla && !ls.recurrent.empty()) {
-            ls.recurrent[0] += 1.0f;
-            fault_done = true;
-            break;
-          }
-        }
-      }
-      std::vector<std::vector<float>> step_logits;
-      auto t_dec = Clock::now();
-      for (unsigned i = 0; i < a.new_tokens; ++i) {
-        r.generated.push_back(model::Argmax(session.last_logits()));
-        if (i + 1 < a.new_tokens) {
-          auto l = session.Decode(r.generated.back());
-          if (!l.ok()) return Fail(l.status().ToString());
-          step_logits.push_back(*l);
-        }
-      }
-      r.decode_s = SecondsSince(t_dec);
-      r.forward_s = r.ttft_s + r.decode_s;
-      {
-        const experts::ExpertMetrics em1 = ex->offload->Metrics();
-        const auto tiers1 = PrefixTierCounts(*kv->kv_store, *kv->state_store);
-        r.expert_hits = em1.hits - em0.hits;
-        r.expert_late_hits = em1.late_hits - em0.late_hits;
-        r.expert_misses = em1.misses - em0.misses;
-        r.stall_prefill_s = static_cast<double>(stall_after_prefill - em0.stall_ns) * 1e-9;
-        r.stall_decode_s = static_cast<double>(em1.stall_ns - stall_after_prefill) * 1e-9;
-        for (std::size_t tier = 0; tier < kTiers; ++tier) {
-          r.prefix_hits[tier] = tiers1[0][tier] - tiers0[0][tier];
-          r.prefix_misses[tier] = tiers1[1][tier] - tiers0[1][tier];
-        }
-      }
-      const auto& last = session.last_logits();
-      r.final_logits_xxh3 = fmt::format("{:016x}", XXH3_64bits(last.data(), last.size() * sizeof(float)));
-
-      // The oracle: all experts resident, no store, the whole prompt computed in the same pieces.
-      model::Session ref(**reference);
-      std::vector<float> ref_prefill;
-      auto t_ref = Clock::now();
-      const auto n = static_cast<std::int64_t>(prompt.size());
-      for (std::int64_t pos = 0; pos < n;) {
-        const std::int64_t end = std::min(n, (pos / kChunkTokens + 1) * kChunkTokens);
-        auto piece = ref.Prefill(std::span(prompt).subspan(static_cast<std::size_t>(pos), static_cast<std::size_t>(end - pos)));
-        if (!piece.ok()) return Fail(piece.status().ToString());
-        if (end > r.restored) {
-          const std::int64_t from = std::max<std::int64_t>(pos, r.restored) - pos;
-          ref_prefill.insert(ref_prefill.end(), piece->data.begin() + from * config.vocab_size, piece->data.end());
-        }
-        pos = end;
-      }
-      r.ttft_recompute_s = SecondsSince(t_ref);
-      r.equal = true;
-      Compare(p->logits.data, ref_prefill, &r.equal, &r.max_abs_diff);
-      for (unsigned i = 0; i < a.new_tokens; ++i) {
-        r.reference_generated.push_back(model::Argmax(ref.last_logits()));
-        if (i + 1 < a.new_tokens) {
-          auto l = ref.Decode(r.reference_generated.back());
-          if (!l.ok()) return Fail(l.status().ToString());
-          Compare(*l, step_logits[i], &r.equal, &r.max_abs_diff);
-        }
-      }
-      r.equal = r.equal && r.generated == r.reference_generated;
-      std::string from;
-      if (r.restored > 0) {
-        std::vector<std::string> parts;
-        const std::uint64_t all = r.restore_bytes[0] + r.restore_bytes[1] + r.restore_bytes[2];
-        for (int tier = 0; tier < kNumTiers; ++tier)
-          if (r.restore_bytes[static_cast<std::size_t>(tier)] > 0)
-            parts.push_back(fmt::format("{} {}", FormatPercent(Share(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
-        from = fmt::format(" ({})", fmt::join(parts, ", "));
-      }
-      Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "
-                           "token {:.3f} s (recompute {:.3f} s); {} tokens generated; {}",
-                           c + 1, t + 1, prompt.size(), r.restored, from, r.computed, r.ttft_s, r.ttft_recompute_s,
-                           r.generated.size(),
-                           r.equal ? "ids and logits equal the recompute"
-                                   : fmt::format("DIFFERS from the recompute (max |diff| {:.3g})", r.max_abs_diff)));
-      prompt.insert(prompt.end(), r.generated.begin(), r.generated.end());
-      results.push_back(std::move(r));
+      auto r = PlayTurn(a, config, *kv, *ex, **model, **reference, c, t, &history[c], &fault_done);
+      if (!r.ok()) return Fail(r.status().ToString());
+      results.push_back(std::move(r).value());
     }
   }
   cache.Flush();
