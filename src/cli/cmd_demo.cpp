@@ -238,6 +238,197 @@ nlohmann::json TierRates(const Store& store) {
 }
 
 
+// The demo's summary: what the run measured, and its turns added up (AddUp).
+struct DemoSummary {
+  std::vector<TurnResult> results;
+  kv::PrefixCacheStats kst;
+  experts::ExpertMetrics em;
+  nlohmann::json tiers;  // per pool ("kv", "state", "experts"): TierRates
+  bool reused_model = false, second_run = false;
+  std::uint64_t kv_blocks_before = 0, state_blocks_before = 0, expert_puts = 0;
+  std::chrono::steady_clock::time_point t_start;
+  // Added up over the turns.
+  std::int64_t prompt_tokens = 0, restored = 0, generated = 0, computed = 0, decode_steps = 0;
+  double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
+  double stall_prefill = 0, stall_decode = 0, nturns = 0;
+  int restored_turns = 0;
+  bool verified = true;  // every turn equal to the recompute, and no write-back failed
+  std::array<std::uint64_t, kNumTiers> restore_bytes{};
+  std::uint64_t restore_all = 0;
+};
+
+// Adds up the turns of d->results into d's totals.
+void AddUp(DemoSummary* d_out) {
+  DemoSummary& d = *d_out;
+  for (const TurnResult& r : d.results) {
+    d.prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
+    d.restored += r.restored;
+    d.generated += static_cast<std::int64_t>(r.generated.size());
+    d.forward_s += r.forward_s;
+    d.decode_s += r.decode_s;
+    d.ttft += r.ttft_s;
+    d.ttft_ref += r.ttft_recompute_s;
+    if (r.restored > 0) {
+      ++d.restored_turns;
+      d.ttft_restored += r.ttft_s;
+      d.ttft_restored_ref += r.ttft_recompute_s;
+    }
+    d.verified = d.verified && r.equal;
+    d.stall_prefill += r.stall_prefill_s;
+    d.stall_decode += r.stall_decode_s;
+    d.computed += r.computed;
+    d.decode_steps += r.generated.empty() ? 0 : static_cast<std::int64_t>(r.generated.size()) - 1;
+    for (int t = 0; t < kNumTiers; ++t) d.restore_bytes[static_cast<std::size_t>(t)] += r.restore_bytes[static_cast<std::size_t>(t)];
+  }
+  d.verified = d.verified && d.kst.write_failures == 0;
+  d.nturns = static_cast<double>(d.results.size());
+  d.restore_all = d.restore_bytes[0] + d.restore_bytes[1] + d.restore_bytes[2];
+}
+
+// The run as the object written to demo-run.json (and printed by --json; `terrace report` draws it).
+nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, const DemoSummary& d) {
+  nlohmann::json j;
+  j["verified"] = d.verified;
+  j["model"] = {{"preset", a.preset}, {"seed", a.seed}, {"dir", (dir / kDemoModelDir).string()}, {"reused", d.reused_model}};
+  j["reused_previous_run"] = d.second_run;
+  j["blocks_from_earlier_runs"] = {{"kv", d.kv_blocks_before}, {"state", d.state_blocks_before}};
+  j["workload"] = {{"conversations", a.conversations}, {"turns", a.turns}, {"system_tokens", a.system_tokens},
+                   {"user_tokens", a.user_tokens}, {"new_tokens", a.new_tokens}, {"chunk_tokens", kChunkTokens},
+                   {"kv_codec", "f32"}, {"state_codec", "f32"}, {"expert_cache", a.expert_cache},
+                   {"predictor", "lookahead"}, {"expert_policy", "utility"}};
+  for (const TurnResult& r : d.results) {
+    nlohmann::json t;
+    t["conversation"] = r.conversation;
+    t["turn"] = r.turn;
+    t["prompt"] = r.prompt;
+    t["prompt_tokens"] = r.prompt.size();
+    t["restored_tokens"] = r.restored;
+    t["computed_tokens"] = r.computed;
+    t["generated"] = r.generated;
+    t["reference_generated"] = r.reference_generated;
+    t["equal"] = r.equal;
+    t["max_abs_diff"] = r.max_abs_diff;
+    t["final_logits_xxh3_64"] = r.final_logits_xxh3;
+    t["ttft_s"] = r.ttft_s;
+    t["ttft_recompute_s"] = r.ttft_recompute_s;
+    t["fallbacks"] = r.fallbacks;
+    for (int tier = 0; tier < kNumTiers; ++tier) t["restore_bytes"][kTierNames[tier]] = r.restore_bytes[static_cast<std::size_t>(tier)];
+    // This turn alone: hit rates (null where a tier had no lookups) and stalls per token.
+    for (std::size_t tier = 0; tier < kTiers; ++tier) {
+      const std::uint64_t looked = r.prefix_hits[tier] + r.prefix_misses[tier];
+      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Share(r.prefix_hits[tier], looked)) : nlohmann::json();
+    }
+    const std::uint64_t acquires = r.expert_hits + r.expert_late_hits + r.expert_misses;
+    const std::size_t steps = r.generated.empty() ? 0 : r.generated.size() - 1;
+    t["experts"] = {{"hits", r.expert_hits}, {"late_hits", r.expert_late_hits}, {"misses", r.expert_misses},
+                    {"hit_rate", acquires > 0 ? nlohmann::json(Share(r.expert_hits, acquires)) : nlohmann::json()},
+                    {"stall_prefill_s", r.stall_prefill_s}, {"stall_decode_s", r.stall_decode_s},
+                    {"stall_s_per_prefill_token", r.computed > 0 ? r.stall_prefill_s / static_cast<double>(r.computed) : 0.0},
+                    {"stall_s_per_decode_token",
+                     steps > 0 ? r.stall_decode_s / static_cast<double>(steps) : 0.0}};
+    j["turns"].push_back(t);
+  }
+  nlohmann::json& s = j["summary"];
+  s["prompt_tokens"] = d.prompt_tokens;
+  s["restored_tokens"] = d.restored;
+  s["restored_share"] = Share(static_cast<std::uint64_t>(d.restored), static_cast<std::uint64_t>(d.prompt_tokens));
+  s["generated_tokens"] = d.generated;
+  s["tokens_per_s"] = d.forward_s > 0 ? static_cast<double>(d.prompt_tokens + d.generated) / d.forward_s : 0.0;
+  s["decode_tokens_per_s"] = d.decode_s > 0 ? static_cast<double>(d.generated - static_cast<std::int64_t>(d.results.size())) / d.decode_s : 0.0;
+  s["ttft_mean_s"] = d.nturns > 0 ? d.ttft / d.nturns : 0.0;
+  s["ttft_recompute_mean_s"] = d.nturns > 0 ? d.ttft_ref / d.nturns : 0.0;
+  s["restored_turns"] = d.restored_turns;
+  s["ttft_restored_turns_mean_s"] = d.restored_turns > 0 ? d.ttft_restored / d.restored_turns : 0.0;
+  s["ttft_restored_turns_recompute_mean_s"] = d.restored_turns > 0 ? d.ttft_restored_ref / d.restored_turns : 0.0;
+  for (int t = 0; t < kNumTiers; ++t)
+    s["prefix_restore_share_by_tier"][kTierNames[t]] = Share(d.restore_bytes[static_cast<std::size_t>(t)], d.restore_all);
+  s["prefix_fallbacks"] = d.kst.fallbacks;
+  s["prefix_write_failures"] = d.kst.write_failures;
+  s["tiers"] = d.tiers;
+  s["experts"] = {{"hit_rate", d.em.hit_rate}, {"hits", d.em.hits}, {"late_hits", d.em.late_hits}, {"misses", d.em.misses},
+                  {"prefetch_precision", d.em.prediction.precision()}, {"prefetch_recall", d.em.prediction.recall()},
+                  {"stall_s", static_cast<double>(d.em.stall_ns) * 1e-9},
+                  {"stall_share", d.forward_s > 0 ? static_cast<double>(d.em.stall_ns) * 1e-9 / d.forward_s : 0.0},
+                  {"stall_s_per_prefill_token", d.computed > 0 ? d.stall_prefill / static_cast<double>(d.computed) : 0.0},
+                  {"stall_s_per_decode_token", d.decode_steps > 0 ? d.stall_decode / static_cast<double>(d.decode_steps) : 0.0},
+                  {"demand_bytes", d.em.demand_bytes}, {"prefetched_bytes", d.em.speculative_bytes},
+                  {"prefetched_wasted_bytes", d.em.speculative_wasted_bytes}, {"budget_bytes", d.em.budget_bytes},
+                  {"total_expert_bytes", d.em.total_expert_bytes}, {"hot_factor", d.em.hot_factor}};
+  // Per MoE layer: fast-tier hit rate, prefetch precision/recall, tokens routed to each expert, and the
+  // experts whose load exceeds hot_factor x the layer mean (drawn by `terrace report`).
+  s["experts"]["layers"] = nlohmann::json::array();
+  for (const experts::LayerMetrics& l : d.em.layers) {
+    s["experts"]["layers"].push_back({{"layer", l.layer}, {"hit_rate", l.hit_rate()},
+                                      {"prefetch_precision", l.prediction.precision()},
+                                      {"prefetch_recall", l.prediction.recall()}, {"expert_load", l.expert_load},
+                                      {"hot_experts", l.hot_experts}});
+  }
+  s["bytes_moved"] = {{"prefix_restored", d.restore_all}, {"prefix_written", d.kst.bytes_written},
+                      {"experts_on_demand", d.em.demand_bytes}, {"experts_prefetched", d.em.speculative_bytes}};
+  s["seconds"] = SecondsSince(d.t_start);
+  s["forward_s"] = d.forward_s;
+  s["verified_turns"] = d.results.size();
+
+  return j;
+}
+
+// The summary as text (stdout): the totals, each pool's hit rates, the experts, what was verified,
+// and where the figures and the report are.
+void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::json& j,
+                      const std::filesystem::path& json_path, const std::filesystem::path& report_path) {
+  const nlohmann::json& s = j.at("summary");
+  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", d.results.size(), SecondsSince(d.t_start));
+  if (d.second_run) {
+    std::vector<std::string> reused;
+    if (d.reused_model) reused.push_back("the model");
+    if (d.expert_puts == 0) reused.push_back("the experts");
+    reused.push_back(fmt::format("{} KV + {} state blocks", d.kv_blocks_before, d.state_blocks_before));
+    fmt::print("  reused the last run's data: {} found in {}; turn 1 restored {} of {} prompt tokens\n",
+               fmt::join(reused, ", "), a.dir, d.results.empty() ? 0 : d.results.front().restored,
+               d.results.empty() ? 0 : d.results.front().prompt.size());
+  }
+  fmt::print("  throughput:      {:.1f} tokens/s ({} prompt + {} generated tokens; decode {:.1f} tokens/s)\n",
+             s["tokens_per_s"].get<double>(), d.prompt_tokens, d.generated, s["decode_tokens_per_s"].get<double>());
+  fmt::print("  first token:     {:.3f} s with restore, {:.3f} s by full recompute (mean of {} turns; of the {} turns "
+             "that restored: {:.3f} s vs {:.3f} s)\n",
+             s["ttft_mean_s"].get<double>(), s["ttft_recompute_mean_s"].get<double>(), d.results.size(), d.restored_turns,
+             s["ttft_restored_turns_mean_s"].get<double>(), s["ttft_restored_turns_recompute_mean_s"].get<double>());
+  fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
+             "host, {} from nvme; {} fallback(s)\n",
+             FormatPercent(s["restored_share"].get<double>()), d.restored, d.prompt_tokens, FormatPercent(Share(d.restore_bytes[0], d.restore_all)),
+             FormatPercent(Share(d.restore_bytes[1], d.restore_all)), FormatPercent(Share(d.restore_bytes[2], d.restore_all)), d.kst.fallbacks);
+  for (const char* pool : {"kv", "state", "experts"}) {
+    std::vector<std::string> parts;
+    for (const auto& [tier, v] : s["tiers"][pool].items()) {
+      if (std::string_view(pool) == "experts" && tier == "hbm") {  // the expert cache counts its own hits
+        parts.push_back(fmt::format("hbm {} (expert cache)", FormatPercent(d.em.hit_rate)));
+      } else {
+        parts.push_back(fmt::format("{} {}", tier,
+                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>())));
+      }
+    }
+    fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
+  }
+  fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
+             "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
+             FormatPercent(d.em.hit_rate), d.em.hits, d.em.late_hits, d.em.misses, FormatPercent(d.em.prediction.precision()),
+             FormatPercent(d.em.prediction.recall()), FormatPercent(s["experts"]["stall_share"].get<double>()),
+             1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
+             1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
+  fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
+             FormatBytes(static_cast<double>(d.restore_all)), FormatBytes(static_cast<double>(d.kst.bytes_written)),
+             FormatBytes(static_cast<double>(d.em.demand_bytes)), FormatBytes(static_cast<double>(d.em.speculative_bytes)));
+  if (d.verified) {
+    fmt::print("  verified:        all {} turns: generated ids and every logit (prefill and decode) bitwise equal to a "
+               "full recompute with all experts resident and no store\n",
+               d.results.size());
+  } else {
+    fmt::print("  NOT verified:    some turns differ from the full recompute (see 'equal' in the JSON)\n");
+  }
+  fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
+             json_path.string(), report_path.string());
+}
+
 // One turn of conversation `c`: its new user tokens appended to *prompt, the prompt run through the
 // system (prefix-cache restore, expert offload) and through the oracle (all experts resident, no
 // store, the whole prompt computed in the same pieces), compared, its line printed; the generated
@@ -479,122 +670,19 @@ int RunDemo(const DemoArgs& a) {
   ex->offload->Quiesce();
 
   // 4. The summary.
-  const kv::PrefixCacheStats kst = cache.Stats();
-  const experts::ExpertMetrics em = ex->offload->Metrics();
-  std::int64_t prompt_tokens = 0, restored = 0, generated = 0;
-  double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
-  int restored_turns = 0;
-  bool verified = true;
-  double stall_prefill = 0, stall_decode = 0;
-  std::int64_t computed = 0, decode_steps = 0;
-  std::array<std::uint64_t, kNumTiers> restore_bytes{};
-  for (const TurnResult& r : results) {
-    prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
-    restored += r.restored;
-    generated += static_cast<std::int64_t>(r.generated.size());
-    forward_s += r.forward_s;
-    decode_s += r.decode_s;
-    ttft += r.ttft_s;
-    ttft_ref += r.ttft_recompute_s;
-    if (r.restored > 0) {
-      ++restored_turns;
-      ttft_restored += r.ttft_s;
-      ttft_restored_ref += r.ttft_recompute_s;
-    }
-    verified = verified && r.equal;
-    stall_prefill += r.stall_prefill_s;
-    stall_decode += r.stall_decode_s;
-    computed += r.computed;
-    decode_steps += r.generated.empty() ? 0 : static_cast<std::int64_t>(r.generated.size()) - 1;
-    for (int t = 0; t < kNumTiers; ++t) restore_bytes[static_cast<std::size_t>(t)] += r.restore_bytes[static_cast<std::size_t>(t)];
-  }
-  verified = verified && kst.write_failures == 0;
-  const double nturns = static_cast<double>(results.size());
-  const std::uint64_t restore_all = restore_bytes[0] + restore_bytes[1] + restore_bytes[2];
-  const bool second_run = !previous.is_null() || kv_blocks_before > 0;
-
-  nlohmann::json j;
-  j["verified"] = verified;
-  j["model"] = {{"preset", a.preset}, {"seed", a.seed}, {"dir", (dir / kDemoModelDir).string()}, {"reused", *reused_model}};
-  j["reused_previous_run"] = second_run;
-  j["blocks_from_earlier_runs"] = {{"kv", kv_blocks_before}, {"state", state_blocks_before}};
-  j["workload"] = {{"conversations", a.conversations}, {"turns", a.turns}, {"system_tokens", a.system_tokens},
-                   {"user_tokens", a.user_tokens}, {"new_tokens", a.new_tokens}, {"chunk_tokens", kChunkTokens},
-                   {"kv_codec", "f32"}, {"state_codec", "f32"}, {"expert_cache", a.expert_cache},
-                   {"predictor", "lookahead"}, {"expert_policy", "utility"}};
-  for (const TurnResult& r : results) {
-    nlohmann::json t;
-    t["conversation"] = r.conversation;
-    t["turn"] = r.turn;
-    t["prompt"] = r.prompt;
-    t["prompt_tokens"] = r.prompt.size();
-    t["restored_tokens"] = r.restored;
-    t["computed_tokens"] = r.computed;
-    t["generated"] = r.generated;
-    t["reference_generated"] = r.reference_generated;
-    t["equal"] = r.equal;
-    t["max_abs_diff"] = r.max_abs_diff;
-    t["final_logits_xxh3_64"] = r.final_logits_xxh3;
-    t["ttft_s"] = r.ttft_s;
-    t["ttft_recompute_s"] = r.ttft_recompute_s;
-    t["fallbacks"] = r.fallbacks;
-    for (int tier = 0; tier < kNumTiers; ++tier) t["restore_bytes"][kTierNames[tier]] = r.restore_bytes[static_cast<std::size_t>(tier)];
-    // This turn alone: hit rates (null where a tier had no lookups) and stalls per token.
-    for (std::size_t tier = 0; tier < kTiers; ++tier) {
-      const std::uint64_t looked = r.prefix_hits[tier] + r.prefix_misses[tier];
-      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Share(r.prefix_hits[tier], looked)) : nlohmann::json();
-    }
-    const std::uint64_t acquires = r.expert_hits + r.expert_late_hits + r.expert_misses;
-    const std::size_t steps = r.generated.empty() ? 0 : r.generated.size() - 1;
-    t["experts"] = {{"hits", r.expert_hits}, {"late_hits", r.expert_late_hits}, {"misses", r.expert_misses},
-                    {"hit_rate", acquires > 0 ? nlohmann::json(Share(r.expert_hits, acquires)) : nlohmann::json()},
-                    {"stall_prefill_s", r.stall_prefill_s}, {"stall_decode_s", r.stall_decode_s},
-                    {"stall_s_per_prefill_token", r.computed > 0 ? r.stall_prefill_s / static_cast<double>(r.computed) : 0.0},
-                    {"stall_s_per_decode_token",
-                     steps > 0 ? r.stall_decode_s / static_cast<double>(steps) : 0.0}};
-    j["turns"].push_back(t);
-  }
-  nlohmann::json& s = j["summary"];
-  s["prompt_tokens"] = prompt_tokens;
-  s["restored_tokens"] = restored;
-  s["restored_share"] = Share(static_cast<std::uint64_t>(restored), static_cast<std::uint64_t>(prompt_tokens));
-  s["generated_tokens"] = generated;
-  s["tokens_per_s"] = forward_s > 0 ? static_cast<double>(prompt_tokens + generated) / forward_s : 0.0;
-  s["decode_tokens_per_s"] = decode_s > 0 ? static_cast<double>(generated - static_cast<std::int64_t>(results.size())) / decode_s : 0.0;
-  s["ttft_mean_s"] = nturns > 0 ? ttft / nturns : 0.0;
-  s["ttft_recompute_mean_s"] = nturns > 0 ? ttft_ref / nturns : 0.0;
-  s["restored_turns"] = restored_turns;
-  s["ttft_restored_turns_mean_s"] = restored_turns > 0 ? ttft_restored / restored_turns : 0.0;
-  s["ttft_restored_turns_recompute_mean_s"] = restored_turns > 0 ? ttft_restored_ref / restored_turns : 0.0;
-  for (int t = 0; t < kNumTiers; ++t)
-    s["prefix_restore_share_by_tier"][kTierNames[t]] = Share(restore_bytes[static_cast<std::size_t>(t)], restore_all);
-  s["prefix_fallbacks"] = kst.fallbacks;
-  s["prefix_write_failures"] = kst.write_failures;
-  s["tiers"] = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", TierRates(*ex->store)}};
-  s["experts"] = {{"hit_rate", em.hit_rate}, {"hits", em.hits}, {"late_hits", em.late_hits}, {"misses", em.misses},
-                  {"prefetch_precision", em.prediction.precision()}, {"prefetch_recall", em.prediction.recall()},
-                  {"stall_s", static_cast<double>(em.stall_ns) * 1e-9},
-                  {"stall_share", forward_s > 0 ? static_cast<double>(em.stall_ns) * 1e-9 / forward_s : 0.0},
-                  {"stall_s_per_prefill_token", computed > 0 ? stall_prefill / static_cast<double>(computed) : 0.0},
-                  {"stall_s_per_decode_token", decode_steps > 0 ? stall_decode / static_cast<double>(decode_steps) : 0.0},
-                  {"demand_bytes", em.demand_bytes}, {"prefetched_bytes", em.speculative_bytes},
-                  {"prefetched_wasted_bytes", em.speculative_wasted_bytes}, {"budget_bytes", em.budget_bytes},
-                  {"total_expert_bytes", em.total_expert_bytes}, {"hot_factor", em.hot_factor}};
-  // Per MoE layer: fast-tier hit rate, prefetch precision/recall, tokens routed to each expert, and the
-  // experts whose load exceeds hot_factor x the layer mean (drawn by `terrace report`).
-  s["experts"]["layers"] = nlohmann::json::array();
-  for (const experts::LayerMetrics& l : em.layers) {
-    s["experts"]["layers"].push_back({{"layer", l.layer}, {"hit_rate", l.hit_rate()},
-                                      {"prefetch_precision", l.prediction.precision()},
-                                      {"prefetch_recall", l.prediction.recall()}, {"expert_load", l.expert_load},
-                                      {"hot_experts", l.hot_experts}});
-  }
-  s["bytes_moved"] = {{"prefix_restored", restore_all}, {"prefix_written", kst.bytes_written},
-                      {"experts_on_demand", em.demand_bytes}, {"experts_prefetched", em.speculative_bytes}};
-  s["seconds"] = SecondsSince(t_start);
-  s["forward_s"] = forward_s;
-  s["verified_turns"] = results.size();
-
+  DemoSummary d;
+  d.results = std::move(results);
+  d.kst = cache.Stats();
+  d.em = ex->offload->Metrics();
+  d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", TierRates(*ex->store)}};
+  d.reused_model = *reused_model;
+  d.second_run = !previous.is_null() || kv_blocks_before > 0;
+  d.kv_blocks_before = kv_blocks_before;
+  d.state_blocks_before = state_blocks_before;
+  d.expert_puts = expert_puts;
+  d.t_start = t_start;
+  AddUp(&d);
+  const nlohmann::json j = DemoRunJson(a, dir, d);
   const fs::path json_path = dir / kDemoRunJson;
   if (Status st = WriteOutputFile(json_path, "--dir", j.dump(1) + "\n"); !st.ok()) return Fail(st.ToString());
   const fs::path report_path = dir / kDemoReportHtml;
@@ -605,60 +693,11 @@ int RunDemo(const DemoArgs& a) {
   }
   if (a.json) {
     fmt::print("{}\n", j.dump());
-    return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
+    return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }
 
-  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", results.size(), SecondsSince(t_start));
-  if (second_run) {
-    std::vector<std::string> reused;
-    if (*reused_model) reused.push_back("the model");
-    if (expert_puts == 0) reused.push_back("the experts");
-    reused.push_back(fmt::format("{} KV + {} state blocks", kv_blocks_before, state_blocks_before));
-    fmt::print("  reused the last run's data: {} found in {}; turn 1 restored {} of {} prompt tokens\n",
-               fmt::join(reused, ", "), a.dir, results.empty() ? 0 : results.front().restored,
-               results.empty() ? 0 : results.front().prompt.size());
-  }
-  fmt::print("  throughput:      {:.1f} tokens/s ({} prompt + {} generated tokens; decode {:.1f} tokens/s)\n",
-             s["tokens_per_s"].get<double>(), prompt_tokens, generated, s["decode_tokens_per_s"].get<double>());
-  fmt::print("  first token:     {:.3f} s with restore, {:.3f} s by full recompute (mean of {} turns; of the {} turns "
-             "that restored: {:.3f} s vs {:.3f} s)\n",
-             s["ttft_mean_s"].get<double>(), s["ttft_recompute_mean_s"].get<double>(), results.size(), restored_turns,
-             s["ttft_restored_turns_mean_s"].get<double>(), s["ttft_restored_turns_recompute_mean_s"].get<double>());
-  fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
-             "host, {} from nvme; {} fallback(s)\n",
-             FormatPercent(s["restored_share"].get<double>()), restored, prompt_tokens, FormatPercent(Share(restore_bytes[0], restore_all)),
-             FormatPercent(Share(restore_bytes[1], restore_all)), FormatPercent(Share(restore_bytes[2], restore_all)), kst.fallbacks);
-  for (const char* pool : {"kv", "state", "experts"}) {
-    std::vector<std::string> parts;
-    for (const auto& [tier, v] : s["tiers"][pool].items()) {
-      if (std::string_view(pool) == "experts" && tier == "hbm") {  // the expert cache counts its own hits
-        parts.push_back(fmt::format("hbm {} (expert cache)", FormatPercent(em.hit_rate)));
-      } else {
-        parts.push_back(fmt::format("{} {}", tier,
-                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>())));
-      }
-    }
-    fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
-  }
-  fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
-             "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
-             FormatPercent(em.hit_rate), em.hits, em.late_hits, em.misses, FormatPercent(em.prediction.precision()),
-             FormatPercent(em.prediction.recall()), FormatPercent(s["experts"]["stall_share"].get<double>()),
-             1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
-             1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
-  fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
-             FormatBytes(static_cast<double>(restore_all)), FormatBytes(static_cast<double>(kst.bytes_written)),
-             FormatBytes(static_cast<double>(em.demand_bytes)), FormatBytes(static_cast<double>(em.speculative_bytes)));
-  if (verified) {
-    fmt::print("  verified:        all {} turns: generated ids and every logit (prefill and decode) bitwise equal to a "
-               "full recompute with all experts resident and no store\n",
-               results.size());
-  } else {
-    fmt::print("  NOT verified:    some turns differ from the full recompute (see 'equal' in the JSON)\n");
-  }
-  fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
-             json_path.string(), report_path.string());
-  return verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
+  PrintDemoSummary(a, d, j, json_path, report_path);
+  return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
 }
 
 }  // namespace
