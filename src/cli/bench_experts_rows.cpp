@@ -309,16 +309,18 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   experts::ExpertMetrics m0;
   StoreStats s0;
   double fcpu0 = 0, pcpu0 = 0;
+  // The expert metrics are snapshotted last before the timed decode and first after it, so the
+  // difference (load busy time above all) covers the timed steps and next to nothing else.
   TERRACE_ASSIGN_OR_RETURN(const double t, TimedDecode(*m, run->prompt, a.decode, &hooks, [&] {
-    m0 = x.Metrics();
     s0 = st->Stats();
     fcpu0 = ThreadCpuSeconds();
     pcpu0 = ProcessCpuTotalSeconds();
+    m0 = x.Metrics();
   }, &run->progress));
-  const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuTotalSeconds() - pcpu0;
-  if (!run->recorded) run->recorded = x.trace();
   const experts::ExpertMetrics m1 = x.Metrics();
+  const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuTotalSeconds() - pcpu0;
   const StoreStats s1 = st->Stats();
+  if (!run->recorded) run->recorded = x.trace();
   ConfigResult r;
   r.name = c.name;
   r.budget_fraction = budget.fraction;

@@ -276,8 +276,9 @@ def test_bench_experts_configs_runs_only_the_named_rows_with_their_schedule(toy,
         if c["name"] == "resident":
             continue
         s = c["schedule"]
-        # Loads were outstanding for part of the decode (cold cache), never longer than it lasted.
-        assert 0 < s["load_busy_s_per_token"] <= c["wall_s_per_token"] * 1.01
+        # Loads were outstanding for part of the decode (cold cache), never longer than it lasted
+        # (the metrics' snapshots bracket the timed steps within microseconds: 20 us of slack).
+        assert 0 < s["load_busy_s_per_token"] <= c["wall_s_per_token"] * 1.01 + 2e-5
         assert len(c["layer_stall_s_per_token"]) == j["moe_layers"]
         assert sum(c["layer_stall_s_per_token"]) <= c["stall_share"] * c["wall_s_per_token"] * 1.01 + 1e-9
     bad = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "r"), "--configs", "magic"],
