@@ -30,7 +30,7 @@ using namespace std::chrono_literals;
 // status), and ranges past a block's first layer (offset > 0) wait at a gate while it is closed.
 class RangeTapTier final : public terrace::testing::ForwardingTier {
  public:
-  static constexpr auto kGateTimeout = 4s;
+  static constexpr auto kGateTimeout = 20s;  // long: a loaded machine must not open a gate the test still holds
   using Hook = std::function<void(RangeOp&, Status&)>;
   explicit RangeTapTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) { PoseAsNvme(&caps_); }
   void set_hook(Hook h) { hook_ = std::move(h); }
@@ -265,7 +265,7 @@ TEST_CASE("the first MLA layer is handed out while the next MLA layer's ranges a
   for (int l = 0; l < second; ++l) CHECK((*restore)->RetrieveLayer(l).ok());
   CHECK(state.layer(first).tokens == 80);
   // The second layer's ranges were asked for and are held: none has come back.
-  CHECK(f.kv.tier->WaitHeld(2000ms));
+  CHECK(f.kv.tier->WaitHeld(10s));
   CHECK(f.kv.tier->later_ranges_done() == 0);
   CHECK(state.layer(second).tokens == 0);
   f.kv.tier->Open();

@@ -29,7 +29,7 @@ using namespace std::chrono_literals;
 // hanging). Counts the calls that entered the gate.
 class GatedTier final : public terrace::testing::ForwardingTier {
  public:
-  static constexpr auto kGateTimeout = 4s;
+  static constexpr auto kGateTimeout = 20s;  // long: a loaded machine must not open a gate the test still holds
   explicit GatedTier(std::unique_ptr<Tier> inner) : ForwardingTier(std::move(inner)) { PoseAsNvme(&caps_); }
   void Close(bool puts, bool gets) {
     std::lock_guard lock(mu_);
@@ -146,7 +146,7 @@ TEST_CASE("a layer is handed out while later layers' KV chunks are still being r
   auto restore = (*cache)->BeginRestore(req, &state);
   REQUIRE(restore.ok());
   CHECK((*restore)->boundary_tokens() == 80);
-  REQUIRE(kv.gate->WaitEntered(false, 1, 2000ms));  // a KV read is in flight
+  REQUIRE(kv.gate->WaitEntered(false, 1, 10s));  // a KV read is in flight
   CHECK((*restore)->RetrieveLayer(L.kda_layers().front()).ok());
   CHECK(state.layer(L.kda_layers().front()).tokens == 80);
   CHECK(state.layer(L.mla_layers().front()).tokens == 0);  // not handed out: not there
@@ -176,7 +176,7 @@ TEST_CASE("a layer is handed out while later layers' KV chunks are still being r
       first = false;
       // A KV read is held at the gate: none can have completed, yet the KDA layers before ran.
       reached_mla_with_reads_pending =
-          kv.gate->WaitEntered(false, gets_before + 1, 2000ms) && kv.gate->gets_done() == done_before;
+          kv.gate->WaitEntered(false, gets_before + 1, 10s) && kv.gate->gets_done() == done_before;
       kv.gate->Open();
     }
     return Status::Ok();
@@ -218,7 +218,7 @@ TEST_CASE("the KV chunks are read and decoded while the snapshots' read is still
   auto restore = (*cache)->BeginRestore(req, &state);
   REQUIRE(restore.ok());
   REQUIRE((*restore)->boundary_tokens() == 80);
-  REQUIRE(st.gate->WaitEntered(false, gets_before + 1, 2000ms));  // a snapshot read is held
+  REQUIRE(st.gate->WaitEntered(false, gets_before + 1, 10s));  // a snapshot read is held
   for (int l : L.mla_layers()) CHECK((*restore)->RetrieveLayer(l).ok());
   CHECK(st.gate->gets_done() == done_before);  // every MLA layer was handed out before a snapshot landed
   for (int l : L.mla_layers()) CHECK(state.layer(l).tokens == 80);
@@ -389,7 +389,7 @@ TEST_CASE("the per-layer write-out starts during the forward pass and never bloc
   hooks.on_layer_end = [&](int layer, std::span<const float>, std::int64_t) {
     // The first piece [0, 16): by its last layer, the earlier KDA layers' snapshots are being put.
     if (layer == last_layer && s.state().layer(0).tokens == 16)
-      write_started_in_pass = st.gate->WaitEntered(true, 1, 2000ms);
+      write_started_in_pass = st.gate->WaitEntered(true, 1, 10s);
   };
   s.set_hooks(hooks);
   const auto t0 = std::chrono::steady_clock::now();
