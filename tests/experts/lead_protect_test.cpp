@@ -16,9 +16,9 @@ using testing::RunOutput;
 using testing::SameBits;
 using testing::ToyDir;
 
-using Rig = testing::ToyOffload;
+using LeadRig = testing::ToyOffload;
 
-Rig MakeRig(CachePolicyKind policy, std::uint64_t budget_bytes, int lead_layers, double share) {
+LeadRig MakeLeadRig(CachePolicyKind policy, std::uint64_t budget_bytes, int lead_layers, double share) {
   ExpertOffloadOptions opt;
   opt.policy = policy;
   opt.budget = CacheBudget{0, budget_bytes};
@@ -34,7 +34,7 @@ LayerMetrics LayerOf(const ExpertMetrics& m, int layer) {
   return {};
 }
 
-void LeaseAndRelease(Rig& r, int layer, int expert) {
+void LeaseAndRelease(LeadRig& r, int layer, int expert) {
   auto lease = r.offload->Lease(layer, expert);
   if (!lease.ok()) FAIL(lease.status().ToString());
   const ExpertMetrics m = r.offload->Metrics();
@@ -43,7 +43,7 @@ void LeaseAndRelease(Rig& r, int layer, int expert) {
 
 // Leases experts 0..3 of layer 1 (the first MoE layer of k3-toy), then 24 experts of layers 2..7,
 // then experts 0..3 of layer 1 again: the layer-1 hits of that second pass.
-std::uint64_t SecondPassHits(Rig& r) {
+std::uint64_t SecondPassHits(LeadRig& r) {
   for (int e = 0; e < 4; ++e) LeaseAndRelease(r, 1, e);
   for (int l = 2; l <= 7; ++l)
     for (int e = 0; e < 4; ++e) LeaseAndRelease(r, l, e);
@@ -58,7 +58,7 @@ TEST_CASE("the first MoE layer's experts keep their reserved share under pressur
   const std::uint64_t budget = 8 * BlockBytes();
   for (CachePolicyKind policy : {CachePolicyKind::kLru, CachePolicyKind::kLfu, CachePolicyKind::kUtility}) {
     INFO("policy " << CachePolicyName(policy));
-    Rig on = MakeRig(policy, budget, 1, 0.5);  // 4 of the 8 blocks reserved for layer 1
+    LeadRig on = MakeLeadRig(policy, budget, 1, 0.5);  // 4 of the 8 blocks reserved for layer 1
     CHECK(SecondPassHits(on) == 4);
     CHECK(ResidentIn(on, 1) == 4);
     // Beyond its share, a layer-1 load evicts a layer-1 expert: the other layers keep their 4.
@@ -70,7 +70,7 @@ TEST_CASE("the first MoE layer's experts keep their reserved share under pressur
     CHECK(on.offload->Metrics().resident_bytes == budget);
   }
   // Without the partition, LRU evicts the first layer's experts: every second-pass lease misses.
-  Rig off = MakeRig(CachePolicyKind::kLru, budget, 0, 0.5);
+  LeadRig off = MakeLeadRig(CachePolicyKind::kLru, budget, 0, 0.5);
   CHECK(SecondPassHits(off) == 0);
 }
 
@@ -82,7 +82,7 @@ TEST_CASE("runs with the lead-time partition equal the resident run and hold the
   for (auto [layers, share] : {std::pair{1, 0.5}, std::pair{3, 1.0}}) {
     for (CachePolicyKind policy : {CachePolicyKind::kLru, CachePolicyKind::kUtility}) {
       INFO("lead layers " << layers << ", share " << share << ", policy " << CachePolicyName(policy));
-      Rig r = MakeRig(policy, total / 4, layers, share);
+      LeadRig r = MakeLeadRig(policy, total / 4, layers, share);
       auto m = model::Model::Load(config, ToyDir(), r.offload);
       REQUIRE(m.ok());
       r.offload->SetPredictor(MakeLookaheadPredictor(**m, {}));
