@@ -73,6 +73,16 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   return bad();
 }
 
+std::vector<std::string> SplitCommas(std::string_view list) {
+  std::vector<std::string> out;
+  for (std::size_t pos = 0; pos <= list.size();) {
+    const std::size_t end = std::min(list.find(',', pos), list.size());
+    out.emplace_back(list.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
 std::string FormatPercent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
 std::string FormatBytes(double bytes) {

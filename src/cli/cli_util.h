@@ -32,6 +32,10 @@ std::string FormatBytes(double bytes);
 // The tiers' names by index, as JSON keys and in text ("hbm", "host", "nvme": TierName).
 inline constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 
+// The items of a comma-separated flag value, empty ones included ("a,,b" -> a, "", b; "" -> one
+// empty item), for the caller to check.
+std::vector<std::string> SplitCommas(std::string_view list);
+
 // "12.3%" for a fraction 0.123.
 std::string FormatPercent(double fraction);
 

@@ -34,29 +34,22 @@ using bench_experts::kExpertsMarker;
 // --budgets: comma-separated percentages.
 Result<std::vector<experts::CacheBudget>> ParseBudgets(const std::string& list) {
   std::vector<experts::CacheBudget> budgets;
-  for (std::size_t pos = 0; pos <= list.size();) {
-    const std::size_t end = std::min(list.find(',', pos), list.size());
-    auto b = experts::CacheBudget::Parse(list.substr(pos, end - pos));
+  for (const std::string& item : SplitCommas(list)) {
+    auto b = experts::CacheBudget::Parse(item);
     if (!b.ok()) return Status::InvalidArgument("--budgets: " + b.status().message());
     if (b->bytes != 0) return Status::InvalidArgument("--budgets takes percentages (e.g. 25%,50%)");
     budgets.push_back(*b);
-    pos = end + 1;
   }
   return budgets;
 }
 
 // --configs: comma-separated names from kAllConfigs.
 Result<std::vector<std::string>> ParseConfigs(const std::string& list) {
-  std::vector<std::string> wanted;
-  for (std::size_t pos = 0; pos <= list.size();) {
-    const std::size_t end = std::min(list.find(',', pos), list.size());
-    std::string name = list.substr(pos, end - pos);
-    const std::string all = std::string(",") + kAllConfigs + ",";
+  const std::string all = std::string(",") + kAllConfigs + ",";
+  std::vector<std::string> wanted = SplitCommas(list);
+  for (const std::string& name : wanted)
     if (name.empty() || all.find("," + name + ",") == std::string::npos)
       return Status::InvalidArgument(fmt::format("--configs: unknown configuration '{}' (choose from {})", name, kAllConfigs));
-    wanted.push_back(std::move(name));
-    pos = end + 1;
-  }
   return wanted;
 }
 

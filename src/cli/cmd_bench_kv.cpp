@@ -125,13 +125,10 @@ using BenchKvArgs = bench_kv::Args;
 Result<std::vector<int>> ParseList(const std::string& text) {
   std::vector<int> out;
   if (text == "none") return out;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t end = std::min(text.find(',', pos), text.size());
-    auto v = ParseSignedInRange(text.substr(pos, end - pos), "--prefix-tokens", 1, 1 << 20);
+  for (const std::string& item : SplitCommas(text)) {
+    auto v = ParseSignedInRange(item, "--prefix-tokens", 1, 1 << 20);
     if (!v.ok()) return v.status();
     out.push_back(static_cast<int>(*v));
-    pos = end + 1;
   }
   return out;
 }

@@ -49,10 +49,7 @@ struct RunArgs {
 
 Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
   std::vector<int> ids;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t end = std::min(text.find(',', pos), text.size());
-    const std::string item = text.substr(pos, end - pos);
+  for (const std::string& item : SplitCommas(text)) {
     std::size_t used = 0;
     long long v = -1;
     try {
@@ -66,7 +63,6 @@ Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
       return Status::InvalidArgument(
           fmt::format("--tokens: token id {} is outside the model's vocabulary [0, {})", v, vocab));
     ids.push_back(static_cast<int>(v));
-    pos = end + 1;
   }
   if (ids.empty()) return Status::InvalidArgument("--tokens is empty; pass at least one token id");
   return ids;

@@ -44,17 +44,6 @@ struct VerifyKvArgs {
   bool json = false;
 };
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t pos = 0;
-  while (pos <= s.size()) {
-    const std::size_t end = std::min(s.find(',', pos), s.size());
-    out.push_back(s.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return out;
-}
-
 constexpr int kFocusTop = 8;
 
 // The top-8 attention positions of every (MLA layer, head, compared token), recorded by an
@@ -129,7 +118,7 @@ int RunVerifyKv(const VerifyKvArgs& a) {
     return FailUsage(fmt::format("--context {} must be a multiple of --chunk-tokens {} (the whole context is restored)",
                                  a.context, a.chunk_tokens));
   std::vector<codec::CodecSpec> specs;
-  for (const auto& name : Split(a.codecs)) {
+  for (const auto& name : SplitCommas(a.codecs)) {
     auto s = codec::CodecSpec::Parse(name);
     if (!s.ok()) return FailUsage("--codecs: " + s.status().message());
     specs.push_back(*s);
