@@ -3,6 +3,9 @@
 // one process per data area; creation survives a kill at any moment; read_only changes nothing.
 #include <fstream>
 #include <catch2/catch.hpp>
+#include <rocksdb/db.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -354,6 +357,57 @@ TEST_CASE("nvme durability: leftovers of an interrupted creation are completed o
   CHECK((*t)->recovery_report().created);
   CHECK(fs::exists(dir.path() / "terrace.data"));
   CHECK_FALSE(fs::exists(dir.path() / "terrace.data.creating"));
+}
+
+TEST_CASE("nvme durability: an interrupted creation never deletes an index directory it did not make",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur"), other("nvme-other");
+  // The on-disk state of a creation killed after its superblock (step 2): a finished store's data
+  // file renamed back to terrace.data.creating; its own index is elsewhere.
+  auto o = DurabilityOptions(dir.path());
+  o.index_dir = other.path() / "its-index";
+  REQUIRE(NvmeTier::Open(o).ok());
+  fs::rename(dir.path() / "terrace.data", dir.path() / "terrace.data.creating");
+  const fs::path foreign = other.path() / "someone-elses";
+  SECTION("another program's RocksDB database") {
+    rocksdb::Options ro;
+    ro.create_if_missing = true;
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(ro, foreign.string(), &db).ok());
+    REQUIRE(db->Put(rocksdb::WriteOptions(), "precious", "data").ok());
+    delete db;
+  }
+  SECTION("a directory with files named as RocksDB names its own") {
+    fs::create_directories(foreign);
+    for (const char* name : {"LOG", "CURRENT", "000123.log"}) std::ofstream(foreign / name) << "mine";
+  }
+  std::vector<std::string> before;
+  for (const auto& e : fs::directory_iterator(foreign)) before.push_back(e.path().filename().string());
+  std::sort(before.begin(), before.end());
+  o.index_dir = foreign;  // a different --index-dir than the creation used
+  auto t = NvmeTier::Open(o);
+  INFO(t.status().ToString());
+  REQUIRE(t.status().code() == Code::kInvalidArgument);
+  CHECK(t.status().message().find("was not made by the interrupted creation") != std::string::npos);
+  std::vector<std::string> after;
+  for (const auto& e : fs::directory_iterator(foreign)) after.push_back(e.path().filename().string());
+  std::sort(after.begin(), after.end());
+  CHECK(after == before);  // nothing removed, nothing added (the manifest was looked for read-only)
+  CHECK(fs::exists(dir.path() / "terrace.data.creating"));
+  if (fs::exists(foreign / "IDENTITY")) {
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), foreign.string(), &db).ok());
+    std::string v;
+    CHECK(db->Get(rocksdb::ReadOptions(), "precious", &v).ok());
+    CHECK(v == "data");
+    delete db;
+  }
+  // With the index directory the creation used, the creation completes.
+  o.index_dir = other.path() / "its-index";
+  auto done = NvmeTier::Open(o);
+  INFO(done.status().ToString());
+  REQUIRE(done.ok());
+  CHECK(fs::exists(dir.path() / "terrace.data"));
 }
 
 TEST_CASE("nvme durability: a pre-created empty index directory serves a new store", "[nvme][durability]") {

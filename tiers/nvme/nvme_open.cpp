@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <new>
 #include <random>
 
@@ -60,6 +61,63 @@ bool EmptyOrAbsent(const fs::path& p) {
   std::error_code ec;
   if (!fs::exists(p, ec)) return true;
   return fs::is_directory(p, ec) && fs::is_empty(p, ec);
+}
+
+Status FsyncDir(const fs::path& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Errno("cannot open directory", dir, errno, "check its permissions");
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0) return Errno("cannot fsync directory", dir, err, "check the file system");
+  return Status::Ok();
+}
+
+// The index's creation marker (docs/nvme-format.md, "Creation"): written into the index directory,
+// durable, before RocksDB creates anything there, and removed once the manifest is written. It names
+// the store being created, so an interrupted creation removes an index directory's RocksDB files
+// only when that creation made them.
+constexpr std::string_view kCreatingMarker = "TERRACE-INDEX-CREATING";
+
+bool IsMarkerName(const fs::path& name) { return name.filename().string().starts_with(kCreatingMarker); }
+
+Status WriteCreatingMarker(const fs::path& index, const std::string& uuid) {
+  const fs::path tmp = index / (std::string(kCreatingMarker) + ".tmp"), final_path = index / kCreatingMarker;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create the index creation marker", tmp, errno, "check the index directory's permissions");
+  const std::string text = uuid + "\n";
+  const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!wrote) return Errno("cannot write the index creation marker", tmp, err, "check the file system");
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message()));
+  return FsyncDir(index);
+}
+
+// The marker in `index` names the store `uuid`.
+bool CreatingMarkerNames(const fs::path& index, const std::string& uuid) {
+  std::ifstream in(index / kCreatingMarker);
+  std::string line;
+  return in && std::getline(in, line) && line == uuid;
+}
+
+// `index` holds nothing but creation markers (a creation killed before RocksDB made anything).
+bool OnlyCreatingMarkers(const fs::path& index) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(index, ec))
+    if (!IsMarkerName(e.path())) return false;
+  return !ec;
+}
+
+Status RemoveCreatingMarkers(const fs::path& index) {
+  for (const std::string& name : {std::string(kCreatingMarker) + ".tmp", std::string(kCreatingMarker)}) {
+    std::error_code ec;
+    fs::remove(index / name, ec);
+    if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", (index / name).string(), ec.message()));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -374,6 +432,7 @@ Status NvmeTier::CreateIndex() {
     return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}; choose a writable location",
                                        index_path_.string(), ec.message()));
   }
+  TERRACE_RETURN_IF_ERROR(WriteCreatingMarker(index_path_, sb_.UuidString()));
   nvme::IndexOpenOptions io;
   io.create = true;
   io.env = hooks_.index_env;
@@ -381,20 +440,11 @@ Status NvmeTier::CreateIndex() {
   TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
   TERRACE_RETURN_IF_ERROR(index_->WriteManifest(sb_));
   index_commit_ = 0;
+  // The manifest now proves the index is this store's; a marker left by a failed removal is harmless.
+  if (Status s = RemoveCreatingMarkers(index_path_); !s.ok())
+    logger_->Log(LogLevel::kWarning, "nvme", s.message() + " (the index is complete; the marker can be deleted)");
   return Status::Ok();
 }
-
-namespace {
-Status FsyncDir(const fs::path& dir) {
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Errno("cannot open directory", dir, errno, "check its permissions");
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (rc != 0) return Errno("cannot fsync directory", dir, err, "check the file system");
-  return Status::Ok();
-}
-}  // namespace
 
 // Directory store: terrace.data.creating (preallocated, superblock written and synced), then the
 // index with its manifest, then the rename to terrace.data and a directory fsync. A kill at any
@@ -499,13 +549,18 @@ Status NvmeTier::ResumeCreation() {
         creating, sb_.capacity_bytes, options_.capacity_bytes));
   }
   SetCapacity(sb_.capacity_bytes);
-  // The index directory was empty when this creation began; whatever is in it now is ours.
+  // The index directory was empty when this creation began. What is in it now is removed only when
+  // this creation's marker says it made it: the directory may be another one than the creation used
+  // (a different --index-dir), and Terrace never deletes what it did not create.
+  if (!EmptyOrAbsent(index_path_) && OnlyCreatingMarkers(index_path_))
+    TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));  // killed before RocksDB made anything
   if (!EmptyOrAbsent(index_path_)) {
     nvme::IndexOpenOptions io;
     io.env = hooks_.index_env;
     io.logger = logger_;
-    auto idx = nvme::IndexStore::Open(index_path_, io);
-    if (idx.ok()) {
+    io.read_only = true;  // a look for the manifest writes nothing into a directory that may not be ours
+    bool same_store = false;
+    if (auto idx = nvme::IndexStore::Open(index_path_, io); idx.ok()) {
       auto m = (*idx)->ReadManifest();
       if (m.ok() && m->has_value()) {
         auto ms = nvme::Superblock::Decode(std::as_bytes(std::span((*m)->data(), (*m)->size())), "manifest");
@@ -515,16 +570,26 @@ Status NvmeTier::ResumeCreation() {
               "directory",
               index_path_.string(), creating));
         }
-        index_ = std::move(*idx);
-      } else {
-        TERRACE_RETURN_IF_ERROR((*idx)->Close());
+        same_store = true;
       }
+      TERRACE_RETURN_IF_ERROR((*idx)->Close());
     }
-    if (!index_) {
+    if (same_store) {
+      io.read_only = false;
+      TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
+      TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));
+    } else if (!CreatingMarkerNames(index_path_, sb_.UuidString())) {
+      return Status::InvalidArgument(fmt::format(
+          "index directory '{}' is not empty and was not made by the interrupted creation '{}' (no Terrace manifest, "
+          "no creation marker of store {}); Terrace deletes only what it created: point --index-dir at the directory "
+          "that creation used, or at an empty one",
+          index_path_.string(), creating, sb_.UuidString()));
+    } else {
       logger_->Log(LogLevel::kInfo, "nvme",
                    fmt::format("removing the half-created index '{}' of the interrupted creation '{}'",
                                index_path_.string(), creating));
       TERRACE_RETURN_IF_ERROR(nvme::DestroyIndexFiles(index_path_));
+      TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));
     }
   }
   logger_->Log(LogLevel::kInfo, "nvme", fmt::format("completing the interrupted creation '{}'", creating));
