@@ -85,6 +85,14 @@ TEST_CASE("nvme durability child", "[.nvme_durability_child]") {
     if (!t.ok() || !RunScenario(**t).ok()) std::_Exit(3);
     std::_Exit(0);  // no close: the index keeps its log, as after a crash
   }
+  if (mode == "async-put") {  // key 0 with seed 2, acknowledged in async mode; dies before any commit
+    auto o = DurabilityOptions(dir);
+    o.durability = Durability::kAsync;
+    o.group_commit_interval = std::chrono::seconds(60);
+    auto t = NvmeTier::Open(o);
+    if (!t.ok() || !PutTestBlock(**t, 0, 2).ok()) std::_Exit(3);
+    std::_Exit(0);
+  }
   if (mode == "create") {
     auto t = NvmeTier::Open(DurabilityOptions(dir));
     if (!t.ok()) std::_Exit(3);
@@ -408,6 +416,39 @@ TEST_CASE("nvme durability: an interrupted creation never deletes an index direc
   INFO(done.status().ToString());
   REQUIRE(done.ok());
   CHECK(fs::exists(dir.path() / "terrace.data"));
+}
+
+TEST_CASE("nvme durability: a put that never committed leaves nothing a rebuild brings back", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  const auto o = DurabilityOptions(dir.path());
+  {
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.ok());
+    REQUIRE(PutTestBlock(**t, 0, 1).ok());  // durable
+  }
+  // Another process overwrites key 0 in async mode (acknowledged) and dies before its group commit.
+  pid_t pid = SpawnSelf(kChildTest, kChildEnv, "async-put|" + dir.path().string());
+  REQUIRE(pid > 0);
+  int status = WaitChild(pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  {
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.ok());
+    REQUIRE(CheckTestBlock(**t, 0, 1).ok());  // the uncommitted overwrite is gone (async mode allows it)
+    REQUIRE((*t)->Erase(TestKey(0)).ok());    // acknowledged durable (sync mode)
+  }
+  // Nothing in the data file names key 0 any more: the erase holds through a rebuild from it.
+  auto scan = NvmeTier::ScanDataFile(o, {});
+  REQUIRE(scan.ok());
+  CHECK(scan->blocks == 0);
+  auto r = NvmeTier::RebuildIndex(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == 0);
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  CHECK((*t)->Lookup(TestKey(0)).status().IsNotFound());
 }
 
 TEST_CASE("nvme durability: a pre-created empty index directory serves a new store", "[nvme][durability]") {

@@ -225,3 +225,48 @@ TEST_CASE("nvme faults: seeded random schedule over many operations", "[nvme][fa
   }
   CHECK(static_cast<int>(tier->Stats().corruptions) >= corrupt);
 }
+
+TEST_CASE("nvme faults: a group commit cut short after its index write is finished at the next open", "[nvme][fault]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kAsync);
+  opts.group_commit_interval = std::chrono::seconds(60);  // only the Flushes below commit
+  {
+    auto [tier, fault] = OpenFaultyTier(opts);
+    REQUIRE(PutTestBlock(*tier, 0, 1).ok());
+    REQUIRE(PutTestBlock(*tier, 1, 1).ok());
+    REQUIRE(tier->Flush().ok());
+    // One commit: key 0 overwritten, key 1 erased, key 2 new. Its index write lands; every data
+    // file write after it (the descriptors, the zeroed units) fails.
+    REQUIRE(PutTestBlock(*tier, 0, 2).ok());
+    REQUIRE(tier->Erase(TestKey(1)).ok());
+    REQUIRE(PutTestBlock(*tier, 2, 1).ok());
+    fault->Arm(IoOp::kWrite, FaultKind::kEio, 1000);
+    Status s = tier->Flush();
+    INFO(s.ToString());
+    REQUIRE(s.IsIoError());
+    CHECK(s.message().find("descriptor") != std::string::npos);
+  }
+  {
+    auto t = NvmeTier::Open(opts);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    CHECK((*t)->recovery_report().redo_descriptors == 2);  // keys 0 and 2
+    CHECK((*t)->recovery_report().redo_clears == 2);       // key 0's old extent, key 1's
+    REQUIRE(CheckTestBlock(**t, 0, 2).ok());
+    REQUIRE(CheckTestBlock(**t, 2, 1).ok());
+    CHECK((*t)->Lookup(TestKey(1)).status().IsNotFound());
+  }
+  // The data file now says what the index says: a rebuild from it gives the same blocks.
+  auto scan = NvmeTier::ScanDataFile(opts, {});
+  REQUIRE(scan.ok());
+  CHECK(scan->blocks == 2);
+  auto r = NvmeTier::RebuildIndex(opts);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == 2);
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.ok());
+  REQUIRE(CheckTestBlock(**t, 0, 2).ok());
+  REQUIRE(CheckTestBlock(**t, 2, 1).ok());
+  CHECK((*t)->Lookup(TestKey(1)).status().IsNotFound());
+}

@@ -32,6 +32,9 @@ inline constexpr std::uint8_t kRecordVersion = 2;
 // use 25-byte keys, so neither can collide with one.
 inline constexpr std::string_view kManifestKey = "!terrace-manifest";
 inline constexpr std::string_view kCommitKey = "!terrace-commit";
+// The last index-writing group commit's redo record (group_commit.h): the keys it put and the
+// extents it released, so an open can finish writing their descriptor units after a crash.
+inline constexpr std::string_view kRedoKey = "!terrace-redo";
 
 using terrace::RoundUp;  // v rounded up to a multiple of a unit
 

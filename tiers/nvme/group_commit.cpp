@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -30,9 +31,11 @@ GroupCommitter::~GroupCommitter() {
   if (bg_.joinable()) bg_.join();
 }
 
-std::uint64_t GroupCommitter::StagePut(std::string key, std::string record, Extent release) {
+std::uint64_t GroupCommitter::StagePut(const Descriptor& desc, Extent release) {
+  const std::string key = IndexStore::EncodeKey(desc.key), record = IndexStore::EncodeRecord(desc.rec);
   MutexLock l(&mu_);
   pending_->Put(key, record);
+  pending_puts_.push_back(desc);
   pending_data_ = true;
   if (release.length > 0) pending_release_.push_back(release);
   if (staged_seq_++ == durable_seq_) bg_cv_.Signal();
@@ -54,30 +57,104 @@ std::uint64_t GroupCommitter::StageClear(Extent release) {
   return staged_seq_;
 }
 
-Status GroupCommitter::ClearDescriptors(const std::vector<Extent>& extents) {
-  AlignedBuffer zero(kUnit, kUnit);
-  if (!zero.data()) return Status::OutOfCapacity("NVMe tier: cannot allocate 4 KiB to clear descriptors");
-  std::memset(zero.data(), 0, kUnit);
-  std::vector<IoRequest> reqs(extents.size());
-  for (std::size_t i = 0; i < extents.size(); ++i) {
-    reqs[i].op = IoOp::kWrite;
-    reqs[i].offset = extents[i].offset + extents[i].length - kUnit;  // the descriptor is the extent's last unit
-    reqs[i].src = zero.data();  // only read by the engine: one buffer serves every request
-    reqs[i].len = static_cast<std::uint32_t>(kUnit);
+namespace {
+constexpr std::uint32_t kRedoMagic = 0x4f444552;  // "REDO"
+
+void PutU64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+std::uint64_t GetU64(std::string_view in, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+}  // namespace
+
+// u32 magic, u32 0, u64 number of keys, u64 number of extents, then each key (BlockKey::kEncodedSize
+// bytes) and each extent (u64 offset, u64 length); little-endian.
+std::string GroupCommitter::EncodeRedo(const Redo& redo) {
+  std::string out;
+  out.reserve(24 + redo.keys.size() * BlockKey::kEncodedSize + redo.released.size() * 16);
+  PutU64(out, kRedoMagic);
+  PutU64(out, redo.keys.size());
+  PutU64(out, redo.released.size());
+  for (const BlockKey& k : redo.keys) out += IndexStore::EncodeKey(k);
+  for (const Extent& e : redo.released) {
+    PutU64(out, e.offset);
+    PutU64(out, e.length);
   }
+  return out;
+}
+
+Result<GroupCommitter::Redo> GroupCommitter::DecodeRedo(std::string_view in) {
+  auto bad = [&](std::string_view why) {
+    return Status::Corruption(fmt::format("the index's redo record ({} bytes) is damaged: {}", in.size(), why));
+  };
+  if (in.size() < 24 || GetU64(in, 0) != kRedoMagic) return bad("no redo header");
+  const std::uint64_t nk = GetU64(in, 8), ne = GetU64(in, 16);
+  if (nk > in.size() / BlockKey::kEncodedSize || ne > in.size() / 16 ||
+      in.size() != 24 + nk * BlockKey::kEncodedSize + ne * 16)
+    return bad(fmt::format("{} keys and {} extents do not fill it", nk, ne));
+  Redo r;
+  std::size_t at = 24;
+  for (std::uint64_t i = 0; i < nk; ++i, at += BlockKey::kEncodedSize) {
+    auto k = BlockKey::Decode(std::as_bytes(std::span(in.data() + at, BlockKey::kEncodedSize)));
+    if (!k.ok()) return bad(k.status().message());
+    r.keys.push_back(*k);
+  }
+  for (std::uint64_t i = 0; i < ne; ++i, at += 16) {
+    const Extent e{GetU64(in, at), GetU64(in, at + 8)};
+    if (e.length < kUnit || e.offset % kUnit != 0 || e.length % kUnit != 0) return bad("an extent is not whole units");
+    r.released.push_back(e);
+  }
+  return r;
+}
+
+Status GroupCommitter::WriteDescriptorUnits(IoEngine& engine, std::span<const Descriptor> puts,
+                                            std::span<const Extent> released) {
+  std::unordered_set<std::uint64_t> gone;  // a put released by the same commit gets no descriptor
+  for (const Extent& e : released) gone.insert(e.offset);
+  std::size_t n = 0;
+  for (const Descriptor& d : puts) n += gone.count(d.rec.offset) ? 0 : 1;
+  if (n == 0 && released.empty()) return Status::Ok();
+  // One unit per descriptor, then one zero unit that every clear writes from (the engine only reads it).
+  AlignedBuffer units((n + 1) * kUnit, kUnit);
+  if (!units.data()) return Status::OutOfCapacity("NVMe tier: cannot allocate the commit's descriptor units");
+  std::memset(units.data(), 0, (n + 1) * kUnit);
+  std::byte* zero = units.data() + n * kUnit;
+  std::vector<IoRequest> reqs;
+  reqs.reserve(n + released.size());
+  std::size_t u = 0;
+  for (const Descriptor& d : puts) {
+    if (gone.count(d.rec.offset)) continue;
+    std::byte* unit = units.data() + (u++) * kUnit;
+    d.EncodeTo(unit);
+    reqs.push_back({.op = IoOp::kWrite, .offset = d.rec.descriptor_offset(), .src = unit, .len = static_cast<std::uint32_t>(kUnit)});
+  }
+  for (const Extent& e : released)  // the descriptor is the extent's last unit
+    reqs.push_back({.op = IoOp::kWrite, .offset = e.offset + e.length - kUnit, .src = zero, .len = static_cast<std::uint32_t>(kUnit)});
   int first_err = 0;
   std::uint64_t where = 0;
-  RunToCompletion(*engine_, reqs, [&](std::size_t i, int err) {
+  RunToCompletion(engine, reqs, [&](std::size_t i, int err) {
     if (err != 0 && first_err == 0) {
       first_err = err;
-      where = extents[i].offset;
+      where = reqs[i].offset;
     }
   });
   if (first_err == 0) return Status::Ok();
   return Status::IoError(fmt::format(
-      "NVMe tier: clearing the descriptor of the released extent at offset {} of the data file failed: {}; the tier "
-      "refuses further writes: reopen it",
+      "NVMe tier: writing the descriptor unit at offset {} of the data file failed: {}; the tier refuses further "
+      "writes: reopen it (the open finishes the commit's descriptors from the index)",
       where, std::strerror(-first_err)));
+}
+
+Status GroupCommitter::SyncData(std::string_view what) {
+  const int err = engine_->SyncData();
+  if (err >= 0) return Status::Ok();
+  return Status::IoError(fmt::format(
+      "NVMe tier: fdatasync of the data file ({}) failed: {}; the tier refuses further writes: reopen it (recovery "
+      "keeps every block that was durable)",
+      what, std::strerror(-err)));
 }
 
 Status GroupCommitter::WaitDurable(std::uint64_t seq) {
@@ -94,39 +171,50 @@ Status GroupCommitter::WaitDurable(std::uint64_t seq) {
     pending_ = std::make_unique<rocksdb::WriteBatch>();
     auto release = std::move(pending_release_);
     pending_release_.clear();
-    bool sync_data = pending_data_ || !release.empty();
+    auto puts = std::move(pending_puts_);
+    pending_puts_.clear();
+    const bool data_written = pending_data_;
     pending_data_ = false;
+    const bool superblock_unsynced = superblock_unsynced_;
     std::uint64_t upto = staged_seq_;
     const std::uint64_t commit = durable_commit_;
     l.Unlock();
 
-    Status s;
-    if (!release.empty()) s = ClearDescriptors(release);
-    if (s.ok() && sync_data && before_sync_) s = before_sync_(commit);
-    if (s.ok() && sync_data) {
-      int err = engine_->SyncData();
-      if (err < 0) {
-        s = Status::IoError(fmt::format(
-            "NVMe tier: fdatasync of the data file failed: {}; blocks written since the last commit are "
-            "not durable and the tier refuses further writes: reopen it (recovery keeps every block that "
-            "was durable)",
-            std::strerror(-err)));
-      }
-    }
+    // 1. The new blocks' bytes are durable before any record points at them, and so is the
+    //    superblock the previous commit left written but not synced (the index must never get two
+    //    commits ahead of the durable superblock: an open redoes only the last one).
+    Status s = data_written || superblock_unsynced ? SyncData("the new blocks' data") : Status::Ok();
+    // 2. The index: the commit point, with what step 3 must write if it is cut short.
     const bool index_write = batch->Count() > 0;
     if (s.ok() && index_write) {
+      Redo redo;
+      redo.keys.reserve(puts.size());
+      for (const Descriptor& d : puts) redo.keys.push_back(d.key);
+      redo.released = release;
+      batch->Put(rocksdb::Slice(kRedoKey.data(), kRedoKey.size()), EncodeRedo(redo));
       batch->Put(rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), IndexStore::EncodeCommit(commit + 1));
       s = index_->Write(batch.get(), /*sync=*/true);
-      // Record the new commit in the superblock at once (no sync: it is made durable by the next
-      // commit's fdatasync at the latest), so damage to the log's last records is detectable too.
-      if (s.ok() && before_sync_) s = before_sync_(commit + 1);
+    }
+    // 3-4. The data file follows: descriptors of the new blocks, zeros over the released ones; one
+    // fdatasync.
+    if (s.ok() && (!puts.empty() || !release.empty())) {
+      s = WriteDescriptorUnits(*engine_, puts, release);
+      if (s.ok()) s = SyncData("the commit's descriptors");
+    }
+    // 5. Only now may the superblock say the index holds commit c + 1 (written, not synced: the
+    //    next commit's step 1 or the close syncs it). Until it does, an open redoes step 3.
+    bool wrote_superblock = false;
+    if (s.ok() && index_write && before_sync_) {
+      s = before_sync_(commit + 1);
+      wrote_superblock = true;
     }
     // The extents go back to the allocator before any waiter wakes, so a Flush that returns sees
-    // them free. Safe to reuse now: the records that dropped them are durable.
+    // them free. Safe to reuse now: the records that dropped them and their cleared descriptors are durable.
     if (s.ok() && !release.empty()) release_(std::move(release));
 
     l.Lock();
     leader_ = false;
+    if (s.ok()) superblock_unsynced_ = wrote_superblock;  // step 1 or 4 synced any earlier one
     if (s.ok() && index_write) durable_commit_ = commit + 1;
     if (!s.ok()) {
       failed_ = s.WithContext("group commit");

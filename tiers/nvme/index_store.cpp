@@ -115,6 +115,14 @@ Result<std::optional<std::string>> IndexStore::ReadManifest() const {
   return std::optional<std::string>(std::move(value));
 }
 
+Result<std::optional<std::string>> IndexStore::ReadRedo() const {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kRedoKey.data(), kRedoKey.size()), &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  TERRACE_RETURN_IF_ERROR(FromRocks(&s, "redo record read"));
+  return std::optional<std::string>(std::move(value));
+}
+
 Result<std::uint64_t> IndexStore::ReadCommit() const {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), &value);

@@ -60,6 +60,9 @@ class IndexStore {
   Status WriteManifest(const Superblock& sb);
   // The commit counter (0 when absent).
   Result<std::uint64_t> ReadCommit() const;
+  // The last group commit's redo record (kRedoKey), or nullopt when absent (a store whose commits
+  // predate redo records).
+  Result<std::optional<std::string>> ReadRedo() const;
 
   // Applies `batch` atomically; with `sync`, the RocksDB WAL is fsync'ed before returning.
   // After a failure the store is failed: this and every later write return that failure.

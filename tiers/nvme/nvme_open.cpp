@@ -16,6 +16,7 @@
 #include <fstream>
 #include <new>
 #include <random>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -817,7 +818,7 @@ Status NvmeTier::Recover() {
   };
   const std::uint64_t cap = sb_.capacity_bytes;
   Status scanned = index_->Scan([&](std::string_view k, std::string_view v) {
-    if (k == nvme::kManifestKey || k == nvme::kCommitKey) return;
+    if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
     ++report_.records_scanned;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
@@ -875,6 +876,48 @@ Status NvmeTier::Recover() {
                              options_.read_only ? "found (and, read-only, kept)" : "dropped", drop.size(),
                              report_.ToString()));
   }
+  if (!options_.read_only && index_commit_ == sb_.indexed_commit + 1) TERRACE_RETURN_IF_ERROR(RedoLastCommit());
+  return Status::Ok();
+}
+
+Status NvmeTier::RedoLastCommit() {
+  auto bytes = index_->ReadRedo();
+  if (!bytes.ok()) return WithRecoverAdvice(bytes.status());
+  if (!bytes->has_value()) return Status::Ok();  // commits of an earlier version wrote descriptors with the data
+  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
+  if (!redo.ok()) return WithRecoverAdvice(redo.status());
+  // The index is that commit's result: each key it put is written with the record the index holds
+  // now (a key it put and then erased has none); a released extent is zeroed unless a record holds
+  // it (which only a damaged index could say).
+  std::vector<nvme::Descriptor> puts;
+  std::unordered_set<std::uint64_t> live;
+  for (const auto& [key, e] : map_) live.insert(e.rec.offset);
+  std::unordered_set<BlockKey> seen;
+  for (const BlockKey& k : redo->keys) {
+    auto it = map_.find(k);
+    if (it == map_.end() || !seen.insert(k).second) continue;
+    nvme::Descriptor d;
+    d.uuid = sb_.uuid;
+    d.key = k;
+    d.rec = it->second.rec;
+    puts.push_back(d);
+  }
+  std::vector<nvme::Extent> clears;
+  for (const nvme::Extent& e : redo->released)
+    if (!live.count(e.offset) && e.offset >= kDataStart && e.length <= sb_.capacity_bytes - e.offset) clears.push_back(e);
+  TERRACE_RETURN_IF_ERROR(nvme::GroupCommitter::WriteDescriptorUnits(*engine_, puts, clears));
+  {
+    MutexLock l(&sb_mu_);
+    sb_.indexed_commit = index_commit_;
+    TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
+  }
+  TERRACE_RETURN_IF_ERROR(EngineSync("syncing the descriptors of the last group commit in"));
+  report_.redo_descriptors = puts.size();
+  report_.redo_clears = clears.size();
+  logger_->Log(LogLevel::kInfo, "nvme",
+               fmt::format("'{}': the last group commit was cut short after its index write; wrote its {} "
+                           "descriptors and cleared its {} released extents",
+                           data_path_.string(), puts.size(), clears.size()));
   return Status::Ok();
 }
 

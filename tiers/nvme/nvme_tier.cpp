@@ -43,8 +43,9 @@ std::uint64_t ExtentBytes(std::uint64_t length) {
 }  // namespace
 
 // A put runs in steps, each over the whole batch so the I/O of every op goes out together:
-// check the ops, allocate extents, reserve generations and descriptor memory, write data and
-// descriptors, switch the index; with kSync, wait for the group commit. st[i] records the first
+// check the ops, allocate extents, reserve generations, write the data, switch the index (staging
+// each descriptor for the group commit, which writes it after the index); with kSync, wait for the
+// group commit. st[i] records the first
 // failure of op i; a failed op takes no further step (an allocated extent is given back).
 std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   std::vector<Status> st(ops.size());
@@ -59,12 +60,11 @@ std::vector<Status> NvmeTier::PutBatch(std::span<const PutOp> ops) {
   CheckPuts(ops, st);
   std::vector<PutPlan> plans(ops.size());
   AllocateExtents(ops, plans, st);
-  DescriptorUnits descs;
-  if (Status s = PrepareWrites(plans, &descs); !s.ok()) {
+  if (Status s = ReserveGenerationsFor(plans); !s.ok()) {
     AbandonExtents(ops, plans, s, st);
     return st;
   }
-  WriteExtents(ops, plans, descs.data(), st);
+  WriteExtents(ops, plans, st);
   std::uint64_t bytes = 0;
   const std::uint64_t last_seq = SwitchIndex(ops, plans, st, &bytes);
   if (options_.durability == Durability::kSync && last_seq > 0) {
@@ -138,7 +138,7 @@ void NvmeTier::AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>&
   }
 }
 
-Status NvmeTier::PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnits* descs) {
+Status NvmeTier::ReserveGenerationsFor(const std::vector<PutPlan>& plans) {
   // Each extent's descriptor (its last 4 KiB) carries the generation: make sure the superblock
   // covers every generation about to be written before any of them reaches the disk.
   std::uint64_t max_generation = 0;
@@ -149,10 +149,7 @@ Status NvmeTier::PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnit
     ++n_allocated;
   }
   if (n_allocated == 0) return Status::Ok();
-  TERRACE_RETURN_IF_ERROR(ReserveGenerations(max_generation));
-  *descs = AlignedBuffer(n_allocated * nvme::kUnit, nvme::kUnit);
-  if (!descs->data()) return Status::OutOfCapacity("NVMe tier: cannot allocate descriptor buffers");
-  return Status::Ok();
+  return ReserveGenerations(max_generation);
 }
 
 void NvmeTier::AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, const Status& why,
@@ -166,41 +163,25 @@ void NvmeTier::AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& 
   }
 }
 
-void NvmeTier::WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::byte* descs,
-                            std::vector<Status>& st) {
-  std::array<std::uint8_t, 16> uuid;
-  {
-    MutexLock l(&sb_mu_);
-    uuid = sb_.uuid;
-  }
-  // Every allocated block and its descriptor in one batch, each caller checksum verified while
-  // the rest are in flight.
+void NvmeTier::WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::vector<Status>& st) {
+  // Every allocated block in one batch, each caller checksum verified while the rest are in flight.
   std::vector<Chunk> chunks;
-  std::size_t next_desc = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     if (!plans[i].allocated) continue;
     const std::size_t before = chunks.size();
     PlanWriteChunks(i, plans[i].offset, ops[i].data, &chunks);
-    nvme::Descriptor d;
-    d.uuid = uuid;
-    d.key = ops[i].key;
-    d.rec.offset = plans[i].offset;
-    d.rec.length = ops[i].data.size();
-    d.rec.checksum = ops[i].desc.checksum;
-    d.rec.codec = ops[i].desc.codec;
-    d.rec.generation = plans[i].generation;
-    std::byte* unit = descs + (next_desc++) * nvme::kUnit;
-    std::memset(unit, 0, nvme::kUnit);
-    d.EncodeTo(unit);
-    Chunk dc;
-    dc.op = i;
-    dc.file_offset = d.rec.descriptor_offset();
-    dc.src = unit;
-    dc.len = static_cast<std::uint32_t>(nvme::kUnit);
-    dc.io_len = static_cast<std::uint32_t>(nvme::kUnit);
-    chunks.push_back(dc);  // right after its data: one block's writes are contiguous on disk and in the queue
     plans[i].pending = static_cast<std::uint32_t>(chunks.size() - before);
   }
+  auto check_sum = [&](std::size_t i) {
+    if (st[i].ok() && Checksum(ops[i].data) != ops[i].desc.checksum) {
+      st[i] = Status::InvalidArgument(fmt::format(
+          "put of block {}: desc.checksum {:016x} does not match the data ({:016x}); build the desc with "
+          "DescribeBlock(data)",
+          ops[i].key.ToString(), ops[i].desc.checksum, Checksum(ops[i].data)));
+    }
+  };
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (plans[i].allocated && plans[i].pending == 0) check_sum(i);  // an empty block: no data to write
   RunChunks(IoOp::kWrite, chunks, [&](std::size_t ci, int err) {
     const Chunk& c = chunks[ci];
     const std::size_t i = c.op;
@@ -208,18 +189,18 @@ void NvmeTier::WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& pl
       counters_.Add(counters_.io_errors);
       st[i] = IoStatus(IoOp::kWrite, err, ops[i].key, c.file_offset);
     }
-    if (--plans[i].pending == 0 && st[i].ok() && Checksum(ops[i].data) != ops[i].desc.checksum) {
-      st[i] = Status::InvalidArgument(fmt::format(
-          "put of block {}: desc.checksum {:016x} does not match the data ({:016x}); build the desc with "
-          "DescribeBlock(data)",
-          ops[i].key.ToString(), ops[i].desc.checksum, Checksum(ops[i].data)));
-    }
+    if (--plans[i].pending == 0) check_sum(i);
   });
 }
 
 std::uint64_t NvmeTier::SwitchIndex(std::span<const PutOp> ops, const std::vector<PutPlan>& plans,
                                     const std::vector<Status>& st, std::uint64_t* bytes) {
   // In memory now, durably at the group commit.
+  nvme::Descriptor d;
+  {
+    MutexLock l(&sb_mu_);
+    d.uuid = sb_.uuid;
+  }
   std::uint64_t last_seq = 0;
   MutexLock l(&mu_);
   for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -230,7 +211,7 @@ std::uint64_t NvmeTier::SwitchIndex(std::span<const PutOp> ops, const std::vecto
     rec.checksum = ops[i].desc.checksum;
     rec.codec = ops[i].desc.codec;
     if (!st[i].ok()) {
-      // Never indexed, but its descriptor may be on disk: clear it before the space is reused.
+      // Never indexed (and no descriptor written): released by the next commit.
       committer_->StageClear({rec.offset, rec.extent_bytes()});
       continue;
     }
@@ -246,7 +227,9 @@ std::uint64_t NvmeTier::SwitchIndex(std::span<const PutOp> ops, const std::vecto
     it->second.rec = rec;
     used_bytes_ += rec.length;
     *bytes += rec.length;
-    last_seq = committer_->StagePut(nvme::IndexStore::EncodeKey(ops[i].key), nvme::IndexStore::EncodeRecord(rec), old);
+    d.key = ops[i].key;
+    d.rec = rec;
+    last_seq = committer_->StagePut(d, old);
   }
   return last_seq;
 }

@@ -94,6 +94,9 @@ struct RecoveryReport {
   std::uint64_t dropped_out_of_range = 0;
   std::uint64_t dropped_overlap = 0;    // overlapped a record with a higher generation
   std::uint64_t dropped_checksum = 0;   // verify_on_open only
+  // The last group commit was cut short after its index write: the descriptors it still had to
+  // write and the released extents it still had to clear were written at open.
+  std::uint64_t redo_descriptors = 0, redo_clears = 0;
   std::vector<std::string> dropped_keys;  // the first kMaxKeys, as BlockKey::ToString (or hex)
   double seconds = 0;                   // time spent in Open
   // Conditions under which "durable" is weaker than it says (tmpfs, O_DIRECT refused), one line
@@ -247,7 +250,7 @@ class NvmeTier final : public Tier {
     bool allocated = false;         // holds the extent below (allocated, not yet given back)
     std::uint64_t offset = 0;       // the extent's first byte in the data area
     std::uint64_t generation = 0;   // written into its descriptor and index record
-    std::uint32_t pending = 0;      // its chunks (data and descriptor) still being written
+    std::uint32_t pending = 0;      // its data chunks still being written
   };
   // One op of a GetBatch or GetRangeBatch.
   struct GetPlan {
@@ -256,7 +259,6 @@ class NvmeTier final : public Tier {
     bool bad = false;             // the last read of it failed its checksum
     std::uint32_t pending = 0;    // its chunks still being read
   };
-  using DescriptorUnits = AlignedBuffer;  // one 4 KiB unit per allocated op
 
   NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // nvme_open.cpp
@@ -283,6 +285,9 @@ class NvmeTier final : public Tier {
   Status MoveIndexAside(std::string_view why);
   Status CheckDurableMedium();
   Status Recover() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
+  // After Recover: finishes a group commit cut short between its index write and its descriptors
+  // (group_commit.h), when the index is one commit ahead of the superblock.
+  Status RedoLastCommit() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status VerifyAllBlocks();
   // One synchronous request through engine_; `what` describes it for the error ("writing the superblock of").
   Status EngineIo(nvme::IoOp op, std::uint64_t offset, std::byte* buf, std::uint32_t len, std::string_view what);
@@ -317,16 +322,18 @@ class NvmeTier final : public Tier {
   // PutBatch's steps, in order; st[i] holds op i's first failure and a failed op is skipped.
   void CheckPuts(std::span<const PutOp> ops, std::vector<Status>& st) const;  // sizes against desc and capacity
   void AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::vector<Status>& st);
-  // Reserves the generations of every allocated op and allocates their descriptor units.
-  Status PrepareWrites(const std::vector<PutPlan>& plans, DescriptorUnits* descs);
+  // Reserves the generations of every allocated op (its descriptor, written by the group commit,
+  // carries it).
+  Status ReserveGenerationsFor(const std::vector<PutPlan>& plans);
   // Gives every allocated extent back (nothing was written) and fails its op with `why`.
   void AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, const Status& why,
                       std::vector<Status>& st);
-  // Writes data and descriptor of every allocated op; verifies each caller checksum.
-  void WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::byte* descs, std::vector<Status>& st);
-  // Indexes every written op (in memory, staged for the group commit); a failed write's
-  // descriptor is staged for clearing. Returns the last staged sequence (0: none); adds the
-  // indexed bytes to *bytes.
+  // Writes the data of every allocated op (not its descriptor: the group commit writes that after
+  // the index); verifies each caller checksum.
+  void WriteExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, std::vector<Status>& st);
+  // Indexes every written op (in memory, staged for the group commit with its descriptor); a
+  // failed write's extent is staged for release (and its descriptor unit zeroed). Returns the last
+  // staged sequence (0: none); adds the indexed bytes to *bytes.
   std::uint64_t SwitchIndex(std::span<const PutOp> ops, const std::vector<PutPlan>& plans,
                             const std::vector<Status>& st, std::uint64_t* bytes);
   void ReleaseExtents(std::vector<nvme::Extent>&& extents);
