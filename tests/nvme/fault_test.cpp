@@ -270,3 +270,23 @@ TEST_CASE("nvme faults: a group commit cut short after its index write is finish
   REQUIRE(CheckTestBlock(**t, 2, 1).ok());
   CHECK((*t)->Lookup(TestKey(1)).status().IsNotFound());
 }
+
+TEST_CASE("nvme faults: a generation reservation that did not reach the disk is tried again", "[nvme][fault]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kAsync);
+  opts.group_commit_interval = std::chrono::seconds(60);  // no sync but the reservation's
+  auto [tier, fault] = OpenFaultyTier(opts);
+  // A fresh store reserves generations at its first put: its superblock sync fails.
+  fault->ArmSync(EIO);
+  CHECK(PutTestBlock(*tier, 0).IsIoError());
+  // Still unreserved: the next put writes and syncs the superblock again (and fails the same way),
+  // instead of writing a descriptor generation above the limit on disk.
+  fault->ArmSync(EIO);
+  CHECK(PutTestBlock(*tier, 1).IsIoError());
+  REQUIRE(PutTestBlock(*tier, 2).ok());
+  REQUIRE(tier->Flush().ok());
+  tier.reset();
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.ok());
+  REQUIRE(CheckTestBlock(**t, 2).ok());
+}

@@ -407,9 +407,14 @@ Status NvmeTier::PersistSuperblockLocked() {
 Status NvmeTier::ReserveGenerations(std::uint64_t upto) {
   MutexLock l(&sb_mu_);
   if (upto < sb_.generation_limit) return Status::Ok();
+  const std::uint64_t before = sb_.generation_limit;
   sb_.generation_limit = upto + kGenerationReserve;
-  TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
-  return EngineSync("syncing the superblock of");
+  Status s = PersistSuperblockLocked();
+  if (s.ok()) s = EngineSync("syncing the superblock of");
+  // Not durable: the next put reserves again, so no descriptor ever carries a generation at or
+  // above the limit on disk.
+  if (!s.ok()) sb_.generation_limit = before;
+  return s;
 }
 
 // A fresh identity in sb_ and sb_unit_, written through the engine and synced.
