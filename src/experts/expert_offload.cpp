@@ -174,7 +174,9 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   m.trace = std::make_shared<RoutingTrace>();
   m.trace->num_layers = m.L;
 
-  const std::uint32_t ns = keys::Namespace(keys::ModelId(config, weights), "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+  const ContentId model_id = keys::ModelId(config, weights);
+  const std::uint32_t ns = keys::Namespace(model_id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+  const ContentId ns_root = keys::NamespaceRoot(model_id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
   for (int l = 0; l < m.L; ++l) {
     if (config.IsDenseLayer(l)) continue;
     for (int e = 0; e < m.E; ++e) {
@@ -185,7 +187,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
       TERRACE_ASSIGN_OR_RETURN(w.q3, ViewMatrix(weights, l, e, "w3", m.intermediate, m.latent));
       const std::vector<std::byte> block = model::SerializeExpertBlock(w);
       Slot& s = m.slot(l, e);
-      s.key = keys::ExpertKey(ns, l, e);
+      s.key = keys::ExpertKey(ns, ns_root, l, e);
       s.bytes = block.size();
       PutOptions po;
       po.codec = Codec::kMxfp4;

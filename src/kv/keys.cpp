@@ -55,8 +55,10 @@ ContentId ModelId(const model::ModelConfig& config, const model::WeightSource& w
   return ContentId{h.high64, h.low64};
 }
 
-std::uint32_t Namespace(const ContentId& model_id, std::string_view layout, std::string_view codec,
-                        std::uint32_t version) {
+namespace {
+// The bytes a namespace and its root hash (docs/keys.md).
+std::string NamespaceBytes(const ContentId& model_id, std::string_view layout, std::string_view codec,
+                           std::uint32_t version) {
   std::string buf = "terrace-keys-v1";
   PutLe(&buf, model_id.hi, 8);
   PutLe(&buf, model_id.lo, 8);
@@ -65,25 +67,38 @@ std::uint32_t Namespace(const ContentId& model_id, std::string_view layout, std:
   PutLe(&buf, codec.size(), 8);
   buf.append(codec);
   PutLe(&buf, version, 4);
+  return buf;
+}
+}  // namespace
+
+std::uint32_t Namespace(const ContentId& model_id, std::string_view layout, std::string_view codec,
+                        std::uint32_t version) {
+  const std::string buf = NamespaceBytes(model_id, layout, codec, version);
   return static_cast<std::uint32_t>(XXH3_64bits(buf.data(), buf.size()) & 0xffffffffu);
 }
 
-ContentId TenantRoot(std::uint32_t ns, std::string_view tenant) {
+ContentId NamespaceRoot(const ContentId& model_id, std::string_view layout, std::string_view codec,
+                        std::uint32_t version) {
+  const std::string buf = NamespaceBytes(model_id, layout, codec, version);
+  return HashBytes(std::as_bytes(std::span(buf.data(), buf.size())));
+}
+
+ContentId TenantRoot(const ContentId& namespace_root, std::string_view tenant) {
   std::string buf = "terrace-tenant-v1";
   buf.append(tenant);
   const ContentId t = HashBytes(std::as_bytes(std::span(buf.data(), buf.size())));
   const std::int32_t salt[4] = {static_cast<std::int32_t>(t.hi >> 32), static_cast<std::int32_t>(t.hi & 0xffffffffu),
                                 static_cast<std::int32_t>(t.lo >> 32), static_cast<std::int32_t>(t.lo & 0xffffffffu)};
-  return ChainContentId(RootContentId(ns), salt);
+  return ChainContentId(namespace_root, salt);
 }
 
-std::vector<ContentId> ChunkIds(std::uint32_t ns, std::string_view tenant, std::span<const std::int32_t> tokens,
-                                int chunk_tokens) {
+std::vector<ContentId> ChunkIds(const ContentId& namespace_root, std::string_view tenant,
+                                std::span<const std::int32_t> tokens, int chunk_tokens) {
   std::vector<ContentId> ids;
   if (chunk_tokens <= 0) return ids;
   const std::size_t c = static_cast<std::size_t>(chunk_tokens);
   ids.reserve(tokens.size() / c);
-  ContentId parent = TenantRoot(ns, tenant);
+  ContentId parent = TenantRoot(namespace_root, tenant);
   for (std::size_t begin = 0; begin + c <= tokens.size(); begin += c) {
     parent = ChainContentId(parent, tokens.subspan(begin, c));
     ids.push_back(parent);
@@ -99,9 +114,9 @@ BlockKey StateKey(std::uint32_t ns, int layer, const ContentId& boundary_id) {
   return BlockKey{ns, BlockKind::kState, static_cast<std::uint32_t>(layer), boundary_id};
 }
 
-BlockKey ExpertKey(std::uint32_t ns, int layer, int expert) {
-  return BlockKey{ns, BlockKind::kExpert, static_cast<std::uint32_t>(layer),
-                  ContentId{0, static_cast<std::uint64_t>(static_cast<std::uint32_t>(expert))}};
+BlockKey ExpertKey(std::uint32_t ns, const ContentId& namespace_root, int layer, int expert) {
+  const std::int32_t which[2] = {layer, expert};
+  return BlockKey{ns, BlockKind::kExpert, static_cast<std::uint32_t>(layer), ChainContentId(namespace_root, which)};
 }
 
 }  // namespace terrace::keys

@@ -166,6 +166,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const KvLayout& layout,
   impl->st_gap = state_store->read_gap_bytes();
   impl->logger = LoggerOrDefault(std::move(logger));
   impl->ns_kv = keys::Namespace(model_id, layout.Id(), layout.kv_codec().Name(), keys::kKeySchemaVersion);
+  impl->kv_root = keys::NamespaceRoot(model_id, layout.Id(), layout.kv_codec().Name(), keys::kKeySchemaVersion);
   impl->ns_state = keys::Namespace(model_id, layout.Id(), layout.state_codec().Name(), keys::kKeySchemaVersion);
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->WriterLoop(); });
@@ -193,7 +194,7 @@ PrefixRequest PrefixCache::Prepare(std::span<const std::int32_t> tokens, std::st
   r.tokens.assign(tokens.begin(), tokens.end());
   r.tenant = std::string(tenant);
   // Chunk ids chain from the KV namespace's tenant root; state keys reuse them in their own namespace.
-  r.chunk_ids = keys::ChunkIds(impl_->ns_kv, tenant, tokens, impl_->layout.chunk_tokens());
+  r.chunk_ids = keys::ChunkIds(impl_->kv_root, tenant, tokens, impl_->layout.chunk_tokens());
   r.restorable_chunks =
       tokens.empty() ? 0 : static_cast<std::int64_t>(tokens.size() - 1) / impl_->layout.chunk_tokens();
   return r;

@@ -33,6 +33,7 @@ struct PrefixCache::Impl {
   Store* st = nullptr;
   std::shared_ptr<Logger> logger;
   std::uint32_t ns_kv = 0, ns_state = 0;
+  ContentId kv_root;  // the KV namespace's root: every chunk id chains from it
   // The stores' read_gap_bytes: the room a restore leaves past each raw block in its buffers
   // (restore_job.h, Slot), so adjacent blocks are read as one request.
   std::uint64_t kv_gap = 0, st_gap = 0;

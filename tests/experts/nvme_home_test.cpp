@@ -35,7 +35,7 @@ TEST_CASE("a slow NVMe home serves a layer's selection as one batched read", "[e
   REQUIRE(calls.size() == 1);  // one call past the wrapper, one batched read in the NVMe tier
   CHECK(calls[0] == sel.size());
   std::set<int> read;
-  for (const BlockKey& k : reads) read.insert(testing::ExpertOf(k));
+  for (const BlockKey& k : reads) read.insert(testing::ExpertOf(*rig.offload, k));
   CHECK(read == std::set<int>(sel.begin(), sel.end()));
   const ExpertMetrics m = rig.offload->Metrics();
   CHECK(m.misses == sel.size());

@@ -71,7 +71,7 @@ TEST_CASE("demand loads go ahead of queued speculative prefetches", "[experts]")
   const auto reads = rig.slow->reads();
   std::size_t demand_pos = reads.size();
   for (std::size_t i = 0; i < reads.size(); ++i)
-    if (LayerOf(reads[i]) == 2 && ExpertOf(reads[i]) == 9) demand_pos = i;
+    if (LayerOf(reads[i]) == 2 && ExpertOf(*rig.offload, reads[i]) == 9) demand_pos = i;
   INFO("demand read at position " << demand_pos << " of " << reads.size());
   REQUIRE(demand_pos < reads.size());
   // At most the two prefetches already in flight were read before it.
@@ -381,7 +381,7 @@ TEST_CASE("a provisional prediction stays at the plain in-flight limit however c
     rig.offload->Quiesce();
     std::set<int> read;
     for (const BlockKey& k : rig.slow->reads())
-      if (LayerOf(k) == 3) read.insert(ExpertOf(k));
+      if (LayerOf(k) == 3) read.insert(ExpertOf(*rig.offload, k));
     // Provisional: two handed to the store, the rest queued and superseded. Not provisional: a
     // confident prediction for the nearest target, all eight handed to the store at once.
     if (provisional) {
@@ -411,7 +411,7 @@ TEST_CASE("a superseding prediction drops the queued prefetches it leaves out", 
     rig.offload->Quiesce();
     std::set<int> read;
     for (const BlockKey& k : rig.slow->reads())
-      if (LayerOf(k) == 3) read.insert(ExpertOf(k));
+      if (LayerOf(k) == 3) read.insert(ExpertOf(*rig.offload, k));
     if (supersede) {
       // The two in flight before the refinement, and 6 and 7: at most four, 6 and 7 among them.
       CHECK(read.size() <= 4);

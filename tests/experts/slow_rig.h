@@ -145,6 +145,14 @@ inline SlowRig MakeSlowRig(ExpertOffloadOptions opt, unsigned store_threads, Hom
 }
 
 inline int LayerOf(const BlockKey& k) { return static_cast<int>(k.layer); }
-inline int ExpertOf(const BlockKey& k) { return static_cast<int>(k.id.lo); }
+// The expert whose key (ExpertOffload::key) `k` is, or -1 (an expert's key id is a hash).
+inline int ExpertOf(const ExpertOffload& offload, const BlockKey& k) {
+  for (int e = 0; e < 4096; ++e) {
+    auto key = offload.key(static_cast<int>(k.layer), e);
+    if (!key.ok()) return -1;
+    if (*key == k) return e;
+  }
+  return -1;
+}
 
 }  // namespace terrace::experts::testing

@@ -107,6 +107,10 @@ TEST_CASE("Namespace is the documented XXH3-64 byte string") {
   le(1, 4);
   const auto want = static_cast<std::uint32_t>(XXH3_64bits(buf.data(), buf.size()));
   CHECK(keys::Namespace(model, "layout", "bf16", 1) == want);
+  // Its root is XXH3-128 of the same bytes.
+  const XXH128_hash_t root = XXH3_128bits(buf.data(), buf.size());
+  CHECK(keys::NamespaceRoot(model, "layout", "bf16", 1) == ContentId{root.high64, root.low64});
+  CHECK(keys::NamespaceRoot(model, "layout", "bf16", 2) != ContentId{root.high64, root.low64});
   // The length prefixes keep ("ab", "c") and ("a", "bc") apart.
   CHECK(keys::Namespace(model, "ab", "c", 1) != keys::Namespace(model, "a", "bc", 1));
   CHECK(keys::Namespace(model, "layout", "bf16", 2) != want);
@@ -115,25 +119,28 @@ TEST_CASE("Namespace is the documented XXH3-64 byte string") {
 
 TEST_CASE("chunk ids chain the tenant root and every token") {
   const std::uint32_t ns = 77;
+  const ContentId root{0x1111, 0x2222};
   std::vector<std::int32_t> t(50);
   for (int i = 0; i < 50; ++i) t[static_cast<std::size_t>(i)] = i * 3;
-  const auto ids = keys::ChunkIds(ns, "", t, 16);
+  const auto ids = keys::ChunkIds(root, "", t, 16);
   REQUIRE(ids.size() == 3);  // 50 / 16 full chunks
-  ContentId parent = keys::TenantRoot(ns, "");
+  ContentId parent = keys::TenantRoot(root, "");
   for (std::size_t c = 0; c < 3; ++c) {
     parent = ChainContentId(parent, std::span(t).subspan(c * 16, 16));
     CHECK(ids[c] == parent);
   }
-  CHECK(keys::TenantRoot(ns, "") != RootContentId(ns));
-  CHECK(keys::TenantRoot(ns, "a") != keys::TenantRoot(ns, ""));
-  CHECK(keys::TenantRoot(ns, "a") != keys::TenantRoot(ns, "b"));
-  CHECK(keys::TenantRoot(ns + 1, "a") != keys::TenantRoot(ns, "a"));
-  const auto other = keys::ChunkIds(ns, "tenant-b", t, 16);
+  CHECK(keys::TenantRoot(root, "") != root);
+  CHECK(keys::TenantRoot(root, "a") != keys::TenantRoot(root, ""));
+  CHECK(keys::TenantRoot(root, "a") != keys::TenantRoot(root, "b"));
+  // Roots differing in any bit (as two namespaces sharing their 32 bits do) chain apart.
+  CHECK(keys::TenantRoot(ContentId{root.hi ^ (1ull << 63), root.lo}, "a") != keys::TenantRoot(root, "a"));
+  CHECK(keys::ChunkIds(ContentId{root.hi ^ (1ull << 63), root.lo}, "", t, 16)[0] != ids[0]);
+  const auto other = keys::ChunkIds(root, "tenant-b", t, 16);
   for (std::size_t c = 0; c < 3; ++c) CHECK(other[c] != ids[c]);
   // A changed token changes its chunk and every later one, not the earlier ones.
   auto t2 = t;
   t2[20] += 1;
-  const auto ids2 = keys::ChunkIds(ns, "", t2, 16);
+  const auto ids2 = keys::ChunkIds(root, "", t2, 16);
   CHECK(ids2[0] == ids[0]);
   CHECK(ids2[1] != ids[1]);
   CHECK(ids2[2] != ids[2]);
@@ -142,8 +149,11 @@ TEST_CASE("chunk ids chain the tenant root and every token") {
   CHECK(kv == BlockKey{ns, BlockKind::kKv, 0, ids[1]});
   const BlockKey st = keys::StateKey(ns, 6, ids[1]);
   CHECK(st == BlockKey{ns, BlockKind::kState, 6, ids[1]});
-  const BlockKey ex = keys::ExpertKey(ns, 3, 900);
-  CHECK(ex == BlockKey{ns, BlockKind::kExpert, 3, ContentId{0, 900}});
+  const BlockKey ex = keys::ExpertKey(ns, root, 3, 900);
+  const std::int32_t which[2] = {3, 900};
+  CHECK(ex == BlockKey{ns, BlockKind::kExpert, 3, ChainContentId(root, which)});
+  CHECK(keys::ExpertKey(ns, ContentId{root.hi, root.lo ^ 1}, 3, 900) != ex);  // another model's root
+  CHECK(keys::ExpertKey(ns, root, 3, 901) != ex);
 }
 
 std::string RunPrinter(const std::filesystem::path& dir, const std::string& tenant) {
@@ -219,7 +229,7 @@ TEST_CASE("ModelId covers the config and every tensor byte") {
 // same commit. (A new KvLayout::Id text, e.g. a block format version, changes the layout input and
 // so the keys too; that one is versioned inside the text: docs/prefix-cache.md.)
 TEST_CASE("golden key vectors: fixed inputs give the pinned namespaces, content ids and keys") {
-  CHECK(keys::kKeySchemaVersion == 1);
+  CHECK(keys::kKeySchemaVersion == 2);
   const ContentId model{0x0123456789abcdefull, 0xfedcba9876543210ull};
   const std::string layout =
       "kv-layout-v2 chunk=16 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32";
@@ -230,28 +240,32 @@ TEST_CASE("golden key vectors: fixed inputs give the pinned namespaces, content 
   const std::uint32_t ns_kv = keys::Namespace(model, layout, "bf16", keys::kKeySchemaVersion);
   const std::uint32_t ns_state = keys::Namespace(model, layout, "f32", keys::kKeySchemaVersion);
   const std::uint32_t ns_expert = keys::Namespace(model, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
-  CHECK(ns_kv == 1138107535u);
-  CHECK(ns_state == 1089781997u);
-  CHECK(ns_expert == 1069081685u);
+  CHECK(ns_kv == 499751406u);
+  CHECK(ns_state == 3282177034u);
+  CHECK(ns_expert == 1108106529u);
+  const ContentId kv_root = keys::NamespaceRoot(model, layout, "bf16", keys::kKeySchemaVersion);
+  const ContentId expert_root = keys::NamespaceRoot(model, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+  CHECK(kv_root == ContentId{0x974b2b8d09485171ull, 0x2b2d501346dd2590ull});
 
-  CHECK(keys::TenantRoot(ns_kv, "") == ContentId{0xad17f8ce436ad407ull, 0xb5f03a0fcc57df27ull});
-  CHECK(keys::TenantRoot(ns_kv, "tenant-a") == ContentId{0xcef8f01316b037e3ull, 0xce33b20c0dc1a58eull});
+  CHECK(keys::TenantRoot(kv_root, "") == ContentId{0x5ea2f55c6c5eee2aull, 0x8dd2c93ce8a78f62ull});
+  CHECK(keys::TenantRoot(kv_root, "tenant-a") == ContentId{0xaf218eb995111497ull, 0x8ed68d821357c8f6ull});
 
   std::vector<std::int32_t> tokens(40);
   for (int i = 0; i < 40; ++i) tokens[static_cast<std::size_t>(i)] = (i * 37 + 5) % 512;
-  const auto ids = keys::ChunkIds(ns_kv, "", tokens, 16);
-  const auto ids_a = keys::ChunkIds(ns_kv, "tenant-a", tokens, 16);
+  const auto ids = keys::ChunkIds(kv_root, "", tokens, 16);
+  const auto ids_a = keys::ChunkIds(kv_root, "tenant-a", tokens, 16);
   REQUIRE(ids.size() == 2);
   REQUIRE(ids_a.size() == 2);
-  CHECK(ids[0] == ContentId{0x9aa56423c61e14f0ull, 0x2314e3c2cc12e024ull});
-  CHECK(ids[1] == ContentId{0xbe3544fc5e23f4b1ull, 0x42d39fc5da925642ull});
-  CHECK(ids_a[0] == ContentId{0xb883012a062199ccull, 0xc3c28fdc50ed3e00ull});
-  CHECK(ids_a[1] == ContentId{0x1147f37f47d0f99bull, 0x4b0e10954d46d35dull});
+  CHECK(ids[0] == ContentId{0xb7511fc089f24943ull, 0xa419628527657a6eull});
+  CHECK(ids[1] == ContentId{0xb67075cfea034011ull, 0x5596c4da0fdaae28ull});
+  CHECK(ids_a[0] == ContentId{0xdb34ae87db3409d3ull, 0x6ad9007254376782ull});
+  CHECK(ids_a[1] == ContentId{0xdce116dcfaef7a3bull, 0xb1720d659af88e10ull});
 
-  CHECK(keys::KvChunkKey(ns_kv, ids[1]).ToString() == "1138107535:kv:0:be3544fc5e23f4b142d39fc5da925642");
-  CHECK(keys::StateKey(ns_state, 2, ids[1]).ToString() == "1089781997:state:2:be3544fc5e23f4b142d39fc5da925642");
-  CHECK(keys::KvChunkKey(ns_kv, ids_a[0]).ToString() == "1138107535:kv:0:b883012a062199ccc3c28fdc50ed3e00");
-  CHECK(keys::ExpertKey(ns_expert, 5, 13).ToString() == "1069081685:expert:5:0000000000000000000000000000000d");
+  CHECK(keys::KvChunkKey(ns_kv, ids[1]).ToString() == "499751406:kv:0:b67075cfea0340115596c4da0fdaae28");
+  CHECK(keys::StateKey(ns_state, 2, ids[1]).ToString() == "3282177034:state:2:b67075cfea0340115596c4da0fdaae28");
+  CHECK(keys::KvChunkKey(ns_kv, ids_a[0]).ToString() == "499751406:kv:0:db34ae87db3409d36ad9007254376782");
+  CHECK(keys::ExpertKey(ns_expert, expert_root, 5, 13).ToString() ==
+        "1108106529:expert:5:983671f5ea1bf6dc019644d575eb0cb0");
 }
 
 // A fixed two-tensor weight source for the model-id golden vector.
