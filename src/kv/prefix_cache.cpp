@@ -262,7 +262,9 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
   std::shared_ptr<std::vector<std::vector<float>>> complete;
   {
     MutexLock lock(&m.q_mu);
-    auto& slot = m.pending_chunks[{id.hi, id.lo}];
+    auto& pending = m.pending_chunks[{id.hi, id.lo}];
+    if (pending.pass != &state) pending = {&state, {}};
+    auto& slot = pending.rows;
     slot.resize(mla.size());
     slot[j] = std::move(rows);
     bool all = true;

@@ -56,11 +56,17 @@ struct PrefixCache::Impl {
   int puts_in_flight TERRACE_GUARDED_BY(q_mu) = 0;
   bool stop TERRACE_GUARDED_BY(q_mu) = false;
   std::thread writer;
-  // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> rows per MLA
-  // layer (empty until that layer was stored). A pass that stopped between MLA layers leaves its
-  // chunk's rows here until that chunk is stored again (never written incomplete).
-  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<std::vector<float>>> pending_chunks
-      TERRACE_GUARDED_BY(q_mu);
+  // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> the pass's state
+  // that stored them and its rows per MLA layer (empty until that layer was stored). A block is
+  // assembled from one pass only: another pass storing the same chunk starts the rows over (two
+  // passes' rows differ in the last bits when they restored from different boundaries with a
+  // lossy codec). A pass that stopped between MLA layers leaves its chunk's rows here until that
+  // chunk is stored again (never written incomplete).
+  struct PendingChunk {
+    const model::SequenceState* pass = nullptr;
+    std::vector<std::vector<float>> rows;
+  };
+  std::map<std::pair<std::uint64_t, std::uint64_t>, PendingChunk> pending_chunks TERRACE_GUARDED_BY(q_mu);
 
   // What a lookup found, kept for the reads.
   struct Found {

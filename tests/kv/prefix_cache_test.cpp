@@ -264,5 +264,44 @@ TEST_CASE("a lookup moves no data") {
   for (int t = 0; t < kNumTiers; ++t) CHECK(after.tiers[static_cast<std::size_t>(t)].hits == before.tiers[static_cast<std::size_t>(t)].hits);
 }
 
+
+TEST_CASE("a chunk block is assembled from one pass's MLA rows, never two passes' mixed") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  const KvLayout layout = Layout(16, 1);
+  auto cache = PrefixCache::Create(layout, m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(16);  // one chunk
+  const auto req = (*cache)->Prepare(p, "");
+  // Two passes over the same chunk whose MLA rows differ (as after restores from different
+  // boundaries with a lossy codec): b's are a's plus one.
+  model::Session a(*m.model), b(*m.model);
+  REQUIRE(a.Prefill(p).ok());
+  REQUIRE(b.Prefill(p).ok());
+  const auto& mla = layout.mla_layers();
+  REQUIRE(mla.size() >= 2);
+  for (int l : mla)
+    for (float& v : b.state().layer(l).latents) v += 1.0f;
+  for (int l : layout.kda_layers()) REQUIRE((*cache)->StoreLayer(req, 1, l, a.state(), /*snapshot=*/true).ok());
+  // Interleaved: a's first MLA layer, b's, a's second (with mixing, the block would be complete
+  // here, b's first layer beside a's second), then a's first again.
+  REQUIRE((*cache)->StoreLayer(req, 1, mla[0], a.state(), false).ok());
+  REQUIRE((*cache)->StoreLayer(req, 1, mla[0], b.state(), false).ok());
+  for (std::size_t j = 1; j < mla.size(); ++j) REQUIRE((*cache)->StoreLayer(req, 1, mla[j], a.state(), false).ok());
+  REQUIRE((*cache)->StoreLayer(req, 1, mla[0], a.state(), false).ok());
+  (*cache)->Flush();
+  // One more token so the restore stops at the chunk boundary (a restore leaves a token to compute).
+  auto longer = p;
+  longer.push_back(3);
+  model::Session c(*m.model);
+  auto r = (*cache)->Restore((*cache)->Prepare(longer, ""), &c.state());
+  REQUIRE(r.ok());
+  REQUIRE(r->boundary_tokens == 16);
+  for (int l : mla) {
+    INFO("MLA layer " << l);
+    CHECK(Bitwise(c.state().layer(l).latents, a.state().layer(l).latents));
+  }
+}
+
 }  // namespace
 }  // namespace terrace::kv
