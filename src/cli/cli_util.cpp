@@ -83,6 +83,22 @@ std::vector<std::string> SplitCommas(std::string_view list) {
   return out;
 }
 
+std::string NormalizePath(std::string_view path) {
+  if (path.empty()) return std::string();
+  std::filesystem::path n = std::filesystem::path(path).lexically_normal();
+  if (n.has_relative_path() && !n.has_filename()) n = n.parent_path();  // "dir/" -> "dir"
+  return n.empty() ? std::string(".") : n.string();
+}
+
+CLI::Validator NormalizedPath() {
+  return CLI::Validator(
+      [](std::string& value) {
+        value = NormalizePath(value);
+        return std::string();
+      },
+      "", "normalized path");
+}
+
 std::string FormatPercent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
 std::string FormatBytes(double bytes) {

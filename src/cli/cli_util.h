@@ -42,6 +42,15 @@ std::string FormatPercent(double fraction);
 // The process's user and system CPU time so far (every thread), in seconds.
 std::pair<double, double> ProcessCpuSeconds();
 
+// `path` with "." and ".." components and a trailing separator removed, lexically ("x/.." -> ".",
+// "a/../b" -> "b", "../b" stays): every decision the CLI makes about a directory it may create,
+// write into or remove is made on the same path it then uses. (On the path as typed, "missing/.."
+// does not exist, yet names an existing directory once "missing" is created.) Lexical: "link/.."
+// is the link's own parent, not its target's.
+std::string NormalizePath(std::string_view path);
+// A CLI11 transform applying NormalizePath to a flag's value; for every flag naming a directory.
+CLI::Validator NormalizedPath();
+
 // Adds a size option that accepts ParseSize's suffixes. Values outside [min, max] are a usage error
 // (exit 2) naming the flag and the accepted range; so is a negative number or one that overflows.
 CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help,

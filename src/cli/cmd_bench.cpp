@@ -624,10 +624,10 @@ void RegisterBench(CLI::App& app, Runner* run) {
   tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
                                      "the tier uses the whole device and needs --index-dir; its contents are "
                                      "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
-                                     "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run");
+                                     "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run")->transform(NormalizedPath());
   tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
                                                  "required when --dir is a block device (default: <dir>/index). "
-                                                 "Removed afterwards if the bench created it");
+                                                 "Removed afterwards if the bench created it")->transform(NormalizedPath());
   tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   AddIntOption(tiers, "--batch", &a->batch, 1u, 65536u,

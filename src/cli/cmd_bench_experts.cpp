@@ -161,7 +161,7 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   cmd->add_option("--dir", a->dir, "NVMe tier directory for the expert store; created, marked "
                                    "(terrace-bench-experts.marker) and removed afterwards, also on SIGINT/SIGTERM (unless "
                                    "--keep); the next run removes a marked leftover of a killed run")
-      ->capture_default_str();
+      ->capture_default_str()->transform(NormalizedPath());
   cmd->add_option("--budgets", a->budgets, "Fast-tier budgets, percentages of the routed expert bytes")->capture_default_str();
   cmd->add_option("--configs", a->configs,
                   "Rows to run besides resident, comma-separated (a quick A/B; the targets need on-demand, oracle, mmap and a "

@@ -707,7 +707,7 @@ void RegisterDemo(CLI::App& app, Runner* run) {
   auto* demo = app.add_subcommand(
       "demo", "Run a multi-turn chat on the k3-small model with prefix-cache restore and expert offload, check it "
               "against a full recompute, and summarise");
-  demo->add_option("--dir", a->dir, "Data directory (created if missing; reused by the next run)")->capture_default_str();
+  demo->add_option("--dir", a->dir, "Data directory (created if missing; reused by the next run)")->capture_default_str()->transform(NormalizedPath());
   AddIntOption(demo, "--conversations", &a->conversations, 1u, 64u, "Conversations sharing the system prompt");
   AddIntOption(demo, "--turns", &a->turns, 1u, 32u, "Turns per conversation");
   AddIntOption(demo, "--system-tokens", &a->system_tokens, 1u, 4096u, "Tokens of the shared system prompt");

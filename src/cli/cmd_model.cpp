@@ -348,7 +348,7 @@ void RegisterModel(CLI::App& app, Runner* run) {
   auto* preset_opt = i->add_option("--preset", init->preset, "Preset: " + fmt::format("{}", fmt::join(PresetNames(), ", ")));
   auto* config_opt = i->add_option("--config", init->config, "Or: a config.json to instantiate");
   preset_opt->excludes(config_opt);
-  i->add_option("--out", init->out, "Output model directory")->required();
+  i->add_option("--out", init->out, "Output model directory")->required()->transform(NormalizedPath());
   AddIntOption<std::uint64_t>(i, "--seed", &init->seed, 0, UINT64_MAX, "Random seed (same seed, same bytes)");
   AddSizeOption(i, "--shard-bytes", &init->shard_bytes, "Largest shard; above it, write sharded + index.json", 1);
   i->add_flag("--force", init->force,

@@ -56,10 +56,10 @@ void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missi
                       ? "Store directory (created if missing) or block device (its contents are overwritten; needs "
                         "--index-dir)"
                       : "Store directory or block device")
-      ->required();
+      ->required()->transform(NormalizedPath());
   app->add_option("--index-dir", p->index_dir,
                   "NVMe index directory on a persistent file system; required when --dir is a block device "
-                  "(default: <dir>/index)");
+                  "(default: <dir>/index)")->transform(NormalizedPath());
   if (with_capacity) {
     AddSizeOption(app, "--capacity", &p->capacity,
                   dir_created_if_missing

@@ -39,6 +39,8 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -72,8 +74,26 @@ struct KindResult {
   bool failed() const { return lost || corrupt_returned || damage_missed || open_failures; }
 };
 
-// Validates --dir: new, empty, or an earlier drill's (whose own entries are removed). Returns a
-// usage message, empty when the directory is ready.
+// What a drill round leaves in --dir/<kind>: one store's files, and the indexes `store recover`
+// moved aside. Absent counts too (nothing to remove).
+bool HoldsOnlyDrillStore(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (!fs::exists(st)) return true;
+  if (!fs::is_directory(st)) return false;  // a symlink or a file: not what a drill made
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "terrace.data" || n == "terrace.data.creating" || n == "index" || n.starts_with("index.damaged-") ||
+        n.starts_with("index.reformatted-"))
+      continue;
+    return false;
+  }
+  return !ec;
+}
+
+// Validates --dir: new, empty, or an earlier drill's (whose own entries are removed: each fault
+// kind's store folder and log, and only when they hold nothing else). Returns a usage message,
+// empty when the directory is ready.
 std::string PrepareDrillDir(const std::string& dir) {
   std::error_code ec;
   fs::file_status st = fs::symlink_status(dir, ec);
@@ -83,20 +103,26 @@ std::string PrepareDrillDir(const std::string& dir) {
   } else if (!fs::is_directory(st)) {
     return fmt::format("--dir '{}' is not a directory; give a new or empty directory for the drill's stores", dir);
   } else if (!fs::is_empty(dir, ec)) {
-    if (!fs::exists(fs::path(dir) / kDrillMarker, ec)) {
+    if (!IsKind(fs::path(dir) / kDrillMarker, S_IFREG)) {
       return fmt::format("--dir '{}' is not empty and was not made by 'terrace store drill' (no {} marker); give a "
                          "new or empty directory",
                          dir, kDrillMarker);
+    }
+    for (const char* k : kAllKinds) {
+      const fs::path log = fs::path(dir) / (std::string(k) + ".log");
+      if (!HoldsOnlyDrillStore(fs::path(dir) / k) || (fs::exists(fs::symlink_status(log, ec)) && !IsKind(log, S_IFREG))) {
+        return fmt::format("--dir '{}' holds '{}' with something an earlier drill did not make; nothing was removed: "
+                           "give a new or empty directory",
+                           dir, k);
+      }
     }
     for (const char* k : kAllKinds) {  // only what an earlier drill created
       fs::remove_all(fs::path(dir) / k, ec);
       fs::remove(fs::path(dir) / (std::string(k) + ".log"), ec);
     }
   }
-  FILE* m = std::fopen((fs::path(dir) / kDrillMarker).c_str(), "w");
-  if (!m) return fmt::format("cannot write the drill marker in --dir '{}': {}", dir, std::strerror(errno));
-  std::fputs("terrace store drill: this directory holds drill stores; a later drill may delete them\n", m);
-  std::fclose(m);
+  if (Status s = WriteMarker(dir, kDrillMarker, "terrace store drill"); !s.ok())
+    return fmt::format("cannot write the drill marker in --dir '{}': {}", dir, s.message());
   return {};
 }
 
@@ -434,7 +460,7 @@ void RegisterStoreDrill(CLI::App* store, Runner* run) {
   auto* cmd = store->add_subcommand(
       "drill", "Recovery drill: fill stores under --dir, kill the writers and inject faults, then check that no "
                "acknowledged block was lost and no corrupt block returned");
-  cmd->add_option("--dir", a->dir, "A new or empty directory for the drill's stores (or an earlier drill's)")->required();
+  cmd->add_option("--dir", a->dir, "A new or empty directory for the drill's stores (or an earlier drill's)")->required()->transform(NormalizedPath());
   AddIntOption<std::uint64_t>(cmd, "--kills", &a->kills, 1, 10000, "Rounds per fault kind, each ending in a kill or a fault");
   cmd->add_option("--faults", a->faults, "Comma-separated faults: eio,enospc,short,bitflip,powercut (default: all)");
   AddIntOption<std::uint64_t>(cmd, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the kill points, faults and block contents");

@@ -32,9 +32,27 @@ void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, b
   if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
 }
 
-// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries.
-void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign) {
-  if (IsOwnedStore(dir, kDemoMarker)) return;
+// A store folder a stopped demo run left before writing its marker (the marker follows the store's
+// creation, which needs an empty folder): nothing but terrace.data, terrace.data.creating (regular
+// files) and index/. Only trusted inside a DIR that holds the demo's own marker.
+bool IsStoppedDemoStore(const fs::path& dir) {
+  if (!IsKind(dir, S_IFDIR)) return false;
+  std::error_code ec;
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    ++n;
+    const std::string name = e.path().filename().string();
+    const bool ok = ((name == "terrace.data" || name == "terrace.data.creating") && IsKind(e.path(), S_IFREG)) ||
+                    (name == "index" && IsKind(e.path(), S_IFDIR));
+    if (!ok) return false;
+  }
+  return !ec && n > 0;
+}
+
+// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries. `dir_marked`: DIR
+// holds the demo's marker, so a stopped run's unmarked store in it is the demo's.
+void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool dir_marked) {
+  if (IsOwnedStore(dir, kDemoMarker) || (dir_marked && IsStoppedDemoStore(dir))) return;
   std::error_code ec;
   std::size_t n = 0, before = foreign->size();
   bool marked = false;
@@ -67,6 +85,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
   if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
   if (entries.empty()) return "";
   std::sort(entries.begin(), entries.end());
+  const bool dir_marked = IsKind(dir / kDemoMarker, S_IFREG);
   bool marked = false;
   std::vector<std::string> foreign;
   for (const fs::path& p : entries) {
@@ -82,7 +101,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
     } else if (name == kDemoModelTmpDir && IsKind(p, S_IFDIR)) {  // a model build that was stopped
       ForeignInModelDir(p, &foreign, /*partial=*/true);
     } else if (is_store && IsKind(p, S_IFDIR)) {
-      ForeignInStore(p, &foreign);
+      ForeignInStore(p, &foreign, dir_marked);
     } else {
       foreign.push_back(name);
     }
@@ -111,6 +130,13 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   std::error_code ec;
   bool removed = false;
   for (const char* s : kDemoStores) {
+    if (!IsOwnedStore(dir / s, kDemoMarker) && IsStoppedDemoStore(dir / s)) {  // DIR is marked (checked above)
+      for (const char* f : {"terrace.data", "terrace.data.creating"}) removed = fs::remove(dir / s / f, ec) || removed;
+      if (IsKind(dir / s / "index", S_IFDIR)) removed = fs::remove_all(dir / s / "index", ec) > 0 || removed;
+      fs::remove(dir / s, ec);
+      if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's {}: {}", flag, dir.string(), s, ec.message()));
+      continue;
+    }
     auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kDemoWho);
     if (!r.ok()) return r.status();
     std::error_code gone;

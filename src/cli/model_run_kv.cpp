@@ -16,7 +16,7 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   if (with_store) {
     store = cmd->add_option("--store", a->store,
                             "Prefix cache directory: restore the prompt's longest cached prefix from it and store what "
-                            "was computed (KV pool in DIR/kv, KDA state pool in DIR/state)");
+                            "was computed (KV pool in DIR/kv, KDA state pool in DIR/state)")->transform(NormalizedPath());
   }
   // The first option this function adds after --store; all of them up to the end need --store.
   const std::size_t first = cmd->get_options().size();

@@ -112,7 +112,17 @@ Status CheckOutputFile(const fs::path& path, std::string_view flag) {
 Status WriteOutputFile(const fs::path& path, std::string_view flag,
                        const std::function<Status(const fs::path& tmp)>& produce) {
   TERRACE_RETURN_IF_ERROR(CheckOutputFile(path, flag));
-  const fs::path tmp = TempNameNextTo(path);
+  // A temporary name nothing uses yet: on failure only what produce() made there is removed, never
+  // a file that was there before (a leftover of a killed run whose pid repeats, or a user's).
+  fs::path tmp;
+  for (int attempt = 0; attempt < 64 && tmp.empty(); ++attempt) {
+    fs::path candidate = TempNameNextTo(path);
+    struct stat st {};
+    if (::lstat(candidate.c_str(), &st) != 0 && errno == ENOENT) tmp = std::move(candidate);
+  }
+  if (tmp.empty())
+    return Status::IoError(fmt::format("{} {}: no unused temporary name next to it (.terrace-tmp-<pid>-<n>)", flag,
+                                       path.string()));
   Status s = produce(tmp);
   if (s.ok()) s = CommitTemp(tmp, path, flag);
   if (!s.ok()) {

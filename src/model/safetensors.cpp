@@ -38,8 +38,9 @@ Status WriteAll(int fd, const void* data, std::size_t size, const std::filesyste
 // Writes the pieces to a temporary file next to `path`, fsyncs it and renames it over `path`.
 Status WritePiecesAtomically(const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces) {
   const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", tmp);
+  // O_EXCL: a file that happens to have this name is not ours to truncate (or to rename over `path`).
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "cannot create the temporary file", tmp);
   Status s;
   for (const auto& piece : pieces) {
     s = WriteAll(fd, piece.data(), piece.size(), tmp);

@@ -64,6 +64,10 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
   };
   if (h.gpus < 1 || h.gpus > 4096) return bad("gpus", "must be 1 to 4096");
   if (h.hbm_bytes_per_gpu == 0) return bad("hbm_bytes_per_gpu", "must be positive");
+  if (h.hbm_bytes_per_gpu > UINT64_MAX / static_cast<std::uint64_t>(h.gpus))
+    return bad("hbm_bytes_per_gpu", fmt::format("times gpus ({}) exceeds 2^64 bytes", h.gpus));
+  if (h.host_bytes == 0) return bad("host_bytes", "must be positive");
+  if (h.nvme_bytes == 0) return bad("nvme_bytes", "must be positive");
   if (!(h.hbm_bandwidth_per_gpu > 0)) return bad("hbm_bandwidth_per_gpu", "must be positive");
   if (!(h.gpu_flops_per_gpu > 0)) return bad("gpu_flops_per_gpu", "must be positive");
   if (!(h.mfu > 0 && h.mfu <= 1)) return bad("mfu", "must be in (0, 1]");

@@ -8,6 +8,7 @@ import shutil
 import signal
 import stat
 import struct
+import subprocess
 
 import pytest
 
@@ -414,3 +415,88 @@ def test_bench_never_removes_a_directory_it_did_not_create(terrace, tmp_path):
     assert not (empty / "terrace-bench.marker").exists()
     assert_usage_error(terrace("bench", "tiers", "--tier", "nvme", "--dir", mine / "thesis.txt"), "regular file")
     assert snapshot(mine) == before
+
+
+# A directory flag whose first component does not exist yet ("x/..") names an existing folder; each
+# command must see that folder as it is (not as a new one it may write into or remove).
+DOTDOT_COMMANDS = [
+    ("bench", "tiers", "--tier", "nvme", "--op", "write", "--dir", "x/..", "--total-bytes", "4MiB", "--block-size", "1MiB"),
+    ("bench", "tiers", "--tier", "nvme", "--op", "write", "--dir", "x/../victim", "--total-bytes", "4MiB",
+     "--block-size", "1MiB"),
+    ("model", "init", "--preset", "k3-toy", "--out", "x/..", "--routing-tokens", "0"),
+    ("store", "drill", "--dir", "x/..", "--faults", "eio", "--kills", "1", "--capacity", "16MiB", "--max-acks", "3"),
+    ("store", "fill", "--dir", "x/..", "--count", "2", "--block-size", "4096", "--seed", "1"),
+]
+
+
+@pytest.mark.parametrize("args", DOTDOT_COMMANDS, ids=["bench-tiers-dir", "bench-tiers-dir-victim", "model-init-out",
+                                                      "store-drill-dir", "store-fill-dir"])
+def test_a_missing_component_then_dotdot_never_makes_an_existing_folder_new(terrace, tmp_path, args):
+    work = user_folder(tmp_path / "work")
+    user_folder(work / "victim")
+    before = snapshot(work)
+    r = terrace(*args, cwd=work)
+    assert r.returncode != 0, r.stdout
+    after = snapshot(work)
+    # Nothing of the user's is gone or changed (a folder "x" may be left: it is new and empty).
+    assert {k: v for k, v in after.items() if k != "x"} == before
+
+
+def test_bench_tiers_index_dir_dotdot_leaves_the_working_folder(terrace, tmp_path):
+    work = user_folder(tmp_path / "work")
+    before = snapshot(work)
+    terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--dir", tmp_path / "store", "--index-dir", "y/..",
+            "--total-bytes", "4MiB", "--block-size", "1MiB", cwd=work)
+    assert {k: v for k, v in snapshot(work).items() if k != "y"} == before
+
+
+def test_demo_dir_dotdot_is_refused_and_leaves_the_folder(terrace, tmp_path):
+    work = user_folder(tmp_path / "site")
+    (work / "report.html").write_text("<h1>mine</h1>\n")
+    before = snapshot(work)
+    assert_usage_error(terrace("demo", "--dir", "x/..", *DEMO, cwd=work), "did not create")
+    assert {k: v for k, v in snapshot(work).items() if k != "x"} == before
+
+
+def test_drill_removes_only_its_own_stores(terrace, tmp_path):
+    d = tmp_path / "drill"
+    args = ("store", "drill", "--dir", d, "--faults", "eio", "--kills", "1", "--capacity", "16MiB", "--max-acks", "3")
+    terrace(*args, check=True)
+    (d / "short").mkdir()
+    (d / "short" / "results.csv").write_text("mine\n")  # a user's folder with a fault kind's name
+    before = snapshot(d / "short")
+    assert_usage_error(terrace(*args), "short", "nothing was removed")
+    assert snapshot(d / "short") == before
+    assert (d / "eio").is_dir()  # nothing removed, not even the drill's own
+    (d / "short" / "results.csv").unlink()
+    (d / "short").rmdir()
+    terrace(*args, check=True)  # its own stores alone: removed and run again
+
+
+def test_an_output_file_never_removes_a_file_with_its_temporary_name(terrace, tmp_path):
+    # The shell writes .terrace-tmp-<its pid>-0, then becomes terrace (same pid): the writer must pick
+    # another temporary name, finish, and leave that file alone.
+    r = subprocess.run(["bash", "-c", f'echo mine > .terrace-tmp-$$-0; exec "{terrace.path}" trace gen --requests 5 '
+                                      f'--seed 1 -o out.jsonl'], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".terrace-tmp-")]
+    assert len(left) == 1 and left[0].read_text() == "mine\n"
+    assert (tmp_path / "out.jsonl").stat().st_size > 0
+
+
+def test_demo_accepts_and_fresh_removes_a_store_a_stopped_run_left_unmarked(terrace, tmp_path):
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    # A run stopped between a store's creation and its marker leaves it like this.
+    (d / "experts" / "terrace-demo.marker").unlink()
+    terrace("demo", "--dir", d, *DEMO, check=True)  # reused as the demo's
+    assert not (d / "experts" / "terrace-demo.marker").exists()
+    r = terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
+    assert "removed the demo's data" in r.stdout
+    assert (d / "experts" / "terrace-demo.marker").exists()  # made anew, marked
+    # Without the demo's own marker on DIR, such a store is not trusted.
+    (d / "experts" / "terrace-demo.marker").unlink()
+    (d / "terrace-demo.marker").unlink()
+    before = snapshot(d)
+    assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "did not create")
+    assert snapshot(d) == before

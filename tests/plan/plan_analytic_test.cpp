@@ -3,6 +3,8 @@
 // qk_rope_head_dim 64; 96 KDA heads of 128; conv kernel 4).
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include "src/plan/analytic.h"
 #include "src/plan/hardware.h"
 #include "terrace/model_config.h"
@@ -148,6 +150,15 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
   CHECK_THAT(bad.status().message(), Catch::Contains("mfu"));
   bad = ParseHardwareJson(R"({"gpus": 8})", "my.json");  // no base: the bandwidths are missing
   REQUIRE_FALSE(bad.ok());
+  // Zero sizes are refused (docs/plan.md), and so is an HBM total past 2^64 bytes (it would wrap).
+  for (const char* key : {"host_bytes", "nvme_bytes", "hbm_bytes_per_gpu"}) {
+    bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 0}})", key), "my.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("positive"));
+  }
+  bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_bytes_per_gpu": 3e18, "gpus": 8})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("hbm_bytes_per_gpu") && Catch::Contains("2^64"));
   auto round = ParseHardwareJson(HardwareToJson(*HardwarePreset("h200-gen5")), "x");
   REQUIRE(round.ok());
   CHECK(round->pcie_bandwidth_per_gpu == 55e9);
