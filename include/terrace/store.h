@@ -8,7 +8,9 @@
 //   present tier below it) and removes the key's copies elsewhere. Write-through also writes the
 //   lowest present tier first. Putting the bytes already stored is a no-op (put_dedup_hits).
 // - A failed Put leaves the store as it was, except a write-through Put that fails after its
-//   lowest-tier write: then every copy of the key is removed and the Status says so.
+//   lowest-tier write: then every copy of the key is removed and the Status says so. (A Put from
+//   device memory writes the lowest tier last: when that write fails, the new version is removed
+//   and the previous one kept, except its copy in the target tier, which the Put had replaced.)
 // - Get reads the fastest copy and verifies its checksum. A mismatch is re-read under the key's
 //   lock (so a concurrent replacement is not mistaken for damage); a copy that still fails is
 //   dropped and the next copy is tried; with no good copy left Get returns Corruption naming the

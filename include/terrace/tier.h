@@ -159,7 +159,8 @@ class Tier {
   virtual Status Unpin(const BlockKey& key) = 0;
 
   // For addressable tiers (caps().memory != kNone): the block's bytes in place, valid while the
-  // block is pinned. nullptr if absent or not addressable.
+  // block is pinned. nullptr if absent or not addressable (an empty block that is present is not
+  // null).
   virtual const std::byte* ResidentPtr(const BlockKey& key) const {
     (void)key;
     return nullptr;

@@ -274,7 +274,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items, const G
       if (slow[k].status.ok()) item.desc = slow[k].desc;
       continue;
     }
-    Result<BlockDesc> r = Get(item.key, item.out);  // the single-key path
+    Result<BlockDesc> r = Get(item.key, item.out, opts);  // the single-key path, with the batch's promotion choice
     if (r.ok()) item.desc = *r;
     st[slow_index[k]] = r.status();
   }

@@ -49,10 +49,24 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
     TransferOutcome t = Transfer(target, through, key, desc);
     Status ws = t.read.ok() ? t.write : t.read;
     if (!ws.ok()) {
-      RemoveEveryCopy(key, old_mask | new_mask);
-      return ws.WithContext(fmt::format("put {} from device memory reached tier {} but could not be written through "
-                                        "to tier {}; the block and any previous version under this key were removed",
-                                        key.ToString(), SlotName(target), SlotName(through)));
+      // The new version goes; the previous one stays wherever the target's write did not replace it
+      // (the lowest tier's write failed, so its copy there is intact), as a failed host Put leaves it.
+      (void)tier(target).Erase(key);
+      const SlotMask kept = old_mask & ~Bit(target);
+      {
+        MutexLock lock(&mu_);
+        auto it = entries_.find(key);
+        if (it != entries_.end()) {
+          SetMaskLocked(key, it->second, kept);
+          if (kept == 0) entries_.erase(it);
+        }
+      }
+      return ws.WithContext(fmt::format(
+          "put {} from device memory reached tier {} but could not be written through to tier {}; the new version "
+          "was removed{}",
+          key.ToString(), SlotName(target), SlotName(through),
+          kept != 0 ? "; the previous version is kept"
+                    : old_mask != 0 ? " (the previous version was only in that tier, which the put replaced)" : ""));
     }
     new_mask |= Bit(through);
   }

@@ -305,7 +305,10 @@ void HostTier::Abort(const Reservation& r) { arena_.AbortWrite(TicketOf(r, {}));
 const std::byte* HostTier::ResidentPtr(const BlockKey& key) const {
   auto e = arena_.Locate(key);
   if (!e.ok()) return nullptr;
-  if (e->pages == 0) return bases_.empty() ? nullptr : bases_[0];
+  // An empty block has no bytes, but it is resident: never null (null means absent), whether or
+  // not the arena has grown a chunk yet.
+  static const std::byte kEmptyBlock{};
+  if (e->pages == 0) return &kEmptyBlock;
   return Address(*e);
 }
 
