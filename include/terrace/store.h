@@ -100,7 +100,9 @@ struct PrefetchOptions {
   // vector holds), as soon as that key is done: OK means the block is in the target tier (it may
   // be evicted again at any time, like any unpinned copy). Runs on the store thread that finished
   // the key, or on the calling thread inside Prefetch for keys that fail at once; before the
-  // Future completes; with no store lock held, so it may call Store methods. It must not block for
+  // Future completes; with no store lock held, so it may call Store methods (a Get of a key of the
+  // same prefetch that is still to load reads it at once rather than waiting on the prefetch's own
+  // thread, which is running the callback). It must not block for
   // long (it delays the store's other prefetch items) and must not throw. Empty: not called.
   std::function<void(std::size_t index, const Status& status)> on_item;
 };

@@ -8,6 +8,7 @@ InflightTable::Ticket InflightTable::JoinOrLead(const BlockKey& key, bool by_pre
   if (inserted) {
     it->second = std::make_shared<Fetch>();
     it->second->by_prefetch = by_prefetch;
+    it->second->leader = std::this_thread::get_id();
   } else if (wants_bytes) {
     ++it->second->readers;
   }

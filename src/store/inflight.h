@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct Fetch {
   BlockDesc desc;
   std::vector<std::byte> bytes;  // the block when status is OK and readers > 0 (else empty)
   bool by_prefetch = false;      // immutable after creation
+  std::thread::id leader;        // the thread leading it; immutable after creation
   // Followers that want the bytes (not only the outcome); guarded by the InflightTable's mu_ (not
   // expressible as an annotation: another object's lock), final after Close().
   std::size_t readers = 0;

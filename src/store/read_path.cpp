@@ -1,5 +1,6 @@
 // Read path: unlocked fast reads, deduplicated locked fetches from slow tiers, promotion and moves.
 #include <algorithm>
+#include <thread>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -89,6 +90,13 @@ ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<int> move_t
   auto ticket = inflight_.JoinOrLead(key, by_prefetch, /*wants_bytes=*/!out.empty());
   Fetch& f = *ticket.fetch;
   ReadOutcome o;
+  if (!ticket.leader && f.leader == std::this_thread::get_id()) {
+    // This thread leads that fetch and has not read it yet: a prefetch's on_item callback reading
+    // a key of its own group that is still to come. Waiting would never end; read it here instead
+    // (the lead re-checks the entry's version when it gets there).
+    auto guard = key_locks_.Lock(key);
+    return LockedRead(key, out, move_to ? MoveMode::kUp : MoveMode::kNone, move_to.value_or(0), by_prefetch);
+  }
   if (!ticket.leader) {
     InflightTable::Wait(f);
     dedup_hits_.fetch_add(1, std::memory_order_relaxed);
