@@ -276,8 +276,8 @@ class Store {
   // verified: a block's checksum covers all of it, so the caller checks each range against a
   // checksum of its own and, on a mismatch, reads the whole block with Get (which verifies it,
   // drops a damaged copy and tries the next). One Status per item: NotFound / Corruption for a
-  // missing or lost key as Get says them (keys only a shared tier holds are not looked up there:
-  // NotFound), InvalidArgument naming the key when the range passes the block's end or `out` is
+  // missing or lost key as Get says them (a key only a shared tier holds is looked up there and
+  // adopted, as Get does), InvalidArgument naming the key when the range passes the block's end or `out` is
   // short. A range at a multiple of the tiers' io_alignment, read into memory aligned to it with
   // room for its length rounded up, goes from NVMe with no staging copy (the bytes of `out` past
   // `length`, up to that rounding, may be overwritten).

@@ -62,7 +62,9 @@ struct TierCaps {
   // True for a tier that may hold keys the store's directory has not seen: one other processes
   // write too (a shared remote cache). A directory miss then asks this tier (Lookup) before the
   // store answers NotFound, and a block found there joins the directory. The store removes only
-  // the copies it knows of: a Put does not erase an older copy another process left in it.
+  // the copies it knows of: a Put does not erase an older copy another process left in it, and a
+  // read neither moves a block out of it nor drops a copy there that failed or vanished (another
+  // process may have replaced or erased it; the store asks again).
   bool shared = false;
   // Direct-transfer unit, bytes (0: none): a Get into memory aligned to it, with room for the
   // block rounded up to it, transfers without a staging copy (NVMe O_DIRECT: 4096).

@@ -168,8 +168,12 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
     } else {
       std::string dropped;
       if (same && (l.status.IsCorruption() || (l.status.ok() && !good))) {
-        DropCopy(item.key, l.src);
-        dropped = SlotName(l.src);
+        if (shared_mask_ & Bit(l.src)) {
+          ForgetCopy(item.key, l.src);  // another process's block, maybe replaced: the locked read asks again
+        } else {
+          DropCopy(item.key, l.src);
+          dropped = SlotName(l.src);
+        }
       }
       if (l.room) tier(l.room_slot).Abort(*std::exchange(l.room, std::nullopt));
       o = LockedRead(item.key, item.out, mode, target, by_prefetch, std::move(dropped));

@@ -161,6 +161,14 @@ void StoreImpl::DropCopy(const BlockKey& key, int t) {
   }
 }
 
+void StoreImpl::ForgetCopy(const BlockKey& key, int t) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  SetMaskLocked(key, it->second, static_cast<SlotMask>(it->second.mask & ~Bit(t)));
+  if (it->second.mask == 0) entries_.erase(it);
+}
+
 std::string StoreImpl::LostTierNames(SlotMask mask) const {
   std::string names;
   for (int i = 0; i < slot_count(); ++i) {
@@ -212,6 +220,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out,
   SlotMask tried = 0;  // copies that failed with a non-corruption error
   Status last_error;
   bool asked_shared = false;
+  bool reasked_shared = false;  // a shared copy failed: the shared tiers were asked once more
   for (;;) {
     BlockDesc desc;
     SlotMask mask = 0;
@@ -225,7 +234,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out,
         mask = it->second.mask;
       }
     }
-    if (!known && dropped.empty() && !asked_shared && shared_mask_ != 0) {
+    if (!known && (dropped.empty() || reasked_shared) && !asked_shared && shared_mask_ != 0) {
       asked_shared = true;
       if (AdoptFromShared(key)) continue;
     }
@@ -264,6 +273,19 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out,
       // All of `out`, not only the block's bytes: its room past them lets an aligned tier read in place.
       s = ReadOut(src, key, desc, deliver.empty() ? deliver : out);
     }
+    if ((s.IsCorruption() || s.IsNotFound()) && (shared_mask_ & Bit(src))) {
+      // Another process may have replaced or erased its block there since this store adopted it:
+      // forget the adopted copy (never erase it: it is not ours) and ask the shared tiers again,
+      // once. A copy that still fails is reported, and left to its owner.
+      ForgetCopy(key, src);
+      if (!reasked_shared) {
+        reasked_shared = true;
+        asked_shared = false;
+      } else if (s.IsCorruption()) {
+        dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
+      }
+      continue;
+    }
     if (s.IsCorruption() || s.IsNotFound()) {
       if (s.IsCorruption()) dropped += dropped.empty() ? SlotName(src) : fmt::format(", {}", SlotName(src));
       DropCopy(key, src);
@@ -298,6 +320,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, i
       // those pinned by a handle.
       SlotMask remove = DroppedByMove(mask, target, LowestSlot(), options_.placement, options_.write_policy,
                                       /*keep_faster=*/mode == MoveMode::kUp);
+      remove &= static_cast<SlotMask>(~shared_mask_);  // another process's copy stays where it put it
       if (remove != 0) {
         MutexLock lock(&mu_);
         auto it = entries_.find(key);

@@ -308,6 +308,9 @@ class StoreImpl {
   // Caller holds key's stripe; removes the copy in `slot` (already found bad) and records why;
   // when it was the last copy, the key is remembered as lost (lost_).
   void DropCopy(const BlockKey& key, int slot);
+  // Forgets this store's record of the copy in `slot` without touching the tier: for a shared tier,
+  // whose copy another process may have replaced or erased (it is that process's, not ours to drop).
+  void ForgetCopy(const BlockKey& key, int slot);
   // The answer for a key with no directory entry: Corruption naming the tiers when it is in lost_,
   // else NotFound.
   Status MissLocked(const BlockKey& key) const TERRACE_REQUIRES(mu_);

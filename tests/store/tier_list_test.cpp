@@ -204,5 +204,57 @@ TEST_CASE("A directory miss asks a shared tier; a tier not marked shared is not 
   }
 }
 
+TEST_CASE("Another store's reads never remove a shared tier's block; a replaced or erased one is asked for again") {
+  auto common = std::make_shared<FakeTier>(TierId::kNvme, 1 << 20);
+  auto open = [&] {
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(std::make_unique<FakeTier>(TierId::kHost, 1 << 20));
+    tiers.push_back(std::make_unique<SharedView>(common, true));
+    return std::move(Store::OpenWithTiers(Quiet(), std::move(tiers)).value());
+  };
+  auto writer = open();
+  auto reader = open();
+  // A promoting read (exclusive placement) copies the block up and leaves the shared copy.
+  const BlockKey k = TestKey(50);
+  const auto v1 = TestBytes(50, 4096);
+  REQUIRE(writer->Put(k, v1, PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  auto got = GetBytes(*reader, k);
+  REQUIRE(got.ok());
+  CHECK(*got == v1);
+  CHECK(TierOf(*reader, k) == TierId::kHost);
+  CHECK(common->Has(k));
+  auto mine = GetBytes(*writer, k);
+  INFO(mine.status().ToString());
+  REQUIRE(mine.ok());
+  CHECK(*mine == v1);
+  // The writer replaces a block the reader adopted: the reader reads the new version; nothing is
+  // dropped as corrupt.
+  const BlockKey k2 = TestKey(51);
+  REQUIRE(writer->Put(k2, TestBytes(51, 4096), PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(reader->Contains(k2));  // adopted
+  const auto v2 = TestBytes(151, 4096);
+  REQUIRE(writer->Put(k2, v2, PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  std::vector<std::byte> out(4096);
+  GetOptions no_promote;
+  no_promote.promote = false;
+  auto r = reader->Get(k2, out, no_promote);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(out == v2);
+  CHECK(common->Has(k2));
+  mine = GetBytes(*writer, k2);
+  REQUIRE(mine.ok());
+  CHECK(*mine == v2);
+  CHECK(reader->Stats().corruptions_dropped == 0);
+  // The writer erases a block the reader adopted: the reader misses (NotFound), not Corruption.
+  const BlockKey k3 = TestKey(52);
+  REQUIRE(writer->Put(k3, TestBytes(52, 100), PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  REQUIRE(reader->Contains(k3));
+  REQUIRE(writer->Erase(k3).ok());
+  auto gone = reader->Get(k3, out, no_promote);
+  INFO(gone.status().ToString());
+  CHECK(gone.status().IsNotFound());
+}
+
 }  // namespace
 }  // namespace terrace::testing
