@@ -138,16 +138,19 @@ TEST_CASE("OpenWithTiers over a list validates it") {
   CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(kMaxTierSlots)));
 }
 
+// A store of its own host tier over `common`, which other stores of the test use too.
+std::unique_ptr<Store> OpenOverShared(const std::shared_ptr<FakeTier>& common, bool shared) {
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::make_unique<FakeTier>(TierId::kHost, 1 << 20));
+  tiers.push_back(std::make_unique<SharedView>(common, shared));
+  return std::move(Store::OpenWithTiers(Quiet(), std::move(tiers)).value());
+}
+
 TEST_CASE("A directory miss asks a shared tier; a tier not marked shared is not asked") {
   for (bool shared : {true, false}) {
     INFO("shared: " << shared);
     auto common = std::make_shared<FakeTier>(TierId::kNvme, 1 << 20);
-    auto open = [&] {
-      std::vector<std::unique_ptr<Tier>> tiers;
-      tiers.push_back(std::make_unique<FakeTier>(TierId::kHost, 1 << 20));
-      tiers.push_back(std::make_unique<SharedView>(common, shared));
-      return std::move(Store::OpenWithTiers(Quiet(), std::move(tiers)).value());
-    };
+    auto open = [&] { return OpenOverShared(common, shared); };
     auto writer = open();
     auto reader = open();  // opened before the block exists: its directory cannot know it
     BlockKey k = TestKey(42);
@@ -206,12 +209,7 @@ TEST_CASE("A directory miss asks a shared tier; a tier not marked shared is not 
 
 TEST_CASE("Another store's reads never remove a shared tier's block; a replaced or erased one is asked for again") {
   auto common = std::make_shared<FakeTier>(TierId::kNvme, 1 << 20);
-  auto open = [&] {
-    std::vector<std::unique_ptr<Tier>> tiers;
-    tiers.push_back(std::make_unique<FakeTier>(TierId::kHost, 1 << 20));
-    tiers.push_back(std::make_unique<SharedView>(common, true));
-    return std::move(Store::OpenWithTiers(Quiet(), std::move(tiers)).value());
-  };
+  auto open = [&] { return OpenOverShared(common, true); };
   auto writer = open();
   auto reader = open();
   // A promoting read (exclusive placement) copies the block up and leaves the shared copy.

@@ -107,21 +107,17 @@ Status IndexStore::Close() {
   return result;
 }
 
-Result<std::optional<std::string>> IndexStore::ReadManifest() const {
+Result<std::optional<std::string>> IndexStore::ReadOptional(std::string_view key, std::string_view what) const {
   std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kManifestKey.data(), kManifestKey.size()), &value);
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(key.data(), key.size()), &value);
   if (s.IsNotFound()) return std::optional<std::string>();
-  TERRACE_RETURN_IF_ERROR(FromRocks(&s, "manifest read"));
+  TERRACE_RETURN_IF_ERROR(FromRocks(&s, what));
   return std::optional<std::string>(std::move(value));
 }
 
-Result<std::optional<std::string>> IndexStore::ReadRedo() const {
-  std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kRedoKey.data(), kRedoKey.size()), &value);
-  if (s.IsNotFound()) return std::optional<std::string>();
-  TERRACE_RETURN_IF_ERROR(FromRocks(&s, "redo record read"));
-  return std::optional<std::string>(std::move(value));
-}
+Result<std::optional<std::string>> IndexStore::ReadManifest() const { return ReadOptional(kManifestKey, "manifest read"); }
+
+Result<std::optional<std::string>> IndexStore::ReadRedo() const { return ReadOptional(kRedoKey, "redo record read"); }
 
 Result<std::uint64_t> IndexStore::ReadCommit() const {
   std::string value;

@@ -87,6 +87,8 @@ class IndexStore {
   IndexStore(std::filesystem::path dir, rocksdb::DB* db, bool read_only)
       : dir_(std::move(dir)), db_(db), read_only_(read_only) {}
   Status FromRocks(const void* rocks_status, std::string_view what) const;
+  // The value of `key`, or nullopt when absent; `what` names the read in errors.
+  Result<std::optional<std::string>> ReadOptional(std::string_view key, std::string_view what) const;
 
   std::filesystem::path dir_;
   rocksdb::DB* db_;  // owned; null once closed
