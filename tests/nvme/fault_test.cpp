@@ -290,3 +290,33 @@ TEST_CASE("nvme faults: a generation reservation that did not reach the disk is 
   REQUIRE(t.ok());
   REQUIRE(CheckTestBlock(**t, 2).ok());
 }
+
+TEST_CASE("nvme faults: a rebuild before any read-write open follows a commit cut short before its descriptors",
+          "[nvme][fault]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kAsync);
+  opts.group_commit_interval = std::chrono::seconds(60);
+  {
+    auto [tier, fault] = OpenFaultyTier(opts);
+    REQUIRE(PutTestBlock(*tier, 0, 1).ok());
+    REQUIRE(PutTestBlock(*tier, 1, 1).ok());
+    REQUIRE(tier->Flush().ok());
+    REQUIRE(PutTestBlock(*tier, 0, 2).ok());  // overwrite
+    REQUIRE(tier->Erase(TestKey(1)).ok());    // erase
+    REQUIRE(PutTestBlock(*tier, 2, 1).ok());  // new
+    fault->Arm(IoOp::kWrite, FaultKind::kEio, 1000);  // the index write lands, no descriptor write does
+    REQUIRE_FALSE(tier->Flush().ok());
+  }
+  // The data file still describes key 0's old version and key 1, and not key 0's new one or key 2.
+  // The old index knows the commit: the rebuild follows it.
+  auto r = NvmeTier::RebuildIndex(opts);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->cut_commit_entries >= 3);
+  CHECK(r->blocks_indexed == 2);
+  auto t = NvmeTier::Open(opts);
+  REQUIRE(t.ok());
+  REQUIRE(CheckTestBlock(**t, 0, 2).ok());
+  REQUIRE(CheckTestBlock(**t, 2, 1).ok());
+  CHECK((*t)->Lookup(TestKey(1)).status().IsNotFound());
+}

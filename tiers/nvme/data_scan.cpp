@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "src/common/clock.h"
+#include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -188,8 +189,13 @@ std::string DataScanReport::ToString() const {
 }
 
 std::string RebuildReport::ToString() const {
-  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}",
+  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}{}",
                      blocks_indexed, corrupt_skipped, bytes_scanned, seconds,
+                     cut_commit_entries == 0
+                         ? std::string()
+                         : fmt::format("; {} entries from the old index's last commit, cut short before its "
+                                       "descriptors",
+                                       cut_commit_entries),
                      moved_aside.empty() ? std::string()
                                          : fmt::format("; the old index was moved to '{}'", moved_aside.string()));
 }
@@ -255,6 +261,68 @@ Status CheckIndexDirIsOurs(const fs::path& dir) {
 
 }  // namespace
 
+namespace {
+
+// A group commit the old index holds but the data file's superblock does not (cut short between
+// its index write and its descriptors, with no read-write open since, which would have finished
+// it): its puts' descriptors may be missing and its released extents' descriptors still there.
+// When the old index opens and says so (one commit ahead, with a redo record), the scan's result
+// is brought to that commit: blocks found at the released extents are dropped, and each key it
+// put takes the old index's record, if that record's data reads back good. Returns how many
+// entries changed. Anything unreadable: nothing is changed (the scan stands).
+std::size_t FinishCutCommit(const nvme::StorePaths& paths, int fd, const nvme::Superblock& sb,
+                            const std::shared_ptr<Logger>& logger, std::vector<Found>* found) {
+  nvme::IndexOpenOptions io;
+  io.read_only = true;
+  io.logger = logger;
+  std::error_code ec;
+  if (!fs::is_directory(paths.index, ec)) return 0;
+  auto idx = nvme::IndexStore::Open(paths.index, io);
+  if (!idx.ok()) return 0;
+  auto commit = (*idx)->ReadCommit();
+  auto bytes = (*idx)->ReadRedo();
+  if (!commit.ok() || *commit != sb.indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return 0;
+  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
+  if (!redo.ok()) return 0;
+  std::size_t changed = 0;
+  std::unordered_map<std::uint64_t, bool> released;
+  for (const nvme::Extent& e : redo->released) released[e.offset] = true;
+  std::erase_if(*found, [&](const Found& f) {
+    const bool drop = released.count(f.rec.offset) > 0;
+    changed += drop ? 1 : 0;
+    return drop;
+  });
+  std::unordered_map<BlockKey, std::size_t> at;
+  for (std::size_t i = 0; i < found->size(); ++i) at[(*found)[i].key] = i;
+  for (const BlockKey& k : redo->keys) {
+    auto rec = (*idx)->ReadRecord(k);
+    if (!rec.ok() || !rec->has_value()) continue;  // erased again in the same commit
+    const nvme::Record& r = **rec;
+    std::vector<std::byte> data(r.length);
+    if (r.length > 0 && ::pread(fd, data.data(), r.length, static_cast<off_t>(r.offset)) != static_cast<ssize_t>(r.length))
+      continue;
+    if (Checksum(data) != r.checksum) continue;
+    auto it = at.find(k);
+    if (it != at.end() && (*found)[it->second].rec == r) continue;
+    if (it != at.end()) {
+      (*found)[it->second].rec = r;
+    } else {
+      at[k] = found->size();
+      found->push_back({k, r});
+    }
+    ++changed;
+  }
+  (void)(*idx)->Close();
+  if (changed > 0)
+    logger->Log(LogLevel::kWarning, "nvme",
+                fmt::format("'{}': the last group commit was cut short before its descriptors; the rebuild follows "
+                            "the old index's record of it ({} entries)",
+                            paths.data.string(), changed));
+  return changed;
+}
+
+}  // namespace
+
 Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();
   if (options.read_only) {
@@ -276,6 +344,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   RebuildReport report;
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
+  report.cut_commit_entries = FinishCutCommit(paths, fd.fd, sb, logger, &found);
 
   std::error_code ec;
   if (fs::exists(paths.index, ec) && !(fs::is_directory(paths.index, ec) && fs::is_empty(paths.index, ec))) {

@@ -114,7 +114,9 @@ class GroupCommitter {
   std::vector<Extent> pending_release_ TERRACE_GUARDED_BY(mu_);
   std::vector<Descriptor> pending_puts_ TERRACE_GUARDED_BY(mu_);  // descriptors to write after the index
   bool pending_data_ TERRACE_GUARDED_BY(mu_) = false;  // a staged put needs a data sync
-  bool superblock_unsynced_ TERRACE_GUARDED_BY(mu_) = false;  // the last commit's step 5 is not synced yet
+  // The last commit's step 5 is not synced yet. True at first: the previous session's last step 5
+  // (or a killed process's) may not be durable, and the first index write must not pass it.
+  bool superblock_unsynced_ TERRACE_GUARDED_BY(mu_) = true;
   std::uint64_t staged_seq_ TERRACE_GUARDED_BY(mu_) = 0;
   std::uint64_t durable_seq_ TERRACE_GUARDED_BY(mu_) = 0;
   bool leader_ TERRACE_GUARDED_BY(mu_) = false;

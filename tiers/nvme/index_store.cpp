@@ -119,6 +119,13 @@ Result<std::optional<std::string>> IndexStore::ReadManifest() const { return Rea
 
 Result<std::optional<std::string>> IndexStore::ReadRedo() const { return ReadOptional(kRedoKey, "redo record read"); }
 
+Result<std::optional<Record>> IndexStore::ReadRecord(const BlockKey& key) const {
+  TERRACE_ASSIGN_OR_RETURN(auto value, ReadOptional(EncodeKey(key), "record read"));
+  if (!value) return std::optional<Record>();
+  TERRACE_ASSIGN_OR_RETURN(Record r, Record::Decode(std::as_bytes(std::span(value->data(), value->size()))));
+  return std::optional<Record>(r);
+}
+
 Result<std::uint64_t> IndexStore::ReadCommit() const {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), rocksdb::Slice(kCommitKey.data(), kCommitKey.size()), &value);

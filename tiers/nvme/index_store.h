@@ -63,6 +63,8 @@ class IndexStore {
   // The last group commit's redo record (kRedoKey), or nullopt when absent (a store whose commits
   // predate redo records).
   Result<std::optional<std::string>> ReadRedo() const;
+  // The record of `key`, or nullopt when the index has none.
+  Result<std::optional<Record>> ReadRecord(const BlockKey& key) const;
 
   // Applies `batch` atomically; with `sync`, the RocksDB WAL is fsync'ed before returning.
   // After a failure the store is failed: this and every later write return that failure.

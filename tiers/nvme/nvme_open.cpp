@@ -175,15 +175,17 @@ NvmeTier::~NvmeTier() {
       logger_->Log(LogLevel::kError, "nvme",
                    fmt::format("closing '{}': final commit failed: {}", data_path_.string(), s.ToString()));
     } else if (!index_->failed()) {
-      // Record the final commit so a reopen can tell a complete index from one that lost records.
+      // Record the final commit, durably, so a reopen can tell a complete index from one that lost
+      // records, and the next session's index can never get two commits ahead of the superblock.
       MutexLock l(&sb_mu_);
       const std::uint64_t c = committer_->durable_commit();
+      Status w;
       if (sb_.indexed_commit != c) {
         sb_.indexed_commit = c;
-        Status w = PersistSuperblockLocked();
-        if (w.ok()) w = EngineSync("syncing the superblock of");
-        if (!w.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing: {}", w.ToString()));
+        w = PersistSuperblockLocked();
       }
+      if (w.ok()) w = EngineSync("syncing the superblock of");  // also the last commit's unsynced write
+      if (!w.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing: {}", w.ToString()));
     }
   }
   committer_.reset();
@@ -882,6 +884,16 @@ Status NvmeTier::Recover() {
                              report_.ToString()));
   }
   if (!options_.read_only && index_commit_ == sb_.indexed_commit + 1) TERRACE_RETURN_IF_ERROR(RedoLastCommit());
+  if (index_commit_ > sb_.indexed_commit + 1) {
+    // Not left by this version's commits (the superblock is synced before each index write); the
+    // index is what is served, but the data file's descriptors of those commits may be incomplete.
+    const std::string w = fmt::format(
+        "the index of '{}' is {} group commits ahead of the commit its data file recorded ({}): a rebuild from the "
+        "data file ('store recover') may not give back exactly the indexed blocks; keep the index",
+        data_path_.string(), index_commit_ - sb_.indexed_commit, sb_.indexed_commit);
+    report_.warnings.push_back(w);
+    logger_->Log(LogLevel::kWarning, "nvme", w);
+  }
   return Status::Ok();
 }
 
@@ -911,12 +923,15 @@ Status NvmeTier::RedoLastCommit() {
   for (const nvme::Extent& e : redo->released)
     if (!live.count(e.offset) && e.offset >= kDataStart && e.length <= sb_.capacity_bytes - e.offset) clears.push_back(e);
   TERRACE_RETURN_IF_ERROR(nvme::GroupCommitter::WriteDescriptorUnits(*engine_, puts, clears));
+  // The descriptors durable first: a superblock that says the commit is whole must never reach the
+  // disk without them (the next open would not redo it).
+  TERRACE_RETURN_IF_ERROR(EngineSync("syncing the descriptors of the last group commit in"));
   {
     MutexLock l(&sb_mu_);
     sb_.indexed_commit = index_commit_;
     TERRACE_RETURN_IF_ERROR(PersistSuperblockLocked());
   }
-  TERRACE_RETURN_IF_ERROR(EngineSync("syncing the descriptors of the last group commit in"));
+  TERRACE_RETURN_IF_ERROR(EngineSync("syncing the superblock of"));
   report_.redo_descriptors = puts.size();
   report_.redo_clears = clears.size();
   logger_->Log(LogLevel::kInfo, "nvme",

@@ -133,6 +133,9 @@ struct RebuildReport {
   std::uint64_t bytes_scanned = 0;    // = scan.bytes_scanned
   double seconds = 0;                 // whole rebuild
   std::filesystem::path moved_aside;  // where the old index directory went; empty: there was none
+  // Entries taken from the old index's record of a last group commit cut short before its
+  // descriptors (docs/nvme-format.md, "Scan and rebuild"); 0: none was pending.
+  std::uint64_t cut_commit_entries = 0;
   std::string ToString() const;
 };
 
