@@ -230,22 +230,10 @@ TEST_CASE("nvme faults: a group commit cut short after its index write is finish
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kAsync);
   opts.group_commit_interval = std::chrono::seconds(60);  // only the Flushes below commit
-  {
-    auto [tier, fault] = OpenFaultyTier(opts);
-    REQUIRE(PutTestBlock(*tier, 0, 1).ok());
-    REQUIRE(PutTestBlock(*tier, 1, 1).ok());
-    REQUIRE(tier->Flush().ok());
-    // One commit: key 0 overwritten, key 1 erased, key 2 new. Its index write lands; every data
-    // file write after it (the descriptors, the zeroed units) fails.
-    REQUIRE(PutTestBlock(*tier, 0, 2).ok());
-    REQUIRE(tier->Erase(TestKey(1)).ok());
-    REQUIRE(PutTestBlock(*tier, 2, 1).ok());
-    fault->Arm(IoOp::kWrite, FaultKind::kEio, 1000);
-    Status s = tier->Flush();
-    INFO(s.ToString());
-    REQUIRE(s.IsIoError());
-    CHECK(s.message().find("descriptor") != std::string::npos);
-  }
+  const Status cut = LeaveCommitCutAfterIndexWrite(opts);
+  INFO(cut.ToString());
+  REQUIRE(cut.IsIoError());
+  CHECK(cut.message().find("descriptor") != std::string::npos);
   {
     auto t = NvmeTier::Open(opts);
     INFO(t.status().ToString());
@@ -296,17 +284,7 @@ TEST_CASE("nvme faults: a rebuild before any read-write open follows a commit cu
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kAsync);
   opts.group_commit_interval = std::chrono::seconds(60);
-  {
-    auto [tier, fault] = OpenFaultyTier(opts);
-    REQUIRE(PutTestBlock(*tier, 0, 1).ok());
-    REQUIRE(PutTestBlock(*tier, 1, 1).ok());
-    REQUIRE(tier->Flush().ok());
-    REQUIRE(PutTestBlock(*tier, 0, 2).ok());  // overwrite
-    REQUIRE(tier->Erase(TestKey(1)).ok());    // erase
-    REQUIRE(PutTestBlock(*tier, 2, 1).ok());  // new
-    fault->Arm(IoOp::kWrite, FaultKind::kEio, 1000);  // the index write lands, no descriptor write does
-    REQUIRE_FALSE(tier->Flush().ok());
-  }
+  REQUIRE(LeaveCommitCutAfterIndexWrite(opts).IsIoError());
   // The data file still describes key 0's old version and key 1, and not key 0's new one or key 2.
   // The old index knows the commit: the rebuild follows it.
   auto r = NvmeTier::RebuildIndex(opts);

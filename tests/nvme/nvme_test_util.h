@@ -60,4 +60,24 @@ inline Result<std::unique_ptr<NvmeTier>> OpenFaulty(const NvmeTierOptions& optio
   });
 }
 
+// Leaves the store of `options` (async, a long group_commit_interval) with its last group commit
+// cut short after its index write: keys 0 and 1 (seed 1) durable, then one commit that overwrites
+// key 0 (seed 2), erases key 1 and puts key 2 (seed 1), whose every data-file write after the index
+// write (the descriptors, the zeroed units) fails. Returns the final Flush's error (an IoError
+// naming a descriptor) or what went wrong before it.
+inline Status LeaveCommitCutAfterIndexWrite(const NvmeTierOptions& options, std::size_t size = 0) {
+  nvme::FaultInjectingIoEngine* fault = nullptr;
+  TERRACE_ASSIGN_OR_RETURN(auto tier, OpenFaulty(options, &fault));
+  TERRACE_RETURN_IF_ERROR(PutTestBlock(*tier, 0, 1, size));
+  TERRACE_RETURN_IF_ERROR(PutTestBlock(*tier, 1, 1, size));
+  TERRACE_RETURN_IF_ERROR(tier->Flush());
+  TERRACE_RETURN_IF_ERROR(PutTestBlock(*tier, 0, 2, size));
+  TERRACE_RETURN_IF_ERROR(tier->Erase(TestKey(1)));
+  TERRACE_RETURN_IF_ERROR(PutTestBlock(*tier, 2, 1, size));
+  fault->Arm(nvme::IoOp::kWrite, nvme::FaultKind::kEio, 1000);
+  const Status s = tier->Flush();
+  if (s.ok()) return Status::Internal("the commit did not fail");
+  return s;
+}
+
 }  // namespace terrace::testing

@@ -447,20 +447,8 @@ TEST_CASE("power cut while an open finishes a cut-short commit: the next open st
   auto opts = SmallNvmeOptions(src, 16 * kMiB, Durability::kAsync);
   opts.group_commit_interval = std::chrono::seconds(60);
   opts.logger = NullLogger();
-  {
-    // A commit whose index write lands and whose descriptor writes all fail: the open must redo it.
-    nvme::FaultInjectingIoEngine* fault = nullptr;
-    auto t = OpenFaulty(opts, &fault);
-    REQUIRE(t.ok());
-    REQUIRE(PutTestBlock(**t, 0, 1, 4096).ok());
-    REQUIRE(PutTestBlock(**t, 1, 1, 4096).ok());
-    REQUIRE((*t)->Flush().ok());
-    REQUIRE(PutTestBlock(**t, 0, 2, 4096).ok());
-    REQUIRE((*t)->Erase(TestKey(1)).ok());
-    REQUIRE(PutTestBlock(**t, 2, 1, 4096).ok());
-    fault->Arm(nvme::IoOp::kWrite, nvme::FaultKind::kEio, 1000);
-    REQUIRE_FALSE((*t)->Flush().ok());
-  }
+  // A commit whose index write lands and whose descriptor writes all fail: the open must redo it.
+  REQUIRE(LeaveCommitCutAfterIndexWrite(opts, 4096).IsIoError());
   int trials = 0;
   for (std::uint64_t cut_at = 0; cut_at < 8; ++cut_at) {
     for (std::uint64_t seed = 1; seed <= 5; ++seed) {
