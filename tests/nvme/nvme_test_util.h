@@ -80,4 +80,13 @@ inline Status LeaveCommitCutAfterIndexWrite(const NvmeTierOptions& options, std:
   return s;
 }
 
+// OK when `tier` holds what LeaveCommitCutAfterIndexWrite's commit made: key 0 at seed 2, key 2
+// at seed 1 (blocks of `size`), key 1 absent.
+inline Status CheckCutCommitState(Tier& tier, std::size_t size = 0) {
+  TERRACE_RETURN_IF_ERROR(CheckTestBlock(tier, 0, 2, size).WithContext("key 0 (overwritten)"));
+  TERRACE_RETURN_IF_ERROR(CheckTestBlock(tier, 2, 1, size).WithContext("key 2 (new)"));
+  if (!tier.Lookup(TestKey(1)).status().IsNotFound()) return Status::Internal("key 1 (erased) is back");
+  return Status::Ok();
+}
+
 }  // namespace terrace::testing
