@@ -235,12 +235,21 @@ TEST_CASE("a block gone between two layers' reads moves the boundary back to bef
   // Chunk 2's block is erased from the store once its first layer was read (an eviction between
   // the two phases): the second MLA layer's range and the whole-block re-read both miss.
   std::mutex mu;
+  std::condition_variable cv;
   bool erased = false;  // (mu) set on a reader thread: checked here after the run
   Store* store = f.kv.store.get();
   f.kv.tier->set_hook([&](RangeOp& op, Status&) {
-    std::lock_guard lock(mu);
-    if (erased || !(op.key == victim) || op.offset > 0) return;
+    std::unique_lock lock(mu);
+    if (!(op.key == victim)) return;
+    if (op.offset > 0) {
+      // A later layer's range of the victim: the two readers can have it in flight beside the
+      // first layer's, so it waits here for the erase (bounded) rather than racing it.
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return erased; });
+      return;
+    }
+    if (erased) return;
     erased = store->Erase(victim).ok();  // the store holds no lock while a tier reads
+    cv.notify_all();
   });
   const Run r = Prefill(*f.m.model, *f.cache, f.p2, "", {.restore = true, .write_back = false}, 2);
   f.kv.tier->set_hook(nullptr);
