@@ -131,10 +131,10 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   bool removed = false;
   for (const char* s : kDemoStores) {
     if (!IsOwnedStore(dir / s, kDemoMarker) && IsStoppedDemoStore(dir / s)) {  // DIR is marked (checked above)
-      for (const char* f : {"terrace.data", "terrace.data.creating"}) removed = fs::remove(dir / s / f, ec) || removed;
-      if (IsKind(dir / s / "index", S_IFDIR)) removed = fs::remove_all(dir / s / "index", ec) > 0 || removed;
+      TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir / s, kDemoMarker, flag));
       fs::remove(dir / s, ec);
       if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's {}: {}", flag, dir.string(), s, ec.message()));
+      removed = true;
       continue;
     }
     auto r = RemoveOwnedStore(dir / s, kDemoMarker, flag, kDemoWho);

@@ -128,12 +128,17 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
                     why, who, flag));
   }
   if (entries == 0) return false;
+  TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, marker, flag));
+  return true;
+}
+
+Status RemoveStoreFiles(const fs::path& dir, std::string_view marker, std::string_view flag) {
   std::error_code ec;
   fs::remove_all(dir / kIndexDir, ec);
-  if (!ec) fs::remove(dir / kDataFile, ec);
-  if (!ec) fs::remove(dir / std::string(marker), ec);
+  for (const std::string& f : {std::string(kDataFile), std::string(kDataFile) + ".creating", std::string(marker)})
+    if (!ec) fs::remove(dir / f, ec);
   if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the store: {}", flag, dir.string(), ec.message()));
-  return true;
+  return Status::Ok();
 }
 
 Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {

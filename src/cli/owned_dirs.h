@@ -40,6 +40,11 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
 Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag,
                               std::string_view who);
 
+// Removes a store's own files in `dir` (index/, terrace.data, terrace.data.creating, `marker`), and
+// nothing else: for a caller that checked `dir` holds only those (RemoveOwnedStore does). The
+// directory itself stays. IoError naming `flag` when a removal fails.
+Status RemoveStoreFiles(const std::filesystem::path& dir, std::string_view marker, std::string_view flag);
+
 // The capacity (bytes) recorded in the superblock of dir/terrace.data, for a command that reopens
 // an existing store without being told its capacity. NotFound when there is no terrace.data;
 // InvalidArgument/Corruption when it is not a Terrace data file.

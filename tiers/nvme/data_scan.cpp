@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <rocksdb/write_batch.h>
 
@@ -285,8 +286,8 @@ std::size_t FinishCutCommit(const nvme::StorePaths& paths, int fd, const nvme::S
   auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
   if (!redo.ok()) return 0;
   std::size_t changed = 0;
-  std::unordered_map<std::uint64_t, bool> released;
-  for (const nvme::Extent& e : redo->released) released[e.offset] = true;
+  std::unordered_set<std::uint64_t> released;
+  for (const nvme::Extent& e : redo->released) released.insert(e.offset);
   std::erase_if(*found, [&](const Found& f) {
     const bool drop = released.count(f.rec.offset) > 0;
     changed += drop ? 1 : 0;

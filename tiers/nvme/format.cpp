@@ -15,6 +15,8 @@ constexpr std::uint16_t kDescVersion = 1;
 constexpr std::size_t kSbCheckAt = 80;
 constexpr std::size_t kDescCheckAt = 96;
 
+}  // namespace
+
 void PutLe(std::byte* out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
 }
@@ -24,8 +26,6 @@ std::uint64_t GetLe(const std::byte* in, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(in[i]);
   return v;
 }
-
-}  // namespace
 
 std::string Superblock::UuidString() const {
   std::string s;

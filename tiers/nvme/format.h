@@ -36,6 +36,10 @@ inline constexpr std::string_view kCommitKey = "!terrace-commit";
 // extents it released, so an open can finish writing their descriptor units after a crash.
 inline constexpr std::string_view kRedoKey = "!terrace-redo";
 
+// The formats' integers: `bytes` (1 to 8) bytes, little-endian.
+void PutLe(std::byte* out, std::uint64_t v, int bytes);
+std::uint64_t GetLe(const std::byte* in, int bytes);
+
 using terrace::RoundUp;  // v rounded up to a multiple of a unit
 
 struct Superblock {

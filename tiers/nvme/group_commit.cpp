@@ -59,29 +59,26 @@ std::uint64_t GroupCommitter::StageClear(Extent release) {
 
 namespace {
 constexpr std::uint32_t kRedoMagic = 0x4f444552;  // "REDO"
-
-void PutU64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-std::uint64_t GetU64(std::string_view in, std::size_t at) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
-}
+constexpr std::size_t kRedoHeader = 24, kRedoExtent = 16;
 }  // namespace
 
 // u32 magic, u32 0, u64 number of keys, u64 number of extents, then each key (BlockKey::kEncodedSize
 // bytes) and each extent (u64 offset, u64 length); little-endian.
 std::string GroupCommitter::EncodeRedo(const Redo& redo) {
-  std::string out;
-  out.reserve(24 + redo.keys.size() * BlockKey::kEncodedSize + redo.released.size() * 16);
-  PutU64(out, kRedoMagic);
-  PutU64(out, redo.keys.size());
-  PutU64(out, redo.released.size());
-  for (const BlockKey& k : redo.keys) out += IndexStore::EncodeKey(k);
+  std::string out(kRedoHeader + redo.keys.size() * BlockKey::kEncodedSize + redo.released.size() * kRedoExtent, '\0');
+  std::byte* p = reinterpret_cast<std::byte*>(out.data());
+  PutLe(p, kRedoMagic, 8);
+  PutLe(p + 8, redo.keys.size(), 8);
+  PutLe(p + 16, redo.released.size(), 8);
+  p += kRedoHeader;
+  for (const BlockKey& k : redo.keys) {
+    k.EncodeTo(p);
+    p += BlockKey::kEncodedSize;
+  }
   for (const Extent& e : redo.released) {
-    PutU64(out, e.offset);
-    PutU64(out, e.length);
+    PutLe(p, e.offset, 8);
+    PutLe(p + 8, e.length, 8);
+    p += kRedoExtent;
   }
   return out;
 }
@@ -90,20 +87,21 @@ Result<GroupCommitter::Redo> GroupCommitter::DecodeRedo(std::string_view in) {
   auto bad = [&](std::string_view why) {
     return Status::Corruption(fmt::format("the index's redo record ({} bytes) is damaged: {}", in.size(), why));
   };
-  if (in.size() < 24 || GetU64(in, 0) != kRedoMagic) return bad("no redo header");
-  const std::uint64_t nk = GetU64(in, 8), ne = GetU64(in, 16);
-  if (nk > in.size() / BlockKey::kEncodedSize || ne > in.size() / 16 ||
-      in.size() != 24 + nk * BlockKey::kEncodedSize + ne * 16)
+  const std::byte* p = reinterpret_cast<const std::byte*>(in.data());
+  if (in.size() < kRedoHeader || GetLe(p, 8) != kRedoMagic) return bad("no redo header");
+  const std::uint64_t nk = GetLe(p + 8, 8), ne = GetLe(p + 16, 8);
+  if (nk > in.size() / BlockKey::kEncodedSize || ne > in.size() / kRedoExtent ||
+      in.size() != kRedoHeader + nk * BlockKey::kEncodedSize + ne * kRedoExtent)
     return bad(fmt::format("{} keys and {} extents do not fill it", nk, ne));
   Redo r;
-  std::size_t at = 24;
-  for (std::uint64_t i = 0; i < nk; ++i, at += BlockKey::kEncodedSize) {
-    auto k = BlockKey::Decode(std::as_bytes(std::span(in.data() + at, BlockKey::kEncodedSize)));
+  p += kRedoHeader;
+  for (std::uint64_t i = 0; i < nk; ++i, p += BlockKey::kEncodedSize) {
+    auto k = BlockKey::Decode(std::span(p, BlockKey::kEncodedSize));
     if (!k.ok()) return bad(k.status().message());
     r.keys.push_back(*k);
   }
-  for (std::uint64_t i = 0; i < ne; ++i, at += 16) {
-    const Extent e{GetU64(in, at), GetU64(in, at + 8)};
+  for (std::uint64_t i = 0; i < ne; ++i, p += kRedoExtent) {
+    const Extent e{GetLe(p, 8), GetLe(p + 8, 8)};
     if (e.length < kUnit || e.offset % kUnit != 0 || e.length % kUnit != 0) return bad("an extent is not whole units");
     r.released.push_back(e);
   }

@@ -135,14 +135,12 @@ Result<std::uint64_t> IndexStore::ReadCommit() const {
     return Status::Corruption(fmt::format("NVMe index at '{}': the commit counter has {} bytes, expected 8",
                                           dir_.string(), value.size()));
   }
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(value[static_cast<std::size_t>(i)]);
-  return v;
+  return GetLe(reinterpret_cast<const std::byte*>(value.data()), 8);
 }
 
 std::string IndexStore::EncodeCommit(std::uint64_t commit) {
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((commit >> (8 * i)) & 0xff);
+  PutLe(reinterpret_cast<std::byte*>(out.data()), commit, 8);
   return out;
 }
 

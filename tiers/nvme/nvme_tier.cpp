@@ -142,14 +142,13 @@ Status NvmeTier::ReserveGenerationsFor(const std::vector<PutPlan>& plans) {
   // Each extent's descriptor (its last 4 KiB) carries the generation: make sure the superblock
   // covers every generation about to be written before any of them reaches the disk.
   std::uint64_t max_generation = 0;
-  std::size_t n_allocated = 0;
+  bool any = false;
   for (const PutPlan& p : plans) {
     if (!p.allocated) continue;
     max_generation = std::max(max_generation, p.generation);
-    ++n_allocated;
+    any = true;
   }
-  if (n_allocated == 0) return Status::Ok();
-  return ReserveGenerations(max_generation);
+  return any ? ReserveGenerations(max_generation) : Status::Ok();
 }
 
 void NvmeTier::AbandonExtents(std::span<const PutOp> ops, std::vector<PutPlan>& plans, const Status& why,
