@@ -51,27 +51,30 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
     if (!ws.ok()) {
       // The new version goes; the previous one stays wherever the target's write did not replace it
       // (the lowest tier's write failed, so its copy there is intact), as a failed host Put leaves it.
-      (void)tier(target).Erase(key);
-      const SlotMask kept = old_mask & ~Bit(target);
+      Status undo_err;
+      const SlotMask stuck_new = EraseCopies(key, Bit(target), &undo_err);
+      SlotMask kept;
       {
         MutexLock lock(&mu_);
-        auto it = entries_.find(key);
-        if (it != entries_.end()) {
-          SetMaskLocked(key, it->second, kept);
-          if (kept == 0) entries_.erase(it);
-        }
+        kept = KeepLeftoverLocked(key, desc, static_cast<SlotMask>(old_mask & ~Bit(target)), stuck_new);
       }
-      return ws.WithContext(fmt::format(
-          "put {} from device memory reached tier {} but could not be written through to tier {}; the new version "
-          "was removed{}",
-          key.ToString(), SlotName(target), SlotName(through),
-          kept != 0 ? "; the previous version is kept"
-                    : old_mask != 0 ? " (the previous version was only in that tier, which the put replaced)" : ""));
+      std::string left;
+      if (kept & stuck_new) {
+        left = fmt::format("the new version could not be removed from tier {} either ({}), so the key reads it",
+                           SlotName(target), undo_err.ToString());
+      } else {
+        left = kept != 0       ? "the new version was removed; the previous version is kept"
+               : old_mask != 0 ? "the new version was removed (the previous version was only in that tier, which "
+                                 "the put replaced)"
+                               : "the new version was removed";
+      }
+      return ws.WithContext(fmt::format("put {} from device memory reached tier {} but could not be written through "
+                                        "to tier {}; {}",
+                                        key.ToString(), SlotName(target), SlotName(through), left));
     }
     new_mask |= Bit(through);
   }
-  PublishPut(key, desc, old_mask, new_mask);
-  return Status::Ok();
+  return PublishPut(key, desc, old_mask, new_mask);
 }
 
 int StoreImpl::DeviceSlot() const {

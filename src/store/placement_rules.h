@@ -23,6 +23,8 @@ static_assert(kMaxTierSlots <= 8 * sizeof(SlotMask));
 constexpr SlotMask Bit(int slot) { return static_cast<SlotMask>(1u << static_cast<unsigned>(slot)); }
 // Index of the fastest slot in `mask`, or -1 when the mask is empty.
 constexpr int Fastest(SlotMask mask) { return mask == 0 ? -1 : std::countr_zero(static_cast<unsigned>(mask)); }
+// Index of the slowest slot in `mask`, or -1 when the mask is empty.
+constexpr int Slowest(SlotMask mask) { return std::bit_width(static_cast<unsigned>(mask)) - 1; }
 // Slots strictly after `slot`.
 constexpr SlotMask Below(int slot) { return static_cast<SlotMask>(~((2u << static_cast<unsigned>(slot)) - 1u)); }
 

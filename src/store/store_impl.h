@@ -349,13 +349,25 @@ class StoreImpl {
   // it; InvalidArgument naming the key when no such tier is configured.
   Result<int> PutTarget(const BlockKey& key, const PutOptions& opts) const;
   Status EraseLocked(const BlockKey& key);
+  // Erases `key` from every slot in `mask`; returns the slots whose copy is still there (NotFound
+  // counts as removed), each counted as an I/O error of its tier, and the first such error.
+  SlotMask EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error);
   // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
-  // previous version's other copies (old_mask) and updates the directory.
-  void PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
-  // Caller holds key's stripe. A put that reached some tiers but failed to reach others: erases
-  // the key from every slot in `mask` (old and new copies) and drops its directory entry, so no
-  // version of the block stays visible.
-  void RemoveEveryCopy(const BlockKey& key, SlotMask mask);
+  // previous version's other copies (old_mask) and updates the directory. When a previous copy
+  // cannot be removed, the put is undone instead (its new copies erased, the directory left on the
+  // previous version where it still is) and the error says so: an acknowledged put never leaves an
+  // older version in a tier, where a reopen or another process would find it.
+  Status PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
+  // Caller holds key's stripe. A put that reached some tiers (new_mask: `desc`) but failed to
+  // reach others: erases every copy, old (old_mask) and new. Copies a tier could not erase stay in
+  // the directory (the version in the slowest of them: what a reopen would find), so the directory
+  // never hides what a tier holds. Returns the sentence for the put's error: what is left.
+  std::string RemoveEveryCopy(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
+  // Caller holds key's stripe and mu_. Points the directory at the version left in `stuck_old`
+  // (the entry's current desc) and `stuck_new` (`desc`), whichever has the slowest slot; an empty
+  // result drops the entry. Returns the slots kept.
+  SlotMask KeepLeftoverLocked(const BlockKey& key, const BlockDesc& desc, SlotMask stuck_old, SlotMask stuck_new)
+      TERRACE_REQUIRES(mu_);
   // Caller holds key's stripe. InvalidArgument if the key is pinned; else the slots holding its
   // current version (0: none).
   Result<SlotMask> ReplaceableMask(const BlockKey& key) const;

@@ -42,8 +42,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
       TERRACE_RETURN_IF_ERROR(PlaceWith(target, key, desc.size, [&] {
         return TimedTierWrite(target, [&] { return tier(target).PutDescribing(key, &desc, data); });
       }));
-      PublishPut(key, desc, 0, Bit(target));
-      return Status::Ok();
+      return PublishPut(key, desc, 0, Bit(target));
     }
     early = DescribeBlock(data, opts.codec);
   }
@@ -77,33 +76,96 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   if (!s.ok()) {
     if (!write_through) return s;  // nothing changed
     // The new bytes already reached the lowest tier: remove every copy so none of them is visible.
-    RemoveEveryCopy(key, old_mask | new_mask);
-    return s.WithContext(fmt::format("put {} failed after writing through to tier {}; the block and any "
-                                     "previous version under this key were removed", key.ToString(),
-                                     SlotName(through)));
+    const std::string left = RemoveEveryCopy(key, desc, old_mask, new_mask);
+    return s.WithContext(fmt::format("put {} failed after writing through to tier {}; {}", key.ToString(),
+                                     SlotName(through), left));
   }
   new_mask |= Bit(target);
-  PublishPut(key, desc, old_mask, new_mask);
-  return Status::Ok();
+  return PublishPut(key, desc, old_mask, new_mask);
 }
 
-void StoreImpl::RemoveEveryCopy(const BlockKey& key, SlotMask mask) {
+SlotMask StoreImpl::EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error) {
+  SlotMask stuck = 0;
   for (int i = 0; i < slot_count(); ++i) {
-    if (mask & Bit(i)) (void)tier(i).Erase(key);
+    if (!(mask & Bit(i))) continue;
+    Status es = tier(i).Erase(key);
+    if (es.ok() || es.IsNotFound()) continue;
+    stuck |= Bit(i);
+    slot(i).measured.Add(slot(i).measured.io_errors);
+    if (first_error->ok()) {
+      *first_error = es.WithContext(fmt::format("the copy in tier {} could not be removed", SlotName(i)));
+    }
   }
-  MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it != entries_.end()) {
-    SetMaskLocked(key, it->second, 0);
-    entries_.erase(it);
-  }
+  return stuck;
 }
 
-void StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask) {
-  for (int i = 0; i < slot_count(); ++i) {  // stale copies of the previous version
-    if (!(old_mask & ~new_mask & Bit(i))) continue;
-    Status es = tier(i).Erase(key);
-    if (!es.ok() && !es.IsNotFound()) slot(i).measured.Add(slot(i).measured.io_errors);
+SlotMask StoreImpl::KeepLeftoverLocked(const BlockKey& key, const BlockDesc& desc, SlotMask stuck_old,
+                                       SlotMask stuck_new) {
+  auto it = entries_.find(key);
+  const bool keep_new = Slowest(stuck_new) > Slowest(stuck_old);
+  const SlotMask kept = keep_new ? stuck_new : stuck_old;
+  if (kept == 0) {
+    if (it != entries_.end()) {
+      SetMaskLocked(key, it->second, 0);
+      entries_.erase(it);
+    }
+    return 0;
+  }
+  Entry& e = it != entries_.end() ? it->second : entries_[key];
+  SetMaskLocked(key, e, 0);
+  if (keep_new) {
+    e.desc = desc;
+    e.version = ++last_version_;
+    e.prefetched = false;
+    lost_.erase(key);
+  }
+  SetMaskLocked(key, e, kept);
+  return kept;
+}
+
+std::string StoreImpl::RemoveEveryCopy(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask,
+                                       SlotMask new_mask) {
+  Status err;
+  const SlotMask stuck = EraseCopies(key, old_mask | new_mask, &err);
+  SlotMask kept;
+  {
+    MutexLock lock(&mu_);
+    kept = KeepLeftoverLocked(key, desc, static_cast<SlotMask>(stuck & ~new_mask),
+                              static_cast<SlotMask>(stuck & new_mask));
+  }
+  if (stuck == 0) return "the block and any previous version under this key were removed";
+  const SlotMask other = static_cast<SlotMask>(stuck & ~kept);
+  return fmt::format("not every copy could be removed ({}); the key reads the {} version, from tier {}{}",
+                     err.ToString(), (kept & new_mask) ? "new" : "previous", LostTierNames(kept),
+                     other != 0 ? fmt::format(", and the other version's copy stays in tier {}", LostTierNames(other))
+                                : std::string());
+}
+
+Status StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask) {
+  Status err;
+  const SlotMask stuck = EraseCopies(key, static_cast<SlotMask>(old_mask & ~new_mask), &err);
+  if (stuck != 0) {
+    // The previous version stays in `stuck`, where a reopen would find it (and another process,
+    // for a shared tier): undo the put rather than acknowledge a version the tiers contradict.
+    Status undo_err;
+    const SlotMask left = EraseCopies(key, new_mask, &undo_err);
+    SlotMask kept;
+    {
+      MutexLock lock(&mu_);
+      kept = KeepLeftoverLocked(key, desc, stuck, left);
+    }
+    if (left == 0) {
+      return err.WithContext(fmt::format(
+          "put {}: a copy of the previous version could not be removed, so the put was undone; the key still reads "
+          "the previous version, from tier {}; retry the Put once the tier is healthy",
+          key.ToString(), LostTierNames(kept)));
+    }
+    return err.WithContext(fmt::format(
+        "put {}: a copy of the previous version could not be removed, and undoing the put failed too ({}); the key "
+        "reads the {} version, from tier {}, and the other version's copy stays in tier {} (after a reopen the "
+        "version in the slowest tier is read); Erase the key or retry the Put once the tiers are healthy",
+        key.ToString(), undo_err.ToString(), (kept & left) ? "new" : "previous", LostTierNames(kept),
+        LostTierNames(static_cast<SlotMask>((stuck | left) & ~kept))));
   }
   MutexLock lock(&mu_);
   Entry& e = entries_[key];
@@ -113,6 +175,7 @@ void StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask 
   e.version = ++last_version_;
   e.prefetched = false;
   lost_.erase(key);
+  return Status::Ok();
 }
 
 Result<SlotMask> StoreImpl::ReplaceableMask(const BlockKey& key) const {
