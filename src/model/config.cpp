@@ -5,6 +5,7 @@
 #include <limits>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -434,6 +435,19 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
   TERRACE_RETURN_IF_ERROR(r.Int("linear_num_heads", &c->kda.num_heads, false));
   TERRACE_RETURN_IF_ERROR(r.Int("linear_head_dim", &c->kda.head_dim, false));
   TERRACE_RETURN_IF_ERROR(r.Int("linear_conv_kernel_dim", &c->kda.short_conv_kernel_size, false));
+  // The flat spelling and the nested one of a setting must agree when both are given.
+  struct Spelling {
+    const char* flat;
+    const char* nested;
+    int* value;
+    int flat_value;
+  };
+  const std::array<Spelling, 3> spellings = {{
+      {"linear_num_heads", "num_heads", &c->kda.num_heads, c->kda.num_heads},
+      {"linear_head_dim", "head_dim", &c->kda.head_dim, c->kda.head_dim},
+      {"linear_conv_kernel_dim", "short_conv_kernel_size", &c->kda.short_conv_kernel_size,
+       c->kda.short_conv_kernel_size},
+  }};
   TERRACE_ASSIGN_OR_RETURN(const Json* lin, r.Take("linear_attn_config"));
   if (lin == nullptr && !kimi_linear) return r.Missing("linear_attn_config");
   if (lin != nullptr) {
@@ -458,17 +472,23 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
     TERRACE_RETURN_IF_ERROR(k.IntList("full_attn_layers", &c->kda.full_attn_layers, &have_full));
     TERRACE_RETURN_IF_ERROR(k.IntList("kda_layers", &c->kda.kda_layers, &have_kda));
     TERRACE_RETURN_IF_ERROR(k.Finish(keys, {}));
-  }
-  if (have_full && !have_kda) {  // the complement of full_attn_layers
-    c->kda.kda_layers.clear();
-    for (int l = 1; l <= c->num_hidden_layers; ++l) {
-      if (std::find(c->kda.full_attn_layers.begin(), c->kda.full_attn_layers.end(), l) ==
-          c->kda.full_attn_layers.end()) {
-        c->kda.kda_layers.push_back(l);
+    for (const Spelling& sp : spellings) {
+      if (j.contains(sp.flat) && lin->contains(sp.nested) && *sp.value != sp.flat_value) {
+        return r.Bad(sp.flat, fmt::format("is {} but linear_attn_config.{} is {}; the two spellings of one setting "
+                                          "must agree: keep one",
+                                          sp.flat_value, sp.nested, *sp.value));
       }
     }
   }
-  bool have_layers = have_full;
+  if (have_full != have_kda) {  // one list given: the other is its complement (1-based layers)
+    const std::vector<int>& given = have_full ? c->kda.full_attn_layers : c->kda.kda_layers;
+    std::vector<int> rest;
+    for (int l = 1; l <= c->num_hidden_layers; ++l) {
+      if (std::find(given.begin(), given.end(), l) == given.end()) rest.push_back(l);
+    }
+    (have_full ? c->kda.kda_layers : c->kda.full_attn_layers) = std::move(rest);
+  }
+  bool have_layers = have_full || have_kda;
   TERRACE_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c->first_k_dense_replace, false));
   const int dense_from_key = c->first_k_dense_replace;
   TERRACE_RETURN_IF_ERROR(ReadLayerTypes(r, c, &have_layers));

@@ -130,8 +130,7 @@ Result<InspectReport> InspectModelDir(const std::filesystem::path& dir) {
     if (expected.count(name)) continue;
     auto view = md->Get(name);
     r.tensors.push_back(InspectedTensor{name, std::string(DTypeName(view->dtype)), view->shape,
-                                        view->data.size(), "unexpected"});
-    r.problems.push_back(fmt::format("tensor '{}' is not implied by config.json (ignored by the model)", name));
+                                        view->data.size(), "unexpected"});  // FindWeightProblems says why
   }
   Total(&r, specs, bytes, present);
   return r;

@@ -89,13 +89,12 @@ Status LoadMla(const Loader& ld, const ModelConfig& c, const MlaDims& m, int l, 
   return Status::Ok();
 }
 
-Status LoadMoe(const Loader& ld, const WeightSource& src, const ModelConfig& c, const MoeDims& m, int l, MoeWeights* w) {
+Status LoadMoe(const Loader& ld, const ModelConfig& c, const MoeDims& m, int l, MoeWeights* w) {
   const std::int64_t d = c.hidden_size;
   const auto a = [l](std::string_view s) { return MoeTensorName(l, s); };
   TERRACE_ASSIGN_OR_RETURN(w->router, ld.GetWeight(a("gate.weight"), {m.experts, d}));
-  if (src.Has(a("gate.e_score_correction_bias"))) {
-    TERRACE_ASSIGN_OR_RETURN(w->bias, ld.Get(a("gate.e_score_correction_bias"), {m.experts}));
-  }
+  // Required (names.cpp expects it): a missing bias must not route as a zero one.
+  TERRACE_ASSIGN_OR_RETURN(w->bias, ld.Get(a("gate.e_score_correction_bias"), {m.experts}));
   if (m.HasLatentProjection()) {
     TERRACE_ASSIGN_OR_RETURN(w->down, ld.GetWeight(a("routed_expert_down_proj.weight"), {m.latent, d}));
     TERRACE_ASSIGN_OR_RETURN(w->up, ld.GetWeight(a("routed_expert_up_proj.weight"), {d, m.latent}));
@@ -219,7 +218,7 @@ Result<std::unique_ptr<Model>> Model::LoadImpl(const ModelConfig& config, const 
       TERRACE_ASSIGN_OR_RETURN(lw.mlp_up, ld.GetWeight(DenseMlpTensorName(l, "up_proj"), {I, d}));
       TERRACE_ASSIGN_OR_RETURN(lw.mlp_down, ld.GetWeight(DenseMlpTensorName(l, "down_proj"), {d, I}));
     } else {
-      TERRACE_RETURN_IF_ERROR(LoadMoe(ld, source, config, moe, l, &lw.moe));
+      TERRACE_RETURN_IF_ERROR(LoadMoe(ld, config, moe, l, &lw.moe));
     }
     m->layers_.push_back(std::make_unique<LayerWeights>(std::move(lw)));
   }

@@ -1,5 +1,8 @@
 #include "src/model/names.h"
 
+#include <functional>
+#include <set>
+
 #include <fmt/format.h>
 
 namespace terrace::model {
@@ -107,6 +110,86 @@ void AddMoe(const ModelConfig& c, int l, SpecList& s, ExpertFormat format) {
 }
 
 constexpr std::size_t kMaxListedProblems = 200;
+
+// A config setting that decides whether some tensors are used: `flip` turns the setting the
+// other way (to a value that implies the tensors this config leaves out); `key` and `value` say
+// in config.json's words what the config has now.
+struct Switch {
+  std::string key;
+  std::string value;
+  std::function<void(ModelConfig&)> flip;
+};
+
+std::vector<Switch> SwitchesOf(const ModelConfig& c) {
+  auto on_off = [](bool b) { return std::string(b ? "true" : "false"); };
+  std::vector<Switch> out;
+  out.push_back({"mla_use_output_gate", on_off(c.mla_use_output_gate),
+                 [](ModelConfig& v) { v.mla_use_output_gate = !v.mla_use_output_gate; }});
+  out.push_back({"latent_moe_use_norm", on_off(c.latent_moe_use_norm),
+                 [](ModelConfig& v) { v.latent_moe_use_norm = !v.latent_moe_use_norm; }});
+  out.push_back({"attn_res_block_size", std::to_string(c.attn_res_block_size),
+                 [](ModelConfig& v) { v.attn_res_block_size = v.attn_res_block_size > 0 ? 0 : 1; }});
+  out.push_back({"num_shared_experts", std::to_string(c.num_shared_experts), [](ModelConfig& v) {
+                   v.num_shared_experts = v.num_shared_experts > 0 ? 0 : 1;
+                   v.shared_expert_intermediate_size = v.moe_intermediate_size;
+                 }});
+  out.push_back({"tie_word_embeddings", on_off(c.tie_word_embeddings),
+                 [](ModelConfig& v) { v.tie_word_embeddings = !v.tie_word_embeddings; }});
+  out.push_back({"routed_expert_hidden_size", std::to_string(c.routed_expert_hidden_size), [](ModelConfig& v) {
+                   v.routed_expert_hidden_size = v.HasLatentProjection() ? v.hidden_size : v.hidden_size + 1;
+                 }});
+  out.push_back({"linear_attn_config.use_full_rank_gate", on_off(c.kda.use_full_rank_gate),
+                 [](ModelConfig& v) { v.kda.use_full_rank_gate = !v.kda.use_full_rank_gate; }});
+  out.push_back({"q_lora_rank", c.q_lora_rank ? std::to_string(*c.q_lora_rank) : std::string("null"),
+                 [](ModelConfig& v) {
+                   if (v.q_lora_rank) {
+                     v.q_lora_rank.reset();
+                   } else {
+                     v.q_lora_rank = 1;
+                   }
+                 }});
+  return out;
+}
+
+// Tensors in `source` that `config` does not use (a model run would ignore them and compute
+// something other than the checkpoint's model): `by_setting`, one line per config setting that
+// would use them (naming the setting, its value and the first such tensor); `other`, one line per
+// remaining tensor.
+struct UnusedTensors {
+  std::vector<std::string> by_setting, other;
+};
+
+UnusedTensors FindUnusedTensors(const WeightSource& source, const ModelConfig& c, ExpertFormat format) {
+  std::set<std::string, std::less<>> expected;
+  for (const TensorSpec& spec : ExpectedTensors(c, format)) expected.insert(spec.name);
+  std::set<std::string, std::less<>> unused;
+  for (const std::string& name : source.Names()) {
+    if (!expected.contains(name)) unused.insert(name);
+  }
+  UnusedTensors problems;
+  for (const Switch& sw : SwitchesOf(c)) {
+    if (unused.empty()) break;
+    ModelConfig flipped = c;
+    sw.flip(flipped);
+    std::vector<std::string> implied;
+    for (const TensorSpec& spec : ExpectedTensors(flipped, format)) {
+      if (unused.erase(spec.name) > 0) implied.push_back(spec.name);
+    }
+    if (implied.empty()) continue;
+    problems.by_setting.push_back(fmt::format(
+        "tensor '{}'{} is in the checkpoint, but config.json's {} = {} leaves it unused (the model would compute "
+        "without it); set {} to match the checkpoint",
+        implied.front(), implied.size() > 1 ? fmt::format(" (and {} more like it)", implied.size() - 1) : "", sw.key,
+        sw.value, sw.key));
+  }
+  for (const std::string& name : unused) {
+    if (problems.other.size() >= kMaxListedProblems) break;
+    problems.other.push_back(fmt::format("tensor '{}' is in the checkpoint, but config.json does not imply it (the model "
+                                   "would ignore it); check config.json, or remove the tensor",
+                                   name));
+  }
+  return problems;
+}
 
 bool IsFloatDType(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
@@ -267,6 +350,10 @@ std::vector<std::string> CheckConfigAgainstTensors(const WeightSource& source, c
 std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config) {
   // The config's dimensions first: when one is wrong, most tensors below are "wrong" and this says why.
   std::vector<std::string> problems = CheckConfigAgainstTensors(source, config);
+  // Then the settings that leave tensors unused: a switched-off setting also explains many
+  // wrong shapes (routed_expert_hidden_size) or missing tensors below.
+  UnusedTensors unused = FindUnusedTensors(source, config, DetectExpertFormat(source, config));
+  for (std::string& p : unused.by_setting) problems.push_back(std::move(p));
   std::size_t more = 0;
   for (const TensorSpec& spec : ExpectedTensors(config, DetectExpertFormat(source, config))) {
     if (problems.size() >= kMaxListedProblems) {  // the count goes on, the list stops
@@ -291,6 +378,10 @@ std::vector<std::string> FindWeightProblems(const WeightSource& source, const Mo
     }
   }
   if (more > 0) problems.push_back(fmt::format("... and at least {} more missing tensors", more));
+  for (std::string& p : unused.other) {
+    if (problems.size() >= kMaxListedProblems) break;
+    problems.push_back(std::move(p));
+  }
   return problems;
 }
 

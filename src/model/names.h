@@ -82,7 +82,10 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config, ExpertFormat 
 // InvalidArgument naming the tensor, the expected and the actual shape/dtype (first problem only;
 // see FindWeightProblems for all).
 Status ValidateWeights(const WeightSource& source, const ModelConfig& config);
-// Every problem (missing, wrong shape, wrong dtype), one line each; empty when all is well.
+// Every problem (missing, wrong shape, wrong dtype, and tensors the config leaves unused: a
+// checkpoint holding a tensor its config.json switches off, such as an MLA output gate with
+// mla_use_output_gate false, would otherwise run as a different model), one line each; empty when
+// all is well. A setting that would use such tensors is named in the line.
 std::vector<std::string> FindWeightProblems(const WeightSource& source, const ModelConfig& config);
 // The config's dimensions against the tensors that carry them (embed_tokens: vocab_size and
 // hidden_size; the first MoE router: num_experts; ...): one line per mismatch, naming the config

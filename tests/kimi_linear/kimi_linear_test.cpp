@@ -257,11 +257,13 @@ TEST_CASE("config keys that change the math are honoured or refused", "[kimi_lin
     REQUIRE_OK(r);
     CHECK(Compare(r->data, base->data).rel_to_max > 1e-3);
   }
-  SECTION("an explicit full-rank gate needs g_proj") {
+  SECTION("an explicit full-rank gate needs g_proj; the low-rank gate it leaves unused is named") {
     WriteVariant(tmp.path() / "fullrank", keep, [](Json& j) { j["linear_attn_config"]["use_full_rank_gate"] = true; });
     auto md = ModelDir::Open(tmp.path() / "fullrank");
     REQUIRE(!md.ok());
-    CHECK(md.status().message().find("g_proj.weight") != std::string::npos);
+    CHECK(md.status().message().find("g_a_proj.weight") != std::string::npos);
+    CHECK(md.status().message().find("linear_attn_config.use_full_rank_gate = true leaves it unused") !=
+          std::string::npos);
   }
   SECTION("settings Terrace does not implement are refused, naming the key") {
     const std::vector<std::pair<std::string, Json>> bad = {

@@ -97,6 +97,22 @@ TEST_CASE("kda_layers defaults to the complement of full_attn_layers", "[config]
   CHECK(c->kda.kda_layers == std::vector<int>{1, 2, 3, 5, 6, 7});
 }
 
+TEST_CASE("full_attn_layers defaults to the complement of kda_layers", "[config]") {
+  for (const char* type : {"kimi_k3", "kimi_linear"}) {  // kimi_linear also has a default pattern
+    INFO(type);
+    Json j = ToyJson();
+    j["model_type"] = type;
+    j["linear_attn_config"].erase("full_attn_layers");
+    j["linear_attn_config"]["kda_layers"] = {1, 2, 4, 5, 6, 8};
+    auto c = ParseConfigJson(j.dump());
+    INFO(c.status().ToString());
+    REQUIRE(c.ok());
+    CHECK(c->kda.full_attn_layers == std::vector<int>{3, 7});
+    CHECK(c->IsMlaLayer(2));
+    CHECK_FALSE(c->IsMlaLayer(3));
+  }
+}
+
 TEST_CASE("inconsistent fields are named", "[config]") {
   auto with = [](auto edit) {
     Json j = ToyJson();
@@ -247,6 +263,22 @@ TEST_CASE("two names for one setting must agree", "[config]") {
   CHECK(ParseConfigJson(j.dump()).ok());
   j["num_experts_per_tok"] = 3;
   CHECK(Mentions(ErrorOf(j), "disagree"));
+}
+
+TEST_CASE("a flat linear_* key and its linear_attn_config spelling must agree", "[config]") {
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"linear_num_heads", "num_heads"}, {"linear_head_dim", "head_dim"},
+      {"linear_conv_kernel_dim", "short_conv_kernel_size"}};
+  for (const auto& [flat, nested] : pairs) {
+    INFO(flat);
+    Json j = ToyJson();
+    j[flat] = j["linear_attn_config"][nested];
+    CHECK(ParseConfigJson(j.dump()).ok());  // the same value twice is fine
+    j[flat] = j["linear_attn_config"][nested].get<int>() + 1;
+    const std::string e = ErrorOf(j);
+    CHECK(Mentions(e, "'" + flat + "'"));
+    CHECK(Mentions(e, "linear_attn_config." + nested));
+  }
 }
 
 // tests/model_io/data/kimi_k3_config.json: Kimi K3's published config.json (moonshotai/Kimi-K3, as

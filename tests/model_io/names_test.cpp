@@ -1,9 +1,9 @@
+#include <functional>
 #include <map>
 #include <set>
 
 #include <catch2/catch.hpp>
-
-#include <map>
+#include <fmt/format.h>
 
 #include "src/model/config.h"
 #include "src/model/names.h"
@@ -142,4 +142,77 @@ TEST_CASE("the kimi-k3 preset implies the published K3 checkpoint's tensors", "[
   }
   CHECK(c.hidden_act == Activation::kSitu);
   CHECK(c.num_attention_heads == c.kda.num_heads);
+}
+
+namespace {
+
+// A checkpoint holding exactly the tensors `specs` names, with their shapes and dtypes (no bytes).
+class SpecSource final : public WeightSource {
+ public:
+  explicit SpecSource(const std::vector<TensorSpec>& specs) {
+    for (const TensorSpec& s : specs) views_[s.name] = TensorView{s.dtype, s.shape, {}};
+  }
+  terrace::Result<TensorView> Get(std::string_view name) const override {
+    auto it = views_.find(std::string(name));
+    if (it == views_.end()) return terrace::Status::NotFound(std::string(name));
+    return it->second;
+  }
+  bool Has(std::string_view name) const override { return views_.count(std::string(name)) > 0; }
+  std::vector<std::string> Names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, view] : views_) out.push_back(name);
+    return out;
+  }
+
+ private:
+  std::map<std::string, TensorView> views_;
+};
+
+struct SwitchCase {
+  const char* key;
+  std::function<void(ModelConfig&)> with_tensors;     // the setting that uses some tensors
+  std::function<void(ModelConfig&)> without_tensors;  // the setting that leaves them out
+};
+
+}  // namespace
+
+TEST_CASE("a tensor the config switches off is refused, naming the setting", "[names]") {
+  const std::vector<SwitchCase> cases = {
+      {"mla_use_output_gate", [](ModelConfig& c) { c.mla_use_output_gate = true; },
+       [](ModelConfig& c) { c.mla_use_output_gate = false; }},
+      {"latent_moe_use_norm", [](ModelConfig& c) { c.latent_moe_use_norm = true; },
+       [](ModelConfig& c) { c.latent_moe_use_norm = false; }},
+      {"attn_res_block_size", [](ModelConfig& c) { c.attn_res_block_size = 2; },
+       [](ModelConfig& c) { c.attn_res_block_size = 0; }},
+      {"num_shared_experts",
+       [](ModelConfig& c) {
+         c.num_shared_experts = 1;
+         c.shared_expert_intermediate_size = c.moe_intermediate_size;
+       },
+       [](ModelConfig& c) { c.num_shared_experts = 0; }},
+      {"tie_word_embeddings", [](ModelConfig& c) { c.tie_word_embeddings = false; },
+       [](ModelConfig& c) { c.tie_word_embeddings = true; }},
+      {"routed_expert_hidden_size", [](ModelConfig& c) { c.routed_expert_hidden_size = c.hidden_size / 2; },
+       [](ModelConfig& c) { c.routed_expert_hidden_size = c.hidden_size; }},
+      {"linear_attn_config.use_full_rank_gate", [](ModelConfig& c) { c.kda.use_full_rank_gate = true; },
+       [](ModelConfig& c) { c.kda.use_full_rank_gate = false; }},
+      {"q_lora_rank", [](ModelConfig& c) { c.q_lora_rank = 32; }, [](ModelConfig& c) { c.q_lora_rank.reset(); }},
+  };
+  for (const SwitchCase& sc : cases) {
+    INFO(sc.key);
+    ModelConfig written = *Preset("k3-toy");
+    sc.with_tensors(written);
+    ModelConfig read = written;
+    sc.without_tensors(read);
+    const SpecSource checkpoint(ExpectedTensors(written));
+    CHECK(FindWeightProblems(checkpoint, written).empty());  // the control: its own config fits
+    const std::vector<std::string> problems = FindWeightProblems(checkpoint, read);
+    std::string all;
+    for (const auto& p : problems) all += p + "\n";
+    INFO(all);
+    CHECK(all.find(fmt::format("config.json's {} = ", sc.key)) != std::string::npos);
+    CHECK(all.find("leaves it unused") != std::string::npos);
+    CHECK(all.find("does not imply it") == std::string::npos);  // every unused tensor traced to the setting
+    CHECK_FALSE(ValidateWeights(checkpoint, read).ok());
+  }
 }

@@ -189,7 +189,7 @@ TEST_CASE("the loader and inspect flag missing, wrong-shape and unexpected tenso
   auto md = ModelDir::Open(dir.path());
   REQUIRE(md.status().IsInvalidArgument());
   CHECK(md.status().message().find("num_experts = 4") != std::string::npos);
-  CHECK(md.status().message().find("and 2 more problems") != std::string::npos);
+  CHECK(md.status().message().find("and 3 more problems") != std::string::npos);
   auto r = InspectModelDir(dir.path());
   REQUIRE(r.ok());
   std::string all;

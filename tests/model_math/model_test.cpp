@@ -240,6 +240,11 @@ TEST_CASE("Bad inputs give clear errors", "[model]") {
   auto bad = Model::Load(*config, HidingSource(ToyDir(), missing));
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find(missing) != std::string::npos);
+  // A missing router correction bias is refused, not routed as zero.
+  const std::string bias = MoeTensorName(1, "gate.e_score_correction_bias");
+  auto no_bias = Model::Load(*config, HidingSource(ToyDir(), bias));
+  REQUIRE_FALSE(no_bias.ok());
+  CHECK(no_bias.status().message().find(bias) != std::string::npos);
 
   const auto model = LoadToy(*config);
   Session s(*model);
