@@ -26,13 +26,30 @@ int RunRecover(const StorePaths& p) {
                FormatBytes(static_cast<double>(total)), 100.0 * static_cast<double>(done) / static_cast<double>(total));
   };
   auto rep = NvmeTier::RebuildIndex(*opts, progress);
-  if (!rep.ok()) return FailStatus(rep.status());
+  if (!rep.ok()) {  // InvalidArgument: the paths given (an --index-dir that is not this store's index)
+    return rep.status().IsInvalidArgument() ? FailUsage(rep.status().message()) : FailStatus(rep.status());
+  }
   const DataScanReport& scan = rep->scan;
   fmt::print("store recover: {} blocks indexed ({}) from '{}' in {:.2f} s; skipped {} corrupt extents, {} superseded "
              "extents, {} descriptors of another store\n",
-             rep->blocks_indexed, FormatBytes(static_cast<double>(scan.bytes_in_blocks)), DataFilePath(p.dir),
+             rep->blocks_indexed, FormatBytes(static_cast<double>(rep->bytes_indexed)), DataFilePath(p.dir),
              rep->seconds, rep->corrupt_skipped, scan.superseded, scan.foreign);
   for (const std::string& k : scan.corrupt_keys) fmt::print("store recover: skipped corrupt block {}\n", k);
+  if (rep->kept_from_old_index > 0) {
+    fmt::print("store recover: {} blocks whose descriptor is damaged or missing were kept from the old index (their "
+               "data passes its checksum)\n",
+               rep->kept_from_old_index);
+  }
+  if (rep->cut_commit_entries > 0) {
+    fmt::print("store recover: the last group commit was cut short before its descriptors; its {} entries follow the "
+               "old index, and the next read-write open writes their descriptors\n",
+               rep->cut_commit_entries);
+  }
+  if (scan.damaged > 0) {
+    fmt::print("store recover: {} damaged descriptors were found; the blocks behind them are lost unless kept from the "
+               "old index (above)\n",
+               scan.damaged);
+  }
   if (rep->moved_aside.empty()) {
     fmt::print("store recover: there was no index; a new one was written\n");
   } else {

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include <signal.h>
+
 #include "durability_util.h"
 
 using namespace terrace;
@@ -96,6 +98,13 @@ TEST_CASE("nvme durability child", "[.nvme_durability_child]") {
   if (mode == "create") {
     auto t = NvmeTier::Open(DurabilityOptions(dir));
     if (!t.ok()) std::_Exit(3);
+    ::pause();
+  }
+  if (mode == "hold-index") {  // opens dir/index read-write (takes its LOCK), says so, waits to be killed
+    rocksdb::DB* db = nullptr;
+    rocksdb::Options ro;
+    if (!rocksdb::DB::Open(ro, (dir / "index").string(), &db).ok()) std::_Exit(3);
+    { std::ofstream(dir / "holding") << "1"; }
     ::pause();
   }
   std::_Exit(5);
@@ -273,6 +282,15 @@ TEST_CASE("nvme durability: a data file is never paired with another store's ind
     fs::create_directories(o.index_dir);
     RequireRefusedForRecover(NvmeTier::Open(o));
     CHECK(fs::is_empty(o.index_dir));
+  }
+  SECTION("a rebuild of A's index into B's index directory") {
+    auto o = DurabilityOptions(a.path());
+    o.index_dir = b.path() / "index";
+    auto r = NvmeTier::RebuildIndex(o);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.status().ToString());
+    CHECK(r.status().IsInvalidArgument());
+    CHECK(r.status().message().find("the index of another store") != std::string::npos);
   }
   CHECK(HashTree(a.path()) == before_a);  // not one byte of either store changed
   CHECK(HashTree(b.path()) == before_b);
@@ -585,4 +603,73 @@ TEST_CASE("nvme durability: RebuildIndex never moves a folder or file that is no
   REQUIRE_FALSE(r2.ok());
   CHECK(r2.status().IsInvalidArgument());
   CHECK(fs::is_regular_file(file));
+  // A folder whose names all look like an index's (logs), but no RocksDB database: refused, untouched.
+  const fs::path logs = dir.path() / "userlogs";
+  fs::create_directories(logs);
+  { std::ofstream(logs / "app.log") << "x"; }
+  { std::ofstream(logs / "LOGBOOK") << "y"; }
+  const auto logs_before = HashTree(logs);
+  o.index_dir = logs;
+  auto r3 = NvmeTier::RebuildIndex(o);
+  REQUIRE_FALSE(r3.ok());
+  INFO(r3.status().ToString());
+  CHECK(r3.status().IsInvalidArgument());
+  CHECK(r3.status().message().find("CURRENT") != std::string::npos);
+  CHECK(HashTree(logs) == logs_before);
+  std::size_t moved = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) moved += e.path().filename().string().starts_with("userlogs.");
+  CHECK(moved == 0);  // not moved aside either
+}
+
+TEST_CASE("nvme durability: RebuildIndex leaves an index another process has open", "[nvme][durability]") {
+  TempDir dir("nvme-held");
+  CleanScenario(dir.path());
+  pid_t pid = SpawnSelf(kChildTest, kChildEnv, "hold-index|" + dir.path().string());
+  REQUIRE(pid > 0);
+  for (int i = 0; i < 2000 && !fs::exists(dir.path() / "holding"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const bool holding = fs::exists(dir.path() / "holding");
+  const auto before = HashTree(dir.path() / "index");
+  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir.path()));
+  ::kill(pid, SIGKILL);
+  WaitChild(pid);
+  REQUIRE(holding);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == Code::kUnavailable);
+  CHECK(r.status().message().find("open in another process") != std::string::npos);
+  CHECK(HashTree(dir.path() / "index") == before);
+}
+
+TEST_CASE("nvme durability: a block whose descriptor is damaged is kept from the old index by a rebuild",
+          "[nvme][durability]") {
+  TempDir dir("nvme-desc");
+  CleanScenario(dir.path());
+  // Damage the first descriptor in the data file (a bit inside its key).
+  const fs::path data = dir.path() / "terrace.data";
+  std::ifstream in(data, std::ios::binary);
+  std::vector<char> unit(nvme::kUnit);
+  std::uint64_t at = nvme::kDataStart;
+  for (; in.seekg(static_cast<std::streamoff>(at)) && in.read(unit.data(), unit.size()); at += nvme::kUnit) {
+    if (nvme::Descriptor::Decode(std::as_bytes(std::span(unit)))) break;
+  }
+  REQUIRE(in);
+  in.close();
+  FlipBit(data, at + 40, 3);
+  auto o = DurabilityOptions(dir.path());
+  auto scan = NvmeTier::ScanDataFile(o, {});
+  REQUIRE(scan.ok());
+  CHECK(scan->damaged == 1);
+  CHECK(scan->blocks == static_cast<std::uint64_t>(ScenarioBlocks()) - 1);  // the scan alone loses it
+  auto r = NvmeTier::RebuildIndex(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->kept_from_old_index == 1);
+  CHECK(r->blocks_indexed == static_cast<std::uint64_t>(ScenarioBlocks()));
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  const Status s = CheckScenario(**t);
+  INFO(s.ToString());
+  CHECK(s.ok());
 }

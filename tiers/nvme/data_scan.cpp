@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -108,8 +110,12 @@ Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const Scan
     TERRACE_RETURN_IF_ERROR(ReadFull(fd, chunk.data(), n, pos, path));
     report->bytes_scanned += n;
     for (std::uint64_t u = 0; u < n; u += kUnit) {
-      auto d = nvme::Descriptor::Decode(std::span<const std::byte>(chunk.data() + u, kUnit));
-      if (!d) continue;
+      const std::span<const std::byte> unit(chunk.data() + u, kUnit);
+      auto d = nvme::Descriptor::Decode(unit);
+      if (!d) {
+        if (nvme::Descriptor::HasMagic(unit)) ++report->damaged;
+        continue;
+      }
       if (d->uuid != sb.uuid) {
         ++report->foreign;
         continue;
@@ -182,16 +188,20 @@ Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const Scan
 
 std::string DataScanReport::ToString() const {
   std::string s = fmt::format(
-      "{} blocks ({} bytes) in {} descriptors; {} corrupt extents skipped, {} superseded, {} of another store; "
-      "{} bytes scanned in {:.2f} s",
-      blocks, bytes_in_blocks, descriptors, corrupt, superseded, foreign, bytes_scanned, seconds);
+      "{} blocks ({} bytes) in {} descriptors; {} corrupt extents skipped, {} superseded, {} of another store, "
+      "{} damaged descriptors; {} bytes scanned in {:.2f} s",
+      blocks, bytes_in_blocks, descriptors, corrupt, superseded, foreign, damaged, bytes_scanned, seconds);
   if (!corrupt_keys.empty()) s += fmt::format("; first corrupt: {}", fmt::join(corrupt_keys, ", "));
   return s;
 }
 
 std::string RebuildReport::ToString() const {
-  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}{}",
+  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}{}{}",
                      blocks_indexed, corrupt_skipped, bytes_scanned, seconds,
+                     kept_from_old_index == 0
+                         ? std::string()
+                         : fmt::format("; {} blocks kept from the old index (descriptor damaged or missing, data good)",
+                                       kept_from_old_index),
                      cut_commit_entries == 0
                          ? std::string()
                          : fmt::format("; {} entries from the old index's last commit, cut short before its "
@@ -237,66 +247,137 @@ bool IsIndexFileName(const std::string& name) {
          ends(".ldb");
 }
 
-// OK if `dir` is a directory whose every entry is a file an index (RocksDB) writes. Otherwise
-// InvalidArgument naming the entry that is not: RebuildIndex moves only an index aside.
-Status CheckIndexDirIsOurs(const fs::path& dir) {
+// True when another process holds `dir`'s RocksDB LOCK (it has that index open read-write).
+bool IndexLockHeld(const fs::path& dir) {
+  const fs::path lock = dir / "LOCK";
+  Fd f;
+  f.fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (f.fd < 0) return false;
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  return ::fcntl(f.fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+// What the index directory held before a rebuild.
+struct OldIndex {
+  enum class Kind {
+    kNone,        // absent, or an empty directory
+    kOurs,        // a RocksDB index whose manifest names this store (`idx`: open read-only)
+    kOtherStore,  // a RocksDB index whose manifest names another store (`owner`)
+    kUnreadable,  // anything else: damaged, no manifest, not RocksDB, not a directory
+  };
+  Kind kind = Kind::kNone;
+  std::unique_ptr<nvme::IndexStore> idx;
+  std::string owner;
+};
+
+OldIndex LookAtOldIndex(const fs::path& dir, const nvme::Superblock& sb, const std::shared_ptr<Logger>& logger) {
+  OldIndex old;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) return old;
+  old.kind = OldIndex::Kind::kUnreadable;
+  if (!fs::is_directory(st)) return old;
+  if (fs::is_empty(dir, ec) && !ec) {
+    old.kind = OldIndex::Kind::kNone;
+    return old;
+  }
+  nvme::IndexOpenOptions io;
+  io.read_only = true;  // writes nothing into a directory that may not be this store's
+  io.logger = logger;
+  auto idx = nvme::IndexStore::Open(dir, io);
+  if (!idx.ok()) return old;
+  auto m = (*idx)->ReadManifest();
+  if (!m.ok() || !m->has_value()) return old;
+  auto ms = nvme::Superblock::Decode(std::as_bytes(std::span((*m)->data(), (*m)->size())), "manifest");
+  if (!ms.ok()) return old;
+  if (!ms->SameStore(sb)) {
+    old.kind = OldIndex::Kind::kOtherStore;
+    old.owner = ms->UuidString();
+    return old;
+  }
+  old.kind = OldIndex::Kind::kOurs;
+  old.idx = std::move(*idx);
+  return old;
+}
+
+// OK if the existing, non-empty `dir` may be moved aside as this store's old index: a directory
+// of nothing but files an index (RocksDB) writes, not another store's index (by its manifest),
+// held open by no other process, and - when it does not open as this store's index - with a
+// RocksDB CURRENT or MANIFEST file. Otherwise InvalidArgument (Unavailable when open elsewhere)
+// saying why; nothing is changed.
+Status CheckIndexDirIsOurs(const fs::path& dir, const OldIndex& old, const nvme::Superblock& sb) {
+  constexpr std::string_view kChoose = "nothing was changed (give this store's index directory, or a new or empty one)";
   std::error_code ec;
   if (!fs::is_directory(fs::symlink_status(dir, ec))) {
-    return Status::InvalidArgument(fmt::format(
-        "the index path '{}' is not a directory, so it is not a Terrace index; nothing was changed (give the "
-        "store's index directory, or a new or empty one)",
-        dir.string()));
+    return Status::InvalidArgument(fmt::format("the index path '{}' is not a directory, so it is not a Terrace index; {}",
+                                               dir.string(), kChoose));
   }
+  if (old.kind == OldIndex::Kind::kOtherStore) {
+    return Status::InvalidArgument(fmt::format("the index directory '{}' holds the index of another store ({}), not "
+                                               "of this one ({}); {}",
+                                               dir.string(), old.owner, sb.UuidString(), kChoose));
+  }
+  bool rocksdb_files = false;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!IsIndexFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
       return Status::InvalidArgument(fmt::format(
-          "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index; "
-          "nothing was changed (give the store's index directory, or a new or empty one)",
-          dir.string(), name));
+          "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index; {}",
+          dir.string(), name, kChoose));
     }
+    rocksdb_files = rocksdb_files || name == "CURRENT" || name.starts_with("MANIFEST-");
   }
   if (ec) return Status::IoError(fmt::format("cannot list the index directory '{}': {}", dir.string(), ec.message()));
+  if (old.kind != OldIndex::Kind::kOurs && !rocksdb_files) {
+    return Status::InvalidArgument(fmt::format(
+        "the index directory '{}' has no RocksDB CURRENT or MANIFEST file, so it is not recognisably an index; {} "
+        "(if it is this store's damaged index, move it aside yourself first)",
+        dir.string(), kChoose));
+  }
+  if (IndexLockHeld(dir)) {
+    return Status::Unavailable(fmt::format("the index directory '{}' is open in another process (its LOCK is held); "
+                                           "close that process first; nothing was changed",
+                                           dir.string()));
+  }
   return Status::Ok();
 }
-
-}  // namespace
-
-namespace {
 
 // A group commit the old index holds but the data file's superblock does not (cut short between
 // its index write and its descriptors, with no read-write open since, which would have finished
 // it): its puts' descriptors may be missing and its released extents' descriptors still there.
-// When the old index opens and says so (one commit ahead, with a redo record), the scan's result
-// is brought to that commit: blocks found at the released extents are dropped, and each key it
-// put takes the old index's record, if that record's data reads back good. Returns how many
-// entries changed. Anything unreadable: nothing is changed (the scan stands).
-std::size_t FinishCutCommit(const nvme::StorePaths& paths, int fd, const nvme::Superblock& sb,
-                            const std::shared_ptr<Logger>& logger, std::vector<Found>* found) {
-  nvme::IndexOpenOptions io;
-  io.read_only = true;
-  io.logger = logger;
-  std::error_code ec;
-  if (!fs::is_directory(paths.index, ec)) return 0;
-  auto idx = nvme::IndexStore::Open(paths.index, io);
-  if (!idx.ok()) return 0;
-  auto commit = (*idx)->ReadCommit();
-  auto bytes = (*idx)->ReadRedo();
-  if (!commit.ok() || *commit != sb.indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return 0;
-  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
-  if (!redo.ok()) return 0;
+// When the old index is one commit ahead with a redo record, the scan's result is brought to that
+// commit: blocks found at the released extents are dropped, and each key it put takes the old
+// index's record, if that record's data reads back good. `redo` keeps the record so the new index
+// stays one commit ahead with it (the next read-write open then writes the descriptors, as it
+// would have for the old index); `changed` counts the entries that changed. Anything unreadable:
+// nothing is changed (the scan stands).
+struct CutCommit {
   std::size_t changed = 0;
+  std::optional<std::string> redo;
+};
+
+CutCommit FinishCutCommit(const nvme::IndexStore& idx, const fs::path& data_path, int fd, const nvme::Superblock& sb,
+                          const std::shared_ptr<Logger>& logger, std::vector<Found>* found) {
+  CutCommit cut;
+  auto commit = idx.ReadCommit();
+  auto bytes = idx.ReadRedo();
+  if (!commit.ok() || *commit != sb.indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return cut;
+  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
+  if (!redo.ok()) return cut;
+  cut.redo = **bytes;
   std::unordered_set<std::uint64_t> released;
   for (const nvme::Extent& e : redo->released) released.insert(e.offset);
   std::erase_if(*found, [&](const Found& f) {
     const bool drop = released.count(f.rec.offset) > 0;
-    changed += drop ? 1 : 0;
+    cut.changed += drop ? 1 : 0;
     return drop;
   });
   std::unordered_map<BlockKey, std::size_t> at;
   for (std::size_t i = 0; i < found->size(); ++i) at[(*found)[i].key] = i;
   for (const BlockKey& k : redo->keys) {
-    auto rec = (*idx)->ReadRecord(k);
+    auto rec = idx.ReadRecord(k);
     if (!rec.ok() || !rec->has_value()) continue;  // erased again in the same commit
     const nvme::Record& r = **rec;
     std::vector<std::byte> data(r.length);
@@ -311,15 +392,84 @@ std::size_t FinishCutCommit(const nvme::StorePaths& paths, int fd, const nvme::S
       at[k] = found->size();
       found->push_back({k, r});
     }
-    ++changed;
+    ++cut.changed;
   }
-  (void)(*idx)->Close();
-  if (changed > 0)
+  if (cut.changed > 0)
     logger->Log(LogLevel::kWarning, "nvme",
                 fmt::format("'{}': the last group commit was cut short before its descriptors; the rebuild follows "
-                            "the old index's record of it ({} entries)",
-                            paths.data.string(), changed));
-  return changed;
+                            "the old index's record of it ({} entries) and leaves it for the next read-write open to "
+                            "finish",
+                            data_path.string(), cut.changed));
+  return cut;
+}
+
+// The old index's records the scan did not find (a damaged or missing descriptor) or found only
+// in an older generation, taken when the index is not behind the data file (its commit counter at
+// least the superblock's: a stale index could name blocks erased since), the extent lies in the
+// data area and overlaps no other kept extent, and the data passes its checksum. Returns how many
+// were taken.
+std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, int fd, const nvme::Superblock& sb,
+                                std::vector<Found>* found) {
+  auto commit = idx.ReadCommit();
+  if (!commit.ok() || *commit < sb.indexed_commit) return 0;
+  std::vector<Found> records;
+  Status scanned = idx.Scan([&](std::string_view k, std::string_view v) {
+    if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
+    auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
+    auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
+    if (key.ok() && rec.ok()) records.push_back({*key, *rec});
+  });
+  if (!scanned.ok()) return 0;
+  std::unordered_map<BlockKey, std::size_t> at;
+  std::map<std::uint64_t, std::uint64_t> extents;  // offset -> end of every kept extent
+  for (std::size_t i = 0; i < found->size(); ++i) {
+    const nvme::Record& r = (*found)[i].rec;
+    at[(*found)[i].key] = i;
+    extents[r.offset] = r.offset + r.extent_bytes();
+  }
+  // True when [off, end) meets a kept extent other than the one at `except`.
+  auto overlaps = [&](std::uint64_t off, std::uint64_t end, std::optional<std::uint64_t> except) {
+    auto it = extents.lower_bound(off);
+    if (it != extents.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second > off && prev->first != except) return true;
+    }
+    for (; it != extents.end() && it->first < end; ++it) {
+      if (it->first != except) return true;
+    }
+    return false;
+  };
+  std::size_t taken = 0;
+  std::vector<std::byte> data;
+  for (const Found& f : records) {
+    const nvme::Record& r = f.rec;
+    if (r.offset % kUnit != 0 || r.offset < sb.data_start || r.offset >= sb.capacity_bytes ||
+        r.extent_bytes() > sb.capacity_bytes - r.offset) {
+      continue;
+    }
+    auto it = at.find(f.key);
+    std::optional<std::uint64_t> replaces;
+    if (it != at.end()) {
+      const nvme::Record& cur = (*found)[it->second].rec;
+      if (cur == r || cur.generation >= r.generation) continue;
+      replaces = cur.offset;
+    }
+    if (overlaps(r.offset, r.offset + r.extent_bytes(), replaces)) continue;
+    data.resize(r.length);
+    if (r.length > 0 && ::pread(fd, data.data(), r.length, static_cast<off_t>(r.offset)) != static_cast<ssize_t>(r.length))
+      continue;
+    if (Checksum(data) != r.checksum) continue;
+    if (replaces) {
+      extents.erase(*replaces);
+      (*found)[it->second].rec = r;
+    } else {
+      at[f.key] = found->size();
+      found->push_back(f);
+    }
+    extents[r.offset] = r.offset + r.extent_bytes();
+    ++taken;
+  }
+  return taken;
 }
 
 }  // namespace
@@ -345,12 +495,26 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   RebuildReport report;
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
-  report.cut_commit_entries = FinishCutCommit(paths, fd.fd, sb, logger, &found);
+  OldIndex old = LookAtOldIndex(paths.index, sb, logger);
+  // Only this store's index directory is moved aside: never a user's folder, a file given as the
+  // index, or another store's index. Checked before anything is written.
+  if (old.kind != OldIndex::Kind::kNone) TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index, old, sb));
+  CutCommit cut;
+  if (old.idx) {
+    cut = FinishCutCommit(*old.idx, paths.data, fd.fd, sb, logger, &found);
+    report.cut_commit_entries = cut.changed;
+    report.kept_from_old_index = KeepOldIndexRecords(*old.idx, fd.fd, sb, &found);
+    (void)old.idx->Close();
+    if (report.kept_from_old_index > 0) {
+      logger->Log(LogLevel::kWarning, "nvme",
+                  fmt::format("'{}': {} blocks whose descriptor is damaged or missing were kept from the old index "
+                              "(their data passes its checksum)",
+                              paths.data.string(), report.kept_from_old_index));
+    }
+  }
 
   std::error_code ec;
-  if (fs::exists(paths.index, ec) && !(fs::is_directory(paths.index, ec) && fs::is_empty(paths.index, ec))) {
-    // Only an index directory is moved aside: never a user's folder or file given as the index.
-    TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index));
+  if (old.kind != OldIndex::Kind::kNone) {
     std::time_t now = std::time(nullptr);
     std::tm tm{};
     gmtime_r(&now, &tm);
@@ -390,12 +554,16 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
       batch.Clear();
     }
   }
-  // The commit counter the data file recorded: the rebuilt index holds at least that history.
+  // The commit counter the data file recorded: the rebuilt index holds at least that history. A
+  // cut-short last commit stays pending, one commit ahead with its redo record, so the next
+  // read-write open writes its descriptors (a later rebuild, before that, follows it again).
   batch.Put(rocksdb::Slice(nvme::kCommitKey.data(), nvme::kCommitKey.size()),
-            nvme::IndexStore::EncodeCommit(sb.indexed_commit));
+            nvme::IndexStore::EncodeCommit(sb.indexed_commit + (cut.redo ? 1 : 0)));
+  if (cut.redo) batch.Put(rocksdb::Slice(nvme::kRedoKey.data(), nvme::kRedoKey.size()), *cut.redo);
   TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/true));
   TERRACE_RETURN_IF_ERROR(index->Close());
   report.blocks_indexed = found.size();
+  for (const Found& f : found) report.bytes_indexed += f.rec.length;
   report.corrupt_skipped = report.scan.corrupt;
   report.bytes_scanned = report.scan.bytes_scanned;
   report.seconds = SecondsSince(start);

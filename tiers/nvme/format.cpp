@@ -173,6 +173,10 @@ void Descriptor::EncodeTo(std::byte* out) const {
   PutLe(out + kDescCheckAt, XXH3_64bits(out, kDescCheckAt), 8);
 }
 
+bool Descriptor::HasMagic(std::span<const std::byte> in) {
+  return in.size() >= sizeof kDescMagic && std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) == 0;
+}
+
 std::optional<Descriptor> Descriptor::Decode(std::span<const std::byte> in) {
   if (in.size() < kDescriptorBytes || std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) != 0) return std::nullopt;
   if (GetLe(in.data() + 8, 2) != kDescVersion) return std::nullopt;

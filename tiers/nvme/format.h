@@ -99,6 +99,9 @@ struct Descriptor {
   void EncodeTo(std::byte* out) const;
   // nullopt unless the bytes hold a descriptor (magic, version, check) with a valid key.
   static std::optional<Descriptor> Decode(std::span<const std::byte> in);
+  // True when the bytes start with the descriptor magic: with Decode failing, a damaged
+  // descriptor (or, rarely, block data that happens to start with those 8 bytes).
+  static bool HasMagic(std::span<const std::byte> in);
 };
 
 }  // namespace terrace::nvme

@@ -118,6 +118,8 @@ struct DataScanReport {
   std::uint64_t corrupt = 0;           // valid descriptor, but the data fails its checksum (skipped)
   std::uint64_t superseded = 0;        // an older generation of a key, or overlapped by a newer extent
   std::uint64_t foreign = 0;           // valid descriptors of another store (an earlier format of the area)
+  std::uint64_t damaged = 0;           // units with the descriptor magic that do not decode (a damaged
+                                       // descriptor: its block cannot be found by a scan)
   std::uint64_t bytes_scanned = 0;     // bytes of the data area read
   std::uint64_t max_generation = 0;
   double seconds = 0;
@@ -136,6 +138,10 @@ struct RebuildReport {
   // Entries taken from the old index's record of a last group commit cut short before its
   // descriptors (docs/nvme-format.md, "Scan and rebuild"); 0: none was pending.
   std::uint64_t cut_commit_entries = 0;
+  // Blocks the scan did not find (a damaged or missing descriptor) or found only in an older
+  // version, taken from the old index because their data still passes its checksum.
+  std::uint64_t kept_from_old_index = 0;
+  std::uint64_t bytes_indexed = 0;  // sum of the sizes of the records written
   std::string ToString() const;
 };
 
@@ -169,8 +175,13 @@ class NvmeTier final : public Tier {
       const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
       const ScanProgressFn& progress = {});
   // Writes a fresh index from ScanDataFile, under an exclusive lock on the data area. An existing
-  // index directory is first renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted).
-  // The data file is not written.
+  // index directory is first renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted),
+  // and only when it is this store's index: one whose manifest names another store, one another
+  // process holds open, or a folder that is not a RocksDB index is refused (InvalidArgument,
+  // nothing changed). When the old index opens, it fills what the scan cannot see: the last group
+  // commit if it was cut short before its descriptors (kept pending in the new index, so the next
+  // read-write open writes them), and records whose descriptor is damaged or missing but whose
+  // data passes its checksum. The data file is not written.
   static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {});
 
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
