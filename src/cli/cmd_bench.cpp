@@ -6,8 +6,9 @@
 // tier's own per-I/O figures (submit to completion, as fio's clat); for memory tiers they come from
 // a separate pass of single-operation calls (up to 4096 of them, after the timed passes), so they
 // are per-operation, not per-batch. --warmup untimed passes run first (default 1; 0 to time a
-// fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass, with
-// the slowest and fastest pass as the spread.
+// fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass (an even
+// --repeat: the mean of the two middle passes' MB/s), with the slowest and fastest pass as the
+// spread.
 #include <mutex>
 #include <algorithm>
 #include <atomic>
@@ -34,6 +35,7 @@
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
+#include "src/common/median.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -291,6 +293,27 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   return r;
 }
 
+// The median of the timed passes (non-empty, each of the same ops), field by field (Median: an even
+// count takes the mean of the two middle values): its time is that of the median throughput, its
+// flush and CPU times the medians of the passes' own. Latency fields are left 0 (they come from
+// the single-operation pass or the tier's histogram).
+BenchResult MedianPass(const std::vector<BenchResult>& passes) {
+  std::vector<double> rate, flush, user, sys;
+  for (const BenchResult& p : passes) {
+    rate.push_back(static_cast<double>(p.ops) / p.seconds);
+    flush.push_back(p.flush_seconds);
+    user.push_back(p.user_seconds);
+    sys.push_back(p.sys_seconds);
+  }
+  BenchResult m;
+  m.ops = passes.front().ops;
+  m.seconds = static_cast<double>(m.ops) / Median(rate);
+  m.flush_seconds = Median(flush);
+  m.user_seconds = Median(user);
+  m.sys_seconds = Median(sys);
+  return m;
+}
+
 // The memory tiers' baseline, a memcpy of the same bytes in the same direction as the op (at most
 // 1 GiB, in --block-size pieces) with memory faulted beforehand. Writes: from the cache-hot
 // payload into `bytes` of pre-faulted memory (what a put does). Reads: from `bytes` of pre-faulted
@@ -525,10 +548,7 @@ int RunBenchTiers(const BenchArgs& a) {
       if (!a.json) fmt::print(stderr, "bench: per-operation latency pass (single-operation calls, not in MB/s)\n");
       TERRACE_ASSIGN_OR_RETURN(single, one_pass(1, 1, std::min<std::uint64_t>(blocks, 4096)));
     }
-    // The median pass by throughput.
-    std::vector<BenchResult> sorted = passes;
-    std::sort(sorted.begin(), sorted.end(), [](const BenchResult& x, const BenchResult& y) { return x.seconds < y.seconds; });
-    return sorted[sorted.size() / 2];
+    return MedianPass(passes);
   };
   Result<BenchResult> r = StopSignalReceived() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
   TierStatsSnapshot stats = tier->Stats();
@@ -547,14 +567,12 @@ int RunBenchTiers(const BenchArgs& a) {
   // Memory tiers: the median memcpy pass, and the median of (pass / the memcpy pass right after it).
   double memcpy_mbps = 0, ratio_vs_memcpy = 0;
   if (!memcpy_passes.empty()) {
-    std::vector<double> m = memcpy_passes, ratios;
+    std::vector<double> ratios;
     for (std::size_t i = 0; i < passes.size() && i < memcpy_passes.size(); ++i) {
       ratios.push_back(static_cast<double>(passes[i].ops * a.block_size) / 1e6 / passes[i].seconds / memcpy_passes[i]);
     }
-    std::sort(m.begin(), m.end());
-    std::sort(ratios.begin(), ratios.end());
-    memcpy_mbps = m[m.size() / 2];
-    ratio_vs_memcpy = ratios[ratios.size() / 2];
+    memcpy_mbps = Median(memcpy_passes);
+    ratio_vs_memcpy = Median(ratios);
   }
   double min_mbps = mbps, max_mbps = mbps;
   std::vector<double> pass_mbps;
@@ -636,7 +654,8 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddIntOption(tiers, "--threads", &a->threads, 1u, 256u, "Concurrent workers (nvme: one io_uring ring each)");
   AddIntOption(tiers, "--warmup", &a->warmup, 0u, 100u,
                "Untimed passes before the timed ones (0: time the first touch of a fresh tier)");
-  AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u, "Timed passes; MB/s and IOPS are the median pass");
+  AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u,
+               "Timed passes; MB/s and IOPS are the median pass (an even count: the mean of the two middle passes)");
   tiers->add_flag("--keep", a->keep,
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them). A read run on a kept store that holds its blocks reads them "
