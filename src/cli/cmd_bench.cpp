@@ -8,7 +8,11 @@
 // are per-operation, not per-batch. --warmup untimed passes run first (default 1; 0 to time a
 // fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass (an even
 // --repeat: the mean of the two middle passes' MB/s), with the slowest and fastest pass as the
-// spread.
+// spread. Read buffers are allocated and faulted in once, before the first pass, as the memcpy
+// baseline's are: a read pass, the first one (--warmup 0) included, times the tier against memcpy
+// with both destinations mapped. A write pass with --warmup 0 still counts the tier's first touch
+// of its own memory (a fresh tier), against memcpy into pre-faulted memory: that is the target
+// ("puts into a fresh tier"), so the first-write figure is not like for like by design.
 #include <mutex>
 #include <algorithm>
 #include <atomic>
@@ -196,34 +200,52 @@ bool HoldsDataSet(const Tier& tier, std::uint64_t blocks, const BlockDesc& desc)
   return true;
 }
 
-// Runs `ops` operations as batches of `batch` spread over `threads` workers. `index(i)` maps the
-// i-th operation to a block index.
-template <typename IndexFn>
-Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint64_t ops, IndexFn index,
-                           std::span<const std::byte> payload, const BlockDesc& desc, unsigned batch_override = 0,
-                           unsigned threads_override = 0) {
-  const unsigned batch = batch_override ? batch_override : a.BatchSize();
-  const unsigned nthreads = threads_override ? threads_override : std::max(1u, a.threads);
-  BenchResult r;
-  LatencyHistogram latency;
-  std::atomic<std::uint64_t> next{0};
-  std::atomic<bool> failed{false};
-  Status first_error;
-  std::mutex err_mu;
-  // Each worker's read buffer, allocated up front and registered with the tier for fixed-buffer
-  // I/O where it takes them (the NVMe tier; as the store registers its host arena), unregistered
-  // before it is freed.
-  std::vector<std::unique_ptr<AlignedBuffer>> outs;
-  std::vector<std::span<std::byte>> regions;
-  for (unsigned t = 0; t < nthreads && !write; ++t) {
+// Each read worker's buffer (--batch x --block-size, 4 KiB-aligned), allocated once for the whole
+// run and touched once before the first pass (warm-up included), so that no pass pays for faulting
+// in its destination: the memcpy baseline's destination is faulted once too (MemcpyBaseline).
+// Empty for --op write.
+using ReadBuffers = std::vector<std::unique_ptr<AlignedBuffer>>;
+
+Result<ReadBuffers> AllocateReadBuffers(const BenchArgs& a) {
+  ReadBuffers outs;
+  if (a.op == "write") return outs;
+  const unsigned batch = a.BatchSize();
+  for (unsigned t = 0; t < std::max(1u, a.threads); ++t) {
     outs.push_back(std::make_unique<AlignedBuffer>(RoundUp(a.block_size, 4 * kKiB) * batch));
     if (!outs.back()->ok()) {
       return Status::OutOfCapacity(fmt::format(
           "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
           FormatBytes(static_cast<double>(outs.back()->size())), batch, FormatBytes(static_cast<double>(a.block_size))));
     }
-    regions.push_back(outs.back()->span());
+    std::memset(outs.back()->data(), 0, outs.back()->size());  // fault every page now, not in a pass
   }
+  return outs;
+}
+
+// Runs `ops` operations as batches of `batch` spread over `threads` workers. `index(i)` maps the
+// i-th operation to a block index. Reads land in `outs` (one buffer per worker, each holding
+// `batch` blocks: AllocateReadBuffers with the flags' values, so overrides may only be smaller).
+template <typename IndexFn>
+Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint64_t ops, IndexFn index,
+                           std::span<const std::byte> payload, const BlockDesc& desc, const ReadBuffers& outs,
+                           unsigned batch_override = 0, unsigned threads_override = 0) {
+  const unsigned batch = batch_override ? batch_override : a.BatchSize();
+  const unsigned nthreads = threads_override ? threads_override : std::max(1u, a.threads);
+  const std::uint64_t stride = RoundUp(a.block_size, 4 * kKiB);
+  if (!write && (outs.size() < nthreads || outs.front()->size() < stride * batch)) {
+    return Status::Internal(fmt::format("bench: {} read buffers of {} for {} workers' batches of {}", outs.size(),
+                                        outs.empty() ? 0 : outs.front()->size(), nthreads, batch));
+  }
+  BenchResult r;
+  LatencyHistogram latency;
+  std::atomic<std::uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  Status first_error;
+  std::mutex err_mu;
+  // The workers' read buffers are registered with the tier for fixed-buffer I/O where it takes
+  // them (the NVMe tier; as the store registers its host arena), and unregistered after the pass.
+  std::vector<std::span<std::byte>> regions;
+  for (unsigned t = 0; t < nthreads && !write; ++t) regions.push_back(outs[t]->span());
   struct Unregister {
     Tier* tier = nullptr;
     ~Unregister() {
@@ -257,8 +279,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
       } else {
         gets.clear();
         for (std::uint64_t i = begin; i < end; ++i) {
-          gets.push_back(GetOp{BenchKey(index(i)),
-                               out.span().subspan((i - begin) * RoundUp(a.block_size, 4 * kKiB), a.block_size), {}});
+          gets.push_back(GetOp{BenchKey(index(i)), out.span().subspan((i - begin) * stride, a.block_size), {}});
         }
         st = tier.GetBatch(gets);
       }
@@ -501,6 +522,11 @@ int RunBenchTiers(const BenchArgs& a) {
   std::mt19937_64 rng(1);
   for (auto& o : order) o = rng() % blocks;
   auto rand = [&](std::uint64_t i) { return order[i]; };
+  // Allocated and faulted in once, before the first pass: every pass (the first included) reads into
+  // memory that is already mapped, like the memcpy baseline's destination.
+  auto read_buffers = AllocateReadBuffers(a);
+  if (!read_buffers.ok()) return Fail(read_buffers.status().ToString());
+  const ReadBuffers& outs = *read_buffers;
   // One pass of the measured operation; `batch`/`threads` 0: the flags' values.
   bool written = false;  // some write pass ran: the NVMe tier holds every block
   auto one_pass = [&](unsigned batch, unsigned threads, std::uint64_t ops) -> Result<BenchResult> {
@@ -511,9 +537,9 @@ int RunBenchTiers(const BenchArgs& a) {
       TERRACE_RETURN_IF_ERROR(tier->Flush());
     }
     written = true;
-    if (a.op == "write") return RunOps(*tier, a, true, ops, seq, payload, desc, batch, threads);
-    if (a.op == "read") return RunOps(*tier, a, false, ops, seq, payload, desc, batch, threads);
-    return RunOps(*tier, a, false, ops, rand, payload, desc, batch, threads);
+    if (a.op == "write") return RunOps(*tier, a, true, ops, seq, payload, desc, outs, batch, threads);
+    if (a.op == "read") return RunOps(*tier, a, false, ops, seq, payload, desc, outs, batch, threads);
+    return RunOps(*tier, a, false, ops, rand, payload, desc, outs, batch, threads);
   };
   std::vector<BenchResult> passes;
   BenchResult single{};  // memory tiers: the per-operation latency pass
@@ -531,7 +557,7 @@ int RunBenchTiers(const BenchArgs& a) {
       if (!a.json) fmt::print(stderr, "bench: the kept store in --dir holds the {} blocks already; reading them\n", blocks);
     } else if (a.op != "write") {
       if (!a.json) fmt::print(stderr, "bench: writing {} blocks first (not timed)\n", blocks);
-      TERRACE_RETURN_IF_ERROR(RunOps(*tier, a, true, blocks, seq, payload, desc).status());
+      TERRACE_RETURN_IF_ERROR(RunOps(*tier, a, true, blocks, seq, payload, desc, outs).status());
       prep_writes = blocks;
     }
     for (unsigned w = 0; w < a.warmup; ++w) {
