@@ -50,14 +50,14 @@ nlohmann::json JsonOrNull(std::optional<double> v) {
   return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 
-// "<ratio>x <what> (>= <goal>: met)" (or NOT met), or "<what> n/a (row not run)" when a row the
-// ratio needs did not run.
+// "<ratio>x <what> (>= <goal>: met)" (or NOT met), or "<what> n/a (row not run)" when the baseline
+// row <what> did not run (the best predictor's row is known to have run).
 std::string TargetClause(std::optional<double> ratio, std::string_view what, double goal) {
   if (!ratio) return fmt::format("{} {}", what, kRowNotRun);
   return fmt::format("{:.2f}x {} (>= {:g}: {})", *ratio, what, goal, Yes(*ratio >= goal));
 }
 
-// "<ratio>x <what>", or "<what> n/a (row not run)".
+// "<ratio>x <what>", or "<what> n/a (row not run)" (as TargetClause).
 std::string RatioClause(std::optional<double> ratio, std::string_view what) {
   return ratio ? fmt::format("{:.2f}x {}", *ratio, what) : fmt::format("{} {}", what, kRowNotRun);
 }
@@ -414,27 +414,33 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                                      : f.cold               ? ""
                                                             : ", not cold";
   for (const auto& s : summaries) {
-    const std::string best = s.best_tps ? fmt::format("{} {:.1f} tok/s =", s.best, *s.best_tps)
-                                        : "n/a (no lru+lookahead, utility+statistical or utility+lookahead row run):";
     const std::optional<double> oracle_vs_resident = RatioOf(s.oracle, f.resident_tps);
     std::string resident_target = oracle_vs_resident ? fmt::format("; oracle {:.2f}x resident", *oracle_vs_resident)
                                                      : fmt::format("; oracle vs resident {}", kRowNotRun);
-    if (oracle_vs_resident && *oracle_vs_resident >= 0.9) {
+    if (oracle_vs_resident && *oracle_vs_resident >= 0.9 && s.best_tps) {
       resident_target += fmt::format(" so best >= 0.85x resident: {}",
                                      TargetClause(RatioOf(s.best_tps, f.resident_tps), "resident", 0.85));
-    } else if (oracle_vs_resident) {
+    } else if (oracle_vs_resident && *oracle_vs_resident < 0.9) {
       resident_target += " (< 0.9x: the resident target does not apply)";
     }
     const std::string recall =
         s.lookahead_recall ? fmt::format("{:.3f} (>= 0.8: {})", *s.lookahead_recall, Yes(*s.lookahead_recall >= 0.8))
                            : std::string(kRowNotRun);
-    fmt::print("targets at {:.0f}%: best real predictor {} {}, {}, {} [{}, {}{}]{}; lookahead recall {}\n",
-               s.budget * 100, best, TargetClause(RatioOf(s.best_tps, s.oracle), "oracle", 0.9),
-               TargetClause(RatioOf(s.best_tps, s.on_demand), "on-demand", 2),
-               TargetClause(RatioOf(s.best_tps, s.mmap), "mmap at the same budget without its eviction work", 3),
-               RatioClause(RatioOf(s.best_tps, s.mmap_with_drops), "with it"),
-               RatioClause(RatioOf(s.best_tps, f.mmap_unbounded_tps), "mmap-unbounded"), unbounded_note,
-               resident_target, recall);
+    if (!s.best_tps) {
+      // No real predictor's row ran: every target that compares it is n/a, whatever the baselines.
+      fmt::print("targets at {:.0f}%: best real predictor n/a (no lru+lookahead, utility+statistical or "
+                 "utility+lookahead row run): its targets against oracle, on-demand, mmap and resident are n/a{}; "
+                 "lookahead recall {}\n",
+                 s.budget * 100, resident_target, recall);
+    } else {
+      fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {}, {}, {} [{}, {}{}]{}; lookahead recall {}\n",
+                 s.budget * 100, s.best, *s.best_tps, TargetClause(RatioOf(s.best_tps, s.oracle), "oracle", 0.9),
+                 TargetClause(RatioOf(s.best_tps, s.on_demand), "on-demand", 2),
+                 TargetClause(RatioOf(s.best_tps, s.mmap), "mmap at the same budget without its eviction work", 3),
+                 RatioClause(RatioOf(s.best_tps, s.mmap_with_drops), "with it"),
+                 RatioClause(RatioOf(s.best_tps, f.mmap_unbounded_tps), "mmap-unbounded"), unbounded_note,
+                 resident_target, recall);
+    }
     if (!s.min_nvme_bytes_per_token) {
       fmt::print("bound at {:.0f}%: n/a (no store-backed row but oracle+belady ran at this budget)\n", s.budget * 100);
     } else {

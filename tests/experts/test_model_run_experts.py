@@ -338,6 +338,7 @@ def test_bench_experts_targets_against_rows_not_run_are_na(toy, tmp_path):
     (line,) = [l for l in text.splitlines() if l.startswith("targets at 50%:")]
     assert "best real predictor n/a" in line and "lookahead recall n/a (row not run)" in line, line
     assert "x oracle" not in line and "x on-demand" not in line, line
+    assert "on-demand n/a (row not run)" not in line, line  # on-demand ran: only the predictor's row is missing
 
 
 def test_bench_experts_belady_row_and_bound(toy, tmp_path):
