@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "src/codec/kernels.h"
+#include "src/common/median.h"
 #include "terrace/codec.h"
 
 using namespace terrace;
@@ -66,13 +67,9 @@ Args Parse(int argc, char** argv) {
   return a;
 }
 
-struct Stats {
-  double median, min, max;
-};
-
 // Runs fn(block) over every block, `repeats` times; GB/s of `bytes_per_block` per repeat.
 template <typename Fn>
-Stats Measure(const Args& a, double bytes_per_block, Fn fn) {
+MedianSpread Measure(const Args& a, double bytes_per_block, Fn fn) {
   std::vector<double> gbs;
   for (int b = 0; b < a.blocks; ++b) fn(b);  // warm-up: page faults, allocations
   for (int r = 0; r < a.repeats; ++r) {
@@ -81,8 +78,7 @@ Stats Measure(const Args& a, double bytes_per_block, Fn fn) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     gbs.push_back(bytes_per_block * a.blocks / s / 1e9);
   }
-  std::sort(gbs.begin(), gbs.end());
-  return {gbs[gbs.size() / 2], gbs.front(), gbs.back()};
+  return MedianSpreadOf(gbs);
 }
 
 }  // namespace
@@ -105,7 +101,7 @@ int main(int argc, char** argv) {
              "kernels {}, 1 thread\n",
              a.blocks, a.rows, a.cols, bytes / (1 << 20), bytes * a.blocks / (1 << 20), a.repeats,
              codec::detail::Kernels().name);
-  const Stats mc = Measure(a, bytes, [&](int b) { std::memcpy(out[b].data(), in[b].data(), 4 * n); });
+  const MedianSpread mc = Measure(a, bytes, [&](int b) { std::memcpy(out[b].data(), in[b].data(), 4 * n); });
   fmt::print("{:<12} {:>22} {:>22} {:>8}\n", "codec", "encode GB/s (min-max)", "decode GB/s (min-max)", "ratio");
   fmt::print("{:<12} {:>7.2f} ({:5.2f}-{:5.2f}) {:>22} {:>8}\n", "memcpy", mc.median, mc.min, mc.max, "", "1.000");
   fmt::print("RESULT codec memcpy memcpy {:.3f}\n", mc.median);
@@ -115,11 +111,11 @@ int main(int argc, char** argv) {
     if (!spec.ok()) Usage(spec.status().message());
     std::vector<std::vector<std::byte>> enc(static_cast<std::size_t>(a.blocks));
     Status st;
-    const Stats e = Measure(a, bytes, [&](int b) {
+    const MedianSpread e = Measure(a, bytes, [&](int b) {
       Status s = codec::Encode(*spec, in[b], a.rows, a.cols, &enc[b]);
       if (!s.ok()) st = s;
     });
-    const Stats d = Measure(a, bytes, [&](int b) {
+    const MedianSpread d = Measure(a, bytes, [&](int b) {
       Status s = codec::Decode(enc[b], a.rows, a.cols, out[b]);
       if (!s.ok()) st = s;
     });

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "src/codec/cuda/codec_cuda.h"
+#include "src/common/median.h"
 #include "terrace/codec.h"
 
 using namespace terrace::codec;
@@ -54,8 +55,7 @@ double MedianGbs(int repeats, double bytes, Fn fn) {
     CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
     v.push_back(bytes / (ms * 1e-3) / 1e9);
   }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return terrace::Median(std::move(v));
 }
 
 }  // namespace

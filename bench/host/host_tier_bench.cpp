@@ -7,10 +7,16 @@
 // (HostTierOptions::stream_get_min_bytes = UINT64_MAX), through the tier and through
 // Store::GetBatch; "+ read" rows then read every line of each block, as a consumer would next.
 //
+// The measurements run in R interleaved rounds (every row once per round, the rows in reverse order
+// in odd rounds, so that no row always follows the baseline); each row prints its median GB/s over
+// the rounds with the slowest and fastest round, and the median of its per-round ratio against the
+// baseline measured in the same round (memcpy; "memcpy + read" for the "+ read" rows), with that
+// ratio's range.
+//
 // Usage: bench_host_tier [--block-size BYTES] [--blocks N] [--passes P] [--rounds R] [--threads T]
 //                        [--batch B]
 // Defaults: 1 MiB blocks, 128 blocks (128 MiB working set, beyond the CPU caches), 2 passes per
-// round, 6 rounds (best round kept), 1 thread, batches of 32.
+// round, 5 rounds (median reported), 1 thread, batches of 32.
 #include "tiers/host/fast_checksum.h"
 
 #include <algorithm>
@@ -18,6 +24,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -25,6 +32,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/median.h"
 #include "terrace/options.h"
 #include "terrace/store.h"
 #include "tiers/host/host_tier.h"
@@ -37,7 +45,7 @@ struct Args {
   std::size_t block = 1 << 20;
   std::size_t blocks = 128;
   int passes = 2;
-  int rounds = 6;
+  int rounds = 5;
   int threads = 1;
   std::size_t batch = 32;
 };
@@ -165,62 +173,91 @@ int main(int argc, char** argv) {
     for (std::size_t k = 0; k < n; ++k) items.push_back(Store::GetItem{Key(first + k), dst[first + k], {}});
     for (const Status& st : store.GetBatch(items)) errors += st.ok() ? 0 : 1;
   };
-  // The machine may be shared: the four measurements are interleaved in rounds and each keeps its
-  // best round, so a burst of outside load hurts all of them alike rather than one.
+  // The machine may be shared: the measurements are interleaved in rounds, and each row reports
+  // its median round and its median ratio to the baseline of the same round, so that a burst of
+  // outside load hurts one round of every row rather than one row.
   enum { kMemcpy, kPut, kGet, kHash, kStoreGet, kBatch, kBatchCached, kStoreBatch, kMemcpyRead, kBatchRead,
          kBatchCachedRead, kOps };
-  double best[kOps] = {};
-  for (int round = 0; round < a.rounds; ++round) {
-    best[kMemcpy] = std::max(best[kMemcpy], Measure(a, [&](std::size_t i) { std::memcpy(dst[i].data(), src[i].data(), a.block); }));
-    best[kPut] = std::max(best[kPut], Measure(a, [&](std::size_t i) {
+  std::vector<std::function<double()>> measure(kOps);
+  measure[kMemcpy] = [&] { return Measure(a, [&](std::size_t i) { std::memcpy(dst[i].data(), src[i].data(), a.block); }); };
+  measure[kPut] = [&] {
+    return Measure(a, [&](std::size_t i) {
       if (!tier.Put(Key(i), descs[i], src[i]).ok()) ++errors;
-    }));
-    best[kGet] = std::max(best[kGet], Measure(a, [&](std::size_t i) {
+    });
+  };
+  measure[kGet] = [&] {
+    return Measure(a, [&](std::size_t i) {
       BlockDesc d;
       if (!tier.Get(Key(i), dst[i], &d).ok()) ++errors;
-    }));
-    best[kStoreGet] = std::max(best[kStoreGet], Measure(a, [&](std::size_t i) {
+    });
+  };
+  measure[kStoreGet] = [&] {
+    return Measure(a, [&](std::size_t i) {
       if (!store.Get(Key(i), dst[i]).ok()) ++errors;
-    }));
-    best[kHash] = std::max(best[kHash], Measure(a, [&](std::size_t i) {
+    });
+  };
+  measure[kHash] = [&] {
+    return Measure(a, [&](std::size_t i) {
       std::memcpy(dst[i].data(), src[i].data(), a.block);
       if (tiers::FastChecksum(dst[i].data(), a.block) == 0) ++errors;  // keeps the hash live
-    }));
-    best[kBatch] = std::max(best[kBatch], MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, false); }));
-    best[kBatchCached] = std::max(best[kBatchCached],
-                                  MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, false); }));
-    best[kStoreBatch] = std::max(best[kStoreBatch], MeasureBatches(a, store_batch));
-    best[kMemcpyRead] = std::max(best[kMemcpyRead], Measure(a, [&](std::size_t i) {
+    });
+  };
+  measure[kBatch] = [&] { return MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, false); }); };
+  measure[kBatchCached] = [&] {
+    return MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, false); });
+  };
+  measure[kStoreBatch] = [&] { return MeasureBatches(a, store_batch); };
+  measure[kMemcpyRead] = [&] {
+    return Measure(a, [&](std::size_t i) {
       std::memcpy(dst[i].data(), src[i].data(), a.block);
       sink += ReadLines(dst[i]);
-    }));
-    best[kBatchRead] = std::max(best[kBatchRead], MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, true); }));
-    best[kBatchCachedRead] = std::max(best[kBatchCachedRead],
-                                      MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, true); }));
+    });
+  };
+  measure[kBatchRead] = [&] { return MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(tier, i, n, true); }); };
+  measure[kBatchCachedRead] = [&] {
+    return MeasureBatches(a, [&](std::size_t i, std::size_t n) { tier_batch(cached, i, n, true); });
+  };
+  std::vector<double> gbs[kOps];
+  for (int round = 0; round < std::max(a.rounds, 1); ++round) {
+    for (int k = 0; k < kOps; ++k) {
+      const int op = round % 2 ? kOps - 1 - k : k;
+      gbs[op].push_back(measure[op]());
+    }
   }
-  const double base = best[kMemcpy];
-  fmt::print("host tier bench: {} KiB blocks x {} ({} MiB working set), {} passes x {} rounds (best round), "
+  // Each row's per-round ratio against the baseline of the same round.
+  auto ratios = [&](int op, int base) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < gbs[op].size(); ++i) r.push_back(gbs[op][i] / gbs[base][i]);
+    return MedianSpreadOf(r);
+  };
+  auto print = [&](const std::string& what, int op, int base, const std::string& note = "") {
+    const MedianSpread g = MedianSpreadOf(gbs[op]);
+    fmt::print("  {:<38} {:>7.2f} GB/s ({:5.2f}-{:5.2f})", what, g.median, g.min, g.max);
+    if (base >= 0) {
+      const MedianSpread r = ratios(op, base);
+      fmt::print("  ratio {:.2f}x ({:.2f}-{:.2f})", r.median, r.min, r.max);
+    }
+    fmt::print("{}\n", note.empty() ? "" : "  (" + note + ")");
+  };
+  fmt::print("host tier bench: {} KiB blocks x {} ({} MiB working set), {} passes x {} interleaved rounds (median "
+             "round, slowest-fastest; ratio: median of each round's ratio to the baseline of that round, its range), "
              "{} thread(s); {}\n",
-             a.block >> 10, a.blocks, (a.block * a.blocks) >> 20, a.passes, a.rounds, a.threads, tier.PinSummary());
-  fmt::print("  {:<38} {:>7.2f} GB/s\n", "memcpy buffer->buffer", base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier put", best[kPut], best[kPut] / base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "host tier get (verifies checksum)", best[kGet], best[kGet] / base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::Get, host-resident", best[kStoreGet],
-             best[kStoreGet] / base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "memcpy then XXH3 (unfused)", best[kHash], best[kHash] / base);
+             a.block >> 10, a.blocks, (a.block * a.blocks) >> 20, a.passes, std::max(a.rounds, 1), a.threads,
+             tier.PinSummary());
+  print("memcpy buffer->buffer", kMemcpy, -1);
+  print("host tier put", kPut, kMemcpy);
+  print("host tier get (verifies checksum)", kGet, kMemcpy);
+  print("Store::Get, host-resident", kStoreGet, kMemcpy);
+  print("memcpy then XXH3 (unfused)", kHash, kMemcpy);
   const std::string b = fmt::format("GetBatch of {}", a.batch);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x  ({})\n", b + ", default", best[kBatch], best[kBatch] / base,
-             tier.stream_get_bytes() == UINT64_MAX
-                 ? std::string("cached stores: no cache size known")
-                 : fmt::format("streams from {} KiB of buffers", tier.stream_get_bytes() >> 10));
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", cached stores", best[kBatchCached], best[kBatchCached] / base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", "Store::" + b + ", host-resident", best[kStoreBatch],
-             best[kStoreBatch] / base);
-  const double read_base = best[kMemcpyRead];
-  fmt::print("  {:<38} {:>7.2f} GB/s\n", "memcpy + read", read_base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", default + read", best[kBatchRead], best[kBatchRead] / read_base);
-  fmt::print("  {:<38} {:>7.2f} GB/s  ratio {:.2f}x\n", b + ", cached + read", best[kBatchCachedRead],
-             best[kBatchCachedRead] / read_base);
+  print(b + ", default", kBatch, kMemcpy,
+        tier.stream_get_bytes() == UINT64_MAX ? std::string("cached stores: no cache size known")
+                                               : fmt::format("streams from {} KiB of buffers", tier.stream_get_bytes() >> 10));
+  print(b + ", cached stores", kBatchCached, kMemcpy);
+  print("Store::" + b + ", host-resident", kStoreBatch, kMemcpy);
+  print("memcpy + read", kMemcpyRead, -1);
+  print(b + ", default + read", kBatchRead, kMemcpyRead);
+  print(b + ", cached + read", kBatchCachedRead, kMemcpyRead);
   if (sink.load() == 1) fmt::print(" ");  // keeps the reads live
   if (errors.load() != 0) {
     fmt::print(stderr, "bench_host_tier: {} operations failed\n", errors.load());

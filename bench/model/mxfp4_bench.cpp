@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "src/common/clock.h"
+#include "src/common/median.h"
 #include "src/model/mxfp4.h"
 #include "src/model/mxfp4_matmul.h"
 #include "src/model/ops.h"
@@ -74,8 +75,7 @@ double MedianSecondsPerCall(int repeats, double min_seconds, int pool, F&& fn) {
     } while (elapsed < min_seconds);
     per_call.push_back(elapsed / static_cast<double>(calls));
   }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+  return terrace::Median(std::move(per_call));
 }
 
 int Run(const Args& a) {

@@ -1,6 +1,9 @@
 // Lookup throughput of resident keys on one thread: Store::Contains (one key per call) and
 // Store::Lookup (batches of 1024), over N keys resident in the host tier, probed in random order.
-//   bench_store_lookup [keys=1000000] [probes=10000000]
+// The two run in R interleaved rounds (Contains first in even rounds, Lookup first in odd ones);
+// each prints its median round with the slowest and fastest.
+//   bench_store_lookup [keys=1000000] [probes=10000000] [rounds=5]
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <random>
@@ -8,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/median.h"
 #include "terrace/store.h"
 
 using namespace terrace;
@@ -15,6 +19,7 @@ using namespace terrace;
 int main(int argc, char** argv) {
   const std::uint64_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1'000'000;
   const std::uint64_t probes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 10'000'000;
+  const std::uint64_t rounds = std::max<std::uint64_t>(argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 5, 1);
   StoreOptions o;
   o.hbm.mode = HbmMode::kOff;
   o.host.capacity_bytes = (n + 1024) * 4 * kKiB;  // one 4 KiB page per block
@@ -40,25 +45,46 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   for (auto& k : order) k = keys[rng() % n];
 
-  t0 = std::chrono::steady_clock::now();
-  std::uint64_t found = 0;
-  for (const BlockKey& k : order) found += (*store)->Contains(k);
-  double single = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  t0 = std::chrono::steady_clock::now();
-  std::uint64_t found_batch = 0;
+  // Each pass returns lookups/s (millions) and fails the run if a resident key is missed.
+  bool missed = false;
+  auto contains_pass = [&] {
+    const auto t = std::chrono::steady_clock::now();
+    std::uint64_t found = 0;
+    for (const BlockKey& k : order) found += (*store)->Contains(k);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    missed = missed || found != probes;
+    return static_cast<double>(probes) / s / 1e6;
+  };
   constexpr std::size_t kBatch = 1024;
-  for (std::size_t i = 0; i < order.size(); i += kBatch) {
-    auto res = (*store)->Lookup(std::span<const BlockKey>(order).subspan(i, std::min(kBatch, order.size() - i)));
-    for (const auto& r : res) found_batch += r.found;
+  auto lookup_pass = [&] {
+    const auto t = std::chrono::steady_clock::now();
+    std::uint64_t found = 0;
+    for (std::size_t i = 0; i < order.size(); i += kBatch) {
+      auto res = (*store)->Lookup(std::span<const BlockKey>(order).subspan(i, std::min(kBatch, order.size() - i)));
+      for (const auto& r : res) found += r.found;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    missed = missed || found != probes;
+    return static_cast<double>(probes) / s / 1e6;
+  };
+  std::vector<double> single, batch;
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      single.push_back(contains_pass());
+      batch.push_back(lookup_pass());
+    } else {
+      batch.push_back(lookup_pass());
+      single.push_back(contains_pass());
+    }
   }
-  double batch = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (found != probes || found_batch != probes) {
-    fmt::print(stderr, "lookup missed resident keys: {} / {} / {}\n", found, found_batch, probes);
+  if (missed) {
+    fmt::print(stderr, "lookup missed resident keys\n");
     return 1;
   }
-  fmt::print("{} resident keys (filled in {:.2f} s), {} random probes on one thread\n", n, fill, probes);
-  fmt::print("Contains: {:.2f} M lookups/s\n", static_cast<double>(probes) / single / 1e6);
-  fmt::print("Lookup (batches of {}): {:.2f} M lookups/s\n", kBatch, static_cast<double>(probes) / batch / 1e6);
+  const MedianSpread c = MedianSpreadOf(single), l = MedianSpreadOf(batch);
+  fmt::print("{} resident keys (filled in {:.2f} s), {} random probes on one thread, {} interleaved rounds (median "
+             "round, slowest-fastest)\n", n, fill, probes, rounds);
+  fmt::print("Contains: {:.2f} M lookups/s ({:.2f}-{:.2f})\n", c.median, c.min, c.max);
+  fmt::print("Lookup (batches of {}): {:.2f} M lookups/s ({:.2f}-{:.2f})\n", kBatch, l.median, l.min, l.max);
   return 0;
 }

@@ -2,7 +2,10 @@
 // GetBatch hands the tier all the reads at once (one io_uring batch, queue depth used); single Gets
 // go one at a time. Promotion is off so every read comes from NVMe.
 //   bench_store_nvme_batch [--dir D] [--blocks N] [--block-size B] [--batch K] [--rounds R]
-// Defaults: ./terrace-bench-store, 8192 blocks of 16 KiB, batches of 256, best of 3 rounds.
+// Defaults: ./terrace-bench-store, 8192 blocks of 16 KiB, batches of 256, 5 rounds. Each round times
+// both modes, single Gets first in even rounds and GetBatch first in odd ones; each mode prints its
+// median round with the slowest and fastest, and the ratio is the median of each round's own
+// (single time / batched time), with its range.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -12,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "src/common/median.h"
 #include "terrace/store.h"
 
 using namespace terrace;
@@ -32,13 +36,13 @@ std::vector<std::byte> Payload(std::uint64_t i, std::size_t n) {
 int main(int argc, char** argv) {
   std::string dir = "terrace-bench-store";
   std::uint64_t blocks = 8192, block_size = 16 * 1024;
-  unsigned batch = 256, rounds = 3;
+  unsigned batch = 256, rounds = 5;
   CLI::App app{"Store reads from NVMe: single Gets vs GetBatch"};
   app.add_option("--dir", dir, "scratch directory for the NVMe tier (created, then removed)");
   app.add_option("--blocks", blocks, "blocks stored on NVMe")->check(CLI::PositiveNumber);
   app.add_option("--block-size", block_size, "bytes per block")->check(CLI::Range(1ull, 64ull << 20));
   app.add_option("--batch", batch, "items per GetBatch call")->check(CLI::Range(1u, 65536u));
-  app.add_option("--rounds", rounds, "rounds; each mode keeps its best")->check(CLI::Range(1u, 100u));
+  app.add_option("--rounds", rounds, "interleaved rounds; medians reported")->check(CLI::Range(1u, 100u));
   CLI11_PARSE(app, argc, argv);
   if (std::filesystem::exists(dir)) {
     fmt::print(stderr, "bench_store_nvme_batch: '{}' exists; pass an absent --dir (it is removed afterwards)\n", dir);
@@ -88,18 +92,29 @@ int main(int argc, char** argv) {
     fn();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  double single = 1e30, batched = 1e30;
-  for (unsigned r = 0; r < rounds; ++r) {
-    single = std::min(single, time_it(run_single));
-    batched = std::min(batched, time_it(run_batch));
-  }
   const double n = static_cast<double>(blocks);
-  fmt::print("store reads from NVMe: {} blocks of {} bytes, promotion off, best of {} rounds\n", blocks, block_size,
-             rounds);
-  fmt::print("  Get, one block per call     {:>9.0f} blocks/s  {:>7.1f} MB/s\n", n / single,
-             n * static_cast<double>(block_size) / single / 1e6);
-  fmt::print("  GetBatch, {:>5} per call    {:>9.0f} blocks/s  {:>7.1f} MB/s  ratio {:.2f}x\n", batch, n / batched,
-             n * static_cast<double>(block_size) / batched / 1e6, single / batched);
+  std::vector<double> single_bps, batched_bps, ratio;  // blocks/s per round; single / batched time per round
+  for (unsigned r = 0; r < rounds; ++r) {
+    double single = 0, batched = 0;
+    if (r % 2 == 0) {
+      single = time_it(run_single);
+      batched = time_it(run_batch);
+    } else {
+      batched = time_it(run_batch);
+      single = time_it(run_single);
+    }
+    single_bps.push_back(n / single);
+    batched_bps.push_back(n / batched);
+    ratio.push_back(single / batched);
+  }
+  const MedianSpread s = MedianSpreadOf(single_bps), b = MedianSpreadOf(batched_bps), q = MedianSpreadOf(ratio);
+  const double mb = static_cast<double>(block_size) / 1e6;  // MB per block
+  fmt::print("store reads from NVMe: {} blocks of {} bytes, promotion off, {} interleaved rounds (median round, "
+             "slowest-fastest)\n", blocks, block_size, rounds);
+  fmt::print("  Get, one block per call     {:>9.0f} blocks/s ({:.0f}-{:.0f})  {:>7.1f} MB/s\n", s.median, s.min, s.max,
+             s.median * mb);
+  fmt::print("  GetBatch, {:>5} per call    {:>9.0f} blocks/s ({:.0f}-{:.0f})  {:>7.1f} MB/s  ratio {:.2f}x ({:.2f}-{:.2f})\n",
+             batch, b.median, b.min, b.max, b.median * mb, q.median, q.min, q.max);
   opened->reset();
   std::filesystem::remove_all(dir);
   if (errors != 0) {

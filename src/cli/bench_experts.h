@@ -133,10 +133,10 @@ struct Run {
   std::shared_ptr<const experts::RoutingTrace> recorded;
   std::vector<ConfigResult> results;
   // The mmap rows: whether every shard took POSIX_FADV_DONTNEED, what --drop-caches did, and the
-  // checkpoint's residency around the unbounded row.
+  // checkpoint's residency around the unbounded row (unset unless that row ran).
   bool advised = true;
   std::string drop_caches = "not requested (pass --drop-caches, as root)";
-  Residency before, after;
+  std::optional<Residency> before, after;
 
   // NVMe bytes per decode token of `r`.
   double NvmePerToken(const ConfigResult& r) const { return static_cast<double>(r.nvme_bytes()) / a.decode; }
@@ -161,25 +161,30 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
 // One mmap row: the checkpoint read through mmap, its pages dropped first; `budget_bytes` 0: unbounded.
 Result<ConfigResult> RunMmapRow(Run* run, const std::string& name, double fraction, std::uint64_t budget_bytes);
 
-// The targets at one budget.
+// The targets at one budget. A figure whose row --configs left out is unset, and so is every
+// ratio that needs it: the outputs print "n/a (row not run)" (JSON: null), never a ratio against
+// an absent row's 0 tokens/s (inf, or 0) or a target "met" against it.
 struct TargetSummary {
   double budget = 0;
-  std::string best;
-  double best_tps = 0, oracle = 0, on_demand = 0, lookahead_recall = 0, io_bound_oracle = 0, io_bound_best = 0;
-  double mmap = 0;             // the budgeted mmap baseline at this budget, its eviction work left out
-  double mmap_with_drops = 0;  // and as measured
+  std::string best;  // the fastest real predictor's row; empty when none of them ran
+  std::optional<double> best_tps, oracle, on_demand, lookahead_recall;
+  double io_bound_oracle = 0, io_bound_best = 0;  // 0: the row did not run, or had no misses
+  std::optional<double> mmap;             // the budgeted mmap baseline at this budget, its eviction work left out
+  std::optional<double> mmap_with_drops;  // and as measured
   // The 2x-on-demand question: the fewest drive bytes per decode token any store-backed row read
-  // at this budget, what that allows with compute and reads perfectly overlapped, and that over
-  // on-demand's serial time (compute + its stall) and over its measured tokens/s.
+  // at this budget (unset: none ran), what that allows with compute and reads perfectly overlapped,
+  // and that over on-demand's serial time (compute + its stall) and over its measured tokens/s
+  // (unset without an on-demand row).
   // oracle+belady is left out of that minimum, so that it stays comparable with runs before the
   // row existed; the Belady minimum below is the bound proper.
-  double min_nvme_bytes_per_token = 0, overlap_bound_tps = 0, overlap_bound_vs_on_demand = 0,
-         overlap_bound_vs_serial_on_demand = 0;
+  std::optional<double> min_nvme_bytes_per_token, overlap_bound_tps, overlap_bound_vs_on_demand,
+      overlap_bound_vs_serial_on_demand;
   // The same for the fewest drive bytes any demand-paged cache of this budget can read on this run's
   // routing (Belady's replacement, simulated over the recorded trace: SimulateBelady); unset when
   // no store-backed row ran. belady_row_nvme_bytes_per_token: what the oracle+belady row read.
   std::optional<double> belady_nvme_bytes_per_token;
-  double belady_bound_tps = 0, belady_bound_vs_on_demand = 0, belady_bound_vs_serial_on_demand = 0;
+  double belady_bound_tps = 0;
+  std::optional<double> belady_bound_vs_on_demand, belady_bound_vs_serial_on_demand;
   std::uint64_t belady_capacity_blocks = 0;
   std::optional<double> belady_row_nvme_bytes_per_token;  // unset: the row did not run
 };

@@ -1,6 +1,9 @@
 // terrace bench experts: the targets from the measured rows, and the run printed as JSON
 // (--json) or text (bench_experts.h).
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,19 +25,51 @@ const ConfigResult* Lookup(const Run& run, const std::string& name, double budge
   return nullptr;
 }
 
-// A row left out by --configs reads as an empty one (0 tok/s): its ratios print as inf / null.
-const ConfigResult& Row(const Run& run, const std::string& name, double budget) {
-  static const ConfigResult kAbsentRow;
+// What a ratio, bound or target against a row left out by --configs prints (JSON: null).
+constexpr std::string_view kRowNotRun = "n/a (row not run)";
+
+// A figure of row `name` at `budget`; unset when the row did not run.
+template <typename Get>
+std::optional<double> RowFigure(const Run& run, const std::string& name, double budget, Get get) {
   const ConfigResult* r = Lookup(run, name, budget);
-  return r != nullptr ? *r : kAbsentRow;
+  return r != nullptr ? std::optional<double>(get(*r)) : std::nullopt;
+}
+
+std::optional<double> TokensPerS(const Run& run, const std::string& name, double budget) {
+  return RowFigure(run, name, budget, [](const ConfigResult& r) { return r.tokens_per_s; });
+}
+
+// a / b; unset when either side is (its row did not run) or b is 0.
+std::optional<double> RatioOf(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b || *b == 0) return std::nullopt;
+  return *a / *b;
+}
+
+// A figure in JSON: null when unset (or not finite).
+nlohmann::json JsonOrNull(std::optional<double> v) {
+  return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+// "<ratio>x <what> (>= <goal>: met)" (or NOT met), or "<what> n/a (row not run)" when the baseline
+// row <what> did not run (the best predictor's row is known to have run).
+std::string TargetClause(std::optional<double> ratio, std::string_view what, double goal) {
+  if (!ratio) return fmt::format("{} {}", what, kRowNotRun);
+  return fmt::format("{:.2f}x {} (>= {:g}: {})", *ratio, what, goal, Yes(*ratio >= goal));
+}
+
+// "<ratio>x <what>", or "<what> n/a (row not run)" (as TargetClause).
+std::string RatioClause(std::optional<double> ratio, std::string_view what) {
+  return ratio ? fmt::format("{:.2f}x {}", *ratio, what) : fmt::format("{} {}", what, kRowNotRun);
 }
 
 // Figures both outputs print, derived from the run.
 struct Figures {
   double all_miss_s = 0, all_miss_ratio = 0;  // an all-miss token's transfers, and over its compute
   double chance_recall = 0;                   // top-k of the experts per layer, picked at random
-  double resident_tps = 0, mmap_unbounded_tps = 0;
-  bool cold = false;  // the checkpoint was out of the page cache before the unbounded mmap row
+  std::optional<double> resident_tps, mmap_unbounded_tps;  // unset: the row did not run
+  // The checkpoint's residency before the unbounded mmap row was measured (the row ran and
+  // mincore answered), and it was out of the page cache: cold is meaningful only when measured.
+  bool residency_measured = false, cold = false;
 };
 
 Figures FiguresOf(const Run& run) {
@@ -42,10 +77,15 @@ Figures FiguresOf(const Run& run) {
   f.all_miss_s = run.regime.AllMissSeconds(run.nvme_bytes_per_s, run.link.bandwidth_bytes_per_s);
   f.all_miss_ratio = f.all_miss_s / std::max(run.compute_s_per_token, 1e-12);
   f.chance_recall = static_cast<double>(run.regime.top_k) / std::max(run.regime.experts_per_layer, 1);
-  f.resident_tps = Row(run, "resident", 1).tokens_per_s;
-  f.mmap_unbounded_tps = Row(run, "mmap-unbounded", 1).tokens_per_s;
-  f.cold = run.before.measured && run.before.file_bytes > 0 && run.before.fraction() < 0.05;
+  f.resident_tps = TokensPerS(run, "resident", 1);
+  f.mmap_unbounded_tps = TokensPerS(run, "mmap-unbounded", 1);
+  f.residency_measured = run.before.has_value() && run.before->measured;
+  f.cold = f.residency_measured && run.before->file_bytes > 0 && run.before->fraction() < 0.05;
   return f;
+}
+
+bool AnyMmapRow(const Run& run) {
+  return std::any_of(run.results.begin(), run.results.end(), [](const ConfigResult& r) { return r.IsMmap(); });
 }
 
 }  // namespace
@@ -55,7 +95,6 @@ std::vector<TargetSummary> SummarizeTargets(Run* run, const std::vector<experts:
   const auto overlap_tps = [&](double drive_bytes) { return r0.OverlapTokensPerS(drive_bytes); };
   const auto nvme_per_token = [&](const ConfigResult& r) { return r0.NvmePerToken(r); };
   const auto lookup = [&](const std::string& name, double budget) { return Lookup(r0, name, budget); };
-  const auto row = [&](const std::string& name, double budget) -> const ConfigResult& { return Row(r0, name, budget); };
   // The drive bound of every row that read from the drive (perfect overlap of compute and its reads).
   for (auto& r : run->results)
     if (nvme_per_token(r) > 0) r.drive_bound_tokens_per_s = overlap_tps(nvme_per_token(r));
@@ -65,33 +104,39 @@ std::vector<TargetSummary> SummarizeTargets(Run* run, const std::vector<experts:
     s.budget = b.fraction;
     for (const char* n : {"lru+lookahead", "utility+statistical", "utility+lookahead"}) {
       const ConfigResult* r = lookup(n, b.fraction);
-      if (r != nullptr && r->tokens_per_s > s.best_tps) {
+      if (r != nullptr && (!s.best_tps || r->tokens_per_s > *s.best_tps)) {
         s.best = n;
         s.best_tps = r->tokens_per_s;
         s.io_bound_best = r->io_bound_tokens_per_s;
       }
     }
-    s.oracle = row("oracle", b.fraction).tokens_per_s;
-    s.io_bound_oracle = row("oracle", b.fraction).io_bound_tokens_per_s;
-    s.on_demand = row("on-demand", b.fraction).tokens_per_s;
-    s.lookahead_recall = lookup("lru+lookahead", b.fraction) != nullptr ? row("lru+lookahead", b.fraction).recall
-                                                                         : row("utility+lookahead", b.fraction).recall;
-    s.mmap = row("mmap", b.fraction).mmap_tokens_per_s_without_drops;
-    s.mmap_with_drops = row("mmap", b.fraction).tokens_per_s;
-    double fewest = 0;
+    s.oracle = TokensPerS(r0, "oracle", b.fraction);
+    s.io_bound_oracle =
+        RowFigure(r0, "oracle", b.fraction, [](const ConfigResult& r) { return r.io_bound_tokens_per_s; }).value_or(0);
+    s.on_demand = TokensPerS(r0, "on-demand", b.fraction);
+    const auto recall = [](const ConfigResult& r) { return r.recall; };
+    s.lookahead_recall = lookup("lru+lookahead", b.fraction) != nullptr
+                             ? RowFigure(r0, "lru+lookahead", b.fraction, recall)
+                             : RowFigure(r0, "utility+lookahead", b.fraction, recall);
+    s.mmap = RowFigure(r0, "mmap", b.fraction, [](const ConfigResult& r) { return r.mmap_tokens_per_s_without_drops; });
+    s.mmap_with_drops = TokensPerS(r0, "mmap", b.fraction);
     for (const auto& r : r0.results) {
       if (r.IsMmap() || r.name == "resident" || r.name == kBeladyRow || r.budget_fraction != b.fraction) continue;
-      if (fewest == 0 || nvme_per_token(r) < fewest) fewest = nvme_per_token(r);
+      if (!s.min_nvme_bytes_per_token || nvme_per_token(r) < *s.min_nvme_bytes_per_token) {
+        s.min_nvme_bytes_per_token = nvme_per_token(r);
+      }
     }
-    s.min_nvme_bytes_per_token = fewest;
-    s.overlap_bound_tps = overlap_tps(fewest);
-    s.overlap_bound_vs_on_demand = s.overlap_bound_tps / s.on_demand;
+    if (s.min_nvme_bytes_per_token) s.overlap_bound_tps = overlap_tps(*s.min_nvme_bytes_per_token);
+    s.overlap_bound_vs_on_demand = RatioOf(s.overlap_bound_tps, s.on_demand);
     // The same against on-demand's own serial model (compute, then its reads), which does not
-    // carry the machine's descheduling into the ratio.
-    const double od_bytes = nvme_per_token(row("on-demand", b.fraction));
-    const double od_serial_s = r0.compute_s_per_token + od_bytes / std::max(r0.nvme_bytes_per_s, 1.0) +
-                               od_bytes / r0.link.bandwidth_bytes_per_s;
-    s.overlap_bound_vs_serial_on_demand = od_serial_s * s.overlap_bound_tps;
+    // carry the machine's descheduling into the ratio; unset without an on-demand row.
+    std::optional<double> od_serial_s;
+    if (const ConfigResult* od = lookup("on-demand", b.fraction)) {
+      const double od_bytes = nvme_per_token(*od);
+      od_serial_s = r0.compute_s_per_token + od_bytes / std::max(r0.nvme_bytes_per_s, 1.0) +
+                    od_bytes / r0.link.bandwidth_bytes_per_s;
+    }
+    if (od_serial_s && s.overlap_bound_tps) s.overlap_bound_vs_serial_on_demand = *od_serial_s * *s.overlap_bound_tps;
     if (r0.recorded) {
       // Step 0 is the prefill: every demand-paged cache misses its distinct experts alike, so
       // Belady's misses in the decode steps are the fewest any can have there.
@@ -99,8 +144,8 @@ std::vector<TargetSummary> SummarizeTargets(Run* run, const std::vector<experts:
       const std::uint64_t misses = experts::SimulateBelady(*r0.recorded, s.belady_capacity_blocks).From(1);
       s.belady_nvme_bytes_per_token = static_cast<double>(misses * r0.regime.block_bytes) / r0.a.decode;
       s.belady_bound_tps = overlap_tps(*s.belady_nvme_bytes_per_token);
-      s.belady_bound_vs_on_demand = s.belady_bound_tps / s.on_demand;
-      s.belady_bound_vs_serial_on_demand = od_serial_s * s.belady_bound_tps;
+      s.belady_bound_vs_on_demand = RatioOf(s.belady_bound_tps, s.on_demand);
+      if (od_serial_s) s.belady_bound_vs_serial_on_demand = *od_serial_s * s.belady_bound_tps;
     }
     if (const ConfigResult* r = lookup(std::string(kBeladyRow), b.fraction)) s.belady_row_nvme_bytes_per_token = nvme_per_token(*r);
     summaries.push_back(s);
@@ -141,10 +186,14 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
   j["resident_wall_s_per_token"] = run.resident_wall_s_per_token;
   j["mmap_page_cache_dropped"] = run.advised;
   j["mmap_drop_caches"] = run.drop_caches;
-  j["mmap_resident_fraction_before"] = run.before.fraction();
-  j["mmap_resident_fraction_after"] = run.after.fraction();
-  j["mmap_residency_measured"] = run.before.measured;
-  j["mmap_cold"] = f.cold;
+  // The unbounded mmap row's residency: null (and measured false) when the row did not run or
+  // mincore failed.
+  j["mmap_resident_fraction_before"] =
+      f.residency_measured ? nlohmann::json(run.before->fraction()) : nlohmann::json(nullptr);
+  j["mmap_resident_fraction_after"] =
+      f.residency_measured && run.after ? nlohmann::json(run.after->fraction()) : nlohmann::json(nullptr);
+  j["mmap_residency_measured"] = f.residency_measured;
+  j["mmap_cold"] = f.residency_measured ? nlohmann::json(f.cold) : nlohmann::json(nullptr);
   j["chance_recall"] = f.chance_recall;
   j["lookahead_limit"] = {{"layers", run.limit.layers},
                           {"recall_at_distance_1", run.limit.recall_lookahead},
@@ -219,28 +268,29 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     j["configs"].push_back(c);
   }
   for (const auto& s : summaries) {
+    // null: a row the figure needs did not run (--configs).
     nlohmann::json t = {{"budget_fraction", s.budget},
-                        {"best_real", s.best},
-                        {"best_vs_oracle", s.best_tps / s.oracle},
-                        {"best_vs_on_demand", s.best_tps / s.on_demand},
-                        {"best_vs_mmap", s.best_tps / s.mmap},
-                        {"best_vs_mmap_with_drops", s.best_tps / s.mmap_with_drops},
-                        {"best_vs_mmap_unbounded", s.best_tps / f.mmap_unbounded_tps},
-                        {"min_nvme_bytes_per_token", s.min_nvme_bytes_per_token},
-                        {"overlap_bound_tokens_per_s", s.overlap_bound_tps},
-                        {"overlap_bound_vs_on_demand", s.overlap_bound_vs_on_demand},
-                        {"overlap_bound_vs_serial_on_demand", s.overlap_bound_vs_serial_on_demand},
-                        {"best_vs_resident", s.best_tps / f.resident_tps},
-                        {"oracle_vs_resident", s.oracle / f.resident_tps},
-                        {"lookahead_recall", s.lookahead_recall}};
+                        {"best_real", s.best.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.best)},
+                        {"best_vs_oracle", JsonOrNull(RatioOf(s.best_tps, s.oracle))},
+                        {"best_vs_on_demand", JsonOrNull(RatioOf(s.best_tps, s.on_demand))},
+                        {"best_vs_mmap", JsonOrNull(RatioOf(s.best_tps, s.mmap))},
+                        {"best_vs_mmap_with_drops", JsonOrNull(RatioOf(s.best_tps, s.mmap_with_drops))},
+                        {"best_vs_mmap_unbounded", JsonOrNull(RatioOf(s.best_tps, f.mmap_unbounded_tps))},
+                        {"min_nvme_bytes_per_token", JsonOrNull(s.min_nvme_bytes_per_token)},
+                        {"overlap_bound_tokens_per_s", JsonOrNull(s.overlap_bound_tps)},
+                        {"overlap_bound_vs_on_demand", JsonOrNull(s.overlap_bound_vs_on_demand)},
+                        {"overlap_bound_vs_serial_on_demand", JsonOrNull(s.overlap_bound_vs_serial_on_demand)},
+                        {"best_vs_resident", JsonOrNull(RatioOf(s.best_tps, f.resident_tps))},
+                        {"oracle_vs_resident", JsonOrNull(RatioOf(s.oracle, f.resident_tps))},
+                        {"lookahead_recall", JsonOrNull(s.lookahead_recall)}};
     // The Belady bound: null without a store-backed row (no recorded routing to simulate).
     const bool belady = s.belady_nvme_bytes_per_token.has_value();
     auto if_belady = [&](auto v) { return belady ? nlohmann::json(v) : nlohmann::json(nullptr); };
     t["belady_capacity_blocks"] = if_belady(s.belady_capacity_blocks);
     t["belady_nvme_bytes_per_token"] = if_belady(s.belady_nvme_bytes_per_token.value_or(0));
     t["belady_overlap_bound_tokens_per_s"] = if_belady(s.belady_bound_tps);
-    t["belady_bound_vs_on_demand"] = if_belady(s.belady_bound_vs_on_demand);
-    t["belady_bound_vs_serial_on_demand"] = if_belady(s.belady_bound_vs_serial_on_demand);
+    t["belady_bound_vs_on_demand"] = JsonOrNull(s.belady_bound_vs_on_demand);
+    t["belady_bound_vs_serial_on_demand"] = JsonOrNull(s.belady_bound_vs_serial_on_demand);
     t["belady_row_nvme_bytes_per_token"] = s.belady_row_nvme_bytes_per_token
                                                ? nlohmann::json(*s.belady_row_nvme_bytes_per_token)
                                                : nlohmann::json(nullptr);
@@ -346,45 +396,87 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                "whole-layer update / residual norm{}\n",
                ls, la, tr, le, up, lu);
   }
-  fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
-             run.advised ? "accepted" : "refused for some shard", run.drop_caches,
-             run.before.measured ? fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * run.before.fraction(),
-                                           f.cold ? "cold" : "NOT cold: the kernel kept the pages", 100 * run.after.fraction())
-                             : "not measured (mincore failed)");
+  // Only where an mmap row ran: what its page-cache drop did, and the residency only where the
+  // unbounded row measured it.
+  if (AnyMmapRow(run)) {
+    std::string residency = "not measured (no mmap-unbounded row)";
+    if (run.before && !run.before->measured) residency = "not measured (mincore failed)";
+    if (f.residency_measured) {
+      residency = fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * run.before->fraction(),
+                              f.cold ? "cold" : "NOT cold: the kernel kept the pages",
+                              100 * (run.after ? run.after->fraction() : 0.0));
+    }
+    fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
+               run.advised ? "accepted" : "refused for some shard", run.drop_caches, residency);
+  }
+  const std::string unbounded_note = !f.mmap_unbounded_tps ? ""
+                                     : !f.residency_measured ? ", its residency not measured"
+                                     : f.cold               ? ""
+                                                            : ", not cold";
   for (const auto& s : summaries) {
-    fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {:.2f}x oracle (>= 0.9: {}), {:.2f}x on-demand "
-               "(>= 2: {}), {:.2f}x mmap at the same budget without its eviction work (>= 3: {}) [{:.2f}x with it, {:.2f}x "
-               "mmap-unbounded{}]; oracle {:.2f}x resident{}; lookahead recall {:.3f} (>= 0.8: {})\n",
-               s.budget * 100, s.best, s.best_tps, s.best_tps / s.oracle, Yes(s.best_tps >= 0.9 * s.oracle),
-               s.best_tps / s.on_demand, Yes(s.best_tps >= 2 * s.on_demand), s.best_tps / s.mmap,
-               Yes(s.best_tps >= 3 * s.mmap), s.best_tps / s.mmap_with_drops, s.best_tps / f.mmap_unbounded_tps,
-               f.cold ? "" : ", not cold",
-               s.oracle / f.resident_tps,
-               s.oracle >= 0.9 * f.resident_tps
-                   ? fmt::format(" so best >= 0.85x resident: {:.2f}x, {}", s.best_tps / f.resident_tps, Yes(s.best_tps >= 0.85 * f.resident_tps))
-                   : " (< 0.9x: the resident target does not apply)",
-               s.lookahead_recall, Yes(s.lookahead_recall >= 0.8));
-    fmt::print("bound at {:.0f}%: the fewest drive bytes any row but oracle+belady read, {:.1f} MiB per token, at {:.2f} GB/s with compute ({:.1f} "
-               "ms) perfectly overlapped allow {:.1f} tok/s = {:.2f}x on-demand's measured {:.1f} tok/s and {:.2f}x on-demand's "
-               "serial model (compute + its reads): 2x on-demand is {}\n",
-               s.budget * 100, s.min_nvme_bytes_per_token / (1 << 20), run.nvme_bytes_per_s / 1e9, run.compute_s_per_token * 1e3,
-               s.overlap_bound_tps, s.overlap_bound_vs_on_demand, s.on_demand, s.overlap_bound_vs_serial_on_demand,
-               s.overlap_bound_vs_serial_on_demand >= 2 ? "within the bound"
-                                                       : "beyond reach at these miss bytes, on any drive (overlap alone gains at "
-                                                         "most 2x, and only when a token's reads take exactly its compute time; "
-                                                         "2x needs fewer missed bytes)");
+    const std::optional<double> oracle_vs_resident = RatioOf(s.oracle, f.resident_tps);
+    std::string resident_target = oracle_vs_resident ? fmt::format("; oracle {:.2f}x resident", *oracle_vs_resident)
+                                                     : fmt::format("; oracle vs resident {}", kRowNotRun);
+    if (oracle_vs_resident && *oracle_vs_resident >= 0.9 && s.best_tps) {
+      resident_target += fmt::format(" so best >= 0.85x resident: {}",
+                                     TargetClause(RatioOf(s.best_tps, f.resident_tps), "resident", 0.85));
+    } else if (oracle_vs_resident && *oracle_vs_resident < 0.9) {
+      resident_target += " (< 0.9x: the resident target does not apply)";
+    }
+    const std::string recall =
+        s.lookahead_recall ? fmt::format("{:.3f} (>= 0.8: {})", *s.lookahead_recall, Yes(*s.lookahead_recall >= 0.8))
+                           : std::string(kRowNotRun);
+    if (!s.best_tps) {
+      // No real predictor's row ran: every target that compares it is n/a, whatever the baselines.
+      fmt::print("targets at {:.0f}%: best real predictor n/a (no lru+lookahead, utility+statistical or "
+                 "utility+lookahead row run): its targets against oracle, on-demand, mmap and resident are n/a{}; "
+                 "lookahead recall {}\n",
+                 s.budget * 100, resident_target, recall);
+    } else {
+      fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {}, {}, {} [{}, {}{}]{}; lookahead recall {}\n",
+                 s.budget * 100, s.best, *s.best_tps, TargetClause(RatioOf(s.best_tps, s.oracle), "oracle", 0.9),
+                 TargetClause(RatioOf(s.best_tps, s.on_demand), "on-demand", 2),
+                 TargetClause(RatioOf(s.best_tps, s.mmap), "mmap at the same budget without its eviction work", 3),
+                 RatioClause(RatioOf(s.best_tps, s.mmap_with_drops), "with it"),
+                 RatioClause(RatioOf(s.best_tps, f.mmap_unbounded_tps), "mmap-unbounded"), unbounded_note,
+                 resident_target, recall);
+    }
+    if (!s.min_nvme_bytes_per_token) {
+      fmt::print("bound at {:.0f}%: n/a (no store-backed row but oracle+belady ran at this budget)\n", s.budget * 100);
+    } else {
+      const std::string vs_on_demand =
+          s.overlap_bound_vs_on_demand && s.overlap_bound_vs_serial_on_demand
+              ? fmt::format("{:.2f}x on-demand's measured {:.1f} tok/s and {:.2f}x on-demand's serial model (compute + "
+                            "its reads): 2x on-demand is {}",
+                            *s.overlap_bound_vs_on_demand, *s.on_demand, *s.overlap_bound_vs_serial_on_demand,
+                            *s.overlap_bound_vs_serial_on_demand >= 2
+                                ? "within the bound"
+                                : "beyond reach at these miss bytes, on any drive (overlap alone gains at most 2x, and "
+                                  "only when a token's reads take exactly its compute time; 2x needs fewer missed bytes)")
+              : fmt::format("on-demand {}", kRowNotRun);
+      fmt::print("bound at {:.0f}%: the fewest drive bytes any row but oracle+belady read, {:.1f} MiB per token, at {:.2f} "
+                 "GB/s with compute ({:.1f} ms) perfectly overlapped allow {:.1f} tok/s = {}\n",
+                 s.budget * 100, *s.min_nvme_bytes_per_token / (1 << 20), run.nvme_bytes_per_s / 1e9,
+                 run.compute_s_per_token * 1e3, *s.overlap_bound_tps, vs_on_demand);
+    }
     if (!s.belady_nvme_bytes_per_token) continue;
+    const std::string belady_vs_on_demand =
+        s.belady_bound_vs_on_demand && s.belady_bound_vs_serial_on_demand
+            ? fmt::format("{:.2f}x on-demand's measured and {:.2f}x its serial model: 2x on-demand is {}",
+                          *s.belady_bound_vs_on_demand, *s.belady_bound_vs_serial_on_demand,
+                          *s.belady_bound_vs_serial_on_demand >= 2
+                              ? "within the bound"
+                              : "beyond reach at this budget even with perfect knowledge of the routing and perfect "
+                                "overlap")
+            : fmt::format("on-demand {}", kRowNotRun);
     fmt::print("Belady bound at {:.0f}%: the fewest drive bytes any demand-paged cache of {} experts can read on this run's "
                "routing (Belady's replacement over the recorded trace), {:.2f} MiB per token ({}), with compute perfectly "
-               "overlapped allow {:.1f} tok/s = {:.2f}x on-demand's measured and {:.2f}x its serial model: 2x on-demand is {}\n",
+               "overlapped allow {:.1f} tok/s = {}\n",
                s.budget * 100, s.belady_capacity_blocks, *s.belady_nvme_bytes_per_token / (1 << 20),
                s.belady_row_nvme_bytes_per_token
                    ? fmt::format("the oracle+belady row read {:.2f}", *s.belady_row_nvme_bytes_per_token / (1 << 20))
                    : std::string("no oracle+belady row"),
-               s.belady_bound_tps, s.belady_bound_vs_on_demand, s.belady_bound_vs_serial_on_demand,
-               s.belady_bound_vs_serial_on_demand >= 2
-                   ? "within the bound"
-                   : "beyond reach at this budget even with perfect knowledge of the routing and perfect overlap");
+               s.belady_bound_tps, belady_vs_on_demand);
   }
 }
 

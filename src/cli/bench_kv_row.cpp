@@ -22,6 +22,7 @@
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/clock.h"
+#include "src/common/median.h"
 #include "src/model/session.h"
 #include "terrace/keys.h"
 
@@ -266,8 +267,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   auto median = [&](auto get) {
     std::vector<double> v;
     for (const Round& r : rounds) v.push_back(static_cast<double>(get(r)));
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    return Median(std::move(v));
   };
   auto runs = [&](auto get) {
     nlohmann::json l = nlohmann::json::array();

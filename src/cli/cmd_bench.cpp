@@ -6,8 +6,13 @@
 // tier's own per-I/O figures (submit to completion, as fio's clat); for memory tiers they come from
 // a separate pass of single-operation calls (up to 4096 of them, after the timed passes), so they
 // are per-operation, not per-batch. --warmup untimed passes run first (default 1; 0 to time a
-// fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass, with
-// the slowest and fastest pass as the spread.
+// fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass (an even
+// --repeat: the mean of the two middle passes' MB/s), with the slowest and fastest pass as the
+// spread. Read buffers are allocated and faulted in once, before the first pass, as the memcpy
+// baseline's are: a read pass, the first one (--warmup 0) included, times the tier against memcpy
+// with both destinations mapped. A write pass with --warmup 0 still counts the tier's first touch
+// of its own memory (a fresh tier), against memcpy into pre-faulted memory: that is the target
+// ("puts into a fresh tier"), so the first-write figure is not like for like by design.
 #include <mutex>
 #include <algorithm>
 #include <atomic>
@@ -34,6 +39,7 @@
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
+#include "src/common/median.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -194,34 +200,52 @@ bool HoldsDataSet(const Tier& tier, std::uint64_t blocks, const BlockDesc& desc)
   return true;
 }
 
-// Runs `ops` operations as batches of `batch` spread over `threads` workers. `index(i)` maps the
-// i-th operation to a block index.
-template <typename IndexFn>
-Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint64_t ops, IndexFn index,
-                           std::span<const std::byte> payload, const BlockDesc& desc, unsigned batch_override = 0,
-                           unsigned threads_override = 0) {
-  const unsigned batch = batch_override ? batch_override : a.BatchSize();
-  const unsigned nthreads = threads_override ? threads_override : std::max(1u, a.threads);
-  BenchResult r;
-  LatencyHistogram latency;
-  std::atomic<std::uint64_t> next{0};
-  std::atomic<bool> failed{false};
-  Status first_error;
-  std::mutex err_mu;
-  // Each worker's read buffer, allocated up front and registered with the tier for fixed-buffer
-  // I/O where it takes them (the NVMe tier; as the store registers its host arena), unregistered
-  // before it is freed.
-  std::vector<std::unique_ptr<AlignedBuffer>> outs;
-  std::vector<std::span<std::byte>> regions;
-  for (unsigned t = 0; t < nthreads && !write; ++t) {
+// Each read worker's buffer (--batch x --block-size, 4 KiB-aligned), allocated once for the whole
+// run and touched once before the first pass (warm-up included), so that no pass pays for faulting
+// in its destination: the memcpy baseline's destination is faulted once too (MemcpyBaseline).
+// Empty for --op write.
+using ReadBuffers = std::vector<std::unique_ptr<AlignedBuffer>>;
+
+Result<ReadBuffers> AllocateReadBuffers(const BenchArgs& a) {
+  ReadBuffers outs;
+  if (a.op == "write") return outs;
+  const unsigned batch = a.BatchSize();
+  for (unsigned t = 0; t < std::max(1u, a.threads); ++t) {
     outs.push_back(std::make_unique<AlignedBuffer>(RoundUp(a.block_size, 4 * kKiB) * batch));
     if (!outs.back()->ok()) {
       return Status::OutOfCapacity(fmt::format(
           "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
           FormatBytes(static_cast<double>(outs.back()->size())), batch, FormatBytes(static_cast<double>(a.block_size))));
     }
-    regions.push_back(outs.back()->span());
+    std::memset(outs.back()->data(), 0, outs.back()->size());  // fault every page now, not in a pass
   }
+  return outs;
+}
+
+// Runs `ops` operations as batches of `batch` spread over `threads` workers. `index(i)` maps the
+// i-th operation to a block index. Reads land in `outs` (one buffer per worker, each holding
+// `batch` blocks: AllocateReadBuffers with the flags' values, so overrides may only be smaller).
+template <typename IndexFn>
+Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint64_t ops, IndexFn index,
+                           std::span<const std::byte> payload, const BlockDesc& desc, const ReadBuffers& outs,
+                           unsigned batch_override = 0, unsigned threads_override = 0) {
+  const unsigned batch = batch_override ? batch_override : a.BatchSize();
+  const unsigned nthreads = threads_override ? threads_override : std::max(1u, a.threads);
+  const std::uint64_t stride = RoundUp(a.block_size, 4 * kKiB);
+  if (!write && (outs.size() < nthreads || outs.front()->size() < stride * batch)) {
+    return Status::Internal(fmt::format("bench: {} read buffers of {} for {} workers' batches of {}", outs.size(),
+                                        outs.empty() ? 0 : outs.front()->size(), nthreads, batch));
+  }
+  BenchResult r;
+  LatencyHistogram latency;
+  std::atomic<std::uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  Status first_error;
+  std::mutex err_mu;
+  // The workers' read buffers are registered with the tier for fixed-buffer I/O where it takes
+  // them (the NVMe tier; as the store registers its host arena), and unregistered after the pass.
+  std::vector<std::span<std::byte>> regions;
+  for (unsigned t = 0; t < nthreads && !write; ++t) regions.push_back(outs[t]->span());
   struct Unregister {
     Tier* tier = nullptr;
     ~Unregister() {
@@ -255,8 +279,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
       } else {
         gets.clear();
         for (std::uint64_t i = begin; i < end; ++i) {
-          gets.push_back(GetOp{BenchKey(index(i)),
-                               out.span().subspan((i - begin) * RoundUp(a.block_size, 4 * kKiB), a.block_size), {}});
+          gets.push_back(GetOp{BenchKey(index(i)), out.span().subspan((i - begin) * stride, a.block_size), {}});
         }
         st = tier.GetBatch(gets);
       }
@@ -289,6 +312,27 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     r.flush_seconds = SecondsSince(f0);
   }
   return r;
+}
+
+// The median of the timed passes (non-empty, each of the same ops), field by field (Median: an even
+// count takes the mean of the two middle values): its time is that of the median throughput, its
+// flush and CPU times the medians of the passes' own. Latency fields are left 0 (they come from
+// the single-operation pass or the tier's histogram).
+BenchResult MedianPass(const std::vector<BenchResult>& passes) {
+  std::vector<double> rate, flush, user, sys;
+  for (const BenchResult& p : passes) {
+    rate.push_back(static_cast<double>(p.ops) / p.seconds);
+    flush.push_back(p.flush_seconds);
+    user.push_back(p.user_seconds);
+    sys.push_back(p.sys_seconds);
+  }
+  BenchResult m;
+  m.ops = passes.front().ops;
+  m.seconds = static_cast<double>(m.ops) / Median(rate);
+  m.flush_seconds = Median(flush);
+  m.user_seconds = Median(user);
+  m.sys_seconds = Median(sys);
+  return m;
 }
 
 // The memory tiers' baseline, a memcpy of the same bytes in the same direction as the op (at most
@@ -478,6 +522,11 @@ int RunBenchTiers(const BenchArgs& a) {
   std::mt19937_64 rng(1);
   for (auto& o : order) o = rng() % blocks;
   auto rand = [&](std::uint64_t i) { return order[i]; };
+  // Allocated and faulted in once, before the first pass: every pass (the first included) reads into
+  // memory that is already mapped, like the memcpy baseline's destination.
+  auto read_buffers = AllocateReadBuffers(a);
+  if (!read_buffers.ok()) return Fail(read_buffers.status().ToString());
+  const ReadBuffers& outs = *read_buffers;
   // One pass of the measured operation; `batch`/`threads` 0: the flags' values.
   bool written = false;  // some write pass ran: the NVMe tier holds every block
   auto one_pass = [&](unsigned batch, unsigned threads, std::uint64_t ops) -> Result<BenchResult> {
@@ -488,9 +537,9 @@ int RunBenchTiers(const BenchArgs& a) {
       TERRACE_RETURN_IF_ERROR(tier->Flush());
     }
     written = true;
-    if (a.op == "write") return RunOps(*tier, a, true, ops, seq, payload, desc, batch, threads);
-    if (a.op == "read") return RunOps(*tier, a, false, ops, seq, payload, desc, batch, threads);
-    return RunOps(*tier, a, false, ops, rand, payload, desc, batch, threads);
+    if (a.op == "write") return RunOps(*tier, a, true, ops, seq, payload, desc, outs, batch, threads);
+    if (a.op == "read") return RunOps(*tier, a, false, ops, seq, payload, desc, outs, batch, threads);
+    return RunOps(*tier, a, false, ops, rand, payload, desc, outs, batch, threads);
   };
   std::vector<BenchResult> passes;
   BenchResult single{};  // memory tiers: the per-operation latency pass
@@ -508,7 +557,7 @@ int RunBenchTiers(const BenchArgs& a) {
       if (!a.json) fmt::print(stderr, "bench: the kept store in --dir holds the {} blocks already; reading them\n", blocks);
     } else if (a.op != "write") {
       if (!a.json) fmt::print(stderr, "bench: writing {} blocks first (not timed)\n", blocks);
-      TERRACE_RETURN_IF_ERROR(RunOps(*tier, a, true, blocks, seq, payload, desc).status());
+      TERRACE_RETURN_IF_ERROR(RunOps(*tier, a, true, blocks, seq, payload, desc, outs).status());
       prep_writes = blocks;
     }
     for (unsigned w = 0; w < a.warmup; ++w) {
@@ -525,10 +574,7 @@ int RunBenchTiers(const BenchArgs& a) {
       if (!a.json) fmt::print(stderr, "bench: per-operation latency pass (single-operation calls, not in MB/s)\n");
       TERRACE_ASSIGN_OR_RETURN(single, one_pass(1, 1, std::min<std::uint64_t>(blocks, 4096)));
     }
-    // The median pass by throughput.
-    std::vector<BenchResult> sorted = passes;
-    std::sort(sorted.begin(), sorted.end(), [](const BenchResult& x, const BenchResult& y) { return x.seconds < y.seconds; });
-    return sorted[sorted.size() / 2];
+    return MedianPass(passes);
   };
   Result<BenchResult> r = StopSignalReceived() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
   TierStatsSnapshot stats = tier->Stats();
@@ -547,14 +593,12 @@ int RunBenchTiers(const BenchArgs& a) {
   // Memory tiers: the median memcpy pass, and the median of (pass / the memcpy pass right after it).
   double memcpy_mbps = 0, ratio_vs_memcpy = 0;
   if (!memcpy_passes.empty()) {
-    std::vector<double> m = memcpy_passes, ratios;
+    std::vector<double> ratios;
     for (std::size_t i = 0; i < passes.size() && i < memcpy_passes.size(); ++i) {
       ratios.push_back(static_cast<double>(passes[i].ops * a.block_size) / 1e6 / passes[i].seconds / memcpy_passes[i]);
     }
-    std::sort(m.begin(), m.end());
-    std::sort(ratios.begin(), ratios.end());
-    memcpy_mbps = m[m.size() / 2];
-    ratio_vs_memcpy = ratios[ratios.size() / 2];
+    memcpy_mbps = Median(memcpy_passes);
+    ratio_vs_memcpy = Median(ratios);
   }
   double min_mbps = mbps, max_mbps = mbps;
   std::vector<double> pass_mbps;
@@ -636,7 +680,8 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddIntOption(tiers, "--threads", &a->threads, 1u, 256u, "Concurrent workers (nvme: one io_uring ring each)");
   AddIntOption(tiers, "--warmup", &a->warmup, 0u, 100u,
                "Untimed passes before the timed ones (0: time the first touch of a fresh tier)");
-  AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u, "Timed passes; MB/s and IOPS are the median pass");
+  AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u,
+               "Timed passes; MB/s and IOPS are the median pass (an even count: the mean of the two middle passes)");
   tiers->add_flag("--keep", a->keep,
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them). A read run on a kept store that holds its blocks reads them "

@@ -39,6 +39,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
+#include "src/common/median.h"
 #include "terrace/store.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -60,13 +61,6 @@ struct BenchStoreArgs {
   std::string host_huge_pages = "off";  // --host-huge-pages, as in bench tiers
   std::string host_stream_gets = "auto";  // --host-stream-gets, as in bench tiers
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // One get phase's rounds, store against tier: MB/s per round, and the store/tier ratio per round.
 struct Rounds {

@@ -2,6 +2,9 @@
 per-operation latency (single-operation calls), not the latency of the batch that carried an op."""
 import json
 import re
+import resource
+
+import pytest
 
 
 def test_bench_tiers_repeat_median_spread_and_per_op_latency(terrace):
@@ -16,6 +19,35 @@ def test_bench_tiers_repeat_median_spread_and_per_op_latency(terrace):
     # Per-op latency: a 32-block batch of 1 MiB gets takes 32 ops' time; one op must take far less.
     per_batch_us = j["seconds"] / (j["total_bytes"] / j["block_size"] / j["batch"]) * 1e6
     assert 0 < j["p50_us"] < per_batch_us / 4, (j["p50_us"], per_batch_us)
+
+
+def test_bench_tiers_even_repeat_median_is_the_mean_of_the_two_middle_passes(terrace):
+    # Two timed passes: MB/s, the memcpy baseline and the ratio are each the mean of the two, not the
+    # slower (or faster) one.
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "write", "--block-size", "1MiB", "--total-bytes", "32MiB",
+                "--warmup", "1", "--repeat", "2", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    p, m = j["passes_mb_per_s"], j["memcpy_passes_mb_per_s"]
+    assert len(p) == 2 and len(m) == 2
+    assert j["mb_per_s"] == pytest.approx((p[0] + p[1]) / 2, rel=1e-9)
+    assert j["iops"] == pytest.approx(j["mb_per_s"] * 1e6 / j["block_size"], rel=1e-9)
+    assert j["memcpy_mb_per_s"] == pytest.approx((m[0] + m[1]) / 2, rel=1e-9)
+    assert j["ratio_vs_memcpy"] == pytest.approx((p[0] / m[0] + p[1] / m[1]) / 2, rel=1e-9)
+
+
+def test_bench_tiers_read_passes_do_not_fault_their_buffers_again(terrace):
+    # The read buffers (here 32 x 1 MiB) are allocated and faulted in once, before the warm-up, as
+    # the memcpy baseline's are: four more timed passes add far fewer minor faults than the 4 x 8192
+    # pages of buffers allocated afresh in every pass.
+    def minor_faults(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
+        r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--total-bytes",
+                    "64MiB", "--batch", "32", "--warmup", "1", "--repeat", str(repeat), "--json", timeout=300)
+        assert r.returncode == 0, r.stderr
+        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before
+    one, five = minor_faults(1), minor_faults(5)
+    assert five - one < 8192, (one, five)
 
 
 def test_bench_tiers_warmup_zero_and_bad_repeat(terrace):

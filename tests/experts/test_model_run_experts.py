@@ -294,6 +294,53 @@ def test_bench_experts_configs_runs_only_the_named_rows_with_their_schedule(toy,
         assert not (tmp_path / "r").exists()
 
 
+def test_bench_experts_targets_against_rows_not_run_are_na(toy, tmp_path):
+    """A target whose baseline row --configs left out prints "n/a (row not run)" (JSON: null), never a
+    ratio against the absent row's 0 tok/s (inf, 0) or "met"; the checkpoint's page-cache residency
+    is printed only where the unbounded mmap row measured it."""
+    def bench(name, configs, *flags):
+        p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / name), "--prompt", "2",
+                            "--decode", "1", "--budgets", "50%", "--configs", configs, *flags],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    # The best real predictor ran; oracle, on-demand and every mmap row did not.
+    text = bench("t", "lru+lookahead")
+    (line,) = [l for l in text.splitlines() if l.startswith("targets at 50%:")]
+    for what in ("oracle", "on-demand", "mmap at the same budget without its eviction work", "with it",
+                 "mmap-unbounded"):
+        assert f"{what} n/a (row not run)" in line, line
+    assert "met" not in line.split("; lookahead recall")[0], line  # no target is judged against an absent row
+    assert "inf" not in line and "nan" not in line, line
+    assert "x resident" not in line and "oracle vs resident n/a (row not run)" in line, line
+    assert "lookahead recall 0." in line or "lookahead recall 1." in line, line
+    assert "on-demand n/a (row not run)" in next(l for l in text.splitlines() if l.startswith("bound at 50%:"))
+    assert "NOT cold" not in text and "page cache before the run" not in text, text
+    j = json.loads(bench("j", "lru+lookahead", "--json"))
+    (t,) = j["targets"]
+    assert t["best_real"] == "lru+lookahead" and t["best_vs_resident"] > 0 and t["lookahead_recall"] is not None
+    for k in ("best_vs_oracle", "best_vs_on_demand", "best_vs_mmap", "best_vs_mmap_with_drops",
+              "best_vs_mmap_unbounded", "oracle_vs_resident", "overlap_bound_vs_on_demand",
+              "overlap_bound_vs_serial_on_demand", "belady_bound_vs_on_demand", "belady_bound_vs_serial_on_demand"):
+        assert t[k] is None, (k, t[k])
+    assert t["overlap_bound_tokens_per_s"] > 0 and t["min_nvme_bytes_per_token"] is not None
+    assert j["mmap_residency_measured"] is False
+    assert j["mmap_resident_fraction_before"] is None and j["mmap_resident_fraction_after"] is None
+    assert j["mmap_cold"] is None
+    # No real predictor ran: every "best vs" figure is n/a, not 0x; the lookahead recall too.
+    j = json.loads(bench("o", "on-demand,oracle", "--json"))
+    (t,) = j["targets"]
+    assert t["best_real"] is None and t["lookahead_recall"] is None
+    for k in ("best_vs_oracle", "best_vs_on_demand", "best_vs_resident"):
+        assert t[k] is None, (k, t[k])
+    assert t["oracle_vs_resident"] > 0 and t["overlap_bound_vs_on_demand"] > 0
+    text = bench("p", "on-demand,oracle")
+    (line,) = [l for l in text.splitlines() if l.startswith("targets at 50%:")]
+    assert "best real predictor n/a" in line and "lookahead recall n/a (row not run)" in line, line
+    assert "x oracle" not in line and "x on-demand" not in line, line
+    assert "on-demand n/a (row not run)" not in line, line  # on-demand ran: only the predictor's row is missing
+
+
 def test_bench_experts_belady_row_and_bound(toy, tmp_path):
     """The oracle+belady row replays the routing on-demand recorded; the Belady bound (targets'
     belady_* keys) is the fewest drive bytes a demand-paged cache of the budget can read, so no
