@@ -43,6 +43,7 @@ struct RunArgs {
   std::string dump_logits;
   int threads = 1;
   bool no_reserve = false;  // --no-reserve: with --store, do not reserve the state's latents while the pools open
+  bool force = false;       // --force: --dump-logits / --expert-prometheus may replace a file Terrace did not write
   KvRunArgs kv;  // --store and its flags (model_run_kv.h)
   ExpertRunArgs experts;  // --expert-cache and its flags (model_run_experts.h)
 };
@@ -72,8 +73,11 @@ int RunModel(const RunArgs& a) {
   // --threads and --max-new are range-checked by their options.
   if (a.tokens.empty()) return FailUsage("--tokens is empty; pass at least one token id, e.g. --tokens 1,2,3");
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
+  // The output files replace a file Terrace wrote, any file with --force, never the model's own files.
+  const OutputRules out_rules{.format = OutputFormat::kSafetensors, .force = a.force,
+                              .inputs = ModelDirInputs(a.model, "--model")};
   if (!a.dump_logits.empty()) {
-    if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits"); !s.ok()) return FailUsage(s.message());
+    if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits", out_rules); !s.ok()) return FailUsage(s.message());
   }
   ops::SetBlasThreads(a.threads);
   auto dir = ModelDir::Open(a.model);
@@ -81,7 +85,7 @@ int RunModel(const RunArgs& a) {
   const ModelConfig& config = (*dir)->config();
   auto prompt = ParseTokens(a.tokens, config.vocab_size);
   if (!prompt.ok()) return FailUsage(prompt.status().message());
-  auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir);
+  auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir, out_rules);
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
   auto model = Model::Load(config, **dir, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
@@ -140,7 +144,9 @@ int RunModel(const RunArgs& a) {
   if (!a.dump_logits.empty()) {
     SafetensorsWriter w;
     Status s = w.AddF32("logits", *logits);
-    if (s.ok()) s = WriteOutputFile(a.dump_logits, "--dump-logits", [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+    if (s.ok())
+      s = WriteOutputFile(a.dump_logits, "--dump-logits", out_rules,
+                          [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
     if (!s.ok()) return Fail(s.ToString());
   }
   std::vector<int> generated;
@@ -158,7 +164,7 @@ int RunModel(const RunArgs& a) {
     for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()})
       if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }
-  if (Status s = WriteExpertPrometheus(*ex, a.experts); !s.ok()) return Fail(s.ToString());
+  if (Status s = WriteExpertPrometheus(*ex, a.experts, out_rules); !s.ok()) return Fail(s.ToString());
   const std::vector<float>& last = session.last_logits();
   const std::uint64_t digest = XXH3_64bits(last.data(), last.size() * sizeof(float));
   const double prefill_tps = static_cast<double>(session.prefill_tokens()) / session.prefill_seconds();
@@ -250,6 +256,9 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
                 "then faulted in by the restore and the forward pass)")
       ->needs("--store");
   AddExpertFlags(cmd, &args->experts);
+  cmd->add_flag("--force", args->force,
+                "Let --dump-logits and --expert-prometheus replace an existing file Terrace did not write (never a "
+                "file of --model)");
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

@@ -45,7 +45,7 @@ class FileSource : public WeightSource {
 struct RefArgs {
   std::string in, out, config;
   std::optional<double> scale;
-  bool chunked = false, absorbed = false;
+  bool chunked = false, absorbed = false, force = false;
   int chunk = 64;
   std::optional<int> heads, top_k;
   std::optional<double> scaling, situ_beta, situ_linear_beta, eps;
@@ -75,10 +75,19 @@ Result<FileSource> OpenInput(const std::string& path) {
   return FileSource(std::move(f));
 }
 
-Status WriteOutputs(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+// --out replaces a file Terrace wrote (its safetensors carry the mark), any file with --force, never --in
+// or --config.
+OutputRules RefOutRules(const RefArgs& a) {
+  OutputRules r{.format = OutputFormat::kSafetensors, .force = a.force, .inputs = {{"--in", a.in}}};
+  if (!a.config.empty()) r.inputs.push_back({"--config", a.config});
+  return r;
+}
+
+Status WriteOutputs(const RefArgs& a, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                     SafetensorsWriter* w) {
   for (const auto& [name, t] : tensors) TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
-  return WriteOutputFile(path, "--out", [&](const std::filesystem::path& tmp) { return w->Write(tmp); });
+  return WriteOutputFile(a.out, "--out", RefOutRules(a),
+                         [&](const std::filesystem::path& tmp) { return w->Write(tmp); });
 }
 
 Status RefKda(const RefArgs& a) {
@@ -112,7 +121,7 @@ Status RefKda(const RefArgs& a) {
   }
   SafetensorsWriter w;
   w.SetMetadata("terrace_ref", a.chunked ? "kda chunked" : "kda recurrent");
-  return WriteOutputs(a.out, {{"o", &o}, {"final_state", &state}}, &w);
+  return WriteOutputs(a, {{"o", &o}, {"final_state", &state}}, &w);
 }
 
 Status RefMxfp4(const RefArgs& a) {
@@ -137,14 +146,14 @@ Status RefMxfp4(const RefArgs& a) {
   };
   TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
   SafetensorsWriter w;
-  if (!src.Has("input")) return WriteOutputs(a.out, {{"weight", &out}}, &w);
+  if (!src.Has("input")) return WriteOutputs(a, {{"weight", &out}}, &w);
   // With an input x [T, C]: also output = x W^T by the fused MXFP4 kernel (what the MoE runs).
   TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "input", {-1, C}));
   const Mxfp4Matrix q{u8(packed.data).data(), u8(scale.data).data(), R, C};
   TERRACE_RETURN_IF_ERROR(ValidateMxfp4(q, "weight_packed"));
   Tensor y({x.dim(0), R});
   Mxfp4Linear(q, x.ptr(), x.dim(0), y.ptr());
-  return WriteOutputs(a.out, {{"weight", &out}, {"output", &y}}, &w);
+  return WriteOutputs(a, {{"weight", &out}, {"output", &y}}, &w);
 }
 
 Status RefAttnRes(const RefArgs& a) {
@@ -159,7 +168,7 @@ Status RefAttnRes(const RefArgs& a) {
   Tensor out({T, d});
   AttnResMix(ptrs, T, d, proj.ptr(), norm.ptr(), out.ptr());
   SafetensorsWriter w;
-  return WriteOutputs(a.out, {{"output", &out}}, &w);
+  return WriteOutputs(a, {{"output", &out}}, &w);
 }
 
 Status RefMla(const RefArgs& a) {
@@ -207,7 +216,7 @@ Status RefMla(const RefArgs& a) {
   Tensor latents({static_cast<std::int64_t>(cache.size()) / m.CacheWidth(), m.CacheWidth()});
   latents.data = std::move(cache);
   SafetensorsWriter wr;
-  return WriteOutputs(a.out, {{"output", &out}, {"latents", &latents}}, &wr);
+  return WriteOutputs(a, {{"output", &out}, {"latents", &latents}}, &wr);
 }
 
 // Experts read from the input file on first use and kept.
@@ -286,17 +295,18 @@ Status RefMoe(const RefArgs& a) {
   std::vector<std::int32_t> ids(r.ids.begin(), r.ids.end());
   SafetensorsWriter wr;
   TERRACE_RETURN_IF_ERROR(wr.Add("topk_ids", DType::kI32, {T, m.top_k}, std::as_bytes(std::span(ids))));
-  return WriteOutputs(a.out, {{"output", &out}, {"topk_weights", &weights}}, &wr);
+  return WriteOutputs(a, {{"output", &out}, {"topk_weights", &weights}}, &wr);
 }
 
-// Inputs must be regular files (a FIFO would block), the output a new path or a regular file.
+// Inputs must be regular files (a FIFO would block), the output a new path or a regular file that
+// RefOutRules allow replacing.
 Status CheckPaths(const RefArgs& a, std::string_view name) {
   if (name == "moe" && !a.top_k && a.config.empty()) {
     return Status::InvalidArgument("moe needs --top-k (num_experts_per_token) or --config config.json");
   }
   TERRACE_RETURN_IF_ERROR(CheckInputFile(a.in, "--in"));
   if (!a.config.empty()) TERRACE_RETURN_IF_ERROR(CheckInputFile(a.config, "--config", 16ull << 20));
-  return CheckOutputFile(a.out, "--out");
+  return CheckOutputFile(a.out, "--out", RefOutRules(a));
 }
 
 }  // namespace
@@ -310,6 +320,8 @@ void RegisterRef(CLI::App& app, Runner* run) {
     auto* c = ref->add_subcommand(name, help);
     c->add_option("--in", args->in, "Input safetensors file")->required();
     c->add_option("--out", args->out, "Output safetensors file")->required();
+    c->add_flag("--force", args->force,
+                "Replace an existing --out file Terrace did not write (never the --in or --config file)");
     c->callback([args, run, fn, name] {
       *run = [args, fn, name] {
         if (Status s = CheckPaths(*args, name); !s.ok()) return FailUsage(fmt::format("ref {}: {}", name, s.message()));

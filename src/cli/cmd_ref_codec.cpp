@@ -21,7 +21,13 @@ namespace {
 
 struct RefCodecArgs {
   std::string in, out, codec;
+  bool force = false;
 };
+
+// --out replaces a file Terrace wrote (its safetensors carry the mark), any file with --force, never --in.
+OutputRules CodecOutRules(const RefCodecArgs& a) {
+  return {.format = OutputFormat::kSafetensors, .force = a.force, .inputs = {{"--in", a.in}}};
+}
 
 Status RefCodec(const RefCodecArgs& a, const codec::CodecSpec& spec) {
   TERRACE_ASSIGN_OR_RETURN(auto file, model::SafetensorsFile::Open(a.in));
@@ -48,7 +54,8 @@ Status RefCodec(const RefCodecArgs& a, const codec::CodecSpec& spec) {
   w.SetMetadata("terrace_ref", "codec " + spec.Name());
   TERRACE_RETURN_IF_ERROR(w.AddF32("decoded", decoded));
   TERRACE_RETURN_IF_ERROR(w.Add("encoded", model::DType::kU8, {static_cast<std::int64_t>(encoded.size())}, encoded));
-  return WriteOutputFile(a.out, "--out", [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+  return WriteOutputFile(a.out, "--out", CodecOutRules(a),
+                         [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
 }
 
 }  // namespace
@@ -62,12 +69,14 @@ void RegisterRefCodec(CLI::App* ref_cmd, Runner* run) {
       ->required();
   c->add_option("--in", args->in, "Input safetensors file holding tensor x")->required();
   c->add_option("--out", args->out, "Output safetensors file")->required();
+  c->add_flag("--force", args->force, "Replace an existing --out file Terrace did not write (never the --in file)");
   c->callback([args, run] {
     *run = [args] {
       auto spec = codec::CodecSpec::Parse(args->codec);
       if (!spec.ok()) return FailUsage(fmt::format("ref codec: --codec: {}", spec.status().message()));
       if (Status s = CheckInputFile(args->in, "--in"); !s.ok()) return FailUsage("ref codec: " + s.message());
-      if (Status s = CheckOutputFile(args->out, "--out"); !s.ok()) return FailUsage("ref codec: " + s.message());
+      if (Status s = CheckOutputFile(args->out, "--out", CodecOutRules(*args)); !s.ok())
+        return FailUsage("ref codec: " + s.message());
       const Status s = RefCodec(*args, *spec);
       return s.ok() ? 0 : Fail(fmt::format("ref codec: {}", s.ToString()));
     };

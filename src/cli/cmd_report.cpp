@@ -1,6 +1,7 @@
-// `terrace report RUN.json -o report.html [--svg] [--png]`: a self-contained HTML page (inline SVG
-// charts, no scripts, no network) from a run's JSON; --svg and --png also write each chart as a file
-// next to it (PNG rasterised by rsvg-convert, Debian's librsvg2-bin); docs/plan.md, "Reports".
+// `terrace report RUN.json -o report.html [--svg] [--png] [--force]`: a self-contained HTML page
+// (inline SVG charts, no scripts, no network) from a run's JSON; --svg and --png also write each chart
+// as a file next to it (PNG rasterised by rsvg-convert, Debian's librsvg2-bin); docs/plan.md,
+// "Reports". An existing output file is replaced only when Terrace wrote it or with --force.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,7 +30,7 @@ constexpr std::uint64_t kMaxRunJsonBytes = 256ull << 20;
 
 struct ReportArgs {
   std::string in, out;
-  bool svg = false, png = false;
+  bool svg = false, png = false, force = false;
 };
 
 constexpr const char* kRasteriser = "rsvg-convert";
@@ -124,29 +126,38 @@ int RunReport(const ReportArgs& a) {
                               kRasteriser));
   }
   const std::filesystem::path out(a.out);
-  std::vector<std::pair<std::filesystem::path, std::string>> files{{out, report->html}};
+  // Each file with the flag that asked for it and its format (its mark: safe_files.h, OutputRules).
+  struct OutFile {
+    std::filesystem::path path;
+    std::string content;
+    const char* flag;
+    OutputFormat format;
+  };
+  const OutputRules rules{.format = OutputFormat::kHtml, .force = a.force, .inputs = {{"RUN.json", a.in}}};
+  std::vector<OutFile> files{{out, report->html, "-o", OutputFormat::kHtml}};
   auto beside = [&](const plan::ReportChart& c, const char* ext) {
     return out.parent_path() / (out.stem().string() + "-" + c.name + ext);
   };
   for (const plan::ReportChart& c : report->charts) {
-    if (a.svg) files.emplace_back(beside(c, ".svg"), c.svg);
+    if (a.svg) files.push_back({beside(c, ".svg"), c.svg, "--svg", OutputFormat::kSvg});
   }
   if (a.png) {
     for (const plan::ReportChart& c : report->charts) {
-      if (Status s = CheckOutputFile(beside(c, ".png"), "-o"); !s.ok()) return FailUsage(s.message());
+      if (Status s = CheckOutputFile(beside(c, ".png"), "--png", rules.As(OutputFormat::kPng)); !s.ok())
+        return FailUsage(s.message());
     }
     for (const plan::ReportChart& c : report->charts) {
       auto png = RasterisePng(rasteriser, c.svg, c.name);
       if (!png.ok()) return Fail(png.status().message());
-      files.emplace_back(beside(c, ".png"), std::move(png).value());
+      files.push_back({beside(c, ".png"), std::move(png).value(), "--png", OutputFormat::kPng});
     }
   }
-  for (const auto& [path, content] : files) {
-    if (Status s = CheckOutputFile(path, "-o"); !s.ok()) return FailUsage(s.message());
+  for (const OutFile& f : files) {
+    if (Status s = CheckOutputFile(f.path, f.flag, rules.As(f.format)); !s.ok()) return FailUsage(s.message());
   }
-  for (const auto& [path, content] : files) {
-    if (Status s = WriteOutputFile(path, "-o", content); !s.ok()) return Fail(s.ToString());
-    fmt::print("wrote {}\n", path.string());
+  for (const OutFile& f : files) {
+    if (Status s = WriteOutputFile(f.path, f.flag, rules.As(f.format), f.content); !s.ok()) return Fail(s.ToString());
+    fmt::print("wrote {}\n", f.path.string());
   }
   return 0;
 }
@@ -160,6 +171,9 @@ void RegisterReport(CLI::App& app, Runner* run) {
   c->add_option("-o,--out", a->out, "HTML file to write")->required();
   c->add_flag("--svg", a->svg, "Also write each chart as OUT-<chart>.svg next to the HTML");
   c->add_flag("--png", a->png, "Also write each chart as OUT-<chart>.png next to the HTML (needs rsvg-convert)");
+  c->add_flag("--force", a->force,
+              "Replace existing output files Terrace did not write (without it: only its own HTML and SVG files; "
+              "a PNG always needs it; never RUN.json itself)");
   c->callback([run, a] { *run = [a] { return RunReport(*a); }; });
 }
 

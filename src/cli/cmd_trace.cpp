@@ -18,7 +18,11 @@ struct GenArgs {
   plan::TraceGenOptions o;
   std::optional<double> zipf, rate, think_ms;
   std::string out;
+  bool force = false;
 };
+
+// A trace has no room for Terrace's mark: an existing file is replaced only with --force.
+OutputRules TraceRules(const GenArgs& a) { return {.format = OutputFormat::kTrace, .force = a.force}; }
 
 int RunGen(const GenArgs& a) {
   plan::TraceGenOptions o = a.o;
@@ -27,7 +31,7 @@ int RunGen(const GenArgs& a) {
   if (a.think_ms) o.think_ms = *a.think_ms;
   if (Status s = plan::ValidateTraceGenOptions(o); !s.ok()) return FailUsage(s.message());
   if (!a.out.empty() && a.out != "-") {
-    if (Status s = CheckOutputFile(a.out, "--out"); !s.ok()) return FailUsage(s.message());
+    if (Status s = CheckOutputFile(a.out, "--out", TraceRules(a)); !s.ok()) return FailUsage(s.message());
   }
   auto trace = plan::GenerateTrace(o);
   if (!trace.ok()) return FailUsage(trace.status().message());
@@ -40,7 +44,7 @@ int RunGen(const GenArgs& a) {
     fmt::print("{}", text);
     return 0;
   }
-  if (Status s = WriteOutputFile(a.out, "--out", text); !s.ok()) return Fail(s.ToString());
+  if (Status s = WriteOutputFile(a.out, "--out", TraceRules(a), text); !s.ok()) return Fail(s.ToString());
   const plan::PrefixCeiling c = plan::ComputePrefixCeiling(*trace);
   fmt::print("wrote {}: {} requests, {} blocks of {} tokens, prefix-hit ceiling {:.1f}% (expected {:.1f}%)\n", a.out,
              trace->requests.size(), c.blocks, o.block_tokens, 100.0 * c.fraction(),
@@ -56,6 +60,8 @@ void RegisterTrace(CLI::App& app, Runner* run) {
   auto a = std::make_shared<GenArgs>();
   auto* g = t->add_subcommand("gen", "Write a synthetic trace: multi-turn sessions over Zipf-popular shared prefixes");
   g->add_option("-o,--out", a->out, "Output file (default: standard output)");
+  g->add_flag("--force", a->force,
+              "Replace an existing --out file (a trace carries no mark of Terrace's, so any existing file needs it)");
   AddIntOption<std::uint64_t>(g, "--requests", &a->o.requests, 1, 10'000'000, "Requests");
   AddIntOption<std::uint64_t>(g, "--seed", &a->o.seed, 0, UINT64_MAX, "Random seed");
   AddIntOption(g, "--prefixes", &a->o.prefixes, 1, 10'000'000, "Distinct shared prefixes");

@@ -7,6 +7,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/generator_mark.h"
 
 namespace terrace::cli {
 
@@ -33,7 +34,7 @@ void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
 }
 
 Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store_dir, const model::ModelConfig& config,
-                                const model::WeightSource& weights) {
+                                const model::WeightSource& weights, const OutputRules& out_rules) {
   ExpertRun run;
   if (a.cache.empty()) {
     for (const auto& [flag, set] : {std::pair{"--expert-home", !a.home.empty()}, {"--expert-prometheus", !a.prometheus.empty()}})
@@ -48,7 +49,9 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (!policy.ok()) return Status::InvalidArgument("--expert-policy: " + policy.status().message());
   if (Status s = experts::CheckPolicyPredictor(*policy, *predictor); !s.ok())
     return Status::InvalidArgument(fmt::format("--expert-policy {} with --predictor {}: {}", a.policy, a.predictor, s.message()));
-  if (!a.prometheus.empty()) TERRACE_RETURN_IF_ERROR(CheckOutputFile(a.prometheus, "--expert-prometheus"));
+  if (!a.prometheus.empty())
+    TERRACE_RETURN_IF_ERROR(
+        CheckOutputFile(a.prometheus, "--expert-prometheus", out_rules.As(OutputFormat::kPrometheus)));
   const std::string home = a.home.empty() ? (store_dir.empty() ? "host" : "nvme") : a.home;
   if (home != "host" && home != "nvme")
     return Status::InvalidArgument(fmt::format("--expert-home: '{}' is not host or nvme", home));
@@ -127,9 +130,11 @@ std::string ExpertReportText(const ExpertRun& run) {
   return run.offload->Metrics().ToText();
 }
 
-Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args) {
+Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args, const OutputRules& out_rules) {
   if (!run.offload || args.prometheus.empty()) return Status::Ok();
-  return WriteOutputFile(args.prometheus, "--expert-prometheus", run.offload->Metrics().PrometheusText());
+  // The first line is Terrace's mark (a comment to a scraper), so that a later run may replace the file.
+  const std::string text = fmt::format("{}\n{}", kPrometheusGeneratorLine, run.offload->Metrics().PrometheusText());
+  return WriteOutputFile(args.prometheus, "--expert-prometheus", out_rules.As(OutputFormat::kPrometheus), text);
 }
 
 }  // namespace terrace::cli

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "src/cli/safe_files.h"
 #include "terrace/experts.h"
 #include "terrace/model.h"
 #include "terrace/store.h"
@@ -35,10 +36,12 @@ struct ExpertRun {
   int depth = 2;
 };
 
-// Checks the flags (usage errors name the flag: InvalidArgument) and loads the experts into the
-// expert store (under `store_dir`/experts when not empty). Without --expert-cache: an empty run.
+// Checks the flags (usage errors name the flag: InvalidArgument; --expert-prometheus against
+// `out_rules`, as Prometheus text) and loads the experts into the expert store (under
+// `store_dir`/experts when not empty). Without --expert-cache: an empty run.
 Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& store_dir,
-                                const model::ModelConfig& config, const model::WeightSource& weights);
+                                const model::ModelConfig& config, const model::WeightSource& weights,
+                                const OutputRules& out_rules);
 
 // Once `model` is loaded over run->offload: installs the predictor and the hooks into `session`.
 // The oracle first records the routing of the same run (prefill `prompt`, then max_new - 1 greedy
@@ -46,9 +49,10 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& st
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
                       const std::vector<int>& prompt, int max_new);
 
-// The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file.
+// The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file, whose
+// first line is kPrometheusGeneratorLine (Terrace's mark), written under `out_rules`.
 nlohmann::json ExpertReportJson(const ExpertRun& run);
 std::string ExpertReportText(const ExpertRun& run);
-Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args);
+Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args, const OutputRules& out_rules);
 
 }  // namespace terrace::cli

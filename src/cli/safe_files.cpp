@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -47,8 +48,10 @@ void SyncDir(const fs::path& dir) {
   ::close(fd);
 }
 
+Status CheckTarget(const fs::path& path, std::string_view flag, const OutputRules* rules);
+
 // Checks the temporary file produce() wrote, fsyncs it, re-checks the target and renames.
-Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view flag) {
+Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view flag, const OutputRules* rules) {
   struct stat st {};
   if (::lstat(tmp.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return Status::Internal(fmt::format("{} {}: the temporary file '{}' was not written", flag, path.string(),
@@ -60,32 +63,78 @@ Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view fl
   const int err = errno;
   ::close(fd);
   if (rc != 0) return IoErrno(err, "cannot fsync the temporary file", tmp, flag);
-  TERRACE_RETURN_IF_ERROR(CheckOutputFile(path, flag));  // again: it may have changed while we wrote
+  TERRACE_RETURN_IF_ERROR(CheckTarget(path, flag, rules));  // again: it may have changed while we wrote
   if (::rename(tmp.c_str(), path.c_str()) != 0) return IoErrno(errno, "cannot rename the output into place", path, flag);
   SyncDir(ParentOf(path));
   return Status::Ok();
 }
 
-}  // namespace
-
-bool IsKind(const std::filesystem::path& path, unsigned kind) {
-  struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+// The plural noun for a format's files, for messages.
+std::string_view FormatFiles(OutputFormat f) {
+  switch (f) {
+    case OutputFormat::kHtml: return "HTML reports";
+    case OutputFormat::kSvg: return "SVG charts";
+    case OutputFormat::kSafetensors: return "safetensors files";
+    case OutputFormat::kPrometheus: return "Prometheus text files";
+    case OutputFormat::kPng: return "PNG charts";
+    case OutputFormat::kTrace: return "trace files (.jsonl)";
+  }
+  return "files";
 }
 
-std::string DescribePathKind(const fs::path& path) {
+// Up to kMarkProbeBytes from the start of the regular file `path` (not following a symlink, never
+// blocking); empty when it cannot be read, which then counts as carrying no mark.
+std::string ReadHead(const fs::path& path) {
+  std::string head;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return head;
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return "missing";
-  return KindOf(st.st_mode);
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    head.resize(std::min<std::uint64_t>(static_cast<std::uint64_t>(st.st_size), kMarkProbeBytes));
+    std::size_t got = 0;
+    while (got < head.size()) {
+      const ssize_t n = ::read(fd, head.data() + got, head.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    head.resize(got);
+  }
+  ::close(fd);
+  return head;
 }
 
-Status CheckOutputFile(const fs::path& path, std::string_view flag) {
+// The rule of `rules` for the existing regular file `path`: never one of the command's inputs; else
+// replaced with --force or when Terrace's mark is in it.
+Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputRules& rules) {
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return Status::Ok();  // gone since lstat: a new file
+  for (const OutputRules::Input& in : rules.inputs) {
+    struct stat ist {};
+    if (::stat(in.path.c_str(), &ist) == 0 && ist.st_dev == out.st_dev && ist.st_ino == out.st_ino) {
+      return Status::InvalidArgument(fmt::format(
+          "{} {} is the same file as the input {} {}; Terrace never writes over a command's own input, even "
+          "with --force: choose another path",
+          flag, path.string(), in.flag, in.path.string()));
+    }
+  }
+  if (rules.force || HasTerraceMark(rules.format, ReadHead(path))) return Status::Ok();
+  const bool markable = rules.format != OutputFormat::kPng && rules.format != OutputFormat::kTrace;
+  return Status::InvalidArgument(fmt::format(
+      "{} {} already exists and Terrace did not write it ({}); choose another path or pass --force to replace it",
+      flag, path.string(),
+      markable ? fmt::format("it lacks the mark Terrace writes in {}", FormatFiles(rules.format))
+               : fmt::format("as far as it can tell: {} carry no mark of Terrace's", FormatFiles(rules.format))));
+}
+
+Status CheckTarget(const fs::path& path, std::string_view flag, const OutputRules* rules) {
   if (path.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give the path of an output file", flag));
   if (!path.has_filename()) {
     return Status::InvalidArgument(
         fmt::format("{} {} names a directory; give the path of an output file", flag, path.string()));
   }
   struct stat st {};
+  bool exists = false;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) {
       return Status::InvalidArgument(fmt::format(
@@ -93,6 +142,7 @@ Status CheckOutputFile(const fs::path& path, std::string_view flag) {
           "as it is; give another path",
           flag, path.string(), KindOf(st.st_mode)));
     }
+    exists = true;
   } else if (errno != ENOENT) {
     return Status::InvalidArgument(fmt::format("{} {}: {}", flag, path.string(), std::strerror(errno)));
   }
@@ -106,12 +156,14 @@ Status CheckOutputFile(const fs::path& path, std::string_view flag) {
     return Status::InvalidArgument(
         fmt::format("{} {}: '{}' is {}, not a folder", flag, path.string(), parent.string(), KindOf(pst.st_mode)));
   }
+  if (exists && rules != nullptr) return CheckOwnership(path, flag, *rules);
   return Status::Ok();
 }
 
-Status WriteOutputFile(const fs::path& path, std::string_view flag,
-                       const std::function<Status(const fs::path& tmp)>& produce) {
-  TERRACE_RETURN_IF_ERROR(CheckOutputFile(path, flag));
+// WriteOutputFile with `rules` (null: no ownership rule).
+Status WriteTarget(const fs::path& path, std::string_view flag, const OutputRules* rules,
+                   const std::function<Status(const fs::path& tmp)>& produce) {
+  TERRACE_RETURN_IF_ERROR(CheckTarget(path, flag, rules));
   // A temporary name nothing uses yet: on failure only what produce() made there is removed, never
   // a file that was there before (a leftover of a killed run whose pid repeats, or a user's).
   fs::path tmp;
@@ -124,7 +176,7 @@ Status WriteOutputFile(const fs::path& path, std::string_view flag,
     return Status::IoError(fmt::format("{} {}: no unused temporary name next to it (.terrace-tmp-<pid>-<n>)", flag,
                                        path.string()));
   Status s = produce(tmp);
-  if (s.ok()) s = CommitTemp(tmp, path, flag);
+  if (s.ok()) s = CommitTemp(tmp, path, flag, rules);
   if (!s.ok()) {
     struct stat st {};
     if (::lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(tmp.c_str());
@@ -132,8 +184,10 @@ Status WriteOutputFile(const fs::path& path, std::string_view flag,
   return s;
 }
 
-Status WriteOutputFile(const fs::path& path, std::string_view flag, std::string_view content) {
-  return WriteOutputFile(path, flag, [&](const fs::path& tmp) -> Status {
+// produce() for content in memory.
+std::function<Status(const fs::path&)> WriteContent(std::string_view content, const fs::path& path,
+                                                    std::string_view flag) {
+  return [content, &path, flag](const fs::path& tmp) -> Status {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return IoErrno(errno, "cannot create a temporary file next to it", tmp, flag);
     const char* p = content.data();
@@ -151,7 +205,45 @@ Status WriteOutputFile(const fs::path& path, std::string_view flag, std::string_
     }
     if (::close(fd) != 0) return IoErrno(errno, "cannot write", path, flag);
     return Status::Ok();
-  });
+  };
+}
+
+}  // namespace
+
+bool IsKind(const std::filesystem::path& path, unsigned kind) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+std::string DescribePathKind(const fs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return "missing";
+  return KindOf(st.st_mode);
+}
+
+Status CheckOutputFile(const fs::path& path, std::string_view flag, const OutputRules& rules) {
+  return CheckTarget(path, flag, &rules);
+}
+
+Status CheckOutputFile(const fs::path& path, std::string_view flag) { return CheckTarget(path, flag, nullptr); }
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag, const OutputRules& rules,
+                       const std::function<Status(const fs::path& tmp)>& produce) {
+  return WriteTarget(path, flag, &rules, produce);
+}
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag, const OutputRules& rules,
+                       std::string_view content) {
+  return WriteTarget(path, flag, &rules, WriteContent(content, path, flag));
+}
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag,
+                       const std::function<Status(const fs::path& tmp)>& produce) {
+  return WriteTarget(path, flag, nullptr, produce);
+}
+
+Status WriteOutputFile(const fs::path& path, std::string_view flag, std::string_view content) {
+  return WriteTarget(path, flag, nullptr, WriteContent(content, path, flag));
 }
 
 Status CheckInputFile(const fs::path& path, std::string_view flag, std::uint64_t max_bytes) {
@@ -232,6 +324,16 @@ Status CheckModelDirInput(const fs::path& path, std::string_view flag) {
   }
   if (ec) return Status::IoError(fmt::format("{} {}: cannot list: {}", flag, path.string(), ec.message()));
   return Status::Ok();
+}
+
+std::vector<OutputRules::Input> ModelDirInputs(const fs::path& path, std::string_view flag) {
+  std::vector<OutputRules::Input> inputs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext == ".safetensors" || ext == ".json") inputs.push_back({std::string(flag), entry.path()});
+  }
+  return inputs;
 }
 
 }  // namespace terrace::cli

@@ -9,6 +9,14 @@
 // removed and the target is untouched. (Between the last check and rename(2) another process could
 // still swap the target; the window is one syscall.)
 //
+// Ownership (OutputRules). An existing regular file is replaced only when the command was given
+// --force, or when Terrace itself wrote it: its first bytes carry the mark Terrace writes in that
+// format (src/common/generator_mark.h). Formats with no room for a mark (PNG, trace .jsonl) need
+// --force. A path that is the same file as one of the command's inputs is refused even with --force.
+// A refusal is InvalidArgument naming the flag and the path and saying how to proceed. The overloads
+// without OutputRules skip the ownership rule: only for paths inside a directory the CLI owns through
+// its marker (owned_dirs.h), whose regular files are Terrace's.
+//
 // Input files. Symbolic links are followed; what they lead to must be a regular file. A FIFO, device,
 // socket or directory is refused with a message naming the flag instead of being opened (opening a
 // FIFO blocks until a writer appears; /dev/zero never ends). Reads are bounded by a byte limit.
@@ -18,11 +26,13 @@
 // Thread-safety: all functions may be called concurrently.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "terrace/status.h"
 
@@ -35,16 +45,58 @@ std::string DescribePathKind(const std::filesystem::path& path);
 // (S_IFREG, S_IFDIR, ...).
 bool IsKind(const std::filesystem::path& path, unsigned kind);
 
-// Ok when `path` may be written as an output file: absent or a regular file (not a symlink), and
-// its parent is an existing directory. InvalidArgument "<flag> <path> is a FIFO; ..." otherwise.
+// What an output file holds, which decides the mark that shows Terrace wrote it.
+enum class OutputFormat : unsigned char {
+  kHtml,         // kHtmlGeneratorMeta in the first KiB of a file starting "<!DOCTYPE html>"
+  kSvg,          // kSvgGeneratorComment straight after the opening <svg ...> tag
+  kSafetensors,  // "generator":"terrace" in the header's __metadata__ (as SafetensorsWriter writes it)
+  kPrometheus,   // first line kPrometheusGeneratorLine
+  kPng,          // no mark: an existing file is replaced only with --force
+  kTrace,        // Mooncake JSONL, no mark: likewise
+};
+
+// One command's rule for its output files (see "Ownership" above).
+struct OutputRules {
+  struct Input {
+    std::string flag;  // as the user wrote it: "--in", "RUN.json"
+    std::filesystem::path path;
+  };
+  OutputFormat format = OutputFormat::kTrace;
+  bool force = false;         // the command's --force: replace any regular file
+  std::vector<Input> inputs;  // never replaced, even with --force
+
+  // A copy for another file of the same command.
+  OutputRules As(OutputFormat f) const {
+    OutputRules r = *this;
+    r.format = f;
+    return r;
+  }
+};
+
+// True when `head` (the first bytes of an existing file, up to kMarkProbeBytes) carries the mark
+// Terrace writes in `format`; always false for formats without a mark.
+inline constexpr std::size_t kMarkProbeBytes = std::size_t{1} << 20;
+bool HasTerraceMark(OutputFormat format, std::string_view head);
+
+// Ok when `path` may be written as an output file: absent or a regular file (not a symlink) that
+// `rules` allow replacing, and its parent is an existing directory. InvalidArgument naming `flag`
+// otherwise ("<flag> <path> is a FIFO; ...", "... Terrace did not write it; ... --force ...").
+Status CheckOutputFile(const std::filesystem::path& path, std::string_view flag, const OutputRules& rules);
+// Without the ownership rule: any regular file may be replaced (paths inside an owned directory).
 Status CheckOutputFile(const std::filesystem::path& path, std::string_view flag);
 
-// Writes an output file as described above. produce(tmp) must create `tmp` (a regular file; it does
-// not exist when produce is called) and write the whole content to it; it may itself write to a
-// temporary name and rename onto `tmp`. The result is fsynced and renamed over `path`.
-Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
+// Writes an output file as described above, checking `path` against `rules` before and again just
+// before the rename. produce(tmp) must create `tmp` (a regular file; it does not exist when produce
+// is called) and write the whole content to it; it may itself write to a temporary name and rename
+// onto `tmp`. The result is fsynced and renamed over `path`.
+Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, const OutputRules& rules,
                        const std::function<Status(const std::filesystem::path& tmp)>& produce);
 // The same for content already in memory.
+Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, const OutputRules& rules,
+                       std::string_view content);
+// Without the ownership rule (paths inside an owned directory only).
+Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
+                       const std::function<Status(const std::filesystem::path& tmp)>& produce);
 Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, std::string_view content);
 
 // Ok when `path` (following symlinks) is a regular file of at most max_bytes. NotFound when it does
@@ -62,5 +114,8 @@ Status CheckInputDir(const std::filesystem::path& path, std::string_view flag);
 // A model directory given to `flag`: a directory whose config.json, *.safetensors and *.json entries
 // (the files a model load opens) are all regular files (symlinks to regular files accepted).
 Status CheckModelDirInput(const std::filesystem::path& path, std::string_view flag);
+// Those files of a model directory (config.json, *.safetensors, *.json), as inputs of `flag` for
+// OutputRules::inputs. Unreadable entries are left out.
+std::vector<OutputRules::Input> ModelDirInputs(const std::filesystem::path& path, std::string_view flag);
 
 }  // namespace terrace::cli

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/generator_mark.h"
+
 namespace terrace::model {
 namespace {
 
@@ -151,7 +153,9 @@ Status SafetensorsWriter::Write(const std::filesystem::path& path) const {
     return sa != sb ? sa > sb : a->name < b->name;
   });
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::map<std::string, std::string> metadata = metadata_;
+  metadata[std::string(kSafetensorsGeneratorKey)] = std::string(kSafetensorsGeneratorValue);
+  header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const Pending* t : order) {
     header[t->name] = {{"dtype", DTypeName(t->dtype)},

@@ -63,6 +63,8 @@ class SafetensorsWriter {
   // bytes.size() != DTypeSize(dtype) * numel(shape).
   Status Add(std::string name, DType dtype, std::vector<std::int64_t> shape, std::span<const std::byte> bytes);
   Status AddF32(std::string name, const Tensor& tensor);
+  // A "__metadata__" entry. Write always adds "generator": "terrace" (src/common/generator_mark.h:
+  // the CLI's mark that Terrace wrote the file), replacing a value set for that key here.
   void SetMetadata(std::string key, std::string value);
   std::size_t data_bytes() const { return data_bytes_; }
   std::size_t size() const { return tensors_.size(); }

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/generator_mark.h"
 #include "src/plan/svg_chart.h"
 
 namespace terrace::plan {
@@ -886,12 +887,12 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
   Flatten(j, "", &rows);
   body += "<details><summary>All values</summary>" + KeyValueTable(rows) + "</details>";
   r.html = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title><style>"
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{3}<title>{0}</title><style>"
       "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"
       "table{{border-collapse:collapse;margin:0.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;"
       "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}p.skipped{{color:#b00}}svg{{display:block;margin:1em 0}}"
       "</style></head><body><h1>{0}</h1><p>Source: {1}</p>\n{2}\n</body></html>\n",
-      XmlEscape(r.title), XmlEscape(source), body);
+      XmlEscape(r.title), XmlEscape(source), body, kHtmlGeneratorMeta);
   return r;
 }
 

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "src/common/generator_mark.h"
+
 namespace terrace::plan {
 namespace {
 
@@ -90,10 +92,10 @@ Axis MakeAxis(double lo, double hi, bool log, AxisFormat f = AxisFormat::kPlain)
 std::string Header(const std::string& title, const std::string& subtitle, int height = kChartHeight) {
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"12\" role=\"img\"><title>{2}</title>"
+      "font-family=\"sans-serif\" font-size=\"12\" role=\"img\">{4}<title>{2}</title>"
       "<rect width=\"{0}\" height=\"{1}\" fill=\"#ffffff\"/>"
       "<text x=\"{3}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{2}</text>",
-      kChartWidth, height, XmlEscape(title), kLeft);
+      kChartWidth, height, XmlEscape(title), kLeft, kSvgGeneratorComment);
   if (!subtitle.empty())
     s += fmt::format("<text x=\"{}\" y=\"38\" font-size=\"11\" fill=\"#555\">{}</text>", kLeft, XmlEscape(subtitle));
   return s;

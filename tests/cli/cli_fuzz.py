@@ -7,8 +7,9 @@ folder of its worker. A run fails the fuzz when it
   - crashes: killed by a signal or exits with a code >= 128 (counted as a crash),
   - hangs: does not exit within --timeout seconds (a hang),
   - changes a file it must not: the canary tree outside the sandboxes changes in any way, or a
-    fixture inside the sandbox that Terrace did not create (a user folder, a FIFO, a device node,
-    a symlink) is changed, replaced or removed (an escape),
+    fixture inside the sandbox that Terrace did not create (a user folder, a user's regular file, a
+    FIFO, a device node, a symlink) is changed, replaced or removed (an escape); a regular file the
+    command line names may be replaced only with --force (or by the hidden model helpers, below),
   - exits with a code other than 0, 1, 2, or names an API field instead of a CLI flag on stderr
     (reported as "bad exits" / "api names").
 The sequence of runs is fixed by --seed. Values that are valid but legitimately slow (hours of
@@ -45,6 +46,7 @@ TOKENS = ["1,2,3", "0", "", "-1", "99999999", "1,,2", "a", "1," * 40 + "1", "184
 PATHS = ["new_file", "new_dir", "new_dir/x", "fifo", "fulldev", "nulldev", "zerodev", "userdir",
          "userdir/thesis.txt", "link_file", "link_dir", "dangling", ".", "", "model", "model/config.json",
          "model/model.safetensors", "regfile", "kda.safetensors", "mx.safetensors", "attnres.safetensors",
+         "x.safetensors", "run.json",
          "store", "a" * 300, "nodir/x", "emptydir"]
 
 
@@ -113,21 +115,32 @@ COMMANDS = {
     ("model", "run"): {"--model": paths("model", required=True), "--tokens": opt(["1,2,3", "0", "5"], TOKENS, True),
                        "--max-new": opt(["0", "1", "3"], ["-1", "65537", "4294967296", "x", ""]), "--json": FLAG,
                        "--routing-stats": FLAG, "--dump-logits": paths("new_file", "logits.safetensors", "regfile"),
-                       "--threads": opt(["1", "2"], ["-1", "0", "257", "100000", "x"])},
+                       "--expert-cache": opt(["25%"], ["0%", "x"]),
+                       "--expert-prometheus": paths("new_file", "experts.prom", "regfile", "model/config.json"),
+                       "--threads": opt(["1", "2"], ["-1", "0", "257", "100000", "x"]), "--force": FLAG},
     ("model", "dequant-mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT},
     ("model", "quantize-mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT},
     ("model", "copy-tensors"): {"--in": paths("mx.safetensors", "model", "kda.safetensors", required=True),
                                 "--out": OUT, "--f32": FLAG},
     ("ref", "kda"): {"--in": paths("kda.safetensors", required=True), "--out": OUT, "--scale": FLOAT,
-                     "--chunked": FLAG, "--chunk-size": ints(1, 2, 64)},
+                     "--chunked": FLAG, "--chunk-size": ints(1, 2, 64), "--force": FLAG},
     ("ref", "mla"): {"--in": paths("kda.safetensors", required=True), "--out": OUT, "--heads": ints(1, 2),
-                     "--absorbed": FLAG, "--eps": opt(["1e-5"], FLOATS)},
-    ("ref", "attnres"): {"--in": paths("attnres.safetensors", required=True), "--out": OUT},
+                     "--absorbed": FLAG, "--eps": opt(["1e-5"], FLOATS), "--force": FLAG},
+    ("ref", "attnres"): {"--in": paths("attnres.safetensors", required=True), "--out": OUT, "--force": FLAG},
     ("ref", "moe"): {"--in": paths("mx.safetensors", required=True), "--out": OUT, "--config": paths("model/config.json"),
                      "--top-k": ints(1, 2), "--scaling": FLOAT, "--situ-beta": FLOAT, "--situ-linear-beta": FLOAT,
-                     "--eps": opt(["1e-5"], FLOATS)},
-    ("ref", "mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT},
+                     "--eps": opt(["1e-5"], FLOATS), "--force": FLAG},
+    ("ref", "mxfp4"): {"--in": paths("mx.safetensors", required=True), "--out": OUT, "--force": FLAG},
+    ("ref", "codec"): {"--codec": opt(["int8", "bf16", "fp8+zstd"], ["", "int3", "f32+"], True),
+                       "--in": paths("x.safetensors", "mx.safetensors", required=True), "--out": OUT, "--force": FLAG},
+    ("report",): {"_pos": paths("run.json", "regfile", required=True),
+                  "-o": paths("new_file", "report.html", "regfile", "run.json", required=True), "--svg": FLAG,
+                  "--force": FLAG},
+    ("trace", "gen"): {"-o": paths("new_file", "trace.jsonl", "regfile"), "--requests": ints(1, 3, 5),
+                       "--seed": ints(1, 2), "--force": FLAG},
 }
+# Hidden model helpers whose --out replaces any regular file without --force (src/cli/cmd_model.cpp).
+REPLACE_WITHOUT_FORCE = {("model", "dequant-mxfp4"), ("model", "quantize-mxfp4"), ("model", "copy-tensors")}
 JUNK = [["frobnicate"], ["model", "frob"], ["bench"], ["store"], ["ref"], [], ["--version"], ["--help"],
         ["demo", "extra"], ["model", "run", "--", "x"], ["--no-such-flag"]]
 API_NAMES = ("capacity_bytes", "create_if_missing", "PutOptions", "options.index_dir", "chunk_bytes",
@@ -220,7 +233,11 @@ def make_fixtures(sandbox, canary, model_src, can_mknod):
     write_safetensors(os.path.join(sandbox, "attnres.safetensors"), {
         "sources": ("F32", [2, 3, 8], f32(rng, 48)), "proj": ("F32", [1, 8], f32(rng, 8)),
         "norm": ("F32", [8], f32(rng, 8))})
-    protected = ["userdir", "link_file", "link_dir", "dangling", "fifo"] + (["fulldev", "nulldev", "zerodev"] if can_mknod else [])
+    write_safetensors(os.path.join(sandbox, "x.safetensors"), {"x": ("F32", [2, 32], f32(rng, 64))})
+    with open(os.path.join(sandbox, "run.json"), "w") as f:
+        json.dump({"requests": 3, "hit_rate": 0.5}, f)  # any JSON object makes a report (a table of values)
+    protected = ["userdir", "regfile", "run.json", "link_file", "link_dir", "dangling", "fifo"] + (
+        ["fulldev", "nulldev", "zerodev"] if can_mknod else [])
     return [os.path.join(sandbox, p) for p in protected]
 
 
@@ -332,8 +349,12 @@ def main():
             rc = p.returncode
             where = f"run {i} ({secs:.1f} s, exit {rc}): terrace {' '.join(repr(a) if not a or ' ' in a else a for a in argv)}"
             tail = "\n      " + "\n      ".join(err.strip().splitlines()[-3:]) if err.strip() else ""
-            named = {os.path.join(sandbox, a) for a in argv if a}
-            hurt = damaged(before, snapshot(protected), strict=False, named=named)
+            replaces = "--force" in argv or tuple(argv[:2]) in REPLACE_WITHOUT_FORCE
+            named = {os.path.join(sandbox, a) for a in argv if a} if replaces else set()
+            after = snapshot(protected)
+            hurt = damaged(before, after, strict=False, named=named)
+            if not hurt and after != before:  # a file replaced as allowed now holds Terrace's output: make it the user's again
+                make_fixtures(sandbox, canary, model_src, can_mknod)
             hurt += damaged(canary_before, snapshot([canary]), strict=True)
             with lock:
                 results["runs"] += 1

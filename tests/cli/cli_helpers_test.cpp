@@ -208,6 +208,57 @@ TEST_CASE("cli files: the output writer replaces a regular file only when the co
   REQUIRE(NoTempFiles(tmp.path()));
 }
 
+TEST_CASE("cli files: an output replaces a regular file only with its mark or --force, never an input", "[cli]") {
+  terrace::testing::TempDir tmp("cli-own");
+  const fs::path out = tmp.path() / "report.html", in = tmp.path() / "run.json";
+  const std::string mine = "<!DOCTYPE html>\n<p>my page</p>\n";
+  const std::string ours = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><meta name=\"generator\" "
+                           "content=\"terrace\"><title>t</title></head></html>\n";
+  Write(out, mine);
+  Write(in, "{}");
+  OutputRules rules{.format = OutputFormat::kHtml, .inputs = {{"RUN.json", in}}};
+  Status s = WriteOutputFile(out, "-o", rules, ours);
+  REQUIRE(s.IsInvalidArgument());
+  REQUIRE(s.message().starts_with("-o " + out.string() + " already exists and Terrace did not write it"));
+  REQUIRE(s.message().ends_with("choose another path or pass --force to replace it"));
+  REQUIRE(Slurp(out) == mine);
+  REQUIRE(WriteOutputFile(out, "-o", OutputRules{.format = OutputFormat::kHtml, .force = true}, ours).ok());
+  REQUIRE(WriteOutputFile(out, "-o", rules, ours).ok());  // now it is Terrace's own
+  // Without a mark in the format, even Terrace's own earlier output needs --force.
+  REQUIRE(WriteOutputFile(out, "-o", rules.As(OutputFormat::kPng), ours).IsInvalidArgument());
+  // The input itself (or another name for it) is refused even with --force.
+  rules.force = true;
+  fs::create_hard_link(in, tmp.path() / "again.json");
+  for (const fs::path& p : {in, tmp.path() / "again.json"}) {
+    s = CheckOutputFile(p, "-o", rules);
+    REQUIRE(s.IsInvalidArgument());
+    REQUIRE(s.message().find("the same file as the input RUN.json") != std::string::npos);
+  }
+  REQUIRE(Slurp(in) == "{}");
+  REQUIRE(NoTempFiles(tmp.path()));
+}
+
+TEST_CASE("cli files: Terrace's marks are recognised only where it writes them", "[cli]") {
+  using F = OutputFormat;
+  REQUIRE(HasTerraceMark(F::kSvg, "<svg width=\"1\"><!-- generator: terrace --><title>x</title></svg>"));
+  REQUIRE_FALSE(HasTerraceMark(F::kSvg, "<svg width=\"1\"><title>x</title><!-- generator: terrace --></svg>"));
+  REQUIRE(HasTerraceMark(F::kPrometheus, "# generator: terrace\n# TYPE x gauge\nx 1\n"));
+  REQUIRE_FALSE(HasTerraceMark(F::kPrometheus, "x 1\n# generator: terrace\n"));
+  REQUIRE_FALSE(HasTerraceMark(F::kHtml, "<p><meta name=\"generator\" content=\"terrace\"></p>"));
+  const auto safetensors = [](const std::string& header) {
+    std::string f(8, '\0');
+    for (int i = 0; i < 8; ++i) f[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+    return f + header;
+  };
+  REQUIRE(HasTerraceMark(F::kSafetensors, safetensors(R"({"__metadata__":{"generator":"terrace"}})")));
+  // The pair inside another metadata value (escaped quotes) is not the mark; nor is a header cut short.
+  const std::string quoted = safetensors(R"({"__metadata__":{"note":"\"generator\":\"terrace\""}})");
+  REQUIRE_FALSE(HasTerraceMark(F::kSafetensors, quoted));
+  const std::string marked = safetensors(R"({"__metadata__":{"generator":"terrace"}})");
+  REQUIRE_FALSE(HasTerraceMark(F::kSafetensors, std::string_view(marked).substr(0, 30)));
+  REQUIRE_FALSE(HasTerraceMark(F::kTrace, "{\"generator\":\"terrace\"}\n"));
+}
+
 TEST_CASE("cli files: inputs that are FIFOs, devices or directories are refused without blocking", "[cli]") {
   terrace::testing::TempDir tmp("cli-in");
   const fs::path fifo = tmp.path() / "fifo";

@@ -314,8 +314,114 @@ def test_outputs_write_new_and_regular_files(terrace, toy_model, tmp_path):
         terrace(*argv(out), check=True)
         first = out.read_bytes()
         assert len(first) > 8, name
-        terrace(*argv(out), check=True)  # over a regular file: replaced
+        terrace(*argv(out), check=True)  # over its own earlier output (a regular file): replaced
         assert out.read_bytes() == first, name
+
+
+# ---- output files: replace only what Terrace wrote, or with --force --------------------------------------
+
+def run_json_of_plan(terrace, d):
+    run = d / "run.json"
+    run.write_text(terrace("plan", "--model", "k3-toy", "--json", check=True).stdout)
+    return run
+
+
+def owned_output_cases(terrace, model, d):
+    """(name, flag, target, argv, marked) for every output flag: the file the command writes in folder d and
+    whether that format carries Terrace's mark (so that a second run may replace it without --force)."""
+    run = run_json_of_plan(terrace, d)
+    tensors = d / "in.safetensors"
+    write_safetensors(tensors, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    x = d / "x.safetensors"
+    write_safetensors(x, {"x": ("F32", [2, 32], struct.pack("<64f", *[i / 8 - 4 for i in range(64)]))})
+    html, svg, png = d / "rep.html", d / "rep-memory-vs-context.svg", d / "rep-memory-vs-context.png"
+    run_model = ["model", "run", "--model", model, "--tokens", "1,2"]
+    cases = [
+        ("report -o", "-o", html, ["report", run, "-o", html], True),
+        ("report --svg", "--svg", svg, ["report", run, "-o", html, "--svg"], True),
+        ("trace gen --out", "--out", d / "t.jsonl", ["trace", "gen", "--requests", "3", "-o", d / "t.jsonl"], False),
+        ("ref mxfp4 --out", "--out", d / "w.safetensors", ["ref", "mxfp4", "--in", tensors, "--out", d / "w.safetensors"],
+         True),
+        ("ref codec --out", "--out", d / "c.safetensors",
+         ["ref", "codec", "--codec", "int8", "--in", x, "--out", d / "c.safetensors"], True),
+        ("model run --dump-logits", "--dump-logits", d / "l.safetensors", [*run_model, "--dump-logits", d / "l.safetensors"],
+         True),
+        ("model run --expert-prometheus", "--expert-prometheus", d / "e.prom",
+         [*run_model, "--expert-cache", "25%", "--expert-prometheus", d / "e.prom"], True),
+    ]
+    if shutil.which("rsvg-convert"):
+        cases.append(("report --png", "--png", png, ["report", run, "-o", html, "--png"], False))
+    return cases
+
+
+def no_temporaries(d):
+    return not [p for p in os.listdir(d) if p.startswith(".terrace-tmp")]
+
+
+def test_a_user_file_at_an_output_flag_is_refused_and_kept(terrace, toy_model, tmp_path):
+    for name, flag, target, argv, _ in owned_output_cases(terrace, toy_model, tmp_path):
+        target.write_bytes(b"precious, not Terrace's\n")
+        before = snapshot(tmp_path)
+        r = terrace(*argv, timeout=120)
+        assert_usage_error(r, flag, str(target), "Terrace did not write it",
+                           "choose another path or pass --force to replace it")
+        assert snapshot(tmp_path) == before, name  # the user's file byte-identical, nothing else written
+        target.unlink()
+
+
+def test_a_second_run_replaces_terraces_own_output(terrace, toy_model, tmp_path):
+    for name, flag, target, argv, marked in owned_output_cases(terrace, toy_model, tmp_path):
+        terrace(*argv, check=True, timeout=120)
+        first = target.read_bytes()
+        if marked:
+            terrace(*argv, check=True, timeout=120)  # its own file: replaced without --force
+            assert target.stat().st_size > 0, name
+            if "prometheus" not in name:  # the metrics hold timings; the others are deterministic
+                assert target.read_bytes() == first, name
+        else:  # no room for a mark: even its own earlier output needs --force
+            assert_usage_error(terrace(*argv, timeout=120), flag, str(target), "--force")
+            assert target.read_bytes() == first, name
+            terrace(*argv, "--force", check=True, timeout=120)
+        assert no_temporaries(tmp_path), name
+
+
+def test_force_replaces_a_user_file_at_an_output_flag(terrace, toy_model, tmp_path):
+    for name, flag, target, argv, _ in owned_output_cases(terrace, toy_model, tmp_path):
+        target.write_bytes(b"precious, not Terrace's\n")
+        terrace(*argv, "--force", check=True, timeout=120)
+        assert target.read_bytes() != b"precious, not Terrace's\n", name
+        assert no_temporaries(tmp_path), name
+
+
+def test_an_output_that_is_the_commands_input_is_refused_even_with_force(terrace, toy_model, tmp_path):
+    run = run_json_of_plan(terrace, tmp_path)
+    os.link(run, tmp_path / "hard.json")
+    os.symlink(run, tmp_path / "link.json")
+    model = tmp_path / "model"
+    shutil.copytree(toy_model, model)
+    tensors = tmp_path / "in.safetensors"
+    write_safetensors(tensors, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    terrace("ref", "mxfp4", "--in", tensors, "--out", tmp_path / "own.safetensors", check=True)  # marked as Terrace's
+    cases = [
+        (["report", run, "-o", run], "-o"),
+        (["report", run, "-o", tmp_path / "hard.json"], "-o"),  # another name of the same file
+        (["report", tmp_path / "link.json", "-o", run], "-o"),
+        (["ref", "mxfp4", "--in", tensors, "--out", tensors], "--out"),
+        (["ref", "mxfp4", "--in", tmp_path / "own.safetensors", "--out", tmp_path / "own.safetensors"], "--out"),
+        (["ref", "codec", "--codec", "int8", "--in", tensors, "--out", tensors], "--out"),
+        (["model", "run", "--model", model, "--tokens", "1,2", "--dump-logits", model / "model.safetensors"],
+         "--dump-logits"),
+        (["model", "run", "--model", model, "--tokens", "1,2", "--expert-cache", "25%", "--expert-prometheus",
+          model / "config.json"], "--expert-prometheus"),
+    ]
+    before = snapshot(tmp_path)
+    for argv, flag in cases:
+        for force in ([], ["--force"]):
+            r = terrace(*argv, *force, timeout=120)
+            assert_usage_error(r, flag, "the same file as the input", "even with --force")
+            assert snapshot(tmp_path) == before, argv
 
 
 def make_full_device(tmp_path):

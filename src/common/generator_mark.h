@@ -1,0 +1,22 @@
+// The marks Terrace writes into the files it produces, so that a later run can tell its own output
+// from a user's file of the same name: the CLI replaces an existing output file without --force only
+// when it carries the mark of its format (src/cli/safe_files.h, docs/errors.md "Output files").
+// Writers and the recogniser both use these constants; changing one makes files written before
+// unrecognised (they then need --force once).
+#pragma once
+
+#include <string_view>
+
+namespace terrace {
+
+// HTML (`terrace report`): in <head>, before <title>, within the first few hundred bytes.
+inline constexpr std::string_view kHtmlGeneratorMeta = "<meta name=\"generator\" content=\"terrace\">";
+// SVG charts: an XML comment straight after the opening <svg ...> tag.
+inline constexpr std::string_view kSvgGeneratorComment = "<!-- generator: terrace -->";
+// safetensors: an entry of the header's "__metadata__" string map, written by SafetensorsWriter.
+inline constexpr std::string_view kSafetensorsGeneratorKey = "generator";
+inline constexpr std::string_view kSafetensorsGeneratorValue = "terrace";
+// Prometheus text (`--expert-prometheus`): the first line, a comment scrapers ignore.
+inline constexpr std::string_view kPrometheusGeneratorLine = "# generator: terrace";
+
+}  // namespace terrace
