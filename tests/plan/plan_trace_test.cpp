@@ -56,6 +56,13 @@ TEST_CASE("Parser errors name the file, the line and the field") {
       {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": 5})", "must be a list"},
       {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, -2]})", "\"hash_ids\"[1]"},
       {R"({"timestamp": 1, "input_length": 99999999999, "output_length": 1, "hash_ids": []})", "over the limit"},
+      // A whole number too large for an integer parses as a float: still named as over the limit.
+      {R"({"timestamp": 1, "input_length": 99999999999999999999999, "output_length": 1, "hash_ids": []})",
+       "\"input_length\" is 1e+23, over the limit 4294967296 (2^32)"},
+      // A repeated key is refused (nlohmann alone keeps the last value: 5 tokens, not 1000).
+      {R"({"timestamp": 1, "input_length": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]})",
+       "duplicate key \"input_length\""},
+      {R"({"timestamp": 1, "input_length": 1e400, "output_length": 1, "hash_ids": []})", "out of range"},
   };
   for (const Case& c : cases) {
     auto t = ParseTrace(good + good + c.line + "\n", "bad.jsonl");
@@ -70,6 +77,14 @@ TEST_CASE("Parser errors name the file, the line and the field") {
   auto empty = ParseTrace("\n\n", "e.jsonl");
   REQUIRE_FALSE(empty.ok());
   CHECK_THAT(empty.status().message(), Catch::Contains("empty"));
+}
+
+TEST_CASE("-0 reads as 0 (a timestamp, a length, a hash id)") {
+  auto t = ParseTrace(R"({"timestamp": -0, "input_length": 5, "output_length": -0.0, "hash_ids": [-0]})", "z.jsonl");
+  REQUIRE(t.ok());
+  CHECK(t->requests[0].timestamp_ms == 0);
+  CHECK(t->requests[0].output_length == 0);
+  CHECK(t->requests[0].hash_ids == std::vector<std::uint64_t>{0});
 }
 
 TEST_CASE("Prefix-hit ceiling of a hand-made trace, computed by hand") {

@@ -285,3 +285,14 @@ def test_bad_trace_prints_only_the_error(terrace, tmp_path):
     assert r.stdout == ""  # no plan printed before the refusal
     r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "0", "--kv-host", "0", "--kv-nvme", "0")
     assert r.returncode == 2 and "--kv-hbm" in r.stderr and r.stdout == ""
+
+
+def test_duplicate_key_in_a_trace_line_is_refused_naming_file_line_and_key(terrace, tmp_path):
+    bad = tmp_path / "dup.jsonl"
+    lines = FIXTURE.read_text().splitlines()[:1]
+    lines.append('{"timestamp": 99999, "input_length": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]}')
+    bad.write_text("\n".join(lines) + "\n")
+    r = terrace("plan", "--trace", bad)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f'{bad}:2: duplicate key "input_length"' in r.stderr
+    assert r.stdout == ""
