@@ -296,3 +296,37 @@ def test_duplicate_key_in_a_trace_line_is_refused_naming_file_line_and_key(terra
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f'{bad}:2: duplicate key "input_length"' in r.stderr
     assert r.stdout == ""
+
+
+def block_lengths_agree(path, block_tokens=512):
+    """Mooncake's hash ids name blocks chained from the prompt's start: an id stands for the same
+    tokens wherever it appears, so it never names blocks of two lengths (a partial last block that
+    recurs as a full one). Returns the first id that does, or None."""
+    tokens = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        for i, h in enumerate(r["hash_ids"]):
+            n = max(0, min(block_tokens, r["input_length"] - i * block_tokens))
+            if tokens.setdefault(h, n) != n:
+                return h
+    return None
+
+
+def test_trace_gen_shares_only_full_blocks_like_the_real_trace(terrace, tmp_path):
+    assert block_lengths_agree(FIXTURE) is None  # the real trace's property
+    # The reviewer's repro: turn 1 is [0, 1] (738 tokens: block 1 partial); turn 2 extends it, so
+    # its block 1 is another block. Only block 0 (512 tokens) was cached for it.
+    out = tmp_path / "two.jsonl"
+    r = terrace("trace", "gen", "--requests", "2", "--prefixes", "1", "--prefix-blocks", "1", "--turn-blocks", "1",
+                "--turns", "2", "--seed", "3", "-o", out)
+    assert r.returncode == 0, r.stderr
+    a, b = [json.loads(l) for l in out.read_text().splitlines()]
+    assert a["input_length"] % 512 != 0 and len(a["hash_ids"]) == 2 and len(b["hash_ids"]) == 3
+    assert b["hash_ids"][0] == a["hash_ids"][0] and b["hash_ids"][1] not in a["hash_ids"]
+    t = plan_json(terrace, "--model", "k3-toy", "--trace", out, "--policy", "lru", "--sweep-points", "1")["trace"]
+    assert t["policies"][0]["hit_tokens"] == 512
+    many = tmp_path / "many.jsonl"
+    assert terrace("trace", "gen", "--requests", "3000", "--seed", "5", "--turns", "4", "-o", many).returncode == 0
+    assert block_lengths_agree(many) is None
