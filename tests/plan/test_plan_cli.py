@@ -330,3 +330,19 @@ def test_trace_gen_shares_only_full_blocks_like_the_real_trace(terrace, tmp_path
     many = tmp_path / "many.jsonl"
     assert terrace("trace", "gen", "--requests", "3000", "--seed", "5", "--turns", "4", "-o", many).returncode == 0
     assert block_lengths_agree(many) is None
+
+
+@pytest.mark.parametrize("doc,note", [
+    ({"kind": "plan", "workload": 5}, "Not charted: the workload (workload is not an object)"),
+    ({"kind": "plan", "weights": [1]}, "Not charted: the weights (weights is not an object)"),
+    ({"kind": "plan", "trace": 5}, "Not charted: the trace replay (trace is not an object)"),
+    ({"turns": [], "summary": {}, "verified": "yes"}, "verified is missing or not true or false"),
+])
+def test_report_of_wrongly_typed_json_renders_with_a_note(terrace, tmp_path, doc, note):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(doc))
+    out = tmp_path / "r.html"
+    r = terrace("report", run, "-o", out)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "internal error" not in r.stderr
+    assert note in out.read_text()
