@@ -14,6 +14,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "src/plan/analytic.h"
 #include "src/plan/hardware.h"
 #include "src/plan/replay.h"
@@ -532,7 +533,7 @@ int RunPlan(const PlanArgs& a) {
     PrintPlan(*plan);
     fmt::print("{}", trace_text);
   }
-  if (a.json) fmt::print("{}\n", j.dump(2));
+  if (a.json) fmt::print("{}\n", JsonText(j, 2));
   return 0;
 }
 

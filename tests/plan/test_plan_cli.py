@@ -346,3 +346,41 @@ def test_report_of_wrongly_typed_json_renders_with_a_note(terrace, tmp_path, doc
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "internal error" not in r.stderr
     assert note in out.read_text()
+
+
+def run_bytes(*args):
+    """terrace with arguments that need not be UTF-8 (bytes)."""
+    import subprocess
+
+    path = os.environ.get("TERRACE_BIN")
+    if not path or not os.path.exists(path):
+        pytest.skip("TERRACE_BIN is not set to the built terrace binary")
+    return subprocess.run([os.fsencode(path), *[a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args]],
+                          capture_output=True, timeout=120)
+
+
+def test_json_output_survives_names_that_are_not_utf8(terrace, tmp_path):
+    """A trace path, a model path or a hardware file path need not be UTF-8; --json replaces the bad
+    bytes (U+FFFD) instead of failing with nlohmann's type_error.316 and printing nothing."""
+    trace = os.fsencode(tmp_path) + b"/s\xe9.jsonl"
+    with open(trace, "wb") as f:
+        f.write("\n".join(FIXTURE.read_text().splitlines()[:5]).encode() + b"\n")
+    preset = plan_json(terrace, "--hardware", "h100-gen4")["hardware"]
+    del preset["name"]  # no "name" and no "base": the file's path is the name
+    hw = os.fsencode(tmp_path) + b"/h\xe9.json"
+    with open(hw, "wb") as f:
+        f.write(json.dumps(preset).encode())
+    r = run_bytes("plan", "--model", "k3-toy", "--trace", trace, "--hardware", hw, "--sweep-points", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout.decode("utf-8"))
+    assert j["trace"]["file"].endswith("s\ufffd.jsonl")
+    assert j["hardware"]["name"].endswith("h\ufffd.json")
+    assert j["trace"]["requests"] == 5
+    # `terrace report` of that JSON, from a path that is not UTF-8 either: a well-formed page.
+    run = os.fsencode(tmp_path) + b"/r\xe9.json"
+    with open(run, "wb") as f:
+        f.write(r.stdout)
+    out = tmp_path / "page.html"
+    rr = run_bytes("report", run, "-o", out)
+    assert rr.returncode == 0, rr.stderr
+    out.read_text(encoding="utf-8")  # valid UTF-8
