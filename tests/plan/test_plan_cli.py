@@ -247,8 +247,9 @@ def test_help_shows_no_fake_defaults(terrace):
 
 def test_trace_replay_follows_the_store_placement_flags(terrace):
     """--placement / --write-policy reach the replay: write-through writes every new block to the
-    lowest tier too, so it moves more bytes than write-back on the same trace."""
-    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "2GiB", "--kv-host", "8GiB", "--sweep-points", "1",
+    lowest tier too, so it moves more bytes than write-back on the same trace (with HBM for most of
+    the trace's ~5000 blocks of 3 MiB, KV and KDA snapshots: few demotions)."""
+    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "14GiB", "--kv-host", "56GiB", "--sweep-points", "1",
             "--policy", "lru"]
     wb = plan_json(terrace, *args)["trace"]
     wt = plan_json(terrace, *args, "--write-policy", "write-through")["trace"]
@@ -258,7 +259,7 @@ def test_trace_replay_follows_the_store_placement_flags(terrace):
     # NVMe never fills here, so each distinct block is computed once and written through once; every
     # victim above it then has an NVMe copy and is dropped without a demotion write.
     nvme = [t for t in wt["policies"][0]["tiers"] if t["name"] == "nvme"][0]
-    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["block_bytes"]
+    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["stored_block_bytes"]
     assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
     assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
     assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
@@ -384,3 +385,29 @@ def test_json_output_survives_names_that_are_not_utf8(terrace, tmp_path):
     rr = run_bytes("report", run, "-o", out)
     assert rr.returncode == 0, rr.stderr
     out.read_text(encoding="utf-8")  # valid UTF-8
+
+
+def test_replay_sizes_blocks_with_their_kda_snapshots(terrace):
+    """A hybrid model's KDA snapshots take tier room with the KV blocks: the footprint, the sweep's
+    capacities and the tiers' block counts all count them (derived from the model, not typed in)."""
+    j = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "2", "--policy", "lru")
+    t, m = j["trace"], j["memory"]
+    snapshot = m["kda_layers"] * m["state_block_bytes"]
+    assert snapshot > 400 << 20  # K3: 69 KDA layers, f32 state: ~443 MiB per restore boundary
+    assert t["restore_state_bytes"] == snapshot
+    assert t["snapshots_per_block"] == 2  # 512-token blocks of two 256-token chunks, a snapshot after each
+    assert t["snapshot_bytes_per_block"] == 2 * snapshot
+    assert t["stored_block_bytes"] == t["block_bytes"] + 2 * snapshot
+    assert t["snapshots_simulated"] is True
+    assert t["footprint_kv_bytes"] == t["unique_blocks"] * t["block_bytes"]
+    assert t["footprint_bytes"] == t["unique_blocks"] * t["stored_block_bytes"]
+    assert max(s["capacity_bytes"] for s in t["sweep"]) == t["footprint_bytes"]
+    for tier in t["policies"][0]["tiers"]:
+        cap = [x for x in t["tiers"] if x["name"] == tier["name"]][0]["capacity_bytes"]
+        assert tier["capacity_blocks"] == cap // t["stored_block_bytes"]
+    # One chunk per block: one snapshot per block.
+    one = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru",
+                    "--chunk-tokens", "512")["trace"]
+    assert one["snapshots_per_block"] == 1
+    text = terrace("plan", "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru").stdout
+    assert "note: a block is" in text and "KDA state" in text and "hit rates are for KV + snapshots" in text
