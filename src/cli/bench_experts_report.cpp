@@ -10,6 +10,7 @@
 
 #include "src/cli/bench_experts.h"
 #include "src/cli/cli_util.h"
+#include "src/common/json_text.h"
 #include "src/experts/belady.h"
 
 namespace terrace::cli::bench_experts {
@@ -296,7 +297,7 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
                                                : nlohmann::json(nullptr);
     j["targets"].push_back(std::move(t));
   }
-  fmt::print("{}\n", j.dump());
+  fmt::print("{}\n", JsonText(j));
 }
 
 void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {

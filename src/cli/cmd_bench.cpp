@@ -39,6 +39,7 @@
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
+#include "src/common/json_text.h"
 #include "src/common/median.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -632,7 +633,7 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"user_us_per_op", r->user_seconds * 1e6 / static_cast<double>(r->ops)},
                         {"sys_us_per_op", r->sys_seconds * 1e6 / static_cast<double>(r->ops)},
                         {"prep_writes", prep_writes}, {"detail", stats.detail}};
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
   } else {
     Table t({"tier", "op", "block", "qd", "MB/s (median)", "MB/s min-max", "IOPS", "p50 us/op", "p99 us/op"});
     t.Add({stats.emulated ? a.tier + " (emulated)" : a.tier, a.op, FormatBytes(static_cast<double>(a.block_size)),

@@ -58,6 +58,7 @@
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
+#include "src/common/json_text.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
 #include "src/model/session.h"
@@ -421,7 +422,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   j["bytes_per_token_by_codec"] = *by_codec;
   if (a.turns > 0) j["multi_turn"] = multi_turn;
   if (a.json) {
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
     return 0;
   }
   PrintBenchKvText(a, j);

@@ -32,6 +32,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "src/common/mutex.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
@@ -684,15 +685,15 @@ int RunDemo(const DemoArgs& a) {
   AddUp(&d);
   const nlohmann::json j = DemoRunJson(a, dir, d);
   const fs::path json_path = dir / kDemoRunJson;
-  if (Status st = WriteOutputFile(json_path, "--dir", j.dump(1) + "\n"); !st.ok()) return Fail(st.ToString());
+  if (Status st = WriteOutputFile(json_path, "--dir", JsonText(j, 1) + "\n"); !st.ok()) return Fail(st.ToString());
   const fs::path report_path = dir / kDemoReportHtml;
   {
-    auto report = plan::RenderReport(j.dump(), json_path.string());
+    auto report = plan::RenderReport(JsonText(j), json_path.string());
     if (!report.ok()) return Fail(report.status().ToString());
     if (Status st = WriteOutputFile(report_path, "--dir", report->html); !st.ok()) return Fail(st.ToString());
   }
   if (a.json) {
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
     return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }
 

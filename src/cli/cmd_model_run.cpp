@@ -18,6 +18,7 @@
 #include "src/cli/model_run_experts.h"
 #include "src/cli/model_run_kv.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/routing_stats.h"
@@ -209,7 +210,7 @@ int RunModel(const RunArgs& a) {
                                           {"experts_used", l.experts_used}, {"counts", l.counts}});
       }
     }
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
     return 0;
   }
   fmt::print("prompt: {} tokens; generated: [{}]\n", prompt->size(), fmt::join(generated, ", "));

@@ -14,6 +14,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "src/plan/analytic.h"
 #include "src/plan/hardware.h"
 #include "src/plan/replay.h"
@@ -337,12 +338,18 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
   for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
 
-  // Block sizes from the layout: a trace block is ceil(block / chunk) stored KV chunks.
-  const std::uint64_t chunks = (bt + static_cast<std::uint64_t>(a.chunk_tokens) - 1) / static_cast<std::uint64_t>(a.chunk_tokens);
+  // Block sizes from the layout: a trace block is ceil(block / chunk) stored KV chunks, stored with
+  // the KDA snapshots due in it (each: every KDA layer's snapshot block); a restore reads one.
+  const auto chunk_tokens = static_cast<std::uint64_t>(a.chunk_tokens);
+  const std::uint64_t chunks = (bt + chunk_tokens - 1) / chunk_tokens;
+  const std::uint64_t snapshot_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
+  const std::uint64_t snapshots_per_block =
+      snapshot_bytes == 0 ? 0 : SnapshotsPerTraceBlock(bt, chunk_tokens, plan.options.layout.snapshot_every);
   ReplayOptions ro;
   ro.block_tokens = bt;
   ro.block_bytes = chunks * plan.memory.mla_chunk_block_bytes;
-  ro.restore_extra_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
+  ro.snapshot_bytes_per_block = snapshots_per_block * snapshot_bytes;
+  ro.restore_extra_bytes = snapshot_bytes;
   ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
   ro.nodes = a.nodes;
   ro.routing = a.routing == "round-robin" ? plan::Routing::kRoundRobin : plan::Routing::kPrefixAffinity;
@@ -364,6 +371,12 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["unique_blocks"] = ceiling.unique_blocks;
   tj["block_tokens"] = bt;
   tj["block_bytes"] = ro.block_bytes;
+  tj["snapshots_per_block"] = snapshots_per_block;
+  tj["snapshot_bytes_per_block"] = ro.snapshot_bytes_per_block;
+  tj["stored_block_bytes"] = ro.stored_block_bytes();
+  // Whether the tiers' capacity holds the KDA snapshots with the blocks (false: a model without KDA
+  // layers, whose blocks are KV alone).
+  tj["snapshots_simulated"] = ro.snapshot_bytes_per_block > 0;
   tj["restore_state_bytes"] = ro.restore_extra_bytes;
   tj["blocks_not_matching_input_length"] = mismatched;
   tj["prefix_hit_ceiling"] = ceiling.fraction();
@@ -389,16 +402,17 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   }
   tj["policies"] = pol;
 
-  // Hit rate vs capacity: one tier of capacity c, from 1/2^(points-1) of the trace's footprint to all of it.
+  // Hit rate vs capacity: one tier of capacity c, from 1/2^(points-1) of the trace's footprint to all
+  // of it. The footprint and each capacity count the blocks' KDA snapshots with their KV.
   json sweep = json::array();
-  const std::uint64_t footprint = ceiling.unique_blocks * ro.block_bytes;
+  const std::uint64_t footprint = ceiling.unique_blocks * ro.stored_block_bytes();
   for (ReplayPolicy p : policies) {
     for (int i = a.sweep_points - 1; i >= 0; --i) {
       ReplayOptions so = ro;
       so.policy = p;
       so.nodes = 1;
       so.tiers = {{"cache", static_cast<std::uint64_t>(std::ldexp(static_cast<double>(footprint), -i)), 0}};
-      if (so.tiers[0].capacity_bytes < ro.block_bytes) continue;
+      if (so.tiers[0].capacity_bytes < ro.stored_block_bytes()) continue;
       auto r = Replay(*trace, so);
       if (!r.ok()) return FailUsage(r.status().message());
       sweep.push_back({{"policy", ReplayPolicyName(p)},
@@ -410,6 +424,8 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   }
   tj["sweep"] = sweep;
   tj["footprint_bytes"] = footprint;
+  tj["footprint_kv_bytes"] = ceiling.unique_blocks * ro.block_bytes;
+  tj["footprint_snapshot_bytes"] = ceiling.unique_blocks * ro.snapshot_bytes_per_block;
 
   // Cluster projection: both routings, first policy.
   if (a.nodes > 1) {
@@ -435,7 +451,15 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   if (!a.json) {
     *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
-               FormatBytes(static_cast<double>(ro.block_bytes)), FormatPercent(ceiling.fraction()));
+               FormatBytes(static_cast<double>(ro.stored_block_bytes())), FormatPercent(ceiling.fraction()));
+    if (ro.snapshot_bytes_per_block > 0) {
+      *text += fmt::format(
+          "note: a block is {} of KV and {} of KDA state ({} snapshot{} of {}, at its restore boundaries); the tiers, "
+          "the footprint ({}) and the sweep's capacities hold both, so the hit rates are for KV + snapshots\n",
+          FormatBytes(static_cast<double>(ro.block_bytes)), FormatBytes(static_cast<double>(ro.snapshot_bytes_per_block)),
+          snapshots_per_block, snapshots_per_block == 1 ? "" : "s", FormatBytes(static_cast<double>(snapshot_bytes)),
+          FormatBytes(static_cast<double>(footprint)));
+    }
     if (mismatched > 0) {
       *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
                  "--trace-block-tokens right?\n",
@@ -532,7 +556,7 @@ int RunPlan(const PlanArgs& a) {
     PrintPlan(*plan);
     fmt::print("{}", trace_text);
   }
-  if (a.json) fmt::print("{}\n", j.dump(2));
+  if (a.json) fmt::print("{}\n", JsonText(j, 2));
   return 0;
 }
 

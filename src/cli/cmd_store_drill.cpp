@@ -41,6 +41,7 @@
 #include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -428,7 +429,7 @@ int RunDrill(const DrillArgs& a) {
     }
     nlohmann::json j = {{"dir", a.dir},           {"seed", a.seed}, {"block_size", a.block_size},
                         {"kills_per_fault", a.kills}, {"ok", !failed}, {"faults", rows}};
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", JsonText(j, 2));
   } else {
     Table t({"fault", "rounds", "kills", "faults injected", "acknowledged", "lost", "corrupt-detected",
              "corrupt-returned"});

@@ -12,6 +12,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/common/json_text.h"
 #include "terrace/store.h"
 
 namespace terrace::cli::store_cmd {
@@ -88,7 +89,7 @@ int RunStats(const StatsArgs& a) {
                         {"used_bytes", nv.used_bytes},
                         {"durability_warnings", warnings},
                         {"tiers", tiers}};
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", JsonText(j, 2));
     return 0;
   }
   const double used_pct =

@@ -23,6 +23,7 @@
 #include "src/cli/command.h"
 #include "src/cli/prefill_progress.h"
 #include "src/cli/safe_files.h"
+#include "src/common/json_text.h"
 #include "src/model/mla.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
@@ -261,7 +262,7 @@ int RunVerifyKv(const VerifyKvArgs& a) {
   j["attention_top_k"] = kFocusTop;
   j["rows"] = rows;
   if (a.json) {
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
     return 0;
   }
   fmt::print("context {} tokens restored, then {} tokens compared with the exact f32 path (state codec {});\n"

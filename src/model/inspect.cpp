@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_text.h"
 #include "src/model/safetensors.h"
 
 namespace terrace::model {
@@ -195,7 +196,7 @@ std::string FormatInspectJson(const InspectReport& r, bool list_tensors) {
     j["config_keys"] = {{"read", r.config_keys.read}, {"ignored", r.config_keys.ignored}};
     j["unprefixed_names"] = r.unprefixed_names;
   }
-  return j.dump(2) + "\n";
+  return JsonText(j, 2) + "\n";
 }
 
 }  // namespace terrace::model

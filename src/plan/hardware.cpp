@@ -7,19 +7,26 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_unique.h"
+
 namespace terrace::plan {
 namespace {
 
 using json = nlohmann::json;
 
-// Sources of the figures: vendor data sheets (H200 141 GB HBM3e at 4.8 TB/s; H100 SXM 80 GB at
-// 3.35 TB/s, 989 TFLOP/s dense bf16 both) and measured copy rates (pinned PCIe Gen5 x16 ~55 GB/s,
-// Gen4 ~25 GB/s per direction; Gen5 NVMe ~13 GB/s read per drive, Gen4 ~7 GB/s).
+// Sources of the figures: HBM capacity is what the driver reports as each GPU's total memory
+// (nvidia-smi --query-gpu=memory.total: 143771 MiB on an H200, 81559 MiB on an H100 80GB SXM; the
+// data sheets' "141 GB" and "80 GB" are neither these nor what a process can allocate, which is
+// lower again: docs/plan.md, "Hardware files"); vendor data sheets for the rest (H200 HBM3e at
+// 4.8 TB/s; H100 SXM at 3.35 TB/s, 989 TFLOP/s dense bf16 both) and measured copy rates (pinned
+// PCIe Gen5 x16 ~55 GB/s, Gen4 ~25 GB/s per direction; Gen5 NVMe ~13 GB/s read per drive, Gen4
+// ~7 GB/s).
+constexpr std::uint64_t kHardwareMiB = 1ull << 20;
 Hardware H200Gen5() {
   Hardware h;
   h.name = "h200-gen5";
   h.gpus = 8;
-  h.hbm_bytes_per_gpu = 141'000'000'000ull;
+  h.hbm_bytes_per_gpu = 143'771 * kHardwareMiB;
   h.hbm_bandwidth_per_gpu = 4.8e12;
   h.gpu_flops_per_gpu = 989e12;
   h.mfu = 0.4;
@@ -35,7 +42,7 @@ Hardware H100Gen4() {
   Hardware h;
   h.name = "h100-gen4";
   h.gpus = 8;
-  h.hbm_bytes_per_gpu = 80'000'000'000ull;
+  h.hbm_bytes_per_gpu = 81'559 * kHardwareMiB;
   h.hbm_bandwidth_per_gpu = 3.35e12;
   h.gpu_flops_per_gpu = 989e12;
   h.mfu = 0.4;
@@ -62,25 +69,43 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
   auto bad = [&](std::string_view key, std::string_view rule) {
     return Status::InvalidArgument(fmt::format("{}: \"{}\" {}", source, key, rule));
   };
+  // Rates must be positive, finite and below a bound no node comes near (a typo like 1e308 would
+  // otherwise become inf in the node totals and a decode speed of 0).
+  auto rate = [&](std::string_view key, double v, double max, std::string_view unit) -> Status {
+    if (!(v > 0)) return bad(key, "must be positive");
+    if (!(v <= max)) return bad(key, fmt::format("is {:g}, over the {:g} {} a GPU or node can have; check the units", v, max, unit));
+    return Status::Ok();
+  };
+  auto bytes = [&](std::string_view key, std::uint64_t v) -> Status {
+    if (v == 0) return bad(key, "must be positive");
+    if (v > kMaxHardwareBytes) return bad(key, fmt::format("is {}, over the limit 2^62 bytes; check the units", v));
+    return Status::Ok();
+  };
   if (h.gpus < 1 || h.gpus > 4096) return bad("gpus", "must be 1 to 4096");
-  if (h.hbm_bytes_per_gpu == 0) return bad("hbm_bytes_per_gpu", "must be positive");
+  TERRACE_RETURN_IF_ERROR(bytes("hbm_bytes_per_gpu", h.hbm_bytes_per_gpu));
   if (h.hbm_bytes_per_gpu > UINT64_MAX / static_cast<std::uint64_t>(h.gpus))
     return bad("hbm_bytes_per_gpu", fmt::format("times gpus ({}) exceeds 2^64 bytes", h.gpus));
-  if (h.host_bytes == 0) return bad("host_bytes", "must be positive");
-  if (h.nvme_bytes == 0) return bad("nvme_bytes", "must be positive");
-  if (!(h.hbm_bandwidth_per_gpu > 0)) return bad("hbm_bandwidth_per_gpu", "must be positive");
-  if (!(h.gpu_flops_per_gpu > 0)) return bad("gpu_flops_per_gpu", "must be positive");
+  TERRACE_RETURN_IF_ERROR(bytes("host_bytes", h.host_bytes));
+  TERRACE_RETURN_IF_ERROR(bytes("nvme_bytes", h.nvme_bytes));
+  TERRACE_RETURN_IF_ERROR(rate("hbm_bandwidth_per_gpu", h.hbm_bandwidth_per_gpu, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("gpu_flops_per_gpu", h.gpu_flops_per_gpu, kMaxHardwareFlops, "FLOP/s"));
   if (!(h.mfu > 0 && h.mfu <= 1)) return bad("mfu", "must be in (0, 1]");
-  if (!(h.pcie_bandwidth_per_gpu > 0)) return bad("pcie_bandwidth_per_gpu", "must be positive");
-  if (!(h.nvme_read_bandwidth > 0)) return bad("nvme_read_bandwidth", "must be positive");
-  if (!(h.nvme_write_bandwidth > 0)) return bad("nvme_write_bandwidth", "must be positive");
+  TERRACE_RETURN_IF_ERROR(rate("pcie_bandwidth_per_gpu", h.pcie_bandwidth_per_gpu, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("nvme_read_bandwidth", h.nvme_read_bandwidth, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("nvme_write_bandwidth", h.nvme_write_bandwidth, kMaxHardwareBandwidth, "bytes/s"));
   return Status::Ok();
 }
 
 Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view source) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Status::InvalidArgument(fmt::format("{}: not a JSON object (see docs/plan.md, \"Hardware files\")", source));
+  auto parsed = ParseJsonUniqueKeys(text);
+  if (!parsed.ok()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: {} (see docs/plan.md, \"Hardware files\")", source, parsed.status().message()));
+  }
+  const json& j = *parsed;
+  if (!j.is_object()) {
+    return Status::InvalidArgument(
+        fmt::format("{}: not a JSON object but {} (see docs/plan.md, \"Hardware files\")", source, j.type_name()));
   }
   Hardware h;
   h.name = std::string(source);
@@ -102,8 +127,9 @@ Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view sourc
     }
     const double d = v.get<double>();
     auto as_bytes = [&](std::uint64_t* out) -> Status {
-      if (!(d >= 0) || d > 1.8e19) {
-        return Status::InvalidArgument(fmt::format("{}: \"{}\" must be a non-negative byte count", source, key));
+      if (!(d >= 0) || d > static_cast<double>(kMaxHardwareBytes)) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: \"{}\" must be a non-negative byte count up to 2^62, got {}", source, key, v.dump()));
       }
       *out = static_cast<std::uint64_t>(d);
       return Status::Ok();
@@ -172,7 +198,8 @@ std::string HardwareToJson(const Hardware& h) {
   j["nvme_bytes"] = h.nvme_bytes;
   j["nvme_read_bandwidth"] = h.nvme_read_bandwidth;
   j["nvme_write_bandwidth"] = h.nvme_write_bandwidth;
-  return j.dump();
+  // The name may be a file path (a file without "name"), which need not be UTF-8: replaced, not thrown on.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace terrace::plan

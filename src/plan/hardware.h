@@ -31,16 +31,24 @@ struct Hardware {
   double gpu_flops() const { return gpu_flops_per_gpu * gpus; }
 };
 
+// Bounds ValidateHardware puts on every size and rate: far above any node (an H200 has 1.5e11
+// bytes and 4.8e12 bytes/s of HBM, 9.9e14 FLOP/s), so only a mistake reaches them, and far enough
+// below the double and uint64 ranges that the node totals (x gpus <= 4096) stay finite.
+inline constexpr std::uint64_t kMaxHardwareBytes = 1ull << 62;
+inline constexpr double kMaxHardwareBandwidth = 1e16;  // bytes/s, per GPU or per node
+inline constexpr double kMaxHardwareFlops = 1e19;      // FLOP/s per GPU
+
 std::vector<std::string> HardwarePresetNames();  // "h200-gen5", "h100-gen4"
 // InvalidArgument listing the presets for an unknown name.
 Result<Hardware> HardwarePreset(std::string_view name);
 // Parses a hardware JSON document (docs/plan.md): an object whose optional "base" names a preset to
-// start from and whose other keys are the fields above by name. Unknown keys, wrong types, zero or
-// negative sizes are InvalidArgument naming `source` and the key.
+// start from and whose other keys are the fields above by name. Unknown or repeated keys, wrong
+// types, zero or negative sizes, values over the bounds above are InvalidArgument naming `source`
+// and the key; a number no double holds (1e400) is named as out of range.
 Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view source);
 // A preset name, or else a path to a JSON file.
 Result<Hardware> LoadHardware(std::string_view name_or_path);
-// Checks every field is positive and mfu in (0, 1].
+// Checks every field is positive and within the bounds above, and mfu in (0, 1].
 Status ValidateHardware(const Hardware& hw, std::string_view source);
 std::string HardwareToJson(const Hardware& hw);  // the same keys ParseHardwareJson reads
 

@@ -51,7 +51,7 @@ class Simulator {
  public:
   Simulator(const ReplayOptions& o, ReplayResult* r) : o_(o), r_(r) {
     for (std::size_t t = 0; t < o_.tiers.size(); ++t) {
-      if (o_.tiers[t].capacity_bytes / o_.block_bytes > 0) slot_tier_.push_back(t);
+      if (o_.tiers[t].capacity_bytes / o_.stored_block_bytes() > 0) slot_tier_.push_back(t);
     }
   }
 
@@ -65,7 +65,7 @@ class Simulator {
     Node n;
     for (std::size_t t : slot_tier_) {
       TierState s;
-      s.capacity_blocks = o_.tiers[t].capacity_bytes / o_.block_bytes;
+      s.capacity_blocks = o_.tiers[t].capacity_bytes / o_.stored_block_bytes();
       s.policy = store_internal::MakeEvictionPolicy(o_.policy);
       n.slots.push_back(std::move(s));
     }
@@ -101,13 +101,13 @@ class Simulator {
       const EvictDecision rule = EvictRule(vit->second, k, lowest());
       vit->second = static_cast<SlotMask>(vit->second & ~Bit(k));
       if (rule.action == EvictAction::kWriteBack) {
-        r_->tiers[TierOf(rule.write_back_to)].bytes_written += o_.block_bytes;
+        r_->tiers[TierOf(rule.write_back_to)].bytes_written += o_.stored_block_bytes();
         Place(n, rule.write_back_to, vid);
       }
       vit = n.where.find(vid);
       if (vit != n.where.end() && vit->second == 0) n.where.erase(vit);
     }
-    t.policy->OnInsert(KeyOf(id), o_.block_bytes);
+    t.policy->OnInsert(KeyOf(id), o_.stored_block_bytes());
     ++t.resident;
     n.where[id] |= Bit(k);
   }
@@ -142,7 +142,7 @@ class Simulator {
     Place(n, 0, id);
     const int through = WriteThroughSlot(0, lowest(), o_.write_policy);
     if (through >= 0) {
-      r_->tiers[TierOf(through)].bytes_written += o_.block_bytes;
+      r_->tiers[TierOf(through)].bytes_written += o_.stored_block_bytes();
       Place(n, through, id);
     }
   }
@@ -232,6 +232,13 @@ class Simulator {
 
 }  // namespace
 
+std::uint64_t SnapshotsPerTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens, int snapshot_every) {
+  if (snapshot_every <= 0 || chunk_tokens == 0) return 1;
+  const std::uint64_t chunks = (block_tokens + chunk_tokens - 1) / chunk_tokens;
+  const auto every = static_cast<std::uint64_t>(snapshot_every);
+  return std::max<std::uint64_t>(1, (chunks + every - 1) / every);
+}
+
 std::string_view ReplayPolicyName(ReplayPolicy p) { return p == ReplayPolicy::kLru ? "lru" : "s3fifo"; }
 std::string_view RoutingName(Routing r) { return r == Routing::kRoundRobin ? "round-robin" : "prefix-affinity"; }
 
@@ -243,12 +250,18 @@ std::uint64_t ReplayResult::bytes_moved() const {
 
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   if (o.tiers.empty()) return Status::InvalidArgument("no tiers to replay into (give --kv-hbm, --kv-host or --kv-nvme)");
-  if (std::all_of(o.tiers.begin(), o.tiers.end(), [&](const TierSpec& t) { return t.capacity_bytes < o.block_bytes; })) {
-    return Status::InvalidArgument(fmt::format(
-        "no tier holds even one {}-byte block: raise --kv-hbm, --kv-host or --kv-nvme", o.block_bytes));
-  }
   if (o.block_tokens == 0) return Status::InvalidArgument("--trace-block-tokens must be positive");
   if (o.block_bytes == 0) return Status::InvalidArgument("the model's KV block size is 0 bytes (a model without MLA layers?)");
+  if (o.snapshot_bytes_per_block > UINT64_MAX / 2 || o.block_bytes > UINT64_MAX / 2) {
+    return Status::InvalidArgument("a block's KV or snapshot bytes are over 2^63");
+  }
+  if (std::all_of(o.tiers.begin(), o.tiers.end(),
+                  [&](const TierSpec& t) { return t.capacity_bytes < o.stored_block_bytes(); })) {
+    return Status::InvalidArgument(fmt::format(
+        "no tier holds even one {}-byte block ({} of KV and {} of KDA snapshots): raise --kv-hbm, --kv-host or "
+        "--kv-nvme",
+        o.stored_block_bytes(), o.block_bytes, o.snapshot_bytes_per_block));
+  }
   if (o.nodes < 1) return Status::InvalidArgument("--nodes must be at least 1");
   if (o.tiers.size() > static_cast<std::size_t>(kMaxTierSlots)) {
     return Status::InvalidArgument(fmt::format("at most {} tiers can be replayed (as a store composes)", kMaxTierSlots));
@@ -263,7 +276,7 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   for (const TierSpec& t : o.tiers) {
     TierReplayStats s;
     s.name = t.name;
-    s.capacity_blocks = t.capacity_bytes / o.block_bytes;
+    s.capacity_blocks = t.capacity_bytes / o.stored_block_bytes();
     r.tiers.push_back(s);
   }
   Simulator sim(o, &r);

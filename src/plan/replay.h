@@ -3,7 +3,10 @@
 // the store's own placement rules (src/store/placement_rules.h: EvictRule, DroppedByMove,
 // WriteThroughSlot). Model (docs/plan.md, "Trace replay"): every node has its own tiers, fastest
 // first; the first tier with room for a block is where compute reads the KV (HBM). A request's
-// prefix hit is the leading run of its hash ids resident anywhere on its node; hit blocks whose
+// prefix hit is the leading run of its hash ids resident anywhere on its node. A block occupies its
+// KV and the KDA snapshots stored at its restore boundaries (a hybrid model's state, often far
+// larger than the KV: ReplayOptions::snapshot_bytes_per_block), which are resident, demoted and
+// evicted with it; hit blocks whose
 // fastest copy is in a lower tier are read over that tier's link and promoted into the first tier
 // (Placement::kExclusive drops the other copies, except the lowest tier's under
 // WritePolicy::kWriteThrough; kInclusive keeps them), the rest of the prompt is recomputed and
@@ -43,9 +46,15 @@ struct TierSpec {
 
 struct ReplayOptions {
   std::uint64_t block_tokens = 512;  // tokens per hash id
-  std::uint64_t block_bytes = 0;     // bytes of one block's KV (> 0)
+  std::uint64_t block_bytes = 0;     // bytes of one block's KV (> 0); read for every hit block
+  // Bytes of the KDA snapshots stored with each block (SnapshotsPerTraceBlock x every KDA layer's
+  // snapshot block; 0 for a model without KDA layers). They take tier capacity with the block's
+  // KV (a tier holds capacity / stored_block_bytes() blocks) and move with it: a demotion or a
+  // write-through copy writes both. Only the snapshot at the prefix's end is read on a restore
+  // (restore_extra_bytes).
+  std::uint64_t snapshot_bytes_per_block = 0;
   // Bytes loaded with every restore besides the KV blocks (the KDA snapshot at the prefix's end),
-  // read from the tier that holds the last hit block. Its capacity is not simulated.
+  // read from the tier that holds the last hit block.
   std::uint64_t restore_extra_bytes = 0;
   std::vector<TierSpec> tiers;       // fastest first, at least one
   ReplayPolicy policy = ReplayPolicy::kLru;
@@ -58,14 +67,24 @@ struct ReplayOptions {
   int nodes = 1;
   Routing routing = Routing::kPrefixAffinity;
   double prefill_tokens_per_s = 0;   // recompute speed of one node (> 0)
+
+  // What one block takes in a tier: its KV and its snapshots.
+  std::uint64_t stored_block_bytes() const { return block_bytes + snapshot_bytes_per_block; }
 };
+
+// KDA snapshots the store keeps per trace block of `block_tokens` tokens, cut into KV chunks of
+// `chunk_tokens` with a snapshot due every `snapshot_every` chunks (kv::KvLayoutOptions; the prefix
+// cache writes one at each due chunk boundary): ceil(chunks per block / snapshot_every), at least 1
+// (a restore at a block's end needs the snapshot there); snapshot_every 0 (only at a request's
+// end) counts 1. Arguments must be positive except snapshot_every.
+std::uint64_t SnapshotsPerTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens, int snapshot_every);
 
 struct TierReplayStats {
   std::string name;
-  std::uint64_t capacity_blocks = 0;  // per node
+  std::uint64_t capacity_blocks = 0;  // per node: capacity / ReplayOptions::stored_block_bytes()
   std::uint64_t hit_blocks = 0;       // prefix blocks found in this tier
   std::uint64_t bytes_read = 0;       // restores out of this tier (0 for tier 0)
-  std::uint64_t bytes_written = 0;    // demotions (and write-through copies) into this tier
+  std::uint64_t bytes_written = 0;    // demotions (and write-through copies) into this tier, snapshots included
   std::uint64_t evictions = 0;        // blocks this tier's policy gave up
 };
 
@@ -90,7 +109,8 @@ struct ReplayResult {
   std::uint64_t bytes_moved() const;  // all reads and demotion writes
 };
 
-// InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block,
+// InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block
+// (stored_block_bytes()),
 // more tiers than a store composes (kMaxTierSlots),
 // zero block bytes or tokens,
 // nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.

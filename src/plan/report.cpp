@@ -15,6 +15,44 @@ namespace {
 
 using json = nlohmann::json;
 
+// Every read of the run's JSON goes through these (or checks the type first): the JSON is whatever
+// the file holds, and nlohmann's value() and operator[] throw on a value of another type.
+// `key` of `j` when it is an array (an empty one when `j` is not an object or lacks it).
+const json& Arr(const json& j, const char* key) {
+  static const json empty = json::array();
+  auto it = j.find(key);  // find on a non-object finds nothing
+  return it != j.end() && it->is_array() ? *it : empty;
+}
+
+// `key` of `j` when it is an object (an empty one otherwise).
+const json& Obj(const json& j, const char* key) {
+  static const json empty = json::object();
+  auto it = j.find(key);  // find on a non-object finds nothing
+  return it != j.end() && it->is_object() ? *it : empty;
+}
+
+// `key` of `j` whatever its type, for Cell (0 when `j` is not an object or lacks it).
+const json& Field(const json& j, const char* key) {
+  static const json zero = 0;
+  auto it = j.find(key);
+  return it != j.end() ? *it : zero;
+}
+
+// A visible note where part of the run's JSON is missing or malformed, naming the key: the page says
+// what it left out and why instead of drawing zeros.
+void Skipped(std::string* body, std::string_view what, std::string_view why) {
+  *body += fmt::format("<p class=\"skipped\">Not charted: {} ({}).</p>", XmlEscape(what), XmlEscape(why));
+}
+
+// Where `j` has `key` but not as an object: a note naming it (`what` is the part of the page).
+// True when the part can be drawn (an object, or absent: drawn from zeros as before).
+bool CheckObject(const json& j, const char* key, std::string_view what, std::string* body) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_object()) return true;
+  Skipped(body, what, fmt::format("{} is not an object", key));
+  return false;
+}
+
 double Num(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
@@ -81,15 +119,17 @@ std::string WithUnit(const std::string& key, const json& v) {
 }
 
 void PlanSections(const json& j, Report* r, std::string* body) {
-  const json& m = j.value("memory", json::object());
-  r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(j.value("hardware", json::object()), "name"));
-  const json& w = j.value("workload", json::object());
+  const json& m = Obj(j, "memory");
+  r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(Obj(j, "hardware"), "name"));
+  const json& w = Obj(j, "workload");
+  CheckObject(j, "workload", "the workload", body);
   *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {} requests/s, {} tokens of context, "
                        "{} decoded tokens per request, {} concurrent sequences, {} of the prompt a reused prefix.</p>",
-                       XmlEscape(Str(j, "kv_codec")), XmlEscape(Str(j, "state_codec")), Cell(w.value("rate_rps", json(0))),
-                       Cell(w.value("context_tokens", json(0))), Cell(w.value("decode_tokens", json(0))),
-                       Cell(w.value("concurrency", json(0))), P(Num(w, "prefix_reuse")));
+                       XmlEscape(Str(j, "kv_codec")), XmlEscape(Str(j, "state_codec")), Cell(Field(w, "rate_rps")),
+                       Cell(Field(w, "context_tokens")), Cell(Field(w, "decode_tokens")),
+                       Cell(Field(w, "concurrency")), P(Num(w, "prefix_reuse")));
   *body += "<h2>Memory per token and per sequence</h2>";
+  CheckObject(j, "memory", "the memory figures", body);
   *body += KeyValueTable({
       {"MLA latents per token", B(Num(m, "mla_bytes_per_token"))},
       {"KDA recurrent state per layer", B(Num(m, "kda_recurrent_bytes_per_layer"))},
@@ -100,7 +140,7 @@ void PlanSections(const json& j, Report* r, std::string* body) {
       {"GQA comparison per token", B(Num(m, "gqa_bytes_per_token"))},
       {"one workload sequence", B(Num(m, "sequence_bytes"))},
   });
-  if (m.contains("curve") && m["curve"].is_array()) {
+  if (!Arr(m, "curve").empty()) {
     LineChart c;
     c.title = "Memory per sequence vs context";
     c.x_label = "context (tokens)";
@@ -116,26 +156,27 @@ void PlanSections(const json& j, Report* r, std::string* body) {
       Series s;
       s.name = name;
       s.dashed = std::string_view(key) == "mla_bytes";
-      for (const auto& p : m["curve"]) s.points.emplace_back(Num(p, "tokens"), Num(p, key));
+      for (const auto& p : Arr(m, "curve")) s.points.emplace_back(Num(p, "tokens"), Num(p, key));
       c.series.push_back(std::move(s));
     }
     r->charts.push_back({"memory-vs-context", RenderSvg(c)});
     *body += r->charts.back().svg;
   }
-  if (j.contains("weights")) {
+  if (j.contains("weights") && CheckObject(j, "weights", "the weights", body)) {
+    const json& wts = Obj(j, "weights");
     *body += "<h2>Weights</h2>";
     std::vector<std::pair<std::string, std::string>> rows;
-    const json comps = j["weights"].value("by_component", json::object());
+    const json& comps = Obj(wts, "by_component");
     for (auto it = comps.begin(); it != comps.end(); ++it) {
       rows.emplace_back(it.key(), B(it->is_number() ? it->get<double>() : 0));
     }
-    rows.emplace_back("total", B(Num(j["weights"], "total_bytes")));
-    rows.emplace_back("resident (all but routed experts)", B(Num(j["weights"], "resident_bytes")));
-    rows.emplace_back("one routed expert", B(Num(j["weights"], "expert_bytes")));
+    rows.emplace_back("total", B(Num(wts, "total_bytes")));
+    rows.emplace_back("resident (all but routed experts)", B(Num(wts, "resident_bytes")));
+    rows.emplace_back("one routed expert", B(Num(wts, "expert_bytes")));
     *body += KeyValueTable(rows);
   }
-  if (j.contains("experts")) {
-    const json& e = j["experts"];
+  if (j.contains("experts") && CheckObject(j, "experts", "the expert cache", body)) {
+    const json& e = Obj(j, "experts");
     *body += "<h2>Expert cache</h2>";
     *body += KeyValueTable({
         {fmt::format("HBM for a {} hit rate", P(Num(e, "hit_target"))), B(Num(e, "bytes_for_target"))},
@@ -156,20 +197,20 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     r->charts.push_back({"stall-per-token", RenderSvg(st)});
     *body += r->charts.back().svg;
   }
-  if (j.contains("tiers") && j["tiers"].is_array()) {
+  if (!Arr(j, "tiers").empty()) {
     *body += "<h2>Tiers</h2><table><thead><tr><th>tier</th><th>capacity</th><th>for KV/state</th><th>sequences</th>"
              "<th>also holds</th></tr></thead><tbody>";
-    for (const auto& t : j["tiers"]) {
+    for (const auto& t : Arr(j, "tiers")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td></tr>", XmlEscape(Str(t, "name")),
-                           B(Num(t, "capacity_bytes")), B(Num(t, "kv_bytes")), Cell(t.value("sequences", json(0))),
+                           B(Num(t, "capacity_bytes")), B(Num(t, "kv_bytes")), Cell(Field(t, "sequences")),
                            B(Num(t, "other_bytes")), XmlEscape(Str(t, "holds")));
     }
     *body += "</tbody></table>";
   }
-  if (j.contains("bandwidth") && j["bandwidth"].is_array()) {
+  if (!Arr(j, "bandwidth").empty()) {
     *body += "<h2>Bandwidth</h2><table><thead><tr><th>link</th><th>required</th><th>available</th><th>use</th>"
              "<th>for</th></tr></thead><tbody>";
-    for (const auto& b : j["bandwidth"]) {
+    for (const auto& b : Arr(j, "bandwidth")) {
       const double u = Num(b, "utilisation");
       *body += fmt::format("<tr><td>{}</td><td>{}/s</td><td>{}/s</td><td class=\"{}\">{}</td><td>{}</td></tr>",
                            XmlEscape(Str(b, "link")), B(Num(b, "required_bytes_per_s")),
@@ -177,19 +218,20 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     }
     *body += "</tbody></table>";
   }
-  if (j.contains("lifecycle") && j["lifecycle"].is_object()) {
+  if (j.contains("lifecycle") && CheckObject(j, "lifecycle", "the lifecycle figures", body)) {
     std::vector<std::pair<std::string, std::string>> rows;
-    for (auto it = j["lifecycle"].begin(); it != j["lifecycle"].end(); ++it) rows.emplace_back(Words(it.key()), WithUnit(it.key(), *it));
+    const json& l = Obj(j, "lifecycle");
+    for (auto it = l.begin(); it != l.end(); ++it) rows.emplace_back(Words(it.key()), WithUnit(it.key(), *it));
     *body += "<h2>Lifecycle</h2>" + KeyValueTable(rows);
   }
-  if (!j.contains("trace")) return;
-  const json& t = j["trace"];
+  if (!j.contains("trace") || !CheckObject(j, "trace", "the trace replay", body)) return;
+  const json& t = Obj(j, "trace");
   *body += fmt::format("<h2>Trace replay: {}</h2><p>{} requests, {} blocks ({} unique) of {} tokens; prefix-hit "
                        "ceiling <b>{}</b>; replayed in {:.2f} s.</p>",
-                       XmlEscape(Str(t, "file")), Cell(t.value("requests", json(0))), Cell(t.value("blocks", json(0))),
-                       Cell(t.value("unique_blocks", json(0))), Cell(t.value("block_tokens", json(0))),
+                       XmlEscape(Str(t, "file")), Cell(Field(t, "requests")), Cell(Field(t, "blocks")),
+                       Cell(Field(t, "unique_blocks")), Cell(Field(t, "block_tokens")),
                        P(Num(t, "prefix_hit_ceiling")), Num(t, "replay_seconds"));
-  if (t.contains("sweep") && t["sweep"].is_array()) {
+  if (!Arr(t, "sweep").empty()) {
     LineChart c;
     c.title = "Prefix hit rate vs cache capacity";
     c.x_label = "capacity (one tier)";
@@ -198,7 +240,7 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     c.x_format = AxisFormat::kBytes;
     c.y_format = AxisFormat::kPercent;
     std::vector<std::string> order;
-    for (const auto& p : t["sweep"]) {
+    for (const auto& p : Arr(t, "sweep")) {
       const std::string pol = Str(p, "policy");
       auto it = std::find(order.begin(), order.end(), pol);
       if (it == order.end()) {
@@ -219,15 +261,15 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     r->charts.push_back({"hit-rate-vs-capacity", RenderSvg(c)});
     *body += r->charts.back().svg;
   }
-  if (t.contains("policies") && t["policies"].is_array() && !t["policies"].empty()) {
+  if (!Arr(t, "policies").empty()) {
     BarChart b;
     b.title = "Prefix hit rate per tier and policy";
     b.y_label = "share of prompt blocks";
     b.y_format = AxisFormat::kPercent;
-    for (const auto& p : t["policies"]) {
+    for (const auto& p : Arr(t, "policies")) {
       b.groups.push_back(Str(p, "policy"));
       std::vector<double> v;
-      for (const auto& tier : p.value("tiers", json::array())) {
+      for (const auto& tier : Arr(p, "tiers")) {
         if (b.groups.size() == 1) b.bars.push_back(Str(tier, "name"));
         v.push_back(Num(tier, "hit_rate"));
       }
@@ -237,18 +279,18 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     *body += r->charts.back().svg;
     *body += "<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT saved per request</th><th>restore wait</th>"
              "<th>slower than recompute</th><th>bytes moved</th></tr></thead><tbody>";
-    for (const auto& p : t["policies"]) {
+    for (const auto& p : Arr(t, "policies")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3g} ms</td><td>{:.3g} s</td><td>{}</td><td>{}</td></tr>",
                            XmlEscape(Str(p, "policy")), P(Num(p, "hit_rate")), 1e3 * Num(p, "ttft_saved_s_per_request"),
-                           Num(p, "queue_wait_s"), Cell(p.value("restores_slower_than_recompute", json(0))),
+                           Num(p, "queue_wait_s"), Cell(Field(p, "restores_slower_than_recompute")),
                            B(Num(p, "bytes_moved")));
     }
     *body += "</tbody></table>";
   }
-  if (t.contains("cluster") && t["cluster"].is_array()) {
+  if (!Arr(t, "cluster").empty()) {
     *body += "<h3>Cluster projection</h3><table><thead><tr><th>routing</th><th>hit rate</th><th>load imbalance</th>"
              "</tr></thead><tbody>";
-    for (const auto& c : t["cluster"]) {
+    for (const auto& c : Arr(t, "cluster")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td></tr>", XmlEscape(Str(c, "routing")),
                            P(Num(c, "hit_rate")), Num(c, "load_imbalance"));
     }
@@ -261,12 +303,6 @@ void PlanSections(const json& j, Report* r, std::string* body) {
 void Add(Report* r, std::string* body, std::string name, std::string svg) {
   r->charts.push_back({std::move(name), std::move(svg)});
   *body += r->charts.back().svg;
-}
-
-const json& Arr(const json& j, const char* key) {
-  static const json empty = json::array();
-  auto it = j.find(key);
-  return it != j.end() && it->is_array() ? *it : empty;
 }
 
 // A chart over the demo's turns (x: turn number in run order, a dot per turn).
@@ -353,6 +389,7 @@ BarChart LoadHistogram(const json& layers, double hot_factor) {
     const double mean = Mean(load);
     if (mean <= 0) continue;
     for (double x : load) {
+      if (!(x >= 0)) continue;  // a negative or NaN load has no bin
       const auto bin = static_cast<std::size_t>(std::min(x / mean / width, 1e6));
       if (counts.size() <= bin) counts.resize(bin + 1);
       counts[bin] += 1;
@@ -369,13 +406,16 @@ BarChart LoadHistogram(const json& layers, double hot_factor) {
 // `terrace demo --json` / DIR/demo-run.json: {"turns": [...], "summary": {"experts": ...}}.
 void DemoSections(const json& j, Report* r, std::string* body) {
   const json& turns = Arr(j, "turns");
-  const json& s = j["summary"];
-  const json& e = s.value("experts", json::object());
-  const json& moved = s.value("bytes_moved", json::object());
-  r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(j.value("model", json::object()), "preset"));
+  const json& s = Obj(j, "summary");
+  const json& e = Obj(s, "experts");
+  const json& moved = Obj(s, "bytes_moved");
+  r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(Obj(j, "model"), "preset"));
+  const json& verified = Field(j, "verified");
   *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
                        "checked against a full recompute with all experts resident and no store: <b>{}</b>.</p>",
-                       j.value("verified", false) ? "bitwise equal" : "NOT EQUAL");
+                       !verified.is_boolean()  ? "not recorded (verified is missing or not true or false)"
+                       : verified.get<bool>() ? "bitwise equal"
+                                              : "NOT EQUAL");
   *body += KeyValueTable({
       {"throughput", fmt::format("{:.1f} tokens/s (decode {:.1f} tokens/s)", Num(s, "tokens_per_s"),
                                  Num(s, "decode_tokens_per_s"))},
@@ -408,14 +448,14 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     for (const char* tier : {"hbm", "host", "nvme"}) {
       Series ser{fmt::format("prefix {}", tier), {}, false};
       for (std::size_t i = 0; i < turns.size(); ++i) {
-        const json& v = turns[i].value("prefix_hit_rate", json::object());
+        const json& v = Obj(turns[i], "prefix_hit_rate");
         if (v.contains(tier) && v[tier].is_number()) ser.points.emplace_back(static_cast<double>(i + 1), v[tier].get<double>());
       }
       if (!ser.points.empty()) h.series.push_back(std::move(ser));
     }
     Series ex{"expert cache (hbm)", {}, false};
     for (std::size_t i = 0; i < turns.size(); ++i) {
-      const json& x = turns[i].value("experts", json::object());
+      const json& x = Obj(turns[i], "experts");
       if (x.contains("hit_rate") && x["hit_rate"].is_number()) ex.points.emplace_back(static_cast<double>(i + 1), x["hit_rate"].get<double>());
     }
     if (!ex.points.empty()) h.series.push_back(std::move(ex));
@@ -426,7 +466,7 @@ void DemoSections(const json& j, Report* r, std::string* body) {
                           "share of the prompt's tokens", AxisFormat::kPercent);
   for (const char* tier : {"hbm", "host", "nvme"}) h.series.push_back({tier, {}, false});
   for (std::size_t i = 0; i < turns.size(); ++i) {
-    const json& rb = turns[i].value("restore_bytes", json::object());
+    const json& rb = Obj(turns[i], "restore_bytes");
     const double all = Num(rb, "hbm") + Num(rb, "host") + Num(rb, "nvme");
     const double share = Num(turns[i], "prompt_tokens") > 0 ? Num(turns[i], "restored_tokens") / Num(turns[i], "prompt_tokens") : 0;
     for (auto& ser : h.series)
@@ -440,7 +480,7 @@ void DemoSections(const json& j, Report* r, std::string* body) {
                              "milliseconds per token");
     Series pre{"prompt token (prefill)", {}, false}, dec{"decode step", {}, false};
     for (std::size_t i = 0; i < turns.size(); ++i) {
-      const json& x = turns[i].value("experts", json::object());
+      const json& x = Obj(turns[i], "experts");
       if (Num(turns[i], "computed_tokens") > 0) pre.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_prefill_token"));
       dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_decode_token"));
     }
@@ -540,18 +580,6 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   }
 }
 
-const json& Obj(const json& j, const char* key) {
-  static const json empty = json::object();
-  auto it = j.find(key);  // find on a non-object finds nothing
-  return it != j.end() && it->is_object() ? *it : empty;
-}
-
-// A visible note where part of the run's JSON is missing or malformed, naming the key: the page says
-// what it left out and why instead of drawing zeros.
-void Skipped(std::string* body, std::string_view what, std::string_view why) {
-  *body += fmt::format("<p class=\"skipped\">Not charted: {} ({}).</p>", XmlEscape(what), XmlEscape(why));
-}
-
 constexpr const char* kTiers[] = {"hbm", "host", "nvme"};
 
 // "hbm 0 B, host 2.2 MiB, nvme 2.2 MiB": the bytes of a `*_by_tier` object.
@@ -566,7 +594,7 @@ std::string TierShareText(const json& j) {
   const json& h = Obj(j, "hit_rate_by_tier");
   std::vector<std::string> parts;
   for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, P(Num(h, tier))));
-  return fmt::format("{} of {} blocks", fmt::join(parts, ", "), Cell(j.value("blocks_requested", json(0))));
+  return fmt::format("{} of {} blocks", fmt::join(parts, ", "), Cell(Field(j, "blocks_requested")));
 }
 
 // Adds `b` (its titles and x label set) as stacked bars, one per row of `rows` (labelled by `label`):
@@ -692,8 +720,8 @@ void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
   const double restored = Num(mt, "restored_tokens"), computed = Num(mt, "computed_tokens");
   *body += KeyValueTable({
       {"workload", fmt::format("{} conversations x {} turns, a {}-token system prompt, {} new tokens per turn",
-                               Cell(mt.value("conversations", json(0))), Cell(mt.value("turns", json(0))),
-                               Cell(mt.value("system_tokens", json(0))), Cell(mt.value("user_tokens", json(0))))},
+                               Cell(Field(mt, "conversations")), Cell(Field(mt, "turns")),
+                               Cell(Field(mt, "system_tokens")), Cell(Field(mt, "user_tokens")))},
       {"prompt tokens", fmt::format("{:.0f} restored, {:.0f} computed ({} restored)", restored, computed,
                                     P(restored + computed > 0 ? restored / (restored + computed) : 0))},
       {"time", fmt::format("TTFT summed over the turns {:.3g} s; the part, flushes included, {:.3g} s",
@@ -701,7 +729,7 @@ void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
       {"blocks restored", TierShareText(mt)},
       {"bytes read", TierBytes(Obj(mt, "bytes_read_by_tier"))},
       {"bytes written", TierBytes(Obj(mt, "bytes_written_by_tier"))},
-      {"write failures", Cell(mt.value("write_failures", json(0)))},
+      {"write failures", Cell(Field(mt, "write_failures"))},
   });
   if (rows.empty()) return Skipped(body, "the multi-turn charts", "multi_turn.rows is missing or empty");
   // One group per turn, in the order played (tN cM: turn N of conversation M).
@@ -760,7 +788,7 @@ void BenchKvSections(const json& j, Report* r, std::string* body) {
   r->title = Arr(j, "rows").empty() ? fmt::format("Terrace bench kv: {}", Str(j, "model"))
                                     : fmt::format("Terrace bench kv: {} from {}", Str(j, "model"), Str(j, "tier"));
   *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>, {}-token chunks.</p>", XmlEscape(Str(j, "kv_codec")),
-                       XmlEscape(Str(j, "state_codec")), Cell(j.value("chunk_tokens", json(0))));
+                       XmlEscape(Str(j, "state_codec")), Cell(Field(j, "chunk_tokens")));
   BenchKvRows(j, r, body);
   BenchKvMultiTurn(j, r, body);
   BenchKvCodecs(j, r, body);
@@ -809,12 +837,12 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
   r->title = fmt::format("Terrace bench tiers: {} {} of {} blocks", Str(j, "tier"), Str(j, "op"),
                          B(Num(j, "block_size")));
   *body += fmt::format("<p>{} at queue depth {}, {} thread(s), batch {}; {}.</p>", B(Num(j, "total_bytes")),
-                       Cell(j.value("queue_depth", json(0))), Cell(j.value("threads", json(0))),
-                       Cell(j.value("batch", json(0))), XmlEscape(Str(j, "detail")));
+                       Cell(Field(j, "queue_depth")), Cell(Field(j, "threads")),
+                       Cell(Field(j, "batch")), XmlEscape(Str(j, "detail")));
   BarChart t;
   t.title = "Throughput per pass";
   t.subtitle = fmt::format("{} passes after {} warm-up; dashed: the reported figure{}", Arr(j, "passes_mb_per_s").size(),
-                           Cell(j.value("warmup", json(0))), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
+                           Cell(Field(j, "warmup")), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
   t.x_label = "pass";
   t.y_label = "MB/s";
   t.bars = {"MB/s"};
@@ -842,7 +870,7 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
 
 // `terrace bench store --json`: one object of `<path>_mb_per_s` figures (puts and gets by tier).
 void BenchStoreSections(const json& j, Report* r, std::string* body) {
-  r->title = fmt::format("Terrace bench store: {} blocks of {}", Cell(j.value("blocks", json(0))), B(Num(j, "block_size")));
+  r->title = fmt::format("Terrace bench store: {} blocks of {}", Cell(Field(j, "blocks")), B(Num(j, "block_size")));
   BarChart b;
   b.title = "Store throughput by path";
   b.subtitle = "each figure's JSON key without _mb_per_s; the tier's raw rate next to the store's";

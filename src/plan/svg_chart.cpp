@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include <fmt/format.h>
@@ -161,16 +162,54 @@ std::string ValueLabel(double v, AxisFormat f) {
 }  // namespace
 
 std::string XmlEscape(std::string_view text) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
   std::string out;
   out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&quot;"; break;
+        case '\'': out += "&#39;"; break;
+        case '\t': case '\n': case '\r': out += static_cast<char>(c); break;
+        default:
+          // XML 1.0 has no other control characters, not even as character references.
+          if (c < 0x20) {
+            out += kReplacement;
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: copied when well-formed (shortest form, no surrogate, at most U+10FFFF);
+    // otherwise its first byte becomes U+FFFD and the next byte is looked at afresh.
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    std::uint32_t cp = len == 4 ? c & 0x07u : len == 3 ? c & 0x0Fu : c & 0x1Fu;
+    bool ok = len > 0 && c <= 0xF4 && i + len <= text.size();
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(text[i + k]);
+      ok = (cc & 0xC0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3Fu);
+    }
+    constexpr std::uint32_t kMinOfLength[5] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= kMinOfLength[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (ok) {
+      // U+FFFE and U+FFFF are well-formed UTF-8 but no XML characters: one U+FFFD for the sequence.
+      if (cp == 0xFFFE || cp == 0xFFFF) {
+        out += kReplacement;
+      } else {
+        out.append(text.substr(i, len));
+      }
+      i += len;
+    } else {
+      out += kReplacement;
+      ++i;
     }
   }
   return out;

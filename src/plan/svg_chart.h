@@ -50,7 +50,9 @@ inline constexpr int kChartWidth = 720, kChartHeight = 380;
 std::string RenderSvg(const LineChart& chart);
 std::string RenderSvg(const BarChart& chart);
 std::string FormatAxisValue(double v, AxisFormat f);
-// Escapes & < > " ' for XML text and attributes.
+// Text for XML text and attributes, always well-formed: escapes & < > " ', and writes U+FFFD for
+// what XML 1.0 cannot hold (control characters other than tab, newline and carriage return; each
+// byte of text that is not UTF-8; U+FFFE and U+FFFF).
 std::string XmlEscape(std::string_view text);
 
 }  // namespace terrace::plan

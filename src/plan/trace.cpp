@@ -1,11 +1,14 @@
 #include "src/plan/trace.h"
 
+#include <bit>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "src/common/json_unique.h"
 
 namespace terrace::plan {
 namespace {
@@ -16,8 +19,14 @@ Status LineError(std::string_view source, std::size_t line, std::string_view wha
   return Status::InvalidArgument(fmt::format("{}:{}: {}", source, line, what));
 }
 
+// "4294967296 (2^32)" for a power of two, else the number.
+std::string LimitText(std::uint64_t max) {
+  if (max != 0 && (max & (max - 1)) == 0) return fmt::format("{} (2^{})", max, std::countr_zero(max));
+  return std::to_string(max);
+}
+
 // A JSON number that is a whole non-negative integer <= max (floats with no fraction are accepted:
-// some tools write 1.0 for timestamps).
+// some tools write 1.0 for timestamps; -0 and -0.0 are 0).
 Result<std::uint64_t> ReadCount(const json& obj, const char* key, std::uint64_t max, std::string_view source,
                                 std::size_t line) {
   auto it = obj.find(key);
@@ -25,29 +34,44 @@ Result<std::uint64_t> ReadCount(const json& obj, const char* key, std::uint64_t 
     return LineError(source, line, fmt::format("missing \"{}\" (every line needs timestamp, input_length, "
                                                "output_length and hash_ids)", key));
   }
+  auto over = [&](auto v) {
+    return LineError(source, line, fmt::format("\"{}\" is {}, over the limit {}", key, v, LimitText(max)));
+  };
   std::uint64_t v = 0;
   if (it->is_number_unsigned()) {
     v = it->get<std::uint64_t>();
   } else if (it->is_number_integer()) {
-    return LineError(source, line, fmt::format("\"{}\" is negative ({})", key, it->get<std::int64_t>()));
+    const auto i = it->get<std::int64_t>();
+    if (i < 0) return LineError(source, line, fmt::format("\"{}\" is negative ({})", key, i));
+    v = static_cast<std::uint64_t>(i);  // -0: nlohmann reads it as a signed 0
   } else if (it->is_number_float()) {
     const double d = it->get<double>();
-    if (!(d >= 0.0) || d > static_cast<double>(max) || d != static_cast<double>(static_cast<std::uint64_t>(d))) {
+    // A whole number too large for an integer (99999999999999999999999) is read as a float.
+    if (d > static_cast<double>(max)) return over(d);
+    if (!(d >= 0.0) || d != static_cast<double>(static_cast<std::uint64_t>(d))) {
       return LineError(source, line, fmt::format("\"{}\" must be a non-negative whole number, got {}", key, d));
     }
     v = static_cast<std::uint64_t>(d);
   } else {
     return LineError(source, line, fmt::format("\"{}\" must be a number, got {}", key, it->type_name()));
   }
-  if (v > max) return LineError(source, line, fmt::format("\"{}\" is {}, over the limit {}", key, v, max));
+  if (v > max) return over(v);
   return v;
 }
 
 }  // namespace
 
 Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view source, std::size_t line_number) {
-  json obj = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (obj.is_discarded()) return LineError(source, line_number, "not valid JSON (expected one request object per line)");
+  JsonParseError error = JsonParseError::kNone;
+  auto parsed = ParseJsonUniqueKeys(line, &error);
+  if (!parsed.ok()) {
+    // A repeated key is refused, not read last-wins: which value the writer meant is unknown.
+    return LineError(source, line_number,
+                     error == JsonParseError::kSyntax
+                         ? fmt::format("{} (expected one request object per line)", parsed.status().message())
+                         : parsed.status().message());
+  }
+  const json& obj = *parsed;
   if (!obj.is_object()) {
     return LineError(source, line_number, fmt::format("expected a JSON object, got {}", obj.type_name()));
   }
@@ -67,6 +91,10 @@ Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view sour
   r.hash_ids.reserve(it->size());
   for (std::size_t i = 0; i < it->size(); ++i) {
     const json& id = (*it)[i];
+    if (id.is_number_integer() && !id.is_number_unsigned() && id.get<std::int64_t>() == 0) {
+      r.hash_ids.push_back(0);  // -0
+      continue;
+    }
     if (!id.is_number_unsigned()) {
       return LineError(source, line_number,
                        fmt::format("\"hash_ids\"[{}] must be a non-negative integer, got {}", i, id.dump()));

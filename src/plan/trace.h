@@ -30,9 +30,10 @@ inline constexpr std::uint64_t kMaxTraceTokens = 1ull << 32;     // input_length
 inline constexpr std::size_t kMaxTraceBlocksPerRequest = 1u << 22;
 
 // Parses one line (without its newline). InvalidArgument naming `source`:`line_number` and the key
-// on: not a JSON object, a missing or non-integer or negative field, a hash id that is not a
-// non-negative integer, a value over the limits above. Keys other than the four are ignored (other
-// tools add e.g. session ids).
+// on: not a JSON object, a key repeated in the object (not read last-wins), a missing or
+// non-integer or negative field, a hash id that is not a non-negative integer, a value over the
+// limits above. -0 reads as 0. Keys other than the four are ignored (other tools add e.g. session
+// ids).
 Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view source, std::size_t line_number);
 // Parses a whole file's text. Blank lines are skipped. Timestamps must not decrease (InvalidArgument
 // naming the line). An empty trace is InvalidArgument.

@@ -78,12 +78,16 @@ Result<Trace> GenerateTrace(const TraceGenOptions& o) {
     }
     for (int t = 0; t < turns; ++t) {
       for (int b = 0; b < o.turn_blocks; ++b) prompt.push_back(next_id++);
+      const auto short_tokens = static_cast<std::uint64_t>(short_by(rng));
       TraceRequest r;
       r.hash_ids = prompt;
-      r.input_length = prompt.size() * static_cast<std::uint64_t>(o.block_tokens) -
-                       static_cast<std::uint64_t>(short_by(rng));
+      r.input_length = prompt.size() * static_cast<std::uint64_t>(o.block_tokens) - short_tokens;
       r.output_length = static_cast<std::uint64_t>(out_len(rng));
       all.push_back({start_s * 1000.0 + t * o.think_ms, order++, std::move(r)});
+      // Only full blocks are shared: the next turn's prompt continues this one's text, so where
+      // this prompt's last block is partial, the next prompt's block there holds more tokens and
+      // is another block, with a fresh id (hash ids chain full blocks, as Mooncake's do).
+      if (short_tokens > 0 && t + 1 < turns) prompt.back() = next_id++;
     }
     start_s += gap(rng);
   }
@@ -108,11 +112,14 @@ double ExpectedPrefixCeiling(const TraceGenOptions& o) {
   for (double p : w) distinct += 1.0 - std::pow(1.0 - p, s);
   const double p_seen = (s - distinct) / s;  // a session's prefix was drawn by an earlier session
   const double L = o.prefix_blocks, u = o.turn_blocks;
+  // A prompt's last block is partial (short by 1..block-1 tokens) with this probability; the next
+  // turn then shares all but that block of the previous prompt.
+  const double p_partial = static_cast<double>(o.block_tokens - 1) / o.block_tokens;
   double hits = 0, blocks = 0;
   for (int turns : sessions) {
     for (int t = 1; t <= turns; ++t) {
       blocks += L + t * u;
-      hits += t == 1 ? L * p_seen : L + (t - 1) * u;
+      hits += t == 1 ? L * p_seen : L + (t - 1) * u - p_partial;
     }
   }
   return blocks > 0 ? hits / blocks : 0.0;

@@ -3,7 +3,9 @@
 //
 // Each session draws one shared prefix (prefix_blocks blocks, `prefixes` of them, prefix i chosen
 // with probability ~ 1/(i+1)^zipf) and has `turns` turns; turn t's prompt is the shared prefix then
-// t * turn_blocks session blocks (the previous turn's prompt plus turn_blocks new ones). Sessions
+// t * turn_blocks session blocks: the previous turn's prompt plus turn_blocks new ones, except that
+// the previous prompt's last block, when partial (its length is a random 0..block-1 tokens short of
+// full blocks), is a new block too (hash ids name full blocks, chained, as in Mooncake's traces). Sessions
 // start as a Poisson process at rate / turns per second (about `rate` requests per second); turn t comes think_ms after
 // turn t-1. Pure; thread-safe.
 #pragma once
@@ -34,7 +36,7 @@ Status ValidateTraceGenOptions(const TraceGenOptions& options);
 Result<Trace> GenerateTrace(const TraceGenOptions& options);
 // The expected prefix-hit ceiling (trace.h's ComputePrefixCeiling) of GenerateTrace(options) over
 // the seed: a session's first turn hits its shared prefix unless it is the first session to draw
-// it; later turns hit all of the previous turn's prompt.
+// it; later turns hit the previous turn's prompt but for its last block when that was partial.
 double ExpectedPrefixCeiling(const TraceGenOptions& options);
 
 }  // namespace terrace::plan

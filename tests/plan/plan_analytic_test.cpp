@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "src/plan/analytic.h"
 #include "src/plan/hardware.h"
@@ -140,8 +141,8 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
   REQUIRE(h.ok());
   CHECK(h->gpus == 4);
   CHECK(h->host_bytes == 1000u);
-  CHECK(h->hbm_bytes_per_gpu == 80'000'000'000ull);
-  CHECK(h->hbm_bytes() == 4 * 80'000'000'000ull);
+  CHECK(h->hbm_bytes_per_gpu == 81'559ull << 20);
+  CHECK(h->hbm_bytes() == 4 * (81'559ull << 20));
   auto bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_gb": 3})", "my.json");
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("my.json") && Catch::Contains("hbm_gb"));
@@ -159,10 +160,56 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
   bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_bytes_per_gpu": 3e18, "gpus": 8})", "my.json");
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("hbm_bytes_per_gpu") && Catch::Contains("2^64"));
+  // A rate past any node (1e308 would be inf once multiplied by the GPUs: a decode speed of 0) is
+  // refused naming the key; a number no double holds is named as out of range, not "not an object".
+  for (const char* key : {"hbm_bandwidth_per_gpu", "pcie_bandwidth_per_gpu", "nvme_read_bandwidth",
+                          "nvme_write_bandwidth", "gpu_flops_per_gpu"}) {
+    bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 1e308}})", key), "my.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("1e+308"));
+  }
+  bad = ParseHardwareJson(R"({"base": "h200-gen5", "host_bytes": 1e30})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("host_bytes") && Catch::Contains("2^62"));
+  bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_bandwidth_per_gpu": 1e400})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json") && Catch::Contains("out of range") &&
+                                         Catch::Contains("1e400") && !Catch::Contains("not a JSON object"));
+  bad = ParseHardwareJson(R"({"base": "h200-gen5", "gpus": 4, "gpus": 8})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json") && Catch::Contains("duplicate key \"gpus\""));
+  bad = ParseHardwareJson("[1]", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("not a JSON object"));
   auto round = ParseHardwareJson(HardwareToJson(*HardwarePreset("h200-gen5")), "x");
   REQUIRE(round.ok());
   CHECK(round->pcie_bandwidth_per_gpu == 55e9);
   CHECK_FALSE(HardwarePreset("a100").ok());
+}
+
+TEST_CASE("HBM presets are the driver's total per GPU in MiB (nvidia-smi), not the data sheet's GB") {
+  // nvidia-smi --query-gpu=memory.total: 143771 MiB on an H200, 81559 MiB on an H100 80GB SXM.
+  auto h200 = HardwarePreset("h200-gen5");
+  auto h100 = HardwarePreset("h100-gen4");
+  REQUIRE(h200.ok());
+  REQUIRE(h100.ok());
+  CHECK(h200->hbm_bytes_per_gpu == 143'771ull * 1024 * 1024);
+  CHECK(h100->hbm_bytes_per_gpu == 81'559ull * 1024 * 1024);
+  CHECK(h200->hbm_bytes() == 8 * 143'771ull * 1024 * 1024);
+  // The plan's HBM tier is what the preset says.
+  CHECK(K3Plan().tiers[0].capacity_bytes == 8 * 143'771ull * 1024 * 1024);
+}
+
+TEST_CASE("Hardware JSON without a name or base takes its path as the name; HardwareToJson survives a non-UTF-8 one") {
+  auto preset = HardwarePreset("h100-gen4");
+  REQUIRE(preset.ok());
+  nlohmann::json j = nlohmann::json::parse(HardwareToJson(*preset));
+  j.erase("name");
+  auto h = ParseHardwareJson(j.dump(), "s\xe9.json");
+  REQUIRE(h.ok());
+  CHECK(h->name == "s\xe9.json");
+  const std::string text = HardwareToJson(*h);  // threw type_error.316 before
+  CHECK_THAT(text, Catch::Contains("\"name\":\"s\xef\xbf\xbd.json\""));
 }
 
 TEST_CASE("Routing FLOPs come from the router gate tensors: 2 x experts x hidden per MoE layer") {

@@ -277,3 +277,48 @@ TEST_CASE("Exclusive write-through: a promotion keeps the lowest tier's copy, as
   CHECK(r->tiers[1].bytes_written == 200);
   CHECK(r->tiers[0].evictions == 3);
 }
+
+TEST_CASE("KDA snapshots take tier room with their block and move with it; a restore reads one, by hand") {
+  // Blocks of 100 B of KV and 300 B of snapshots: hbm 800 B holds 2 blocks (8 of KV alone), host
+  // 800 B holds 2. The same trace as "Two tiers" above, hbm 1 block (400 B) and host 2 (800 B):
+  // demotions write KV and snapshots (3 x 400 B); the restore reads block 1's KV (100 B) and the
+  // one snapshot at the prefix's end (restore_extra_bytes, 50 B), not the blocks' 300 B.
+  const Trace t = Make({{1, 2}, {1, 2}});
+  ReplayOptions o = OneTier(1);
+  o.snapshot_bytes_per_block = 300;
+  o.restore_extra_bytes = 50;
+  o.tiers = {{"hbm", 400, 0}, {"host", 800, 100.0}};
+  REQUIRE(o.stored_block_bytes() == 400);
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->tiers[0].capacity_blocks == 1);
+  CHECK(r->tiers[1].capacity_blocks == 2);
+  CHECK(r->tiers[1].hit_blocks == 1);
+  CHECK(r->tiers[0].hit_blocks == 1);
+  CHECK(r->tiers[1].bytes_written == 3 * 400);
+  // Block 2's fastest copy is in hbm, so the prefix's end is read from there: no snapshot over the link.
+  CHECK(r->tiers[1].bytes_read == 100);
+  // With room for 8 blocks of KV but 2 with snapshots, LRU on [1] [2] [3] [1] misses r4's block.
+  ReplayOptions small = OneTier(8);
+  small.snapshot_bytes_per_block = 300;
+  auto s = Replay(Make({{1}, {2}, {3}, {1}}), small);
+  REQUIRE(s.ok());
+  CHECK(s->tiers[0].capacity_blocks == 2);
+  CHECK(s->hit_blocks == 0);
+  CHECK(Replay(Make({{1}, {2}, {3}, {1}}), OneTier(8))->hit_blocks == 1);  // KV alone: a hit
+  // A tier below one block with its snapshots holds none.
+  small.tiers = {{"hbm", 399, 0}};
+  auto none = Replay(Make({{1}}), small);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(none.status().message(), Catch::Contains("400-byte block") && Catch::Contains("--kv-hbm"));
+}
+
+TEST_CASE("Snapshots per trace block: one per due chunk boundary, at least the one at the block's end") {
+  CHECK(SnapshotsPerTraceBlock(512, 256, 1) == 2);
+  CHECK(SnapshotsPerTraceBlock(512, 512, 1) == 1);
+  CHECK(SnapshotsPerTraceBlock(512, 1024, 1) == 1);
+  CHECK(SnapshotsPerTraceBlock(512, 100, 1) == 6);
+  CHECK(SnapshotsPerTraceBlock(512, 100, 2) == 3);
+  CHECK(SnapshotsPerTraceBlock(512, 256, 4) == 1);
+  CHECK(SnapshotsPerTraceBlock(512, 256, 0) == 1);  // only at a request's end
+}

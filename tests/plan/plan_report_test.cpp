@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -270,4 +271,105 @@ TEST_CASE("Report: bench kv's per-tier lines name every tier with its own value"
   REQUIRE(r.ok());
   CHECK(r->html.find("hbm 25.0%, host 50.0%, nvme 12.5% of 8 blocks") != std::string::npos);
   CHECK(r->html.find("hbm 1 KiB, host 2 KiB, nvme 3 KiB") != std::string::npos);
+}
+
+namespace {
+// Well-formed XML text as far as characters go: valid UTF-8, and no control character XML 1.0
+// cannot hold (tab, newline and carriage return are allowed).
+bool XmlChars(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return false;
+      ++i;
+      continue;
+    }
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+    if (len == 0 || c > 0xF4 || i + len > s.size()) return false;
+    for (std::size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += len;
+  }
+  return true;
+}
+
+// Every object and array inside `j`, by JSON pointer.
+void Containers(const nlohmann::json& j, const nlohmann::json::json_pointer& at,
+                std::vector<nlohmann::json::json_pointer>* out) {
+  if (!j.is_structured()) return;
+  if (!at.empty()) out->push_back(at);
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) Containers(*it, at / it.key(), out);
+  } else {
+    for (std::size_t i = 0; i < j.size(); ++i) Containers(j[i], at / i, out);
+  }
+}
+
+const char* kDemoRun = R"({"model": {"preset": "k3-toy"}, "verified": true,
+  "turns": [{"ttft_s": 0.1, "ttft_recompute_s": 0.2, "prompt_tokens": 100, "restored_tokens": 50,
+             "computed_tokens": 50, "prefix_hit_rate": {"hbm": 0.5, "host": 0.25},
+             "restore_bytes": {"hbm": 10, "host": 20, "nvme": 0},
+             "experts": {"hit_rate": 0.9, "stall_s_per_prefill_token": 0.001, "stall_s_per_decode_token": 0.002}}],
+  "summary": {"tokens_per_s": 10, "bytes_moved": {"prefix_restored": 5},
+              "experts": {"hit_rate": 0.8, "hot_factor": 2,
+                          "layers": [{"layer": 1, "expert_load": [1, 5, 2], "hot_experts": [1],
+                                      "prefetch_precision": 0.5}]}}})";
+}  // namespace
+
+TEST_CASE("Report: wrongly typed parts of a recognised run render with a note, never an error") {
+  // The reviewer's cases: nlohmann's value() threw type_error on each (exit 1, "internal error").
+  struct Case {
+    const char* json;
+    const char* note;  // on the page, or "" where the part is drawn from what is there
+  };
+  for (const Case& c : {Case{R"({"kind": "plan", "workload": 5})", "Not charted: the workload (workload is not an object)"},
+                        Case{R"({"kind": "plan", "weights": [1]})", "Not charted: the weights (weights is not an object)"},
+                        Case{R"({"kind": "plan", "trace": 5})", "Not charted: the trace replay (trace is not an object)"},
+                        Case{R"({"kind": "plan", "memory": "x", "experts": 1, "lifecycle": [2]})",
+                             "Not charted: the expert cache (experts is not an object)"},
+                        Case{R"({"turns": [], "summary": {}, "verified": "yes"})",
+                             "not recorded (verified is missing or not true or false)"},
+                        Case{R"({"turns": [5, "x"], "summary": {"experts": 3}, "model": 1})", ""}}) {
+    INFO(c.json);
+    Result<Report> r = Status::Internal("not run");
+    REQUIRE_NOTHROW(r = RenderReport(c.json, "bad.json"));
+    REQUIRE(r.ok());
+    if (*c.note != '\0') CHECK(r->html.find(c.note) != std::string::npos);
+    CHECK(XmlChars(r->html));
+  }
+  // Systematically: each object or array of a plan and of a demo run replaced by each other type.
+  for (const char* run : {kRun, kDemoRun}) {
+    const nlohmann::json base = nlohmann::json::parse(run);
+    std::vector<nlohmann::json::json_pointer> at;
+    Containers(base, nlohmann::json::json_pointer(), &at);
+    REQUIRE(at.size() > 5);
+    for (const auto& p : at) {
+      for (const nlohmann::json& other : {nlohmann::json(5), nlohmann::json("x"), nlohmann::json::array({1}),
+                                          nlohmann::json::object(), nlohmann::json(nullptr), nlohmann::json(true)}) {
+        nlohmann::json j = base;
+        j[p] = other;
+        INFO(p.to_string() << " = " << other.dump());
+        Result<Report> r = Status::Internal("not run");
+        REQUIRE_NOTHROW(r = RenderReport(j.dump(), "mutated.json"));
+        CHECK(r.ok());
+      }
+    }
+  }
+}
+
+TEST_CASE("XmlEscape keeps the page well-formed: control characters and bytes that are not UTF-8 become U+FFFD") {
+  CHECK(XmlEscape("a\x01" "b\x1f" "c") == "a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c");
+  CHECK(XmlEscape("tab\tnl\ncr\r") == "tab\tnl\ncr\r");
+  CHECK(XmlEscape("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80") == "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  CHECK(XmlEscape("s\xE9.json") == "s\xEF\xBF\xBD.json");  // Latin-1, not UTF-8
+  CHECK(XmlEscape("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong '/'
+  CHECK(XmlEscape("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  CHECK(XmlEscape("\xEF\xBF\xBE") == "\xEF\xBF\xBD");  // U+FFFE is no XML character
+  CHECK(XmlEscape("\xE2\x82") == "\xEF\xBF\xBD\xEF\xBF\xBD");  // cut short
+  // Through a whole report: a control character in a JSON string (\u0001) and a source path that
+  // is not UTF-8.
+  auto r = RenderReport(R"({"kind": "plan", "model": "m\u0001x", "hardware": {"name": "h\u001b"}})", "r\xE9.json");
+  REQUIRE(r.ok());
+  CHECK(XmlChars(r->html));
+  CHECK(r->html.find("m\xEF\xBF\xBDx") != std::string::npos);
 }

@@ -1,6 +1,8 @@
 // The Mooncake trace parser, the prefix-hit ceiling and the synthetic trace generator.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include <catch2/catch.hpp>
 
@@ -56,6 +58,13 @@ TEST_CASE("Parser errors name the file, the line and the field") {
       {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": 5})", "must be a list"},
       {R"({"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, -2]})", "\"hash_ids\"[1]"},
       {R"({"timestamp": 1, "input_length": 99999999999, "output_length": 1, "hash_ids": []})", "over the limit"},
+      // A whole number too large for an integer parses as a float: still named as over the limit.
+      {R"({"timestamp": 1, "input_length": 99999999999999999999999, "output_length": 1, "hash_ids": []})",
+       "\"input_length\" is 1e+23, over the limit 4294967296 (2^32)"},
+      // A repeated key is refused (nlohmann alone keeps the last value: 5 tokens, not 1000).
+      {R"({"timestamp": 1, "input_length": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]})",
+       "duplicate key \"input_length\""},
+      {R"({"timestamp": 1, "input_length": 1e400, "output_length": 1, "hash_ids": []})", "out of range"},
   };
   for (const Case& c : cases) {
     auto t = ParseTrace(good + good + c.line + "\n", "bad.jsonl");
@@ -70,6 +79,14 @@ TEST_CASE("Parser errors name the file, the line and the field") {
   auto empty = ParseTrace("\n\n", "e.jsonl");
   REQUIRE_FALSE(empty.ok());
   CHECK_THAT(empty.status().message(), Catch::Contains("empty"));
+}
+
+TEST_CASE("-0 reads as 0 (a timestamp, a length, a hash id)") {
+  auto t = ParseTrace(R"({"timestamp": -0, "input_length": 5, "output_length": -0.0, "hash_ids": [-0]})", "z.jsonl");
+  REQUIRE(t.ok());
+  CHECK(t->requests[0].timestamp_ms == 0);
+  CHECK(t->requests[0].output_length == 0);
+  CHECK(t->requests[0].hash_ids == std::vector<std::uint64_t>{0});
 }
 
 TEST_CASE("Prefix-hit ceiling of a hand-made trace, computed by hand") {
@@ -146,6 +163,64 @@ TEST_CASE("trace gen: seeded, parseable, and its ceiling matches the generator's
   REQUIRE(t.ok());
   CHECK(ComputePrefixCeiling(*t).hit_blocks == 0);
   CHECK(ExpectedPrefixCeiling(none) == 0.0);
+}
+
+namespace {
+// Mooncake's hash ids name 512-token blocks chained from the prompt's start, so an id stands for
+// the same tokens wherever it appears: a block that was partial (the prompt's last, short of
+// full) can recur only with the same length (the same prompt again), never as a fuller block.
+// Returns the first id that breaks this, or -1.
+std::int64_t IdWithTwoLengths(const Trace& t, std::uint64_t block_tokens) {
+  std::unordered_map<std::uint64_t, std::uint64_t> tokens;  // id -> tokens of its block
+  for (const TraceRequest& r : t.requests) {
+    for (std::size_t i = 0; i < r.hash_ids.size(); ++i) {
+      const std::uint64_t start = i * block_tokens;
+      const std::uint64_t n = r.input_length > start ? std::min(block_tokens, r.input_length - start) : 0;
+      auto [it, fresh] = tokens.emplace(r.hash_ids[i], n);
+      if (!fresh && it->second != n) return static_cast<std::int64_t>(r.hash_ids[i]);
+    }
+  }
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("trace gen shares only full blocks: a turn's partial last block is a new block in the next turn") {
+  // The reviewer's repro: one prefix block, one block per turn, two turns. Turn 1 is [0, 1] with its
+  // block 1 partial; turn 2 extends that prompt, so its block 1 holds more tokens: not id 1.
+  TraceGenOptions o;
+  o.requests = 2;
+  o.prefixes = 1;
+  o.prefix_blocks = 1;
+  o.turn_blocks = 1;
+  o.turns = 2;
+  o.seed = 3;
+  auto t = GenerateTrace(o);
+  REQUIRE(t.ok());
+  REQUIRE(t->requests.size() == 2);
+  const TraceRequest& a = t->requests[0];
+  const TraceRequest& b = t->requests[1];
+  REQUIRE(a.hash_ids.size() == 2);
+  REQUIRE(b.hash_ids.size() == 3);
+  REQUIRE(a.input_length % 512 != 0);  // seed 3: turn 1 is 738 tokens, its block 1 partial
+  CHECK(b.hash_ids[0] == a.hash_ids[0]);
+  CHECK(b.hash_ids[1] != a.hash_ids[1]);
+  CHECK(ComputePrefixCeiling(*t).hit_blocks == 1);
+  // Over many sessions and shapes: no id ever stands for blocks of two lengths (the real trace's
+  // property; tests/plan/test_plan_cli.py checks it on the Mooncake fixture too).
+  for (int turns : {2, 3, 8}) {
+    for (int block_tokens : {512, 16, 1}) {
+      TraceGenOptions g;
+      g.requests = 2000;
+      g.seed = 11;
+      g.turns = turns;
+      g.block_tokens = block_tokens;
+      auto gt = GenerateTrace(g);
+      REQUIRE(gt.ok());
+      INFO("turns " << turns << " block tokens " << block_tokens);
+      CHECK(IdWithTwoLengths(*gt, static_cast<std::uint64_t>(block_tokens)) == -1);
+      CHECK(ComputePrefixCeiling(*gt).fraction() == Approx(ExpectedPrefixCeiling(g)).margin(0.03));
+    }
+  }
 }
 
 TEST_CASE("trace gen options out of range name the flag") {

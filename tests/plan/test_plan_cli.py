@@ -247,8 +247,9 @@ def test_help_shows_no_fake_defaults(terrace):
 
 def test_trace_replay_follows_the_store_placement_flags(terrace):
     """--placement / --write-policy reach the replay: write-through writes every new block to the
-    lowest tier too, so it moves more bytes than write-back on the same trace."""
-    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "2GiB", "--kv-host", "8GiB", "--sweep-points", "1",
+    lowest tier too, so it moves more bytes than write-back on the same trace (with HBM for most of
+    the trace's ~5000 blocks of 3 MiB, KV and KDA snapshots: few demotions)."""
+    args = ["--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "14GiB", "--kv-host", "56GiB", "--sweep-points", "1",
             "--policy", "lru"]
     wb = plan_json(terrace, *args)["trace"]
     wt = plan_json(terrace, *args, "--write-policy", "write-through")["trace"]
@@ -258,7 +259,7 @@ def test_trace_replay_follows_the_store_placement_flags(terrace):
     # NVMe never fills here, so each distinct block is computed once and written through once; every
     # victim above it then has an NVMe copy and is dropped without a demotion write.
     nvme = [t for t in wt["policies"][0]["tiers"] if t["name"] == "nvme"][0]
-    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["block_bytes"]
+    assert nvme["bytes_written"] == wt["unique_blocks"] * wt["stored_block_bytes"]
     assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
     assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
     assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
@@ -285,3 +286,128 @@ def test_bad_trace_prints_only_the_error(terrace, tmp_path):
     assert r.stdout == ""  # no plan printed before the refusal
     r = terrace("plan", "--model", "k3-small", "--trace", FIXTURE, "--kv-hbm", "0", "--kv-host", "0", "--kv-nvme", "0")
     assert r.returncode == 2 and "--kv-hbm" in r.stderr and r.stdout == ""
+
+
+def test_duplicate_key_in_a_trace_line_is_refused_naming_file_line_and_key(terrace, tmp_path):
+    bad = tmp_path / "dup.jsonl"
+    lines = FIXTURE.read_text().splitlines()[:1]
+    lines.append('{"timestamp": 99999, "input_length": 1000, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]}')
+    bad.write_text("\n".join(lines) + "\n")
+    r = terrace("plan", "--trace", bad)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f'{bad}:2: duplicate key "input_length"' in r.stderr
+    assert r.stdout == ""
+
+
+def block_lengths_agree(path, block_tokens=512):
+    """Mooncake's hash ids name blocks chained from the prompt's start: an id stands for the same
+    tokens wherever it appears, so it never names blocks of two lengths (a partial last block that
+    recurs as a full one). Returns the first id that does, or None."""
+    tokens = {}
+    for line in pathlib.Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        for i, h in enumerate(r["hash_ids"]):
+            n = max(0, min(block_tokens, r["input_length"] - i * block_tokens))
+            if tokens.setdefault(h, n) != n:
+                return h
+    return None
+
+
+def test_trace_gen_shares_only_full_blocks_like_the_real_trace(terrace, tmp_path):
+    assert block_lengths_agree(FIXTURE) is None  # the real trace's property
+    # The reviewer's repro: turn 1 is [0, 1] (738 tokens: block 1 partial); turn 2 extends it, so
+    # its block 1 is another block. Only block 0 (512 tokens) was cached for it.
+    out = tmp_path / "two.jsonl"
+    r = terrace("trace", "gen", "--requests", "2", "--prefixes", "1", "--prefix-blocks", "1", "--turn-blocks", "1",
+                "--turns", "2", "--seed", "3", "-o", out)
+    assert r.returncode == 0, r.stderr
+    a, b = [json.loads(l) for l in out.read_text().splitlines()]
+    assert a["input_length"] % 512 != 0 and len(a["hash_ids"]) == 2 and len(b["hash_ids"]) == 3
+    assert b["hash_ids"][0] == a["hash_ids"][0] and b["hash_ids"][1] not in a["hash_ids"]
+    t = plan_json(terrace, "--model", "k3-toy", "--trace", out, "--policy", "lru", "--sweep-points", "1")["trace"]
+    assert t["policies"][0]["hit_tokens"] == 512
+    many = tmp_path / "many.jsonl"
+    assert terrace("trace", "gen", "--requests", "3000", "--seed", "5", "--turns", "4", "-o", many).returncode == 0
+    assert block_lengths_agree(many) is None
+
+
+@pytest.mark.parametrize("doc,note", [
+    ({"kind": "plan", "workload": 5}, "Not charted: the workload (workload is not an object)"),
+    ({"kind": "plan", "weights": [1]}, "Not charted: the weights (weights is not an object)"),
+    ({"kind": "plan", "trace": 5}, "Not charted: the trace replay (trace is not an object)"),
+    ({"turns": [], "summary": {}, "verified": "yes"}, "verified is missing or not true or false"),
+])
+def test_report_of_wrongly_typed_json_renders_with_a_note(terrace, tmp_path, doc, note):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(doc))
+    out = tmp_path / "r.html"
+    r = terrace("report", run, "-o", out)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "internal error" not in r.stderr
+    assert note in out.read_text()
+
+
+def run_bytes(*args):
+    """terrace with arguments that need not be UTF-8 (bytes)."""
+    import subprocess
+
+    path = os.environ.get("TERRACE_BIN")
+    if not path or not os.path.exists(path):
+        pytest.skip("TERRACE_BIN is not set to the built terrace binary")
+    return subprocess.run([os.fsencode(path), *[a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args]],
+                          capture_output=True, timeout=120)
+
+
+def test_json_output_survives_names_that_are_not_utf8(terrace, tmp_path):
+    """A trace path, a model path or a hardware file path need not be UTF-8; --json replaces the bad
+    bytes (U+FFFD) instead of failing with nlohmann's type_error.316 and printing nothing."""
+    trace = os.fsencode(tmp_path) + b"/s\xe9.jsonl"
+    with open(trace, "wb") as f:
+        f.write("\n".join(FIXTURE.read_text().splitlines()[:5]).encode() + b"\n")
+    preset = plan_json(terrace, "--hardware", "h100-gen4")["hardware"]
+    del preset["name"]  # no "name" and no "base": the file's path is the name
+    hw = os.fsencode(tmp_path) + b"/h\xe9.json"
+    with open(hw, "wb") as f:
+        f.write(json.dumps(preset).encode())
+    r = run_bytes("plan", "--model", "k3-toy", "--trace", trace, "--hardware", hw, "--sweep-points", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout.decode("utf-8"))
+    assert j["trace"]["file"].endswith("s\ufffd.jsonl")
+    assert j["hardware"]["name"].endswith("h\ufffd.json")
+    assert j["trace"]["requests"] == 5
+    # `terrace report` of that JSON, from a path that is not UTF-8 either: a well-formed page.
+    run = os.fsencode(tmp_path) + b"/r\xe9.json"
+    with open(run, "wb") as f:
+        f.write(r.stdout)
+    out = tmp_path / "page.html"
+    rr = run_bytes("report", run, "-o", out)
+    assert rr.returncode == 0, rr.stderr
+    out.read_text(encoding="utf-8")  # valid UTF-8
+
+
+def test_replay_sizes_blocks_with_their_kda_snapshots(terrace):
+    """A hybrid model's KDA snapshots take tier room with the KV blocks: the footprint, the sweep's
+    capacities and the tiers' block counts all count them (derived from the model, not typed in)."""
+    j = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "2", "--policy", "lru")
+    t, m = j["trace"], j["memory"]
+    snapshot = m["kda_layers"] * m["state_block_bytes"]
+    assert snapshot > 400 << 20  # K3: 69 KDA layers, f32 state: ~443 MiB per restore boundary
+    assert t["restore_state_bytes"] == snapshot
+    assert t["snapshots_per_block"] == 2  # 512-token blocks of two 256-token chunks, a snapshot after each
+    assert t["snapshot_bytes_per_block"] == 2 * snapshot
+    assert t["stored_block_bytes"] == t["block_bytes"] + 2 * snapshot
+    assert t["snapshots_simulated"] is True
+    assert t["footprint_kv_bytes"] == t["unique_blocks"] * t["block_bytes"]
+    assert t["footprint_bytes"] == t["unique_blocks"] * t["stored_block_bytes"]
+    assert max(s["capacity_bytes"] for s in t["sweep"]) == t["footprint_bytes"]
+    for tier in t["policies"][0]["tiers"]:
+        cap = [x for x in t["tiers"] if x["name"] == tier["name"]][0]["capacity_bytes"]
+        assert tier["capacity_blocks"] == cap // t["stored_block_bytes"]
+    # One chunk per block: one snapshot per block.
+    one = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru",
+                    "--chunk-tokens", "512")["trace"]
+    assert one["snapshots_per_block"] == 1
+    text = terrace("plan", "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru").stdout
+    assert "note: a block is" in text and "KDA state" in text and "hit rates are for KV + snapshots" in text

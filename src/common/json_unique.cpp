@@ -1,0 +1,107 @@
+#include "src/common/json_unique.h"
+
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace terrace {
+namespace {
+
+using json = nlohmann::json;
+
+// One open object or array of the document being parsed.
+struct JsonUniqueFrame {
+  bool object = false;
+  std::unordered_set<std::string> keys;  // objects: the keys read so far
+  std::string key;                       // objects: the key of the value being read
+  std::size_t count = 0;                 // arrays: the elements read so far
+};
+
+// "layers.0.weight", "a[2].b": where the innermost open object sits ("" at the top level).
+std::string JsonUniquePath(const std::vector<JsonUniqueFrame>& stack) {
+  std::string path;
+  for (std::size_t i = 0; i + 1 < stack.size(); ++i) {
+    if (stack[i].object) {
+      if (!path.empty()) path += '.';
+      path += stack[i].key;
+    } else {
+      path += fmt::format("[{}]", stack[i].count);
+    }
+  }
+  return path;
+}
+
+// nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
+std::string JsonUniqueReason(const json::exception& e) {
+  std::string_view what = e.what();
+  if (const std::size_t end = what.find("] "); what.starts_with("[json.exception.") && end != std::string_view::npos) {
+    what.remove_prefix(end + 2);
+  }
+  return std::string(what);
+}
+
+}  // namespace
+
+Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
+  if (error != nullptr) *error = JsonParseError::kNone;
+  auto fail = [&](JsonParseError kind, std::string message) -> Result<json> {
+    if (error != nullptr) *error = kind;
+    return Status::InvalidArgument(std::move(message));
+  };
+  std::vector<JsonUniqueFrame> stack;
+  bool duplicate = false;
+  std::string duplicate_key, duplicate_path;
+  auto element_done = [&] {
+    if (!stack.empty() && !stack.back().object) ++stack.back().count;
+  };
+  const json::parser_callback_t check = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        stack.push_back(JsonUniqueFrame{.object = true});
+        break;
+      case json::parse_event_t::array_start:
+        stack.push_back(JsonUniqueFrame{.object = false});
+        break;
+      case json::parse_event_t::key: {
+        JsonUniqueFrame& f = stack.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second && !duplicate) {
+          duplicate = true;
+          duplicate_key = f.key;
+          duplicate_path = JsonUniquePath(stack);
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        stack.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;  // keep every value: the document is returned whole
+  };
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true);
+  } catch (const json::out_of_range& e) {
+    return fail(JsonParseError::kNumberOutOfRange, fmt::format("a number is out of range: {}", JsonUniqueReason(e)));
+  } catch (const json::exception& e) {
+    return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
+  }
+  if (duplicate) {
+    return fail(JsonParseError::kDuplicateKey,
+                duplicate_path.empty()
+                    ? fmt::format("duplicate key \"{}\" (a key may appear once per object)", duplicate_key)
+                    : fmt::format("duplicate key \"{}\" in the object at \"{}\" (a key may appear once per object)",
+                                  duplicate_key, duplicate_path));
+  }
+  return j;
+}
+
+}  // namespace terrace
