@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_unique.h"
+
 namespace terrace::model {
 namespace {
 
@@ -672,9 +674,13 @@ Status ValidateConfig(const ModelConfig& c) {
 }
 
 Result<ModelConfig> ParseConfigJson(std::string_view json_text, std::string_view source, ConfigKeys* keys) {
-  Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object()) {
-    return Status::InvalidArgument(fmt::format("{}: not a well-formed JSON object; fix or regenerate the file", source));
+  Result<Json> parsed = ParseJsonUniqueKeys(json_text);
+  if (!parsed.ok()) {
+    return Status::InvalidArgument(fmt::format("{}: {}; fix or regenerate the file", source, parsed.status().message()));
+  }
+  Json root = std::move(*parsed);
+  if (!root.is_object()) {
+    return Status::InvalidArgument(fmt::format("{}: not a JSON object; fix or regenerate the file", source));
   }
   ModelConfig c;
   ConfigKeys local;

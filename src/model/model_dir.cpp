@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_unique.h"
+
 #include "src/model/names.h"
 #include "src/model/safetensors.h"
 
@@ -69,8 +71,12 @@ Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& di
     std::ostringstream text;
     text << in.rdbuf();
     if (!in) return Status::IoError(fmt::format("cannot read '{}'", index.string()));
-    const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    Result<nlohmann::json> parsed = ParseJsonUniqueKeys(text.str());  // a tensor mapped twice: refused
+    if (!parsed.ok()) {
+      return Status::Corruption(fmt::format("'{}': {}; regenerate the index", index.string(), parsed.status().message()));
+    }
+    const nlohmann::json j = std::move(*parsed);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       return Status::Corruption(fmt::format(
           "'{}' is not a JSON object with a \"weight_map\" object; regenerate the index", index.string()));
     }

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_unique.h"
+
 namespace terrace::model {
 namespace {
 
@@ -127,8 +129,9 @@ Status ParseImpl(std::span<const std::byte> file_bytes, std::string_view source,
   if (MaxJsonDepth(text) > kMaxSafetensorsJsonDepth) {
     return Bad(source, fmt::format("header JSON nests deeper than {} levels", kMaxSafetensorsJsonDepth));
   }
-  Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return Bad(source, "header is not well-formed JSON");
+  Result<Json> parsed = ParseJsonUniqueKeys(text);  // a tensor named twice: refused, not last-wins
+  if (!parsed.ok()) return Bad(source, fmt::format("header: {}", parsed.status().message()));
+  Json root = std::move(*parsed);
   if (!root.is_object()) return Bad(source, "header JSON is not an object");
 
   out->data_start = 8 + n;

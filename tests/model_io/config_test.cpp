@@ -265,6 +265,15 @@ TEST_CASE("two names for one setting must agree", "[config]") {
   CHECK(Mentions(ErrorOf(j), "disagree"));
 }
 
+TEST_CASE("a key written twice in config.json is refused, naming it", "[config]") {
+  std::string text = ToyJson().dump();
+  text.insert(1, "\"hidden_size\": 7, ");  // a second hidden_size, first in the object
+  auto r = ParseConfigJson(text, "my/config.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(Mentions(r.status().message(), "duplicate key \"hidden_size\""));
+  CHECK(Mentions(r.status().message(), "my/config.json"));
+}
+
 TEST_CASE("a flat linear_* key and its linear_attn_config spelling must agree", "[config]") {
   const std::vector<std::pair<std::string, std::string>> pairs = {
       {"linear_num_heads", "num_heads"}, {"linear_head_dim", "head_dim"},

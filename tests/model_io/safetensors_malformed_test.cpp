@@ -61,6 +61,15 @@ TEST_CASE("JSON problems", "[safetensors][malformed]") {
   CHECK(Mentions(Error(Make("{\"a\": 1} trailing", 0)), "JSON"));
   CHECK(Mentions(Error(Make("{\"a\": 3}", 0)), "not a JSON object"));
   CHECK(Mentions(Error(Make(R"({"__metadata__": {"k": 1}})", 0)), "__metadata__"));
+  // A tensor named twice is refused, not read last-wins (with or without the same entry).
+  CHECK(Mentions(Error(Make(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                            R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                            8)),
+                 "duplicate key \"a\""));
+  CHECK(Mentions(Error(Make(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                            R"("a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
+                            4)),
+                 "duplicate key \"a\""));
   // Depth bomb: a million nested arrays is refused by the pre-scan, quickly, without recursion.
   std::string bomb = "{\"a\":" + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
   CHECK(Mentions(Error(Make(bomb, 0)), "deeper"));

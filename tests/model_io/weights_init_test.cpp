@@ -219,6 +219,13 @@ TEST_CASE("ModelDir rejects broken indexes", "[init]") {
   CHECK(ModelDir::Open(dir.path(), false).status().IsNotFound());
   write("{not json");
   CHECK(ModelDir::Open(dir.path(), false).status().IsCorruption());
+  {  // a tensor mapped twice (to two shards) is refused, naming it
+    const std::string name = "language_model.lm_head.weight";
+    write(R"({"weight_map": {")" + name + R"(": "a.safetensors", ")" + name + R"(": "b.safetensors"}})");
+    auto twice = ModelDir::Open(dir.path(), false);
+    CHECK(twice.status().IsCorruption());
+    CHECK(twice.status().message().find("duplicate key \"" + name + "\"") != std::string::npos);
+  }
   write(good);
   CHECK(ModelDir::Open(dir.path()).ok());
   std::filesystem::remove(index);
