@@ -306,6 +306,49 @@ def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
     assert r.returncode == 2 and "meteor" in r.stderr, r.stderr
 
 
+DRILL_QUICK = ("--kills", "1", "--capacity", "16MiB", "--max-acks", "4", "--block-size", "4KiB")
+
+
+@pytest.mark.parametrize("plant", ["file-in-index", "damaged-index-of-mine", "folder-in-index", "data-not-a-store"])
+def test_drill_never_removes_a_user_file_inside_its_store_folders(tmp_path, plant):
+    """A store folder of an earlier drill is removed only while every file in it, down into index/ and the
+    index.damaged-*/ folders, is one a store writes; one foreign file refuses the run and nothing is removed."""
+    d = tmp_path / "dr"
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio,short", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if plant == "file-in-index":
+        mine = d / "eio" / "index" / "precious.txt"
+        mine.write_text("precious\n")
+    elif plant == "damaged-index-of-mine":
+        (d / "short" / "index.damaged-mine").mkdir()
+        mine = d / "short" / "index.damaged-mine" / "thesis.tex"
+        mine.write_text("keep\n")
+    elif plant == "folder-in-index":
+        (d / "eio" / "index" / "notes").mkdir()
+        mine = d / "eio" / "index" / "notes" / "todo.txt"
+        mine.write_text("keep\n")
+    else:
+        mine = d / "short" / "terrace.data"
+        mine.write_bytes(b"my own terrace.data, not a store\n")
+    before = snapshot(d)
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    shown = {"folder-in-index": "eio/index/notes"}.get(plant, str(mine.relative_to(d)))
+    assert "--dir" in r.stderr and shown in r.stderr and "nothing was removed" in r.stderr, r.stderr
+    assert snapshot(d) == before  # every store file of both kinds is still there, and the user's
+    assert mine.read_bytes()
+    # Without it the drill's own leftovers are removed and the run goes ahead.
+    if plant == "data-not-a-store":
+        mine.unlink()
+    else:
+        mine.unlink()
+        if mine.parent.name in ("index.damaged-mine", "notes"):
+            mine.parent.rmdir()
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (d / "short").exists()
+
+
 # ---- store stats ---------------------------------------------------------------------------------------------------
 
 def test_stats_reports_the_store_read_only_and_every_metric_is_documented(tmp_path):
