@@ -339,7 +339,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     }
     // Check every acknowledged block.
     StorePaths paths{store_dir, "", 0};
-    auto opts = ExistingStoreOptions(paths);
+    auto opts = ExistingStoreOptions(paths, IndexDirUse::kExisting);
     std::unique_ptr<NvmeTier> tier;
     Status open_status = opts.status();
     std::string rebuilt;
