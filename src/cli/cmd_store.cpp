@@ -20,6 +20,8 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/cli/owned_dirs.h"
+#include "src/cli/safe_files.h"
 #include "tiers/nvme/fault_engine.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -227,6 +229,38 @@ int RunFill(const FillArgs& a) {
   return 0;
 }
 
+// Why 'terrace store recover' would refuse the index folder of `p`, and what to do instead; nullopt
+// when it would not. Recover moves aside only a real directory holding nothing but index files
+// (ForeignIndexEntry), so anything else there would make the advice to run it a dead end.
+std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
+  const fs::path index = p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(index, ec))) return std::nullopt;  // recover writes a new one
+  const std::optional<fs::path> foreign = ForeignIndexEntry(index);
+  if (!foreign) return std::nullopt;
+  const std::string give_new = fmt::format(
+      "give --index-dir a new or empty directory and run 'terrace store recover --dir {} --index-dir NEW_DIR' to "
+      "rebuild the index there from the data file",
+      p.dir);
+  if (*foreign == index) {
+    return fmt::format("'terrace store recover' would refuse the index path '{}': it is {}, not an index directory; {}",
+                       index.string(), DescribePathKind(index), give_new);
+  }
+  return fmt::format(
+      "'terrace store recover' would refuse the index directory '{}': it holds '{}', which an index never writes; "
+      "move that out of it and run 'terrace store recover --dir {}{}', or {}",
+      index.string(), foreign->filename().string(), p.dir, p.index_dir.empty() ? "" : " --index-dir " + p.index_dir,
+      give_new);
+}
+
+// What `store check` tells the user to run to rebuild the index of `p` from the data file: 'terrace
+// store recover' with the same paths, or what RecoverWouldRefuse says.
+std::string StoreCheckRecoverAdvice(const StorePaths& p) {
+  if (auto refusal = RecoverWouldRefuse(p)) return *refusal;
+  return fmt::format("run 'terrace store recover --dir {}{}' to rebuild the index from the data file", p.dir,
+                     p.index_dir.empty() ? "" : " --index-dir " + p.index_dir);
+}
+
 int RunCheck(const CheckArgs& a) {
   std::vector<BlockKey> expected;
   if (!a.expect.empty()) {
@@ -236,7 +270,7 @@ int RunCheck(const CheckArgs& a) {
     }
     expected = std::move(*keys);
   }
-  auto opts = ExistingStoreOptions(a.paths);
+  auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
   if (!opts.ok()) {
     return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }
@@ -254,9 +288,15 @@ int RunCheck(const CheckArgs& a) {
   auto tier = NvmeTier::Open(o);
   if (!tier.ok()) {
     if (scan) {
-      fmt::print("store check: the index does not open; the data file holds {} committed blocks; run 'terrace store "
-                 "recover --dir {}{}' to rebuild the index from it\n",
-                 scan->blocks.size(), a.paths.dir, a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
+      fmt::print("store check: the index does not open; the data file holds {} committed blocks; {}\n",
+                 scan->blocks.size(), StoreCheckRecoverAdvice(a.paths));
+    }
+    if (auto refusal = RecoverWouldRefuse(a.paths)) {
+      // The tier's message ends in its advice to run recover (NvmeTier::RecoverAdvice), which would
+      // refuse here: keep what failed, say what to do instead.
+      std::string what = InCliWords(tier.status().ToString());
+      what = what.substr(0, what.find("; run `terrace store recover"));
+      return Fail(fmt::format("{}; {}", what, *refusal));
     }
     return FailStatus(tier.status());
   }
@@ -264,8 +304,11 @@ int RunCheck(const CheckArgs& a) {
     fmt::print(stderr, "{}\n", line);
   });
   if (scan) CountLostBlocks(*scan, **tier, &c);
-  for (std::size_t i = 0; i < c.lost_keys.size() && i < 10; ++i) {
+  for (std::size_t i = 0; i < c.lost_keys.size() && i < kMaxBlockLines; ++i) {
     fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
+  }
+  if (c.lost_keys.size() > kMaxBlockLines) {
+    fmt::print(stderr, "... and {} more blocks not in the index\n", c.lost_keys.size() - kMaxBlockLines);
   }
   fmt::print("store check: {} blocks in the index: ok {}  missing {}  corrupt {}  wrong-content {}  lost-from-index {}\n",
              c.indexed, c.ok, c.missing, c.corrupt, c.wrong_content,
@@ -283,9 +326,8 @@ int RunCheck(const CheckArgs& a) {
   }
   if (c.lost_from_index) {
     fmt::print("store check: the data file holds {} committed blocks the index does not (blocks the index lost, or "
-               "puts in flight when a writer died); run 'terrace store recover {}' to rebuild the index from the "
-               "data file\n",
-               c.lost_from_index, where);
+               "puts in flight when a writer died); {}\n",
+               c.lost_from_index, StoreCheckRecoverAdvice(a.paths));
   }
   if (c.wrong_content) {
     fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used\n",

@@ -50,10 +50,17 @@ struct SuperblockInfo {
 // is unreadable or not a Terrace superblock.
 Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir);
 
+// What a command does with --index-dir: open the index 'store fill' wrote (check, stats, the
+// drill's check), or write a new one (recover, which may be given a directory that does not exist
+// yet).
+enum class IndexDirUse { kExisting, kRebuild };
+
 // NvmeTierOptions for an existing store: the capacity comes from the store; --capacity, when given,
-// must match it (InvalidArgument naming the flag otherwise). NotFound naming --dir when there is
-// no store.
-Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p);
+// must match it. InvalidArgument naming the flag (a usage error, exit 2) when --capacity differs or
+// --dir / --index-dir is a path of the wrong kind (a regular file, a FIFO, a dangling symlink:
+// not a directory; --dir may also be a block device). NotFound naming the flag when --dir does not
+// exist or holds no store, or when --index-dir does not exist and `index_use` is kExisting.
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse index_use);
 
 // Reads the --expect file: `durable <key>` lines as `store fill` prints them (other lines are
 // refused). A directory, device or FIFO is refused (InvalidArgument naming --expect), never read.
@@ -73,8 +80,13 @@ struct BlockCheck {
   std::vector<BlockKey> lost_keys;
 };
 
+// How many bad blocks of one kind (corrupt, wrong content, missing, lost from the index) a check
+// names one per line; the rest are counted on one line.
+inline constexpr std::uint64_t kMaxBlockLines = 10;
+
 // Reads every indexed block of `tier` and compares it with FillPattern(seed, key); then checks
-// that every key of `expected` was ok. `report` (may be null) receives one line per bad block.
+// that every key of `expected` was ok. `report` (may be null) receives a line for each of the
+// first kMaxBlockLines bad blocks of each kind, and then "... and N more <kind> blocks".
 BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
                        const std::function<void(const std::string&)>& report);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -38,11 +39,28 @@ std::string InCliWords(std::string_view message) {
       {"capacity_bytes=", "--capacity "},
       {"capacity_bytes", "--capacity"},
       {"without read_only", "with 'store check --repair'"},
+      // The library's reformat option has no flag: say what a CLI user does instead.
+      {"(or reformat the data area to start an empty store: every block in it is lost)",
+       "(or, to start over with an empty store and lose every block in it, delete the data file, or zero the first "
+       "4 KiB of a block device, and run 'terrace store fill')"},
+  };
+  // A field name is rewritten only where it stands as a word of its own: not inside a path or
+  // another name ('/data/index_dir/', 'my_capacity_bytes'), which the message quotes as given.
+  auto in_word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/' || c == '-';
   };
   std::string out(message);
   for (const auto& [from, to] : kWords) {
-    for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos; pos += to.size()) {
+    for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos;) {
+      const std::size_t end = pos + from.size();
+      const bool starts_word = pos == 0 || !in_word(out[pos - 1]) || !in_word(from.front());
+      const bool ends_word = end == out.size() || !in_word(out[end]) || !in_word(from.back());
+      if (!starts_word || !ends_word) {
+        pos = end;
+        continue;
+      }
       out.replace(pos, from.size(), to);
+      pos += to.size();
     }
   }
   return out;
@@ -84,15 +102,40 @@ Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
   return std::optional<SuperblockInfo>(SuperblockInfo{sb.capacity_bytes, sb.format_version, sb.UuidString()});
 }
 
-Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
+Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse index_use) {
   TERRACE_RETURN_IF_ERROR(CheckNvmePaths(p.dir, p.index_dir));
-  std::error_code ec;
-  if (!fs::exists(p.dir, ec)) {
-    return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
+  // The kinds of --dir and --index-dir first: a file where a directory belongs is the user's
+  // mistake (exit 2, naming the flag), not something the tier should try to open.
+  auto wrong_kind = [](const Status& s, std::string_view flag, const std::string& path, std::string_view what) {
+    if (s.IsNotFound()) {  // the path itself exists: a symbolic link to nothing
+      return Status::InvalidArgument(fmt::format("{} {} is a symbolic link to nothing; give {}", flag, path, what));
+    }
+    return Status::InvalidArgument(fmt::format("{} ({})", s.message(), what));
+  };
+  if (!IsBlockDevice(p.dir)) {
+    if (Status s = CheckInputDir(p.dir, "--dir"); !s.ok()) {
+      if (s.IsNotFound() && !IsKind(p.dir, S_IFLNK)) {
+        return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
+      }
+      return wrong_kind(s, "--dir", p.dir,
+                        "the store directory 'store fill' used, or its block device with --index-dir");
+    }
   }
-  if (!fs::is_directory(p.dir, ec) && !IsBlockDevice(p.dir)) {
-    return Status::InvalidArgument(fmt::format(
-        "--dir '{}' is neither a directory nor a block device; give the store directory 'store fill' used", p.dir));
+  if (!p.index_dir.empty()) {
+    if (Status s = CheckInputDir(p.index_dir, "--index-dir"); !s.ok()) {
+      if (!s.IsNotFound() || IsKind(p.index_dir, S_IFLNK)) {
+        return wrong_kind(s, "--index-dir", p.index_dir,
+                          index_use == IndexDirUse::kRebuild
+                              ? "the store's index directory, or a new or empty one to rebuild the index into"
+                              : "the index directory 'store fill' used with this store");
+      }
+      if (index_use == IndexDirUse::kExisting) {
+        return Status::NotFound(fmt::format(
+            "--index-dir '{}' does not exist; give the index directory 'store fill' used (or run 'terrace store "
+            "recover --dir {} --index-dir {}' to rebuild the index there from the data file)",
+            p.index_dir, p.dir, p.index_dir));
+      }
+    }
   }
   auto sb = ReadSuperblock(p.dir);
   if (!sb.ok()) {
@@ -109,12 +152,6 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p) {
         "--capacity to use the store's own",
         FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>((*sb)->capacity_bytes)),
         (*sb)->capacity_bytes));
-  }
-  if (!p.index_dir.empty() && !fs::exists(p.index_dir, ec)) {
-    return Status::NotFound(fmt::format(
-        "--index-dir '{}' does not exist; give the index directory 'store fill' used (or run 'terrace store recover' "
-        "to rebuild one from the data file)",
-        p.index_dir));
   }
   NvmeTierOptions o;
   o.path = p.dir;
@@ -151,6 +188,15 @@ Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
 
 BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
                        const std::function<void(const std::string&)>& report) {
+  // The first kMaxBlockLines bad blocks of each kind get a line; the rest one line with their count.
+  auto line = [&](std::uint64_t nth, std::string text) {
+    if (report && nth <= kMaxBlockLines) report(std::move(text));
+  };
+  auto rest = [&](std::uint64_t count, std::string_view what) {
+    if (report && count > kMaxBlockLines) {
+      report(fmt::format("... and {} more {} blocks", count - kMaxBlockLines, what));
+    }
+  };
   BlockCheck c;
   std::vector<std::pair<BlockKey, BlockDesc>> blocks;
   tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
@@ -170,20 +216,23 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<Blo
         continue;
       }
       ++c.wrong_content;
-      if (report) report(fmt::format("wrong content {}: returned as good but differs from the pattern of --seed {}",
-                                     key.ToString(), seed));
+      line(c.wrong_content, fmt::format("wrong content {}: returned as good but differs from the pattern of --seed {}",
+                                        key.ToString(), seed));
       continue;
     }
     ++c.corrupt;
     c.corrupt_keys.push_back(key);
-    if (report) report(fmt::format("corrupt {}: {}", key.ToString(), s.ToString()));
+    line(c.corrupt, fmt::format("corrupt {}: {}", key.ToString(), s.ToString()));
   }
+  rest(c.wrong_content, "wrong-content");
+  rest(c.corrupt, "corrupt");
   for (const BlockKey& k : expected) {
     if (good.contains(k)) continue;
     ++c.missing;
     c.missing_keys.push_back(k);
-    if (report && c.missing <= 10) report(fmt::format("missing {}", k.ToString()));
+    line(c.missing, fmt::format("missing {}", k.ToString()));
   }
+  rest(c.missing, "missing");
   return c;
 }
 

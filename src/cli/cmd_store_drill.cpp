@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <cstdio>
 #include <cstring>
@@ -75,26 +76,47 @@ struct KindResult {
   bool failed() const { return lost || corrupt_returned || damage_missed || open_failures; }
 };
 
-// What a drill round leaves in --dir/<kind>: one store's files, and the indexes `store recover`
-// moved aside. Absent counts too (nothing to remove).
-bool HoldsOnlyDrillStore(const fs::path& p) {
+// A terrace.data.creating a killed store creation left: a regular file whose superblock is a
+// Terrace one or still blank (all zeros, or shorter than the superblock).
+bool IsCreatingDataFile(const fs::path& p) {
+  if (!IsKind(p, S_IFREG)) return false;
+  if (IsStoreDataFile(p)) return true;
+  auto unit = ReadSuperblockUnit(p, /*follow_symlinks=*/false);
+  return unit.ok() && std::all_of(unit->begin(), unit->end(), [](std::byte b) { return b == std::byte{0}; });
+}
+
+// What a drill round leaves in --dir/<kind>: one store's files (terrace.data, a Terrace data file;
+// terrace.data.creating, see IsCreatingDataFile; index/) and the indexes moved aside by a rebuild
+// (index.damaged-*) or a reformat (index.reformatted-*), each index folder holding only index
+// files (ForeignIndexEntry, the CLI's one test of an index folder). Returns the first entry
+// that is anything else, `p` itself when it is not a real directory (a symlink, a file) or cannot
+// be listed; nullopt when `p` is absent or holds only the drill's files.
+std::optional<fs::path> ForeignInDrillStore(const fs::path& p) {
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(p, ec);
-  if (!fs::exists(st)) return true;
-  if (!fs::is_directory(st)) return false;  // a symlink or a file: not what a drill made
-  for (const auto& e : fs::directory_iterator(p, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n == "terrace.data" || n == "terrace.data.creating" || n == "index" || n.starts_with("index.damaged-") ||
-        n.starts_with("index.reformatted-"))
-      continue;
-    return false;
+  if (!fs::exists(st)) return std::nullopt;
+  if (!fs::is_directory(st)) return p;
+  for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& e = it->path();
+    const std::string n = e.filename().string();
+    if (n == "terrace.data") {
+      if (!IsStoreDataFile(e)) return e;
+    } else if (n == "terrace.data.creating") {
+      if (!IsCreatingDataFile(e)) return e;
+    } else if (n == "index" || n.starts_with("index.damaged-") || n.starts_with("index.reformatted-")) {
+      if (auto foreign = ForeignIndexEntry(e)) return foreign;
+    } else {
+      return e;
+    }
   }
-  return !ec;
+  if (ec) return p;
+  return std::nullopt;
 }
 
 // Validates --dir: new, empty, or an earlier drill's (whose own entries are removed: each fault
-// kind's store folder and log, and only when they hold nothing else). Returns a usage message,
-// empty when the directory is ready.
+// kind's store folder and log, and only when every one of them holds nothing else, see
+// ForeignInDrillStore; one foreign entry anywhere and nothing at all is removed). Returns a usage
+// message naming the foreign entry, empty when the directory is ready.
 std::string PrepareDrillDir(const std::string& dir) {
   std::error_code ec;
   fs::file_status st = fs::symlink_status(dir, ec);
@@ -111,10 +133,13 @@ std::string PrepareDrillDir(const std::string& dir) {
     }
     for (const char* k : kAllKinds) {
       const fs::path log = fs::path(dir) / (std::string(k) + ".log");
-      if (!HoldsOnlyDrillStore(fs::path(dir) / k) || (fs::exists(fs::symlink_status(log, ec)) && !IsKind(log, S_IFREG))) {
-        return fmt::format("--dir '{}' holds '{}' with something an earlier drill did not make; nothing was removed: "
-                           "give a new or empty directory",
-                           dir, k);
+      std::optional<fs::path> foreign = ForeignInDrillStore(fs::path(dir) / k);
+      if (!foreign && fs::exists(fs::symlink_status(log, ec)) && !IsKind(log, S_IFREG)) foreign = log;
+      if (foreign) {
+        return fmt::format("--dir '{}' holds '{}', which is {} an earlier drill did not make; nothing was removed: "
+                           "move it out of '{}' (or delete it), or give a new or empty directory",
+                           dir, foreign->lexically_relative(dir).string(), DescribePathKind(*foreign),
+                           foreign->parent_path().string());
       }
     }
     for (const char* k : kAllKinds) {  // only what an earlier drill created
@@ -315,7 +340,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     }
     // Check every acknowledged block.
     StorePaths paths{store_dir, "", 0};
-    auto opts = ExistingStoreOptions(paths);
+    auto opts = ExistingStoreOptions(paths, IndexDirUse::kExisting);
     std::unique_ptr<NvmeTier> tier;
     Status open_status = opts.status();
     std::string rebuilt;

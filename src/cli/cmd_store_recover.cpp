@@ -13,7 +13,7 @@ namespace terrace::cli::store_cmd {
 namespace {
 
 int RunRecover(const StorePaths& p) {
-  auto opts = ExistingStoreOptions(p);
+  auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
   if (!opts.ok()) {
     return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }

@@ -45,7 +45,7 @@ std::vector<std::string> DurabilityWarnings(const std::string& dir, const std::s
 
 int RunStats(const StatsArgs& a) {
   if (a.json && a.prometheus) return FailUsage("--json and --prometheus cannot be combined; choose one");
-  auto opts = ExistingStoreOptions(a.paths);
+  auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
   if (!opts.ok()) {
     return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
   }

@@ -34,7 +34,8 @@ void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, b
 
 // A store folder a stopped demo run left before writing its marker (the marker follows the store's
 // creation, which needs an empty folder): nothing but terrace.data, terrace.data.creating (regular
-// files) and index/. Only trusted inside a DIR that holds the demo's own marker.
+// files) and index/ (holding only index files). Only trusted inside a DIR that holds the demo's own
+// marker.
 bool IsStoppedDemoStore(const fs::path& dir) {
   if (!IsKind(dir, S_IFDIR)) return false;
   std::error_code ec;
@@ -43,7 +44,7 @@ bool IsStoppedDemoStore(const fs::path& dir) {
     ++n;
     const std::string name = e.path().filename().string();
     const bool ok = ((name == "terrace.data" || name == "terrace.data.creating") && IsKind(e.path(), S_IFREG)) ||
-                    (name == "index" && IsKind(e.path(), S_IFDIR));
+                    (name == "index" && !ForeignIndexEntry(e.path()));
     if (!ok) return false;
   }
   return !ec && n > 0;
@@ -59,9 +60,15 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     ++n;
     const std::string name = e.path().filename().string();
-    if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) marked = true;
-    else if (!((name == "terrace.data" && IsKind(e.path(), S_IFREG)) || (name == "index" && IsKind(e.path(), S_IFDIR))))
+    if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) {
+      marked = true;
+    } else if (name == "index" && IsKind(e.path(), S_IFDIR)) {
+      if (auto f = ForeignIndexEntry(e.path())) {
+        foreign->push_back((dir.filename() / f->lexically_relative(dir)).string());
+      }
+    } else if (!(name == "terrace.data" && IsKind(e.path(), S_IFREG))) {
       foreign->push_back(dir.filename().string() + "/" + name);
+    }
   }
   if (n == 0) return;  // an empty pool folder (a run stopped before creating it)
   if (foreign->size() == before)

@@ -15,6 +15,7 @@
 
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
+#include "tiers/nvme/index_store.h"
 
 namespace terrace::cli {
 namespace {
@@ -23,18 +24,6 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kDataFile = "terrace.data";
 constexpr std::string_view kIndexDir = "index";
-
-// A Terrace data file: the magic at offset 0, or a superblock unit that decodes (either of its two
-// slots: the first slot is all zeros until the store has rewritten its superblock).
-bool HasMagic(const fs::path& data) {
-  if (!IsKind(data, S_IFREG)) return false;
-  auto unit = ReadSuperblockUnit(data, /*follow_symlinks=*/false);
-  if (!unit.ok()) return false;
-  const std::vector<std::byte>& buf = *unit;
-  constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
-  if (buf.size() >= sizeof kMagic && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0) return true;
-  return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
-}
 
 // Why `dir` is not a store that `who` created (empty when it is one).
 std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::string_view flag, std::string_view who,
@@ -46,12 +35,16 @@ std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::strin
     ++*entries;
     const std::string name = e.path().filename().string();
     if (name == kDataFile) {
-      if (!HasMagic(e.path())) {
+      if (!IsStoreDataFile(e.path())) {
         return fmt::format("{} {}: '{}' is not the data file of a Terrace store (no TRRCNVME magic)", flag,
                            dir.string(), name);
       }
       data = true;
     } else if (name == kIndexDir && IsKind(e.path(), S_IFDIR)) {
+      if (auto foreign = ForeignIndexEntry(e.path())) {
+        return fmt::format("{} {} holds '{}', which is not part of a Terrace store", flag, dir.string(),
+                           foreign->lexically_relative(dir).string());
+      }
     } else if (name == marker && IsKind(e.path(), S_IFREG)) {
       mark = true;
     } else {
@@ -69,6 +62,29 @@ std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::strin
 }
 
 }  // namespace
+
+bool IsStoreDataFile(const fs::path& data) {
+  if (!IsKind(data, S_IFREG)) return false;
+  auto unit = ReadSuperblockUnit(data, /*follow_symlinks=*/false);
+  if (!unit.ok()) return false;
+  const std::vector<std::byte>& buf = *unit;
+  if (buf.size() >= sizeof nvme::kSuperblockMagic &&
+      std::memcmp(buf.data(), nvme::kSuperblockMagic, sizeof nvme::kSuperblockMagic) == 0) {
+    return true;
+  }
+  return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
+}
+
+std::optional<fs::path> ForeignIndexEntry(const fs::path& index) {
+  if (!IsKind(index, S_IFDIR)) return index;
+  std::error_code ec;
+  for (fs::directory_iterator it(index, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (!nvme::IsIndexStoreFileName(p.filename().string()) || !IsKind(p, S_IFREG)) return p;
+  }
+  if (ec) return index;
+  return std::nullopt;
+}
 
 Status CheckStoreDirArg(const fs::path& dir, std::string_view flag) {
   if (dir.empty()) return Status::InvalidArgument(fmt::format("{} is empty; give a directory", flag));

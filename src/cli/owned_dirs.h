@@ -1,13 +1,14 @@
 // Directories the CLI creates and may later remove: a store directory made by `terrace demo` or
 // `terrace bench tiers` is marked with a marker file, and only a directory that holds a Terrace
-// store (terrace.data starting with the TRRCNVME magic, the index/ folder) plus that marker and
-// nothing else is ever removed. Everything else is refused and left untouched.
+// store (terrace.data starting with the TRRCNVME magic, the index/ folder holding only index files)
+// plus that marker and nothing else is ever removed. Everything else is refused and left untouched.
 // Thread-safety: free functions, no shared state.
 #pragma once
 
 #include <cstddef>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -19,12 +20,25 @@ namespace terrace::cli {
 // InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...).
 Status CheckStoreDirArg(const std::filesystem::path& dir, std::string_view flag);
 
+// True when `data` is a Terrace data file: a regular file (not a symlink) whose superblock unit
+// starts with the TRRCNVME magic, or holds a slot that decodes (the first slot is all zeros until
+// the store has rewritten its superblock).
+bool IsStoreDataFile(const std::filesystem::path& data);
+
+// The first entry of the index directory `index` (a store's index/, or one moved aside as
+// index.damaged-*) that an index never holds: anything but a regular file whose name
+// nvme::IsIndexStoreFileName accepts, so a subdirectory, a symlink or a file of another name.
+// `index` itself when it is not a real directory or cannot be listed; nullopt when every entry is
+// an index file (an empty directory included). What decides whether a folder may be removed as
+// an index.
+std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index);
+
 // True when dir/terrace.data exists (any kind of entry).
 bool StoreDataExists(const std::filesystem::path& dir);
 
 // True when `dir` holds a Terrace store created by `who`: a real directory (not a symlink) whose
-// entries are exactly terrace.data (a regular file starting with the magic), optionally index/
-// (a directory), and the regular file `marker`.
+// entries are exactly terrace.data (IsStoreDataFile), optionally index/ (a directory holding only
+// index files: no ForeignIndexEntry), and the regular file `marker`.
 bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
 
 // True when `dir` holds at least one entry and each is one of `names` and an IsOwnedStore(entry,

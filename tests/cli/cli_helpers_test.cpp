@@ -294,6 +294,22 @@ TEST_CASE("cli dirs: only a marked Terrace store is removed", "[cli]") {
   REQUIRE(Slurp(d / "user.txt") == "mine");
   REQUIRE(fs::exists(d / "terrace.data"));
   fs::remove(d / "user.txt");
+  // index/ holds what RocksDB writes; anything else in it is foreign, and so nothing is removed.
+  for (const char* f : {"CURRENT", "IDENTITY", "LOCK", "LOG", "MANIFEST-000005", "OPTIONS-000007", "000004.log",
+                        "000009.sst", "TERRACE-INDEX-CREATING"})
+    Write(d / "index" / f, "x");
+  REQUIRE(IsOwnedStore(d, "m.marker"));
+  Write(d / "index" / "precious.txt", "mine");
+  REQUIRE(RemoveOwnedStore(d, "m.marker", "--dir", "demo").status().message().find("index/precious.txt") !=
+          std::string::npos);
+  REQUIRE(Slurp(d / "index" / "precious.txt") == "mine");
+  fs::remove(d / "index" / "precious.txt");
+  fs::create_directories(d / "index" / "000010.sst");  // a folder, whatever its name
+  REQUIRE_FALSE(IsOwnedStore(d, "m.marker"));
+  REQUIRE(*ForeignIndexEntry(d / "index") == d / "index" / "000010.sst");
+  fs::remove(d / "index" / "000010.sst");
+  REQUIRE_FALSE(ForeignIndexEntry(d / "index"));
+  REQUIRE(*ForeignIndexEntry(d / "terrace.data") == d / "terrace.data");  // not a directory
   Write(d / "terrace.data", "NOTMAGIC");  // wrong magic: refused
   REQUIRE_FALSE(RemoveOwnedStore(d, "m.marker", "--dir", "demo").ok());
   Write(d / "terrace.data", std::string("TRRCNVME") + std::string(100, '\0'));

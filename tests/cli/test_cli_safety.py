@@ -131,7 +131,7 @@ def test_demo_fresh_removes_only_its_own_data(terrace, tmp_path):
     terrace("demo", "--dir", d, *DEMO, check=True)
     assert {p.name for p in d.iterdir()} == {"terrace-demo.marker", "model", "kv", "state", "experts", "demo-run.json",
                                         "report.html"}
-    for where in (d, d / "kv", d / "model"):
+    for where in (d, d / "kv", d / "model", d / "kv" / "index"):
         (where / "mine.txt").write_text("not Terrace's\n")  # a foreign file makes it not the demo's data
         before = snapshot(d)
         assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "mine.txt", "nothing was removed")

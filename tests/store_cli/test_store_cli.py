@@ -179,6 +179,109 @@ def test_check_expect_must_be_a_regular_file(tmp_path, kind):
     assert "--expect" in r.stderr and "regular file" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
+@pytest.mark.parametrize("kind", ["regular-file", "dangling-symlink"])
+def test_an_index_dir_of_the_wrong_kind_is_a_usage_error_naming_the_flag(tmp_path, cmd, kind):
+    store = tmp_path / "s"
+    assert fill(store, count=2).returncode == 0
+    target = tmp_path / "afile"
+    if kind == "regular-file":
+        target.write_text("mine\n")
+    else:
+        target.symlink_to(tmp_path / "nowhere")
+    before = snapshot(tmp_path)
+    r = terrace("store", cmd, "--dir", store, "--index-dir", target, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("terrace: error: --index-dir "), r.stderr
+    assert ("regular file" if kind == "regular-file" else "symbolic link to nothing") in r.stderr, r.stderr
+    # No advice to run a command that refuses this path, no library wording.
+    assert "store recover" not in r.stdout + r.stderr, r.stdout + r.stderr
+    for words in ("index path", "options.", "Not a directory"):
+        assert words not in r.stderr, r.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_an_empty_index_dir_says_what_a_cli_user_can_do(tmp_path):
+    store, index = tmp_path / "s", tmp_path / "idx"
+    r = fill(store, count=4)
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    index.mkdir()
+    r = terrace("store", "check", "--dir", store, "--index-dir", index)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "reformat" not in r.stderr, r.stderr  # the library's option: the CLI has no such flag
+    assert "terrace store fill" in r.stderr, r.stderr
+    advice = f"terrace store recover --dir {store} --index-dir {index}"
+    assert advice in r.stdout, r.stdout
+    assert terrace(*advice.split()[1:]).returncode == 0  # the advice works
+    r = terrace("store", "check", "--dir", store, "--index-dir", index, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_missing_index_dir_gets_advice_that_works(tmp_path):
+    # A path holding an API field's name stays as given (the flag wording rewrites whole words only).
+    store, index = tmp_path / "s", tmp_path / "new_index_dir"
+    r = fill(store, count=4)
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    r = terrace("store", "check", "--dir", store, "--index-dir", index)
+    assert r.returncode == 1 and "--index-dir" in r.stderr, r.stderr
+    advice = f"terrace store recover --dir {store} --index-dir {index}"
+    assert advice in r.stderr, r.stderr
+    r = terrace(*advice.split()[1:])  # recover writes the index into the directory it was given
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = terrace("store", "check", "--dir", store, "--index-dir", index, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=6, block_size="8KiB")
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    lose_index(store)
+    (store / "index").mkdir()
+    (store / "index" / "foo.txt").write_text("mine\n")  # recover moves aside only an index: it refuses this one
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "would refuse" in r.stdout and "foo.txt" in r.stdout, r.stdout
+    assert "would refuse" in r.stderr and "`terrace store recover" not in r.stderr, r.stderr
+    assert terrace("store", "recover", "--dir", store).returncode == 1  # the refusal the advice foresaw
+    (store / "index" / "foo.txt").rename(tmp_path / "foo.txt")  # what the advice says to do
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_check_names_at_most_ten_bad_blocks_of_each_kind(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=14, block_size="4KiB", capacity="16MiB")
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    r = terrace("store", "check", "--dir", store, "--seed", "7", "--quick")
+    assert r.returncode == 1 and "wrong-content 14" in r.stdout, r.stdout
+    assert len([l for l in r.stderr.splitlines() if l.startswith("wrong content ")]) == 10, r.stderr
+    assert "... and 4 more wrong-content blocks" in r.stderr, r.stderr
+    # Damage every block: a byte of each data unit (not the descriptors, which start with their magic).
+    data = bytearray((store / "terrace.data").read_bytes())
+    for off in range(4096, len(data), 4096):
+        unit = data[off:off + 4096]
+        if unit.strip(b"\0") and not unit.startswith(b"TRRCDESC"):
+            data[off + 100] ^= 0x40
+    (store / "terrace.data").write_bytes(bytes(data))
+    r = terrace("store", "check", "--dir", store, "--expect", expect, "--quick")
+    assert r.returncode == 1 and "corrupt 14" in r.stdout, r.stdout
+    lines = r.stderr.splitlines()
+    assert len([l for l in lines if l.startswith("corrupt ")]) == 10, r.stderr
+    assert len([l for l in lines if l.startswith("missing ")]) == 10, r.stderr
+    assert "... and 4 more corrupt blocks" in r.stderr and "... and 4 more missing blocks" in r.stderr, r.stderr
+
+
 # ---- issue 7: check is read-only, --repair, lost-from-index, recover --------------------------------------------
 
 def test_check_is_read_only_and_repair_drops_corrupt_blocks(tmp_path):
@@ -304,6 +407,49 @@ def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]
     r = terrace("store", "drill", "--dir", tmp_path / "x", "--faults", "eio,meteor", timeout=30)
     assert r.returncode == 2 and "meteor" in r.stderr, r.stderr
+
+
+DRILL_QUICK = ("--kills", "1", "--capacity", "16MiB", "--max-acks", "4", "--block-size", "4KiB")
+
+
+@pytest.mark.parametrize("plant", ["file-in-index", "damaged-index-of-mine", "folder-in-index", "data-not-a-store"])
+def test_drill_never_removes_a_user_file_inside_its_store_folders(tmp_path, plant):
+    """A store folder of an earlier drill is removed only while every file in it, down into index/ and the
+    index.damaged-*/ folders, is one a store writes; one foreign file refuses the run and nothing is removed."""
+    d = tmp_path / "dr"
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio,short", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if plant == "file-in-index":
+        mine = d / "eio" / "index" / "precious.txt"
+        mine.write_text("precious\n")
+    elif plant == "damaged-index-of-mine":
+        (d / "short" / "index.damaged-mine").mkdir()
+        mine = d / "short" / "index.damaged-mine" / "thesis.tex"
+        mine.write_text("keep\n")
+    elif plant == "folder-in-index":
+        (d / "eio" / "index" / "notes").mkdir()
+        mine = d / "eio" / "index" / "notes" / "todo.txt"
+        mine.write_text("keep\n")
+    else:
+        mine = d / "short" / "terrace.data"
+        mine.write_bytes(b"my own terrace.data, not a store\n")
+    before = snapshot(d)
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    shown = {"folder-in-index": "eio/index/notes"}.get(plant, str(mine.relative_to(d)))
+    assert "--dir" in r.stderr and shown in r.stderr and "nothing was removed" in r.stderr, r.stderr
+    assert snapshot(d) == before  # every store file of both kinds is still there, and the user's
+    assert mine.read_bytes()
+    # Without it the drill's own leftovers are removed and the run goes ahead.
+    if plant == "data-not-a-store":
+        mine.unlink()
+    else:
+        mine.unlink()
+        if mine.parent.name in ("index.damaged-mine", "notes"):
+            mine.parent.rmdir()
+    r = terrace("store", "drill", "--dir", d, "--faults", "eio", *DRILL_QUICK, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (d / "short").exists()
 
 
 # ---- store stats ---------------------------------------------------------------------------------------------------

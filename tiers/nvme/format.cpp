@@ -9,7 +9,6 @@
 namespace terrace::nvme {
 namespace {
 
-constexpr char kMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
 constexpr char kDescMagic[8] = {'T', 'R', 'R', 'C', 'D', 'E', 'S', 'C'};
 constexpr std::uint16_t kDescVersion = 1;
 constexpr std::size_t kSbCheckAt = 80;
@@ -38,7 +37,7 @@ std::string Superblock::UuidString() const {
 
 void Superblock::EncodeTo(std::byte* out) const {
   std::memset(out, 0, kSuperblockHeaderBytes);
-  std::memcpy(out, kMagic, sizeof kMagic);
+  std::memcpy(out, kSuperblockMagic, sizeof kSuperblockMagic);
   PutLe(out + 8, format_version, 4);
   PutLe(out + 12, unit, 4);
   PutLe(out + 16, capacity_bytes, 8);
@@ -55,7 +54,7 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
     return Status::InvalidArgument(fmt::format(
         "{}: not a Terrace store: superblock has {} bytes, expected {}", where, in.size(), kSuperblockHeaderBytes));
   }
-  if (std::memcmp(in.data(), kMagic, sizeof kMagic) != 0) {
+  if (std::memcmp(in.data(), kSuperblockMagic, sizeof kSuperblockMagic) != 0) {
     return Status::InvalidArgument(fmt::format(
         "{}: not a Terrace store (magic bytes do not read 'TRRCNVME'); point the NVMe tier at an empty "
         "directory or at an existing Terrace store",

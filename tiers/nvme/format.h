@@ -28,6 +28,8 @@ inline constexpr std::size_t kManifestBytes = kSuperblockHeaderBytes;
 inline constexpr std::size_t kDescriptorBytes = 104;        // encoded; the rest of its 4 KiB unit is zero
 inline constexpr std::size_t kRecordBytes = 48;
 inline constexpr std::uint8_t kRecordVersion = 2;
+// The first 8 bytes of a superblock slot (and of the manifest): what marks a Terrace data file.
+inline constexpr char kSuperblockMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
 // RocksDB keys of the manifest (the store's identity) and of the commit counter. Block records
 // use 25-byte keys, so neither can collide with one.
 inline constexpr std::string_view kManifestKey = "!terrace-manifest";

@@ -195,6 +195,13 @@ Status IndexStore::Scan(const std::function<void(std::string_view, std::string_v
   return FromRocks(&s, "scan");
 }
 
+bool IsIndexStoreFileName(std::string_view name) {
+  auto ends = [&](std::string_view e) { return name.ends_with(e); };
+  return name == "CURRENT" || name == "IDENTITY" || name == "LOCK" || name.starts_with("LOG") ||
+         name.starts_with("MANIFEST-") || name.starts_with("OPTIONS-") || name.starts_with(kIndexCreatingMarker) ||
+         ends(".log") || ends(".sst") || ends(".blob") || ends(".dbtmp") || ends(".tmp") || ends(".ldb");
+}
+
 Status DestroyIndexFiles(const std::filesystem::path& dir) {
   rocksdb::Options opts;
   opts.info_log = std::make_shared<ForwardingRocksLogger>(LoggerOrDefault(nullptr), dir.string());

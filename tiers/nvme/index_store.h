@@ -100,6 +100,16 @@ class IndexStore {
   Status failure_ TERRACE_GUARDED_BY(failure_mu_);  // the first write failure
 };
 
+// The marker an index directory holds while its store is being created (docs/nvme-format.md,
+// "Creation"), written through "<marker>.tmp".
+inline constexpr std::string_view kIndexCreatingMarker = "TERRACE-INDEX-CREATING";
+
+// True for the name of a file an index directory may hold: one RocksDB writes (CURRENT, IDENTITY,
+// LOCK, LOG*, MANIFEST-*, OPTIONS-*, *.log, *.sst, *.blob, *.ldb, *.dbtmp, *.tmp) or Terrace's
+// creation marker. Every other name in an index directory was put there by someone else. Decides
+// on the name alone: the caller checks that the entry is a regular file.
+bool IsIndexStoreFileName(std::string_view name);
+
 // Removes the RocksDB files in `dir` (rocksdb::DestroyDB): only for an index Terrace itself
 // half-created (an interrupted store creation).
 Status DestroyIndexFiles(const std::filesystem::path& dir);

@@ -78,7 +78,7 @@ Status FsyncDir(const fs::path& dir) {
 // durable, before RocksDB creates anything there, and removed once the manifest is written. It names
 // the store being created, so an interrupted creation removes an index directory's RocksDB files
 // only when that creation made them.
-constexpr std::string_view kCreatingMarker = "TERRACE-INDEX-CREATING";
+constexpr std::string_view kCreatingMarker = nvme::kIndexCreatingMarker;
 
 bool IsMarkerName(const fs::path& name) { return name.filename().string().starts_with(kCreatingMarker); }
 
