@@ -236,12 +236,18 @@ std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
   const fs::path index = p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir);
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(index, ec))) return std::nullopt;  // recover writes a new one
-  const std::optional<fs::path> foreign = ForeignIndexEntry(index);
-  if (!foreign) return std::nullopt;
   const std::string give_new = fmt::format(
       "give --index-dir a new or empty directory and run 'terrace store recover --dir {} --index-dir NEW_DIR' to "
       "rebuild the index there from the data file",
       p.dir);
+  const std::optional<fs::path> foreign = ForeignIndexEntry(index);
+  if (!foreign) {  // names alone are fine: recover's own test (another store's index, no RocksDB files, in use)
+    auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
+    if (!opts.ok()) return std::nullopt;  // the data file's own problem is reported elsewhere
+    const Status target = NvmeTier::CheckRebuildTarget(*opts);
+    if (target.ok() || target.IsNotFound()) return std::nullopt;
+    return fmt::format("'terrace store recover' would refuse: {}; {}", target.message(), give_new);
+  }
   if (*foreign == index) {
     return fmt::format("'terrace store recover' would refuse the index path '{}': it is {}, not an index directory; {}",
                        index.string(), DescribePathKind(index), give_new);

@@ -236,6 +236,23 @@ def test_a_missing_index_dir_gets_advice_that_works(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_check_asks_recover_itself_whether_it_would_refuse(tmp_path):
+    # Names alone look like an index (a log file), but there is no RocksDB database: recover refuses
+    # it, so check must not advise running it.
+    store = tmp_path / "s"
+    r = fill(store, count=4, block_size="8KiB")
+    assert r.returncode == 0, r.stderr
+    lose_index(store)
+    (store / "index").mkdir()
+    (store / "index" / "000001.log").write_text("mine\n")
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "would refuse" in r.stdout + r.stderr and "CURRENT" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert (store / "index" / "000001.log").read_text() == "mine\n"
+
+
 def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
     store = tmp_path / "s"
     r = fill(store, count=6, block_size="8KiB")
@@ -249,7 +266,7 @@ def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "would refuse" in r.stdout and "foo.txt" in r.stdout, r.stdout
     assert "would refuse" in r.stderr and "`terrace store recover" not in r.stderr, r.stderr
-    assert terrace("store", "recover", "--dir", store).returncode == 1  # the refusal the advice foresaw
+    assert terrace("store", "recover", "--dir", store).returncode == 2  # the refusal the advice foresaw (a path of the wrong kind)
     (store / "index" / "foo.txt").rename(tmp_path / "foo.txt")  # what the advice says to do
     r = terrace("store", "recover", "--dir", store)
     assert r.returncode == 0, r.stdout + r.stderr

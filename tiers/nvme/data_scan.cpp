@@ -238,15 +238,6 @@ Result<DataScanReport> NvmeTier::ScanDataFile(
 
 namespace {
 
-// True for the names RocksDB writes into a database directory (and Terrace's own temporaries).
-bool IsIndexFileName(const std::string& name) {
-  auto starts = [&](std::string_view p) { return name.rfind(p, 0) == 0; };
-  auto ends = [&](std::string_view e) { return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0; };
-  return name == "CURRENT" || name == "IDENTITY" || name == "LOCK" || starts("LOG") || starts("MANIFEST-") ||
-         starts("OPTIONS-") || ends(".log") || ends(".sst") || ends(".blob") || ends(".dbtmp") || ends(".tmp") ||
-         ends(".ldb");
-}
-
 // True when another process holds `dir`'s RocksDB LOCK (it has that index open read-write).
 bool IndexLockHeld(const fs::path& dir) {
   const fs::path lock = dir / "LOCK";
@@ -322,7 +313,7 @@ Status CheckIndexDirIsOurs(const fs::path& dir, const OldIndex& old, const nvme:
   bool rocksdb_files = false;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (!IsIndexFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
+    if (!nvme::IsIndexStoreFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
       return Status::InvalidArgument(fmt::format(
           "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index; {}",
           dir.string(), name, kChoose));
@@ -473,6 +464,17 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, int fd, const nvme:
 }
 
 }  // namespace
+
+Status NvmeTier::CheckRebuildTarget(const NvmeTierOptions& options) {
+  TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
+  Fd fd;
+  nvme::Superblock sb;
+  std::uint64_t size = 0;
+  TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, options.lock_wait, &fd, &sb, &size));
+  const OldIndex old = LookAtOldIndex(paths.index, sb, LoggerOrDefault(options.logger));
+  if (old.kind == OldIndex::Kind::kNone) return Status::Ok();
+  return CheckIndexDirIsOurs(paths.index, old, sb);
+}
 
 Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();

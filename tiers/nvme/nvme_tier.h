@@ -183,6 +183,10 @@ class NvmeTier final : public Tier {
   // read-write open writes them), and records whose descriptor is damaged or missing but whose
   // data passes its checksum. The data file is not written.
   static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {});
+  // OK when RebuildIndex would accept the index directory `options` names (absent, empty, or this
+  // store's index); otherwise the status RebuildIndex would refuse it with. Reads the superblock
+  // under a shared lock and opens the index read-only; changes nothing.
+  static Status CheckRebuildTarget(const NvmeTierOptions& options);
 
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
   NvmeTier(const NvmeTier&) = delete;
