@@ -475,7 +475,8 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
     TERRACE_RETURN_IF_ERROR(k.IntList("kda_layers", &c->kda.kda_layers, &have_kda));
     TERRACE_RETURN_IF_ERROR(k.Finish(keys, {}));
     for (const Spelling& sp : spellings) {
-      if (j.contains(sp.flat) && lin->contains(sp.nested) && *sp.value != sp.flat_value) {
+      const bool flat_given = j.contains(sp.flat) && !j[sp.flat].is_null();  // null: absent (transformers' to_dict)
+      if (flat_given && lin->contains(sp.nested) && !(*lin)[sp.nested].is_null() && *sp.value != sp.flat_value) {
         return r.Bad(sp.flat, fmt::format("is {} but linear_attn_config.{} is {}; the two spellings of one setting "
                                           "must agree: keep one",
                                           sp.flat_value, sp.nested, *sp.value));

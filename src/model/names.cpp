@@ -1,5 +1,6 @@
 #include "src/model/names.h"
 
+#include <charconv>
 #include <functional>
 #include <set>
 
@@ -151,6 +152,22 @@ std::vector<Switch> SwitchesOf(const ModelConfig& c) {
   return out;
 }
 
+constexpr std::string_view kLanguageModelPrefix = "language_model.";
+
+// True for a tensor of a multi-token-prediction layer: a layer past num_hidden_layers that holds
+// an `eh_proj` (the MTP projection; DeepSeek-V3-style checkpoints append such layers, whose output
+// never feeds the next-token logits). A plain extra decoder layer is not one.
+bool IsMtpLayerTensor(const WeightSource& source, const ModelConfig& c, std::string_view name) {
+  const std::string layers = LayerPrefix(0).substr(0, LayerPrefix(0).size() - 2);  // "...layers."
+  if (!name.starts_with(layers)) return false;
+  int layer = 0;
+  const char* p = name.data() + layers.size();
+  const char* end = name.data() + name.size();
+  const auto [next, ec] = std::from_chars(p, end, layer);
+  if (ec != std::errc() || next == end || *next != '.') return false;
+  return layer >= c.num_hidden_layers && source.Has(LayerTensorName(layer, "eh_proj.weight"));
+}
+
 // Tensors in `source` that `config` does not use (a model run would ignore them and compute
 // something other than the checkpoint's model): `by_setting`, one line per config setting that
 // would use them (naming the setting, its value and the first such tensor); `other`, one line per
@@ -184,6 +201,9 @@ UnusedTensors FindUnusedTensors(const WeightSource& source, const ModelConfig& c
   }
   for (const std::string& name : unused) {
     if (problems.other.size() >= kMaxListedProblems) break;
+    if (!name.starts_with(kLanguageModelPrefix)) continue;  // a K3 wrapper's vision tower and projector
+    if (IsMtpLayerTensor(source, c, name)) continue;
+
     problems.other.push_back(fmt::format("tensor '{}' is in the checkpoint, but config.json does not imply it (the model "
                                    "would ignore it); check config.json, or remove the tensor",
                                    name));

@@ -62,6 +62,10 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
       if (kept & stuck_new) {
         left = fmt::format("the new version could not be removed from tier {} either ({}), so the key reads it",
                            SlotName(target), undo_err.ToString());
+      } else if (stuck_new != 0) {
+        left = fmt::format("the new version's copy could not be removed from tier {} ({}) and stays there unread; {}",
+                           SlotName(target), undo_err.ToString(),
+                           kept != 0 ? "the previous version is kept" : "no version is readable");
       } else {
         left = kept != 0       ? "the new version was removed; the previous version is kept"
                : old_mask != 0 ? "the new version was removed (the previous version was only in that tier, which "

@@ -350,7 +350,8 @@ class StoreImpl {
   Result<int> PutTarget(const BlockKey& key, const PutOptions& opts) const;
   Status EraseLocked(const BlockKey& key);
   // Erases `key` from every slot in `mask`; returns the slots whose copy is still there (NotFound
-  // counts as removed), each counted as an I/O error of its tier, and the first such error.
+  // counts as removed; after a failed erase, the tier's Lookup decides), and the first such error.
+  // Every failed erase counts as an I/O error of its tier.
   SlotMask EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error);
   // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
   // previous version's other copies (old_mask) and updates the directory. When a previous copy

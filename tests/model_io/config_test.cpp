@@ -283,6 +283,8 @@ TEST_CASE("a flat linear_* key and its linear_attn_config spelling must agree", 
     Json j = ToyJson();
     j[flat] = j["linear_attn_config"][nested];
     CHECK(ParseConfigJson(j.dump()).ok());  // the same value twice is fine
+    j[flat] = nullptr;
+    CHECK(ParseConfigJson(j.dump()).ok());  // null is absent (transformers writes unset fields so)
     j[flat] = j["linear_attn_config"][nested].get<int>() + 1;
     const std::string e = ErrorOf(j);
     CHECK(Mentions(e, "'" + flat + "'"));

@@ -216,3 +216,22 @@ TEST_CASE("a tensor the config switches off is refused, naming the setting", "[n
     CHECK_FALSE(ValidateWeights(checkpoint, read).ok());
   }
 }
+
+TEST_CASE("vision tensors of a K3 wrapper and multi-token-prediction layers are not refused", "[names]") {
+  const ModelConfig c = *Preset("k3-toy");
+  std::vector<TensorSpec> specs = ExpectedTensors(c);
+  const std::vector<std::int64_t> shape = {4, 4};
+  auto extra = [&](std::string name) {
+    specs.push_back(TensorSpec{std::move(name), DType::kBF16, shape, Component::kNormsOther, -1, -1, false});
+  };
+  extra("vision_tower.patch_embed.proj.weight");
+  extra("multi_modal_projector.linear_1.weight");
+  extra(LayerTensorName(c.num_hidden_layers, "eh_proj.weight"));  // an MTP layer
+  extra(LayerTensorName(c.num_hidden_layers, "enorm.weight"));
+  CHECK(FindWeightProblems(SpecSource(specs), c).empty());
+  // A plain extra decoder layer (no eh_proj) is refused: the config would drop a layer.
+  extra(LayerTensorName(c.num_hidden_layers + 1, "input_layernorm.weight"));
+  const auto problems = FindWeightProblems(SpecSource(specs), c);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].find(LayerTensorName(c.num_hidden_layers + 1, "input_layernorm.weight")) != std::string::npos);
+}

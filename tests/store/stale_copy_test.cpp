@@ -96,6 +96,21 @@ TEST_CASE("a Put whose previous copy cannot be erased is not acknowledged, so a 
   CHECK_FALSE(put.ok());  // the only outcome that keeps both promises above when the erase failed
 }
 
+TEST_CASE("an erase a tier applied before failing removes the previous copy: the Put is acknowledged") {
+  TempDir dir("stale-copy-applied");
+  const StoreOptions o = StaleOptions(dir.path(), WritePolicy::kWriteBack);
+  const BlockKey k = TestKey(3);
+  const auto v1 = TestBytes(5, kStaleBlock), v2 = TestBytes(6, kStaleBlock);
+  StaleRig rig = OpenStale(o);
+  REQUIRE(rig.store->Put(k, v1, PutOptions{Codec::kRaw, TierId::kNvme}).ok());
+  rig.nvme->FailNextErasesAfterApplying(1, FaultInjectingTier::Eio(false));
+  const Status put = rig.store->Put(k, v2);
+  INFO(put.ToString());
+  CHECK(put.ok());  // the NVMe tier no longer holds v1: nothing contradicts v2
+  CHECK(rig.nvme->injected().erase_errors == 1);
+  CHECK(ReadOrNone(*rig.store, k) == v2);  // not "lost" (Corruption), not v1
+}
+
 TEST_CASE("a failed write-through Put whose copies cannot all be removed says what is left, and a reopen agrees") {
   TempDir dir("stale-copy-remove");
   const StoreOptions o = StaleOptions(dir.path(), WritePolicy::kWriteThrough);

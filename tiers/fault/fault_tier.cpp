@@ -34,6 +34,12 @@ void FaultInjectingTier::FailNextErases(int n, Status status) {
   armed_any_ = true;
 }
 
+void FaultInjectingTier::FailNextErasesAfterApplying(int n, Status status) {
+  MutexLock lock(&mu_);
+  fail_erases_applied_ = Armed{n, std::move(status)};
+  armed_any_ = true;
+}
+
 void FaultInjectingTier::FlipBitInNextGets(int n) {
   MutexLock lock(&mu_);
   flip_gets_ = n;
@@ -56,7 +62,7 @@ void FaultInjectingTier::SetRandom(const RandomFaults& faults) {
 
 void FaultInjectingTier::Disarm() {
   MutexLock lock(&mu_);
-  fail_puts_ = fail_gets_ = fail_erases_ = Armed{};
+  fail_puts_ = fail_gets_ = fail_erases_ = fail_erases_applied_ = Armed{};
   flip_gets_ = corrupt_puts_ = 0;
   random_on_ = false;
   armed_any_ = false;
@@ -184,6 +190,11 @@ Status FaultInjectingTier::Erase(const BlockKey& key) {
     MutexLock lock(&mu_);
     Status injected = TakeFailure(fail_erases_, 0, counts_.erase_errors);
     if (!injected.ok()) return injected.WithContext(fmt::format("erase of block {}", key.ToString()));
+    Status after = TakeFailure(fail_erases_applied_, 0, counts_.erase_errors);
+    if (!after.ok()) {
+      (void)inner_->Erase(key);
+      return after.WithContext(fmt::format("erase of block {} (applied, then failed)", key.ToString()));
+    }
   }
   return inner_->Erase(key);
 }

@@ -4,6 +4,7 @@
 // Faults (armed by the methods below; each counts down and then disarms):
 // - FailNextPuts / FailNextGets / FailNextErases: return the given Status without calling the
 //   wrapped tier, e.g. Eio(true) for a retryable EIO, Enospc() for ENOSPC (OutOfCapacity).
+//   FailNextErasesAfterApplying: call the wrapped Erase, then return the given Status.
 // - FlipBitInNextGets: call the wrapped Get, then flip one bit of the bytes it returned and return
 //   OK with the recorded desc. The wrapper deliberately does NOT re-verify or fix the bytes: it
 //   models corruption after the tier's own check (a bad DMA, a buggy tier), so the layer above must
@@ -55,6 +56,10 @@ class FaultInjectingTier final : public Tier {
   void FailNextPuts(int n, Status status);
   void FailNextGets(int n, Status status);
   void FailNextErases(int n, Status status);
+  // The next n Erases reach the wrapped tier (which removes the block) and then return `status`:
+  // a tier that applied an erase but could not make it durable (the NVMe tier whose group commit
+  // failed).
+  void FailNextErasesAfterApplying(int n, Status status);
   void FlipBitInNextGets(int n);
   void CorruptNextPuts(int n);
   void SetRandom(const RandomFaults& faults);
@@ -111,6 +116,7 @@ class FaultInjectingTier final : public Tier {
   Armed fail_puts_ TERRACE_GUARDED_BY(mu_);
   Armed fail_gets_ TERRACE_GUARDED_BY(mu_);
   Armed fail_erases_ TERRACE_GUARDED_BY(mu_);
+  Armed fail_erases_applied_ TERRACE_GUARDED_BY(mu_);
   int flip_gets_ TERRACE_GUARDED_BY(mu_) = 0;
   int corrupt_puts_ TERRACE_GUARDED_BY(mu_) = 0;
   RandomFaults random_ TERRACE_GUARDED_BY(mu_);

@@ -495,12 +495,13 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   }
   auto logger = LoggerOrDefault(options.logger);
   RebuildReport report;
+  // Only this store's index directory is moved aside: never a user's folder, a file given as the
+  // index, or another store's index. Checked before the scan (hours on a large device) and before
+  // anything is written.
+  OldIndex old = LookAtOldIndex(paths.index, sb, logger);
+  if (old.kind != OldIndex::Kind::kNone) TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index, old, sb));
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
-  OldIndex old = LookAtOldIndex(paths.index, sb, logger);
-  // Only this store's index directory is moved aside: never a user's folder, a file given as the
-  // index, or another store's index. Checked before anything is written.
-  if (old.kind != OldIndex::Kind::kNone) TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index, old, sb));
   CutCommit cut;
   if (old.idx) {
     cut = FinishCutCommit(*old.idx, paths.data, fd.fd, sb, logger, &found);
