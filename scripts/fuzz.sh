@@ -9,7 +9,8 @@ build="$root/build-fuzz"
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DTERRACE_BUILD_FUZZ=ON -DTERRACE_CUDA=OFF \
   -DTERRACE_BUILD_TESTS=OFF -DTERRACE_BUILD_BENCH=OFF -DTERRACE_BUILD_CLI=OFF >"$build.configure.log" 2>&1 ||
   { cat "$build.configure.log"; exit 1; }
-cmake --build "$build" --target fuzzers -j "$(nproc)" >/dev/null
+cmake --build "$build" --target fuzzers -j "$(nproc)" >"$build.build.log" 2>&1 ||
+  { tail -n 40 "$build.build.log"; echo "scripts/fuzz.sh: building the fuzzers failed (log: $build.build.log)" >&2; exit 1; }
 for fuzzer in "$build"/tests/fuzz/*_fuzz; do
   name="$(basename "$fuzzer")"
   corpus="$root/tests/fuzz/corpus/${name%_fuzz}"   # a corpus per fuzzer, or the shared one
