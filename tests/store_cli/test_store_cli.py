@@ -254,12 +254,7 @@ def test_check_asks_recover_itself_whether_it_would_refuse(tmp_path):
 
 
 def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
-    store = tmp_path / "s"
-    r = fill(store, count=6, block_size="8KiB")
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
-    lose_index(store)
+    store, expect = filled_without_index(tmp_path, count=6)
     (store / "index").mkdir()
     (store / "index" / "foo.txt").write_text("mine\n")  # recover moves aside only an index: it refuses this one
     r = terrace("store", "check", "--dir", store)
@@ -327,6 +322,17 @@ def test_check_is_read_only_and_repair_drops_corrupt_blocks(tmp_path):
     assert re.search(r"7 blocks in the index", r.stdout), r.stdout
 
 
+def filled_without_index(tmp_path, count):
+    """A store of `count` 8 KiB blocks whose index is then lost; returns it and its acknowledged list."""
+    store = tmp_path / "s"
+    r = fill(store, count=count, block_size="8KiB")
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    lose_index(store)
+    return store, expect
+
+
 def lose_index(store):
     """The index is gone (a lost disk, a wrong --index-dir, an rm): the data file alone remains."""
     index = Path(store, "index")
@@ -336,12 +342,7 @@ def lose_index(store):
 
 
 def test_check_without_expect_reports_blocks_the_index_lost_and_recover_rebuilds(tmp_path):
-    store = tmp_path / "s"
-    r = fill(store, count=24, block_size="8KiB")
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
-    lose_index(store)
+    store, expect = filled_without_index(tmp_path, count=24)
     r = terrace("store", "check", "--dir", store)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out                  # never "clean" with acknowledged blocks gone from the index
