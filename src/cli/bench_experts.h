@@ -38,6 +38,8 @@ struct Args {
   int threads = 1;
   int lookahead_depth = 2;
   int lookahead_embedding_depth = experts::LookaheadOptions{}.embedding_depth;
+  bool lookahead_depth_given = false;            // on the command line (refused without a lookahead row)
+  bool lookahead_embedding_depth_given = false;  // likewise
   std::optional<double> lookahead_min_confidence;  // unset: LookaheadOptions' default
   std::optional<double> lookahead_min_rank_precision;  // unset: LookaheadOptions' default
   std::optional<double> lookahead_busy_rank_precision;  // unset: LookaheadOptions' default (off)
@@ -46,6 +48,7 @@ struct Args {
   int lead_protected_layers = experts::ExpertOffloadOptions{}.lead_protected_layers;
   std::optional<double> lead_protected_share;  // unset: ExpertOffloadOptions' default
   double link_gbps = 55.0;
+  std::optional<double> link_gbps_arg;  // --link-gbps as given (finite); copied into link_gbps
   bool json = false;
   bool keep = false;
   bool drop_caches = false;  // also echo 1 > /proc/sys/vm/drop_caches before the mmap run (root only)

@@ -128,8 +128,8 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     s1.set_hooks(progress.Hooks());
     const auto t1 = std::chrono::steady_clock::now();
     auto r1 = recompute_in_turn1
-                  ? kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prompt, ""), {.restore = false})
-                  : kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prefix, ""));
+                  ? kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prompt, kv.tenant), {.restore = false})
+                  : kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prefix, kv.tenant));
     if (!r1.ok()) return r1.status();
     if (recompute_in_turn1) {
       ttft_recompute = SecondsSince(t1);
@@ -210,11 +210,12 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     // latent page touched for the first time inside the restore.
     {
       model::Session fresh(ctx.m);
-      TERRACE_RETURN_IF_ERROR(timed_restore(&fresh, run.cache->Prepare(prompt, ""), &out->ru, &out->ttft_unprepared,
+      TERRACE_RETURN_IF_ERROR(timed_restore(&fresh, run.cache->Prepare(prompt, kv.tenant), &out->ru,
+                                            &out->ttft_unprepared,
                                             &out->faults_unprepared, &out->tier_unprepared));
     }
     TERRACE_RETURN_IF_ERROR(fresh_cache());
-    const auto req = run.cache->Prepare(prompt, "");
+    const auto req = run.cache->Prepare(prompt, kv.tenant);
     // Cold, prepared (the row's headline): a fresh cache and session whose restore memory was
     // prepared at open (PrefixCache::Reserve + SequenceState::Reserve for the prompt), outside
     // the request; the preparation is timed on its own (prepare_s).

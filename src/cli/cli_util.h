@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "src/common/clock.h"
+#include "src/common/size_parse.h"
 #include "terrace/block.h"
 #include "terrace/options.h"
 #include "terrace/stats.h"
@@ -23,9 +24,9 @@
 
 namespace terrace::cli {
 
-// "4096", "4KiB", "1MiB", "2GiB", "1TiB" (binary), "4K"/"1M"/"2G" (binary too), "4KB"/"1MB"/"2GB"
-// (decimal). Case-insensitive. InvalidArgument naming `what` on anything else.
-Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what = "size");
+// Sizes are read by terrace::ParseSize (src/common/size_parse.h): "4096", "4KiB", "1MiB", "2GiB",
+// "1TiB" (binary), "4K"/"1M"/"2G" (binary too), "4KB"/"1MB"/"2GB" (decimal).
+using terrace::ParseSize;
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 

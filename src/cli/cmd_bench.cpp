@@ -74,6 +74,8 @@ struct BenchArgs {
   bool host_huge_pages_given = false;
   std::string host_stream_gets = "auto";  // --host-stream-gets: HostTierOptions::stream_get_min_bytes
   bool host_stream_gets_given = false;
+  // The NVMe-only flags given on the command line, in command-line spelling (refused for other tiers).
+  std::vector<std::string> nvme_flags_given;
   // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
   // drain at the end of each call costs little; memory tiers: one queue's worth.
   unsigned BatchSize() const {
@@ -474,6 +476,11 @@ int RunBenchTiers(const BenchArgs& a) {
   if (a.host_huge_pages_given && a.tier != "host") {
     return FailUsage(fmt::format("--host-huge-pages applies to --tier host only (got --tier {}); drop it", a.tier));
   }
+  if (!a.nvme_flags_given.empty() && a.tier != "nvme") {
+    return FailUsage(fmt::format("{} {} to --tier nvme only (got --tier {}); drop {}",
+                                 fmt::join(a.nvme_flags_given, ", "), a.nvme_flags_given.size() == 1 ? "applies" : "apply",
+                                 a.tier, a.nvme_flags_given.size() == 1 ? "it" : "them"));
+  }
   if (a.total_bytes < a.block_size) {
     return FailUsage(fmt::format("--total-bytes {} is less than one --block-size {}; raise --total-bytes",
                                  FormatBytes(static_cast<double>(a.total_bytes)),
@@ -621,7 +628,7 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"seconds", r->seconds},  {"mb_per_s", mbps},
                         {"iops", iops},           {"p50_us", p50},
                         {"p99_us", p99},          {"emulated", stats.emulated},
-                        {"durability", a.durability}, {"flush_seconds", r->flush_seconds},
+                        {"durability", a.tier == "nvme" ? a.durability : ""}, {"flush_seconds", r->flush_seconds},
                         {"open_seconds", open_seconds}, {"host_prefault", a.tier == "host" ? a.host_prefault : ""},
                         {"host_huge_pages", a.tier == "host" ? a.host_huge_pages : ""},
                         {"host_stream_gets", a.tier == "host" ? a.host_stream_gets : ""},
@@ -666,14 +673,14 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddIntOption(tiers, "--queue-depth", &a->queue_depth, 1u, 4096u,
                "NVMe I/Os in flight (ring depth); for memory tiers the default batch size");
   AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved", 1, kMaxTotalBytes);
-  tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
+  auto* dir_opt = tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
                                      "the tier uses the whole device and needs --index-dir; its contents are "
                                      "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
                                      "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run")->transform(NormalizedPath());
-  tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
+  auto* index_dir_opt = tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
                                                  "required when --dir is a block device (default: <dir>/index). "
                                                  "Removed afterwards if the bench created it")->transform(NormalizedPath());
-  tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
+  auto* durability_opt = tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   AddIntOption(tiers, "--batch", &a->batch, 1u, 65536u,
                "Operations per PutBatch / GetBatch call (default: for nvme 8 x queue depth or 64 MiB, up to 4096 "
@@ -683,7 +690,7 @@ void RegisterBench(CLI::App& app, Runner* run) {
                "Untimed passes before the timed ones (0: time the first touch of a fresh tier)");
   AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u,
                "Timed passes; MB/s and IOPS are the median pass (an even count: the mean of the two middle passes)");
-  tiers->add_flag("--keep", a->keep,
+  auto* keep_opt = tiers->add_flag("--keep", a->keep,
                   "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
                   "them and never removes them). A read run on a kept store that holds its blocks reads them "
                   "without writing them first");
@@ -697,7 +704,12 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddHostHugePagesOption(tiers, &a->host_huge_pages)->each([a](const std::string&) { a->host_huge_pages_given = true; });
   AddHostStreamGetsOption(tiers, &a->host_stream_gets)->each([a](const std::string&) { a->host_stream_gets_given = true; });
   tiers->add_flag("--json", a->json, "Print one JSON object (mb_per_s, iops, p50_us, p99_us, ...)");
-  tiers->callback([run, a] { *run = [a] { return RunBenchTiers(*a); }; });
+  tiers->callback([run, a, dir_opt, index_dir_opt, durability_opt, keep_opt] {
+    for (const CLI::Option* o : {dir_opt, index_dir_opt, durability_opt, keep_opt}) {
+      if (o->count() > 0) a->nvme_flags_given.push_back(o->get_name());
+    }
+    *run = [a] { return RunBenchTiers(*a); };
+  });
   RegisterBenchKv(bench, run);
   RegisterBenchExperts(bench, run);
   RegisterBenchStore(bench, run);

@@ -59,6 +59,8 @@ Status CheckLookaheadFlags(const Args& a, const std::vector<std::string>& wanted
                                          [](const std::string& n) { return n.find("lookahead") != std::string::npos; });
   if (any_lookahead) return Status::Ok();
   const std::pair<bool, const char*> lookahead_flags[] = {
+      {a.lookahead_depth_given, "--lookahead-depth"},
+      {a.lookahead_embedding_depth_given, "--lookahead-embedding-depth"},
       {a.lookahead_min_confidence.has_value(), "--lookahead-min-confidence"},
       {a.lookahead_min_rank_precision.has_value(), "--lookahead-min-rank-precision"},
       {a.lookahead_busy_rank_precision.has_value(), "--lookahead-busy-rank-precision"},
@@ -73,6 +75,17 @@ Status CheckLookaheadFlags(const Args& a, const std::vector<std::string>& wanted
   return Status::Ok();
 }
 
+// --drop-caches drops the page cache before the mmap rows only: refused without one.
+Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
+  const bool any_mmap =
+      std::any_of(wanted.begin(), wanted.end(), [](const std::string& n) { return n == "mmap" || n == "mmap-unbounded"; });
+  if (!a.drop_caches || any_mmap) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "--drop-caches drops the page cache before the mmap rows, and --configs '{}' has none; add mmap or "
+      "mmap-unbounded, or drop --drop-caches",
+      a.configs));
+}
+
 // Runs every row in order (resident; the experts onto the NVMe tier; the store-backed rows at each
 // budget; the mmap rows) and prints the result. The process exit code.
 int RunBenchExpertsOnce(const Args& a) {
@@ -84,6 +97,7 @@ int RunBenchExpertsOnce(const Args& a) {
   auto wanted = ParseConfigs(a.configs);
   if (!wanted.ok()) return FailUsage(wanted.status().message());
   if (Status s = CheckLookaheadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
+  if (Status s = CheckDropCaches(a, *wanted); !s.ok()) return FailUsage(s.message());
   auto run_config = [&](const std::string& name) { return std::find(wanted->begin(), wanted->end(), name) != wanted->end(); };
   model::ops::SetBlasThreads(a.threads);
   const std::filesystem::path dir(a.dir);
@@ -170,8 +184,9 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--prompt", &a->prompt, 1, 65536, "Prompt tokens (prefilled, untimed)");
   AddIntOption(cmd, "--decode", &a->decode, 1, 65536, "Timed decode tokens per configuration");
   AddIntOption(cmd, "--threads", &a->threads, 1, 256, "OpenBLAS threads");
-  AddIntOption(cmd, "--lookahead-depth", &a->lookahead_depth, 1, 64, "Layers the lookahead rows predict ahead");
-  AddIntOption(cmd, "--lookahead-embedding-depth", &a->lookahead_embedding_depth, 0, 64,
+  auto* depth_opt =
+      AddIntOption(cmd, "--lookahead-depth", &a->lookahead_depth, 1, 64, "Layers the lookahead rows predict ahead");
+  auto* embedding_depth_opt = AddIntOption(cmd, "--lookahead-embedding-depth", &a->lookahead_embedding_depth, 0, 64,
                "MoE layers the lookahead rows predict from the embedding at token start (0: off; default 1)");
   AddDoubleOption(cmd, "--lookahead-min-confidence", &a->lookahead_min_confidence, 0.0, 1.0,
                   "Running precision below which lookahead stops predicting a distance > 1 or an embedding target "
@@ -192,13 +207,19 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
                "have no lead time to hide behind; 0: off; default 1)");
   AddDoubleOption(cmd, "--lead-protected-share", &a->lead_protected_share, 0.0, 1.0,
                   "Share of the budget reserved for the --lead-protected-layers experts (default 0.5)");
-  cmd->add_option("--link-gbps", a->link_gbps, "Host-to-HBM link model, GB/s (emulated HBM tier)")->capture_default_str();
+  AddDoubleOption(cmd, "--link-gbps", &a->link_gbps_arg, 0.0, 1e6,
+                  fmt::format("Host-to-HBM link model, GB/s (emulated HBM tier; default {:g})", a->link_gbps));
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");
   cmd->add_flag("--drop-caches", a->drop_caches,
                 "Before the mmap baseline, also drop the whole system's page cache (echo 1 > "
                 "/proc/sys/vm/drop_caches; root only)");
-  cmd->callback([run, a] { *run = [a] { return RunBenchExperts(*a); }; });
+  cmd->callback([run, a, depth_opt, embedding_depth_opt] {
+    a->lookahead_depth_given = depth_opt->count() > 0;
+    a->lookahead_embedding_depth_given = embedding_depth_opt->count() > 0;
+    if (a->link_gbps_arg) a->link_gbps = *a->link_gbps_arg;
+    *run = [a] { return RunBenchExperts(*a); };
+  });
 }
 
 }  // namespace terrace::cli

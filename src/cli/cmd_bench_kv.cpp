@@ -226,7 +226,7 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
       const std::uint64_t failures_before = run.cache->Stats().write_failures;
       const auto t0 = std::chrono::steady_clock::now();
       TERRACE_ASSIGN_OR_RETURN(const kv::CachedPrefill r,
-                               kv::PrefillWithCache(&session, *run.cache, run.cache->Prepare(prompt, "")));
+                               kv::PrefillWithCache(&session, *run.cache, run.cache->Prepare(prompt, kv.tenant)));
       const double ttft = SecondsSince(t0);
       run.cache->Flush();  // the write-back, outside the turn's time (a reply is generated meanwhile)
       const TierTally turn = Tally(run) - before;
@@ -416,6 +416,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   j["state_codec"] = a.kv.state_codec;
   j["chunk_tokens"] = a.kv.chunk_tokens;
   j["read_order"] = a.kv.read_order;
+  j["tenant"] = a.kv.tenant;  // every block was written and read under it
   j["suffix_tokens"] = kSuffixTokens;
   j["rows"] = rows;
   PutTierFigures(all_read, all_written, &j);

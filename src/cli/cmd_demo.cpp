@@ -57,6 +57,7 @@ struct DemoArgs {
   std::string expert_cache = "25%";
   std::uint64_t kv_nvme_bytes = 64ull << 20;
   std::uint64_t state_nvme_bytes = 128ull << 20;
+  bool kv_nvme_given = false, state_nvme_given = false;  // on the command line: an existing pool must match
   bool fresh = false;
   bool json = false;
   std::string preset = "k3-small";
@@ -130,10 +131,29 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
   std::error_code ec;
   if (fs::exists(out / "config.json", ec)) {
     auto md = model::ModelDir::Open(out);
-    if (md.ok() && model::ToConfigJson((*md)->config()) == model::ToConfigJson(config)) return true;
+    if (!md.ok() || model::ToConfigJson((*md)->config()) != model::ToConfigJson(config)) {
+      return Status::InvalidArgument(fmt::format(
+          "--dir: {} holds a model that does not load as {} ({}); run 'terrace demo --fresh' to rebuild it",
+          out.string(), preset, md.ok() ? "another config" : md.status().message()));
+    }
+    // The weights' seed, which `model init` records in the safetensors metadata ("terrace_seed"): a
+    // model of another seed is not the one --seed asks for (its weights and so every logit differ).
+    std::string built_seed;
+    const std::vector<std::string> names = (*md)->Names();
+    if (const model::SafetensorsFile* shard = names.empty() ? nullptr : (*md)->ShardOf(names.front())) {
+      if (auto it = shard->metadata().find("terrace_seed"); it != shard->metadata().end()) built_seed = it->second;
+    }
+    if (built_seed == std::to_string(seed)) return true;
+    if (built_seed.empty()) {
+      return Status::InvalidArgument(fmt::format(
+          "--seed: the model in {} does not record the seed it was built with; run 'terrace demo --fresh' to rebuild "
+          "it with --seed {}",
+          out.string(), seed));
+    }
     return Status::InvalidArgument(fmt::format(
-        "--dir: {} holds a model that does not load as {} ({}); run 'terrace demo --fresh' to rebuild it",
-        out.string(), preset, md.ok() ? "another config" : md.status().message()));
+        "--seed: the model in {} was built with seed {}; run with --seed {} or 'terrace demo --fresh' (rebuilds it "
+        "with --seed {})",
+        out.string(), built_seed, built_seed, seed));
   }
   const fs::path tmp = dir / kDemoModelTmpDir;  // WhyNotDemoDir checked it holds only model files
   fs::remove_all(tmp, ec);
@@ -611,6 +631,9 @@ int RunDemo(const DemoArgs& a) {
   kv_args.snapshot_every = 1;
   kv_args.kv_nvme_bytes = a.kv_nvme_bytes;
   kv_args.state_nvme_bytes = a.state_nvme_bytes;
+  kv_args.kv_nvme_given = a.kv_nvme_given;
+  kv_args.state_nvme_given = a.state_nvme_given;
+  kv_args.kv_nvme_flag = "--kv-nvme-size";
   kv_args.hbm_bytes = 1ull << 20;
   kv_args.host_bytes = 2ull << 20;
   kv_args.state_host_bytes = 4ull << 20;
@@ -721,9 +744,14 @@ void RegisterDemo(CLI::App& app, Runner* run) {
   demo->add_option("--expert-cache", a->expert_cache,
                    "Fast-tier expert cache: a share of all routed expert bytes (25%) or a size (16MiB)")
       ->capture_default_str();
-  AddSizeOption(demo, "--kv-nvme-size", &a->kv_nvme_bytes, "NVMe capacity of the KV pool when it is created", 1 << 20);
-  AddSizeOption(demo, "--state-nvme-size", &a->state_nvme_bytes, "NVMe capacity of the KDA state pool when it is created",
-                1 << 20);
+  AddSizeOption(demo, "--kv-nvme-size", &a->kv_nvme_bytes,
+                "NVMe capacity of the KV pool when it is created (an existing pool of another size is refused)",
+                1 << 20)
+      ->each([a](const std::string&) { a->kv_nvme_given = true; });
+  AddSizeOption(demo, "--state-nvme-size", &a->state_nvme_bytes,
+                "NVMe capacity of the KDA state pool when it is created (an existing pool of another size is refused)",
+                1 << 20)
+      ->each([a](const std::string&) { a->state_nvme_given = true; });
   demo->add_option("--preset", a->preset, "The model: k3-small (the demo) or k3-toy (a smaller one, for quick checks)")
       ->capture_default_str();
   demo->add_flag("--json", a->json, "Print the run's figures as one JSON object instead of the summary");

@@ -380,8 +380,8 @@ void RegisterModel(CLI::App& app, Runner* run) {
   auto* dir_opt = s->add_option("dir", *dir, "Model directory");
   s->add_option("--preset", *preset, "Show a preset's expected tensors instead (no files)")->excludes(dir_opt);
   s->add_flag("--json", *json, "JSON output");
-  s->add_flag("--summary", *summary, "Totals only, no per-tensor lines (the default for --preset)");
-  s->add_flag("--tensors", *tensors, "List every tensor (also for --preset)");
+  auto* summary_flag = s->add_flag("--summary", *summary, "Totals only, no per-tensor lines (the default for --preset)");
+  s->add_flag("--tensors", *tensors, "List every tensor (also for --preset)")->excludes(summary_flag);
   s->callback([run, dir, preset, json, summary, tensors] {
     *run = [dir, preset, json, summary, tensors] {
       if (dir->empty() && preset->empty()) return FailUsage("model inspect needs a directory or --preset");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -38,6 +39,7 @@ struct PlanArgs {
   std::string state_codec = "f32";
   int chunk_tokens = 256;
   int gqa_kv_heads = 8;
+  bool gqa_kv_heads_given = false;  // on the command line: refused above the model's attention heads
   std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
   std::string context = "32k";
   int concurrency = 32;
@@ -512,6 +514,10 @@ int RunPlan(const PlanArgs& a) {
   }
   auto config = ResolveModel(a.model);
   if (!config.ok()) return FailUsage(config.status().message());
+  if (a.gqa_kv_heads_given && a.gqa_kv_heads > config->num_attention_heads) {
+    return FailUsage(fmt::format("--gqa-kv-heads {} is more than the model's {} attention heads; give at most {}",
+                                 a.gqa_kv_heads, config->num_attention_heads, config->num_attention_heads));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::optional<Trace> trace;
   if (!a.trace.empty()) {
@@ -531,6 +537,15 @@ int RunPlan(const PlanArgs& a) {
   if (!kv.ok()) return FailUsage(fmt::format("--kv-codec: {}", kv.status().message()));
   auto st = codec::CodecSpec::Parse(a.state_codec);
   if (!st.ok()) return FailUsage(fmt::format("--state-codec: {}", st.status().message()));
+  // Sizes are planned from the codec's encoded size before its lossless stage (what it saves depends
+  // on the data): a "+zstd" / "+lz4" codec would be planned as its base codec under another name.
+  for (const auto& [flag, text, spec] : {std::tuple{"--kv-codec", &a.kv_codec, &*kv}, {"--state-codec", &a.state_codec, &*st}}) {
+    if (spec->lossless == codec::Lossless::kNone) continue;
+    const std::string base = text->substr(0, text->rfind('+'));
+    return FailUsage(fmt::format("{} {}: the plan sizes blocks before the lossless stage (what it saves depends on "
+                                 "the data), so it would plan {} under another name; give {} {}",
+                                 flag, *text, base, flag, base));
+  }
   o.layout.kv_codec = *kv;
   o.layout.state_codec = *st;
   o.layout.chunk_tokens = a.chunk_tokens;
@@ -577,7 +592,9 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
   AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
   AddIntOption(c, "--gqa-kv-heads", &a->gqa_kv_heads, 1, 4096,
-               "KV heads of the GQA comparison model (at most the model's attention heads)");
+               "KV heads of the GQA comparison model (at most the model's attention heads; the default 8 is capped "
+               "at them)")
+      ->each([a](const std::string&) { a->gqa_kv_heads_given = true; });
   AddDoubleOption(c, "--rate", &a->rate, 0, 1e6, "Requests per second per node (default 1)");
   c->add_option("--context", a->context,
                 "Prompt tokens per request (k = 1024, M = 1024k), or a distribution of lengths with weights, "

@@ -333,8 +333,8 @@ void RegisterRef(CLI::App& app, Runner* run) {
   };
   auto* kda = add("kda", "KDA recurrence: q,k,g [B,T,H,K], v [B,T,H,V], beta [B,T,H] -> o, final_state", RefKda);
   AddDoubleOption(kda, "--scale", &args->scale, -1e6, 1e6, "Multiplier for q (default K^-0.5)");
-  kda->add_flag("--chunked", args->chunked, "Use the chunkwise form (default: recurrent)");
-  AddIntOption(kda, "--chunk-size", &args->chunk, 1, 1 << 16, "Chunk length for --chunked");
+  auto* chunked = kda->add_flag("--chunked", args->chunked, "Use the chunkwise form (default: recurrent)");
+  AddIntOption(kda, "--chunk-size", &args->chunk, 1, 1 << 16, "Chunk length for --chunked")->needs(chunked);
   auto* mla = add("mla", "Gated MLA layer on hidden_states [T, d] -> output, latents", RefMla);
   AddOptionalIntOption(mla, "--heads", &args->heads, 1, 4096, "num_attention_heads")->required();
   mla->add_flag("--absorbed", args->absorbed, "Use the absorbed form (default: naive)");

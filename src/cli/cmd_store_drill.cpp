@@ -63,13 +63,24 @@ struct DrillArgs {
   std::string faults = "eio,enospc,short,bitflip,powercut";
   std::uint64_t seed = 1;
   std::uint64_t block_size = 16 * kKiB;
+  bool block_size_given = false;  // --block-size on the command line: every kind uses it (short refuses < kShortMinBlock)
   std::uint64_t capacity = 256 * kMiB;
   std::uint64_t max_acks = 48;
   bool json = false;
 };
 
+// Short transfers are only injected into requests longer than one 4 KiB unit: the short kind's
+// blocks are at least this (without --block-size it uses this; below it an explicit one is refused).
+constexpr std::uint64_t kShortMinBlock = 64 * kKiB;
+
+// The block size `kind` runs with: --block-size, or for short without it at least kShortMinBlock.
+std::uint64_t DrillBlockSize(const DrillArgs& a, const std::string& kind) {
+  return kind == "short" && !a.block_size_given ? std::max(a.block_size, kShortMinBlock) : a.block_size;
+}
+
 struct KindResult {
   std::string kind;
+  std::uint64_t block_size = 0;  // what this kind's blocks were (DrillBlockSize)
   std::uint64_t rounds = 0, kills = 0, faults = 0, acknowledged = 0, lost = 0, corrupt_detected = 0,
                 corrupt_returned = 0, damage_missed = 0, rebuilt = 0, open_failures = 0;
   std::vector<std::string> problems;  // the first few, for the report
@@ -235,8 +246,8 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
   auto problem = [&](std::string p) {
     if (res.problems.size() < 5) res.problems.push_back(std::move(p));
   };
-  // Short transfers are only injected into requests longer than one 4 KiB unit.
-  const std::uint64_t block_size = kind == "short" ? std::max<std::uint64_t>(a.block_size, 64 * kKiB) : a.block_size;
+  const std::uint64_t block_size = DrillBlockSize(a, kind);
+  res.block_size = block_size;
   const std::uint64_t capacity_blocks = a.capacity / (block_size + 8 * kKiB);
   for (std::uint64_t round = 0; round < a.kills; ++round) {
     const bool powercut = kind == "powercut";
@@ -425,6 +436,14 @@ int RunDrill(const DrillArgs& a) {
   }
   if (kinds.empty()) return FailUsage("--faults names no fault; choose from eio,enospc,short,bitflip,powercut");
   if (a.block_size < 64 || a.block_size > 16 * kMiB) return FailUsage("--block-size must be 64 B..16 MiB for the drill");
+  if (a.block_size_given && a.block_size < kShortMinBlock &&
+      std::find(kinds.begin(), kinds.end(), "short") != kinds.end()) {
+    return FailUsage(fmt::format(
+        "--block-size {} is below the 64 KiB the short fault needs (a short transfer is injected only into a request "
+        "longer than one 4 KiB unit); give --block-size 64KiB or more, drop short from --faults, or leave "
+        "--block-size out (short then uses 64 KiB, the other faults {})",
+        FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(DrillArgs{}.block_size))));
+  }
   if (a.capacity < 16 * kMiB || a.capacity % nvme::kUnit != 0) {
     return FailUsage("--capacity must be at least 16MiB and a multiple of 4KiB");
   }
@@ -440,6 +459,7 @@ int RunDrill(const DrillArgs& a) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& r : results) {
       rows.push_back({{"fault", r.kind},
+                      {"block_size", r.block_size},
                       {"rounds", r.rounds},
                       {"kills", r.kills},
                       {"faults_injected", r.faults},
@@ -456,10 +476,10 @@ int RunDrill(const DrillArgs& a) {
                         {"kills_per_fault", a.kills}, {"ok", !failed}, {"faults", rows}};
     fmt::print("{}\n", JsonText(j, 2));
   } else {
-    Table t({"fault", "rounds", "kills", "faults injected", "acknowledged", "lost", "corrupt-detected",
+    Table t({"fault", "block", "rounds", "kills", "faults injected", "acknowledged", "lost", "corrupt-detected",
              "corrupt-returned"});
     for (const auto& r : results) {
-      t.Add({r.kind, std::to_string(r.rounds), std::to_string(r.kills), std::to_string(r.faults),
+      t.Add({r.kind, FormatBytes(static_cast<double>(r.block_size)), std::to_string(r.rounds), std::to_string(r.kills), std::to_string(r.faults),
              std::to_string(r.acknowledged), std::to_string(r.lost), std::to_string(r.corrupt_detected),
              std::to_string(r.corrupt_returned)});
     }
@@ -490,7 +510,11 @@ void RegisterStoreDrill(CLI::App* store, Runner* run) {
   AddIntOption<std::uint64_t>(cmd, "--kills", &a->kills, 1, 10000, "Rounds per fault kind, each ending in a kill or a fault");
   cmd->add_option("--faults", a->faults, "Comma-separated faults: eio,enospc,short,bitflip,powercut (default: all)");
   AddIntOption<std::uint64_t>(cmd, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the kill points, faults and block contents");
-  AddSizeOption(cmd, "--block-size", &a->block_size, "Block size of the test blocks", 64, 16 * kMiB);
+  AddSizeOption(cmd, "--block-size", &a->block_size,
+                "Block size of the test blocks, every fault kind (without it short uses 64 KiB, the others the default; "
+                "given, at least 64 KiB when --faults has short)",
+                64, 16 * kMiB)
+      ->each([a](const std::string&) { a->block_size_given = true; });
   AddSizeOption(cmd, "--capacity", &a->capacity, "Capacity of each drill store", 16 * kMiB, 1024 * kGiB);
   AddIntOption<std::uint64_t>(cmd, "--max-acks", &a->max_acks, 1, 100000,
                 "A round kills its writer after 1..N acknowledged puts");

@@ -19,6 +19,7 @@ struct GenArgs {
   std::optional<double> zipf, rate, think_ms;
   std::string out;
   bool force = false;
+  bool prefixes_given = false;  // --prefixes on the command line (refused with --prefix-blocks 0)
 };
 
 // A trace has no room for Terrace's mark: an existing file is replaced only with --force.
@@ -29,6 +30,16 @@ int RunGen(const GenArgs& a) {
   if (a.zipf) o.zipf = *a.zipf;
   if (a.rate) o.rate = *a.rate;
   if (a.think_ms) o.think_ms = *a.think_ms;
+  // Flags that shape what a trace without them would not have: refused rather than ignored.
+  if (o.prefix_blocks == 0 && (a.zipf || a.prefixes_given)) {
+    return FailUsage(fmt::format("{} shapes the shared prefixes, and --prefix-blocks 0 makes none; drop {} or give "
+                                 "--prefix-blocks 1 or more",
+                                 a.zipf ? "--zipf" : "--prefixes", a.zipf ? "--zipf" : "--prefixes"));
+  }
+  if (o.turns == 1 && a.think_ms) {
+    return FailUsage("--think-ms is the gap between a session's turns, and --turns 1 has one turn; drop --think-ms "
+                     "or give --turns 2 or more");
+  }
   if (Status s = plan::ValidateTraceGenOptions(o); !s.ok()) return FailUsage(s.message());
   if (!a.out.empty() && a.out != "-") {
     if (Status s = CheckOutputFile(a.out, "--out", TraceRules(a)); !s.ok()) return FailUsage(s.message());
@@ -64,7 +75,8 @@ void RegisterTrace(CLI::App& app, Runner* run) {
               "Replace an existing --out file (a trace carries no mark of Terrace's, so any existing file needs it)");
   AddIntOption<std::uint64_t>(g, "--requests", &a->o.requests, 1, 10'000'000, "Requests");
   AddIntOption<std::uint64_t>(g, "--seed", &a->o.seed, 0, UINT64_MAX, "Random seed");
-  AddIntOption(g, "--prefixes", &a->o.prefixes, 1, 10'000'000, "Distinct shared prefixes");
+  AddIntOption(g, "--prefixes", &a->o.prefixes, 1, 10'000'000, "Distinct shared prefixes")
+      ->each([a](const std::string&) { a->prefixes_given = true; });
   AddDoubleOption(g, "--zipf", &a->zipf, 0, 8, "Prefix popularity exponent, 0 = uniform (default 1)");
   AddIntOption(g, "--prefix-blocks", &a->o.prefix_blocks, 0, 100'000, "Blocks of each shared prefix");
   AddIntOption(g, "--turn-blocks", &a->o.turn_blocks, 1, 100'000, "New blocks per turn");

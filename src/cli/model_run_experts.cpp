@@ -19,16 +19,21 @@ void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
                   "Which experts to prefetch (with --expert-cache): lookahead (the next layers' routers on the current "
                   "hidden state), statistical (co-activation counts), none (on demand only), oracle (replays this "
                   "run's own routing, recorded in a first pass)")
-      ->default_str("lookahead");
+      ->default_str("lookahead")
+      ->each([a](const std::string&) { a->predictor_given = true; });
   cmd->add_option("--expert-policy", a->policy,
                   "Fast-tier cache policy (with --expert-cache): lru, lfu, utility (P(use within the lookahead "
                   "window) x reload cost), belady (evict the expert used farthest ahead; only with --predictor oracle, "
                   "whose recorded routing is the future it needs: the replacement bound)")
-      ->default_str("utility");
+      ->default_str("utility")
+      ->each([a](const std::string&) { a->policy_given = true; });
   cmd->add_option("--expert-home", a->home,
                   "Where each expert's one immutable copy lives: host or nvme (default: nvme with --store, in "
                   "DIR/experts; host otherwise)");
-  AddIntOption(cmd, "--lookahead-depth", &a->depth, 1, 16, "Layers ahead the lookahead and oracle predictors look");
+  AddIntOption(cmd, "--lookahead-depth", &a->depth, 1, 16,
+               "Layers ahead the lookahead and oracle predictors look, and the utility policy's window (with "
+               "--expert-cache)")
+      ->each([a](const std::string&) { a->depth_given = true; });
   cmd->add_option("--expert-prometheus", a->prometheus,
                   "Also write the expert cache's metrics to this file in Prometheus text format");
 }
@@ -37,7 +42,9 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
                                 const model::WeightSource& weights, const OutputRules& out_rules) {
   ExpertRun run;
   if (a.cache.empty()) {
-    for (const auto& [flag, set] : {std::pair{"--expert-home", !a.home.empty()}, {"--expert-prometheus", !a.prometheus.empty()}})
+    for (const auto& [flag, set] :
+         {std::pair{"--expert-home", !a.home.empty()}, {"--expert-prometheus", !a.prometheus.empty()},
+          {"--predictor", a.predictor_given}, {"--expert-policy", a.policy_given}, {"--lookahead-depth", a.depth_given}})
       if (set) return Status::InvalidArgument(fmt::format("{} needs --expert-cache (e.g. --expert-cache 25%)", flag));
     return run;
   }
@@ -49,6 +56,15 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (!policy.ok()) return Status::InvalidArgument("--expert-policy: " + policy.status().message());
   if (Status s = experts::CheckPolicyPredictor(*policy, *predictor); !s.ok())
     return Status::InvalidArgument(fmt::format("--expert-policy {} with --predictor {}: {}", a.policy, a.predictor, s.message()));
+  // The depth is the lookahead and oracle predictors' reach and the utility policy's window.
+  const bool uses_depth = *predictor == experts::PredictorKind::kLookahead ||
+                          *predictor == experts::PredictorKind::kOracle || *policy == experts::CachePolicyKind::kUtility;
+  if (a.depth_given && !uses_depth) {
+    return Status::InvalidArgument(fmt::format(
+        "--lookahead-depth sets how far the lookahead and oracle predictors look and the utility policy's window; "
+        "--predictor {} with --expert-policy {} uses neither: drop --lookahead-depth",
+        a.predictor, a.policy));
+  }
   if (!a.prometheus.empty())
     TERRACE_RETURN_IF_ERROR(
         CheckOutputFile(a.prometheus, "--expert-prometheus", out_rules.As(OutputFormat::kPrometheus)));

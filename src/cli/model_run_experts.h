@@ -25,6 +25,9 @@ struct ExpertRunArgs {
   std::string home;                   // --expert-home host|nvme; default nvme with --store, else host
   int depth = 2;
   std::string prometheus;             // --expert-prometheus FILE
+  // Given on the command line (each is refused without --expert-cache; --lookahead-depth also where
+  // neither the predictor nor the policy uses it).
+  bool predictor_given = false, policy_given = false, depth_given = false;
 };
 
 void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* args);

@@ -28,10 +28,15 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   AddIntOption(cmd, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per cached chunk");
   AddIntOption(cmd, "--snapshot-every", &a->snapshot_every, 0, 1 << 20,
                "KDA snapshot every N chunks (0: only at the request's last full chunk)");
-  AddSizeOption(cmd, "--store-nvme-size", &a->kv_nvme_bytes, "NVMe capacity of the KV pool when it is created (e.g. 1GiB)",
-                1 << 20);
+  AddSizeOption(cmd, "--store-nvme-size", &a->kv_nvme_bytes,
+                "NVMe capacity of the KV pool when it is created (e.g. 1GiB); an existing pool of another size is "
+                "refused",
+                1 << 20)
+      ->each([a](const std::string&) { a->kv_nvme_given = true; });
   AddSizeOption(cmd, "--state-nvme-size", &a->state_nvme_bytes,
-                "NVMe capacity of the KDA state pool when it is created", 1 << 20);
+                "NVMe capacity of the KDA state pool when it is created; an existing pool of another size is refused",
+                1 << 20)
+      ->each([a](const std::string&) { a->state_nvme_given = true; });
   AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20);
   AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20);
   AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
@@ -80,6 +85,19 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   return s;
 }
 
+// An existing pool keeps the size it was created with: a size given on the command line that differs
+// from it is refused (InvalidArgument naming the flag and the pool's size), never ignored.
+Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag) {
+  if (!given || !StoreDataExists(dir)) return Status::Ok();
+  auto existing = ExistingStoreCapacity(dir);
+  if (!existing.ok() || *existing == bytes) return Status::Ok();  // an unreadable pool: Store::Open says why
+  return Status::InvalidArgument(fmt::format(
+      "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "
+      "pool's own size, or use a new directory",
+      flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*existing)),
+      *existing, flag));
+}
+
 }  // namespace
 
 kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
@@ -101,14 +119,16 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
   if (!layout.ok()) return Status::InvalidArgument(layout.status().message());
   KvRun run;
   const std::filesystem::path dir(a.store);
+  TERRACE_RETURN_IF_ERROR(CheckPoolSize(dir / "kv", a.kv_nvme_given, a.kv_nvme_bytes, a.kv_nvme_flag));
+  TERRACE_RETURN_IF_ERROR(CheckPoolSize(dir / "state", a.state_nvme_given, a.state_nvme_bytes, a.state_nvme_flag));
   {
-    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, "--store-nvme-size",
+    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, a.kv_nvme_flag,
                       static_cast<unsigned>(kv::kRestoreKvReaders));
     if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
     run.kv_store = std::move(s).value();
   }
   {
-    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, "--state-nvme-size", 1);
+    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, a.state_nvme_flag, 1);
     if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
     run.state_store = std::move(s).value();
   }

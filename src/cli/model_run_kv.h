@@ -30,6 +30,10 @@ struct KvRunArgs {
   std::uint64_t state_host_bytes = 64ull << 20;
   std::uint64_t hbm_bytes = 256ull << 20;
   std::string read_order = "layers";  // kv::RestoreReadOrder: layers | chunks
+  // The NVMe sizes given on the command line (an existing pool of another size is then refused), and
+  // the flags that set them, for messages (`terrace demo` calls the first --kv-nvme-size).
+  bool kv_nvme_given = false, state_nvme_given = false;
+  std::string kv_nvme_flag = "--store-nvme-size", state_nvme_flag = "--state-nvme-size";
 };
 
 // The prefix-cache flags. with_store: also --store DIR, which every other flag here then needs

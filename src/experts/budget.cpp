@@ -9,13 +9,14 @@
 
 #include <fmt/format.h>
 
+#include "src/common/size_parse.h"
 #include "terrace/experts.h"
 
 namespace terrace::experts {
 namespace {
 
 constexpr std::string_view kBudgetForms =
-    "a percentage of the routed expert bytes such as 25% (0-100], or a size such as 64MiB, 2GiB, 512KiB or 1048576";
+    "a percentage of the routed expert bytes such as 25% (0-100], or a size such as 64MiB, 2GiB, 64MB (decimal) or 1048576";
 
 }  // namespace
 
@@ -34,26 +35,15 @@ Result<CacheBudget> CacheBudget::Parse(std::string_view text) {
     b.fraction = v / 100.0;
     return b;
   }
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0) return bad("does not start with a number");
-  std::uint64_t n = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + i, n);
-  if (ec != std::errc() || p != text.data() + i) return bad("is too large");
-  std::string unit(text.substr(i));
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
-  static const std::array<std::pair<std::string_view, std::uint64_t>, 13> kUnits{{
-      {"", 1}, {"b", 1}, {"k", 1ull << 10}, {"kb", 1ull << 10}, {"kib", 1ull << 10}, {"m", 1ull << 20},
-      {"mb", 1ull << 20}, {"mib", 1ull << 20}, {"g", 1ull << 30}, {"gb", 1ull << 30}, {"gib", 1ull << 30},
-      {"t", 1ull << 40}, {"tib", 1ull << 40}}};
-  for (const auto& [name, mult] : kUnits) {
-    if (unit != name) continue;
-    if (n > UINT64_MAX / mult) return bad("is too large");
-    if (n == 0) return bad("is zero");
-    b.bytes = n * mult;
-    return b;
+  // A size: the units every size flag uses (src/common/size_parse.h; MB decimal, MiB binary).
+  auto n = ParseSize(text, "expert cache size");
+  if (!n.ok()) {
+    return Status::InvalidArgument(fmt::format(
+        "{}; or give a percentage of the routed expert bytes such as 25% (0-100]", n.status().message()));
   }
-  return bad(fmt::format("has an unknown unit '{}'", text.substr(i)));
+  if (*n == 0) return bad("is zero");
+  b.bytes = *n;
+  return b;
 }
 
 std::uint64_t CacheBudget::Resolve(std::uint64_t total) const {

@@ -110,3 +110,22 @@ def test_demo_flags_are_checked(terrace, tmp_path):
         r = terrace("demo", "--dir", tmp_path / "d", *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert word in r.stderr, (args, r.stderr)
+
+
+def test_a_kept_model_or_pool_of_other_settings_is_refused(terrace, two_runs):
+    """--seed names the model's weights: the model kept in DIR was built with seed 1, so --seed 2 exits 2
+    naming both (it was reused and reported as seed 2); and an NVMe size given for an existing pool of
+    another size exits 2 naming the flag and the pool's size (it was ignored)."""
+    d, _, _ = two_runs
+    before = (d / "demo-run.json").read_bytes()
+    r = terrace("demo", "--dir", d, *SMALL, "--seed", "2", "--json", timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "built with seed 1" in r.stderr and "--seed 1" in r.stderr and "--fresh" in r.stderr, r.stderr
+    # SMALL's pools are 8 MiB (kv) and 16 MiB (state).
+    for flag, size, have in (("--kv-nvme-size", "16MiB", "8.0 MiB"), ("--state-nvme-size", "8MiB", "16.0 MiB")):
+        args = list(SMALL)
+        args[args.index(flag) + 1] = size
+        r = terrace("demo", "--dir", d, *args, timeout=300)
+        assert r.returncode == 2, (flag, r.stdout + r.stderr)
+        assert flag in r.stderr and have in r.stderr, (flag, r.stderr)
+    assert (d / "demo-run.json").read_bytes() == before  # nothing was run

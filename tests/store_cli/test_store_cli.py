@@ -392,13 +392,17 @@ def test_kill_during_fill_loses_nothing_acknowledged(tmp_path):
 
 def test_drill_short_run_passes_and_reports_every_fault(tmp_path):
     d = tmp_path / "drill"
-    r = terrace("store", "drill", "--dir", d, "--kills", "2", "--max-acks", "10", "--block-size", "4KiB",
+    # No --block-size: short runs at the 64 KiB it needs, the other kinds at the 16 KiB default.
+    r = terrace("store", "drill", "--dir", d, "--kills", "2", "--max-acks", "10",
                 "--capacity", "32MiB", "--seed", "5", "--json", timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     j = json.loads(r.stdout)
     assert j["ok"] is True
     rows = {row["fault"]: row for row in j["faults"]}
     assert set(rows) == {"eio", "enospc", "short", "bitflip", "powercut"}
+    assert j["block_size"] == 16384
+    assert {k: row["block_size"] for k, row in rows.items()} == {
+        "eio": 16384, "enospc": 16384, "short": 65536, "bitflip": 16384, "powercut": 16384}
     for kind, row in rows.items():
         assert row["rounds"] == 2, row
         assert row["lost"] == 0 and row["corrupt_returned"] == 0, row
@@ -410,9 +414,21 @@ def test_drill_short_run_passes_and_reports_every_fault(tmp_path):
     assert len(re.findall(r"^drill \w+ round \d+/2", r.stderr, re.M)) == 10, r.stderr  # a progress line per round
     # Rerunning in the drill's own directory is allowed (it recognises its marker).
     r = terrace("store", "drill", "--dir", d, "--kills", "1", "--faults", "short", "--max-acks", "4",
-                "--block-size", "4KiB", "--capacity", "32MiB", timeout=120)
+                "--block-size", "64KiB", "--capacity", "32MiB", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "corrupt-returned" in r.stdout
+    assert "corrupt-returned" in r.stdout and "64.0 KiB" in r.stdout
+
+
+def test_drill_refuses_a_block_size_short_cannot_use(tmp_path):
+    """short injects only into requests longer than one 4 KiB unit: a --block-size below 64 KiB with
+    short was raised to 64 KiB for it while the JSON reported the given size; now it is refused."""
+    d = tmp_path / "drill"
+    for faults in ("short", "eio,short"):
+        r = terrace("store", "drill", "--dir", d, "--faults", faults, "--block-size", "4KiB", "--kills", "1",
+                    timeout=30)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--block-size" in r.stderr and "64KiB" in r.stderr and "short" in r.stderr, r.stderr
+        assert not d.exists()
 
 
 def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
@@ -427,7 +443,7 @@ def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
     assert r.returncode == 2 and "meteor" in r.stderr, r.stderr
 
 
-DRILL_QUICK = ("--kills", "1", "--capacity", "16MiB", "--max-acks", "4", "--block-size", "4KiB")
+DRILL_QUICK = ("--kills", "1", "--capacity", "16MiB", "--max-acks", "4", "--block-size", "64KiB")
 
 
 @pytest.mark.parametrize("plant", ["file-in-index", "damaged-index-of-mine", "folder-in-index", "data-not-a-store"])

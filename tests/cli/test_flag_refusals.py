@@ -1,0 +1,107 @@
+"""Flags that would change nothing, or change the result in a way the run would not report, are refused
+with a usage error (exit 2) naming the flag, never ignored (docs/errors.md); and the flags that are
+taken do what they say. Each case here was accepted silently before."""
+import json
+
+import pytest
+
+SMALL_POOLS = ("--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB")
+
+
+def refused(r, *words):
+    assert r.returncode == 2, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+
+
+def test_expert_cache_sizes_read_units_as_every_size_flag(terrace, toy_model):
+    """--expert-cache 64MB is 64 000 000 bytes (MB decimal, as --block-size and every other size flag
+    read it; it was 2^26), 64MiB is 2^26, 1GB is 10^9 (it was 2^30). (1TB, refused before, goes through
+    the same unit table; a 1 TB emulated fast tier is not opened here.)"""
+    run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--max-new", "1", "--json")
+    for text, want in (("64MB", 64_000_000), ("64MiB", 64 << 20), ("1GB", 10**9)):
+        r = terrace(*run, "--expert-cache", text, timeout=300)
+        assert r.returncode == 0, (text, r.stderr)
+        assert json.loads(r.stdout)["experts"]["budget_bytes"] == want, text
+    refused(terrace(*run, "--expert-cache", "64XB"), "64XB", "25%")
+
+
+def test_model_run_expert_flags_need_expert_cache(terrace, toy_model):
+    run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--max-new", "1")
+    for flag, value in (("--predictor", "none"), ("--expert-policy", "lru"), ("--lookahead-depth", "3")):
+        refused(terrace(*run, flag, value), flag, "--expert-cache")
+    # --lookahead-depth is the lookahead / oracle reach and the utility policy's window: refused where
+    # neither is used, taken where one is.
+    cached = (*run, "--expert-cache", "50%", "--lookahead-depth", "3")
+    for predictor, policy in (("none", "lru"), ("statistical", "lfu")):
+        refused(terrace(*cached, "--predictor", predictor, "--expert-policy", policy), "--lookahead-depth",
+                f"--predictor {predictor}")
+    for predictor, policy in (("statistical", "utility"), ("lookahead", "lru")):
+        r = terrace(*cached, "--predictor", predictor, "--expert-policy", policy, timeout=300)
+        assert r.returncode == 0, (predictor, policy, r.stderr)
+
+
+def test_bench_flags_for_rows_or_tiers_that_do_not_run_are_refused(terrace, toy_model, tmp_path):
+    # bench tiers: the NVMe tier's flags with a memory tier.
+    for flag in (["--durability", "sync"], ["--keep"], ["--dir", str(tmp_path / "b")],
+                 ["--index-dir", str(tmp_path / "i")]):
+        for tier in ("host", "hbm"):
+            r = terrace("bench", "tiers", "--tier", tier, "--total-bytes", "4MiB", "--block-size", "1MiB", *flag)
+            refused(r, flag[0], "--tier nvme")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "i").exists()
+    # bench experts: lookahead flags without a lookahead row, --drop-caches without an mmap row,
+    # a --link-gbps that is not a finite number.
+    ex = ("bench", "experts", "--model", toy_model, "--dir", tmp_path / "e", "--configs", "on-demand")
+    for flag in (["--lookahead-depth", "5"], ["--lookahead-embedding-depth", "3"]):
+        refused(terrace(*ex, *flag), flag[0], "lookahead")
+    refused(terrace(*ex, "--drop-caches"), "--drop-caches", "mmap")
+    for bad in ("inf", "nan"):
+        refused(terrace(*ex, "--link-gbps", bad), "--link-gbps")
+    assert not (tmp_path / "e").exists()
+
+
+def test_bench_kv_runs_under_its_tenant(terrace, toy_model, tmp_path):
+    """--tenant was accepted and every block was written and read under tenant "": now the pools are
+    keyed under it (the JSON says which), and a turn still restores what an earlier turn stored."""
+    r = terrace("bench", "kv", "--model", toy_model, "--dir", tmp_path / "b", *SMALL_POOLS, "--chunk-tokens", "32",
+                "--prefix-tokens", "none", "--turns", "2", "--conversations", "1", "--system-tokens", "64",
+                "--user-tokens", "8", "--tenant", "acme", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["tenant"] == "acme"
+    assert j["multi_turn"]["restored_tokens"] > 0
+
+
+def test_plan_refuses_a_lossless_stage(terrace):
+    for flag, codec, base in (("--kv-codec", "int8+zstd", "int8"), ("--state-codec", "f32+lz4", "f32")):
+        refused(terrace("plan", flag, codec), flag, codec, f"{flag} {base}")
+
+
+def test_model_run_store_size_must_match_the_existing_pool(terrace, toy_model, tmp_path):
+    store = tmp_path / "s"
+    run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--max-new", "1", "--store", store)
+    r = terrace(*run, *SMALL_POOLS, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = terrace(*run, *SMALL_POOLS, timeout=300)  # the same sizes: fine
+    assert r.returncode == 0, r.stderr
+    for flag in ("--store-nvme-size", "--state-nvme-size"):
+        refused(terrace(*run, flag, "32MiB"), flag, "16.0 MiB")
+    r = terrace(*run, timeout=300)  # no size given: the pools keep theirs
+    assert r.returncode == 0, r.stderr
+
+
+def test_ref_kda_chunk_size_needs_chunked(terrace, tmp_path):
+    refused(terrace("ref", "kda", "--in", tmp_path / "i", "--out", tmp_path / "o", "--chunk-size", "4"),
+            "--chunk-size", "--chunked")
+
+
+def test_flags_that_would_change_nothing_are_refused(terrace, tmp_path):
+    """plan --gqa-kv-heads above the model's heads was capped; trace gen's prefix flags without prefix
+    blocks and --think-ms with one turn did nothing; model inspect took --summary with --tensors."""
+    refused(terrace("plan", "--model", "k3-toy", "--gqa-kv-heads", "4096"), "--gqa-kv-heads", "at most")
+    assert terrace("plan", "--model", "k3-toy", "--gqa-kv-heads", "4").returncode == 0
+    for flags, word in ((["--prefix-blocks", "0", "--zipf", "2"], "--zipf"),
+                        (["--prefix-blocks", "0", "--prefixes", "5"], "--prefixes"),
+                        (["--turns", "1", "--think-ms", "10"], "--think-ms")):
+        refused(terrace("trace", "gen", "--requests", "2", *flags), word)
+    refused(terrace("model", "inspect", "--preset", "k3-toy", "--summary", "--tensors"), "--summary", "--tensors")
