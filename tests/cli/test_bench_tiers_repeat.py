@@ -38,16 +38,17 @@ def test_bench_tiers_even_repeat_median_is_the_mean_of_the_two_middle_passes(ter
 
 def test_bench_tiers_read_passes_do_not_fault_their_buffers_again(terrace):
     # The read buffers (here 32 x 1 MiB) are allocated and faulted in once, before the warm-up, as
-    # the memcpy baseline's are: four more timed passes add far fewer minor faults than the 4 x 8192
-    # pages of buffers allocated afresh in every pass.
+    # the memcpy baseline's are: eight more timed passes add far fewer minor faults than the 8 x 8192
+    # pages of buffers allocated afresh in every pass (half of that is the bound: a loaded machine
+    # adds a few thousand faults of its own, 11k for four passes once in CI).
     def minor_faults(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
         r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--total-bytes",
                     "64MiB", "--batch", "32", "--warmup", "1", "--repeat", str(repeat), "--json", timeout=300)
         assert r.returncode == 0, r.stderr
         return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before
-    one, five = minor_faults(1), minor_faults(5)
-    assert five - one < 8192, (one, five)
+    one, nine = minor_faults(1), minor_faults(9)
+    assert nine - one < 4 * 8192, (one, nine)
 
 
 def test_bench_tiers_warmup_zero_and_bad_repeat(terrace):
