@@ -27,7 +27,8 @@
 namespace terrace::experts {
 
 // The fast-tier (HBM) budget: a fraction of all routed expert bytes ("25%") or an absolute size
-// ("64MiB", "2GiB", "1048576"). Parse errors name the text and the accepted forms.
+// ("64MiB", "2GiB", "1048576"; KiB/MiB/GiB/TiB are binary, KB/MB/GB/TB decimal: "64MB" is
+// 64,000,000 bytes). Parse errors name the text and the accepted forms.
 struct CacheBudget {
   double fraction = 0.25;   // used when bytes == 0
   std::uint64_t bytes = 0;  // absolute budget; 0: use fraction

@@ -208,7 +208,7 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   AddDoubleOption(cmd, "--lead-protected-share", &a->lead_protected_share, 0.0, 1.0,
                   "Share of the budget reserved for the --lead-protected-layers experts (default 0.5)");
   AddDoubleOption(cmd, "--link-gbps", &a->link_gbps_arg, 0.0, 1e6,
-                  fmt::format("Host-to-HBM link model, GB/s (emulated HBM tier; default {:g})", a->link_gbps));
+                  fmt::format("Host-to-HBM link model, GB/s, above 0 (emulated HBM tier; default {:g})", a->link_gbps));
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");
   cmd->add_flag("--drop-caches", a->drop_caches,

@@ -52,7 +52,7 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
       // The new version goes; the previous one stays wherever the target's write did not replace it
       // (the lowest tier's write failed, so its copy there is intact), as a failed host Put leaves it.
       Status undo_err;
-      const SlotMask stuck_new = EraseCopies(key, Bit(target), &undo_err);
+      const SlotMask stuck_new = EraseCopies(key, Bit(target), &undo_err, nullptr);
       SlotMask kept;
       {
         MutexLock lock(&mu_);

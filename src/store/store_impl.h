@@ -349,15 +349,17 @@ class StoreImpl {
   // it; InvalidArgument naming the key when no such tier is configured.
   Result<int> PutTarget(const BlockKey& key, const PutOptions& opts) const;
   Status EraseLocked(const BlockKey& key);
-  // Erases `key` from every slot in `mask`; returns the slots whose copy is still there (NotFound
-  // counts as removed; after a failed erase, the tier's Lookup decides), and the first such error.
-  // Every failed erase counts as an I/O error of its tier.
-  SlotMask EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error);
+  // Erases `key` from every slot in `mask`; returns the slots whose copy is still served (NotFound
+  // counts as removed). A failed erase whose tier no longer serves the copy (it applied the erase
+  // but could not make it durable) is added to *unsure, when given. *first_error: the first
+  // failure. Every failed erase counts as an I/O error of its tier.
+  SlotMask EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error, SlotMask* unsure);
   // Caller holds key's stripe; the block (`desc`) now lives in new_mask's slots: removes the
   // previous version's other copies (old_mask) and updates the directory. When a previous copy
   // cannot be removed, the put is undone instead (its new copies erased, the directory left on the
-  // previous version where it still is) and the error says so: an acknowledged put never leaves an
-  // older version in a tier, where a reopen or another process would find it.
+  // previous version where it is still served) and the error says so, also when a tier applied the
+  // erase but not durably: an acknowledged put never leaves an older version in a tier, where a
+  // reopen or another process would find it.
   Status PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask);
   // Caller holds key's stripe. A put that reached some tiers (new_mask: `desc`) but failed to
   // reach others: erases every copy, old (old_mask) and new. Copies a tier could not erase stay in

@@ -84,7 +84,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   return PublishPut(key, desc, old_mask, new_mask);
 }
 
-SlotMask StoreImpl::EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error) {
+SlotMask StoreImpl::EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error, SlotMask* unsure) {
   SlotMask stuck = 0;
   for (int i = 0; i < slot_count(); ++i) {
     if (!(mask & Bit(i))) continue;
@@ -92,11 +92,16 @@ SlotMask StoreImpl::EraseCopies(const BlockKey& key, SlotMask mask, Status* firs
     if (es.ok() || es.IsNotFound()) continue;
     slot(i).measured.Add(slot(i).measured.io_errors);
     // A tier may fail an erase it has already applied (the NVMe tier forgets the key, then its
-    // commit fails): what the tier still serves decides, not the status.
-    if (tier(i).Lookup(key).status().IsNotFound()) continue;
-    stuck |= Bit(i);
+    // commit fails): it no longer serves the copy, but a reopen may find it again.
+    const bool served = !tier(i).Lookup(key).status().IsNotFound();
+    if (served) {
+      stuck |= Bit(i);
+    } else if (unsure != nullptr) {
+      *unsure |= Bit(i);
+    }
     if (first_error->ok()) {
-      *first_error = es.WithContext(fmt::format("the copy in tier {} could not be removed", SlotName(i)));
+      *first_error = es.WithContext(fmt::format("the copy in tier {} {}", SlotName(i),
+                                                served ? "could not be removed" : "was removed, but not durably"));
     }
   }
   return stuck;
@@ -129,7 +134,7 @@ SlotMask StoreImpl::KeepLeftoverLocked(const BlockKey& key, const BlockDesc& des
 std::string StoreImpl::RemoveEveryCopy(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask,
                                        SlotMask new_mask) {
   Status err;
-  const SlotMask stuck = EraseCopies(key, old_mask | new_mask, &err);
+  const SlotMask stuck = EraseCopies(key, old_mask | new_mask, &err, nullptr);
   SlotMask kept;
   {
     MutexLock lock(&mu_);
@@ -146,29 +151,37 @@ std::string StoreImpl::RemoveEveryCopy(const BlockKey& key, const BlockDesc& des
 
 Status StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMask old_mask, SlotMask new_mask) {
   Status err;
-  const SlotMask stuck = EraseCopies(key, static_cast<SlotMask>(old_mask & ~new_mask), &err);
-  if (stuck != 0) {
-    // The previous version stays in `stuck`, where a reopen would find it (and another process,
-    // for a shared tier): undo the put rather than acknowledge a version the tiers contradict.
+  SlotMask unsure = 0;
+  const SlotMask stuck = EraseCopies(key, static_cast<SlotMask>(old_mask & ~new_mask), &err, &unsure);
+  if (stuck != 0 || unsure != 0) {
+    // The previous version stays in `stuck`, or may come back in `unsure` at a reopen (and another
+    // process could read it, for a shared tier): undo the put rather than acknowledge a version the
+    // tiers contradict.
     Status undo_err;
-    const SlotMask left = EraseCopies(key, new_mask, &undo_err);
+    const SlotMask left = EraseCopies(key, new_mask, &undo_err, nullptr);
     SlotMask kept;
     {
       MutexLock lock(&mu_);
       kept = KeepLeftoverLocked(key, desc, stuck, left);
     }
+    const std::string reads =
+        kept == 0 ? "the key reads nothing now (NotFound)"
+                  : fmt::format("the key reads the {} version, from tier {}", (kept & left) ? "new" : "previous",
+                                LostTierNames(kept));
+    const std::string may_return =
+        unsure == 0 ? std::string()
+                    : fmt::format("; after a reopen tier {} may return the previous version", LostTierNames(unsure));
     if (left == 0) {
-      return err.WithContext(fmt::format(
-          "put {}: a copy of the previous version could not be removed, so the put was undone; the key still reads "
-          "the previous version, from tier {}; retry the Put once the tier is healthy",
-          key.ToString(), LostTierNames(kept)));
+      return err.WithContext(fmt::format("put {}: the previous version could not be removed, so the put was undone; "
+                                         "{}{}; retry the Put once the tier is healthy",
+                                         key.ToString(), reads, may_return));
     }
     return err.WithContext(fmt::format(
-        "put {}: a copy of the previous version could not be removed, and undoing the put failed too ({}); the key "
-        "reads the {} version, from tier {}, and the other version's copy stays in tier {} (after a reopen the "
-        "version in the slowest tier is read); Erase the key or retry the Put once the tiers are healthy",
-        key.ToString(), undo_err.ToString(), (kept & left) ? "new" : "previous", LostTierNames(kept),
-        LostTierNames(static_cast<SlotMask>((stuck | left) & ~kept))));
+        "put {}: the previous version could not be removed, and undoing the put failed too ({}); {}, and the other "
+        "version's copy stays in tier {}{} (after a reopen the version in the slowest tier is read); Erase the key or "
+        "retry the Put once the tiers are healthy",
+        key.ToString(), undo_err.ToString(), reads, LostTierNames(static_cast<SlotMask>((stuck | left) & ~kept)),
+        may_return));
   }
   MutexLock lock(&mu_);
   Entry& e = entries_[key];
