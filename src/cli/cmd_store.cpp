@@ -319,6 +319,12 @@ int RunCheck(const CheckArgs& a) {
   fmt::print("store check: {} blocks in the index: ok {}  missing {}  corrupt {}  wrong-content {}  lost-from-index {}\n",
              c.indexed, c.ok, c.missing, c.corrupt, c.wrong_content,
              c.scanned ? std::to_string(c.lost_from_index) : std::string("not scanned"));
+  if (c.index_only > 0) {  // a warning: the blocks read back; only a rebuild without this index would lose them
+    fmt::print("store check: {} indexed blocks have no valid descriptor in the data file ({} damaged descriptors "
+               "found): they are served from the index, and 'terrace store recover' keeps them only while this "
+               "index opens; keep the index\n",
+               c.index_only, scan ? scan->report.damaged : 0);
+  }
   const std::string where = fmt::format("--dir {}{}", a.paths.dir,
                                         a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
   if (c.corrupt) {

@@ -75,6 +75,9 @@ struct BlockCheck {
   std::uint64_t missing = 0;          // expected keys absent (or not ok)
   std::uint64_t lost_from_index = 0;  // committed in the data file, absent from the index
   bool scanned = false;               // the data file was scanned for lost_from_index
+  // Indexed, but with no valid descriptor in the data file (damaged or never written): served from
+  // the index, yet a rebuild from the data file alone would not find them.
+  std::uint64_t index_only = 0;
   std::vector<BlockKey> corrupt_keys;
   std::vector<BlockKey> missing_keys;
   std::vector<BlockKey> lost_keys;

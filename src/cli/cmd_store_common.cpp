@@ -264,6 +264,9 @@ void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* chec
     ++check->lost_from_index;
     check->lost_keys.push_back(key);
   }
+  tier.ForEach([&](const BlockKey& key, const BlockDesc&) {
+    if (!scan.blocks.contains(key)) ++check->index_only;
+  });
 }
 
 }  // namespace terrace::cli::store_cmd

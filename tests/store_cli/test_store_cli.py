@@ -253,6 +253,31 @@ def test_check_asks_recover_itself_whether_it_would_refuse(tmp_path):
     assert (store / "index" / "000001.log").read_text() == "mine\n"
 
 
+def test_a_damaged_descriptor_is_reported_by_check_and_kept_by_recover(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, count=8, block_size="8KiB")
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    data = store / "terrace.data"
+    raw = data.read_bytes()
+    at = raw.find(b"TRRCDESC", 64 * 1024)  # the first descriptor past the superblock area
+    assert at > 0 and at % 4096 == 0
+    with open(data, "r+b") as f:  # one bit inside its key: the descriptor no longer decodes
+        f.seek(at + 40)
+        byte = f.read(1)[0]
+        f.seek(at + 40)
+        f.write(bytes([byte ^ 0x08]))
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr  # every block still reads back from the index
+    assert "1 indexed blocks have no valid descriptor" in r.stdout, r.stdout
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 blocks whose descriptor is damaged or missing were kept from the old index" in r.stdout, r.stdout
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0 and "ok 8" in r.stdout, r.stdout + r.stderr
+
+
 def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
     store, expect = filled_without_index(tmp_path, count=6)
     (store / "index").mkdir()
