@@ -158,7 +158,7 @@ constexpr std::string_view kLanguageModelPrefix = "language_model.";
 // an `eh_proj` (the MTP projection; DeepSeek-V3-style checkpoints append such layers, whose output
 // never feeds the next-token logits). A plain extra decoder layer is not one.
 bool IsMtpLayerTensor(const WeightSource& source, const ModelConfig& c, std::string_view name) {
-  const std::string layers = LayerPrefix(0).substr(0, LayerPrefix(0).size() - 2);  // "...layers."
+  const std::string layers = fmt::format("{}layers.", kModelPrefix);
   if (!name.starts_with(layers)) return false;
   int layer = 0;
   const char* p = name.data() + layers.size();
@@ -176,9 +176,11 @@ struct UnusedTensors {
   std::vector<std::string> by_setting, other;
 };
 
-UnusedTensors FindUnusedTensors(const WeightSource& source, const ModelConfig& c, ExpertFormat format) {
-  std::set<std::string, std::less<>> expected;
-  for (const TensorSpec& spec : ExpectedTensors(c, format)) expected.insert(spec.name);
+// `specs`: ExpectedTensors(c, format), which the caller has already listed.
+UnusedTensors FindUnusedTensors(const WeightSource& source, const ModelConfig& c, ExpertFormat format,
+                                const std::vector<TensorSpec>& specs) {
+  std::set<std::string_view, std::less<>> expected;
+  for (const TensorSpec& spec : specs) expected.insert(spec.name);
   std::set<std::string, std::less<>> unused;
   for (const std::string& name : source.Names()) {
     if (!expected.contains(name)) unused.insert(name);
@@ -203,10 +205,9 @@ UnusedTensors FindUnusedTensors(const WeightSource& source, const ModelConfig& c
     if (problems.other.size() >= kMaxListedProblems) break;
     if (!name.starts_with(kLanguageModelPrefix)) continue;  // a K3 wrapper's vision tower and projector
     if (IsMtpLayerTensor(source, c, name)) continue;
-
-    problems.other.push_back(fmt::format("tensor '{}' is in the checkpoint, but config.json does not imply it (the model "
-                                   "would ignore it); check config.json, or remove the tensor",
-                                   name));
+    problems.other.push_back(fmt::format("tensor '{}' is in the checkpoint, but config.json does not imply it (the "
+                                         "model would ignore it); check config.json, or remove the tensor",
+                                         name));
   }
   return problems;
 }
@@ -372,10 +373,12 @@ std::vector<std::string> FindWeightProblems(const WeightSource& source, const Mo
   std::vector<std::string> problems = CheckConfigAgainstTensors(source, config);
   // Then the settings that leave tensors unused: a switched-off setting also explains many
   // wrong shapes (routed_expert_hidden_size) or missing tensors below.
-  UnusedTensors unused = FindUnusedTensors(source, config, DetectExpertFormat(source, config));
+  const ExpertFormat format = DetectExpertFormat(source, config);
+  const std::vector<TensorSpec> specs = ExpectedTensors(config, format);
+  UnusedTensors unused = FindUnusedTensors(source, config, format, specs);
   for (std::string& p : unused.by_setting) problems.push_back(std::move(p));
   std::size_t more = 0;
-  for (const TensorSpec& spec : ExpectedTensors(config, DetectExpertFormat(source, config))) {
+  for (const TensorSpec& spec : specs) {
     if (problems.size() >= kMaxListedProblems) {  // the count goes on, the list stops
       if (!source.Has(spec.name)) ++more;
       continue;
