@@ -97,6 +97,15 @@ Status ReadFull(int fd, std::byte* buf, std::uint64_t len, std::uint64_t offset,
   return Status::Ok();
 }
 
+// True when `r` (an index record: untrusted) lies in `sb`'s data area and its block bytes read
+// back from `fd` and match its checksum (`buf`: scratch).
+bool BlockReadsBack(int fd, const fs::path& path, const nvme::Superblock& sb, const nvme::Record& r,
+                    std::vector<std::byte>* buf) {
+  if (!r.FitsDataArea(sb.data_start, sb.capacity_bytes)) return false;
+  buf->resize(r.length);
+  return ReadFull(fd, buf->data(), r.length, r.offset, path).ok() && Checksum(*buf) == r.checksum;
+}
+
 // The scan proper: every valid descriptor of `sb`'s store whose data matches, resolved to the
 // newest extent per key. Fills `report` (except seconds).
 Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const ScanProgressFn& progress,
@@ -367,14 +376,12 @@ CutCommit FinishCutCommit(const nvme::IndexStore& idx, const fs::path& data_path
   });
   std::unordered_map<BlockKey, std::size_t> at;
   for (std::size_t i = 0; i < found->size(); ++i) at[(*found)[i].key] = i;
+  std::vector<std::byte> data;
   for (const BlockKey& k : redo->keys) {
     auto rec = idx.ReadRecord(k);
     if (!rec.ok() || !rec->has_value()) continue;  // erased again in the same commit
     const nvme::Record& r = **rec;
-    std::vector<std::byte> data(r.length);
-    if (r.length > 0 && ::pread(fd, data.data(), r.length, static_cast<off_t>(r.offset)) != static_cast<ssize_t>(r.length))
-      continue;
-    if (Checksum(data) != r.checksum) continue;
+    if (!BlockReadsBack(fd, data_path, sb, r, &data)) continue;
     auto it = at.find(k);
     if (it != at.end() && (*found)[it->second].rec == r) continue;
     if (it != at.end()) {
@@ -399,8 +406,8 @@ CutCommit FinishCutCommit(const nvme::IndexStore& idx, const fs::path& data_path
 // least the superblock's: a stale index could name blocks erased since), the extent lies in the
 // data area and overlaps no other kept extent, and the data passes its checksum. Returns how many
 // were taken.
-std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, int fd, const nvme::Superblock& sb,
-                                std::vector<Found>* found) {
+std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& data_path, int fd,
+                                const nvme::Superblock& sb, std::vector<Found>* found) {
   auto commit = idx.ReadCommit();
   if (!commit.ok() || *commit < sb.indexed_commit) return 0;
   std::vector<Found> records;
@@ -434,10 +441,7 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, int fd, const nvme:
   std::vector<std::byte> data;
   for (const Found& f : records) {
     const nvme::Record& r = f.rec;
-    if (r.offset % kUnit != 0 || r.offset < sb.data_start || r.offset >= sb.capacity_bytes ||
-        r.extent_bytes() > sb.capacity_bytes - r.offset) {
-      continue;
-    }
+    if (!r.FitsDataArea(sb.data_start, sb.capacity_bytes)) continue;  // before `overlaps` reads its extent
     auto it = at.find(f.key);
     std::optional<std::uint64_t> replaces;
     if (it != at.end()) {
@@ -446,10 +450,7 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, int fd, const nvme:
       replaces = cur.offset;
     }
     if (overlaps(r.offset, r.offset + r.extent_bytes(), replaces)) continue;
-    data.resize(r.length);
-    if (r.length > 0 && ::pread(fd, data.data(), r.length, static_cast<off_t>(r.offset)) != static_cast<ssize_t>(r.length))
-      continue;
-    if (Checksum(data) != r.checksum) continue;
+    if (!BlockReadsBack(fd, data_path, sb, r, &data)) continue;
     if (replaces) {
       extents.erase(*replaces);
       (*found)[it->second].rec = r;
@@ -506,7 +507,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   if (old.idx) {
     cut = FinishCutCommit(*old.idx, paths.data, fd.fd, sb, logger, &found);
     report.cut_commit_entries = cut.changed;
-    report.kept_from_old_index = KeepOldIndexRecords(*old.idx, fd.fd, sb, &found);
+    report.kept_from_old_index = KeepOldIndexRecords(*old.idx, paths.data, fd.fd, sb, &found);
     (void)old.idx->Close();
     if (report.kept_from_old_index > 0) {
       logger->Log(LogLevel::kWarning, "nvme",

@@ -87,6 +87,12 @@ struct Record {
   std::uint64_t data_bytes() const { return RoundUp(length, kUnit); }
   std::uint64_t extent_bytes() const { return data_bytes() + kUnit; }
   std::uint64_t descriptor_offset() const { return offset + data_bytes(); }
+  // True when the whole extent is unit-aligned and inside [data_start, capacity) (no overflow for
+  // any field values: an index record is untrusted input).
+  bool FitsDataArea(std::uint64_t data_start, std::uint64_t capacity) const {
+    return offset % kUnit == 0 && offset >= data_start && offset < capacity && length <= capacity &&
+           extent_bytes() <= capacity - offset;
+  }
   void EncodeTo(std::byte out[kRecordBytes]) const;
   static Result<Record> Decode(std::span<const std::byte> in);
 };

@@ -831,8 +831,7 @@ Status NvmeTier::Recover() {
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
     if (!key.ok() || !rec.ok()) return note_drop(k, &report_.dropped_malformed);
     const nvme::Record& r = *rec;
-    if (r.offset % kUnit != 0 || r.offset < kDataStart || r.offset >= cap || r.length > cap ||
-        r.extent_bytes() > cap - r.offset) {
+    if (!r.FitsDataArea(kDataStart, cap)) {
       return note_drop(k, &report_.dropped_out_of_range);
     }
     recs.push_back({*key, r});
