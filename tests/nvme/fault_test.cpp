@@ -234,29 +234,15 @@ TEST_CASE("nvme faults: a group commit cut short after its index write is finish
   INFO(cut.ToString());
   REQUIRE(cut.IsIoError());
   CHECK(cut.message().find("descriptor") != std::string::npos);
-  {
-    auto t = NvmeTier::Open(opts);
-    INFO(t.status().ToString());
-    REQUIRE(t.ok());
-    CHECK((*t)->recovery_report().redo_descriptors == 2);  // keys 0 and 2
-    CHECK((*t)->recovery_report().redo_clears == 2);       // key 0's old extent, key 1's
-    const Status state = CheckCutCommitState(**t);
-    INFO(state.ToString());
-    CHECK(state.ok());
-  }
+  const RecoveryReport opened = OpenInCutCommitState(opts);
+  CHECK(opened.redo_descriptors == 2);  // keys 0 and 2
+  CHECK(opened.redo_clears == 2);       // key 0's old extent, key 1's
   // The data file now says what the index says: a rebuild from it gives the same blocks.
   auto scan = NvmeTier::ScanDataFile(opts, {});
   REQUIRE(scan.ok());
   CHECK(scan->blocks == 2);
-  auto r = NvmeTier::RebuildIndex(opts);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  CHECK(r->blocks_indexed == 2);
-  auto t = NvmeTier::Open(opts);
-  REQUIRE(t.ok());
-  const Status state = CheckCutCommitState(**t);
-  INFO(state.ToString());
-  CHECK(state.ok());
+  RebuildCutCommitStore(opts);
+  OpenInCutCommitState(opts);
 }
 
 TEST_CASE("nvme faults: a generation reservation that did not reach the disk is tried again", "[nvme][fault]") {
@@ -291,29 +277,10 @@ TEST_CASE("nvme faults: a rebuild before any read-write open follows a commit cu
   // half-applied: it writes no descriptors).
   for (int round = 0; round < 2; ++round) {
     INFO("rebuild " << round + 1);
-    auto r = NvmeTier::RebuildIndex(opts);
-    INFO(r.status().ToString());
-    REQUIRE(r.ok());
-    CHECK(r->cut_commit_entries >= 3);
-    CHECK(r->blocks_indexed == 2);
+    CHECK(RebuildCutCommitStore(opts).cut_commit_entries >= 3);
   }
-  {
-    auto t = NvmeTier::Open(opts);  // finishes the commit: writes its descriptors
-    REQUIRE(t.ok());
-    CHECK((*t)->recovery_report().redo_descriptors == 2);
-    const Status state = CheckCutCommitState(**t);
-    INFO(state.ToString());
-    CHECK(state.ok());
-  }
+  CHECK(OpenInCutCommitState(opts).redo_descriptors == 2);  // finishes the commit: writes its descriptors
   // Now the data file alone says the same.
-  auto r = NvmeTier::RebuildIndex(opts);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  CHECK(r->cut_commit_entries == 0);
-  CHECK(r->blocks_indexed == 2);
-  auto t = NvmeTier::Open(opts);
-  REQUIRE(t.ok());
-  const Status state = CheckCutCommitState(**t);
-  INFO(state.ToString());
-  CHECK(state.ok());
+  CHECK(RebuildCutCommitStore(opts).cut_commit_entries == 0);
+  OpenInCutCommitState(opts);
 }

@@ -89,4 +89,25 @@ inline Status CheckCutCommitState(Tier& tier, std::size_t size = 0) {
   return Status::Ok();
 }
 
+// Opens the store `options` names, requires CheckCutCommitState, and returns what the open recovered.
+inline RecoveryReport OpenInCutCommitState(const NvmeTierOptions& options) {
+  auto t = NvmeTier::Open(options);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  const Status state = CheckCutCommitState(**t);
+  INFO(state.ToString());
+  CHECK(state.ok());
+  return (*t)->recovery_report();
+}
+
+// Rebuilds the index of the store LeaveCommitCutAfterIndexWrite left, requires the two blocks its
+// commit leaves indexed, and returns the rebuild's report.
+inline RebuildReport RebuildCutCommitStore(const NvmeTierOptions& options) {
+  auto r = NvmeTier::RebuildIndex(options);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == 2);
+  return *r;
+}
+
 }  // namespace terrace::testing
