@@ -32,6 +32,16 @@ def fill(store, *extra, count=8, block_size="16KiB", capacity="64MiB", seed=1):
     return terrace(*args, *extra)
 
 
+def filled(tmp_path, **fill_args):
+    """A store in tmp_path/s filled by `fill(**fill_args)`; returns it and its acknowledged list."""
+    store = tmp_path / "s"
+    r = fill(store, **fill_args)
+    assert r.returncode == 0, r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    return store, expect
+
+
 def snapshot(path):
     """Every file under `path`: relative name -> (size, sha256). A read-only command must not change it."""
     out = {}
@@ -202,11 +212,7 @@ def test_an_index_dir_of_the_wrong_kind_is_a_usage_error_naming_the_flag(tmp_pat
 
 
 def test_an_empty_index_dir_says_what_a_cli_user_can_do(tmp_path):
-    store, index = tmp_path / "s", tmp_path / "idx"
-    r = fill(store, count=4)
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    (store, expect), index = filled(tmp_path, count=4), tmp_path / "idx"
     index.mkdir()
     r = terrace("store", "check", "--dir", store, "--index-dir", index)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -221,11 +227,7 @@ def test_an_empty_index_dir_says_what_a_cli_user_can_do(tmp_path):
 
 def test_a_missing_index_dir_gets_advice_that_works(tmp_path):
     # A path holding an API field's name stays as given (the flag wording rewrites whole words only).
-    store, index = tmp_path / "s", tmp_path / "new_index_dir"
-    r = fill(store, count=4)
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    (store, expect), index = filled(tmp_path, count=4), tmp_path / "new_index_dir"
     r = terrace("store", "check", "--dir", store, "--index-dir", index)
     assert r.returncode == 1 and "--index-dir" in r.stderr, r.stderr
     advice = f"terrace store recover --dir {store} --index-dir {index}"
@@ -254,11 +256,7 @@ def test_check_asks_recover_itself_whether_it_would_refuse(tmp_path):
 
 
 def test_a_damaged_descriptor_is_reported_by_check_and_kept_by_recover(tmp_path):
-    store = tmp_path / "s"
-    r = fill(store, count=8, block_size="8KiB")
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    store, expect = filled(tmp_path, count=8, block_size="8KiB")
     data = store / "terrace.data"
     raw = data.read_bytes()
     at = raw.find(b"TRRCDESC", 64 * 1024)  # the first descriptor past the superblock area
@@ -295,11 +293,7 @@ def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
 
 
 def test_check_names_at_most_ten_bad_blocks_of_each_kind(tmp_path):
-    store = tmp_path / "s"
-    r = fill(store, count=14, block_size="4KiB", capacity="16MiB")
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    store, expect = filled(tmp_path, count=14, block_size="4KiB", capacity="16MiB")
     r = terrace("store", "check", "--dir", store, "--seed", "7", "--quick")
     assert r.returncode == 1 and "wrong-content 14" in r.stdout, r.stdout
     assert len([l for l in r.stderr.splitlines() if l.startswith("wrong content ")]) == 10, r.stderr
@@ -322,11 +316,7 @@ def test_check_names_at_most_ten_bad_blocks_of_each_kind(tmp_path):
 # ---- issue 7: check is read-only, --repair, lost-from-index, recover --------------------------------------------
 
 def test_check_is_read_only_and_repair_drops_corrupt_blocks(tmp_path):
-    store = tmp_path / "s"
-    r = fill(store, count=8)
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    store, expect = filled(tmp_path, count=8)
     before = snapshot(store)
     r = terrace("store", "check", "--dir", store, "--expect", expect)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -349,11 +339,7 @@ def test_check_is_read_only_and_repair_drops_corrupt_blocks(tmp_path):
 
 def filled_without_index(tmp_path, count):
     """A store of `count` 8 KiB blocks whose index is then lost; returns it and its acknowledged list."""
-    store = tmp_path / "s"
-    r = fill(store, count=count, block_size="8KiB")
-    assert r.returncode == 0, r.stderr
-    expect = tmp_path / "acked.txt"
-    expect.write_text(r.stdout)
+    store, expect = filled(tmp_path, count=count, block_size="8KiB")
     lose_index(store)
     return store, expect
 
