@@ -401,15 +401,30 @@ CutCommit FinishCutCommit(const nvme::IndexStore& idx, const fs::path& data_path
   return cut;
 }
 
+// `redo` with `kept`'s keys and released extents added (a new redo record when there is none).
+std::string MergedRedo(const std::optional<std::string>& redo, nvme::GroupCommitter::Redo kept) {
+  if (redo) {
+    auto pending = nvme::GroupCommitter::DecodeRedo(*redo);  // FinishCutCommit decoded it already
+    if (pending.ok()) {
+      kept.keys.insert(kept.keys.begin(), pending->keys.begin(), pending->keys.end());
+      kept.released.insert(kept.released.begin(), pending->released.begin(), pending->released.end());
+    }
+  }
+  return nvme::GroupCommitter::EncodeRedo(kept);
+}
+
 // The old index's records the scan did not find (a damaged or missing descriptor) or found only
 // in an older generation, taken when the index is not behind the data file (its commit counter at
 // least the superblock's: a stale index could name blocks erased since), the extent lies in the
-// data area and overlaps no other kept extent, and the data passes its checksum. Returns how many
-// were taken.
-std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& data_path, int fd,
-                                const nvme::Superblock& sb, std::vector<Found>* found) {
+// data area and overlaps no other kept extent, and the data passes its checksum. Returns them as
+// a pending commit's redo record: the keys taken (their descriptors are still damaged or missing)
+// and the extents of the older generations they replace (whose descriptors are still there), for
+// the next read-write open to write and clear, so a later rebuild finds them without this index.
+nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& data_path, int fd,
+                                               const nvme::Superblock& sb, std::vector<Found>* found) {
+  nvme::GroupCommitter::Redo kept;
   auto commit = idx.ReadCommit();
-  if (!commit.ok() || *commit < sb.indexed_commit) return 0;
+  if (!commit.ok() || *commit < sb.indexed_commit) return kept;
   std::vector<Found> records;
   Status scanned = idx.Scan([&](std::string_view k, std::string_view v) {
     if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
@@ -417,7 +432,7 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& dat
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
     if (key.ok() && rec.ok()) records.push_back({*key, *rec});
   });
-  if (!scanned.ok()) return 0;
+  if (!scanned.ok()) return kept;
   std::unordered_map<BlockKey, std::size_t> at;
   std::map<std::uint64_t, std::uint64_t> extents;  // offset -> end of every kept extent
   for (std::size_t i = 0; i < found->size(); ++i) {
@@ -437,7 +452,6 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& dat
     }
     return false;
   };
-  std::size_t taken = 0;
   std::vector<std::byte> data;
   for (const Found& f : records) {
     const nvme::Record& r = f.rec;
@@ -452,16 +466,18 @@ std::size_t KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& dat
     if (overlaps(r.offset, r.offset + r.extent_bytes(), replaces)) continue;
     if (!BlockReadsBack(fd, data_path, sb, r, &data)) continue;
     if (replaces) {
+      nvme::Record& older = (*found)[it->second].rec;
+      kept.released.push_back({older.offset, older.extent_bytes()});
       extents.erase(*replaces);
-      (*found)[it->second].rec = r;
+      older = r;
     } else {
       at[f.key] = found->size();
       found->push_back(f);
     }
     extents[r.offset] = r.offset + r.extent_bytes();
-    ++taken;
+    kept.keys.push_back(f.key);
   }
-  return taken;
+  return kept;
 }
 
 }  // namespace
@@ -507,12 +523,14 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   if (old.idx) {
     cut = FinishCutCommit(*old.idx, paths.data, fd.fd, sb, logger, &found);
     report.cut_commit_entries = cut.changed;
-    report.kept_from_old_index = KeepOldIndexRecords(*old.idx, paths.data, fd.fd, sb, &found);
+    nvme::GroupCommitter::Redo kept = KeepOldIndexRecords(*old.idx, paths.data, fd.fd, sb, &found);
+    report.kept_from_old_index = kept.keys.size();
     (void)old.idx->Close();
+    if (!kept.keys.empty()) cut.redo = MergedRedo(cut.redo, std::move(kept));
     if (report.kept_from_old_index > 0) {
       logger->Log(LogLevel::kWarning, "nvme",
                   fmt::format("'{}': {} blocks whose descriptor is damaged or missing were kept from the old index "
-                              "(their data passes its checksum)",
+                              "(their data passes its checksum); the next read-write open writes their descriptors",
                               paths.data.string(), report.kept_from_old_index));
     }
   }
@@ -559,8 +577,9 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
     }
   }
   // The commit counter the data file recorded: the rebuilt index holds at least that history. A
-  // cut-short last commit stays pending, one commit ahead with its redo record, so the next
-  // read-write open writes its descriptors (a later rebuild, before that, follows it again).
+  // cut-short last commit, and the records kept from the old index, stay pending, one commit ahead
+  // with a redo record, so the next read-write open writes their descriptors (a later rebuild,
+  // before that, follows it again).
   batch.Put(rocksdb::Slice(nvme::kCommitKey.data(), nvme::kCommitKey.size()),
             nvme::IndexStore::EncodeCommit(sb.indexed_commit + (cut.redo ? 1 : 0)));
   if (cut.redo) batch.Put(rocksdb::Slice(nvme::kRedoKey.data(), nvme::kRedoKey.size()), *cut.redo);

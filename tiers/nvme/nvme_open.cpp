@@ -934,8 +934,8 @@ Status NvmeTier::RedoLastCommit() {
   report_.redo_descriptors = puts.size();
   report_.redo_clears = clears.size();
   logger_->Log(LogLevel::kInfo, "nvme",
-               fmt::format("'{}': the last group commit was cut short after its index write; wrote its {} "
-                           "descriptors and cleared its {} released extents",
+               fmt::format("'{}': finished the pending group commit (cut short after its index write, or left "
+                           "by a rebuild): wrote {} descriptors and cleared {} released extents",
                            data_path_.string(), puts.size(), clears.size()));
   return Status::Ok();
 }

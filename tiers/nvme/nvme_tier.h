@@ -94,8 +94,9 @@ struct RecoveryReport {
   std::uint64_t dropped_out_of_range = 0;
   std::uint64_t dropped_overlap = 0;    // overlapped a record with a higher generation
   std::uint64_t dropped_checksum = 0;   // verify_on_open only
-  // The last group commit was cut short after its index write: the descriptors it still had to
-  // write and the released extents it still had to clear were written at open.
+  // The last group commit was cut short after its index write (or a rebuild left records kept from
+  // the old index pending): the descriptors it still had to write and the released extents it
+  // still had to clear were written at open.
   std::uint64_t redo_descriptors = 0, redo_clears = 0;
   std::vector<std::string> dropped_keys;  // the first kMaxKeys, as BlockKey::ToString (or hex)
   double seconds = 0;                   // time spent in Open
@@ -181,7 +182,8 @@ class NvmeTier final : public Tier {
   // nothing changed). When the old index opens, it fills what the scan cannot see: the last group
   // commit if it was cut short before its descriptors (kept pending in the new index, so the next
   // read-write open writes them), and records whose descriptor is damaged or missing but whose
-  // data passes its checksum. The data file is not written.
+  // data passes its checksum (pending the same way: the next read-write open writes their
+  // descriptors). The data file is not written.
   static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {});
   // OK when RebuildIndex would accept the index directory `options` names (absent, empty, or this
   // store's index); otherwise the status RebuildIndex would refuse it with. Reads the superblock
