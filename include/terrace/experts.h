@@ -33,6 +33,8 @@ struct CacheBudget {
   double fraction = 0.25;   // used when bytes == 0
   std::uint64_t bytes = 0;  // absolute budget; 0: use fraction
   static Result<CacheBudget> Parse(std::string_view text);
+  // The budget in bytes for routed experts totalling `total_expert_bytes`: an absolute budget is
+  // capped at that total (a cache larger than every expert holds nothing more).
   std::uint64_t Resolve(std::uint64_t total_expert_bytes) const;
   std::string ToString() const;
 };
@@ -339,7 +341,8 @@ class ExpertOffload final : public model::ExpertProvider {
   void SetPredictor(std::unique_ptr<Predictor> predictor);
   // Issues every queued prefetch and waits until all have finished (or were cancelled).
   void Quiesce();
-  // Drops every unpinned fast-tier copy (a cold cache) and zeroes the metrics; keeps the trace.
+  // Drops every unpinned fast-tier copy (a cold cache), zeroes the metrics and starts a new routing
+  // trace (steps count from 0 again): take trace() first to replay the run so far.
   Status Reset();
   ExpertMetrics Metrics() const;
   // The routing seen so far (for an oracle replay of the same run).

@@ -46,6 +46,7 @@ struct Args {
   bool no_lookahead_supersede = false;
   bool lookahead_provisional = false;
   int lead_protected_layers = experts::ExpertOffloadOptions{}.lead_protected_layers;
+  bool lead_protected_layers_given = false;
   std::optional<double> lead_protected_share;  // unset: ExpertOffloadOptions' default
   double link_gbps = 55.0;
   std::optional<double> link_gbps_arg;  // --link-gbps as given (finite); copied into link_gbps

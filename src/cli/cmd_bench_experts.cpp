@@ -9,6 +9,7 @@
 // This file: the flags and the run's order. The rows are measured in bench_experts_rows.cpp, the
 // targets and output are in bench_experts_report.cpp (bench_experts.h).
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -75,6 +76,28 @@ Status CheckLookaheadFlags(const Args& a, const std::vector<std::string>& wanted
   return Status::Ok();
 }
 
+// The lead-protection flags size the cache partition of the store-backed rows other than
+// oracle+belady (the replacement bound, which runs unpartitioned): refused without one, and the
+// share without protected layers.
+Status CheckLeadFlags(const Args& a, const std::vector<std::string>& wanted) {
+  const bool any_partitioned = std::any_of(wanted.begin(), wanted.end(), [](const std::string& n) {
+    return n != "mmap" && n != "mmap-unbounded" && n != bench_experts::kBeladyRow;
+  });
+  const std::pair<bool, const char*> lead_flags[] = {{a.lead_protected_layers_given, "--lead-protected-layers"},
+                                                     {a.lead_protected_share.has_value(), "--lead-protected-share"}};
+  for (const auto& [given, flag] : lead_flags) {
+    if (given && !any_partitioned)
+      return Status::InvalidArgument(fmt::format("{} sizes the expert cache of the store-backed rows other than {}, and "
+                                                 "--configs '{}' has none; add one (e.g. on-demand) or drop {}",
+                                                 flag, bench_experts::kBeladyRow, a.configs, flag));
+  }
+  if (a.lead_protected_share && a.lead_protected_layers == 0)
+    return Status::InvalidArgument("--lead-protected-share is the budget share of the --lead-protected-layers experts, "
+                                   "and --lead-protected-layers is 0 (off); give --lead-protected-layers N or drop "
+                                   "--lead-protected-share");
+  return Status::Ok();
+}
+
 // --drop-caches drops the page cache before the mmap rows only: refused without one.
 Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
   const bool any_mmap =
@@ -98,17 +121,9 @@ int RunBenchExpertsOnce(const Args& a) {
   if (!wanted.ok()) return FailUsage(wanted.status().message());
   if (Status s = CheckLookaheadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckDropCaches(a, *wanted); !s.ok()) return FailUsage(s.message());
+  if (Status s = CheckLeadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
   auto run_config = [&](const std::string& name) { return std::find(wanted->begin(), wanted->end(), name) != wanted->end(); };
   model::ops::SetBlasThreads(a.threads);
-  const std::filesystem::path dir(a.dir);
-  std::error_code ec;
-  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
-    if (!removed.ok()) return FailUsage(removed.status().message());
-  }
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
-
   auto md = model::ModelDir::Open(a.model);
   if (!md.ok()) return Fail(md.status().ToString());
   bench_experts::Run run;
@@ -119,6 +134,22 @@ int RunBenchExpertsOnce(const Args& a) {
   run.regime = experts::BenchRegimeOf(run.config);
   run.total = run.regime.routed_expert_bytes;
   run.link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
+  for (const experts::CacheBudget& b : *budgets) {  // before any row runs: every budget must hold an expert
+    if (b.Resolve(run.total) < run.regime.block_bytes)
+      return FailUsage(fmt::format("--budgets: {} of this model's routed experts ({} bytes) is {} bytes, smaller than one "
+                                   "expert block ({} bytes); give at least {:.2f}%",
+                                   b.ToString(), run.total, b.Resolve(run.total), run.regime.block_bytes,
+                                   std::ceil(1e4 * static_cast<double>(run.regime.block_bytes) /
+                                             static_cast<double>(run.total)) / 100.0));
+  }
+  const std::filesystem::path dir(a.dir);
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
+    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
+    if (!removed.ok()) return FailUsage(removed.status().message());
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
 
   auto resident = bench_experts::RunResidentRow(&run, **md);
   if (!resident.ok()) return FailUnlessStopped(resident.status());
@@ -202,7 +233,7 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
                 "Keep queued lookahead prefetches that a nearer prediction of the same layer leaves out");
   cmd->add_flag("--lookahead-provisional", a->lookahead_provisional,
                 "Hold lookahead's distance > 1 predictions to two in flight until the nearer prediction arrives");
-  AddIntOption(cmd, "--lead-protected-layers", &a->lead_protected_layers, 0, 64,
+  auto* lead_opt = AddIntOption(cmd, "--lead-protected-layers", &a->lead_protected_layers, 0, 64,
                "First MoE layers whose experts get a reserved share of every store-backed row's cache (their misses "
                "have no lead time to hide behind; 0: off; default 1)");
   AddDoubleOption(cmd, "--lead-protected-share", &a->lead_protected_share, 0.0, 1.0,
@@ -214,8 +245,9 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   cmd->add_flag("--drop-caches", a->drop_caches,
                 "Before the mmap baseline, also drop the whole system's page cache (echo 1 > "
                 "/proc/sys/vm/drop_caches; root only)");
-  cmd->callback([run, a, depth_opt, embedding_depth_opt] {
+  cmd->callback([run, a, depth_opt, embedding_depth_opt, lead_opt] {
     a->lookahead_depth_given = depth_opt->count() > 0;
+    a->lead_protected_layers_given = lead_opt->count() > 0;
     a->lookahead_embedding_depth_given = embedding_depth_opt->count() > 0;
     if (a->link_gbps_arg) a->link_gbps = *a->link_gbps_arg;
     *run = [a] { return RunBenchExperts(*a); };

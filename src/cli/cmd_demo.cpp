@@ -155,8 +155,8 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
         "with --seed {})",
         out.string(), built_seed, built_seed, seed));
   }
-  const fs::path tmp = dir / kDemoModelTmpDir;  // WhyNotDemoDir checked it holds only model files
-  fs::remove_all(tmp, ec);
+  const fs::path tmp = dir / kDemoModelTmpDir;
+  TERRACE_RETURN_IF_ERROR(RemoveStoppedModelBuild(dir));
   model::InitOptions o;
   o.seed = seed;
   {
@@ -194,7 +194,8 @@ Result<ExpertRun> OpenDemoExperts(const DemoArgs& a, const std::filesystem::path
   opt.policy = experts::CachePolicyKind::kUtility;
   opt.window = run.depth;
   auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
-  if (!off.ok()) return off.status();
+  if (!off.ok())  // InvalidArgument: the budget (the other options are not the user's)
+    return off.status().IsInvalidArgument() ? off.status().WithContext("--expert-cache " + a.expert_cache) : off.status();
   run.offload = std::move(off).value();
   run.predictor = experts::PredictorKind::kLookahead;
   return run;
@@ -267,7 +268,8 @@ struct DemoSummary {
   nlohmann::json tiers;  // per pool ("kv", "state", "experts"): TierRates
   bool reused_model = false, second_run = false;
   std::uint64_t kv_blocks_before = 0, state_blocks_before = 0, expert_puts = 0;
-  std::chrono::steady_clock::time_point t_start;
+  std::chrono::steady_clock::time_point t_start;  // the run's start (model, stores, turns)
+  double turns_s = 0;                              // the chat turns alone
   // Added up over the turns.
   std::int64_t prompt_tokens = 0, restored = 0, generated = 0, computed = 0, decode_steps = 0;
   double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
@@ -387,6 +389,7 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
   s["bytes_moved"] = {{"prefix_restored", d.restore_all}, {"prefix_written", d.kst.bytes_written},
                       {"experts_on_demand", d.em.demand_bytes}, {"experts_prefetched", d.em.speculative_bytes}};
   s["seconds"] = SecondsSince(d.t_start);
+  s["turns_s"] = d.turns_s;
   s["forward_s"] = d.forward_s;
   s["verified_turns"] = d.results.size();
 
@@ -398,7 +401,8 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
 void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::json& j,
                       const std::filesystem::path& json_path, const std::filesystem::path& report_path) {
   const nlohmann::json& s = j.at("summary");
-  fmt::print("\n[4/4] summary ({} turns in {:.1f} s)\n", d.results.size(), SecondsSince(d.t_start));
+  fmt::print("\n[4/4] summary ({} turns in {:.1f} s; the whole run took {:.1f} s)\n", d.results.size(), d.turns_s,
+             SecondsSince(d.t_start));
   if (d.second_run) {
     std::vector<std::string> reused;
     if (d.reused_model) reused.push_back("the model");
@@ -664,7 +668,9 @@ int RunDemo(const DemoArgs& a) {
                        "blocks written ({}); expert cache {} of the experts ({}) in emulated HBM, lookahead predictor",
                        SecondsSince(t0), kv_blocks_before, state_blocks_before, expert_puts,
                        expert_puts == 0 ? "all were on NVMe from an earlier run" : "a new expert store",
-                       a.expert_cache, FormatBytes(static_cast<double>(ex->offload->budget_bytes()))));
+                       a.expert_cache,
+                       FormatBytes(static_cast<double>(ex->offload->budget_bytes())) +
+                           (ex->offload->budget_bytes() >= ex->offload->Metrics().total_expert_bytes ? ", all of them" : "")));
 
   auto model = model::Model::Load(config, **md, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
@@ -681,6 +687,7 @@ int RunDemo(const DemoArgs& a) {
                        "generated per turn), each turn checked against a full recompute ...",
                        a.conversations, a.turns, a.system_tokens, a.user_tokens, a.new_tokens));
   bool fault_done = false;
+  const auto turns_start = Clock::now();
   for (unsigned t = 0; t < a.turns; ++t) {
     for (unsigned c = 0; c < a.conversations; ++c) {
       auto r = PlayTurn(a, config, *kv, *ex, **model, **reference, c, t, &history[c], &fault_done);
@@ -688,6 +695,7 @@ int RunDemo(const DemoArgs& a) {
       results.push_back(std::move(r).value());
     }
   }
+  const double turns_s = SecondsSince(turns_start);
   cache.Flush();
   for (Store* st : {kv->kv_store.get(), kv->state_store.get(), ex->store.get()})
     if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
@@ -705,6 +713,7 @@ int RunDemo(const DemoArgs& a) {
   d.state_blocks_before = state_blocks_before;
   d.expert_puts = expert_puts;
   d.t_start = t_start;
+  d.turns_s = turns_s;
   AddUp(&d);
   const nlohmann::json j = DemoRunJson(a, dir, d);
   const fs::path json_path = dir / kDemoRunJson;

@@ -92,12 +92,12 @@ int RunModel(const RunArgs& a) {
   if (!model.ok()) return Fail(model.status().ToString());
 
   Session session(**model);
-  if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new); !s.ok()) return Fail(s.ToString());
   Result<Tensor> logits = Tensor();
   std::optional<KvRun> kv_run;
   std::optional<kv::CachedPrefill> cached;
   std::pair<double, double> kv_prepare{0, 0};  // seconds: the state's reservation, the pools' opening (beside it)
   if (a.kv.store.empty()) {
+    if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new); !s.ok()) return Fail(s.ToString());
     logits = session.Prefill(*prompt);
   } else {
     // The state's MLA latent caches get room for the whole prompt (written once, so its pages are
@@ -124,6 +124,17 @@ int RunModel(const RunArgs& a) {
                                                               : Fail(opened.status().ToString());
     kv_run = std::move(opened).value();
     const auto request = kv_run->cache->Prepare(*prompt, a.kv.tenant);
+    // The oracle records the routing in the forward steps this prefill takes: the prompt in the
+    // cache's chunk pieces, less those the restore will cover (its lookup's boundary).
+    OracleRecording recording;
+    if (ex->predictor == experts::PredictorKind::kOracle) {
+      recording.prefill = [&](Session* first) {
+        return kv::PrefillWithCache(first, *kv_run->cache, request, {.restore = false, .write_back = false}).status();
+      };
+      recording.skipped_steps = kv_run->cache->Lookup(request).boundary_tokens / kv_run->cache->layout().chunk_tokens();
+    }
+    if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new, recording); !s.ok())
+      return Fail(s.ToString());
     auto p = kv::PrefillWithCache(&session, *kv_run->cache, request);
     if (!p.ok()) return Fail(p.status().ToString());
     cached = std::move(p).value();

@@ -16,10 +16,17 @@ namespace {
 namespace fs = std::filesystem;
 
 // The checkpoint files `model init` writes for a single-file model (in DIR/model.tmp, also the
-// partial writes of a stopped run: names that start with them).
+// temporary files of a stopped write there: "<name>.tmp.<pid>").
 bool IsModelFile(std::string_view f, bool partial = false) {
-  if (f == "config.json" || f == "model.safetensors") return true;
-  return partial && (f.starts_with("config.json") || f.starts_with("model.safetensors"));
+  for (std::string_view name : {"config.json", "model.safetensors"}) {
+    if (f == name) return true;
+    if (!partial || !f.starts_with(name)) continue;
+    std::string_view rest = f.substr(name.size());
+    if (!rest.starts_with(".tmp.") || rest.size() == 5) continue;
+    rest.remove_prefix(5);
+    if (std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) return true;
+  }
+  return false;
 }
 
 // Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
@@ -101,8 +108,10 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
     if (name == kDemoMarker && IsKind(p, S_IFREG)) {
       marked = true;
     } else if ((name == kDemoRunJson || name == kDemoReportHtml) && IsKind(p, S_IFREG)) {
-    } else if ((name == "terrace.data" && IsKind(p, S_IFREG)) || (name == "index" && IsKind(p, S_IFDIR))) {
-      // a store of an earlier demo version, directly in DIR
+    } else if (name == "terrace.data" && IsKind(p, S_IFREG)) {  // a store of an earlier demo version, in DIR
+      if (!IsStoreDataFile(p)) foreign.push_back(name + " (not a Terrace data file)");
+    } else if (name == "index" && IsKind(p, S_IFDIR)) {  // that store's index
+      if (auto f = ForeignIndexEntry(p)) foreign.push_back(f->lexically_relative(dir).string());
     } else if (name == kDemoModelDir && IsKind(p, S_IFDIR)) {
       ForeignInModelDir(p, &foreign);
     } else if (name == kDemoModelTmpDir && IsKind(p, S_IFDIR)) {  // a model build that was stopped
@@ -156,13 +165,39 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
     fs::remove(model, ec);
     removed = true;
   }
-  if (IsKind(dir / kDemoModelTmpDir, S_IFDIR)) removed = fs::remove_all(dir / kDemoModelTmpDir, ec) > 0 || removed;
-  for (const char* f : {"terrace.data", kDemoRunJson, kDemoReportHtml, kDemoMarker}) {
+  if (IsKind(dir / kDemoModelTmpDir, S_IFDIR)) {
+    TERRACE_RETURN_IF_ERROR(RemoveStoppedModelBuild(dir));
+    removed = true;
+  }
+  if (IsKind(dir / "terrace.data", S_IFREG) || IsKind(dir / "index", S_IFDIR)) {  // an earlier version's store
+    TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, kDemoMarker, flag));
+    removed = true;
+  }
+  for (const char* f : {kDemoRunJson, kDemoReportHtml, kDemoMarker}) {
     if (IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
   }
-  if (IsKind(dir / "index", S_IFDIR)) removed = fs::remove_all(dir / "index", ec) > 0 || removed;
   if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's files: {}", flag, dir.string(), ec.message()));
   return removed;
+}
+
+Status RemoveStoppedModelBuild(const fs::path& dir) {
+  const fs::path tmp = dir / kDemoModelTmpDir;
+  std::error_code ec;
+  if (!IsKind(tmp, S_IFDIR)) return Status::Ok();
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    if (!IsModelFile(e.path().filename().string(), /*partial=*/true) || !IsKind(e.path(), S_IFREG)) {
+      return Status::InvalidArgument(fmt::format("{} holds '{}', which the demo did not create; nothing was removed "
+                                                 "(move it out, or give another --dir)",
+                                                 tmp.string(), e.path().filename().string()));
+    }
+    files.push_back(e.path());
+  }
+  for (const fs::path& f : files)
+    if (!ec) fs::remove(f, ec);
+  if (!ec) fs::remove(tmp, ec);
+  if (ec) return Status::IoError(fmt::format("cannot remove the stopped model build {}: {}", tmp.string(), ec.message()));
+  return Status::Ok();
 }
 
 }  // namespace terrace::cli

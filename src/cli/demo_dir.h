@@ -34,4 +34,8 @@ std::string WhyNotDemoDir(const std::filesystem::path& dir, std::string_view fla
 // IoError when a removal fails.
 Result<bool> RemoveDemoDir(const std::filesystem::path& dir, std::string_view flag);
 
+// Removes DIR/model.tmp (a stopped model build): its checkpoint files and temporary files, then the
+// folder. Ok when absent; InvalidArgument (nothing removed) when it holds anything else.
+Status RemoveStoppedModelBuild(const std::filesystem::path& dir);
+
 }  // namespace terrace::cli

@@ -1,5 +1,6 @@
 #include "src/cli/model_run_experts.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -97,7 +98,8 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   opt.policy = *policy;
   opt.window = a.depth;
   auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
-  if (!off.ok()) return off.status();
+  if (!off.ok())  // InvalidArgument: the budget (the other options are not the user's)
+    return off.status().IsInvalidArgument() ? off.status().WithContext("--expert-cache " + a.cache) : off.status();
   run.offload = std::move(off).value();
   run.predictor = *predictor;
   run.depth = a.depth;
@@ -105,7 +107,7 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
 }
 
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
-                      const std::vector<int>& prompt, int max_new) {
+                      const std::vector<int>& prompt, int max_new, const OracleRecording& recording) {
   if (!run->offload) return Status::Ok();
   experts::ExpertOffload& off = *run->offload;
   switch (run->predictor) {
@@ -121,10 +123,13 @@ Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session*
       model::ForwardOptions hooks;
       off.AttachHooks(&hooks);
       first.set_hooks(hooks);
-      TERRACE_RETURN_IF_ERROR(first.Prefill(prompt).status().WithContext("recording the routing for --predictor oracle"));
+      const Status prefilled = recording.prefill ? recording.prefill(&first) : first.Prefill(prompt).status();
+      TERRACE_RETURN_IF_ERROR(prefilled.WithContext("recording the routing for --predictor oracle"));
       for (int i = 0; i + 1 < max_new; ++i)
         TERRACE_RETURN_IF_ERROR(first.Decode(model::Argmax(first.last_logits())).status());
-      auto trace = off.trace();
+      auto trace = std::make_shared<experts::RoutingTrace>(*off.trace());
+      const auto skipped = static_cast<std::size_t>(std::max<std::int64_t>(0, recording.skipped_steps));
+      trace->steps.erase(trace->steps.begin(), trace->steps.begin() + std::min(skipped, trace->steps.size()));
       TERRACE_RETURN_IF_ERROR(off.Reset());
       off.SetPredictor(experts::MakeOraclePredictor(std::move(trace), run->depth));
       break;

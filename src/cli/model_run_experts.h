@@ -4,6 +4,8 @@
 // reports the cache's metrics.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,11 +48,20 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& st
                                 const model::ModelConfig& config, const model::WeightSource& weights,
                                 const OutputRules& out_rules);
 
+// How the oracle's recording pass prefills the prompt: in the forward steps the measured run will
+// take. `prefill` computes the whole prompt into a fresh session (empty: one Session::Prefill
+// step); the measured run then skips its first `skipped_steps` steps (the pieces a prefix-cache
+// restore covers), which are dropped from the recording.
+struct OracleRecording {
+  std::function<Status(model::Session*)> prefill;
+  std::int64_t skipped_steps = 0;
+};
+
 // Once `model` is loaded over run->offload: installs the predictor and the hooks into `session`.
-// The oracle first records the routing of the same run (prefill `prompt`, then max_new - 1 greedy
-// decode steps) in a separate session, then replays it. No-op without an offload.
+// The oracle first records the routing of the same run (prefill `prompt` as `recording` says, then
+// max_new - 1 greedy decode steps) in a separate session, then replays it. No-op without an offload.
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
-                      const std::vector<int>& prompt, int max_new);
+                      const std::vector<int>& prompt, int max_new, const OracleRecording& recording = {});
 
 // The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file, whose
 // first line is kPrometheusGeneratorLine (Terrace's mark), written under `out_rules`.

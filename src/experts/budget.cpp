@@ -47,7 +47,7 @@ Result<CacheBudget> CacheBudget::Parse(std::string_view text) {
 }
 
 std::uint64_t CacheBudget::Resolve(std::uint64_t total) const {
-  if (bytes != 0) return bytes;
+  if (bytes != 0) return std::min(bytes, total);  // more than every expert buys nothing (and would size tiers)
   return static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * fraction));
 }
 

@@ -209,7 +209,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   m.budget = options.budget.Resolve(m.total_bytes);
   if (m.budget < m.max_block) {
     return Status::InvalidArgument(fmt::format(
-        "--expert-cache {} is {} bytes, smaller than one expert block ({} bytes; all routed experts: {} bytes); "
+        "expert cache budget {} is {} bytes, smaller than one expert block ({} bytes; all routed experts: {} bytes); "
         "give at least one expert's size",
         options.budget.ToString(), m.budget, m.max_block, m.total_bytes));
   }

@@ -168,6 +168,30 @@ def test_demo_finishes_a_stopped_model_build_and_keeps_user_files(terrace, tmp_p
     assert snapshot(d) == before
 
 
+def test_demo_looks_inside_the_entries_an_earlier_version_left(terrace, tmp_path):
+    """DIR/index, DIR/terrace.data (an earlier demo version's store) and files in DIR/model.tmp named
+    like the model's were taken as the demo's by name alone, and --fresh (or a plain run, for
+    model.tmp) removed them whatever they held."""
+    d = tmp_path / "store"
+    terrace("demo", "--dir", d, *DEMO, check=True)
+    shutil.rmtree(d / "model")  # so that a plain run builds the model (and clears model.tmp)
+    cases = [(d / "index", "notes.txt", "index/notes.txt"),
+             (d, "terrace.data", "terrace.data (not a Terrace data file)"),
+             (d / "model.tmp", "model.safetensors.bak", "model.tmp/model.safetensors.bak"),
+             (d / "model.tmp", "config.json.orig", "model.tmp/config.json.orig")]
+    for where, name, shown in cases:
+        where.mkdir(exist_ok=True)
+        (where / name).write_text("mine\n")
+        before = snapshot(d)
+        assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), shown, "nothing was removed")
+        assert_usage_error(terrace("demo", "--dir", d, *DEMO), shown)
+        assert snapshot(d) == before
+        (where / name).unlink()
+        if where != d:
+            where.rmdir()
+    terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
+
+
 def test_demo_fresh_refuses_a_symlink_to_its_data(terrace, tmp_path):
     d = tmp_path / "store"
     terrace("demo", "--dir", d, *DEMO, check=True)

@@ -15,11 +15,11 @@ def refused(r, *words):
 
 
 def test_expert_cache_sizes_read_units_as_every_size_flag(terrace, toy_model):
-    """--expert-cache 64MB is 64 000 000 bytes (MB decimal, as --block-size and every other size flag
-    read it; it was 2^26), 64MiB is 2^26, 1GB is 10^9 (it was 2^30). (1TB, refused before, goes through
-    the same unit table; a 1 TB emulated fast tier is not opened here.)"""
+    """--expert-cache 1MB is 1 000 000 bytes (MB decimal, as --block-size and every other size flag
+    read it; it was 2^20), 1MiB is 2^20 (the toy model's experts total about 2.2 MB, and a budget
+    above that is capped at it, so the sizes stay below). GB, TB, ... go through the same unit table."""
     run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--max-new", "1", "--json")
-    for text, want in (("64MB", 64_000_000), ("64MiB", 64 << 20), ("1GB", 10**9)):
+    for text, want in (("1MB", 1_000_000), ("1MiB", 1 << 20), ("2MB", 2_000_000)):
         r = terrace(*run, "--expert-cache", text, timeout=300)
         assert r.returncode == 0, (text, r.stderr)
         assert json.loads(r.stdout)["experts"]["budget_bytes"] == want, text
@@ -55,6 +55,17 @@ def test_bench_flags_for_rows_or_tiers_that_do_not_run_are_refused(terrace, toy_
     for flag in (["--lookahead-depth", "5"], ["--lookahead-embedding-depth", "3"]):
         refused(terrace(*ex, *flag), flag[0], "lookahead")
     refused(terrace(*ex, "--drop-caches"), "--drop-caches", "mmap")
+    # The lead-protection flags size the partitioned rows' caches: refused where only mmap rows and
+    # the unpartitioned oracle+belady run, and the share without protected layers; a budget below one
+    # expert block is refused before any row runs (it was found after the resident row, exit 1).
+    for configs in ("mmap", "oracle+belady", "mmap,oracle+belady"):
+        for flag in (["--lead-protected-layers", "3"], ["--lead-protected-share", "0.9"]):
+            refused(terrace(*ex[:-1], configs, *flag), flag[0], "--configs")
+    refused(terrace(*ex, "--lead-protected-layers", "0", "--lead-protected-share", "0.9"), "--lead-protected-share",
+            "--lead-protected-layers is 0")
+    r = terrace(*ex, "--budgets", "0.5%")
+    refused(r, "--budgets", "0.5%", "smaller than one expert block")
+    assert "resident" not in r.stdout
     for bad in ("inf", "nan"):
         refused(terrace(*ex, "--link-gbps", bad), "--link-gbps")
     assert not (tmp_path / "e").exists()

@@ -96,6 +96,26 @@ def test_nvme_home_with_prefix_cache_twice(toy, tmp_path):
     assert (store / "experts" / "terrace.data").is_file()
 
 
+def test_oracle_with_the_prefix_cache_replays_this_run(toy, tmp_path):
+    """The oracle recorded its routing with one uncached prefill, while --store prefills in chunk
+    pieces and restores a prefix: its steps did not line up with the measured run's, so it
+    prefetched the wrong future (precision 0.8, recall 0.3). Now it records the same pieces and
+    drops those the restore covers: exact on a cold store and after a restore."""
+    kv = ("--kv-codec", "f32", "--chunk-tokens", "16")
+    store = tmp_path / "st"
+    for i in range(2):
+        got = run_json(toy, "--store", str(store), *SMALL_STORE, *kv, "--expert-cache", "25%", "--predictor", "oracle")
+        assert got["restored_tokens"] == (32 if i else 0)
+        e = got["experts"]
+        assert e["precision"] == 1.0, (i, e["precision"], e["recall"])
+        assert e["recall"] > 0.8, (i, e["recall"])
+
+
+def test_an_expert_cache_above_every_expert_is_capped(toy):
+    e = run_json(toy, "--expert-cache", "1TiB")["experts"]
+    assert e["budget_bytes"] == e["total_expert_bytes"] > 0
+
+
 def test_text_and_prometheus(toy, tmp_path):
     prom = tmp_path / "experts.prom"
     p = run(toy, "--expert-cache", "25%", "--expert-prometheus", str(prom))

@@ -115,3 +115,21 @@ TEST_CASE("HBM mode selection") {
   o.link.bandwidth_bytes_per_s = 0;
   CHECK(CreateHbmTier(o).status().IsInvalidArgument());
 }
+
+TEST_CASE("Emulated HBM errors name the HBM tier, not the host memory that emulates it") {
+  auto tier = EmulatedTier();
+  // Larger than the whole 16 MiB tier (the emulation's largest block).
+  auto big = TestBytes(1, 17 * kMiB);
+  const Status s = tier->Put(TestKey(1), DescribeBlock(big), big);
+  REQUIRE(s.IsOutOfCapacity());
+  INFO(s.ToString());
+  CHECK(s.message().find("hbm (emulated) tier") != std::string::npos);
+  CHECK(s.message().find("host tier") == std::string::npos);
+  auto data = TestBytes(2, 4096);
+  REQUIRE(tier->Put(TestKey(2), DescribeBlock(data), data).ok());
+  std::vector<std::byte> small(16);
+  const Status g = tier->Get(TestKey(2), small, nullptr);
+  REQUIRE(g.IsInvalidArgument());
+  INFO(g.ToString());
+  CHECK(g.message().find("hbm (emulated) tier") != std::string::npos);
+}

@@ -36,7 +36,7 @@ Result<std::unique_ptr<EmulatedHbmTier>> EmulatedHbmTier::Create(const HbmTierOp
   host.chunk_bytes = std::min<std::uint64_t>(options.capacity_bytes, 256 * kMiB);
   host.pin = false;
   host.logger = options.logger;
-  auto h = HostTier::Create(host);
+  auto h = HostTier::Create(host, "hbm (emulated)");
   if (!h.ok()) return h.status().WithContext("hbm tier (emulated)");
   return std::unique_ptr<EmulatedHbmTier>(new EmulatedHbmTier(options, std::move(h).value()));
 }

@@ -19,7 +19,7 @@ constexpr std::size_t kPrefaultPieceBytes = 4 * 1024 * 1024;  // one madvise cal
 
 }  // namespace
 
-Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options) {
+Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options, std::string_view name) {
   if (options.capacity_bytes < kPageBytes) {
     return Status::InvalidArgument(fmt::format("host tier: capacity_bytes {} is below one page ({} bytes); "
                                                "set HostTierOptions::capacity_bytes to at least {}",
@@ -35,7 +35,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                                                "million chunks; raise chunk_bytes",
                                                options.capacity_bytes, options.chunk_bytes));
   }
-  std::unique_ptr<HostTier> tier(new HostTier(options));
+  std::unique_ptr<HostTier> tier(new HostTier(options, name));
   if (options.populate != HostPopulate::kOnDemand && tier->populate_chunks_ > 0) {
     const std::uint64_t t0 = SteadyNanos();
     TERRACE_RETURN_IF_ERROR(tier->arena_.GrowTo(std::uint64_t{tier->populate_chunks_} * tier->arena_.chunk_bytes()));
@@ -44,10 +44,11 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   return tier;
 }
 
-HostTier::HostTier(const HostTierOptions& options)
+HostTier::HostTier(const HostTierOptions& options, std::string_view name)
     : options_(options),
+      name_(name),
       logger_(LoggerOrDefault(options.logger)),
-      arena_(tiers::BlockArenaOptions{"host", options.capacity_bytes, options.chunk_bytes, kPageBytes},
+      arena_(tiers::BlockArenaOptions{std::string(name), options.capacity_bytes, options.chunk_bytes, kPageBytes},
              [this](std::uint32_t chunk, std::uint64_t bytes) { return Grow(chunk, bytes); }) {
   caps_.id = TierId::kHost;
   caps_.name = "host";
@@ -159,9 +160,9 @@ std::uint64_t HostTier::CopyInAndChecksum(const tiers::PageExtent& e, const std:
 
 Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
   if (desc.size != data.size()) {
-    return Status::InvalidArgument(fmt::format("host tier: put of block {}: desc.size {} != data size {}; "
+    return Status::InvalidArgument(fmt::format("{} tier: put of block {}: desc.size {} != data size {}; "
                                                "build the desc with DescribeBlock(data)",
-                                               key.ToString(), desc.size, data.size()));
+                                               name_, key.ToString(), desc.size, data.size()));
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, desc));
@@ -175,9 +176,9 @@ Status HostTier::Put(const BlockKey& key, const BlockDesc& desc, std::span<const
 
 Status HostTier::PutDescribing(const BlockKey& key, BlockDesc* desc, std::span<const std::byte> data) {
   if (desc->size != data.size()) {
-    return Status::InvalidArgument(fmt::format("host tier: put of block {}: desc.size {} != data size {}; "
+    return Status::InvalidArgument(fmt::format("{} tier: put of block {}: desc.size {} != data size {}; "
                                                "set the desc's size to the data's",
-                                               key.ToString(), desc->size, data.size()));
+                                               name_, key.ToString(), desc->size, data.size()));
   }
   const std::uint64_t t0 = SteadyNanos();
   TERRACE_ASSIGN_OR_RETURN(tiers::BlockArena::Ticket t, arena_.BeginWrite(key, *desc));  // sized by desc->size
@@ -240,9 +241,9 @@ Status HostTier::GetInto(const BlockKey& key, std::span<std::byte> out, BlockDes
   const tiers::BlockArena::Ticket& t = *r;
   if (out.size() < t.desc.size) {
     arena_.EndRead(key, t, false);
-    return Status::InvalidArgument(fmt::format("host tier: get of block {}: buffer of {} bytes is smaller than "
+    return Status::InvalidArgument(fmt::format("{} tier: get of block {}: buffer of {} bytes is smaller than "
                                                "the block ({} bytes); Lookup the size first",
-                                               key.ToString(), out.size(), t.desc.size));
+                                               name_, key.ToString(), out.size(), t.desc.size));
   }
   stream = stream && t.desc.size >= tiers::kStreamCopyMinBytes;
   if (stream) streamed_gets_.fetch_add(1, std::memory_order_relaxed);
@@ -253,9 +254,9 @@ Status HostTier::GetInto(const BlockKey& key, std::span<std::byte> out, BlockDes
   arena_.EndRead(key, t, corrupt);
   if (corrupt) {
     counters_.Add(counters_.corruptions);
-    return Status::Corruption(fmt::format("host tier: block {} failed its checksum (recorded {:016x}, read {:016x}); "
+    return Status::Corruption(fmt::format("{} tier: block {} failed its checksum (recorded {:016x}, read {:016x}); "
                                           "it was dropped: fetch it from a lower tier or recompute it",
-                                          key.ToString(), t.desc.checksum, sum));
+                                          name_, key.ToString(), t.desc.checksum, sum));
   }
   if (desc) *desc = t.desc;
   counters_.Add(counters_.hits);

@@ -42,7 +42,8 @@ namespace terrace {
 
 class HostTier final : public Tier {
  public:
-  static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options);
+  // `name` names the tier in error messages ("host"; the emulated HBM tier passes its own).
+  static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options, std::string_view name = "host");
   ~HostTier() override;
 
   const TierCaps& caps() const override { return caps_; }
@@ -104,7 +105,7 @@ class HostTier final : public Tier {
   std::uint64_t open_populate_ns() const { return open_populate_ns_; }
 
  private:
-  explicit HostTier(const HostTierOptions& options);
+  HostTier(const HostTierOptions& options, std::string_view name);
   Status Grow(std::uint32_t chunk, std::uint64_t bytes);
   std::byte* Address(const tiers::PageExtent& e) const;
   // The put copies. Streaming stores only into pages known to be faulted in: into a page the
@@ -118,6 +119,7 @@ class HostTier final : public Tier {
   Status GetInto(const BlockKey& key, std::span<std::byte> out, BlockDesc* desc, bool stream);
 
   const HostTierOptions options_;
+  const std::string name_;  // in error messages
   std::uint64_t stream_get_bytes_ = UINT64_MAX;
   const std::shared_ptr<Logger> logger_;  // options_.logger or stderr; never null
   LogOnce pin_refusal_log_;               // a refused pin is logged for the first chunk only
