@@ -391,36 +391,6 @@ def _colours(path, step=2):
 BLUE, RED, HOT = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28), (0xC0, 0x39, 0x2B)
 
 
-def _browser():
-    import shutil
-
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not browser:
-        pytest.skip("chromium is not installed (apt-get install chromium to render the report headless)")
-    return browser
-
-
-def _screenshot(browser, html, png, height):
-    import subprocess
-
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
-                    f"--window-size=1000,{height}", html.as_uri()], check=True, capture_output=True, timeout=120)
-
-
-def test_plan_report_renders_in_a_headless_browser(terrace, tmp_path):
-    """The page as a browser draws it: Debian's chromium screenshots it headless; the chart's series
-    colours must appear on the page (no blank or broken render). Skipped where chromium is absent."""
-    browser = _browser()
-    plan = terrace("plan", "--json", check=True).stdout
-    src, out, png = tmp_path / "plan.json", tmp_path / "plan.html", tmp_path / "plan.png"
-    src.write_text(plan)
-    terrace("report", src, "-o", out, check=True)
-    _screenshot(browser, out, png, 1200)
-    colours = _colours(png)
-    # The memory-vs-context chart draws its first two series in the palette's blue and red.
-    assert BLUE in colours and RED in colours
-
-
 def test_report_png_charts(terrace, demo_run, tmp_path):
     """--png: one PNG per chart, 720x380, drawn (the first series' blue is in each; the hot experts' red in
     the per-expert chart). Skipped without rsvg-convert."""

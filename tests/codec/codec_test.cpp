@@ -317,6 +317,37 @@ TEST_CASE("damaged scales, NaN codes and damaged compressed payloads are refused
   CHECK(refused > static_cast<int>(3 * (enc.size() - kHeader)) * 9 / 10);
 }
 
+TEST_CASE("an int4 block with an odd value count and a non-zero padding nibble is refused", "[codec]") {
+  // docs/kv-codecs.md "Payload": value k is the low nibble of byte k / 2 (k even) or its high nibble
+  // (k odd); with an odd count the high nibble of the last byte is padding, which Encode writes as 0
+  // and Decode refuses otherwise.
+  const std::int64_t rows = 3, cols = 5;  // 15 values: 8 payload bytes, the last one half padding
+  const auto x = RandomMatrix(rows, cols, 23);
+  std::vector<float> out(x.size());
+  for (const char* name : {"int4-g32", "int4-g64"}) {
+    INFO(name);
+    std::vector<std::byte> enc;
+    REQUIRE(Encode(Spec(name), x, rows, cols, &enc).ok());
+    // Header, one scale per row (one group of 5 columns), then the payload: the last byte is the
+    // last payload byte (no lossless stage).
+    REQUIRE(enc.size() == kHeader + 4 * rows + (rows * cols + 1) / 2);
+    REQUIRE((enc.back() & std::byte{0xF0}) == std::byte{0});
+    REQUIRE(Decode(enc, rows, cols, out).ok());
+    for (unsigned pad : {0x10u, 0x80u, 0xF0u}) {
+      auto bad = enc;
+      bad.back() |= static_cast<std::byte>(pad);
+      const Status st = Decode(bad, rows, cols, out);
+      INFO("padding nibble " << (pad >> 4) << ": " << st.ToString());
+      REQUIRE(st.IsCorruption());
+      CHECK(st.message().find("padding nibble") != std::string::npos);
+    }
+    // The low nibble of that byte is value 14, a real value: another code there decodes.
+    auto other = enc;
+    other.back() = (other.back() & std::byte{0xF0}) | std::byte{0x03};
+    REQUIRE(Decode(other, rows, cols, out).ok());
+  }
+}
+
 TEST_CASE("stored NaN / Inf values and overflowing scales are refused; huge inputs decode finite", "[codec]") {
   const std::int64_t rows = 3, cols = 16;
   const auto x = RandomMatrix(rows, cols, 19);

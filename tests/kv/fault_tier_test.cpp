@@ -1,7 +1,7 @@
 // The prefix cache over faulty tiers: over a fault-injecting state tier (tiers/fault), failed
 // snapshot writes are counted and never hit and a snapshot stored with a flipped bit falls back to
-// the previous joint boundary; a KV chunk or a snapshot erased between the restore's lookup and its
-// read falls back too, counted as missing. The output stays exact.
+// the previous joint boundary, counted as corrupt; a KV chunk or a snapshot erased between the
+// restore's lookup and its read falls back too, counted as missing. The output stays exact.
 #include <catch2/catch.hpp>
 
 #include <functional>
@@ -78,6 +78,12 @@ TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt 
   CHECK(w7.prefill.restore.fallbacks >= 1);
   CHECK(f->injected().corrupted_puts == 1);
   CHECK(st_store->Stats().corruptions_dropped == 1);
+  // Counted as corrupt (the block failed its own check), not as missing: boundary 6, never
+  // written, is no candidate, so the corrupt snapshot is this test's only fallback.
+  const auto stats = (*cache)->Stats();
+  CHECK(stats.fallbacks == 1);
+  CHECK(stats.fallbacks_corrupt == 1);
+  CHECK(stats.fallbacks_missing == 0);
   const Run c7 = Prefill(*m.model, **cache, p7b, "", {.restore = false, .write_back = false}, 2);
   CHECK(Bitwise(w7.prefill.logits.data, Rows(c7.prefill.logits, 80)));
   CHECK(Bitwise(w7.decode_logits.back(), c7.decode_logits.back()));

@@ -352,6 +352,8 @@ TEST_CASE("a bad block of a later layer voids the layers already handed out: the
   CHECK(r->restore.boundary_tokens == 64);
   CHECK(r->restore.fallbacks == 1);
   CHECK((*cache)->Stats().layerwise_voided == 1);
+  CHECK((*cache)->Stats().fallbacks_corrupt == 1);  // the snapshot failed its checksum: corrupt, not missing
+  CHECK((*cache)->Stats().fallbacks_missing == 0);
   CHECK(Bitwise(r->logits.data, Rows(cold.prefill.logits, 64)));
   // The discarded pass stopped at the corrupt layer (no later layer ran on the void state): the
   // next layer begun is layer 0 of the recompute from the earlier boundary.
@@ -369,6 +371,10 @@ TEST_CASE("a bad block of a later layer voids the layers already handed out: the
   const Run w = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 2);
   CHECK(w.prefill.restored_tokens == 32);
   CHECK(w.prefill.restore.fallbacks >= 1);
+  // The chunk failed its checksum: one more corrupt; the snapshot dropped above is gone at lookup now
+  // (missing).
+  CHECK((*cache)->Stats().fallbacks_corrupt == 2);
+  CHECK((*cache)->Stats().fallbacks_missing == 1);
   CHECK(Bitwise(w.prefill.logits.data, Rows(cold.prefill.logits, 32)));
   CHECK(Bitwise(w.decode_logits.back(), cold.decode_logits.back()));
 }

@@ -134,6 +134,7 @@ TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapsh
   REQUIRE(warm.prefill.restore.fallback_reasons.size() == 1);
   CHECK(warm.prefill.restore.fallback_reasons[0].find(fmt::format("layer {} at token 80", kda_layer)) != std::string::npos);
   CHECK((*cache)->Stats().fallbacks_missing == 1);
+  CHECK((*cache)->Stats().fallbacks_corrupt == 0);  // erased, not damaged
   const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
   CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 64)));
   CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
@@ -166,40 +167,56 @@ bool FlipInFile(const std::filesystem::path& file, std::string_view magic, std::
   return false;
 }
 
-TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the previous joint boundary, exact") {
-  Fixture f;
-  terrace::testing::TempDir dir("kvnvme");
-  auto kv_store = NvmeStore(dir.path() / "kv");
-  auto st_store = NvmeStore(dir.path() / "state");
-  auto cache = PrefixCache::Create(Layout(16, 1), f.m.id, kv_store.get(), st_store.get());
-  REQUIRE(cache.ok());
-  Prefill(*f.m.model, **cache, f.p, "");
-  (*cache)->Flush();
-  REQUIRE(kv_store->Flush().ok());
-  REQUIRE(st_store->Flush().ok());
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
-  const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
+TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the previous joint boundary, exact, counted as corrupt") {
+  // Both restore paths: layer by layer under the forward pass, and whole before it.
+  for (const bool layerwise : {true, false}) {
+    CAPTURE(layerwise);
+    Fixture f;
+    terrace::testing::TempDir dir("kvnvme");
+    auto kv_store = NvmeStore(dir.path() / "kv");
+    auto st_store = NvmeStore(dir.path() / "state");
+    auto cache = PrefixCache::Create(Layout(16, 1), f.m.id, kv_store.get(), st_store.get());
+    REQUIRE(cache.ok());
+    Prefill(*f.m.model, **cache, f.p, "");
+    (*cache)->Flush();
+    REQUIRE(kv_store->Flush().ok());
+    REQUIRE(st_store->Flush().ok());
+    CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+    const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
+    const PrefillOptions warm_options{.restore = true, .write_back = false, .layerwise = layerwise};
 
-  // The snapshot at token 80 (state header: boundary tokens at byte 16), one byte inside its payload.
-  REQUIRE(FlipInFile(dir.path() / "state" / "terrace.data", "TKDASNP1", 80, 16, 1000));
-  const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
-  CHECK(warm.prefill.restored_tokens == 64);
-  CHECK(warm.prefill.restore.fallbacks == 1);
-  // The store drops the corrupt copy; whether its GetBatch then says Corruption or NotFound, the
-  // cache counts one fallback.
-  CHECK(st_store->Stats().corruptions_dropped == 1);
-  CHECK((*cache)->Stats().fallbacks == 1);
-  CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 64)));
-  CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+    // The snapshot at token 80 (state header: boundary tokens at byte 16), one byte inside its payload.
+    REQUIRE(FlipInFile(dir.path() / "state" / "terrace.data", "TKDASNP1", 80, 16, 1000));
+    const Run warm = Prefill(*f.m.model, **cache, f.p2, "", warm_options, 2);
+    CHECK(warm.prefill.restored_tokens == 64);
+    CHECK(warm.prefill.restore.fallbacks == 1);
+    // The store drops the corrupt copy and its GetBatch says Corruption ("stored but lost",
+    // include/terrace/store.h): the cache counts it as corrupt, not missing.
+    CHECK(st_store->Stats().corruptions_dropped == 1);
+    REQUIRE(warm.prefill.restore.fallback_reasons.size() == 1);
+    CHECK(warm.prefill.restore.fallback_reasons[0].find("Corruption") != std::string::npos);
+    const PrefixCacheStats s1 = (*cache)->Stats();
+    CHECK(s1.fallbacks == 1);
+    CHECK(s1.fallbacks_corrupt == 1);
+    CHECK(s1.fallbacks_missing == 0);
+    CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 64)));
+    CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
 
-  // KV chunk 1 (chunk id hi at byte 24 of its header), a byte inside its first layer's sub-range.
-  auto req = (*cache)->Prepare(f.p2, "");
-  REQUIRE(FlipInFile(dir.path() / "kv" / "terrace.data", "TKVCHNK1", req.chunk_ids[1].hi, 24, 4096 + 100));
-  const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
-  CHECK(warm2.prefill.restored_tokens == 16);
-  CHECK(warm2.prefill.restore.fallbacks >= 1);
-  CHECK(Bitwise(warm2.prefill.logits.data, Rows(cold.prefill.logits, 16)));
-  CHECK(Bitwise(warm2.decode_logits.back(), cold.decode_logits.back()));
+    // KV chunk 1 (chunk id hi at byte 24 of its header), a byte inside its first layer's sub-range.
+    auto req = (*cache)->Prepare(f.p2, "");
+    REQUIRE(FlipInFile(dir.path() / "kv" / "terrace.data", "TKVCHNK1", req.chunk_ids[1].hi, 24, 4096 + 100));
+    const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", warm_options, 2);
+    CHECK(warm2.prefill.restored_tokens == 16);
+    // Two fallbacks: the snapshot at token 80 dropped above is now gone at lookup (missing), and KV
+    // chunk 1 fails the store's checksum (corrupt).
+    CHECK(warm2.prefill.restore.fallbacks == 2);
+    const PrefixCacheStats s2 = (*cache)->Stats();
+    CHECK(s2.fallbacks == 3);
+    CHECK(s2.fallbacks_corrupt == 2);
+    CHECK(s2.fallbacks_missing == 1);
+    CHECK(Bitwise(warm2.prefill.logits.data, Rows(cold.prefill.logits, 16)));
+    CHECK(Bitwise(warm2.decode_logits.back(), cold.decode_logits.back()));
+  }
 }
 
 TEST_CASE("a state pool under pressure keeps its oldest snapshots; failed writes are counted and never hit") {
