@@ -187,8 +187,9 @@ struct StoreOptions {
   // high_watermark and evicts down to low_watermark.
   double high_watermark = 0.90;
   double low_watermark = 0.75;
-  // Threads of the store's Asio pool for GetAsync, PutAsync and background demotion; prefetch
-  // drains on a lane of its own, max(1, background_threads - 1) threads, so it never delays them.
+  // Threads of the store's Asio pool for GetAsync and PutAsync. Prefetch drains on a lane of its own,
+  // max(1, background_threads - 1) threads, and background demotion on another (one thread), so
+  // neither ever delays them.
   unsigned background_threads = 2;
   // Staging buffers for blocks moved between two tiers with no direct route (NVMe -> NVMe, or NVMe
   // -> a tier that cannot reserve space for a direct read): bounce_buffers buffers of

@@ -149,7 +149,7 @@ int RunReport(const ReportArgs& a) {
     for (const plan::ReportChart& c : report->charts) {
       auto png = RasterisePng(rasteriser, c.svg, c.name);
       if (!png.ok()) return Fail(png.status().message());
-      files.push_back({beside(c, ".png"), std::move(png).value(), "--png", OutputFormat::kPng});
+      files.push_back({beside(c, ".png"), WithPngMark(*png), "--png", OutputFormat::kPng});
     }
   }
   for (const OutFile& f : files) {
@@ -172,8 +172,8 @@ void RegisterReport(CLI::App& app, Runner* run) {
   c->add_flag("--svg", a->svg, "Also write each chart as OUT-<chart>.svg next to the HTML");
   c->add_flag("--png", a->png, "Also write each chart as OUT-<chart>.png next to the HTML (needs rsvg-convert)");
   c->add_flag("--force", a->force,
-              "Replace existing output files Terrace did not write (without it: only its own HTML and SVG files; "
-              "a PNG always needs it; never RUN.json itself)");
+              "Replace existing output files Terrace did not write (without it: only its own HTML, SVG and PNG "
+              "files; never RUN.json itself)");
   c->callback([run, a] { *run = [a] { return RunReport(*a); }; });
 }
 

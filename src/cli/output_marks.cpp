@@ -1,8 +1,11 @@
 // HasTerraceMark (safe_files.h): recognises the marks of src/common/generator_mark.h in the first
-// bytes of an existing output file. Pure functions over bytes; no I/O.
+// bytes of an existing output file, and writes the PNG one (WithPngMark). Pure functions over bytes;
+// no I/O.
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include <boost/crc.hpp>
 
 #include "src/cli/safe_files.h"
 #include "src/common/generator_mark.h"
@@ -34,7 +37,42 @@ bool SafetensorsMarked(std::string_view head) {
   return false;
 }
 
+constexpr std::string_view kPngSignature = "\x89PNG\r\n\x1a\n";
+constexpr std::size_t kIhdrEnd = 8 + 4 + 4 + 13 + 4;  // signature, then IHDR: length, type, 13 bytes, CRC
+
+bool StartsWithPngAndIhdr(std::string_view png) {
+  return png.size() >= kIhdrEnd && png.starts_with(kPngSignature) && png.substr(8, 8) == std::string_view("\0\0\0\x0dIHDR", 8);
+}
+
+// The tEXt chunk's data: keyword, NUL, text.
+std::string PngMarkData() {
+  std::string data(kPngGeneratorKeyword);
+  data.push_back('\0');
+  data.append(kPngGeneratorText);
+  return data;
+}
+
+void AppendBigEndian32(std::string* out, std::uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>((v >> shift) & 0xFF));
+}
+
 }  // namespace
+
+std::string WithPngMark(std::string_view png) {
+  if (!StartsWithPngAndIhdr(png)) return std::string(png);
+  const std::string data = PngMarkData();
+  std::string chunk;
+  AppendBigEndian32(&chunk, static_cast<std::uint32_t>(data.size()));
+  chunk += "tEXt";
+  chunk += data;
+  boost::crc_32_type crc;  // PNG's CRC-32 (ISO 3309) over the chunk type and data
+  crc.process_bytes(chunk.data() + 4, chunk.size() - 4);
+  AppendBigEndian32(&chunk, crc.checksum());
+  std::string out(png.substr(0, kIhdrEnd));
+  out += chunk;
+  out.append(png.substr(kIhdrEnd));
+  return out;
+}
 
 bool HasTerraceMark(OutputFormat format, std::string_view head) {
   switch (format) {
@@ -50,7 +88,13 @@ bool HasTerraceMark(OutputFormat format, std::string_view head) {
     case OutputFormat::kPrometheus:
       return head.starts_with(kPrometheusGeneratorLine) &&
              head.substr(kPrometheusGeneratorLine.size()).starts_with("\n");
-    case OutputFormat::kPng:
+    case OutputFormat::kPng: {
+      const std::string data = PngMarkData();
+      std::string header;
+      AppendBigEndian32(&header, static_cast<std::uint32_t>(data.size()));
+      header += "tEXt";
+      return StartsWithPngAndIhdr(head) && head.substr(kIhdrEnd).starts_with(header + data);
+    }
     case OutputFormat::kTrace: return false;
   }
   return false;

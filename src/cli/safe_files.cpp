@@ -119,7 +119,7 @@ Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputR
     }
   }
   if (rules.force || HasTerraceMark(rules.format, ReadHead(path))) return Status::Ok();
-  const bool markable = rules.format != OutputFormat::kPng && rules.format != OutputFormat::kTrace;
+  const bool markable = rules.format != OutputFormat::kTrace;
   return Status::InvalidArgument(fmt::format(
       "{} {} already exists and Terrace did not write it ({}); choose another path or pass --force to replace it",
       flag, path.string(),

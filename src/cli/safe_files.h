@@ -51,7 +51,7 @@ enum class OutputFormat : unsigned char {
   kSvg,          // kSvgGeneratorComment straight after the opening <svg ...> tag
   kSafetensors,  // "generator":"terrace" in the header's __metadata__ (as SafetensorsWriter writes it)
   kPrometheus,   // first line kPrometheusGeneratorLine
-  kPng,          // no mark: an existing file is replaced only with --force
+  kPng,          // a tEXt chunk "Software" = kPngGeneratorText straight after IHDR (WithPngMark)
   kTrace,        // Mooncake JSONL, no mark: likewise
 };
 
@@ -77,6 +77,10 @@ struct OutputRules {
 // Terrace writes in `format`; always false for formats without a mark.
 inline constexpr std::size_t kMarkProbeBytes = std::size_t{1} << 20;
 bool HasTerraceMark(OutputFormat format, std::string_view head);
+
+// `png` with Terrace's mark (kPng above) inserted after its IHDR chunk; `png` unchanged when it does
+// not start with the PNG signature and an IHDR chunk.
+std::string WithPngMark(std::string_view png);
 
 // Ok when `path` may be written as an output file: absent or a regular file (not a symlink) that
 // `rules` allow replacing, and its parent is an existing directory. InvalidArgument naming `flag`

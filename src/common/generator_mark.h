@@ -18,5 +18,9 @@ inline constexpr std::string_view kSafetensorsGeneratorKey = "generator";
 inline constexpr std::string_view kSafetensorsGeneratorValue = "terrace";
 // Prometheus text (`--expert-prometheus`): the first line, a comment scrapers ignore.
 inline constexpr std::string_view kPrometheusGeneratorLine = "# generator: terrace";
+// PNG charts (`terrace report --png`): a tEXt chunk straight after IHDR whose data is this keyword,
+// a NUL, and this text (PNG's registered "Software" keyword).
+inline constexpr std::string_view kPngGeneratorKeyword = "Software";
+inline constexpr std::string_view kPngGeneratorText = "terrace";
 
 }  // namespace terrace

@@ -195,7 +195,7 @@ void StoreImpl::MaybeScheduleDemotion(int t) {
   auto cap = static_cast<double>(src.caps().capacity_bytes);
   if (static_cast<double>(src.used_bytes()) <= options_.high_watermark * cap) return;
   if (slot(t).demotion_scheduled.exchange(true)) return;
-  pool_.Post([this, t, cap] {
+  demotion_lane_.Post([this, t, cap] {
     const Tier& tr = tier(t);
     while (!stopping_.load(std::memory_order_acquire) &&
            static_cast<double>(tr.used_bytes()) > options_.low_watermark * cap) {

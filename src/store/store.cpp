@@ -30,7 +30,7 @@ StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
       bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
       batch_bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
       lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)),
-      pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_) {
+      pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_), demotion_lane_(1) {
   const std::vector<std::string> names = SlotNames(tiers);
   for (std::size_t i = 0; i < tiers.size(); ++i) {
     slots_[i].tier = std::move(tiers[i].tier);
@@ -44,7 +44,8 @@ StoreImpl::~StoreImpl() {
   stopping_.store(true, std::memory_order_release);
   demand_->Wake();
   prefetch_lane_.Join();  // queued prefetch items complete as Cancelled; running work finishes
-  pool_.Join();           // then demotions a prefetch may have scheduled
+  pool_.Join();           // then async gets and puts
+  demotion_lane_.Join();  // then demotions either may have scheduled (a pass stops at stopping_)
 }
 
 int StoreImpl::SlotOf(TierId kind) const {

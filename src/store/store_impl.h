@@ -486,12 +486,16 @@ class StoreImpl {
   Mutex regions_mu_;
   LogOnce regions_log_;  // "memory not registered" is logged for the first failure only
 
-  // Two executors, so background prefetch never delays demand: pool_ (background_threads
-  // threads) runs GetAsync, PutAsync and demotion; prefetch_lane_ (max(1, background_threads - 1)
-  // threads, its own) drains the prefetch queues. Last members: joined first on destruction.
+  // Three executors, so background work never delays demand: pool_ (background_threads threads)
+  // runs GetAsync and PutAsync; prefetch_lane_ (max(1, background_threads - 1) threads, its own)
+  // drains the prefetch queues; demotion_lane_ (one thread) runs the demotion passes, each of
+  // which writes blocks into a lower tier until its tier is down to low_watermark (seconds on a slow
+  // drive). Last members; the destructor joins them in the order prefetch, pool, demotion (the
+  // first two may schedule demotions).
   const unsigned lane_threads_;
   ThreadPool pool_;
   ThreadPool prefetch_lane_;
+  ThreadPool demotion_lane_;
 };
 
 // Builds and initialises the store state over `tiers` (fastest first).

@@ -375,7 +375,7 @@ def owned_output_cases(terrace, model, d):
          [*run_model, "--expert-cache", "25%", "--expert-prometheus", d / "e.prom"], True),
     ]
     if shutil.which("rsvg-convert"):
-        cases.append(("report --png", "--png", png, ["report", run, "-o", html, "--png"], False))
+        cases.append(("report --png", "--png", png, ["report", run, "-o", html, "--png"], True))
     return cases
 
 

@@ -379,6 +379,24 @@ def _png_pixels(path):
     return width, height, bpp, rows
 
 
+def _png_chunks(path):
+    """[(type, data)] of every chunk, each CRC checked with zlib's CRC-32 (independent of Terrace's)."""
+    import struct
+    import zlib
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, []
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        (crc,) = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert crc == zlib.crc32(kind + body), (path, kind)
+        chunks.append((kind, body))
+        pos += 12 + n
+    return chunks
+
+
 def _colours(path, step=2):
     _, _, bpp, rows = _png_pixels(path)
     colours = set()
@@ -410,6 +428,7 @@ def test_report_png_charts(terrace, demo_run, tmp_path):
         w, h, _, _ = _png_pixels(p)
         assert (w, h) == (720, 380), name
         assert BLUE in _colours(p, 1), name
+        assert _png_chunks(p)[1] == (b"tEXt", b"Software\0terrace"), name  # Terrace's mark, after IHDR
     assert HOT in _colours(pngs["expert-utilisation"], 1)
 
 

@@ -1,6 +1,6 @@
 // FakeTier: a map-backed in-memory Tier for store tests. Follows the terrace/tier.h contract
 // (atomic replace, checksum-verified Get, pins block Erase, OutOfCapacity leaves it unchanged) and
-// counts Gets and GetBatch calls; an optional delay per Get makes concurrent fetches overlap. Thread-safe.
+// counts Gets and GetBatch calls; an optional delay per Get (and per Put) makes concurrent work overlap. Thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +34,7 @@ class FakeTier final : public Tier {
   const TierCaps& caps() const override { return caps_; }
 
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
+    if (int ms = put_delay_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     std::lock_guard lock(mu_);
     auto it = blocks_.find(key);
     std::uint64_t old = it == blocks_.end() ? 0 : it->second.bytes.size();
@@ -148,10 +149,15 @@ class FakeTier final : public Tier {
     return true;
   }
   std::uint64_t gets() const { return gets_.load(); }  // single Gets, including those of GetBatch
+  std::uint64_t puts() const {  // completed Puts
+    std::lock_guard lock(mu_);
+    return puts_;
+  }
   std::uint64_t batch_calls() const { return batch_calls_.load(); }
   std::uint64_t batch_ops() const { return batch_ops_.load(); }
 
   std::atomic<int> get_delay_ms{0};
+  std::atomic<int> put_delay_ms{0};  // per Put, before it takes the lock (a slow drive's write)
   // Called at the start of every Get, outside the tier's lock. Set before the tier is shared.
   std::function<void(const BlockKey&)> on_get;
 

@@ -1,5 +1,6 @@
-// Background work never starves demand: speculative prefetch runs in its own lane, so GetAsync and
-// PutAsync do not queue behind a drain, and a prefetch waiting for demand wakes on cancel().
+// Background work never starves demand: speculative prefetch and demotion run in lanes of their
+// own, so GetAsync and PutAsync queue behind neither a drain nor a demotion pass, and a prefetch
+// waiting for demand wakes on cancel().
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -53,6 +54,41 @@ TEST_CASE("GetAsync and PutAsync during a large speculative prefetch wait for on
   pre.cancel();
   auto statuses = pre.get();
   for (const Status& s : statuses) CHECK((s.ok() || s.code() == Code::kCancelled));
+}
+
+TEST_CASE("GetAsync and PutAsync do not wait for a background demotion pass") {
+  // One pool thread: a demotion pass on it (blocks written one by one into a slow tier) held every
+  // async get and put behind it for the whole pass.
+  constexpr int kHostBlocks = 200;
+  FakeTiers f(0, kHostBlocks * kLaneBlock, 8 << 20);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  StoreOptions o = Quiet();
+  o.background_threads = 1;
+  o.high_watermark = 0.90;  // demotion on (Quiet turns it off)
+  o.low_watermark = 0.75;
+  auto store = OpenFakeStore(f, o);
+  nvme.put_delay_ms = kDelayMs;
+  // Past the 90% watermark: a pass evicts down to 75%, about 30 blocks x kDelayMs into the slow tier.
+  const int filled = kHostBlocks * 92 / 100;
+  for (int i = 0; i < filled; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kLaneBlock)).ok());
+  // The pass is writing (bounded: a store that never demotes fails here instead of hanging).
+  for (int i = 0; i < 5000 && nvme.puts() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(nvme.puts() > 0);
+  std::vector<std::byte> out(kLaneBlock);
+  const auto t0 = Clock::now();
+  auto get = store->GetAsync(TestKey(filled - 1), out);  // host-resident, the newest: not a victim yet
+  const auto put_bytes = TestBytes(5000, kLaneBlock);
+  auto put = store->PutAsync(TestKey(5000), put_bytes);
+  auto r = get.get();
+  REQUIRE(put.get().ok());
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  REQUIRE(r.ok());
+  CHECK(std::equal(out.begin(), out.end(), TestBytes(filled - 1, kLaneBlock).begin()));
+  const std::uint64_t demoted_by_then = nvme.puts();
+  INFO("GetAsync + PutAsync took " << ms << " ms; the pass writes " << kDelayMs << " ms per block and had written "
+                                   << demoted_by_then << " blocks when they returned");
+  CHECK(ms < 4 * kDelayMs);
+  CHECK(demoted_by_then < 20);  // they returned while the pass was still running
 }
 
 TEST_CASE("A speculative prefetch waiting for demand completes on cancel() without waiting for the demand") {
