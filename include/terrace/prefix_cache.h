@@ -258,6 +258,10 @@ struct CachedPrefill {
 
 // Restores the longest joint boundary b of `prompt` into session->state() (which must hold no
 // tokens), computes [b, n) and writes the new chunks and the due snapshots back asynchronously.
+// It writes only chunks that have an id in request.chunk_ids, and the last of those is the last
+// chunk of KvLayout::SnapshotDue: with `restore` off, a request whose chunk_ids are cut to its
+// first k ids computes the whole prompt but stores only the k-chunk prefix, as a request for that
+// prefix alone would.
 // The prompt is always computed in pieces that end at chunk boundaries ([b, b+C), [b+C, b+2C), ...,
 // [last boundary, n)), the same pieces whatever was restored, so a restored run's logits are
 // bitwise those of a cold run through this function with the same chunk size.

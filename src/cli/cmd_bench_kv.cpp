@@ -19,8 +19,8 @@
 // steady state, with its own raw read right after it; and warm once more alone (Restore with no
 // forward pass beside it: the restore's own cost, without contention for the CPU). Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
-// prompt computed from token 0 (storing the prefix as it
-// goes), and its time is the row's recompute TTFT. Each row also says which tier served the
+// prompt computed from token 0 (storing the prefix's blocks as it goes, the same ones a turn 1 of
+// the prefix alone stores), and its time is the row's recompute TTFT. Each row also says which tier served the
 // prepared restore's blocks (hit_rate_by_tier: the pools' store stats, deltas around it) and what
 // turn 1 wrote per tier. Then a multi-turn workload (RunMultiTurn: conversations sharing a system
 // prompt, each turn = the conversation so far + new tokens) reports per turn the restored and

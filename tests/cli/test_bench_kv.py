@@ -66,6 +66,21 @@ def test_rows_say_the_nvme_tier_served_every_block(terrace, toy_model, tmp_path)
     assert j["hit_rate_by_tier"]["nvme"] == 1.0
 
 
+def test_recompute_threshold_changes_only_how_the_recompute_is_timed(terrace, toy_model, tmp_path):
+    # Prefix 16: the 48-token turn-2 prompt has a full chunk the prefix lacks. Prefix 48: the 80-token
+    # prompt's last full chunk (the one --snapshot-every 0 snapshots) is past the prefix. Turn 1 stores
+    # the prefix's blocks alone whether it computes the prefix (threshold 4096) or the whole prompt (10).
+    flags = ("--prefix-tokens", "16,48", "--snapshot-every", "0", "--kv-codec", "f32", "--turns", "0")
+    low = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "10")
+    high = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "4096")
+    for lo, hi in zip(low["rows"], high["rows"]):
+        assert lo["recompute_in_turn1"] and not hi["recompute_in_turn1"]
+        assert lo["restored_tokens"] == hi["restored_tokens"] == lo["prefix_tokens"] // CHUNK * CHUNK
+        for k in ("bytes_written", "bytes_written_by_tier", "kv_bytes", "state_bytes", "bytes_read"):
+            assert lo[k] == hi[k], k
+        assert lo["logits_max_rel_err_vs_recompute"] == 0.0  # f32: the recompute of turn 1 matches bitwise
+
+
 def test_host_tier_restores_say_host(terrace, toy_model, tmp_path):
     j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--tier", "host", "--repeat", "2",
                    "--turns", "0")
