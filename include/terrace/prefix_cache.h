@@ -68,6 +68,15 @@ struct RestoreReport {
   double wait_seconds = 0;
   bool layerwise = false;        // restored layer by layer under a forward pass
   bool read_by_layer = false;    // KV chunks read as per-layer sub-ranges (RestoreReadOrder::kLayers)
+  // Blocks the restore asked the pools for, each once however it was read (whole, or as per-layer
+  // sub-ranges; the whole re-read of a sub-range that failed is not another), and of those the ones
+  // a tier served, by that tier: a whole block by the tier the lookup found it in, a block read as
+  // sub-ranges by the tier its first sub-range (the one with its header) came from.
+  std::uint64_t blocks_requested = 0;
+  std::array<std::uint64_t, kNumTiers> blocks_read{};
+  // Per-layer sub-ranges a tier served (Store::GetRanges items; about blocks x MLA layers when
+  // read_by_layer, else none), by that tier. Each is a Get in the pools' StoreStats hits.
+  std::array<std::uint64_t, kNumTiers> range_reads{};
   int range_rereads = 0;         // sub-ranges that failed their check or read: whole block re-read
   bool layerwise_voided = false; // a layer failed after others were handed out: the pass was
                                  // discarded and the state restored whole at the earlier boundary

@@ -237,6 +237,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     TERRACE_RETURN_IF_ERROR(
         timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
     out->read = Tally(run) - before;
+    out->read.AddRestore(out->r2->restore);
     if (index == 0 && !recompute_in_turn1) {
       fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
       model::Session cold(ctx.m);

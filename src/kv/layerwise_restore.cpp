@@ -149,6 +149,9 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     chunk_what = j.chunk_what;
     rep.range_rereads = j.range_rereads;
     rep.bytes_read = j.bytes_read;
+    rep.blocks_requested = j.blocks_requested;
+    rep.blocks_read = j.blocks_read;
+    rep.range_reads = j.range_reads;
     rep.kv_bytes = j.kv_bytes;
     rep.state_bytes = j.state_bytes;
     decoded_at = j.decoded_at;
@@ -203,6 +206,10 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
         LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
                                      j.snap_buffer, m.st_gap);
         const auto statuses = m.st->GetBatch(items, j.reads);
+        rep.blocks_requested += items.size();
+        for (std::size_t i = 0; i < kda.size(); ++i)
+          if (statuses[i].ok())
+            ++rep.blocks_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)];
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
           if (s.ok()) {

@@ -81,6 +81,30 @@ def test_recompute_threshold_changes_only_how_the_recompute_is_timed(terrace, to
         assert lo["logits_max_rel_err_vs_recompute"] == 0.0  # f32: the recompute of turn 1 matches bitwise
 
 
+def test_blocks_count_each_block_once_whatever_the_read_order(terrace, toy_model, tmp_path):
+    config = json.loads((toy_model / "config.json").read_text())["linear_attn_config"]
+    mla, kda = len(config["full_attn_layers"]), len(config["kda_layers"])
+    flags = ("--prefix-tokens", "64,96", "--kv-codec", "f32", "--turns", "2", "--conversations", "2", "--system-tokens",
+             "80", "--user-tokens", "40")
+    by_order = {o: bench_json(terrace, toy_model, tmp_path, *flags, "--read-order", o) for o in ("layers", "chunks")}
+    layers, chunks = by_order["layers"], by_order["chunks"]
+    for lr, cr in zip(layers["rows"], chunks["rows"]):
+        assert lr["read_by_layer"] and not cr["read_by_layer"]
+        # Each KV chunk of the prefix and each KDA layer's snapshot at its last chunk: one block each.
+        k = lr["prefix_tokens"] // CHUNK
+        for r in (lr, cr):
+            assert r["blocks_requested"] == r["blocks_read_by_tier"]["nvme"] == k + kda
+        # Read by layer, each KV chunk is one sub-range read per MLA layer.
+        assert lr["range_reads_by_tier"] == {"hbm": 0, "host": 0, "nvme": k * mla}
+        assert cr["range_reads_by_tier"] == {"hbm": 0, "host": 0, "nvme": 0}
+    for k in ("blocks_requested", "blocks_read_by_tier"):
+        assert layers[k] == chunks[k], k
+        assert layers["multi_turn"][k] == chunks["multi_turn"][k], k
+        assert [r[k] for r in layers["multi_turn"]["rows"]] == [r[k] for r in chunks["multi_turn"]["rows"]], k
+    assert sum(layers["multi_turn"]["range_reads_by_tier"].values()) > 0
+    assert sum(chunks["multi_turn"]["range_reads_by_tier"].values()) == 0
+
+
 def test_host_tier_restores_say_host(terrace, toy_model, tmp_path):
     j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--tier", "host", "--repeat", "2",
                    "--turns", "0")
@@ -179,7 +203,9 @@ def test_multi_turn_blocks_evicted_from_host_come_from_nvme(terrace, toy_model, 
 def test_text_output_has_the_tier_lines_codec_table_and_turns(terrace, toy_model, tmp_path):
     out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "64", "--turns", "2", "--conversations",
                 "1", "--system-tokens", "40", "--user-tokens", "40").stdout
-    assert "prefix 64: the restore's blocks by tier: hbm 0% host 0% nvme 100% of" in out
+    # 2 KV chunks and 6 KDA snapshots; the KV chunks read as 2 MLA layers' sub-ranges each.
+    assert "prefix 64: the restore's blocks by tier: hbm 0% host 0% nvme 100% of 8 blocks;" in out
+    assert "read by layer, 4 sub-range reads (--read-order layers)" in out
     assert "int4-g64" in out and "bf16 (run: kv)" in out and "f32 (run: state)" in out
     assert "multi-turn: 1 conversations x 2 turns, system prompt 40 tokens, 40 new tokens per turn" in out
     # Turn 1 computes its 80 tokens; turn 2 (120 tokens) restores its 2 full chunks and computes 56.

@@ -117,6 +117,17 @@ TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, acro
       CHECK(layers.prefill.restore.read_by_layer);
       CHECK(layers.prefill.restore.range_rereads == 0);
       CHECK(layers.prefill.restore.fallbacks == 0);
+      // Blocks are blocks whatever the read order: each KV chunk and each KDA layer's snapshot at
+      // the boundary once, all from NVMe; by layer, a chunk is one sub-range read per MLA layer.
+      const auto& L = (*cache)->layout();
+      const auto blocks = static_cast<std::uint64_t>(want / C) + L.kda_layers().size();
+      const auto nvme = static_cast<std::size_t>(TierId::kNvme);
+      for (const Run* r : {&chunks, &layers}) {
+        CHECK(r->prefill.restore.blocks_requested == blocks);
+        CHECK(r->prefill.restore.blocks_read[nvme] == blocks);
+      }
+      CHECK(chunks.prefill.restore.range_reads[nvme] == 0);
+      CHECK(layers.prefill.restore.range_reads[nvme] == static_cast<std::uint64_t>(want / C) * L.mla_layers().size());
       // The sub-ranges cover the header and each layer's bytes: never more than the whole blocks.
       CHECK(layers.prefill.restore.kv_bytes <= chunks.prefill.restore.kv_bytes);
       CHECK(layers.prefill.restore.kv_bytes > 0);
@@ -190,6 +201,8 @@ TEST_CASE("a damaged range is read again as a whole verified block: counted, out
     CHECK(r.prefill.restore.read_by_layer);
     CHECK(r.prefill.restore.range_rereads == 1);
     CHECK(cache->Stats().range_rereads == rereads_before + 1);
+    // The block read again whole is still one block: 5 KV chunks and the boundary's snapshots.
+    CHECK(r.prefill.restore.blocks_requested == 5 + cache->layout().kda_layers().size());
     CHECK(r.prefill.restored_tokens == 80);  // the whole block read back good: no fallback
     CHECK(r.prefill.restore.fallbacks == 0);
     CHECK(Bitwise(r.prefill.logits.data, Rows(f.cold.prefill.logits, 80)));
