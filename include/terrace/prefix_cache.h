@@ -67,7 +67,9 @@ struct RestoreReport {
   // restores: 0 (the forward pass waits for all of `seconds`).
   double wait_seconds = 0;
   bool layerwise = false;        // restored layer by layer under a forward pass
-  bool read_by_layer = false;    // KV chunks read as per-layer sub-ranges (RestoreReadOrder::kLayers)
+  // KV chunks were read as per-layer sub-ranges (RestoreReadOrder::kLayers); false when the
+  // restore read no KV chunk (nothing to restore, or a model without MLA layers).
+  bool read_by_layer = false;
   // Blocks the restore asked the pools for, each once however it was read (whole, or as per-layer
   // sub-ranges; the whole re-read of a sub-range that failed is not another), and of those the ones
   // a tier served, by that tier: a whole block by the tier the lookup found it in, a block read as

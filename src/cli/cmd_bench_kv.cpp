@@ -297,8 +297,9 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
     fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}; read {} (--read-order {}), the forward "
                "pass waited {:.4f} s of its {:.4f} s\n",
                r["prefix_tokens"].get<int>(), TierRateText(r), TierBytesText(r["bytes_written_by_tier"]),
-               r["read_by_layer"].get<bool>() ? fmt::format("by layer, {} sub-range reads", range_reads)
-                                              : std::string("in whole chunks"),
+               r["blocks_requested"].get<std::uint64_t>() == 0 ? std::string("nothing")
+               : r["read_by_layer"].get<bool>()               ? fmt::format("by layer, {} sub-range reads", range_reads)
+                                                              : std::string("in whole chunks"),
                a.kv.read_order,
                r["restore_wait_s"].get<double>(), r["restore_s"].get<double>());
   }

@@ -152,6 +152,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     rep.blocks_requested = j.blocks_requested;
     rep.blocks_read = j.blocks_read;
     rep.range_reads = j.range_reads;
+    rep.read_by_layer = j.ranges_issued;
     rep.kv_bytes = j.kv_bytes;
     rep.state_bytes = j.state_bytes;
     decoded_at = j.decoded_at;
@@ -173,7 +174,6 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   bool any_retrieved = false;
   for (char r : j.retrieved) any_retrieved = any_retrieved || r != 0;
   rep.layerwise = any_retrieved || j.voided;
-  rep.read_by_layer = j.by_layer;
   std::int64_t b = 0;
   if (all_good && !j.voided) {
     b = j.kmax;

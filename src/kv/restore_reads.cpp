@@ -226,6 +226,7 @@ void LayerwiseRestore::Job::ReadWindow(const Window& win, RawBuffer& buf) {
   const auto st = m->kv->GetRanges(items);
   std::copy(st.begin(), st.end(), range_status.begin() + static_cast<std::ptrdiff_t>(first));
   MutexLock lock(&mu);
+  ranges_issued = true;
   if (win.phase == 0) blocks_requested += n;  // a chunk's first sub-range stands for its block
   for (std::size_t i = 0; i < n; ++i) {
     if (!st[i].ok()) continue;

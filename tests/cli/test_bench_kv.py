@@ -212,6 +212,15 @@ def test_text_output_has_the_tier_lines_codec_table_and_turns(terrace, toy_model
     assert "multi-turn: restored 64 tokens, computed 136;" in out
 
 
+def test_a_prefix_shorter_than_a_chunk_reads_nothing(terrace, toy_model, tmp_path):
+    # No full chunk to store: the restore reads no block, so it is not "read by layer".
+    out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "16", "--turns", "0").stdout
+    assert "prefix 16: the restore's blocks by tier: hbm 0% host 0% nvme 0% of 0 blocks;" in out
+    assert "read nothing (--read-order layers)" in out
+    (r,) = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "16", "--turns", "0")["rows"]
+    assert r["restored_tokens"] == 0 and not r["read_by_layer"]
+
+
 def test_nothing_to_run_is_a_usage_error(terrace, toy_model, tmp_path):
     r = terrace("bench", "kv", "--model", toy_model, "--prefix-tokens", "none", "--turns", "0",
                 "--dir", tmp_path / "b")

@@ -96,6 +96,11 @@ TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, acro
     REQUIRE((*cache)->layout().mla_layers().size() >= 2);  // k3-toy: layers 4 and 8
     const int n1 = 4 * C + 5;
     const auto p = Tokens(n1);
+    // Nothing stored yet: the restore reads nothing, so nothing by layer.
+    const Run empty = Prefill(*m.model, **cache, p, "", {.restore = true, .write_back = false});
+    CHECK(empty.prefill.restored_tokens == 0);
+    CHECK(!empty.prefill.restore.read_by_layer);
+    CHECK(empty.prefill.restore.blocks_requested == 0);
     Prefill(*m.model, **cache, p, "");
     (*cache)->Flush();
     for (const int n2 : {4 * C + 1, 4 * C + C / 2 + 3, 3 * C + 1}) {

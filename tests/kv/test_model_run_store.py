@@ -127,6 +127,19 @@ def test_read_order_changes_how_not_what_is_restored(toy, tmp_path):
     assert "--read-order" in p.stderr
 
 
+def test_a_restore_that_read_nothing_is_not_read_by_layer(toy, tmp_path):
+    # A new store holds nothing for the prompt: no chunk was read, by layer or otherwise.
+    store = tmp_path / "st"
+    a = run_json(toy, store, "--read-order", "layers")
+    assert a["restored_tokens"] == 0 and a["kv_bytes_restored"] == 0
+    assert not a["restore_read_by_layer"]
+    text = run(toy, tmp_path / "st2", "--read-order", "layers").stdout
+    assert "read by layer" not in text and "prefix cache: restored 0 tokens" in text
+    # The same prompt again restores its chunks, read by layer.
+    b = run_json(toy, store, "--read-order", "layers")
+    assert b["restored_tokens"] == 128 and b["restore_read_by_layer"]
+
+
 def test_routing_stats_only_on_request(toy, tmp_path):
     # --json alone runs the prompt once (through the cache); --routing-stats adds the uncached pass.
     store = tmp_path / "st"
