@@ -54,6 +54,10 @@ struct PrefixLookup {
 struct RestoreReport {
   std::int64_t boundary_tokens = 0;        // the joint boundary the state was restored to
   std::int64_t lookup_boundary_tokens = 0; // what the lookup promised before reading
+  // A boundary above lookup_boundary_tokens whose KDA snapshots exist for some layers but not all
+  // (partly written or partly evicted): the lookup passed over it, one fallback (its reason names
+  // the missing layer). 0 if there was none.
+  std::int64_t partial_boundary_tokens = 0;
   int fallbacks = 0;                       // times the boundary moved back while reading
   std::vector<std::string> fallback_reasons;  // one line per fallback (block, what was wrong)
   std::array<std::uint64_t, kNumTiers> bytes_read{};  // by the tier each block was read from

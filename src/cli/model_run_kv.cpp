@@ -153,6 +153,7 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   j["computed_tokens"] = p.computed_tokens;
   j["joint_boundary"] = p.restore.boundary_tokens;
   j["lookup_boundary"] = p.restore.lookup_boundary_tokens;
+  j["partial_boundary"] = p.restore.partial_boundary_tokens;
   j["fallbacks"] = p.restore.fallbacks;
   j["fallback_reasons"] = p.restore.fallback_reasons;
   for (int t = 0; t < kNumTiers; ++t) j["bytes_read"][kTierNames[t]] = p.restore.bytes_read[static_cast<std::size_t>(t)];
@@ -193,8 +194,16 @@ std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats&
     out += "prefix cache: a layer of the layerwise restore failed; the pass was discarded and the prompt computed from "
            "the earlier boundary\n";
   if (p.restore.fallbacks > 0) {
-    out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", p.restore.fallbacks,
-                       p.restore.lookup_boundary_tokens, p.restore.boundary_tokens);
+    const kv::RestoreReport& rep = p.restore;
+    if (rep.partial_boundary_tokens == 0)
+      out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", rep.fallbacks,
+                         rep.lookup_boundary_tokens, rep.boundary_tokens);
+    else if (rep.lookup_boundary_tokens == rep.boundary_tokens)
+      out += fmt::format("prefix cache: {} fallback(s) from boundary {} (partly written) to {}:\n", rep.fallbacks,
+                         rep.partial_boundary_tokens, rep.boundary_tokens);
+    else
+      out += fmt::format("prefix cache: {} fallback(s) from boundary {} (partly written) past the looked-up boundary {} "
+                         "to {}:\n", rep.fallbacks, rep.partial_boundary_tokens, rep.lookup_boundary_tokens, rep.boundary_tokens);
     for (const auto& r : p.restore.fallback_reasons) out += "  " + r + "\n";
   }
   out += fmt::format("prefix cache: wrote {} chunk and {} state blocks ({}), {} write failure(s)\n", st.chunk_writes,

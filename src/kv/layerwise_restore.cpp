@@ -158,6 +158,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     decoded_at = j.decoded_at;
   }
   rep.lookup_boundary_tokens = j.kmax * C;
+  rep.partial_boundary_tokens = j.f.partial * C;
   rep.wait_seconds = j.wait_seconds;
   std::uint64_t missing = 0, corrupt = 0;
   auto note = [&](const Status& s, std::string what) {
