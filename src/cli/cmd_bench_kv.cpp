@@ -353,6 +353,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (!prefixes.ok()) return FailUsage(prefixes.status().message());
   if (prefixes->empty() && a.turns == 0)
     return FailUsage("--prefix-tokens none with --turns 0 leaves nothing to run; give prefix lengths or turns");
+  if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
   if (dir.empty()) {

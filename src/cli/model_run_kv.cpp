@@ -1,6 +1,9 @@
 #include "src/cli/model_run_kv.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -100,12 +103,27 @@ Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t
 
 }  // namespace
 
+Status CheckKvPoolSizes(const KvRunArgs& a) {
+  constexpr std::uint64_t kUnit = 4096;  // the NVMe tier's allocation unit (tiers/nvme/format.h)
+  for (const auto& [bytes, flag] : {std::pair{a.kv_nvme_bytes, std::string_view(a.kv_nvme_flag)},
+                                    std::pair{a.state_nvme_bytes, std::string_view(a.state_nvme_flag)}}) {
+    if (bytes % kUnit == 0) continue;
+    const std::uint64_t below = bytes / kUnit * kUnit, above = below + kUnit;
+    return Status::InvalidArgument(fmt::format(
+        "{} {} is not a multiple of 4 KiB (the NVMe tier's allocation unit); give {} or {} bytes, or a size such as "
+        "{}MiB",
+        flag, bytes, below, above, std::max<std::uint64_t>(1, (bytes + (1 << 19)) >> 20)));
+  }
+  return Status::Ok();
+}
+
 kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
   return a.read_order == "chunks" ? kv::RestoreReadOrder::kChunks : kv::RestoreReadOrder::kLayers;
 }
 
 Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
   if (Status s = CheckStoreDirArg(a.store, "--store"); !s.ok()) return s;
+  TERRACE_RETURN_IF_ERROR(CheckKvPoolSizes(a));
   auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
   if (!kv_codec.ok()) return Status::InvalidArgument("--kv-codec: " + kv_codec.status().message());
   auto state_codec = codec::CodecSpec::Parse(a.state_codec);
