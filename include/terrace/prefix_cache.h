@@ -77,7 +77,8 @@ struct RestoreReport {
   // Blocks the restore asked the pools for, each once however it was read (whole, or as per-layer
   // sub-ranges; the whole re-read of a sub-range that failed is not another), and of those the ones
   // a tier served, by that tier: a whole block by the tier the lookup found it in, a block read as
-  // sub-ranges by the tier its first sub-range (the one with its header) came from.
+  // sub-ranges by the tier its first sub-range (the one with its header) came from, or, when that
+  // read failed and the whole re-read served the block, by the lookup's tier.
   std::uint64_t blocks_requested = 0;
   std::array<std::uint64_t, kNumTiers> blocks_read{};
   // Per-layer sub-ranges a tier served (Store::GetRanges items; about blocks x MLA layers when

@@ -243,6 +243,12 @@ TEST_CASE("over the real NVMe tier, a failed range read is read again whole: cou
   CHECK(r.prefill.restore.fallbacks == 0);
   // Every other range came through the real NVMe tier (the failed one is not counted).
   CHECK(kv.store->Stats().range_reads == (*cache)->layout().mla_layers().size() * 5 - 1);
+  // The report agrees, and chunk 0 is still one block, served by its whole re-read.
+  const RestoreReport& rep = r.prefill.restore;
+  const std::uint64_t blocks = 5 + (*cache)->layout().kda_layers().size();
+  CHECK(rep.blocks_requested == blocks);
+  CHECK(rep.blocks_read[0] + rep.blocks_read[1] + rep.blocks_read[2] == blocks);
+  CHECK(rep.range_reads[0] + rep.range_reads[1] + rep.range_reads[2] == (*cache)->layout().mla_layers().size() * 5 - 1);
   CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 80)));
   CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
 }
