@@ -54,6 +54,10 @@ struct PrefixLookup {
 struct RestoreReport {
   std::int64_t boundary_tokens = 0;        // the joint boundary the state was restored to
   std::int64_t lookup_boundary_tokens = 0; // what the lookup promised before reading
+  // A boundary above lookup_boundary_tokens whose KDA snapshots exist for some layers but not all
+  // (partly written or partly evicted): the lookup passed over it, one fallback (its reason names
+  // the missing layer). 0 if there was none.
+  std::int64_t partial_boundary_tokens = 0;
   int fallbacks = 0;                       // times the boundary moved back while reading
   std::vector<std::string> fallback_reasons;  // one line per fallback (block, what was wrong)
   std::array<std::uint64_t, kNumTiers> bytes_read{};  // by the tier each block was read from
@@ -67,7 +71,19 @@ struct RestoreReport {
   // restores: 0 (the forward pass waits for all of `seconds`).
   double wait_seconds = 0;
   bool layerwise = false;        // restored layer by layer under a forward pass
-  bool read_by_layer = false;    // KV chunks read as per-layer sub-ranges (RestoreReadOrder::kLayers)
+  // KV chunks were read as per-layer sub-ranges (RestoreReadOrder::kLayers); false when the
+  // restore read no KV chunk (nothing to restore, or a model without MLA layers).
+  bool read_by_layer = false;
+  // Blocks the restore asked the pools for, each once however it was read (whole, or as per-layer
+  // sub-ranges; the whole re-read of a sub-range that failed is not another), and of those the ones
+  // a tier served, by that tier: a whole block by the tier the lookup found it in, a block read as
+  // sub-ranges by the tier its first sub-range (the one with its header) came from, or, when that
+  // read failed and the whole re-read served the block, by the lookup's tier.
+  std::uint64_t blocks_requested = 0;
+  std::array<std::uint64_t, kNumTiers> blocks_read{};
+  // Per-layer sub-ranges a tier served (Store::GetRanges items; about blocks x MLA layers when
+  // read_by_layer, else none), by that tier. Each is a Get in the pools' StoreStats hits.
+  std::array<std::uint64_t, kNumTiers> range_reads{};
   int range_rereads = 0;         // sub-ranges that failed their check or read: whole block re-read
   bool layerwise_voided = false; // a layer failed after others were handed out: the pass was
                                  // discarded and the state restored whole at the earlier boundary
@@ -258,6 +274,10 @@ struct CachedPrefill {
 
 // Restores the longest joint boundary b of `prompt` into session->state() (which must hold no
 // tokens), computes [b, n) and writes the new chunks and the due snapshots back asynchronously.
+// It writes only chunks that have an id in request.chunk_ids, and the last of those is the last
+// chunk of KvLayout::SnapshotDue: with `restore` off, a request whose chunk_ids are cut to its
+// first k ids computes the whole prompt but stores only the k-chunk prefix, as a request for that
+// prefix alone would.
 // The prompt is always computed in pieces that end at chunk boundaries ([b, b+C), [b+C, b+2C), ...,
 // [last boundary, n)), the same pieces whatever was restored, so a restored run's logits are
 // bitwise those of a cold run through this function with the same chunk size.

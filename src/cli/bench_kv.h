@@ -13,6 +13,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/model/model.h"
 #include "src/model/safetensors.h"
+#include "terrace/prefix_cache.h"
 #include "terrace/tier.h"
 
 namespace terrace::cli::bench_kv {
@@ -38,18 +39,29 @@ struct Args {
   bool json = false;
 };
 
-// Per-tier counters of both pools (the KV and the state pool's StoreStats, summed). The difference
-// of two tallies is what the pools did between them.
+// Per-tier counters: the bytes both pools read and wrote (the KV and the state pool's StoreStats,
+// summed: Tally), and the blocks of the restores added with AddRestore. The difference of two
+// tallies is what happened between them.
 struct TierTally {
-  std::array<std::uint64_t, kNumTiers> hits{}, bytes_read{}, bytes_written{};
-  // Gets: served by a tier (its hits) or by none (the slowest slot's misses: a Get that no tier
-  // served counts a miss in every slot).
-  std::uint64_t gets = 0;
+  std::array<std::uint64_t, kNumTiers> bytes_read{}, bytes_written{};
+  // Blocks the restores asked for, each once per restore, and those each tier served; per-layer
+  // sub-range reads each tier served (kv::RestoreReport's blocks_requested, blocks_read,
+  // range_reads). A block read as sub-ranges is one block and several range reads.
+  std::uint64_t blocks_requested = 0;
+  std::array<std::uint64_t, kNumTiers> blocks_read{}, range_reads{};
   TierTally& operator+=(const TierTally& o) { return Combine(o, 1); }
   TierTally operator-(const TierTally& o) const { return TierTally(*this).Combine(o, -1); }
-  // The share of the Gets tier t served (0 when there were none).
+  TierTally& AddRestore(const kv::RestoreReport& r) {
+    blocks_requested += r.blocks_requested;
+    for (std::size_t t = 0; t < kNumTiers; ++t) {
+      blocks_read[t] += r.blocks_read[t];
+      range_reads[t] += r.range_reads[t];
+    }
+    return *this;
+  }
+  // The share of the requested blocks tier t served (0 when none were requested).
   double HitRate(std::size_t t) const {
-    return gets > 0 ? static_cast<double>(hits[t]) / static_cast<double>(gets) : 0.0;
+    return blocks_requested > 0 ? static_cast<double>(blocks_read[t]) / static_cast<double>(blocks_requested) : 0.0;
   }
 
  private:
@@ -57,16 +69,17 @@ struct TierTally {
   TierTally& Combine(const TierTally& o, int sign) {
     auto add = [sign](std::uint64_t* a, std::uint64_t b) { *a = sign > 0 ? *a + b : *a - b; };
     for (std::size_t t = 0; t < kNumTiers; ++t) {
-      add(&hits[t], o.hits[t]);
       add(&bytes_read[t], o.bytes_read[t]);
       add(&bytes_written[t], o.bytes_written[t]);
+      add(&blocks_read[t], o.blocks_read[t]);
+      add(&range_reads[t], o.range_reads[t]);
     }
-    add(&gets, o.gets);
+    add(&blocks_requested, o.blocks_requested);
     return *this;
   }
 };
 
-// What both pools' stores counted so far.
+// The bytes both pools' stores read and wrote so far, per tier (no blocks: AddRestore adds those).
 TierTally Tally(const KvRun& run);
 
 // {"hbm": v(0), "host": v(1), "nvme": v(2)}.
@@ -77,8 +90,8 @@ nlohmann::json ByTier(F v) {
   return j;
 }
 
-// The tier keys of a row: what `read` (the restores' deltas) read per tier and what `written`
-// (the write-back's deltas) wrote per tier.
+// The tier keys of a row: what `read` (the restores: their blocks, and the pools' bytes read
+// around them) read per tier and what `written` (the write-back's deltas) wrote per tier.
 void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::json* row);
 
 // Removes the pools this bench created under `dir` (only marked ones), and `dir` itself when this

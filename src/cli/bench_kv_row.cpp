@@ -126,10 +126,16 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
                              static_cast<std::int64_t>(recompute_in_turn1 ? prompt.size() : prefix.size()),
                              last_layer);
     s1.set_hooks(progress.Hooks());
+    // Turn 1 stores the prefix's chunks only, with the prefix's last chunk as the last snapshot
+    // (KvLayout::SnapshotDue), whether or not it computes the whole prompt: the whole prompt's
+    // request cut to the prefix's chunk ids, so what turn 2 restores does not depend on
+    // --recompute-max-tokens.
+    kv::PrefixRequest turn1 = run.cache->Prepare(recompute_in_turn1 ? std::span<const std::int32_t>(prompt)
+                                                                   : std::span<const std::int32_t>(prefix),
+                                                 kv.tenant);
+    turn1.chunk_ids.resize(static_cast<std::size_t>(P / run.cache->layout().chunk_tokens()));
     const auto t1 = std::chrono::steady_clock::now();
-    auto r1 = recompute_in_turn1
-                  ? kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prompt, kv.tenant), {.restore = false})
-                  : kv::PrefillWithCache(&s1, *run.cache, run.cache->Prepare(prefix, kv.tenant));
+    auto r1 = kv::PrefillWithCache(&s1, *run.cache, turn1, {.restore = !recompute_in_turn1});
     if (!r1.ok()) return r1.status();
     if (recompute_in_turn1) {
       ttft_recompute = SecondsSince(t1);
@@ -231,6 +237,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     TERRACE_RETURN_IF_ERROR(
         timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
     out->read = Tally(run) - before;
+    out->read.AddRestore(out->r2->restore);
     if (index == 0 && !recompute_in_turn1) {
       fmt::print(stderr, "terrace bench kv: prefix {} tokens: recompute...\n", P);
       model::Session cold(ctx.m);

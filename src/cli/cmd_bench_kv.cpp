@@ -19,8 +19,8 @@
 // steady state, with its own raw read right after it; and warm once more alone (Restore with no
 // forward pass beside it: the restore's own cost, without contention for the CPU). Prefixes
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
-// prompt computed from token 0 (storing the prefix as it
-// goes), and its time is the row's recompute TTFT. Each row also says which tier served the
+// prompt computed from token 0 (storing the prefix's blocks as it goes, the same ones a turn 1 of
+// the prefix alone stores), and its time is the row's recompute TTFT. Each row also says which tier served the
 // prepared restore's blocks (hit_rate_by_tier: the pools' store stats, deltas around it) and what
 // turn 1 wrote per tier. Then a multi-turn workload (RunMultiTurn: conversations sharing a system
 // prompt, each turn = the conversation so far + new tokens) reports per turn the restored and
@@ -76,22 +76,18 @@ TierTally Tally(const KvRun& run) {
     const StoreStats st = s->Stats();
     for (std::size_t i = 0; i < kNumTiers; ++i) {
       if (!st.present[i]) continue;
-      t.hits[i] += st.tiers[i].hits;
       t.bytes_read[i] += st.tiers[i].bytes_read;
       t.bytes_written[i] += st.tiers[i].bytes_written;
     }
-    for (const TierStatsSnapshot& slot : st.slots) t.gets += slot.hits;
-    if (!st.slots.empty()) t.gets += st.slots.back().misses;
   }
   return t;
 }
 
-// The tier keys of a row: what `read` (the restores' deltas) read per tier and what `written`
-// (the write-back's deltas) wrote per tier.
 void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::json* row) {
   (*row)["hit_rate_by_tier"] = ByTier([&](std::size_t t) { return read.HitRate(t); });
-  (*row)["blocks_read_by_tier"] = ByTier([&](std::size_t t) { return read.hits[t]; });
-  (*row)["blocks_requested"] = read.gets;
+  (*row)["blocks_read_by_tier"] = ByTier([&](std::size_t t) { return read.blocks_read[t]; });
+  (*row)["blocks_requested"] = read.blocks_requested;
+  (*row)["range_reads_by_tier"] = ByTier([&](std::size_t t) { return read.range_reads[t]; });
   (*row)["bytes_read_by_tier"] = ByTier([&](std::size_t t) { return read.bytes_read[t]; });
   (*row)["bytes_written_by_tier"] = ByTier([&](std::size_t t) { return written.bytes_written[t]; });
 }
@@ -229,7 +225,8 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
                                kv::PrefillWithCache(&session, *run.cache, run.cache->Prepare(prompt, kv.tenant)));
       const double ttft = SecondsSince(t0);
       run.cache->Flush();  // the write-back, outside the turn's time (a reply is generated meanwhile)
-      const TierTally turn = Tally(run) - before;
+      TierTally turn = Tally(run) - before;
+      turn.AddRestore(r.restore);
       all += turn;
       restored += r.restored_tokens;
       computed += r.computed_tokens;
@@ -294,12 +291,18 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   if (any_turn1)
     fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
                a.recompute_max_tokens);
-  for (const auto& r : rows)
+  for (const auto& r : rows) {
+    std::uint64_t range_reads = 0;
+    for (const auto& [tier, n] : r["range_reads_by_tier"].items()) range_reads += n.get<std::uint64_t>();
     fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}; read {} (--read-order {}), the forward "
                "pass waited {:.4f} s of its {:.4f} s\n",
                r["prefix_tokens"].get<int>(), TierRateText(r), TierBytesText(r["bytes_written_by_tier"]),
-               r["read_by_layer"].get<bool>() ? "by layer" : "in whole chunks", a.kv.read_order,
+               r["blocks_requested"].get<std::uint64_t>() == 0 ? std::string("nothing")
+               : r["read_by_layer"].get<bool>()               ? fmt::format("by layer, {} sub-range reads", range_reads)
+                                                              : std::string("in whole chunks"),
+               a.kv.read_order,
                r["restore_wait_s"].get<double>(), r["restore_s"].get<double>());
+  }
   // Bytes per token per codec (KvLayout's sizes; the run's codecs marked).
   fmt::print("\nper codec, chunk {} tokens (kv: MLA latents of every MLA layer; state: every KDA layer's snapshot at "
              "one boundary; block: as stored, headers, scales and 4 KiB alignment included)\n",
@@ -350,6 +353,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (!prefixes.ok()) return FailUsage(prefixes.status().message());
   if (prefixes->empty() && a.turns == 0)
     return FailUsage("--prefix-tokens none with --turns 0 leaves nothing to run; give prefix lengths or turns");
+  if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
   if (dir.empty()) {

@@ -572,6 +572,25 @@ Result<TurnResult> PlayTurn(const DemoArgs& a, const model::ModelConfig& config,
   return r;
 }
 
+// The prefix cache's pools: in --dir, sized by --kv-nvme-size / --state-nvme-size.
+KvRunArgs DemoKvArgs(const DemoArgs& a) {
+  KvRunArgs kv_args;
+  kv_args.store = a.dir;
+  kv_args.kv_codec = "f32";
+  kv_args.state_codec = "f32";
+  kv_args.chunk_tokens = kChunkTokens;
+  kv_args.snapshot_every = 1;
+  kv_args.kv_nvme_bytes = a.kv_nvme_bytes;
+  kv_args.state_nvme_bytes = a.state_nvme_bytes;
+  kv_args.kv_nvme_given = a.kv_nvme_given;
+  kv_args.state_nvme_given = a.state_nvme_given;
+  kv_args.kv_nvme_flag = "--kv-nvme-size";
+  kv_args.hbm_bytes = 1ull << 20;
+  kv_args.host_bytes = 2ull << 20;
+  kv_args.state_host_bytes = 4ull << 20;
+  return kv_args;
+}
+
 int RunDemo(const DemoArgs& a) {
   namespace fs = std::filesystem;
   if (!a.inject_fault.empty() && a.inject_fault != "state")
@@ -582,6 +601,7 @@ int RunDemo(const DemoArgs& a) {
   if (auto b = experts::CacheBudget::Parse(a.expert_cache); !b.ok())
     return FailUsage("--expert-cache: " + b.status().message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  if (Status s = CheckKvPoolSizes(DemoKvArgs(a)); !s.ok()) return FailUsage(s.message());
   g_progress = a.json ? stderr : stdout;
   if (a.fresh) {
     auto removed = RemoveDemoDir(a.dir, "--dir");
@@ -627,21 +647,7 @@ int RunDemo(const DemoArgs& a) {
   t0 = Clock::now();
   std::array<bool, 3> created{};
   for (std::size_t i = 0; i < 3; ++i) created[i] = !StoreDataExists(dir / kDemoStores[i]);
-  KvRunArgs kv_args;
-  kv_args.store = a.dir;
-  kv_args.kv_codec = "f32";
-  kv_args.state_codec = "f32";
-  kv_args.chunk_tokens = kChunkTokens;
-  kv_args.snapshot_every = 1;
-  kv_args.kv_nvme_bytes = a.kv_nvme_bytes;
-  kv_args.state_nvme_bytes = a.state_nvme_bytes;
-  kv_args.kv_nvme_given = a.kv_nvme_given;
-  kv_args.state_nvme_given = a.state_nvme_given;
-  kv_args.kv_nvme_flag = "--kv-nvme-size";
-  kv_args.hbm_bytes = 1ull << 20;
-  kv_args.host_bytes = 2ull << 20;
-  kv_args.state_host_bytes = 4ull << 20;
-  auto kv = OpenKvRun(kv_args, config, **md);
+  auto kv = OpenKvRun(DemoKvArgs(a), config, **md);
   if (!kv.ok()) return kv.status().IsInvalidArgument() ? FailUsage(kv.status().message()) : Fail(kv.status().ToString());
   for (std::size_t i = 0; i < 2; ++i) {
     if (created[i]) {

@@ -86,6 +86,9 @@ int RunModel(const RunArgs& a) {
   const ModelConfig& config = (*dir)->config();
   auto prompt = ParseTokens(a.tokens, config.vocab_size);
   if (!prompt.ok()) return FailUsage(prompt.status().message());
+  if (!a.kv.store.empty()) {
+    if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
+  }
   auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir, out_rules);
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
   auto model = Model::Load(config, **dir, ex->offload);

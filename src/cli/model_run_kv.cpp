@@ -1,6 +1,9 @@
 #include "src/cli/model_run_kv.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -100,12 +103,27 @@ Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t
 
 }  // namespace
 
+Status CheckKvPoolSizes(const KvRunArgs& a) {
+  constexpr std::uint64_t kUnit = 4096;  // the NVMe tier's allocation unit (tiers/nvme/format.h)
+  for (const auto& [bytes, flag] : {std::pair{a.kv_nvme_bytes, std::string_view(a.kv_nvme_flag)},
+                                    std::pair{a.state_nvme_bytes, std::string_view(a.state_nvme_flag)}}) {
+    if (bytes % kUnit == 0) continue;
+    const std::uint64_t below = bytes / kUnit * kUnit, above = below + kUnit;
+    return Status::InvalidArgument(fmt::format(
+        "{} {} is not a multiple of 4 KiB (the NVMe tier's allocation unit); give {} or {} bytes, or a size such as "
+        "{}MiB",
+        flag, bytes, below, above, std::max<std::uint64_t>(1, (bytes + (1 << 19)) >> 20)));
+  }
+  return Status::Ok();
+}
+
 kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
   return a.read_order == "chunks" ? kv::RestoreReadOrder::kChunks : kv::RestoreReadOrder::kLayers;
 }
 
 Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
   if (Status s = CheckStoreDirArg(a.store, "--store"); !s.ok()) return s;
+  TERRACE_RETURN_IF_ERROR(CheckKvPoolSizes(a));
   auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
   if (!kv_codec.ok()) return Status::InvalidArgument("--kv-codec: " + kv_codec.status().message());
   auto state_codec = codec::CodecSpec::Parse(a.state_codec);
@@ -153,6 +171,7 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   j["computed_tokens"] = p.computed_tokens;
   j["joint_boundary"] = p.restore.boundary_tokens;
   j["lookup_boundary"] = p.restore.lookup_boundary_tokens;
+  j["partial_boundary"] = p.restore.partial_boundary_tokens;
   j["fallbacks"] = p.restore.fallbacks;
   j["fallback_reasons"] = p.restore.fallback_reasons;
   for (int t = 0; t < kNumTiers; ++t) j["bytes_read"][kTierNames[t]] = p.restore.bytes_read[static_cast<std::size_t>(t)];
@@ -193,8 +212,16 @@ std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats&
     out += "prefix cache: a layer of the layerwise restore failed; the pass was discarded and the prompt computed from "
            "the earlier boundary\n";
   if (p.restore.fallbacks > 0) {
-    out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", p.restore.fallbacks,
-                       p.restore.lookup_boundary_tokens, p.restore.boundary_tokens);
+    const kv::RestoreReport& rep = p.restore;
+    if (rep.partial_boundary_tokens == 0)
+      out += fmt::format("prefix cache: {} fallback(s) from the looked-up boundary {} to {}:\n", rep.fallbacks,
+                         rep.lookup_boundary_tokens, rep.boundary_tokens);
+    else if (rep.lookup_boundary_tokens == rep.boundary_tokens)
+      out += fmt::format("prefix cache: {} fallback(s) from boundary {} (partly written) to {}:\n", rep.fallbacks,
+                         rep.partial_boundary_tokens, rep.boundary_tokens);
+    else
+      out += fmt::format("prefix cache: {} fallback(s) from boundary {} (partly written) past the looked-up boundary {} "
+                         "to {}:\n", rep.fallbacks, rep.partial_boundary_tokens, rep.lookup_boundary_tokens, rep.boundary_tokens);
     for (const auto& r : p.restore.fallback_reasons) out += "  " + r + "\n";
   }
   out += fmt::format("prefix cache: wrote {} chunk and {} state blocks ({}), {} write failure(s)\n", st.chunk_writes,

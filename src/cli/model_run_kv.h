@@ -50,8 +50,14 @@ struct KvRun {
   std::unique_ptr<kv::PrefixCache> cache;
 };
 
-// Checks the flags (usage errors name the flag: InvalidArgument) and opens the pools; other
-// errors are runtime failures.
+// The two pools' NVMe sizes as the NVMe tier takes them: multiples of its 4 KiB allocation unit
+// (the flags' own range checks keep them at 1 MiB or more). InvalidArgument naming the flag
+// (args.kv_nvme_flag / args.state_nvme_flag) and the valid sizes either side. Creates nothing:
+// commands call it before they create a directory, and OpenKvRun before it opens a pool.
+Status CheckKvPoolSizes(const KvRunArgs& args);
+
+// Checks the flags (usage errors name the flag: InvalidArgument; CheckKvPoolSizes first, so a bad
+// size creates no pool) and opens the pools; other errors are runtime failures.
 Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config, const model::WeightSource& weights);
 
 // The JSON object / text lines the run reports about the cache (after the write-back finished).

@@ -149,11 +149,16 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     chunk_what = j.chunk_what;
     rep.range_rereads = j.range_rereads;
     rep.bytes_read = j.bytes_read;
+    rep.blocks_requested = j.blocks_requested;
+    rep.blocks_read = j.blocks_read;
+    rep.range_reads = j.range_reads;
+    rep.read_by_layer = j.ranges_issued;
     rep.kv_bytes = j.kv_bytes;
     rep.state_bytes = j.state_bytes;
     decoded_at = j.decoded_at;
   }
   rep.lookup_boundary_tokens = j.kmax * C;
+  rep.partial_boundary_tokens = j.f.partial * C;
   rep.wait_seconds = j.wait_seconds;
   std::uint64_t missing = 0, corrupt = 0;
   auto note = [&](const Status& s, std::string what) {
@@ -170,7 +175,6 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   bool any_retrieved = false;
   for (char r : j.retrieved) any_retrieved = any_retrieved || r != 0;
   rep.layerwise = any_retrieved || j.voided;
-  rep.read_by_layer = j.by_layer;
   std::int64_t b = 0;
   if (all_good && !j.voided) {
     b = j.kmax;
@@ -203,6 +207,10 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
         LayerwiseRestore::Job::Place(items, std::span(j.f.state).subspan(static_cast<std::size_t>(k - 1) * kda.size(), kda.size()),
                                      j.snap_buffer, m.st_gap);
         const auto statuses = m.st->GetBatch(items, j.reads);
+        rep.blocks_requested += items.size();
+        for (std::size_t i = 0; i < kda.size(); ++i)
+          if (statuses[i].ok())
+            ++rep.blocks_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)];
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
           if (s.ok()) {

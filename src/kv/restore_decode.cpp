@@ -153,6 +153,8 @@ Status LayerwiseRestore::Job::RereadLayer(std::size_t j, std::size_t u) {
     MutexLock lock(&mu);
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += got->size;
     kv_bytes += got->size;
+    // The block's first sub-range read failed, so its block was not counted as served yet.
+    if (j == 0 && !range_status[u].ok()) ++blocks_read[static_cast<std::size_t>(f.kv[u].tier)];
   }
   TERRACE_RETURN_IF_ERROR(TakeHeader(u, block, got->size));
   return format::DecodeKvLayer(L(), block, headers[u].ranges[j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);

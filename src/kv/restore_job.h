@@ -147,6 +147,11 @@ struct LayerwiseRestore::Job {
   std::vector<std::vector<float>> recurrent, conv;  // (pool)
 
   std::array<std::uint64_t, kNumTiers> bytes_read TERRACE_GUARDED_BY(mu){};
+  // RestoreReport's blocks_requested, blocks_read and range_reads, counted as the reads return.
+  std::uint64_t blocks_requested TERRACE_GUARDED_BY(mu) = 0;
+  std::array<std::uint64_t, kNumTiers> blocks_read TERRACE_GUARDED_BY(mu){};
+  std::array<std::uint64_t, kNumTiers> range_reads TERRACE_GUARDED_BY(mu){};
+  bool ranges_issued TERRACE_GUARDED_BY(mu) = false;  // a window of sub-ranges was read (RestoreReport::read_by_layer)
   std::uint64_t kv_bytes TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t state_bytes TERRACE_GUARDED_BY(mu) = 0;
 

@@ -209,6 +209,10 @@ void LayerwiseRestore::Job::ReadWindow(const Window& win, RawBuffer& buf) {
     Place(items, std::span(f.kv).subspan(b, n), buf, m->kv_gap);
     const auto st = m->kv->GetBatch(items, reads);
     std::copy(st.begin(), st.end(), kv_status.begin() + win.b);
+    MutexLock lock(&mu);
+    blocks_requested += n;
+    for (std::size_t i = 0; i < n; ++i)
+      if (st[i].ok()) ++blocks_read[static_cast<std::size_t>(f.kv[b + i].tier)];
     return;
   }
   const std::size_t first = static_cast<std::size_t>(win.phase) * static_cast<std::size_t>(kmax) + b;
@@ -221,6 +225,15 @@ void LayerwiseRestore::Job::ReadWindow(const Window& win, RawBuffer& buf) {
   }
   const auto st = m->kv->GetRanges(items);
   std::copy(st.begin(), st.end(), range_status.begin() + static_cast<std::ptrdiff_t>(first));
+  MutexLock lock(&mu);
+  ranges_issued = true;
+  if (win.phase == 0) blocks_requested += n;  // a chunk's first sub-range stands for its block
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!st[i].ok()) continue;
+    const auto t = static_cast<std::size_t>(items[i].tier);
+    ++range_reads[t];
+    if (win.phase == 0) ++blocks_read[t];
+  }
 }
 
 void LayerwiseRestore::Job::ReadSnapshots() {
@@ -228,6 +241,11 @@ void LayerwiseRestore::Job::ReadSnapshots() {
   Place(snap_items, std::span(f.state).subspan(static_cast<std::size_t>(kmax - 1) * kda.size(), kda.size()),
         snap_buffer, m->st_gap);
   snap_status = m->st->GetBatch(snap_items, reads);
+  MutexLock lock(&mu);
+  blocks_requested += snap_items.size();
+  for (std::size_t j = 0; j < snap_items.size(); ++j)
+    if (snap_status[j].ok())
+      ++blocks_read[static_cast<std::size_t>(f.state[static_cast<std::size_t>(kmax - 1) * kda.size() + j].tier)];
 }
 
 void LayerwiseRestore::Job::FaultLoop() {

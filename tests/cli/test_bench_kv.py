@@ -66,6 +66,45 @@ def test_rows_say_the_nvme_tier_served_every_block(terrace, toy_model, tmp_path)
     assert j["hit_rate_by_tier"]["nvme"] == 1.0
 
 
+def test_recompute_threshold_changes_only_how_the_recompute_is_timed(terrace, toy_model, tmp_path):
+    # Prefix 16: the 48-token turn-2 prompt has a full chunk the prefix lacks. Prefix 48: the 80-token
+    # prompt's last full chunk (the one --snapshot-every 0 snapshots) is past the prefix. Turn 1 stores
+    # the prefix's blocks alone whether it computes the prefix (threshold 4096) or the whole prompt (10).
+    flags = ("--prefix-tokens", "16,48", "--snapshot-every", "0", "--kv-codec", "f32", "--turns", "0")
+    low = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "10")
+    high = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "4096")
+    for lo, hi in zip(low["rows"], high["rows"]):
+        assert lo["recompute_in_turn1"] and not hi["recompute_in_turn1"]
+        assert lo["restored_tokens"] == hi["restored_tokens"] == lo["prefix_tokens"] // CHUNK * CHUNK
+        for k in ("bytes_written", "bytes_written_by_tier", "kv_bytes", "state_bytes", "bytes_read"):
+            assert lo[k] == hi[k], k
+        assert lo["logits_max_rel_err_vs_recompute"] == 0.0  # f32: the recompute of turn 1 matches bitwise
+
+
+def test_blocks_count_each_block_once_whatever_the_read_order(terrace, toy_model, tmp_path):
+    config = json.loads((toy_model / "config.json").read_text())["linear_attn_config"]
+    mla, kda = len(config["full_attn_layers"]), len(config["kda_layers"])
+    flags = ("--prefix-tokens", "64,96", "--kv-codec", "f32", "--turns", "2", "--conversations", "2", "--system-tokens",
+             "80", "--user-tokens", "40")
+    by_order = {o: bench_json(terrace, toy_model, tmp_path, *flags, "--read-order", o) for o in ("layers", "chunks")}
+    layers, chunks = by_order["layers"], by_order["chunks"]
+    for lr, cr in zip(layers["rows"], chunks["rows"]):
+        assert lr["read_by_layer"] and not cr["read_by_layer"]
+        # Each KV chunk of the prefix and each KDA layer's snapshot at its last chunk: one block each.
+        k = lr["prefix_tokens"] // CHUNK
+        for r in (lr, cr):
+            assert r["blocks_requested"] == r["blocks_read_by_tier"]["nvme"] == k + kda
+        # Read by layer, each KV chunk is one sub-range read per MLA layer.
+        assert lr["range_reads_by_tier"] == {"hbm": 0, "host": 0, "nvme": k * mla}
+        assert cr["range_reads_by_tier"] == {"hbm": 0, "host": 0, "nvme": 0}
+    for k in ("blocks_requested", "blocks_read_by_tier"):
+        assert layers[k] == chunks[k], k
+        assert layers["multi_turn"][k] == chunks["multi_turn"][k], k
+        assert [r[k] for r in layers["multi_turn"]["rows"]] == [r[k] for r in chunks["multi_turn"]["rows"]], k
+    assert sum(layers["multi_turn"]["range_reads_by_tier"].values()) > 0
+    assert sum(chunks["multi_turn"]["range_reads_by_tier"].values()) == 0
+
+
 def test_host_tier_restores_say_host(terrace, toy_model, tmp_path):
     j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--tier", "host", "--repeat", "2",
                    "--turns", "0")
@@ -164,11 +203,22 @@ def test_multi_turn_blocks_evicted_from_host_come_from_nvme(terrace, toy_model, 
 def test_text_output_has_the_tier_lines_codec_table_and_turns(terrace, toy_model, tmp_path):
     out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "64", "--turns", "2", "--conversations",
                 "1", "--system-tokens", "40", "--user-tokens", "40").stdout
-    assert "prefix 64: the restore's blocks by tier: hbm 0% host 0% nvme 100% of" in out
+    # 2 KV chunks and 6 KDA snapshots; the KV chunks read as 2 MLA layers' sub-ranges each.
+    assert "prefix 64: the restore's blocks by tier: hbm 0% host 0% nvme 100% of 8 blocks;" in out
+    assert "read by layer, 4 sub-range reads (--read-order layers)" in out
     assert "int4-g64" in out and "bf16 (run: kv)" in out and "f32 (run: state)" in out
     assert "multi-turn: 1 conversations x 2 turns, system prompt 40 tokens, 40 new tokens per turn" in out
     # Turn 1 computes its 80 tokens; turn 2 (120 tokens) restores its 2 full chunks and computes 56.
     assert "multi-turn: restored 64 tokens, computed 136;" in out
+
+
+def test_a_prefix_shorter_than_a_chunk_reads_nothing(terrace, toy_model, tmp_path):
+    # No full chunk to store: the restore reads no block, so it is not "read by layer".
+    out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "16", "--turns", "0").stdout
+    assert "prefix 16: the restore's blocks by tier: hbm 0% host 0% nvme 0% of 0 blocks;" in out
+    assert "read nothing (--read-order layers)" in out
+    (r,) = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "16", "--turns", "0")["rows"]
+    assert r["restored_tokens"] == 0 and not r["read_by_layer"]
 
 
 def test_nothing_to_run_is_a_usage_error(terrace, toy_model, tmp_path):

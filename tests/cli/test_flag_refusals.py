@@ -101,6 +101,27 @@ def test_model_run_store_size_must_match_the_existing_pool(terrace, toy_model, t
     assert r.returncode == 0, r.stderr
 
 
+def test_nvme_sizes_off_the_4kib_unit_are_refused_before_anything_is_created(terrace, toy_model, tmp_path):
+    # model run --store, bench kv and demo share the prefix cache's pool sizes: a size the NVMe tier
+    # cannot take is a usage error naming the flag, before any pool (or --dir) exists.
+    store, bench_dir, demo_dir = tmp_path / "s", tmp_path / "b", tmp_path / "d"
+    run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store)
+    bench = ("bench", "kv", "--model", toy_model, "--dir", bench_dir, "--turns", "0", "--prefix-tokens", "64")
+    demo = ("demo", "--preset", "k3-toy", "--dir", demo_dir)
+    for cmd, kv_flag in ((run, "--store-nvme-size"), (bench, "--store-nvme-size"), (demo, "--kv-nvme-size")):
+        for flag in (kv_flag, "--state-nvme-size"):
+            other = "--state-nvme-size" if flag == kv_flag else kv_flag
+            refused(terrace(*cmd, other, "16MiB", flag, "2000001", timeout=300), flag, "2000001",
+                    "multiple of 4 KiB", "1998848 or 2002944")
+    assert not store.exists() and not bench_dir.exists() and not demo_dir.exists()
+    # A pool that exists: the same refusal, the pool untouched.
+    r = terrace(*run, *SMALL_POOLS, timeout=300)
+    assert r.returncode == 0, r.stderr
+    before = sorted(p.name for p in store.rglob("*"))
+    refused(terrace(*run, "--state-nvme-size", "2000001"), "--state-nvme-size", "multiple of 4 KiB")
+    assert sorted(p.name for p in store.rglob("*")) == before
+
+
 def test_ref_kda_chunk_size_needs_chunked(terrace, tmp_path):
     refused(terrace("ref", "kda", "--in", tmp_path / "i", "--out", tmp_path / "o", "--chunk-size", "4"),
             "--chunk-size", "--chunked")

@@ -96,6 +96,11 @@ TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, acro
     REQUIRE((*cache)->layout().mla_layers().size() >= 2);  // k3-toy: layers 4 and 8
     const int n1 = 4 * C + 5;
     const auto p = Tokens(n1);
+    // Nothing stored yet: the restore reads nothing, so nothing by layer.
+    const Run empty = Prefill(*m.model, **cache, p, "", {.restore = true, .write_back = false});
+    CHECK(empty.prefill.restored_tokens == 0);
+    CHECK(!empty.prefill.restore.read_by_layer);
+    CHECK(empty.prefill.restore.blocks_requested == 0);
     Prefill(*m.model, **cache, p, "");
     (*cache)->Flush();
     for (const int n2 : {4 * C + 1, 4 * C + C / 2 + 3, 3 * C + 1}) {
@@ -117,6 +122,17 @@ TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, acro
       CHECK(layers.prefill.restore.read_by_layer);
       CHECK(layers.prefill.restore.range_rereads == 0);
       CHECK(layers.prefill.restore.fallbacks == 0);
+      // Blocks are blocks whatever the read order: each KV chunk and each KDA layer's snapshot at
+      // the boundary once, all from NVMe; by layer, a chunk is one sub-range read per MLA layer.
+      const auto& L = (*cache)->layout();
+      const auto blocks = static_cast<std::uint64_t>(want / C) + L.kda_layers().size();
+      const auto nvme = static_cast<std::size_t>(TierId::kNvme);
+      for (const Run* r : {&chunks, &layers}) {
+        CHECK(r->prefill.restore.blocks_requested == blocks);
+        CHECK(r->prefill.restore.blocks_read[nvme] == blocks);
+      }
+      CHECK(chunks.prefill.restore.range_reads[nvme] == 0);
+      CHECK(layers.prefill.restore.range_reads[nvme] == static_cast<std::uint64_t>(want / C) * L.mla_layers().size());
       // The sub-ranges cover the header and each layer's bytes: never more than the whole blocks.
       CHECK(layers.prefill.restore.kv_bytes <= chunks.prefill.restore.kv_bytes);
       CHECK(layers.prefill.restore.kv_bytes > 0);
@@ -190,6 +206,8 @@ TEST_CASE("a damaged range is read again as a whole verified block: counted, out
     CHECK(r.prefill.restore.read_by_layer);
     CHECK(r.prefill.restore.range_rereads == 1);
     CHECK(cache->Stats().range_rereads == rereads_before + 1);
+    // The block read again whole is still one block: 5 KV chunks and the boundary's snapshots.
+    CHECK(r.prefill.restore.blocks_requested == 5 + cache->layout().kda_layers().size());
     CHECK(r.prefill.restored_tokens == 80);  // the whole block read back good: no fallback
     CHECK(r.prefill.restore.fallbacks == 0);
     CHECK(Bitwise(r.prefill.logits.data, Rows(f.cold.prefill.logits, 80)));
@@ -225,6 +243,12 @@ TEST_CASE("over the real NVMe tier, a failed range read is read again whole: cou
   CHECK(r.prefill.restore.fallbacks == 0);
   // Every other range came through the real NVMe tier (the failed one is not counted).
   CHECK(kv.store->Stats().range_reads == (*cache)->layout().mla_layers().size() * 5 - 1);
+  // The report agrees, and chunk 0 is still one block, served by its whole re-read.
+  const RestoreReport& rep = r.prefill.restore;
+  const std::uint64_t blocks = 5 + (*cache)->layout().kda_layers().size();
+  CHECK(rep.blocks_requested == blocks);
+  CHECK(rep.blocks_read[0] + rep.blocks_read[1] + rep.blocks_read[2] == blocks);
+  CHECK(rep.range_reads[0] + rep.range_reads[1] + rep.range_reads[2] == (*cache)->layout().mla_layers().size() * 5 - 1);
   CHECK(Bitwise(r.prefill.logits.data, Rows(cold.prefill.logits, 80)));
   CHECK(Bitwise(r.decode_logits.back(), cold.decode_logits.back()));
 }

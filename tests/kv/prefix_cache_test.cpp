@@ -131,6 +131,9 @@ TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapsh
   const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
   CHECK(warm.prefill.restored_tokens == 64);
   CHECK(warm.prefill.restore.fallbacks == 1);
+  // The lookup promised 64 and passed over the partly present boundary 80.
+  CHECK(warm.prefill.restore.lookup_boundary_tokens == 64);
+  CHECK(warm.prefill.restore.partial_boundary_tokens == 80);
   REQUIRE(warm.prefill.restore.fallback_reasons.size() == 1);
   CHECK(warm.prefill.restore.fallback_reasons[0].find(fmt::format("layer {} at token 80", kda_layer)) != std::string::npos);
   CHECK((*cache)->Stats().fallbacks_missing == 1);
@@ -143,6 +146,7 @@ TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapsh
   CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 32);
   const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false});
   CHECK(warm2.prefill.restored_tokens == 32);
+  CHECK(warm2.prefill.restore.partial_boundary_tokens == 0);  // no snapshot past the missing chunk is looked at
   CHECK(Bitwise(warm2.prefill.logits.data, Rows(cold.prefill.logits, 32)));
 }
 

@@ -107,6 +107,20 @@ def test_corrupt_state_block_falls_back_exactly(toy, tmp_path):
     assert b["generated"] == a["generated"] and b["logits_xxh3_64"] == a["logits_xxh3_64"]
 
 
+def test_a_partly_written_boundary_is_named_in_the_fallback(toy, tmp_path):
+    # A 1200 KiB state pool holds two boundaries' six KDA snapshots and part of the third's: the
+    # boundary at 96 is partly written, and the restore falls back from it to 64.
+    store = tmp_path / "st"
+    run(toy, store, "--store-nvme-size", "16MiB", "--state-nvme-size", "1200KiB", "--state-host-size", "1MiB")
+    j = run_json(toy, store, "--store-nvme-size", "16MiB")
+    assert j["partial_boundary"] > j["lookup_boundary"] == j["joint_boundary"] > 0
+    assert j["fallbacks"] == 1 and f"at token {j['partial_boundary']}: NotFound" in j["fallback_reasons"][0]
+    text = run(toy, store, "--store-nvme-size", "16MiB").stdout
+    assert f"prefix cache: 1 fallback(s) from boundary {j['partial_boundary']} (partly written) to {j['joint_boundary']}:" \
+        in text
+    assert "looked-up boundary" not in text
+
+
 def test_read_order_changes_how_not_what_is_restored(toy, tmp_path):
     store = tmp_path / "st"
     a = run_json(toy, store)
@@ -125,6 +139,19 @@ def test_read_order_changes_how_not_what_is_restored(toy, tmp_path):
     assert "read by layer" in text
     p = run(toy, store, "--read-order", "sideways", expect=2)
     assert "--read-order" in p.stderr
+
+
+def test_a_restore_that_read_nothing_is_not_read_by_layer(toy, tmp_path):
+    # A new store holds nothing for the prompt: no chunk was read, by layer or otherwise.
+    store = tmp_path / "st"
+    a = run_json(toy, store, "--read-order", "layers")
+    assert a["restored_tokens"] == 0 and a["kv_bytes_restored"] == 0
+    assert not a["restore_read_by_layer"]
+    text = run(toy, tmp_path / "st2", "--read-order", "layers").stdout
+    assert "read by layer" not in text and "prefix cache: restored 0 tokens" in text
+    # The same prompt again restores its chunks, read by layer.
+    b = run_json(toy, store, "--read-order", "layers")
+    assert b["restored_tokens"] == 128 and b["restore_read_by_layer"]
 
 
 def test_routing_stats_only_on_request(toy, tmp_path):
