@@ -755,7 +755,8 @@ void RegisterDemo(CLI::App& app, Runner* run) {
   AddIntOption<std::uint64_t>(demo, "--seed", &a->seed, 0, UINT64_MAX, "Seed of the model weights and the prompts");
   AddIntOption(demo, "--threads", &a->threads, 1, 256,
                "OpenBLAS threads. Logits are bitwise reproducible for a given count (the default is `model run`'s, so "
-               "its output matches the demo's bit for bit); another count may change their last bits");
+               "`model run --store NEW --chunk-tokens 64 --kv-codec f32 --state-codec f32` matches a turn bit for "
+               "bit); another count may change their last bits");
   demo->add_option("--expert-cache", a->expert_cache,
                    "Fast-tier expert cache: a share of all routed expert bytes (25%) or a size (16MiB)")
       ->capture_default_str();
