@@ -146,7 +146,8 @@ void StoreImpl::RefreshIoRegions(int from, int to) {
   Status s = tier(to).RegisterIoRegions(regions);
   if (!s.ok()) {
     regions_log_.Log(*logger_, LogLevel::kWarning, "store",
-                     fmt::format("tier {} memory not registered with tier {} ({}); demotions are staged",
+                     fmt::format("tier {} memory not registered with tier {} ({}); its transfers use plain, "
+                                 "unregistered I/O",
                                  SlotName(from), SlotName(to), s.ToString()));
   }
 }

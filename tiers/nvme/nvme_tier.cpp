@@ -535,8 +535,10 @@ Status NvmeTier::RegisterExternalBuffers(std::span<const iovec> bufs) {
   MutexLock l(&reg_mu_);
   Status s = engine_->RegisterBuffers(all);
   if (!s.ok()) {
-    // Restore the staging-only table so fixed I/O keeps working for staged chunks.
+    // Restore the staging-only table so fixed I/O keeps working for staged chunks, and forget the
+    // external regions: their indices are no longer in the table (I/O into them goes out plain).
     (void)engine_->RegisterBuffers(staging_->iovecs());
+    external_.clear();
     return s.WithContext(fmt::format("registering {} external buffers with the NVMe tier", bufs.size()));
   }
   external_.assign(bufs.begin(), bufs.end());
