@@ -33,6 +33,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
+#include "src/common/json_unique.h"
 #include "src/common/mutex.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
@@ -622,7 +623,8 @@ int RunDemo(const DemoArgs& a) {
   nlohmann::json previous;
   if (fs::exists(dir / kDemoRunJson)) {
     auto text = ReadInputFile(dir / kDemoRunJson, "--dir", 64ull << 20);
-    if (text.ok()) previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (text.ok() && JsonNestingDepth(*text) <= kMaxJsonDepth)
+      previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (previous.is_discarded()) previous = nullptr;
   }
   const model::ModelConfig config = *model::Preset(a.preset);

@@ -1,5 +1,6 @@
 #include "src/common/json_unique.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -45,12 +46,38 @@ std::string JsonUniqueReason(const json::exception& e) {
 
 }  // namespace
 
+int JsonNestingDepth(std::string_view text) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
 Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
   if (error != nullptr) *error = JsonParseError::kNone;
   auto fail = [&](JsonParseError kind, std::string message) -> Result<json> {
     if (error != nullptr) *error = kind;
     return Status::InvalidArgument(std::move(message));
   };
+  if (const int depth = JsonNestingDepth(text); depth > kMaxJsonDepth) {
+    return fail(JsonParseError::kTooDeep,
+                fmt::format("objects and arrays nest {} levels deep, over the limit of {}", depth, kMaxJsonDepth));
+  }
   std::vector<JsonUniqueFrame> stack;
   bool duplicate = false;
   std::string duplicate_key, duplicate_path;

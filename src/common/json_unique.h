@@ -24,7 +24,18 @@ enum class JsonParseError : std::uint8_t {
   kSyntax,            // not one valid JSON document (RFC 8259), e.g. a missing brace, bad UTF-8
   kNumberOutOfRange,  // a number no double holds (1e400)
   kDuplicateKey,      // a key appears twice in one object
+  kTooDeep,           // objects and arrays nested deeper than kMaxJsonDepth
 };
+
+// The deepest nesting of objects and arrays any Terrace input file may have. Deeper documents are
+// refused before they are parsed: code that walks a parsed document (comparisons, dump(), the
+// report's flattening) recurses once per level, and a few hundred thousand levels (a few hundred
+// KiB of brackets) would overflow the stack.
+inline constexpr int kMaxJsonDepth = 64;
+
+// The deepest nesting of objects and arrays in `text` (0 for a scalar), by a linear scan that skips
+// string contents; the text need not be valid JSON.
+int JsonNestingDepth(std::string_view text);
 
 // Parses `text` as one JSON document, as nlohmann::json::parse does (trailing text is refused),
 // except that a key repeated within one object is refused. On failure: InvalidArgument with a
@@ -33,6 +44,7 @@ enum class JsonParseError : std::uint8_t {
 //   duplicate key "dtype" in the object at "layers.0.weight" (a key may appear once per object)
 //   a number is out of range: number overflow parsing '1e400'
 //   not valid JSON: parse error at line 1, column 1: syntax error while parsing value - invalid literal; last read: 'x'
+//   objects and arrays nest 100000 levels deep, over the limit of 64
 // and, when `error` is given, sets *error to the kind (kNone on success).
 Result<nlohmann::json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error = nullptr);
 

@@ -14,31 +14,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Nesting depth of JSON text, skipping string contents. Checked before parsing so a depth bomb
-// costs a linear scan and never reaches the (recursive) JSON destructor.
-int MaxJsonDepth(std::string_view text) {
-  int depth = 0;
-  int max_depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 Status Bad(std::string_view source, std::string_view what) {
   return Status::Corruption(fmt::format("safetensors file '{}': {}; the file is damaged or not safetensors",
                                         source, what));
@@ -126,7 +101,7 @@ Status ParseImpl(std::span<const std::byte> file_bytes, std::string_view source,
   if (n < 2) return Bad(source, fmt::format("header length {} is too short for a JSON object", n));
   const std::string_view text(reinterpret_cast<const char*>(file_bytes.data() + 8), static_cast<std::size_t>(n));
   if (text.front() != '{') return Bad(source, "header does not start with '{'");
-  if (MaxJsonDepth(text) > kMaxSafetensorsJsonDepth) {
+  if (JsonNestingDepth(text) > kMaxSafetensorsJsonDepth) {  // checked before parsing: a linear scan
     return Bad(source, fmt::format("header JSON nests deeper than {} levels", kMaxSafetensorsJsonDepth));
   }
   Result<Json> parsed = ParseJsonUniqueKeys(text);  // a tensor named twice: refused, not last-wins

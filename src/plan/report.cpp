@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/common/generator_mark.h"
+#include "src/common/json_unique.h"
 #include "src/plan/svg_chart.h"
 
 namespace terrace::plan {
@@ -888,6 +889,11 @@ void BenchStoreSections(const json& j, Report* r, std::string* body) {
 }  // namespace
 
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
+  if (const int depth = JsonNestingDepth(text); depth > kMaxJsonDepth) {  // Flatten recurses per level
+    return Status::InvalidArgument(fmt::format("{}: objects and arrays nest {} levels deep, over the limit of {} (give "
+                                               "the output of a --json run)",
+                                               source, depth, kMaxJsonDepth));
+  }
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument(fmt::format("{}: not a JSON object (give the output of a --json run)", source));

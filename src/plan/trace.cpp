@@ -97,7 +97,8 @@ Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view sour
     }
     if (!id.is_number_unsigned()) {
       return LineError(source, line_number,
-                       fmt::format("\"hash_ids\"[{}] must be a non-negative integer, got {}", i, id.dump()));
+                       fmt::format("\"hash_ids\"[{}] must be a non-negative integer, got {}", i,
+                                   id.is_primitive() ? id.dump() : std::string("an ") + id.type_name()));
     }
     r.hash_ids.push_back(id.get<std::uint64_t>());
   }

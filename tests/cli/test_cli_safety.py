@@ -630,3 +630,28 @@ def test_demo_accepts_and_fresh_removes_a_store_a_stopped_run_left_unmarked(terr
     before = snapshot(d)
     assert_usage_error(terrace("demo", "--fresh", "--dir", d, *DEMO), "did not create")
     assert snapshot(d) == before
+
+
+# ---- deeply nested JSON input ------------------------------------------------------------------------
+
+def test_deeply_nested_json_inputs_are_refused_not_a_crash(terrace, toy_model, tmp_path):
+    """200 000 nested brackets parsed, then whatever walked the document (the report's flattening, a
+    trace error's dump(), config.json's alias comparison) recursed per level: SIGSEGV, exit 139."""
+    deep = "[" * 200000 + "1" + "]" * 200000
+    run = tmp_path / "deep.json"
+    run.write_text('{"a":' + deep + "}")
+    r = terrace("report", run, "-o", tmp_path / "out.html")
+    assert_usage_error(r, "nest 200001 levels deep", "over the limit of 64")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[' + deep + "]}\n")
+    r = terrace("plan", "--model", "k3-toy", "--trace", trace)
+    assert_usage_error(r, "over the limit of 64")
+    config = json.loads((toy_model / "config.json").read_text())
+    config["num_experts"] = "@DEEP@"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config).replace('"@DEEP@"', deep))
+    r = terrace("plan", "--model", tmp_path / "m" / "config.json")
+    assert_usage_error(r, "over the limit of 64")
+    # A trace line whose id is a (shallow) array names its type, not its text.
+    trace.write_text('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[[1,2]]}\n')
+    assert_usage_error(terrace("plan", "--model", "k3-toy", "--trace", trace), "got an array")

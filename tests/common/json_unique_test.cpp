@@ -2,6 +2,8 @@
 // (nlohmann keeps the last value), naming the key and where it is.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "src/common/json_unique.h"
 
 using namespace terrace;
@@ -51,4 +53,28 @@ TEST_CASE("ParseJsonUniqueKeys says why text is not JSON, and tells an out-of-ra
     CHECK(kind == JsonParseError::kSyntax);
     CHECK_THAT(j.status().message(), Catch::StartsWith("not valid JSON: "));
   }
+}
+
+TEST_CASE("ParseJsonUniqueKeys refuses nesting deeper than kMaxJsonDepth before parsing it") {
+  // 200 000 levels parsed fine, but whatever walked the result (a comparison, dump(), a report's
+  // flattening) recursed once per level and overflowed the stack.
+  auto nest = [](int levels, const char* open, const char* close) {
+    std::string s;
+    for (int i = 0; i < levels; ++i) s += open;
+    s += "1";
+    for (int i = 0; i < levels; ++i) s += close;
+    return s;
+  };
+  JsonParseError kind = JsonParseError::kNone;
+  CHECK(ParseJsonUniqueKeys(nest(kMaxJsonDepth, "[", "]"), &kind).ok());
+  CHECK(kind == JsonParseError::kNone);
+  for (const std::string& deep : {nest(kMaxJsonDepth + 1, "[", "]"), "{\"a\":" + nest(200000, "[", "]") + "}"}) {
+    auto j = ParseJsonUniqueKeys(deep, &kind);
+    REQUIRE_FALSE(j.ok());
+    CHECK(kind == JsonParseError::kTooDeep);
+    CHECK_THAT(j.status().message(), Catch::Contains("over the limit of 64"));
+  }
+  // Brackets inside strings are not nesting.
+  CHECK(JsonNestingDepth("{\"k\": \"[[[[{{{{\\\"[[[\"}") == 1);
+  CHECK(ParseJsonUniqueKeys("{\"k\": \"" + std::string(1000, '[') + "\"}").ok());
 }
