@@ -20,13 +20,6 @@
 namespace terrace::cli {
 namespace {
 
-std::uint64_t SplitMix(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 std::string FormatLatency(std::uint64_t ns) {
   if (ns == 0) return "-";
   const double d = static_cast<double>(ns);
@@ -36,6 +29,13 @@ std::string FormatLatency(std::uint64_t ns) {
 }
 
 }  // namespace
+
+std::uint64_t SplitMix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 std::vector<std::string> SplitCommas(std::string_view list) {
   std::vector<std::string> out;

@@ -37,6 +37,10 @@ inline constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 // empty item), for the caller to check.
 std::vector<std::string> SplitCommas(std::string_view list);
 
+// The next value of a splitmix64 stream (advances `state`): the CLI's deterministic pseudo-random
+// numbers (test-pattern blocks, synthetic token ids), identical on every machine.
+std::uint64_t SplitMix(std::uint64_t& state);
+
 // "12.3%" for a fraction 0.123.
 std::string FormatPercent(double fraction);
 

@@ -35,6 +35,9 @@
 namespace terrace::cli {
 namespace {
 
+// The synthetic context's ids: splitmix64 from this state, mod the vocabulary (docs/prefix-cache.md).
+constexpr std::uint64_t kVerifyTokenSeed = 17;
+
 struct VerifyKvArgs {
   std::string model;
   std::string codecs = "bf16,f16,fp8,fp8-block,int8,int4-g32,int4-g64";
@@ -135,9 +138,13 @@ int RunVerifyKv(const VerifyKvArgs& a) {
 
   const int n = a.context + a.eval;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(n));
+  // Pseudo-random ids with no period: (i * prime + c) mod vocab repeated every vocab tokens, so on
+  // a small vocabulary the "long" context was one block of ids copied over and over (and attention
+  // spread evenly over the copies made the top-8 positions a near-tie).
+  std::uint64_t token_state = kVerifyTokenSeed;
   for (int i = 0; i < n; ++i)
-    tokens[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((static_cast<std::uint64_t>(i) * 2654435761u + 17) %
-                                                                    static_cast<std::uint64_t>(config.vocab_size));
+    tokens[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(SplitMix(token_state) % static_cast<std::uint64_t>(config.vocab_size));
 
   struct PerCodec {
     codec::CodecSpec spec;
