@@ -142,28 +142,17 @@ int RunModel(const RunArgs& a) {
     if (!p.ok()) return Fail(p.status().ToString());
     cached = std::move(p).value();
     logits = std::move(cached->logits);
-    if (!a.dump_logits.empty() && cached->restored_tokens > 0) {
-      // Restored positions have no logits: recompute them in a cold pass over [0, b) with the same
-      // chunk pieces (bitwise what a run without the cache would give for them).
-      Session cold(**model);
-      const auto head_req = kv_run->cache->Prepare(std::span(*prompt).first(static_cast<std::size_t>(cached->restored_tokens)),
-                                                   a.kv.tenant);
-      auto h = kv::PrefillWithCache(&cold, *kv_run->cache, head_req, {.restore = false, .write_back = false});
-      if (!h.ok()) return Fail(h.status().ToString());
-      h->logits.data.insert(h->logits.data.end(), logits->data.begin(), logits->data.end());
-      h->logits.shape = {static_cast<std::int64_t>(prompt->size()), config.vocab_size};
-      logits = std::move(h->logits);
+    if (ex->predictor == experts::PredictorKind::kOracle &&
+        cached->restored_tokens / kv_run->cache->layout().chunk_tokens() != recording.skipped_steps) {
+      fmt::print(stderr, "{}\n", fmt::format("terrace model run: warning: the restore fell back to {} tokens, below the {} its lookup "
+                           "promised; --predictor oracle replays a recording that skipped the lookup's pieces, so its "
+                           "predictions for this run are off by the difference (its precision and recall understate "
+                           "the oracle)",
+                           cached->restored_tokens,
+                           recording.skipped_steps * kv_run->cache->layout().chunk_tokens()));
     }
   }
   if (!logits.ok()) return Fail(logits.status().ToString());
-  if (!a.dump_logits.empty()) {
-    SafetensorsWriter w;
-    Status s = w.AddF32("logits", *logits);
-    if (s.ok())
-      s = WriteOutputFile(a.dump_logits, "--dump-logits", out_rules,
-                          [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
-    if (!s.ok()) return Fail(s.ToString());
-  }
   std::vector<int> generated;
   for (int i = 0; i < a.max_new; ++i) {
     generated.push_back(Argmax(session.last_logits()));
@@ -180,6 +169,30 @@ int RunModel(const RunArgs& a) {
       if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }
   if (Status s = WriteExpertPrometheus(*ex, a.experts, out_rules); !s.ok()) return Fail(s.ToString());
+  // The expert metrics of the run itself, before the extra pass below (which goes through the same
+  // expert cache).
+  const nlohmann::json expert_json = ex->offload ? ExpertReportJson(*ex) : nlohmann::json();
+  const std::string expert_text = ExpertReportText(*ex);
+  if (!a.dump_logits.empty()) {
+    if (cached && cached->restored_tokens > 0) {
+      // Restored positions have no logits: recompute them in a cold pass over [0, b) with the same
+      // chunk pieces (bitwise what a run without the cache would give for them).
+      Session cold(**model);
+      const auto head_req = kv_run->cache->Prepare(std::span(*prompt).first(static_cast<std::size_t>(cached->restored_tokens)),
+                                                   a.kv.tenant);
+      auto h = kv::PrefillWithCache(&cold, *kv_run->cache, head_req, {.restore = false, .write_back = false});
+      if (!h.ok()) return Fail(h.status().ToString());
+      h->logits.data.insert(h->logits.data.end(), logits->data.begin(), logits->data.end());
+      h->logits.shape = {static_cast<std::int64_t>(prompt->size()), config.vocab_size};
+      logits = std::move(h->logits);
+    }
+    SafetensorsWriter w;
+    Status s = w.AddF32("logits", *logits);
+    if (s.ok())
+      s = WriteOutputFile(a.dump_logits, "--dump-logits", out_rules,
+                          [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+    if (!s.ok()) return Fail(s.ToString());
+  }
   const std::vector<float>& last = session.last_logits();
   const std::uint64_t digest = XXH3_64bits(last.data(), last.size() * sizeof(float));
   const double prefill_tps = static_cast<double>(session.prefill_tokens()) / session.prefill_seconds();
@@ -200,7 +213,7 @@ int RunModel(const RunArgs& a) {
     j["logits_xxh3_64"] = fmt::format("{:016x}", digest);
     j["logits_head"] = head;
     j["threads"] = a.threads;
-    if (ex->offload) j["experts"] = ExpertReportJson(*ex);  // before MeasureRouting's extra pass
+    if (ex->offload) j["experts"] = expert_json;
     if (cached) {
       const nlohmann::json kv_json = KvReportJson(*cached, kv_stats);
       j.update(kv_json);
@@ -238,7 +251,7 @@ int RunModel(const RunArgs& a) {
   }
   fmt::print("final logits: xxh3-64 {:016x}, first values [{}]\n", digest, fmt::join(head, ", "));
   if (cached) fmt::print("{}", KvReportText(*cached, kv_stats));
-  fmt::print("{}", ExpertReportText(*ex));
+  fmt::print("{}", expert_text);
   std::vector<std::string> shares;
   for (int p = 0; p < kNumPhases; ++p)
     shares.push_back(fmt::format("{} {:.1f}%", PhaseName(static_cast<Phase>(p)), 100.0 * prof.Share(static_cast<Phase>(p))));

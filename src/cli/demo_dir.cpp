@@ -169,14 +169,18 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
     TERRACE_RETURN_IF_ERROR(RemoveStoppedModelBuild(dir));
     removed = true;
   }
+  for (const char* f : {kDemoRunJson, kDemoReportHtml}) {
+    if (!ec && IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
+  }
+  if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's files: {}", flag, dir.string(), ec.message()));
+  // The marker goes last (an earlier version's store in DIR takes it with it), so a removal that
+  // fails midway leaves a folder a later --fresh still recognises.
   if (IsKind(dir / "terrace.data", S_IFREG) || IsKind(dir / "index", S_IFDIR)) {  // an earlier version's store
     TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, kDemoMarker, flag));
     removed = true;
   }
-  for (const char* f : {kDemoRunJson, kDemoReportHtml, kDemoMarker}) {
-    if (IsKind(dir / f, S_IFREG)) removed = fs::remove(dir / f, ec) || removed;
-  }
-  if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's files: {}", flag, dir.string(), ec.message()));
+  if (IsKind(dir / kDemoMarker, S_IFREG)) removed = fs::remove(dir / kDemoMarker, ec) || removed;
+  if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's marker: {}", flag, dir.string(), ec.message()));
   return removed;
 }
 
