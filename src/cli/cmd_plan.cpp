@@ -16,6 +16,8 @@
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
+#include "src/model/names.h"
+#include "src/model/safetensors.h"
 #include "src/plan/analytic.h"
 #include "src/plan/hardware.h"
 #include "src/plan/replay.h"
@@ -79,10 +81,47 @@ CLI::Option* AddAutoSizeOption(CLI::App* app, const std::string& name, std::opti
       ->type_name("SIZE");
 }
 
+struct ResolvedModel {
+  model::ModelConfig config;
+  model::ExpertFormat experts = model::ExpertFormat::kMxfp4;  // how its checkpoint stores the routed experts
+  std::string experts_from;                                    // why the plan assumes that
+};
+
+// The routed experts' format of a config.json (docs/plan.md, "Weights and the expert cache"): where
+// the file is a model directory's config.json and the directory holds the checkpoint, its tensors'
+// format (DetectExpertFormat); else MXFP4 when the file has a quantization_config (ParseConfigJson
+// accepts only compressed-tensors MXFP4), BF16 (plain matrices, as Kimi Linear ships) when not.
+void ConfigExpertFormat(const std::filesystem::path& file, const model::ConfigKeys& keys, ResolvedModel* out) {
+  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  const bool has_checkpoint = std::filesystem::exists(dir / model::kSingleFileName, ec) ||
+                              std::filesystem::exists(dir / model::kIndexFileName, ec);
+  if (file.filename() == model::kConfigFileName && has_checkpoint) {
+    if (auto md = model::ModelDir::Open(dir, /*check_tensors=*/false); md.ok()) {
+      out->experts = model::DetectExpertFormat(**md, out->config);
+      out->experts_from = "the checkpoint's tensors";
+      return;
+    }
+  }
+  bool quantized = false;
+  for (const std::string& k : keys.read) {
+    quantized = quantized || k == "quantization_config" || k == "text_config.quantization_config";
+  }
+  out->experts = quantized ? model::ExpertFormat::kMxfp4 : model::ExpertFormat::kF32;
+  out->experts_from = quantized ? "config.json's quantization_config" : "config.json has no quantization_config";
+}
+
 // A preset name, else a config.json path or a model directory holding one. Usage errors name --model.
-Result<model::ModelConfig> ResolveModel(const std::string& given) {
+Result<ResolvedModel> ResolveModel(const std::string& given) {
   for (const std::string& p : model::PresetNames()) {
-    if (p == given) return model::Preset(given);
+    if (p != given) continue;
+    ResolvedModel r;
+    TERRACE_ASSIGN_OR_RETURN(r.config, model::Preset(given));
+    TERRACE_ASSIGN_OR_RETURN(r.experts, PresetExpertFormat(given));
+    r.experts_from = given == "kimi-linear-48b" ? "the published checkpoint stores them in BF16"
+                     : given == "kimi-k3"       ? "the published checkpoint stores them in MXFP4"
+                                                : "as `terrace model init` writes them";
+    return r;
   }
   std::error_code ec;
   const std::string name = std::filesystem::is_directory(given, ec) ? (std::filesystem::path(given) / "config.json").string()
@@ -93,9 +132,13 @@ Result<model::ModelConfig> ResolveModel(const std::string& given) {
   }
   auto text = ReadInputFile(name, "--model", kMaxConfigFileBytes);
   if (!text.ok()) return text.status();
-  auto config = model::ParseConfigJson(*text, name);
+  model::ConfigKeys keys;
+  auto config = model::ParseConfigJson(*text, name, &keys);
   if (!config.ok()) return Status::InvalidArgument(fmt::format("--model: {}", config.status().message()));
-  return config;
+  ResolvedModel r;
+  r.config = std::move(*config);
+  ConfigExpertFormat(name, keys, &r);
+  return r;
 }
 
 Result<Hardware> ResolveHardware(const std::string& name) {
@@ -118,6 +161,14 @@ std::string Sec(double s) {
   if (s >= 1.0) return fmt::format("{:.2f} s", s);
   if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
   return fmt::format("{:.1f} us", s * 1e6);
+}
+
+// A parameter count: "3.11 G", "38.6 M", "912.0 K" (never "B", which reads as bytes).
+std::string ParamCount(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f} G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f} M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f} K", n / 1e3);
+  return fmt::format("{:.0f}", n);
 }
 
 json PlanJson(const Plan& p) {
@@ -176,6 +227,10 @@ json PlanJson(const Plan& p) {
   const WeightPlan& wp = p.weights;
   j["weights"] = {{"total_bytes", wp.total_bytes},         {"resident_bytes", wp.resident_bytes},
                   {"routed_expert_bytes", wp.routed_expert_bytes}, {"expert_bytes", wp.expert_bytes},
+                  {"expert_format", wp.expert_format},     {"expert_format_from", p.options.expert_format_from},
+                  {"lookup_embedding_bytes", wp.lookup_embedding_bytes},
+                  {"embedding_row_bytes", wp.embedding_row_bytes},
+                  {"resident_fits_hbm", wp.resident_fits_hbm},
                   {"moe_layers", wp.moe_layers},           {"experts_per_layer", wp.experts_per_layer},
                   {"experts_per_token", wp.experts_per_token}, {"active_params_per_token", wp.active_params_per_token},
                   {"by_component", comps}};
@@ -185,6 +240,8 @@ json PlanJson(const Plan& p) {
                   {"experts_per_layer_for_target", e.experts_per_layer_for_target},
                   {"bytes_for_target", e.bytes_for_target},
                   {"budget_bytes", e.budget_bytes},
+                  {"budget_requested_bytes", e.budget_requested_bytes},
+                  {"budget_capped", e.budget_capped},
                   {"cached_per_layer", e.cached_per_layer},
                   {"hit_rate", e.hit_rate},
                   {"miss_bytes_per_token_batch1", e.miss_bytes_per_token_batch1},
@@ -213,6 +270,7 @@ json PlanJson(const Plan& p) {
                     {"prefill_utilisation", l.prefill_utilisation},
                     {"offload_bytes_per_request", l.offload_bytes_per_request},
                     {"prefill_tokens_per_s", l.prefill_tokens_per_s},
+                    {"decode_step_bytes", l.decode_step_bytes},
                     {"decode_step_s", l.decode_step_s},
                     {"decode_tokens_per_s", l.decode_tokens_per_s},
                     {"decode_step_with_stalls_s", l.decode_step_with_stalls_s},
@@ -272,17 +330,26 @@ void PrintPlan(const Plan& p) {
   for (const auto& [name, bytes] : w.bytes_by_component) wt.Add({name, FormatBytes(static_cast<double>(bytes))});
   wt.Add({"total", FormatBytes(static_cast<double>(w.total_bytes))});
   wt.Add({"resident (all but routed experts)", FormatBytes(static_cast<double>(w.resident_bytes))});
-  fmt::print("{}  one routed expert {} ({} per layer x {} MoE layers, top-{}); {:.1f} B active params/token\n\n",
-             wt.Render(), FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers,
-             w.experts_per_token, w.active_params_per_token / 1e9);
+  fmt::print("{}  routed experts in {} ({}); one routed expert {} ({} per layer x {} MoE layers, top-{}); {} active "
+             "params per token{}\n\n",
+             wt.Render(), w.expert_format == "mxfp4" ? "MXFP4" : "BF16", p.options.expert_format_from,
+             FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers, w.experts_per_token,
+             ParamCount(w.active_params_per_token),
+             w.lookup_embedding_bytes > 0 ? " (embed_tokens left out: a lookup)" : "");
 
   const ExpertPlan& e = p.experts;
   fmt::print("expert cache (Zipf {} routing skew, hottest experts cached):\n", p.options.expert_zipf);
   fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", FormatPercent(e.hit_target),
              e.experts_per_layer_for_target, FormatBytes(static_cast<double>(e.bytes_for_target)));
-  fmt::print("  budget {} (--expert-cache) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
+  const std::string budget_why =
+      e.budget_capped ? fmt::format("--expert-cache {} capped at all routed experts",
+                                    FormatBytes(static_cast<double>(e.budget_requested_bytes)))
+      : e.budget_requested_bytes > 0 ? std::string("--expert-cache")
+                                     : std::string("default: half the HBM left after the resident weights, at most all "
+                                                   "routed experts");
+  fmt::print("  budget {} ({}) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
              "{} per token at --concurrency {}\n\n",
-             FormatBytes(static_cast<double>(e.budget_bytes)), e.cached_per_layer, FormatPercent(e.hit_rate),
+             FormatBytes(static_cast<double>(e.budget_bytes)), budget_why, e.cached_per_layer, FormatPercent(e.hit_rate),
              Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
 
   Table tiers({"tier", "capacity", "for KV/state", "sequences", "if all longest", "also holds"});
@@ -298,9 +365,10 @@ void PrintPlan(const Plan& p) {
   }
   fmt::print("{}\n", bw.Render());
   const LifecyclePlan& l = p.lifecycle;
-  fmt::print("lifecycle: weight load {} | KV+state {} per request | routing {} of FLOPs | offload I/O {} per request | "
+  fmt::print("lifecycle{}: weight load {} | KV+state {} per request | routing {} of FLOPs | offload I/O {} per request | "
              "prefill {:.0f} tok/s ({} busy at --rate) | decode step {} ({:.0f} tok/s; {:.0f} tok/s with expert "
              "stalls; workload needs {:.0f})\n",
+             p.weights.resident_fits_hbm ? "" : " (as if the resident weights fitted in HBM: they do not)",
              Sec(l.weight_load_s), FormatBytes(static_cast<double>(l.kv_state_bytes_per_request)),
              FormatPercent(l.routing_flops_share), FormatBytes(static_cast<double>(l.offload_bytes_per_request)),
              l.prefill_tokens_per_s, FormatPercent(l.prefill_utilisation), Sec(l.decode_step_s), l.decode_tokens_per_s,
@@ -512,8 +580,9 @@ int RunPlan(const PlanArgs& a) {
   if (a.routing_given && a.nodes < 2) {
     return FailUsage("--routing chooses between nodes: it needs --nodes 2 or more");
   }
-  auto config = ResolveModel(a.model);
-  if (!config.ok()) return FailUsage(config.status().message());
+  auto resolved = ResolveModel(a.model);
+  if (!resolved.ok()) return FailUsage(resolved.status().message());
+  const model::ModelConfig* config = &resolved->config;
   if (a.gqa_kv_heads_given && a.gqa_kv_heads > config->num_attention_heads) {
     return FailUsage(fmt::format("--gqa-kv-heads {} is more than the model's {} attention heads; give at most {}",
                                  a.gqa_kv_heads, config->num_attention_heads, config->num_attention_heads));
@@ -560,6 +629,8 @@ int RunPlan(const PlanArgs& a) {
   if (a.expert_hit_target) o.expert_hit_target = *a.expert_hit_target;
   if (a.expert_zipf) o.expert_zipf = *a.expert_zipf;
   o.expert_cache_bytes = a.expert_cache;
+  o.expert_format = resolved->experts;
+  o.expert_format_from = resolved->experts_from;
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
   json j = PlanJson(*plan);
@@ -607,7 +678,8 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   AddDoubleOption(c, "--expert-hit-target", &a->expert_hit_target, 1e-6, 1, "Expert-cache hit rate to size for (default 0.9)");
   AddDoubleOption(c, "--expert-zipf", &a->expert_zipf, 0, 8, "Routing skew: expert i chosen with p ~ 1/(i+1)^s (default 1)");
   AddAutoSizeOption(c, "--expert-cache", &a->expert_cache,
-                    "HBM for the routed-expert cache (default: half the HBM left after the resident weights)");
+                    "HBM for the routed-expert cache (default: half the HBM left after the resident weights, at most all "
+                    "routed experts; a larger value is capped at them)");
   c->add_option("--trace", a->trace, "Mooncake-format JSONL request trace to replay");
   AddIntOption(c, "--trace-block-tokens", &a->trace_block_tokens, 1, 65536, "Tokens per trace hash id");
   c->add_option("--policy", a->policy, "Eviction policy to replay: lru, s3fifo or all")

@@ -152,6 +152,15 @@ Result<std::vector<ContextShare>> ParseContextDistribution(std::string_view text
   return out;
 }
 
+std::string_view ExpertFormatName(model::ExpertFormat format) {
+  return format == model::ExpertFormat::kMxfp4 ? "mxfp4" : "bf16";
+}
+
+Result<model::ExpertFormat> PresetExpertFormat(std::string_view preset) {
+  TERRACE_RETURN_IF_ERROR(model::Preset(preset).status());
+  return preset == "kimi-linear-48b" ? model::ExpertFormat::kF32 : model::ExpertFormat::kMxfp4;
+}
+
 double ZipfMass(int experts, double zipf_s, int k) {
   const std::vector<double> p = ZipfWeights(experts, zipf_s);
   double m = 0;
@@ -235,9 +244,10 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   // ---- Weights (ExpectedTensors) ----
   WeightPlan& wp = plan.weights;
   std::vector<std::uint64_t> by_comp(model::kNumComponents, 0);
-  double params_resident = 0, params_expert = 0;
+  double params_resident = 0, params_expert = 0, params_lookup = 0;
   int first_moe = -1;
-  const std::vector<model::TensorSpec> specs = model::ExpectedTensors(config);
+  const std::vector<model::TensorSpec> specs = model::ExpectedTensors(config, o.expert_format);
+  wp.expert_format = ExpertFormatName(o.expert_format);
   for (const model::TensorSpec& s : specs) {
     const std::uint64_t b = SpecBytes(s);
     by_comp[static_cast<std::size_t>(s.component)] += b;
@@ -251,6 +261,13 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
       }
     } else {
       params_resident += static_cast<double>(s.params());
+      // Untied, embed_tokens is a lookup: no FLOPs, one row read per token. Tied, it is also the
+      // lm_head (there is no lm_head tensor), a matmul over all of it.
+      if (s.name == model::kEmbed && !config.tie_word_embeddings) {
+        params_lookup += static_cast<double>(s.params());
+        wp.lookup_embedding_bytes += b;
+        wp.embedding_row_bytes = s.shape.empty() || s.shape[0] == 0 ? 0 : b / static_cast<std::uint64_t>(s.shape[0]);
+      }
     }
   }
   for (int c = 0; c < model::kNumComponents; ++c) {
@@ -262,23 +279,32 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   if (config.num_experts == 0) wp.moe_layers = 0;
   wp.experts_per_layer = config.num_experts;
   wp.experts_per_token = config.num_experts_per_token;
-  wp.active_params_per_token = params_resident + params_expert * wp.experts_per_token * wp.moe_layers;
+  wp.active_params_per_token =
+      params_resident - params_lookup + params_expert * wp.experts_per_token * wp.moe_layers;
 
   // ---- Expert cache ----
   ExpertPlan& ep = plan.experts;
   const std::uint64_t expert_layer_bytes = wp.expert_bytes * static_cast<std::uint64_t>(wp.moe_layers);
   const std::uint64_t hbm = hw.hbm_bytes();
   const std::uint64_t hbm_after_resident = hbm > wp.resident_bytes ? hbm - wp.resident_bytes : 0;
+  wp.resident_fits_hbm = wp.resident_bytes <= hbm;
   ep.hit_target = o.expert_hit_target;
   if (wp.moe_layers > 0 && wp.expert_bytes > 0) {
     ep.experts_per_layer_for_target = ExpertsForHitRate(wp.experts_per_layer, o.expert_zipf, o.expert_hit_target);
     ep.bytes_for_target = static_cast<std::uint64_t>(ep.experts_per_layer_for_target) * expert_layer_bytes;
-    ep.budget_bytes = o.expert_cache_bytes.value_or(hbm_after_resident / 2);
+    // A cache larger than all routed experts holds nothing more: the default is half the HBM left
+    // after the resident weights, at most all routed experts, and a larger --expert-cache is capped.
+    ep.budget_requested_bytes = o.expert_cache_bytes.value_or(0);
+    ep.budget_bytes = o.expert_cache_bytes.value_or(std::min(hbm_after_resident / 2, wp.routed_expert_bytes));
     if (ep.budget_bytes > hbm_after_resident) {
       return Status::InvalidArgument(fmt::format(
           "--expert-cache {:.1f} GiB is more than the {:.1f} GiB of HBM left after the resident weights ({:.1f} GiB "
           "of {:.1f} GiB); lower --expert-cache or add GPUs (--hardware)",
           Gib(ep.budget_bytes), Gib(hbm_after_resident), Gib(wp.resident_bytes), Gib(hbm)));
+    }
+    if (ep.budget_bytes > wp.routed_expert_bytes) {
+      ep.budget_bytes = wp.routed_expert_bytes;
+      ep.budget_capped = true;
     }
     ep.cached_per_layer = static_cast<int>(std::min<std::uint64_t>(ep.budget_bytes / expert_layer_bytes,
                                                                    static_cast<std::uint64_t>(wp.experts_per_layer)));
@@ -352,18 +378,21 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                (w.prefix_reuse > 0 ? static_cast<double>(m.kda_state_bytes_per_sequence) : 0.0);
   const double writeback_bytes = new_tokens * static_cast<double>(m.mla_bytes_per_token) +
                                  static_cast<double>(m.kda_state_bytes_per_sequence);
-  // One decode step reads the resident weights, the experts the step's picks touch (at most all),
-  // every sequence's KV, and reads and writes every sequence's KDA state.
+  // One decode step reads the resident weights (of a lookup-only embedding table, one row per
+  // sequence), the experts the step's picks touch (at most all), every sequence's KV, and reads and
+  // writes every sequence's KDA state.
   const double picks = static_cast<double>(w.concurrency) * wp.experts_per_token;
   double experts_touched = 0;
   {
     const std::vector<double> p = ZipfWeights(wp.experts_per_layer, o.expert_zipf);
     for (double pe : p) experts_touched += 1.0 - std::pow(1.0 - pe, picks);
   }
-  const double step_bytes = static_cast<double>(wp.resident_bytes) +
+  const double step_bytes = static_cast<double>(wp.resident_bytes - wp.lookup_embedding_bytes) +
+                            w.concurrency * static_cast<double>(wp.embedding_row_bytes) +
                             experts_touched * static_cast<double>(expert_layer_bytes) +
                             w.concurrency * (static_cast<double>(m.sequence_tokens) * m.mla_bytes_per_token +
                                              2.0 * static_cast<double>(m.kda_state_bytes_per_sequence));
+  lc.decode_step_bytes = step_bytes;
   lc.decode_step_s = step_bytes / hw.hbm_bandwidth();
   lc.decode_tokens_per_s = lc.decode_step_s > 0 ? w.concurrency / lc.decode_step_s : 0;
   lc.decode_step_with_stalls_s = lc.decode_step_s + ep.stall_s_per_token_batched * w.concurrency;
@@ -395,7 +424,12 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
 
   // ---- Where the workload does not fit ----
   std::vector<std::string>& warn = plan.warnings;
-  if (static_cast<std::uint64_t>(w.concurrency) > plan.tiers[0].sequences) {
+  if (!wp.resident_fits_hbm) {
+    warn.push_back(fmt::format("resident weights {:.1f} GiB exceed the node's {:.1f} GiB of HBM: the model does not "
+                               "fit; add GPUs (--hardware gpus). No HBM is left for the expert cache or KV, and the "
+                               "prefill and decode rates are what the node would reach if the weights fitted",
+                               Gib(wp.resident_bytes), Gib(hbm)));
+  } else if (static_cast<std::uint64_t>(w.concurrency) > plan.tiers[0].sequences) {
     warn.push_back(fmt::format("--concurrency {} sequences do not fit in HBM: its {:.1f} GiB for KV/state hold {} "
                                "sequences of the workload; lower --concurrency, --context or --expert-cache, or "
                                "add GPUs (--hardware)",

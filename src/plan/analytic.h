@@ -13,6 +13,7 @@
 #include "src/plan/hardware.h"
 #include "terrace/kv_layout.h"
 #include "terrace/model_config.h"
+#include "terrace/model_weights.h"
 #include "terrace/status.h"
 
 namespace terrace::plan {
@@ -50,8 +51,15 @@ struct PlanOptions {
   Workload workload;
   double expert_hit_target = 0.9;        // the expert-cache hit rate to size for, (0, 1]
   double expert_zipf = 1.0;              // routing skew: expert i of a layer chosen with p ~ 1/(i+1)^s
-  // HBM for the routed-expert cache; unset: what is left of HBM after the resident weights, half of it.
+  // HBM for the routed-expert cache; unset: half of what is left of HBM after the resident weights,
+  // at most all routed experts. A budget over the HBM left is refused; one over all routed experts
+  // (that fits) is capped at them (ExpertPlan::budget_capped).
   std::optional<std::uint64_t> expert_cache_bytes;
+  // How the checkpoint stores its routed experts, which sizes them: kMxfp4 (compressed-tensors MXFP4,
+  // K3) or kF32 (plain matrices, sized as BF16 as ExpectedTensors lists them; Kimi Linear's published
+  // checkpoint). `expert_format_from` says where the caller took it from (shown with the plan).
+  model::ExpertFormat expert_format = model::ExpertFormat::kMxfp4;
+  std::string expert_format_from;
   int gqa_kv_heads = 8;                  // KV heads of the GQA comparison model
 };
 
@@ -101,15 +109,26 @@ struct WeightPlan {
   std::uint64_t routed_expert_bytes = 0;   // all routed experts
   std::uint64_t resident_bytes = 0;        // everything but routed experts (always in HBM)
   std::uint64_t expert_bytes = 0;          // one routed expert (w1, w2, w3 with scales)
+  std::string expert_format;               // ExpertFormatName(PlanOptions::expert_format)
+  // The input-embedding table when it is only a lookup (untied lm_head): no FLOPs, and a decode step
+  // reads one row of it per sequence. 0 with tie_word_embeddings (the table is then the lm_head, a
+  // matmul, and counts as such).
+  std::uint64_t lookup_embedding_bytes = 0;
+  std::uint64_t embedding_row_bytes = 0;   // one token's row of embed_tokens
   int moe_layers = 0, experts_per_layer = 0, experts_per_token = 0;
-  double active_params_per_token = 0;      // resident + top-k routed experts of every MoE layer
+  // Parameters one token multiplies: the resident ones but a lookup-only embedding table, plus the
+  // top-k routed experts of every MoE layer.
+  double active_params_per_token = 0;
+  bool resident_fits_hbm = true;           // resident_bytes <= the node's HBM (else every rate is hypothetical)
 };
 
 struct ExpertPlan {
   double hit_target = 0;
   int experts_per_layer_for_target = 0;
   std::uint64_t bytes_for_target = 0;      // HBM cache holding that many experts of every MoE layer
-  std::uint64_t budget_bytes = 0;          // the expert-cache budget evaluated below
+  std::uint64_t budget_bytes = 0;          // the expert-cache budget evaluated below (HBM charged for it)
+  std::uint64_t budget_requested_bytes = 0;  // --expert-cache as given (0: the default)
+  bool budget_capped = false;              // the given budget was over all routed experts: capped at them
   int cached_per_layer = 0;
   double hit_rate = 0;                     // routed-expert hit rate of that budget (batch 1)
   double stall_s_per_token_batch1 = 0;     // miss bytes / host link bandwidth, one sequence
@@ -143,6 +162,7 @@ struct LifecyclePlan {
   double routing_flops_share = 0;          // router FLOPs / (2 x active params) per token
   std::uint64_t offload_bytes_per_request = 0;  // prefix restore + KV write-back + expert misses
   double prefill_tokens_per_s = 0;         // recompute speed of the node
+  double decode_step_bytes = 0;            // HBM bytes one decode step reads and writes (see MakePlan)
   double decode_step_s = 0;                // HBM-bound decode step at the workload's concurrency
   double decode_tokens_per_s = 0;
   // The same step plus the expert-cache misses of the step loaded over the host link (no overlap).
@@ -164,14 +184,22 @@ struct Plan {
   std::vector<TierPlan> tiers;
   std::vector<BandwidthLine> bandwidth;
   LifecyclePlan lifecycle;
-  // Where the workload does not fit the node (concurrency over the HBM's sequences, a link or the
-  // GPUs over 100%, an expert cache larger than the HBM left): one sentence each, in CLI flag words.
+  // Where the workload does not fit the node (resident weights over the HBM, concurrency over the
+  // HBM's sequences, a link or the GPUs over 100%): one sentence each, in CLI flag words.
   std::vector<std::string> warnings;
 };
 
 // InvalidArgument naming the CLI flag for out-of-range workload or option values.
 Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hardware,
                       const PlanOptions& options);
+
+// "mxfp4" or "bf16" (kF32: plain float experts, sized at BF16).
+std::string_view ExpertFormatName(model::ExpertFormat format);
+// The format the checkpoint a preset stands for stores its routed experts in: kF32 (BF16) for
+// kimi-linear-48b, whose published checkpoint has plain BF16 experts (docs/model-format.md section
+// 3); kMxfp4 for kimi-k3 (its published checkpoint) and Terrace's own presets (`model init` writes
+// MXFP4). InvalidArgument for an unknown preset.
+Result<model::ExpertFormat> PresetExpertFormat(std::string_view preset);
 
 // Smallest number of a layer's `experts` (hottest first, Zipf(s) popularity) whose share of routing
 // mass reaches `target`; and the mass of the hottest `k`.

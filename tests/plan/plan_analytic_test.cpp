@@ -324,3 +324,105 @@ TEST_CASE("Stored MLA bytes per token are the store's chunk blocks: near nominal
   // Stored: the group scales make it more than nominal.
   CHECK(int4.memory.mla_stored_bytes_per_token > 1.1 * static_cast<double>(int4.memory.mla_bytes_per_token));
 }
+
+TEST_CASE("The default expert cache is at most all routed experts; a larger --expert-cache is capped at them") {
+  // k3-small: 11 MoE layers x 64 experts x 3 x 256 x 256 MXFP4 weights at 1/2 + 1/32 byte = 70.1 MiB,
+  // far below half of 8 H200s' HBM.
+  const std::uint64_t all_experts = 11ull * 64 * (3 * 256 * 256 / 2 + 3 * 256 * 256 / 32);
+  const Plan p = SmallPlan();
+  CHECK(p.weights.routed_expert_bytes == all_experts);
+  CHECK(p.experts.budget_bytes == all_experts);
+  CHECK_FALSE(p.experts.budget_capped);
+  CHECK(p.experts.cached_per_layer == 64);
+  // HBM is charged for what the cache holds, the rest is KV's.
+  const std::uint64_t hbm = 8 * 143'771ull * 1024 * 1024;
+  CHECK(p.tiers[0].kv_bytes == hbm - p.weights.resident_bytes - all_experts);
+  PlanOptions o;
+  o.expert_cache_bytes = 1ull << 30;
+  const Plan c = SmallPlan(o);
+  CHECK(c.experts.budget_bytes == all_experts);
+  CHECK(c.experts.budget_capped);
+  CHECK(c.experts.budget_requested_bytes == 1ull << 30);
+  CHECK(c.tiers[0].kv_bytes == p.tiers[0].kv_bytes);
+  // A budget below all experts is taken as given.
+  o.expert_cache_bytes = 32ull << 20;
+  const Plan s = SmallPlan(o);
+  CHECK(s.experts.budget_bytes == 32ull << 20);
+  CHECK_FALSE(s.experts.budget_capped);
+  // K3's 1.3 TiB of routed experts are more than half the HBM left: the default stays half of it.
+  const Plan k3 = K3Plan();
+  CHECK(k3.experts.budget_bytes == (hbm - k3.weights.resident_bytes) / 2);
+}
+
+TEST_CASE("Resident weights larger than the HBM are a warning naming the fix; the rates are marked hypothetical") {
+  // K3's resident weights (~105.7 GiB) against one H100 (81559 MiB) and two.
+  auto c = model::Preset("kimi-k3");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h100-gen4");
+  REQUIRE(hw.ok());
+  hw->gpus = 1;
+  auto one = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(one.ok());
+  CHECK_FALSE(one->weights.resident_fits_hbm);
+  REQUIRE_FALSE(one->warnings.empty());
+  CHECK_THAT(one->warnings[0], Catch::Contains("resident weights") &&
+                                   Catch::Contains(fmt::format("{:.1f} GiB of HBM", 81'559 / 1024.0)) &&
+                                   Catch::Contains("does not fit") && Catch::Contains("--hardware gpus") &&
+                                   Catch::Contains("rates"));
+  for (const std::string& w : one->warnings) CHECK_THAT(w, !Catch::Contains("lower --concurrency, --context"));
+  hw->gpus = 2;
+  auto two = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(two.ok());
+  CHECK(two->weights.resident_fits_hbm);
+  for (const std::string& w : two->warnings) CHECK_THAT(w, !Catch::Contains("resident weights"));
+}
+
+TEST_CASE("Routed experts are sized in the checkpoint's format: Kimi Linear's BF16, K3's MXFP4") {
+  CHECK(*PresetExpertFormat("kimi-linear-48b") == model::ExpertFormat::kF32);
+  CHECK(*PresetExpertFormat("kimi-k3") == model::ExpertFormat::kMxfp4);
+  CHECK(*PresetExpertFormat("k3-small") == model::ExpertFormat::kMxfp4);
+  CHECK_FALSE(PresetExpertFormat("gpt-9").ok());
+  auto c = model::Preset("kimi-linear-48b");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  PlanOptions o;
+  o.expert_format = model::ExpertFormat::kF32;
+  auto p = MakePlan(*c, "kimi-linear-48b", *hw, o);
+  REQUIRE(p.ok());
+  CHECK(p->weights.expert_format == "bf16");
+  // w1, w2, w3 of 1024 x 2304 in BF16; 256 experts in each of 26 MoE layers: 87.75 GiB.
+  CHECK(p->weights.expert_bytes == 3ull * 1024 * 2304 * 2);
+  CHECK(p->weights.routed_expert_bytes == 26ull * 256 * 3 * 1024 * 2304 * 2);
+  o.expert_format = model::ExpertFormat::kMxfp4;
+  auto q = MakePlan(*c, "kimi-linear-48b", *hw, o);
+  REQUIRE(q.ok());
+  CHECK(q->weights.expert_format == "mxfp4");
+  CHECK(q->weights.expert_bytes == 3ull * 1024 * 2304 / 2 + 3ull * 1024 * 2304 / 32);
+  // The format changes the bytes, not the parameters.
+  CHECK(q->weights.active_params_per_token == p->weights.active_params_per_token);
+}
+
+TEST_CASE("The input-embedding lookup is not an active parameter nor read whole per step; tied, it is the lm_head") {
+  // Tied and untied K3 differ only by the lm_head tensor [163840, 7168]. Untied, the embedding is a
+  // lookup (left out) and the lm_head counts; tied, the embedding is the lm_head and counts once:
+  // the same active parameters either way.
+  auto c = model::Preset("kimi-k3");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  auto untied = MakePlan(*c, "kimi-k3", *hw, {});
+  c->tie_word_embeddings = true;
+  auto tied = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(untied.ok());
+  REQUIRE(tied.ok());
+  CHECK(untied->weights.resident_bytes - tied->weights.resident_bytes == 163840ull * 7168 * 2);
+  CHECK(untied->weights.active_params_per_token == tied->weights.active_params_per_token);
+  CHECK(untied->weights.lookup_embedding_bytes == 163840ull * 7168 * 2);
+  CHECK(untied->weights.embedding_row_bytes == 7168u * 2);
+  CHECK(tied->weights.lookup_embedding_bytes == 0);
+  // A decode step reads the lm_head either way; untied it also reads one embedding row per sequence
+  // (32 at the default --concurrency), not the whole table.
+  CHECK(untied->lifecycle.decode_step_bytes - tied->lifecycle.decode_step_bytes == Approx(32.0 * 7168 * 2));
+  CHECK(untied->lifecycle.prefill_tokens_per_s == Approx(tied->lifecycle.prefill_tokens_per_s));
+}

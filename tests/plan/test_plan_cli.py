@@ -269,10 +269,13 @@ def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path)
     r = terrace("model", "init", "--preset", "k3-toy", "--out", tmp_path / "toy")
     assert r.returncode == 0, r.stderr
     want = plan_json(terrace, "--model", "k3-toy")
+    assert want["weights"].pop("expert_format_from") == "as `terrace model init` writes them"
     for given in (tmp_path / "toy", tmp_path / "toy" / "config.json"):
         got = plan_json(terrace, "--model", given)
         assert got["model"] == str(given)
         got["model"] = want["model"]
+        # The experts' format comes from the checkpoint's tensors (MXFP4, as `model init` writes them).
+        assert got["weights"].pop("expert_format_from") == "the checkpoint's tensors"
         assert got == want
     r = terrace("plan", "--model", tmp_path)  # a directory without config.json
     assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
@@ -411,3 +414,175 @@ def test_replay_sizes_blocks_with_their_kda_snapshots(terrace):
     assert one["snapshots_per_block"] == 1
     text = terrace("plan", "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru").stdout
     assert "note: a block is" in text and "KDA state" in text and "hit rates are for KV + snapshots" in text
+
+
+# ---- Kimi Linear 48B-A3B from its config alone (docs/model-format.md sections 3 and 4) ----
+H200_HBM = 8 * 143771 * 2**20            # h200-gen5: 8 GPUs of 143771 MiB
+H200_FLOPS = 8 * 989e12 * 0.4            # dense bf16 x mfu
+H200_HBM_BW = 8 * 4.8e12
+
+
+def kimi_linear_48b(tied=False, mla=(4, 8, 12, 16, 20, 24, 27)):
+    """Kimi Linear 48B-A3B's tensors, written out from its config.json values (hidden 2304, vocab
+    163840, 27 layers, MLA at 1-based 4, 8, ..., 24, 27; KDA 32 x 128, conv 4, low-rank gate; MLA 32
+    heads, q_proj, kv_lora 512, 128/64/128; dense layer 0 of 9216; 26 MoE layers of 256 experts
+    (1024 wide) top-8 and one 1024-wide shared expert). BF16 except A_log, dt_bias and the router's
+    correction bias (F32); routed experts as the published checkpoint stores them, BF16. `mla`: the
+    1-based MLA layers (transformers' KimiLinearConfig defaults put them at 0-based 4, 8, ..., 24)."""
+    d, V, L = 2304, 163840, 27
+    H, dk, K = 32, 128, 4
+    Hm, nope, rope, v, rkv = 32, 128, 64, 128, 512
+    E, I, S, D = 256, 1024, 1024, 9216
+    bf16, f32 = [V * d], []  # resident parameters by dtype; embed_tokens first
+    for l in range(1, L + 1):
+        bf16 += [d, d]  # input / post-attention norms
+        if l in mla:
+            bf16 += [Hm * (nope + rope) * d, (rkv + rope) * d, rkv, Hm * (nope + v) * rkv, d * Hm * v]
+        else:  # q/k/v proj, q/k/v conv, f_a, f_b, b, g_a, g_b, o_norm, o_proj
+            bf16 += [3 * H * dk * d, 3 * H * dk * K, dk * d, H * dk * dk, H * d, dk * d, H * dk * dk, dk, d * H * dk]
+            f32 += [H, H * dk]  # A_log, dt_bias
+        if l == 1:
+            bf16 += [2 * D * d, d * D]
+        else:
+            bf16 += [E * d, 2 * S * d, d * S]  # router, shared expert
+            f32 += [E]  # e_score_correction_bias
+    bf16 += [d]  # final norm
+    if not tied:
+        bf16 += [V * d]  # lm_head
+    expert = 3 * I * d
+    return {"resident_bytes": 2 * sum(bf16) + 4 * sum(f32), "resident_params": sum(bf16) + sum(f32),
+            "expert_params": expert, "expert_bytes": 2 * expert, "routed_bytes": 26 * E * expert * 2,
+            "embed_params": V * d, "moe_layers": 26, "top_k": 8, "experts": E}
+
+
+KL_SEQ_BYTES = (32768 + 512) * 7 * 576 * 2 + 20 * (32 * 128 * 128 + 3 * 3 * 32 * 128) * 4  # MLA latents + KDA state
+
+
+def test_default_expert_cache_is_at_most_all_routed_experts(terrace):
+    """The default budget is half the HBM left after the resident weights, at most all routed
+    experts: a cache larger than them holds nothing more and took the HBM from KV (kimi-linear-48b
+    had 559.7 GiB of cache for its experts and 1,918 sequences)."""
+    k = kimi_linear_48b()
+    j = plan_json(terrace, "--model", "kimi-linear-48b")
+    assert (H200_HBM - k["resident_bytes"]) // 2 > k["routed_bytes"]  # the cap binds
+    assert j["experts"]["budget_bytes"] == k["routed_bytes"]
+    assert j["experts"]["budget_capped"] is False and j["experts"]["budget_requested_bytes"] == 0
+    hbm = j["tiers"][0]
+    assert hbm["capacity_bytes"] == H200_HBM
+    assert hbm["other_bytes"] == k["resident_bytes"] + k["routed_bytes"]
+    assert hbm["kv_bytes"] == H200_HBM - k["resident_bytes"] - k["routed_bytes"]
+    assert hbm["sequences"] == (H200_HBM - k["resident_bytes"] - k["routed_bytes"]) // KL_SEQ_BYTES == 3536
+    # k3-small: 11 MoE layers x 64 experts x 3 x 256 x 256 MXFP4 weights (1/2 + 1/32 B each) = 70.1 MiB.
+    small_experts = 11 * 64 * (3 * 256 * 256 // 2 + 3 * 256 * 256 // 32)
+    s = plan_json(terrace, "--model", "k3-small")
+    assert s["experts"]["budget_bytes"] == small_experts
+    assert s["tiers"][0]["other_bytes"] == s["weights"]["resident_bytes"] + small_experts
+    # A larger --expert-cache (that fits the HBM) is capped at all routed experts, and says so.
+    c = plan_json(terrace, "--model", "k3-small", "--expert-cache", "1GiB")
+    assert c["experts"]["budget_bytes"] == small_experts
+    assert c["experts"]["budget_capped"] is True and c["experts"]["budget_requested_bytes"] == 2**30
+    assert c["tiers"][0]["kv_bytes"] == H200_HBM - s["weights"]["resident_bytes"] - small_experts
+    text = terrace("plan", "--model", "k3-small", "--expert-cache", "1GiB").stdout
+    assert "--expert-cache 1.0 GiB capped at all routed experts" in text
+    assert "budget 70.1 MiB" in text
+    # The replay's default --kv-hbm is the plan's HBM for KV.
+    t = plan_json(terrace, "--model", "k3-small", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru")
+    assert t["trace"]["tiers"][0]["capacity_bytes"] == H200_HBM - s["weights"]["resident_bytes"] - small_experts
+
+
+def test_resident_weights_larger_than_hbm_are_a_warning(terrace, tmp_path):
+    """K3's resident weights (about 105.7 GiB: everything but the routed experts) do not fit one H100
+    (81559 MiB = 79.6 GiB): the plan says so, names the fix, and marks its rates as hypothetical."""
+    hw = tmp_path / "hw1.json"
+    hw.write_text(json.dumps({"base": "h100-gen4", "gpus": 1}))
+    j = plan_json(terrace, "--hardware", hw)
+    assert j["weights"]["resident_fits_hbm"] is False
+    first = j["warnings"][0]
+    assert f"exceed the node's {81559 / 1024:.1f} GiB of HBM" in first
+    assert "does not fit" in first and "--hardware gpus" in first and "rates" in first
+    assert not any("lower --concurrency, --context or --expert-cache" in w for w in j["warnings"])
+    text = terrace("plan", "--hardware", hw).stdout
+    assert "warning: resident weights" in text
+    assert "lifecycle (as if the resident weights fitted in HBM: they do not)" in text
+    # Two H100s (159.3 GiB) hold them: no such warning.
+    hw.write_text(json.dumps({"base": "h100-gen4", "gpus": 2}))
+    two = plan_json(terrace, "--hardware", hw)
+    assert two["weights"]["resident_fits_hbm"] is True
+    assert not any("resident weights" in w for w in two["warnings"])
+    assert "as if the resident weights" not in terrace("plan", "--hardware", hw).stdout
+
+
+def test_routed_experts_are_sized_in_the_checkpoints_format(terrace, tmp_path):
+    """Kimi Linear's checkpoint stores its routed experts in BF16 (47.11 B parameters x 2 B =
+    87.75 GiB), K3's in MXFP4; a config.json without a quantization_config is planned as BF16, one
+    with compressed-tensors MXFP4 as MXFP4."""
+    k = kimi_linear_48b()
+    j = plan_json(terrace, "--model", "kimi-linear-48b")
+    w = j["weights"]
+    assert w["expert_format"] == "bf16" and "BF16" in w["expert_format_from"]
+    assert w["expert_bytes"] == k["expert_bytes"] == 3 * 1024 * 2304 * 2
+    assert w["routed_expert_bytes"] == k["routed_bytes"]
+    assert w["by_component"]["routed_experts"] == k["routed_bytes"]
+    assert w["resident_bytes"] == k["resident_bytes"]
+    assert w["total_bytes"] == k["resident_bytes"] + k["routed_bytes"]
+    assert "routed experts in BF16" in terrace("plan", "--model", "kimi-linear-48b").stdout
+    k3 = plan_json(terrace, "--model", "kimi-k3")["weights"]
+    assert k3["expert_format"] == "mxfp4"
+    assert k3["expert_bytes"] == 3 * 3584 * 3072 // 2 + 3 * 3584 * 3072 // 32
+    # A bare Kimi Linear config.json (absent keys take the 48B's values): BF16 unless quantised.
+    cfg = tmp_path / "kl.json"
+    cfg.write_text(json.dumps({"model_type": "kimi_linear"}))
+    bare = plan_json(terrace, "--model", cfg)["weights"]
+    assert bare["expert_format"] == "bf16" and bare["expert_format_from"] == "config.json has no quantization_config"
+    assert bare["routed_expert_bytes"] == k["routed_bytes"]
+    cfg.write_text(json.dumps({"model_type": "kimi_linear", "quantization_config": {
+        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}}))
+    q = plan_json(terrace, "--model", cfg)["weights"]
+    assert q["expert_format"] == "mxfp4" and q["expert_format_from"] == "config.json's quantization_config"
+    assert q["routed_expert_bytes"] == 26 * 256 * (3 * 1024 * 2304 // 2 + 3 * 1024 * 2304 // 32)
+    # K3's published config.json (quantization_config inside text_config) plans like the preset.
+    source = pathlib.Path(os.environ.get("TERRACE_SOURCE_DIR", DATA.parents[2]))
+    published = source / "tests" / "model_io" / "data" / "kimi_k3_config.json"
+    pub = plan_json(terrace, "--model", published)["weights"]
+    assert pub["expert_format"] == "mxfp4" and pub["routed_expert_bytes"] == k3["routed_expert_bytes"]
+
+
+def test_active_params_leave_out_the_embedding_lookup(terrace, tmp_path):
+    """embed_tokens is a lookup (no FLOPs, one row read per token): active parameters are the
+    resident ones without it plus top-k experts per MoE layer; tied, it is the lm_head and counts once."""
+    k = kimi_linear_48b()
+    active = k["resident_params"] - k["embed_params"] + k["top_k"] * k["moe_layers"] * k["expert_params"]
+    j = plan_json(terrace, "--model", "kimi-linear-48b")
+    assert j["weights"]["active_params_per_token"] == active == 3_106_972_544
+    assert j["lifecycle"]["prefill_tokens_per_s"] == pytest.approx(H200_FLOPS / (2 * active), rel=1e-12)
+    assert round(H200_FLOPS / (2 * active)) == 509306
+    assert j["lifecycle"]["routing_flops_share"] == pytest.approx(26 * 256 * 2304 / active, rel=1e-12)
+    # A decode step reads the resident weights but the table (one 2304-wide BF16 row per sequence),
+    # the experts the step's 32 x 8 picks touch (Zipf 1 over 256), every sequence's KV and its KDA
+    # state twice.
+    p = [1 / (i + 1) for i in range(256)]
+    p = [x / sum(p) for x in p]
+    touched = sum(1 - (1 - x) ** (32 * 8) for x in p)
+    kv = (32768 + 512) * 7 * 576 * 2
+    kda = 20 * (32 * 128 * 128 + 3 * 3 * 32 * 128) * 4
+    step = (k["resident_bytes"] - 2 * k["embed_params"] + 32 * 2304 * 2 + touched * 26 * k["expert_bytes"]
+            + 32 * (kv + 2 * kda))
+    assert j["lifecycle"]["decode_step_bytes"] == pytest.approx(step, rel=1e-12)
+    assert j["lifecycle"]["decode_step_s"] == pytest.approx(step / H200_HBM_BW, rel=1e-12)
+    # Tied embeddings: embed_tokens is the lm_head (a matmul), counted once; there is no lm_head
+    # tensor. A bare kimi_linear config takes transformers' layer kinds (MLA at 0-based 4, ..., 24).
+    transformers_mla = (5, 9, 13, 17, 21, 25)
+    for tied in (False, True):
+        cfg = tmp_path / "kl.json"
+        cfg.write_text(json.dumps({"model_type": "kimi_linear", "tie_word_embeddings": tied}))
+        t = plan_json(terrace, "--model", cfg)
+        kt = kimi_linear_48b(tied=tied, mla=transformers_mla)
+        head = kt["embed_params"] if tied else 0  # the table is the head: counted once
+        assert t["weights"]["active_params_per_token"] == (kt["resident_params"] - kt["embed_params"] + head +
+                                                           8 * 26 * kt["expert_params"])
+        assert t["weights"]["lookup_embedding_bytes"] == (0 if tied else 2 * kt["embed_params"])
+    # Printed as a parameter count, not "B" (bytes).
+    text = terrace("plan", "--model", "kimi-linear-48b").stdout
+    assert f"{active / 1e9:.2f} G active params per token" in text
+    small = terrace("plan", "--model", "k3-small").stdout
+    assert " B active params" not in small and " M active params per token" in small
