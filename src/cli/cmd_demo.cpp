@@ -34,6 +34,7 @@
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
 #include "src/common/mutex.h"
+#include "src/common/start_thread.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/safetensors.h"
@@ -77,10 +78,11 @@ void Progress(const std::string& line) {
 
 // While it lives, prints "      ... <what>: N s" every `every` on a thread of its own, so that a
 // long step with no progress of its own (building the model) still shows the demo is working.
+// Where that thread cannot be started the step runs without the lines (they are only a sign of life).
 class ProgressTicker {
  public:
   ProgressTicker(std::string what, std::chrono::seconds every) : what_(std::move(what)), every_(every) {
-    thread_ = std::thread([this] { Run(); });
+    if (auto t = StartThread("the demo's progress thread", [this] { Run(); }); t.ok()) thread_ = std::move(t).value();
   }
   ~ProgressTicker() {
     {
@@ -88,7 +90,7 @@ class ProgressTicker {
       done_ = true;
     }
     cv_.SignalAll();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   ProgressTicker(const ProgressTicker&) = delete;
   ProgressTicker& operator=(const ProgressTicker&) = delete;

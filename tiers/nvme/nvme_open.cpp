@@ -256,7 +256,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
                         ? std::max(options.group_commit_interval, std::chrono::microseconds(1))
                         : std::chrono::microseconds(0);
     NvmeTier* raw = t.get();
-    t->committer_ = std::make_unique<nvme::GroupCommitter>(
+    TERRACE_ASSIGN_OR_RETURN(t->committer_, nvme::GroupCommitter::Create(
         t->engine_.get(), t->index_.get(),
         [raw](std::vector<nvme::Extent>&& e) { raw->ReleaseExtents(std::move(e)); },
         [raw](std::uint64_t durable_commit) -> Status {
@@ -265,7 +265,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
           raw->sb_.indexed_commit = durable_commit;
           return raw->PersistSuperblockLocked();
         },
-        t->index_commit_, interval);
+        t->index_commit_, interval));
   }
   if (options.verify_on_open) TERRACE_RETURN_IF_ERROR(t->VerifyAllBlocks());
   t->report_.seconds = SecondsSince(start);
