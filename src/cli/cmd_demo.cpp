@@ -618,17 +618,18 @@ int RunDemo(const DemoArgs& a) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", a.dir, ec.message()));
-  if (!fs::exists(dir / kDemoMarker)) {
+  if (!fs::exists(dir / kDemoMarker, ec)) {
     if (Status s = WriteMarker(dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
   nlohmann::json previous;
-  if (fs::exists(dir / kDemoRunJson)) {
+  if (fs::exists(dir / kDemoRunJson, ec)) {
     auto text = ReadInputFile(dir / kDemoRunJson, "--dir", 64ull << 20);
     if (text.ok()) previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (previous.is_discarded()) previous = nullptr;
   }
   const model::ModelConfig config = *model::Preset(a.preset);
-  Progress(fmt::format("terrace demo: data in {}", fs::absolute(dir).lexically_normal().string()));
+  const fs::path shown = fs::absolute(dir, ec);
+  Progress(fmt::format("terrace demo: data in {}", (ec ? dir : shown).lexically_normal().string()));
 
   // 1. The model.
   auto t0 = Clock::now();
