@@ -44,7 +44,6 @@ struct InitArgs {
   double residual_scale = 1.0;
 };
 
-constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;  // a config.json is a few KiB
 constexpr int kMaxRoutingTokens = 1 << 16;
 
 // The files a Terrace checkpoint consists of (what `model init` writes and replaces): config.json,
@@ -201,7 +200,7 @@ std::string RoutingReport(const std::string& dir, const ModelConfig& config, std
 
 int RunInit(const InitArgs& a) {
   if (!a.config.empty()) {
-    if (Status s = CheckInputFile(a.config, "--config", kMaxConfigBytes); !s.ok()) return FailUsage(s.message());
+    if (Status s = CheckInputFile(a.config, "--config", kMaxConfigJsonBytes); !s.ok()) return FailUsage(s.message());
   }
   if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);

@@ -28,7 +28,6 @@ namespace {
 using json = nlohmann::json;
 using namespace terrace::plan;
 
-constexpr std::uint64_t kMaxConfigFileBytes = 16ull << 20;
 constexpr std::uint64_t kMaxHardwareFileBytes = 1ull << 20;
 constexpr std::uint64_t kMaxTraceFileBytes = 8ull << 30;
 
@@ -87,11 +86,11 @@ Result<model::ModelConfig> ResolveModel(const std::string& given) {
   std::error_code ec;
   const std::string name = std::filesystem::is_directory(given, ec) ? (std::filesystem::path(given) / "config.json").string()
                                                                     : given;
-  if (Status s = CheckInputFile(name, "--model", kMaxConfigFileBytes); !s.ok()) {
+  if (Status s = CheckInputFile(name, "--model", model::kMaxConfigJsonBytes); !s.ok()) {
     return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
                                                name, fmt::join(model::PresetNames(), ", "), s.message()));
   }
-  auto text = ReadInputFile(name, "--model", kMaxConfigFileBytes);
+  auto text = ReadInputFile(name, "--model", model::kMaxConfigJsonBytes);
   if (!text.ok()) return text.status();
   auto config = model::ParseConfigJson(*text, name);
   if (!config.ok()) return Status::InvalidArgument(fmt::format("--model: {}", config.status().message()));
