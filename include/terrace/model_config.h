@@ -102,6 +102,12 @@ struct ConfigKeys {
 // inconsistent or out-of-range one yields InvalidArgument naming the key and `source` (the file path).
 Result<ModelConfig> ParseConfigJson(std::string_view json_text, std::string_view source = "config.json",
                                     ConfigKeys* keys = nullptr);
+// The largest config.json Terrace reads (LoadConfig, and the CLI's --model / --config before it):
+// a real one is a few KiB, so a larger file is the wrong file or a damaged one, never read whole.
+inline constexpr std::uint64_t kMaxConfigJsonBytes = 16ull << 20;
+// Reads and parses the config file at `path`: ParseConfigJson's errors, NotFound when it cannot be
+// opened, InvalidArgument when it is not a regular file or is over kMaxConfigJsonBytes (naming its
+// size), IoError when reading it fails.
 Result<ModelConfig> LoadConfig(const std::filesystem::path& path, ConfigKeys* keys = nullptr);
 // Checks the invariants every consumer relies on (layer lists cover every layer exactly once, top-k
 // <= experts, ...) and the sane ranges of docs/model-format.md section 2 (dimensions, eps, scaling

@@ -181,7 +181,8 @@ struct RestoreReservation {
 
 class PrefixCache {
  public:
-  // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store.
+  // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store;
+  // Unavailable when the cache's writer thread cannot be started (thread or memory limit).
   static Result<std::unique_ptr<PrefixCache>> Create(const KvLayout& layout, const ContentId& model_id,
                                                      Store* kv_store, Store* state_store,
                                                      std::shared_ptr<Logger> logger = nullptr);
@@ -202,11 +203,13 @@ class PrefixCache {
   // Fills `state` (shaped for the model by SequenceState::ForConfig; its contents are replaced) to
   // the largest joint boundary whose blocks read back good, reading the KV chunks with one GetBatch
   // and each candidate boundary's snapshots with one GetBatch. Boundary 0 (a Reset state) when
-  // nothing is usable. Errors only for a state of the wrong shape (InvalidArgument).
+  // nothing is usable. Errors only for a state of the wrong shape (InvalidArgument) and as
+  // BeginRestore's below (Unavailable).
   Result<RestoreReport> Restore(const PrefixRequest& request, model::SequenceState* state);
   // Starts a layerwise restore of `request` into `state` (see LayerwiseRestore): looks up, then
   // issues every read of the boundary at once and returns. Restore() is BeginRestore + Finish.
-  // InvalidArgument for a state of the wrong shape.
+  // InvalidArgument for a state of the wrong shape (the state untouched); Unavailable when the
+  // restore's threads cannot be started (thread or memory limit: the state is then Reset).
   Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state);
 
   // Prepares the cache's restore memory ahead of the first request, as a serving engine reserves

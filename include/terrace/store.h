@@ -186,11 +186,13 @@ struct StoreStats {
 class Store {
  public:
   // Builds the tiers `options` names (tier_list, or the standard HBM per hbm.mode, host, NVMe when
-  // nvme.path is set) and recovers any blocks the tiers already hold.
+  // nvme.path is set) and recovers any blocks the tiers already hold. Unavailable when the OS
+  // refuses one of the store's (or a tier's) threads (thread or address-space limit); the tiers
+  // are closed again.
   static Result<std::unique_ptr<Store>> Open(const StoreOptions& options);
   // Uses the given tiers, an ordered list fastest first (1 to kMaxTierSlots, none null); each
   // slot is named after caps().name as StoreOptions::tier_list names them. Capacities come from
-  // the tiers; the tier options in `options` are ignored.
+  // the tiers; the tier options in `options` are ignored. Unavailable as for Open.
   static Result<std::unique_ptr<Store>> OpenWithTiers(const StoreOptions& options,
                                                       std::vector<std::unique_ptr<Tier>> tiers);
   // The standard configuration: index = TierId, null = absent; caps().id must match the index.

@@ -17,6 +17,7 @@
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
 #include "src/common/clock.h"
+#include "src/common/list_dir.h"
 #include "src/experts/mmap_experts.h"
 #include "src/model/ops.h"
 
@@ -31,7 +32,7 @@ constexpr std::uint64_t kNoIoCounters = ~0ull;
 std::vector<std::filesystem::path> Shards(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> out;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+  for (const auto& entry : ListDir(dir, &ec))
     if (entry.path().extension() == ".safetensors") out.push_back(entry.path());
   std::sort(out.begin(), out.end());
   return out;

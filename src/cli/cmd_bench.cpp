@@ -41,6 +41,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/json_text.h"
 #include "src/common/median.h"
+#include "src/common/start_thread.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -299,7 +300,17 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   const auto cpu0 = ProcessCpuSeconds();
   auto start = Clock::now();
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < nthreads; ++t) threads.emplace_back(worker);
+  for (unsigned t = 0; t < nthreads; ++t) {
+    auto started = StartThread(fmt::format("benchmark worker {} of --threads {}", t + 1, nthreads), worker);
+    if (!started.ok()) {  // the pass is void: the workers started stop at their next batch
+      if (!failed.exchange(true)) {
+        std::lock_guard<std::mutex> l(err_mu);
+        first_error = started.status();
+      }
+      break;
+    }
+    threads.push_back(std::move(started).value());
+  }
   for (auto& t : threads) t.join();
   r.seconds = SecondsSince(start);
   const auto cpu1 = ProcessCpuSeconds();

@@ -357,8 +357,9 @@ int RunBenchKv(const BenchKvArgs& a) {
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
   if (dir.empty()) {
-    std::random_device rd;
-    dir = std::filesystem::temp_directory_path() / fmt::format("terrace-bench-kv-{:08x}", rd());
+    auto scratch = ScratchDirPath("terrace-bench-kv", "--dir");
+    if (!scratch.ok()) return Fail(scratch.status().message());
+    dir = std::move(scratch).value();
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {

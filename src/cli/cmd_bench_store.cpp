@@ -333,8 +333,9 @@ int RunBenchStore(const BenchStoreArgs& a) {
   }
   std::filesystem::path dir = a.dir;
   if (dir.empty()) {
-    std::random_device rd;
-    dir = std::filesystem::temp_directory_path() / fmt::format("terrace-bench-store-{:08x}", rd());
+    auto scratch = ScratchDirPath("terrace-bench-store", "--dir");
+    if (!scratch.ok()) return Fail(scratch.status().message());
+    dir = std::move(scratch).value();
   }
   if (Status s = CheckStoreDirArg(dir, "--dir"); !s.ok()) return FailUsage(s.message());
   std::error_code ec;

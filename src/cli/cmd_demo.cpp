@@ -35,6 +35,7 @@
 #include "src/common/json_text.h"
 #include "src/common/json_unique.h"
 #include "src/common/mutex.h"
+#include "src/common/start_thread.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/safetensors.h"
@@ -78,10 +79,11 @@ void Progress(const std::string& line) {
 
 // While it lives, prints "      ... <what>: N s" every `every` on a thread of its own, so that a
 // long step with no progress of its own (building the model) still shows the demo is working.
+// Where that thread cannot be started the step runs without the lines (they are only a sign of life).
 class ProgressTicker {
  public:
   ProgressTicker(std::string what, std::chrono::seconds every) : what_(std::move(what)), every_(every) {
-    thread_ = std::thread([this] { Run(); });
+    if (auto t = StartThread("the demo's progress thread", [this] { Run(); }); t.ok()) thread_ = std::move(t).value();
   }
   ~ProgressTicker() {
     {
@@ -89,7 +91,7 @@ class ProgressTicker {
       done_ = true;
     }
     cv_.SignalAll();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   ProgressTicker(const ProgressTicker&) = delete;
   ProgressTicker& operator=(const ProgressTicker&) = delete;
@@ -617,18 +619,19 @@ int RunDemo(const DemoArgs& a) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", a.dir, ec.message()));
-  if (!fs::exists(dir / kDemoMarker)) {
+  if (!fs::exists(dir / kDemoMarker, ec)) {
     if (Status s = WriteMarker(dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
   nlohmann::json previous;
-  if (fs::exists(dir / kDemoRunJson)) {
+  if (fs::exists(dir / kDemoRunJson, ec)) {
     auto text = ReadInputFile(dir / kDemoRunJson, "--dir", 64ull << 20);
     if (text.ok() && JsonNestingDepth(*text) <= kMaxJsonDepth)
       previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (previous.is_discarded()) previous = nullptr;
   }
   const model::ModelConfig config = *model::Preset(a.preset);
-  Progress(fmt::format("terrace demo: data in {}", fs::absolute(dir).lexically_normal().string()));
+  const fs::path shown = fs::absolute(dir, ec);
+  Progress(fmt::format("terrace demo: data in {}", (ec ? dir : shown).lexically_normal().string()));
 
   // 1. The model.
   auto t0 = Clock::now();

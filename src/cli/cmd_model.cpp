@@ -19,6 +19,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/common/list_dir.h"
 #include "src/model/config.h"
 #include "src/model/inspect.h"
 #include "src/model/model.h"
@@ -43,7 +44,6 @@ struct InitArgs {
   double residual_scale = 1.0;
 };
 
-constexpr std::uint64_t kMaxConfigBytes = 16ull << 20;  // a config.json is a few KiB
 constexpr int kMaxRoutingTokens = 1 << 16;
 
 // The files a Terrace checkpoint consists of (what `model init` writes and replaces): config.json,
@@ -71,7 +71,7 @@ Status CheckInitOut(const std::string& out, bool force) {
   }
   std::error_code ec;
   std::vector<std::string> entries;
-  for (const auto& e : fs::directory_iterator(out, ec)) entries.push_back(e.path().filename().string());
+  for (const auto& e : ListDir(out, &ec)) entries.push_back(e.path().filename().string());
   if (ec) return Status::InvalidArgument(fmt::format("--out {}: cannot list it: {}", out, ec.message()));
   if (entries.empty()) return Status::Ok();
   if (!force) {
@@ -110,14 +110,14 @@ constexpr std::string_view kInitTmpPrefix = ".terrace-tmp-init-";
 void RemoveInitLeftovers(const std::filesystem::path& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(out, ec)) {
+  for (const auto& e : ListDir(out, &ec)) {
     const std::string name = e.path().filename().string();
     if (!name.starts_with(kInitTmpPrefix) || DescribePathKind(e.path()) != "a directory") continue;
     const std::string pid = name.substr(kInitTmpPrefix.size());
     if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
     if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
     bool ours = true;
-    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+    for (const auto& f : ListDir(e.path(), &ec)) {
       const std::string fn = f.path().filename().string();
       const std::string base = fn.substr(0, fn.find(".tmp."));
       ours = ours && DescribePathKind(f.path()) == "a regular file" && IsCheckpointFile(base);
@@ -146,7 +146,7 @@ Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& o
     return abandon(s.WithContext(fmt::format("model init --out {} (nothing in it was changed)", out.string())));
   }
   std::vector<std::string> written;
-  for (const auto& e : fs::directory_iterator(tmp, ec)) written.push_back(e.path().filename().string());
+  for (const auto& e : ListDir(tmp, &ec)) written.push_back(e.path().filename().string());
   if (ec) return abandon(Status::IoError(fmt::format("--out {}: cannot list '{}': {}", out.string(), tmp.string(), ec.message())));
   const auto rank = [](const std::string& f) { return f == kConfigFileName ? 2 : f == kIndexFileName ? 1 : 0; };
   std::sort(written.begin(), written.end(), [&](const std::string& x, const std::string& y) {
@@ -158,7 +158,7 @@ Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& o
   }
   const auto was_written = [&](const std::string& f) { return std::find(written.begin(), written.end(), f) != written.end(); };
   std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(out, ec)) {
+  for (const auto& e : ListDir(out, &ec)) {
     const std::string f = e.path().filename().string();
     if (IsCheckpointFile(f) && !was_written(f)) stale.push_back(e.path());
   }
@@ -200,7 +200,7 @@ std::string RoutingReport(const std::string& dir, const ModelConfig& config, std
 
 int RunInit(const InitArgs& a) {
   if (!a.config.empty()) {
-    if (Status s = CheckInputFile(a.config, "--config", kMaxConfigBytes); !s.ok()) return FailUsage(s.message());
+    if (Status s = CheckInputFile(a.config, "--config", kMaxConfigJsonBytes); !s.ok()) return FailUsage(s.message());
   }
   if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
@@ -309,7 +309,8 @@ int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
   if (Status s = CheckInOut(in, out, /*dir_ok=*/true); !s.ok()) return FailUsage(s.message());
   std::unique_ptr<SafetensorsFile> file;
   std::unique_ptr<ModelDir> dir;
-  if (std::filesystem::is_directory(in)) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(in, ec)) {
     auto d = ModelDir::Open(in, /*check_tensors=*/false);
     if (!d.ok()) return Fail(d.status().ToString());
     dir = std::move(*d);

@@ -19,6 +19,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
+#include "src/common/start_thread.h"
 #include "src/model/model.h"
 #include "src/model/ops.h"
 #include "src/model/routing_stats.h"
@@ -110,12 +111,16 @@ int RunModel(const RunArgs& a) {
     Status reserved;
     double reserve_s = 0, open_s = 0;
     std::thread reserver;
-    if (!a.no_reserve)
-      reserver = std::thread([&] {
-        const auto t0 = std::chrono::steady_clock::now();
-        reserved = session.state().Reserve(static_cast<std::int64_t>(prompt->size()));
-        reserve_s = SecondsSince(t0);
-      });
+    auto reserve = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      reserved = session.state().Reserve(static_cast<std::int64_t>(prompt->size()));
+      reserve_s = SecondsSince(t0);
+    };
+    if (!a.no_reserve) {
+      // Where no thread can be had, the reservation runs here, before the pools open.
+      if (auto t = StartThread("the state's reservation thread", reserve); t.ok()) reserver = std::move(t).value();
+      else reserve();
+    }
     const auto t_open = std::chrono::steady_clock::now();
     auto opened = OpenKvRun(a.kv, config, **dir);
     open_s = SecondsSince(t_open);

@@ -30,7 +30,6 @@ namespace {
 using json = nlohmann::json;
 using namespace terrace::plan;
 
-constexpr std::uint64_t kMaxConfigFileBytes = 16ull << 20;
 constexpr std::uint64_t kMaxHardwareFileBytes = 1ull << 20;
 constexpr std::uint64_t kMaxTraceFileBytes = 8ull << 30;
 
@@ -126,11 +125,11 @@ Result<ResolvedModel> ResolveModel(const std::string& given) {
   std::error_code ec;
   const std::string name = std::filesystem::is_directory(given, ec) ? (std::filesystem::path(given) / "config.json").string()
                                                                     : given;
-  if (Status s = CheckInputFile(name, "--model", kMaxConfigFileBytes); !s.ok()) {
+  if (Status s = CheckInputFile(name, "--model", model::kMaxConfigJsonBytes); !s.ok()) {
     return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
                                                name, fmt::join(model::PresetNames(), ", "), s.message()));
   }
-  auto text = ReadInputFile(name, "--model", kMaxConfigFileBytes);
+  auto text = ReadInputFile(name, "--model", model::kMaxConfigJsonBytes);
   if (!text.ok()) return text.status();
   model::ConfigKeys keys;
   auto config = model::ParseConfigJson(*text, name, &keys);

@@ -43,6 +43,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
+#include "src/common/start_thread.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -282,13 +283,22 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     std::mutex wd_mu;
     std::condition_variable wd_cv;
     bool wd_done = false, hung = false;
-    std::thread watchdog([&, pid = child->pid] {
+    auto started = StartThread("the drill's watchdog thread", [&, pid = child->pid] {
       std::unique_lock<std::mutex> l(wd_mu);
       if (!wd_cv.wait_for(l, std::chrono::seconds(kChildTimeoutSeconds), [&] { return wd_done; })) {
         hung = true;
         ::kill(pid, SIGKILL);
       }
     });
+    if (!started.ok()) {  // no round runs unwatched: end the child and the drill
+      ::kill(child->pid, SIGKILL);
+      std::fclose(child->out);
+      ::waitpid(child->pid, nullptr, 0);
+      problem(fmt::format("round {}: {}", round + 1, started.status().message()));
+      ++res.open_failures;
+      break;
+    }
+    std::thread watchdog = std::move(started).value();
     std::uint64_t acks = 0, faults = 0;
     bool killed = false;
     char* line = nullptr;

@@ -9,6 +9,7 @@
 
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/list_dir.h"
 
 namespace terrace::cli {
 namespace {
@@ -32,7 +33,7 @@ bool IsModelFile(std::string_view f, bool partial = false) {
 // Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
 void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, bool partial = false) {
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const auto& e : ListDir(dir, &ec)) {
     const std::string name = e.path().filename().string();
     if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
   }
@@ -47,7 +48,7 @@ bool IsStoppedDemoStore(const fs::path& dir) {
   if (!IsKind(dir, S_IFDIR)) return false;
   std::error_code ec;
   std::size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const auto& e : ListDir(dir, &ec)) {
     ++n;
     const std::string name = e.path().filename().string();
     const bool ok = ((name == "terrace.data" || name == "terrace.data.creating") && IsKind(e.path(), S_IFREG)) ||
@@ -64,7 +65,7 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
   std::error_code ec;
   std::size_t n = 0, before = foreign->size();
   bool marked = false;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const auto& e : ListDir(dir, &ec)) {
     ++n;
     const std::string name = e.path().filename().string();
     if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) {
@@ -95,7 +96,7 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
   if (!S_ISDIR(st.st_mode)) return fmt::format("{} {} is {}; give a directory", flag, dir.string(), DescribePathKind(dir));
   std::error_code ec;
   std::vector<fs::path> entries;
-  for (const auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  for (const auto& e : ListDir(dir, &ec)) entries.push_back(e.path());
   if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
   if (entries.empty()) return "";
   std::sort(entries.begin(), entries.end());
@@ -189,7 +190,7 @@ Status RemoveStoppedModelBuild(const fs::path& dir) {
   std::error_code ec;
   if (!IsKind(tmp, S_IFDIR)) return Status::Ok();
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+  for (const auto& e : ListDir(tmp, &ec)) {
     if (!IsModelFile(e.path().filename().string(), /*partial=*/true) || !IsKind(e.path(), S_IFREG)) {
       return Status::InvalidArgument(fmt::format("{} holds '{}', which the demo did not create; nothing was removed "
                                                  "(move it out, or give another --dir)",

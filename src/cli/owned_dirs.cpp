@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/safe_files.h"
+#include "src/common/list_dir.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
 
@@ -31,7 +34,7 @@ std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::strin
   std::error_code ec;
   bool data = false, mark = false;
   *entries = 0;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const auto& e : ListDir(dir, &ec)) {
     ++*entries;
     const std::string name = e.path().filename().string();
     if (name == kDataFile) {
@@ -103,6 +106,26 @@ Status CheckStoreDirArg(const fs::path& dir, std::string_view flag) {
   return Status::Ok();
 }
 
+Result<fs::path> ScratchDirPath(std::string_view prefix, std::string_view flag) {
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);  // the overload that throws ended the CLI in "internal error"
+  if (ec) {
+    // The variable temp_directory_path read (libstdc++ tries these in this order), else /tmp.
+    std::string source = "/tmp (TMPDIR is not set)";
+    for (const char* var : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+      if (const char* v = std::getenv(var); v != nullptr) {
+        source = fmt::format("{}={}", var, v);
+        break;
+      }
+    }
+    return Status::Unavailable(fmt::format("no temporary directory for the scratch files: {}: {}; set TMPDIR to an "
+                                           "existing directory, or pass {}",
+                                           source, ec.message(), flag));
+  }
+  std::random_device rd;
+  return tmp / fmt::format("{}-{:08x}", prefix, rd());
+}
+
 bool StoreDataExists(const fs::path& dir) {
   struct stat st {};
   return ::lstat((dir / kDataFile).c_str(), &st) == 0;
@@ -118,7 +141,7 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
                           std::string_view marker) {
   std::error_code ec;
   bool any = false;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+  for (const auto& e : ListDir(dir, &ec)) {
     const std::string name = e.path().filename().string();
     if (std::find(names.begin(), names.end(), name) == names.end() || !IsOwnedStore(e.path(), marker)) return false;
     any = true;

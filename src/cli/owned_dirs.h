@@ -33,6 +33,12 @@ bool IsStoreDataFile(const std::filesystem::path& data);
 // an index.
 std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index);
 
+// A path for a new scratch directory (not created) of a command whose directory flag `flag` was
+// not given: <temporary directory>/<prefix>-<8 random hex digits>, the temporary directory being
+// std::filesystem::temp_directory_path's ($TMPDIR, TMP, TEMP or TEMPDIR, else /tmp). Unavailable
+// naming the variable, its value and `flag` when that is not an existing directory.
+Result<std::filesystem::path> ScratchDirPath(std::string_view prefix, std::string_view flag);
+
 // True when dir/terrace.data exists (any kind of entry).
 bool StoreDataExists(const std::filesystem::path& dir);
 

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "src/common/list_dir.h"
+
 namespace terrace::cli {
 namespace {
 
@@ -312,7 +314,7 @@ Status CheckInputDir(const fs::path& path, std::string_view flag) {
 Status CheckModelDirInput(const fs::path& path, std::string_view flag) {
   TERRACE_RETURN_IF_ERROR(CheckInputDir(path, flag));
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(path, ec)) {
+  for (const auto& entry : ListDir(path, &ec)) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".safetensors" && ext != ".json") continue;
     struct stat st {};
@@ -329,7 +331,7 @@ Status CheckModelDirInput(const fs::path& path, std::string_view flag) {
 std::vector<OutputRules::Input> ModelDirInputs(const fs::path& path, std::string_view flag) {
   std::vector<OutputRules::Input> inputs;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(path, ec)) {
+  for (const auto& entry : ListDir(path, &ec)) {
     const std::string ext = entry.path().extension().string();
     if (ext == ".safetensors" || ext == ".json") inputs.push_back({std::string(flag), entry.path()});
   }

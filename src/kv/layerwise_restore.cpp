@@ -299,7 +299,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
   job->by_layer = order == RestoreReadOrder::kLayers && L.mla_layers().size() >= 2 &&
                   L.kv_codec().lossless == codec::Lossless::kNone &&
                   !job->reads.promote.value_or(m.kv->options().promote_on_get);
-  job->Start();
+  TERRACE_RETURN_IF_ERROR(job->Start());
   return std::unique_ptr<LayerwiseRestore>(new LayerwiseRestore(std::move(job)));
 }
 

@@ -169,7 +169,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const KvLayout& layout,
   impl->kv_root = keys::NamespaceRoot(model_id, layout.Id(), layout.kv_codec().Name(), keys::kKeySchemaVersion);
   impl->ns_state = keys::Namespace(model_id, layout.Id(), layout.state_codec().Name(), keys::kKeySchemaVersion);
   Impl* raw = impl.get();
-  impl->writer = std::thread([raw] { raw->WriterLoop(); });
+  TERRACE_ASSIGN_OR_RETURN(impl->writer, StartThread("the prefix cache's writer thread", [raw] { raw->WriterLoop(); }));
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(impl)));
 }
 

@@ -21,6 +21,7 @@
 
 #include "src/common/clock.h"
 #include "src/common/mutex.h"
+#include "src/common/start_thread.h"
 #include "src/kv/restore_buffers.h"
 #include "terrace/prefix_cache.h"
 

@@ -178,7 +178,10 @@ struct LayerwiseRestore::Job {
 
   const KvLayout& L() const { return m->layout; }
 
-  void Start();
+  // Plans the reads and starts the threads. Unavailable when a thread cannot be started: those
+  // started before it are stopped and joined, and the state is Reset (the job then holds no
+  // running thread; destroying it gives its buffers back).
+  Status Start();
 
   // The KV windows of this restore and what each reads (kv_items or range_items), and
   // max_window_bytes.

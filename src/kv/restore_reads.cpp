@@ -36,7 +36,7 @@ void PopulateWrite(std::byte* p, std::size_t bytes) {
   for (std::uintptr_t a = from; a < to; a += page) *reinterpret_cast<volatile std::byte*>(a) = std::byte{0};
 }
 
-void LayerwiseRestore::Job::Start() {
+Status LayerwiseRestore::Job::Start() {
   // No thread of the job runs before the end of Start: mu is held for the lock rule's checker and
   // released before they start.
   MutexLock lock(&mu);
@@ -49,7 +49,7 @@ void LayerwiseRestore::Job::Start() {
     std::fill(ready.begin(), ready.end(), 1);
     reads_done = true;
     decoded_at = std::chrono::steady_clock::now();
-    return;
+    return Status::Ok();
   }
   pooled = m->restore_buffers.Take();
   window_buffers = std::move(pooled->windows);
@@ -105,11 +105,34 @@ void LayerwiseRestore::Job::Start() {
       later_buffers.push_back(window_buffers[free_buffers[k]].data());
   lock.Unlock();
   // The snapshots' read first: the forward pass's first (KDA) layers wait for nothing else, and
-  // the tier's queue then holds them ahead of the KV windows.
-  if (!snap_items.empty()) snapshotter = std::thread([this] { SnapshotLoop(); });
-  for (auto& r : readers) r = std::thread([this] { ReadLoop(); });
-  decoder = std::thread([this] { DecodeLoop(); });
-  if ((fresh_latents && windows.size() > 1) || !later_buffers.empty()) faulter = std::thread([this] { FaultLoop(); });
+  // the tier's queue then holds them ahead of the KV windows. Each thread starts only after those
+  // it waits for (the decoder waits for the readers and the snapshotter), so the threads started
+  // before a refused one finish once stopped.
+  auto start = [&](std::thread& t, const char* what, void (Job::*loop)()) {
+    auto started = StartThread(what, [this, loop] { (this->*loop)(); });
+    if (!started.ok()) return started.status();
+    t = std::move(started).value();
+    return Status::Ok();
+  };
+  Status s;
+  if (!snap_items.empty()) s = start(snapshotter, "a prefix-cache restore's snapshot thread", &Job::SnapshotLoop);
+  for (std::size_t i = 0; i < readers.size() && s.ok(); ++i)
+    s = start(readers[i], "a prefix-cache restore's reader thread", &Job::ReadLoop);
+  if (s.ok()) s = start(decoder, "a prefix-cache restore's decoder thread", &Job::DecodeLoop);
+  if (s.ok() && ((fresh_latents && windows.size() > 1) || !later_buffers.empty()))
+    s = start(faulter, "a prefix-cache restore's page-fault thread", &Job::FaultLoop);
+  if (!s.ok()) {
+    lock.Lock();
+    stop = true;
+    lock.Unlock();
+    cv.SignalAll();
+    Join();
+    // The state as Finish leaves it after a restore that found nothing: Reset, with the latent
+    // vectors Start took from it given back.
+    state->Reset();
+    ReturnUnusedLatents();
+  }
+  return s;
 }
 
 void LayerwiseRestore::Job::PlanKvWindows() {

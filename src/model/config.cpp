@@ -9,7 +9,6 @@
 #include <cmath>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -702,12 +701,28 @@ Result<ModelConfig> LoadConfig(const std::filesystem::path& path, ConfigKeys* ke
   if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
     return Status::InvalidArgument(fmt::format("config file '{}' is not a regular file", path.string()));
   }
+  // Over the cap it is the wrong file (or a damaged one): say so, instead of reading it all (an
+  // 8 GB sparse file read under a memory limit failed as "not valid JSON ... unexpected end of input").
+  auto too_large = [&](std::string size) {
+    return Status::InvalidArgument(fmt::format("config file '{}' is {} bytes, over the limit of {} bytes for a "
+                                               "config.json (a real one is a few KiB); check the path, or fix or "
+                                               "regenerate the file",
+                                               path.string(), size, kMaxConfigJsonBytes));
+  };
+  if (const std::uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxConfigJsonBytes) {
+    return too_large(std::to_string(size));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound(fmt::format("cannot open config file '{}'", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // At most one byte past the cap: a file that grew after the size check is refused too.
+  std::string text;
+  std::array<char, 64 * 1024> buf;
+  while (text.size() <= kMaxConfigJsonBytes && (in.read(buf.data(), buf.size()) || in.gcount() > 0)) {
+    text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
+  }
   if (in.bad()) return Status::IoError(fmt::format("cannot read config file '{}'", path.string()));
-  return ParseConfigJson(text.str(), path.string(), keys);
+  if (text.size() > kMaxConfigJsonBytes) return too_large("more than " + std::to_string(kMaxConfigJsonBytes));
+  return ParseConfigJson(text, path.string(), keys);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/list_dir.h"
 #include "src/model/mxfp4.h"
 #include "src/model/names.h"
 #include "src/model/safetensors.h"
@@ -136,15 +137,15 @@ bool IsShardName(std::string_view f) {
 }
 
 Status RemoveOldModelFiles(const std::filesystem::path& dir) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  std::error_code list_ec, ec;
+  for (const auto& entry : ListDir(dir, &list_ec)) {
     const std::string f = entry.path().filename().string();
     if (f == kSingleFileName || f == kIndexFileName || IsShardName(f)) {
       std::filesystem::remove(entry.path(), ec);
       if (ec) return Status::IoError(fmt::format("cannot remove old model file '{}': {}", entry.path().string(), ec.message()));
     }
   }
-  if (ec) return Status::IoError(fmt::format("cannot list '{}': {}", dir.string(), ec.message()));
+  if (list_ec) return Status::IoError(fmt::format("cannot list '{}': {}", dir.string(), list_ec.message()));
   return Status::Ok();
 }
 

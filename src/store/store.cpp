@@ -29,8 +29,7 @@ StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
     : options_(options), logger_(LoggerOrDefault(options.logger)), slots_(tiers.size()),
       bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
       batch_bounce_(options.bounce_buffers, options.bounce_buffer_bytes),
-      lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)),
-      pool_(std::max(1u, options.background_threads)), prefetch_lane_(lane_threads_), demotion_lane_(1) {
+      lane_threads_(std::max(1u, options.background_threads) - (options.background_threads > 1 ? 1 : 0)) {
   const std::vector<std::string> names = SlotNames(tiers);
   for (std::size_t i = 0; i < tiers.size(); ++i) {
     slots_[i].tier = std::move(tiers[i].tier);
@@ -81,7 +80,21 @@ bool StoreImpl::AdoptFromShared(const BlockKey& key) {
 Result<std::unique_ptr<StoreImpl>> OpenImpl(const StoreOptions& options, std::vector<NamedTier> tiers) {
   auto impl = std::make_unique<StoreImpl>(options, std::move(tiers));
   TERRACE_RETURN_IF_ERROR(impl->Init());
+  TERRACE_RETURN_IF_ERROR(impl->StartThreads().WithContext("open store"));
   return impl;
+}
+
+Status StoreImpl::StartThreads() {
+  const unsigned threads = std::max(1u, options_.background_threads);
+  // On a failure the pools started before are joined by the destructor (they ran nothing yet).
+  auto failed = [&](const Status& s) {
+    return Status::Unavailable(fmt::format("{}; the store starts {} threads (StoreOptions::background_threads {})",
+                                           s.message(), threads + lane_threads_ + 1, options_.background_threads));
+  };
+  if (Status s = pool_.Start(threads, "the store's async get/put threads"); !s.ok()) return failed(s);
+  if (Status s = prefetch_lane_.Start(lane_threads_, "the store's prefetch threads"); !s.ok()) return failed(s);
+  if (Status s = demotion_lane_.Start(1, "the store's demotion thread"); !s.ok()) return failed(s);
+  return Status::Ok();
 }
 
 Status StoreImpl::Init() {

@@ -187,6 +187,9 @@ class StoreImpl {
   StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
   ~StoreImpl();
   Status Init();  // validates tiers, recovers the directory from what they hold
+  // Starts the three executors' threads (OpenImpl, after Init). Unavailable when the OS refuses a
+  // thread: the store must not be used then (its destructor joins what was started).
+  Status StartThreads();
 
   Status Put(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
   Result<BlockDesc> Get(const BlockKey& key, std::span<std::byte> out, const GetOptions& opts = {});

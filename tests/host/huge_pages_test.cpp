@@ -106,7 +106,9 @@ TEST_CASE("Prefaulter jumps ahead of writers and still faults the pages it jumpe
   auto* p = static_cast<std::byte*>(m);
   std::atomic<std::uint64_t> frontier{10 * kMiB};  // writers "are" at 10 MiB (none wrote: nothing is resident)
   {
-    tiers::Prefaulter f(4 * kMiB);
+    auto created = tiers::Prefaulter::Create(4 * kMiB);
+    REQUIRE(created.ok());
+    tiers::Prefaulter& f = **created;
     f.Enqueue(p, kBytes, false, &frontier);
     f.Drain();
     CHECK(f.skipped_bytes() >= 10 * kMiB);

@@ -11,6 +11,7 @@
 
 #include "host_test_util.h"
 #include "test_util.h"
+#include "thread_limit.h"
 #include "tiers/host/host_tier.h"
 
 using namespace terrace;
@@ -110,4 +111,50 @@ TEST_CASE("Host tier prefault faults a new chunk in ahead of the puts that fill 
   std::vector<std::byte> out(data.size());
   REQUIRE(ahead->Get(TestKey(1), out, nullptr).ok());
   CHECK(out == data);
+}
+
+TEST_CASE("HostTier::Create returns Unavailable when the prefault thread cannot be started") {
+  for (const bool background : {false, true}) {
+    CAPTURE(background);
+    HostTierOptions o;
+    o.capacity_bytes = 16 * kMiB;
+    o.chunk_bytes = 4 * kMiB;
+    o.pin = false;
+    o.prefault = !background;  // either option starts the prefaulter
+    if (background) {
+      o.populate = HostPopulate::kBackground;
+      o.populate_bytes = 8 * kMiB;
+    }
+    {
+      terrace::testing::FailThreadStarts fail(0);
+      auto t = HostTier::Create(o);
+      REQUIRE_FALSE(t.ok());
+      CHECK(t.status().code() == Code::kUnavailable);
+      CHECK(t.status().message().find("cannot start the host tier's prefault thread") == 0);
+    }
+    CHECK(HostTier::Create(o).ok());
+  }
+  HostTierOptions none;
+  none.capacity_bytes = 16 * kMiB;
+  none.chunk_bytes = 4 * kMiB;
+  none.pin = false;
+  none.prefault = false;
+  terrace::testing::FailThreadStarts fail(0);
+  CHECK(HostTier::Create(none).ok());  // no prefaulter, no thread
+}
+
+TEST_CASE("HostTier::Create with prefault returns Unavailable, not std::terminate, when the OS refuses the thread") {
+  if (terrace::testing::kSanitizedBuild) return;  // the sanitizers' runtimes map memory of their own
+  const int end = terrace::testing::RunWithNoRoomForThreads([] { return 0; }, [] {
+    HostTierOptions o;
+    o.capacity_bytes = 16 * kMiB;
+    o.chunk_bytes = 4 * kMiB;
+    o.pin = false;
+    o.prefault = true;
+    auto t = HostTier::Create(o);
+    if (t.ok()) return 3;
+    return t.status().code() == Code::kUnavailable ? 0 : 4;
+  });
+  INFO(terrace::testing::DescribeChildEnd(end));
+  CHECK(end == 0);
 }

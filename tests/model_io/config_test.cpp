@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -314,4 +315,33 @@ TEST_CASE("K3's published config.json parses to the kimi-k3 preset", "[config][p
   CHECK(has(keys.read, "text_config.quantization_config"));
   CHECK(has(keys.ignored, "vision_config"));
   CHECK(has(keys.ignored, "text_config.max_position_embeddings"));
+}
+
+// LoadConfig caps what it reads at kMaxConfigJsonBytes, as the CLI's --model and --config do: a
+// larger file (a wrong path, a damaged file) is refused naming its size, never read whole (an 8 GB
+// sparse config.json read under a memory limit failed as "not valid JSON ... unexpected end of input").
+TEST_CASE("a config.json over the size cap is refused naming its size, without reading it", "[config]") {
+  const char* base = std::getenv("TERRACE_TEST_TMPDIR");
+  const std::filesystem::path dir =
+      std::filesystem::path(base ? base : std::filesystem::temp_directory_path().string()) / "config-cap";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path path = dir / "config.json";
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << ToConfigJson(*Preset("k3-toy"));
+  }
+  REQUIRE(LoadConfig(path).ok());
+  // Just over the cap first: code that reads the file whole fails there (REQUIRE), before the 8 GiB one.
+  for (const std::uint64_t size : {kMaxConfigJsonBytes + 1, std::uint64_t{8} << 30}) {
+    CAPTURE(size);
+    std::filesystem::resize_file(path, size);  // sparse: the valid JSON, then zeros
+    auto c = LoadConfig(path);
+    INFO(c.status().ToString());
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.status().IsInvalidArgument());
+    REQUIRE(c.status().message().find("config file '" + path.string() + "' is " + std::to_string(size) +
+                                      " bytes, over the limit of " + std::to_string(kMaxConfigJsonBytes) +
+                                      " bytes") == 0);
+  }
+  std::filesystem::remove_all(dir);
 }

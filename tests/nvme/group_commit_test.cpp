@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tests/test_util.h"
+#include "tests/thread_limit.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/io_engine.h"
@@ -44,7 +45,7 @@ TEST_CASE("group commit: a Flush that waits on another leader returns after the 
   std::atomic<bool> in_release{false};
   std::atomic<bool> released{false};
   std::atomic<std::size_t> released_extents{0};
-  GroupCommitter committer(
+  auto created = GroupCommitter::Create(
       &engine, index->get(),
       [&](std::vector<Extent>&& extents) {
         released_extents += extents.size();  // counted, not asserted: Catch is not thread-safe
@@ -54,6 +55,8 @@ TEST_CASE("group commit: a Flush that waits on another leader returns after the 
         released = true;
       },
       nullptr, /*commit=*/0, std::chrono::microseconds(0));
+  REQUIRE(created.ok());
+  GroupCommitter& committer = **created;
 
   Descriptor d;
   d.key.layer = 1;
@@ -111,8 +114,10 @@ TEST_CASE("group commit: descriptors are written after the index holds them; a p
   REQUIRE(index.ok());
   RecordingEngine engine(index->get());
   std::vector<Extent> released;
-  GroupCommitter committer(&engine, index->get(), [&](std::vector<Extent>&& e) { released = e; }, nullptr,
-                           /*commit=*/0, std::chrono::microseconds(0));
+  auto created = GroupCommitter::Create(&engine, index->get(), [&](std::vector<Extent>&& e) { released = e; },
+                                        nullptr, /*commit=*/0, std::chrono::microseconds(0));
+  REQUIRE(created.ok());
+  GroupCommitter& committer = **created;
   Descriptor a, b, c;
   a.key.layer = 1;
   a.rec = {.offset = 4 * kUnit, .length = 100, .checksum = 1, .generation = 1};
@@ -179,6 +184,29 @@ TEST_CASE("group commit: the redo record round-trips and refuses damage", "[nvme
   std::string bad_extent = bytes;
   bad_extent[bad_extent.size() - 16] = 1;  // the last extent's offset no longer a whole unit
   CHECK(GroupCommitter::DecodeRedo(bad_extent).status().IsCorruption());
+}
+
+TEST_CASE("group commit: Create returns Unavailable when the async committer's thread cannot be started", "[nvme]") {
+  terrace::testing::TempDir dir("group-commit-thread");
+  IndexOpenOptions io;
+  io.create = true;
+  auto index = IndexStore::Open(dir.path() / "index", io);
+  REQUIRE(index.ok());
+  NullEngine engine;
+  {
+    terrace::testing::FailThreadStarts fail(0);
+    auto sync = GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+                                       std::chrono::microseconds(0));
+    CHECK(sync.ok());  // sync mode starts no thread
+    auto async = GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+                                        std::chrono::microseconds(5000));
+    REQUIRE_FALSE(async.ok());
+    CHECK(async.status().code() == Code::kUnavailable);
+    CHECK(async.status().message().find("cannot start the NVMe tier's group-commit thread") == 0);
+  }
+  CHECK(GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+                               std::chrono::microseconds(5000))
+            .ok());
 }
 
 }  // namespace

@@ -36,6 +36,9 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                                                options.capacity_bytes, options.chunk_bytes));
   }
   std::unique_ptr<HostTier> tier(new HostTier(options, name));
+  if (options.prefault || (options.populate == HostPopulate::kBackground && tier->populate_chunks_ > 0)) {
+    TERRACE_ASSIGN_OR_RETURN(tier->prefaulter_, tiers::Prefaulter::Create(kPrefaultPieceBytes));
+  }
   if (options.populate != HostPopulate::kOnDemand && tier->populate_chunks_ > 0) {
     const std::uint64_t t0 = SteadyNanos();
     TERRACE_RETURN_IF_ERROR(tier->arena_.GrowTo(std::uint64_t{tier->populate_chunks_} * tier->arena_.chunk_bytes()));
@@ -78,9 +81,7 @@ HostTier::HostTier(const HostTierOptions& options, std::string_view name)
     huge_pages_ = true;
     huge_note_ = thp.why;
   }
-  if (options.prefault || (options.populate == HostPopulate::kBackground && populate_chunks_ > 0)) {
-    prefaulter_ = std::make_unique<tiers::Prefaulter>(kPrefaultPieceBytes);
-  }
+  // The prefaulter (a thread) is started by Create, which can report a refused thread.
 }
 
 HostTier::~HostTier() {

@@ -43,6 +43,7 @@ namespace terrace {
 class HostTier final : public Tier {
  public:
   // `name` names the tier in error messages ("host"; the emulated HBM tier passes its own).
+  // Unavailable when the prefault thread (prefault, or populate kBackground) cannot be started.
   static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options, std::string_view name = "host");
   ~HostTier() override;
 

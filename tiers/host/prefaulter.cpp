@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "src/common/start_thread.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14 uapi value, for older headers
 #endif
@@ -32,8 +34,14 @@ Status PopulateNow(std::byte* data, std::size_t bytes) {
   return Status::Ok();
 }
 
-Prefaulter::Prefaulter(std::size_t piece_bytes)
-    : piece_bytes_(std::max<std::size_t>(piece_bytes, 4096)), thread_([this] { Run(); }) {}
+Prefaulter::Prefaulter(std::size_t piece_bytes) : piece_bytes_(std::max<std::size_t>(piece_bytes, 4096)) {}
+
+Result<std::unique_ptr<Prefaulter>> Prefaulter::Create(std::size_t piece_bytes) {
+  std::unique_ptr<Prefaulter> p(new Prefaulter(piece_bytes));
+  Prefaulter* raw = p.get();
+  TERRACE_ASSIGN_OR_RETURN(p->thread_, StartThread("the host tier's prefault thread", [raw] { raw->Run(); }));
+  return p;
+}
 
 Prefaulter::~Prefaulter() {
   {
@@ -42,7 +50,7 @@ Prefaulter::~Prefaulter() {
     queue_.clear();
     work_.SignalAll();
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Prefaulter::Enqueue(std::byte* data, std::size_t bytes, bool huge, const std::atomic<std::uint64_t>* frontier) {

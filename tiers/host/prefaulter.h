@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -41,7 +42,8 @@ Status PopulateNow(std::byte* data, std::size_t bytes);
 
 class Prefaulter {
  public:
-  explicit Prefaulter(std::size_t piece_bytes);
+  // Starts the prefaulter's thread. Unavailable when the OS refuses it (thread or memory limit).
+  static Result<std::unique_ptr<Prefaulter>> Create(std::size_t piece_bytes);
   ~Prefaulter();
   Prefaulter(const Prefaulter&) = delete;
   Prefaulter& operator=(const Prefaulter&) = delete;
@@ -65,6 +67,7 @@ class Prefaulter {
     bool huge;
     const std::atomic<std::uint64_t>* frontier;
   };
+  explicit Prefaulter(std::size_t piece_bytes);  // no thread yet: Create starts it
   void Run();
 
   const std::size_t piece_bytes_;
@@ -78,7 +81,7 @@ class Prefaulter {
   std::uint64_t faulted_ TERRACE_GUARDED_BY(mu_) = 0;
   std::uint64_t skipped_ TERRACE_GUARDED_BY(mu_) = 0;
   std::string note_ TERRACE_GUARDED_BY(mu_);
-  std::thread thread_;  // started last, joined by the destructor
+  std::thread thread_;  // started by Create once the rest is built, joined by the destructor
 };
 
 }  // namespace terrace::tiers

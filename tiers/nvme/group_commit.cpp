@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "src/common/aligned_buffer.h"
+#include "src/common/start_thread.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/io_engine.h"
@@ -16,10 +17,21 @@
 namespace terrace::nvme {
 
 GroupCommitter::GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, BeforeSyncFn before_sync,
-                               std::uint64_t commit, std::chrono::microseconds interval)
+                               std::uint64_t commit)
     : engine_(engine), index_(index), release_(std::move(release)), before_sync_(std::move(before_sync)),
-      pending_(std::make_unique<rocksdb::WriteBatch>()), durable_commit_(commit) {
-  if (interval.count() > 0) bg_ = std::thread([this, interval] { BackgroundLoop(interval); });
+      pending_(std::make_unique<rocksdb::WriteBatch>()), durable_commit_(commit) {}
+
+Result<std::unique_ptr<GroupCommitter>> GroupCommitter::Create(IoEngine* engine, IndexStore* index, ReleaseFn release,
+                                                               BeforeSyncFn before_sync, std::uint64_t commit,
+                                                               std::chrono::microseconds interval) {
+  std::unique_ptr<GroupCommitter> c(
+      new GroupCommitter(engine, index, std::move(release), std::move(before_sync), commit));
+  if (interval.count() > 0) {
+    GroupCommitter* raw = c.get();
+    TERRACE_ASSIGN_OR_RETURN(c->bg_, StartThread("the NVMe tier's group-commit thread (async durability)",
+                                                 [raw, interval] { raw->BackgroundLoop(interval); }));
+  }
+  return c;
 }
 
 GroupCommitter::~GroupCommitter() {

@@ -62,9 +62,10 @@ class GroupCommitter {
   // commit's descriptors are durable (step 5).
   using BeforeSyncFn = std::function<Status(std::uint64_t durable_commit)>;
   // `commit`: the index's commit counter at open. `interval` > 0 starts the background committer
-  // (async mode).
-  GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, BeforeSyncFn before_sync,
-                 std::uint64_t commit, std::chrono::microseconds interval);
+  // (async mode); Unavailable when its thread cannot be started.
+  static Result<std::unique_ptr<GroupCommitter>> Create(IoEngine* engine, IndexStore* index, ReleaseFn release,
+                                                        BeforeSyncFn before_sync, std::uint64_t commit,
+                                                        std::chrono::microseconds interval);
   ~GroupCommitter();  // stops the background thread; does not commit (call Flush first)
 
   // Queues a put of `desc` (its key and record; its data already written to the data file).
@@ -124,6 +125,8 @@ class GroupCommitter {
   std::uint64_t commits_ TERRACE_GUARDED_BY(mu_) = 0;
   std::uint64_t durable_commit_ TERRACE_GUARDED_BY(mu_) = 0;  // written by the leader only
   Status failed_ TERRACE_GUARDED_BY(mu_);
+  GroupCommitter(IoEngine* engine, IndexStore* index, ReleaseFn release, BeforeSyncFn before_sync,
+                 std::uint64_t commit);  // no thread: Create starts it
   std::thread bg_;
 };
 

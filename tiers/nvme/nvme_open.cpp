@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "src/common/clock.h"
+#include "src/common/list_dir.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
@@ -107,7 +108,7 @@ bool CreatingMarkerNames(const fs::path& index, const std::string& uuid) {
 // `index` holds nothing but creation markers (a creation killed before RocksDB made anything).
 bool OnlyCreatingMarkers(const fs::path& index) {
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(index, ec))
+  for (const auto& e : ListDir(index, &ec))
     if (!IsMarkerName(e.path())) return false;
   return !ec;
 }
@@ -256,7 +257,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
                         ? std::max(options.group_commit_interval, std::chrono::microseconds(1))
                         : std::chrono::microseconds(0);
     NvmeTier* raw = t.get();
-    t->committer_ = std::make_unique<nvme::GroupCommitter>(
+    TERRACE_ASSIGN_OR_RETURN(t->committer_, nvme::GroupCommitter::Create(
         t->engine_.get(), t->index_.get(),
         [raw](std::vector<nvme::Extent>&& e) { raw->ReleaseExtents(std::move(e)); },
         [raw](std::uint64_t durable_commit) -> Status {
@@ -265,7 +266,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
           raw->sb_.indexed_commit = durable_commit;
           return raw->PersistSuperblockLocked();
         },
-        t->index_commit_, interval);
+        t->index_commit_, interval));
   }
   if (options.verify_on_open) TERRACE_RETURN_IF_ERROR(t->VerifyAllBlocks());
   t->report_.seconds = SecondsSince(start);
@@ -310,7 +311,7 @@ Status NvmeTier::OpenFiles() {
     return Status::NotFound(fmt::format("'{}' holds no Terrace store (no terrace.data){}", options_.path.string(),
                                         options_.read_only ? " and it is opened read-only" : " and create_if_missing is false"));
   }
-  for (const auto& entry : fs::directory_iterator(options_.path, ec)) {
+  for (const auto& entry : ListDir(options_.path, &ec)) {
     if (fs::equivalent(entry.path(), index_path_, ec)) continue;  // a pre-created empty index directory
     return Status::InvalidArgument(fmt::format(
         "'{}' is not empty and holds no Terrace store (no terrace.data; found '{}'); point the NVMe tier at an empty "
@@ -745,11 +746,12 @@ Status NvmeTier::FormatNewStore() {
 
 Status NvmeTier::OpenIndexOfExisting() {
   if (EmptyOrAbsent(index_path_)) {
+    std::error_code ec;
     return Status::Corruption(fmt::format(
         "the data file '{}' holds Terrace store {} but its index '{}' is {}: opening it with an empty index would "
         "lose every block; {} (or reformat the data area to start an empty store: every block in it is lost)",
         data_path_.string(), sb_.UuidString(), index_path_.string(),
-        fs::exists(index_path_) ? "an empty directory" : "missing", RecoverAdvice()));
+        fs::exists(index_path_, ec) ? "an empty directory" : "missing", RecoverAdvice()));
   }
   // Check the index read-only first, so an index that is refused is never changed (RocksDB's
   // recovery of a read-write open may rewrite its log).

@@ -159,6 +159,8 @@ struct NvmeOpenHooks {
 
 class NvmeTier final : public Tier {
  public:
+  // Unavailable (besides the errors of opening and recovering the files) when the group-commit
+  // thread of async durability cannot be started.
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
   static Result<std::unique_ptr<NvmeTier>> OpenWithHooks(const NvmeTierOptions& options, const NvmeOpenHooks& hooks);
   // As Open, with the raw I/O engine made by `factory` (tests wrap the io_uring engine in a
