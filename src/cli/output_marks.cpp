@@ -44,27 +44,26 @@ bool StartsWithPngAndIhdr(std::string_view png) {
   return png.size() >= kIhdrEnd && png.starts_with(kPngSignature) && png.substr(8, 8) == std::string_view("\0\0\0\x0dIHDR", 8);
 }
 
-// The tEXt chunk's data: keyword, NUL, text.
-std::string PngMarkData() {
-  std::string data(kPngGeneratorKeyword);
-  data.push_back('\0');
-  data.append(kPngGeneratorText);
-  return data;
-}
-
 void AppendBigEndian32(std::string* out, std::uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>((v >> shift) & 0xFF));
+}
+
+// The mark's tEXt chunk without its trailing CRC: length, type, then keyword, NUL, text.
+std::string PngMarkChunkWithoutCrc() {
+  std::string chunk;
+  AppendBigEndian32(&chunk, static_cast<std::uint32_t>(kPngGeneratorKeyword.size() + 1 + kPngGeneratorText.size()));
+  chunk += "tEXt";
+  chunk += kPngGeneratorKeyword;
+  chunk.push_back('\0');
+  chunk += kPngGeneratorText;
+  return chunk;
 }
 
 }  // namespace
 
 std::string WithPngMark(std::string_view png) {
   if (!StartsWithPngAndIhdr(png)) return std::string(png);
-  const std::string data = PngMarkData();
-  std::string chunk;
-  AppendBigEndian32(&chunk, static_cast<std::uint32_t>(data.size()));
-  chunk += "tEXt";
-  chunk += data;
+  std::string chunk = PngMarkChunkWithoutCrc();
   boost::crc_32_type crc;  // PNG's CRC-32 (ISO 3309) over the chunk type and data
   crc.process_bytes(chunk.data() + 4, chunk.size() - 4);
   AppendBigEndian32(&chunk, crc.checksum());
@@ -88,13 +87,8 @@ bool HasTerraceMark(OutputFormat format, std::string_view head) {
     case OutputFormat::kPrometheus:
       return head.starts_with(kPrometheusGeneratorLine) &&
              head.substr(kPrometheusGeneratorLine.size()).starts_with("\n");
-    case OutputFormat::kPng: {
-      const std::string data = PngMarkData();
-      std::string header;
-      AppendBigEndian32(&header, static_cast<std::uint32_t>(data.size()));
-      header += "tEXt";
-      return StartsWithPngAndIhdr(head) && head.substr(kIhdrEnd).starts_with(header + data);
-    }
+    case OutputFormat::kPng:
+      return StartsWithPngAndIhdr(head) && head.substr(kIhdrEnd).starts_with(PngMarkChunkWithoutCrc());
     case OutputFormat::kTrace: return false;
   }
   return false;
