@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "tests/test_util.h"
@@ -34,19 +36,25 @@ class NullEngine final : public IoEngine {
   std::string_view name() const override { return "null"; }
 };
 
-TEST_CASE("group commit: a Flush that waits on another leader returns after the release", "[nvme]") {
-  terrace::testing::TempDir dir("group-commit");
+// A new, empty index in dir/index.
+std::unique_ptr<IndexStore> NewIndex(const std::filesystem::path& dir) {
   IndexOpenOptions io;
   io.create = true;
-  auto index = IndexStore::Open(dir.path() / "index", io);
+  auto index = IndexStore::Open(dir / "index", io);
   REQUIRE(index.ok());
+  return std::move(index).value();
+}
+
+TEST_CASE("group commit: a Flush that waits on another leader returns after the release", "[nvme]") {
+  terrace::testing::TempDir dir("group-commit");
+  auto index = NewIndex(dir.path());
   NullEngine engine;
 
   std::atomic<bool> in_release{false};
   std::atomic<bool> released{false};
   std::atomic<std::size_t> released_extents{0};
   auto created = GroupCommitter::Create(
-      &engine, index->get(),
+      &engine, index.get(),
       [&](std::vector<Extent>&& extents) {
         released_extents += extents.size();  // counted, not asserted: Catch is not thread-safe
         in_release = true;
@@ -108,13 +116,10 @@ class RecordingEngine final : public IoEngine {
 TEST_CASE("group commit: descriptors are written after the index holds them; a put released by the same commit gets none",
           "[nvme]") {
   terrace::testing::TempDir dir("group-commit");
-  IndexOpenOptions io;
-  io.create = true;
-  auto index = IndexStore::Open(dir.path() / "index", io);
-  REQUIRE(index.ok());
-  RecordingEngine engine(index->get());
+  auto index = NewIndex(dir.path());
+  RecordingEngine engine(index.get());
   std::vector<Extent> released;
-  auto created = GroupCommitter::Create(&engine, index->get(), [&](std::vector<Extent>&& e) { released = e; },
+  auto created = GroupCommitter::Create(&engine, index.get(), [&](std::vector<Extent>&& e) { released = e; },
                                         nullptr, /*commit=*/0, std::chrono::microseconds(0));
   REQUIRE(created.ok());
   GroupCommitter& committer = **created;
@@ -146,7 +151,7 @@ TEST_CASE("group commit: descriptors are written after the index holds them; a p
   // The redo record names what step 3 wrote.
   auto redo_bytes = [&]() {
     std::string v;
-    REQUIRE((*index)->Scan([&](std::string_view k, std::string_view val) {
+    REQUIRE(index->Scan([&](std::string_view k, std::string_view val) {
       if (k == kRedoKey) v = std::string(val);
     }).ok());
     return v;
@@ -188,23 +193,20 @@ TEST_CASE("group commit: the redo record round-trips and refuses damage", "[nvme
 
 TEST_CASE("group commit: Create returns Unavailable when the async committer's thread cannot be started", "[nvme]") {
   terrace::testing::TempDir dir("group-commit-thread");
-  IndexOpenOptions io;
-  io.create = true;
-  auto index = IndexStore::Open(dir.path() / "index", io);
-  REQUIRE(index.ok());
+  auto index = NewIndex(dir.path());
   NullEngine engine;
   {
     terrace::testing::FailThreadStarts fail(0);
-    auto sync = GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+    auto sync = GroupCommitter::Create(&engine, index.get(), [](std::vector<Extent>&&) {}, nullptr, 0,
                                        std::chrono::microseconds(0));
     CHECK(sync.ok());  // sync mode starts no thread
-    auto async = GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+    auto async = GroupCommitter::Create(&engine, index.get(), [](std::vector<Extent>&&) {}, nullptr, 0,
                                         std::chrono::microseconds(5000));
     REQUIRE_FALSE(async.ok());
     CHECK(async.status().code() == Code::kUnavailable);
     CHECK(async.status().message().find("cannot start the NVMe tier's group-commit thread") == 0);
   }
-  CHECK(GroupCommitter::Create(&engine, index->get(), [](std::vector<Extent>&&) {}, nullptr, 0,
+  CHECK(GroupCommitter::Create(&engine, index.get(), [](std::vector<Extent>&&) {}, nullptr, 0,
                                std::chrono::microseconds(5000))
             .ok());
 }
