@@ -149,6 +149,17 @@ Status RemoveOldModelFiles(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+// config.json as a checkpoint writes it: the config, plus a quantization_config naming the routed
+// experts' MXFP4 (compressed-tensors) format when the checkpoint stores them so, as K3's published
+// config.json does; a tool that reads only config.json (`terrace plan --model FILE`) then sizes them right.
+std::string CheckpointConfigJson(const ModelConfig& config, const std::vector<TensorSpec>& specs) {
+  const bool mxfp4 = std::any_of(specs.begin(), specs.end(), [](const TensorSpec& s) { return s.mxfp4; });
+  if (!mxfp4) return ToConfigJson(config);
+  nlohmann::json j = nlohmann::json::parse(ToConfigJson(config));
+  j["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
+  return j.dump(2) + "\n";
+}
+
 }  // namespace
 
 std::uint64_t WeightBytes(const ModelConfig& config) {
@@ -233,7 +244,7 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
     const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     TERRACE_RETURN_IF_ERROR(WriteFileAtomically(dir / kIndexFileName, index.dump(2) + "\n"));
   }
-  return WriteFileAtomically(dir / kConfigFileName, ToConfigJson(config));
+  return WriteFileAtomically(dir / kConfigFileName, CheckpointConfigJson(config, specs));
 }
 
 }  // namespace terrace::model

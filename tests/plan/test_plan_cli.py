@@ -277,6 +277,12 @@ def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path)
         # The experts' format comes from the checkpoint's tensors (MXFP4, as `model init` writes them).
         assert got["weights"].pop("expert_format_from") == "the checkpoint's tensors"
         assert got == want
+    # config.json copied away from its checkpoint: its quantization_config says MXFP4, as the tensors do.
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_bytes((tmp_path / "toy" / "config.json").read_bytes())
+    bare = plan_json(terrace, "--model", tmp_path / "bare" / "config.json")
+    assert bare["weights"].pop("expert_format_from") == "config.json's quantization_config"
+    assert bare["weights"] == want["weights"]
     r = terrace("plan", "--model", tmp_path)  # a directory without config.json
     assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
 
