@@ -16,6 +16,7 @@
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
 #include "src/common/json_text.h"
+#include "src/common/param_count.h"
 #include "src/model/names.h"
 #include "src/model/safetensors.h"
 #include "src/plan/analytic.h"
@@ -160,14 +161,6 @@ std::string Sec(double s) {
   if (s >= 1.0) return fmt::format("{:.2f} s", s);
   if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
   return fmt::format("{:.1f} us", s * 1e6);
-}
-
-// A parameter count: "3.11 G", "38.6 M", "912.0 K" (never "B", which reads as bytes).
-std::string ParamCount(double n) {
-  if (n >= 1e9) return fmt::format("{:.2f} G", n / 1e9);
-  if (n >= 1e6) return fmt::format("{:.1f} M", n / 1e6);
-  if (n >= 1e3) return fmt::format("{:.1f} K", n / 1e3);
-  return fmt::format("{:.0f}", n);
 }
 
 json PlanJson(const Plan& p) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/common/json_text.h"
+#include "src/common/param_count.h"
 #include "src/model/safetensors.h"
 
 namespace terrace::model {
@@ -41,13 +42,6 @@ std::string HumanBytes(std::uint64_t b) {
   if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1ull << 20));
   if (b >= (1ull << 10)) return fmt::format("{:.2f} KiB", static_cast<double>(b) / (1ull << 10));
   return fmt::format("{} B", b);
-}
-
-std::string HumanCount(std::uint64_t n) {
-  if (n >= 1'000'000'000ull) return fmt::format("{:.2f} B", static_cast<double>(n) / 1e9);
-  if (n >= 1'000'000ull) return fmt::format("{:.2f} M", static_cast<double>(n) / 1e6);
-  if (n >= 1'000ull) return fmt::format("{:.1f} K", static_cast<double>(n) / 1e3);
-  return fmt::format("{}", n);
 }
 
 // Counts the NaN / infinite values of a float tensor (or an MXFP4 scale tensor's NaN code 255).
@@ -151,7 +145,7 @@ std::string FormatInspectText(const InspectReport& r, bool list_tensors) {
   out += fmt::format("{:<16} {:>9} {:>12} {:>14} {:>7}\n", "component", "tensors", "params", "bytes", "share");
   auto line = [&](const ComponentTotal& t) {
     const double share = r.all.bytes ? 100.0 * static_cast<double>(t.bytes) / static_cast<double>(r.all.bytes) : 0;
-    out += fmt::format("{:<16} {:>9} {:>12} {:>14} {:>6.1f}%\n", t.component, t.tensors, HumanCount(t.params),
+    out += fmt::format("{:<16} {:>9} {:>12} {:>14} {:>6.1f}%\n", t.component, t.tensors, ParamCount(static_cast<double>(t.params)),
                        HumanBytes(t.bytes), share);
   };
   for (const auto& t : r.totals) line(t);

@@ -57,3 +57,21 @@ def test_broken_checkpoints_fail_with_exit_1(terrace, tmp_path):
     st.write_bytes(bytes(data))
     r = terrace("model", "run", "--model", shifted, "--tokens", "1,2,3", check=False)
     assert r.returncode == 1 and "cover" in r.stderr, r.stderr
+
+
+def test_inspect_text_counts_parameters_with_decimal_prefixes(terrace):
+    """The params column reads as a count (K, M, G, T), never "B" (bytes, as in the next column),
+    and agrees with --json's exact counts to its printed precision."""
+    j = json.loads(terrace("model", "inspect", "--preset", "kimi-k3", "--json").stdout)
+    want = {**{k: v["params"] for k, v in j["components"].items()}, "total": j["total"]["params"]}
+    text = terrace("model", "inspect", "--preset", "kimi-k3", "--summary").stdout
+    scale = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    seen = set()
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[0] in want:
+            assert f[3] in scale, line  # a count's prefix, not bytes' "B"
+            assert abs(float(f[2]) * scale[f[3]] - want[f[0]]) <= 0.01 * want[f[0]], line
+            seen.add(f[0])
+    assert seen == set(want)
+    assert " 2.78 T " in text  # K3's 2,779 billion parameters
