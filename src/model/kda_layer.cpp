@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "src/model/kda.h"
+#include "src/model/names.h"
 #include "src/model/ops.h"
 #include "src/model/short_conv.h"
 #include "src/model/vec_math.h"
@@ -37,9 +38,9 @@ Status CheckKdaWeights(const KdaWeights& w, const KdaDims& dims, std::string_vie
   TERRACE_RETURN_IF_ERROR(CheckShape(w.f_a, {K, d}, where, "f_a_proj.weight"));
   TERRACE_RETURN_IF_ERROR(CheckShape(w.f_b, {H * K, K}, where, "f_b_proj.weight"));
   TERRACE_RETURN_IF_ERROR(CheckShape(w.b_proj, {H, d}, where, "b_proj.weight"));
-  if (w.a_log.numel() < H)
-    return Status::InvalidArgument(fmt::format("{}A_log: expected at least {} values (one per head), got {}", where,
-                                               H, w.a_log.numel()));
+  if (!IsPerHeadVectorShape(w.a_log.shape, H))
+    return Status::InvalidArgument(fmt::format("{}A_log: expected a vector of at least {} values (one per head), got "
+                                               "shape {}", where, H, ShapeString(w.a_log.shape)));
   if (w.dt_bias.numel() != H * K && w.dt_bias.numel() != H)
     return Status::InvalidArgument(fmt::format("{}dt_bias: expected {} values (heads x head_dim) or {}, got {}", where,
                                                H * K, H, w.dt_bias.numel()));

@@ -252,6 +252,17 @@ std::int64_t TensorSpec::params() const {
 
 std::uint64_t TensorSpec::bytes() const { return static_cast<std::uint64_t>(NumElements(shape)) * DTypeSize(dtype); }
 
+bool IsPerHeadVectorShape(const std::vector<std::int64_t>& stored, std::int64_t heads) {
+  int above_one = 0;
+  std::int64_t length = 1;
+  for (std::int64_t d : stored) {
+    if (d <= 0) return false;
+    if (d > 1) ++above_one;
+    length *= d;
+  }
+  return above_one <= 1 && length >= heads;
+}
+
 ExpertFormat DetectExpertFormat(const WeightSource& source, const ModelConfig& c) {
   const int l = c.first_k_dense_replace;
   if (l >= c.num_hidden_layers) return ExpertFormat::kMxfp4;
@@ -389,7 +400,7 @@ std::vector<std::string> FindWeightProblems(const WeightSource& source, const Mo
                                      ShapeString(spec.shape)));
       continue;
     }
-    const bool reshape_ok = spec.name.ends_with(".A_log") && view->numel() >= NumElements(spec.shape);
+    const bool reshape_ok = spec.name.ends_with(".A_log") && IsPerHeadVectorShape(view->shape, NumElements(spec.shape));
     if (view->shape != spec.shape && !reshape_ok) {
       problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", spec.name, ShapeString(view->shape),
                                      ShapeString(spec.shape)));

@@ -62,6 +62,12 @@ struct TensorSpec {
   std::uint64_t bytes() const;  // stored size: elements x DTypeSize(dtype)
 };
 
+// Whether a stored KDA `A_log` of shape `stored` can stand for the [heads] vector: one vector of at
+// least `heads` values, with any number of size-1 dimensions around it ([H], [1, 1, H, 1] as
+// transformers writes it, K3's padded [128] for 96 heads); its first `heads` values are used. A shape
+// with two dimensions above 1 (a per-channel [H, dk]) is not a per-head vector and is refused.
+bool IsPerHeadVectorShape(const std::vector<std::int64_t>& stored, std::int64_t heads);
+
 // How a checkpoint stores its routed experts (the public ExpertFormat, terrace/model_weights.h):
 // kMxfp4 (experts.E.wN.weight_packed + weight_scale, U8; K3) or kF32, plain float matrices
 // (experts.E.wN.weight, F32/BF16/F16; Kimi Linear, transformers), read as fp32.

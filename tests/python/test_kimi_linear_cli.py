@@ -75,3 +75,20 @@ def test_inspect_text_counts_parameters_with_decimal_prefixes(terrace):
             seen.add(f[0])
     assert seen == set(want)
     assert " 2.78 T " in text  # K3's 2,779 billion parameters
+
+
+def test_a_per_channel_a_log_is_refused_not_read_as_one_value_per_head(terrace, tmp_path):
+    """transformers stores A_log as [1, 1, H, 1] (read, see the logits test); a per-channel [H, 64]
+    holds more than H values too, but its first H are head 0's: the loader and inspect refuse it."""
+    bad = tmp_path / "per_channel"
+    shutil.copytree(FIXTURE / "checkpoint", bad)
+    from safetensors.numpy import save_file
+    tensors = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.0.self_attn.A_log"
+    heads = tensors[name].size
+    tensors[name] = np.repeat(tensors[name].reshape(heads, 1), 64, axis=1)
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    r = terrace("model", "run", "--model", bad, "--tokens", "1,2,3", check=False)
+    assert r.returncode == 1 and name in r.stderr and f"[{heads}, 64]" in r.stderr, r.stderr
+    r = terrace("model", "inspect", bad, check=False)
+    assert r.returncode == 1 and name in r.stdout + r.stderr and f"[{heads}, 64]" in r.stdout + r.stderr
