@@ -138,25 +138,39 @@ Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_vi
   return ParseIntegerInRange<std::uint64_t>(text, flag, min, max);
 }
 
-CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
-                             double max, const std::string& help) {
+namespace {
+// A finite double option in [min, max], or (0, max] when `above_zero`.
+CLI::Option* AddBoundedDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
+                                    double max, bool above_zero, const std::string& help) {
+  const std::string range = above_zero ? fmt::format("above 0, at most {}", max) : fmt::format("{} to {}", min, max);
   return app
       ->add_option_function<std::string>(
           name,
-          [value, name, min, max](const std::string& text) {
+          [value, name, min, max, above_zero, range](const std::string& text) {
             double v = 0;
             auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
             if (ec != std::errc() || p != text.data() + text.size() || text.empty() || !std::isfinite(v)) {
-              throw CLI::ValidationError(
-                  fmt::format("{} '{}' is not a finite number; give a value from {} to {}", name, text, min, max));
+              throw CLI::ValidationError(fmt::format("{} '{}' is not a finite number; give a value {}", name, text,
+                                                     above_zero ? range : "from " + range));
             }
-            if (v < min || v > max) {
-              throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {} to {}", name, text, min, max));
+            if (above_zero ? !(v > 0 && v <= max) : (v < min || v > max)) {
+              throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {}", name, text, range));
             }
             *value = v;
           },
-          help + fmt::format(" ({} to {})", min, max))
+          help + " (" + range + ")")
       ->type_name("NUMBER");
+}
+}  // namespace
+
+CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
+                             double max, const std::string& help) {
+  return AddBoundedDoubleOption(app, name, value, min, max, /*above_zero=*/false, help);
+}
+
+CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double max,
+                                     const std::string& help) {
+  return AddBoundedDoubleOption(app, name, value, 0.0, max, /*above_zero=*/true, help);
 }
 
 void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> out) {

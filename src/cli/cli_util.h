@@ -114,6 +114,9 @@ CLI::Option* AddOptionalIntOption(CLI::App* app, const std::string& name, std::o
 // A finite floating-point option in [min, max] (NaN, inf and out-of-range values are usage errors).
 CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
                              double max, const std::string& help);
+// A finite floating-point option in (0, max]: above zero, as config.json's keys of the same meaning.
+CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double max,
+                                     const std::string& help);
 
 // The deterministic test pattern of block `key` under `seed`: `size` bytes from a splitmix64 stream
 // seeded by (seed, key). `store fill` writes it and `store check` re-derives it.

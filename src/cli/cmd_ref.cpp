@@ -338,16 +338,16 @@ void RegisterRef(CLI::App& app, Runner* run) {
   auto* mla = add("mla", "Gated MLA layer on hidden_states [T, d] -> output, latents", RefMla);
   AddOptionalIntOption(mla, "--heads", &args->heads, 1, 4096, "num_attention_heads")->required();
   mla->add_flag("--absorbed", args->absorbed, "Use the absorbed form (default: naive)");
-  AddDoubleOption(mla, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon (default 1e-5)");
+  AddPositiveDoubleOption(mla, "--eps", &args->eps, model::kMaxRmsEps, "RMSNorm epsilon (default 1e-5)");
   add("attnres", "Block AttnRes mix of sources [S, T, d] -> output [T, d]", RefAttnRes);
   auto* moe = add("moe", "Stable LatentMoE layer on hidden_states [T, d] -> output, topk_ids, topk_weights", RefMoe);
   moe->add_option("--config", args->config, "config.json to take the MoE settings from");
   AddOptionalIntOption(moe, "--top-k", &args->top_k, 1, 4096, "num_experts_per_token");
-  AddDoubleOption(moe, "--scaling", &args->scaling, -1e6, 1e6, "routed_scaling_factor (default 1)");
-  AddDoubleOption(moe, "--situ-beta", &args->situ_beta, -1e6, 1e6, "activation_situ_beta (default 4)");
-  AddDoubleOption(moe, "--situ-linear-beta", &args->situ_linear_beta, -1e6, 1e6,
+  AddPositiveDoubleOption(moe, "--scaling", &args->scaling, model::kMaxScaling, "routed_scaling_factor (default 1)");
+  AddPositiveDoubleOption(moe, "--situ-beta", &args->situ_beta, model::kMaxSituBeta, "activation_situ_beta (default 4)");
+  AddPositiveDoubleOption(moe, "--situ-linear-beta", &args->situ_linear_beta, model::kMaxSituBeta,
                   "activation_situ_linear_beta (default 25)");
-  AddDoubleOption(moe, "--eps", &args->eps, 1e-30, 1.0, "RMSNorm epsilon for the latent norm (default 1e-5)");
+  AddPositiveDoubleOption(moe, "--eps", &args->eps, model::kMaxRmsEps, "RMSNorm epsilon for the latent norm (default 1e-5)");
   add("mxfp4", "Dequantise weight_packed U8 [R, C/2] + weight_scale U8 [R, C/32] -> weight F32 [R, C]; with input F32 [T, C] also output = input weight^T (the fused MXFP4 kernel)", RefMxfp4);
   RegisterRefCodec(ref, run);
 }

@@ -32,9 +32,6 @@ constexpr std::int64_t kMaxRank = 65536;          // q_lora_rank, kv_lora_rank, 
 constexpr std::int64_t kMaxExperts = 65536;
 constexpr std::int64_t kMaxTopK = 1024;
 constexpr std::int64_t kMaxIntermediate = 1 << 20;
-constexpr double kMaxRmsEps = 0.1;
-constexpr double kMaxScaling = 1000.0;
-constexpr double kMaxSituBeta = 1e4;
 constexpr double kMinGateLowerBound = -100.0;
 constexpr std::int64_t kMaxImpliedTensors = 1'000'000;  // K3 ships 497,220
 

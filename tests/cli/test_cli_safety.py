@@ -67,6 +67,14 @@ def test_token_outside_vocabulary_is_a_usage_error(terrace, toy_model):
     (["ref", "mla", "--in", "i", "--out", "o", "--heads", "-1"], "--heads"),
     (["ref", "moe", "--in", "i", "--out", "o", "--top-k", "-5"], "--top-k"),
     (["ref", "moe", "--in", "i", "--out", "o", "--eps", "nan"], "--eps"),
+    # The flags standing for config.json keys take the key's range: a zero SiTU beta divided by zero
+    # (an all-zero output), a zero or negative routed scaling was computed.
+    (["ref", "moe", "--in", "i", "--out", "o", "--situ-beta", "0"], "--situ-beta"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--situ-linear-beta", "-4"], "--situ-linear-beta"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--scaling", "0"], "--scaling"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--scaling", "-1"], "--scaling"),
+    (["ref", "moe", "--in", "i", "--out", "o", "--eps", "0.5"], "--eps"),
+    (["ref", "mla", "--in", "i", "--out", "o", "--heads", "2", "--eps", "0"], "--eps"),
 ])
 def test_out_of_range_numbers_are_refused_naming_the_flag(terrace, tmp_path, args, flag):
     r = terrace(*args, cwd=tmp_path, timeout=60)
