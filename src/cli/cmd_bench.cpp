@@ -90,6 +90,10 @@ struct BenchArgs {
 // Marks a directory the bench created (and removes on exit), so that a later run recognises what a
 // killed run (SIGKILL, power loss) left behind.
 constexpr const char* kBenchMarker = "terrace-bench.marker";
+// Marks a store directory a run with --keep created: later runs reuse it (and never remove it); an
+// existing store without it is not the bench's, and the bench, which writes and erases its own
+// blocks in the store it opens, refuses it.
+constexpr const char* kBenchKeptMarker = "terrace-bench-kept.marker";
 
 struct BenchResult {
   double seconds = 0;
@@ -476,6 +480,31 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+// What --dir of an NVMe run holds before the bench opens it: nothing (absent or empty: a new store),
+// or a store an earlier --keep run made (reopened; *reopened set). A store without the kept
+// marker, or other files, is refused with InvalidArgument naming --dir: the bench would write its
+// blocks into it. A block device is taken as given (the flag names the whole device).
+Status CheckDirContents(const std::filesystem::path& dir, bool* reopened) {
+  *reopened = false;
+  std::error_code ec;
+  if (IsBlockDevice(dir.string()) || !std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec)) {
+    return Status::Ok();
+  }
+  if (IsOwnedStore(dir, kBenchKeptMarker)) {
+    *reopened = true;
+    return Status::Ok();
+  }
+  if (StoreDataExists(dir)) {
+    return Status::InvalidArgument(fmt::format(
+        "--dir {} holds a Terrace store that 'terrace bench tiers --keep' did not create (no {}); the bench writes "
+        "and erases its own blocks in the store it opens, so it leaves this one alone: give a new or empty --dir",
+        dir.string(), kBenchKeptMarker));
+  }
+  return Status::InvalidArgument(fmt::format("--dir {} is not empty and holds no store of the bench; give a new or "
+                                             "empty directory (the bench removes what it creates there)",
+                                             dir.string()));
+}
+
 int RunBenchTiers(const BenchArgs& a) {
   StopSignals stop_signals;  // workers stop, the tier closes and what the bench created is removed
   if (a.host_prefault_given && a.tier != "host") {
@@ -502,6 +531,10 @@ int RunBenchTiers(const BenchArgs& a) {
     if (Status s = CheckBenchPaths(a, dir); !s.ok()) return FailUsage(s.message());
     if (Status s = RemoveLeftovers(a, dir); !s.ok()) return Fail(s.ToString());
   }
+  bool reopened = false;  // --dir holds the store an earlier --keep run made
+  if (a.tier == "nvme") {
+    if (Status s = CheckDirContents(dir, &reopened); !s.ok()) return FailUsage(s.message());
+  }
   if (Status s = CheckBenchSizes(a, dir); !s.ok()) return FailUsage(s.message());
   // Declared before the tier, so it runs after the tier is closed, on every return path.
   RemoveCreatedDirs cleanup;
@@ -520,6 +553,9 @@ int RunBenchTiers(const BenchArgs& a) {
   }
   if (created_index) {
     if (Status s = WriteMarker(a.index_dir, kBenchMarker, "terrace bench tiers"); !s.ok()) return Fail(s.ToString());
+  }
+  if (a.tier == "nvme" && a.keep && !reopened && !IsBlockDevice(dir.string())) {
+    if (Status s = WriteMarker(dir, kBenchKeptMarker, "terrace bench tiers --keep"); !s.ok()) return Fail(s.ToString());
   }
 
   const std::uint64_t blocks = a.total_bytes / a.block_size;
@@ -660,7 +696,9 @@ int RunBenchTiers(const BenchArgs& a) {
            fmt::format("{:.1f}", p50), fmt::format("{:.1f}", p99)});
     fmt::print("{}", t.Render());
     if (!stats.detail.empty()) fmt::print("{}: {}\n", a.tier, stats.detail);
-    fmt::print("tier open (create{}): {:.2f} s, not in MB/s\n", a.tier == "host" ? ", with any populate" : "", open_seconds);
+    fmt::print("tier open ({}): {:.2f} s, not in MB/s\n",
+               reopened ? "reopening the kept store" : a.tier == "host" ? "create, with any populate" : "create",
+               open_seconds);
     if (memcpy_mbps > 0) {
       fmt::print("memcpy of {}, a pass after each timed pass: {:.0f} MB/s (median); median of pass / memcpy: "
                  "{:.2f}x\n", baseline->what(), memcpy_mbps, ratio_vs_memcpy);
@@ -702,8 +740,9 @@ void RegisterBench(CLI::App& app, Runner* run) {
   AddIntOption(tiers, "--repeat", &a->repeat, 1u, 100u,
                "Timed passes; MB/s and IOPS are the median pass (an even count: the mean of the two middle passes)");
   auto* keep_opt = tiers->add_flag("--keep", a->keep,
-                  "Keep the NVMe directory and index directory the bench created (unmarked: a later run reuses "
-                  "them and never removes them). A read run on a kept store that holds its blocks reads them "
+                  "Keep the NVMe directory and index directory the bench created (marked with "
+                  "terrace-bench-kept.marker: a later run reuses them and never removes them; a store without "
+                  "that marker is refused). A read run on a kept store that holds its blocks reads them "
                   "without writing them first");
   AddHostPrefaultOption(tiers, &a->host_prefault,
                     "Host tier: when its memory is faulted in. on: each new arena chunk on a background thread, "

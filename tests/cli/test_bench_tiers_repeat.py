@@ -114,7 +114,41 @@ def test_bench_tiers_nvme_read_reuses_a_kept_data_set(terrace, tmp_path):
         runs.append(json.loads(r.stdout))
     assert [j["prep_writes"] for j in runs] == [2048, 0, 4096, 0]
     assert all(j["iops"] > 0 for j in runs)
+    assert (d / "terrace-bench-kept.marker").is_file()
+    r = terrace(*args[:-1], "--total-bytes", "8MiB", timeout=120)  # the text says it reopened the store
+    assert r.returncode == 0 and "tier open (reopening the kept store)" in r.stdout, r.stdout
     shutil.rmtree(d)
+
+
+def _tree_digest(root):
+    import hashlib
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_bench_tiers_nvme_leaves_a_store_it_did_not_create_alone(terrace, tmp_path):
+    """The bench writes and erases its own blocks in the store it opens: a store `store fill` made
+    (or any other without the bench's kept marker) is refused with exit 2 and left byte for byte as
+    it was; so is a directory of other files."""
+    user = tmp_path / "user"
+    r = terrace("store", "fill", "--dir", user, "--count", "8", "--block-size", "4096", "--seed", "3",
+                "--capacity", "16MiB", timeout=120)
+    assert r.returncode == 0, r.stderr
+    before = _tree_digest(user)
+    for op in ("write", "read"):
+        r = terrace("bench", "tiers", "--tier", "nvme", "--op", op, "--block-size", "4KiB", "--total-bytes", "1MiB",
+                    "--dir", user, timeout=120)
+        assert r.returncode == 2 and "--dir" in r.stderr and "terrace-bench-kept.marker" in r.stderr, r.stderr
+        assert _tree_digest(user) == before
+    r = terrace("store", "check", "--dir", user, "--seed", "3", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--block-size", "4KiB", "--total-bytes", "1MiB",
+                "--dir", other, timeout=120)
+    assert r.returncode == 2 and "--dir" in r.stderr and "not empty" in r.stderr, r.stderr
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
 
 
 def test_bench_tiers_host_stream_gets_flag(terrace):
