@@ -308,6 +308,26 @@ def test_duplicate_key_in_a_trace_line_is_refused_naming_file_line_and_key(terra
     assert r.stdout == ""
 
 
+def test_nul_byte_in_a_trace_line_or_hardware_file_is_refused_naming_where(terrace, tmp_path):
+    """The JSON parser read a NUL byte as the end of the text and ignored the rest: a trace line of two
+    requests parsed as one, a hardware file's keys after the NUL were dropped (gpus stayed 8)."""
+    first = '{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}'
+    bad = tmp_path / "nul.jsonl"
+    bad.write_bytes(first.encode() + b"\n" + first.encode() + b"\x00" +
+                    b'{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [2]}\n')
+    r = terrace("plan", "--trace", bad, "--sweep-points", "1", "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    where = f"line 1, column {len(first) + 1} (byte offset {len(first)})"
+    assert f"{bad}:2: not valid JSON: a NUL byte at {where}" in r.stderr
+    assert r.stdout == ""
+    hw = tmp_path / "hw.json"
+    hw.write_bytes(b'{"base": "h200-gen5"}\n\x00{"gpus": 1}')
+    r = terrace("plan", "--hardware", hw, "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"--hardware: {hw}: not valid JSON: a NUL byte at line 2, column 1 (byte offset 22)" in r.stderr
+    assert r.stdout == ""
+
+
 def block_lengths_agree(path, block_tokens=512):
     """Mooncake's hash ids name blocks chained from the prompt's start: an id stands for the same
     tokens wherever it appears, so it never names blocks of two lengths (a partial last block that
