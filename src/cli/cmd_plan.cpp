@@ -368,6 +368,17 @@ void PrintPlan(const Plan& p) {
   for (const std::string& warning : p.warnings) fmt::print("warning: {}\n", warning);
 }
 
+// "2 snapshots", "1 snapshot", "1/16 of a snapshot": KDA snapshots per trace block.
+std::string SnapshotCountText(double per_block) {
+  if (per_block >= 1) return fmt::format("{:g} snapshot{}", per_block, per_block == 1 ? "" : "s");
+  return fmt::format("1/{:g} of a snapshot", 1 / per_block);
+}
+
+// A sum over the replay's requests, per request (0 for no requests).
+double PerRequest(const ReplayResult& r, double total) {
+  return r.requests ? total / static_cast<double>(r.requests) : 0.0;
+}
+
 json ReplayJson(const ReplayResult& r) {
   json tiers = json::array();
   for (std::size_t t = 0; t < r.tiers.size(); ++t) {
@@ -381,9 +392,10 @@ json ReplayJson(const ReplayResult& r) {
           {"hit_tokens", r.hit_tokens},
           {"tiers", tiers},
           {"ttft_saved_s", r.ttft_saved_s},
-          {"ttft_saved_s_per_request", r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0},
+          {"ttft_saved_s_per_request", PerRequest(r, r.ttft_saved_s)},
           {"restore_s", r.restore_s},
           {"queue_wait_s", r.queue_wait_s},
+          {"queue_wait_s_per_request", PerRequest(r, r.queue_wait_s)},
           {"restores", r.restores},
           {"restores_slower_than_recompute", r.restores_slower_than_recompute},
           {"bytes_moved", r.bytes_moved()},
@@ -400,17 +412,16 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
   for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
 
-  // Block sizes from the layout: a trace block is ceil(block / chunk) stored KV chunks, stored with
-  // the KDA snapshots due in it (each: every KDA layer's snapshot block); a restore reads one.
-  const auto chunk_tokens = static_cast<std::uint64_t>(a.chunk_tokens);
-  const std::uint64_t chunks = (bt + chunk_tokens - 1) / chunk_tokens;
+  // What the store holds per trace block (ChargeTraceBlock); a restore reads one snapshot.
   const std::uint64_t snapshot_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
-  const std::uint64_t snapshots_per_block =
-      snapshot_bytes == 0 ? 0 : SnapshotsPerTraceBlock(bt, chunk_tokens, plan.options.layout.snapshot_every);
+  auto charge = ChargeTraceBlock(bt, static_cast<std::uint64_t>(a.chunk_tokens), plan.memory.mla_chunk_block_bytes,
+                                 plan.options.layout.snapshot_every, snapshot_bytes);
+  if (!charge.ok()) return FailUsage(charge.status().message());
   ReplayOptions ro;
   ro.block_tokens = bt;
-  ro.block_bytes = chunks * plan.memory.mla_chunk_block_bytes;
-  ro.snapshot_bytes_per_block = snapshots_per_block * snapshot_bytes;
+  ro.block_bytes = charge->kv_bytes;
+  ro.snapshot_bytes_per_block = charge->snapshot_bytes;
+  ro.restore_every_blocks = charge->restore_every_blocks;
   ro.restore_extra_bytes = snapshot_bytes;
   ro.prefill_tokens_per_s = plan.lifecycle.prefill_tokens_per_s;
   ro.nodes = a.nodes;
@@ -433,7 +444,9 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["unique_blocks"] = ceiling.unique_blocks;
   tj["block_tokens"] = bt;
   tj["block_bytes"] = ro.block_bytes;
-  tj["snapshots_per_block"] = snapshots_per_block;
+  tj["chunks_per_block"] = charge->chunks_per_block;
+  tj["restore_every_blocks"] = charge->restore_every_blocks;
+  tj["snapshots_per_block"] = snapshot_bytes == 0 ? 0.0 : charge->snapshots_per_block;
   tj["snapshot_bytes_per_block"] = ro.snapshot_bytes_per_block;
   tj["stored_block_bytes"] = ro.stored_block_bytes();
   // Whether the tiers' capacity holds the KDA snapshots with the blocks (false: a model without KDA
@@ -516,11 +529,17 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                FormatBytes(static_cast<double>(ro.stored_block_bytes())), FormatPercent(ceiling.fraction()));
     if (ro.snapshot_bytes_per_block > 0) {
       *text += fmt::format(
-          "note: a block is {} of KV and {} of KDA state ({} snapshot{} of {}, at its restore boundaries); the tiers, "
+          "note: a block is {} of KV and {} of KDA state ({} of {}, at its restore boundaries); the tiers, "
           "the footprint ({}) and the sweep's capacities hold both, so the hit rates are for KV + snapshots\n",
           FormatBytes(static_cast<double>(ro.block_bytes)), FormatBytes(static_cast<double>(ro.snapshot_bytes_per_block)),
-          snapshots_per_block, snapshots_per_block == 1 ? "" : "s", FormatBytes(static_cast<double>(snapshot_bytes)),
+          SnapshotCountText(charge->snapshots_per_block), FormatBytes(static_cast<double>(snapshot_bytes)),
           FormatBytes(static_cast<double>(footprint)));
+    }
+    if (ro.restore_every_blocks > 1) {
+      *text += fmt::format(
+          "note: a restore boundary falls every {} blocks of {} tokens (--chunk-tokens {}), so prefix hits count in "
+          "runs of {} blocks, as the store restores; each block is charged its share of a chunk\n",
+          ro.restore_every_blocks, bt, a.chunk_tokens, ro.restore_every_blocks);
     }
     if (mismatched > 0) {
       *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
@@ -533,13 +552,13 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
                FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.placement, a.write_policy, a.nodes,
                RoutingName(ro.routing));
-    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "restore stall (queued)", "slower than recompute",
-             "bytes moved"});
+    Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "queued restore wait/req",
+             "slower than recompute", "bytes moved"});
     for (std::size_t i = 0; i < results.size(); ++i) {
       const ReplayResult& r = results[i];
       t.Add({std::string(ReplayPolicyName(policies[i])), FormatPercent(r.hit_rate()), FormatPercent(r.tier_hit_rate(0)),
              FormatPercent(r.tier_hit_rate(1)), FormatPercent(r.tier_hit_rate(2)),
-             Sec(r.requests ? r.ttft_saved_s / static_cast<double>(r.requests) : 0.0), Sec(r.queue_wait_s),
+             Sec(PerRequest(r, r.ttft_saved_s)), Sec(PerRequest(r, r.queue_wait_s)),
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
     *text += fmt::format("{}\n", t.Render());

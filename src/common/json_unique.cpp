@@ -44,6 +44,14 @@ std::string JsonUniqueReason(const json::exception& e) {
   return std::string(what);
 }
 
+// "line 2, column 5" of byte `offset` in `text` (both from 1; a column counts bytes, as nlohmann's do).
+std::string JsonTextPosition(std::string_view text, std::size_t offset) {
+  const std::string_view before = text.substr(0, offset);
+  const std::size_t line_start = before.rfind('\n');
+  const std::size_t column = line_start == std::string_view::npos ? offset + 1 : offset - line_start;
+  return fmt::format("line {}, column {}", std::count(before.begin(), before.end(), '\n') + 1, column);
+}
+
 }  // namespace
 
 int JsonNestingDepth(std::string_view text) {
@@ -74,6 +82,12 @@ Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
     if (error != nullptr) *error = kind;
     return Status::InvalidArgument(std::move(message));
   };
+  // nlohmann reads a NUL byte as the end of the input and ignores what follows it.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return fail(JsonParseError::kSyntax,
+                fmt::format("not valid JSON: a NUL byte at {} (byte offset {}); JSON text cannot hold one, remove it",
+                            JsonTextPosition(text, nul), nul));
+  }
   if (const int depth = JsonNestingDepth(text); depth > kMaxJsonDepth) {
     return fail(JsonParseError::kTooDeep,
                 fmt::format("objects and arrays nest {} levels deep, over the limit of {}", depth, kMaxJsonDepth));

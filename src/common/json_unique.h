@@ -21,7 +21,7 @@ namespace terrace {
 // What was wrong with the text, for callers that word their own message.
 enum class JsonParseError : std::uint8_t {
   kNone,
-  kSyntax,            // not one valid JSON document (RFC 8259), e.g. a missing brace, bad UTF-8
+  kSyntax,            // not one valid JSON document (RFC 8259), e.g. a missing brace, bad UTF-8, a NUL byte
   kNumberOutOfRange,  // a number no double holds (1e400)
   kDuplicateKey,      // a key appears twice in one object
   kTooDeep,           // objects and arrays nested deeper than kMaxJsonDepth
@@ -37,7 +37,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // string contents; the text need not be valid JSON.
 int JsonNestingDepth(std::string_view text);
 
-// Parses `text` as one JSON document, as nlohmann::json::parse does (trailing text is refused),
+// Parses `text` as one JSON document, as nlohmann::json::parse does (trailing text is refused; so
+// is a NUL byte anywhere, which nlohmann would read as the end of the text),
 // except that a key repeated within one object is refused. On failure: InvalidArgument with a
 // message naming what was wrong and where, without any file name (the caller prefixes its own):
 //   duplicate key "input_length" (a key may appear once per object)
@@ -45,6 +46,7 @@ int JsonNestingDepth(std::string_view text);
 //   a number is out of range: number overflow parsing '1e400'
 //   not valid JSON: parse error at line 1, column 1: syntax error while parsing value - invalid literal; last read: 'x'
 //   objects and arrays nest 100000 levels deep, over the limit of 64
+//   not valid JSON: a NUL byte at line 1, column 77 (byte offset 76); JSON text cannot hold one, remove it
 // and, when `error` is given, sets *error to the kind (kNone on success).
 Result<nlohmann::json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error = nullptr);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -73,11 +74,11 @@ class Simulator {
     return n;
   }
 
-  // Leading run of `ids` resident on `n`.
-  static std::size_t ResidentPrefix(const Node& n, const std::vector<std::uint64_t>& ids) {
+  // Leading run of `ids` resident on `n`, cut back to a whole multiple of restore_every_blocks.
+  std::size_t RestorablePrefix(const Node& n, const std::vector<std::uint64_t>& ids) const {
     std::size_t run = 0;
     while (run < ids.size() && n.where.contains(ids[run])) ++run;
-    return run;
+    return run - run % o_.restore_every_blocks;
   }
 
   // Puts a copy of `id` into slot k, evicting its policy's victims first, as the store's PlaceWith
@@ -160,7 +161,7 @@ class Simulator {
       if (o_.routing == Routing::kPrefixAffinity && nodes.size() > 1) {
         std::size_t best = 0, best_run = 0;
         for (std::size_t i = 0; i < nodes.size(); ++i) {
-          const std::size_t run = ResidentPrefix(nodes[i], req.hash_ids);
+          const std::size_t run = RestorablePrefix(nodes[i], req.hash_ids);
           if (i == 0 || run > best_run || (run == best_run && nodes[i].requests < nodes[best].requests)) {
             best = i;
             best_run = run;
@@ -174,7 +175,7 @@ class Simulator {
       r_->blocks += req.hash_ids.size();
       r_->prompt_tokens += req.input_length;
 
-      const std::size_t run = ResidentPrefix(n, req.hash_ids);
+      const std::size_t run = RestorablePrefix(n, req.hash_ids);
       hit_tier.resize(run);
       std::fill(per_tier_bytes.begin(), per_tier_bytes.end(), 0);
       for (std::size_t i = 0; i < run; ++i) {
@@ -232,11 +233,36 @@ class Simulator {
 
 }  // namespace
 
-std::uint64_t SnapshotsPerTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens, int snapshot_every) {
-  if (snapshot_every <= 0 || chunk_tokens == 0) return 1;
-  const std::uint64_t chunks = (block_tokens + chunk_tokens - 1) / chunk_tokens;
+Result<TraceBlockCharge> ChargeTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens,
+                                          std::uint64_t chunk_block_bytes, int snapshot_every,
+                                          std::uint64_t snapshot_bytes) {
+  if (block_tokens == 0 || chunk_tokens == 0 || chunk_block_bytes == 0) {
+    return Status::InvalidArgument("a trace block needs positive --trace-block-tokens, --chunk-tokens and chunk bytes");
+  }
+  if (snapshot_every < 1) {
+    return Status::InvalidArgument(
+        fmt::format("the replay charges KDA snapshots at chunk boundaries: snapshot_every must be at least 1 (got {})",
+                    snapshot_every));
+  }
+  if (block_tokens % chunk_tokens != 0 && chunk_tokens % block_tokens != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "--trace-block-tokens {} and --chunk-tokens {}: neither divides the other, so a trace block would hold parts "
+        "of two stored chunks; give a --chunk-tokens that divides {} or is a multiple of it",
+        block_tokens, chunk_tokens, block_tokens));
+  }
+  // Exact fractions: num / den chunks per block (one of them 1).
+  const std::uint64_t num = block_tokens >= chunk_tokens ? block_tokens / chunk_tokens : 1;
+  const std::uint64_t den = block_tokens >= chunk_tokens ? 1 : chunk_tokens / block_tokens;
   const auto every = static_cast<std::uint64_t>(snapshot_every);
-  return std::max<std::uint64_t>(1, (chunks + every - 1) / every);
+  auto rounded = [](std::uint64_t n, std::uint64_t d) { return (n + d / 2) / d; };
+  TraceBlockCharge c;
+  c.chunks_per_block = static_cast<double>(num) / static_cast<double>(den);
+  c.snapshots_per_block = c.chunks_per_block / static_cast<double>(every);
+  c.kv_bytes = rounded(num * chunk_block_bytes, den);
+  c.snapshot_bytes = rounded(num * snapshot_bytes, den * every);
+  const std::uint64_t boundary_tokens = every * chunk_tokens;
+  c.restore_every_blocks = boundary_tokens / std::gcd(block_tokens, boundary_tokens);
+  return c;
 }
 
 std::string_view ReplayPolicyName(ReplayPolicy p) { return p == ReplayPolicy::kLru ? "lru" : "s3fifo"; }
@@ -251,6 +277,7 @@ std::uint64_t ReplayResult::bytes_moved() const {
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
   if (o.tiers.empty()) return Status::InvalidArgument("no tiers to replay into (give --kv-hbm, --kv-host or --kv-nvme)");
   if (o.block_tokens == 0) return Status::InvalidArgument("--trace-block-tokens must be positive");
+  if (o.restore_every_blocks == 0) return Status::InvalidArgument("restore_every_blocks must be positive");
   if (o.block_bytes == 0) return Status::InvalidArgument("the model's KV block size is 0 bytes (a model without MLA layers?)");
   if (o.snapshot_bytes_per_block > UINT64_MAX / 2 || o.block_bytes > UINT64_MAX / 2) {
     return Status::InvalidArgument("a block's KV or snapshot bytes are over 2^63");

@@ -47,8 +47,8 @@ struct TierSpec {
 struct ReplayOptions {
   std::uint64_t block_tokens = 512;  // tokens per hash id
   std::uint64_t block_bytes = 0;     // bytes of one block's KV (> 0); read for every hit block
-  // Bytes of the KDA snapshots stored with each block (SnapshotsPerTraceBlock x every KDA layer's
-  // snapshot block; 0 for a model without KDA layers). They take tier capacity with the block's
+  // Bytes of the KDA snapshots stored with each block (TraceBlockCharge::snapshot_bytes; 0 for a
+  // model without KDA layers). They take tier capacity with the block's
   // KV (a tier holds capacity / stored_block_bytes() blocks) and move with it: a demotion or a
   // write-through copy writes both. Only the snapshot at the prefix's end is read on a restore
   // (restore_extra_bytes).
@@ -56,6 +56,10 @@ struct ReplayOptions {
   // Bytes loaded with every restore besides the KV blocks (the KDA snapshot at the prefix's end),
   // read from the tier that holds the last hit block.
   std::uint64_t restore_extra_bytes = 0;
+  // A prefix hit counts in whole multiples of this many blocks (TraceBlockCharge::
+  // restore_every_blocks): the leading run of resident blocks is cut back to the last block that
+  // ends at a restore boundary, as the store restores only from one; the rest is recomputed.
+  std::uint64_t restore_every_blocks = 1;
   std::vector<TierSpec> tiers;       // fastest first, at least one
   ReplayPolicy policy = ReplayPolicy::kLru;
   // The store's placement rules (StoreOptions::placement / write_policy, terrace/options.h;
@@ -72,12 +76,28 @@ struct ReplayOptions {
   std::uint64_t stored_block_bytes() const { return block_bytes + snapshot_bytes_per_block; }
 };
 
-// KDA snapshots the store keeps per trace block of `block_tokens` tokens, cut into KV chunks of
-// `chunk_tokens` with a snapshot due every `snapshot_every` chunks (kv::KvLayoutOptions; the prefix
-// cache writes one at each due chunk boundary): ceil(chunks per block / snapshot_every), at least 1
-// (a restore at a block's end needs the snapshot there); snapshot_every 0 (only at a request's
-// end) counts 1. Arguments must be positive except snapshot_every.
-std::uint64_t SnapshotsPerTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens, int snapshot_every);
+// What the store holds for one trace block of `block_tokens` tokens (docs/plan.md, "Trace replay").
+// The store cuts a prompt into KV chunks of `chunk_tokens` tokens from its first token, stores a
+// chunk (`chunk_block_bytes`) once it is complete, and writes every KDA layer's snapshot
+// (`snapshot_bytes` together) at every `snapshot_every`-th chunk boundary; a restore starts at such a
+// boundary. Either size must divide the other, so a block is whole chunks or a whole share of one.
+struct TraceBlockCharge {
+  double chunks_per_block = 0;     // block_tokens / chunk_tokens (1/n where n blocks make a chunk)
+  double snapshots_per_block = 0;  // chunks_per_block / snapshot_every
+  std::uint64_t kv_bytes = 0;      // chunks_per_block x chunk_block_bytes, to the nearest byte
+  std::uint64_t snapshot_bytes = 0;  // snapshots_per_block x snapshot_bytes, to the nearest byte
+  // Blocks between consecutive restore boundaries that fall at a block's end (snapshot_every x
+  // chunk_tokens / gcd(block_tokens, snapshot_every x chunk_tokens)): 1 unless a block is shorter
+  // than a chunk, or than snapshot_every chunks.
+  std::uint64_t restore_every_blocks = 1;
+};
+
+// InvalidArgument naming --trace-block-tokens and --chunk-tokens when neither divides the other (a
+// block would hold parts of two chunks), and for zero tokens or chunk bytes or snapshot_every < 1
+// (the replay charges the snapshots at chunk boundaries).
+Result<TraceBlockCharge> ChargeTraceBlock(std::uint64_t block_tokens, std::uint64_t chunk_tokens,
+                                          std::uint64_t chunk_block_bytes, int snapshot_every,
+                                          std::uint64_t snapshot_bytes);
 
 struct TierReplayStats {
   std::string name;
@@ -112,7 +132,7 @@ struct ReplayResult {
 // InvalidArgument (naming the CLI flag that sets it) for no tiers or none with room for a block
 // (stored_block_bytes()),
 // more tiers than a store composes (kMaxTierSlots),
-// zero block bytes or tokens,
+// zero block bytes or tokens or restore_every_blocks,
 // nodes < 1, a non-positive prefill speed or bandwidth of a lower tier.
 Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& options);
 

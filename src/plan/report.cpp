@@ -65,6 +65,12 @@ std::string Str(const json& j, const char* key) {
   return it->is_string() ? it->get<std::string>() : it->dump();
 }
 
+// "1.23 ms" for the seconds under `key`, "not recorded" where the JSON has no number there.
+std::string MsCell(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? fmt::format("{:.3g} ms", 1e3 * it->get<double>()) : "not recorded";
+}
+
 std::string Cell(const json& v) {
   if (v.is_string()) return XmlEscape(v.get<std::string>());
   if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
@@ -278,12 +284,13 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     }
     r->charts.push_back({"tier-hit-rates", RenderSvg(b)});
     *body += r->charts.back().svg;
-    *body += "<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT saved per request</th><th>restore wait</th>"
+    *body += "<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT saved per request</th>"
+             "<th>queued restore wait per request</th>"
              "<th>slower than recompute</th><th>bytes moved</th></tr></thead><tbody>";
     for (const auto& p : Arr(t, "policies")) {
-      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.3g} ms</td><td>{:.3g} s</td><td>{}</td><td>{}</td></tr>",
-                           XmlEscape(Str(p, "policy")), P(Num(p, "hit_rate")), 1e3 * Num(p, "ttft_saved_s_per_request"),
-                           Num(p, "queue_wait_s"), Cell(Field(p, "restores_slower_than_recompute")),
+      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                           XmlEscape(Str(p, "policy")), P(Num(p, "hit_rate")), MsCell(p, "ttft_saved_s_per_request"),
+                           MsCell(p, "queue_wait_s_per_request"), Cell(Field(p, "restores_slower_than_recompute")),
                            B(Num(p, "bytes_moved")));
     }
     *body += "</tbody></table>";

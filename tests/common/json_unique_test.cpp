@@ -78,3 +78,16 @@ TEST_CASE("ParseJsonUniqueKeys refuses nesting deeper than kMaxJsonDepth before 
   CHECK(JsonNestingDepth("{\"k\": \"[[[[{{{{\\\"[[[\"}") == 1);
   CHECK(ParseJsonUniqueKeys("{\"k\": \"" + std::string(1000, '[') + "\"}").ok());
 }
+
+TEST_CASE("ParseJsonUniqueKeys refuses a NUL byte anywhere, naming its line, column and offset") {
+  // nlohmann reads a NUL as the end of the text: what follows it was ignored.
+  JsonParseError kind = JsonParseError::kNone;
+  using namespace std::string_literals;
+  auto j = ParseJsonUniqueKeys("{\"base\": \"h200-gen5\"}\n\0{\"gpus\": 1}"s, &kind);
+  REQUIRE_FALSE(j.ok());
+  CHECK(kind == JsonParseError::kSyntax);
+  CHECK_THAT(j.status().message(), Catch::Contains("a NUL byte at line 2, column 1 (byte offset 22)"));
+  CHECK_THAT(ParseJsonUniqueKeys("{\"a\": 1}\0"s).status().message(),
+             Catch::Contains("a NUL byte at line 1, column 9 (byte offset 8)"));
+  CHECK_THAT(ParseJsonUniqueKeys("{\"a\": \"x\0y\"}"s).status().message(), Catch::Contains("a NUL byte at line 1"));
+}

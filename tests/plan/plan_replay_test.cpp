@@ -2,6 +2,8 @@
 // independent oracle (the prefix-hit ceiling of an infinite cache).
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include <catch2/catch.hpp>
 
@@ -313,12 +315,59 @@ TEST_CASE("KDA snapshots take tier room with their block and move with it; a res
   CHECK_THAT(none.status().message(), Catch::Contains("400-byte block") && Catch::Contains("--kv-hbm"));
 }
 
-TEST_CASE("Snapshots per trace block: one per due chunk boundary, at least the one at the block's end") {
-  CHECK(SnapshotsPerTraceBlock(512, 256, 1) == 2);
-  CHECK(SnapshotsPerTraceBlock(512, 512, 1) == 1);
-  CHECK(SnapshotsPerTraceBlock(512, 1024, 1) == 1);
-  CHECK(SnapshotsPerTraceBlock(512, 100, 1) == 6);
-  CHECK(SnapshotsPerTraceBlock(512, 100, 2) == 3);
-  CHECK(SnapshotsPerTraceBlock(512, 256, 4) == 1);
-  CHECK(SnapshotsPerTraceBlock(512, 256, 0) == 1);  // only at a request's end
+TEST_CASE("A trace block is charged what the store holds for its tokens: whole chunks or its share of one") {
+  // 512-token blocks of 256-token chunks of 1000 B, a 300 B snapshot after every chunk.
+  auto two = ChargeTraceBlock(512, 256, 1000, 1, 300);
+  REQUIRE(two.ok());
+  CHECK(two->chunks_per_block == 2);
+  CHECK(two->snapshots_per_block == 2);
+  CHECK(two->kv_bytes == 2000);
+  CHECK(two->snapshot_bytes == 600);
+  CHECK(two->restore_every_blocks == 1);
+  // 16-token blocks: 1/16 of a chunk and of a snapshot each (rounded to the byte), and a restore
+  // boundary every 16 blocks. Used to be a whole chunk and a whole snapshot per block.
+  auto sixteenth = ChargeTraceBlock(16, 256, 1000, 1, 300);
+  REQUIRE(sixteenth.ok());
+  CHECK(sixteenth->chunks_per_block == 1.0 / 16);
+  CHECK(sixteenth->snapshots_per_block == 1.0 / 16);
+  CHECK(sixteenth->kv_bytes == 63);         // 62.5
+  CHECK(sixteenth->snapshot_bytes == 19);   // 18.75
+  CHECK(sixteenth->restore_every_blocks == 16);
+  // Per token both charge the chunk's bytes / chunk tokens, within the rounding.
+  CHECK(static_cast<double>(sixteenth->kv_bytes) / 16 == Approx(1000.0 / 256).margin(0.5 / 16));
+  CHECK(static_cast<double>(two->kv_bytes) / 512 == Approx(1000.0 / 256));
+  // A snapshot every 4 chunks: half a snapshot per 512-token block, a restore boundary every 2 blocks.
+  auto every4 = ChargeTraceBlock(512, 256, 1000, 4, 300);
+  REQUIRE(every4.ok());
+  CHECK(every4->snapshots_per_block == 0.5);
+  CHECK(every4->snapshot_bytes == 150);
+  CHECK(every4->restore_every_blocks == 2);
+  auto same = ChargeTraceBlock(512, 512, 1000, 1, 300);
+  REQUIRE(same.ok());
+  CHECK(same->kv_bytes == 1000);
+  CHECK(same->snapshot_bytes == 300);
+}
+
+TEST_CASE("A trace block that would hold parts of two chunks is refused, naming both flags") {
+  for (auto [block, chunk] : {std::pair<std::uint64_t, std::uint64_t>{512, 384}, {512, 100}, {384, 512}}) {
+    auto r = ChargeTraceBlock(block, chunk, 1000, 1, 300);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("--trace-block-tokens " + std::to_string(block)) &&
+                                         Catch::Contains("--chunk-tokens " + std::to_string(chunk)) &&
+                                         Catch::Contains("divides"));
+  }
+  CHECK_FALSE(ChargeTraceBlock(512, 256, 1000, 0, 300).ok());  // snapshots only at a request's end
+}
+
+TEST_CASE("A prefix hit counts in whole runs of restore_every_blocks blocks") {
+  // [1 2 3] twice: 3 blocks resident, but with a restore boundary every 2 blocks only 2 are hits.
+  ReplayOptions o = OneTier(8);
+  o.restore_every_blocks = 2;
+  auto r = Replay(Make({{1, 2, 3}, {1, 2, 3}}), o);
+  REQUIRE(r.ok());
+  CHECK(r->hit_blocks == 2);
+  CHECK(r->hit_tokens == 2 * 4);
+  CHECK(Replay(Make({{1, 2, 3}, {1, 2, 3}}), OneTier(8))->hit_blocks == 3);
+  o.restore_every_blocks = 0;
+  CHECK_FALSE(Replay(Make({{1}}), o).ok());
 }

@@ -308,6 +308,26 @@ def test_duplicate_key_in_a_trace_line_is_refused_naming_file_line_and_key(terra
     assert r.stdout == ""
 
 
+def test_nul_byte_in_a_trace_line_or_hardware_file_is_refused_naming_where(terrace, tmp_path):
+    """The JSON parser read a NUL byte as the end of the text and ignored the rest: a trace line of two
+    requests parsed as one, a hardware file's keys after the NUL were dropped (gpus stayed 8)."""
+    first = '{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}'
+    bad = tmp_path / "nul.jsonl"
+    bad.write_bytes(first.encode() + b"\n" + first.encode() + b"\x00" +
+                    b'{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [2]}\n')
+    r = terrace("plan", "--trace", bad, "--sweep-points", "1", "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    where = f"line 1, column {len(first) + 1} (byte offset {len(first)})"
+    assert f"{bad}:2: not valid JSON: a NUL byte at {where}" in r.stderr
+    assert r.stdout == ""
+    hw = tmp_path / "hw.json"
+    hw.write_bytes(b'{"base": "h200-gen5"}\n\x00{"gpus": 1}')
+    r = terrace("plan", "--hardware", hw, "--json")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"--hardware: {hw}: not valid JSON: a NUL byte at line 2, column 1 (byte offset 22)" in r.stderr
+    assert r.stdout == ""
+
+
 def block_lengths_agree(path, block_tokens=512):
     """Mooncake's hash ids name blocks chained from the prompt's start: an id stands for the same
     tokens wherever it appears, so it never names blocks of two lengths (a partial last block that
@@ -420,6 +440,91 @@ def test_replay_sizes_blocks_with_their_kda_snapshots(terrace):
     assert one["snapshots_per_block"] == 1
     text = terrace("plan", "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "1", "--policy", "lru").stdout
     assert "note: a block is" in text and "KDA state" in text and "hit rates are for KV + snapshots" in text
+
+
+def test_queued_restore_wait_is_printed_per_request(terrace, tmp_path):
+    """The text table's and the report's restore wait was queue_wait_s summed over the whole trace,
+    printed beside per-request TTFT saved. Ten requests at once restore the same 8-block prefix from
+    host RAM (no HBM tier), so each waits for the ones before it on the PCIe link."""
+    trace = tmp_path / "burst.jsonl"
+    lines = [{"timestamp": 0, "input_length": 8 * 512, "output_length": 1, "hash_ids": list(range(1, 9))}]
+    lines += [{"timestamp": 1000, "input_length": 9 * 512, "output_length": 1,
+               "hash_ids": list(range(1, 9)) + [100 + i]} for i in range(10)]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["--model", "kimi-k3", "--trace", trace, "--kv-hbm", "0", "--sweep-points", "1", "--policy", "lru"]
+    r = terrace("plan", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["trace"]["policies"][0]
+    assert p["restores"] == 10 and p["queue_wait_s"] > 0
+    per_request = p["queue_wait_s"] / 11
+    assert p["queue_wait_s_per_request"] == pytest.approx(per_request)
+    text = terrace("plan", *args).stdout.splitlines()
+    header = next(i for i, line in enumerate(text) if "TTFT saved/req" in line)
+    column = text[header].index("queued restore wait/req")
+    cell = text[header + 1][column:column + len("queued restore wait/req")].strip()
+    assert cell == f"{per_request * 1e3:.2f} ms", text[header:header + 2]  # Sec()'s format for 1 ms..1 s
+    run = tmp_path / "run.json"
+    run.write_text(r.stdout)
+    html_path = tmp_path / "r.html"
+    assert terrace("report", run, "-o", html_path).returncode == 0
+    html = html_path.read_text()
+    assert "<th>queued restore wait per request</th>" in html
+    assert f"<td>{per_request * 1e3:.3g} ms</td>" in html
+
+
+def write_prompts(path, prompts, block_tokens):
+    """Writes prompts given as lists of 512-token block ids as a trace of `block_tokens`-token blocks:
+    the same tokens, each 512-token block split into 512 / block_tokens ids of its own."""
+    per = 512 // block_tokens
+    with open(path, "w") as f:
+        for ts, ids in enumerate(prompts):
+            split = [i * per + k for i in ids for k in range(per)]
+            f.write(json.dumps({"timestamp": ts * 10, "input_length": 512 * len(ids), "output_length": 1,
+                                "hash_ids": split}) + "\n")
+
+
+def test_trace_block_is_charged_what_the_store_holds_for_its_tokens(terrace, tmp_path):
+    """A block smaller than a chunk was charged a whole chunk of KV and a whole KDA snapshot: 16-token
+    blocks put 16x the stored KV per token and 16x the snapshots in the footprint. Now the same
+    prompts take the same room whatever the trace's block size, and the KV charged per token is the
+    store's stored bytes per token."""
+    prompts = [json.loads(line)["hash_ids"] for line in FIXTURE.read_text().splitlines()[:60]]
+    runs = {}
+    for bt in (16, 512):
+        path = tmp_path / f"b{bt}.jsonl"
+        write_prompts(path, prompts, bt)
+        runs[bt] = plan_json(terrace, "--model", "kimi-k3", "--trace", path, "--trace-block-tokens", bt,
+                             "--policy", "lru", "--sweep-points", "2")
+    stored = runs[512]["memory"]["mla_stored_bytes_per_token"]
+    for bt, j in runs.items():
+        t = j["trace"]
+        assert t["blocks_not_matching_input_length"] == 0
+        assert t["block_bytes"] / bt == pytest.approx(stored, abs=0.5 / bt)  # to the byte per block
+        assert t["chunks_per_block"] == bt / 256
+        assert t["snapshots_per_block"] == bt / 256
+        assert t["restore_every_blocks"] == (16 if bt == 16 else 1)
+    a, b = runs[16]["trace"], runs[512]["trace"]
+    assert a["unique_blocks"] == 32 * b["unique_blocks"]
+    for key in ("footprint_bytes", "footprint_kv_bytes", "footprint_snapshot_bytes"):
+        assert a[key] == pytest.approx(b[key], rel=1e-6), key
+    assert a["prefix_hit_ceiling"] == pytest.approx(b["prefix_hit_ceiling"])
+    assert a["policies"][0]["hit_rate"] == pytest.approx(b["policies"][0]["hit_rate"])
+    assert [s["hit_rate"] for s in a["sweep"]] == pytest.approx([s["hit_rate"] for s in b["sweep"]])
+    text = terrace("plan", "--model", "kimi-k3", "--trace", tmp_path / "b16.jsonl", "--trace-block-tokens", "16",
+                   "--policy", "lru", "--sweep-points", "1").stdout
+    assert "1/16 of a snapshot" in text and "a restore boundary falls every 16 blocks" in text
+    # A chunk of 8 trace blocks: each block is charged an eighth of the 4096-token chunk.
+    big = plan_json(terrace, "--model", "kimi-k3", "--trace", tmp_path / "b512.jsonl", "--chunk-tokens", "4096",
+                    "--policy", "lru", "--sweep-points", "1")
+    t = big["trace"]
+    assert t["block_bytes"] / 512 == pytest.approx(big["memory"]["mla_stored_bytes_per_token"], abs=0.5 / 512)
+    assert t["snapshots_per_block"] == 1 / 8 and t["restore_every_blocks"] == 8
+    # Neither divides the other: refused, naming both flags.
+    for bt, chunk in ((512, 384), (16, 24)):
+        r = terrace("plan", "--trace", tmp_path / f"b{bt}.jsonl", "--trace-block-tokens", bt, "--chunk-tokens", chunk)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert f"--trace-block-tokens {bt} and --chunk-tokens {chunk}: neither divides the other" in r.stderr
+        assert r.stdout == ""
 
 
 # ---- Kimi Linear 48B-A3B from its config alone (docs/model-format.md sections 3 and 4) ----
