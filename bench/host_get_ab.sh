@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Host tier gets of 1 MiB blocks against memcpy, alternated between two builds: steady state
-# (--warmup 1 --repeat 5) and the first pass into fresh buffers (--warmup 0 --repeat 1), plus the
-# new build with --host-stream-gets off. Prints one line per run: ratio_vs_memcpy, MB/s, memcpy MB/s.
+# (--warmup 1 --repeat 5) and the first pass (--warmup 0 --repeat 1: the first read of the blocks
+# the untimed prep writes put; its read buffers are faulted in before it, as the memcpy baseline's
+# are, in builds since commit 17831a7, and into fresh buffers in older ones), plus the new build
+# with --host-stream-gets off. Prints one line per run: ratio_vs_memcpy, MB/s, memcpy MB/s.
 #   bench/host_get_ab.sh OLD_TERRACE NEW_TERRACE [ROUNDS]
 # (docs/benchmarks.md, "Host tier gets: streaming stores").
 set -euo pipefail

@@ -77,15 +77,18 @@ struct Residency {
 struct ConfigResult {
   std::string name;
   double budget_fraction = 1.0;
-  double tokens_per_s = 0, stall_share = 0, hit_rate = 0, recall = 0, precision = 0;
-  double bound_tokens_per_s = 0;     // compute + this hit rate's miss transfers, serially
+  double tokens_per_s = 0, hit_rate = 0, recall = 0, precision = 0;
+  // The share of the decode time the forward pass waited on expert loads (resident: 0), and the
+  // tokens/s of compute + this hit rate's miss transfers, serially. Unset (null in the JSON) for the
+  // mmap rows, which measure neither (their waits are page faults inside the forward pass).
+  std::optional<double> stall_share, bound_tokens_per_s;
   double io_bound_tokens_per_s = 0;  // the miss transfers alone (link + drive): no predictor can beat it; 0: no misses
   double miss_bytes_per_token = 0;
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
   std::uint64_t speculative_bytes = 0, wasted_bytes = 0;
   std::vector<double> layer_recall;
-  // Per decode token: the forward (this) thread's CPU time, and the CPU time of the process's
-  // other threads (the store's lanes, the NVMe tier's rings) over the same steps.
+  // Per decode token, every row: the wall time, the forward (this) thread's CPU time, and the CPU
+  // time of the process's other threads (the store's lanes, the NVMe tier's rings) over the same steps.
   double wall_s_per_token = 0, forward_cpu_s_per_token = 0, background_cpu_s_per_token = 0;
   std::vector<std::uint64_t> expert_load;  // whole run (prefill included): tokens routed to each expert id, summed over MoE layers
   std::vector<int> hot_experts;            // ids hot (load > hot_factor x the layer mean) in some MoE layer

@@ -207,14 +207,14 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     c["name"] = r.name;
     c["budget_fraction"] = r.budget_fraction;
     c["tokens_per_s"] = r.tokens_per_s;
-    c["stall_share"] = r.stall_share;
+    c["stall_share"] = JsonOrNull(r.stall_share);  // null: not measured (mmap rows)
     c["wall_s_per_token"] = r.wall_s_per_token;
     c["forward_cpu_s_per_token"] = r.forward_cpu_s_per_token;
     c["background_cpu_s_per_token"] = r.background_cpu_s_per_token;
     c["hit_rate"] = r.hit_rate;
     c["recall"] = r.recall;
     c["precision"] = r.precision;
-    c["bound_tokens_per_s"] = r.bound_tokens_per_s;
+    c["bound_tokens_per_s"] = JsonOrNull(r.bound_tokens_per_s);  // null: not measured (mmap rows)
     // null: the row had no misses in the decode steps, so the drive and link do not bound it.
     if (r.io_bound_tokens_per_s > 0) {
       c["io_bound_tokens_per_s"] = r.io_bound_tokens_per_s;
@@ -320,8 +320,8 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     t.Add({r.name, budgeted ? fmt::format("{:.0f}%", r.budget_fraction * 100) : "-", fmt::format("{:.1f}", r.tokens_per_s),
            cached && r.io_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.io_bound_tokens_per_s) : "-",
            r.drive_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.drive_bound_tokens_per_s) : "-",
-           cached ? fmt::format("{:.1f}", r.bound_tokens_per_s) : "-",
-           cached ? fmt::format("{:.1f}%", 100 * r.stall_share) : "-",
+           cached ? fmt::format("{:.1f}", r.bound_tokens_per_s.value_or(0)) : "-",
+           cached ? fmt::format("{:.1f}%", 100 * r.stall_share.value_or(0)) : "-",
            budgeted ? fmt::format("{:.3f}", r.hit_rate) : "-",
            cached ? fmt::format("{:.3f}", r.recall) : "-",
            fmt::format("{:.1f}", static_cast<double>(r.bytes_read[2]) / (1 << 20)),
@@ -358,7 +358,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
   fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", run.regime.top_k, run.regime.experts_per_layer, f.chance_recall);
   for (const auto& r : run.results) {
     if (r.name == "resident" || r.IsMmap()) continue;
-    const double stalled = r.stall_share * r.wall_s_per_token;
+    const double stalled = r.stall_share.value_or(0) * r.wall_s_per_token;
     fmt::print("ms per decode token, {} at {:.0f}%: wall {:.1f} = forward-thread CPU {:.1f} + stalled {:.1f} + other {:.1f} "
                "(descheduled); other threads' CPU {:.1f} (resident compute {:.1f})\n",
                r.name, r.budget_fraction * 100, r.wall_s_per_token * 1e3, r.forward_cpu_s_per_token * 1e3, stalled * 1e3,

@@ -122,6 +122,23 @@ double ProcessCpuTotalSeconds() {
   return user + sys;
 }
 
+// CPU time so far: this (the forward) thread's and the whole process's.
+struct CpuMark {
+  double thread_s = 0, process_s = 0;
+  static CpuMark Now() { return {ThreadCpuSeconds(), ProcessCpuTotalSeconds()}; }
+};
+
+// Sets r's per-token figures of `decode` steps that took `t` seconds since `cpu0`: tokens/s, wall
+// time, the forward thread's CPU time and the other threads' CPU time.
+void SetPerToken(double t, const CpuMark& cpu0, int decode, ConfigResult* r) {
+  const CpuMark cpu1 = CpuMark::Now();
+  const double fcpu = cpu1.thread_s - cpu0.thread_s, pcpu = cpu1.process_s - cpu0.process_s;
+  r->tokens_per_s = decode / t;
+  r->wall_s_per_token = t / decode;
+  r->forward_cpu_s_per_token = fcpu / decode;
+  r->background_cpu_s_per_token = std::max(pcpu - fcpu, 0.0) / decode;
+}
+
 // Prefill, then time `decode` greedy decode steps. `between` runs after the prefill (snapshots).
 Result<double> TimedDecode(const model::Model& m, const std::vector<int>& prompt, int decode,
                            const model::ForwardOptions* hooks, const std::function<void()>& between,
@@ -238,16 +255,17 @@ Result<ConfigResult> RunResidentRow(Run* run, const model::ModelDir& md) {
   run->progress.Phase(
       fmt::format("resident (all {:.1f} MiB of experts in memory)", static_cast<double>(run->total) / (1 << 20)));
   TERRACE_ASSIGN_OR_RETURN(auto m, model::Model::Load(run->config, md));
-  double cpu0 = 0;
+  CpuMark cpu0;
   TERRACE_ASSIGN_OR_RETURN(const double t, TimedDecode(*m, run->prompt, a.decode, nullptr,
-                                                       [&] { cpu0 = ThreadCpuSeconds(); }, &run->progress));
-  run->resident_wall_s_per_token = t / a.decode;
-  run->compute_s_per_token = (ThreadCpuSeconds() - cpu0) / a.decode;
-  if (a.threads > 1 || !(run->compute_s_per_token > 0)) run->compute_s_per_token = run->resident_wall_s_per_token;
-  TERRACE_ASSIGN_OR_RETURN(run->limit, experts::MeasureLookaheadLimit(*m, run->prompt, a.decode));  // untimed
+                                                       [&] { cpu0 = CpuMark::Now(); }, &run->progress));
   ConfigResult r;
   r.name = "resident";
-  r.tokens_per_s = a.decode / t;
+  SetPerToken(t, cpu0, a.decode, &r);
+  run->resident_wall_s_per_token = r.wall_s_per_token;
+  run->compute_s_per_token = r.forward_cpu_s_per_token;
+  if (a.threads > 1 || !(run->compute_s_per_token > 0)) run->compute_s_per_token = run->resident_wall_s_per_token;
+  TERRACE_ASSIGN_OR_RETURN(run->limit, experts::MeasureLookaheadLimit(*m, run->prompt, a.decode));  // untimed
+  r.stall_share = 0;  // every expert in memory: nothing to wait on
   r.hit_rate = 1;
   r.recall = 1;
   r.bound_tokens_per_s = r.tokens_per_s;
@@ -309,27 +327,22 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   x.AttachHooks(&hooks);
   experts::ExpertMetrics m0;
   StoreStats s0;
-  double fcpu0 = 0, pcpu0 = 0;
+  CpuMark cpu0;
   // The expert metrics are snapshotted last before the timed decode and first after it, so the
   // difference (load busy time above all) covers the timed steps and next to nothing else.
   TERRACE_ASSIGN_OR_RETURN(const double t, TimedDecode(*m, run->prompt, a.decode, &hooks, [&] {
     s0 = st->Stats();
-    fcpu0 = ThreadCpuSeconds();
-    pcpu0 = ProcessCpuTotalSeconds();
+    cpu0 = CpuMark::Now();
     m0 = x.Metrics();
   }, &run->progress));
   const experts::ExpertMetrics m1 = x.Metrics();
-  const double fcpu = ThreadCpuSeconds() - fcpu0, pcpu = ProcessCpuTotalSeconds() - pcpu0;
+  ConfigResult r;
+  SetPerToken(t, cpu0, a.decode, &r);
   const StoreStats s1 = st->Stats();
   if (!run->recorded) run->recorded = x.trace();
-  ConfigResult r;
   r.name = c.name;
   r.budget_fraction = budget.fraction;
-  r.tokens_per_s = a.decode / t;
   r.stall_share = static_cast<double>(m1.stall_ns - m0.stall_ns) / 1e9 / t;
-  r.wall_s_per_token = t / a.decode;
-  r.forward_cpu_s_per_token = fcpu / a.decode;
-  r.background_cpu_s_per_token = std::max(pcpu - fcpu, 0.0) / a.decode;
   const double hits = static_cast<double>(m1.hits - m0.hits);
   const double misses = static_cast<double>((m1.misses - m0.misses) + (m1.late_hits - m0.late_hits));
   r.hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
@@ -389,24 +402,21 @@ Result<ConfigResult> RunMmapRow(Run* run, const std::string& name, double fracti
   Residency at_decode;
   experts::MmapExpertStats st0;
   std::uint64_t io0 = 0;
-  double fcpu0 = 0;
+  CpuMark cpu0;
   TERRACE_ASSIGN_OR_RETURN(const double t, TimedDecode(*m, run->prompt, a.decode, nullptr, [&] {
     at_decode = MeasureResidency(shards);
     st0 = provider->stats();
     io0 = ProcessReadBytes();
-    fcpu0 = ThreadCpuSeconds();
+    cpu0 = CpuMark::Now();
   }, &run->progress));
-  const double fcpu = ThreadCpuSeconds() - fcpu0;
+  ConfigResult r;
+  SetPerToken(t, cpu0, a.decode, &r);
   const std::uint64_t io1 = ProcessReadBytes();
   const Residency end = MeasureResidency(shards);
   const experts::MmapExpertStats st1 = provider->stats();
-  ConfigResult r;
   r.name = name;
   r.budget_fraction = fraction;
   r.mmap_budget_bytes = budget_bytes;
-  r.tokens_per_s = a.decode / t;
-  r.wall_s_per_token = t / a.decode;
-  r.forward_cpu_s_per_token = fcpu / a.decode;
   const double hits = static_cast<double>(st1.hits - st0.hits), loads = static_cast<double>(st1.loads - st0.loads);
   r.hit_rate = hits + loads > 0 ? hits / (hits + loads) : 0;
   // The drive's reads: this process's storage reads over the decode steps (/proc/self/io

@@ -109,7 +109,8 @@ struct RowContext {
 };
 
 // One prefix length's row (the file comment of cmd_bench_kv.cpp says what it measures): its JSON
-// object. Adds what its restores read and its turn 1 wrote, per tier, to *all_read / *all_written.
+// object. Adds what its prepared restore read (one round's: the row's tier figures are per restore)
+// and what its turn 1 wrote, per tier, to *all_read / *all_written.
 // The pools are removed afterwards. InvalidArgument: the pools could not be opened with these flags.
 Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, TierTally* all_read, TierTally* all_written);
 

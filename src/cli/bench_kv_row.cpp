@@ -3,7 +3,9 @@
 // with the tier's raw read of the same bytes right after it; the first round also times the
 // recompute. The row's figures are the medians over the rounds.
 #include <fcntl.h>
-#include <sys/resource.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/bench_kv.h"
+#include "src/cli/cli_util.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/prefill_progress.h"
 #include "src/cli/stop_signals.h"
@@ -25,73 +28,127 @@
 #include "src/common/median.h"
 #include "src/model/session.h"
 #include "terrace/keys.h"
+#include "tiers/nvme/format.h"
 
 namespace terrace::cli::bench_kv {
 namespace {
 
-// The process's minor page faults so far (every thread, getrusage RUSAGE_SELF).
-long MinorFaults() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
+// A raw read's rate, MB/s (0: nothing to read), and the bytes one pass of it read.
+struct RawRead {
+  double mb_per_s = 0;
+  std::uint64_t bytes = 0;
+};
+
+// A byte range of a file: [offset, offset + length).
+struct ByteRange {
+  std::uint64_t offset = 0, length = 0;
+};
+
+// The ranges of `fd` (the file `file`) that hold written data, in offset order, from `from` on:
+// its FIEMAP extents less holes and unwritten (fallocated) extents, which read as zeros without
+// touching the disk. Dirty pages are flushed first (FIEMAP_FLAG_SYNC).
+Result<std::vector<ByteRange>> WrittenRanges(int fd, const std::filesystem::path& file, std::uint64_t from) {
+  constexpr unsigned kExtents = 256;
+  std::vector<std::uint64_t> storage((sizeof(fiemap) + kExtents * sizeof(fiemap_extent)) / sizeof(std::uint64_t) + 1);
+  std::vector<ByteRange> out;
+  for (std::uint64_t start = from;;) {
+    std::fill(storage.begin(), storage.end(), 0);
+    auto* fm = reinterpret_cast<fiemap*>(storage.data());
+    fm->fm_start = start;
+    fm->fm_length = FIEMAP_MAX_OFFSET - start;
+    fm->fm_flags = FIEMAP_FLAG_SYNC;
+    fm->fm_extent_count = kExtents;
+    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0)
+      return Status::IoError(fmt::format("cannot map the written extents of {} (FIEMAP): {}; the tier read rate needs a "
+                                         "file system that reports them (ext4, xfs, btrfs)",
+                                         file.string(), std::strerror(errno)));
+    if (fm->fm_mapped_extents == 0) return out;
+    for (unsigned i = 0; i < fm->fm_mapped_extents; ++i) {
+      const fiemap_extent& e = fm->fm_extents[i];
+      const std::uint64_t begin = std::max<std::uint64_t>(e.fe_logical, from), end = e.fe_logical + e.fe_length;
+      if ((e.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0 && end > begin) {
+        if (!out.empty() && out.back().offset + out.back().length == begin) out.back().length += end - begin;
+        else out.push_back({begin, end - begin});
+      }
+      start = end;
+      if (e.fe_flags & FIEMAP_EXTENT_LAST) return out;
+    }
+  }
 }
 
-// One timed pass of O_DIRECT sequential 1 MiB reads over the first bytes of each (file, bytes)
-// (at least 1 MiB; a part of 0 bytes after the first is skipped); adds the bytes read to *done and returns the seconds.
+// One timed pass of O_DIRECT sequential reads of at most 1 MiB over each (file, bytes): the first
+// `bytes` (rounded up to 4 KiB) of the file's written data after its superblock, in offset order
+// (never its unwritten, fallocated space); a part of 0 bytes is skipped. Adds the bytes read to
+// *done and returns the seconds (the mapping of the extents is not timed).
 Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts, void* buf,
                            std::uint64_t* done) {
-  constexpr std::size_t kIo = 1 << 20;
+  constexpr std::uint64_t kIo = 1 << 20;
   double seconds = 0;
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    const auto& [file, bytes] = parts[p];
-    if (bytes == 0 && p > 0) continue;  // a pool the restore did not read
+  for (const auto& [file, bytes] : parts) {
+    if (bytes == 0) continue;  // a pool the restore did not read
     const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (fd < 0) return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", file.string(), std::strerror(errno)));
-    const std::uint64_t total = std::max<std::uint64_t>(bytes, kIo);
+    auto ranges = WrittenRanges(fd, file, nvme::kDataStart);
+    if (!ranges.ok()) {
+      ::close(fd);
+      return ranges.status();
+    }
+    const std::uint64_t want = RoundUp(bytes, 4 * kKiB);
     std::uint64_t got = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    while (got < total) {
-      const ssize_t n = ::pread(fd, buf, kIo, static_cast<off_t>(got));
-      if (n <= 0) break;
-      got += static_cast<std::uint64_t>(n);
+    for (const ByteRange& r : *ranges) {
+      for (std::uint64_t at = 0; at < r.length && got < want;) {
+        const std::uint64_t n = std::min({kIo, r.length - at, want - got});
+        const ssize_t read = ::pread(fd, buf, n, static_cast<off_t>(r.offset + at));
+        if (read <= 0) break;
+        at += static_cast<std::uint64_t>(read);
+        got += static_cast<std::uint64_t>(read);
+      }
+      if (got >= want) break;
     }
     seconds += SecondsSince(t0);
     ::close(fd);
-    if (got == 0) return Status::IoError(fmt::format("reading {} returned no bytes", file.string()));
+    if (got < want)
+      return Status::IoError(fmt::format("{} holds {} of written data after its superblock, less than the {} the "
+                                         "restore read from it", file.string(), FormatBytes(static_cast<double>(got)),
+                                         FormatBytes(static_cast<double>(want))));
     *done += got;
   }
   return seconds;
 }
 
-// The NVMe tier's raw read rate for a restore that read `parts` (each pool's data file and the
-// bytes the restore took from it), MB/s (1e6 bytes per second): the median of three passes of
-// O_DIRECT sequential 1 MiB reads of that many bytes from the start of each file, right after the
-// restore, so the same files, the same byte counts and the same (just written, just read) state
-// of the disk's caches. 1 MiB requests are the tier's best case; the restore reads its 150-230
-// KiB blocks as batches.
-Result<double> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
+// The NVMe tier's raw read for a restore that read `parts` (each pool's data file and the bytes
+// the restore took from it): MB/s (1e6 bytes per second), the median of three passes of
+// RawReadPass right after the restore, so the same files, the same byte counts of written data and
+// the same (just written, just read) state of the disk's caches; and the bytes one pass read.
+// Nothing to read: 0 MB/s, 0 bytes. Requests of up to 1 MiB are the tier's best case; the restore
+// reads its 150-230 KiB blocks as batches.
+Result<RawRead> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
   AlignedBuffer buffer(1 << 20);
   if (!buffer.data()) return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
   void* buf = buffer.data();
   std::vector<double> rates;
-  Status error;
-  for (int pass = 0; pass < 3 && error.ok(); ++pass) {
+  RawRead out;
+  for (int pass = 0; pass < 3; ++pass) {
     std::uint64_t done = 0;
-    auto s = RawReadPass(parts, buf, &done);
-    if (!s.ok()) error = s.status();
-    else rates.push_back(static_cast<double>(done) / *s / 1e6);
+    TERRACE_ASSIGN_OR_RETURN(const double s, RawReadPass(parts, buf, &done));
+    if (done == 0) return out;
+    rates.push_back(static_cast<double>(done) / s / 1e6);
+    out.bytes = done;
   }
-  if (!error.ok()) return error;
   std::sort(rates.begin(), rates.end());
-  return rates[1];
+  out.mb_per_s = rates[1];
+  return out;
 }
 
-double MemcpyMbPerS(std::uint64_t bytes) {
+// The host tier's stand-in for a raw read: one memcpy of max(bytes, 4 MiB); nothing for 0 bytes.
+RawRead MemcpyMbPerS(std::uint64_t bytes) {
+  if (bytes == 0) return {};
   std::vector<std::byte> a(std::max<std::uint64_t>(bytes, 4 << 20), std::byte{1}), b(a.size());
   const auto t0 = std::chrono::steady_clock::now();
   std::memcpy(b.data(), a.data(), a.size());
   const double s = SecondsSince(t0);
-  return static_cast<double>(a.size()) / s / 1e6;
+  return RawRead{static_cast<double>(a.size()) / s / 1e6, a.size()};
 }
 
 }  // namespace
@@ -177,7 +234,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     return n;
   };
   // The tier's raw read of what a restore read, right after it.
-  auto tier_read = [&](const kv::RestoreReport& r) -> Result<double> {
+  auto tier_read = [&](const kv::RestoreReport& r) -> Result<RawRead> {
     if (a.tier != "nvme") return MemcpyMbPerS(r.kv_bytes + r.state_bytes);
     const std::pair<std::filesystem::path, std::uint64_t> parts[] = {
         {dir / "kv" / "terrace.data", r.kv_bytes}, {dir / "state" / "terrace.data", r.state_bytes}};
@@ -191,14 +248,16 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     std::uint64_t alone_requests = 0;  // NVMe read requests it issued (both pools)
     double ttft_unprepared = 0, tier_unprepared = 0, ttft_restore = 0, tier_mb = 0, ttft_warm = 0, tier_warm = 0;
     double tier_alone = 0;
+    std::uint64_t tier_bytes = 0;  // what one pass of the prepared restore's raw read read
     double prepare_s = 0;
     std::uint64_t prepare_bytes = 0;
     TierTally read;  // what the prepared restore read, per tier (both pools)
     long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
   };
-  // One restore into `session`, timed with its minor faults, then the tier's raw read of what it read.
+  // One restore into `session`, timed with its minor faults, then the tier's raw read of what it
+  // read (its MB/s to *tier_mb, the bytes of one pass to *tier_bytes unless null).
   auto timed_restore = [&](model::Session* session, const auto& req, std::optional<kv::CachedPrefill>* result,
-                           double* ttft_s, long* faults, double* tier_mb) -> Status {
+                           double* ttft_s, long* faults, double* tier_mb, std::uint64_t* tier_bytes = nullptr) -> Status {
     const long f0 = MinorFaults();
     const auto t0 = std::chrono::steady_clock::now();
     auto r = kv::PrefillWithCache(session, *run.cache, req, {.restore = true, .write_back = false});
@@ -206,7 +265,9 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     *faults = MinorFaults() - f0;
     if (!r.ok()) return r.status();
     *result = std::move(r).value();
-    TERRACE_ASSIGN_OR_RETURN(*tier_mb, tier_read((*result)->restore));
+    TERRACE_ASSIGN_OR_RETURN(const RawRead raw, tier_read((*result)->restore));
+    *tier_mb = raw.mb_per_s;
+    if (tier_bytes) *tier_bytes = raw.bytes;
     return Status::Ok();
   };
   auto round = [&](int index, Round* out) -> Status {
@@ -235,7 +296,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
                                                        sizeof(float) * run.cache->layout().mla_layers().size();
     const TierTally before = Tally(run);
     TERRACE_RETURN_IF_ERROR(
-        timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb));
+        timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb, &out->tier_bytes));
     out->read = Tally(run) - before;
     out->read.AddRestore(out->r2->restore);
     if (index == 0 && !recompute_in_turn1) {
@@ -262,7 +323,8 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     if (out->alone.boundary_tokens != out->rw->restored_tokens)
       return Status::Internal(fmt::format("bench kv: the restore alone restored {} tokens, the warm one {}",
                                           out->alone.boundary_tokens, out->rw->restored_tokens));
-    TERRACE_ASSIGN_OR_RETURN(out->tier_alone, tier_read(out->alone));
+    TERRACE_ASSIGN_OR_RETURN(const RawRead alone_raw, tier_read(out->alone));
+    out->tier_alone = alone_raw.mb_per_s;
     return Status::Ok();
   };
   fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 2 restore unprepared, prepared, warm ({} round{})...\n",
@@ -321,6 +383,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   row["restore_wait_s"] = median([](const Round& r) { return r.r2->restore.wait_seconds; });
   row["restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.r2); });
   row["tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_mb; });
+  row["tier_read_bytes"] = first.tier_bytes;  // one pass of the first round's raw read
   row["restore_over_tier"] = median([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
   row["restore_s_runs"] = runs([](const Round& r) { return r.r2->restore.seconds; });
   row["restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
@@ -367,8 +430,9 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   row["kv_bytes_per_token"] = run.cache->layout().mla_bytes_per_token();
   row["state_bytes_per_sequence"] = run.cache->layout().kda_state_bytes_per_sequence();
   row["fallbacks"] = fallbacks;
-  TierTally read;  // the prepared restores of every round
-  for (const Round& r : rounds) read += r.read;
+  // Per restore, as bytes_read: the first round's prepared restore (every round restores the same
+  // blocks), not a sum over the --repeat rounds.
+  const TierTally& read = first.read;
   PutTierFigures(read, written, &row);
   *all_read += read;
   *all_written += written;

@@ -1,6 +1,9 @@
 #include "src/cli/cli_util.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
 #include <cctype>
 #include <charconv>
 #include <type_traits>
@@ -15,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/start_thread.h"
 #include "tiers/nvme/nvme_paths.h"
 
 namespace terrace::cli {
@@ -290,6 +294,48 @@ std::pair<double, double> ProcessCpuSeconds() {
   ::getrusage(RUSAGE_SELF, &u);
   auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
   return {sec(u.ru_utime), sec(u.ru_stime)};
+}
+
+GatedRun RunGated(unsigned threads, std::string_view what, const std::function<void(unsigned)>& work,
+                  const std::function<void()>& at_open) {
+  GatedRun run;
+  std::atomic<unsigned> waiting{0};
+  std::atomic<bool> open{false}, cancelled{false};
+  std::vector<std::chrono::steady_clock::time_point> ends(threads);
+  std::vector<std::thread> started;
+  for (unsigned i = 0; i < threads; ++i) {
+    auto t = StartThread(fmt::format("{} {} of {}", what, i + 1, threads), [&, i] {
+      waiting.fetch_add(1, std::memory_order_acq_rel);
+      // Spins (yielding) rather than sleeping, so the workers run the moment the gate opens.
+      while (!open.load(std::memory_order_acquire)) std::this_thread::yield();
+      if (!cancelled.load(std::memory_order_relaxed)) work(i);
+      ends[i] = std::chrono::steady_clock::now();
+    });
+    if (!t.ok()) {
+      run.status = t.status();
+      cancelled.store(true, std::memory_order_relaxed);
+      break;
+    }
+    started.push_back(std::move(t).value());
+  }
+  while (waiting.load(std::memory_order_acquire) < started.size()) std::this_thread::yield();
+  if (run.status.ok() && at_open) at_open();
+  run.start = std::chrono::steady_clock::now();
+  open.store(true, std::memory_order_release);
+  for (auto& t : started) t.join();
+  run.end = run.start;
+  for (unsigned i = 0; i < started.size(); ++i) run.end = std::max(run.end, ends[i]);
+  return run;
+}
+
+void Prefault(AlignedBuffer& b) {
+  if (b.data() != nullptr) std::memset(b.data(), 0, b.capacity());
+}
+
+long MinorFaults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
 }
 
 }  // namespace terrace::cli

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/clock.h"
 #include "src/common/size_parse.h"
 #include "terrace/block.h"
@@ -46,6 +48,25 @@ std::string FormatPercent(double fraction);
 
 // The process's user and system CPU time so far (every thread), in seconds.
 std::pair<double, double> ProcessCpuSeconds();
+
+// Work on `threads` threads, timed without their start and join: each thread is started, then waits
+// at a gate; once all are waiting, `at_open` runs on the calling thread and the gate opens (start);
+// each thread then runs work(i) (i: 0 .. threads - 1) and notes when it returned; end is the last
+// of those. When a thread cannot be started, status says so and the started ones skip `work`.
+struct GatedRun {
+  Status status;
+  std::chrono::steady_clock::time_point start, end;
+  double seconds() const { return std::chrono::duration<double>(end - start).count(); }
+};
+GatedRun RunGated(unsigned threads, std::string_view what, const std::function<void(unsigned)>& work,
+                  const std::function<void()>& at_open = {});
+
+// Writes zeros over the whole room of `b`, so that every page is mapped now and later writes into
+// it take no page faults: a benchmark's read destination, faulted in before anything is timed.
+void Prefault(AlignedBuffer& b);
+
+// The process's minor page faults so far (every thread, getrusage RUSAGE_SELF).
+long MinorFaults();
 
 // `path` with "." and ".." components and a trailing separator removed, lexically ("x/.." -> ".",
 // "a/../b" -> "b", "../b" stays): every decision the CLI makes about a directory it may create,

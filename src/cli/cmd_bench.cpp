@@ -5,7 +5,10 @@
 // pinned buffers are, so O_DIRECT I/O needs no staging copy. Latency percentiles are the NVMe
 // tier's own per-I/O figures (submit to completion, as fio's clat); for memory tiers they come from
 // a separate pass of single-operation calls (up to 4096 of them, after the timed passes), so they
-// are per-operation, not per-batch. --warmup untimed passes run first (default 1; 0 to time a
+// are per-operation, not per-batch. The NVMe figures cover the timed passes' I/Os only (the tier's
+// histograms copied before and after each timed pass), as MB/s does; latency_samples counts them.
+// A pass's time runs from the moment all its workers have started (they wait at a gate) to the
+// last one's return: thread start and join are not in it. --warmup untimed passes run first (default 1; 0 to time a
 // fresh tier's first touch), then --repeat timed passes; MB/s and IOPS are the median pass (an even
 // --repeat: the mean of the two middle passes' MB/s), with the slowest and fastest pass as the
 // spread. Read buffers are allocated and faulted in once, before the first pass, as the memcpy
@@ -27,7 +30,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,7 +43,6 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/json_text.h"
 #include "src/common/median.h"
-#include "src/common/start_thread.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -225,7 +226,7 @@ Result<ReadBuffers> AllocateReadBuffers(const BenchArgs& a) {
           "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
           FormatBytes(static_cast<double>(outs.back()->size())), batch, FormatBytes(static_cast<double>(a.block_size))));
     }
-    std::memset(outs.back()->data(), 0, outs.back()->size());  // fault every page now, not in a pass
+    Prefault(*outs.back());  // every page now, not in a pass
   }
   return outs;
 }
@@ -261,12 +262,11 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     }
   } unregister;
   if (!regions.empty() && a.tier == "nvme" && tier.RegisterIoRegions(regions).ok()) unregister.tier = &tier;
-  std::atomic<unsigned> next_worker{0};
-  auto worker = [&] {
+  auto worker = [&](unsigned w) {
     std::vector<PutOp> puts;
     std::vector<GetOp> gets;
     AlignedBuffer none(0);
-    AlignedBuffer& out = write ? none : *outs[next_worker.fetch_add(1)];
+    AlignedBuffer& out = write ? none : *outs[w];
     while (!failed.load(std::memory_order_relaxed)) {
       if (StopSignalReceived() != 0) {
         if (!failed.exchange(true)) {
@@ -301,22 +301,12 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
       }
     }
   };
-  const auto cpu0 = ProcessCpuSeconds();
-  auto start = Clock::now();
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < nthreads; ++t) {
-    auto started = StartThread(fmt::format("benchmark worker {} of --threads {}", t + 1, nthreads), worker);
-    if (!started.ok()) {  // the pass is void: the workers started stop at their next batch
-      if (!failed.exchange(true)) {
-        std::lock_guard<std::mutex> l(err_mu);
-        first_error = started.status();
-      }
-      break;
-    }
-    threads.push_back(std::move(started).value());
-  }
-  for (auto& t : threads) t.join();
-  r.seconds = SecondsSince(start);
+  // Timed from the moment every worker has started to the last one's return: thread start and
+  // join are outside the pass's time (on a tiny pass they would dominate it).
+  std::pair<double, double> cpu0;
+  const GatedRun gated = RunGated(nthreads, "benchmark worker (--threads)", worker, [&] { cpu0 = ProcessCpuSeconds(); });
+  if (!gated.status.ok() && !failed.exchange(true)) first_error = gated.status;  // the pass is void
+  r.seconds = gated.seconds();
   const auto cpu1 = ProcessCpuSeconds();
   r.user_seconds = cpu1.first - cpu0.first;
   r.sys_seconds = cpu1.second - cpu0.second;
@@ -330,6 +320,15 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
     r.flush_seconds = SecondsSince(f0);
   }
   return r;
+}
+
+// Adds to *window the samples `now` holds beyond `before`, an earlier copy of the same histogram
+// (each as its bucket's upper bound, the value Percentile reports for it).
+void AddSamplesSince(const LatencyHistogram& now, const LatencyHistogram& before, LatencyHistogram* window) {
+  for (int b = 0; b < LatencyHistogram::kBuckets; ++b) {
+    const std::uint64_t n = now.BucketCount(b) - before.BucketCount(b);
+    for (std::uint64_t i = 0; i < n; ++i) window->Record(LatencyHistogram::BucketUpperBound(b));
+  }
 }
 
 // The median of the timed passes (non-empty, each of the same ops), field by field (Median: an even
@@ -366,9 +365,9 @@ class MemcpyBaseline {
         reads_(reads), batch_(std::max(1u, batch)), mem_(n_ * block_), buf_(reads ? RoundUp(block_, 4 * kKiB) * batch_ : 0),
         payload_(payload) {
     if (!ok()) return;
-    std::memset(mem_.data(), 0, mem_.size());  // fault every page first
+    Prefault(mem_);
     if (reads_) {
-      std::memset(buf_.data(), 0, buf_.size());
+      Prefault(buf_);
       for (std::uint64_t i = 0; i < n_; ++i) std::memcpy(mem_.data() + i * block_, payload_.data(), block_);
     }
   }
@@ -582,9 +581,18 @@ int RunBenchTiers(const BenchArgs& a) {
   auto read_buffers = AllocateReadBuffers(a);
   if (!read_buffers.ok()) return Fail(read_buffers.status().ToString());
   const ReadBuffers& outs = *read_buffers;
-  // One pass of the measured operation; `batch`/`threads` 0: the flags' values.
+  // The NVMe tier's per-I/O latency over the timed passes only (not the warm-up passes, the prep
+  // writes or the emptying between write passes): each timed pass adds its own I/Os' samples.
+  const NvmeTier* nvme = a.tier == "nvme" ? dynamic_cast<const NvmeTier*>(tier.get()) : nullptr;
+  if (a.tier == "nvme" && nvme == nullptr) return Fail("bench: the NVMe tier is not an NvmeTier; no latency to report");
+  const auto nvme_latency = [&]() -> const LatencyHistogram& {
+    return a.op == "write" ? nvme->write_latency() : nvme->read_latency();
+  };
+  LatencyHistogram timed_latency;
+  // One pass of the measured operation; `batch`/`threads` 0: the flags' values; `timed`: its NVMe
+  // latency samples go to timed_latency.
   bool written = false;  // some write pass ran: the NVMe tier holds every block
-  auto one_pass = [&](unsigned batch, unsigned threads, std::uint64_t ops) -> Result<BenchResult> {
+  auto one_pass = [&](unsigned batch, unsigned threads, std::uint64_t ops, bool timed) -> Result<BenchResult> {
     if (a.op == "write" && a.tier == "nvme" && written) {
       // Untimed: the NVMe tier is sized for one copy of each block, and an overwrite needs a new
       // extent before the old one is freed, so every write pass starts from an empty tier.
@@ -592,9 +600,13 @@ int RunBenchTiers(const BenchArgs& a) {
       TERRACE_RETURN_IF_ERROR(tier->Flush());
     }
     written = true;
-    if (a.op == "write") return RunOps(*tier, a, true, ops, seq, payload, desc, outs, batch, threads);
-    if (a.op == "read") return RunOps(*tier, a, false, ops, seq, payload, desc, outs, batch, threads);
-    return RunOps(*tier, a, false, ops, rand, payload, desc, outs, batch, threads);
+    LatencyHistogram before;
+    if (timed && nvme) before.MergeFrom(nvme_latency());
+    Result<BenchResult> r = a.op == "write" ? RunOps(*tier, a, true, ops, seq, payload, desc, outs, batch, threads)
+                            : a.op == "read" ? RunOps(*tier, a, false, ops, seq, payload, desc, outs, batch, threads)
+                                             : RunOps(*tier, a, false, ops, rand, payload, desc, outs, batch, threads);
+    if (timed && nvme) AddSamplesSince(nvme_latency(), before, &timed_latency);
+    return r;
   };
   std::vector<BenchResult> passes;
   BenchResult single{};  // memory tiers: the per-operation latency pass
@@ -617,17 +629,17 @@ int RunBenchTiers(const BenchArgs& a) {
     }
     for (unsigned w = 0; w < a.warmup; ++w) {
       if (!a.json) fmt::print(stderr, "bench: warm-up pass {}/{} (not timed)\n", w + 1, a.warmup);
-      TERRACE_RETURN_IF_ERROR(one_pass(0, 0, blocks).status());
+      TERRACE_RETURN_IF_ERROR(one_pass(0, 0, blocks, false).status());
     }
     for (unsigned p = 0; p < a.repeat; ++p) {
       if (!a.json) fmt::print(stderr, "bench: timed pass {}/{}\n", p + 1, a.repeat);
-      TERRACE_ASSIGN_OR_RETURN(BenchResult r1, one_pass(0, 0, blocks));
+      TERRACE_ASSIGN_OR_RETURN(BenchResult r1, one_pass(0, 0, blocks, true));
       passes.push_back(r1);
       if (baseline) memcpy_passes.push_back(baseline->Pass());
     }
     if (a.tier != "nvme") {
       if (!a.json) fmt::print(stderr, "bench: per-operation latency pass (single-operation calls, not in MB/s)\n");
-      TERRACE_ASSIGN_OR_RETURN(single, one_pass(1, 1, std::min<std::uint64_t>(blocks, 4096)));
+      TERRACE_ASSIGN_OR_RETURN(single, one_pass(1, 1, std::min<std::uint64_t>(blocks, 4096), false));
     }
     return MedianPass(passes);
   };
@@ -663,10 +675,9 @@ int RunBenchTiers(const BenchArgs& a) {
     min_mbps = std::min(min_mbps, m);
     max_mbps = std::max(max_mbps, m);
   }
-  if (a.tier == "nvme") {  // the tier's per-I/O latency (the prep writes do not enter the read histogram)
-    const bool w = a.op == "write";
-    p50 = static_cast<double>(w ? stats.write_p50_ns : stats.read_p50_ns) / 1e3;
-    p99 = static_cast<double>(w ? stats.write_p99_ns : stats.read_p99_ns) / 1e3;
+  if (a.tier == "nvme") {  // the tier's per-I/O latency over the timed passes
+    p50 = static_cast<double>(timed_latency.Percentile(0.5)) / 1e3;
+    p99 = static_cast<double>(timed_latency.Percentile(0.99)) / 1e3;
   }
   if (a.json) {
     nlohmann::json j = {{"tier", a.tier},         {"op", a.op},
@@ -684,6 +695,7 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"memcpy_baseline", baseline ? baseline->what() : ""},
                         {"min_mb_per_s", min_mbps}, {"max_mb_per_s", max_mbps},
                         {"latency", a.tier == "nvme" ? "per-io (tier)" : "per-op (single-operation calls)"},
+                        {"latency_samples", a.tier == "nvme" ? timed_latency.count() : single.ops},
                         {"user_us_per_op", r->user_seconds * 1e6 / static_cast<double>(r->ops)},
                         {"sys_us_per_op", r->sys_seconds * 1e6 / static_cast<double>(r->ops)},
                         {"prep_writes", prep_writes}, {"detail", stats.detail}};

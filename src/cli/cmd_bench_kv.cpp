@@ -11,9 +11,10 @@
 // prepared for the prompt at open (PrefixCache::Reserve, SequenceState::Reserve; timed as
 // prepare_s, outside the TTFT), then the first restore. Its TTFT with the cache (restore + the
 // suffix) and without (a cold prefill of the whole prompt, same chunk pieces) are measured, with
-// each restore's bandwidth and the tier's raw read bandwidth (O_DIRECT 1 MiB sequential reads of
-// the bytes the restore read, from the same pools' data files, into one reused 1 MiB buffer,
-// nvme; a memcpy of the same bytes, host) measured in the same run, right after it. Then the
+// each restore's bandwidth and the tier's raw read bandwidth (O_DIRECT sequential reads of up to
+// 1 MiB of as many bytes as the restore read, from the written extents of the same pools' data
+// files, into one reused 1 MiB buffer, nvme; a memcpy of the same bytes, host) measured in the same
+// run, right after it. Then the
 // same restore again, warm: into the same session's state after Reset (its latent caches keep
 // their memory) with the same cache (its restore buffers are reused), as a serving process's
 // steady state, with its own raw read right after it; and warm once more alone (Restore with no
@@ -21,7 +22,7 @@
 // longer than --recompute-max-tokens are computed cold only once: turn 1 is then the whole turn-2
 // prompt computed from token 0 (storing the prefix's blocks as it goes, the same ones a turn 1 of
 // the prefix alone stores), and its time is the row's recompute TTFT. Each row also says which tier served the
-// prepared restore's blocks (hit_rate_by_tier: the pools' store stats, deltas around it) and what
+// prepared restore's blocks, one round's (hit_rate_by_tier: the pools' store stats, deltas around it) and what
 // turn 1 wrote per tier. Then a multi-turn workload (RunMultiTurn: conversations sharing a system
 // prompt, each turn = the conversation so far + new tokens) reports per turn the restored and
 // computed tokens, the TTFT with the cache and the tiers' shares; and a table of KV bytes per token

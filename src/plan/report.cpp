@@ -537,9 +537,10 @@ std::string ConfigLabel(const json& c) {
 void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   const json& cfgs = Arr(j, "configs");
   r->title = fmt::format("Terrace bench experts: {}", Str(j, "model"));
-  // One bar per configuration of value(config).
+  // One bar per configuration of value(config); with `needs`, only the configurations where that
+  // key is a number (a null one was not measured, so it gets no bar rather than a 0).
   auto bars = [&](const std::function<double(const json&)>& value, std::string y_label, std::string title,
-                  AxisFormat f, std::string name) {
+                  AxisFormat f, std::string name, const char* needs = nullptr) {
     BarChart b;
     b.title = std::move(title);
     b.y_format = f;
@@ -547,6 +548,7 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
     b.bars = {std::move(y_label)};
     b.value_labels = true;
     for (const auto& c : cfgs) {
+      if (needs != nullptr && !(c.contains(needs) && c[needs].is_number())) continue;
       b.groups.push_back(ConfigLabel(c));
       b.values.push_back({value(c)});
     }
@@ -554,10 +556,12 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   };
   auto key = [](const char* k) { return [k](const json& c) { return Num(c, k); }; };
   bars(key("tokens_per_s"), "tokens/s", "Decode tokens/s per configuration", AxisFormat::kPlain, "tokens-per-s");
-  bars(key("stall_share"), "share of decode time", "Stall share per configuration", AxisFormat::kPercent, "stall-share");
+  bars(key("stall_share"), "share of decode time", "Stall share per configuration", AxisFormat::kPercent, "stall-share",
+       "stall_share");
   // stall_share is stall time / decode time and tokens_per_s decode tokens / decode time.
   bars([](const json& c) { return Num(c, "tokens_per_s") > 0 ? 1e3 * Num(c, "stall_share") / Num(c, "tokens_per_s") : 0.0; },
-       "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token");
+       "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token",
+       "stall_share");
   bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
   bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision");
   bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");

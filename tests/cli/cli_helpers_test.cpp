@@ -5,18 +5,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/start_thread.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -325,4 +328,53 @@ TEST_CASE("cli dirs: only a marked Terrace store is removed", "[cli]") {
   REQUIRE(RemoveOwnedStore(tmp.path() / "file", "m.marker", "--dir", "demo").status().IsInvalidArgument());
   fs::create_symlink(d, tmp.path() / "link");
   REQUIRE(RemoveOwnedStore(tmp.path() / "link", "m.marker", "--dir", "demo").status().IsInvalidArgument());
+}
+
+namespace {
+
+// The process's thread count (/proc/self/status "Threads:"); -1 when unreadable.
+int ProcessThreads() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("cli gated run: the timed interval starts after every worker started and ends at the last return",
+          "[cli]") {
+  using Clock = std::chrono::steady_clock;
+  constexpr unsigned kWorkers = 3;
+  const int base = ProcessThreads();
+  REQUIRE(base > 0);
+  int threads_at_open = 0;
+  std::vector<Clock::time_point> entered(kWorkers), returned(kWorkers);
+  const GatedRun run = RunGated(
+      kWorkers, "test worker",
+      [&](unsigned i) {
+        entered[i] = Clock::now();
+        returned[i] = Clock::now();
+      },
+      [&] { threads_at_open = ProcessThreads(); });
+  REQUIRE(run.status.ok());
+  // Every worker existed (started, waiting at the gate) when the interval began.
+  CHECK(threads_at_open == base + static_cast<int>(kWorkers));
+  for (unsigned i = 0; i < kWorkers; ++i) {
+    CHECK(entered[i] >= run.start);
+    CHECK(returned[i] <= run.end);
+  }
+  CHECK(run.seconds() >= 0);
+  CHECK(ProcessThreads() == base);  // joined
+}
+
+TEST_CASE("cli gated run: a worker that cannot start voids the run and the others skip the work", "[cli]") {
+  terrace::thread_internal::FailThreadStartsAfter(1);
+  std::atomic<int> ran{0};
+  const GatedRun run = RunGated(3, "test worker", [&](unsigned) { ran.fetch_add(1); });
+  terrace::thread_internal::FailThreadStartsAfter(-1);
+  CHECK_FALSE(run.status.ok());
+  CHECK(run.status.message().find("test worker 2 of 3") != std::string::npos);
+  CHECK(ran.load() == 0);
 }

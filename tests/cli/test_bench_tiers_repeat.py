@@ -171,3 +171,27 @@ def test_bench_tiers_host_stream_gets_flag(terrace):
     r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--host-stream-gets", "sometimes")
     assert r.returncode == 2
     assert "--host-stream-gets" in r.stderr
+
+
+def test_bench_tiers_nvme_latency_covers_the_timed_passes_only(terrace, tmp_path):
+    # p50 / p99 come from the tier's per-I/O histogram over the timed passes, as MB/s does: the
+    # same timed pass on a kept store takes the same number of samples whatever the warm-up passes.
+    d = tmp_path / "kept"
+    args = ("bench", "tiers", "--tier", "nvme", "--op", "read", "--block-size", "64KiB", "--total-bytes", "4MiB",
+            "--batch", "1", "--dir", d, "--keep", "--repeat", "1", "--json")
+    runs = {}
+    for w in ("0", "2", "0"):
+        r = terrace(*args, "--warmup", w, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs.setdefault(w, []).append(json.loads(r.stdout))
+    samples = {w: [j["latency_samples"] for j in js] for w, js in runs.items()}
+    # One 64 KiB request per block (--batch 1: no adjacent blocks merged).
+    assert samples == {"0": [64, 64], "2": [64]}, samples
+    assert all(j["p50_us"] > 0 for js in runs.values() for j in js)
+
+
+def test_bench_tiers_memory_latency_samples_are_the_single_operation_calls(terrace):
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "4KiB", "--total-bytes", "64KiB",
+                "--warmup", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["latency_samples"] == 16

@@ -278,6 +278,29 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
     assert "per-layer recall, lru+lookahead at 50%:" in p.stdout and "targets at 50%:" in p.stdout
 
 
+def test_bench_experts_json_measures_per_token_times_and_nulls_what_a_row_does_not_measure(toy, tmp_path):
+    """Resident's per-token times are measured (its wall time is the top-level one); the mmap rows
+    measure no stall and no serial bound (null, not 0) but do measure the other threads' CPU."""
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"), "--prompt", "2",
+                        "--decode", "2", "--budgets", "50%", "--configs", "on-demand,mmap-unbounded,mmap", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    rows = {(c["name"], c["budget_fraction"]): c for c in j["configs"]}
+    resident = rows[("resident", 1.0)]
+    assert resident["wall_s_per_token"] == j["resident_wall_s_per_token"] > 0
+    assert resident["forward_cpu_s_per_token"] > 0 and resident["background_cpu_s_per_token"] >= 0
+    assert resident["stall_share"] == 0 and resident["bound_tokens_per_s"] == resident["tokens_per_s"]
+    mmaps = [c for c in j["configs"] if c["name"].startswith("mmap")]
+    assert len(mmaps) == 2
+    for c in mmaps:
+        assert c["stall_share"] is None and c["bound_tokens_per_s"] is None, c["name"]
+        assert isinstance(c["background_cpu_s_per_token"], float) and c["background_cpu_s_per_token"] >= 0
+        assert c["wall_s_per_token"] > 0 and c["forward_cpu_s_per_token"] > 0
+    (od,) = [c for c in j["configs"] if c["name"] == "on-demand"]
+    assert isinstance(od["stall_share"], float) and od["bound_tokens_per_s"] > 0
+
+
 def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
     for bad in ("0", "1.5", "-0.25"):
         p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(tmp_path / "m"), "--residual-scale", bad],

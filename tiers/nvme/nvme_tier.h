@@ -239,6 +239,10 @@ class NvmeTier final : public Tier {
   // Bytes block reads (Get, GetBatch, GetRangeBatch) asked the device for: whole 4 KiB units, the
   // gaps merged reads carry included. A ranged read adds only the units around its range.
   std::uint64_t device_read_bytes() const { return device_read_bytes_.load(std::memory_order_relaxed); }
+  // The per-I/O latency histograms behind Stats()' p50 / p99, cumulative since open: a caller
+  // copies one (MergeFrom) before and after an interval to take that interval's latency alone.
+  const LatencyHistogram& read_latency() const { return counters_.read_latency; }
+  const LatencyHistogram& write_latency() const { return counters_.write_latency; }
 
  private:
   struct Entry {
