@@ -86,6 +86,26 @@ def test_snapshot_interval_and_text_output(toy, tmp_path):
     assert "prefix cache: restored 96 tokens (joint boundary 96), computed 19" in text
 
 
+def test_saved_estimate_only_from_a_suffix_as_long_as_the_restored_prefix(toy, tmp_path):
+    # The saving is the restored tokens at the suffix's per-token rate: from a suffix shorter than
+    # the restored prefix that rate is mostly per-pass overhead, multiplied up (a 1-token suffix
+    # claimed 6x a full recompute), so no figure is given; nor with nothing restored (was -0.0000).
+    store = tmp_path / "st"
+    first = run_json(toy, store, tokens=",".join(TOKENS.split(",")[:40]))  # stores chunk 1 (32 tokens)
+    assert first["restored_tokens"] == 0
+    assert first["saved_s_estimate"] is None and first["saved_s_unestimated"] == "nothing was restored"
+    whole = run_json(toy, store)  # restores 32, computes 118
+    assert whole["restored_tokens"] == 32 and whole["computed_tokens"] == 118
+    assert isinstance(whole["saved_s_estimate"], float) and "saved_s_unestimated" not in whole
+    short = run_json(toy, store)  # restores 128, computes 22
+    assert short["restored_tokens"] == 128 and short["computed_tokens"] == 22
+    assert short["saved_s_estimate"] is None
+    assert short["saved_s_unestimated"] == "the computed suffix is shorter than the restored prefix"
+    text = run(toy, store).stdout
+    assert "; saved: not estimated (the computed suffix is shorter than the restored prefix)" in text
+    assert "saved ~-" not in text
+
+
 def test_corrupt_state_block_falls_back_exactly(toy, tmp_path):
     store = tmp_path / "st"
     a = run_json(toy, store)
