@@ -55,6 +55,7 @@ struct CheckArgs {
   std::string expect;
   bool repair = false;
   bool quick = false;
+  bool checksums_only = false;  // --checksums-only: no pattern comparison (a store 'store fill' did not write)
 };
 
 // Opens the tier for `fill`, with the drill's fault engine or power cut when one is asked for.
@@ -306,10 +307,10 @@ int RunCheck(const CheckArgs& a) {
     }
     return FailStatus(tier.status());
   }
-  BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {
+  const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
+  BlockCheck c = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
   });
-  if (scan) CountLostBlocks(*scan, **tier, &c);
   for (std::size_t i = 0; i < c.lost_keys.size() && i < kMaxBlockLines; ++i) {
     fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
   }
@@ -341,11 +342,14 @@ int RunCheck(const CheckArgs& a) {
                "puts in flight when a writer died); {}\n",
                c.lost_from_index, StoreCheckRecoverAdvice(a.paths));
   }
-  if (c.wrong_content) {
-    fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used\n",
+  if (c.wrong_content && seed) {
+    fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used, or "
+               "--checksums-only for a store that 'store fill' did not write\n",
                c.wrong_content, a.seed);
+  } else if (c.wrong_content) {
+    fmt::print("store check: {} blocks read back with another size than their index entry\n", c.wrong_content);
   }
-  if (c.missing && !c.lost_from_index) {
+  if (c.missing) {
     fmt::print("store check: {} expected blocks are missing{}\n", c.missing,
                c.scanned ? "" : "; run without --quick to look for them in the data file");
   }
@@ -377,10 +381,14 @@ void RegisterStore(CLI::App& app, Runner* run) {
 
   auto ca = std::make_shared<CheckArgs>();
   auto* check = store->add_subcommand(
-      "check", "Verify every block against the pattern of --seed and look for blocks the index lost; read-only "
-               "unless --repair");
+      "check", "Verify every block's checksum and its content against the pattern of --seed (or only the checksum, "
+               "with --checksums-only) and look for blocks the index lost; read-only unless --repair");
   AddStorePathOptions(check, &ca->paths, /*dir_created_if_missing=*/false, /*with_capacity=*/true);
-  AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
+  auto* check_seed = AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
+  check->add_flag("--checksums-only", ca->checksums_only,
+                  "Verify only each block's checksum, not the pattern of 'fill': for a store 'store fill' did not "
+                  "write (a prefix-cache pool, an expert store)")
+      ->excludes(check_seed);
   check->add_option("--expect", ca->expect, "File of 'durable <key>' lines as 'fill' printed them; each must be ok");
   check->add_flag("--repair", ca->repair, "Drop corrupt blocks from the store (their bytes are lost)");
   check->add_flag("--quick", ca->quick, "Skip the scan of the data file for blocks the index lost");
