@@ -22,6 +22,7 @@
 #include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "tiers/nvme/fault_engine.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -132,6 +133,9 @@ int RunFill(const FillArgs& a) {
   o.durability = Durability::kSync;
   o.io_threads = static_cast<unsigned>(std::min<std::uint64_t>(a.threads, 64));
   nvme::FaultInjectingIoEngine* fault_engine = nullptr;
+  // Ctrl-C: the writers stop after their current put (every one printed 'durable' stays so) and the
+  // tier closes before the exit.
+  StopSignals stop_signals;
   std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
   if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
   auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
@@ -168,7 +172,7 @@ int RunFill(const FillArgs& a) {
       failed.fetch_add(1);
       return;
     }
-    for (std::uint64_t i; !stop && (i = next.fetch_add(1)) < a.count;) {
+    for (std::uint64_t i; !stop && StopSignalReceived() == 0 && (i = next.fetch_add(1)) < a.count;) {
       const BlockKey key = FillKey(a.seed, a.first + i);
       FillPattern(a.seed, key, buf);
       const BlockDesc desc = DescribeBlock(buf);
@@ -211,6 +215,13 @@ int RunFill(const FillArgs& a) {
   const double secs = SecondsSince(start);
   const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
   const std::uint64_t attempted = w + same + bad;
+  if (StopSignalReceived() != 0) {
+    tier->reset();  // closed: the index flushed; every put printed 'durable' was already durable
+    return ExitStopped("store fill", fmt::format(
+        "; {} of {} blocks acknowledged durable (the 'durable' lines: {} written, {} already stored), {} failed, {} "
+        "not attempted; the store in --dir is closed and keeps them",
+        w + same, a.count, w, same, bad, a.count - attempted));
+  }
   if (w == 0 && same > 0 && bad == 0) {
     fmt::print(stderr,
                "store fill: all {} blocks were already in the store with identical bytes (same --seed {}); nothing "
