@@ -32,6 +32,7 @@
 #include "src/cli/model_run_kv.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/json_text.h"
 #include "src/common/json_unique.h"
 #include "src/common/mutex.h"
@@ -101,7 +102,10 @@ class ProgressTicker {
     const auto t0 = Clock::now();
     MutexLock l(&mu_);
     while (!done_) {
-      if (!cv_.WaitFor(&mu_, every_) && !done_) Progress(fmt::format("      ... {}: {:.0f} s", what_, SecondsSince(t0)));
+      if (cv_.WaitFor(&mu_, every_) || done_) continue;
+      Progress(fmt::format("      ... {}: {:.0f} s{}", what_, SecondsSince(t0),
+                           StopSignalReceived() != 0 ? " (stopping when this step is done; Ctrl-C again stops at once)"
+                                                     : ""));
     }
   }
   const std::string what_;
@@ -606,6 +610,14 @@ int RunDemo(const DemoArgs& a) {
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckKvPoolSizes(DemoKvArgs(a)); !s.ok()) return FailUsage(s.message());
   g_progress = a.json ? stderr : stdout;
+  // Ctrl-C: the demo stops after the step it is in (building the model, opening the stores, a turn),
+  // lets the stores finish what they were handed and exits 128 + the signal number; what it built
+  // stays for the next run.
+  StopSignals stop_signals;
+  auto stopped = [&](const std::string& after) {
+    return ExitStopped("terrace demo", fmt::format(" {}; what is in {} is kept for the next run (no {} or {} was "
+                                                   "written)", after, a.dir, kDemoRunJson, kDemoReportHtml));
+  };
   if (a.fresh) {
     auto removed = RemoveDemoDir(a.dir, "--dir");
     if (!removed.ok())
@@ -641,6 +653,7 @@ int RunDemo(const DemoArgs& a) {
   if (!reused_model.ok())
     return reused_model.status().IsInvalidArgument() ? FailUsage(reused_model.status().message())
                                                      : Fail(reused_model.status().ToString());
+  if (StopSignalReceived() != 0) return stopped("after step 1, the model");
   auto md = model::ModelDir::Open(dir / kDemoModelDir);
   if (!md.ok()) return Fail(md.status().ToString());
   Progress(fmt::format("      {} {} in {:.1f} s ({}, random weights, seed {})",
@@ -683,6 +696,15 @@ int RunDemo(const DemoArgs& a) {
                        FormatBytes(static_cast<double>(ex->offload->budget_bytes())) +
                            (ex->offload->budget_bytes() >= ex->offload->Metrics().total_expert_bytes ? ", all of them" : "")));
 
+  auto flush_stores = [&] {
+    kv->cache->Flush();
+    for (Store* st : {kv->kv_store.get(), kv->state_store.get(), ex->store.get()}) (void)st->Flush();
+    ex->offload->Quiesce();
+  };
+  if (StopSignalReceived() != 0) {
+    flush_stores();
+    return stopped("after step 2, the stores");
+  }
   auto model = model::Model::Load(config, **md, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
   auto reference = model::Model::Load(config, **md);  // all experts resident, no store
@@ -701,10 +723,15 @@ int RunDemo(const DemoArgs& a) {
   const auto turns_start = Clock::now();
   for (unsigned t = 0; t < a.turns; ++t) {
     for (unsigned c = 0; c < a.conversations; ++c) {
+      if (StopSignalReceived() != 0) break;
       auto r = PlayTurn(a, config, *kv, *ex, **model, **reference, c, t, &history[c], &fault_done);
       if (!r.ok()) return Fail(r.status().ToString());
       results.push_back(std::move(r).value());
     }
+  }
+  if (StopSignalReceived() != 0) {
+    flush_stores();
+    return stopped(fmt::format("in step 3 after {} of {} turns", results.size(), a.turns * a.conversations));
   }
   const double turns_s = SecondsSince(turns_start);
   cache.Flush();

@@ -17,7 +17,9 @@
 #include "src/cli/command.h"
 #include "src/cli/model_run_experts.h"
 #include "src/cli/model_run_kv.h"
+#include "src/cli/prefill_progress.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/json_text.h"
 #include "src/common/start_thread.h"
 #include "src/model/model.h"
@@ -82,6 +84,9 @@ int RunModel(const RunArgs& a) {
     if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits", out_rules); !s.ok()) return FailUsage(s.message());
   }
   ops::SetBlasThreads(a.threads);
+  // Ctrl-C: the forward pass stops at its next layer, what the store was handed is written, and the
+  // run exits 128 + the signal number saying how far it got.
+  StopSignals stop_signals;
   auto dir = ModelDir::Open(a.model);
   if (!dir.ok()) return Fail(dir.status().ToString());
   const ModelConfig& config = (*dir)->config();
@@ -94,14 +99,39 @@ int RunModel(const RunArgs& a) {
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
   auto model = Model::Load(config, **dir, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
+  if (StopSignalReceived() != 0) return ExitStopped("terrace model run", " before the prompt was run");
 
   Session session(**model);
   Result<Tensor> logits = Tensor();
   std::optional<KvRun> kv_run;
   std::optional<kv::CachedPrefill> cached;
   std::pair<double, double> kv_prepare{0, 0};  // seconds: the state's reservation, the pools' opening (beside it)
+  // Progress lines on stderr for long passes; their hooks go around the ones StartExpertRun set (own).
+  const int last_layer = config.num_hidden_layers - 1;
+  PrefillProgress prefill_progress("terrace model run", "prefill",
+                                   a.kv.store.empty() ? static_cast<std::int64_t>(prompt->size()) : 0, last_layer);
+  ForwardOptions own;
+  auto with_progress = [&] {
+    own = session.hooks();
+    session.set_hooks(prefill_progress.Wrap(own));
+  };
+  // After a stop: the store's writes handed over so far finish (a chunk block is never written with
+  // a layer missing), then "stopped by SIGINT <what>".
+  auto stopped = [&](const std::string& what) {
+    std::string stored;
+    if (kv_run) {
+      kv_run->cache->Flush();
+      for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()}) (void)st->Flush();
+      stored = fmt::format("; {} chunk blocks were written to --store", kv_run->cache->Stats().chunk_writes);
+    }
+    return ExitStopped("terrace model run", " " + what + stored);
+  };
+  auto stopped_in_prefill = [&] {
+    return stopped(fmt::format("in the prefill of the prompt's {} tokens: {}", prompt->size(), prefill_progress.Where()));
+  };
   if (a.kv.store.empty()) {
     if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new); !s.ok()) return Fail(s.ToString());
+    with_progress();
     logits = session.Prefill(*prompt);
   } else {
     // The state's MLA latent caches get room for the whole prompt (written once, so its pages are
@@ -142,9 +172,10 @@ int RunModel(const RunArgs& a) {
       recording.skipped_steps = kv_run->cache->Lookup(request).boundary_tokens / kv_run->cache->layout().chunk_tokens();
     }
     if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new, recording); !s.ok())
-      return Fail(s.ToString());
+      return StopSignalReceived() != 0 ? stopped("before the prompt was run") : Fail(s.ToString());
+    with_progress();
     auto p = kv::PrefillWithCache(&session, *kv_run->cache, request);
-    if (!p.ok()) return Fail(p.status().ToString());
+    if (!p.ok()) return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(p.status().ToString());
     cached = std::move(p).value();
     logits = std::move(cached->logits);
     if (ex->predictor == experts::PredictorKind::kOracle &&
@@ -157,13 +188,19 @@ int RunModel(const RunArgs& a) {
                            recording.skipped_steps * kv_run->cache->layout().chunk_tokens()));
     }
   }
-  if (!logits.ok()) return Fail(logits.status().ToString());
+  if (!logits.ok()) return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(logits.status().ToString());
   std::vector<int> generated;
+  PrefillProgress decode_progress("terrace model run", "decode", std::max(0, a.max_new - 1), last_layer);
+  session.set_hooks(decode_progress.Wrap(own));
   for (int i = 0; i < a.max_new; ++i) {
     generated.push_back(Argmax(session.last_logits()));
     if (i + 1 < a.max_new) {
       auto l = session.Decode(generated.back());
-      if (!l.ok()) return Fail(l.status().ToString());
+      if (!l.ok()) {
+        if (StopSignalReceived() == 0) return Fail(l.status().ToString());
+        return stopped(fmt::format("in the decode, after {} of --max-new {} tokens: [{}]", generated.size(), a.max_new,
+                                   fmt::join(generated, ", ")));
+      }
     }
   }
   kv::PrefixCacheStats kv_stats;
@@ -183,10 +220,16 @@ int RunModel(const RunArgs& a) {
       // Restored positions have no logits: recompute them in a cold pass over [0, b) with the same
       // chunk pieces (bitwise what a run without the cache would give for them).
       Session cold(**model);
+      PrefillProgress cold_progress("terrace model run", "--dump-logits: recomputing the restored positions",
+                                    cached->restored_tokens, last_layer);
+      cold.set_hooks(cold_progress.Hooks());
       const auto head_req = kv_run->cache->Prepare(std::span(*prompt).first(static_cast<std::size_t>(cached->restored_tokens)),
                                                    a.kv.tenant);
       auto h = kv::PrefillWithCache(&cold, *kv_run->cache, head_req, {.restore = false, .write_back = false});
-      if (!h.ok()) return Fail(h.status().ToString());
+      if (!h.ok()) {
+        return StopSignalReceived() != 0 ? stopped("while recomputing the restored positions for --dump-logits (not written)")
+                                         : Fail(h.status().ToString());
+      }
       h->logits.data.insert(h->logits.data.end(), logits->data.begin(), logits->data.end());
       h->logits.shape = {static_cast<std::int64_t>(prompt->size()), config.vocab_size};
       logits = std::move(h->logits);
@@ -207,6 +250,8 @@ int RunModel(const RunArgs& a) {
   const Profile& prof = session.profile();
   std::vector<float> head(last.begin(), last.begin() + std::min<std::size_t>(4, last.size()));
 
+  // A stop during the steps without a checkpoint (the write-back's wait, --dump-logits' file).
+  if (StopSignalReceived() != 0) return stopped("after the run, before its report was printed");
   if (a.json) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -234,6 +279,7 @@ int RunModel(const RunArgs& a) {
     if (a.routing_stats) {
       auto routing = MeasureRouting(**model, *prompt);
       if (!routing.ok()) return Fail(routing.status().ToString());
+      if (StopSignalReceived() != 0) return stopped("while measuring --routing-stats (no report printed)");
       j["routing"]["mean_entropy_bits"] = routing->mean_entropy_bits;
       j["routing"]["max_entropy_bits"] = routing->max_entropy_bits;
       j["routing"]["min_experts_used"] = routing->min_experts_used;

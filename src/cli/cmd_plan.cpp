@@ -15,6 +15,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/json_text.h"
 #include "src/common/param_count.h"
 #include "src/model/names.h"
@@ -402,6 +403,41 @@ json ReplayJson(const ReplayResult& r) {
           {"requests_per_node", r.requests_per_node}};
 }
 
+// The trace's replays' progress on stderr, at most every kEverySeconds ("terrace plan: trace replay
+// K of N (what): R of M requests, T s"), and their checkpoints, which stop a replay once SIGINT or
+// SIGTERM was recorded (StopSignals).
+class ReplayProgress {
+ public:
+  static constexpr double kEverySeconds = 5.0;
+  ReplayProgress(std::size_t replays, std::size_t requests)
+      : replays_(replays), requests_(requests), t0_(std::chrono::steady_clock::now()), last_(t0_) {}
+  // The checkpoint of the next replay, `what` naming it.
+  std::function<Status(std::uint64_t)> Next(std::string what) {
+    ++started_;
+    return [this, what = std::move(what)](std::uint64_t done) -> Status {
+      TERRACE_RETURN_IF_ERROR(StopCheck());
+      const auto now = std::chrono::steady_clock::now();
+      if (std::chrono::duration<double>(now - last_).count() < kEverySeconds) return Status::Ok();
+      last_ = now;
+      fmt::print(stderr, "terrace plan: trace replay {} of {} ({}): {} of {} requests, {:.0f} s\n", started_, replays_,
+                 what, done, requests_, SecondsSince(t0_));
+      std::fflush(stderr);
+      return Status::Ok();
+    };
+  }
+  // Exit status of a failed replay: 128 + the signal after a stop (saying how far it got), else a usage error.
+  int Failed(const Status& s) const {
+    if (StopSignalReceived() == 0) return FailUsage(s.message());
+    return ExitStopped("terrace plan", fmt::format(" in trace replay {} of {}; nothing was printed", started_, replays_));
+  }
+
+ private:
+  const std::size_t replays_, requests_;
+  std::size_t started_ = 0;
+  const std::chrono::steady_clock::time_point t0_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 // `trace` was read and parsed (in parse_s seconds) before anything is printed, so a bad file prints
 // only its error. Fills (*out)["trace"] and, without --json, *text with the tables (printed after the
 // plan's). replay_seconds counts the parse and everything here.
@@ -464,12 +500,24 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"read_bytes_per_s", t.read_bandwidth}});
   }
   tj["tiers"] = tiers_j;
+  // Hit rate vs capacity (below): one tier of capacity c, from 1/2^(points-1) of the trace's footprint
+  // to all of it, each capacity that holds a block. The footprint and each capacity count the
+  // blocks' KDA snapshots with their KV.
+  const std::uint64_t footprint = ceiling.unique_blocks * ro.stored_block_bytes();
+  std::vector<int> sweep_points;  // i: capacity footprint / 2^i
+  for (int i = a.sweep_points - 1; i >= 0; --i) {
+    if (static_cast<std::uint64_t>(std::ldexp(static_cast<double>(footprint), -i)) >= ro.stored_block_bytes())
+      sweep_points.push_back(i);
+  }
+  ReplayProgress progress(policies.size() * (1 + sweep_points.size()) + (a.nodes > 1 ? 2 : 0), trace->requests.size());
+
   json pol = json::array();
   std::vector<ReplayResult> results;
   for (ReplayPolicy p : policies) {
     ro.policy = p;
+    ro.checkpoint = progress.Next(fmt::format("policy {}", ReplayPolicyName(p)));
     auto r = Replay(*trace, ro);
-    if (!r.ok()) return FailUsage(r.status().message());
+    if (!r.ok()) return progress.Failed(r.status());
     json pj = ReplayJson(*r);
     pj["policy"] = ReplayPolicyName(p);
     pol.push_back(pj);
@@ -477,19 +525,16 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   }
   tj["policies"] = pol;
 
-  // Hit rate vs capacity: one tier of capacity c, from 1/2^(points-1) of the trace's footprint to all
-  // of it. The footprint and each capacity count the blocks' KDA snapshots with their KV.
   json sweep = json::array();
-  const std::uint64_t footprint = ceiling.unique_blocks * ro.stored_block_bytes();
   for (ReplayPolicy p : policies) {
-    for (int i = a.sweep_points - 1; i >= 0; --i) {
+    for (int i : sweep_points) {
       ReplayOptions so = ro;
       so.policy = p;
       so.nodes = 1;
       so.tiers = {{"cache", static_cast<std::uint64_t>(std::ldexp(static_cast<double>(footprint), -i)), 0}};
-      if (so.tiers[0].capacity_bytes < ro.stored_block_bytes()) continue;
+      so.checkpoint = progress.Next(fmt::format("{} sweep, 1/{} of the footprint", ReplayPolicyName(p), 1ull << i));
       auto r = Replay(*trace, so);
-      if (!r.ok()) return FailUsage(r.status().message());
+      if (!r.ok()) return progress.Failed(r.status());
       sweep.push_back({{"policy", ReplayPolicyName(p)},
                        {"capacity_bytes", so.tiers[0].capacity_bytes},
                        {"capacity_blocks", r->tiers[0].capacity_blocks},
@@ -509,8 +554,9 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
       ReplayOptions co = ro;
       co.policy = policies.front();
       co.routing = rt;
+      co.checkpoint = progress.Next(fmt::format("cluster, {} routing", RoutingName(rt)));
       auto r = Replay(*trace, co);
-      if (!r.ok()) return FailUsage(r.status().message());
+      if (!r.ok()) return progress.Failed(r.status());
       std::uint64_t mx = 0;
       for (auto n : r->requests_per_node) mx = std::max(mx, n);
       const double mean = static_cast<double>(r->requests) / a.nodes;
@@ -599,6 +645,9 @@ int RunPlan(const PlanArgs& a) {
                                  a.gqa_kv_heads, config->num_attention_heads, config->num_attention_heads));
   }
   const auto t0 = std::chrono::steady_clock::now();
+  // With --trace, Ctrl-C stops the replays at their next checkpoint (ReplayProgress): exit 128 + the signal.
+  std::optional<StopSignals> stop_signals;
+  if (!a.trace.empty()) stop_signals.emplace();
   std::optional<Trace> trace;
   if (!a.trace.empty()) {
     auto text = ReadInputFile(a.trace, "--trace", kMaxTraceFileBytes);
@@ -610,6 +659,7 @@ int RunPlan(const PlanArgs& a) {
     trace = std::move(*parsed);
   }
   const double parse_s = SecondsSince(t0);
+  if (StopSignalReceived() != 0) return ExitStopped("terrace plan", " while reading --trace; nothing was printed");
   auto hw = ResolveHardware(a.hardware);
   if (!hw.ok()) return FailUsage(hw.status().message());
   PlanOptions o;

@@ -22,6 +22,7 @@
 #include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "tiers/nvme/fault_engine.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
@@ -55,6 +56,7 @@ struct CheckArgs {
   std::string expect;
   bool repair = false;
   bool quick = false;
+  bool checksums_only = false;  // --checksums-only: no pattern comparison (a store 'store fill' did not write)
 };
 
 // Opens the tier for `fill`, with the drill's fault engine or power cut when one is asked for.
@@ -131,6 +133,9 @@ int RunFill(const FillArgs& a) {
   o.durability = Durability::kSync;
   o.io_threads = static_cast<unsigned>(std::min<std::uint64_t>(a.threads, 64));
   nvme::FaultInjectingIoEngine* fault_engine = nullptr;
+  // Ctrl-C: the writers stop after their current put (every one printed 'durable' stays so) and the
+  // tier closes before the exit.
+  StopSignals stop_signals;
   std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
   if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
   auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
@@ -167,7 +172,7 @@ int RunFill(const FillArgs& a) {
       failed.fetch_add(1);
       return;
     }
-    for (std::uint64_t i; !stop && (i = next.fetch_add(1)) < a.count;) {
+    for (std::uint64_t i; !stop && StopSignalReceived() == 0 && (i = next.fetch_add(1)) < a.count;) {
       const BlockKey key = FillKey(a.seed, a.first + i);
       FillPattern(a.seed, key, buf);
       const BlockDesc desc = DescribeBlock(buf);
@@ -210,6 +215,13 @@ int RunFill(const FillArgs& a) {
   const double secs = SecondsSince(start);
   const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
   const std::uint64_t attempted = w + same + bad;
+  if (StopSignalReceived() != 0) {
+    tier->reset();  // closed: the index flushed; every put printed 'durable' was already durable
+    return ExitStopped("store fill", fmt::format(
+        "; {} of {} blocks acknowledged durable (the 'durable' lines: {} written, {} already stored), {} failed, {} "
+        "not attempted; the store in --dir is closed and keeps them",
+        w + same, a.count, w, same, bad, a.count - attempted));
+  }
   if (w == 0 && same > 0 && bad == 0) {
     fmt::print(stderr,
                "store fill: all {} blocks were already in the store with identical bytes (same --seed {}); nothing "
@@ -306,10 +318,10 @@ int RunCheck(const CheckArgs& a) {
     }
     return FailStatus(tier.status());
   }
-  BlockCheck c = CheckBlocks(**tier, a.seed, expected, [](const std::string& line) {
+  const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
+  BlockCheck c = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
   });
-  if (scan) CountLostBlocks(*scan, **tier, &c);
   for (std::size_t i = 0; i < c.lost_keys.size() && i < kMaxBlockLines; ++i) {
     fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
   }
@@ -341,11 +353,14 @@ int RunCheck(const CheckArgs& a) {
                "puts in flight when a writer died); {}\n",
                c.lost_from_index, StoreCheckRecoverAdvice(a.paths));
   }
-  if (c.wrong_content) {
-    fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used\n",
+  if (c.wrong_content && seed) {
+    fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used, or "
+               "--checksums-only for a store that 'store fill' did not write\n",
                c.wrong_content, a.seed);
+  } else if (c.wrong_content) {
+    fmt::print("store check: {} blocks read back with another size than their index entry\n", c.wrong_content);
   }
-  if (c.missing && !c.lost_from_index) {
+  if (c.missing) {
     fmt::print("store check: {} expected blocks are missing{}\n", c.missing,
                c.scanned ? "" : "; run without --quick to look for them in the data file");
   }
@@ -377,10 +392,14 @@ void RegisterStore(CLI::App& app, Runner* run) {
 
   auto ca = std::make_shared<CheckArgs>();
   auto* check = store->add_subcommand(
-      "check", "Verify every block against the pattern of --seed and look for blocks the index lost; read-only "
-               "unless --repair");
+      "check", "Verify every block's checksum and its content against the pattern of --seed (or only the checksum, "
+               "with --checksums-only) and look for blocks the index lost; read-only unless --repair");
   AddStorePathOptions(check, &ca->paths, /*dir_created_if_missing=*/false, /*with_capacity=*/true);
-  AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
+  auto* check_seed = AddIntOption<std::uint64_t>(check, "--seed", &ca->seed, 0, UINT64_MAX, "Seed given to 'fill'");
+  check->add_flag("--checksums-only", ca->checksums_only,
+                  "Verify only each block's checksum, not the pattern of 'fill': for a store 'store fill' did not "
+                  "write (a prefix-cache pool, an expert store)")
+      ->excludes(check_seed);
   check->add_option("--expect", ca->expect, "File of 'durable <key>' lines as 'fill' printed them; each must be ok");
   check->add_flag("--repair", ca->repair, "Drop corrupt blocks from the store (their bytes are lost)");
   check->add_flag("--quick", ca->quick, "Skip the scan of the data file for blocks the index lost");

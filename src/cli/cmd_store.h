@@ -69,29 +69,26 @@ Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path);
 // The verdict on the blocks of one store.
 struct BlockCheck {
   std::uint64_t indexed = 0;          // blocks the index holds
-  std::uint64_t ok = 0;               // read back with exactly the pattern of the seed
+  std::uint64_t ok = 0;               // read back passing their checksum (and, with a seed, exactly its pattern)
   std::uint64_t corrupt = 0;          // the tier refused them (checksum) or failed to read them
-  std::uint64_t wrong_content = 0;    // returned as good but differing from the pattern (never allowed)
-  std::uint64_t missing = 0;          // expected keys absent (or not ok)
+  std::uint64_t wrong_content = 0;    // returned as good but differing from the seed's pattern (never allowed)
+  std::uint64_t missing = 0;          // expected keys neither in the index nor (when scanned) in the data file
   std::uint64_t lost_from_index = 0;  // committed in the data file, absent from the index
   bool scanned = false;               // the data file was scanned for lost_from_index
   // Indexed, but with no valid descriptor in the data file (damaged or never written): served from
-  // the index, yet a rebuild from the data file alone would not find them.
+  // the index, yet a rebuild from the data file alone would not find them. Corrupt blocks are not
+  // counted here (the scan skips an extent whose data fails its checksum; its descriptor is fine).
   std::uint64_t index_only = 0;
   std::vector<BlockKey> corrupt_keys;
   std::vector<BlockKey> missing_keys;
   std::vector<BlockKey> lost_keys;
+  // Expected keys the index holds that did not read back ok (corrupt or wrong content).
+  std::vector<BlockKey> expected_bad_keys;
 };
 
 // How many bad blocks of one kind (corrupt, wrong content, missing, lost from the index) a check
 // names one per line; the rest are counted on one line.
 inline constexpr std::uint64_t kMaxBlockLines = 10;
-
-// Reads every indexed block of `tier` and compares it with FillPattern(seed, key); then checks
-// that every key of `expected` was ok. `report` (may be null) receives a line for each of the
-// first kMaxBlockLines bad blocks of each kind, and then "... and N more <kind> blocks".
-BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
-                       const std::function<void(const std::string&)>& report);
 
 // What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key.
 struct ScannedBlocks {
@@ -101,8 +98,15 @@ struct ScannedBlocks {
 // Scans the data area of `options` (a shared lock: run it while no writer has the store open, or
 // beside a read-only tier). Prints progress to stderr on large stores.
 Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options);
-// Adds lost_from_index to `check`: blocks of `scan` that `tier`'s index does not hold.
-void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check);
+
+// Reads every indexed block of `tier`: a block is ok when the tier returns it (its checksum
+// passes) and, when `seed` is given, it equals FillPattern(*seed, key); without a seed (a store
+// `store fill` did not write) no block is wrong-content. Then counts the keys of `expected` that
+// neither the index nor `scan` (may be null: not scanned) holds as missing, and, with `scan`, the
+// lost-from-index and index-only blocks. `report` (may be null) receives a line for each of the
+// first kMaxBlockLines bad blocks of each kind, and then "... and N more <kind> blocks".
+BlockCheck CheckBlocks(NvmeTier& tier, std::optional<std::uint64_t> seed, const std::vector<BlockKey>& expected,
+                       const ScannedBlocks* scan, const std::function<void(const std::string&)>& report);
 
 // Subcommands defined in their own files.
 void RegisterStoreRecover(CLI::App* store, Runner* run);  // cmd_store_recover.cpp

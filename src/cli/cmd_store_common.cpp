@@ -186,8 +186,28 @@ Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
   return keys;
 }
 
-BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<BlockKey>& expected,
-                       const std::function<void(const std::string&)>& report) {
+namespace {
+
+// Adds lost_from_index and index_only to `check`: blocks of `scan` that `tier`'s index does not
+// hold, and indexed blocks, not corrupt, that the scan did not find.
+void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
+  check->scanned = true;
+  for (const auto& [key, dg] : scan.blocks) {
+    auto have = tier.Lookup(key);
+    if (have.ok()) continue;
+    ++check->lost_from_index;
+    check->lost_keys.push_back(key);
+  }
+  const std::unordered_set<BlockKey> corrupt(check->corrupt_keys.begin(), check->corrupt_keys.end());
+  tier.ForEach([&](const BlockKey& key, const BlockDesc&) {
+    if (!scan.blocks.contains(key) && !corrupt.contains(key)) ++check->index_only;
+  });
+}
+
+}  // namespace
+
+BlockCheck CheckBlocks(NvmeTier& tier, std::optional<std::uint64_t> seed, const std::vector<BlockKey>& expected,
+                       const ScannedBlocks* scan, const std::function<void(const std::string&)>& report) {
   // The first kMaxBlockLines bad blocks of each kind get a line; the rest one line with their count.
   auto line = [&](std::uint64_t nth, std::string text) {
     if (report && nth <= kMaxBlockLines) report(std::move(text));
@@ -201,23 +221,30 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<Blo
   std::vector<std::pair<BlockKey, BlockDesc>> blocks;
   tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
   c.indexed = blocks.size();
-  std::unordered_set<BlockKey> good;
+  std::unordered_set<BlockKey> indexed, good;
   std::vector<std::byte> buf, want;
   for (const auto& [key, desc] : blocks) {
+    indexed.insert(key);
     buf.resize(desc.size);
-    want.resize(desc.size);
     BlockDesc got;
     Status s = tier.Get(key, buf, &got);
     if (s.ok()) {
-      FillPattern(seed, key, want);
-      if (got.size == desc.size && buf == want) {
+      bool same = got.size == desc.size;
+      if (seed && same) {
+        want.resize(desc.size);
+        FillPattern(*seed, key, want);
+        same = buf == want;
+      }
+      if (same) {
         ++c.ok;
         good.insert(key);
         continue;
       }
       ++c.wrong_content;
-      line(c.wrong_content, fmt::format("wrong content {}: returned as good but differs from the pattern of --seed {}",
-                                        key.ToString(), seed));
+      line(c.wrong_content, seed ? fmt::format("wrong content {}: returned as good but differs from the pattern of "
+                                               "--seed {}", key.ToString(), *seed)
+                                 : fmt::format("wrong content {}: returned {} bytes, its index entry says {}",
+                                               key.ToString(), got.size, desc.size));
       continue;
     }
     ++c.corrupt;
@@ -228,11 +255,17 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::uint64_t seed, const std::vector<Blo
   rest(c.corrupt, "corrupt");
   for (const BlockKey& k : expected) {
     if (good.contains(k)) continue;
+    if (indexed.contains(k)) {  // counted above as corrupt or wrong content
+      c.expected_bad_keys.push_back(k);
+      continue;
+    }
+    if (scan != nullptr && scan->blocks.contains(k)) continue;  // counted below as lost from the index
     ++c.missing;
     c.missing_keys.push_back(k);
     line(c.missing, fmt::format("missing {}", k.ToString()));
   }
   rest(c.missing, "missing");
+  if (scan != nullptr) CountLostBlocks(*scan, tier, &c);
   return c;
 }
 
@@ -254,19 +287,6 @@ Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options) {
                       },
                       progress));
   return out;
-}
-
-void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
-  check->scanned = true;
-  for (const auto& [key, dg] : scan.blocks) {
-    auto have = tier.Lookup(key);
-    if (have.ok()) continue;
-    ++check->lost_from_index;
-    check->lost_keys.push_back(key);
-  }
-  tier.ForEach([&](const BlockKey& key, const BlockDesc&) {
-    if (!scan.blocks.contains(key)) ++check->index_only;
-  });
 }
 
 }  // namespace terrace::cli::store_cmd

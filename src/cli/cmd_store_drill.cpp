@@ -397,12 +397,15 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
                  open_status.ToString());
       break;
     }
-    BlockCheck c = CheckBlocks(*tier, a.seed, acked, nullptr);
+    BlockCheck c = CheckBlocks(*tier, a.seed, acked, nullptr, nullptr);
+    // Lost: an acknowledged block the drill did not damage that is gone or does not read back ok.
     std::uint64_t lost_now = 0;
-    for (const BlockKey& k : c.missing_keys) {
-      if (damaged.contains(k)) continue;
-      ++lost_now;
-      if (lost_keys.insert(k).second) problem(fmt::format("round {}: acknowledged block {} lost", round + 1, k.ToString()));
+    for (const std::vector<BlockKey>* keys : {&c.missing_keys, &c.expected_bad_keys}) {
+      for (const BlockKey& k : *keys) {
+        if (damaged.contains(k)) continue;
+        ++lost_now;
+        if (lost_keys.insert(k).second) problem(fmt::format("round {}: acknowledged block {} lost", round + 1, k.ToString()));
+      }
     }
     // A block the drill damaged must be reported corrupt (or be gone after an earlier report).
     std::unordered_set<BlockKey> corrupt(c.corrupt_keys.begin(), c.corrupt_keys.end());

@@ -1,12 +1,16 @@
 // The `terrace` entry point: parses the command line (CLI11), runs the chosen command and maps every
 // outcome onto the exit codes of command.h: 0 ok, 1 runtime failure, 2 usage error, never a crash
 // code for an exception (one line "terrace: error: ..." and exit 1, also from a worker thread).
+#include <algorithm>
+#include <cctype>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <malloc.h>
@@ -95,6 +99,60 @@ std::string UnknownCommandMessage(const CLI::App& app, const CLI::ParseError& e)
                      fmt::join(names, ", "), CommandPath(at));
 }
 
+// Edit distance between a and b, a swap of two neighbours counting one (optimal string alignment).
+std::size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + sub});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The flag of `at` closest to `given` (e.g. --max-new for --max_new), when it is close: at most a
+// third of its letters differ (at least one, at most three). Empty when none is.
+std::string ClosestFlag(const CLI::App& at, std::string_view given) {
+  std::string best;
+  std::size_t best_distance = SIZE_MAX;
+  for (const CLI::Option* o : at.get_options()) {
+    for (const std::string& name : o->get_lnames()) {
+      const std::string flag = "--" + name;
+      const std::size_t dist = EditDistance(given, flag);
+      if (dist < best_distance) {
+        best_distance = dist;
+        best = flag;
+      }
+    }
+  }
+  const std::size_t letters = given.size() - std::min<std::size_t>(2, given.find_first_not_of('-'));
+  return best_distance <= std::clamp<std::size_t>(letters / 3, 1, 3) ? best : "";
+}
+
+// "unknown flag --max_new for 'terrace model run'; did you mean --max-new? (run 'terrace model run
+// --help')" for the first unexpected argument that is a flag; "unexpected argument '3' ..." for a
+// word where no positional argument goes. Empty for other errors.
+std::string UnexpectedArgumentMessage(const CLI::App& app, const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) return "";
+  const CLI::App* at = Deepest(&app);
+  std::vector<std::string> rest = at->remaining();
+  if (rest.empty()) rest = app.remaining();
+  if (rest.empty()) return "";
+  const std::string path = CommandPath(at);
+  for (const std::string& arg : rest) {
+    if (arg.size() < 2 || arg[0] != '-' || std::isdigit(static_cast<unsigned char>(arg[1])) != 0) continue;
+    const std::string flag = arg.substr(0, arg.find('='));
+    const std::string near = ClosestFlag(*at, flag);
+    return fmt::format("unknown flag {} for '{}'{} (run '{} --help')", flag, path,
+                       near.empty() ? "" : fmt::format("; did you mean {}?", near), path);
+  }
+  return fmt::format("unexpected argument '{}' for '{}' (run '{} --help')", rest.front(), path, path);
+}
+
 }  // namespace
 }  // namespace terrace::cli
 
@@ -129,6 +187,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string what = UnknownCommandMessage(app, e);
+    if (what.empty()) what = UnexpectedArgumentMessage(app, e);
     if (!what.empty()) return FailUsage(what);
     what = e.what();
     if (what.empty()) what = "invalid arguments";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -158,12 +159,41 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
 }
 
 namespace {
-}
 
 // Seconds the restore added to the forward pass.
-static double RestoreCost(const kv::CachedPrefill& p) {
+double RestoreCost(const kv::CachedPrefill& p) {
   return p.restore.layerwise && !p.restore.layerwise_voided ? p.restore.wait_seconds : p.restore.seconds;
 }
+
+// Why the run's saving is not estimated, or "" when SavedEstimate gives a figure.
+std::string_view SavedUnestimatedReason(const kv::CachedPrefill& p) {
+  if (p.restored_tokens == 0) return "nothing was restored";
+  if (p.restore.layerwise_voided) return "the compute time includes a discarded pass";
+  // A rate measured on fewer tokens than it is applied to multiplies the suffix's per-pass
+  // overhead up (a 1-token suffix after 576 restored tokens claimed 6x the cost of a full
+  // recompute), so the suffix must be at least as long as the restored prefix.
+  if (p.computed_tokens < p.restored_tokens) return "the computed suffix is shorter than the restored prefix";
+  return "";
+}
+
+// Seconds the restore saved: the restored tokens at the suffix's own compute rate (its forward
+// passes less the restore's waits inside them), minus what the restore cost the pass; negative
+// when the restore cost more than computing would have. nullopt where SavedUnestimatedReason says why.
+std::optional<double> SavedEstimate(const kv::CachedPrefill& p) {
+  if (!SavedUnestimatedReason(p).empty()) return std::nullopt;
+  const double waits_inside = p.restore.layerwise ? p.restore.wait_seconds : 0.0;
+  const double per_token = std::max(0.0, p.compute_seconds - waits_inside) / static_cast<double>(p.computed_tokens);
+  return per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p);
+}
+
+std::string SavedText(const kv::CachedPrefill& p) {
+  const std::optional<double> saved = SavedEstimate(p);
+  if (!saved) return fmt::format("saved: not estimated ({})", SavedUnestimatedReason(p));
+  if (*saved >= 0) return fmt::format("saved ~{:.4f} s (estimate)", *saved);
+  return fmt::format("the restore cost ~{:.4f} s more than computing the restored tokens (estimate)", -*saved);
+}
+
+}  // namespace
 
 nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
   nlohmann::json j;
@@ -184,10 +214,12 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   j["restore_read_by_layer"] = p.restore.read_by_layer;
   j["range_rereads"] = p.restore.range_rereads;
   j["compute_s"] = p.compute_seconds;
-  // Estimate: the restored tokens at this run's own compute rate, minus what the restore cost the
-  // forward pass (a layerwise restore: only its wait).
-  const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
-  j["saved_s_estimate"] = per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p);
+  if (const std::optional<double> saved = SavedEstimate(p)) {
+    j["saved_s_estimate"] = *saved;
+  } else {
+    j["saved_s_estimate"] = nullptr;
+    j["saved_s_unestimated"] = std::string(SavedUnestimatedReason(p));
+  }
   j["chunk_blocks_written"] = st.chunk_writes;
   j["state_blocks_written"] = st.state_writes;
   j["write_failures"] = st.write_failures;
@@ -196,15 +228,13 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
 }
 
 std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
-  const double per_token = p.computed_tokens > 0 ? p.compute_seconds / static_cast<double>(p.computed_tokens) : 0.0;
   std::string out = fmt::format(
       "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s "
-      "({}{}, the forward pass waited {:.4f} s); saved ~{:.4f} s\n",
+      "({}{}, the forward pass waited {:.4f} s); {}\n",
       p.restored_tokens, p.restore.boundary_tokens, p.computed_tokens, FormatBytes(static_cast<double>(p.restore.bytes_read[0])),
       FormatBytes(static_cast<double>(p.restore.bytes_read[1])), FormatBytes(static_cast<double>(p.restore.bytes_read[2])),
       p.restore.seconds, p.restore.layerwise ? "layerwise" : "whole", p.restore.read_by_layer ? ", read by layer" : "",
-      p.restore.layerwise ? p.restore.wait_seconds : p.restore.seconds,
-      per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p));
+      p.restore.layerwise ? p.restore.wait_seconds : p.restore.seconds, SavedText(p));
   if (p.restore.range_rereads > 0)
     out += fmt::format("prefix cache: {} per-layer read(s) failed their check and were read again as whole blocks\n",
                        p.restore.range_rereads);

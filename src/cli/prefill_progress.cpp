@@ -17,25 +17,54 @@ PrefillProgress::PrefillProgress(std::string who, std::string what, std::int64_t
 
 double PrefillProgress::seconds() const { return SecondsSince(t0_); }
 
-void PrefillProgress::Count(std::int64_t tokens) {
-  done_ += tokens;
+std::string PrefillProgress::Where() const {
+  std::string where = total_ > 0 ? fmt::format("{}/{} tokens", done_, total_) : fmt::format("{} tokens computed", done_);
+  if (layer_ >= 0) where += fmt::format(", a {}-token pass after layer {} of {}", pass_tokens_, layer_ + 1, last_layer_ + 1);
+  return where;
+}
+
+void PrefillProgress::LayerEnd(int layer, std::int64_t tokens) {
+  layer_ = layer;
+  pass_tokens_ = tokens;
+  if (layer == last_layer_) {
+    done_ += tokens;
+    layer_ = -1;
+  }
   const auto now = std::chrono::steady_clock::now();
   if (std::chrono::duration<double>(now - last_print_).count() < kEverySeconds) return;
   last_print_ = now;
-  if (total_ > 0)
-    fmt::print(stderr, "{}: {}: {}/{} tokens, {:.0f} s\n", who_, what_, done_, total_, seconds());
-  else
-    fmt::print(stderr, "{}: {}: {} tokens computed, {:.0f} s\n", who_, what_, done_, seconds());
+  fmt::print(stderr, "{}: {}: {}, {:.0f} s\n", who_, what_, Where(), seconds());
   std::fflush(stderr);
 }
 
 model::ForwardOptions PrefillProgress::Hooks() {
   model::ForwardOptions o;
-  o.on_layer_end = [this](int layer, std::span<const float>, std::int64_t tokens) {
-    if (layer == last_layer_) Count(tokens);
-  };
+  o.on_layer_end = [this](int layer, std::span<const float>, std::int64_t tokens) { LayerEnd(layer, tokens); };
   o.on_layer_begin = [](int, std::int64_t) { return StopCheck(); };  // Ctrl-C stops the pass at the next layer
   return o;
+}
+
+model::ForwardOptions PrefillProgress::Wrap(model::ForwardOptions own) {
+  model::ForwardOptions mine = Hooks();
+  if (own.on_layer_begin) {
+    own.on_layer_begin = [first = std::move(own.on_layer_begin), then = std::move(mine.on_layer_begin)](
+                             int layer, std::int64_t tokens) -> Status {
+      TERRACE_RETURN_IF_ERROR(first(layer, tokens));
+      return then(layer, tokens);
+    };
+  } else {
+    own.on_layer_begin = std::move(mine.on_layer_begin);
+  }
+  if (own.on_layer_end) {
+    own.on_layer_end = [first = std::move(own.on_layer_end), then = std::move(mine.on_layer_end)](
+                           int layer, std::span<const float> hidden, std::int64_t tokens) {
+      first(layer, hidden, tokens);
+      then(layer, hidden, tokens);
+    };
+  } else {
+    own.on_layer_end = std::move(mine.on_layer_end);
+  }
+  return own;
 }
 
 }  // namespace terrace::cli

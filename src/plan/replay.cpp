@@ -148,12 +148,13 @@ class Simulator {
     }
   }
 
-  void Run(const Trace& trace) {
+  Status Run(const Trace& trace) {
     std::vector<Node> nodes;
     for (int i = 0; i < o_.nodes; ++i) nodes.push_back(MakeNode());
     std::vector<std::uint64_t> per_tier_bytes(o_.tiers.size());
     std::vector<std::size_t> hit_tier;  // per hit block: the tier (ReplayOptions::tiers index) it was read from
     for (std::size_t ri = 0; ri < trace.requests.size(); ++ri) {
+      if (o_.checkpoint && ri % kReplayCheckpointRequests == 0 && ri > 0) TERRACE_RETURN_IF_ERROR(o_.checkpoint(ri));
       const TraceRequest& req = trace.requests[ri];
       const double now = static_cast<double>(req.timestamp_ms) / 1000.0;
       // Route.
@@ -223,6 +224,7 @@ class Simulator {
       }
     }
     for (const Node& n : nodes) r_->requests_per_node.push_back(n.requests);
+    return Status::Ok();
   }
 
  private:
@@ -307,7 +309,7 @@ Result<ReplayResult> Replay(const Trace& trace, const ReplayOptions& o) {
     r.tiers.push_back(s);
   }
   Simulator sim(o, &r);
-  sim.Run(trace);
+  TERRACE_RETURN_IF_ERROR(sim.Run(trace));
   return r;
 }
 

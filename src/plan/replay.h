@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,8 @@ struct TierSpec {
   std::uint64_t capacity_bytes = 0; // 0: the tier is absent (blocks pass through to the next)
   double read_bandwidth = 0;        // bytes/s into tier 0 (ignored for tier 0)
 };
+
+inline constexpr std::uint64_t kReplayCheckpointRequests = 4096;
 
 struct ReplayOptions {
   std::uint64_t block_tokens = 512;  // tokens per hash id
@@ -71,6 +74,9 @@ struct ReplayOptions {
   int nodes = 1;
   Routing routing = Routing::kPrefixAffinity;
   double prefill_tokens_per_s = 0;   // recompute speed of one node (> 0)
+  // Unset, or called every kReplayCheckpointRequests requests with the number replayed so far: an
+  // error stops the replay and Replay returns it (a CLI's progress lines and Ctrl-C).
+  std::function<Status(std::uint64_t requests_done)> checkpoint;
 
   // What one block takes in a tier: its KV and its snapshots.
   std::uint64_t stored_block_bytes() const { return block_bytes + snapshot_bytes_per_block; }

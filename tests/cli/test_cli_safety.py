@@ -38,6 +38,26 @@ def test_unknown_command_is_named(terrace):
     assert_usage_error(terrace("model", "frobnicate"), "unknown command 'frobnicate'", "init")
 
 
+@pytest.mark.parametrize("args,want", [
+    # A near miss is named with the subcommand's own flag and help.
+    (["model", "run", "--model", "x", "--tokens", "1", "--max_new", "3"],
+     "unknown flag --max_new for 'terrace model run'; did you mean --max-new? (run 'terrace model run --help')"),
+    (["demo", "--conversation", "2"],
+     "unknown flag --conversation for 'terrace demo'; did you mean --conversations? (run 'terrace demo --help')"),
+    (["bench", "tiers", "--tire=nvme"],
+     "unknown flag --tire for 'terrace bench tiers'; did you mean --tier? (run 'terrace bench tiers --help')"),
+    # Nothing close: no guess.
+    (["model", "run", "--model", "x", "--tokens", "1", "--frobnicate"],
+     "unknown flag --frobnicate for 'terrace model run' (run 'terrace model run --help')"),
+    (["model", "run", "--model", "x", "--tokens", "1", "stray"],
+     "unexpected argument 'stray' for 'terrace model run' (run 'terrace model run --help')"),
+])
+def test_an_unknown_flag_is_named_with_the_closest_one(terrace, tmp_path, args, want):
+    r = terrace(*args, cwd=tmp_path)
+    assert_usage_error(r, want)
+    assert "not expected" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args,words", [
     (["model", "init", "--out", "x"], ["--preset or --config"]),
     (["model", "inspect"], ["--preset"]),

@@ -3,6 +3,8 @@ full recompute. The figures come from DIR/demo-run.json; an independent recomput
 `terrace model run` (all experts resident, no store) checks them, so a demo whose own check were
 broken would still fail here. Uses k3-toy and a short workload to stay fast; small NVMe pools."""
 import json
+import re
+import signal
 
 import pytest
 
@@ -129,3 +131,22 @@ def test_a_kept_model_or_pool_of_other_settings_is_refused(terrace, two_runs):
         assert r.returncode == 2, (flag, r.stdout + r.stderr)
         assert flag in r.stderr and have in r.stderr, (flag, r.stderr)
     assert (d / "demo-run.json").read_bytes() == before  # nothing was run
+
+
+def test_sigint_stops_the_demo_after_its_turn_and_keeps_its_stores(terrace, tmp_path):
+    """SIGINT once the first turn printed: the demo stops before the next turn, exits 130 saying how many
+    turns ran, writes no summary, and its stores verify (store check --checksums-only)."""
+    d = tmp_path / "data"
+    args = [a if a != "2" else "3" for a in SMALL]  # 3 conversations x 3 turns
+    p = terrace.popen("demo", "--dir", d, *args)
+    for line in p.stdout:
+        if "conversation 1 turn 1:" in line:
+            p.send_signal(signal.SIGINT)
+            break
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 128 + signal.SIGINT, out + err
+    assert re.search(r"terrace demo: stopped by SIGINT in step 3 after \d of 9 turns; what is in .* is kept", err), err
+    assert not (d / "demo-run.json").exists()
+    for pool in ("kv", "state", "experts"):
+        r = terrace("store", "check", "--checksums-only", "--dir", d / pool)
+        assert r.returncode == 0, (pool, r.stdout, r.stderr)

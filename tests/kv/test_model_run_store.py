@@ -4,6 +4,7 @@ Run by ctest with TERRACE_BIN pointing at the terrace binary.
 """
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -84,6 +85,51 @@ def test_snapshot_interval_and_text_output(toy, tmp_path):
     assert j["restored_tokens"] == 96
     text = run(toy, store, tokens=short).stdout
     assert "prefix cache: restored 96 tokens (joint boundary 96), computed 19" in text
+
+
+def test_saved_estimate_only_from_a_suffix_as_long_as_the_restored_prefix(toy, tmp_path):
+    # The saving is the restored tokens at the suffix's per-token rate: from a suffix shorter than
+    # the restored prefix that rate is mostly per-pass overhead, multiplied up (a 1-token suffix
+    # claimed 6x a full recompute), so no figure is given; nor with nothing restored (was -0.0000).
+    store = tmp_path / "st"
+    first = run_json(toy, store, tokens=",".join(TOKENS.split(",")[:40]))  # stores chunk 1 (32 tokens)
+    assert first["restored_tokens"] == 0
+    assert first["saved_s_estimate"] is None and first["saved_s_unestimated"] == "nothing was restored"
+    whole = run_json(toy, store)  # restores 32, computes 118
+    assert whole["restored_tokens"] == 32 and whole["computed_tokens"] == 118
+    assert isinstance(whole["saved_s_estimate"], float) and "saved_s_unestimated" not in whole
+    short = run_json(toy, store)  # restores 128, computes 22
+    assert short["restored_tokens"] == 128 and short["computed_tokens"] == 22
+    assert short["saved_s_estimate"] is None
+    assert short["saved_s_unestimated"] == "the computed suffix is shorter than the restored prefix"
+    text = run(toy, store).stdout
+    assert "; saved: not estimated (the computed suffix is shorter than the restored prefix)" in text
+    assert "saved ~-" not in text
+
+
+def test_store_check_checksums_only_verifies_a_pool_fill_did_not_write(toy, tmp_path):
+    # `store check` compares blocks with the pattern of `store fill`; a prefix-cache pool holds other
+    # bytes, so operations.md's advice is --checksums-only: every block's checksum, no pattern.
+    store = tmp_path / "st"
+    run(toy, store)
+    pool = store / "kv"
+    r = subprocess.run([BIN, "store", "check", "--dir", str(pool)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--checksums-only" in r.stdout, r.stdout + r.stderr
+    check = [BIN, "store", "check", "--checksums-only", "--dir", str(pool)]
+    r = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"4 blocks in the index: ok 4  missing 0  corrupt 0  wrong-content 0  lost-from-index 0", r.stdout), r.stdout
+    data = bytearray((pool / "terrace.data").read_bytes())
+    unit = next(off for off in range(4096, len(data), 4096)
+                if data[off:off + 4096].strip(b"\0") and not data[off:off + 4096].startswith(b"TRRCDESC"))
+    data[unit + 100] ^= 0x01
+    (pool / "terrace.data").write_bytes(bytes(data))
+    r = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"ok 3  missing 0  corrupt 1  wrong-content 0", r.stdout), r.stdout
+    assert "--repair" in r.stdout, r.stdout
+    r = subprocess.run([*check, "--seed", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--seed" in r.stderr, r.stderr
 
 
 def test_corrupt_state_block_falls_back_exactly(toy, tmp_path):

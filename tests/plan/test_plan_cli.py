@@ -3,6 +3,9 @@ prefix-hit ceiling against an independent Python oracle."""
 import json
 import os
 import pathlib
+import re
+import signal
+import subprocess
 
 import pytest
 
@@ -697,3 +700,19 @@ def test_active_params_leave_out_the_embedding_lookup(terrace, tmp_path):
     assert f"{active / 1e9:.2f} G active params per token" in text
     small = terrace("plan", "--model", "k3-small").stdout
     assert " B active params" not in small and " M active params per token" in small
+
+
+def test_sigint_stops_a_long_trace_replay_with_a_message(terrace, tmp_path):
+    """A long replay prints progress on stderr (every 5 s); SIGINT after the first progress line stops it
+    at its next checkpoint: exit 130, one 'stopped by SIGINT' line, nothing on stdout."""
+    big = tmp_path / "big.jsonl"
+    assert terrace("trace", "gen", "--requests", "100000", "--seed", "1", "--prefixes", "20000", "-o", big).returncode == 0
+    p = subprocess.Popen([os.environ["TERRACE_BIN"], "plan", "--trace", str(big)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()
+    assert re.match(r"terrace plan: trace replay \d+ of \d+ \(.*\): \d+ of 100000 requests, \d+ s$", first), first
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGINT, first + err
+    assert "terrace plan: stopped by SIGINT in trace replay " in err and "nothing was printed" in err, err
+    assert out == ""

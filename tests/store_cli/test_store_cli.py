@@ -309,8 +309,27 @@ def test_check_names_at_most_ten_bad_blocks_of_each_kind(tmp_path):
     assert r.returncode == 1 and "corrupt 14" in r.stdout, r.stdout
     lines = r.stderr.splitlines()
     assert len([l for l in lines if l.startswith("corrupt ")]) == 10, r.stderr
-    assert len([l for l in lines if l.startswith("missing ")]) == 10, r.stderr
-    assert "... and 4 more corrupt blocks" in r.stderr and "... and 4 more missing blocks" in r.stderr, r.stderr
+    assert "... and 4 more corrupt blocks" in r.stderr, r.stderr
+    # Keys another seed wrote are in neither the index nor the data file: missing.
+    other = fill(tmp_path / "other", count=14, block_size="4KiB", capacity="16MiB", seed=2)
+    (tmp_path / "other.txt").write_text(other.stdout)
+    r = terrace("store", "check", "--dir", store, "--expect", tmp_path / "other.txt", "--quick")
+    assert r.returncode == 1 and "missing 14" in r.stdout, r.stdout
+    assert len([l for l in r.stderr.splitlines() if l.startswith("missing ")]) == 10, r.stderr
+    assert "... and 4 more missing blocks" in r.stderr, r.stderr
+
+
+def test_a_corrupt_expected_block_is_counted_once_and_its_descriptor_is_not_blamed(tmp_path):
+    # A bit flipped in one block's data: corrupt, not also missing (missing means neither in the index
+    # nor found by the scan), and its descriptor is intact, so no "no valid descriptor" warning.
+    store, expect = filled(tmp_path, count=8)
+    flip_byte_in_block(store / "terrace.data", first_block_prefix(store, tmp_path))
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"ok 7  missing 0  corrupt 1  wrong-content 0  lost-from-index 0", r.stdout), r.stdout
+    assert "expected blocks are missing" not in r.stdout, r.stdout
+    assert "no valid descriptor" not in r.stdout, r.stdout
+    assert not [l for l in r.stderr.splitlines() if l.startswith("missing ")], r.stderr
 
 
 # ---- issue 7: check is read-only, --repair, lost-from-index, recover --------------------------------------------
@@ -397,6 +416,32 @@ def test_kill_during_fill_loses_nothing_acknowledged(tmp_path):
         assert terrace("store", "recover", "--dir", store).returncode == 0
         r = terrace("store", "check", "--dir", store, "--expect", expect)
         assert r.returncode == 0 and "lost-from-index 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_sigint_during_fill_stops_it_and_every_acknowledged_block_checks_ok(tmp_path):
+    """SIGINT after a number of printed acknowledgements: the writers stop, the store closes, exit 130 with
+    a 'stopped by SIGINT' line that counts the acknowledged blocks; each of them reads back intact."""
+    store = tmp_path / "s"
+    p = subprocess.Popen([BIN, "store", "fill", "--dir", str(store), "--count", "20000", "--block-size", "8KiB",
+                          "--capacity", "256MiB", "--threads", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    acked = []
+    for line in p.stdout:
+        if line.startswith("durable "):
+            acked.append(line)
+            if len(acked) == 37:
+                p.send_signal(signal.SIGINT)
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert p.returncode == 128 + signal.SIGINT, err
+    m = re.search(r"store fill: stopped by SIGINT; (\d+) of 20000 blocks acknowledged durable", err)
+    assert m and int(m.group(1)) == len(acked), err
+    assert len(acked) < 20000, "the fill ended before the signal"
+    expect = tmp_path / "acked.txt"
+    expect.write_text("".join(acked))
+    r = terrace("store", "check", "--dir", store, "--expect", expect)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"ok {len(acked)}  missing 0  corrupt 0  wrong-content 0  lost-from-index 0" in r.stdout, r.stdout
 
 
 # ---- store drill ---------------------------------------------------------------------------------------------------
