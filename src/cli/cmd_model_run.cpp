@@ -139,7 +139,9 @@ int RunModel(const RunArgs& a) {
       recording.prefill = [&](Session* first) {
         return kv::PrefillWithCache(first, *kv_run->cache, request, {.restore = false, .write_back = false}).status();
       };
-      recording.skipped_steps = kv_run->cache->Lookup(request).boundary_tokens / kv_run->cache->layout().chunk_tokens();
+      auto lookup = kv_run->cache->Lookup(request);
+      if (!lookup.ok()) return Fail(lookup.status().ToString());
+      recording.skipped_steps = lookup->boundary_tokens / kv_run->cache->layout().chunk_tokens();
     }
     if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new, recording); !s.ok())
       return Fail(s.ToString());
