@@ -146,7 +146,7 @@ int RunModel(const RunArgs& a) {
     if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new, recording); !s.ok())
       return Fail(s.ToString());
     auto p = kv::PrefillWithCache(&session, *kv_run->cache, request);
-    if (!p.ok()) return Fail(p.status().ToString());
+    if (!p.ok()) return Fail(WithExpertRemedy(*ex, p.status()).ToString());
     cached = std::move(p).value();
     logits = std::move(cached->logits);
     if (ex->predictor == experts::PredictorKind::kOracle &&
@@ -159,13 +159,13 @@ int RunModel(const RunArgs& a) {
                            recording.skipped_steps * kv_run->cache->layout().chunk_tokens()));
     }
   }
-  if (!logits.ok()) return Fail(logits.status().ToString());
+  if (!logits.ok()) return Fail(WithExpertRemedy(*ex, logits.status()).ToString());
   std::vector<int> generated;
   for (int i = 0; i < a.max_new; ++i) {
     generated.push_back(Argmax(session.last_logits()));
     if (i + 1 < a.max_new) {
       auto l = session.Decode(generated.back());
-      if (!l.ok()) return Fail(l.status().ToString());
+      if (!l.ok()) return Fail(WithExpertRemedy(*ex, l.status()).ToString());
     }
   }
   kv::PrefixCacheStats kv_stats;
