@@ -33,8 +33,11 @@ struct CacheBudget {
   double fraction = 0.25;   // used when bytes == 0
   std::uint64_t bytes = 0;  // absolute budget; 0: use fraction
   static Result<CacheBudget> Parse(std::string_view text);
-  // The budget in bytes for routed experts totalling `total_expert_bytes`: an absolute budget is
-  // capped at that total (a cache larger than every expert holds nothing more).
+  // InvalidArgument unless a fraction budget (bytes == 0) has 0 < fraction <= 1 (NaN refused).
+  // Parse's results always pass; ExpertOffload::Create checks a budget filled in by hand.
+  Status Check() const;
+  // The budget in bytes for routed experts totalling `total_expert_bytes`, capped at that total (a
+  // cache larger than every expert holds nothing more); 0 for a budget that Check refuses.
   std::uint64_t Resolve(std::uint64_t total_expert_bytes) const;
   std::string ToString() const;
 };
@@ -299,8 +302,10 @@ class ExpertOffload final : public model::ExpertProvider {
   // Puts every routed expert of `weights` (MXFP4 checkpoints only) into `store` as one block in
   // options.home (an identical block already there is kept), keyed by keys::ExpertKey. The store
   // needs an HBM tier with host-addressable memory (HbmMode::kEmulated: the reference model
-  // computes on the CPU) and Placement::kInclusive, so a fast-tier copy never removes the home
-  // copy. `store` must outlive the result. Use OpenStoreOptions to get a store that fits.
+  // computes on the CPU) that holds at least the budget, and Placement::kInclusive, so a fast-tier
+  // copy never removes the home copy. `store` must outlive the result. Use OpenStoreOptions to get
+  // a store that fits. InvalidArgument for a store that does not (naming what), a budget that
+  // CacheBudget::Check refuses or one smaller than an expert block.
   static Result<std::shared_ptr<ExpertOffload>> Create(const model::ModelConfig& config,
                                                        const model::WeightSource& weights, Store* store,
                                                        ExpertOffloadOptions options);

@@ -33,7 +33,8 @@ struct KvLayoutOptions {
 class KvLayout {
  public:
   KvLayout() = default;
-  // InvalidArgument for an invalid config, chunk_tokens outside [1, 65536] or snapshot_every < 0,
+  // InvalidArgument for an invalid config, chunk_tokens outside [1, 65536], snapshot_every < 0 or a
+  // kv_codec / state_codec that Encode refuses (a combination CodecSpec::Parse cannot produce),
   // naming the option.
   static Result<KvLayout> FromConfig(const model::ModelConfig& config, const KvLayoutOptions& options);
 
@@ -69,7 +70,7 @@ class KvLayout {
 
   // Canonical text of everything above that changes a block's bytes or meaning (not snapshot_every,
   // which only decides which snapshots exist), e.g.
-  // "kv-layout-v1 chunk=256 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32".
+  // "kv-layout-v2 chunk=256 mla=3,7 width=80 kda=0,1,2,4,5,6 kda_heads=4 kda_dim=64 kernel=4 kv=bf16 state=f32".
   std::string Id() const;
 
  private:

@@ -36,19 +36,25 @@
 namespace terrace::kv {
 
 // One request's prompt, its tenant and the content ids of its full chunks (keys.h, ChunkIds).
+// PrefixCache::Prepare builds one; a caller may then cut it: drop trailing chunk_ids (only that
+// prefix is looked up, restored and written) or lower restorable_chunks (less is restored).
+// Lookup, BeginRestore / Restore and PrefillWithCache return InvalidArgument for a request that
+// does not hold together: more chunk_ids than full chunks of `tokens`, or restorable_chunks < 0 or
+// above (tokens.size() - 1) / chunk_tokens.
 struct PrefixRequest {
   std::vector<std::int32_t> tokens;
   std::string tenant;
-  std::vector<ContentId> chunk_ids;  // one per full chunk of `tokens`
-  // Chunks a restore may cover: full chunks strictly before the last token, so the last prompt
-  // token is always computed (its logits start generation): (tokens.size() - 1) / chunk_tokens.
+  std::vector<ContentId> chunk_ids;  // one per full chunk of `tokens` (or fewer: a cut request)
+  // Chunks a restore may cover: at most the full chunks strictly before the last token, so the
+  // last prompt token is always computed (its logits start generation): Prepare sets
+  // (tokens.size() - 1) / chunk_tokens. A restore covers min(restorable_chunks, chunk_ids.size()).
   std::int64_t restorable_chunks = 0;
 };
 
 struct PrefixLookup {
   std::int64_t boundary_tokens = 0;  // the largest joint boundary whose blocks all exist (not read)
   std::int64_t kv_chunks_present = 0;  // leading restorable chunks whose KV block exists
-  std::int64_t restorable_chunks = 0;
+  std::int64_t restorable_chunks = 0;  // what a restore covers: min(restorable_chunks, chunk_ids.size())
 };
 
 struct RestoreReport {
@@ -181,8 +187,9 @@ struct RestoreReservation {
 
 class PrefixCache {
  public:
-  // `model_id`: keys::ModelId of the model the blocks belong to. InvalidArgument for a null store;
-  // Unavailable when the cache's writer thread cannot be started (thread or memory limit).
+  // `model_id`: keys::ModelId of the model the blocks belong to; `layout`: KvLayout::FromConfig of
+  // that model's config. InvalidArgument for a null store or a layout with no layers (a
+  // default-constructed KvLayout); Unavailable when the cache's writer thread cannot be started (thread or memory limit).
   static Result<std::unique_ptr<PrefixCache>> Create(const KvLayout& layout, const ContentId& model_id,
                                                      Store* kv_store, Store* state_store,
                                                      std::shared_ptr<Logger> logger = nullptr);
@@ -196,19 +203,21 @@ class PrefixCache {
 
   PrefixRequest Prepare(std::span<const std::int32_t> tokens, std::string_view tenant) const;
   // Without moving data: one batched Store::Lookup per pool (two in all, not one per chunk).
-  PrefixLookup Lookup(const PrefixRequest& request) const;
-  PrefixLookup Lookup(std::span<const std::int32_t> tokens, std::string_view tenant) const {
+  // InvalidArgument for a request that does not hold together (PrefixRequest).
+  Result<PrefixLookup> Lookup(const PrefixRequest& request) const;
+  Result<PrefixLookup> Lookup(std::span<const std::int32_t> tokens, std::string_view tenant) const {
     return Lookup(Prepare(tokens, tenant));
   }
   // Fills `state` (shaped for the model by SequenceState::ForConfig; its contents are replaced) to
   // the largest joint boundary whose blocks read back good, reading the KV chunks with one GetBatch
   // and each candidate boundary's snapshots with one GetBatch. Boundary 0 (a Reset state) when
-  // nothing is usable. Errors only for a state of the wrong shape (InvalidArgument) and as
-  // BeginRestore's below (Unavailable).
+  // nothing is usable. Errors only for a state of the wrong shape or a request that does not hold
+  // together (InvalidArgument) and as BeginRestore's below (Unavailable).
   Result<RestoreReport> Restore(const PrefixRequest& request, model::SequenceState* state);
   // Starts a layerwise restore of `request` into `state` (see LayerwiseRestore): looks up, then
   // issues every read of the boundary at once and returns. Restore() is BeginRestore + Finish.
-  // InvalidArgument for a state of the wrong shape (the state untouched); Unavailable when the
+  // InvalidArgument for a state of the wrong shape or a request that does not hold together
+  // (PrefixRequest; the state untouched either way); Unavailable when the
   // restore's threads cannot be started (thread or memory limit: the state is then Reset).
   Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state);
 
@@ -276,7 +285,7 @@ struct CachedPrefill {
 };
 
 // Restores the longest joint boundary b of `prompt` into session->state() (which must hold no
-// tokens), computes [b, n) and writes the new chunks and the due snapshots back asynchronously.
+// tokens; b < n, see PrefixRequest), computes [b, n) and writes the new chunks and the due snapshots back asynchronously.
 // It writes only chunks that have an id in request.chunk_ids, and the last of those is the last
 // chunk of KvLayout::SnapshotDue: with `restore` off, a request whose chunk_ids are cut to its
 // first k ids computes the whole prompt but stores only the k-chunk prefix, as a request for that

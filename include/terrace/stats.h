@@ -53,6 +53,9 @@ struct TierCounters {
 struct TierStatsSnapshot {
   std::string name;       // "hbm", "host", "nvme"
   bool emulated = false;  // true when the HBM tier runs in host memory
+  // The tier's resident bytes are host memory (TierCaps::memory == kHost): the host may read a
+  // BlockHandle's data() from it. False for GPU device memory and for non-addressable tiers (NVMe).
+  bool host_addressable = false;
   std::uint64_t capacity_bytes = 0;
   std::uint64_t used_bytes = 0;
   std::uint64_t blocks = 0;

@@ -169,13 +169,15 @@ int RunModel(const RunArgs& a) {
       recording.prefill = [&](Session* first) {
         return kv::PrefillWithCache(first, *kv_run->cache, request, {.restore = false, .write_back = false}).status();
       };
-      recording.skipped_steps = kv_run->cache->Lookup(request).boundary_tokens / kv_run->cache->layout().chunk_tokens();
+      auto lookup = kv_run->cache->Lookup(request);
+      if (!lookup.ok()) return Fail(lookup.status().ToString());
+      recording.skipped_steps = lookup->boundary_tokens / kv_run->cache->layout().chunk_tokens();
     }
     if (Status s = StartExpertRun(&*ex, **model, &session, *prompt, a.max_new, recording); !s.ok())
       return StopSignalReceived() != 0 ? stopped("before the prompt was run") : Fail(s.ToString());
     with_progress();
     auto p = kv::PrefillWithCache(&session, *kv_run->cache, request);
-    if (!p.ok()) return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(p.status().ToString());
+    if (!p.ok()) return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(WithExpertRemedy(*ex, p.status()).ToString());
     cached = std::move(p).value();
     logits = std::move(cached->logits);
     if (ex->predictor == experts::PredictorKind::kOracle &&
@@ -188,7 +190,9 @@ int RunModel(const RunArgs& a) {
                            recording.skipped_steps * kv_run->cache->layout().chunk_tokens()));
     }
   }
-  if (!logits.ok()) return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(logits.status().ToString());
+  if (!logits.ok()) {
+    return StopSignalReceived() != 0 ? stopped_in_prefill() : Fail(WithExpertRemedy(*ex, logits.status()).ToString());
+  }
   std::vector<int> generated;
   PrefillProgress decode_progress("terrace model run", "decode", std::max(0, a.max_new - 1), last_layer);
   session.set_hooks(decode_progress.Wrap(own));
@@ -197,7 +201,7 @@ int RunModel(const RunArgs& a) {
     if (i + 1 < a.max_new) {
       auto l = session.Decode(generated.back());
       if (!l.ok()) {
-        if (StopSignalReceived() == 0) return Fail(l.status().ToString());
+        if (StopSignalReceived() == 0) return Fail(WithExpertRemedy(*ex, l.status()).ToString());
         return stopped(fmt::format("in the decode, after {} of --max-new {} tokens: [{}]", generated.size(), a.max_new,
                                    fmt::join(generated, ", ")));
       }

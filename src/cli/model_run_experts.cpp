@@ -106,6 +106,12 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   return run;
 }
 
+Status WithExpertRemedy(const ExpertRun& run, const Status& s) {
+  if (!run.offload || !(s.IsNotFound() || s.IsCorruption())) return s;
+  std::string msg = s.message() + "; running terrace model run again with the same --model stores the experts afresh";
+  return s.IsNotFound() ? Status::NotFound(std::move(msg)) : Status::Corruption(std::move(msg));
+}
+
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
                       const std::vector<int>& prompt, int max_new, const OracleRecording& recording) {
   if (!run->offload) return Status::Ok();

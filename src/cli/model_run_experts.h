@@ -63,6 +63,11 @@ struct OracleRecording {
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
                       const std::vector<int>& prompt, int max_new, const OracleRecording& recording = {});
 
+// A forward pass's failure `s` with the CLI's remedy added when an expert block was lost from the
+// expert store (NotFound or Corruption while an expert cache runs): running again with the same
+// --model stores the experts afresh. Other failures unchanged.
+Status WithExpertRemedy(const ExpertRun& run, const Status& s);
+
 // The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file, whose
 // first line is kPrometheusGeneratorLine (Terrace's mark), written under `out_rules`.
 nlohmann::json ExpertReportJson(const ExpertRun& run);

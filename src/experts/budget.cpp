@@ -46,9 +46,18 @@ Result<CacheBudget> CacheBudget::Parse(std::string_view text) {
   return b;
 }
 
+Status CacheBudget::Check() const {
+  if (bytes != 0 || (fraction > 0.0 && fraction <= 1.0)) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "expert cache budget fraction {} is outside (0, 1] (a share of the routed expert bytes); set fraction in "
+      "(0, 1] or bytes > 0, or build the budget with CacheBudget::Parse",
+      fraction));
+}
+
 std::uint64_t CacheBudget::Resolve(std::uint64_t total) const {
   if (bytes != 0) return std::min(bytes, total);  // more than every expert buys nothing (and would size tiers)
-  return static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * fraction));
+  if (!Check().ok()) return 0;
+  return std::min(total, static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * fraction)));
 }
 
 std::string CacheBudget::ToString() const {

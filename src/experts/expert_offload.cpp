@@ -142,6 +142,15 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
         "expert offload needs a store with inclusive placement (a fast-tier copy keeps the home copy, so an "
         "evicted expert is dropped, never written back); open it with ExpertOffload::OpenStoreOptions");
   }
+  const TierStatsSnapshot hbm = store->Stats().tiers[static_cast<std::size_t>(TierId::kHbm)];
+  if (!hbm.host_addressable) {
+    return Status::InvalidArgument(fmt::format(
+        "expert offload needs an hbm tier in host memory (the reference model reads the experts on the CPU); this "
+        "store's hbm tier ({}) is not host-addressable (GPU device memory): open it with HbmMode::kEmulated, as "
+        "ExpertOffload::OpenStoreOptions does",
+        hbm.name));
+  }
+  TERRACE_RETURN_IF_ERROR(options.budget.Check().WithContext("expert offload"));
   if (config.num_experts <= 0) return Status::InvalidArgument("expert offload: the model has no routed experts");
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
@@ -212,6 +221,13 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
         "expert cache budget {} is {} bytes, smaller than one expert block ({} bytes; all routed experts: {} bytes); "
         "give at least one expert's size",
         options.budget.ToString(), m.budget, m.max_block, m.total_bytes));
+  }
+  if (hbm.capacity_bytes < m.budget) {
+    return Status::InvalidArgument(fmt::format(
+        "expert cache budget {} is {} bytes, more than the store's hbm tier holds ({} bytes): the cache would "
+        "fail loads once the tier is full; give a budget of at most the hbm capacity, or open the store with "
+        "ExpertOffload::OpenStoreOptions for this budget",
+        options.budget.ToString(), m.budget, hbm.capacity_bytes));
   }
   m.spec_cap = options.max_speculative_bytes != 0 ? options.max_speculative_bytes : std::max(m.budget / 4, m.max_block);
   const LinkModel& link = store->options().hbm.link;

@@ -106,13 +106,14 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
     }
     if (stalled) AddStall(layer, t0);
     const Status& st = h.status();
+    // Only a lost block is mended by storing the experts again; a full or failing fast tier is not.
+    const bool lost = st.IsNotFound() || st.IsCorruption();
     std::string what = st.IsNotFound()    ? "its block is missing from the store"
                        : st.IsCorruption() ? "no copy of its block passed its checksum"
                                            : "its block could not be loaded into the fast tier";
     return Status(st).WithContext(fmt::format(
-        "expert {} of layer {} ({}; block {}); loading the model again (terrace model run: the same --model) "
-        "stores a fresh copy",
-        expert, layer, what, s.key.ToString()));
+        "expert {} of layer {} ({}; block {}){}", expert, layer, what, s.key.ToString(),
+        lost ? "; ExpertOffload::Create over the same weights stores a fresh copy" : ""));
   }
   auto w = model::ParseExpertBlock(std::span<const std::byte>(h->data(), h->size()), latent, intermediate);
   if (!w.ok()) {

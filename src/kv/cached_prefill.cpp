@@ -34,6 +34,7 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
     return Status::InvalidArgument("PrefillWithCache: the session must be fresh (no tokens yet)");
   if (request.tokens.empty()) return Status::InvalidArgument("PrefillWithCache: the prompt is empty");
   const std::int64_t C = cache.layout().chunk_tokens();
+  TERRACE_RETURN_IF_ERROR(RestorableChunks(request, cache.layout().chunk_tokens(), "PrefillWithCache").status());
   const auto n = static_cast<std::int64_t>(request.tokens.size());
   const auto last_chunks = static_cast<std::int64_t>(request.chunk_ids.size());
   HookGuard guard(session);

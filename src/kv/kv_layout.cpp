@@ -1,9 +1,11 @@
 #include "terrace/kv_layout.h"
 
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "src/codec/spec_check.h"
 #include "src/common/aligned_buffer.h"
 
 namespace terrace::kv {
@@ -31,6 +33,11 @@ Result<KvLayout> KvLayout::FromConfig(const model::ModelConfig& config, const Kv
     return Status::InvalidArgument(fmt::format(
         "snapshot_every must be >= 0 (got {}); 0 means one KDA snapshot at the end of each request",
         options.snapshot_every));
+  for (const auto& [name, spec] : {std::pair{"kv_codec", &options.kv_codec}, std::pair{"state_codec", &options.state_codec}})
+    if (const std::string problem = codec::detail::SpecProblem(spec->kind, spec->scales, spec->group, spec->lossless);
+        !problem.empty())
+      return Status::InvalidArgument(fmt::format("{} is not a valid codec spec: {}; build it with codec::CodecSpec::Parse "
+                                                 "(e.g. \"bf16\", \"int4-g32\")", name, problem));
   KvLayout l;
   l.options_ = options;
   l.num_layers_ = config.num_hidden_layers;

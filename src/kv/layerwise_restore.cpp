@@ -283,6 +283,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
       (!L.mla_layers().empty() && state->mla_width() != L.mla_width()))
     return Status::InvalidArgument("PrefixCache::Restore: the state is not shaped for this cache's model "
                                    "(create it with SequenceState::ForConfig of the same config)");
+  TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks, RestorableChunks(request, L.chunk_tokens(), "PrefixCache::Restore"));
   auto job = std::make_unique<LayerwiseRestore::Job>();
   job->m = &m;
   job->reads.promote = m.restore_promote.load(std::memory_order_relaxed);
@@ -292,7 +293,7 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
   job->C = L.chunk_tokens();
   job->W = L.mla_width();
   job->prompt_tokens = static_cast<std::int64_t>(request.tokens.size());
-  job->f = m.LookupFound(request);
+  job->f = m.LookupFound(request, chunks);
   job->kmax = job->f.candidates.empty() ? 0 : job->f.candidates.front();
   // Sub-ranges at the offsets the layout fixes (no lossless stage), worth it with two or more MLA
   // layers; a restore that promotes reads whole blocks (a promotion moves whole blocks up).

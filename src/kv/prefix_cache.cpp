@@ -110,9 +110,25 @@ void PrefixCache::Impl::EnqueueSnapshot(const ContentId& id, int l, std::int64_t
   });
 }
 
-PrefixCache::Impl::Found PrefixCache::Impl::LookupFound(const PrefixRequest& r) const {
+Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, std::string_view where) {
+  const auto n = static_cast<std::int64_t>(r.tokens.size());
+  const std::int64_t full = n / chunk_tokens, most = n > 0 ? (n - 1) / chunk_tokens : 0;
+  const auto ids = static_cast<std::int64_t>(r.chunk_ids.size());
+  if (ids > full)
+    return Status::InvalidArgument(fmt::format("{}: the request has {} chunk_ids but its {} tokens hold only {} full "
+                                               "{}-token chunks (build requests with PrefixCache::Prepare)",
+                                               where, ids, n, full, chunk_tokens));
+  if (r.restorable_chunks < 0 || r.restorable_chunks > most)
+    return Status::InvalidArgument(fmt::format("{}: restorable_chunks {} is outside [0, {}] for {} tokens in {}-token "
+                                               "chunks (the last token is always computed: at most (tokens - 1) / "
+                                               "chunk_tokens chunks are restored)",
+                                               where, r.restorable_chunks, most, n, chunk_tokens));
+  return std::min(r.restorable_chunks, ids);
+}
+
+PrefixCache::Impl::Found PrefixCache::Impl::LookupFound(const PrefixRequest& r, std::int64_t chunks) const {
   Found f;
-  const std::int64_t K = r.restorable_chunks;
+  const std::int64_t K = chunks;
   {
     MutexLock lock(&stats_mu);
     ++stats.lookups;
@@ -157,6 +173,9 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const KvLayout& layout,
                                                          std::shared_ptr<Logger> logger) {
   if (kv_store == nullptr || state_store == nullptr)
     return Status::InvalidArgument("PrefixCache::Create: the KV store and the state store must not be null");
+  if (layout.num_layers() < 1)
+    return Status::InvalidArgument("PrefixCache::Create: the layout has no layers (a default-constructed KvLayout); "
+                                   "build it with KvLayout::FromConfig of the model's config");
   auto impl = std::make_unique<Impl>();
   impl->layout = layout;
   impl->model_id = model_id;
@@ -200,10 +219,12 @@ PrefixRequest PrefixCache::Prepare(std::span<const std::int32_t> tokens, std::st
   return r;
 }
 
-PrefixLookup PrefixCache::Lookup(const PrefixRequest& request) const {
-  const Impl::Found f = impl_->LookupFound(request);
+Result<PrefixLookup> PrefixCache::Lookup(const PrefixRequest& request) const {
+  TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks,
+                           RestorableChunks(request, impl_->layout.chunk_tokens(), "PrefixCache::Lookup"));
+  const Impl::Found f = impl_->LookupFound(request, chunks);
   PrefixLookup out;
-  out.restorable_chunks = request.restorable_chunks;
+  out.restorable_chunks = chunks;
   out.kv_chunks_present = f.kv_present;
   out.boundary_tokens = f.candidates.empty() ? 0 : f.candidates.front() * impl_->layout.chunk_tokens();
   return out;

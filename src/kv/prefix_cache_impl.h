@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -90,7 +91,14 @@ struct PrefixCache::Impl {
   void EnqueueChunk(const ContentId& id, std::shared_ptr<std::vector<std::vector<float>>> rows);
   void EnqueueSnapshot(const ContentId& id, int layer, std::int64_t boundary, std::vector<float> recurrent,
                        std::vector<float> conv);
-  Found LookupFound(const PrefixRequest& r) const;
+  // The lookup of the first `chunks` chunks of `r` (RestorableChunks: chunks <= r.chunk_ids.size()).
+  Found LookupFound(const PrefixRequest& r, std::int64_t chunks) const;
 };
+
+// The chunks a restore of `r` covers, its restorable_chunks cut to the ids it carries (the
+// PrefixRequest contract). InvalidArgument, starting with `where`, for a request that does not
+// hold together: restorable_chunks < 0 or past (tokens.size() - 1) / chunk_tokens, or more
+// chunk_ids than full chunks of tokens.
+Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, std::string_view where);
 
 }  // namespace terrace::kv

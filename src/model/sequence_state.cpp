@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -44,6 +45,10 @@ void SequenceState::Reset() {
 
 Status SequenceState::Reserve(std::int64_t tokens) {
   if (tokens < 0) return Status::InvalidArgument(fmt::format("SequenceState::Reserve: negative token count {}", tokens));
+  const auto width = static_cast<std::size_t>(std::max<std::int64_t>(mla_width_, 1));
+  if (static_cast<std::uint64_t>(tokens) > std::vector<float>().max_size() / width)
+    return Status::OutOfCapacity(fmt::format("SequenceState::Reserve: {} tokens of MLA latents ({} floats per token per "
+                                             "layer) exceed what one vector can hold", tokens, mla_width_));
   const auto n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(mla_width_);
   try {
     for (auto& l : layers_) {
@@ -55,7 +60,7 @@ Status SequenceState::Reserve(std::int64_t tokens) {
       l.latents.resize(n);
       l.latents.resize(held);
     }
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // bad_alloc, or length_error from the allocator's own limit
     return Status::OutOfCapacity(
         fmt::format("SequenceState::Reserve: no memory for {} tokens of MLA latents ({} floats per layer)", tokens, n));
   }

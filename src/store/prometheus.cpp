@@ -47,6 +47,7 @@ StoreStats StoreImpl::Stats() const {
     const TierCounters& m = slot(i).measured;
     s.name = SlotName(i);
     s.emulated = caps.emulated;
+    s.host_addressable = caps.memory == MemoryKind::kHost;
     s.capacity_bytes = caps.capacity_bytes;
     s.used_bytes = t.used_bytes();
     s.blocks = t.block_count();

@@ -1,10 +1,16 @@
 // Offloaded runs equal the all-resident run bit for bit, for every cache policy (belady with the
 // oracle only), predictor and budget (down to one that holds only one layer's top-k experts), and the cache keeps its budget.
+#include <array>
+#include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "experts_test_util.h"
+#include "forwarding_tier.h"
+#include "tiers/hbm/emulated_hbm_tier.h"
+#include "tiers/host/host_tier.h"
 
 namespace terrace::experts {
 namespace {
@@ -19,6 +25,15 @@ struct Offloaded {
   std::unique_ptr<Store> store;
   std::shared_ptr<ExpertOffload> offload;
   std::unique_ptr<model::Model> model;
+};
+
+// An hbm tier whose caps say GPU device memory, as the CUDA tier's do: the host must not read it.
+class DeviceMemoryTier final : public terrace::testing::ForwardingTier {
+ public:
+  explicit DeviceMemoryTier(std::shared_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
+    caps_.memory = MemoryKind::kDevice;
+    caps_.emulated = false;
+  }
 };
 
 Offloaded Make(CachePolicyKind policy, CacheBudget budget, const std::string& nvme_dir = {}) {
@@ -185,6 +200,71 @@ TEST_CASE("a budget below one expert block is refused with the sizes", "[experts
   // The library names its own option (the CLI adds its flag); the sizes say what is missing.
   CHECK(off.status().message().find("expert cache budget") != std::string::npos);
   CHECK(off.status().message().find(std::to_string(BlockBytes())) != std::string::npos);
+}
+
+TEST_CASE("a hand-filled budget fraction outside (0, 1] is refused; Resolve never exceeds the total", "[experts]") {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, total, ""));
+  REQUIRE(store.ok());
+  for (double f : {-0.5, 0.0, std::nan(""), 2.0, std::numeric_limits<double>::infinity()}) {
+    CAPTURE(f);
+    const CacheBudget b{f, 0};
+    CHECK(b.Check().IsInvalidArgument());
+    CHECK(b.Resolve(total) <= total);
+    ExpertOffloadOptions opt;
+    opt.budget = b;
+    auto off = ExpertOffload::Create(config, ToyDir(), store->get(), std::move(opt));
+    REQUIRE_FALSE(off.ok());
+    CHECK(off.status().IsInvalidArgument());
+    CHECK(off.status().message().find("fraction") != std::string::npos);
+  }
+  CHECK(CacheBudget{1.0, 0}.Resolve(total) == total);
+  CHECK(CacheBudget{0.5, 0}.Check().ok());
+  CHECK(CacheBudget{-1.0, 3 * BlockBytes()}.Check().ok());  // an absolute budget ignores the fraction
+}
+
+TEST_CASE("an hbm tier smaller than the budget is refused with both sizes", "[experts]") {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  StoreOptions so = ExpertOffload::OpenStoreOptions(total, total, "");
+  so.hbm.capacity_bytes = 4 * BlockBytes();
+  auto store = Store::Open(so);
+  REQUIRE(store.ok());
+  const std::uint64_t hbm = (*store)->Stats().tiers[static_cast<std::size_t>(TierId::kHbm)].capacity_bytes;
+  REQUIRE(hbm < 8 * BlockBytes());
+  ExpertOffloadOptions opt;
+  opt.budget = CacheBudget{0, 8 * BlockBytes()};
+  auto off = ExpertOffload::Create(config, ToyDir(), store->get(), std::move(opt));
+  REQUIRE_FALSE(off.ok());
+  CHECK(off.status().IsInvalidArgument());
+  CHECK(off.status().message().find(std::to_string(8 * BlockBytes())) != std::string::npos);
+  CHECK(off.status().message().find(std::to_string(hbm)) != std::string::npos);
+  // A budget the tier holds is accepted over the same store.
+  ExpertOffloadOptions fits;
+  fits.budget = CacheBudget{0, hbm / BlockBytes() * BlockBytes()};
+  CHECK(ExpertOffload::Create(config, ToyDir(), store->get(), std::move(fits)).ok());
+}
+
+TEST_CASE("an hbm tier in device memory is refused: the experts are read on the host", "[experts]") {
+  const auto& config = ToyDir().config();
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(config);
+  StoreOptions so = ExpertOffload::OpenStoreOptions(total, total, "");
+  auto host = HostTier::Create(so.host);
+  REQUIRE(host.ok());
+  auto hbm = EmulatedHbmTier::Create(so.hbm);
+  REQUIRE(hbm.ok());
+  std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+  tiers[static_cast<int>(TierId::kHost)] = std::move(host).value();
+  tiers[static_cast<int>(TierId::kHbm)] = std::make_unique<DeviceMemoryTier>(std::move(hbm).value());
+  auto store = Store::OpenWithTiers(so, std::move(tiers));
+  REQUIRE(store.ok());
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  auto off = ExpertOffload::Create(config, ToyDir(), store->get(), std::move(opt));
+  REQUIRE_FALSE(off.ok());
+  CHECK(off.status().IsInvalidArgument());
+  CHECK(off.status().message().find("host-addressable") != std::string::npos);
 }
 
 }  // namespace

@@ -277,6 +277,20 @@ TEST_CASE("a corrupt fast-tier copy is re-read from the home copy and counted; o
   if (home == Home::kNvme) CHECK(rig.store->Stats().tiers[static_cast<int>(TierId::kHost)].blocks == 0);
 }
 
+TEST_CASE("a fast tier that refuses a load is an error without the lost-block remedy", "[experts]") {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("25%");
+  SlowRig rig = MakeSlowRig(std::move(opt), 2);
+  rig.hbm_faults->FailNextPuts(8, Status::OutOfCapacity("injected: the fast tier is full"));
+  auto lease = rig.offload->Lease(3, 5);
+  REQUIRE_FALSE(lease.ok());
+  CHECK(lease.status().IsOutOfCapacity());
+  CHECK(lease.status().message().find("expert 5 of layer 3") != std::string::npos);
+  // Storing the experts again would not help: no such advice, and no CLI words in the library.
+  CHECK(lease.status().message().find("fresh copy") == std::string::npos);
+  CHECK(lease.status().message().find("--model") == std::string::npos);
+}
+
 TEST_CASE("a missing or corrupt home copy is an error naming the layer and expert", "[experts]") {
   const Home home = GENERATE(Home::kHost, Home::kNvme);
   INFO("home " << HomeName(home));
@@ -296,6 +310,10 @@ TEST_CASE("a missing or corrupt home copy is an error naming the layer and exper
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().IsNotFound());
   CHECK(missing.status().message().find("expert 5 of layer 3") != std::string::npos);
+  // The remedy for a lost block, in the library's words (the CLI adds its own).
+  CHECK(missing.status().message().find("ExpertOffload::Create over the same weights stores a fresh copy") !=
+        std::string::npos);
+  CHECK(missing.status().message().find("--model") == std::string::npos);
 
   // A block that passes its checksum but is not an expert block (the magic is wrong).
   auto another = rig.offload->Lease(4, 2);

@@ -62,7 +62,7 @@ TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt 
 
   // A prompt that shares six chunks: boundary 6 was never written, so it restores 5, exactly.
   const auto p6 = Extend(p7, 6 * 16, 6 * 16 + 9, 2);
-  CHECK((*cache)->Lookup(p6, "").boundary_tokens == 80);
+  CHECK((*cache)->Lookup(p6, "")->boundary_tokens == 80);
   const Run w6 = Prefill(*m.model, **cache, p6, "", {.restore = true, .write_back = false}, 2);
   const Run c6 = Prefill(*m.model, **cache, p6, "", {.restore = false, .write_back = false}, 2);
   CHECK(w6.prefill.restored_tokens == 80);
@@ -72,7 +72,7 @@ TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt 
   // All seven chunks again: boundary 7 looks complete, but its corrupt snapshot fails the store's
   // checksum at read (dropped), so the restore falls back past the missing 6 to 5.
   const auto p7b = Extend(p7, 7 * 16, 7 * 16 + 5, 3);
-  CHECK((*cache)->Lookup(p7b, "").boundary_tokens == 112);
+  CHECK((*cache)->Lookup(p7b, "")->boundary_tokens == 112);
   const Run w7 = Prefill(*m.model, **cache, p7b, "", {.restore = true, .write_back = false}, 2);
   CHECK(w7.prefill.restored_tokens == 80);
   CHECK(w7.prefill.restore.fallbacks >= 1);
@@ -146,7 +146,7 @@ TEST_CASE("a KV chunk or snapshot erased between the restore's lookup and its re
       REQUIRE((*cache)->Stats().write_failures == 0);
       const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 10, 4);
       const auto req = (*cache)->Prepare(p2, "");
-      REQUIRE((*cache)->Lookup(req).boundary_tokens == 80);
+      REQUIRE((*cache)->Lookup(req)->boundary_tokens == 80);
       const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 2);
 
       // KV chunk 3 vanishing leaves chunks 0-2, so boundary 2 (no snapshot at 3); KDA layer
@@ -174,7 +174,7 @@ TEST_CASE("a KV chunk or snapshot erased between the restore's lookup and its re
       CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, want)));
       CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
       CHECK(!store->Contains(doomed));  // gone for good: the next lookup stops short of it
-      CHECK((*cache)->Lookup(req).boundary_tokens == want);
+      CHECK((*cache)->Lookup(req)->boundary_tokens == want);
     }
   }
 }

@@ -90,6 +90,20 @@ TEST_CASE("KvLayout of k3-toy and option errors") {
   auto bad2 = KvLayout::FromConfig(config, {.snapshot_every = -1});
   REQUIRE(!bad2.ok());
   CHECK(bad2.status().message().find("snapshot_every") != std::string::npos);
+  // A hand-filled codec spec that Encode refuses is refused here, not at every write-back.
+  KvLayoutOptions int4_g0{.chunk_tokens = 16};
+  int4_g0.kv_codec = {codec::CodecKind::kInt4, codec::ScaleMode::kGroup, 0};
+  auto bad3 = KvLayout::FromConfig(config, int4_g0);
+  REQUIRE(!bad3.ok());
+  CHECK(bad3.status().IsInvalidArgument());
+  CHECK(bad3.status().message().find("kv_codec") != std::string::npos);
+  CHECK(bad3.status().message().find("group size 0") != std::string::npos);
+  KvLayoutOptions kind42{.chunk_tokens = 16};
+  kind42.state_codec.kind = static_cast<codec::CodecKind>(42);
+  auto bad4 = KvLayout::FromConfig(config, kind42);
+  REQUIRE(!bad4.ok());
+  CHECK(bad4.status().IsInvalidArgument());
+  CHECK(bad4.status().message().find("state_codec") != std::string::npos);
 }
 
 TEST_CASE("Namespace is the documented XXH3-64 byte string") {

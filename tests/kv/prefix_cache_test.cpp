@@ -69,7 +69,7 @@ TEST_CASE("restore then compute the suffix == full recompute, bitwise (f32), for
           CHECK((*cache)->Stats().write_failures == 0);
           const auto p2 = Diverge(p1, shared, n2);
           const std::int64_t want = ExpectedBoundary(n1, shared, n2, C, every);
-          CHECK((*cache)->Lookup(p2, "").boundary_tokens == want);
+          CHECK((*cache)->Lookup(p2, "")->boundary_tokens == want);
           const Run warm = Prefill(*m.model, **cache, p2, "", {}, 3);
           const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 3);
           CHECK(warm.prefill.restored_tokens == want);
@@ -107,6 +107,86 @@ TEST_CASE("the same prompt again restores all but its last token's chunk; nothin
   CHECK(!PrefillWithCache(&used, **cache, req).ok());
 }
 
+TEST_CASE("a request that does not hold together is refused before anything is read or computed") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(96);  // six full chunks: five restorable, the last token's chunk computed
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const PrefixRequest good = (*cache)->Prepare(p, "");
+  REQUIRE(good.restorable_chunks == 5);
+  REQUIRE(good.chunk_ids.size() == 6);
+
+  auto refused = [&](PrefixRequest r, const char* field) {
+    CAPTURE(field, r.restorable_chunks, r.chunk_ids.size());
+    auto lookup = (*cache)->Lookup(r);
+    CHECK(lookup.status().IsInvalidArgument());
+    CHECK(lookup.status().message().find(field) != std::string::npos);
+    auto state = model::SequenceState::ForConfig(m.ckpt.config);
+    Result<RestoreReport> restored = Status::Ok();
+    REQUIRE_NOTHROW(restored = (*cache)->Restore(r, &state));
+    CHECK(restored.status().IsInvalidArgument());
+    CHECK(state.num_tokens() == 0);
+    CHECK((*cache)->BeginRestore(r, &state).status().IsInvalidArgument());
+    for (bool layerwise : {true, false}) {
+      model::Session s(*m.model);
+      auto prefill = PrefillWithCache(&s, **cache, r, {.write_back = false, .layerwise = layerwise});
+      CHECK(prefill.status().IsInvalidArgument());
+      CHECK(s.state().num_tokens() == 0);
+    }
+  };
+  PrefixRequest whole = good;
+  whole.restorable_chunks = 6;  // would restore the last token too: nothing left to compute
+  refused(whole, "restorable_chunks");
+  PrefixRequest negative = good;
+  negative.restorable_chunks = -1;
+  refused(negative, "restorable_chunks");
+  PrefixRequest huge = good;
+  huge.restorable_chunks = std::int64_t{1} << 40;
+  refused(huge, "restorable_chunks");
+  PrefixRequest extra = good;
+  extra.chunk_ids.push_back(extra.chunk_ids.back());  // seven ids for six full chunks
+  refused(extra, "chunk_ids");
+}
+
+TEST_CASE("a request whose chunk_ids were cut looks up, restores and writes only that prefix") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto p = Tokens(100);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  PrefixRequest cut = (*cache)->Prepare(p, "");
+  REQUIRE(cut.restorable_chunks == 6);
+  cut.chunk_ids = std::vector<ContentId>(cut.chunk_ids.begin(), cut.chunk_ids.begin() + 2);  // no room past the 2
+  auto lookup = (*cache)->Lookup(cut);
+  REQUIRE(lookup.ok());
+  CHECK(lookup->restorable_chunks == 2);
+  CHECK(lookup->kv_chunks_present == 2);
+  CHECK(lookup->boundary_tokens == 32);
+  const Run cold = Prefill(*m.model, **cache, p, "", {.restore = false, .write_back = false});
+  for (bool layerwise : {true, false}) {
+    model::Session s(*m.model);
+    auto prefill = PrefillWithCache(&s, **cache, cut, {.write_back = false, .layerwise = layerwise});
+    REQUIRE(prefill.ok());
+    CHECK(prefill->restored_tokens == 32);
+    CHECK(prefill->computed_tokens == 68);
+    CHECK(Bitwise(prefill->logits.data, Rows(cold.prefill.logits, 32)));
+  }
+}
+
+TEST_CASE("PrefixCache::Create refuses a layout that was not built from a config") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(KvLayout{}, m.id, store.get(), store.get());
+  REQUIRE(!cache.ok());
+  CHECK(cache.status().IsInvalidArgument());
+  CHECK(cache.status().message().find("FromConfig") != std::string::npos);
+}
+
 // Writes prompt p (5 chunks of 16, snapshots every chunk) into the cache, then returns the
 // restore of a prompt extending it.
 struct Fixture {
@@ -123,11 +203,11 @@ TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapsh
   Prefill(*f.m.model, **cache, f.p, "");
   (*cache)->Flush();
   // Snapshots at chunks 2, 4 and 5 (the request's last full chunk).
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+  CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 80);
   auto req = (*cache)->Prepare(f.p2, "");
   const int kda_layer = (*cache)->layout().kda_layers()[2];
   REQUIRE(store->Erase(keys::StateKey((*cache)->state_namespace(), kda_layer, req.chunk_ids[4])).ok());
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 64);
+  CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 64);
   const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
   CHECK(warm.prefill.restored_tokens == 64);
   CHECK(warm.prefill.restore.fallbacks == 1);
@@ -143,7 +223,7 @@ TEST_CASE("a missing (evicted) snapshot layer moves the boundary back one snapsh
   CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
   // A missing KV chunk: no boundary at or after it.
   REQUIRE(store->Erase(keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[2])).ok());
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 32);
+  CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 32);
   const Run warm2 = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false});
   CHECK(warm2.prefill.restored_tokens == 32);
   CHECK(warm2.prefill.restore.partial_boundary_tokens == 0);  // no snapshot past the missing chunk is looked at
@@ -185,7 +265,7 @@ TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the p
     (*cache)->Flush();
     REQUIRE(kv_store->Flush().ok());
     REQUIRE(st_store->Flush().ok());
-    CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+    CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 80);
     const Run cold = Prefill(*f.m.model, **cache, f.p2, "", {.restore = false, .write_back = false}, 2);
     const PrefillOptions warm_options{.restore = true, .write_back = false, .layerwise = layerwise};
 
@@ -240,7 +320,7 @@ TEST_CASE("a state pool under pressure: failed snapshot writes are counted and n
   // Which boundaries' snapshots got the room depends on the order the store's pool threads ran the
   // writes in (two at a time): the restore reaches the largest boundary whose every snapshot was
   // written - the one the lookup names, never one with a failed write - and its output is exact.
-  const std::int64_t looked_up = (*cache)->Lookup(f.p2, "").boundary_tokens;
+  const std::int64_t looked_up = (*cache)->Lookup(f.p2, "")->boundary_tokens;
   const Run warm = Prefill(*f.m.model, **cache, f.p2, "", {.restore = true, .write_back = false}, 2);
   CHECK(warm.prefill.restored_tokens == looked_up);
   CHECK(warm.prefill.restored_tokens % 16 == 0);
@@ -257,9 +337,9 @@ TEST_CASE("tenants are isolated; a model, layout or codec change never hits old 
   REQUIRE(cache.ok());
   Prefill(*f.m.model, **cache, f.p, "alice");
   (*cache)->Flush();
-  CHECK((*cache)->Lookup(f.p2, "alice").boundary_tokens == 80);
-  CHECK((*cache)->Lookup(f.p2, "bob").boundary_tokens == 0);
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 0);
+  CHECK((*cache)->Lookup(f.p2, "alice")->boundary_tokens == 80);
+  CHECK((*cache)->Lookup(f.p2, "bob")->boundary_tokens == 0);
+  CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 0);
   const Run bob = Prefill(*f.m.model, **cache, f.p2, "bob", {.restore = true, .write_back = false});
   CHECK(bob.prefill.restored_tokens == 0);
 
@@ -271,8 +351,8 @@ TEST_CASE("tenants are isolated; a model, layout or codec change never hits old 
   auto c_state = PrefixCache::Create(Layout(16, 1, "f32", "bf16"), f.m.id, store.get(), store.get());
   for (auto* c : {&c_model, &c_chunk, &c_kv, &c_state}) {
     REQUIRE(c->ok());
-    CHECK((**c)->Lookup(f.p2, "alice").boundary_tokens == 0);
-    CHECK((**c)->Lookup(f.p2, "alice").kv_chunks_present == 0);
+    CHECK((**c)->Lookup(f.p2, "alice")->boundary_tokens == 0);
+    CHECK((**c)->Lookup(f.p2, "alice")->kv_chunks_present == 0);
   }
   CHECK((*c_kv)->kv_namespace() != (*cache)->kv_namespace());
   CHECK((*c_state)->state_namespace() != (*cache)->state_namespace());
@@ -286,7 +366,7 @@ TEST_CASE("a lookup moves no data") {
   Prefill(*f.m.model, **cache, f.p, "");
   (*cache)->Flush();
   const auto before = store->Stats();
-  CHECK((*cache)->Lookup(f.p2, "").boundary_tokens == 80);
+  CHECK((*cache)->Lookup(f.p2, "")->boundary_tokens == 80);
   const auto after = store->Stats();
   for (int t = 0; t < kNumTiers; ++t) CHECK(after.tiers[static_cast<std::size_t>(t)].hits == before.tiers[static_cast<std::size_t>(t)].hits);
 }

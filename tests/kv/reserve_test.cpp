@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -135,6 +136,15 @@ TEST_CASE("Reserve is idempotent, keeps a state's rows, refuses bad arguments, a
     CHECK(s.state().reserved_tokens() >= 300);
     CHECK(LatentAddresses(s.state(), L) == where);
     CHECK(s.state().Reserve(-1).IsInvalidArgument());
+    // Past what a vector can hold (tokens x width overflows size_t): OutOfCapacity, nothing thrown,
+    // the room and the rows kept.
+    for (std::int64_t huge : {std::numeric_limits<std::int64_t>::max(), std::int64_t{1} << 60}) {
+      Status st;
+      REQUIRE_NOTHROW(st = s.state().Reserve(huge));
+      CHECK(st.IsOutOfCapacity());
+    }
+    CHECK(s.state().reserved_tokens() >= 300);
+    CHECK(LatentAddresses(s.state(), L) == where);
   }
   SECTION("Reserve from several threads while restores run: every restore exact") {
     Prefill(*m.model, **cache, Tokens(6 * 16 + 3), "");
