@@ -564,7 +564,7 @@ def test_bench_never_removes_a_directory_it_did_not_create(terrace, tmp_path):
     mine = user_folder(tmp_path / "mine")
     before = snapshot(mine)
     r = terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", mine)
-    assert r.returncode == 1 and "not empty" in r.stderr, r.stderr
+    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
     assert snapshot(mine) == before
     empty = tmp_path / "empty"
     empty.mkdir()
