@@ -57,7 +57,10 @@ struct TierStatsSnapshot {
   // BlockHandle's data() from it. False for GPU device memory and for non-addressable tiers (NVMe).
   bool host_addressable = false;
   std::uint64_t capacity_bytes = 0;
-  std::uint64_t used_bytes = 0;
+  std::uint64_t used_bytes = 0;  // the blocks' own bytes (their sizes summed)
+  // The tier's space its blocks take: NVMe, each block's data rounded up to 4 KiB plus its 4 KiB
+  // descriptor (what runs out first); a tier that stores the bytes as they are: used_bytes.
+  std::uint64_t allocated_bytes = 0;
   std::uint64_t blocks = 0;
   std::uint64_t hits = 0, misses = 0, bytes_written = 0, bytes_read = 0, puts = 0;
   std::uint64_t evictions = 0, io_errors = 0, corruptions = 0, queue_depth = 0;

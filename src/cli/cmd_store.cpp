@@ -87,11 +87,37 @@ Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const F
   return Status::InvalidArgument(fmt::format("unknown drill fault '{}'", f.kind));
 }
 
+// The kinds of `fill`'s paths, checked before anything is created: --dir a directory (created if
+// missing) or a block device, --index-dir a directory (created if missing), and for a new store in
+// a directory an absent or empty one. InvalidArgument naming the flag otherwise.
+Status CheckFillPaths(const StorePaths& p) {
+  TERRACE_RETURN_IF_ERROR(CheckNvmePaths(p.dir, p.index_dir));
+  const bool device = IsBlockDevice(p.dir);
+  if (!device) TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(p.dir, "--dir"));
+  if (p.index_dir.empty()) return Status::Ok();
+  TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(p.index_dir, "--index-dir"));
+  if (device || StoreDataExists(p.dir) || fs::exists(fs::symlink_status(fs::path(p.dir) / "terrace.data.creating")))
+    return Status::Ok();  // the store's own index (or an interrupted creation's): the tier checks it
+  std::error_code ec;
+  if (fs::is_directory(p.index_dir, ec) && !fs::is_empty(p.index_dir, ec)) {
+    return Status::InvalidArgument(fmt::format(
+        "--index-dir {} is not empty, and --dir {} holds no store yet: a new store needs a new or empty index "
+        "directory; give one, or the --dir of the store this index belongs to",
+        p.index_dir, p.dir));
+  }
+  return Status::Ok();
+}
+
 int RunFill(const FillArgs& a) {
-  if (Status s = CheckNvmePaths(a.paths.dir, a.paths.index_dir); !s.ok()) return FailUsage(s.message());
+  if (Status s = CheckFillPaths(a.paths); !s.ok()) return FailUsage(s.message());
   auto existing = ReadSuperblock(a.paths.dir);
   if (!existing.ok()) return FailStatus(existing.status());
+  // Without --capacity: the store's own, or that of a creation a kill interrupted (which this run
+  // completes), else the default for a new store.
   std::uint64_t capacity = a.paths.capacity != 0 ? a.paths.capacity : kDefaultCapacity;
+  if (a.paths.capacity == 0 && !*existing) {
+    if (auto creating = InterruptedCreationCapacity(a.paths.dir); creating.ok()) capacity = *creating;
+  }
   if (*existing) {
     if (a.paths.capacity != 0 && a.paths.capacity != (*existing)->capacity_bytes) {
       return FailUsage(fmt::format(
@@ -257,7 +283,9 @@ std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
     auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
     if (!opts.ok()) return std::nullopt;  // the data file's own problem is reported elsewhere
     const Status target = NvmeTier::CheckRebuildTarget(*opts);
-    if (target.ok() || target.IsNotFound()) return std::nullopt;
+    // In use: another index directory would not help (recover needs the store to itself); the
+    // failure says to close that process first.
+    if (target.ok() || target.IsNotFound() || target.code() == Code::kUnavailable) return std::nullopt;
     return fmt::format("'terrace store recover' would refuse: {}; {}", target.message(), give_new);
   }
   if (*foreign == index) {
@@ -309,12 +337,11 @@ int RunCheck(const CheckArgs& a) {
       fmt::print("store check: the index does not open; the data file holds {} committed blocks; {}\n",
                  scan->blocks.size(), StoreCheckRecoverAdvice(a.paths));
     }
-    if (auto refusal = RecoverWouldRefuse(a.paths)) {
-      // The tier's message ends in its advice to run recover (NvmeTier::RecoverAdvice), which would
-      // refuse here: keep what failed, say what to do instead.
-      std::string what = InCliWords(tier.status().ToString());
-      what = what.substr(0, what.find("; run `terrace store recover"));
-      return Fail(fmt::format("{}; {}", what, *refusal));
+    // The tier's own advice to run recover (NvmeTier::RecoverAdvice) already says whether recover
+    // would refuse this index directory; a failure without it gains ours.
+    const bool advised = tier.status().message().find("terrace store recover") != std::string::npos;
+    if (auto refusal = RecoverWouldRefuse(a.paths); refusal && !advised) {
+      return Fail(fmt::format("{}; {}", InCliWords(tier.status().ToString()), *refusal));
     }
     return FailStatus(tier.status());
   }

@@ -74,6 +74,7 @@ int RunStats(const StatsArgs& a) {
       if (!st.present[i]) continue;
       const TierStatsSnapshot& s = st.tiers[i];
       tiers.push_back({{"tier", s.name},         {"capacity_bytes", s.capacity_bytes}, {"used_bytes", s.used_bytes},
+                       {"allocated_bytes", s.allocated_bytes},
                        {"blocks", s.blocks},      {"hits", s.hits},                    {"misses", s.misses},
                        {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read}, {"puts", s.puts},
                        {"evictions", s.evictions}, {"io_errors", s.io_errors},         {"corruptions", s.corruptions},
@@ -87,13 +88,15 @@ int RunStats(const StatsArgs& a) {
                         {"capacity_bytes", (*sb)->capacity_bytes},
                         {"blocks", st.blocks},
                         {"used_bytes", nv.used_bytes},
+                        {"allocated_bytes", nv.allocated_bytes},
                         {"durability_warnings", warnings},
                         {"tiers", tiers}};
     fmt::print("{}\n", JsonText(j, 2));
     return 0;
   }
-  const double used_pct =
-      (*sb)->capacity_bytes ? 100.0 * static_cast<double>(nv.used_bytes) / static_cast<double>((*sb)->capacity_bytes) : 0;
+  const double allocated_pct = (*sb)->capacity_bytes ? 100.0 * static_cast<double>(nv.allocated_bytes) /
+                                                            static_cast<double>((*sb)->capacity_bytes)
+                                                      : 0;
   fmt::print("store {}\n", a.paths.dir);
   fmt::print("  data file       {}\n", DataFilePath(a.paths.dir));
   fmt::print("  index           {}\n", index_dir);
@@ -101,7 +104,12 @@ int RunStats(const StatsArgs& a) {
   fmt::print("  format version  {}\n", (*sb)->format_version);
   fmt::print("  capacity        {}\n", FormatBytes(static_cast<double>((*sb)->capacity_bytes)));
   fmt::print("  blocks          {}\n", st.blocks);
-  fmt::print("  bytes in use    {} ({:.1f}% of capacity)\n", FormatBytes(static_cast<double>(nv.used_bytes)), used_pct);
+  // The space taken decides when the store is full: each block takes its data rounded up to 4 KiB
+  // plus a 4 KiB descriptor, so small blocks fill a store long before their bytes add up to it.
+  fmt::print("  space taken     {} ({:.1f}% of capacity; each block: its data rounded up to 4 KiB + a 4 KiB "
+             "descriptor)\n",
+             FormatBytes(static_cast<double>(nv.allocated_bytes)), allocated_pct);
+  fmt::print("  block bytes     {} (the blocks' own sizes summed)\n", FormatBytes(static_cast<double>(nv.used_bytes)));
   if (!nv.detail.empty()) fmt::print("  tier detail     {}\n", nv.detail);
   if (warnings.empty()) fmt::print("  durability      no warnings\n");
   for (const auto& w : warnings) fmt::print("  WARNING         {}\n", w);

@@ -180,13 +180,25 @@ Status RemoveStoreFiles(const fs::path& dir, std::string_view marker, std::strin
   return Status::Ok();
 }
 
-Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) {
-  const fs::path data = dir / kDataFile;
-  if (!IsKind(data, S_IFREG)) return Status::NotFound(fmt::format("'{}' holds no terrace.data", dir.string()));
+namespace {
+
+// The capacity in the superblock of the regular file `data`; NotFound when there is none.
+Result<std::uint64_t> RecordedCapacity(const fs::path& data) {
+  if (!IsKind(data, S_IFREG)) {
+    return Status::NotFound(fmt::format("'{}' holds no {}", data.parent_path().string(), data.filename().string()));
+  }
   // The whole superblock unit: DecodeUnit picks the valid one of its two slots, as the tier does.
   TERRACE_ASSIGN_OR_RETURN(std::vector<std::byte> buf, ReadSuperblockUnit(data, /*follow_symlinks=*/false));
   TERRACE_ASSIGN_OR_RETURN(nvme::Superblock sb, nvme::Superblock::DecodeUnit(buf, data.string()));
   return sb.capacity_bytes;
+}
+
+}  // namespace
+
+Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) { return RecordedCapacity(dir / kDataFile); }
+
+Result<std::uint64_t> InterruptedCreationCapacity(const fs::path& dir) {
+  return RecordedCapacity(dir / (std::string(kDataFile) + ".creating"));
 }
 
 Result<std::vector<std::byte>> ReadSuperblockUnit(const fs::path& data, bool follow_symlinks) {

@@ -69,6 +69,10 @@ Status RemoveStoreFiles(const std::filesystem::path& dir, std::string_view marke
 // an existing store without being told its capacity. NotFound when there is no terrace.data;
 // InvalidArgument/Corruption when it is not a Terrace data file.
 Result<std::uint64_t> ExistingStoreCapacity(const std::filesystem::path& dir);
+// The same for dir/terrace.data.creating, a creation a kill interrupted (its superblock is written
+// first, docs/nvme-format.md "Creation"): NotFound when it is absent; an error when it holds no
+// Terrace superblock (empty, zeros, or not Terrace's).
+Result<std::uint64_t> InterruptedCreationCapacity(const std::filesystem::path& dir);
 
 // The first nvme::kSuperblockBytes of the data file or device `data` (fewer when it is shorter): the
 // superblock unit that nvme::Superblock::DecodeUnit reads. NotFound when `data` does not exist;

@@ -23,6 +23,12 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
   if (ec == std::errc::result_out_of_range) return too_large();
   if (ec != std::errc() || p == text.data()) return bad();
+  if (p != text.data() + text.size() && (*p == '.' || *p == ',')) {  // 1.5GiB: a whole number is needed
+    return Status::InvalidArgument(fmt::format(
+        "{} '{}' has a fraction, which sizes do not take; give a whole number, in a smaller unit where needed "
+        "(1536MiB, not 1.5GiB) or in bytes",
+        what, text));
+  }
   std::string suffix(p, text.data() + text.size());
   std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::tolower(c); });
   struct Unit {

@@ -50,6 +50,7 @@ StoreStats StoreImpl::Stats() const {
     s.host_addressable = caps.memory == MemoryKind::kHost;
     s.capacity_bytes = caps.capacity_bytes;
     s.used_bytes = t.used_bytes();
+    if (s.allocated_bytes < s.used_bytes) s.allocated_bytes = s.used_bytes;  // a tier that does not report it
     s.blocks = t.block_count();
     s.hits = ld(m.hits);
     s.misses = ld(m.misses);
@@ -120,7 +121,10 @@ std::string StoreImpl::PrometheusText() const {
        &TierStatsSnapshot::corruptions},
       {"terrace_tier_queue_depth", "gauge", "I/O requests in flight.", &TierStatsSnapshot::queue_depth},
       {"terrace_tier_capacity_bytes", "gauge", "Tier capacity.", &TierStatsSnapshot::capacity_bytes},
-      {"terrace_tier_used_bytes", "gauge", "Bytes in use.", &TierStatsSnapshot::used_bytes},
+      {"terrace_tier_used_bytes", "gauge", "Bytes of the blocks held (their sizes summed).", &TierStatsSnapshot::used_bytes},
+      {"terrace_tier_allocated_bytes", "gauge",
+       "Space the blocks take (NVMe: data rounded up to 4 KiB plus a 4 KiB descriptor each); compare with capacity.",
+       &TierStatsSnapshot::allocated_bytes},
       {"terrace_tier_blocks", "gauge", "Blocks resident.", &TierStatsSnapshot::blocks},
   };
   for (const auto& m : kTierMetrics) {

@@ -13,7 +13,9 @@
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 
 #include "durability_util.h"
 
@@ -69,6 +71,28 @@ void RebuildAndCheck(const NvmeTierOptions& o) {
   CHECK(s.ok());
 }
 
+// Damages the first descriptor in the store's data file (a bit inside its key): a scan no longer
+// finds that block; only the old index knows it.
+void DamageFirstDescriptor(const fs::path& dir) {
+  const fs::path data = dir / "terrace.data";
+  std::ifstream in(data, std::ios::binary);
+  std::vector<char> unit(nvme::kUnit);
+  std::uint64_t at = nvme::kDataStart;
+  for (; in.seekg(static_cast<std::streamoff>(at)) && in.read(unit.data(), unit.size()); at += nvme::kUnit) {
+    if (nvme::Descriptor::Decode(std::as_bytes(std::span(unit)))) break;
+  }
+  REQUIRE(in);
+  in.close();
+  FlipBit(data, at + 40, 3);
+}
+
+std::vector<std::string> Names(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void CopyTree(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
   fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
@@ -99,6 +123,13 @@ TEST_CASE("nvme durability child", "[.nvme_durability_child]") {
     auto t = NvmeTier::Open(DurabilityOptions(dir));
     if (!t.ok()) std::_Exit(3);
     ::pause();
+  }
+  if (mode.starts_with("rebuild-kill:")) {  // RebuildIndex, ended (as by a kill) right after the named step
+    const std::string step = mode.substr(std::string_view("rebuild-kill:").size());
+    auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir), {}, [&](std::string_view at) {
+      if (at == step) std::_Exit(0);
+    });
+    std::_Exit(r.ok() ? 4 : 3);  // the step never came
   }
   if (mode == "hold-index") {  // opens dir/index read-write (takes its LOCK), says so, waits to be killed
     rocksdb::DB* db = nullptr;
@@ -648,17 +679,7 @@ TEST_CASE("nvme durability: a block whose descriptor is damaged is kept from the
           "[nvme][durability]") {
   TempDir dir("nvme-desc");
   CleanScenario(dir.path());
-  // Damage the first descriptor in the data file (a bit inside its key).
-  const fs::path data = dir.path() / "terrace.data";
-  std::ifstream in(data, std::ios::binary);
-  std::vector<char> unit(nvme::kUnit);
-  std::uint64_t at = nvme::kDataStart;
-  for (; in.seekg(static_cast<std::streamoff>(at)) && in.read(unit.data(), unit.size()); at += nvme::kUnit) {
-    if (nvme::Descriptor::Decode(std::as_bytes(std::span(unit)))) break;
-  }
-  REQUIRE(in);
-  in.close();
-  FlipBit(data, at + 40, 3);
+  DamageFirstDescriptor(dir.path());
   auto o = DurabilityOptions(dir.path());
   auto scan = NvmeTier::ScanDataFile(o, {});
   REQUIRE(scan.ok());
@@ -694,4 +715,143 @@ TEST_CASE("nvme durability: a block whose descriptor is damaged is kept from the
   const Status s2 = CheckScenario(**t2);
   INFO(s2.ToString());
   CHECK(s2.ok());
+}
+
+TEST_CASE("nvme durability: a rebuild killed after any step loses no block; the next one finishes or clears up",
+          "[nvme][durability]") {
+  // Each list: the steps at which successive rebuilds are killed; then one runs to the end.
+  const std::vector<std::string> kills = GENERATE(
+      std::vector<std::string>{"building"}, std::vector<std::string>{"manifest"},
+      std::vector<std::string>{"last-record"}, std::vector<std::string>{"closed"},
+      std::vector<std::string>{"finished"}, std::vector<std::string>{"moved-aside"},
+      std::vector<std::string>{"in-place"}, std::vector<std::string>{"moved-aside", "leftover-put-in-place"},
+      std::vector<std::string>{"last-record", "leftover-removed"}, std::vector<std::string>{"finished", "building"});
+  TempDir dir("nvme-kill-rebuild");
+  CleanScenario(dir.path());
+  DamageFirstDescriptor(dir.path());  // the block survives a rebuild only through the old index
+  for (const std::string& step : kills) {
+    INFO("killed after " << step);
+    pid_t pid = SpawnSelf(kChildTest, kChildEnv, "rebuild-kill:" + step + "|" + dir.path().string());
+    REQUIRE(pid > 0);
+    const int status = WaitChild(pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);  // it reached the step and ended there
+  }
+  auto o = DurabilityOptions(dir.path());
+  auto r = NvmeTier::RebuildIndex(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == static_cast<std::uint64_t>(ScenarioBlocks()));
+  CHECK_FALSE(fs::exists(dir.path() / "index.rebuilding"));
+  for (const std::string& name : Names(dir.path())) {
+    INFO(name);
+    CHECK((name == "terrace.data" || name == "index" || name.starts_with("index.damaged-")));
+  }
+  auto t = NvmeTier::Open(o);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  const Status s = CheckScenario(**t);
+  INFO(s.ToString());
+  CHECK(s.ok());
+}
+
+TEST_CASE("nvme durability: a rebuild refuses an <index>.rebuilding it did not leave", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  const fs::path building = dir.path() / "index.rebuilding";
+  fs::create_directories(building);
+  std::ofstream(building / "notes.txt") << "mine";
+  const auto before = HashTree(dir.path());
+  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir.path()));
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(r.status().message().find("index.rebuilding") != std::string::npos);
+  CHECK(HashTree(dir.path()) == before);
+}
+
+TEST_CASE("nvme durability: a terrace.data.creating that Terrace cannot prove it made is left as it is",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  std::string content;
+  bool beside_other = false;
+  SECTION("text, beside another file") {
+    content = "my precious notes\n";
+    beside_other = true;
+  }
+  SECTION("text, alone") { content = "my precious notes\n"; }
+  SECTION("8 KiB of zeros, beside another file") {
+    content = std::string(8192, '\0');
+    beside_other = true;
+  }
+  SECTION("8 KiB of other bytes, alone") { content = std::string(8192, 'x'); }
+  std::ofstream(dir.path() / "terrace.data.creating", std::ios::binary) << content;
+  if (beside_other) std::ofstream(dir.path() / "other.txt") << "keep me\n";
+  const auto before = HashTree(dir.path());
+  const auto names = Names(dir.path());
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  REQUIRE_FALSE(t.ok());
+  INFO(t.status().ToString());
+  CHECK(t.status().code() == Code::kInvalidArgument);
+  CHECK(t.status().message().find("terrace.data.creating") != std::string::npos);
+  CHECK(HashTree(dir.path()) == before);
+  CHECK(Names(dir.path()) == names);  // nothing created either
+}
+
+TEST_CASE("nvme durability: a creation killed before its preallocation is discarded, user files kept",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur"), other("nvme-other");
+  // What step 1 of a creation leaves: the superblock, and not yet the preallocated size.
+  REQUIRE(NvmeTier::Open(DurabilityOptions(other.path())).ok());
+  {
+    std::ifstream in(other.path() / "terrace.data", std::ios::binary);
+    std::string unit(nvme::kSuperblockBytes, '\0');
+    REQUIRE(in.read(unit.data(), static_cast<std::streamsize>(unit.size())));
+    std::ofstream(dir.path() / "terrace.data.creating", std::ios::binary) << unit;
+  }
+  SECTION("alone: discarded, and the store created") {
+    auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    CHECK((*t)->recovery_report().created);
+    CHECK(Names(dir.path()) == std::vector<std::string>{"index", "terrace.data"});
+  }
+  SECTION("beside a user file: discarded (it is Terrace's), the user file kept, no store made there") {
+    std::ofstream(dir.path() / "other.txt") << "keep me\n";
+    auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().ToString());
+    CHECK(t.status().message().find("not empty") != std::string::npos);
+    CHECK(Names(dir.path()) == std::vector<std::string>{"other.txt"});
+  }
+}
+
+TEST_CASE("nvme durability: an open that waited for another creation's lock opens the store it finished",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  {
+    auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+    REQUIRE(t.ok());
+    REQUIRE(PutTestBlock(**t, 1).ok());
+  }
+  // Another process's creation just before its rename: terrace.data.creating, complete and locked.
+  const fs::path data = dir.path() / "terrace.data", creating = dir.path() / "terrace.data.creating";
+  fs::rename(data, creating);
+  const int fd = ::open(creating.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  auto o = DurabilityOptions(dir.path());
+  o.lock_wait = std::chrono::seconds(60);
+  Result<std::unique_ptr<NvmeTier>> opened = Status::Internal("not run");
+  std::thread opener([&] { opened = NvmeTier::Open(o); });
+  // Give the opener time to find terrace.data.creating and wait for its lock (if it has not yet,
+  // it finds terrace.data below: the same outcome, the race just not exercised this run).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  fs::rename(creating, data);  // the other creation finishes and exits
+  ::close(fd);
+  opener.join();
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  CHECK(CheckTestBlock(**opened, 1).ok());
+  CHECK(Names(dir.path()) == std::vector<std::string>{"index", "terrace.data"});
 }

@@ -569,3 +569,125 @@ def test_stats_reports_the_store_read_only_and_every_metric_is_documented(tmp_pa
     assert snapshot(store) == before, "store stats changed the store"
     r = terrace("store", "stats", "--dir", store, "--json", "--prometheus")
     assert r.returncode == 2
+
+
+def test_stats_shows_the_space_blocks_take_so_a_full_store_reads_full(tmp_path):
+    # 127 blocks of 200 B fill a 1 MiB store: each takes 4 KiB of data + a 4 KiB descriptor.
+    store = tmp_path / "s"
+    assert fill(store, count=127, block_size="200", capacity="1MiB").returncode == 0
+    r = terrace("store", "stats", "--dir", store, "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["used_bytes"] == 127 * 200  # the blocks' own bytes, as before
+    assert j["allocated_bytes"] == 127 * 8192
+    r = terrace("store", "stats", "--dir", store)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"space taken +1016\.0 KiB \(99\.2% of capacity", r.stdout), r.stdout
+    assert "24.8 KiB" in r.stdout and "2.4% of capacity" not in r.stdout, r.stdout
+    r = terrace("store", "stats", "--dir", store, "--prometheus")
+    assert f'terrace_tier_allocated_bytes{{tier="nvme"}} {127 * 8192}' in r.stdout, r.stdout
+    # The next put finds no room, and the advice is something a user can do (fill refuses another
+    # --capacity for an existing store).
+    r = fill(store, count=1, block_size="200", capacity=None, seed=9)
+    assert r.returncode == 1, r.stderr
+    assert "no free extent" in r.stderr and "raise --capacity" not in r.stderr, r.stderr
+    assert "new store with a larger --capacity" in r.stderr, r.stderr
+
+
+def interrupted_creation(tmp_path, capacity="1MiB"):
+    """A store whose creation was killed before its final rename: terrace.data.creating, complete."""
+    store = tmp_path / "s"
+    assert terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", capacity).returncode == 0
+    (store / "terrace.data").rename(store / "terrace.data.creating")
+    return store
+
+
+def test_fill_without_capacity_completes_an_interrupted_creation(tmp_path):
+    store = interrupted_creation(tmp_path, capacity="1MiB")
+    r = terrace("store", "fill", "--dir", store, "--count", 2, "--block-size", "4KiB")
+    assert r.returncode == 0, r.stderr
+    assert not (store / "terrace.data.creating").exists()
+    j = json.loads(terrace("store", "stats", "--dir", store, "--json").stdout)
+    assert j["capacity_bytes"] == 1024 * 1024
+
+
+@pytest.mark.parametrize("content", [b"my precious notes\n", bytes(8192)])
+def test_fill_never_deletes_a_terrace_data_creating_it_cannot_prove_it_made(tmp_path, content):
+    store = tmp_path / "rcd"
+    store.mkdir()
+    (store / "terrace.data.creating").write_bytes(content)
+    (store / "other.txt").write_text("keep me\n")
+    before = snapshot(store)
+    r = terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", "1MiB")
+    assert r.returncode != 0, r.stderr
+    assert "terrace.data.creating" in r.stderr and f"--dir '{store}'" in r.stderr, r.stderr
+    assert snapshot(store) == before
+    assert sorted(p.name for p in store.iterdir()) == ["other.txt", "terrace.data.creating"]
+
+
+def test_a_store_in_use_gets_no_advice_to_recover_into_another_index(tmp_path):
+    import fcntl
+    store = tmp_path / "s"
+    assert fill(store, count=2).returncode == 0
+    with open(store / "terrace.data", "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # a writer has the store open
+        for args in (["check", "--quick"], ["check"], ["stats"]):
+            r = terrace("store", *args, "--dir", store, timeout=60)
+            assert r.returncode == 1, (args, r.stdout, r.stderr)
+            assert "in use by another process" in r.stderr, (args, r.stderr)
+            assert "NEW_DIR" not in r.stdout + r.stderr and "would refuse" not in r.stdout + r.stderr, (args, r.stderr)
+
+
+def recover_commands(text):
+    return re.findall(r"terrace store recover --dir \S+(?: --index-dir [^`' ]+)?", text)
+
+
+@pytest.mark.parametrize("cmd", [["check"], ["check", "--quick"], ["stats"], ["fill", "--count", "1"]])
+def test_another_stores_index_gets_only_recover_advice_that_works(tmp_path, cmd):
+    store, other = tmp_path / "s", tmp_path / "other"
+    assert fill(store, count=3).returncode == 0
+    assert fill(other, count=2).returncode == 0
+    r = terrace("store", *cmd, "--dir", store, "--index-dir", other / "index")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    advised = recover_commands(out)
+    assert advised, out
+    # Every recover it names is one recover accepts: into a new directory, never into other/index.
+    assert all(a.endswith("--index-dir NEW_DIR") for a in advised), advised
+    assert terrace("store", "recover", "--dir", store, "--index-dir", other / "index").returncode == 2
+    assert terrace("store", "recover", "--dir", store, "--index-dir", tmp_path / "new").returncode == 0
+    assert terrace("store", "check", "--dir", store, "--index-dir", tmp_path / "new").returncode == 0
+
+
+@pytest.mark.parametrize("case", ["dir-regular-file", "dir-dangling-symlink", "index-dir-user-folder",
+                                  "index-dir-regular-file"])
+def test_fill_refuses_paths_of_the_wrong_kind_naming_the_flag_and_creating_nothing(tmp_path, case):
+    store, index = tmp_path / "s", None
+    if case == "dir-regular-file":
+        store.write_text("mine\n")
+    elif case == "dir-dangling-symlink":
+        store.symlink_to(tmp_path / "nowhere")
+    elif case == "index-dir-user-folder":
+        index = tmp_path / "idx"
+        index.mkdir()
+        (index / "notes").write_text("mine\n")
+    else:
+        index = tmp_path / "idx"
+        index.write_text("mine\n")
+    before = snapshot(tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    args = ["store", "fill", "--dir", store, "--count", 1, "--capacity", "1MiB"]
+    if index:
+        args += ["--index-dir", index]
+    r = terrace(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    flag = "--dir" if case.startswith("dir-") else "--index-dir"
+    assert r.stderr.startswith(f"terrace: error: {flag} "), r.stderr
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+def test_a_fractional_size_is_refused_as_a_fraction(tmp_path):
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--count", 1, "--block-size", "1.5GiB")
+    assert r.returncode == 2, r.stderr
+    assert "--block-size" in r.stderr and "fraction" in r.stderr and "not a size" not in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "src/common/clock.h"
+#include "src/common/list_dir.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
@@ -480,6 +481,159 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
   return kept;
 }
 
+// Where RebuildIndex builds the new index before renaming it into place: beside the index (same
+// directory, so the rename is atomic).
+fs::path BuildingPath(const fs::path& index) {
+  fs::path p = index;
+  p += ".rebuilding";
+  return p;
+}
+
+// The directory `building` was left by a rebuild of this store: a real directory holding nothing
+// but index files, with Terrace's creation marker naming the store (unfinished) or, without a
+// marker, a manifest naming it (finished). Sets *finished. Otherwise InvalidArgument saying why.
+Status CheckOwnBuilding(const fs::path& building, const nvme::Superblock& sb, const std::shared_ptr<Logger>& logger,
+                        bool* finished) {
+  const std::string refuse = fmt::format(
+      "'{}' is in the way of the rebuild and is not an unfinished rebuild of this store's index ({}); move it away and "
+      "run the rebuild again; nothing was changed",
+      building.string(), "{}");
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(building, ec))) {
+    return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args("not a directory")));
+  }
+  for (fs::directory_iterator it(building, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!nvme::IsIndexStoreFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
+      return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args(
+          fmt::format("it holds '{}', which an index never writes", name))));
+    }
+  }
+  if (ec) return Status::IoError(fmt::format("cannot list '{}': {}", building.string(), ec.message()));
+  if (nvme::IndexCreatingMarkerNames(building, sb.UuidString())) {
+    *finished = false;
+    return Status::Ok();
+  }
+  const OldIndex look = LookAtOldIndex(building, sb, logger);
+  if (look.kind == OldIndex::Kind::kOurs && !fs::exists(building / nvme::kIndexCreatingMarker, ec)) {
+    *finished = true;
+    return Status::Ok();
+  }
+  return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args(
+      "neither Terrace's marker of an unfinished index of this store nor a manifest of this store is in it")));
+}
+
+// What a rebuild killed before it finished left (docs/nvme-format.md, "Scan and rebuild"): a
+// finished new index whose rename into place was cut off (the old index already moved aside) is
+// put in place; anything else of it is removed (the old index is still in place, or there was
+// none). Only a directory CheckOwnBuilding accepts is touched.
+Status TakeUpInterruptedRebuild(const fs::path& index, const nvme::Superblock& sb,
+                                const std::shared_ptr<Logger>& logger, const RebuildStepFn& at_step) {
+  const fs::path building = BuildingPath(index);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(building, ec))) return Status::Ok();
+  bool finished = false;
+  TERRACE_RETURN_IF_ERROR(CheckOwnBuilding(building, sb, logger, &finished));
+  if (finished && !fs::exists(fs::symlink_status(index, ec))) {
+    fs::rename(building, index, ec);
+    if (ec) {
+      return Status::IoError(fmt::format("cannot rename the rebuilt index '{}' to '{}': {}", building.string(),
+                                         index.string(), ec.message()));
+    }
+    logger->Log(LogLevel::kWarning, "nvme",
+                fmt::format("put the index '{}' an interrupted rebuild finished into place as '{}'", building.string(),
+                            index.string()));
+    TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(index.parent_path()));
+    if (at_step) at_step("leftover-put-in-place");
+    return Status::Ok();
+  }
+  logger->Log(LogLevel::kWarning, "nvme",
+              fmt::format("removing '{}', left by an interrupted rebuild of the index", building.string()));
+  // CheckOwnBuilding saw nothing but index files in it.
+  for (const auto& e : ListDir(building, &ec)) {
+    if (!ec) fs::remove(e.path(), ec);
+  }
+  if (!ec) fs::remove(building, ec);
+  if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", building.string(), ec.message()));
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(index.parent_path()));
+  if (at_step) at_step("leftover-removed");
+  return Status::Ok();
+}
+
+// Renames the old index `index` to "<index>.damaged-<UTC stamp>[-n]" and syncs the directory.
+Result<fs::path> MoveOldIndexAside(const fs::path& index, const std::shared_ptr<Logger>& logger) {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
+  std::error_code ec;
+  fs::path target = index;
+  target += fmt::format(".damaged-{}", stamp);
+  for (int i = 1; fs::exists(fs::symlink_status(target, ec)); ++i) {
+    target = index;
+    target += fmt::format(".damaged-{}-{}", stamp, i);
+  }
+  fs::rename(index, target, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot move the old index '{}' aside to '{}': {}; the new index is complete in "
+                                       "'{}' and the next rebuild puts it in place",
+                                       index.string(), target.string(), ec.message(),
+                                       BuildingPath(index).string()));
+  }
+  logger->Log(LogLevel::kWarning, "nvme",
+              fmt::format("moved the old index '{}' aside to '{}'", index.string(), target.string()));
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(index.parent_path()));
+  return target;
+}
+
+// Writes the new index into `dir` (created here, marked unfinished until its last record is
+// synced and it is closed): `found`'s records, the manifest, the commit counter and `redo`.
+Status WriteNewIndex(const fs::path& dir, const nvme::Superblock& sb, const std::vector<Found>& found,
+                     const std::optional<std::string>& redo, const std::shared_ptr<Logger>& logger,
+                     const RebuildStepFn& at_step) {
+  std::error_code ec;
+  fs::create_directory(dir, ec);
+  if (ec) {
+    return Status::IoError(fmt::format("cannot create the directory '{}' for the new index: {}", dir.string(),
+                                       ec.message()));
+  }
+  TERRACE_RETURN_IF_ERROR(nvme::WriteIndexCreatingMarker(dir, sb.UuidString()));
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(dir.parent_path()));
+  if (at_step) at_step("building");
+  nvme::IndexOpenOptions io;
+  io.create = true;
+  io.logger = logger;
+  TERRACE_ASSIGN_OR_RETURN(auto index, nvme::IndexStore::Open(dir, io));
+  TERRACE_RETURN_IF_ERROR(index->WriteManifest(sb));
+  if (at_step) at_step("manifest");
+  constexpr std::size_t kBatch = 4096;
+  rocksdb::WriteBatch batch;
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    batch.Put(nvme::IndexStore::EncodeKey(found[i].key), nvme::IndexStore::EncodeRecord(found[i].rec));
+    if (batch.Count() >= kBatch) {
+      TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/false));
+      batch.Clear();
+      if (at_step) at_step("records");
+    }
+  }
+  // The commit counter the data file recorded: the rebuilt index holds at least that history. A
+  // cut-short last commit, and the records kept from the old index, stay pending, one commit ahead
+  // with a redo record, so the next read-write open writes their descriptors (a later rebuild,
+  // before that, follows it again).
+  batch.Put(rocksdb::Slice(nvme::kCommitKey.data(), nvme::kCommitKey.size()),
+            nvme::IndexStore::EncodeCommit(sb.indexed_commit + (redo ? 1 : 0)));
+  if (redo) batch.Put(rocksdb::Slice(nvme::kRedoKey.data(), nvme::kRedoKey.size()), *redo);
+  TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/true));
+  if (at_step) at_step("last-record");
+  TERRACE_RETURN_IF_ERROR(index->Close());
+  if (at_step) at_step("closed");
+  TERRACE_RETURN_IF_ERROR(nvme::RemoveIndexCreatingMarkers(dir));
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(dir));
+  if (at_step) at_step("finished");
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status NvmeTier::CheckRebuildTarget(const NvmeTierOptions& options) {
@@ -488,12 +642,23 @@ Status NvmeTier::CheckRebuildTarget(const NvmeTierOptions& options) {
   nvme::Superblock sb;
   std::uint64_t size = 0;
   TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, options.lock_wait, &fd, &sb, &size));
-  const OldIndex old = LookAtOldIndex(paths.index, sb, LoggerOrDefault(options.logger));
-  if (old.kind == OldIndex::Kind::kNone) return Status::Ok();
-  return CheckIndexDirIsOurs(paths.index, old, sb);
+  return CheckIndexDirForRebuild(paths.index, sb, LoggerOrDefault(options.logger));
 }
 
-Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress) {
+Status NvmeTier::CheckIndexDirForRebuild(const fs::path& index, const nvme::Superblock& sb,
+                                         const std::shared_ptr<Logger>& logger) {
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(BuildingPath(index), ec))) {
+    bool finished = false;
+    TERRACE_RETURN_IF_ERROR(CheckOwnBuilding(BuildingPath(index), sb, logger, &finished));
+  }
+  const OldIndex old = LookAtOldIndex(index, sb, logger);
+  if (old.kind == OldIndex::Kind::kNone) return Status::Ok();
+  return CheckIndexDirIsOurs(index, old, sb);
+}
+
+Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress,
+                                             const RebuildStepFn& at_step) {
   const auto start = std::chrono::steady_clock::now();
   if (options.read_only) {
     return Status::InvalidArgument(fmt::format("rebuilding the index of '{}' writes a new index; it cannot be done "
@@ -515,6 +680,8 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   // Only this store's index directory is moved aside: never a user's folder, a file given as the
   // index, or another store's index. Checked before the scan (hours on a large device) and before
   // anything is written.
+  TERRACE_RETURN_IF_ERROR(CheckIndexDirForRebuild(paths.index, sb, logger));
+  TERRACE_RETURN_IF_ERROR(TakeUpInterruptedRebuild(paths.index, sb, logger, at_step));
   OldIndex old = LookAtOldIndex(paths.index, sb, logger);
   if (old.kind != OldIndex::Kind::kNone) TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index, old, sb));
   std::vector<Found> found;
@@ -535,56 +702,23 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
     }
   }
 
-  std::error_code ec;
+  // Crash-safe order (docs/nvme-format.md, "Scan and rebuild"): the new index is complete and
+  // synced beside the old one before the old one is moved aside; a kill at any point leaves either
+  // the old index in place or a finished new one that the next rebuild puts in place.
+  const fs::path building = BuildingPath(paths.index);
+  TERRACE_RETURN_IF_ERROR(WriteNewIndex(building, sb, found, cut.redo, logger, at_step));
   if (old.kind != OldIndex::Kind::kNone) {
-    std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", &tm);
-    fs::path target = paths.index;
-    target += fmt::format(".damaged-{}", stamp);
-    for (int i = 1; fs::exists(target, ec); ++i) {
-      target = paths.index;
-      target += fmt::format(".damaged-{}-{}", stamp, i);
-    }
-    fs::rename(paths.index, target, ec);
-    if (ec) {
-      return Status::IoError(fmt::format("cannot move the old index '{}' aside to '{}': {}; nothing was changed",
-                                         paths.index.string(), target.string(), ec.message()));
-    }
-    report.moved_aside = target;
-    logger->Log(LogLevel::kWarning, "nvme",
-                fmt::format("moved the old index '{}' aside to '{}'", paths.index.string(), target.string()));
+    TERRACE_ASSIGN_OR_RETURN(report.moved_aside, MoveOldIndexAside(paths.index, logger));
+    if (at_step) at_step("moved-aside");
   }
-  fs::create_directories(paths.index, ec);
+  std::error_code ec;
+  fs::rename(building, paths.index, ec);  // replaces an empty index directory
   if (ec) {
-    return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}", paths.index.string(),
-                                       ec.message()));
+    return Status::IoError(fmt::format("cannot rename the new index '{}' to '{}': {}; the next rebuild puts it in place",
+                                       building.string(), paths.index.string(), ec.message()));
   }
-  nvme::IndexOpenOptions io;
-  io.create = true;
-  io.logger = logger;
-  TERRACE_ASSIGN_OR_RETURN(auto index, nvme::IndexStore::Open(paths.index, io));
-  TERRACE_RETURN_IF_ERROR(index->WriteManifest(sb));
-  constexpr std::size_t kBatch = 4096;
-  rocksdb::WriteBatch batch;
-  for (std::size_t i = 0; i < found.size(); ++i) {
-    batch.Put(nvme::IndexStore::EncodeKey(found[i].key), nvme::IndexStore::EncodeRecord(found[i].rec));
-    if (batch.Count() >= kBatch) {
-      TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/false));
-      batch.Clear();
-    }
-  }
-  // The commit counter the data file recorded: the rebuilt index holds at least that history. A
-  // cut-short last commit, and the records kept from the old index, stay pending, one commit ahead
-  // with a redo record, so the next read-write open writes their descriptors (a later rebuild,
-  // before that, follows it again).
-  batch.Put(rocksdb::Slice(nvme::kCommitKey.data(), nvme::kCommitKey.size()),
-            nvme::IndexStore::EncodeCommit(sb.indexed_commit + (cut.redo ? 1 : 0)));
-  if (cut.redo) batch.Put(rocksdb::Slice(nvme::kRedoKey.data(), nvme::kRedoKey.size()), *cut.redo);
-  TERRACE_RETURN_IF_ERROR(index->Write(&batch, /*sync=*/true));
-  TERRACE_RETURN_IF_ERROR(index->Close());
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(paths.index.parent_path()));
+  if (at_step) at_step("in-place");
   report.blocks_indexed = found.size();
   for (const Found& f : found) report.bytes_indexed += f.rec.length;
   report.corrupt_skipped = report.scan.corrupt;

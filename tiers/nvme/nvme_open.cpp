@@ -15,6 +15,7 @@
 #include <ctime>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <random>
 #include <unordered_set>
 
@@ -65,61 +66,25 @@ bool EmptyOrAbsent(const fs::path& p) {
   return fs::is_directory(p, ec) && fs::is_empty(p, ec);
 }
 
-Status FsyncDir(const fs::path& dir) {
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Errno("cannot open directory", dir, errno, "check its permissions");
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (rc != 0) return Errno("cannot fsync directory", dir, err, "check the file system");
-  return Status::Ok();
+// True when the open `fd` is the file at `path` now (not one renamed or removed since it was opened).
+bool FdIsAt(int fd, const fs::path& path) {
+  struct stat open_st {}, path_st {};
+  return ::fstat(fd, &open_st) == 0 && ::stat(path.c_str(), &path_st) == 0 && open_st.st_dev == path_st.st_dev &&
+         open_st.st_ino == path_st.st_ino;
 }
 
-// The index's creation marker (docs/nvme-format.md, "Creation"): written into the index directory,
-// durable, before RocksDB creates anything there, and removed once the manifest is written. It names
-// the store being created, so an interrupted creation removes an index directory's RocksDB files
-// only when that creation made them.
-constexpr std::string_view kCreatingMarker = nvme::kIndexCreatingMarker;
-
-bool IsMarkerName(const fs::path& name) { return name.filename().string().starts_with(kCreatingMarker); }
-
-Status WriteCreatingMarker(const fs::path& index, const std::string& uuid) {
-  const fs::path tmp = index / (std::string(kCreatingMarker) + ".tmp"), final_path = index / kCreatingMarker;
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create the index creation marker", tmp, errno, "check the index directory's permissions");
-  const std::string text = uuid + "\n";
-  const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!wrote) return Errno("cannot write the index creation marker", tmp, err, "check the file system");
+// What an interrupted creation left in `dir` besides `creating`: the first entry that is neither
+// it nor an empty `index`; nullopt when there is none.
+std::optional<std::string> OtherThanCreation(const fs::path& dir, const fs::path& creating, const fs::path& index) {
   std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message()));
-  return FsyncDir(index);
-}
-
-// The marker in `index` names the store `uuid`.
-bool CreatingMarkerNames(const fs::path& index, const std::string& uuid) {
-  std::ifstream in(index / kCreatingMarker);
-  std::string line;
-  return in && std::getline(in, line) && line == uuid;
-}
-
-// `index` holds nothing but creation markers (a creation killed before RocksDB made anything).
-bool OnlyCreatingMarkers(const fs::path& index) {
-  std::error_code ec;
-  for (const auto& e : ListDir(index, &ec))
-    if (!IsMarkerName(e.path())) return false;
-  return !ec;
-}
-
-Status RemoveCreatingMarkers(const fs::path& index) {
-  for (const std::string& name : {std::string(kCreatingMarker) + ".tmp", std::string(kCreatingMarker)}) {
-    std::error_code ec;
-    fs::remove(index / name, ec);
-    if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", (index / name).string(), ec.message()));
+  for (const auto& e : ListDir(dir, &ec)) {
+    if (e.path().filename() == creating.filename()) continue;
+    std::error_code same_ec;
+    if (fs::equivalent(e.path(), index, same_ec) && EmptyOrAbsent(index)) continue;
+    return e.path().filename().string();
   }
-  return Status::Ok();
+  if (ec) return fmt::format("(cannot list it: {})", ec.message());
+  return std::nullopt;
 }
 
 }  // namespace
@@ -164,7 +129,25 @@ Status NvmeTier::WithRecoverAdvice(Status s) const {
 }
 
 std::string NvmeTier::RecoverAdvice() const {
-  std::string cmd = fmt::format("terrace store recover --dir {}", options_.path.string());
+  const std::string dir = options_.path.string();
+  nvme::Superblock sb;
+  {
+    MutexLock l(&sb_mu_);
+    sb = sb_;
+  }
+  // The advice is to run what would work: recover refuses an index directory that is not this
+  // store's (another store's index, a folder of other files, one open elsewhere).
+  const Status refusal = CheckIndexDirForRebuild(index_path_, sb, logger_);
+  if (!refusal.ok()) {
+    std::string why(refusal.message());
+    why = why.substr(0, why.find("; nothing was changed"));  // its own advice, said below in full
+    return fmt::format(
+        "give the index directory this store was created with, or run `terrace store recover --dir {} --index-dir "
+        "NEW_DIR` with a new or empty NEW_DIR to rebuild the index there from the data file (recover refuses '{}' "
+        "itself: {})",
+        dir, index_path_.string(), why);
+  }
+  std::string cmd = fmt::format("terrace store recover --dir {}", dir);
   if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
   return fmt::format("run `{}` to rebuild the index from the data file (the damaged index is kept aside)", cmd);
 }
@@ -289,7 +272,21 @@ Status NvmeTier::OpenFiles() {
   creating_path_ = paths.creating;
   block_device_ = paths.block_device;
   if (block_device_) return OpenExisting(/*block_device=*/true);
+  // Each look that finds the files changed under it (another process's creation finished or
+  // started) or discards a leftover is followed by a fresh one, which sees what is there now.
+  constexpr int kMaxLooks = 8;
+  for (int look = 0; look < kMaxLooks; ++look) {
+    bool again = false;
+    Status s = OpenDirectoryStore(&again);
+    if (!again) return s;
+  }
+  return Status::Unavailable(fmt::format(
+      "the files in '{}' kept changing while they were opened (other processes creating a store there); close them "
+      "and try again",
+      options_.path.string()));
+}
 
+Status NvmeTier::OpenDirectoryStore(bool* again) {
   std::error_code ec;
   if (fs::exists(data_path_, ec)) return OpenExisting(false);
   if (fs::exists(creating_path_, ec)) {
@@ -299,7 +296,7 @@ Status NvmeTier::OpenFiles() {
           "read-write once to complete or discard it",
           options_.path.string()));
     }
-    return ResumeCreation();
+    return ResumeCreation(again);
   }
   if (!EmptyOrAbsent(index_path_)) {
     return Status::Corruption(fmt::format(
@@ -318,10 +315,11 @@ Status NvmeTier::OpenFiles() {
         "directory or an existing store",
         options_.path.string(), entry.path().filename().string()));
   }
-  return CreateInDirectory();
+  return CreateInDirectory(again);
 }
 
-Status NvmeTier::OpenFd(const fs::path& path, bool create) {
+Status NvmeTier::OpenFd(const fs::path& path, bool create, int* open_errno) {
+  if (open_errno) *open_errno = 0;
   const bool ro = options_.read_only;
   int flags = (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
   direct_ = options_.direct_io;
@@ -338,7 +336,10 @@ Status NvmeTier::OpenFd(const fs::path& path, bool create) {
                        path.string()));
     }
   }
-  if (fd_ < 0) return Errno("cannot open NVMe data file", path, errno, "check the path and its permissions");
+  if (fd_ < 0) {
+    if (open_errno) *open_errno = errno;
+    return Errno("cannot open NVMe data file", path, errno, "check the path and its permissions");
+  }
   if (int err = nvme::LockDataArea(fd_, ro ? LOCK_SH : LOCK_EX, options_.lock_wait); err != 0) {
     ::close(fd_);
     fd_ = -1;
@@ -441,7 +442,7 @@ Status NvmeTier::CreateIndex() {
     return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}; choose a writable location",
                                        index_path_.string(), ec.message()));
   }
-  TERRACE_RETURN_IF_ERROR(WriteCreatingMarker(index_path_, sb_.UuidString()));
+  TERRACE_RETURN_IF_ERROR(nvme::WriteIndexCreatingMarker(index_path_, sb_.UuidString()));
   nvme::IndexOpenOptions io;
   io.create = true;
   io.env = hooks_.index_env;
@@ -450,22 +451,45 @@ Status NvmeTier::CreateIndex() {
   TERRACE_RETURN_IF_ERROR(index_->WriteManifest(sb_));
   index_commit_ = 0;
   // The manifest now proves the index is this store's; a marker left by a failed removal is harmless.
-  if (Status s = RemoveCreatingMarkers(index_path_); !s.ok())
+  if (Status s = nvme::RemoveIndexCreatingMarkers(index_path_); !s.ok())
     logger_->Log(LogLevel::kWarning, "nvme", s.message() + " (the index is complete; the marker can be deleted)");
   return Status::Ok();
 }
 
-// Directory store: terrace.data.creating (preallocated, superblock written and synced), then the
-// index with its manifest, then the rename to terrace.data and a directory fsync. A kill at any
-// point leaves terrace.data.creating, which the next open completes or discards (ResumeCreation).
-Status NvmeTier::CreateInDirectory() {
+void NvmeTier::CloseFd() {
+  engine_.reset();
+  if (fd_ < 0) return;
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
+  fd_ = -1;
+}
+
+// Directory store (docs/nvme-format.md, "Creation"): terrace.data.creating is created empty and
+// its superblock written and synced first, so from its first byte on it is recognisably
+// Terrace's; then it is preallocated to the capacity (synced), then the index with its manifest,
+// then the rename to terrace.data and a directory fsync. A kill at any point leaves
+// terrace.data.creating, which the next open completes or discards (ResumeCreation). *again:
+// another process created terrace.data.creating first.
+Status NvmeTier::CreateInDirectory(bool* again) {
   const std::uint64_t cap = options_.capacity_bytes;
   if (cap == 0) {
     return Status::InvalidArgument(fmt::format("creating the NVMe store '{}': capacity_bytes is 0; give the capacity of "
                                                "the new store (0 means 'as recorded' and only opens an existing store)",
                                                options_.path.string()));
   }
-  TERRACE_RETURN_IF_ERROR(OpenFd(creating_path_, /*create=*/true));
+  int open_errno = 0;
+  if (Status s = OpenFd(creating_path_, /*create=*/true, &open_errno); !s.ok()) {
+    *again = open_errno == EEXIST;
+    return *again ? Status::Ok() : s;
+  }
+  // Between the open and the lock another process may have taken the new, empty file for a
+  // leftover and discarded it.
+  if (!FdIsAt(fd_, creating_path_)) {
+    CloseFd();
+    *again = true;
+    return Status::Ok();
+  }
+  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
   int err = ::fallocate(fd_, 0, 0, static_cast<off_t>(cap)) == 0 ? 0 : errno;
   if (err == EOPNOTSUPP) {
     err = ::ftruncate(fd_, static_cast<off_t>(cap)) == 0 ? 0 : errno;
@@ -476,10 +500,7 @@ Status NvmeTier::CreateInDirectory() {
     }
   }
   if (err != 0) {
-    engine_.reset();
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-    fd_ = -1;
+    CloseFd();
     std::error_code ec;
     fs::remove(creating_path_, ec);
     std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; the file system holding it "
@@ -488,7 +509,7 @@ Status NvmeTier::CreateInDirectory() {
     if (err == ENOSPC || err == EFBIG || err == EDQUOT) return Status::OutOfCapacity(msg);
     return Status::IoError(msg);
   }
-  TERRACE_RETURN_IF_ERROR(WriteFreshSuperblock());
+  TERRACE_RETURN_IF_ERROR(EngineSync("syncing the preallocated size of"));
   return FinishCreation(true);
 }
 
@@ -500,56 +521,71 @@ Status NvmeTier::FinishCreation(bool /*fresh_sb*/) {
     return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}; check the directory's permissions",
                                        creating_path_.string(), data_path_.string(), ec.message()));
   }
-  TERRACE_RETURN_IF_ERROR(FsyncDir(data_path_.parent_path()));
+  TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(data_path_.parent_path()));
   report_.created = true;
   return Status::Ok();
 }
 
-Status NvmeTier::ResumeCreation() {
+Status NvmeTier::ResumeCreation(bool* again) {
+  const std::string creating = creating_path_.string();
   TERRACE_RETURN_IF_ERROR(OpenFd(creating_path_, /*create=*/false));
+  // The lock may have been waited for while its holder finished (renamed the file to terrace.data)
+  // or discarded it: what is open is then no longer terrace.data.creating.
+  if (!FdIsAt(fd_, creating_path_)) {
+    CloseFd();
+    *again = true;
+    return Status::Ok();
+  }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return Errno("cannot stat", creating_path_, errno, "check the file");
-  bool have_sb = false;
-  if (static_cast<std::uint64_t>(st.st_size) >= nvme::kSuperblockBytes) {
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  // Its first unit: a creation writes the superblock there before anything else.
+  std::memset(sb_unit_.data(), 0, nvme::kSuperblockBytes);
+  if (size >= nvme::kSuperblockBytes) {
     TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, 0, sb_unit_.data(),
                                      static_cast<std::uint32_t>(nvme::kSuperblockBytes), "reading the superblock of"));
-    auto sb = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes),
-                                           creating_path_.string());
-    if (sb.ok()) {
-      sb_ = *sb;
-      have_sb = true;
-    } else {
-      const bool blank = std::all_of(sb_unit_.data(), sb_unit_.data() + nvme::kSuperblockBytes,
-                                     [](std::byte b) { return b == std::byte{0}; });
-      if (!blank && !sb.status().IsCorruption()) {
-        return Status::InvalidArgument(fmt::format(
-            "'{}' exists but was not made by Terrace (no Terrace superblock); remove it or use another directory",
-            creating_path_.string()));
-      }
-    }
+  } else if (size > 0 && ::pread(fd_, sb_unit_.data(), nvme::kSuperblockBytes, 0) != static_cast<ssize_t>(size)) {
+    return Errno("cannot read", creating_path_, errno, "check the file");
   }
-  const std::string creating = creating_path_.string();
-  if (!have_sb || static_cast<std::uint64_t>(st.st_size) < sb_.capacity_bytes) {
-    // Killed before the superblock was durable: nothing else was made yet. Discard and start over.
+  auto sb = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes), creating);
+  const bool blank = std::all_of(sb_unit_.data(), sb_unit_.data() + nvme::kSuperblockBytes,
+                                 [](std::byte b) { return b == std::byte{0}; });
+  if (!sb.ok() && !blank) {
+    return Status::InvalidArgument(fmt::format(
+        "options.path '{}' holds 'terrace.data.creating', which was not made by Terrace (it does not start with a "
+        "Terrace superblock); Terrace deletes only what it created: move that file away or use another directory",
+        options_.path.string()));
+  }
+  if (blank) {
+    // Empty or zeros: a creation killed (or cut by a power loss) before its superblock was durable
+    // leaves this, but so could anyone. It is taken as Terrace's only where nothing else is.
+    if (auto other = OtherThanCreation(options_.path, creating_path_, index_path_)) {
+      return Status::InvalidArgument(fmt::format(
+          "options.path '{}' holds an empty or all-zero 'terrace.data.creating' beside '{}': it may not be Terrace's, "
+          "so it is left as it is; move it away (or delete it if it is a leftover of Terrace) or use another "
+          "directory",
+          options_.path.string(), *other));
+    }
+  } else {
+    sb_ = *sb;
+  }
+  if (blank || size < sb_.capacity_bytes) {
+    // Killed before the preallocation was durable: nothing else of this store was made yet (the
+    // index comes after it). Discard it, then look again (the directory must be empty to create).
+    if (!EmptyOrAbsent(index_path_)) {
+      return Status::Corruption(fmt::format(
+          "NVMe tier '{}' has an interrupted creation that never got to its index, but the index directory '{}' is "
+          "not empty; point --index-dir at an empty directory",
+          options_.path.string(), index_path_.string()));
+    }
     logger_->Log(LogLevel::kInfo, "nvme", fmt::format("discarding '{}' left by an interrupted creation", creating));
-    engine_.reset();
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-    fd_ = -1;
+    CloseFd();
     std::error_code ec;
     fs::remove(creating_path_, ec);
     if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", creating, ec.message()));
-    if (!EmptyOrAbsent(index_path_)) {
-      return Status::Corruption(fmt::format("NVMe tier '{}' has an index ('{}') but no data file: the store is "
-                                            "incomplete; point --index-dir at an empty directory",
-                                            options_.path.string(), index_path_.string()));
-    }
-    if (options_.capacity_bytes == 0) {
-      return Status::InvalidArgument(fmt::format(
-          "creating the NVMe store '{}': capacity_bytes is 0; give the capacity of the new store",
-          options_.path.string()));
-    }
-    return CreateInDirectory();
+    TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(options_.path));
+    *again = true;
+    return Status::Ok();
   }
   if (options_.capacity_bytes != 0 && options_.capacity_bytes != sb_.capacity_bytes) {
     return Status::InvalidArgument(fmt::format(
@@ -561,8 +597,8 @@ Status NvmeTier::ResumeCreation() {
   // The index directory was empty when this creation began. What is in it now is removed only when
   // this creation's marker says it made it: the directory may be another one than the creation used
   // (a different --index-dir), and Terrace never deletes what it did not create.
-  if (!EmptyOrAbsent(index_path_) && OnlyCreatingMarkers(index_path_))
-    TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));  // killed before RocksDB made anything
+  if (!EmptyOrAbsent(index_path_) && nvme::OnlyIndexCreatingMarkers(index_path_))
+    TERRACE_RETURN_IF_ERROR(nvme::RemoveIndexCreatingMarkers(index_path_));  // killed before RocksDB made anything
   if (!EmptyOrAbsent(index_path_)) {
     nvme::IndexOpenOptions io;
     io.env = hooks_.index_env;
@@ -586,8 +622,8 @@ Status NvmeTier::ResumeCreation() {
     if (same_store) {
       io.read_only = false;
       TERRACE_ASSIGN_OR_RETURN(index_, nvme::IndexStore::Open(index_path_, io));
-      TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));
-    } else if (!CreatingMarkerNames(index_path_, sb_.UuidString())) {
+      TERRACE_RETURN_IF_ERROR(nvme::RemoveIndexCreatingMarkers(index_path_));
+    } else if (!nvme::IndexCreatingMarkerNames(index_path_, sb_.UuidString())) {
       return Status::InvalidArgument(fmt::format(
           "index directory '{}' is not empty and was not made by the interrupted creation '{}' (no Terrace manifest, "
           "no creation marker of store {}); Terrace deletes only what it created: point --index-dir at the directory "
@@ -598,7 +634,7 @@ Status NvmeTier::ResumeCreation() {
                    fmt::format("removing the half-created index '{}' of the interrupted creation '{}'",
                                index_path_.string(), creating));
       TERRACE_RETURN_IF_ERROR(nvme::DestroyIndexFiles(index_path_));
-      TERRACE_RETURN_IF_ERROR(RemoveCreatingMarkers(index_path_));
+      TERRACE_RETURN_IF_ERROR(nvme::RemoveIndexCreatingMarkers(index_path_));
     }
   }
   logger_->Log(LogLevel::kInfo, "nvme", fmt::format("completing the interrupted creation '{}'", creating));
@@ -719,7 +755,7 @@ Status NvmeTier::MoveIndexAside(std::string_view why) {
   }
   logger_->Log(LogLevel::kWarning, "nvme",
                fmt::format("moved the index '{}' aside to '{}'", index_path_.string(), target.string()));
-  return FsyncDir(index_path_.parent_path());
+  return nvme::SyncDirectory(index_path_.parent_path());
 }
 
 // reformat: the index (if any) is moved aside, a fresh index is created, the superblock last.
@@ -784,7 +820,7 @@ Status NvmeTier::OpenIndexOfExisting() {
   if (!m->SameStore(sb_)) {
     return Status::Corruption(fmt::format(
         "index '{}' belongs to store {} (capacity {}) but '{}' is store {} (capacity {}): refusing to pair them (its "
-        "blocks would be overwritten); give the index directory this store was created with, or {}",
+        "blocks would be overwritten); {}",
         index_path_.string(), m->UuidString(), m->capacity_bytes, data_path_.string(), sb_.UuidString(),
         sb_.capacity_bytes, RecoverAdvice()));
   }

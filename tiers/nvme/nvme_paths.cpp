@@ -5,14 +5,32 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "src/common/list_dir.h"
+#include "tiers/nvme/index_store.h"
+
 namespace terrace::nvme {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// "a/idx/" as "a/idx": the index directory's siblings (<index>.damaged-*, <index>.rebuilding) are
+// named by appending to it.
+fs::path WithoutTrailingSeparator(const fs::path& p) {
+  return p.has_filename() || !p.has_parent_path() ? p : p.parent_path();
+}
+
+}  // namespace
 
 Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_create) {
   const fs::path& path = options.path;
@@ -45,7 +63,7 @@ Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_cr
           path.string()));
     }
     p.data = path;
-    p.index = options.index_dir;
+    p.index = WithoutTrailingSeparator(options.index_dir);
     p.block_device = true;
     return p;
   } else if (!fs::is_directory(st)) {
@@ -56,7 +74,7 @@ Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_cr
   }
   p.data = path / "terrace.data";
   p.creating = path / "terrace.data.creating";
-  p.index = options.index_dir.empty() ? path / "index" : options.index_dir;
+  p.index = options.index_dir.empty() ? path / "index" : WithoutTrailingSeparator(options.index_dir);
   return p;
 }
 
@@ -77,6 +95,64 @@ int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes) {
   if (::fstat(fd, &st) != 0) return errno;
   *bytes = static_cast<std::uint64_t>(st.st_size);
   return 0;
+}
+
+namespace {
+
+Status ErrnoError(std::string_view what, const fs::path& path, int err, std::string_view advice) {
+  return Status::IoError(fmt::format("{} '{}': {}; {}", what, path.string(), std::strerror(err), advice));
+}
+
+}  // namespace
+
+Status SyncDirectory(const fs::path& path) {
+  const fs::path dir = path.empty() ? fs::path(".") : path;  // the parent of a relative name
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoError("cannot open directory", dir, errno, "check its permissions");
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0) return ErrnoError("cannot fsync directory", dir, err, "check the file system");
+  return Status::Ok();
+}
+
+Status WriteIndexCreatingMarker(const fs::path& index, const std::string& uuid) {
+  const fs::path tmp = index / (std::string(kIndexCreatingMarker) + ".tmp"), final_path = index / kIndexCreatingMarker;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return ErrnoError("cannot create the index creation marker", tmp, errno, "check the index directory's permissions");
+  }
+  const std::string text = uuid + "\n";
+  const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!wrote) return ErrnoError("cannot write the index creation marker", tmp, err, "check the file system");
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message()));
+  return SyncDirectory(index);
+}
+
+bool IndexCreatingMarkerNames(const fs::path& index, const std::string& uuid) {
+  std::ifstream in(index / kIndexCreatingMarker);
+  std::string line;
+  return in && std::getline(in, line) && line == uuid;
+}
+
+bool OnlyIndexCreatingMarkers(const fs::path& index) {
+  std::error_code ec;
+  for (const auto& e : ListDir(index, &ec))
+    if (!e.path().filename().string().starts_with(kIndexCreatingMarker)) return false;
+  return !ec;
+}
+
+Status RemoveIndexCreatingMarkers(const fs::path& index) {
+  for (const std::string& name : {std::string(kIndexCreatingMarker) + ".tmp", std::string(kIndexCreatingMarker)}) {
+    std::error_code ec;
+    fs::remove(index / name, ec);
+    if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", (index / name).string(), ec.message()));
+  }
+  return Status::Ok();
 }
 
 }  // namespace terrace::nvme

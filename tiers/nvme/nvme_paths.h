@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <string>
 
 #include "terrace/options.h"
 #include "terrace/status.h"
@@ -29,5 +30,21 @@ int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes);
 // process that just died may hold the lock a moment longer (io_uring drops its file references
 // asynchronously). Returns 0 or the errno of the last attempt.
 int LockDataArea(int fd, int op, std::chrono::milliseconds patience);
+
+// fsync of the directory `dir` (makes a rename or creation in it durable).
+Status SyncDirectory(const std::filesystem::path& dir);
+
+// The index creation marker (kIndexCreatingMarker, docs/nvme-format.md, "Creation"): written into
+// an index directory, durable, before RocksDB creates anything there, and removed once the index is
+// complete (a new store's: its manifest written; a rebuild's: its last record synced). It names
+// the store (`uuid`, Superblock::UuidString), so Terrace removes an unfinished index's files only
+// when it made them. Written through "<marker>.tmp" and a rename; the directory is synced.
+Status WriteIndexCreatingMarker(const std::filesystem::path& index, const std::string& uuid);
+// The marker in `index` exists and names the store `uuid`.
+bool IndexCreatingMarkerNames(const std::filesystem::path& index, const std::string& uuid);
+// `index` holds nothing but creation markers (an index killed before RocksDB made anything).
+bool OnlyIndexCreatingMarkers(const std::filesystem::path& index);
+// Removes the marker (and its .tmp) from `index`; absent ones are fine.
+Status RemoveIndexCreatingMarkers(const std::filesystem::path& index);
 
 }  // namespace terrace::nvme

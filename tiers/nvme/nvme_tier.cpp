@@ -92,7 +92,7 @@ void NvmeTier::CheckPuts(std::span<const PutOp> ops, std::vector<Status>& st) co
     } else if (op.data.size() > caps_.max_block_bytes) {
       st[i] = Status::OutOfCapacity(fmt::format(
           "block {} is {} bytes, larger than the NVMe tier at '{}' can hold ({} bytes of {} capacity); split the "
-          "block or raise capacity_bytes",
+          "block, or use a new store with a larger capacity_bytes (a store's capacity is fixed when it is created)",
           op.key.ToString(), op.data.size(), data_path_.string(), caps_.max_block_bytes, caps_.capacity_bytes));
     }
   }
@@ -131,7 +131,8 @@ void NvmeTier::AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>&
       if (!st[i].ok() || plans[i].allocated) continue;
       st[i] = Status::OutOfCapacity(fmt::format(
           "NVMe tier at '{}' has no free extent for block {} ({} bytes): {} bytes free in {} extents, largest {}; "
-          "erase blocks or raise capacity_bytes",
+          "erase blocks, or move to a new store with a larger capacity_bytes (a store's capacity is fixed when it "
+          "is created)",
           data_path_.string(), ops[i].key.ToString(), ops[i].data.size(), alloc_->free_bytes(),
           alloc_->free_extents(), alloc_->largest_free()));
     }
@@ -509,6 +510,7 @@ TierStatsSnapshot NvmeTier::Stats() const {
   s.read_requests = counters_.read_latency.count();  // one sample per request (RunChunks)
   MutexLock l(&mu_);
   s.used_bytes = used_bytes_;
+  s.allocated_bytes = caps_.capacity_bytes - nvme::kDataStart - alloc_->free_bytes();
   s.blocks = map_.size();
   MutexLock r(&reg_mu_);
   s.detail = fmt::format(

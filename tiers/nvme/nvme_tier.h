@@ -147,6 +147,11 @@ struct RebuildReport {
 };
 
 using ScanProgressFn = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;
+// Called by RebuildIndex after each of its steps that changes files ("building", "manifest", "records",
+// "last-record", "closed", "finished", "moved-aside", "in-place", and for a killed rebuild's
+// leftovers "leftover-removed" / "leftover-put-in-place"): a test ends the process there to
+// simulate a kill.
+using RebuildStepFn = std::function<void(std::string_view step)>;
 
 // Seams for tests and drills: what the tier uses for I/O. Every read, write and sync of the data
 // file after it is opened (superblock updates included) goes through the engine, so a wrapping
@@ -178,19 +183,30 @@ class NvmeTier final : public Tier {
       const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
       const ScanProgressFn& progress = {});
   // Writes a fresh index from ScanDataFile, under an exclusive lock on the data area. An existing
-  // index directory is first renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted),
-  // and only when it is this store's index: one whose manifest names another store, one another
+  // index directory is renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted) once the
+  // new one is complete, and only when it is this store's index: one whose manifest names another store, one another
   // process holds open, or a folder that is not a RocksDB index is refused (InvalidArgument,
   // nothing changed). When the old index opens, it fills what the scan cannot see: the last group
   // commit if it was cut short before its descriptors (kept pending in the new index, so the next
   // read-write open writes them), and records whose descriptor is damaged or missing but whose
   // data passes its checksum (pending the same way: the next read-write open writes their
   // descriptors). The data file is not written.
-  static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {});
+  // Crash-safe: the new index is built in "<index>.rebuilding" (marked unfinished until its last
+  // record is synced), the old index moved aside only then, and the new one renamed into place; a
+  // rebuild finds what a killed one left there and removes it, or, when it is finished and the old
+  // index already moved aside, puts it in place first (docs/nvme-format.md, "Scan and rebuild").
+  // A "<index>.rebuilding" that is not such a leftover of this store is refused (InvalidArgument).
+  // `at_step` (tests): called after each step that changes files, with the step's name.
+  static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {},
+                                            const RebuildStepFn& at_step = {});
   // OK when RebuildIndex would accept the index directory `options` names (absent, empty, or this
-  // store's index); otherwise the status RebuildIndex would refuse it with. Reads the superblock
+  // store's index) and what lies at "<index>.rebuilding" (nothing, or a killed rebuild's leftover); otherwise the status RebuildIndex would refuse it with. Reads the superblock
   // under a shared lock and opens the index read-only; changes nothing.
   static Status CheckRebuildTarget(const NvmeTierOptions& options);
+  // The check of CheckRebuildTarget and RebuildIndex without the data file: OK when a rebuild of the
+  // store `sb` would accept the index directory `index` and what lies at "<index>.rebuilding".
+  static Status CheckIndexDirForRebuild(const std::filesystem::path& index, const nvme::Superblock& sb,
+                                        const std::shared_ptr<Logger>& logger);
 
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
   NvmeTier(const NvmeTier&) = delete;
@@ -291,8 +307,14 @@ class NvmeTier final : public Tier {
   void SetCapacity(std::uint64_t capacity);
   void Warn(std::string message);  // logs a warning and keeps it in report_.warnings
   Status OpenFiles();
-  Status OpenFd(const std::filesystem::path& path, bool create);  // open, flock, engine
-  Status CreateInDirectory();
+  // One look at a directory store's files; sets *again (and returns OK) when another process
+  // changed them meanwhile (renamed or created terrace.data.creating) or this one discarded a
+  // leftover, so the caller looks again.
+  Status OpenDirectoryStore(bool* again);
+  // open, flock, engine; *open_errno (may be null) receives the errno of a failed open(2), else 0
+  Status OpenFd(const std::filesystem::path& path, bool create, int* open_errno = nullptr);
+  void CloseFd();  // undoes OpenFd: the engine, the lock, the descriptor
+  Status CreateInDirectory(bool* again);
   Status FinishCreation(bool fresh_sb);  // index + manifest, then rename (directory) / superblock (device)
   // Open phase. These run only inside OpenWithHooks, on its thread, before the tier is returned
   // and before committer_ (the only thread the tier starts) exists, so nothing else can reach
@@ -300,7 +322,9 @@ class NvmeTier final : public Tier {
   // without taking sb_mu_ / mu_, and some call helpers (ReserveGenerations, WriteFreshSuperblock)
   // that take sb_mu_ themselves, so holding it across them is not possible. The analysis cannot
   // see "not yet shared", hence TERRACE_NO_THREAD_SAFETY_ANALYSIS on exactly these.
-  Status ResumeCreation() TERRACE_NO_THREAD_SAFETY_ANALYSIS;  // terrace.data.creating left by an interrupted creation
+  // terrace.data.creating left by an interrupted creation: completed, or discarded (*again) when
+  // provably Terrace's and not far enough along; see docs/nvme-format.md, "Creation".
+  Status ResumeCreation(bool* again) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status OpenExisting(bool block_device) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status FormatBlockDevice() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status Reformat();
