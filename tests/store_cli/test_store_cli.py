@@ -387,19 +387,27 @@ def test_check_without_expect_reports_blocks_the_index_lost_and_recover_rebuilds
     assert "lost-from-index 0" in r.stdout, r.stdout
 
 
-def test_kill_during_fill_loses_nothing_acknowledged(tmp_path):
-    """SIGKILL after a number of printed acknowledgements (not after a sleep), then check --expect."""
-    store = tmp_path / "s"
-    p = subprocess.Popen([BIN, "store", "fill", "--dir", str(store), "--count", "2000", "--block-size", "8KiB",
-                          "--capacity", "64MiB", "--threads", "3"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def fill_then_signal(store, count, capacity, sig, after=37):
+    """Runs `store fill` (8 KiB blocks, 3 writers) and sends `sig` once `after` blocks were printed as
+    durable (not after a sleep). Returns the ended process, every printed "durable" line and stderr."""
+    p = subprocess.Popen([BIN, "store", "fill", "--dir", str(store), "--count", str(count), "--block-size", "8KiB",
+                          "--capacity", capacity, "--threads", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     acked = []
     for line in p.stdout:
         if line.startswith("durable "):
             acked.append(line)
-            if len(acked) == 37:
-                p.send_signal(signal.SIGKILL)
-    p.wait()
+            if len(acked) == after:
+                p.send_signal(sig)
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    return p, acked, err
+
+
+def test_kill_during_fill_loses_nothing_acknowledged(tmp_path):
+    """SIGKILL after a number of printed acknowledgements (not after a sleep), then check --expect."""
+    store = tmp_path / "s"
+    p, acked, _ = fill_then_signal(store, 2000, "64MiB", signal.SIGKILL)
     assert p.returncode == -signal.SIGKILL
     expect = tmp_path / "acked.txt"
     expect.write_text("".join(acked))
@@ -422,17 +430,7 @@ def test_sigint_during_fill_stops_it_and_every_acknowledged_block_checks_ok(tmp_
     """SIGINT after a number of printed acknowledgements: the writers stop, the store closes, exit 130 with
     a 'stopped by SIGINT' line that counts the acknowledged blocks; each of them reads back intact."""
     store = tmp_path / "s"
-    p = subprocess.Popen([BIN, "store", "fill", "--dir", str(store), "--count", "20000", "--block-size", "8KiB",
-                          "--capacity", "256MiB", "--threads", "3"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    acked = []
-    for line in p.stdout:
-        if line.startswith("durable "):
-            acked.append(line)
-            if len(acked) == 37:
-                p.send_signal(signal.SIGINT)
-    err = p.stderr.read()
-    p.wait(timeout=60)
+    p, acked, err = fill_then_signal(store, 20000, "256MiB", signal.SIGINT)
     assert p.returncode == 128 + signal.SIGINT, err
     m = re.search(r"store fill: stopped by SIGINT; (\d+) of 20000 blocks acknowledged durable", err)
     assert m and int(m.group(1)) == len(acked), err
