@@ -82,6 +82,11 @@ struct TierCaps {
   // PutDevice / GetDevice are implemented: blocks go to and from device-memory buffers without a
   // host bounce (the HBM tier).
   bool device_buffers = false;
+  // Host memory its owner asked not to page-lock (HostTierOptions::pin false). The store does not
+  // give its IoRegions to a device tier (caps().memory kDevice), whose registration would page-lock
+  // them (the CUDA HBM tier's cudaHostRegister): copies between the two are then staged. An NVMe
+  // tier still registers them as io_uring fixed buffers (their pages held while registered).
+  bool pageable = false;
 };
 
 // Space a tier set aside for one block (Tier::Reserve): fill `bytes`, then Commit or Abort.
