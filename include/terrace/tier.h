@@ -211,6 +211,11 @@ class Tier {
   // a staged copy of the stored bytes); it returns the BlockDesc it recorded. Otherwise like Put.
   // GetDevice copies the block into `device_out` (device memory, >= the block's size) and verifies
   // the stored bytes' checksum first (Corruption: dropped, like Get). Defaults: Unavailable.
+  // Streams: the caller's writes to `device_data` must be complete before PutDevice (synchronised
+  // with the host: the CUDA tier copies on its own non-blocking streams, which wait for no other
+  // stream, so a kernel still writing the buffer would have stale bytes stored and checksummed as
+  // valid). Both calls return once their copies are complete; until then the caller must neither
+  // read nor write the buffer.
   virtual Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) {
     (void)key;
     (void)codec;
