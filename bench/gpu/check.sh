@@ -36,6 +36,8 @@ rm -rf "$WORK"
 mkdir -p "$LOGDIR" "$WORK/tmp"
 : >"$LOGDIR/results.txt"
 exec > >(tee -a "$LOGDIR/check.log") 2>&1
+TEE_PID=$!
+trap 'exec >&- 2>&-; wait "$TEE_PID" 2>/dev/null || true' EXIT  # check.log complete before the exit
 # shellcheck source=bench/gpu/targets.sh
 source "$ROOT/bench/gpu/targets.sh"
 
