@@ -47,8 +47,10 @@ skip='^(libc|libm|libpthread|libdl|librt|libresolv|libutil|ld-linux[^.]*|linux-v
 for b in "$BUNDLE"/bin/*; do
   if ldd "$b" | grep -q 'not found'; then ldd "$b" >&2; echo "prepare.sh: $b has unresolved libraries" >&2; exit 1; fi
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r name path; do
-    if [[ $name =~ ^(libstdc\+\+|libgcc_s)\.so ]]; then cp -L -n "$path" "$BUNDLE/lib-cxx/$name"
-    elif ! [[ $name =~ $skip ]]; then cp -L -n "$path" "$BUNDLE/lib/$name"; fi
+    if [[ $name =~ ^(libstdc\+\+|libgcc_s)\.so ]]; then dest="$BUNDLE/lib-cxx/$name"
+    elif [[ $name =~ $skip ]]; then continue
+    else dest="$BUNDLE/lib/$name"; fi
+    [[ -e $dest ]] || cp -L "$path" "$dest"
   done
 done
 strip --strip-unneeded "$BUNDLE"/lib/* "$BUNDLE"/lib-cxx/* 2>/dev/null || true
