@@ -78,7 +78,8 @@ if [[ -d $BUNDLE/bin ]]; then
   say "prebuilt bundle $BUNDLE:"; sed 's/^/    /' "$BUNDLE/MANIFEST" 2>/dev/null || say "(no MANIFEST)"
   # This machine's C++ runtime where it runs the binaries (it is the newer one on a newer system);
   # the bundle's own (lib-cxx) where it does not.
-  if [[ -d $BUNDLE/lib-cxx ]] && ! "$BIN/test_hbm_emulated" --list-tests >/dev/null 2>&1; then
+  # (ldd names a missing library or symbol version "not found").
+  if [[ -d $BUNDLE/lib-cxx ]] && ldd "$BIN"/* 2>&1 | grep -q 'not found'; then
     export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$BUNDLE/lib-cxx"
     say "using the bundle's C++ runtime (lib-cxx): this machine's does not run the binaries"
   fi
