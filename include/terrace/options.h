@@ -43,7 +43,9 @@ struct HostTierOptions {
   std::uint64_t capacity_bytes = 4 * kGiB;
   // Pin memory: cudaHostAlloc when a CUDA device exists, else mlock where permitted. Pinning is
   // done lazily, one chunk at a time, as the arena grows; failure to pin is reported in stats and
-  // logs, never fatal.
+  // logs, never fatal. false: the memory stays pageable; a store's CUDA HBM tier does not page-lock
+  // it either (copies to and from it are staged), though an NVMe tier's io_uring fixed buffers hold
+  // its pages while registered (TierCaps::pageable).
   bool pin = true;
   std::uint64_t chunk_bytes = 256 * kMiB;  // arena growth and pinning unit
   // Fault in (and, with pin, lock) each new chunk's pages on a background thread, ahead of the puts

@@ -214,6 +214,14 @@ class Store {
   // else InvalidArgument; the tier computes the checksum. A device Get first brings the block into
   // the first tier that takes device buffers (like Acquire; InvalidArgument if there is none) and
   // copies it from there. Write-through copies a device Put down to the lowest tier afterwards.
+  // Streams: the tier copies on CUDA streams of its own, created non-blocking, which wait for
+  // none of the caller's streams (the legacy default stream included). The caller's writes to a
+  // device Put's buffer must be complete before the call (cudaStreamSynchronize or
+  // cudaEventSynchronize on the stream that wrote it): bytes a kernel has not yet written would be
+  // stored as they are, with a checksum that matches them, and read back as valid ever after. Put
+  // and Get return once their copies are complete (the tier synchronises its own stream): the
+  // caller may then reuse Put's buffer and read Get's from any stream; until the call returns,
+  // nothing may read or write either buffer.
   Status Put(const BlockKey& key, ConstBufferRef data, const PutOptions& opts = {});
   Result<BlockDesc> Get(const BlockKey& key, BufferRef out);
   // Ensures a copy in `where` (an addressable tier), pins it there while the handle lives.

@@ -82,6 +82,11 @@ struct TierCaps {
   // PutDevice / GetDevice are implemented: blocks go to and from device-memory buffers without a
   // host bounce (the HBM tier).
   bool device_buffers = false;
+  // Host memory its owner asked not to page-lock (HostTierOptions::pin false). The store does not
+  // give its IoRegions to a device tier (caps().memory kDevice), whose registration would page-lock
+  // them (the CUDA HBM tier's cudaHostRegister): copies between the two are then staged. An NVMe
+  // tier still registers them as io_uring fixed buffers (their pages held while registered).
+  bool pageable = false;
 };
 
 // Space a tier set aside for one block (Tier::Reserve): fill `bytes`, then Commit or Abort.
@@ -206,6 +211,11 @@ class Tier {
   // a staged copy of the stored bytes); it returns the BlockDesc it recorded. Otherwise like Put.
   // GetDevice copies the block into `device_out` (device memory, >= the block's size) and verifies
   // the stored bytes' checksum first (Corruption: dropped, like Get). Defaults: Unavailable.
+  // Streams: the caller's writes to `device_data` must be complete before PutDevice (synchronised
+  // with the host: the CUDA tier copies on its own non-blocking streams, which wait for no other
+  // stream, so a kernel still writing the buffer would have stale bytes stored and checksummed as
+  // valid). Both calls return once their copies are complete; until then the caller must neither
+  // read nor write the buffer.
   virtual Result<BlockDesc> PutDevice(const BlockKey& key, Codec codec, std::span<const std::byte> device_data) {
     (void)key;
     (void)codec;

@@ -139,6 +139,8 @@ void StoreImpl::RefreshIoRegions(int from, int to) {
   // Host memory to host memory: plain copies. NVMe (io_uring fixed buffers) and a CUDA tier (page-
   // locked for DMA) register the source's memory.
   if (tier(to).caps().memory == MemoryKind::kHost) return;
+  // A device tier would page-lock memory its owner asked to keep pageable (TierCaps::pageable).
+  if (tier(to).caps().memory == MemoryKind::kDevice && tier(from).caps().pageable) return;
   MutexLock lock(&regions_mu_);
   std::vector<std::span<std::byte>> regions = tier(from).IoRegions();
   if (regions.size() == RegisteredRegions(from)) return;  // regions only grow

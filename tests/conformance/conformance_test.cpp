@@ -455,8 +455,8 @@ TEST_CASE("Conformance: device buffers round-trip with the tier's own checksum (
     return;
   }
   if (!t.caps().emulated) {
-    WARN("tier " << f.name << " takes real device memory; the test has no device allocator (covered by the "
-                 "store's CUDA test on a GPU machine)");
+    WARN("tier " << f.name << " takes real device memory; the test has no device allocator (PutDevice and "
+                 "GetDevice are covered by test_hbm_cuda on a GPU machine, bench/gpu/check.sh)");
     return;
   }
   // Emulated: host memory stands in for device memory.

@@ -133,3 +133,62 @@ TEST_CASE("CUDA HBM: capacity exhaustion is OutOfCapacity without damage") {
     CHECK(out == kept[k]);
   }
 }
+
+TEST_CASE("CUDA HBM: PutDevice and GetDevice from 1 byte to 25 MiB; the checksum is DescribeBlock's; damage is caught") {
+  if (SkipWithoutDevice()) return;
+  auto t = MakeCuda(128 * kMiB);
+  REQUIRE(t->caps().device_buffers);
+  std::uint64_t id = 300;
+  // Sizes around the 8 MiB staging buffer the checksum is computed through, and past three of them.
+  for (std::size_t n : {std::size_t{1}, std::size_t{4097}, std::size_t{8 * kMiB}, std::size_t{8 * kMiB + 1},
+                        std::size_t{25 * kMiB + 7}}) {
+    INFO("block of " << n << " bytes");
+    const auto data = TestBytes(id, n);
+    void* src = nullptr;
+    void* dst = nullptr;
+    REQUIRE(cudaMalloc(&src, n) == cudaSuccess);
+    REQUIRE(cudaMalloc(&dst, n) == cudaSuccess);
+    REQUIRE(cudaMemcpy(src, data.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+    const std::span<const std::byte> dev_in(static_cast<const std::byte*>(src), n);
+    const std::span<std::byte> dev_out(static_cast<std::byte*>(dst), n);
+
+    auto put = t->PutDevice(TestKey(id), Codec::kBf16, dev_in);
+    INFO(put.status().ToString());
+    REQUIRE(put.ok());
+    CHECK(*put == DescribeBlock(data, Codec::kBf16));
+    CHECK(t->Lookup(TestKey(id)).value() == *put);
+
+    BlockDesc d;
+    REQUIRE(t->GetDevice(TestKey(id), dev_out, &d).ok());
+    CHECK(d == *put);
+    std::vector<std::byte> back(n);
+    REQUIRE(cudaMemcpy(back.data(), dst, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(back == data);
+    std::vector<std::byte> host(n);  // the staged host path verifies the same stored bytes
+    REQUIRE(t->Get(TestKey(id), host, &d).ok());
+    CHECK(host == data);
+
+    // One stored byte flipped: GetDevice answers Corruption and drops the block.
+    const std::byte* stored = t->ResidentPtr(TestKey(id));
+    REQUIRE(stored != nullptr);
+    const std::byte flipped = data[n / 2] ^ std::byte{0x5A};
+    REQUIRE(cudaMemcpy(const_cast<std::byte*>(stored) + n / 2, &flipped, 1, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(t->GetDevice(TestKey(id), dev_out, &d).IsCorruption());
+    CHECK(t->Lookup(TestKey(id)).status().IsNotFound());
+    CHECK(cudaFree(src) == cudaSuccess);
+    CHECK(cudaFree(dst) == cudaSuccess);
+    ++id;
+  }
+}
+
+TEST_CASE("CUDA HBM: without a usable device, mode cuda is Unavailable and says what CUDA answered") {
+  if (HbmCudaDeviceAvailable()) return;  // the device cases above run instead
+  HbmTierOptions o;
+  o.mode = HbmMode::kCuda;
+  o.capacity_bytes = 16 * kMiB;
+  auto r = CreateHbmTier(o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kUnavailable);
+  INFO(r.status().ToString());
+  CHECK(r.status().message().find("cudaGetDeviceCount") != std::string::npos);
+}

@@ -4,13 +4,67 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
+#include "forwarding_tier.h"
 #include "host_nvme.h"
 #include "tiers/hbm/hbm_tier.h"
 
 namespace terrace::testing {
 namespace {
+
+// A device-memory tier (an emulated HBM tier relabelled kDevice) that records the host regions the
+// store registers with it, as the CUDA HBM tier would page-lock them.
+class RegionRecordingDeviceTier final : public ForwardingTier {
+ public:
+  explicit RegionRecordingDeviceTier(std::shared_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
+    caps_.memory = MemoryKind::kDevice;
+    caps_.emulated = false;
+  }
+  Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override {
+    registered += regions.size();
+    return Status::Ok();
+  }
+  std::atomic<std::size_t> registered{0};
+};
+
+TEST_CASE("Transfer: an unpinned host tier's memory is not registered (page-locked) with a device tier") {
+  const bool pin = GENERATE(false, true);
+  INFO("host pin " << pin);
+  HbmTierOptions ho;
+  ho.mode = HbmMode::kEmulated;
+  ho.capacity_bytes = 4 * kMiB;
+  ho.link.enabled = false;
+  auto hbm = CreateHbmTier(ho);
+  REQUIRE(hbm.ok());
+  auto device = std::make_unique<RegionRecordingDeviceTier>(std::shared_ptr<Tier>(std::move(*hbm)));
+  RegionRecordingDeviceTier* dev = device.get();
+  REQUIRE(dev->caps().device_buffers);
+  HostTierOptions hostopt;
+  hostopt.capacity_bytes = 4 * kMiB;
+  hostopt.chunk_bytes = 4 * kMiB;
+  hostopt.pin = pin;
+  auto host = HostTier::Create(hostopt);
+  REQUIRE(host.ok());
+  CHECK((*host)->caps().pageable == !pin);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::move(device));
+  tiers.push_back(std::move(*host));
+  StoreOptions so = Quiet();
+  so.put_tier = TierId::kHbm;  // reads promote into the device tier
+  auto opened = Store::OpenWithTiers(so, std::move(tiers));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  const auto data = TestBytes(3, 64 * kKiB);
+  REQUIRE(store.Put(TestKey(3), data, {Codec::kRaw, TierId::kHost}).ok());
+  std::vector<std::byte> out(data.size());
+  REQUIRE(store.Get(TestKey(3), out).ok());  // moved up into the device tier (put_tier)
+  CHECK(out == data);
+  CHECK(TierOf(store, TestKey(3)) == TierId::kHbm);
+  CHECK((dev->registered.load() > 0) == pin);
+}
 
 TEST_CASE("Transfer: a single Get that promotes from NVMe reads straight into the host arena") {
   // Whatever the caller's buffer: the block lands in the arena, then is copied once from there.

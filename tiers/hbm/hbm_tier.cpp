@@ -1,6 +1,7 @@
 #include "tiers/hbm/hbm_tier.h"
 
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -11,7 +12,7 @@
 namespace terrace {
 namespace {
 
-Result<std::unique_ptr<Tier>> Emulated(const HbmTierOptions& o, const char* why) {
+Result<std::unique_ptr<Tier>> Emulated(const HbmTierOptions& o, std::string_view why) {
   auto t = EmulatedHbmTier::Create(o);
   if (!t.ok()) return t.status();
   const std::string link =
@@ -32,13 +33,14 @@ Result<std::unique_ptr<Tier>> CreateHbmTier(const HbmTierOptions& o) {
       return Emulated(o, "mode emulated");
     case HbmMode::kCuda:
       if (!HbmCudaDeviceAvailable()) {
-        return Status::Unavailable("hbm tier: mode cuda but no CUDA device is usable (no driver, no GPU, or a "
-                                   "build without CUDA); use mode auto or emulated on this machine");
+        return Status::Unavailable(fmt::format("hbm tier: mode cuda but no CUDA device is usable ({}); use mode "
+                                               "auto or emulated on this machine",
+                                               tiers::CudaDeviceProbe().why_none));
       }
       return tiers::CreateCudaHbmTier(o);
     case HbmMode::kAuto:
       if (HbmCudaDeviceAvailable()) return tiers::CreateCudaHbmTier(o);
-      return Emulated(o, "no CUDA device");
+      return Emulated(o, "no CUDA device: " + tiers::CudaDeviceProbe().why_none);
   }
   return Status::InvalidArgument(fmt::format("hbm tier: unknown mode {}", static_cast<int>(o.mode)));
 }

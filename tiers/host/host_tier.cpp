@@ -58,6 +58,7 @@ HostTier::HostTier(const HostTierOptions& options, std::string_view name)
   caps_.memory = MemoryKind::kHost;
   caps_.verifies_gets = true;  // Get: fused copy + checksum of the caller's bytes
   caps_.reserves = true;
+  caps_.pageable = !options_.pin;
   caps_.capacity_bytes = arena_.capacity_bytes();
   caps_.max_block_bytes = arena_.max_block_bytes();
   if (options.stream_get_min_bytes != 0) {

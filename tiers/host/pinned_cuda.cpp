@@ -7,13 +7,15 @@
 
 namespace terrace::tiers::cuda_host {
 
-int DeviceCount() {
+CudaDevices ProbeDevices() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky "no driver / no device" error
-    return 0;
+    return {0, fmt::format("cudaGetDeviceCount failed: {} ({})", cudaGetErrorString(err), static_cast<int>(err))};
   }
-  return n;
+  if (n <= 0) return {0, "cudaGetDeviceCount found no device"};
+  return {n, ""};
 }
 
 Status HostAlloc(std::size_t bytes, std::byte** out) {

@@ -14,10 +14,12 @@
 
 namespace terrace::tiers {
 
-int CudaDeviceCount() {
-  static const int count = cuda_host::DeviceCount();
-  return count;
+const CudaDevices& CudaDeviceProbe() {
+  static const CudaDevices probe = cuda_host::ProbeDevices();
+  return probe;
 }
+
+int CudaDeviceCount() { return CudaDeviceProbe().count; }
 
 Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& options) {
   const bool pin = options.pin;

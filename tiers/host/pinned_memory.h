@@ -68,13 +68,22 @@ Result<HostChunk> AllocateHostChunk(std::size_t bytes, const HostChunkOptions& o
 
 void FreeHostChunk(const HostChunk& chunk);
 
-// The number of CUDA devices usable by this process; 0 when the build has no CUDA, there is no
-// driver, or no device. Never fails. Cached after the first call.
+// What cudaGetDeviceCount said: `count` usable devices; when none, `why_none` says why in CUDA's
+// words (e.g. "cudaGetDeviceCount failed: CUDA driver version is insufficient for CUDA runtime
+// version (35)"), or that the build has no CUDA.
+struct CudaDevices {
+  int count = 0;
+  std::string why_none;  // empty when count > 0
+};
+
+// The CUDA devices usable by this process. Never fails. Probed once, on the first call.
+const CudaDevices& CudaDeviceProbe();
+// CudaDeviceProbe().count: 0 when the build has no CUDA, there is no driver, or no device.
 int CudaDeviceCount();
 
 // CUDA-specific primitives, implemented in pinned_cuda.cpp (CUDA builds) or pinned_nocuda.cpp.
 namespace cuda_host {
-int DeviceCount();                                        // uncached; 0 on any error
+CudaDevices ProbeDevices();                               // uncached; clears CUDA's sticky error
 Status HostAlloc(std::size_t bytes, std::byte** out);     // cudaHostAlloc(portable)
 void HostFree(std::byte* p);                              // cudaFreeHost
 }  // namespace cuda_host

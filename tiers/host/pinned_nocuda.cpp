@@ -3,7 +3,7 @@
 
 namespace terrace::tiers::cuda_host {
 
-int DeviceCount() { return 0; }
+CudaDevices ProbeDevices() { return {0, "this Terrace build has no CUDA support (configure with -DTERRACE_CUDA=ON)"}; }
 
 Status HostAlloc(std::size_t bytes, std::byte** out) {
   (void)bytes;
