@@ -443,7 +443,6 @@ class ReplayProgress {
 // plan's). replay_seconds counts the parse and everything here.
 int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double parse_s, json* out, std::string* text) {
   const auto t0 = std::chrono::steady_clock::now();
-  const PrefixCeiling ceiling = ComputePrefixCeiling(*trace);
   std::uint64_t mismatched = 0;
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
   for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
@@ -453,6 +452,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   auto charge = ChargeTraceBlock(bt, static_cast<std::uint64_t>(a.chunk_tokens), plan.memory.mla_chunk_block_bytes,
                                  plan.options.layout.snapshot_every, snapshot_bytes);
   if (!charge.ok()) return FailUsage(charge.status().message());
+  const PrefixCeiling ceiling = ComputePrefixCeiling(*trace, charge->restore_every_blocks);
   ReplayOptions ro;
   ro.block_tokens = bt;
   ro.block_bytes = charge->kv_bytes;

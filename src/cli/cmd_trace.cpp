@@ -56,7 +56,7 @@ int RunGen(const GenArgs& a) {
     return 0;
   }
   if (Status s = WriteOutputFile(a.out, "--out", TraceRules(a), text); !s.ok()) return Fail(s.ToString());
-  const plan::PrefixCeiling c = plan::ComputePrefixCeiling(*trace);
+  const plan::PrefixCeiling c = plan::ComputePrefixCeiling(*trace, /*restore_every_blocks=*/1);
   fmt::print("wrote {}: {} requests, {} blocks of {} tokens, prefix-hit ceiling {:.1f}% (expected {:.1f}%)\n", a.out,
              trace->requests.size(), c.blocks, o.block_tokens, 100.0 * c.fraction(),
              100.0 * plan::ExpectedPrefixCeiling(o));

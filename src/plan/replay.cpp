@@ -74,11 +74,10 @@ class Simulator {
     return n;
   }
 
-  // Leading run of `ids` resident on `n`, cut back to a whole multiple of restore_every_blocks.
+  // The prefix of `ids` restorable from `n` (trace.h's RestorablePrefix over its resident blocks).
   std::size_t RestorablePrefix(const Node& n, const std::vector<std::uint64_t>& ids) const {
-    std::size_t run = 0;
-    while (run < ids.size() && n.where.contains(ids[run])) ++run;
-    return run - run % o_.restore_every_blocks;
+    return plan::RestorablePrefix(ids, o_.restore_every_blocks,
+                                  [&](std::uint64_t id) { return n.where.contains(id); });
   }
 
   // Puts a copy of `id` into slot k, evicting its policy's victims first, as the store's PlaceWith

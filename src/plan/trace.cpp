@@ -147,14 +147,13 @@ std::string FormatTraceLine(const TraceRequest& r) {
                      r.timestamp_ms, r.input_length, r.output_length, fmt::join(r.hash_ids, ", "));
 }
 
-PrefixCeiling ComputePrefixCeiling(const Trace& trace) {
+PrefixCeiling ComputePrefixCeiling(const Trace& trace, std::uint64_t restore_every_blocks) {
   PrefixCeiling c;
   std::unordered_set<std::uint64_t> seen;
   for (const TraceRequest& r : trace.requests) {
     c.blocks += r.hash_ids.size();
-    std::size_t run = 0;
-    while (run < r.hash_ids.size() && seen.contains(r.hash_ids[run])) ++run;
-    c.hit_blocks += run;
+    c.hit_blocks +=
+        RestorablePrefix(r.hash_ids, restore_every_blocks, [&](std::uint64_t id) { return seen.contains(id); });
     for (std::uint64_t id : r.hash_ids) seen.insert(id);
   }
   c.unique_blocks = seen.size();

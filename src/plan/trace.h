@@ -5,6 +5,7 @@
 // thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -43,15 +44,28 @@ Result<Trace> LoadTrace(const std::string& path);
 // One line in the canonical format (no trailing newline); ParseTraceLine(FormatTraceLine(r)) == r.
 std::string FormatTraceLine(const TraceRequest& request);
 
+// The prefix of `ids` a cache can restore: the longest leading run of ids for which `resident(id)`
+// holds, cut back to a whole multiple of `restore_every_blocks` (>= 1; a restore starts only at a
+// boundary every that many blocks, replay.h's ReplayOptions::restore_every_blocks). The one rule
+// both the replay and ComputePrefixCeiling count hits by.
+template <class Resident>
+std::size_t RestorablePrefix(const std::vector<std::uint64_t>& ids, std::uint64_t restore_every_blocks,
+                             Resident&& resident) {
+  std::size_t run = 0;
+  while (run < ids.size() && resident(ids[run])) ++run;
+  return run - run % restore_every_blocks;
+}
+
 // Share of prompt blocks whose whole prefix was seen before (an infinite prefix cache): for each
-// request, the longest leading run of hash ids all seen in earlier requests, summed, over all blocks.
-// 0 for a trace without blocks.
+// request, RestorablePrefix over the hash ids seen in earlier requests, summed, over all blocks;
+// restore_every_blocks (>= 1) as the replay's, so that a replay with room for every block reaches
+// exactly this. 0 for a trace without blocks.
 struct PrefixCeiling {
   std::uint64_t blocks = 0;       // prompt blocks in the trace
   std::uint64_t hit_blocks = 0;   // blocks in a reusable prefix
   std::uint64_t unique_blocks = 0;
   double fraction() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / static_cast<double>(blocks); }
 };
-PrefixCeiling ComputePrefixCeiling(const Trace& trace);
+PrefixCeiling ComputePrefixCeiling(const Trace& trace, std::uint64_t restore_every_blocks);
 
 }  // namespace terrace::plan

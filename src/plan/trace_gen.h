@@ -34,9 +34,10 @@ struct TraceGenOptions {
 // InvalidArgument naming the `terrace trace gen` flag for a value out of range.
 Status ValidateTraceGenOptions(const TraceGenOptions& options);
 Result<Trace> GenerateTrace(const TraceGenOptions& options);
-// The expected prefix-hit ceiling (trace.h's ComputePrefixCeiling) of GenerateTrace(options) over
-// the seed: a session's first turn hits its shared prefix unless it is the first session to draw
-// it; later turns hit the previous turn's prompt but for its last block when that was partial.
+// The expected prefix-hit ceiling (trace.h's ComputePrefixCeiling, restore_every_blocks 1) of
+// GenerateTrace(options) over the seed: a session's first turn hits its shared prefix unless it is
+// the first session to draw it; later turns hit the previous turn's prompt but for its last block
+// when that was partial.
 double ExpectedPrefixCeiling(const TraceGenOptions& options);
 
 }  // namespace terrace::plan

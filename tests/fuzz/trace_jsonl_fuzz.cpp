@@ -27,6 +27,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       __builtin_trap();
     }
   }
-  (void)ComputePrefixCeiling(*t);
+  (void)ComputePrefixCeiling(*t, 1);
   return 0;
 }

@@ -66,7 +66,7 @@ TEST_CASE("LRU hit rate on a tiny trace, computed by hand") {
   auto inf = Replay(t, OneTier(1000));
   REQUIRE(inf.ok());
   CHECK(inf->hit_blocks == 6);
-  CHECK(inf->hit_rate() == Approx(ComputePrefixCeiling(t).fraction()));
+  CHECK(inf->hit_rate() == Approx(ComputePrefixCeiling(t, 1).fraction()));
 }
 
 TEST_CASE("LRU: a hit refreshes recency (FIFO would evict it), by hand") {
@@ -122,7 +122,7 @@ TEST_CASE("Infinite capacity equals the prefix-hit ceiling, for every policy, on
   auto gen = GenerateTrace(g);
   REQUIRE(gen.ok());
   for (const Trace& t : {Fixture(), *gen}) {
-    const PrefixCeiling c = ComputePrefixCeiling(t);
+    const PrefixCeiling c = ComputePrefixCeiling(t, 1);
     for (ReplayPolicy p : {ReplayPolicy::kLru, ReplayPolicy::kS3Fifo}) {
       auto r = Replay(t, OneTier(c.unique_blocks, p));
       REQUIRE(r.ok());
@@ -132,9 +132,39 @@ TEST_CASE("Infinite capacity equals the prefix-hit ceiling, for every policy, on
   }
 }
 
+TEST_CASE("With restore_every_blocks > 1, room for every block reaches the ceiling cut the same way") {
+  // [1 2 3] then [1 2 3 4]: 3 blocks seen, a restore boundary every 2 blocks: 2 hits, in the
+  // ceiling as in the replay.
+  const Trace tiny = Make({{1, 2, 3}, {1, 2, 3, 4}});
+  CHECK(ComputePrefixCeiling(tiny, 2).hit_blocks == 2);
+  CHECK(ComputePrefixCeiling(tiny, 1).hit_blocks == 3);
+  TraceGenOptions g;
+  g.requests = 2000;
+  g.prefix_blocks = 7;  // runs that are not whole multiples of the boundaries below
+  g.turn_blocks = 3;
+  auto gen = GenerateTrace(g);
+  REQUIRE(gen.ok());
+  for (const Trace& t : {Fixture(), *gen}) {
+    for (std::uint64_t every : {2u, 3u, 16u}) {
+      const PrefixCeiling c = ComputePrefixCeiling(t, every);
+      for (ReplayPolicy p : {ReplayPolicy::kLru, ReplayPolicy::kS3Fifo}) {
+        ReplayOptions o = OneTier(c.unique_blocks, p);
+        o.restore_every_blocks = every;
+        auto all = Replay(t, o);
+        REQUIRE(all.ok());
+        CHECK(all->hit_blocks == c.hit_blocks);
+        o.tiers[0].capacity_bytes = c.unique_blocks / 4 * o.block_bytes;
+        auto quarter = Replay(t, o);
+        REQUIRE(quarter.ok());
+        CHECK(quarter->hit_blocks <= c.hit_blocks);
+      }
+    }
+  }
+}
+
 TEST_CASE("LRU hit rate never falls as capacity grows (LRU's inclusion property)") {
   const Trace t = Fixture();
-  const PrefixCeiling c = ComputePrefixCeiling(t);
+  const PrefixCeiling c = ComputePrefixCeiling(t, 1);
   std::uint64_t last = 0;
   for (std::uint64_t cap = 1; cap <= c.unique_blocks; cap = cap * 3 / 2 + 1) {
     auto r = Replay(t, OneTier(cap));
@@ -181,7 +211,7 @@ TEST_CASE("Cluster: round-robin spreads evenly; prefix affinity keeps sessions t
   REQUIRE(pa.ok());
   CHECK(pa->hit_blocks > rr->hit_blocks);
   // One node of infinite capacity is the ceiling; affinity across nodes cannot beat it.
-  CHECK(pa->hit_blocks <= ComputePrefixCeiling(*t).hit_blocks);
+  CHECK(pa->hit_blocks <= ComputePrefixCeiling(*t, 1).hit_blocks);
 }
 
 TEST_CASE("Replay options are checked, naming the CLI flag") {
@@ -247,7 +277,7 @@ TEST_CASE("Write-through writes every new block to the lowest tier; a victim wit
 
 TEST_CASE("Every placement and write policy reaches the ceiling with room for everything") {
   const Trace t = Fixture();
-  const PrefixCeiling c = ComputePrefixCeiling(t);
+  const PrefixCeiling c = ComputePrefixCeiling(t, 1);
   for (auto pl : {terrace::Placement::kExclusive, terrace::Placement::kInclusive}) {
     for (auto wp : {terrace::WritePolicy::kWriteBack, terrace::WritePolicy::kWriteThrough}) {
       ReplayOptions o = OneTier(c.unique_blocks / 4);

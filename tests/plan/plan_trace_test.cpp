@@ -95,7 +95,7 @@ TEST_CASE("Prefix-hit ceiling of a hand-made trace, computed by hand") {
   auto t = ParseTrace(Line(0, {1, 2, 3}) + Line(1, {1, 2, 4}) + Line(2, {5}) + Line(3, {1, 2, 3, 6}) + Line(4, {7, 2}),
                       "h");
   REQUIRE(t.ok());
-  const PrefixCeiling c = ComputePrefixCeiling(*t);
+  const PrefixCeiling c = ComputePrefixCeiling(*t, 1);
   CHECK(c.blocks == 13);
   CHECK(c.hit_blocks == 5);
   CHECK(c.unique_blocks == 7);
@@ -150,7 +150,7 @@ TEST_CASE("trace gen: seeded, parseable, and its ceiling matches the generator's
     g.zipf = p.zipf;
     auto t = GenerateTrace(g);
     REQUIRE(t.ok());
-    const double measured = ComputePrefixCeiling(*t).fraction();
+    const double measured = ComputePrefixCeiling(*t, 1).fraction();
     const double expected = ExpectedPrefixCeiling(g);
     INFO("prefixes " << p.prefixes << " turns " << p.turns << " zipf " << p.zipf);
     CHECK(measured == Approx(expected).margin(0.03));
@@ -161,7 +161,7 @@ TEST_CASE("trace gen: seeded, parseable, and its ceiling matches the generator's
   none.turns = 1;
   auto t = GenerateTrace(none);
   REQUIRE(t.ok());
-  CHECK(ComputePrefixCeiling(*t).hit_blocks == 0);
+  CHECK(ComputePrefixCeiling(*t, 1).hit_blocks == 0);
   CHECK(ExpectedPrefixCeiling(none) == 0.0);
 }
 
@@ -204,7 +204,7 @@ TEST_CASE("trace gen shares only full blocks: a turn's partial last block is a n
   REQUIRE(a.input_length % 512 != 0);  // seed 3: turn 1 is 738 tokens, its block 1 partial
   CHECK(b.hash_ids[0] == a.hash_ids[0]);
   CHECK(b.hash_ids[1] != a.hash_ids[1]);
-  CHECK(ComputePrefixCeiling(*t).hit_blocks == 1);
+  CHECK(ComputePrefixCeiling(*t, 1).hit_blocks == 1);
   // Over many sessions and shapes: no id ever stands for blocks of two lengths (the real trace's
   // property; tests/plan/test_plan_cli.py checks it on the Mooncake fixture too).
   for (int turns : {2, 3, 8}) {
@@ -218,7 +218,7 @@ TEST_CASE("trace gen shares only full blocks: a turn's partial last block is a n
       REQUIRE(gt.ok());
       INFO("turns " << turns << " block tokens " << block_tokens);
       CHECK(IdWithTwoLengths(*gt, static_cast<std::uint64_t>(block_tokens)) == -1);
-      CHECK(ComputePrefixCeiling(*gt).fraction() == Approx(ExpectedPrefixCeiling(g)).margin(0.03));
+      CHECK(ComputePrefixCeiling(*gt, 1).fraction() == Approx(ExpectedPrefixCeiling(g)).margin(0.03));
     }
   }
 }

@@ -30,8 +30,9 @@ def terrace():
     return run
 
 
-def oracle_ceiling(path):
-    """Share of blocks in a leading run of ids all seen in earlier requests."""
+def oracle_ceiling(path, restore_every_blocks=1):
+    """Share of blocks in a leading run of ids all seen in earlier requests, the run cut back to a
+    whole multiple of restore_every_blocks."""
     seen, hits, blocks = set(), 0, 0
     for line in pathlib.Path(path).read_text().splitlines():
         if not line.strip():
@@ -40,7 +41,7 @@ def oracle_ceiling(path):
         run = 0
         while run < len(ids) and ids[run] in seen:
             run += 1
-        hits += run
+        hits += run - run % restore_every_blocks
         blocks += len(ids)
         seen.update(ids)
     return hits / blocks
@@ -484,6 +485,34 @@ def write_prompts(path, prompts, block_tokens):
             split = [i * per + k for i in ids for k in range(per)]
             f.write(json.dumps({"timestamp": ts * 10, "input_length": 512 * len(ids), "output_length": 1,
                                 "hash_ids": split}) + "\n")
+
+
+def test_ceiling_counts_hits_in_runs_of_restore_every_blocks_as_the_replay_does(terrace, tmp_path):
+    """With 16-token trace blocks (a restore boundary every 16 blocks) the replay counts a prefix hit
+    in whole runs of 16 blocks; the ceiling counted every seen block (0.96 against the infinite
+    cache's 0.65 here), above what a cache of any size reaches. Shared prefixes of lengths that are
+    not multiples of 16 blocks make the two differ."""
+    import random
+
+    rng = random.Random(1)
+    path = tmp_path / "t16.jsonl"
+    with open(path, "w") as f:
+        for i in range(300):
+            n, base = rng.randint(4, 40), rng.randint(0, 5) * 1000
+            f.write(json.dumps({"timestamp": i * 100, "input_length": n * 16, "output_length": 10,
+                                "hash_ids": [base + j for j in range(n)]}) + "\n")
+    t = plan_json(terrace, "--model", "kimi-k3", "--trace", path, "--trace-block-tokens", "16",
+                  "--sweep-points", "2")["trace"]
+    assert t["restore_every_blocks"] == 16
+    assert t["prefix_hit_ceiling"] == pytest.approx(oracle_ceiling(path, 16), abs=1e-12)
+    assert t["prefix_hit_ceiling"] < oracle_ceiling(path)  # the cut matters on this trace
+    for p in t["policies"]:
+        assert p["hit_rate"] <= t["prefix_hit_ceiling"] + 1e-12
+    # The sweep's full-footprint point holds every block: an infinite cache, the ceiling.
+    full = [s for s in t["sweep"] if s["capacity_share_of_footprint"] == 1.0]
+    assert len(full) == 2
+    for s in full:
+        assert s["hit_rate"] == pytest.approx(t["prefix_hit_ceiling"], abs=1e-12)
 
 
 def test_trace_block_is_charged_what_the_store_holds_for_its_tokens(terrace, tmp_path):
