@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -33,10 +34,12 @@
 namespace terrace::cli::bench_kv {
 namespace {
 
-// A raw read's rate, MB/s (0: nothing to read), and the bytes one pass of it read.
+// A raw read's rate, MB/s (0: nothing to read), the bytes one pass of it read, and how the files'
+// written data was found (WrittenRanges::how; null when no file was read).
 struct RawRead {
   double mb_per_s = 0;
   std::uint64_t bytes = 0;
+  const char* extents_from = nullptr;
 };
 
 // A byte range of a file: [offset, offset + length).
@@ -44,13 +47,25 @@ struct ByteRange {
   std::uint64_t offset = 0, length = 0;
 };
 
-// The ranges of `fd` (the file `file`) that hold written data, in offset order, from `from` on:
-// its FIEMAP extents less holes and unwritten (fallocated) extents, which read as zeros without
-// touching the disk. Dirty pages are flushed first (FIEMAP_FLAG_SYNC).
-Result<std::vector<ByteRange>> WrittenRanges(int fd, const std::filesystem::path& file, std::uint64_t from) {
+// Appends [begin, end) to `out` (offset order), merged into the last range where they touch.
+void AppendRange(std::vector<ByteRange>* out, std::uint64_t begin, std::uint64_t end) {
+  if (end <= begin) return;
+  if (!out->empty() && out->back().offset + out->back().length == begin) out->back().length += end - begin;
+  else out->push_back({begin, end - begin});
+}
+
+// The ranges of `fd`'s data from `from` on, in offset order, and how they were found.
+struct WrittenData {
+  std::vector<ByteRange> ranges;
+  const char* how = "";  // "fiemap" or "seek_data"
+};
+
+// FIEMAP's extents of `fd` from `from` on, less holes and unwritten (fallocated) extents, which
+// read as zeros without touching the disk; dirty pages are flushed first (FIEMAP_FLAG_SYNC). False
+// with errno set when the ioctl fails (EOPNOTSUPP: a file system without it, e.g. tmpfs).
+bool FiemapRanges(int fd, std::uint64_t from, std::vector<ByteRange>* out) {
   constexpr unsigned kExtents = 256;
   std::vector<std::uint64_t> storage((sizeof(fiemap) + kExtents * sizeof(fiemap_extent)) / sizeof(std::uint64_t) + 1);
-  std::vector<ByteRange> out;
   for (std::uint64_t start = from;;) {
     std::fill(storage.begin(), storage.end(), 0);
     auto* fm = reinterpret_cast<fiemap*>(storage.data());
@@ -58,45 +73,74 @@ Result<std::vector<ByteRange>> WrittenRanges(int fd, const std::filesystem::path
     fm->fm_length = FIEMAP_MAX_OFFSET - start;
     fm->fm_flags = FIEMAP_FLAG_SYNC;
     fm->fm_extent_count = kExtents;
-    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0)
-      return Status::IoError(fmt::format("cannot map the written extents of {} (FIEMAP): {}; the tier read rate needs a "
-                                         "file system that reports them (ext4, xfs, btrfs)",
-                                         file.string(), std::strerror(errno)));
-    if (fm->fm_mapped_extents == 0) return out;
+    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0) return false;
+    if (fm->fm_mapped_extents == 0) return true;
     for (unsigned i = 0; i < fm->fm_mapped_extents; ++i) {
       const fiemap_extent& e = fm->fm_extents[i];
-      const std::uint64_t begin = std::max<std::uint64_t>(e.fe_logical, from), end = e.fe_logical + e.fe_length;
-      if ((e.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0 && end > begin) {
-        if (!out.empty() && out.back().offset + out.back().length == begin) out.back().length += end - begin;
-        else out.push_back({begin, end - begin});
-      }
-      start = end;
-      if (e.fe_flags & FIEMAP_EXTENT_LAST) return out;
+      if ((e.fe_flags & FIEMAP_EXTENT_UNWRITTEN) == 0)
+        AppendRange(out, std::max<std::uint64_t>(e.fe_logical, from), e.fe_logical + e.fe_length);
+      start = e.fe_logical + e.fe_length;
+      if (e.fe_flags & FIEMAP_EXTENT_LAST) return true;
     }
   }
 }
 
+// lseek(SEEK_DATA / SEEK_HOLE)'s data ranges of `fd` from `from` on. What counts as data is the
+// file system's: tmpfs skips holes and fallocated pages not yet written; ext4 and xfs skip
+// unwritten extents; a file system with only the kernel's generic SEEK_DATA reports the whole file
+// as data, fallocated space included. False with errno set when lseek fails.
+bool SeekDataRanges(int fd, std::uint64_t from, std::vector<ByteRange>* out) {
+  for (off_t at = static_cast<off_t>(from);;) {
+    const off_t data = ::lseek(fd, at, SEEK_DATA);
+    if (data < 0) return errno == ENXIO;  // ENXIO: no data at or after `at`
+    const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) return false;
+    AppendRange(out, static_cast<std::uint64_t>(data), static_cast<std::uint64_t>(hole));
+    at = hole;
+  }
+}
+
+// The ranges of `fd` (the file `file`) that hold written data, from `from` on: FIEMAP's, or, on a
+// file system without FIEMAP (EOPNOTSUPP, ENOTTY), SeekDataRanges'. IoError naming the file when
+// neither can map it.
+Result<WrittenData> WrittenRanges(int fd, const std::filesystem::path& file, std::uint64_t from) {
+  WrittenData out;
+  out.how = "fiemap";
+  if (FiemapRanges(fd, from, &out.ranges)) return out;
+  if (errno != EOPNOTSUPP && errno != ENOTTY)
+    return Status::IoError(fmt::format("cannot map the written extents of {} (FIEMAP): {}", file.string(),
+                                       std::strerror(errno)));
+  out.ranges.clear();
+  out.how = "seek_data";
+  if (SeekDataRanges(fd, from, &out.ranges)) return out;
+  return Status::IoError(fmt::format("cannot map the written data of {} (FIEMAP is not supported there, and "
+                                     "lseek SEEK_DATA failed: {}); the tier read rate needs a file system that "
+                                     "reports either (ext4, xfs, btrfs, tmpfs)",
+                                     file.string(), std::strerror(errno)));
+}
+
 // One timed pass of O_DIRECT sequential reads of at most 1 MiB over each (file, bytes): the first
-// `bytes` (rounded up to 4 KiB) of the file's written data after its superblock, in offset order
-// (never its unwritten, fallocated space); a part of 0 bytes is skipped. Adds the bytes read to
-// *done and returns the seconds (the mapping of the extents is not timed).
+// `bytes` (rounded up to 4 KiB) of the file's written data after its superblock (WrittenRanges), in
+// offset order; a part of 0 bytes is skipped. Adds the bytes read to *done, sets *extents_from to
+// how the last file's data was mapped, and returns the seconds (the mapping is not timed).
 Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts, void* buf,
-                           std::uint64_t* done) {
+                           std::uint64_t* done, const char** extents_from) {
   constexpr std::uint64_t kIo = 1 << 20;
   double seconds = 0;
   for (const auto& [file, bytes] : parts) {
     if (bytes == 0) continue;  // a pool the restore did not read
     const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (fd < 0) return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", file.string(), std::strerror(errno)));
-    auto ranges = WrittenRanges(fd, file, nvme::kDataStart);
-    if (!ranges.ok()) {
+    auto written = WrittenRanges(fd, file, nvme::kDataStart);
+    if (!written.ok()) {
       ::close(fd);
-      return ranges.status();
+      return written.status();
     }
+    *extents_from = written->how;
     const std::uint64_t want = RoundUp(bytes, 4 * kKiB);
     std::uint64_t got = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    for (const ByteRange& r : *ranges) {
+    for (const ByteRange& r : written->ranges) {
       for (std::uint64_t at = 0; at < r.length && got < want;) {
         const std::uint64_t n = std::min({kIo, r.length - at, want - got});
         const ssize_t read = ::pread(fd, buf, n, static_cast<off_t>(r.offset + at));
@@ -131,7 +175,7 @@ Result<RawRead> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, s
   RawRead out;
   for (int pass = 0; pass < 3; ++pass) {
     std::uint64_t done = 0;
-    TERRACE_ASSIGN_OR_RETURN(const double s, RawReadPass(parts, buf, &done));
+    TERRACE_ASSIGN_OR_RETURN(const double s, RawReadPass(parts, buf, &done, &out.extents_from));
     if (done == 0) return out;
     rates.push_back(static_cast<double>(done) / s / 1e6);
     out.bytes = done;
@@ -248,16 +292,16 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     std::uint64_t alone_requests = 0;  // NVMe read requests it issued (both pools)
     double ttft_unprepared = 0, tier_unprepared = 0, ttft_restore = 0, tier_mb = 0, ttft_warm = 0, tier_warm = 0;
     double tier_alone = 0;
-    std::uint64_t tier_bytes = 0;  // what one pass of the prepared restore's raw read read
+    RawRead tier_raw;  // the prepared restore's raw read (its bytes: what one pass read)
     double prepare_s = 0;
     std::uint64_t prepare_bytes = 0;
     TierTally read;  // what the prepared restore read, per tier (both pools)
     long faults_unprepared = 0, faults_prepared = 0, faults_warm = 0;
   };
   // One restore into `session`, timed with its minor faults, then the tier's raw read of what it
-  // read (its MB/s to *tier_mb, the bytes of one pass to *tier_bytes unless null).
+  // read (its MB/s to *tier_mb, the whole RawRead to *tier_raw unless null).
   auto timed_restore = [&](model::Session* session, const auto& req, std::optional<kv::CachedPrefill>* result,
-                           double* ttft_s, long* faults, double* tier_mb, std::uint64_t* tier_bytes = nullptr) -> Status {
+                           double* ttft_s, long* faults, double* tier_mb, RawRead* tier_raw = nullptr) -> Status {
     const long f0 = MinorFaults();
     const auto t0 = std::chrono::steady_clock::now();
     auto r = kv::PrefillWithCache(session, *run.cache, req, {.restore = true, .write_back = false});
@@ -267,7 +311,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
     *result = std::move(r).value();
     TERRACE_ASSIGN_OR_RETURN(const RawRead raw, tier_read((*result)->restore));
     *tier_mb = raw.mb_per_s;
-    if (tier_bytes) *tier_bytes = raw.bytes;
+    if (tier_raw) *tier_raw = raw;
     return Status::Ok();
   };
   auto round = [&](int index, Round* out) -> Status {
@@ -296,7 +340,8 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
                                                        sizeof(float) * run.cache->layout().mla_layers().size();
     const TierTally before = Tally(run);
     TERRACE_RETURN_IF_ERROR(
-        timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb, &out->tier_bytes));
+        timed_restore(&turn2, req, &out->r2, &out->ttft_restore, &out->faults_prepared, &out->tier_mb,
+                      &out->tier_raw));
     out->read = Tally(run) - before;
     out->read.AddRestore(out->r2->restore);
     if (index == 0 && !recompute_in_turn1) {
@@ -383,7 +428,10 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   row["restore_wait_s"] = median([](const Round& r) { return r.r2->restore.wait_seconds; });
   row["restore_mb_per_s"] = median([&](const Round& r) { return mb_per_s(*r.r2); });
   row["tier_read_mb_per_s"] = median([](const Round& r) { return r.tier_mb; });
-  row["tier_read_bytes"] = first.tier_bytes;  // one pass of the first round's raw read
+  row["tier_read_bytes"] = first.tier_raw.bytes;  // one pass of the first round's raw read
+  // How that raw read found the files' written data ("fiemap", "seek_data"); null: no file read.
+  row["tier_read_extents_from"] =
+      first.tier_raw.extents_from ? nlohmann::json(first.tier_raw.extents_from) : nlohmann::json(nullptr);
   row["restore_over_tier"] = median([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
   row["restore_s_runs"] = runs([](const Round& r) { return r.r2->restore.seconds; });
   row["restore_over_tier_runs"] = runs([&](const Round& r) { return ratio(*r.r2, r.tier_mb); });
