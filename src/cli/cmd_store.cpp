@@ -294,17 +294,15 @@ std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
   }
   return fmt::format(
       "'terrace store recover' would refuse the index directory '{}': it holds '{}', which an index never writes; "
-      "move that out of it and run 'terrace store recover --dir {}{}', or {}",
-      index.string(), foreign->filename().string(), p.dir, p.index_dir.empty() ? "" : " --index-dir " + p.index_dir,
-      give_new);
+      "move that out of it and run 'terrace store recover {}', or {}",
+      index.string(), foreign->filename().string(), StorePathFlags(p), give_new);
 }
 
 // What `store check` tells the user to run to rebuild the index of `p` from the data file: 'terrace
 // store recover' with the same paths, or what RecoverWouldRefuse says.
 std::string StoreCheckRecoverAdvice(const StorePaths& p) {
   if (auto refusal = RecoverWouldRefuse(p)) return *refusal;
-  return fmt::format("run 'terrace store recover --dir {}{}' to rebuild the index from the data file", p.dir,
-                     p.index_dir.empty() ? "" : " --index-dir " + p.index_dir);
+  return fmt::format("run 'terrace store recover {}' to rebuild the index from the data file", StorePathFlags(p));
 }
 
 int RunCheck(const CheckArgs& a) {

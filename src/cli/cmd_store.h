@@ -37,6 +37,9 @@ struct StorePaths {
 // Adds --dir, --index-dir (and --capacity when `with_capacity`) to `app`.
 void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity);
 
+// "--dir D", with " --index-dir I" when --index-dir was given: the paths of `p` as a command names them.
+std::string StorePathFlags(const StorePaths& p);
+
 // The path of the data file of `dir`: dir itself for a block device, else dir/terrace.data.
 std::string DataFilePath(const std::string& dir);
 

@@ -86,6 +86,10 @@ void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missi
   }
 }
 
+std::string StorePathFlags(const StorePaths& p) {
+  return p.index_dir.empty() ? fmt::format("--dir {}", p.dir) : fmt::format("--dir {} --index-dir {}", p.dir, p.index_dir);
+}
+
 std::string DataFilePath(const std::string& dir) {
   return IsBlockDevice(dir) ? dir : (fs::path(dir) / "terrace.data").string();
 }

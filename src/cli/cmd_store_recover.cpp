@@ -57,7 +57,7 @@ int RunRecover(const StorePaths& p) {
                "clean)\n",
                rep->moved_aside.string());
   }
-  fmt::print("store recover: run 'terrace store check --dir {}' to verify\n", p.dir);
+  fmt::print("store recover: run 'terrace store check {}' to verify\n", StorePathFlags(p));
   return 0;
 }
 

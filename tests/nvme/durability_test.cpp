@@ -721,6 +721,8 @@ TEST_CASE("nvme durability: a rebuild killed after any step loses no block; the 
           "[nvme][durability]") {
   // Each list: the steps at which successive rebuilds are killed; then one runs to the end.
   const std::vector<std::string> kills = GENERATE(
+      std::vector<std::string>{"directory"}, std::vector<std::string>{"marker-tmp"},
+      std::vector<std::string>{"directory", "leftover-removed"}, std::vector<std::string>{"marker-tmp", "marker-tmp"},
       std::vector<std::string>{"building"}, std::vector<std::string>{"manifest"},
       std::vector<std::string>{"last-record"}, std::vector<std::string>{"closed"},
       std::vector<std::string>{"finished"}, std::vector<std::string>{"moved-aside"},
@@ -753,6 +755,61 @@ TEST_CASE("nvme durability: a rebuild killed after any step loses no block; the 
   const Status s = CheckScenario(**t);
   INFO(s.ToString());
   CHECK(s.ok());
+}
+
+TEST_CASE("nvme durability: the recover advice names an <index>.rebuilding in the way, not the index",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  fs::remove_all(dir.path() / "index");  // the index lost: the open advises a recover
+  const fs::path building = dir.path() / "index.rebuilding";
+  fs::create_directories(building);
+  std::ofstream(building / "notes.txt") << "mine";
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  RequireRefusedForRecover(t);
+  const std::string msg(t.status().message());
+  CHECK(msg.find("move '" + building.string() + "' away, then run `terrace store recover --dir " +
+                 dir.path().string() + "`") != std::string::npos);
+  CHECK(msg.find("refuses '" + (dir.path() / "index").string() + "' itself") == std::string::npos);
+}
+
+TEST_CASE("nvme durability: a creation renames into place only the file it holds", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  const fs::path creating = dir.path() / "terrace.data.creating";
+  NvmeOpenHooks hooks;
+  hooks.at_creation_step = [&](std::string_view step) {
+    if (step != "index-created") return;
+    fs::rename(creating, dir.path() / "moved");  // as if something else had taken the name meanwhile
+    std::ofstream(creating) << "someone else's";
+  };
+  auto t = NvmeTier::OpenWithHooks(DurabilityOptions(dir.path()), hooks);
+  REQUIRE_FALSE(t.ok());
+  INFO(t.status().ToString());
+  CHECK(t.status().message().find("nothing was renamed") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.path() / "terrace.data"));
+  std::ifstream in(creating);
+  std::string text;
+  std::getline(in, text);
+  CHECK(text == "someone else's");
+}
+
+TEST_CASE("nvme durability: a creation never shares an index directory something else filled meanwhile",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  const fs::path index = dir.path() / "index";
+  NvmeOpenHooks hooks;
+  hooks.at_creation_step = [&](std::string_view step) {
+    if (step != "index") return;
+    fs::create_directories(index);
+    std::ofstream(index / "CURRENT") << "another process's index\n";
+  };
+  auto t = NvmeTier::OpenWithHooks(DurabilityOptions(dir.path()), hooks);
+  REQUIRE_FALSE(t.ok());
+  INFO(t.status().ToString());
+  CHECK(t.status().code() == Code::kInvalidArgument);
+  CHECK(t.status().message().find("is no longer empty") != std::string::npos);
+  CHECK(Names(index) == std::vector<std::string>{"CURRENT"});  // nothing written beside it
+  CHECK_FALSE(fs::exists(dir.path() / "terrace.data"));
 }
 
 TEST_CASE("nvme durability: a rebuild refuses an <index>.rebuilding it did not leave", "[nvme][durability]") {

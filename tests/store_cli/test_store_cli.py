@@ -234,7 +234,9 @@ def test_a_missing_index_dir_gets_advice_that_works(tmp_path):
     assert advice in r.stderr, r.stderr
     r = terrace(*advice.split()[1:])  # recover writes the index into the directory it was given
     assert r.returncode == 0, r.stdout + r.stderr
-    r = terrace("store", "check", "--dir", store, "--index-dir", index, "--expect", expect)
+    verify = f"terrace store check --dir {store} --index-dir {index}"
+    assert f"run '{verify}' to verify" in r.stdout, r.stdout  # the index recover wrote, not --dir's own
+    r = terrace(*verify.split()[1:], "--expect", expect)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -491,7 +491,9 @@ fs::path BuildingPath(const fs::path& index) {
 
 // The directory `building` was left by a rebuild of this store: a real directory holding nothing
 // but index files, with Terrace's creation marker naming the store (unfinished) or, without a
-// marker, a manifest naming it (finished). Sets *finished. Otherwise InvalidArgument saying why.
+// marker, a manifest naming it (finished); or one that is empty or holds only the marker and/or its
+// .tmp naming the store (unfinished: killed between creating the directory and the marker's
+// rename). Sets *finished. Otherwise InvalidArgument saying why.
 Status CheckOwnBuilding(const fs::path& building, const nvme::Superblock& sb, const std::shared_ptr<Logger>& logger,
                         bool* finished) {
   const std::string refuse = fmt::format(
@@ -510,7 +512,8 @@ Status CheckOwnBuilding(const fs::path& building, const nvme::Superblock& sb, co
     }
   }
   if (ec) return Status::IoError(fmt::format("cannot list '{}': {}", building.string(), ec.message()));
-  if (nvme::IndexCreatingMarkerNames(building, sb.UuidString())) {
+  if (nvme::OnlyOwnIndexCreatingMarkers(building, sb.UuidString()) ||
+      nvme::IndexCreatingMarkerNames(building, sb.UuidString())) {
     *finished = false;
     return Status::Ok();
   }
@@ -598,7 +601,10 @@ Status WriteNewIndex(const fs::path& dir, const nvme::Superblock& sb, const std:
     return Status::IoError(fmt::format("cannot create the directory '{}' for the new index: {}", dir.string(),
                                        ec.message()));
   }
-  TERRACE_RETURN_IF_ERROR(nvme::WriteIndexCreatingMarker(dir, sb.UuidString()));
+  if (at_step) at_step("directory");
+  TERRACE_RETURN_IF_ERROR(nvme::WriteIndexCreatingMarker(dir, sb.UuidString(), [&] {
+    if (at_step) at_step("marker-tmp");
+  }));
   TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(dir.parent_path()));
   if (at_step) at_step("building");
   nvme::IndexOpenOptions io;
@@ -646,12 +652,17 @@ Status NvmeTier::CheckRebuildTarget(const NvmeTierOptions& options) {
 }
 
 Status NvmeTier::CheckIndexDirForRebuild(const fs::path& index, const nvme::Superblock& sb,
-                                         const std::shared_ptr<Logger>& logger) {
+                                         const std::shared_ptr<Logger>& logger, fs::path* refused) {
   std::error_code ec;
-  if (fs::exists(fs::symlink_status(BuildingPath(index), ec))) {
+  const fs::path building = BuildingPath(index);
+  if (fs::exists(fs::symlink_status(building, ec))) {
     bool finished = false;
-    TERRACE_RETURN_IF_ERROR(CheckOwnBuilding(BuildingPath(index), sb, logger, &finished));
+    if (Status s = CheckOwnBuilding(building, sb, logger, &finished); !s.ok()) {
+      if (refused) *refused = building;
+      return s;
+    }
   }
+  if (refused) *refused = index;
   const OldIndex old = LookAtOldIndex(index, sb, logger);
   if (old.kind == OldIndex::Kind::kNone) return Status::Ok();
   return CheckIndexDirIsOurs(index, old, sb);

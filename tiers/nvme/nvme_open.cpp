@@ -136,19 +136,26 @@ std::string NvmeTier::RecoverAdvice() const {
     sb = sb_;
   }
   // The advice is to run what would work: recover refuses an index directory that is not this
-  // store's (another store's index, a folder of other files, one open elsewhere).
-  const Status refusal = CheckIndexDirForRebuild(index_path_, sb, logger_);
+  // store's (another store's index, a folder of other files, one open elsewhere), and an
+  // "<index>.rebuilding" that is not a killed rebuild of this store; the advice names which.
+  std::string cmd = fmt::format("terrace store recover --dir {}", dir);
+  if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
+  fs::path refused;
+  const Status refusal = CheckIndexDirForRebuild(index_path_, sb, logger_, &refused);
   if (!refusal.ok()) {
     std::string why(refusal.message());
     why = why.substr(0, why.find("; nothing was changed"));  // its own advice, said below in full
+    if (refused != index_path_) {  // what lies in the way of the rebuild, not the index directory
+      return fmt::format("move '{}' away, then run `{}` to rebuild the index from the data file (recover refuses it: "
+                         "{})",
+                         refused.string(), cmd, why);
+    }
     return fmt::format(
         "give the index directory this store was created with, or run `terrace store recover --dir {} --index-dir "
         "NEW_DIR` with a new or empty NEW_DIR to rebuild the index there from the data file (recover refuses '{}' "
         "itself: {})",
         dir, index_path_.string(), why);
   }
-  std::string cmd = fmt::format("terrace store recover --dir {}", dir);
-  if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
   return fmt::format("run `{}` to rebuild the index from the data file (the damaged index is kept aside)", cmd);
 }
 
@@ -442,6 +449,15 @@ Status NvmeTier::CreateIndex() {
     return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}; choose a writable location",
                                        index_path_.string(), ec.message()));
   }
+  // Every caller saw it empty (or cleared it); anything else in it now was put there since, by
+  // another process (one creating a store with the same index directory): never shared with it.
+  if (!nvme::OnlyOwnIndexCreatingMarkers(index_path_, sb_.UuidString())) {
+    return Status::InvalidArgument(fmt::format(
+        "creating the NVMe store '{}': its index directory '{}' is no longer empty (another process may be creating "
+        "a store with it); nothing was written there; point --index-dir at an empty directory that only this store "
+        "uses",
+        options_.path.string(), index_path_.string()));
+  }
   TERRACE_RETURN_IF_ERROR(nvme::WriteIndexCreatingMarker(index_path_, sb_.UuidString()));
   nvme::IndexOpenOptions io;
   io.create = true;
@@ -454,6 +470,13 @@ Status NvmeTier::CreateIndex() {
   if (Status s = nvme::RemoveIndexCreatingMarkers(index_path_); !s.ok())
     logger_->Log(LogLevel::kWarning, "nvme", s.message() + " (the index is complete; the marker can be deleted)");
   return Status::Ok();
+}
+
+std::error_code NvmeTier::DiscardCreating() {
+  std::error_code ec;
+  fs::remove(creating_path_, ec);
+  CloseFd();
+  return ec;
 }
 
 void NvmeTier::CloseFd() {
@@ -500,9 +523,7 @@ Status NvmeTier::CreateInDirectory(bool* again) {
     }
   }
   if (err != 0) {
-    CloseFd();
-    std::error_code ec;
-    fs::remove(creating_path_, ec);
+    (void)DiscardCreating();  // best effort: the preallocation error is the one reported
     std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; the file system holding it "
                                   "needs that much free space: free space on it or lower the capacity",
                                   cap, data_path_.string(), std::strerror(err));
@@ -514,7 +535,18 @@ Status NvmeTier::CreateInDirectory(bool* again) {
 }
 
 Status NvmeTier::FinishCreation(bool /*fresh_sb*/) {
+  if (hooks_.at_creation_step) hooks_.at_creation_step("index");
   if (!index_) TERRACE_RETURN_IF_ERROR(CreateIndex());
+  if (hooks_.at_creation_step) hooks_.at_creation_step("index-created");
+  // Only the file this process holds locked is renamed into place. Terrace removes or renames
+  // terrace.data.creating only under its lock, so this holds unless something outside Terrace
+  // moved it; whatever the name leads to then is not this creation's and is left as it is.
+  if (!FdIsAt(fd_, creating_path_)) {
+    return Status::Unavailable(fmt::format(
+        "creating the NVMe store '{}': '{}' was moved or replaced by something other than this creation while it "
+        "ran; nothing was renamed to '{}'; make sure only Terrace uses that directory, then open the store again",
+        options_.path.string(), creating_path_.string(), data_path_.string()));
+  }
   std::error_code ec;
   fs::rename(creating_path_, data_path_, ec);
   if (ec) {
@@ -579,10 +611,8 @@ Status NvmeTier::ResumeCreation(bool* again) {
           options_.path.string(), index_path_.string()));
     }
     logger_->Log(LogLevel::kInfo, "nvme", fmt::format("discarding '{}' left by an interrupted creation", creating));
-    CloseFd();
-    std::error_code ec;
-    fs::remove(creating_path_, ec);
-    if (ec) return Status::IoError(fmt::format("cannot remove '{}': {}", creating, ec.message()));
+    if (std::error_code ec = DiscardCreating())
+      return Status::IoError(fmt::format("cannot remove '{}': {}", creating, ec.message()));
     TERRACE_RETURN_IF_ERROR(nvme::SyncDirectory(options_.path));
     *again = true;
     return Status::Ok();

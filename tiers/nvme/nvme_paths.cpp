@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -116,7 +117,8 @@ Status SyncDirectory(const fs::path& path) {
   return Status::Ok();
 }
 
-Status WriteIndexCreatingMarker(const fs::path& index, const std::string& uuid) {
+Status WriteIndexCreatingMarker(const fs::path& index, const std::string& uuid,
+                                const std::function<void()>& before_rename) {
   const fs::path tmp = index / (std::string(kIndexCreatingMarker) + ".tmp"), final_path = index / kIndexCreatingMarker;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -127,6 +129,7 @@ Status WriteIndexCreatingMarker(const fs::path& index, const std::string& uuid) 
   const int err = errno;
   ::close(fd);
   if (!wrote) return ErrnoError("cannot write the index creation marker", tmp, err, "check the file system");
+  if (before_rename) before_rename();
   std::error_code ec;
   fs::rename(tmp, final_path, ec);
   if (ec) return Status::IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message()));
@@ -143,6 +146,20 @@ bool OnlyIndexCreatingMarkers(const fs::path& index) {
   std::error_code ec;
   for (const auto& e : ListDir(index, &ec))
     if (!e.path().filename().string().starts_with(kIndexCreatingMarker)) return false;
+  return !ec;
+}
+
+bool OnlyOwnIndexCreatingMarkers(const fs::path& index, const std::string& uuid) {
+  const std::string marker(kIndexCreatingMarker), tmp = marker + ".tmp";
+  std::error_code ec;
+  for (const auto& e : ListDir(index, &ec)) {
+    const std::string name = e.path().filename().string();
+    if ((name != marker && name != tmp) || !fs::is_regular_file(e.symlink_status(ec))) return false;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.eof() && !in) return false;
+    if (text != uuid + "\n" && !(name == tmp && text.empty())) return false;
+  }
   return !ec;
 }
 

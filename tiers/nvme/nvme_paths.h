@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "terrace/options.h"
@@ -39,11 +40,17 @@ Status SyncDirectory(const std::filesystem::path& dir);
 // complete (a new store's: its manifest written; a rebuild's: its last record synced). It names
 // the store (`uuid`, Superblock::UuidString), so Terrace removes an unfinished index's files only
 // when it made them. Written through "<marker>.tmp" and a rename; the directory is synced.
-Status WriteIndexCreatingMarker(const std::filesystem::path& index, const std::string& uuid);
+// `before_rename` (optional; tests' kill points) runs once the .tmp is written, before its rename.
+Status WriteIndexCreatingMarker(const std::filesystem::path& index, const std::string& uuid,
+                                const std::function<void()>& before_rename = {});
 // The marker in `index` exists and names the store `uuid`.
 bool IndexCreatingMarkerNames(const std::filesystem::path& index, const std::string& uuid);
 // `index` holds nothing but creation markers (an index killed before RocksDB made anything).
 bool OnlyIndexCreatingMarkers(const std::filesystem::path& index);
+// `index` is empty, or holds nothing but the marker and/or its .tmp, each naming the store `uuid`
+// (the .tmp may also be empty: cut off between its creation and its write). An index directory of
+// store `uuid` killed before the marker, or before RocksDB made anything.
+bool OnlyOwnIndexCreatingMarkers(const std::filesystem::path& index, const std::string& uuid);
 // Removes the marker (and its .tmp) from `index`; absent ones are fine.
 Status RemoveIndexCreatingMarkers(const std::filesystem::path& index);
 

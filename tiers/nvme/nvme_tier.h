@@ -58,6 +58,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -160,6 +161,9 @@ struct NvmeOpenHooks {
   nvme::IoEngineFactory engine;       // data-file I/O; empty: the io_uring engine
   rocksdb::Env* index_env = nullptr;  // Env for the RocksDB index (null: rocksdb::Env::Default()); not owned,
                                       // must outlive the tier
+  // Tests: runs at the named steps of a directory store's creation ("index": before its index is
+  // created; "index-created": after, before terrace.data.creating is renamed to terrace.data).
+  std::function<void(std::string_view step)> at_creation_step;
 };
 
 class NvmeTier final : public Tier {
@@ -205,8 +209,10 @@ class NvmeTier final : public Tier {
   static Status CheckRebuildTarget(const NvmeTierOptions& options);
   // The check of CheckRebuildTarget and RebuildIndex without the data file: OK when a rebuild of the
   // store `sb` would accept the index directory `index` and what lies at "<index>.rebuilding".
+  // `refused` (optional) receives the path a refusal is about: `index` or "<index>.rebuilding".
   static Status CheckIndexDirForRebuild(const std::filesystem::path& index, const nvme::Superblock& sb,
-                                        const std::shared_ptr<Logger>& logger);
+                                        const std::shared_ptr<Logger>& logger,
+                                        std::filesystem::path* refused = nullptr);
 
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
   NvmeTier(const NvmeTier&) = delete;
@@ -314,6 +320,10 @@ class NvmeTier final : public Tier {
   // open, flock, engine; *open_errno (may be null) receives the errno of a failed open(2), else 0
   Status OpenFd(const std::filesystem::path& path, bool create, int* open_errno = nullptr);
   void CloseFd();  // undoes OpenFd: the engine, the lock, the descriptor
+  // Removes terrace.data.creating, the file open and locked here, then CloseFd. The name goes while
+  // the lock is held, so a process that opened the file meanwhile finds it gone once it has the lock
+  // (FdIsAt) and never writes into a file about to be removed.
+  std::error_code DiscardCreating();
   Status CreateInDirectory(bool* again);
   Status FinishCreation(bool fresh_sb);  // index + manifest, then rename (directory) / superblock (device)
   // Open phase. These run only inside OpenWithHooks, on its thread, before the tier is returned
