@@ -119,43 +119,58 @@ Result<WrittenData> WrittenRanges(int fd, const std::filesystem::path& file, std
                                      file.string(), std::strerror(errno)));
 }
 
-// One timed pass of O_DIRECT sequential reads of at most 1 MiB over each (file, bytes): the first
-// `bytes` (rounded up to 4 KiB) of the file's written data after its superblock (WrittenRanges), in
-// offset order; a part of 0 bytes is skipped. Adds the bytes read to *done, sets *extents_from to
-// how the last file's data was mapped, and returns the seconds (the mapping is not timed).
-Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts, void* buf,
-                           std::uint64_t* done, const char** extents_from) {
-  constexpr std::uint64_t kIo = 1 << 20;
-  double seconds = 0;
+// One pool's part of a raw read: its data file, the bytes to read (the restore's count from it,
+// rounded up to 4 KiB) and where its written data after the superblock lies (WrittenRanges).
+struct RawReadPart {
+  std::filesystem::path file;
+  std::uint64_t want = 0;
+  WrittenData written;
+};
+
+// The parts of a raw read of `parts` (each pool's data file and the bytes the restore took from
+// it), mapped once for every pass: a pool the restore did not read is left out.
+Result<std::vector<RawReadPart>> MapRawRead(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
+  std::vector<RawReadPart> out;
   for (const auto& [file, bytes] : parts) {
     if (bytes == 0) continue;  // a pool the restore did not read
-    const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0) return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", file.string(), std::strerror(errno)));
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::IoError(fmt::format("cannot open {}: {}", file.string(), std::strerror(errno)));
     auto written = WrittenRanges(fd, file, nvme::kDataStart);
-    if (!written.ok()) {
-      ::close(fd);
-      return written.status();
+    ::close(fd);
+    if (!written.ok()) return written.status();
+    out.push_back({file, RoundUp(bytes, 4 * kKiB), std::move(written).value()});
+  }
+  return out;
+}
+
+// One timed pass of O_DIRECT sequential reads of at most 1 MiB over each part: the first `want`
+// bytes of its written data, in offset order. Adds the bytes read to *done and returns the seconds.
+Result<double> RawReadPass(std::span<const RawReadPart> parts, void* buf, std::uint64_t* done) {
+  constexpr std::uint64_t kIo = 1 << 20;
+  double seconds = 0;
+  for (const RawReadPart& part : parts) {
+    const int fd = ::open(part.file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      return Status::IoError(fmt::format("cannot open {} with O_DIRECT: {}", part.file.string(), std::strerror(errno)));
     }
-    *extents_from = written->how;
-    const std::uint64_t want = RoundUp(bytes, 4 * kKiB);
     std::uint64_t got = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    for (const ByteRange& r : written->ranges) {
-      for (std::uint64_t at = 0; at < r.length && got < want;) {
-        const std::uint64_t n = std::min({kIo, r.length - at, want - got});
+    for (const ByteRange& r : part.written.ranges) {
+      for (std::uint64_t at = 0; at < r.length && got < part.want;) {
+        const std::uint64_t n = std::min({kIo, r.length - at, part.want - got});
         const ssize_t read = ::pread(fd, buf, n, static_cast<off_t>(r.offset + at));
         if (read <= 0) break;
         at += static_cast<std::uint64_t>(read);
         got += static_cast<std::uint64_t>(read);
       }
-      if (got >= want) break;
+      if (got >= part.want) break;
     }
     seconds += SecondsSince(t0);
     ::close(fd);
-    if (got < want)
+    if (got < part.want)
       return Status::IoError(fmt::format("{} holds {} of written data after its superblock, less than the {} the "
-                                         "restore read from it", file.string(), FormatBytes(static_cast<double>(got)),
-                                         FormatBytes(static_cast<double>(want))));
+                                         "restore read from it", part.file.string(), FormatBytes(static_cast<double>(got)),
+                                         FormatBytes(static_cast<double>(part.want))));
     *done += got;
   }
   return seconds;
@@ -166,17 +181,18 @@ Result<double> RawReadPass(std::span<const std::pair<std::filesystem::path, std:
 // RawReadPass right after the restore, so the same files, the same byte counts of written data and
 // the same (just written, just read) state of the disk's caches; and the bytes one pass read.
 // Nothing to read: 0 MB/s, 0 bytes. Requests of up to 1 MiB are the tier's best case; the restore
-// reads its 150-230 KiB blocks as batches.
+// reads its 150-230 KiB blocks as batches. The files are mapped once, untimed (MapRawRead).
 Result<RawRead> RawReadMbPerS(std::span<const std::pair<std::filesystem::path, std::uint64_t>> parts) {
   AlignedBuffer buffer(1 << 20);
   if (!buffer.data()) return Status::OutOfCapacity("no memory for a 1 MiB read buffer");
-  void* buf = buffer.data();
-  std::vector<double> rates;
+  TERRACE_ASSIGN_OR_RETURN(const std::vector<RawReadPart> mapped, MapRawRead(parts));
   RawRead out;
+  if (mapped.empty()) return out;
+  out.extents_from = mapped.back().written.how;  // how the last file's data was mapped
+  std::vector<double> rates;
   for (int pass = 0; pass < 3; ++pass) {
     std::uint64_t done = 0;
-    TERRACE_ASSIGN_OR_RETURN(const double s, RawReadPass(parts, buf, &done, &out.extents_from));
-    if (done == 0) return out;
+    TERRACE_ASSIGN_OR_RETURN(const double s, RawReadPass(mapped, buffer.data(), &done));
     rates.push_back(static_cast<double>(done) / s / 1e6);
     out.bytes = done;
   }

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
-#include <vector>
 #include <cctype>
 #include <charconv>
+#include <thread>
 #include <type_traits>
+#include <vector>
 #include <cmath>
 #include <cerrno>
 #include <cstring>
