@@ -122,7 +122,9 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
     scratch.resize(raw_bytes);
     payload = scratch.data();
   }
-  const std::size_t cn = static_cast<std::size_t>(c), rn = static_cast<std::size_t>(r);
+  // rn is 0 for an empty tensor: a shape such as [2^40, 0] holds no value, and the row loops below
+  // must not run once per empty row.
+  const std::size_t cn = static_cast<std::size_t>(c), rn = n == 0 ? 0 : static_cast<std::size_t>(r);
 
   switch (spec.kind) {
     case CodecKind::kF32:
@@ -269,7 +271,9 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
   }
 
   const detail::KernelTable& k = detail::Kernels();
-  const std::size_t cn = static_cast<std::size_t>(c), rn = static_cast<std::size_t>(r);
+  // rn is 0 for an empty tensor: a shape such as [2^40, 0] holds no value, and the row loops below
+  // must not run once per empty row.
+  const std::size_t cn = static_cast<std::size_t>(c), rn = n == 0 ? 0 : static_cast<std::size_t>(r);
   switch (spec.kind) {
     case CodecKind::kF32:
       if (n != 0) std::memcpy(out.data(), payload, 4 * n);

@@ -6,6 +6,7 @@ Run by ctest with TERRACE_BIN pointing at the terrace binary. numpy, safetensors
 the entry's NEEDS (tests/codec/CMakeLists.txt): without one ctest reports the whole entry Skipped
 (tests/run_pytest.py, exit 77); no test here skips for a missing module.
 """
+import json
 import os
 import struct
 import subprocess
@@ -222,3 +223,30 @@ def test_errors(tmp_path):
     p = subprocess.run([BIN, "ref", "codec", "--codec", "f32", "--in", str(src), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "'x'" in p.stderr
+
+
+def write_empty_x(path, shape):
+    """A safetensors file whose F32 'x' has `shape` and no values (numpy cannot make one this big)."""
+    header = json.dumps({"x": {"dtype": "F32", "shape": list(shape), "data_offsets": [0, 0]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+
+
+@pytest.mark.parametrize("codec", ["fp8", "int8", "int4-g32", "f32"])
+def test_empty_tensor_with_huge_row_count_round_trips_at_once(tmp_path, codec):
+    src, dst = tmp_path / "empty.safetensors", tmp_path / "out.safetensors"
+    write_empty_x(src, [2 ** 40, 0])
+    p = subprocess.run([BIN, "ref", "codec", "--codec", codec, "--in", str(src), "--out", str(dst)],
+                       capture_output=True, text=True, timeout=60)  # a loop over the rows takes hours
+    assert p.returncode == 0, p.stderr
+    hdr = parse_header(st.load_file(str(dst))["encoded"].tobytes())
+    assert (hdr["rows"], hdr["cols"], hdr["raw"]) == (2 ** 40, 0, 0)
+
+
+def test_rows_beyond_int64_are_refused(tmp_path):
+    src = tmp_path / "empty.safetensors"
+    write_empty_x(src, [2 ** 40, 2 ** 40, 0])
+    p = subprocess.run([BIN, "ref", "codec", "--codec", "fp8", "--in", str(src), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60)
+    # The loader refuses it (ref codec multiplies the leading dimensions into an int64 row count).
+    assert p.returncode == 1 and "overflows the element count" in p.stderr and "tensor 'x'" in p.stderr, p.stderr
+    assert not (tmp_path / "o").exists()
