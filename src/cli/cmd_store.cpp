@@ -267,35 +267,66 @@ int RunFill(const FillArgs& a) {
   return 0;
 }
 
-// Why 'terrace store recover' would refuse the index folder of `p`, and what to do instead; nullopt
-// when it would not. Recover moves aside only a real directory holding nothing but index files
-// (ForeignIndexEntry), so anything else there would make the advice to run it a dead end.
+// "a, b and c".
+std::string JoinWords(const std::vector<std::string>& words) {
+  std::string out;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == words.size() ? " and " : ", ") + words[i];
+  }
+  return out;
+}
+
+// "'a', 'b' and 'c'": the file names of `paths`, the first kMaxBlockLines, then how many more.
+std::string QuotedNames(const std::vector<fs::path>& paths) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < paths.size() && i < kMaxBlockLines; ++i) {
+    names.push_back(fmt::format("'{}'", paths[i].filename().string()));
+  }
+  if (paths.size() > kMaxBlockLines) names.push_back(fmt::format("{} more entries", paths.size() - kMaxBlockLines));
+  return JoinWords(names);
+}
+
+// What the user does to lift `r` and still rebuild the index where it is, in the CLI's words;
+// nullopt when nothing short of another --index-dir lifts it.
+std::optional<std::string> FixInPlace(const NvmeTier::RebuildRefusal& r) {
+  if (r.in_the_way) return fmt::format("move '{}' away", r.path.string());
+  if (r.status.code() == Code::kUnavailable) {
+    return fmt::format("close the process that has '{}' open", r.path.string());
+  }
+  if (!r.strays.empty()) return fmt::format("move {} out of '{}'", QuotedNames(r.strays), r.path.string());
+  return std::nullopt;
+}
+
+// Why 'terrace store recover' with the paths of `p` would refuse, and what to do instead; nullopt
+// when it would not. Asks the rebuild's own test (NvmeTier::RebuildTargetRefusals), so the advice
+// to run recover is never a dead end; names every reason and every fix, so none is found only
+// after the first is fixed.
 std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
-  const fs::path index = p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir);
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(index, ec))) return std::nullopt;  // recover writes a new one
+  auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
+  if (!opts.ok()) return std::nullopt;  // the data file's own problem is reported elsewhere
+  // An error: no store, or in use (recover needs the store to itself; the failure says to close
+  // that process first, and another index directory would not help).
+  auto refusals = NvmeTier::RebuildTargetRefusals(*opts);
+  if (!refusals.ok() || refusals->empty()) return std::nullopt;
+  std::string why;
+  std::vector<std::string> fixes;
+  for (std::size_t i = 0; i < refusals->size(); ++i) {
+    const NvmeTier::RebuildRefusal& r = (*refusals)[i];
+    if (refusals->size() > 1) why += fmt::format("{}({}) ", i == 0 ? "" : "; ", i + 1);
+    why += InCliWords(r.reason);
+    if (std::optional<std::string> fix = FixInPlace(r)) fixes.push_back(std::move(*fix));
+  }
   const std::string give_new = fmt::format(
       "give --index-dir a new or empty directory and run 'terrace store recover --dir {} --index-dir NEW_DIR' to "
       "rebuild the index there from the data file",
       p.dir);
-  const std::optional<fs::path> foreign = ForeignIndexEntry(index);
-  if (!foreign) {  // names alone are fine: recover's own test (another store's index, no RocksDB files, in use)
-    auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
-    if (!opts.ok()) return std::nullopt;  // the data file's own problem is reported elsewhere
-    const Status target = NvmeTier::CheckRebuildTarget(*opts);
-    // In use: another index directory would not help (recover needs the store to itself); the
-    // failure says to close that process first.
-    if (target.ok() || target.IsNotFound() || target.code() == Code::kUnavailable) return std::nullopt;
-    return fmt::format("'terrace store recover' would refuse: {}; {}", target.message(), give_new);
-  }
-  if (*foreign == index) {
-    return fmt::format("'terrace store recover' would refuse the index path '{}': it is {}, not an index directory; {}",
-                       index.string(), DescribePathKind(index), give_new);
-  }
-  return fmt::format(
-      "'terrace store recover' would refuse the index directory '{}': it holds '{}', which an index never writes; "
-      "move that out of it and run 'terrace store recover {}', or {}",
-      index.string(), foreign->filename().string(), StorePathFlags(p), give_new);
+  const std::string head = refusals->size() > 1
+                               ? fmt::format("'terrace store recover' would refuse, for {} reasons: {}",
+                                             refusals->size(), why)
+                               : fmt::format("'terrace store recover' would refuse: {}", why);
+  if (fixes.size() < refusals->size()) return fmt::format("{}; {}", head, give_new);
+  return fmt::format("{}; {}, then run 'terrace store recover {}'; or {}", head, JoinWords(fixes), StorePathFlags(p),
+                     give_new);
 }
 
 // What `store check` tells the user to run to rebuild the index of `p` from the data file: 'terrace

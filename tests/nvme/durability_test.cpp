@@ -827,6 +827,21 @@ TEST_CASE("nvme durability: a rebuild refuses an <index>.rebuilding it did not l
   CHECK(HashTree(dir.path()) == before);
 }
 
+TEST_CASE("nvme durability: a rebuild refused for two reasons names both", "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  std::ofstream(dir.path() / "index.rebuilding") << "mine";
+  std::ofstream(dir.path() / "index" / "notes.txt") << "mine";
+  const auto before = HashTree(dir.path());
+  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir.path()));
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == Code::kInvalidArgument);
+  CHECK(r.status().message().find("index.rebuilding") != std::string::npos);
+  CHECK(r.status().message().find("notes.txt") != std::string::npos);
+  CHECK(HashTree(dir.path()) == before);
+}
+
 TEST_CASE("nvme durability: a terrace.data.creating that Terrace cannot prove it made is left as it is",
           "[nvme][durability]") {
   TempDir dir("nvme-dur");

@@ -294,6 +294,56 @@ def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def plant_foreign_rebuilding(store, kind):
+    """A path named index.rebuilding that Terrace did not create (recover refuses it); returns it."""
+    building = Path(store, "index.rebuilding")
+    if kind == "regular-file":
+        building.write_text("mine\n")
+    else:
+        building.mkdir()
+        (building / "notes.txt").write_text("mine\n")
+    return building
+
+
+@pytest.mark.parametrize("kind", ["regular-file", "directory-of-other-files"])
+def test_check_foresees_recover_refusing_a_foreign_rebuilding(tmp_path, kind):
+    store, expect = filled_without_index(tmp_path, count=4)
+    building = plant_foreign_rebuilding(store, kind)
+    before = snapshot(tmp_path)
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert snapshot(tmp_path) == before, "store check changed the store"
+    assert "would refuse" in r.stdout and f"move '{building}' away" in r.stdout, r.stdout
+    assert terrace("store", "recover", "--dir", store).returncode == 2  # the refusal the advice foresaw
+    assert snapshot(tmp_path) == before
+    building.rename(tmp_path / "mine")  # what the advice says to do
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert terrace("store", "check", "--dir", store, "--expect", expect).returncode == 0
+
+
+def test_check_names_every_obstacle_to_recover_at_once(tmp_path):
+    store, expect = filled_without_index(tmp_path, count=4)
+    building = plant_foreign_rebuilding(store, "regular-file")
+    (store / "index").mkdir()
+    (store / "index" / "foo.txt").write_text("mine\n")
+    before = snapshot(tmp_path)
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert snapshot(tmp_path) == before, "store check changed the store"
+    advice = f"move '{building}' away and move 'foo.txt' out of '{store / 'index'}', then run " \
+             f"'terrace store recover --dir {store}'"
+    assert "would refuse, for 2 reasons" in r.stdout and advice in r.stdout, r.stdout
+    r = terrace("store", "recover", "--dir", store)  # recover names both reasons too
+    assert r.returncode == 2 and "index.rebuilding" in r.stderr and "foo.txt" in r.stderr, r.stderr
+    assert snapshot(tmp_path) == before
+    building.rename(tmp_path / "mine")  # both fixes the advice named, and nothing else
+    (store / "index" / "foo.txt").rename(tmp_path / "foo.txt")
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert terrace("store", "check", "--dir", store, "--expect", expect).returncode == 0
+
+
 def test_check_names_at_most_ten_bad_blocks_of_each_kind(tmp_path):
     store, expect = filled(tmp_path, count=14, block_size="4KiB", capacity="16MiB")
     r = terrace("store", "check", "--dir", store, "--seed", "7", "--quick")
@@ -642,11 +692,14 @@ def recover_commands(text):
     return re.findall(r"terrace store recover --dir \S+(?: --index-dir [^`' ]+)?", text)
 
 
+@pytest.mark.parametrize("building", ["", "regular-file"])
 @pytest.mark.parametrize("cmd", [["check"], ["check", "--quick"], ["stats"], ["fill", "--count", "1"]])
-def test_another_stores_index_gets_only_recover_advice_that_works(tmp_path, cmd):
+def test_another_stores_index_gets_only_recover_advice_that_works(tmp_path, cmd, building):
     store, other = tmp_path / "s", tmp_path / "other"
     assert fill(store, count=3).returncode == 0
     assert fill(other, count=2).returncode == 0
+    if building:  # in the way of a rebuild into other/index as well: moving it away alone would not do
+        plant_foreign_rebuilding(other, building)
     r = terrace("store", *cmd, "--dir", store, "--index-dir", other / "index")
     assert r.returncode == 1, r.stdout + r.stderr
     out = r.stdout + r.stderr

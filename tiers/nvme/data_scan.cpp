@@ -303,46 +303,78 @@ OldIndex LookAtOldIndex(const fs::path& dir, const nvme::Superblock& sb, const s
   return old;
 }
 
-// OK if the existing, non-empty `dir` may be moved aside as this store's old index: a directory
-// of nothing but files an index (RocksDB) writes, not another store's index (by its manifest),
-// held open by no other process, and - when it does not open as this store's index - with a
-// RocksDB CURRENT or MANIFEST file. Otherwise InvalidArgument (Unavailable when open elsewhere)
-// saying why; nothing is changed.
-Status CheckIndexDirIsOurs(const fs::path& dir, const OldIndex& old, const nvme::Superblock& sb) {
-  constexpr std::string_view kChoose = "nothing was changed (give this store's index directory, or a new or empty one)";
+using RebuildRefusal = NvmeTier::RebuildRefusal;
+
+// What RebuildIndex did when it refused: a refusal's status ends with it.
+constexpr std::string_view kNothingChanged = "; nothing was changed";
+// What to give instead of an index directory a rebuild refuses.
+constexpr std::string_view kGiveIndexDir = "give this store's index directory, or a new or empty one";
+
+// A refusal of `path` (`in_the_way`: see RebuildRefusal) for `reason`, its status `make` (a Status
+// factory) of "<reason>; <fix>; nothing was changed".
+RebuildRefusal Refusal(Status (*make)(std::string), fs::path path, bool in_the_way, std::string reason,
+                       std::string_view fix, std::vector<fs::path> strays = {}) {
+  Status status = make(fmt::format("{}; {}{}", reason, fix, kNothingChanged));
+  return RebuildRefusal{std::move(path), in_the_way, std::move(reason), std::move(status), std::move(strays)};
+}
+
+// Why the existing, non-empty `dir` may not be moved aside as this store's old index; nullopt when
+// it may: a directory of nothing but files an index (RocksDB) writes, not another store's index (by
+// its manifest), held open by no other process, and - when it does not open as this store's index -
+// with a RocksDB CURRENT or MANIFEST file. InvalidArgument (Unavailable when open elsewhere);
+// `strays` lists every entry an index never writes when moving them out is all it takes.
+std::optional<RebuildRefusal> IndexDirRefusal(const fs::path& dir, const OldIndex& old, const nvme::Superblock& sb) {
   std::error_code ec;
   if (!fs::is_directory(fs::symlink_status(dir, ec))) {
-    return Status::InvalidArgument(fmt::format("the index path '{}' is not a directory, so it is not a Terrace index; {}",
-                                               dir.string(), kChoose));
+    return Refusal(Status::InvalidArgument, dir, false,
+                   fmt::format("the index path '{}' is not a directory, so it is not a Terrace index", dir.string()),
+                   kGiveIndexDir);
   }
   if (old.kind == OldIndex::Kind::kOtherStore) {
-    return Status::InvalidArgument(fmt::format("the index directory '{}' holds the index of another store ({}), not "
-                                               "of this one ({}); {}",
-                                               dir.string(), old.owner, sb.UuidString(), kChoose));
+    return Refusal(Status::InvalidArgument, dir, false,
+                   fmt::format("the index directory '{}' holds the index of another store ({}), not of this one ({})",
+                               dir.string(), old.owner, sb.UuidString()),
+                   kGiveIndexDir);
   }
-  bool rocksdb_files = false;
+  bool rocksdb_files = false, index_files = false;
+  std::vector<fs::path> strays;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!nvme::IsIndexStoreFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
-      return Status::InvalidArgument(fmt::format(
-          "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index; {}",
-          dir.string(), name, kChoose));
+      strays.push_back(it->path());
+      continue;
     }
+    index_files = true;
     rocksdb_files = rocksdb_files || name == "CURRENT" || name.starts_with("MANIFEST-");
   }
-  if (ec) return Status::IoError(fmt::format("cannot list the index directory '{}': {}", dir.string(), ec.message()));
-  if (old.kind != OldIndex::Kind::kOurs && !rocksdb_files) {
-    return Status::InvalidArgument(fmt::format(
-        "the index directory '{}' has no RocksDB CURRENT or MANIFEST file, so it is not recognisably an index; {} "
-        "(if it is this store's damaged index, move it aside yourself first)",
-        dir.string(), kChoose));
+  if (ec) {
+    const std::string reason = fmt::format("cannot list the index directory '{}': {}", dir.string(), ec.message());
+    return RebuildRefusal{dir, false, reason, Status::IoError(reason), {}};
+  }
+  const bool recognised = old.kind == OldIndex::Kind::kOurs || rocksdb_files;
+  if (!strays.empty()) {
+    // Moved out, they leave an index this check accepts, or an empty directory.
+    const bool moving_lifts = (recognised || !index_files) && !IndexLockHeld(dir);
+    std::string reason = fmt::format(
+        "the index directory '{}' holds '{}', which an index never writes, so it is not a Terrace index",
+        dir.string(), strays.front().filename().string());
+    if (!moving_lifts) strays.clear();
+    return Refusal(Status::InvalidArgument, dir, false, std::move(reason), kGiveIndexDir, std::move(strays));
+  }
+  if (!recognised) {
+    return Refusal(Status::InvalidArgument, dir, false,
+                   fmt::format("the index directory '{}' has no RocksDB CURRENT or MANIFEST file, so it is not "
+                               "recognisably an index",
+                               dir.string()),
+                   fmt::format("{} (if it is this store's damaged index, move it aside yourself first)",
+                               kGiveIndexDir));
   }
   if (IndexLockHeld(dir)) {
-    return Status::Unavailable(fmt::format("the index directory '{}' is open in another process (its LOCK is held); "
-                                           "close that process first; nothing was changed",
-                                           dir.string()));
+    return Refusal(Status::Unavailable, dir, false,
+                   fmt::format("the index directory '{}' is open in another process (its LOCK is held)", dir.string()),
+                   "close that process first");
   }
-  return Status::Ok();
+  return std::nullopt;
 }
 
 // A group commit the old index holds but the data file's superblock does not (cut short between
@@ -489,54 +521,56 @@ fs::path BuildingPath(const fs::path& index) {
   return p;
 }
 
-// The directory `building` was left by a rebuild of this store: a real directory holding nothing
-// but index files, with Terrace's creation marker naming the store (unfinished) or, without a
-// marker, a manifest naming it (finished); or one that is empty or holds only the marker and/or its
-// .tmp naming the store (unfinished: killed between creating the directory and the marker's
-// rename). Sets *finished. Otherwise InvalidArgument saying why.
-Status CheckOwnBuilding(const fs::path& building, const nvme::Superblock& sb, const std::shared_ptr<Logger>& logger,
-                        bool* finished) {
-  const std::string refuse = fmt::format(
-      "'{}' is in the way of the rebuild and is not an unfinished rebuild of this store's index ({}); move it away and "
-      "run the rebuild again; nothing was changed",
-      building.string(), "{}");
+// Why `building` is not what a rebuild of this store left, nullopt when it is: a real directory
+// holding nothing but index files, with Terrace's creation marker naming the store (unfinished) or,
+// without a marker, a manifest naming it (finished); or one that is empty or holds only the marker
+// and/or its .tmp naming the store (unfinished: killed between creating the directory and the
+// marker's rename). Sets *finished when it is. InvalidArgument (IoError when it cannot be listed).
+std::optional<RebuildRefusal> BuildingRefusal(const fs::path& building, const nvme::Superblock& sb,
+                                              const std::shared_ptr<Logger>& logger, bool* finished) {
+  auto refuse = [&](std::string_view why) {
+    return Refusal(Status::InvalidArgument, building, true,
+                   fmt::format("'{}' is in the way of the rebuild and is not an unfinished rebuild of this store's "
+                               "index ({})",
+                               building.string(), why),
+                   "move it away and run the rebuild again");
+  };
   std::error_code ec;
-  if (!fs::is_directory(fs::symlink_status(building, ec))) {
-    return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args("not a directory")));
-  }
+  if (!fs::is_directory(fs::symlink_status(building, ec))) return refuse("not a directory");
   for (fs::directory_iterator it(building, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!nvme::IsIndexStoreFileName(name) || !fs::is_regular_file(it->symlink_status(ec))) {
-      return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args(
-          fmt::format("it holds '{}', which an index never writes", name))));
+      return refuse(fmt::format("it holds '{}', which an index never writes", name));
     }
   }
-  if (ec) return Status::IoError(fmt::format("cannot list '{}': {}", building.string(), ec.message()));
+  if (ec) {
+    const std::string reason = fmt::format("cannot list '{}': {}", building.string(), ec.message());
+    return RebuildRefusal{building, true, reason, Status::IoError(reason), {}};
+  }
   if (nvme::OnlyOwnIndexCreatingMarkers(building, sb.UuidString()) ||
       nvme::IndexCreatingMarkerNames(building, sb.UuidString())) {
     *finished = false;
-    return Status::Ok();
+    return std::nullopt;
   }
   const OldIndex look = LookAtOldIndex(building, sb, logger);
   if (look.kind == OldIndex::Kind::kOurs && !fs::exists(building / nvme::kIndexCreatingMarker, ec)) {
     *finished = true;
-    return Status::Ok();
+    return std::nullopt;
   }
-  return Status::InvalidArgument(fmt::vformat(refuse, fmt::make_format_args(
-      "neither Terrace's marker of an unfinished index of this store nor a manifest of this store is in it")));
+  return refuse("neither Terrace's marker of an unfinished index of this store nor a manifest of this store is in it");
 }
 
 // What a rebuild killed before it finished left (docs/nvme-format.md, "Scan and rebuild"): a
 // finished new index whose rename into place was cut off (the old index already moved aside) is
 // put in place; anything else of it is removed (the old index is still in place, or there was
-// none). Only a directory CheckOwnBuilding accepts is touched.
+// none). Only a directory BuildingRefusal accepts is touched.
 Status TakeUpInterruptedRebuild(const fs::path& index, const nvme::Superblock& sb,
                                 const std::shared_ptr<Logger>& logger, const RebuildStepFn& at_step) {
   const fs::path building = BuildingPath(index);
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(building, ec))) return Status::Ok();
   bool finished = false;
-  TERRACE_RETURN_IF_ERROR(CheckOwnBuilding(building, sb, logger, &finished));
+  if (auto refusal = BuildingRefusal(building, sb, logger, &finished)) return refusal->status;
   if (finished && !fs::exists(fs::symlink_status(index, ec))) {
     fs::rename(building, index, ec);
     if (ec) {
@@ -552,7 +586,7 @@ Status TakeUpInterruptedRebuild(const fs::path& index, const nvme::Superblock& s
   }
   logger->Log(LogLevel::kWarning, "nvme",
               fmt::format("removing '{}', left by an interrupted rebuild of the index", building.string()));
-  // CheckOwnBuilding saw nothing but index files in it.
+  // BuildingRefusal saw nothing but index files in it.
   for (const auto& e : ListDir(building, &ec)) {
     if (!ec) fs::remove(e.path(), ec);
   }
@@ -642,30 +676,46 @@ Status WriteNewIndex(const fs::path& dir, const nvme::Superblock& sb, const std:
 
 }  // namespace
 
-Status NvmeTier::CheckRebuildTarget(const NvmeTierOptions& options) {
+Result<std::vector<NvmeTier::RebuildRefusal>> NvmeTier::RebuildTargetRefusals(const NvmeTierOptions& options) {
   TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
   Fd fd;
   nvme::Superblock sb;
   std::uint64_t size = 0;
   TERRACE_RETURN_IF_ERROR(OpenData(paths, /*exclusive=*/false, options.lock_wait, &fd, &sb, &size));
-  return CheckIndexDirForRebuild(paths.index, sb, LoggerOrDefault(options.logger));
+  return RebuildRefusals(paths.index, sb, LoggerOrDefault(options.logger));
+}
+
+std::vector<NvmeTier::RebuildRefusal> NvmeTier::RebuildRefusals(const fs::path& index, const nvme::Superblock& sb,
+                                                                const std::shared_ptr<Logger>& logger) {
+  std::vector<RebuildRefusal> out;
+  std::error_code ec;
+  const fs::path building = BuildingPath(index);
+  bool finished = false;
+  if (fs::exists(fs::symlink_status(building, ec))) {
+    if (auto r = BuildingRefusal(building, sb, logger, &finished)) out.push_back(std::move(*r));
+  }
+  const OldIndex old = LookAtOldIndex(index, sb, logger);
+  if (old.kind != OldIndex::Kind::kNone) {
+    if (auto r = IndexDirRefusal(index, old, sb)) out.push_back(std::move(*r));
+  }
+  return out;
 }
 
 Status NvmeTier::CheckIndexDirForRebuild(const fs::path& index, const nvme::Superblock& sb,
-                                         const std::shared_ptr<Logger>& logger, fs::path* refused) {
-  std::error_code ec;
-  const fs::path building = BuildingPath(index);
-  if (fs::exists(fs::symlink_status(building, ec))) {
-    bool finished = false;
-    if (Status s = CheckOwnBuilding(building, sb, logger, &finished); !s.ok()) {
-      if (refused) *refused = building;
-      return s;
-    }
+                                         const std::shared_ptr<Logger>& logger) {
+  const std::vector<RebuildRefusal> refusals = RebuildRefusals(index, sb, logger);
+  if (refusals.size() <= 1) return refusals.empty() ? Status::Ok() : refusals.front().status;
+  std::string all = fmt::format("a rebuild is refused for {} reasons:", refusals.size());
+  for (std::size_t i = 0; i < refusals.size(); ++i) {
+    std::string_view one = refusals[i].status.message();
+    if (one.ends_with(kNothingChanged)) one.remove_suffix(kNothingChanged.size());
+    all += fmt::format(" ({}) {};", i + 1, one);
   }
-  if (refused) *refused = index;
-  const OldIndex old = LookAtOldIndex(index, sb, logger);
-  if (old.kind == OldIndex::Kind::kNone) return Status::Ok();
-  return CheckIndexDirIsOurs(index, old, sb);
+  all.pop_back();
+  all += kNothingChanged;
+  return refusals.front().status.IsInvalidArgument() ? Status::InvalidArgument(all)
+         : refusals.front().status.code() == Code::kUnavailable ? Status::Unavailable(all)
+                                                     : Status::IoError(all);
 }
 
 Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress,
@@ -694,7 +744,9 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   TERRACE_RETURN_IF_ERROR(CheckIndexDirForRebuild(paths.index, sb, logger));
   TERRACE_RETURN_IF_ERROR(TakeUpInterruptedRebuild(paths.index, sb, logger, at_step));
   OldIndex old = LookAtOldIndex(paths.index, sb, logger);
-  if (old.kind != OldIndex::Kind::kNone) TERRACE_RETURN_IF_ERROR(CheckIndexDirIsOurs(paths.index, old, sb));
+  if (old.kind != OldIndex::Kind::kNone) {
+    if (auto refusal = IndexDirRefusal(paths.index, old, sb)) return refusal->status;
+  }
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
   CutCommit cut;

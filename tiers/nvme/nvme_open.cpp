@@ -137,24 +137,25 @@ std::string NvmeTier::RecoverAdvice() const {
   }
   // The advice is to run what would work: recover refuses an index directory that is not this
   // store's (another store's index, a folder of other files, one open elsewhere), and an
-  // "<index>.rebuilding" that is not a killed rebuild of this store; the advice names which.
+  // "<index>.rebuilding" that is not a killed rebuild of this store; the advice names which. A
+  // refused index directory comes first: its remedies (another index directory) leave this one's
+  // "<index>.rebuilding" out of the way.
   std::string cmd = fmt::format("terrace store recover --dir {}", dir);
   if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
-  fs::path refused;
-  const Status refusal = CheckIndexDirForRebuild(index_path_, sb, logger_, &refused);
-  if (!refusal.ok()) {
-    std::string why(refusal.message());
-    why = why.substr(0, why.find("; nothing was changed"));  // its own advice, said below in full
-    if (refused != index_path_) {  // what lies in the way of the rebuild, not the index directory
-      return fmt::format("move '{}' away, then run `{}` to rebuild the index from the data file (recover refuses it: "
-                         "{})",
-                         refused.string(), cmd, why);
-    }
+  const std::vector<RebuildRefusal> refusals = RebuildRefusals(index_path_, sb, logger_);
+  for (const RebuildRefusal& r : refusals) {
+    if (r.in_the_way) continue;
     return fmt::format(
         "give the index directory this store was created with, or run `terrace store recover --dir {} --index-dir "
         "NEW_DIR` with a new or empty NEW_DIR to rebuild the index there from the data file (recover refuses '{}' "
         "itself: {})",
-        dir, index_path_.string(), why);
+        dir, index_path_.string(), r.reason);
+  }
+  if (!refusals.empty()) {  // only what lies in the way of the rebuild, not the index directory
+    const RebuildRefusal& r = refusals.front();
+    return fmt::format("move '{}' away, then run `{}` to rebuild the index from the data file (recover refuses it: "
+                       "{})",
+                       r.path.string(), cmd, r.reason);
   }
   return fmt::format("run `{}` to rebuild the index from the data file (the damaged index is kept aside)", cmd);
 }

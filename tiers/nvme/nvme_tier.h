@@ -203,16 +203,31 @@ class NvmeTier final : public Tier {
   // `at_step` (tests): called after each step that changes files, with the step's name.
   static Result<RebuildReport> RebuildIndex(const NvmeTierOptions& options, const ScanProgressFn& progress = {},
                                             const RebuildStepFn& at_step = {});
-  // OK when RebuildIndex would accept the index directory `options` names (absent, empty, or this
-  // store's index) and what lies at "<index>.rebuilding" (nothing, or a killed rebuild's leftover); otherwise the status RebuildIndex would refuse it with. Reads the superblock
-  // under a shared lock and opens the index read-only; changes nothing.
-  static Status CheckRebuildTarget(const NvmeTierOptions& options);
-  // The check of CheckRebuildTarget and RebuildIndex without the data file: OK when a rebuild of the
-  // store `sb` would accept the index directory `index` and what lies at "<index>.rebuilding".
-  // `refused` (optional) receives the path a refusal is about: `index` or "<index>.rebuilding".
+  // One reason RebuildIndex would refuse to start (it changes nothing then).
+  struct RebuildRefusal {
+    std::filesystem::path path;  // what it is about: the index directory, or "<index>.rebuilding"
+    bool in_the_way = false;     // about "<index>.rebuilding", in the way of the rebuild (not the index directory)
+    std::string reason;          // why, without advice; `status`'s message starts with it
+    Status status;               // what RebuildIndex fails with when this is the only reason
+    // Entries of the index directory an index never writes, when moving them out of it is all it
+    // takes to lift this refusal; empty otherwise.
+    std::vector<std::filesystem::path> strays;
+  };
+  // Every reason a rebuild of the store `sb` would refuse to start: first what lies at
+  // "<index>.rebuilding" (anything but nothing or a killed rebuild's leftover of this store), then the
+  // index directory `index` (anything but absent, empty or this store's index). Empty when it would
+  // start. The one test RebuildIndex, CheckIndexDirForRebuild and the recover advice apply; opens an
+  // index only read-only and changes nothing.
+  static std::vector<RebuildRefusal> RebuildRefusals(const std::filesystem::path& index, const nvme::Superblock& sb,
+                                                     const std::shared_ptr<Logger>& logger);
+  // RebuildRefusals for the store `options` names, its superblock read under a shared lock on the
+  // data area; an error when that cannot be read (no store; Unavailable while a read-write tier has
+  // it open). Changes nothing.
+  static Result<std::vector<RebuildRefusal>> RebuildTargetRefusals(const NvmeTierOptions& options);
+  // OK when RebuildRefusals is empty; else the status RebuildIndex refuses with: the one refusal's,
+  // or for several, one naming every reason (the first one's code).
   static Status CheckIndexDirForRebuild(const std::filesystem::path& index, const nvme::Superblock& sb,
-                                        const std::shared_ptr<Logger>& logger,
-                                        std::filesystem::path* refused = nullptr);
+                                        const std::shared_ptr<Logger>& logger);
 
   ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
   NvmeTier(const NvmeTier&) = delete;
