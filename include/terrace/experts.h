@@ -328,8 +328,8 @@ class ExpertOffload final : public model::ExpertProvider {
   void Release(int layer, int expert) override;
   void Prefetch(int layer, std::span<const int> experts) override;
 
-  // Installs on_routing (expert load), on_embedding and on_layer_end (predictor) into `options`, chaining any
-  // callbacks already there. The callbacks hold a plain pointer: this object must outlive them.
+  // Installs on_routing (expert load), on_embedding and on_layer_end (predictor) into `options`, after any
+  // callbacks already there (model::ChainHooks: those run first). The callbacks hold a plain pointer: this object must outlive them.
   void AttachHooks(model::ForwardOptions* options);
   // Lookahead's entry point (also called by the on_layer_end hook).
   void OnLayerEnd(int layer, std::span<const float> hidden, std::int64_t tokens);

@@ -104,6 +104,16 @@ struct ForwardOptions {
   std::function<Status(int layer, std::int64_t tokens)> on_layer_begin;
 };
 
+// `first` with `then`'s callbacks chained after its own: for each of the six callbacks
+// (on_routing, on_layer_end, on_ffn_input, on_embedding, on_layer_begin, on_mla_attention) the
+// result calls first's, then then's, with the same arguments; where one side is unset the other
+// side's callback is taken as is (both unset: unset, so no cost). on_layer_begin returns the
+// first non-OK Status: first's error is returned unchanged and then's is not called; otherwise
+// then's Status. The other fields (chunked_kda, absorbed_mla, all_logits, profile) are first's;
+// then's are ignored. The chained callbacks hold both sides' callbacks (what those capture must
+// outlive them), add no locking, and run on the calling thread: as thread-safe as the two sides.
+ForwardOptions ChainHooks(ForwardOptions first, ForwardOptions then);
+
 class Model {
  public:
   ~Model();

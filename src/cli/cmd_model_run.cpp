@@ -106,14 +106,14 @@ int RunModel(const RunArgs& a) {
   std::optional<KvRun> kv_run;
   std::optional<kv::CachedPrefill> cached;
   std::pair<double, double> kv_prepare{0, 0};  // seconds: the state's reservation, the pools' opening (beside it)
-  // Progress lines on stderr for long passes; their hooks go around the ones StartExpertRun set (own).
+  // Progress lines on stderr for long passes; their hooks run after the ones StartExpertRun set (own).
   const int last_layer = config.num_hidden_layers - 1;
   PrefillProgress prefill_progress("terrace model run", "prefill",
                                    a.kv.store.empty() ? static_cast<std::int64_t>(prompt->size()) : 0, last_layer);
   ForwardOptions own;
   auto with_progress = [&] {
     own = session.hooks();
-    session.set_hooks(prefill_progress.Wrap(own));
+    session.set_hooks(ChainHooks(own, prefill_progress.Hooks()));
   };
   // After a stop: the store's writes handed over so far finish (a chunk block is never written with
   // a layer missing), then "stopped by SIGINT <what>".
@@ -195,7 +195,7 @@ int RunModel(const RunArgs& a) {
   }
   std::vector<int> generated;
   PrefillProgress decode_progress("terrace model run", "decode", std::max(0, a.max_new - 1), last_layer);
-  session.set_hooks(decode_progress.Wrap(own));
+  session.set_hooks(ChainHooks(own, decode_progress.Hooks()));
   for (int i = 0; i < a.max_new; ++i) {
     generated.push_back(Argmax(session.last_logits()));
     if (i + 1 < a.max_new) {

@@ -44,27 +44,4 @@ model::ForwardOptions PrefillProgress::Hooks() {
   return o;
 }
 
-model::ForwardOptions PrefillProgress::Wrap(model::ForwardOptions own) {
-  model::ForwardOptions mine = Hooks();
-  if (own.on_layer_begin) {
-    own.on_layer_begin = [first = std::move(own.on_layer_begin), then = std::move(mine.on_layer_begin)](
-                             int layer, std::int64_t tokens) -> Status {
-      TERRACE_RETURN_IF_ERROR(first(layer, tokens));
-      return then(layer, tokens);
-    };
-  } else {
-    own.on_layer_begin = std::move(mine.on_layer_begin);
-  }
-  if (own.on_layer_end) {
-    own.on_layer_end = [first = std::move(own.on_layer_end), then = std::move(mine.on_layer_end)](
-                           int layer, std::span<const float> hidden, std::int64_t tokens) {
-      first(layer, hidden, tokens);
-      then(layer, hidden, tokens);
-    };
-  } else {
-    own.on_layer_end = std::move(mine.on_layer_end);
-  }
-  return own;
-}
-
 }  // namespace terrace::cli

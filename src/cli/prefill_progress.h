@@ -22,10 +22,8 @@ class PrefillProgress {
  public:
   static constexpr double kEverySeconds = 5.0;
   PrefillProgress(std::string who, std::string what, std::int64_t total, int last_layer);
+  // on_layer_end (progress) and on_layer_begin (StopCheck); model::ChainHooks adds them to others.
   model::ForwardOptions Hooks();
-  // `own` with these hooks added: own's on_layer_begin / on_layer_end run first (an error from own's
-  // on_layer_begin is returned as is), the rest of `own` is kept.
-  model::ForwardOptions Wrap(model::ForwardOptions own);
   void set_what(std::string what) { what_ = std::move(what); }
   std::int64_t done() const { return done_; }
   // "k/n tokens" ("k tokens computed" when the total is not known: total <= 0), and while a pass is

@@ -323,9 +323,8 @@ void ExpertOffload::OnTokenStart(std::span<const float> embedding, std::int64_t 
 }
 
 void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
-  auto prev_routing = options->on_routing;
-  options->on_routing = [this, prev_routing](int layer, const model::Routing& r) {
-    if (prev_routing) prev_routing(layer, r);
+  model::ForwardOptions mine;
+  mine.on_routing = [this](int layer, const model::Routing& r) {
     Impl& m = *impl_;
     MutexLock lock(&m.mu);
     if (layer < 0 || layer >= m.L) return;
@@ -333,16 +332,13 @@ void ExpertOffload::AttachHooks(model::ForwardOptions* options) {
     for (int e : r.ids)
       if (e >= 0 && e < m.E) ++m.token_load[static_cast<std::size_t>(layer)][static_cast<std::size_t>(e)];
   };
-  auto prev_end = options->on_layer_end;
-  options->on_layer_end = [this, prev_end](int layer, std::span<const float> hidden, std::int64_t tokens) {
-    if (prev_end) prev_end(layer, hidden, tokens);
+  mine.on_layer_end = [this](int layer, std::span<const float> hidden, std::int64_t tokens) {
     OnLayerEnd(layer, hidden, tokens);
   };
-  auto prev_embedding = options->on_embedding;
-  options->on_embedding = [this, prev_embedding](std::span<const float> embedding, std::int64_t tokens) {
-    if (prev_embedding) prev_embedding(embedding, tokens);
+  mine.on_embedding = [this](std::span<const float> embedding, std::int64_t tokens) {
     OnTokenStart(embedding, tokens);
   };
+  *options = model::ChainHooks(std::move(*options), std::move(mine));
 }
 
 void ExpertOffload::Quiesce() {

@@ -38,7 +38,6 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
   const auto n = static_cast<std::int64_t>(request.tokens.size());
   const auto last_chunks = static_cast<std::int64_t>(request.chunk_ids.size());
   HookGuard guard(session);
-  const model::ForwardOptions& own = guard.saved();
 
   CachedPrefill out;
   std::unique_ptr<LayerwiseRestore> layerwise;
@@ -56,19 +55,17 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
   // The piece being computed: its end decides what the write-out stores.
   std::int64_t piece_end = 0;
   Status write_error;
-  model::ForwardOptions hooks = own;
-  hooks.on_layer_begin = [&](int layer, std::int64_t tokens) -> Status {
-    if (own.on_layer_begin) TERRACE_RETURN_IF_ERROR(own.on_layer_begin(layer, tokens));
+  model::ForwardOptions mine;
+  mine.on_layer_begin = [&](int layer, std::int64_t) -> Status {
     return layerwise ? layerwise->RetrieveLayer(layer) : Status::Ok();
   };
-  hooks.on_layer_end = [&](int layer, std::span<const float> hidden, std::int64_t tokens) {
-    if (own.on_layer_end) own.on_layer_end(layer, hidden, tokens);
+  mine.on_layer_end = [&](int layer, std::span<const float>, std::int64_t) {
     if (!options.write_back || !options.layerwise || piece_end % C != 0 || piece_end / C > last_chunks) return;
     const std::int64_t chunks = piece_end / C;
     Status s = cache.StoreLayer(request, chunks, layer, session->state(), cache.layout().SnapshotDue(chunks, last_chunks));
     if (!s.ok() && write_error.ok()) write_error = s;
   };
-  session->set_hooks(hooks);
+  session->set_hooks(model::ChainHooks(guard.saved(), std::move(mine)));
 
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
