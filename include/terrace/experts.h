@@ -110,7 +110,7 @@ class Predictor {
 };
 
 struct LookaheadOptions {
-  int depth = 2;                 // predict layers l+1 .. l+depth after layer l
+  int depth = 2;                 // predict the next `depth` MoE layers after layer l (dense ones not counted)
   // A distance j > 1 is predicted only while its measured precision (a running mean, starting at
   // 1) stays >= min_confidence (depth gated by confidence); a gated distance is still tried every
   // 8th step so that its estimate can recover.
@@ -151,7 +151,9 @@ std::unique_ptr<Predictor> MakeLookaheadPredictor(const model::Model& model, con
 // Layer-to-layer transitions (experts of layer l -> experts of layer l+1) and token-to-token ones
 // (a layer's experts in the previous step -> the same layer now), counted online.
 std::unique_ptr<Predictor> MakeStatisticalPredictor(const model::ModelConfig& config, int depth = 1);
-// Replays `trace` (recorded from the same run) `depth` layers ahead, across step boundaries.
+// Replays `trace` (recorded from the same run) `depth` MoE layers ahead (the layers the trace routes;
+// dense ones not counted), across step boundaries: after each layer's routing, and at token start
+// (OnTokenStart) the step's first `depth` MoE layers. Depth 0: no predictions.
 std::unique_ptr<Predictor> MakeOraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth = 2);
 
 // Prediction quality against what was routed, per layer: a prediction for (step, layer) counts
@@ -193,14 +195,17 @@ struct LayerMetrics {
 // two snapshots' difference describes the steps between them. Times are steady-clock nanoseconds.
 struct ExpertScheduleMetrics {
   // Wall time during which at least one expert load (a store prefetch key not yet landed, or a
-  // demand load on the forward thread) was outstanding: the drive/link were busy or queued. Loads
-  // in flight when Metrics() is called count up to that moment.
+  // demand load on the forward thread) was outstanding: the drive/link were busy or queued. A load
+  // ends when it lands, whether or not the cache has looked at it since; loads in flight when
+  // Metrics() is called count up to that moment. Never decreases between two snapshots.
   std::uint64_t load_busy_ns = 0;
   // Speculative loads that landed: their count, summed issue-to-landing time, and summed lead
   // (layers and ns from issue to the moment their layer's router chose, for the ones it chose).
   std::uint64_t spec_landed = 0, spec_load_ns = 0;
   std::uint64_t spec_used = 0, spec_lead_layers = 0, spec_lead_ns = 0;
-  std::uint64_t spec_late = 0;                // chosen while still in flight (the layer waited for it)
+  // Chosen while still in flight (not landed when its layer's router chose it; its acquire then
+  // waits unless it lands first: late_hits counts the acquires that waited).
+  std::uint64_t spec_late = 0;
   std::uint64_t spec_evicted_unused = 0;      // prefetched, evicted before any use
   std::uint64_t spec_evicted_before_target = 0;  // ... while its predicted use was still ahead (thrash)
   std::uint64_t selection_batches = 0;        // a layer's selection batches handed to the store
@@ -221,7 +226,11 @@ struct ExpertMetrics {
   double stall_ns_per_token = 0;
   std::uint64_t demand_bytes = 0;           // bytes loaded into the fast tier on demand
   std::uint64_t speculative_bytes = 0;      // bytes prefetched into the fast tier (landed)
-  std::uint64_t speculative_wasted_bytes = 0;  // prefetched, then evicted or still unused at the end
+  // Parts of speculative_bytes: prefetched, then evicted before any use (a counter: it never
+  // decreases), and prefetched, resident and not used yet at the snapshot (a gauge: it falls when
+  // such an expert is used or evicted).
+  std::uint64_t speculative_wasted_bytes = 0;
+  std::uint64_t speculative_unused_bytes = 0;
   std::uint64_t prefetches_issued = 0, prefetches_cancelled = 0, prefetches_skipped = 0;
   std::uint64_t evictions = 0;
   std::uint64_t corrupt_copies_reread = 0;  // copies that failed their checksum; re-read from a slower copy
@@ -349,6 +358,8 @@ class ExpertOffload final : public model::ExpertProvider {
   // Drops every unpinned fast-tier copy (a cold cache), zeroes the metrics and starts a new routing
   // trace (steps count from 0 again): take trace() first to replay the run so far.
   Status Reset();
+  // A snapshot of the counters since Reset. Books the loads that have landed first (as the next
+  // acquire would), so that a landed prefetch counts as landed and resident; issues nothing.
   ExpertMetrics Metrics() const;
   // The routing seen so far (for an oracle replay of the same run).
   std::shared_ptr<const RoutingTrace> trace() const;

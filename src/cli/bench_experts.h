@@ -77,7 +77,11 @@ struct Residency {
 struct ConfigResult {
   std::string name;
   double budget_fraction = 1.0;
-  double tokens_per_s = 0, hit_rate = 0, recall = 0, precision = 0;
+  double tokens_per_s = 0;
+  // Unset (null in the JSON, "-" in the table) where the row has no such figure: hit_rate for
+  // resident (nothing is loaded) and mmap-unbounded (no budget to charge an expert to); recall and
+  // precision for resident and the mmap rows (no predictor).
+  std::optional<double> hit_rate, recall, precision;
   // The share of the decode time the forward pass waited on expert loads (resident: 0), and the
   // tokens/s of compute + this hit rate's miss transfers, serially. Unset (null in the JSON) for the
   // mmap rows, which measure neither (their waits are page faults inside the forward pass).
@@ -85,7 +89,8 @@ struct ConfigResult {
   double io_bound_tokens_per_s = 0;  // the miss transfers alone (link + drive): no predictor can beat it; 0: no misses
   double miss_bytes_per_token = 0;
   std::uint64_t bytes_read[kNumTiers] = {0, 0, 0};
-  std::uint64_t speculative_bytes = 0, wasted_bytes = 0;
+  // Whole run: prefetched bytes landed; of them, evicted before any use, and resident unused at the end.
+  std::uint64_t speculative_bytes = 0, wasted_bytes = 0, unused_bytes = 0;
   std::vector<double> layer_recall;
   // Per decode token, every row: the wall time, the forward (this) thread's CPU time, and the CPU
   // time of the process's other threads (the store's lanes, the NVMe tier's rings) over the same steps.

@@ -211,9 +211,9 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     c["wall_s_per_token"] = r.wall_s_per_token;
     c["forward_cpu_s_per_token"] = r.forward_cpu_s_per_token;
     c["background_cpu_s_per_token"] = r.background_cpu_s_per_token;
-    c["hit_rate"] = r.hit_rate;
-    c["recall"] = r.recall;
-    c["precision"] = r.precision;
+    c["hit_rate"] = JsonOrNull(r.hit_rate);  // null: the row has no such figure (ConfigResult)
+    c["recall"] = JsonOrNull(r.recall);
+    c["precision"] = JsonOrNull(r.precision);
     c["bound_tokens_per_s"] = JsonOrNull(r.bound_tokens_per_s);  // null: not measured (mmap rows)
     // null: the row had no misses in the decode steps, so the drive and link do not bound it.
     if (r.io_bound_tokens_per_s > 0) {
@@ -243,6 +243,7 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     for (int i = 0; i < kNumTiers; ++i) c["bytes_read"][std::string(TierName(static_cast<TierId>(i)))] = r.bytes_read[i];
     c["speculative_bytes"] = r.speculative_bytes;
     c["speculative_wasted_bytes"] = r.wasted_bytes;
+    c["speculative_unused_bytes"] = r.unused_bytes;
     c["layer_recall"] = r.layer_recall;
     if (!r.IsMmap() && r.name != "resident") {
       const experts::ExpertScheduleMetrics& d = r.schedule;
@@ -322,8 +323,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
            r.drive_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.drive_bound_tokens_per_s) : "-",
            cached ? fmt::format("{:.1f}", r.bound_tokens_per_s.value_or(0)) : "-",
            cached ? fmt::format("{:.1f}%", 100 * r.stall_share.value_or(0)) : "-",
-           budgeted ? fmt::format("{:.3f}", r.hit_rate) : "-",
-           cached ? fmt::format("{:.3f}", r.recall) : "-",
+           r.hit_rate ? fmt::format("{:.3f}", *r.hit_rate) : "-", r.recall ? fmt::format("{:.3f}", *r.recall) : "-",
            fmt::format("{:.1f}", static_cast<double>(r.bytes_read[2]) / (1 << 20)),
            fmt::format("{:.1f}", static_cast<double>(r.bytes_read[1]) / (1 << 20))});
   }

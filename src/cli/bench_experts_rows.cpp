@@ -266,8 +266,6 @@ Result<ConfigResult> RunResidentRow(Run* run, const model::ModelDir& md) {
   if (a.threads > 1 || !(run->compute_s_per_token > 0)) run->compute_s_per_token = run->resident_wall_s_per_token;
   TERRACE_ASSIGN_OR_RETURN(run->limit, experts::MeasureLookaheadLimit(*m, run->prompt, a.decode));  // untimed
   r.stall_share = 0;  // every expert in memory: nothing to wait on
-  r.hit_rate = 1;
-  r.recall = 1;
   r.bound_tokens_per_s = r.tokens_per_s;
   return r;
 }
@@ -365,10 +363,11 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   std::sort(r.hot_experts.begin(), r.hot_experts.end());
   r.schedule = Minus(m1.schedule, m0.schedule);
   for (int i = 0; i < kNumTiers; ++i) r.bytes_read[i] = s1.tiers[i].bytes_read - s0.tiers[i].bytes_read;
-  // Whole run (prefill included): "wasted" counts blocks still unused, so a decode-only
-  // difference could go negative.
+  // Whole run (prefill included), as the row has always reported them; "unused" is a gauge (still
+  // resident and not used at the end), so it has no decode-only difference.
   r.speculative_bytes = m1.speculative_bytes;
   r.wasted_bytes = m1.speculative_wasted_bytes;
+  r.unused_bytes = m1.speculative_unused_bytes;
   // The bounds at this hit rate: the misses' transfers (drive, then link) alone, and with the
   // compute added serially.
   r.miss_bytes_per_token = misses * static_cast<double>(run->regime.block_bytes) / a.decode;
@@ -418,7 +417,7 @@ Result<ConfigResult> RunMmapRow(Run* run, const std::string& name, double fracti
   r.budget_fraction = fraction;
   r.mmap_budget_bytes = budget_bytes;
   const double hits = static_cast<double>(st1.hits - st0.hits), loads = static_cast<double>(st1.loads - st0.loads);
-  r.hit_rate = hits + loads > 0 ? hits / (hits + loads) : 0;
+  if (budget_bytes > 0) r.hit_rate = hits + loads > 0 ? hits / (hits + loads) : 0;
   // The drive's reads: this process's storage reads over the decode steps (/proc/self/io
   // read_bytes: page faults and the kernel's read-ahead for them); where that file is not
   // readable, the pages the decode brought into the page cache (mincore after minus before).

@@ -382,7 +382,8 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
                   {"stall_s_per_prefill_token", d.computed > 0 ? d.stall_prefill / static_cast<double>(d.computed) : 0.0},
                   {"stall_s_per_decode_token", d.decode_steps > 0 ? d.stall_decode / static_cast<double>(d.decode_steps) : 0.0},
                   {"demand_bytes", d.em.demand_bytes}, {"prefetched_bytes", d.em.speculative_bytes},
-                  {"prefetched_wasted_bytes", d.em.speculative_wasted_bytes}, {"budget_bytes", d.em.budget_bytes},
+                  {"prefetched_wasted_bytes", d.em.speculative_wasted_bytes},
+                  {"prefetched_unused_bytes", d.em.speculative_unused_bytes}, {"budget_bytes", d.em.budget_bytes},
                   {"total_expert_bytes", d.em.total_expert_bytes}, {"hot_factor", d.em.hot_factor}};
   // Per MoE layer: fast-tier hit rate, prefetch precision/recall, tokens routed to each expert, and the
   // experts whose load exceeds hot_factor x the layer mean (drawn by `terrace report`).

@@ -214,11 +214,12 @@ int RunModel(const RunArgs& a) {
     for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()})
       if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }
-  if (Status s = WriteExpertPrometheus(*ex, a.experts, out_rules); !s.ok()) return Fail(s.ToString());
   // The expert metrics of the run itself, before the extra pass below (which goes through the same
-  // expert cache).
-  const nlohmann::json expert_json = ex->offload ? ExpertReportJson(*ex) : nlohmann::json();
-  const std::string expert_text = ExpertReportText(*ex);
+  // expert cache): one snapshot, so the Prometheus file, the JSON and the text agree.
+  const std::optional<experts::ExpertMetrics> expert_metrics = ExpertSnapshot(*ex);
+  if (Status s = WriteExpertPrometheus(expert_metrics, a.experts, out_rules); !s.ok()) return Fail(s.ToString());
+  const nlohmann::json expert_json = ExpertReportJson(expert_metrics);
+  const std::string expert_text = ExpertReportText(expert_metrics);
   if (!a.dump_logits.empty()) {
     if (cached && cached->restored_tokens > 0) {
       // Restored positions have no logits: recompute them in a cold pass over [0, b) with the same

@@ -147,20 +147,25 @@ Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session*
   return Status::Ok();
 }
 
-nlohmann::json ExpertReportJson(const ExpertRun& run) {
-  if (!run.offload) return nullptr;
-  return nlohmann::json::parse(run.offload->Metrics().ToJson());
+std::optional<experts::ExpertMetrics> ExpertSnapshot(const ExpertRun& run) {
+  if (!run.offload) return std::nullopt;
+  return run.offload->Metrics();
 }
 
-std::string ExpertReportText(const ExpertRun& run) {
-  if (!run.offload) return {};
-  return run.offload->Metrics().ToText();
+nlohmann::json ExpertReportJson(const std::optional<experts::ExpertMetrics>& metrics) {
+  if (!metrics) return nullptr;
+  return nlohmann::json::parse(metrics->ToJson());
 }
 
-Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args, const OutputRules& out_rules) {
-  if (!run.offload || args.prometheus.empty()) return Status::Ok();
+std::string ExpertReportText(const std::optional<experts::ExpertMetrics>& metrics) {
+  return metrics ? metrics->ToText() : std::string();
+}
+
+Status WriteExpertPrometheus(const std::optional<experts::ExpertMetrics>& metrics, const ExpertRunArgs& args,
+                             const OutputRules& out_rules) {
+  if (!metrics || args.prometheus.empty()) return Status::Ok();
   // The first line is Terrace's mark (a comment to a scraper), so that a later run may replace the file.
-  const std::string text = fmt::format("{}\n{}", kPrometheusGeneratorLine, run.offload->Metrics().PrometheusText());
+  const std::string text = fmt::format("{}\n{}", kPrometheusGeneratorLine, metrics->PrometheusText());
   return WriteOutputFile(args.prometheus, "--expert-prometheus", out_rules.As(OutputFormat::kPrometheus), text);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,10 +69,14 @@ Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session*
 // --model stores the experts afresh. Other failures unchanged.
 Status WithExpertRemedy(const ExpertRun& run, const Status& s);
 
-// The report: JSON object, text lines, and (with --expert-prometheus) the Prometheus file, whose
-// first line is kPrometheusGeneratorLine (Terrace's mark), written under `out_rules`.
-nlohmann::json ExpertReportJson(const ExpertRun& run);
-std::string ExpertReportText(const ExpertRun& run);
-Status WriteExpertPrometheus(const ExpertRun& run, const ExpertRunArgs& args, const OutputRules& out_rules);
+// The report, every form from one snapshot (ExpertSnapshot: unset without an expert cache, and
+// then the JSON is null, the text empty and no file is written): JSON object, text lines, and
+// (with --expert-prometheus) the Prometheus file, whose first line is kPrometheusGeneratorLine
+// (Terrace's mark), written under `out_rules`.
+std::optional<experts::ExpertMetrics> ExpertSnapshot(const ExpertRun& run);
+nlohmann::json ExpertReportJson(const std::optional<experts::ExpertMetrics>& metrics);
+std::string ExpertReportText(const std::optional<experts::ExpertMetrics>& metrics);
+Status WriteExpertPrometheus(const std::optional<experts::ExpertMetrics>& metrics, const ExpertRunArgs& args,
+                             const OutputRules& out_rules);
 
 }  // namespace terrace::cli

@@ -288,6 +288,7 @@ void ExpertOffload::Prefetch(int layer, std::span<const int> experts) {
     steps.emplace_back(static_cast<std::size_t>(m.L));
   steps[static_cast<std::size_t>(m.step)][static_cast<std::size_t>(layer)] = sel;
   m.scorer.Observe(m.step, layer, sel);
+  m.Harvest(false);  // a prefetch that landed before this choice is resident, not late
   m.ScoreSpeculation(layer, sel);
   for (auto& s : m.slots) s.protect = false;
   for (int e : sel) {
@@ -386,6 +387,7 @@ Status ExpertOffload::Reset() {
   m.have_token_load = false;
   m.tokens = m.steps_seen = m.stall_ns = m.demand_bytes = m.spec_bytes = m.spec_wasted = 0;
   m.issued = m.cancelled = m.skipped = m.evictions = 0;
+  m.spec_booked_since_pump = false;
   m.sched = ExpertScheduleMetrics{};
   m.load_iv.clear();
   m.load_busy_folded = 0;
@@ -416,8 +418,12 @@ Result<BlockKey> ExpertOffload::key(int layer, int expert) const {
 }
 
 ExpertMetrics ExpertOffload::Metrics() const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   MutexLock lock(&m.mu);
+  // What landed is booked first (as the next acquire would book it), so the snapshot counts it as
+  // landed and resident, and its load as ended at its landing. The queue is left to the forward
+  // thread: a snapshot issues nothing.
+  m.Harvest(false);
   ExpertMetrics x;
   x.policy = std::string(CachePolicyName(m.policy->kind()));
   x.predictor = std::string(m.predictor->name());
@@ -479,7 +485,8 @@ ExpertMetrics ExpertOffload::Metrics() const {
   std::uint64_t unused = 0;
   for (const auto& s : m.slots)
     if (s.state == SlotState::kResident && s.unused_prefetch) unused += s.bytes;
-  x.speculative_wasted_bytes = m.spec_wasted + unused;
+  x.speculative_wasted_bytes = m.spec_wasted;
+  x.speculative_unused_bytes = unused;
   x.prefetches_issued = m.issued;
   x.prefetches_cancelled = m.cancelled;
   x.prefetches_skipped = m.skipped;
@@ -494,7 +501,8 @@ ExpertMetrics ExpertOffload::Metrics() const {
   x.schedule = m.sched;
   // Loads still in flight count up to now: the difference of two snapshots then covers only the
   // time between them (a prefetch issued before the first and booked after it would otherwise
-  // add its whole interval, from before the first snapshot, to the difference).
+  // add its whole interval, from before the first snapshot, to the difference). A key that lands
+  // between the harvest above and now counts up to its landing.
   x.schedule.load_busy_ns = m.LoadBusyNs(SteadyNanos());
   return x;
 }

@@ -20,11 +20,12 @@ std::string ExpertMetrics::ToText() const {
   out += fmt::format("experts: hit rate {:.3f} ({} hits, {} late, {} misses); prediction precision {:.3f} recall {:.3f}\n",
                      hit_rate, hits, late_hits, misses, prediction.precision(), prediction.recall());
   out += fmt::format("experts: stall {:.3f} ms per token ({} tokens, {} steps); demand {:.2f} MiB, speculative {:.2f} MiB "
-                     "moved / {:.2f} MiB wasted; prefetches {} issued, {} cancelled, {} skipped; {} evictions; {} corrupt "
-                     "copies re-read\n",
+                     "moved ({:.2f} MiB evicted unused, {:.2f} MiB not used yet); prefetches {} issued, {} cancelled, {} "
+                     "skipped; {} evictions; {} corrupt copies re-read\n",
                      stall_ns_per_token / 1e6, tokens, steps, static_cast<double>(demand_bytes) / (1 << 20),
                      static_cast<double>(speculative_bytes) / (1 << 20),
-                     static_cast<double>(speculative_wasted_bytes) / (1 << 20), prefetches_issued, prefetches_cancelled,
+                     static_cast<double>(speculative_wasted_bytes) / (1 << 20),
+                     static_cast<double>(speculative_unused_bytes) / (1 << 20), prefetches_issued, prefetches_cancelled,
                      prefetches_skipped, evictions, corrupt_copies_reread);
   out += fmt::format("experts: load max/mean {:.2f}, cv {:.3f}, {} hot experts (> {:g}x their layer's mean)\n",
                      load_mean > 0 ? load_max / load_mean : 0.0, load_cv, hot_experts, hot_factor);
@@ -71,6 +72,7 @@ std::string ExpertMetrics::ToJson() const {
   j["demand_bytes"] = demand_bytes;
   j["speculative_bytes"] = speculative_bytes;
   j["speculative_wasted_bytes"] = speculative_wasted_bytes;
+  j["speculative_unused_bytes"] = speculative_unused_bytes;
   j["prefetches_issued"] = prefetches_issued;
   j["prefetches_cancelled"] = prefetches_cancelled;
   j["prefetches_skipped"] = prefetches_skipped;
@@ -166,10 +168,16 @@ std::string ExpertMetrics::PrometheusText() const {
   out += fmt::format("terrace_experts_load_busy_seconds_total {}\n", static_cast<double>(schedule.load_busy_ns) / 1e9);
   metric("tokens_total", "counter", "Tokens run through the model.");
   out += fmt::format("terrace_experts_tokens_total {}\n", tokens);
-  metric("bytes_total", "counter", "Bytes loaded into the fast tier: demand, speculative (prefetched) and wasted (prefetched, never used).");
+  metric("bytes_total", "counter",
+         "Bytes loaded into the fast tier, by kind: demand or speculative (prefetched); the kinds partition the bytes.");
   out += fmt::format("terrace_experts_bytes_total{{kind=\"demand\"}} {}\n", demand_bytes);
   out += fmt::format("terrace_experts_bytes_total{{kind=\"speculative\"}} {}\n", speculative_bytes);
-  out += fmt::format("terrace_experts_bytes_total{{kind=\"wasted\"}} {}\n", speculative_wasted_bytes);
+  metric("speculative_wasted_bytes_total", "counter",
+         "Prefetched bytes evicted from the fast tier before any use (part of bytes_total{kind=\"speculative\"}).");
+  out += fmt::format("terrace_experts_speculative_wasted_bytes_total {}\n", speculative_wasted_bytes);
+  metric("speculative_unused_bytes", "gauge",
+         "Prefetched bytes resident in the fast tier and not used yet (part of bytes_total{kind=\"speculative\"}).");
+  out += fmt::format("terrace_experts_speculative_unused_bytes {}\n", speculative_unused_bytes);
   metric("prefetches_total", "counter", "Prefetches issued to the store, cancelled (their layer passed) and skipped (no room).");
   out += fmt::format("terrace_experts_prefetches_total{{outcome=\"issued\"}} {}\n", prefetches_issued);
   out += fmt::format("terrace_experts_prefetches_total{{outcome=\"cancelled\"}} {}\n", prefetches_cancelled);

@@ -40,11 +40,9 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
         expert, layer, L, E));
   }
   if (layer != cur_layer) Advance(layer);
-  const unsigned spec_before = spec_keys_inflight;
-  Harvest(false);
   // A speculative prefetch landed: refill the store's queue now rather than at the next
   // prediction or demand load, so the drive does not idle while this layer computes.
-  if (spec_keys_inflight < spec_before && !pending.empty()) Pump();
+  HarvestAndRefill();
   Slot& s = slot(layer, expert);
   LayerCounters& c = counters[static_cast<std::size_t>(layer)];
   if (s.handle.valid()) {  // resident, verified and parsed at an earlier acquire

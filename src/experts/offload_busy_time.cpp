@@ -48,8 +48,12 @@ void ExpertOffload::Impl::AddLoadInterval(std::uint64_t start, std::uint64_t end
 std::uint64_t ExpertOffload::Impl::LoadBusyNs(std::uint64_t open_until) const {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> iv = load_iv;
   if (open_until != 0) {
-    for (const InFlight& f : inflight)
-      if (f.unbooked > 0 && f.issue_ns < open_until) iv.emplace_back(f.issue_ns, open_until);
+    for (const InFlight& f : inflight) {
+      std::uint64_t end = 0;
+      for (std::size_t k = 0; k < f.slot_ids.size(); ++k)
+        if (!f.booked[k]) end = std::max(end, f.landing->DoneNs(k, open_until));
+      if (end > f.issue_ns) iv.emplace_back(f.issue_ns, end);
+    }
   }
   std::uint64_t folded = load_busy_folded;
   std::sort(iv.begin(), iv.end());

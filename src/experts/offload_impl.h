@@ -67,13 +67,14 @@ struct Slot {
 // and read by the forward thread. Thread-safe; its mutex is a leaf.
 struct Landing {
   explicit Landing(std::size_t n) : status(n), done(n, 0), done_ns(n, 0) {}
+  // The done time is taken under mu: a reader that finds key k not done read its own clock before
+  // k's done time, so a load counted as open up to that reading never ends earlier in a later one.
   void Set(std::size_t k, const Status& s) {
-    const std::uint64_t t = SteadyNanos();
     {
       MutexLock lock(&mu);
       status[k] = s;
       done[k] = 1;
-      done_ns[k] = t;
+      done_ns[k] = SteadyNanos();
     }
     cv.SignalAll();
   }
@@ -82,9 +83,10 @@ struct Landing {
     if (!done[k]) return std::nullopt;
     return status[k];
   }
-  std::uint64_t DoneNs(std::size_t k) {
+  // Steady ns when key k finished; `open_until` while it has not.
+  std::uint64_t DoneNs(std::size_t k, std::uint64_t open_until = 0) {
     MutexLock lock(&mu);
-    return done_ns[k];
+    return done[k] ? done_ns[k] : open_until;
   }
   Status Wait(std::size_t k) {
     MutexLock lock(&mu);
@@ -95,7 +97,7 @@ struct Landing {
   CondVar cv;
   std::vector<Status> status TERRACE_GUARDED_BY(mu);
   std::vector<char> done TERRACE_GUARDED_BY(mu);
-  std::vector<std::uint64_t> done_ns TERRACE_GUARDED_BY(mu);  // steady ns when key k finished
+  std::vector<std::uint64_t> done_ns TERRACE_GUARDED_BY(mu);  // steady ns when key k finished (done[k])
 };
 
 // One Store::Prefetch call: its keys are slots[slot_ids[k]]'s, in order.
@@ -155,6 +157,8 @@ struct ExpertOffload::Impl {
   std::uint64_t used TERRACE_GUARDED_BY(mu) = 0;  // resident + in-flight bytes
   std::uint64_t spec_inflight TERRACE_GUARDED_BY(mu) = 0;
   unsigned spec_keys_inflight TERRACE_GUARDED_BY(mu) = 0;
+  // A speculative key was booked since the last Pump: its place in flight is free for the queue.
+  bool spec_booked_since_pump TERRACE_GUARDED_BY(mu) = false;
   std::deque<offload::Pending> pending TERRACE_GUARDED_BY(mu);
   std::vector<offload::InFlight> inflight TERRACE_GUARDED_BY(mu);
   std::int64_t step TERRACE_GUARDED_BY(mu) = 0;
@@ -234,6 +238,9 @@ struct ExpertOffload::Impl {
   // Books every InFlight's finished keys (waiting for all of them when `wait`) and drops the
   // InFlights that are done.
   void Harvest(bool wait) TERRACE_REQUIRES(mu);
+  // Harvest(false), then a Pump when a speculative key was booked since the last Pump and the queue
+  // is not empty: a landed prefetch's place goes to a queued one now, so the drive does not idle.
+  void HarvestAndRefill() TERRACE_REQUIRES(mu);
 
   // ---- residency: budget, victims, eviction, the belady future (offload_residency.cpp)
   enum class ReserveKind { kDemand, kSelection, kSpeculative };
@@ -276,8 +283,8 @@ struct ExpertOffload::Impl {
   // intervals that no later load can overlap (every later one starts at or after the earliest
   // issue still in flight, or now).
   void AddLoadInterval(std::uint64_t start, std::uint64_t end) TERRACE_REQUIRES(mu);
-  // Union of every load interval since Reset, ns; with open_until, also of the loads still in
-  // flight, as if they ended then.
+  // Union of every load interval since Reset, ns; with open_until, also of the keys not booked yet:
+  // a landed one up to its landing, one still in flight as if it ended at open_until.
   std::uint64_t LoadBusyNs(std::uint64_t open_until = 0) const TERRACE_REQUIRES(mu);
   // Merges `iv` in place (sorted, disjoint).
   static void MergeIntervals(std::vector<std::pair<std::uint64_t, std::uint64_t>>& iv);

@@ -13,6 +13,7 @@ void ExpertOffload::Impl::BookItem(InFlight& f, std::size_t k, const Status& st)
   if (!f.demand) {
     spec_inflight -= s.bytes;
     --spec_keys_inflight;
+    spec_booked_since_pump = true;
   }
   bool landed = st.ok();
   const std::uint64_t done_ns = f.landing->DoneNs(k);
@@ -96,8 +97,14 @@ void ExpertOffload::Impl::Harvest(bool wait) {
   std::erase_if(inflight, [](const InFlight& f) { return f.unbooked == 0; });
 }
 
+void ExpertOffload::Impl::HarvestAndRefill() {
+  Harvest(false);
+  if (spec_booked_since_pump && !pending.empty()) Pump();
+}
+
 void ExpertOffload::Impl::Pump() {
   Harvest(false);
+  spec_booked_since_pump = false;
   // Demand preempts speculation: while the current layer's selection batch is in flight, queued
   // speculation waits here (the prefetches already handed to the store go on).
   for (const InFlight& f : inflight) {

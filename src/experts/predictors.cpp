@@ -56,9 +56,8 @@ class LookaheadPredictor final : public Predictor {
     if (attn_res && (attn_res->model != &model_ || attn_res->layer != layer || attn_res->tokens != tokens ||
                      attn_res->partial.data() != hidden.data() || attn_res->partial.size() != hidden.size()))
       attn_res = nullptr;
-    for (int j = 1; j <= options_.depth; ++j) {
-      const int target = layer + j;
-      if (target >= c.num_hidden_layers) break;
+    // Distance j counts MoE layers: a dense layer in between is not one of the depth.
+    for (int target = layer + 1, j = 1; j <= options_.depth && target < c.num_hidden_layers; ++target) {
       if (c.IsDenseLayer(target)) continue;
       const double conf = confidence_[static_cast<std::size_t>(j)];
       if (j > 1 && conf < options_.min_confidence && step % 8 != 0) break;
@@ -67,6 +66,7 @@ class LookaheadPredictor final : public Predictor {
       // Nearer than any earlier prediction of this target (from the embedding or an earlier layer).
       Prediction p{step, target, {}, conf, options_.supersede, options_.provisional && j > 1};
       Emit(std::move(p), *r, j, out);
+      ++j;
     }
   }
 
@@ -276,27 +276,46 @@ class StatisticalPredictor final : public Predictor {
   std::vector<std::pair<std::int64_t, std::vector<int>>> issued_;  // ordinal -> predicted
 };
 
+// The MoE layers are those the trace routes in some step; depth counts them, across step
+// boundaries: after a step's last MoE layer come the next step's first.
 class OraclePredictor final : public Predictor {
  public:
-  OraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth) : trace_(std::move(trace)), depth_(depth) {}
+  OraclePredictor(std::shared_ptr<const RoutingTrace> trace, int depth) : trace_(std::move(trace)), depth_(depth) {
+    if (!trace_ || trace_->num_layers <= 0) return;
+    moe_.assign(static_cast<std::size_t>(trace_->num_layers), false);
+    for (const auto& step : trace_->steps)
+      for (std::size_t l = 0; l < step.size() && l < moe_.size(); ++l) moe_[l] = moe_[l] || !step[l].empty();
+  }
   std::string_view name() const override { return "oracle"; }
   std::shared_ptr<const RoutingTrace> known_future() const override { return trace_; }
   void OnRouting(std::int64_t step, int layer, std::span<const int>, std::vector<Prediction>* out) override {
-    if (!trace_ || trace_->num_layers <= 0) return;
-    const std::int64_t L = trace_->num_layers;
-    for (int j = 1; j <= depth_; ++j) {
-      const std::int64_t o = step * L + layer + j;
-      const std::int64_t s = o / L;
-      const int t = static_cast<int>(o % L);
-      if (s >= static_cast<std::int64_t>(trace_->steps.size())) break;
-      const auto& set = trace_->steps[static_cast<std::size_t>(s)][static_cast<std::size_t>(t)];
-      if (!set.empty()) out->push_back(Prediction{s, t, set, 1.0});
-    }
+    PredictAfter(Ordinal(step, layer), out);
+  }
+  // Before layer 0 of `step`: its first MoE layers, which no routing of this step precedes.
+  void OnTokenStart(std::int64_t step, std::span<const float>, std::int64_t, std::vector<Prediction>* out) override {
+    PredictAfter(Ordinal(step, 0) - 1, out);
   }
 
  private:
+  std::int64_t Ordinal(std::int64_t step, int layer) const { return step * static_cast<std::int64_t>(moe_.size()) + layer; }
+  // The recorded experts of the next depth_ MoE layers after ordinal `from` (step x layers + layer),
+  // as far as the trace reaches.
+  void PredictAfter(std::int64_t from, std::vector<Prediction>* out) const {
+    if (moe_.empty()) return;
+    const auto L = static_cast<std::int64_t>(moe_.size());
+    const auto steps = static_cast<std::int64_t>(trace_->steps.size());
+    int found = 0;
+    for (std::int64_t o = from + 1; found < depth_ && o / L < steps; ++o) {
+      const auto t = static_cast<std::size_t>(o % L);
+      if (!moe_[t]) continue;
+      ++found;
+      const auto& layers = trace_->steps[static_cast<std::size_t>(o / L)];
+      if (t < layers.size() && !layers[t].empty()) out->push_back(Prediction{o / L, static_cast<int>(t), layers[t], 1.0});
+    }
+  }
   std::shared_ptr<const RoutingTrace> trace_;
   int depth_;
+  std::vector<bool> moe_;  // [layer]: routed in some step of the trace
 };
 
 }  // namespace

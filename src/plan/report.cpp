@@ -562,9 +562,11 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   bars([](const json& c) { return Num(c, "tokens_per_s") > 0 ? 1e3 * Num(c, "stall_share") / Num(c, "tokens_per_s") : 0.0; },
        "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token",
        "stall_share");
-  bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
-  bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision");
-  bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");
+  // Null where the row has no such figure (resident; the mmap rows' recall and precision).
+  bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate", "hit_rate");
+  bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision",
+       "precision");
+  bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall", "recall");
   LineChart lr;
   lr.title = "Prefetch recall per layer";
   lr.x_label = "MoE layer (in order)";

@@ -127,12 +127,18 @@ def test_bench_experts_report(terrace, toy, tmp_path):
     c = report(terrace, tmp_path, j, "experts")
     assert {"tokens-per-s", "stall-share", "stall-per-token", "hit-rate", "precision", "recall", "recall-per-layer",
             "expert-utilisation"} <= set(c)
-    # The stall charts leave out the rows that do not measure a stall (null: the mmap rows), rather
-    # than drawing them as 0.
-    stalled = [x for x in j["configs"] if x["stall_share"] is not None]
-    assert 0 < len(stalled) < len(j["configs"])
-    for chart, key, rows in (("tokens-per-s", "tokens_per_s", j["configs"]), ("hit-rate", "hit_rate", j["configs"]),
-                             ("stall-share", "stall_share", stalled), ("precision", "precision", j["configs"])):
+    # The stall, hit-rate, precision and recall charts leave out the rows without that figure (null:
+    # the mmap rows' stall; resident's hit rate, and the mmap rows' recall and precision), rather
+    # than drawing them as 0 (or resident's hit rate as 1).
+    def having(key):
+        rows = [x for x in j["configs"] if x[key] is not None]
+        assert 0 < len(rows) < len(j["configs"]), key
+        return rows
+
+    stalled = having("stall_share")
+    for chart, key, rows in (("tokens-per-s", "tokens_per_s", j["configs"]), ("hit-rate", "hit_rate", having("hit_rate")),
+                             ("stall-share", "stall_share", stalled), ("precision", "precision", having("precision")),
+                             ("recall", "recall", having("recall"))):
         b = bars(c[chart])
         assert len(b) == len(rows)
         same_order([h for _, h in b], [x[key] for x in rows])

@@ -42,14 +42,18 @@ TEST_CASE("precision and recall match counts made by hand", "[experts]") {
   CHECK(t.recall() == Approx(3.0 / 7.0));
 }
 
-// Feeds `trace` to an ExpertOffload (as MoeForward's Prefetch calls would) and returns its metrics.
-ExpertMetrics Replay(const RoutingTrace& trace, std::unique_ptr<Predictor> predictor) {
+// Feeds `trace` to an ExpertOffload (as MoeForward's Prefetch calls would; with `token_start`,
+// each step begins with the on_embedding hook's OnTokenStart, as in a forward pass) and returns
+// its metrics.
+ExpertMetrics Replay(const RoutingTrace& trace, std::unique_ptr<Predictor> predictor, bool token_start = false) {
   ExpertOffloadOptions opt;
   opt.budget = *CacheBudget::Parse("100%");
   opt.predictor = std::move(predictor);
   const testing::ToyOffload t = testing::OpenToyOffload(std::move(opt));
   const std::shared_ptr<ExpertOffload>& off = t.offload;
+  const std::vector<float> embedding(static_cast<std::size_t>(testing::ToyDir().config().hidden_size), 0.5f);
   for (const auto& step : trace.steps) {
+    if (token_start) off->OnTokenStart(embedding, 1);
     for (int l = 0; l < trace.num_layers; ++l) {
       const auto& sel = step[static_cast<std::size_t>(l)];
       if (sel.empty()) continue;
@@ -93,6 +97,53 @@ TEST_CASE("the oracle replays a hand-made trace: precision 1, recall all but the
   CHECK(m.prediction.recall() == Approx(static_cast<double>(routed - 2) / routed));
   // The replayed trace is what the offload recorded.
   CHECK(m.steps == 6);
+}
+
+TEST_CASE("the oracle's depth counts MoE layers: at depth 1 it reaches past the dense layer 0, and at token start "
+          "it predicts the step's first MoE layer", "[experts]") {
+  REQUIRE(testing::FirstMoeLayer() == 1);  // k3-toy: layer 0 is dense
+  const RoutingTrace t = HandTrace(6, false);
+  auto shared = std::make_shared<const RoutingTrace>(t);
+  const std::uint64_t routed = 6 * 7 * 2;
+  // Routing calls only: each step's first MoE layer is predicted from the last MoE layer of the
+  // step before, so every (step, layer) but step 0's first MoE layer.
+  ExpertMetrics m = Replay(t, MakeOraclePredictor(shared, 1));
+  CHECK(m.prediction.true_positive == routed - 2);
+  CHECK(m.prediction.false_negative == 2);
+  CHECK(m.prediction.false_positive == 0);
+  // With the forward pass's token start: step 0's first MoE layer too. Recall 1 in every layer.
+  m = Replay(t, MakeOraclePredictor(shared, 1), /*token_start=*/true);
+  CHECK(m.prediction.true_positive == routed);
+  CHECK(m.prediction.false_positive == 0);
+  for (const LayerMetrics& l : m.layers) {
+    INFO("layer " << l.layer);
+    CHECK(l.prediction.recall() == 1.0);
+  }
+  // Depth 0 predicts nothing, at token start included (the belady policy's demand-paged bound).
+  m = Replay(t, MakeOraclePredictor(shared, 0), /*token_start=*/true);
+  CHECK(m.prediction.true_positive == 0);
+}
+
+TEST_CASE("lookahead's depth counts MoE layers: after a dense layer, distance 1 is the next MoE layer",
+          "[experts][lookahead]") {
+  auto base = model::Preset("k3-toy");
+  REQUIRE(base.ok());
+  model::ModelConfig c = testing::SmallConfig(*base);
+  c.first_k_dense_replace = 2;  // layers 0 and 1 dense
+  terrace::testing::TempDir d("lookahead-dense2");
+  auto dir = testing::InitRandomCodesDir(c, d.path(), 3);
+  auto m = model::Model::Load(c, *dir);
+  REQUIRE(m.ok());
+  auto predictor = MakeLookaheadPredictor(**m, LookaheadOptions{.depth = 1, .min_confidence = 0.0, .min_rank_precision = 0});
+  const std::vector<float> hidden(static_cast<std::size_t>(c.hidden_size), 0.5f);
+  std::vector<Prediction> out;
+  predictor->OnLayerEnd(1, 0, hidden, 1, &out);  // after dense layer 0: layer 2 is one MoE layer ahead
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].layer == 2);
+  out.clear();
+  predictor->OnLayerEnd(1, 2, hidden, 1, &out);  // after MoE layer 2: layer 3
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].layer == 3);
 }
 
 TEST_CASE("none predicts nothing: recall 0, every first use a miss", "[experts]") {

@@ -5,6 +5,9 @@
 // host tier and on the real NVMe tier (batched io_uring reads), each behind the slow wrapper.
 #include <atomic>
 #include <set>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "slow_rig.h"
 
@@ -472,6 +475,137 @@ TEST_CASE("each new step tells the predictor the share of the last step a load w
   REQUIRE(shares.size() == 2);
   CHECK(shares[1] >= 0.0);
   CHECK(shares[1] < 0.25);
+}
+
+}  // namespace
+}  // namespace terrace::experts
+
+namespace terrace::experts {
+namespace {
+
+// Predicts expert 0 of layer 3 after layer 1 ends, and records every OnLoadBusyShare.
+class OnePrefetchRecorder final : public Predictor {
+ public:
+  explicit OnePrefetchRecorder(std::vector<double>* shares) : shares_(shares) {}
+  std::string_view name() const override { return "one prefetch"; }
+  void OnLayerEnd(std::int64_t step, int layer, std::span<const float>, std::int64_t,
+                  std::vector<Prediction>* out) override {
+    if (layer == 1) out->push_back(Prediction{step, 3, {0}, 0.5});
+  }
+  void OnLoadBusyShare(double share) override { shares_->push_back(share); }
+
+ private:
+  std::vector<double>* shares_;
+};
+
+// A rig whose one prefetch (expert 0 of layer 3, issued after layer 1 of step 0) is a 20 ms read
+// that has landed on return: the fast tier holds the copy, and the store's per-key report, which
+// follows the copy, had time to come in. Nothing has booked it: no acquire, no snapshot.
+SlowRig RigWithLandedPrefetch(std::vector<double>* shares) {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  opt.predictor = std::make_unique<OnePrefetchRecorder>(shares);
+  SlowRig rig = MakeSlowRig(std::move(opt), 8);
+  rig.slow->set_delay(std::chrono::milliseconds(20));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnTokenStart(hidden, 1);  // step 0 starts the busy-share clock
+  rig.offload->OnLayerEnd(1, hidden, 1);
+  auto key = rig.offload->key(3, 0);
+  REQUIRE(key.ok());
+  bool landed = false;
+  for (int i = 0; i < 400 && !landed; ++i) {
+    auto where = rig.store->Lookup(std::span<const BlockKey>(&*key, 1));
+    landed = !where.empty() && where[0].found && where[0].tier == TierId::kHbm;
+    if (!landed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(landed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(terrace::testing::kSanitizedBuild ? 300 : 100));
+  return rig;
+}
+
+TEST_CASE("a prefetch that landed before its layer's router chose it is used, not late", "[experts]") {
+  std::vector<double> shares;
+  SlowRig rig = RigWithLandedPrefetch(&shares);
+  const int sel[] = {0};
+  rig.offload->Prefetch(3, sel);  // layer 3 chooses the landed expert
+  {
+    auto lease = rig.offload->Lease(3, 0);
+    REQUIRE(lease.ok());
+  }
+  const ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.hits == 1);
+  CHECK(m.late_hits == 0);
+  CHECK(m.schedule.spec_used == 1);
+  CHECK(m.schedule.spec_late == 0);
+}
+
+TEST_CASE("a landed prefetch no acquire has looked at counts as landed in a snapshot, its busy time ended", "[experts]") {
+  std::vector<double> shares;
+  SlowRig rig = RigWithLandedPrefetch(&shares);
+  const ExpertMetrics m0 = rig.offload->Metrics();
+  CHECK(m0.schedule.spec_landed == 1);
+  CHECK(m0.speculative_bytes == BlockBytes());
+  CHECK(m0.speculative_unused_bytes == BlockBytes());
+  CHECK(m0.resident_bytes == BlockBytes());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Nothing is in flight: the busy time stays where the landing ended it.
+  const ExpertMetrics m1 = rig.offload->Metrics();
+  CHECK(m1.schedule.load_busy_ns == m0.schedule.load_busy_ns);
+}
+
+TEST_CASE("the step's busy share ends a landed prefetch at its landing, not at the next poll", "[experts][lookahead]") {
+  std::vector<double> shares;
+  SlowRig rig = RigWithLandedPrefetch(&shares);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the rest of step 0: no load in flight
+  const std::vector<float> embedding(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnTokenStart(embedding, 1);  // step 1: reports step 0's share before anything books the load
+  REQUIRE(shares.size() == 1);
+  // One 20 ms read in a step of more than 300 ms.
+  CHECK(shares[0] < 0.5);
+}
+
+}  // namespace
+}  // namespace terrace::experts
+
+namespace terrace::experts {
+namespace {
+
+TEST_CASE("wasted speculative bytes only grow (evicted unused); still-unused ones are a gauge apart from them",
+          "[experts][metrics]") {
+  ExpertOffloadOptions opt;
+  opt.budget.bytes = 2 * BlockBytes();  // two experts
+  opt.lead_protected_layers = 0;
+  opt.predictor = std::make_unique<ScriptedPredictor>(1, 3, std::vector<int>{0, 1});
+  SlowRig rig = MakeSlowRig(std::move(opt), 2);
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(1, hidden, 1);  // prefetches experts 0 and 1 of layer 3
+  rig.offload->Quiesce();
+  const ExpertMetrics m0 = rig.offload->Metrics();
+  REQUIRE(m0.speculative_bytes == 2 * BlockBytes());
+  CHECK(m0.speculative_unused_bytes == 2 * BlockBytes());
+  CHECK(m0.speculative_wasted_bytes == 0);
+  // Expert 1 is used; expert 0 is evicted unused by a demand load.
+  const int sel[] = {1};
+  rig.offload->Prefetch(3, sel);
+  REQUIRE(rig.offload->Lease(3, 1).ok());
+  const ExpertMetrics m1 = rig.offload->Metrics();
+  CHECK(m1.speculative_unused_bytes == BlockBytes());
+  CHECK(m1.speculative_wasted_bytes == 0);
+  const int sel4[] = {5};
+  rig.offload->Prefetch(4, sel4);
+  REQUIRE(rig.offload->Lease(4, 5).ok());
+  const ExpertMetrics m2 = rig.offload->Metrics();
+  CHECK(m2.evictions >= 1);
+  CHECK(m2.speculative_wasted_bytes == BlockBytes());
+  CHECK(m2.speculative_unused_bytes == 0);
+  // Prometheus: the counter is its own series; bytes_total's kinds partition the bytes loaded.
+  const std::string prom = m2.PrometheusText();
+  CHECK(prom.find(fmt::format("terrace_experts_speculative_wasted_bytes_total {}\n", BlockBytes())) != std::string::npos);
+  CHECK(prom.find("terrace_experts_speculative_unused_bytes 0\n") != std::string::npos);
+  CHECK(prom.find("kind=\"wasted\"") == std::string::npos);
+  CHECK(prom.find(fmt::format("terrace_experts_bytes_total{{kind=\"demand\"}} {}\n", m2.demand_bytes)) != std::string::npos);
+  CHECK(m2.demand_bytes + m2.speculative_bytes == 3 * BlockBytes());
 }
 
 }  // namespace

@@ -68,6 +68,17 @@ def test_offloaded_equals_resident(toy, resident, tmp_path, predictor, policy):
         assert e["precision"] == 1.0 and e["recall"] > 0.8
 
 
+def test_the_oracle_at_depth_1_predicts_every_moe_layer_after_the_dense_one(toy):
+    """k3-toy's layer 0 is dense: the oracle's depth counts MoE layers (after a step's last MoE layer,
+    depth 1 is the next step's first) and it predicts the first MoE layer at token start, so at
+    --lookahead-depth 1 it recalls every routed expert of every layer (its layer-1 recall was 0)."""
+    e = run_json(toy, "--expert-cache", "25%", "--predictor", "oracle", "--lookahead-depth", "1")["experts"]
+    assert [l["layer"] for l in e["layers"]] == list(range(1, 8))
+    for l in e["layers"]:
+        assert l["recall"] == 1.0 and l["false_negative"] == 0, l
+    assert e["precision"] == 1.0 and e["recall"] == 1.0
+
+
 def test_belady_with_the_oracle_equals_resident(toy, resident, tmp_path):
     want, want_logits = resident
     got = run_json(toy, "--expert-cache", "25%", "--predictor", "oracle", "--expert-policy", "belady",
@@ -119,6 +130,16 @@ def test_an_expert_cache_above_every_expert_is_capped(toy):
     assert e["budget_bytes"] == e["total_expert_bytes"] > 0
 
 
+def prometheus_series(text):
+    """{series name with labels: value} of a Prometheus text exposition."""
+    series = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    return series
+
+
 def test_text_and_prometheus(toy, tmp_path):
     prom = tmp_path / "experts.prom"
     p = run(toy, "--expert-cache", "25%", "--expert-prometheus", str(prom))
@@ -129,11 +150,7 @@ def test_text_and_prometheus(toy, tmp_path):
     assert "terrace_experts_stall_seconds_total" in text
     # Per layer: hot-expert counts that add up to the total, and max / mean load that agree with
     # the max/mean ratio; each hot expert's own load above twice its layer's mean.
-    series = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            series[name] = float(value)
+    series = prometheus_series(text)
     layers = [f'layer="{l}"' for l in range(1, 8)]
     hot = [series[f"terrace_experts_layer_hot_experts{{{l}}}"] for l in layers]
     assert sum(hot) == series["terrace_experts_hot_experts"]
@@ -144,6 +161,48 @@ def test_text_and_prometheus(toy, tmp_path):
         assert abs(series[f"terrace_experts_expert_load_max_over_mean{{{l}}}"] - mx / mean) <= 1e-9 * mx / mean
         loads = [v for k, v in series.items() if k.startswith(f"terrace_experts_hot_expert_load{{{l},")]
         assert len(loads) == n and all(v > 2 * mean for v in loads)
+
+
+def test_prometheus_json_and_text_are_one_snapshot(toy, tmp_path):
+    """--expert-prometheus, --json and the text lines render one snapshot of the metrics: every figure
+    they share is the same. Prefetches in flight or landed but not looked at when the run ends used
+    to count as in flight up to each of three separate snapshots, so the file and the JSON differed
+    (in about a third of these runs)."""
+    for i in range(4):
+        prom = tmp_path / f"{i}.prom"
+        # Experts on NVMe (DIR/experts): reads slow enough that the prefetches issued in the last
+        # layers are often not yet looked at when the run ends.
+        e = run_json(toy, "--store", str(tmp_path / f"st{i}"), *SMALL_STORE, "--expert-cache", "25%", "--predictor",
+                     "statistical", "--expert-policy", "lru", "--expert-prometheus", str(prom))["experts"]
+        p = prometheus_series(prom.read_text())
+        s = e["schedule"]
+        assert p["terrace_experts_load_busy_seconds_total"] == s["load_busy_ns"] / 1e9, i
+        assert p["terrace_experts_stall_seconds_total"] == e["stall_ns"] / 1e9, i
+        assert p['terrace_experts_bytes_total{kind="demand"}'] == e["demand_bytes"], i
+        assert p['terrace_experts_bytes_total{kind="speculative"}'] == e["speculative_bytes"], i
+        assert p["terrace_experts_speculative_wasted_bytes_total"] == e["speculative_wasted_bytes"], i
+        assert p["terrace_experts_speculative_unused_bytes"] == e["speculative_unused_bytes"], i
+        for outcome in ("issued", "cancelled", "skipped"):
+            assert p[f'terrace_experts_prefetches_total{{outcome="{outcome}"}}'] == e[f"prefetches_{outcome}"], i
+        assert p["terrace_experts_evictions_total"] == e["evictions"], i
+        assert p['terrace_experts_cache_bytes{kind="resident"}'] == e["resident_bytes"], i
+        for l in e["layers"]:
+            for outcome, key in (("hit", "hits"), ("late", "late_hits"), ("miss", "misses")):
+                assert p[f'terrace_experts_accesses_total{{layer="{l["layer"]}",outcome="{outcome}"}}'] == l[key], i
+        # bytes_total's kinds partition the bytes loaded: no "wasted" kind inside them.
+        assert not any(k.startswith("terrace_experts_bytes_total") and "wasted" in k for k in p)
+        # speculative_bytes is the landed prefetches' blocks (k3-toy's blocks are all one size).
+        block = e["total_expert_bytes"] // (len(e["layers"]) * len(e["layers"][0]["load"]))
+        assert s["spec_landed"] > 0 and e["speculative_bytes"] == s["spec_landed"] * block, i
+    # The text lines, from the same snapshot as the file.
+    prom = tmp_path / "t.prom"
+    out = run(toy, "--expert-cache", "25%", "--predictor", "statistical", "--expert-prometheus", str(prom)).stdout
+    p = prometheus_series(prom.read_text())
+    (line,) = [l for l in out.splitlines() if l.startswith("experts: loads outstanding ")]
+    assert line.split()[3] == f"{p['terrace_experts_load_busy_seconds_total']:.3f}", line
+    (line,) = [l for l in out.splitlines() if "MiB moved (" in l]
+    mib = p['terrace_experts_bytes_total{kind="speculative"}'] / (1 << 20)
+    assert f"speculative {mib:.2f} MiB moved" in line, line
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -299,6 +358,15 @@ def test_bench_experts_json_measures_per_token_times_and_nulls_what_a_row_does_n
         assert c["wall_s_per_token"] > 0 and c["forward_cpu_s_per_token"] > 0
     (od,) = [c for c in j["configs"] if c["name"] == "on-demand"]
     assert isinstance(od["stall_share"], float) and od["bound_tokens_per_s"] > 0
+    # Figures a row does not have are null (the table's "-"), not a made-up 1 or 0: resident loads
+    # nothing and predicts nothing; no mmap row predicts; the unbounded one has no budget to hit.
+    for k in ("hit_rate", "recall", "precision"):
+        assert resident[k] is None, k
+        assert isinstance(od[k], float), k
+    for c in mmaps:
+        assert c["recall"] is None and c["precision"] is None, c["name"]
+    assert rows[("mmap-unbounded", 1.0)]["hit_rate"] is None
+    assert isinstance(rows[("mmap", 0.5)]["hit_rate"], float)
 
 
 def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
