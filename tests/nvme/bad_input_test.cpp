@@ -7,6 +7,7 @@
 
 #include "nvme_test_util.h"
 #include "tiers/nvme/format.h"
+#include "tiers/nvme/index_store.h"
 
 using namespace terrace;
 using namespace terrace::testing;
@@ -155,6 +156,36 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
     REQUIRE(t.status().IsCorruption());
     CHECK(t.status().message().find("manifest") != std::string::npos);
     CHECK(t.status().message().find("store recover") != std::string::npos);
+  }
+  SECTION("records of another record_version refuse the open and are kept") {
+    const std::string k0 = nvme::IndexStore::EncodeKey(TestKey(0));
+    std::string v;
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      REQUIRE(db->Get(rocksdb::ReadOptions(), k0, &v).ok());
+      auto* b = reinterpret_cast<std::byte*>(v.data());
+      b[0] = std::byte{3};  // as another Terrace version would write it, with a valid record_check
+      nvme::PutLe(b + 40, Checksum(std::span<const std::byte>(b, 40)), 8);
+      REQUIRE(db->Put(rocksdb::WriteOptions(), k0, v).ok());
+      delete db;
+    }
+    for (bool read_only : {true, false}) {
+      auto o = opts;
+      o.read_only = read_only;
+      auto t = NvmeTier::Open(o);
+      REQUIRE(t.status().IsInvalidArgument());
+      CHECK(t.status().message().find("another Terrace version") != std::string::npos);
+      CHECK(t.status().message().find("version 3") != std::string::npos);
+      CHECK(t.status().message().find(TestKey(0).ToString()) != std::string::npos);
+      CHECK(Mentions(t.status(), dir.path() / "index"));
+    }
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+    std::string after;
+    CHECK(db->Get(rocksdb::ReadOptions(), k0, &after).ok());  // not dropped
+    CHECK(after == v);
+    delete db;
   }
   SECTION("damaged and foreign records are dropped and reported, the rest kept") {
     {

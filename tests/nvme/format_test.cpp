@@ -33,6 +33,19 @@ TEST_CASE("nvme record: encode/decode round-trips and detects damage", "[nvme][f
   REQUIRE(Record::Decode(small).status().IsCorruption());
 }
 
+TEST_CASE("nvme record: an intact record of another record_version is another version, not damage", "[nvme][format]") {
+  Record r{kDataStart, 100, 5, 9, Codec::kRaw};
+  std::byte buf[kRecordBytes];
+  r.EncodeTo(buf);
+  buf[0] = std::byte{3};
+  PutLe(buf + 40, Checksum(std::span<const std::byte>(buf, 40)), 8);  // a valid record_check
+  auto other = Record::Decode(buf);
+  REQUIRE(other.status().IsInvalidArgument());
+  CHECK(other.status().message().find("version 3") != std::string::npos);
+  buf[20] ^= std::byte{1};  // now its check fails: damaged, whatever its version byte says
+  CHECK(Record::Decode(buf).status().IsCorruption());
+}
+
 TEST_CASE("nvme record: documented byte layout", "[nvme][format]") {
   Record r;
   r.offset = 0x1000;

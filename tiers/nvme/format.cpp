@@ -142,12 +142,15 @@ Result<Record> Record::Decode(std::span<const std::byte> in) {
   if (in.size() != kRecordBytes) {
     return Status::Corruption(fmt::format("index record has {} bytes, expected {}", in.size(), kRecordBytes));
   }
-  if (static_cast<std::uint8_t>(in[0]) != kRecordVersion) {
-    return Status::Corruption(fmt::format("index record version {} is unknown (expected {})",
-                                          static_cast<unsigned>(in[0]), kRecordVersion));
-  }
+  // The check first: only a record whose check fails is damaged. An intact record of another
+  // version was written by another Terrace version, which this build must not drop or overwrite.
   if (GetLe(in.data() + 40, 8) != XXH3_64bits(in.data(), 40)) {
     return Status::Corruption("index record checksum mismatch");
+  }
+  if (static_cast<std::uint8_t>(in[0]) != kRecordVersion) {
+    return Status::InvalidArgument(fmt::format(
+        "index record version {} (its record_check is valid) is not supported by this build (it reads version {})",
+        static_cast<unsigned>(in[0]), kRecordVersion));
   }
   Record r;
   r.codec = static_cast<Codec>(GetLe(in.data() + 2, 2));

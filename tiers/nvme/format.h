@@ -94,6 +94,8 @@ struct Record {
            extent_bytes() <= capacity - offset;
   }
   void EncodeTo(std::byte out[kRecordBytes]) const;
+  // Corruption when the bytes are damaged (wrong size, record_check mismatch); InvalidArgument when
+  // they are intact but of another record_version (written by another Terrace version).
   static Result<Record> Decode(std::span<const std::byte> in);
 };
 
