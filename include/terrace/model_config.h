@@ -114,7 +114,9 @@ Result<ModelConfig> LoadConfig(const std::filesystem::path& path, ConfigKeys* ke
 // factors, and the total size the config implies), so no consumer allocates from an absurd value.
 // ParseConfigJson calls it.
 Status ValidateConfig(const ModelConfig& config);
-// Serialises back to config.json (the same field names, top level).
+// Serialises back to config.json: the canonical text hashed into the model id (docs/keys.md, "Model
+// id": sorted keys, 2-space indent, a final newline; KDA fields under linear_attn_config; defaults
+// filled; unset optional values null; no aliases and no quantization_config).
 std::string ToConfigJson(const ModelConfig& config);
 
 // Presets: "k3-toy", "k3-small", "moe-bench" (the expert-offload benchmark's model), "moe-bench-plain"

@@ -7,6 +7,7 @@
 
 #include "nvme_test_util.h"
 #include "tiers/nvme/format.h"
+#include "tiers/nvme/index_store.h"
 
 using namespace terrace;
 using namespace terrace::testing;
@@ -129,6 +130,42 @@ TEST_CASE("nvme bad input: capacity mismatch and superblock damage", "[nvme][bad
   CHECK(t.status().message().find("not a Terrace store") != std::string::npos);
 }
 
+TEST_CASE("nvme bad input: an intact superblock slot of another version refuses the open and is kept",
+          "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path());
+  MakeStore(opts, 2);
+  const fs::path data = dir.path() / "terrace.data";
+  std::string unit(nvme::kSuperblockBytes, '\0');
+  {
+    std::ifstream f(data, std::ios::binary);
+    f.read(unit.data(), static_cast<std::streamsize>(unit.size()));
+  }
+  auto* b = reinterpret_cast<std::byte*>(unit.data());
+  // The newer slot, as a later format version would write it (its slot_check valid).
+  std::byte* newer = nvme::GetLe(b + 48, 8) > nvme::GetLe(b + nvme::kSuperblockSlotStride + 48, 8)
+                         ? b
+                         : b + nvme::kSuperblockSlotStride;
+  nvme::PutLe(newer + 8, 3, 4);
+  nvme::PutLe(newer + 80, Checksum(std::span<const std::byte>(newer, 80)), 8);
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.write(unit.data(), static_cast<std::streamsize>(unit.size()));
+  }
+  for (bool read_only : {false, true}) {
+    auto o = opts;
+    o.read_only = read_only;
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.status().IsInvalidArgument());
+    CHECK(t.status().message().find("format version 3") != std::string::npos);
+    CHECK(Mentions(t.status(), data));
+  }
+  std::string after(unit.size(), '\0');
+  std::ifstream f(data, std::ios::binary);
+  f.read(after.data(), static_cast<std::streamsize>(after.size()));
+  CHECK(after == unit);  // neither slot rewritten
+}
+
 TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
   TempDir dir("nvme");
   auto opts = SmallNvmeOptions(dir.path());
@@ -155,6 +192,36 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
     REQUIRE(t.status().IsCorruption());
     CHECK(t.status().message().find("manifest") != std::string::npos);
     CHECK(t.status().message().find("store recover") != std::string::npos);
+  }
+  SECTION("records of another record_version refuse the open and are kept") {
+    const std::string k0 = nvme::IndexStore::EncodeKey(TestKey(0));
+    std::string v;
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      REQUIRE(db->Get(rocksdb::ReadOptions(), k0, &v).ok());
+      auto* b = reinterpret_cast<std::byte*>(v.data());
+      b[0] = std::byte{3};  // as another Terrace version would write it, with a valid record_check
+      nvme::PutLe(b + 40, Checksum(std::span<const std::byte>(b, 40)), 8);
+      REQUIRE(db->Put(rocksdb::WriteOptions(), k0, v).ok());
+      delete db;
+    }
+    for (bool read_only : {true, false}) {
+      auto o = opts;
+      o.read_only = read_only;
+      auto t = NvmeTier::Open(o);
+      REQUIRE(t.status().IsInvalidArgument());
+      CHECK(t.status().message().find("another Terrace version") != std::string::npos);
+      CHECK(t.status().message().find("version 3") != std::string::npos);
+      CHECK(t.status().message().find(TestKey(0).ToString()) != std::string::npos);
+      CHECK(Mentions(t.status(), dir.path() / "index"));
+    }
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+    std::string after;
+    CHECK(db->Get(rocksdb::ReadOptions(), k0, &after).ok());  // not dropped
+    CHECK(after == v);
+    delete db;
   }
   SECTION("damaged and foreign records are dropped and reported, the rest kept") {
     {

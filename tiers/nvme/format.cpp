@@ -14,6 +14,18 @@ constexpr std::uint16_t kDescVersion = 1;
 constexpr std::size_t kSbCheckAt = 80;
 constexpr std::size_t kDescCheckAt = 96;
 
+// True when `slot` (at least kSuperblockHeaderBytes) carries a matching slot_check.
+bool SlotCheckMatches(std::span<const std::byte> slot) {
+  return GetLe(slot.data() + kSbCheckAt, 8) == XXH3_64bits(slot.data(), kSbCheckAt);
+}
+
+// True when a slot was written whole: its magic, and a matching slot_check (or version 1, whose
+// check lies elsewhere). Only a slot that is not intact (absent or torn) may be passed over.
+bool SlotIntact(std::span<const std::byte> slot) {
+  if (std::memcmp(slot.data(), kSuperblockMagic, sizeof kSuperblockMagic) != 0) return false;
+  return GetLe(slot.data() + 8, 4) == 1 || SlotCheckMatches(slot);
+}
+
 }  // namespace
 
 void PutLe(std::byte* out, std::uint64_t v, int bytes) {
@@ -61,28 +73,28 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
         where));
   }
   const auto version = static_cast<std::uint32_t>(GetLe(in.data() + 8, 4));
-  if (version == 1) {
+  if (version == 1) {  // before the slot_check: version 1 kept its check elsewhere
     return Status::InvalidArgument(fmt::format(
         "{}: this Terrace store has on-disk format version 1, which this build no longer opens (it needs "
         "version {}: extents that describe themselves, so the index can be rebuilt); read its blocks out with "
         "the Terrace release that wrote it, or delete the store directory to start empty",
         where, kFormatVersion));
   }
+  if (in.size() < kSuperblockHeaderBytes) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: not a Terrace store: superblock has {} bytes, expected {}", where, in.size(), kSuperblockHeaderBytes));
+  }
+  if (!SlotCheckMatches(in)) {
+    return Status::Corruption(fmt::format(
+        "{}: Terrace superblock checksum mismatch; the store header is damaged, restore it from a backup "
+        "or delete the directory to start empty",
+        where));
+  }
   if (version != kFormatVersion) {
     return Status::InvalidArgument(fmt::format(
         "{}: Terrace store format version {} is not supported by this build (supports {}); open it with a "
         "matching Terrace version",
         where, version, kFormatVersion));
-  }
-  if (in.size() < kSuperblockHeaderBytes) {
-    return Status::InvalidArgument(fmt::format(
-        "{}: not a Terrace store: superblock has {} bytes, expected {}", where, in.size(), kSuperblockHeaderBytes));
-  }
-  if (GetLe(in.data() + kSbCheckAt, 8) != XXH3_64bits(in.data(), kSbCheckAt)) {
-    return Status::Corruption(fmt::format(
-        "{}: Terrace superblock checksum mismatch; the store header is damaged, restore it from a backup "
-        "or delete the directory to start empty",
-        where));
   }
   Superblock sb;
   sb.format_version = version;
@@ -95,8 +107,11 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
   sb.generation_limit = GetLe(in.data() + 64, 8);
   if (sb.unit != kUnit || sb.data_start != kDataStart || sb.capacity_bytes < kDataStart + 2 * kUnit ||
       sb.capacity_bytes % kUnit != 0) {
-    return Status::Corruption(fmt::format("{}: superblock has an invalid geometry (unit {}, data start {}, capacity {})",
-                                          where, sb.unit, sb.data_start, sb.capacity_bytes));
+    return Status::Corruption(fmt::format(
+        "{}: superblock has an invalid geometry (unit {}, data start {}, capacity {}; this build writes unit {} and "
+        "data start {}, and a capacity that is a multiple of {} and at least {}) although its slot_check matches: "
+        "it was not written by this Terrace version; open it with the Terrace version that wrote it",
+        where, sb.unit, sb.data_start, sb.capacity_bytes, kUnit, kDataStart, kUnit, kDataStart + 2 * kUnit));
   }
   return sb;
 }
@@ -110,8 +125,14 @@ Result<Superblock> Superblock::DecodeUnit(std::span<const std::byte> unit_bytes,
     return Status::InvalidArgument(fmt::format("{}: not a Terrace store: {} bytes, shorter than a superblock", where,
                                                unit_bytes.size()));
   }
-  Result<Superblock> a = Decode(unit_bytes.subspan(0, kSuperblockHeaderBytes), where);
-  Result<Superblock> b = Decode(unit_bytes.subspan(kSuperblockSlotStride, kSuperblockHeaderBytes), where);
+  const auto slot_a = unit_bytes.subspan(0, kSuperblockHeaderBytes);
+  const auto slot_b = unit_bytes.subspan(kSuperblockSlotStride, kSuperblockHeaderBytes);
+  Result<Superblock> a = Decode(slot_a, where);
+  Result<Superblock> b = Decode(slot_b, where);
+  // An intact slot this build cannot use (another version, a bad geometry) refuses the unit: falling
+  // back to the other slot would let a read-write open overwrite it.
+  if (!a.ok() && SlotIntact(slot_a)) return a.status();
+  if (!b.ok() && SlotIntact(slot_b)) return b.status();
   if (a.ok() && b.ok()) {
     if (!a->SameStore(*b)) {
       return Status::Corruption(fmt::format("{}: the two superblock slots describe different stores; the header is "
@@ -122,7 +143,7 @@ Result<Superblock> Superblock::DecodeUnit(std::span<const std::byte> unit_bytes,
   }
   if (a.ok()) return a;
   if (b.ok()) return b;
-  // Slot 0 decides what to say: not a store, version 1, or a damaged header.
+  // Neither slot is intact. Slot 0 decides what to say: not a store, or a damaged header.
   if (!a.status().IsCorruption() && b.status().IsCorruption()) return b.status();
   return a.status();
 }
@@ -142,12 +163,15 @@ Result<Record> Record::Decode(std::span<const std::byte> in) {
   if (in.size() != kRecordBytes) {
     return Status::Corruption(fmt::format("index record has {} bytes, expected {}", in.size(), kRecordBytes));
   }
-  if (static_cast<std::uint8_t>(in[0]) != kRecordVersion) {
-    return Status::Corruption(fmt::format("index record version {} is unknown (expected {})",
-                                          static_cast<unsigned>(in[0]), kRecordVersion));
-  }
+  // The check first: only a record whose check fails is damaged. An intact record of another
+  // version was written by another Terrace version, which this build must not drop or overwrite.
   if (GetLe(in.data() + 40, 8) != XXH3_64bits(in.data(), 40)) {
     return Status::Corruption("index record checksum mismatch");
+  }
+  if (static_cast<std::uint8_t>(in[0]) != kRecordVersion) {
+    return Status::InvalidArgument(fmt::format(
+        "index record version {} (its record_check is valid) is not supported by this build (it reads version {})",
+        static_cast<unsigned>(in[0]), kRecordVersion));
   }
   Record r;
   r.codec = static_cast<Codec>(GetLe(in.data() + 2, 2));

@@ -70,7 +70,9 @@ struct Superblock {
   // Writes this superblock into slot sequence % 2 of the 4 KiB superblock `unit`; the other slot's
   // bytes are left as they are (so a torn write of the unit can damage only the slot being written).
   void EncodeIntoUnit(std::byte* unit_bytes) const;
-  // The newest valid slot of a 4 KiB superblock. A version-1 store is refused with InvalidArgument.
+  // The newest valid slot of a 4 KiB superblock. A slot is passed over only when absent (no magic)
+  // or torn (its slot_check fails); an intact slot this build cannot use refuses the unit: another
+  // format version (version 1 included) with InvalidArgument, an invalid geometry with Corruption.
   static Result<Superblock> DecodeUnit(std::span<const std::byte> unit_bytes, const std::string& where);
 };
 
@@ -94,6 +96,8 @@ struct Record {
            extent_bytes() <= capacity - offset;
   }
   void EncodeTo(std::byte out[kRecordBytes]) const;
+  // Corruption when the bytes are damaged (wrong size, record_check mismatch); InvalidArgument when
+  // they are intact but of another record_version (written by another Terrace version).
   static Result<Record> Decode(std::span<const std::byte> in);
 };
 

@@ -893,11 +893,18 @@ Status NvmeTier::Recover() {
     }
   };
   const std::uint64_t cap = sb_.capacity_bytes;
+  std::uint64_t other_version = 0;  // intact records of another record_version: refuse, never drop
+  Status first_other_version;
   Status scanned = index_->Scan([&](std::string_view k, std::string_view v) {
     if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
     ++report_.records_scanned;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
+    if (rec.status().IsInvalidArgument()) {
+      if (other_version++ == 0)
+        first_other_version = rec.status().WithContext("the first, key " + (key.ok() ? key->ToString() : Hex(k)));
+      return;
+    }
     if (!key.ok() || !rec.ok()) return note_drop(k, &report_.dropped_malformed);
     const nvme::Record& r = *rec;
     if (!r.FitsDataArea(kDataStart, cap)) {
@@ -906,6 +913,12 @@ Status NvmeTier::Recover() {
     recs.push_back({*key, r});
   });
   if (!scanned.ok()) return WithRecoverAdvice(scanned);
+  if (other_version > 0) {
+    return Status::InvalidArgument(fmt::format(
+        "the index '{}' of NVMe store '{}' holds {} block records written by another Terrace version ({}); this "
+        "build does not read them and changed nothing: open the store with the Terrace version that wrote it",
+        index_path_.string(), data_path_.string(), other_version, first_other_version.message()));
+  }
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });
   std::vector<Loaded> kept;
