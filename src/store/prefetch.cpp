@@ -1,5 +1,7 @@
 // Prefetch scheduling (priorities, deadlines, cancellation, yielding to demand) and the async
 // Get/Put forms, all on the store's thread pool.
+#include <iterator>
+
 #include <fmt/format.h>
 
 #include "src/store/store_impl.h"
@@ -73,10 +75,14 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
 }
 
 void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
+  // Whether the items are queued is decided once, under prefetch_mu_: queued items are completed by
+  // a drainer (or, once the lane is joined, by CancelQueuedPrefetch), the others here; never both.
   unsigned start = 0;
+  bool queued = false;
   {
     MutexLock lock(&prefetch_mu_);
     if (!stopping_.load(std::memory_order_acquire)) {
+      queued = true;
       auto& q = prefetch_queues_[static_cast<int>(job->priority)];
       for (std::size_t i = 0; i < job->keys.size(); ++i) q.emplace_back(job, i);
       while (prefetch_drainers_ < lane_threads_) {
@@ -85,11 +91,25 @@ void StoreImpl::EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job) {
       }
     }
   }
-  if (start == 0 && stopping_.load(std::memory_order_acquire)) {
+  if (!queued) {
     for (std::size_t i = 0; i < job->keys.size(); ++i) job->Complete(i, Status::Cancelled("the store is closing"));
     return;
   }
+  // A drainer posted after the destructor joined prefetch_lane_ never runs; its items are then
+  // still queued and CancelQueuedPrefetch completes them.
   for (unsigned i = 0; i < start; ++i) prefetch_lane_.Post([this] { DrainPrefetch(); });
+}
+
+void StoreImpl::CancelQueuedPrefetch() {
+  std::vector<PrefetchItem> left;
+  {
+    MutexLock lock(&prefetch_mu_);
+    for (auto& q : prefetch_queues_) {
+      std::move(q.begin(), q.end(), std::back_inserter(left));
+      q.clear();
+    }
+  }
+  for (auto& [job, i] : left) job->Complete(i, Status::Cancelled("the store is closing"));
 }
 
 void StoreImpl::DrainPrefetch() {

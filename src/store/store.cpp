@@ -43,6 +43,7 @@ StoreImpl::~StoreImpl() {
   stopping_.store(true, std::memory_order_release);
   demand_->Wake();
   prefetch_lane_.Join();  // queued prefetch items complete as Cancelled; running work finishes
+  CancelQueuedPrefetch();  // items whose drainer was posted too late to run (none queue after this)
   pool_.Join();           // then async gets and puts
   demotion_lane_.Join();  // then demotions either may have scheduled (a pass stops at stopping_)
 }

@@ -433,8 +433,13 @@ class StoreImpl {
   using PrefetchItem = std::pair<std::shared_ptr<PrefetchJob>, std::size_t>;  // job, key index
   static constexpr std::size_t kPrefetchGroup = 64;  // kDemand items per drainer pass (one batched read)
   // Speculative items per pass: Store::kSpeculativeGroup, so a demand waits for at most that many.
+  // Queues the job's items and posts drainers, or, once the store is stopping, completes them
+  // Cancelled; each item completes exactly once either way.
   void EnqueuePrefetch(const std::shared_ptr<PrefetchJob>& job);
   void DrainPrefetch();
+  // Destructor, after prefetch_lane_ is joined: completes the items still queued (their drainer was
+  // posted after the lane stopped running work) as Cancelled. Nothing is queued after it (stopping_).
+  void CancelQueuedPrefetch();
   Status PrefetchCheck(const PrefetchJob& job, std::size_t i) const;  // OK: item i may still start
   // Runs the group's items. A speculative group that finds a demand job queued while it has to wait
   // for demand puts its items back at the front of their queue instead, so this lane thread can run
