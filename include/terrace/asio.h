@@ -8,13 +8,20 @@
 // The work runs on the store's own thread pool; the completion handler runs on the handler's
 // associated executor (boost::asio::bind_executor, the executor of a use_awaitable coroutine),
 // or, when it has none, on the executor passed as the first argument of the overloads that take
-// one, or else inline on the store's thread (system executor). Outstanding work is tracked on that
-// executor, so io_context::run() does not return while an operation is pending. Tokens that work:
-// plain callbacks, boost::asio::use_future, boost::asio::use_awaitable, deferred-style tokens.
-// Buffers (`out`, `data`, `keys`) must stay alive until completion.
+// one, or else on the system executor: inline on the store's thread that completed the work.
+// As Asio requires, an initiating function never invokes the handler itself: an outcome known
+// during the call (an empty key list, a tier the store lacks, a closing store, work that finished
+// at once) is posted to that executor (the system executor's own threads when there is none).
+// Outstanding work is tracked on that executor, so io_context::run() does not return while an
+// operation is pending; hence the executor's execution context (an io_context) must outlive
+// every pending operation: destroying it first leaves the store's thread completing into freed
+// memory. Tokens that work: plain callbacks, boost::asio::use_future, boost::asio::use_awaitable,
+// deferred-style tokens. Buffers (`out`, `data`, `keys`) must stay alive until completion. The
+// handler must not throw (it may run on a store thread, where nothing catches it).
 #pragma once
 
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +29,7 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/execution.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/system_executor.hpp>
 
@@ -31,16 +39,25 @@ namespace terrace {
 namespace asio_detail {
 
 // Completes `handler` with `future`'s value on the handler's associated executor (falling back to
-// `fallback`), keeping that executor's outstanding-work count up until then.
+// `fallback`), keeping that executor's outstanding-work count up until then. Called in the
+// initiating function: a completion on its thread (then() runs the callback inline when the value
+// is already there) is posted, never run in the caller's frame; one on a store thread is
+// dispatched.
 template <typename T, typename Handler, typename Executor>
 void CompleteOn(Future<T> future, Handler handler, const Executor& fallback) {
   auto ex = boost::asio::prefer(boost::asio::get_associated_executor(handler, fallback),
                                 boost::asio::execution::outstanding_work.tracked);
-  future.then([handler = std::move(handler), ex = std::move(ex)](T value) mutable {
+  future.then([handler = std::move(handler), ex = std::move(ex),
+               initiator = std::this_thread::get_id()](T value) mutable {
     auto run_ex = ex;
-    boost::asio::dispatch(run_ex, [handler = std::move(handler), value = std::move(value), ex = std::move(ex)]() mutable {
+    auto complete = [handler = std::move(handler), value = std::move(value), ex = std::move(ex)]() mutable {
       std::move(handler)(std::move(value));
-    });
+    };
+    if (std::this_thread::get_id() == initiator) {
+      boost::asio::post(run_ex, std::move(complete));
+    } else {
+      boost::asio::dispatch(run_ex, std::move(complete));
+    }
   });
 }
 

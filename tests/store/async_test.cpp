@@ -4,8 +4,10 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <future>
 #include <thread>
 
 #include "store_test_util.h"
@@ -195,6 +197,59 @@ TEST_CASE("Prefetch racing the Store's destruction completes each item exactly o
     CHECK(futures_done.load() * static_cast<long>(keys.size()) == issued.load());
     if (twice.load() != 0 || completed.load() != issued.load()) break;
   }
+}
+
+// Asio's rule: an initiating function never invokes the handler itself; a completion known at
+// initiation is posted. Futures ready at then() (an empty prefetch list, a target tier the store
+// lacks) once ran the handler inline: in the caller's frame (system executor) or, from a thread
+// running the io_context, through dispatch.
+TEST_CASE("asio: the handler never runs inside the initiating call") {
+  FakeTiers f(0, 1 << 20, 1 << 20);  // no HBM tier
+  auto store = OpenFakeStore(f);
+  BlockKey key = TestKey(1);
+  const std::span<const BlockKey> none;
+  const std::span<const BlockKey> one(&key, 1);
+  std::atomic<bool> initiating{false};  // set around each initiating call, on the thread making it
+  std::atomic<int> inside{0};           // handlers run while `initiating`, on the initiating thread
+  std::thread::id caller;
+  auto note = [&] {
+    if (initiating && std::this_thread::get_id() == caller) ++inside;
+  };
+
+  SECTION("system executor (no associated executor)") {
+    for (auto keys : {none, one}) {
+      std::promise<std::vector<Status>> done;
+      caller = std::this_thread::get_id();
+      initiating = true;
+      async_prefetch(*store, keys, TierId::kHbm, Priority::kHigh, Clock::time_point::max(),
+                     [&](std::vector<Status> st) {
+                       note();
+                       done.set_value(std::move(st));
+                     });
+      initiating = false;
+      auto st = done.get_future().get();
+      CHECK(st.size() == keys.size());
+    }
+  }
+  SECTION("io_context executor, initiated from a handler running on it") {
+    boost::asio::io_context io;
+    int calls = 0;
+    boost::asio::post(io, [&] {
+      for (auto keys : {none, one}) {
+        caller = std::this_thread::get_id();
+        initiating = true;
+        async_prefetch(io.get_executor(), *store, keys, TierId::kHbm, Priority::kHigh, Clock::time_point::max(),
+                       [&](std::vector<Status>) {
+                         ++calls;
+                         note();
+                       });
+        initiating = false;
+      }
+    });
+    io.run();
+    CHECK(calls == 2);
+  }
+  CHECK(inside == 0);
 }
 
 }  // namespace
