@@ -198,6 +198,14 @@ class Store {
   // The standard configuration: index = TierId, null = absent; caps().id must match the index.
   static Result<std::unique_ptr<Store>> OpenWithTiers(const StoreOptions& options,
                                                       std::array<std::unique_ptr<Tier>, kNumTiers> tiers);
+  // Closes the store; work in flight finishes first. Queued GetAsync / PutAsync calls still run
+  // and complete with their outcome; prefetch items not yet started complete Cancelled ("the
+  // store is closing"), and so do GetAsync, PutAsync and Prefetch called while it closes (from
+  // callbacks on the store's threads, which may still call Store methods until it returns).
+  // Returns once every Future of the store is complete, its threads are joined and its tiers
+  // closed. Run on one of the store's own threads (the last owner released inside a completion
+  // callback), it returns at once instead, and the store closes on a thread of its own once that
+  // callback has returned; other callbacks must not use this Store after that.
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

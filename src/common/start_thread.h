@@ -31,7 +31,8 @@ bool InjectedStartFailure();
 
 // Starts `fn` on a new thread, or returns Unavailable naming `what` ("the prefix cache's writer
 // thread") when the thread cannot be had (std::system_error, or std::bad_alloc for its state).
-// Never throws. The caller owns the returned thread and must join it.
+// Never throws. The caller owns the returned thread and must join it (or detach it: only the
+// store's closing thread, StoreImpl::CloseElsewhere, is detached).
 template <typename F>
 Result<std::thread> StartThread(std::string_view what, F&& fn) {
   if (thread_internal::InjectedStartFailure())

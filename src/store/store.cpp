@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/start_thread.h"
 #include "src/store/store_impl.h"
 
 namespace terrace {
@@ -46,6 +47,21 @@ StoreImpl::~StoreImpl() {
   CancelQueuedPrefetch();  // items whose drainer was posted too late to run (none queue after this)
   pool_.Join();           // then async gets and puts
   demotion_lane_.Join();  // then demotions either may have scheduled (a pass stops at stopping_)
+}
+
+void StoreImpl::CloseElsewhere(std::unique_ptr<StoreImpl> impl) {
+  StoreImpl* raw = impl.release();  // owned by the closing thread from here, or leaked
+  auto t = StartThread("the store's closing thread (the store was dropped on one of its own threads)",
+                       [raw] { delete raw; });
+  if (t.ok()) {
+    t->detach();
+    return;
+  }
+  raw->logger_->Log(LogLevel::kError, "store",
+                    fmt::format("the store was dropped in a completion callback on one of its own threads and "
+                                "cannot be closed: {}; it is left open (its memory and threads stay) instead of "
+                                "joining the calling thread from itself",
+                                t.status().message()));
 }
 
 int StoreImpl::SlotOf(TierId kind) const {
@@ -153,7 +169,11 @@ Status StoreImpl::Init() {
 using store_internal::StoreImpl;
 
 Store::Store(std::unique_ptr<StoreImpl> impl) : impl_(std::move(impl)) {}
-Store::~Store() = default;
+// On another thread, impl_ stays set while its destructor joins the store's threads: callbacks still
+// running there may call Store methods (answered Cancelled, "the store is closing").
+Store::~Store() {
+  if (impl_ && impl_->OnOwnThread()) StoreImpl::CloseElsewhere(std::move(impl_));
+}
 
 Result<std::unique_ptr<Store>> Store::OpenWithTiers(const StoreOptions& options,
                                                     std::vector<std::unique_ptr<Tier>> tiers) {

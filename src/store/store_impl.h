@@ -185,7 +185,17 @@ class DemandScope final {
 class StoreImpl {
  public:
   StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
+  // Joins the store's threads: never on one of them (Store::~Store hands that case to CloseElsewhere).
   ~StoreImpl();
+  // For a store dropped on one of its own threads (the last owner of the Store released in a
+  // completion callback), which cannot join itself: destroys `impl` on a new detached thread, which
+  // joins this one once the callback returns. When no thread can be started the store is leaked
+  // (its threads keep running), with an error logged: joining from here would std::terminate.
+  static void CloseElsewhere(std::unique_ptr<StoreImpl> impl);
+  // True on one of the store's threads (running a task: an async call, a prefetch, a demotion).
+  bool OnOwnThread() const {
+    return pool_.OnPoolThread() || prefetch_lane_.OnPoolThread() || demotion_lane_.OnPoolThread();
+  }
   Status Init();  // validates tiers, recovers the directory from what they hold
   // Starts the three executors' threads (OpenImpl, after Init). Unavailable when the OS refuses a
   // thread: the store must not be used then (its destructor joins what was started).

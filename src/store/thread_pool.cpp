@@ -51,6 +51,8 @@ Status ThreadPool::Start(unsigned threads, std::string_view what) {
 
 void ThreadPool::Post(std::function<void()> fn) { boost::asio::post(impl_->context, std::move(fn)); }
 
+bool ThreadPool::OnPoolThread() const { return impl_->context.get_executor().running_in_this_thread(); }
+
 void ThreadPool::Join() { impl_->Join(); }
 
 }  // namespace terrace::store_internal

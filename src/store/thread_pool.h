@@ -24,7 +24,9 @@ class ThreadPool {
   // thread cannot be started: the threads started before it are joined, and the pool runs nothing.
   Status Start(unsigned threads, std::string_view what);
   void Post(std::function<void()> fn);
-  // Idempotent.
+  // True on one of this pool's threads (while it runs posted work).
+  bool OnPoolThread() const;
+  // Idempotent. Not from one of the pool's own threads (a thread cannot join itself).
   void Join();
 
  private:

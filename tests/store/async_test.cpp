@@ -10,6 +10,7 @@
 #include <future>
 #include <thread>
 
+#include "forwarding_tier.h"
 #include "store_test_util.h"
 #include "terrace/asio.h"
 
@@ -250,6 +251,47 @@ TEST_CASE("asio: the handler never runs inside the initiating call") {
     CHECK(calls == 2);
   }
   CHECK(inside == 0);
+}
+
+// A tier that reports its destruction (the store closing its tiers) with the destroying thread.
+class ClosingTier final : public ForwardingTier {
+ public:
+  ClosingTier(std::shared_ptr<Tier> inner, std::promise<std::thread::id>* closed)
+      : ForwardingTier(std::move(inner)), closed_(closed) {}
+  ~ClosingTier() override { closed_->set_value(std::this_thread::get_id()); }
+
+ private:
+  std::promise<std::thread::id>* closed_;
+};
+
+// Dropping the last owner of the Store inside a completion callback, on the store thread that
+// completed it, once called std::terminate (the destructor joined that thread from itself). The
+// store now closes on a thread of its own once the callback has returned.
+TEST_CASE("Store dropped in a completion callback on its own thread closes") {
+  auto host = std::make_shared<FakeTier>(TierId::kHost, 1 << 20);
+  std::promise<std::thread::id> closed;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::make_unique<ClosingTier>(host, &closed));
+  auto opened = Store::OpenWithTiers(Quiet(), std::move(tiers));
+  REQUIRE(opened.ok());
+  std::shared_ptr<Store> store(std::move(*opened));
+  const BlockKey key = TestKey(1);
+  REQUIRE(store->Put(key, TestBytes(1, 100)).ok());
+  GetGate gate(*host, key);  // the Get completes on the pool thread, after then() below
+  std::vector<std::byte> out(100);
+  auto get = store->GetAsync(key, out);
+  gate.WaitHeld();
+  std::promise<std::thread::id> callback;
+  get.then([store = std::move(store), &callback](Result<BlockDesc> r) mutable {
+    CHECK(r.ok());
+    store.reset();  // the last owner
+    callback.set_value(std::this_thread::get_id());
+  });
+  gate.Open();
+  const std::thread::id pool_thread = callback.get_future().get();
+  const std::thread::id closing_thread = closed.get_future().get();
+  CHECK(pool_thread != std::this_thread::get_id());
+  CHECK(closing_thread != pool_thread);
 }
 
 }  // namespace
