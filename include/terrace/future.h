@@ -9,7 +9,9 @@
 // Thread-safety: a Future and its Promise may live on different threads. One Future object must
 // not be used from two threads at once (like std::future); is_ready()/wait() on distinct copies of
 // the shared state are fine. Callbacks registered with then() run on the thread that completes the
-// Promise, or inline in then() when the value is already there; they must not block for long.
+// Promise, or inline in then() when the value is already there; they must not block for long, and
+// must not throw: nothing catches the exception, and on a store thread it ends the process
+// (std::terminate).
 #pragma once
 
 #include <atomic>
