@@ -595,10 +595,13 @@ def test_stats_shows_the_space_blocks_take_so_a_full_store_reads_full(tmp_path):
 
 
 def interrupted_creation(tmp_path, capacity="1MiB"):
-    """A store whose creation was killed before its final rename: terrace.data.creating, complete."""
+    """A store whose creation was cut off after its superblock and preallocation (the drill's power cut
+    after those two durable steps): terrace.data.creating, full size, no index yet."""
     store = tmp_path / "s"
-    assert terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", capacity).returncode == 0
-    (store / "terrace.data").rename(store / "terrace.data.creating")
+    r = terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", capacity,
+                "--drill-fault", "powercut", "--drill-cut-after", 2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in store.iterdir()) == ["terrace.data.creating"], r.stderr
     return store
 
 
@@ -623,6 +626,36 @@ def test_fill_never_deletes_a_terrace_data_creating_it_cannot_prove_it_made(tmp_
     assert "terrace.data.creating" in r.stderr and f"--dir '{store}'" in r.stderr, r.stderr
     assert snapshot(store) == before
     assert sorted(p.name for p in store.iterdir()) == ["other.txt", "terrace.data.creating"]
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "renamed"])
+def test_fill_never_takes_a_used_stores_data_file_for_an_interrupted_creation(tmp_path, how):
+    """Another store's data file under the name terrace.data.creating (a link to it, or the file moved
+    there) is refused and left as it is: completing it as a creation would overwrite its blocks."""
+    a, acked = filled(tmp_path, count=10, block_size="64KiB", capacity="4MiB")
+    b = tmp_path / "b"
+    b.mkdir()
+    creating = b / "terrace.data.creating"
+    if how == "symlink":
+        creating.symlink_to(a / "terrace.data")
+    elif how == "hardlink":
+        os.link(a / "terrace.data", creating)
+    else:
+        (a / "terrace.data").rename(creating)
+    before_a, before_b = snapshot(a), snapshot(b)
+    r = fill(b, count=10, block_size="64KiB", capacity="4MiB", seed=9)
+    assert r.returncode == 1, r.stderr
+    assert "terrace.data.creating" in r.stderr and f"--dir '{b}'" in r.stderr, r.stderr
+    assert "not an interrupted creation" in r.stderr and "left it as it is" in r.stderr, r.stderr
+    assert "durable" not in r.stdout
+    assert snapshot(a) == before_a and snapshot(b) == before_b
+    assert sorted(p.name for p in b.iterdir()) == ["terrace.data.creating"]
+    if how == "renamed":
+        # The advice works: the file renamed back is the store, every acknowledged block intact.
+        assert "rename it" in r.stderr and "'terrace.data'" in r.stderr, r.stderr
+        creating.rename(a / "terrace.data")
+    r = terrace("store", "check", "--dir", a, "--expect", acked)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_store_in_use_gets_no_advice_to_recover_into_another_index(tmp_path):
