@@ -120,6 +120,28 @@ def test_fill_reports_every_put_failure_and_stops(tmp_path):
     assert len(failures) < 15, r.stderr          # ... and then it stops
 
 
+def test_fill_exits_non_zero_when_the_store_fails_to_close(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, "--drill-fault", "close-eio", count=3)  # only the close's fdatasync fails
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"terrace: error: IOError: closing '[^']*terrace\.data'", r.stderr), r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    assert len(durable_keys(r.stdout)) == 3
+    r = terrace("store", "check", "--dir", store, "--expect", expect)  # what was acknowledged stays
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_index_preallocates_nothing_and_keeps_small_tables(tmp_path):
+    """RocksDB's defaults preallocate ~74 MB per log and table file (fallocate), which fills a small
+    file system while the store is open; the index's records are 73 bytes."""
+    store, _ = filled(tmp_path, count=2)
+    (options,) = (store / "index").glob("OPTIONS-*")
+    text = options.read_text()
+    for setting in ("allow_fallocate=false", "write_buffer_size=4194304", "target_file_size_base=4194304"):
+        assert re.search(rf"^\s*{setting}$", text, re.M), setting
+
+
 def test_fill_of_identical_blocks_says_nothing_was_written(tmp_path):
     store = tmp_path / "s"
     assert fill(store, count=6).returncode == 0

@@ -160,11 +160,24 @@ std::string NvmeTier::RecoverAdvice() const {
 }
 
 NvmeTier::~NvmeTier() {
+  if (Status s = Close(); !s.ok()) logger_->Log(LogLevel::kError, "nvme", s.ToString());
+}
+
+Status NvmeTier::Close() {
+  Status first;
+  // The first failure is returned; any later one is logged here.
+  auto failed = [&](const Status& s) {
+    Status named = s.WithContext(fmt::format("closing '{}'", data_path_.string()));
+    if (first.ok()) {
+      first = std::move(named);
+    } else {
+      logger_->Log(LogLevel::kError, "nvme", named.ToString());
+    }
+  };
   if (committer_) {
     Status s = committer_->Flush();
     if (!s.ok()) {
-      logger_->Log(LogLevel::kError, "nvme",
-                   fmt::format("closing '{}': final commit failed: {}", data_path_.string(), s.ToString()));
+      failed(s.WithContext("final commit failed"));
     } else if (!index_->failed()) {
       // Record the final commit, durably, so a reopen can tell a complete index from one that lost
       // records, and the next session's index can never get two commits ahead of the superblock.
@@ -176,13 +189,12 @@ NvmeTier::~NvmeTier() {
         w = PersistSuperblockLocked();
       }
       if (w.ok()) w = EngineSync("syncing the superblock of");  // also the last commit's unsynced write
-      if (!w.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing: {}", w.ToString()));
+      if (!w.ok()) failed(w);
     }
   }
   committer_.reset();
   if (index_) {
-    Status s = index_->Close();
-    if (!s.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing '{}': {}", data_path_.string(), s.ToString()));
+    if (Status s = index_->Close(); !s.ok()) failed(s);
   }
   index_.reset();
   engine_.reset();
@@ -191,7 +203,9 @@ NvmeTier::~NvmeTier() {
     // rings are torn down, and the lock lives as long as any reference.
     ::flock(fd_, LOCK_UN);
     ::close(fd_);
+    fd_ = -1;
   }
+  return first;
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {

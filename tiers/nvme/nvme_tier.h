@@ -214,7 +214,12 @@ class NvmeTier final : public Tier {
                                         const std::shared_ptr<Logger>& logger,
                                         std::filesystem::path* refused = nullptr);
 
-  ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
+  // Makes acknowledged puts durable, records the final commit in the superblock, flushes the
+  // index, then closes the files. Every failure is logged; the first is returned (the store is
+  // closed either way, and a reopen recovers what was acknowledged). Call it last: no other
+  // method may be called after it. A second call does nothing and returns OK.
+  Status Close();
+  ~NvmeTier() override;  // Close(), its error logged only
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
