@@ -680,6 +680,38 @@ def test_fill_never_takes_a_used_stores_data_file_for_an_interrupted_creation(tm
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_a_truncated_data_file_gets_advice_that_works_and_no_advice_to_delete(tmp_path):
+    store, _ = filled(tmp_path, count=4, capacity="1MiB")
+    data = store / "terrace.data"
+    capacity = data.stat().st_size
+    os.truncate(data, 40000)  # the first 16 KiB block's extent (4 KiB..24 KiB) survives
+    for args in (["check"], ["recover"], ["stats"]):
+        r = terrace("store", *args, "--dir", store)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "truncated" in r.stderr and "Do not delete the store" in r.stderr, (args, r.stderr)
+        assert "delete the store" not in r.stderr.replace("Do not delete the store", ""), (args, r.stderr)
+        assert f"truncate -s {capacity} '{data}'" in r.stderr, (args, r.stderr)
+    os.truncate(data, capacity)  # the advice
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stderr
+    assert "rebuilt the index with 1 blocks" in r.stdout + r.stderr, r.stderr
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_damaged_superblock_gets_no_advice_to_delete_the_store(tmp_path):
+    store, _ = filled(tmp_path, count=2)
+    with open(store / "terrace.data", "r+b") as f:
+        for slot in (0, 2048):  # both slots' generation_limit
+            f.seek(slot + 0x41)
+            f.write(b"\x55")
+    for args in (["check"], ["recover"], ["check", "--checksums-only"]):
+        r = terrace("store", *args, "--dir", store)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "superblock checksum mismatch" in r.stderr and "Do not delete the store" in r.stderr, (args, r.stderr)
+        assert "to start empty" not in r.stderr and "index manifest" in r.stderr, (args, r.stderr)
+
+
 def test_a_store_in_use_gets_no_advice_to_recover_into_another_index(tmp_path):
     import fcntl
     store = tmp_path / "s"

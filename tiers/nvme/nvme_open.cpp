@@ -771,9 +771,10 @@ Status NvmeTier::OpenExisting(bool block_device) {
         data_path_.string(), sb_.capacity_bytes, options_.capacity_bytes));
   }
   if (size < sb_.capacity_bytes) {
-    return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
-                                          "truncated; restore it or delete the store",
-                                          data_path_.string(), size, sb_.capacity_bytes));
+    nvme::StorePaths paths;
+    paths.data = data_path_;
+    paths.block_device = block_device;
+    return nvme::ShorterThanCapacity(paths, size, sb_.capacity_bytes);
   }
   return OpenIndexOfExisting();
 }
