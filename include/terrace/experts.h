@@ -305,11 +305,19 @@ class ExpertLease {
   int layer_ = -1, expert_ = -1;
 };
 
+// What a Lease failure for a lost expert block (NotFound / Corruption) ends with: the remedy in
+// the library's words. A front end that names its own remedy replaces this text.
+inline constexpr std::string_view kLostExpertRemedy =
+    "; ExpertOffload::Create over the same weights stores a fresh copy (it reads back every expert block the "
+    "store holds and stores the damaged or lost ones afresh)";
+
 // The store-backed ExpertProvider.
 class ExpertOffload final : public model::ExpertProvider {
  public:
   // Puts every routed expert of `weights` (MXFP4 checkpoints only) into `store` as one block in
-  // options.home (an identical block already there is kept), keyed by keys::ExpertKey. The store
+  // options.home, keyed by keys::ExpertKey. A block already there is read back (one read of every
+  // stored expert) and kept when it passes its checksum; a damaged or lost one is stored afresh
+  // (a warning through the store's logger counts them). The store
   // needs an HBM tier with host-addressable memory (HbmMode::kEmulated: the reference model
   // computes on the CPU) that holds at least the budget, and Placement::kInclusive, so a fast-tier
   // copy never removes the home copy. `store` must outlive the result. Use OpenStoreOptions to get

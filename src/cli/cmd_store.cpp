@@ -5,6 +5,7 @@
 // survived intact. `check` is read-only unless --repair.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -70,12 +71,12 @@ Result<std::unique_ptr<NvmeTier>> OpenFillTier(const NvmeTierOptions& o, const F
     hooks.index_env = cut->index_env();
     return NvmeTier::OpenWithHooks(o, hooks);
   }
-  if (f.kind == "eio" || f.kind == "enospc" || f.kind == "short") {
-    nvme::FaultKind kind = f.kind == "eio" ? nvme::FaultKind::kEio
+  if (f.kind == "eio" || f.kind == "enospc" || f.kind == "short" || f.kind == "close-eio") {
+    nvme::FaultKind kind = f.kind == "eio" || f.kind == "close-eio" ? nvme::FaultKind::kEio
                            : f.kind == "enospc" ? nvme::FaultKind::kEnospc
                                                 : nvme::FaultKind::kShort;
     const std::uint64_t seed = f.seed;
-    const double rate = f.rate;
+    const double rate = f.kind == "close-eio" ? 0.0 : f.rate;  // close-eio: RunFill arms a failed sync at the close
     return NvmeTier::OpenWithEngine(o, [=](const nvme::IoEngineConfig& cfg) -> Result<std::unique_ptr<nvme::IoEngine>> {
       TERRACE_ASSIGN_OR_RETURN(auto base, nvme::OpenUringEngine(cfg));
       auto e = std::make_unique<nvme::FaultInjectingIoEngine>(std::move(base), seed);
@@ -241,8 +242,12 @@ int RunFill(const FillArgs& a) {
   const double secs = SecondsSince(start);
   const std::uint64_t w = written.load(), same = unchanged.load(), bad = failed.load();
   const std::uint64_t attempted = w + same + bad;
+  // Closed before the exit, not by it: a failed close (final commit, superblock, index flush) fails
+  // the run. Every put printed 'durable' was already durable.
+  if (a.fault.kind == "close-eio") fault_engine->ArmSync(EIO);
+  const Status closed = (*tier)->Close();
   if (StopSignalReceived() != 0) {
-    tier->reset();  // closed: the index flushed; every put printed 'durable' was already durable
+    if (!closed.ok()) return FailStatus(closed);
     return ExitStopped("store fill", fmt::format(
         "; {} of {} blocks acknowledged durable (the 'durable' lines: {} written, {} already stored), {} failed, {} "
         "not attempted; the store in --dir is closed and keeps them",
@@ -260,11 +265,12 @@ int RunFill(const FillArgs& a) {
                same ? fmt::format("; {} more were already stored with identical bytes", same) : std::string());
   }
   if (fault_engine) fmt::print(stderr, "store fill: {} faults injected\n", fault_engine->injected_total());
+  const int close_rc = closed.ok() ? 0 : FailStatus(closed);
   if (bad) {
     return Fail(fmt::format("{} of {} attempted puts failed{}", bad, attempted,
                             attempted < a.count ? fmt::format("; {} blocks not attempted", a.count - attempted) : ""));
   }
-  return 0;
+  return close_rc;
 }
 
 // "a, b and c".
@@ -440,7 +446,7 @@ void RegisterStore(CLI::App& app, Runner* run) {
                 "Concurrent writers (their puts share group commits)");
   // Hidden flags used by `store drill` for its child processes.
   AddIntOption<std::uint64_t>(fill, "--first", &fa->first, 0, UINT64_MAX / 2, "")->group("");
-  fill->add_option("--drill-fault", fa->fault.kind, "")->group("")->check(CLI::IsMember({"eio", "enospc", "short", "powercut"}));
+  fill->add_option("--drill-fault", fa->fault.kind, "")->group("")->check(CLI::IsMember({"eio", "enospc", "short", "powercut", "close-eio"}));
   AddIntOption<std::uint64_t>(fill, "--drill-fault-seed", &fa->fault.seed, 0, UINT64_MAX, "")->group("");
   fill->add_option("--drill-fault-rate", fa->fault.rate, "")->group("")->check(CLI::Range(0.0, 1.0));
   AddIntOption<std::uint64_t>(fill, "--drill-cut-after", &fa->fault.cut_after, 0, UINT64_MAX, "")->group("");

@@ -118,7 +118,7 @@ void RegisterStoreStats(CLI::App* store, Runner* run);    // cmd_store_stats.cpp
 
 // `store fill`'s hidden drill flags: the fault its child process injects into itself.
 struct FillFault {
-  std::string kind;             // "", "eio", "enospc", "short", "powercut"
+  std::string kind;             // "", "eio", "enospc", "short", "powercut", "close-eio" (only the close's sync fails)
   std::uint64_t seed = 1;
   double rate = 0.02;           // eio/enospc/short: probability per write request
   std::uint64_t cut_after = 0;  // powercut: events before the power goes off

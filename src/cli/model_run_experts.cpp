@@ -108,7 +108,12 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
 
 Status WithExpertRemedy(const ExpertRun& run, const Status& s) {
   if (!run.offload || !(s.IsNotFound() || s.IsCorruption())) return s;
-  std::string msg = s.message() + "; running terrace model run again with the same --model stores the experts afresh";
+  std::string msg = s.message();
+  // The library's remedy names its API; the CLI's replaces it.
+  if (auto at = msg.find(experts::kLostExpertRemedy); at != std::string::npos)
+    msg.erase(at, experts::kLostExpertRemedy.size());
+  msg += "; run terrace model run again with the same --model and --store: it reads back every expert block in the "
+         "store and stores the damaged or lost ones afresh from the model's weights";
   return s.IsNotFound() ? Status::NotFound(std::move(msg)) : Status::Corruption(std::move(msg));
 }
 

@@ -65,8 +65,9 @@ Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session*
                       const std::vector<int>& prompt, int max_new, const OracleRecording& recording = {});
 
 // A forward pass's failure `s` with the CLI's remedy added when an expert block was lost from the
-// expert store (NotFound or Corruption while an expert cache runs): running again with the same
-// --model stores the experts afresh. Other failures unchanged.
+// expert store (NotFound or Corruption while an expert cache runs), in place of the library's
+// (kLostExpertRemedy): running again with the same --model and --store stores the damaged or lost
+// experts afresh. Other failures unchanged.
 Status WithExpertRemedy(const ExpertRun& run, const Status& s);
 
 // The report, every form from one snapshot (ExpertSnapshot: unset without an expert cache, and

@@ -77,6 +77,30 @@ Result<model::Mxfp4Matrix> ViewMatrix(const model::WeightSource& src, int layer,
   return m;
 }
 
+// Puts `block` under `key` in `home`. Store::Put keeps a block the store already holds with the
+// same checksum without reading it, so such a block is read back first: a copy that fails its
+// checksum (or whose block is lost) is forgotten and stored afresh, and *restored counts it. A
+// damaged expert store is so mended by one Create, not by one run per damaged expert.
+Status StoreExpertBlock(Store& store, const BlockKey& key, std::span<const std::byte> block, TierId home,
+                        std::uint64_t* restored) {
+  const auto where = store.Lookup(std::span<const BlockKey>(&key, 1));
+  if (!where.empty() && where[0].found) {
+    std::vector<std::byte> back(block.size());
+    GetOptions go;
+    go.promote = false;
+    auto got = store.Get(key, back, go);
+    if (!got.ok()) {
+      if (!got.status().IsCorruption() && !got.status().IsNotFound()) return got.status();
+      if (Status e = store.Erase(key); !e.ok() && !e.IsNotFound()) return e;
+      ++*restored;
+    }
+  }
+  PutOptions po;
+  po.codec = Codec::kMxfp4;
+  po.tier = home;
+  return store.Put(key, block, po);
+}
+
 }  // namespace
 
 std::uint64_t ExpertOffload::TotalExpertBytes(const model::ModelConfig& config) {
@@ -186,6 +210,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
   const ContentId model_id = keys::ModelId(config, weights);
   const std::uint32_t ns = keys::Namespace(model_id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
   const ContentId ns_root = keys::NamespaceRoot(model_id, "experts-mxfp4-v1", "mxfp4", keys::kKeySchemaVersion);
+  std::uint64_t restored = 0;
   for (int l = 0; l < m.L; ++l) {
     if (config.IsDenseLayer(l)) continue;
     for (int e = 0; e < m.E; ++e) {
@@ -198,15 +223,19 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
       Slot& s = m.slot(l, e);
       s.key = keys::ExpertKey(ns, ns_root, l, e);
       s.bytes = block.size();
-      PutOptions po;
-      po.codec = Codec::kMxfp4;
-      po.tier = options.home;
-      Status st = store->Put(s.key, block, po);
+      Status st = StoreExpertBlock(*store, s.key, block, options.home, &restored);
       if (!st.ok())
         return st.WithContext(fmt::format("storing expert {} of layer {} in the {} tier", e, l, TierName(options.home)));
       m.total_bytes += s.bytes;
       m.max_block = std::max(m.max_block, s.bytes);
     }
+  }
+  if (restored > 0) {
+    LoggerOrDefault(store->options().logger)
+        ->Log(LogLevel::kWarning, "experts",
+              fmt::format("{} expert blocks in the store failed their checksum or were lost; stored afresh from the "
+                          "model's weights",
+                          restored));
   }
   // A previous process may have left fast-tier copies (a persistent store keeps none, but a shared
   // store may): start cold so the budget accounting is exact.

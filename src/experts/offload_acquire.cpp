@@ -111,7 +111,7 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
                                            : "its block could not be loaded into the fast tier";
     return Status(st).WithContext(fmt::format(
         "expert {} of layer {} ({}; block {}){}", expert, layer, what, s.key.ToString(),
-        lost ? "; ExpertOffload::Create over the same weights stores a fresh copy" : ""));
+        lost ? kLostExpertRemedy : ""));
   }
   auto w = model::ParseExpertBlock(std::span<const std::byte>(h->data(), h->size()), latent, intermediate);
   if (!w.ok()) {

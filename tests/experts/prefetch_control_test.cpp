@@ -314,8 +314,7 @@ TEST_CASE("a missing or corrupt home copy is an error naming the layer and exper
   CHECK(missing.status().IsNotFound());
   CHECK(missing.status().message().find("expert 5 of layer 3") != std::string::npos);
   // The remedy for a lost block, in the library's words (the CLI adds its own).
-  CHECK(missing.status().message().find("ExpertOffload::Create over the same weights stores a fresh copy") !=
-        std::string::npos);
+  CHECK(missing.status().message().find(kLostExpertRemedy) != std::string::npos);
   CHECK(missing.status().message().find("--model") == std::string::npos);
 
   // A block that passes its checksum but is not an expert block (the magic is wrong).

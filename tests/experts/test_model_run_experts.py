@@ -1,6 +1,6 @@
 """`terrace model run --expert-cache`: offloaded runs equal the all-resident run byte for byte, for
 every predictor, with experts on host or NVMe, alone or with the prefix cache; metrics in JSON, text
-and Prometheus; flag errors exit 2; a corrupt expert store is an error naming layer and expert.
+and Prometheus; flag errors exit 2; a damaged expert store is mended by the next run.
 
 Run by ctest with TERRACE_BIN pointing at the terrace binary.
 """
@@ -221,18 +221,25 @@ def test_flag_errors_exit_2(toy, flags, needle):
     assert needle in p.stderr
 
 
-def test_corrupt_expert_store_names_layer_and_expert(toy, tmp_path):
+def test_a_damaged_expert_store_is_mended_by_one_rerun(toy, tmp_path):
+    """Every expert block damaged: the next run reads each stored expert back, stores the damaged ones
+    afresh from the model's weights and runs to the same result (not one rerun per damaged expert)."""
     store = tmp_path / "st"
-    run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%")
+    flags = ("--store", str(store), *SMALL_STORE, "--expert-cache", "25%", "--json")
+    want = json.loads(run(toy, *flags, "--dump-logits", str(tmp_path / "a.safetensors")).stdout)
     data = store / "experts" / "terrace.data"
     raw = bytearray(data.read_bytes())
     # Flip a byte in every 4 KiB page past the first MiB: the expert blocks live there.
     for off in range(1 << 20, min(len(raw), 8 << 20), 4096):
         raw[off + 100] ^= 0xFF
     data.write_bytes(bytes(raw))
-    p = run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%", expect=1)
-    assert "of layer" in p.stderr and "expert" in p.stderr
-    assert "checksum" in p.stderr or "Corruption" in p.stderr
+    p = run(toy, *flags, "--dump-logits", str(tmp_path / "b.safetensors"))
+    assert "failed their checksum or were lost; stored afresh from the model's weights" in p.stderr, p.stderr
+    got = json.loads(p.stdout)
+    assert got["logits_xxh3_64"] == want["logits_xxh3_64"]
+    assert (tmp_path / "b.safetensors").read_bytes() == (tmp_path / "a.safetensors").read_bytes()
+    p = run(toy, *flags)
+    assert "stored afresh" not in p.stderr, p.stderr  # mended: nothing left to restore
 
 
 def test_bench_experts_json(toy, tmp_path):

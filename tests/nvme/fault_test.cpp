@@ -284,3 +284,17 @@ TEST_CASE("nvme faults: a rebuild before any read-write open follows a commit cu
   CHECK(RebuildCutCommitStore(opts).cut_commit_entries == 0);
   OpenInCutCommitState(opts);
 }
+
+TEST_CASE("nvme faults: a failed close is returned by Close, and the acknowledged blocks stay", "[nvme][fault]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path(), 64 * kMiB, Durability::kSync);
+  auto [tier, fault] = OpenFaultyTier(opts);
+  PutBaseline(*tier);
+  fault->ArmSync(EIO);  // the close's sync of the superblock recording the final commit
+  Status s = tier->Close();
+  INFO(s.ToString());
+  REQUIRE(s.IsIoError());
+  CHECK(s.message().find("closing '" + (dir.path() / "terrace.data").string() + "'") != std::string::npos);
+  CHECK(tier->Close().ok());  // closed: a second call has nothing left to do
+  ReopenAndCheck(tier, opts);
+}

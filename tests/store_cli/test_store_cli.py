@@ -120,6 +120,28 @@ def test_fill_reports_every_put_failure_and_stops(tmp_path):
     assert len(failures) < 15, r.stderr          # ... and then it stops
 
 
+def test_fill_exits_non_zero_when_the_store_fails_to_close(tmp_path):
+    store = tmp_path / "s"
+    r = fill(store, "--drill-fault", "close-eio", count=3)  # only the close's fdatasync fails
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"terrace: error: IOError: closing '[^']*terrace\.data'", r.stderr), r.stderr
+    expect = tmp_path / "acked.txt"
+    expect.write_text(r.stdout)
+    assert len(durable_keys(r.stdout)) == 3
+    r = terrace("store", "check", "--dir", store, "--expect", expect)  # what was acknowledged stays
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_index_preallocates_nothing_and_keeps_small_tables(tmp_path):
+    """RocksDB's defaults preallocate ~74 MB per log and table file (fallocate), which fills a small
+    file system while the store is open; the index's records are 73 bytes."""
+    store, _ = filled(tmp_path, count=2)
+    (options,) = (store / "index").glob("OPTIONS-*")
+    text = options.read_text()
+    for setting in ("allow_fallocate=false", "write_buffer_size=4194304", "target_file_size_base=4194304"):
+        assert re.search(rf"^\s*{setting}$", text, re.M), setting
+
+
 def test_fill_of_identical_blocks_says_nothing_was_written(tmp_path):
     store = tmp_path / "s"
     assert fill(store, count=6).returncode == 0
@@ -645,10 +667,13 @@ def test_stats_shows_the_space_blocks_take_so_a_full_store_reads_full(tmp_path):
 
 
 def interrupted_creation(tmp_path, capacity="1MiB"):
-    """A store whose creation was killed before its final rename: terrace.data.creating, complete."""
+    """A store whose creation was cut off after its superblock and preallocation (the drill's power cut
+    after those two durable steps): terrace.data.creating, full size, no index yet."""
     store = tmp_path / "s"
-    assert terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", capacity).returncode == 0
-    (store / "terrace.data").rename(store / "terrace.data.creating")
+    r = terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", capacity,
+                "--drill-fault", "powercut", "--drill-cut-after", 2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in store.iterdir()) == ["terrace.data.creating"], r.stderr
     return store
 
 
@@ -673,6 +698,68 @@ def test_fill_never_deletes_a_terrace_data_creating_it_cannot_prove_it_made(tmp_
     assert "terrace.data.creating" in r.stderr and f"--dir '{store}'" in r.stderr, r.stderr
     assert snapshot(store) == before
     assert sorted(p.name for p in store.iterdir()) == ["other.txt", "terrace.data.creating"]
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "renamed"])
+def test_fill_never_takes_a_used_stores_data_file_for_an_interrupted_creation(tmp_path, how):
+    """Another store's data file under the name terrace.data.creating (a link to it, or the file moved
+    there) is refused and left as it is: completing it as a creation would overwrite its blocks."""
+    a, acked = filled(tmp_path, count=10, block_size="64KiB", capacity="4MiB")
+    b = tmp_path / "b"
+    b.mkdir()
+    creating = b / "terrace.data.creating"
+    if how == "symlink":
+        creating.symlink_to(a / "terrace.data")
+    elif how == "hardlink":
+        os.link(a / "terrace.data", creating)
+    else:
+        (a / "terrace.data").rename(creating)
+    before_a, before_b = snapshot(a), snapshot(b)
+    r = fill(b, count=10, block_size="64KiB", capacity="4MiB", seed=9)
+    assert r.returncode == 1, r.stderr
+    assert "terrace.data.creating" in r.stderr and f"--dir '{b}'" in r.stderr, r.stderr
+    assert "not an interrupted creation" in r.stderr and "left it as it is" in r.stderr, r.stderr
+    assert "durable" not in r.stdout
+    assert snapshot(a) == before_a and snapshot(b) == before_b
+    assert sorted(p.name for p in b.iterdir()) == ["terrace.data.creating"]
+    if how == "renamed":
+        # The advice works: the file renamed back is the store, every acknowledged block intact.
+        assert "rename it" in r.stderr and "'terrace.data'" in r.stderr, r.stderr
+        creating.rename(a / "terrace.data")
+    r = terrace("store", "check", "--dir", a, "--expect", acked)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_truncated_data_file_gets_advice_that_works_and_no_advice_to_delete(tmp_path):
+    store, _ = filled(tmp_path, count=4, capacity="1MiB")
+    data = store / "terrace.data"
+    capacity = data.stat().st_size
+    os.truncate(data, 40000)  # the first 16 KiB block's extent (4 KiB..24 KiB) survives
+    for args in (["check"], ["recover"], ["stats"]):
+        r = terrace("store", *args, "--dir", store)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "truncated" in r.stderr and "Do not delete the store" in r.stderr, (args, r.stderr)
+        assert "delete the store" not in r.stderr.replace("Do not delete the store", ""), (args, r.stderr)
+        assert f"truncate -s {capacity} '{data}'" in r.stderr, (args, r.stderr)
+    os.truncate(data, capacity)  # the advice
+    r = terrace("store", "recover", "--dir", store)
+    assert r.returncode == 0, r.stderr
+    assert "rebuilt the index with 1 blocks" in r.stdout + r.stderr, r.stderr
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_damaged_superblock_gets_no_advice_to_delete_the_store(tmp_path):
+    store, _ = filled(tmp_path, count=2)
+    with open(store / "terrace.data", "r+b") as f:
+        for slot in (0, 2048):  # both slots' generation_limit
+            f.seek(slot + 0x41)
+            f.write(b"\x55")
+    for args in (["check"], ["recover"], ["check", "--checksums-only"]):
+        r = terrace("store", *args, "--dir", store)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "superblock checksum mismatch" in r.stderr and "Do not delete the store" in r.stderr, (args, r.stderr)
+        assert "to start empty" not in r.stderr and "index manifest" in r.stderr, (args, r.stderr)
 
 
 def test_a_store_in_use_gets_no_advice_to_recover_into_another_index(tmp_path):

@@ -78,11 +78,7 @@ Status OpenData(const nvme::StorePaths& paths, bool exclusive, std::chrono::mill
   if (got < 0) return ErrnoStatus("cannot read the superblock of", paths.data, errno);
   unit.resize(static_cast<std::size_t>(got));
   TERRACE_ASSIGN_OR_RETURN(*sb, nvme::Superblock::DecodeUnit(unit, paths.data.string()));
-  if (*size < sb->capacity_bytes) {
-    return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
-                                          "truncated",
-                                          paths.data.string(), *size, sb->capacity_bytes));
-  }
+  if (*size < sb->capacity_bytes) return nvme::ShorterThanCapacity(paths, *size, sb->capacity_bytes);
   return Status::Ok();
 }
 

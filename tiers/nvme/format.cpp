@@ -86,8 +86,10 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
   }
   if (!SlotCheckMatches(in)) {
     return Status::Corruption(fmt::format(
-        "{}: Terrace superblock checksum mismatch; the store header is damaged, restore it from a backup "
-        "or delete the directory to start empty",
+        "{}: Terrace superblock checksum mismatch: the store header is damaged. Do not delete the store: the "
+        "header holds no block, every block's extent carries a descriptor a scan finds, and the index manifest "
+        "keeps the store's identity; keep the data file and the index as they are (copy them first) and restore "
+        "the data file's first 4 KiB from a backup if you have one (Terrace does not rebuild a header itself)",
         where));
   }
   if (version != kFormatVersion) {

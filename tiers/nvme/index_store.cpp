@@ -60,6 +60,13 @@ Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path
   opts.max_open_files = 256;
   opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   opts.avoid_flush_during_recovery = true;
+  // Sized for an index of 73-byte records, not RocksDB's defaults: no fallocate (the default
+  // preallocates each log to 1.1 x write_buffer_size and each table to 1.1 x target_file_size_base,
+  // ~74 MB apiece, and holds a failed preallocation's blocks while the file is open, filling a small
+  // file system for other programs too), and 4 MiB memtables and tables, so a flush needs a few MiB.
+  opts.allow_fallocate = false;
+  opts.write_buffer_size = kIndexBufferBytes;
+  opts.target_file_size_base = kIndexBufferBytes;
   opts.info_log = std::make_shared<ForwardingRocksLogger>(LoggerOrDefault(o.logger), dir.string());
   rocksdb::DB* db = nullptr;
   rocksdb::Status s;

@@ -9,6 +9,8 @@
 //   Corruption instead of silently truncating history (RocksDB's default point-in-time mode).
 // - avoid_flush_during_recovery: Open never rewrites or deletes the log it recovered from, so a
 //   refused index keeps its evidence. The memtable is flushed on Close instead.
+// - allow_fallocate off, 4 MiB memtables and table files (kIndexBufferBytes): RocksDB's defaults
+//   preallocate ~74 MB per log and table, enough to fill a small file system.
 // - RocksDB's own LOG goes to the tier's logger, not a file in the index directory: on a full
 //   file system a failed LOG write makes RocksDB 7.x abort on the next one.
 // After a write error the store is marked failed: no further call reaches RocksDB except the
@@ -40,6 +42,11 @@ class WriteBatch;
 }  // namespace rocksdb
 
 namespace terrace::nvme {
+
+// The index's RocksDB memtable and table file size (write_buffer_size, target_file_size_base).
+// With allow_fallocate off, this bounds the free space a flush needs (docs/nvme-format.md, "RocksDB
+// settings, and why").
+inline constexpr std::uint64_t kIndexBufferBytes = 4ull << 20;
 
 struct IndexOpenOptions {
   bool create = false;     // create the database if it does not exist

@@ -161,11 +161,24 @@ std::string NvmeTier::RecoverAdvice() const {
 }
 
 NvmeTier::~NvmeTier() {
+  if (Status s = Close(); !s.ok()) logger_->Log(LogLevel::kError, "nvme", s.ToString());
+}
+
+Status NvmeTier::Close() {
+  Status first;
+  // The first failure is returned; any later one is logged here.
+  auto failed = [&](const Status& s) {
+    Status named = s.WithContext(fmt::format("closing '{}'", data_path_.string()));
+    if (first.ok()) {
+      first = std::move(named);
+    } else {
+      logger_->Log(LogLevel::kError, "nvme", named.ToString());
+    }
+  };
   if (committer_) {
     Status s = committer_->Flush();
     if (!s.ok()) {
-      logger_->Log(LogLevel::kError, "nvme",
-                   fmt::format("closing '{}': final commit failed: {}", data_path_.string(), s.ToString()));
+      failed(s.WithContext("final commit failed"));
     } else if (!index_->failed()) {
       // Record the final commit, durably, so a reopen can tell a complete index from one that lost
       // records, and the next session's index can never get two commits ahead of the superblock.
@@ -177,13 +190,12 @@ NvmeTier::~NvmeTier() {
         w = PersistSuperblockLocked();
       }
       if (w.ok()) w = EngineSync("syncing the superblock of");  // also the last commit's unsynced write
-      if (!w.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing: {}", w.ToString()));
+      if (!w.ok()) failed(w);
     }
   }
   committer_.reset();
   if (index_) {
-    Status s = index_->Close();
-    if (!s.ok()) logger_->Log(LogLevel::kError, "nvme", fmt::format("closing '{}': {}", data_path_.string(), s.ToString()));
+    if (Status s = index_->Close(); !s.ok()) failed(s);
   }
   index_.reset();
   engine_.reset();
@@ -192,7 +204,9 @@ NvmeTier::~NvmeTier() {
     // rings are torn down, and the lock lives as long as any reference.
     ::flock(fd_, LOCK_UN);
     ::close(fd_);
+    fd_ = -1;
   }
+  return first;
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
@@ -330,6 +344,9 @@ Status NvmeTier::OpenFd(const fs::path& path, bool create, int* open_errno) {
   if (open_errno) *open_errno = 0;
   const bool ro = options_.read_only;
   int flags = (ro ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+  // terrace.data.creating is only ever a file Terrace made there: a symbolic link of that name is
+  // never followed (it may lead to another store's data file).
+  if (path == creating_path_) flags |= O_NOFOLLOW;
   direct_ = options_.direct_io;
   // O_NOATIME: no access-time check and update on every read (a per-I/O kernel cost on the read
   // path). Only the file's owner (or CAP_FOWNER) may set it: without it, open without.
@@ -559,9 +576,21 @@ Status NvmeTier::FinishCreation(bool /*fresh_sb*/) {
   return Status::Ok();
 }
 
+Status NvmeTier::NotAnInterruptedCreation(std::string_view what) const {
+  return Status::InvalidArgument(fmt::format(
+      "options.path '{}' holds 'terrace.data.creating', which {}: it is not an interrupted creation (it may be a "
+      "store's data file holding acknowledged blocks), so Terrace left it as it is; if it is this directory's store, "
+      "rename it (the file itself, not a link) to 'terrace.data' and open it, or run `terrace store recover --dir {}` "
+      "if its index is missing; otherwise move it away or use another directory",
+      options_.path.string(), what, options_.path.string()));
+}
+
 Status NvmeTier::ResumeCreation(bool* again) {
   const std::string creating = creating_path_.string();
-  TERRACE_RETURN_IF_ERROR(OpenFd(creating_path_, /*create=*/false));
+  int open_errno = 0;
+  if (Status s = OpenFd(creating_path_, /*create=*/false, &open_errno); !s.ok()) {
+    return open_errno == ELOOP ? NotAnInterruptedCreation("is a symbolic link") : s;
+  }
   // The lock may have been waited for while its holder finished (renamed the file to terrace.data)
   // or discarded it: what is open is then no longer terrace.data.creating.
   if (!FdIsAt(fd_, creating_path_)) {
@@ -571,6 +600,13 @@ Status NvmeTier::ResumeCreation(bool* again) {
   }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return Errno("cannot stat", creating_path_, errno, "check the file");
+  // A creation's file has one name; another name may be a store's data file.
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    CloseFd();
+    return NotAnInterruptedCreation(S_ISREG(st.st_mode)
+                                        ? fmt::format("has {} hard links (other names for the same file)", st.st_nlink)
+                                        : std::string("is not a regular file"));
+  }
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
   // Its first unit: a creation writes the superblock there before anything else.
   std::memset(sb_unit_.data(), 0, nvme::kSuperblockBytes);
@@ -599,6 +635,14 @@ Status NvmeTier::ResumeCreation(bool* again) {
           "directory",
           options_.path.string(), *other));
     }
+  } else if (sb->indexed_commit != 0 || sb->generation_limit != 1) {
+    // A creation's superblock is the fresh one (WriteFreshSuperblock): nothing committed, no
+    // generation reserved. Anything past that is a store that was used.
+    CloseFd();
+    return NotAnInterruptedCreation(fmt::format(
+        "has a superblock of a store that was written to (indexed_commit {}, generation_limit {}; a creation leaves "
+        "0 and 1)",
+        sb->indexed_commit, sb->generation_limit));
   } else {
     sb_ = *sb;
   }
@@ -728,9 +772,10 @@ Status NvmeTier::OpenExisting(bool block_device) {
         data_path_.string(), sb_.capacity_bytes, options_.capacity_bytes));
   }
   if (size < sb_.capacity_bytes) {
-    return Status::Corruption(fmt::format("NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was "
-                                          "truncated; restore it or delete the store",
-                                          data_path_.string(), size, sb_.capacity_bytes));
+    nvme::StorePaths paths;
+    paths.data = data_path_;
+    paths.block_device = block_device;
+    return nvme::ShorterThanCapacity(paths, size, sb_.capacity_bytes);
   }
   return OpenIndexOfExisting();
 }

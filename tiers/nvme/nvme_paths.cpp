@@ -106,6 +106,23 @@ Status ErrnoError(std::string_view what, const fs::path& path, int err, std::str
 
 }  // namespace
 
+Status ShorterThanCapacity(const StorePaths& paths, std::uint64_t size, std::uint64_t capacity) {
+  const std::string data = paths.data.string();
+  if (paths.block_device) {
+    return Status::Corruption(fmt::format(
+        "block device '{}' has {} bytes, fewer than the capacity {} of the store on it: it is not the device the "
+        "store was made on, or it shrank; open the store on its own device",
+        data, size, capacity));
+  }
+  return Status::Corruption(fmt::format(
+      "NVMe data file '{}' is {} bytes, shorter than its capacity {}: it was truncated. Do not delete the store: the "
+      "blocks in its first {} bytes are intact, each with a descriptor a scan finds. Restore the file from a backup "
+      "if you have one; otherwise extend it back to its capacity (`truncate -s {} '{}'`; the missing part reads as "
+      "zeros) and run `terrace store recover --dir {}` (with the store's --index-dir if it has one) to rebuild the "
+      "index from the blocks left; blocks that lay past the cut are lost",
+      data, size, capacity, size, capacity, data, paths.data.parent_path().string()));
+}
+
 Status SyncDirectory(const fs::path& path) {
   const fs::path dir = path.empty() ? fs::path(".") : path;  // the parent of a relative name
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

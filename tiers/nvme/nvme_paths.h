@@ -32,6 +32,10 @@ int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes);
 // asynchronously). Returns 0 or the errno of the last attempt.
 int LockDataArea(int fd, int op, std::chrono::milliseconds patience);
 
+// The Corruption for a data area of `size` bytes, shorter than the store's `capacity`: what is
+// intact and how to get the blocks left back (for a file: extend it and rebuild the index).
+Status ShorterThanCapacity(const StorePaths& paths, std::uint64_t size, std::uint64_t capacity);
+
 // fsync of the directory `dir` (makes a rename or creation in it durable).
 Status SyncDirectory(const std::filesystem::path& dir);
 

@@ -229,7 +229,12 @@ class NvmeTier final : public Tier {
   static Status CheckIndexDirForRebuild(const std::filesystem::path& index, const nvme::Superblock& sb,
                                         const std::shared_ptr<Logger>& logger);
 
-  ~NvmeTier() override;  // makes acknowledged puts durable (best effort), flushes the index, then closes
+  // Makes acknowledged puts durable, records the final commit in the superblock, flushes the
+  // index, then closes the files. Every failure is logged; the first is returned (the store is
+  // closed either way, and a reopen recovers what was acknowledged). Call it last: no other
+  // method may be called after it. A second call does nothing and returns OK.
+  Status Close();
+  ~NvmeTier() override;  // Close(), its error logged only
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
@@ -332,7 +337,8 @@ class NvmeTier final : public Tier {
   // changed them meanwhile (renamed or created terrace.data.creating) or this one discarded a
   // leftover, so the caller looks again.
   Status OpenDirectoryStore(bool* again);
-  // open, flock, engine; *open_errno (may be null) receives the errno of a failed open(2), else 0
+  // open, flock, engine; *open_errno (may be null) receives the errno of a failed open(2), else 0.
+  // creating_path_ is opened with O_NOFOLLOW (a symbolic link fails with ELOOP).
   Status OpenFd(const std::filesystem::path& path, bool create, int* open_errno = nullptr);
   void CloseFd();  // undoes OpenFd: the engine, the lock, the descriptor
   // Removes terrace.data.creating, the file open and locked here, then CloseFd. The name goes while
@@ -350,6 +356,9 @@ class NvmeTier final : public Tier {
   // terrace.data.creating left by an interrupted creation: completed, or discarded (*again) when
   // provably Terrace's and not far enough along; see docs/nvme-format.md, "Creation".
   Status ResumeCreation(bool* again) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
+  // The refusal of a terrace.data.creating that `what` shows is not a creation's own file (a link,
+  // a used store's data file): names it, says it was left as it is and how to open it as a store.
+  Status NotAnInterruptedCreation(std::string_view what) const;
   Status OpenExisting(bool block_device) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status FormatBlockDevice() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status Reformat();
