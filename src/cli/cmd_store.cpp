@@ -330,6 +330,10 @@ std::optional<std::string> RecoverWouldRefuse(const StorePaths& p) {
                                ? fmt::format("'terrace store recover' would refuse, for {} reasons: {}",
                                              refusals->size(), why)
                                : fmt::format("'terrace store recover' would refuse: {}", why);
+  // Another index directory would let a rebuild leave out what the other version's records describe.
+  const bool another_version = std::any_of(refusals->begin(), refusals->end(),
+                                           [](const NvmeTier::RebuildRefusal& r) { return r.another_version; });
+  if (another_version) return fmt::format("{}; use the Terrace version that wrote this store to recover it", head);
   if (fixes.size() < refusals->size()) return fmt::format("{}; {}", head, give_new);
   return fmt::format("{}; {}, then run 'terrace store recover {}'; or {}", head, JoinWords(fixes), StorePathFlags(p),
                      give_new);

@@ -46,6 +46,24 @@ TEST_CASE("nvme record: an intact record of another record_version is another ve
   CHECK(Record::Decode(buf).status().IsCorruption());
 }
 
+TEST_CASE("nvme descriptor: an intact descriptor of another desc_version is another version, not damage",
+          "[nvme][format]") {
+  Descriptor d;
+  d.key = BlockKey{1, BlockKind::kKv, 2, ContentId{3, 4}};
+  d.rec = Record{kDataStart, 100, 5, 9, Codec::kRaw};
+  std::vector<std::byte> unit(kUnit, std::byte{0});
+  d.EncodeTo(unit.data());
+  CHECK_FALSE(Descriptor::OtherVersion(unit).has_value());  // this build's own version
+  PutLe(unit.data() + 8, 2, 2);
+  PutLe(unit.data() + 96, Checksum(std::span<const std::byte>(unit.data(), 96)), 8);  // a valid desc_check
+  CHECK_FALSE(Descriptor::Decode(unit).has_value());
+  REQUIRE(Descriptor::OtherVersion(unit).has_value());
+  CHECK(*Descriptor::OtherVersion(unit) == 2);
+  unit[40] ^= std::byte{1};  // now its check fails: damaged, whatever its version field says
+  CHECK_FALSE(Descriptor::OtherVersion(unit).has_value());
+  CHECK(Descriptor::HasMagic(unit));
+}
+
 TEST_CASE("nvme record: documented byte layout", "[nvme][format]") {
   Record r;
   r.offset = 0x1000;

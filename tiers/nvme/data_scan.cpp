@@ -33,6 +33,11 @@ using nvme::kUnit;
 namespace {
 
 constexpr std::uint64_t kScanChunk = 8 << 20;  // bytes read per pread
+// What a scan or a rebuild that refused changed: a refusal's status ends with it.
+constexpr std::string_view kNothingChanged = "; nothing was changed";
+// What to do with a store part of which another Terrace version wrote.
+constexpr std::string_view kUseWritingVersion =
+    "use the Terrace version that wrote this store to open, scan or recover it";
 
 struct Fd {
   int fd = -1;
@@ -103,8 +108,19 @@ bool BlockReadsBack(int fd, const fs::path& path, const nvme::Superblock& sb, co
   return ReadFull(fd, buf->data(), r.length, r.offset, path).ok() && Checksum(*buf) == r.checksum;
 }
 
+// Why a scan stops at `at` of `path`: an intact descriptor of another desc_version, `version`. Its
+// extent is not free space, so neither a scan's report nor an index rebuilt from it may leave it out.
+Status OtherVersionDescriptor(const fs::path& path, std::uint64_t at, std::uint16_t version) {
+  return Status::InvalidArgument(
+      fmt::format("NVMe data file '{}' holds an extent descriptor written by another Terrace version (at byte offset "
+                  "{}: desc_version {}, its desc_check valid; this build reads desc_version {}), so this build cannot "
+                  "tell which of its space is free; {}{}",
+                  path.string(), at, version, nvme::kDescVersion, kUseWritingVersion, kNothingChanged));
+}
+
 // The scan proper: every valid descriptor of `sb`'s store whose data matches, resolved to the
-// newest extent per key. Fills `report` (except seconds).
+// newest extent per key. Fills `report` (except seconds). InvalidArgument, at the first intact
+// descriptor of another desc_version (OtherVersionDescriptor).
 Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const ScanProgressFn& progress,
             std::vector<Found>* out, DataScanReport* report) {
   const std::uint64_t begin = sb.data_start, end = sb.capacity_bytes;
@@ -117,6 +133,7 @@ Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const Scan
     report->bytes_scanned += n;
     for (std::uint64_t u = 0; u < n; u += kUnit) {
       const std::span<const std::byte> unit(chunk.data() + u, kUnit);
+      if (auto v = nvme::Descriptor::OtherVersion(unit)) return OtherVersionDescriptor(path, pos + u, *v);
       auto d = nvme::Descriptor::Decode(unit);
       if (!d) {
         if (nvme::Descriptor::HasMagic(unit)) ++report->damaged;
@@ -301,8 +318,6 @@ OldIndex LookAtOldIndex(const fs::path& dir, const nvme::Superblock& sb, const s
 
 using RebuildRefusal = NvmeTier::RebuildRefusal;
 
-// What RebuildIndex did when it refused: a refusal's status ends with it.
-constexpr std::string_view kNothingChanged = "; nothing was changed";
 // What to give instead of an index directory a rebuild refuses.
 constexpr std::string_view kGiveIndexDir = "give this store's index directory, or a new or empty one";
 
@@ -371,6 +386,33 @@ std::optional<RebuildRefusal> IndexDirRefusal(const fs::path& dir, const OldInde
                    "close that process first");
   }
   return std::nullopt;
+}
+
+// Why the old index `old` (this store's, open) refuses a rebuild: it holds intact block records of
+// another record_version, which a rebuild would leave out (InvalidArgument); nullopt when it holds
+// none it could read (an index that cannot be read through is not used by the rebuild).
+std::optional<RebuildRefusal> OtherVersionRecordsRefusal(const fs::path& dir, const OldIndex& old) {
+  if (!old.idx) return std::nullopt;
+  nvme::OtherVersionRecords other;
+  (void)old.idx->Scan([&](std::string_view k, std::string_view v) {
+    if (nvme::IsBookkeepingKey(k)) return;
+    other.Note(nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size()))).status(), k);
+  });
+  if (other.count() == 0) return std::nullopt;
+  RebuildRefusal r = Refusal(Status::InvalidArgument, dir, false,
+                             fmt::format("the index directory '{}' {}", dir.string(), other.Describe()),
+                             kUseWritingVersion);
+  r.another_version = true;
+  return r;
+}
+
+// Every reason the index directory `dir`, where LookAtOldIndex found `old`, refuses a rebuild.
+std::vector<RebuildRefusal> OldIndexRefusals(const fs::path& dir, const OldIndex& old, const nvme::Superblock& sb) {
+  std::vector<RebuildRefusal> out;
+  if (old.kind == OldIndex::Kind::kNone) return out;
+  if (auto r = IndexDirRefusal(dir, old, sb)) out.push_back(std::move(*r));
+  if (auto r = OtherVersionRecordsRefusal(dir, old)) out.push_back(std::move(*r));
+  return out;
 }
 
 // A group commit the old index holds but the data file's superblock does not (cut short between
@@ -456,7 +498,7 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
   if (!commit.ok() || *commit < sb.indexed_commit) return kept;
   std::vector<Found> records;
   Status scanned = idx.Scan([&](std::string_view k, std::string_view v) {
-    if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
+    if (nvme::IsBookkeepingKey(k)) return;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
     if (key.ok() && rec.ok()) records.push_back({*key, *rec});
@@ -690,10 +732,7 @@ std::vector<NvmeTier::RebuildRefusal> NvmeTier::RebuildRefusals(const fs::path& 
   if (fs::exists(fs::symlink_status(building, ec))) {
     if (auto r = BuildingRefusal(building, sb, logger, &finished)) out.push_back(std::move(*r));
   }
-  const OldIndex old = LookAtOldIndex(index, sb, logger);
-  if (old.kind != OldIndex::Kind::kNone) {
-    if (auto r = IndexDirRefusal(index, old, sb)) out.push_back(std::move(*r));
-  }
+  for (RebuildRefusal& r : OldIndexRefusals(index, LookAtOldIndex(index, sb, logger), sb)) out.push_back(std::move(r));
   return out;
 }
 
@@ -739,10 +778,8 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   // anything is written.
   TERRACE_RETURN_IF_ERROR(CheckIndexDirForRebuild(paths.index, sb, logger));
   TERRACE_RETURN_IF_ERROR(TakeUpInterruptedRebuild(paths.index, sb, logger, at_step));
-  OldIndex old = LookAtOldIndex(paths.index, sb, logger);
-  if (old.kind != OldIndex::Kind::kNone) {
-    if (auto refusal = IndexDirRefusal(paths.index, old, sb)) return refusal->status;
-  }
+  OldIndex old = LookAtOldIndex(paths.index, sb, logger);  // what TakeUpInterruptedRebuild may have put in place
+  if (auto refusals = OldIndexRefusals(paths.index, old, sb); !refusals.empty()) return refusals.front().status;
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report.scan));
   CutCommit cut;

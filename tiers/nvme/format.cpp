@@ -10,7 +10,6 @@ namespace terrace::nvme {
 namespace {
 
 constexpr char kDescMagic[8] = {'T', 'R', 'R', 'C', 'D', 'E', 'S', 'C'};
-constexpr std::uint16_t kDescVersion = 1;
 constexpr std::size_t kSbCheckAt = 80;
 constexpr std::size_t kDescCheckAt = 96;
 
@@ -24,6 +23,11 @@ bool SlotCheckMatches(std::span<const std::byte> slot) {
 bool SlotIntact(std::span<const std::byte> slot) {
   if (std::memcmp(slot.data(), kSuperblockMagic, sizeof kSuperblockMagic) != 0) return false;
   return GetLe(slot.data() + 8, 4) == 1 || SlotCheckMatches(slot);
+}
+
+// True when a descriptor unit (at least kDescriptorBytes) carries a matching desc_check.
+bool DescCheckMatches(std::span<const std::byte> desc) {
+  return GetLe(desc.data() + kDescCheckAt, 8) == XXH3_64bits(desc.data(), kDescCheckAt);
 }
 
 }  // namespace
@@ -202,10 +206,16 @@ bool Descriptor::HasMagic(std::span<const std::byte> in) {
   return in.size() >= sizeof kDescMagic && std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) == 0;
 }
 
+std::optional<std::uint16_t> Descriptor::OtherVersion(std::span<const std::byte> in) {
+  if (in.size() < kDescriptorBytes || !HasMagic(in) || !DescCheckMatches(in)) return std::nullopt;
+  const auto version = static_cast<std::uint16_t>(GetLe(in.data() + 8, 2));
+  if (version == kDescVersion) return std::nullopt;
+  return version;
+}
+
 std::optional<Descriptor> Descriptor::Decode(std::span<const std::byte> in) {
-  if (in.size() < kDescriptorBytes || std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) != 0) return std::nullopt;
-  if (GetLe(in.data() + 8, 2) != kDescVersion) return std::nullopt;
-  if (GetLe(in.data() + kDescCheckAt, 8) != XXH3_64bits(in.data(), kDescCheckAt)) return std::nullopt;
+  if (in.size() < kDescriptorBytes || !HasMagic(in)) return std::nullopt;
+  if (GetLe(in.data() + 8, 2) != kDescVersion || !DescCheckMatches(in)) return std::nullopt;
   auto key = BlockKey::Decode(in.subspan(32, BlockKey::kEncodedSize));
   if (!key.ok()) return std::nullopt;
   Descriptor d;

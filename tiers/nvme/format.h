@@ -28,6 +28,7 @@ inline constexpr std::size_t kManifestBytes = kSuperblockHeaderBytes;
 inline constexpr std::size_t kDescriptorBytes = 104;        // encoded; the rest of its 4 KiB unit is zero
 inline constexpr std::size_t kRecordBytes = 48;
 inline constexpr std::uint8_t kRecordVersion = 2;
+inline constexpr std::uint16_t kDescVersion = 1;  // the descriptor's desc_version
 // The first 8 bytes of a superblock slot (and of the manifest): what marks a Terrace data file.
 inline constexpr char kSuperblockMagic[8] = {'T', 'R', 'R', 'C', 'N', 'V', 'M', 'E'};
 // RocksDB keys of the manifest (the store's identity) and of the commit counter. Block records
@@ -114,6 +115,11 @@ struct Descriptor {
   // True when the bytes start with the descriptor magic: with Decode failing, a damaged
   // descriptor (or, rarely, block data that happens to start with those 8 bytes).
   static bool HasMagic(std::span<const std::byte> in);
+  // The desc_version of an intact descriptor of another version, nullopt for anything else:
+  // the magic, a desc_version other than this build's, and a desc_check over bytes [0, 96) that
+  // matches (every desc_version keeps those three where version 1 has them). Its extent was
+  // written by another Terrace version: it is neither free space nor damage.
+  static std::optional<std::uint16_t> OtherVersion(std::span<const std::byte> in);
 };
 
 }  // namespace terrace::nvme

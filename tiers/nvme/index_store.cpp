@@ -231,4 +231,22 @@ std::string IndexStore::EncodeRecord(const Record& rec) {
   return out;
 }
 
+std::string EncodedKeyText(std::string_view encoded_key) {
+  auto key = BlockKey::Decode(std::as_bytes(std::span(encoded_key.data(), encoded_key.size())));
+  if (key.ok()) return key->ToString();
+  std::string s;
+  for (char c : encoded_key) s += fmt::format("{:02x}", static_cast<unsigned char>(c));
+  return s;
+}
+
+bool OtherVersionRecords::Note(const Status& decoded, std::string_view encoded_key) {
+  if (!decoded.IsInvalidArgument()) return false;
+  if (count_++ == 0) first_ = decoded.WithContext("the first, key " + EncodedKeyText(encoded_key));
+  return true;
+}
+
+std::string OtherVersionRecords::Describe() const {
+  return fmt::format("holds {} block records written by another Terrace version ({})", count_, first_.message());
+}
+
 }  // namespace terrace::nvme

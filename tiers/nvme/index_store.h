@@ -107,6 +107,32 @@ class IndexStore {
   Status failure_ TERRACE_GUARDED_BY(failure_mu_);  // the first write failure
 };
 
+// True for the index keys that hold no block record: the manifest, the commit counter, the redo record.
+inline bool IsBookkeepingKey(std::string_view key) {
+  return key == kManifestKey || key == kCommitKey || key == kRedoKey;
+}
+
+// An encoded block key (an index key) for messages: BlockKey::ToString, or hex when it does not decode.
+std::string EncodedKeyText(std::string_view encoded_key);
+
+// The intact block records of another record_version met while reading an index (Record::Decode's
+// InvalidArgument): another Terrace version wrote them, so whoever meets one refuses and changes
+// nothing (never drops, skips or overwrites such a record, nor reuses its extent).
+class OtherVersionRecords {
+ public:
+  // True when `decoded`, Record::Decode's status for the value at `encoded_key`, is that of an
+  // intact record of another version: it is counted, and the first one kept for Describe.
+  bool Note(const Status& decoded, std::string_view encoded_key);
+  std::uint64_t count() const { return count_; }
+  // "holds N block records written by another Terrace version (<the first: its version, the
+  // version this build reads, its key>)".
+  std::string Describe() const;
+
+ private:
+  std::uint64_t count_ = 0;
+  Status first_;
+};
+
 // The marker an index directory holds while its store is being created (docs/nvme-format.md,
 // "Creation"), written through "<marker>.tmp".
 inline constexpr std::string_view kIndexCreatingMarker = "TERRACE-INDEX-CREATING";

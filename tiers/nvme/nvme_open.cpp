@@ -50,12 +50,6 @@ constexpr std::size_t kStagingBufferBytes = 1 << 20;
 // Generations reserved per superblock write: one durable superblock update per this many puts.
 constexpr std::uint64_t kGenerationReserve = 1 << 20;
 
-std::string Hex(std::string_view bytes) {
-  std::string s;
-  for (char c : bytes) s += fmt::format("{:02x}", static_cast<unsigned char>(c));
-  return s;
-}
-
 Status Errno(std::string_view what, const fs::path& path, int err, std::string_view advice) {
   return Status::IoError(fmt::format("{} '{}': {}; {}", what, path.string(), std::strerror(err), advice));
 }
@@ -932,24 +926,16 @@ Status NvmeTier::Recover() {
   auto note_drop = [&](std::string_view k, std::uint64_t* counter) {
     ++*counter;
     drop.emplace_back(k);
-    if (report_.dropped_keys.size() < RecoveryReport::kMaxKeys) {
-      auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
-      report_.dropped_keys.push_back(key.ok() ? key->ToString() : Hex(k));
-    }
+    if (report_.dropped_keys.size() < RecoveryReport::kMaxKeys) report_.dropped_keys.push_back(nvme::EncodedKeyText(k));
   };
   const std::uint64_t cap = sb_.capacity_bytes;
-  std::uint64_t other_version = 0;  // intact records of another record_version: refuse, never drop
-  Status first_other_version;
+  nvme::OtherVersionRecords other_version;  // refuse, never drop
   Status scanned = index_->Scan([&](std::string_view k, std::string_view v) {
-    if (k == nvme::kManifestKey || k == nvme::kCommitKey || k == nvme::kRedoKey) return;
+    if (nvme::IsBookkeepingKey(k)) return;
     ++report_.records_scanned;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
-    if (rec.status().IsInvalidArgument()) {
-      if (other_version++ == 0)
-        first_other_version = rec.status().WithContext("the first, key " + (key.ok() ? key->ToString() : Hex(k)));
-      return;
-    }
+    if (other_version.Note(rec.status(), k)) return;
     if (!key.ok() || !rec.ok()) return note_drop(k, &report_.dropped_malformed);
     const nvme::Record& r = *rec;
     if (!r.FitsDataArea(kDataStart, cap)) {
@@ -958,11 +944,11 @@ Status NvmeTier::Recover() {
     recs.push_back({*key, r});
   });
   if (!scanned.ok()) return WithRecoverAdvice(scanned);
-  if (other_version > 0) {
+  if (other_version.count() > 0) {
     return Status::InvalidArgument(fmt::format(
-        "the index '{}' of NVMe store '{}' holds {} block records written by another Terrace version ({}); this "
-        "build does not read them and changed nothing: open the store with the Terrace version that wrote it",
-        index_path_.string(), data_path_.string(), other_version, first_other_version.message()));
+        "the index '{}' of NVMe store '{}' {}; this build does not read them and changed nothing: open the store "
+        "with the Terrace version that wrote it",
+        index_path_.string(), data_path_.string(), other_version.Describe()));
   }
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });

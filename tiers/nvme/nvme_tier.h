@@ -180,21 +180,28 @@ class NvmeTier final : public Tier {
   // 0) and reports every block it holds: a valid descriptor of this store whose data matches its
   // checksum; the newest generation of each key wins, overlapping extents are resolved by
   // generation. Needs no index and changes nothing. Takes a shared lock on the data area (fails
-  // with Unavailable while a read-write tier has it open). `on_block` runs once per block, in no
-  // particular order, after the scan; `progress` (optional) after each chunk read.
+  // with Unavailable while a read-write tier has it open). Fails with InvalidArgument at the first
+  // intact descriptor of another desc_version (another Terrace version wrote that extent: it is
+  // not free space, so a report without it would not be true), before `on_block` runs.
+  // `on_block` runs once per block, in no particular order, after the scan; `progress` (optional)
+  // after each chunk read.
   static Result<DataScanReport> ScanDataFile(
       const NvmeTierOptions& options,
       const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
       const ScanProgressFn& progress = {});
   // Writes a fresh index from ScanDataFile, under an exclusive lock on the data area. An existing
   // index directory is renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted) once the
-  // new one is complete, and only when it is this store's index: one whose manifest names another store, one another
-  // process holds open, or a folder that is not a RocksDB index is refused (InvalidArgument,
-  // nothing changed). When the old index opens, it fills what the scan cannot see: the last group
-  // commit if it was cut short before its descriptors (kept pending in the new index, so the next
-  // read-write open writes them), and records whose descriptor is damaged or missing but whose
-  // data passes its checksum (pending the same way: the next read-write open writes their
-  // descriptors). The data file is not written.
+  // new one is complete, and only when it is this store's index: one whose manifest names another
+  // store, one another process holds open, or a folder that is not a RocksDB index is refused
+  // (InvalidArgument, nothing changed), and so is this store's index holding an intact block record
+  // of another record_version (before the scan) and a data file holding an intact descriptor of
+  // another desc_version (found by the scan): another Terrace version wrote them, and a rebuild by
+  // this one would leave their extents out of the index, as free space later puts overwrite. When
+  // the old index opens, it fills what the scan cannot see: the last group commit if it was cut
+  // short before its descriptors (kept pending in the new index, so the next read-write open writes
+  // them), and records whose descriptor is damaged or missing but whose data passes its checksum
+  // (pending the same way: the next read-write open writes their descriptors). The data file is not
+  // written.
   // Crash-safe: the new index is built in "<index>.rebuilding" (marked unfinished until its last
   // record is synced), the old index moved aside only then, and the new one renamed into place; a
   // rebuild finds what a killed one left there and removes it, or, when it is finished and the old
@@ -212,10 +219,14 @@ class NvmeTier final : public Tier {
     // Entries of the index directory an index never writes, when moving them out of it is all it
     // takes to lift this refusal; empty otherwise.
     std::vector<std::filesystem::path> strays;
+    // The index holds block records another Terrace version wrote: neither a fix in place nor
+    // another index directory lifts it; only the Terrace version that wrote them may rebuild.
+    bool another_version = false;
   };
   // Every reason a rebuild of the store `sb` would refuse to start: first what lies at
   // "<index>.rebuilding" (anything but nothing or a killed rebuild's leftover of this store), then the
-  // index directory `index` (anything but absent, empty or this store's index). Empty when it would
+  // index directory `index` (anything but absent, empty or this store's index; then this store's
+  // index holding block records of another record_version). Empty when it would
   // start. The one test RebuildIndex, CheckIndexDirForRebuild and the recover advice apply; opens an
   // index only read-only and changes nothing.
   static std::vector<RebuildRefusal> RebuildRefusals(const std::filesystem::path& index, const nvme::Superblock& sb,
