@@ -756,15 +756,19 @@ int RunDemo(const DemoArgs& a) {
   AddUp(&d);
   const nlohmann::json j = DemoRunJson(a, dir, d);
   const fs::path json_path = dir / kDemoRunJson;
-  if (Status st = WriteOutputFile(json_path, "--dir", JsonText(j, 1) + "\n"); !st.ok()) return Fail(st.ToString());
+  auto write = [](const fs::path& path, std::string_view content) {  // the exit status
+    const Status st = WriteDemoFile(path, content);
+    return st.ok() ? 0 : st.IsInvalidArgument() ? FailUsage(st.message()) : Fail(st.ToString());
+  };
+  if (int rc = write(json_path, JsonTextWithMark(j, 1) + "\n"); rc != 0) return rc;
   const fs::path report_path = dir / kDemoReportHtml;
   {
     auto report = plan::RenderReport(JsonText(j), json_path.string());
     if (!report.ok()) return Fail(report.status().ToString());
-    if (Status st = WriteOutputFile(report_path, "--dir", report->html); !st.ok()) return Fail(st.ToString());
+    if (int rc = write(report_path, report->html); rc != 0) return rc;
   }
   if (a.json) {
-    fmt::print("{}\n", JsonText(j));
+    fmt::print("{}\n", JsonTextWithMark(j));
     return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }
 

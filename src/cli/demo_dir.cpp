@@ -9,6 +9,7 @@
 
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/common/generator_mark.h"
 #include "src/common/list_dir.h"
 
 namespace terrace::cli {
@@ -86,6 +87,29 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
 
 constexpr std::string_view kDemoWho = "terrace demo";
 
+// The output rule of DIR/demo-run.json or DIR/report.html: replaced only when it carries the mark
+// of its format.
+OutputRules DemoFileRules(const fs::path& path) {
+  return {.format = path.filename() == kDemoRunJson ? OutputFormat::kJson : OutputFormat::kHtml};
+}
+
+// Why the entry `path` (DIR/demo-run.json or DIR/report.html) is not one the demo wrote, as
+// "<name> (<why>)"; empty when it is absent or carries the demo's mark.
+std::string WhyNotDemoFile(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (!IsKind(path, S_IFREG)) {
+    const std::string kind = DescribePathKind(path);
+    return kind == "missing" ? "" : fmt::format("{} ({})", name, kind);
+  }
+  if (CheckOutputFile(path, "--dir", DemoFileRules(path)).ok()) return "";
+  return path.filename() == kDemoRunJson
+             ? fmt::format("{} (it does not start with the \"{}\": \"{}\" member the demo writes; one from a Terrace "
+                           "before that mark has none either: move it out or delete it)",
+                           name, kJsonGeneratorKey, kJsonGeneratorValue)
+             : fmt::format("{} (it lacks the {} the demo's report has: move it out or delete it)", name,
+                           kHtmlGeneratorMeta);
+}
+
 }  // namespace
 
 std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
@@ -108,7 +132,8 @@ std::string WhyNotDemoDir(const fs::path& dir, std::string_view flag) {
     const bool is_store = std::find(std::begin(kDemoStores), std::end(kDemoStores), name) != std::end(kDemoStores);
     if (name == kDemoMarker && IsKind(p, S_IFREG)) {
       marked = true;
-    } else if ((name == kDemoRunJson || name == kDemoReportHtml) && IsKind(p, S_IFREG)) {
+    } else if (name == kDemoRunJson || name == kDemoReportHtml) {
+      if (std::string why = WhyNotDemoFile(p); !why.empty()) foreign.push_back(why);
     } else if (name == "terrace.data" && IsKind(p, S_IFREG)) {  // a store of an earlier demo version, in DIR
       if (!IsStoreDataFile(p)) foreign.push_back(name + " (not a Terrace data file)");
     } else if (name == "index" && IsKind(p, S_IFDIR)) {  // that store's index
@@ -183,6 +208,15 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   if (IsKind(dir / kDemoMarker, S_IFREG)) removed = fs::remove(dir / kDemoMarker, ec) || removed;
   if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the demo's marker: {}", flag, dir.string(), ec.message()));
   return removed;
+}
+
+Status WriteDemoFile(const fs::path& path, std::string_view content) {
+  if (std::string why = WhyNotDemoFile(path); !why.empty()) {
+    return Status::InvalidArgument(fmt::format("--dir {} holds '{}', which the demo did not write; nothing was written "
+                                               "there",
+                                               path.parent_path().string(), why));
+  }
+  return WriteOutputFile(path, "--dir", DemoFileRules(path), content);
 }
 
 Status RemoveStoppedModelBuild(const fs::path& dir) {

@@ -2,8 +2,11 @@
 //
 // Layout: DIR/terrace-demo.marker (the demo created DIR's contents), DIR/model/ (the k3-small
 // checkpoint: config.json + model.safetensors), DIR/kv, DIR/state, DIR/experts (Terrace stores,
-// each with its own terrace-demo.marker), DIR/demo-run.json (the last run's figures), DIR/report.html (its `terrace report` page), and DIR/model.tmp while the model is built (a
-// stopped run's is removed by the next one). A DIR of an
+// each with its own terrace-demo.marker), DIR/demo-run.json (the last run's figures; its first
+// member is the generator mark, JsonTextWithMark), DIR/report.html (its `terrace report` page, with
+// the HTML generator mark), and DIR/model.tmp while the model is built (a stopped run's is removed
+// by the next one). A demo-run.json or report.html without its mark is not the demo's (a
+// demo-run.json written before the mark was added is refused too: move or delete it). A DIR of an
 // earlier demo version (terrace.data and index/ directly in DIR) is also recognised.
 // Thread-safety: free functions, no shared state.
 #pragma once
@@ -33,6 +36,11 @@ std::string WhyNotDemoDir(const std::filesystem::path& dir, std::string_view fla
 // removed) when `dir` is a symlink, not a directory, or holds anything the demo did not create;
 // IoError when a removal fails.
 Result<bool> RemoveDemoDir(const std::filesystem::path& dir, std::string_view flag);
+
+// Writes `content` to `path` (DIR/demo-run.json or DIR/report.html) as WriteOutputFile does, with the
+// ownership rule of its format (OutputFormat::kJson or kHtml): an existing file there without the
+// demo's mark is left alone and InvalidArgument names it (nothing written).
+Status WriteDemoFile(const std::filesystem::path& path, std::string_view content);
 
 // Removes DIR/model.tmp (a stopped model build): its checkpoint files and temporary files, then the
 // folder. Ok when absent; InvalidArgument (nothing removed) when it holds anything else.

@@ -1,6 +1,6 @@
 // HasTerraceMark (safe_files.h): recognises the marks of src/common/generator_mark.h in the first
-// bytes of an existing output file, and writes the PNG one (WithPngMark). Pure functions over bytes;
-// no I/O.
+// bytes of an existing output file, and writes the PNG one (WithPngMark; the JSON one is written by
+// JsonTextWithMark, src/common/json_text.h). Pure functions over bytes; no I/O.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -59,6 +59,22 @@ std::string PngMarkChunkWithoutCrc() {
   return chunk;
 }
 
+// True when `head` is the start of a JSON object whose first member is kJsonGeneratorKey with the
+// string value kJsonGeneratorValue, whitespace allowed between the tokens (a key or value with
+// escapes is not the mark).
+bool JsonMarked(std::string_view head) {
+  std::size_t at = 0;
+  auto token = [&](std::string_view t) {
+    while (at < head.size() && (head[at] == ' ' || head[at] == '\t' || head[at] == '\n' || head[at] == '\r')) ++at;
+    if (!head.substr(at).starts_with(t)) return false;
+    at += t.size();
+    return true;
+  };
+  const std::string key = "\"" + std::string(kJsonGeneratorKey) + "\"";
+  const std::string value = "\"" + std::string(kJsonGeneratorValue) + "\"";
+  return token("{") && token(key) && token(":") && token(value) && (token(",") || token("}"));
+}
+
 }  // namespace
 
 std::string WithPngMark(std::string_view png) {
@@ -89,6 +105,7 @@ bool HasTerraceMark(OutputFormat format, std::string_view head) {
              head.substr(kPrometheusGeneratorLine.size()).starts_with("\n");
     case OutputFormat::kPng:
       return StartsWithPngAndIhdr(head) && head.substr(kIhdrEnd).starts_with(PngMarkChunkWithoutCrc());
+    case OutputFormat::kJson: return JsonMarked(head);
     case OutputFormat::kTrace: return false;
   }
   return false;

@@ -79,6 +79,7 @@ std::string_view FormatFiles(OutputFormat f) {
     case OutputFormat::kSafetensors: return "safetensors files";
     case OutputFormat::kPrometheus: return "Prometheus text files";
     case OutputFormat::kPng: return "PNG charts";
+    case OutputFormat::kJson: return "JSON files";
     case OutputFormat::kTrace: return "trace files (.jsonl)";
   }
   return "files";

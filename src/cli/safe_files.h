@@ -52,6 +52,7 @@ enum class OutputFormat : unsigned char {
   kSafetensors,  // "generator":"terrace" in the header's __metadata__ (as SafetensorsWriter writes it)
   kPrometheus,   // first line kPrometheusGeneratorLine
   kPng,          // a tEXt chunk "Software" = kPngGeneratorText straight after IHDR (WithPngMark)
+  kJson,         // a JSON object whose first member is kJsonGeneratorKey: kJsonGeneratorValue (DIR/demo-run.json)
   kTrace,        // Mooncake JSONL, no mark: likewise
 };
 

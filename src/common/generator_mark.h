@@ -18,6 +18,10 @@ inline constexpr std::string_view kSafetensorsGeneratorKey = "generator";
 inline constexpr std::string_view kSafetensorsGeneratorValue = "terrace";
 // Prometheus text (`--expert-prometheus`): the first line, a comment scrapers ignore.
 inline constexpr std::string_view kPrometheusGeneratorLine = "# generator: terrace";
+// demo-run.json (`terrace demo`): the JSON object's first member, "generator": "terrace" (any
+// whitespace around the tokens; src/cli/demo_dir.h writes and recognises it).
+inline constexpr std::string_view kJsonGeneratorKey = "generator";
+inline constexpr std::string_view kJsonGeneratorValue = "terrace";
 // PNG charts (`terrace report --png`): a tEXt chunk straight after IHDR whose data is this keyword,
 // a NUL, and this text (PNG's registered "Software" keyword).
 inline constexpr std::string_view kPngGeneratorKeyword = "Software";

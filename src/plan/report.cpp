@@ -1,7 +1,9 @@
 #include "src/plan/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -32,31 +34,39 @@ const json& Obj(const json& j, const char* key) {
   return it != j.end() && it->is_object() ? *it : empty;
 }
 
-// `key` of `j` whatever its type, for Cell (0 when `j` is not an object or lacks it).
-const json& Field(const json& j, const char* key) {
-  static const json zero = 0;
-  auto it = j.find(key);
-  return it != j.end() ? *it : zero;
-}
-
 // A visible note where part of the run's JSON is missing or malformed, naming the key: the page says
 // what it left out and why instead of drawing zeros.
 void Skipped(std::string* body, std::string_view what, std::string_view why) {
   *body += fmt::format("<p class=\"skipped\">Not charted: {} ({}).</p>", XmlEscape(what), XmlEscape(why));
 }
 
-// Where `j` has `key` but not as an object: a note naming it (`what` is the part of the page).
-// True when the part can be drawn (an object, or absent: drawn from zeros as before).
-bool CheckObject(const json& j, const char* key, std::string_view what, std::string* body) {
+// Where `j` lacks `key` or has it as something other than an object: a note naming it (`what` is the
+// part of the page, `path` the key as the note names it; `key` when empty). True when it is an
+// object. A part a run may leave out (a plan's trace) is checked only where the JSON has it.
+bool CheckObject(const json& j, const char* key, std::string_view what, std::string* body, std::string_view path = {}) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_object()) return true;
-  Skipped(body, what, fmt::format("{} is not an object", key));
+  if (it != j.end() && it->is_object()) return true;
+  Skipped(body, what, fmt::format("{} {}", path.empty() ? key : path, it == j.end() ? "is missing" : "is not an object"));
   return false;
 }
 
-double Num(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+// The number under `key` of `j`; none where `j` is not an object, lacks the key, or has null or
+// another type there: a figure the run did not record, never a measured 0.
+std::optional<double> Opt(const json& j, const char* key) {
+  auto it = j.find(key);  // find on a non-object finds nothing
+  return it != j.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+}
+
+// The number under `key` of `j`, 0 where there is none: only for arithmetic whose result is itself
+// checked (a guarded denominator) or shown with Opt's absence handled; figures shown go through Fig.
+double Num(const json& j, const char* key) { return Opt(j, key).value_or(0.0); }
+
+constexpr std::string_view kNotRecorded = "not recorded";
+
+// `f` of the number under `key` of `j`, or "not recorded" where there is none (Opt).
+std::string Fig(const json& j, const char* key, const std::function<std::string(double)>& f) {
+  const std::optional<double> v = Opt(j, key);
+  return v ? f(*v) : std::string(kNotRecorded);
 }
 
 std::string Str(const json& j, const char* key) {
@@ -65,11 +75,8 @@ std::string Str(const json& j, const char* key) {
   return it->is_string() ? it->get<std::string>() : it->dump();
 }
 
-// "1.23 ms" for the seconds under `key`, "not recorded" where the JSON has no number there.
-std::string MsCell(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? fmt::format("{:.3g} ms", 1e3 * it->get<double>()) : "not recorded";
-}
+// "1.23 ms" for seconds.
+std::string Ms(double s) { return fmt::format("{:.3g} ms", 1e3 * s); }
 
 std::string Cell(const json& v) {
   if (v.is_string()) return XmlEscape(v.get<std::string>());
@@ -77,23 +84,37 @@ std::string Cell(const json& v) {
   return XmlEscape(v.dump());
 }
 
-// Rows "a.b.c = value" for every scalar, arrays of scalars as one cell; capped.
-void Flatten(const json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>* rows) {
-  if (rows->size() >= 2000) return;
+// Cell of the value under `key` of `j`, or "not recorded" where it is absent or null.
+std::string Val(const json& j, const char* key) {
+  auto it = j.find(key);  // find on a non-object finds nothing
+  return it == j.end() || it->is_null() ? std::string(kNotRecorded) : Cell(*it);
+}
+
+// The rows of the "All values" table: at most kMaxRows, and how many values were left out.
+struct FlatRows {
+  static constexpr std::size_t kMaxRows = 2000;
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::size_t left_out = 0;
+};
+
+// Rows "a.b.c = value" for every scalar, arrays of scalars as one cell; past kMaxRows counted only.
+void Flatten(const json& j, const std::string& prefix, FlatRows* out) {
   if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) Flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), rows);
-  } else if (j.is_array()) {
-    bool scalars = true;
-    for (const auto& e : j) scalars = scalars && !e.is_structured();
-    if (scalars) {
-      std::string d = j.dump();
-      if (d.size() > 300) d = d.substr(0, 300) + "...";
-      rows->emplace_back(prefix, XmlEscape(d));
-    } else {
-      for (std::size_t i = 0; i < j.size(); ++i) Flatten(j[i], fmt::format("{}[{}]", prefix, i), rows);
-    }
+    for (auto it = j.begin(); it != j.end(); ++it) Flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+    return;
+  }
+  if (j.is_array() && std::any_of(j.begin(), j.end(), [](const json& e) { return e.is_structured(); })) {
+    for (std::size_t i = 0; i < j.size(); ++i) Flatten(j[i], fmt::format("{}[{}]", prefix, i), out);
+    return;
+  }
+  if (out->rows.size() >= FlatRows::kMaxRows) {
+    ++out->left_out;
+  } else if (j.is_array()) {  // of scalars: one cell
+    std::string d = j.dump();
+    if (d.size() > 300) d = d.substr(0, 300) + "...";
+    out->rows.emplace_back(prefix, XmlEscape(d));
   } else {
-    rows->emplace_back(prefix, Cell(j));
+    out->rows.emplace_back(prefix, Cell(j));
   }
 }
 
@@ -125,28 +146,58 @@ std::string WithUnit(const std::string& key, const json& v) {
   return fmt::format("{:.4g}", x);
 }
 
+// The plan's context: "4096 tokens of context", or for a --context distribution "a mean of 18432
+// tokens of context (4096 tokens 50.0%, 32768 tokens 50.0%)".
+std::string ContextText(const json& w) {
+  const json& dist = Arr(w, "context_distribution");
+  if (dist.size() <= 1) return fmt::format("{} tokens of context", Val(w, "context_tokens"));
+  std::vector<std::string> parts;
+  for (const auto& c : dist) parts.push_back(fmt::format("{} tokens {}", Val(c, "tokens"), Fig(c, "share", P)));
+  return fmt::format("a mean of {} tokens of context ({})",
+                     Fig(w, "context_tokens_mean", [](double x) { return fmt::format("{:.0f}", x); }),
+                     fmt::join(parts, ", "));
+}
+
+// The memory table's sequence rows: one sequence of the workload, or with several contexts, one of
+// the mean context and one of each context (memory.per_context).
+void SequenceRows(const json& m, std::vector<std::pair<std::string, std::string>>* rows) {
+  const json& per = Arr(m, "per_context");
+  if (per.size() <= 1) {
+    rows->emplace_back("one workload sequence", Fig(m, "sequence_bytes", B));
+    return;
+  }
+  rows->emplace_back(fmt::format("one sequence of the mean context ({} tokens with the decoded ones)",
+                                 Val(m, "sequence_tokens")),
+                     Fig(m, "sequence_bytes", B));
+  for (const auto& c : per) {
+    rows->emplace_back(fmt::format("one sequence of {} tokens ({} of requests)", Val(c, "sequence_tokens"),
+                                   Fig(c, "share", P)),
+                       Fig(c, "sequence_bytes", B));
+  }
+}
+
 void PlanSections(const json& j, Report* r, std::string* body) {
   const json& m = Obj(j, "memory");
   r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(Obj(j, "hardware"), "name"));
   const json& w = Obj(j, "workload");
   CheckObject(j, "workload", "the workload", body);
-  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {} requests/s, {} tokens of context, "
+  *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {} requests/s, {}, "
                        "{} decoded tokens per request, {} concurrent sequences, {} of the prompt a reused prefix.</p>",
-                       XmlEscape(Str(j, "kv_codec")), XmlEscape(Str(j, "state_codec")), Cell(Field(w, "rate_rps")),
-                       Cell(Field(w, "context_tokens")), Cell(Field(w, "decode_tokens")),
-                       Cell(Field(w, "concurrency")), P(Num(w, "prefix_reuse")));
+                       XmlEscape(Str(j, "kv_codec")), XmlEscape(Str(j, "state_codec")), Val(w, "rate_rps"),
+                       ContextText(w), Val(w, "decode_tokens"), Val(w, "concurrency"), Fig(w, "prefix_reuse", P));
   *body += "<h2>Memory per token and per sequence</h2>";
   CheckObject(j, "memory", "the memory figures", body);
-  *body += KeyValueTable({
-      {"MLA latents per token", B(Num(m, "mla_bytes_per_token"))},
-      {"KDA recurrent state per layer", B(Num(m, "kda_recurrent_bytes_per_layer"))},
-      {"KDA conv state per layer", B(Num(m, "kda_conv_bytes_per_layer"))},
-      {"KDA state per sequence (fixed)", B(Num(m, "kda_state_bytes_per_sequence"))},
-      {"AttnRes bank per token (transient)", B(Num(m, "attnres_bank_bytes_per_token"))},
-      {"MHA comparison per token", B(Num(m, "mha_bytes_per_token"))},
-      {"GQA comparison per token", B(Num(m, "gqa_bytes_per_token"))},
-      {"one workload sequence", B(Num(m, "sequence_bytes"))},
-  });
+  std::vector<std::pair<std::string, std::string>> mem = {
+      {"MLA latents per token", Fig(m, "mla_bytes_per_token", B)},
+      {"KDA recurrent state per layer", Fig(m, "kda_recurrent_bytes_per_layer", B)},
+      {"KDA conv state per layer", Fig(m, "kda_conv_bytes_per_layer", B)},
+      {"KDA state per sequence (fixed)", Fig(m, "kda_state_bytes_per_sequence", B)},
+      {"AttnRes bank per token (transient)", Fig(m, "attnres_bank_bytes_per_token", B)},
+      {"MHA comparison per token", Fig(m, "mha_bytes_per_token", B)},
+      {"GQA comparison per token", Fig(m, "gqa_bytes_per_token", B)},
+  };
+  SequenceRows(m, &mem);
+  *body += KeyValueTable(mem);
   if (!Arr(m, "curve").empty()) {
     LineChart c;
     c.title = "Memory per sequence vs context";
@@ -177,25 +228,25 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     for (auto it = comps.begin(); it != comps.end(); ++it) {
       rows.emplace_back(it.key(), B(it->is_number() ? it->get<double>() : 0));
     }
-    rows.emplace_back("total", B(Num(wts, "total_bytes")));
-    rows.emplace_back("resident (all but routed experts)", B(Num(wts, "resident_bytes")));
-    rows.emplace_back("one routed expert", B(Num(wts, "expert_bytes")));
+    rows.emplace_back("total", Fig(wts, "total_bytes", B));
+    rows.emplace_back("resident (all but routed experts)", Fig(wts, "resident_bytes", B));
+    rows.emplace_back("one routed expert", Fig(wts, "expert_bytes", B));
     *body += KeyValueTable(rows);
   }
   if (j.contains("experts") && CheckObject(j, "experts", "the expert cache", body)) {
     const json& e = Obj(j, "experts");
     *body += "<h2>Expert cache</h2>";
     *body += KeyValueTable({
-        {fmt::format("HBM for a {} hit rate", P(Num(e, "hit_target"))), B(Num(e, "bytes_for_target"))},
-        {"budget", B(Num(e, "budget_bytes"))},
-        {"hit rate of the budget", P(Num(e, "hit_rate"))},
-        {"stall per token, batch 1", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batch1"))},
-        {"stall per token, batched", fmt::format("{:.3g} ms", 1e3 * Num(e, "stall_s_per_token_batched"))},
+        {fmt::format("HBM for a {} hit rate", Fig(e, "hit_target", P)), Fig(e, "bytes_for_target", B)},
+        {"budget", Fig(e, "budget_bytes", B)},
+        {"hit rate of the budget", Fig(e, "hit_rate", P)},
+        {"stall per token, batch 1", Fig(e, "stall_s_per_token_batch1", Ms)},
+        {"stall per token, batched", Fig(e, "stall_s_per_token_batched", Ms)},
     });
     BarChart st;
     st.title = "Expected stall per decoded token";
     st.subtitle = fmt::format("expert-cache misses loaded over the host link, budget {} ({} hit rate)",
-                              B(Num(e, "budget_bytes")), P(Num(e, "hit_rate")));
+                              Fig(e, "budget_bytes", B), Fig(e, "hit_rate", P));
     st.y_label = "milliseconds per token";
     st.bars = {"stall per token"};
     st.value_labels = true;
@@ -209,8 +260,8 @@ void PlanSections(const json& j, Report* r, std::string* body) {
              "<th>also holds</th></tr></thead><tbody>";
     for (const auto& t : Arr(j, "tiers")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td></tr>", XmlEscape(Str(t, "name")),
-                           B(Num(t, "capacity_bytes")), B(Num(t, "kv_bytes")), Cell(Field(t, "sequences")),
-                           B(Num(t, "other_bytes")), XmlEscape(Str(t, "holds")));
+                           Fig(t, "capacity_bytes", B), Fig(t, "kv_bytes", B), Val(t, "sequences"),
+                           Fig(t, "other_bytes", B), XmlEscape(Str(t, "holds")));
     }
     *body += "</tbody></table>";
   }
@@ -218,10 +269,10 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     *body += "<h2>Bandwidth</h2><table><thead><tr><th>link</th><th>required</th><th>available</th><th>use</th>"
              "<th>for</th></tr></thead><tbody>";
     for (const auto& b : Arr(j, "bandwidth")) {
-      const double u = Num(b, "utilisation");
+      const double u = Num(b, "utilisation");  // for the colour; shown through Fig
       *body += fmt::format("<tr><td>{}</td><td>{}/s</td><td>{}/s</td><td class=\"{}\">{}</td><td>{}</td></tr>",
-                           XmlEscape(Str(b, "link")), B(Num(b, "required_bytes_per_s")),
-                           B(Num(b, "available_bytes_per_s")), u > 1 ? "over" : "", P(u), XmlEscape(Str(b, "what")));
+                           XmlEscape(Str(b, "link")), Fig(b, "required_bytes_per_s", B),
+                           Fig(b, "available_bytes_per_s", B), u > 1 ? "over" : "", Fig(b, "utilisation", P), XmlEscape(Str(b, "what")));
     }
     *body += "</tbody></table>";
   }
@@ -234,10 +285,10 @@ void PlanSections(const json& j, Report* r, std::string* body) {
   if (!j.contains("trace") || !CheckObject(j, "trace", "the trace replay", body)) return;
   const json& t = Obj(j, "trace");
   *body += fmt::format("<h2>Trace replay: {}</h2><p>{} requests, {} blocks ({} unique) of {} tokens; prefix-hit "
-                       "ceiling <b>{}</b>; replayed in {:.2f} s.</p>",
-                       XmlEscape(Str(t, "file")), Cell(Field(t, "requests")), Cell(Field(t, "blocks")),
-                       Cell(Field(t, "unique_blocks")), Cell(Field(t, "block_tokens")),
-                       P(Num(t, "prefix_hit_ceiling")), Num(t, "replay_seconds"));
+                       "ceiling <b>{}</b>; replayed in {}.</p>",
+                       XmlEscape(Str(t, "file")), Val(t, "requests"), Val(t, "blocks"),
+                       Val(t, "unique_blocks"), Val(t, "block_tokens"),
+                       Fig(t, "prefix_hit_ceiling", P), Fig(t, "replay_seconds", [](double x) { return fmt::format("{:.2f} s", x); }));
   if (!Arr(t, "sweep").empty()) {
     LineChart c;
     c.title = "Prefix hit rate vs cache capacity";
@@ -289,9 +340,9 @@ void PlanSections(const json& j, Report* r, std::string* body) {
              "<th>slower than recompute</th><th>bytes moved</th></tr></thead><tbody>";
     for (const auto& p : Arr(t, "policies")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                           XmlEscape(Str(p, "policy")), P(Num(p, "hit_rate")), MsCell(p, "ttft_saved_s_per_request"),
-                           MsCell(p, "queue_wait_s_per_request"), Cell(Field(p, "restores_slower_than_recompute")),
-                           B(Num(p, "bytes_moved")));
+                           XmlEscape(Str(p, "policy")), Fig(p, "hit_rate", P), Fig(p, "ttft_saved_s_per_request", Ms),
+                           Fig(p, "queue_wait_s_per_request", Ms), Val(p, "restores_slower_than_recompute"),
+                           Fig(p, "bytes_moved", B));
     }
     *body += "</tbody></table>";
   }
@@ -299,8 +350,8 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     *body += "<h3>Cluster projection</h3><table><thead><tr><th>routing</th><th>hit rate</th><th>load imbalance</th>"
              "</tr></thead><tbody>";
     for (const auto& c : Arr(t, "cluster")) {
-      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td></tr>", XmlEscape(Str(c, "routing")),
-                           P(Num(c, "hit_rate")), Num(c, "load_imbalance"));
+      *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", XmlEscape(Str(c, "routing")),
+                           Fig(c, "hit_rate", P), Fig(c, "load_imbalance", [](double x) { return fmt::format("{:.2f}", x); }));
     }
     *body += "</tbody></table>";
   }
@@ -326,14 +377,17 @@ LineChart TurnChart(std::string title, std::string subtitle, std::string y_label
   return c;
 }
 
-// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null).
+// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null); a row without a
+// number at x or y (null: not measured) has no point on that line.
 LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
   LineChart c;
   for (auto [key, name] : keys) {
     Series s;
     s.name = name;
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      s.points.emplace_back(x_key ? Num(rows[i], x_key) : static_cast<double>(i + 1), Num(rows[i], key));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const std::optional<double> x = x_key ? Opt(rows[i], x_key) : static_cast<double>(i + 1), y = Opt(rows[i], key);
+      if (x && y) s.points.emplace_back(*x, *y);
+    }
     c.series.push_back(std::move(s));
   }
   return c;
@@ -380,8 +434,23 @@ BarChart LayerLoad(const json& layer, double hot_factor, std::string title, std:
   return b;
 }
 
-// All MoE layers' experts by load relative to their layer's mean: a histogram whose bins at or above
-// hot_factor x mean (the hot experts) are red.
+// The histogram's bins: kHotBin of them up to the hot threshold, the last one open-ended.
+constexpr std::size_t kHotBin = 8, kMaxLoadBins = 200;
+
+// The bin of an expert with `load` in a layer of mean load `mean` (> 0): bin i holds load / mean in
+// (i, i + 1] x width (bin 0 from 0), width = hot_factor / kHotBin, so that the hot rule's strict > (load > hot_factor
+// x mean, as ExpertOffload marks hot experts) puts exactly the hot experts at kHotBin and above;
+// loads past the last bin land in it.
+std::size_t LoadBin(double load, double mean, double hot_factor) {
+  const bool hot = load > hot_factor * mean;  // the rule itself, so rounding cannot cross the edge
+  const double edge = std::ceil(load / mean / (hot_factor / kHotBin));
+  const double bin = std::clamp(edge - 1, hot ? double{kHotBin} : 0.0, hot ? double{kMaxLoadBins - 1} : double{kHotBin - 1});
+  return static_cast<std::size_t>(bin);
+}
+
+// All MoE layers' experts by load relative to their layer's mean: a histogram whose bins above
+// hot_factor x mean (the hot experts) are red; at most kMaxLoadBins bins. `hot_factor` is >= 1 and
+// every load a number >= 0 (CheckExpertLoads).
 BarChart LoadHistogram(const json& layers, double hot_factor) {
   BarChart b;
   b.title = "Expert utilisation histogram, all MoE layers";
@@ -390,25 +459,49 @@ BarChart LoadHistogram(const json& layers, double hot_factor) {
   b.y_label = "experts";
   b.bars = {"experts"};
   b.value_labels = true;
-  const double width = hot_factor > 0 ? hot_factor / 8 : 0.25;  // hot_factor is a bin edge
+  const double width = hot_factor / kHotBin;
   std::vector<double> counts;
   for (const auto& l : layers) {
     const std::vector<double> load = Numbers(Arr(l, "expert_load"));
     const double mean = Mean(load);
     if (mean <= 0) continue;
     for (double x : load) {
-      if (!(x >= 0)) continue;  // a negative or NaN load has no bin
-      const auto bin = static_cast<std::size_t>(std::min(x / mean / width, 1e6));
+      const std::size_t bin = LoadBin(x, mean, hot_factor);
       if (counts.size() <= bin) counts.resize(bin + 1);
       counts[bin] += 1;
     }
   }
   for (std::size_t i = 0; i < counts.size(); ++i) {
-    b.groups.push_back(fmt::format("{:.2g}", (static_cast<double>(i) + 0.5) * width));
+    const bool last = i + 1 == kMaxLoadBins;
+    b.groups.push_back(last ? fmt::format("> {:.2g}", static_cast<double>(i) * width)
+                            : fmt::format("{:.2g}", (static_cast<double>(i) + 0.5) * width));
     b.values.push_back({counts[i]});
-    b.hot_groups.push_back(static_cast<double>(i) * width >= hot_factor * (1 - 1e-9));
+    b.hot_groups.push_back(i >= kHotBin);
   }
   return b;
+}
+
+// The demo's expert figures as the charts need them: its hot_factor, where present, a finite number
+// of at least 1, and each layer's expert_load numbers of at least 0. InvalidArgument naming the key.
+Status CheckExpertLoads(const json& j) {
+  const json& e = Obj(Obj(j, "summary"), "experts");
+  if (auto it = e.find("hot_factor"); it != e.end() && !(it->is_number() && it->get<double>() >= 1)) {
+    return Status::InvalidArgument(fmt::format("summary.experts.hot_factor is {}; it must be a number of at least 1 "
+                                               "(an expert is hot when its load exceeds hot_factor x its layer's mean)",
+                                               it->dump()));
+  }
+  const json& layers = Arr(e, "layers");
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const json& load = Arr(layers[i], "expert_load");
+    for (std::size_t k = 0; k < load.size(); ++k) {
+      if (!(load[k].is_number() && load[k].get<double>() >= 0)) {
+        return Status::InvalidArgument(fmt::format("summary.experts.layers[{}].expert_load[{}] is {}; a load is a count "
+                                                   "of tokens, a number of at least 0",
+                                                   i, k, load[k].dump()));
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 // `terrace demo --json` / DIR/demo-run.json: {"turns": [...], "summary": {"experts": ...}}.
@@ -418,29 +511,31 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   const json& e = Obj(s, "experts");
   const json& moved = Obj(s, "bytes_moved");
   r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(Obj(j, "model"), "preset"));
-  const json& verified = Field(j, "verified");
+  const json& verified = j.contains("verified") ? j["verified"] : json();
   *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
                        "checked against a full recompute with all experts resident and no store: <b>{}</b>.</p>",
                        !verified.is_boolean()  ? "not recorded (verified is missing or not true or false)"
                        : verified.get<bool>() ? "bitwise equal"
                                               : "NOT EQUAL");
+  auto tps = [](double x) { return fmt::format("{:.1f} tokens/s", x); };
+  auto sec = [](double x) { return fmt::format("{:.3f} s", x); };
   *body += KeyValueTable({
-      {"throughput", fmt::format("{:.1f} tokens/s (decode {:.1f} tokens/s)", Num(s, "tokens_per_s"),
-                                 Num(s, "decode_tokens_per_s"))},
-      {"time to first token", fmt::format("{:.3f} s with restore, {:.3f} s by full recompute (mean of all turns)",
-                                          Num(s, "ttft_mean_s"), Num(s, "ttft_recompute_mean_s"))},
-      {"prefix restored", fmt::format("{} of prompt tokens", P(Num(s, "restored_share")))},
-      {"expert fast-tier hit rate", P(Num(e, "hit_rate"))},
-      {"expert prefetch", fmt::format("precision {}, recall {}", P(Num(e, "prefetch_precision")),
-                                      P(Num(e, "prefetch_recall")))},
-      {"stalls on expert loads", fmt::format("{} of forward time; {:.3g} ms per computed prompt token, {:.3g} ms per "
-                                             "decode step",
-                                             P(Num(e, "stall_share")), 1e3 * Num(e, "stall_s_per_prefill_token"),
-                                             1e3 * Num(e, "stall_s_per_decode_token"))},
+      {"throughput", fmt::format("{} (decode {})", Fig(s, "tokens_per_s", tps), Fig(s, "decode_tokens_per_s", tps))},
+      {"time to first token", fmt::format("{} with restore, {} by full recompute (mean of all turns)",
+                                          Fig(s, "ttft_mean_s", sec), Fig(s, "ttft_recompute_mean_s", sec))},
+      {"prefix restored", fmt::format("{} of prompt tokens", Fig(s, "restored_share", P))},
+      {"expert fast-tier hit rate", Fig(e, "hit_rate", P)},
+      {"expert prefetch", fmt::format("precision {}, recall {}", Fig(e, "prefetch_precision", P),
+                                      Fig(e, "prefetch_recall", P))},
+      {"stalls on expert loads", fmt::format("{} of forward time; {} per computed prompt token, {} per decode step",
+                                             Fig(e, "stall_share", P), Fig(e, "stall_s_per_prefill_token", Ms),
+                                             Fig(e, "stall_s_per_decode_token", Ms))},
       {"bytes moved", fmt::format("prefix restored {}, written {}; experts on demand {}, prefetched {}",
-                                  B(Num(moved, "prefix_restored")), B(Num(moved, "prefix_written")),
-                                  B(Num(moved, "experts_on_demand")), B(Num(moved, "experts_prefetched")))},
+                                  Fig(moved, "prefix_restored", B), Fig(moved, "prefix_written", B),
+                                  Fig(moved, "experts_on_demand", B), Fig(moved, "experts_prefetched", B))},
   });
+  CheckObject(s, "experts", "the expert figures", body, "summary.experts");
+  CheckObject(s, "bytes_moved", "the bytes moved", body, "summary.bytes_moved");
   LineChart t = Lines(turns, nullptr, {{"ttft_s", "with restore"}, {"ttft_recompute_s", "full recompute"}});
   t.title = "Time to first token per turn";
   t.subtitle = "with prefix restore and expert offload vs a full recompute with every expert resident";
@@ -473,10 +568,12 @@ void DemoSections(const json& j, Report* r, std::string* body) {
                           "share of the turn's prompt tokens, split by restored bytes per tier",
                           "share of the prompt's tokens", AxisFormat::kPercent);
   for (const char* tier : {"hbm", "host", "nvme"}) h.series.push_back({tier, {}, false});
-  for (std::size_t i = 0; i < turns.size(); ++i) {
+  for (std::size_t i = 0; i < turns.size(); ++i) {  // a turn without these figures has no points
     const json& rb = Obj(turns[i], "restore_bytes");
+    const std::optional<double> prompt = Opt(turns[i], "prompt_tokens"), restored = Opt(turns[i], "restored_tokens");
+    if (!prompt || !restored || !Opt(rb, "hbm") || !Opt(rb, "host") || !Opt(rb, "nvme")) continue;
     const double all = Num(rb, "hbm") + Num(rb, "host") + Num(rb, "nvme");
-    const double share = Num(turns[i], "prompt_tokens") > 0 ? Num(turns[i], "restored_tokens") / Num(turns[i], "prompt_tokens") : 0;
+    const double share = *prompt > 0 ? *restored / *prompt : 0;
     for (auto& ser : h.series)
       ser.points.emplace_back(static_cast<double>(i + 1), all > 0 ? share * Num(rb, ser.name.c_str()) / all : 0.0);
   }
@@ -484,13 +581,14 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   if (!turns.empty() && turns[0].contains("experts")) {
     LineChart st = TurnChart("Stall on expert loads per token, per turn",
                              fmt::format("forward time waiting for experts; whole run: {} of forward time",
-                                         P(Num(e, "stall_share"))),
+                                         Fig(e, "stall_share", P)),
                              "milliseconds per token");
     Series pre{"prompt token (prefill)", {}, false}, dec{"decode step", {}, false};
     for (std::size_t i = 0; i < turns.size(); ++i) {
       const json& x = Obj(turns[i], "experts");
-      if (Num(turns[i], "computed_tokens") > 0) pre.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_prefill_token"));
-      dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * Num(x, "stall_s_per_decode_token"));
+      const std::optional<double> p = Opt(x, "stall_s_per_prefill_token"), d = Opt(x, "stall_s_per_decode_token");
+      if (p && Num(turns[i], "computed_tokens") > 0) pre.points.emplace_back(static_cast<double>(i + 1), 1e3 * *p);
+      if (d) dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * *d);
     }
     st.series = {std::move(pre), std::move(dec)};
     Add(r, body, "stall-per-token", RenderSvg(st));
@@ -506,7 +604,8 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   pr.y_format = AxisFormat::kPercent;
   pr.integer_x = pr.markers = true;
   Add(r, body, "prefetch-per-layer", RenderSvg(pr));
-  const double hot_factor = Num(e, "hot_factor") > 0 ? Num(e, "hot_factor") : 2.0;
+  if (!Opt(e, "hot_factor")) return Skipped(body, "the expert loads and hot experts", "summary.experts.hot_factor is missing");
+  const double hot_factor = Num(e, "hot_factor");  // a finite number >= 1 (CheckExpertLoads)
   // Per-expert bars of the layer with the most hot experts (ties: the first); then all layers as a histogram.
   std::size_t pick = 0;
   for (std::size_t i = 0; i < layers.size(); ++i)
@@ -537,47 +636,55 @@ std::string ConfigLabel(const json& c) {
 void BenchExpertsSections(const json& j, Report* r, std::string* body) {
   const json& cfgs = Arr(j, "configs");
   r->title = fmt::format("Terrace bench experts: {}", Str(j, "model"));
-  // One bar per configuration of value(config); with `needs`, only the configurations where that
-  // key is a number (a null one was not measured, so it gets no bar rather than a 0).
-  auto bars = [&](const std::function<double(const json&)>& value, std::string y_label, std::string title,
-                  AxisFormat f, std::string name, const char* needs = nullptr) {
+  // One bar per configuration with a value(config): one without (null: not measured, or no such
+  // figure) gets no bar rather than a 0, and the subtitle names it.
+  auto bars = [&](const std::function<std::optional<double>(const json&)>& value, std::string y_label,
+                  std::string title, AxisFormat f, std::string name) {
     BarChart b;
     b.title = std::move(title);
     b.y_format = f;
     b.y_label = y_label;
     b.bars = {std::move(y_label)};
     b.value_labels = true;
+    std::vector<std::string> none;
     for (const auto& c : cfgs) {
-      if (needs != nullptr && !(c.contains(needs) && c[needs].is_number())) continue;
+      const std::optional<double> v = value(c);
+      if (!v) {
+        none.push_back(ConfigLabel(c));
+        continue;
+      }
       b.groups.push_back(ConfigLabel(c));
-      b.values.push_back({value(c)});
+      b.values.push_back({*v});
     }
+    if (!none.empty()) b.subtitle = fmt::format("no bar (not recorded): {}", fmt::join(none, ", "));
     Add(r, body, std::move(name), RenderSvg(b));
   };
-  auto key = [](const char* k) { return [k](const json& c) { return Num(c, k); }; };
+  auto key = [](const char* k) { return [k](const json& c) { return Opt(c, k); }; };
   bars(key("tokens_per_s"), "tokens/s", "Decode tokens/s per configuration", AxisFormat::kPlain, "tokens-per-s");
-  bars(key("stall_share"), "share of decode time", "Stall share per configuration", AxisFormat::kPercent, "stall-share",
-       "stall_share");
+  bars(key("stall_share"), "share of decode time", "Stall share per configuration", AxisFormat::kPercent, "stall-share");
   // stall_share is stall time / decode time and tokens_per_s decode tokens / decode time.
-  bars([](const json& c) { return Num(c, "tokens_per_s") > 0 ? 1e3 * Num(c, "stall_share") / Num(c, "tokens_per_s") : 0.0; },
-       "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token",
-       "stall_share");
+  bars(
+      [](const json& c) {
+        const std::optional<double> share = Opt(c, "stall_share"), tps = Opt(c, "tokens_per_s");
+        return share && tps && *tps > 0 ? std::optional<double>(1e3 * *share / *tps) : std::nullopt;
+      },
+      "ms per decoded token", "Stall per decoded token per configuration", AxisFormat::kPlain, "stall-per-token");
   // Null where the row has no such figure (resident; the mmap rows' recall and precision).
-  bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate", "hit_rate");
-  bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision",
-       "precision");
-  bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall", "recall");
+  bars(key("hit_rate"), "hit rate", "Fast-tier hit rate per configuration", AxisFormat::kPercent, "hit-rate");
+  bars(key("precision"), "precision", "Prefetch precision per configuration", AxisFormat::kPercent, "precision");
+  bars(key("recall"), "recall", "Prefetch recall per configuration", AxisFormat::kPercent, "recall");
   LineChart lr;
   lr.title = "Prefetch recall per layer";
   lr.x_label = "MoE layer (in order)";
   lr.y_label = "recall";
   lr.y_format = AxisFormat::kPercent;
   lr.integer_x = lr.markers = true;
-  for (const auto& c : cfgs) {
+  for (const auto& c : cfgs) {  // a configuration that predicts (its recall a number); a null layer has no point
     const json& rec = Arr(c, "layer_recall");
-    if (rec.empty()) continue;
+    if (rec.empty() || !Opt(c, "recall")) continue;
     Series ser{ConfigLabel(c), {}, false};
-    for (std::size_t i = 0; i < rec.size(); ++i) ser.points.emplace_back(static_cast<double>(i), rec[i].is_number() ? rec[i].get<double>() : 0);
+    for (std::size_t i = 0; i < rec.size(); ++i)
+      if (rec[i].is_number()) ser.points.emplace_back(static_cast<double>(i), rec[i].get<double>());
     lr.series.push_back(std::move(ser));
   }
   if (!lr.series.empty()) Add(r, body, "recall-per-layer", RenderSvg(lr));
@@ -599,7 +706,7 @@ constexpr const char* kTiers[] = {"hbm", "host", "nvme"};
 // "hbm 0 B, host 2.2 MiB, nvme 2.2 MiB": the bytes of a `*_by_tier` object.
 std::string TierBytes(const json& by_tier) {
   std::vector<std::string> parts;
-  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, B(Num(by_tier, tier))));
+  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, Fig(by_tier, tier, B)));
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -607,8 +714,8 @@ std::string TierBytes(const json& by_tier) {
 std::string TierShareText(const json& j) {
   const json& h = Obj(j, "hit_rate_by_tier");
   std::vector<std::string> parts;
-  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, P(Num(h, tier))));
-  return fmt::format("{} of {} blocks", fmt::join(parts, ", "), Cell(Field(j, "blocks_requested")));
+  for (const char* tier : kTiers) parts.push_back(fmt::format("{} {}", tier, Fig(h, tier, P)));
+  return fmt::format("{} of {} blocks", fmt::join(parts, ", "), Val(j, "blocks_requested"));
 }
 
 // Adds `b` (its titles and x label set) as stacked bars, one per row of `rows` (labelled by `label`):
@@ -734,8 +841,8 @@ void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
   const double restored = Num(mt, "restored_tokens"), computed = Num(mt, "computed_tokens");
   *body += KeyValueTable({
       {"workload", fmt::format("{} conversations x {} turns, a {}-token system prompt, {} new tokens per turn",
-                               Cell(Field(mt, "conversations")), Cell(Field(mt, "turns")),
-                               Cell(Field(mt, "system_tokens")), Cell(Field(mt, "user_tokens")))},
+                               Val(mt, "conversations"), Val(mt, "turns"),
+                               Val(mt, "system_tokens"), Val(mt, "user_tokens"))},
       {"prompt tokens", fmt::format("{:.0f} restored, {:.0f} computed ({} restored)", restored, computed,
                                     P(restored + computed > 0 ? restored / (restored + computed) : 0))},
       {"time", fmt::format("TTFT summed over the turns {:.3g} s; the part, flushes included, {:.3g} s",
@@ -743,7 +850,7 @@ void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
       {"blocks restored", TierShareText(mt)},
       {"bytes read", TierBytes(Obj(mt, "bytes_read_by_tier"))},
       {"bytes written", TierBytes(Obj(mt, "bytes_written_by_tier"))},
-      {"write failures", Cell(Field(mt, "write_failures"))},
+      {"write failures", Val(mt, "write_failures")},
   });
   if (rows.empty()) return Skipped(body, "the multi-turn charts", "multi_turn.rows is missing or empty");
   // One group per turn, in the order played (tN cM: turn N of conversation M).
@@ -802,7 +909,7 @@ void BenchKvSections(const json& j, Report* r, std::string* body) {
   r->title = Arr(j, "rows").empty() ? fmt::format("Terrace bench kv: {}", Str(j, "model"))
                                     : fmt::format("Terrace bench kv: {} from {}", Str(j, "model"), Str(j, "tier"));
   *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>, {}-token chunks.</p>", XmlEscape(Str(j, "kv_codec")),
-                       XmlEscape(Str(j, "state_codec")), Cell(Field(j, "chunk_tokens")));
+                       XmlEscape(Str(j, "state_codec")), Val(j, "chunk_tokens"));
   BenchKvRows(j, r, body);
   BenchKvMultiTurn(j, r, body);
   BenchKvCodecs(j, r, body);
@@ -849,14 +956,14 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
 // `terrace bench tiers --json`: one object with `tier`, `op`, `mb_per_s` and `passes_mb_per_s`.
 void BenchTiersSections(const json& j, Report* r, std::string* body) {
   r->title = fmt::format("Terrace bench tiers: {} {} of {} blocks", Str(j, "tier"), Str(j, "op"),
-                         B(Num(j, "block_size")));
-  *body += fmt::format("<p>{} at queue depth {}, {} thread(s), batch {}; {}.</p>", B(Num(j, "total_bytes")),
-                       Cell(Field(j, "queue_depth")), Cell(Field(j, "threads")),
-                       Cell(Field(j, "batch")), XmlEscape(Str(j, "detail")));
+                         Fig(j, "block_size", B));
+  *body += fmt::format("<p>{} at queue depth {}, {} thread(s), batch {}; {}.</p>", Fig(j, "total_bytes", B),
+                       Val(j, "queue_depth"), Val(j, "threads"),
+                       Val(j, "batch"), XmlEscape(Str(j, "detail")));
   BarChart t;
   t.title = "Throughput per pass";
   t.subtitle = fmt::format("{} passes after {} warm-up; dashed: the reported figure{}", Arr(j, "passes_mb_per_s").size(),
-                           Cell(Field(j, "warmup")), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
+                           Val(j, "warmup"), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
   t.x_label = "pass";
   t.y_label = "MB/s";
   t.bars = {"MB/s"};
@@ -884,7 +991,7 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
 
 // `terrace bench store --json`: one object of `<path>_mb_per_s` figures (puts and gets by tier).
 void BenchStoreSections(const json& j, Report* r, std::string* body) {
-  r->title = fmt::format("Terrace bench store: {} blocks of {}", Cell(Field(j, "blocks")), B(Num(j, "block_size")));
+  r->title = fmt::format("Terrace bench store: {} blocks of {}", Val(j, "blocks"), Fig(j, "block_size", B));
   BarChart b;
   b.title = "Store throughput by path";
   b.subtitle = "each figure's JSON key without _mb_per_s; the tier's raw rate next to the store's";
@@ -902,20 +1009,20 @@ void BenchStoreSections(const json& j, Report* r, std::string* body) {
 }  // namespace
 
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
-  if (const int depth = JsonNestingDepth(text); depth > kMaxJsonDepth) {  // Flatten recurses per level
-    return Status::InvalidArgument(fmt::format("{}: objects and arrays nest {} levels deep, over the limit of {} (give "
-                                               "the output of a --json run)",
-                                               source, depth, kMaxJsonDepth));
-  }
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Status::InvalidArgument(fmt::format("{}: not a JSON object (give the output of a --json run)", source));
-  }
+  auto refuse = [&](std::string_view why) {
+    return Status::InvalidArgument(fmt::format("{}: {} (give the output of a --json run)", source, why));
+  };
+  // Also refuses a nesting deeper than kMaxJsonDepth (Flatten recurses per level) and repeated keys.
+  Result<json> parsed = ParseJsonUniqueKeys(text);
+  if (!parsed.ok()) return refuse(parsed.status().message());
+  const json j = std::move(parsed).value();
+  if (!j.is_object()) return refuse(fmt::format("not a JSON object but {}", j.type_name()));
   Report r;
   std::string body;
   if (Str(j, "kind") == "plan") {
     PlanSections(j, &r, &body);
   } else if (j.contains("turns") && j.contains("summary") && j["summary"].is_object()) {
+    if (Status s = CheckExpertLoads(j); !s.ok()) return refuse(s.message());
     DemoSections(j, &r, &body);
   } else if (!Arr(j, "configs").empty()) {
     BenchExpertsSections(j, &r, &body);
@@ -930,9 +1037,14 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
   } else {
     r.title = fmt::format("Terrace report: {}", source);
   }
-  std::vector<std::pair<std::string, std::string>> rows;
-  Flatten(j, "", &rows);
-  body += "<details><summary>All values</summary>" + KeyValueTable(rows) + "</details>";
+  FlatRows all;
+  Flatten(j, "", &all);
+  body += "<details><summary>All values</summary>" + KeyValueTable(all.rows);
+  if (all.left_out > 0) {
+    body += fmt::format("<p class=\"skipped\">The table stops at {} rows: {} more values of {} are not shown.</p>",
+                        FlatRows::kMaxRows, all.left_out, XmlEscape(source));
+  }
+  body += "</details>";
   r.html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{3}<title>{0}</title><style>"
       "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"

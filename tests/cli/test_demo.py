@@ -8,6 +8,8 @@ import signal
 
 import pytest
 
+from conftest import snapshot
+
 SMALL = ["--preset", "k3-toy", "--conversations", "2", "--turns", "2", "--system-tokens", "80",
          "--user-tokens", "16", "--new-tokens", "3", "--kv-nvme-size", "8MiB", "--state-nvme-size", "16MiB"]
 
@@ -104,6 +106,39 @@ def test_the_demo_check_catches_a_perturbed_restore(terrace, tmp_path):
     bad = [t for t in j["turns"] if not t["equal"]]
     assert bad and all(t["restored_tokens"] > 0 for t in bad)
     assert "differ from the full recompute" in r.stderr
+
+
+# The quickest run: one short turn, small pools.
+QUICK = ["--preset", "k3-toy", "--conversations", "1", "--turns", "1", "--system-tokens", "8", "--user-tokens", "4",
+         "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "4MiB"]
+
+
+def test_the_demo_neither_replaces_nor_removes_a_report_or_figures_it_did_not_write(terrace, tmp_path):
+    """DIR/report.html and DIR/demo-run.json are the demo's only when they carry Terrace's mark (the HTML
+    report's generator meta; "generator": "terrace" as the JSON's first member). A file of either name
+    without it - a user's, or a demo-run.json of a Terrace from before the mark - makes a run and --fresh
+    exit 2 naming it, and nothing is written or removed (both were taken by name: the run replaced them,
+    --fresh deleted them). The demo's own files are replaced by the next run and removed by --fresh."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True)
+    own = {n: (d / n).read_bytes() for n in ("demo-run.json", "report.html")}
+    assert own["demo-run.json"].startswith(b'{\n "generator": "terrace",\n')
+    older = json.loads(own["demo-run.json"])
+    del older["generator"]
+    for name, foreign in (("report.html", "<!DOCTYPE html>\n<html>my notes</html>\n"),
+                          ("demo-run.json", '{"my": "own data"}\n'), ("demo-run.json", json.dumps(older, indent=1))):
+        (d / name).write_text(foreign)
+        before = snapshot(d)
+        for fresh in ([], ["--fresh"]):
+            r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+            assert r.returncode == 2, (name, fresh, r.stdout, r.stderr)
+            assert f"'{name} (it " in r.stderr and "generator" in r.stderr and "move it out" in r.stderr, r.stderr
+            assert snapshot(d) == before, (name, fresh)
+        (d / name).write_bytes(own[name])
+    r = terrace("demo", "--dir", d, *QUICK, "--json", timeout=300, check=True)
+    assert r.stdout.startswith('{"generator":"terrace",') and json.loads(r.stdout) == json.loads((d / "demo-run.json").read_text())
+    r = terrace("demo", "--fresh", "--dir", d, *QUICK, timeout=300, check=True)
+    assert "removed the demo's data" in r.stdout
 
 
 def test_demo_flags_are_checked(terrace, tmp_path):

@@ -373,3 +373,174 @@ TEST_CASE("XmlEscape keeps the page well-formed: control characters and bytes th
   CHECK(XmlChars(r->html));
   CHECK(r->html.find("m\xEF\xBF\xBDx") != std::string::npos);
 }
+
+namespace {
+// The SVG of the chart `name` ("" when the report has none).
+std::string ChartSvg(const Report& r, std::string_view name) {
+  for (const auto& c : r.charts)
+    if (c.name == name) return c.svg;
+  return "";
+}
+
+std::size_t Count(std::string_view s, std::string_view what) {
+  std::size_t n = 0;
+  for (std::size_t at = s.find(what); at != std::string_view::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The tooltips of the bars ("<group> <bar>: <value>") in drawing order, and whether each is hot.
+std::vector<std::pair<std::string, bool>> BarTitles(const std::string& svg) {
+  std::vector<std::pair<std::string, bool>> out;
+  for (std::size_t at = svg.find("<rect class=\"bar"); at != std::string::npos; at = svg.find("<rect class=\"bar", at + 1)) {
+    const bool hot = svg.compare(at, 20, "<rect class=\"bar hot") == 0;
+    const std::size_t t = svg.find("<title>", at) + 7;
+    out.emplace_back(svg.substr(t, svg.find("</title>", t) - t), hot);
+  }
+  return out;
+}
+
+Report Render(const nlohmann::json& j) {
+  auto r = RenderReport(j.dump(), "run.json");
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+}  // namespace
+
+TEST_CASE("Report: a null or missing figure is never drawn or printed as a measured 0") {
+  auto cfg = [](const char* name, nlohmann::json tps, nlohmann::json recall, nlohmann::json layer_recall) {
+    return nlohmann::json{{"name", name}, {"budget_fraction", 0.25}, {"tokens_per_s", tps}, {"stall_share", 0.1},
+                          {"hit_rate", 0.5}, {"recall", recall}, {"precision", recall}, {"layer_recall", layer_recall}};
+  };
+  const Report b = Render({{"model", "m"},
+                           {"configs", {cfg("on-demand", 130.0, nullptr, {0.0, 0.0, 0.0}),
+                                        cfg("lru+lookahead", 166.0, 0.9, {0.9, nullptr, 1.0}),
+                                        cfg("mmap", nullptr, nullptr, nlohmann::json::array())}}});
+  // tokens/s and the stall per token (which divides by it): no bar for mmap, named in the subtitle.
+  for (const char* chart : {"tokens-per-s", "stall-per-token"}) {
+    INFO(chart);
+    const std::string svg = ChartSvg(b, chart);
+    CHECK(BarTitles(svg).size() == 2);
+    CHECK(svg.find("mmap @ 25%:") == std::string::npos);
+    CHECK(svg.find("no bar (not recorded): mmap @ 25%") != std::string::npos);
+  }
+  CHECK(BarTitles(ChartSvg(b, "recall")).size() == 1);
+  // Recall per layer: only the configuration that predicts; its null layer has no point (not a 0).
+  const std::string lr = ChartSvg(b, "recall-per-layer");
+  CHECK(Points(lr, "on-demand @ 25%").empty());
+  CHECK(Points(lr, "lru+lookahead @ 25%").size() == 2);
+
+  nlohmann::json demo = nlohmann::json::parse(kDemoRun);
+  demo["summary"]["experts"]["prefetch_recall"] = nullptr;
+  demo["turns"].push_back(demo["turns"][0]);
+  demo["turns"][1]["ttft_recompute_s"] = nullptr;
+  const Report d = Render(demo);
+  CHECK(d.html.find("recall not recorded") != std::string::npos);
+  CHECK(d.html.find("recall 0.0%") == std::string::npos);
+  CHECK(Points(ChartSvg(d, "ttft-per-turn"), "full recompute").size() == 1);
+  CHECK(Points(ChartSvg(d, "ttft-per-turn"), "with restore").size() == 2);
+  // The layer's missing recall and hit rate: no point on the prefetch chart.
+  CHECK(Points(ChartSvg(d, "prefetch-per-layer"), "recall").empty());
+  CHECK(Points(ChartSvg(d, "prefetch-per-layer"), "precision").size() == 1);
+}
+
+TEST_CASE("Report: a recognised run lacking a part renders and says so in red; its figures read 'not recorded'") {
+  const Report d = Render(nlohmann::json::parse(R"({"turns": [], "summary": {}})"));
+  CHECK(d.html.find("Not charted: the expert figures (summary.experts is missing)") != std::string::npos);
+  CHECK(d.html.find("Not charted: the bytes moved (summary.bytes_moved is missing)") != std::string::npos);
+  CHECK(d.html.find("<th>throughput</th><td>not recorded (decode not recorded)</td>") != std::string::npos);
+  CHECK(d.html.find("0.0%") == std::string::npos);
+  const Report p = Render(nlohmann::json::parse(R"({"kind": "plan"})"));
+  CHECK(p.html.find("Not charted: the workload (workload is missing)") != std::string::npos);
+  CHECK(p.html.find("Not charted: the memory figures (memory is missing)") != std::string::npos);
+  CHECK(p.html.find("<th>MLA latents per token</th><td>not recorded</td>") != std::string::npos);
+  CHECK(p.html.find("0 B") == std::string::npos);
+}
+
+TEST_CASE("Report: the load histogram's red bins hold exactly the hot experts (load > hot_factor x mean)") {
+  nlohmann::json demo = nlohmann::json::parse(kDemoRun);
+  auto& layer = demo["summary"]["experts"]["layers"][0];
+  for (const auto& [top, hot] : {std::pair{60, 0}, std::pair{61, 1}}) {
+    std::vector<int> load(15, 28);
+    load.push_back(top);  // mean 30 (60 exactly 2 x the mean: not hot) or 30.06 (61: hot)
+    layer["expert_load"] = load;
+    layer["hot_experts"] = hot ? nlohmann::json{15} : nlohmann::json::array();
+    INFO("top load " << top);
+    int red = 0, all = 0;
+    for (const auto& [title, is_hot] : BarTitles(ChartSvg(Render(demo), "expert-load-histogram"))) {
+      const int n = std::stoi(title.substr(title.rfind(": ") + 2));
+      all += n;
+      red += is_hot ? n : 0;
+    }
+    CHECK(all == 16);
+    CHECK(red == hot);
+  }
+}
+
+TEST_CASE("Report: a nonsensical hot_factor or load is refused, and the histogram has at most 200 bins") {
+  nlohmann::json demo = nlohmann::json::parse(kDemoRun);
+  auto& e = demo["summary"]["experts"];
+  for (const nlohmann::json& f : {nlohmann::json(1e-6), nlohmann::json(-2), nlohmann::json(0.5), nlohmann::json("2")}) {
+    e["hot_factor"] = f;
+    auto r = RenderReport(demo.dump(), "run.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("run.json") && Catch::Contains("summary.experts.hot_factor is " + f.dump()) &&
+                                         Catch::Contains("at least 1"));
+  }
+  e["hot_factor"] = 2;
+  e["layers"][0]["expert_load"] = {1, -3, 2};
+  auto r = RenderReport(demo.dump(), "run.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("summary.experts.layers[0].expert_load[1] is -3"));
+  // One expert takes nearly all the tokens: load / mean near the expert count (384 / 0.25 bins uncapped).
+  std::vector<double> load(384, 1.0);
+  load[0] = 1e6;
+  e["layers"][0]["expert_load"] = load;
+  const auto titles = BarTitles(ChartSvg(Render(demo), "expert-load-histogram"));
+  CHECK(titles.size() == 200);
+  CHECK(titles.back().first.starts_with("&gt; 50 "));  // "> 50": the open last bin (199 x 0.25)
+  CHECK(titles.back().first.ends_with(": 1"));
+}
+
+TEST_CASE("Report: the All values table says how many values it left out") {
+  nlohmann::json j;
+  for (int i = 0; i < 2100; ++i) j["store"][fmt::format("k{:05d}", i)] = i;
+  const Report r = Render(j);
+  CHECK(Count(r.html, "<tr><th>store.k") == 2000);
+  CHECK(r.html.find("The table stops at 2000 rows: 100 more values of run.json are not shown.") != std::string::npos);
+  CHECK(Render(nlohmann::json{{"a", 1}}).html.find("The table stops") == std::string::npos);
+}
+
+TEST_CASE("Report: unreadable JSON is refused saying what and where; a repeated key is refused") {
+  struct Case {
+    std::string text;
+    const char* says;
+  };
+  for (const Case& c : {Case{R"({"kind": "plan", "model": "k3)", "line 1, column 30"},
+                        Case{"{\"a\":\"\xff\"}", "not valid JSON"}, Case{R"({"a":1e999})", "out of range"},
+                        Case{R"({"turns":[],"summary":{"tokens_per_s":100,"tokens_per_s":5}})",
+                             "duplicate key \"tokens_per_s\" in the object at \"summary\""},
+                        Case{"[1]", "not a JSON object"}}) {
+    INFO(c.text);
+    auto r = RenderReport(c.text, "run.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::StartsWith("run.json: ") && Catch::Contains(c.says));
+  }
+}
+
+TEST_CASE("Report: a plan over a context distribution shows its mean as the mean, and the distribution") {
+  const Report r = Render(nlohmann::json::parse(R"({"kind": "plan",
+    "workload": {"context_tokens": 18432, "context_tokens_mean": 18432.0,
+                 "context_distribution": [{"tokens": 4096, "share": 0.5}, {"tokens": 32768, "share": 0.5}]},
+    "memory": {"sequence_tokens": 18560, "sequence_bytes": 1000,
+               "per_context": [{"sequence_tokens": 4224, "share": 0.5, "sequence_bytes": 300},
+                               {"sequence_tokens": 32896, "share": 0.5, "sequence_bytes": 1700}]}})"));
+  CHECK(r.html.find("a mean of 18432 tokens of context (4096 tokens 50.0%, 32768 tokens 50.0%)") != std::string::npos);
+  CHECK(r.html.find("one sequence of the mean context (18560 tokens with the decoded ones)</th><td>1000 B") !=
+        std::string::npos);
+  CHECK(r.html.find("one sequence of 32896 tokens (50.0% of requests)</th><td>1.7 KiB") != std::string::npos);
+  CHECK(r.html.find("one workload sequence") == std::string::npos);
+  const Report one = Render(nlohmann::json::parse(R"({"kind": "plan", "workload": {"context_tokens": 4096,
+    "context_distribution": [{"tokens": 4096, "share": 1.0}]}, "memory": {"sequence_bytes": 1000}})"));
+  CHECK(one.html.find("4096 tokens of context,") != std::string::npos);
+  CHECK(one.html.find("one workload sequence</th><td>1000 B") != std::string::npos);
+}
