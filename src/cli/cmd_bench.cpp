@@ -42,6 +42,7 @@
 #include "src/cli/stop_signals.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/json_text.h"
+#include "src/common/list_dir.h"
 #include "src/common/median.h"
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
@@ -108,7 +109,8 @@ using Clock = std::chrono::steady_clock;
 
 // Directories the bench creates (--dir, --index-dir), removed when it ends. Only paths that did not
 // exist before the run are recorded, and only directories are removed: never a block device, a
-// file, or a directory the user already had.
+// file, or a directory the user already had. Each one's kBenchMarker goes last, so a run stopped
+// while removing (a second Ctrl-C) leaves a marked leftover that the next run removes.
 class RemoveCreatedDirs {
  public:
   RemoveCreatedDirs() = default;
@@ -126,13 +128,20 @@ class RemoveCreatedDirs {
     for (const auto& p : paths_) {
       std::error_code ec;
       if (!std::filesystem::is_directory(std::filesystem::symlink_status(p, ec))) continue;
-      std::filesystem::remove_all(p, ec);
+      RemoveMarkerLast(p, ec);
       if (ec) fmt::print(stderr, "bench: cannot remove '{}': {}\n", p.string(), ec.message());
     }
     paths_.clear();
   }
 
  private:
+  static void RemoveMarkerLast(const std::filesystem::path& dir, std::error_code& ec) {
+    for (const auto& e : ListDir(dir, &ec)) {
+      if (e.path().filename() != kBenchMarker && !ec) std::filesystem::remove_all(e.path(), ec);
+    }
+    if (!ec) std::filesystem::remove(dir / kBenchMarker, ec);
+    if (!ec) std::filesystem::remove(dir, ec);
+  }
   std::vector<std::filesystem::path> paths_;
 };
 
@@ -460,7 +469,7 @@ Status CheckBenchPaths(const BenchArgs& a, const std::filesystem::path& dir) {
 // a Terrace store and the bench's marker (an index directory: the marker). Removed, with a note.
 Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
   std::error_code ec;
-  if (IsOwnedStore(dir, kBenchMarker)) {
+  if (IsOwnedStoreOrLeftover(dir, kBenchMarker)) {
     fmt::print(stderr, "bench: removing '{}', left behind by an earlier 'terrace bench tiers' run that did not finish "
                "(it holds the bench's {})\n", dir.string(), kBenchMarker);
     TERRACE_ASSIGN_OR_RETURN(bool removed, RemoveOwnedStore(dir, kBenchMarker, "--dir", "terrace bench tiers"));

@@ -111,7 +111,18 @@ Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
 
 // Runs every row in order (resident; the experts onto the NVMe tier; the store-backed rows at each
 // budget; the mmap rows) and prints the result. The process exit code.
-int RunBenchExpertsOnce(const Args& a) {
+// Removes the store the bench made in --dir (unless --keep), and --dir itself when the bench
+// created it (`created_dir`) and it is empty then. True when a store was removed.
+bool RemoveBenchStore(const Args& a, bool created_dir) {
+  if (a.keep) return false;
+  auto r = RemoveOwnedStore(a.dir, kExpertsMarker, "--dir", "terrace bench experts");
+  std::error_code ec;
+  if (created_dir) std::filesystem::remove(a.dir, ec);  // only if empty
+  return r.ok() && *r;
+}
+
+// `*created_dir`: --dir is the bench's own (it created it, or it held a killed run's store).
+int RunBenchExpertsOnce(const Args& a, bool* created_dir) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   auto budgets = ParseBudgets(a.budgets);
@@ -144,9 +155,11 @@ int RunBenchExpertsOnce(const Args& a) {
   }
   const std::filesystem::path dir(a.dir);
   std::error_code ec;
+  *created_dir = !std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
     if (!removed.ok()) return FailUsage(removed.status().message());
+    *created_dir = *removed;  // a killed run's leftover: the folder is the bench's too
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
@@ -174,7 +187,7 @@ int RunBenchExpertsOnce(const Args& a) {
   if (run_config("mmap"))
     for (const auto& budget : *budgets)
       if (Status s = mmap_row("mmap", budget.fraction, budget.Resolve(run.total)); !s.ok()) return FailUnlessStopped(s);
-  if (!a.keep) (void)RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
+  (void)RemoveBenchStore(a, *created_dir);
 
   const std::vector<bench_experts::TargetSummary> summaries = bench_experts::SummarizeTargets(&run, *budgets);
   if (a.json) {
@@ -187,13 +200,10 @@ int RunBenchExpertsOnce(const Args& a) {
 
 int RunBenchExperts(const Args& a) {
   StopSignals stop_signals;  // Ctrl-C: stop before the next decode step, remove the store in --dir (unless --keep)
-  const int rc = RunBenchExpertsOnce(a);
+  bool created_dir = false;
+  const int rc = RunBenchExpertsOnce(a, &created_dir);
   if (StopSignalReceived() == 0) return rc;
-  bool removed = false;
-  if (!a.keep) {
-    auto r = RemoveOwnedStore(a.dir, kExpertsMarker, "--dir", "terrace bench experts");
-    removed = r.ok() && *r;
-  }
+  const bool removed = RemoveBenchStore(a, created_dir);
   return ExitStopped("bench experts", removed ? "; removed the store it created in --dir" : "");
 }
 
@@ -205,7 +215,8 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   cmd->add_option("--model", a->model, "MXFP4 model directory (e.g. from terrace model init)")->required();
   cmd->add_option("--dir", a->dir, "NVMe tier directory for the expert store; created, marked "
                                    "(terrace-bench-experts.marker) and removed afterwards, also on SIGINT/SIGTERM (unless "
-                                   "--keep); the next run removes a marked leftover of a killed run")
+                                   "--keep; the folder too when the bench created it); the next run removes a marked "
+                                   "leftover of a killed run")
       ->capture_default_str()->transform(NormalizedPath());
   cmd->add_option("--budgets", a->budgets, "Fast-tier budgets, percentages of the routed expert bytes")->capture_default_str();
   cmd->add_option("--configs", a->configs,

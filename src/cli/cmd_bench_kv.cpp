@@ -361,6 +361,7 @@ int RunBenchKv(const BenchKvArgs& a) {
     auto scratch = ScratchDirPath("terrace-bench-kv", "--dir");
     if (!scratch.ok()) return Fail(scratch.status().message());
     dir = std::move(scratch).value();
+    RemoveDeadScratchDirs(dir.parent_path(), "terrace-bench-kv", {"kv", "state"}, kKvMarker, "terrace bench kv");
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
@@ -444,7 +445,8 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   cmd->add_option("--model", a->model, "Model directory (e.g. from 'terrace model init --preset k3-small')")->required();
   cmd->add_option("--dir", a->dir, "Directory for the two pools (new or empty; what the bench creates there is removed "
                                    "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
-                                   "killed run). Default: a new directory under the system temp dir")->transform(NormalizedPath());
+                                   "killed run). Default: a new directory terrace-bench-kv-<pid>-<hex> under the system "
+                                   "temp dir; a later run removes those of killed runs")->transform(NormalizedPath());
   cmd->add_option("--prefix-tokens", a->prefixes,
                   "Prefix lengths, comma separated (each 1 to 1048576); none: no per-prefix rows (only the multi-turn "
                   "workload)")->capture_default_str();

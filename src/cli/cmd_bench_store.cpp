@@ -343,6 +343,7 @@ int RunBenchStore(const BenchStoreArgs& a) {
     auto scratch = ScratchDirPath("terrace-bench-store", "--dir");
     if (!scratch.ok()) return Fail(scratch.status().message());
     dir = std::move(scratch).value();
+    RemoveDeadScratchDirs(dir.parent_path(), "terrace-bench-store", {"nvme"}, kStoreMarker, kWho);
   }
   if (Status s = CheckStoreDirArg(dir, "--dir"); !s.ok()) return FailUsage(s.message());
   std::error_code ec;
@@ -354,8 +355,7 @@ int RunBenchStore(const BenchStoreArgs& a) {
     }
     fmt::print(stderr, "bench store: removing '{}', left behind by an earlier run that did not finish\n",
                (dir / "nvme").string());
-    if (auto r = RemoveOwnedStore(dir / "nvme", kStoreMarker, "--dir", kWho); !r.ok()) return Fail(r.status().ToString());
-    std::filesystem::remove(dir / "nvme", ec);
+    if (Status s = RemoveOwnedSubStores(dir, {"nvme"}, kStoreMarker, "--dir", kWho); !s.ok()) return Fail(s.ToString());
   }
   bool created_dir = false;
   if (!std::filesystem::exists(dir, ec)) {
@@ -407,7 +407,8 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
                                              "the NVMe tier's own reads");
   cmd->add_option("--dir", a->dir, "Directory for the NVMe tier (new or empty; what the bench creates there is removed "
                                    "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
-                                   "killed run). Default: a new directory under the system temp dir")->transform(NormalizedPath());
+                                   "killed run). Default: a new directory terrace-bench-store-<pid>-<hex> under the system "
+                                   "temp dir; a later run removes those of killed runs")->transform(NormalizedPath());
   AddSizeOption(cmd, "--block-size", &a->block_size, "Block size", 4096, 1 * kGiB);
   AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);
   AddIntOption(cmd, "--batch", &a->batch, 1u, 4096u, "Blocks per PutBatch / GetBatch call");

@@ -739,6 +739,7 @@ int RunDemo(const DemoArgs& a) {
   for (Store* st : {kv->kv_store.get(), kv->state_store.get(), ex->store.get()})
     if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   ex->offload->Quiesce();
+  if (StopSignalReceived() != 0) return stopped(fmt::format("after all {} turns, before step 4", results.size()));
 
   // 4. The summary.
   DemoSummary d;

@@ -19,6 +19,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/list_dir.h"
 #include "src/model/config.h"
 #include "src/model/inspect.h"
@@ -105,22 +106,20 @@ std::uint64_t FreeBytesFor(std::filesystem::path dir) {
 
 constexpr std::string_view kInitTmpPrefix = ".terrace-tmp-init-";
 
-// Removes what a killed `model init` left in `out`: folders named kInitTmpPrefix<pid> that hold
-// only checkpoint files (and their ".tmp.<pid>" partial writes).
+// Removes what a killed `model init` left in `out`: folders named kInitTmpPrefix<pid>, of a <pid>
+// that no longer runs, that hold only checkpoint files (and their ".tmp.<pid>" partial writes).
 void RemoveInitLeftovers(const std::filesystem::path& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& e : ListDir(out, &ec)) {
     const std::string name = e.path().filename().string();
-    if (!name.starts_with(kInitTmpPrefix) || DescribePathKind(e.path()) != "a directory") continue;
-    const std::string pid = name.substr(kInitTmpPrefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
-    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
+    std::string_view rest;
+    if (!DeadPidAfter(name, kInitTmpPrefix, &rest) || !rest.empty() || !IsKind(e.path(), S_IFDIR)) continue;
     bool ours = true;
     for (const auto& f : ListDir(e.path(), &ec)) {
       const std::string fn = f.path().filename().string();
       const std::string base = fn.substr(0, fn.find(".tmp."));
-      ours = ours && DescribePathKind(f.path()) == "a regular file" && IsCheckpointFile(base);
+      ours = ours && IsKind(f.path(), S_IFREG) && IsCheckpointFile(base);
     }
     if (ours && !ec) fs::remove_all(e.path(), ec);
   }
@@ -136,7 +135,6 @@ Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& o
   std::error_code ec;
   const bool created_out = !fs::exists(fs::symlink_status(out, ec));
   const fs::path tmp = out / fmt::format("{}{}", kInitTmpPrefix, ::getpid());
-  RemoveInitLeftovers(out);
   auto abandon = [&](Status s) {
     fs::remove_all(tmp, ec);
     if (created_out) fs::remove(out, ec);  // only if empty: nothing else is ever removed
@@ -144,6 +142,9 @@ Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& o
   };
   if (Status s = InitWeights(config, tmp, options); !s.ok()) {
     return abandon(s.WithContext(fmt::format("model init --out {} (nothing in it was changed)", out.string())));
+  }
+  if (options.stop_check) {
+    if (Status s = options.stop_check(); !s.ok()) return abandon(s);  // stopped before anything moves into place
   }
   std::vector<std::string> written;
   for (const auto& e : ListDir(tmp, &ec)) written.push_back(e.path().filename().string());
@@ -202,6 +203,7 @@ int RunInit(const InitArgs& a) {
   if (!a.config.empty()) {
     if (Status s = CheckInputFile(a.config, "--config", kMaxConfigJsonBytes); !s.ok()) return FailUsage(s.message());
   }
+  RemoveInitLeftovers(a.out);  // before the emptiness check: a killed run's folder is not the user's
   if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
   if (!config.ok()) return a.preset.empty() ? Fail(config.status().ToString()) : FailUsage(config.status().ToString());
@@ -217,7 +219,13 @@ int RunInit(const InitArgs& a) {
   options.force = a.force;
   options.random_expert_codes = !a.preset.empty() && PresetUsesRandomExpertCodes(a.preset);
   options.residual_scale = a.residual_scale;
+  options.stop_check = StopCheck;
+  StopSignals stop_signals;  // Ctrl-C: stop before the next tensor, remove what was written, exit 128 + signal
   Status s = WriteCheckpoint(*config, a.out, options);
+  if (StopSignalReceived() != 0) {
+    return ExitStopped("model init", s.ok() ? fmt::format("; after it had written the model to {}", a.out)
+                                            : fmt::format("; removed what it had written, {} is as it was", a.out));
+  }
   if (!s.ok()) return Fail(s.ToString());
   auto md = ModelDir::Open(a.out);
   if (!md.ok()) return Fail("wrote a model that does not load: " + md.status().ToString());

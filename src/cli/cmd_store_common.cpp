@@ -148,6 +148,15 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
     return sb.status();
   }
   if (!*sb) {
+    if (IsKind(fs::path(p.dir) / "terrace.data.creating", S_IFREG)) {
+      auto cap = InterruptedCreationCapacity(p.dir);
+      return Status::NotFound(fmt::format(
+          "--dir '{}' holds no Terrace store yet, only a creation{} that a stopped run left unfinished "
+          "(terrace.data.creating); run the command that was creating it again on this directory (e.g. 'terrace "
+          "store fill --dir {}', or 'terrace model run' with the same --store), which completes it, or delete that "
+          "file",
+          p.dir, cap.ok() ? fmt::format(" of {}", FormatBytes(static_cast<double>(*cap))) : "", p.dir));
+    }
     return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
   }
   if (p.capacity != 0 && p.capacity != (*sb)->capacity_bytes) {

@@ -58,6 +58,16 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
 
 namespace {
 
+// The NVMe size the pool in `dir` already has: its terrace.data's, else that of the
+// terrace.data.creating a stopped run left (*interrupted set; opening with it completes the
+// creation). nullopt for a new pool, or when the file does not decode (Store::Open says why).
+std::optional<std::uint64_t> PoolOwnCapacity(const std::filesystem::path& dir, bool* interrupted) {
+  *interrupted = !StoreDataExists(dir);
+  auto own = *interrupted ? InterruptedCreationCapacity(dir) : ExistingStoreCapacity(dir);
+  if (!own.ok()) return std::nullopt;
+  return *own;
+}
+
 Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::uint64_t nvme, std::uint64_t host,
                                         std::uint64_t hbm, std::string_view nvme_flag, unsigned io_threads) {
   std::error_code ec;
@@ -70,8 +80,11 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   o.host.pin = false;
   o.host.chunk_bytes = std::min<std::uint64_t>(host, 64ull << 20);
   o.nvme.path = dir;
-  // An existing pool keeps its size (read from its superblock).
-  o.nvme.capacity_bytes = StoreDataExists(dir) ? 0 : nvme;
+  // An existing pool keeps its size (read from its superblock); an interrupted creation is completed
+  // with the size it was started with.
+  bool interrupted = false;
+  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
+  o.nvme.capacity_bytes = !interrupted ? 0 : own.value_or(nvme);
   // One io_uring ring per thread that reads the pool at once: a tier call holds its ring until
   // its I/O completes, so the restore's concurrent KV window reads need a ring each to overlap.
   o.nvme.io_threads = io_threads;
@@ -89,17 +102,26 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   return s;
 }
 
-// An existing pool keeps the size it was created with: a size given on the command line that differs
-// from it is refused (InvalidArgument naming the flag and the pool's size), never ignored.
+// An existing pool keeps the size it was created with, and an interrupted creation the size it was
+// started with: a size given on the command line that differs from it is refused (InvalidArgument
+// naming the flag and the pool's size), never ignored.
 Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag) {
-  if (!given || !StoreDataExists(dir)) return Status::Ok();
-  auto existing = ExistingStoreCapacity(dir);
-  if (!existing.ok() || *existing == bytes) return Status::Ok();  // an unreadable pool: Store::Open says why
+  if (!given) return Status::Ok();
+  bool interrupted = false;
+  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
+  if (!own || *own == bytes) return Status::Ok();  // a new pool, or an unreadable one: Store::Open says why
+  if (interrupted) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} ({} bytes) does not match the pool in {}, whose creation with {} ({} bytes) a stopped run left "
+        "unfinished ({}); omit {} to complete it with that size, or delete that file to start the pool anew",
+        flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
+        *own, (dir / "terrace.data.creating").string(), flag));
+  }
   return Status::InvalidArgument(fmt::format(
       "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "
       "pool's own size, or use a new directory",
-      flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*existing)),
-      *existing, flag));
+      flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
+      *own, flag));
 }
 
 }  // namespace

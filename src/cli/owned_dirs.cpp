@@ -28,40 +28,55 @@ namespace fs = std::filesystem;
 constexpr std::string_view kDataFile = "terrace.data";
 constexpr std::string_view kIndexDir = "index";
 
-// Why `dir` is not a store that `who` created (empty when it is one).
+constexpr std::string_view kCreatingFile = "terrace.data.creating";
+
+// What WhyNotOwned found in a store directory.
+struct StoreScan {
+  std::size_t entries = 0;
+  bool data = false;      // terrace.data (a Terrace data file)
+  bool creating = false;  // terrace.data.creating (a creation a kill interrupted)
+  bool mark = false;      // the marker
+};
+
+// Why `dir` is neither a store that `who` created nor what a stopped creation or removal of one left
+// (the marker with some of index/ and terrace.data.creating); empty when it is one of those, or empty.
 std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::string_view flag, std::string_view who,
-                        std::size_t* entries) {
+                        StoreScan* scan) {
   std::error_code ec;
-  bool data = false, mark = false;
-  *entries = 0;
+  *scan = {};
   for (const auto& e : ListDir(dir, &ec)) {
-    ++*entries;
+    ++scan->entries;
     const std::string name = e.path().filename().string();
     if (name == kDataFile) {
       if (!IsStoreDataFile(e.path())) {
         return fmt::format("{} {}: '{}' is not the data file of a Terrace store (no TRRCNVME magic)", flag,
                            dir.string(), name);
       }
-      data = true;
+      scan->data = true;
     } else if (name == kIndexDir && IsKind(e.path(), S_IFDIR)) {
       if (auto foreign = ForeignIndexEntry(e.path())) {
         return fmt::format("{} {} holds '{}', which is not part of a Terrace store", flag, dir.string(),
                            foreign->lexically_relative(dir).string());
       }
+    } else if (name == kCreatingFile && IsKind(e.path(), S_IFREG)) {
+      scan->creating = true;
     } else if (name == marker && IsKind(e.path(), S_IFREG)) {
-      mark = true;
+      scan->mark = true;
     } else {
       return fmt::format("{} {} holds '{}', which is not part of a Terrace store", flag, dir.string(), name);
     }
   }
   if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
-  if (*entries == 0) return "";
-  if (!data) return fmt::format("{} {} holds no Terrace store (no terrace.data)", flag, dir.string());
-  if (!mark) {
-    return fmt::format("{} {} holds a Terrace store that {} did not create (no {} in it)", flag, dir.string(), who,
-                       marker);
-  }
-  return "";
+  if (scan->entries == 0 || scan->mark) return "";
+  if (!scan->data) return fmt::format("{} {} holds no Terrace store (no terrace.data)", flag, dir.string());
+  return fmt::format("{} {} holds a Terrace store that {} did not create (no {} in it)", flag, dir.string(), who,
+                     marker);
+}
+
+bool IsEmptyRealDir(const fs::path& dir) {
+  if (!IsKind(dir, S_IFDIR)) return false;
+  std::error_code ec;
+  return ListDir(dir, &ec).empty() && !ec;
 }
 
 }  // namespace
@@ -123,7 +138,26 @@ Result<fs::path> ScratchDirPath(std::string_view prefix, std::string_view flag) 
                                            source, ec.message(), flag));
   }
   std::random_device rd;
-  return tmp / fmt::format("{}-{:08x}", prefix, rd());
+  return tmp / fmt::format("{}-{}-{:08x}", prefix, ::getpid(), rd());
+}
+
+void RemoveDeadScratchDirs(const fs::path& parent, std::string_view prefix, std::initializer_list<std::string_view> names,
+                           std::string_view marker, std::string_view who) {
+  std::error_code ec;
+  const std::string lead = std::string(prefix) + "-";
+  for (const auto& e : ListDir(parent, &ec)) {
+    const std::string name = e.path().filename().string();
+    std::string_view rest;
+    const std::optional<long> pid = DeadPidAfter(name, lead, &rest);
+    if (!pid || rest.size() != 9 || rest[0] != '-' || rest.find_first_not_of("0123456789abcdef", 1) != std::string_view::npos)
+      continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (!HoldsOnlyOwnedStores(e.path(), names, marker)) continue;
+    fmt::print(stderr, "{}: removing '{}', left behind by an earlier run (process {}) that did not finish\n", who,
+               e.path().string(), *pid);
+    if (RemoveOwnedSubStores(e.path(), names, marker, "--dir", who).ok()) fs::remove(e.path(), ec);
+  }
 }
 
 bool StoreDataExists(const fs::path& dir) {
@@ -133,8 +167,14 @@ bool StoreDataExists(const fs::path& dir) {
 
 bool IsOwnedStore(const fs::path& dir, std::string_view marker) {
   if (!IsKind(dir, S_IFDIR)) return false;
-  std::size_t entries = 0;
-  return WhyNotOwned(dir, marker, "", "", &entries).empty() && entries > 0;
+  StoreScan scan;
+  return WhyNotOwned(dir, marker, "", "", &scan).empty() && scan.data && scan.mark && !scan.creating;
+}
+
+bool IsOwnedStoreOrLeftover(const fs::path& dir, std::string_view marker) {
+  if (!IsKind(dir, S_IFDIR)) return false;
+  StoreScan scan;
+  return WhyNotOwned(dir, marker, "", "", &scan).empty() && scan.mark;
 }
 
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
@@ -143,7 +183,8 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
   bool any = false;
   for (const auto& e : ListDir(dir, &ec)) {
     const std::string name = e.path().filename().string();
-    if (std::find(names.begin(), names.end(), name) == names.end() || !IsOwnedStore(e.path(), marker)) return false;
+    if (std::find(names.begin(), names.end(), name) == names.end()) return false;
+    if (!IsEmptyRealDir(e.path()) && !IsOwnedStoreOrLeftover(e.path(), marker)) return false;
     any = true;
   }
   return any && !ec;
@@ -158,24 +199,38 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
                                                "was removed",
                                                flag, dir.string(), DescribePathKind(dir), who));
   }
-  std::size_t entries = 0;
-  const std::string why = WhyNotOwned(dir, marker, flag, who, &entries);
+  StoreScan scan;
+  const std::string why = WhyNotOwned(dir, marker, flag, who, &scan);
   if (!why.empty()) {
     return Status::InvalidArgument(
         fmt::format("{}; {} removes only a store it created, so nothing was removed (delete the folder yourself if "
                     "you mean to, or give another {})",
                     why, who, flag));
   }
-  if (entries == 0) return false;
+  if (scan.entries == 0) return false;
   TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, marker, flag));
   return true;
 }
 
+Status RemoveOwnedSubStores(const fs::path& dir, std::initializer_list<std::string_view> names,
+                            std::string_view marker, std::string_view flag, std::string_view who) {
+  for (const std::string_view name : names) {
+    TERRACE_RETURN_IF_ERROR(RemoveOwnedStore(dir / name, marker, flag, who).status());
+    std::error_code ec;
+    fs::remove(dir / name, ec);  // only if empty
+  }
+  return Status::Ok();
+}
+
 Status RemoveStoreFiles(const fs::path& dir, std::string_view marker, std::string_view flag) {
+  // The marker goes last: a run stopped part-way (a second Ctrl-C) leaves a marked leftover, which
+  // the next run recognises and removes.
   std::error_code ec;
-  fs::remove_all(dir / kIndexDir, ec);
-  for (const std::string& f : {std::string(kDataFile), std::string(kDataFile) + ".creating", std::string(marker)})
+  for (const std::string_view f : {kDataFile, kCreatingFile}) {
     if (!ec) fs::remove(dir / f, ec);
+  }
+  if (!ec) fs::remove_all(dir / kIndexDir, ec);
+  if (!ec) fs::remove(dir / marker, ec);
   if (ec) return Status::IoError(fmt::format("{} {}: cannot remove the store: {}", flag, dir.string(), ec.message()));
   return Status::Ok();
 }
@@ -198,7 +253,7 @@ Result<std::uint64_t> RecordedCapacity(const fs::path& data) {
 Result<std::uint64_t> ExistingStoreCapacity(const fs::path& dir) { return RecordedCapacity(dir / kDataFile); }
 
 Result<std::uint64_t> InterruptedCreationCapacity(const fs::path& dir) {
-  return RecordedCapacity(dir / (std::string(kDataFile) + ".creating"));
+  return RecordedCapacity(dir / kCreatingFile);
 }
 
 Result<std::vector<std::byte>> ReadSuperblockUnit(const fs::path& data, bool follow_symlinks) {

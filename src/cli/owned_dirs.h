@@ -1,7 +1,10 @@
 // Directories the CLI creates and may later remove: a store directory made by `terrace demo` or
 // `terrace bench tiers` is marked with a marker file, and only a directory that holds a Terrace
 // store (terrace.data starting with the TRRCNVME magic, the index/ folder holding only index files)
-// plus that marker and nothing else is ever removed. Everything else is refused and left untouched.
+// plus that marker and nothing else is ever removed, or what a removal (or creation) stopped part-way
+// left of one: the marker with some of index/ and terrace.data.creating (the marker is removed last
+// and written right after the store is made, so a marked folder is always the CLI's). Everything else
+// is refused and left untouched.
 // Thread-safety: free functions, no shared state.
 #pragma once
 
@@ -34,10 +37,18 @@ bool IsStoreDataFile(const std::filesystem::path& data);
 std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index);
 
 // A path for a new scratch directory (not created) of a command whose directory flag `flag` was
-// not given: <temporary directory>/<prefix>-<8 random hex digits>, the temporary directory being
+// not given: <temporary directory>/<prefix>-<pid>-<8 random hex digits>, the temporary directory being
 // std::filesystem::temp_directory_path's ($TMPDIR, TMP, TEMP or TEMPDIR, else /tmp). Unavailable
 // naming the variable, its value and `flag` when that is not an existing directory.
 Result<std::filesystem::path> ScratchDirPath(std::string_view prefix, std::string_view flag);
+
+// Removes, from `parent` (the temporary directory of ScratchDirPath), the scratch directories of
+// killed runs: real directories of this user named <prefix>-<pid>-<8 hex digits> whose <pid> no
+// longer runs and that HoldsOnlyOwnedStores(dir, names, marker); a note naming each goes to stderr,
+// prefixed with `who`. Anything else is left alone; failures are skipped.
+void RemoveDeadScratchDirs(const std::filesystem::path& parent, std::string_view prefix,
+                           std::initializer_list<std::string_view> names, std::string_view marker,
+                           std::string_view who);
 
 // True when dir/terrace.data exists (any kind of entry).
 bool StoreDataExists(const std::filesystem::path& dir);
@@ -47,12 +58,18 @@ bool StoreDataExists(const std::filesystem::path& dir);
 // index files: no ForeignIndexEntry), and the regular file `marker`.
 bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
 
-// True when `dir` holds at least one entry and each is one of `names` and an IsOwnedStore(entry,
-// marker): what a killed run of a bench that keeps its stores in sub-folders of its --dir left.
+// True when IsOwnedStore(dir, marker), or `dir` is what a stopped removal or creation of one left: a
+// real directory holding the regular file `marker` and otherwise only a part of such a store
+// (index/ with index files only, terrace.data, a regular terrace.data.creating).
+bool IsOwnedStoreOrLeftover(const std::filesystem::path& dir, std::string_view marker);
+
+// True when `dir` holds at least one entry and each is one of `names` and either an
+// IsOwnedStoreOrLeftover(entry, marker) or an empty real directory (a store whose marker was already
+// removed): what a killed run of a bench that keeps its stores in sub-folders of its --dir left.
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
                           std::string_view marker);
 
-// Removes the store in `dir` if IsOwnedStore(dir, marker): its terrace.data, index/ and marker;
+// Removes the store in `dir` if IsOwnedStoreOrLeftover(dir, marker): its terrace.data, index/ and marker;
 // the directory itself stays. Ok(false) when `dir` is absent or empty (nothing to do). A `dir`
 // holding anything else is refused with InvalidArgument (naming `flag` and the first foreign
 // entry, or saying the store has no marker of `who`) and nothing is removed. IoError when a
@@ -60,9 +77,15 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
 Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag,
                               std::string_view who);
 
-// Removes a store's own files in `dir` (index/, terrace.data, terrace.data.creating, `marker`), and
-// nothing else: for a caller that checked `dir` holds only those (RemoveOwnedStore does). The
-// directory itself stays. IoError naming `flag` when a removal fails.
+// RemoveOwnedStore for each sub-folder `names` of `dir`, then removes each sub-folder once empty:
+// for a `dir` that HoldsOnlyOwnedStores accepted. The first error, naming `flag`.
+Status RemoveOwnedSubStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
+                            std::string_view marker, std::string_view flag, std::string_view who);
+
+// Removes a store's own files in `dir` (terrace.data, terrace.data.creating, index/, then `marker`,
+// last, so a stop part-way leaves a marked leftover), and nothing else: for a caller that checked
+// `dir` holds only those (RemoveOwnedStore does). The directory itself stays. IoError naming `flag`
+// when a removal fails.
 Status RemoveStoreFiles(const std::filesystem::path& dir, std::string_view marker, std::string_view flag);
 
 // The capacity (bytes) recorded in the superblock of dir/terrace.data, for a command that reopens

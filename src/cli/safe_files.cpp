@@ -1,6 +1,7 @@
 #include "src/cli/safe_files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "src/cli/remove_on_signal.h"
 #include "src/common/list_dir.h"
 
 namespace terrace::cli {
@@ -34,9 +36,39 @@ fs::path ParentOf(const fs::path& path) {
   return parent.empty() ? fs::path(".") : parent;
 }
 
+constexpr std::string_view kTempPrefix = ".terrace-tmp-";
+
 fs::path TempNameNextTo(const fs::path& path) {
   static std::atomic<unsigned> counter{0};
-  return ParentOf(path) / fmt::format(".terrace-tmp-{}-{}", ::getpid(), counter.fetch_add(1));
+  return ParentOf(path) / fmt::format("{}{}-{}", kTempPrefix, ::getpid(), counter.fetch_add(1));
+}
+
+// The name SafetensorsWriter gives its own temporary file while it writes `tmp` (safetensors.cpp).
+fs::path WriterTempOf(const fs::path& tmp) { return tmp.string() + fmt::format(".tmp.{}", ::getpid()); }
+
+// True when `s` is `lead` followed by 1 to 9 decimal digits and nothing else.
+bool IsLeadDigits(std::string_view s, std::string_view lead) {
+  if (!s.starts_with(lead)) return false;
+  s.remove_prefix(lead.size());
+  return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// Removes the temporaries of killed writers in `dir`: regular files of this user named
+// .terrace-tmp-<pid>-<n>[.tmp.<pid>] whose <pid> no longer runs.
+void RemoveDeadTemps(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : ListDir(dir, &ec)) {
+    const std::string name = e.path().filename().string();
+    std::string_view rest;
+    if (!DeadPidAfter(name, kTempPrefix, &rest)) continue;
+    const std::size_t suffix = rest.find(".tmp.");
+    if (!IsLeadDigits(rest.substr(0, suffix), "-")) continue;
+    if (suffix != std::string_view::npos && !IsLeadDigits(rest.substr(suffix), ".tmp.")) continue;
+    struct stat st {};
+    if (::lstat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) {
+      ::unlink(e.path().c_str());
+    }
+  }
 }
 
 Status IoErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {
@@ -178,8 +210,13 @@ Status WriteTarget(const fs::path& path, std::string_view flag, const OutputRule
   if (tmp.empty())
     return Status::IoError(fmt::format("{} {}: no unused temporary name next to it (.terrace-tmp-<pid>-<n>)", flag,
                                        path.string()));
-  Status s = produce(tmp);
-  if (s.ok()) s = CommitTemp(tmp, path, flag, rules);
+  RemoveDeadTemps(ParentOf(path));
+  Status s;
+  {
+    const RemoveOnSignal tmp_guard(tmp), writer_tmp_guard(WriterTempOf(tmp));  // a Ctrl-C leaves neither behind
+    s = produce(tmp);
+    if (s.ok()) s = CommitTemp(tmp, path, flag, rules);
+  }
   if (!s.ok()) {
     struct stat st {};
     if (::lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(tmp.c_str());
@@ -212,6 +249,18 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
 }
 
 }  // namespace
+
+std::optional<long> DeadPidAfter(std::string_view name, std::string_view prefix, std::string_view* rest) {
+  if (!name.starts_with(prefix)) return std::nullopt;
+  name.remove_prefix(prefix.size());
+  const std::size_t digits = std::min(name.find_first_not_of("0123456789"), name.size());
+  if (digits == 0 || digits > 9) return std::nullopt;
+  const long pid = std::stol(std::string(name.substr(0, digits)));
+  if (pid <= 0 || pid == ::getpid()) return std::nullopt;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return std::nullopt;  // it runs (or may)
+  *rest = name.substr(digits);
+  return pid;
+}
 
 bool IsKind(const std::filesystem::path& path, unsigned kind) {
   struct stat st {};

@@ -5,8 +5,11 @@
 // is refused and left exactly as it was (renaming over it would replace the link or the node; writing
 // into it would block on a FIFO or go to a place the user did not name). The content goes to a
 // temporary file in the same directory (".terrace-tmp-<pid>-<n>"), is fsynced, and is renamed over
-// the target only after the target has been checked again; on any failure the temporary file is
-// removed and the target is untouched. (Between the last check and rename(2) another process could
+// the target only after the target has been checked again; on any failure, and on a SIGINT/SIGTERM
+// that ends the process while it is written, the temporary file is removed and the target is
+// untouched. What a killed process (SIGKILL) left, regular files of that name pattern (also with the
+// ".tmp.<pid>" suffix of the safetensors writer) of this user whose <pid> no longer runs, is removed
+// from the folder by the next write there. (Between the last check and rename(2) another process could
 // still swap the target; the window is one syscall.)
 //
 // Ownership (OutputRules). An existing regular file is replaced only when the command was given
@@ -30,6 +33,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +48,12 @@ std::string DescribePathKind(const std::filesystem::path& path);
 // True when the entry `path` itself (lstat: not followed) exists and its S_IFMT type is `kind`
 // (S_IFREG, S_IFDIR, ...).
 bool IsKind(const std::filesystem::path& path, unsigned kind);
+
+// For a name `prefix` + <pid> + rest that a process gives its temporary files: the decimal <pid>
+// when no process with it runs any more (kill(2) says ESRCH), so the entry is a killed run's
+// leftover; *rest is set to what follows the digits. nullopt when `name` is not of that form, the
+// pid is this process's, or that process may still run.
+std::optional<long> DeadPidAfter(std::string_view name, std::string_view prefix, std::string_view* rest);
 
 // What an output file holds, which decides the mark that shows Terrace wrote it.
 enum class OutputFormat : unsigned char {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/command.h"
+#include "src/cli/remove_on_signal.h"
 
 namespace terrace::cli {
 namespace {
@@ -14,7 +15,11 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
 
-extern "C" void OnStopSignal(int sig) { g_stop_signal.store(sig); }
+// The first signal is recorded; a second one ends the process.
+extern "C" void OnStopSignal(int sig) {
+  int none = 0;
+  if (!g_stop_signal.compare_exchange_strong(none, sig)) RemoveGuardedFilesAndDie(sig);
+}
 
 }  // namespace
 
@@ -23,8 +28,8 @@ StopSignals::StopSignals() {
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
-  // SA_RESETHAND: a second Ctrl-C gets the default action (the user insists: stop now).
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  // A second Ctrl-C ends the process at once (the user insists: stop now): OnStopSignal.
+  sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, &old_int_);
   ::sigaction(SIGTERM, &sa, &old_term_);
 }

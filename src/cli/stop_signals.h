@@ -1,6 +1,7 @@
 // SIGINT/SIGTERM during a long-running command (the benches): the first signal is only recorded, so
 // the command can stop at its next checkpoint, remove what it created and exit with 128 + the signal
-// number; a second one kills the process at once (the default action is restored after the first).
+// number; a second one kills the process at once (with the signal's default action), after removing
+// the files RemoveOnSignal (remove_on_signal.h) guards.
 // Thread-safety: StopCheck/StopSignalReceived may be called from any thread; one StopSignals at a time.
 #pragma once
 

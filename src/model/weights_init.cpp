@@ -213,6 +213,7 @@ Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, 
     const std::string file = shards == 1 ? std::string(kSingleFileName) : ShardName(shard, shards);
     for (; i < specs.size() && shard_of[i] == shard; ++i) {
       const TensorSpec& s = specs[i];
+      if (options.stop_check) TERRACE_RETURN_IF_ERROR(options.stop_check());
       if (s.mxfp4 && s.name.ends_with("weight_scale")) {
         auto it = pending_scales.find(s.name);
         if (it == pending_scales.end()) return Status::Internal(fmt::format("no scales computed for '{}'", s.name));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "src/model/config.h"
 #include "terrace/status.h"
@@ -27,6 +28,9 @@ struct InitOptions {
   // layer's update is this much smaller relative to the stream it is added to (`model init
   // --residual-scale`; docs/experts.md). 1 = the default init. Must be positive and finite.
   double residual_scale = 1.0;
+  // Called before each tensor is generated: a non-Ok status ends InitWeights with it (what is
+  // already written in `dir` stays; the caller removes it). Empty: never stops.
+  std::function<Status()> stop_check;
 };
 
 inline constexpr std::uint64_t kMaxInitBytes = 4ull << 30;

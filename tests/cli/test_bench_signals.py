@@ -2,6 +2,7 @@
 and removes the pools it created; after SIGKILL (no chance to clean up) the next run recognises its own
 marked leftover and removes it, while a folder holding anything else is still refused untouched."""
 import os
+import shutil
 import signal
 import time
 
@@ -70,13 +71,37 @@ def test_bench_removes_its_own_leftover_after_sigkill(terrace, toy_model, tmp_pa
     argv, marker = BENCHES[bench](toy_model, d)
     kill_once_marked(terrace, argv, marker)
     # A short run on the same --dir recognises the leftover as its own and removes it first.
-    short = {"kv": ["bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--chunk-tokens", "32"],
-             "experts": ["bench", "experts", "--model", toy_model, "--dir", d, "--prompt", "2", "--decode", "2",
-                         "--budgets", "50%", "--configs", "on-demand"],
-             "store": ["bench", "store", "--dir", d, "--total-bytes", "4MiB", "--repeat", "1"]}[bench]
-    r = terrace(*short, timeout=300)
+    r = terrace(*short_run(toy_model, d)[bench], timeout=300)
     assert r.returncode == 0, r.stderr
     assert not marker.exists()
+
+
+def short_run(toy, d):
+    return {"kv": ["bench", "kv", "--model", toy, "--dir", d, "--prefix-tokens", "64", "--chunk-tokens", "32"],
+            "experts": ["bench", "experts", "--model", toy, "--dir", d, "--prompt", "2", "--decode", "2",
+                        "--budgets", "50%", "--configs", "on-demand"],
+            "store": ["bench", "store", "--dir", d, "--total-bytes", "4MiB", "--repeat", "1"]}
+
+
+# A second Ctrl-C while the bench removes its store stops the removal part-way. The data file goes
+# first and the marker last, so what is left is the marker with the index (or alone), or, once the
+# marker is gone, an empty store folder: the next run removes each as its own.
+@pytest.mark.parametrize("bench", sorted(BENCHES))
+@pytest.mark.parametrize("left", ["marker+index", "marker", "empty-folder"])
+def test_bench_removes_what_a_stopped_cleanup_left(terrace, toy_model, tmp_path, bench, left):
+    d = tmp_path / "pools"
+    argv, marker = BENCHES[bench](toy_model, d)
+    kill_once_marked(terrace, argv, marker)
+    for store in {marker.parent} | ({d / "state"} if bench == "kv" else set()):
+        (store / "terrace.data").unlink(missing_ok=True)
+        if left != "marker+index":
+            shutil.rmtree(store / "index", ignore_errors=True)
+        if left == "empty-folder":
+            (store / marker.name).unlink()
+    r = terrace(*short_run(toy_model, d)[bench], timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
+    assert not d.exists() or os.listdir(d) == [], os.listdir(d)
 
 
 @pytest.mark.parametrize("bench", sorted(BENCHES))

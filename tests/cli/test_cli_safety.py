@@ -560,6 +560,25 @@ def test_bench_recognises_and_removes_its_own_leftover(terrace, tmp_path):
     assert not d.exists()
 
 
+# A second Ctrl-C during the bench's cleanup: the marker is removed last, so the next run finds
+# the marker beside what was not removed yet (the index), or alone, and removes it as its own.
+@pytest.mark.parametrize("left", ["marker+index", "marker"])
+def test_bench_removes_what_a_stopped_cleanup_left(terrace, tmp_path, left):
+    d = tmp_path / "bench"
+    p = terrace.popen(*SLOW_NVME, "--dir", d)
+    try:
+        assert wait_for(d / "terrace-bench.marker"), "the bench did not mark its directory"
+    finally:
+        p.kill()
+        p.communicate()
+    (d / "terrace.data").unlink()
+    if left == "marker":
+        shutil.rmtree(d / "index", ignore_errors=True)
+    r = terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", d, check=True)
+    assert "left behind by an earlier" in r.stderr
+    assert not d.exists()
+
+
 def test_bench_never_removes_a_directory_it_did_not_create(terrace, tmp_path):
     mine = user_folder(tmp_path / "mine")
     before = snapshot(mine)

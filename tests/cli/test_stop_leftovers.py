@@ -1,0 +1,176 @@
+"""What a Ctrl-C (or a kill) leaves behind: a command stopped by SIGINT removes its temporaries, and
+what a killed run left (its own name pattern, a process that no longer runs) is removed by the next
+run instead of being left forever or blocking it. Nothing else is ever removed."""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+
+from conftest import snapshot, wait_for
+
+
+def dead_pid():
+    """A pid that no process has any more (a child that has exited and been reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def wait_for_glob(pattern, proc, seconds=60):
+    """The first path matching `pattern` once it exists; None if `proc` ended or `seconds` passed."""
+    import time
+    end = time.time() + seconds
+    while time.time() < end and proc.poll() is None:
+        hits = glob.glob(pattern)
+        if hits:
+            return hits[0]
+        time.sleep(0.01)
+    return None
+
+
+def interrupt(p, seconds=120):
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=seconds)
+    return err
+
+
+# ---- output files: .terrace-tmp-<pid>-<n> -------------------------------------------------------
+
+def test_ctrl_c_while_an_output_is_written_leaves_no_temporary(terrace, tmp_path):
+    p = terrace.popen("trace", "gen", "--requests", "300000", "--seed", "1", "-o", "out.jsonl", cwd=tmp_path)
+    try:
+        assert wait_for_glob(str(tmp_path / ".terrace-tmp-*"), p), "trace gen wrote no temporary file"
+        interrupt(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == -signal.SIGINT, p.returncode  # ended by the signal while it wrote
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_write(terrace, tmp_path):
+    dead = dead_pid()
+    leftovers = [f".terrace-tmp-{dead}-3", f".terrace-tmp-{dead}-4.tmp.{dead}"]
+    for name in leftovers:
+        (tmp_path / name).write_text("half a file")
+    kept = {f".terrace-tmp-{os.getpid()}-0": "a running process's",  # this test's own pid: it runs
+            ".terrace-tmp-notes": "not the pattern", f".terrace-tmp-{dead}-x": "not the pattern"}
+    for name, text in kept.items():
+        (tmp_path / name).write_text(text)
+    os.mkdir(tmp_path / f".terrace-tmp-{dead}-5")  # not a regular file
+    terrace("trace", "gen", "--requests", "5", "--seed", "1", "-o", "out.jsonl", cwd=tmp_path, check=True)
+    for name in leftovers:
+        assert not (tmp_path / name).exists(), name
+    for name, text in kept.items():
+        assert (tmp_path / name).read_text() == text
+    assert (tmp_path / f".terrace-tmp-{dead}-5").is_dir()
+
+
+# ---- model init: .terrace-tmp-init-<pid>/ -------------------------------------------------------
+
+def test_model_init_after_a_killed_init_removes_its_folder_and_runs(terrace, tmp_path):
+    out = tmp_path / "m"
+    dead = dead_pid()
+    left = out / f".terrace-tmp-init-{dead}"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    (left / f"config.json.tmp.{dead}").write_text("{")
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", out, "--routing-tokens", "0")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+
+
+def test_model_init_keeps_a_folder_of_that_name_with_other_files(terrace, tmp_path):
+    out = tmp_path / "m"
+    left = out / f".terrace-tmp-init-{dead_pid()}"
+    left.mkdir(parents=True)
+    (left / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", out, "--routing-tokens", "0")
+    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
+    assert snapshot(out) == before
+
+
+def test_ctrl_c_during_model_init_removes_what_it_wrote(terrace, tmp_path):
+    out = tmp_path / "m"
+    p = terrace.popen("model", "init", "--preset", "k3-small", "--out", out, "--routing-tokens", "0")
+    try:
+        assert wait_for_glob(str(out / ".terrace-tmp-init-*"), p), "model init made no private folder"
+        err = interrupt(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 128 + signal.SIGINT, (p.returncode, err)
+    assert "model init: stopped by SIGINT; removed what it had written" in err, err
+    assert not out.exists(), os.listdir(out)
+
+
+# ---- model run --store: a pool whose creation was interrupted ----------------------------------
+
+def test_model_run_completes_a_pool_creation_a_kill_interrupted(terrace, toy_model, tmp_path):
+    tokens = ",".join(str(i % 50 + 1) for i in range(16))
+    first = tmp_path / "first"
+    terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", first, "--store-nvme-size", "16MiB",
+            "--state-nvme-size", "16MiB", check=True)
+    # A kill during the creation leaves terrace.data.creating, superblock first, at its full size.
+    s = tmp_path / "s"
+    for pool in ("kv", "state"):
+        (s / pool).mkdir(parents=True)
+        shutil.copyfile(first / pool / "terrace.data", s / pool / "terrace.data.creating")
+    r = terrace("store", "check", "--dir", s / "kv", "--checksums-only")
+    assert r.returncode != 0
+    assert "terrace.data.creating" in r.stderr and "16.0 MiB" in r.stderr and "completes it" in r.stderr, r.stderr
+    r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", s, "--store-nvme-size", "32MiB")
+    assert r.returncode == 2, r.stderr
+    assert "--store-nvme-size 32.0 MiB" in r.stderr and "omit --store-nvme-size to complete it" in r.stderr, r.stderr
+    assert "capacity_bytes" not in r.stderr
+    r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", s)
+    assert r.returncode == 0, r.stderr
+    for pool in ("kv", "state"):
+        assert (s / pool / "terrace.data").stat().st_size == 16 << 20
+        assert not (s / pool / "terrace.data.creating").exists()
+
+
+# ---- bench experts: its --dir ------------------------------------------------------------------
+
+def test_bench_experts_removes_the_dir_it_created(terrace, toy_model, tmp_path):
+    args = ("bench", "experts", "--model", toy_model, "--prompt", "2", "--decode", "2", "--budgets", "50%",
+            "--configs", "on-demand")
+    terrace(*args, cwd=tmp_path, check=True)  # default --dir ./terrace-bench-experts
+    assert os.listdir(tmp_path) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    terrace(*args, "--dir", mine, check=True)
+    assert mine.is_dir() and os.listdir(mine) == []  # the user's folder stays
+
+
+# ---- bench store / bench kv: the default --dir in $TMPDIR --------------------------------------
+
+def test_bench_store_removes_the_scratch_dir_a_killed_run_left(terrace, tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    # A user's folder with the bench's name pattern, of a process that no longer runs: never removed.
+    foreign = tmp / f"terrace-bench-store-{dead_pid()}-0000abcd"
+    (foreign / "nvme").mkdir(parents=True)
+    (foreign / "nvme" / "notes.txt").write_text("mine")
+    before = snapshot(foreign)
+    p = terrace.popen("bench", "store", "--block-size", "64KiB", "--total-bytes", "256MiB", "--batch", "1",
+                      "--repeat", "100")
+    try:
+        marker = wait_for_glob(str(tmp / "terrace-bench-store-*" / "nvme" / "terrace-bench-store.marker"), p)
+        assert marker, "the bench did not mark its store"
+    finally:
+        p.kill()
+        p.communicate()
+    left = os.path.dirname(os.path.dirname(marker))
+    assert os.path.basename(left).startswith(f"terrace-bench-store-{p.pid}-"), left
+    r = terrace("bench", "store", "--total-bytes", "4MiB", "--repeat", "1", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"left behind by an earlier run (process {p.pid})" in r.stderr, r.stderr
+    assert not os.path.exists(left)
+    assert snapshot(foreign) == before
+    assert sorted(os.listdir(tmp)) == [foreign.name]
