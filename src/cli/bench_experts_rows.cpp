@@ -345,14 +345,17 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   const double misses = static_cast<double>((m1.misses - m0.misses) + (m1.late_hits - m0.late_hits));
   r.hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
   const experts::PredictionCounts pc = Minus(m1.prediction, m0.prediction);
-  r.recall = pc.recall();
-  r.precision = pc.precision();
+  const bool predicts = c.predictor != experts::PredictorKind::kNone;  // on-demand predicts nothing
+  if (predicts) {
+    r.recall = pc.recall();
+    r.precision = pc.precision();
+  }
   for (std::size_t l = 0; l < m1.layers.size(); ++l) {
     const auto& L1 = m1.layers[l];  // MoE layers only, the same order in m0
     // Decode-only per-layer recall (the prefill's predictions are left out, as in `recall`).
     const experts::PredictionCounts lc =
         l < m0.layers.size() ? Minus(L1.prediction, m0.layers[l].prediction) : L1.prediction;
-    r.layer_recall.push_back(lc.recall());
+    if (predicts) r.layer_recall.push_back(lc.recall());
     if (r.expert_load.size() < L1.expert_load.size()) r.expert_load.resize(L1.expert_load.size());
     for (std::size_t e = 0; e < L1.expert_load.size(); ++e) r.expert_load[e] += L1.expert_load[e];
     for (int e : L1.hot_experts)

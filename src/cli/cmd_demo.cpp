@@ -761,12 +761,17 @@ int RunDemo(const DemoArgs& a) {
     const Status st = WriteDemoFile(path, content);
     return st.ok() ? 0 : st.IsInvalidArgument() ? FailUsage(st.message()) : Fail(st.ToString());
   };
-  if (int rc = write(json_path, JsonTextWithMark(j, 1) + "\n"); rc != 0) return rc;
   const fs::path report_path = dir / kDemoReportHtml;
-  {
-    auto report = plan::RenderReport(JsonText(j), json_path.string());
-    if (!report.ok()) return Fail(report.status().ToString());
-    if (int rc = write(report_path, report->html); rc != 0) return rc;
+  auto report = plan::RenderReport(JsonText(j), json_path.string());
+  if (!report.ok()) return Fail(report.status().ToString());
+  // The last point a Ctrl-C stops the demo: from here on both files are written, and a signal that
+  // arrives while they are is reported after them (the files are complete).
+  if (StopSignalReceived() != 0) return stopped(fmt::format("after all {} turns, before writing", d.results.size()));
+  if (int rc = write(json_path, JsonTextWithMark(j, 1) + "\n"); rc != 0) return rc;
+  if (int rc = write(report_path, report->html); rc != 0) return rc;
+  if (StopSignalReceived() != 0) {
+    return ExitStopped("terrace demo", fmt::format(" after writing {} and {} (both complete)", json_path.string(),
+                                                   report_path.string()));
   }
   if (a.json) {
     fmt::print("{}\n", JsonTextWithMark(j));

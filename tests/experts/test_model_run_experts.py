@@ -328,7 +328,8 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
     for c in j["configs"]:
         if c["name"] == "resident" or c["name"].startswith("mmap"):
             continue
-        assert len(c["layer_recall"]) == len(layers)
+        # on-demand predicts nothing: no recall, and no per-layer recall line to draw
+        assert len(c["layer_recall"]) == (0 if c["name"] == "on-demand" else len(layers)), c["name"]
         assert c["bound_tokens_per_s"] > 0
         if c["miss_bytes_per_token"] == 0:  # every decode acquire hit: no drive/link bound
             assert c["io_bound_tokens_per_s"] is None
@@ -366,10 +367,12 @@ def test_bench_experts_json_measures_per_token_times_and_nulls_what_a_row_does_n
     (od,) = [c for c in j["configs"] if c["name"] == "on-demand"]
     assert isinstance(od["stall_share"], float) and od["bound_tokens_per_s"] > 0
     # Figures a row does not have are null (the table's "-"), not a made-up 1 or 0: resident loads
-    # nothing and predicts nothing; no mmap row predicts; the unbounded one has no budget to hit.
+    # nothing and predicts nothing; on-demand and the mmap rows predict nothing; the unbounded one
+    # has no budget to hit.
     for k in ("hit_rate", "recall", "precision"):
         assert resident[k] is None, k
-        assert isinstance(od[k], float), k
+    assert isinstance(od["hit_rate"], float)
+    assert od["recall"] is None and od["precision"] is None and od["layer_recall"] == []
     for c in mmaps:
         assert c["recall"] is None and c["precision"] is None, c["name"]
     assert rows[("mmap-unbounded", 1.0)]["hit_rate"] is None
