@@ -205,7 +205,10 @@ class Store {
   // Returns once every Future of the store is complete, its threads are joined and its tiers
   // closed. Run on one of the store's own threads (the last owner released inside a completion
   // callback), it returns at once instead, and the store closes on a thread of its own once that
-  // callback has returned; other callbacks must not use this Store after that.
+  // callback has returned; other callbacks must not use this Store after that. Program exit
+  // (returning from main, std::exit) waits for such closes, so what the store acknowledged is
+  // committed as by a close on the caller's thread; std::exit or return from main must then not
+  // run on a thread of the store being closed (it would wait for itself).
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

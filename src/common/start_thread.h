@@ -31,8 +31,7 @@ bool InjectedStartFailure();
 
 // Starts `fn` on a new thread, or returns Unavailable naming `what` ("the prefix cache's writer
 // thread") when the thread cannot be had (std::system_error, or std::bad_alloc for its state).
-// Never throws. The caller owns the returned thread and must join it (or detach it: only the
-// store's closing thread, StoreImpl::CloseElsewhere, is detached).
+// Never throws. The caller owns the returned thread and must join it.
 template <typename F>
 Result<std::thread> StartThread(std::string_view what, F&& fn) {
   if (thread_internal::InjectedStartFailure())

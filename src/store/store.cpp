@@ -1,9 +1,13 @@
 // terrace::Store facade, StoreImpl set-up and recovery, BlockHandle. Store::Open (which builds
 // the concrete tiers) lives in tier_registry.cpp, outside the store core.
 #include <algorithm>
+#include <atomic>
+#include <list>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "src/common/mutex.h"
 #include "src/common/start_thread.h"
 #include "src/store/store_impl.h"
 
@@ -49,19 +53,83 @@ StoreImpl::~StoreImpl() {
   demotion_lane_.Join();  // then demotions either may have scheduled (a pass stops at stopping_)
 }
 
+namespace {
+
+// The threads closing stores dropped on their own threads. Constructed at the first such close, so
+// it is destroyed at exit before every static constructed earlier; its destructor joins the
+// threads, so a program returning from main waits for those stores' final commits.
+class ClosingThreads {
+ public:
+  static ClosingThreads& Get() {
+    static ClosingThreads threads;
+    return threads;
+  }
+  ~ClosingThreads() { JoinAll(); }
+
+  // Starts `close` on a thread of its own; the error of StartThread when none can be had.
+  template <typename F>
+  Status Start(F&& close) {
+    MutexLock lock(&mu_);
+    ReapFinishedLocked();
+    Closing& c = running_.emplace_back();
+    auto t = StartThread("the store's closing thread (the store was dropped on one of its own threads)",
+                         [close = std::forward<F>(close), done = &c.done]() mutable {
+                           close();
+                           done->store(true, std::memory_order_release);
+                         });
+    if (!t.ok()) {
+      running_.pop_back();
+      return t.status();
+    }
+    c.thread = std::move(*t);
+    return Status::Ok();
+  }
+
+  // Returns once every close started before or during the call has finished.
+  void JoinAll() {
+    for (;;) {
+      std::list<Closing> joining;
+      {
+        MutexLock lock(&mu_);
+        joining.swap(running_);
+      }
+      if (joining.empty()) return;
+      for (Closing& c : joining) c.thread.join();
+    }
+  }
+
+ private:
+  struct Closing {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  // Joins the closes that have finished (their join returns at once), so that a long-running
+  // program does not accumulate them.
+  void ReapFinishedLocked() TERRACE_REQUIRES(mu_) {
+    running_.remove_if([](Closing& c) {
+      if (!c.done.load(std::memory_order_acquire)) return false;
+      c.thread.join();
+      return true;
+    });
+  }
+
+  Mutex mu_;
+  std::list<Closing> running_ TERRACE_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+void WaitForClosingStores() { ClosingThreads::Get().JoinAll(); }
+
 void StoreImpl::CloseElsewhere(std::unique_ptr<StoreImpl> impl) {
   StoreImpl* raw = impl.release();  // owned by the closing thread from here, or leaked
-  auto t = StartThread("the store's closing thread (the store was dropped on one of its own threads)",
-                       [raw] { delete raw; });
-  if (t.ok()) {
-    t->detach();
-    return;
-  }
+  Status started = ClosingThreads::Get().Start([raw] { delete raw; });
+  if (started.ok()) return;
   raw->logger_->Log(LogLevel::kError, "store",
                     fmt::format("the store was dropped in a completion callback on one of its own threads and "
                                 "cannot be closed: {}; it is left open (its memory and threads stay) instead of "
                                 "joining the calling thread from itself",
-                                t.status().message()));
+                                started.message()));
 }
 
 int StoreImpl::SlotOf(TierId kind) const {

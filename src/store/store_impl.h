@@ -182,15 +182,21 @@ class DemandScope final {
   DemandGate& gate_;
 };
 
+// Returns once every store handed to StoreImpl::CloseElsewhere (before or during the call) has
+// closed. Run at program exit by a static destructor; tests call it to observe the closes.
+void WaitForClosingStores();
+
 class StoreImpl {
  public:
   StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
   // Joins the store's threads: never on one of them (Store::~Store hands that case to CloseElsewhere).
   ~StoreImpl();
   // For a store dropped on one of its own threads (the last owner of the Store released in a
-  // completion callback), which cannot join itself: destroys `impl` on a new detached thread, which
-  // joins this one once the callback returns. When no thread can be started the store is leaked
-  // (its threads keep running), with an error logged: joining from here would std::terminate.
+  // completion callback), which cannot join itself: destroys `impl` on a new closing thread, which
+  // joins this one once the callback returns. Closing threads are joined at program exit (and by
+  // WaitForClosingStores), so the store's tiers close (final commits) before the process ends.
+  // When no thread can be started the store is leaked (its threads keep running), with an error
+  // logged: joining from here would std::terminate.
   static void CloseElsewhere(std::unique_ptr<StoreImpl> impl);
   // True on one of the store's threads (running a task: an async call, a prefetch, a demotion).
   bool OnOwnThread() const {

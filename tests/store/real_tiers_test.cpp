@@ -3,7 +3,12 @@
 
 #include <unistd.h>
 
+#include <future>
+#include <thread>
+
 #include "src/common/aligned_buffer.h"
+#include "src/store/store_impl.h"
+#include "forwarding_tier.h"
 #include "host_nvme.h"
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
@@ -158,6 +163,53 @@ TEST_CASE("Real tiers: write-through blocks survive a reopen") {
     CHECK(*got == TestBytes(i, kBlock));
   }
   CHECK((*store)->Stats().blocks == 19);
+}
+
+// A tier whose close starts late: the NVMe tier inside it commits only once this has slept, long
+// after the callback that dropped the store returned (so a close nobody waits for is seen).
+class LateClosingTier final : public ForwardingTier {
+ public:
+  using ForwardingTier::ForwardingTier;
+  ~LateClosingTier() override { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+};
+
+// The store closes on a thread of its own; program exit waits for it (WaitForClosingStores is what
+// the exit-time destructor runs). The long commit interval means only the close commits the puts.
+TEST_CASE("Real tiers: a store dropped in a completion callback commits its puts before exit waits end") {
+  TempDir dir("store-callback-close");
+  StoreOptions o = RealOptions(dir.path());
+  o.hbm.mode = HbmMode::kOff;
+  o.put_tier = TierId::kNvme;
+  o.nvme.durability = Durability::kAsync;
+  o.nvme.group_commit_interval = std::chrono::seconds(60);
+  constexpr int kPuts = 16;
+  {
+    auto nvme = NvmeTier::Open(o.nvme);
+    REQUIRE(nvme.ok());
+    std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
+    tiers[2] = std::make_unique<LateClosingTier>(std::shared_ptr<Tier>(std::move(*nvme)));
+    auto opened = Store::OpenWithTiers(o, std::move(tiers));
+    REQUIRE(opened.ok());
+    std::shared_ptr<Store> store(std::move(*opened));
+    for (int i = 0; i < kPuts - 1; ++i) REQUIRE(store->PutAsync(TestKey(i), TestBytes(i, kBlock)).get().ok());
+    const std::vector<std::byte> last = TestBytes(kPuts - 1, kBlock);
+    std::promise<Status> dropped;
+    store->PutAsync(TestKey(kPuts - 1), last).then([store = std::move(store), &dropped](Status s) mutable {
+      store.reset();  // the last owner, on a store thread
+      dropped.set_value(s);
+    });
+    REQUIRE(dropped.get_future().get().ok());
+  }
+  store_internal::WaitForClosingStores();
+  o.nvme.lock_wait = std::chrono::milliseconds(0);  // closed by now: its lock on the data file is gone
+  auto store = Store::Open(o);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  for (int i = 0; i < kPuts; ++i) {
+    auto got = GetBytes(**store, TestKey(i), kBlock);
+    REQUIRE(got.ok());
+    CHECK(*got == TestBytes(i, kBlock));
+  }
 }
 
 TEST_CASE("Real tiers: bit flips from a fault-wrapped NVMe tier are never returned") {
