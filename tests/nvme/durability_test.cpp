@@ -997,6 +997,51 @@ TEST_CASE("nvme durability: a rebuild refuses an old index holding records of an
   CHECK(Names(dir.path()) == names);
 }
 
+// Bytes that look like a descriptor of desc_version 2 of another store (uuid 0xc3...), valid
+// desc_check included, padded to `size`: block data a healthy store may be asked to hold.
+std::vector<std::byte> OtherVersionDescriptorBytes(std::size_t size) {
+  nvme::Descriptor d;
+  d.uuid.fill(0xc3);
+  d.key = TestKey(7);
+  d.rec = nvme::Record{nvme::kDataStart, 100, 5, 9, Codec::kRaw};
+  std::vector<std::byte> out(size, std::byte{0x11});
+  d.EncodeTo(out.data());
+  nvme::PutLe(out.data() + 8, 2, 2);
+  nvme::PutLe(out.data() + 96, Checksum(std::span<const std::byte>(out.data(), 96)), 8);
+  return out;
+}
+
+TEST_CASE("nvme durability: a block whose data looks like another store's descriptor of another desc_version "
+          "is scanned and rebuilt as data",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  const auto o = DurabilityOptions(dir.path());
+  const BlockKey key = TestKey(1000);
+  const std::vector<std::byte> data = OtherVersionDescriptorBytes(2 * nvme::kUnit);
+  {
+    auto t = NvmeTier::Open(o);
+    REQUIRE(t.ok());
+    REQUIRE((*t)->Put(key, DescribeBlock(data), data).ok());
+  }
+  auto scan = NvmeTier::ScanDataFile(o, {});  // what 'store check' reports
+  INFO(scan.status().ToString());
+  REQUIRE(scan.ok());
+  CHECK(scan->blocks == static_cast<std::uint64_t>(ScenarioBlocks()) + 1);
+  CHECK(scan->foreign >= 1);
+  fs::remove_all(dir.path() / "index");  // what 'store recover' rebuilds from the scan alone
+  auto r = NvmeTier::RebuildIndex(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->blocks_indexed == static_cast<std::uint64_t>(ScenarioBlocks()) + 1);
+  auto t = NvmeTier::Open(o);
+  REQUIRE(t.ok());
+  std::vector<std::byte> got(data.size());
+  BlockDesc d;
+  REQUIRE((*t)->Get(key, got, &d).ok());
+  CHECK(got == data);
+}
+
 TEST_CASE("nvme durability: a scan or rebuild refuses a data file holding a descriptor of another desc_version, "
           "changing nothing",
           "[nvme][durability]") {

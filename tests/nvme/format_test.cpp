@@ -49,6 +49,7 @@ TEST_CASE("nvme record: an intact record of another record_version is another ve
 TEST_CASE("nvme descriptor: an intact descriptor of another desc_version is another version, not damage",
           "[nvme][format]") {
   Descriptor d;
+  d.uuid.fill(0x5a);
   d.key = BlockKey{1, BlockKind::kKv, 2, ContentId{3, 4}};
   d.rec = Record{kDataStart, 100, 5, 9, Codec::kRaw};
   std::vector<std::byte> unit(kUnit, std::byte{0});
@@ -58,7 +59,8 @@ TEST_CASE("nvme descriptor: an intact descriptor of another desc_version is anot
   PutLe(unit.data() + 96, Checksum(std::span<const std::byte>(unit.data(), 96)), 8);  // a valid desc_check
   CHECK_FALSE(Descriptor::Decode(unit).has_value());
   REQUIRE(Descriptor::OtherVersion(unit).has_value());
-  CHECK(*Descriptor::OtherVersion(unit) == 2);
+  CHECK(Descriptor::OtherVersion(unit)->version == 2);
+  CHECK(Descriptor::OtherVersion(unit)->uuid == d.uuid);  // at offset 16 in every desc_version
   unit[40] ^= std::byte{1};  // now its check fails: damaged, whatever its version field says
   CHECK_FALSE(Descriptor::OtherVersion(unit).has_value());
   CHECK(Descriptor::HasMagic(unit));

@@ -120,7 +120,8 @@ Status OtherVersionDescriptor(const fs::path& path, std::uint64_t at, std::uint1
 
 // The scan proper: every valid descriptor of `sb`'s store whose data matches, resolved to the
 // newest extent per key. Fills `report` (except seconds). InvalidArgument, at the first intact
-// descriptor of another desc_version (OtherVersionDescriptor).
+// descriptor of another desc_version with this store's uuid (OtherVersionDescriptor); one with
+// another uuid is counted as foreign.
 Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const ScanProgressFn& progress,
             std::vector<Found>* out, DataScanReport* report) {
   const std::uint64_t begin = sb.data_start, end = sb.capacity_bytes;
@@ -133,7 +134,11 @@ Status Scan(int fd, const fs::path& path, const nvme::Superblock& sb, const Scan
     report->bytes_scanned += n;
     for (std::uint64_t u = 0; u < n; u += kUnit) {
       const std::span<const std::byte> unit(chunk.data() + u, kUnit);
-      if (auto v = nvme::Descriptor::OtherVersion(unit)) return OtherVersionDescriptor(path, pos + u, *v);
+      if (auto other = nvme::Descriptor::OtherVersion(unit)) {
+        if (other->uuid == sb.uuid) return OtherVersionDescriptor(path, pos + u, other->version);
+        ++report->foreign;
+        continue;
+      }
       auto d = nvme::Descriptor::Decode(unit);
       if (!d) {
         if (nvme::Descriptor::HasMagic(unit)) ++report->damaged;

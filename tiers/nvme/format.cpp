@@ -206,11 +206,13 @@ bool Descriptor::HasMagic(std::span<const std::byte> in) {
   return in.size() >= sizeof kDescMagic && std::memcmp(in.data(), kDescMagic, sizeof kDescMagic) == 0;
 }
 
-std::optional<std::uint16_t> Descriptor::OtherVersion(std::span<const std::byte> in) {
+std::optional<Descriptor::OtherVersionInfo> Descriptor::OtherVersion(std::span<const std::byte> in) {
   if (in.size() < kDescriptorBytes || !HasMagic(in) || !DescCheckMatches(in)) return std::nullopt;
-  const auto version = static_cast<std::uint16_t>(GetLe(in.data() + 8, 2));
-  if (version == kDescVersion) return std::nullopt;
-  return version;
+  OtherVersionInfo info;
+  info.version = static_cast<std::uint16_t>(GetLe(in.data() + 8, 2));
+  if (info.version == kDescVersion) return std::nullopt;
+  std::memcpy(info.uuid.data(), in.data() + 16, info.uuid.size());
+  return info;
 }
 
 std::optional<Descriptor> Descriptor::Decode(std::span<const std::byte> in) {

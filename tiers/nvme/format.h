@@ -115,11 +115,17 @@ struct Descriptor {
   // True when the bytes start with the descriptor magic: with Decode failing, a damaged
   // descriptor (or, rarely, block data that happens to start with those 8 bytes).
   static bool HasMagic(std::span<const std::byte> in);
-  // The desc_version of an intact descriptor of another version, nullopt for anything else:
-  // the magic, a desc_version other than this build's, and a desc_check over bytes [0, 96) that
-  // matches (every desc_version keeps those three where version 1 has them). Its extent was
-  // written by another Terrace version: it is neither free space nor damage.
-  static std::optional<std::uint16_t> OtherVersion(std::span<const std::byte> in);
+  // An intact descriptor of another desc_version: its version and the store uuid it names.
+  struct OtherVersionInfo {
+    std::uint16_t version = 0;
+    std::array<std::uint8_t, 16> uuid{};
+  };
+  // An intact descriptor of another version, nullopt for anything else: the magic, a desc_version
+  // other than this build's, and a desc_check over bytes [0, 96) that matches (every desc_version
+  // keeps those three, and the uuid, where version 1 has them). With this store's uuid its extent
+  // was written by another Terrace version: it is neither free space nor damage. With another
+  // uuid it is foreign (an earlier store's, or block data that happens to look like one).
+  static std::optional<OtherVersionInfo> OtherVersion(std::span<const std::byte> in);
 };
 
 }  // namespace terrace::nvme

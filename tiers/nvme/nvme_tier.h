@@ -119,7 +119,8 @@ struct DataScanReport {
   std::uint64_t descriptors = 0;       // valid descriptors of this store
   std::uint64_t corrupt = 0;           // valid descriptor, but the data fails its checksum (skipped)
   std::uint64_t superseded = 0;        // an older generation of a key, or overlapped by a newer extent
-  std::uint64_t foreign = 0;           // valid descriptors of another store (an earlier format of the area)
+  std::uint64_t foreign = 0;           // intact descriptors of another store (an earlier format of the
+                                       // area), of any desc_version; block data shaped like one counts too
   std::uint64_t damaged = 0;           // units with the descriptor magic that do not decode (a damaged
                                        // descriptor: its block cannot be found by a scan)
   std::uint64_t bytes_scanned = 0;     // bytes of the data area read
