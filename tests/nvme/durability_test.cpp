@@ -997,6 +997,30 @@ TEST_CASE("nvme durability: a rebuild refuses an old index holding records of an
   CHECK(Names(dir.path()) == names);
 }
 
+TEST_CASE("nvme durability: the advice of an index that lost records and holds records of another record_version "
+          "offers no other index directory",
+          "[nvme][durability]") {
+  TempDir dir("nvme-dur");
+  CleanScenario(dir.path());
+  const fs::path index = dir.path() / "index";
+  RecordOfVersion(index, TestKey(0), 3);
+  {  // the index now holds fewer group commits than the data file recorded: it lost records
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), index.string(), &db).ok());
+    REQUIRE(db->Put(rocksdb::WriteOptions(), std::string(nvme::kCommitKey), nvme::IndexStore::EncodeCommit(0)).ok());
+    delete db;
+  }
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  REQUIRE_FALSE(t.ok());
+  const std::string m = t.status().message();
+  INFO(m);
+  CHECK(t.status().IsCorruption());
+  CHECK(m.find("use the Terrace version that wrote this store") != std::string::npos);
+  CHECK(m.find("another Terrace version") != std::string::npos);
+  CHECK(m.find("NEW_DIR") == std::string::npos);
+  CHECK(m.find("--index-dir") == std::string::npos);
+}
+
 // Bytes that look like a descriptor of desc_version 2 of another store (uuid 0xc3...), valid
 // desc_check included, padded to `size`: block data a healthy store may be asked to hold.
 std::vector<std::byte> OtherVersionDescriptorBytes(std::size_t size) {

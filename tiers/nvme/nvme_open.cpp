@@ -137,6 +137,14 @@ std::string NvmeTier::RecoverAdvice() const {
   std::string cmd = fmt::format("terrace store recover --dir {}", dir);
   if (!options_.index_dir.empty()) cmd += fmt::format(" --index-dir {}", options_.index_dir.string());
   const std::vector<RebuildRefusal> refusals = RebuildRefusals(index_path_, sb, logger_);
+  // Records of another version: an index rebuilt elsewhere would leave their blocks unprotected,
+  // so no other index directory is advised.
+  for (const RebuildRefusal& r : refusals) {
+    if (!r.another_version) continue;
+    return fmt::format("use the Terrace version that wrote this store to recover it, with its `{}` (this build's "
+                       "recover refuses '{}': {})",
+                       cmd, index_path_.string(), r.reason);
+  }
   for (const RebuildRefusal& r : refusals) {
     if (r.in_the_way) continue;
     return fmt::format(
