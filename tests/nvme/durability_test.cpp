@@ -138,6 +138,20 @@ void CopyTree(const fs::path& from, const fs::path& to) {
   fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
 }
 
+// RebuildIndex of the store in `dir` is refused (InvalidArgument) with a message naming every one of
+// `parts`, and no file or name under `dir` changed.
+void ExpectRebuildRefusedUnchanged(const fs::path& dir, std::initializer_list<std::string_view> parts) {
+  const auto before = HashTree(dir);
+  const auto names = Names(dir);
+  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir));
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().IsInvalidArgument());
+  for (std::string_view part : parts) CHECK(r.status().message().find(part) != std::string::npos);
+  CHECK(HashTree(dir) == before);
+  CHECK(Names(dir) == names);
+}
+
 }  // namespace
 
 TEST_CASE("nvme durability child", "[.nvme_durability_child]") {
@@ -858,13 +872,7 @@ TEST_CASE("nvme durability: a rebuild refuses an <index>.rebuilding it did not l
   const fs::path building = dir.path() / "index.rebuilding";
   fs::create_directories(building);
   std::ofstream(building / "notes.txt") << "mine";
-  const auto before = HashTree(dir.path());
-  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir.path()));
-  REQUIRE_FALSE(r.ok());
-  INFO(r.status().ToString());
-  CHECK(r.status().code() == Code::kInvalidArgument);
-  CHECK(r.status().message().find("index.rebuilding") != std::string::npos);
-  CHECK(HashTree(dir.path()) == before);
+  ExpectRebuildRefusedUnchanged(dir.path(), {"index.rebuilding"});
 }
 
 TEST_CASE("nvme durability: a rebuild refused for two reasons names both", "[nvme][durability]") {
@@ -872,14 +880,7 @@ TEST_CASE("nvme durability: a rebuild refused for two reasons names both", "[nvm
   CleanScenario(dir.path());
   std::ofstream(dir.path() / "index.rebuilding") << "mine";
   std::ofstream(dir.path() / "index" / "notes.txt") << "mine";
-  const auto before = HashTree(dir.path());
-  auto r = NvmeTier::RebuildIndex(DurabilityOptions(dir.path()));
-  REQUIRE_FALSE(r.ok());
-  INFO(r.status().ToString());
-  CHECK(r.status().code() == Code::kInvalidArgument);
-  CHECK(r.status().message().find("index.rebuilding") != std::string::npos);
-  CHECK(r.status().message().find("notes.txt") != std::string::npos);
-  CHECK(HashTree(dir.path()) == before);
+  ExpectRebuildRefusedUnchanged(dir.path(), {"index.rebuilding", "notes.txt"});
 }
 
 TEST_CASE("nvme durability: a terrace.data.creating that Terrace cannot prove it made is left as it is",
@@ -975,26 +976,14 @@ TEST_CASE("nvme durability: a rebuild refuses an old index holding records of an
   CleanScenario(dir.path());
   const fs::path index = dir.path() / "index";
   RecordOfVersion(index, TestKey(0), 3);
-  const auto before = HashTree(dir.path());
-  const auto names = Names(dir.path());
-  const auto o = DurabilityOptions(dir.path());
-  auto refusals = NvmeTier::RebuildTargetRefusals(o);  // what 'store check' asks before advising recover
+  auto refusals = NvmeTier::RebuildTargetRefusals(DurabilityOptions(dir.path()));  // what 'store check' asks
   REQUIRE(refusals.ok());
   REQUIRE(refusals->size() == 1);
   CHECK(refusals->front().another_version);
-  auto r = NvmeTier::RebuildIndex(o);
-  REQUIRE_FALSE(r.ok());
-  INFO(r.status().ToString());
-  CHECK(r.status().IsInvalidArgument());
-  for (std::string_view part : {std::string_view("another Terrace version"), std::string_view("version 3"),
-                                std::string_view("it reads version 2"), std::string_view("Terrace version that wrote"),
-                                std::string_view("nothing was changed")}) {
-    CHECK(r.status().message().find(part) != std::string::npos);
-  }
-  CHECK(r.status().message().find(TestKey(0).ToString()) != std::string::npos);
-  CHECK(r.status().message().find(index.string()) != std::string::npos);
-  CHECK(HashTree(dir.path()) == before);
-  CHECK(Names(dir.path()) == names);
+  const std::string key = TestKey(0).ToString();
+  ExpectRebuildRefusedUnchanged(dir.path(), {"another Terrace version", "version 3", "it reads version 2",
+                                             "Terrace version that wrote", "nothing was changed", key,
+                                             index.string()});
 }
 
 TEST_CASE("nvme durability: the advice of an index that lost records and holds records of another record_version "
