@@ -134,6 +134,19 @@ def test_model_init_keeps_a_folder_of_that_name_with_other_files(terrace, tmp_pa
     assert snapshot(out) == before
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
+def test_model_init_keeps_another_users_leftover_folder(terrace, tmp_path):
+    out = tmp_path / "m"
+    left = out / f".terrace-tmp-init-{tag(dead_pid())}"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    os.chown(left, 65534, 65534)
+    before = snapshot(out)
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", out, "--routing-tokens", "0")
+    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
+    assert snapshot(out) == before
+
+
 def test_ctrl_c_during_model_init_removes_what_it_wrote(terrace, tmp_path):
     out = tmp_path / "m"
     p = terrace.popen("model", "init", "--preset", "k3-small", "--out", out, "--routing-tokens", "0")
