@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/safe_files.h"
-#include "src/cli/stop_signals.h"
+#include "src/cli/remove_on_signal.h"
 #include "src/common/list_dir.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"

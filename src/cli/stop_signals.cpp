@@ -1,7 +1,5 @@
 #include "stop_signals.h"
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -16,18 +14,11 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
-std::atomic<bool> g_held{false};     // a StopSignalHold lives
-std::atomic<int> g_held_signal{0};  // the second signal that came during it
 
-// The first signal is recorded; a second one ends the process (when no StopSignalHold lives).
+// The first signal is recorded; a second one ends the process.
 extern "C" void OnStopSignal(int sig) {
   int none = 0;
-  if (g_stop_signal.compare_exchange_strong(none, sig)) return;
-  if (g_held.load()) {
-    g_held_signal.store(sig);
-    if (g_held.load()) return;  // else the hold ended meanwhile and may have missed it
-  }
-  RemoveGuardedFilesAndDie(sig);
+  if (!g_stop_signal.compare_exchange_strong(none, sig)) RemoveGuardedFilesAndDie(sig);
 }
 
 }  // namespace
@@ -46,21 +37,6 @@ StopSignals::StopSignals() {
 StopSignals::~StopSignals() {
   ::sigaction(SIGINT, &old_int_, nullptr);
   ::sigaction(SIGTERM, &old_term_, nullptr);
-}
-
-StopSignalHold::StopSignalHold() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
-  ::pthread_sigmask(SIG_BLOCK, &set, &old_mask_);
-  g_held_signal.store(0);
-  g_held.store(true);
-}
-
-StopSignalHold::~StopSignalHold() {
-  g_held.store(false);
-  if (const int sig = g_held_signal.exchange(0); sig != 0) RemoveGuardedFilesAndDie(sig);
-  ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);  // a signal sent to this thread meanwhile comes now
 }
 
 int StopSignalReceived() { return g_stop_signal.load(); }

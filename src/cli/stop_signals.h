@@ -25,21 +25,6 @@ class StopSignals {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-// While one lives, a signal that would end the process (a second SIGINT/SIGTERM under StopSignals,
-// taken by any thread; or SIGINT, SIGTERM, SIGHUP sent to this thread without StopSignals) ends it
-// only when the hold ends: for a step that must not be cut in two (a store's marker and its folder).
-// One at a time; the hold should be short.
-class StopSignalHold {
- public:
-  StopSignalHold();
-  ~StopSignalHold();
-  StopSignalHold(const StopSignalHold&) = delete;
-  StopSignalHold& operator=(const StopSignalHold&) = delete;
-
- private:
-  sigset_t old_mask_ {};
-};
-
 // The signal received since the StopSignals was installed; 0 when none.
 int StopSignalReceived();
 
