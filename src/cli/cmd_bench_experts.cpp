@@ -121,7 +121,8 @@ bool RemoveBenchStore(const Args& a, bool created_dir) {
   return r.ok() && *r;
 }
 
-// `*created_dir`: --dir is the bench's own (it created it, or it held a killed run's store).
+// `*created_dir`: this run created --dir (a folder that already existed stays, even one that held an
+// earlier run's store: it may be the user's).
 int RunBenchExpertsOnce(const Args& a, bool* created_dir) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
@@ -159,7 +160,6 @@ int RunBenchExpertsOnce(const Args& a, bool* created_dir) {
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
     if (!removed.ok()) return FailUsage(removed.status().message());
-    *created_dir = *removed;  // a killed run's leftover: the folder is the bench's too
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));

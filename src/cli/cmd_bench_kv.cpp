@@ -94,11 +94,9 @@ void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::j
 }
 
 void RemovePools(const std::filesystem::path& dir, bool created_dir) {
-  for (const char* sub : {"kv", "state"}) {
-    auto r = RemoveOwnedStore(dir / sub, kKvMarker, "--dir", "terrace bench kv");
-    if (!r.ok()) fmt::print(stderr, "terrace bench kv: left {} in place: {}\n", (dir / sub).string(), r.status().message());
-    std::error_code ec;
-    std::filesystem::remove(dir / sub, ec);  // only if empty
+  for (const std::string_view sub : {"kv", "state"}) {
+    const Status s = RemoveOwnedSubStores(dir, {sub}, kKvMarker, "--dir", "terrace bench kv");
+    if (!s.ok()) fmt::print(stderr, "terrace bench kv: left {} in place: {}\n", (dir / sub).string(), s.message());
   }
   if (created_dir) {
     std::error_code ec;
@@ -365,7 +363,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker))  // else a killed run's leftover
+    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker, EmptySubDirs::kRefuse))  // else a killed run's leftover
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "

@@ -349,7 +349,7 @@ int RunBenchStore(const BenchStoreArgs& a) {
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     // A killed run's leftover (dir holding only its marked nvme/ store) is removed; anything else refused.
-    if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kStoreMarker)) {
+    if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kStoreMarker, EmptySubDirs::kRefuse)) {
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     }
@@ -366,9 +366,8 @@ int RunBenchStore(const BenchStoreArgs& a) {
   const std::filesystem::path nvme_dir = dir / "nvme";
   StopSignals stop_signals;  // Ctrl-C: stop after the current batch, remove what the bench created, exit 128 + signal
   Result<nlohmann::json> j = RunPhases(a, nvme_dir);  // the store is closed when it returns
-  auto removed = RemoveOwnedStore(nvme_dir, kStoreMarker, "--dir", kWho);
-  if (!removed.ok()) fmt::print(stderr, "bench store: left {} in place: {}\n", nvme_dir.string(), removed.status().message());
-  std::filesystem::remove(nvme_dir, ec);  // only if empty
+  const Status removed = RemoveOwnedSubStores(dir, {"nvme"}, kStoreMarker, "--dir", kWho);
+  if (!removed.ok()) fmt::print(stderr, "bench store: left {} in place: {}\n", nvme_dir.string(), removed.message());
   if (created_dir) std::filesystem::remove(dir, ec);  // only if empty
   if (StopSignalReceived() != 0) return ExitStopped("bench store", removed.ok() ? "; removed what it created in --dir" : "");
   if (!j.ok()) return Fail(j.status().ToString());

@@ -106,15 +106,16 @@ std::uint64_t FreeBytesFor(std::filesystem::path dir) {
 
 constexpr std::string_view kInitTmpPrefix = ".terrace-tmp-init-";
 
-// Removes what a killed `model init` left in `out`: folders named kInitTmpPrefix<pid>, of a <pid>
-// that no longer runs, that hold only checkpoint files (and their ".tmp.<pid>" partial writes).
+// Removes what a killed `model init` left in `out`: folders of this user named
+// kInitTmpPrefix<ProcessTag()>, of a <pid> that no longer runs (DeadPidAfter), that hold only
+// checkpoint files (and their ".tmp.<pid>" partial writes).
 void RemoveInitLeftovers(const std::filesystem::path& out) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& e : ListDir(out, &ec)) {
     const std::string name = e.path().filename().string();
     std::string_view rest;
-    if (!DeadPidAfter(name, kInitTmpPrefix, &rest) || !rest.empty() || !IsKind(e.path(), S_IFDIR)) continue;
+    if (!DeadPidAfter(name, kInitTmpPrefix, &rest) || !rest.empty() || !IsOwnRealDir(e.path())) continue;
     bool ours = true;
     for (const auto& f : ListDir(e.path(), &ec)) {
       const std::string fn = f.path().filename().string();
@@ -134,7 +135,7 @@ Status WriteCheckpoint(const ModelConfig& config, const std::filesystem::path& o
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool created_out = !fs::exists(fs::symlink_status(out, ec));
-  const fs::path tmp = out / fmt::format("{}{}", kInitTmpPrefix, ::getpid());
+  const fs::path tmp = out / fmt::format("{}{}", kInitTmpPrefix, ProcessTag());
   auto abandon = [&](Status s) {
     fs::remove_all(tmp, ec);
     if (created_out) fs::remove(out, ec);  // only if empty: nothing else is ever removed

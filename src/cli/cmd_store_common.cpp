@@ -154,8 +154,9 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
           "--dir '{}' holds no Terrace store yet, only a creation{} that a stopped run left unfinished "
           "(terrace.data.creating); run the command that was creating it again on this directory (e.g. 'terrace "
           "store fill --dir {}', or 'terrace model run' with the same --store), which completes it, or delete that "
-          "file",
-          p.dir, cap.ok() ? fmt::format(" of {}", FormatBytes(static_cast<double>(*cap))) : "", p.dir));
+          "file and the index folder {} to start anew",
+          p.dir, cap.ok() ? fmt::format(" of {}", FormatBytes(static_cast<double>(*cap))) : "", p.dir,
+          (p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir)).string()));
     }
     return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
   }

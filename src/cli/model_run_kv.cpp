@@ -80,6 +80,7 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   o.host.pin = false;
   o.host.chunk_bytes = std::min<std::uint64_t>(host, 64ull << 20);
   o.nvme.path = dir;
+  RemoveOrphanedIndexCreation(dir, dir / "index", "model run");  // else the tier refuses it as incomplete
   // An existing pool keeps its size (read from its superblock); an interrupted creation is completed
   // with the size it was started with.
   bool interrupted = false;
@@ -113,9 +114,10 @@ Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t
   if (interrupted) {
     return Status::InvalidArgument(fmt::format(
         "{} {} ({} bytes) does not match the pool in {}, whose creation with {} ({} bytes) a stopped run left "
-        "unfinished ({}); omit {} to complete it with that size, or delete that file to start the pool anew",
+        "unfinished ({}); omit {} to complete it with that size, or delete that file and the folder {} to start the "
+        "pool anew",
         flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
-        *own, (dir / "terrace.data.creating").string(), flag));
+        *own, (dir / "terrace.data.creating").string(), flag, (dir / "index").string()));
   }
   return Status::InvalidArgument(fmt::format(
       "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "

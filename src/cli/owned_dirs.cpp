@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/safe_files.h"
+#include "src/cli/remove_on_signal.h"
 #include "src/common/list_dir.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
@@ -138,7 +139,7 @@ Result<fs::path> ScratchDirPath(std::string_view prefix, std::string_view flag) 
                                            source, ec.message(), flag));
   }
   std::random_device rd;
-  return tmp / fmt::format("{}-{}-{:08x}", prefix, ::getpid(), rd());
+  return tmp / fmt::format("{}-{}-{:08x}", prefix, ProcessTag(), rd());
 }
 
 void RemoveDeadScratchDirs(const fs::path& parent, std::string_view prefix, std::initializer_list<std::string_view> names,
@@ -151,9 +152,8 @@ void RemoveDeadScratchDirs(const fs::path& parent, std::string_view prefix, std:
     const std::optional<long> pid = DeadPidAfter(name, lead, &rest);
     if (!pid || rest.size() != 9 || rest[0] != '-' || rest.find_first_not_of("0123456789abcdef", 1) != std::string_view::npos)
       continue;
-    struct stat st {};
-    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
-    if (!HoldsOnlyOwnedStores(e.path(), names, marker)) continue;
+    if (!IsOwnRealDir(e.path())) continue;
+    if (!HoldsOnlyOwnedStores(e.path(), names, marker, EmptySubDirs::kAccept)) continue;
     fmt::print(stderr, "{}: removing '{}', left behind by an earlier run (process {}) that did not finish\n", who,
                e.path().string(), *pid);
     if (RemoveOwnedSubStores(e.path(), names, marker, "--dir", who).ok()) fs::remove(e.path(), ec);
@@ -163,6 +163,19 @@ void RemoveDeadScratchDirs(const fs::path& parent, std::string_view prefix, std:
 bool StoreDataExists(const fs::path& dir) {
   struct stat st {};
   return ::lstat((dir / kDataFile).c_str(), &st) == 0;
+}
+
+bool RemoveOrphanedIndexCreation(const fs::path& dir, const fs::path& index, std::string_view who) {
+  const std::string marker(nvme::kIndexCreatingMarker);
+  struct stat st {};
+  if (StoreDataExists(dir) || ::lstat((dir / kCreatingFile).c_str(), &st) == 0) return false;
+  if (!IsKind(index, S_IFDIR) || ForeignIndexEntry(index)) return false;
+  if (!IsKind(index / marker, S_IFREG) && !IsKind(index / (marker + ".tmp"), S_IFREG)) return false;
+  fmt::print(stderr, "{}: removing '{}', the index of a store creation a stopped run left unfinished (its data file "
+                     "terrace.data.creating is gone)\n", who, index.string());
+  std::error_code ec;
+  fs::remove_all(index, ec);
+  return !ec;
 }
 
 bool IsOwnedStore(const fs::path& dir, std::string_view marker) {
@@ -178,13 +191,14 @@ bool IsOwnedStoreOrLeftover(const fs::path& dir, std::string_view marker) {
 }
 
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
-                          std::string_view marker) {
+                          std::string_view marker, EmptySubDirs empty) {
   std::error_code ec;
   bool any = false;
   for (const auto& e : ListDir(dir, &ec)) {
     const std::string name = e.path().filename().string();
     if (std::find(names.begin(), names.end(), name) == names.end()) return false;
-    if (!IsEmptyRealDir(e.path()) && !IsOwnedStoreOrLeftover(e.path(), marker)) return false;
+    const bool empty_ok = empty == EmptySubDirs::kAccept && IsEmptyRealDir(e.path());
+    if (!empty_ok && !IsOwnedStoreOrLeftover(e.path(), marker)) return false;
     any = true;
   }
   return any && !ec;
@@ -215,6 +229,7 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
 Status RemoveOwnedSubStores(const fs::path& dir, std::initializer_list<std::string_view> names,
                             std::string_view marker, std::string_view flag, std::string_view who) {
   for (const std::string_view name : names) {
+    const StopSignalHold hold;  // the marker and its folder go together
     TERRACE_RETURN_IF_ERROR(RemoveOwnedStore(dir / name, marker, flag, who).status());
     std::error_code ec;
     fs::remove(dir / name, ec);  // only if empty

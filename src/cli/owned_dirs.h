@@ -37,14 +37,14 @@ bool IsStoreDataFile(const std::filesystem::path& data);
 std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index);
 
 // A path for a new scratch directory (not created) of a command whose directory flag `flag` was
-// not given: <temporary directory>/<prefix>-<pid>-<8 random hex digits>, the temporary directory being
+// not given: <temporary directory>/<prefix>-<ProcessTag()>-<8 random hex digits>, the temporary directory being
 // std::filesystem::temp_directory_path's ($TMPDIR, TMP, TEMP or TEMPDIR, else /tmp). Unavailable
 // naming the variable, its value and `flag` when that is not an existing directory.
 Result<std::filesystem::path> ScratchDirPath(std::string_view prefix, std::string_view flag);
 
 // Removes, from `parent` (the temporary directory of ScratchDirPath), the scratch directories of
-// killed runs: real directories of this user named <prefix>-<pid>-<8 hex digits> whose <pid> no
-// longer runs and that HoldsOnlyOwnedStores(dir, names, marker); a note naming each goes to stderr,
+// killed runs: real directories of this user named <prefix>-<ProcessTag()>-<8 hex digits> whose <pid>
+// no longer runs (DeadPidAfter) and that HoldsOnlyOwnedStores(dir, names, marker); a note naming each goes to stderr,
 // prefixed with `who`. Anything else is left alone; failures are skipped.
 void RemoveDeadScratchDirs(const std::filesystem::path& parent, std::string_view prefix,
                            std::initializer_list<std::string_view> names, std::string_view marker,
@@ -52,6 +52,15 @@ void RemoveDeadScratchDirs(const std::filesystem::path& parent, std::string_view
 
 // True when dir/terrace.data exists (any kind of entry).
 bool StoreDataExists(const std::filesystem::path& dir);
+
+// Removes `index` when it is what a stopped store creation left after its data file went (someone
+// deleted terrace.data.creating): `dir` holds neither terrace.data nor terrace.data.creating, and
+// `index` is a real directory holding the creation marker (nvme::kIndexCreatingMarker, or the
+// ".tmp" it is written through) and otherwise only index files (no ForeignIndexEntry). The tier
+// refuses such an index as an incomplete store; without the data file nothing of it can be
+// completed. True when it was removed; a note naming it goes to stderr, prefixed with `who`.
+bool RemoveOrphanedIndexCreation(const std::filesystem::path& dir, const std::filesystem::path& index,
+                                 std::string_view who);
 
 // True when `dir` holds a Terrace store created by `who`: a real directory (not a symlink) whose
 // entries are exactly terrace.data (IsStoreDataFile), optionally index/ (a directory holding only
@@ -63,11 +72,15 @@ bool IsOwnedStore(const std::filesystem::path& dir, std::string_view marker);
 // (index/ with index files only, terrace.data, a regular terrace.data.creating).
 bool IsOwnedStoreOrLeftover(const std::filesystem::path& dir, std::string_view marker);
 
+// Whether HoldsOnlyOwnedStores accepts an empty sub-folder: only inside a folder proven the bench's
+// own (a scratch directory of a dead process, by its name), never in a folder the user named.
+enum class EmptySubDirs { kRefuse, kAccept };
+
 // True when `dir` holds at least one entry and each is one of `names` and either an
-// IsOwnedStoreOrLeftover(entry, marker) or an empty real directory (a store whose marker was already
-// removed): what a killed run of a bench that keeps its stores in sub-folders of its --dir left.
+// IsOwnedStoreOrLeftover(entry, marker) or, with EmptySubDirs::kAccept, an empty real directory:
+// what a killed run of a bench that keeps its stores in sub-folders of its --dir left.
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
-                          std::string_view marker);
+                          std::string_view marker, EmptySubDirs empty);
 
 // Removes the store in `dir` if IsOwnedStoreOrLeftover(dir, marker): its terrace.data, index/ and marker;
 // the directory itself stays. Ok(false) when `dir` is absent or empty (nothing to do). A `dir`
@@ -78,7 +91,9 @@ Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view
                               std::string_view who);
 
 // RemoveOwnedStore for each sub-folder `names` of `dir`, then removes each sub-folder once empty:
-// for a `dir` that HoldsOnlyOwnedStores accepted. The first error, naming `flag`.
+// for a `dir` that HoldsOnlyOwnedStores accepted, and a bench's own cleanup. Each sub-folder is
+// removed under a StopSignalHold, so a second Ctrl-C never leaves an unmarked empty sub-folder
+// (which a user-named --dir would then refuse). The first error, naming `flag`.
 Status RemoveOwnedSubStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
                             std::string_view marker, std::string_view flag, std::string_view who);
 

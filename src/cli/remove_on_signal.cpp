@@ -1,5 +1,6 @@
 #include "src/cli/remove_on_signal.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <array>
@@ -20,6 +21,9 @@ struct GuardSlot {
   char path[PATH_MAX] = {};
 };
 std::array<GuardSlot, 16> g_guards;
+
+std::atomic<bool> g_held{false};    // a StopSignalHold lives
+std::atomic<int> g_held_signal{0};  // the signal that would have ended the process during it
 
 extern "C" void OnFatalSignal(int sig) { RemoveGuardedFilesAndDie(sig); }
 
@@ -59,11 +63,30 @@ void RemoveFatalHandlers() {
 }  // namespace
 
 void RemoveGuardedFilesAndDie(int sig) {
+  if (g_held.load()) {
+    g_held_signal.store(sig);
+    if (g_held.load()) return;  // else the hold ended meanwhile and may have missed it
+  }
   for (GuardSlot& g : g_guards) {
     if (g.armed.load()) ::unlink(g.path);
   }
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // in a handler: blocked until it returns, then the default action ends the process
+}
+
+StopSignalHold::StopSignalHold() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_BLOCK, &set, &old_mask_);
+  g_held_signal.store(0);
+  g_held.store(true);
+}
+
+StopSignalHold::~StopSignalHold() {
+  g_held.store(false);
+  if (const int sig = g_held_signal.exchange(0); sig != 0) RemoveGuardedFilesAndDie(sig);
+  ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);  // a signal sent to this thread meanwhile comes now
 }
 
 RemoveOnSignal::RemoveOnSignal(const std::filesystem::path& path) {

@@ -4,6 +4,7 @@
 // RemoveGuardedFilesAndDie is async-signal-safe.
 #pragma once
 
+#include <csignal>
 #include <filesystem>
 
 namespace terrace::cli {
@@ -24,7 +25,23 @@ class RemoveOnSignal {
 };
 
 // Unlinks every path a live RemoveOnSignal guards, then ends the process with `sig`'s default
-// action (raised; from inside a handler of `sig` it takes effect when the handler returns).
+// action (raised; from inside a handler of `sig` it takes effect when the handler returns). While a
+// StopSignalHold lives it only records `sig` and returns; the hold's end does the rest.
 void RemoveGuardedFilesAndDie(int sig);
+
+// While one lives, a signal that would end the process (a StopSignals' second SIGINT/SIGTERM, or one
+// a RemoveOnSignal handles, taken by any thread; or SIGINT, SIGTERM, SIGHUP sent to this thread)
+// ends it only when the hold ends: for a step that must not be cut in two (a store's marker and its
+// folder). One at a time; the hold should be short.
+class StopSignalHold {
+ public:
+  StopSignalHold();
+  ~StopSignalHold();
+  StopSignalHold(const StopSignalHold&) = delete;
+  StopSignalHold& operator=(const StopSignalHold&) = delete;
+
+ private:
+  sigset_t old_mask_ {};
+};
 
 }  // namespace terrace::cli

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -40,7 +41,7 @@ constexpr std::string_view kTempPrefix = ".terrace-tmp-";
 
 fs::path TempNameNextTo(const fs::path& path) {
   static std::atomic<unsigned> counter{0};
-  return ParentOf(path) / fmt::format("{}{}-{}", kTempPrefix, ::getpid(), counter.fetch_add(1));
+  return ParentOf(path) / fmt::format("{}{}-{}", kTempPrefix, ProcessTag(), counter.fetch_add(1));
 }
 
 // The name SafetensorsWriter gives its own temporary file while it writes `tmp` (safetensors.cpp).
@@ -54,7 +55,7 @@ bool IsLeadDigits(std::string_view s, std::string_view lead) {
 }
 
 // Removes the temporaries of killed writers in `dir`: regular files of this user named
-// .terrace-tmp-<pid>-<n>[.tmp.<pid>] whose <pid> no longer runs.
+// .terrace-tmp-<pid>.<host tag>-<n>[.tmp.<pid>] whose <pid> no longer runs (DeadPidAfter).
 void RemoveDeadTemps(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : ListDir(dir, &ec)) {
@@ -250,21 +251,43 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
 
 }  // namespace
 
+std::string HostTag() {
+  static const std::string tag = [] {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    struct stat st {};
+    const unsigned long long ns = ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+    std::uint32_t h = 2166136261u;
+    for (const char c : fmt::format("{}/{}", host, ns)) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+    return fmt::format("{:08x}", h);
+  }();
+  return tag;
+}
+
+std::string ProcessTag() { return fmt::format("{}.{}", ::getpid(), HostTag()); }
+
 std::optional<long> DeadPidAfter(std::string_view name, std::string_view prefix, std::string_view* rest) {
   if (!name.starts_with(prefix)) return std::nullopt;
   name.remove_prefix(prefix.size());
   const std::size_t digits = std::min(name.find_first_not_of("0123456789"), name.size());
   if (digits == 0 || digits > 9) return std::nullopt;
+  const std::string host = "." + HostTag();
+  if (!name.substr(digits).starts_with(host)) return std::nullopt;  // another host's or pid namespace's pid
   const long pid = std::stol(std::string(name.substr(0, digits)));
   if (pid <= 0 || pid == ::getpid()) return std::nullopt;
   if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return std::nullopt;  // it runs (or may)
-  *rest = name.substr(digits);
+  *rest = name.substr(digits + host.size());
   return pid;
 }
 
 bool IsKind(const std::filesystem::path& path, unsigned kind) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+bool IsOwnRealDir(const std::filesystem::path& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid();
 }
 
 std::string DescribePathKind(const fs::path& path) {

@@ -48,11 +48,23 @@ std::string DescribePathKind(const std::filesystem::path& path);
 // True when the entry `path` itself (lstat: not followed) exists and its S_IFMT type is `kind`
 // (S_IFREG, S_IFDIR, ...).
 bool IsKind(const std::filesystem::path& path, unsigned kind);
+// True when `path` itself (not followed) is a directory owned by this process's effective user:
+// what a sweep of a killed run's leftovers may remove.
+bool IsOwnRealDir(const std::filesystem::path& path);
 
-// For a name `prefix` + <pid> + rest that a process gives its temporary files: the decimal <pid>
-// when no process with it runs any more (kill(2) says ESRCH), so the entry is a killed run's
-// leftover; *rest is set to what follows the digits. nullopt when `name` is not of that form, the
-// pid is this process's, or that process may still run.
+// What a process puts in the names of its temporary files: "<pid>.<8 hex digits>", the hex digits
+// HostTag(). A pid names a process only on one host and in one pid namespace, so a sweep trusts
+// kill(2) only for names that carry its own HostTag (a volume shared by containers or over NFS).
+std::string ProcessTag();
+// 32-bit FNV-1a of "<host name>/<inode of /proc/self/ns/pid>" (0 for the inode when it cannot be
+// read), as 8 lower-case hex digits.
+std::string HostTag();
+
+// For a name `prefix` + ProcessTag() + rest that a process gives its temporary files: the decimal
+// <pid> when the name carries this process's HostTag and no process with that pid runs any more
+// (kill(2) says ESRCH), so the entry is a killed run's leftover; *rest is set to what follows the
+// tag. nullopt when `name` is not of that form, carries another host's or pid namespace's tag (or
+// none: names of older versions), the pid is this process's, or that process may still run.
 std::optional<long> DeadPidAfter(std::string_view name, std::string_view prefix, std::string_view* rest);
 
 // What an output file holds, which decides the mark that shows Terrace wrote it.

@@ -2,22 +2,27 @@
 // the safe output writer and input reader against FIFOs, symlinks, directories and failures, and the
 // owned-store recogniser.
 #include <fcntl.h>
+#include <pthread.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/owned_dirs.h"
+#include "src/cli/remove_on_signal.h"
 #include "src/cli/safe_files.h"
 #include "src/common/start_thread.h"
 #include "test_util.h"
@@ -377,4 +382,36 @@ TEST_CASE("cli gated run: a worker that cannot start voids the run and the other
   CHECK_FALSE(run.status.ok());
   CHECK(run.status.message().find("test worker 2 of 3") != std::string::npos);
   CHECK(ran.load() == 0);
+}
+
+// A signal that would end the process while a StopSignalHold lives (here one a RemoveOnSignal's
+// handler takes on another thread) ends it only when the hold ends: the work inside finishes.
+TEST_CASE("StopSignalHold defers a fatal signal to the end of the hold", "[cli][signals]") {
+  terrace::testing::TempDir dir("stop-hold");
+  const fs::path done = dir.path() / "done";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::signal(SIGINT, SIG_DFL);  // Catch2's own handler otherwise
+    const RemoveOnSignal guard(dir.path() / "guarded");  // installs the fatal handler for SIGINT
+    std::atomic<bool> go{false};
+    std::thread t([&] {  // created before the hold: SIGINT is not blocked on it
+      while (!go.load()) std::this_thread::yield();
+      ::pthread_kill(::pthread_self(), SIGINT);
+      go.store(false);
+    });
+    {
+      const StopSignalHold hold;
+      go.store(true);
+      while (go.load()) std::this_thread::yield();  // the signal was taken and held
+      t.join();
+      std::ofstream(done) << "finished";
+    }
+    ::_exit(0);  // not reached: the hold's end raises SIGINT
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  CHECK(fs::exists(done));
 }

@@ -5,7 +5,10 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
+
+import pytest
 
 from conftest import snapshot, wait_for
 
@@ -15,6 +18,23 @@ def dead_pid():
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def host_tag():
+    """The CLI's HostTag: 32-bit FNV-1a of "<host name>/<inode of /proc/self/ns/pid>", 8 hex digits."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    h = 2166136261
+    for c in f"{socket.gethostname()}/{ns}".encode():
+        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
+    return f"{h:08x}"
+
+
+def tag(pid):
+    """A process tag as the CLI puts it in its temporaries' names: <pid>.<host tag>."""
+    return f"{pid}.{host_tag()}"
 
 
 def wait_for_glob(pattern, proc, seconds=60):
@@ -52,20 +72,41 @@ def test_ctrl_c_while_an_output_is_written_leaves_no_temporary(terrace, tmp_path
 
 def test_a_killed_writers_temporaries_are_removed_by_the_next_write(terrace, tmp_path):
     dead = dead_pid()
-    leftovers = [f".terrace-tmp-{dead}-3", f".terrace-tmp-{dead}-4.tmp.{dead}"]
+    leftovers = [f".terrace-tmp-{tag(dead)}-3", f".terrace-tmp-{tag(dead)}-4.tmp.{dead}"]
     for name in leftovers:
         (tmp_path / name).write_text("half a file")
-    kept = {f".terrace-tmp-{os.getpid()}-0": "a running process's",  # this test's own pid: it runs
-            ".terrace-tmp-notes": "not the pattern", f".terrace-tmp-{dead}-x": "not the pattern"}
+    kept = {f".terrace-tmp-{tag(os.getpid())}-0": "a running process's",  # this test's own pid: it runs
+            ".terrace-tmp-notes": "not the pattern", f".terrace-tmp-{tag(dead)}-x": "not the pattern",
+            f".terrace-tmp-{dead}-3": "no host tag: another host's (or an older version's)",
+            f".terrace-tmp-{dead}.0badc0de-3": "another host's or pid namespace's"}
     for name, text in kept.items():
         (tmp_path / name).write_text(text)
-    os.mkdir(tmp_path / f".terrace-tmp-{dead}-5")  # not a regular file
+    os.mkdir(tmp_path / f".terrace-tmp-{tag(dead)}-5")  # not a regular file
     terrace("trace", "gen", "--requests", "5", "--seed", "1", "-o", "out.jsonl", cwd=tmp_path, check=True)
     for name in leftovers:
         assert not (tmp_path / name).exists(), name
     for name, text in kept.items():
         assert (tmp_path / name).read_text() == text
-    assert (tmp_path / f".terrace-tmp-{dead}-5").is_dir()
+    assert (tmp_path / f".terrace-tmp-{tag(dead)}-5").is_dir()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or
+                    subprocess.run(["unshare", "-p", "-f", "true"], capture_output=True).returncode != 0,
+                    reason="needs unshare -p -f (a new pid namespace)")
+def test_a_sweep_in_another_pid_namespace_keeps_a_live_writers_temporaries(terrace, tmp_path):
+    # A live process of this namespace: in the new one its pid runs nothing (kill says ESRCH).
+    live = subprocess.Popen(["sleep", "300"])
+    try:
+        mine = {f".terrace-tmp-{tag(live.pid)}-0": "a live writer's", f".terrace-tmp-{live.pid}-0": "untagged"}
+        for name, text in mine.items():
+            (tmp_path / name).write_text(text)
+        subprocess.run(["unshare", "-p", "-f", str(terrace.path), "trace", "gen", "--requests", "5", "--seed", "1",
+                        "-o", "out.jsonl"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+        for name, text in mine.items():
+            assert (tmp_path / name).read_text() == text, name
+    finally:
+        live.kill()
+        live.wait()
 
 
 # ---- model init: .terrace-tmp-init-<pid>/ -------------------------------------------------------
@@ -73,7 +114,7 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write(terrace, tmp
 def test_model_init_after_a_killed_init_removes_its_folder_and_runs(terrace, tmp_path):
     out = tmp_path / "m"
     dead = dead_pid()
-    left = out / f".terrace-tmp-init-{dead}"
+    left = out / f".terrace-tmp-init-{tag(dead)}"
     left.mkdir(parents=True)
     (left / "model.safetensors").write_bytes(b"\0" * 4096)
     (left / f"config.json.tmp.{dead}").write_text("{")
@@ -84,9 +125,22 @@ def test_model_init_after_a_killed_init_removes_its_folder_and_runs(terrace, tmp
 
 def test_model_init_keeps_a_folder_of_that_name_with_other_files(terrace, tmp_path):
     out = tmp_path / "m"
-    left = out / f".terrace-tmp-init-{dead_pid()}"
+    left = out / f".terrace-tmp-init-{tag(dead_pid())}"
     left.mkdir(parents=True)
     (left / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", out, "--routing-tokens", "0")
+    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
+    assert snapshot(out) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
+def test_model_init_keeps_another_users_leftover_folder(terrace, tmp_path):
+    out = tmp_path / "m"
+    left = out / f".terrace-tmp-init-{tag(dead_pid())}"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"\0" * 4096)
+    os.chown(left, 65534, 65534)
     before = snapshot(out)
     r = terrace("model", "init", "--preset", "k3-toy", "--out", out, "--routing-tokens", "0")
     assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
@@ -123,15 +177,44 @@ def test_model_run_completes_a_pool_creation_a_kill_interrupted(terrace, toy_mod
     r = terrace("store", "check", "--dir", s / "kv", "--checksums-only")
     assert r.returncode != 0
     assert "terrace.data.creating" in r.stderr and "16.0 MiB" in r.stderr and "completes it" in r.stderr, r.stderr
+    assert f"delete that file and the index folder {s / 'kv' / 'index'} to start anew" in r.stderr, r.stderr
     r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", s, "--store-nvme-size", "32MiB")
     assert r.returncode == 2, r.stderr
     assert "--store-nvme-size 32.0 MiB" in r.stderr and "omit --store-nvme-size to complete it" in r.stderr, r.stderr
+    assert f"delete that file and the folder {s / 'kv' / 'index'} to start" in r.stderr, r.stderr
     assert "capacity_bytes" not in r.stderr
     r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", s)
     assert r.returncode == 0, r.stderr
     for pool in ("kv", "state"):
         assert (s / pool / "terrace.data").stat().st_size == 16 << 20
         assert not (s / pool / "terrace.data.creating").exists()
+
+
+def test_model_run_starts_anew_after_an_interrupted_creations_data_file_was_deleted(terrace, toy_model, tmp_path):
+    tokens = ",".join(str(i % 50 + 1) for i in range(16))
+    # A kill in step 3 of a creation leaves terrace.data.creating and index/ with the creation marker
+    # (docs/nvme-format.md, "Creation"); the user then deletes the data file, as the refusal advises.
+    s = tmp_path / "s"
+    for pool in ("kv", "state"):
+        (s / pool / "index").mkdir(parents=True)
+        (s / pool / "index" / "TERRACE-INDEX-CREATING.tmp").write_text("uuid")
+    (s / "kv" / "index" / "TERRACE-INDEX-CREATING").write_text("uuid")
+    r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", s, "--store-nvme-size", "16MiB",
+                "--state-nvme-size", "16MiB")
+    assert r.returncode == 0, r.stderr
+    assert "the index of a store creation a stopped run left unfinished" in r.stderr, r.stderr
+    for pool in ("kv", "state"):
+        assert (s / pool / "terrace.data").stat().st_size == 16 << 20
+    # An index with anything else in it is not the creation's: refused, left as it was.
+    t = tmp_path / "t"
+    (t / "kv" / "index").mkdir(parents=True)
+    (t / "kv" / "index" / "TERRACE-INDEX-CREATING").write_text("uuid")
+    (t / "kv" / "index" / "notes.txt").write_text("mine")
+    before = snapshot(t)
+    r = terrace("model", "run", "--model", toy_model, "--tokens", tokens, "--store", t, "--store-nvme-size", "16MiB",
+                "--state-nvme-size", "16MiB")
+    assert r.returncode != 0
+    assert (t / "kv" / "index" / "notes.txt").read_text() == "mine"
 
 
 # ---- bench experts: its --dir ------------------------------------------------------------------
@@ -147,14 +230,38 @@ def test_bench_experts_removes_the_dir_it_created(terrace, toy_model, tmp_path):
     assert mine.is_dir() and os.listdir(mine) == []  # the user's folder stays
 
 
+def test_bench_experts_keeps_a_user_dir_that_held_an_earlier_kept_store(terrace, toy_model, tmp_path):
+    args = ("bench", "experts", "--model", toy_model, "--prompt", "2", "--decode", "2", "--budgets", "50%",
+            "--configs", "on-demand")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    mine.chmod(0o750)
+    terrace(*args, "--dir", mine, "--keep", check=True)
+    assert os.listdir(mine) != []  # the kept store
+    terrace(*args, "--dir", mine, check=True)  # removes the kept store, and only that
+    assert mine.is_dir() and os.listdir(mine) == []
+    assert (mine.stat().st_mode & 0o777) == 0o750
+
+
 # ---- bench store / bench kv: the default --dir in $TMPDIR --------------------------------------
+
+def test_bench_store_refuses_a_user_dir_with_an_empty_nvme_folder(terrace, tmp_path):
+    d = tmp_path / "u2"
+    (d / "nvme").mkdir(parents=True)
+    r = terrace("bench", "store", "--dir", d, "--total-bytes", "64KiB", "--block-size", "4KiB")
+    assert r.returncode == 2, r.stderr
+    assert f"--dir {d} is not empty" in r.stderr, r.stderr
+    assert "left behind" not in r.stderr
+    assert (d / "nvme").is_dir() and os.listdir(d) == ["nvme"]
+
+
 
 def test_bench_store_removes_the_scratch_dir_a_killed_run_left(terrace, tmp_path, monkeypatch):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     # A user's folder with the bench's name pattern, of a process that no longer runs: never removed.
-    foreign = tmp / f"terrace-bench-store-{dead_pid()}-0000abcd"
+    foreign = tmp / f"terrace-bench-store-{tag(dead_pid())}-0000abcd"
     (foreign / "nvme").mkdir(parents=True)
     (foreign / "nvme" / "notes.txt").write_text("mine")
     before = snapshot(foreign)
@@ -167,7 +274,7 @@ def test_bench_store_removes_the_scratch_dir_a_killed_run_left(terrace, tmp_path
         p.kill()
         p.communicate()
     left = os.path.dirname(os.path.dirname(marker))
-    assert os.path.basename(left).startswith(f"terrace-bench-store-{p.pid}-"), left
+    assert os.path.basename(left).startswith(f"terrace-bench-store-{tag(p.pid)}-"), left
     r = terrace("bench", "store", "--total-bytes", "4MiB", "--repeat", "1", timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"left behind by an earlier run (process {p.pid})" in r.stderr, r.stderr
