@@ -546,15 +546,20 @@ def test_bench_cleans_up_on_signal(terrace, tmp_path, sig):
     assert not d.exists(), os.listdir(d)
 
 
-def test_bench_recognises_and_removes_its_own_leftover(terrace, tmp_path):
-    d = tmp_path / "bench"
+def kill_bench_once_marked(terrace, d):
+    """Starts a slow `bench tiers` in d and SIGKILLs it once it has marked d (no cleanup runs)."""
     p = terrace.popen(*SLOW_NVME, "--dir", d)
     try:
         assert wait_for(d / "terrace-bench.marker"), "the bench did not mark its directory"
     finally:
         p.kill()
         p.communicate()
-    assert d.exists()  # SIGKILL: no chance to clean up
+    assert d.exists()
+
+
+def test_bench_recognises_and_removes_its_own_leftover(terrace, tmp_path):
+    d = tmp_path / "bench"
+    kill_bench_once_marked(terrace, d)
     r = terrace("bench", "tiers", "--tier", "nvme", "--total-bytes", "4MiB", "--dir", d, check=True)
     assert "left behind by an earlier" in r.stderr
     assert not d.exists()
@@ -565,12 +570,7 @@ def test_bench_recognises_and_removes_its_own_leftover(terrace, tmp_path):
 @pytest.mark.parametrize("left", ["marker+index", "marker"])
 def test_bench_removes_what_a_stopped_cleanup_left(terrace, tmp_path, left):
     d = tmp_path / "bench"
-    p = terrace.popen(*SLOW_NVME, "--dir", d)
-    try:
-        assert wait_for(d / "terrace-bench.marker"), "the bench did not mark its directory"
-    finally:
-        p.kill()
-        p.communicate()
+    kill_bench_once_marked(terrace, d)
     (d / "terrace.data").unlink()
     if left == "marker":
         shutil.rmtree(d / "index", ignore_errors=True)
