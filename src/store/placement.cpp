@@ -90,6 +90,15 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
   }
   std::string lower = t < LowestSlot() ? fmt::format("tier {} below is full of unevictable blocks", SlotName(t + 1))
                                        : std::string("there is no lower tier to demote to");
+  if (!last.ok() && dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
+    // The bytes fit by count but the tier refused them: its free space is in pieces too small.
+    return Status::OutOfCapacity(fmt::format(
+        "tier {} has room for {} ({} bytes) by count ({} of {} bytes used) but refused it: its free space is "
+        "fragmented (tier said: {}); no block could be evicted to make a long enough free run: resident blocks "
+        "are pinned or busy, or {}; the store never drops the last copy of a block. Erase or unpin blocks, use "
+        "smaller blocks, or add capacity",
+        SlotName(t), key.ToString(), desc.size, dst.used_bytes(), caps.capacity_bytes, last.message(), lower));
+  }
   return Status::OutOfCapacity(fmt::format(
       "tier {} is full ({} of {} bytes used) and no block can be evicted to fit {} ({} bytes): "
       "resident blocks are pinned or busy, or {}; the store never drops the last copy of a block. "

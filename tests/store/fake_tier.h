@@ -39,6 +39,7 @@ class FakeTier final : public Tier {
     auto it = blocks_.find(key);
     std::uint64_t old = it == blocks_.end() ? 0 : it->second.bytes.size();
     if (used_ - old + data.size() > caps_.capacity_bytes) return Status::OutOfCapacity("fake tier full");
+    if (fragmented.load()) return Status::OutOfCapacity("fake: no free run long enough");
     if (it != blocks_.end() && it->second.pins > 0) return Status::InvalidArgument("fake: replacing a pinned block");
     Block& b = blocks_[key];
     b.desc = desc;
@@ -160,6 +161,8 @@ class FakeTier final : public Tier {
   std::atomic<int> put_delay_ms{0};  // per Put, before it takes the lock (a slow drive's write)
   // Called at the start of every Get, outside the tier's lock. Set before the tier is shared.
   std::function<void(const BlockKey&)> on_get;
+  // While set, every Put is refused with OutOfCapacity although the bytes would fit (a fragmented tier).
+  std::atomic<bool> fragmented{false};
 
  private:
   struct Block {

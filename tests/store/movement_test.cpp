@@ -204,6 +204,21 @@ TEST_CASE("All blocks pinned: a put that needs room fails with OutOfCapacity") {
   REQUIRE(store->Put(TestKey(5), TestBytes(5, kMoveBlock), {Codec::kRaw, TierId::kNvme}).ok());
 }
 
+TEST_CASE("A put a fragmented tier refuses says fragmented, not full, naming the free bytes") {
+  FakeTiers f(0, 4 * kMoveBlock, 1 << 20);
+  auto store = OpenFakeStore(f);
+  REQUIRE(store->Put(TestKey(0), TestBytes(0, kMoveBlock)).ok());
+  REQUIRE(store->Pin(TestKey(0)).ok());
+  f.at(TierId::kHost).fragmented = true;  // 3 blocks free by count, none in one run
+  const Status s = store->Put(TestKey(1), TestBytes(1, kMoveBlock), {Codec::kRaw, TierId::kHost});
+  REQUIRE(s.IsOutOfCapacity());
+  INFO(s.ToString());
+  CHECK(s.message().find("fragmented") != std::string::npos);
+  CHECK(s.message().find("tier host is full") == std::string::npos);
+  const std::string used = "(" + std::to_string(kMoveBlock) + " of " + std::to_string(4 * kMoveBlock) + " bytes used)";
+  CHECK(s.message().find(used) != std::string::npos);
+}
+
 TEST_CASE("Background demotion drains a tier from its high to its low watermark") {
   FakeTiers f(0, 10 * kMoveBlock, 1 << 20);
   StoreOptions o;
