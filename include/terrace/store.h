@@ -26,6 +26,9 @@
 // - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted or erased.
 // - Background demotion (on the store's thread pool) starts when a tier passes high_watermark and
 //   stops at low_watermark; a Put that finds its tier full evicts synchronously just enough.
+//   When every evictable block is busy (being demoted or written by another thread), the Put
+//   waits for one of them to be released and looks again; it fails OutOfCapacity only when none
+//   is released within 2 s (e.g. two Puts each holding the other's only victim).
 #pragma once
 
 #include <array>

@@ -41,7 +41,7 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
       if (r.ok()) desc = *r;
       return r.status();
     });
-  });
+  }, BusyVictims::kWait);
   if (!s.ok()) return s.WithContext(fmt::format("put {} from device memory into tier {}", key.ToString(), SlotName(target)));
   SlotMask new_mask = Bit(target);
   if (write_through) {

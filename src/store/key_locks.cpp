@@ -38,6 +38,39 @@ void KeyLocks::Unlock(std::size_t stripe) {
   auto it = std::find(t_held.begin(), t_held.end(), std::pair<const KeyLocks*, std::size_t>(this, stripe));
   if (it != t_held.end()) t_held.erase(it);
   stripes_[stripe].unlock();
+  // Sequentially consistent with WaitForRelease's increment of waiters_ and its test: either this
+  // thread sees the waiter and notifies it, or the waiter's test sees this release.
+  releases_[stripe].fetch_add(1);
+  if (waiters_.load() > 0) {
+    MutexLock lock(&wait_mu_);
+    released_.SignalAll();
+  }
+}
+
+KeyLocks::Seen KeyLocks::Observe(const BlockKey& key) const {
+  const std::size_t s = StripeOf(key);
+  return {s, releases_[s].load()};
+}
+
+bool KeyLocks::AnyReleased(std::span<const Seen> seen) const {
+  return std::any_of(seen.begin(), seen.end(), [&](const Seen& o) { return releases_[o.stripe].load() != o.releases; });
+}
+
+bool KeyLocks::WaitForRelease(std::span<const Seen> seen, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  waiters_.fetch_add(1);
+  bool released;
+  {
+    MutexLock lock(&wait_mu_);
+    while (!(released = AnyReleased(seen))) {
+      if (!released_.WaitUntil(&wait_mu_, deadline)) {
+        released = AnyReleased(seen);
+        break;
+      }
+    }
+  }
+  waiters_.fetch_sub(1);
+  return released;
 }
 
 }  // namespace terrace::store_internal

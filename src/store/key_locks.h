@@ -1,13 +1,21 @@
 // KeyLocks: striped per-key mutexes that serialize every mutation of one key (Put, Erase, moves,
 // eviction) in the store. Blocking Lock() is taken at most once per thread (the key an operation
 // is about); any further key (an eviction victim) is taken with TryLock(), which never waits, so
-// lock order cannot deadlock. Thread-safe.
+// lock order cannot deadlock. A thread that found a key busy may wait, with a timeout, for its
+// stripe to be released (WaitForRelease): a timeout, not an order, keeps that from deadlocking.
+// Thread-safe.
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
+
+#include "src/common/mutex.h"
 
 #include "terrace/block.h"
 
@@ -39,12 +47,28 @@ class KeyLocks {
   // True if this thread holds `key`'s stripe (then `key` must not be evicted by this thread).
   bool HeldByThisThread(const BlockKey& key) const;
 
+  // How often `key`'s stripe had been released when observed. Observe before a TryLock that may
+  // fail, so that a release right after the failure is not missed by WaitForRelease.
+  struct Seen {
+    std::size_t stripe = 0;
+    std::uint64_t releases = 0;
+  };
+  Seen Observe(const BlockKey& key) const;
+  // Blocks until one of the observed stripes has been released since its observation (true) or
+  // `timeout` passes (false). Call it holding at most the one stripe Lock() took.
+  bool WaitForRelease(std::span<const Seen> seen, std::chrono::milliseconds timeout);
+
  private:
   static std::size_t StripeOf(const BlockKey& key) { return key.Hash() % kStripes; }
   void Unlock(std::size_t stripe);
   void NoteHeld(std::size_t stripe);
+  bool AnyReleased(std::span<const Seen> seen) const;
 
   std::array<std::mutex, kStripes> stripes_;
+  std::array<std::atomic<std::uint64_t>, kStripes> releases_{};  // per stripe, only ever grows
+  std::atomic<int> waiters_{0};  // threads in WaitForRelease; Unlock notifies only when > 0
+  Mutex wait_mu_;                // orders a waiter's test against an Unlock's notify
+  CondVar released_;
 };
 
 }  // namespace terrace::store_internal

@@ -44,11 +44,13 @@ void StoreImpl::SetMaskLocked(const BlockKey& key, Entry& e, SlotMask new_mask, 
   e.mask = new_mask;
 }
 
-Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) {
-  return PlaceWith(t, key, desc.size, [&] { return TimedTierPut(t, key, desc, data); });
+Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data,
+                              BusyVictims busy) {
+  return PlaceWith(t, key, desc.size, [&] { return TimedTierPut(t, key, desc, data); }, busy);
 }
 
-Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write) {
+Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write,
+                            BusyVictims busy) {
   const BlockDesc desc{size, Codec::kRaw, 0};  // only its size is used below
   Tier& dst = tier(t);
   TierCounters& m = slot(t).measured;
@@ -80,7 +82,7 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
       if (!s.IsOutOfCapacity()) return s.WithContext(fmt::format("put {} into tier {}", key.ToString(), SlotName(t)));
       last = std::move(s);
     }
-    Status es = EvictOne(t);
+    Status es = EvictOne(t, busy);
     if (es.ok()) continue;
     if (!es.IsOutOfCapacity()) {
       return es.WithContext(fmt::format("making room in tier {} for {} ({} bytes): the victim could not be demoted",
@@ -107,10 +109,12 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
       last.ok() ? "" : fmt::format(" (tier said: {})", last.message())));
 }
 
-Status StoreImpl::EvictOne(int t) {
-  std::vector<BlockKey> skip;  // failed for this call
-  std::vector<BlockKey> busy;  // locked by someone else right now
-  Status demote_error;         // the first hard error a victim's demotion hit
+Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {
+  std::vector<BlockKey> skip;            // failed for this call
+  std::vector<BlockKey> busy;            // locked by someone else right now
+  std::vector<KeyLocks::Seen> busy_seen;  // their stripes' release counts before the TryLock
+  Status demote_error;                   // the first hard error a victim's demotion hit
+  bool waited_out = false;               // kWait: no busy victim was released within the wait
   for (int round = 0; round < 64; ++round) {
     std::optional<BlockKey> victim;
     {
@@ -126,13 +130,21 @@ Status StoreImpl::EvictOne(int t) {
     }
     if (!victim) {
       if (busy.empty()) break;
+      if (when_busy == BusyVictims::kWait) {
+        if (key_locks_.WaitForRelease(busy_seen, kBusyVictimWait)) return Status::Ok();
+        waited_out = true;
+        break;
+      }
       busy.clear();  // others may finish soon: look again
+      busy_seen.clear();
       std::this_thread::yield();
       continue;
     }
+    const KeyLocks::Seen seen = key_locks_.Observe(*victim);
     auto guard = key_locks_.TryLock(*victim);
     if (!guard) {
       busy.push_back(*victim);
+      busy_seen.push_back(seen);
       continue;
     }
     Status s = EvictLocked(t, *victim);
@@ -141,6 +153,11 @@ Status StoreImpl::EvictOne(int t) {
     skip.push_back(*victim);
   }
   if (!demote_error.ok()) return demote_error;
+  if (waited_out) {
+    return Status::OutOfCapacity(fmt::format("every evictable block in tier {} stayed busy (locked by other "
+                                             "threads) for {} ms",
+                                             SlotName(t), kBusyVictimWait.count()));
+  }
   return Status::OutOfCapacity(fmt::format("no evictable block in tier {}", SlotName(t)));
 }
 

@@ -2,13 +2,14 @@
 //
 // Locking (acquire in this order; never block on a key lock while holding mu_):
 //   1. key_locks_ stripe of the key an operation is about (blocking), then victims' stripes with
-//      TryLock only.
+//      TryLock only. A Put may wait (timed, BusyVictims::kWait) for a busy victim's stripe to be
+//      released while holding its own stripe: the timeout breaks the one cycle this allows.
 //   2. regions_mu_ (RefreshIoRegions, during a demotion under the victim's stripe); the tier's own
 //      locks are taken inside it by RegisterIoRegions (the NVMe tier's reg_mu_, then its I/O
 //      rings' mutexes; their order is in tiers/nvme/nvme_tier.h).
 //   3. mu_ guards the directory (entries_, handles_) and the eviction policies; held only for
 //      short bookkeeping, never across tier I/O.
-//   Leaves, never held while taking another store lock: bounce_'s and batch_bounce_'s mutexes
+//   Leaves, never held while taking another store lock: key_locks_'s wait mutex, bounce_'s and batch_bounce_'s mutexes
 //   (a Transfer, or a single-key read into a caller's buffer the tier cannot write in place
 //   (ReadOut), waits on bounce_ holding only its key stripe - inside a BulkFetch window, which
 //   holds batch_bounce_ buffers, it never waits: a thread holding a lease takes a one-off buffer;
@@ -406,13 +407,23 @@ class StoreImpl {
   static Status NoDeviceTier(const BlockKey& key);
 
   // placement.cpp
-  Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data);
+  // What room-making does when every victim is busy (its key locked by another thread, e.g. being
+  // demoted): kSkip gives up after a few quick looks (promotions, which have another route);
+  // kWait waits for a busy victim's release (up to kBusyVictimWait each time) and looks again
+  // (a Put, whose caller holds only the put key's lock and has no other route).
+  enum class BusyVictims { kSkip, kWait };
+  static constexpr std::chrono::milliseconds kBusyVictimWait{2000};
+  Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data,
+                     BusyVictims busy = BusyVictims::kSkip);
   // PlaceInTier's room-making loop around any write of a `size`-byte block into `slot` (`write`
   // returns the tier's answer; OutOfCapacity makes the loop evict and retry).
-  Status PlaceWith(int slot, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write);
+  Status PlaceWith(int slot, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write,
+                   BusyVictims busy = BusyVictims::kSkip);
   // Frees one copy from `slot` (demoting it if needed). OutOfCapacity when nothing is evictable,
-  // or the error a victim's demotion hit.
-  Status EvictOne(int slot);
+  // or the error a victim's demotion hit. With BusyVictims::kWait, also Ok without evicting when
+  // every victim was busy and one of them was released meanwhile: room may have appeared, so the
+  // caller looks again; OutOfCapacity when none was released within kBusyVictimWait.
+  Status EvictOne(int slot, BusyVictims busy = BusyVictims::kSkip);
   // Caller holds key's stripe: removes slot's copy, demoting it into the next slot first when no
   // slot below holds one.
   Status EvictLocked(int slot, const BlockKey& key);

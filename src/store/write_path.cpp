@@ -41,7 +41,7 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
       BlockDesc desc{data.size(), opts.codec, 0};
       TERRACE_RETURN_IF_ERROR(PlaceWith(target, key, desc.size, [&] {
         return TimedTierWrite(target, [&] { return tier(target).PutDescribing(key, &desc, data); });
-      }));
+      }, BusyVictims::kWait));
       return PublishPut(key, desc, 0, Bit(target));
     }
     early = DescribeBlock(data, opts.codec);
@@ -69,10 +69,10 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
 
   SlotMask new_mask = 0;
   if (write_through) {
-    TERRACE_RETURN_IF_ERROR(PlaceInTier(through, key, desc, data));
+    TERRACE_RETURN_IF_ERROR(PlaceInTier(through, key, desc, data, BusyVictims::kWait));
     new_mask |= Bit(through);
   }
-  Status s = PlaceInTier(target, key, desc, data);
+  Status s = PlaceInTier(target, key, desc, data, BusyVictims::kWait);
   if (!s.ok()) {
     if (!write_through) return s;  // nothing changed
     // The new bytes already reached the lowest tier: remove every copy so none of them is visible.

@@ -152,5 +152,44 @@ TEST_CASE("Mixed concurrent operations never expose a torn or foreign block") {
   }
 }
 
+
+// Puts that must evict from a small host tier over a slow lower tier: while the other threads
+// demote the few victims there are, every victim is busy for a while. A put waits for them
+// instead of failing OutOfCapacity: nothing is pinned and the lower tier has room for all.
+TEST_CASE("Concurrent puts into a full tier wait for busy victims instead of failing") {
+  constexpr int kPutThreads = 8, kPutsPerThread = 24;
+  constexpr std::size_t kBlock = 1024;
+  FakeTiers f(0, 4 * kBlock, 1 << 20);  // room for 4 blocks above, all of them below
+  f.at(TierId::kNvme).put_delay_ms = 3;  // demotions hold their victims' locks for a while
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHost;
+  auto store = OpenFakeStore(f, o);
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kPutThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPutsPerThread; ++i) {
+        const std::uint64_t k = static_cast<std::uint64_t>(t) * 1000 + static_cast<std::uint64_t>(i);
+        Status s = store->Put(TestKey(k), TestBytes(k, kBlock, 3));
+        if (!s.ok()) {
+          failed.fetch_add(1);
+          std::fprintf(stderr, "put %llu: %s\n", static_cast<unsigned long long>(k), s.ToString().c_str());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failed.load() == 0);
+  std::vector<std::byte> buf(kBlock);
+  for (int t = 0; t < kPutThreads; ++t) {
+    for (int i = 0; i < kPutsPerThread; ++i) {
+      const std::uint64_t k = static_cast<std::uint64_t>(t) * 1000 + static_cast<std::uint64_t>(i);
+      auto r = store->Get(TestKey(k), buf);
+      REQUIRE(r.ok());
+      CHECK(std::equal(buf.begin(), buf.end(), TestBytes(k, kBlock, 3).begin()));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace terrace::testing
