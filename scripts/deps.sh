@@ -29,8 +29,8 @@ if [ "${TERRACE_SKIP_PYTHON:-0}" != 1 ]; then
     echo "terrace: creating Python environment $venv"
     python3 -m venv "$venv"
   fi
-  if ! "$venv/bin/python" -c 'import numpy, safetensors, ml_dtypes, pytest' 2>/dev/null; then
+  if ! "$venv/bin/python" -c 'import numpy, safetensors, ml_dtypes, pytest, xxhash' 2>/dev/null; then
     echo "terrace: installing Python test oracles (numpy, safetensors, ml_dtypes, pytest)"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors ml_dtypes pytest
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy safetensors ml_dtypes pytest xxhash
   fi
 fi

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/remove_on_signal.h"
+#include "terrace/block.h"
 #include "src/common/list_dir.h"
 
 namespace terrace::cli {
@@ -257,9 +258,8 @@ std::string HostTag() {
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
     struct stat st {};
     const unsigned long long ns = ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
-    std::uint32_t h = 2166136261u;
-    for (const char c : fmt::format("{}/{}", host, ns)) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
-    return fmt::format("{:08x}", h);
+    const std::string id = fmt::format("{}/{}", host, ns);
+    return fmt::format("{:08x}", Checksum(std::as_bytes(std::span(id))) & 0xffffffffu);
   }();
   return tag;
 }

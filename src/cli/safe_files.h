@@ -56,8 +56,8 @@ bool IsOwnRealDir(const std::filesystem::path& path);
 // HostTag(). A pid names a process only on one host and in one pid namespace, so a sweep trusts
 // kill(2) only for names that carry its own HostTag (a volume shared by containers or over NFS).
 std::string ProcessTag();
-// 32-bit FNV-1a of "<host name>/<inode of /proc/self/ns/pid>" (0 for the inode when it cannot be
-// read), as 8 lower-case hex digits.
+// The low 32 bits of XXH3-64 (terrace::Checksum) of "<host name>/<inode of /proc/self/ns/pid>"
+// (0 for the inode when it cannot be read), as 8 lower-case hex digits.
 std::string HostTag();
 
 // For a name `prefix` + ProcessTag() + rest that a process gives its temporary files: the decimal

@@ -21,15 +21,14 @@ def dead_pid():
 
 
 def host_tag():
-    """The CLI's HostTag: 32-bit FNV-1a of "<host name>/<inode of /proc/self/ns/pid>", 8 hex digits."""
+    """The CLI's HostTag: low 32 bits of XXH3-64 of "<host name>/<inode of /proc/self/ns/pid>", 8 hex
+    digits (the `xxhash` package is the independent implementation)."""
+    import xxhash
     try:
         ns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         ns = 0
-    h = 2166136261
-    for c in f"{socket.gethostname()}/{ns}".encode():
-        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
-    return f"{h:08x}"
+    return f"{xxhash.xxh3_64_intdigest(f'{socket.gethostname()}/{ns}'.encode()) & 0xFFFFFFFF:08x}"
 
 
 def tag(pid):
