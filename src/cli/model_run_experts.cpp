@@ -11,6 +11,27 @@
 #include "src/common/generator_mark.h"
 
 namespace terrace::cli {
+namespace {
+
+// The expert store behind --store DIR (DIR/experts) could not take this model's experts: says
+// why that happens and what the user can do, in CLI words.
+Status ExpertStoreFull(const ExpertRun& run, const std::string& nvme_dir, const model::ModelConfig& config,
+                       const Status& s) {
+  std::uint64_t blocks = 0;
+  for (const TierStatsSnapshot& t : run.store->Stats().tiers) {
+    if (t.name == "nvme") blocks = t.blocks;
+  }
+  std::uint64_t own = 0;
+  for (int l = 0; l < config.num_hidden_layers; ++l) own += config.IsDenseLayer(l) ? 0 : config.num_experts;
+  return Status::OutOfCapacity(fmt::format(
+      "--store: the expert store {} is full: it holds {} blocks and this model has {} experts; its size was fixed "
+      "when it was created (by the first model run with this --store), and it keeps the experts of every model "
+      "(weights or config) run with it. Use another --store directory for this model, or remove {} (it holds "
+      "only copies of experts, read again from --model on the next run). The store said: {}",
+      nvme_dir, blocks, own, nvme_dir, s.message()));
+}
+
+}  // namespace
 
 void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
   cmd->add_option("--expert-cache", a->cache,
@@ -98,8 +119,12 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   opt.policy = *policy;
   opt.window = a.depth;
   auto off = experts::ExpertOffload::Create(config, weights, run.store.get(), std::move(opt));
-  if (!off.ok())  // InvalidArgument: the budget (the other options are not the user's)
-    return off.status().IsInvalidArgument() ? off.status().WithContext("--expert-cache " + a.cache) : off.status();
+  if (!off.ok()) {
+    // InvalidArgument: the budget (the other options are not the user's).
+    if (off.status().IsInvalidArgument()) return off.status().WithContext("--expert-cache " + a.cache);
+    if (off.status().IsOutOfCapacity() && !nvme_dir.empty()) return ExpertStoreFull(run, nvme_dir, config, off.status());
+    return off.status();
+  }
   run.offload = std::move(off).value();
   run.predictor = *predictor;
   run.depth = a.depth;

@@ -90,23 +90,41 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
     }
     break;
   }
-  std::string lower = t < LowestSlot() ? fmt::format("tier {} below is full of unevictable blocks", SlotName(t + 1))
-                                       : std::string("there is no lower tier to demote to");
-  if (!last.ok() && dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
+  return NoRoom(t, key, desc.size, reclaim, last);
+}
+
+Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, std::uint64_t reclaim,
+                         const Status& refused) const {
+  const Tier& dst = tier(t);
+  const TierCaps& caps = dst.caps();
+  // What the blocks take counts, not their sizes: a tier that rounds blocks up (NVMe: to 4 KiB,
+  // plus a descriptor) is full before its used_bytes reach capacity.
+  const std::uint64_t used = dst.used_bytes();
+  const std::uint64_t taken = std::max(used, dst.Stats().allocated_bytes);
+  const std::uint64_t align = std::max<std::uint64_t>(1, caps.io_alignment);
+  // A tier with an io_alignment may add a unit per block (the NVMe tier's descriptor): counting it
+  // errs towards "full", never towards a "fragmented" that is not so.
+  const std::uint64_t need = (size + align - 1) / align * align + (align > 1 ? align : 0);
+  const std::string occupancy = taken == used ? fmt::format("{} of {} bytes used", used, caps.capacity_bytes)
+                                              : fmt::format("{} of {} bytes allocated to {} bytes of blocks", taken,
+                                                            caps.capacity_bytes, used);
+  const std::string lower = t < LowestSlot()
+                                ? fmt::format("tier {} below is full of unevictable blocks", SlotName(t + 1))
+                                : std::string("there is no lower tier to demote to");
+  if (!refused.ok() && taken + need <= caps.capacity_bytes + reclaim) {
     // The bytes fit by count but the tier refused them: its free space is in pieces too small.
     return Status::OutOfCapacity(fmt::format(
-        "tier {} has room for {} ({} bytes) by count ({} of {} bytes used) but refused it: its free space is "
-        "fragmented (tier said: {}); no block could be evicted to make a long enough free run: resident blocks "
-        "are pinned or busy, or {}; the store never drops the last copy of a block. Erase or unpin blocks, use "
-        "smaller blocks, or add capacity",
-        SlotName(t), key.ToString(), desc.size, dst.used_bytes(), caps.capacity_bytes, last.message(), lower));
+        "tier {} has room for {} ({} bytes) by count ({}) but refused it: its free space is fragmented "
+        "(tier said: {}); no block could be evicted to make a long enough free run: resident blocks are pinned "
+        "or busy, or {}; the store never drops the last copy of a block. Erase or unpin blocks, use smaller "
+        "blocks, or add capacity",
+        SlotName(t), key.ToString(), size, occupancy, refused.message(), lower));
   }
   return Status::OutOfCapacity(fmt::format(
-      "tier {} is full ({} of {} bytes used) and no block can be evicted to fit {} ({} bytes): "
-      "resident blocks are pinned or busy, or {}; the store never drops the last copy of a block. "
-      "Erase or unpin blocks, or add capacity{}",
-      SlotName(t), dst.used_bytes(), caps.capacity_bytes, key.ToString(), desc.size, lower,
-      last.ok() ? "" : fmt::format(" (tier said: {})", last.message())));
+      "tier {} is full ({}) and no block can be evicted to fit {} ({} bytes): resident blocks are pinned or busy, "
+      "or {}; the store never drops the last copy of a block. Erase or unpin blocks, or add capacity{}",
+      SlotName(t), occupancy, key.ToString(), size, lower,
+      refused.ok() ? "" : fmt::format(" (tier said: {})", refused.message())));
 }
 
 Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {

@@ -506,3 +506,18 @@ def test_bench_experts_belady_row_and_bound(toy, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "Belady bound at 50%:" in p.stdout and "the oracle+belady row read" in p.stdout
+
+
+def test_a_full_expert_store_says_so_and_names_the_cli_remedy(toy, tmp_path):
+    """DIR/experts keeps its size once created (here by `store fill`, 1 MiB): a model whose experts do not
+    fit gets an error that says the store is full (not "fragmented"), why, and what to do with --store."""
+    store = tmp_path / "store"
+    fill = subprocess.run([BIN, "store", "fill", "--dir", str(store / "experts"), "--capacity", "1MiB", "--count", "1",
+                           "--block-size", "4KiB"], capture_output=True, text=True, timeout=60)
+    assert fill.returncode == 0, fill.stderr
+    p = run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%", expect=1)
+    err = p.stderr
+    assert f"the expert store {store / 'experts'} is full" in err, err
+    assert "fragmented" not in err, err
+    assert "Use another --store directory" in err, err
+    assert "tier nvme is full" in err, err

@@ -165,6 +165,31 @@ TEST_CASE("Real tiers: write-through blocks survive a reopen") {
   CHECK((*store)->Stats().blocks == 19);
 }
 
+// 5000-byte blocks take 12 KiB extents (8 KiB of data units and a 4 KiB descriptor), so the NVMe
+// tier is full while its used_bytes (the blocks' sizes) are at about 40% of its capacity.
+TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says full and not fragmented") {
+  TempDir dir("store-nvme-full");
+  StoreOptions o = RealOptions(dir.path());
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 0;
+  o.nvme.capacity_bytes = 2 * kMiB;
+  auto store = Store::Open(o);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  Status s;
+  int stored = 0;
+  for (; stored < 1000; ++stored) {
+    s = (*store)->Put(TestKey(stored), TestBytes(stored, 5000));
+    if (!s.ok()) break;
+  }
+  INFO(s.ToString());
+  REQUIRE(s.IsOutOfCapacity());
+  CHECK(stored > 100);
+  CHECK(s.message().find("fragmented") == std::string::npos);
+  CHECK(s.message().find("tier nvme is full") != std::string::npos);
+  CHECK(s.message().find("it is full") != std::string::npos);  // the tier's own words agree
+}
+
 // A tier whose close starts late: the NVMe tier inside it commits only once this has slept, long
 // after the callback that dropped the store returned (so a close nobody waits for is seen).
 class LateClosingTier final : public ForwardingTier {

@@ -129,11 +129,13 @@ void NvmeTier::AllocateExtents(std::span<const PutOp> ops, std::vector<PutPlan>&
     MutexLock l(&mu_);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (!st[i].ok() || plans[i].allocated) continue;
+      const std::uint64_t need = ExtentBytes(ops[i].data.size());
       st[i] = Status::OutOfCapacity(fmt::format(
-          "NVMe tier at '{}' has no free extent for block {} ({} bytes): {} bytes free in {} extents, largest {}; "
-          "erase blocks, or move to a new store with a larger capacity_bytes (a store's capacity is fixed when it "
-          "is created)",
-          data_path_.string(), ops[i].key.ToString(), ops[i].data.size(), alloc_->free_bytes(),
+          "NVMe tier at '{}' has no free extent for block {} ({} bytes, an extent of {} bytes with its data rounded "
+          "up to 4 KiB and its 4 KiB descriptor): {}: {} bytes free in {} extents, largest {}; erase blocks, or "
+          "move to a new store with a larger capacity_bytes (a store's capacity is fixed when it is created)",
+          data_path_.string(), ops[i].key.ToString(), ops[i].data.size(), need,
+          alloc_->free_bytes() >= need ? "its free space is fragmented" : "it is full", alloc_->free_bytes(),
           alloc_->free_extents(), alloc_->largest_free()));
     }
   }
