@@ -384,6 +384,49 @@ TEST_CASE("nvme durability: a data file is never paired with another store's ind
   CHECK(CheckScenario(**t).ok());
 }
 
+// A copy of a closed store (cp -a) keeps its uuid; once the copy has gone on alone, its index is
+// several commits ahead of the original's data file. Paired with it (a wrong --index-dir), it
+// would hand out extents that hold the original's blocks.
+TEST_CASE("nvme durability: the index of a copy of the store that went on alone is refused", "[nvme][durability]") {
+  TempDir a("nvme-a"), copy("nvme-copy");
+  CleanScenario(a.path());
+  fs::copy(a.path(), copy.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  {
+    auto t = NvmeTier::Open(DurabilityOptions(copy.path()));
+    REQUIRE(t.ok());
+    for (int i = 0; i < 5; ++i) REQUIRE(PutTestBlock(**t, 100 + i, 3).ok());  // sync: one commit each
+  }
+  const auto before_a = HashTree(a.path());
+  const auto before_copy = HashTree(copy.path());
+  auto o = DurabilityOptions(a.path());
+  o.index_dir = copy.path() / "index";
+  SECTION("read-write open") {
+    auto t = NvmeTier::Open(o);
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().ToString());
+    CHECK(t.status().IsCorruption());
+    CHECK(t.status().message().find("a copy of this store") != std::string::npos);
+  }
+  SECTION("read-only open") {
+    o.read_only = true;
+    auto t = NvmeTier::Open(o);
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.status().IsCorruption());
+  }
+  SECTION("a rebuild of A's index into the copy's index directory") {
+    auto r = NvmeTier::RebuildIndex(o);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.status().ToString());
+    CHECK(r.status().IsInvalidArgument());
+    CHECK(r.status().message().find("a copy of this store") != std::string::npos);
+  }
+  CHECK(HashTree(a.path()) == before_a);  // not one byte of either store changed
+  CHECK(HashTree(copy.path()) == before_copy);
+  auto t = NvmeTier::Open(DurabilityOptions(a.path()));
+  REQUIRE(t.ok());
+  CHECK(CheckScenario(**t).ok());
+}
+
 TEST_CASE("nvme durability: one writer per data area", "[nvme][durability]") {
   TempDir dir("nvme-dur");
   auto o = DurabilityOptions(dir.path());

@@ -284,11 +284,14 @@ struct OldIndex {
     kNone,        // absent, or an empty directory
     kOurs,        // a RocksDB index whose manifest names this store (`idx`: open read-only)
     kOtherStore,  // a RocksDB index whose manifest names another store (`owner`)
+    kOtherCopy,   // this store's manifest, but more than one commit ahead of the data file
+                  // (`commit`): the index of a copy of the store that went on alone
     kUnreadable,  // anything else: damaged, no manifest, not RocksDB, not a directory
   };
   Kind kind = Kind::kNone;
   std::unique_ptr<nvme::IndexStore> idx;
   std::string owner;
+  std::uint64_t commit = 0;
 };
 
 OldIndex LookAtOldIndex(const fs::path& dir, const nvme::Superblock& sb, const std::shared_ptr<Logger>& logger) {
@@ -314,6 +317,12 @@ OldIndex LookAtOldIndex(const fs::path& dir, const nvme::Superblock& sb, const s
   if (!ms->SameStore(sb)) {
     old.kind = OldIndex::Kind::kOtherStore;
     old.owner = ms->UuidString();
+    return old;
+  }
+  // A store's commits never leave its index two ahead of its superblock (nvme_open.cpp).
+  if (auto commit = (*idx)->ReadCommit(); commit.ok() && *commit > sb.indexed_commit + 1) {
+    old.kind = OldIndex::Kind::kOtherCopy;
+    old.commit = *commit;
     return old;
   }
   old.kind = OldIndex::Kind::kOurs;
@@ -350,6 +359,14 @@ std::optional<RebuildRefusal> IndexDirRefusal(const fs::path& dir, const OldInde
     return Refusal(Status::InvalidArgument, dir, false,
                    fmt::format("the index directory '{}' holds the index of another store ({}), not of this one ({})",
                                dir.string(), old.owner, sb.UuidString()),
+                   kGiveIndexDir);
+  }
+  if (old.kind == OldIndex::Kind::kOtherCopy) {
+    return Refusal(Status::InvalidArgument, dir, false,
+                   fmt::format("the index directory '{}' holds {} group commits but this data file recorded {}: "
+                               "it is the index of a copy of this store (copies keep the store's uuid) that was "
+                               "used on its own, not this data file's",
+                               dir.string(), old.commit, sb.indexed_commit),
                    kGiveIndexDir);
   }
   bool rocksdb_files = false, index_files = false;

@@ -911,6 +911,18 @@ Status NvmeTier::OpenIndexOfExisting() {
         "so blocks were lost from the index (a damaged or truncated write-ahead log); {}",
         index_path_.string(), data_path_.string(), index_commit_, sb_.indexed_commit, RecoverAdvice()));
   }
+  if (index_commit_ > sb_.indexed_commit + 1) {
+    // A store's commits never leave its index two ahead (the superblock is synced before each
+    // index write); a copy of the store (same uuid) that went on alone does. Serving it would
+    // hand out extents that hold the other copy's blocks here and overwrite them.
+    return Status::Corruption(fmt::format(
+        "the index '{}' holds {} group commits but the data file '{}' recorded {}: this store never lets its index "
+        "get more than one commit ahead, so the index was written with another data file - most likely a copy of "
+        "this store (copies keep the store's uuid) that was used on its own; nothing was changed. Pair the data file "
+        "with its own index directory (--index-dir), or give an empty --index-dir to 'terrace store recover --dir {}' "
+        "to rebuild one from the data file",
+        index_path_.string(), index_commit_, data_path_.string(), sb_.indexed_commit, options_.path.string()));
+  }
   if (options_.read_only) {
     index_ = std::move(idx);
     return Status::Ok();
@@ -1004,16 +1016,6 @@ Status NvmeTier::Recover() {
                              report_.ToString()));
   }
   if (!options_.read_only && index_commit_ == sb_.indexed_commit + 1) TERRACE_RETURN_IF_ERROR(RedoLastCommit());
-  if (index_commit_ > sb_.indexed_commit + 1) {
-    // Not left by this version's commits (the superblock is synced before each index write); the
-    // index is what is served, but the data file's descriptors of those commits may be incomplete.
-    const std::string w = fmt::format(
-        "the index of '{}' is {} group commits ahead of the commit its data file recorded ({}): a rebuild from the "
-        "data file ('store recover') may not give back exactly the indexed blocks; keep the index",
-        data_path_.string(), index_commit_ - sb_.indexed_commit, sb_.indexed_commit);
-    report_.warnings.push_back(w);
-    logger_->Log(LogLevel::kWarning, "nvme", w);
-  }
   return Status::Ok();
 }
 
