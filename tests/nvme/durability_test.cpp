@@ -427,6 +427,26 @@ TEST_CASE("nvme durability: the index of a copy of the store that went on alone 
   CHECK(CheckScenario(**t).ok());
 }
 
+// Each read-write open starts a new write-ahead log and keeps the recovered ones until a flush
+// covers them; a session that writes nothing must still retire them at close.
+TEST_CASE("nvme durability: read-write opens that write nothing leave no pile of index logs", "[nvme][durability]") {
+  TempDir dir("nvme-logs");
+  CleanScenario(dir.path());
+  auto logs = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir.path() / "index")) n += e.path().extension() == ".log" ? 1 : 0;
+    return n;
+  };
+  for (int i = 0; i < 12; ++i) {
+    auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+    REQUIRE(t.ok());
+  }
+  CHECK(logs() <= 2);
+  auto t = NvmeTier::Open(DurabilityOptions(dir.path()));
+  REQUIRE(t.ok());
+  CHECK(CheckScenario(**t).ok());
+}
+
 TEST_CASE("nvme durability: one writer per data area", "[nvme][durability]") {
   TempDir dir("nvme-dur");
   auto o = DurabilityOptions(dir.path());

@@ -8,7 +8,9 @@
 //   write torn by a crash, never acknowledged) is dropped; any other damage makes Open fail with
 //   Corruption instead of silently truncating history (RocksDB's default point-in-time mode).
 // - avoid_flush_during_recovery: Open never rewrites or deletes the log it recovered from, so a
-//   refused index keeps its evidence. The memtable is flushed on Close instead.
+//   refused index keeps its evidence. The memtable is flushed on Close instead, and a read-write
+//   Close retires the recovered logs even when nothing was written (RetireRecoveredLogs), so the
+//   logs do not pile up one per open.
 // - allow_fallocate off, 4 MiB memtables and table files (kIndexBufferBytes): RocksDB's defaults
 //   preallocate ~74 MB per log and table, enough to fill a small file system.
 // - RocksDB's own LOG goes to the tier's logger, not a file in the index directory: on a full
@@ -96,6 +98,9 @@ class IndexStore {
   IndexStore(std::filesystem::path dir, rocksdb::DB* db, bool read_only)
       : dir_(std::move(dir)), db_(db), read_only_(read_only) {}
   Status FromRocks(const void* rocks_status, std::string_view what) const;
+  // Close's step after its flush: when more than one write-ahead log is live (logs recovered at
+  // open and kept), makes a flush retire them. The index's content is unchanged.
+  Status RetireRecoveredLogs();
   // The value of `key`, or nullopt when absent; `what` names the read in errors.
   Result<std::optional<std::string>> ReadOptional(std::string_view key, std::string_view what) const;
 

@@ -334,6 +334,11 @@ Status NvmeTier::OpenDirectoryStore(bool* again) {
   }
   for (const auto& entry : ListDir(options_.path, &ec)) {
     if (fs::equivalent(entry.path(), index_path_, ec)) continue;  // a pre-created empty index directory
+    const fs::path name = entry.path().filename();
+    if (name == data_path_.filename() || name == creating_path_.filename()) {
+      *again = true;  // another process started creating a store here since the checks above
+      return Status::Ok();
+    }
     return Status::InvalidArgument(fmt::format(
         "'{}' is not empty and holds no Terrace store (no terrace.data; found '{}'); point the NVMe tier at an empty "
         "directory or an existing store",
