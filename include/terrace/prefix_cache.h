@@ -102,7 +102,12 @@ struct PrefixCacheStats {
   std::uint64_t fallbacks = 0;         // all fallbacks, = missing + corrupt
   std::uint64_t fallbacks_missing = 0; // a block looked up as present was gone (evicted) at read
   std::uint64_t fallbacks_corrupt = 0; // a block failed its checksum, header check or decode
-  std::uint64_t chunk_writes = 0, state_writes = 0;  // blocks written (or already present)
+  // Blocks written: Puts that completed OK of a key the pool did not hold when the writer checked
+  // (Store::Contains). A block the pool already held is not written and counts in *_already_stored
+  // instead. (A Put of the same key by another request or cache between the check and this Put
+  // can still make one of these a store no-op or a replacement.)
+  std::uint64_t chunk_writes = 0, state_writes = 0;
+  std::uint64_t chunk_already_stored = 0, state_already_stored = 0;  // not written: the pool held the key
   std::uint64_t write_failures = 0;    // write-back Puts or encodes that failed (logged)
   std::uint64_t bytes_written = 0;
   std::array<std::uint64_t, kNumTiers> bytes_read{};

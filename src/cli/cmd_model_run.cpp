@@ -122,7 +122,7 @@ int RunModel(const RunArgs& a) {
     if (kv_run) {
       kv_run->cache->Flush();
       for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()}) (void)st->Flush();
-      stored = fmt::format("; {} chunk blocks were written to --store", kv_run->cache->Stats().chunk_writes);
+      stored = "; --store: " + WriteBackText(kv_run->cache->Stats());
     }
     return ExitStopped("terrace model run", " " + what + stored);
   };

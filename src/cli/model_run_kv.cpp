@@ -246,6 +246,8 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   }
   j["chunk_blocks_written"] = st.chunk_writes;
   j["state_blocks_written"] = st.state_writes;
+  j["chunk_blocks_already_stored"] = st.chunk_already_stored;
+  j["state_blocks_already_stored"] = st.state_already_stored;
   j["write_failures"] = st.write_failures;
   j["bytes_written"] = st.bytes_written;
   return j;
@@ -278,9 +280,15 @@ std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats&
                          "to {}:\n", rep.fallbacks, rep.partial_boundary_tokens, rep.lookup_boundary_tokens, rep.boundary_tokens);
     for (const auto& r : p.restore.fallback_reasons) out += "  " + r + "\n";
   }
-  out += fmt::format("prefix cache: wrote {} chunk and {} state blocks ({}), {} write failure(s)\n", st.chunk_writes,
-                     st.state_writes, FormatBytes(static_cast<double>(st.bytes_written)), st.write_failures);
+  out += "prefix cache: " + WriteBackText(st) + "\n";
   return out;
+}
+
+std::string WriteBackText(const kv::PrefixCacheStats& st) {
+  return fmt::format("wrote {} chunk and {} state blocks ({}), {} write failure(s); {} chunk and {} state blocks were "
+                     "already stored",
+                     st.chunk_writes, st.state_writes, FormatBytes(static_cast<double>(st.bytes_written)),
+                     st.write_failures, st.chunk_already_stored, st.state_already_stored);
 }
 
 }  // namespace terrace::cli

@@ -63,5 +63,8 @@ Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config,
 // The JSON object / text lines the run reports about the cache (after the write-back finished).
 nlohmann::json KvReportJson(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
 std::string KvReportText(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
+// "wrote N chunk and M state blocks (BYTES), F write failure(s); K chunk and L state blocks were
+// already stored": the write-back so far, blocks the pools already held counted apart from writes.
+std::string WriteBackText(const kv::PrefixCacheStats& stats);
 
 }  // namespace terrace::cli

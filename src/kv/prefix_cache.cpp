@@ -57,7 +57,7 @@ void PrefixCache::Impl::WriteBlock(Store* store, const BlockKey& key,
                                    const std::function<Status(std::vector<std::byte>*)>& encode, bool is_state) {
   if (store->Contains(key)) {
     MutexLock lock(&stats_mu);
-    ++(is_state ? stats.state_writes : stats.chunk_writes);
+    ++(is_state ? stats.state_already_stored : stats.chunk_already_stored);
     return;
   }
   auto bytes = std::make_shared<std::vector<std::byte>>();

@@ -94,9 +94,21 @@ TEST_CASE("the same prompt again restores all but its last token's chunk; nothin
     const auto p = Tokens(n, n);
     Prefill(*m.model, **cache, p, "");
     (*cache)->Flush();
+    const PrefixCacheStats before = (*cache)->Stats();
     const Run again = Prefill(*m.model, **cache, p, "", {}, 2);
+    (*cache)->Flush();
+    const PrefixCacheStats after = (*cache)->Stats();
     CHECK(again.prefill.restored_tokens == (n - 1) / 16 * 16);
     CHECK(again.prefill.computed_tokens >= 1);
+    // A prompt of whole chunks computes its last chunk again: its blocks are found stored, not
+    // written (they were counted as writes before).
+    const std::uint64_t recomputed = n % 16 == 0 ? 1 : 0;
+    CHECK(after.chunk_writes == before.chunk_writes);
+    CHECK(after.state_writes == before.state_writes);
+    CHECK(after.bytes_written == before.bytes_written);
+    CHECK(after.chunk_already_stored - before.chunk_already_stored == recomputed);
+    const std::uint64_t kda_layers = (*cache)->layout().kda_layers().size();
+    CHECK(after.state_already_stored - before.state_already_stored == recomputed * kda_layers);
     const Run cold = Prefill(*m.model, **cache, p, "", {.restore = false, .write_back = false}, 2);
     CHECK(Bitwise(again.prefill.logits.data, Rows(cold.prefill.logits, again.prefill.restored_tokens)));
     CHECK(Bitwise(again.decode_logits.back(), cold.decode_logits.back()));

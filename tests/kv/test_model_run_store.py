@@ -62,6 +62,62 @@ def test_second_process_restores_with_identical_output(toy, tmp_path):
     assert d["restored_tokens"] == 0
 
 
+def store_blocks(pool):
+    p = subprocess.run([BIN, "store", "stats", "--dir", str(pool), "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["blocks"]
+
+
+def test_blocks_already_stored_are_not_counted_as_written(toy, tmp_path):
+    # 128 tokens = 4 whole 32-token chunks: a second run restores 3 (the last token is computed),
+    # computes chunk 4 and finds its KV block and its boundary's snapshots already stored. It wrote
+    # nothing; it reported "wrote 1 chunk and 6 state blocks" before.
+    store = tmp_path / "st"
+    tokens = ",".join(TOKENS.split(",")[:128])
+    a = run_json(toy, store, tokens=tokens)
+    assert a["restored_tokens"] == 0 and a["write_failures"] == 0
+    assert a["chunk_blocks_written"] == store_blocks(store / "kv") == 4
+    assert a["state_blocks_written"] == store_blocks(store / "state") > 0
+    assert a["chunk_blocks_already_stored"] == a["state_blocks_already_stored"] == 0
+    per_boundary = a["state_blocks_written"] // 4  # one snapshot per KDA layer at each of 4 boundaries
+    b = run_json(toy, store, tokens=tokens)
+    assert b["restored_tokens"] == 96
+    assert b["chunk_blocks_written"] == b["state_blocks_written"] == b["bytes_written"] == 0
+    assert b["chunk_blocks_already_stored"] == 1 and b["state_blocks_already_stored"] == per_boundary
+    assert store_blocks(store / "kv") == 4 and store_blocks(store / "state") == a["state_blocks_written"]
+    text = run(toy, store, tokens=tokens).stdout
+    assert (f"prefix cache: wrote 0 chunk and 0 state blocks (0 B), 0 write failure(s); 1 chunk and {per_boundary} "
+            "state blocks were already stored") in text, text
+    # Snapshots only at the last full chunk, then a prompt differing in its last chunk: no boundary
+    # to restore, 4 chunks computed, 3 of them already stored, 1 written (it said "wrote 4" before).
+    last_only = tmp_path / "last"
+    run_json(toy, last_only, "--snapshot-every", "0", tokens=tokens)
+    other = tokens.split(",")
+    other[100] = str((int(other[100]) + 1) % 512)
+    c = run_json(toy, last_only, "--snapshot-every", "0", tokens=",".join(other))
+    assert c["restored_tokens"] == 0
+    assert c["chunk_blocks_written"] == 1 and c["chunk_blocks_already_stored"] == 3
+    assert c["state_blocks_written"] == per_boundary and c["state_blocks_already_stored"] == 0
+    assert store_blocks(last_only / "kv") == 5 and store_blocks(last_only / "state") == 2 * per_boundary
+
+
+def test_lossless_restore_is_independent_of_the_write_history(toy, tmp_path):
+    # With f32 codecs the blocks a run writes after a restore are bitwise a cold run's, so the same
+    # prompt restores to the same logits whichever runs filled the pool (docs/prefix-cache.md,
+    # "Lossy codecs": with a lossy codec they may differ).
+    cold = tmp_path / "cold"
+    run_json(toy, cold)  # one cold run writes every block
+    a = run_json(toy, cold)
+    turns = tmp_path / "turns"
+    first = run_json(toy, turns, tokens=",".join(TOKENS.split(",")[:33]))  # a first turn: chunk 1
+    second = run_json(toy, turns)  # restores chunk 1, writes chunks 2-4 computed on the restored state
+    assert first["chunk_blocks_written"] == 1 and second["restored_tokens"] == 32
+    assert second["chunk_blocks_written"] == 3
+    b = run_json(toy, turns)
+    assert a["restored_tokens"] == b["restored_tokens"] == 128
+    assert a["logits_xxh3_64"] == b["logits_xxh3_64"] and a["generated"] == b["generated"]
+
+
 def test_state_reserved_while_the_pools_open_changes_no_output(toy, tmp_path):
     # model run --store reserves the state's latents for the prompt beside the pools' opening;
     # --no-reserve leaves them to the restore and the forward pass. Same ids and digest either way.
