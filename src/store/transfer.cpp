@@ -69,7 +69,7 @@ TransferOutcome StoreImpl::Transfer(int from, int to, const BlockKey& key, const
     const std::byte* p = src.ResidentPtr(key);
     if (p != nullptr) {
       if (Checksum({p, desc.size}) != desc.checksum) {
-        slot(from).measured.Add(slot(from).measured.corruptions);
+        // Counted where the copy is dropped (DropCopy), as for the other routes: not here too.
         out.read = Status::Corruption(fmt::format("block {} failed its checksum in tier {} while being moved to tier {}",
                                                   key.ToString(), SlotName(from), SlotName(to)));
       } else {

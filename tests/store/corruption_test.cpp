@@ -109,5 +109,45 @@ TEST_CASE("Random faults: every successful Get returns exactly the bytes put") {
   CHECK(failed > 0);
 }
 
+// Acquire hands out a pointer into the tier's memory: a host-memory copy that no longer matches its
+// checksum is dropped there and never handed out. With a good copy below, the handle holds its bytes
+// (brought up again); with none, Acquire is Corruption. Either way the drop is counted.
+TEST_CASE("Acquire of a corrupt host copy: the handle holds the lower copy's bytes, or Corruption with none") {
+  const bool lower_copy = GENERATE(true, false);
+  INFO("good copy in nvme: " << lower_copy);
+  StoreOptions o = Quiet();
+  if (lower_copy) o.write_policy = WritePolicy::kWriteThrough;  // the put also lands in nvme
+  FakeTiers f(0, 1 << 20, 1 << 22);
+  FakeTier& host = f.at(TierId::kHost);
+  FakeTier& nvme = f.at(TierId::kNvme);
+  auto store = OpenFakeStore(f, o);
+  const BlockKey key = TestKey(20);
+  const auto bytes = TestBytes(20, kCorruptionBlock);
+  REQUIRE(store->Put(key, bytes, {Codec::kRaw, TierId::kHost}).ok());
+  REQUIRE(host.Has(key));
+  REQUIRE(nvme.Has(key) == lower_copy);
+  REQUIRE(host.CorruptStored(key));  // at rest, in the memory a handle would point into
+
+  auto h = store->Acquire(key, TierId::kHost);
+  const StoreStats st = store->Stats();
+  CHECK(st.corruptions_dropped == 1);
+  CHECK(st.tiers[static_cast<int>(TierId::kHost)].corruptions == 1);
+  if (lower_copy) {
+    INFO(h.status().ToString());
+    REQUIRE(h.ok());
+    CHECK(h->tier() == TierId::kHost);
+    REQUIRE(h->size() == bytes.size());
+    CHECK(std::vector<std::byte>(h->data(), h->data() + h->size()) == bytes);
+    h->Release();
+    CHECK(*GetBytes(*store, key) == bytes);
+  } else {
+    REQUIRE_FALSE(h.ok());
+    CHECK(h.status().IsCorruption());
+    CHECK_THAT(h.status().message(), Catch::Contains(key.ToString()));
+    CHECK_FALSE(store->Contains(key));
+    CHECK(GetBytes(*store, key).status().IsCorruption());
+  }
+}
+
 }  // namespace
 }  // namespace terrace::testing

@@ -521,5 +521,149 @@ TEST_CASE("Transfer: a mixed GetBatch without a device tier refuses only its dev
   CHECK(items[1].desc.size == SizeOf(1));
 }
 
+// --- A host-memory source copy is verified before Transfer copies it from where it lies ---------
+// (Transfer's route 2: a demotion from HBM / the host arena, or a promotion into a device_buffers
+// tier.) The destination's Put takes the store's descriptor, so a corrupt source copy copied there
+// would pass on its damage: into the Get's buffer at once, or into a device-memory handle that
+// Acquire cannot check.
+
+// The emulated HBM tier, optionally relabelled device memory (as the CUDA tier is: Acquire does
+// not read its bytes back to check them), over a fake host tier and, optionally, a fake NVMe tier.
+class DeviceLabelledTier final : public ForwardingTier {
+ public:
+  explicit DeviceLabelledTier(std::shared_ptr<Tier> inner) : ForwardingTier(std::move(inner)) {
+    caps_.memory = MemoryKind::kDevice;
+    caps_.emulated = false;
+  }
+  const std::byte* ResidentPtr(const BlockKey& key) const override { return inner_->ResidentPtr(key); }
+};
+
+struct HbmOverFakes {
+  Tier* hbm = nullptr;
+  FakeTier* host = nullptr;
+  FakeTier* nvme = nullptr;
+  std::unique_ptr<Store> store;
+  HbmOverFakes(const StoreOptions& o, std::uint64_t hbm_bytes, bool with_nvme, bool device_memory = false) {
+    HbmTierOptions ho;
+    ho.mode = HbmMode::kEmulated;
+    ho.capacity_bytes = hbm_bytes;
+    ho.link.enabled = false;
+    auto made = CreateHbmTier(ho);
+    REQUIRE(made.ok());
+    std::vector<std::unique_ptr<Tier>> tiers;
+    if (device_memory) {
+      tiers.push_back(std::make_unique<DeviceLabelledTier>(std::shared_ptr<Tier>(std::move(*made))));
+    } else {
+      tiers.push_back(std::move(*made));
+    }
+    hbm = tiers.back().get();
+    REQUIRE(hbm->caps().device_buffers);
+    REQUIRE_FALSE(hbm->caps().reserves);
+    auto h = std::make_unique<FakeTier>(TierId::kHost, 1 << 20);
+    host = h.get();
+    tiers.push_back(std::move(h));
+    if (with_nvme) {
+      auto n = std::make_unique<FakeTier>(TierId::kNvme, 1 << 22);
+      nvme = n.get();
+      tiers.push_back(std::move(n));
+    }
+    auto r = Store::OpenWithTiers(o, std::move(tiers));
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    store = std::move(*r);
+  }
+  std::uint64_t corruptions(TierId t) const { return store->Stats().tiers[static_cast<int>(t)].corruptions; }
+};
+
+TEST_CASE("Transfer: a Get promoting a corrupt host copy into HBM: Corruption or the lower copy, never bad bytes") {
+  const bool lower_copy = GENERATE(false, true);
+  INFO("good copy in nvme: " << lower_copy);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHbm;  // a Get promotes into HBM, from the host copy where it lies
+  if (lower_copy) o.write_policy = WritePolicy::kWriteThrough;
+  HbmOverFakes s(o, 1 * kMiB, /*with_nvme=*/true);
+  const BlockKey key = TestKey(40);
+  const auto bytes = TestBytes(40, 24 * kKiB);
+  REQUIRE(s.store->Put(key, bytes, {Codec::kRaw, TierId::kHost}).ok());
+  REQUIRE(TierOf(*s.store, key) == TierId::kHost);
+  REQUIRE(s.nvme->Has(key) == lower_copy);
+  REQUIRE(s.host->CorruptStored(key));
+
+  auto r = GetBytes(*s.store, key);
+  CHECK(s.store->Stats().corruptions_dropped == 1);
+  CHECK(s.corruptions(TierId::kHost) == 1);
+  if (lower_copy) {
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(*r == bytes);
+    CHECK(TierOf(*s.store, key) == TierId::kHbm);
+    CHECK(*GetBytes(*s.store, key) == bytes);  // from HBM now
+  } else {
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().IsCorruption());
+    CHECK_THAT(r.status().message(), Catch::Contains(key.ToString()));
+    CHECK(s.hbm->block_count() == 0);  // nothing was copied up
+    CHECK_FALSE(s.store->Contains(key));
+  }
+}
+
+TEST_CASE("Transfer: Acquire into a device-memory tier never hands out a corrupt host copy") {
+  const bool lower_copy = GENERATE(false, true);
+  INFO("good copy in nvme: " << lower_copy);
+  StoreOptions o = Quiet();
+  if (lower_copy) o.write_policy = WritePolicy::kWriteThrough;
+  HbmOverFakes s(o, 1 * kMiB, /*with_nvme=*/true, /*device_memory=*/true);
+  const BlockKey key = TestKey(41);
+  const auto bytes = TestBytes(41, 24 * kKiB);
+  REQUIRE(s.store->Put(key, bytes, {Codec::kRaw, TierId::kHost}).ok());
+  REQUIRE(s.host->CorruptStored(key));
+
+  auto h = s.store->Acquire(key, TierId::kHbm);
+  CHECK(s.store->Stats().corruptions_dropped == 1);
+  CHECK(s.corruptions(TierId::kHost) == 1);
+  if (lower_copy) {
+    INFO(h.status().ToString());
+    REQUIRE(h.ok());
+    CHECK(h->memory_kind() == MemoryKind::kDevice);
+    REQUIRE(h->size() == bytes.size());
+    CHECK(std::vector<std::byte>(h->data(), h->data() + h->size()) == bytes);  // emulated: host-readable
+  } else {
+    REQUIRE_FALSE(h.ok());
+    CHECK(h.status().IsCorruption());
+    CHECK_THAT(h.status().message(), Catch::Contains(key.ToString()));
+    CHECK(s.hbm->block_count() == 0);
+  }
+}
+
+TEST_CASE("Transfer: a corrupt HBM copy evicted to make room is dropped, not demoted into the host tier") {
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHbm;
+  HbmOverFakes s(o, 64 * kKiB, /*with_nvme=*/false);
+  const BlockKey a = TestKey(42), b = TestKey(43);
+  const auto a_bytes = TestBytes(42, 40 * kKiB), b_bytes = TestBytes(43, 40 * kKiB);
+  REQUIRE(s.store->Put(a, a_bytes).ok());
+  REQUIRE(TierOf(*s.store, a) == TierId::kHbm);
+  {  // flip a bit of the resident copy, in the emulated HBM tier's memory
+    REQUIRE(s.hbm->Pin(a).ok());
+    auto* p = const_cast<std::byte*>(s.hbm->ResidentPtr(a));
+    REQUIRE(p != nullptr);
+    p[100] ^= std::byte{0x10};
+    REQUIRE(s.hbm->Unpin(a).ok());
+  }
+  // b does not fit beside a: a is the victim, and its write-back to the host tier reads the HBM copy.
+  REQUIRE(s.store->Put(b, b_bytes).ok());
+  CHECK(TierOf(*s.store, b) == TierId::kHbm);
+  CHECK_FALSE(s.host->Has(a));  // the damage went nowhere
+  const StoreStats st = s.store->Stats();
+  CHECK(st.demotions == 0);
+  CHECK(st.corruptions_dropped == 1);
+  CHECK(s.corruptions(TierId::kHbm) == 1);
+  auto r = GetBytes(*s.store, a);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().IsCorruption());
+  CHECK_THAT(r.status().message(), Catch::Contains("hbm"));
+  CHECK(*GetBytes(*s.store, b) == b_bytes);
+}
+
 }  // namespace
 }  // namespace terrace::testing
