@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -346,29 +347,36 @@ std::string StoreCheckRecoverAdvice(const StorePaths& p) {
   return fmt::format("run 'terrace store recover {}' to rebuild the index from the data file", StorePathFlags(p));
 }
 
-int RunCheck(const CheckArgs& a) {
-  std::vector<BlockKey> expected;
-  if (!a.expect.empty()) {
-    auto keys = ReadDurableLines(a.expect);
-    if (!keys.ok()) {
-      return keys.status().IsIoError() ? FailStatus(keys.status()) : FailUsage(keys.status().message());
-    }
-    expected = std::move(*keys);
-  }
-  auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
-  if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
-  }
-  NvmeTierOptions o = *opts;
-  o.read_only = !a.repair;  // reports corrupt blocks without dropping them; writes nothing
-  // The scan runs first: it needs no index (so it works when the index does not open) and, with
-  // --repair, must not compete with the read-write tier for the data area's lock.
+// Test hook: a shell command that `store check` runs between its scan of the data file and its
+// opening of the index, given in TERRACE_TEST_CHECK_AFTER_SCAN (unset: nothing runs), so a test can
+// start a writer exactly there instead of racing one.
+void RunAfterScanHook() {
+  const char* cmd = std::getenv("TERRACE_TEST_CHECK_AFTER_SCAN");
+  if (cmd != nullptr && *cmd != '\0') (void)std::system(cmd);
+}
+
+// What CheckOneMoment saw, for RunCheck to report.
+struct CheckedStore {
+  BlockCheck check;
+  std::uint64_t damaged_descriptors = 0;  // the scan's DataScanReport::damaged (0 with --quick)
+};
+
+// Checks the store `o` names (opened read-only) as of one moment: a SharedDataLock keeps writers
+// out from before the scan until the check is done, so the scan, the index's pending commit and the
+// index describe the same store. Fills `out` and returns nullopt; or prints why it cannot check and
+// returns the exit code.
+std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, const std::vector<BlockKey>& expected,
+                                  CheckedStore* out) {
+  auto lock = SharedDataLock::Take(o);
+  if (!lock.ok()) return FailStatus(lock.status());
+  // The scan runs first: it needs no index, so it works when the index does not open.
   std::optional<ScannedBlocks> scan;
   if (!a.quick) {
     auto s = ScanDataArea(o);
     if (!s.ok()) return FailStatus(s.status());
     fmt::print(stderr, "store check: data file scan: {}\n", s->report.ToString());
     scan = std::move(*s);
+    RunAfterScanHook();
   }
   auto tier = NvmeTier::Open(o);
   if (!tier.ok()) {
@@ -384,10 +392,60 @@ int RunCheck(const CheckArgs& a) {
     }
     return FailStatus(tier.status());
   }
+  if (scan) {
+    scan->pending_commit_keys = ReadPendingCommit(o);
+    out->damaged_descriptors = scan->report.damaged;
+  }
   const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
-  BlockCheck c = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
+  out->check = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
   });
+  return std::nullopt;
+}
+
+// `store check --repair`: opens the store read-write (exclusively) and reads each of `keys`, found
+// corrupt by CheckOneMoment, again; the tier drops a block that still fails its checksum. Returns
+// how many it dropped: a key that reads back good or is gone now (another process rewrote or
+// erased it between the check and this open) is not dropped.
+Result<std::uint64_t> DropCorruptBlocks(NvmeTierOptions o, const std::vector<BlockKey>& keys) {
+  o.read_only = false;
+  TERRACE_ASSIGN_OR_RETURN(std::unique_ptr<NvmeTier> tier, NvmeTier::Open(o));
+  std::uint64_t dropped = 0;
+  std::vector<std::byte> buf;
+  for (const BlockKey& key : keys) {
+    auto desc = tier->Lookup(key);
+    if (!desc.ok()) continue;
+    buf.resize(desc->size);
+    BlockDesc got;
+    Status s = tier->Get(key, buf, &got);
+    if (s.IsCorruption()) {
+      ++dropped;
+    } else if (!s.ok()) {
+      return s;
+    }
+  }
+  TERRACE_RETURN_IF_ERROR(tier->Close());
+  return dropped;
+}
+
+int RunCheck(const CheckArgs& a) {
+  std::vector<BlockKey> expected;
+  if (!a.expect.empty()) {
+    auto keys = ReadDurableLines(a.expect);
+    if (!keys.ok()) {
+      return keys.status().IsIoError() ? FailStatus(keys.status()) : FailUsage(keys.status().message());
+    }
+    expected = std::move(*keys);
+  }
+  auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
+  if (!opts.ok()) {
+    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
+  }
+  NvmeTierOptions o = *opts;
+  o.read_only = true;  // the check writes nothing; --repair drops corrupt blocks after it (DropCorruptBlocks)
+  CheckedStore checked;
+  if (std::optional<int> failed = CheckOneMoment(a, o, expected, &checked)) return *failed;
+  const BlockCheck& c = checked.check;
   for (std::size_t i = 0; i < c.lost_keys.size() && i < kMaxBlockLines; ++i) {
     fmt::print(stderr, "not in the index: {}\n", c.lost_keys[i].ToString());
   }
@@ -401,13 +459,28 @@ int RunCheck(const CheckArgs& a) {
     fmt::print("store check: {} indexed blocks have no valid descriptor in the data file ({} damaged descriptors "
                "found): they are served from the index, and 'terrace store recover' keeps them only while this "
                "index opens; keep the index\n",
-               c.index_only, scan ? scan->report.damaged : 0);
+               c.index_only, checked.damaged_descriptors);
+  }
+  if (c.pending_commit > 0) {  // a note: nothing is damaged, and nothing is to be done
+    fmt::print("store check: {} indexed blocks belong to the index's pending group commit, whose descriptors are "
+               "not in the data file yet (its writer stopped between the index write and the descriptors, or "
+               "'terrace store recover' kept them from the old index); they read back from the index, and the next "
+               "read-write open of the store (a 'store fill' or 'model run' on it, or a 'store check --repair' that "
+               "drops blocks) writes their descriptors; no action needed\n",
+               c.pending_commit);
   }
   const std::string where = fmt::format("--dir {}{}", a.paths.dir,
                                         a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
   if (c.corrupt) {
     if (a.repair) {
-      fmt::print("store check: {} corrupt blocks were dropped from the store; recompute or refetch them\n", c.corrupt);
+      auto dropped = DropCorruptBlocks(o, c.corrupt_keys);
+      if (!dropped.ok()) return FailStatus(dropped.status());
+      fmt::print("store check: {} corrupt blocks were dropped from the store; recompute or refetch them\n", *dropped);
+      if (*dropped < c.corrupt) {
+        fmt::print("store check: {} of the corrupt blocks were not dropped: another process rewrote or erased them "
+                   "after the check; run 'terrace store check --repair {}' again to check the store as it is now\n",
+                   c.corrupt - *dropped, where);
+      }
     } else {
       fmt::print("store check: {} corrupt blocks were left as they are (check is read-only); run 'terrace store check "
                  "--repair {}' to drop them\n",
@@ -419,7 +492,7 @@ int RunCheck(const CheckArgs& a) {
                "puts in flight when a writer died); {}\n",
                c.lost_from_index, StoreCheckRecoverAdvice(a.paths));
   }
-  if (c.wrong_content && seed) {
+  if (c.wrong_content && !a.checksums_only) {
     fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used, or "
                "--checksums-only for a store that 'store fill' did not write\n",
                c.wrong_content, a.seed);

@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -80,8 +82,13 @@ struct BlockCheck {
   bool scanned = false;               // the data file was scanned for lost_from_index
   // Indexed, but with no valid descriptor in the data file (damaged or never written): served from
   // the index, yet a rebuild from the data file alone would not find them. Corrupt blocks are not
-  // counted here (the scan skips an extent whose data fails its checksum; its descriptor is fine).
+  // counted here (the scan skips an extent whose data fails its checksum; its descriptor is fine),
+  // nor are the blocks of pending_commit.
   std::uint64_t index_only = 0;
+  // Indexed blocks the data file does not describe yet because they are puts of the index's pending
+  // group commit (ScannedBlocks::pending_commit_keys): the next read-write open writes their
+  // descriptors. Nothing is damaged.
+  std::uint64_t pending_commit = 0;
   std::vector<BlockKey> corrupt_keys;
   std::vector<BlockKey> missing_keys;
   std::vector<BlockKey> lost_keys;
@@ -93,14 +100,42 @@ struct BlockCheck {
 // names one per line; the rest are counted on one line.
 inline constexpr std::uint64_t kMaxBlockLines = 10;
 
-// What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key.
+// What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key; and,
+// read under the same lock (ReadPendingCommit), the keys the index's pending group commit put.
 struct ScannedBlocks {
   DataScanReport report;
   std::unordered_map<BlockKey, std::pair<BlockDesc, std::uint64_t>> blocks;  // desc, generation
+  std::unordered_set<BlockKey> pending_commit_keys;
 };
-// Scans the data area of `options` (a shared lock: run it while no writer has the store open, or
-// beside a read-only tier). Prints progress to stderr on large stores.
+// Scans the data area of `options` (ScanDataFile takes a shared lock for the scan alone: to compare
+// the result with the index, hold a SharedDataLock across both). Prints progress to stderr on large
+// stores.
 Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options);
+
+// A shared lock on the data area of the store `options` names, held until destroyed. Writers
+// (read-write tiers, recover) lock it exclusively, so while it is held neither the data file nor
+// the index changes; ScanDataFile and read-only tiers (shared locks) open beside it. Take() fails
+// with Unavailable ("in use by another process") while a writer has the store open.
+class SharedDataLock {
+ public:
+  static Result<SharedDataLock> Take(const NvmeTierOptions& options);
+  SharedDataLock(SharedDataLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  SharedDataLock& operator=(SharedDataLock&&) = delete;
+  SharedDataLock(const SharedDataLock&) = delete;
+  ~SharedDataLock();
+
+ private:
+  explicit SharedDataLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// The keys put by the group commit the index of `options` holds but the data file's superblock does
+// not record yet (the index one commit ahead with its redo record: a commit cut short between its
+// index write and its descriptors, or left pending by a rebuild; the next read-write open writes
+// their descriptors, docs/nvme-format.md). Empty when none is pending, or when the superblock or
+// the index cannot be read (the tier's open reports that). Opens the index read-only; call it
+// while holding a SharedDataLock, so the superblock and the index are of one moment.
+std::unordered_set<BlockKey> ReadPendingCommit(const NvmeTierOptions& options);
 
 // Reads every indexed block of `tier`: a block is ok when the tier returns it (its checksum
 // passes) and, when `seed` is given, it equals FillPattern(*seed, key); without a seed (a store

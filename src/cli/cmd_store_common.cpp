@@ -1,5 +1,6 @@
 // Helpers shared by the `terrace store` subcommands (declared in cmd_store.h).
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,9 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
+#include "tiers/nvme/group_commit.h"
+#include "tiers/nvme/index_store.h"
+#include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::cli::store_cmd {
@@ -202,8 +206,9 @@ Result<std::vector<BlockKey>> ReadDurableLines(const std::string& path) {
 
 namespace {
 
-// Adds lost_from_index and index_only to `check`: blocks of `scan` that `tier`'s index does not
-// hold, and indexed blocks, not corrupt, that the scan did not find.
+// Adds lost_from_index, index_only and pending_commit to `check`: blocks of `scan` that `tier`'s
+// index does not hold, and indexed blocks, not corrupt, that the scan did not find (pending_commit
+// when the index's pending commit put them).
 void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
   check->scanned = true;
   for (const auto& [key, dg] : scan.blocks) {
@@ -214,7 +219,8 @@ void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* chec
   }
   const std::unordered_set<BlockKey> corrupt(check->corrupt_keys.begin(), check->corrupt_keys.end());
   tier.ForEach([&](const BlockKey& key, const BlockDesc&) {
-    if (!scan.blocks.contains(key) && !corrupt.contains(key)) ++check->index_only;
+    if (scan.blocks.contains(key) || corrupt.contains(key)) return;
+    ++(scan.pending_commit_keys.contains(key) ? check->pending_commit : check->index_only);
   });
 }
 
@@ -301,6 +307,48 @@ Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options) {
                       },
                       progress));
   return out;
+}
+
+Result<SharedDataLock> SharedDataLock::Take(const NvmeTierOptions& options) {
+  TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
+  const int fd = ::open(paths.data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::IoError(fmt::format("cannot open the NVMe data file '{}': {}", paths.data.string(),
+                                       std::strerror(errno)));
+  }
+  SharedDataLock lock(fd);
+  if (int err = nvme::LockDataArea(fd, LOCK_SH, options.lock_wait); err != 0) {
+    if (err == EWOULDBLOCK) {
+      return Status::Unavailable(fmt::format("NVMe store '{}' is in use by another process (its data file is locked); "
+                                             "close that process first",
+                                             paths.data.string()));
+    }
+    return Status::IoError(fmt::format("cannot lock the NVMe data file '{}': {}", paths.data.string(),
+                                       std::strerror(err)));
+  }
+  return lock;
+}
+
+SharedDataLock::~SharedDataLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+std::unordered_set<BlockKey> ReadPendingCommit(const NvmeTierOptions& options) {
+  auto paths = nvme::ResolveStorePaths(options, /*may_create=*/false);
+  if (!paths.ok()) return {};
+  auto unit = ReadSuperblockUnit(paths->data, /*follow_symlinks=*/true);
+  if (!unit.ok()) return {};
+  auto sb = nvme::Superblock::DecodeUnit(*unit, paths->data.string());
+  nvme::IndexOpenOptions io;
+  io.read_only = true;
+  auto idx = nvme::IndexStore::Open(paths->index, io);
+  if (!sb.ok() || !idx.ok()) return {};
+  auto commit = (*idx)->ReadCommit();
+  auto bytes = (*idx)->ReadRedo();
+  if (!commit.ok() || *commit != sb->indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return {};
+  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
+  if (!redo.ok()) return {};
+  return std::unordered_set<BlockKey>(redo->keys.begin(), redo->keys.end());
 }
 
 }  // namespace terrace::cli::store_cmd
