@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -347,12 +348,19 @@ std::string StoreCheckRecoverAdvice(const StorePaths& p) {
   return fmt::format("run 'terrace store recover {}' to rebuild the index from the data file", StorePathFlags(p));
 }
 
-// Test hook: a shell command that `store check` runs between its scan of the data file and its
-// opening of the index, given in TERRACE_TEST_CHECK_AFTER_SCAN (unset: nothing runs), so a test can
-// start a writer exactly there instead of racing one.
-void RunAfterScanHook() {
-  const char* cmd = std::getenv("TERRACE_TEST_CHECK_AFTER_SCAN");
-  if (cmd != nullptr && *cmd != '\0') (void)std::system(cmd);
+// Test hook, so a test can start a writer exactly between `store check`'s scan of the data file and
+// its opening of the index instead of racing one: when TERRACE_TEST_CHECK_GATE names a file, check
+// creates "<file>.scanned" after its scan and waits (at most 60 s) until the file is removed.
+// Unset: nothing happens. Runs nothing and writes only that one marker.
+void WaitAtCheckGate() {
+  const char* gate = std::getenv("TERRACE_TEST_CHECK_GATE");
+  if (gate == nullptr || *gate == '\0') return;
+  const std::filesystem::path file(gate);
+  std::error_code ec;
+  { std::ofstream(std::filesystem::path(file) += ".scanned"); }
+  for (int i = 0; i < 6000 && std::filesystem::exists(file, ec); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 // What CheckOneMoment saw, for RunCheck to report.
@@ -376,7 +384,7 @@ std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, 
     if (!s.ok()) return FailStatus(s.status());
     fmt::print(stderr, "store check: data file scan: {}\n", s->report.ToString());
     scan = std::move(*s);
-    RunAfterScanHook();
+    WaitAtCheckGate();
   }
   auto tier = NvmeTier::Open(o);
   if (!tier.ok()) {

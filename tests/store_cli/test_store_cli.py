@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import signal
 import stat
 import subprocess
@@ -327,20 +326,30 @@ def test_check_names_a_pending_commit_as_such_not_as_damage(tmp_path):
 
 @pytest.mark.parametrize("repair", [[], ["--repair"]])
 def test_check_keeps_writers_out_between_its_scan_and_its_index(tmp_path, repair):
-    # A writer started right after check's scan of the data file (the test hook runs it there) must be
-    # refused until check has read the index too; else check compares a scan and an index of two
-    # moments and warns of indexed blocks with no descriptor that a quiet store does not have.
+    # A writer started right after check's scan of the data file (check waits there at the test gate)
+    # must be refused until check has read the index too; else check compares a scan and an index of
+    # two moments and warns of indexed blocks with no descriptor that a quiet store does not have.
     store, expect = filled(tmp_path, count=8)
-    writer_err = tmp_path / "writer.err"
-    writer = (f"{shlex.quote(BIN)} store fill --dir {shlex.quote(str(store))} --count 40 --block-size 16KiB "
-              f"--seed 2 > /dev/null 2> {shlex.quote(str(writer_err))}")
-    r = subprocess.run([BIN, "store", "check", "--dir", str(store), "--expect", str(expect), *repair],
-                       capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, TERRACE_TEST_CHECK_AFTER_SCAN=writer))
-    assert "in use by another process" in writer_err.read_text(), writer_err.read_text()
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "8 blocks in the index: ok 8  missing 0  corrupt 0  wrong-content 0  lost-from-index 0" in r.stdout, r.stdout
-    assert "no valid descriptor" not in r.stdout, r.stdout
+    gate = tmp_path / "gate"
+    gate.write_text("")
+    check = subprocess.Popen([BIN, "store", "check", "--dir", str(store), "--expect", str(expect), *repair],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TERRACE_TEST_CHECK_GATE=str(gate)))
+    try:
+        scanned = tmp_path / "gate.scanned"
+        for _ in range(6000):
+            if scanned.exists() or check.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert scanned.exists(), "store check never reached its gate"
+        w = fill(store, count=40, block_size="16KiB", seed=2)
+        assert w.returncode != 0 and "in use by another process" in w.stderr, w.stdout + w.stderr
+    finally:
+        gate.unlink()
+    out, err = check.communicate(timeout=120)
+    assert check.returncode == 0, out + err
+    assert "8 blocks in the index: ok 8  missing 0  corrupt 0  wrong-content 0  lost-from-index 0" in out, out
+    assert "no valid descriptor" not in out, out
 
 
 def test_check_never_advises_a_recover_that_would_refuse(tmp_path):
