@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
@@ -554,7 +555,11 @@ int RunBenchTiers(const BenchArgs& a) {
   const auto open0 = Clock::now();
   auto tier_or = MakeTier(a, dir);
   const double open_seconds = SecondsSince(open0);
-  if (!tier_or.ok()) return Fail(tier_or.status().ToString());
+  if (!tier_or.ok()) {
+    // InvalidArgument: what the flags asked for cannot be done with this --dir (a usage error).
+    const Status& s = tier_or.status();
+    return s.IsInvalidArgument() ? FailUsage(store_cmd::InCliWords(s.message())) : store_cmd::FailStatus(s);
+  }
   std::unique_ptr<Tier> tier = std::move(*tier_or);
   if (created_dir && !IsBlockDevice(dir.string())) {
     if (Status s = WriteMarker(dir, kBenchMarker, "terrace bench tiers"); !s.ok()) return Fail(s.ToString());
@@ -661,7 +666,13 @@ int RunBenchTiers(const BenchArgs& a) {
                created_dir || created_index ? "; removed the directories it created" : "");
     return 128 + sig;
   }
-  if (!r.ok()) return Fail(r.status().ToString());
+  if (!r.ok() && r.status().IsOutOfCapacity() && a.tier == "nvme") {
+    return Fail(fmt::format("the NVMe store in --dir {} is full ({} of {} allocated to blocks): lower --total-bytes "
+                            "or give a new --dir (a store kept by --keep keeps the size it was made with)",
+                            dir.string(), FormatBytes(static_cast<double>(stats.allocated_bytes)),
+                            FormatBytes(static_cast<double>(stats.capacity_bytes))));
+  }
+  if (!r.ok()) return store_cmd::FailStatus(r.status());
 
   const double bytes = static_cast<double>(r->ops * a.block_size);
   const double mbps = bytes / 1e6 / r->seconds, iops = static_cast<double>(r->ops) / r->seconds;

@@ -353,6 +353,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
         if (FlipBitInBlock(DataFilePath(store_dir), a.seed, k, block_size, &err)) {
           damaged.insert(k);
           ++res.faults;
+          ++faults;  // this round's, as the progress line counts them
         } else {
           problem(fmt::format("round {}: bit flip failed: {}", round + 1, err));
         }

@@ -60,6 +60,9 @@ Result<std::unique_ptr<IndexStore>> IndexStore::Open(const std::filesystem::path
   opts.paranoid_checks = true;
   opts.compression = rocksdb::kNoCompression;
   opts.max_open_files = 256;
+  // Table files are opened on the calling thread: RocksDB's default starts up to 16 threads for it
+  // at open, and a refused thread (a process or thread limit) ends in std::terminate inside it.
+  opts.max_file_opening_threads = 1;
   opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   opts.avoid_flush_during_recovery = true;
   // Sized for an index of 73-byte records, not RocksDB's defaults: no fallocate (the default
