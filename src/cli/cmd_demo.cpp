@@ -9,6 +9,7 @@
 // (DIR/experts on NVMe, a fast-tier cache of --expert-cache with the lookahead predictor). Every
 // turn is recomputed by a second, all-resident model with no store, and its generated ids and
 // logits must be bitwise equal. The figures go to DIR/demo-run.json.
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -189,8 +190,12 @@ Result<ExpertRun> OpenDemoExperts(const DemoArgs& a, const std::filesystem::path
   std::filesystem::create_directories(nvme_dir, ec);
   if (ec) return Status::IoError(fmt::format("--dir: cannot create {}: {}", nvme_dir.string(), ec.message()));
   StoreOptions so = experts::ExpertOffload::OpenStoreOptions(total, budget->Resolve(total), nvme_dir.string());
-  // Room for every block with its 4 KiB descriptor and alignment; an existing file keeps its size.
-  so.nvme.capacity_bytes = StoreDataExists(nvme_dir) ? 0 : ((total + total / 4 + (4ull << 20)) >> 20) << 20;
+  // Room for every block with its 4 KiB descriptor and alignment; an existing file keeps its size,
+  // and a creation a stopped run left (terrace.data.creating) is completed with the size it began with.
+  const auto interrupted = InterruptedCreationCapacity(nvme_dir);
+  so.nvme.capacity_bytes = StoreDataExists(nvme_dir) ? 0
+                           : interrupted.ok()         ? *interrupted
+                                                      : ((total + total / 4 + (4ull << 20)) >> 20) << 20;
   auto store = Store::Open(so);
   if (!store.ok()) return store.status().WithContext("--dir: opening the expert store");
   ExpertRun run;
@@ -209,7 +214,7 @@ Result<ExpertRun> OpenDemoExperts(const DemoArgs& a, const std::filesystem::path
 }
 
 struct TurnResult {
-  unsigned conversation = 0, turn = 0;
+  unsigned conversation = 0, turn = 0;  // numbered from 1, as the text and `bench kv --json` number them
   std::vector<int> prompt;
   std::int64_t restored = 0, computed = 0;
   std::vector<int> generated, reference_generated;
@@ -266,13 +271,63 @@ nlohmann::json TierRates(const Store& store) {
   return j;
 }
 
+// The expert store's tiers (TierRates) with the HBM tier's hits, misses and hit_rate taken from the
+// expert cache: the offload serves the cached experts from that tier itself, so the store's own
+// HBM counters see none of those reads. hits = the cache's hits, misses = every other expert
+// acquire (late hits and misses), hit_rate = hits / all acquires (ExpertMetrics::hit_rate; null
+// when there were none); "counted_by": "expert_cache" says so (the text labels it "(expert cache)").
+nlohmann::json ExpertTierRates(const Store& store, const experts::ExpertMetrics& em) {
+  nlohmann::json j = TierRates(store);
+  if (!j.contains(kTierNames[static_cast<int>(TierId::kHbm)])) return j;
+  nlohmann::json& hbm = j[kTierNames[static_cast<int>(TierId::kHbm)]];
+  const std::uint64_t acquires = em.hits + em.late_hits + em.misses;
+  hbm["hits"] = em.hits;
+  hbm["misses"] = em.late_hits + em.misses;
+  hbm["hit_rate"] = acquires > 0 ? nlohmann::json(Share(em.hits, acquires)) : nlohmann::json();
+  hbm["counted_by"] = "expert_cache";
+  return j;
+}
+
+// A prefix pool whose NVMe file has no room left for one more block of its kind: its NVMe tier is
+// its last (write-through, nothing below to demote to), so a write-back that does not fit there
+// fails and the block is not cached (docs/demo.md, "When a pool is full").
+struct FullPool {
+  const char* pool;  // "kv" or "state"
+  const char* flag;  // the flag that sizes it when it is created
+  std::uint64_t capacity_bytes = 0, free_bytes = 0;
+  std::uint64_t block_bytes = 0;  // the most one block of the pool takes in its NVMe file
+};
+
+// The prefix pools of `kv` whose NVMe tier has less free space than one more block of the pool may
+// take (the layout's upper bound of its blocks, rounded up to 4 KiB, plus the 4 KiB descriptor).
+std::vector<FullPool> FullPrefixPools(const KvRun& kv) {
+  constexpr std::uint64_t kUnit = 4096;
+  const kv::KvLayout& layout = kv.cache->layout();
+  const struct {
+    const char* pool;
+    const char* flag;
+    const Store* store;
+    std::uint64_t block;
+  } pools[] = {{"kv", "--kv-nvme-size", kv.kv_store.get(), layout.mla_chunk_block_bytes()},
+               {"state", "--state-nvme-size", kv.state_store.get(), layout.state_block_bytes()}};
+  std::vector<FullPool> full;
+  for (const auto& p : pools) {
+    const StoreStats st = p.store->Stats();
+    if (!st.present[static_cast<std::size_t>(TierId::kNvme)]) continue;
+    const TierStatsSnapshot& nvme = st.tiers[static_cast<std::size_t>(TierId::kNvme)];
+    const std::uint64_t need = (p.block + kUnit - 1) / kUnit * kUnit + kUnit;
+    const std::uint64_t free = nvme.capacity_bytes > nvme.allocated_bytes ? nvme.capacity_bytes - nvme.allocated_bytes : 0;
+    if (free < need) full.push_back({p.pool, p.flag, nvme.capacity_bytes, free, need});
+  }
+  return full;
+}
 
 // The demo's summary: what the run measured, and its turns added up (AddUp).
 struct DemoSummary {
   std::vector<TurnResult> results;
   kv::PrefixCacheStats kst;
   experts::ExpertMetrics em;
-  nlohmann::json tiers;  // per pool ("kv", "state", "experts"): TierRates
+  nlohmann::json tiers;  // per pool: "kv", "state": TierRates; "experts": ExpertTierRates
   bool reused_model = false, second_run = false;
   std::uint64_t kv_blocks_before = 0, state_blocks_before = 0, expert_puts = 0;
   std::chrono::steady_clock::time_point t_start;  // the run's start (model, stores, turns)
@@ -282,7 +337,11 @@ struct DemoSummary {
   double forward_s = 0, decode_s = 0, ttft = 0, ttft_ref = 0, ttft_restored = 0, ttft_restored_ref = 0;
   double stall_prefill = 0, stall_decode = 0, nturns = 0;
   int restored_turns = 0;
-  bool verified = true;  // every turn equal to the recompute, and no write-back failed
+  // Every turn's ids and logits equal to the recompute. A write-back that failed (a full pool) does
+  // not clear it: the cache then stores less and later turns restore less, but what they restore
+  // and compute is still checked (WriteBackNote reports the failures).
+  bool verified = true;
+  std::vector<FullPool> full_pools;  // FullPrefixPools after the run
   std::array<std::uint64_t, kNumTiers> restore_bytes{};
   std::uint64_t restore_all = 0;
 };
@@ -310,7 +369,6 @@ void AddUp(DemoSummary* d_out) {
     d.decode_steps += r.generated.empty() ? 0 : static_cast<std::int64_t>(r.generated.size()) - 1;
     for (int t = 0; t < kNumTiers; ++t) d.restore_bytes[static_cast<std::size_t>(t)] += r.restore_bytes[static_cast<std::size_t>(t)];
   }
-  d.verified = d.verified && d.kst.write_failures == 0;
   d.nturns = static_cast<double>(d.results.size());
   d.restore_all = d.restore_bytes[0] + d.restore_bytes[1] + d.restore_bytes[2];
 }
@@ -374,6 +432,10 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
     s["prefix_restore_share_by_tier"][kTierNames[t]] = Share(d.restore_bytes[static_cast<std::size_t>(t)], d.restore_all);
   s["prefix_fallbacks"] = d.kst.fallbacks;
   s["prefix_write_failures"] = d.kst.write_failures;
+  s["prefix_pools_full"] = nlohmann::json::array();
+  for (const FullPool& f : d.full_pools)
+    s["prefix_pools_full"].push_back({{"pool", f.pool}, {"flag", f.flag}, {"nvme_capacity_bytes", f.capacity_bytes},
+                                      {"nvme_free_bytes", f.free_bytes}, {"block_bytes_max", f.block_bytes}});
   s["tiers"] = d.tiers;
   s["experts"] = {{"hit_rate", d.em.hit_rate}, {"hits", d.em.hits}, {"late_hits", d.em.late_hits}, {"misses", d.em.misses},
                   {"prefetch_precision", d.em.prediction.precision()}, {"prefetch_recall", d.em.prediction.recall()},
@@ -402,6 +464,29 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
   s["verified_turns"] = d.results.size();
 
   return j;
+}
+
+// What the failed write-backs mean, as one line ("" when none failed): how many, which pool is full
+// and how to make it larger (the flag with --fresh: a pool's size is fixed when it is created).
+std::string WriteBackNote(const DemoSummary& d) {
+  if (d.kst.write_failures == 0) return "";
+  std::string note = fmt::format("{} prefix-cache write-back(s) failed, so those blocks are not cached and later turns "
+                                 "restore less (the outputs are still checked); ",
+                                 d.kst.write_failures);
+  if (d.full_pools.empty()) return note + "no pool is full: the warnings above say why they failed";
+  const DemoArgs defaults;
+  std::vector<std::string> pools, flags, larger;
+  for (const FullPool& f : d.full_pools) {
+    pools.push_back(fmt::format("the {} pool's NVMe file is full ({} free of {}; a block takes up to {})", f.pool,
+                                FormatBytes(static_cast<double>(f.free_bytes)), FormatBytes(static_cast<double>(f.capacity_bytes)),
+                                FormatBytes(static_cast<double>(f.block_bytes))));
+    const std::uint64_t def = std::string_view(f.pool) == "kv" ? defaults.kv_nvme_bytes : defaults.state_nvme_bytes;
+    flags.push_back(fmt::format("{} SIZE", f.flag));
+    larger.push_back(fmt::format("{} above {} (its default is {}MiB)", f.flag, FormatBytes(static_cast<double>(f.capacity_bytes)),
+                                 def >> 20));
+  }
+  return note + fmt::format("{}; a pool's size is fixed when it is created, so run 'terrace demo --fresh {}' with {}",
+                            fmt::join(pools, "; "), fmt::join(flags, " "), fmt::join(larger, " and "));
 }
 
 // The summary as text (stdout): the totals, each pool's hit rates, the experts, what was verified,
@@ -433,12 +518,9 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
   for (const char* pool : {"kv", "state", "experts"}) {
     std::vector<std::string> parts;
     for (const auto& [tier, v] : s["tiers"][pool].items()) {
-      if (std::string_view(pool) == "experts" && tier == "hbm") {  // the expert cache counts its own hits
-        parts.push_back(fmt::format("hbm {} (expert cache)", FormatPercent(d.em.hit_rate)));
-      } else {
-        parts.push_back(fmt::format("{} {}", tier,
-                                    v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>())));
-      }
+      parts.push_back(fmt::format("{} {}{}", tier,
+                                  v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>()),
+                                  v.contains("counted_by") ? " (expert cache)" : ""));
     }
     fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
   }
@@ -451,12 +533,15 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
              FormatBytes(static_cast<double>(d.restore_all)), FormatBytes(static_cast<double>(d.kst.bytes_written)),
              FormatBytes(static_cast<double>(d.em.demand_bytes)), FormatBytes(static_cast<double>(d.em.speculative_bytes)));
+  if (const std::string note = WriteBackNote(d); !note.empty()) fmt::print("  write-backs:     {}\n", note);
   if (d.verified) {
     fmt::print("  verified:        all {} turns: generated ids and every logit (prefill and decode) bitwise equal to a "
                "full recompute with all experts resident and no store\n",
                d.results.size());
   } else {
-    fmt::print("  NOT verified:    some turns differ from the full recompute (see 'equal' in the JSON)\n");
+    fmt::print("  NOT verified:    {} of {} turns differ from the full recompute (see 'equal' in the JSON)\n",
+               std::count_if(d.results.begin(), d.results.end(), [](const TurnResult& r) { return !r.equal; }),
+               d.results.size());
   }
   fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
              json_path.string(), report_path.string());
@@ -472,8 +557,8 @@ Result<TurnResult> PlayTurn(const DemoArgs& a, const model::ModelConfig& config,
                             std::vector<int>* prompt_io, bool* fault_done) {
   kv::PrefixCache& cache = *kv.cache;
   TurnResult r;
-  r.conversation = c;
-  r.turn = t;
+  r.conversation = c + 1;
+  r.turn = t + 1;
   std::vector<int>& prompt = *prompt_io;
   const std::vector<int> user = UserTokens(a, config.vocab_size, c, t);
   prompt.insert(prompt.end(), user.begin(), user.end());
@@ -572,7 +657,7 @@ Result<TurnResult> PlayTurn(const DemoArgs& a, const model::ModelConfig& config,
   }
   Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "
                        "token {:.3f} s (recompute {:.3f} s); {} tokens generated; {}",
-                       c + 1, t + 1, prompt.size(), r.restored, from, r.computed, r.ttft_s, r.ttft_recompute_s,
+                       r.conversation, r.turn, prompt.size(), r.restored, from, r.computed, r.ttft_s, r.ttft_recompute_s,
                        r.generated.size(),
                        r.equal ? "ids and logits equal the recompute"
                                : fmt::format("DIFFERS from the recompute (max |diff| {:.3g})", r.max_abs_diff)));
@@ -665,7 +750,10 @@ int RunDemo(const DemoArgs& a) {
   // 2. The stores: prefix cache pools and the expert store, all on NVMe files under DIR.
   t0 = Clock::now();
   std::array<bool, 3> created{};
-  for (std::size_t i = 0; i < 3; ++i) created[i] = !StoreDataExists(dir / kDemoStores[i]);
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (auto r = RemoveUnfinishedDemoStore(dir / kDemoStores[i], "--dir"); !r.ok()) return Fail(r.status().ToString());
+    created[i] = !StoreDataExists(dir / kDemoStores[i]);
+  }
   auto kv = OpenKvRun(DemoKvArgs(a), config, **md);
   if (!kv.ok()) return kv.status().IsInvalidArgument() ? FailUsage(kv.status().message()) : Fail(kv.status().ToString());
   for (std::size_t i = 0; i < 2; ++i) {
@@ -746,7 +834,8 @@ int RunDemo(const DemoArgs& a) {
   d.results = std::move(results);
   d.kst = cache.Stats();
   d.em = ex->offload->Metrics();
-  d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", TierRates(*ex->store)}};
+  d.full_pools = FullPrefixPools(*kv);
+  d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", ExpertTierRates(*ex->store, d.em)}};
   d.reused_model = *reused_model;
   d.second_run = !previous.is_null() || kv_blocks_before > 0;
   d.kv_blocks_before = kv_blocks_before;
@@ -774,6 +863,7 @@ int RunDemo(const DemoArgs& a) {
                                                    report_path.string()));
   }
   if (a.json) {
+    if (const std::string note = WriteBackNote(d); !note.empty()) Progress("terrace demo: " + note);
     fmt::print("{}\n", JsonTextWithMark(j));
     return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }

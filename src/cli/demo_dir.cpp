@@ -59,10 +59,13 @@ bool IsStoppedDemoStore(const fs::path& dir) {
   return !ec && n > 0;
 }
 
-// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries. `dir_marked`: DIR
-// holds the demo's marker, so a stopped run's unmarked store in it is the demo's.
+// What makes DIR/<store> not a store the demo created, as "kv/<name>" entries. The demo's are its
+// marked store, or what a stopped creation or removal of one left with the marker (index files,
+// terrace.data.creating: IsOwnedStoreOrLeftover; the run completes or clears it, --fresh removes
+// it). `dir_marked`: DIR holds the demo's marker, so a stopped run's unmarked store in it is the
+// demo's too.
 void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool dir_marked) {
-  if (IsOwnedStore(dir, kDemoMarker) || (dir_marked && IsStoppedDemoStore(dir))) return;
+  if (IsOwnedStoreOrLeftover(dir, kDemoMarker) || (dir_marked && IsStoppedDemoStore(dir))) return;
   std::error_code ec;
   std::size_t n = 0, before = foreign->size();
   bool marked = false;
@@ -79,10 +82,17 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
       foreign->push_back(dir.filename().string() + "/" + name);
     }
   }
-  if (n == 0) return;  // an empty pool folder (a run stopped before creating it)
-  if (foreign->size() == before)
-    foreign->push_back(dir.filename().string() + (marked ? " (its terrace.data is not a Terrace data file)"
-                                                         : std::string(" (a store without ") + kDemoMarker + ")"));
+  if (n == 0 || foreign->size() != before) return;  // empty: a pool folder a run stopped before creating it
+  // Every entry is a store's own, yet IsOwnedStoreOrLeftover said no: unmarked, or a terrace.data
+  // that is not Terrace's (or the folder could not be listed).
+  const std::string name = dir.filename().string();
+  if (!marked) {
+    foreign->push_back(name + " (a store without " + kDemoMarker + ")");
+  } else if (IsKind(dir / "terrace.data", S_IFREG) && !IsStoreDataFile(dir / "terrace.data")) {
+    foreign->push_back(name + "/terrace.data (not a Terrace data file)");
+  } else {
+    foreign->push_back(name + (ec ? " (cannot list it: " + ec.message() + ")" : std::string(" (unreadable)")));
+  }
 }
 
 constexpr std::string_view kDemoWho = "terrace demo";
@@ -217,6 +227,20 @@ Status WriteDemoFile(const fs::path& path, std::string_view content) {
                                                path.parent_path().string(), why));
   }
   return WriteOutputFile(path, "--dir", DemoFileRules(path), content);
+}
+
+Result<bool> RemoveUnfinishedDemoStore(const fs::path& store, std::string_view flag) {
+  struct stat st {};
+  for (const char* data : {"terrace.data", "terrace.data.creating"})
+    if (::lstat((store / data).c_str(), &st) == 0) return false;  // a store, or a creation the tier completes
+  std::error_code ec;
+  if (!IsKind(store, S_IFDIR) || ListDir(store, &ec).empty() || ec) return false;
+  if (!IsOwnedStoreOrLeftover(store, kDemoMarker) && !IsStoppedDemoStore(store)) return false;
+  fmt::print(stderr, "{}: removing what a stopped run left in '{}' (a store whose creation or removal was "
+                     "interrupted; it has no data file, so nothing of it can be completed)\n",
+             kDemoWho, store.string());
+  TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(store, kDemoMarker, flag));
+  return true;
 }
 
 Status RemoveStoppedModelBuild(const fs::path& dir) {

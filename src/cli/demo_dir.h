@@ -42,6 +42,14 @@ Result<bool> RemoveDemoDir(const std::filesystem::path& dir, std::string_view fl
 // demo's mark is left alone and InvalidArgument names it (nothing written).
 Status WriteDemoFile(const std::filesystem::path& path, std::string_view content);
 
+// Removes what a stopped run left of the demo's store in `store` (DIR/kv, DIR/state or DIR/experts)
+// when nothing of it can be completed: neither terrace.data nor terrace.data.creating, and only a
+// store's own files (its marker, index/ with index files only: a creation stopped before its data
+// file, or a removal stopped after it). The NVMe tier refuses such a folder (not empty, no store).
+// For a DIR that WhyNotDemoDir accepted. Ok(true) when it removed something (a note naming it goes
+// to stderr), Ok(false) when there was nothing to remove; IoError naming `flag` when a removal fails.
+Result<bool> RemoveUnfinishedDemoStore(const std::filesystem::path& store, std::string_view flag);
+
 // Removes DIR/model.tmp (a stopped model build): its checkpoint files and temporary files, then the
 // folder. Ok when absent; InvalidArgument (nothing removed) when it holds anything else.
 Status RemoveStoppedModelBuild(const std::filesystem::path& dir);

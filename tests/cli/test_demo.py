@@ -4,6 +4,7 @@ full recompute. The figures come from DIR/demo-run.json; an independent recomput
 broken would still fail here. Uses k3-toy and a short workload to stay fast; small NVMe pools."""
 import json
 import re
+import shutil
 import signal
 
 import pytest
@@ -86,6 +87,26 @@ def test_a_second_run_reuses_the_data_and_restores_on_its_first_turn(two_runs):
     assert [t["prompt"] for t in j["turns"]] == [t["prompt"] for t in first["turns"]]
     assert [t["generated"] for t in j["turns"]] == [t["generated"] for t in first["turns"]]
     assert j["summary"]["restored_share"] > first["summary"]["restored_share"]
+
+
+def test_the_text_and_the_json_give_the_same_figures_and_numbers(two_runs):
+    """The expert store's HBM hit rate is the expert cache's count in the text and in the JSON alike
+    (the store's own HBM counters see none of the cache's reads), and conversations and turns are
+    numbered from 1 in both, in the order played (as `bench kv --json` numbers them)."""
+    _, (r, j), _ = two_runs
+    s = j["summary"]
+    hbm = s["tiers"]["experts"]["hbm"]
+    e = s["experts"]
+    assert hbm["counted_by"] == "expert_cache"
+    assert hbm["hits"] == e["hits"] and hbm["misses"] == e["late_hits"] + e["misses"]
+    assert hbm["hit_rate"] == pytest.approx(e["hit_rate"]) and hbm["hit_rate"] > 0
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("experts store:"))
+    assert f"hbm {100 * hbm['hit_rate']:.1f}% (expert cache)" in line, line
+    for pool in ("kv", "state"):
+        assert all("counted_by" not in v for v in s["tiers"][pool].values())
+    numbers = [(t["conversation"], t["turn"]) for t in j["turns"]]
+    assert numbers == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert re.findall(r"conversation (\d+) turn (\d+):", r.stdout) == [(str(c), str(t)) for c, t in numbers]
 
 
 def test_the_demo_figures_match_an_independent_recompute(terrace, two_runs, tmp_path):
@@ -185,3 +206,58 @@ def test_sigint_stops_the_demo_after_its_turn_and_keeps_its_stores(terrace, tmp_
     for pool in ("kv", "state", "experts"):
         r = terrace("store", "check", "--checksums-only", "--dir", d / pool)
         assert r.returncode == 0, (pool, r.stdout, r.stderr)
+
+
+def test_a_full_pool_is_reported_as_such_and_does_not_fail_the_check(terrace, tmp_path):
+    """A 1 MiB state pool fills up: write-backs fail, so later turns restore less, but every turn still
+    equals the recompute. The demo says verified and exits 0, and names the full pool, its flag and
+    --fresh (a pool's size is fixed when it is created); it never claims the outputs differ."""
+    d = tmp_path / "data"
+    r = terrace("demo", "--dir", d, "--preset", "k3-toy", "--conversations", "2", "--turns", "2",
+                "--system-tokens", "128", "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "1MiB",
+                timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads((d / "demo-run.json").read_text())
+    s = j["summary"]
+    assert j["verified"] is True and all(t["equal"] for t in j["turns"])
+    assert s["prefix_write_failures"] > 0
+    assert [p["pool"] for p in s["prefix_pools_full"]] == ["state"]
+    full = s["prefix_pools_full"][0]
+    assert full["flag"] == "--state-nvme-size" and full["nvme_capacity_bytes"] == 1 << 20
+    assert full["nvme_free_bytes"] < full["block_bytes_max"]
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("write-backs:"))
+    assert f"{s['prefix_write_failures']} prefix-cache write-back(s) failed" in line, line
+    assert "the state pool's NVMe file is full" in line and "'terrace demo --fresh --state-nvme-size SIZE'" in line
+    assert "the kv pool" not in line
+    assert "differ" not in r.stdout + r.stderr and "NOT verified" not in r.stdout
+
+
+def test_a_store_left_half_created_or_half_removed_is_the_demos_own(terrace, tmp_path):
+    """A store folder holding only the demo's marker and an index that a stopped creation left (no data
+    file) is the demo's: the next run clears it and creates the store (saying so), and --fresh removes
+    it. A marked folder whose terrace.data is not Terrace's is still refused, naming that file."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True)
+
+    def half_created(store, with_index=True):
+        for f in (d / store).iterdir():
+            if f.name != "terrace-demo.marker":
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        if with_index:
+            (d / store / "index").mkdir()
+            (d / store / "index" / "TERRACE-INDEX-CREATING").write_text("")
+
+    for store, with_index, fresh in (("experts", True, []), ("state", False, []), ("kv", True, ["--fresh"])):
+        half_created(store, with_index)
+        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+        assert r.returncode == 0, (store, fresh, r.stdout, r.stderr)
+        if not fresh:
+            assert f"removing what a stopped run left in '{d / store}'" in r.stderr, r.stderr
+        assert (d / store / "terrace.data").is_file() and (d / store / "terrace-demo.marker").is_file()
+    (d / "state" / "terrace.data").write_bytes(b"not a store" * 1000)
+    before = snapshot(d)
+    for fresh in ([], ["--fresh"]):
+        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
+        assert "'state/terrace.data (not a Terrace data file)'" in r.stderr, r.stderr
+        assert snapshot(d) == before
