@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,7 +33,12 @@ namespace terrace::experts {
 struct CacheBudget {
   double fraction = 0.25;   // used when bytes == 0
   std::uint64_t bytes = 0;  // absolute budget; 0: use fraction
+  // "25%" (a fraction in (0, 1]) or a size ("64MiB", "64MB", "1048576"; > 0). InvalidArgument
+  // naming the text and both forms otherwise.
   static Result<CacheBudget> Parse(std::string_view text);
+  // A percentage only ("25%"); InvalidArgument naming the text and that one form otherwise (a
+  // size included), for callers that take no sizes.
+  static Result<CacheBudget> ParsePercent(std::string_view text);
   // InvalidArgument unless a fraction budget (bytes == 0) has 0 < fraction <= 1 (NaN refused).
   // Parse's results always pass; ExpertOffload::Create checks a budget filled in by hand.
   Status Check() const;
@@ -52,7 +58,8 @@ Result<PredictorKind> ParsePredictor(std::string_view name);
 std::string_view CachePolicyName(CachePolicyKind kind);
 std::string_view PredictorName(PredictorKind kind);
 // InvalidArgument when `policy` cannot run with `predictor`: belady needs the oracle (the only
-// predictor that knows the future). Ok otherwise.
+// predictor that knows the future). Ok otherwise. The message says why, not what to do instead:
+// the caller names its own remedy (the CLI: its flags).
 Status CheckPolicyPredictor(CachePolicyKind policy, PredictorKind predictor);
 
 // The routing of a run: for every forward step (one Forward call: a prefill or one decode token)
@@ -160,8 +167,15 @@ std::unique_ptr<Predictor> MakeOraclePredictor(std::shared_ptr<const RoutingTrac
 // once, as the union of every prediction made for it, when that layer's routing arrives.
 struct PredictionCounts {
   std::uint64_t true_positive = 0, false_positive = 0, false_negative = 0;
-  double precision() const;  // tp / (tp + fp); 0 when nothing was predicted
-  double recall() const;     // tp / (tp + fn); 0 when nothing was routed
+  // tp / (tp + fp); nullopt when nothing was predicted (0/0 is undefined, not "every prediction
+  // was wrong"): JSON null, "n/a" in text, no Prometheus sample (ExpertMetrics).
+  std::optional<double> precision_if_defined() const;
+  // tp / (tp + fn); nullopt when nothing was routed. 0 when experts were routed and none predicted.
+  std::optional<double> recall_if_defined() const;
+  // The two above with undefined read as 0, kept only for callers not yet moved to them
+  // (cmd_demo.cpp); a 0 from these may mean "undefined": use the *_if_defined forms.
+  double precision() const { return precision_if_defined().value_or(0.0); }
+  double recall() const { return recall_if_defined().value_or(0.0); }
 };
 class PredictionScorer {
  public:

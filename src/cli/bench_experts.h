@@ -81,7 +81,7 @@ struct ConfigResult {
   // Unset (null in the JSON, "-" in the table) where the row has no such figure: hit_rate for
   // resident (nothing is loaded) and mmap-unbounded (no budget to charge an expert to); recall and
   // precision for resident, on-demand and the mmap rows (no predictor; on-demand's layer_recall is
-  // empty too).
+  // empty too); precision also where a predictor predicted nothing (0/0).
   std::optional<double> hit_rate, recall, precision;
   // The share of the decode time the forward pass waited on expert loads (resident: 0), and the
   // tokens/s of compute + this hit rate's miss transfers, serially. Unset (null in the JSON) for the

@@ -347,15 +347,16 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   const experts::PredictionCounts pc = Minus(m1.prediction, m0.prediction);
   const bool predicts = c.predictor != experts::PredictorKind::kNone;  // on-demand predicts nothing
   if (predicts) {
-    r.recall = pc.recall();
-    r.precision = pc.precision();
+    r.recall = pc.recall_if_defined();
+    r.precision = pc.precision_if_defined();  // unset when the gates let nothing through
   }
   for (std::size_t l = 0; l < m1.layers.size(); ++l) {
     const auto& L1 = m1.layers[l];  // MoE layers only, the same order in m0
     // Decode-only per-layer recall (the prefill's predictions are left out, as in `recall`).
     const experts::PredictionCounts lc =
         l < m0.layers.size() ? Minus(L1.prediction, m0.layers[l].prediction) : L1.prediction;
-    if (predicts) r.layer_recall.push_back(lc.recall());
+    // Defined: --decode >= 1 and each decode step routes top-k experts in every MoE layer.
+    if (predicts) r.layer_recall.push_back(lc.recall_if_defined().value());
     if (r.expert_load.size() < L1.expert_load.size()) r.expert_load.resize(L1.expert_load.size());
     for (std::size_t e = 0; e < L1.expert_load.size(); ++e) r.expert_load[e] += L1.expert_load[e];
     for (int e : L1.hot_experts)

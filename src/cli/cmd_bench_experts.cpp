@@ -32,13 +32,12 @@ using bench_experts::Args;
 using bench_experts::kAllConfigs;
 using bench_experts::kExpertsMarker;
 
-// --budgets: comma-separated percentages.
+// --budgets: comma-separated percentages (no sizes: an error offers only percentages).
 Result<std::vector<experts::CacheBudget>> ParseBudgets(const std::string& list) {
   std::vector<experts::CacheBudget> budgets;
   for (const std::string& item : SplitCommas(list)) {
-    auto b = experts::CacheBudget::Parse(item);
+    auto b = experts::CacheBudget::ParsePercent(item);
     if (!b.ok()) return Status::InvalidArgument("--budgets: " + b.status().message());
-    if (b->bytes != 0) return Status::InvalidArgument("--budgets takes percentages (e.g. 25%,50%)");
     budgets.push_back(*b);
   }
   return budgets;

@@ -77,7 +77,9 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   auto policy = experts::ParseCachePolicy(a.policy);
   if (!policy.ok()) return Status::InvalidArgument("--expert-policy: " + policy.status().message());
   if (Status s = experts::CheckPolicyPredictor(*policy, *predictor); !s.ok())
-    return Status::InvalidArgument(fmt::format("--expert-policy {} with --predictor {}: {}", a.policy, a.predictor, s.message()));
+    return Status::InvalidArgument(fmt::format("--expert-policy {} with --predictor {}: {}; use --predictor oracle, "
+                                               "or another --expert-policy (lru, lfu or utility)",
+                                               a.policy, a.predictor, s.message()));
   // The depth is the lookahead and oracle predictors' reach and the utility policy's window.
   const bool uses_depth = *predictor == experts::PredictorKind::kLookahead ||
                           *predictor == experts::PredictorKind::kOracle || *policy == experts::CachePolicyKind::kUtility;

@@ -15,36 +15,44 @@
 namespace terrace::experts {
 namespace {
 
-constexpr std::string_view kBudgetForms =
-    "a percentage of the routed expert bytes such as 25% (0-100], or a size such as 64MiB, 2GiB, 64MB (decimal) or 1048576";
+constexpr std::string_view kPercentForm = "a percentage of the routed expert bytes such as 25% (0-100]";
+constexpr std::string_view kSizeForms = "a size such as 64MiB, 2GiB, 64MB (decimal) or 1048576";
+
+// InvalidArgument "expert cache size 'TEXT' WHY; give FORMS".
+Status BadBudget(std::string_view text, std::string_view why, std::string_view forms) {
+  return Status::InvalidArgument(fmt::format("expert cache size '{}' {}; give {}", text, why, forms));
+}
+
+// The fraction in "P%" (0 < P <= 100); errors say why and offer `forms` (what the caller accepts).
+Result<CacheBudget> ParsePercentForm(std::string_view text, std::string_view forms) {
+  if (text.empty()) return BadBudget(text, "is empty", forms);
+  if (text.back() != '%') return BadBudget(text, "is not a percentage", forms);
+  const std::string num(text.substr(0, text.size() - 1));
+  char* end = nullptr;
+  const double v = std::strtod(num.c_str(), &end);
+  if (num.empty() || end != num.c_str() + num.size() || !std::isfinite(v))
+    return BadBudget(text, "is not a number followed by %", forms);
+  if (!(v > 0.0 && v <= 100.0)) return BadBudget(text, "is outside (0, 100]%", forms);
+  CacheBudget b;
+  b.fraction = v / 100.0;
+  return b;
+}
 
 }  // namespace
 
 Result<CacheBudget> CacheBudget::Parse(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument(fmt::format("expert cache size '{}' {}; give {}", text, why, kBudgetForms));
-  };
-  if (text.empty()) return bad("is empty");
-  CacheBudget b;
-  if (text.back() == '%') {
-    const std::string num(text.substr(0, text.size() - 1));
-    char* end = nullptr;
-    const double v = std::strtod(num.c_str(), &end);
-    if (num.empty() || end != num.c_str() + num.size() || !std::isfinite(v)) return bad("is not a number followed by %");
-    if (!(v > 0.0 && v <= 100.0)) return bad("is outside (0, 100]%");
-    b.fraction = v / 100.0;
-    return b;
-  }
+  const std::string forms = fmt::format("{}, or {}", kPercentForm, kSizeForms);
+  if (text.empty() || text.back() == '%') return ParsePercentForm(text, forms);
   // A size: the units every size flag uses (src/common/size_parse.h; MB decimal, MiB binary).
   auto n = ParseSize(text, "expert cache size");
-  if (!n.ok()) {
-    return Status::InvalidArgument(fmt::format(
-        "{}; or give a percentage of the routed expert bytes such as 25% (0-100]", n.status().message()));
-  }
-  if (*n == 0) return bad("is zero");
+  if (!n.ok()) return Status::InvalidArgument(fmt::format("{}; or give {}", n.status().message(), kPercentForm));
+  if (*n == 0) return BadBudget(text, "is zero", forms);
+  CacheBudget b;
   b.bytes = *n;
   return b;
 }
+
+Result<CacheBudget> CacheBudget::ParsePercent(std::string_view text) { return ParsePercentForm(text, kPercentForm); }
 
 Status CacheBudget::Check() const {
   if (bytes != 0 || (fraction > 0.0 && fraction <= 1.0)) return Status::Ok();
@@ -93,7 +101,7 @@ Status CheckPolicyPredictor(CachePolicyKind policy, PredictorKind predictor) {
   if (policy != CachePolicyKind::kBelady || predictor == PredictorKind::kOracle) return Status::Ok();
   return Status::InvalidArgument(fmt::format(
       "the belady cache policy evicts the expert whose next use is farthest ahead, so it needs the future: the "
-      "oracle predictor's recorded trace; it cannot run with the {} predictor (use the oracle predictor, or another policy)",
+      "oracle predictor's recorded trace; it cannot run with the {} predictor",
       PredictorName(predictor)));
 }
 

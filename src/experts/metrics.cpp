@@ -1,10 +1,28 @@
 // ExpertMetrics as CLI text, JSON and Prometheus text.
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "terrace/experts.h"
 
 namespace terrace::experts {
+namespace {
+
+// A ratio that may be undefined (PredictionCounts): 3 decimals, or "n/a".
+std::string RatioText(std::optional<double> v) { return v ? fmt::format("{:.3f}", *v) : std::string("n/a"); }
+
+// The same in JSON: the number, or null.
+nlohmann::json RatioJson(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+
+// One Prometheus sample of `name` for `layer`; none when `v` is undefined (no sample, not NaN).
+std::string RatioSample(std::string_view name, int layer, std::optional<double> v) {
+  return v ? fmt::format("terrace_experts_{}{{layer=\"{}\"}} {}\n", name, layer, *v) : std::string();
+}
+
+}  // namespace
 
 double LayerMetrics::hit_rate() const {
   const std::uint64_t n = hits + late_hits + misses;
@@ -17,8 +35,9 @@ std::string ExpertMetrics::ToText() const {
                      policy, predictor, static_cast<double>(budget_bytes) / (1 << 20),
                      static_cast<double>(total_expert_bytes) / (1 << 20),
                      total_expert_bytes ? 100.0 * static_cast<double>(budget_bytes) / static_cast<double>(total_expert_bytes) : 0.0);
-  out += fmt::format("experts: hit rate {:.3f} ({} hits, {} late, {} misses); prediction precision {:.3f} recall {:.3f}\n",
-                     hit_rate, hits, late_hits, misses, prediction.precision(), prediction.recall());
+  out += fmt::format("experts: hit rate {:.3f} ({} hits, {} late, {} misses); prediction precision {} recall {}\n",
+                     hit_rate, hits, late_hits, misses, RatioText(prediction.precision_if_defined()),
+                     RatioText(prediction.recall_if_defined()));
   out += fmt::format("experts: stall {:.3f} ms per token ({} tokens, {} steps); demand {:.2f} MiB, speculative {:.2f} MiB "
                      "moved ({:.2f} MiB evicted unused, {:.2f} MiB not used yet); prefetches {} issued, {} cancelled, {} "
                      "skipped; {} evictions; {} corrupt copies re-read\n",
@@ -44,9 +63,10 @@ std::string ExpertMetrics::ToText() const {
   for (const auto& l : layers) {
     std::string hot;
     for (int e : l.hot_experts) hot += fmt::format("{}{}", hot.empty() ? "" : ",", e);
-    out += fmt::format("  layer {:>3}: hit {:.3f} (late {}, miss {}), precision {:.3f} recall {:.3f}, load max/mean {:.2f} "
+    out += fmt::format("  layer {:>3}: hit {:.3f} (late {}, miss {}), precision {} recall {}, load max/mean {:.2f} "
                        "cv {:.3f}{}\n",
-                       l.layer, l.hit_rate(), l.late_hits, l.misses, l.prediction.precision(), l.prediction.recall(),
+                       l.layer, l.hit_rate(), l.late_hits, l.misses, RatioText(l.prediction.precision_if_defined()),
+                       RatioText(l.prediction.recall_if_defined()),
                        l.load_mean > 0 ? l.load_max / l.load_mean : 0.0, l.load_cv, hot.empty() ? "" : ", hot " + hot);
   }
   return out;
@@ -63,8 +83,8 @@ std::string ExpertMetrics::ToJson() const {
   j["late_hits"] = late_hits;
   j["misses"] = misses;
   j["hit_rate"] = hit_rate;
-  j["precision"] = prediction.precision();
-  j["recall"] = prediction.recall();
+  j["precision"] = RatioJson(prediction.precision_if_defined());  // null: nothing was predicted
+  j["recall"] = RatioJson(prediction.recall_if_defined());        // null: nothing was routed
   j["tokens"] = tokens;
   j["steps"] = steps;
   j["stall_ns"] = stall_ns;
@@ -105,8 +125,8 @@ std::string ExpertMetrics::ToJson() const {
                            {"late_hits", l.late_hits},
                            {"misses", l.misses},
                            {"hit_rate", l.hit_rate()},
-                           {"precision", l.prediction.precision()},
-                           {"recall", l.prediction.recall()},
+                           {"precision", RatioJson(l.prediction.precision_if_defined())},
+                           {"recall", RatioJson(l.prediction.recall_if_defined())},
                            {"true_positive", l.prediction.true_positive},
                            {"false_positive", l.prediction.false_positive},
                            {"false_negative", l.prediction.false_negative},
@@ -133,12 +153,11 @@ std::string ExpertMetrics::PrometheusText() const {
   }
   metric("hit_rate", "gauge", "Fraction of expert acquires served from the fast tier without waiting, by layer.");
   for (const auto& l : layers) out += fmt::format("terrace_experts_hit_rate{{layer=\"{}\"}} {}\n", l.layer, l.hit_rate());
-  metric("prediction_precision", "gauge", "Predicted experts that were routed to, by layer.");
-  for (const auto& l : layers)
-    out += fmt::format("terrace_experts_prediction_precision{{layer=\"{}\"}} {}\n", l.layer, l.prediction.precision());
-  metric("prediction_recall", "gauge", "Routed experts that were predicted, by layer.");
-  for (const auto& l : layers)
-    out += fmt::format("terrace_experts_prediction_recall{{layer=\"{}\"}} {}\n", l.layer, l.prediction.recall());
+  // A layer with nothing predicted (or nothing routed) has no precision (recall) sample.
+  metric("prediction_precision", "gauge", "Predicted experts that were routed to, by layer (no sample: none predicted).");
+  for (const auto& l : layers) out += RatioSample("prediction_precision", l.layer, l.prediction.precision_if_defined());
+  metric("prediction_recall", "gauge", "Routed experts that were predicted, by layer (no sample: none routed).");
+  for (const auto& l : layers) out += RatioSample("prediction_recall", l.layer, l.prediction.recall_if_defined());
   metric("expert_load_cv", "gauge", "Coefficient of variation of the tokens routed to each expert, by layer.");
   for (const auto& l : layers) out += fmt::format("terrace_experts_expert_load_cv{{layer=\"{}\"}} {}\n", l.layer, l.load_cv);
   metric("expert_load_max_over_mean", "gauge", "Most-loaded expert's tokens over the layer mean, by layer.");

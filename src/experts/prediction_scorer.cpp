@@ -5,14 +5,20 @@
 
 namespace terrace::experts {
 
-double PredictionCounts::precision() const {
-  const std::uint64_t n = true_positive + false_positive;
-  return n == 0 ? 0.0 : static_cast<double>(true_positive) / static_cast<double>(n);
+namespace {
+// part / whole; nullopt when whole is 0 (the ratio is undefined).
+std::optional<double> Ratio(std::uint64_t part, std::uint64_t whole) {
+  if (whole == 0) return std::nullopt;
+  return static_cast<double>(part) / static_cast<double>(whole);
+}
+}  // namespace
+
+std::optional<double> PredictionCounts::precision_if_defined() const {
+  return Ratio(true_positive, true_positive + false_positive);
 }
 
-double PredictionCounts::recall() const {
-  const std::uint64_t n = true_positive + false_negative;
-  return n == 0 ? 0.0 : static_cast<double>(true_positive) / static_cast<double>(n);
+std::optional<double> PredictionCounts::recall_if_defined() const {
+  return Ratio(true_positive, true_positive + false_negative);
 }
 
 PredictionScorer::PredictionScorer(int num_layers) : layers_(static_cast<std::size_t>(std::max(num_layers, 0))) {}

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "experts_test_util.h"
 
 namespace terrace::experts {
@@ -134,6 +136,43 @@ TEST_CASE("without the routing hook, expert load counts each layer's distinct se
   CHECK(Has(prom, "terrace_experts_layer_hot_experts{layer=\"1\"} 3"));
   CHECK(Has(prom, "terrace_experts_expert_load_mean{layer=\"1\"} 0.4375"));
   CHECK(Has(prom, "terrace_experts_hot_expert_load{layer=\"1\",expert=\"9\"} 1"));
+}
+
+TEST_CASE("undefined precision and recall are null, n/a and no Prometheus sample, never 0", "[experts][metrics]") {
+  ExpertMetrics m;
+  m.layers.resize(3);
+  m.layers[0].layer = 1;  // nothing predicted, 4 routed: precision 0/0, recall 0/4
+  m.layers[0].prediction.false_negative = 4;
+  m.layers[1].layer = 2;  // 1 of 2 predictions routed, 1 of 3 routed predicted
+  m.layers[1].prediction = PredictionCounts{1, 1, 2};
+  m.layers[2].layer = 3;  // nothing predicted, nothing routed: neither defined
+  m.prediction.false_negative = 4;  // the run: nothing predicted
+
+  const nlohmann::json j = nlohmann::json::parse(m.ToJson());
+  CHECK(j["precision"].is_null());
+  CHECK(j["recall"] == 0.0);
+  CHECK(j["layers"][0]["precision"].is_null());
+  CHECK(j["layers"][0]["recall"] == 0.0);
+  CHECK(j["layers"][1]["precision"] == 0.5);
+  CHECK(j["layers"][1]["recall"] == Approx(1.0 / 3.0));
+  CHECK(j["layers"][2]["precision"].is_null());
+  CHECK(j["layers"][2]["recall"].is_null());
+
+  const std::string text = m.ToText();
+  INFO(text);
+  CHECK(text.find("prediction precision n/a recall 0.000\n") != std::string::npos);
+  CHECK(text.find("layer   1: hit 0.000 (late 0, miss 0), precision n/a recall 0.000,") != std::string::npos);
+  CHECK(text.find("layer   2: hit 0.000 (late 0, miss 0), precision 0.500 recall 0.333,") != std::string::npos);
+  CHECK(text.find("layer   3: hit 0.000 (late 0, miss 0), precision n/a recall n/a,") != std::string::npos);
+
+  const std::string prom = m.PrometheusText();
+  INFO(prom);
+  CHECK(prom.find("terrace_experts_prediction_precision{layer=\"1\"}") == std::string::npos);
+  CHECK(Has(prom, "terrace_experts_prediction_recall{layer=\"1\"} 0"));
+  CHECK(Has(prom, "terrace_experts_prediction_precision{layer=\"2\"} 0.5"));
+  CHECK(prom.find("terrace_experts_prediction_precision{layer=\"3\"}") == std::string::npos);
+  CHECK(prom.find("terrace_experts_prediction_recall{layer=\"3\"}") == std::string::npos);
+  CHECK(prom.find("NaN") == std::string::npos);
 }
 
 }  // namespace

@@ -181,6 +181,15 @@ TEST_CASE("budgets, policies and predictors parse; bad text is an error naming t
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("25%") != std::string::npos);
   }
+  // ParsePercent: percentages only, and its errors offer only them (no sizes).
+  CHECK(CacheBudget::ParsePercent("25%")->fraction == 0.25);
+  for (const char* bad : {"", "0%", "101%", "64MiB", "1048576", "abc", "x%"}) {
+    auto r = CacheBudget::ParsePercent(bad);
+    INFO(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("such as 25% (0-100]") != std::string::npos);
+    CHECK(r.status().message().find("size such as") == std::string::npos);
+  }
   CHECK(*ParsePredictor("lookahead") == PredictorKind::kLookahead);
   CHECK_FALSE(ParsePredictor("magic").ok());
   CHECK(*ParseCachePolicy("utility") == CachePolicyKind::kUtility);

@@ -28,18 +28,22 @@ TEST_CASE("precision and recall match counts made by hand", "[experts]") {
   CHECK(s.layer(1).true_positive == 3);
   CHECK(s.layer(1).false_positive == 1);
   CHECK(s.layer(1).false_negative == 1);
-  CHECK(s.layer(1).precision() == Approx(3.0 / 4.0));
-  CHECK(s.layer(1).recall() == Approx(3.0 / 4.0));
+  CHECK(s.layer(1).precision_if_defined().value() == Approx(3.0 / 4.0));
+  CHECK(s.layer(1).recall_if_defined().value() == Approx(3.0 / 4.0));
   CHECK(s.layer(2).true_positive == 0);
   CHECK(s.layer(2).false_negative == 3);
-  CHECK(s.layer(2).precision() == 0.0);
-  CHECK(s.layer(2).recall() == 0.0);
+  // Nothing predicted: precision is 0/0, undefined (not 0: no prediction was wrong); recall 0 of 3.
+  CHECK_FALSE(s.layer(2).precision_if_defined().has_value());
+  CHECK(s.layer(2).recall_if_defined() == 0.0);
   CHECK(s.layer(3).false_positive == 0);
+  // Nothing scored at all (layer 3's prediction was dropped): neither is defined.
+  CHECK_FALSE(s.layer(3).precision_if_defined().has_value());
+  CHECK_FALSE(s.layer(3).recall_if_defined().has_value());
   const PredictionCounts t = s.total();
   CHECK(t.true_positive == 3);
   CHECK(t.false_positive == 1);
   CHECK(t.false_negative == 4);
-  CHECK(t.recall() == Approx(3.0 / 7.0));
+  CHECK(t.recall_if_defined().value() == Approx(3.0 / 7.0));
 }
 
 // Feeds `trace` to an ExpertOffload (as MoeForward's Prefetch calls would; with `token_start`,
@@ -151,7 +155,8 @@ TEST_CASE("none predicts nothing: recall 0, every first use a miss", "[experts]"
   ExpertMetrics m = Replay(t, MakeNonePredictor());
   CHECK(m.prediction.true_positive == 0);
   CHECK(m.prediction.false_negative == 3 * 7 * 2);
-  CHECK(m.prediction.recall() == 0.0);
+  CHECK(m.prediction.recall_if_defined() == 0.0);
+  CHECK_FALSE(m.prediction.precision_if_defined().has_value());  // 0/0: nothing was predicted
   CHECK(m.prefetches_issued == 0);
 }
 

@@ -64,6 +64,8 @@ def test_offloaded_equals_resident(toy, resident, tmp_path, predictor, policy):
     assert len(e["layers"]) == 7 and all(0.0 <= l["hit_rate"] <= 1.0 for l in e["layers"])
     if predictor == "none":
         assert e["speculative_bytes"] == 0 and e["recall"] == 0.0
+        # Nothing predicted: precision is 0/0, undefined (null), not 0.
+        assert e["precision"] is None and all(l["precision"] is None and l["recall"] == 0.0 for l in e["layers"])
     if predictor == "oracle":
         assert e["precision"] == 1.0 and e["recall"] > 0.8
 
@@ -163,6 +165,19 @@ def test_text_and_prometheus(toy, tmp_path):
         assert len(loads) == n and all(v > 2 * mean for v in loads)
 
 
+def test_predictor_none_shows_precision_as_undefined_in_text_and_prometheus(toy, tmp_path):
+    """Nothing predicted: precision is 0/0. It used to print 0.000 (text) and 0 (Prometheus), as if
+    every prediction had been wrong; now "n/a" and no sample. Recall is defined: 0 of the routed."""
+    prom = tmp_path / "none.prom"
+    out = run(toy, "--expert-cache", "25%", "--predictor", "none", "--expert-prometheus", str(prom)).stdout
+    assert "prediction precision n/a recall 0.000\n" in out, out
+    layer_lines = [l for l in out.splitlines() if l.startswith("  layer ")]
+    assert len(layer_lines) == 7 and all("precision n/a recall 0.000," in l for l in layer_lines), layer_lines
+    series = prometheus_series(prom.read_text())
+    assert not any(k.startswith("terrace_experts_prediction_precision") for k in series)
+    assert all(series[f'terrace_experts_prediction_recall{{layer="{l}"}}'] == 0.0 for l in range(1, 8))
+
+
 def test_prometheus_json_and_text_are_one_snapshot(toy, tmp_path):
     """--expert-prometheus, --json and the text lines render one snapshot of the metrics: every figure
     they share is the same. Prefetches in flight or landed but not looked at when the run ends used
@@ -213,6 +228,9 @@ def test_prometheus_json_and_text_are_one_snapshot(toy, tmp_path):
     (["--expert-cache", "25%", "--expert-policy", "fifo"], "--expert-policy"),
     (["--expert-cache", "25%", "--expert-policy", "belady", "--predictor", "lookahead"],
      "--expert-policy belady with --predictor lookahead"),
+    # The remedy in CLI words: the flag to set, not the library's "the oracle predictor".
+    (["--expert-cache", "25%", "--expert-policy", "belady", "--predictor", "none"],
+     "use --predictor oracle, or another --expert-policy (lru, lfu or utility)"),
     (["--expert-cache", "25%", "--expert-home", "nvme"], "--store"),
     (["--expert-home", "host"], "--expert-cache"),
 ])
@@ -240,6 +258,21 @@ def test_a_damaged_expert_store_is_mended_by_one_rerun(toy, tmp_path):
     assert (tmp_path / "b.safetensors").read_bytes() == (tmp_path / "a.safetensors").read_bytes()
     p = run(toy, *flags)
     assert "stored afresh" not in p.stderr, p.stderr  # mended: nothing left to restore
+
+
+@pytest.mark.parametrize("budget,why", [("0%", "is outside (0, 100]%"), ("40MiB", "is not a percentage"),
+                                        ("1048576", "is not a percentage"), ("abc", "is not a percentage"),
+                                        ("x%", "is not a number followed by %")])
+def test_bench_experts_budgets_errors_offer_only_percentages(toy, tmp_path, budget, why):
+    """--budgets takes percentages only: its errors used to offer sizes too (64MiB, 1048576), which
+    --budgets then refused with another message."""
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"),
+                        "--budgets", f"50%,{budget}"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"--budgets: expert cache size '{budget}' {why}; give a percentage of the routed expert bytes such as " \
+           "25% (0-100]" in p.stderr, p.stderr
+    offered = p.stderr.replace(budget, "")
+    assert "MiB" not in offered and "1048576" not in offered and "size such as" not in offered, p.stderr
 
 
 def test_bench_experts_json(toy, tmp_path):
