@@ -172,10 +172,6 @@ struct PredictionCounts {
   std::optional<double> precision_if_defined() const;
   // tp / (tp + fn); nullopt when nothing was routed. 0 when experts were routed and none predicted.
   std::optional<double> recall_if_defined() const;
-  // The two above with undefined read as 0, kept only for callers not yet moved to them
-  // (cmd_demo.cpp); a 0 from these may mean "undefined": use the *_if_defined forms.
-  double precision() const { return precision_if_defined().value_or(0.0); }
-  double recall() const { return recall_if_defined().value_or(0.0); }
 };
 class PredictionScorer {
  public:

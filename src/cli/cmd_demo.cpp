@@ -48,6 +48,11 @@
 namespace terrace::cli {
 namespace {
 
+// A figure that may be undefined (a prefetch precision with nothing predicted): null in the JSON,
+// "n/a" in the text, never 0.
+nlohmann::json OrNull(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+std::string PercentOrNa(std::optional<double> v) { return v ? FormatPercent(*v) : std::string("n/a"); }
+
 using Clock = std::chrono::steady_clock;
 
 struct DemoArgs {
@@ -438,7 +443,8 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
                                       {"nvme_free_bytes", f.free_bytes}, {"block_bytes_max", f.block_bytes}});
   s["tiers"] = d.tiers;
   s["experts"] = {{"hit_rate", d.em.hit_rate}, {"hits", d.em.hits}, {"late_hits", d.em.late_hits}, {"misses", d.em.misses},
-                  {"prefetch_precision", d.em.prediction.precision()}, {"prefetch_recall", d.em.prediction.recall()},
+                  {"prefetch_precision", OrNull(d.em.prediction.precision_if_defined())},
+                  {"prefetch_recall", OrNull(d.em.prediction.recall_if_defined())},
                   {"stall_s", static_cast<double>(d.em.stall_ns) * 1e-9},
                   {"stall_share", d.forward_s > 0 ? static_cast<double>(d.em.stall_ns) * 1e-9 / d.forward_s : 0.0},
                   {"stall_s_per_prefill_token", d.computed > 0 ? d.stall_prefill / static_cast<double>(d.computed) : 0.0},
@@ -452,8 +458,9 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
   s["experts"]["layers"] = nlohmann::json::array();
   for (const experts::LayerMetrics& l : d.em.layers) {
     s["experts"]["layers"].push_back({{"layer", l.layer}, {"hit_rate", l.hit_rate()},
-                                      {"prefetch_precision", l.prediction.precision()},
-                                      {"prefetch_recall", l.prediction.recall()}, {"expert_load", l.expert_load},
+                                      {"prefetch_precision", OrNull(l.prediction.precision_if_defined())},
+                                      {"prefetch_recall", OrNull(l.prediction.recall_if_defined())},
+                                      {"expert_load", l.expert_load},
                                       {"hot_experts", l.hot_experts}});
   }
   s["bytes_moved"] = {{"prefix_restored", d.restore_all}, {"prefix_written", d.kst.bytes_written},
@@ -526,8 +533,8 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
   }
   fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
              "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
-             FormatPercent(d.em.hit_rate), d.em.hits, d.em.late_hits, d.em.misses, FormatPercent(d.em.prediction.precision()),
-             FormatPercent(d.em.prediction.recall()), FormatPercent(s["experts"]["stall_share"].get<double>()),
+             FormatPercent(d.em.hit_rate), d.em.hits, d.em.late_hits, d.em.misses, PercentOrNa(d.em.prediction.precision_if_defined()),
+             PercentOrNa(d.em.prediction.recall_if_defined()), FormatPercent(s["experts"]["stall_share"].get<double>()),
              1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
              1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",

@@ -56,7 +56,8 @@ def test_demo_verifies_every_turn_and_restores_on_a_later_turn(two_runs):
         assert t["restored_tokens"] + t["computed_tokens"] == t["prompt_tokens"] == len(t["prompt"])
     s = j["summary"]
     assert 0 < s["restored_share"] < 1
-    assert 0 <= s["experts"]["prefetch_precision"] <= 1 and 0 <= s["experts"]["prefetch_recall"] <= 1
+    for k in ("prefetch_precision", "prefetch_recall"):  # null: undefined (nothing predicted / routed)
+        assert s["experts"][k] is None or 0 <= s["experts"][k] <= 1
     assert s["experts"]["hits"] + s["experts"]["late_hits"] + s["experts"]["misses"] > 0
     assert s["bytes_moved"]["prefix_restored"] > 0 and s["bytes_moved"]["prefix_written"] > 0
     assert "verified:" in r.stdout and "demo-run.json" in r.stdout

@@ -97,8 +97,8 @@ TEST_CASE("the oracle replays a hand-made trace: precision 1, recall all but the
   CHECK(m.prediction.true_positive == routed - 2);
   CHECK(m.prediction.false_positive == 0);
   CHECK(m.prediction.false_negative == 2);
-  CHECK(m.prediction.precision() == 1.0);
-  CHECK(m.prediction.recall() == Approx(static_cast<double>(routed - 2) / routed));
+  CHECK(m.prediction.precision_if_defined().value_or(-1) == 1.0);
+  CHECK(m.prediction.recall_if_defined().value_or(-1) == Approx(static_cast<double>(routed - 2) / routed));
   // The replayed trace is what the offload recorded.
   CHECK(m.steps == 6);
 }
@@ -121,7 +121,7 @@ TEST_CASE("the oracle's depth counts MoE layers: at depth 1 it reaches past the 
   CHECK(m.prediction.false_positive == 0);
   for (const LayerMetrics& l : m.layers) {
     INFO("layer " << l.layer);
-    CHECK(l.prediction.recall() == 1.0);
+    CHECK(l.prediction.recall_if_defined().value_or(-1) == 1.0);
   }
   // Depth 0 predicts nothing, at token start included (the belady policy's demand-paged bound).
   m = Replay(t, MakeOraclePredictor(shared, 0), /*token_start=*/true);
@@ -167,7 +167,7 @@ TEST_CASE("the statistical predictor learns a periodic trace after one step", "[
   // Steps 1..7 are predicted exactly (layer and token transitions repeat); step 0 only partly.
   CHECK(m.prediction.false_positive == 0);
   CHECK(m.prediction.true_positive >= 7 * 7 * 2);
-  CHECK(m.prediction.recall() >= 7.0 / 8.0);
+  CHECK(m.prediction.recall_if_defined().value_or(-1) >= 7.0 / 8.0);
 }
 
 TEST_CASE("the utility policy's use probability protects the window", "[experts]") {
