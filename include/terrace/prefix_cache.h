@@ -108,7 +108,7 @@ struct PrefixCacheStats {
   // can still make one of these a store no-op or a replacement.)
   std::uint64_t chunk_writes = 0, state_writes = 0;
   std::uint64_t chunk_already_stored = 0, state_already_stored = 0;  // not written: the pool held the key
-  std::uint64_t write_failures = 0;    // write-back Puts or encodes that failed (logged)
+  std::uint64_t write_failures = 0;    // write-back Puts or encodes that failed (the first is logged)
   std::uint64_t bytes_written = 0;
   std::array<std::uint64_t, kNumTiers> bytes_read{};
   std::uint64_t layerwise_restores = 0;  // restores (b > 0) that ran under a forward pass
@@ -246,7 +246,7 @@ class PrefixCache {
   // Write-back of the state right after chunk `chunks - 1` of `request` was computed
   // (state.num_tokens() == chunks * chunk_tokens): that chunk's MLA latents, and every KDA layer's
   // snapshot when `snapshot`. Copies what it needs and returns at once; encoding and the Puts run on
-  // the writer thread. A failure is counted (write_failures) and logged, and leaves no block behind
+  // the writer thread. A failure is counted (write_failures; the cache logs its first), and leaves no block behind
   // that a lookup could hit. InvalidArgument when the state does not match `chunks`.
   Status WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                    bool snapshot);

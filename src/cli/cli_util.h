@@ -29,6 +29,10 @@ namespace terrace::cli {
 // Sizes are read by terrace::ParseSize (src/common/size_parse.h): "4096", "4KiB", "1MiB", "2GiB",
 // "1TiB" (binary), "4K"/"1M"/"2G" (binary too), "4KB"/"1MB"/"2GB" (decimal).
 using terrace::ParseSize;
+// A Status of `s`'s code (and retryability) whose message is `message`: `s` told in other words.
+// Precondition: !s.ok().
+Status Reworded(const Status& s, std::string message);
+
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 

@@ -383,6 +383,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (!m.ok()) return Fail(m.status().ToString());
   KvRunArgs kv = a.kv;
   kv.store = dir.string();
+  kv.dir_flag = "--dir";
   auto by_codec = BytesPerTokenByCodec(config, kv);
   if (!by_codec.ok()) {
     RemovePools(dir, created_dir);

@@ -93,7 +93,7 @@ int RunModel(const RunArgs& a) {
   auto prompt = ParseTokens(a.tokens, config.vocab_size);
   if (!prompt.ok()) return FailUsage(prompt.status().message());
   if (!a.kv.store.empty()) {
-    if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
+    if (Status s = CheckKvRunArgs(a.kv, config); !s.ok()) return FailUsage(s.message());
   }
   auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir, out_rules);
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
@@ -157,9 +157,7 @@ int RunModel(const RunArgs& a) {
     if (reserver.joinable()) reserver.join();
     kv_prepare = {reserve_s, open_s};
     if (!reserved.ok()) return Fail(reserved.ToString());
-    if (!opened.ok())
-      return opened.status().code() == Code::kInvalidArgument ? FailUsage(opened.status().message())
-                                                              : Fail(opened.status().ToString());
+    if (!opened.ok()) return Fail(opened.status().ToString());  // CheckKvRunArgs above checked the flags
     kv_run = std::move(opened).value();
     const auto request = kv_run->cache->Prepare(*prompt, a.kv.tenant);
     // The oracle records the routing in the forward steps this prefill takes: the prompt in the
@@ -211,6 +209,8 @@ int RunModel(const RunArgs& a) {
   if (kv_run) {
     kv_run->cache->Flush();  // the write-back ran during decode; wait for it
     kv_stats = kv_run->cache->Stats();
+    if (std::string failed = WriteFailureText(a.kv, kv_stats); !failed.empty())
+      fmt::print(stderr, "terrace model run: warning: {}\n", failed);
     for (Store* st : {kv_run->kv_store.get(), kv_run->state_store.get()})
       if (Status s = st->Flush(); !s.ok()) return Fail(s.ToString());
   }

@@ -447,7 +447,7 @@ int RunCheck(const CheckArgs& a) {
   }
   auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
+    return FailStoreOptions(opts.status());
   }
   NvmeTierOptions o = *opts;
   o.read_only = true;  // the check writes nothing; --repair drops corrupt blocks after it (DropCorruptBlocks)

@@ -23,11 +23,42 @@
 
 namespace terrace::cli::store_cmd {
 
-// The tier's messages speak of API fields (capacity_bytes, options.index_dir); the CLI's name the
-// flags. Rewrites the known field names in `message` to the `store` commands' flags.
+// The words of the command the user ran, for a message about one store: the flags naming its
+// directory and capacity, and the remedies that command offers.
+struct StoreWords {
+  std::string dir_flag = "--dir";        // the flag naming the store's directory
+  std::string path_words = "--dir";      // stands for the library's options.path
+  std::string capacity_flag = "--capacity";
+  // Stand for the library's advice to use another (empty) directory for the store, or an existing
+  // store, or another directory for its index.
+  std::string new_dir = "give --dir an empty directory";
+  std::string new_dir_or_existing = "give --dir an empty directory or an existing Terrace store";
+  std::string new_index_dir = "point --index-dir at an empty directory";
+  // Stands for the library's "(or reformat the data area to start an empty store: ...)".
+  std::string start_over =
+      "(or, to start over with an empty store and lose every block in it, delete the data file, or zero the first "
+      "4 KiB of a block device, and run 'terrace store fill')";
+};
+
+// The words of the `store` commands for the store in `dir`: a prefix-cache pool (DIR/kv or
+// DIR/state, as `model run --store DIR` or `demo --dir DIR` made them; demo marks its pools with
+// terrace-demo.marker) is started over by the command that made it, not by 'store fill'.
+StoreWords StoreCommandWords(const std::string& dir);
+
+// The tier's messages speak of API fields (capacity_bytes, options.index_dir) and of remedies the
+// library offers (reformat, read-write opens); the CLI's name the flags and the commands. Rewrites
+// the known phrases of `message` into `words`.
+std::string InCliWords(std::string_view message, const StoreWords& words);
+// InCliWords(message, StoreCommandWords(dir)) for the store ExistingStoreOptions last resolved (the
+// one the running `store` command opens), else with the default StoreWords.
 std::string InCliWords(std::string_view message);
 // Fail(InCliWords(status.ToString())): exit 1.
 int FailStatus(const Status& status);
+// The exit of a failed ExistingStoreOptions: a usage error (2, the message alone) for an
+// InvalidArgument about the command line (its message begins with the flag); else FailStatus (1),
+// whose label keeps the code: a data file that is not a Terrace store is an InvalidArgument of
+// exit 1.
+int FailStoreOptions(const Status& status);
 
 // Where a store lives, as the user gave it.
 struct StorePaths {
@@ -61,9 +92,10 @@ Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir);
 enum class IndexDirUse { kExisting, kRebuild };
 
 // NvmeTierOptions for an existing store: the capacity comes from the store; --capacity, when given,
-// must match it. InvalidArgument naming the flag (a usage error, exit 2) when --capacity differs or
-// --dir / --index-dir is a path of the wrong kind (a regular file, a FIFO, a dangling symlink:
-// not a directory; --dir may also be a block device). NotFound naming the flag when --dir does not
+// must match it. InvalidArgument beginning with the flag (a usage error, exit 2) when --capacity
+// differs or --dir / --index-dir is a path of the wrong kind (a regular file, a FIFO, a dangling
+// symlink: not a directory; --dir may also be a block device); InvalidArgument beginning with the
+// data file's path (a runtime failure, exit 1: FailStoreOptions) when it is not a Terrace store. NotFound naming the flag when --dir does not
 // exist or holds no store, or when --index-dir does not exist and `index_use` is kExisting.
 Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse index_use);
 

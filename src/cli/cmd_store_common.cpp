@@ -18,6 +18,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
+#include "src/cli/demo_dir.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
@@ -32,45 +33,94 @@ namespace fs = std::filesystem;
 
 constexpr std::uint64_t kMaxExpectBytes = 4 * kGiB;
 
-std::string InCliWords(std::string_view message) {
-  static constexpr std::pair<std::string_view, std::string_view> kWords[] = {
-      {"set options.index_dir to", "give --index-dir"},
-      {"options.index_dir", "--index-dir"},
-      {"index_dir", "--index-dir"},
-      {"options.path", "--dir"},
-      {"or set create_if_missing=true", "or run 'terrace store fill' to create one"},
-      {"and create_if_missing is false", ""},
-      {"capacity_bytes=", "--capacity "},
-      {"capacity_bytes", "--capacity"},
-      {"without read_only", "with 'store check --repair'"},
-      // The library's reformat option has no flag: say what a CLI user does instead.
-      {"(or reformat the data area to start an empty store: every block in it is lost)",
-       "(or, to start over with an empty store and lose every block in it, delete the data file, or zero the first "
-       "4 KiB of a block device, and run 'terrace store fill')"},
-  };
-  // A field name is rewritten only where it stands as a word of its own: not inside a path or
-  // another name ('/data/index_dir/', 'my_capacity_bytes'), which the message quotes as given.
+namespace {
+
+// The words of the store the running `store` command opens (ExistingStoreOptions records them).
+StoreWords& CommandWords() {
+  static StoreWords words;
+  return words;
+}
+
+// `message` with every `from` that stands as a word of its own replaced by `to`: not inside a path
+// or another name ('/data/index_dir/', 'my_capacity_bytes'), which the message quotes as given.
+void ReplaceWords(std::string& out, std::string_view from, std::string_view to) {
   auto in_word = [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/' || c == '-';
   };
-  std::string out(message);
-  for (const auto& [from, to] : kWords) {
-    for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos;) {
-      const std::size_t end = pos + from.size();
-      const bool starts_word = pos == 0 || !in_word(out[pos - 1]) || !in_word(from.front());
-      const bool ends_word = end == out.size() || !in_word(out[end]) || !in_word(from.back());
-      if (!starts_word || !ends_word) {
-        pos = end;
-        continue;
-      }
-      out.replace(pos, from.size(), to);
-      pos += to.size();
+  for (std::size_t pos = 0; (pos = out.find(from, pos)) != std::string::npos;) {
+    const std::size_t end = pos + from.size();
+    const bool starts_word = pos == 0 || !in_word(out[pos - 1]) || !in_word(from.front());
+    const bool ends_word = end == out.size() || !in_word(out[end]) || !in_word(from.back());
+    if (!starts_word || !ends_word) {
+      pos = end;
+      continue;
     }
+    out.replace(pos, from.size(), to);
+    pos += to.size();
   }
+}
+
+}  // namespace
+
+StoreWords StoreCommandWords(const std::string& dir) {
+  StoreWords w;
+  const fs::path d(NormalizePath(dir));
+  const fs::path parent = d.parent_path().empty() ? fs::path(".") : d.parent_path();
+  const std::string name = d.filename().string();
+  if (name != "kv" && name != "state") return w;
+  std::error_code ec;
+  const std::string lose = "(or, to start over with an empty pool and lose every block in it, ";
+  if (fs::is_regular_file(d / kDemoMarker, ec)) {
+    w.start_over = lose + fmt::format("run 'terrace demo --dir {} --fresh', which starts the demo anew)", parent.string());
+  } else if (fs::is_directory(parent / "kv", ec) && fs::is_directory(parent / "state", ec)) {
+    w.start_over = lose + fmt::format("delete the folder {} and run 'terrace model run' with --store {} again, which "
+                                      "creates the pool anew)",
+                                      d.string(), parent.string());
+  }
+  return w;
+}
+
+std::string InCliWords(std::string_view message, const StoreWords& w) {
+  const std::string new_bigger = fmt::format("use a new {} directory with a larger {}", w.dir_flag, w.capacity_flag);
+  const std::pair<std::string_view, std::string_view> kWords[] = {
+      {"set options.index_dir to", "give --index-dir"},
+      {"point --index-dir at an empty directory", w.new_index_dir},
+      {"point the NVMe tier at an empty directory or at an existing Terrace store", w.new_dir_or_existing},
+      {"point the NVMe tier at an empty directory or an existing store", w.new_dir_or_existing},
+      {"point the NVMe tier at an empty directory", w.new_dir},
+      {"options.index_dir", "--index-dir"},
+      {"index_dir", "--index-dir"},
+      {"options.path", w.path_words},
+      {"or set create_if_missing=true", "or run 'terrace store fill' to create one"},
+      {"and create_if_missing is false", ""},
+      // The CLI erases no blocks, and a store's capacity is fixed when it is created.
+      {"erase blocks, or move to a new store with a larger capacity_bytes", new_bigger},
+      {"or use a new store with a larger capacity_bytes", "or " + new_bigger},
+      {"capacity_bytes=", w.capacity_flag + " "},
+      {"capacity_bytes", w.capacity_flag},
+      {"without read_only", "with 'store check --repair'"},
+      {"the store is open read-only, so the block was kept (open it read-write to drop it)",
+       "the check changes nothing, so the block was kept ('terrace store check --repair' drops it)"},
+      {" (set hbm.mode = kOff to run without it)", ""},
+      // The library's reformat option has no flag: say what a CLI user does instead.
+      {"(or reformat the data area to start an empty store: every block in it is lost)", w.start_over},
+  };
+  std::string out(message);
+  for (const auto& [from, to] : kWords) ReplaceWords(out, from, to);
+  // A missing or empty index was not damaged, and nothing of it is kept aside.
+  if (out.find("' is missing:") != std::string::npos || out.find("' is an empty directory:") != std::string::npos)
+    ReplaceWords(out, " (the damaged index is kept aside)", "");
   return out;
 }
 
+std::string InCliWords(std::string_view message) { return InCliWords(message, CommandWords()); }
+
 int FailStatus(const Status& status) { return Fail(InCliWords(status.ToString())); }
+
+int FailStoreOptions(const Status& status) {
+  if (status.IsInvalidArgument() && status.message().starts_with("--")) return FailUsage(status.message());
+  return FailStatus(status);
+}
 
 void AddStorePathOptions(CLI::App* app, StorePaths* p, bool dir_created_if_missing, bool with_capacity) {
   app->add_option("--dir", p->dir,
@@ -145,13 +195,11 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
       }
     }
   }
-  auto sb = ReadSuperblock(p.dir);
-  if (!sb.ok()) {
-    // What the data file holds is wrong (another format, not a store): a runtime failure, exit 1.
-    if (sb.status().IsInvalidArgument()) return Status::Unavailable(std::string(sb.status().message()));
-    return sb.status();
-  }
-  if (!*sb) {
+  CommandWords() = StoreCommandWords(p.dir);
+  // An InvalidArgument here says what the data file holds is wrong (another format, not a store):
+  // its message begins with the file's path, so FailStoreOptions exits 1.
+  TERRACE_ASSIGN_OR_RETURN(std::optional<SuperblockInfo> sb, ReadSuperblock(p.dir));
+  if (!sb) {
     if (IsKind(fs::path(p.dir) / "terrace.data.creating", S_IFREG)) {
       auto cap = InterruptedCreationCapacity(p.dir);
       return Status::NotFound(fmt::format(
@@ -164,17 +212,17 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
     }
     return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
   }
-  if (p.capacity != 0 && p.capacity != (*sb)->capacity_bytes) {
+  if (p.capacity != 0 && p.capacity != sb->capacity_bytes) {
     return Status::InvalidArgument(fmt::format(
         "--capacity {} does not match the store at '{}', which was created with --capacity {} ({} bytes); omit "
         "--capacity to use the store's own",
-        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>((*sb)->capacity_bytes)),
-        (*sb)->capacity_bytes));
+        FormatBytes(static_cast<double>(p.capacity)), p.dir, FormatBytes(static_cast<double>(sb->capacity_bytes)),
+        sb->capacity_bytes));
   }
   NvmeTierOptions o;
   o.path = p.dir;
   o.index_dir = p.index_dir;
-  o.capacity_bytes = (*sb)->capacity_bytes;
+  o.capacity_bytes = sb->capacity_bytes;
   o.create_if_missing = false;
   o.durability = Durability::kSync;
   return o;
@@ -269,7 +317,7 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::optional<std::uint64_t> seed, const 
     }
     ++c.corrupt;
     c.corrupt_keys.push_back(key);
-    line(c.corrupt, fmt::format("corrupt {}: {}", key.ToString(), s.ToString()));
+    line(c.corrupt, fmt::format("corrupt {}: {}", key.ToString(), InCliWords(s.ToString())));
   }
   rest(c.wrong_content, "wrong-content");
   rest(c.corrupt, "corrupt");

@@ -15,7 +15,7 @@ namespace {
 int RunRecover(const StorePaths& p) {
   auto opts = ExistingStoreOptions(p, IndexDirUse::kRebuild);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
+    return FailStoreOptions(opts.status());
   }
   auto last = std::chrono::steady_clock::now();
   auto progress = [&](std::uint64_t done, std::uint64_t total) {

@@ -47,7 +47,7 @@ int RunStats(const StatsArgs& a) {
   if (a.json && a.prometheus) return FailUsage("--json and --prometheus cannot be combined; choose one");
   auto opts = ExistingStoreOptions(a.paths, IndexDirUse::kExisting);
   if (!opts.ok()) {
-    return opts.status().IsInvalidArgument() ? FailUsage(opts.status().message()) : FailStatus(opts.status());
+    return FailStoreOptions(opts.status());
   }
   auto sb = ReadSuperblock(a.paths.dir);
   if (!sb.ok() || !*sb) return Fail(sb.ok() ? "the store has no superblock" : sb.status().ToString());

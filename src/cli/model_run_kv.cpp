@@ -9,11 +9,32 @@
 #include <fmt/format.h>
 
 #include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "terrace/codec.h"
 #include "terrace/keys.h"
 
 namespace terrace::cli {
+
+namespace {
+
+// OpenPool's host chunk, and the emulated HBM tier's (tiers/hbm/emulated_hbm_tier.cpp).
+constexpr std::uint64_t kPoolHostChunkBytes = 64ull << 20;
+constexpr std::uint64_t kEmulatedHbmChunkBytes = 256ull << 20;
+
+// The largest capacity HostTier::Create accepts and its page allocator can number, in whole chunks
+// of `chunk_bytes` (a multiple of its 4 KiB page): at most 1,000,000 chunks
+// (tiers/host/host_tier.cpp), and pages_per_chunk * chunks below 2^32 - 1
+// (tiers/host/page_allocator.h).
+std::uint64_t MaxHostTierBytes(std::uint64_t chunk_bytes) {
+  constexpr std::uint64_t kPageBytes = 4096, kMaxChunks = 1'000'000, kMaxPageIds = 0xffffffffull - 1;
+  return std::min(kMaxChunks, kMaxPageIds / (chunk_bytes / kPageBytes)) * chunk_bytes;
+}
+
+}  // namespace
+
+std::uint64_t MaxPoolHostBytes() { return MaxHostTierBytes(kPoolHostChunkBytes); }
+std::uint64_t MaxPoolHbmBytes() { return MaxHostTierBytes(kEmulatedHbmChunkBytes); }
 
 void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   CLI::Option* store = nullptr;
@@ -41,9 +62,11 @@ void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
                 "NVMe capacity of the KDA state pool when it is created; an existing pool of another size is refused",
                 1 << 20)
       ->each([a](const std::string&) { a->state_nvme_given = true; });
-  AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20);
-  AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20);
-  AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20);
+  AddSizeOption(cmd, "--store-host-size", &a->host_bytes, "Host tier of the KV pool", 1 << 20, MaxPoolHostBytes());
+  AddSizeOption(cmd, "--state-host-size", &a->state_host_bytes, "Host tier of the KDA state pool", 1 << 20,
+                MaxPoolHostBytes());
+  AddSizeOption(cmd, "--store-hbm-size", &a->hbm_bytes, "HBM tier of the KV pool (emulated without a GPU)", 1 << 20,
+                MaxPoolHbmBytes());
   cmd->add_option("--read-order", a->read_order,
                   "How a restore under the forward pass reads the KV chunks: layers (each MLA layer's part of every "
                   "chunk in turn, so a layer is computed while the next one's are read; whole chunks where that cannot "
@@ -68,17 +91,30 @@ std::optional<std::uint64_t> PoolOwnCapacity(const std::filesystem::path& dir, b
   return *own;
 }
 
-Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::uint64_t nvme, std::uint64_t host,
-                                        std::uint64_t hbm, std::string_view nvme_flag, unsigned io_threads) {
+// The words of messages about the pool whose NVMe size `nvme_flag` sets, for the command of `a`.
+store_cmd::StoreWords PoolWords(const KvRunArgs& a, std::string_view nvme_flag) {
+  store_cmd::StoreWords w;
+  w.dir_flag = a.dir_flag;
+  w.path_words = "the pool";
+  w.capacity_flag = std::string(nvme_flag);
+  w.new_dir = w.new_dir_or_existing = w.new_index_dir = fmt::format("give a new {} directory", a.dir_flag);
+  w.start_over = fmt::format("(or, to start over with an empty pool and lose every block in it, {})",
+                             a.start_over.empty() ? w.new_dir : a.start_over);
+  return w;
+}
+
+Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesystem::path& dir, std::uint64_t nvme,
+                                        std::uint64_t host, std::uint64_t hbm, std::string_view nvme_flag,
+                                        unsigned io_threads) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError(fmt::format("--store: cannot create {}: {}", dir.string(), ec.message()));
+  if (ec) return Status::IoError(fmt::format("{}: cannot create {}: {}", a.dir_flag, dir.string(), ec.message()));
   StoreOptions o;
   o.hbm.mode = hbm > 0 ? HbmMode::kAuto : HbmMode::kOff;
   o.hbm.capacity_bytes = hbm;
   o.host.capacity_bytes = host;
   o.host.pin = false;
-  o.host.chunk_bytes = std::min<std::uint64_t>(host, 64ull << 20);
+  o.host.chunk_bytes = std::min(host, kPoolHostChunkBytes);
   o.nvme.path = dir;
   RemoveOrphanedIndexCreation(dir, dir / "index", "model run");  // else the tier refuses it as incomplete
   // An existing pool keeps its size (read from its superblock); an interrupted creation is completed
@@ -97,9 +133,11 @@ Result<std::unique_ptr<Store>> OpenPool(const std::filesystem::path& dir, std::u
   // restore about 40 % of its time (docs/benchmarks.md, "Layerwise restore").
   o.promote_on_get = false;
   auto s = Store::Open(o);
-  if (!s.ok())
-    return s.status().WithContext(fmt::format("--store: opening the pool in {} (its NVMe size is {} when created)",
-                                              dir.string(), nvme_flag));
+  if (!s.ok()) {
+    const Status e = s.status().WithContext(
+        fmt::format("{}: opening the pool in {} (its NVMe size is {} when created)", a.dir_flag, dir.string(), nvme_flag));
+    return Reworded(e, store_cmd::InCliWords(e.message(), PoolWords(a, nvme_flag)));
+  }
   return s;
 }
 
@@ -126,6 +164,23 @@ Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t
       *own, flag));
 }
 
+// The cache layout the flags ask for: InvalidArgument naming --kv-codec / --state-codec, or the
+// layout's refusal.
+Result<kv::KvLayout> Layout(const KvRunArgs& a, const model::ModelConfig& config) {
+  auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
+  if (!kv_codec.ok()) return Status::InvalidArgument("--kv-codec: " + kv_codec.status().message());
+  auto state_codec = codec::CodecSpec::Parse(a.state_codec);
+  if (!state_codec.ok()) return Status::InvalidArgument("--state-codec: " + state_codec.status().message());
+  kv::KvLayoutOptions lo;
+  lo.chunk_tokens = a.chunk_tokens;
+  lo.snapshot_every = a.snapshot_every;
+  lo.kv_codec = *kv_codec;
+  lo.state_codec = *state_codec;
+  auto layout = kv::KvLayout::FromConfig(config, lo);
+  if (!layout.ok()) return Status::InvalidArgument(layout.status().message());
+  return layout;
+}
+
 }  // namespace
 
 Status CheckKvPoolSizes(const KvRunArgs& a) {
@@ -146,36 +201,25 @@ kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
   return a.read_order == "chunks" ? kv::RestoreReadOrder::kChunks : kv::RestoreReadOrder::kLayers;
 }
 
-Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
-  if (Status s = CheckStoreDirArg(a.store, "--store"); !s.ok()) return s;
+Status CheckKvRunArgs(const KvRunArgs& a, const model::ModelConfig& config) {
+  TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(a.store, a.dir_flag));
   TERRACE_RETURN_IF_ERROR(CheckKvPoolSizes(a));
-  auto kv_codec = codec::CodecSpec::Parse(a.kv_codec);
-  if (!kv_codec.ok()) return Status::InvalidArgument("--kv-codec: " + kv_codec.status().message());
-  auto state_codec = codec::CodecSpec::Parse(a.state_codec);
-  if (!state_codec.ok()) return Status::InvalidArgument("--state-codec: " + state_codec.status().message());
-  kv::KvLayoutOptions lo;
-  lo.chunk_tokens = a.chunk_tokens;
-  lo.snapshot_every = a.snapshot_every;
-  lo.kv_codec = *kv_codec;
-  lo.state_codec = *state_codec;
-  auto layout = kv::KvLayout::FromConfig(config, lo);
-  if (!layout.ok()) return Status::InvalidArgument(layout.status().message());
-  KvRun run;
+  TERRACE_RETURN_IF_ERROR(Layout(a, config).status());
   const std::filesystem::path dir(a.store);
   TERRACE_RETURN_IF_ERROR(CheckPoolSize(dir / "kv", a.kv_nvme_given, a.kv_nvme_bytes, a.kv_nvme_flag));
-  TERRACE_RETURN_IF_ERROR(CheckPoolSize(dir / "state", a.state_nvme_given, a.state_nvme_bytes, a.state_nvme_flag));
-  {
-    auto s = OpenPool(dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes, a.kv_nvme_flag,
-                      static_cast<unsigned>(kv::kRestoreKvReaders));
-    if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
-    run.kv_store = std::move(s).value();
-  }
-  {
-    auto s = OpenPool(dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, a.state_nvme_flag, 1);
-    if (!s.ok()) return s.status().code() == Code::kInvalidArgument ? Status::IoError(s.status().message()) : s.status();
-    run.state_store = std::move(s).value();
-  }
-  auto cache = kv::PrefixCache::Create(*layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get());
+  return CheckPoolSize(dir / "state", a.state_nvme_given, a.state_nvme_bytes, a.state_nvme_flag);
+}
+
+Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
+  TERRACE_RETURN_IF_ERROR(CheckKvRunArgs(a, config));
+  TERRACE_ASSIGN_OR_RETURN(kv::KvLayout layout, Layout(a, config));
+  KvRun run;
+  const std::filesystem::path dir(a.store);
+  TERRACE_ASSIGN_OR_RETURN(run.kv_store, OpenPool(a, dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes,
+                                                  a.kv_nvme_flag, static_cast<unsigned>(kv::kRestoreKvReaders)));
+  TERRACE_ASSIGN_OR_RETURN(run.state_store,
+                           OpenPool(a, dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, a.state_nvme_flag, 1));
+  auto cache = kv::PrefixCache::Create(layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get());
   if (!cache.ok()) return Status::Internal(cache.status().message());
   run.cache = std::move(cache).value();
   run.cache->SetRestoreReadOrder(ReadOrder(a));
@@ -282,6 +326,14 @@ std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats&
   }
   out += "prefix cache: " + WriteBackText(st) + "\n";
   return out;
+}
+
+std::string WriteFailureText(const KvRunArgs& a, const kv::PrefixCacheStats& st) {
+  if (st.write_failures == 0) return "";
+  return fmt::format("prefix cache: {} block write(s) failed and were not cached (the first failure was logged "
+                     "above); if the pools are full: a pool's size is fixed when it is created, so give a new {} "
+                     "directory with a larger {} / {}",
+                     st.write_failures, a.dir_flag, a.kv_nvme_flag, a.state_nvme_flag);
 }
 
 std::string WriteBackText(const kv::PrefixCacheStats& st) {

@@ -34,7 +34,19 @@ struct KvRunArgs {
   // the flags that set them, for messages (`terrace demo` calls the first --kv-nvme-size).
   bool kv_nvme_given = false, state_nvme_given = false;
   std::string kv_nvme_flag = "--store-nvme-size", state_nvme_flag = "--state-nvme-size";
+  // The flag naming the directory that holds the pools (`bench kv` and `demo`: "--dir"), and what a
+  // user of the command does to start a pool over with nothing in it (empty: "give a new <dir_flag>
+  // directory"; `demo`: its --fresh), for messages.
+  std::string dir_flag = "--store";
+  std::string start_over;
 };
+
+// The largest --store-host-size / --state-host-size (host tiers of 64 MiB chunks) and
+// --store-hbm-size (the emulated HBM tier: 256 MiB chunks) a pool accepts: the host tier refuses more
+// than 1,000,000 chunks and numbers its 4 KiB pages with 32-bit ids (tiers/host/host_tier.cpp,
+// page_allocator.h), which for these chunks is the tighter rule (16 TiB less one chunk).
+std::uint64_t MaxPoolHostBytes();
+std::uint64_t MaxPoolHbmBytes();
 
 // The prefix-cache flags. with_store: also --store DIR, which every other flag here then needs
 // (given without it, they are a usage error, never ignored); without (bench kv, whose --dir names
@@ -56,8 +68,15 @@ struct KvRun {
 // commands call it before they create a directory, and OpenKvRun before it opens a pool.
 Status CheckKvPoolSizes(const KvRunArgs& args);
 
-// Checks the flags (usage errors name the flag: InvalidArgument; CheckKvPoolSizes first, so a bad
-// size creates no pool) and opens the pools; other errors are runtime failures.
+// Every check of the flags that OpenKvRun makes (CheckKvPoolSizes, the codecs, the layout, an
+// existing pool's size against the NVMe size flags): InvalidArgument naming the flag, a usage error.
+// Creates nothing.
+Status CheckKvRunArgs(const KvRunArgs& args, const model::ModelConfig& config);
+
+// CheckKvRunArgs (its InvalidArgument is a usage error), then opens the pools. Every later error is
+// a runtime failure, whatever its code (a pool's data file that is not a Terrace store is an
+// InvalidArgument too): a caller that ran CheckKvRunArgs first fails with exit 1 on any error. The
+// pool-opening messages are in the words of the command (args.dir_flag, the NVMe size flags).
 Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config, const model::WeightSource& weights);
 
 // The JSON object / text lines the run reports about the cache (after the write-back finished).
@@ -66,5 +85,9 @@ std::string KvReportText(const kv::CachedPrefill& prefill, const kv::PrefixCache
 // "wrote N chunk and M state blocks (BYTES), F write failure(s); K chunk and L state blocks were
 // already stored": the write-back so far, blocks the pools already held counted apart from writes.
 std::string WriteBackText(const kv::PrefixCacheStats& stats);
+// "" without write failures; else one line (no newline) saying how many block writes failed and,
+// as a full pool is the usual cause, that a pool's size is fixed when it is created: a new
+// args.dir_flag directory with larger NVMe size flags.
+std::string WriteFailureText(const KvRunArgs& args, const kv::PrefixCacheStats& stats);
 
 }  // namespace terrace::cli

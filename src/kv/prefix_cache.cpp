@@ -65,9 +65,14 @@ void PrefixCache::Impl::WriteBlock(Store* store, const BlockKey& key,
   auto finish = [this, key, is_state](const Status& status, std::uint64_t size) {
     MutexLock lock(&stats_mu);
     if (!status.ok()) {
-      ++stats.write_failures;
-      logger->Log(LogLevel::kWarning, "prefix-cache",
-                  fmt::format("write-back of {} failed (the block is not cached): {}", key.ToString(), status.ToString()));
+      // The first failure is logged; the rest, often the same one for every block of a full pool,
+      // are only counted (stats.write_failures), so a full pool cannot flood the log.
+      if (++stats.write_failures == 1) {
+        logger->Log(LogLevel::kWarning, "prefix-cache",
+                    fmt::format("write-back of {} failed (the block is not cached): {}; later write-back failures of "
+                                "this cache are counted (PrefixCacheStats::write_failures), not logged",
+                                key.ToString(), status.ToString()));
+      }
       return;
     }
     ++(is_state ? stats.state_writes : stats.chunk_writes);

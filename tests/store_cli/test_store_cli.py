@@ -456,6 +456,10 @@ def test_a_corrupt_expected_block_is_counted_once_and_its_descriptor_is_not_blam
     assert "expected blocks are missing" not in r.stdout, r.stdout
     assert "no valid descriptor" not in r.stdout, r.stdout
     assert not [l for l in r.stderr.splitlines() if l.startswith("missing ")], r.stderr
+    # The per-block line names the flag that drops the block, not the library's read-write open.
+    corrupt = [l for l in r.stderr.splitlines() if l.startswith("corrupt ")]
+    assert len(corrupt) == 1 and "store check --repair" in corrupt[0], r.stderr
+    assert "read-write" not in corrupt[0] and "read-only" not in corrupt[0], r.stderr
 
 
 # ---- issue 7: check is read-only, --repair, lost-from-index, recover --------------------------------------------
@@ -715,7 +719,9 @@ def test_stats_shows_the_space_blocks_take_so_a_full_store_reads_full(tmp_path):
     r = fill(store, count=1, block_size="200", capacity=None, seed=9)
     assert r.returncode == 1, r.stderr
     assert "no free extent" in r.stderr and "raise --capacity" not in r.stderr, r.stderr
-    assert "new store with a larger --capacity" in r.stderr, r.stderr
+    # The CLI erases no blocks: the advice is a new store, made with a larger --capacity.
+    assert "erase" not in r.stderr.lower(), r.stderr
+    assert "use a new --dir directory with a larger --capacity" in r.stderr, r.stderr
 
 
 def interrupted_creation(tmp_path, capacity="1MiB"):
@@ -883,3 +889,47 @@ def test_a_fractional_size_is_refused_as_a_fraction(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "--block-size" in r.stderr and "fraction" in r.stderr and "not a size" not in r.stderr, r.stderr
     assert not (tmp_path / "s").exists()
+
+
+# ---- labels and advice of a store that is not a store, and of a prefix-cache pool ---------------------------------
+
+@pytest.mark.parametrize("cmd", ["check", "recover", "stats"])
+def test_a_data_file_that_is_not_a_store_is_invalid_argument_of_exit_1(tmp_path, cmd):
+    # docs/errors.md: Unavailable is hardware or a driver not present; a malformed file header is an
+    # InvalidArgument, and a store that does not open is a runtime failure (exit 1), not a usage error.
+    store = tmp_path / "gb"
+    store.mkdir()
+    (store / "terrace.data").write_bytes(bytes((i * 97 + 13) % 256 for i in range(64 * 1024)))
+    r = terrace("store", cmd, "--dir", store, timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert "InvalidArgument:" in r.stderr and "not a Terrace store" in r.stderr, r.stderr
+    assert "Unavailable" not in r.stderr, r.stderr
+    assert "NVMe tier" not in r.stderr, r.stderr  # "point the NVMe tier at ...": the library's words
+
+
+def model_run_pool(tmp_path):
+    """A prefix-cache pool directory as `model run --store` makes them: tmp_path/pc/{kv,state}."""
+    model = tmp_path / "toy"
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", model, timeout=300)
+    assert r.returncode == 0, r.stderr
+    store = tmp_path / "pc"
+    r = terrace("model", "run", "--model", model, "--tokens", ",".join(map(str, range(1, 9))), "--max-new", "1",
+                "--store", store, "--store-nvme-size", "4MiB", "--state-nvme-size", "4MiB", "--chunk-tokens", "4",
+                timeout=300)
+    assert r.returncode == 0, r.stderr
+    return store
+
+
+@pytest.mark.parametrize("cmd", ["check", "stats"])
+def test_a_pool_without_its_index_is_started_over_by_model_run_not_store_fill(tmp_path, cmd):
+    store = model_run_pool(tmp_path)
+    import shutil
+    shutil.rmtree(store / "kv" / "index")
+    r = terrace("store", cmd, "--dir", store / "kv", timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = r.stderr
+    assert "store fill" not in err, err  # 'store fill' would make a store model run cannot use as a pool
+    assert f"--store {store}" in err and "model run" in err, err
+    assert f"terrace store recover --dir {store / 'kv'}" in err, err
+    # The index is missing, not damaged, and nothing is kept aside.
+    assert "damaged index" not in err and "kept aside" not in err, err
