@@ -685,6 +685,8 @@ KvRunArgs DemoKvArgs(const DemoArgs& a) {
   kv_args.kv_nvme_given = a.kv_nvme_given;
   kv_args.state_nvme_given = a.state_nvme_given;
   kv_args.kv_nvme_flag = "--kv-nvme-size";
+  kv_args.dir_flag = "--dir";
+  kv_args.start_over = fmt::format("run 'terrace demo --dir {} --fresh'", a.dir);
   kv_args.hbm_bytes = 1ull << 20;
   kv_args.host_bytes = 2ull << 20;
   kv_args.state_host_bytes = 4ull << 20;

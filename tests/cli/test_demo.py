@@ -262,3 +262,15 @@ def test_a_store_left_half_created_or_half_removed_is_the_demos_own(terrace, tmp
         assert r.returncode == 2, (fresh, r.stdout, r.stderr)
         assert "'state/terrace.data (not a Terrace data file)'" in r.stderr, r.stderr
         assert snapshot(d) == before
+
+
+def test_a_pool_that_does_not_open_is_named_in_the_demos_flags(terrace, tmp_path):
+    """The demo has --dir and --fresh, not --store: a pool whose index was removed is reported in those."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True)
+    shutil.rmtree(d / "state" / "index")
+    r = terrace("demo", "--dir", d, *QUICK, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = r.stderr
+    assert "--store" not in err, err
+    assert f"terrace demo --dir {d} --fresh" in err, err
