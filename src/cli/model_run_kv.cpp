@@ -11,6 +11,8 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
+#include "tiers/hbm/emulated_hbm_tier.h"
+#include "tiers/host/host_tier.h"
 #include "terrace/codec.h"
 #include "terrace/keys.h"
 
@@ -18,23 +20,13 @@ namespace terrace::cli {
 
 namespace {
 
-// OpenPool's host chunk, and the emulated HBM tier's (tiers/hbm/emulated_hbm_tier.cpp).
+// OpenPool's host chunk.
 constexpr std::uint64_t kPoolHostChunkBytes = 64ull << 20;
-constexpr std::uint64_t kEmulatedHbmChunkBytes = 256ull << 20;
-
-// The largest capacity HostTier::Create accepts and its page allocator can number, in whole chunks
-// of `chunk_bytes` (a multiple of its 4 KiB page): at most 1,000,000 chunks
-// (tiers/host/host_tier.cpp), and pages_per_chunk * chunks below 2^32 - 1
-// (tiers/host/page_allocator.h).
-std::uint64_t MaxHostTierBytes(std::uint64_t chunk_bytes) {
-  constexpr std::uint64_t kPageBytes = 4096, kMaxChunks = 1'000'000, kMaxPageIds = 0xffffffffull - 1;
-  return std::min(kMaxChunks, kMaxPageIds / (chunk_bytes / kPageBytes)) * chunk_bytes;
-}
 
 }  // namespace
 
-std::uint64_t MaxPoolHostBytes() { return MaxHostTierBytes(kPoolHostChunkBytes); }
-std::uint64_t MaxPoolHbmBytes() { return MaxHostTierBytes(kEmulatedHbmChunkBytes); }
+std::uint64_t MaxPoolHostBytes() { return HostTier::MaxCapacityBytes(kPoolHostChunkBytes); }
+std::uint64_t MaxPoolHbmBytes() { return HostTier::MaxCapacityBytes(EmulatedHbmTier::kChunkBytes); }
 
 void AddKvFlags(CLI::App* cmd, KvRunArgs* a, bool with_store) {
   CLI::Option* store = nullptr;

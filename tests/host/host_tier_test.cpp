@@ -79,6 +79,31 @@ TEST_CASE("Host tier rejects unusable options with a message naming the field") 
   CHECK(HostTier::Create(o).status().message().find("chunk_bytes") != std::string::npos);
 }
 
+// The arena numbers pages with 32-bit ids: 16 TiB of 4 KiB pages would wrap them (two blocks at one
+// address). Nothing is allocated up front (populate on demand), so a refused geometry costs nothing
+// and an accepted one only reserves.
+TEST_CASE("Host tier refuses a capacity its 32-bit page ids cannot number, and takes the largest they can") {
+  HostTierOptions o;
+  o.populate = HostPopulate::kOnDemand;
+  o.prefault = false;
+  o.pin = false;
+  o.chunk_bytes = 256 * kMiB;
+  o.capacity_bytes = 16ull << 40;  // 2^32 pages of 4 KiB: one more than the ids allow
+  auto r = HostTier::Create(o);
+  INFO(r.status().ToString());
+  REQUIRE(r.status().IsInvalidArgument());
+  CHECK(r.status().message().find("capacity_bytes") != std::string::npos);
+  const std::uint64_t max = HostTier::MaxCapacityBytes(o.chunk_bytes);
+  CHECK(max < (16ull << 40));
+  CHECK(max % o.chunk_bytes == 0);
+  o.capacity_bytes = max + o.chunk_bytes;
+  CHECK(HostTier::Create(o).status().IsInvalidArgument());
+  o.capacity_bytes = max;
+  auto ok = HostTier::Create(o);
+  INFO(ok.status().ToString());
+  CHECK(ok.ok());
+}
+
 TEST_CASE("Host arena grows lazily in chunks and reports pinning") {
   auto t = MakeHost(8 * kMiB, 2 * kMiB);
   CHECK(t->arena_bytes() == 0);

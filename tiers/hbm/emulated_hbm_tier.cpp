@@ -33,7 +33,7 @@ Result<std::unique_ptr<EmulatedHbmTier>> EmulatedHbmTier::Create(const HbmTierOp
   }
   HostTierOptions host;
   host.capacity_bytes = options.capacity_bytes;
-  host.chunk_bytes = std::min<std::uint64_t>(options.capacity_bytes, 256 * kMiB);
+  host.chunk_bytes = std::min<std::uint64_t>(options.capacity_bytes, kChunkBytes);
   host.pin = false;
   host.logger = options.logger;
   auto h = HostTier::Create(host, "hbm (emulated)");

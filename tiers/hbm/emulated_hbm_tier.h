@@ -24,6 +24,8 @@ namespace terrace {
 
 class EmulatedHbmTier final : public Tier {
  public:
+  // The host memory behind it comes in chunks of this many bytes (fewer for a smaller tier).
+  static constexpr std::uint64_t kChunkBytes = 256ull << 20;
   static Result<std::unique_ptr<EmulatedHbmTier>> Create(const HbmTierOptions& options);
 
   const TierCaps& caps() const override { return caps_; }

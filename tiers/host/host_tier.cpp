@@ -15,9 +15,17 @@ namespace terrace {
 namespace {
 
 constexpr std::uint64_t kPageBytes = 4096;
+constexpr std::uint64_t kMaxChunks = 1'000'000;
+// PageAllocator numbers pages with 32-bit ids, the largest kept as "none" (page_allocator.h).
+constexpr std::uint64_t kMaxPageIds = 0xffffffffull - 1;
 constexpr std::size_t kPrefaultPieceBytes = 4 * 1024 * 1024;  // one madvise call of the prefaulter
 
 }  // namespace
+
+std::uint64_t HostTier::MaxCapacityBytes(std::uint64_t chunk_bytes) {
+  const std::uint64_t pages = std::max<std::uint64_t>(chunk_bytes / kPageBytes, 1);
+  return std::min(kMaxChunks, kMaxPageIds / pages) * pages * kPageBytes;
+}
 
 Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options, std::string_view name) {
   if (options.capacity_bytes < kPageBytes) {
@@ -30,10 +38,15 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
                                                "set HostTierOptions::chunk_bytes to e.g. 256 MiB",
                                                options.chunk_bytes, kPageBytes));
   }
-  if (options.capacity_bytes / std::min(options.chunk_bytes, options.capacity_bytes) > 1'000'000) {
-    return Status::InvalidArgument(fmt::format("host tier: capacity_bytes {} / chunk_bytes {} gives over a "
-                                               "million chunks; raise chunk_bytes",
-                                               options.capacity_bytes, options.chunk_bytes));
+  // As the arena lays it out (block_arena.cpp): chunks of min(chunk, capacity) in whole pages.
+  const std::uint64_t chunk = std::min(options.chunk_bytes, options.capacity_bytes) / kPageBytes * kPageBytes;
+  const std::uint64_t chunks = (options.capacity_bytes / kPageBytes * kPageBytes + chunk - 1) / chunk;
+  if (chunks > kMaxChunks || chunks * (chunk / kPageBytes) > kMaxPageIds) {
+    return Status::InvalidArgument(fmt::format(
+        "host tier: capacity_bytes {} in chunks of {} bytes is more than one tier holds (at most {} chunks and {} "
+        "pages of {} bytes; with these chunks at most {} bytes); lower capacity_bytes or, below that bound, raise "
+        "chunk_bytes",
+        options.capacity_bytes, chunk, kMaxChunks, kMaxPageIds, kPageBytes, MaxCapacityBytes(chunk)));
   }
   std::unique_ptr<HostTier> tier(new HostTier(options, name));
   if (options.prefault || (options.populate == HostPopulate::kBackground && tier->populate_chunks_ > 0)) {

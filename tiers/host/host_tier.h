@@ -44,7 +44,11 @@ class HostTier final : public Tier {
  public:
   // `name` names the tier in error messages ("host"; the emulated HBM tier passes its own).
   // Unavailable when the prefault thread (prefault, or populate kBackground) cannot be started.
+  // InvalidArgument when capacity_bytes exceeds MaxCapacityBytes(chunk_bytes).
   static Result<std::unique_ptr<HostTier>> Create(const HostTierOptions& options, std::string_view name = "host");
+  // The largest capacity_bytes Create accepts with chunks of `chunk_bytes` (>= 4 KiB): at most
+  // 1,000,000 chunks, and every 4 KiB page numbered by the arena's 32-bit page ids.
+  static std::uint64_t MaxCapacityBytes(std::uint64_t chunk_bytes);
   ~HostTier() override;
 
   const TierCaps& caps() const override { return caps_; }
