@@ -401,7 +401,7 @@ std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, 
     return FailStatus(tier.status());
   }
   if (scan) {
-    scan->pending_commit_keys = ReadPendingCommit(o);
+    scan->pending = ReadPendingCommit(o);
     out->damaged_descriptors = scan->report.damaged;
   }
   const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
@@ -476,6 +476,12 @@ int RunCheck(const CheckArgs& a) {
                "read-write open of the store (a 'store fill' or 'model run' on it, or a 'store check --repair' that "
                "drops blocks) writes their descriptors; no action needed\n",
                c.pending_commit);
+  }
+  if (c.pending_release > 0) {  // a note, as above
+    fmt::print("store check: {} blocks the data file still describes were erased or replaced by the index's "
+               "pending group commit; the next read-write open of the store clears their descriptors; no action "
+               "needed\n",
+               c.pending_release);
   }
   const std::string where = fmt::format("--dir {}{}", a.paths.dir,
                                         a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);

@@ -118,9 +118,13 @@ struct BlockCheck {
   // nor are the blocks of pending_commit.
   std::uint64_t index_only = 0;
   // Indexed blocks the data file does not describe yet because they are puts of the index's pending
-  // group commit (ScannedBlocks::pending_commit_keys): the next read-write open writes their
+  // group commit (ScannedBlocks::pending.keys): the next read-write open writes their
   // descriptors. Nothing is damaged.
   std::uint64_t pending_commit = 0;
+  // Blocks the data file still describes at an extent the pending group commit released (a key it
+  // erased or overwrote): the index rightly lacks them, and the next read-write open clears their
+  // descriptors. Not lost from the index; nothing is damaged.
+  std::uint64_t pending_release = 0;
   std::vector<BlockKey> corrupt_keys;
   std::vector<BlockKey> missing_keys;
   std::vector<BlockKey> lost_keys;
@@ -134,10 +138,20 @@ inline constexpr std::uint64_t kMaxBlockLines = 10;
 
 // What a scan of the data file found (NvmeTier::ScanDataFile): every committed block by key; and,
 // read under the same lock (ReadPendingCommit), the keys the index's pending group commit put.
+struct ScannedBlock {
+  BlockDesc desc;
+  std::uint64_t generation = 0;
+  std::uint64_t offset = 0;  // of its extent in the data file
+};
+// What the index's pending group commit (ReadPendingCommit) changes in the data file.
+struct PendingCommit {
+  std::unordered_set<BlockKey> keys;           // put by it
+  std::unordered_set<std::uint64_t> released;  // extent offsets it released (erased or overwritten keys)
+};
 struct ScannedBlocks {
   DataScanReport report;
-  std::unordered_map<BlockKey, std::pair<BlockDesc, std::uint64_t>> blocks;  // desc, generation
-  std::unordered_set<BlockKey> pending_commit_keys;
+  std::unordered_map<BlockKey, ScannedBlock> blocks;
+  PendingCommit pending;
 };
 // Scans the data area of `options` (ScanDataFile takes a shared lock for the scan alone: to compare
 // the result with the index, hold a SharedDataLock across both). Prints progress to stderr on large
@@ -161,13 +175,13 @@ class SharedDataLock {
   int fd_ = -1;
 };
 
-// The keys put by the group commit the index of `options` holds but the data file's superblock does
-// not record yet (the index one commit ahead with its redo record: a commit cut short between its
+// The keys put and the extents released by the group commit the index of `options` holds but the
+// data file's superblock does not record yet (the index one commit ahead with its redo record: a commit cut short between its
 // index write and its descriptors, or left pending by a rebuild; the next read-write open writes
 // their descriptors, docs/nvme-format.md). Empty when none is pending, or when the superblock or
 // the index cannot be read (the tier's open reports that). Opens the index read-only; call it
 // while holding a SharedDataLock, so the superblock and the index are of one moment.
-std::unordered_set<BlockKey> ReadPendingCommit(const NvmeTierOptions& options);
+PendingCommit ReadPendingCommit(const NvmeTierOptions& options);
 
 // Reads every indexed block of `tier`: a block is ok when the tier returns it (its checksum
 // passes) and, when `seed` is given, it equals FillPattern(*seed, key); without a seed (a store

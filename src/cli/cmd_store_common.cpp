@@ -259,16 +259,20 @@ namespace {
 // when the index's pending commit put them).
 void CountLostBlocks(const ScannedBlocks& scan, NvmeTier& tier, BlockCheck* check) {
   check->scanned = true;
-  for (const auto& [key, dg] : scan.blocks) {
+  for (const auto& [key, block] : scan.blocks) {
     auto have = tier.Lookup(key);
     if (have.ok()) continue;
+    if (scan.pending.released.contains(block.offset)) {
+      ++check->pending_release;
+      continue;
+    }
     ++check->lost_from_index;
     check->lost_keys.push_back(key);
   }
   const std::unordered_set<BlockKey> corrupt(check->corrupt_keys.begin(), check->corrupt_keys.end());
   tier.ForEach([&](const BlockKey& key, const BlockDesc&) {
     if (scan.blocks.contains(key) || corrupt.contains(key)) return;
-    ++(scan.pending_commit_keys.contains(key) ? check->pending_commit : check->index_only);
+    ++(scan.pending.keys.contains(key) ? check->pending_commit : check->index_only);
   });
 }
 
@@ -350,8 +354,8 @@ Result<ScannedBlocks> ScanDataArea(const NvmeTierOptions& options) {
   TERRACE_ASSIGN_OR_RETURN(
       out.report, NvmeTier::ScanDataFile(
                       options,
-                      [&](const BlockKey& k, const BlockDesc& d, std::uint64_t generation) {
-                        out.blocks.emplace(k, std::make_pair(d, generation));
+                      [&](const BlockKey& k, const BlockDesc& d, std::uint64_t generation, std::uint64_t offset) {
+                        out.blocks.emplace(k, ScannedBlock{d, generation, offset});
                       },
                       progress));
   return out;
@@ -381,7 +385,7 @@ SharedDataLock::~SharedDataLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
-std::unordered_set<BlockKey> ReadPendingCommit(const NvmeTierOptions& options) {
+PendingCommit ReadPendingCommit(const NvmeTierOptions& options) {
   auto paths = nvme::ResolveStorePaths(options, /*may_create=*/false);
   if (!paths.ok()) return {};
   auto unit = ReadSuperblockUnit(paths->data, /*follow_symlinks=*/true);
@@ -396,7 +400,10 @@ std::unordered_set<BlockKey> ReadPendingCommit(const NvmeTierOptions& options) {
   if (!commit.ok() || *commit != sb->indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return {};
   auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
   if (!redo.ok()) return {};
-  return std::unordered_set<BlockKey>(redo->keys.begin(), redo->keys.end());
+  PendingCommit pending;
+  pending.keys.insert(redo->keys.begin(), redo->keys.end());
+  for (const nvme::Extent& e : redo->released) pending.released.insert(e.offset);
+  return pending;
 }
 
 }  // namespace terrace::cli::store_cmd

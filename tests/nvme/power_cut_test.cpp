@@ -366,7 +366,7 @@ void Verify(const std::filesystem::path& dir, std::map<int, KeyModel>& model, Ta
   std::map<BlockKey, std::uint64_t> indexed, described;
   tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { indexed[k] = d.checksum; });
   t = Status::Internal("closed");
-  auto scan = NvmeTier::ScanDataFile(vo, [&](const BlockKey& k, const BlockDesc& d, std::uint64_t) {
+  auto scan = NvmeTier::ScanDataFile(vo, [&](const BlockKey& k, const BlockDesc& d, std::uint64_t, std::uint64_t) {
     described[k] = d.checksum;
   });
   INFO("scan: " << (scan.ok() ? scan->ToString() : scan.status().ToString()));
@@ -476,7 +476,7 @@ TEST_CASE("power cut while an open finishes a cut-short commit: the next open st
         CHECK(state.ok());
         (*t)->ForEach([&](const BlockKey& k, const BlockDesc& desc) { indexed[k] = desc.checksum; });
       }
-      auto scan = NvmeTier::ScanDataFile(o, [&](const BlockKey& k, const BlockDesc& desc, std::uint64_t) {
+      auto scan = NvmeTier::ScanDataFile(o, [&](const BlockKey& k, const BlockDesc& desc, std::uint64_t, std::uint64_t) {
         described[k] = desc.checksum;
       });
       REQUIRE(scan.ok());

@@ -241,7 +241,8 @@ std::string RebuildReport::ToString() const {
 
 Result<DataScanReport> NvmeTier::ScanDataFile(
     const NvmeTierOptions& options,
-    const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
+    const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation, std::uint64_t offset)>&
+        on_block,
     const ScanProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();
   TERRACE_ASSIGN_OR_RETURN(nvme::StorePaths paths, nvme::ResolveStorePaths(options, /*may_create=*/false));
@@ -258,7 +259,9 @@ Result<DataScanReport> NvmeTier::ScanDataFile(
   std::vector<Found> found;
   TERRACE_RETURN_IF_ERROR(Scan(fd.fd, paths.data, sb, progress, &found, &report));
   if (on_block) {
-    for (const Found& f : found) on_block(f.key, BlockDesc{f.rec.length, f.rec.codec, f.rec.checksum}, f.rec.generation);
+    for (const Found& f : found) {
+      on_block(f.key, BlockDesc{f.rec.length, f.rec.codec, f.rec.checksum}, f.rec.generation, f.rec.offset);
+    }
   }
   report.seconds = SecondsSince(start);
   return report;

@@ -184,11 +184,12 @@ class NvmeTier final : public Tier {
   // with Unavailable while a read-write tier has it open). Fails with InvalidArgument at the first
   // intact descriptor of another desc_version (another Terrace version wrote that extent: it is
   // not free space, so a report without it would not be true), before `on_block` runs.
-  // `on_block` runs once per block, in no particular order, after the scan; `progress` (optional)
-  // after each chunk read.
+  // `on_block` runs once per block (with its extent's byte offset in the data file), in no
+  // particular order, after the scan; `progress` (optional) after each chunk read.
   static Result<DataScanReport> ScanDataFile(
       const NvmeTierOptions& options,
-      const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation)>& on_block,
+      const std::function<void(const BlockKey&, const BlockDesc&, std::uint64_t generation, std::uint64_t offset)>&
+          on_block,
       const ScanProgressFn& progress = {});
   // Writes a fresh index from ScanDataFile, under an exclusive lock on the data area. An existing
   // index directory is renamed to "<index>.damaged-<UTC yyyymmddThhmmss>" (never deleted) once the
