@@ -90,11 +90,10 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
     }
     break;
   }
-  return NoRoom(t, key, desc.size, reclaim, last);
+  return NoRoom(t, key, desc.size, last);
 }
 
-Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, std::uint64_t reclaim,
-                         const Status& refused) const {
+Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, const Status& refused) const {
   const Tier& dst = tier(t);
   const TierCaps& caps = dst.caps();
   // What the blocks take counts, not their sizes: a tier that rounds blocks up (NVMe: to 4 KiB,
@@ -111,7 +110,9 @@ Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, std::ui
   const std::string lower = t < LowestSlot()
                                 ? fmt::format("tier {} below is full of unevictable blocks", SlotName(t + 1))
                                 : std::string("there is no lower tier to demote to");
-  if (!refused.ok() && taken + need <= caps.capacity_bytes + reclaim) {
+  // `reclaim` (the key's old copy) is left out: a tier may write the new copy before it frees the
+  // old one (the NVMe tier always does), so only free space proves the tier could have taken it.
+  if (!refused.ok() && taken + need <= caps.capacity_bytes) {
     // The bytes fit by count but the tier refused them: its free space is in pieces too small.
     return Status::OutOfCapacity(fmt::format(
         "tier {} has room for {} ({} bytes) by count ({}) but refused it: its free space is fragmented "

@@ -427,7 +427,7 @@ class StoreImpl {
   // PlaceWith's OutOfCapacity once no eviction helps: "fragmented" when the block fits the tier's
   // free space by count (allocated bytes, the block rounded up to io_alignment) and the tier still
   // refused it (`refused`), else "full".
-  Status NoRoom(int slot, const BlockKey& key, std::uint64_t size, std::uint64_t reclaim, const Status& refused) const;
+  Status NoRoom(int slot, const BlockKey& key, std::uint64_t size, const Status& refused) const;
   // Caller holds key's stripe: removes slot's copy, demoting it into the next slot first when no
   // slot below holds one.
   Status EvictLocked(int slot, const BlockKey& key);

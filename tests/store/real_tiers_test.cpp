@@ -188,6 +188,13 @@ TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says f
   CHECK(s.message().find("fragmented") == std::string::npos);
   CHECK(s.message().find("tier nvme is full") != std::string::npos);
   CHECK(s.message().find("it is full") != std::string::npos);  // the tier's own words agree
+  // Overwriting a resident key: the tier writes the new copy before it frees the old one, so the
+  // old copy's bytes are no room for it either.
+  const Status over = (*store)->Put(TestKey(0), TestBytes(12345, 5000));
+  INFO(over.ToString());
+  REQUIRE(over.IsOutOfCapacity());
+  CHECK(over.message().find("fragmented") == std::string::npos);
+  CHECK(over.message().find("tier nvme is full") != std::string::npos);
 }
 
 // A tier whose close starts late: the NVMe tier inside it commits only once this has slept, long

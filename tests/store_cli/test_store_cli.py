@@ -955,3 +955,16 @@ def test_check_counts_what_the_pending_commit_erased_or_replaced_as_pending_not_
     assert "run 'terrace store recover" not in r.stdout, r.stdout
     assert "were erased or replaced by the index's pending group commit" in r.stdout, r.stdout
     assert snapshot(store) == before, "store check changed the store"
+
+
+def test_a_dangling_link_named_like_the_data_file_is_refused_at_once(tmp_path):
+    # Not taken for another process's store creation (the open would look again and again, then say the
+    # files kept changing): a symbolic link Terrace never makes, refused naming it, and left alone.
+    d = tmp_path / "dang"
+    d.mkdir()
+    (d / "terrace.data").symlink_to("/nonexistent")
+    r = fill(d, count=1)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "kept changing" not in r.stderr, r.stderr
+    assert "symbolic link" in r.stderr, r.stderr
+    assert os.readlink(d / "terrace.data") == "/nonexistent"

@@ -335,14 +335,16 @@ Status NvmeTier::OpenDirectoryStore(bool* again) {
   for (const auto& entry : ListDir(options_.path, &ec)) {
     if (fs::equivalent(entry.path(), index_path_, ec)) continue;  // a pre-created empty index directory
     const fs::path name = entry.path().filename();
-    if (name == data_path_.filename() || name == creating_path_.filename()) {
+    const bool ours = name == data_path_.filename() || name == creating_path_.filename();
+    if (ours && fs::is_regular_file(entry.symlink_status(ec))) {
       *again = true;  // another process started creating a store here since the checks above
       return Status::Ok();
     }
     return Status::InvalidArgument(fmt::format(
-        "'{}' is not empty and holds no Terrace store (no terrace.data; found '{}'); point the NVMe tier at an empty "
+        "'{}' is not empty and holds no Terrace store (no terrace.data; found '{}'{}); point the NVMe tier at an empty "
         "directory or an existing store",
-        options_.path.string(), entry.path().filename().string()));
+        options_.path.string(), entry.path().filename().string(),
+        fs::is_symlink(entry.symlink_status(ec)) ? ", a symbolic link, which Terrace never makes" : ""));
   }
   return CreateInDirectory(again);
 }
