@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace terrace {
@@ -61,6 +62,10 @@ struct TierStatsSnapshot {
   // The tier's space its blocks take: NVMe, each block's data rounded up to 4 KiB plus its 4 KiB
   // descriptor (what runs out first); a tier that stores the bytes as they are: used_bytes.
   std::uint64_t allocated_bytes = 0;
+  // Bytes new blocks can still take, where the tier keeps space of its own besides its blocks (NVMe:
+  // its free extents; the superblock area is neither allocated nor free). Unset elsewhere: there it
+  // is capacity_bytes - allocated_bytes.
+  std::optional<std::uint64_t> free_bytes;
   std::uint64_t blocks = 0;
   std::uint64_t hits = 0, misses = 0, bytes_written = 0, bytes_read = 0, puts = 0;
   std::uint64_t evictions = 0, io_errors = 0, corruptions = 0, queue_depth = 0;

@@ -73,16 +73,20 @@ StoreWords StoreCommandWords(const std::string& dir) {
   if (fs::is_regular_file(d / kDemoMarker, ec)) {
     w.start_over = lose + fmt::format("run 'terrace demo --dir {} --fresh', which starts the demo anew)", parent.string());
   } else if (fs::is_directory(parent / "kv", ec) && fs::is_directory(parent / "state", ec)) {
-    w.start_over = lose + fmt::format("delete the folder {} and run 'terrace model run' with --store {} again, which "
-                                      "creates the pool anew)",
-                                      d.string(), parent.string());
+    // Only the folder names say it is a pool of 'model run --store' (which marks nothing): name both
+    // ways, and delete nothing but the store's own data file.
+    w.start_over = lose + fmt::format("give 'terrace model run' a new --store directory if it made this pool with "
+                                      "--store {}; if 'terrace store fill' made it, delete {} and run 'terrace store "
+                                      "fill')",
+                                      parent.string(), (d / "terrace.data").string());
   }
   return w;
 }
 
 std::string InCliWords(std::string_view message, const StoreWords& w) {
   const std::string new_bigger = fmt::format("use a new {} directory with a larger {}", w.dir_flag, w.capacity_flag);
-  const std::pair<std::string_view, std::string_view> kWords[] = {
+  // The replacements own their text: several are built here, and a view of a temporary would dangle.
+  const std::pair<std::string_view, std::string> kWords[] = {
       {"set options.index_dir to", "give --index-dir"},
       {"point --index-dir at an empty directory", w.new_index_dir},
       {"point the NVMe tier at an empty directory or at an existing Terrace store", w.new_dir_or_existing},
@@ -95,6 +99,7 @@ std::string InCliWords(std::string_view message, const StoreWords& w) {
       {"and create_if_missing is false", ""},
       // The CLI erases no blocks, and a store's capacity is fixed when it is created.
       {"erase blocks, or move to a new store with a larger capacity_bytes", new_bigger},
+      {"Erase or unpin blocks, or add capacity", "A store's size is fixed when it is created: " + new_bigger},
       {"or use a new store with a larger capacity_bytes", "or " + new_bigger},
       {"capacity_bytes=", w.capacity_flag + " "},
       {"capacity_bytes", w.capacity_flag},

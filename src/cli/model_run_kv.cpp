@@ -202,6 +202,20 @@ Status CheckKvRunArgs(const KvRunArgs& a, const model::ModelConfig& config) {
   return CheckPoolSize(dir / "state", a.state_nvme_given, a.state_nvme_bytes, a.state_nvme_flag);
 }
 
+// The prefix cache's log lines (a failed write-back: the store's and tier's reasons) in the words of
+// the command that runs it. Thread-safe as the logger it forwards to.
+class PoolLogger final : public Logger {
+ public:
+  explicit PoolLogger(store_cmd::StoreWords words) : words_(std::move(words)), out_(LoggerOrDefault(nullptr)) {}
+  void Log(LogLevel level, std::string_view component, std::string_view message) override {
+    out_->Log(level, component, store_cmd::InCliWords(message, words_));
+  }
+
+ private:
+  const store_cmd::StoreWords words_;
+  const std::shared_ptr<Logger> out_;
+};
+
 Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, const model::WeightSource& weights) {
   TERRACE_RETURN_IF_ERROR(CheckKvRunArgs(a, config));
   TERRACE_ASSIGN_OR_RETURN(kv::KvLayout layout, Layout(a, config));
@@ -211,7 +225,9 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
                                                   a.kv_nvme_flag, static_cast<unsigned>(kv::kRestoreKvReaders)));
   TERRACE_ASSIGN_OR_RETURN(run.state_store,
                            OpenPool(a, dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, a.state_nvme_flag, 1));
-  auto cache = kv::PrefixCache::Create(layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get());
+  auto cache = kv::PrefixCache::Create(
+      layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get(),
+      std::make_shared<PoolLogger>(PoolWords(a, fmt::format("{} / {}", a.kv_nvme_flag, a.state_nvme_flag))));
   if (!cache.ok()) return Status::Internal(cache.status().message());
   run.cache = std::move(cache).value();
   run.cache->SetRestoreReadOrder(ReadOrder(a));

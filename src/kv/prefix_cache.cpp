@@ -70,7 +70,7 @@ void PrefixCache::Impl::WriteBlock(Store* store, const BlockKey& key,
       if (++stats.write_failures == 1) {
         logger->Log(LogLevel::kWarning, "prefix-cache",
                     fmt::format("write-back of {} failed (the block is not cached): {}; later write-back failures of "
-                                "this cache are counted (PrefixCacheStats::write_failures), not logged",
+                                "this cache are counted in its stats, not logged",
                                 key.ToString(), status.ToString()));
       }
       return;

@@ -99,7 +99,9 @@ Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, const S
   // What the blocks take counts, not their sizes: a tier that rounds blocks up (NVMe: to 4 KiB,
   // plus a descriptor) is full before its used_bytes reach capacity.
   const std::uint64_t used = dst.used_bytes();
-  const std::uint64_t taken = std::max(used, dst.Stats().allocated_bytes);
+  const TierStatsSnapshot stats = dst.Stats();
+  const std::uint64_t taken = std::max(used, stats.allocated_bytes);
+  const std::uint64_t free = stats.free_bytes.value_or(caps.capacity_bytes - std::min(taken, caps.capacity_bytes));
   const std::uint64_t align = std::max<std::uint64_t>(1, caps.io_alignment);
   // A tier with an io_alignment may add a unit per block (the NVMe tier's descriptor): counting it
   // errs towards "full", never towards a "fragmented" that is not so.
@@ -112,7 +114,7 @@ Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, const S
                                 : std::string("there is no lower tier to demote to");
   // `reclaim` (the key's old copy) is left out: a tier may write the new copy before it frees the
   // old one (the NVMe tier always does), so only free space proves the tier could have taken it.
-  if (!refused.ok() && taken + need <= caps.capacity_bytes) {
+  if (!refused.ok() && need <= free) {
     // The bytes fit by count but the tier refused them: its free space is in pieces too small.
     return Status::OutOfCapacity(fmt::format(
         "tier {} has room for {} ({} bytes) by count ({}) but refused it: its free space is fragmented "

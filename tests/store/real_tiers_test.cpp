@@ -197,6 +197,25 @@ TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says f
   CHECK(over.message().find("tier nvme is full") != std::string::npos);
 }
 
+// Whatever the capacity, a block that does not fit the free extents of a full NVMe tier is "full":
+// the superblock area is neither a block's nor free space (a window of one unit said "fragmented").
+TEST_CASE("Real tiers: a full NVMe tier of any capacity says full and never fragmented") {
+  for (std::uint64_t cap = 2 * kMiB; cap < 2 * kMiB + 20 * 4096; cap += 4096) {
+    TempDir dir("store-nvme-cap");
+    StoreOptions o = RealOptions(dir.path());
+    o.hbm.mode = HbmMode::kOff;
+    o.host.capacity_bytes = 0;
+    o.nvme.capacity_bytes = cap;
+    auto store = Store::Open(o);
+    REQUIRE(store.ok());
+    Status s;
+    for (int i = 0; i < 1000 && s.ok(); ++i) s = (*store)->Put(TestKey(i), TestBytes(i, 5000));
+    INFO("capacity " << cap << ": " << s.ToString());
+    REQUIRE(s.IsOutOfCapacity());
+    CHECK(s.message().find("fragmented") == std::string::npos);
+  }
+}
+
 // A tier whose close starts late: the NVMe tier inside it commits only once this has slept, long
 // after the callback that dropped the store returned (so a close nobody waits for is seen).
 class LateClosingTier final : public ForwardingTier {

@@ -928,8 +928,10 @@ def test_a_pool_without_its_index_is_started_over_by_model_run_not_store_fill(tm
     r = terrace("store", cmd, "--dir", store / "kv", timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
     err = r.stderr
-    assert "store fill" not in err, err  # 'store fill' would make a store model run cannot use as a pool
-    assert f"--store {store}" in err and "model run" in err, err
+    # Only the folder names say it is model run's pool (model run marks nothing): the advice names
+    # model run first, and never deleting a folder (it may hold the user's files, or the index kept aside).
+    assert f"give 'terrace model run' a new --store directory if it made this pool with --store {store}" in err, err
+    assert "delete the folder" not in err, err
     assert f"terrace store recover --dir {store / 'kv'}" in err, err
     # The index is missing, not damaged, and nothing is kept aside.
     assert "damaged index" not in err and "kept aside" not in err, err

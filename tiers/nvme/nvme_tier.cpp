@@ -513,6 +513,7 @@ TierStatsSnapshot NvmeTier::Stats() const {
   MutexLock l(&mu_);
   s.used_bytes = used_bytes_;
   s.allocated_bytes = caps_.capacity_bytes - nvme::kDataStart - alloc_->free_bytes();
+  s.free_bytes = alloc_->free_bytes();
   s.blocks = map_.size();
   MutexLock r(&reg_mu_);
   s.detail = fmt::format(
