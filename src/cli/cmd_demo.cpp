@@ -52,6 +52,18 @@ namespace {
 // "n/a" in the text, never 0.
 nlohmann::json OrNull(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
 std::string PercentOrNa(std::optional<double> v) { return v ? FormatPercent(*v) : std::string("n/a"); }
+// The number of a figure of the run's JSON, none where it is null (OrNull's undefined figure).
+std::optional<double> Defined(const nlohmann::json& v) { return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt; }
+// `scale` x the figure `v` with `decimals` decimals, or "n/a" where it is null.
+std::string FixedOrNa(const nlohmann::json& v, int decimals, double scale = 1) {
+  const std::optional<double> x = Defined(v);
+  return x ? fmt::format("{:.{}f}", scale * *x, decimals) : std::string("n/a");
+}
+// part / whole: a rate, share or mean over `whole`; none where whole is not > 0 (nothing to measure
+// it over: a stall per decode step of a run without decode steps is undefined, not 0).
+std::optional<double> Ratio(double part, double whole) {
+  return whole > 0 ? std::optional<double>(part / whole) : std::nullopt;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -260,7 +272,10 @@ void Compare(std::span<const float> x, std::span<const float> y, bool* equal, do
   for (std::size_t i = 0; i < x.size(); ++i) *max_abs = std::max(*max_abs, static_cast<double>(std::fabs(x[i] - y[i])));
 }
 
-double Share(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
+// part / whole of two counts (Ratio): none where whole is 0.
+std::optional<double> Share(std::uint64_t part, std::uint64_t whole) {
+  return Ratio(static_cast<double>(part), static_cast<double>(whole));
+}
 
 nlohmann::json TierRates(const Store& store) {
   nlohmann::json j = nlohmann::json::object();
@@ -268,7 +283,7 @@ nlohmann::json TierRates(const Store& store) {
   for (int t = 0; t < kNumTiers; ++t) {
     if (!st.present[static_cast<std::size_t>(t)]) continue;
     const auto& s = st.tiers[static_cast<std::size_t>(t)];
-    j[kTierNames[t]] = {{"hit_rate", s.hits + s.misses > 0 ? nlohmann::json(Share(s.hits, s.hits + s.misses)) : nlohmann::json()},
+    j[kTierNames[t]] = {{"hit_rate", OrNull(Share(s.hits, s.hits + s.misses))},
                         {"hits", s.hits}, {"misses", s.misses},
                         {"bytes_read", s.bytes_read}, {"bytes_written", s.bytes_written}, {"blocks", s.blocks},
                         {"capacity_bytes", s.capacity_bytes}, {"evictions", s.evictions}, {"emulated", s.emulated}};
@@ -288,7 +303,7 @@ nlohmann::json ExpertTierRates(const Store& store, const experts::ExpertMetrics&
   const std::uint64_t acquires = em.hits + em.late_hits + em.misses;
   hbm["hits"] = em.hits;
   hbm["misses"] = em.late_hits + em.misses;
-  hbm["hit_rate"] = acquires > 0 ? nlohmann::json(Share(em.hits, acquires)) : nlohmann::json();
+  hbm["hit_rate"] = OrNull(Share(em.hits, acquires));
   hbm["counted_by"] = "expert_cache";
   return j;
 }
@@ -409,32 +424,33 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
     // This turn alone: hit rates (null where a tier had no lookups) and stalls per token.
     for (std::size_t tier = 0; tier < kTiers; ++tier) {
       const std::uint64_t looked = r.prefix_hits[tier] + r.prefix_misses[tier];
-      t["prefix_hit_rate"][kTierNames[tier]] = looked > 0 ? nlohmann::json(Share(r.prefix_hits[tier], looked)) : nlohmann::json();
+      t["prefix_hit_rate"][kTierNames[tier]] = OrNull(Share(r.prefix_hits[tier], looked));
     }
     const std::uint64_t acquires = r.expert_hits + r.expert_late_hits + r.expert_misses;
     const std::size_t steps = r.generated.empty() ? 0 : r.generated.size() - 1;
     t["experts"] = {{"hits", r.expert_hits}, {"late_hits", r.expert_late_hits}, {"misses", r.expert_misses},
-                    {"hit_rate", acquires > 0 ? nlohmann::json(Share(r.expert_hits, acquires)) : nlohmann::json()},
+                    {"hit_rate", OrNull(Share(r.expert_hits, acquires))},
                     {"stall_prefill_s", r.stall_prefill_s}, {"stall_decode_s", r.stall_decode_s},
-                    {"stall_s_per_prefill_token", r.computed > 0 ? r.stall_prefill_s / static_cast<double>(r.computed) : 0.0},
-                    {"stall_s_per_decode_token",
-                     steps > 0 ? r.stall_decode_s / static_cast<double>(steps) : 0.0}};
+                    {"stall_s_per_prefill_token", OrNull(Ratio(r.stall_prefill_s, static_cast<double>(r.computed)))},
+                    {"stall_s_per_decode_token", OrNull(Ratio(r.stall_decode_s, static_cast<double>(steps)))}};
     j["turns"].push_back(t);
   }
   nlohmann::json& s = j["summary"];
   s["prompt_tokens"] = d.prompt_tokens;
   s["restored_tokens"] = d.restored;
-  s["restored_share"] = Share(static_cast<std::uint64_t>(d.restored), static_cast<std::uint64_t>(d.prompt_tokens));
+  s["restored_share"] = OrNull(Share(static_cast<std::uint64_t>(d.restored), static_cast<std::uint64_t>(d.prompt_tokens)));
   s["generated_tokens"] = d.generated;
-  s["tokens_per_s"] = d.forward_s > 0 ? static_cast<double>(d.prompt_tokens + d.generated) / d.forward_s : 0.0;
-  s["decode_tokens_per_s"] = d.decode_s > 0 ? static_cast<double>(d.generated - static_cast<std::int64_t>(d.results.size())) / d.decode_s : 0.0;
-  s["ttft_mean_s"] = d.nturns > 0 ? d.ttft / d.nturns : 0.0;
-  s["ttft_recompute_mean_s"] = d.nturns > 0 ? d.ttft_ref / d.nturns : 0.0;
+  s["tokens_per_s"] = OrNull(Ratio(static_cast<double>(d.prompt_tokens + d.generated), d.forward_s));
+  // Decode steps (every generated token after a turn's first) per second of decoding: none without steps.
+  const double steps = static_cast<double>(d.decode_steps);
+  s["decode_tokens_per_s"] = OrNull(steps > 0 ? Ratio(steps, d.decode_s) : std::nullopt);
+  s["ttft_mean_s"] = OrNull(Ratio(d.ttft, d.nturns));
+  s["ttft_recompute_mean_s"] = OrNull(Ratio(d.ttft_ref, d.nturns));
   s["restored_turns"] = d.restored_turns;
-  s["ttft_restored_turns_mean_s"] = d.restored_turns > 0 ? d.ttft_restored / d.restored_turns : 0.0;
-  s["ttft_restored_turns_recompute_mean_s"] = d.restored_turns > 0 ? d.ttft_restored_ref / d.restored_turns : 0.0;
-  for (int t = 0; t < kNumTiers; ++t)
-    s["prefix_restore_share_by_tier"][kTierNames[t]] = Share(d.restore_bytes[static_cast<std::size_t>(t)], d.restore_all);
+  s["ttft_restored_turns_mean_s"] = OrNull(Ratio(d.ttft_restored, d.restored_turns));
+  s["ttft_restored_turns_recompute_mean_s"] = OrNull(Ratio(d.ttft_restored_ref, d.restored_turns));
+  for (int t = 0; t < kNumTiers; ++t)  // of the restored bytes: none where nothing was restored
+    s["prefix_restore_share_by_tier"][kTierNames[t]] = OrNull(Share(d.restore_bytes[static_cast<std::size_t>(t)], d.restore_all));
   s["prefix_fallbacks"] = d.kst.fallbacks;
   s["prefix_write_failures"] = d.kst.write_failures;
   s["prefix_pools_full"] = nlohmann::json::array();
@@ -446,9 +462,9 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
                   {"prefetch_precision", OrNull(d.em.prediction.precision_if_defined())},
                   {"prefetch_recall", OrNull(d.em.prediction.recall_if_defined())},
                   {"stall_s", static_cast<double>(d.em.stall_ns) * 1e-9},
-                  {"stall_share", d.forward_s > 0 ? static_cast<double>(d.em.stall_ns) * 1e-9 / d.forward_s : 0.0},
-                  {"stall_s_per_prefill_token", d.computed > 0 ? d.stall_prefill / static_cast<double>(d.computed) : 0.0},
-                  {"stall_s_per_decode_token", d.decode_steps > 0 ? d.stall_decode / static_cast<double>(d.decode_steps) : 0.0},
+                  {"stall_share", OrNull(Ratio(static_cast<double>(d.em.stall_ns) * 1e-9, d.forward_s))},
+                  {"stall_s_per_prefill_token", OrNull(Ratio(d.stall_prefill, static_cast<double>(d.computed)))},
+                  {"stall_s_per_decode_token", OrNull(Ratio(d.stall_decode, steps))},
                   {"demand_bytes", d.em.demand_bytes}, {"prefetched_bytes", d.em.speculative_bytes},
                   {"prefetched_wasted_bytes", d.em.speculative_wasted_bytes},
                   {"prefetched_unused_bytes", d.em.speculative_unused_bytes}, {"budget_bytes", d.em.budget_bytes},
@@ -512,16 +528,18 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
                fmt::join(reused, ", "), a.dir, d.results.empty() ? 0 : d.results.front().restored,
                d.results.empty() ? 0 : d.results.front().prompt.size());
   }
-  fmt::print("  throughput:      {:.1f} tokens/s ({} prompt + {} generated tokens; decode {:.1f} tokens/s)\n",
-             s["tokens_per_s"].get<double>(), d.prompt_tokens, d.generated, s["decode_tokens_per_s"].get<double>());
-  fmt::print("  first token:     {:.3f} s with restore, {:.3f} s by full recompute (mean of {} turns; of the {} turns "
-             "that restored: {:.3f} s vs {:.3f} s)\n",
-             s["ttft_mean_s"].get<double>(), s["ttft_recompute_mean_s"].get<double>(), d.results.size(), d.restored_turns,
-             s["ttft_restored_turns_mean_s"].get<double>(), s["ttft_restored_turns_recompute_mean_s"].get<double>());
+  fmt::print("  throughput:      {} tokens/s ({} prompt + {} generated tokens; decode {} tokens/s)\n",
+             FixedOrNa(s["tokens_per_s"], 1), d.prompt_tokens, d.generated, FixedOrNa(s["decode_tokens_per_s"], 1));
+  fmt::print("  first token:     {} s with restore, {} s by full recompute (mean of {} turns; of the {} turns "
+             "that restored: {} s vs {} s)\n",
+             FixedOrNa(s["ttft_mean_s"], 3), FixedOrNa(s["ttft_recompute_mean_s"], 3), d.results.size(), d.restored_turns,
+             FixedOrNa(s["ttft_restored_turns_mean_s"], 3), FixedOrNa(s["ttft_restored_turns_recompute_mean_s"], 3));
   fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
              "host, {} from nvme; {} fallback(s)\n",
-             FormatPercent(s["restored_share"].get<double>()), d.restored, d.prompt_tokens, FormatPercent(Share(d.restore_bytes[0], d.restore_all)),
-             FormatPercent(Share(d.restore_bytes[1], d.restore_all)), FormatPercent(Share(d.restore_bytes[2], d.restore_all)), d.kst.fallbacks);
+             PercentOrNa(Defined(s["restored_share"])), d.restored, d.prompt_tokens,
+             PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["hbm"])),
+             PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["host"])),
+             PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["nvme"])), d.kst.fallbacks);
   for (const char* pool : {"kv", "state", "experts"}) {
     std::vector<std::string> parts;
     for (const auto& [tier, v] : s["tiers"][pool].items()) {
@@ -532,11 +550,11 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
     fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
   }
   fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
-             "{}; stalls {} of forward time ({:.2f} ms per computed prompt token, {:.2f} ms per decode step)\n",
+             "{}; stalls {} of forward time ({} ms per computed prompt token, {} ms per decode step)\n",
              FormatPercent(d.em.hit_rate), d.em.hits, d.em.late_hits, d.em.misses, PercentOrNa(d.em.prediction.precision_if_defined()),
-             PercentOrNa(d.em.prediction.recall_if_defined()), FormatPercent(s["experts"]["stall_share"].get<double>()),
-             1e3 * s["experts"]["stall_s_per_prefill_token"].get<double>(),
-             1e3 * s["experts"]["stall_s_per_decode_token"].get<double>());
+             PercentOrNa(d.em.prediction.recall_if_defined()), PercentOrNa(Defined(s["experts"]["stall_share"])),
+             FixedOrNa(s["experts"]["stall_s_per_prefill_token"], 2, 1e3),
+             FixedOrNa(s["experts"]["stall_s_per_decode_token"], 2, 1e3));
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
              FormatBytes(static_cast<double>(d.restore_all)), FormatBytes(static_cast<double>(d.kst.bytes_written)),
              FormatBytes(static_cast<double>(d.em.demand_bytes)), FormatBytes(static_cast<double>(d.em.speculative_bytes)));
@@ -659,7 +677,7 @@ Result<TurnResult> PlayTurn(const DemoArgs& a, const model::ModelConfig& config,
     const std::uint64_t all = r.restore_bytes[0] + r.restore_bytes[1] + r.restore_bytes[2];
     for (int tier = 0; tier < kNumTiers; ++tier)
       if (r.restore_bytes[static_cast<std::size_t>(tier)] > 0)
-        parts.push_back(fmt::format("{} {}", FormatPercent(Share(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
+        parts.push_back(fmt::format("{} {}", PercentOrNa(Share(r.restore_bytes[static_cast<std::size_t>(tier)], all)), kTierNames[tier]));
     from = fmt::format(" ({})", fmt::join(parts, ", "));
   }
   Progress(fmt::format("      conversation {} turn {}: prompt {:4} tokens, restored {:4}{}, computed {:4}; first "

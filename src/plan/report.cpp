@@ -52,9 +52,10 @@ bool CheckObject(const json& j, const char* key, std::string_view what, std::str
 
 // The number under `key` of `j`; none where `j` is not an object, lacks the key, or has null or
 // another type there: a figure the run did not record, never a measured 0.
+std::optional<double> Opt(const json& v) { return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt; }
 std::optional<double> Opt(const json& j, const char* key) {
   auto it = j.find(key);  // find on a non-object finds nothing
-  return it != j.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+  return it != j.end() ? Opt(*it) : std::nullopt;
 }
 
 // The number under `key` of `j`, 0 where there is none: only for arithmetic whose result is itself
@@ -67,6 +68,30 @@ constexpr std::string_view kNotRecorded = "not recorded";
 std::string Fig(const json& j, const char* key, const std::function<std::string(double)>& f) {
   const std::optional<double> v = Opt(j, key);
   return v ? f(*v) : std::string(kNotRecorded);
+}
+
+// 1000 x `v`: seconds as milliseconds, none staying none.
+std::optional<double> InMs(std::optional<double> v) { return v ? std::optional<double>(1e3 * *v) : std::nullopt; }
+
+// Adds the group `label` to `b` with one bar per value of `values` when every value is there; a group
+// with a value missing (null: not recorded) is left out and its label added to *missing: a bar drawn
+// at 0 would read as a measured 0 (NoteMissing then names them).
+void AddGroup(BarChart* b, std::string label, const std::vector<std::optional<double>>& values,
+              std::vector<std::string>* missing) {
+  std::vector<double> v;
+  for (const std::optional<double>& x : values) {
+    if (!x) return missing->push_back(std::move(label));
+    v.push_back(*x);
+  }
+  b->groups.push_back(std::move(label));
+  b->values.push_back(std::move(v));
+}
+
+// Ends the subtitle of a chart with the groups or points `missing` left out ("no bar (not recorded): a, b").
+template <typename Chart>
+void NoteMissing(Chart* c, const std::vector<std::string>& missing, std::string_view what = "no bar") {
+  if (missing.empty()) return;
+  c->subtitle += fmt::format("{}{} (not recorded): {}", c->subtitle.empty() ? "" : "; ", what, fmt::join(missing, ", "));
 }
 
 std::string Str(const json& j, const char* key) {
@@ -135,9 +160,11 @@ std::string Words(std::string key) {
   return key;
 }
 
-// A value with the unit its key names: ..._s seconds, ..._per_s a rate, ..._bytes... bytes, ..._share a share.
-std::string WithUnit(const std::string& key, const json& v) {
+// A value with the unit its key names: ..._s seconds, ..._per_s a rate, ..._bytes... bytes, ..._share a
+// share; a trailing _with_stalls (decode_tokens_per_s_with_stalls) qualifies the figure, not its unit.
+std::string WithUnit(std::string key, const json& v) {
   if (!v.is_number()) return Cell(v);
+  if (EndsWith(key, "_with_stalls")) key.resize(key.size() - std::string_view("_with_stalls").size());
   const double x = v.get<double>();
   if (key.find("bytes") != std::string::npos) return B(x) + (EndsWith(key, "_per_s") ? "/s" : "");
   if (EndsWith(key, "_per_s")) return fmt::format("{:.4g} /s", x);
@@ -176,9 +203,33 @@ void SequenceRows(const json& m, std::vector<std::pair<std::string, std::string>
   }
 }
 
+// The plan's warnings (a model that does not fit, a link or the compute over its capacity), each a red
+// line: the figures below them are only what the node would reach without what they warn about.
+void PlanWarnings(const json& j, std::string* body) {
+  for (const auto& w : Arr(j, "warnings"))
+    *body += fmt::format("<p class=\"warning\">Warning: {}</p>", w.is_string() ? XmlEscape(w.get<std::string>()) : Cell(w));
+}
+
+// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null); a row without a
+// number at x or y (null: not measured) has no point on that line.
+LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
+  LineChart c;
+  for (auto [key, name] : keys) {
+    Series s;
+    s.name = name;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const std::optional<double> x = x_key ? Opt(rows[i], x_key) : static_cast<double>(i + 1), y = Opt(rows[i], key);
+      if (x && y) s.points.emplace_back(*x, *y);
+    }
+    c.series.push_back(std::move(s));
+  }
+  return c;
+}
+
 void PlanSections(const json& j, Report* r, std::string* body) {
   const json& m = Obj(j, "memory");
   r->title = fmt::format("Terrace plan: {} on {}", Str(j, "model"), Str(Obj(j, "hardware"), "name"));
+  PlanWarnings(j, body);
   const json& w = Obj(j, "workload");
   CheckObject(j, "workload", "the workload", body);
   *body += fmt::format("<p>KV codec <b>{}</b>, state codec <b>{}</b>. Workload: {} requests/s, {}, "
@@ -206,17 +257,10 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     c.log_x = c.log_y = true;
     c.x_format = AxisFormat::kTokens;
     c.y_format = AxisFormat::kBytes;
-    const std::pair<const char*, const char*> lines[] = {{"total_bytes", "MLA + KDA (this model)"},
-                                                        {"mla_bytes", "MLA latents only"},
-                                                        {"gqa_bytes", "GQA comparison"},
-                                                        {"mha_bytes", "MHA comparison"}};
-    for (auto [key, name] : lines) {
-      Series s;
-      s.name = name;
-      s.dashed = std::string_view(key) == "mla_bytes";
-      for (const auto& p : Arr(m, "curve")) s.points.emplace_back(Num(p, "tokens"), Num(p, key));
-      c.series.push_back(std::move(s));
-    }
+    c.series = Lines(Arr(m, "curve"), "tokens", {{"total_bytes", "MLA + KDA (this model)"}, {"mla_bytes", "MLA latents only"},
+                                                 {"gqa_bytes", "GQA comparison"}, {"mha_bytes", "MHA comparison"}})
+                   .series;
+    c.series[1].dashed = true;  // MLA latents only
     r->charts.push_back({"memory-vs-context", RenderSvg(c)});
     *body += r->charts.back().svg;
   }
@@ -250,8 +294,10 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     st.y_label = "milliseconds per token";
     st.bars = {"stall per token"};
     st.value_labels = true;
-    st.groups = {"batch 1", "batched (--concurrency)"};
-    st.values = {{1e3 * Num(e, "stall_s_per_token_batch1")}, {1e3 * Num(e, "stall_s_per_token_batched")}};
+    std::vector<std::string> missing;
+    AddGroup(&st, "batch 1", {InMs(Opt(e, "stall_s_per_token_batch1"))}, &missing);
+    AddGroup(&st, "batched (--concurrency)", {InMs(Opt(e, "stall_s_per_token_batched"))}, &missing);
+    NoteMissing(&st, missing);
     r->charts.push_back({"stall-per-token", RenderSvg(st)});
     *body += r->charts.back().svg;
   }
@@ -297,17 +343,21 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     c.log_x = true;
     c.x_format = AxisFormat::kBytes;
     c.y_format = AxisFormat::kPercent;
-    std::vector<std::string> order;
+    std::vector<std::string> order, missing;
     for (const auto& p : Arr(t, "sweep")) {
       const std::string pol = Str(p, "policy");
+      const std::optional<double> cap = Opt(p, "capacity_bytes"), hit = Opt(p, "hit_rate");
+      if (!cap || !hit) {
+        missing.push_back(fmt::format("{} at {}", pol, Fig(p, "capacity_bytes", B)));
+        continue;
+      }
       auto it = std::find(order.begin(), order.end(), pol);
       if (it == order.end()) {
         order.push_back(pol);
         c.series.push_back({pol, {}, false});
         it = std::prev(order.end());
       }
-      c.series[static_cast<std::size_t>(it - order.begin())].points.emplace_back(Num(p, "capacity_bytes"),
-                                                                                 Num(p, "hit_rate"));
+      c.series[static_cast<std::size_t>(it - order.begin())].points.emplace_back(*cap, *hit);
     }
     double lo = 0, hi = 0;
     for (const auto& s : c.series)
@@ -315,7 +365,11 @@ void PlanSections(const json& j, Report* r, std::string* body) {
         lo = lo == 0 ? x : std::min(lo, x);
         hi = std::max(hi, x);
       }
-    c.series.push_back({"ceiling (infinite cache)", {{lo, Num(t, "prefix_hit_ceiling")}, {hi, Num(t, "prefix_hit_ceiling")}}, true});
+    NoteMissing(&c, missing, "no point");
+    if (const std::optional<double> ceil = Opt(t, "prefix_hit_ceiling"))
+      c.series.push_back({"ceiling (infinite cache)", {{lo, *ceil}, {hi, *ceil}}, true});
+    else
+      NoteMissing(&c, {"the ceiling"}, "no line");
     r->charts.push_back({"hit-rate-vs-capacity", RenderSvg(c)});
     *body += r->charts.back().svg;
   }
@@ -324,15 +378,16 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     b.title = "Prefix hit rate per tier and policy";
     b.y_label = "share of prompt blocks";
     b.y_format = AxisFormat::kPercent;
+    std::vector<std::string> missing;
     for (const auto& p : Arr(t, "policies")) {
-      b.groups.push_back(Str(p, "policy"));
-      std::vector<double> v;
+      std::vector<std::optional<double>> v;
       for (const auto& tier : Arr(p, "tiers")) {
-        if (b.groups.size() == 1) b.bars.push_back(Str(tier, "name"));
-        v.push_back(Num(tier, "hit_rate"));
+        if (b.bars.size() < Arr(p, "tiers").size()) b.bars.push_back(Str(tier, "name"));
+        v.push_back(Opt(tier, "hit_rate"));
       }
-      b.values.push_back(v);
+      AddGroup(&b, Str(p, "policy"), v, &missing);
     }
+    NoteMissing(&b, missing);
     r->charts.push_back({"tier-hit-rates", RenderSvg(b)});
     *body += r->charts.back().svg;
     *body += "<table><thead><tr><th>policy</th><th>hit rate</th><th>TTFT saved per request</th>"
@@ -374,22 +429,6 @@ LineChart TurnChart(std::string title, std::string subtitle, std::string y_label
   c.y_label = std::move(y_label);
   c.y_format = y_format;
   c.integer_x = c.markers = true;
-  return c;
-}
-
-// One line per key of `rows` (x = `x_key`, or the row index + 1 when x_key is null); a row without a
-// number at x or y (null: not measured) has no point on that line.
-LineChart Lines(const json& rows, const char* x_key, std::vector<std::pair<const char*, const char*>> keys) {
-  LineChart c;
-  for (auto [key, name] : keys) {
-    Series s;
-    s.name = name;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const std::optional<double> x = x_key ? Opt(rows[i], x_key) : static_cast<double>(i + 1), y = Opt(rows[i], key);
-      if (x && y) s.points.emplace_back(*x, *y);
-    }
-    c.series.push_back(std::move(s));
-  }
   return c;
 }
 
@@ -588,7 +627,8 @@ void DemoSections(const json& j, Report* r, std::string* body) {
       const json& x = Obj(turns[i], "experts");
       const std::optional<double> p = Opt(x, "stall_s_per_prefill_token"), d = Opt(x, "stall_s_per_decode_token");
       if (p && Num(turns[i], "computed_tokens") > 0) pre.points.emplace_back(static_cast<double>(i + 1), 1e3 * *p);
-      if (d) dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * *d);
+      // A turn that generated one token made no decode step: a 0 written for it (older runs) is no figure.
+      if (d && Arr(turns[i], "generated").size() > 1) dec.points.emplace_back(static_cast<double>(i + 1), 1e3 * *d);
     }
     st.series = {std::move(pre), std::move(dec)};
     Add(r, body, "stall-per-token", RenderSvg(st));
@@ -647,16 +687,8 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
     b.bars = {std::move(y_label)};
     b.value_labels = true;
     std::vector<std::string> none;
-    for (const auto& c : cfgs) {
-      const std::optional<double> v = value(c);
-      if (!v) {
-        none.push_back(ConfigLabel(c));
-        continue;
-      }
-      b.groups.push_back(ConfigLabel(c));
-      b.values.push_back({*v});
-    }
-    if (!none.empty()) b.subtitle = fmt::format("no bar (not recorded): {}", fmt::join(none, ", "));
+    for (const auto& c : cfgs) AddGroup(&b, ConfigLabel(c), {value(c)}, &none);
+    NoteMissing(&b, none);
     Add(r, body, std::move(name), RenderSvg(b));
   };
   auto key = [](const char* k) { return [k](const json& c) { return Opt(c, k); }; };
@@ -721,7 +753,8 @@ std::string TierShareText(const json& j) {
 // Adds `b` (its titles and x label set) as stacked bars, one per row of `rows` (labelled by `label`):
 // the share of the blocks the row's restore asked for that each tier served (`hit_rate_by_tier`)
 // and, on top, the share found in no tier (a fallback; drawn only when some row has one). Rows
-// without a `hit_rate_by_tier` object are left out and named in a note ("Not charted: <what> <labels>").
+// without a `hit_rate_by_tier` object, or with a tier's share not a number (null: not recorded), are
+// left out and named in a note ("Not charted: <what> <labels>").
 void AddTierShares(Report* r, std::string* body, BarChart b, const json& rows,
                    const std::function<std::string(const json&)>& label, std::string name, std::string_view what) {
   std::vector<std::string> missing;
@@ -733,14 +766,14 @@ void AddTierShares(Report* r, std::string* body, BarChart b, const json& rows,
   bool fallbacks = false;
   for (const auto& row : rows) {
     const json& h = Obj(row, "hit_rate_by_tier");
-    if (h.empty()) {
+    if (std::any_of(std::begin(kTiers), std::end(kTiers), [&](const char* tier) { return !Opt(h, tier); })) {
       missing.push_back(label(row));
       continue;
     }
     std::vector<double> v;
     double found = 0;
     for (const char* tier : kTiers) {
-      v.push_back(Num(h, tier));
+      v.push_back(*Opt(h, tier));
       found += v.back();
     }
     // A row that asked for no block (a turn that computed its whole prompt) misses nothing.
@@ -756,12 +789,14 @@ void AddTierShares(Report* r, std::string* body, BarChart b, const json& rows,
   }
   if (!b.groups.empty()) Add(r, body, std::move(name), RenderSvg(b));
   if (!missing.empty())
-    Skipped(body, fmt::format("{} {}", what, fmt::join(missing, ", ")), "hit_rate_by_tier is missing or not an object");
+    Skipped(body, fmt::format("{} {}", what, fmt::join(missing, ", ")),
+            "hit_rate_by_tier is missing, not an object, or lacks a tier's share");
 }
 
 // Per codec of `bytes_per_token_by_codec` (largest first): the nominal and the as-stored bytes
 // (`nominal_key`, `stored_key`), the codec the run used (`used`, its lossless stage stripped: the
-// table has none) outlined. Entries that are not objects are left out.
+// table has none) outlined. Entries that are not objects are left out; one without both figures
+// (null: not recorded) has no bars, and the subtitle names it.
 BarChart CodecBytes(const json& by_codec, const char* nominal_key, const char* stored_key, const std::string& used) {
   std::vector<std::pair<std::string, const json*>> codecs;
   for (auto it = by_codec.begin(); it != by_codec.end(); ++it) {
@@ -776,16 +811,18 @@ BarChart CodecBytes(const json& by_codec, const char* nominal_key, const char* s
   c.value_labels = codecs.size() <= 6;  // more: the labels of neighbouring bars overlap (the tooltips keep them)
   c.marked_label = fmt::format("this run: {}", used);
   bool found = false;
+  std::vector<std::string> missing;
   for (const auto& [name, entry] : codecs) {
-    c.groups.push_back(name);
-    c.values.push_back({Num(*entry, nominal_key), Num(*entry, stored_key)});
-    c.marked_groups.push_back(name == base);
+    const std::size_t before = c.groups.size();
+    AddGroup(&c, name, {Opt(*entry, nominal_key), Opt(*entry, stored_key)}, &missing);
+    if (c.groups.size() > before) c.marked_groups.push_back(name == base);
     found = found || name == base;
   }
   const std::string mark = !found        ? fmt::format("this run's codec {} is not in the table", used)
                            : base != used ? fmt::format("outlined: {}, the run's {} before its lossless stage", base, used)
                                           : fmt::format("outlined: {}, the codec this run used", used);
   c.subtitle = "as stored: with the block header, scales and 4 KiB alignment; " + mark;
+  NoteMissing(&c, missing);
   return c;
 }
 
@@ -823,7 +860,7 @@ void BenchKvRows(const json& j, Report* r, std::string* body) {
   h.subtitle = fmt::format("the share of the prepared restore's blocks each tier served (--tier {})", Str(j, "tier"));
   h.x_label = "prefix (tokens)";
   AddTierShares(r, body, std::move(h), rows,
-                [](const json& row) { return FormatAxisValue(Num(row, "prefix_tokens"), AxisFormat::kTokens); },
+                [](const json& row) { return Fig(row, "prefix_tokens", [](double x) { return FormatAxisValue(x, AxisFormat::kTokens); }); },
                 "tier-hit-rates-by-prefix", "the hit rate per tier of prefix");
 }
 
@@ -838,43 +875,53 @@ void BenchKvMultiTurn(const json& j, Report* r, std::string* body) {
   if (!it->is_object()) return Skipped(body, "the multi-turn workload", "multi_turn is not an object");
   const json& mt = *it;
   const json& rows = Arr(mt, "rows");
-  const double restored = Num(mt, "restored_tokens"), computed = Num(mt, "computed_tokens");
+  const std::optional<double> restored = Opt(mt, "restored_tokens"), computed = Opt(mt, "computed_tokens");
+  auto tokens = [](double x) { return fmt::format("{:.0f}", x); };
+  auto sec = [](double x) { return fmt::format("{:.3g} s", x); };
   *body += KeyValueTable({
       {"workload", fmt::format("{} conversations x {} turns, a {}-token system prompt, {} new tokens per turn",
                                Val(mt, "conversations"), Val(mt, "turns"),
                                Val(mt, "system_tokens"), Val(mt, "user_tokens"))},
-      {"prompt tokens", fmt::format("{:.0f} restored, {:.0f} computed ({} restored)", restored, computed,
-                                    P(restored + computed > 0 ? restored / (restored + computed) : 0))},
-      {"time", fmt::format("TTFT summed over the turns {:.3g} s; the part, flushes included, {:.3g} s",
-                           Num(mt, "ttft_restore_s_sum"), Num(mt, "seconds"))},
+      {"prompt tokens", fmt::format("{} restored, {} computed ({} restored)", Fig(mt, "restored_tokens", tokens),
+                                    Fig(mt, "computed_tokens", tokens),
+                                    restored && computed && *restored + *computed > 0
+                                        ? P(*restored / (*restored + *computed))
+                                        : std::string(kNotRecorded))},
+      {"time", fmt::format("TTFT summed over the turns {}; the part, flushes included, {}",
+                           Fig(mt, "ttft_restore_s_sum", sec), Fig(mt, "seconds", sec))},
       {"blocks restored", TierShareText(mt)},
       {"bytes read", TierBytes(Obj(mt, "bytes_read_by_tier"))},
       {"bytes written", TierBytes(Obj(mt, "bytes_written_by_tier"))},
       {"write failures", Val(mt, "write_failures")},
   });
   if (rows.empty()) return Skipped(body, "the multi-turn charts", "multi_turn.rows is missing or empty");
-  // One group per turn, in the order played (tN cM: turn N of conversation M).
+  // One group per turn, in the order played (tN cM: turn N of conversation M); a turn without a figure
+  // (null: not recorded) has no group, and the subtitle names it.
   auto per_turn = [&](std::string title, std::string subtitle, std::string y_label) {
     BarChart b;
     b.title = std::move(title);
     b.subtitle = std::move(subtitle);
     b.x_label = "turn t of conversation c, in the order played";
     b.y_label = std::move(y_label);
-    for (const auto& row : rows) b.groups.push_back(TurnLabel(row));
-    return b;
+    return b;  // its groups: the turns with every figure (AddGroup)
   };
   BarChart tok = per_turn("Prompt tokens per turn: restored vs computed",
                           "restored from the cache (bottom) and computed (top); the stack is the prompt", "tokens");
   tok.stacked = true;
   tok.bars = {"restored", "computed"};
-  for (const auto& row : rows) tok.values.push_back({Num(row, "restored_tokens"), Num(row, "computed_tokens")});
+  std::vector<std::string> missing;
+  for (const auto& row : rows) AddGroup(&tok, TurnLabel(row), {Opt(row, "restored_tokens"), Opt(row, "computed_tokens")}, &missing);
+  NoteMissing(&tok, missing);
   Add(r, body, "multi-turn-tokens", RenderSvg(tok));
   BarChart ttft = per_turn("Time to first token per turn, with restore",
                            "restore + the rest of the prompt's forward pass; beside it, the time it waited on reads",
                            "milliseconds");
   ttft.bars = {"TTFT with restore", "waiting on reads"};
   ttft.value_labels = rows.size() * 2 <= 24;
-  for (const auto& row : rows) ttft.values.push_back({1e3 * Num(row, "ttft_restore_s"), 1e3 * Num(row, "restore_wait_s")});
+  missing.clear();
+  for (const auto& row : rows)
+    AddGroup(&ttft, TurnLabel(row), {InMs(Opt(row, "ttft_restore_s")), InMs(Opt(row, "restore_wait_s"))}, &missing);
+  NoteMissing(&ttft, missing);
   Add(r, body, "multi-turn-ttft", RenderSvg(ttft));
   AddTierShares(r, body,
                 per_turn("Restore hit rate per tier, per turn",
@@ -932,12 +979,13 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
     b.y_label = y_label.empty() ? keys.front().second : std::move(y_label);
     for (auto [k, n] : keys) b.bars.push_back(n);
     b.value_labels = rows.size() * keys.size() <= 24;
+    std::vector<std::string> missing;
     for (const auto& row : rows) {
-      b.groups.push_back(Str(row, "codec"));
-      std::vector<double> v;
-      for (auto [k, n] : keys) v.push_back(Num(row, k));
-      b.values.push_back(v);
+      std::vector<std::optional<double>> v;
+      for (auto [k, n] : keys) v.push_back(Opt(row, k));
+      AddGroup(&b, Str(row, "codec"), v, &missing);
     }
+    NoteMissing(&b, missing);
     Add(r, body, std::move(name), RenderSvg(b));
   };
   bars({{"kl_mean", "KL mean (nats)"}, {"kl_max", "KL max (nats)"}}, "KL divergence from the exact path per codec",
@@ -962,19 +1010,20 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
                        Val(j, "batch"), XmlEscape(Str(j, "detail")));
   BarChart t;
   t.title = "Throughput per pass";
-  t.subtitle = fmt::format("{} passes after {} warm-up; dashed: the reported figure{}", Arr(j, "passes_mb_per_s").size(),
-                           Val(j, "warmup"), j.contains("memcpy_mb_per_s") ? ", dotted: memcpy" : "");
+  const std::optional<double> memcpy = Opt(j, "memcpy_mb_per_s"), reported = Opt(j, "mb_per_s");
+  t.subtitle = fmt::format("{} passes after {} warm-up; {}{}", Arr(j, "passes_mb_per_s").size(), Val(j, "warmup"),
+                           reported ? "dashed: the reported figure" : "the reported figure: not recorded",
+                           memcpy ? ", dotted: memcpy" : "");
   t.x_label = "pass";
   t.y_label = "MB/s";
   t.bars = {"MB/s"};
   t.value_labels = Arr(j, "passes_mb_per_s").size() <= 24;
-  const std::vector<double> passes = Numbers(Arr(j, "passes_mb_per_s"));
-  for (std::size_t i = 0; i < passes.size(); ++i) {
-    t.groups.push_back(std::to_string(i + 1));
-    t.values.push_back({passes[i]});
-  }
-  if (j.contains("memcpy_mb_per_s")) t.ref_lines.push_back({"memcpy", Num(j, "memcpy_mb_per_s")});
-  t.ref_lines.push_back({"reported", Num(j, "mb_per_s")});
+  const json& passes = Arr(j, "passes_mb_per_s");
+  std::vector<std::string> missing;
+  for (std::size_t i = 0; i < passes.size(); ++i) AddGroup(&t, std::to_string(i + 1), {Opt(passes[i])}, &missing);
+  NoteMissing(&t, missing);
+  if (memcpy) t.ref_lines.push_back({"memcpy", *memcpy});
+  if (reported) t.ref_lines.push_back({"reported", *reported});
   Add(r, body, "throughput-per-pass", RenderSvg(t));
   if (j.contains("p50_us")) {
     BarChart l;
@@ -983,8 +1032,10 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
     l.y_label = "microseconds";
     l.bars = {"latency"};
     l.value_labels = true;
-    l.groups = {"p50", "p99"};
-    l.values = {{Num(j, "p50_us")}, {Num(j, "p99_us")}};
+    std::vector<std::string> missing_l;
+    AddGroup(&l, "p50", {Opt(j, "p50_us")}, &missing_l);
+    AddGroup(&l, "p99", {Opt(j, "p99_us")}, &missing_l);
+    NoteMissing(&l, missing_l);
     Add(r, body, "latency", RenderSvg(l));
   }
 }
@@ -1046,10 +1097,10 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
   }
   body += "</details>";
   r.html = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{3}<title>{0}</title><style>"
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>{3}<title>{0}</title><style>"
       "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"
       "table{{border-collapse:collapse;margin:0.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;"
-      "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}p.skipped{{color:#b00}}svg{{display:block;margin:1em 0}}"
+      "text-align:left}}th{{background:#f3f3f3}}td.over{{color:#b00;font-weight:bold}}p.warning{{color:#b00;font-weight:bold}}p.skipped{{color:#b00}}svg{{display:block;margin:1em 0}}"
       "</style></head><body><h1>{0}</h1><p>Source: {1}</p>\n{2}\n</body></html>\n",
       XmlEscape(r.title), XmlEscape(source), body, kHtmlGeneratorMeta);
   return r;

@@ -274,3 +274,31 @@ def test_a_pool_that_does_not_open_is_named_in_the_demos_flags(terrace, tmp_path
     err = r.stderr
     assert "--store" not in err, err
     assert f"terrace demo --dir {d} --fresh" in err, err
+
+
+def test_figures_the_run_did_not_measure_are_null_and_na_not_zero(terrace, tmp_path):
+    """With --new-tokens 1 no turn makes a decode step, and a fresh 2-turn run whose prompt is shorter
+    than a block restores nothing: the decode rate, the stalls per decode step, the TTFT of the turns
+    that restored and the restore's split by tier are null in the JSON, "n/a" in the text and "not
+    recorded" on the page, not a measured 0."""
+    d = tmp_path / "data"
+    r = terrace("demo", "--dir", d, "--preset", "k3-toy", "--conversations", "1", "--turns", "2", "--system-tokens",
+                "8", "--user-tokens", "4", "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "4MiB",
+                timeout=300, check=True)
+    j = json.loads((d / "demo-run.json").read_text())
+    s = j["summary"]
+    assert s["restored_turns"] == 0 and s["restored_tokens"] == 0
+    assert all(len(t["generated"]) == 1 for t in j["turns"])
+    for key in ("decode_tokens_per_s", "ttft_restored_turns_mean_s", "ttft_restored_turns_recompute_mean_s"):
+        assert s[key] is None, key
+    assert s["experts"]["stall_s_per_decode_token"] is None
+    assert all(t["experts"]["stall_s_per_decode_token"] is None for t in j["turns"])
+    assert set(s["prefix_restore_share_by_tier"].values()) == {None}
+    assert isinstance(s["tokens_per_s"], float) and s["tokens_per_s"] > 0
+    assert "decode n/a tokens/s" in r.stdout
+    assert "of the 0 turns that restored: n/a s vs n/a s" in r.stdout
+    assert "n/a ms per decode step" in r.stdout
+    assert "restored bytes came n/a from hbm, n/a from host, n/a from nvme" in r.stdout
+    page = (d / "report.html").read_text()
+    assert "(decode not recorded)" in page and "not recorded per decode step" in page
+    assert not re.search(r"decode 0\.0 tokens/s|\b0 ms per decode step", page)

@@ -299,7 +299,8 @@ def test_bench_kv_report_skips_malformed_parts_visibly(terrace, tmp_path):
     c = report(terrace, tmp_path, j, "bad")
     html = (tmp_path / "bad.html").read_text()
     assert {"ttft-vs-prefix", "restore-bandwidth"} | KV_CODEC_CHARTS == set(c)
-    assert "Not charted: the hit rate per tier of prefix 64 (hit_rate_by_tier is missing or not an object)" in html
+    assert ("Not charted: the hit rate per tier of prefix 64 (hit_rate_by_tier is missing, not an object, or lacks a "
+            "tier&#39;s share)") in html
     assert "Not charted: the multi-turn workload (multi_turn is not an object)" in html
     assert "Not charted: codec f32 (its bytes_per_token_by_codec entry is not an object)" in html
     # bf16+zstd: the table has no lossless stages; bf16 is outlined and the subtitle says why.
@@ -313,7 +314,8 @@ def test_bench_kv_report_skips_malformed_parts_visibly(terrace, tmp_path):
     html = (tmp_path / "bad2.html").read_text()
     assert "<title>Terrace bench kv: " in html
     assert {"multi-turn-tokens", "multi-turn-ttft"} == set(c)
-    assert "Not charted: the tier shares of turn t1 c1, t? c? (hit_rate_by_tier is missing or not an object)" in html
+    assert ("Not charted: the tier shares of turn t1 c1, t? c? (hit_rate_by_tier is missing, not an object, or "
+            "lacks a tier&#39;s share)") in html
     assert "Not charted: the bytes per codec (bytes_per_token_by_codec is missing, empty or not an object)" in html
     for name, j, note in (("bad3", {"rows": [], "multi_turn": {}}, "multi_turn.rows is missing or empty"),
                           ("bad4", {"bytes_per_token_by_codec": []}, "bytes_per_token_by_codec is missing")):
@@ -476,3 +478,117 @@ def test_bench_store_report(terrace, tmp_path):
     want = [v for k, v in j.items() if k.endswith("_mb_per_s") and isinstance(v, (int, float))]
     assert len(want) >= 4
     assert bar_values(c["store-throughput"]) == pytest.approx(want, rel=1e-5)
+
+
+def texts(svg):
+    return [t.text or "" for t in svg.iter(NS + "text")]
+
+
+def page_text(html):
+    """The page's text outside its charts, tags dropped."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<svg.*?</svg>", "", html, flags=re.S)))
+
+
+def points(svg, name):
+    try:
+        return polyline(svg, name)
+    except AssertionError:
+        return []  # a series with no point draws no line
+
+
+def test_demo_report_draws_no_decode_point_for_a_turn_without_a_decode_step(terrace, demo_run, tmp_path):
+    """A demo-run.json of a Terrace before the fix wrote 0 for the stall per decode step of a turn that
+    generated one token (no decode step): the chart has no point for it, and a null summary figure reads
+    "not recorded" on the page."""
+    _, _, j = demo_run
+    j = json.loads(json.dumps(j))
+    first = j["turns"][0]
+    first["generated"] = first["generated"][:1]
+    first["experts"]["stall_s_per_decode_token"] = 0.0
+    j["summary"]["decode_tokens_per_s"] = None
+    c = report(terrace, tmp_path, j, "nodecode")
+    dec = points(c["stall-per-token"], "decode step")
+    assert len(dec) == len(j["turns"]) - 1  # every turn but the first
+    assert len(points(report(terrace, tmp_path, demo_run[2], "all")["stall-per-token"], "decode step")) == len(j["turns"])
+    assert "(decode not recorded)" in page_text((tmp_path / "nodecode.html").read_text())
+
+
+def test_plan_report_shows_the_plans_warnings_first_and_units_of_with_stalls_rates(terrace, tmp_path):
+    hw = tmp_path / "hw1.json"
+    hw.write_text('{"base": "h100-gen4", "gpus": 1}')
+    j = json.loads(terrace("plan", "--hardware", hw, "--json", check=True).stdout)
+    assert any("does not fit" in w for w in j["warnings"])
+    report(terrace, tmp_path, j, "nofit")
+    html = (tmp_path / "nofit.html").read_text()
+    head = html[:html.index("<h2>")]  # above every figure
+    for w in j["warnings"]:
+        esc = w.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace("'", "&#39;")
+        assert f'<p class="warning">Warning: {esc}</p>' in head, w
+    # A rate with stalls has the unit of the rate: "/s", as decode tokens per s has.
+    m = re.search(r"decode tokens per s with stalls</th><td>([^<]*)</td>", html)
+    assert m and m.group(1).endswith(" /s"), m
+
+
+def test_null_figures_are_not_drawn_or_printed_as_zero(terrace, tmp_path):
+    """Null figures (not recorded) of each kind of run: a table says "not recorded", a chart has no bar or
+    point for them and its subtitle names what it left out; nothing reads as a measured 0."""
+    share = {"hbm": 0.0, "host": 1.0, "nvme": 0.0}
+    rows = [{"turn": 1, "conversation": 1, "restored_tokens": 0, "computed_tokens": 40, "ttft_restore_s": 0.02,
+             "restore_wait_s": 0.0, "hit_rate_by_tier": share, "blocks_requested": 0},
+            {"turn": 2, "conversation": 1, "restored_tokens": None, "computed_tokens": 8, "ttft_restore_s": None,
+             "restore_wait_s": 0.001, "hit_rate_by_tier": dict(share, nvme=None), "blocks_requested": 2}]
+    codecs = {"bf16": {"kv_bytes_per_token": 320, "kv_block_bytes_per_token": 448, "state_bytes_per_snapshot": 9,
+                       "state_block_bytes_per_snapshot": 10},
+              "f32": {"kv_bytes_per_token": 640, "kv_block_bytes_per_token": None, "state_bytes_per_snapshot": 18,
+                      "state_block_bytes_per_snapshot": 20}}
+    kv = {"model": "m", "kv_codec": "bf16", "state_codec": "f32", "rows": [], "bytes_per_token_by_codec": codecs,
+          "multi_turn": {"conversations": 1, "turns": 2, "rows": rows, "restored_tokens": None, "computed_tokens": 48,
+                         "ttft_restore_s_sum": None, "seconds": 0.5}}
+    c = report(terrace, tmp_path, kv, "nullkv")
+    text = page_text((tmp_path / "nullkv.html").read_text())
+    assert "prompt tokens not recorded restored, 48 computed (not recorded restored)" in text
+    assert "TTFT summed over the turns not recorded;" in text
+    assert "Not charted: the tier shares of turn t2 c1" in text
+    for name in ("multi-turn-tokens", "multi-turn-ttft"):
+        assert len(rects(c[name])) == 2 and {x["label"].split()[0] for x in rects(c[name])} == {"t1"}, name
+        assert any(t.endswith("no bar (not recorded): t2 c1") for t in texts(c[name])), name
+    kvc = c["kv-bytes-per-token-by-codec"]
+    assert {x["label"].split()[0] for x in rects(kvc)} == {"bf16"}
+    assert any(t.endswith("no bar (not recorded): f32") for t in texts(kvc))
+    # A plan with null expert stalls, a null sweep point, a null ceiling and a null tier hit rate.
+    plan = {"kind": "plan", "model": "m", "workload": {}, "memory": {},
+            "experts": {"stall_s_per_token_batch1": None, "stall_s_per_token_batched": 0.002},
+            "trace": {"file": "t.jsonl", "prefix_hit_ceiling": None,
+                      "sweep": [{"policy": "lru", "capacity_bytes": 1 << 30, "hit_rate": None},
+                                {"policy": "lru", "capacity_bytes": 2 << 30, "hit_rate": 0.5},
+                                {"policy": "lru", "capacity_bytes": 4 << 30, "hit_rate": 0.6}],
+                      "policies": [{"policy": "lru", "tiers": [{"name": "hbm", "hit_rate": None},
+                                                               {"name": "host", "hit_rate": 0.2}]},
+                                   {"policy": "lfu", "tiers": [{"name": "hbm", "hit_rate": 0.1},
+                                                               {"name": "host", "hit_rate": 0.3}]}]}}
+    c = report(terrace, tmp_path, plan, "nullplan")
+    st = c["stall-per-token"]
+    assert [x["label"] for x in rects(st)] == ["batched (--concurrency) stall per token"]
+    assert any(t.endswith("no bar (not recorded): batch 1") for t in texts(st))
+    sw = c["hit-rate-vs-capacity"]
+    assert len(points(sw, "lru")) == 2 and points(sw, "ceiling (infinite cache)") == []
+    assert any("no point (not recorded): lru at 1 GiB" in t and "no line (not recorded): the ceiling" in t
+               for t in texts(sw))
+    th = c["tier-hit-rates"]
+    assert {x["label"].split()[0] for x in rects(th)} == {"lfu"}
+    assert any(t.endswith("no bar (not recorded): lru") for t in texts(th))
+    # bench tiers with a null pass and null reported and p99 figures; verify kv with a null figure.
+    tiers = {"tier": "host", "op": "read", "passes_mb_per_s": [100.0, None, 120.0], "mb_per_s": None,
+             "p50_us": 5.0, "p99_us": None}
+    c = report(terrace, tmp_path, tiers, "nulltiers")
+    assert bar_values(c["throughput-per-pass"]) == [100.0, 120.0]
+    assert not list(c["throughput-per-pass"].iter(NS + "line")) or all(
+        l.get("class") != "ref" for l in c["throughput-per-pass"].iter(NS + "line"))
+    assert any("the reported figure: not recorded" in t and "no bar (not recorded): 2" in t
+               for t in texts(c["throughput-per-pass"]))
+    assert bar_values(c["latency"]) == [5.0]
+    ver = {"rows": [{"codec": "bf16", "kl_mean": 0.01, "kl_max": 0.02, "top1_agreement": 1.0, "compression_ratio": 2},
+                    {"codec": "fp8", "kl_mean": None, "kl_max": 0.1, "top1_agreement": 0.9, "compression_ratio": 4}]}
+    c = report(terrace, tmp_path, ver, "nullver")
+    assert {x["label"].split()[0] for x in rects(c["codec-kl"])} == {"bf16"}
+    assert len(rects(c["codec-top1"])) == 2
