@@ -93,7 +93,8 @@ bool HasTerraceMark(OutputFormat format, std::string_view head) {
   switch (format) {
     case OutputFormat::kHtml:
       return head.starts_with("<!DOCTYPE html>") &&
-             head.substr(0, 1024).find(kHtmlGeneratorMeta) != std::string_view::npos;
+             (head.substr(0, 1024).find(kHtmlGeneratorMeta) != std::string_view::npos ||
+              head.substr(0, 1024).find(kHtmlGeneratorMetaOld) != std::string_view::npos);
     case OutputFormat::kSvg: {
       const std::size_t tag_end = head.find('>');
       return head.starts_with("<svg ") && tag_end != std::string_view::npos &&

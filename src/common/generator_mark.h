@@ -9,8 +9,11 @@
 
 namespace terrace {
 
-// HTML (`terrace report`): in <head>, before <title>, within the first few hundred bytes.
-inline constexpr std::string_view kHtmlGeneratorMeta = "<meta name=\"generator\" content=\"terrace\">";
+// HTML (`terrace report`): in <head>, before <title>, within the first few hundred bytes; self-closed,
+// so that the page is well-formed XML (docs/plan.md, "Reports").
+inline constexpr std::string_view kHtmlGeneratorMeta = "<meta name=\"generator\" content=\"terrace\"/>";
+// The same mark as Terrace wrote it before it was self-closed: still recognised, never written.
+inline constexpr std::string_view kHtmlGeneratorMetaOld = "<meta name=\"generator\" content=\"terrace\">";
 // SVG charts: an XML comment straight after the opening <svg ...> tag.
 inline constexpr std::string_view kSvgGeneratorComment = "<!-- generator: terrace -->";
 // safetensors: an entry of the header's "__metadata__" string map, written by SafetensorsWriter.

@@ -592,3 +592,17 @@ def test_null_figures_are_not_drawn_or_printed_as_zero(terrace, tmp_path):
     c = report(terrace, tmp_path, ver, "nullver")
     assert {x["label"].split()[0] for x in rects(c["codec-kl"])} == {"bf16"}
     assert len(rects(c["codec-top1"])) == 2
+
+
+def test_the_page_is_well_formed_xml_and_an_old_marked_page_is_still_terraces(terrace, demo_run, tmp_path):
+    """docs/plan.md: the page stays well-formed XML (strict expat parse); a page carrying the mark as
+    written before it was self-closed is still replaced without --force."""
+    src = tmp_path / "demo.json"
+    src.write_text(json.dumps(demo_run[2]))
+    out = tmp_path / "demo.html"
+    terrace("report", src, "-o", out, check=True)
+    html = out.read_text()
+    ET.fromstring(html.replace("<!DOCTYPE html>", "", 1))
+    out.write_text(html.replace('<meta name="generator" content="terrace"/>', '<meta name="generator" content="terrace">'))
+    terrace("report", src, "-o", out, check=True)
+    assert out.read_text() == html
