@@ -96,7 +96,10 @@ int RunModel(const RunArgs& a) {
     if (Status s = CheckKvRunArgs(a.kv, config); !s.ok()) return FailUsage(s.message());
   }
   auto ex = OpenExpertRun(a.experts, a.kv.store, config, **dir, out_rules);
-  if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
+  if (!ex.ok()) {
+    const bool usage = ex.status().IsInvalidArgument() && !ex.status().message().starts_with(kOpeningExpertStore);
+    return usage ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
+  }
   auto model = Model::Load(config, **dir, ex->offload);
   if (!model.ok()) return Fail(model.status().ToString());
   if (StopSignalReceived() != 0) return ExitStopped("terrace model run", " before the prompt was run");

@@ -60,6 +60,9 @@ void ReplaceWords(std::string& out, std::string_view from, std::string_view to) 
   }
 }
 
+// The flags ExistingStoreOptions checks.
+constexpr std::string_view kStoreFlags[] = {"--dir", "--index-dir", "--capacity"};
+
 }  // namespace
 
 StoreWords StoreCommandWords(const std::string& dir) {
@@ -123,7 +126,13 @@ std::string InCliWords(std::string_view message) { return InCliWords(message, Co
 int FailStatus(const Status& status) { return Fail(InCliWords(status.ToString())); }
 
 int FailStoreOptions(const Status& status) {
-  if (status.IsInvalidArgument() && status.message().starts_with("--")) return FailUsage(status.message());
+  // ExistingStoreOptions' usage errors name the flag first ("--capacity 1MiB does not match ...");
+  // its other InvalidArgument errors start with a path, which may itself begin with "--".
+  const std::string_view m = status.message();
+  const bool names_flag = std::any_of(std::begin(kStoreFlags), std::end(kStoreFlags), [&](std::string_view flag) {
+    return m.starts_with(flag) && m.size() > flag.size() && (m[flag.size()] == ' ' || m[flag.size()] == ':');
+  });
+  if (status.IsInvalidArgument() && names_flag) return FailUsage(m);
   return FailStatus(status);
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/common/generator_mark.h"
@@ -113,7 +114,16 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (!nvme_dir.empty() && StoreDataExists(nvme_dir)) so.nvme.capacity_bytes = 0;  // keeps its size
   if (home == "host") so.put_tier = TierId::kHost;
   auto store = Store::Open(so);
-  if (!store.ok()) return store.status().WithContext("--store: opening the expert store");
+  if (!store.ok()) {
+    const Status e = store.status().WithContext(std::string(kOpeningExpertStore));
+    store_cmd::StoreWords w;
+    w.dir_flag = w.path_words = "--store";
+    w.new_dir = w.new_dir_or_existing = w.new_index_dir = "give a new --store directory";
+    w.start_over = fmt::format("(or, to start over and lose every expert copy in it, remove {}: the next run reads "
+                               "the experts again from --model)",
+                               nvme_dir);
+    return Reworded(e, store_cmd::InCliWords(e.message(), w));
+  }
   run.store = std::move(store).value();
   experts::ExpertOffloadOptions opt;
   opt.home = home == "host" ? TierId::kHost : TierId::kNvme;

@@ -45,6 +45,9 @@ struct ExpertRun {
 // Checks the flags (usage errors name the flag: InvalidArgument; --expert-prometheus against
 // `out_rules`, as Prometheus text) and loads the experts into the expert store (under
 // `store_dir`/experts when not empty). Without --expert-cache: an empty run.
+// The start of OpenExpertRun's error when the expert store does not open: a runtime failure (exit 1)
+// whatever its code, unlike OpenExpertRun's other InvalidArgument errors, which are usage errors.
+inline constexpr std::string_view kOpeningExpertStore = "--store: opening the expert store";
 Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& store_dir,
                                 const model::ModelConfig& config, const model::WeightSource& weights,
                                 const OutputRules& out_rules);

@@ -554,3 +554,15 @@ def test_a_full_expert_store_says_so_and_names_the_cli_remedy(toy, tmp_path):
     assert "fragmented" not in err, err
     assert "Use another --store directory" in err, err
     assert "tier nvme is full" in err, err
+
+
+def test_an_expert_store_that_is_not_a_store_is_a_runtime_failure_in_cli_words(toy, tmp_path):
+    """DIR/experts/terrace.data that is not a Terrace store: exit 1 with its label (a failure of the work,
+    docs/errors.md), as the prefix cache's pools do, in --store's words (not the library's)."""
+    store = tmp_path / "s"
+    (store / "experts").mkdir(parents=True)
+    (store / "experts" / "terrace.data").write_bytes(bytes((i * 97 + 13) % 256 for i in range(65536)))
+    p = run(toy, "--store", str(store), *SMALL_STORE, "--expert-cache", "25%", expect=1)
+    assert "InvalidArgument: --store: opening the expert store" in p.stderr, p.stderr
+    assert "NVMe tier at an" not in p.stderr and "point the" not in p.stderr, p.stderr
+    assert "give a new --store directory" in p.stderr, p.stderr

@@ -970,3 +970,15 @@ def test_a_dangling_link_named_like_the_data_file_is_refused_at_once(tmp_path):
     assert "kept changing" not in r.stderr, r.stderr
     assert "symbolic link" in r.stderr, r.stderr
     assert os.readlink(d / "terrace.data") == "/nonexistent"
+
+
+def test_a_store_path_that_begins_with_dashes_is_no_usage_error(tmp_path):
+    # A data file that is not a store is a failure of the work (exit 1, with its label), whatever the
+    # path looks like: a folder named "--weird" must not read as a flag.
+    d = tmp_path / "--weird"
+    d.mkdir()
+    (d / "terrace.data").write_bytes(b"x" * 65536)
+    r = subprocess.run([BIN, "store", "check", "--dir=--weird"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "InvalidArgument: --weird/terrace.data: not a Terrace store" in r.stderr, r.stderr
