@@ -112,8 +112,11 @@ void ConfigExpertFormat(const std::filesystem::path& file, const model::ConfigKe
   out->experts_from = quantized ? "config.json's quantization_config" : "config.json has no quantization_config";
 }
 
-// A preset name, else a config.json path or a model directory holding one. Usage errors name --model.
-Result<ResolvedModel> ResolveModel(const std::string& given) {
+// A preset name, else a config.json path or a model directory holding one. Errors name --model;
+// *usage is set when the flag's value is wrong (no preset, no readable file), left false when the
+// file is read but its config does not parse (a model that does not open: exit 1, as model run).
+Result<ResolvedModel> ResolveModel(const std::string& given, bool* usage) {
+  *usage = true;
   for (const std::string& p : model::PresetNames()) {
     if (p != given) continue;
     ResolvedModel r;
@@ -131,11 +134,12 @@ Result<ResolvedModel> ResolveModel(const std::string& given) {
     return Status::InvalidArgument(fmt::format("--model '{}' is neither a preset ({}) nor a readable config.json: {}",
                                                name, fmt::join(model::PresetNames(), ", "), s.message()));
   }
+  *usage = false;
   auto text = ReadInputFile(name, "--model", model::kMaxConfigJsonBytes);
   if (!text.ok()) return text.status();
   model::ConfigKeys keys;
   auto config = model::ParseConfigJson(*text, name, &keys);
-  if (!config.ok()) return Status::InvalidArgument(fmt::format("--model: {}", config.status().message()));
+  if (!config.ok()) return config.status().WithContext("--model");
   ResolvedModel r;
   r.config = std::move(*config);
   ConfigExpertFormat(name, keys, &r);
@@ -637,8 +641,9 @@ int RunPlan(const PlanArgs& a) {
   if (a.routing_given && a.nodes < 2) {
     return FailUsage("--routing chooses between nodes: it needs --nodes 2 or more");
   }
-  auto resolved = ResolveModel(a.model);
-  if (!resolved.ok()) return FailUsage(resolved.status().message());
+  bool usage = false;
+  auto resolved = ResolveModel(a.model, &usage);
+  if (!resolved.ok()) return usage ? FailUsage(resolved.status().message()) : Fail(resolved.status().ToString());
   const model::ModelConfig* config = &resolved->config;
   if (a.gqa_kv_heads_given && a.gqa_kv_heads > config->num_attention_heads) {
     return FailUsage(fmt::format("--gqa-kv-heads {} is more than the model's {} attention heads; give at most {}",

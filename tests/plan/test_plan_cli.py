@@ -289,6 +289,12 @@ def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path)
     assert bare["weights"] == want["weights"]
     r = terrace("plan", "--model", tmp_path)  # a directory without config.json
     assert r.returncode == 2 and "--model" in r.stderr and "config.json" in r.stderr
+    # A config.json that is read but does not parse: a model that does not open (exit 1, docs/errors.md),
+    # as `model run --model` says of it.
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    r = terrace("plan", "--model", tmp_path / "broken")
+    assert r.returncode == 1 and "--model" in r.stderr and "num_hidden_layers" in r.stderr, r.stderr
 
 
 def test_bad_trace_prints_only_the_error(terrace, tmp_path):
