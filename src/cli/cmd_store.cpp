@@ -401,7 +401,7 @@ std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, 
     return FailStatus(tier.status());
   }
   if (scan) {
-    scan->pending = ReadPendingCommit(o);
+    scan->pending = ReadPendingCommit(**tier);
     out->damaged_descriptors = scan->report.damaged;
   }
   const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);

@@ -175,13 +175,9 @@ class SharedDataLock {
   int fd_ = -1;
 };
 
-// The keys put and the extents released by the group commit the index of `options` holds but the
-// data file's superblock does not record yet (the index one commit ahead with its redo record: a commit cut short between its
-// index write and its descriptors, or left pending by a rebuild; the next read-write open writes
-// their descriptors, docs/nvme-format.md). Empty when none is pending, or when the superblock or
-// the index cannot be read (the tier's open reports that). Opens the index read-only; call it
-// while holding a SharedDataLock, so the superblock and the index are of one moment.
-PendingCommit ReadPendingCommit(const NvmeTierOptions& options);
+// The keys put and the extents released by the pending group commit of `tier`, opened read-only
+// (NvmeTier::PendingCommit); empty when none is pending.
+PendingCommit ReadPendingCommit(const NvmeTier& tier);
 
 // Reads every indexed block of `tier`: a block is ok when the tier returns it (its checksum
 // passes) and, when `seed` is given, it equals FillPattern(*seed, key); without a seed (a store

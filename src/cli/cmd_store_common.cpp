@@ -22,8 +22,6 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
-#include "tiers/nvme/group_commit.h"
-#include "tiers/nvme/index_store.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -399,24 +397,12 @@ SharedDataLock::~SharedDataLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
-PendingCommit ReadPendingCommit(const NvmeTierOptions& options) {
-  auto paths = nvme::ResolveStorePaths(options, /*may_create=*/false);
-  if (!paths.ok()) return {};
-  auto unit = ReadSuperblockUnit(paths->data, /*follow_symlinks=*/true);
-  if (!unit.ok()) return {};
-  auto sb = nvme::Superblock::DecodeUnit(*unit, paths->data.string());
-  nvme::IndexOpenOptions io;
-  io.read_only = true;
-  auto idx = nvme::IndexStore::Open(paths->index, io);
-  if (!sb.ok() || !idx.ok()) return {};
-  auto commit = (*idx)->ReadCommit();
-  auto bytes = (*idx)->ReadRedo();
-  if (!commit.ok() || *commit != sb->indexed_commit + 1 || !bytes.ok() || !bytes->has_value()) return {};
-  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
-  if (!redo.ok()) return {};
+PendingCommit ReadPendingCommit(const NvmeTier& tier) {
   PendingCommit pending;
-  pending.keys.insert(redo->keys.begin(), redo->keys.end());
-  for (const nvme::Extent& e : redo->released) pending.released.insert(e.offset);
+  const std::optional<PendingGroupCommit> p = tier.PendingCommit();
+  if (!p) return pending;
+  pending.keys.insert(p->keys.begin(), p->keys.end());
+  pending.released.insert(p->released_offsets.begin(), p->released_offsets.end());
   return pending;
 }
 

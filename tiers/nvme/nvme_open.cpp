@@ -1026,6 +1026,21 @@ Status NvmeTier::Recover() {
   return Status::Ok();
 }
 
+std::optional<PendingGroupCommit> NvmeTier::PendingCommit() const {
+  {
+    MutexLock l(&sb_mu_);
+    if (!options_.read_only || index_commit_ != sb_.indexed_commit + 1) return std::nullopt;
+  }
+  auto bytes = index_->ReadRedo();
+  if (!bytes.ok() || !bytes->has_value()) return std::nullopt;
+  auto redo = nvme::GroupCommitter::DecodeRedo(**bytes);
+  if (!redo.ok()) return std::nullopt;
+  PendingGroupCommit pending;
+  pending.keys = std::move(redo->keys);
+  for (const nvme::Extent& e : redo->released) pending.released_offsets.push_back(e.offset);
+  return pending;
+}
+
 Status NvmeTier::RedoLastCommit() {
   auto bytes = index_->ReadRedo();
   if (!bytes.ok()) return WithRecoverAdvice(bytes.status());

@@ -56,6 +56,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,6 +86,14 @@ class StagingPool;
 }  // namespace nvme
 
 // What Open found and dropped. Dropped records are erased from the index at open (read_only: kept).
+// The group commit an index holds one ahead of its data file's superblock, with its redo record
+// (cut short between its index write and its descriptors, or left pending by a rebuild; the next
+// read-write open finishes it: docs/nvme-format.md).
+struct PendingGroupCommit {
+  std::vector<BlockKey> keys;                 // put by it (their descriptors may be missing)
+  std::vector<std::uint64_t> released_offsets;  // extents it released (their descriptors may remain)
+};
+
 struct RecoveryReport {
   static constexpr std::size_t kMaxKeys = 8;
   bool created = false;                 // a new, empty store was created
@@ -283,6 +292,10 @@ class NvmeTier final : public Tier {
   Status RegisterIoRegions(std::span<const std::span<std::byte>> regions) override;
 
   const RecoveryReport& recovery_report() const { return report_; }
+  // What the index's pending group commit changes in the data file: set only by a read-only open
+  // that found one (a read-write open finishes it); nullopt when none is pending or its redo record
+  // does not read.
+  std::optional<PendingGroupCommit> PendingCommit() const;
   bool read_only() const { return options_.read_only; }
   std::uint64_t free_bytes() const;                // allocator free space (includes pending frees: no)
   // I/Os that went through a staging buffer (unaligned memory, or a tail without room): each one
