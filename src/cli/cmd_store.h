@@ -40,6 +40,12 @@ struct StoreWords {
       "4 KiB of a block device, and run 'terrace store fill')";
 };
 
+// The words of a store that another command keeps in a directory of its own (the prefix cache's
+// pools, the expert store): that command has no --index-dir and no in-place remedy, so every
+// "other directory" advice becomes "give a new <dir_flag> directory"; path_words stand for the
+// store's path, start_over for the reformat advice.
+StoreWords CommandDirWords(std::string dir_flag, std::string path_words, std::string start_over);
+
 // The words of the `store` commands for the store in `dir`: a prefix-cache pool (DIR/kv or
 // DIR/state, as `model run --store DIR` or `demo --dir DIR` made them; demo marks its pools with
 // terrace-demo.marker) is started over by the command that made it, not by 'store fill'.

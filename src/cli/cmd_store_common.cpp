@@ -63,6 +63,15 @@ constexpr std::string_view kStoreFlags[] = {"--dir", "--index-dir", "--capacity"
 
 }  // namespace
 
+StoreWords CommandDirWords(std::string dir_flag, std::string path_words, std::string start_over) {
+  StoreWords w;
+  w.new_dir = w.new_dir_or_existing = w.new_index_dir = fmt::format("give a new {} directory", dir_flag);
+  w.dir_flag = std::move(dir_flag);
+  w.path_words = std::move(path_words);
+  w.start_over = std::move(start_over);
+  return w;
+}
+
 StoreWords StoreCommandWords(const std::string& dir) {
   StoreWords w;
   const fs::path d(NormalizePath(dir));

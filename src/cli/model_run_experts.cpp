@@ -116,12 +116,11 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   auto store = Store::Open(so);
   if (!store.ok()) {
     const Status e = store.status().WithContext(std::string(kOpeningExpertStore));
-    store_cmd::StoreWords w;
-    w.dir_flag = w.path_words = "--store";
-    w.new_dir = w.new_dir_or_existing = w.new_index_dir = "give a new --store directory";
-    w.start_over = fmt::format("(or, to start over and lose every expert copy in it, remove {}: the next run reads "
-                               "the experts again from --model)",
-                               nvme_dir);
+    const store_cmd::StoreWords w = store_cmd::CommandDirWords(
+        "--store", "--store",
+        fmt::format("(or, to start over and lose every expert copy in it, remove {}: the next run reads the experts "
+                    "again from --model)",
+                    nvme_dir));
     return Reworded(e, store_cmd::InCliWords(e.message(), w));
   }
   run.store = std::move(store).value();

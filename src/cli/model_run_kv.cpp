@@ -85,13 +85,12 @@ std::optional<std::uint64_t> PoolOwnCapacity(const std::filesystem::path& dir, b
 
 // The words of messages about the pool whose NVMe size `nvme_flag` sets, for the command of `a`.
 store_cmd::StoreWords PoolWords(const KvRunArgs& a, std::string_view nvme_flag) {
-  store_cmd::StoreWords w;
-  w.dir_flag = a.dir_flag;
-  w.path_words = "the pool";
+  const std::string new_dir = fmt::format("give a new {} directory", a.dir_flag);
+  store_cmd::StoreWords w = store_cmd::CommandDirWords(
+      a.dir_flag, "the pool",
+      fmt::format("(or, to start over with an empty pool and lose every block in it, {})",
+                  a.start_over.empty() ? new_dir : a.start_over));
   w.capacity_flag = std::string(nvme_flag);
-  w.new_dir = w.new_dir_or_existing = w.new_index_dir = fmt::format("give a new {} directory", a.dir_flag);
-  w.start_over = fmt::format("(or, to start over with an empty pool and lose every block in it, {})",
-                             a.start_over.empty() ? w.new_dir : a.start_over);
   return w;
 }
 
