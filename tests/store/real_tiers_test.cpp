@@ -165,23 +165,30 @@ TEST_CASE("Real tiers: write-through blocks survive a reopen") {
   CHECK((*store)->Stats().blocks == 19);
 }
 
-// 5000-byte blocks take 12 KiB extents (8 KiB of data units and a 4 KiB descriptor), so the NVMe
-// tier is full while its used_bytes (the blocks' sizes) are at about 40% of its capacity.
-TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says full and not fragmented") {
-  TempDir dir("store-nvme-full");
-  StoreOptions o = RealOptions(dir.path());
+// A store of one NVMe tier of `capacity` bytes, filled with 5000-byte blocks (12 KiB extents: 8 KiB
+// of data units and a 4 KiB descriptor) until a put fails; `stored` gets how many went in. The NVMe
+// tier is then full while its used_bytes (the blocks' sizes) are at about 40% of its capacity.
+std::unique_ptr<Store> FullNvmeStore(const std::filesystem::path& dir, std::uint64_t capacity, Status* last,
+                                     int* stored) {
+  StoreOptions o = RealOptions(dir);
   o.hbm.mode = HbmMode::kOff;
   o.host.capacity_bytes = 0;
-  o.nvme.capacity_bytes = 2 * kMiB;
+  o.nvme.capacity_bytes = capacity;
   auto store = Store::Open(o);
   INFO(store.status().ToString());
   REQUIRE(store.ok());
+  for (*stored = 0; *stored < 1000; ++*stored) {
+    *last = (*store)->Put(TestKey(*stored), TestBytes(*stored, 5000));
+    if (!last->ok()) break;
+  }
+  return std::move(*store);
+}
+
+TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says full and not fragmented") {
+  TempDir dir("store-nvme-full");
   Status s;
   int stored = 0;
-  for (; stored < 1000; ++stored) {
-    s = (*store)->Put(TestKey(stored), TestBytes(stored, 5000));
-    if (!s.ok()) break;
-  }
+  auto store = FullNvmeStore(dir.path(), 2 * kMiB, &s, &stored);
   INFO(s.ToString());
   REQUIRE(s.IsOutOfCapacity());
   CHECK(stored > 100);
@@ -190,7 +197,7 @@ TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says f
   CHECK(s.message().find("it is full") != std::string::npos);  // the tier's own words agree
   // Overwriting a resident key: the tier writes the new copy before it frees the old one, so the
   // old copy's bytes are no room for it either.
-  const Status over = (*store)->Put(TestKey(0), TestBytes(12345, 5000));
+  const Status over = store->Put(TestKey(0), TestBytes(12345, 5000));
   INFO(over.ToString());
   REQUIRE(over.IsOutOfCapacity());
   CHECK(over.message().find("fragmented") == std::string::npos);
@@ -202,14 +209,9 @@ TEST_CASE("Real tiers: a put into an NVMe tier full of rounded-up extents says f
 TEST_CASE("Real tiers: a full NVMe tier of any capacity says full and never fragmented") {
   for (std::uint64_t cap = 2 * kMiB; cap < 2 * kMiB + 20 * 4096; cap += 4096) {
     TempDir dir("store-nvme-cap");
-    StoreOptions o = RealOptions(dir.path());
-    o.hbm.mode = HbmMode::kOff;
-    o.host.capacity_bytes = 0;
-    o.nvme.capacity_bytes = cap;
-    auto store = Store::Open(o);
-    REQUIRE(store.ok());
     Status s;
-    for (int i = 0; i < 1000 && s.ok(); ++i) s = (*store)->Put(TestKey(i), TestBytes(i, 5000));
+    int stored = 0;
+    auto store = FullNvmeStore(dir.path(), cap, &s, &stored);
     INFO("capacity " << cap << ": " << s.ToString());
     REQUIRE(s.IsOutOfCapacity());
     CHECK(s.message().find("fragmented") == std::string::npos);
