@@ -269,8 +269,8 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     *body += "<h2>Weights</h2>";
     std::vector<std::pair<std::string, std::string>> rows;
     const json& comps = Obj(wts, "by_component");
-    for (auto it = comps.begin(); it != comps.end(); ++it) {
-      rows.emplace_back(it.key(), B(it->is_number() ? it->get<double>() : 0));
+    for (auto it = comps.begin(); it != comps.end(); ++it) {  // a value that is no byte count is shown as it is
+      rows.emplace_back(it.key(), it->is_number() ? B(it->get<double>()) : Cell(*it));
     }
     rows.emplace_back("total", Fig(wts, "total_bytes", B));
     rows.emplace_back("resident (all but routed experts)", Fig(wts, "resident_bytes", B));
@@ -520,8 +520,20 @@ BarChart LoadHistogram(const json& layers, double hot_factor) {
   return b;
 }
 
-// The demo's expert figures as the charts need them: its hot_factor, where present, a finite number
-// of at least 1, and each layer's expert_load numbers of at least 0. InvalidArgument naming the key.
+// InvalidArgument naming `where`[k] unless every element of `load` is a number of at least 0.
+Status CheckLoadCounts(const json& load, std::string_view where) {
+  for (std::size_t k = 0; k < load.size(); ++k) {
+    if (!(load[k].is_number() && load[k].get<double>() >= 0)) {
+      return Status::InvalidArgument(fmt::format("{}[{}] is {}; a load is a count of tokens, a number of at least 0",
+                                                 where, k, load[k].dump()));
+    }
+  }
+  return Status::Ok();
+}
+
+// The expert figures as the charts need them: a demo run's hot_factor, where present, a finite
+// number of at least 1, and every expert_load number (a demo run's layers, a bench run's
+// configurations) at least 0. InvalidArgument naming the key.
 Status CheckExpertLoads(const json& j) {
   const json& e = Obj(Obj(j, "summary"), "experts");
   if (auto it = e.find("hot_factor"); it != e.end() && !(it->is_number() && it->get<double>() >= 1)) {
@@ -531,14 +543,12 @@ Status CheckExpertLoads(const json& j) {
   }
   const json& layers = Arr(e, "layers");
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    const json& load = Arr(layers[i], "expert_load");
-    for (std::size_t k = 0; k < load.size(); ++k) {
-      if (!(load[k].is_number() && load[k].get<double>() >= 0)) {
-        return Status::InvalidArgument(fmt::format("summary.experts.layers[{}].expert_load[{}] is {}; a load is a count "
-                                                   "of tokens, a number of at least 0",
-                                                   i, k, load[k].dump()));
-      }
-    }
+    TERRACE_RETURN_IF_ERROR(
+        CheckLoadCounts(Arr(layers[i], "expert_load"), fmt::format("summary.experts.layers[{}].expert_load", i)));
+  }
+  const json& cfgs = Arr(j, "configs");
+  for (std::size_t i = 0; i < cfgs.size(); ++i) {
+    TERRACE_RETURN_IF_ERROR(CheckLoadCounts(Arr(cfgs[i], "expert_load"), fmt::format("configs[{}].expert_load", i)));
   }
   return Status::Ok();
 }
@@ -1076,6 +1086,7 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
     if (Status s = CheckExpertLoads(j); !s.ok()) return refuse(s.message());
     DemoSections(j, &r, &body);
   } else if (!Arr(j, "configs").empty()) {
+    if (Status s = CheckExpertLoads(j); !s.ok()) return refuse(s.message());
     BenchExpertsSections(j, &r, &body);
   } else if (RowsHave(j, "prefix_tokens") || j.contains("multi_turn") || j.contains("bytes_per_token_by_codec")) {
     BenchKvSections(j, &r, &body);

@@ -501,6 +501,20 @@ TEST_CASE("Report: a nonsensical hot_factor or load is refused, and the histogra
   CHECK(titles.back().first.ends_with(": 1"));
 }
 
+TEST_CASE("Report: a bench experts load or a weight that is no number is refused or shown as it is, never drawn as 0") {
+  nlohmann::json bench = {{"model", "m"},
+                          {"configs", {{{"name", "on-demand"}, {"tokens_per_s", 1.0}, {"expert_load", {3, "x", 1}}}}}};
+  auto r = RenderReport(bench.dump(), "run.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("run.json") && Catch::Contains("configs[0].expert_load[1] is \"x\""));
+  bench["configs"][0]["expert_load"] = {3, 2, 1};
+  CHECK(BarTitles(ChartSvg(Render(bench), "expert-utilisation")).size() == 3);
+
+  const Report w = Render({{"kind", "plan"}, {"weights", {{"by_component", {{"attention", 1024}, {"embedding", "?"}}}}}});
+  CHECK(w.html.find("<th>embedding</th><td>?</td>") != std::string::npos);
+  CHECK(w.html.find("<th>embedding</th><td>0 B</td>") == std::string::npos);
+}
+
 TEST_CASE("Report: the All values table says how many values it left out") {
   nlohmann::json j;
   for (int i = 0; i < 2100; ++i) j["store"][fmt::format("k{:05d}", i)] = i;
