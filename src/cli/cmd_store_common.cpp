@@ -122,6 +122,11 @@ std::string InCliWords(std::string_view message, const StoreWords& w) {
   };
   std::string out(message);
   for (const auto& [from, to] : kWords) ReplaceWords(out, from, to);
+  // The store's thread count has no flag: the CLI keeps the count and drops the option's name.
+  constexpr std::string_view kThreadsOption = " (StoreOptions::background_threads ";
+  if (std::size_t pos = out.find(kThreadsOption); pos != std::string::npos) {
+    if (std::size_t end = out.find(')', pos); end != std::string::npos) out.erase(pos, end + 1 - pos);
+  }
   // A missing or empty index was not damaged, and nothing of it is kept aside.
   if (out.find("' is missing:") != std::string::npos || out.find("' is an empty directory:") != std::string::npos)
     ReplaceWords(out, " (the damaged index is kept aside)", "");

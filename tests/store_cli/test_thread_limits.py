@@ -44,4 +44,5 @@ def run_at_limits(model, top):
         if p.returncode == 1:
             seen_refusal = True
             assert "Resource temporarily unavailable" in p.stderr, f"nproc {n}: {p.stderr}"
+            assert "Options::" not in p.stderr, f"nproc {n}: a library option in a CLI error: {p.stderr}"
     assert seen_refusal, "no limit in the range refused a thread: the range no longer covers the run's threads"
