@@ -61,14 +61,16 @@ Result<std::map<std::string, std::vector<std::string>>> GroupByShard(const std::
 Result<IndexedShards> OpenIndexedShards(const std::filesystem::path& dir, const std::filesystem::path& index,
                                         const nlohmann::json& weight_map) {
   TERRACE_ASSIGN_OR_RETURN(const auto names_of_file, GroupByShard(index, weight_map));
-  IndexedShards out;
-  for (const auto& [file, names] : names_of_file) {
+  for (const auto& [file, names] : names_of_file) {  // first: a shard missing is named as such, not as a mismatch
     std::error_code ec;
     if (!std::filesystem::exists(dir / file, ec)) {
       return Status::NotFound(fmt::format("'{}' maps {} tensor(s) (e.g. '{}') to shard '{}', which is not in '{}'; "
                                           "copy that shard into the directory, or regenerate the index",
                                           index.string(), names.size(), names.front(), file, dir.string()));
     }
+  }
+  IndexedShards out;
+  for (const auto& [file, names] : names_of_file) {
     TERRACE_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(dir / file));
     for (const std::string& name : names) {
       if (!shard->Has(name)) {
