@@ -208,6 +208,9 @@ int RunInit(const InitArgs& a) {
   if (Status s = CheckInitOut(a.out, a.force); !s.ok()) return FailUsage(s.message());
   Result<ModelConfig> config = a.preset.empty() ? LoadConfig(a.config) : Preset(a.preset);
   if (!config.ok()) return a.preset.empty() ? Fail(config.status().ToString()) : FailUsage(config.status().ToString());
+  if (Status s = CheckInitConfig(*config); !s.ok()) {
+    return Fail(s.WithContext(a.preset.empty() ? a.config : "--preset " + a.preset).ToString());
+  }
   const std::uint64_t need = WeightBytes(*config) + (1ull << 20);
   if (const std::uint64_t free = FreeBytesFor(a.out); free != 0 && need > free) {
     return FailUsage(fmt::format("--out {}: the model needs {:.2f} GiB and its file system has {:.2f} GiB free; "

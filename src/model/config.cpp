@@ -244,6 +244,34 @@ Status ReadFloat(FieldReader& r, std::string_view key, float* out, double lo, do
   return Status::Ok();
 }
 
+// A SiTU constant; when `required`, an absent one is refused: no default is safe to guess.
+Status ReadSituBeta(FieldReader& r, std::string_view key, float* out, bool required) {
+  TERRACE_ASSIGN_OR_RETURN(const Json* v, r.Take(key));
+  if (v == nullptr && required) {
+    return r.Bad(key, "is missing; a kimi_linear config with hidden_act 'situ' must state it (transformers' "
+                      "KimiLinearConfig versions disagree on its default); write the value the checkpoint was "
+                      "trained with");
+  }
+  return ReadFloat(r, key, out, 0.0, kMaxSituBeta);
+}
+
+// The quantisation of the routed experts is read from the tensors themselves (weight_packed /
+// weight_scale U8 = MXFP4); a quantization_config (`q`, nullptr when absent) describing any other
+// scheme would be misread, so it is refused.
+Status CheckQuantizationConfig(const FieldReader& r, const Json* q) {
+  if (q == nullptr) return Status::Ok();
+  const std::string method = q->is_object() && q->contains("quant_method") && (*q)["quant_method"].is_string()
+                                 ? (*q)["quant_method"].get<std::string>() : "";
+  const std::string format = q->is_object() && q->contains("format") && (*q)["format"].is_string()
+                                 ? (*q)["format"].get<std::string>() : "";
+  if (method != "compressed-tensors" || format != "mxfp4-pack-quantized") {
+    return r.Bad("quantization_config", fmt::format("describes quant_method '{}' format '{}'; Terrace reads only "
+                                                    "compressed-tensors 'mxfp4-pack-quantized' routed experts",
+                                                    method, format));
+  }
+  return Status::Ok();
+}
+
 // Settings Terrace implements for one value only: anything else is refused, never ignored.
 Status ReadFixedSettings(FieldReader& r, const ModelConfig& c) {
   std::string s;
@@ -293,21 +321,8 @@ Status ReadFixedSettings(FieldReader& r, const ModelConfig& c) {
     TERRACE_RETURN_IF_ERROR(r.Bool(key, &bias));
     if (bias) return r.Bad(key, "is true; Terrace's projections have no bias terms");
   }
-  // The quantisation of the routed experts is read from the tensors themselves (weight_packed /
-  // weight_scale U8 = MXFP4); any other scheme would be misread, so it is refused.
   TERRACE_ASSIGN_OR_RETURN(const Json* q, r.Take("quantization_config"));
-  if (q != nullptr) {
-    const std::string method = q->is_object() && q->contains("quant_method") && (*q)["quant_method"].is_string()
-                                   ? (*q)["quant_method"].get<std::string>() : "";
-    const std::string format = q->is_object() && q->contains("format") && (*q)["format"].is_string()
-                                   ? (*q)["format"].get<std::string>() : "";
-    if (method != "compressed-tensors" || format != "mxfp4-pack-quantized") {
-      return r.Bad("quantization_config", fmt::format("describes quant_method '{}' format '{}'; Terrace reads only "
-                                                      "compressed-tensors 'mxfp4-pack-quantized' routed experts",
-                                                      method, format));
-    }
-  }
-  return Status::Ok();
+  return CheckQuantizationConfig(r, q);
 }
 
 // transformers' KimiLinearConfig spells the layer kinds as lists of strings.
@@ -351,6 +366,29 @@ Status ReadLayerTypes(FieldReader& r, ModelConfig* c, bool* have_layers) {
       }
     }
     c->first_k_dense_replace = dense;
+  }
+  return Status::Ok();
+}
+
+// The wrapper around a text_config (`text`): its model_type, when given, must be K3's, and its
+// quantization_config may only repeat text_config's (the one Terrace reads).
+Status CheckWrapper(FieldReader& w, const Json& text) {
+  std::string type;
+  TERRACE_RETURN_IF_ERROR(w.String("model_type", &type));
+  if (!type.empty() && type != "kimi_k3") {
+    return w.Bad("model_type", fmt::format("is '{}'; a config with a text_config is read only as a 'kimi_k3' "
+                                           "wrapper (K3's layout); write 'kimi_k3', or move the language model's "
+                                           "keys to the top level", type));
+  }
+  TERRACE_ASSIGN_OR_RETURN(const Json* q, w.Take("quantization_config"));
+  if (q == nullptr) return Status::Ok();
+  const auto inner = text.find("quantization_config");
+  if (inner == text.end() || inner->is_null()) {
+    return w.Bad("quantization_config", "sits outside text_config; Terrace reads it only inside text_config");
+  }
+  TERRACE_RETURN_IF_ERROR(CheckQuantizationConfig(w, q));
+  if (*q != *inner) {
+    return w.Bad("quantization_config", "differs from text_config.quantization_config; keep one, or make them equal");
   }
   return Status::Ok();
 }
@@ -538,8 +576,11 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
   TERRACE_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size, false));
 
   TERRACE_RETURN_IF_ERROR(r.Int("attn_res_block_size", &c->attn_res_block_size, false));
-  TERRACE_RETURN_IF_ERROR(ReadFloat(r, "activation_situ_beta", &c->activation_situ_beta, 0.0, kMaxSituBeta));
-  TERRACE_RETURN_IF_ERROR(ReadFloat(r, "activation_situ_linear_beta", &c->activation_situ_linear_beta, 0.0, kMaxSituBeta));
+  // K3's SiTU constants (4, 25) are its own; a Kimi Linear file using situ must state them, since
+  // transformers' KimiLinearConfig versions default them differently.
+  const bool need_betas = kimi_linear && c->hidden_act == Activation::kSitu;
+  TERRACE_RETURN_IF_ERROR(ReadSituBeta(r, "activation_situ_beta", &c->activation_situ_beta, need_betas));
+  TERRACE_RETURN_IF_ERROR(ReadSituBeta(r, "activation_situ_linear_beta", &c->activation_situ_linear_beta, need_betas));
   TERRACE_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings));
   TERRACE_RETURN_IF_ERROR(ReadFixedSettings(r, *c));
   if (nested) {
@@ -558,13 +599,8 @@ Status ParseInto(const Json& root, std::string_view source, ModelConfig* c, Conf
     // language model, which must not hide there.
     FieldReader w(root, source, "");
     w.MarkUsed("text_config");
-    w.MarkUsed("model_type");
     w.MarkUsed("tie_word_embeddings");
-    TERRACE_ASSIGN_OR_RETURN(const Json* q, w.Take("quantization_config"));
-    if (q != nullptr && !j.contains("quantization_config")) {
-      return Status::InvalidArgument(fmt::format("{}: field 'quantization_config' sits outside text_config; Terrace "
-                                                 "reads it only inside text_config", source));
-    }
+    TERRACE_RETURN_IF_ERROR(CheckWrapper(w, j));
     TERRACE_RETURN_IF_ERROR(w.Finish(keys, HarmlessKeys()));
   }
   return Status::Ok();

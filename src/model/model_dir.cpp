@@ -35,6 +35,68 @@ std::string CanonicalName(std::string_view stored, bool add_prefix) {
   return name;
 }
 
+struct IndexedShards {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::vector<std::pair<std::string, std::size_t>> stored;  // stored tensor name, position in files
+};
+
+// weight_map grouped by shard file: file -> the tensors mapped to it, in name order.
+Result<std::map<std::string, std::vector<std::string>>> GroupByShard(const std::filesystem::path& index,
+                                                                     const nlohmann::json& weight_map) {
+  std::map<std::string, std::vector<std::string>> names_of_file;
+  for (const auto& [name, file] : weight_map.items()) {
+    if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
+      return Status::Corruption(fmt::format("'{}': weight_map entry for '{}' must be a file name in the same directory",
+                                            index.string(), name));
+    }
+    names_of_file[file.get<std::string>()].push_back(name);
+  }
+  return names_of_file;
+}
+
+// Opens every shard the index names. The index and the shards must agree exactly: every tensor
+// the index maps to a shard is in it, and every tensor a shard holds is mapped to that shard (a
+// tensor the index does not list, or a second copy in another shard, would otherwise never be
+// checked). Errors name the index, the shard file and the tensor.
+Result<IndexedShards> OpenIndexedShards(const std::filesystem::path& dir, const std::filesystem::path& index,
+                                        const nlohmann::json& weight_map) {
+  TERRACE_ASSIGN_OR_RETURN(const auto names_of_file, GroupByShard(index, weight_map));
+  for (const auto& [file, names] : names_of_file) {  // first: a shard missing is named as such, not as a mismatch
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / file, ec)) {
+      return Status::NotFound(fmt::format("'{}' maps {} tensor(s) (e.g. '{}') to shard '{}', which is not in '{}'; "
+                                          "copy that shard into the directory, or regenerate the index",
+                                          index.string(), names.size(), names.front(), file, dir.string()));
+    }
+  }
+  IndexedShards out;
+  for (const auto& [file, names] : names_of_file) {
+    TERRACE_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(dir / file));
+    for (const std::string& name : names) {
+      if (!shard->Has(name)) {
+        return Status::Corruption(fmt::format("'{}' maps tensor '{}' to shard '{}', which does not hold it",
+                                              index.string(), name, file));
+      }
+      out.stored.emplace_back(name, out.files.size());
+    }
+    for (const std::string& name : shard->Names()) {
+      const auto mapped = weight_map.find(name);
+      if (mapped == weight_map.end()) {
+        return Status::Corruption(fmt::format("shard '{}' holds tensor '{}', which '{}' does not list; add it to the "
+                                              "index's weight_map, or remove it from the shard",
+                                              (dir / file).string(), name, index.string()));
+      }
+      if (mapped->get<std::string>() != file) {
+        return Status::Corruption(fmt::format("tensor '{}' is stored in both shard '{}' and shard '{}' (the one '{}' "
+                                              "maps it to); keep one copy",
+                                              name, file, mapped->get<std::string>(), index.string()));
+      }
+    }
+    out.files.push_back(std::move(shard));
+  }
+  return out;
+}
+
 }  // namespace
 
 Status ModelDir::AddNames(const std::vector<std::pair<std::string, std::size_t>>& stored) {
@@ -80,25 +142,9 @@ Result<std::unique_ptr<ModelDir>> ModelDir::Open(const std::filesystem::path& di
       return Status::Corruption(fmt::format(
           "'{}' is not a JSON object with a \"weight_map\" object; regenerate the index", index.string()));
     }
-    std::map<std::string, std::size_t> shard_of_file;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string() || !IsPlainFileName(file.get<std::string>())) {
-        return Status::Corruption(fmt::format("'{}': weight_map entry for '{}' must be a file name in the same directory",
-                                              index.string(), name));
-      }
-      const std::string f = file.get<std::string>();
-      auto it = shard_of_file.find(f);
-      if (it == shard_of_file.end()) {
-        TERRACE_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open(dir / f));
-        it = shard_of_file.emplace(f, md->shards_.size()).first;
-        md->shards_.push_back(std::move(shard));
-      }
-      if (!md->shards_[it->second]->Has(name)) {
-        return Status::Corruption(fmt::format("'{}' maps tensor '{}' to shard '{}', which does not hold it",
-                                              index.string(), name, f));
-      }
-      stored.emplace_back(name, it->second);
-    }
+    TERRACE_ASSIGN_OR_RETURN(IndexedShards shards, OpenIndexedShards(dir, index, j["weight_map"]));
+    md->shards_ = std::move(shards.files);
+    stored = std::move(shards.stored);
   } else if (std::filesystem::exists(single, ec)) {
     TERRACE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single));
     for (const std::string& name : file->Names()) stored.emplace_back(name, 0);

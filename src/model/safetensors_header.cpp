@@ -1,10 +1,12 @@
 #include "src/model/safetensors_header.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "src/common/json_unique.h"
@@ -25,6 +27,22 @@ Status BadTensor(std::string_view source, std::string_view tensor, std::string_v
                   tensor, what));
 }
 
+// Dtype names the safetensors format defines (the Rust crate's Dtype enum and the Python
+// package's names) that Terrace has no arithmetic for: a valid file, refused as such rather than
+// called damaged.
+bool IsUncomputableSafetensorsDtype(std::string_view name) {
+  static constexpr std::array<std::string_view, 9> kNames = {
+      "F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "C64"};
+  return std::find(kNames.begin(), kNames.end(), name) != kNames.end();
+}
+
+// "F32, F16, ...": every dtype Terrace reads.
+std::string ReadableDtypes() {
+  std::vector<std::string_view> names;
+  for (int d = 0; d <= static_cast<int>(DType::kBool); ++d) names.push_back(DTypeName(static_cast<DType>(d)));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 Status ParseEntry(std::string_view source, const std::string& name, const Json& v, std::uint64_t data_size,
                   SafetensorsEntry* e) {
   e->name = name;
@@ -38,7 +56,15 @@ Status ParseEntry(std::string_view source, const std::string& name, const Json& 
     return BadTensor(source, name, "'data_offsets' must be an array [begin, end]");
   }
   auto dtype = ParseDType(dt->get_ref<const std::string&>());
-  if (!dtype.ok()) return BadTensor(source, name, dtype.status().message());
+  if (!dtype.ok()) {
+    if (IsUncomputableSafetensorsDtype(dt->get_ref<const std::string&>())) {
+      return Status::InvalidArgument(fmt::format(
+          "safetensors file '{}': tensor '{}' has dtype {}; Terrace cannot compute with {} (it reads {}); convert "
+          "the tensor to BF16 or F32",
+          source, name, dt->get_ref<const std::string&>(), dt->get_ref<const std::string&>(), ReadableDtypes()));
+    }
+    return BadTensor(source, name, dtype.status().message());
+  }
   e->dtype = *dtype;
 
   // numel and bytes in 128-bit-safe steps: stop as soon as either exceeds the int64 range.

@@ -1,6 +1,7 @@
 #include "src/model/weights_init.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -162,6 +163,31 @@ std::string CheckpointConfigJson(const ModelConfig& config, const std::vector<Te
 
 }  // namespace
 
+Status CheckInitConfig(const ModelConfig& config) {
+  if (config.first_k_dense_replace >= config.num_hidden_layers) return Status::Ok();  // no routed experts
+  struct Column {
+    std::string_view key;
+    int value;
+    std::string_view note;
+  };
+  const std::array<Column, 2> columns = {{
+      {"moe_intermediate_size", config.moe_intermediate_size, ""},
+      config.HasLatentProjection()
+          ? Column{"routed_expert_hidden_size", config.routed_expert_hidden_size, ""}
+          : Column{"hidden_size", config.hidden_size, " (the routed experts' width: routed_expert_hidden_size is "
+                                                      "absent or equal)"},
+  }};
+  for (const Column& c : columns) {
+    if (c.value % kMxfp4BlockSize != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "config field '{}' is {}{}; model init writes the routed experts in MXFP4, whose rows are blocks of {} "
+          "values, so it must be a multiple of {}",
+          c.key, c.value, c.note, kMxfp4BlockSize, kMxfp4BlockSize));
+    }
+  }
+  return Status::Ok();
+}
+
 std::uint64_t WeightBytes(const ModelConfig& config) {
   std::uint64_t total = 0;
   for (const auto& s : ExpectedTensors(config)) total += s.bytes();
@@ -170,6 +196,7 @@ std::uint64_t WeightBytes(const ModelConfig& config) {
 
 Status InitWeights(const ModelConfig& config, const std::filesystem::path& dir, const InitOptions& options) {
   TERRACE_RETURN_IF_ERROR(ValidateConfig(config));
+  TERRACE_RETURN_IF_ERROR(CheckInitConfig(config));
   if (options.shard_bytes == 0) return Status::InvalidArgument("shard size must be positive (--shard-bytes)");
   if (!(options.residual_scale > 0) || !std::isfinite(options.residual_scale))
     return Status::InvalidArgument(fmt::format("the residual scale must be positive and finite (--residual-scale; got {})",

@@ -35,6 +35,12 @@ struct InitOptions {
 
 inline constexpr std::uint64_t kMaxInitBytes = 4ull << 30;
 
+// What InitWeights needs of a valid config beyond ValidateConfig: it writes the routed experts in
+// MXFP4, so each dimension that becomes an MXFP4 column count (moe_intermediate_size, and
+// routed_expert_hidden_size, which is hidden_size when absent) must be a multiple of 32.
+// InvalidArgument naming the config field.
+Status CheckInitConfig(const ModelConfig& config);
+
 // Bytes the weights of `config` take on disk in K3's dtypes (tensor data only).
 std::uint64_t WeightBytes(const ModelConfig& config);
 

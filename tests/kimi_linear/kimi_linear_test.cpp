@@ -240,7 +240,11 @@ TEST_CASE("config keys that change the math are honoured or refused", "[kimi_lin
   REQUIRE_OK(base);
 
   SECTION("hidden_act situ computes something else; an unknown activation is refused") {
-    WriteVariant(tmp.path() / "situ", keep, [](Json& j) { j["hidden_act"] = "situ"; });
+    WriteVariant(tmp.path() / "situ", keep, [](Json& j) {
+      j["hidden_act"] = "situ";
+      j["activation_situ_beta"] = 4.0;  // a kimi_linear file must state both (no default is safe to guess)
+      j["activation_situ_linear_beta"] = 25.0;
+    });
     auto situ = RunPrefill(tmp.path() / "situ", e.ids);
     REQUIRE_OK(situ);
     CHECK(Compare(situ->data, e.logits.data).rel_to_max > 1e-2);

@@ -55,10 +55,14 @@ TEST_CASE("config parses at top level and under text_config", "[config]") {
   CHECK(c.shared_expert_intermediate_size == 32);  // 1 shared x 32
   CHECK(c.HasLatentProjection());
 
-  Json nested = {{"model_type", "kimi_k3_vl"}, {"vision_config", {{"depth", 3}}}, {"text_config", Json::parse(text)}};
+  Json nested = {{"model_type", "kimi_k3"}, {"vision_config", {{"depth", 3}}}, {"text_config", Json::parse(text)}};
   auto inner = ParseConfigJson(nested.dump());
   REQUIRE(inner.ok());
   CHECK(ToConfigJson(*inner) == ToConfigJson(c));
+  nested["model_type"] = "deepseek_v3";  // a wrapper is read only as K3's
+  auto other = ParseConfigJson(nested.dump(), "wrapped.json");
+  REQUIRE(!other.ok());
+  CHECK(other.status().message().find("wrapped.json: field 'model_type' is 'deepseek_v3'") != std::string::npos);
 }
 
 TEST_CASE("ToConfigJson round trips every preset", "[config]") {
