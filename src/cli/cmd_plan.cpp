@@ -1,6 +1,7 @@
 // `terrace plan`: the capacity planner (docs/plan.md). Analytic mode sizes memory, weights, expert
 // cache, concurrency and bandwidth for a model on a node; with --trace it also replays a Mooncake
 // request trace through simulated tiers with the store's eviction policies.
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -86,35 +87,47 @@ struct ResolvedModel {
   model::ModelConfig config;
   model::ExpertFormat experts = model::ExpertFormat::kMxfp4;  // how its checkpoint stores the routed experts
   std::string experts_from;                                    // why the plan assumes that
+  std::vector<model::TensorSpec> tensors;                      // the checkpoint's, as stored; empty without one
 };
 
-// The routed experts' format of a config.json (docs/plan.md, "Weights and the expert cache"): where
-// the file is a model directory's config.json and the directory holds the checkpoint, its tensors'
-// format (DetectExpertFormat); else MXFP4 when the file has a quantization_config (ParseConfigJson
-// accepts only compressed-tensors MXFP4), BF16 (plain matrices, as Kimi Linear ships) when not.
-void ConfigExpertFormat(const std::filesystem::path& file, const model::ConfigKeys& keys, ResolvedModel* out) {
+// The weights' format of a config.json (docs/plan.md, "Weights and the expert cache"): where the file
+// is a model directory's config.json and the directory holds a checkpoint, its tensors as stored
+// (StoredTensors); a checkpoint that does not open as `model run` opens it is an error, never a
+// fallback to the config. Else MXFP4 experts when the file has a quantization_config (ParseConfigJson
+// accepts only compressed-tensors MXFP4), assumed BF16 (plain matrices, as Kimi Linear ships) when not.
+Status ConfigWeights(const std::filesystem::path& file, const model::ConfigKeys& keys, ResolvedModel* out) {
   const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
   std::error_code ec;
   const bool has_checkpoint = std::filesystem::exists(dir / model::kSingleFileName, ec) ||
                               std::filesystem::exists(dir / model::kIndexFileName, ec);
   if (file.filename() == model::kConfigFileName && has_checkpoint) {
-    if (auto md = model::ModelDir::Open(dir, /*check_tensors=*/false); md.ok()) {
-      out->experts = model::DetectExpertFormat(**md, out->config);
-      out->experts_from = "the checkpoint's tensors";
-      return;
-    }
+    const std::string context = fmt::format(
+        "--model {}: plan sizes the weights from the checkpoint in that directory, and it does not open (repair "
+        "it, or give --model a copy of config.json in a directory of its own to plan from the config alone)",
+        dir.string());
+    auto md = model::ModelDir::Open(dir);
+    if (!md.ok()) return md.status().WithContext(context);
+    auto tensors = StoredTensors(**md, out->config);
+    if (!tensors.ok()) return tensors.status().WithContext(context);
+    out->experts = model::DetectExpertFormat(**md, out->config);
+    out->experts_from = "the checkpoint's tensors";
+    out->tensors = std::move(*tensors);
+    return Status::Ok();
   }
   bool quantized = false;
   for (const std::string& k : keys.read) {
     quantized = quantized || k == "quantization_config" || k == "text_config.quantization_config";
   }
   out->experts = quantized ? model::ExpertFormat::kMxfp4 : model::ExpertFormat::kF32;
-  out->experts_from = quantized ? "config.json's quantization_config" : "config.json has no quantization_config";
+  out->experts_from = quantized ? "config.json's quantization_config"
+                                : "config.json has no quantization_config and no checkpoint beside it: BF16 assumed";
+  return Status::Ok();
 }
 
 // A preset name, else a config.json path or a model directory holding one. Errors name --model;
 // *usage is set when the flag's value is wrong (no preset, no readable file), left false when the
-// file is read but its config does not parse (a model that does not open: exit 1, as model run).
+// file is read but its config does not parse or the checkpoint beside it does not open (a model that
+// does not open: exit 1, as model run).
 Result<ResolvedModel> ResolveModel(const std::string& given, bool* usage) {
   *usage = true;
   for (const std::string& p : model::PresetNames()) {
@@ -142,7 +155,7 @@ Result<ResolvedModel> ResolveModel(const std::string& given, bool* usage) {
   if (!config.ok()) return config.status().WithContext("--model");
   ResolvedModel r;
   r.config = std::move(*config);
-  ConfigExpertFormat(name, keys, &r);
+  TERRACE_RETURN_IF_ERROR(ConfigWeights(name, keys, &r));
   return r;
 }
 
@@ -159,6 +172,12 @@ Result<Hardware> ResolveHardware(const std::string& name) {
   auto hw = ParseHardwareJson(*text, name);
   if (!hw.ok()) return Status::InvalidArgument(fmt::format("--hardware: {}", hw.status().message()));
   return hw;
+}
+
+// A WeightPlan format ("bf16+f32") as the text prints it ("BF16+F32").
+std::string Upper(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return text;
 }
 
 std::string RateText(double bytes_per_s) { return FormatBytes(bytes_per_s) + "/s"; }
@@ -225,6 +244,7 @@ json PlanJson(const Plan& p) {
   j["weights"] = {{"total_bytes", wp.total_bytes},         {"resident_bytes", wp.resident_bytes},
                   {"routed_expert_bytes", wp.routed_expert_bytes}, {"expert_bytes", wp.expert_bytes},
                   {"expert_format", wp.expert_format},     {"expert_format_from", p.options.expert_format_from},
+                  {"resident_format", wp.resident_format},
                   {"lookup_embedding_bytes", wp.lookup_embedding_bytes},
                   {"embedding_row_bytes", wp.embedding_row_bytes},
                   {"resident_fits_hbm", wp.resident_fits_hbm},
@@ -326,10 +346,11 @@ void PrintPlan(const Plan& p) {
   Table wt({"weights", "bytes"});
   for (const auto& [name, bytes] : w.bytes_by_component) wt.Add({name, FormatBytes(static_cast<double>(bytes))});
   wt.Add({"total", FormatBytes(static_cast<double>(w.total_bytes))});
-  wt.Add({"resident (all but routed experts)", FormatBytes(static_cast<double>(w.resident_bytes))});
+  wt.Add({fmt::format("resident (all but routed experts; {})", Upper(w.resident_format)),
+          FormatBytes(static_cast<double>(w.resident_bytes))});
   fmt::print("{}  routed experts in {} ({}); one routed expert {} ({} per layer x {} MoE layers, top-{}); {} active "
              "params per token{}\n\n",
-             wt.Render(), w.expert_format == "mxfp4" ? "MXFP4" : "BF16", p.options.expert_format_from,
+             wt.Render(), Upper(w.expert_format), p.options.expert_format_from,
              FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers, w.experts_per_token,
              ParamCount(w.active_params_per_token),
              w.lookup_embedding_bytes > 0 ? " (embed_tokens left out: a lookup)" : "");
@@ -697,6 +718,7 @@ int RunPlan(const PlanArgs& a) {
   o.expert_cache_bytes = a.expert_cache;
   o.expert_format = resolved->experts;
   o.expert_format_from = resolved->experts_from;
+  o.tensors = std::move(resolved->tensors);
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
   json j = PlanJson(*plan);

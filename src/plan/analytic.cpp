@@ -1,6 +1,7 @@
 #include "src/plan/analytic.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +16,28 @@ namespace {
 
 std::uint64_t SpecBytes(const model::TensorSpec& s) {
   return static_cast<std::uint64_t>(model::NumElements(s.shape)) * model::DTypeSize(s.dtype);
+}
+
+// The dtypes of the `specs` that `pick` selects, lower case, most bytes first, joined by "+"
+// ("bf16+f32"); "mxfp4" when any of them is an MXFP4 tensor; "none" when it selects none.
+template <typename Pick>
+std::string DTypesOf(const std::vector<model::TensorSpec>& specs, Pick pick) {
+  std::vector<std::pair<std::uint64_t, model::DType>> bytes;  // (bytes, dtype)
+  for (const model::TensorSpec& s : specs) {
+    if (!pick(s)) continue;
+    if (s.mxfp4) return "mxfp4";
+    auto it = std::find_if(bytes.begin(), bytes.end(), [&](const auto& b) { return b.second == s.dtype; });
+    if (it == bytes.end()) it = bytes.insert(bytes.end(), {0, s.dtype});
+    it->first += SpecBytes(s);
+  }
+  if (bytes.empty()) return "none";
+  std::stable_sort(bytes.begin(), bytes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string out;
+  for (const auto& [n, dtype] : bytes) {
+    if (!out.empty()) out += '+';
+    for (char c : model::DTypeName(dtype)) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return out;
 }
 
 std::vector<double> ZipfWeights(int experts, double s) {
@@ -152,8 +175,15 @@ Result<std::vector<ContextShare>> ParseContextDistribution(std::string_view text
   return out;
 }
 
-std::string_view ExpertFormatName(model::ExpertFormat format) {
-  return format == model::ExpertFormat::kMxfp4 ? "mxfp4" : "bf16";
+Result<std::vector<model::TensorSpec>> StoredTensors(const model::WeightSource& source,
+                                                     const model::ModelConfig& config) {
+  std::vector<model::TensorSpec> specs = model::ExpectedTensors(config, model::DetectExpertFormat(source, config));
+  for (model::TensorSpec& s : specs) {
+    TERRACE_ASSIGN_OR_RETURN(const model::TensorView view, source.Get(s.name));
+    s.dtype = view.dtype;
+    s.shape = view.shape;
+  }
+  return specs;
 }
 
 Result<model::ExpertFormat> PresetExpertFormat(std::string_view preset) {
@@ -246,8 +276,11 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   std::vector<std::uint64_t> by_comp(model::kNumComponents, 0);
   double params_resident = 0, params_expert = 0, params_lookup = 0;
   int first_moe = -1;
-  const std::vector<model::TensorSpec> specs = model::ExpectedTensors(config, o.expert_format);
-  wp.expert_format = ExpertFormatName(o.expert_format);
+  const std::vector<model::TensorSpec> specs =
+      o.tensors.empty() ? model::ExpectedTensors(config, o.expert_format) : o.tensors;
+  const auto routed = [](const model::TensorSpec& s) { return s.component == model::Component::kRoutedExperts; };
+  wp.expert_format = DTypesOf(specs, routed);
+  wp.resident_format = DTypesOf(specs, [&](const model::TensorSpec& s) { return !routed(s); });
   for (const model::TensorSpec& s : specs) {
     const std::uint64_t b = SpecBytes(s);
     by_comp[static_cast<std::size_t>(s.component)] += b;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/model/names.h"
 #include "src/plan/hardware.h"
 #include "terrace/kv_layout.h"
 #include "terrace/model_config.h"
@@ -55,11 +56,15 @@ struct PlanOptions {
   // at most all routed experts. A budget over the HBM left is refused; one over all routed experts
   // (that fits) is capped at them (ExpertPlan::budget_capped).
   std::optional<std::uint64_t> expert_cache_bytes;
-  // How the checkpoint stores its routed experts, which sizes them: kMxfp4 (compressed-tensors MXFP4,
-  // K3) or kF32 (plain matrices, sized as BF16 as ExpectedTensors lists them; Kimi Linear's published
-  // checkpoint). `expert_format_from` says where the caller took it from (shown with the plan).
+  // How the checkpoint stores its routed experts, which sizes them when `tensors` is empty: kMxfp4
+  // (compressed-tensors MXFP4, K3) or kF32 (plain matrices, sized as BF16 as ExpectedTensors lists
+  // them; Kimi Linear's published checkpoint). `expert_format_from` says where the caller took the
+  // weights' format from (shown with the plan).
   model::ExpertFormat expert_format = model::ExpertFormat::kMxfp4;
   std::string expert_format_from;
+  // The model's tensors as a checkpoint stores them (StoredTensors), which size the weights; empty:
+  // ExpectedTensors(config, expert_format), in the dtypes Terrace writes.
+  std::vector<model::TensorSpec> tensors;
   int gqa_kv_heads = 8;                  // KV heads of the GQA comparison model
 };
 
@@ -109,7 +114,11 @@ struct WeightPlan {
   std::uint64_t routed_expert_bytes = 0;   // all routed experts
   std::uint64_t resident_bytes = 0;        // everything but routed experts (always in HBM)
   std::uint64_t expert_bytes = 0;          // one routed expert (w1, w2, w3 with scales)
-  std::string expert_format;               // ExpertFormatName(PlanOptions::expert_format)
+  // The routed experts' format: "mxfp4", else their dtypes ("f32", "bf16", "f16"; several joined by
+  // "+", most bytes first; "none" without routed experts). resident_format: the other tensors'
+  // dtypes, the same way.
+  std::string expert_format;
+  std::string resident_format;
   // The input-embedding table when it is only a lookup (untied lm_head): no FLOPs, and a decode step
   // reads one row of it per sequence. 0 with tie_word_embeddings (the table is then the lm_head, a
   // matmul, and counts as such).
@@ -193,8 +202,11 @@ struct Plan {
 Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hardware,
                       const PlanOptions& options);
 
-// "mxfp4" or "bf16" (kF32: plain float experts, sized at BF16).
-std::string_view ExpertFormatName(model::ExpertFormat format);
+// The tensors ExpectedTensors(config, DetectExpertFormat(source, config)) lists, each with the dtype
+// and shape `source` stores it in (plain floats may be F32, BF16 or F16): the checkpoint's true sizes.
+// NotFound naming a listed tensor `source` lacks (a ModelDir opened with check_tensors has them all).
+Result<std::vector<model::TensorSpec>> StoredTensors(const model::WeightSource& source,
+                                                     const model::ModelConfig& config);
 // The format the checkpoint a preset stands for stores its routed experts in: kF32 (BF16) for
 // kimi-linear-48b, whose published checkpoint has plain BF16 experts (docs/model-format.md section
 // 3); kMxfp4 for kimi-k3 (its published checkpoint) and Terrace's own presets (`model init` writes

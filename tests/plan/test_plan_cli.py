@@ -682,7 +682,8 @@ def test_routed_experts_are_sized_in_the_checkpoints_format(terrace, tmp_path):
     cfg = tmp_path / "kl.json"
     cfg.write_text(json.dumps({"model_type": "kimi_linear"}))
     bare = plan_json(terrace, "--model", cfg)["weights"]
-    assert bare["expert_format"] == "bf16" and bare["expert_format_from"] == "config.json has no quantization_config"
+    assert bare["expert_format"] == "bf16" and bare["expert_format_from"] == (
+        "config.json has no quantization_config and no checkpoint beside it: BF16 assumed")
     assert bare["routed_expert_bytes"] == k["routed_bytes"]
     cfg.write_text(json.dumps({"model_type": "kimi_linear", "quantization_config": {
         "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}}))
@@ -694,6 +695,69 @@ def test_routed_experts_are_sized_in_the_checkpoints_format(terrace, tmp_path):
     published = source / "tests" / "model_io" / "data" / "kimi_k3_config.json"
     pub = plan_json(terrace, "--model", published)["weights"]
     assert pub["expert_format"] == "mxfp4" and pub["routed_expert_bytes"] == k3["routed_expert_bytes"]
+
+
+KIMI_LINEAR_CHECKPOINT = (pathlib.Path(os.environ.get("TERRACE_SOURCE_DIR", DATA.parents[2])) /
+                          "tests" / "kimi_linear" / "checkpoint")
+
+
+def safetensors_sizes(path):
+    """Bytes per tensor, read from the safetensors header (data_offsets), independent of Terrace."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return {name: t["data_offsets"][1] - t["data_offsets"][0] for name, t in header.items()}
+
+
+def test_weights_are_sized_as_the_checkpoint_stores_them(terrace, tmp_path):
+    """A checkpoint beside config.json sizes the weights at its tensors' stored dtypes: the F32
+    fixture (written by transformers) at 4 bytes a value, not the BF16 of a config-only plan; a copy
+    whose routed experts are BF16 and the rest F32 is sized and labelled so."""
+    sizes = safetensors_sizes(KIMI_LINEAR_CHECKPOINT / "model.safetensors")
+    routed = sum(b for name, b in sizes.items() if ".experts." in name)
+    expert0 = sum(b for name, b in sizes.items() if ".layers.1.block_sparse_moe.experts.0." in name)
+    w = plan_json(terrace, "--model", KIMI_LINEAR_CHECKPOINT)["weights"]
+    assert (w["routed_expert_bytes"], w["by_component"]["routed_experts"]) == (routed, routed) == (72 * 1024,) * 2
+    assert w["total_bytes"] == sum(sizes.values())
+    assert w["resident_bytes"] == sum(sizes.values()) - routed
+    assert w["expert_bytes"] == expert0 == 3 * 32 * 16 * 4
+    assert (w["expert_format"], w["resident_format"], w["expert_format_from"]) == ("f32", "f32", "the checkpoint's tensors")
+    text = terrace("plan", "--model", KIMI_LINEAR_CHECKPOINT).stdout
+    assert "routed experts in F32 (the checkpoint's tensors)" in text
+    assert "resident (all but routed experts; F32)" in text
+    # Routed experts converted to BF16, the rest left F32.
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "config.json").write_bytes((KIMI_LINEAR_CHECKPOINT / "config.json").read_bytes())
+    tensors = load_file(KIMI_LINEAR_CHECKPOINT / "model.safetensors")
+    for name in tensors:
+        if ".experts." in name:
+            tensors[name] = tensors[name].astype(ml_dtypes.bfloat16)
+    save_file(tensors, mixed / "model.safetensors")
+    m = plan_json(terrace, "--model", mixed)["weights"]
+    assert (m["expert_format"], m["resident_format"]) == ("bf16", "f32")
+    assert (m["routed_expert_bytes"], m["resident_bytes"]) == (routed // 2, w["resident_bytes"])
+    assert "routed experts in BF16 (the checkpoint's tensors)" in terrace("plan", "--model", mixed).stdout
+
+
+def test_a_checkpoint_that_does_not_open_is_an_error(terrace, tmp_path):
+    """config.json beside a truncated model.safetensors: exit 1 naming --model, the file and the
+    cause (as `model run` refuses it), never a plan sized from the config alone."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_bytes((KIMI_LINEAR_CHECKPOINT / "config.json").read_bytes())
+    (bad / "model.safetensors").write_bytes((KIMI_LINEAR_CHECKPOINT / "model.safetensors").read_bytes()[:100000])
+    for given in (bad, bad / "config.json"):
+        for json_flag in ((), ("--json",)):
+            r = terrace("plan", "--model", given, *json_flag)
+            assert r.returncode == 1 and r.stdout == "", r.stdout
+            assert f"--model {bad}: plan sizes the weights from the checkpoint" in r.stderr, r.stderr
+            assert "model.safetensors" in r.stderr and "Corruption" in r.stderr, r.stderr
+    run = terrace("model", "run", "--model", bad, "--tokens", "1,2")
+    assert run.returncode == 1 and "Corruption" in run.stderr, run.stderr
 
 
 def test_active_params_leave_out_the_embedding_lookup(terrace, tmp_path):
