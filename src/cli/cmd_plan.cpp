@@ -348,9 +348,10 @@ void PrintPlan(const Plan& p) {
   wt.Add({"total", FormatBytes(static_cast<double>(w.total_bytes))});
   wt.Add({fmt::format("resident (all but routed experts; {})", Upper(w.resident_format)),
           FormatBytes(static_cast<double>(w.resident_bytes))});
-  fmt::print("{}  routed experts in {} ({}); one routed expert {} ({} per layer x {} MoE layers, top-{}); {} active "
+  const std::string experts_in = w.expert_format == "none" ? "no routed experts" : "routed experts in " + Upper(w.expert_format);
+  fmt::print("{}  {} ({}); one routed expert {} ({} per layer x {} MoE layers, top-{}); {} active "
              "params per token{}\n\n",
-             wt.Render(), Upper(w.expert_format), p.options.expert_format_from,
+             wt.Render(), experts_in, p.options.expert_format_from,
              FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers, w.experts_per_token,
              ParamCount(w.active_params_per_token),
              w.lookup_embedding_bytes > 0 ? " (embed_tokens left out: a lookup)" : "");
