@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -23,6 +26,58 @@
 
 namespace terrace::cli::bench_experts {
 namespace {
+
+// The bench's store logger (warnings and errors to stderr) that also keeps the last error logged
+// after Closing(): a tier's failed close (final commit, superblock, index) is reported only there,
+// its own line last (after the index's lines that led to it).
+// Thread-safe.
+class CloseErrorLogger final : public Logger {
+ public:
+  void Log(LogLevel level, std::string_view component, std::string_view message) override {
+    out_->Log(level, component, message);
+    std::lock_guard<std::mutex> l(mu_);
+    if (closing_ && level >= LogLevel::kError) last_ = std::string(message);
+  }
+  void Closing() {
+    std::lock_guard<std::mutex> l(mu_);
+    closing_ = true;
+  }
+  std::string last() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_;
+  }
+
+ private:
+  const std::shared_ptr<Logger> out_ = StderrLogger(LogLevel::kWarning);
+  std::mutex mu_;
+  bool closing_ = false;
+  std::string last_;
+};
+
+// A store over the bench's NVMe tier whose close is checked (Close).
+struct BenchStore {
+  std::shared_ptr<CloseErrorLogger> log = std::make_shared<CloseErrorLogger>();
+  std::unique_ptr<Store> store;
+
+  // Closes the store (every user of it gone first); IoError naming --dir with the last error its
+  // tiers logged while closing, Ok when none.
+  Status Close() {
+    log->Closing();
+    store.reset();
+    const std::string last = log->last();
+    if (last.empty()) return Status::Ok();
+    return Status::IoError(fmt::format("--dir: closing the expert store failed: {}", last));
+  }
+};
+
+// ExpertOffload::OpenStoreOptions's store over --dir with `budget` bytes of fast tier.
+Result<BenchStore> OpenBenchStore(const Run& run, std::uint64_t budget) {
+  BenchStore b;
+  StoreOptions o = experts::ExpertOffload::OpenStoreOptions(run.total, budget, run.a.dir, run.link);
+  o.logger = b.log;
+  TERRACE_ASSIGN_OR_RETURN(b.store, Store::Open(o));
+  return b;
+}
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -275,14 +330,14 @@ Result<ConfigResult> RunResidentRow(Run* run, const model::ModelDir& md) {
 Status StoreExpertsAndMeasureDrive(Run* run, const model::ModelDir& md, const std::filesystem::path& dir) {
   run->progress.Phase(
       fmt::format("storing {:.1f} MiB of routed experts on the NVMe tier", static_cast<double>(run->total) / (1 << 20)));
-  TERRACE_ASSIGN_OR_RETURN(
-      auto st, Store::Open(experts::ExpertOffload::OpenStoreOptions(run->total, run->total, run->a.dir, run->link)));
+  TERRACE_ASSIGN_OR_RETURN(BenchStore bs, OpenBenchStore(*run, run->total));
+  Store* st = bs.store.get();
   // Marked once the store exists (the NVMe tier wants an empty directory or a store).
   TERRACE_RETURN_IF_ERROR(WriteMarker(dir, kExpertsMarker, "terrace bench experts"));
   experts::ExpertOffloadOptions o;
   o.home = TierId::kNvme;
   o.budget = *experts::CacheBudget::Parse("100%");
-  TERRACE_ASSIGN_OR_RETURN(auto off, experts::ExpertOffload::Create(run->config, md, st.get(), std::move(o)));
+  TERRACE_ASSIGN_OR_RETURN(auto off, experts::ExpertOffload::Create(run->config, md, st, std::move(o)));
   TERRACE_RETURN_IF_ERROR(st->Flush());
   run->progress.Phase("reading every expert block back from the NVMe tier (drive read rate)");
   std::vector<BlockKey> keys;
@@ -300,7 +355,8 @@ Status StoreExpertsAndMeasureDrive(Run* run, const model::ModelDir& md, const st
     run->progress.Tick("block", static_cast<int>(std::min(keys.size(), i + kBatch)), static_cast<int>(keys.size()));
   }
   run->nvme_bytes_per_s = static_cast<double>(run->total) / std::max(SecondsSince(t0), 1e-9);
-  return Status::Ok();
+  off.reset();
+  return bs.Close();
 }
 
 Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const CachedConfig& c,
@@ -308,8 +364,8 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   const Args& a = run->a;
   run->progress.Phase(fmt::format("{} at {}", c.name, budget.ToString()));
   // A cold cache: a fresh store over the same NVMe tier (the HBM and host tiers start empty).
-  TERRACE_ASSIGN_OR_RETURN(auto st, Store::Open(experts::ExpertOffload::OpenStoreOptions(
-                                        run->total, budget.Resolve(run->total), a.dir, run->link)));
+  TERRACE_ASSIGN_OR_RETURN(BenchStore bs, OpenBenchStore(*run, budget.Resolve(run->total)));
+  Store* st = bs.store.get();
   experts::ExpertOffloadOptions o;
   o.home = TierId::kNvme;
   o.budget = budget;
@@ -317,7 +373,7 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
   // oracle+belady is the replacement bound: no partition constrains which expert goes.
   o.lead_protected_layers = c.policy == experts::CachePolicyKind::kBelady ? 0 : a.lead_protected_layers;
   if (a.lead_protected_share) o.lead_protected_share = *a.lead_protected_share;
-  TERRACE_ASSIGN_OR_RETURN(auto off, experts::ExpertOffload::Create(run->config, md, st.get(), std::move(o)));
+  TERRACE_ASSIGN_OR_RETURN(auto off, experts::ExpertOffload::Create(run->config, md, st, std::move(o)));
   TERRACE_ASSIGN_OR_RETURN(auto m, model::Model::Load(run->config, md, off));
   experts::ExpertOffload& x = *off;
   TERRACE_RETURN_IF_ERROR(SetPredictor(run, c, budget, *m, x));
@@ -379,6 +435,9 @@ Result<ConfigResult> RunCachedRow(Run* run, const model::ModelDir& md, const Cac
                         r.miss_bytes_per_token / std::max(run->nvme_bytes_per_s, 1.0);
   r.io_bound_tokens_per_s = miss_s > 0 ? 1.0 / miss_s : 0;
   r.bound_tokens_per_s = 1.0 / (run->compute_s_per_token + miss_s);
+  m.reset();  // the model and the offload use the store: gone before it closes
+  off.reset();
+  TERRACE_RETURN_IF_ERROR(bs.Close());
   return r;
 }
 

@@ -94,9 +94,15 @@ nlohmann::json ByTier(F v) {
 // around them) read per tier and what `written` (the write-back's deltas) wrote per tier.
 void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::json* row);
 
-// Removes the pools this bench created under `dir` (only marked ones), and `dir` itself when this
-// run created it and it is empty.
-void RemovePools(const std::filesystem::path& dir, bool created_dir);
+// Writes the marker into both pools under `dir`, the state pool's first: the kv pool's one then
+// says both pools are marked (a run killed between the two leaves a pool the next run refuses,
+// untouched, rather than one it removes). The first WriteMarker error.
+Status MarkPools(const std::filesystem::path& dir);
+
+// Removes the pools this run created under `dir` (marked or not: `dir` was new or empty when the run
+// took it; RemoveOwnStore) and their folders, and `dir` itself when this run created it and it is
+// empty. True when nothing of the pools is left; each pool left is named on stderr with the reason.
+bool RemovePools(const std::filesystem::path& dir, bool created_dir);
 
 // What every prefix row shares.
 struct RowContext {

@@ -230,9 +230,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 1 (compute and store{})...\n", P,
              recompute_in_turn1 ? fmt::format(", timed as the recompute of all {} tokens", prompt.size()) : "");
   TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, ctx.mdir));
-  // The state pool's marker first: the kv pool's one then says both pools are marked (a run killed
-  // between the two leaves a pool the next run refuses, untouched, rather than one it removes).
-  for (const char* sub : {"state", "kv"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
+  TERRACE_RETURN_IF_ERROR(MarkPools(dir));
   const int last_layer = config.num_hidden_layers - 1;
   double ttft_recompute = 0;
   std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
@@ -503,7 +501,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
   run.cache.reset();
   run = KvRun{};
-  RemovePools(dir, false);
+  if (!RemovePools(dir, false)) return Status::IoError("--dir: cannot remove the pools of this prefix row (above)");
   return row;
 }
 

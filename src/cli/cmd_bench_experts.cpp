@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/bench_experts.h"
+#include "src/cli/bench_own_store.h"
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/owned_dirs.h"
@@ -108,102 +109,145 @@ Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
       a.configs));
 }
 
-// Runs every row in order (resident; the experts onto the NVMe tier; the store-backed rows at each
-// budget; the mmap rows) and prints the result. The process exit code.
-// Removes the store the bench made in --dir (unless --keep), and --dir itself when the bench
-// created it (`created_dir`) and it is empty then. True when a store was removed.
-bool RemoveBenchStore(const Args& a, bool created_dir) {
-  if (a.keep) return false;
-  auto r = RemoveOwnedStore(a.dir, kExpertsMarker, "--dir", "terrace bench experts");
+constexpr const char* kWho = "terrace bench experts";
+
+// What a run made in --dir: `created_dir`, --dir itself (a folder that already existed stays, even
+// one that held an earlier run's store: it may be the user's); `owns_contents`, --dir was absent or
+// empty when the run took it (an earlier run's marked leftover removed), so a store in it is this
+// run's, marked or not.
+struct DirClaim {
+  bool created_dir = false;
+  bool owns_contents = false;
+};
+
+// Removes the store the run made in --dir, marked or not (RemoveOwnStore), and --dir itself when the
+// run created it and it is empty then; with --keep, marks it instead (MarkOwnStore), so a later run
+// recognises it. True when a store was removed; the error naming --dir otherwise.
+Result<bool> RemoveBenchStore(const Args& a, const DirClaim& claim) {
+  if (!claim.owns_contents) return false;
+  if (a.keep) {
+    TERRACE_RETURN_IF_ERROR(MarkOwnStore(a.dir, kExpertsMarker, kWho));
+    return false;
+  }
+  TERRACE_ASSIGN_OR_RETURN(const bool removed, RemoveOwnStore(a.dir, kExpertsMarker, "--dir"));
   std::error_code ec;
-  if (created_dir) std::filesystem::remove(a.dir, ec);  // only if empty
-  return r.ok() && *r;
+  if (claim.created_dir) std::filesystem::remove(a.dir, ec);  // only if empty
+  return removed;
 }
 
-// `*created_dir`: this run created --dir (a folder that already existed stays, even one that held an
-// earlier run's store: it may be the user's).
-int RunBenchExpertsOnce(const Args& a, bool* created_dir) {
+// The flags, each refused with a usage error naming it; the model's config and the parsed budgets
+// into `run` and `budgets`. 0, or the process exit code.
+int PrepareRun(const Args& a, bench_experts::Run* run, std::vector<experts::CacheBudget>* budgets,
+               std::vector<std::string>* wanted, std::unique_ptr<model::ModelDir>* md) {
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
-  auto budgets = ParseBudgets(a.budgets);
-  if (!budgets.ok()) return FailUsage(budgets.status().message());
+  auto parsed = ParseBudgets(a.budgets);
+  if (!parsed.ok()) return FailUsage(parsed.status().message());
+  *budgets = std::move(parsed).value();
   if (!(a.link_gbps > 0)) return FailUsage(fmt::format("--link-gbps must be positive (got {})", a.link_gbps));
-  auto wanted = ParseConfigs(a.configs);
-  if (!wanted.ok()) return FailUsage(wanted.status().message());
+  auto configs = ParseConfigs(a.configs);
+  if (!configs.ok()) return FailUsage(configs.status().message());
+  *wanted = std::move(configs).value();
   if (Status s = CheckLookaheadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckDropCaches(a, *wanted); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckLeadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
-  auto run_config = [&](const std::string& name) { return std::find(wanted->begin(), wanted->end(), name) != wanted->end(); };
   model::ops::SetBlasThreads(a.threads);
-  auto md = model::ModelDir::Open(a.model);
-  if (!md.ok()) return Fail(md.status().ToString());
-  bench_experts::Run run;
-  run.a = a;
-  run.config = (*md)->config();
-  if (run.config.num_experts <= 0) return FailUsage("--model: the model has no routed experts");
-  for (int i = 0; i < a.prompt; ++i) run.prompt.push_back((i * 37 + 5) % run.config.vocab_size);
-  run.regime = experts::BenchRegimeOf(run.config);
-  run.total = run.regime.routed_expert_bytes;
-  run.link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
+  auto opened = model::ModelDir::Open(a.model);
+  if (!opened.ok()) return Fail(opened.status().ToString());
+  *md = std::move(opened).value();
+  run->a = a;
+  run->config = (*md)->config();
+  if (run->config.num_experts <= 0) return FailUsage("--model: the model has no routed experts");
+  for (int i = 0; i < a.prompt; ++i) run->prompt.push_back((i * 37 + 5) % run->config.vocab_size);
+  run->regime = experts::BenchRegimeOf(run->config);
+  run->total = run->regime.routed_expert_bytes;
+  run->link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
   for (const experts::CacheBudget& b : *budgets) {  // before any row runs: every budget must hold an expert
-    if (b.Resolve(run.total) < run.regime.block_bytes)
+    if (b.Resolve(run->total) < run->regime.block_bytes)
       return FailUsage(fmt::format("--budgets: {} of this model's routed experts ({} bytes) is {} bytes, smaller than one "
                                    "expert block ({} bytes); give at least {:.2f}%",
-                                   b.ToString(), run.total, b.Resolve(run.total), run.regime.block_bytes,
-                                   std::ceil(1e4 * static_cast<double>(run.regime.block_bytes) /
-                                             static_cast<double>(run.total)) / 100.0));
+                                   b.ToString(), run->total, b.Resolve(run->total), run->regime.block_bytes,
+                                   std::ceil(1e4 * static_cast<double>(run->regime.block_bytes) /
+                                             static_cast<double>(run->total)) / 100.0));
   }
+  return 0;
+}
+
+// Takes --dir for the run: removes an earlier run's marked leftover, creates it when absent. 0, or
+// the process exit code.
+int ClaimDir(const Args& a, DirClaim* claim) {
   const std::filesystem::path dir(a.dir);
   std::error_code ec;
-  *created_dir = !std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
+  const bool existed = std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", "terrace bench experts");
+    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", kWho);
     if (!removed.ok()) return FailUsage(removed.status().message());
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
+  claim->created_dir = !existed;
+  claim->owns_contents = true;
+  return 0;
+}
 
-  auto resident = bench_experts::RunResidentRow(&run, **md);
+// Runs every row in order (resident; the experts onto the NVMe tier; the store-backed rows at each
+// budget; the mmap rows) into `run`, leaving the cleanup of --dir to the caller. 0, or the process
+// exit code.
+int RunRows(const Args& a, DirClaim* claim, bench_experts::Run* run, std::vector<experts::CacheBudget>* budgets) {
+  std::vector<std::string> wanted;
+  std::unique_ptr<model::ModelDir> md;
+  if (int rc = PrepareRun(a, run, budgets, &wanted, &md); rc != 0) return rc;
+  auto run_config = [&](const std::string& name) { return std::find(wanted.begin(), wanted.end(), name) != wanted.end(); };
+  if (int rc = ClaimDir(a, claim); rc != 0) return rc;
+  auto resident = bench_experts::RunResidentRow(run, *md);
   if (!resident.ok()) return FailUnlessStopped(resident.status());
-  run.results.push_back(std::move(resident).value());
-  if (Status s = bench_experts::StoreExpertsAndMeasureDrive(&run, **md, dir); !s.ok()) return FailUnlessStopped(s);
+  run->results.push_back(std::move(resident).value());
+  if (Status s = bench_experts::StoreExpertsAndMeasureDrive(run, *md, a.dir); !s.ok()) return FailUnlessStopped(s);
   for (const auto& budget : *budgets) {
     for (const bench_experts::CachedConfig& c : bench_experts::CachedConfigs()) {
       if (!run_config(c.name)) continue;
-      auto r = bench_experts::RunCachedRow(&run, **md, c, budget);
+      auto r = bench_experts::RunCachedRow(run, *md, c, budget);
       if (!r.ok()) return FailUnlessStopped(r.status());
-      run.results.push_back(std::move(r).value());
+      run->results.push_back(std::move(r).value());
     }
   }
-  md->reset();  // the checkpoint's own mapping goes: the mmap rows drop its pages from the page cache
+  md.reset();  // the checkpoint's own mapping goes: the mmap rows drop its pages from the page cache
   auto mmap_row = [&](const std::string& name, double fraction, std::uint64_t budget_bytes) -> Status {
-    TERRACE_ASSIGN_OR_RETURN(auto r, bench_experts::RunMmapRow(&run, name, fraction, budget_bytes));
-    run.results.push_back(std::move(r));
+    TERRACE_ASSIGN_OR_RETURN(auto r, bench_experts::RunMmapRow(run, name, fraction, budget_bytes));
+    run->results.push_back(std::move(r));
     return Status::Ok();
   };
   if (run_config("mmap-unbounded"))
     if (Status s = mmap_row("mmap-unbounded", 1.0, 0); !s.ok()) return FailUnlessStopped(s);
   if (run_config("mmap"))
     for (const auto& budget : *budgets)
-      if (Status s = mmap_row("mmap", budget.fraction, budget.Resolve(run.total)); !s.ok()) return FailUnlessStopped(s);
-  (void)RemoveBenchStore(a, *created_dir);
+      if (Status s = mmap_row("mmap", budget.fraction, budget.Resolve(run->total)); !s.ok()) return FailUnlessStopped(s);
+  return 0;
+}
 
-  const std::vector<bench_experts::TargetSummary> summaries = bench_experts::SummarizeTargets(&run, *budgets);
+// The rows, then the cleanup of --dir on every exit path (an error, a stop signal, success), then
+// the results (only when every row ran and the cleanup succeeded). The process exit code.
+int RunBenchExperts(const Args& a) {
+  StopSignals stop_signals;  // Ctrl-C: stop before the next decode step, remove the store in --dir (unless --keep)
+  DirClaim claim;
+  bench_experts::Run run;
+  std::vector<experts::CacheBudget> budgets;
+  int rc = RunRows(a, &claim, &run, &budgets);
+  const Result<bool> removed = RemoveBenchStore(a, claim);
+  if (StopSignalReceived() != 0)
+    return ExitStopped("bench experts", removed.ok() && *removed ? "; removed the store it created in --dir" : "");
+  if (!removed.ok()) {
+    fmt::print(stderr, "{}: left {} in place: {}\n", kWho, a.dir, removed.status().message());
+    return rc != 0 ? rc : 1;
+  }
+  if (rc != 0) return rc;
+  const std::vector<bench_experts::TargetSummary> summaries = bench_experts::SummarizeTargets(&run, budgets);
   if (a.json) {
     bench_experts::PrintJson(run, summaries);
   } else {
     bench_experts::PrintText(run, summaries);
   }
   return 0;
-}
-
-int RunBenchExperts(const Args& a) {
-  StopSignals stop_signals;  // Ctrl-C: stop before the next decode step, remove the store in --dir (unless --keep)
-  bool created_dir = false;
-  const int rc = RunBenchExpertsOnce(a, &created_dir);
-  if (StopSignalReceived() == 0) return rc;
-  const bool removed = RemoveBenchStore(a, created_dir);
-  return ExitStopped("bench experts", removed ? "; removed the store it created in --dir" : "");
 }
 
 }  // namespace

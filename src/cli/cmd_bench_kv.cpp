@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/cli/bench_kv.h"
+#include "src/cli/bench_own_store.h"
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 #include "src/cli/model_run_kv.h"
@@ -93,15 +94,24 @@ void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::j
   (*row)["bytes_written_by_tier"] = ByTier([&](std::size_t t) { return written.bytes_written[t]; });
 }
 
-void RemovePools(const std::filesystem::path& dir, bool created_dir) {
-  for (const std::string_view sub : {"kv", "state"}) {
-    const Status s = RemoveOwnedSubStores(dir, {sub}, kKvMarker, "--dir", "terrace bench kv");
-    if (!s.ok()) fmt::print(stderr, "terrace bench kv: left {} in place: {}\n", (dir / sub).string(), s.message());
+Status MarkPools(const std::filesystem::path& dir) {
+  for (const char* sub : {"state", "kv"}) TERRACE_RETURN_IF_ERROR(WriteMarker(dir / sub, kKvMarker, "terrace bench kv"));
+  return Status::Ok();
+}
+
+bool RemovePools(const std::filesystem::path& dir, bool created_dir) {
+  bool all = true;
+  std::error_code ec;
+  for (const char* sub : {"kv", "state"}) {
+    const Result<bool> r = RemoveOwnStore(dir / sub, kKvMarker, "--dir");
+    if (r.ok()) std::filesystem::remove(dir / sub, ec);  // only if empty
+    if (r.ok() && !std::filesystem::exists(dir / sub, ec)) continue;
+    all = false;
+    fmt::print(stderr, "terrace bench kv: left {} in place{}\n", (dir / sub).string(),
+               r.ok() ? "" : ": " + r.status().message());
   }
-  if (created_dir) {
-    std::error_code ec;
-    std::filesystem::remove(dir, ec);
-  }
+  if (created_dir) std::filesystem::remove(dir, ec);  // only if empty
+  return all;
 }
 
 }  // namespace bench_kv
@@ -197,7 +207,7 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
                                     const model::ModelConfig& config, const model::ModelDir& mdir,
                                     const model::Model& m) {
   TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, mdir));
-  for (const char* sub : {"state", "kv"}) (void)WriteMarker(dir / sub, kKvMarker, "terrace bench kv");
+  TERRACE_RETURN_IF_ERROR(bench_kv::MarkPools(dir));
   std::vector<std::int32_t> system(static_cast<std::size_t>(a.system_tokens));
   for (std::size_t i = 0; i < system.size(); ++i)
     system[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(config.vocab_size));
@@ -368,7 +378,8 @@ int RunBenchKv(const BenchKvArgs& a) {
                                    "creates there)", dir.string()));
     fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "
                        "finish\n", dir.string());
-    RemovePools(dir, false);
+    if (Status s = RemoveOwnedSubStores(dir, {"kv", "state"}, kKvMarker, "--dir", "terrace bench kv"); !s.ok())
+      return Fail(s.message());
   }
   StopSignals stop_signals;  // Ctrl-C: stop at the next layer, remove the pools, exit 128 + signal
   if (!std::filesystem::exists(dir, ec)) {
@@ -412,9 +423,11 @@ int RunBenchKv(const BenchKvArgs& a) {
     else if (mt.status().code() == Code::kInvalidArgument) rc = FailUsage(mt.status().message());
     else rc = FailUnlessStopped(mt.status());
   }
-  RemovePools(dir, created_dir);
-  if (StopSignalReceived() != 0) return ExitStopped("terrace bench kv", "; removed the pools it created in --dir");
+  const bool removed = RemovePools(dir, created_dir);
+  if (StopSignalReceived() != 0)
+    return ExitStopped("terrace bench kv", removed ? "; removed the pools it created in --dir" : "");
   if (rc != 0) return rc;
+  if (!removed) return 1;
   nlohmann::json j;
   j["model"] = a.model;
   j["tier"] = a.tier;
