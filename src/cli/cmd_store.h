@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -29,6 +30,9 @@ struct StoreWords {
   std::string dir_flag = "--dir";        // the flag naming the store's directory
   std::string path_words = "--dir";      // stands for the library's options.path
   std::string capacity_flag = "--capacity";
+  // Stands for the library's "lower the capacity" (a new store could not be preallocated); empty:
+  // "give a smaller <capacity_flag>". For a store whose size no flag sets.
+  std::string lower_capacity;
   // Stand for the library's advice to use another (empty) directory for the store, or an existing
   // store, or another directory for its index.
   std::string new_dir = "give --dir an empty directory";
@@ -104,6 +108,18 @@ enum class IndexDirUse { kExisting, kRebuild };
 // data file's path (a runtime failure, exit 1: FailStoreOptions) when it is not a Terrace store. NotFound naming the flag when --dir does not
 // exist or holds no store, or when --index-dir does not exist and `index_use` is kExisting.
 Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse index_use);
+
+// What dir/terrace.data.creating is: absent (kNone), held locked by the process creating the store
+// right now (kLive: it must be left alone), or left by a stopped creation that no process holds
+// (kStopped: the next read-write open completes or discards it).
+enum class Creation { kNone, kLive, kStopped };
+Creation CreationIn(const std::filesystem::path& dir);
+
+// The refusal of `flag` `bytes` for the prefix-cache pool in `dir`, whose unfinished creation was
+// started with `own` bytes: InvalidArgument naming the flag; while the creation is live, advice to
+// wait for it (never to delete its files), else to complete it or start the pool anew.
+Status PoolCreationSizeMismatch(const std::filesystem::path& dir, std::string_view flag, std::uint64_t bytes,
+                                std::uint64_t own);
 
 // Reads the --expect file: `durable <key>` lines as `store fill` prints them (other lines are
 // refused). A directory, device or FIFO is refused (InvalidArgument naming --expect), never read.

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
@@ -115,8 +116,11 @@ std::string InCliWords(std::string_view message, const StoreWords& w) {
       {"capacity_bytes", w.capacity_flag},
       {"without read_only", "with 'store check --repair'"},
       {"the store is open read-only, so the block was kept (open it read-write to drop it)",
-       "the check changes nothing, so the block was kept ('terrace store check --repair' drops it)"},
+       // The same words with and without --repair, which drops the block only after the check.
+       "the check itself only reads ('terrace store check --repair' drops corrupt blocks after the check)"},
       {" (set hbm.mode = kOff to run without it)", ""},
+      {"or lower the capacity",
+       "or " + (w.lower_capacity.empty() ? fmt::format("give a smaller {}", w.capacity_flag) : w.lower_capacity)},
       // The library's reformat option has no flag: say what a CLI user does instead.
       {"(or reformat the data area to start an empty store: every block in it is lost)", w.start_over},
   };
@@ -186,6 +190,81 @@ Result<std::optional<SuperblockInfo>> ReadSuperblock(const std::string& dir) {
   return std::optional<SuperblockInfo>(SuperblockInfo{sb.capacity_bytes, sb.format_version, sb.UuidString()});
 }
 
+namespace {
+
+// "--dir D/kv, --dir D/state or --dir D/experts": the stores of a `model run --store D` (or `demo
+// --dir D`) directory that `dir` holds; empty when it holds none of them.
+std::string SubStoreFlags(const fs::path& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const char* name : kDemoStores) {
+    if (fs::is_directory(dir / name, ec)) found.push_back(fmt::format("--dir {}", (dir / name).string()));
+  }
+  if (found.size() < 2) return found.empty() ? std::string() : found.front();
+  return fmt::format("{} or {}", fmt::join(found.begin(), found.end() - 1, ", "), found.back());
+}
+
+// Why the store directory of `p`, which holds no data file with a superblock, is no store, and what
+// to give instead: wait for a live creation, complete or discard a stopped one, or name one of the
+// stores of a `model run --store` directory.
+Status NoStoreIn(const StorePaths& p) {
+  const fs::path index = p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir);
+  switch (CreationIn(p.dir)) {
+    case Creation::kLive:
+      return Status::Unavailable(fmt::format(
+          "--dir '{}' holds no Terrace store yet: another process is creating one there right now (it holds the lock "
+          "on {}); wait for that process to finish, then run this command again",
+          p.dir, (fs::path(p.dir) / kCreatingFile).string()));
+    case Creation::kStopped: {
+      auto cap = InterruptedCreationCapacity(p.dir);
+      return Status::NotFound(fmt::format(
+          "--dir '{}' holds no Terrace store yet, only a creation{} that a stopped run left unfinished "
+          "(terrace.data.creating); run the command that was creating it again on this directory (e.g. 'terrace "
+          "store fill --dir {}', or 'terrace model run' with the same --store), which completes it, or delete that "
+          "file and the index folder {} to start anew",
+          p.dir, cap.ok() ? fmt::format(" of {}", FormatBytes(static_cast<double>(*cap))) : "", p.dir,
+          index.string()));
+    }
+    case Creation::kNone: break;
+  }
+  if (const std::string stores = SubStoreFlags(p.dir); !stores.empty()) {
+    return Status::NotFound(fmt::format(
+        "--dir '{}' holds no Terrace store itself: it looks like the --store directory of 'terrace model run' (or the "
+        "--dir of 'terrace demo'), which keeps each store in a folder of its own; give {}",
+        p.dir, stores));
+  }
+  return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
+}
+
+}  // namespace
+
+Creation CreationIn(const fs::path& dir) {
+  const int fd = ::open((dir / kCreatingFile).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return Creation::kNone;
+  // The creator holds an exclusive lock on it (nvme::LockDataArea) from its open to its rename; a
+  // shared lock is refused exactly while it does.
+  const bool live = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // releases the probe's own lock at once
+  return live ? Creation::kLive : Creation::kStopped;
+}
+
+Status PoolCreationSizeMismatch(const fs::path& dir, std::string_view flag, std::uint64_t bytes, std::uint64_t own) {
+  const std::string given = fmt::format("{} {} ({} bytes)", flag, FormatBytes(static_cast<double>(bytes)), bytes);
+  const std::string theirs = fmt::format("{} ({} bytes)", FormatBytes(static_cast<double>(own)), own);
+  const std::string creating = (dir / kCreatingFile).string();
+  if (CreationIn(dir) == Creation::kLive) {
+    return Status::InvalidArgument(fmt::format(
+        "{} does not match the pool in {}, which another process is creating right now with {} (it holds the lock "
+        "on {}); wait for that process to finish, then run again without {} to use the pool's size, or give a new "
+        "directory",
+        given, dir.string(), theirs, creating, flag));
+  }
+  return Status::InvalidArgument(fmt::format(
+      "{} does not match the pool in {}, whose creation with {} a stopped run left unfinished ({}); omit {} to "
+      "complete it with that size, or delete that file and the folder {} to start the pool anew",
+      given, dir.string(), theirs, creating, flag, (dir / "index").string()));
+}
+
 Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse index_use) {
   TERRACE_RETURN_IF_ERROR(CheckNvmePaths(p.dir, p.index_dir));
   // The kinds of --dir and --index-dir first: a file where a directory belongs is the user's
@@ -199,7 +278,10 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
   if (!IsBlockDevice(p.dir)) {
     if (Status s = CheckInputDir(p.dir, "--dir"); !s.ok()) {
       if (s.IsNotFound() && !IsKind(p.dir, S_IFLNK)) {
-        return Status::NotFound(fmt::format("--dir '{}' does not exist; give the directory 'store fill' used", p.dir));
+        return Status::NotFound(fmt::format(
+            "--dir '{}' does not exist; give the directory 'store fill' used, or one of the stores 'terrace model run "
+            "--store DIR' keeps (DIR/kv, DIR/state or DIR/experts)",
+            p.dir));
       }
       return wrong_kind(s, "--dir", p.dir,
                         "the store directory 'store fill' used, or its block device with --index-dir");
@@ -225,19 +307,7 @@ Result<NvmeTierOptions> ExistingStoreOptions(const StorePaths& p, IndexDirUse in
   // An InvalidArgument here says what the data file holds is wrong (another format, not a store):
   // its message begins with the file's path, so FailStoreOptions exits 1.
   TERRACE_ASSIGN_OR_RETURN(std::optional<SuperblockInfo> sb, ReadSuperblock(p.dir));
-  if (!sb) {
-    if (IsKind(fs::path(p.dir) / "terrace.data.creating", S_IFREG)) {
-      auto cap = InterruptedCreationCapacity(p.dir);
-      return Status::NotFound(fmt::format(
-          "--dir '{}' holds no Terrace store yet, only a creation{} that a stopped run left unfinished "
-          "(terrace.data.creating); run the command that was creating it again on this directory (e.g. 'terrace "
-          "store fill --dir {}', or 'terrace model run' with the same --store), which completes it, or delete that "
-          "file and the index folder {} to start anew",
-          p.dir, cap.ok() ? fmt::format(" of {}", FormatBytes(static_cast<double>(*cap))) : "", p.dir,
-          (p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir)).string()));
-    }
-    return Status::NotFound(fmt::format("--dir '{}' holds no Terrace store (no data file with a superblock)", p.dir));
-  }
+  if (!sb) return NoStoreIn(p);
   if (p.capacity != 0 && p.capacity != sb->capacity_bytes) {
     return Status::InvalidArgument(fmt::format(
         "--capacity {} does not match the store at '{}', which was created with --capacity {} ({} bytes); omit "

@@ -101,8 +101,10 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (config.num_experts <= 0) return Status::InvalidArgument("--expert-cache: the model has no routed experts");
 
   const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
+  // With --expert-home host the experts live in host memory alone: the store has no NVMe tier, and
+  // nothing is made in DIR/experts.
   std::string nvme_dir;
-  if (!store_dir.empty()) {
+  if (home == "nvme") {
     TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(store_dir, "--store"));
     const std::filesystem::path dir = std::filesystem::path(store_dir) / "experts";
     std::error_code ec;
@@ -116,11 +118,14 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   auto store = Store::Open(so);
   if (!store.ok()) {
     const Status e = store.status().WithContext(std::string(kOpeningExpertStore));
-    const store_cmd::StoreWords w = store_cmd::CommandDirWords(
+    store_cmd::StoreWords w = store_cmd::CommandDirWords(
         "--store", "--store",
         fmt::format("(or, to start over and lose every expert copy in it, remove {}: the next run reads the experts "
                     "again from --model)",
                     nvme_dir));
+    // The expert store's size is the model's expert bytes: no flag sets it.
+    w.lower_capacity = "give another --store directory, on a file system with that much free space (the expert "
+                       "store's size comes from the model)";
     return Reworded(e, store_cmd::InCliWords(e.message(), w));
   }
   run.store = std::move(store).value();

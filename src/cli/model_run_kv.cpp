@@ -140,14 +140,7 @@ Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t
   bool interrupted = false;
   const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
   if (!own || *own == bytes) return Status::Ok();  // a new pool, or an unreadable one: Store::Open says why
-  if (interrupted) {
-    return Status::InvalidArgument(fmt::format(
-        "{} {} ({} bytes) does not match the pool in {}, whose creation with {} ({} bytes) a stopped run left "
-        "unfinished ({}); omit {} to complete it with that size, or delete that file and the folder {} to start the "
-        "pool anew",
-        flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
-        *own, (dir / "terrace.data.creating").string(), flag, (dir / "index").string()));
-  }
+  if (interrupted) return store_cmd::PoolCreationSizeMismatch(dir, flag, bytes, *own);
   return Status::InvalidArgument(fmt::format(
       "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "
       "pool's own size, or use a new directory",

@@ -29,8 +29,6 @@ namespace fs = std::filesystem;
 constexpr std::string_view kDataFile = "terrace.data";
 constexpr std::string_view kIndexDir = "index";
 
-constexpr std::string_view kCreatingFile = "terrace.data.creating";
-
 // What WhyNotOwned found in a store directory.
 struct StoreScan {
   std::size_t entries = 0;

@@ -19,6 +19,9 @@
 
 namespace terrace::cli {
 
+// The name a store's data file has while its creation is under way (docs/nvme-format.md, "Creation").
+inline constexpr std::string_view kCreatingFile = "terrace.data.creating";
+
 // `flag`'s store directory: absent (it is created) or a directory (symlinks to one accepted).
 // InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...).
 Status CheckStoreDirArg(const std::filesystem::path& dir, std::string_view flag);
