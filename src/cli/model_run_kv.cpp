@@ -94,28 +94,8 @@ store_cmd::StoreWords PoolWords(const KvRunArgs& a, std::string_view nvme_flag) 
   return w;
 }
 
-// An existing pool keeps the size it was created with, and an interrupted creation the size it was
-// started with: a size given on the command line that differs from it is refused (InvalidArgument
-// naming the flag and the pool's size), never ignored.
-Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag) {
-  if (!given) return Status::Ok();
-  bool interrupted = false;
-  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
-  if (!own || *own == bytes) return Status::Ok();  // a new pool, or an unreadable one: Store::Open says why
-  if (interrupted) {
-    return Status::InvalidArgument(fmt::format(
-        "{} {} ({} bytes) does not match the pool in {}, whose creation with {} ({} bytes) a stopped run left "
-        "unfinished ({}); omit {} to complete it with that size, or delete that file and the folder {} to start the "
-        "pool anew",
-        flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
-        *own, (dir / "terrace.data.creating").string(), flag, (dir / "index").string()));
-  }
-  return Status::InvalidArgument(fmt::format(
-      "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "
-      "pool's own size, or use a new directory",
-      flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
-      *own, flag));
-}
+// Defined below OpenPool (where CheckKvRunArgs's checks are).
+Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag);
 
 // The NVMe size OpenPool asks the tier for. A size given on the command line (`given`): the tier
 // refuses a pool of another size under its lock, so a pool another process created since
@@ -198,6 +178,29 @@ Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesyste
     return Reworded(e, store_cmd::InCliWords(e.message(), PoolWords(a, nvme_flag)));
   }
   return s;
+}
+
+// An existing pool keeps the size it was created with, and an interrupted creation the size it was
+// started with: a size given on the command line that differs from it is refused (InvalidArgument
+// naming the flag and the pool's size), never ignored.
+Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag) {
+  if (!given) return Status::Ok();
+  bool interrupted = false;
+  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
+  if (!own || *own == bytes) return Status::Ok();  // a new pool, or an unreadable one: Store::Open says why
+  if (interrupted) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} ({} bytes) does not match the pool in {}, whose creation with {} ({} bytes) a stopped run left "
+        "unfinished ({}); omit {} to complete it with that size, or delete that file and the folder {} to start the "
+        "pool anew",
+        flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
+        *own, (dir / "terrace.data.creating").string(), flag, (dir / "index").string()));
+  }
+  return Status::InvalidArgument(fmt::format(
+      "{} {} ({} bytes) does not match the pool in {}, which was created with {} ({} bytes); omit {} to use the "
+      "pool's own size, or use a new directory",
+      flag, FormatBytes(static_cast<double>(bytes)), bytes, dir.string(), FormatBytes(static_cast<double>(*own)),
+      *own, flag));
 }
 
 // The cache layout the flags ask for: InvalidArgument naming --kv-codec / --state-codec, or the
