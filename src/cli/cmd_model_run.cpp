@@ -160,7 +160,11 @@ int RunModel(const RunArgs& a) {
     if (reserver.joinable()) reserver.join();
     kv_prepare = {reserve_s, open_s};
     if (!reserved.ok()) return Fail(reserved.ToString());
-    if (!opened.ok()) return Fail(opened.status().ToString());  // CheckKvRunArgs above checked the flags
+    if (!opened.ok()) {
+      // CheckKvRunArgs above checked the flags; a pool created since with another size is refused on open.
+      const Status& e = opened.status();
+      return KvSizeFlagRefused(a.kv, e) ? FailUsage(e.message()) : Fail(e.ToString());
+    }
     kv_run = std::move(opened).value();
     const auto request = kv_run->cache->Prepare(*prompt, a.kv.tenant);
     // The oracle records the routing in the forward steps this prefill takes: the prompt in the

@@ -94,9 +94,59 @@ store_cmd::StoreWords PoolWords(const KvRunArgs& a, std::string_view nvme_flag) 
   return w;
 }
 
+// Defined below OpenPool (where CheckKvRunArgs's checks are).
+Status CheckPoolSize(const std::filesystem::path& dir, bool given, std::uint64_t bytes, std::string_view flag);
+
+// The NVMe size OpenPool asks the tier for. A size given on the command line (`given`): the tier
+// refuses a pool of another size under its lock, so a pool another process created since
+// CheckKvRunArgs is refused too. Otherwise an existing pool's own (0: as its superblock records),
+// an interrupted creation's, or `nvme` for a new pool.
+std::uint64_t AskedCapacity(const std::filesystem::path& dir, bool given, std::uint64_t nvme) {
+  if (given) return nvme;
+  bool interrupted = false;
+  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
+  return !interrupted ? 0 : own.value_or(nvme);
+}
+
+// Store::Open(o). When the tier refuses the size asked (o.nvme.capacity_bytes) because another
+// process created the pool in `dir` with another size after AskedCapacity looked: CheckPoolSize's
+// refusal naming `flag` when the size was given, else the pool opened at its own size.
+Result<std::unique_ptr<Store>> OpenPoolStore(StoreOptions o, const std::filesystem::path& dir, bool given,
+                                             std::string_view flag) {
+  auto s = Store::Open(o);
+  if (s.ok() || !s.status().IsInvalidArgument() || o.nvme.capacity_bytes == 0) return s;
+  if (given) {
+    TERRACE_RETURN_IF_ERROR(CheckPoolSize(dir, true, o.nvme.capacity_bytes, flag));
+    return s;
+  }
+  bool interrupted = false;
+  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
+  if (interrupted || !own || *own == o.nvme.capacity_bytes) return s;
+  o.nvme.capacity_bytes = 0;
+  return Store::Open(o);
+}
+
+// The CLI's words for the tier's refusal of a pool whose data file another process holds locked
+// (its message says "is in use by <holder> (its data file is locked"): that holder uses the
+// directory, one `a.dir_flag` directory serves one process at a time. nullopt for any other error.
+std::optional<Status> PoolInUse(const KvRunArgs& a, const std::filesystem::path& dir, const StoreOptions& o,
+                                const Status& e) {
+  constexpr std::string_view kBy = "is in use by ", kLocked = " (its data file is locked";
+  const std::string& m = e.message();
+  const std::size_t by = m.find(kBy);
+  if (e.code() != Code::kUnavailable || by == std::string::npos) return std::nullopt;
+  const std::size_t from = by + kBy.size(), to = m.find(kLocked, from);
+  if (to == std::string::npos) return std::nullopt;
+  return Status::Unavailable(fmt::format(
+      "{}: {} is using this {} directory (its pool {} stayed locked for the {:.0f} s this run waited); wait for it to "
+      "finish or give another {} directory",
+      a.dir_flag, m.substr(from, to - from), a.dir_flag, dir.string(),
+      std::chrono::duration<double>(o.nvme.lock_wait).count(), a.dir_flag));
+}
+
 Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesystem::path& dir, std::uint64_t nvme,
-                                        std::uint64_t host, std::uint64_t hbm, std::string_view nvme_flag,
-                                        unsigned io_threads) {
+                                        bool nvme_given, std::uint64_t host, std::uint64_t hbm,
+                                        std::string_view nvme_flag, unsigned io_threads) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError(fmt::format("{}: cannot create {}: {}", a.dir_flag, dir.string(), ec.message()));
@@ -108,11 +158,7 @@ Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesyste
   o.host.chunk_bytes = std::min(host, kPoolHostChunkBytes);
   o.nvme.path = dir;
   RemoveOrphanedIndexCreation(dir, dir / "index", "model run");  // else the tier refuses it as incomplete
-  // An existing pool keeps its size (read from its superblock); an interrupted creation is completed
-  // with the size it was started with.
-  bool interrupted = false;
-  const std::optional<std::uint64_t> own = PoolOwnCapacity(dir, &interrupted);
-  o.nvme.capacity_bytes = !interrupted ? 0 : own.value_or(nvme);
+  o.nvme.capacity_bytes = AskedCapacity(dir, nvme_given, nvme);
   // One io_uring ring per thread that reads the pool at once: a tier call holds its ring until
   // its I/O completes, so the restore's concurrent KV window reads need a ring each to overlap.
   o.nvme.io_threads = io_threads;
@@ -123,8 +169,10 @@ Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesyste
   // copy moved up into the host tier would never be read, and placing it there cost the NVMe
   // restore about 40 % of its time (docs/benchmarks.md, "Layerwise restore").
   o.promote_on_get = false;
-  auto s = Store::Open(o);
+  auto s = OpenPoolStore(o, dir, nvme_given, nvme_flag);
   if (!s.ok()) {
+    if (std::optional<Status> busy = PoolInUse(a, dir, o, s.status())) return *busy;
+    if (KvSizeFlagRefused(a, s.status())) return s.status();
     const Status e = s.status().WithContext(
         fmt::format("{}: opening the pool in {} (its NVMe size is {} when created)", a.dir_flag, dir.string(), nvme_flag));
     return Reworded(e, store_cmd::InCliWords(e.message(), PoolWords(a, nvme_flag)));
@@ -185,6 +233,11 @@ kv::RestoreReadOrder ReadOrder(const KvRunArgs& a) {
   return a.read_order == "chunks" ? kv::RestoreReadOrder::kChunks : kv::RestoreReadOrder::kLayers;
 }
 
+bool KvSizeFlagRefused(const KvRunArgs& a, const Status& s) {
+  return s.IsInvalidArgument() &&
+         (s.message().starts_with(a.kv_nvme_flag + " ") || s.message().starts_with(a.state_nvme_flag + " "));
+}
+
 Status CheckKvRunArgs(const KvRunArgs& a, const model::ModelConfig& config) {
   TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(a.store, a.dir_flag));
   TERRACE_RETURN_IF_ERROR(CheckKvPoolSizes(a));
@@ -213,10 +266,11 @@ Result<KvRun> OpenKvRun(const KvRunArgs& a, const model::ModelConfig& config, co
   TERRACE_ASSIGN_OR_RETURN(kv::KvLayout layout, Layout(a, config));
   KvRun run;
   const std::filesystem::path dir(a.store);
-  TERRACE_ASSIGN_OR_RETURN(run.kv_store, OpenPool(a, dir / "kv", a.kv_nvme_bytes, a.host_bytes, a.hbm_bytes,
-                                                  a.kv_nvme_flag, static_cast<unsigned>(kv::kRestoreKvReaders)));
-  TERRACE_ASSIGN_OR_RETURN(run.state_store,
-                           OpenPool(a, dir / "state", a.state_nvme_bytes, a.state_host_bytes, 0, a.state_nvme_flag, 1));
+  TERRACE_ASSIGN_OR_RETURN(run.kv_store,
+                           OpenPool(a, dir / "kv", a.kv_nvme_bytes, a.kv_nvme_given, a.host_bytes, a.hbm_bytes,
+                                    a.kv_nvme_flag, static_cast<unsigned>(kv::kRestoreKvReaders)));
+  TERRACE_ASSIGN_OR_RETURN(run.state_store, OpenPool(a, dir / "state", a.state_nvme_bytes, a.state_nvme_given,
+                                                     a.state_host_bytes, 0, a.state_nvme_flag, 1));
   auto cache = kv::PrefixCache::Create(
       layout, keys::ModelId(config, weights), run.kv_store.get(), run.state_store.get(),
       std::make_shared<PoolLogger>(PoolWords(a, fmt::format("{} / {}", a.kv_nvme_flag, a.state_nvme_flag))));

@@ -73,11 +73,19 @@ Status CheckKvPoolSizes(const KvRunArgs& args);
 // Creates nothing.
 Status CheckKvRunArgs(const KvRunArgs& args, const model::ModelConfig& config);
 
-// CheckKvRunArgs (its InvalidArgument is a usage error), then opens the pools. Every later error is
-// a runtime failure, whatever its code (a pool's data file that is not a Terrace store is an
-// InvalidArgument too): a caller that ran CheckKvRunArgs first fails with exit 1 on any error. The
-// pool-opening messages are in the words of the command (args.dir_flag, the NVMe size flags).
+// CheckKvRunArgs (its InvalidArgument is a usage error), then opens the pools. A later error is a
+// runtime failure, whatever its code (a pool's data file that is not a Terrace store is an
+// InvalidArgument too), except KvSizeFlagRefused: a caller that ran CheckKvRunArgs first fails with
+// exit 2 on that one and exit 1 on any other. A given NVMe size flag is checked again under the
+// pool's lock, so a pool another process created since CheckKvRunArgs with another size is refused
+// as CheckKvRunArgs refuses it; without the flag, such a pool is opened at its own size. The
+// pool-opening messages are in the words of the command (args.dir_flag, the NVMe size flags); a pool
+// another process holds is Unavailable naming that process's pid where /proc/locks lists it.
 Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config, const model::WeightSource& weights);
+
+// True for OpenKvRun's refusal of a pool whose size differs from a given NVMe size flag
+// (InvalidArgument beginning with args.kv_nvme_flag or args.state_nvme_flag): a usage error.
+bool KvSizeFlagRefused(const KvRunArgs& args, const Status& status);
 
 // The JSON object / text lines the run reports about the cache (after the write-back finished).
 nlohmann::json KvReportJson(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);

@@ -22,6 +22,7 @@
 #include "src/common/list_dir.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
+#include "tiers/nvme/lock_holders.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -68,11 +69,7 @@ Status OpenData(const nvme::StorePaths& paths, bool exclusive, std::chrono::mill
     return ErrnoStatus("cannot open the NVMe data file", paths.data, err);
   }
   if (int err = nvme::LockDataArea(fd->fd, exclusive ? LOCK_EX : LOCK_SH, lock_wait); err != 0) {
-    if (err == EWOULDBLOCK) {
-      return Status::Unavailable(fmt::format("NVMe store '{}' is in use by another process (its data file is locked); "
-                                             "close that process first",
-                                             paths.data.string()));
-    }
+    if (err == EWOULDBLOCK) return nvme::DataAreaInUse(paths.data, fd->fd, "", "close that process first");
     return ErrnoStatus("cannot lock the NVMe data file", paths.data, err);
   }
   if (int err = nvme::DataAreaBytes(fd->fd, paths.block_device, size); err != 0) {

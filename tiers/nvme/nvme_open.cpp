@@ -3,6 +3,7 @@
 #include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -15,16 +16,19 @@
 #include <ctime>
 #include <fstream>
 #include <new>
+#include <sstream>
 #include <optional>
 #include <random>
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "src/common/clock.h"
 #include "src/common/list_dir.h"
 #include "tiers/nvme/group_commit.h"
 #include "tiers/nvme/index_store.h"
+#include "tiers/nvme/lock_holders.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 #include "tiers/nvme/staging_pool.h"
@@ -375,15 +379,15 @@ Status NvmeTier::OpenFd(const fs::path& path, bool create, int* open_errno) {
     return Errno("cannot open NVMe data file", path, errno, "check the path and its permissions");
   }
   if (int err = nvme::LockDataArea(fd_, ro ? LOCK_SH : LOCK_EX, options_.lock_wait); err != 0) {
+    // The holders are looked up while fd_ is still open: FlockHolderPids finds the file by it.
+    Status refused = err == EWOULDBLOCK
+                         ? nvme::DataAreaInUse(path, fd_, ro ? " for writing" : "",
+                                               "close that process first (one writer per data area; read-only opens "
+                                               "may share it)")
+                         : Errno("cannot lock NVMe data file", path, err, "check the file system supports flock");
     ::close(fd_);
     fd_ = -1;
-    if (err == EWOULDBLOCK) {
-      return Status::Unavailable(fmt::format(
-          "NVMe store '{}' is in use by another process (its data file is locked{}); close that process first (one "
-          "writer per data area; read-only opens may share it)",
-          path.string(), ro ? " for writing" : ""));
-    }
-    return Errno("cannot lock NVMe data file", path, err, "check the file system supports flock");
+    return refused;
   }
   nvme::IoEngineConfig cfg{fd_, options_.queue_depth, options_.io_threads};
   TERRACE_ASSIGN_OR_RETURN(engine_, hooks_.engine(cfg));
@@ -1120,5 +1124,39 @@ Status NvmeTier::VerifyAllBlocks() {
   }
   return options_.read_only ? Status::Ok() : committer_->Flush();
 }
+
+namespace nvme {
+
+std::vector<long> FlockHolderPids(int fd) {
+  std::vector<long> pids;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return pids;
+  // /proc/locks lines: "<n>: FLOCK ADVISORY WRITE <pid> <major hex>:<minor hex>:<inode> 0 EOF";
+  // a waiter's line has "->" after "<n>:" and holds nothing.
+  const std::string file = fmt::format("{:02x}:{:02x}:{}", major(st.st_dev), minor(st.st_dev), st.st_ino);
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    std::istringstream words(line);
+    std::string n, kind, mode, access, dev_ino;
+    long pid = 0;
+    if (!(words >> n >> kind >> mode >> access >> pid >> dev_ino)) continue;
+    if (kind == "FLOCK" && dev_ino == file && pid > 0) pids.push_back(pid);
+  }
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  return pids;
+}
+
+Status DataAreaInUse(const fs::path& data, int fd, std::string_view detail, std::string_view advice) {
+  const std::vector<long> pids = FlockHolderPids(fd);
+  const std::string holder = pids.empty()      ? std::string("another process")
+                             : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
+                                                : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+  return Status::Unavailable(fmt::format("NVMe store '{}' is in use by {} (its data file is locked{}); {}",
+                                         data.string(), holder, detail, advice));
+}
+
+}  // namespace nvme
 
 }  // namespace terrace

@@ -1,0 +1,24 @@
+// Who holds the lock on an NVMe data area, for the refusal of an open that could not take it.
+// Defined in nvme_open.cpp.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+#include <vector>
+
+#include "terrace/status.h"
+
+namespace terrace::nvme {
+
+// The pids that /proc/locks lists as holding a flock (LockDataArea's lock) on the file `fd` is open
+// on, ascending, each once; empty when none is listed or /proc/locks cannot be read. One look: a
+// holder may exit right after it.
+std::vector<long> FlockHolderPids(int fd);
+
+// The Unavailable of an open that LockDataArea refused with EWOULDBLOCK on `fd` (the open data area
+// `data`): "NVMe store '<data>' is in use by <holder> (its data file is locked<detail>); <advice>",
+// where <holder> is "another process (pid N)", "other processes (pids N, M)" for several holders, or
+// "another process" when FlockHolderPids lists none.
+Status DataAreaInUse(const std::filesystem::path& data, int fd, std::string_view detail, std::string_view advice);
+
+}  // namespace terrace::nvme
