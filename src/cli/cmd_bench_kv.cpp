@@ -217,6 +217,7 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
   TierTally all;
   std::int64_t restored = 0, computed = 0;
   double ttft_sum = 0;
+  std::uint64_t bytes_written = 0;  // the blocks the turns wrote, each once
   for (int t = 0; t < a.turns; ++t) {
     for (int c = 0; c < a.conversations; ++c) {
       TERRACE_RETURN_IF_ERROR(StopCheck());
@@ -228,7 +229,7 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
       model::Session session(m);
       session.set_hooks(progress.Hooks());
       const TierTally before = Tally(run);
-      const std::uint64_t failures_before = run.cache->Stats().write_failures;
+      const kv::PrefixCacheStats cache_before = run.cache->Stats();
       const auto t0 = std::chrono::steady_clock::now();
       TERRACE_ASSIGN_OR_RETURN(const kv::CachedPrefill r,
                                kv::PrefillWithCache(&session, *run.cache, run.cache->Prepare(prompt, kv.tenant)));
@@ -250,7 +251,10 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
       row["restore_s"] = r.restore.seconds;
       row["restore_wait_s"] = r.restore.wait_seconds;
       row["fallbacks"] = r.restore.fallbacks;
-      row["write_failures"] = run.cache->Stats().write_failures - failures_before;
+      const kv::PrefixCacheStats cache_after = run.cache->Stats();
+      row["write_failures"] = cache_after.write_failures - cache_before.write_failures;
+      row["bytes_written"] = cache_after.bytes_written - cache_before.bytes_written;  // each block once
+      bytes_written += cache_after.bytes_written - cache_before.bytes_written;
       PutTierFigures(turn, turn, &row);
       rows.push_back(std::move(row));
     }
@@ -270,6 +274,7 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
   j["ttft_restore_s_sum"] = ttft_sum;
   j["seconds"] = progress.seconds();
   j["write_failures"] = st.write_failures;
+  j["bytes_written"] = bytes_written;
   PutTierFigures(all, all, &j);
   j["rows"] = std::move(rows);
   run.cache.reset();
@@ -333,27 +338,28 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   fmt::print("\nmulti-turn: {} conversations x {} turns, system prompt {} tokens, {} new tokens per turn; {:.1f} s\n",
              mt["conversations"].get<int>(), mt["turns"].get<int>(), mt["system_tokens"].get<int>(),
              mt["user_tokens"].get<int>(), mt["seconds"].get<double>());
+  // "written": the bytes of the blocks the turn wrote, each once (a write-through block reaches
+  // two tiers; the summary line gives the bytes per tier).
   Table turns({"turn", "conversation", "prompt", "restored", "computed", "ttft restore s", "hbm", "host", "nvme",
                "blocks", "written"});
   auto pct = [](const nlohmann::json& r, const char* tier) {
     return fmt::format("{:.0f}%", 100.0 * r["hit_rate_by_tier"][tier].get<double>());
   };
   for (const auto& r : mt["rows"]) {
-    std::uint64_t written = 0;
-    for (const auto& [tier, b] : r["bytes_written_by_tier"].items()) written += b.get<std::uint64_t>();
     turns.Add({fmt::format("{}", r["turn"].get<int>()), fmt::format("{}", r["conversation"].get<int>()),
                fmt::format("{}", r["prompt_tokens"].get<std::int64_t>()),
                fmt::format("{}", r["restored_tokens"].get<std::int64_t>()),
                fmt::format("{}", r["computed_tokens"].get<std::int64_t>()),
                fmt::format("{:.4f}", r["ttft_restore_s"].get<double>()), pct(r, "hbm"), pct(r, "host"), pct(r, "nvme"),
                fmt::format("{}", r["blocks_requested"].get<std::uint64_t>()),
-               FormatBytes(static_cast<double>(written))});
+               FormatBytes(r["bytes_written"].get<double>())});
   }
   fmt::print("{}", turns.Render());
-  fmt::print("multi-turn: restored {} tokens, computed {}; the restores' blocks by tier: {}; written {}; {} write "
-             "failure(s)\n",
+  fmt::print("multi-turn: restored {} tokens, computed {}; the restores' blocks by tier: {}; wrote {} of blocks (to the "
+             "tiers: {}); {} write failure(s)\n",
              mt["restored_tokens"].get<std::int64_t>(), mt["computed_tokens"].get<std::int64_t>(), TierRateText(mt),
-             TierBytesText(mt["bytes_written_by_tier"]), mt["write_failures"].get<std::uint64_t>());
+             FormatBytes(mt["bytes_written"].get<double>()), TierBytesText(mt["bytes_written_by_tier"]),
+             mt["write_failures"].get<std::uint64_t>());
 }
 
 int RunBenchKv(const BenchKvArgs& a) {

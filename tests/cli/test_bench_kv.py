@@ -245,6 +245,11 @@ def check_multi_turn(mt, system=80, user=40, turns=3, conversations=2):
     for t in TIERS:
         assert mt["blocks_read_by_tier"][t] == sum(r["blocks_read_by_tier"][t] for r in rows)
         assert mt["bytes_written_by_tier"][t] == sum(r["bytes_written_by_tier"][t] for r in rows)
+    # "written" counts each block once: a write-through block reaches host and NVMe, so the bytes
+    # per tier are each as large as the blocks written, and their sum twice as large.
+    assert mt["bytes_written"] == sum(r["bytes_written"] for r in rows) > 0
+    for r in rows:
+        assert r["bytes_written"] <= max(r["bytes_written_by_tier"].values())
     check_tier_shares(mt)
     assert mt["write_failures"] == 0
 
