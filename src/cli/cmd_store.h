@@ -3,6 +3,7 @@
 // check` and `store drill` both run. Internal to the CLI.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -54,6 +55,13 @@ StoreWords CommandDirWords(std::string dir_flag, std::string path_words, std::st
 // DIR/state, as `model run --store DIR` or `demo --dir DIR` made them; demo marks its pools with
 // terrace-demo.marker) is started over by the command that made it, not by 'store fill'.
 StoreWords StoreCommandWords(const std::string& dir);
+
+// The CLI's words for the tier's refusal of a store (`what`: "pool", "expert store") in `store_dir`
+// whose data file another process holds locked (the message says "is in use by <holder> (its data
+// file is locked"): that holder uses the `dir_flag` directory, which serves one process at a time;
+// `waited` is how long the open waited for the lock. nullopt for any other error.
+std::optional<Status> DirInUse(std::string_view dir_flag, std::string_view what, const std::filesystem::path& store_dir,
+                               std::chrono::milliseconds waited, const Status& e);
 
 // The tier's messages speak of API fields (capacity_bytes, options.index_dir) and of remedies the
 // library offers (reformat, read-write opens); the CLI's name the flags and the commands. Rewrites

@@ -23,6 +23,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "tiers/nvme/format.h"
+#include "tiers/nvme/lock_holders.h"
 #include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 
@@ -92,6 +93,21 @@ StoreWords StoreCommandWords(const std::string& dir) {
                                       parent.string(), (d / "terrace.data").string());
   }
   return w;
+}
+
+std::optional<Status> DirInUse(std::string_view dir_flag, std::string_view what, const fs::path& store_dir,
+                               std::chrono::milliseconds waited, const Status& e) {
+  constexpr std::string_view kBy = "is in use by ", kLocked = " (its data file is locked";
+  const std::string& m = e.message();
+  const std::size_t by = m.find(kBy);
+  if (e.code() != Code::kUnavailable || by == std::string::npos) return std::nullopt;
+  const std::size_t from = by + kBy.size(), to = m.find(kLocked, from);
+  if (to == std::string::npos) return std::nullopt;
+  return Status::Unavailable(fmt::format(
+      "{}: {} is using this {} directory (its {} {} stayed locked for the {:.0f} s this run waited); wait for it to "
+      "finish or give another {} directory",
+      dir_flag, m.substr(from, to - from), dir_flag, what, store_dir.string(),
+      std::chrono::duration<double>(waited).count(), dir_flag));
 }
 
 std::string InCliWords(std::string_view message, const StoreWords& w) {
@@ -467,9 +483,7 @@ Result<SharedDataLock> SharedDataLock::Take(const NvmeTierOptions& options) {
   SharedDataLock lock(fd);
   if (int err = nvme::LockDataArea(fd, LOCK_SH, options.lock_wait); err != 0) {
     if (err == EWOULDBLOCK) {
-      return Status::Unavailable(fmt::format("NVMe store '{}' is in use by another process (its data file is locked); "
-                                             "close that process first",
-                                             paths.data.string()));
+      return nvme::DataAreaInUse(paths.data, fd, "", "wait for it to finish, then run the command again");
     }
     return Status::IoError(fmt::format("cannot lock the NVMe data file '{}': {}", paths.data.string(),
                                        std::strerror(err)));

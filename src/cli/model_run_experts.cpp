@@ -117,6 +117,9 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   if (home == "host") so.put_tier = TierId::kHost;
   auto store = Store::Open(so);
   if (!store.ok()) {
+    if (std::optional<Status> busy =
+            store_cmd::DirInUse("--store", "expert store", nvme_dir, so.nvme.lock_wait, store.status()))
+      return *busy;
     const Status e = store.status().WithContext(std::string(kOpeningExpertStore));
     store_cmd::StoreWords w = store_cmd::CommandDirWords(
         "--store", "--store",

@@ -126,24 +126,6 @@ Result<std::unique_ptr<Store>> OpenPoolStore(StoreOptions o, const std::filesyst
   return Store::Open(o);
 }
 
-// The CLI's words for the tier's refusal of a pool whose data file another process holds locked
-// (its message says "is in use by <holder> (its data file is locked"): that holder uses the
-// directory, one `a.dir_flag` directory serves one process at a time. nullopt for any other error.
-std::optional<Status> PoolInUse(const KvRunArgs& a, const std::filesystem::path& dir, const StoreOptions& o,
-                                const Status& e) {
-  constexpr std::string_view kBy = "is in use by ", kLocked = " (its data file is locked";
-  const std::string& m = e.message();
-  const std::size_t by = m.find(kBy);
-  if (e.code() != Code::kUnavailable || by == std::string::npos) return std::nullopt;
-  const std::size_t from = by + kBy.size(), to = m.find(kLocked, from);
-  if (to == std::string::npos) return std::nullopt;
-  return Status::Unavailable(fmt::format(
-      "{}: {} is using this {} directory (its pool {} stayed locked for the {:.0f} s this run waited); wait for it to "
-      "finish or give another {} directory",
-      a.dir_flag, m.substr(from, to - from), a.dir_flag, dir.string(),
-      std::chrono::duration<double>(o.nvme.lock_wait).count(), a.dir_flag));
-}
-
 Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesystem::path& dir, std::uint64_t nvme,
                                         bool nvme_given, std::uint64_t host, std::uint64_t hbm,
                                         std::string_view nvme_flag, unsigned io_threads) {
@@ -171,7 +153,8 @@ Result<std::unique_ptr<Store>> OpenPool(const KvRunArgs& a, const std::filesyste
   o.promote_on_get = false;
   auto s = OpenPoolStore(o, dir, nvme_given, nvme_flag);
   if (!s.ok()) {
-    if (std::optional<Status> busy = PoolInUse(a, dir, o, s.status())) return *busy;
+    if (std::optional<Status> busy = store_cmd::DirInUse(a.dir_flag, "pool", dir, o.nvme.lock_wait, s.status()))
+      return *busy;
     if (KvSizeFlagRefused(a, s.status())) return s.status();
     const Status e = s.status().WithContext(
         fmt::format("{}: opening the pool in {} (its NVMe size is {} when created)", a.dir_flag, dir.string(), nvme_flag));

@@ -156,3 +156,26 @@ def test_store_command_in_use_names_the_holder(terrace, toy_model, tmp_path):
         r = terrace("store", "recover", "--dir", store / "kv")
     assert r.returncode == 1, r.stderr
     assert f"is in use by another process (pid {os.getpid()})" in r.stderr
+
+
+def test_store_check_of_a_pool_in_use_names_the_holder_and_says_to_wait(terrace, toy_model, tmp_path):
+    # `store check` reads under a shared lock: a writer's exclusive one keeps it out.
+    store = tmp_path / "st"
+    make_pools(terrace, toy_model, store, "--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB")
+    with locked(store / "kv" / "terrace.data"):
+        r = terrace("store", "check", "--dir", store / "kv")
+    assert r.returncode == 1, r.stderr
+    assert f"is in use by another process (pid {os.getpid()})" in r.stderr
+    assert "wait for it to finish, then run the command again" in r.stderr and "close that process" not in r.stderr
+
+
+def test_expert_store_in_use_names_the_holder_and_the_store_flag(terrace, toy_model, tmp_path):
+    store = tmp_path / "st"
+    experts = ("--expert-cache", "50%", "--expert-home", "nvme")
+    make_pools(terrace, toy_model, store, "--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB", *experts)
+    with locked(store / "experts" / "terrace.data"):
+        rc, err = finish(model_run(terrace, toy_model, store, *experts))
+    assert rc == 1, err
+    assert (f"--store: another process (pid {os.getpid()}) is using this --store directory (its expert store "
+            f"{store / 'experts'} stayed locked") in err
+    assert "close that process" not in err and "read-only opens" not in err
