@@ -335,6 +335,33 @@ TEST_CASE("cli dirs: only a marked Terrace store is removed", "[cli]") {
   REQUIRE(RemoveOwnedStore(tmp.path() / "link", "m.marker", "--dir", "demo").status().IsInvalidArgument());
 }
 
+TEST_CASE("cli dirs: a folder of owned stores holding any other entry is not a killed run's leftover", "[cli]") {
+  terrace::testing::TempDir tmp("cli-only-owned");
+  const fs::path d = tmp.path() / "bench";
+  fs::create_directories(d / "nvme");
+  Write(d / "nvme" / "m.marker", "x");  // a killed run's leftover: its marker only
+  REQUIRE(IsOwnedStoreOrLeftover(d / "nvme", "m.marker"));
+  REQUIRE(HoldsOnlyOwnedStores(d, {"nvme"}, "m.marker", EmptySubDirs::kRefuse));
+  for (const EmptySubDirs empty : {EmptySubDirs::kRefuse, EmptySubDirs::kAccept}) {
+    // A user's file next to it, whatever its name or where it sorts, makes the folder the user's.
+    for (const char* name : {"precious.txt", "a.txt", "zz", "nvme2"}) {
+      Write(d / name, "mine");
+      CAPTURE(name);
+      REQUIRE_FALSE(HoldsOnlyOwnedStores(d, {"nvme"}, "m.marker", empty));
+      fs::remove(d / name);
+    }
+    fs::create_directories(d / "notes");  // an empty folder not in the list, even where empty ones are accepted
+    REQUIRE_FALSE(HoldsOnlyOwnedStores(d, {"nvme"}, "m.marker", empty));
+    fs::remove(d / "notes");
+  }
+  REQUIRE(HoldsOnlyOwnedStores(d, {"nvme"}, "m.marker", EmptySubDirs::kRefuse));
+  fs::remove(d / "nvme" / "m.marker");
+  fs::remove(d / "nvme");
+  Write(d / "precious.txt", "mine");  // only foreign entries: refused too
+  REQUIRE_FALSE(HoldsOnlyOwnedStores(d, {"nvme"}, "m.marker", EmptySubDirs::kRefuse));
+  REQUIRE(Slurp(d / "precious.txt") == "mine");
+}
+
 namespace {
 
 // The process's thread count (/proc/self/status "Threads:"); -1 when unreadable.

@@ -2,6 +2,8 @@
 import json
 import os
 
+from conftest import snapshot
+
 
 def test_bench_store_json_small(terrace, tmp_path):
     d = tmp_path / "bs"
@@ -75,3 +77,27 @@ def test_bench_store_get_host_reads_into_a_prefaulted_buffer(terrace, tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert 0 <= j["get_host_minor_faults"] < 4096 // 4, j["get_host_minor_faults"]
+
+
+def test_bench_store_and_kv_refuse_a_killed_runs_leftover_next_to_a_users_file(terrace, toy_model, tmp_path):
+    """A --dir holding only a killed run's marked store folder is cleared and used; the same folder next to
+    any other entry is the user's: refused, nothing removed."""
+    cases = [(("bench", "store", "--total-bytes", "64KiB", "--block-size", "4KiB", "--repeat", "1", "--json"),
+              "nvme", "terrace-bench-store.marker"),
+             (("bench", "kv", "--model", toy_model, "--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB",
+               "--chunk-tokens", "32", "--prefix-tokens", "64", "--turns", "0", "--json"),
+              "kv", "terrace-bench-kv.marker")]
+    for args, sub, marker in cases:
+        d = tmp_path / sub
+        (d / sub).mkdir(parents=True)
+        (d / sub / marker).touch()  # a killed run's leftover: its marker only
+        (d / "precious.txt").write_text("mine\n")
+        before = snapshot(d)
+        r = terrace(*args, "--dir", d, timeout=300)
+        assert r.returncode == 2 and "--dir" in r.stderr and "not empty" in r.stderr, (args, r.stdout, r.stderr)
+        assert snapshot(d) == before, args
+        (d / "precious.txt").unlink()  # the leftover alone is removed and the run goes ahead
+        r = terrace(*args, "--dir", d, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+        assert "left behind by an earlier run" in r.stderr, r.stderr
+        assert d.is_dir() and os.listdir(d) == []

@@ -138,6 +138,29 @@ TEST_CASE("without the routing hook, expert load counts each layer's distinct se
   CHECK(Has(prom, "terrace_experts_hot_expert_load{layer=\"1\",expert=\"9\"} 1"));
 }
 
+TEST_CASE("a layer's hit rate counts late hits and misses against it", "[experts][metrics]") {
+  // Hits are acquires served without waiting: a late hit waited, so it is in the denominator only.
+  LayerMetrics l;
+  l.layer = 1;
+  l.hits = 1;
+  l.late_hits = 1;
+  l.misses = 2;
+  CHECK(l.hit_rate() == Approx(0.25));
+  l.misses = 0;
+  CHECK(l.hit_rate() == Approx(0.5));
+  l.hits = 0;
+  l.late_hits = 0;
+  CHECK(l.hit_rate() == 0.0);  // no acquires: 0, not NaN
+  ExpertMetrics m;
+  m.layers.resize(1);
+  m.layers[0].layer = 1;
+  m.layers[0].hits = 1;
+  m.layers[0].late_hits = 1;
+  m.layers[0].misses = 2;
+  const nlohmann::json j = nlohmann::json::parse(m.ToJson());
+  CHECK(j["layers"][0]["hit_rate"] == Approx(0.25));
+}
+
 TEST_CASE("undefined precision and recall are null, n/a and no Prometheus sample, never 0", "[experts][metrics]") {
   ExpertMetrics m;
   m.layers.resize(3);

@@ -111,6 +111,23 @@ TEST_CASE("Expert cache: a bigger budget never stalls more; the whole model cach
         Approx((1 - a.experts.hit_rate) * 16 * 92 * static_cast<double>(a.weights.expert_bytes)));
 }
 
+TEST_CASE("Decode with stalls: each of the step's sequences waits for its own token's expert misses") {
+  // stall_s_per_token_batched is per token; a decode step makes `concurrency` tokens, so the step
+  // with stalls is decode_step_s + stall per token x concurrency.
+  for (const int conc : {1, 32, 64}) {
+    CAPTURE(conc);
+    PlanOptions o;
+    o.expert_cache_bytes = 64ull << 30;  // small: experts miss, so there are stalls
+    o.workload.concurrency = conc;
+    const Plan p = K3Plan("bf16", o);
+    const LifecyclePlan& lc = p.lifecycle;
+    REQUIRE(p.experts.stall_s_per_token_batched > 0);
+    CHECK(lc.decode_step_with_stalls_s ==
+          Approx(lc.decode_step_s + p.experts.stall_s_per_token_batched * static_cast<double>(conc)));
+    CHECK(lc.decode_tokens_per_s_with_stalls == Approx(conc / lc.decode_step_with_stalls_s));
+  }
+}
+
 TEST_CASE("Tiers: sequences per tier are the KV bytes over one sequence's bytes") {
   const Plan p = K3Plan();
   const std::uint64_t seq = (32768 + 512) * 27648ull + 69ull * (6291456 + 442368);

@@ -630,7 +630,8 @@ def test_drill_refuses_a_directory_it_did_not_make(tmp_path):
 DRILL_QUICK = ("--kills", "1", "--capacity", "16MiB", "--max-acks", "4", "--block-size", "64KiB")
 
 
-@pytest.mark.parametrize("plant", ["file-in-index", "damaged-index-of-mine", "folder-in-index", "data-not-a-store"])
+@pytest.mark.parametrize("plant", ["file-in-index", "damaged-index-of-mine", "folder-in-index", "data-not-a-store",
+                                   "creating-not-blank"])
 def test_drill_never_removes_a_user_file_inside_its_store_folders(tmp_path, plant):
     """A store folder of an earlier drill is removed only while every file in it, down into index/ and the
     index.damaged-*/ folders, is one a store writes; one foreign file refuses the run and nothing is removed."""
@@ -648,6 +649,11 @@ def test_drill_never_removes_a_user_file_inside_its_store_folders(tmp_path, plan
         (d / "eio" / "index" / "notes").mkdir()
         mine = d / "eio" / "index" / "notes" / "todo.txt"
         mine.write_text("keep\n")
+    elif plant == "creating-not-blank":
+        # A terrace.data.creating is a killed creation's only while its superblock is a store's or all
+        # zeros; non-zero bytes (a NUL among them, so "holds a zero byte" is not enough) make it a user's.
+        mine = d / "short" / "terrace.data.creating"
+        mine.write_bytes(b"my data\0with a NUL byte\n")
     else:
         mine = d / "short" / "terrace.data"
         mine.write_bytes(b"my own terrace.data, not a store\n")
