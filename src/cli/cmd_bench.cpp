@@ -480,6 +480,13 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
     const std::filesystem::path idx(a.index_dir);
     struct stat st {};
     if (::lstat(idx.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && DescribePathKind(idx / kBenchMarker) == "a regular file") {
+      // Only the marker and index files: anything else is not the bench's to remove.
+      if (std::optional<std::filesystem::path> foreign = ForeignIndexEntry(idx, kBenchMarker)) {
+        return Status::InvalidArgument(fmt::format(
+            "--index-dir {} holds the bench's {} and also '{}', which an index never holds; nothing was removed "
+            "(move that entry out, or give another --index-dir)",
+            idx.string(), kBenchMarker, foreign->filename().string()));
+      }
       fmt::print(stderr, "bench: removing '{}', an index directory left behind by an earlier 'terrace bench tiers' "
                  "run that did not finish (it holds the bench's {})\n", idx.string(), kBenchMarker);
       std::filesystem::remove_all(idx, ec);
@@ -538,7 +545,7 @@ int RunBenchTiers(const BenchArgs& a) {
   std::filesystem::path dir = a.dir.empty() ? std::filesystem::path("terrace-bench") : std::filesystem::path(a.dir);
   if (a.tier == "nvme") {
     if (Status s = CheckBenchPaths(a, dir); !s.ok()) return FailUsage(s.message());
-    if (Status s = RemoveLeftovers(a, dir); !s.ok()) return Fail(s.ToString());
+    if (Status s = RemoveLeftovers(a, dir); !s.ok()) return s.IsInvalidArgument() ? FailUsage(s.message()) : Fail(s.ToString());
   }
   bool reopened = false;  // --dir holds the store an earlier --keep run made
   if (a.tier == "nvme") {

@@ -92,12 +92,14 @@ bool IsStoreDataFile(const fs::path& data) {
   return nvme::Superblock::DecodeUnit(buf, data.string()).ok();
 }
 
-std::optional<fs::path> ForeignIndexEntry(const fs::path& index) {
+std::optional<fs::path> ForeignIndexEntry(const fs::path& index, std::string_view marker) {
   if (!IsKind(index, S_IFDIR)) return index;
   std::error_code ec;
   for (fs::directory_iterator it(index, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& p = it->path();
-    if (!nvme::IsIndexStoreFileName(p.filename().string()) || !IsKind(p, S_IFREG)) return p;
+    const std::string name = p.filename().string();
+    const bool ours = nvme::IsIndexStoreFileName(name) || (!marker.empty() && name == marker);
+    if (!ours || !IsKind(p, S_IFREG)) return p;
   }
   if (ec) return index;
   return std::nullopt;

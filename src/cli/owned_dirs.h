@@ -36,8 +36,9 @@ bool IsStoreDataFile(const std::filesystem::path& data);
 // nvme::IsIndexStoreFileName accepts, so a subdirectory, a symlink or a file of another name.
 // `index` itself when it is not a real directory or cannot be listed; nullopt when every entry is
 // an index file (an empty directory included). What decides whether a folder may be removed as
-// an index.
-std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index);
+// an index. A regular file named `marker` (when not empty) is taken as the index's own too.
+std::optional<std::filesystem::path> ForeignIndexEntry(const std::filesystem::path& index,
+                                                       std::string_view marker = {});
 
 // A path for a new scratch directory (not created) of a command whose directory flag `flag` was
 // not given: <temporary directory>/<prefix>-<ProcessTag()>-<8 random hex digits>, the temporary directory being

@@ -581,9 +581,6 @@ def test_bench_removes_what_a_stopped_cleanup_left(terrace, tmp_path, left):
     assert not d.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="RemoveLeftovers (src/cli/cmd_bench.cpp) calls remove_all on an --index-dir "
-                   "that holds terrace-bench.marker whatever else is in it, so a user's file beside the marker is "
-                   "deleted; to be fixed in cmd_bench.cpp")
 def test_bench_keeps_a_users_file_in_an_index_dir_leftover(terrace, tmp_path):
     """A killed `bench tiers --index-dir I` leaves I holding RocksDB's files and the bench's marker. The
     marker makes the index files the bench's, not a file of the user's put beside them: the run must refuse
