@@ -223,6 +223,12 @@ class StoreImpl {
   std::vector<Status> GetBatch(std::span<Store::GetItem> items, const GetOptions& opts = {});
   std::vector<Status> GetBatch(std::span<Store::GetRefItem> items);  // device_path.cpp
   std::vector<Status> GetRanges(std::span<Store::GetRangeItem> items);  // range_read.cpp
+  // One lookup-and-read pass of GetRanges over items[pending]: sets st[i] for each, and returns the
+  // items to look up again (the tier named answered NotFound: the copy moved; or the key was just
+  // adopted from a shared tier, which only happens with adopt_shared, and then takes the keys'
+  // stripes: the caller must hold none). The reads take no store lock.
+  std::vector<std::size_t> RangeRound(std::span<Store::GetRangeItem> items, std::span<const std::size_t> pending,
+                                      bool adopt_shared, std::vector<Status>& st);
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
