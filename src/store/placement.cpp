@@ -75,7 +75,7 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
   }
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
-    if (dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
+    if (dst.allocated_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
       Status s = write();
       if (s.ok()) {
         m.Add(m.puts);
@@ -247,12 +247,12 @@ void StoreImpl::MaybeScheduleDemotion(int t) {
   if (stopping_.load(std::memory_order_acquire) || t == LowestSlot()) return;
   const Tier& src = tier(t);
   auto cap = static_cast<double>(src.caps().capacity_bytes);
-  if (static_cast<double>(src.used_bytes()) <= options_.high_watermark * cap) return;
+  if (static_cast<double>(src.allocated_bytes()) <= options_.high_watermark * cap) return;
   if (slot(t).demotion_scheduled.exchange(true)) return;
   demotion_lane_.Post([this, t, cap] {
     const Tier& tr = tier(t);
     while (!stopping_.load(std::memory_order_acquire) &&
-           static_cast<double>(tr.used_bytes()) > options_.low_watermark * cap) {
+           static_cast<double>(tr.allocated_bytes()) > options_.low_watermark * cap) {
       if (!EvictOne(t).ok()) break;
     }
     slot(t).demotion_scheduled.store(false);
