@@ -1,5 +1,5 @@
 // ForwardingTier: the base of the test tiers that wrap a real tier to record, delay, gate or
-// relabel some of its calls. Forwards Put, Get, Lookup, Erase, Pin, Unpin, the sizes, ForEach and
+// relabel some of its calls. Forwards Put, Get, Lookup, Erase, Pin, Unpin, the sizes (used and allocated bytes), ForEach and
 // Stats to `inner`; everything else keeps Tier's defaults (no resident pointers, no reservations,
 // looping batches). caps() is a copy of the inner tier's, which a subclass may edit in its
 // constructor (caps_). Thread-safety: as the inner tier's, plus whatever the subclass adds.
@@ -32,6 +32,7 @@ class ForwardingTier : public Tier {
   Status Pin(const BlockKey& key) override { return inner_->Pin(key); }
   Status Unpin(const BlockKey& key) override { return inner_->Unpin(key); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   std::uint64_t block_count() const override { return inner_->block_count(); }
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { inner_->ForEach(fn); }
   TierStatsSnapshot Stats() const override { return inner_->Stats(); }

@@ -7,8 +7,13 @@
 // - Put places a block in put_tier (or PutOptions::tier; if that tier is absent, the nearest
 //   present tier below it) and removes the key's copies elsewhere. Write-through also writes the
 //   lowest present tier first. Putting the bytes already stored is a no-op (put_dedup_hits).
-// - A failed Put leaves the store as it was, except a write-through Put that fails after its
-//   lowest-tier write: then every copy of the key is removed and the Status says so. (A Put from
+// - A write-through Put whose target tier has no room (OutOfCapacity after the lowest tier's
+//   write: its blocks pinned or busy) returns OK with the block in the lowest tier only, as if
+//   evicted at once (StoreStats::puts_placed_lower). A block larger than the target tier can ever
+//   hold is refused before anything is written.
+// - A failed Put leaves the store as it was, except a write-through Put whose target-tier write
+//   fails otherwise (an I/O error) after its lowest-tier write replaced the previous version there:
+//   then every copy of the key is removed and the Status says so. (A Put from
 //   device memory writes the lowest tier last: when that write fails, the new version is removed
 //   and the previous one kept, except its copy in the target tier, which the Put had replaced.)
 // - Get reads the fastest copy and verifies its checksum. A mismatch is re-read under the key's
@@ -161,6 +166,9 @@ struct StoreStats {
   std::uint64_t lower_tier_reads = 0;     // reads issued below put_tier (after dedup)
   std::uint64_t range_reads = 0, range_read_bytes = 0;  // GetRanges items answered OK, and their lengths
   std::uint64_t put_dedup_hits = 0;       // Puts of bytes identical to the stored block (skipped)
+  // Write-through Puts acknowledged with the block in the lowest tier only: their target tier had no
+  // room (its blocks pinned or busy), so the block is where an eviction would have put it.
+  std::uint64_t puts_placed_lower = 0;
   std::uint64_t prefetch_issued = 0;      // prefetch items that moved a block
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
   std::uint64_t prefetch_late = 0;        // Gets that waited on an in-flight prefetch of their key

@@ -232,7 +232,12 @@ class Tier {
   // Durability barrier: returns once every acknowledged Put is durable. No-op for volatile tiers.
   virtual Status Flush() { return Status::Ok(); }
 
+  // The blocks' own bytes (their sizes summed): what TierStatsSnapshot::used_bytes reports.
   virtual std::uint64_t used_bytes() const = 0;
+  // The tier's space its blocks take (>= used_bytes(); more where the tier rounds blocks up, e.g.
+  // to whole 4 KiB pages): the store's room and watermark checks compare it with capacity_bytes.
+  // Default: used_bytes().
+  virtual std::uint64_t allocated_bytes() const { return used_bytes(); }
   virtual std::uint64_t block_count() const = 0;
   // Visits every block (snapshot order is unspecified). `fn` must not call back into the tier.
   virtual void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const = 0;

@@ -49,20 +49,24 @@ Status StoreImpl::PlaceInTier(int t, const BlockKey& key, const BlockDesc& desc,
   return PlaceWith(t, key, desc.size, [&] { return TimedTierPut(t, key, desc, data); }, busy);
 }
 
+Status StoreImpl::CheckBlockFits(int t, const BlockKey& key, std::uint64_t size) const {
+  const TierCaps& caps = tier(t).caps();
+  std::uint64_t limit = caps.capacity_bytes;
+  if (caps.max_block_bytes != 0) limit = std::min(limit, caps.max_block_bytes);
+  if (size <= limit) return Status::Ok();
+  return Status::OutOfCapacity(fmt::format(
+      "block {} ({} bytes) is larger than tier {} allows ({} bytes capacity, {} bytes max block); "
+      "put it in a larger tier (PutOptions::tier) or raise the tier's capacity",
+      key.ToString(), size, SlotName(t), caps.capacity_bytes, caps.max_block_bytes));
+}
+
 Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write,
                             BusyVictims busy) {
   const BlockDesc desc{size, Codec::kRaw, 0};  // only its size is used below
   Tier& dst = tier(t);
   TierCounters& m = slot(t).measured;
   const TierCaps& caps = dst.caps();
-  std::uint64_t limit = caps.capacity_bytes;
-  if (caps.max_block_bytes != 0) limit = std::min(limit, caps.max_block_bytes);
-  if (desc.size > limit) {
-    return Status::OutOfCapacity(fmt::format(
-        "block {} ({} bytes) is larger than tier {} allows ({} bytes capacity, {} bytes max block); "
-        "put it in a larger tier (PutOptions::tier) or raise the tier's capacity",
-        key.ToString(), desc.size, SlotName(t), caps.capacity_bytes, caps.max_block_bytes));
-  }
+  TERRACE_RETURN_IF_ERROR(CheckBlockFits(t, key, size));
   std::uint64_t reclaim = 0;  // a copy of this key already in `t` is replaced in place
   {
     MutexLock lock(&mu_);
@@ -71,7 +75,7 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
   }
   Status last;
   for (int attempt = 0; attempt < 256; ++attempt) {
-    if (dst.used_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
+    if (dst.allocated_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
       Status s = write();
       if (s.ok()) {
         m.Add(m.puts);
@@ -243,12 +247,12 @@ void StoreImpl::MaybeScheduleDemotion(int t) {
   if (stopping_.load(std::memory_order_acquire) || t == LowestSlot()) return;
   const Tier& src = tier(t);
   auto cap = static_cast<double>(src.caps().capacity_bytes);
-  if (static_cast<double>(src.used_bytes()) <= options_.high_watermark * cap) return;
+  if (static_cast<double>(src.allocated_bytes()) <= options_.high_watermark * cap) return;
   if (slot(t).demotion_scheduled.exchange(true)) return;
   demotion_lane_.Post([this, t, cap] {
     const Tier& tr = tier(t);
     while (!stopping_.load(std::memory_order_acquire) &&
-           static_cast<double>(tr.used_bytes()) > options_.low_watermark * cap) {
+           static_cast<double>(tr.allocated_bytes()) > options_.low_watermark * cap) {
       if (!EvictOne(t).ok()) break;
     }
     slot(t).demotion_scheduled.store(false);

@@ -79,6 +79,7 @@ StoreStats StoreImpl::Stats() const {
   st.range_reads = ld(range_reads_);
   st.range_read_bytes = ld(range_read_bytes_);
   st.put_dedup_hits = ld(put_dedup_hits_);
+  st.puts_placed_lower = ld(puts_placed_lower_);
   st.prefetch_issued = ld(prefetch_issued_);
   st.prefetch_useful = ld(prefetch_useful_);
   st.prefetch_late = ld(prefetch_late_);
@@ -123,7 +124,8 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_tier_capacity_bytes", "gauge", "Tier capacity.", &TierStatsSnapshot::capacity_bytes},
       {"terrace_tier_used_bytes", "gauge", "Bytes of the blocks held (their sizes summed).", &TierStatsSnapshot::used_bytes},
       {"terrace_tier_allocated_bytes", "gauge",
-       "Space the blocks take (NVMe: data rounded up to 4 KiB plus a 4 KiB descriptor each); compare with capacity.",
+       "Space the blocks take (host, HBM: whole 4 KiB pages; NVMe: data rounded up to 4 KiB plus a 4 KiB descriptor "
+       "each); compare with capacity.",
        &TierStatsSnapshot::allocated_bytes},
       {"terrace_tier_blocks", "gauge", "Blocks resident.", &TierStatsSnapshot::blocks},
   };
@@ -151,6 +153,9 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_store_range_reads_total", {"Ranged reads (parts of blocks) answered.", st.range_reads}},
       {"terrace_store_range_read_bytes_total", {"Bytes of ranged reads.", st.range_read_bytes}},
       {"terrace_store_put_dedup_hits_total", {"Puts of bytes identical to the stored block.", st.put_dedup_hits}},
+      {"terrace_store_puts_placed_lower_total",
+       {"Write-through Puts stored in the lowest tier only, their target tier having no room.",
+        st.puts_placed_lower}},
       {"terrace_store_prefetch_issued_total", {"Prefetch items that moved a block.", st.prefetch_issued}},
       {"terrace_store_prefetch_useful_total", {"Prefetched blocks later read by a Get.", st.prefetch_useful}},
       {"terrace_store_prefetch_late_total", {"Gets that waited on an in-flight prefetch.", st.prefetch_late}},

@@ -223,6 +223,12 @@ class StoreImpl {
   std::vector<Status> GetBatch(std::span<Store::GetItem> items, const GetOptions& opts = {});
   std::vector<Status> GetBatch(std::span<Store::GetRefItem> items);  // device_path.cpp
   std::vector<Status> GetRanges(std::span<Store::GetRangeItem> items);  // range_read.cpp
+  // One lookup-and-read pass of GetRanges over items[pending]: sets st[i] for each, and returns the
+  // items to look up again (the tier named answered NotFound: the copy moved; or the key was just
+  // adopted from a shared tier, which only happens with adopt_shared, and then takes the keys'
+  // stripes: the caller must hold none). The reads take no store lock.
+  std::vector<std::size_t> RangeRound(std::span<Store::GetRangeItem> items, std::span<const std::size_t> pending,
+                                      bool adopt_shared, std::vector<Status>& st);
   Future<std::vector<Status>> Prefetch(std::span<const BlockKey> keys, TierId target, const PrefetchOptions& options);
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts);
@@ -368,6 +374,13 @@ class StoreImpl {
   // The slot a put goes to: PutOptions::tier (or the store's put_tier), else the next tier below
   // it; InvalidArgument naming the key when no such tier is configured.
   Result<int> PutTarget(const BlockKey& key, const PutOptions& opts) const;
+  // Caller holds key's stripe; the key's copies are old_mask, none pinned. Put's write-through
+  // part: refuses a block `target` can never hold before anything is written, writes `through` (the
+  // lowest slot) then `target`. When `target` has no room (OutOfCapacity), publishes the block in
+  // `through` alone and counts it in puts_placed_lower; any other failure of the target's write
+  // removes every copy (RemoveEveryCopy) and says so.
+  Status PutWritingThrough(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data, int target,
+                           int through, SlotMask old_mask);
   Status EraseLocked(const BlockKey& key);
   // Erases `key` from every slot in `mask`; returns the slots whose copy is still served (NotFound
   // counts as removed). A failed erase whose tier no longer serves the copy (it applied the erase
@@ -415,6 +428,9 @@ class StoreImpl {
   static constexpr std::chrono::milliseconds kBusyVictimWait{2000};
   Status PlaceInTier(int slot, const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data,
                      BusyVictims busy = BusyVictims::kSkip);
+  // OutOfCapacity when a `size`-byte block can never be placed in `slot` (larger than its
+  // capacity or max block size), however much is evicted; Ok otherwise. Reads only caps().
+  Status CheckBlockFits(int slot, const BlockKey& key, std::uint64_t size) const;
   // PlaceInTier's room-making loop around any write of a `size`-byte block into `slot` (`write`
   // returns the tier's answer; OutOfCapacity makes the loop evict and retry).
   Status PlaceWith(int slot, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write,
@@ -504,7 +520,7 @@ class StoreImpl {
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
       prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
       staged_transfers_{0}, staged_transfer_bytes_{0}, device_copies_{0}, device_copy_bytes_{0},
-      range_reads_{0}, range_read_bytes_{0};
+      range_reads_{0}, range_read_bytes_{0}, puts_placed_lower_{0};
 
   // Demand fetches in progress; speculative prefetch waits while there are any.
   const std::shared_ptr<DemandGate> demand_ = std::make_shared<DemandGate>();

@@ -67,21 +67,33 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
     }
   }
 
-  SlotMask new_mask = 0;
-  if (write_through) {
-    TERRACE_RETURN_IF_ERROR(PlaceInTier(through, key, desc, data, BusyVictims::kWait));
-    new_mask |= Bit(through);
+  if (!write_through) {
+    TERRACE_RETURN_IF_ERROR(PlaceInTier(target, key, desc, data, BusyVictims::kWait));  // else nothing changed
+    return PublishPut(key, desc, old_mask, Bit(target));
   }
+  return PutWritingThrough(key, desc, data, target, through, old_mask);
+}
+
+Status StoreImpl::PutWritingThrough(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data,
+                                    int target, int through, SlotMask old_mask) {
+  // A block the target can never hold is refused before the lowest tier's copy (the previous
+  // version's durable copy) is replaced.
+  TERRACE_RETURN_IF_ERROR(CheckBlockFits(target, key, desc.size));
+  TERRACE_RETURN_IF_ERROR(PlaceInTier(through, key, desc, data, BusyVictims::kWait));
   Status s = PlaceInTier(target, key, desc, data, BusyVictims::kWait);
-  if (!s.ok()) {
-    if (!write_through) return s;  // nothing changed
-    // The new bytes already reached the lowest tier: remove every copy so none of them is visible.
-    const std::string left = RemoveEveryCopy(key, desc, old_mask, new_mask);
-    return s.WithContext(fmt::format("put {} failed after writing through to tier {}; {}", key.ToString(),
-                                     SlotName(through), left));
+  if (s.ok()) return PublishPut(key, desc, old_mask, static_cast<SlotMask>(Bit(through) | Bit(target)));
+  if (s.IsOutOfCapacity()) {
+    // No room in the target (its blocks pinned or busy): the new version is whole and durable in
+    // the lowest tier, so it is published there, as if evicted at once.
+    Status published = PublishPut(key, desc, old_mask, Bit(through));
+    if (published.ok()) puts_placed_lower_.fetch_add(1, std::memory_order_relaxed);
+    return published;
   }
-  new_mask |= Bit(target);
-  return PublishPut(key, desc, old_mask, new_mask);
+  // The target's write failed otherwise (an I/O error), and the lowest tier's copy of the previous
+  // version is already replaced: remove every copy so no version the put did not finish is visible.
+  const std::string left = RemoveEveryCopy(key, desc, old_mask, Bit(through));
+  return s.WithContext(fmt::format("put {} failed after writing through to tier {}; {}", key.ToString(),
+                                   SlotName(through), left));
 }
 
 SlotMask StoreImpl::EraseCopies(const BlockKey& key, SlotMask mask, Status* first_error, SlotMask* unsure) {

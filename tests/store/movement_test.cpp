@@ -162,6 +162,53 @@ TEST_CASE("A failed write-through put leaves nothing visible") {
   CHECK_FALSE(host_raw->Has(TestKey(1)));
 }
 
+TEST_CASE("A write-through put too large for its target tier is refused before the lowest tier is written") {
+  FakeTiers f(0, 2 * kMoveBlock, 1 << 20);
+  StoreOptions o = Quiet();
+  o.write_policy = WritePolicy::kWriteThrough;
+  auto store = OpenFakeStore(f, o);
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kMoveBlock)).ok());
+  const std::uint64_t nvme_puts = f.at(TierId::kNvme).puts();
+  Status s = store->Put(TestKey(1), TestBytes(2, 3 * kMoveBlock));  // larger than the host tier
+  CHECK(s.IsOutOfCapacity());
+  CHECK_THAT(s.message(), Catch::Contains("larger than tier host allows"));
+  CHECK(f.at(TierId::kNvme).puts() == nvme_puts);
+  auto got = GetBytes(*store, TestKey(1));
+  REQUIRE(got.ok());  // the acknowledged version survives the refused put
+  CHECK(*got == TestBytes(1, kMoveBlock));
+  CHECK(f.at(TierId::kHost).Has(TestKey(1)));
+  CHECK(store->Stats().puts_placed_lower == 0);
+}
+
+TEST_CASE("A write-through put whose target tier is full of pinned blocks is stored in the lowest tier") {
+  FakeTiers f(0, 3 * kMoveBlock, 1 << 20);
+  StoreOptions o = Quiet();
+  o.write_policy = WritePolicy::kWriteThrough;
+  auto store = OpenFakeStore(f, o);
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, kMoveBlock)).ok());
+  for (int i = 2; i < 4; ++i) {
+    REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
+    REQUIRE(store->Pin(TestKey(i)).ok());
+  }
+  // The new version needs two blocks' room in host; the only unpinned block there is its own.
+  Status s = store->Put(TestKey(1), TestBytes(11, 2 * kMoveBlock));
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  auto got = GetBytes(*store, TestKey(1));
+  REQUIRE(got.ok());
+  CHECK(*got == TestBytes(11, 2 * kMoveBlock));
+  CHECK(TierOf(*store, TestKey(1)) == TierId::kNvme);
+  CHECK_FALSE(f.at(TierId::kHost).Has(TestKey(1)));  // the previous version's host copy is gone
+  CHECK(store->Stats().puts_placed_lower == 1);
+  CHECK_THAT(store->PrometheusText(), Catch::Contains("terrace_store_puts_placed_lower_total 1"));
+  // A key new to the store, likewise.
+  REQUIRE(store->Put(TestKey(4), TestBytes(4, 2 * kMoveBlock)).ok());
+  CHECK(TierOf(*store, TestKey(4)) == TierId::kNvme);
+  CHECK(*GetBytes(*store, TestKey(4)) == TestBytes(4, 2 * kMoveBlock));
+  CHECK(store->Stats().puts_placed_lower == 2);
+  for (int i = 2; i < 4; ++i) CHECK(*GetBytes(*store, TestKey(i)) == TestBytes(i, kMoveBlock));
+}
+
 TEST_CASE("A failing demotion fails the put and keeps the victim") {
   std::array<std::unique_ptr<Tier>, kNumTiers> tiers;
   tiers[1] = std::make_unique<FakeTier>(TierId::kHost, 2 * kMoveBlock);

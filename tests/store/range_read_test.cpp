@@ -102,5 +102,42 @@ TEST_CASE("GetRanges looks a copy up again when it leaves its tier during the re
   CHECK(Slice(out, 0, 3000) == Slice(bytes, 1000, 3000));
 }
 
+TEST_CASE("GetRanges finds a key present throughout although its copy moves before every read") {
+  // Host holds one block. Before each of the reader's first three tier reads of the key, its copy
+  // moves: a filler put evicts it to NVMe, a new version is put into host, another filler evicts
+  // that. The moves run on the reader's thread, inside the tier's read: a read under the key's lock
+  // (held by this thread) stops the third, as it would stop another thread's.
+  FakeTiers f(0, kBlock, 1 << 20);
+  const BlockKey key = TestKey(7);
+  const auto v1 = TestBytes(7, kBlock), v2 = TestBytes(8, kBlock);
+  Store* store_ptr = nullptr;
+  int moves = 0;
+  bool moving = false;  // the mover's own reads (a demotion's) are not the reader's
+  auto mover = [&](const BlockKey& k) {
+    if (!(k == key) || store_ptr == nullptr || moving) return;
+    moving = true;
+    const int n = ++moves;
+    if (n == 1 || n == 3) (void)store_ptr->Put(TestKey(100 + n), TestBytes(100 + n, kBlock));
+    if (n == 2) (void)store_ptr->Put(key, v2);
+    moving = false;
+  };
+  f.at(TierId::kHost).on_get = mover;
+  f.at(TierId::kNvme).on_get = mover;
+  auto store = OpenFakeStore(f);
+  REQUIRE(store->Put(key, v1).ok());
+  std::vector<std::byte> out(kBlock);
+  std::vector<Store::GetRangeItem> items = {{key, 500, 4000, out}};
+  store_ptr = store.get();
+  auto st = store->GetRanges(items);
+  store_ptr = nullptr;
+  REQUIRE(st.size() == 1);
+  INFO(st[0].ToString());
+  CHECK(moves == 3);
+  REQUIRE(st[0].ok());
+  CHECK(items[0].tier == TierId::kHost);
+  CHECK(items[0].desc == DescribeBlock(v2));
+  CHECK(Slice(out, 0, 4000) == Slice(v2, 500, 4000));
+}
+
 }  // namespace
 }  // namespace terrace::testing

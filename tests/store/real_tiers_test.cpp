@@ -6,6 +6,8 @@
 #include <future>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "src/common/aligned_buffer.h"
 #include "src/store/store_impl.h"
 #include "forwarding_tier.h"
@@ -25,6 +27,54 @@ StoreOptions RealOptions(const std::filesystem::path& dir) {
   StoreOptions o = RealTierOptions(dir, 64 * kKiB, 256 * kKiB, 64 * kKiB);
   o.background_threads = 2;
   return o;
+}
+
+TEST_CASE("Real tiers: used_bytes is the blocks' sizes summed, allocated_bytes their pages") {
+  TempDir dir("store-used");
+  auto opened = Store::Open(RealOptions(dir.path()));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  auto& store = *opened;
+  const std::vector<std::byte> one(1, std::byte{7});
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    for (TierId t : {TierId::kHbm, TierId::kHost, TierId::kNvme}) {
+      BlockKey k = TestKey(i);
+      k.id.hi = static_cast<std::uint64_t>(t) + 1;
+      REQUIRE(store->Put(k, one, {Codec::kRaw, t}).ok());
+    }
+  }
+  const StoreStats st = store->Stats();
+  const std::string text = store->PrometheusText();
+  for (TierId t : {TierId::kHbm, TierId::kHost, TierId::kNvme}) {
+    const TierStatsSnapshot& s = st.tiers[static_cast<std::size_t>(t)];
+    INFO("tier " << s.name);
+    CHECK(s.blocks == 3);
+    CHECK(s.used_bytes == 3);
+    CHECK(s.allocated_bytes >= 3 * 4096);  // whole pages (NVMe: plus a descriptor each)
+    CHECK_THAT(text, Catch::Contains(fmt::format("terrace_tier_used_bytes{{tier=\"{}\"}} 3\n", s.name)));
+  }
+}
+
+TEST_CASE("Real tiers: background demotion starts from the host tier's pages, not its blocks' bytes") {
+  // 16 pages of host; 9 one-byte blocks take 9 pages (36 KiB), over the 50% watermark, although
+  // their bytes (9) are far below it.
+  TempDir dir("store-watermark");
+  StoreOptions o = RealTierOptions(dir.path(), 0, 64 * kKiB, 16 * kKiB);
+  o.hbm.mode = HbmMode::kOff;
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.25;
+  auto opened = Store::Open(o);
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  auto& store = *opened;
+  const std::vector<std::byte> one(1, std::byte{7});
+  for (std::uint64_t i = 0; i < 9; ++i) REQUIRE(store->Put(TestKey(i), one).ok());
+  // Background work is asynchronous: wait (bounded) for it to reach the low watermark.
+  auto host_allocated = [&] { return store->Stats().tiers[static_cast<std::size_t>(TierId::kHost)].allocated_bytes; };
+  for (int i = 0; i < 1000 && host_allocated() > 16 * kKiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(host_allocated() <= 16 * kKiB);
+  CHECK(store->Stats().evictions >= 5);
+  for (std::uint64_t i = 0; i < 9; ++i) CHECK(*GetBytes(*store, TestKey(i)) == one);
 }
 
 TEST_CASE("Real tiers: blocks move hbm -> host -> nvme and read back intact") {

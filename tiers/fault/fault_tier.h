@@ -86,6 +86,7 @@ class FaultInjectingTier final : public Tier {
   }
   Status Flush() override { return inner_->Flush(); }
   std::uint64_t used_bytes() const override { return inner_->used_bytes(); }
+  std::uint64_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   std::uint64_t block_count() const override { return inner_->block_count(); }
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override {
     inner_->ForEach(fn);

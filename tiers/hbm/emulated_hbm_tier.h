@@ -42,6 +42,7 @@ class EmulatedHbmTier final : public Tier {
   Status Unpin(const BlockKey& key) override { return host_->Unpin(key); }
   const std::byte* ResidentPtr(const BlockKey& key) const override { return host_->ResidentPtr(key); }
   std::uint64_t used_bytes() const override { return host_->used_bytes(); }
+  std::uint64_t allocated_bytes() const override { return host_->allocated_bytes(); }
   std::uint64_t block_count() const override { return host_->block_count(); }
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override {
     host_->ForEach(fn);

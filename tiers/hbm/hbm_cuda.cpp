@@ -245,6 +245,7 @@ class CudaHbmTier final : public Tier {
     return e.ok() ? base_ + arena_.ByteOffset(*e) : nullptr;
   }
   std::uint64_t used_bytes() const override { return arena_.used_bytes(); }
+  std::uint64_t allocated_bytes() const override { return arena_.allocated_bytes(); }
   std::uint64_t block_count() const override { return arena_.block_count(); }
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override { arena_.ForEach(fn); }
 
@@ -253,6 +254,7 @@ class CudaHbmTier final : public Tier {
     s.name = "hbm";
     s.capacity_bytes = caps_.capacity_bytes;
     s.used_bytes = used_bytes();
+    s.allocated_bytes = allocated_bytes();
     s.blocks = block_count();
     s.detail = fmt::format("CUDA device {} ({}); {} copy streams; copies direct from pinned memory {}, staged {}",
                            options_.device, device_name_, lanes_.size(), direct_.load(), staged_.load());

@@ -40,8 +40,10 @@ void BlockArena::ReleaseSlot(std::uint32_t slot) {
   free_slots_.push_back(slot);
 }
 
-void BlockArena::RetireSlot(std::uint32_t slot) {
+void BlockArena::RetireEntry(const Entry& e) {
+  const std::uint32_t slot = e.slot;
   used_pages_ -= slots_[slot].extent.pages;
+  used_bytes_ -= e.desc.size;
   if (slots_[slot].refs == 0) {
     ReleaseSlot(slot);
   } else {
@@ -117,10 +119,11 @@ Status BlockArena::CommitWrite(const BlockKey& key, const Ticket& t) {
       return Status::InvalidArgument(fmt::format("{} tier: block {} was pinned while being replaced; Unpin it "
                                                  "before replacing it", tier_name_, key.ToString()));
     }
-    RetireSlot(it->second.slot);
+    RetireEntry(it->second);
     it->second = Entry{t.desc, t.slot, 0};
   }
   used_pages_ += t.extent.pages;
+  used_bytes_ += t.desc.size;
   return Status::Ok();
 }
 
@@ -145,8 +148,8 @@ void BlockArena::EndRead(const BlockKey& key, const Ticket& t, bool drop_corrupt
   if (drop_corrupt && !s.retired) {
     auto it = index_.find(key);
     if (it != index_.end() && it->second.slot == t.slot && it->second.pins == 0) {
+      RetireEntry(it->second);
       index_.erase(it);
-      RetireSlot(t.slot);
       return;
     }
   }
@@ -168,9 +171,8 @@ Status BlockArena::Erase(const BlockKey& key) {
     return Status::InvalidArgument(fmt::format("{} tier: block {} is pinned ({} pins); Unpin it before erasing it",
                                                tier_name_, key.ToString(), it->second.pins));
   }
-  std::uint32_t slot = it->second.slot;
+  RetireEntry(it->second);
   index_.erase(it);
-  RetireSlot(slot);
   return Status::Ok();
 }
 
@@ -202,6 +204,11 @@ Result<PageExtent> BlockArena::Locate(const BlockKey& key) const {
 }
 
 std::uint64_t BlockArena::used_bytes() const {
+  MutexLock lock(&mu_);
+  return used_bytes_;
+}
+
+std::uint64_t BlockArena::allocated_bytes() const {
   MutexLock lock(&mu_);
   return used_pages_ * page_bytes_;
 }

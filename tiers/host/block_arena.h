@@ -86,7 +86,8 @@ class BlockArena {
   // Extent of a resident block; NotFound if absent.
   Result<PageExtent> Locate(const BlockKey& key) const;
 
-  std::uint64_t used_bytes() const;   // pages held by live blocks, in bytes
+  std::uint64_t used_bytes() const;       // live blocks' sizes summed, in bytes
+  std::uint64_t allocated_bytes() const;  // pages held by live blocks, in bytes
   std::uint64_t block_count() const;
   std::uint64_t arena_bytes() const;  // bytes of the chunks materialized so far
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const;
@@ -115,7 +116,8 @@ class BlockArena {
   Status GrowOne(std::string_view why) TERRACE_REQUIRES(mu_);
   std::uint32_t NewSlot(const PageExtent& e) TERRACE_REQUIRES(mu_);
   void ReleaseSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);  // frees extent + slot
-  void RetireSlot(std::uint32_t slot) TERRACE_REQUIRES(mu_);
+  // Takes an indexed block out of the live totals; its slot is freed once no read holds it.
+  void RetireEntry(const Entry& e) TERRACE_REQUIRES(mu_);
   std::uint32_t PagesFor(std::uint64_t bytes) const {
     return static_cast<std::uint32_t>((bytes + page_bytes_ - 1) / page_bytes_);
   }
@@ -134,7 +136,8 @@ class BlockArena {
   std::vector<std::uint32_t> free_slots_ TERRACE_GUARDED_BY(mu_);
   std::pmr::unsynchronized_pool_resource pool_ TERRACE_GUARDED_BY(mu_);  // index nodes
   std::pmr::unordered_map<BlockKey, Entry> index_ TERRACE_GUARDED_BY(mu_);
-  std::uint64_t used_pages_ TERRACE_GUARDED_BY(mu_) = 0;
+  std::uint64_t used_pages_ TERRACE_GUARDED_BY(mu_) = 0;  // of the indexed blocks
+  std::uint64_t used_bytes_ TERRACE_GUARDED_BY(mu_) = 0;  // the indexed blocks' sizes summed
 };
 
 }  // namespace terrace::tiers

@@ -393,6 +393,7 @@ TierStatsSnapshot HostTier::Stats() const {
   s.name = caps_.name;
   s.capacity_bytes = caps_.capacity_bytes;
   s.used_bytes = used_bytes();
+  s.allocated_bytes = allocated_bytes();
   s.blocks = block_count();
   s.detail = fmt::format("{}; {}; arena {} MiB of {} MiB", PinSummary(), HugePageSummary(), arena_.arena_bytes() >> 20,
                          caps_.capacity_bytes >> 20);

@@ -20,7 +20,8 @@
 //   data.size().
 // - Put on a pinned key returns InvalidArgument (a resident pointer to it may be in use).
 // - ResidentPtr is a host pointer, valid while the block is pinned; memory is MemoryKind::kHost.
-// - used_bytes counts whole pages of live blocks; max_block_bytes is min(chunk_bytes, capacity).
+// - used_bytes is the live blocks' sizes summed; allocated_bytes (and Stats().allocated_bytes)
+//   counts their whole pages; max_block_bytes is min(chunk_bytes, capacity).
 // Thread-safety: all methods; copies run outside the index lock, so puts and gets scale.
 #pragma once
 
@@ -75,6 +76,7 @@ class HostTier final : public Tier {
   Status Unpin(const BlockKey& key) override { return arena_.Unpin(key); }
   const std::byte* ResidentPtr(const BlockKey& key) const override;
   std::uint64_t used_bytes() const override { return arena_.used_bytes(); }
+  std::uint64_t allocated_bytes() const override { return arena_.allocated_bytes(); }
   std::uint64_t block_count() const override { return arena_.block_count(); }
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override {
     arena_.ForEach(fn);
