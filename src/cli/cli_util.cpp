@@ -9,6 +9,7 @@
 #include <vector>
 #include <cmath>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -78,6 +79,24 @@ std::string FormatBytes(double bytes) {
   }
   return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kNames[i]);
 }
+
+std::string StdoutErrorMessage(int err) {
+  return fmt::format("cannot write standard output: {}", err != 0 ? std::strerror(err) : "an earlier write to it failed");
+}
+
+namespace {
+std::atomic<bool> stdout_write_failed{false};
+}  // namespace
+
+Status WriteStdoutNow(std::string_view text) {
+  errno = 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), stdout) == text.size();
+  if (written && std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return Status::Ok();
+  stdout_write_failed = true;
+  return Status::IoError(StdoutErrorMessage(errno));
+}
+
+bool StdoutWriteFailed() { return stdout_write_failed; }
 
 Status Reworded(const Status& s, std::string message) {
   switch (s.code()) {

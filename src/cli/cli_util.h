@@ -36,6 +36,17 @@ Status Reworded(const Status& s, std::string message);
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);
 
+// "cannot write standard output: <strerror(err)>" (err 0: the cause is no longer known): the one
+// wording of a failed write to standard output, whichever command and writer met it.
+std::string StdoutErrorMessage(int err);
+// Writes `text` to standard output and flushes it: once this returns Ok a reader of the stream (a
+// pipe, the file `store check --expect` reads) has it. IoError (StdoutErrorMessage) when a write or
+// the flush failed, now or earlier (the stream's error flag); the caller reports it and fails.
+Status WriteStdoutNow(std::string_view text);
+// True once a WriteStdoutNow failed: main does not report the failure again when the command that
+// met it failed.
+bool StdoutWriteFailed();
+
 // The tiers' names by index, as JSON keys and in text ("hbm", "host", "nvme": TierName).
 inline constexpr const char* kTierNames[kNumTiers] = {"hbm", "host", "nvme"};
 

@@ -17,6 +17,7 @@
 // of its own memory (a fresh tier), against memcpy into pre-faulted memory: that is the target
 // ("puts into a fresh tier"), so the first-write figure is not like for like by design.
 #include <mutex>
+#include <optional>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -157,13 +158,24 @@ HostTierOptions HostOptionsFor(const BenchArgs& a, std::uint64_t capacity) {
   return o;
 }
 
-Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
-  std::uint64_t blocks = a.total_bytes / a.block_size;
-  // The NVMe tier stores each block in an extent of its data units plus one descriptor unit.
+// The room the bench's tier needs: `need` for its blocks (the NVMe tier stores each block in an
+// extent of its data units plus one descriptor unit; the memory tiers in 4 KiB units), and the
+// `capacity` it is made with: need plus an eighth plus 64 MiB. A new NVMe tier's file takes
+// `capacity` on the file system of --dir (CheckBenchSizes checks the free space against it).
+struct BenchRoom {
+  std::uint64_t blocks, need, capacity;
+};
+BenchRoom RoomFor(const BenchArgs& a) {
+  const std::uint64_t blocks = a.total_bytes / a.block_size;
   const std::uint64_t per_block =
       a.tier == "nvme" ? nvme::Record{.length = a.block_size}.extent_bytes() : RoundUp(a.block_size, 4 * kKiB);
-  std::uint64_t need = blocks * per_block;
-  std::uint64_t capacity = RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
+  const std::uint64_t need = blocks * per_block;  // no overflow: --total-bytes and --block-size are bounded
+  return {blocks, need, RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB)};
+}
+
+Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
+  const auto [blocks, need, room_capacity] = RoomFor(a);
+  std::uint64_t capacity = room_capacity;
   if (a.tier == "host") {
     TERRACE_ASSIGN_OR_RETURN(auto t, HostTier::Create(HostOptionsFor(a, capacity)));
     return std::unique_ptr<Tier>(std::move(t));
@@ -447,12 +459,12 @@ Status CheckBenchSizes(const BenchArgs& a, const std::filesystem::path& dir) {
   }
   if (a.tier == "nvme" && !IsBlockDevice(dir.string())) {
     const std::uint64_t free = FreeBytesAt(dir);
-    if (free != 0 && data + data / 8 + 64 * kMiB > free) {
+    const std::uint64_t file = RoomFor(a).capacity;
+    if (free != 0 && file > free) {
       return Status::InvalidArgument(fmt::format(
           "--total-bytes {} needs about {} on the file system of --dir {}, which has {} free; lower --total-bytes or "
           "choose another --dir",
-          FormatBytes(static_cast<double>(a.total_bytes)),
-          FormatBytes(static_cast<double>(data + data / 8 + 64 * kMiB)), dir.string(),
+          FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(file)), dir.string(),
           FormatBytes(static_cast<double>(free))));
     }
   }
@@ -666,8 +678,12 @@ int RunBenchTiers(const BenchArgs& a) {
   };
   Result<BenchResult> r = StopSignalReceived() != 0 ? Result<BenchResult>(Status::Cancelled("interrupted")) : run_op();
   TierStatsSnapshot stats = tier->Stats();
+  // Closed here, not by the destructor: a failed close (the final commit, the index flush) fails
+  // the run. The memory tiers have nothing to close.
+  const Status closed = nvme != nullptr ? static_cast<NvmeTier*>(tier.get())->Close() : Status::Ok();
   tier.reset();
   cleanup.Run();
+  const int close_rc = closed.ok() ? 0 : store_cmd::FailStatus(closed);
   if (const int sig = StopSignalReceived(); sig != 0) {
     fmt::print(stderr, "bench: stopped by {}{}\n", StopSignalName(sig),
                created_dir || created_index ? "; removed the directories it created" : "");
@@ -680,12 +696,14 @@ int RunBenchTiers(const BenchArgs& a) {
                             FormatBytes(static_cast<double>(stats.capacity_bytes))));
   }
   if (!r.ok()) return store_cmd::FailStatus(r.status());
+  if (close_rc != 0) return close_rc;
 
   const double bytes = static_cast<double>(r->ops * a.block_size);
   const double mbps = bytes / 1e6 / r->seconds, iops = static_cast<double>(r->ops) / r->seconds;
   double p50 = single.p50_us, p99 = single.p99_us;
   // Memory tiers: the median memcpy pass, and the median of (pass / the memcpy pass right after it).
-  double memcpy_mbps = 0, ratio_vs_memcpy = 0;
+  // Unmeasured (the NVMe tier, or no baseline buffer): null in JSON, not printed in text.
+  std::optional<double> memcpy_mbps, ratio_vs_memcpy;
   if (!memcpy_passes.empty()) {
     std::vector<double> ratios;
     for (std::size_t i = 0; i < passes.size() && i < memcpy_passes.size(); ++i) {
@@ -717,9 +735,9 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"open_seconds", open_seconds}, {"host_prefault", a.tier == "host" ? a.host_prefault : ""},
                         {"host_huge_pages", a.tier == "host" ? a.host_huge_pages : ""},
                         {"host_stream_gets", a.tier == "host" ? a.host_stream_gets : ""},
-                        {"warmup", a.warmup}, {"repeat", a.repeat}, {"memcpy_mb_per_s", memcpy_mbps}, {"passes_mb_per_s", pass_mbps},
-                        {"memcpy_passes_mb_per_s", memcpy_passes}, {"ratio_vs_memcpy", ratio_vs_memcpy},
-                        {"memcpy_baseline", baseline ? baseline->what() : ""},
+                        {"warmup", a.warmup}, {"repeat", a.repeat}, {"memcpy_mb_per_s", memcpy_mbps ? nlohmann::json(*memcpy_mbps) : nlohmann::json()}, {"passes_mb_per_s", pass_mbps},
+                        {"memcpy_passes_mb_per_s", memcpy_passes}, {"ratio_vs_memcpy", ratio_vs_memcpy ? nlohmann::json(*ratio_vs_memcpy) : nlohmann::json()},
+                        {"memcpy_baseline", baseline ? nlohmann::json(baseline->what()) : nlohmann::json()},
                         {"min_mb_per_s", min_mbps}, {"max_mb_per_s", max_mbps},
                         {"latency", a.tier == "nvme" ? "per-io (tier)" : "per-op (single-operation calls)"},
                         {"latency_samples", a.tier == "nvme" ? timed_latency.count() : single.ops},
@@ -738,9 +756,9 @@ int RunBenchTiers(const BenchArgs& a) {
     fmt::print("tier open ({}): {:.2f} s, not in MB/s\n",
                reopened ? "reopening the kept store" : a.tier == "host" ? "create, with any populate" : "create",
                open_seconds);
-    if (memcpy_mbps > 0) {
+    if (memcpy_mbps && ratio_vs_memcpy) {
       fmt::print("memcpy of {}, a pass after each timed pass: {:.0f} MB/s (median); median of pass / memcpy: "
-                 "{:.2f}x\n", baseline->what(), memcpy_mbps, ratio_vs_memcpy);
+                 "{:.2f}x\n", baseline->what(), *memcpy_mbps, *ratio_vs_memcpy);
     }
   }
   return 0;

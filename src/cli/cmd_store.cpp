@@ -168,14 +168,33 @@ int RunFill(const FillArgs& a) {
   std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
   if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
   auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
+  std::mutex out_mu;
+  std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
+  std::atomic<std::uint64_t> reported{0};  // 'durable' lines standard output took
+  std::atomic<int> consecutive{0};
+  std::atomic<bool> stop{false};
+  Status stdout_failed;  // the first failed write of a line to stdout (under out_mu): the fill stops
+  // Writes `line` to stdout now (under out_mu); false, and the fill stopping, when it cannot.
+  auto print_line = [&](const std::string& line) {
+    Status out = WriteStdoutNow(line);
+    if (out.ok()) return true;
+    if (stdout_failed.ok()) stdout_failed = std::move(out);
+    stop = true;
+    return false;
+  };
+  // The blocks are durable, yet the record of them (the 'durable' lines) is not complete.
+  const auto fail_unreported = [&] {
+    return Fail(fmt::format("{}; the fill stopped: {} blocks are durable in the store, {} of them reported on "
+                            "'durable' lines (the record 'store check --expect' reads lacks the rest)",
+                            stdout_failed.message(), written.load() + unchanged.load(), reported.load()));
+  };
   // A simulated power cut ends the process the way a real one would: the tier is closed, everything
   // not durable is thrown away, and the puts acknowledged so far are what the drill checks.
   auto finish_cut = [&]() -> int {
     if (tier.ok()) tier->reset();
     auto rep = cut->Cut();
     if (!rep.ok()) return FailStatus(rep.status());
-    fmt::print("injected 1\n");
-    std::fflush(stdout);
+    if (!stdout_failed.ok() || !print_line("injected 1\n")) return fail_unreported();
     fmt::print(stderr, "store fill: {}\n", rep->ToString());
     return 0;
   };
@@ -184,10 +203,6 @@ int RunFill(const FillArgs& a) {
     return FailStatus(tier.status());
   }
 
-  std::mutex out_mu;
-  std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
-  std::atomic<int> consecutive{0};
-  std::atomic<bool> stop{false};
   const auto start = std::chrono::steady_clock::now();
   auto worker = [&] {
     std::vector<std::byte> buf;
@@ -211,13 +226,12 @@ int RunFill(const FillArgs& a) {
       std::lock_guard<std::mutex> l(out_mu);
       if (fault_engine) {
         std::uint64_t n = fault_engine->injected_total();
-        if (n != last_faults.exchange(n)) fmt::print("injected {}\n", n);
+        if (n != last_faults.exchange(n)) print_line(fmt::format("injected {}\n", n));
       }
       if (s.ok()) {
         consecutive = 0;
         (same ? unchanged : written).fetch_add(1);
-        fmt::print("durable {}\n", key.ToString());
-        std::fflush(stdout);
+        if (print_line(fmt::format("durable {}\n", key.ToString()))) reported.fetch_add(1);
         continue;
       }
       failed.fetch_add(1);
@@ -236,7 +250,6 @@ int RunFill(const FillArgs& a) {
     return Fail(fmt::format("cannot start {} --threads: {}", a.threads, e.what()));
   }
   for (auto& t : threads) t.join();
-  std::fflush(stdout);
   if (cut) {
     cut->PowerOff();  // the power goes off at the latest at the end of the run, before the close
     return finish_cut();
@@ -248,6 +261,10 @@ int RunFill(const FillArgs& a) {
   // the run. Every put printed 'durable' was already durable.
   if (a.fault.kind == "close-eio") fault_engine->ArmSync(EIO);
   const Status closed = (*tier)->Close();
+  if (!stdout_failed.ok()) {
+    if (!closed.ok()) FailStatus(closed);
+    return fail_unreported();
+  }
   if (StopSignalReceived() != 0) {
     if (!closed.ok()) return FailStatus(closed);
     return ExitStopped("store fill", fmt::format(

@@ -1,8 +1,11 @@
 // The `terrace` entry point: parses the command line (CLI11), runs the chosen command and maps every
 // outcome onto the exit codes of command.h: 0 ok, 1 runtime failure, 2 usage error, never a crash
 // code for an exception (one line "terrace: error: ..." and exit 1, also from a worker thread).
+// Standard output is flushed and checked before the exit: output that could not be written (a full
+// disk, a closed pipe) is "cannot write standard output: <cause>" and exit 1, never a silent 0.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +14,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <malloc.h>
@@ -18,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "src/cli/cli_util.h"
 #include "src/cli/command.h"
 
 namespace terrace::cli {
@@ -45,7 +50,22 @@ void KeepFreedMemory() {
   (void)mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// The errno of the failed write to standard output that threw `e` (fmt's print throws
+// std::system_error when fwrite fails); 0 when `e` is another error or stdout has not failed.
+int StdoutWriteErrno(std::exception_ptr e) {
+  if (std::ferror(stdout) == 0) return 0;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& x) {
+    const std::error_category& c = x.code().category();
+    if (c == std::generic_category() || c == std::system_category()) return x.code().value() != 0 ? x.code().value() : EIO;
+  } catch (...) {
+  }
+  return 0;
+}
+
 std::string DescribeException(std::exception_ptr e) {
+  if (const int err = StdoutWriteErrno(e); err != 0) return StdoutErrorMessage(err);
   try {
     std::rethrow_exception(e);
   } catch (const std::bad_alloc&) {
@@ -64,6 +84,25 @@ std::string DescribeException(std::exception_ptr e) {
   const std::string line = fmt::format("terrace: error: {}\n", what);
   (void)!::write(STDERR_FILENO, line.data(), line.size());
   std::_Exit(kExitFailure);
+}
+
+// `rc` once standard output is flushed; when that flush or an earlier write to it failed:
+// StdoutErrorMessage and 1 (or `rc` when that is already a failure). `earlier_errno`: the errno
+// right after the code that wrote last, the cause when the flush has nothing left to write (a
+// failed write discards what was buffered). Said once: not after a command that failed on it.
+int FinishStdout(int rc, int earlier_errno = 0) {
+  if (rc != 0 && StdoutWriteFailed()) return rc;
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return rc;
+  const int failed = Fail(StdoutErrorMessage(errno != 0 ? errno : earlier_errno));
+  return rc != 0 ? rc : failed;
+}
+
+// FinishStdout after CLI11 printed help or the version (through std::cout, which flushes as it goes).
+int FinishPrinted(const CLI::App& app, const CLI::Error& e) {
+  errno = 0;
+  const int rc = app.exit(e);
+  return FinishStdout(rc, errno);
 }
 
 // The deepest subcommand the parser entered ("terrace model ..." -> model).
@@ -180,25 +219,28 @@ int main(int argc, char** argv) {
     RegisterReport(app, &run);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return FinishPrinted(app, e);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return FinishPrinted(app, e);
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return FinishPrinted(app, e);
   } catch (const CLI::ParseError& e) {
     std::string what = UnknownCommandMessage(app, e);
     if (what.empty()) what = UnexpectedArgumentMessage(app, e);
     if (!what.empty()) return FailUsage(what);
     what = e.what();
     if (what.empty()) what = "invalid arguments";
-    return FailUsage(fmt::format("{} (run 'terrace --help' or 'terrace <command> --help')", what));
+    return FailUsage(fmt::format("{} (run '{} --help')", what, CommandPath(Deepest(&app))));
   } catch (...) {
     return Fail(DescribeException(std::current_exception()));
   }
   if (!run) return FailUsage("no command given; run 'terrace --help'");
   try {
-    return run();
+    return FinishStdout(run());
   } catch (...) {
-    return Fail(DescribeException(std::current_exception()));
+    // A failed write to stdout is told once (DescribeException names it); the rest is checked here.
+    const std::exception_ptr e = std::current_exception();
+    const int rc = Fail(DescribeException(e));
+    return StdoutWriteErrno(e) != 0 ? rc : FinishStdout(rc);
   }
 }

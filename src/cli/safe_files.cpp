@@ -73,10 +73,6 @@ void RemoveDeadTemps(const fs::path& dir) {
   }
 }
 
-Status IoErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {
-  return Status::IoError(fmt::format("{} {}: {}: {}", flag, path.string(), what, std::strerror(err)));
-}
-
 void SyncDir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
@@ -94,13 +90,13 @@ Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view fl
                                         tmp.string()));
   }
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return IoErrno(errno, "cannot reopen the temporary file", tmp, flag);
+  if (fd < 0) return FileErrno(errno, "cannot reopen the temporary file", tmp, flag);
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) return IoErrno(err, "cannot fsync the temporary file", tmp, flag);
+  if (rc != 0) return FileErrno(err, "cannot fsync the temporary file", tmp, flag);
   TERRACE_RETURN_IF_ERROR(CheckTarget(path, flag, rules));  // again: it may have changed while we wrote
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return IoErrno(errno, "cannot rename the output into place", path, flag);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return FileErrno(errno, "cannot rename the output into place", path, flag);
   SyncDir(ParentOf(path));
   return Status::Ok();
 }
@@ -231,7 +227,7 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
                                                     std::string_view flag) {
   return [content, &path, flag](const fs::path& tmp) -> Status {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return IoErrno(errno, "cannot create a temporary file next to it", tmp, flag);
+    if (fd < 0) return FileErrno(errno, "cannot create a temporary file next to it", tmp, flag);
     const char* p = content.data();
     std::size_t left = content.size();
     while (left > 0) {
@@ -240,17 +236,23 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
         if (errno == EINTR) continue;
         const int err = errno;
         ::close(fd);
-        return IoErrno(err, "cannot write", path, flag);
+        return FileErrno(err, "cannot write", path, flag);
       }
       p += n;
       left -= static_cast<std::size_t>(n);
     }
-    if (::close(fd) != 0) return IoErrno(errno, "cannot write", path, flag);
+    if (::close(fd) != 0) return FileErrno(errno, "cannot write", path, flag);
     return Status::Ok();
   };
 }
 
 }  // namespace
+
+Status FileErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {
+  std::string message = fmt::format("{} {}: {}: {}", flag, path.string(), what, std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) return Status::OutOfCapacity(std::move(message));
+  return Status::IoError(std::move(message));
+}
 
 std::string HostTag() {
   static const std::string tag = [] {
@@ -342,7 +344,7 @@ Status CheckInputFile(const fs::path& path, std::string_view flag, std::uint64_t
 Result<std::string> ReadInputFile(const fs::path& path, std::string_view flag, std::uint64_t max_bytes) {
   TERRACE_RETURN_IF_ERROR(CheckInputFile(path, flag, max_bytes));
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return IoErrno(errno, "cannot open", path, flag);
+  if (fd < 0) return FileErrno(errno, "cannot open", path, flag);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // swapped since the check
     ::close(fd);
@@ -356,7 +358,7 @@ Result<std::string> ReadInputFile(const fs::path& path, std::string_view flag, s
       if (errno == EINTR) continue;
       const int err = errno;
       ::close(fd);
-      return IoErrno(err, "cannot read", path, flag);
+      return FileErrno(err, "cannot read", path, flag);
     }
     if (n == 0) break;
     if (out.size() + static_cast<std::size_t>(n) > max_bytes) {

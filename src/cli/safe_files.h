@@ -25,7 +25,8 @@
 // FIFO blocks until a writer appears; /dev/zero never ends). Reads are bounded by a byte limit.
 //
 // Errors: a path of the wrong kind (or a missing input) is InvalidArgument/NotFound with a message
-// that starts with the flag, meant for FailUsage (exit 2); I/O failures are IoError (exit 1).
+// that starts with the flag, meant for FailUsage (exit 2); I/O failures are IoError (exit 1), a full
+// file system (ENOSPC, EDQUOT) OutOfCapacity (exit 1) (FileErrno).
 // Thread-safety: all functions may be called concurrently.
 #pragma once
 
@@ -41,6 +42,10 @@
 #include "terrace/status.h"
 
 namespace terrace::cli {
+
+// The Status of a failed file call on `path` for `flag`: "<flag> <path>: <what>: <strerror(err)>",
+// OutOfCapacity for a full file system or quota (ENOSPC, EDQUOT), IoError for any other errno.
+Status FileErrno(int err, std::string_view what, const std::filesystem::path& path, std::string_view flag);
 
 // "a directory", "a symbolic link", "a FIFO", "a socket", "a block device", "a character device",
 // "a regular file", or "missing" for the entry `path` itself (lstat: not followed).

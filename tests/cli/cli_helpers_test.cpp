@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/owned_dirs.h"
@@ -441,4 +444,14 @@ TEST_CASE("StopSignalHold defers a fatal signal to the end of the hold", "[cli][
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
   CHECK(fs::exists(done));
+}
+
+TEST_CASE("FileErrno: a full file system or quota is OutOfCapacity, other errors IoError") {
+  for (const int err : {ENOSPC, EDQUOT}) {
+    const Status s = FileErrno(err, "cannot write", "/x/out.json", "--out");
+    REQUIRE(s.IsOutOfCapacity());
+    REQUIRE(s.message() == fmt::format("--out /x/out.json: cannot write: {}", std::strerror(err)));
+  }
+  REQUIRE(FileErrno(EIO, "cannot write", "/x/out.json", "--out").IsIoError());
+  REQUIRE(FileErrno(EFBIG, "cannot write", "/x/out.json", "--out").IsIoError());
 }
