@@ -577,7 +577,11 @@ int RunBenchTiers(const BenchArgs& a) {
   if (!tier_or.ok()) {
     // InvalidArgument: what the flags asked for cannot be done with this --dir (a usage error).
     const Status& s = tier_or.status();
-    return s.IsInvalidArgument() ? FailUsage(store_cmd::InCliWords(s.message())) : store_cmd::FailStatus(s);
+    store_cmd::StoreWords w;  // the bench sizes its store from --total-bytes: it has no --capacity
+    w.capacity_flag = "--total-bytes";
+    w.lower_capacity = "give a smaller --total-bytes (the bench sizes its store from it)";
+    return s.IsInvalidArgument() ? FailUsage(store_cmd::InCliWords(s.message(), w))
+                                 : Fail(store_cmd::InCliWords(s.ToString(), w));
   }
   std::unique_ptr<Tier> tier = std::move(*tier_or);
   if (created_dir && !IsBlockDevice(dir.string())) {

@@ -172,3 +172,12 @@ def test_expert_home_host_with_store_makes_no_nvme_expert_store(toy, tmp_path):
     assert got["logits_xxh3_64"] == want["logits_xxh3_64"]
     assert not (store / "experts").exists(), sorted(p.name for p in (store / "experts").iterdir())
     assert sorted(p.name for p in store.iterdir()) == ["kv", "state"]
+
+
+def test_bench_tiers_that_cannot_preallocate_names_total_bytes(tmp_path):
+    # bench tiers has no --capacity: its store is sized from --total-bytes.
+    r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--total-bytes", "16MiB", "--block-size", "1MiB",
+                "--dir", tmp_path / "b", preexec_fn=file_size_limit(8 << 20))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cannot preallocate" in r.stderr and "give a smaller --total-bytes" in r.stderr, r.stderr
+    assert "--capacity" not in r.stderr and "lower the capacity" not in r.stderr, r.stderr
