@@ -95,22 +95,30 @@ def move_pool(src, dst):
     os.rename(src / "index", dst / "index")
 
 
-def test_store_size_flag_refused_in_cli_words_when_the_pool_is_created_while_the_run_waits(terrace, toy_model,
-                                                                                          tmp_path):
-    # Another process is creating DIR/kv (it holds terrace.data.creating locked) and finishes it with
-    # 8 MiB. The run was refused with exit 1 and the library's "was created with --store-nvme-size
-    # 8388608 but the options ask for 16777216" before.
+def run_while_an_8mib_kv_pool_is_created(terrace, toy_model, tmp_path, *flags):
+    """Runs `model run --store tmp_path/st *flags` while another process (the test) holds
+    st/kv/terrace.data.creating locked, and finishes that creation with an 8 MiB pool once the run
+    waits for it. Returns the run's exit code and stderr."""
     store, other = tmp_path / "st", tmp_path / "other"
     make_pools(terrace, toy_model, other, "--store-nvme-size", "8MiB", "--state-nvme-size", "16MiB")
     (store / "kv").mkdir(parents=True)
     creating = store / "kv" / "terrace.data.creating"
     creating.touch()
     with locked(creating):
-        proc = model_run(terrace, toy_model, store, "--store-nvme-size", "16MiB", "--state-nvme-size", "16MiB")
+        proc = model_run(terrace, toy_model, store, *flags, "--state-nvme-size", "16MiB")
         wait_until_waiting(proc, creating)
         move_pool(other / "kv", store / "kv")
         creating.unlink()
-    rc, err = finish(proc)
+    return finish(proc)
+
+
+def test_store_size_flag_refused_in_cli_words_when_the_pool_is_created_while_the_run_waits(terrace, toy_model,
+                                                                                          tmp_path):
+    # Another process is creating DIR/kv (it holds terrace.data.creating locked) and finishes it with
+    # 8 MiB. The run was refused with exit 1 and the library's "was created with --store-nvme-size
+    # 8388608 but the options ask for 16777216" before.
+    store = tmp_path / "st"
+    rc, err = run_while_an_8mib_kv_pool_is_created(terrace, toy_model, tmp_path, "--store-nvme-size", "16MiB")
     assert rc == 2, err
     assert (f"--store-nvme-size 16.0 MiB (16777216 bytes) does not match the pool in {store / 'kv'}, which was "
             "created with 8.0 MiB (8388608 bytes)") in err
@@ -121,17 +129,8 @@ def test_store_size_flag_refused_in_cli_words_when_the_pool_is_created_while_the
 def test_pool_created_while_the_run_waits_keeps_its_size_without_the_flag(terrace, toy_model, tmp_path):
     # Without --store-nvme-size the pool's own size is used, whoever created it. The run asked the
     # tier for the default 1 GiB and was refused with exit 1 before.
-    store, other = tmp_path / "st", tmp_path / "other"
-    make_pools(terrace, toy_model, other, "--store-nvme-size", "8MiB", "--state-nvme-size", "16MiB")
-    (store / "kv").mkdir(parents=True)
-    creating = store / "kv" / "terrace.data.creating"
-    creating.touch()
-    with locked(creating):
-        proc = model_run(terrace, toy_model, store, "--state-nvme-size", "16MiB")
-        wait_until_waiting(proc, creating)
-        move_pool(other / "kv", store / "kv")
-        creating.unlink()
-    rc, err = finish(proc)
+    store = tmp_path / "st"
+    rc, err = run_while_an_8mib_kv_pool_is_created(terrace, toy_model, tmp_path)
     assert rc == 0, err
     assert os.path.getsize(store / "kv" / "terrace.data") == 8 * MIB
 
