@@ -109,7 +109,7 @@ Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
       a.configs));
 }
 
-constexpr const char* kWho = "terrace bench experts";
+constexpr const char* kBenchExpertsWho = "terrace bench experts";
 
 // What a run made in --dir: `created_dir`, --dir itself (a folder that already existed stays, even
 // one that held an earlier run's store: it may be the user's); `owns_contents`, --dir was absent or
@@ -126,7 +126,7 @@ struct DirClaim {
 Result<bool> RemoveBenchStore(const Args& a, const DirClaim& claim) {
   if (!claim.owns_contents) return false;
   if (a.keep) {
-    TERRACE_RETURN_IF_ERROR(MarkOwnStore(a.dir, kExpertsMarker, kWho));
+    TERRACE_RETURN_IF_ERROR(MarkOwnStore(a.dir, kExpertsMarker, kBenchExpertsWho));
     return false;
   }
   TERRACE_ASSIGN_OR_RETURN(const bool removed, RemoveOwnStore(a.dir, kExpertsMarker, "--dir"));
@@ -180,7 +180,7 @@ int ClaimDir(const Args& a, DirClaim* claim) {
   std::error_code ec;
   const bool existed = std::filesystem::exists(std::filesystem::symlink_status(dir, ec));
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", kWho);
+    auto removed = RemoveOwnedStore(dir, kExpertsMarker, "--dir", kBenchExpertsWho);
     if (!removed.ok()) return FailUsage(removed.status().message());
   }
   std::filesystem::create_directories(dir, ec);
@@ -237,7 +237,7 @@ int RunBenchExperts(const Args& a) {
   if (StopSignalReceived() != 0)
     return ExitStopped("bench experts", removed.ok() && *removed ? "; removed the store it created in --dir" : "");
   if (!removed.ok()) {
-    fmt::print(stderr, "{}: left {} in place: {}\n", kWho, a.dir, removed.status().message());
+    fmt::print(stderr, "{}: left {} in place: {}\n", kBenchExpertsWho, a.dir, removed.status().message());
     return rc != 0 ? rc : 1;
   }
   if (rc != 0) return rc;
