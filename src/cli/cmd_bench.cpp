@@ -492,7 +492,14 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
     const std::filesystem::path idx(a.index_dir);
     struct stat st {};
     if (::lstat(idx.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && DescribePathKind(idx / kBenchMarker) == "a regular file") {
-      // Only the marker and index files: anything else is not the bench's to remove.
+      // Only the marker and index files, and no run still using them (RocksDB holds a write lock on
+      // LOCK while the index is open): anything else is not the bench's to remove.
+      if (std::optional<long> pid = IndexLockHolder(idx)) {
+        return Status::InvalidArgument(fmt::format(
+            "--index-dir {} holds the bench's {} and an index that another process (pid {}) has open right now; "
+            "nothing was removed (wait for that run to finish, or give another --index-dir)",
+            idx.string(), kBenchMarker, *pid));
+      }
       if (std::optional<std::filesystem::path> foreign = ForeignIndexEntry(idx, kBenchMarker)) {
         return Status::InvalidArgument(fmt::format(
             "--index-dir {} holds the bench's {} and also '{}', which an index never holds; nothing was removed "

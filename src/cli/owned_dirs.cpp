@@ -1,25 +1,31 @@
 #include "src/cli/owned_dirs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "src/cli/safe_files.h"
 #include "src/cli/remove_on_signal.h"
 #include "src/common/list_dir.h"
 #include "tiers/nvme/format.h"
 #include "tiers/nvme/index_store.h"
+#include "tiers/nvme/lock_holders.h"
+#include "tiers/nvme/nvme_paths.h"
 
 namespace terrace::cli {
 namespace {
@@ -204,6 +210,43 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
   return any && !ec;
 }
 
+// How long StoreInUse waits for a store's lock (the NVMe tier's default lock_wait).
+constexpr std::chrono::milliseconds kInUseWait{2000};
+
+std::optional<std::string> StoreInUse(const fs::path& dir) {
+  for (const std::string_view name : {kDataFile, kCreatingFile}) {
+    const fs::path file = dir / name;
+    const int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    // An exclusive probe conflicts with every holder, a reader's shared lock included; it is let go
+    // at once (close), so an opener that waits for the lock only waits a moment longer. It waits as
+    // an opener does: a killed process's lock outlives it briefly (its io_uring's teardown in the
+    // kernel still holds the file), a running one's does not end.
+    const bool held = nvme::LockDataArea(fd, LOCK_EX, kInUseWait) == EWOULDBLOCK;
+    std::vector<long> pids;
+    if (held) pids = nvme::FlockHolderPids(fd);
+    ::close(fd);
+    if (!held) continue;
+    const std::string by = pids.empty() ? "another process"
+                                        : fmt::format("{} ({} {})", pids.size() == 1 ? "another process" : "other processes",
+                                                      pids.size() == 1 ? "pid" : "pids", fmt::join(pids, ", "));
+    return fmt::format("{} (it holds the lock on {})", by, file.string());
+  }
+  return std::nullopt;
+}
+
+std::optional<long> IndexLockHolder(const fs::path& index) {
+  const int fd = ::open((index / "LOCK").c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct flock probe {};
+  probe.l_type = F_WRLCK;  // conflicts with any lock; F_GETLK only asks, it takes nothing
+  probe.l_whence = SEEK_SET;
+  const bool asked = ::fcntl(fd, F_GETLK, &probe) == 0;
+  ::close(fd);
+  if (!asked || probe.l_type == F_UNLCK) return std::nullopt;
+  return static_cast<long>(probe.l_pid);
+}
+
 Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std::string_view flag,
                               std::string_view who) {
   struct stat st {};
@@ -222,6 +265,12 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
                     why, who, flag));
   }
   if (scan.entries == 0) return false;
+  if (const std::optional<std::string> user = StoreInUse(dir)) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} holds a store that {} is using right now; {} removes only a store no process uses, so nothing was "
+        "removed (wait for that process to finish, or give another {})",
+        flag, dir.string(), *user, who, flag));
+  }
   TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, marker, flag));
   return true;
 }

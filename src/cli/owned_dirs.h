@@ -86,11 +86,21 @@ enum class EmptySubDirs { kRefuse, kAccept };
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
                           std::string_view marker, EmptySubDirs empty);
 
+// Who uses the store in `dir` right now: "another process (pid N) (it holds the lock on
+// DIR/terrace.data)" when a process holds the flock the NVMe tier takes on its data file (or on
+// terrace.data.creating while it creates one), readers included, for 2 s (a killed process's lock
+// lingers a moment); nullopt when none does.
+std::optional<std::string> StoreInUse(const std::filesystem::path& dir);
+
+// The pid of a process that has the RocksDB index in `index` open (it holds an fcntl write lock on
+// index/LOCK while open); nullopt when none has, or there is no LOCK file. One look.
+std::optional<long> IndexLockHolder(const std::filesystem::path& index);
+
 // Removes the store in `dir` if IsOwnedStoreOrLeftover(dir, marker): its terrace.data, index/ and marker;
 // the directory itself stays. Ok(false) when `dir` is absent or empty (nothing to do). A `dir`
 // holding anything else is refused with InvalidArgument (naming `flag` and the first foreign
-// entry, or saying the store has no marker of `who`) and nothing is removed. IoError when a
-// removal fails.
+// entry, or saying the store has no marker of `who`) and nothing is removed; so is a store a process
+// uses right now (StoreInUse: a run still going is no leftover). IoError when a removal fails.
 Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag,
                               std::string_view who);
 

@@ -721,3 +721,42 @@ def test_deeply_nested_json_inputs_are_refused_not_a_crash(terrace, toy_model, t
     # A trace line whose id is a (shallow) array names its type, not its text.
     trace.write_text('{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[[1,2]]}\n')
     assert_usage_error(terrace("plan", "--model", "k3-toy", "--trace", trace), "got an array")
+
+
+def test_bench_never_removes_a_marked_store_a_running_process_holds(terrace, tmp_path):
+    """A store beside the bench's marker is a killed run's leftover only when no process uses it: a
+    run still going holds the flock on its data file (a reader's shared one counts too)."""
+    import fcntl
+    d = tmp_path / "d"
+    r = terrace("store", "fill", "--dir", d, "--capacity", "16MiB", "--count", "2", "--block-size", "64KiB")
+    assert r.returncode == 0, r.stderr
+    (d / "terrace-bench.marker").write_text("created by 'terrace bench tiers'\n")
+    before = snapshot(d)
+    for mode in (fcntl.LOCK_EX, fcntl.LOCK_SH):
+        fd = os.open(d / "terrace.data", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--total-bytes", "4MiB", "--block-size",
+                        "1MiB", "--dir", d)
+        finally:
+            os.close(fd)
+        assert r.returncode == 2, r.stderr
+        assert f"(pid {os.getpid()})" in r.stderr and "using right now" in r.stderr and "nothing was removed" in r.stderr
+        assert snapshot(d) == before
+
+
+def test_bench_never_removes_an_index_dir_a_running_process_has_open(terrace, tmp_path):
+    import fcntl
+    idx = tmp_path / "idx"
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--index-dir", idx, "--capacity", "16MiB", "--count", "2",
+                "--block-size", "64KiB")
+    assert r.returncode == 0, r.stderr
+    (idx / "terrace-bench.marker").write_text("created by 'terrace bench tiers'\n")
+    before = snapshot(idx)
+    with open(idx / "LOCK", "r+") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as RocksDB holds it while the index is open
+        r = terrace("bench", "tiers", "--tier", "nvme", "--op", "write", "--total-bytes", "4MiB", "--block-size", "1MiB",
+                    "--dir", tmp_path / "bench", "--index-dir", idx)
+    assert r.returncode == 2, r.stderr
+    assert f"another process (pid {os.getpid()}) has open right now" in r.stderr and "nothing was removed" in r.stderr
+    assert snapshot(idx) == before
