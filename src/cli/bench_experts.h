@@ -145,6 +145,10 @@ struct Run {
   // same in every row): oracle+belady replays it, and the Belady bound is computed over it.
   std::shared_ptr<const experts::RoutingTrace> recorded;
   std::vector<ConfigResult> results;
+  // Whether this run took --dir's store as its own: set by StoreExpertsAndMeasureDrive right before
+  // its store open, --dir then being empty (CheckStillNew). Only then does the cleanup remove the
+  // store in --dir (marked or not), or mark it with --keep.
+  bool made_store = false;
   // The mmap rows: whether every shard took POSIX_FADV_DONTNEED, what --drop-caches did, and the
   // checkpoint's residency around the unbounded row (unset unless that row ran).
   bool advised = true;
@@ -163,7 +167,8 @@ struct Run {
 Result<ConfigResult> RunResidentRow(Run* run, const model::ModelDir& md);
 
 // Stores every routed expert on the NVMe tier under `dir` (marking it as this bench's), then reads
-// every block back: run->nvme_bytes_per_s.
+// every block back: run->nvme_bytes_per_s. The run's first store open: `dir` must still be empty
+// (CheckStillNew's Unavailable otherwise, nothing opened), and run->made_store is set before the open.
 Status StoreExpertsAndMeasureDrive(Run* run, const model::ModelDir& md, const std::filesystem::path& dir);
 
 // One store-backed row: a cold cache of `budget` over the NVMe tier, the configuration's policy and

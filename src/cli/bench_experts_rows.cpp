@@ -11,11 +11,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "src/cli/bench_experts.h"
+#include "src/cli/bench_own_store.h"
 #include "src/cli/cli_util.h"
+#include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
@@ -70,12 +74,36 @@ struct BenchStore {
   }
 };
 
-// ExpertOffload::OpenStoreOptions's store over --dir with `budget` bytes of fast tier.
+// `e`, a failed open of the expert store in --dir, in the bench's words (InCliWords): the bench has
+// no capacity flag (the store's size is the model's expert bytes), so a store of another size in
+// --dir is not one it made, and is left to whoever made it.
+Status InBenchWords(const Status& e) {
+  store_cmd::StoreWords w = store_cmd::CommandDirWords(
+      "--dir", "--dir", "(or give a --dir no other process uses: the bench stores the experts there again from --model)");
+  w.capacity_flag = "size";
+  w.lower_capacity = "give a --dir on a file system with that much free space (the expert store's size comes from "
+                     "the model)";
+  std::string m = store_cmd::InCliWords(e.message(), w);
+  // The tier's capacity mismatch ("was created with capacity_bytes=N but the options ask for M; open
+  // it with the original capacity ..."), which InCliWords leaves in the library's words.
+  const std::pair<std::string_view, std::string_view> kMismatch[] = {
+      {"but the options ask for", "but this model's experts need"},
+      {"open it with the original capacity (or 0: as recorded) or use a new directory",
+       "the bench did not make this store (it sizes its store from --model); give a --dir no other process uses"}};
+  for (const auto& [from, to] : kMismatch)
+    if (const std::size_t pos = m.find(from); pos != std::string::npos) m.replace(pos, from.size(), to);
+  return Reworded(e, std::move(m));
+}
+
+// ExpertOffload::OpenStoreOptions's store over --dir with `budget` bytes of fast tier. A failed
+// open's error is in the bench's words (InBenchWords).
 Result<BenchStore> OpenBenchStore(const Run& run, std::uint64_t budget) {
   BenchStore b;
   StoreOptions o = experts::ExpertOffload::OpenStoreOptions(run.total, budget, run.a.dir, run.link);
   o.logger = b.log;
-  TERRACE_ASSIGN_OR_RETURN(b.store, Store::Open(o));
+  auto store = Store::Open(o);
+  if (!store.ok()) return InBenchWords(store.status());
+  b.store = std::move(store).value();
   return b;
 }
 
@@ -330,6 +358,9 @@ Result<ConfigResult> RunResidentRow(Run* run, const model::ModelDir& md) {
 Status StoreExpertsAndMeasureDrive(Run* run, const model::ModelDir& md, const std::filesystem::path& dir) {
   run->progress.Phase(
       fmt::format("storing {:.1f} MiB of routed experts on the NVMe tier", static_cast<double>(run->total) / (1 << 20)));
+  WaitAtStoreOpenGate();
+  TERRACE_RETURN_IF_ERROR(CheckStillNew(dir, dir, "--dir"));
+  run->made_store = true;  // a failed creation below leaves an unmarked store of this run's: the cleanup removes it
   TERRACE_ASSIGN_OR_RETURN(BenchStore bs, OpenBenchStore(*run, run->total));
   Store* st = bs.store.get();
   // Marked once the store exists (the NVMe tier wants an empty directory or a store).

@@ -99,10 +99,20 @@ void PutTierFigures(const TierTally& read, const TierTally& written, nlohmann::j
 // untouched, rather than one it removes). The first WriteMarker error.
 Status MarkPools(const std::filesystem::path& dir);
 
-// Removes the pools this run created under `dir` (marked or not: `dir` was new or empty when the run
-// took it; RemoveOwnStore) and their folders, and `dir` itself when this run created it and it is
-// empty. True when nothing of the pools is left; each pool left is named on stderr with the reason.
-bool RemovePools(const std::filesystem::path& dir, bool created_dir);
+// Opens new pools under `dir` for this run: right before OpenKvRun, `dir`/kv and `dir`/state must
+// be absent or empty (CheckStillNew: Unavailable, a runtime failure, nothing opened, *made left
+// as it is); then *made is set (from here the pools are this run's, marked or not: a failed
+// creation leaves them unmarked) and the pools are opened and marked (MarkPools). OpenKvRun's or
+// MarkPools' error otherwise. TERRACE_TEST_STORE_OPEN_GATE holds it before the check
+// (WaitAtStoreOpenGate).
+Result<KvRun> OpenNewPools(const KvRunArgs& kv, const std::filesystem::path& dir, const model::ModelConfig& config,
+                           const model::WeightSource& weights, bool* made);
+
+// Removes the pools under `dir` when this run made them (`made`, as OpenNewPools set it), marked or
+// not (RemoveOwnStore), and their folders; then `dir` itself when this run created it and it is
+// empty. Without `made` it removes nothing of the pools: what is there is another process's. True
+// when none of this run's pools is left; each pool left is named on stderr with the reason.
+bool RemovePools(const std::filesystem::path& dir, bool made, bool created_dir);
 
 // What every prefix row shares.
 struct RowContext {
@@ -112,12 +122,13 @@ struct RowContext {
   const model::ModelConfig& config;
   const model::ModelDir& mdir;
   const model::Model& m;
+  bool* pools_made;  // whether pools of this run's are under `dir` now (OpenNewPools, RemovePools)
 };
 
 // One prefix length's row (the file comment of cmd_bench_kv.cpp says what it measures): its JSON
 // object. Adds what its prepared restore read (one round's: the row's tier figures are per restore)
 // and what its turn 1 wrote, per tier, to *all_read / *all_written.
-// The pools are removed afterwards. InvalidArgument: the pools could not be opened with these flags.
+// The pools are opened with OpenNewPools and removed afterwards (*ctx.pools_made cleared then). InvalidArgument: the pools could not be opened with these flags.
 Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, TierTally* all_read, TierTally* all_written);
 
 }  // namespace terrace::cli::bench_kv

@@ -229,8 +229,7 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   const bool recompute_in_turn1 = P > a.recompute_max_tokens;
   fmt::print(stderr, "terrace bench kv: prefix {} tokens: turn 1 (compute and store{})...\n", P,
              recompute_in_turn1 ? fmt::format(", timed as the recompute of all {} tokens", prompt.size()) : "");
-  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, ctx.mdir));
-  TERRACE_RETURN_IF_ERROR(MarkPools(dir));
+  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenNewPools(kv, dir, config, ctx.mdir, ctx.pools_made));
   const int last_layer = config.num_hidden_layers - 1;
   double ttft_recompute = 0;
   std::optional<kv::CachedPrefill> r3;  // the cold run of the turn-2 prompt
@@ -501,7 +500,9 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
   run.cache.reset();
   run = KvRun{};
-  if (!RemovePools(dir, false)) return Status::IoError("--dir: cannot remove the pools of this prefix row (above)");
+  if (!RemovePools(dir, *ctx.pools_made, false))
+    return Status::IoError("--dir: cannot remove the pools of this prefix row (above)");
+  *ctx.pools_made = false;
   return row;
 }
 

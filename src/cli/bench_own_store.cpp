@@ -1,7 +1,11 @@
 #include "src/cli/bench_own_store.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -51,6 +55,25 @@ Status MarkOwnStore(const fs::path& dir, std::string_view marker, std::string_vi
   for (const char* part : kStoreParts)
     if (fs::exists(fs::symlink_status(dir / part, ec))) return WriteMarker(dir, marker, who);
   return Status::Ok();
+}
+
+Status CheckStillNew(const fs::path& dir, const fs::path& path, std::string_view flag) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return Status::Ok();
+  if (fs::is_directory(path, ec) && fs::is_empty(path, ec) && !ec) return Status::Ok();  // --dir may be a symlink
+  const std::string which = path == dir ? "" : fmt::format(" ({} appeared)", path.string());
+  return Status::Unavailable(fmt::format("{} {} gained entries while the bench ran (another process wrote into it?){}; "
+                                         "nothing in it was removed; give a {} no other process uses",
+                                         flag, dir.string(), which, flag));
+}
+
+void WaitAtStoreOpenGate() {
+  const char* gate = std::getenv("TERRACE_TEST_STORE_OPEN_GATE");
+  if (gate == nullptr || *gate == '\0') return;
+  const fs::path file(gate);
+  std::error_code ec;
+  { std::ofstream(fs::path(file) += ".waiting"); }
+  for (int i = 0; i < 6000 && !fs::exists(file, ec); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 }  // namespace terrace::cli

@@ -111,25 +111,26 @@ Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
 
 constexpr const char* kBenchExpertsWho = "terrace bench experts";
 
-// What a run made in --dir: `created_dir`, --dir itself (a folder that already existed stays, even
-// one that held an earlier run's store: it may be the user's); `owns_contents`, --dir was absent or
-// empty when the run took it (an earlier run's marked leftover removed), so a store in it is this
-// run's, marked or not.
+// Whether the run created --dir itself (a folder that already existed stays, even one that held an
+// earlier run's store: it may be the user's). Whether a store in --dir is the run's own is
+// Run::made_store, set only by the run's first store open.
 struct DirClaim {
   bool created_dir = false;
-  bool owns_contents = false;
 };
 
-// Removes the store the run made in --dir, marked or not (RemoveOwnStore), and --dir itself when the
-// run created it and it is empty then; with --keep, marks it instead (MarkOwnStore), so a later run
-// recognises it. True when a store was removed; the error naming --dir otherwise.
-Result<bool> RemoveBenchStore(const Args& a, const DirClaim& claim) {
-  if (!claim.owns_contents) return false;
+// Removes the store the run made in --dir (run.made_store), marked or not (RemoveOwnStore), and
+// --dir itself when the run created it and it is empty then; with --keep, marks that store instead
+// (MarkOwnStore), so a later run recognises it. A run that made no store removes and marks nothing
+// in --dir. True when a store was removed; the error naming --dir otherwise.
+Result<bool> RemoveBenchStore(const Args& a, const DirClaim& claim, const bench_experts::Run& run) {
   if (a.keep) {
-    TERRACE_RETURN_IF_ERROR(MarkOwnStore(a.dir, kExpertsMarker, kBenchExpertsWho));
+    if (run.made_store) TERRACE_RETURN_IF_ERROR(MarkOwnStore(a.dir, kExpertsMarker, kBenchExpertsWho));
     return false;
   }
-  TERRACE_ASSIGN_OR_RETURN(const bool removed, RemoveOwnStore(a.dir, kExpertsMarker, "--dir"));
+  bool removed = false;
+  if (run.made_store) {
+    TERRACE_ASSIGN_OR_RETURN(removed, RemoveOwnStore(a.dir, kExpertsMarker, "--dir"));
+  }
   std::error_code ec;
   if (claim.created_dir) std::filesystem::remove(a.dir, ec);  // only if empty
   return removed;
@@ -186,7 +187,6 @@ int ClaimDir(const Args& a, DirClaim* claim) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
   claim->created_dir = !existed;
-  claim->owns_contents = true;
   return 0;
 }
 
@@ -233,7 +233,7 @@ int RunBenchExperts(const Args& a) {
   bench_experts::Run run;
   std::vector<experts::CacheBudget> budgets;
   int rc = RunRows(a, &claim, &run, &budgets);
-  const Result<bool> removed = RemoveBenchStore(a, claim);
+  const Result<bool> removed = RemoveBenchStore(a, claim, run);
   if (StopSignalReceived() != 0)
     return ExitStopped("bench experts", removed.ok() && *removed ? "; removed the store it created in --dir" : "");
   if (!removed.ok()) {

@@ -99,10 +99,21 @@ Status MarkPools(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
-bool RemovePools(const std::filesystem::path& dir, bool created_dir) {
+Result<KvRun> OpenNewPools(const KvRunArgs& kv, const std::filesystem::path& dir, const model::ModelConfig& config,
+                           const model::WeightSource& weights, bool* made) {
+  WaitAtStoreOpenGate();
+  for (const char* sub : {"kv", "state"}) TERRACE_RETURN_IF_ERROR(CheckStillNew(dir, dir / sub, "--dir"));
+  *made = true;
+  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, weights));
+  TERRACE_RETURN_IF_ERROR(MarkPools(dir));
+  return run;
+}
+
+bool RemovePools(const std::filesystem::path& dir, bool made, bool created_dir) {
   bool all = true;
   std::error_code ec;
   for (const char* sub : {"kv", "state"}) {
+    if (!made) break;  // what is under `dir` is not this run's: left alone
     const Result<bool> r = RemoveOwnStore(dir / sub, kKvMarker, "--dir");
     if (r.ok()) std::filesystem::remove(dir / sub, ec);  // only if empty
     if (r.ok() && !std::filesystem::exists(dir / sub, ec)) continue;
@@ -202,12 +213,12 @@ std::vector<std::int32_t> TurnTokens(int vocab, int conversation, int turn, int 
 // conversation's prompt is everything so far plus --user-tokens new tokens, run through the
 // cache (restore the longest stored prefix, compute the rest, write it back), then the write-back
 // is flushed (outside the turn's time). The pools stay open throughout, as in a serving process:
-// blocks come from whichever tier holds them. Returns the "multi_turn" object.
+// blocks come from whichever tier holds them. The pools are opened with OpenNewPools (*pools_made).
+// Returns the "multi_turn" object.
 Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, const std::filesystem::path& dir,
                                     const model::ModelConfig& config, const model::ModelDir& mdir,
-                                    const model::Model& m) {
-  TERRACE_ASSIGN_OR_RETURN(KvRun run, OpenKvRun(kv, config, mdir));
-  TERRACE_RETURN_IF_ERROR(bench_kv::MarkPools(dir));
+                                    const model::Model& m, bool* pools_made) {
+  TERRACE_ASSIGN_OR_RETURN(KvRun run, bench_kv::OpenNewPools(kv, dir, config, mdir, pools_made));
   std::vector<std::int32_t> system(static_cast<std::size_t>(a.system_tokens));
   for (std::size_t i = 0; i < system.size(); ++i)
     system[i] = static_cast<std::int32_t>((i * 7919 + 13) % static_cast<std::size_t>(config.vocab_size));
@@ -371,6 +382,7 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
+  bool pools_made = false;  // OpenNewPools sets it, a prefix row's removal of its pools clears it
   if (dir.empty()) {
     auto scratch = ScratchDirPath("terrace-bench-kv", "--dir");
     if (!scratch.ok()) return Fail(scratch.status().message());
@@ -403,14 +415,14 @@ int RunBenchKv(const BenchKvArgs& a) {
   kv.dir_flag = "--dir";
   auto by_codec = BytesPerTokenByCodec(config, kv);
   if (!by_codec.ok()) {
-    RemovePools(dir, created_dir);
+    RemovePools(dir, pools_made, created_dir);
     return Fail(by_codec.status().ToString());
   }
 
   nlohmann::json rows = nlohmann::json::array();
   TierTally all_read, all_written;  // over every row
   int rc = 0;
-  const bench_kv::RowContext row_ctx{a, kv, dir, config, **mdir, **m};
+  const bench_kv::RowContext row_ctx{a, kv, dir, config, **mdir, **m, &pools_made};
   for (int P : *prefixes) {
     if (StopSignalReceived() != 0) break;
     auto row = bench_kv::RunPrefixRow(row_ctx, P, &all_read, &all_written);
@@ -424,12 +436,12 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (rc == 0 && a.turns > 0 && StopSignalReceived() == 0) {
     fmt::print(stderr, "terrace bench kv: multi-turn: {} conversations x {} turns (system prompt {} tokens, {} new "
                        "tokens per turn)...\n", a.conversations, a.turns, a.system_tokens, a.user_tokens);
-    auto mt = RunMultiTurn(a, kv, dir, config, **mdir, **m);
+    auto mt = RunMultiTurn(a, kv, dir, config, **mdir, **m, &pools_made);
     if (mt.ok()) multi_turn = std::move(mt).value();
     else if (mt.status().code() == Code::kInvalidArgument) rc = FailUsage(mt.status().message());
     else rc = FailUnlessStopped(mt.status());
   }
-  const bool removed = RemovePools(dir, created_dir);
+  const bool removed = RemovePools(dir, pools_made, created_dir);
   if (StopSignalReceived() != 0)
     return ExitStopped("terrace bench kv", removed ? "; removed the pools it created in --dir" : "");
   if (rc != 0) return rc;
