@@ -59,9 +59,10 @@ struct TierStatsSnapshot {
   bool host_addressable = false;
   std::uint64_t capacity_bytes = 0;
   std::uint64_t used_bytes = 0;  // the blocks' own bytes (their sizes summed)
-  // The tier's space its blocks take (what runs out first): host and HBM, each block's whole 4 KiB
-  // pages; NVMe, each block's data rounded up to 4 KiB plus its 4 KiB descriptor; a tier that
-  // stores the bytes as they are: used_bytes.
+  // The tier's space its blocks take (what runs out first): host and HBM, each block's whole pages
+  // (4 KiB; the CUDA HBM tier's page grows above 16 GiB of capacity, to capacity / 2^22 rounded up
+  // to a power of two); NVMe, each block's data rounded up to 4 KiB plus its 4 KiB descriptor; a
+  // tier that stores the bytes as they are: used_bytes.
   std::uint64_t allocated_bytes = 0;
   // Bytes new blocks can still take, where the tier keeps space of its own besides its blocks (NVMe:
   // its free extents; the superblock area is neither allocated nor free). Unset elsewhere: there it

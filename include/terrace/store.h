@@ -7,10 +7,12 @@
 // - Put places a block in put_tier (or PutOptions::tier; if that tier is absent, the nearest
 //   present tier below it) and removes the key's copies elsewhere. Write-through also writes the
 //   lowest present tier first. Putting the bytes already stored is a no-op (put_dedup_hits).
-// - A write-through Put whose target tier has no room (OutOfCapacity after the lowest tier's
-//   write: its blocks pinned or busy) returns OK with the block in the lowest tier only, as if
-//   evicted at once (StoreStats::puts_placed_lower). A block larger than the target tier can ever
-//   hold is refused before anything is written.
+// - A write-through Put from a host buffer whose target tier has no room (OutOfCapacity after the
+//   lowest tier's write: its blocks pinned or busy) returns OK with the block in the lowest tier
+//   only, as if evicted at once (StoreStats::puts_placed_lower). A block larger than the target
+//   tier can ever hold is refused before anything is written. A Put from device memory (kDevice)
+//   writes its target tier first, so when that tier has no room it returns OutOfCapacity and
+//   stores the block nowhere: it is not placed lower and the key's previous version stays.
 // - A failed Put leaves the store as it was, except a write-through Put whose target-tier write
 //   fails otherwise (an I/O error) after its lowest-tier write replaced the previous version there:
 //   then every copy of the key is removed and the Status says so. (A Put from
@@ -166,8 +168,9 @@ struct StoreStats {
   std::uint64_t lower_tier_reads = 0;     // reads issued below put_tier (after dedup)
   std::uint64_t range_reads = 0, range_read_bytes = 0;  // GetRanges items answered OK, and their lengths
   std::uint64_t put_dedup_hits = 0;       // Puts of bytes identical to the stored block (skipped)
-  // Write-through Puts acknowledged with the block in the lowest tier only: their target tier had no
-  // room (its blocks pinned or busy), so the block is where an eviction would have put it.
+  // Write-through Puts from host buffers acknowledged with the block in the lowest tier only: their
+  // target tier had no room (its blocks pinned or busy), so the block is where an eviction would
+  // have put it. (A device-memory Put in that case fails with OutOfCapacity; it is not counted.)
   std::uint64_t puts_placed_lower = 0;
   std::uint64_t prefetch_issued = 0;      // prefetch items that moved a block
   std::uint64_t prefetch_useful = 0;      // prefetched blocks later read by a Get
@@ -235,7 +238,9 @@ class Store {
   // opts.tier) only if that tier takes device buffers (TierCaps::device_buffers: the HBM tier),
   // else InvalidArgument; the tier computes the checksum. A device Get first brings the block into
   // the first tier that takes device buffers (like Acquire; InvalidArgument if there is none) and
-  // copies it from there. Write-through copies a device Put down to the lowest tier afterwards.
+  // copies it from there. Write-through copies a device Put down to the lowest tier afterwards; a
+  // device Put whose tier has no room returns OutOfCapacity and stores the block nowhere (not placed
+  // lower, unlike a host-buffer write-through Put).
   // Streams: the tier copies on CUDA streams of its own, created non-blocking, which wait for
   // none of the caller's streams (the legacy default stream included). The caller's writes to a
   // device Put's buffer must be complete before the call (cudaStreamSynchronize or

@@ -112,6 +112,7 @@ std::optional<Status> DirInUse(std::string_view dir_flag, std::string_view what,
 
 std::string InCliWords(std::string_view message, const StoreWords& w) {
   const std::string new_bigger = fmt::format("use a new {} directory with a larger {}", w.dir_flag, w.capacity_flag);
+  const std::string wait_for_holder = "wait for it to finish, then run the command again";
   // The replacements own their text: several are built here, and a view of a temporary would dangle.
   const std::pair<std::string_view, std::string> kWords[] = {
       {"set options.index_dir to", "give --index-dir"},
@@ -139,6 +140,9 @@ std::string InCliWords(std::string_view message, const StoreWords& w) {
        "or " + (w.lower_capacity.empty() ? fmt::format("give a smaller {}", w.capacity_flag) : w.lower_capacity)},
       // The library's reformat option has no flag: say what a CLI user does instead.
       {"(or reformat the data area to start an empty store: every block in it is lost)", w.start_over},
+      // A data area another process holds locked: the advice `store check` gives for it too.
+      {"close that process first (one writer per data area; read-only opens may share it)", wait_for_holder},
+      {"close that process first", wait_for_holder},
   };
   std::string out(message);
   for (const auto& [from, to] : kWords) ReplaceWords(out, from, to);

@@ -531,9 +531,19 @@ Status CheckLoadCounts(const json& load, std::string_view where) {
   return Status::Ok();
 }
 
+// InvalidArgument naming `where` unless `parent`'s expert_load is absent or an array whose every
+// element is a number of at least 0 (CheckLoadCounts).
+Status CheckExpertLoad(const json& parent, std::string_view where) {
+  if (auto it = parent.find("expert_load"); it != parent.end() && !it->is_array()) {  // none on a non-object
+    return Status::InvalidArgument(fmt::format("{} is {}; it must be an array of loads, one count of tokens per expert",
+                                               where, it->dump()));
+  }
+  return CheckLoadCounts(Arr(parent, "expert_load"), where);
+}
+
 // The expert figures as the charts need them: a demo run's hot_factor, where present, a finite
-// number of at least 1, and every expert_load number (a demo run's layers, a bench run's
-// configurations) at least 0. InvalidArgument naming the key.
+// number of at least 1, and every expert_load (a demo run's layers, a bench run's
+// configurations), where present, an array of numbers of at least 0. InvalidArgument naming the key.
 Status CheckExpertLoads(const json& j) {
   const json& e = Obj(Obj(j, "summary"), "experts");
   if (auto it = e.find("hot_factor"); it != e.end() && !(it->is_number() && it->get<double>() >= 1)) {
@@ -543,12 +553,11 @@ Status CheckExpertLoads(const json& j) {
   }
   const json& layers = Arr(e, "layers");
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    TERRACE_RETURN_IF_ERROR(
-        CheckLoadCounts(Arr(layers[i], "expert_load"), fmt::format("summary.experts.layers[{}].expert_load", i)));
+    TERRACE_RETURN_IF_ERROR(CheckExpertLoad(layers[i], fmt::format("summary.experts.layers[{}].expert_load", i)));
   }
   const json& cfgs = Arr(j, "configs");
   for (std::size_t i = 0; i < cfgs.size(); ++i) {
-    TERRACE_RETURN_IF_ERROR(CheckLoadCounts(Arr(cfgs[i], "expert_load"), fmt::format("configs[{}].expert_load", i)));
+    TERRACE_RETURN_IF_ERROR(CheckExpertLoad(cfgs[i], fmt::format("configs[{}].expert_load", i)));
   }
   return Status::Ok();
 }

@@ -124,8 +124,8 @@ std::string StoreImpl::PrometheusText() const {
       {"terrace_tier_capacity_bytes", "gauge", "Tier capacity.", &TierStatsSnapshot::capacity_bytes},
       {"terrace_tier_used_bytes", "gauge", "Bytes of the blocks held (their sizes summed).", &TierStatsSnapshot::used_bytes},
       {"terrace_tier_allocated_bytes", "gauge",
-       "Space the blocks take (host, HBM: whole 4 KiB pages; NVMe: data rounded up to 4 KiB plus a 4 KiB descriptor "
-       "each); compare with capacity.",
+       "Space the blocks take (host, HBM: whole pages, 4 KiB, larger on a CUDA HBM tier over 16 GiB; NVMe: data "
+       "rounded up to 4 KiB plus a 4 KiB descriptor each); compare with capacity.",
        &TierStatsSnapshot::allocated_bytes},
       {"terrace_tier_blocks", "gauge", "Blocks resident.", &TierStatsSnapshot::blocks},
   };

@@ -270,6 +270,8 @@ TEST_CASE("Conformance: ForEach, block_count and used_bytes agree") {
   CHECK(t.Stats().used_bytes == sum);
   CHECK(t.allocated_bytes() >= sum);
   CHECK(t.allocated_bytes() <= t.caps().capacity_bytes);
+  // The figure the store's room and watermark checks read is the one Stats() reports.
+  CHECK(t.allocated_bytes() == t.Stats().allocated_bytes);
   for (const auto& [k, d] : oracle) REQUIRE(t.Erase(k).ok());
   CHECK(t.block_count() == 0);
   CHECK(t.used_bytes() == 0);

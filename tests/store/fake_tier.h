@@ -131,6 +131,7 @@ class FakeTier final : public Tier {
     s.capacity_bytes = caps_.capacity_bytes;
     std::lock_guard lock(mu_);
     s.used_bytes = used_;
+    s.allocated_bytes = used_;  // the bytes are kept as they are (allocated_bytes() = used_bytes())
     s.blocks = blocks_.size();
     s.puts = puts_;
     s.corruptions = corruptions_;

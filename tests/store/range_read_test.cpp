@@ -2,6 +2,8 @@
 // a copy that moves away during the read looked up again.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <future>
 #include <thread>
 
 #include "store_test_util.h"
@@ -104,21 +106,29 @@ TEST_CASE("GetRanges looks a copy up again when it leaves its tier during the re
 
 TEST_CASE("GetRanges finds a key present throughout although its copy moves before every read") {
   // Host holds one block. Before each of the reader's first three tier reads of the key, its copy
-  // moves: a filler put evicts it to NVMe, a new version is put into host, another filler evicts
-  // that. The moves run on the reader's thread, inside the tier's read: a read under the key's lock
-  // (held by this thread) stops the third, as it would stop another thread's.
+  // is to move: a filler put evicts it to NVMe, a new version is put into host, another filler
+  // would evict that. The first two moves run on the reader's thread, inside the tier's read of an
+  // unlocked round. The third read is GetRanges' locked round: this thread holds the key's lock
+  // stripe, and may take no other (KeyLocks::Lock), so that filler is put from another thread,
+  // given 200 ms inside the read; the key's lock keeps it from moving the copy until the read ends.
   FakeTiers f(0, kBlock, 1 << 20);
   const BlockKey key = TestKey(7);
   const auto v1 = TestBytes(7, kBlock), v2 = TestBytes(8, kBlock);
+  const std::thread::id reader = std::this_thread::get_id();
   Store* store_ptr = nullptr;
   int moves = 0;
   bool moving = false;  // the mover's own reads (a demotion's) are not the reader's
+  std::future<Status> late_filler;
   auto mover = [&](const BlockKey& k) {
-    if (!(k == key) || store_ptr == nullptr || moving) return;
+    if (std::this_thread::get_id() != reader || !(k == key) || store_ptr == nullptr || moving) return;
     moving = true;
     const int n = ++moves;
-    if (n == 1 || n == 3) (void)store_ptr->Put(TestKey(100 + n), TestBytes(100 + n, kBlock));
+    if (n == 1) (void)store_ptr->Put(TestKey(101), TestBytes(101, kBlock));
     if (n == 2) (void)store_ptr->Put(key, v2);
+    if (n == 3) {
+      late_filler = std::async(std::launch::async, [s = store_ptr] { return s->Put(TestKey(103), TestBytes(103, kBlock)); });
+      (void)late_filler.wait_for(std::chrono::milliseconds(200));
+    }
     moving = false;
   };
   f.at(TierId::kHost).on_get = mover;
@@ -130,6 +140,8 @@ TEST_CASE("GetRanges finds a key present throughout although its copy moves befo
   store_ptr = store.get();
   auto st = store->GetRanges(items);
   store_ptr = nullptr;
+  REQUIRE(late_filler.valid());
+  (void)late_filler.get();  // may have waited for the key's lock: it ends once the read has
   REQUIRE(st.size() == 1);
   INFO(st[0].ToString());
   CHECK(moves == 3);

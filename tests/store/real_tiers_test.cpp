@@ -77,6 +77,41 @@ TEST_CASE("Real tiers: background demotion starts from the host tier's pages, no
   for (std::uint64_t i = 0; i < 9; ++i) CHECK(*GetBytes(*store, TestKey(i)) == one);
 }
 
+TEST_CASE("Real tiers: background demotion starts from an NVMe tier's extents, not its blocks' bytes") {
+  // One-byte blocks take 8 KiB extents each in the first NVMe tier (4 KiB of data + 4 KiB record
+  // unit): 300 of them allocate over half its 4 MiB, over the 50% watermark, although their
+  // bytes (300) are far below it.
+  TempDir dir("store-nvme-watermark");
+  StoreOptions o;
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.25;
+  TierSlotOptions host{"host", "", {}, {}, {}};
+  host.host.capacity_bytes = 64 * kKiB;
+  host.host.chunk_bytes = 64 * kKiB;
+  host.host.pin = false;
+  TierSlotOptions fast{"nvme", "", {}, {}, {}};
+  fast.nvme.path = dir.path() / "fast";
+  fast.nvme.capacity_bytes = 4 * kMiB;
+  TierSlotOptions slow{"nvme", "nvme-2", {}, {}, {}};
+  slow.nvme.path = dir.path() / "slow";
+  slow.nvme.capacity_bytes = 16 * kMiB;
+  o.tier_list = {host, fast, slow};
+  auto opened = Store::Open(o);
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  auto& store = *opened;
+  const std::vector<std::byte> one(1, std::byte{7});
+  constexpr std::uint64_t kPuts = 300;
+  for (std::uint64_t i = 0; i < kPuts; ++i) REQUIRE(store->Put(TestKey(i), one, {Codec::kRaw, TierId::kNvme}).ok());
+  auto fast_allocated = [&] { return store->Stats().slots[1].allocated_bytes; };
+  // Background work is asynchronous: wait (bounded) for it to reach the low watermark.
+  for (int i = 0; i < 1000 && fast_allocated() > kMiB; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(fast_allocated() <= kMiB);
+  CHECK(store->Stats().slots[2].blocks > 0);
+  CHECK(store->Stats().evictions > 0);
+  for (std::uint64_t i = 0; i < kPuts; ++i) CHECK(*GetBytes(*store, TestKey(i)) == one);
+}
+
 TEST_CASE("Real tiers: blocks move hbm -> host -> nvme and read back intact") {
   TempDir dir("store-real");
   StoreOptions o = RealOptions(dir.path());

@@ -3,7 +3,8 @@
 A creation under way is never called a stopped one (whose advice is to delete its files); the
 directory `model run --store` keeps its stores in is answered with the stores to give; --repair is
 never told a block was kept; a store the file system cannot preallocate names the flag that sets its
-size; --expert-home host makes no NVMe expert store.
+size; --expert-home host makes no NVMe expert store; a store another process writes is waited for,
+in the same words by every command.
 """
 import fcntl
 import json
@@ -71,6 +72,28 @@ def test_a_creation_under_way_is_waited_for_never_deleted(tmp_path, cmd):
     r = terrace("store", cmd, "--dir", store)      # no process holds it now: a stopped run left it
     assert r.returncode == 1, r.stdout + r.stderr
     assert "a stopped run left unfinished" in r.stderr and "delete that file" in r.stderr, r.stderr
+
+
+@contextmanager
+def locked_data_file(store):
+    """Holds the lock a writing process holds on a store (NvmeTier: LOCK_EX on terrace.data)."""
+    with open(Path(store) / "terrace.data", "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+
+
+@pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
+def test_a_store_another_process_writes_is_waited_for_in_the_same_words(tmp_path, cmd):
+    store = tmp_path / "s"
+    r = terrace("store", "fill", "--dir", store, "--count", 1, "--capacity", "4MiB")
+    assert r.returncode == 0, r.stderr
+    with locked_data_file(store):
+        r = terrace("store", cmd, "--dir", store)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "is in use by another process" in r.stderr, r.stderr
+    assert "wait for it to finish, then run the command again" in r.stderr, r.stderr
+    # The library's advice (close the process; its read-only opens share the lock) is not the CLI's.
+    assert "close that process" not in r.stderr and "read-only opens" not in r.stderr, r.stderr
 
 
 def test_model_run_with_another_size_than_a_creation_under_way_is_told_to_wait(toy, tmp_path):

@@ -490,6 +490,15 @@ std::uint64_t NvmeTier::used_bytes() const {
   return used_bytes_;
 }
 
+std::uint64_t NvmeTier::allocated_bytes() const {
+  MutexLock l(&mu_);
+  return AllocatedBytesLocked();
+}
+
+std::uint64_t NvmeTier::AllocatedBytesLocked() const {
+  return caps_.capacity_bytes - nvme::kDataStart - alloc_->free_bytes();
+}
+
 std::uint64_t NvmeTier::block_count() const {
   MutexLock l(&mu_);
   return map_.size();
@@ -512,7 +521,7 @@ TierStatsSnapshot NvmeTier::Stats() const {
   s.read_requests = counters_.read_latency.count();  // one sample per request (RunChunks)
   MutexLock l(&mu_);
   s.used_bytes = used_bytes_;
-  s.allocated_bytes = caps_.capacity_bytes - nvme::kDataStart - alloc_->free_bytes();
+  s.allocated_bytes = AllocatedBytesLocked();
   s.free_bytes = alloc_->free_bytes();
   s.blocks = map_.size();
   MutexLock r(&reg_mu_);

@@ -280,6 +280,11 @@ class NvmeTier final : public Tier {
   Status Unpin(const BlockKey& key) override;
   Status Flush() override;
   std::uint64_t used_bytes() const override;
+  // The data area's bytes the allocator does not hold free (a block's extent is its bytes rounded
+  // up to 4 KiB plus one 4 KiB unit, so this exceeds used_bytes()): the figure
+  // Stats().allocated_bytes reports. O(1) (the allocator counts its free bytes) for the store's
+  // per-Put room and watermark checks.
+  std::uint64_t allocated_bytes() const override;
   std::uint64_t block_count() const override;
   void ForEach(const std::function<void(const BlockKey&, const BlockDesc&)>& fn) const override;
   TierStatsSnapshot Stats() const override;
@@ -447,6 +452,7 @@ class NvmeTier final : public Tier {
   std::uint64_t SwitchIndex(std::span<const PutOp> ops, const std::vector<PutPlan>& plans,
                             const std::vector<Status>& st, std::uint64_t* bytes);
   void ReleaseExtents(std::vector<nvme::Extent>&& extents);
+  std::uint64_t AllocatedBytesLocked() const TERRACE_REQUIRES(mu_);  // allocated_bytes()' figure
   void Detach(const Entry& e) TERRACE_REQUIRES(mu_);  // before e leaves map_
   void EndRead(const BlockKey& key, const nvme::Record& rec) TERRACE_REQUIRES(mu_);
   void DropCorrupt(const BlockKey& key, const nvme::Record& rec);
