@@ -534,16 +534,23 @@ Status CheckLoadCounts(const json& load, std::string_view where) {
 // InvalidArgument naming `where` unless `parent`'s expert_load is absent or an array whose every
 // element is a number of at least 0 (CheckLoadCounts).
 Status CheckExpertLoad(const json& parent, std::string_view where) {
-  if (auto it = parent.find("expert_load"); it != parent.end() && !it->is_array()) {  // none on a non-object
-    return Status::InvalidArgument(fmt::format("{} is {}; it must be an array of loads, one count of tokens per expert",
-                                               where, it->dump()));
-  }
   return CheckLoadCounts(Arr(parent, "expert_load"), where);
+}
+
+// A note for each of `items` whose expert_load is there but no array (`where`[i].expert_load): its
+// loads are drawn nowhere, and the page says so rather than leave them out silently.
+void NoteLoadsNotArrays(const json& items, std::string_view where, std::string* body) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    auto it = items[i].find("expert_load");  // none on a non-object
+    if (it != items[i].end() && !it->is_array())
+      Skipped(body, "an expert load", fmt::format("{}[{}].expert_load is not an array", where, i));
+  }
 }
 
 // The expert figures as the charts need them: a demo run's hot_factor, where present, a finite
 // number of at least 1, and every expert_load (a demo run's layers, a bench run's
-// configurations), where present, an array of numbers of at least 0. InvalidArgument naming the key.
+// configurations) that is an array, numbers of at least 0 (one that is no array is noted on the page,
+// NoteLoadsNotArrays). InvalidArgument naming the key.
 Status CheckExpertLoads(const json& j) {
   const json& e = Obj(Obj(j, "summary"), "experts");
   if (auto it = e.find("hot_factor"); it != e.end() && !(it->is_number() && it->get<double>() >= 1)) {
@@ -654,6 +661,7 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   }
   const json& layers = Arr(e, "layers");
   if (layers.empty()) return;
+  NoteLoadsNotArrays(layers, "summary.experts.layers", body);
   LineChart pr = Lines(layers, "layer", {{"prefetch_precision", "precision"}, {"prefetch_recall", "recall"},
                                          {"hit_rate", "fast-tier hit rate"}});
   pr.title = "Expert prefetch precision and recall per layer";
@@ -739,6 +747,7 @@ void BenchExpertsSections(const json& j, Report* r, std::string* body) {
     lr.series.push_back(std::move(ser));
   }
   if (!lr.series.empty()) Add(r, body, "recall-per-layer", RenderSvg(lr));
+  NoteLoadsNotArrays(cfgs, "configs", body);
   for (const auto& c : cfgs) {  // routing is the same for every configuration: the first with loads
     if (Arr(c, "expert_load").empty()) continue;
     Add(r, body, "expert-utilisation",
