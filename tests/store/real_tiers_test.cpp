@@ -29,6 +29,24 @@ StoreOptions RealOptions(const std::filesystem::path& dir) {
   return o;
 }
 
+// A 64 KiB host tier over two NVMe tiers: 4 MiB (the smallest data file: a few hundred 8 KiB
+// blocks) in dir/fast named `fast_name`, then 16 MiB in dir/slow named `slow_name` ("": the kind's
+// own name).
+std::vector<TierSlotOptions> HostOverTwoNvme(const std::filesystem::path& dir, const char* fast_name,
+                                             const char* slow_name) {
+  TierSlotOptions host{"host", "", {}, {}, {}};
+  host.host.capacity_bytes = 64 * kKiB;
+  host.host.chunk_bytes = 64 * kKiB;
+  host.host.pin = false;
+  TierSlotOptions fast{"nvme", fast_name, {}, {}, {}};
+  fast.nvme.path = dir / "fast";
+  fast.nvme.capacity_bytes = 4 * kMiB;
+  TierSlotOptions slow{"nvme", slow_name, {}, {}, {}};
+  slow.nvme.path = dir / "slow";
+  slow.nvme.capacity_bytes = 16 * kMiB;
+  return {host, fast, slow};
+}
+
 TEST_CASE("Real tiers: used_bytes is the blocks' sizes summed, allocated_bytes their pages") {
   TempDir dir("store-used");
   auto opened = Store::Open(RealOptions(dir.path()));
@@ -85,17 +103,7 @@ TEST_CASE("Real tiers: background demotion starts from an NVMe tier's extents, n
   StoreOptions o;
   o.high_watermark = 0.5;
   o.low_watermark = 0.25;
-  TierSlotOptions host{"host", "", {}, {}, {}};
-  host.host.capacity_bytes = 64 * kKiB;
-  host.host.chunk_bytes = 64 * kKiB;
-  host.host.pin = false;
-  TierSlotOptions fast{"nvme", "", {}, {}, {}};
-  fast.nvme.path = dir.path() / "fast";
-  fast.nvme.capacity_bytes = 4 * kMiB;
-  TierSlotOptions slow{"nvme", "nvme-2", {}, {}, {}};
-  slow.nvme.path = dir.path() / "slow";
-  slow.nvme.capacity_bytes = 16 * kMiB;
-  o.tier_list = {host, fast, slow};
+  o.tier_list = HostOverTwoNvme(dir.path(), "", "nvme-2");
   auto opened = Store::Open(o);
   INFO(opened.status().ToString());
   REQUIRE(opened.ok());
@@ -415,17 +423,7 @@ TEST_CASE("Real tiers: an explicit tier list with two NVMe tiers spills into the
     StoreOptions o;
     o.high_watermark = 1.0;
     o.low_watermark = 1.0;
-    TierSlotOptions host{"host", "", {}, {}, {}};
-    host.host.capacity_bytes = 64 * kKiB;
-    host.host.chunk_bytes = 64 * kKiB;
-    host.host.pin = false;
-    TierSlotOptions fast{"nvme", "nvme-fast", {}, {}, {}};
-    fast.nvme.path = dir.path() / "fast";
-    fast.nvme.capacity_bytes = 4 * kMiB;  // the smallest data file: a few hundred 8 KiB blocks
-    TierSlotOptions slow{"nvme", "", {}, {}, {}};
-    slow.nvme.path = dir.path() / "slow";
-    slow.nvme.capacity_bytes = 16 * kMiB;
-    o.tier_list = {host, fast, slow};
+    o.tier_list = HostOverTwoNvme(dir.path(), "nvme-fast", "");
     return o;
   };
   std::uint64_t fast_blocks = 0, host_blocks = 0;

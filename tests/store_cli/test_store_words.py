@@ -49,11 +49,16 @@ def stopped_creation(store, capacity="1MiB"):
 
 
 @contextmanager
-def live_creator(store):
-    """Holds the lock a creating process holds (NvmeTier::OpenFd: LOCK_EX on terrace.data.creating)."""
-    with open(Path(store) / "terrace.data.creating", "rb") as f:
+def held(store, name):
+    """Holds the lock a process using the store holds on store/name (NvmeTier::OpenFd: LOCK_EX on
+    terrace.data.creating while it creates the store, on terrace.data while it writes)."""
+    with open(Path(store) / name, "rb") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
+
+
+def live_creator(store):
+    return held(store, "terrace.data.creating")
 
 
 # ---- a creation under way is not a stopped one ------------------------------------------------------------------
@@ -74,12 +79,8 @@ def test_a_creation_under_way_is_waited_for_never_deleted(tmp_path, cmd):
     assert "a stopped run left unfinished" in r.stderr and "delete that file" in r.stderr, r.stderr
 
 
-@contextmanager
 def locked_data_file(store):
-    """Holds the lock a writing process holds on a store (NvmeTier: LOCK_EX on terrace.data)."""
-    with open(Path(store) / "terrace.data", "rb") as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        yield
+    return held(store, "terrace.data")
 
 
 @pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
