@@ -483,10 +483,10 @@ Status CheckBenchPaths(const BenchArgs& a, const std::filesystem::path& dir) {
 Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
   std::error_code ec;
   if (IsOwnedStoreOrLeftover(dir, kBenchMarker)) {
-    fmt::print(stderr, "bench: removing '{}', left behind by an earlier 'terrace bench tiers' run that did not finish "
-               "(it holds the bench's {})\n", dir.string(), kBenchMarker);
     TERRACE_ASSIGN_OR_RETURN(bool removed, RemoveOwnedStore(dir, kBenchMarker, "--dir", "terrace bench tiers"));
     if (removed) std::filesystem::remove(dir, ec);
+    fmt::print(stderr, "bench: removed '{}', left behind by an earlier 'terrace bench tiers' run that did not finish "
+               "(it holds the bench's {})\n", dir.string(), kBenchMarker);
   }
   if (!a.index_dir.empty()) {
     const std::filesystem::path idx(a.index_dir);

@@ -394,10 +394,10 @@ int RunBenchKv(const BenchKvArgs& a) {
     if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker, EmptySubDirs::kRefuse))  // else a killed run's leftover
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
-    fmt::print(stderr, "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not "
-                       "finish\n", dir.string());
-    if (Status s = RemoveOwnedSubStores(dir, {"kv", "state"}, kKvMarker, "--dir", "terrace bench kv"); !s.ok())
-      return Fail(s.message());
+    const std::string note = fmt::format(
+        "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not finish", dir.string());
+    if (Status s = RemoveOwnedSubStores(dir, {"kv", "state"}, kKvMarker, "--dir", "terrace bench kv", note); !s.ok())
+      return s.IsInvalidArgument() ? FailUsage(s.message()) : Fail(s.message());
   }
   StopSignals stop_signals;  // Ctrl-C: stop at the next layer, remove the pools, exit 128 + signal
   if (!std::filesystem::exists(dir, ec)) {

@@ -353,9 +353,10 @@ int RunBenchStore(const BenchStoreArgs& a) {
       return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
                                    "creates there)", dir.string()));
     }
-    fmt::print(stderr, "bench store: removing '{}', left behind by an earlier run that did not finish\n",
-               (dir / "nvme").string());
-    if (Status s = RemoveOwnedSubStores(dir, {"nvme"}, kStoreMarker, "--dir", kWho); !s.ok()) return Fail(s.ToString());
+    const std::string note = fmt::format("bench store: removing '{}', left behind by an earlier run that did not finish",
+                                         (dir / "nvme").string());
+    if (Status s = RemoveOwnedSubStores(dir, {"nvme"}, kStoreMarker, "--dir", kWho, note); !s.ok())
+      return s.IsInvalidArgument() ? FailUsage(s.message()) : Fail(s.ToString());
   }
   bool created_dir = false;
   if (!std::filesystem::exists(dir, ec)) {

@@ -247,8 +247,12 @@ std::optional<long> IndexLockHolder(const fs::path& index) {
   return static_cast<long>(probe.l_pid);
 }
 
-Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std::string_view flag,
-                              std::string_view who) {
+namespace {
+
+// RemoveOwnedStore's checks without the removal: true when `dir` holds an owned store no process
+// uses (something to remove), false when it is absent or empty, its refusal otherwise.
+Result<bool> OwnedStoreToRemove(const fs::path& dir, std::string_view marker, std::string_view flag,
+                                std::string_view who) {
   struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return false;  // absent: nothing to remove
   if (!S_ISDIR(st.st_mode)) {
@@ -271,15 +275,32 @@ Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std:
         "removed (wait for that process to finish, or give another {})",
         flag, dir.string(), *user, who, flag));
   }
+  return true;
+}
+
+}  // namespace
+
+Result<bool> RemoveOwnedStore(const fs::path& dir, std::string_view marker, std::string_view flag,
+                              std::string_view who) {
+  TERRACE_ASSIGN_OR_RETURN(const bool some, OwnedStoreToRemove(dir, marker, flag, who));
+  if (!some) return false;
   TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, marker, flag));
   return true;
 }
 
 Status RemoveOwnedSubStores(const fs::path& dir, std::initializer_list<std::string_view> names,
-                            std::string_view marker, std::string_view flag, std::string_view who) {
+                            std::string_view marker, std::string_view flag, std::string_view who,
+                            std::string_view note) {
+  std::vector<bool> some;  // every sub-folder is checked before any is removed
+  for (const std::string_view name : names) {
+    TERRACE_ASSIGN_OR_RETURN(const bool s, OwnedStoreToRemove(dir / name, marker, flag, who));
+    some.push_back(s);
+  }
+  if (!note.empty()) fmt::print(stderr, "{}\n", note);
+  std::size_t i = 0;
   for (const std::string_view name : names) {
     const StopSignalHold hold;  // the marker and its folder go together
-    TERRACE_RETURN_IF_ERROR(RemoveOwnedStore(dir / name, marker, flag, who).status());
+    if (some[i++]) TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir / name, marker, flag));
     std::error_code ec;
     fs::remove(dir / name, ec);  // only if empty
   }

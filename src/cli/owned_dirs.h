@@ -107,9 +107,11 @@ Result<bool> RemoveOwnedStore(const std::filesystem::path& dir, std::string_view
 // RemoveOwnedStore for each sub-folder `names` of `dir`, then removes each sub-folder once empty:
 // for a `dir` that HoldsOnlyOwnedStores accepted, and a bench's own cleanup. Each sub-folder is
 // removed under a StopSignalHold, so a second Ctrl-C never leaves an unmarked empty sub-folder
-// (which a user-named --dir would then refuse). The first error, naming `flag`.
+// (which a user-named --dir would then refuse). Every sub-folder is checked first: a refusal of one
+// removes none; `note` (when not empty) goes to stderr once all pass. The first error, naming `flag`.
 Status RemoveOwnedSubStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
-                            std::string_view marker, std::string_view flag, std::string_view who);
+                            std::string_view marker, std::string_view flag, std::string_view who,
+                            std::string_view note = {});
 
 // Removes a store's own files in `dir` (terrace.data, terrace.data.creating, index/, then `marker`,
 // last, so a stop part-way leaves a marked leftover), and nothing else: for a caller that checked

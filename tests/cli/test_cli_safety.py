@@ -760,3 +760,24 @@ def test_bench_never_removes_an_index_dir_a_running_process_has_open(terrace, tm
     assert r.returncode == 2, r.stderr
     assert f"another process (pid {os.getpid()}) has open right now" in r.stderr and "nothing was removed" in r.stderr
     assert snapshot(idx) == before
+
+
+def test_bench_kv_removes_no_pool_of_a_leftover_whose_other_pool_is_in_use(terrace, toy_model, tmp_path):
+    """Every pool of a killed run's leftover is checked before any is removed: one still in use
+    keeps the other too (the kv pool was removed before the state pool was found in use)."""
+    import fcntl
+    d = tmp_path / "bk"
+    for pool in ("kv", "state"):
+        r = terrace("store", "fill", "--dir", d / pool, "--capacity", "16MiB", "--count", "1", "--block-size", "64KiB")
+        assert r.returncode == 0, r.stderr
+        (d / pool / "terrace-bench-kv.marker").write_text("created by 'terrace bench kv'\n")
+    before = snapshot(d)
+    fd = os.open(d / "state" / "terrace.data", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = terrace("bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--turns", "0")
+    finally:
+        os.close(fd)
+    assert r.returncode == 2, r.stderr
+    assert "using right now" in r.stderr and "nothing was removed" in r.stderr and "removing" not in r.stderr, r.stderr
+    assert snapshot(d) == before
