@@ -174,6 +174,11 @@ Result<Hardware> ResolveHardware(const std::string& name) {
   return hw;
 }
 
+// Why the plan takes the routed experts' format it does: none to take for a model without MoE layers.
+std::string ExpertFormatFrom(const Plan& p) {
+  return p.weights.moe_layers == 0 ? std::string("the model has no MoE layers") : p.options.expert_format_from;
+}
+
 // A WeightPlan format ("bf16+f32") as the text prints it ("BF16+F32").
 std::string Upper(std::string text) {
   for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -243,7 +248,7 @@ json PlanJson(const Plan& p) {
   const WeightPlan& wp = p.weights;
   j["weights"] = {{"total_bytes", wp.total_bytes},         {"resident_bytes", wp.resident_bytes},
                   {"routed_expert_bytes", wp.routed_expert_bytes}, {"expert_bytes", wp.expert_bytes},
-                  {"expert_format", wp.expert_format},     {"expert_format_from", p.options.expert_format_from},
+                  {"expert_format", wp.expert_format},     {"expert_format_from", ExpertFormatFrom(p)},
                   {"resident_format", wp.resident_format},
                   {"lookup_embedding_bytes", wp.lookup_embedding_bytes},
                   {"embedding_row_bytes", wp.embedding_row_bytes},
@@ -260,7 +265,7 @@ json PlanJson(const Plan& p) {
                   {"budget_requested_bytes", e.budget_requested_bytes},
                   {"budget_capped", e.budget_capped},
                   {"cached_per_layer", e.cached_per_layer},
-                  {"hit_rate", e.hit_rate},
+                  {"hit_rate", p.weights.moe_layers > 0 ? json(e.hit_rate) : json()},  // none without experts
                   {"miss_bytes_per_token_batch1", e.miss_bytes_per_token_batch1},
                   {"miss_bytes_per_token_batched", e.miss_bytes_per_token_batched},
                   {"stall_s_per_token_batch1", e.stall_s_per_token_batch1},
@@ -295,6 +300,24 @@ json PlanJson(const Plan& p) {
                     {"decode_tokens_needed_per_s", l.decode_tokens_needed_per_s}};
   j["warnings"] = p.warnings;
   return j;
+}
+
+// The expert cache's lines of the text output (a model with routed experts).
+void PrintExpertCache(const Plan& p) {
+  const ExpertPlan& e = p.experts;
+  fmt::print("expert cache (Zipf {} routing skew, hottest experts cached):\n", p.options.expert_zipf);
+  fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", FormatPercent(e.hit_target),
+             e.experts_per_layer_for_target, FormatBytes(static_cast<double>(e.bytes_for_target)));
+  const std::string budget_why =
+      e.budget_capped ? fmt::format("--expert-cache {} capped at all routed experts",
+                                    FormatBytes(static_cast<double>(e.budget_requested_bytes)))
+      : e.budget_requested_bytes > 0 ? std::string("--expert-cache")
+                                     : std::string("default: half the HBM left after the resident weights, at most all "
+                                                   "routed experts");
+  fmt::print("  budget {} ({}) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
+             "{} per token at --concurrency {}\n\n",
+             FormatBytes(static_cast<double>(e.budget_bytes)), budget_why, e.cached_per_layer, FormatPercent(e.hit_rate),
+             Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
 }
 
 void PrintPlan(const Plan& p) {
@@ -351,25 +374,16 @@ void PrintPlan(const Plan& p) {
   const std::string experts_in = w.expert_format == "none" ? "no routed experts" : "routed experts in " + Upper(w.expert_format);
   fmt::print("{}  {} ({}); one routed expert {} ({} per layer x {} MoE layers, top-{}); {} active "
              "params per token{}\n\n",
-             wt.Render(), experts_in, p.options.expert_format_from,
+             wt.Render(), experts_in, ExpertFormatFrom(p),
              FormatBytes(static_cast<double>(w.expert_bytes)), w.experts_per_layer, w.moe_layers, w.experts_per_token,
              ParamCount(w.active_params_per_token),
              w.lookup_embedding_bytes > 0 ? " (embed_tokens left out: a lookup)" : "");
 
-  const ExpertPlan& e = p.experts;
-  fmt::print("expert cache (Zipf {} routing skew, hottest experts cached):\n", p.options.expert_zipf);
-  fmt::print("  {} hit rate needs {} experts per layer = {} of HBM\n", FormatPercent(e.hit_target),
-             e.experts_per_layer_for_target, FormatBytes(static_cast<double>(e.bytes_for_target)));
-  const std::string budget_why =
-      e.budget_capped ? fmt::format("--expert-cache {} capped at all routed experts",
-                                    FormatBytes(static_cast<double>(e.budget_requested_bytes)))
-      : e.budget_requested_bytes > 0 ? std::string("--expert-cache")
-                                     : std::string("default: half the HBM left after the resident weights, at most all "
-                                                   "routed experts");
-  fmt::print("  budget {} ({}) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
-             "{} per token at --concurrency {}\n\n",
-             FormatBytes(static_cast<double>(e.budget_bytes)), budget_why, e.cached_per_layer, FormatPercent(e.hit_rate),
-             Sec(e.stall_s_per_token_batch1), Sec(e.stall_s_per_token_batched), p.options.workload.concurrency);
+  if (p.weights.moe_layers == 0) {
+    fmt::print("expert cache: none (the model has no routed experts)\n\n");
+  } else {
+    PrintExpertCache(p);
+  }
 
   Table tiers({"tier", "capacity", "for KV/state", "sequences", "if all longest", "also holds"});
   for (const TierPlan& t : p.tiers) {

@@ -815,3 +815,24 @@ def test_sigint_stops_a_long_trace_replay_with_a_message(terrace, tmp_path):
     assert p.returncode == 128 + signal.SIGINT, first + err
     assert "terrace plan: stopped by SIGINT in trace replay " in err and "nothing was printed" in err, err
     assert out == ""
+
+
+def test_a_model_without_routed_experts_has_no_expert_cache_figures(terrace, tmp_path):
+    # Every layer dense (first_k_dense_replace = num_hidden_layers): there is no expert format to
+    # take and no hit rate to estimate, so none is printed as a measured 0.
+    r = terrace("model", "init", "--preset", "k3-toy", "--out", tmp_path / "toy")
+    assert r.returncode == 0, r.stderr
+    config = json.loads((tmp_path / "toy" / "config.json").read_text())
+    text = config.get("text_config", config)
+    text["first_k_dense_replace"] = text["num_hidden_layers"]
+    text.pop("quantization_config", None)
+    config.pop("quantization_config", None)
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "config.json").write_text(json.dumps(config))
+    j = plan_json(terrace, "--model", tmp_path / "dense" / "config.json")
+    assert j["weights"]["expert_format"] == "none"
+    assert j["weights"]["expert_format_from"] == "the model has no MoE layers"
+    assert j["experts"]["hit_rate"] is None
+    out = terrace("plan", "--model", tmp_path / "dense" / "config.json").stdout
+    assert "no routed experts (the model has no MoE layers)" in out and "expert cache: none" in out
+    assert "hit rate 0.0%" not in out and "BF16 assumed" not in out
