@@ -275,6 +275,10 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     rows.emplace_back("total", Fig(wts, "total_bytes", B));
     rows.emplace_back("resident (all but routed experts)", Fig(wts, "resident_bytes", B));
     rows.emplace_back("one routed expert", Fig(wts, "expert_bytes", B));
+    // The formats as stored ("mxfp4", "bf16+f32", "none") and why the experts' is taken to be so.
+    rows.emplace_back("resident weights' format", Val(wts, "resident_format"));
+    rows.emplace_back("routed experts' format", Val(wts, "expert_format"));
+    rows.emplace_back("routed experts' format from", Val(wts, "expert_format_from"));
     *body += KeyValueTable(rows);
   }
   if (j.contains("experts") && CheckObject(j, "experts", "the expert cache", body)) {
@@ -1041,7 +1045,7 @@ void BenchTiersSections(const json& j, Report* r, std::string* body) {
   const std::optional<double> memcpy = Opt(j, "memcpy_mb_per_s"), reported = Opt(j, "mb_per_s");
   t.subtitle = fmt::format("{} passes after {} warm-up; {}{}", Arr(j, "passes_mb_per_s").size(), Val(j, "warmup"),
                            reported ? "dashed: the reported figure" : "the reported figure: not recorded",
-                           memcpy ? ", dotted: memcpy" : "");
+                           memcpy ? ", dotted: memcpy" : ", no memcpy reference (not measured for this tier)");
   t.x_label = "pass";
   t.y_label = "MB/s";
   t.bars = {"MB/s"};

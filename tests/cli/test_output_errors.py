@@ -75,6 +75,7 @@ def test_bench_tiers_nvme_has_no_memcpy_figures(terrace, tmp_path):
     charts = [p.read_text() for p in tmp_path.glob("*.svg")] + [(tmp_path / "r.html").read_text()]
     assert len(charts) > 1
     assert not any("dotted: memcpy" in c for c in charts)
+    assert any("no memcpy reference (not measured for this tier)" in c for c in charts)  # said, not left out
     text = terrace(*args)
     assert text.returncode == 0, text.stderr
     assert "memcpy" not in text.stdout, text.stdout

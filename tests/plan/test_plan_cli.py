@@ -147,6 +147,9 @@ def test_report_from_plan_json(terrace, tmp_path):
     assert r.returncode == 0, r.stderr
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html
+    weights = json.loads(run.read_text())["weights"]  # the formats in the Weights table, not only in "All values"
+    assert (f"<tr><th>routed experts&#39; format</th><td>{weights['expert_format']}</td></tr>" in html or
+            f"<tr><th>routed experts&apos; format</th><td>{weights['expert_format']}</td></tr>" in html), html[:0]
     svgs = sorted(p.name for p in tmp_path.glob("report-*.svg"))
     assert svgs == ["report-hit-rate-vs-capacity.svg", "report-memory-vs-context.svg", "report-stall-per-token.svg",
                     "report-tier-hit-rates.svg"]
