@@ -166,6 +166,8 @@ def test_fill_that_cannot_preallocate_names_capacity(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "cannot preallocate" in r.stderr and "or give a smaller --capacity" in r.stderr, r.stderr
     assert "lower the capacity" not in r.stderr, r.stderr
+    # EFBIG (a file size limit): free space would not help, and the advice does not say it would.
+    assert "cannot be that large" in r.stderr and "free space on it" not in r.stderr, r.stderr
 
 
 def test_model_run_pool_that_cannot_preallocate_names_its_size_flag(toy, tmp_path):

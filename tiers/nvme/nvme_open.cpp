@@ -555,9 +555,13 @@ Status NvmeTier::CreateInDirectory(bool* again) {
   }
   if (err != 0) {
     (void)DiscardCreating();  // best effort: the preallocation error is the one reported
-    std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; the file system holding it "
-                                  "needs that much free space: free space on it or lower the capacity",
-                                  cap, data_path_.string(), std::strerror(err));
+    // EFBIG: the file system's (or the process's, RLIMIT_FSIZE) largest file is smaller; free space
+    // would not help.
+    const std::string need = err == EFBIG ? "files there cannot be that large (the file system's or this process's "
+                                            "file size limit): use another file system"
+                                          : "the file system holding it needs that much free space: free space on it";
+    std::string msg = fmt::format("cannot preallocate {} bytes for NVMe data file '{}': {}; {} or lower the capacity",
+                                  cap, data_path_.string(), std::strerror(err), need);
     if (err == ENOSPC || err == EFBIG || err == EDQUOT) return Status::OutOfCapacity(msg);
     return Status::IoError(msg);
   }
