@@ -41,8 +41,10 @@ struct SafetensorsHeader {
 // well-formed, an object, nesting depth <= kMaxSafetensorsJsonDepth; every entry has a known dtype, a
 // shape of non-negative dims whose element and byte counts do not overflow, data_offsets with
 // begin <= end inside the data section, end - begin == dtype size * numel; the tensors' byte ranges
-// tile the data section exactly (no overlap, no gap, no trailing bytes); __metadata__ maps strings to strings. Errors are Corruption, naming `source`,
-// the tensor and the problem. Never throws.
+// tile the data section exactly (no overlap, no gap, no trailing bytes); __metadata__ maps strings to
+// strings. Errors are Corruption, naming `source`, the tensor and the problem, except a dtype the
+// safetensors format defines that Terrace cannot compute with (F8_*, F6_*, F4, C64): InvalidArgument,
+// a valid file Terrace refuses. Never throws; on an error `out` holds no entries.
 Status ParseSafetensorsHeader(std::span<const std::byte> file_bytes, std::string_view source,
                               SafetensorsHeader* out);
 
