@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -14,36 +13,12 @@
 namespace terrace::cli {
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr const char* kStoreParts[] = {"terrace.data", "terrace.data.creating", "index"};
-
-// The first entry of `dir` that is not a part of a store or `marker` (as RemoveOwnStore says);
-// nullopt when there is none.
-std::optional<fs::path> ForeignEntry(const fs::path& dir, std::string_view marker) {
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const fs::file_status st = e.symlink_status(ec);
-    if (name == "index") {
-      if (!fs::is_directory(st) || ForeignIndexEntry(e.path())) return e.path();
-    } else if ((name != kStoreParts[0] && name != kStoreParts[1] && name != marker) || !fs::is_regular_file(st)) {
-      return e.path();
-    }
-  }
-  if (ec) return dir;
-  return std::nullopt;
-}
-
-}  // namespace
-
 Result<bool> RemoveOwnStore(const fs::path& dir, std::string_view marker, std::string_view flag) {
   std::error_code ec;
   if (!fs::exists(dir, ec) || fs::is_empty(dir, ec)) return false;
-  if (const std::optional<fs::path> other = ForeignEntry(dir, marker)) {
-    return Status::InvalidArgument(fmt::format("{} {} holds '{}', which the bench did not make; nothing there was "
-                                               "removed: delete the folder yourself once you no longer need it",
-                                               flag, dir.string(), other->filename().string()));
+  if (const std::string why = NonStoreEntry(dir, marker, flag); !why.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("{}; nothing there was removed: delete the folder yourself once you no longer need it", why));
   }
   TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir, marker, flag));
   return true;
@@ -52,7 +27,7 @@ Result<bool> RemoveOwnStore(const fs::path& dir, std::string_view marker, std::s
 Status MarkOwnStore(const fs::path& dir, std::string_view marker, std::string_view who) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(dir / std::string(marker), ec))) return Status::Ok();
-  for (const char* part : kStoreParts)
+  for (const std::string_view part : {kDataFile, kCreatingFile, kIndexDir})
     if (fs::exists(fs::symlink_status(dir / part, ec))) return WriteMarker(dir, marker, who);
   return Status::Ok();
 }

@@ -13,8 +13,8 @@
 namespace terrace::cli {
 
 // For a `dir` whose store the caller made (see above): removes its terrace.data, terrace.data.creating,
-// index/ and `marker` (RemoveStoreFiles) when those are all `dir` holds (the files regular, index/ a
-// real directory of index files only). Ok(false) when `dir` is absent or empty. InvalidArgument
+// index/ and `marker` (RemoveStoreFiles) when those are all `dir` holds (NonStoreEntry: the files
+// regular, terrace.data a Terrace data file, index/ a real directory of index files only). Ok(false) when `dir` is absent or empty. InvalidArgument
 // naming `flag`, `dir` and the first other entry, nothing removed; IoError when a removal fails.
 Result<bool> RemoveOwnStore(const std::filesystem::path& dir, std::string_view marker, std::string_view flag);
 

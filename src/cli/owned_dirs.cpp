@@ -32,9 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::string_view kDataFile = "terrace.data";
-constexpr std::string_view kIndexDir = "index";
-
 // What WhyNotOwned found in a store directory.
 struct StoreScan {
   std::size_t entries = 0;
@@ -43,10 +40,8 @@ struct StoreScan {
   bool mark = false;      // the marker
 };
 
-// Why `dir` is neither a store that `who` created nor what a stopped creation or removal of one left
-// (the marker with some of index/ and terrace.data.creating); empty when it is one of those, or empty.
-std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::string_view flag, std::string_view who,
-                        StoreScan* scan) {
+// NonStoreEntry, also saying in `scan` what `dir` holds.
+std::string ScanStoreDir(const fs::path& dir, std::string_view marker, std::string_view flag, StoreScan* scan) {
   std::error_code ec;
   *scan = {};
   for (const auto& e : ListDir(dir, &ec)) {
@@ -72,6 +67,14 @@ std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::strin
     }
   }
   if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
+  return "";
+}
+
+// Why `dir` is neither a store that `who` created nor what a stopped creation or removal of one left
+// (the marker with some of index/ and terrace.data.creating); empty when it is one of those, or empty.
+std::string WhyNotOwned(const fs::path& dir, std::string_view marker, std::string_view flag, std::string_view who,
+                        StoreScan* scan) {
+  if (std::string why = ScanStoreDir(dir, marker, flag, scan); !why.empty()) return why;
   if (scan->entries == 0 || scan->mark) return "";
   if (!scan->data) return fmt::format("{} {} holds no Terrace store (no terrace.data)", flag, dir.string());
   return fmt::format("{} {} holds a Terrace store that {} did not create (no {} in it)", flag, dir.string(), who,
@@ -85,6 +88,11 @@ bool IsEmptyRealDir(const fs::path& dir) {
 }
 
 }  // namespace
+
+std::string NonStoreEntry(const fs::path& dir, std::string_view marker, std::string_view flag) {
+  StoreScan scan;
+  return ScanStoreDir(dir, marker, flag, &scan);
+}
 
 bool IsStoreDataFile(const fs::path& data) {
   if (!IsKind(data, S_IFREG)) return false;

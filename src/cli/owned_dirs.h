@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -19,8 +20,16 @@
 
 namespace terrace::cli {
 
-// The name a store's data file has while its creation is under way (docs/nvme-format.md, "Creation").
+// A store directory's parts (docs/nvme-format.md): its data file, the name that file has while its
+// creation is under way ("Creation"), and its index folder.
+inline constexpr std::string_view kDataFile = "terrace.data";
 inline constexpr std::string_view kCreatingFile = "terrace.data.creating";
+inline constexpr std::string_view kIndexDir = "index";
+
+// Why `dir` holds something besides a store's parts (terrace.data with the TRRCNVME magic,
+// terrace.data.creating, index/ of index files only) and the regular file `marker`: the first such
+// entry, named with `flag`, or a listing failure; empty when it holds only those, or nothing.
+std::string NonStoreEntry(const std::filesystem::path& dir, std::string_view marker, std::string_view flag);
 
 // `flag`'s store directory: absent (it is created) or a directory (symlinks to one accepted).
 // InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...).
