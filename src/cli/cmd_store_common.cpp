@@ -63,6 +63,9 @@ void ReplaceWords(std::string& out, std::string_view from, std::string_view to) 
 // The flags ExistingStoreOptions checks.
 constexpr std::string_view kStoreFlags[] = {"--dir", "--index-dir", "--capacity"};
 
+// The CLI's advice for a store another process holds locked (the library says "close that process").
+constexpr std::string_view kWaitForHolder = "wait for it to finish, then run the command again";
+
 }  // namespace
 
 StoreWords CommandDirWords(std::string dir_flag, std::string path_words, std::string start_over) {
@@ -112,7 +115,7 @@ std::optional<Status> DirInUse(std::string_view dir_flag, std::string_view what,
 
 std::string InCliWords(std::string_view message, const StoreWords& w) {
   const std::string new_bigger = fmt::format("use a new {} directory with a larger {}", w.dir_flag, w.capacity_flag);
-  const std::string wait_for_holder = "wait for it to finish, then run the command again";
+  const std::string wait_for_holder(kWaitForHolder);
   // The replacements own their text: several are built here, and a view of a temporary would dangle.
   const std::pair<std::string_view, std::string> kWords[] = {
       {"set options.index_dir to", "give --index-dir"},
@@ -487,7 +490,7 @@ Result<SharedDataLock> SharedDataLock::Take(const NvmeTierOptions& options) {
   SharedDataLock lock(fd);
   if (int err = nvme::LockDataArea(fd, LOCK_SH, options.lock_wait); err != 0) {
     if (err == EWOULDBLOCK) {
-      return nvme::DataAreaInUse(paths.data, fd, "", "wait for it to finish, then run the command again");
+      return nvme::DataAreaInUse(paths.data, fd, "", kWaitForHolder);
     }
     return Status::IoError(fmt::format("cannot lock the NVMe data file '{}': {}", paths.data.string(),
                                        std::strerror(err)));
