@@ -15,10 +15,8 @@ class LruPolicy final : public CachePolicy {
 class LfuPolicy final : public CachePolicy {
  public:
   CachePolicyKind kind() const override { return CachePolicyKind::kLfu; }
-  // Uses first; recency breaks ties (last_use < 2^52, so it never outweighs one use).
-  double Score(const CacheEntryView& e, const CacheContext&) const override {
-    return static_cast<double>(e.uses) + static_cast<double>(e.last_use) * 0x1p-52;
-  }
+  // Uses (exact below 2^53); EvictsBefore breaks ties by recency.
+  double Score(const CacheEntryView& e, const CacheContext&) const override { return static_cast<double>(e.uses); }
 };
 
 class UtilityPolicy final : public CachePolicy {
@@ -33,7 +31,7 @@ class UtilityPolicy final : public CachePolicy {
 };
 
 // Belady's replacement: the farther the next use, the lower the score; never used again, lowest
-// (ties: the first in slot order). Without a known future (next_use -1, the pass that records the
+// (ties: EvictsBefore's least recently used). Without a known future (next_use -1, the pass that records the
 // trace) it scores as lru.
 class BeladyPolicy final : public CachePolicy {
  public:

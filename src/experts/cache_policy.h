@@ -35,7 +35,8 @@ class CachePolicy {
  public:
   virtual ~CachePolicy() = default;
   virtual CachePolicyKind kind() const = 0;
-  // Lower is evicted first. Must be a pure function of its arguments.
+  // Lower is evicted first (EvictsBefore: ties to the least recently used). Must be a pure function
+  // of its arguments.
   virtual double Score(const CacheEntryView& e, const CacheContext& ctx) const = 0;
   // True when a prefetch may evict only an expert that scores below the one it brings in (the
   // score is a value of keeping it: utility, belady); false when scores only order victims.
@@ -43,6 +44,12 @@ class CachePolicy {
 };
 
 std::unique_ptr<CachePolicy> MakeCachePolicy(CachePolicyKind kind);
+
+// The eviction order: `a` (scored `score_a`) goes before `b` (scored `score_b`) when it scores lower;
+// equal scores go to the least recently used (then to the caller's slot order).
+inline bool EvictsBefore(double score_a, const CacheEntryView& a, double score_b, const CacheEntryView& b) {
+  return score_a < score_b || (score_a == score_b && a.last_use < b.last_use);
+}
 
 // The utility policy's estimate that `e` is used within the next ctx.window layers (exposed for
 // tests): its prediction's confidence when one falls in the window, else its per-step use rate

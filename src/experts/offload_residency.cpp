@@ -113,17 +113,20 @@ Status ExpertOffload::Impl::Reserve(std::uint64_t bytes, ReserveKind kind, int l
       mu.AssertHeld();  // called synchronously, under the mu Reserve requires
       std::optional<std::size_t> victim;
       double best = 0;
+      CacheEntryView best_view;
       for (std::size_t i = 0; i < slots.size(); ++i) {
         const Slot& s = slots[i];
         if (s.state != SlotState::kResident || s.refs > 0) continue;
         if (from != VictimSide::kAny && LeadProtected(LayerOf(i)) != (from == VictimSide::kLead)) continue;
         if (kind == ReserveKind::kSelection && s.protect) continue;
         if (speculative && (s.protect || (s.wanted >= ctx.now && s.wanted <= target))) continue;
-        const double score = policy->Score(View(i), ctx);
+        const CacheEntryView view = View(i);
+        const double score = policy->Score(view, ctx);
         if (speculative && policy->PrefetchMustOutscore() && score >= candidate_value) continue;
-        if (!victim || score < best) {
+        if (!victim || EvictsBefore(score, view, best, best_view)) {
           victim = i;
           best = score;
+          best_view = view;
         }
       }
       return victim;

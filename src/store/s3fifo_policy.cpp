@@ -62,8 +62,9 @@ class S3FifoPolicy final : public EvictionPolicy {
   }
 
   std::optional<BlockKey> PickVictim(const std::function<bool(const BlockKey&)>& evictable) override {
-    // Every key is examined a bounded number of times: at most once per freq level (<= 3), once
-    // for a small -> main move and once when it is skipped as unevictable.
+    // A queue is exhausted after a lap of consecutive skips (unevictable keys); a freq decrement
+    // or a small -> main move is progress and starts the count again. Every key is examined a
+    // bounded number of times: each lap of main spends one freq level (<= 3) of every key in it.
     std::size_t small_skips = 0, main_skips = 0;
     std::size_t budget = 6 * nodes_.size() + 8;
     while (budget-- > 0) {
@@ -99,6 +100,7 @@ class S3FifoPolicy final : public EvictionPolicy {
       if (n.freq > 0) {
         --n.freq;
         main_.splice(main_.end(), main_, n.pos);
+        main_skips = 0;  // progress: main is exhausted only after a whole lap of skips
         continue;
       }
       return k;

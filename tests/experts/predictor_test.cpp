@@ -191,5 +191,23 @@ TEST_CASE("the utility policy's use probability protects the window", "[experts]
   CHECK(lfu->Score(new_e, ctx) < lfu->Score(old_e, ctx));
 }
 
+TEST_CASE("lfu: of experts used equally often, the least recently used is evicted first, however many uses",
+          "[experts]") {
+  CacheContext ctx;
+  ctx.num_layers = 8;
+  auto lfu = MakeCachePolicy(CachePolicyKind::kLfu);
+  for (const std::uint64_t uses : {1ULL, 2ULL, 3ULL, 8ULL, 100ULL, 1ULL << 20}) {
+    for (const std::uint64_t last : {5ULL, 1000ULL, 1ULL << 40}) {
+      CAPTURE(uses, last);
+      CacheEntryView older{2, 1, 1000, last, uses, -1, 0}, newer{2, 2, 1000, last + 1, uses, -1, 0};
+      const double so = lfu->Score(older, ctx), sn = lfu->Score(newer, ctx);
+      CHECK(EvictsBefore(so, older, sn, newer));
+      CHECK_FALSE(EvictsBefore(sn, newer, so, older));
+      CacheEntryView more{2, 3, 1000, 0, uses + 1, -1, 0};  // one use more outweighs any recency
+      CHECK(EvictsBefore(sn, newer, lfu->Score(more, ctx), more));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace terrace::experts
