@@ -202,20 +202,14 @@ Status RefMxfp4(const RefArgs& a) {
   const auto u8 = [](std::span<const std::byte> b) {
     return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(b.data()), b.size());
   };
-  // Every weight must decode to a finite fp32 value (no NaN scale, no overflow), input or not.
-  const Mxfp4Matrix q{u8(packed.data).data(), u8(scale.data).data(), R, C};
-  TERRACE_RETURN_IF_ERROR(ValidateMxfp4(q, "weight_packed"));
-  const bool with_input = src.Has("input");
-  Tensor x;
-  if (with_input) {
-    TERRACE_ASSIGN_OR_RETURN(x, Input(src, "input", {-1, C}));
-  }
-  TERRACE_RETURN_IF_ERROR(src.CheckAllRead("mxfp4", "weight_packed, weight_scale and optionally input"));
   Tensor out({R, C});
   TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
   SafetensorsWriter w;
-  if (!with_input) return WriteOutputs(a, {{"weight", &out}}, &w);
+  if (!src.Has("input")) return WriteOutputs(a, {{"weight", &out}}, &w);
   // With an input x [T, C]: also output = x W^T by the fused MXFP4 kernel (what the MoE runs).
+  TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "input", {-1, C}));
+  const Mxfp4Matrix q{u8(packed.data).data(), u8(scale.data).data(), R, C};
+  TERRACE_RETURN_IF_ERROR(ValidateMxfp4(q, "weight_packed"));
   Tensor y({x.dim(0), R});
   Mxfp4Linear(q, x.ptr(), x.dim(0), y.ptr());
   return WriteOutputs(a, {{"weight", &out}, {"output", &y}}, &w);
