@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,6 +23,7 @@
 #include "src/model/moe.h"
 #include "src/model/mxfp4.h"
 #include "src/model/mxfp4_matmul.h"
+#include "src/model/ops.h"
 #include "src/model/safetensors.h"
 
 namespace terrace::cli {
@@ -29,17 +32,32 @@ namespace {
 using namespace terrace::model;
 using Shape = std::vector<std::int64_t>;
 
-// A WeightSource over one safetensors file (tensor names as stored).
+// A WeightSource over one safetensors file (tensor names as stored) that remembers the names read
+// through Get, so a mechanism can refuse the tensors it did not use.
 class FileSource : public WeightSource {
  public:
   explicit FileSource(std::unique_ptr<SafetensorsFile> f) : f_(std::move(f)) {}
-  Result<TensorView> Get(std::string_view name) const override { return f_->Get(name); }
+  Result<TensorView> Get(std::string_view name) const override {
+    read_.emplace(name);
+    return f_->Get(name);
+  }
   bool Has(std::string_view name) const override { return f_->Has(name); }
   std::vector<std::string> Names() const override { return f_->Names(); }
   const std::string path() const { return f_->path().string(); }
 
+  // InvalidArgument naming the first tensor of the file not read so far; `reads` lists what `op` reads.
+  Status CheckAllRead(std::string_view op, std::string_view reads) const {
+    for (const std::string& name : Names()) {
+      if (!read_.contains(name))
+        return Status::InvalidArgument(fmt::format(
+            "tensor '{}' is not an input of ref {} here; it reads {} (see docs/ref-cli.md)", name, op, reads));
+    }
+    return Status::Ok();
+  }
+
  private:
   std::unique_ptr<SafetensorsFile> f_;
+  mutable std::set<std::string, std::less<>> read_;
 };
 
 struct RefArgs {
@@ -51,13 +69,47 @@ struct RefArgs {
   std::optional<double> scaling, situ_beta, situ_linear_beta, eps;
 };
 
-// `name` as fp32; `dtypes_f32_only` rejects BF16/F16. want: expected shape with -1 as a wildcard.
+Status Missing(const FileSource& src, const std::string& name, std::string_view dtype, std::string_view shape) {
+  return Status::NotFound(fmt::format("{}: required tensor '{}' is missing (expected {} {}); see docs/ref-cli.md",
+                                      src.path(), name, dtype, shape));
+}
+
+// InvalidArgument naming `name` and its first value for which `ok` is false, at row (the flattened
+// leading dimensions) and column (the last dimension) as ref codec counts them; `rule` says why.
+template <class Ok>
+Status CheckValues(const Tensor& t, const std::string& name, Ok ok, std::string_view rule) {
+  const std::int64_t cols = t.shape.empty() ? 1 : std::max<std::int64_t>(t.shape.back(), 1);
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    if (!ok(t.data[i]))
+      return Status::InvalidArgument(fmt::format("tensor '{}': the input value at row {}, column {} is {:.9g}; {}",
+                                                 name, static_cast<std::int64_t>(i) / cols,
+                                                 static_cast<std::int64_t>(i) % cols, t.data[i], rule));
+  }
+  return Status::Ok();
+}
+
+// Each row's fp32 sum of squares (ops::SumSquares, what the model's RMS norms compute) must be finite:
+// the fp32 reference (transformers' too) would divide by an infinite norm there.
+Status CheckRowSquares(const Tensor& t, const std::string& name) {
+  const std::int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+  for (std::int64_t r = 0; cols > 0 && r < t.numel() / cols; ++r) {
+    const float* row = t.ptr() + r * cols;
+    if (std::isfinite(ops::SumSquares(row, cols))) continue;
+    float amax = 0.0f;
+    for (std::int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(row[c]));
+    return Status::InvalidArgument(
+        fmt::format("tensor '{}': the sum of squares of row {} overflows fp32 (largest |x| {:.9g}), so its fp32 RMS "
+                    "norm would be infinite; scale the input down",
+                    name, r, amax));
+  }
+  return Status::Ok();
+}
+
+// `name` as fp32, every value finite; `f32_only` rejects BF16/F16. want: expected shape with -1 as a
+// wildcard.
 Result<Tensor> Input(const FileSource& src, const std::string& name, const Shape& want, bool f32_only = true) {
   auto view = src.Get(name);
-  if (!view.ok()) {
-    return Status::NotFound(fmt::format("{}: required tensor '{}' is missing (expected F32 {}); see docs/ref-cli.md",
-                                        src.path(), name, ShapeString(want)));
-  }
+  if (!view.ok()) return Missing(src, name, f32_only ? "F32" : "F32, BF16 or F16", ShapeString(want));
   bool match = view->shape.size() == want.size();
   for (std::size_t i = 0; match && i < want.size(); ++i) match = want[i] < 0 || want[i] == view->shape[i];
   if (!match)
@@ -67,7 +119,10 @@ Result<Tensor> Input(const FileSource& src, const std::string& name, const Shape
                : (view->dtype != DType::kF32 && view->dtype != DType::kBF16 && view->dtype != DType::kF16))
     return Status::InvalidArgument(fmt::format("tensor '{}': expected dtype {}, got {}", name,
                                                f32_only ? "F32" : "F32, BF16 or F16", DTypeName(view->dtype)));
-  return ToFloat(*view, name);
+  TERRACE_ASSIGN_OR_RETURN(Tensor t, ToFloat(*view, name));
+  TERRACE_RETURN_IF_ERROR(
+      CheckValues(t, name, [](float x) { return std::isfinite(x); }, "ref takes finite values only"));
+  return t;
 }
 
 Result<FileSource> OpenInput(const std::string& path) {
@@ -96,6 +151,7 @@ Status RefKda(const RefArgs& a) {
   const std::int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), K = q.dim(3);
   TERRACE_ASSIGN_OR_RETURN(Tensor k, Input(src, "k", {B, T, H, K}));
   TERRACE_ASSIGN_OR_RETURN(Tensor g, Input(src, "g", {B, T, H, K}));
+  TERRACE_RETURN_IF_ERROR(CheckValues(g, "g", [](float x) { return x <= 0.0f; }, "g is a log-decay and must be <= 0"));
   TERRACE_ASSIGN_OR_RETURN(Tensor v, Input(src, "v", {B, T, H, -1}));
   const std::int64_t V = v.dim(3);
   TERRACE_ASSIGN_OR_RETURN(Tensor beta, Input(src, "beta", {B, T, H}));
@@ -103,6 +159,7 @@ Status RefKda(const RefArgs& a) {
   if (src.Has("initial_state")) {
     TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));
   }
+  TERRACE_RETURN_IF_ERROR(src.CheckAllRead("kda", "q, k, g, v, beta and optionally initial_state"));
   // --chunk-size is range-checked by its option. A chunk longer than the sequence is one chunk of
   // T tokens: the same result, without chunk^2 scratch for a huge --chunk-size.
   const std::int64_t chunk = std::max<std::int64_t>(1, std::min<std::int64_t>(a.chunk, T));
@@ -126,8 +183,8 @@ Status RefKda(const RefArgs& a) {
 
 Status RefMxfp4(const RefArgs& a) {
   TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
+  if (!src.Has("weight_packed")) return Missing(src, "weight_packed", "U8", "[R, C/2]");
   TERRACE_ASSIGN_OR_RETURN(TensorView packed, src.Get("weight_packed"));
-  TERRACE_ASSIGN_OR_RETURN(TensorView scale, src.Get("weight_scale"));
   if (packed.dtype != DType::kU8 || packed.shape.size() != 2)
     return Status::InvalidArgument(fmt::format("tensor 'weight_packed': expected U8 [R, C/2], got {} {}",
                                                DTypeName(packed.dtype), ShapeString(packed.shape)));
@@ -136,14 +193,16 @@ Status RefMxfp4(const RefArgs& a) {
   if (C % kMxfp4BlockSize != 0)
     return Status::InvalidArgument(fmt::format("tensor 'weight_packed': C = {} columns is not a multiple of {}", C,
                                                kMxfp4BlockSize));
+  if (!src.Has("weight_scale")) return Missing(src, "weight_scale", "U8", ShapeString(want_scale));
+  TERRACE_ASSIGN_OR_RETURN(TensorView scale, src.Get("weight_scale"));
   if (scale.dtype != DType::kU8 || scale.shape != want_scale)
     return Status::InvalidArgument(fmt::format("tensor 'weight_scale': expected U8 {}, got {} {}",
                                                ShapeString(want_scale), DTypeName(scale.dtype),
                                                ShapeString(scale.shape)));
-  Tensor out({R, C});
   const auto u8 = [](std::span<const std::byte> b) {
     return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(b.data()), b.size());
   };
+  Tensor out({R, C});
   TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
   SafetensorsWriter w;
   if (!src.Has("input")) return WriteOutputs(a, {{"weight", &out}}, &w);
@@ -161,8 +220,10 @@ Status RefAttnRes(const RefArgs& a) {
   TERRACE_ASSIGN_OR_RETURN(Tensor sources, Input(src, "sources", {-1, -1, -1}));
   const std::int64_t S = sources.dim(0), T = sources.dim(1), d = sources.dim(2);
   if (S < 1) return Status::InvalidArgument("tensor 'sources': needs at least one source (shape [S >= 1, T, d])");
+  TERRACE_RETURN_IF_ERROR(CheckRowSquares(sources, "sources"));
   TERRACE_ASSIGN_OR_RETURN(Tensor proj, Input(src, "proj", {1, d}, false));
   TERRACE_ASSIGN_OR_RETURN(Tensor norm, Input(src, "norm", {d}, false));
+  TERRACE_RETURN_IF_ERROR(src.CheckAllRead("attnres", "sources, proj and norm"));
   std::vector<const float*> ptrs;
   for (std::int64_t s = 0; s < S; ++s) ptrs.push_back(sources.ptr() + s * T * d);
   Tensor out({T, d});
@@ -181,12 +242,24 @@ Status RefMla(const RefArgs& a) {
   m.hidden = d;
   m.heads = *a.heads;
   m.rms_eps = static_cast<float>(a.eps.value_or(1e-5));
+  TERRACE_RETURN_IF_ERROR(CheckRowSquares(x, "hidden_states"));
   TERRACE_ASSIGN_OR_RETURN(w.kv_a_norm, Input(src, "kv_a_layernorm.weight", {-1}, false));
   m.kv_lora = w.kv_a_norm.dim(0);
+  if (m.kv_lora < 1)
+    return Status::InvalidArgument("tensor 'kv_a_layernorm.weight': expected [kv_lora] with kv_lora >= 1, got [0]");
   TERRACE_ASSIGN_OR_RETURN(w.kv_a, Input(src, "kv_a_proj_with_mqa.weight", {-1, d}, false));
   m.rope = w.kv_a.dim(0) - m.kv_lora;
+  if (m.rope < 0)
+    return Status::InvalidArgument(fmt::format(
+        "tensor 'kv_a_proj_with_mqa.weight': {} rows, fewer than kv_lora = {} (the length of kv_a_layernorm.weight); "
+        "expected [kv_lora + rope, d] = [{} + rope, {}]",
+        w.kv_a.dim(0), m.kv_lora, m.kv_lora, d));
   TERRACE_ASSIGN_OR_RETURN(w.kv_b, Input(src, "kv_b_proj.weight", {-1, m.kv_lora}, false));
   if (src.Has("q_a_proj.weight")) {
+    if (src.Has("q_proj.weight"))
+      return Status::InvalidArgument(
+          "tensors 'q_proj.weight' and 'q_a_proj.weight' are two forms of the query projection (full or low-rank); "
+          "give one");
     TERRACE_ASSIGN_OR_RETURN(w.q_a, Input(src, "q_a_proj.weight", {-1, d}, false));
     m.q_lora = w.q_a.dim(0);
     TERRACE_ASSIGN_OR_RETURN(w.q_a_norm, Input(src, "q_a_layernorm.weight", {m.q_lora}, false));
@@ -194,16 +267,42 @@ Status RefMla(const RefArgs& a) {
   } else {
     TERRACE_ASSIGN_OR_RETURN(w.q_proj, Input(src, "q_proj.weight", {-1, d}, false));
   }
-  const std::int64_t qrows = m.q_lora > 0 ? w.q_b.dim(0) : w.q_proj.dim(0);
-  if (m.heads < 1 || qrows % m.heads != 0 || w.kv_b.dim(0) % m.heads != 0 || m.rope < 0)
-    return Status::InvalidArgument(fmt::format("--heads {} does not divide the query rows ({}) and kv_b_proj rows ({})",
-                                               m.heads, qrows, w.kv_b.dim(0)));
+  // Per head: the query rows are nope + rope (rope from kv_a_proj_with_mqa), the kv_b_proj rows nope + v.
+  const std::string qname = m.q_lora > 0 ? "q_b_proj.weight" : "q_proj.weight";
+  const std::int64_t qrows = m.q_lora > 0 ? w.q_b.dim(0) : w.q_proj.dim(0), kvrows = w.kv_b.dim(0);
+  for (const auto& [name, rows, want] : {std::tuple{qname, qrows, "H*(nope+rope)"},
+                                         std::tuple{std::string("kv_b_proj.weight"), kvrows, "H*(nope+v)"}}) {
+    if (rows % m.heads != 0)
+      return Status::InvalidArgument(fmt::format(
+          "--heads {} does not divide the {} rows of tensor '{}' (expected {} rows)", m.heads, rows, name, want));
+  }
   m.nope = qrows / m.heads - m.rope;
-  m.v = w.kv_b.dim(0) / m.heads - m.nope;
+  if (m.nope < 1)
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}': {} rows are {} a head for --heads {}, which leaves nope = {} after rope = {} "
+        "(kv_a_proj_with_mqa.weight's rows - kv_lora); expected H*(nope+rope) rows with nope >= 1",
+        qname, qrows, qrows / m.heads, m.heads, m.nope, m.rope));
+  m.v = kvrows / m.heads - m.nope;
+  if (m.v < 1)
+    return Status::InvalidArgument(fmt::format(
+        "tensor 'kv_b_proj.weight': {} rows are {} a head for --heads {}, which leaves v = {} after nope = {} (from "
+        "{}); expected H*(nope+v) rows with v >= 1",
+        kvrows, kvrows / m.heads, m.heads, m.v, m.nope, qname));
+  // o_proj and g_proj are sized by H*v, which q_b / q_proj and kv_b_proj fix: a mismatch says so.
+  const auto per_head_v = [&](const std::string& name, const Tensor& t, const Shape& want) {
+    if (t.shape == want) return Status::Ok();
+    return Status::InvalidArgument(
+        fmt::format("tensor '{}': expected shape {} with H*v = {} (v = {}: kv_b_proj.weight's {} rows a head minus "
+                    "nope = {} from {}), got {}",
+                    name, ShapeString(want), m.heads * m.v, m.v, kvrows / m.heads, m.nope, qname,
+                    ShapeString(t.shape)));
+  };
   TERRACE_ASSIGN_OR_RETURN(w.o_proj, Input(src, "o_proj.weight", {d, -1}, false));
+  TERRACE_RETURN_IF_ERROR(per_head_v("o_proj.weight", w.o_proj, {d, m.heads * m.v}));
   m.output_gate = src.Has("g_proj.weight");
   if (m.output_gate) {
-    TERRACE_ASSIGN_OR_RETURN(w.g_proj, Input(src, "g_proj.weight", {m.heads * m.v, d}, false));
+    TERRACE_ASSIGN_OR_RETURN(w.g_proj, Input(src, "g_proj.weight", {-1, d}, false));
+    TERRACE_RETURN_IF_ERROR(per_head_v("g_proj.weight", w.g_proj, {m.heads * m.v, d}));
   }
   TERRACE_RETURN_IF_ERROR(CheckMlaWeights(w, m, ""));
   std::vector<float> cache;
@@ -211,6 +310,10 @@ Status RefMla(const RefArgs& a) {
     TERRACE_ASSIGN_OR_RETURN(Tensor past, Input(src, "past_latents", {-1, m.CacheWidth()}));
     cache = std::move(past.data);
   }
+  TERRACE_RETURN_IF_ERROR(src.CheckAllRead(
+      "mla", "hidden_states, q_proj.weight or q_a_proj.weight + q_a_layernorm.weight + q_b_proj.weight, "
+             "kv_a_proj_with_mqa.weight, kv_a_layernorm.weight, kv_b_proj.weight, o_proj.weight, and optionally "
+             "g_proj.weight and past_latents"));
   Tensor out({T, d});
   MlaForward(w, m, x.ptr(), T, &cache, a.absorbed, out.ptr());
   Tensor latents({static_cast<std::int64_t>(cache.size()) / m.CacheWidth(), m.CacheWidth()});
@@ -219,25 +322,62 @@ Status RefMla(const RefArgs& a) {
   return WriteOutputs(a, {{"output", &out}, {"latents", &latents}}, &wr);
 }
 
-// Experts read from the input file on first use and kept.
+// Whether expert e is stored as MXFP4: as its first projection present is, else as the file's other
+// experts are (any MXFP4 expert tensor).
+bool ExpertIsMxfp4(const FileSource& src, int e) {
+  const std::string p = fmt::format("experts.{}.", e);
+  for (const char* proj : {"w1", "w2", "w3"}) {
+    const bool mxfp4 = src.Has(p + proj + ".weight_packed") || src.Has(p + proj + ".weight_scale");
+    if (mxfp4 || src.Has(p + proj + ".weight")) return mxfp4;
+  }
+  for (const std::string& name : src.Names()) {
+    if (name.starts_with("experts.") && (name.ends_with(".weight_packed") || name.ends_with(".weight_scale")))
+      return true;
+  }
+  return false;
+}
+
+// experts.E.w{1,2,3}: each projection either MXFP4 (weight_packed + weight_scale) or float (weight). A
+// missing tensor is named in the form ExpertIsMxfp4 gives.
+Status CheckExpertTensors(const FileSource& src, int e, std::int64_t latent, std::int64_t inter) {
+  const std::string p = fmt::format("experts.{}.", e);
+  const bool mxfp4 = ExpertIsMxfp4(src, e);
+  for (const std::string proj : {"w1", "w2", "w3"}) {
+    const std::string base = p + proj;
+    const std::int64_t rows = proj == "w2" ? latent : inter, cols = proj == "w2" ? inter : latent;
+    const bool packed = src.Has(base + ".weight_packed"), scale = src.Has(base + ".weight_scale");
+    if (src.Has(base + ".weight")) {
+      if (packed || scale)
+        return Status::InvalidArgument(fmt::format(
+            "tensor '{0}.weight' and the MXFP4 tensors '{0}.weight_packed' / '{0}.weight_scale' are two forms of one "
+            "projection; give one",
+            base));
+      continue;
+    }
+    if (!packed && !scale && !mxfp4)
+      return Missing(src, base + ".weight", "F32, BF16 or F16", ShapeString(Shape{rows, cols}));
+    if (!packed) return Missing(src, base + ".weight_packed", "U8", ShapeString(Shape{rows, cols / 2}));
+    if (!scale) return Missing(src, base + ".weight_scale", "U8", ShapeString(Shape{rows, cols / kMxfp4BlockSize}));
+  }
+  return Status::Ok();
+}
+
+// Every routed expert, read and validated before the forward pass (those no token routes to as well).
 class FileExperts : public ExpertProvider {
  public:
-  FileExperts(const FileSource& src, std::int64_t latent, std::int64_t inter, int n)
-      : src_(src), latent_(latent), inter_(inter), cache_(static_cast<std::size_t>(n)) {}
-  Result<const ExpertWeights*> Acquire(int, int e) override {
-    auto& slot = cache_[static_cast<std::size_t>(e)];
-    if (!slot) {
-      TERRACE_ASSIGN_OR_RETURN(ExpertWeights w, LoadExpert(src_, fmt::format("experts.{}.", e), latent_, inter_));
-      slot = std::make_unique<ExpertWeights>(std::move(w));
+  Status Load(const FileSource& src, std::int64_t latent, std::int64_t inter, int n) {
+    for (int e = 0; e < n; ++e) {
+      TERRACE_RETURN_IF_ERROR(CheckExpertTensors(src, e, latent, inter));
+      TERRACE_ASSIGN_OR_RETURN(ExpertWeights w, LoadExpert(src, fmt::format("experts.{}.", e), latent, inter));
+      experts_.push_back(std::move(w));
     }
-    return slot.get();
+    return Status::Ok();
   }
+  Result<const ExpertWeights*> Acquire(int, int e) override { return &experts_[static_cast<std::size_t>(e)]; }
   void Release(int, int) override {}
 
  private:
-  const FileSource& src_;
-  std::int64_t latent_, inter_;
-  std::vector<std::unique_ptr<ExpertWeights>> cache_;
+  std::vector<ExpertWeights> experts_;
 };
 
 Status RefMoe(const RefArgs& a) {
@@ -248,6 +388,7 @@ Status RefMoe(const RefArgs& a) {
   }
   TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "hidden_states", {-1, -1}));
   const std::int64_t T = x.dim(0), d = x.dim(1);
+  TERRACE_RETURN_IF_ERROR(CheckRowSquares(x, "hidden_states"));
   MoeWeights w;
   MoeDims m;
   m.hidden = d;
@@ -257,24 +398,42 @@ Status RefMoe(const RefArgs& a) {
     TERRACE_ASSIGN_OR_RETURN(w.bias, Input(src, "gate.e_score_correction_bias", {m.experts}, false));
   }
   m.latent = d;
-  if (src.Has("routed_expert_down_proj.weight")) {
+  // The latent projection is there when either of its tensors is. The MoE takes latent == hidden for
+  // "no projection", so a square one cannot be applied: refused.
+  if (src.Has("routed_expert_down_proj.weight") || src.Has("routed_expert_up_proj.weight")) {
     TERRACE_ASSIGN_OR_RETURN(w.down, Input(src, "routed_expert_down_proj.weight", {-1, d}, false));
     m.latent = w.down.dim(0);
+    if (m.latent == d)
+      return Status::InvalidArgument(fmt::format(
+          "tensor 'routed_expert_down_proj.weight': a square latent projection {} is not supported (the MoE takes a "
+          "latent width equal to hidden_size {} as no projection); use another latent width, or leave out both "
+          "routed_expert_down_proj.weight and routed_expert_up_proj.weight",
+          ShapeString(w.down.shape), d));
     TERRACE_ASSIGN_OR_RETURN(w.up, Input(src, "routed_expert_up_proj.weight", {d, m.latent}, false));
   }
-  m.latent_norm = cfg ? cfg->latent_moe_use_norm : src.Has("routed_expert_norm.weight");
+  const bool has_norm = src.Has("routed_expert_norm.weight");
+  m.latent_norm = cfg ? cfg->latent_moe_use_norm : has_norm;
+  if (has_norm && !m.latent_norm)
+    return Status::InvalidArgument(
+        "tensor 'routed_expert_norm.weight' is present but --config sets latent_moe_use_norm false, so the layer "
+        "would not use it; leave it out or set latent_moe_use_norm true");
   if (m.latent_norm) {
     TERRACE_ASSIGN_OR_RETURN(w.latent_norm, Input(src, "routed_expert_norm.weight", {m.latent}, false));
   }
-  if (src.Has("shared_experts.gate_proj.weight")) {
+  // The shared experts are there when any of their three tensors is.
+  if (src.Has("shared_experts.gate_proj.weight") || src.Has("shared_experts.up_proj.weight") ||
+      src.Has("shared_experts.down_proj.weight")) {
     TERRACE_ASSIGN_OR_RETURN(w.shared_gate, Input(src, "shared_experts.gate_proj.weight", {-1, d}, false));
     const std::int64_t is = w.shared_gate.dim(0);
     TERRACE_ASSIGN_OR_RETURN(w.shared_up, Input(src, "shared_experts.up_proj.weight", {is, d}, false));
     TERRACE_ASSIGN_OR_RETURN(w.shared_down, Input(src, "shared_experts.down_proj.weight", {d, is}, false));
   }
   // Expert intermediate size from expert 0's w1 (packed: [I, latent/2]; plain: [I, latent]).
-  TERRACE_ASSIGN_OR_RETURN(TensorView w1, src.Has("experts.0.w1.weight_packed") ? src.Get("experts.0.w1.weight_packed")
-                                                                                   : src.Get("experts.0.w1.weight"));
+  const bool mxfp4 = ExpertIsMxfp4(src, 0);
+  if (!src.Has(mxfp4 ? "experts.0.w1.weight_packed" : "experts.0.w1.weight"))
+    return mxfp4 ? Missing(src, "experts.0.w1.weight_packed", "U8", fmt::format("[I, {}]", m.latent / 2))
+                 : Missing(src, "experts.0.w1.weight", "F32, BF16 or F16", fmt::format("[I, {}]", m.latent));
+  TERRACE_ASSIGN_OR_RETURN(TensorView w1, src.Get(mxfp4 ? "experts.0.w1.weight_packed" : "experts.0.w1.weight"));
   if (w1.shape.size() != 2) return Status::InvalidArgument("tensor 'experts.0.w1': expected a 2-D weight");
   m.intermediate = w1.shape[0];
   m.top_k = a.top_k.value_or(cfg ? cfg->num_experts_per_token : 0);
@@ -286,7 +445,14 @@ Status RefMoe(const RefArgs& a) {
   m.situ_linear_beta = static_cast<float>(a.situ_linear_beta.value_or(cfg ? cfg->activation_situ_linear_beta : 25.0));
   m.rms_eps = static_cast<float>(a.eps.value_or(cfg ? cfg->rms_norm_eps : 1e-5));
   TERRACE_RETURN_IF_ERROR(CheckMoeWeights(w, m, ""));
-  FileExperts experts(src, m.latent, m.intermediate, static_cast<int>(m.experts));
+  FileExperts experts;
+  TERRACE_RETURN_IF_ERROR(experts.Load(src, m.latent, m.intermediate, static_cast<int>(m.experts)));
+  TERRACE_RETURN_IF_ERROR(src.CheckAllRead(
+      "moe", fmt::format("hidden_states, gate.weight, and optionally gate.e_score_correction_bias, "
+                         "routed_expert_{{down,up}}_proj.weight, routed_expert_norm.weight and "
+                         "shared_experts.{{gate,up,down}}_proj.weight, and for E = 0..{} "
+                         "experts.E.w{{1,2,3}}.weight_packed + weight_scale or experts.E.w{{1,2,3}}.weight",
+                         m.experts - 1)));
   Tensor out({T, d});
   model::Routing r;
   TERRACE_RETURN_IF_ERROR(MoeForward(w, m, 0, &experts, x.ptr(), T, out.ptr(), &r));

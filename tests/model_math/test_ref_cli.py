@@ -298,3 +298,192 @@ def test_attnres_matches_numpy(tmp_path):
     assert rel_err(out["output"], (p[:, :, None] * v).sum(0)) < 1e-5
     zero = run_ref(tmp_path, "attnres", {"sources": src, "proj": np.zeros_like(proj), "norm": norm})
     assert rel_err(zero["output"], v.mean(0)) < 1e-6
+
+
+# ---- Refusals: input `terrace ref` cannot compute faithfully is exit 1, naming the tensor ------------
+
+def refused(tmp_path, mech, tensors, *flags):
+    src, dst = tmp_path / f"{mech}_bad.safetensors", tmp_path / f"{mech}_bad_out.safetensors"
+    st.save_file(tensors, str(src))
+    p = subprocess.run([BIN, "ref", mech, "--in", str(src), "--out", str(dst), *flags],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert not dst.exists()
+    return p.stderr
+
+
+def mla_inputs(rng, d=48, H=3, ql=24, R=16, nope=8, rope=4, vd=6, T=5, P=4):
+    f = lambda *s, sc=1.0: (rng.standard_normal(s) * sc).astype(np.float32)
+    return {
+        "hidden_states": f(T, d),
+        "q_a_proj.weight": f(ql, d, sc=d ** -0.5), "q_a_layernorm.weight": 1 + f(ql, sc=0.1),
+        "q_b_proj.weight": f(H * (nope + rope), ql, sc=ql ** -0.5),
+        "kv_a_proj_with_mqa.weight": f(R + rope, d, sc=d ** -0.5), "kv_a_layernorm.weight": 1 + f(R, sc=0.1),
+        "kv_b_proj.weight": f(H * (nope + vd), R, sc=R ** -0.5),
+        "o_proj.weight": f(d, H * vd, sc=(H * vd) ** -0.5), "g_proj.weight": f(H * vd, d, sc=d ** -0.5),
+        "past_latents": f(P, R + rope),
+    }
+
+
+def attnres_inputs(rng, S=3, T=4, d=32):
+    return {"sources": rng.standard_normal((S, T, d)).astype(np.float32),
+            "proj": (rng.standard_normal((1, d)) * 0.5).astype(np.float32),
+            "norm": (1 + rng.standard_normal(d) * 0.1).astype(np.float32)}
+
+
+def op_inputs(mech, rng):
+    """A valid input set and the flags each op needs."""
+    if mech == "kda":
+        return kda_inputs(rng, 1, 4, 2, 8, 8, True), []
+    if mech == "mla":
+        return mla_inputs(rng), ["--heads", "3"]
+    if mech == "moe":
+        return moe_inputs(rng), ["--top-k", "2"]
+    if mech == "attnres":
+        return attnres_inputs(rng), []
+    packed, scales = random_mxfp4(rng, 4, 64)
+    return {"weight_packed": packed, "weight_scale": scales, "input": rng.standard_normal((3, 64)).astype(np.float32)}, []
+
+
+def test_moe_square_latent_projection_is_refused(tmp_path):
+    # The MoE treats latent == hidden as "no projection": a square one would be skipped silently.
+    t = moe_inputs(np.random.default_rng(20), d=32, L=32)
+    err = refused(tmp_path, "moe", t, "--top-k", "2")
+    assert "routed_expert_down_proj.weight" in err and "[32, 32]" in err
+
+
+@pytest.mark.parametrize("mech,name", [("attnres", "sources"), ("mla", "hidden_states"), ("moe", "hidden_states")])
+def test_row_sum_of_squares_overflow_is_refused(tmp_path, mech, name):
+    t, flags = op_inputs(mech, np.random.default_rng(21))
+    x = t[name].reshape(-1, t[name].shape[-1])
+    x[1, :3] = [1e19, -1e20, 3e19]
+    err = refused(tmp_path, mech, t, *flags)
+    assert f"'{name}'" in err and "row 1" in err and "sum of squares" in err and "e+20" in err
+
+
+NON_FINITE = [("kda", n) for n in ("q", "k", "v", "g", "beta", "initial_state")] + [
+    ("mla", "hidden_states"), ("mla", "q_b_proj.weight"), ("mla", "past_latents"), ("moe", "hidden_states"),
+    ("moe", "gate.weight"), ("moe", "routed_expert_norm.weight"), ("attnres", "sources"), ("attnres", "norm"),
+    ("mxfp4", "input")]
+
+
+@pytest.mark.parametrize("value", [np.nan, -np.inf])
+@pytest.mark.parametrize("mech,name", NON_FINITE)
+def test_non_finite_input_is_refused(tmp_path, mech, name, value):
+    t, flags = op_inputs(mech, np.random.default_rng(22))
+    x = t[name].reshape(-1, t[name].shape[-1]) if t[name].ndim > 1 else t[name].reshape(1, -1)
+    x[x.shape[0] - 1, 1] = value
+    err = refused(tmp_path, mech, t, *flags)
+    assert f"'{name}'" in err and f"row {x.shape[0] - 1}, column 1" in err
+    assert ("nan" if np.isnan(value) else "-inf") in err
+
+
+def test_kda_positive_g_is_refused(tmp_path):
+    t = kda_inputs(np.random.default_rng(23), 1, 4, 2, 8, 8, False)
+    t["g"][0, 2, 1, 3] = 0.25
+    err = refused(tmp_path, "kda", t)
+    assert "'g'" in err and "row 5, column 3" in err and "<= 0" in err
+
+
+def test_moe_unrouted_expert_is_checked(tmp_path):
+    t = moe_inputs(np.random.default_rng(24))
+    t["gate.e_score_correction_bias"][:] = [10, 10, 0, 0, 0, 0, 0, 0]   # every token routes to 0 and 1
+    t["experts.6.w3.weight_scale"][2, 0] = 255
+    err = refused(tmp_path, "moe", t, "--top-k", "2")
+    assert "experts.6.w3.weight_packed" in err
+    del t["experts.7.w1.weight_packed"], t["experts.7.w1.weight_scale"]
+    t["experts.6.w3.weight_scale"][2, 0] = 127
+    err = refused(tmp_path, "moe", t, "--top-k", "2")
+    assert "experts.7.w1.weight_packed" in err and "missing" in err
+
+
+def moe_config(tmp_path, **kw):
+    p = subprocess.run([BIN, "model", "inspect", "--preset", "k3-toy", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    cfg = json.loads(p.stdout)["config"]
+    cfg.update({"hidden_size": 64, "routed_expert_hidden_size": 32, "num_experts": 8, "num_experts_per_token": 2,
+                "moe_intermediate_size": 64, "shared_expert_intermediate_size": 48, **kw})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return ["--config", str(tmp_path / "config.json")]
+
+
+def _without(*names):
+    return lambda t: [t.pop(n) for n in names]
+
+
+def _with(name, like):
+    return lambda t: t.__setitem__(name, t[like].copy())
+
+
+UNUSED = [  # (op, change, tensor the error must name, what it says of it)
+    ("kda", _with("initial_states", "initial_state"), "initial_states", "not an input"),
+    ("attnres", _with("norm.weight", "norm"), "norm.weight", "not an input"),
+    ("mla", lambda t: t.__setitem__("q_proj.weight", np.ones((36, 48), np.float32)), "q_proj.weight", "two forms"),
+    ("mla", _with("past_latent", "past_latents"), "past_latent", "not an input"),
+    ("moe", _without("shared_experts.gate_proj.weight", "shared_experts.up_proj.weight"),
+     "shared_experts.gate_proj.weight", "missing"),
+    ("moe", _without("routed_expert_down_proj.weight"), "routed_expert_down_proj.weight", "missing"),
+    ("moe", lambda t: [t.__setitem__(n.replace("experts.0.", "experts.8."), t[n]) for n in list(t)
+                       if n.startswith("experts.0.")], "experts.8.w", "not an input"),
+    ("moe", lambda t: t.__setitem__("experts.3.w2.weight", np.ones((32, 64), np.float32)), "experts.3.w2.weight",
+     "two forms"),
+]
+
+
+@pytest.mark.parametrize("mech,change,name,says", UNUSED)
+def test_unused_or_conflicting_tensor_is_refused(tmp_path, mech, change, name, says):
+    t, flags = op_inputs(mech, np.random.default_rng(25))
+    change(t)
+    err = refused(tmp_path, mech, t, *flags)
+    assert f"'{name}" in err and says in err
+    if says == "not an input":
+        assert "it reads" in err
+
+
+def test_moe_norm_tensor_with_config_without_norm_is_refused(tmp_path):
+    t = moe_inputs(np.random.default_rng(26))
+    err = refused(tmp_path, "moe", t, *moe_config(tmp_path, latent_moe_use_norm=False))
+    assert "'routed_expert_norm.weight'" in err and "latent_moe_use_norm" in err
+
+
+def test_mla_bad_dims_name_the_tensor(tmp_path):
+    rng = np.random.default_rng(27)
+    t = mla_inputs(rng)
+    t["kv_a_proj_with_mqa.weight"] = t["kv_a_proj_with_mqa.weight"][:14].copy()   # fewer rows than kv_lora 16
+    err = refused(tmp_path, "mla", t, "--heads", "3")
+    assert "kv_a_proj_with_mqa.weight" in err and "16" in err and "does not divide" not in err
+    t = mla_inputs(rng)
+    t["q_b_proj.weight"] = t["q_b_proj.weight"][:12].copy()   # 4 rows a head = rope: nope 0
+    err = refused(tmp_path, "mla", t, "--heads", "3")
+    assert "q_b_proj.weight" in err and "config.json" not in err and "g_proj" not in err
+    t = mla_inputs(rng)
+    t["kv_b_proj.weight"] = t["kv_b_proj.weight"][:24].copy()   # 8 rows a head = nope: v 0
+    err = refused(tmp_path, "mla", t, "--heads", "3")
+    assert "kv_b_proj.weight" in err and "config.json" not in err and "g_proj" not in err
+    t = mla_inputs(rng)
+    t["q_b_proj.weight"] = t["q_b_proj.weight"][:35].copy()
+    err = refused(tmp_path, "mla", t, "--heads", "3")
+    assert "--heads 3" in err and "q_b_proj.weight" in err and "35" in err and "kv_b_proj" not in err
+    t = mla_inputs(rng)
+    t["q_b_proj.weight"] = t["q_b_proj.weight"][:30].copy()   # nope 6: v = 14 - 6 = 8, so o_proj needs 24 columns
+    err = refused(tmp_path, "mla", t, "--heads", "3")
+    assert "'o_proj.weight'" in err and "[48, 24]" in err and "q_b_proj.weight" in err and "config.json" not in err
+
+
+def test_missing_quantized_tensors_say_dtype_and_shape(tmp_path):
+    rng = np.random.default_rng(28)
+    t = moe_inputs(rng)
+    del t["experts.1.w2.weight_packed"]
+    err = refused(tmp_path, "moe", t, "--top-k", "2")
+    assert "'experts.1.w2.weight_packed'" in err and "U8 [32, 32]" in err
+    for e in (0, 2):   # an expert with no tensors at all is named in the file's MXFP4 form
+        t = moe_inputs(rng)
+        for n in [n for n in t if n.startswith(f"experts.{e}.")]:
+            del t[n]
+        err = refused(tmp_path, "moe", t, "--top-k", "2")
+        assert f"'experts.{e}.w1.weight_packed'" in err and "missing" in err
+    packed, scales = random_mxfp4(rng, 4, 64)
+    err = refused(tmp_path, "mxfp4", {"weight_scale": scales})
+    assert "'weight_packed'" in err and "missing" in err and "U8 [R, C/2]" in err
+    err = refused(tmp_path, "mxfp4", {"weight_packed": packed})
+    assert "'weight_scale'" in err and "missing" in err and "U8 [4, 2]" in err
