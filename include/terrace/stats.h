@@ -35,8 +35,8 @@ class LatencyHistogram {
 
 // Per-tier counters. Every field is cumulative since open unless noted.
 struct TierCounters {
-  std::atomic<std::uint64_t> hits{0};
-  std::atomic<std::uint64_t> misses{0};
+  std::atomic<std::uint64_t> hits{0};    // the caller's reads (Get, GetBatch, Acquire) served from this tier
+  std::atomic<std::uint64_t> misses{0};  // the caller's reads that found no copy here (prefetches count neither)
   std::atomic<std::uint64_t> bytes_written{0};  // into this tier
   std::atomic<std::uint64_t> bytes_read{0};     // out of this tier
   std::atomic<std::uint64_t> puts{0};

@@ -30,7 +30,9 @@
 //   the last copy of a block to make room: when the lowest present tier is full (or there is none
 //   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged; if
 //   a demotion write fails, the Put fails with that error and the victim stays where it was.
-// - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted or erased.
+// - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted, moved out of their tier or
+//   erased, and a Put of other bytes under a pinned key is refused (InvalidArgument); the same bytes
+//   again are a dedup no-op.
 // - Background demotion (on the store's thread pool) starts when a tier passes high_watermark and
 //   stops at low_watermark; a Put that finds its tier full evicts synchronously just enough.
 //   When every evictable block is busy (being demoted or written by another thread), the Put
@@ -107,8 +109,9 @@ struct PrefetchOptions {
   // Items not started when it passes complete TimedOut.
   Clock::time_point deadline = Clock::time_point::max();
   // Called once per key, with the key's index in `keys` and its Status (the same one the Future's
-  // vector holds), as soon as that key is done: OK means the block is in the target tier (it may
-  // be evicted again at any time, like any unpinned copy). Runs on the store thread that finished
+  // vector holds), as soon as that key is done: OK means the block is in the target tier or a
+  // faster one (a prefetch only moves blocks up; it may be evicted again at any time, like any
+  // unpinned copy). Runs on the store thread that finished
   // the key, or on the calling thread inside Prefetch for keys that fail at once; before the
   // Future completes; with no store lock held, so it may call Store methods (a Get of a key of the
   // same prefetch that is still to load reads it at once rather than waiting on the prefetch's own

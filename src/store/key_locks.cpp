@@ -7,15 +7,20 @@
 namespace terrace::store_internal {
 namespace {
 
-// Stripes held by this thread, across every KeyLocks instance.
-thread_local std::vector<std::pair<const KeyLocks*, std::size_t>> t_held;
+// Stripes held by this thread, across every KeyLocks instance, with the key each was taken for.
+struct Held {
+  const KeyLocks* owner;
+  std::size_t stripe;
+  BlockKey key;
+};
+thread_local std::vector<Held> t_held;
 
 }  // namespace
 
 KeyLocks::Guard KeyLocks::Lock(const BlockKey& key) {
   std::size_t s = StripeOf(key);
   stripes_[s].lock();
-  NoteHeld(s);
+  NoteHeld(s, key);
   return Guard(this, s);
 }
 
@@ -23,19 +28,23 @@ std::optional<KeyLocks::Guard> KeyLocks::TryLock(const BlockKey& key) {
   if (HeldByThisThread(key)) return std::nullopt;
   std::size_t s = StripeOf(key);
   if (!stripes_[s].try_lock()) return std::nullopt;
-  NoteHeld(s);
+  NoteHeld(s, key);
   return Guard(this, s);
 }
 
 bool KeyLocks::HeldByThisThread(const BlockKey& key) const {
-  std::size_t s = StripeOf(key);
-  return std::find(t_held.begin(), t_held.end(), std::pair<const KeyLocks*, std::size_t>(this, s)) != t_held.end();
+  const std::size_t s = StripeOf(key);
+  return std::any_of(t_held.begin(), t_held.end(), [&](const Held& h) { return h.owner == this && h.stripe == s; });
 }
 
-void KeyLocks::NoteHeld(std::size_t stripe) { t_held.emplace_back(this, stripe); }
+bool KeyLocks::LockedByThisThread(const BlockKey& key) const {
+  return std::any_of(t_held.begin(), t_held.end(), [&](const Held& h) { return h.owner == this && h.key == key; });
+}
+
+void KeyLocks::NoteHeld(std::size_t stripe, const BlockKey& key) { t_held.push_back({this, stripe, key}); }
 
 void KeyLocks::Unlock(std::size_t stripe) {
-  auto it = std::find(t_held.begin(), t_held.end(), std::pair<const KeyLocks*, std::size_t>(this, stripe));
+  auto it = std::find_if(t_held.begin(), t_held.end(), [&](const Held& h) { return h.owner == this && h.stripe == stripe; });
   if (it != t_held.end()) t_held.erase(it);
   stripes_[stripe].unlock();
   // Sequentially consistent with WaitForRelease's increment of waiters_ and its test: either this

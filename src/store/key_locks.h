@@ -3,6 +3,8 @@
 // is about); any further key (an eviction victim) is taken with TryLock(), which never waits, so
 // lock order cannot deadlock. A thread that found a key busy may wait, with a timeout, for its
 // stripe to be released (WaitForRelease): a timeout, not an order, keeps that from deadlocking.
+// Another key on a stripe this thread holds is excluded from every other thread too, so this
+// thread may evict it without a lock of its own (HeldByThisThread without LockedByThisThread).
 // Thread-safe.
 #pragma once
 
@@ -44,8 +46,11 @@ class KeyLocks {
   Guard Lock(const BlockKey& key);
   // nullopt if the stripe is held by another thread or by this one.
   std::optional<Guard> TryLock(const BlockKey& key);
-  // True if this thread holds `key`'s stripe (then `key` must not be evicted by this thread).
+  // True if this thread holds `key`'s stripe (through `key` or another key on it).
   bool HeldByThisThread(const BlockKey& key) const;
+  // True if this thread took `key` itself (Lock or TryLock): an operation on it is under way on this
+  // thread, so this thread must not evict it.
+  bool LockedByThisThread(const BlockKey& key) const;
 
   // How often `key`'s stripe had been released when observed. Observe before a TryLock that may
   // fail, so that a release right after the failure is not missed by WaitForRelease.
@@ -61,7 +66,7 @@ class KeyLocks {
  private:
   static std::size_t StripeOf(const BlockKey& key) { return key.Hash() % kStripes; }
   void Unlock(std::size_t stripe);
-  void NoteHeld(std::size_t stripe);
+  void NoteHeld(std::size_t stripe, const BlockKey& key);
   bool AnyReleased(std::span<const Seen> seen) const;
 
   std::array<std::mutex, kStripes> stripes_;

@@ -147,7 +147,7 @@ Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {
       victim = Policy(t).PickVictim([&](const BlockKey& k) {
         if (std::find(skip.begin(), skip.end(), k) != skip.end()) return false;
         if (std::find(busy.begin(), busy.end(), k) != busy.end()) return false;
-        if (key_locks_.HeldByThisThread(k)) return false;
+        if (key_locks_.LockedByThisThread(k)) return false;  // this thread's operation is on it
         mu_.AssertHeld();  // PickVictim calls the predicate synchronously, under the lock above
         auto it = entries_.find(k);
         return it != entries_.end() && !it->second.PinnedIn(t);
@@ -165,9 +165,11 @@ Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {
       std::this_thread::yield();
       continue;
     }
+    // A victim on a stripe this thread holds (for another key) is already excluded from others.
+    const bool ours = key_locks_.HeldByThisThread(*victim);
     const KeyLocks::Seen seen = key_locks_.Observe(*victim);
-    auto guard = key_locks_.TryLock(*victim);
-    if (!guard) {
+    const std::optional<KeyLocks::Guard> guard = ours ? std::nullopt : key_locks_.TryLock(*victim);
+    if (!ours && !guard) {
       busy.push_back(*victim);
       busy_seen.push_back(seen);
       continue;

@@ -306,7 +306,7 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, i
                                    int target, bool by_prefetch, ReadOutcome* result,
                                    const std::function<Status()>& place) {
   ReadOutcome& out = *result;
-  CountGet(src);
+  if (!by_prefetch) CountGet(src);  // hits and misses count the caller's reads (Get, Acquire), not prefetches
   slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
   if (src > promote_slot_) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
 
@@ -317,14 +317,15 @@ void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, i
       out.move_status = std::move(ms);
     } else {
       // The copies placement drops after the move (DroppedByMove: exclusive placement), less
-      // those pinned by a handle.
+      // those pinned: by a handle (its slot) or by Store::Pin (every slot).
       SlotMask remove = DroppedByMove(mask, target, LowestSlot(), options_.placement, options_.write_policy,
                                       /*keep_faster=*/mode == MoveMode::kUp);
       remove &= static_cast<SlotMask>(~shared_mask_);  // another process's copy stays where it put it
       if (remove != 0) {
         MutexLock lock(&mu_);
         auto it = entries_.find(key);
-        remove = it == entries_.end() ? SlotMask{0} : static_cast<SlotMask>(remove & ~it->second.handle_mask);
+        remove = it == entries_.end() || it->second.pins > 0 ? SlotMask{0}
+                                                             : static_cast<SlotMask>(remove & ~it->second.handle_mask);
       }
       for (int i = 0; i < slot_count(); ++i) {
         if (!(remove & Bit(i))) continue;

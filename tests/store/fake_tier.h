@@ -109,7 +109,9 @@ class FakeTier final : public Tier {
     if (caps_.memory == MemoryKind::kNone) return nullptr;
     std::lock_guard lock(mu_);
     auto it = blocks_.find(key);
-    return it == blocks_.end() ? nullptr : it->second.bytes.data();
+    if (it == blocks_.end()) return nullptr;
+    static const std::byte kEmptyBlock{};  // a present empty block is not null (tier.h)
+    return it->second.bytes.empty() ? &kEmptyBlock : it->second.bytes.data();
   }
 
   std::uint64_t used_bytes() const override {

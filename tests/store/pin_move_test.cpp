@@ -1,0 +1,94 @@
+// Pins across moves, eviction under the thread's own lock stripe, and what the per-tier read
+// counters count, over fake tiers (found by a model-based random test of the Store API).
+#include <catch2/catch.hpp>
+
+#include "src/store/key_locks.h"
+#include "store_test_util.h"
+
+namespace terrace::testing {
+namespace {
+
+using store_internal::KeyLocks;
+
+TEST_CASE("An Acquire into a lower tier leaves the copy a Pin holds in its tier (exclusive placement)") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHbm;
+  auto store = OpenFakeStore(f, o);
+  const BlockKey k = TestKey(1);
+  const auto bytes = TestBytes(1, 100);
+  REQUIRE(store->Put(k, bytes).ok());
+  REQUIRE(store->Pin(k).ok());
+  auto h = store->Acquire(k, TierId::kHost);
+  REQUIRE(h.ok());
+  CHECK(f.at(TierId::kHbm).Has(k));  // pinned there: never moved out
+  CHECK(f.at(TierId::kHost).Has(k));
+  h = Status::NotFound("released");  // the handle goes
+  REQUIRE(store->Unpin(k).ok());
+  auto got = GetBytes(*store, k);
+  REQUIRE(got.ok());
+  CHECK(*got == bytes);
+}
+
+TEST_CASE("A Put evicts a block on its own key's lock stripe when that block is the only victim") {
+  const BlockKey x = TestKey(1);
+  BlockKey y;
+  for (std::uint64_t i = 2;; ++i) {  // a key on x's stripe
+    y = TestKey(i);
+    if (y.Hash() % KeyLocks::kStripes == x.Hash() % KeyLocks::kStripes) break;
+  }
+  FakeTiers f(0, 100, 1000);
+  auto store = OpenFakeStore(f);
+  const auto ybytes = TestBytes(2, 80), xbytes = TestBytes(1, 80);
+  REQUIRE(store->Put(y, ybytes).ok());
+  REQUIRE(store->Put(x, xbytes).ok());  // y is demoted to make room, though x's lock covers its stripe
+  CHECK(f.at(TierId::kHost).Has(x));
+  CHECK(f.at(TierId::kNvme).Has(y));
+  auto gy = GetBytes(*store, y), gx = GetBytes(*store, x);
+  REQUIRE(gy.ok());
+  REQUIRE(gx.ok());
+  CHECK(*gy == ybytes);
+  CHECK(*gx == xbytes);
+}
+
+TEST_CASE("Per-tier hits and misses count Gets and Acquires, not prefetches") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHost;
+  auto store = OpenFakeStore(f, o);
+  const BlockKey a = TestKey(1), b = TestKey(2), c = TestKey(3);
+  PutOptions nvme;
+  nvme.tier = TierId::kNvme;
+  for (const BlockKey& k : {a, b, c}) REQUIRE(store->Put(k, TestBytes(1, 100), nvme).ok());
+  REQUIRE(store->Prefetch({&a, 1}, TierId::kHost).get()[0].ok());
+  REQUIRE(f.at(TierId::kHost).Has(a));
+  StoreStats st = store->Stats();
+  for (const auto& slot : st.slots) {
+    INFO(slot.name);
+    CHECK(slot.hits == 0);  // a prefetch is no read of the caller's
+    CHECK(slot.misses == 0);
+  }
+  REQUIRE(store->Acquire(b, TierId::kHost).ok());  // a demand read, from nvme
+  REQUIRE(GetBytes(*store, c).ok());                // and a Get, from nvme
+  st = store->Stats();
+  CHECK(st.slots[2].hits == 2);
+  CHECK(st.slots[0].misses == 2);
+  CHECK(st.slots[1].misses == 2);
+}
+
+TEST_CASE("The fake tier gives an empty block a non-null resident pointer, as the Tier contract says") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHost;
+  auto store = OpenFakeStore(f, o);
+  const BlockKey k = TestKey(1);
+  REQUIRE(store->Put(k, std::span<const std::byte>{}).ok());
+  auto h = store->Acquire(k, TierId::kHost);
+  INFO(h.status().ToString());
+  REQUIRE(h.ok());
+  CHECK(h->size() == 0);
+  CHECK(f.at(TierId::kHost).Has(k));
+}
+
+}  // namespace
+}  // namespace terrace::testing
