@@ -67,7 +67,11 @@ struct RestoreReport {
   int fallbacks = 0;                       // times the boundary moved back while reading
   std::vector<std::string> fallback_reasons;  // one line per fallback (block, what was wrong)
   std::array<std::uint64_t, kNumTiers> bytes_read{};  // by the tier each block was read from
-  std::uint64_t kv_bytes = 0, state_bytes = 0;         // bytes of the blocks restored
+  // Bytes of the blocks restored: the KV chunk blocks of [0, boundary_tokens) (a chunk read as
+  // sub-ranges counts as its whole block) and the snapshots at boundary_tokens. What was read of a
+  // boundary given up (its snapshots, chunks past the final boundary, a failed chunk's ranges, a
+  // failed fallback candidate's snapshots) counts only in bytes_read.
+  std::uint64_t kv_bytes = 0, state_bytes = 0;
   // Lookup + reads + checks + decode (+ import for a whole restore), in seconds: from the start of
   // the restore to the moment its last block was decoded, whether or not a forward pass ran
   // meanwhile. restore bandwidth = (kv_bytes + state_bytes) / seconds.
@@ -115,6 +119,10 @@ struct PrefixCacheStats {
   std::uint64_t layerwise_voided = 0;    // of those, passes discarded because a layer failed
   double restore_wait_seconds = 0;       // sum of RestoreReport::wait_seconds
   std::uint64_t range_rereads = 0;       // sum of RestoreReport::range_rereads
+  // Now, not a count since Create: KV chunks of which StoreLayer holds some MLA layers' rows for a
+  // pass, waiting for the chunk's other MLA layers (one per chunk and pass). 0 once every pass that
+  // used StoreLayer ended (PrefixCache::EndStoreLayers; PrefillWithCache ends its own).
+  std::uint64_t chunks_pending = 0;
 };
 
 class PrefixCache;
@@ -254,11 +262,20 @@ class PrefixCache {
   // `chunks - 1` (state.layer(layer).tokens == chunks * chunk_tokens; other layers may be behind).
   // A KDA layer's snapshot is queued at once (when `snapshot`); an MLA layer's rows of the chunk are
   // kept until every MLA layer of that chunk was stored, then the whole KV chunk block is queued
-  // (a chunk block is never written with a layer missing). Copies what it needs and returns at
-  // once: encoding runs on the writer thread, the Puts on the store's async path (PutAsync), so a
+  // (a chunk block is never written with a layer missing). A pass is identified by its `state`:
+  // each pass assembles its own rows of a chunk, so passes computing the same chunk at once (a
+  // shared prefix) never mix or discard each other's rows; the first complete block is written,
+  // the others find it stored (chunk_already_stored). Copies what it needs and returns at once:
+  // encoding runs on the writer thread, the Puts on the store's async path (PutAsync), so a
   // forward pass calling it from on_layer_end never waits for a write. Failures as WriteBack's.
+  // A pass that stops between MLA layers of a chunk must call EndStoreLayers.
   Status StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer, const model::SequenceState& state,
                     bool snapshot);
+  // Ends the StoreLayer pass of `state` (it ended, failed or was abandoned): drops the MLA rows
+  // StoreLayer holds for chunks of that pass not all of whose MLA layers were stored (those chunks
+  // are not written by it). Call it before the state starts another pass; PrefillWithCache does,
+  // whatever way it returns. Thread-safe; a no-op for a state with nothing held.
+  void EndStoreLayers(const model::SequenceState& state);
   // Whether a restore's reads copy blocks found below a store's put tier up to it (a promotion:
   // the next restore of the prefix reads them from there) or read them straight into the restore's
   // buffers (Store's GetOptions::promote). Unset, the default: each store's

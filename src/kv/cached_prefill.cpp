@@ -26,6 +26,21 @@ class HookGuard {
   model::ForwardOptions saved_;
 };
 
+// Ends the prefill's StoreLayer pass when it returns, whatever the path (success, a failed
+// piece, a failed write-out): rows of a chunk whose MLA layers were not all stored are dropped,
+// not left in the cache for the next pass of the same state to mix with.
+class StoreLayerGuard {
+ public:
+  StoreLayerGuard(PrefixCache& cache, const model::SequenceState& state) : cache_(cache), state_(state) {}
+  ~StoreLayerGuard() { cache_.EndStoreLayers(state_); }
+  StoreLayerGuard(const StoreLayerGuard&) = delete;
+  StoreLayerGuard& operator=(const StoreLayerGuard&) = delete;
+
+ private:
+  PrefixCache& cache_;
+  const model::SequenceState& state_;
+};
+
 }  // namespace
 
 Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cache, const PrefixRequest& request,
@@ -38,6 +53,7 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
   const auto n = static_cast<std::int64_t>(request.tokens.size());
   const auto last_chunks = static_cast<std::int64_t>(request.chunk_ids.size());
   HookGuard guard(session);
+  StoreLayerGuard pass_guard(cache, session->state());
 
   CachedPrefill out;
   std::unique_ptr<LayerwiseRestore> layerwise;
@@ -83,6 +99,9 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
       TERRACE_ASSIGN_OR_RETURN(out.restore, layerwise->Finish());
       layerwise.reset();
       if (voided) {
+        // The discarded pass's rows of its chunk: the recompute from the earlier boundary stores
+        // that chunk again, from its own rows only.
+        cache.EndStoreLayers(session->state());
         b = out.restore.boundary_tokens;
         pos = b;
         continue;  // recompute from the earlier boundary, same pieces

@@ -153,8 +153,6 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     rep.blocks_read = j.blocks_read;
     rep.range_reads = j.range_reads;
     rep.read_by_layer = j.ranges_issued;
-    rep.kv_bytes = j.kv_bytes;
-    rep.state_bytes = j.state_bytes;
     decoded_at = j.decoded_at;
   }
   rep.lookup_boundary_tokens = j.kmax * C;
@@ -176,8 +174,11 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   for (char r : j.retrieved) any_retrieved = any_retrieved || r != 0;
   rep.layerwise = any_retrieved || j.voided;
   std::int64_t b = 0;
+  // The snapshots the state was restored from (their sizes: RestoreReport::state_bytes).
+  std::uint64_t restored_state_bytes = 0;
   if (all_good && !j.voided) {
     b = j.kmax;
+    for (const auto& it : j.snap_items) restored_state_bytes += it.desc.size;
     for (int l = 0; l < L.num_layers(); ++l)
       if (!j.retrieved[static_cast<std::size_t>(l)]) TERRACE_RETURN_IF_ERROR(j.Import(l, b));
     if (Status s = model::ValidateJointBoundary(*j.state); !s.ok())
@@ -199,6 +200,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
     for (std::int64_t k : j.f.candidates) {
       if (k >= j.kmax || k > good_chunks) continue;
       bool ok = true;
+      std::uint64_t candidate_bytes = 0;  // its snapshots' (RestoreReport::state_bytes if it is the one)
       if (!kda.empty()) {
         std::vector<Store::GetItem> items(kda.size());
         for (std::size_t i = 0; i < kda.size(); ++i)
@@ -208,15 +210,17 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
                                      j.snap_buffer, m.st_gap);
         const auto statuses = m.st->GetBatch(items, j.reads);
         rep.blocks_requested += items.size();
+        // Every snapshot read counts in bytes_read, also those after one that failed.
         for (std::size_t i = 0; i < kda.size(); ++i)
-          if (statuses[i].ok())
-            ++rep.blocks_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)];
+          if (statuses[i].ok()) {
+            const auto tier = static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier);
+            ++rep.blocks_read[tier];
+            rep.bytes_read[tier] += items[i].desc.size;
+            candidate_bytes += items[i].desc.size;
+          }
         for (std::size_t i = 0; i < kda.size() && ok; ++i) {
           Status s = statuses[i];
           if (s.ok()) {
-            rep.bytes_read[static_cast<std::size_t>(j.f.state[static_cast<std::size_t>(k - 1) * kda.size() + i].tier)] +=
-                items[i].desc.size;
-            rep.state_bytes += items[i].desc.size;
             j.recurrent[i].resize(static_cast<std::size_t>(L.kda_heads()) * L.kda_head_dim() * L.kda_head_dim());
             j.conv[i].resize(static_cast<std::size_t>(L.kda_conv_rows()) * L.kda_conv_cols());
             s = format::DecodeState(L, kda[i], k * C, j.chunk_ids[static_cast<std::size_t>(k - 1)],
@@ -231,6 +235,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
       }
       if (ok) {
         b = k;
+        restored_state_bytes = candidate_bytes;  // every snapshot of it read and decoded
         break;
       }
     }
@@ -242,6 +247,14 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
   }
   if (b == 0) j.ReturnUnusedLatents();
   rep.boundary_tokens = b * C;
+  // Bytes of the blocks restored: the KV chunks [0, b) and the snapshots at b, not every block read
+  // (the snapshots of a boundary given up, chunks past b, a failed chunk's header or sub-ranges, a
+  // fallback candidate's snapshots that did not decode: those are in bytes_read only). A chunk read
+  // as sub-ranges is its whole block: the sub-ranges cover its header and every layer's bytes.
+  if (b > 0 && !L.mla_layers().empty())
+    for (std::size_t u = 0; u < static_cast<std::size_t>(b); ++u)
+      rep.kv_bytes += j.by_layer ? j.headers[u].block_size : j.kv_items[u].desc.size;
+  rep.state_bytes = restored_state_bytes;
   // Until the last block was decoded; a whole restore's imports come after that, and count.
   rep.seconds = rep.layerwise && !rep.layerwise_voided
                     ? std::chrono::duration<double>(decoded_at - j.t0).count()

@@ -288,20 +288,24 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
   std::shared_ptr<std::vector<std::vector<float>>> complete;
   {
     MutexLock lock(&m.q_mu);
-    auto& pending = m.pending_chunks[{id.hi, id.lo}];
-    if (pending.pass != &state) pending = {&state, {}};
-    auto& slot = pending.rows;
+    const Impl::PendingKey pk{id.hi, id.lo, &state};
+    auto& slot = m.pending_chunks[pk];
     slot.resize(mla.size());
     slot[j] = std::move(rows);
     bool all = true;
     for (const auto& r : slot) all = all && !r.empty();
     if (all) {
       complete = std::make_shared<std::vector<std::vector<float>>>(std::move(slot));
-      m.pending_chunks.erase({id.hi, id.lo});
+      m.pending_chunks.erase(pk);
     }
   }
   if (complete) m.EnqueueChunk(id, std::move(complete));
   return Status::Ok();
+}
+
+void PrefixCache::EndStoreLayers(const model::SequenceState& state) {
+  MutexLock lock(&impl_->q_mu);
+  std::erase_if(impl_->pending_chunks, [&](const auto& e) { return e.first.pass == &state; });
 }
 
 void PrefixCache::SetRestorePromotion(std::optional<bool> promote) {
@@ -318,8 +322,15 @@ void PrefixCache::Flush() {
 }
 
 PrefixCacheStats PrefixCache::Stats() const {
+  std::uint64_t pending = 0;
+  {
+    MutexLock lock(&impl_->q_mu);
+    pending = impl_->pending_chunks.size();
+  }
   MutexLock lock(&impl_->stats_mu);
-  return impl_->stats;
+  PrefixCacheStats out = impl_->stats;
+  out.chunks_pending = pending;
+  return out;
 }
 
 }  // namespace terrace::kv

@@ -58,17 +58,17 @@ struct PrefixCache::Impl {
   int puts_in_flight TERRACE_GUARDED_BY(q_mu) = 0;
   bool stop TERRACE_GUARDED_BY(q_mu) = false;
   std::thread writer;
-  // StoreLayer's MLA rows of chunks whose block is not complete yet: chunk id -> the pass's state
-  // that stored them and its rows per MLA layer (empty until that layer was stored). A block is
-  // assembled from one pass only: another pass storing the same chunk starts the rows over (two
-  // passes' rows differ in the last bits when they restored from different boundaries with a
-  // lossy codec). A pass that stopped between MLA layers leaves its chunk's rows here until that
-  // chunk is stored again (never written incomplete).
-  struct PendingChunk {
+  // StoreLayer's MLA rows of chunks whose block is not complete yet: (chunk id, the pass's state)
+  // -> its rows per MLA layer (empty until that layer was stored). Each pass assembles its own
+  // block: two passes computing the same chunk at once (a shared prefix) never discard each
+  // other's rows (their rows can also differ in the last bits, when they restored from different
+  // boundaries with a lossy codec). EndStoreLayers drops a pass's entries when it ends.
+  struct PendingKey {
+    std::uint64_t hi = 0, lo = 0;
     const model::SequenceState* pass = nullptr;
-    std::vector<std::vector<float>> rows;
+    auto operator<=>(const PendingKey&) const = default;
   };
-  std::map<std::pair<std::uint64_t, std::uint64_t>, PendingChunk> pending_chunks TERRACE_GUARDED_BY(q_mu);
+  std::map<PendingKey, std::vector<std::vector<float>>> pending_chunks TERRACE_GUARDED_BY(q_mu);
 
   // What a lookup found, kept for the reads.
   struct Found {

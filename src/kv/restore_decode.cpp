@@ -23,10 +23,7 @@ void LayerwiseRestore::Job::DecodeSnapshots() {
                               conv[j]);
     }
     MutexLock lock(&mu);
-    if (snap_status[j].ok()) {
-      bytes_read[static_cast<std::size_t>(tier)] += snap_items[j].desc.size;
-      state_bytes += snap_items[j].desc.size;
-    }
+    if (snap_status[j].ok()) bytes_read[static_cast<std::size_t>(tier)] += snap_items[j].desc.size;
     if (!s.ok()) snap_status[j] = s;
     layer_status[static_cast<std::size_t>(kda[j])] = s;
     ready[static_cast<std::size_t>(kda[j])] = 1;
@@ -96,7 +93,6 @@ Status LayerwiseRestore::Job::DecodeChunk(std::size_t u) {
       s = format::DecodeKvLayer(L(), block, (*ranges)[j], Rows(j, u), format::LayerCheck::kBlockVerifiedByStore);
     MutexLock lock(&mu);
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += kv_items[u].desc.size;
-    kv_bytes += kv_items[u].desc.size;
   }
   return s;
 }
@@ -109,7 +105,6 @@ Status LayerwiseRestore::Job::DecodeChunkLayer(std::size_t j, std::size_t u) {
     {
       MutexLock lock(&mu);
       bytes_read[static_cast<std::size_t>(it.tier)] += it.length;
-      kv_bytes += it.length;
     }
     if (j == 0) {
       s = TakeHeader(u, got, it.desc.size);
@@ -152,7 +147,6 @@ Status LayerwiseRestore::Job::RereadLayer(std::size_t j, std::size_t u) {
   {
     MutexLock lock(&mu);
     bytes_read[static_cast<std::size_t>(f.kv[u].tier)] += got->size;
-    kv_bytes += got->size;
     // The block's first sub-range read failed, so its block was not counted as served yet.
     if (j == 0 && !range_status[u].ok()) ++blocks_read[static_cast<std::size_t>(f.kv[u].tier)];
   }

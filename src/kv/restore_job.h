@@ -146,14 +146,15 @@ struct LayerwiseRestore::Job {
   std::vector<Status> snap_status;
   std::vector<std::vector<float>> recurrent, conv;  // (pool)
 
+  // Every byte read, by tier (RestoreReport::bytes_read). RestoreReport::kv_bytes / state_bytes
+  // (the blocks restored) are not counted as the reads return: Finish takes them from the blocks
+  // within the boundary it settles on.
   std::array<std::uint64_t, kNumTiers> bytes_read TERRACE_GUARDED_BY(mu){};
   // RestoreReport's blocks_requested, blocks_read and range_reads, counted as the reads return.
   std::uint64_t blocks_requested TERRACE_GUARDED_BY(mu) = 0;
   std::array<std::uint64_t, kNumTiers> blocks_read TERRACE_GUARDED_BY(mu){};
   std::array<std::uint64_t, kNumTiers> range_reads TERRACE_GUARDED_BY(mu){};
   bool ranges_issued TERRACE_GUARDED_BY(mu) = false;  // a window of sub-ranges was read (RestoreReport::read_by_layer)
-  std::uint64_t kv_bytes TERRACE_GUARDED_BY(mu) = 0;
-  std::uint64_t state_bytes TERRACE_GUARDED_BY(mu) = 0;
 
   std::vector<char> retrieved;  // caller thread only
   bool voided = false;          // caller thread only

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include "forwarding_tier.h"
 #include "kv_test_util.h"
@@ -419,6 +420,240 @@ TEST_CASE("the per-layer write-out starts during the forward pass and never bloc
   const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 1);
   CHECK(warm.prefill.restored_tokens == 48);
   CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, 48)));
+}
+
+
+// Two threads that take turns, one model layer each: a thread's on_layer_begin hands the turn to
+// the other and waits for it to come back, so thread 0 runs (and stores) layer l, then thread 1
+// layer l, then thread 0 layer l + 1, and so on. Done() ends a thread's turns (the other then never
+// waits). A wait longer than 20 s gives up and marks the run broken, so a bug fails the test
+// instead of hanging it.
+class TakeTurns {
+ public:
+  void Begin(int me) {
+    std::unique_lock lock(mu_);
+    if (started_[me]) {
+      turn_ = 1 - me;
+      cv_.notify_all();
+    }
+    started_[me] = true;
+    if (!cv_.wait_for(lock, 20s, [&] { return turn_ == me || done_[1 - me]; })) broken_ = true;
+  }
+  void Done(int me) {
+    {
+      std::lock_guard lock(mu_);
+      done_[me] = true;
+      turn_ = 1 - me;
+    }
+    cv_.notify_all();
+  }
+  bool broken() const {
+    std::lock_guard lock(mu_);
+    return broken_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int turn_ = 0;
+  bool started_[2] = {false, false}, done_[2] = {false, false}, broken_ = false;
+};
+
+// How many of `p`'s full chunks have their KV chunk block in `store`.
+int KvChunksStored(PrefixCache& cache, Store& store, const std::vector<std::int32_t>& p) {
+  int present = 0;
+  for (const auto& id : cache.Prepare(p, "").chunk_ids)
+    present += store.Contains(keys::KvChunkKey(cache.kv_namespace(), id)) ? 1 : 0;
+  return present;
+}
+
+TEST_CASE("two layerwise prefills of the same prefix at once each write out every KV chunk block") {
+  // The serving case of a shared system prompt: two requests compute the same chunks at the same
+  // time, their per-layer write-outs (StoreLayer) interleaved layer by layer. Each pass assembles
+  // its own rows of a chunk, so every chunk block is written (by the first pass to complete it)
+  // and nothing is left pending once both prefills returned.
+  const auto& m = Toy();
+  const int C = 16, chunks = 20;
+  const auto p = Tokens(chunks * C + 3);
+  for (const bool take_turns : {true, false}) {
+    CAPTURE(take_turns);
+    auto store = HostStore();
+    auto cache = PrefixCache::Create(Layout(C, 1), m.id, store.get(), store.get());
+    REQUIRE(cache.ok());
+    REQUIRE((*cache)->layout().mla_layers().size() >= 2);  // a chunk block needs rows of two layers
+    TakeTurns turns;
+    std::vector<Status> status(2);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&, t] {
+        model::Session s(*m.model);
+        if (take_turns) {
+          model::ForwardOptions hooks;
+          hooks.on_layer_begin = [&turns, t](int, std::int64_t) {
+            turns.Begin(t);
+            return Status::Ok();
+          };
+          s.set_hooks(hooks);
+        }
+        auto r = PrefillWithCache(&s, **cache, (*cache)->Prepare(p, ""), {.restore = false});
+        status[static_cast<std::size_t>(t)] = r.status();
+        turns.Done(t);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(!turns.broken());
+    CHECK(status[0].ok());
+    CHECK(status[1].ok());
+    (*cache)->Flush();
+    const auto stats = (*cache)->Stats();
+    CHECK(stats.write_failures == 0);
+    CHECK(stats.chunks_pending == 0);
+    CHECK(KvChunksStored(**cache, *store, p) == chunks);
+    // Each pass completed every chunk: one of the two Puts wrote it, the other found it there (or,
+    // when both checked before either Put, replaced it with the same bytes).
+    CHECK(stats.chunk_writes + stats.chunk_already_stored == 2 * chunks);
+    CHECK(stats.chunk_writes >= chunks);
+    // What was written restores the whole prefix, exactly.
+    const auto p2 = Extend(p, chunks * C + 3, chunks * C + 9);
+    const Run warm = Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false}, 1);
+    const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false}, 1);
+    CHECK(warm.prefill.restored_tokens == chunks * C);
+    CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, chunks * C)));
+    CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+  }
+}
+
+TEST_CASE("a prefill that stops between a chunk's MLA layers leaves no rows pending; the chunk is not written") {
+  const auto& m = Toy();
+  const int C = 16;
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(C, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  REQUIRE(L.mla_layers().size() >= 2);
+  const int second_mla = L.mla_layers()[1];
+  const auto p = Tokens(5 * C + 3);
+  model::Session s(*m.model);
+  model::ForwardOptions hooks;
+  // The third piece [32, 48) fails as its second MLA layer begins: the first MLA layer's rows of
+  // chunk 2 were stored, the second's never will be.
+  hooks.on_layer_begin = [&s, second_mla](int layer, std::int64_t) {
+    if (layer == second_mla && s.state().layer(0).tokens == 3 * 16)
+      return Status::Internal("the test stops the pass here");
+    return Status::Ok();
+  };
+  s.set_hooks(hooks);
+  auto r = PrefillWithCache(&s, **cache, (*cache)->Prepare(p, ""));
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find("the test stops the pass here") != std::string::npos);
+  (*cache)->Flush();
+  CHECK((*cache)->Stats().chunks_pending == 0);
+  CHECK(KvChunksStored(**cache, *store, p) == 2);  // chunks 0 and 1; chunk 2 never with a layer missing
+  CHECK((*cache)->Stats().write_failures == 0);
+
+  // The direct API: a pass's rows wait for its other MLA layers, and EndStoreLayers drops them.
+  model::Session t(*m.model);
+  REQUIRE(t.Prefill(std::span(p).subspan(0, 16)).ok());
+  const auto req = (*cache)->Prepare(p, "");
+  auto t2 = std::make_unique<model::SequenceState>(t.state());  // another pass of the same chunk
+  REQUIRE((*cache)->StoreLayer(req, 1, L.mla_layers()[0], t.state(), false).ok());
+  REQUIRE((*cache)->StoreLayer(req, 1, L.mla_layers()[0], *t2, false).ok());
+  CHECK((*cache)->Stats().chunks_pending == 2);  // one per pass
+  (*cache)->EndStoreLayers(*t2);
+  CHECK((*cache)->Stats().chunks_pending == 1);
+  (*cache)->EndStoreLayers(t.state());
+  CHECK((*cache)->Stats().chunks_pending == 0);
+}
+
+// The bytes of `keys`' blocks in `store` (each must be there).
+std::uint64_t BlocksBytes(Store& store, const std::vector<BlockKey>& keys) {
+  std::uint64_t total = 0;
+  for (const auto& r : store.Lookup(keys)) {
+    REQUIRE(r.found);
+    total += r.desc.size;
+  }
+  return total;
+}
+
+TEST_CASE("kv_bytes and state_bytes are the bytes of the blocks restored (not of every block read)") {
+  // A corrupt snapshot at the lookup's boundary and one at the next candidate, then a corrupt KV
+  // chunk mid-prefix: what was read of the boundaries given up (their snapshots, the chunks past
+  // the final boundary, the failed chunk's header and sub-ranges) counts in bytes_read only.
+  const auto& m = Toy();
+  const int C = 16, chunks = 10;
+  const auto p = Tokens(chunks * C + 3);
+  const auto p2 = Extend(p, chunks * C + 3, chunks * C + 11);
+  struct Mode {
+    const char* name;
+    bool layerwise;
+    RestoreReadOrder order;
+  };
+  for (const Mode& mode : {Mode{"whole", false, RestoreReadOrder::kChunks},
+                           Mode{"layerwise, chunks", true, RestoreReadOrder::kChunks},
+                           Mode{"layerwise, layers", true, RestoreReadOrder::kLayers}}) {
+    CAPTURE(mode.name);
+    terrace::testing::TempDir dir("kvbytes");
+    auto kv_store = NvmeStore(dir.path() / "kv");
+    auto st_store = NvmeStore(dir.path() / "state");
+    auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv_store.get(), st_store.get());
+    REQUIRE(cache.ok());
+    (*cache)->SetRestoreReadOrder(mode.order);
+    const auto& L = (*cache)->layout();
+    REQUIRE(L.mla_layers().size() >= 2);
+    Prefill(*m.model, **cache, p, "");
+    (*cache)->Flush();
+    REQUIRE(kv_store->Flush().ok());
+    REQUIRE(st_store->Flush().ok());
+    const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
+    const auto req = (*cache)->Prepare(p2, "");
+    auto kv_bytes = [&](int k) {  // KV chunks [0, k)
+      std::vector<BlockKey> keys;
+      for (int i = 0; i < k; ++i) keys.push_back(keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[static_cast<std::size_t>(i)]));
+      return BlocksBytes(*kv_store, keys);
+    };
+    auto state_bytes = [&](int k) {  // the snapshots at k chunks
+      std::vector<BlockKey> keys;
+      for (int l : L.kda_layers())
+        keys.push_back(keys::StateKey((*cache)->state_namespace(), l, req.chunk_ids[static_cast<std::size_t>(k - 1)]));
+      return BlocksBytes(*st_store, keys);
+    };
+    auto restore = [&] {
+      return Prefill(*m.model, **cache, p2, "", {.restore = true, .write_back = false, .layerwise = mode.layerwise});
+    };
+    auto read_total = [](const RestoreReport& r) {
+      std::uint64_t n = 0;
+      for (auto b : r.bytes_read) n += b;
+      return n;
+    };
+    // Before the blocks are damaged: all of them restored, every byte read is a restored block's.
+    const std::uint64_t kv8 = kv_bytes(8), st8 = state_bytes(8), kv5 = kv_bytes(5), st5 = state_bytes(5);
+
+    // The snapshots at token 160 (the last KDA layer's) and 144 (the first KDA layer's) are
+    // corrupt: the restore gives up 160, then candidate 144, and restores 128.
+    const std::uint64_t at = 160, at2 = 144;
+    REQUIRE(FlipBlockByte(dir.path() / "state" / "terrace.data", "TKDASNP1",
+                          static_cast<std::uint64_t>(L.kda_layers().back()) | (at << 32), 12, 1000));
+    REQUIRE(FlipBlockByte(dir.path() / "state" / "terrace.data", "TKDASNP1",
+                          static_cast<std::uint64_t>(L.kda_layers().front()) | (at2 << 32), 12, 1000));
+    const Run a = restore();
+    CHECK(a.prefill.restore.lookup_boundary_tokens == 160);
+    REQUIRE(a.prefill.restored_tokens == 128);
+    CHECK(a.prefill.restore.fallbacks == 2);
+    CHECK(a.prefill.restore.read_by_layer == (mode.order == RestoreReadOrder::kLayers && mode.layerwise));
+    CHECK(a.prefill.restore.kv_bytes == kv8);
+    CHECK(a.prefill.restore.state_bytes == st8);
+    CHECK(read_total(a.prefill.restore) > a.prefill.restore.kv_bytes + a.prefill.restore.state_bytes);
+    CHECK(Bitwise(a.prefill.logits.data, Rows(cold.prefill.logits, 128)));
+
+    // KV chunk 5 is corrupt too (its second MLA layer's sub-range): the restore stops at 80.
+    REQUIRE(FlipBlockByte(dir.path() / "kv" / "terrace.data", "TKVCHNK1", req.chunk_ids[5].hi, 24, 0, 1));
+    const Run b = restore();
+    REQUIRE(b.prefill.restored_tokens == 80);
+    CHECK(b.prefill.restore.fallbacks >= 1);
+    CHECK(b.prefill.restore.kv_bytes == kv5);
+    CHECK(b.prefill.restore.state_bytes == st5);
+    CHECK(read_total(b.prefill.restore) > b.prefill.restore.kv_bytes + b.prefill.restore.state_bytes);
+    CHECK(Bitwise(b.prefill.logits.data, Rows(cold.prefill.logits, 80)));
+  }
 }
 
 }  // namespace
