@@ -893,6 +893,22 @@ def test_cluster_table_names_its_policy_and_reuses_the_first_policys_replay(terr
     assert re.search(r"cluster of 3 nodes.*\bs3fifo\b", text), text[-1500:]
 
 
+def test_report_names_the_cluster_policy_and_shows_the_trace_notes(terrace, tmp_path):
+    r = terrace("plan", "--json", "--model", "kimi-k3", "--trace", FIXTURE, "--nodes", "3", "--sweep-points", "32",
+                "--policy", "s3fifo", "--kv-hbm", "100MiB")
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["trace"]["notes"]
+    assert len(notes) >= 3
+    run, html = tmp_path / "run.json", tmp_path / "r.html"
+    run.write_text(r.stdout)
+    rep = terrace("report", run, "-o", html)
+    assert rep.returncode == 0, rep.stderr
+    page = html.read_text()
+    assert "<h3>Cluster projection (s3fifo eviction)</h3>" in page
+    for n in notes:
+        assert f"<p>Note: {n}</p>" in page.replace("&#39;", "'").replace("&apos;", "'")
+
+
 def test_more_nodes_than_requests_is_noted(terrace, tmp_path):
     path = tmp_path / "three.jsonl"
     write_trace(path, [[1, 2], [1, 2, 3], [4]])
