@@ -420,15 +420,21 @@ double PerRequest(const ReplayResult& r, double total) {
   return r.requests ? total / static_cast<double>(r.requests) : 0.0;
 }
 
+// A share of the trace's prompt blocks: null in JSON where there are none (0/0: a trace of empty
+// prompts), never a measured 0.
+json BlockShare(std::uint64_t blocks, double share) { return blocks == 0 ? json() : json(share); }
+// The text of such a share: "n/a" for null.
+std::string ShareText(const json& share) { return share.is_number() ? FormatPercent(share.get<double>()) : "n/a"; }
+
 json ReplayJson(const ReplayResult& r) {
   json tiers = json::array();
   for (std::size_t t = 0; t < r.tiers.size(); ++t) {
     const TierReplayStats& s = r.tiers[t];
     tiers.push_back({{"name", s.name}, {"capacity_blocks", s.capacity_blocks}, {"hit_blocks", s.hit_blocks},
-                     {"hit_rate", r.tier_hit_rate(t)}, {"bytes_read", s.bytes_read},
+                     {"hit_rate", BlockShare(r.blocks, r.tier_hit_rate(t))}, {"bytes_read", s.bytes_read},
                      {"bytes_written", s.bytes_written}, {"evictions", s.evictions}});
   }
-  return {{"hit_rate", r.hit_rate()},
+  return {{"hit_rate", BlockShare(r.blocks, r.hit_rate())},
           {"hit_blocks", r.hit_blocks},
           {"hit_tokens", r.hit_tokens},
           {"tiers", tiers},
@@ -530,26 +536,73 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["snapshots_simulated"] = ro.snapshot_bytes_per_block > 0;
   tj["restore_state_bytes"] = ro.restore_extra_bytes;
   tj["blocks_not_matching_input_length"] = mismatched;
-  tj["prefix_hit_ceiling"] = ceiling.fraction();
+  tj["prefix_hit_ceiling"] = BlockShare(ceiling.blocks, ceiling.fraction());
   tj["nodes"] = a.nodes;
   tj["routing"] = RoutingName(ro.routing);
   tj["placement"] = a.placement;
   tj["write_policy"] = a.write_policy;
+  // What the output notes (JSON `notes`, text `note:` lines): a block's snapshots and restore runs
+  // (with the trace line), tiers left out and idle nodes (with the tiers line), sweep capacities left
+  // out (with the sweep).
+  std::vector<std::string> trace_notes, tier_notes, sweep_notes;
+  if (ro.snapshot_bytes_per_block > 0) {
+    trace_notes.push_back(fmt::format(
+        "a block is {} of KV and {} of KDA state ({} of {}, at its restore boundaries); the tiers, "
+        "the footprint ({}) and the sweep's capacities hold both, so the hit rates are for KV + snapshots",
+        FormatBytes(static_cast<double>(ro.block_bytes)), FormatBytes(static_cast<double>(ro.snapshot_bytes_per_block)),
+        SnapshotCountText(charge->snapshots_per_block), FormatBytes(static_cast<double>(snapshot_bytes)),
+        FormatBytes(static_cast<double>(ceiling.unique_blocks * ro.stored_block_bytes()))));
+  }
+  if (ro.restore_every_blocks > 1) {
+    trace_notes.push_back(fmt::format(
+        "a restore boundary falls every {} blocks of {} tokens (--chunk-tokens {}), so prefix hits count in "
+        "runs of {} blocks, as the store restores; each block is charged its share of a chunk",
+        ro.restore_every_blocks, bt, a.chunk_tokens, ro.restore_every_blocks));
+  }
+  if (ceiling.blocks == 0) {
+    trace_notes.push_back("the trace's prompts hold no block, so every hit rate and the ceiling are 0/0: n/a (null in JSON)");
+  }
   json tiers_j = json::array();
-  for (const TierSpec& t : ro.tiers) {
-    tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"read_bytes_per_s", t.read_bandwidth}});
+  const char* const tier_flags[] = {"--kv-hbm", "--kv-host", "--kv-nvme"};
+  for (std::size_t k = 0; k < ro.tiers.size(); ++k) {
+    const TierSpec& t = ro.tiers[k];
+    const std::uint64_t blocks = t.capacity_bytes / ro.stored_block_bytes();
+    tiers_j.push_back({{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"capacity_blocks", blocks},
+                       {"read_bytes_per_s", t.read_bandwidth}});
+    // Size 0 asks for no tier; a size under one block gets none all the same, and says so.
+    if (blocks == 0 && t.capacity_bytes > 0) {
+      tier_notes.push_back(fmt::format("{} {} holds no {} block, so it is left out of the replay as a tier of size 0 "
+                                       "is (raise {} to at least {} to replay it)",
+                                       t.name, FormatBytes(static_cast<double>(t.capacity_bytes)),
+                                       FormatBytes(static_cast<double>(ro.stored_block_bytes())), tier_flags[k],
+                                       ro.stored_block_bytes()));
+    }
   }
   tj["tiers"] = tiers_j;
-  // Hit rate vs capacity (below): one tier of capacity c, from 1/2^(points-1) of the trace's footprint
-  // to all of it, each capacity that holds a block. The footprint and each capacity count the
-  // blocks' KDA snapshots with their KV.
+  if (static_cast<std::uint64_t>(a.nodes) > trace->requests.size()) {
+    tier_notes.push_back(fmt::format("{} nodes for {} requests: at least {} nodes get no request", a.nodes,
+                                     trace->requests.size(), static_cast<std::uint64_t>(a.nodes) - trace->requests.size()));
+  }
+  // Hit rate vs capacity (below): one tier of capacity footprint / 2^i for i = points-1 .. 0; a
+  // capacity under one block is left out (counted, and noted). The footprint and each capacity
+  // count the blocks' KDA snapshots with their KV.
   const std::uint64_t footprint = ceiling.unique_blocks * ro.stored_block_bytes();
   std::vector<int> sweep_points;  // i: capacity footprint / 2^i
   for (int i = a.sweep_points - 1; i >= 0; --i) {
     if (static_cast<std::uint64_t>(std::ldexp(static_cast<double>(footprint), -i)) >= ro.stored_block_bytes())
       sweep_points.push_back(i);
   }
-  ReplayProgress progress(policies.size() * (1 + sweep_points.size()) + (a.nodes > 1 ? 2 : 0), trace->requests.size());
+  const int sweep_left_out = a.sweep_points - static_cast<int>(sweep_points.size());
+  tj["sweep_points_left_out"] = sweep_left_out;
+  if (sweep_left_out > 0) {
+    sweep_notes.push_back(fmt::format(
+        "{} of the sweep's {} capacities (footprint / 2^i, i = {} .. 0) hold less than one block ({}) and are left "
+        "out{}",
+        sweep_left_out, a.sweep_points, a.sweep_points - 1, FormatBytes(static_cast<double>(ro.stored_block_bytes())),
+        sweep_points.empty() ? "" : fmt::format(": the smallest swept is footprint / 2^{}", sweep_points.front())));
+  }
+  // The cluster projection's row for --routing is the first policy's replay above (the same options).
+  ReplayProgress progress(policies.size() * (1 + sweep_points.size()) + (a.nodes > 1 ? 1 : 0), trace->requests.size());
 
   json pol = json::array();
   std::vector<ReplayResult> results;
@@ -579,7 +632,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                        {"capacity_bytes", so.tiers[0].capacity_bytes},
                        {"capacity_blocks", r->tiers[0].capacity_blocks},
                        {"capacity_share_of_footprint", std::ldexp(1.0, -i)},
-                       {"hit_rate", r->hit_rate()}});
+                       {"hit_rate", BlockShare(r->blocks, r->hit_rate())}});
     }
   }
   tj["sweep"] = sweep;
@@ -587,46 +640,44 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["footprint_kv_bytes"] = ceiling.unique_blocks * ro.block_bytes;
   tj["footprint_snapshot_bytes"] = ceiling.unique_blocks * ro.snapshot_bytes_per_block;
 
-  // Cluster projection: both routings, first policy.
+  // Cluster projection: both routings, first policy. The row for --routing is that policy's replay
+  // above (same options, same figures); the other routing is replayed here.
   if (a.nodes > 1) {
     json cl = json::array();
     for (plan::Routing rt : {plan::Routing::kPrefixAffinity, plan::Routing::kRoundRobin}) {
-      ReplayOptions co = ro;
-      co.policy = policies.front();
-      co.routing = rt;
-      co.checkpoint = progress.Next(fmt::format("cluster, {} routing", RoutingName(rt)));
-      auto r = Replay(*trace, co);
-      if (!r.ok()) return progress.Failed(r.status());
+      std::optional<ReplayResult> own;
+      const ReplayResult* r = &results.front();
+      if (rt != ro.routing) {
+        ReplayOptions co = ro;
+        co.policy = policies.front();
+        co.routing = rt;
+        co.checkpoint = progress.Next(fmt::format("cluster, {} routing", RoutingName(rt)));
+        auto replayed = Replay(*trace, co);
+        if (!replayed.ok()) return progress.Failed(replayed.status());
+        own = std::move(*replayed);
+        r = &*own;
+      }
       std::uint64_t mx = 0;
       for (auto n : r->requests_per_node) mx = std::max(mx, n);
       const double mean = static_cast<double>(r->requests) / a.nodes;
-      cl.push_back({{"routing", RoutingName(rt)}, {"policy", ReplayPolicyName(co.policy)}, {"hit_rate", r->hit_rate()},
-                    {"ttft_saved_s", r->ttft_saved_s}, {"load_imbalance", mean > 0 ? mx / mean : 0.0},
-                    {"requests_per_node", r->requests_per_node}});
+      cl.push_back({{"routing", RoutingName(rt)}, {"policy", ReplayPolicyName(policies.front())},
+                    {"hit_rate", BlockShare(r->blocks, r->hit_rate())}, {"ttft_saved_s", r->ttft_saved_s},
+                    {"load_imbalance", mean > 0 ? mx / mean : 0.0}, {"requests_per_node", r->requests_per_node}});
     }
     tj["cluster"] = cl;
   }
+  std::vector<std::string> notes = trace_notes;
+  notes.insert(notes.end(), tier_notes.begin(), tier_notes.end());
+  notes.insert(notes.end(), sweep_notes.begin(), sweep_notes.end());
+  tj["notes"] = notes;
   tj["parse_seconds"] = parse_s;
   tj["replay_seconds"] = parse_s + SecondsSince(t0);
 
   if (!a.json) {
     *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
-               FormatBytes(static_cast<double>(ro.stored_block_bytes())), FormatPercent(ceiling.fraction()));
-    if (ro.snapshot_bytes_per_block > 0) {
-      *text += fmt::format(
-          "note: a block is {} of KV and {} of KDA state ({} of {}, at its restore boundaries); the tiers, "
-          "the footprint ({}) and the sweep's capacities hold both, so the hit rates are for KV + snapshots\n",
-          FormatBytes(static_cast<double>(ro.block_bytes)), FormatBytes(static_cast<double>(ro.snapshot_bytes_per_block)),
-          SnapshotCountText(charge->snapshots_per_block), FormatBytes(static_cast<double>(snapshot_bytes)),
-          FormatBytes(static_cast<double>(footprint)));
-    }
-    if (ro.restore_every_blocks > 1) {
-      *text += fmt::format(
-          "note: a restore boundary falls every {} blocks of {} tokens (--chunk-tokens {}), so prefix hits count in "
-          "runs of {} blocks, as the store restores; each block is charged its share of a chunk\n",
-          ro.restore_every_blocks, bt, a.chunk_tokens, ro.restore_every_blocks);
-    }
+               FormatBytes(static_cast<double>(ro.stored_block_bytes())), ShareText(tj["prefix_hit_ceiling"]));
+    for (const std::string& n : trace_notes) *text += fmt::format("note: {}\n", n);
     if (mismatched > 0) {
       *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
                  "--trace-block-tokens right?\n",
@@ -638,12 +689,14 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                FormatBytes(static_cast<double>(ro.tiers[1].capacity_bytes)),
                FormatBytes(static_cast<double>(ro.tiers[2].capacity_bytes)), a.placement, a.write_policy, a.nodes,
                RoutingName(ro.routing));
+    for (const std::string& n : tier_notes) *text += fmt::format("note: {}\n", n);
     Table t({"policy", "hit", "hbm", "host", "nvme", "TTFT saved/req", "queued restore wait/req",
              "slower than recompute", "bytes moved"});
     for (std::size_t i = 0; i < results.size(); ++i) {
       const ReplayResult& r = results[i];
-      t.Add({std::string(ReplayPolicyName(policies[i])), FormatPercent(r.hit_rate()), FormatPercent(r.tier_hit_rate(0)),
-             FormatPercent(r.tier_hit_rate(1)), FormatPercent(r.tier_hit_rate(2)),
+      const json& pj = pol[i];
+      t.Add({std::string(ReplayPolicyName(policies[i])), ShareText(pj["hit_rate"]), ShareText(pj["tiers"][0]["hit_rate"]),
+             ShareText(pj["tiers"][1]["hit_rate"]), ShareText(pj["tiers"][2]["hit_rate"]),
              Sec(PerRequest(r, r.ttft_saved_s)), Sec(PerRequest(r, r.queue_wait_s)),
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
@@ -651,16 +704,18 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     Table s({"policy", "capacity", "share of footprint", "hit rate"});
     for (const auto& pt : sweep) {
       s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
-             FormatPercent(pt["capacity_share_of_footprint"].get<double>()), FormatPercent(pt["hit_rate"].get<double>())});
+             FormatPercent(pt["capacity_share_of_footprint"].get<double>()), ShareText(pt["hit_rate"])});
     }
     *text += fmt::format("hit rate vs capacity (one tier)\n{}\n", s.Render());
+    for (const std::string& n : sweep_notes) *text += fmt::format("note: {}\n", n);
     if (tj.contains("cluster")) {
       Table c({"routing", "hit rate", "load imbalance (max/mean)"});
       for (const auto& cl : tj["cluster"]) {
-        c.Add({cl["routing"].get<std::string>(), FormatPercent(cl["hit_rate"].get<double>()),
+        c.Add({cl["routing"].get<std::string>(), ShareText(cl["hit_rate"]),
                fmt::format("{:.2f}", cl["load_imbalance"].get<double>())});
       }
-      *text += fmt::format("cluster of {} nodes\n{}\n", a.nodes, c.Render());
+      *text += fmt::format("cluster of {} nodes, {} eviction (the first policy replayed above)\n{}\n", a.nodes,
+                           ReplayPolicyName(policies.front()), c.Render());
     }
     *text += fmt::format("replayed in {:.2f} s\n", tj["replay_seconds"].get<double>());
   }
@@ -805,7 +860,9 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   AddAutoSizeOption(c, "--kv-hbm", &a->kv_hbm, "HBM per node for KV blocks in the replay (default: the plan's HBM left for KV)");
   AddAutoSizeOption(c, "--kv-host", &a->kv_host, "Host RAM per node for KV blocks in the replay (default: the plan's)");
   AddAutoSizeOption(c, "--kv-nvme", &a->kv_nvme, "NVMe per node for KV blocks in the replay (default: the plan's)");
-  AddIntOption(c, "--sweep-points", &a->sweep_points, 1, 32, "Capacities of the hit-rate-vs-capacity sweep");
+  AddIntOption(c, "--sweep-points", &a->sweep_points, 1, 32,
+               "Capacities of the hit-rate-vs-capacity sweep: footprint / 2^i for i = N-1 .. 0; those under one "
+               "block are left out (and counted)");
   c->add_flag("--json", a->json, "JSON output (docs/plan.md lists the keys)");
   c->callback([run, a, c] {
     a->trace_flags_given.clear();

@@ -339,6 +339,8 @@ void PlanSections(const json& j, Report* r, std::string* body) {
                        XmlEscape(Str(t, "file")), Val(t, "requests"), Val(t, "blocks"),
                        Val(t, "unique_blocks"), Val(t, "block_tokens"),
                        Fig(t, "prefix_hit_ceiling", P), Fig(t, "replay_seconds", [](double x) { return fmt::format("{:.2f} s", x); }));
+  // What the replay left out or could not measure (`terrace plan`'s note: lines).
+  for (const auto& n : Arr(t, "notes")) *body += fmt::format("<p>Note: {}</p>", Cell(n));
   if (!Arr(t, "sweep").empty()) {
     LineChart c;
     c.title = "Prefix hit rate vs cache capacity";
@@ -406,8 +408,12 @@ void PlanSections(const json& j, Report* r, std::string* body) {
     *body += "</tbody></table>";
   }
   if (!Arr(t, "cluster").empty()) {
-    *body += "<h3>Cluster projection</h3><table><thead><tr><th>routing</th><th>hit rate</th><th>load imbalance</th>"
-             "</tr></thead><tbody>";
+    // The projection replays one policy (`terrace plan`'s first), which each row names.
+    const json& first = Arr(t, "cluster").front();
+    const std::string policy = first.is_object() && first.contains("policy") ? Str(first, "policy") : "";
+    *body += fmt::format("<h3>Cluster projection{}</h3><table><thead><tr><th>routing</th><th>hit rate</th>"
+                         "<th>load imbalance</th></tr></thead><tbody>",
+                         policy.empty() ? "" : fmt::format(" ({} eviction)", XmlEscape(policy)));
     for (const auto& c : Arr(t, "cluster")) {
       *body += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", XmlEscape(Str(c, "routing")),
                            Fig(c, "hit_rate", P), Fig(c, "load_imbalance", [](double x) { return fmt::format("{:.2f}", x); }));

@@ -36,9 +36,9 @@ class EvictionPolicy {
 
 // LRU: evicts the least recently inserted or accessed key.
 std::unique_ptr<EvictionPolicy> MakeLruPolicy();
-// S3-FIFO (Yang et al., SOSP'23): small FIFO (10% of resident bytes) for new keys, main FIFO for
-// keys read again, a ghost FIFO of keys recently evicted from small, 2-bit access frequency.
-// One-hit keys (scans) leave through the small queue without displacing the main queue.
+// S3-FIFO (Yang et al., SOSP'23): small FIFO for new keys (evicts while >= 10% of the RESIDENT bytes,
+// not of capacity), main FIFO for keys read again, ghost FIFO of keys evicted from small (at most
+// max(resident keys, 16)), 2-bit frequency. One-hit keys (scans) leave through small, sparing main.
 std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy();
 std::unique_ptr<EvictionPolicy> MakeEvictionPolicy(terrace::EvictionPolicy kind);
 

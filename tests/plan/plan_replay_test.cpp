@@ -257,6 +257,24 @@ TEST_CASE("Inclusive placement keeps the lower copy: evicting the upper one writ
   CHECK(ex->hit_blocks == r->hit_blocks);
 }
 
+TEST_CASE("Inclusive placement refreshes the copy left below on a promotion, by hand") {
+  // docs/plan.md: with kInclusive a promoted block keeps its copy below, and that copy counts the
+  // read (OnAccess), as the store's does. hbm 1 block, host 2, LRU, inclusive. r1 [1]: hbm {1}.
+  // r2 [2]: 2 evicts 1 (demoted): hbm {2}, host {1}. r3 [3]: 3 evicts 2 (demoted): host LRU order
+  // 1, 2. r4 [1]: host hit; 1 copied up, its host copy refreshed (order 2, 1); 3 is demoted from
+  // hbm and the host evicts its least recent copy, 2: host {1 3}. r5 [2]: a miss. Without the
+  // refresh the host would have evicted 1 and r5 would hit.
+  const Trace t = Make({{1}, {2}, {3}, {1}, {2}});
+  ReplayOptions o = OneTier(1);
+  o.tiers.push_back({"host", 200, 1e6});
+  o.placement = terrace::Placement::kInclusive;
+  auto r = Replay(t, o);
+  REQUIRE(r.ok());
+  CHECK(r->hit_blocks == 1);
+  CHECK(r->tiers[1].hit_blocks == 1);
+  CHECK(r->tiers[1].evictions == 1);
+}
+
 TEST_CASE("Write-through writes every new block to the lowest tier; a victim with that copy is dropped") {
   // hbm 1, host 2, write-through. r1 [1 2]: 1 -> hbm + host (write); 2 -> hbm evicts 1 (host copy:
   // no write), + host (write). Host writes 200; the hbm eviction count is 1.

@@ -839,3 +839,129 @@ def test_a_model_without_routed_experts_has_no_expert_cache_figures(terrace, tmp
     out = terrace("plan", "--model", tmp_path / "dense" / "config.json").stdout
     assert "no routed experts (the model has no MoE layers)" in out and "expert cache: none" in out
     assert "hit rate 0.0%" not in out and "BF16 assumed" not in out
+
+
+def write_trace(path, prompts):
+    """A trace of prompts given as lists of 512-token block ids, one request every 10 ms."""
+    with open(path, "w") as f:
+        for ts, ids in enumerate(prompts):
+            f.write(json.dumps({"timestamp": ts * 10, "input_length": 512 * len(ids), "output_length": 1,
+                                "hash_ids": list(ids)}) + "\n")
+
+
+def test_sweep_says_how_many_capacities_it_left_out(terrace):
+    """--sweep-points N asks for footprint / 2^i, i = N-1..0; a capacity under one block is left out,
+    and the JSON, the text and --help say so (32 points on the fixture gave fewer, silently)."""
+    args = ["--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "32", "--policy", "lru"]
+    t = plan_json(terrace, *args)["trace"]
+    kept = len(t["sweep"])
+    assert 0 < kept < 32
+    assert t["sweep_points_left_out"] == 32 - kept
+    for s in t["sweep"]:
+        assert s["capacity_bytes"] >= t["stored_block_bytes"]
+    assert any("32" in n and str(32 - kept) in n and "one block" in n for n in t["notes"]), t["notes"]
+    text = terrace("plan", *args).stdout
+    assert re.search(rf"note: {32 - kept} of the sweep's 32 capacities .*one block", text), text[-2000:]
+    none_left = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--sweep-points", "2",
+                          "--policy", "lru")["trace"]
+    assert none_left["sweep_points_left_out"] == 0 and len(none_left["sweep"]) == 2
+    help_text = terrace("plan", "--help").stdout
+    assert "footprint / 2^i" in help_text and "one block" in help_text
+
+
+def test_cluster_table_names_its_policy_and_reuses_the_first_policys_replay(terrace):
+    """The cluster projection replays the first --policy only: the text title says which. Its row
+    for the routing of the main replay (--routing) is that policy's replay, figure for figure."""
+    base = ["--model", "k3-small", "--trace", FIXTURE, "--nodes", "3", "--sweep-points", "1"]
+    for routing in ("prefix-affinity", "round-robin"):
+        t = plan_json(terrace, *base, "--routing", routing)["trace"]
+        first = t["policies"][0]
+        assert first["policy"] == "lru"
+        row = next(c for c in t["cluster"] if c["routing"] == routing)
+        assert row["policy"] == "lru"
+        assert row["hit_rate"] == first["hit_rate"]
+        assert row["ttft_saved_s"] == first["ttft_saved_s"]
+        assert row["requests_per_node"] == first["requests_per_node"]
+    # The other routing's row is its own replay: the same whichever --routing the main replay used.
+    pa = plan_json(terrace, *base, "--routing", "prefix-affinity")["trace"]["cluster"]
+    rr = plan_json(terrace, *base, "--routing", "round-robin")["trace"]["cluster"]
+    for key in ("hit_rate", "ttft_saved_s", "load_imbalance", "requests_per_node"):
+        assert [c[key] for c in pa] == [c[key] for c in rr], key
+    text = terrace("plan", *base).stdout
+    assert re.search(r"cluster of 3 nodes.*\blru\b", text), text[-1500:]
+    text = terrace("plan", *base, "--policy", "s3fifo").stdout
+    assert re.search(r"cluster of 3 nodes.*\bs3fifo\b", text), text[-1500:]
+
+
+def test_report_names_the_cluster_policy_and_shows_the_trace_notes(terrace, tmp_path):
+    r = terrace("plan", "--json", "--model", "kimi-k3", "--trace", FIXTURE, "--nodes", "3", "--sweep-points", "32",
+                "--policy", "s3fifo", "--kv-hbm", "100MiB")
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["trace"]["notes"]
+    assert len(notes) >= 3
+    run, html = tmp_path / "run.json", tmp_path / "r.html"
+    run.write_text(r.stdout)
+    rep = terrace("report", run, "-o", html)
+    assert rep.returncode == 0, rep.stderr
+    page = html.read_text()
+    assert "<h3>Cluster projection (s3fifo eviction)</h3>" in page
+    for n in notes:
+        assert f"<p>Note: {n}</p>" in page.replace("&#39;", "'").replace("&apos;", "'")
+
+
+def test_more_nodes_than_requests_is_noted(terrace, tmp_path):
+    path = tmp_path / "three.jsonl"
+    write_trace(path, [[1, 2], [1, 2, 3], [4]])
+    args = ["--model", "k3-small", "--trace", path, "--nodes", "5", "--sweep-points", "1"]
+    t = plan_json(terrace, *args)["trace"]
+    assert any("5 nodes" in n and "3 requests" in n for n in t["notes"]), t["notes"]
+    assert re.search(r"note: .*5 nodes.*3 requests", terrace("plan", *args).stdout)
+    enough = plan_json(terrace, "--model", "k3-small", "--trace", path, "--nodes", "3", "--sweep-points", "1")
+    assert not any("nodes" in n for n in enough["trace"]["notes"])
+
+
+def test_a_trace_of_empty_prompts_has_no_hit_rate(terrace, tmp_path):
+    """No prompt blocks: every hit rate and the ceiling are 0/0, null in JSON, n/a in text, and the
+    report of that JSON still renders."""
+    path = tmp_path / "empty_prompts.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 0, "output_length": 1, "hash_ids": []}) + "\n"
+                            for i in range(2)))
+    args = ["--model", "k3-small", "--trace", path, "--nodes", "2", "--sweep-points", "3"]
+    r = terrace("plan", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["trace"]
+    assert t["blocks"] == 0
+    assert t["prefix_hit_ceiling"] is None
+    for p in t["policies"]:
+        assert p["hit_rate"] is None
+        assert all(tier["hit_rate"] is None for tier in p["tiers"])
+    assert all(s["hit_rate"] is None for s in t["sweep"])
+    assert all(c["hit_rate"] is None for c in t["cluster"])
+    text = terrace("plan", *args)
+    assert text.returncode == 0, text.stderr
+    assert "prefix-hit ceiling n/a" in text.stdout
+    assert "0.0%" not in text.stdout.split("\ntrace ", 1)[1]
+    run = tmp_path / "run.json"
+    run.write_text(r.stdout)
+    html = tmp_path / "r.html"
+    rep = terrace("report", run, "-o", html)
+    assert rep.returncode == 0, rep.stderr
+    page = html.read_text()
+    assert "ceiling <b>not recorded</b>" in page
+
+
+def test_a_tier_smaller_than_one_block_is_left_out_with_a_note(terrace):
+    """A tier that holds no block is left out of the replay, as one of size 0 is; a size under one
+    block given (or planned) for it is now said to be left out rather than printed as if used."""
+    args = ["--model", "kimi-k3", "--trace", FIXTURE, "--kv-hbm", "100MiB", "--sweep-points", "1", "--policy", "lru"]
+    t = plan_json(terrace, *args)["trace"]
+    hbm = t["tiers"][0]
+    assert hbm["name"] == "hbm" and hbm["capacity_bytes"] == 100 << 20 and hbm["capacity_blocks"] == 0
+    assert t["policies"][0]["tiers"][0]["hit_blocks"] == 0
+    assert any("--kv-hbm" in n and "left out" in n for n in t["notes"]), t["notes"]
+    text = terrace("plan", *args).stdout
+    assert re.search(r"note: .*hbm.*100\.0 MiB.*left out.*--kv-hbm", text), text[-2000:]
+    # Size 0 asks for no tier: no note.
+    zero = plan_json(terrace, "--model", "kimi-k3", "--trace", FIXTURE, "--kv-hbm", "0", "--sweep-points", "1",
+                     "--policy", "lru")["trace"]
+    assert not any("--kv-hbm" in n for n in zero["notes"])
