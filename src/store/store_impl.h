@@ -94,7 +94,9 @@ struct TierSlot {
   std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
   TierId kind = TierId::kHost; // tier->caps().id; immutable
   std::unique_ptr<EvictionPolicy> policy;  // set by the constructor; then only through StoreImpl::Policy (checked)
-  TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
+  // Store-measured: hits, misses, evictions, corruptions, io_errors, latencies. Bytes and puts come
+  // from the tier's own Stats() (StoreImpl::Stats); their counters here stay 0.
+  TierCounters measured;
   std::atomic<bool> demotion_scheduled{false};
   std::size_t registered_regions = 0;      // as a source tier; only through StoreImpl::RegisteredRegions (checked)
 };
