@@ -160,7 +160,7 @@ void StoreImpl::FinishLead(BulkLead& l, BulkItem& item, std::optional<int> move_
           return s;
         };
       }
-      CompleteLockedRead(item.key, l.desc, l.src, mask, mode, target, by_prefetch, &o, place);
+      CompleteLockedRead(item.key, l.src, mask, mode, target, by_prefetch, &o, place);
       // A block delivered to the caller and not moved: read from a slower tier into the caller's
       // buffer (direct) or into a reservation not kept and copied from there (staged).
       if (!o.moved && !item.out.empty() && l.src > promote_slot_) CountTransfer(/*direct=*/!l.room, l.desc.size);

@@ -117,7 +117,6 @@ Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte>
     m.read_latency.Record(NanosSince(t0));
     if (s.ok() && got == desc) {
       if (!o.moved) CountGet(d);
-      m.Add(m.bytes_read, desc.size);
       device_copies_.fetch_add(1, std::memory_order_relaxed);
       device_copy_bytes_.fetch_add(desc.size, std::memory_order_relaxed);
       MutexLock lock(&mu_);

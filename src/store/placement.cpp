@@ -64,7 +64,6 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
                             BusyVictims busy) {
   const BlockDesc desc{size, Codec::kRaw, 0};  // only its size is used below
   Tier& dst = tier(t);
-  TierCounters& m = slot(t).measured;
   const TierCaps& caps = dst.caps();
   TERRACE_RETURN_IF_ERROR(CheckBlockFits(t, key, size));
   std::uint64_t reclaim = 0;  // a copy of this key already in `t` is replaced in place
@@ -78,8 +77,6 @@ Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, cons
     if (dst.allocated_bytes() + desc.size <= caps.capacity_bytes + reclaim) {
       Status s = write();
       if (s.ok()) {
-        m.Add(m.puts);
-        m.Add(m.bytes_written, desc.size);
         MaybeScheduleDemotion(t);
         return s;
       }

@@ -63,7 +63,6 @@ bool StoreImpl::FinishFastGet(const BlockKey& key, const FastRead& f, const Stat
     }
   }
   CountGet(f.src);
-  slot(f.src).measured.Add(slot(f.src).measured.bytes_read, f.desc.size);
   *result = got;
   return true;
 }
@@ -297,17 +296,15 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out,
       continue;
     }
     result.desc = desc;
-    CompleteLockedRead(key, desc, src, mask, mode, target, by_prefetch, &result, [&] { return moved.write; });
+    CompleteLockedRead(key, src, mask, mode, target, by_prefetch, &result, [&] { return moved.write; });
     return result;
   }
 }
 
-void StoreImpl::CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
-                                   int target, bool by_prefetch, ReadOutcome* result,
-                                   const std::function<Status()>& place) {
+void StoreImpl::CompleteLockedRead(const BlockKey& key, int src, SlotMask mask, MoveMode mode, int target,
+                                   bool by_prefetch, ReadOutcome* result, const std::function<Status()>& place) {
   ReadOutcome& out = *result;
   if (!by_prefetch) CountGet(src);  // hits and misses count the caller's reads (Get, Acquire), not prefetches
-  slot(src).measured.Add(slot(src).measured.bytes_read, desc.size);
   if (src > promote_slot_) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
 
   bool want_move = (mode == MoveMode::kUp && src > target) || mode == MoveMode::kExact;

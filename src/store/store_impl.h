@@ -94,7 +94,9 @@ struct TierSlot {
   std::string name;            // "hbm", "host", "nvme", "nvme-2", ...; immutable
   TierId kind = TierId::kHost; // tier->caps().id; immutable
   std::unique_ptr<EvictionPolicy> policy;  // set by the constructor; then only through StoreImpl::Policy (checked)
-  TierCounters measured;                   // store-measured: hits, misses, evictions, latencies
+  // Store-measured: hits, misses, evictions, corruptions, io_errors, latencies. Bytes and puts come
+  // from the tier's own Stats() (StoreImpl::Stats); their counters here stay 0.
+  TierCounters measured;
   std::atomic<bool> demotion_scheduled{false};
   std::size_t registered_regions = 0;      // as a source tier; only through StoreImpl::RegisteredRegions (checked)
 };
@@ -306,11 +308,11 @@ class StoreImpl {
   void CloseFetch(const BlockKey& key, const std::shared_ptr<Fetch>& fetch, const ReadOutcome& o,
                   std::span<const std::byte> have, bool by_prefetch);
   // Caller holds key's stripe; the block was just read (verified) from slot `src` while the
-  // entry's mask was `mask`. Counts the read, and when `mode` asks for a move to `target`, calls
+  // entry's mask was `mask`. Counts the read (not a prefetch's), and when `mode` asks for a move to `target`, calls
   // `place` (which puts the block there and counts the transfer) and updates the directory;
   // updates the policies.
-  void CompleteLockedRead(const BlockKey& key, const BlockDesc& desc, int src, SlotMask mask, MoveMode mode,
-                          int target, bool by_prefetch, ReadOutcome* out, const std::function<Status()>& place);
+  void CompleteLockedRead(const BlockKey& key, int src, SlotMask mask, MoveMode mode, int target, bool by_prefetch,
+                          ReadOutcome* out, const std::function<Status()>& place);
   // transfer.cpp: the one place a block is copied from one tier into another. Caller holds key's
   // stripe; `desc` is the directory's description. Routes, first that applies:
   //   1. `to` reserves space (TierCaps::reserves): `from` reads straight into the reservation,

@@ -28,9 +28,6 @@ std::optional<Reservation> StoreImpl::ReserveRoom(int t, const BlockKey& key, co
 Status StoreImpl::CommitRoom(int t, const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
   Status s = tier(t).Commit(key, desc, r);
   if (!s.ok()) return s.WithContext(fmt::format("put {} into tier {}", key.ToString(), SlotName(t)));
-  TierCounters& m = slot(t).measured;
-  m.Add(m.puts);
-  m.Add(m.bytes_written, desc.size);
   CountTransfer(/*direct=*/true, desc.size);
   MaybeScheduleDemotion(t);
   return s;

@@ -1,6 +1,9 @@
 """`terrace bench store`: a small run prints sane JSON, reads back what it put, and leaves nothing behind."""
 import json
 import os
+import statistics
+
+import pytest
 
 from conftest import snapshot
 
@@ -20,6 +23,12 @@ def test_bench_store_json_small(terrace, tmp_path):
     assert min(j["get_nvme_rounds_mb_per_s"]) <= j["mb_per_s"] <= max(j["get_nvme_rounds_mb_per_s"])
     assert min(j["tier_rounds_mb_per_s"]) <= j["tier_mb_per_s"] <= max(j["tier_rounds_mb_per_s"])
     assert j["ratio_vs_tier"] > 0
+    # Each ratio is the median over the rounds of store / tier in the same round; put_warm is the
+    # median of its rounds (two rounds: their mean, neither round alone).
+    s, t = j["get_nvme_rounds_mb_per_s"], j["tier_rounds_mb_per_s"]
+    assert j["ratio_vs_tier"] == pytest.approx(statistics.median(a / b for a, b in zip(s, t)), rel=1e-9)
+    assert len(j["put_warm_rounds_mb_per_s"]) == 2
+    assert j["put_warm_mb_per_s"] == pytest.approx(statistics.median(j["put_warm_rounds_mb_per_s"]), rel=1e-9)
     # One key per call: Store::Get against the NVMe tier's own Get, into aligned buffers with room,
     # so every store read landed in the caller's buffer directly and nothing was staged.
     for k in ("single_get_mb_per_s", "single_get_tier_mb_per_s", "single_get_ratio_vs_tier",
@@ -29,6 +38,8 @@ def test_bench_store_json_small(terrace, tmp_path):
     assert len(rounds) == 2 and len(tier_rounds) == 2
     assert min(rounds) <= j["single_get_mb_per_s"] <= max(rounds)
     assert min(tier_rounds) <= j["single_get_tier_mb_per_s"] <= max(tier_rounds)
+    assert j["single_get_ratio_vs_tier"] == pytest.approx(
+        statistics.median(a / b for a, b in zip(rounds, tier_rounds)), rel=1e-9)
     assert j["single_get_direct_transfers"] == 2 * 16 and j["single_get_staged_transfers"] == 0
     assert j["single_get_nvme_staged_ios"] == 0
     # Every NVMe-resident block was promoted by the prefetch.

@@ -36,6 +36,19 @@ def test_bench_tiers_even_repeat_median_is_the_mean_of_the_two_middle_passes(ter
     assert j["ratio_vs_memcpy"] == pytest.approx((p[0] / m[0] + p[1] / m[1]) / 2, rel=1e-9)
 
 
+def test_bench_tiers_cpu_time_per_op_is_in_microseconds(terrace):
+    # One thread copying 1 MiB blocks out of the host tier into buffers faulted in before the passes:
+    # its user CPU time per op is that of a 1 MiB memcpy, tens of microseconds (>= 2 even at 500 GB/s),
+    # and its CPU time per op is at most about the pass's wall time per op.
+    r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--total-bytes", "64MiB",
+                "--threads", "1", "--warmup", "1", "--repeat", "3", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    wall_us_per_op = j["seconds"] / (j["total_bytes"] / j["block_size"]) * 1e6
+    assert j["user_us_per_op"] >= 2, (j["user_us_per_op"], wall_us_per_op)
+    assert j["user_us_per_op"] + j["sys_us_per_op"] <= 5 * wall_us_per_op + 100, (j["user_us_per_op"], wall_us_per_op)
+
+
 def test_bench_tiers_read_passes_do_not_fault_their_buffers_again(terrace):
     # The read buffers (here 32 x 1 MiB) are allocated and faulted in once, before the warm-up, as
     # the memcpy baseline's are: eight more timed passes add far fewer minor faults than the 8 x 8192

@@ -37,3 +37,60 @@ TEST_CASE("LatencyHistogram bucket bounds are monotonic and cover their values")
     CHECK(h.Percentile(1.0) >= v);
   }
 }
+
+TEST_CASE("LatencyHistogram percentiles of small exact values pick the value at rank floor(q*(n-1))+1") {
+  // Values below kSubBuckets have a bucket each, so the percentiles are exact.
+  LatencyHistogram h;
+  for (std::uint64_t v = 1; v <= 5; ++v) h.Record(v);
+  CHECK(h.Percentile(0.0) == 1);
+  CHECK(h.Percentile(0.5) == 3);
+  CHECK(h.Percentile(1.0) == 5);
+  // q is clamped to [0, 1].
+  CHECK(h.Percentile(1.5) == h.Percentile(1.0));
+  CHECK(h.Percentile(-0.5) == h.Percentile(0.0));
+}
+
+TEST_CASE("LatencyHistogram bucket upper bounds are values of their own bucket") {
+  for (int b = 0; b + 1 < LatencyHistogram::kBuckets; ++b) {
+    LatencyHistogram h;
+    h.Record(LatencyHistogram::BucketUpperBound(b));
+    INFO("bucket " << b);
+    REQUIRE(h.Percentile(1.0) == LatencyHistogram::BucketUpperBound(b));
+  }
+}
+
+TEST_CASE("LatencyHistogram MergeFrom adds the other's sum and Reset clears it") {
+  LatencyHistogram a, b;
+  a.Record(100);
+  b.Record(23);
+  b.MergeFrom(a);
+  CHECK(b.count() == 2);
+  CHECK(b.sum_nanos() == 123);
+  b.Reset();
+  CHECK(b.count() == 0);
+  CHECK(b.sum_nanos() == 0);
+}
+
+TEST_CASE("SetLatencyFields takes p99 at the 99th percentile") {
+  // 98 fast reads and 2 slow ones: the 99th percentile is a slow one (the 90th would be a fast one).
+  LatencyHistogram reads, writes;
+  for (int i = 0; i < 98; ++i) {
+    reads.Record(1);
+    writes.Record(2);
+  }
+  for (int i = 0; i < 2; ++i) {
+    reads.Record(1000);
+    writes.Record(5000);
+  }
+  terrace::TierStatsSnapshot s;
+  terrace::SetLatencyFields(reads, writes, &s);
+  CHECK(s.reads == 100);
+  CHECK(s.writes == 100);
+  CHECK(s.read_p50_ns == 1);
+  CHECK(s.write_p50_ns == 2);
+  // Within one bucket (12.5%) above the exact value.
+  CHECK(s.read_p99_ns >= 1000);
+  CHECK(s.read_p99_ns <= 1125);
+  CHECK(s.write_p99_ns >= 5000);
+  CHECK(s.write_p99_ns <= 5625);
+}

@@ -306,6 +306,16 @@ def test_bench_experts_json(toy, tmp_path):
     assert all(c["recall"] == 1.0 for c in oracle)  # decode steps only: every one was predicted
     on_demand = [c for c in j["configs"] if c["name"] == "on-demand"]
     assert all(c["bytes_read"]["nvme"] > 0 for c in on_demand)  # cold on the NVMe tier
+    # Each target's "best vs" ratios are the best real predictor's tok/s over the baseline row's, at
+    # that target's budget.
+    tps = {(c["name"], c["budget_fraction"]): c["tokens_per_s"] for c in j["configs"]}
+    assert len(j["targets"]) == 2
+    for t in j["targets"]:
+        b = t["budget_fraction"]
+        best = max(("lru+lookahead", "utility+statistical", "utility+lookahead"), key=lambda n: tps[(n, b)])
+        assert t["best_real"] == best
+        assert t["best_vs_oracle"] == pytest.approx(tps[(best, b)] / tps[("oracle", b)], rel=1e-9)
+        assert t["best_vs_on_demand"] == pytest.approx(tps[(best, b)] / tps[("on-demand", b)], rel=1e-9)
     assert not d.exists() or not any(d.iterdir())  # the bench removed its store
 
 

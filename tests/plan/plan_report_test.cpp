@@ -501,6 +501,57 @@ TEST_CASE("Report: a nonsensical hot_factor or load is refused, and the histogra
   CHECK(titles.back().first.ends_with(": 1"));
 }
 
+TEST_CASE("Report: the load histogram's bin i holds the experts with load / mean in (i, i + 1] x hot_factor / 8") {
+  nlohmann::json demo = nlohmann::json::parse(kDemoRun);
+  auto& e = demo["summary"]["experts"];
+  e["hot_factor"] = 2;  // bins of width 0.25 x the mean; bin 8 and up are hot
+  // Mean 10: load / mean = 0, 0.1, 0.3, 0.3, 0.6, 1.2, 1.9, 2.1 (hot), 2.6 (hot), and one that makes the mean 10.
+  std::vector<double> load = {0, 1, 3, 3, 6, 12, 19, 21, 26};
+  double sum = 0;
+  for (double x : load) sum += x;
+  load.push_back(10.0 * (static_cast<double>(load.size()) + 1) - sum);  // 9
+  e["layers"][0]["expert_load"] = load;
+  e["layers"][0]["hot_experts"] = nlohmann::json{7, 8};
+  // The oracle: the smallest i with load / mean <= (i + 1) x width (0 in bin 0), each in its own words.
+  const double mean = 10, width = 2.0 / 8;
+  std::vector<int> expected;
+  for (double x : load) {
+    std::size_t i = 0;
+    while (x / mean > (static_cast<double>(i) + 1) * width) ++i;
+    if (expected.size() <= i) expected.resize(i + 1);
+    expected[i] += 1;
+  }
+  const auto titles = BarTitles(ChartSvg(Render(demo), "expert-load-histogram"));
+  REQUIRE(titles.size() == expected.size());
+  for (std::size_t i = 0; i < titles.size(); ++i) {
+    INFO("bin " << i << ": " << titles[i].first);
+    CHECK(std::stoi(titles[i].first.substr(titles[i].first.rfind(": ") + 2)) == expected[i]);
+    CHECK(titles[i].second == (i >= 8));
+  }
+}
+
+TEST_CASE("Report: bench tiers draws the memcpy and reported reference lines at their own figures") {
+  // y of the reference line named `name` (SVG y grows downwards).
+  auto ref_y = [](const std::string& svg, const std::string& name) {
+    const std::size_t at = svg.find("<line class=\"ref\" data-name=\"" + name + "\"");
+    REQUIRE(at != std::string::npos);
+    const std::size_t y = svg.find("y1=\"", at) + 4;
+    return std::stod(svg.substr(y, svg.find('"', y) - y));
+  };
+  for (double memcpy_mb : {4000.0, 500.0}) {
+    const nlohmann::json run = {{"tier", "host"}, {"op", "read"}, {"block_size", 1 << 20}, {"total_bytes", 64 << 20},
+                                {"warmup", 1}, {"mb_per_s", 1000.0}, {"memcpy_mb_per_s", memcpy_mb},
+                                {"passes_mb_per_s", {900.0, 1000.0, 1100.0}}};
+    const std::string svg = ChartSvg(Render(run), "throughput-per-pass");
+    INFO("memcpy " << memcpy_mb << " MB/s, reported 1000 MB/s");
+    if (memcpy_mb > 1000) {
+      CHECK(ref_y(svg, "memcpy") < ref_y(svg, "reported"));
+    } else {
+      CHECK(ref_y(svg, "memcpy") > ref_y(svg, "reported"));
+    }
+  }
+}
+
 TEST_CASE("Report: a bench experts load or a weight that is no number is refused or shown as it is, never drawn as 0") {
   nlohmann::json bench = {{"model", "m"},
                           {"configs", {{{"name", "on-demand"}, {"tokens_per_s", 1.0}, {"expert_load", {3, "x", 1}}}}}};

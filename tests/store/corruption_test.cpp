@@ -149,5 +149,33 @@ TEST_CASE("Acquire of a corrupt host copy: the handle holds the lower copy's byt
   }
 }
 
+TEST_CASE("Stats: a tier read's IoError is counted in the tier's io_errors") {
+  FaultStore fs(Quiet());
+  REQUIRE(fs.store->Put(TestKey(4), TestBytes(4, kCorruptionBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  fs.nvme->FailNextGets(1, FaultInjectingTier::Eio(true));
+  REQUIRE(GetBytes(*fs.store, TestKey(4)).status().IsIoError());
+  CHECK(fs.store->Stats().tiers[static_cast<int>(TierId::kNvme)].io_errors == 1);
+}
+
+TEST_CASE("Stats: a Get of an absent key is a miss in every tier") {
+  FaultStore fs(Quiet());
+  REQUIRE_FALSE(GetBytes(*fs.store, TestKey(99)).ok());
+  const StoreStats st = fs.store->Stats();
+  for (const auto& s : st.slots) CHECK(s.misses == 1);
+}
+
+TEST_CASE("Stats: a put-tier copy read again on the locked path is not a lower-tier read") {
+  // The unlocked read of the host copy fails once; the locked path reads the same host copy.
+  FaultStore fs(Quiet());
+  REQUIRE(fs.store->Put(TestKey(5), TestBytes(5, kCorruptionBlock), {Codec::kRaw, TierId::kHost}).ok());
+  fs.host->FailNextGets(1, FaultInjectingTier::Eio(true));
+  auto got = GetBytes(*fs.store, TestKey(5));
+  REQUIRE(got.ok());
+  CHECK(*got == TestBytes(5, kCorruptionBlock));
+  const StoreStats st = fs.store->Stats();
+  CHECK(st.tiers[static_cast<int>(TierId::kHost)].hits == 1);
+  CHECK(st.lower_tier_reads == 0);
+}
+
 }  // namespace
 }  // namespace terrace::testing

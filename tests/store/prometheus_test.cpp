@@ -163,5 +163,36 @@ TEST_CASE("PrometheusText is valid exposition with cumulative histograms") {
   CHECK(value("terrace_tier_read_latency_seconds_count", "tier=\"nvme\"") == 20);
 }
 
+TEST_CASE("PrometheusText exports each tier's read and write histograms, with _sum in seconds") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  for (int i = 0; i < 20; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, 1000), {Codec::kRaw, TierId::kNvme}).ok());
+  for (int i = 0; i < 10; ++i) REQUIRE(GetBytes(*store, TestKey(i)).ok());
+  std::map<std::string, std::string> types;
+  auto samples = Parse(store->PrometheusText(), &types);
+  auto value = [&](const std::string& name, const std::string& labels) {
+    for (const auto& s : samples) {
+      if (s.name == name && s.labels == labels) return s.value;
+    }
+    FAIL("missing sample " << name << "{" << labels << "}");
+    return -1.0;
+  };
+  CHECK(value("terrace_tier_write_latency_seconds_count", "tier=\"nvme\"") == 20);
+  CHECK(value("terrace_tier_read_latency_seconds_count", "tier=\"nvme\"") == 10);
+  // The mean latency cannot exceed the smallest finite le bound that holds every sample.
+  for (std::string h : {"terrace_tier_read_latency_seconds", "terrace_tier_write_latency_seconds"}) {
+    const double count = value(h + "_count", "tier=\"nvme\""), sum = value(h + "_sum", "tier=\"nvme\"");
+    double bound = 1e300;
+    for (const auto& s : samples) {
+      if (s.name != h + "_bucket" || s.labels.rfind("tier=\"nvme\",le=\"", 0) != 0 || s.value < count) continue;
+      const std::string le = s.labels.substr(16, s.labels.size() - 17);
+      if (le != "+Inf") bound = std::min(bound, std::stod(le));
+    }
+    INFO(h << " sum " << sum << " count " << count << " bound " << bound);
+    CHECK(sum > 0);
+    CHECK(sum <= count * bound);
+  }
+}
+
 }  // namespace
 }  // namespace terrace::testing

@@ -506,5 +506,27 @@ TEST_CASE("Real tiers: a prefetch from NVMe lands directly in the host arena, wi
   }
 }
 
+TEST_CASE("Real tiers: PrometheusText exports each tier's bytes read and bytes written") {
+  TempDir dir("store-prom-bytes");
+  HostNvme hn(dir.path());
+  Store* store = hn.store.get();
+  constexpr int kPut = 6, kGot = 4;
+  constexpr std::size_t kSize = 16 * kKiB;
+  for (int i = 0; i < kPut; ++i) {
+    REQUIRE(store->Put(TestKey(i), TestBytes(i, kSize), {Codec::kRaw, TierId::kNvme}).ok());
+  }
+  for (int i = 0; i < kGot; ++i) REQUIRE(GetBytes(*store, TestKey(i), kSize).ok());  // each read from NVMe once
+  const std::string text = store->PrometheusText();
+  auto value = [&](const std::string& name) -> std::uint64_t {
+    const std::string prefix = name + "{tier=\"nvme\"} ";
+    const std::size_t at = text.find("\n" + prefix);
+    INFO(text);
+    REQUIRE(at != std::string::npos);
+    return std::stoull(text.substr(at + 1 + prefix.size()));
+  };
+  CHECK(value("terrace_tier_written_bytes_total") == kPut * kSize);
+  CHECK(value("terrace_tier_read_bytes_total") == kGot * kSize);
+}
+
 }  // namespace
 }  // namespace terrace::testing
