@@ -144,7 +144,7 @@ struct NvmeTierOptions {
 };
 
 enum class Placement : std::uint8_t {
-  kExclusive = 0,  // a block lives in exactly one tier; promotion moves it
+  kExclusive = 0,  // a block lives in one tier; promotion moves it (a pinned block's copy stays too)
   kInclusive = 1,  // a block promoted to a faster tier keeps its copy below
 };
 

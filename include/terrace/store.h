@@ -24,7 +24,8 @@
 //   key and tier - and so do later reads of the key (Get, GetBatch, Prefetch), until it is put or
 //   erased again: NotFound means "never stored", Corruption "stored but lost". With promote_on_get, a block read from below put_tier is copied up to put_tier;
 //   exclusive placement then removes the lower copy, except the lowest tier's copy under
-//   write-through and copies pinned by a handle.
+//   write-through, copies pinned by a handle, and every copy of a block pinned with Pin (the
+//   extra copy stays after the unpin until the block is evicted, put or erased).
 // - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
 //   removing it; a victim that already has a copy below is simply dropped. The store never drops
 //   the last copy of a block to make room: when the lowest present tier is full (or there is none

@@ -22,6 +22,7 @@ struct Fetch {
   Status status;
   BlockDesc desc;
   std::vector<std::byte> bytes;  // the block when status is OK and readers > 0 (else empty)
+  int src = -1;                  // the slot the leader read it from (-1: not read)
   bool by_prefetch = false;      // immutable after creation
   std::thread::id leader;        // the thread leading it; immutable after creation
   // Followers that want the bytes (not only the outcome); guarded by the InflightTable's mu_ (not

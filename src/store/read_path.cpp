@@ -20,7 +20,7 @@ Status ShortBuffer(const BlockKey& key, std::size_t have, std::uint64_t need) {
 
 void StoreImpl::CountGet(int served_from) {
   for (int i = 0; i < served_from; ++i) slot(i).measured.Add(slot(i).measured.misses);
-  slot(served_from).measured.Add(slot(served_from).measured.hits);
+  if (served_from < slot_count()) slot(served_from).measured.Add(slot(served_from).measured.hits);
 }
 
 FastRead StoreImpl::PlanFastGet(const BlockKey& key, std::span<std::byte> out, Result<BlockDesc>* result) {
@@ -30,7 +30,7 @@ FastRead StoreImpl::PlanFastGet(const BlockKey& key, std::span<std::byte> out, R
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       if (shared_mask_ != 0) return f;  // a shared tier may hold it: the locked path asks
-      for (int i = 0; i < slot_count(); ++i) slot(i).measured.Add(slot(i).measured.misses);
+      CountGet(slot_count());           // a miss in every tier
       *result = MissLocked(key);
       f.answered = true;
       return f;
@@ -99,7 +99,10 @@ ReadOutcome StoreImpl::FetchDedup(const BlockKey& key, std::optional<int> move_t
   if (!ticket.leader) {
     InflightTable::Wait(f);
     dedup_hits_.fetch_add(1, std::memory_order_relaxed);
-    if (f.by_prefetch && !by_prefetch) prefetch_late_.fetch_add(1, std::memory_order_relaxed);
+    if (f.by_prefetch && !by_prefetch) {
+      prefetch_late_.fetch_add(1, std::memory_order_relaxed);
+      if (f.status.ok() && f.src >= 0) CountGet(f.src);  // the prefetch's read did not count it
+    }
     o.leader = false;
     if (!f.status.ok()) {
       o.desc = f.status;
@@ -127,6 +130,7 @@ void StoreImpl::CloseFetch(const BlockKey& key, const std::shared_ptr<Fetch>& fe
                            std::span<const std::byte> have, bool by_prefetch) {
   Fetch& f = *fetch;
   f.status = o.desc.status();
+  f.src = o.src;
   if (o.desc.ok()) f.desc = *o.desc;
   if (inflight_.Close(key, fetch) == 0 || !f.status.ok()) return;
   if (have.size() >= f.desc.size) {
@@ -304,6 +308,7 @@ ReadOutcome StoreImpl::LockedRead(const BlockKey& key, std::span<std::byte> out,
 void StoreImpl::CompleteLockedRead(const BlockKey& key, int src, SlotMask mask, MoveMode mode, int target,
                                    bool by_prefetch, ReadOutcome* result, const std::function<Status()>& place) {
   ReadOutcome& out = *result;
+  out.src = src;
   if (!by_prefetch) CountGet(src);  // hits and misses count the caller's reads (Get, Acquire), not prefetches
   if (src > promote_slot_) lower_tier_reads_.fetch_add(1, std::memory_order_relaxed);
 
@@ -388,6 +393,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
     ReadOutcome o = LockedRead(key, {}, MoveMode::kExact, s, /*by_prefetch=*/false);
+    if (o.desc.status().IsNotFound()) CountGet(slot_count());  // a miss in every tier, as a Get counts it
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;
@@ -400,6 +406,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
       DropCopy(key, s);
       continue;
     }
+    if (o.src < 0) CountGet(s);  // already in tier s: LockedRead read nothing, so counted nothing
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return Status::Internal("entry vanished under its key lock");

@@ -126,6 +126,7 @@ struct ReadOutcome {
   Status move_status;  // OK when no move was needed or it succeeded
   bool moved = false;
   bool leader = true;  // false: the result came from another caller's in-flight read
+  int src = -1;        // the slot the block was read from (-1: none, or no read was needed)
 };
 
 // What Transfer did: the source read, and (when that succeeded) the destination write.
@@ -344,6 +345,8 @@ class StoreImpl {
   Status MissLocked(const BlockKey& key) const TERRACE_REQUIRES(mu_);
   Status Miss(const BlockKey& key) const;
   std::string LostTierNames(SlotMask mask) const;
+  // One caller's read served from slot `served_from`: a miss in each faster slot, a hit there;
+  // served_from == slot_count(): a miss in every slot.
   void CountGet(int served_from);
 
   // batch_read.cpp

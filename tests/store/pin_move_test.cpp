@@ -2,6 +2,9 @@
 // counters count, over fake tiers (found by a model-based random test of the Store API).
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <thread>
+
 #include "src/store/key_locks.h"
 #include "store_test_util.h"
 
@@ -88,6 +91,49 @@ TEST_CASE("The fake tier gives an empty block a non-null resident pointer, as th
   REQUIRE(h.ok());
   CHECK(h->size() == 0);
   CHECK(f.at(TierId::kHost).Has(k));
+}
+
+}  // namespace
+}  // namespace terrace::testing
+
+namespace terrace::testing {
+namespace {
+
+TEST_CASE("Acquire counts a hit where it finds the block, and a miss in every tier for an unknown key") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHost;
+  auto store = OpenFakeStore(f, o);
+  const BlockKey k = TestKey(1);
+  REQUIRE(store->Put(k, TestBytes(1, 100)).ok());
+  REQUIRE(store->Acquire(k, TierId::kHost).ok());  // already there: no read, still a hit
+  StoreStats st = store->Stats();
+  CHECK(st.slots[0].misses == 1);
+  CHECK(st.slots[1].hits == 1);
+  CHECK(store->Acquire(TestKey(2), TierId::kHost).status().IsNotFound());
+  st = store->Stats();
+  for (const auto& slot : st.slots) CHECK(slot.misses == (slot.name == "hbm" ? 2u : 1u));
+}
+
+TEST_CASE("A Get that joins an in-flight prefetch of its key counts its read") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  StoreOptions o = Quiet();
+  o.put_tier = TierId::kHost;
+  auto store = OpenFakeStore(f, o);
+  const BlockKey k = TestKey(1);
+  PutOptions nvme;
+  nvme.tier = TierId::kNvme;
+  REQUIRE(store->Put(k, TestBytes(1, 100), nvme).ok());
+  f.at(TierId::kNvme).get_delay_ms = 1500;
+  auto prefetch = store->Prefetch({&k, 1}, TierId::kHost);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(GetBytes(*store, k).ok());
+  REQUIRE(prefetch.get()[0].ok());
+  const StoreStats st = store->Stats();
+  std::uint64_t reads = 0;
+  for (const auto& slot : st.slots) reads += slot.hits;
+  CHECK(reads == 1);  // the Get's: served by the prefetch's read from nvme
+  CHECK(st.slots[2].hits == 1);
 }
 
 }  // namespace
