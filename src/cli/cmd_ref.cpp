@@ -242,7 +242,6 @@ Status RefMla(const RefArgs& a) {
   m.hidden = d;
   m.heads = *a.heads;
   m.rms_eps = static_cast<float>(a.eps.value_or(1e-5));
-  TERRACE_RETURN_IF_ERROR(CheckRowSquares(x, "hidden_states"));
   TERRACE_ASSIGN_OR_RETURN(w.kv_a_norm, Input(src, "kv_a_layernorm.weight", {-1}, false));
   m.kv_lora = w.kv_a_norm.dim(0);
   if (m.kv_lora < 1)
@@ -277,10 +276,11 @@ Status RefMla(const RefArgs& a) {
           "--heads {} does not divide the {} rows of tensor '{}' (expected {} rows)", m.heads, rows, name, want));
   }
   m.nope = qrows / m.heads - m.rope;
-  if (m.nope < 1)
+  if (m.nope < 0 || m.nope + m.rope < 1)  // as a config may set it: qk_nope_head_dim >= 0, nope + rope >= 1
     return Status::InvalidArgument(fmt::format(
         "tensor '{}': {} rows are {} a head for --heads {}, which leaves nope = {} after rope = {} "
-        "(kv_a_proj_with_mqa.weight's rows - kv_lora); expected H*(nope+rope) rows with nope >= 1",
+        "(kv_a_proj_with_mqa.weight's rows - kv_lora); expected H*(nope+rope) rows with nope >= 0 and nope + rope "
+        ">= 1",
         qname, qrows, qrows / m.heads, m.heads, m.nope, m.rope));
   m.v = kvrows / m.heads - m.nope;
   if (m.v < 1)
@@ -388,7 +388,6 @@ Status RefMoe(const RefArgs& a) {
   }
   TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "hidden_states", {-1, -1}));
   const std::int64_t T = x.dim(0), d = x.dim(1);
-  TERRACE_RETURN_IF_ERROR(CheckRowSquares(x, "hidden_states"));
   MoeWeights w;
   MoeDims m;
   m.hidden = d;

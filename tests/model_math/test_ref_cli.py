@@ -263,18 +263,8 @@ def mla_numpy(t, H, past, eps=1e-5):
 
 @pytest.mark.parametrize("absorbed", [False, True])
 def test_mla_matches_numpy(tmp_path, absorbed):
-    rng = np.random.default_rng(11)
-    d, H, ql, R, nope, rope, vd, T, P = 48, 3, 24, 16, 8, 4, 6, 5, 4
-    f = lambda *s, sc=1.0: (rng.standard_normal(s) * sc).astype(np.float32)
-    t = {
-        "hidden_states": f(T, d),
-        "q_a_proj.weight": f(ql, d, sc=d ** -0.5), "q_a_layernorm.weight": 1 + f(ql, sc=0.1),
-        "q_b_proj.weight": f(H * (nope + rope), ql, sc=ql ** -0.5),
-        "kv_a_proj_with_mqa.weight": f(R + rope, d, sc=d ** -0.5), "kv_a_layernorm.weight": 1 + f(R, sc=0.1),
-        "kv_b_proj.weight": f(H * (nope + vd), R, sc=R ** -0.5),
-        "o_proj.weight": f(d, H * vd, sc=(H * vd) ** -0.5), "g_proj.weight": f(H * vd, d, sc=d ** -0.5),
-        "past_latents": f(P, R + rope),
-    }
+    H, R = 3, 16  # mla_inputs' defaults
+    t = mla_inputs(np.random.default_rng(11))
     out = run_ref(tmp_path, "mla", t, "--heads", str(H), *(["--absorbed"] if absorbed else []))
     want, cache = mla_numpy(t, H, t["past_latents"])
     assert rel_err(out["output"], want) < 1e-4
@@ -352,13 +342,39 @@ def test_moe_square_latent_projection_is_refused(tmp_path):
     assert "routed_expert_down_proj.weight" in err and "[32, 32]" in err
 
 
-@pytest.mark.parametrize("mech,name", [("attnres", "sources"), ("mla", "hidden_states"), ("moe", "hidden_states")])
-def test_row_sum_of_squares_overflow_is_refused(tmp_path, mech, name):
-    t, flags = op_inputs(mech, np.random.default_rng(21))
-    x = t[name].reshape(-1, t[name].shape[-1])
+def test_row_sum_of_squares_overflow_is_refused(tmp_path):
+    t, flags = op_inputs("attnres", np.random.default_rng(21))
+    x = t["sources"].reshape(-1, t["sources"].shape[-1])
     x[1, :3] = [1e19, -1e20, 3e19]
-    err = refused(tmp_path, mech, t, *flags)
-    assert f"'{name}'" in err and "row 1" in err and "sum of squares" in err and "e+20" in err
+    err = refused(tmp_path, "attnres", t, *flags)
+    assert "'sources'" in err and "row 1" in err and "sum of squares" in err and "e+20" in err
+
+
+@pytest.mark.parametrize("mech", ["mla", "moe"])
+def test_large_input_rows_are_not_refused_where_no_norm_takes_them(tmp_path, mech):
+    # mla and moe norm projections of hidden_states, never hidden_states itself: a row whose own
+    # sum of squares overflows is valid input there when the weights scale it back down.
+    t, flags = op_inputs(mech, np.random.default_rng(21))
+    x = t["hidden_states"].reshape(-1, t["hidden_states"].shape[-1])
+    x[1, :] = 2e19
+    for name in list(t):
+        if name.endswith("proj.weight") and name not in ("o_proj.weight",) or name.startswith("experts."):
+            if t[name].dtype == np.float32 and not name.startswith("routed_expert_up"):
+                t[name] = t[name] * np.float32(1e-21)
+    out = run_ref(tmp_path, mech, t, *flags)
+    assert np.isfinite(out["output"]).all()
+
+
+def test_mla_nope_zero_is_accepted(tmp_path):
+    # qk_nope_head_dim 0 is a valid config (all of q and k from the rotary part).
+    rng = np.random.default_rng(23)
+    d, H, R, rope, vd, T = 32, 2, 16, 8, 8, 3
+    f = lambda *s, sc=1.0: (rng.standard_normal(s) * sc).astype(np.float32)
+    t = {"hidden_states": f(T, d), "q_proj.weight": f(H * rope, d, sc=d ** -0.5),
+         "kv_a_proj_with_mqa.weight": f(R + rope, d, sc=d ** -0.5), "kv_a_layernorm.weight": 1 + f(R, sc=0.1),
+         "kv_b_proj.weight": f(H * vd, R, sc=R ** -0.5), "o_proj.weight": f(d, H * vd, sc=(H * vd) ** -0.5)}
+    out = run_ref(tmp_path, "mla", t, "--heads", str(H))
+    assert out["output"].shape == (T, d) and np.isfinite(out["output"]).all()
 
 
 NON_FINITE = [("kda", n) for n in ("q", "k", "v", "g", "beta", "initial_state")] + [

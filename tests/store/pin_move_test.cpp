@@ -13,11 +13,15 @@ namespace {
 
 using store_internal::KeyLocks;
 
+std::unique_ptr<Store> OpenWithPutTier(FakeTiers& f, TierId put_tier) {
+  StoreOptions o = Quiet();
+  o.put_tier = put_tier;
+  return OpenFakeStore(f, o);
+}
+
 TEST_CASE("An Acquire into a lower tier leaves the copy a Pin holds in its tier (exclusive placement)") {
   FakeTiers f(4096, 4096, 1 << 16);
-  StoreOptions o = Quiet();
-  o.put_tier = TierId::kHbm;
-  auto store = OpenFakeStore(f, o);
+  auto store = OpenWithPutTier(f, TierId::kHbm);
   const BlockKey k = TestKey(1);
   const auto bytes = TestBytes(1, 100);
   REQUIRE(store->Put(k, bytes).ok());
@@ -56,9 +60,7 @@ TEST_CASE("A Put evicts a block on its own key's lock stripe when that block is 
 
 TEST_CASE("Per-tier hits and misses count Gets and Acquires, not prefetches") {
   FakeTiers f(4096, 4096, 1 << 16);
-  StoreOptions o = Quiet();
-  o.put_tier = TierId::kHost;
-  auto store = OpenFakeStore(f, o);
+  auto store = OpenWithPutTier(f, TierId::kHost);
   const BlockKey a = TestKey(1), b = TestKey(2), c = TestKey(3);
   PutOptions nvme;
   nvme.tier = TierId::kNvme;
@@ -81,9 +83,7 @@ TEST_CASE("Per-tier hits and misses count Gets and Acquires, not prefetches") {
 
 TEST_CASE("The fake tier gives an empty block a non-null resident pointer, as the Tier contract says") {
   FakeTiers f(4096, 4096, 1 << 16);
-  StoreOptions o = Quiet();
-  o.put_tier = TierId::kHost;
-  auto store = OpenFakeStore(f, o);
+  auto store = OpenWithPutTier(f, TierId::kHost);
   const BlockKey k = TestKey(1);
   REQUIRE(store->Put(k, std::span<const std::byte>{}).ok());
   auto h = store->Acquire(k, TierId::kHost);
@@ -93,17 +93,10 @@ TEST_CASE("The fake tier gives an empty block a non-null resident pointer, as th
   CHECK(f.at(TierId::kHost).Has(k));
 }
 
-}  // namespace
-}  // namespace terrace::testing
-
-namespace terrace::testing {
-namespace {
 
 TEST_CASE("Acquire counts a hit where it finds the block, and a miss in every tier for an unknown key") {
   FakeTiers f(4096, 4096, 1 << 16);
-  StoreOptions o = Quiet();
-  o.put_tier = TierId::kHost;
-  auto store = OpenFakeStore(f, o);
+  auto store = OpenWithPutTier(f, TierId::kHost);
   const BlockKey k = TestKey(1);
   REQUIRE(store->Put(k, TestBytes(1, 100)).ok());
   REQUIRE(store->Acquire(k, TierId::kHost).ok());  // already there: no read, still a hit
@@ -117,9 +110,7 @@ TEST_CASE("Acquire counts a hit where it finds the block, and a miss in every ti
 
 TEST_CASE("A Get that joins an in-flight prefetch of its key counts its read") {
   FakeTiers f(4096, 4096, 1 << 16);
-  StoreOptions o = Quiet();
-  o.put_tier = TierId::kHost;
-  auto store = OpenFakeStore(f, o);
+  auto store = OpenWithPutTier(f, TierId::kHost);
   const BlockKey k = TestKey(1);
   PutOptions nvme;
   nvme.tier = TierId::kNvme;
