@@ -31,6 +31,9 @@
 //   the last copy of a block to make room: when the lowest present tier is full (or there is none
 //   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged; if
 //   a demotion write fails, the Put fails with that error and the victim stays where it was.
+//   The key's own previous version is a victim like any other outside the tier a write-back Put
+//   writes: when only it holds the room a demotion needs, it is demoted in turn (so it survives
+//   a Put that then fails, and is readable from the lower tier) and removed once the Put succeeds.
 // - Pinned blocks (Pin, live BlockHandles) are never evicted, demoted, moved out of their tier or
 //   erased, and a Put of other bytes under a pinned key is refused (InvalidArgument); the same bytes
 //   again are a dedup no-op.

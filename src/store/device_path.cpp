@@ -2,6 +2,8 @@
 // that takes device buffers (TierCaps::device_buffers, the HBM tier) with no host bounce; the tier
 // computes and checks the checksum where the data is. Store::Put / Get / GetBatch with a BufferRef
 // land here.
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "src/store/store_impl.h"
@@ -35,13 +37,19 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
   auto guard = key_locks_.Lock(key);
   TERRACE_ASSIGN_OR_RETURN(const SlotMask old_mask, ReplaceableMask(key));
   BlockDesc desc;
-  Status s = PlaceWith(target, key, data.size(), [&] {
-    return TimedTierWrite(target, [&] {
-      Result<BlockDesc> r = tier(target).PutDevice(key, opts.codec, data);
-      if (r.ok()) desc = *r;
-      return r.status();
-    });
-  }, BusyVictims::kWait);
+  Status s;
+  {
+    // Write-back: room below may be held only by this key's previous version, demoted as in Put.
+    std::optional<OwnCopiesEvictable> own;
+    if (!write_through) own.emplace(this, key, Bit(target));
+    s = PlaceWith(target, key, data.size(), [&] {
+      return TimedTierWrite(target, [&] {
+        Result<BlockDesc> r = tier(target).PutDevice(key, opts.codec, data);
+        if (r.ok()) desc = *r;
+        return r.status();
+      });
+    }, BusyVictims::kWait);
+  }
   if (!s.ok()) return s.WithContext(fmt::format("put {} from device memory into tier {}", key.ToString(), SlotName(target)));
   SlotMask new_mask = Bit(target);
   if (write_through) {
@@ -78,7 +86,8 @@ Status StoreImpl::PutDevice(const BlockKey& key, std::span<const std::byte> data
     }
     new_mask |= Bit(through);
   }
-  return PublishPut(key, desc, old_mask, new_mask);
+  // Without write-through, room-making may have moved the previous version's copies.
+  return PublishPut(key, desc, write_through ? old_mask : CopiesOf(key), new_mask);
 }
 
 int StoreImpl::DeviceSlot() const {

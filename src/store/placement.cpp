@@ -9,6 +9,27 @@
 #include "src/store/store_impl.h"
 
 namespace terrace::store_internal {
+thread_local const StoreImpl::OwnCopiesEvictable* StoreImpl::OwnCopiesEvictable::innermost_ = nullptr;
+
+StoreImpl::OwnCopiesEvictable::OwnCopiesEvictable(const StoreImpl* store, const BlockKey& key, SlotMask keep)
+    : store_(store), key_(key), keep_(keep), outer_(innermost_) {
+  innermost_ = this;
+}
+
+StoreImpl::OwnCopiesEvictable::~OwnCopiesEvictable() { innermost_ = outer_; }
+
+bool StoreImpl::OwnCopiesEvictable::Allows(const StoreImpl* store, const BlockKey& key, int slot) {
+  for (const OwnCopiesEvictable* o = innermost_; o != nullptr; o = o->outer_) {
+    if (o->store_ == store && o->key_ == key) return !(o->keep_ & Bit(slot));
+  }
+  return false;
+}
+
+SlotMask StoreImpl::CopiesOf(const BlockKey& key) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  return it == entries_.end() ? SlotMask{0} : it->second.mask;
+}
 
 void StoreImpl::NoteTierRead(int t, std::uint64_t ns, const Status& s) {
   TierCounters& m = slot(t).measured;
@@ -144,7 +165,8 @@ Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {
       victim = Policy(t).PickVictim([&](const BlockKey& k) {
         if (std::find(skip.begin(), skip.end(), k) != skip.end()) return false;
         if (std::find(busy.begin(), busy.end(), k) != busy.end()) return false;
-        if (key_locks_.LockedByThisThread(k)) return false;  // this thread's operation is on it
+        // This thread's operation is on it, unless it is a put's previous version (OwnCopiesEvictable).
+        if (key_locks_.LockedByThisThread(k) && !OwnCopiesEvictable::Allows(this, k, t)) return false;
         mu_.AssertHeld();  // PickVictim calls the predicate synchronously, under the lock above
         auto it = entries_.find(k);
         return it != entries_.end() && !it->second.PinnedIn(t);

@@ -445,6 +445,30 @@ class StoreImpl {
   // every victim was busy and one of them was released meanwhile: room may have appeared, so the
   // caller looks again; OutOfCapacity when none was released within kBusyVictimWait.
   Status EvictOne(int slot, BusyVictims busy = BusyVictims::kSkip);
+  // While one lives (on the stack of a thread that holds `key`'s lock for a write-back Put), this
+  // thread's room-making may evict copies of `key` - the previous version the put replaces - from
+  // slots outside `keep` (those the put writes), demoting them like any other victim, since the put
+  // may still fail and the previous version must survive that. Without one, room-making never
+  // evicts a key this thread locked (an operation of this thread is on it). The put reads the
+  // key's copies again (CopiesOf) before it publishes. Not copyable; nests.
+  class OwnCopiesEvictable {
+   public:
+    OwnCopiesEvictable(const StoreImpl* store, const BlockKey& key, SlotMask keep);
+    ~OwnCopiesEvictable();
+    OwnCopiesEvictable(const OwnCopiesEvictable&) = delete;
+    OwnCopiesEvictable& operator=(const OwnCopiesEvictable&) = delete;
+    // True if one living on this thread lets `store` evict `key`'s copy in `slot`.
+    static bool Allows(const StoreImpl* store, const BlockKey& key, int slot);
+
+   private:
+    const StoreImpl* store_;
+    BlockKey key_;
+    SlotMask keep_;
+    const OwnCopiesEvictable* outer_;
+    static thread_local const OwnCopiesEvictable* innermost_;  // on this thread
+  };
+  // The slots holding `key`'s copies now (0 when the directory has no entry).
+  SlotMask CopiesOf(const BlockKey& key) const;
   // PlaceWith's OutOfCapacity once no eviction helps: "fragmented" when the block fits the tier's
   // free space by count (allocated bytes, the block rounded up to io_alignment) and the tier still
   // refused it (`refused`), else "full".

@@ -68,8 +68,12 @@ Status StoreImpl::Put(const BlockKey& key, std::span<const std::byte> data, cons
   }
 
   if (!write_through) {
-    TERRACE_RETURN_IF_ERROR(PlaceInTier(target, key, desc, data, BusyVictims::kWait));  // else nothing changed
-    return PublishPut(key, desc, old_mask, Bit(target));
+    {
+      // Room below may be held only by this key's previous version: it is demoted, not skipped.
+      OwnCopiesEvictable own(this, key, Bit(target));
+      TERRACE_RETURN_IF_ERROR(PlaceInTier(target, key, desc, data, BusyVictims::kWait));  // else nothing lost
+    }
+    return PublishPut(key, desc, CopiesOf(key), Bit(target));
   }
   return PutWritingThrough(key, desc, data, target, through, old_mask);
 }

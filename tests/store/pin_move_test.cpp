@@ -7,6 +7,7 @@
 
 #include "src/store/key_locks.h"
 #include "store_test_util.h"
+#include "tiers/fault/fault_tier.h"
 
 namespace terrace::testing {
 namespace {
@@ -56,6 +57,67 @@ TEST_CASE("A Put evicts a block on its own key's lock stripe when that block is 
   REQUIRE(gx.ok());
   CHECK(*gy == ybytes);
   CHECK(*gx == xbytes);
+}
+
+// Put(a) into hbm, whose only victim b must be written back into host, held only by a's previous
+// version: that version is demoted in turn (the put may still fail, and it must survive that),
+// and the put's publication removes it.
+TEST_CASE("A Put whose only room below is its own key's previous version demotes that version and succeeds") {
+  FakeTiers f(100, 100, 1000);
+  auto store = OpenWithPutTier(f, TierId::kHbm);
+  const BlockKey a = TestKey(1), b = TestKey(2);
+  const auto a1 = TestBytes(1, 80), a2 = TestBytes(3, 80), bb = TestBytes(2, 80);
+  REQUIRE(store->Put(a, a1).ok());
+  REQUIRE(store->Put(b, bb).ok());  // a is demoted to host
+  REQUIRE(f.at(TierId::kHost).Has(a));
+  const Status s = store->Put(a, a2);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  CHECK(f.at(TierId::kHbm).Has(a));
+  CHECK(f.at(TierId::kHost).Has(b));
+  CHECK_FALSE(f.at(TierId::kNvme).Has(a));  // the previous version, demoted on the way, is gone
+  auto ga = GetBytes(*store, a), gb = GetBytes(*store, b);
+  REQUIRE(ga.ok());
+  REQUIRE(gb.ok());
+  CHECK(*ga == a2);
+  CHECK(*gb == bb);
+}
+
+TEST_CASE("A Put that fails after demoting its own key's previous version leaves that version readable") {
+  FakeTiers f(100, 100, 1000);
+  auto hbm = std::make_unique<FaultInjectingTier>(std::move(f.tiers[0]));
+  FaultInjectingTier* faulty = hbm.get();
+  f.tiers[0] = std::move(hbm);
+  auto store = OpenWithPutTier(f, TierId::kHbm);
+  const BlockKey a = TestKey(1), b = TestKey(2);
+  const auto a1 = TestBytes(1, 80), a2 = TestBytes(3, 80), bb = TestBytes(2, 80);
+  REQUIRE(store->Put(a, a1).ok());
+  REQUIRE(store->Put(b, bb).ok());
+  faulty->FailNextPuts(1, FaultInjectingTier::Eio(false));  // a2's write into hbm, after the room is made
+  const Status s = store->Put(a, a2);
+  INFO(s.ToString());
+  REQUIRE(s.IsIoError());
+  CHECK(f.at(TierId::kNvme).Has(a));  // where the room-making demoted the previous version
+  auto ga = GetBytes(*store, a), gb = GetBytes(*store, b);
+  REQUIRE(ga.ok());
+  REQUIRE(gb.ok());
+  CHECK(*ga == a1);
+  CHECK(*gb == bb);
+}
+
+TEST_CASE("A Prefetch with a priority outside the enum is refused, not queued") {
+  FakeTiers f(4096, 4096, 1 << 16);
+  auto store = OpenWithPutTier(f, TierId::kNvme);
+  const BlockKey k = TestKey(1);
+  REQUIRE(store->Put(k, TestBytes(1, 100)).ok());
+  PrefetchOptions o;
+  o.priority = static_cast<Priority>(3);
+  const std::vector<Status> st = store->Prefetch({&k, 1}, TierId::kHost, o).get();
+  REQUIRE(st.size() == 1);
+  INFO(st[0].ToString());
+  CHECK(st[0].IsInvalidArgument());
+  CHECK_THAT(st[0].message(), Catch::Contains("priority 3"));
+  CHECK_FALSE(f.at(TierId::kHost).Has(k));
 }
 
 TEST_CASE("Per-tier hits and misses count Gets and Acquires, not prefetches") {
