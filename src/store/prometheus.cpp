@@ -6,17 +6,44 @@
 namespace terrace::store_internal {
 namespace {
 
-// Histogram bucket bounds exposed, in seconds.
-constexpr double kLatencyBoundsSeconds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-                                            1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,    0.25,   0.5,
-                                            1.0,  2.5,    5.0,  10.0};
+// The histogram's nominal bucket bounds, in nanoseconds (1 us to 10 s). Each is exposed as the
+// upper edge of the last LatencyHistogram bucket at or below it (1 us: le="0.000000959"), as the
+// exact count of observations <= le, never one that holds some values above it.
+constexpr std::uint64_t kLatencyBoundsNanos[] = {
+    1'000,      2'500,      5'000,       10'000,      25'000,      50'000,        100'000,       250'000,
+    500'000,    1'000'000,  2'500'000,   5'000'000,   10'000'000,  25'000'000,    50'000'000,    100'000'000,
+    250'000'000, 500'000'000, 1'000'000'000, 2'500'000'000, 5'000'000'000, 10'000'000'000};
 
 void Header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
 }
 
+// A label value as the text format requires: backslash, double quote and line feed escaped.
+std::string LabelValue(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// `nanos` as seconds in decimal, exactly (no rounding: an le bound must not move).
+std::string ExactSeconds(std::uint64_t nanos) {
+  std::string s = fmt::format("{}.{:09}", nanos / 1'000'000'000, nanos % 1'000'000'000);
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
+
 // One consistent pass over the buckets: the le counts are cumulative and +Inf equals _count.
-void Histogram(std::string& out, std::string_view name, std::string_view tier, const LatencyHistogram& h) {
+void Histogram(std::string& out, std::string_view name, std::string_view tier_name, const LatencyHistogram& h) {
+  const std::string tier = LabelValue(tier_name);
   std::uint64_t counts[LatencyHistogram::kBuckets];
   std::uint64_t total = 0;
   for (int i = 0; i < LatencyHistogram::kBuckets; ++i) {
@@ -25,10 +52,11 @@ void Histogram(std::string& out, std::string_view name, std::string_view tier, c
   }
   int b = 0;
   std::uint64_t cumulative = 0;
-  for (double bound : kLatencyBoundsSeconds) {
-    auto bound_ns = static_cast<std::uint64_t>(bound * 1e9);
+  for (std::uint64_t bound_ns : kLatencyBoundsNanos) {
     while (b < LatencyHistogram::kBuckets && LatencyHistogram::BucketUpperBound(b) <= bound_ns) cumulative += counts[b++];
-    out += fmt::format("{}_bucket{{tier=\"{}\",le=\"{:g}\"}} {}\n", name, tier, bound, cumulative);
+    // b > 0: the first bucket (0 ns) lies below every bound.
+    const std::uint64_t edge = LatencyHistogram::BucketUpperBound(b - 1);
+    out += fmt::format("{}_bucket{{tier=\"{}\",le=\"{}\"}} {}\n", name, tier, ExactSeconds(edge), cumulative);
   }
   out += fmt::format("{}_bucket{{tier=\"{}\",le=\"+Inf\"}} {}\n", name, tier, total);
   out += fmt::format("{}_sum{{tier=\"{}\"}} {:.9f}\n", name, tier, static_cast<double>(h.sum_nanos()) / 1e9);
@@ -131,11 +159,13 @@ std::string StoreImpl::PrometheusText() const {
   };
   for (const auto& m : kTierMetrics) {
     Header(out, m.name, m.type, m.help);
-    for (const TierStatsSnapshot& s : st.slots) out += fmt::format("{}{{tier=\"{}\"}} {}\n", m.name, s.name, s.*m.field);
+    for (const TierStatsSnapshot& s : st.slots) {
+      out += fmt::format("{}{{tier=\"{}\"}} {}\n", m.name, LabelValue(s.name), s.*m.field);
+    }
   }
   Header(out, "terrace_tier_emulated", "gauge", "1 when the tier runs in host memory in place of a device.");
   for (const TierStatsSnapshot& s : st.slots) {
-    out += fmt::format("terrace_tier_emulated{{tier=\"{}\"}} {}\n", s.name, s.emulated ? 1 : 0);
+    out += fmt::format("terrace_tier_emulated{{tier=\"{}\"}} {}\n", LabelValue(s.name), s.emulated ? 1 : 0);
   }
   Header(out, "terrace_tier_read_latency_seconds", "histogram", "Latency of the store's reads from the tier.");
   for (int i = 0; i < slot_count(); ++i) {

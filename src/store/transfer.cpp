@@ -26,7 +26,9 @@ std::optional<Reservation> StoreImpl::ReserveRoom(int t, const BlockKey& key, co
 }
 
 Status StoreImpl::CommitRoom(int t, const BlockKey& key, const BlockDesc& desc, const Reservation& r) {
-  Status s = tier(t).Commit(key, desc, r);
+  // The block's bytes landed in the reservation during the source's read (timed as that read);
+  // the commit is this route's write into `t`.
+  Status s = TimedTierWrite(t, [&] { return tier(t).Commit(key, desc, r); });
   if (!s.ok()) return s.WithContext(fmt::format("put {} into tier {}", key.ToString(), SlotName(t)));
   CountTransfer(/*direct=*/true, desc.size);
   MaybeScheduleDemotion(t);

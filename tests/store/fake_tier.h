@@ -32,6 +32,8 @@ class FakeTier final : public Tier {
   }
 
   const TierCaps& caps() const override { return caps_; }
+  // The name the store gives the tier's slot (caps().name); call before the store opens.
+  void set_name(std::string name) { caps_.name = std::move(name); }
 
   Status Put(const BlockKey& key, const BlockDesc& desc, std::span<const std::byte> data) override {
     if (int ms = put_delay_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));

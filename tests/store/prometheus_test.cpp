@@ -47,7 +47,7 @@ bool ParseSample(const std::string& line, Sample* out) {
       if (ReadName(line, pos, false).empty()) return false;
       if (line.compare(pos, 2, "=\"") != 0) return false;
       pos += 2;
-      while (pos < line.size() && line[pos] != '"') ++pos;
+      while (pos < line.size() && line[pos] != '"') pos += line[pos] == '\\' ? 2 : 1;  // \\, \", \n
       if (pos >= line.size()) return false;
       ++pos;
       if (pos < line.size() && line[pos] == ',') {
@@ -192,6 +192,55 @@ TEST_CASE("PrometheusText exports each tier's read and write histograms, with _s
     CHECK(sum > 0);
     CHECK(sum <= count * bound);
   }
+}
+
+
+TEST_CASE("PrometheusText escapes backslash, double quote and line feed in a tier's name") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  f.at(TierId::kHost).set_name("a\"b\\c\nd");
+  auto store = OpenFakeStore(f);
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, 1000)).ok());
+  REQUIRE(GetBytes(*store, TestKey(1)).ok());
+  const std::string text = store->PrometheusText();
+  std::map<std::string, std::string> types;
+  const auto samples = Parse(text, &types);  // every line one well-formed sample or comment
+  int named = 0;
+  for (const auto& s : samples) named += s.labels.rfind("tier=\"a\\\"b\\\\c\\nd\"", 0) == 0;
+  CHECK(named >= 16);  // each per-tier gauge and counter, and the host tier's histogram lines
+  CHECK_THAT(text, Catch::Contains("terrace_tier_hits_total{tier=\"a\\\"b\\\\c\\nd\"} 1"));
+}
+
+// le="0.000000959" -> 959.
+std::uint64_t LeNanos(const std::string& le) {
+  const std::size_t dot = le.find('.');
+  std::string frac = dot == std::string::npos ? "" : le.substr(dot + 1);
+  REQUIRE(frac.size() <= 9);
+  frac.resize(9, '0');
+  return std::stoull(le.substr(0, dot)) * 1'000'000'000ull + std::stoull(frac);
+}
+
+TEST_CASE("Each histogram le bound is the last value of a latency bucket, so a bucket counts exactly the values <= le") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  auto store = OpenFakeStore(f);
+  REQUIRE(store->Put(TestKey(1), TestBytes(1, 1000)).ok());
+  std::map<std::string, std::string> types;
+  const auto samples = Parse(store->PrometheusText(), &types);
+  int bounds = 0;
+  for (const auto& s : samples) {
+    const std::size_t at = s.labels.find(",le=\"");
+    if (s.name.find("_bucket") == std::string::npos || at == std::string::npos) continue;
+    const std::string le = s.labels.substr(at + 5, s.labels.size() - at - 6);
+    if (le == "+Inf") continue;
+    INFO(s.name << "{" << s.labels << "}");
+    const std::uint64_t ns = LeNanos(le);
+    // A bound inside a bucket would count that bucket's values above it (or leave out those below).
+    bool edge = false;
+    for (int b = 0; b < LatencyHistogram::kBuckets; ++b) edge = edge || LatencyHistogram::BucketUpperBound(b) == ns;
+    CHECK(edge);
+    CHECK(ns <= 10'000'000'000ull);
+    ++bounds;
+  }
+  CHECK(bounds == 2 * 3 * 22);  // read and write histograms, 3 tiers, 22 bounds each
 }
 
 }  // namespace

@@ -160,6 +160,25 @@ TEST_CASE("Real tiers: blocks move hbm -> host -> nvme and read back intact") {
   CHECK_THAT(prom, Catch::Contains("terrace_tier_read_latency_seconds_bucket{tier=\"nvme\",le=\"+Inf\"}"));
 }
 
+TEST_CASE("Real tiers: every block written into a tier is timed, those an NVMe read lands in directly too") {
+  TempDir dir("store-real-timed");
+  auto opened = Store::Open(RealOptions(dir.path()));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  auto& store = *opened;
+  PutOptions nvme;
+  nvme.tier = TierId::kNvme;
+  for (int i = 0; i < 8; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock), nvme).ok());
+  for (int i = 0; i < 8; ++i) REQUIRE(GetBytes(*store, TestKey(i), kBlock).ok());  // promoted into host
+  const StoreStats st = store->Stats();
+  REQUIRE(st.direct_transfers >= 8);  // the reads landed in host memory the tier reserved
+  for (const TierStatsSnapshot& t : st.slots) {
+    INFO(t.name);
+    CHECK(t.writes == t.puts);  // terrace_tier_write_latency_seconds_count against terrace_tier_puts_total
+  }
+  CHECK(st.slots[1].puts == 8);
+}
+
 TEST_CASE("Real tiers: GetBatch and Prefetch of NVMe-only blocks return exactly what was put") {
   TempDir dir("store-real-batch");
   StoreOptions o = RealOptions(dir.path());
