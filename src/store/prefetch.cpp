@@ -58,6 +58,14 @@ Future<std::vector<Status>> StoreImpl::Prefetch(std::span<const BlockKey> keys, 
     }
     return future;
   }
+  if (static_cast<int>(options.priority) > static_cast<int>(Priority::kLow)) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      job->Complete(i, Status::InvalidArgument(fmt::format(
+          "prefetch {}: priority {} is not a Priority (kDemand, kHigh or kLow)", keys[i].ToString(),
+          static_cast<int>(options.priority))));
+    }
+    return future;
+  }
   // A cancel() wakes a group waiting for demand to end, so its items complete now.
   job->promise.on_cancel([gate = std::weak_ptr<DemandGate>(demand_)] {
     if (auto g = gate.lock()) g->Wake();
