@@ -151,5 +151,24 @@ TEST_CASE("GetRanges finds a key present throughout although its copy moves befo
   CHECK(Slice(out, 0, 4000) == Slice(v2, 500, 4000));
 }
 
+
+TEST_CASE("GetRanges counts a hit where it read and a miss in every tier for an unknown key, as Get does") {
+  FakeTiers f(1 << 16, 1 << 16, 1 << 16);
+  auto store = OpenFakeStore(f);
+  const BlockKey known = TestKey(1), unknown = TestKey(2);
+  REQUIRE(store->Put(known, TestBytes(1, 100), {Codec::kRaw, TierId::kNvme}).ok());
+  std::vector<std::byte> a(10), b(10);
+  std::vector<Store::GetRangeItem> items{{known, 0, 10, a, {}, TierId::kHost}, {unknown, 0, 10, b, {}, TierId::kHost}};
+  const std::vector<Status> st = store->GetRanges(items);
+  REQUIRE(st.size() == 2);
+  CHECK(st[0].ok());
+  CHECK(st[1].IsNotFound());
+  const StoreStats s = store->Stats();
+  CHECK(s.slots[0].misses == 2);  // hbm: neither key
+  CHECK(s.slots[1].misses == 2);
+  CHECK(s.slots[2].misses == 1);  // nvme held the known key
+  CHECK(s.slots[2].hits == 1);
+}
+
 }  // namespace
 }  // namespace terrace::testing

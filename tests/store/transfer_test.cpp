@@ -280,6 +280,22 @@ TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with 
   CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(bytes.size())));
 }
 
+TEST_CASE("Transfer: a device Get of an unknown key counts a miss in every tier, as a host Get does") {
+  TempDir dir("xfer-device-miss");
+  auto opened = Store::Open(DeviceOptions(dir.path()));
+  INFO(opened.status().ToString());
+  REQUIRE(opened.ok());
+  Store& store = **opened;
+  std::vector<std::byte> dev(4096);
+  CHECK(store.Get(TestKey(9), BufferRef{dev, BufferKind::kDevice}).status().IsNotFound());
+  CHECK(store.Get(TestKey(9), std::span<std::byte>(dev)).status().IsNotFound());
+  for (const TierStatsSnapshot& t : store.Stats().slots) {
+    INFO(t.name);
+    CHECK(t.misses == 2);
+    CHECK(t.hits == 0);
+  }
+}
+
 TEST_CASE("Transfer: a promotion from the host arena into HBM copies from the arena, not a bounce buffer") {
   TempDir dir("xfer-host-hbm");
   auto opened = Store::Open(DeviceOptions(dir.path()));
