@@ -8,6 +8,7 @@
 // called under that mutex. Units: bytes, nanoseconds, tokens.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -236,6 +237,12 @@ struct ExpertMetrics {
   double stall_ns_per_token = 0;
   std::uint64_t demand_bytes = 0;           // bytes loaded into the fast tier on demand
   std::uint64_t speculative_bytes = 0;      // bytes prefetched into the fast tier (landed)
+  // Every load into the fast tier that landed (on demand, selection batch or prefetch), by the
+  // tier its block was read from, index = TierId: the fastest tier holding the block when the load
+  // was issued (Store::Lookup). loaded_bytes_from sums to demand_bytes + speculative_bytes (but for
+  // an acquire's own demand load that failed, which demand_bytes counts). Reads outside the loads
+  // (Create's read-back of blocks already stored) are not counted.
+  std::array<std::uint64_t, kNumTiers> loads_from{}, loaded_bytes_from{};
   // Parts of speculative_bytes: prefetched, then evicted before any use (a counter: it never
   // decreases), and prefetched, resident and not used yet at the snapshot (a gauge: it falls when
   // such an expert is used or evicted).

@@ -313,8 +313,9 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
              f.all_miss_s * 1e3, run.nvme_bytes_per_s / 1e9, a.link_gbps, run.compute_s_per_token * 1e3,
              a.threads == 1 ? "thread CPU time" : "wall time", run.resident_wall_s_per_token * 1e3, f.all_miss_ratio,
              Yes(f.all_miss_ratio >= 3));
-  Table t({"config", "budget", "tokens/s", "io bound", "drive bound", "bound", "stall", "hit rate", "recall", "nvme MiB",
-           "host MiB"});
+  Table t({"config", "budget", "tokens/s", "io bound", "drive bound", "bound", "stall", "hit rate", "recall", "precision",
+           "nvme MiB", "host MiB", "spec MiB", "spec wasted MiB", "spec unused MiB"});
+  auto mib = [](std::uint64_t b) { return fmt::format("{:.1f}", static_cast<double>(b) / (1 << 20)); };
   for (const auto& r : run.results) {
     const bool cached = r.name != "resident" && !r.IsMmap();
     const bool budgeted = cached || (r.IsMmap() && r.mmap_budget_bytes > 0);
@@ -324,14 +325,16 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
            cached ? fmt::format("{:.1f}", r.bound_tokens_per_s.value_or(0)) : "-",
            cached ? fmt::format("{:.1f}%", 100 * r.stall_share.value_or(0)) : "-",
            r.hit_rate ? fmt::format("{:.3f}", *r.hit_rate) : "-", r.recall ? fmt::format("{:.3f}", *r.recall) : "-",
-           fmt::format("{:.1f}", static_cast<double>(r.bytes_read[2]) / (1 << 20)),
-           fmt::format("{:.1f}", static_cast<double>(r.bytes_read[1]) / (1 << 20))});
+           r.precision ? fmt::format("{:.3f}", *r.precision) : "-", mib(r.bytes_read[2]), mib(r.bytes_read[1]),
+           cached ? mib(r.speculative_bytes) : "-", cached ? mib(r.wasted_bytes) : "-", cached ? mib(r.unused_bytes) : "-"});
   }
   fmt::print("{}", t.Render());
   fmt::print("io bound = the tokens/s the drive and the link allow at the row's hit rate (misses x block bytes per token, "
              "no compute); drive bound = compute and the row's NVMe reads perfectly overlapped, 1 / max(compute, nvme bytes "
              "per token / drive rate + / link); bound = compute + the misses' transfers, serially; mmap hit rate = acquires "
-             "of an expert whose pages were charged to the budget\n");
+             "of an expert whose pages were charged to the budget; hit rate, recall, precision and nvme / host MiB over "
+             "the decode steps; spec MiB = prefetched bytes landed, of which evicted before any use (wasted) and "
+             "resident and not used at the end (unused), over the whole run; - = no such figure for the row\n");
   for (const auto& r : run.results) {
     if (!r.IsMmap()) continue;
     fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run; experts' page-cache bytes after it (mincore) "

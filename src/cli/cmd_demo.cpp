@@ -291,20 +291,48 @@ nlohmann::json TierRates(const Store& store) {
   return j;
 }
 
-// The expert store's tiers (TierRates) with the HBM tier's hits, misses and hit_rate taken from the
-// expert cache: the offload serves the cached experts from that tier itself, so the store's own
-// HBM counters see none of those reads. hits = the cache's hits, misses = every other expert
-// acquire (late hits and misses), hit_rate = hits / all acquires (ExpertMetrics::hit_rate; null
-// when there were none); "counted_by": "expert_cache" says so (the text labels it "(expert cache)").
-nlohmann::json ExpertTierRates(const Store& store, const experts::ExpertMetrics& em) {
+// The expert store's tiers (TierRates), with hits, misses and hit_rate counted by the expert
+// offload rather than by the store, which sees none of them: the offload serves the cached experts
+// from the HBM tier itself and loads the others with Store::Prefetch, whose reads the store's
+// per-tier hit counters leave out. HBM ("counted_by": "expert_cache"): hits = the cache's hits,
+// misses = every other expert acquire (late hits and misses), hit_rate = hits / all acquires
+// (ExpertMetrics::hit_rate; null when there were none). A lower tier ("counted_by":
+// "expert_loads"): hits = the expert loads read from it (ExpertMetrics::loads_from: the fastest
+// tier holding the block when the load was issued), misses = the loads that looked past it (read
+// from a slower tier), hit_rate = hits / (hits + misses), null when no load reached it; "loads" and
+// "loaded_bytes" say the same in loads and bytes. The store's read-back of the blocks already
+// stored when the offload was created (`at_start`: the store's stats then; a new store has none)
+// is no expert load: it is counted apart, as "startup_check_reads" / "startup_check_bytes_read",
+// and taken out of "bytes_read", which is then the tier's reads during the run.
+nlohmann::json ExpertTierRates(const Store& store, const experts::ExpertMetrics& em, const StoreStats& at_start) {
   nlohmann::json j = TierRates(store);
-  if (!j.contains(kTierNames[static_cast<int>(TierId::kHbm)])) return j;
-  nlohmann::json& hbm = j[kTierNames[static_cast<int>(TierId::kHbm)]];
-  const std::uint64_t acquires = em.hits + em.late_hits + em.misses;
-  hbm["hits"] = em.hits;
-  hbm["misses"] = em.late_hits + em.misses;
-  hbm["hit_rate"] = OrNull(Share(em.hits, acquires));
-  hbm["counted_by"] = "expert_cache";
+  for (int t = 0; t < kNumTiers; ++t) {
+    const auto i = static_cast<std::size_t>(t);
+    if (!j.contains(kTierNames[t])) continue;
+    nlohmann::json& v = j[kTierNames[t]];
+    const TierStatsSnapshot& s0 = at_start.tiers[i];
+    const std::uint64_t startup_reads = at_start.present[i] ? s0.hits : 0;
+    const std::uint64_t startup_bytes = at_start.present[i] ? s0.bytes_read : 0;
+    v["bytes_read"] = v["bytes_read"].get<std::uint64_t>() - std::min(startup_bytes, v["bytes_read"].get<std::uint64_t>());
+    v["startup_check_reads"] = startup_reads;
+    v["startup_check_bytes_read"] = startup_bytes;
+    if (static_cast<TierId>(t) == TierId::kHbm) {
+      const std::uint64_t acquires = em.hits + em.late_hits + em.misses;
+      v["hits"] = em.hits;
+      v["misses"] = em.late_hits + em.misses;
+      v["hit_rate"] = OrNull(Share(em.hits, acquires));
+      v["counted_by"] = "expert_cache";
+      continue;
+    }
+    std::uint64_t slower = 0;
+    for (std::size_t u = i + 1; u < em.loads_from.size(); ++u) slower += em.loads_from[u];
+    v["hits"] = em.loads_from[i];
+    v["misses"] = slower;
+    v["hit_rate"] = OrNull(Share(em.loads_from[i], em.loads_from[i] + slower));
+    v["loads"] = em.loads_from[i];
+    v["loaded_bytes"] = em.loaded_bytes_from[i];
+    v["counted_by"] = "expert_loads";
+  }
   return j;
 }
 
@@ -540,14 +568,33 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
              PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["hbm"])),
              PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["host"])),
              PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["nvme"])), d.kst.fallbacks);
-  for (const char* pool : {"kv", "state", "experts"}) {
+  for (const char* pool : {"kv", "state"}) {
     std::vector<std::string> parts;
     for (const auto& [tier, v] : s["tiers"][pool].items()) {
-      parts.push_back(fmt::format("{} {}{}", tier,
-                                  v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>()),
-                                  v.contains("counted_by") ? " (expert cache)" : ""));
+      parts.push_back(fmt::format("{} {}", tier,
+                                  v["hit_rate"].is_null() ? std::string("n/a (no reads)") : FormatPercent(v["hit_rate"].get<double>())));
     }
     fmt::print("  {:<7} store:   hit rate per tier (hits / lookups): {}\n", pool, fmt::join(parts, ", "));
+  }
+  {
+    // The expert store: HBM counted by the expert cache (hits / acquires), the lower tiers by the
+    // expert loads (read from this tier / loads that reached it); start-up check reads apart.
+    std::vector<std::string> parts, loads, startup;
+    for (const auto& [tier, v] : s["tiers"]["experts"].items()) {
+      const bool cache = v.value("counted_by", "") == "expert_cache";
+      parts.push_back(fmt::format("{} {}{}", tier,
+                                  v["hit_rate"].is_null() ? std::string(cache ? "n/a (no acquires)" : "n/a (no loads)")
+                                                          : FormatPercent(v["hit_rate"].get<double>()),
+                                  cache ? " (expert cache: hits / acquires)" : ""));
+      if (!cache) loads.push_back(fmt::format("{} from {}", v.value("loads", std::uint64_t{0}), tier));
+      if (v.value("startup_check_reads", std::uint64_t{0}) > 0)
+        startup.push_back(fmt::format("{} blocks ({}) from {}", v["startup_check_reads"].get<std::uint64_t>(),
+                                      FormatBytes(static_cast<double>(v["startup_check_bytes_read"].get<std::uint64_t>())), tier));
+    }
+    fmt::print("  experts store:   hit rate per tier: {} (expert loads: read from the tier / loads reaching it; {}){}\n",
+               fmt::join(parts, ", "), fmt::join(loads, ", "),
+               startup.empty() ? std::string()
+                               : fmt::format("; start-up check of the stored experts read {} (not loads)", fmt::join(startup, ", ")));
   }
   fmt::print("  experts:         fast-tier hit rate {} ({} hits, {} late, {} misses); prefetch precision {}, recall "
              "{}; stalls {} of forward time ({} ms per computed prompt token, {} ms per decode step)\n",
@@ -803,7 +850,10 @@ int RunDemo(const DemoArgs& a) {
     if (Status s = WriteMarker(dir / kDemoStores[2], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
   }
   const std::uint64_t kv_blocks_before = kv->kv_store->Stats().blocks, state_blocks_before = kv->state_store->Stats().blocks;
-  const std::uint64_t expert_puts = ex->store->Stats().tiers[static_cast<std::size_t>(TierId::kNvme)].puts;
+  // The expert store after its start-up (puts of a new store, or the read-back of the blocks already
+  // there): ExpertTierRates keeps those reads apart from the expert loads.
+  const StoreStats expert_store_at_start = ex->store->Stats();
+  const std::uint64_t expert_puts = expert_store_at_start.tiers[static_cast<std::size_t>(TierId::kNvme)].puts;
   Progress(fmt::format("      stores open in {:.1f} s: {} KV chunk and {} KDA state blocks from earlier runs; {} expert "
                        "blocks written ({}); expert cache {} of the experts ({}) in emulated HBM, lookahead predictor",
                        SecondsSince(t0), kv_blocks_before, state_blocks_before, expert_puts,
@@ -862,7 +912,8 @@ int RunDemo(const DemoArgs& a) {
   d.kst = cache.Stats();
   d.em = ex->offload->Metrics();
   d.full_pools = FullPrefixPools(*kv);
-  d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)}, {"experts", ExpertTierRates(*ex->store, d.em)}};
+  d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)},
+             {"experts", ExpertTierRates(*ex->store, d.em, expert_store_at_start)}};
   d.reused_model = *reused_model;
   d.second_run = !previous.is_null() || kv_blocks_before > 0;
   d.kv_blocks_before = kv_blocks_before;

@@ -276,7 +276,8 @@ int RunModel(const RunArgs& a) {
     j["generated"] = generated;
     j["prefill_tokens_per_s"] = prefill_tps;
     j["decode_tokens"] = session.decode_tokens();
-    j["decode_tokens_per_s"] = decode_tps;
+    // No decode step ran (--max-new 0): a rate over nothing is null, as the demo writes it, not 0.
+    j["decode_tokens_per_s"] = session.decode_tokens() > 0 ? nlohmann::json(decode_tps) : nlohmann::json(nullptr);
     j["logits_xxh3_64"] = fmt::format("{:016x}", digest);
     j["logits_head"] = head;
     j["threads"] = a.threads;

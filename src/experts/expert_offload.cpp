@@ -415,6 +415,8 @@ Status ExpertOffload::Reset() {
   for (auto& v : m.select_load) std::fill(v.begin(), v.end(), 0);
   m.have_token_load = false;
   m.tokens = m.steps_seen = m.stall_ns = m.demand_bytes = m.spec_bytes = m.spec_wasted = 0;
+  m.loads_from.fill(0);
+  m.loaded_bytes_from.fill(0);
   m.issued = m.cancelled = m.skipped = m.evictions = 0;
   m.spec_booked_since_pump = false;
   m.sched = ExpertScheduleMetrics{};
@@ -511,6 +513,8 @@ ExpertMetrics ExpertOffload::Metrics() const {
   x.stall_ns_per_token = x.tokens == 0 ? 0 : static_cast<double>(m.stall_ns) / static_cast<double>(x.tokens);
   x.demand_bytes = m.demand_bytes;
   x.speculative_bytes = m.spec_bytes;
+  x.loads_from = m.loads_from;
+  x.loaded_bytes_from = m.loaded_bytes_from;
   std::uint64_t unused = 0;
   for (const auto& s : m.slots)
     if (s.state == SlotState::kResident && s.unused_prefetch) unused += s.bytes;

@@ -93,6 +93,12 @@ std::string ExpertMetrics::ToJson() const {
   j["speculative_bytes"] = speculative_bytes;
   j["speculative_wasted_bytes"] = speculative_wasted_bytes;
   j["speculative_unused_bytes"] = speculative_unused_bytes;
+  j["loads_from"] = nlohmann::json::object();
+  for (int t = 0; t < kNumTiers; ++t) {
+    const auto i = static_cast<std::size_t>(t);
+    j["loads_from"][std::string(TierName(static_cast<TierId>(t)))] = {{"loads", loads_from[i]},
+                                                                     {"bytes", loaded_bytes_from[i]}};
+  }
   j["prefetches_issued"] = prefetches_issued;
   j["prefetches_cancelled"] = prefetches_cancelled;
   j["prefetches_skipped"] = prefetches_skipped;

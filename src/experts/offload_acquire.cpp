@@ -91,9 +91,11 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
     demand_bytes += s.bytes;
     sync_load = true;
   }
+  const TierId source = sync_load ? SourceTiers(std::span<const BlockKey>(&s.key, 1))[0] : TierId::kHbm;
   const std::uint64_t load_start = sync_load ? SteadyNanos() : 0;
   auto h = store->Acquire(s.key, TierId::kHbm);
   if (sync_load) AddLoadInterval(load_start, SteadyNanos());
+  if (sync_load && h.ok()) CountLoad(source, s.bytes);
   if (!h.ok()) {
     auto where = store->Lookup(std::span<const BlockKey>(&s.key, 1));
     if (where.empty() || !where[0].found || where[0].tier != TierId::kHbm) {

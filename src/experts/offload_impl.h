@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -109,6 +110,7 @@ struct InFlight {
   Future<std::vector<Status>> future;  // reset once every key is booked
   std::shared_ptr<Landing> landing;
   std::vector<char> booked;            // key k's outcome is accounted for
+  std::vector<TierId> source;          // key k's fastest copy when issued (Store::Lookup; kNumTiers: none)
   std::size_t unbooked = 0;
 };
 
@@ -177,6 +179,9 @@ struct ExpertOffload::Impl {
   std::uint64_t demand_bytes TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t spec_bytes TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t spec_wasted TERRACE_GUARDED_BY(mu) = 0;
+  // Landed loads and their bytes by source tier (ExpertMetrics::loads_from).
+  std::array<std::uint64_t, kNumTiers> loads_from TERRACE_GUARDED_BY(mu){};
+  std::array<std::uint64_t, kNumTiers> loaded_bytes_from TERRACE_GUARDED_BY(mu){};
   std::uint64_t issued TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t cancelled TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t skipped TERRACE_GUARDED_BY(mu) = 0;
@@ -228,6 +233,11 @@ struct ExpertOffload::Impl {
   void LoadSelection(int layer, std::span<const int> sel) TERRACE_REQUIRES(mu);
   // A Store::Prefetch of `ids`' keys whose every key reports to the returned InFlight's Landing.
   offload::InFlight Issue(std::vector<std::size_t> ids, std::int64_t target, bool demand, Priority prio) TERRACE_REQUIRES(mu);
+  // The tier each key's fastest copy is in now (Store::Lookup), or static_cast<TierId>(kNumTiers)
+  // for a key no tier holds: where a load issued now reads it from.
+  std::vector<TierId> SourceTiers(std::span<const BlockKey> keys) const TERRACE_REQUIRES(mu);
+  // Counts a landed load of `bytes` read from `source` (ExpertMetrics::loads_from).
+  void CountLoad(TierId source, std::uint64_t bytes) TERRACE_REQUIRES(mu);
   // Accounts for key k of `f`, whose store outcome is `st`.
   void BookItem(offload::InFlight& f, std::size_t k, const Status& st) TERRACE_REQUIRES(mu);
   // Books the keys of `f` that are done (all of them, waiting, when `wait`). True when every key

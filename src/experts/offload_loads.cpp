@@ -6,6 +6,21 @@ namespace terrace::experts {
 
 using namespace offload;
 
+std::vector<TierId> ExpertOffload::Impl::SourceTiers(std::span<const BlockKey> keys) const {
+  std::vector<TierId> out(keys.size(), static_cast<TierId>(kNumTiers));
+  const std::vector<LookupResult> where = store->Lookup(keys);
+  for (std::size_t k = 0; k < keys.size() && k < where.size(); ++k)
+    if (where[k].found) out[k] = where[k].tier;
+  return out;
+}
+
+void ExpertOffload::Impl::CountLoad(TierId source, std::uint64_t bytes) {
+  const auto t = static_cast<std::size_t>(source);
+  if (t >= loads_from.size()) return;
+  ++loads_from[t];
+  loaded_bytes_from[t] += bytes;
+}
+
 void ExpertOffload::Impl::BookItem(InFlight& f, std::size_t k, const Status& st) {
   f.booked[k] = 1;
   --f.unbooked;
@@ -27,6 +42,7 @@ void ExpertOffload::Impl::BookItem(InFlight& f, std::size_t k, const Status& st)
   if (landed) {
     s.state = SlotState::kResident;
     s.last_use = ++tick;
+    CountLoad(f.source[k], s.bytes);
     if (f.demand) {
       demand_bytes += s.bytes;
     } else {
@@ -78,6 +94,7 @@ InFlight ExpertOffload::Impl::Issue(std::vector<std::size_t> ids, std::int64_t t
   f.landing = std::make_shared<Landing>(f.slot_ids.size());
   f.booked.assign(f.slot_ids.size(), 0);
   f.unbooked = f.slot_ids.size();
+  f.source = SourceTiers(keys);
   f.issue_ns = SteadyNanos();
   if (!demand) {
     for (std::size_t i : f.slot_ids) {

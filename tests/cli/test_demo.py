@@ -102,12 +102,53 @@ def test_the_text_and_the_json_give_the_same_figures_and_numbers(two_runs):
     assert hbm["hits"] == e["hits"] and hbm["misses"] == e["late_hits"] + e["misses"]
     assert hbm["hit_rate"] == pytest.approx(e["hit_rate"]) and hbm["hit_rate"] > 0
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("experts store:"))
-    assert f"hbm {100 * hbm['hit_rate']:.1f}% (expert cache)" in line, line
+    assert f"hbm {100 * hbm['hit_rate']:.1f}% (expert cache: hits / acquires)" in line, line
     for pool in ("kv", "state"):
         assert all("counted_by" not in v for v in s["tiers"][pool].values())
     numbers = [(t["conversation"], t["turn"]) for t in j["turns"]]
     assert numbers == [(1, 1), (2, 1), (1, 2), (2, 2)]
     assert re.findall(r"conversation (\d+) turn (\d+):", r.stdout) == [(str(c), str(t)) for c, t in numbers]
+
+
+def test_the_expert_store_line_counts_the_expert_loads_by_the_tier_they_came_from(two_runs):
+    """The offload loads experts with Store::Prefetch, whose reads the store's per-tier hit counters
+    leave out: the expert store's host and NVMe figures used to say "n/a (no reads)" while the NVMe
+    tier had read every loaded expert, and on a second run "nvme 100.0%" counted the start-up
+    read-back of the stored experts, not the loads. Now the lower tiers count the expert loads by
+    the tier each block was read from, and the start-up reads are counted apart."""
+    _, (r1, first), (r2, second) = two_runs
+    for r, j in ((r1, first), (r2, second)):
+        s = j["summary"]
+        e, tiers = s["experts"], s["tiers"]["experts"]
+        lower = [t for t in ("host", "nvme") if t in tiers]
+        assert "nvme" in lower
+        for t in lower:
+            v = tiers[t]
+            assert v["counted_by"] == "expert_loads", t
+            assert v["hits"] == v["loads"], t
+            slower = sum(tiers[u]["loads"] for u in lower[lower.index(t) + 1:])
+            assert v["misses"] == slower, t
+            want = v["hits"] / (v["hits"] + v["misses"]) if v["hits"] + v["misses"] else None
+            assert v["hit_rate"] == pytest.approx(want) if want is not None else v["hit_rate"] is None, t
+        # Every landed load came from some tier: the loads' bytes are the bytes loaded on demand and prefetched.
+        assert sum(tiers[t]["loaded_bytes"] for t in lower) == e["demand_bytes"] + e["prefetched_bytes"] > 0
+        # The experts live on NVMe: loads read it.
+        assert tiers["nvme"]["loads"] > 0 and tiers["nvme"]["hit_rate"] == 1.0
+        # bytes_read is the run's reads, the start-up check's apart; the loads are among the run's reads.
+        assert tiers["nvme"]["bytes_read"] >= tiers["nvme"]["loaded_bytes"]
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith("experts store:"))
+        assert "no reads" not in line, line
+        assert "nvme 100.0%" in line and f"{tiers['nvme']['loads']} from nvme" in line, line
+    # A new store has nothing to check at start-up; the second run reads back every stored expert
+    # once (an identical block already there is kept), and those reads are not loads.
+    assert all(v["startup_check_reads"] == 0 and v["startup_check_bytes_read"] == 0
+               for v in first["summary"]["tiers"]["experts"].values())
+    nvme2 = second["summary"]["tiers"]["experts"]["nvme"]
+    assert nvme2["startup_check_bytes_read"] == second["summary"]["experts"]["total_expert_bytes"]
+    assert nvme2["startup_check_reads"] > 0
+    line = next(x for x in r2.stdout.splitlines() if x.strip().startswith("experts store:"))
+    assert f"start-up check of the stored experts read {nvme2['startup_check_reads']} blocks" in line, line
+    assert "start-up" not in next(x for x in r1.stdout.splitlines() if x.strip().startswith("experts store:"))
 
 
 def test_the_demo_figures_match_an_independent_recompute(terrace, two_runs, tmp_path):

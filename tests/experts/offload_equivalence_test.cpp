@@ -108,6 +108,12 @@ TEST_CASE("offloaded runs equal the resident run for every policy, predictor and
         CHECK(m.hits + m.late_hits + m.misses > 0);
         CHECK(m.steps == static_cast<std::uint64_t>(1 + testing::kDecodeSteps));
         CHECK(m.tokens == testing::Prompt().size() + testing::kDecodeSteps);
+        // Every landed load was read from the experts' home (host): none from HBM or NVMe.
+        const auto host = static_cast<std::size_t>(TierId::kHost);
+        CHECK(m.loaded_bytes_from[host] == m.demand_bytes + m.speculative_bytes);
+        CHECK(m.loaded_bytes_from[host] == m.loads_from[host] * BlockBytes());
+        CHECK(m.loads_from[static_cast<std::size_t>(TierId::kHbm)] == 0);
+        CHECK(m.loads_from[static_cast<std::size_t>(TierId::kNvme)] == 0);
         if (predictor == PredictorKind::kNone) {
           CHECK(m.speculative_bytes == 0);
           CHECK(m.prefetches_issued == 0);
@@ -141,6 +147,14 @@ TEST_CASE("experts homed on the NVMe tier give the resident run's outputs", "[ex
   CHECK(st.tiers[static_cast<int>(TierId::kNvme)].blocks ==
         o.offload->Metrics().total_expert_bytes / BlockBytes());
   CHECK(st.tiers[static_cast<int>(TierId::kHost)].blocks == 0);
+  // The loads come from NVMe, where the experts live; the metrics say so (the store's own per-tier
+  // hit counters leave prefetch reads out, so they cannot).
+  const ExpertMetrics m = o.offload->Metrics();
+  const auto nvme = static_cast<std::size_t>(TierId::kNvme);
+  CHECK(m.loads_from[nvme] > 0);
+  CHECK(m.loaded_bytes_from[nvme] == m.demand_bytes + m.speculative_bytes);
+  CHECK(m.loads_from[static_cast<std::size_t>(TierId::kHost)] == 0);
+  CHECK(m.loads_from[static_cast<std::size_t>(TierId::kHbm)] == 0);
 }
 
 TEST_CASE("a lease pins its expert in the fast tier; eviction never drops the home copy", "[experts]") {

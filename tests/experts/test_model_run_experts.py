@@ -6,6 +6,7 @@ Run by ctest with TERRACE_BIN pointing at the terrace binary.
 """
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -386,6 +387,18 @@ def test_bench_experts_prints_the_checkpoints_regime(toy, tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"{top_k} x {len(layers)} x {block} B" in p.stdout
     assert "per-layer recall, lru+lookahead at 50%:" in p.stdout and "targets at 50%:" in p.stdout
+    # The table prints what docs/experts.md says it prints per configuration: precision and the
+    # speculative bytes (moved, evicted unused, unused at the end) too, "-" where a row has none.
+    header = next(l for l in p.stdout.splitlines() if l.lstrip().startswith("config"))
+    cols = [c.strip() for c in re.split(r"\s{2,}", header.strip())]
+    for col in ("hit rate", "recall", "precision", "nvme MiB", "host MiB", "spec MiB", "spec wasted MiB",
+                "spec unused MiB"):
+        assert col in cols, (col, header)
+    row = lambda name: next(l for l in p.stdout.splitlines() if l.lstrip().startswith(name + " "))  # noqa: E731
+    resident = re.split(r"\s{2,}", row("resident").strip())
+    assert resident[cols.index("precision")] == "-" and resident[cols.index("spec MiB")] == "-", resident
+    lru = re.split(r"\s{2,}", row("lru+lookahead").strip())
+    assert re.fullmatch(r"[0-9.]+", lru[cols.index("spec MiB")]), lru
 
 
 def test_bench_experts_json_measures_per_token_times_and_nulls_what_a_row_does_not_measure(toy, tmp_path):
@@ -576,3 +589,14 @@ def test_an_expert_store_that_is_not_a_store_is_a_runtime_failure_in_cli_words(t
     assert "InvalidArgument: --store: opening the expert store" in p.stderr, p.stderr
     assert "NVMe tier at an" not in p.stderr and "point the" not in p.stderr, p.stderr
     assert "give a new --store directory" in p.stderr, p.stderr
+
+
+def test_model_run_json_has_no_decode_rate_without_decode_steps(toy):
+    """--max-new 0 makes no decode step: decode_tokens_per_s is null (a rate over nothing), as the demo
+    writes it, not 0.0; with decode steps it is a positive number."""
+    p = subprocess.run([BIN, "model", "run", "--model", str(toy), "--tokens", TOKENS, "--max-new", "0", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    j = json.loads(p.stdout)
+    assert j["decode_tokens_per_s"] is None and j["prefill_tokens_per_s"] > 0, j
+    assert run_json(toy)["decode_tokens_per_s"] > 0
