@@ -274,6 +274,7 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetItem> items, const G
   for (std::size_t k = 0; k < slow.size(); ++k) {
     Store::GetItem& item = items[slow_index[k]];
     if (slow[k].handled) {
+      CountMissIfNone(slow[k].status);
       st[slow_index[k]] = slow[k].status;
       if (slow[k].status.ok()) item.desc = slow[k].desc;
       continue;

@@ -112,7 +112,7 @@ Result<BlockDesc> StoreImpl::GetDevice(const BlockKey& key, std::span<std::byte>
     // Bring the block into the device tier (a Transfer when it is elsewhere), then copy it out
     // device to device.
     ReadOutcome o = LockedRead(key, {}, MoveMode::kExact, d, /*by_prefetch=*/false);
-    if (o.desc.status().IsNotFound()) CountGet(slot_count());  // a miss in every tier, as a Get counts it
+    CountMissIfNone(o.desc.status());
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

@@ -12,7 +12,12 @@ namespace terrace::store_internal {
 thread_local const StoreImpl::OwnCopiesEvictable* StoreImpl::OwnCopiesEvictable::innermost_ = nullptr;
 
 StoreImpl::OwnCopiesEvictable::OwnCopiesEvictable(const StoreImpl* store, const BlockKey& key, SlotMask keep)
-    : store_(store), key_(key), keep_(keep), outer_(innermost_) {
+    // Nor is it taken from a shared tier or the slot above one: its demotion would write the old
+    // version into a tier other processes read, over a version one of them may have put there.
+    : store_(store),
+      key_(key),
+      keep_(static_cast<SlotMask>(keep | store->shared_mask_ | (store->shared_mask_ >> 1))),
+      outer_(innermost_) {
   innermost_ = this;
 }
 

@@ -30,11 +30,8 @@ std::vector<Status> StoreImpl::GetRanges(std::span<Store::GetRangeItem> items) {
     auto guard = key_locks_.Lock(items[i].key);
     (void)RangeRound(items, {&i, 1}, /*adopt_shared=*/false, st);
   }
-  // A read found counted its hit (RangeRound); one whose key is in no tier is a miss in every tier,
-  // as a Get counts it.
-  for (const Status& s : st) {
-    if (s.IsNotFound()) CountGet(slot_count());
-  }
+  // A read found counted its hit (RangeRound); one whose key has no readable copy, a miss.
+  for (const Status& s : st) CountMissIfNone(s);
   return st;
 }
 

@@ -81,6 +81,7 @@ Result<BlockDesc> StoreImpl::Get(const BlockKey& key, std::span<std::byte> out, 
   if (FastGet(key, out, &r)) return r;
   DemandScope demand(*demand_);
   ReadOutcome o = FetchDedup(key, PromoteOnGetTarget(opts), /*by_prefetch=*/false, out);
+  CountMissIfNone(o.desc.status());  // the fast path counted the directory's misses; these it left
   return std::move(o.desc);
 }
 
@@ -393,7 +394,7 @@ Result<BlockHandle> StoreImpl::Acquire(const BlockKey& key, TierId where) {
   auto guard = key_locks_.Lock(key);
   for (int attempt = 0; attempt < slot_count() + 1; ++attempt) {
     ReadOutcome o = LockedRead(key, {}, MoveMode::kExact, s, /*by_prefetch=*/false);
-    if (o.desc.status().IsNotFound()) CountGet(slot_count());  // a miss in every tier, as a Get counts it
+    CountMissIfNone(o.desc.status());
     if (!o.desc.ok()) return o.desc.status();
     TERRACE_RETURN_IF_ERROR(o.move_status);
     const BlockDesc desc = *o.desc;

@@ -424,6 +424,12 @@ class StoreImpl {
   // Result of a kDevice Get when DeviceSlot() < 0.
   static Status NoDeviceTier(const BlockKey& key);
 
+  // A caller's read that found no readable copy of its key (NotFound, or Corruption: every copy
+  // lost) counts a miss in every tier, whichever read call it was.
+  void CountMissIfNone(const Status& s) {
+    if (s.IsNotFound() || s.IsCorruption()) CountGet(slot_count());
+  }
+
   // placement.cpp
   // What room-making does when every victim is busy (its key locked by another thread, e.g. being
   // demoted): kSkip gives up after a few quick looks (promotions, which have another route);
@@ -447,7 +453,8 @@ class StoreImpl {
   Status EvictOne(int slot, BusyVictims busy = BusyVictims::kSkip);
   // While one lives (on the stack of a thread that holds `key`'s lock for a write-back Put), this
   // thread's room-making may evict copies of `key` - the previous version the put replaces - from
-  // slots outside `keep` (those the put writes), demoting them like any other victim, since the put
+  // slots outside `keep` (those the put writes; shared tiers and the slots just above them are
+  // kept too), demoting them like any other victim, since the put
   // may still fail and the previous version must survive that. Without one, room-making never
   // evicts a key this thread locked (an operation of this thread is on it). The put reads the
   // key's copies again (CopiesOf) before it publishes. Not copyable; nests.

@@ -120,6 +120,37 @@ TEST_CASE("A Prefetch with a priority outside the enum is refused, not queued") 
   CHECK_FALSE(f.at(TierId::kHost).Has(k));
 }
 
+// Summed over the store's tiers.
+std::uint64_t Misses(Store& store) {
+  std::uint64_t n = 0;
+  for (const TierStatsSnapshot& t : store.Stats().slots) n += t.misses;
+  return n;
+}
+
+TEST_CASE("A lost key (every copy dropped as corrupt) is a miss in every tier for Get, GetBatch, GetRanges and Acquire") {
+  FakeTiers f(0, 4096, 1 << 16);
+  auto store = OpenWithPutTier(f, TierId::kHost);
+  const BlockKey k = TestKey(5);
+  REQUIRE(store->Put(k, TestBytes(1, 100)).ok());
+  REQUIRE(f.at(TierId::kHost).CorruptStored(k));
+  REQUIRE(GetBytes(*store, k).status().IsCorruption());  // dropped: lost
+  std::uint64_t before = Misses(*store);
+  REQUIRE(GetBytes(*store, k).status().IsCorruption());
+  CHECK(Misses(*store) - before == 2);
+  std::vector<std::byte> buf(256);
+  before = Misses(*store);
+  std::vector<Store::GetRangeItem> range{{k, 0, 8, buf, {}, TierId::kHost}};
+  REQUIRE(store->GetRanges(range)[0].IsCorruption());
+  CHECK(Misses(*store) - before == 2);
+  before = Misses(*store);
+  std::vector<Store::GetItem> batch{{k, buf, {}}};
+  REQUIRE(store->GetBatch(batch)[0].IsCorruption());
+  CHECK(Misses(*store) - before == 2);
+  before = Misses(*store);
+  REQUIRE(store->Acquire(k, TierId::kHost).status().IsCorruption());
+  CHECK(Misses(*store) - before == 2);
+}
+
 TEST_CASE("Per-tier hits and misses count Gets and Acquires, not prefetches") {
   FakeTiers f(4096, 4096, 1 << 16);
   auto store = OpenWithPutTier(f, TierId::kHost);
