@@ -18,8 +18,18 @@
 // memory. Tokens that work: plain callbacks, boost::asio::use_future, boost::asio::use_awaitable,
 // deferred-style tokens. Buffers (`out`, `data`, `keys`) must stay alive until completion. The
 // handler must not throw (it may run on a store thread, where nothing catches it).
+// No exception leaves these calls. Where the executor refuses the completion (its post or dispatch
+// throws: the system executor starts boost's system_context threads on its first post, and throws
+// boost::system::system_error when the OS refuses a thread; an executor out of memory throws
+// std::bad_alloc), the handler runs inline instead, with the operation's real outcome: in the
+// initiating call itself for an outcome known during the call (the one exception to the rule
+// above), else on the store thread that completed the work. A program that cannot tolerate that
+// should give its handlers an executor that can run them (an io_context's).
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <new>
 #include <span>
 #include <thread>
 #include <utility>
@@ -38,25 +48,57 @@
 namespace terrace {
 namespace asio_detail {
 
+// The handler and its value, waiting for the executor to run them. `claimed` makes the run happen
+// once: by the executor, or inline when handing it to the executor threw.
+template <typename Handler, typename T>
+struct PendingCompletion {
+  Handler handler;
+  T value;
+  std::atomic<bool> claimed{false};
+
+  PendingCompletion(Handler h, T v) : handler(std::move(h)), value(std::move(v)) {}
+  // True when this call ran the handler; false when it had already run (or is running).
+  bool Run() {
+    if (claimed.exchange(true)) return false;
+    std::move(handler)(std::move(value));
+    return true;
+  }
+};
+
 // Completes `handler` with `future`'s value on the handler's associated executor (falling back to
 // `fallback`), keeping that executor's outstanding-work count up until then. Called in the
 // initiating function: a completion on its thread (then() runs the callback inline when the value
 // is already there) is posted, never run in the caller's frame; one on a store thread is
-// dispatched.
+// dispatched. No exception leaves here: when the post or dispatch throws (the system executor's
+// first post starts boost's system_context threads, and boost::system::system_error comes out when
+// the OS refuses one; an executor may throw std::bad_alloc), the handler runs inline, on this
+// thread, with the outcome (see the header comment).
 template <typename T, typename Handler, typename Executor>
 void CompleteOn(Future<T> future, Handler handler, const Executor& fallback) {
   auto ex = boost::asio::prefer(boost::asio::get_associated_executor(handler, fallback),
                                 boost::asio::execution::outstanding_work.tracked);
   future.then([handler = std::move(handler), ex = std::move(ex),
                initiator = std::this_thread::get_id()](T value) mutable {
-    auto run_ex = ex;
-    auto complete = [handler = std::move(handler), value = std::move(value), ex = std::move(ex)]() mutable {
+    using Pending = PendingCompletion<Handler, T>;
+    std::shared_ptr<Pending> pending;
+    try {
+      pending = std::make_shared<Pending>(std::move(handler), std::move(value));
+    } catch (const std::bad_alloc&) {  // nothing was moved: the allocation comes first
       std::move(handler)(std::move(value));
-    };
-    if (std::this_thread::get_id() == initiator) {
-      boost::asio::post(run_ex, std::move(complete));
-    } else {
-      boost::asio::dispatch(run_ex, std::move(complete));
+      return;
+    }
+    auto run_ex = ex;
+    auto complete = [pending, ex = std::move(ex)]() mutable { pending->Run(); };
+    try {
+      if (std::this_thread::get_id() == initiator) {
+        boost::asio::post(run_ex, std::move(complete));
+      } else {
+        boost::asio::dispatch(run_ex, std::move(complete));
+      }
+    } catch (...) {
+      // The executor did not take the completion (a handler that throws, run inline by dispatch,
+      // has claimed it: its exception goes on as before).
+      if (!pending->Run()) throw;
     }
   });
 }

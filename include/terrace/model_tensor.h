@@ -20,6 +20,7 @@ std::size_t DTypeSize(DType dtype);
 std::string_view DTypeName(DType dtype);             // safetensors spelling: "F32", "BF16", "U8", ...
 Result<DType> ParseDType(std::string_view name);     // InvalidArgument naming the unknown dtype
 
+// The product of the dimensions; -1 when a dimension is negative or the product passes int64.
 std::int64_t NumElements(std::span<const std::int64_t> shape);
 std::string ShapeString(std::span<const std::int64_t> shape);  // "[2, 3]"
 
@@ -52,7 +53,9 @@ struct Tensor {
 Status ExpectShape(const Tensor& t, const std::vector<std::int64_t>& want, std::string_view where,
                    std::string_view name);
 
-// Converts a F32 / BF16 / F16 view to fp32. InvalidArgument for other dtypes (naming `what`).
+// Converts a F32 / BF16 / F16 view to fp32. InvalidArgument (naming `what` and the shape) for other
+// dtypes, a negative dimension, an element or byte count past what the machine addresses, or a byte
+// count that does not fit the shape; OutOfCapacity when the fp32 copy cannot be allocated.
 Result<Tensor> ToFloat(const TensorView& view, std::string_view what = "tensor");
 
 // OK when every value is finite; else Corruption naming `name` and the first NaN / infinity.

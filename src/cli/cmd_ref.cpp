@@ -145,6 +145,9 @@ Status WriteOutputs(const RefArgs& a, const std::vector<std::pair<std::string, c
                          [&](const std::filesystem::path& tmp) { return w->Write(tmp); });
 }
 
+// The largest KDA state `ref kda` allocates: 2^28 fp32 values (1 GiB).
+constexpr std::int64_t kMaxKdaStateValues = std::int64_t{1} << 28;
+
 Status RefKda(const RefArgs& a) {
   TERRACE_ASSIGN_OR_RETURN(FileSource src, OpenInput(a.in));
   TERRACE_ASSIGN_OR_RETURN(Tensor q, Input(src, "q", {-1, -1, -1, -1}));
@@ -155,6 +158,15 @@ Status RefKda(const RefArgs& a) {
   TERRACE_ASSIGN_OR_RETURN(Tensor v, Input(src, "v", {B, T, H, -1}));
   const std::int64_t V = v.dim(3);
   TERRACE_ASSIGN_OR_RETURN(Tensor beta, Input(src, "beta", {B, T, H}));
+  // The state is [B, H, K, V] whatever T is: a file of no tokens (T = 0) holds no values, yet its K
+  // and V alone can ask for more memory than exists (or a count that wraps past 2^64).
+  const std::int64_t state_values = NumElements(Shape{B, H, K, V});
+  if (state_values < 0 || state_values > kMaxKdaStateValues)
+    return Status::InvalidArgument(fmt::format(
+        "--in {}: the KDA state [B, H, K, V] = {} (B, H, K from q {}, V from v {}) holds {} values; ref kda holds "
+        "at most {} (1 GiB of fp32) in memory; use a smaller K (q's last dimension) or V (v's last dimension)",
+        a.in, ShapeString(Shape{B, H, K, V}), ShapeString(q.shape), ShapeString(v.shape),
+        state_values < 0 ? std::string("more than 2^63") : std::to_string(state_values), kMaxKdaStateValues));
   Tensor state({B, H, K, V});
   if (src.Has("initial_state")) {
     TERRACE_ASSIGN_OR_RETURN(state, Input(src, "initial_state", {B, H, K, V}));

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "src/codec/format.h"
@@ -91,8 +93,11 @@ std::uint64_t MaxEncodedBytes(const CodecSpec& spec, std::int64_t rows, std::int
   return kHeaderBytes + 4 * detail::ScaleCount(spec, r, c) + stored;
 }
 
-Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows, std::int64_t cols,
-              std::vector<std::byte>* out) {
+namespace {
+
+Status EncodeBlock(const CodecSpec& spec, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+                   std::vector<std::byte>* out) {
+  if (out == nullptr) return Status::InvalidArgument("codec encode: the output pointer is null; pass a std::vector");
   if (const std::string p = detail::SpecProblem(spec.kind, spec.scales, spec.group, spec.lossless); !p.empty())
     return Status::InvalidArgument("codec spec is not valid: " + p + "; build specs with CodecSpec::Parse");
   if (rows < 0 || cols < 0) return Status::InvalidArgument("codec shape " + std::to_string(rows) + " x " +
@@ -147,6 +152,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
         detail::ScaleFromAmax(amax, qmax, detail::MaxScale(spec.kind), &scales[0], &inv[0]);
         k.fp8_encode(x.data(), inv.data(), 0, n, payload);
       } else {
+        if (n == 0) break;  // no value: no channel to scale (ScaleCount is 0 for [0, cols])
         std::vector<std::uint32_t> colmax(cn, 0);
         k.col_max_abs_bits(x.data(), rn, cn, colmax.data());
         inv.resize(cn);
@@ -192,7 +198,7 @@ Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows
   return Status::Ok();
 }
 
-Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_t cols, std::span<float> out) {
+Status DecodeBlock(std::span<const std::byte> encoded, std::int64_t rows, std::int64_t cols, std::span<float> out) {
   if (rows < 0 || cols < 0)
     return Status::InvalidArgument("codec shape " + std::to_string(rows) + " x " + std::to_string(cols) +
                                    " has a negative dimension");
@@ -231,8 +237,11 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
   if (hr != r || hc != c)
     return Status::Corruption("codec block (" + spec.Name() + ") holds shape " + ShapeText(hr, hc) +
                               "; the caller expected " + ShapeText(r, c));
-  const std::uint64_t nscales = detail::ScaleCount(spec, r, c);
+  std::uint64_t nscales = detail::ScaleCount(spec, r, c);
   const auto hscales = LoadLe<std::uint32_t>(b + detail::kOffScaleCount);
+  // Builds before the [0, cols] rule wrote `cols` per-channel scales for a block with no rows; they
+  // are read (and checked) as before, but no value uses them.
+  if (r == 0 && spec.scales == ScaleMode::kPerChannel && hscales == c) nscales = hscales;
   if (hscales != nscales)
     return Status::Corruption("codec block (" + spec.Name() + ") header says " + std::to_string(hscales) +
                               " scales; shape " + ShapeText(r, c) + " needs " + std::to_string(nscales));
@@ -250,17 +259,19 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
     return Status::Corruption("codec block (" + spec.Name() + ") is " + std::to_string(size) + " bytes; its header " +
                               "says " + std::to_string(kHeaderBytes) + " + " + std::to_string(4 * nscales) +
                               " (scales) + " + std::to_string(stored) + " (payload)");
-  std::vector<float> scales(nscales);
-  if (nscales) std::memcpy(scales.data(), b + kHeaderBytes, 4 * nscales);
   if (nscales) {
     const std::uint32_t max_scale_bits = Bits(detail::MaxScale(spec.kind));
     for (std::uint64_t i = 0; i < nscales; ++i) {
-      if (Bits(scales[i]) > max_scale_bits)  // negative, NaN, Inf, or so large that code * scale overflows
+      const auto bits = LoadLe<std::uint32_t>(b + kHeaderBytes + 4 * i);
+      if (bits > max_scale_bits)  // negative, NaN, Inf, or so large that code * scale overflows
         return Status::Corruption("codec block (" + spec.Name() + ") scale " + std::to_string(i) + " is " +
-                                  FloatText(scales[i]) + "; scales lie in [0, " + FloatText(detail::MaxScale(spec.kind)) +
-                                  "]");
+                                  FloatText(std::bit_cast<float>(bits)) + "; scales lie in [0, " +
+                                  FloatText(detail::MaxScale(spec.kind)) + "]");
     }
   }
+  // Copied (aligned) only where a value uses them: a block with no value needs none.
+  std::vector<float> scales(n == 0 ? 0 : nscales);
+  if (!scales.empty()) std::memcpy(scales.data(), b + kHeaderBytes, 4 * scales.size());
   const unsigned char* payload = b + kHeaderBytes + 4 * nscales;
   std::vector<unsigned char> scratch;
   if (spec.lossless != Lossless::kNone) {
@@ -309,6 +320,35 @@ Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_
       break;
   }
   return Status::Ok();
+}
+
+// The message for a buffer the allocator refused (std::bad_alloc, or std::length_error past its limit).
+Status NoMemory(const char* what, const std::string& codec, std::int64_t rows, std::int64_t cols) {
+  return Status::OutOfCapacity(std::string("codec ") + what + (codec.empty() ? "" : " (" + codec + ")") +
+                               ": could not allocate the buffers for shape " + std::to_string(rows) + " x " +
+                               std::to_string(cols) + " (out of memory); encode smaller blocks or free memory");
+}
+
+}  // namespace
+
+// No exception leaves the public API: an allocation the system refuses is an OutOfCapacity Status.
+Status Encode(const CodecSpec& spec, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+              std::vector<std::byte>* out) {
+  try {
+    return EncodeBlock(spec, x, rows, cols, out);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  return NoMemory("encode", spec.Name(), rows, cols);
+}
+
+Status Decode(std::span<const std::byte> encoded, std::int64_t rows, std::int64_t cols, std::span<float> out) {
+  try {
+    return DecodeBlock(encoded, rows, cols, out);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  return NoMemory("decode", "", rows, cols);
 }
 
 }  // namespace terrace::codec

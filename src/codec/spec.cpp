@@ -113,7 +113,9 @@ std::uint64_t ScaleCount(const CodecSpec& spec, std::uint64_t rows, std::uint64_
   switch (spec.scales) {
     case ScaleMode::kNone: return 0;
     case ScaleMode::kPerBlock: return 1;
-    case ScaleMode::kPerChannel: return cols;
+    // A block with no rows holds no value, so it has no channel to scale: [0, cols] writes no scales
+    // (not `cols` of them for nothing; Decode still reads the `cols` zero-value scales older builds wrote).
+    case ScaleMode::kPerChannel: return rows == 0 ? 0 : cols;
     case ScaleMode::kGroup: {
       const auto g = static_cast<std::uint64_t>(spec.group);
       return rows * ((cols + g - 1) / g);

@@ -143,7 +143,7 @@ std::string ExpertMetrics::ToJson() const {
                            {"hot_experts", l.hot_experts},
                            {"stall_ns", l.stall_ns}});
   }
-  return j.dump();
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string ExpertMetrics::PrometheusText() const {

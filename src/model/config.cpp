@@ -89,7 +89,9 @@ class FieldReader {
       if (found != nullptr && *found != *it) {
         return Status::InvalidArgument(fmt::format("{}: fields '{}{}' and '{}{}' are two names for one setting but "
                                                    "disagree ({} vs {}); keep one",
-                                                   source_, prefix_, found_key, prefix_, k, found->dump(), it->dump()));
+                                                   source_, prefix_, found_key, prefix_, k,
+                                                   found->dump(-1, ' ', false, Json::error_handler_t::replace),
+                                                   it->dump(-1, ' ', false, Json::error_handler_t::replace)));
       }
       found = &*it;
       found_key = k;
@@ -205,6 +207,12 @@ class FieldReader {
   std::set<std::string, std::less<>> used_;
   std::string_view last_key_;
 };
+
+// `s` for a message: JSON-escaped (control characters), each byte that is not UTF-8 as U+FFFD.
+std::string PrintableText(const std::string& s) {
+  const std::string quoted = Json(s).dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+  return quoted.substr(1, quoted.size() - 2);
+}
 
 Status Field(std::string_view field, std::string_view problem) {
   return Status::InvalidArgument(fmt::format("config field '{}' {}", field, problem));
@@ -638,6 +646,13 @@ bool ModelConfig::IsMlaLayer(int layer) const {
 std::string_view ActivationName(Activation a) { return a == Activation::kSilu ? "silu" : "situ"; }
 
 Status ValidateConfig(const ModelConfig& c) {
+  // The parser refuses any other model_type; a config built in code is held to the same (the name
+  // reaches ToConfigJson, the model id and the expert manifests, where only these are meant).
+  if (c.model_type != "kimi_k3" && c.model_type != "kimi_linear") {
+    return Field("model_type", fmt::format("is '{}', a model Terrace does not implement; set it to 'kimi_k3' or "
+                                           "'kimi_linear'",
+                                           PrintableText(c.model_type)));
+  }
   TERRACE_RETURN_IF_ERROR(CheckRange("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers));
   TERRACE_RETURN_IF_ERROR(CheckRange("hidden_size", c.hidden_size, 1, kMaxHidden));
   TERRACE_RETURN_IF_ERROR(CheckRange("vocab_size", c.vocab_size, 1, kMaxVocab));
@@ -801,7 +816,7 @@ std::string ToConfigJson(const ModelConfig& c) {
             {"hidden_act", std::string(ActivationName(c.hidden_act))},
             {"moe_renormalize", c.moe_renormalize},
             {"tie_word_embeddings", c.tie_word_embeddings}};
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace terrace::model

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -123,7 +124,12 @@ Status SafetensorsWriter::Add(std::string name, DType dtype, std::vector<std::in
   for (std::int64_t d : shape) {
     if (d < 0) return Status::InvalidArgument(fmt::format("tensor '{}': negative dim in {}", name, ShapeString(shape)));
   }
-  const auto expected = static_cast<std::size_t>(NumElements(shape)) * DTypeSize(dtype);
+  const std::int64_t numel = NumElements(shape);
+  if (numel < 0 || static_cast<std::uint64_t>(numel) > std::numeric_limits<std::size_t>::max() / DTypeSize(dtype)) {
+    return Status::InvalidArgument(fmt::format("tensor '{}': shape {} of {} is too large to address; check the shape",
+                                               name, ShapeString(shape), DTypeName(dtype)));
+  }
+  const auto expected = static_cast<std::size_t>(numel) * DTypeSize(dtype);
   if (bytes.size() != expected) {
     return Status::InvalidArgument(fmt::format("tensor '{}': {} bytes given for {} {} (expected {})", name,
                                                bytes.size(), DTypeName(dtype), ShapeString(shape), expected));

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include <fmt/format.h>
@@ -47,8 +48,17 @@ Result<DType> ParseDType(std::string_view name) {
 }
 
 std::int64_t NumElements(std::span<const std::int64_t> shape) {
+  bool empty = false;
+  for (std::int64_t d : shape) {
+    if (d < 0) return -1;
+    empty |= d == 0;
+  }
+  if (empty) return 0;
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    if (n > std::numeric_limits<std::int64_t>::max() / d) return -1;  // the product passes int64
+    n *= d;
+  }
   return n;
 }
 
@@ -103,15 +113,35 @@ std::uint16_t FloatToF16(float value) {
 }
 
 Result<Tensor> ToFloat(const TensorView& view, std::string_view what) {
+  for (std::int64_t d : view.shape) {
+    if (d < 0) return Status::InvalidArgument(fmt::format("{}: negative dimension in shape {}", what, ShapeString(view.shape)));
+  }
   const std::int64_t n = view.numel();
-  if (n < 0) return Status::InvalidArgument(fmt::format("{}: negative shape {}", what, ShapeString(view.shape)));
+  // Element and byte counts are checked: a shape whose count wraps would otherwise match a short
+  // (even empty) span and then ask for an impossible allocation.
+  if (n < 0 || static_cast<std::uint64_t>(n) > std::numeric_limits<std::size_t>::max() / sizeof(float) ||
+      static_cast<std::uint64_t>(n) > std::numeric_limits<std::size_t>::max() / DTypeSize(view.dtype)) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: shape {} has more elements than this machine can address; check the tensor's shape", what,
+        ShapeString(view.shape)));
+  }
   const std::size_t count = static_cast<std::size_t>(n);
   if (view.data.size() != count * DTypeSize(view.dtype)) {
     return Status::InvalidArgument(fmt::format("{}: {} bytes for {} {} (expected {})", what, view.data.size(),
                                                DTypeName(view.dtype), ShapeString(view.shape),
                                                count * DTypeSize(view.dtype)));
   }
-  Tensor out(view.shape);
+  if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: dtype {} cannot be read as floats; expected F32, BF16 or F16", what, DTypeName(view.dtype)));
+  }
+  Tensor out;
+  try {
+    out = Tensor(view.shape);
+  } catch (const std::exception&) {  // bad_alloc, or length_error from the allocator's own limit
+    return Status::OutOfCapacity(fmt::format("{}: could not allocate {} floats for shape {} (out of memory)", what,
+                                             count, ShapeString(view.shape)));
+  }
   const std::byte* src = view.data.data();
   switch (view.dtype) {
     case DType::kF32:

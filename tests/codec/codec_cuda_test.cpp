@@ -162,7 +162,8 @@ TEST_CASE("device block sizes equal the CPU block's scale count and payload size
       CHECK(cpu.size() == cases::kHeaderBytes + 4 * sizes->scale_count + sizes->payload_bytes);
       const bool amax = spec.kind == codec::CodecKind::kFp8E4M3 || spec.kind == codec::CodecKind::kInt8;
       CHECK(sizes->scratch_words ==
-            (amax ? (spec.scales == codec::ScaleMode::kPerChannel ? static_cast<std::uint64_t>(cols) : 1u) : 0u));
+            (amax ? (spec.scales == codec::ScaleMode::kPerChannel ? static_cast<std::uint64_t>(rows == 0 ? 0 : cols) : 1u)
+                  : 0u));  // a block with no rows has no per-channel scales
     }
   }
   CHECK(codec::cuda::DeviceSizes(cases::SpecOf("fp8"), -1, 4).status().IsInvalidArgument());

@@ -412,3 +412,51 @@ TEST_CASE("an empty tensor with a huge row count encodes and decodes without vis
     REQUIRE(enc.size() <= MaxEncodedBytes(Spec(name), kRows, 0));
   }
 }
+
+TEST_CASE("an empty tensor with many columns encodes without per-channel scales", "[codec]") {
+  // [0, 2^24] holds no value: it has no channel to scale, so its block is the header (and the one
+  // per-block scale), not 64 MiB of scales (at 2^32 - 1 columns the old 16 GiB threw std::bad_alloc).
+  constexpr std::int64_t kCols = std::int64_t{1} << 24;
+  for (const char* name : kAllNames) {
+    INFO(name);
+    std::vector<std::byte> enc;
+    REQUIRE(Encode(Spec(name), {}, 0, kCols, &enc).ok());
+    CHECK(enc.size() <= 64 + 4);
+    CHECK(enc.size() <= MaxEncodedBytes(Spec(name), 0, kCols));
+    std::vector<float> out;
+    REQUIRE(Decode(enc, 0, kCols, out).ok());
+  }
+}
+
+TEST_CASE("an empty tensor with many columns encodes small with a lossless stage too", "[codec]") {
+  constexpr std::int64_t kCols = std::int64_t{1} << 24;
+  for (const char* name : {"int8+zstd", "fp8+lz4", "int4-g32+zstd"}) {
+    INFO(name);
+    std::vector<std::byte> enc;
+    REQUIRE(Encode(Spec(name), {}, 0, kCols, &enc).ok());
+    CHECK(enc.size() <= 64 + 64);  // the header, and a lossless frame of nothing
+    std::vector<float> out;
+    REQUIRE(Decode(enc, 0, kCols, out).ok());
+  }
+}
+
+TEST_CASE("a [0, cols] per-channel block with cols zero scales (older builds) still decodes", "[codec]") {
+  constexpr std::uint64_t kCols = 5;
+  std::vector<std::byte> enc;
+  REQUIRE(Encode(Spec("int8"), {}, 0, static_cast<std::int64_t>(kCols), &enc).ok());
+  REQUIRE(enc.size() == 64);
+  // Rewrite the header the way older builds did: scale count `cols`, then `cols` zero scales.
+  auto* h = reinterpret_cast<unsigned char*>(enc.data());
+  const std::uint32_t count = kCols;
+  std::memcpy(h + 12, &count, 4);
+  std::uint32_t fnv = 2166136261u;
+  for (int i = 0; i < 48; ++i) fnv = (fnv ^ h[i]) * 16777619u;
+  std::memcpy(h + 48, &fnv, 4);
+  enc.resize(64 + 4 * kCols, std::byte{0});
+  std::vector<float> out;
+  CHECK(Decode(enc, 0, static_cast<std::int64_t>(kCols), out).ok());
+  // A negative scale is still refused, even where no value uses it.
+  enc[64 + 4 * 2 + 3] = std::byte{0x80};
+  const Status st = Decode(enc, 0, static_cast<std::int64_t>(kCols), out);
+  CHECK(st.code() == Code::kCorruption);
+}

@@ -55,7 +55,7 @@ class Emulation final : public cases::Backend {
     // Outputs and scratch start as garbage, as reused device memory does.
     e.scales.assign(terrace::codec::detail::ScaleCount(spec, r, c), -77.0f);
     e.payload.assign(terrace::codec::detail::RawPayloadBytes(spec.kind, r * c), 0xCD);
-    std::vector<std::uint32_t> amax(static_cast<std::size_t>(dc::ScratchWords(LayoutOf(spec), cols)) + 1, 0xDEADBEEFu);
+    std::vector<std::uint32_t> amax(static_cast<std::size_t>(dc::ScratchWords(LayoutOf(spec), rows, cols)) + 1, 0xDEADBEEFu);
     std::uint32_t flag = 0;
     HostExec ex;
     dc::EncodePlan(ex, LayoutOf(spec), x.data(), rows, cols, e.scales.data(), e.payload.data(), amax.data(), &flag);

@@ -349,3 +349,23 @@ TEST_CASE("a config.json over the size cap is refused naming its size, without r
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("ValidateConfig refuses a model_type the model does not implement, even one not UTF-8", "[config]") {
+  // A config built in code skips the parser's model_type check: a type that is not UTF-8 used to pass
+  // and then make ToConfigJson (and the model id built from it) throw nlohmann's type_error 316.
+  for (const std::string& type : {std::string("\xff\xfe"), std::string("deepseek_v3"), std::string()}) {
+    auto c = *Preset("k3-toy");
+    c.model_type = type;
+    const auto st = ValidateConfig(c);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.message().find("'model_type'") != std::string::npos);
+    CHECK(st.message().find("'kimi_k3'") != std::string::npos);
+    CHECK(st.message().find("'kimi_linear'") != std::string::npos);
+    CHECK(Json::parse(ToConfigJson(c)).is_object());  // no exception: invalid bytes become U+FFFD
+  }
+  auto c = *Preset("k3-toy");
+  c.model_type = "\xff\xfe";
+  CHECK(ValidateConfig(c).message().find("\xEF\xBF\xBD") != std::string::npos);  // U+FFFD, not the raw bytes
+  CHECK(ValidateConfig(*Preset("k3-toy")).ok());
+  CHECK(ValidateConfig(*Preset("kimi-linear-48b")).ok());
+}

@@ -197,3 +197,12 @@ TEST_CASE("the tensors must cover the data section exactly: a header length off 
   }
   CHECK(SafetensorsFile::Open(path).status().IsCorruption());
 }
+
+TEST_CASE("SafetensorsWriter::Add refuses a shape whose byte count wraps", "[safetensors]") {
+  // [2^62] F32 is 2^64 bytes: unchecked, the count wrapped to 0 and an empty span was accepted.
+  SafetensorsWriter w;
+  const Status st = w.Add("w", DType::kF32, {std::int64_t{1} << 62}, {});
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.message().find("'w'") != std::string::npos);
+  CHECK(st.message().find("[4611686018427387904]") != std::string::npos);
+}

@@ -101,3 +101,32 @@ TEST_CASE("ToFloat converts F32/BF16/F16 views and rejects others", "[tensor]") 
   CHECK(bad.status().message().find("my.tensor") != std::string::npos);
   CHECK(!ToFloat(TensorView{DType::kF32, {4}, std::as_bytes(std::span(values))}).ok());  // size mismatch
 }
+
+TEST_CASE("NumElements is overflow-checked: -1 past int64 or for a negative dimension", "[tensor]") {
+  const std::int64_t big = std::int64_t{1} << 62;
+  CHECK(NumElements(std::vector<std::int64_t>{big}) == big);
+  CHECK(NumElements(std::vector<std::int64_t>{big, 2}) == -1);
+  CHECK(NumElements(std::vector<std::int64_t>{big, 4, 0}) == 0);  // empty, however large the rest
+  CHECK(NumElements(std::vector<std::int64_t>{3, -1}) == -1);
+  CHECK(NumElements(std::vector<std::int64_t>{-1, 0}) == -1);
+  CHECK(NumElements(std::vector<std::int64_t>{}) == 1);
+}
+
+TEST_CASE("ToFloat refuses a shape whose byte count wraps, naming the tensor and shape", "[tensor]") {
+  // 2^62 F32 elements: the byte count (2^64) wrapped to 0, so an empty span passed the size check and
+  // the fp32 copy threw std::length_error.
+  for (const auto& shape : {std::vector<std::int64_t>{std::int64_t{1} << 62},
+                            std::vector<std::int64_t>{std::int64_t{1} << 31, std::int64_t{1} << 31, 4},
+                            std::vector<std::int64_t>{std::int64_t{1} << 62, 4}}) {
+    TensorView v{DType::kF32, shape, {}};
+    const auto r = ToFloat(v, "w");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == terrace::Code::kInvalidArgument);
+    CHECK(r.status().message().find("w:") != std::string::npos);
+    CHECK(r.status().message().find(ShapeString(shape)) != std::string::npos);
+  }
+  TensorView neg{DType::kBF16, {2, -3}, {}};
+  const auto r = ToFloat(neg, "w");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("[2, -3]") != std::string::npos);
+}

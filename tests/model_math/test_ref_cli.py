@@ -109,6 +109,44 @@ def test_kda_bad_input_names_tensor(tmp_path):
     assert "'beta'" in err and "F16" in err
 
 
+def write_empty_safetensors(path, shapes):
+    """A safetensors file of F32 tensors that all hold no value (some dimension is 0)."""
+    hdr = {n: {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]} for n, shape in shapes.items()}
+    h = json.dumps(hdr).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h)
+
+
+@pytest.mark.parametrize("KV", [2**20, 2**31, 2**32])
+def test_kda_zero_tokens_with_a_huge_state_is_refused(tmp_path, KV):
+    # T = 0: the file holds no value, but the [B, H, K, V] state does not depend on T. K = V = 2^20 once
+    # ran out of memory, 2^31 died with "internal error: cannot create std::vector larger than
+    # max_size()", and 2^32 (B*H*K*V wraps to 0) wrote a final_state Terrace's own reader refuses.
+    src, dst = tmp_path / "kda_in.safetensors", tmp_path / "kda_out.safetensors"
+    write_empty_safetensors(src, {"q": [1, 0, 1, KV], "k": [1, 0, 1, KV], "g": [1, 0, 1, KV],
+                                  "v": [1, 0, 1, KV], "beta": [1, 0, 1]})
+    p = subprocess.run([BIN, "ref", "kda", "--in", str(src), "--out", str(dst)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    err = p.stderr
+    assert "internal error" not in err and "out of memory" not in err, err
+    assert str(src) in err and f"[1, 1, {KV}, {KV}]" in err and "[B, H, K, V]" in err, err
+    assert not dst.exists()
+
+
+def test_kda_zero_tokens_small_state(tmp_path):
+    # T = 0 with a small state is fine: no output tokens, the state passes through (zeros).
+    src, dst = tmp_path / "kda_in.safetensors", tmp_path / "kda_out.safetensors"
+    write_empty_safetensors(src, {"q": [1, 0, 2, 4], "k": [1, 0, 2, 4], "g": [1, 0, 2, 4],
+                                  "v": [1, 0, 2, 3], "beta": [1, 0, 2]})
+    p = subprocess.run([BIN, "ref", "kda", "--in", str(src), "--out", str(dst)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = st.load_file(str(dst))
+    assert out["o"].shape == (1, 0, 2, 3)
+    assert out["final_state"].shape == (1, 2, 4, 3) and not out["final_state"].any()
+
+
 # ---- MXFP4 and LatentMoE -------------------------------------------------------------------------
 
 def mxfp4_numpy(packed, scales):

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <boost/system/system_error.hpp>
 #include <future>
 #include <thread>
 
@@ -251,6 +252,59 @@ TEST_CASE("asio: the handler never runs inside the initiating call") {
     CHECK(calls == 2);
   }
   CHECK(inside == 0);
+}
+
+// An executor that refuses every completion the way the system executor does when the OS refuses
+// its first thread (boost::system::system_error out of post).
+struct RefusingExecutor {
+  std::atomic<int>* refused;
+  template <typename F>
+  void execute(F&&) const {
+    ++*refused;
+    throw boost::system::system_error(
+        boost::system::errc::make_error_code(boost::system::errc::resource_unavailable_try_again), "thread");
+  }
+  RefusingExecutor require(boost::asio::execution::blocking_t::never_t) const { return *this; }
+  bool operator==(const RefusingExecutor& o) const noexcept { return refused == o.refused; }
+  bool operator!=(const RefusingExecutor& o) const noexcept { return refused != o.refused; }
+};
+
+// async_prefetch / async_get / async_put once let the executor's exception escape (from the
+// initiating call, or on a store thread, which terminated). The handler now runs inline with the
+// operation's real outcome.
+TEST_CASE("asio: an executor that refuses the completion does not let its exception escape") {
+  static_assert(boost::asio::execution::is_executor<RefusingExecutor>::value);
+  FakeTiers f(0, 1 << 20, 1 << 20);  // no HBM tier
+  auto store = OpenFakeStore(f);
+  std::atomic<int> refused{0};
+  const RefusingExecutor ex{&refused};
+
+  // Known during the call (an empty key list): posted from the initiating thread.
+  int calls = 0;
+  std::size_t statuses = 99;
+  REQUIRE_NOTHROW(async_prefetch(ex, *store, std::span<const BlockKey>(), TierId::kHost, Priority::kHigh,
+                                 Clock::time_point::max(), [&](std::vector<Status> st) {
+                                   ++calls;
+                                   statuses = st.size();
+                                 }));
+  CHECK(calls == 1);
+  CHECK(statuses == 0);
+  CHECK(refused >= 1);
+
+  // Completed on a store thread (or at once): dispatched there, or posted here.
+  auto bytes = TestBytes(4, 700);
+  std::promise<Status> put_done;
+  REQUIRE_NOTHROW(async_put(ex, *store, TestKey(4), bytes, PutOptions{Codec::kRaw, TierId::kHost},
+                            [&](Status st) { put_done.set_value(std::move(st)); }));
+  CHECK(put_done.get_future().get().ok());
+  std::vector<std::byte> out(700);
+  std::promise<Result<BlockDesc>> get_done;
+  REQUIRE_NOTHROW(async_get(ex, *store, TestKey(4), out,
+                            [&](Result<BlockDesc> r) { get_done.set_value(std::move(r)); }));
+  const auto got = get_done.get_future().get();
+  REQUIRE(got.ok());
+  CHECK(std::equal(bytes.begin(), bytes.end(), out.begin()));
+  CHECK(refused >= 3);
 }
 
 // A tier that reports its destruction (the store closing its tiers) with the destroying thread.

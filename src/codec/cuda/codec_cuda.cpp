@@ -80,7 +80,7 @@ Result<DeviceBlockSizes> DeviceSizes(const CodecSpec& spec, std::int64_t rows, s
     return Status::InvalidArgument("codec " + spec.Name() + " on the device: shape " + std::to_string(rows) + " x " +
                                    std::to_string(cols) + " needs more scales than a block holds (2^32 - 1)");
   s.payload_bytes = detail::RawPayloadBytes(spec.kind, r * c);
-  s.scratch_words = static_cast<std::uint64_t>(ScratchWords(LayoutOf(spec), cols));
+  s.scratch_words = static_cast<std::uint64_t>(ScratchWords(LayoutOf(spec), rows, cols));
   return s;
 }
 
@@ -89,7 +89,7 @@ Status EncodeOnDevice(const CodecSpec& spec, const float* x, std::int64_t rows, 
   TERRACE_RETURN_IF_ERROR(CheckCall(spec, rows, cols, x, out.scales, out.payload, "the input x"));
   if (out.nonfinite == nullptr)
     return Status::InvalidArgument("codec " + spec.Name() + " on the device: the nonfinite flag pointer is null");
-  if (ScratchWords(LayoutOf(spec), cols) > 0 && out.scratch == nullptr)
+  if (ScratchWords(LayoutOf(spec), rows, cols) > 0 && out.scratch == nullptr)
     return Status::InvalidArgument("codec " + spec.Name() + " on the device: scratch is null; see DeviceSizes");
   return CudaStatus(spec, "encode",
                     LaunchEncode(LayoutOf(spec), x, rows, cols, out.scales, out.payload, out.scratch, out.nonfinite, stream));

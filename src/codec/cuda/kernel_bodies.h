@@ -325,10 +325,11 @@ struct Int4DecodeBody {
 // to check (codec_cuda.cpp): rows * cols values; `scales` holds the block's scale count, `payload`
 // its raw payload bytes (4-byte aligned), `amax` the scratch of ScratchWords.
 
-// uint32 scratch words an encode needs: per-channel `cols`, per-block 1, else 0.
-inline std::int64_t ScratchWords(const Layout& l, std::int64_t cols) {
+// uint32 scratch words an encode needs: per-channel `cols` (0 when there are no rows: such a block
+// has no scales, detail::ScaleCount), per-block 1, else 0.
+inline std::int64_t ScratchWords(const Layout& l, std::int64_t rows, std::int64_t cols) {
   if (l.kind != kKindFp8 && l.kind != kKindInt8) return 0;
-  return l.scale_mode == kScalePerChannel ? cols : 1;
+  return l.scale_mode == kScalePerChannel ? (rows == 0 ? 0 : cols) : 1;
 }
 
 template <class Exec>
@@ -344,7 +345,7 @@ void EncodePlan(Exec& ex, const Layout& l, const float* x, std::int64_t rows, st
     case kKindFp8:
     case kKindInt8: {
       const bool per_channel = l.scale_mode == kScalePerChannel, int8 = l.kind == kKindInt8;
-      const std::int64_t count = ScratchWords(l, cols);
+      const std::int64_t count = ScratchWords(l, rows, cols);
       ex.Zero(amax, sizeof(std::uint32_t) * static_cast<std::size_t>(count));
       ex.Run(AmaxBody{x, cols, per_channel, amax, nonfinite}, n);
       ex.Run(ScalesBody{amax, int8 ? math::kInt8Qmax : math::kFp8Qmax, int8 ? math::kInt8Limit : math::kFp8Limit, scales},
