@@ -91,7 +91,7 @@ TEST_CASE("moe-bench preset: >= 2 GiB of MXFP4 experts in a checkpoint of at mos
 }
 
 TEST_CASE("random expert codes: a valid checkpoint, experts at 1/sqrt(fan_in), every other tensor unchanged",
-          "[experts][bench]") {
+          "[experts][bench][no-tsan]") {
   auto c = model::Preset("k3-toy");
   REQUIRE(c.ok());
   terrace::testing::TempDir normal("normal"), coded("coded"), again("again");

@@ -81,7 +81,8 @@ class RangeTapTier final : public terrace::testing::ForwardingTier {
   int held_ = 0, later_done_ = 0;
 };
 
-TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, across chunk sizes, intervals and codecs") {
+TEST_CASE("reading by layer == reading by chunk == full recompute, bitwise, across chunk sizes, intervals and codecs",
+          "[no-tsan]") {
   const auto& m = Toy();
   terrace::testing::TempDir dir("kvorder");
   int store_no = 0;

@@ -313,7 +313,8 @@ bool FlipBlockByte(const std::filesystem::path& file, std::string_view magic, st
   return false;
 }
 
-TEST_CASE("a bad block of a later layer voids the layers already handed out: the boundary moves back, output exact") {
+TEST_CASE("a bad block of a later layer voids the layers already handed out: the boundary moves back, output exact",
+          "[no-tsan]") {
   const auto& m = Toy();
   terrace::testing::TempDir dir("kvlayer");
   auto kv_store = NvmeStore(dir.path() / "kv");
@@ -574,7 +575,7 @@ std::uint64_t BlocksBytes(Store& store, const std::vector<BlockKey>& keys) {
   return total;
 }
 
-TEST_CASE("kv_bytes and state_bytes are the bytes of the blocks restored (not of every block read)") {
+TEST_CASE("kv_bytes and state_bytes are the bytes of the blocks restored (not of every block read)", "[no-tsan]") {
   // A corrupt snapshot at the lookup's boundary and one at the next candidate, then a corrupt KV
   // chunk mid-prefix: what was read of the boundaries given up (their snapshots, the chunks past
   // the final boundary, the failed chunk's header and sub-ranges) counts in bytes_read only.

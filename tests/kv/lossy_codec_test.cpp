@@ -211,7 +211,8 @@ Written Write(const ToyModel& m, const Exact& e, const KvLayout& layout, bool by
 std::string WithStage(const std::string& base, const char* stage) { return base == "f32" ? base : base + stage; }
 
 TEST_CASE("lossy codecs: restore + suffix is bitwise the recompute from the round-tripped state, within the "
-          "documented tolerance of the exact one; lossless stages change no bit") {
+          "documented tolerance of the exact one; lossless stages change no bit",
+          "[no-tsan]") {
   const auto& m = Toy();
   // Every lossy KV codec with exact state, every lossy state codec with exact KV, and two pairs.
   const std::vector<Combo> combos = {

@@ -263,7 +263,8 @@ bool FlipInFile(const std::filesystem::path& file, std::string_view magic, std::
   return false;
 }
 
-TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the previous joint boundary, exact, counted as corrupt") {
+TEST_CASE("a corrupted snapshot or KV chunk on the NVMe tier falls back to the previous joint boundary, exact, counted as corrupt",
+          "[no-tsan]") {
   // Both restore paths: layer by layer under the forward pass, and whole before it.
   for (const bool layerwise : {true, false}) {
     CAPTURE(layerwise);

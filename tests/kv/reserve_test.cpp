@@ -181,7 +181,7 @@ long MinorFaults() {
 // The whole process's minor faults across a whole restore (no forward pass): a fresh cache and
 // state fault in their window buffers and latents inside the restore; prepared ones fault only what
 // the restore's threads themselves need (stacks, thread arenas): a small fraction of the first.
-TEST_CASE("a restore into reserved memory faults in almost none of the pages an unprepared one does") {
+TEST_CASE("a restore into reserved memory faults in almost none of the pages an unprepared one does", "[no-tsan]") {
   const auto& m = Toy();
   auto store = HostStore();
   auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
