@@ -153,6 +153,7 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
                                                              const model::WeightSource& weights, Store* store,
                                                              ExpertOffloadOptions options) {
   if (store == nullptr) return Status::InvalidArgument("ExpertOffload::Create: store is null");
+  TERRACE_RETURN_IF_ERROR(model::ValidateConfig(config));  // the expert keys and sizes derive from it
   if (options.home != TierId::kHost && options.home != TierId::kNvme)
     return Status::InvalidArgument("expert offload: the experts' home tier must be host or nvme");
   if (!store->HasTier(TierId::kHbm) || !store->HasTier(options.home)) {

@@ -198,5 +198,29 @@ TEST_CASE("undefined precision and recall are null, n/a and no Prometheus sample
   CHECK(prom.find("NaN") == std::string::npos);
 }
 
+
+TEST_CASE("Create refuses a config that fails ValidateConfig (a model_type the model does not implement)",
+          "[experts]") {
+  model::ModelConfig config = ToyDir().config();
+  config.model_type = "kimi_k3\xff";  // not one the model implements (nor valid UTF-8)
+  const std::uint64_t total = ExpertOffload::TotalExpertBytes(ToyDir().config());
+  auto store = Store::Open(ExpertOffload::OpenStoreOptions(total, total, ""));
+  REQUIRE(store.ok());
+  auto off = ExpertOffload::Create(config, ToyDir(), store->get(), {});
+  REQUIRE_FALSE(off.ok());
+  INFO(off.status().ToString());
+  CHECK(off.status().IsInvalidArgument());
+  CHECK(off.status().message().find("model_type") != std::string::npos);
+}
+
+// ExpertMetrics::ToJson with an embedder's predictor name that is not UTF-8: replaced, not thrown.
+TEST_CASE("metrics JSON keeps a predictor name that is not valid UTF-8 (replaced), never throws", "[experts][metrics]") {
+  ExpertMetrics m;
+  m.predictor = "my-predictor\xe9";
+  const std::string json = m.ToJson();
+  const auto parsed = nlohmann::json::parse(json);
+  CHECK(parsed.at("predictor").get<std::string>().rfind("my-predictor", 0) == 0);
+}
+
 }  // namespace
 }  // namespace terrace::experts
