@@ -35,8 +35,11 @@ class LatencyHistogram {
 
 // Per-tier counters. Every field is cumulative since open unless noted.
 struct TierCounters {
-  std::atomic<std::uint64_t> hits{0};    // the caller's reads (Get, GetBatch, Acquire) served from this tier
-  std::atomic<std::uint64_t> misses{0};  // the caller's reads that found no copy here (prefetches count neither)
+  // The caller's reads (Get, GetBatch, GetRanges, Acquire, device Gets) served from this tier, and
+  // those that found no copy here; a read that found no readable copy anywhere (NotFound, or a lost
+  // key's Corruption) is a miss in every tier. Prefetches count neither.
+  std::atomic<std::uint64_t> hits{0};
+  std::atomic<std::uint64_t> misses{0};
   std::atomic<std::uint64_t> bytes_written{0};  // into this tier
   std::atomic<std::uint64_t> bytes_read{0};     // out of this tier
   std::atomic<std::uint64_t> puts{0};

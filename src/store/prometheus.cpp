@@ -137,8 +137,8 @@ std::string StoreImpl::PrometheusText() const {
     std::uint64_t TierStatsSnapshot::*field;
   };
   static constexpr TierMetric kTierMetrics[] = {
-      {"terrace_tier_hits_total", "counter", "Gets served from the tier.", &TierStatsSnapshot::hits},
-      {"terrace_tier_misses_total", "counter", "Gets that found no copy in the tier.", &TierStatsSnapshot::misses},
+      {"terrace_tier_hits_total", "counter", "Caller reads (Get, GetBatch, GetRanges, Acquire) served from the tier; prefetches not counted.", &TierStatsSnapshot::hits},
+      {"terrace_tier_misses_total", "counter", "Caller reads that found no copy in the tier (no readable copy anywhere: a miss in every tier).", &TierStatsSnapshot::misses},
       {"terrace_tier_written_bytes_total", "counter", "Bytes written into the tier.", &TierStatsSnapshot::bytes_written},
       {"terrace_tier_read_bytes_total", "counter", "Bytes read out of the tier.", &TierStatsSnapshot::bytes_read},
       {"terrace_tier_read_requests_total", "counter",
