@@ -292,10 +292,9 @@ Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const Prefix
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   const KvLayout& L = m.layout;
-  if (state == nullptr || state->num_layers() != L.num_layers() ||
-      (!L.mla_layers().empty() && state->mla_width() != L.mla_width()))
-    return Status::InvalidArgument("PrefixCache::Restore: the state is not shaped for this cache's model "
-                                   "(create it with SequenceState::ForConfig of the same config)");
+  if (state == nullptr)
+    return Status::InvalidArgument("PrefixCache::Restore: the state is null (create it with SequenceState::ForConfig)");
+  TERRACE_RETURN_IF_ERROR(CheckStateShape(L, *state, "PrefixCache::Restore"));
   TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks, RestorableChunks(request, L.chunk_tokens(), "PrefixCache::Restore"));
   auto job = std::make_unique<LayerwiseRestore::Job>();
   job->m = &m;

@@ -115,6 +115,32 @@ void PrefixCache::Impl::EnqueueSnapshot(const ContentId& id, int l, std::int64_t
   });
 }
 
+Status CheckStateShape(const KvLayout& L, const model::SequenceState& state, std::string_view where) {
+  auto refuse = [&](const std::string& what) {
+    return Status::InvalidArgument(fmt::format("{}: the state is not shaped for this cache's model ({}); create it "
+                                               "with SequenceState::ForConfig of the same config",
+                                               where, what));
+  };
+  if (state.num_layers() != L.num_layers())
+    return refuse(fmt::format("{} layers, the cache's model has {}", state.num_layers(), L.num_layers()));
+  if (!L.mla_layers().empty() && state.mla_width() != L.mla_width())
+    return refuse(fmt::format("MLA width {}, the cache's model has {}", state.mla_width(), L.mla_width()));
+  for (int l : L.mla_layers()) {
+    if (!state.layer(l).is_mla) return refuse(fmt::format("layer {} is not MLA, the cache's model's is", l));
+  }
+  const auto recurrent = static_cast<std::size_t>(L.kda_heads()) * static_cast<std::size_t>(L.kda_head_dim()) *
+                         static_cast<std::size_t>(L.kda_head_dim());
+  const auto conv = static_cast<std::size_t>(L.kda_conv_rows()) * static_cast<std::size_t>(L.kda_conv_cols());
+  for (int l : L.kda_layers()) {
+    const model::LayerState& s = state.layer(l);
+    if (s.is_mla) return refuse(fmt::format("layer {} is MLA, the cache's model's is KDA", l));
+    if (s.recurrent.size() != recurrent || s.conv.size() != conv)
+      return refuse(fmt::format("KDA layer {} holds {} recurrent and {} conv values, the cache's model {} and {}", l,
+                                s.recurrent.size(), s.conv.size(), recurrent, conv));
+  }
+  return Status::Ok();
+}
+
 Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, std::string_view where) {
   const auto n = static_cast<std::int64_t>(r.tokens.size());
   const std::int64_t full = n / chunk_tokens, most = n > 0 ? (n - 1) / chunk_tokens : 0;
@@ -240,14 +266,17 @@ Status PrefixCache::WriteBack(const PrefixRequest& request, std::int64_t chunks,
   Impl& m = *impl_;
   const KvLayout& L = m.layout;
   const std::int64_t C = L.chunk_tokens(), W = L.mla_width();
-  if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()) || state.num_layers() != L.num_layers())
-    return Status::InvalidArgument(fmt::format("PrefixCache::WriteBack: chunk count {} is outside [1, {}] or the state has "
-                                               "another model's shape", chunks, request.chunk_ids.size()));
+  if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()))
+    return Status::InvalidArgument(fmt::format("PrefixCache::WriteBack: chunk count {} is outside [1, {}]", chunks,
+                                               request.chunk_ids.size()));
+  TERRACE_RETURN_IF_ERROR(CheckStateShape(L, state, "PrefixCache::WriteBack"));
   for (int l = 0; l < state.num_layers(); ++l)
-    if (state.layer(l).tokens != chunks * C)
-      return Status::InvalidArgument(fmt::format("PrefixCache::WriteBack: layer {} covers {} tokens, expected {} "
-                                                 "(write back right after computing chunk {})", l, state.layer(l).tokens,
-                                                 chunks * C, chunks - 1));
+    if (state.layer(l).tokens != chunks * C ||
+        (state.layer(l).is_mla && state.layer(l).latents.size() < static_cast<std::size_t>(chunks * C * W)))
+      return Status::InvalidArgument(fmt::format("PrefixCache::WriteBack: layer {} covers {} tokens ({} latent values), "
+                                                 "expected {} tokens (write back right after computing chunk {})", l,
+                                                 state.layer(l).tokens, state.layer(l).latents.size(), chunks * C,
+                                                 chunks - 1));
   const ContentId id = request.chunk_ids[static_cast<std::size_t>(chunks - 1)];
   if (!L.mla_layers().empty()) {
     auto rows = std::make_shared<std::vector<std::vector<float>>>();
@@ -267,16 +296,16 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
   Impl& m = *impl_;
   const KvLayout& L = m.layout;
   const std::int64_t C = L.chunk_tokens(), W = L.mla_width();
-  if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()) || state.num_layers() != L.num_layers() ||
-      layer < 0 || layer >= L.num_layers())
-    return Status::InvalidArgument(fmt::format("PrefixCache::StoreLayer: chunk count {} is outside [1, {}], layer {} "
-                                               "outside [0, {}) or the state has another model's shape",
+  if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()) || layer < 0 || layer >= L.num_layers())
+    return Status::InvalidArgument(fmt::format("PrefixCache::StoreLayer: chunk count {} is outside [1, {}] or layer {} "
+                                               "outside [0, {})",
                                                chunks, request.chunk_ids.size(), layer, L.num_layers()));
+  TERRACE_RETURN_IF_ERROR(CheckStateShape(L, state, "PrefixCache::StoreLayer"));
   const model::LayerState& s = state.layer(layer);
-  if (s.tokens != chunks * C)
-    return Status::InvalidArgument(fmt::format("PrefixCache::StoreLayer: layer {} covers {} tokens, expected {} (store a "
-                                               "layer right after it computed chunk {})", layer, s.tokens, chunks * C,
-                                               chunks - 1));
+  if (s.tokens != chunks * C || (s.is_mla && s.latents.size() < static_cast<std::size_t>(chunks * C * W)))
+    return Status::InvalidArgument(fmt::format("PrefixCache::StoreLayer: layer {} covers {} tokens ({} latent values), "
+                                               "expected {} tokens (store a layer right after it computed chunk {})",
+                                               layer, s.tokens, s.latents.size(), chunks * C, chunks - 1));
   const ContentId id = request.chunk_ids[static_cast<std::size_t>(chunks - 1)];
   if (!s.is_mla) {
     if (snapshot) m.EnqueueSnapshot(id, layer, chunks * C, s.recurrent, s.conv);

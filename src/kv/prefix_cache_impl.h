@@ -101,4 +101,11 @@ struct PrefixCache::Impl {
 // chunk_ids than full chunks of tokens.
 Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, std::string_view where);
 
+// Ok when `state` is shaped for `layout`'s model: its layer count, which layers are MLA, the MLA
+// latent width, and every KDA layer's recurrent and conv sizes; InvalidArgument, starting with
+// `where` and naming the first difference, otherwise. Every call that reads or writes a state's
+// rows at the layout's offsets checks it first (a state of another model would be read or
+// written out of bounds).
+Status CheckStateShape(const KvLayout& layout, const model::SequenceState& state, std::string_view where);
+
 }  // namespace terrace::kv

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <vector>
@@ -421,6 +422,55 @@ TEST_CASE("a chunk block is assembled from one pass's MLA rows, never two passes
     INFO("MLA layer " << l);
     CHECK(Bitwise(c.state().layer(l).latents, a.state().layer(l).latents));
   }
+}
+
+
+// A state of another model (a narrower MLA latent, or its MLA layers elsewhere), filled with the
+// rows of one chunk: every call that reads or writes a state at the layout's offsets refuses it
+// before touching a row (WriteBack read past a narrower state's latents and stored the bytes it
+// found there as a KV block later restores hit; a state with MLA layers elsewhere crashed it).
+TEST_CASE("a state shaped for another model is refused by WriteBack and StoreLayer and Restore: nothing written") {
+  const auto& m = Toy();
+  const int C = 4;
+  auto kv = HostStore(), st = HostStore();
+  auto cache = PrefixCache::Create(Layout(C, 1), m.id, kv.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto req = (*cache)->Prepare(Tokens(9, 1), "");
+  const model::ModelConfig& config = m.ckpt.config;
+  model::ModelConfig narrow = config;
+  narrow.kv_lora_rank = config.kv_lora_rank / 2;
+  model::ModelConfig moved = config;  // every full-attention layer one earlier (layer 1 to 2)
+  for (int& x : moved.kda.full_attn_layers) x = x == 1 ? 2 : x - 1;
+  moved.kda.kda_layers.clear();
+  for (int i = 1; i <= config.num_hidden_layers; ++i) {
+    const auto& f = moved.kda.full_attn_layers;
+    if (std::find(f.begin(), f.end(), i) == f.end()) moved.kda.kda_layers.push_back(i);
+  }
+  for (const auto* other : {&narrow, &moved}) {
+    REQUIRE(model::ValidateConfig(*other).ok());
+    auto s = model::SequenceState::ForConfig(*other);
+    for (int l = 0; l < s.num_layers(); ++l) {
+      model::LayerState& layer = s.layer(l);
+      layer.tokens = C;
+      if (layer.is_mla) layer.latents.assign(static_cast<std::size_t>(C * other->MlaCacheWidth()), 1.0f);
+    }
+    const Status wb = (*cache)->WriteBack(req, 1, s, true);
+    INFO(wb.ToString());
+    CHECK(wb.IsInvalidArgument());
+    CHECK(wb.message().find("not shaped for this cache's model") != std::string::npos);
+    for (int l = 0; l < s.num_layers(); ++l) {
+      const Status sl = (*cache)->StoreLayer(req, 1, l, s, true);
+      INFO("layer " << l << ": " << sl.ToString());
+      CHECK(sl.IsInvalidArgument());
+    }
+    (*cache)->EndStoreLayers(s);
+    auto r = (*cache)->Restore(req, &s);
+    CHECK(r.status().IsInvalidArgument());
+  }
+  (*cache)->Flush();
+  const PrefixCacheStats stats = (*cache)->Stats();
+  CHECK(stats.chunk_writes == 0);
+  CHECK(stats.state_writes == 0);
 }
 
 }  // namespace
