@@ -65,7 +65,10 @@ Status CacheBudget::Check() const {
 std::uint64_t CacheBudget::Resolve(std::uint64_t total) const {
   if (bytes != 0) return std::min(bytes, total);  // more than every expert buys nothing (and would size tiers)
   if (!Check().ok()) return 0;
-  return std::min(total, static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * fraction)));
+  // A double at or past 2^64 (total near 2^64 rounds up) has no uint64 value: that share is `total`.
+  const double share = std::floor(static_cast<double>(total) * fraction);
+  if (share >= 18446744073709551616.0) return total;
+  return std::min(total, static_cast<std::uint64_t>(share));
 }
 
 std::string CacheBudget::ToString() const {

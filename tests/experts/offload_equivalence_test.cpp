@@ -243,6 +243,10 @@ TEST_CASE("a hand-filled budget fraction outside (0, 1] is refused; Resolve neve
     CHECK(off.status().message().find("fraction") != std::string::npos);
   }
   CHECK(CacheBudget{1.0, 0}.Resolve(total) == total);
+  // A total whose double rounds up to 2^64 (no uint64 value): the whole of it, not 0.
+  const std::uint64_t huge = std::numeric_limits<std::uint64_t>::max();
+  CHECK(CacheBudget{1.0, 0}.Resolve(huge) == huge);
+  CHECK(CacheBudget{0.5, 0}.Resolve(huge) == huge / 2 + 1);  // 2^63: the double of huge / 2
   CHECK(CacheBudget{0.5, 0}.Check().ok());
   CHECK(CacheBudget{-1.0, 3 * BlockBytes()}.Check().ok());  // an absolute budget ignores the fraction
 }
