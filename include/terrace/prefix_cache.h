@@ -255,7 +255,9 @@ class PrefixCache {
   // (state.num_tokens() == chunks * chunk_tokens): that chunk's MLA latents, and every KDA layer's
   // snapshot when `snapshot`. Copies what it needs and returns at once; encoding and the Puts run on
   // the writer thread. A failure is counted (write_failures; the cache logs its first), and leaves no block behind
-  // that a lookup could hit. InvalidArgument when the state does not match `chunks`.
+  // that a lookup could hit. InvalidArgument, before anything is read, when the state is not
+  // shaped for this cache's model (layers, which are MLA, latent width, KDA sizes: as BeginRestore
+  // checks) or does not match `chunks`.
   Status WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                    bool snapshot);
   // Per-layer write-out during prefill: layer `layer` of the state right after it computed chunk
@@ -267,7 +269,8 @@ class PrefixCache {
   // shared prefix) never mix or discard each other's rows; the first complete block is written,
   // the others find it stored (chunk_already_stored). Copies what it needs and returns at once:
   // encoding runs on the writer thread, the Puts on the store's async path (PutAsync), so a
-  // forward pass calling it from on_layer_end never waits for a write. Failures as WriteBack's.
+  // forward pass calling it from on_layer_end never waits for a write. Failures and refusals as
+  // WriteBack's.
   // A pass that stops between MLA layers of a chunk must call EndStoreLayers.
   Status StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer, const model::SequenceState& state,
                     bool snapshot);
