@@ -171,6 +171,7 @@ Status EncodeBlock(const CodecSpec& spec, std::span<const float> x, std::int64_t
       break;
     }
     case CodecKind::kInt4:
+      if (n == 0) break;  // no value, no group; the payload may be an empty scratch (no memory at all)
       if (!k.int4_encode(x.data(), rn, cn, static_cast<std::size_t>(spec.group), detail::MaxScale(spec.kind),
                          scales.data(), payload))
         return NonFinite(spec, x, cols);
