@@ -141,6 +141,16 @@ Status CheckStateShape(const KvLayout& L, const model::SequenceState& state, std
   return Status::Ok();
 }
 
+namespace {
+
+// True when `s` covers exactly `tokens` tokens and, for an MLA layer, holds their `width`-value
+// latent rows (WriteBack and StoreLayer copy them at those offsets).
+bool CoversTokens(const model::LayerState& s, std::int64_t tokens, std::int64_t width) {
+  return s.tokens == tokens && (!s.is_mla || s.latents.size() >= static_cast<std::size_t>(tokens * width));
+}
+
+}  // namespace
+
 Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, std::string_view where) {
   const auto n = static_cast<std::int64_t>(r.tokens.size());
   const std::int64_t full = n / chunk_tokens, most = n > 0 ? (n - 1) / chunk_tokens : 0;
@@ -271,8 +281,7 @@ Status PrefixCache::WriteBack(const PrefixRequest& request, std::int64_t chunks,
                                                request.chunk_ids.size()));
   TERRACE_RETURN_IF_ERROR(CheckStateShape(L, state, "PrefixCache::WriteBack"));
   for (int l = 0; l < state.num_layers(); ++l)
-    if (state.layer(l).tokens != chunks * C ||
-        (state.layer(l).is_mla && state.layer(l).latents.size() < static_cast<std::size_t>(chunks * C * W)))
+    if (!CoversTokens(state.layer(l), chunks * C, W))
       return Status::InvalidArgument(fmt::format("PrefixCache::WriteBack: layer {} covers {} tokens ({} latent values), "
                                                  "expected {} tokens (write back right after computing chunk {})", l,
                                                  state.layer(l).tokens, state.layer(l).latents.size(), chunks * C,
@@ -302,7 +311,7 @@ Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks
                                                chunks, request.chunk_ids.size(), layer, L.num_layers()));
   TERRACE_RETURN_IF_ERROR(CheckStateShape(L, state, "PrefixCache::StoreLayer"));
   const model::LayerState& s = state.layer(layer);
-  if (s.tokens != chunks * C || (s.is_mla && s.latents.size() < static_cast<std::size_t>(chunks * C * W)))
+  if (!CoversTokens(s, chunks * C, W))
     return Status::InvalidArgument(fmt::format("PrefixCache::StoreLayer: layer {} covers {} tokens ({} latent values), "
                                                "expected {} tokens (store a layer right after it computed chunk {})",
                                                layer, s.tokens, s.latents.size(), chunks * C, chunks - 1));

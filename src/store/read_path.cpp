@@ -30,8 +30,8 @@ FastRead StoreImpl::PlanFastGet(const BlockKey& key, std::span<std::byte> out, R
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       if (shared_mask_ != 0) return f;  // a shared tier may hold it: the locked path asks
-      CountGet(slot_count());           // a miss in every tier
       *result = MissLocked(key);
+      CountMissIfNone(result->status());  // NotFound, or a lost key's Corruption
       f.answered = true;
       return f;
     }
