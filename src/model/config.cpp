@@ -67,9 +67,12 @@ class FieldReader {
   FieldReader(const Json& obj, std::string_view source, std::string prefix)
       : obj_(obj), source_(source), prefix_(std::move(prefix)) {}
 
+  // A required field that is absent, or present as null (which reads as absent for optional fields).
   Status Missing(std::string_view key) const {
-    return Status::InvalidArgument(fmt::format("{}: required field '{}{}' is missing; add it to the config",
-                                               source_, prefix_, key));
+    const auto it = obj_.find(key);
+    const bool null = it != obj_.end() && it->is_null();
+    return Status::InvalidArgument(fmt::format("{}: required field '{}{}' is {}; {} the config", source_, prefix_,
+                                               key, null ? "null" : "missing", null ? "give it a value in" : "add it to"));
   }
   Status Bad(std::string_view key, std::string_view what) const {
     return Status::InvalidArgument(fmt::format("{}: field '{}{}' {}", source_, prefix_, key, what));
@@ -193,6 +196,10 @@ class FieldReader {
 
  private:
   Status ToInt(std::string_view key, const Json& v, int* out) const {
+    if (v.is_number_float() && std::isfinite(v.get<double>()) && std::abs(v.get<double>()) > (1 << 30) &&
+        v.get<double>() == std::floor(v.get<double>())) {
+      return WrongType(key, "an integer within +-2^30");  // an integer past int64 parses as a float
+    }
     if (!v.is_number_integer()) return WrongType(key, "an integer");
     const auto x = v.is_number_unsigned() ? static_cast<std::int64_t>(std::min<std::uint64_t>(v.get<std::uint64_t>(), 1ull << 40))
                                           : v.get<std::int64_t>();

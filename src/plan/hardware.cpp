@@ -109,9 +109,23 @@ Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view sourc
   }
   Hardware h;
   h.name = std::string(source);
-  if (auto it = j.find("base"); it != j.end()) {
-    if (!it->is_string()) return Status::InvalidArgument(fmt::format("{}: \"base\" must be a preset name", source));
-    TERRACE_ASSIGN_OR_RETURN(h, HardwarePreset(it->get<std::string>()));
+  const auto base = j.find("base");
+  if (base != j.end()) {
+    if (!base->is_string()) return Status::InvalidArgument(fmt::format("{}: \"base\" must be a preset name", source));
+    auto preset = HardwarePreset(base->get<std::string>());
+    if (!preset.ok()) return Status::InvalidArgument(fmt::format("{}: \"base\": {}", source, preset.status().message()));
+    h = *std::move(preset);
+  } else {
+    // Without a preset to start from, every size and rate without a default must be given.
+    for (const char* key : {"hbm_bytes_per_gpu", "hbm_bandwidth_per_gpu", "gpu_flops_per_gpu", "pcie_bandwidth_per_gpu",
+                            "host_bytes", "nvme_bytes", "nvme_read_bandwidth", "nvme_write_bandwidth"}) {
+      if (!j.contains(key)) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: \"{}\" is missing; give it, or start from a preset with \"base\": one of {} (see docs/plan.md, "
+            "\"Hardware files\")",
+            source, key, fmt::join(HardwarePresetNames(), ", ")));
+      }
+    }
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();

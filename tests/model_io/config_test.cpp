@@ -94,6 +94,19 @@ TEST_CASE("missing required fields are named", "[config]") {
   CHECK(Mentions(ErrorOf(n), "'text_config.hidden_size'"));
 }
 
+TEST_CASE("a required field given as null is named as null, an integer past int64 as out of range", "[config]") {
+  Json j = ToyJson();
+  j["hidden_size"] = nullptr;
+  CHECK(Mentions(ErrorOf(j), "required field 'hidden_size' is null"));
+  j = Json::parse(R"({"x": 18446744073709551616})");  // past uint64: nlohmann reads it as a float
+  Json big = ToyJson();
+  big["hidden_size"] = j["x"];
+  CHECK(Mentions(ErrorOf(big), "field 'hidden_size' must be an integer within +-2^30"));
+  big["hidden_size"] = 1.5;
+  CHECK(Mentions(ErrorOf(big), "field 'hidden_size' must be an integer"));
+  CHECK_FALSE(Mentions(ErrorOf(big), "2^30"));
+}
+
 TEST_CASE("kda_layers defaults to the complement of full_attn_layers", "[config]") {
   Json j = ToyJson();
   j["linear_attn_config"].erase("kda_layers");

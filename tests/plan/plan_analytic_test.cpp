@@ -166,8 +166,13 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
   bad = ParseHardwareJson(R"({"base": "h200-gen5", "mfu": 2})", "my.json");
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("mfu"));
-  bad = ParseHardwareJson(R"({"gpus": 8})", "my.json");  // no base: the bandwidths are missing
+  bad = ParseHardwareJson(R"({"gpus": 8})", "my.json");  // no base: the sizes and bandwidths are missing
   REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json: \"hbm_bytes_per_gpu\" is missing") &&
+                                         Catch::Contains("\"base\"") && !Catch::Contains("positive"));
+  bad = ParseHardwareJson(R"({"base": "nosuch"})", "my.json");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json: \"base\": unknown hardware preset 'nosuch'"));
   // Zero sizes are refused (docs/plan.md), and so is an HBM total past 2^64 bytes (it would wrap).
   for (const char* key : {"host_bytes", "nvme_bytes", "hbm_bytes_per_gpu"}) {
     bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 0}})", key), "my.json");
