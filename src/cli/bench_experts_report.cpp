@@ -319,7 +319,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
   for (const auto& r : run.results) {
     const bool cached = r.name != "resident" && !r.IsMmap();
     const bool budgeted = cached || (r.IsMmap() && r.mmap_budget_bytes > 0);
-    t.Add({r.name, budgeted ? fmt::format("{:.0f}%", r.budget_fraction * 100) : "-", fmt::format("{:.1f}", r.tokens_per_s),
+    t.Add({r.name, budgeted ? fmt::format("{:g}%", r.budget_fraction * 100) : "-", fmt::format("{:.1f}", r.tokens_per_s),
            cached && r.io_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.io_bound_tokens_per_s) : "-",
            r.drive_bound_tokens_per_s > 0 ? fmt::format("{:.1f}", r.drive_bound_tokens_per_s) : "-",
            cached ? fmt::format("{:.1f}", r.bound_tokens_per_s.value_or(0)) : "-",
@@ -340,7 +340,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run; experts' page-cache bytes after it (mincore) "
                "{:.1f} MiB{}; peak charged {:.1f} MiB; {} evictions, {} over-budget loads, {:.1f} MiB of read-ahead spill "
                "dropped, {} failed drops; {:.1f} ms per token evicting and sweeping, {:.2f} tok/s without it\n",
-               r.name, r.mmap_budget_bytes > 0 ? fmt::format(" at {:.0f}%", r.budget_fraction * 100) : "",
+               r.name, r.mmap_budget_bytes > 0 ? fmt::format(" at {:g}%", r.budget_fraction * 100) : "",
                100 * r.mmap_cold_fraction_before, static_cast<double>(r.mmap_expert_bytes_after) / (1 << 20),
                r.mmap_budget_bytes > 0
                    ? fmt::format(", {:.1f} MiB once the read-ahead in flight had landed and was dropped (budget {:.1f} MiB: {})",
@@ -356,13 +356,13 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     if (r.name != "lru+lookahead" && r.name != "utility+statistical" && r.name != "utility+lookahead") continue;
     std::string layers;
     for (double v : r.layer_recall) layers += fmt::format(" {:.2f}", v);
-    fmt::print("per-layer recall, {} at {:.0f}%:{}\n", r.name, r.budget_fraction * 100, layers);
+    fmt::print("per-layer recall, {} at {:g}%:{}\n", r.name, r.budget_fraction * 100, layers);
   }
   fmt::print("recall by chance (top-{} of {} experts): {:.3f}\n", run.regime.top_k, run.regime.experts_per_layer, f.chance_recall);
   for (const auto& r : run.results) {
     if (r.name == "resident" || r.IsMmap()) continue;
     const double stalled = r.stall_share.value_or(0) * r.wall_s_per_token;
-    fmt::print("ms per decode token, {} at {:.0f}%: wall {:.1f} = forward-thread CPU {:.1f} + stalled {:.1f} + other {:.1f} "
+    fmt::print("ms per decode token, {} at {:g}%: wall {:.1f} = forward-thread CPU {:.1f} + stalled {:.1f} + other {:.1f} "
                "(descheduled); other threads' CPU {:.1f} (resident compute {:.1f})\n",
                r.name, r.budget_fraction * 100, r.wall_s_per_token * 1e3, r.forward_cpu_s_per_token * 1e3, stalled * 1e3,
                std::max(r.wall_s_per_token - r.forward_cpu_s_per_token - stalled, 0.0) * 1e3,
@@ -374,7 +374,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     const double busy = static_cast<double>(d.load_busy_ns) / 1e9 / a.decode;
     std::string stalls;
     for (double v : r.layer_stall_s_per_token) stalls += fmt::format(" {:.1f}", v * 1e3);
-    fmt::print("schedule per decode token, {} at {:.0f}%: loads outstanding {:.1f} ms, none {:.1f} ms; stall per MoE layer "
+    fmt::print("schedule per decode token, {} at {:g}%: loads outstanding {:.1f} ms, none {:.1f} ms; stall per MoE layer "
                "(ms){}; speculative: {} landed ({:.1f} ms issue-to-landing), {} used, issued {:.2f} layers / {:.1f} ms ahead, {} "
                "late, {} evicted unused ({} before their target); {} selection batches, {} behind speculation ({} keys); "
                "queue held by the in-flight limit {}, the bytes cap {}, a selection batch {}\n",
@@ -432,12 +432,12 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                            : std::string(kRowNotRun);
     if (!s.best_tps) {
       // No real predictor's row ran: every target that compares it is n/a, whatever the baselines.
-      fmt::print("targets at {:.0f}%: best real predictor n/a (no lru+lookahead, utility+statistical or "
+      fmt::print("targets at {:g}%: best real predictor n/a (no lru+lookahead, utility+statistical or "
                  "utility+lookahead row run): its targets against oracle, on-demand, mmap and resident are n/a{}; "
                  "lookahead recall {}\n",
                  s.budget * 100, resident_target, recall);
     } else {
-      fmt::print("targets at {:.0f}%: best real predictor {} {:.1f} tok/s = {}, {}, {} [{}, {}{}]{}; lookahead recall {}\n",
+      fmt::print("targets at {:g}%: best real predictor {} {:.1f} tok/s = {}, {}, {} [{}, {}{}]{}; lookahead recall {}\n",
                  s.budget * 100, s.best, *s.best_tps, TargetClause(RatioOf(s.best_tps, s.oracle), "oracle", 0.9),
                  TargetClause(RatioOf(s.best_tps, s.on_demand), "on-demand", 2),
                  TargetClause(RatioOf(s.best_tps, s.mmap), "mmap at the same budget without its eviction work", 3),
@@ -446,7 +446,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                  resident_target, recall);
     }
     if (!s.min_nvme_bytes_per_token) {
-      fmt::print("bound at {:.0f}%: n/a (no store-backed row but oracle+belady ran at this budget)\n", s.budget * 100);
+      fmt::print("bound at {:g}%: n/a (no store-backed row but oracle+belady ran at this budget)\n", s.budget * 100);
     } else {
       const std::string vs_on_demand =
           s.overlap_bound_vs_on_demand && s.overlap_bound_vs_serial_on_demand
@@ -458,7 +458,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                                 : "beyond reach at these miss bytes, on any drive (overlap alone gains at most 2x, and "
                                   "only when a token's reads take exactly its compute time; 2x needs fewer missed bytes)")
               : fmt::format("on-demand {}", kRowNotRun);
-      fmt::print("bound at {:.0f}%: the fewest drive bytes any row but oracle+belady read, {:.1f} MiB per token, at {:.2f} "
+      fmt::print("bound at {:g}%: the fewest drive bytes any row but oracle+belady read, {:.1f} MiB per token, at {:.2f} "
                  "GB/s with compute ({:.1f} ms) perfectly overlapped allow {:.1f} tok/s = {}\n",
                  s.budget * 100, *s.min_nvme_bytes_per_token / (1 << 20), run.nvme_bytes_per_s / 1e9,
                  run.compute_s_per_token * 1e3, *s.overlap_bound_tps, vs_on_demand);
@@ -473,7 +473,7 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                               : "beyond reach at this budget even with perfect knowledge of the routing and perfect "
                                 "overlap")
             : fmt::format("on-demand {}", kRowNotRun);
-    fmt::print("Belady bound at {:.0f}%: the fewest drive bytes any demand-paged cache of {} experts can read on this run's "
+    fmt::print("Belady bound at {:g}%: the fewest drive bytes any demand-paged cache of {} experts can read on this run's "
                "routing (Belady's replacement over the recorded trace), {:.2f} MiB per token ({}), with compute perfectly "
                "overlapped allow {:.1f} tok/s = {}\n",
                s.budget * 100, s.belady_capacity_blocks, *s.belady_nvme_bytes_per_token / (1 << 20),

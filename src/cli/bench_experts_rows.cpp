@@ -479,7 +479,7 @@ Result<ConfigResult> RunMmapRow(Run* run, const std::string& name, double fracti
   const Args& a = run->a;
   const std::vector<std::filesystem::path> shards = Shards(a.model);
   run->progress.Phase(fmt::format("{}{} (dropping the checkpoint's pages from the page cache first)", name,
-                                  budget_bytes > 0 ? fmt::format(" at {:.0f}%", fraction * 100) : ""));
+                                  budget_bytes > 0 ? fmt::format(" at {:g}%", fraction * 100) : ""));
   run->advised = AdviseDontNeed(shards) && run->advised;
   if (a.drop_caches) {
     const std::string why = DropSystemPageCache();

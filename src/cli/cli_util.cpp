@@ -180,12 +180,12 @@ Result<std::uint64_t> ParseUnsignedInRange(std::string_view text, std::string_vi
 namespace {
 // A finite double option in [min, max], or (0, max] when `above_zero`.
 CLI::Option* AddBoundedDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
-                                    double max, bool above_zero, const std::string& help) {
+                                    double max, bool above_zero, const std::string& help, const std::string& why = {}) {
   const std::string range = above_zero ? fmt::format("above 0, at most {}", max) : fmt::format("{} to {}", min, max);
   return app
       ->add_option_function<std::string>(
           name,
-          [value, name, min, max, above_zero, range](const std::string& text) {
+          [value, name, min, max, above_zero, range, why](const std::string& text) {
             double v = 0;
             auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
             if (ec != std::errc() || p != text.data() + text.size() || text.empty() || !std::isfinite(v)) {
@@ -193,7 +193,8 @@ CLI::Option* AddBoundedDoubleOption(CLI::App* app, const std::string& name, std:
                                                      above_zero ? range : "from " + range));
             }
             if (above_zero ? !(v > 0 && v <= max) : (v < min || v > max)) {
-              throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {}", name, text, range));
+              throw CLI::ValidationError(fmt::format("{} {} is out of range: accepted {}{}", name, text, range,
+                                                     why.empty() ? "" : " (" + why + ")"));
             }
             *value = v;
           },
@@ -203,13 +204,33 @@ CLI::Option* AddBoundedDoubleOption(CLI::App* app, const std::string& name, std:
 }  // namespace
 
 CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
-                             double max, const std::string& help) {
-  return AddBoundedDoubleOption(app, name, value, min, max, /*above_zero=*/false, help);
+                             double max, const std::string& help, const std::string& why) {
+  return AddBoundedDoubleOption(app, name, value, min, max, /*above_zero=*/false, help, why);
 }
 
 CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double max,
                                      const std::string& help) {
   return AddBoundedDoubleOption(app, name, value, 0.0, max, /*above_zero=*/true, help);
+}
+
+void RefuseEmptyValues(CLI::App* cmd) {
+  for (CLI::Option* o : cmd->get_options()) {
+    if (o->get_type_size_min() <= 0 || o->get_expected_min() <= 0) continue;  // a flag: takes no value
+    const std::string name = o->get_name();
+    o->check(
+        [name](const std::string& value) {
+          return value.empty() ? fmt::format("the value is empty; give one, or leave {} out", name) : std::string();
+        },
+        "");
+  }
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const std::filesystem::path pa = std::filesystem::weakly_canonical(std::filesystem::absolute(a, ea), ea);
+  const std::filesystem::path pb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, eb), eb);
+  if (!ea && !eb) return pa == pb;
+  return std::filesystem::absolute(a, ea).lexically_normal() == std::filesystem::absolute(b, eb).lexically_normal();
 }
 
 void FillPattern(std::uint64_t seed, const BlockKey& key, std::span<std::byte> out) {

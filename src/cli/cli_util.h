@@ -148,11 +148,23 @@ CLI::Option* AddOptionalIntOption(CLI::App* app, const std::string& name, std::o
 }
 
 // A finite floating-point option in [min, max] (NaN, inf and out-of-range values are usage errors).
+// `why`, when given, is added to the out-of-range message (why the bounds are where they are).
 CLI::Option* AddDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double min,
-                             double max, const std::string& help);
+                             double max, const std::string& help, const std::string& why = {});
 // A finite floating-point option in (0, max]: above zero, as config.json's keys of the same meaning.
 CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std::optional<double>* value, double max,
                                      const std::string& help);
+
+// Makes an empty value ("--flag ''") a usage error for every option of `cmd` that takes a value
+// ("--store: the value is empty; give one, or leave --store out"): an empty value is never read as
+// "flag not given" (which silently dropped what the flag asked for, e.g. --store "" ran with no
+// cache). Call once, after every option of the command was added.
+void RefuseEmptyValues(CLI::App* cmd);
+
+// True when `a` and `b` name the same file: the same path once "." and ".." are resolved and the
+// parts that exist have their symlinks resolved (so "d/../x" and "x", or a link and its target, are
+// one file). For refusing two output flags given one file (one output would overwrite the other).
+bool SameFile(const std::string& a, const std::string& b);
 
 // The deterministic test pattern of block `key` under `seed`: `size` bytes from a splitmix64 stream
 // seeded by (seed, key). `store fill` writes it and `store check` re-derives it.

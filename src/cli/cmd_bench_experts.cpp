@@ -98,6 +98,41 @@ Status CheckLeadFlags(const Args& a, const std::vector<std::string>& wanted) {
   return Status::Ok();
 }
 
+// --lookahead-busy-rank-precision raises the rank gate from --lookahead-min-rank-precision toward
+// it: a value at or below the minimum would leave the gate where it is (LookaheadOptions::
+// RankThreshold reads it as off) while the report records it. 0 is the documented "off".
+Status CheckBusyRankPrecision(const Args& a) {
+  if (!a.lookahead_busy_rank_precision || *a.lookahead_busy_rank_precision == 0) return Status::Ok();
+  const double busy = *a.lookahead_busy_rank_precision;
+  const double min = a.lookahead_min_rank_precision.value_or(experts::LookaheadOptions{}.min_rank_precision);
+  if (busy > min) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "--lookahead-busy-rank-precision {:g} is not above --lookahead-min-rank-precision {:g}{}: the busy threshold is "
+      "where the gate rises to from that minimum under load; give a value above {:g}, or 0 (off)",
+      busy, min, a.lookahead_min_rank_precision ? "" : " (its default)", min));
+}
+
+// The flags counting layers stay within the model: --lookahead-depth below its layer count (no
+// layer lies further ahead), --lookahead-embedding-depth and --lead-protected-layers at most its
+// MoE layers (more would change nothing while the report records them).
+Status CheckLayerFlags(const Args& a, const model::ModelConfig& config) {
+  const int layers = config.num_hidden_layers;
+  int moe_layers = 0;
+  for (int l = 0; l < layers; ++l) moe_layers += config.IsDenseLayer(l) ? 0 : 1;
+  if (a.lookahead_depth_given && a.lookahead_depth >= layers)
+    return Status::InvalidArgument(fmt::format("--lookahead-depth {} reaches past the model: it has {} layers, so a "
+                                               "layer lies at most {} ahead; give at most {}",
+                                               a.lookahead_depth, layers, layers - 1, layers - 1));
+  const std::pair<int, const char*> moe_flags[] = {
+      {a.lookahead_embedding_depth_given ? a.lookahead_embedding_depth : 0, "--lookahead-embedding-depth"},
+      {a.lead_protected_layers_given ? a.lead_protected_layers : 0, "--lead-protected-layers"}};
+  for (const auto& [value, flag] : moe_flags)
+    if (value > moe_layers)
+      return Status::InvalidArgument(fmt::format("{} {} is more than the model's {} MoE layers; give at most {}", flag,
+                                                 value, moe_layers, moe_layers));
+  return Status::Ok();
+}
+
 // --drop-caches drops the page cache before the mmap rows only: refused without one.
 Status CheckDropCaches(const Args& a, const std::vector<std::string>& wanted) {
   const bool any_mmap =
@@ -145,13 +180,14 @@ int PrepareRun(const Args& a, bench_experts::Run* run, std::vector<experts::Cach
   auto parsed = ParseBudgets(a.budgets);
   if (!parsed.ok()) return FailUsage(parsed.status().message());
   *budgets = std::move(parsed).value();
-  if (!(a.link_gbps > 0)) return FailUsage(fmt::format("--link-gbps must be positive (got {})", a.link_gbps));
+  // --link-gbps is checked by its option (above 0).
   auto configs = ParseConfigs(a.configs);
   if (!configs.ok()) return FailUsage(configs.status().message());
   *wanted = std::move(configs).value();
   if (Status s = CheckLookaheadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckDropCaches(a, *wanted); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckLeadFlags(a, *wanted); !s.ok()) return FailUsage(s.message());
+  if (Status s = CheckBusyRankPrecision(a); !s.ok()) return FailUsage(s.message());
   model::ops::SetBlasThreads(a.threads);
   auto opened = model::ModelDir::Open(a.model);
   if (!opened.ok()) return Fail(opened.status().ToString());
@@ -159,6 +195,7 @@ int PrepareRun(const Args& a, bench_experts::Run* run, std::vector<experts::Cach
   run->a = a;
   run->config = (*md)->config();
   if (run->config.num_experts <= 0) return FailUsage("--model: the model has no routed experts");
+  if (Status s = CheckLayerFlags(a, run->config); !s.ok()) return FailUsage(s.message());
   for (int i = 0; i < a.prompt; ++i) run->prompt.push_back((i * 37 + 5) % run->config.vocab_size);
   run->regime = experts::BenchRegimeOf(run->config);
   run->total = run->regime.routed_expert_bytes;
@@ -292,13 +329,14 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
                "have no lead time to hide behind; 0: off; default 1)");
   AddDoubleOption(cmd, "--lead-protected-share", &a->lead_protected_share, 0.0, 1.0,
                   "Share of the budget reserved for the --lead-protected-layers experts (default 0.5)");
-  AddDoubleOption(cmd, "--link-gbps", &a->link_gbps_arg, 0.0, 1e6,
-                  fmt::format("Host-to-HBM link model, GB/s, above 0 (emulated HBM tier; default {:g})", a->link_gbps));
+  AddPositiveDoubleOption(cmd, "--link-gbps", &a->link_gbps_arg, 1e6,
+                          fmt::format("Host-to-HBM link model, GB/s (emulated HBM tier; default {:g})", a->link_gbps));
   cmd->add_flag("--json", a->json, "Print one JSON object with a configs list");
   cmd->add_flag("--keep", a->keep, "Keep the NVMe directory afterwards");
   cmd->add_flag("--drop-caches", a->drop_caches,
                 "Before the mmap baseline, also drop the whole system's page cache (echo 1 > "
                 "/proc/sys/vm/drop_caches; root only)");
+  RefuseEmptyValues(cmd);
   cmd->callback([run, a, depth_opt, embedding_depth_opt, lead_opt] {
     a->lookahead_depth_given = depth_opt->count() > 0;
     a->lead_protected_layers_given = lead_opt->count() > 0;

@@ -380,6 +380,26 @@ int RunBenchKv(const BenchKvArgs& a) {
   if (prefixes->empty() && a.turns == 0)
     return FailUsage("--prefix-tokens none with --turns 0 leaves nothing to run; give prefix lengths or turns");
   if (Status s = CheckKvPoolSizes(a.kv); !s.ok()) return FailUsage(s.message());
+  // A prefix shorter than one chunk has no full chunk to store or restore: its row would be all zeros
+  // that look measured.
+  for (int P : *prefixes) {
+    if (P < a.kv.chunk_tokens)
+      return FailUsage(fmt::format("--prefix-tokens {} is shorter than --chunk-tokens {}: the cache stores and "
+                                   "restores whole chunks, so a prefix under one chunk has nothing to restore; give "
+                                   "prefixes of at least {} tokens, or a smaller --chunk-tokens",
+                                   P, a.kv.chunk_tokens, a.kv.chunk_tokens));
+  }
+  // --dir of the wrong kind (a regular file, a FIFO, a dangling link) is refused as every command
+  // refuses it, before the check for a non-empty directory.
+  if (!a.dir.empty()) {
+    if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
+  }
+  // The model's config, and the flags checked against it (the codecs, the layout), before --dir is
+  // touched or any work starts.
+  auto mdir = model::ModelDir::Open(a.model);
+  if (!mdir.ok()) return Fail(mdir.status().ToString());
+  const model::ModelConfig& config = (*mdir)->config();
+  if (Status s = CheckKvLayoutArgs(a.kv, config); !s.ok()) return FailUsage(s.message());
   std::filesystem::path dir = a.dir;
   bool created_dir = false;
   bool pools_made = false;  // OpenNewPools sets it, a prefix row's removal of its pools clears it
@@ -405,9 +425,6 @@ int RunBenchKv(const BenchKvArgs& a) {
     if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
     created_dir = true;
   }
-  auto mdir = model::ModelDir::Open(a.model);
-  if (!mdir.ok()) return Fail(mdir.status().ToString());
-  const model::ModelConfig& config = (*mdir)->config();
   auto m = model::Model::Load(config, **mdir);
   if (!m.ok()) return Fail(m.status().ToString());
   KvRunArgs kv = a.kv;
@@ -498,6 +515,7 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--user-tokens", &a->user_tokens, 1, 1 << 20, "Multi-turn workload: new tokens per turn");
   AddKvFlags(cmd, &a->kv, /*with_store=*/false);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
+  RefuseEmptyValues(cmd);
   cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });
 }
 

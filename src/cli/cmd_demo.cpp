@@ -765,8 +765,11 @@ int RunDemo(const DemoArgs& a) {
   if (a.preset != "k3-small" && a.preset != "k3-toy")
     return FailUsage(fmt::format("--preset: '{}' is not k3-small or k3-toy", a.preset));
   model::ops::SetBlasThreads(a.threads);
-  if (auto b = experts::CacheBudget::Parse(a.expert_cache); !b.ok())
-    return FailUsage("--expert-cache: " + b.status().message());
+  auto budget = experts::CacheBudget::Parse(a.expert_cache);
+  if (!budget.ok()) return FailUsage("--expert-cache: " + budget.status().message());
+  // A budget under one expert block is refused now, not after the model and the stores were built.
+  if (Status s = CheckExpertBudget(*budget, a.expert_cache, *model::Preset(a.preset)); !s.ok())
+    return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckKvPoolSizes(DemoKvArgs(a)); !s.ok()) return FailUsage(s.message());
   g_progress = a.json ? stderr : stdout;
@@ -986,6 +989,7 @@ void RegisterDemo(CLI::App& app, Runner* run) {
                  "Delete the demo's data in --dir first (only what 'terrace demo' created; anything else is refused "
                  "and left alone)");
   demo->add_option("--inject-fault", a->inject_fault, "Test only: 'state' perturbs a restored turn's KDA state")->group("");
+  RefuseEmptyValues(demo);
   demo->callback([run, a] { *run = [a] { return RunDemo(*a); }; });
 }
 

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <optional>
 #include <string>
 #include <algorithm>
 #include <cerrno>
@@ -43,7 +44,13 @@ struct InitArgs {
   bool force = false;
   int routing_tokens = 64;
   double residual_scale = 1.0;
+  std::optional<double> residual_scale_arg;  // --residual-scale as given (range-checked); copied into residual_scale
 };
+
+// The smallest --residual-scale: below it the residual-writing weights (scale / sqrt(2 x layers x
+// fan-in) x N(0, 1)) leave every layer's update under a millionth of the stream, and far below it
+// (about 1e-30) they underflow bf16 (and f32) to zero, a model whose layers do nothing.
+constexpr double kMinResidualScale = 1e-6;
 
 constexpr int kMaxRoutingTokens = 1 << 16;
 
@@ -370,16 +377,17 @@ void RegisterModel(CLI::App& app, Runner* run) {
               "(kimi-k3, kimi-linear-48b)");
   AddIntOption(i, "--routing-tokens", &init->routing_tokens, 0, kMaxRoutingTokens,
                "Prompt tokens for the routing report (0: skip)");
-  i->add_option("--residual-scale", init->residual_scale,
-                "Scale the weights that write into the residual stream (attention/MLP output projections, the MoE "
-                "output) by this factor, in (0, 1]: smaller layer updates relative to the stream, as in trained "
-                "models (docs/experts.md)")
-      ->capture_default_str();
+  AddDoubleOption(i, "--residual-scale", &init->residual_scale_arg, kMinResidualScale, 1.0,
+                  "Scale the weights that write into the residual stream (attention/MLP output projections, the MoE "
+                  "output) by this factor: smaller layer updates relative to the stream, as in trained models "
+                  "(docs/experts.md; default 1)",
+                  "below 1e-6 every layer's update is under a millionth of the residual stream, so the layers do "
+                  "next to nothing, and far below it the scaled weights underflow bf16 to zero");
   i->callback([run, init] {
     *run = [init] {
       if (init->preset.empty() && init->config.empty()) return FailUsage("model init needs --preset or --config");
-      if (!(init->residual_scale > 0 && init->residual_scale <= 1))
-        return FailUsage(fmt::format("--residual-scale must be in (0, 1] (got {})", init->residual_scale));
+      // --residual-scale is range-checked by its option ([kMinResidualScale, 1]).
+      if (init->residual_scale_arg) init->residual_scale = *init->residual_scale_arg;
       return RunInit(*init);
     };
   });

@@ -54,7 +54,10 @@ struct RunArgs {
 
 Result<std::vector<int>> ParseTokens(const std::string& text, int vocab) {
   std::vector<int> ids;
-  for (const std::string& item : SplitCommas(text)) {
+  for (std::string item : SplitCommas(text)) {
+    // Blanks around an id are taken on either side (" 1, 2 ,3 "); inside one they are not.
+    const std::size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
     std::size_t used = 0;
     long long v = -1;
     try {
@@ -83,6 +86,12 @@ int RunModel(const RunArgs& a) {
   if (!a.dump_logits.empty()) {
     if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits", out_rules); !s.ok()) return FailUsage(s.message());
   }
+  // Two outputs into one file: the second would replace the first (with --force), or find a file
+  // this run wrote and refuse it at the end, after all the work.
+  if (!a.dump_logits.empty() && !a.experts.prometheus.empty() && SameFile(a.dump_logits, a.experts.prometheus))
+    return FailUsage(fmt::format("--dump-logits {} and --expert-prometheus {} name the same file; give each output a "
+                                 "file of its own",
+                                 a.dump_logits, a.experts.prometheus));
   ops::SetBlasThreads(a.threads);
   // Ctrl-C: the forward pass stops at its next layer, what the store was handed is written, and the
   // run exits 128 + the signal number saying how far it got.
@@ -356,6 +365,7 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   cmd->add_flag("--force", args->force,
                 "Let --dump-logits and --expert-prometheus replace an existing file Terrace did not write (never a "
                 "file of --model)");
+  RefuseEmptyValues(cmd);
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

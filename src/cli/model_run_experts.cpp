@@ -1,6 +1,7 @@
 #include "src/cli/model_run_experts.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/common/generator_mark.h"
+#include "src/experts/bench_regime.h"
 
 namespace terrace::cli {
 namespace {
@@ -61,6 +63,23 @@ void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
                   "Also write the expert cache's metrics to this file in Prometheus text format");
 }
 
+Status CheckExpertBudget(const experts::CacheBudget& budget, const std::string& text, const model::ModelConfig& config,
+                         std::string_view flag) {
+  if (config.num_experts <= 0) return Status::Ok();  // the caller refuses the model
+  const experts::BenchRegime regime = experts::BenchRegimeOf(config);
+  const std::uint64_t total = regime.routed_expert_bytes;
+  const std::uint64_t bytes = budget.Resolve(total);
+  if (bytes >= regime.block_bytes) return Status::Ok();
+  const std::string what = budget.bytes != 0
+                               ? fmt::format("{} {} ({} bytes)", flag, text, bytes)
+                               : fmt::format("{} {} ({} bytes of the model's {} bytes of routed experts)", flag, text,
+                                             bytes, total);
+  return Status::InvalidArgument(fmt::format(
+      "{} is smaller than one expert block ({} bytes); give at least {} bytes or {:.2f}%", what, regime.block_bytes,
+      regime.block_bytes,
+      std::ceil(1e4 * static_cast<double>(regime.block_bytes) / static_cast<double>(total)) / 100.0));
+}
+
 Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store_dir, const model::ModelConfig& config,
                                 const model::WeightSource& weights, const OutputRules& out_rules) {
   ExpertRun run;
@@ -73,6 +92,7 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   }
   auto budget = experts::CacheBudget::Parse(a.cache);
   if (!budget.ok()) return Status::InvalidArgument("--expert-cache: " + budget.status().message());
+  TERRACE_RETURN_IF_ERROR(CheckExpertBudget(*budget, a.cache, config));
   auto predictor = experts::ParsePredictor(a.predictor);
   if (!predictor.ok()) return Status::InvalidArgument("--predictor: " + predictor.status().message());
   auto policy = experts::ParseCachePolicy(a.policy);

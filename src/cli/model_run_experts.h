@@ -52,6 +52,12 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& st
                                 const model::ModelConfig& config, const model::WeightSource& weights,
                                 const OutputRules& out_rules);
 
+// A budget (--expert-cache `text`, parsed into `budget`) must hold one expert block of `config`:
+// InvalidArgument naming `flag`, the block's size and the smallest budget that works otherwise.
+// Creates nothing: commands call it before any work.
+Status CheckExpertBudget(const experts::CacheBudget& budget, const std::string& text, const model::ModelConfig& config,
+                         std::string_view flag = "--expert-cache");
+
 // How the oracle's recording pass prefills the prompt: in the forward steps the measured run will
 // take. `prefill` computes the whole prompt into a fresh session (empty: one Session::Prefill
 // step); the measured run then skips its first `skipped_steps` steps (the pieces a prefix-cache

@@ -221,6 +221,8 @@ bool KvSizeFlagRefused(const KvRunArgs& a, const Status& s) {
          (s.message().starts_with(a.kv_nvme_flag + " ") || s.message().starts_with(a.state_nvme_flag + " "));
 }
 
+Status CheckKvLayoutArgs(const KvRunArgs& a, const model::ModelConfig& config) { return Layout(a, config).status(); }
+
 Status CheckKvRunArgs(const KvRunArgs& a, const model::ModelConfig& config) {
   TERRACE_RETURN_IF_ERROR(CheckStoreDirArg(a.store, a.dir_flag));
   TERRACE_RETURN_IF_ERROR(CheckKvPoolSizes(a));

@@ -68,6 +68,11 @@ struct KvRun {
 // commands call it before they create a directory, and OpenKvRun before it opens a pool.
 Status CheckKvPoolSizes(const KvRunArgs& args);
 
+// The codecs and the cache layout the flags ask for (--kv-codec, --state-codec, --chunk-tokens,
+// --snapshot-every) against `config`: InvalidArgument naming the flag. Reads nothing on disk:
+// `bench kv` calls it before it touches --dir.
+Status CheckKvLayoutArgs(const KvRunArgs& args, const model::ModelConfig& config);
+
 // Every check of the flags that OpenKvRun makes (CheckKvPoolSizes, the codecs, the layout, an
 // existing pool's size against the NVMe size flags): InvalidArgument naming the flag, a usage error.
 // Creates nothing.

@@ -70,10 +70,11 @@ def test_rows_say_the_nvme_tier_served_every_block(terrace, toy_model, tmp_path)
 
 
 def test_recompute_threshold_changes_only_how_the_recompute_is_timed(terrace, toy_model, tmp_path):
-    # Prefix 16: the 48-token turn-2 prompt has a full chunk the prefix lacks. Prefix 48: the 80-token
+    # Prefix 32: the 64-token turn-2 prompt has a full chunk the prefix lacks. Prefix 48: the 80-token
     # prompt's last full chunk (the one --snapshot-every 0 snapshots) is past the prefix. Turn 1 stores
     # the prefix's blocks alone whether it computes the prefix (threshold 4096) or the whole prompt (10).
-    flags = ("--prefix-tokens", "16,48", "--snapshot-every", "0", "--kv-codec", "f32", "--turns", "0")
+    # (A prefix under one chunk is refused: test_a_prefix_shorter_than_a_chunk_is_refused.)
+    flags = ("--prefix-tokens", "32,48", "--snapshot-every", "0", "--kv-codec", "f32", "--turns", "0")
     low = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "10")
     high = bench_json(terrace, toy_model, tmp_path, *flags, "--recompute-max-tokens", "4096")
     for lo, hi in zip(low["rows"], high["rows"]):
@@ -128,12 +129,10 @@ def test_tier_figures_are_per_restore_whatever_repeat(terrace, toy_model, tmp_pa
 
 def test_raw_read_reads_as_many_written_bytes_as_the_restore(terrace, toy_model, tmp_path):
     # The raw read takes the restore's bytes (rounded up to 4 KiB per pool) from the pools' written
-    # data, not a 1 MiB minimum from offset 0 of their fallocated files; a restore that read nothing
-    # has nothing to compare with.
-    j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "16,64", "--kv-codec", "f32", "--turns", "0")
-    short, row = j["rows"]
-    assert short["kv_bytes"] + short["state_bytes"] == 0
-    assert short["tier_read_bytes"] == 0 and short["tier_read_mb_per_s"] == 0
+    # data, not a 1 MiB minimum from offset 0 of their fallocated files. (A prefix under one chunk,
+    # whose restore read nothing, is refused now: test_a_prefix_shorter_than_a_chunk_is_refused.)
+    j = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "64", "--kv-codec", "f32", "--turns", "0")
+    (row,) = j["rows"]
 
     def up(n):
         return (n + 4095) // 4096 * 4096
@@ -143,7 +142,7 @@ def test_raw_read_reads_as_many_written_bytes_as_the_restore(terrace, toy_model,
     assert 0 < want < 1 << 20  # below the old 1 MiB floor
     assert want <= row["bytes_written_by_tier"]["nvme"]  # never beyond what turn 1 wrote
     assert row["tier_read_mb_per_s"] > 0
-    assert row["tier_read_extents_from"] in ("fiemap", "seek_data") and short["tier_read_extents_from"] is None
+    assert row["tier_read_extents_from"] in ("fiemap", "seek_data")
 
 
 def mount_type(path):
@@ -286,13 +285,14 @@ def test_text_output_has_the_tier_lines_codec_table_and_turns(terrace, toy_model
     assert "multi-turn: restored 64 tokens, computed 136;" in out
 
 
-def test_a_prefix_shorter_than_a_chunk_reads_nothing(terrace, toy_model, tmp_path):
-    # No full chunk to store: the restore reads no block, so it is not "read by layer".
-    out = bench(terrace, tmp_path, "--model", toy_model, "--prefix-tokens", "16", "--turns", "0").stdout
-    assert "prefix 16: the restore's blocks by tier: hbm 0% host 0% nvme 0% of 0 blocks;" in out
-    assert "read nothing (--read-order layers)" in out
-    (r,) = bench_json(terrace, toy_model, tmp_path, "--prefix-tokens", "16", "--turns", "0")["rows"]
-    assert r["restored_tokens"] == 0 and not r["read_by_layer"]
+def test_a_prefix_shorter_than_a_chunk_is_refused(terrace, toy_model, tmp_path):
+    # No full chunk to store: its row was all zeros that looked measured (restored_tokens 0, restore
+    # MB/s 0.0). Now a usage error naming both flags, before --dir is made.
+    r = terrace("bench", "kv", "--model", toy_model, "--dir", tmp_path / "b", *SMALL_POOLS, "--chunk-tokens", str(CHUNK),
+                "--prefix-tokens", "16", "--turns", "0")
+    assert r.returncode == 2, r.stderr
+    assert "--prefix-tokens 16" in r.stderr and f"--chunk-tokens {CHUNK}" in r.stderr, r.stderr
+    assert not (tmp_path / "b").exists()
 
 
 def test_nothing_to_run_is_a_usage_error(terrace, toy_model, tmp_path):

@@ -775,7 +775,8 @@ def test_bench_kv_removes_no_pool_of_a_leftover_whose_other_pool_is_in_use(terra
     fd = os.open(d / "state" / "terrace.data", os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = terrace("bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--turns", "0")
+        r = terrace("bench", "kv", "--model", toy_model, "--dir", d, "--prefix-tokens", "64", "--chunk-tokens", "64",
+                    "--turns", "0")
     finally:
         os.close(fd)
     assert r.returncode == 2, r.stderr

@@ -27,5 +27,5 @@ def test_bench_store_without_a_usable_tmpdir(terrace, bad_tmpdir):
 
 
 def test_bench_kv_without_a_usable_tmpdir(terrace, toy_model, bad_tmpdir):
-    r = terrace("bench", "kv", "--model", toy_model, "--prefix-tokens", "64", "--turns", "0")
+    r = terrace("bench", "kv", "--model", toy_model, "--prefix-tokens", "64", "--chunk-tokens", "64", "--turns", "0")
     check_refusal(r, bad_tmpdir)
