@@ -52,11 +52,8 @@ TEST_CASE("A Put evicts a block on its own key's lock stripe when that block is 
   REQUIRE(store->Put(x, xbytes).ok());  // y is demoted to make room, though x's lock covers its stripe
   CHECK(f.at(TierId::kHost).Has(x));
   CHECK(f.at(TierId::kNvme).Has(y));
-  auto gy = GetBytes(*store, y), gx = GetBytes(*store, x);
-  REQUIRE(gy.ok());
-  REQUIRE(gx.ok());
-  CHECK(*gy == ybytes);
-  CHECK(*gx == xbytes);
+  CheckReadsBack(*store, y, ybytes);
+  CheckReadsBack(*store, x, xbytes);
 }
 
 // Put(a) into hbm, whose only victim b must be written back into host, held only by a's previous
@@ -76,11 +73,8 @@ TEST_CASE("A Put whose only room below is its own key's previous version demotes
   CHECK(f.at(TierId::kHbm).Has(a));
   CHECK(f.at(TierId::kHost).Has(b));
   CHECK_FALSE(f.at(TierId::kNvme).Has(a));  // the previous version, demoted on the way, is gone
-  auto ga = GetBytes(*store, a), gb = GetBytes(*store, b);
-  REQUIRE(ga.ok());
-  REQUIRE(gb.ok());
-  CHECK(*ga == a2);
-  CHECK(*gb == bb);
+  CheckReadsBack(*store, a, a2);
+  CheckReadsBack(*store, b, bb);
 }
 
 TEST_CASE("A Put that fails after demoting its own key's previous version leaves that version readable") {
@@ -98,11 +92,8 @@ TEST_CASE("A Put that fails after demoting its own key's previous version leaves
   INFO(s.ToString());
   REQUIRE(s.IsIoError());
   CHECK(f.at(TierId::kNvme).Has(a));  // where the room-making demoted the previous version
-  auto ga = GetBytes(*store, a), gb = GetBytes(*store, b);
-  REQUIRE(ga.ok());
-  REQUIRE(gb.ok());
-  CHECK(*ga == a1);
-  CHECK(*gb == bb);
+  CheckReadsBack(*store, a, a1);
+  CheckReadsBack(*store, b, bb);
 }
 
 TEST_CASE("A Prefetch with a priority outside the enum is refused, not queued") {

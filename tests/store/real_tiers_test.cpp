@@ -49,10 +49,7 @@ std::vector<TierSlotOptions> HostOverTwoNvme(const std::filesystem::path& dir, c
 
 TEST_CASE("Real tiers: used_bytes is the blocks' sizes summed, allocated_bytes their pages") {
   TempDir dir("store-used");
-  auto opened = Store::Open(RealOptions(dir.path()));
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(RealOptions(dir.path()));
   const std::vector<std::byte> one(1, std::byte{7});
   for (std::uint64_t i = 0; i < 3; ++i) {
     for (TierId t : {TierId::kHbm, TierId::kHost, TierId::kNvme}) {
@@ -81,10 +78,7 @@ TEST_CASE("Real tiers: background demotion starts from the host tier's pages, no
   o.hbm.mode = HbmMode::kOff;
   o.high_watermark = 0.5;
   o.low_watermark = 0.25;
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   const std::vector<std::byte> one(1, std::byte{7});
   for (std::uint64_t i = 0; i < 9; ++i) REQUIRE(store->Put(TestKey(i), one).ok());
   // Background work is asynchronous: wait (bounded) for it to reach the low watermark.
@@ -104,10 +98,7 @@ TEST_CASE("Real tiers: background demotion starts from an NVMe tier's extents, n
   o.high_watermark = 0.5;
   o.low_watermark = 0.25;
   o.tier_list = HostOverTwoNvme(dir.path(), "", "nvme-2");
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   const std::vector<std::byte> one(1, std::byte{7});
   constexpr std::uint64_t kPuts = 300;
   for (std::uint64_t i = 0; i < kPuts; ++i) REQUIRE(store->Put(TestKey(i), one, {Codec::kRaw, TierId::kNvme}).ok());
@@ -124,10 +115,7 @@ TEST_CASE("Real tiers: blocks move hbm -> host -> nvme and read back intact") {
   TempDir dir("store-real");
   StoreOptions o = RealOptions(dir.path());
   o.put_tier = TierId::kHbm;
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   REQUIRE(store->HasTier(TierId::kHbm));
   REQUIRE(store->HasTier(TierId::kNvme));
   constexpr int kBlocks = 60;  // 480 KiB: more than hbm + host hold
@@ -162,10 +150,7 @@ TEST_CASE("Real tiers: blocks move hbm -> host -> nvme and read back intact") {
 
 TEST_CASE("Real tiers: every block written into a tier is timed, those an NVMe read lands in directly too") {
   TempDir dir("store-real-timed");
-  auto opened = Store::Open(RealOptions(dir.path()));
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(RealOptions(dir.path()));
   PutOptions nvme;
   nvme.tier = TierId::kNvme;
   for (int i = 0; i < 8; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock), nvme).ok());
@@ -183,10 +168,7 @@ TEST_CASE("Real tiers: GetBatch and Prefetch of NVMe-only blocks return exactly 
   TempDir dir("store-real-batch");
   StoreOptions o = RealOptions(dir.path());
   o.host.capacity_bytes = 4 * kMiB;  // holds every block: nothing is evicted
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   constexpr int kBlocks = 48;
   auto size_of = [](int i) { return kBlock / 2 + 777 * static_cast<std::size_t>(i); };  // unaligned sizes
   for (int i = 0; i < kBlocks; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, size_of(i)), {Codec::kRaw, TierId::kNvme}).ok());
@@ -216,10 +198,7 @@ TEST_CASE("Real tiers: a GetBatch into buffers laid out by read_gap_bytes reads 
   TempDir dir("store-real-gap");
   StoreOptions o = RealOptions(dir.path());
   o.promote_on_get = false;  // reads go straight into the caller's buffers
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   REQUIRE(store->read_gap_bytes() == 4096);
   constexpr int kBlocks = 12;
   constexpr std::size_t kSize = 5 * 4096;  // aligned: slots of 24 KiB with the gap
@@ -418,10 +397,7 @@ TEST_CASE("Real CUDA HBM: blocks round-trip through device memory; handles hold 
   o.hbm.mode = HbmMode::kCuda;
   o.hbm.capacity_bytes = 64 * kKiB;
   o.put_tier = TierId::kHbm;
-  auto opened = Store::Open(o);
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  auto& store = *opened;
+  auto store = OpenStore(o);
   for (int i = 0; i < 30; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kBlock)).ok());
   CHECK(store->Stats().demotions > 0);  // 240 KiB through a 64 KiB device tier
   for (int i = 0; i < 30; ++i) {
@@ -448,10 +424,7 @@ TEST_CASE("Real tiers: an explicit tier list with two NVMe tiers spills into the
   std::uint64_t fast_blocks = 0, host_blocks = 0;
   int n = 0;
   {
-    auto opened = Store::Open(options());
-    INFO(opened.status().ToString());
-    REQUIRE(opened.ok());
-    auto& store = *opened;
+    auto store = OpenStore(options());
     CHECK_FALSE(store->HasTier(TierId::kHbm));
     // Fill until the second NVMe tier holds blocks (the first one is then full).
     for (; n < 2000 && store->Stats().slots[2].blocks == 0; ++n) {

@@ -44,6 +44,14 @@ inline std::unique_ptr<Store> OpenFakeStore(FakeTiers& f, const StoreOptions& op
   return std::move(*r);
 }
 
+// Opens a store with `options`; the test stops there, naming the status, when it cannot.
+inline std::unique_ptr<Store> OpenStore(const StoreOptions& options) {
+  auto r = Store::Open(options);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
 // Gets `key` into a fresh buffer of `capacity` bytes; returns the bytes (resized to the block).
 inline Result<std::vector<std::byte>> GetBytes(Store& store, const BlockKey& key, std::size_t capacity = 1 << 16) {
   std::vector<std::byte> buf(capacity);
@@ -51,6 +59,14 @@ inline Result<std::vector<std::byte>> GetBytes(Store& store, const BlockKey& key
   if (!r.ok()) return r.status();
   buf.resize(r->size);
   return buf;
+}
+
+// Checks that `key` reads back as exactly `want`.
+inline void CheckReadsBack(Store& store, const BlockKey& key, const std::vector<std::byte>& want) {
+  auto got = GetBytes(store, key);
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == want);
 }
 
 inline TierId TierOf(Store& store, const BlockKey& key) {

@@ -242,10 +242,8 @@ StoreOptions DeviceOptions(const std::filesystem::path& dir) {
 
 TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with no host bounce") {
   TempDir dir("xfer-device");
-  auto opened = Store::Open(DeviceOptions(dir.path()));
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(DeviceOptions(dir.path()));
+  Store& store = *owned;
   const BlockKey k = TestKey(1);
   const auto bytes = TestBytes(1, 300 * kKiB + 5);
   // put_tier is host, which cannot read device memory: refused, nothing stored.
@@ -282,10 +280,8 @@ TEST_CASE("Transfer: device buffers are put into and got from the HBM tier with 
 
 TEST_CASE("Transfer: a device Get of an unknown key counts a miss in every tier, as a host Get does") {
   TempDir dir("xfer-device-miss");
-  auto opened = Store::Open(DeviceOptions(dir.path()));
-  INFO(opened.status().ToString());
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(DeviceOptions(dir.path()));
+  Store& store = *owned;
   std::vector<std::byte> dev(4096);
   CHECK(store.Get(TestKey(9), BufferRef{dev, BufferKind::kDevice}).status().IsNotFound());
   CHECK(store.Get(TestKey(9), std::span<std::byte>(dev)).status().IsNotFound());
@@ -298,9 +294,8 @@ TEST_CASE("Transfer: a device Get of an unknown key counts a miss in every tier,
 
 TEST_CASE("Transfer: a promotion from the host arena into HBM copies from the arena, not a bounce buffer") {
   TempDir dir("xfer-host-hbm");
-  auto opened = Store::Open(DeviceOptions(dir.path()));
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(DeviceOptions(dir.path()));
+  Store& store = *owned;
   std::vector<BlockKey> keys;
   std::uint64_t bytes = 0;
   for (int i = 0; i < 4; ++i) {
@@ -320,9 +315,8 @@ TEST_CASE("Transfer: a promotion from the host arena into HBM copies from the ar
 
 TEST_CASE("Transfer: a device Get of a block on NVMe brings it into HBM first, then copies it") {
   TempDir dir("xfer-device-nvme");
-  auto opened = Store::Open(DeviceOptions(dir.path()));
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(DeviceOptions(dir.path()));
+  Store& store = *owned;
   const BlockKey k = TestKey(2);
   const auto bytes = TestBytes(2, 64 * kKiB + 77);
   REQUIRE(store.Put(k, bytes, {Codec::kRaw, TierId::kNvme}).ok());
@@ -347,9 +341,8 @@ TEST_CASE("Transfer: a write-through device Put copies the block down from HBM t
   StoreOptions o = DeviceOptions(dir.path());
   o.write_policy = WritePolicy::kWriteThrough;
   o.put_tier = TierId::kHbm;
-  auto opened = Store::Open(o);
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(o);
+  Store& store = *owned;
   const auto bytes = TestBytes(4, 40 * kKiB + 3);
   REQUIRE(store.Put(TestKey(4), ConstBufferRef{bytes, BufferKind::kDevice}).ok());
   StoreStats st = store.Stats();
@@ -490,9 +483,8 @@ TEST_CASE("Transfer: GetBatch into device buffers == single device Gets == host 
 
 TEST_CASE("Transfer: concurrent device GetBatches of the same NVMe blocks each get every block") {
   TempDir dir("xfer-devbatch-mt");
-  auto opened = Store::Open(DeviceOptions(dir.path()));
-  REQUIRE(opened.ok());
-  Store& store = **opened;
+  auto owned = OpenStore(DeviceOptions(dir.path()));
+  Store& store = *owned;
   constexpr int kN = 16;
   auto keys = PutInNvme(store, kN);
   constexpr int kThreads = 3;
