@@ -73,6 +73,11 @@ void RemoveDeadTemps(const fs::path& dir) {
   }
 }
 
+// `what` failed on the temporary file `tmp`, for FileErrno on the target: the message names the flag
+// and the target the user gave, then the temporary ("--out a.jsonl: cannot create a temporary file
+// next to it (./.terrace-tmp-...): Permission denied").
+std::string TempWhat(std::string_view what, const fs::path& tmp) { return fmt::format("{} ({})", what, tmp.string()); }
+
 void SyncDir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
@@ -90,11 +95,11 @@ Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view fl
                                         tmp.string()));
   }
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return FileErrno(errno, "cannot reopen the temporary file", tmp, flag);
+  if (fd < 0) return FileErrno(errno, TempWhat("cannot reopen the temporary file", tmp), path, flag);
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) return FileErrno(err, "cannot fsync the temporary file", tmp, flag);
+  if (rc != 0) return FileErrno(err, TempWhat("cannot fsync the temporary file", tmp), path, flag);
   TERRACE_RETURN_IF_ERROR(CheckTarget(path, flag, rules));  // again: it may have changed while we wrote
   if (::rename(tmp.c_str(), path.c_str()) != 0) return FileErrno(errno, "cannot rename the output into place", path, flag);
   SyncDir(ParentOf(path));
@@ -227,7 +232,7 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
                                                     std::string_view flag) {
   return [content, &path, flag](const fs::path& tmp) -> Status {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return FileErrno(errno, "cannot create a temporary file next to it", tmp, flag);
+    if (fd < 0) return FileErrno(errno, TempWhat("cannot create a temporary file next to it", tmp), path, flag);
     const char* p = content.data();
     std::size_t left = content.size();
     while (left > 0) {

@@ -8,6 +8,7 @@ import re
 import resource
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +161,35 @@ def test_dump_logits_failure_names_the_flag_and_target(terrace, toy_model, tmp_p
     assert r.returncode == 1, r.stderr
     assert f"--dump-logits {target}: cannot write the logits: " in r.stderr, r.stderr
     assert not target.exists()
+
+
+def unwritable_folder(tmp_path):
+    """A folder where no file can be created, for this user (root: sysfs or procfs)."""
+    if os.geteuid() != 0:
+        d = tmp_path / "read-only"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    for d in ("/sys", "/proc"):
+        probe = Path(d) / f".terrace-test-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            return Path(d)
+        probe.unlink()
+    pytest.skip("no folder refuses to create a file for root here")
+
+
+def test_a_file_that_cannot_be_created_is_named_by_its_target_not_the_temporary(terrace, tmp_path):
+    d = unwritable_folder(tmp_path)
+    run = tmp_path / "run.json"
+    run.write_text(terrace("plan", "--model", "k3-toy", "--json", check=True).stdout)
+    for flag, target, argv in [
+        ("--out", d / "x.jsonl", ["trace", "gen", "--requests", "5", "-o", d / "x.jsonl"]),
+        ("-o", d / "r.html", ["report", run, "-o", d / "r.html"]),
+    ]:
+        r = terrace(*argv)
+        assert r.returncode == 1, r.stderr
+        # The flag and the target first, the temporary in parentheses after what failed.
+        assert f"{flag} {target}: cannot create a temporary file next to it ({d}/.terrace-tmp-" in r.stderr, r.stderr
+        assert not target.exists()
