@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/remove_on_signal.h"
+#include "src/common/generator_mark.h"
 #include "terrace/block.h"
 #include "src/common/list_dir.h"
 
@@ -143,7 +144,7 @@ std::string ReadHead(const fs::path& path) {
 }
 
 // The rule of `rules` for the existing regular file `path`: never one of the command's inputs; else
-// replaced with --force or when Terrace's mark is in it.
+// replaced with --force, or when Terrace's mark is in it and it is not a checkpoint Terrace wrote.
 Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputRules& rules) {
   struct stat out {};
   if (::stat(path.c_str(), &out) != 0) return Status::Ok();  // gone since lstat: a new file
@@ -156,7 +157,15 @@ Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputR
           flag, path.string(), in.flag, in.path.string()));
     }
   }
-  if (rules.force || HasTerraceMark(rules.format, ReadHead(path))) return Status::Ok();
+  if (rules.force) return Status::Ok();
+  const std::string head = ReadHead(path);
+  if (rules.format == OutputFormat::kSafetensors && IsTerraceCheckpoint(head)) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} is a model checkpoint Terrace wrote (its metadata holds '{}'), not an output of this command, "
+        "which replaces a checkpoint only when told to; choose another path or pass --force to replace it",
+        flag, path.string(), kSafetensorsCheckpointKey));
+  }
+  if (HasTerraceMark(rules.format, head)) return Status::Ok();
   const bool markable = rules.format != OutputFormat::kTrace;
   return Status::InvalidArgument(fmt::format(
       "{} {} already exists and Terrace did not write it ({}); choose another path or pass --force to replace it",
