@@ -529,6 +529,41 @@ def test_a_checkpoint_terrace_wrote_is_replaced_by_another_output_only_with_forc
     terrace("model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", out, check=True)
 
 
+@pytest.mark.parametrize("mech,extra,what", [
+    ("kda", [], "o F32 [1, 4, 2, 8], final_state F32 [1, 2, 8, 8]"),
+    ("mxfp4", [], "weight F32 [2, 32]"),
+    ("codec", ["--codec", "int8"], "decoded F32 [2, 32], encoded U8 ["),
+])
+def test_ref_says_what_it_wrote(terrace, tmp_path, mech, extra, what):
+    src = tmp_path / "in.safetensors"
+    if mech == "kda":
+        kda_input(src)
+    elif mech == "mxfp4":
+        write_safetensors(src, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    else:
+        write_safetensors(src, {"x": ("F32", [2, 32], struct.pack("<64f", *[i / 8 - 4 for i in range(64)]))})
+    out = tmp_path / "out.safetensors"
+    r = terrace("ref", mech, *extra, "--in", src, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out} (") and what in r.stdout, r.stdout
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith(")\n"), r.stdout
+
+
+def test_ref_shape_errors_show_any_size_without_internal_wildcards(terrace, tmp_path):
+    src = tmp_path / "in.safetensors"
+    # q of rank 3 where [B, T, H, K] is expected; then a missing tensor whose expected shape has free sizes.
+    write_safetensors(src, {"q": ("F32", [1, 4, 2], bytes(32))})
+    r = terrace("ref", "kda", "--in", src, "--out", tmp_path / "o.safetensors")
+    assert r.returncode == 1, r.stderr
+    assert "tensor 'q': expected shape [*, *, *, *]" in r.stderr, r.stderr
+    write_safetensors(src, {"x": ("F32", [2, 3], bytes(24))})
+    r = terrace("ref", "mla", "--heads", "1", "--in", src, "--out", tmp_path / "o.safetensors")
+    assert r.returncode == 1, r.stderr
+    assert "required tensor 'hidden_states' is missing (expected F32 [*, *])" in r.stderr, r.stderr
+    assert "[-1" not in r.stderr and "-1 = any" not in r.stderr, r.stderr
+
+
 def make_full_device(tmp_path):
     """A character device like /dev/full (1, 7) in the test's own folder (needs root)."""
     dev = tmp_path / "full"

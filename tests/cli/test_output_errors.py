@@ -193,3 +193,31 @@ def test_a_file_that_cannot_be_created_is_named_by_its_target_not_the_temporary(
         # The flag and the target first, the temporary in parentheses after what failed.
         assert f"{flag} {target}: cannot create a temporary file next to it ({d}/.terrace-tmp-" in r.stderr, r.stderr
         assert not target.exists()
+
+
+@pytest.mark.parametrize("mech", ["codec", "mxfp4"])
+def test_ref_out_failure_names_the_flag_and_target(terrace, tmp_path, mech):
+    import struct
+    src = tmp_path / "in.safetensors"
+    tensors = ({"x": ("F32", [2, 32], struct.pack("<64f", *range(64)))} if mech == "codec" else
+               {"weight_packed": ("U8", [2, 16], bytes(range(32))), "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    header, offset, data = {}, 0, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    src.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    target = tmp_path / "out.safetensors"
+
+    def small_files():  # every write past 64 bytes fails (EFBIG; SIGXFSZ is ignored by terrace)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    extra = ["--codec", "int8"] if mech == "codec" else []
+    r = terrace("ref", mech, *extra, "--in", src, "--out", target, preexec_fn=small_files)
+    assert r.returncode == 1, r.stderr
+    assert f"ref {mech}: IOError: --out {target}: cannot write the output: " in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout  # no 'wrote' line for what was not written
+    assert not target.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".terrace-tmp")]
