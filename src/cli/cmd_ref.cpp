@@ -1,6 +1,7 @@
 // terrace ref kda|mla|attnres|moe|mxfp4: runs one mechanism of the reference model on tensors read
 // from a safetensors file and writes the results to another, so engine developers can check their
 // kernels against Terrace. Tensor names, shapes and dtypes: docs/ref-cli.md.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
@@ -105,16 +107,25 @@ Status CheckRowSquares(const Tensor& t, const std::string& name) {
   return Status::Ok();
 }
 
+// An expected shape for messages, its wildcards (-1) as '*': "[*, 64]".
+std::string WantString(const Shape& want) {
+  std::vector<std::string> dims;
+  for (const std::int64_t d : want) dims.push_back(d < 0 ? "*" : std::to_string(d));
+  return fmt::format("[{}]", fmt::join(dims, ", "));
+}
+
 // `name` as fp32, every value finite; `f32_only` rejects BF16/F16. want: expected shape with -1 as a
-// wildcard.
+// wildcard (any size; '*' in messages).
 Result<Tensor> Input(const FileSource& src, const std::string& name, const Shape& want, bool f32_only = true) {
   auto view = src.Get(name);
-  if (!view.ok()) return Missing(src, name, f32_only ? "F32" : "F32, BF16 or F16", ShapeString(want));
+  if (!view.ok()) return Missing(src, name, f32_only ? "F32" : "F32, BF16 or F16", WantString(want));
   bool match = view->shape.size() == want.size();
   for (std::size_t i = 0; match && i < want.size(); ++i) match = want[i] < 0 || want[i] == view->shape[i];
   if (!match)
-    return Status::InvalidArgument(fmt::format("tensor '{}': expected shape {} (-1 = any), got {}", name,
-                                               ShapeString(want), ShapeString(view->shape)));
+    return Status::InvalidArgument(
+        fmt::format("tensor '{}': expected shape {}{}, got {}", name, WantString(want),
+                    std::ranges::any_of(want, [](std::int64_t d) { return d < 0; }) ? " (* = any size)" : "",
+                    ShapeString(view->shape)));
   if (f32_only ? view->dtype != DType::kF32
                : (view->dtype != DType::kF32 && view->dtype != DType::kBF16 && view->dtype != DType::kF16))
     return Status::InvalidArgument(fmt::format("tensor '{}': expected dtype {}, got {}", name,
@@ -138,11 +149,25 @@ OutputRules RefOutRules(const RefArgs& a) {
   return r;
 }
 
+// Adds `tensors` (F32) to `w`, writes it to --out and says so on one line: "wrote OUT (o F32 [1, 4,
+// 2, 8], ...)". `also`: what `w` already holds, described the same way ("topk_ids I32 [3, 2]").
 Status WriteOutputs(const RefArgs& a, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                    SafetensorsWriter* w) {
-  for (const auto& [name, t] : tensors) TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
-  return WriteOutputFile(a.out, "--out", RefOutRules(a),
-                         [&](const std::filesystem::path& tmp) { return w->Write(tmp); });
+                    SafetensorsWriter* w, const std::vector<std::string>& also = {}) {
+  std::vector<std::string> wrote;
+  for (const auto& [name, t] : tensors) {
+    TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
+    wrote.push_back(fmt::format("{} F32 {}", name, ShapeString(t->shape)));
+  }
+  wrote.insert(wrote.end(), also.begin(), also.end());
+  TERRACE_RETURN_IF_ERROR(WriteOutputFile(a.out, "--out", RefOutRules(a), [&](const std::filesystem::path& tmp) {
+    // The writer names only the temporary file; the user named the target.
+    const Status written = w->Write(tmp);
+    return written.ok() ? written
+                        : Reworded(written, fmt::format("--out {}: cannot write the output: {}", a.out,
+                                                        written.message()));
+  }));
+  fmt::print("wrote {} ({})\n", a.out, fmt::join(wrote, ", "));
+  return Status::Ok();
 }
 
 // The largest KDA state `ref kda` allocates: 2^28 fp32 values (1 GiB).
@@ -472,7 +497,8 @@ Status RefMoe(const RefArgs& a) {
   std::vector<std::int32_t> ids(r.ids.begin(), r.ids.end());
   SafetensorsWriter wr;
   TERRACE_RETURN_IF_ERROR(wr.Add("topk_ids", DType::kI32, {T, m.top_k}, std::as_bytes(std::span(ids))));
-  return WriteOutputs(a, {{"output", &out}, {"topk_weights", &weights}}, &wr);
+  return WriteOutputs(a, {{"output", &out}, {"topk_weights", &weights}}, &wr,
+                      {fmt::format("topk_ids I32 {}", ShapeString(Shape{T, m.top_k}))});
 }
 
 // Inputs must be regular files (a FIFO would block), the output a new path or a regular file that

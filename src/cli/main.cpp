@@ -2,7 +2,8 @@
 // outcome onto the exit codes of command.h: 0 ok, 1 runtime failure, 2 usage error, never a crash
 // code for an exception (one line "terrace: error: ..." and exit 1, also from a worker thread).
 // Standard output is flushed and checked before the exit: output that could not be written (a full
-// disk, a closed pipe) is "cannot write standard output: <cause>" and exit 1, never a silent 0.
+// disk, a closed pipe) is "cannot write standard output: <cause>" and exit 1, never a silent 0 (nor
+// a death by SIGPIPE, which the CLI ignores).
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -201,6 +202,11 @@ int main(int argc, char** argv) {
   KeepFreedMemory();
   // A write past RLIMIT_FSIZE fails with EFBIG (reported as an I/O error) instead of killing us.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A write to a pipe whose reader has gone (`terrace ... | head -1`) fails with EPIPE instead of
+  // killing us: standard output then takes the documented path ("cannot write standard output:
+  // Broken pipe", exit 1; `store fill` says how many blocks are durable), and so does a helper
+  // tool's pipe (rsvg-convert). Children inherit the ignored signal; none of them relies on it.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"Terrace: tiered storage for LLM inference state (KV blocks, recurrent state, MoE experts)\n"
                "across GPU HBM, pinned host RAM and NVMe.",
                "terrace"};

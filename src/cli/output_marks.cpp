@@ -1,6 +1,7 @@
-// HasTerraceMark (safe_files.h): recognises the marks of src/common/generator_mark.h in the first
-// bytes of an existing output file, and writes the PNG one (WithPngMark; the JSON one is written by
-// JsonTextWithMark, src/common/json_text.h). Pure functions over bytes; no I/O.
+// HasTerraceMark and IsTerraceCheckpoint (safe_files.h): recognise the marks of
+// src/common/generator_mark.h in the first bytes of an existing output file; WithPngMark writes the
+// PNG one (the JSON one is written by JsonTextWithMark, src/common/json_text.h). Pure functions over
+// bytes; no I/O.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -22,19 +23,23 @@ std::string_view SafetensorsHeaderIn(std::string_view head) {
   return head.substr(8, static_cast<std::size_t>(len));
 }
 
-// True when the header holds the pair "generator":"terrace" as SafetensorsWriter writes it (compact
-// JSON). Unescaped quotes cannot occur inside a JSON string, so a match preceded by no backslash is a
-// key and its string value, not text inside another string.
-bool SafetensorsMarked(std::string_view head) {
+// True when the header holds `text` (the start of a key and its string value) as SafetensorsWriter
+// writes it (compact JSON). Unescaped quotes cannot occur inside a JSON string, so a match preceded
+// by no backslash is a key and its string value, not text inside another string.
+bool SafetensorsHeaderHas(std::string_view head, std::string_view text) {
   const std::string_view header = SafetensorsHeaderIn(head);
   if (header.empty() || header.front() != '{' || header.find("\"__metadata__\":{") == std::string_view::npos)
     return false;
-  const std::string pair =
-      "\"" + std::string(kSafetensorsGeneratorKey) + "\":\"" + std::string(kSafetensorsGeneratorValue) + "\"";
-  for (std::size_t at = header.find(pair); at != std::string_view::npos; at = header.find(pair, at + 1)) {
+  for (std::size_t at = header.find(text); at != std::string_view::npos; at = header.find(text, at + 1)) {
     if (at == 0 || header[at - 1] != '\\') return true;
   }
   return false;
+}
+
+// The pair "generator":"terrace".
+bool SafetensorsMarked(std::string_view head) {
+  return SafetensorsHeaderHas(head, "\"" + std::string(kSafetensorsGeneratorKey) + "\":\"" +
+                                        std::string(kSafetensorsGeneratorValue) + "\"");
 }
 
 constexpr std::string_view kPngSignature = "\x89PNG\r\n\x1a\n";
@@ -76,6 +81,12 @@ bool JsonMarked(std::string_view head) {
 }
 
 }  // namespace
+
+bool IsTerraceCheckpoint(std::string_view head) {
+  // A tensor of that name has an object as its value ({"dtype":...}), never a string.
+  return SafetensorsMarked(head) &&
+         SafetensorsHeaderHas(head, "\"" + std::string(kSafetensorsCheckpointKey) + "\":\"");
+}
 
 std::string WithPngMark(std::string_view png) {
   if (!StartsWithPngAndIhdr(png)) return std::string(png);

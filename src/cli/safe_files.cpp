@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "src/cli/remove_on_signal.h"
+#include "src/common/generator_mark.h"
 #include "terrace/block.h"
 #include "src/common/list_dir.h"
 
@@ -73,6 +74,11 @@ void RemoveDeadTemps(const fs::path& dir) {
   }
 }
 
+// `what` failed on the temporary file `tmp`, for FileErrno on the target: the message names the flag
+// and the target the user gave, then the temporary ("--out a.jsonl: cannot create a temporary file
+// next to it (./.terrace-tmp-...): Permission denied").
+std::string TempWhat(std::string_view what, const fs::path& tmp) { return fmt::format("{} ({})", what, tmp.string()); }
+
 void SyncDir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;
@@ -90,11 +96,11 @@ Status CommitTemp(const fs::path& tmp, const fs::path& path, std::string_view fl
                                         tmp.string()));
   }
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return FileErrno(errno, "cannot reopen the temporary file", tmp, flag);
+  if (fd < 0) return FileErrno(errno, TempWhat("cannot reopen the temporary file", tmp), path, flag);
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) return FileErrno(err, "cannot fsync the temporary file", tmp, flag);
+  if (rc != 0) return FileErrno(err, TempWhat("cannot fsync the temporary file", tmp), path, flag);
   TERRACE_RETURN_IF_ERROR(CheckTarget(path, flag, rules));  // again: it may have changed while we wrote
   if (::rename(tmp.c_str(), path.c_str()) != 0) return FileErrno(errno, "cannot rename the output into place", path, flag);
   SyncDir(ParentOf(path));
@@ -138,7 +144,7 @@ std::string ReadHead(const fs::path& path) {
 }
 
 // The rule of `rules` for the existing regular file `path`: never one of the command's inputs; else
-// replaced with --force or when Terrace's mark is in it.
+// replaced with --force, or when Terrace's mark is in it and it is not a checkpoint Terrace wrote.
 Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputRules& rules) {
   struct stat out {};
   if (::stat(path.c_str(), &out) != 0) return Status::Ok();  // gone since lstat: a new file
@@ -151,7 +157,15 @@ Status CheckOwnership(const fs::path& path, std::string_view flag, const OutputR
           flag, path.string(), in.flag, in.path.string()));
     }
   }
-  if (rules.force || HasTerraceMark(rules.format, ReadHead(path))) return Status::Ok();
+  if (rules.force) return Status::Ok();
+  const std::string head = ReadHead(path);
+  if (rules.format == OutputFormat::kSafetensors && IsTerraceCheckpoint(head)) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} is a model checkpoint Terrace wrote (its metadata holds '{}'), not an output of this command, "
+        "which replaces a checkpoint only when told to; choose another path or pass --force to replace it",
+        flag, path.string(), kSafetensorsCheckpointKey));
+  }
+  if (HasTerraceMark(rules.format, head)) return Status::Ok();
   const bool markable = rules.format != OutputFormat::kTrace;
   return Status::InvalidArgument(fmt::format(
       "{} {} already exists and Terrace did not write it ({}); choose another path or pass --force to replace it",
@@ -227,7 +241,7 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
                                                     std::string_view flag) {
   return [content, &path, flag](const fs::path& tmp) -> Status {
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return FileErrno(errno, "cannot create a temporary file next to it", tmp, flag);
+    if (fd < 0) return FileErrno(errno, TempWhat("cannot create a temporary file next to it", tmp), path, flag);
     const char* p = content.data();
     std::size_t left = content.size();
     while (left > 0) {

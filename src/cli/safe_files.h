@@ -15,7 +15,9 @@
 // Ownership (OutputRules). An existing regular file is replaced only when the command was given
 // --force, or when Terrace itself wrote it: its first bytes carry the mark Terrace writes in that
 // format (src/common/generator_mark.h). Formats with no room for a mark (PNG, trace .jsonl) need
-// --force. A path that is the same file as one of the command's inputs is refused even with --force.
+// --force. A model checkpoint Terrace wrote (IsTerraceCheckpoint) carries the safetensors mark, yet is
+// no command's output: replaced only with --force, as `model init --out` asks. A path that is the
+// same file as one of the command's inputs is refused even with --force.
 // A refusal is InvalidArgument naming the flag and the path and saying how to proceed. The overloads
 // without OutputRules skip the ownership rule: only for paths inside a directory the CLI owns through
 // its marker (owned_dirs.h), whose regular files are Terrace's.
@@ -105,6 +107,11 @@ struct OutputRules {
 // Terrace writes in `format`; always false for formats without a mark.
 inline constexpr std::size_t kMarkProbeBytes = std::size_t{1} << 20;
 bool HasTerraceMark(OutputFormat format, std::string_view head);
+// True when `head` is the start of a safetensors file of a model checkpoint Terrace wrote: marked as
+// Terrace's and holding kSafetensorsCheckpointKey in its __metadata__ (`model init` writes it into
+// every checkpoint file). Such a file is a model, not an output: an output flag replaces it only with
+// --force, though it carries the mark.
+bool IsTerraceCheckpoint(std::string_view head);
 
 // `png` with Terrace's mark (kPng above) inserted after its IHDR chunk; `png` unchanged when it does
 // not start with the PNG signature and an IHDR chunk.

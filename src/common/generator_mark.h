@@ -19,6 +19,11 @@ inline constexpr std::string_view kSvgGeneratorComment = "<!-- generator: terrac
 // safetensors: an entry of the header's "__metadata__" string map, written by SafetensorsWriter.
 inline constexpr std::string_view kSafetensorsGeneratorKey = "generator";
 inline constexpr std::string_view kSafetensorsGeneratorValue = "terrace";
+// A model checkpoint Terrace writes (`model init`, the demo's model; src/model/weights_init.cpp) has
+// this "__metadata__" entry, its weights' seed, in each of its safetensors files, as every version
+// has written it; no other file Terrace writes has it. The mark above says Terrace wrote the file,
+// this one that it is a model, not an output: the CLI's output flags replace it only with --force.
+inline constexpr std::string_view kSafetensorsCheckpointKey = "terrace_seed";
 // Prometheus text (`--expert-prometheus`): the first line, a comment scrapers ignore.
 inline constexpr std::string_view kPrometheusGeneratorLine = "# generator: terrace";
 // demo-run.json (`terrace demo`): the JSON object's first member, "generator": "terrace" (any

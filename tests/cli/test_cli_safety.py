@@ -478,6 +478,92 @@ def test_an_output_that_is_the_commands_input_is_refused_even_with_force(terrace
             assert snapshot(tmp_path) == before, argv
 
 
+def kda_input(path, g=-0.5):
+    """A valid `ref kda` input (docs/ref-cli.md): q, k, g, v [1, 4, 2, 8], beta [1, 4, 2]."""
+    vals = struct.pack("<64f", *[(i % 7) / 8 - 0.4 for i in range(64)])
+    write_safetensors(path, {"q": ("F32", [1, 4, 2, 8], vals), "k": ("F32", [1, 4, 2, 8], vals),
+                             "g": ("F32", [1, 4, 2, 8], struct.pack("<64f", *[g] * 64)),
+                             "v": ("F32", [1, 4, 2, 8], vals), "beta": ("F32", [1, 4, 2], struct.pack("<8f", *[0.5] * 8))})
+    return path
+
+
+def test_a_checkpoint_terrace_wrote_is_replaced_by_another_output_only_with_force(terrace, toy_model, tmp_path):
+    # A checkpoint of `model init` carries Terrace's generator mark like the outputs do, yet it is a model, not
+    # an output of these commands: like `model init --out`, they replace it only with --force.
+    model = tmp_path / "toy"
+    shutil.copytree(toy_model, model)  # not the input of the model run below, which reads toy_model
+    sharded = tmp_path / "sharded"
+    terrace("model", "init", "--preset", "k3-toy", "--out", sharded, "--routing-tokens", "0", "--shard-bytes", "4MiB",
+            check=True)
+    shard = sorted(sharded.glob("model-*-of-*.safetensors"))[0]
+    kda = kda_input(tmp_path / "kda.safetensors")
+    mx = tmp_path / "mx.safetensors"
+    write_safetensors(mx, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                           "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    x = tmp_path / "x.safetensors"
+    write_safetensors(x, {"x": ("F32", [2, 32], struct.pack("<64f", *[i / 8 - 4 for i in range(64)]))})
+    ckpt = model / "model.safetensors"
+    cases = [
+        (["ref", "kda", "--in", kda, "--out", ckpt], "--out", ckpt),
+        (["ref", "mxfp4", "--in", mx, "--out", ckpt], "--out", ckpt),
+        (["ref", "codec", "--codec", "int8", "--in", x, "--out", shard], "--out", shard),
+        (["model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", ckpt], "--dump-logits", ckpt),
+        (["model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", shard], "--dump-logits", shard),
+    ]
+    before = snapshot(tmp_path)
+    for argv, flag, target in cases:
+        r = terrace(*argv, timeout=120)
+        assert_usage_error(r, f"{flag} {target} is a model checkpoint", "pass --force to replace it")
+        assert snapshot(tmp_path) == before, argv
+    # The checkpoints still load.
+    terrace("model", "run", "--model", model, "--tokens", "1,2", check=True)
+    terrace("model", "run", "--model", sharded, "--tokens", "1,2", check=True)
+    # Told to, the user gets what they asked for.
+    terrace("ref", "kda", "--in", kda, "--out", ckpt, "--force", check=True)
+    assert ckpt.stat().st_size < 4096
+    # An output that is no checkpoint is still Terrace's to replace, also one written before outputs were told
+    # apart from checkpoints (any marked file without the checkpoint's metadata).
+    out = tmp_path / "o.safetensors"
+    terrace("ref", "kda", "--in", kda, "--out", out, check=True)
+    terrace("ref", "mxfp4", "--in", mx, "--out", out, check=True)
+    terrace("model", "run", "--model", toy_model, "--tokens", "1,2", "--dump-logits", out, check=True)
+
+
+@pytest.mark.parametrize("mech,extra,what", [
+    ("kda", [], "o F32 [1, 4, 2, 8], final_state F32 [1, 2, 8, 8]"),
+    ("mxfp4", [], "weight F32 [2, 32]"),
+    ("codec", ["--codec", "int8"], "decoded F32 [2, 32], encoded U8 ["),
+])
+def test_ref_says_what_it_wrote(terrace, tmp_path, mech, extra, what):
+    src = tmp_path / "in.safetensors"
+    if mech == "kda":
+        kda_input(src)
+    elif mech == "mxfp4":
+        write_safetensors(src, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    else:
+        write_safetensors(src, {"x": ("F32", [2, 32], struct.pack("<64f", *[i / 8 - 4 for i in range(64)]))})
+    out = tmp_path / "out.safetensors"
+    r = terrace("ref", mech, *extra, "--in", src, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out} (") and what in r.stdout, r.stdout
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith(")\n"), r.stdout
+
+
+def test_ref_shape_errors_show_any_size_without_internal_wildcards(terrace, tmp_path):
+    src = tmp_path / "in.safetensors"
+    # q of rank 3 where [B, T, H, K] is expected; then a missing tensor whose expected shape has free sizes.
+    write_safetensors(src, {"q": ("F32", [1, 4, 2], bytes(32))})
+    r = terrace("ref", "kda", "--in", src, "--out", tmp_path / "o.safetensors")
+    assert r.returncode == 1, r.stderr
+    assert "tensor 'q': expected shape [*, *, *, *]" in r.stderr, r.stderr
+    write_safetensors(src, {"x": ("F32", [2, 3], bytes(24))})
+    r = terrace("ref", "mla", "--heads", "1", "--in", src, "--out", tmp_path / "o.safetensors")
+    assert r.returncode == 1, r.stderr
+    assert "required tensor 'hidden_states' is missing (expected F32 [*, *])" in r.stderr, r.stderr
+    assert "[-1" not in r.stderr and "-1 = any" not in r.stderr, r.stderr
+
+
 def make_full_device(tmp_path):
     """A character device like /dev/full (1, 7) in the test's own folder (needs root)."""
     dev = tmp_path / "full"

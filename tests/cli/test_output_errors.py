@@ -3,8 +3,12 @@ written (/dev/full fails every write with ENOSPC) is exit 1 with "cannot write s
 never a silent 0 or an "internal error"; figures not measured are null; parser errors name the command
 that was run; an output file's failure names the flag and the target."""
 import json
+import os
+import re
 import resource
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +38,60 @@ def assert_stdout_failure(r):
 ])
 def test_unwritable_stdout_is_exit_1_naming_standard_output(terrace, args):
     assert_stdout_failure(run_to_dev_full(terrace, *args))
+
+
+STDOUT_PIPE = "terrace: error: cannot write standard output: Broken pipe"
+
+
+def run_into_closed_pipe(terrace, *args):
+    """Runs terrace with its standard output on a pipe nobody reads (the read end closed before the start): every
+    write to it fails with EPIPE. SIGPIPE has its default action in the child (subprocess restores it)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([terrace.path, *map(str, args)], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("args", [
+    ("trace", "gen", "--requests", "3"),
+    ("trace", "gen", "--requests", "100000"),
+    ("plan", "--model", "k3-toy", "--json"),
+    ("--version",),
+    ("store", "fill", "--help"),
+])
+def test_stdout_on_a_closed_pipe_is_exit_1_naming_standard_output(terrace, args):
+    # Not killed by SIGPIPE (exit 141 in a shell, no word said): the write fails and is reported.
+    r = run_into_closed_pipe(terrace, *args)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert STDOUT_PIPE in r.stderr, r.stderr
+    assert "internal error" not in r.stderr, r.stderr
+    assert r.stderr.count("cannot write standard output") == 1, r.stderr
+
+
+def test_store_fill_into_a_pipe_closed_by_its_reader_says_how_many_blocks_are_durable(terrace, tmp_path):
+    # `terrace store fill ... | head -1`: the reader goes away after one line.
+    p = subprocess.Popen([terrace.path, "store", "fill", "--dir", str(tmp_path / "s"), "--count", "3000", "--capacity",
+                          "64MiB", "--block-size", "4KiB", "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    rc = p.wait(timeout=120)
+    assert first.startswith(b"durable "), first
+    assert rc == 1, (rc, err)
+    assert STDOUT_PIPE in err, err
+    m = re.search(r"the fill stopped: (\d+) blocks are durable in the store, (\d+) of them reported on 'durable' lines",
+                  err)
+    assert m, err
+    durable, reported = int(m.group(1)), int(m.group(2))
+    assert 1 <= reported <= durable < 3000, err
+    # What it said is what the store holds.
+    chk = terrace("store", "check", "--dir", tmp_path / "s")
+    assert chk.returncode == 0, chk.stderr
+    assert f"store check: {durable} blocks in the index: ok {durable} " in chk.stdout, chk.stdout
 
 
 def test_model_run_json_to_full_stdout_fails(terrace, toy_model):
@@ -103,3 +161,63 @@ def test_dump_logits_failure_names_the_flag_and_target(terrace, toy_model, tmp_p
     assert r.returncode == 1, r.stderr
     assert f"--dump-logits {target}: cannot write the logits: " in r.stderr, r.stderr
     assert not target.exists()
+
+
+def unwritable_folder(tmp_path):
+    """A folder where no file can be created, for this user (root: sysfs or procfs)."""
+    if os.geteuid() != 0:
+        d = tmp_path / "read-only"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    for d in ("/sys", "/proc"):
+        probe = Path(d) / f".terrace-test-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            return Path(d)
+        probe.unlink()
+    pytest.skip("no folder refuses to create a file for root here")
+
+
+def test_a_file_that_cannot_be_created_is_named_by_its_target_not_the_temporary(terrace, tmp_path):
+    d = unwritable_folder(tmp_path)
+    run = tmp_path / "run.json"
+    run.write_text(terrace("plan", "--model", "k3-toy", "--json", check=True).stdout)
+    for flag, target, argv in [
+        ("--out", d / "x.jsonl", ["trace", "gen", "--requests", "5", "-o", d / "x.jsonl"]),
+        ("-o", d / "r.html", ["report", run, "-o", d / "r.html"]),
+    ]:
+        r = terrace(*argv)
+        assert r.returncode == 1, r.stderr
+        # The flag and the target first, the temporary in parentheses after what failed.
+        assert f"{flag} {target}: cannot create a temporary file next to it ({d}/.terrace-tmp-" in r.stderr, r.stderr
+        assert not target.exists()
+
+
+@pytest.mark.parametrize("mech", ["codec", "mxfp4"])
+def test_ref_out_failure_names_the_flag_and_target(terrace, tmp_path, mech):
+    import struct
+    src = tmp_path / "in.safetensors"
+    tensors = ({"x": ("F32", [2, 32], struct.pack("<64f", *range(64)))} if mech == "codec" else
+               {"weight_packed": ("U8", [2, 16], bytes(range(32))), "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    header, offset, data = {}, 0, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    src.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    target = tmp_path / "out.safetensors"
+
+    def small_files():  # every write past 64 bytes fails (EFBIG; SIGXFSZ is ignored by terrace)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    extra = ["--codec", "int8"] if mech == "codec" else []
+    r = terrace("ref", mech, *extra, "--in", src, "--out", target, preexec_fn=small_files)
+    assert r.returncode == 1, r.stderr
+    assert f"ref {mech}: IOError: --out {target}: cannot write the output: " in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout  # no 'wrote' line for what was not written
+    assert not target.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".terrace-tmp")]
