@@ -1,6 +1,11 @@
-"""terrace demo's --dir against other runs: a second demo on a directory a running demo uses is
-refused at once (its lock is taken before the model is built)."""
+"""terrace demo's --dir against other runs and other Terrace commands: a second demo on a directory a
+running demo uses is refused at once (its lock is taken before the model is built), and the index
+folders `terrace store recover` sets aside in a demo's pool are Terrace's own (the demo runs with
+them, --fresh removes them)."""
+import re
 import time
+
+from conftest import snapshot
 
 QUICK = ["--preset", "k3-toy", "--conversations", "1", "--turns", "1", "--system-tokens", "8", "--user-tokens", "4",
          "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "4MiB"]
@@ -59,3 +64,44 @@ def test_the_lock_ends_with_the_run(terrace, tmp_path):
     assert {p.name for p in d.iterdir()} == {"terrace-demo.marker", "model", "kv", "state", "experts", "demo-run.json",
                                             "report.html"}
 
+
+def recover(terrace, pool):
+    r = terrace("store", "recover", "--dir", pool, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"the old index was moved to '([^']+)'", r.stdout)
+    assert m, r.stdout
+    return m.group(1)
+
+
+def test_index_folders_store_recover_set_aside_are_the_demos_own(terrace, tmp_path):
+    """`store recover --dir DIR/kv` moves the pool's old index to kv/index.damaged-<time>: the demo runs
+    with it there (reusing the pool), --fresh removes it with the rest; a foreign file inside such a
+    folder is still refused, naming it, and nothing is removed."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    aside = recover(terrace, d / "kv")
+    assert (d / "kv").joinpath(aside.split("/")[-1]).is_dir() and "index.damaged-" in aside
+    r = terrace("demo", "--dir", d, *QUICK, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "did not create" not in r.stderr
+
+    # A foreign file in the set-aside folder makes it not Terrace's.
+    name = aside.split("/")[-1]
+    (d / "kv" / name / "notes.txt").write_text("mine\n")
+    before = snapshot(d)
+    for fresh in ([], ["--fresh"]):
+        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
+        assert f"kv/{name}/notes.txt" in r.stderr, r.stderr
+        assert snapshot(d) == before
+    (d / "kv" / name / "notes.txt").unlink()
+
+    # Two recovers on the state pool too; then --fresh removes every set-aside folder.
+    recover(terrace, d / "state")
+    recover(terrace, d / "state")
+    r = terrace("demo", "--dir", d, *QUICK, "--fresh", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "removed the demo's data" in r.stdout + r.stderr
+    for pool in ("kv", "state"):
+        left = sorted(p.name for p in (d / pool).iterdir())
+        assert not [n for n in left if n.startswith("index.")], (pool, left)
