@@ -97,11 +97,12 @@ struct DemoArgs {
 constexpr int kChunkTokens = 64;
 constexpr std::size_t kTiers = kNumTiers;
 
-// Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
-std::FILE* g_progress = stdout;
+// Progress lines (the steps, the turns, the ticker's "... N s") go to stderr, as every long
+// command's do (docs/errors.md); stdout holds only the result: the summary, or the JSON object with
+// --json.
 void Progress(const std::string& line) {
-  fmt::print(g_progress, "{}\n", line);
-  std::fflush(g_progress);
+  fmt::print(stderr, "{}\n", line);
+  std::fflush(stderr);
 }
 
 // While it lives, prints "      ... <what>: N s" every `every` on a thread of its own, so that a
@@ -829,7 +830,6 @@ int RunDemo(const DemoArgs& a) {
     return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckKvPoolSizes(DemoKvArgs(a)); !s.ok()) return FailUsage(s.message());
-  g_progress = a.json ? stderr : stdout;
   // Ctrl-C: the demo stops after the step it is in (building the model, opening the stores, a turn),
   // lets the stores finish what they were handed and exits 128 + the signal number; what it built
   // stays for the next run.
