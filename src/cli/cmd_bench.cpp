@@ -480,6 +480,7 @@ Status CheckBenchPaths(const BenchArgs& a, const std::filesystem::path& dir) {
 
 // A leftover of an earlier run that was killed before it could clean up: a directory holding only
 // a Terrace store and the bench's marker (an index directory: the marker). Removed, with a note.
+// The marker beside anything else is refused naming that entry, and nothing is removed.
 Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
   std::error_code ec;
   if (IsOwnedStoreOrLeftover(dir, kBenchMarker)) {
@@ -487,6 +488,15 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
     if (removed) std::filesystem::remove(dir, ec);
     fmt::print(stderr, "bench: removed '{}', left behind by an earlier 'terrace bench tiers' run that did not finish "
                "(it holds the bench's {})\n", dir.string(), kBenchMarker);
+  } else if (IsKind(dir, S_IFDIR) && IsKind(dir / kBenchMarker, S_IFREG)) {
+    // The leftover of a killed run that also holds something else: that entry is the reason it is
+    // not removed (CheckDirContents could only say the folder is not the bench's).
+    std::string why = NonStoreEntry(dir, kBenchMarker, "--dir");
+    if (why.empty()) why = fmt::format("--dir {} holds what is not a Terrace store", dir.string());
+    return Status::InvalidArgument(fmt::format(
+        "{}, beside the bench's {} of an earlier 'terrace bench tiers' run that did not finish; the bench removes "
+        "only its own store, so nothing was removed (move that entry out, or give another --dir)",
+        why, kBenchMarker));
   }
   if (!a.index_dir.empty()) {
     const std::filesystem::path idx(a.index_dir);
@@ -528,6 +538,14 @@ Status CheckDirContents(const std::filesystem::path& dir, bool* reopened) {
   if (IsOwnedStore(dir, kBenchKeptMarker)) {
     *reopened = true;
     return Status::Ok();
+  }
+  if (IsKind(dir / kBenchKeptMarker, S_IFREG)) {  // a kept store beside something else: name that
+    if (std::string why = NonStoreEntry(dir, kBenchKeptMarker, "--dir"); !why.empty()) {
+      return Status::InvalidArgument(fmt::format(
+          "{}, beside the store that 'terrace bench tiers --keep' made ({}); the bench reuses only a folder holding "
+          "nothing but that store, so it leaves this one alone: move that entry out, or give a new or empty --dir",
+          why, kBenchKeptMarker));
+    }
   }
   if (StoreDataExists(dir)) {
     return Status::InvalidArgument(fmt::format(

@@ -411,9 +411,11 @@ int RunBenchKv(const BenchKvArgs& a) {
   }
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
-    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker, EmptySubDirs::kRefuse))  // else a killed run's leftover
-      return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
-                                   "creates there)", dir.string()));
+    if (!HoldsOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker, EmptySubDirs::kRefuse)) {  // else a killed run's leftover
+      return FailUsage(fmt::format("--dir {} is not empty: {}; nothing was removed: give a new or empty directory (the "
+                                   "bench removes what it creates there)",
+                                   dir.string(), WhyNotOnlyOwnedStores(dir, {"kv", "state"}, kKvMarker, "--dir")));
+    }
     const std::string note = fmt::format(
         "terrace bench kv: removing the pools in '{}', left behind by an earlier run that did not finish", dir.string());
     if (Status s = RemoveOwnedSubStores(dir, {"kv", "state"}, kKvMarker, "--dir", "terrace bench kv", note); !s.ok())

@@ -350,8 +350,9 @@ int RunBenchStore(const BenchStoreArgs& a) {
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_empty(dir, ec)) {
     // A killed run's leftover (dir holding only its marked nvme/ store) is removed; anything else refused.
     if (!HoldsOnlyOwnedStores(dir, {"nvme"}, kStoreMarker, EmptySubDirs::kRefuse)) {
-      return FailUsage(fmt::format("--dir {} is not empty; give a new or empty directory (the bench removes what it "
-                                   "creates there)", dir.string()));
+      return FailUsage(fmt::format("--dir {} is not empty: {}; nothing was removed: give a new or empty directory (the "
+                                   "bench removes what it creates there)",
+                                   dir.string(), WhyNotOnlyOwnedStores(dir, {"nvme"}, kStoreMarker, "--dir")));
     }
     const std::string note = fmt::format("bench store: removing '{}', left behind by an earlier run that did not finish",
                                          (dir / "nvme").string());

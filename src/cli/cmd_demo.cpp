@@ -9,9 +9,15 @@
 // (DIR/experts on NVMe, a fast-tier cache of --expert-cache with the lookahead predictor). Every
 // turn is recomputed by a second, all-resident model with no store, and its generated ids and
 // logits must be bitwise equal. The figures go to DIR/demo-run.json.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +50,8 @@
 #include "src/model/session.h"
 #include "src/model/weights_init.h"
 #include "src/plan/report.h"
+#include "tiers/nvme/lock_holders.h"
+#include "tiers/nvme/nvme_paths.h"
 
 namespace terrace::cli {
 namespace {
@@ -89,11 +97,12 @@ struct DemoArgs {
 constexpr int kChunkTokens = 64;
 constexpr std::size_t kTiers = kNumTiers;
 
-// Progress lines go to stdout, or to stderr with --json (stdout then holds only the JSON object).
-std::FILE* g_progress = stdout;
+// Progress lines (the steps, the turns, the ticker's "... N s") go to stderr, as every long
+// command's do (docs/errors.md); stdout holds only the result: the summary, or the JSON object with
+// --json.
 void Progress(const std::string& line) {
-  fmt::print(g_progress, "{}\n", line);
-  std::fflush(g_progress);
+  fmt::print(stderr, "{}\n", line);
+  std::fflush(stderr);
 }
 
 // While it lives, prints "      ... <what>: N s" every `every` on a thread of its own, so that a
@@ -132,6 +141,55 @@ class ProgressTicker {
   CondVar cv_;
   bool done_ TERRACE_GUARDED_BY(mu_) = false;
   std::thread thread_;
+};
+
+// The demo's hold on its --dir for the whole run, from before it removes or builds anything (--fresh,
+// a stopped model build in DIR/model.tmp) to its exit: an exclusive flock on the directory itself,
+// taken as the NVMe tier takes the one on a store's data file (nvme::LockDataArea; its holder is
+// named from /proc/locks the same way), so no file of its own is added to DIR. A second demo on the
+// same DIR is refused at once; the stores' own locks cover the other commands that open them.
+class DemoDirLock {
+ public:
+  DemoDirLock() = default;
+  ~DemoDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // lets the lock go
+  }
+  DemoDirLock(const DemoDirLock&) = delete;
+  DemoDirLock& operator=(const DemoDirLock&) = delete;
+
+  // Creates `dir` when absent and locks it. Ok also when `dir` is not a real directory (a symlink, a
+  // file): WhyNotDemoDir refuses it before anything is touched. Unavailable naming the holder's pid
+  // when another process holds the lock; IoError when `dir` cannot be created or opened.
+  Status Take(const std::filesystem::path& dir) {
+    std::error_code ec;
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0) {
+      std::filesystem::create_directories(dir, ec);
+      if (ec) return Status::IoError(fmt::format("--dir: cannot create {}: {}", dir.string(), ec.message()));
+      if (::lstat(dir.c_str(), &st) != 0) {
+        return Status::IoError(fmt::format("--dir: cannot create {}: {}", dir.string(), std::strerror(errno)));
+      }
+    }
+    if (!S_ISDIR(st.st_mode)) return Status::Ok();
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd_ < 0) return Status::IoError(fmt::format("--dir: cannot open {}: {}", dir.string(), std::strerror(errno)));
+    const int err = nvme::LockDataArea(fd_, LOCK_EX, std::chrono::milliseconds(0));
+    if (err == 0) return Status::Ok();
+    if (err != EWOULDBLOCK) {
+      return Status::IoError(fmt::format("--dir: cannot lock {}: {}", dir.string(), std::strerror(err)));
+    }
+    const std::vector<long> pids = nvme::FlockHolderPids(fd_);
+    const std::string holder = pids.empty()       ? std::string("another process")
+                               : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
+                                                  : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+    return Status::Unavailable(fmt::format(
+        "--dir: {} is using this --dir directory (another 'terrace demo' run: it holds the lock on {}); nothing in it "
+        "was changed; wait for it to finish or give another --dir directory",
+        holder, dir.string()));
+  }
+
+ private:
+  int fd_ = -1;
 };
 
 // A conversation's turns: the shared system prompt, then per turn `user_tokens` ids of its own.
@@ -772,7 +830,6 @@ int RunDemo(const DemoArgs& a) {
     return FailUsage(s.message());
   if (Status s = CheckStoreDirArg(a.dir, "--dir"); !s.ok()) return FailUsage(s.message());
   if (Status s = CheckKvPoolSizes(DemoKvArgs(a)); !s.ok()) return FailUsage(s.message());
-  g_progress = a.json ? stderr : stdout;
   // Ctrl-C: the demo stops after the step it is in (building the model, opening the stores, a turn),
   // lets the stores finish what they were handed and exits 128 + the signal number; what it built
   // stays for the next run.
@@ -781,6 +838,11 @@ int RunDemo(const DemoArgs& a) {
     return ExitStopped("terrace demo", fmt::format(" {}; what is in {} is kept for the next run (no {} or {} was "
                                                    "written)", after, a.dir, kDemoRunJson, kDemoReportHtml));
   };
+  // DIR is the demo's alone from here to the exit: another demo's model build or --fresh removal
+  // never meets this one's files half made.
+  DemoDirLock dir_lock;
+  if (Status s = dir_lock.Take(a.dir); !s.ok())
+    return s.code() == Code::kUnavailable ? FailUsage(s.message()) : Fail(s.message());
   if (a.fresh) {
     auto removed = RemoveDemoDir(a.dir, "--dir");
     if (!removed.ok())

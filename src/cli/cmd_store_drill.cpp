@@ -8,6 +8,11 @@
 // acknowledged blocks of the data file between rounds. After each round the drill reopens the
 // store and checks every acknowledged block: none may be lost, none returned with wrong bytes, and
 // every block it damaged must be reported corrupt.
+//
+// SIGINT/SIGTERM (StopSignals) stop the drill after the round it is in: the round's writer is killed
+// at once (SIGKILL, as every round ends), its acknowledged blocks are checked as in any round, and
+// the drill prints what it found so far and exits 128 + the signal number. The stores and logs stay
+// in --dir; the next drill on it removes them.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -42,6 +47,7 @@
 #include "src/cli/cmd_store.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/json_text.h"
 #include "src/common/start_thread.h"
 #include "tiers/nvme/format.h"
@@ -251,6 +257,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
   res.block_size = block_size;
   const std::uint64_t capacity_blocks = a.capacity / (block_size + 8 * kKiB);
   for (std::uint64_t round = 0; round < a.kills; ++round) {
+    if (StopSignalReceived() != 0) break;  // after the round that was under way (checked below)
     const bool powercut = kind == "powercut";
     const std::uint64_t kill_after = powercut ? UINT64_MAX : 1 + rng() % a.max_acks;
     const std::uint64_t count =
@@ -280,14 +287,24 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
       break;
     }
     // A child that stops making progress is killed and reported (a hang is a finding, not a wait).
+    // A stop signal (StopSignals) kills it at once: the round ends as a round does, in a kill.
     std::mutex wd_mu;
     std::condition_variable wd_cv;
-    bool wd_done = false, hung = false;
+    bool wd_done = false, hung = false, stop_killed = false;
     auto started = StartThread("the drill's watchdog thread", [&, pid = child->pid] {
       std::unique_lock<std::mutex> l(wd_mu);
-      if (!wd_cv.wait_for(l, std::chrono::seconds(kChildTimeoutSeconds), [&] { return wd_done; })) {
-        hung = true;
-        ::kill(pid, SIGKILL);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kChildTimeoutSeconds);
+      while (!wd_done) {
+        if (StopSignalReceived() != 0 && !stop_killed) {
+          stop_killed = true;
+          ::kill(pid, SIGKILL);
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+          hung = true;
+          ::kill(pid, SIGKILL);
+          break;
+        }
+        wd_cv.wait_for(l, std::chrono::milliseconds(100));
       }
     });
     if (!started.ok()) {  // no round runs unwatched: end the child and the drill
@@ -319,14 +336,20 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     }
     std::free(line);
     std::fclose(child->out);
-    int status = 0;
-    ::waitpid(child->pid, &status, 0);
+    // The child is waited for without being reaped until the watchdog is done, so that its kill never
+    // reaches another process that was given the pid meanwhile.
+    siginfo_t exited {};
+    ::waitid(P_PID, static_cast<id_t>(child->pid), &exited, WEXITED | WNOWAIT);
     {
       std::lock_guard<std::mutex> l(wd_mu);
       wd_done = true;
     }
     wd_cv.notify_all();
     watchdog.join();
+    int status = 0;
+    ::waitpid(child->pid, &status, 0);
+    const bool by_stop = stop_killed && !killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    killed = killed || by_stop;
     if (hung) {
       ++res.open_failures;
       problem(fmt::format("round {}: 'store fill' made no progress for {} s and was killed (see {})", round + 1,
@@ -334,7 +357,9 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     }
     res.kills += killed ? 1 : 0;
     res.faults += faults;
-    std::string how = killed                 ? fmt::format("killed after {} acknowledged puts", acks)
+    std::string how = by_stop              ? fmt::format("killed by the stop ({}) after {} acknowledged puts",
+                                                           StopSignalName(StopSignalReceived()), acks)
+                      : killed               ? fmt::format("killed after {} acknowledged puts", acks)
                       : WIFEXITED(status)    ? fmt::format("exited {} after {} acknowledged puts", WEXITSTATUS(status), acks)
                                              : fmt::format("ended by signal {} after {} acknowledged puts",
                                                            WIFSIGNALED(status) ? WTERMSIG(status) : 0, acks);
@@ -463,9 +488,14 @@ int RunDrill(const DrillArgs& a) {
   }
   if (std::string err = PrepareDrillDir(a.dir); !err.empty()) return FailUsage(err);
 
+  StopSignals stop_signals;  // Ctrl-C: stop after the current round, report it, exit 128 + the signal
   std::mt19937_64 rng(a.seed);
   std::vector<KindResult> results;
-  for (const std::string& k : kinds) results.push_back(RunKind(a, k, rng));
+  for (const std::string& k : kinds) {
+    if (StopSignalReceived() != 0) break;
+    results.push_back(RunKind(a, k, rng));
+  }
+  const bool stopped = StopSignalReceived() != 0;
 
   bool failed = false;
   for (const auto& r : results) failed |= r.failed();
@@ -488,6 +518,8 @@ int RunDrill(const DrillArgs& a) {
     }
     nlohmann::json j = {{"dir", a.dir},           {"seed", a.seed}, {"block_size", a.block_size},
                         {"kills_per_fault", a.kills}, {"ok", !failed}, {"faults", rows}};
+    // The signal that stopped the drill before all its rounds ran (null: it ran them all).
+    j["stopped_by"] = stopped ? nlohmann::json(std::string(StopSignalName(StopSignalReceived()))) : nlohmann::json(nullptr);
     fmt::print("{}\n", JsonText(j, 2));
   } else {
     Table t({"fault", "block", "rounds", "kills", "faults injected", "acknowledged", "lost", "corrupt-detected",
@@ -505,10 +537,24 @@ int RunDrill(const DrillArgs& a) {
       fmt::print("store drill: FAILED: acknowledged data was lost or corrupt data was returned (child logs: "
                  "{}/*.log)\n",
                  a.dir);
+    } else if (stopped) {
+      fmt::print("store drill: stopped before all its rounds ran; so far no acknowledged block lost, no corrupt block "
+                 "returned (child logs: {}/*.log)\n",
+                 a.dir);
     } else {
       fmt::print("store drill: passed: no acknowledged block lost, no corrupt block returned (child logs: {}/*.log)\n",
                  a.dir);
     }
+  }
+  if (stopped) {
+    std::uint64_t rounds = 0;
+    for (const auto& r : results) rounds += r.rounds;
+    return ExitStopped("store drill",
+                       fmt::format(" after {} round(s) of {} fault kind(s) ({} planned: {} per kind); each round's "
+                                   "acknowledged blocks were checked{}; the stores and logs in {} are kept (the next "
+                                   "drill on this --dir removes them)",
+                                   rounds, results.size(), a.kills * kinds.size(), a.kills,
+                                   failed ? ", and some were lost or returned corrupt (above)" : "", a.dir));
   }
   return failed ? 1 : 0;
 }

@@ -41,6 +41,28 @@ void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, b
   if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
 }
 
+// An index folder that Terrace's own recovery set aside beside a store's index/: the old index
+// `terrace store recover` moved aside (index.damaged-<time>[-n]), one a reformatting open moved
+// aside (index.reformatted-<time>[-n]), or the new index a stopped recover was building
+// (index.rebuilding, which the next recover removes or puts in place); a real directory holding only
+// index files (ForeignIndexEntry). The store opens with them beside it; --fresh removes them.
+bool IsSetAsideIndexName(std::string_view name) {
+  return name.starts_with("index.damaged-") || name.starts_with("index.reformatted-") || name == "index.rebuilding";
+}
+bool IsSetAsideIndex(const fs::path& p) {
+  return IsSetAsideIndexName(p.filename().string()) && IsKind(p, S_IFDIR) && !ForeignIndexEntry(p);
+}
+
+// The set-aside index folders (IsSetAsideIndex) in the store folder `dir`.
+std::vector<fs::path> SetAsideIndexes(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!IsKind(dir, S_IFDIR)) return out;
+  for (const auto& e : ListDir(dir, &ec))
+    if (IsSetAsideIndex(e.path())) out.push_back(e.path());
+  return out;
+}
+
 // A store folder a stopped demo run left before writing its marker (the marker follows the store's
 // creation, which needs an empty folder): nothing but terrace.data, terrace.data.creating (regular
 // files) and index/ (holding only index files). Only trusted inside a DIR that holds the demo's own
@@ -68,21 +90,35 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
   if (IsOwnedStoreOrLeftover(dir, kDemoMarker) || (dir_marked && IsStoppedDemoStore(dir))) return;
   std::error_code ec;
   std::size_t n = 0, before = foreign->size();
-  bool marked = false;
+  bool marked = false, aside = false, data = false;
   for (const auto& e : ListDir(dir, &ec)) {
     ++n;
     const std::string name = e.path().filename().string();
-    if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) {
+    if (IsSetAsideIndexName(name) && IsKind(e.path(), S_IFDIR)) {  // store recover's, beside the store
+      if (auto f = ForeignIndexEntry(e.path())) {
+        foreign->push_back((dir.filename() / f->lexically_relative(dir)).string());
+      }
+      aside = true;
+    } else if (name == "terrace.data.creating" && IsKind(e.path(), S_IFREG)) {
+      // a creation a stopped run left: a store's own
+    } else if (name == kDemoMarker && IsKind(e.path(), S_IFREG)) {
       marked = true;
     } else if (name == "index" && IsKind(e.path(), S_IFDIR)) {
       if (auto f = ForeignIndexEntry(e.path())) {
         foreign->push_back((dir.filename() / f->lexically_relative(dir)).string());
       }
-    } else if (!(name == "terrace.data" && IsKind(e.path(), S_IFREG))) {
+    } else if (name == "terrace.data" && IsKind(e.path(), S_IFREG)) {
+      data = true;
+    } else {
       foreign->push_back(dir.filename().string() + "/" + name);
     }
   }
   if (n == 0 || foreign->size() != before) return;  // empty: a pool folder a run stopped before creating it
+  // A store (or what a stopped run left of one, as above) with index folders that Terrace's recovery
+  // set aside beside it: the demo's when marked, or in the demo's marked DIR (a --fresh stopped after
+  // the store's marker went leaves the set-aside folders alone).
+  const bool data_ok = !data || IsStoreDataFile(dir / "terrace.data");
+  if (aside && !ec && data_ok && (marked || dir_marked)) return;
   // Every entry is a store's own, yet IsOwnedStoreOrLeftover said no: unmarked, or a terrace.data
   // that is not Terrace's (or the folder could not be listed).
   const std::string name = dir.filename().string();
@@ -182,6 +218,23 @@ Result<bool> RemoveDemoDir(const fs::path& dir, std::string_view flag) {
   std::error_code ec;
   bool removed = false;
   for (const char* s : kDemoStores) {
+    // The index folders Terrace's recovery set aside beside the store go first (each holds only index
+    // files, checked above), once no process uses the store (a recover running there holds its lock).
+    if (const std::vector<fs::path> aside = SetAsideIndexes(dir / s); !aside.empty()) {
+      if (const std::optional<std::string> user = StoreInUse(dir / s)) {
+        return Status::InvalidArgument(fmt::format(
+            "{} {} holds a store that {} is using right now; '{}' removes only a store no process uses, so nothing "
+            "was removed (wait for that process to finish, or give another {})",
+            flag, (dir / s).string(), *user, "terrace demo --fresh", flag));
+      }
+      for (const fs::path& a : aside) {
+        for (const auto& e : ListDir(a, &ec))
+          if (!ec) fs::remove(e.path(), ec);
+        if (!ec) fs::remove(a, ec);
+        if (ec) return Status::IoError(fmt::format("{} {}: cannot remove {}: {}", flag, dir.string(), a.string(), ec.message()));
+      }
+      removed = true;
+    }
     if (!IsOwnedStore(dir / s, kDemoMarker) && IsStoppedDemoStore(dir / s)) {  // DIR is marked (checked above)
       TERRACE_RETURN_IF_ERROR(RemoveStoreFiles(dir / s, kDemoMarker, flag));
       fs::remove(dir / s, ec);

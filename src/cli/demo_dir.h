@@ -7,7 +7,10 @@
 // the HTML generator mark), and DIR/model.tmp while the model is built (a stopped run's is removed
 // by the next one). A demo-run.json or report.html without its mark is not the demo's (a
 // demo-run.json written before the mark was added is refused too: move or delete it). A DIR of an
-// earlier demo version (terrace.data and index/ directly in DIR) is also recognised.
+// earlier demo version (terrace.data and index/ directly in DIR) is also recognised. A store folder
+// may also hold the index folders Terrace's recovery set aside beside its index/ (index.damaged-*,
+// index.reformatted-*, index.rebuilding; only index files in each): the demo's too, --fresh removes
+// them. A run holds a flock on DIR itself (cmd_demo.cpp), so nothing here races another demo.
 // Thread-safety: free functions, no shared state.
 #pragma once
 

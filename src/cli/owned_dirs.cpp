@@ -218,6 +218,31 @@ bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_lis
   return any && !ec;
 }
 
+std::string WhyNotOnlyOwnedStores(const fs::path& dir, std::initializer_list<std::string_view> names,
+                                  std::string_view marker, std::string_view flag) {
+  std::error_code ec;
+  for (const auto& e : ListDir(dir, &ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      return fmt::format("{} {} holds '{}', which the bench did not create", flag, dir.string(), name);
+    }
+    if (IsOwnedStoreOrLeftover(e.path(), marker)) continue;
+    if (!IsKind(e.path(), S_IFDIR)) {
+      return fmt::format("{} {} holds '{}' ({}), which the bench did not create", flag, dir.string(), name,
+                         DescribePathKind(e.path()));
+    }
+    if (IsEmptyRealDir(e.path())) {
+      return fmt::format("{} {} holds the empty folder '{}', which the bench removes with its marker, so it is not "
+                         "the bench's",
+                         flag, dir.string(), name);
+    }
+    if (std::string why = NonStoreEntry(e.path(), marker, flag); !why.empty()) return why;
+    return fmt::format("{} {} holds a Terrace store without the bench's {}", flag, e.path().string(), marker);
+  }
+  if (ec) return fmt::format("{} {}: cannot list it: {}", flag, dir.string(), ec.message());
+  return "";
+}
+
 // How long StoreInUse waits for a store's lock (the NVMe tier's default lock_wait).
 constexpr std::chrono::milliseconds kInUseWait{2000};
 

@@ -95,6 +95,13 @@ enum class EmptySubDirs { kRefuse, kAccept };
 bool HoldsOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
                           std::string_view marker, EmptySubDirs empty);
 
+// Why HoldsOnlyOwnedStores(dir, names, marker, EmptySubDirs::kRefuse) is false for a `dir` holding
+// entries: a sentence naming (with `flag`) the first entry it refuses - one not in `names`, a
+// sub-folder's entry that is not part of a store, an empty sub-folder, a store without `marker` -
+// or the listing failure; empty when it is true, or `dir` is empty or absent.
+std::string WhyNotOnlyOwnedStores(const std::filesystem::path& dir, std::initializer_list<std::string_view> names,
+                                  std::string_view marker, std::string_view flag);
+
 // Who uses the store in `dir` right now: "another process (pid N) (it holds the lock on
 // DIR/terrace.data)" when a process holds the flock the NVMe tier takes on its data file (or on
 // terrace.data.creating while it creates one), readers included, for 2 s (a killed process's lock

@@ -166,8 +166,8 @@ def test_demo_fresh_removes_only_its_own_data(terrace, tmp_path):
         assert snapshot(d) == before
         (where / "mine.txt").unlink()
     r = terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
-    assert "removed the demo's data" in r.stdout
-    assert "built the model" in r.stdout and "0 KV chunk and 0 KDA state blocks from earlier runs" in r.stdout
+    assert "removed the demo's data" in r.stderr  # progress, on stderr
+    assert "built the model" in r.stderr and "0 KV chunk and 0 KDA state blocks from earlier runs" in r.stderr
 
 
 def test_demo_fresh_refuses_data_the_demo_did_not_create(terrace, tmp_path):
@@ -187,7 +187,7 @@ def test_demo_finishes_a_stopped_model_build_and_keeps_user_files(terrace, tmp_p
     (d / "model.tmp").mkdir()
     (d / "model.tmp" / "model.safetensors.tmp.12345").write_bytes(b"partial")
     r = terrace("demo", "--dir", d, *DEMO, check=True)
-    assert "built the model" in r.stdout and not (d / "model.tmp").exists()
+    assert "built the model" in r.stderr and not (d / "model.tmp").exists()
     (d / "model.tmp").mkdir()
     (d / "model.tmp" / "notes.txt").write_text("mine\n")
     before = snapshot(d)
@@ -774,7 +774,7 @@ def test_demo_accepts_and_fresh_removes_a_store_a_stopped_run_left_unmarked(terr
     terrace("demo", "--dir", d, *DEMO, check=True)  # reused as the demo's
     assert not (d / "experts" / "terrace-demo.marker").exists()
     r = terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
-    assert "removed the demo's data" in r.stdout
+    assert "removed the demo's data" in r.stderr
     assert (d / "experts" / "terrace-demo.marker").exists()  # made anew, marked
     # Without the demo's own marker on DIR, such a store is not trusted.
     (d / "experts" / "terrace-demo.marker").unlink()

@@ -107,7 +107,17 @@ def test_the_text_and_the_json_give_the_same_figures_and_numbers(two_runs):
         assert all("counted_by" not in v for v in s["tiers"][pool].values())
     numbers = [(t["conversation"], t["turn"]) for t in j["turns"]]
     assert numbers == [(1, 1), (2, 1), (1, 2), (2, 2)]
-    assert re.findall(r"conversation (\d+) turn (\d+):", r.stdout) == [(str(c), str(t)) for c, t in numbers]
+    assert re.findall(r"conversation (\d+) turn (\d+):", r.stderr) == [(str(c), str(t)) for c, t in numbers]
+
+
+def test_progress_goes_to_stderr_and_the_summary_to_stdout(two_runs):
+    """The steps and turns are progress (stderr, as every long command's); stdout holds only the result:
+    the summary from its "[4/4] summary" line to the pointer at the report."""
+    _, (r, _), _ = two_runs
+    assert r.stdout.lstrip().startswith("[4/4] summary"), r.stdout[:300]
+    for step in ("terrace demo: data in", "[1/4] model:", "built the model", "[2/4] stores:", "stores open in",
+                 "[3/4] chat:", "conversation 1 turn 1:"):
+        assert step in r.stderr and step not in r.stdout, step
 
 
 def test_the_expert_store_line_counts_the_expert_loads_by_the_tier_they_came_from(two_runs):
@@ -201,7 +211,7 @@ def test_the_demo_neither_replaces_nor_removes_a_report_or_figures_it_did_not_wr
     r = terrace("demo", "--dir", d, *QUICK, "--json", timeout=300, check=True)
     assert r.stdout.startswith('{"generator":"terrace",') and json.loads(r.stdout) == json.loads((d / "demo-run.json").read_text())
     r = terrace("demo", "--fresh", "--dir", d, *QUICK, timeout=300, check=True)
-    assert "removed the demo's data" in r.stdout
+    assert "removed the demo's data" in r.stderr
 
 
 def test_demo_flags_are_checked(terrace, tmp_path):
@@ -237,7 +247,7 @@ def test_sigint_stops_the_demo_after_its_turn_and_keeps_its_stores(terrace, tmp_
     d = tmp_path / "data"
     args = [a if a != "2" else "3" for a in SMALL]  # 3 conversations x 3 turns
     p = terrace.popen("demo", "--dir", d, *args)
-    for line in p.stdout:
+    for line in p.stderr:  # the turns are progress, on stderr
         if "conversation 1 turn 1:" in line:
             p.send_signal(signal.SIGINT)
             break
