@@ -216,13 +216,21 @@ CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std
 void RefuseEmptyValues(CLI::App* cmd) {
   for (CLI::Option* o : cmd->get_options()) {
     if (o->get_type_size_min() <= 0 || o->get_expected_min() <= 0) continue;  // a flag: takes no value
-    const std::string name = o->get_name();
+    // CLI11 names an option of the hidden group "" with an empty name in its message: name it here.
+    const std::string name = !o->get_lnames().empty()   ? "--" + o->get_lnames().front()
+                             : !o->get_snames().empty() ? "-" + o->get_snames().front()
+                                                        : o->get_name(/*positional=*/true);
+    const std::string prefix = o->get_name().empty() ? name + ": " : "";
+    const bool required = o->get_required();
     o->check(
-        [name](const std::string& value) {
-          return value.empty() ? fmt::format("the value is empty; give one, or leave {} out", name) : std::string();
+        [name, prefix, required](const std::string& value) {
+          if (!value.empty()) return std::string();
+          return required ? fmt::format("{}the value is empty; give one", prefix)
+                          : fmt::format("{}the value is empty; give one, or leave {} out", prefix, name);
         },
         "");
   }
+  for (CLI::App* sub : cmd->get_subcommands(std::function<bool(CLI::App*)>{})) RefuseEmptyValues(sub);
 }
 
 bool SameFile(const std::string& a, const std::string& b) {

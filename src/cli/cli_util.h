@@ -158,7 +158,8 @@ CLI::Option* AddPositiveDoubleOption(CLI::App* app, const std::string& name, std
 // Makes an empty value ("--flag ''") a usage error for every option of `cmd` that takes a value
 // ("--store: the value is empty; give one, or leave --store out"): an empty value is never read as
 // "flag not given" (which silently dropped what the flag asked for, e.g. --store "" ran with no
-// cache). Call once, after every option of the command was added.
+// cache). Applies to `cmd`'s subcommands too; main calls it once on the whole command tree, after
+// every option was added.
 void RefuseEmptyValues(CLI::App* cmd);
 
 // True when `a` and `b` name the same file: the same path once "." and ".." are resolved and the

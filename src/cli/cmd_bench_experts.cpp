@@ -336,7 +336,6 @@ void RegisterBenchExperts(CLI::App* bench, Runner* run) {
   cmd->add_flag("--drop-caches", a->drop_caches,
                 "Before the mmap baseline, also drop the whole system's page cache (echo 1 > "
                 "/proc/sys/vm/drop_caches; root only)");
-  RefuseEmptyValues(cmd);
   cmd->callback([run, a, depth_opt, embedding_depth_opt, lead_opt] {
     a->lookahead_depth_given = depth_opt->count() > 0;
     a->lead_protected_layers_given = lead_opt->count() > 0;

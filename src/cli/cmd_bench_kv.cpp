@@ -517,7 +517,6 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   AddIntOption(cmd, "--user-tokens", &a->user_tokens, 1, 1 << 20, "Multi-turn workload: new tokens per turn");
   AddKvFlags(cmd, &a->kv, /*with_store=*/false);
   cmd->add_flag("--json", a->json, "Print one JSON object with a 'rows' list");
-  RefuseEmptyValues(cmd);
   cmd->callback([run, a] { *run = [a] { return RunBenchKv(*a); }; });
 }
 

@@ -1051,7 +1051,6 @@ void RegisterDemo(CLI::App& app, Runner* run) {
                  "Delete the demo's data in --dir first (only what 'terrace demo' created; anything else is refused "
                  "and left alone)");
   demo->add_option("--inject-fault", a->inject_fault, "Test only: 'state' perturbs a restored turn's KDA state")->group("");
-  RefuseEmptyValues(demo);
   demo->callback([run, a] { *run = [a] { return RunDemo(*a); }; });
 }
 

@@ -365,7 +365,6 @@ void RegisterModelRun(CLI::App* model_cmd, Runner* run) {
   cmd->add_flag("--force", args->force,
                 "Let --dump-logits and --expert-prometheus replace an existing file Terrace did not write (never a "
                 "file of --model)");
-  RefuseEmptyValues(cmd);
   cmd->callback([args, run] { *run = [args] { return RunModel(*args); }; });
 }
 

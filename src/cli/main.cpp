@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
     RegisterPlan(app, &run);
     RegisterTrace(app, &run);
     RegisterReport(app, &run);
+    RefuseEmptyValues(&app);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return FinishPrinted(app, e);

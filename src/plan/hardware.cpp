@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "src/common/json_text.h"
 #include "src/common/json_unique.h"
 
 namespace terrace::plan {
@@ -112,20 +113,13 @@ Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view sourc
   const auto base = j.find("base");
   if (base != j.end()) {
     if (!base->is_string()) return Status::InvalidArgument(fmt::format("{}: \"base\" must be a preset name", source));
-    auto preset = HardwarePreset(base->get<std::string>());
-    if (!preset.ok()) return Status::InvalidArgument(fmt::format("{}: \"base\": {}", source, preset.status().message()));
-    h = *std::move(preset);
-  } else {
-    // Without a preset to start from, every size and rate without a default must be given.
-    for (const char* key : {"hbm_bytes_per_gpu", "hbm_bandwidth_per_gpu", "gpu_flops_per_gpu", "pcie_bandwidth_per_gpu",
-                            "host_bytes", "nvme_bytes", "nvme_read_bandwidth", "nvme_write_bandwidth"}) {
-      if (!j.contains(key)) {
-        return Status::InvalidArgument(fmt::format(
-            "{}: \"{}\" is missing; give it, or start from a preset with \"base\": one of {} (see docs/plan.md, "
-            "\"Hardware files\")",
-            source, key, fmt::join(HardwarePresetNames(), ", ")));
-      }
+    const std::string name = base->get<std::string>();
+    auto preset = HardwarePreset(name);
+    if (!preset.ok()) {
+      return Status::InvalidArgument(fmt::format("{}: \"base\" is {}, which is not a hardware preset; choose one of {}",
+                                                 source, JsonText(*base), fmt::join(HardwarePresetNames(), ", ")));
     }
+    h = *std::move(preset);
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
@@ -176,6 +170,19 @@ Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view sourc
           "gpu_flops_per_gpu, mfu, pcie_bandwidth_per_gpu, host_bytes, nvme_bytes, nvme_read_bandwidth, "
           "nvme_write_bandwidth",
           source, key));
+    }
+  }
+  if (base == j.end()) {
+    // Without a preset to start from, every size and rate without a default must be given (checked
+    // after the unknown keys, so a misspelt key is named as such, not as its missing twin).
+    for (const char* key : {"hbm_bytes_per_gpu", "hbm_bandwidth_per_gpu", "gpu_flops_per_gpu", "pcie_bandwidth_per_gpu",
+                            "host_bytes", "nvme_bytes", "nvme_read_bandwidth", "nvme_write_bandwidth"}) {
+      if (!j.contains(key)) {
+        return Status::InvalidArgument(fmt::format(
+            "{}: \"{}\" is missing; give it, or start from a preset with \"base\": one of {} (see docs/plan.md, "
+            "\"Hardware files\")",
+            source, key, fmt::join(HardwarePresetNames(), ", ")));
+      }
     }
   }
   TERRACE_RETURN_IF_ERROR(ValidateHardware(h, source));

@@ -440,7 +440,7 @@ def test_model_init_residual_scale_out_of_range_is_a_usage_error(tmp_path):
         p = subprocess.run([BIN, "model", "init", "--preset", "k3-toy", "--out", str(tmp_path / "m"), "--residual-scale", bad],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, p.stderr
-        assert "--residual-scale must be in (0, 1]" in p.stderr
+        assert f"--residual-scale {bad} is out of range: accepted 1e-06 to 1" in p.stderr, p.stderr
         assert not (tmp_path / "m").exists()
 
 

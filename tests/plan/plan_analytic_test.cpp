@@ -172,7 +172,11 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
                                          Catch::Contains("\"base\"") && !Catch::Contains("positive"));
   bad = ParseHardwareJson(R"({"base": "nosuch"})", "my.json");
   REQUIRE_FALSE(bad.ok());
-  CHECK_THAT(bad.status().message(), Catch::Contains("my.json: \"base\": unknown hardware preset 'nosuch'"));
+  CHECK_THAT(bad.status().message(), Catch::Contains("my.json: \"base\" is \"nosuch\", which is not a hardware preset") &&
+                                         !Catch::Contains("JSON file"));
+  bad = ParseHardwareJson(R"({"gpus": 8, "hbm_byte_per_gpu": 1000})", "my.json");  // a misspelt key, no base
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"hbm_byte_per_gpu\""));
   // Zero sizes are refused (docs/plan.md), and so is an HBM total past 2^64 bytes (it would wrap).
   for (const char* key : {"host_bytes", "nvme_bytes", "hbm_bytes_per_gpu"}) {
     bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 0}})", key), "my.json");
