@@ -250,6 +250,11 @@ struct ExpertMetrics {
   std::uint64_t speculative_unused_bytes = 0;
   std::uint64_t prefetches_issued = 0, prefetches_cancelled = 0, prefetches_skipped = 0;
   std::uint64_t evictions = 0;
+  // Fast-tier copies the cache stopped counting as its own without evicting them, on a shared
+  // store (docs/experts.md, "Sharing a store"): a victim another holder pins (a second
+  // ExpertOffload's lease or cached copy, a Pin; the copy stays), or a landed copy the store had
+  // evicted on its own (its next acquire loads it again). Not part of evictions.
+  std::uint64_t shared_drops = 0;
   std::uint64_t corrupt_copies_reread = 0;  // copies that failed their checksum; re-read from a slower copy
   std::uint64_t budget_bytes = 0, resident_bytes = 0, total_expert_bytes = 0;
   double load_max = 0, load_mean = 0, load_cv = 0, hot_factor = 2.0;
@@ -339,7 +344,10 @@ class ExpertOffload final : public model::ExpertProvider {
   // computes on the CPU) that holds at least the budget, and Placement::kInclusive, so a fast-tier
   // copy never removes the home copy. `store` must outlive the result. Use OpenStoreOptions to get
   // a store that fits. InvalidArgument for a store that does not (naming what), a budget that
-  // CacheBudget::Check refuses or one smaller than an expert block.
+  // CacheBudget::Check refuses or one smaller than an expert block. The store may be shared (a
+  // second ExpertOffload of the same model, other holders of expert handles or pins, other blocks
+  // in the fast tier): each cache's budget is then what it holds, and a copy another holder pins
+  // is not its to evict (docs/experts.md, "Sharing a store").
   static Result<std::shared_ptr<ExpertOffload>> Create(const model::ModelConfig& config,
                                                        const model::WeightSource& weights, Store* store,
                                                        ExpertOffloadOptions options);
@@ -384,7 +392,9 @@ class ExpertOffload final : public model::ExpertProvider {
   // trace (steps count from 0 again): take trace() first to replay the run so far.
   Status Reset();
   // A snapshot of the counters since Reset. Books the loads that have landed first (as the next
-  // acquire would), so that a landed prefetch counts as landed and resident; issues nothing.
+  // acquire would), so that a landed prefetch counts as landed and resident, and forgets the
+  // landed copies a shared store has evicted since (resident_bytes counts what the fast tier holds
+  // of this cache's); issues nothing.
   ExpertMetrics Metrics() const;
   // The routing seen so far (for an oracle replay of the same run).
   std::shared_ptr<const RoutingTrace> trace() const;

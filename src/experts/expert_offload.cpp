@@ -239,11 +239,14 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
                           restored));
   }
   // A previous process may have left fast-tier copies (a persistent store keeps none, but a shared
-  // store may): start cold so the budget accounting is exact.
+  // store may): start cold so the budget accounting is exact. A copy another holder pins (a second
+  // ExpertOffload of this model over the store) stays where it is, and is not this cache's:
+  // InvalidArgument (the block was just stored in the home tier, so a lower copy exists).
   for (auto& s : m.slots) {
     if (s.bytes == 0) continue;
     Status st = store->EvictCopy(s.key, TierId::kHbm);
-    if (!st.ok() && !st.IsNotFound()) return st.WithContext("starting the expert cache cold");
+    if (!st.ok() && !st.IsNotFound() && !st.IsInvalidArgument())
+      return st.WithContext("starting the expert cache cold");
   }
   m.budget = options.budget.Resolve(m.total_bytes);
   if (m.budget < m.max_block) {
@@ -418,7 +421,7 @@ Status ExpertOffload::Reset() {
   m.tokens = m.steps_seen = m.stall_ns = m.demand_bytes = m.spec_bytes = m.spec_wasted = 0;
   m.loads_from.fill(0);
   m.loaded_bytes_from.fill(0);
-  m.issued = m.cancelled = m.skipped = m.evictions = 0;
+  m.issued = m.cancelled = m.skipped = m.evictions = m.shared_drops = 0;
   m.spec_booked_since_pump = false;
   m.sched = ExpertScheduleMetrics{};
   m.load_iv.clear();
@@ -456,6 +459,7 @@ ExpertMetrics ExpertOffload::Metrics() const {
   // landed and resident, and its load as ended at its landing. The queue is left to the forward
   // thread: a snapshot issues nothing.
   m.Harvest(false);
+  m.ForgetLostCopies();  // resident_bytes is what the fast tier holds of ours, on a shared store too
   ExpertMetrics x;
   x.policy = std::string(CachePolicyName(m.policy->kind()));
   x.predictor = std::string(m.predictor->name());
@@ -525,6 +529,7 @@ ExpertMetrics ExpertOffload::Metrics() const {
   x.prefetches_cancelled = m.cancelled;
   x.prefetches_skipped = m.skipped;
   x.evictions = m.evictions;
+  x.shared_drops = m.shared_drops;
   x.corrupt_copies_reread = m.store->Stats().corruptions_dropped - m.corrupt_base;
   x.budget_bytes = m.budget;
   std::uint64_t resident = 0;

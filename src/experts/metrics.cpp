@@ -40,12 +40,12 @@ std::string ExpertMetrics::ToText() const {
                      RatioText(prediction.recall_if_defined()));
   out += fmt::format("experts: stall {:.3f} ms per token ({} tokens, {} steps); demand {:.2f} MiB, speculative {:.2f} MiB "
                      "moved ({:.2f} MiB evicted unused, {:.2f} MiB not used yet); prefetches {} issued, {} cancelled, {} "
-                     "skipped; {} evictions; {} corrupt copies re-read\n",
+                     "skipped; {} evictions, {} dropped as shared; {} corrupt copies re-read\n",
                      stall_ns_per_token / 1e6, tokens, steps, static_cast<double>(demand_bytes) / (1 << 20),
                      static_cast<double>(speculative_bytes) / (1 << 20),
                      static_cast<double>(speculative_wasted_bytes) / (1 << 20),
                      static_cast<double>(speculative_unused_bytes) / (1 << 20), prefetches_issued, prefetches_cancelled,
-                     prefetches_skipped, evictions, corrupt_copies_reread);
+                     prefetches_skipped, evictions, shared_drops, corrupt_copies_reread);
   out += fmt::format("experts: load max/mean {:.2f}, cv {:.3f}, {} hot experts (> {:g}x their layer's mean)\n",
                      load_mean > 0 ? load_max / load_mean : 0.0, load_cv, hot_experts, hot_factor);
   {
@@ -103,6 +103,7 @@ std::string ExpertMetrics::ToJson() const {
   j["prefetches_cancelled"] = prefetches_cancelled;
   j["prefetches_skipped"] = prefetches_skipped;
   j["evictions"] = evictions;
+  j["shared_drops"] = shared_drops;
   j["corrupt_copies_reread"] = corrupt_copies_reread;
   j["load_max"] = load_max;
   j["load_mean"] = load_mean;
@@ -209,6 +210,10 @@ std::string ExpertMetrics::PrometheusText() const {
   out += fmt::format("terrace_experts_prefetches_total{{outcome=\"skipped\"}} {}\n", prefetches_skipped);
   metric("evictions_total", "counter", "Experts dropped from the fast tier (never written back).");
   out += fmt::format("terrace_experts_evictions_total {}\n", evictions);
+  metric("shared_drops_total", "counter",
+         "Fast-tier copies dropped from the cache without evicting them (shared store: pinned by another holder, "
+         "or evicted by the store).");
+  out += fmt::format("terrace_experts_shared_drops_total {}\n", shared_drops);
   metric("corrupt_copies_reread_total", "counter", "Expert copies that failed their checksum and were re-read from a slower copy.");
   out += fmt::format("terrace_experts_corrupt_copies_reread_total {}\n", corrupt_copies_reread);
   metric("cache_bytes", "gauge", "Fast-tier budget and bytes resident.");

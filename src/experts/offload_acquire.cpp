@@ -60,10 +60,25 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
     return &s.weights;
   }
   const auto t0 = SteadyClock::now();
+  const auto idx = static_cast<std::size_t>(&s - slots.data());
+  // A landed copy we hold no handle on is not pinned: a shared store may have evicted it since it
+  // landed (offload_impl.h). Pinned here while it is looked up and acquired, so that it cannot go
+  // in between; a copy that is gone already is forgotten, and loaded below like an absent expert.
+  bool pinned = false;
+  auto hold_landed = [&] {
+    mu.AssertHeld();  // called synchronously, under the mu AcquireLocked requires
+    if (s.state != SlotState::kResident) return;
+    pinned = store->Pin(s.key).ok();
+    if (pinned && InFastTier(s.key)) return;
+    if (pinned) (void)store->Unpin(s.key);
+    pinned = false;
+    ForgetCopy(idx);
+  };
   bool stalled = false;
   // A selection-batch load counts as a miss (loaded on demand), landed or not.
   bool counted = false;
   bool sync_load = false;  // read by this thread's store->Acquire below
+  hold_landed();
   if (s.state == SlotState::kInFlight) {
     if (s.demand_load) {
       ++c.misses;
@@ -72,8 +87,9 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
     }
     counted = true;
     stalled = true;
-    WaitForSlot(static_cast<std::size_t>(&s - slots.data()));  // this key only, not its whole batch
+    WaitForSlot(idx);  // this key only, not its whole batch
     std::erase_if(inflight, [](const InFlight& f) { return f.unbooked == 0; });
+    hold_landed();
   } else if (s.state == SlotState::kResident) {
     if (s.demand_load) {
       ++c.misses;
@@ -94,6 +110,7 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
   const TierId source = sync_load ? SourceTiers(std::span<const BlockKey>(&s.key, 1))[0] : TierId::kHbm;
   const std::uint64_t load_start = sync_load ? SteadyNanos() : 0;
   auto h = store->Acquire(s.key, TierId::kHbm);
+  if (pinned) (void)store->Unpin(s.key);  // h pins it now (or the acquire failed)
   if (sync_load) AddLoadInterval(load_start, SteadyNanos());
   if (sync_load && h.ok()) CountLoad(source, s.bytes);
   if (!h.ok()) {

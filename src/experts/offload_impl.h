@@ -6,12 +6,22 @@
 //
 // State machine of one expert's fast-tier copy: absent -> in flight (a prefetch was handed to the
 // store; its bytes are reserved in the budget) -> resident (in the HBM tier, counted in the budget)
-// -> absent (EvictCopy: the home copy below stays; nothing is written back). A layer's known
+// -> absent (EvictCopy: the home copy below stays; nothing is written back; or forgotten: see the
+// shared store below). A layer's known
 // selection goes absent -> in flight as one demand batch (one multi-key Store::Prefetch, reserved
 // but not speculative); any other demand load goes absent -> resident directly on the calling
 // thread. A resident expert keeps the store handle (pinned in the fast tier) and its parsed weights
 // from its first acquire until it is evicted, so a hit costs no checksum and no parse (the store
 // verifies the copy once, at that first acquire); only leased experts (refs > 0) are never victims.
+//
+// The store may be shared (a second ExpertOffload of the same model, whose keys are the same; a
+// PrefixCache writing to the fast tier): the books hold what this cache holds, which the store
+// does not always agree with. A resident copy without a handle (landed, not acquired since) is
+// not pinned, so the store may evict it on its own: the books forget it (ForgetCopy) when an
+// acquire finds it gone (the acquire then loads it like any absent expert), when a snapshot or a
+// full budget looks (ForgetLostCopies), or when Evict finds no copy. A victim whose copy the store
+// refuses to drop (another holder pins it: a handle or lease of the other cache, a Pin) is not this
+// cache's to evict: the books forget it and the copy stays. shared_drops counts both.
 //
 // Thread-safety: every member of Impl past the "Immutable after Create" block is guarded by
 // Impl::mu, and every method below requires it held. Store threads never take mu: a
@@ -186,6 +196,7 @@ struct ExpertOffload::Impl {
   std::uint64_t cancelled TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t skipped TERRACE_GUARDED_BY(mu) = 0;
   std::uint64_t evictions TERRACE_GUARDED_BY(mu) = 0;
+  std::uint64_t shared_drops TERRACE_GUARDED_BY(mu) = 0;  // ExpertMetrics::shared_drops
   std::uint64_t corrupt_base TERRACE_GUARDED_BY(mu) = 0;  // store corruptions_dropped at the last Reset
   ExpertScheduleMetrics sched TERRACE_GUARDED_BY(mu);  // everything but load_busy_ns, which Metrics derives from load_iv
   // [start, end) steady ns of each load not yet folded into load_busy_folded (AddLoadInterval).
@@ -269,8 +280,20 @@ struct ExpertOffload::Impl {
   // the victim comes from the side the partition names (lead_protected_share), then, for demand
   // and selection loads only, from either side.
   Status Reserve(std::uint64_t bytes, ReserveKind kind, int layer, std::int64_t target, double candidate_value) TERRACE_REQUIRES(mu);
-  // Drops slot i's fast-tier copy (unleased, resident): its handle, parsed weights and the store's copy.
+  // Drops slot i's fast-tier copy (unleased, resident): its handle, parsed weights and the store's
+  // copy. A copy the store no longer holds there, or refuses to drop (pinned by another holder, or
+  // the last copy of its block), is forgotten instead (ForgetCopy): Ok. Another failure is
+  // returned with the books as the store has it: the handle is released, and the slot stays
+  // resident (unpinned) only while the fast tier still holds the copy.
   Status Evict(std::size_t i) TERRACE_REQUIRES(mu);
+  // Slot i (resident, not leased) is no longer this cache's: marks it absent and frees its budget
+  // without evicting anything (counted in shared_drops, not in evictions).
+  void ForgetCopy(std::size_t i) TERRACE_REQUIRES(mu);
+  // Forgets every resident slot without a handle whose copy the fast tier no longer holds (a shared
+  // store evicted it on its own): one Store::Lookup of those keys.
+  void ForgetLostCopies() TERRACE_REQUIRES(mu);
+  // Whether the fast tier holds `key`'s fastest copy now (Store::Lookup).
+  bool InFastTier(const BlockKey& key) const TERRACE_REQUIRES(mu);
   // Marks slot i absent and frees its budget (counting an unused prefetch as wasted and, when
   // count_eviction, the eviction).
   void DropResident(std::size_t i, bool count_eviction) TERRACE_REQUIRES(mu);

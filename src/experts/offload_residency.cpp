@@ -80,11 +80,47 @@ Status ExpertOffload::Impl::Evict(std::size_t i) {
   Slot& s = slots[i];
   s.weights = model::ExpertWeights{};
   s.handle.Release();  // unleased (refs == 0): the cached pin only
-  Status st = store->EvictCopy(s.key, TierId::kHbm);
-  if (!st.ok() && !st.IsNotFound())
-    return st.WithContext(fmt::format("evicting expert {} of layer {} from the fast tier", ExpertOf(i), LayerOf(i)));
-  DropResident(i, true);
-  return Status::Ok();
+  const Status st = store->EvictCopy(s.key, TierId::kHbm);
+  if (st.ok()) {
+    DropResident(i, true);
+    return Status::Ok();
+  }
+  // NotFound: the store evicted the copy on its own. InvalidArgument: it refuses to drop it, since
+  // another holder pins it (a second ExpertOffload's handle or lease, a Pin) or no lower copy
+  // exists. Either way the copy is not this cache's to evict: it stops counting it and goes on.
+  if (st.IsNotFound() || st.IsInvalidArgument()) {
+    ForgetCopy(i);
+    return Status::Ok();
+  }
+  if (!InFastTier(s.key)) DropResident(i, false);  // else: resident without a handle, as after a landing
+  return Status(st).WithContext(
+      fmt::format("evicting expert {} of layer {} from the fast tier", ExpertOf(i), LayerOf(i)));
+}
+
+void ExpertOffload::Impl::ForgetCopy(std::size_t i) {
+  Slot& s = slots[i];
+  s.weights = model::ExpertWeights{};
+  s.handle.Release();
+  DropResident(i, false);
+  ++shared_drops;
+}
+
+bool ExpertOffload::Impl::InFastTier(const BlockKey& key) const {
+  return SourceTiers(std::span<const BlockKey>(&key, 1))[0] == TierId::kHbm;
+}
+
+void ExpertOffload::Impl::ForgetLostCopies() {
+  std::vector<std::size_t> ids;
+  std::vector<BlockKey> keys;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].state != SlotState::kResident || slots[i].handle.valid()) continue;
+    ids.push_back(i);
+    keys.push_back(slots[i].key);
+  }
+  if (ids.empty()) return;
+  const std::vector<TierId> where = SourceTiers(keys);
+  for (std::size_t k = 0; k < ids.size(); ++k)
+    if (where[k] != TierId::kHbm) ForgetCopy(ids[k]);
 }
 
 std::uint64_t ExpertOffload::Impl::LeadUsed() const {
@@ -98,6 +134,8 @@ Status ExpertOffload::Impl::Reserve(std::uint64_t bytes, ReserveKind kind, int l
   const bool speculative = kind == ReserveKind::kSpeculative;
   const CacheContext ctx = Context();
   const bool incoming_lead = LeadProtected(layer);
+  // Copies a shared store evicted on its own hold none of the budget: forget them before evicting.
+  if (used + bytes > budget) ForgetLostCopies();
   while (used + bytes > budget) {
     VictimSide side = VictimSide::kAny;
     if (lead_cap > 0) {
