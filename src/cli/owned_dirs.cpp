@@ -133,6 +133,14 @@ Status CheckStoreDirArg(const fs::path& dir, std::string_view flag) {
     return Status::InvalidArgument(fmt::format("{} {} is {}; give a directory (created if missing)", flag,
                                                dir.string(), DescribePathKind(dir)));
   }
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "config.json", ec) &&
+      (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec))) {
+    return Status::InvalidArgument(fmt::format(
+        "{} {} is a model directory (it holds config.json and the model's weights); give the store a directory of its "
+        "own (created if missing)",
+        flag, dir.string()));
+  }
   return Status::Ok();
 }
 

@@ -32,7 +32,8 @@ inline constexpr std::string_view kIndexDir = "index";
 std::string NonStoreEntry(const std::filesystem::path& dir, std::string_view marker, std::string_view flag);
 
 // `flag`'s store directory: absent (it is created) or a directory (symlinks to one accepted).
-// InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...).
+// InvalidArgument naming the flag otherwise (a regular file, FIFO, device, ...), and for a model
+// directory (config.json with model.safetensors or its index), where a store would mix with weights.
 Status CheckStoreDirArg(const std::filesystem::path& dir, std::string_view flag);
 
 // True when `data` is a Terrace data file: a regular file (not a symlink) whose superblock unit

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import snapshot, user_folder, wait_for
+from conftest import snapshot, user_folder, wait_for, write_safetensors
 
 API_FIELDS = ("capacity_bytes", "create_if_missing", "PutOptions", "index_dir", "chunk_bytes", "options.")
 
@@ -313,18 +313,6 @@ def test_model_init_refuses_a_regular_file_or_symlink_as_out(terrace, tmp_path):
 
 
 # ---- output files ------------------------------------------------------------------------------------
-
-def write_safetensors(path, tensors):
-    """A safetensors file from {name: (dtype, shape, bytes)} (no numpy needed)."""
-    header, offset, data = {}, 0, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-
 
 def output_commands(model, tmp_path):
     """(name, argv builder taking the output path): every command that writes an output file."""

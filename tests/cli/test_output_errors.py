@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_safetensors
+
 STDOUT_FULL = "terrace: error: cannot write standard output: No space left on device"
 
 
@@ -201,14 +203,7 @@ def test_ref_out_failure_names_the_flag_and_target(terrace, tmp_path, mech):
     src = tmp_path / "in.safetensors"
     tensors = ({"x": ("F32", [2, 32], struct.pack("<64f", *range(64)))} if mech == "codec" else
                {"weight_packed": ("U8", [2, 16], bytes(range(32))), "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
-    header, offset, data = {}, 0, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    src.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    write_safetensors(src, tensors)
     target = tmp_path / "out.safetensors"
 
     def small_files():  # every write past 64 bytes fails (EFBIG; SIGXFSZ is ignored by terrace)

@@ -193,9 +193,9 @@ TEST_CASE("two ExpertOffloads over one store, interleaved at random: every acqui
   }
 }
 
-TEST_CASE("a shared store that evicts a landed expert copy: the next acquire loads it again and counts the load",
-          "[experts][shared_store]") {
-  const std::uint64_t blk = BlockBytes();
+// A store shared with a prefix cache: 1 MiB of emulated HBM that its blocks are put into, over a
+// 16 MiB host tier (inclusive: the host copy stays), no promotion on Get.
+StoreOptions FastTierSharedWithKv() {
   StoreOptions so;
   so.hbm.mode = HbmMode::kEmulated;
   so.hbm.capacity_bytes = 1 * kMiB;
@@ -206,6 +206,13 @@ TEST_CASE("a shared store that evicts a landed expert copy: the next acquire loa
   so.promote_on_get = false;
   so.put_tier = TierId::kHbm;  // a prefix cache's blocks land in the fast tier
   so.logger = NullLogger();
+  return so;
+}
+
+TEST_CASE("a shared store that evicts a landed expert copy: the next acquire loads it again and counts the load",
+          "[experts][shared_store]") {
+  const std::uint64_t blk = BlockBytes();
+  const StoreOptions so = FastTierSharedWithKv();
   auto store = Store::Open(so);
   REQUIRE(store.ok());
   const std::uint64_t budget = 16 * blk;
@@ -256,17 +263,7 @@ TEST_CASE("a shared store that evicts a landed expert copy: the next acquire loa
 TEST_CASE("a shared store that evicts a landed copy: an acquire that finds it gone without a Metrics call in between",
           "[experts][shared_store]") {
   const std::uint64_t blk = BlockBytes();
-  StoreOptions so;
-  so.hbm.mode = HbmMode::kEmulated;
-  so.hbm.capacity_bytes = 1 * kMiB;
-  so.host.capacity_bytes = 16 * kMiB;
-  so.host.pin = false;
-  so.host.chunk_bytes = 1 * kMiB;
-  so.placement = Placement::kInclusive;
-  so.promote_on_get = false;
-  so.put_tier = TierId::kHbm;
-  so.logger = NullLogger();
-  auto store = Store::Open(so);
+  auto store = Store::Open(FastTierSharedWithKv());
   REQUIRE(store.ok());
   auto off = MakeOffload(store->get(), 16 * blk);
   const int l = FirstMoeLayer();
