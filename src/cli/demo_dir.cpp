@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,12 +46,40 @@ void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, b
 // `terrace store recover` moved aside (index.damaged-<time>[-n]), one a reformatting open moved
 // aside (index.reformatted-<time>[-n]), or the new index a stopped recover was building
 // (index.rebuilding, which the next recover removes or puts in place); a real directory holding only
-// index files (ForeignIndexEntry). The store opens with them beside it; --fresh removes them.
+// index files (ForeignIndexEntry). The store opens with them beside it; --fresh removes them. A
+// moved-aside index must carry the exact name its mover gives it (<time> as yyyymmddThhmmss) and hold
+// a RocksDB database's own files, so that a user's folder of a similar name (index.damaged-notes,
+// holding notes.log) is never taken for one and removed.
+bool IsMovedAsideSuffix(std::string_view rest) {
+  constexpr std::size_t kStamp = 15;  // yyyymmddThhmmss
+  if (rest.size() < kStamp) return false;
+  for (std::size_t i = 0; i < kStamp; ++i) {
+    if (i == 8 ? rest[i] != 'T' : !std::isdigit(static_cast<unsigned char>(rest[i]))) return false;
+  }
+  rest.remove_prefix(kStamp);
+  if (rest.empty()) return true;
+  return rest.size() > 1 && rest.front() == '-' &&
+         std::all_of(rest.begin() + 1, rest.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
 bool IsSetAsideIndexName(std::string_view name) {
-  return name.starts_with("index.damaged-") || name.starts_with("index.reformatted-") || name == "index.rebuilding";
+  if (name == "index.rebuilding") return true;
+  for (std::string_view prefix : {"index.damaged-", "index.reformatted-"}) {
+    if (name.starts_with(prefix)) return IsMovedAsideSuffix(name.substr(prefix.size()));
+  }
+  return false;
+}
+bool HoldsRocksDbFiles(const fs::path& p) {
+  std::error_code ec;
+  for (const auto& e : ListDir(p, &ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "CURRENT" || n == "IDENTITY" || n.starts_with("MANIFEST-") || n.starts_with("OPTIONS-")) return true;
+  }
+  return false;
 }
 bool IsSetAsideIndex(const fs::path& p) {
-  return IsSetAsideIndexName(p.filename().string()) && IsKind(p, S_IFDIR) && !ForeignIndexEntry(p);
+  const std::string name = p.filename().string();
+  return IsSetAsideIndexName(name) && IsKind(p, S_IFDIR) && !ForeignIndexEntry(p) &&
+         (name == "index.rebuilding" || HoldsRocksDbFiles(p));
 }
 
 // The set-aside index folders (IsSetAsideIndex) in the store folder `dir`.
@@ -97,6 +126,8 @@ void ForeignInStore(const fs::path& dir, std::vector<std::string>* foreign, bool
     if (IsSetAsideIndexName(name) && IsKind(e.path(), S_IFDIR)) {  // store recover's, beside the store
       if (auto f = ForeignIndexEntry(e.path())) {
         foreign->push_back((dir.filename() / f->lexically_relative(dir)).string());
+      } else if (!IsSetAsideIndex(e.path())) {
+        foreign->push_back((dir.filename() / name).string());  // no database of Terrace's in it
       }
       aside = true;
     } else if (name == "terrace.data.creating" && IsKind(e.path(), S_IFREG)) {

@@ -96,6 +96,24 @@ def test_index_folders_store_recover_set_aside_are_the_demos_own(terrace, tmp_pa
         assert snapshot(d) == before
     (d / "kv" / name / "notes.txt").unlink()
 
+    # A user's folder named like one but not by recover (or holding no index database of Terrace's),
+    # with files whose names an index could hold: never taken for Terrace's, never removed.
+    for mine, files in (("index.damaged-my-notes", ("notes.log", "thesis.tmp", "LOGBOOK.txt")),
+                        ("index.damaged-20261207T060550-x", ("notes.log",)),
+                        ("index.reformatted-20261207T060550", ("draft.log",))):
+        (d / "kv" / mine).mkdir()
+        for f in files:
+            (d / "kv" / mine / f).write_text("my precious notes\n")
+        before = snapshot(d)
+        for fresh in ([], ["--fresh"]):
+            r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+            assert r.returncode == 2, (mine, fresh, r.stdout, r.stderr)
+            assert f"kv/{mine}" in r.stderr, r.stderr
+            assert snapshot(d) == before
+        for f in files:
+            (d / "kv" / mine / f).unlink()
+        (d / "kv" / mine).rmdir()
+
     # Two recovers on the state pool too; then --fresh removes every set-aside folder.
     recover(terrace, d / "state")
     recover(terrace, d / "state")
