@@ -183,7 +183,7 @@ class DemoDirLock {
                                : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
                                                   : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
     return Status::Unavailable(fmt::format(
-        "--dir: {} is using this --dir directory (another 'terrace demo' run: it holds the lock on {}); nothing in it "
+        "--dir: {} is using this --dir directory (it holds the lock a 'terrace demo' run takes on {}); nothing in it "
         "was changed; wait for it to finish or give another --dir directory",
         holder, dir.string()));
   }

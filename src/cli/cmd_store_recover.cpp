@@ -72,8 +72,8 @@ int RunRecover(const StorePaths& p) {
   auto progress = [&](std::uint64_t done, std::uint64_t total) {
     WaitAtRecoverGate("scan");
     if (StopSignalReceived() != 0) {
-      StopNow(fmt::format(" while scanning the data file ({} of {} scanned); nothing was written: the store and its "
-                          "index are as they were; run {} again to rebuild the index",
+      StopNow(fmt::format(" while scanning the data file ({} of {} scanned); the store and its index are as the "
+                          "scan found them (it writes nothing); run {} again to rebuild the index",
                           FormatBytes(static_cast<double>(done)), FormatBytes(static_cast<double>(total)), again));
     }
     auto now = std::chrono::steady_clock::now();

@@ -52,7 +52,7 @@ def test_recover_stopped_while_scanning_changes_nothing(terrace, tmp_path, sig):
     name = signal.Signals(sig).name
     assert rc == 128 + sig, (rc, out, err)
     assert f"store recover: stopped by {name} while scanning the data file" in err, err
-    assert "nothing was written" in err and f"'terrace store recover --dir {d}'" in err, err
+    assert "as the scan found them (it writes nothing)" in err and f"'terrace store recover --dir {d}'" in err, err
     assert "terrace: error" not in err
     assert sorted(os.listdir(d)) == before  # no index.rebuilding, no index moved aside
     r = terrace("store", "check", "--dir", d, "--expect", acked, timeout=120)
