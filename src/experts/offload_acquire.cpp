@@ -80,16 +80,21 @@ Result<const model::ExpertWeights*> ExpertOffload::Impl::AcquireLocked(int layer
   bool sync_load = false;  // read by this thread's store->Acquire below
   hold_landed();
   if (s.state == SlotState::kInFlight) {
-    if (s.demand_load) {
-      ++c.misses;
-    } else {
+    const bool late = !s.demand_load;
+    if (late) {
       ++c.late_hits;
+    } else {
+      ++c.misses;
     }
     counted = true;
     stalled = true;
     WaitForSlot(idx);  // this key only, not its whole batch
     std::erase_if(inflight, [](const InFlight& f) { return f.unbooked == 0; });
     hold_landed();
+    if (late && s.state == SlotState::kAbsent) {  // landed, then evicted by the store: loaded again, a miss
+      --c.late_hits;
+      ++c.misses;
+    }
   } else if (s.state == SlotState::kResident) {
     if (s.demand_load) {
       ++c.misses;
