@@ -74,6 +74,12 @@ struct ModelConfig {
   bool IsMlaLayer(int layer) const;
   bool IsKdaLayer(int layer) const { return !IsMlaLayer(layer); }
   bool IsDenseLayer(int layer) const { return layer < first_k_dense_replace; }
+  // The layers with a routed MoE (not IsDenseLayer); whether they have experts is num_experts'.
+  int NumMoeLayers() const {
+    int n = 0;
+    for (int l = 0; l < num_hidden_layers; ++l) n += IsDenseLayer(l) ? 0 : 1;
+    return n;
+  }
   int MlaCacheWidth() const { return kv_lora_rank + qk_rope_head_dim; }  // values per token per MLA layer
   int QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool HasLatentProjection() const { return routed_expert_hidden_size != hidden_size; }

@@ -117,8 +117,7 @@ Status CheckBusyRankPrecision(const Args& a) {
 // MoE layers (more would change nothing while the report records them).
 Status CheckLayerFlags(const Args& a, const model::ModelConfig& config) {
   const int layers = config.num_hidden_layers;
-  int moe_layers = 0;
-  for (int l = 0; l < layers; ++l) moe_layers += config.IsDenseLayer(l) ? 0 : 1;
+  const int moe_layers = config.NumMoeLayers();
   if (a.lookahead_depth_given && a.lookahead_depth >= layers)
     return Status::InvalidArgument(fmt::format("--lookahead-depth {} reaches past the model: it has {} layers, so a "
                                                "layer lies at most {} ahead; give at most {}",

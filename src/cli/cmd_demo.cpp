@@ -178,14 +178,10 @@ class DemoDirLock {
     if (err != EWOULDBLOCK) {
       return Status::IoError(fmt::format("--dir: cannot lock {}: {}", dir.string(), std::strerror(err)));
     }
-    const std::vector<long> pids = nvme::FlockHolderPids(fd_);
-    const std::string holder = pids.empty()       ? std::string("another process")
-                               : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
-                                                  : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
     return Status::Unavailable(fmt::format(
         "--dir: {} is using this --dir directory (it holds the lock a 'terrace demo' run takes on {}); nothing in it "
         "was changed; wait for it to finish or give another --dir directory",
-        holder, dir.string()));
+        nvme::FlockHolderText(fd_), dir.string()));
   }
 
  private:

@@ -258,13 +258,8 @@ int RunModel(const RunArgs& a) {
     SafetensorsWriter w;
     Status s = w.AddF32("logits", *logits);
     if (s.ok())
-      s = WriteOutputFile(a.dump_logits, "--dump-logits", out_rules, [&](const std::filesystem::path& tmp) {
-        // The writer names only the temporary file; the user named the target.
-        const Status written = w.Write(tmp);
-        return written.ok() ? written
-                            : Reworded(written, fmt::format("--dump-logits {}: cannot write the logits: {}",
-                                                            a.dump_logits, written.message()));
-      });
+      s = WriteOutputFileNamingTarget(a.dump_logits, "--dump-logits", out_rules, "the logits",
+                                      [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
     if (!s.ok()) return Fail(s.ToString());
   }
   const std::vector<float>& last = session.last_logits();

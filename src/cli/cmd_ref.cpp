@@ -159,13 +159,8 @@ Status WriteOutputs(const RefArgs& a, const std::vector<std::pair<std::string, c
     wrote.push_back(fmt::format("{} F32 {}", name, ShapeString(t->shape)));
   }
   wrote.insert(wrote.end(), also.begin(), also.end());
-  TERRACE_RETURN_IF_ERROR(WriteOutputFile(a.out, "--out", RefOutRules(a), [&](const std::filesystem::path& tmp) {
-    // The writer names only the temporary file; the user named the target.
-    const Status written = w->Write(tmp);
-    return written.ok() ? written
-                        : Reworded(written, fmt::format("--out {}: cannot write the output: {}", a.out,
-                                                        written.message()));
-  }));
+  TERRACE_RETURN_IF_ERROR(WriteOutputFileNamingTarget(a.out, "--out", RefOutRules(a), "the output",
+                                                      [&](const std::filesystem::path& tmp) { return w->Write(tmp); }));
   fmt::print("wrote {} ({})\n", a.out, fmt::join(wrote, ", "));
   return Status::Ok();
 }

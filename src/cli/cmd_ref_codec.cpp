@@ -54,13 +54,8 @@ Status RefCodec(const RefCodecArgs& a, const codec::CodecSpec& spec) {
   w.SetMetadata("terrace_ref", "codec " + spec.Name());
   TERRACE_RETURN_IF_ERROR(w.AddF32("decoded", decoded));
   TERRACE_RETURN_IF_ERROR(w.Add("encoded", model::DType::kU8, {static_cast<std::int64_t>(encoded.size())}, encoded));
-  TERRACE_RETURN_IF_ERROR(WriteOutputFile(a.out, "--out", CodecOutRules(a), [&](const std::filesystem::path& tmp) {
-    // The writer names only the temporary file; the user named the target.
-    const Status written = w.Write(tmp);
-    return written.ok() ? written
-                        : Reworded(written, fmt::format("--out {}: cannot write the output: {}", a.out,
-                                                        written.message()));
-  }));
+  TERRACE_RETURN_IF_ERROR(WriteOutputFileNamingTarget(a.out, "--out", CodecOutRules(a), "the output",
+                                                      [&](const std::filesystem::path& tmp) { return w.Write(tmp); }));
   fmt::print("wrote {} (decoded F32 {}, encoded U8 [{}]; codec {})\n", a.out, model::ShapeString(view->shape),
              encoded.size(), spec.Name());
   return Status::Ok();

@@ -21,6 +21,7 @@
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
 #include "src/cli/stop_signals.h"
+#include "tiers/nvme/nvme_paths.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::cli::store_cmd {
@@ -45,13 +46,6 @@ void WaitAtRecoverGate(std::string_view where) {
   for (int i = 0; i < 6000 && !fs::exists(file, ec); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-// The index directory the rebuild writes beside: --index-dir, else --dir/index.
-fs::path IndexPath(const StorePaths& p) {
-  fs::path index = p.index_dir.empty() ? fs::path(p.dir) / "index" : fs::path(p.index_dir);
-  if (index.filename().empty()) index = index.parent_path();  // "a/idx/" names "a/idx"
-  return index;
-}
-
 // Ends the process after a stop at one of RebuildIndex's checkpoints (see the top of the file).
 [[noreturn]] void StopNow(std::string_view how) {
   const int code = ExitStopped("store recover", how);
@@ -67,7 +61,10 @@ int RunRecover(const StorePaths& p) {
     return FailStoreOptions(opts.status());
   }
   const std::string again = fmt::format("'terrace store recover {}'", StorePathFlags(p));
-  const fs::path building = fs::path(IndexPath(p)) += ".rebuilding";
+  // The rebuild writes its new index beside the store's index directory, as "<index>.rebuilding".
+  auto paths = nvme::ResolveStorePaths(*opts, /*may_create=*/false);
+  if (!paths.ok()) return FailStoreOptions(paths.status());
+  const fs::path building = nvme::RebuildingIndexPath(paths->index);
   auto last = std::chrono::steady_clock::now();
   auto progress = [&](std::uint64_t done, std::uint64_t total) {
     WaitAtRecoverGate("scan");

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "src/cli/cli_util.h"
 #include "src/cli/remove_on_signal.h"
 #include "src/common/generator_mark.h"
 #include "terrace/block.h"
@@ -326,6 +327,16 @@ Status WriteOutputFile(const fs::path& path, std::string_view flag, const Output
 Status WriteOutputFile(const fs::path& path, std::string_view flag, const OutputRules& rules,
                        std::string_view content) {
   return WriteTarget(path, flag, &rules, WriteContent(content, path, flag));
+}
+
+Status WriteOutputFileNamingTarget(const fs::path& path, std::string_view flag, const OutputRules& rules,
+                                   std::string_view what, const std::function<Status(const fs::path& tmp)>& produce) {
+  return WriteTarget(path, flag, &rules, [&](const fs::path& tmp) {
+    const Status written = produce(tmp);
+    return written.ok() ? written
+                        : Reworded(written, fmt::format("{} {}: cannot write {}: {}", flag, path.string(), what,
+                                                        written.message()));
+  });
 }
 
 Status WriteOutputFile(const fs::path& path, std::string_view flag,

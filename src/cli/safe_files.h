@@ -133,6 +133,11 @@ Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
 // The same for content already in memory.
 Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, const OutputRules& rules,
                        std::string_view content);
+// The same for a `produce` whose own errors name only `tmp` (a SafetensorsWriter's Write): its
+// failure is told in the user's words, "<flag> <path>: cannot write <what>: <its message>".
+Status WriteOutputFileNamingTarget(const std::filesystem::path& path, std::string_view flag, const OutputRules& rules,
+                                   std::string_view what,
+                                   const std::function<Status(const std::filesystem::path& tmp)>& produce);
 // Without the ownership rule (paths inside an owned directory only).
 Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
                        const std::function<Status(const std::filesystem::path& tmp)>& produce);

@@ -104,8 +104,7 @@ Status StoreExpertBlock(Store& store, const BlockKey& key, std::span<const std::
 }  // namespace
 
 std::uint64_t ExpertOffload::TotalExpertBytes(const model::ModelConfig& config) {
-  std::uint64_t layers = 0;
-  for (int l = 0; l < config.num_hidden_layers; ++l) layers += config.IsDenseLayer(l) ? 0 : 1;
+  const auto layers = static_cast<std::uint64_t>(config.NumMoeLayers());
   return layers * static_cast<std::uint64_t>(std::max(config.num_experts, 0)) *
          BlockBytes(config.routed_expert_hidden_size, config.moe_intermediate_size);
 }

@@ -308,8 +308,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                        by_comp[static_cast<std::size_t>(c)]);
   }
   wp.resident_bytes = wp.total_bytes - wp.routed_expert_bytes;
-  for (int l = 0; l < config.num_hidden_layers; ++l) wp.moe_layers += config.IsDenseLayer(l) ? 0 : 1;
-  if (config.num_experts == 0) wp.moe_layers = 0;
+  wp.moe_layers = config.num_experts == 0 ? 0 : config.NumMoeLayers();
   wp.experts_per_layer = config.num_experts;
   wp.experts_per_token = config.num_experts_per_token;
   wp.active_params_per_token =

@@ -573,14 +573,6 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
   return kept;
 }
 
-// Where RebuildIndex builds the new index before renaming it into place: beside the index (same
-// directory, so the rename is atomic).
-fs::path BuildingPath(const fs::path& index) {
-  fs::path p = index;
-  p += ".rebuilding";
-  return p;
-}
-
 // Why `building` is not what a rebuild of this store left, nullopt when it is: a real directory
 // holding nothing but index files, with Terrace's creation marker naming the store (unfinished) or,
 // without a marker, a manifest naming it (finished); or one that is empty or holds only the marker
@@ -626,7 +618,7 @@ std::optional<RebuildRefusal> BuildingRefusal(const fs::path& building, const nv
 // none). Only a directory BuildingRefusal accepts is touched.
 Status TakeUpInterruptedRebuild(const fs::path& index, const nvme::Superblock& sb,
                                 const std::shared_ptr<Logger>& logger, const RebuildStepFn& at_step) {
-  const fs::path building = BuildingPath(index);
+  const fs::path building = nvme::RebuildingIndexPath(index);
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(building, ec))) return Status::Ok();
   bool finished = false;
@@ -676,7 +668,7 @@ Result<fs::path> MoveOldIndexAside(const fs::path& index, const std::shared_ptr<
     return Status::IoError(fmt::format("cannot move the old index '{}' aside to '{}': {}; the new index is complete in "
                                        "'{}' and the next rebuild puts it in place",
                                        index.string(), target.string(), ec.message(),
-                                       BuildingPath(index).string()));
+                                       nvme::RebuildingIndexPath(index).string()));
   }
   logger->Log(LogLevel::kWarning, "nvme",
               fmt::format("moved the old index '{}' aside to '{}'", index.string(), target.string()));
@@ -749,7 +741,7 @@ std::vector<NvmeTier::RebuildRefusal> NvmeTier::RebuildRefusals(const fs::path& 
                                                                 const std::shared_ptr<Logger>& logger) {
   std::vector<RebuildRefusal> out;
   std::error_code ec;
-  const fs::path building = BuildingPath(index);
+  const fs::path building = nvme::RebuildingIndexPath(index);
   bool finished = false;
   if (fs::exists(fs::symlink_status(building, ec))) {
     if (auto r = BuildingRefusal(building, sb, logger, &finished)) out.push_back(std::move(*r));
@@ -823,7 +815,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   // Crash-safe order (docs/nvme-format.md, "Scan and rebuild"): the new index is complete and
   // synced beside the old one before the old one is moved aside; a kill at any point leaves either
   // the old index in place or a finished new one that the next rebuild puts in place.
-  const fs::path building = BuildingPath(paths.index);
+  const fs::path building = nvme::RebuildingIndexPath(paths.index);
   TERRACE_RETURN_IF_ERROR(WriteNewIndex(building, sb, found, cut.redo, logger, at_step));
   if (old.kind != OldIndex::Kind::kNone) {
     TERRACE_ASSIGN_OR_RETURN(report.moved_aside, MoveOldIndexAside(paths.index, logger));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace terrace::nvme {
 // on, ascending, each once; empty when none is listed or /proc/locks cannot be read. One look: a
 // holder may exit right after it.
 std::vector<long> FlockHolderPids(int fd);
+
+// Who FlockHolderPids(fd) says holds the lock, for a message: "another process (pid N)", "other
+// processes (pids N, M)", or "another process" when it lists none.
+std::string FlockHolderText(int fd);
 
 // The Unavailable of an open that LockDataArea refused with EWOULDBLOCK on `fd` (the open data area
 // `data`): "NVMe store '<data>' is in use by <holder> (its data file is locked<detail>); <advice>",

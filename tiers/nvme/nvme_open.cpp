@@ -1152,13 +1152,16 @@ std::vector<long> FlockHolderPids(int fd) {
   return pids;
 }
 
-Status DataAreaInUse(const fs::path& data, int fd, std::string_view detail, std::string_view advice) {
+std::string FlockHolderText(int fd) {
   const std::vector<long> pids = FlockHolderPids(fd);
-  const std::string holder = pids.empty()      ? std::string("another process")
-                             : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
-                                                : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+  return pids.empty()       ? std::string("another process")
+         : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
+                            : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+}
+
+Status DataAreaInUse(const fs::path& data, int fd, std::string_view detail, std::string_view advice) {
   return Status::Unavailable(fmt::format("NVMe store '{}' is in use by {} (its data file is locked{}); {}",
-                                         data.string(), holder, detail, advice));
+                                         data.string(), FlockHolderText(fd), detail, advice));
 }
 
 }  // namespace nvme

@@ -33,6 +33,12 @@ fs::path WithoutTrailingSeparator(const fs::path& p) {
 
 }  // namespace
 
+fs::path RebuildingIndexPath(const fs::path& index) {
+  fs::path p = index;
+  p += ".rebuilding";
+  return p;
+}
+
 Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_create) {
   const fs::path& path = options.path;
   if (path.empty()) {

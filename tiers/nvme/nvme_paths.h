@@ -19,6 +19,10 @@ struct StorePaths {
   bool block_device = false;
 };
 
+// Where RebuildIndex builds a new index before renaming it into place: "<index>.rebuilding", beside
+// the index (same directory, so the rename is atomic).
+std::filesystem::path RebuildingIndexPath(const std::filesystem::path& index);
+
 // Checks options.path (a directory or a block device; a block device needs index_dir). With
 // `may_create`, a missing directory is created; otherwise it is NotFound.
 Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_create);
