@@ -222,13 +222,15 @@ void RefuseEmptyValues(CLI::App* cmd) {
                                                         : o->get_name(/*positional=*/true);
     const std::string prefix = o->get_name().empty() ? name + ": " : "";
     const bool required = o->get_required();
-    o->check(
-        [name, prefix, required](const std::string& value) {
+    // First of the option's validators (transform() inserts at the front), so a set of allowed
+    // values does not answer "not in {...}" for an empty one.
+    o->transform(CLI::Validator(
+        [name, prefix, required](std::string& value) {
           if (!value.empty()) return std::string();
           return required ? fmt::format("{}the value is empty; give one", prefix)
                           : fmt::format("{}the value is empty; give one, or leave {} out", prefix, name);
         },
-        "");
+        ""));
   }
   for (CLI::App* sub : cmd->get_subcommands(std::function<bool(CLI::App*)>{})) RefuseEmptyValues(sub);
 }

@@ -21,6 +21,7 @@
 #include "src/cli/bench_own_store.h"
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/model_run_experts.h"
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
@@ -116,12 +117,8 @@ Status CheckBusyRankPrecision(const Args& a) {
 // layer lies further ahead), --lookahead-embedding-depth and --lead-protected-layers at most its
 // MoE layers (more would change nothing while the report records them).
 Status CheckLayerFlags(const Args& a, const model::ModelConfig& config) {
-  const int layers = config.num_hidden_layers;
   const int moe_layers = config.NumMoeLayers();
-  if (a.lookahead_depth_given && a.lookahead_depth >= layers)
-    return Status::InvalidArgument(fmt::format("--lookahead-depth {} reaches past the model: it has {} layers, so a "
-                                               "layer lies at most {} ahead; give at most {}",
-                                               a.lookahead_depth, layers, layers - 1, layers - 1));
+  if (a.lookahead_depth_given) TERRACE_RETURN_IF_ERROR(CheckLookaheadDepth(a.lookahead_depth, config));
   const std::pair<int, const char*> moe_flags[] = {
       {a.lookahead_embedding_depth_given ? a.lookahead_embedding_depth : 0, "--lookahead-embedding-depth"},
       {a.lead_protected_layers_given ? a.lead_protected_layers : 0, "--lead-protected-layers"}};

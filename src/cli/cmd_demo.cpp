@@ -599,7 +599,11 @@ std::string WriteBackNote(const DemoSummary& d) {
 void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::json& j,
                       const std::filesystem::path& json_path, const std::filesystem::path& report_path) {
   const nlohmann::json& s = j.at("summary");
-  fmt::print("\n[4/4] summary ({} turns in {:.1f} s; the whole run took {:.1f} s)\n", d.results.size(), d.turns_s,
+  // The blank line parts the summary from the progress lines (stderr) on a terminal; stdout
+  // itself starts with the summary.
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+  fmt::print("[4/4] summary ({} turns in {:.1f} s; the whole run took {:.1f} s)\n", d.results.size(), d.turns_s,
              SecondsSince(d.t_start));
   if (d.second_run) {
     std::vector<std::string> reused;

@@ -80,6 +80,14 @@ Status CheckExpertBudget(const experts::CacheBudget& budget, const std::string& 
       std::ceil(1e4 * static_cast<double>(regime.block_bytes) / static_cast<double>(total)) / 100.0));
 }
 
+Status CheckLookaheadDepth(int depth, const model::ModelConfig& config, std::string_view flag) {
+  const int layers = config.num_hidden_layers;
+  if (depth < layers) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("{} {} reaches past the model: it has {} layers, so a layer lies at most "
+                                             "{} ahead; give at most {}",
+                                             flag, depth, layers, layers - 1, layers - 1));
+}
+
 Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store_dir, const model::ModelConfig& config,
                                 const model::WeightSource& weights, const OutputRules& out_rules) {
   ExpertRun run;
@@ -110,6 +118,7 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
         "--predictor {} with --expert-policy {} uses neither: drop --lookahead-depth",
         a.predictor, a.policy));
   }
+  if (a.depth_given) TERRACE_RETURN_IF_ERROR(CheckLookaheadDepth(a.depth, config));
   if (!a.prometheus.empty())
     TERRACE_RETURN_IF_ERROR(
         CheckOutputFile(a.prometheus, "--expert-prometheus", out_rules.As(OutputFormat::kPrometheus)));

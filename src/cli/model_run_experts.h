@@ -58,6 +58,10 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& args, const std::string& st
 Status CheckExpertBudget(const experts::CacheBudget& budget, const std::string& text, const model::ModelConfig& config,
                          std::string_view flag = "--expert-cache");
 
+// A lookahead depth (`flag`, e.g. --lookahead-depth) must stay below `config`'s layer count: no layer
+// lies further ahead. InvalidArgument naming the flag and the largest depth that works otherwise.
+Status CheckLookaheadDepth(int depth, const model::ModelConfig& config, std::string_view flag = "--lookahead-depth");
+
 // How the oracle's recording pass prefills the prompt: in the forward steps the measured run will
 // take. `prefill` computes the whole prompt into a fresh session (empty: one Session::Prefill
 // step); the measured run then skips its first `skipped_steps` steps (the pieces a prefix-cache

@@ -114,7 +114,7 @@ def test_progress_goes_to_stderr_and_the_summary_to_stdout(two_runs):
     """The steps and turns are progress (stderr, as every long command's); stdout holds only the result:
     the summary from its "[4/4] summary" line to the pointer at the report."""
     _, (r, _), _ = two_runs
-    assert r.stdout.lstrip().startswith("[4/4] summary"), r.stdout[:300]
+    assert r.stdout.startswith("[4/4] summary"), r.stdout[:300]
     for step in ("terrace demo: data in", "[1/4] model:", "built the model", "[2/4] stores:", "stores open in",
                  "[3/4] chat:", "conversation 1 turn 1:"):
         assert step in r.stderr and step not in r.stdout, step

@@ -83,8 +83,7 @@ def test_benches_refuse_an_empty_value(terrace, toy_model, tmp_path, cmd):
             args += [flag, ""]
         if flag != "--dir" and cmd[1] == "experts":
             args += ["--dir", tmp_path / "e"]
-        # --tier's own list check comes first: "--tier:  not in {nvme,host}".
-        refused(terrace(*args), flag, "not in" if flag == "--tier" else "empty")
+        refused(terrace(*args), flag, "the value is empty")
     assert not (tmp_path / "e").exists()
 
 
@@ -117,6 +116,13 @@ def test_bench_experts_layer_flags_beyond_the_model_are_refused(terrace, toy_mod
     refused(terrace(*ex, "--lookahead-depth", "64"), "--lookahead-depth", "64", "8 layers")
     refused(terrace(*ex, "--lookahead-embedding-depth", "9"), "--lookahead-embedding-depth", "7 MoE layers")
     assert not (tmp_path / "e").exists()
+
+
+def test_model_run_lookahead_depth_beyond_the_model_is_refused(terrace, toy_model, tmp_path):
+    """k3-toy has 8 layers: a depth of 8 or more predicts layers that do not exist (it was taken)."""
+    run = ("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--max-new", "1", "--expert-cache", "50%")
+    refused(terrace(*run, "--lookahead-depth", "8"), "--lookahead-depth 8", "8 layers", "at most 7")
+    assert terrace(*run, "--lookahead-depth", "7").returncode == 0
 
 
 def test_bench_experts_link_gbps_help_and_check_agree(terrace, toy_model, tmp_path):
@@ -190,6 +196,8 @@ def test_model_run_tokens_accept_surrounding_whitespace(terrace, toy_model):
     ("trace", "gen", "--requests", "2", "--out", ""),
     ("bench", "store", "--dir", ""),
     ("demo", "--inject-fault", ""),  # a hidden option: CLI11 leaves its name out, the message must not
+    ("bench", "tiers", "--tier", ""),  # a set of allowed values answered "--tier:  not in {host,nvme,hbm}"
+    ("model", "run", "--model", "m", "--tokens", "1", "--read-order", ""),
 ])
 def test_every_command_refuses_an_empty_value(terrace, tmp_path, args):
     """An empty value was read as "flag not given" outside the four commands first fixed: plan ran
