@@ -494,7 +494,7 @@ void RegisterBenchKv(CLI::App* bench, Runner* run) {
   cmd->add_option("--model", a->model, "Model directory (e.g. from 'terrace model init --preset k3-small')")->required();
   cmd->add_option("--dir", a->dir, "Directory for the two pools (new or empty; what the bench creates there is removed "
                                    "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
-                                   "killed run). Default: a new directory terrace-bench-kv-<pid>-<hex> under the system "
+                                   "killed run). Default: a new directory terrace-bench-kv-<pid>.<host tag>-<hex> under the system "
                                    "temp dir; a later run removes those of killed runs")->transform(NormalizedPath());
   cmd->add_option("--prefix-tokens", a->prefixes,
                   "Prefix lengths, comma separated (each 1 to 1048576); none: no per-prefix rows (only the multi-turn "

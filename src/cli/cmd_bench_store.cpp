@@ -408,7 +408,7 @@ void RegisterBenchStore(CLI::App* bench, Runner* run) {
                                              "the NVMe tier's own reads");
   cmd->add_option("--dir", a->dir, "Directory for the NVMe tier (new or empty; what the bench creates there is removed "
                                    "afterwards, also on SIGINT/SIGTERM; the next run removes a marked leftover of a "
-                                   "killed run). Default: a new directory terrace-bench-store-<pid>-<hex> under the system "
+                                   "killed run). Default: a new directory terrace-bench-store-<pid>.<host tag>-<hex> under the system "
                                    "temp dir; a later run removes those of killed runs")->transform(NormalizedPath());
   AddSizeOption(cmd, "--block-size", &a->block_size, "Block size", 4096, 1 * kGiB);
   AddSizeOption(cmd, "--total-bytes", &a->total_bytes, "Bytes per phase (one set of blocks)", 4096, 1ull << 40);

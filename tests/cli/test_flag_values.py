@@ -125,6 +125,13 @@ def test_model_run_lookahead_depth_beyond_the_model_is_refused(terrace, toy_mode
     assert terrace(*run, "--lookahead-depth", "7").returncode == 0
 
 
+def test_model_init_over_the_safety_limit_is_a_usage_error(terrace, tmp_path):
+    """Only --force gets past the 4 GiB limit: a missing flag, exit 2 like the other refusals (was 1)."""
+    refused(terrace("model", "init", "--preset", "kimi-linear-48b", "--out", tmp_path / "big"),
+            "--preset kimi-linear-48b", "4 GiB safety limit", "--force")
+    assert not (tmp_path / "big").exists()
+
+
 def test_bench_experts_link_gbps_help_and_check_agree(terrace, toy_model, tmp_path):
     help_text = terrace("bench", "experts", "--help").stdout
     line = " ".join(help_text[help_text.index("--link-gbps"):].split("\n--")[0].split())
