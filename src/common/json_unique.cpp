@@ -35,6 +35,52 @@ std::string JsonUniquePath(const std::vector<JsonUniqueFrame>& stack) {
   return path;
 }
 
+// A SAX handler that builds nothing and records the first key seen twice in one object.
+struct JsonKeyChecker {
+  std::vector<JsonUniqueFrame> stack;
+  bool duplicate = false;
+  std::string duplicate_key, duplicate_path;
+
+  bool Value() {
+    if (!stack.empty() && !stack.back().object) ++stack.back().count;
+    return true;
+  }
+  bool null() { return Value(); }
+  bool boolean(bool) { return Value(); }
+  bool number_integer(json::number_integer_t) { return Value(); }
+  bool number_unsigned(json::number_unsigned_t) { return Value(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return Value(); }
+  bool string(json::string_t&) { return Value(); }
+  bool binary(json::binary_t&) { return Value(); }
+  bool start_object(std::size_t) {
+    stack.push_back(JsonUniqueFrame{.object = true});
+    return true;
+  }
+  bool key(json::string_t& k) {
+    JsonUniqueFrame& f = stack.back();
+    f.key = k;
+    if (!f.keys.insert(k).second && !duplicate) {
+      duplicate = true;
+      duplicate_key = k;
+      duplicate_path = JsonUniquePath(stack);
+    }
+    return true;
+  }
+  bool end_object() {
+    stack.pop_back();
+    return Value();
+  }
+  bool start_array(std::size_t) {
+    stack.push_back(JsonUniqueFrame{.object = false});
+    return true;
+  }
+  bool end_array() {
+    stack.pop_back();
+    return Value();
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) { throw e; }
+};
+
 // nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
 std::string JsonUniqueReason(const json::exception& e) {
   std::string_view what = e.what();
@@ -92,49 +138,26 @@ Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
     return fail(JsonParseError::kTooDeep,
                 fmt::format("objects and arrays nest {} levels deep, over the limit of {}", depth, kMaxJsonDepth));
   }
-  std::vector<JsonUniqueFrame> stack;
-  bool duplicate = false;
-  std::string duplicate_key, duplicate_path;
-  auto element_done = [&] {
-    if (!stack.empty() && !stack.back().object) ++stack.back().count;
-  };
-  const json::parser_callback_t check = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        stack.push_back(JsonUniqueFrame{.object = true});
-        break;
-      case json::parse_event_t::array_start:
-        stack.push_back(JsonUniqueFrame{.object = false});
-        break;
-      case json::parse_event_t::key: {
-        JsonUniqueFrame& f = stack.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second && !duplicate) {
-          duplicate = true;
-          duplicate_key = f.key;
-          duplicate_path = JsonUniquePath(stack);
-        }
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        stack.pop_back();
-        element_done();
-        break;
-      case json::parse_event_t::value:
-        element_done();
-        break;
-    }
-    return true;  // keep every value: the document is returned whole
-  };
   json j;
   try {
-    j = json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true);
+    j = json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/true);
   } catch (const json::out_of_range& e) {
     return fail(JsonParseError::kNumberOutOfRange, fmt::format("a number is out of range: {}", JsonUniqueReason(e)));
   } catch (const json::exception& e) {
     return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
   }
+  // The keys are checked in a second, SAX pass over the text (valid by now): nlohmann's callback
+  // parser, which could do both in one, rescans the parent container after every nested object,
+  // which is quadratic in a container's size.
+  JsonKeyChecker checker;
+  try {
+    json::sax_parse(text.begin(), text.end(), &checker);
+  } catch (const json::exception& e) {
+    return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
+  }
+  const bool duplicate = checker.duplicate;
+  const std::string& duplicate_key = checker.duplicate_key;
+  const std::string& duplicate_path = checker.duplicate_path;
   if (duplicate) {
     return fail(JsonParseError::kDuplicateKey,
                 duplicate_path.empty()
