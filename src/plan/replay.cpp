@@ -152,9 +152,16 @@ class Simulator {
     for (int i = 0; i < o_.nodes; ++i) nodes.push_back(MakeNode());
     std::vector<std::uint64_t> per_tier_bytes(o_.tiers.size());
     std::vector<std::size_t> hit_tier;  // per hit block: the tier (ReplayOptions::tiers index) it was read from
+    std::uint64_t since_requests = 0, since_blocks = 0;  // replayed since the last checkpoint
     for (std::size_t ri = 0; ri < trace.requests.size(); ++ri) {
-      if (o_.checkpoint && ri % kReplayCheckpointRequests == 0 && ri > 0) TERRACE_RETURN_IF_ERROR(o_.checkpoint(ri));
+      if (o_.checkpoint && (ri == 0 || since_requests >= kReplayCheckpointRequests ||
+                            since_blocks >= kReplayCheckpointBlocks)) {
+        TERRACE_RETURN_IF_ERROR(o_.checkpoint(ri));
+        since_requests = since_blocks = 0;
+      }
       const TraceRequest& req = trace.requests[ri];
+      ++since_requests;
+      since_blocks += req.hash_ids.size();
       const double now = static_cast<double>(req.timestamp_ms) / 1000.0;
       // Route.
       std::size_t node_index = ri % nodes.size();

@@ -45,7 +45,11 @@ struct TierSpec {
   double read_bandwidth = 0;        // bytes/s into tier 0 (ignored for tier 0)
 };
 
+// A replay calls its checkpoint at the start of every replay after the first request, and then
+// whenever kReplayCheckpointRequests requests or kReplayCheckpointBlocks blocks have been replayed
+// since the last call (a trace of few, long requests checks as often as one of many short ones).
 inline constexpr std::uint64_t kReplayCheckpointRequests = 4096;
+inline constexpr std::uint64_t kReplayCheckpointBlocks = 1u << 16;
 
 struct ReplayOptions {
   std::uint64_t block_tokens = 512;  // tokens per hash id
@@ -74,8 +78,9 @@ struct ReplayOptions {
   int nodes = 1;
   Routing routing = Routing::kPrefixAffinity;
   double prefill_tokens_per_s = 0;   // recompute speed of one node (> 0)
-  // Unset, or called every kReplayCheckpointRequests requests with the number replayed so far: an
-  // error stops the replay and Replay returns it (a CLI's progress lines and Ctrl-C).
+  // Unset, or called before the first request and then as kReplayCheckpointRequests says, with the
+  // number of requests replayed so far: an error stops the replay and Replay returns it (a CLI's
+  // progress lines and Ctrl-C).
   std::function<Status(std::uint64_t requests_done)> checkpoint;
 
   // What one block takes in a tier: its KV and its snapshots.

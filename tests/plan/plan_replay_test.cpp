@@ -419,3 +419,32 @@ TEST_CASE("A prefix hit counts in whole runs of restore_every_blocks blocks") {
   o.restore_every_blocks = 0;
   CHECK_FALSE(Replay(Make({{1}}), o).ok());
 }
+
+TEST_CASE("The checkpoint comes before the first request and after 4096 requests or 65536 blocks, whichever first") {
+  // Five long requests of 40000 blocks: a checkpoint every second request by blocks, though far
+  // fewer than 4096 requests (Ctrl-C went unheard through a whole replay of such a trace).
+  std::vector<std::vector<std::uint64_t>> long_reqs(5);
+  std::uint64_t id = 0;
+  for (auto& ids : long_reqs)
+    for (int i = 0; i < 40000; ++i) ids.push_back(id++);
+  ReplayOptions o = OneTier(1000);
+  std::vector<std::uint64_t> calls;
+  o.checkpoint = [&](std::uint64_t done) {
+    calls.push_back(done);
+    return Status::Ok();
+  };
+  REQUIRE(Replay(Make(long_reqs), o).ok());
+  CHECK(calls == std::vector<std::uint64_t>{0, 2, 4});
+
+  // Many one-block requests: every 4096 requests.
+  std::vector<std::vector<std::uint64_t>> short_reqs(9000, std::vector<std::uint64_t>{7});
+  calls.clear();
+  REQUIRE(Replay(Make(short_reqs), o).ok());
+  CHECK(calls == std::vector<std::uint64_t>{0, 4096, 8192});
+
+  // A checkpoint's error stops the replay and is returned.
+  o.checkpoint = [&](std::uint64_t done) { return done >= 2 ? Status::Cancelled("stop") : Status::Ok(); };
+  auto r = Replay(Make(long_reqs), o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == Code::kCancelled);
+}
