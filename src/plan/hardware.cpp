@@ -1,5 +1,6 @@
 #include "src/plan/hardware.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -72,14 +73,24 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
   };
   // Rates must be positive, finite and below a bound no node comes near (a typo like 1e308 would
   // otherwise become inf in the node totals and a decode speed of 0).
-  auto rate = [&](std::string_view key, double v, double max, std::string_view unit) -> Status {
+  auto rate = [&](std::string_view key, double v, double min, double max, std::string_view unit) -> Status {
     if (!(v > 0)) return bad(key, "must be positive");
     if (!(v <= max)) return bad(key, fmt::format("is {:g}, over the {:g} {} a GPU or node can have; check the units", v, max, unit));
+    if (v < min) {
+      return bad(key, fmt::format("is {:g}, under the {:g} {} any GPU or node has; check the units (rates are in {}, "
+                                  "not G{})",
+                                  v, min, unit, unit, unit));
+    }
     return Status::Ok();
   };
   auto bytes = [&](std::string_view key, std::uint64_t v) -> Status {
     if (v == 0) return bad(key, "must be positive");
     if (v > kMaxHardwareBytes) return bad(key, fmt::format("is {}, over the limit 2^62 bytes; check the units", v));
+    if (v < kMinHardwareBytes) {
+      return bad(key, fmt::format("is {}, under the 1 MiB ({} bytes) any GPU or node has; check the units (sizes are "
+                                  "in bytes, not GB)",
+                                  v, kMinHardwareBytes));
+    }
     return Status::Ok();
   };
   if (h.gpus < 1 || h.gpus > 4096) return bad("gpus", "must be 1 to 4096");
@@ -88,12 +99,12 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
     return bad("hbm_bytes_per_gpu", fmt::format("times gpus ({}) exceeds 2^64 bytes", h.gpus));
   TERRACE_RETURN_IF_ERROR(bytes("host_bytes", h.host_bytes));
   TERRACE_RETURN_IF_ERROR(bytes("nvme_bytes", h.nvme_bytes));
-  TERRACE_RETURN_IF_ERROR(rate("hbm_bandwidth_per_gpu", h.hbm_bandwidth_per_gpu, kMaxHardwareBandwidth, "bytes/s"));
-  TERRACE_RETURN_IF_ERROR(rate("gpu_flops_per_gpu", h.gpu_flops_per_gpu, kMaxHardwareFlops, "FLOP/s"));
+  TERRACE_RETURN_IF_ERROR(rate("hbm_bandwidth_per_gpu", h.hbm_bandwidth_per_gpu, kMinHardwareBandwidth, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("gpu_flops_per_gpu", h.gpu_flops_per_gpu, kMinHardwareFlops, kMaxHardwareFlops, "FLOP/s"));
   if (!(h.mfu > 0 && h.mfu <= 1)) return bad("mfu", "must be in (0, 1]");
-  TERRACE_RETURN_IF_ERROR(rate("pcie_bandwidth_per_gpu", h.pcie_bandwidth_per_gpu, kMaxHardwareBandwidth, "bytes/s"));
-  TERRACE_RETURN_IF_ERROR(rate("nvme_read_bandwidth", h.nvme_read_bandwidth, kMaxHardwareBandwidth, "bytes/s"));
-  TERRACE_RETURN_IF_ERROR(rate("nvme_write_bandwidth", h.nvme_write_bandwidth, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("pcie_bandwidth_per_gpu", h.pcie_bandwidth_per_gpu, kMinHardwareBandwidth, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("nvme_read_bandwidth", h.nvme_read_bandwidth, kMinHardwareBandwidth, kMaxHardwareBandwidth, "bytes/s"));
+  TERRACE_RETURN_IF_ERROR(rate("nvme_write_bandwidth", h.nvme_write_bandwidth, kMinHardwareBandwidth, kMaxHardwareBandwidth, "bytes/s"));
   return Status::Ok();
 }
 
@@ -135,9 +146,9 @@ Result<Hardware> ParseHardwareJson(std::string_view text, std::string_view sourc
     }
     const double d = v.get<double>();
     auto as_bytes = [&](std::uint64_t* out) -> Status {
-      if (!(d >= 0) || d > static_cast<double>(kMaxHardwareBytes)) {
+      if (!(d > 0) || d != std::floor(d) || d > static_cast<double>(kMaxHardwareBytes)) {
         return Status::InvalidArgument(fmt::format(
-            "{}: \"{}\" must be a non-negative byte count up to 2^62, got {}", source, key, v.dump()));
+            "{}: \"{}\" must be a whole, positive number of bytes up to 2^62, got {}", source, key, v.dump()));
       }
       *out = static_cast<std::uint64_t>(d);
       return Status::Ok();

@@ -37,6 +37,11 @@ struct Hardware {
 inline constexpr std::uint64_t kMaxHardwareBytes = 1ull << 62;
 inline constexpr double kMaxHardwareBandwidth = 1e16;  // bytes/s, per GPU or per node
 inline constexpr double kMaxHardwareFlops = 1e19;      // FLOP/s per GPU
+// And below: far under any node, so a size or rate given in GB or GB/s (141 for an H200's HBM)
+// is refused as a units mistake, not planned as 141 bytes (it planned 1e12 % utilisation).
+inline constexpr std::uint64_t kMinHardwareBytes = 1ull << 20;
+inline constexpr double kMinHardwareBandwidth = 1e6;  // bytes/s
+inline constexpr double kMinHardwareFlops = 1e9;      // FLOP/s per GPU
 
 std::vector<std::string> HardwarePresetNames();  // "h200-gen5", "h100-gen4"
 // InvalidArgument listing the presets for an unknown name.

@@ -154,10 +154,10 @@ TEST_CASE("Bad workload values are errors naming the CLI flag") {
 }
 
 TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad values name the key") {
-  auto h = ParseHardwareJson(R"({"base": "h100-gen4", "gpus": 4, "host_bytes": 1000})", "my.json");
+  auto h = ParseHardwareJson(R"({"base": "h100-gen4", "gpus": 4, "host_bytes": 1000000000})", "my.json");
   REQUIRE(h.ok());
   CHECK(h->gpus == 4);
-  CHECK(h->host_bytes == 1000u);
+  CHECK(h->host_bytes == 1'000'000'000u);
   CHECK(h->hbm_bytes_per_gpu == 81'559ull << 20);
   CHECK(h->hbm_bytes() == 4 * (81'559ull << 20));
   auto bad = ParseHardwareJson(R"({"base": "h200-gen5", "hbm_gb": 3})", "my.json");
@@ -193,6 +193,29 @@ TEST_CASE("Hardware JSON: a base preset with overrides; unknown keys and bad val
     bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 1e308}})", key), "my.json");
     REQUIRE_FALSE(bad.ok());
     CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("1e+308"));
+  }
+  // Sizes and rates far under any node are a units mistake (GB and GB/s given as bytes and bytes/s):
+  // planned, they printed 1e12 % link utilisation and "add GPUs".
+  for (const char* key : {"host_bytes", "nvme_bytes", "hbm_bytes_per_gpu"}) {
+    bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 141}})", key), "my.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("is 141, under the 1 MiB") &&
+                                           Catch::Contains("check the units"));
+    bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": 1048576.5}})", key), "my.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("whole, positive number of bytes"));
+    bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": -5}})", key), "my.json");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("whole, positive number of bytes"));
+  }
+  for (const char* key : {"hbm_bandwidth_per_gpu", "pcie_bandwidth_per_gpu", "nvme_read_bandwidth",
+                          "nvme_write_bandwidth", "gpu_flops_per_gpu"}) {
+    for (const char* value : {"55", "1e-300"}) {
+      bad = ParseHardwareJson(fmt::format(R"({{"base": "h200-gen5", "{}": {}}})", key, value), "my.json");
+      REQUIRE_FALSE(bad.ok());
+      CHECK_THAT(bad.status().message(), Catch::Contains(key) && Catch::Contains("under the") &&
+                                             Catch::Contains("check the units"));
+    }
   }
   bad = ParseHardwareJson(R"({"base": "h200-gen5", "host_bytes": 1e30})", "my.json");
   REQUIRE_FALSE(bad.ok());
