@@ -429,6 +429,13 @@ void Add(Report* r, std::string* body, std::string name, std::string svg) {
   *body += r->charts.back().svg;
 }
 
+// A line chart, or where no series has a point, a note saying why (`why`) in its place: never empty axes.
+void AddLines(Report* r, std::string* body, std::string name, const LineChart& c, std::string_view why) {
+  for (const Series& s : c.series)
+    if (!s.points.empty()) return Add(r, body, std::move(name), RenderSvg(c));
+  Skipped(body, c.title, why);
+}
+
 // A chart over the demo's turns (x: turn number in run order, a dot per turn).
 LineChart TurnChart(std::string title, std::string subtitle, std::string y_label,
                     AxisFormat y_format = AxisFormat::kPlain) {
@@ -585,6 +592,8 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   const json& s = Obj(j, "summary");
   const json& e = Obj(s, "experts");
   const json& moved = Obj(s, "bytes_moved");
+  if (!j.contains("turns") || !j["turns"].is_array())  // a run is taken for a demo's by its turns
+    Skipped(body, "the per-turn charts", j.contains("turns") ? "turns is not a list" : "turns is missing");
   r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(Obj(j, "model"), "preset"));
   const json& verified = j.contains("verified") ? j["verified"] : json();
   *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
@@ -617,7 +626,7 @@ void DemoSections(const json& j, Report* r, std::string* body) {
   t.x_label = "turn (in run order)";
   t.y_label = "seconds";
   t.integer_x = t.markers = true;
-  Add(r, body, "ttft-per-turn", RenderSvg(t));
+  if (!turns.empty()) AddLines(r, body, "ttft-per-turn", t, "no turn has a ttft_s or ttft_recompute_s figure");
   // Tier hit rates over time: per turn, hits / lookups of each prefix-pool tier and of the expert cache.
   if (!turns.empty() && turns[0].contains("prefix_hit_rate")) {
     LineChart h = TurnChart("Tier hit rates per turn",
@@ -637,7 +646,9 @@ void DemoSections(const json& j, Report* r, std::string* body) {
       if (x.contains("hit_rate") && x["hit_rate"].is_number()) ex.points.emplace_back(static_cast<double>(i + 1), x["hit_rate"].get<double>());
     }
     if (!ex.points.empty()) h.series.push_back(std::move(ex));
-    Add(r, body, "tier-hit-rates-over-time", RenderSvg(h));
+    AddLines(r, body, "tier-hit-rates-over-time", h, "no turn has a prefix_hit_rate or experts.hit_rate figure");
+  } else if (!turns.empty()) {
+    Skipped(body, "Tier hit rates per turn", "turns[0].prefix_hit_rate is missing");
   }
   LineChart h = TurnChart("Restored prefix per turn, by the tier it came from",
                           "share of the turn's prompt tokens, split by restored bytes per tier",
@@ -652,7 +663,12 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     for (auto& ser : h.series)
       ser.points.emplace_back(static_cast<double>(i + 1), all > 0 ? share * Num(rb, ser.name.c_str()) / all : 0.0);
   }
-  Add(r, body, "prefix-restore-by-tier", RenderSvg(h));
+  if (!turns.empty()) {
+    AddLines(r, body, "prefix-restore-by-tier", h,
+             "no turn has prompt_tokens, restored_tokens and restore_bytes for hbm, host and nvme");
+  }
+  if (!turns.empty() && !turns[0].contains("experts")) Skipped(body, "Stall on expert loads per token, per turn",
+                                                               "turns[0].experts is missing");
   if (!turns.empty() && turns[0].contains("experts")) {
     LineChart st = TurnChart("Stall on expert loads per token, per turn",
                              fmt::format("forward time waiting for experts; whole run: {} of forward time",

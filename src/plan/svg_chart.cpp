@@ -292,17 +292,18 @@ std::string RenderSvg(const LineChart& c) {
 std::string RenderSvg(const BarChart& c) {
   // A bar's drawn value: finite, and not below zero when stacked (a segment never hangs under its base).
   auto value = [&](double v) { return !std::isfinite(v) ? 0 : c.stacked ? std::max(v, 0.0) : v; };
-  double yhi = 0;
+  double ylo = 0, yhi = 0;  // a negative bar (not stacked) hangs below zero, inside the plot
   for (const auto& g : c.values) {
     double total = 0;
     for (double v : g) {
       total += value(v);
       yhi = std::max(yhi, c.stacked ? total : value(v));
+      ylo = std::min(ylo, value(v));
     }
   }
   for (const RefLine& r : c.ref_lines)
     if (std::isfinite(r.y)) yhi = std::max(yhi, r.y);
-  const Axis ay = MakeAxis(0, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false, c.y_format);
+  const Axis ay = MakeAxis(ylo, c.y_format == AxisFormat::kPercent ? std::max(yhi, 1.0) : yhi, false, c.y_format);
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   const double gw = static_cast<double>(x1 - x0) / std::max<std::size_t>(c.groups.size(), 1);
   const double bw = c.stacked ? gw * 0.8 : gw * 0.8 / std::max<std::size_t>(c.bars.size(), 1);
@@ -330,7 +331,8 @@ std::string RenderSvg(const BarChart& c) {
     double base = 0;  // stacked: the top of the group's bars so far
     for (std::size_t b = 0; b < c.bars.size() && g < c.values.size() && b < c.values[g].size(); ++b) {
       const double v = value(c.values[g][b]);
-      const double x = c.stacked ? gx : gx + b * bw, top = ay.Map(base + v, y0, y1), bottom = ay.Map(base, y0, y1);
+      const double x = c.stacked ? gx : gx + b * bw, end = ay.Map(base + v, y0, y1), start = ay.Map(base, y0, y1);
+      const double top = std::min(end, start), bottom = std::max(end, start);
       s += fmt::format("<rect class=\"bar{}{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"{}>"
                        "<title>{} {}: {}</title></rect>",
                        hot ? " hot" : "", marked ? " marked" : "", x, top, bw * 0.92, bottom - top,

@@ -620,3 +620,42 @@ TEST_CASE("Report: a plan over a context distribution shows its mean as the mean
   CHECK(one.html.find("4096 tokens of context,") != std::string::npos);
   CHECK(one.html.find("one workload sequence</th><td>1000 B") != std::string::npos);
 }
+
+TEST_CASE("Charts: a negative bar hangs below zero inside the plot, with a positive height") {
+  BarChart b;
+  b.bars = {"hit rate"};
+  b.groups = {"hbm", "host"};
+  b.values = {{-5}, {0.5}};
+  b.y_format = AxisFormat::kPercent;
+  const auto r = Bars(RenderSvg(b));
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].h > 0);
+  CHECK(r[1].h > 0);
+  CHECK(r[0].h == Approx(10 * r[1].h).margin(0.5));
+  CHECK(r[0].y == Approx(r[1].y + r[1].h).margin(0.15));  // both start at the zero line
+  CHECK(r[0].y + r[0].h <= kChartHeight - 40);            // and stay inside the canvas
+}
+
+TEST_CASE("Report: a demo run whose turns are malformed says so where each chart would be") {
+  nlohmann::json demo = nlohmann::json::parse(kDemoRun);
+  demo["turns"] = "x";
+  Report r = Render(demo);
+  CHECK(r.html.find("Not charted: the per-turn charts (turns is not a list)") != std::string::npos);
+  CHECK(ChartSvg(r, "ttft-per-turn").empty());
+  // Turns without any figure: a note per chart, no empty axes.
+  demo["turns"] = nlohmann::json::array({nlohmann::json::object(), nlohmann::json::object()});
+  r = Render(demo);
+  CHECK(ChartSvg(r, "ttft-per-turn").empty());
+  CHECK(ChartSvg(r, "prefix-restore-by-tier").empty());
+  for (const char* note : {"Not charted: Time to first token per turn (no turn has a ttft_s",
+                           "Not charted: Tier hit rates per turn (turns[0].prefix_hit_rate is missing)",
+                           "Not charted: Restored prefix per turn, by the tier it came from (no turn has",
+                           "Not charted: Stall on expert loads per token, per turn (turns[0].experts is missing)"}) {
+    INFO(note);
+    CHECK(r.html.find(note) != std::string::npos);
+  }
+  // The well-formed run has every chart and none of these notes.
+  r = Render(nlohmann::json::parse(kDemoRun));
+  CHECK(r.html.find("Not charted") == std::string::npos);
+  CHECK_FALSE(ChartSvg(r, "ttft-per-turn").empty());
+}
