@@ -579,6 +579,15 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     }
   }
   tj["tiers"] = tiers_j;
+  // The store's rule under write-through: a block also lands in the lowest tier when it is written,
+  // and an HBM victim with a copy lower down is dropped, not demoted; so host never receives one.
+  const auto holds_blocks = [&](std::size_t k) { return ro.tiers[k].capacity_bytes >= ro.stored_block_bytes(); };
+  if (ro.write_policy == terrace::WritePolicy::kWriteThrough && holds_blocks(1) && holds_blocks(2)) {
+    tier_notes.push_back(
+        "with --write-policy write-through every block is also written to nvme, and an hbm victim that has a copy "
+        "there is dropped, not demoted (the store's rule): host receives no block, so --kv-host does not change "
+        "the hit rates; use --write-policy write-back to replay the host tier");
+  }
   if (static_cast<std::uint64_t>(a.nodes) > trace->requests.size()) {
     tier_notes.push_back(fmt::format("{} nodes for {} requests: at least {} nodes get no request", a.nodes,
                                      trace->requests.size(), static_cast<std::uint64_t>(a.nodes) - trace->requests.size()));

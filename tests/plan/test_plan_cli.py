@@ -270,6 +270,13 @@ def test_trace_replay_follows_the_store_placement_flags(terrace):
     assert [t for t in wb["policies"][0]["tiers"] if t["name"] == "nvme"][0]["bytes_written"] < nvme["bytes_written"]
     assert wt["policies"][0]["bytes_moved"] > wb["policies"][0]["bytes_moved"]
     assert inc["policies"][0]["hit_rate"] == pytest.approx(wb["policies"][0]["hit_rate"])
+    # Under write-through host gets no block (its size changes nothing): the output says so.
+    host = [t for t in wt["policies"][0]["tiers"] if t["name"] == "host"][0]
+    assert host["bytes_written"] == 0 and host["hit_blocks"] == 0
+    assert any("host receives no block" in n for n in wt["notes"]), wt["notes"]
+    assert not any("host receives no block" in n for n in wb["notes"])
+    text = terrace("plan", *args, "--write-policy", "write-through").stdout
+    assert "note: with --write-policy write-through every block is also written to nvme" in text
 
 
 def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path):
