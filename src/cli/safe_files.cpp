@@ -117,7 +117,7 @@ std::string_view FormatFiles(OutputFormat f) {
     case OutputFormat::kPrometheus: return "Prometheus text files";
     case OutputFormat::kPng: return "PNG charts";
     case OutputFormat::kJson: return "JSON files";
-    case OutputFormat::kTrace: return "trace files (.jsonl)";
+    case OutputFormat::kTrace: return "request traces";
   }
   return "files";
 }

@@ -31,6 +31,16 @@ std::vector<int> SessionTurns(const TraceGenOptions& o) {
 
 }  // namespace
 
+std::uint64_t TraceGenBlocks(const TraceGenOptions& o) {
+  std::uint64_t total = 0;
+  for (int t : SessionTurns(o)) {
+    const auto turns = static_cast<std::uint64_t>(t);
+    total += turns * static_cast<std::uint64_t>(o.prefix_blocks) +
+             static_cast<std::uint64_t>(o.turn_blocks) * turns * (turns + 1) / 2;
+  }
+  return total;
+}
+
 Status ValidateTraceGenOptions(const TraceGenOptions& o) {
   if (o.requests == 0 || o.requests > 10'000'000) return Status::InvalidArgument("--requests must be 1 to 10000000");
   if (o.prefixes < 1 || o.prefixes > 10'000'000) return Status::InvalidArgument("--prefixes must be 1 to 10000000");
@@ -38,9 +48,18 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
   if (o.prefix_blocks < 0 || o.prefix_blocks > 100'000) return Status::InvalidArgument("--prefix-blocks must be 0 to 100000");
   if (o.turn_blocks < 1 || o.turn_blocks > 100'000) return Status::InvalidArgument("--turn-blocks must be 1 to 100000");
   if (o.turns < 1 || o.turns > 10'000) return Status::InvalidArgument("--turns must be 1 to 10000");
-  if (static_cast<double>(o.prefix_blocks) + static_cast<double>(o.turns) * o.turn_blocks > kMaxTraceBlocksPerRequest) {
-    return Status::InvalidArgument(fmt::format("--prefix-blocks + --turns x --turn-blocks must stay under {} blocks",
-                                               kMaxTraceBlocksPerRequest));
+  if (const double longest = static_cast<double>(o.prefix_blocks) + static_cast<double>(o.turns) * o.turn_blocks;
+      longest > kMaxTraceBlocksPerRequest) {
+    return Status::InvalidArgument(fmt::format("--prefix-blocks + --turns x --turn-blocks is {:.0f}: a request would "
+                                               "hold more than the {} blocks a trace request may; lower them",
+                                               longest, kMaxTraceBlocksPerRequest));
+  }
+  if (const std::uint64_t total = TraceGenBlocks(o); total > kMaxTraceGenBlocks) {
+    return Status::InvalidArgument(fmt::format(
+        "the trace would hold {} blocks in all (its requests' prompts, each the session so far), more than the {} "
+        "trace gen writes (about {} GiB of text, held in memory while written); lower --requests, --turns or "
+        "--turn-blocks",
+        total, kMaxTraceGenBlocks, kMaxTraceGenBlocks * 10 >> 30));
   }
   if (!(o.rate > 0 && o.rate <= 1e6)) return Status::InvalidArgument("--rate must be in (0, 1e6] requests/s");
   if (!(o.think_ms >= 0 && o.think_ms <= 1e9)) return Status::InvalidArgument("--think-ms must be 0 to 1e9");

@@ -32,6 +32,12 @@ struct TraceGenOptions {
 };
 
 // InvalidArgument naming the `terrace trace gen` flag for a value out of range.
+// The most blocks (hash ids over all requests) a generated trace may hold: about 10 bytes of text
+// each, so its file stays under what `plan --trace` reads (8 GiB).
+inline constexpr std::uint64_t kMaxTraceGenBlocks = 1ull << 28;
+// The blocks (hash ids over all requests) GenerateTrace(options) writes; options must be valid
+// but for this total.
+std::uint64_t TraceGenBlocks(const TraceGenOptions& options);
 Status ValidateTraceGenOptions(const TraceGenOptions& options);
 Result<Trace> GenerateTrace(const TraceGenOptions& options);
 // The expected prefix-hit ceiling (trace.h's ComputePrefixCeiling, restore_every_blocks 1) of

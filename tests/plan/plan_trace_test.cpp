@@ -230,3 +230,34 @@ TEST_CASE("trace gen options out of range name the flag") {
   REQUIRE_FALSE(t.ok());
   CHECK_THAT(t.status().message(), Catch::Contains("--turns"));
 }
+
+TEST_CASE("trace gen counts its blocks before generating, and refuses a trace past what plan reads") {
+  for (auto [requests, turns, prefix_blocks, turn_blocks] :
+       {std::tuple{1ull, 1, 0, 1}, {7ull, 3, 2, 5}, {100ull, 4, 8, 3}, {10ull, 10, 0, 2}}) {
+    TraceGenOptions o;
+    o.requests = requests;
+    o.turns = turns;
+    o.prefix_blocks = prefix_blocks;
+    o.turn_blocks = turn_blocks;
+    auto t = GenerateTrace(o);
+    REQUIRE(t.ok());
+    std::uint64_t blocks = 0;
+    for (const auto& r : t->requests) blocks += r.hash_ids.size();
+    CHECK(TraceGenBlocks(o) == blocks);
+  }
+  // Within every flag's range, but about 150 GB of text: refused before any memory is taken.
+  TraceGenOptions big;
+  big.requests = 10'000;
+  big.turns = 10'000;
+  big.turn_blocks = 419;
+  const Status s = ValidateTraceGenOptions(big);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains(std::to_string(TraceGenBlocks(big)) + " blocks") &&
+                              Catch::Contains("--requests, --turns or --turn-blocks"));
+  big.turns = 1'000;
+  big.prefix_blocks = 0;
+  big.turn_blocks = 5'000;  // 5e6 blocks in its longest request: over the per-request limit, named with its value
+  const Status per_request = ValidateTraceGenOptions(big);
+  REQUIRE_FALSE(per_request.ok());
+  CHECK_THAT(per_request.message(), Catch::Contains("is 5000000"));
+}
