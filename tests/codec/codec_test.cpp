@@ -460,3 +460,20 @@ TEST_CASE("a [0, cols] per-channel block with cols zero scales (older builds) st
   const Status st = Decode(enc, 0, static_cast<std::int64_t>(kCols), out);
   CHECK(st.code() == Code::kCorruption);
 }
+
+TEST_CASE("a block of another codec format version (0 or 2) is refused as Corruption even with a valid header check", "[codec]") {
+  const std::vector<float> x = {1.0f, -2.0f, 3.0f, 0.5f, 0.25f, -1.0f};
+  std::vector<std::byte> enc;
+  REQUIRE(Encode(Spec("int8"), x, 2, 3, &enc).ok());
+  auto* h = reinterpret_cast<unsigned char*>(enc.data());
+  for (unsigned char v : {0, 2}) {
+    h[4] = v;
+    std::uint32_t fnv = 2166136261u;
+    for (int i = 0; i < 48; ++i) fnv = (fnv ^ h[i]) * 16777619u;
+    std::memcpy(h + 48, &fnv, 4);
+    std::vector<float> out(6);
+    const Status st = Decode(enc, 2, 3, out);
+    INFO(int(v) << " " << st.ToString());
+    CHECK(st.code() == Code::kCorruption);
+  }
+}

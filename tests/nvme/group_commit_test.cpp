@@ -211,5 +211,24 @@ TEST_CASE("group commit: Create returns Unavailable when the async committer's t
             .ok());
 }
 
+TEST_CASE("group commit: every commit that carries new data syncs it before the index write, not only the first", "[nvme]") {
+  terrace::testing::TempDir dir("group-commit-sync");
+  auto index = NewIndex(dir.path());
+  RecordingEngine engine(index.get());
+  auto created = GroupCommitter::Create(&engine, index.get(), [](std::vector<Extent>&&) {}, nullptr, /*commit=*/0,
+                                        std::chrono::microseconds(0));
+  REQUIRE(created.ok());
+  GroupCommitter& committer = **created;
+  for (std::uint64_t g = 1; g <= 3; ++g) {
+    Descriptor d;
+    d.key.layer = static_cast<decltype(d.key.layer)>(g);
+    d.rec = {.offset = 4 * g * kUnit, .length = 100, .checksum = g, .generation = g};
+    const int before = engine.syncs;
+    REQUIRE(committer.WaitDurable(committer.StagePut(d, {})).ok());
+    INFO("commit " << g);
+    CHECK(engine.syncs - before == 2);  // the data before the index, the descriptors after it
+  }
+}
+
 }  // namespace
 }  // namespace terrace::nvme

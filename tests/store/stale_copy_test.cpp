@@ -137,5 +137,25 @@ TEST_CASE("a failed write-through Put whose copies cannot all be removed says wh
   CHECK(ReadOrNone(*again.store, k) == in_session);
 }
 
+TEST_CASE("a write-through Put of the bytes a key holds only above the write-through tier still writes them through") {
+  TempDir dir("stale-copy-dedup");
+  const StoreOptions o = StaleOptions(dir.path(), WritePolicy::kWriteThrough);
+  const BlockKey k = TestKey(4);
+  const auto v1 = TestBytes(7, kStaleBlock), v2 = TestBytes(8, kStaleBlock);
+  {
+    StaleRig rig = OpenStale(o);
+    REQUIRE(rig.store->Put(k, v1).ok());  // host and NVMe
+    rig.host->FailNextPuts(1, FaultInjectingTier::Eio(false));
+    rig.host->FailNextErases(1, FaultInjectingTier::Eio(false));
+    const Status failed = rig.store->Put(k, v2);
+    INFO(failed.ToString());
+    REQUIRE_FALSE(failed.ok());
+    REQUIRE(ReadOrNone(*rig.store, k) == v1);  // v1, in the host tier only
+    REQUIRE(rig.store->Put(k, v1).ok());        // an acknowledged write-through put of v1
+  }
+  StaleRig again = OpenStale(o);
+  CHECK(ReadOrNone(*again.store, k) == v1);
+}
+
 }  // namespace
 }  // namespace terrace::testing
