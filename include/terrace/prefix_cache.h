@@ -167,7 +167,8 @@ class LayerwiseRestore {
   std::int64_t boundary_tokens() const;
   // Waits for layer `layer`'s blocks (the time counts in wait_seconds) and replaces that layer of
   // the state with [0, boundary_tokens()). Cancelled (the restore is void, see above) when a block
-  // of this boundary, of any layer, failed; InvalidArgument for a bad layer index.
+  // of this boundary, of any layer, failed; InvalidArgument for a bad layer index or a layer
+  // already retrieved (once per layer; the restore is left as it was).
   Status RetrieveLayer(int layer);
   // Waits for every read. When every layer's blocks were good: imports the layers not retrieved
   // yet and checks the joint boundary (the layers retrieved may already have advanced by the same

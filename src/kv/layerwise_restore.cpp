@@ -103,6 +103,11 @@ Status LayerwiseRestore::RetrieveLayer(int layer) {
   if (j.finished) return Status::InvalidArgument("LayerwiseRestore::RetrieveLayer: the restore is already finished");
   if (j.kmax == 0) return Status::Ok();
   const auto u = static_cast<std::size_t>(layer);
+  // A second call would import again from latents the first already handed to the session (and
+  // void the restore, moving its boundary back): refused, the restore unchanged.
+  if (j.retrieved[u] != 0)
+    return Status::InvalidArgument(
+        fmt::format("LayerwiseRestore::RetrieveLayer: layer {} was already retrieved; call it once per layer", layer));
   if (j.voided)
     return Status::Cancelled(fmt::format("the layerwise restore to token {} is void (an earlier layer failed); discard "
                                        "this pass and Finish() the restore", j.kmax * j.C));

@@ -9,6 +9,13 @@
 namespace terrace::store_internal {
 
 Result<int> StoreImpl::PutTarget(const BlockKey& key, const PutOptions& opts) const {
+  // A kind no BlockKind names cannot be encoded in the NVMe tier's records: its recovery would
+  // drop the block as malformed, so an acknowledged put would be lost.
+  if (static_cast<unsigned>(key.kind) >= static_cast<unsigned>(kNumBlockKinds)) {
+    return Status::InvalidArgument(fmt::format("put {}: block kind {} is not a BlockKind (kKv, kState, kExpert, "
+                                               "kOther)",
+                                               key.ToString(), static_cast<unsigned>(key.kind)));
+  }
   const TierId want = opts.tier.value_or(options_.put_tier);
   const int target = SlotAtOrBelow(want);
   if (target < 0) {

@@ -98,6 +98,12 @@ TEST_CASE("Host tier refuses a capacity its 32-bit page ids cannot number, and t
   CHECK(max % o.chunk_bytes == 0);
   o.capacity_bytes = max + o.chunk_bytes;
   CHECK(HostTier::Create(o).status().IsInvalidArgument());
+  // Near 2^64 the chunk count's rounding wrapped to 0 chunks: the tier opened, and every put failed.
+  for (std::uint64_t near_max : {~std::uint64_t{0}, ~std::uint64_t{0} - 4096, (~std::uint64_t{0}) - o.chunk_bytes + 2}) {
+    o.capacity_bytes = near_max;
+    INFO(near_max);
+    CHECK(HostTier::Create(o).status().IsInvalidArgument());
+  }
   o.capacity_bytes = max;
   auto ok = HostTier::Create(o);
   INFO(ok.status().ToString());

@@ -197,6 +197,38 @@ TEST_CASE("a layer is handed out while later layers' KV chunks are still being r
   CHECK((*cache)->Stats().restore_wait_seconds >= r->restore.wait_seconds);
 }
 
+TEST_CASE("RetrieveLayer twice on one layer is refused and leaves the restore whole (it voided it, losing tokens)") {
+  const auto& m = Toy();
+  auto kv = HostStore();
+  auto st = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv.get(), st.get());
+  REQUIRE(cache.ok());
+  const auto& L = (*cache)->layout();
+  const auto p = Tokens(5 * 16 + 3);
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const auto req = (*cache)->Prepare(p, "");
+  auto state = model::SequenceState::ForConfig(m.ckpt.config);
+  auto restore = (*cache)->BeginRestore(req, &state);
+  REQUIRE(restore.ok());
+  REQUIRE((*restore)->boundary_tokens() == 80);
+  for (int layer : {L.mla_layers().front(), L.kda_layers().front()}) {
+    INFO("layer " << layer);
+    REQUIRE((*restore)->RetrieveLayer(layer).ok());
+    const Status again = (*restore)->RetrieveLayer(layer);
+    CHECK(again.IsInvalidArgument());
+    CHECK_THAT(again.message(), Catch::Contains("already retrieved"));
+  }
+  auto rep = (*restore)->Finish();
+  REQUIRE(rep.ok());
+  CHECK(rep->boundary_tokens == 80);
+  CHECK(rep->fallbacks == 0);
+  CHECK_FALSE(rep->layerwise_voided);
+  auto whole_state = model::SequenceState::ForConfig(m.ckpt.config);
+  REQUIRE((*cache)->Restore(req, &whole_state).ok());
+  CHECK(SameState(state, whole_state));
+}
+
 TEST_CASE("the KV chunks are read and decoded while the snapshots' read is still in flight") {
   // The snapshots have a thread of their own: a slow state pool never holds back the KV windows
   // (before, the decoder read the snapshots first and decoded no KV window until they landed).

@@ -302,6 +302,11 @@ TEST_CASE("nvme bad input: a disk too small for the capacity", "[nvme][bad]") {
   opts.capacity_bytes = 4 * kMiB;
   opts.queue_depth = 0;
   CHECK(NvmeTier::Open(opts).status().IsInvalidArgument());
+  opts.queue_depth = 32;
+  opts.durability = static_cast<Durability>(7);  // was taken as one of the two, silently
+  const auto bad_durability = NvmeTier::Open(opts);
+  CHECK(bad_durability.status().IsInvalidArgument());
+  CHECK(bad_durability.status().message().find("durability 7") != std::string::npos);
 }
 
 TEST_CASE("a put after an open that dropped a damaged record outranks that record's descriptor in a rebuild (newest generation wins; generations never repeat)", "[nvme][bad]") {

@@ -256,6 +256,38 @@ TEST_CASE("Real tiers: write-through blocks survive a reopen") {
   CHECK((*store)->Stats().blocks == 19);
 }
 
+TEST_CASE("Real tiers: a put of a key whose kind no BlockKind names is refused (recovery dropped it: a lost block)") {
+  TempDir dir("store-bad-kind");
+  StoreOptions o = RealOptions(dir.path());
+  o.hbm.mode = HbmMode::kOff;
+  o.write_policy = WritePolicy::kWriteThrough;
+  auto store = Store::Open(o);
+  REQUIRE(store.ok());
+  BlockKey k = TestKey(1);
+  k.kind = static_cast<BlockKind>(200);
+  const Status s = (*store)->Put(k, TestBytes(1, kBlock));
+  CHECK(s.IsInvalidArgument());
+  CHECK_THAT(s.message(), Catch::Contains("block kind 200"));
+  CHECK_FALSE((*store)->Contains(k));
+}
+
+TEST_CASE("Real tiers: an option holding an enum value the library does not name is refused at open") {
+  TempDir dir("store-bad-enum");
+  const StoreOptions base = RealOptions(dir.path());
+  for (const char* field : {"eviction", "placement", "write_policy", "put_tier"}) {
+    StoreOptions o = base;
+    const std::string f = field;
+    if (f == "eviction") o.eviction = static_cast<EvictionPolicy>(9);
+    if (f == "placement") o.placement = static_cast<Placement>(9);
+    if (f == "write_policy") o.write_policy = static_cast<WritePolicy>(9);
+    if (f == "put_tier") o.put_tier = static_cast<TierId>(9);
+    auto store = Store::Open(o);
+    INFO(field << ": " << store.status().ToString());
+    CHECK(store.status().IsInvalidArgument());
+    CHECK_THAT(store.status().message(), Catch::Contains(field));
+  }
+}
+
 // A store of one NVMe tier of `capacity` bytes, filled with 5000-byte blocks (12 KiB extents: 8 KiB
 // of data units and a 4 KiB descriptor) until a put fails; `stored` gets how many went in. The NVMe
 // tier is then full while its used_bytes (the blocks' sizes) are at about 40% of its capacity.

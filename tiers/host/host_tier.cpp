@@ -40,7 +40,9 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   }
   // As the arena lays it out (block_arena.cpp): chunks of min(chunk, capacity) in whole pages.
   const std::uint64_t chunk = std::min(options.chunk_bytes, options.capacity_bytes) / kPageBytes * kPageBytes;
-  const std::uint64_t chunks = (options.capacity_bytes / kPageBytes * kPageBytes + chunk - 1) / chunk;
+  // Ceiling division that cannot wrap (capacity_bytes near 2^64 wrapped to 0 chunks and passed).
+  const std::uint64_t whole_pages = options.capacity_bytes / kPageBytes * kPageBytes;
+  const std::uint64_t chunks = whole_pages / chunk + (whole_pages % chunk != 0 ? 1 : 0);
   if (chunks > kMaxChunks || chunks * (chunk / kPageBytes) > kMaxPageIds) {
     return Status::InvalidArgument(fmt::format(
         "host tier: capacity_bytes {} in chunks of {} bytes is more than one tier holds (at most {} chunks and {} "

@@ -242,6 +242,10 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::OpenWithHooks(const NvmeTierOptions&
         "NVMe tier '{}': queue_depth {} / io_threads {} out of range; use queue_depth 1..4096, io_threads 1..64",
         options.path.string(), options.queue_depth, options.io_threads));
   }
+  if (options.durability != Durability::kAsync && options.durability != Durability::kSync) {
+    return Status::InvalidArgument(fmt::format("NVMe tier '{}': durability {} is not Durability::kAsync or kSync",
+                                               options.path.string(), static_cast<unsigned>(options.durability)));
+  }
   if (options.read_only && options.reformat) {
     return Status::InvalidArgument(fmt::format("NVMe tier '{}': read_only and reformat exclude each other",
                                                options.path.string()));
