@@ -15,11 +15,13 @@ namespace terrace {
 
 inline constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kMiB;
 
+// How the NVMe tier acknowledges a write into it (a put there, a write-through copy, a demotion).
+// A block held only in a memory tier is not on NVMe at all (StoreOptions::write_policy).
 enum class Durability : std::uint8_t {
-  // A put is acknowledged when its data is written; it becomes durable at the next group commit
+  // A write is acknowledged when its data is written; it becomes durable at the next group commit
   // (at most group_commit_interval later). Default.
   kAsync = 0,
-  // A put is acknowledged only once its data and index entry are durable. Concurrent puts share
+  // A write is acknowledged only once its data and index entry are durable. Concurrent writes share
   // one flush (group commit).
   kSync = 1,
 };
@@ -149,7 +151,8 @@ enum class Placement : std::uint8_t {
 };
 
 enum class WritePolicy : std::uint8_t {
-  kWriteBack = 0,     // a put lands in put_tier; it reaches lower tiers when evicted (demotion)
+  kWriteBack = 0,     // a put lands in put_tier; it reaches lower tiers when evicted (demotion), so
+                      // a block still only in a memory tier is gone when the process exits
   kWriteThrough = 1,  // a put is also written to the lowest tier (NVMe) before it is acknowledged
 };
 

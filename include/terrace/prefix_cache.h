@@ -202,7 +202,10 @@ struct RestoreReservation {
 class PrefixCache {
  public:
   // `model_id`: keys::ModelId of the model the blocks belong to; `layout`: KvLayout::FromConfig of
-  // that model's config. InvalidArgument for a null store or a layout with no layers (a
+  // that model's config. Precondition of every restore: the state or session restored into is of
+  // that same model. The cache cannot check it (a state holds shapes, not weights): a session of
+  // another model with the same shapes gets the first model's latents and snapshots, and computes
+  // wrong logits without an error. Create one cache per model (ModelId differs for other weights). InvalidArgument for a null store or a layout with no layers (a
   // default-constructed KvLayout); Unavailable when the cache's writer thread cannot be started (thread or memory limit).
   static Result<std::unique_ptr<PrefixCache>> Create(const KvLayout& layout, const ContentId& model_id,
                                                      Store* kv_store, Store* state_store,

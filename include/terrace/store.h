@@ -227,8 +227,9 @@ class Store {
   // closed. Run on one of the store's own threads (the last owner released inside a completion
   // callback), it returns at once instead, and the store closes on a thread of its own once that
   // callback has returned; other callbacks must not use this Store after that. Program exit
-  // (returning from main, std::exit) waits for such closes, so what the store acknowledged is
-  // committed as by a close on the caller's thread; std::exit or return from main must then not
+  // (returning from main, std::exit) waits for such closes, so what the NVMe tier acknowledged is
+  // committed as by a close on the caller's thread (blocks only in memory tiers are not written
+  // down: they go with the process); std::exit or return from main must then not
   // run on a thread of the store being closed (it would wait for itself).
   ~Store();
   Store(const Store&) = delete;
@@ -347,7 +348,10 @@ class Store {
   Future<Result<BlockDesc>> GetAsync(const BlockKey& key, std::span<std::byte> out);
   Future<Status> PutAsync(const BlockKey& key, std::span<const std::byte> data, const PutOptions& opts = {});
 
-  // Durability barrier over every tier.
+  // Durability barrier over every tier: returns once every tier's writes so far are as durable as
+  // that tier makes them (the NVMe tier's group commit). It moves no block between tiers: a block
+  // whose only copy is in a memory tier (a write-back put into host not yet demoted) is still not
+  // on NVMe afterwards (docs/errors.md; use write-through or put_tier kNvme for such blocks).
   Status Flush();
 
   StoreStats Stats() const;

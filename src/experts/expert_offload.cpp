@@ -58,8 +58,10 @@ Result<model::Mxfp4Matrix> ViewMatrix(const model::WeightSource& src, int layer,
   const std::string sn = model::ExpertTensorName(layer, expert, proj, "weight_scale");
   if (!src.Has(pn)) {
     return Status::InvalidArgument(fmt::format(
-        "expert offload keeps experts in MXFP4, but '{}' is missing: the checkpoint's routed experts are not "
-        "MXFP4 (weight_packed + weight_scale); use an MXFP4 checkpoint or run without --expert-cache",
+        "expert offload keeps experts in MXFP4, but the weights hold no '{}': either the checkpoint's routed "
+        "experts are not MXFP4 (weight_packed + weight_scale), or the ModelConfig does not match it (num_experts, "
+        "first_k_dense_replace, num_hidden_layers); offload an MXFP4 checkpoint with its own config, or keep the "
+        "experts resident (no expert offload)",
         pn));
   }
   TERRACE_ASSIGN_OR_RETURN(model::TensorView p, src.Get(pn));

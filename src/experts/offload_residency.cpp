@@ -184,7 +184,7 @@ Status ExpertOffload::Impl::Reserve(std::uint64_t bytes, ReserveKind kind, int l
     }
     return Status::OutOfCapacity(fmt::format(
         "the expert cache ({} bytes) cannot fit another expert block ({} bytes): every cached expert is leased; "
-        "raise --expert-cache or release leases",
+        "raise the cache budget (ExpertOffloadOptions::budget; --expert-cache in the CLI) or release leases",
         budget, bytes));
   }
   used += bytes;

@@ -45,7 +45,8 @@ class StoreLayerGuard {
 
 Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cache, const PrefixRequest& request,
                                        const PrefillOptions& options) {
-  if (session == nullptr || session->state().num_tokens() != 0)
+  if (session == nullptr) return Status::InvalidArgument("PrefillWithCache: the session is null");
+  if (session->state().num_tokens() != 0)
     return Status::InvalidArgument("PrefillWithCache: the session must be fresh (no tokens yet)");
   if (request.tokens.empty()) return Status::InvalidArgument("PrefillWithCache: the prompt is empty");
   const std::int64_t C = cache.layout().chunk_tokens();

@@ -195,9 +195,11 @@ Status StoreImpl::PublishPut(const BlockKey& key, const BlockDesc& desc, SlotMas
         unsure == 0 ? std::string()
                     : fmt::format("; after a reopen tier {} may return the previous version", LostTierNames(unsure));
     if (left == 0) {
+      // InvalidArgument (a read-only tier): no retry can succeed; the tier's own message says why.
       return err.WithContext(fmt::format("put {}: the previous version could not be removed, so the put was undone; "
-                                         "{}{}; retry the Put once the tier is healthy",
-                                         key.ToString(), reads, may_return));
+                                         "{}{}{}",
+                                         key.ToString(), reads, may_return,
+                                         err.IsInvalidArgument() ? "" : "; retry the Put once the tier is healthy"));
     }
     return err.WithContext(fmt::format(
         "put {}: the previous version could not be removed, and undoing the put failed too ({}); {}, and the other "
@@ -260,8 +262,8 @@ Status StoreImpl::EraseLocked(const BlockKey& key) {
     if (s.ok() || s.IsNotFound()) {
       remaining &= static_cast<SlotMask>(~Bit(i));
     } else if (first_error.ok()) {
-      first_error = s.WithContext(fmt::format("erase {}: the copy in tier {} could not be removed; retry Erase",
-                                              key.ToString(), SlotName(i)));
+      first_error = s.WithContext(fmt::format("erase {}: the copy in tier {} could not be removed{}", key.ToString(),
+                                              SlotName(i), s.IsInvalidArgument() ? "" : "; retry Erase"));
     }
   }
   MutexLock lock(&mu_);

@@ -23,7 +23,8 @@ std::string FlockHolderText(int fd);
 // The Unavailable of an open that LockDataArea refused with EWOULDBLOCK on `fd` (the open data area
 // `data`): "NVMe store '<data>' is in use by <holder> (its data file is locked<detail>); <advice>",
 // where <holder> is "another process (pid N)", "other processes (pids N, M)" for several holders, or
-// "another process" when FlockHolderPids lists none.
+// "another process" when FlockHolderPids lists none; when the one holder is this process, the
+// message says the store is already open in it (and drops `advice`, which is for another process).
 Status DataAreaInUse(const std::filesystem::path& data, int fd, std::string_view detail, std::string_view advice);
 
 }  // namespace terrace::nvme

@@ -1164,6 +1164,13 @@ std::string FlockHolderText(int fd) {
 }
 
 Status DataAreaInUse(const fs::path& data, int fd, std::string_view detail, std::string_view advice) {
+  // The holder may be this very process: a second Store (or tier_list entry) on the same path.
+  if (FlockHolderPids(fd) == std::vector<long>{static_cast<long>(::getpid())}) {
+    return Status::Unavailable(fmt::format(
+        "NVMe store '{}' is already open in this process (pid {}; its data file is locked{}): another Store or "
+        "tier_list entry holds it; close that one first, or share one Store",
+        data.string(), ::getpid(), detail));
+  }
   return Status::Unavailable(fmt::format("NVMe store '{}' is in use by {} (its data file is locked{}); {}",
                                          data.string(), FlockHolderText(fd), detail, advice));
 }
