@@ -128,6 +128,27 @@ TEST_CASE("the oracle's depth counts MoE layers: at depth 1 it reaches past the 
   CHECK(m.prediction.true_positive == 0);
 }
 
+TEST_CASE("the oracle at token start predicts layer 0 of the step when layer 0 is a MoE layer", "[experts]") {
+  // A trace whose every layer routes (a model without a dense first layer): the step's first MoE
+  // layer is layer 0, which no routing call of the step precedes.
+  RoutingTrace t;
+  t.num_layers = 3;
+  for (int s = 0; s < 2; ++s) t.steps.push_back({{s, 4 + s}, {1, 2}, {3, 6}});
+  auto oracle = MakeOraclePredictor(std::make_shared<const RoutingTrace>(t), 1);
+  std::vector<Prediction> out;
+  oracle->OnTokenStart(1, {}, 1, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].step == 1);
+  CHECK(out[0].layer == 0);
+  CHECK(out[0].experts == std::vector<int>{1, 5});
+  // After layer 2 of step 0 comes layer 0 of step 1, as at token start.
+  out.clear();
+  oracle->OnRouting(0, 2, std::vector<int>{3, 6}, &out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].step == 1);
+  CHECK(out[0].layer == 0);
+}
+
 TEST_CASE("lookahead's depth counts MoE layers: after a dense layer, distance 1 is the next MoE layer",
           "[experts][lookahead]") {
   auto base = model::Preset("k3-toy");

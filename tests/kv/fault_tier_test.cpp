@@ -89,6 +89,47 @@ TEST_CASE("failed snapshot writes are counted and never hit; a snapshot corrupt 
   CHECK(Bitwise(w7.decode_logits.back(), c7.decode_logits.back()));
 }
 
+TEST_CASE("a failed write-back is counted as a failure only, never as a write or as bytes written") {
+  const auto& m = Toy();
+  // Two chunks, each written cleanly over fresh pools: what a full write-back counts.
+  const auto p = Tokens(2 * 16 + 3);
+  PrefixCacheStats clean;
+  {
+    auto kv_store = HostStore();
+    auto st_store = HostStore();
+    auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
+    REQUIRE(cache.ok());
+    Prefill(*m.model, **cache, p, "");
+    (*cache)->Flush();
+    clean = (*cache)->Stats();
+  }
+  REQUIRE(clean.write_failures == 0);
+  REQUIRE(clean.chunk_writes == 2);
+  REQUIRE(clean.bytes_written > 0);
+
+  // The same prompt with every snapshot Put of the first boundary failing.
+  auto kv_store = HostStore();
+  auto fault = std::make_unique<FaultInjectingTier>(SmallHostTier());
+  FaultInjectingTier* f = fault.get();
+  StoreOptions so;
+  so.background_threads = 1;  // the writer's order reaches the fault tier (see above)
+  auto st_store = StoreOnHostTier(std::move(fault), so);
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
+  REQUIRE(cache.ok());
+  const int kda = static_cast<int>((*cache)->layout().kda_layers().size());
+  REQUIRE(clean.state_writes == static_cast<std::uint64_t>(2 * kda));
+  f->FailNextPuts(kda, FaultInjectingTier::Eio(false));
+  Prefill(*m.model, **cache, p, "");
+  (*cache)->Flush();
+  const PrefixCacheStats s = (*cache)->Stats();
+  CHECK(s.write_failures == static_cast<std::uint64_t>(kda));
+  CHECK(s.chunk_writes == clean.chunk_writes);
+  CHECK(s.state_writes == clean.state_writes - static_cast<std::uint64_t>(kda));  // Puts that completed OK only
+  CHECK(s.bytes_written < clean.bytes_written);
+  CHECK(s.bytes_written == kv_store->Stats().tiers[static_cast<std::size_t>(TierId::kHost)].used_bytes +
+                               st_store->Stats().tiers[static_cast<std::size_t>(TierId::kHost)].used_bytes);
+}
+
 // A tier that lets one armed block vanish under a reader: when a Get of it arrives (the restore's
 // lookup found it, its read has started), another thread erases it through the Store, as an
 // eviction or a concurrent Erase would, and only then does the Get reach the tier.

@@ -57,6 +57,29 @@ TEST_CASE("KV chunk and KDA snapshot blocks are 4 KiB multiples; a block of anot
   }
 }
 
+TEST_CASE("a KDA snapshot or KV chunk block encoded with another codec than the layout's is refused, not decoded") {
+  const KvLayout f32 = Layout(16, 1, "f32", "f32");
+  const KvLayout bf16 = Layout(16, 1, "bf16", "bf16");
+  const ContentId id{0x1234, 0x5678};
+  const auto rec_n = static_cast<std::size_t>(f32.kda_heads() * f32.kda_head_dim() * f32.kda_head_dim());
+  const auto conv_n = static_cast<std::size_t>(f32.kda_conv_rows() * f32.kda_conv_cols());
+  std::vector<float> rec(rec_n, 0.3f), conv(conv_n, -0.7f), rec2(rec_n), conv2(conv_n);
+  const int layer = f32.kda_layers().front();
+  std::vector<std::byte> snap;
+  REQUIRE(format::EncodeState(bf16, layer, 16, id, rec, conv, &snap).ok());
+  REQUIRE(format::DecodeState(bf16, layer, 16, id, snap, rec2, conv2).ok());
+  const Status s = format::DecodeState(f32, layer, 16, id, snap, rec2, conv2);
+  CHECK(s.IsCorruption());
+  CHECK(s.message().find("codec") != std::string::npos);
+
+  std::vector<std::vector<float>> rows(f32.mla_layers().size(),
+                                       std::vector<float>(static_cast<std::size_t>(16 * f32.mla_width()), 0.25f));
+  std::vector<std::byte> chunk;
+  REQUIRE(format::EncodeKvChunk(bf16, id, rows, &chunk).ok());
+  REQUIRE(format::ParseKvChunkHeader(bf16, id, chunk).ok());
+  CHECK(format::ParseKvChunkHeader(f32, id, chunk).status().IsCorruption());
+}
+
 TEST_CASE("a KV layer's sub-range checksum: verified by default, skipped only for a block the store verified") {
   const KvLayout L = Layout(16, 1, "bf16", "f32");
   const ContentId id{0x1234, 0x5678};

@@ -112,6 +112,30 @@ TEST_CASE("Fused MXFP4 kernel == dequantise-then-multiply within fp32 rounding",
   }
 }
 
+TEST_CASE("Fused MXFP4 kernel: rows wider than one 256-column tile, with a partial last tile, sum every tile",
+          "[mxfp4][kernel]") {
+  // Model widths are thousands of columns: the tiled multi-token path dequantises 256 columns at a
+  // time and must carry each tile's sums into the next, including a last tile of fewer columns.
+  std::uint64_t seed = 1000;
+  for (const Mxfp4Kernel kernel : Kernels()) {
+    for (const std::int64_t rows : {5, 16, 17}) {
+      for (const std::int64_t cols : {288, 544, 800}) {
+        for (const std::int64_t m : {1, 2, 7}) {
+          for (const bool accumulate : {false, true}) {
+            CAPTURE(Name(kernel), rows, cols, m, accumulate);
+            const Quantised q = RandomMxfp4(rows, cols, seed++);
+            const auto x = testing::RandomVec(static_cast<std::size_t>(m * cols), seed++);
+            const auto y0 = testing::RandomVec(static_cast<std::size_t>(m * rows), seed++);
+            std::vector<float> y(y0);
+            Mxfp4Linear(q.view(), x.data(), m, y.data(), accumulate, kernel);
+            CheckAgainstOracle(q, x, m, y, y0, accumulate);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("Fused MXFP4 kernel: extreme scales (subnormal and huge weights) stay exact", "[mxfp4][kernel]") {
   for (const Mxfp4Kernel kernel : Kernels()) {
     for (const auto& [lo, hi] : {std::pair{0, 3}, std::pair{250, 252}}) {

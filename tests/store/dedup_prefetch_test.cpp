@@ -96,6 +96,27 @@ TEST_CASE("Prefetch moves blocks up to the target and counts useful prefetches")
   CHECK(store->Prefetch({&missing, 1}, TierId::kHost).get()[0].IsNotFound());
 }
 
+TEST_CASE("Queued prefetches of one priority to different targets each move their blocks to their own target") {
+  FakeTiers f(1 << 20, 1 << 20, 1 << 20);
+  const BlockKey first = TestKey(1), up = TestKey(2), mid = TestKey(3);
+  GetGate gate(f.at(TierId::kNvme), first);
+  auto store = OpenFakeStore(f);
+  for (int i = 1; i <= 3; ++i)
+    REQUIRE(store->Put(TestKey(i), TestBytes(i, kDedupBlock), {Codec::kRaw, TierId::kNvme}).ok());
+  // The first prefetch holds the speculative lane, so the next two wait in one queue, side by side.
+  auto f1 = store->Prefetch({&first, 1}, TierId::kHost, Priority::kHigh);
+  gate.WaitHeld();
+  auto f2 = store->Prefetch({&up, 1}, TierId::kHbm, Priority::kHigh);
+  auto f3 = store->Prefetch({&mid, 1}, TierId::kHost, Priority::kHigh);
+  gate.Open();
+  CHECK(f1.get()[0].ok());
+  CHECK(f2.get()[0].ok());
+  CHECK(f3.get()[0].ok());
+  CHECK(TierOf(*store, first) == TierId::kHost);
+  CHECK(TierOf(*store, up) == TierId::kHbm);
+  CHECK(TierOf(*store, mid) == TierId::kHost);
+}
+
 TEST_CASE("Prefetch to an absent tier is InvalidArgument") {
   FakeTiers f(0, 1 << 20, 1 << 20);
   auto store = OpenFakeStore(f);
