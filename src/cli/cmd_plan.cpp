@@ -580,9 +580,11 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   }
   tj["tiers"] = tiers_j;
   // The store's rule under write-through: a block also lands in the lowest tier when it is written,
-  // and an HBM victim with a copy lower down is dropped, not demoted; so host never receives one.
+  // and an HBM victim with a copy lower down is dropped, not demoted; so with an HBM tier above it,
+  // host never receives one (without one, host is the first tier and takes every new block).
   const auto holds_blocks = [&](std::size_t k) { return ro.tiers[k].capacity_bytes >= ro.stored_block_bytes(); };
-  if (ro.write_policy == terrace::WritePolicy::kWriteThrough && holds_blocks(1) && holds_blocks(2)) {
+  if (ro.write_policy == terrace::WritePolicy::kWriteThrough && holds_blocks(0) && holds_blocks(1) &&
+      holds_blocks(2)) {
     tier_notes.push_back(
         "with --write-policy write-through every block is also written to nvme, and an hbm victim that has a copy "
         "there is dropped, not demoted (the store's rule): host receives no block, so --kv-host does not change "

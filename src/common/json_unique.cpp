@@ -78,7 +78,34 @@ struct JsonKeyChecker {
     stack.pop_back();
     return Value();
   }
-  bool parse_error(std::size_t, const std::string&, const json::exception& e) { throw e; }
+};
+
+// nlohmann's DOM builder with a JsonKeyChecker beside it: every SAX event goes to both. The
+// builder throws nlohmann's parse errors (allow_exceptions), as json::parse does.
+struct JsonUniqueBuilder {
+  explicit JsonUniqueBuilder(json& root) : dom(root, /*allow_exceptions=*/true) {}
+  nlohmann::detail::json_sax_dom_parser<json> dom;
+  JsonKeyChecker keys;
+
+  bool null() { return keys.null() && dom.null(); }
+  bool boolean(bool v) { return keys.boolean(v) && dom.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return keys.number_integer(v) && dom.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return keys.number_unsigned(v) && dom.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    return keys.number_float(v, s) && dom.number_float(v, s);
+  }
+  bool string(json::string_t& v) { return keys.string(v) && dom.string(v); }
+  bool binary(json::binary_t& v) { return keys.binary(v) && dom.binary(v); }
+  bool start_object(std::size_t n) { return keys.start_object(n) && dom.start_object(n); }
+  bool key(json::string_t& k) { return keys.key(k) && dom.key(k); }
+  bool end_object() { return keys.end_object() && dom.end_object(); }
+  bool start_array(std::size_t n) { return keys.start_array(n) && dom.start_array(n); }
+  bool end_array() { return keys.end_array() && dom.end_array(); }
+  // Templated as nlohmann's own: the error is rethrown with its type (out_of_range for 1e400).
+  template <class Exception>
+  bool parse_error(std::size_t pos, const std::string& token, const Exception& e) {
+    return dom.parse_error(pos, token, e);
+  }
 };
 
 // nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
@@ -138,26 +165,21 @@ Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
     return fail(JsonParseError::kTooDeep,
                 fmt::format("objects and arrays nest {} levels deep, over the limit of {}", depth, kMaxJsonDepth));
   }
+  // One SAX pass builds the document (nlohmann's own DOM builder) and checks the keys. nlohmann's
+  // callback parser, which could do both, rescans the parent container after every nested object:
+  // quadratic in a container's size.
   json j;
+  JsonUniqueBuilder builder(j);
   try {
-    j = json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/true);
+    json::sax_parse(text.begin(), text.end(), &builder);
   } catch (const json::out_of_range& e) {
     return fail(JsonParseError::kNumberOutOfRange, fmt::format("a number is out of range: {}", JsonUniqueReason(e)));
   } catch (const json::exception& e) {
     return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
   }
-  // The keys are checked in a second, SAX pass over the text (valid by now): nlohmann's callback
-  // parser, which could do both in one, rescans the parent container after every nested object,
-  // which is quadratic in a container's size.
-  JsonKeyChecker checker;
-  try {
-    json::sax_parse(text.begin(), text.end(), &checker);
-  } catch (const json::exception& e) {
-    return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
-  }
-  const bool duplicate = checker.duplicate;
-  const std::string& duplicate_key = checker.duplicate_key;
-  const std::string& duplicate_path = checker.duplicate_path;
+  const bool duplicate = builder.keys.duplicate;
+  const std::string& duplicate_key = builder.keys.duplicate_key;
+  const std::string& duplicate_path = builder.keys.duplicate_path;
   if (duplicate) {
     return fail(JsonParseError::kDuplicateKey,
                 duplicate_path.empty()

@@ -77,8 +77,8 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
     if (!(v > 0)) return bad(key, "must be positive");
     if (!(v <= max)) return bad(key, fmt::format("is {:g}, over the {:g} {} a GPU or node can have; check the units", v, max, unit));
     if (v < min) {
-      return bad(key, fmt::format("is {:g}, under the {:g} {} any GPU or node has; check the units (rates are in {}, "
-                                  "not G{})",
+      return bad(key, fmt::format("is {:g}, under the {:g} {} any GPU or node has; check the units (rates are in {}: "
+                                  "55 G{} is 55e9)",
                                   v, min, unit, unit, unit));
     }
     return Status::Ok();
@@ -88,7 +88,7 @@ Status ValidateHardware(const Hardware& h, std::string_view source) {
     if (v > kMaxHardwareBytes) return bad(key, fmt::format("is {}, over the limit 2^62 bytes; check the units", v));
     if (v < kMinHardwareBytes) {
       return bad(key, fmt::format("is {}, under the 1 MiB ({} bytes) any GPU or node has; check the units (sizes are "
-                                  "in bytes, not GB)",
+                                  "in bytes: 141 GB is 141e9)",
                                   v, kMinHardwareBytes));
     }
     return Status::Ok();

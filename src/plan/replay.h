@@ -45,9 +45,9 @@ struct TierSpec {
   double read_bandwidth = 0;        // bytes/s into tier 0 (ignored for tier 0)
 };
 
-// A replay calls its checkpoint at the start of every replay after the first request, and then
-// whenever kReplayCheckpointRequests requests or kReplayCheckpointBlocks blocks have been replayed
-// since the last call (a trace of few, long requests checks as often as one of many short ones).
+// A replay calls its checkpoint before its first request, then whenever kReplayCheckpointRequests
+// requests or kReplayCheckpointBlocks blocks have been replayed since the last call (a trace of
+// few, long requests checks as often as one of many short ones).
 inline constexpr std::uint64_t kReplayCheckpointRequests = 4096;
 inline constexpr std::uint64_t kReplayCheckpointBlocks = 1u << 16;
 

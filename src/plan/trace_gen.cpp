@@ -57,8 +57,8 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
   if (const std::uint64_t total = TraceGenBlocks(o); total > kMaxTraceGenBlocks) {
     return Status::InvalidArgument(fmt::format(
         "the trace would hold {} blocks in all (its requests' prompts, each the session so far), more than the {} "
-        "trace gen writes (about {} GiB of text, held in memory while written); lower --requests, --turns or "
-        "--turn-blocks",
+        "trace gen writes (about {} GiB of text, held in memory while written); lower --requests, --turns, "
+        "--turn-blocks or --prefix-blocks",
         total, kMaxTraceGenBlocks, kMaxTraceGenBlocks * 10 >> 30));
   }
   if (!(o.rate > 0 && o.rate <= 1e6)) return Status::InvalidArgument("--rate must be in (0, 1e6] requests/s");

@@ -182,6 +182,19 @@ Status StoreImpl::StartThreads() {
   return Status::Ok();
 }
 
+// An enum value the library does not name would fall back to a default silently.
+Status ValidateStoreEnums(const StoreOptions& options) {
+  const std::pair<bool, const char*> out_of_range[] = {
+      {options.eviction > terrace::EvictionPolicy::kS3Fifo, "eviction (EvictionPolicy::kLru or kS3Fifo)"},
+      {options.placement > Placement::kInclusive, "placement (Placement::kExclusive or kInclusive)"},
+      {options.write_policy > WritePolicy::kWriteThrough, "write_policy (WritePolicy::kWriteBack or kWriteThrough)"},
+      {static_cast<int>(options.put_tier) >= kNumTiers, "put_tier (TierId::kHbm, kHost or kNvme)"},
+  };
+  for (const auto& [bad, what] : out_of_range)
+    if (bad) return Status::InvalidArgument(fmt::format("store options: {} holds a value it does not name", what));
+  return Status::Ok();
+}
+
 Status StoreImpl::Init() {
   if (slots_.empty()) return Status::InvalidArgument("store options configure no tier; enable host, hbm or nvme");
   if (slot_count() > kMaxTierSlots) {
@@ -195,19 +208,7 @@ Status StoreImpl::Init() {
     }
     if (tier(i).caps().shared) shared_mask_ |= Bit(i);
   }
-  // An enum value the library does not name would fall back to a default silently.
-  const std::pair<unsigned, const char*> enums[] = {
-      {static_cast<unsigned>(options_.eviction) <= static_cast<unsigned>(terrace::EvictionPolicy::kS3Fifo) ? 0u : 1u,
-       "eviction (EvictionPolicy::kLru or kS3Fifo)"},
-      {static_cast<unsigned>(options_.placement) <= static_cast<unsigned>(Placement::kInclusive) ? 0u : 1u,
-       "placement (Placement::kExclusive or kInclusive)"},
-      {static_cast<unsigned>(options_.write_policy) <= static_cast<unsigned>(WritePolicy::kWriteThrough) ? 0u : 1u,
-       "write_policy (WritePolicy::kWriteBack or kWriteThrough)"},
-      {static_cast<unsigned>(options_.put_tier) < static_cast<unsigned>(kNumTiers) ? 0u : 1u,
-       "put_tier (TierId::kHbm, kHost or kNvme)"},
-  };
-  for (const auto& [bad, what] : enums)
-    if (bad != 0) return Status::InvalidArgument(fmt::format("store options: {} holds a value it does not name", what));
+  TERRACE_RETURN_IF_ERROR(ValidateStoreEnums(options_));
   if (!(options_.low_watermark > 0 && options_.low_watermark <= options_.high_watermark &&
         options_.high_watermark <= 1.0)) {
     return Status::InvalidArgument(fmt::format(

@@ -589,6 +589,11 @@ class StoreImpl {
   ThreadPool demotion_lane_;
 };
 
+// InvalidArgument when one of `options`' enums (eviction, placement, write_policy, put_tier) holds
+// a value the library does not name. Store::Open calls it before any tier is built (nothing is
+// created for a refused open); Init calls it again for stores opened over given tiers.
+Status ValidateStoreEnums(const StoreOptions& options);
+
 // Builds and initialises the store state over `tiers` (fastest first).
 Result<std::unique_ptr<StoreImpl>> OpenImpl(const StoreOptions& options, std::vector<NamedTier> tiers);
 

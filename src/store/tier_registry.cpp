@@ -90,6 +90,7 @@ Result<std::vector<NamedTier>> BuildTiers(const StoreOptions& options) {
 }  // namespace store_internal
 
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
+  TERRACE_RETURN_IF_ERROR(store_internal::ValidateStoreEnums(options));  // before any tier creates files
   TERRACE_ASSIGN_OR_RETURN(auto tiers, store_internal::BuildTiers(options));
   TERRACE_ASSIGN_OR_RETURN(auto impl, store_internal::OpenImpl(options, std::move(tiers)));
   return std::unique_ptr<Store>(new Store(std::move(impl)));

@@ -642,6 +642,9 @@ TEST_CASE("Report: a demo run whose turns are malformed says so where each chart
   Report r = Render(demo);
   CHECK(r.html.find("Not charted: the per-turn charts (turns is not a list)") != std::string::npos);
   CHECK(ChartSvg(r, "ttft-per-turn").empty());
+  demo["turns"] = nlohmann::json::array();
+  r = Render(demo);
+  CHECK(r.html.find("Not charted: the per-turn charts (turns is an empty list)") != std::string::npos);
   // Turns without any figure: a note per chart, no empty axes.
   demo["turns"] = nlohmann::json::array({nlohmann::json::object(), nlohmann::json::object()});
   r = Render(demo);

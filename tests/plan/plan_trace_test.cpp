@@ -253,7 +253,7 @@ TEST_CASE("trace gen counts its blocks before generating, and refuses a trace pa
   const Status s = ValidateTraceGenOptions(big);
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(s.message(), Catch::Contains(std::to_string(TraceGenBlocks(big)) + " blocks") &&
-                              Catch::Contains("--requests, --turns or --turn-blocks"));
+                              Catch::Contains("--requests, --turns, --turn-blocks or --prefix-blocks"));
   big.turns = 1'000;
   big.prefix_blocks = 0;
   big.turn_blocks = 5'000;  // 5e6 blocks in its longest request: over the per-request limit, named with its value

@@ -277,6 +277,11 @@ def test_trace_replay_follows_the_store_placement_flags(terrace):
     assert not any("host receives no block" in n for n in wb["notes"])
     text = terrace("plan", *args, "--write-policy", "write-through").stdout
     assert "note: with --write-policy write-through every block is also written to nvme" in text
+    # Without an HBM tier host is the first tier: it takes the blocks, and no such note.
+    no_hbm = plan_json(terrace, *[a if a != "14GiB" else "0" for a in args], "--write-policy", "write-through")
+    no_hbm = no_hbm["trace"]
+    assert [t for t in no_hbm["policies"][0]["tiers"] if t["name"] == "host"][0]["hit_blocks"] > 0
+    assert not any("host receives no block" in n for n in no_hbm["notes"])
 
 
 def test_model_directory_or_config_json_plans_like_the_preset(terrace, tmp_path):

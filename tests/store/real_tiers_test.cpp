@@ -271,9 +271,9 @@ TEST_CASE("Real tiers: a put of a key whose kind no BlockKind names is refused (
   CHECK_FALSE((*store)->Contains(k));
 }
 
-TEST_CASE("Real tiers: an option holding an enum value the library does not name is refused at open") {
+TEST_CASE("Real tiers: an option holding an enum value the library does not name is refused at open, creating nothing") {
   TempDir dir("store-bad-enum");
-  const StoreOptions base = RealOptions(dir.path());
+  const StoreOptions base = RealOptions(dir.path() / "new");
   for (const char* field : {"eviction", "placement", "write_policy", "put_tier"}) {
     StoreOptions o = base;
     const std::string f = field;
@@ -285,6 +285,7 @@ TEST_CASE("Real tiers: an option holding an enum value the library does not name
     INFO(field << ": " << store.status().ToString());
     CHECK(store.status().IsInvalidArgument());
     CHECK_THAT(store.status().message(), Catch::Contains(field));
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "new"));  // no data file preallocated for a refused open
   }
 }
 
