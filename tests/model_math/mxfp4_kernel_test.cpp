@@ -91,12 +91,14 @@ void CheckAgainstOracle(const Quantised& q, const std::vector<float>& x, std::in
   }
 }
 
-TEST_CASE("Fused MXFP4 kernel == dequantise-then-multiply within fp32 rounding", "[mxfp4][kernel]") {
-  std::uint64_t seed = 1;
+// Every kernel on random weights of each shape in rows x cols, for each token count in ms, with and
+// without accumulate, against CheckAgainstOracle.
+void CheckKernelsOnGrid(std::initializer_list<std::int64_t> rows_list, std::initializer_list<std::int64_t> cols_list,
+                        std::initializer_list<std::int64_t> ms, std::uint64_t seed) {
   for (const Mxfp4Kernel kernel : Kernels()) {
-    for (const std::int64_t rows : {1, 3, 4, 5, 17, 64}) {
-      for (const std::int64_t cols : {32, 64, 96, 256}) {
-        for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 32}) {
+    for (const std::int64_t rows : rows_list) {
+      for (const std::int64_t cols : cols_list) {
+        for (const std::int64_t m : ms) {
           for (const bool accumulate : {false, true}) {
             CAPTURE(Name(kernel), rows, cols, m, accumulate);
             const Quantised q = RandomMxfp4(rows, cols, seed++);
@@ -112,28 +114,15 @@ TEST_CASE("Fused MXFP4 kernel == dequantise-then-multiply within fp32 rounding",
   }
 }
 
+TEST_CASE("Fused MXFP4 kernel == dequantise-then-multiply within fp32 rounding", "[mxfp4][kernel]") {
+  CheckKernelsOnGrid({1, 3, 4, 5, 17, 64}, {32, 64, 96, 256}, {1, 2, 3, 4, 5, 7, 32}, 1);
+}
+
 TEST_CASE("Fused MXFP4 kernel: rows wider than one 256-column tile, with a partial last tile, sum every tile",
           "[mxfp4][kernel]") {
   // Model widths are thousands of columns: the tiled multi-token path dequantises 256 columns at a
   // time and must carry each tile's sums into the next, including a last tile of fewer columns.
-  std::uint64_t seed = 1000;
-  for (const Mxfp4Kernel kernel : Kernels()) {
-    for (const std::int64_t rows : {5, 16, 17}) {
-      for (const std::int64_t cols : {288, 544, 800}) {
-        for (const std::int64_t m : {1, 2, 7}) {
-          for (const bool accumulate : {false, true}) {
-            CAPTURE(Name(kernel), rows, cols, m, accumulate);
-            const Quantised q = RandomMxfp4(rows, cols, seed++);
-            const auto x = testing::RandomVec(static_cast<std::size_t>(m * cols), seed++);
-            const auto y0 = testing::RandomVec(static_cast<std::size_t>(m * rows), seed++);
-            std::vector<float> y(y0);
-            Mxfp4Linear(q.view(), x.data(), m, y.data(), accumulate, kernel);
-            CheckAgainstOracle(q, x, m, y, y0, accumulate);
-          }
-        }
-      }
-    }
-  }
+  CheckKernelsOnGrid({5, 16, 17}, {288, 544, 800}, {1, 2, 7}, 1000);
 }
 
 TEST_CASE("Fused MXFP4 kernel: extreme scales (subnormal and huge weights) stay exact", "[mxfp4][kernel]") {
