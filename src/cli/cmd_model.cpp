@@ -219,13 +219,14 @@ int RunInit(const InitArgs& a) {
     return Fail(s.WithContext(a.preset.empty() ? a.config : "--preset " + a.preset).ToString());
   }
   // A usage error (exit 2), before the free-space check: only --force gets past it.
-  if (const std::uint64_t weights = WeightBytes(*config); weights > kMaxInitBytes && !a.force) {
+  const std::uint64_t weights = WeightBytes(*config);
+  if (weights > kMaxInitBytes && !a.force) {
     return FailUsage(fmt::format("{} needs {:.1f} GiB of weights, over the {} GiB safety limit for random init; use a "
                                  "smaller preset (k3-toy, k3-small) or pass --force",
                                  a.preset.empty() ? "--config " + a.config : "--preset " + a.preset,
                                  static_cast<double>(weights) / (1ull << 30), kMaxInitBytes >> 30));
   }
-  const std::uint64_t need = WeightBytes(*config) + (1ull << 20);
+  const std::uint64_t need = weights + (1ull << 20);
   if (const std::uint64_t free = FreeBytesFor(a.out); free != 0 && need > free) {
     return FailUsage(fmt::format("--out {}: the model needs {:.2f} GiB and its file system has {:.2f} GiB free; "
                                  "choose a smaller preset or another --out",

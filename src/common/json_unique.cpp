@@ -35,77 +35,64 @@ std::string JsonUniquePath(const std::vector<JsonUniqueFrame>& stack) {
   return path;
 }
 
-// A SAX handler that builds nothing and records the first key seen twice in one object.
-struct JsonKeyChecker {
-  std::vector<JsonUniqueFrame> stack;
-  bool duplicate = false;
-  std::string duplicate_key, duplicate_path;
+// nlohmann's own DOM builder, fed every SAX event, with the first key seen twice in one object
+// recorded beside it. The builder throws nlohmann's parse errors (allow_exceptions), as
+// json::parse does.
+class JsonUniqueBuilder {
+ public:
+  explicit JsonUniqueBuilder(json& root) : dom_(root, /*allow_exceptions=*/true) {}
 
-  bool Value() {
-    if (!stack.empty() && !stack.back().object) ++stack.back().count;
-    return true;
-  }
-  bool null() { return Value(); }
-  bool boolean(bool) { return Value(); }
-  bool number_integer(json::number_integer_t) { return Value(); }
-  bool number_unsigned(json::number_unsigned_t) { return Value(); }
-  bool number_float(json::number_float_t, const json::string_t&) { return Value(); }
-  bool string(json::string_t&) { return Value(); }
-  bool binary(json::binary_t&) { return Value(); }
-  bool start_object(std::size_t) {
-    stack.push_back(JsonUniqueFrame{.object = true});
-    return true;
+  bool null() { return Value() && dom_.null(); }
+  bool boolean(bool v) { return Value() && dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return Value() && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return Value() && dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return Value() && dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return Value() && dom_.string(v); }
+  bool binary(json::binary_t& v) { return Value() && dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    stack_.push_back(JsonUniqueFrame{.object = true});
+    return dom_.start_object(n);
   }
   bool key(json::string_t& k) {
-    JsonUniqueFrame& f = stack.back();
+    JsonUniqueFrame& f = stack_.back();
     f.key = k;
     if (!f.keys.insert(k).second && !duplicate) {
       duplicate = true;
       duplicate_key = k;
-      duplicate_path = JsonUniquePath(stack);
+      duplicate_path = JsonUniquePath(stack_);
     }
-    return true;
+    return dom_.key(k);
   }
   bool end_object() {
-    stack.pop_back();
-    return Value();
+    stack_.pop_back();
+    return Value() && dom_.end_object();
   }
-  bool start_array(std::size_t) {
-    stack.push_back(JsonUniqueFrame{.object = false});
-    return true;
+  bool start_array(std::size_t n) {
+    stack_.push_back(JsonUniqueFrame{.object = false});
+    return dom_.start_array(n);
   }
   bool end_array() {
-    stack.pop_back();
-    return Value();
+    stack_.pop_back();
+    return Value() && dom_.end_array();
   }
-};
-
-// nlohmann's DOM builder with a JsonKeyChecker beside it: every SAX event goes to both. The
-// builder throws nlohmann's parse errors (allow_exceptions), as json::parse does.
-struct JsonUniqueBuilder {
-  explicit JsonUniqueBuilder(json& root) : dom(root, /*allow_exceptions=*/true) {}
-  nlohmann::detail::json_sax_dom_parser<json> dom;
-  JsonKeyChecker keys;
-
-  bool null() { return keys.null() && dom.null(); }
-  bool boolean(bool v) { return keys.boolean(v) && dom.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return keys.number_integer(v) && dom.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return keys.number_unsigned(v) && dom.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& s) {
-    return keys.number_float(v, s) && dom.number_float(v, s);
-  }
-  bool string(json::string_t& v) { return keys.string(v) && dom.string(v); }
-  bool binary(json::binary_t& v) { return keys.binary(v) && dom.binary(v); }
-  bool start_object(std::size_t n) { return keys.start_object(n) && dom.start_object(n); }
-  bool key(json::string_t& k) { return keys.key(k) && dom.key(k); }
-  bool end_object() { return keys.end_object() && dom.end_object(); }
-  bool start_array(std::size_t n) { return keys.start_array(n) && dom.start_array(n); }
-  bool end_array() { return keys.end_array() && dom.end_array(); }
   // Templated as nlohmann's own: the error is rethrown with its type (out_of_range for 1e400).
   template <class Exception>
   bool parse_error(std::size_t pos, const std::string& token, const Exception& e) {
-    return dom.parse_error(pos, token, e);
+    return dom_.parse_error(pos, token, e);
   }
+
+  bool duplicate = false;
+  std::string duplicate_key, duplicate_path;
+
+ private:
+  // A value (or a closed container) is one more element of the array it sits in.
+  bool Value() {
+    if (!stack_.empty() && !stack_.back().object) ++stack_.back().count;
+    return true;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<JsonUniqueFrame> stack_;
 };
 
 // nlohmann's exception text without its "[json.exception.parse_error.101] " prefix.
@@ -177,15 +164,12 @@ Result<json> ParseJsonUniqueKeys(std::string_view text, JsonParseError* error) {
   } catch (const json::exception& e) {
     return fail(JsonParseError::kSyntax, fmt::format("not valid JSON: {}", JsonUniqueReason(e)));
   }
-  const bool duplicate = builder.keys.duplicate;
-  const std::string& duplicate_key = builder.keys.duplicate_key;
-  const std::string& duplicate_path = builder.keys.duplicate_path;
-  if (duplicate) {
+  if (builder.duplicate) {
     return fail(JsonParseError::kDuplicateKey,
-                duplicate_path.empty()
-                    ? fmt::format("duplicate key \"{}\" (a key may appear once per object)", duplicate_key)
+                builder.duplicate_path.empty()
+                    ? fmt::format("duplicate key \"{}\" (a key may appear once per object)", builder.duplicate_key)
                     : fmt::format("duplicate key \"{}\" in the object at \"{}\" (a key may appear once per object)",
-                                  duplicate_key, duplicate_path));
+                                  builder.duplicate_key, builder.duplicate_path));
   }
   return j;
 }

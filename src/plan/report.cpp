@@ -670,9 +670,9 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     AddLines(r, body, "prefix-restore-by-tier", h,
              "no turn has prompt_tokens, restored_tokens and restore_bytes for hbm, host and nvme");
   }
-  if (!turns.empty() && !turns[0].contains("experts")) Skipped(body, "Stall on expert loads per token, per turn",
-                                                               "turns[0].experts is missing");
-  if (!turns.empty() && turns[0].contains("experts")) {
+  if (!turns.empty() && !turns[0].contains("experts")) {
+    Skipped(body, "Stall on expert loads per token, per turn", "turns[0].experts is missing");
+  } else if (!turns.empty()) {
     LineChart st = TurnChart("Stall on expert loads per token, per turn",
                              fmt::format("forward time waiting for experts; whole run: {} of forward time",
                                          Fig(e, "stall_share", P)),

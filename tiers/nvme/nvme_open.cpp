@@ -1156,23 +1156,27 @@ std::vector<long> FlockHolderPids(int fd) {
   return pids;
 }
 
-std::string FlockHolderText(int fd) {
-  const std::vector<long> pids = FlockHolderPids(fd);
+namespace {
+std::string HolderText(const std::vector<long>& pids) {
   return pids.empty()       ? std::string("another process")
          : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
                             : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
 }
+}  // namespace
+
+std::string FlockHolderText(int fd) { return HolderText(FlockHolderPids(fd)); }
 
 Status DataAreaInUse(const fs::path& data, int fd, std::string_view detail, std::string_view advice) {
+  const std::vector<long> pids = FlockHolderPids(fd);  // one read of /proc/locks
   // The holder may be this very process: a second Store (or tier_list entry) on the same path.
-  if (FlockHolderPids(fd) == std::vector<long>{static_cast<long>(::getpid())}) {
+  if (pids == std::vector<long>{static_cast<long>(::getpid())}) {
     return Status::Unavailable(fmt::format(
         "NVMe store '{}' is already open in this process (pid {}; its data file is locked{}): another Store or "
         "tier_list entry holds it; close that one first, or share one Store",
         data.string(), ::getpid(), detail));
   }
   return Status::Unavailable(fmt::format("NVMe store '{}' is in use by {} (its data file is locked{}); {}",
-                                         data.string(), FlockHolderText(fd), detail, advice));
+                                         data.string(), HolderText(pids), detail, advice));
 }
 
 }  // namespace nvme
