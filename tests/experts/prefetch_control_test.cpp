@@ -232,6 +232,29 @@ TEST_CASE("prefetches whose layer has passed are cancelled, queued or in the sto
   CHECK(m.speculative_bytes <= 2 * BlockBytes());
 }
 
+TEST_CASE("prefetches for the layer that is starting are kept, not cancelled as stale", "[experts]") {
+  const Home home = GENERATE(Home::kHost, Home::kNvme);
+  INFO("home " << HomeName(home));
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = 2;
+  opt.max_speculative_bytes = 64 * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(0, 1, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  SlowRig rig = MakeSlowRig(std::move(opt), 1, home);
+  rig.slow->set_delay(std::chrono::milliseconds(20));
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(0, hidden, 1);  // ten prefetches for layer 1, most still queued
+  // Layer 1's routing arrives while they are in the store or queued: they are wanted now, not stale.
+  const int sel1[] = {0, 1};
+  rig.offload->Prefetch(1, sel1);
+  rig.offload->Quiesce();
+  ExpertMetrics m = rig.offload->Metrics();
+  CHECK(m.prefetches_cancelled == 0);
+  std::size_t layer1 = 0;
+  for (const auto& k : rig.slow->reads()) layer1 += LayerOf(k) == 1 ? 1 : 0;
+  CHECK(layer1 == 10);  // every predicted expert of layer 1 was read, each once
+}
+
 TEST_CASE("speculative bytes in flight stay under the cap", "[experts]") {
   const Home home = GENERATE(Home::kHost, Home::kNvme);
   INFO("home " << HomeName(home));
