@@ -374,11 +374,11 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     const double busy = static_cast<double>(d.load_busy_ns) / 1e9 / a.decode;
     std::string stalls;
     for (double v : r.layer_stall_s_per_token) stalls += fmt::format(" {:.1f}", v * 1e3);
-    fmt::print("schedule per decode token, {} at {:g}%: loads outstanding {:.1f} ms, none {:.1f} ms; stall per MoE layer "
-               "(ms){}; speculative: {} landed ({:.1f} ms issue-to-landing), {} used, issued {:.2f} layers / {:.1f} ms ahead, {} "
-               "late, {} evicted unused ({} before their target); {} selection batches, {} behind speculation ({} keys); "
-               "queue held by the in-flight limit {}, the bytes cap {}, a selection batch {}\n",
-               r.name, r.budget_fraction * 100, busy * 1e3, std::max(r.wall_s_per_token - busy, 0.0) * 1e3, stalls,
+    fmt::print("schedule, {} at {:g}%, per decode token: loads outstanding {:.1f} ms, none {:.1f} ms; stall per MoE layer "
+               "(ms){}; over the {} decode tokens: speculative loads {} landed ({:.1f} ms issue-to-landing), {} used, issued "
+               "{:.2f} layers / {:.1f} ms ahead, {} late, {} evicted unused ({} before their target); {} selection batches, {} "
+               "behind speculation ({} keys); queue held by the in-flight limit {}, the bytes cap {}, a selection batch {}\n",
+               r.name, r.budget_fraction * 100, busy * 1e3, std::max(r.wall_s_per_token - busy, 0.0) * 1e3, stalls, a.decode,
                d.spec_landed, d.spec_landed ? static_cast<double>(d.spec_load_ns) / 1e6 / static_cast<double>(d.spec_landed) : 0.0,
                d.spec_used, d.spec_used ? static_cast<double>(d.spec_lead_layers) / static_cast<double>(d.spec_used) : 0.0,
                d.spec_used ? static_cast<double>(d.spec_lead_ns) / 1e6 / static_cast<double>(d.spec_used) : 0.0, d.spec_late,

@@ -596,6 +596,23 @@ int RunBenchTiers(const BenchArgs& a) {
     created_dir = cleanup.AddIfMissing(dir);
     if (!a.index_dir.empty()) created_index = cleanup.AddIfMissing(a.index_dir);
   }
+  const std::uint64_t blocks = a.total_bytes / a.block_size;
+  AlignedBuffer payload_buf(a.block_size);
+  if (!payload_buf.ok()) {
+    return Fail(fmt::format("cannot allocate one --block-size {} buffer; lower --block-size",
+                            FormatBytes(static_cast<double>(a.block_size))));
+  }
+  std::span<const std::byte> payload = payload_buf.span();
+  FillPattern(7, BenchKey(0), payload_buf.span());
+  BlockDesc desc = DescribeBlock(payload);
+  // The memcpy baseline faults its buffers in before the tier opens: built after, it would give a
+  // --host-prefault background thread a head start, and the "fresh tier" puts would land on memory
+  // already faulted in.
+  std::unique_ptr<MemcpyBaseline> baseline;  // memory tiers; null when its buffer cannot be allocated
+  if (a.tier != "nvme") {
+    baseline = std::make_unique<MemcpyBaseline>(payload, blocks * a.block_size, a.op != "write", a.BatchSize());
+    if (!baseline->ok()) baseline.reset();
+  }
   const auto open0 = Clock::now();
   auto tier_or = MakeTier(a, dir);
   const double open_seconds = SecondsSince(open0);
@@ -619,20 +636,9 @@ int RunBenchTiers(const BenchArgs& a) {
     if (Status s = WriteMarker(dir, kBenchKeptMarker, "terrace bench tiers --keep"); !s.ok()) return Fail(s.ToString());
   }
 
-  const std::uint64_t blocks = a.total_bytes / a.block_size;
-  AlignedBuffer payload_buf(a.block_size);
-  if (!payload_buf.ok()) {
-    return Fail(fmt::format("cannot allocate one --block-size {} buffer; lower --block-size",
-                            FormatBytes(static_cast<double>(a.block_size))));
-  }
-  std::span<const std::byte> payload = payload_buf.span();
-  FillPattern(7, BenchKey(0), payload_buf.span());
-  BlockDesc desc = DescribeBlock(payload);
-  if (!a.json) {
-    fmt::print(stderr, "bench: {} tier{}, {} {} x {} blocks, queue depth {}, {} thread(s)\n", a.tier,
-               tier->caps().emulated ? " (emulated)" : "", a.op, blocks, FormatBytes(static_cast<double>(a.block_size)),
-               a.queue_depth, a.threads);
-  }
+  fmt::print(stderr, "bench: {} tier{}, {} {} x {} blocks, queue depth {}, {} thread(s)\n", a.tier,
+             tier->caps().emulated ? " (emulated)" : "", a.op, blocks, FormatBytes(static_cast<double>(a.block_size)),
+             a.queue_depth, a.threads);
   auto seq = [](std::uint64_t i) { return i; };
   std::vector<std::uint64_t> order(a.op == "randread" ? blocks : 0);
   std::mt19937_64 rng(1);
@@ -673,34 +679,29 @@ int RunBenchTiers(const BenchArgs& a) {
   std::vector<BenchResult> passes;
   BenchResult single{};  // memory tiers: the per-operation latency pass
   std::uint64_t prep_writes = 0;  // blocks written (untimed) before a read pass; 0 when a kept store held them
-  std::unique_ptr<MemcpyBaseline> baseline;  // memory tiers; null when its buffer cannot be allocated
-  if (a.tier != "nvme") {
-    baseline = std::make_unique<MemcpyBaseline>(payload, blocks * a.block_size, a.op != "write", a.BatchSize());
-    if (!baseline->ok()) baseline.reset();
-  }
   std::vector<double> memcpy_passes;  // one after each timed pass
   auto run_op = [&]() -> Result<BenchResult> {
     if (a.op != "write" && HoldsDataSet(*tier, blocks, desc)) {
       // A store kept by an earlier run (--keep) with these blocks: read the same data set again, as
       // fio rereads its file, instead of rewriting it before every run.
-      if (!a.json) fmt::print(stderr, "bench: the kept store in --dir holds the {} blocks already; reading them\n", blocks);
+      fmt::print(stderr, "bench: the kept store in --dir holds the {} blocks already; reading them\n", blocks);
     } else if (a.op != "write") {
-      if (!a.json) fmt::print(stderr, "bench: writing {} blocks first (not timed)\n", blocks);
+      fmt::print(stderr, "bench: writing {} blocks first (not timed)\n", blocks);
       TERRACE_RETURN_IF_ERROR(RunOps(*tier, a, true, blocks, seq, payload, desc, outs).status());
       prep_writes = blocks;
     }
     for (unsigned w = 0; w < a.warmup; ++w) {
-      if (!a.json) fmt::print(stderr, "bench: warm-up pass {}/{} (not timed)\n", w + 1, a.warmup);
+      fmt::print(stderr, "bench: warm-up pass {}/{} (not timed)\n", w + 1, a.warmup);
       TERRACE_RETURN_IF_ERROR(one_pass(0, 0, blocks, false).status());
     }
     for (unsigned p = 0; p < a.repeat; ++p) {
-      if (!a.json) fmt::print(stderr, "bench: timed pass {}/{}\n", p + 1, a.repeat);
+      fmt::print(stderr, "bench: timed pass {}/{}\n", p + 1, a.repeat);
       TERRACE_ASSIGN_OR_RETURN(BenchResult r1, one_pass(0, 0, blocks, true));
       passes.push_back(r1);
       if (baseline) memcpy_passes.push_back(baseline->Pass());
     }
     if (a.tier != "nvme") {
-      if (!a.json) fmt::print(stderr, "bench: per-operation latency pass (single-operation calls, not in MB/s)\n");
+      fmt::print(stderr, "bench: per-operation latency pass (single-operation calls, not in MB/s)\n");
       TERRACE_ASSIGN_OR_RETURN(single, one_pass(1, 1, std::min<std::uint64_t>(blocks, 4096), false));
     }
     return MedianPass(passes);

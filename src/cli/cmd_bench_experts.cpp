@@ -40,6 +40,9 @@ Result<std::vector<experts::CacheBudget>> ParseBudgets(const std::string& list) 
   for (const std::string& item : SplitCommas(list)) {
     auto b = experts::CacheBudget::ParsePercent(item);
     if (!b.ok()) return Status::InvalidArgument("--budgets: " + b.status().message());
+    for (const experts::CacheBudget& seen : budgets)
+      if (seen.fraction == b->fraction)  // each budget's rows and summary are its own
+        return Status::InvalidArgument(fmt::format("--budgets: {} is given twice; list each budget once", item));
     budgets.push_back(*b);
   }
   return budgets;
@@ -52,6 +55,9 @@ Result<std::vector<std::string>> ParseConfigs(const std::string& list) {
   for (const std::string& name : wanted)
     if (name.empty() || all.find("," + name + ",") == std::string::npos)
       return Status::InvalidArgument(fmt::format("--configs: unknown configuration '{}' (choose from {})", name, kAllConfigs));
+  for (std::size_t i = 0; i < wanted.size(); ++i)
+    if (std::find(wanted.begin(), wanted.begin() + i, wanted[i]) != wanted.begin() + i)
+      return Status::InvalidArgument(fmt::format("--configs: '{}' is given twice; list each configuration once", wanted[i]));
   return wanted;
 }
 

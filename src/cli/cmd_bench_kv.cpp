@@ -319,8 +319,8 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   for (const auto& r : rows) {
     std::uint64_t range_reads = 0;
     for (const auto& [tier, n] : r["range_reads_by_tier"].items()) range_reads += n.get<std::uint64_t>();
-    fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}; read {} (--read-order {}), the forward "
-               "pass waited {:.4f} s of its {:.4f} s\n",
+    fmt::print("prefix {}: the restore's blocks by tier: {}; turn 1 wrote {}; read {} (--read-order {}); the forward "
+               "pass waited {:.4f} s of the restore's {:.4f} s on reads\n",
                r["prefix_tokens"].get<int>(), TierRateText(r), TierBytesText(r["bytes_written_by_tier"]),
                r["blocks_requested"].get<std::uint64_t>() == 0 ? std::string("nothing")
                : r["read_by_layer"].get<bool>()               ? fmt::format("by layer, {} sub-range reads", range_reads)

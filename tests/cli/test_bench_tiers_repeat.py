@@ -13,6 +13,9 @@ def test_bench_tiers_repeat_median_spread_and_per_op_latency(terrace):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["repeat"] == 3 and j["warmup"] == 1 and len(j["passes_mb_per_s"]) == 3
+    # Progress goes to stderr with --json too (it was silent there), one line per pass.
+    for line in ("bench: warm-up pass 1/1 (not timed)", "bench: timed pass 3/3"):
+        assert line in r.stderr, r.stderr
     passes = sorted(j["passes_mb_per_s"])
     assert j["min_mb_per_s"] == passes[0] and j["max_mb_per_s"] == passes[-1]
     assert abs(j["mb_per_s"] - passes[1]) <= 1e-6 * passes[1]  # the median pass

@@ -276,6 +276,18 @@ def test_bench_experts_budgets_errors_offer_only_percentages(toy, tmp_path, budg
     assert "MiB" not in offered and "1048576" not in offered and "size such as" not in offered, p.stderr
 
 
+@pytest.mark.parametrize("flag,value,said", [("--budgets", "50%,25%,50.0%", "--budgets: 50.0% is given twice"),
+                                             ("--configs", "on-demand,oracle,on-demand",
+                                              "--configs: 'on-demand' is given twice")])
+def test_bench_experts_refuses_a_budget_or_config_given_twice(toy, tmp_path, flag, value, said):
+    """A budget given twice was run twice, and its summary quoted the first run's rows for both."""
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"), flag, value],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert said in p.stderr, p.stderr
+    assert not (tmp_path / "b").exists()
+
+
 def test_bench_experts_json(toy, tmp_path):
     d = tmp_path / "bench"
     p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(d), "--prompt", "4", "--decode", "3",
