@@ -27,6 +27,8 @@ inline constexpr const char* kAllConfigs =
     "on-demand,lru+lookahead,utility+statistical,utility+lookahead,oracle,oracle+belady,mmap-unbounded,mmap";
 // The row whose drive bytes approach the demand-paging minimum (oracle predictor, belady policy).
 inline constexpr std::string_view kBeladyRow = "oracle+belady";
+// How many MoE layers ahead the oracle rows' predictor prefetches.
+inline constexpr int kOracleDepth = 2;
 
 struct Args {
   std::string model;
@@ -112,6 +114,9 @@ struct ConfigResult {
   double mmap_drop_s_per_token = 0, mmap_tokens_per_s_without_drops = 0;
   bool mmap_settled = true;
   double mmap_cold_fraction_before = 0;
+  // The checkpoint's page-cache residency when the timed decode started (after the untimed prefill
+  // and the read-ahead it set off): a row "cold" before the run may decode warm.
+  double mmap_fraction_at_decode = 0;
   bool mmap_cold_measured = false;
   bool IsMmap() const { return name.starts_with("mmap"); }
   std::uint64_t nvme_bytes() const { return bytes_read[static_cast<int>(TierId::kNvme)]; }
@@ -204,6 +209,10 @@ struct TargetSummary {
   double belady_bound_tps = 0;
   std::optional<double> belady_bound_vs_on_demand, belady_bound_vs_serial_on_demand;
   std::uint64_t belady_capacity_blocks = 0;
+  // Blocks a row's prefetches may read during the prefill for the first decode step (its deepest
+  // predictor's depth x top-k): Belady's decode-step misses less these bound every row's decode
+  // reads, prefetching ones included (belady_nvme_bytes_per_token is that bound).
+  std::uint64_t belady_prefill_slack_blocks = 0, belady_demand_paged_misses = 0;
   std::optional<double> belady_row_nvme_bytes_per_token;  // unset: the row did not run
 };
 

@@ -140,9 +140,14 @@ std::vector<TargetSummary> SummarizeTargets(Run* run, const std::vector<experts:
     if (od_serial_s && s.overlap_bound_tps) s.overlap_bound_vs_serial_on_demand = *od_serial_s * *s.overlap_bound_tps;
     if (r0.recorded) {
       // Step 0 is the prefill: every demand-paged cache misses its distinct experts alike, so
-      // Belady's misses in the decode steps are the fewest any can have there.
+      // Belady's misses in the decode steps are the fewest any demand-paged cache can have there. A
+      // prefetching row may read up to its depth's MoE layers of the first decode step during the
+      // prefill, out of the decode's window: the bound leaves those out.
       s.belady_capacity_blocks = b.Resolve(r0.total) / r0.regime.block_bytes;
-      const std::uint64_t misses = experts::SimulateBelady(*r0.recorded, s.belady_capacity_blocks).From(1);
+      s.belady_demand_paged_misses = experts::SimulateBelady(*r0.recorded, s.belady_capacity_blocks).From(1);
+      s.belady_prefill_slack_blocks =
+          static_cast<std::uint64_t>(std::max({kOracleDepth, r0.a.lookahead_depth, 1})) * r0.regime.top_k;
+      const std::uint64_t misses = s.belady_demand_paged_misses - std::min(s.belady_demand_paged_misses, s.belady_prefill_slack_blocks);
       s.belady_nvme_bytes_per_token = static_cast<double>(misses * r0.regime.block_bytes) / r0.a.decode;
       s.belady_bound_tps = overlap_tps(*s.belady_nvme_bytes_per_token);
       s.belady_bound_vs_on_demand = RatioOf(s.belady_bound_tps, s.on_demand);
@@ -230,6 +235,7 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     if (r.IsMmap()) {
       c["mmap_budget_bytes"] = r.mmap_budget_bytes;
       c["mmap_resident_fraction_before"] = r.mmap_cold_fraction_before;
+      c["mmap_resident_fraction_at_decode"] = r.mmap_fraction_at_decode;
       c["mmap_expert_page_cache_bytes_after"] = r.mmap_expert_bytes_after;
       c["mmap_expert_page_cache_bytes_settled"] = r.mmap_expert_bytes_settled;
       c["mmap_peak_charged_bytes"] = r.mmap_peak_charged_bytes;
@@ -289,6 +295,8 @@ void PrintJson(const Run& run, const std::vector<TargetSummary>& summaries) {
     const bool belady = s.belady_nvme_bytes_per_token.has_value();
     auto if_belady = [&](auto v) { return belady ? nlohmann::json(v) : nlohmann::json(nullptr); };
     t["belady_capacity_blocks"] = if_belady(s.belady_capacity_blocks);
+    t["belady_demand_paged_misses"] = if_belady(s.belady_demand_paged_misses);
+    t["belady_prefill_slack_blocks"] = if_belady(s.belady_prefill_slack_blocks);
     t["belady_nvme_bytes_per_token"] = if_belady(s.belady_nvme_bytes_per_token.value_or(0));
     t["belady_overlap_bound_tokens_per_s"] = if_belady(s.belady_bound_tps);
     t["belady_bound_vs_on_demand"] = JsonOrNull(s.belady_bound_vs_on_demand);
@@ -337,11 +345,13 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
              "resident and not used at the end (unused), over the whole run; - = no such figure for the row\n");
   for (const auto& r : run.results) {
     if (!r.IsMmap()) continue;
-    fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run; experts' page-cache bytes after it (mincore) "
+    fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run and {:.1f}% when the timed decode started "
+               "(after the prefill); experts' page-cache bytes after it (mincore) "
                "{:.1f} MiB{}; peak charged {:.1f} MiB; {} evictions, {} over-budget loads, {:.1f} MiB of read-ahead spill "
                "dropped, {} failed drops; {:.1f} ms per token evicting and sweeping, {:.2f} tok/s without it\n",
                r.name, r.mmap_budget_bytes > 0 ? fmt::format(" at {:g}%", r.budget_fraction * 100) : "",
-               100 * r.mmap_cold_fraction_before, static_cast<double>(r.mmap_expert_bytes_after) / (1 << 20),
+               100 * r.mmap_cold_fraction_before, 100 * r.mmap_fraction_at_decode,
+               static_cast<double>(r.mmap_expert_bytes_after) / (1 << 20),
                r.mmap_budget_bytes > 0
                    ? fmt::format(", {:.1f} MiB once the read-ahead in flight had landed and was dropped (budget {:.1f} MiB: {})",
                                  static_cast<double>(r.mmap_expert_bytes_settled) / (1 << 20),
@@ -406,8 +416,12 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
     std::string residency = "not measured (no mmap-unbounded row)";
     if (run.before && !run.before->measured) residency = "not measured (mincore failed)";
     if (f.residency_measured) {
-      residency = fmt::format("{:.1f}% ({}), after: {:.1f}%", 100 * run.before->fraction(),
-                              f.cold ? "cold" : "NOT cold: the kernel kept the pages",
+      const auto unbounded = std::find_if(run.results.begin(), run.results.end(),
+                                          [](const ConfigResult& r) { return r.name == "mmap-unbounded"; });
+      residency = fmt::format("{:.1f}% ({}), when the timed decode started: {}, after: {:.1f}%",
+                              100 * run.before->fraction(), f.cold ? "cold" : "NOT cold: the kernel kept the pages",
+                              unbounded == run.results.end() ? std::string("-")
+                                                             : fmt::format("{:.1f}%", 100 * unbounded->mmap_fraction_at_decode),
                               100 * (run.after ? run.after->fraction() : 0.0));
     }
     fmt::print("mmap: POSIX_FADV_DONTNEED {}; drop_caches {}; checkpoint resident in the page cache before the run: {}\n",
@@ -473,10 +487,12 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
                               : "beyond reach at this budget even with perfect knowledge of the routing and perfect "
                                 "overlap")
             : fmt::format("on-demand {}", kRowNotRun);
-    fmt::print("Belady bound at {:g}%: the fewest drive bytes any demand-paged cache of {} experts can read on this run's "
-               "routing (Belady's replacement over the recorded trace), {:.2f} MiB per token ({}), with compute perfectly "
-               "overlapped allow {:.1f} tok/s = {}\n",
-               s.budget * 100, s.belady_capacity_blocks, *s.belady_nvme_bytes_per_token / (1 << 20),
+    fmt::print("Belady bound at {:g}%: the fewest drive bytes a cache of {} experts can read in the decode on this run's "
+               "routing (Belady's replacement over the recorded trace: {} blocks demand-paged, less {} a depth-{} prefetch "
+               "may read during the prefill), {:.2f} MiB per token ({}), with compute perfectly overlapped allow {:.1f} "
+               "tok/s = {}\n",
+               s.budget * 100, s.belady_capacity_blocks, s.belady_demand_paged_misses, s.belady_prefill_slack_blocks,
+               s.belady_prefill_slack_blocks / static_cast<std::uint64_t>(std::max(run.regime.top_k, 1)), *s.belady_nvme_bytes_per_token / (1 << 20),
                s.belady_row_nvme_bytes_per_token
                    ? fmt::format("the oracle+belady row read {:.2f}", *s.belady_row_nvme_bytes_per_token / (1 << 20))
                    : std::string("no oracle+belady row"),

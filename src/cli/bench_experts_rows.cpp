@@ -294,7 +294,7 @@ Status SetPredictor(Run* run, const CachedConfig& c, const experts::CacheBudget&
       trace = x.trace();
       TERRACE_RETURN_IF_ERROR(x.Reset());
     }
-    x.SetPredictor(experts::MakeOraclePredictor(std::move(trace)));
+    x.SetPredictor(experts::MakeOraclePredictor(std::move(trace), kOracleDepth));
     run->progress.Phase(fmt::format("{} at {}: replaying the recorded trace", c.name, budget.ToString()));
   }
   return Status::Ok();
@@ -521,6 +521,7 @@ Result<ConfigResult> RunMmapRow(Run* run, const std::string& name, double fracti
           : (end.resident_bytes > at_decode.resident_bytes ? end.resident_bytes - at_decode.resident_bytes : 0);
   r.mmap_cold_fraction_before = cold_before.fraction();
   r.mmap_cold_measured = cold_before.measured;
+  r.mmap_fraction_at_decode = at_decode.fraction();
   auto resident = provider->ResidentExpertBytes();
   r.mmap_expert_bytes_after = resident.ok() ? *resident : 0;
   // Read-ahead that landed after the last sweep, then dropped: what the budget holds at rest.

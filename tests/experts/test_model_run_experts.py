@@ -311,6 +311,8 @@ def test_bench_experts_json(toy, tmp_path):
             assert c["mmap_drop_failures"] == 0
         if c["name"] == "mmap-unbounded":
             assert c["mmap_budget_bytes"] == 0
+        if c["name"].startswith("mmap"):  # "cold" is before the run; the decode may start warm, and says so
+            assert 0 <= c["mmap_resident_fraction_at_decode"] <= 1, c
     for c in j["configs"]:
         for k in ("tokens_per_s", "stall_share", "hit_rate", "recall", "bytes_read"):
             assert k in c
@@ -329,6 +331,14 @@ def test_bench_experts_json(toy, tmp_path):
         assert t["best_real"] == best
         assert t["best_vs_oracle"] == pytest.approx(tps[(best, b)] / tps[("oracle", b)], rel=1e-9)
         assert t["best_vs_on_demand"] == pytest.approx(tps[(best, b)] / tps[("on-demand", b)], rel=1e-9)
+        # The Belady bound is a lower bound: no store-backed row read fewer drive bytes in the decode
+        # (the oracle+belady row once read less than the demand-paged minimum it was compared with).
+        slack = t["belady_prefill_slack_blocks"]
+        assert slack == 2 * j["top_k"]  # the oracle's depth 2, the default lookahead depth 2
+        assert t["belady_nvme_bytes_per_token"] <= t["belady_demand_paged_misses"] * j["expert_block_bytes"] / 3
+        for c in j["configs"]:
+            if c["budget_fraction"] == b and c["name"] != "resident" and not c["name"].startswith("mmap"):
+                assert c["bytes_read"]["nvme"] / 3 >= t["belady_nvme_bytes_per_token"] - 1e-6, (c["name"], t)
     assert not d.exists() or not any(d.iterdir())  # the bench removed its store
 
 
