@@ -170,6 +170,7 @@ int RunFill(const FillArgs& a) {
   auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
   std::mutex out_mu;
   std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
+  std::atomic<std::uint64_t> rewritten{0};  // listed with identical bytes but read back damaged: written again
   std::atomic<std::uint64_t> reported{0};  // 'durable' lines standard output took
   std::atomic<int> consecutive{0};
   std::atomic<bool> stop{false};
@@ -205,9 +206,10 @@ int RunFill(const FillArgs& a) {
 
   const auto start = std::chrono::steady_clock::now();
   auto worker = [&] {
-    std::vector<std::byte> buf;
+    std::vector<std::byte> buf, stored;  // stored: an existing block read back before it is acknowledged
     try {
       buf.resize(a.block_size);
+      stored.resize(a.block_size);
     } catch (const std::bad_alloc&) {
       std::lock_guard<std::mutex> l(out_mu);
       fmt::print(stderr, "terrace: error: cannot allocate a {} buffer for --block-size\n",
@@ -220,8 +222,15 @@ int RunFill(const FillArgs& a) {
       const BlockKey key = FillKey(a.seed, a.first + i);
       FillPattern(a.seed, key, buf);
       const BlockDesc desc = DescribeBlock(buf);
+      // A block the index already lists with this size and checksum is acknowledged only once it
+      // reads back intact (the tier verifies its checksum): a damaged one is written again.
       auto have = (*tier)->Lookup(key);
-      const bool same = have.ok() && *have == desc;
+      bool same = have.ok() && *have == desc;
+      if (same) {
+        BlockDesc got;
+        same = (*tier)->Get(key, stored, &got).ok() && got == desc && stored == buf;
+        if (!same) rewritten.fetch_add(1);
+      }
       Status s = same ? Status::Ok() : (*tier)->Put(key, desc, buf);
       std::lock_guard<std::mutex> l(out_mu);
       if (fault_engine) {
@@ -282,6 +291,12 @@ int RunFill(const FillArgs& a) {
                w, a.count, FormatBytes(static_cast<double>(w * a.block_size)), secs,
                secs > 0 ? static_cast<double>(w * a.block_size) / 1e6 / secs : 0.0,
                same ? fmt::format("; {} more were already stored with identical bytes", same) : std::string());
+  }
+  if (const std::uint64_t n = rewritten.load(); n > 0) {
+    fmt::print(stderr,
+               "store fill: {} block{} the store listed with identical bytes did not read back intact and {} written "
+               "again (counted as written)\n",
+               n, n == 1 ? "" : "s", n == 1 ? "was" : "were");
   }
   if (fault_engine) fmt::print(stderr, "store fill: {} faults injected\n", fault_engine->injected_total());
   const int close_rc = closed.ok() ? 0 : FailStatus(closed);
@@ -523,12 +538,17 @@ int RunCheck(const CheckArgs& a) {
                "puts in flight when a writer died); {}\n",
                c.lost_from_index, StoreCheckRecoverAdvice(a.paths));
   }
-  if (c.wrong_content && !a.checksums_only) {
+  if (c.index_mismatch) {
+    fmt::print("store check: the index points {} keys at bytes their descriptors in the data file do not describe "
+               "(the index is damaged); {}\n",
+               c.index_mismatch, StoreCheckRecoverAdvice(a.paths));
+  }
+  if (const std::uint64_t other = c.wrong_content - c.index_mismatch; other > 0 && !a.checksums_only) {
     fmt::print("store check: {} blocks differ from the pattern of --seed {}: give the --seed 'store fill' used, or "
                "--checksums-only for a store that 'store fill' did not write\n",
-               c.wrong_content, a.seed);
-  } else if (c.wrong_content) {
-    fmt::print("store check: {} blocks read back with another size than their index entry\n", c.wrong_content);
+               other, a.seed);
+  } else if (other > 0) {
+    fmt::print("store check: {} blocks read back with another size than their index entry\n", other);
   }
   if (c.missing) {
     fmt::print("store check: {} expected blocks are missing{}\n", c.missing,

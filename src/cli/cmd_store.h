@@ -155,6 +155,10 @@ struct BlockCheck {
   // erased or overwrote): the index rightly lacks them, and the next read-write open clears their
   // descriptors. Not lost from the index; nothing is damaged.
   std::uint64_t pending_release = 0;
+  // Indexed blocks that read back passing the index's checksum while the data file's descriptor for
+  // the key (when scanned) differs and another key's matches the index entry: the index points the
+  // key at another block's bytes (a damaged index). Counted in wrong_content too.
+  std::uint64_t index_mismatch = 0;
   std::vector<BlockKey> corrupt_keys;
   std::vector<BlockKey> missing_keys;
   std::vector<BlockKey> lost_keys;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <chrono>
 #include <cerrno>
 #include <cctype>
@@ -413,6 +414,7 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::optional<std::uint64_t> seed, const 
   tier.ForEach([&](const BlockKey& k, const BlockDesc& d) { blocks.emplace_back(k, d); });
   c.indexed = blocks.size();
   std::unordered_set<BlockKey> indexed, good;
+  std::unordered_multimap<std::uint64_t, BlockKey> by_checksum;  // the scan's blocks by checksum, when needed
   std::vector<std::byte> buf, want;
   for (const auto& [key, desc] : blocks) {
     indexed.insert(key);
@@ -421,6 +423,30 @@ BlockCheck CheckBlocks(NvmeTier& tier, std::optional<std::uint64_t> seed, const 
     Status s = tier.Get(key, buf, &got);
     if (s.ok()) {
       bool same = got.size == desc.size;
+      if (scan != nullptr && same) {
+        // The data file describes each block in its own extent. An index entry that passes the read
+        // but disagrees with the key's own descriptor, and is instead another key's, hands out that
+        // block's bytes as this one's (a damaged index; an entry left behind by a put a crash cut
+        // short before its index write is never another key's, unless their bytes are the same).
+        const auto it = scan->blocks.find(key);
+        if (it != scan->blocks.end() && !scan->pending.keys.contains(key) && !(it->second.desc == got)) {
+          if (by_checksum.empty())
+            for (const auto& [k, b] : scan->blocks) by_checksum.emplace(b.desc.checksum, k);
+          const auto [lo, hi] = by_checksum.equal_range(got.checksum);
+          const auto other = std::find_if(lo, hi, [&](const auto& e) {
+            return e.second != key && scan->blocks.at(e.second).desc == got;
+          });
+          if (other != hi) {
+            ++c.wrong_content;
+            ++c.index_mismatch;
+            line(c.wrong_content,
+                 fmt::format("wrong content {}: its index entry describes the bytes of {} ({} bytes, checksum "
+                             "{:016x}), not the block the data file holds under this key",
+                             key.ToString(), other->second.ToString(), got.size, got.checksum));
+            continue;
+          }
+        }
+      }
       if (seed && same) {
         want.resize(desc.size);
         FillPattern(*seed, key, want);

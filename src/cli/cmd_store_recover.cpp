@@ -112,6 +112,17 @@ int RunRecover(const StorePaths& p) {
                "data passes its checksum)\n",
                rep->kept_from_old_index);
   }
+  if (rep->lost_from_old_index > 0) {
+    fmt::print("store recover: {} blocks the old index listed are lost: that version of them is intact nowhere in the "
+               "data file (the index now holds an older version of the block, or none)\n",
+               rep->lost_from_old_index);
+    for (const std::string& k : rep->lost_keys) fmt::print("store recover: lost block {}\n", k);
+  }
+  if (rep->old_records_unreadable > 0) {
+    fmt::print("store recover: {} records of the old index were too damaged to name a block (the blocks behind them "
+               "were indexed from the data file where it holds them intact)\n",
+               rep->old_records_unreadable);
+  }
   if (rep->cut_commit_entries > 0) {
     fmt::print("store recover: the last group commit was cut short before its descriptors; its {} entries follow the "
                "old index, and the next read-write open writes their descriptors\n",
@@ -125,9 +136,8 @@ int RunRecover(const StorePaths& p) {
   if (rep->moved_aside.empty()) {
     fmt::print("store recover: there was no index; a new one was written\n");
   } else {
-    fmt::print("store recover: the old index was moved to '{}' (nothing was deleted; remove it once the store checks "
-               "clean)\n",
-               rep->moved_aside.string());
+    fmt::print("store recover: the old index was moved to '{}' (nothing was deleted; {})\n", rep->moved_aside.string(),
+               rep->lost_from_old_index > 0 ? "it still lists the lost blocks" : "remove it once the store checks clean");
   }
   fmt::print("store recover: run 'terrace store check {}' to verify\n", StorePathFlags(p));
   if (StopSignalReceived() != 0) {

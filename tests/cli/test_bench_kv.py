@@ -124,7 +124,7 @@ def test_tier_figures_are_per_restore_whatever_repeat(terrace, toy_model, tmp_pa
     assert r3["blocks_requested"] > 0 and sum(r3["range_reads_by_tier"].values()) > 0
     texts = [bench(terrace, tmp_path, "--model", toy_model, *flags, "--repeat", n).stdout for n in ("1", "3")]
     lines = [next(l for l in t.splitlines() if l.startswith("prefix 64: the restore's blocks")) for t in texts]
-    assert [l.split(", the forward pass")[0] for l in lines] == [lines[0].split(", the forward pass")[0]] * 2
+    assert [l.split("; the forward pass")[0] for l in lines] == [lines[0].split("; the forward pass")[0]] * 2
 
 
 def test_raw_read_reads_as_many_written_bytes_as_the_restore(terrace, toy_model, tmp_path):

@@ -223,35 +223,80 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
     CHECK(after == v);
     delete db;
   }
-  SECTION("damaged and foreign records are dropped and reported, the rest kept") {
+  SECTION("damaged records refuse a read-write open and change nothing; a rebuild keeps every block") {
+    const std::string k1 = nvme::IndexStore::EncodeKey(TestKey(1));
+    std::string damaged;
     {
       rocksdb::DB* db = nullptr;
       REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
-      // A record pointing past the end, one overlapping block 0 with an older generation, and junk.
+      // Block 1's record with one bit flipped (record_check no longer matches: its extent is
+      // unknown, yet its data and descriptor are intact), a record pointing past the end, and junk.
+      REQUIRE(db->Get(rocksdb::ReadOptions(), k1, &damaged).ok());
+      damaged[10] = static_cast<char>(damaged[10] ^ 0x01);
+      REQUIRE(db->Put(rocksdb::WriteOptions(), k1, damaged).ok());
       nvme::Record far{opts.capacity_bytes, 100, 0, 1, Codec::kRaw};
-      std::string kf(BlockKey::kEncodedSize, '\0'), kov(BlockKey::kEncodedSize, '\0');
+      std::string kf(BlockKey::kEncodedSize, '\0'), rf(nvme::kRecordBytes, '\0');
       TestKey(900).EncodeTo(reinterpret_cast<std::byte*>(kf.data()));
-      TestKey(901).EncodeTo(reinterpret_cast<std::byte*>(kov.data()));
-      std::string rf(nvme::kRecordBytes, '\0'), rov(nvme::kRecordBytes, '\0');
       far.EncodeTo(reinterpret_cast<std::byte*>(rf.data()));
-      nvme::Record ov{nvme::kDataStart, 100, 0, 0, Codec::kRaw};
-      ov.EncodeTo(reinterpret_cast<std::byte*>(rov.data()));
       REQUIRE(db->Put(rocksdb::WriteOptions(), kf, rf).ok());
-      REQUIRE(db->Put(rocksdb::WriteOptions(), kov, rov).ok());
       REQUIRE(db->Put(rocksdb::WriteOptions(), std::string(25, 'k'), "short").ok());
+      delete db;
+    }
+    // Before this refusal the open dropped block 1's record and freed its extent: the next put
+    // wrote over an acknowledged block.
+    auto t = NvmeTier::Open(opts);
+    REQUIRE(t.status().IsCorruption());
+    CHECK(t.status().message().find("3 damaged block records (malformed 2, out of range 1") != std::string::npos);
+    CHECK(t.status().message().find(TestKey(1).ToString()) != std::string::npos);
+    CHECK(t.status().message().find("nothing was changed") != std::string::npos);
+    CHECK(t.status().message().find("terrace store recover --dir") != std::string::npos);
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      std::string after;
+      CHECK(db->Get(rocksdb::ReadOptions(), k1, &after).ok());  // not dropped
+      CHECK(after == damaged);
+      delete db;
+    }
+    auto ro_opts = opts;
+    ro_opts.read_only = true;
+    {
+      auto ro = NvmeTier::Open(ro_opts);  // read-only: reported, and the rest readable
+      REQUIRE(ro.ok());
+      const RecoveryReport& r = (*ro)->recovery_report();
+      CHECK(r.dropped_malformed == 2);
+      CHECK(r.dropped_out_of_range == 1);
+      CHECK(r.blocks_recovered == 3);
+      for (int i : {0, 2, 3}) CHECK(CheckTestBlock(**ro, i).ok());
+    }
+    auto rebuilt = NvmeTier::RebuildIndex(opts);
+    REQUIRE(rebuilt.ok());
+    auto again = NvmeTier::Open(opts);
+    REQUIRE(again.ok());
+    CHECK((*again)->recovery_report().dropped() == 0);
+    for (int i = 0; i < 4; ++i) CHECK(CheckTestBlock(**again, i).ok());  // block 1 included
+  }
+  SECTION("a record overlapping a newer block is dropped and reported, the rest kept") {
+    {
+      rocksdb::DB* db = nullptr;
+      REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+      std::string kov(BlockKey::kEncodedSize, '\0'), rov(nvme::kRecordBytes, '\0');
+      TestKey(901).EncodeTo(reinterpret_cast<std::byte*>(kov.data()));
+      nvme::Record ov{nvme::kDataStart, 100, 0, 0, Codec::kRaw};  // over block 0, an older generation
+      ov.EncodeTo(reinterpret_cast<std::byte*>(rov.data()));
+      REQUIRE(db->Put(rocksdb::WriteOptions(), kov, rov).ok());
       delete db;
     }
     auto t = NvmeTier::Open(opts);
     REQUIRE(t.ok());
     const RecoveryReport& r = (*t)->recovery_report();
-    CHECK(r.dropped_out_of_range == 1);
     CHECK(r.dropped_overlap == 1);
-    CHECK(r.dropped_malformed == 1);
+    CHECK(r.dropped() == 1);
     CHECK(r.blocks_recovered == 4);
-    CHECK(r.dropped_keys.size() == 3);
+    CHECK(r.dropped_keys.size() == 1);
     for (int i = 0; i < 4; ++i) REQUIRE(CheckTestBlock(**t, i).ok());
     t->reset();
-    auto again = NvmeTier::Open(opts);  // the drops were applied to the index
+    auto again = NvmeTier::Open(opts);  // the drop was applied to the index
     REQUIRE(again.ok());
     CHECK((*again)->recovery_report().dropped() == 0);
   }
@@ -309,7 +354,7 @@ TEST_CASE("nvme bad input: a disk too small for the capacity", "[nvme][bad]") {
   CHECK(bad_durability.status().message().find("durability 7") != std::string::npos);
 }
 
-TEST_CASE("a put after an open that dropped a damaged record outranks that record's descriptor in a rebuild (newest generation wins; generations never repeat)", "[nvme][bad]") {
+TEST_CASE("a damaged record of the newest block refuses the open; after a rebuild a new version outranks the old descriptor (newest generation wins; generations never repeat)", "[nvme][bad]") {
   TempDir dir("nvme-gen-after-drop");
   auto opts = SmallNvmeOptions(dir.path());
   {
@@ -321,7 +366,7 @@ TEST_CASE("a put after an open that dropped a damaged record outranks that recor
     REQUIRE((*t)->Flush().ok());
     REQUIRE(PutTestBlock(**t, 3, 1, 4096).ok());  // into the hole: the newest generation, below the fence
   }
-  {  // damage key 3's index record (the newest generation): the next open drops it, its descriptor stays
+  {  // damage key 3's index record (the newest generation); its descriptor stays intact
     rocksdb::DB* db = nullptr;
     REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
     const std::string k3 = nvme::IndexStore::EncodeKey(TestKey(3));
@@ -331,10 +376,12 @@ TEST_CASE("a put after an open that dropped a damaged record outranks that recor
     REQUIRE(db->Put(rocksdb::WriteOptions(), k3, v).ok());
     delete db;
   }
+  REQUIRE(NvmeTier::Open(opts).status().IsCorruption());  // dropping the record would free an intact block
+  REQUIRE(NvmeTier::RebuildIndex(opts).ok());
   {
     auto t = NvmeTier::Open(opts);
     REQUIRE(t.ok());
-    REQUIRE((*t)->recovery_report().dropped() == 1);
+    REQUIRE(CheckTestBlock(**t, 3, 1, 4096).ok());  // the rebuild kept it
     REQUIRE(PutTestBlock(**t, 3, 2, 8192).ok());  // a new version, in a new extent
   }
   fs::remove_all(dir.path() / "index");
@@ -346,4 +393,67 @@ TEST_CASE("a put after an open that dropped a damaged record outranks that recor
   const Status s = CheckTestBlock(**t, 3, 2, 8192);
   INFO(s.ToString());
   CHECK(s.ok());
+}
+
+TEST_CASE("a rebuild names the blocks the old index listed whose data is intact nowhere", "[nvme][bad]") {
+  TempDir dir("nvme-lost");
+  auto opts = SmallNvmeOptions(dir.path());
+  MakeStore(opts, 4);
+  nvme::Record r1;
+  {
+    rocksdb::DB* db = nullptr;
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), (dir.path() / "index").string(), &db).ok());
+    std::string v;
+    REQUIRE(db->Get(rocksdb::ReadOptions(), nvme::IndexStore::EncodeKey(TestKey(1)), &v).ok());
+    delete db;
+    auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
+    REQUIRE(rec.ok());
+    r1 = *rec;
+  }
+  {  // block 1's whole extent, data and descriptor, zeroed: the scan cannot find it
+    std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+    const std::string zeros(r1.extent_bytes(), '\0');
+    f.seekp(static_cast<std::streamoff>(r1.offset));
+    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  auto rebuilt = NvmeTier::RebuildIndex(opts);
+  REQUIRE(rebuilt.ok());
+  // It used to say only "3 blocks indexed": block 1 vanished, and a check of the new index was clean.
+  CHECK(rebuilt->blocks_indexed == 3);
+  CHECK(rebuilt->lost_from_old_index == 1);
+  REQUIRE(rebuilt->lost_keys.size() == 1);
+  CHECK(rebuilt->lost_keys[0] == TestKey(1).ToString());
+  CHECK(rebuilt->ToString().find("1 blocks the old index listed are lost") != std::string::npos);
+  auto again = NvmeTier::RebuildIndex(opts);  // the old index is now the rebuilt one: nothing more is lost
+  REQUIRE(again.ok());
+  CHECK(again->lost_from_old_index == 0);
+}
+
+TEST_CASE("a superblock slot whose version field reads 1 but whose check matches version 2 is a damaged slot, passed over", "[nvme][bad]") {
+  TempDir dir("nvme-sb-version");
+  auto opts = SmallNvmeOptions(dir.path());
+  MakeStore(opts, 4);
+  for (int slot : {0, 1}) {
+    const auto at = static_cast<std::streamoff>(slot * nvme::kSuperblockSlotStride + 8);
+    char was = 0;
+    {
+      std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(at);
+      f.read(&was, 1);
+      REQUIRE(was == static_cast<char>(nvme::kFormatVersion));
+      const char one = 1;
+      f.seekp(at);
+      f.write(&one, 1);
+    }
+    INFO("slot " << slot);
+    // It was refused as "format version 1, which this build no longer opens ... delete the store
+    // directory", though the other slot is intact and the store whole.
+    auto t = NvmeTier::Open(opts);
+    REQUIRE(t.ok());
+    for (int i = 0; i < 4; ++i) CHECK(CheckTestBlock(**t, i).ok());
+    t->reset();
+    std::fstream f(dir.path() / "terrace.data", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.write(&was, 1);
+  }
 }

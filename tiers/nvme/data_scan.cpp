@@ -221,12 +221,19 @@ std::string DataScanReport::ToString() const {
 }
 
 std::string RebuildReport::ToString() const {
-  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}{}{}",
+  return fmt::format("rebuilt the index with {} blocks; {} corrupt extents skipped; {} bytes scanned; {:.2f} s{}{}{}{}",
                      blocks_indexed, corrupt_skipped, bytes_scanned, seconds,
                      kept_from_old_index == 0
                          ? std::string()
                          : fmt::format("; {} blocks kept from the old index (descriptor damaged or missing, data good)",
                                        kept_from_old_index),
+                     (lost_from_old_index == 0 ? std::string()
+                                               : fmt::format("; {} blocks the old index listed are lost (that version "
+                                                             "intact nowhere in the data file): {}",
+                                                             lost_from_old_index, fmt::join(lost_keys, ", "))) +
+                         (old_records_unreadable == 0
+                              ? std::string()
+                              : fmt::format("; {} records of the old index unreadable", old_records_unreadable)),
                      cut_commit_entries == 0
                          ? std::string()
                          : fmt::format("; {} entries from the old index's last commit, cut short before its "
@@ -514,7 +521,8 @@ std::string MergedRedo(const std::optional<std::string>& redo, nvme::GroupCommit
 // and the extents of the older generations they replace (whose descriptors are still there), for
 // the next read-write open to write and clear, so a later rebuild finds them without this index.
 nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, const fs::path& data_path, int fd,
-                                               const nvme::Superblock& sb, std::vector<Found>* found) {
+                                               const nvme::Superblock& sb, std::vector<Found>* found,
+                                               RebuildReport* report) {
   nvme::GroupCommitter::Redo kept;
   auto commit = idx.ReadCommit();
   if (!commit.ok() || *commit < sb.indexed_commit) return kept;
@@ -523,7 +531,11 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
     if (nvme::IsBookkeepingKey(k)) return;
     auto key = BlockKey::Decode(std::as_bytes(std::span(k.data(), k.size())));
     auto rec = nvme::Record::Decode(std::as_bytes(std::span(v.data(), v.size())));
-    if (key.ok() && rec.ok()) records.push_back({*key, *rec});
+    if (key.ok() && rec.ok()) {
+      records.push_back({*key, *rec});
+    } else {
+      ++report->old_records_unreadable;
+    }
   });
   if (!scanned.ok()) return kept;
   std::unordered_map<BlockKey, std::size_t> at;
@@ -569,6 +581,17 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
     }
     extents[r.offset] = r.offset + r.extent_bytes();
     kept.keys.push_back(f.key);
+  }
+  // What the old index listed that the new one will not: blocks whose listed version is intact
+  // nowhere (gone, or only an older version of it found).
+  std::unordered_set<BlockKey> lost;
+  for (const Found& f : records) {
+    auto now = at.find(f.key);
+    const bool gone = now == at.end() || (*found)[now->second].rec.generation < f.rec.generation;
+    if (gone && lost.insert(f.key).second) {
+      ++report->lost_from_old_index;
+      if (report->lost_keys.size() < RebuildReport::kMaxKeys) report->lost_keys.push_back(f.key.ToString());
+    }
   }
   return kept;
 }
@@ -800,7 +823,7 @@ Result<RebuildReport> NvmeTier::RebuildIndex(const NvmeTierOptions& options, con
   if (old.idx) {
     cut = FinishCutCommit(*old.idx, paths.data, fd.fd, sb, logger, &found);
     report.cut_commit_entries = cut.changed;
-    nvme::GroupCommitter::Redo kept = KeepOldIndexRecords(*old.idx, paths.data, fd.fd, sb, &found);
+    nvme::GroupCommitter::Redo kept = KeepOldIndexRecords(*old.idx, paths.data, fd.fd, sb, &found, &report);
     report.kept_from_old_index = kept.keys.size();
     (void)old.idx->Close();
     if (!kept.keys.empty()) cut.redo = MergedRedo(cut.redo, std::move(kept));

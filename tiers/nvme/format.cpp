@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <array>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -18,11 +19,21 @@ bool SlotCheckMatches(std::span<const std::byte> slot) {
   return GetLe(slot.data() + kSbCheckAt, 8) == XXH3_64bits(slot.data(), kSbCheckAt);
 }
 
+// True when a slot reading version 1 is a slot of this version with a damaged version field: its
+// slot_check matches once the field reads kFormatVersion (a real version-1 slot has no slot_check).
+bool DamagedVersionField(std::span<const std::byte> slot) {
+  if (slot.size() < kSuperblockHeaderBytes) return false;
+  std::array<std::byte, kSuperblockHeaderBytes> copy;
+  std::memcpy(copy.data(), slot.data(), copy.size());
+  PutLe(copy.data() + 8, kFormatVersion, 4);
+  return SlotCheckMatches(copy);
+}
+
 // True when a slot was written whole: its magic, and a matching slot_check (or version 1, whose
 // check lies elsewhere). Only a slot that is not intact (absent or torn) may be passed over.
 bool SlotIntact(std::span<const std::byte> slot) {
   if (std::memcmp(slot.data(), kSuperblockMagic, sizeof kSuperblockMagic) != 0) return false;
-  return GetLe(slot.data() + 8, 4) == 1 || SlotCheckMatches(slot);
+  return (GetLe(slot.data() + 8, 4) == 1 && !DamagedVersionField(slot)) || SlotCheckMatches(slot);
 }
 
 // True when a descriptor unit (at least kDescriptorBytes) carries a matching desc_check.
@@ -77,7 +88,7 @@ Result<Superblock> Superblock::Decode(std::span<const std::byte> in, const std::
         where));
   }
   const auto version = static_cast<std::uint32_t>(GetLe(in.data() + 8, 4));
-  if (version == 1) {  // before the slot_check: version 1 kept its check elsewhere
+  if (version == 1 && !DamagedVersionField(in)) {  // before the slot_check: version 1 kept its check elsewhere
     return Status::InvalidArgument(fmt::format(
         "{}: this Terrace store has on-disk format version 1, which this build no longer opens (it needs "
         "version {}: extents that describe themselves, so the index can be rebuilt); read its blocks out with "

@@ -882,7 +882,8 @@ Status NvmeTier::OpenIndexOfExisting() {
     std::error_code ec;
     return Status::Corruption(fmt::format(
         "the data file '{}' holds Terrace store {} but its index '{}' is {}: opening it with an empty index would "
-        "lose every block; {} (or reformat the data area to start an empty store: every block in it is lost)",
+        "lose every block; if the store keeps its index in another directory, give that one (--index-dir); "
+        "otherwise {} (or reformat the data area to start an empty store: every block in it is lost)",
         data_path_.string(), sb_.UuidString(), index_path_.string(),
         fs::exists(index_path_, ec) ? "an empty directory" : "missing", RecoverAdvice()));
   }
@@ -988,6 +989,18 @@ Status NvmeTier::Recover() {
         "the index '{}' of NVMe store '{}' {}; this build does not read them and changed nothing: open the store "
         "with the Terrace version that wrote it",
         index_path_.string(), data_path_.string(), other_version.Describe()));
+  }
+  if (const std::uint64_t damaged = report_.dropped_malformed + report_.dropped_out_of_range;
+      damaged > 0 && !options_.read_only) {
+    // A damaged record says nothing reliable about its extent, whose data and descriptor may be
+    // intact: dropping the record would free that extent for the next put and lose an acknowledged
+    // block. The data file is the authority; a rebuild from it keeps every intact block.
+    return Status::Corruption(fmt::format(
+        "the index '{}' of NVMe store '{}' holds {} damaged block record{} (malformed {}, out of range {}; first: {}); "
+        "their blocks may be intact in the data file, and dropping the records would free their space for new "
+        "blocks, so nothing was changed; {}",
+        index_path_.string(), data_path_.string(), damaged, damaged == 1 ? "" : "s", report_.dropped_malformed,
+        report_.dropped_out_of_range, fmt::join(report_.dropped_keys, ", "), RecoverAdvice()));
   }
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });

@@ -153,6 +153,13 @@ struct RebuildReport {
   // Blocks the scan did not find (a damaged or missing descriptor) or found only in an older
   // version, taken from the old index because their data still passes its checksum.
   std::uint64_t kept_from_old_index = 0;
+  // Blocks the old index listed in a version the new one does not hold (that version's data intact
+  // nowhere: a zeroed or overwritten extent, a truncated data file; the new index may hold an older
+  // version or none), the first kMaxKeys as BlockKey::ToString, and the
+  // old index's records too damaged to name a block. 0 without an old index of this store.
+  static constexpr std::size_t kMaxKeys = 8;
+  std::uint64_t lost_from_old_index = 0, old_records_unreadable = 0;
+  std::vector<std::string> lost_keys;
   std::uint64_t bytes_indexed = 0;  // sum of the sizes of the records written
   std::string ToString() const;
 };
