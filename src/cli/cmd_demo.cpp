@@ -620,10 +620,12 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
              "that restored: {} s vs {} s)\n",
              FixedOrNa(s["ttft_mean_s"], 3), FixedOrNa(s["ttft_recompute_mean_s"], 3), d.results.size(), d.restored_turns,
              FixedOrNa(s["ttft_restored_turns_mean_s"], 3), FixedOrNa(s["ttft_restored_turns_recompute_mean_s"], 3));
-  fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from hbm, {} from "
+  const nlohmann::json& kv_hbm = s["tiers"]["kv"].value("hbm", nlohmann::json::object());
+  const char* hbm_name = kv_hbm.value("emulated", false) ? "hbm (emulated in host memory: no GPU)" : "hbm";
+  fmt::print("  prefix cache:    {} of prompt tokens restored ({} of {}); restored bytes came {} from {}, {} from "
              "host, {} from nvme; {} fallback(s)\n",
              PercentOrNa(Defined(s["restored_share"])), d.restored, d.prompt_tokens,
-             PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["hbm"])),
+             PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["hbm"])), hbm_name,
              PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["host"])),
              PercentOrNa(Defined(s["prefix_restore_share_by_tier"]["nvme"])), d.kst.fallbacks);
   for (const char* pool : {"kv", "state"}) {

@@ -389,6 +389,19 @@ Result<std::vector<std::byte>> ReadSuperblockUnit(const fs::path& data, bool fol
     const std::string msg = fmt::format("cannot open '{}': {}", data.string(), std::strerror(err));
     return err == ENOENT ? Status::NotFound(msg) : Status::IoError(msg);
   }
+  struct stat st{};
+  if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    ::close(fd);
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                                              : "not a regular file";
+    return Status::InvalidArgument(fmt::format(
+        "'{}' is {}, not a Terrace data file (a store's data file is a regular file, or a block device); Terrace "
+        "did not make it and leaves it as it is: move it out of the way, or give the --dir of a Terrace store",
+        data.string(), what));
+  }
   std::vector<std::byte> buf(nvme::kSuperblockBytes);
   const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
   const int err = errno;

@@ -349,7 +349,7 @@ def test_figures_the_run_did_not_measure_are_null_and_na_not_zero(terrace, tmp_p
     assert "decode n/a tokens/s" in r.stdout
     assert "of the 0 turns that restored: n/a s vs n/a s" in r.stdout
     assert "n/a ms per decode step" in r.stdout
-    assert "restored bytes came n/a from hbm, n/a from host, n/a from nvme" in r.stdout
+    assert "restored bytes came n/a from hbm (emulated in host memory: no GPU), n/a from host, n/a from nvme" in r.stdout
     page = (d / "report.html").read_text()
     assert "(decode not recorded)" in page and "not recorded per decode step" in page
     assert not re.search(r"decode 0\.0 tokens/s|\b0 ms per decode step", page)

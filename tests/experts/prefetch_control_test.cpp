@@ -40,6 +40,23 @@ class ScriptedPredictor final : public Predictor {
   double confidence_;
 };
 
+// A slow rig (store reads take `delay`, `store_threads` store threads) whose scripted predictor
+// asks, after layer 0, for experts 0..9 of layer `target`, with at most `inflight` prefetches and
+// `cap_blocks` blocks of speculation in the store; layer 0 has ended, so the ten are issued or queued.
+SlowRig TenPredictedAfterLayer0(Home home, int target, unsigned inflight, std::uint64_t cap_blocks,
+                                unsigned store_threads, std::chrono::milliseconds delay) {
+  ExpertOffloadOptions opt;
+  opt.budget = *CacheBudget::Parse("100%");
+  opt.max_inflight_prefetches = inflight;
+  opt.max_speculative_bytes = cap_blocks * BlockBytes();
+  opt.predictor = std::make_unique<ScriptedPredictor>(0, target, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  SlowRig rig = MakeSlowRig(std::move(opt), store_threads, home);
+  rig.slow->set_delay(delay);
+  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
+  rig.offload->OnLayerEnd(0, hidden, 1);
+  return rig;
+}
+
 // Records every OnLoadBusyShare.
 class BusyShareRecorder final : public Predictor {
  public:
@@ -199,15 +216,8 @@ TEST_CASE("the first expert of a layer's selection batch is usable before the re
 TEST_CASE("prefetches whose layer has passed are cancelled, queued or in the store", "[experts]") {
   const Home home = GENERATE(Home::kHost, Home::kNvme);
   INFO("home " << HomeName(home));
-  ExpertOffloadOptions opt;
-  opt.budget = *CacheBudget::Parse("100%");
-  opt.max_inflight_prefetches = 2;
-  opt.max_speculative_bytes = 64 * BlockBytes();
-  opt.predictor = std::make_unique<ScriptedPredictor>(0, 1, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  SlowRig rig = MakeSlowRig(std::move(opt), 1, home);
-  rig.slow->set_delay(std::chrono::milliseconds(100));  // far longer than the 10 ms before layer 1 passes
-  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
-  rig.offload->OnLayerEnd(0, hidden, 1);  // ten prefetches for layer 1
+  // Ten prefetches for layer 1; reads far longer than the 10 ms before layer 1 passes.
+  SlowRig rig = TenPredictedAfterLayer0(home, 1, 2, 64, 1, std::chrono::milliseconds(100));
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // Layer 1 ran without them (say its routing differed) and layer 2 starts: layer 1 has passed.
   const int sel2[] = {11};
@@ -236,15 +246,7 @@ TEST_CASE("prefetches whose layer has passed are cancelled, queued or in the sto
 TEST_CASE("prefetches for the layer that is starting are kept, not cancelled as stale", "[experts]") {
   const Home home = GENERATE(Home::kHost, Home::kNvme);
   INFO("home " << HomeName(home));
-  ExpertOffloadOptions opt;
-  opt.budget = *CacheBudget::Parse("100%");
-  opt.max_inflight_prefetches = 2;
-  opt.max_speculative_bytes = 64 * BlockBytes();
-  opt.predictor = std::make_unique<ScriptedPredictor>(0, 1, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  SlowRig rig = MakeSlowRig(std::move(opt), 1, home);
-  rig.slow->set_delay(std::chrono::milliseconds(20));
-  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
-  rig.offload->OnLayerEnd(0, hidden, 1);  // ten prefetches for layer 1, most still queued
+  SlowRig rig = TenPredictedAfterLayer0(home, 1, 2, 64, 1, std::chrono::milliseconds(20));  // most still queued
   // Layer 1's routing arrives while they are in the store or queued: they are wanted now, not stale.
   const int sel1[] = {0, 1};
   rig.offload->Prefetch(1, sel1);
@@ -259,15 +261,7 @@ TEST_CASE("prefetches for the layer that is starting are kept, not cancelled as 
 TEST_CASE("speculative bytes in flight stay under the cap", "[experts]") {
   const Home home = GENERATE(Home::kHost, Home::kNvme);
   INFO("home " << HomeName(home));
-  ExpertOffloadOptions opt;
-  opt.budget = *CacheBudget::Parse("100%");
-  opt.max_inflight_prefetches = 16;
-  opt.max_speculative_bytes = 3 * BlockBytes();
-  opt.predictor = std::make_unique<ScriptedPredictor>(0, 3, std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  SlowRig rig = MakeSlowRig(std::move(opt), 16, home);
-  rig.slow->set_delay(std::chrono::milliseconds(20));
-  const std::vector<float> hidden(static_cast<std::size_t>(ToyDir().config().hidden_size), 0.5f);
-  rig.offload->OnLayerEnd(0, hidden, 1);
+  SlowRig rig = TenPredictedAfterLayer0(home, 3, 16, 3, 16, std::chrono::milliseconds(20));
   CHECK(rig.offload->Metrics().prefetches_issued == 3);  // the cap's worth went to the store
   // The three reads start on store threads (late on a loaded machine); once they have, and have
   // had time to finish (20 ms each), nothing more is read until the next pump.

@@ -4,6 +4,8 @@
 #include <rocksdb/db.h>
 
 #include <fstream>
+#include <iterator>
+#include <map>
 
 #include "nvme_test_util.h"
 #include "tiers/nvme/format.h"
@@ -19,6 +21,16 @@ bool Mentions(const Status& s, const fs::path& p) { return s.message().find(p.st
 void WriteFile(const fs::path& p, const std::string& text) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f << text;
+}
+
+// Every file of `dir` (not recursive) by name, with its bytes.
+std::map<std::string, std::string> DirSnapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    out[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  return out;
 }
 
 // Creates a store holding blocks [0, n).
@@ -206,11 +218,14 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
       REQUIRE(db->Put(rocksdb::WriteOptions(), k0, v).ok());
       delete db;
     }
+    const auto files_before = DirSnapshot(dir.path() / "index");
     for (bool read_only : {true, false}) {
       auto o = opts;
       o.read_only = read_only;
       auto t = NvmeTier::Open(o);
       REQUIRE(t.status().IsInvalidArgument());
+      // "changed nothing": the read-write open rewrote RocksDB's files before it refused
+      CHECK(DirSnapshot(dir.path() / "index") == files_before);
       CHECK(t.status().message().find("another Terrace version") != std::string::npos);
       CHECK(t.status().message().find("version 3") != std::string::npos);
       CHECK(t.status().message().find(TestKey(0).ToString()) != std::string::npos);
@@ -244,8 +259,10 @@ TEST_CASE("nvme bad input: corrupt index", "[nvme][bad]") {
     }
     // Before this refusal the open dropped block 1's record and freed its extent: the next put
     // wrote over an acknowledged block.
+    const auto files_before = DirSnapshot(dir.path() / "index");
     auto t = NvmeTier::Open(opts);
     REQUIRE(t.status().IsCorruption());
+    CHECK(DirSnapshot(dir.path() / "index") == files_before);  // "nothing was changed": no file either
     CHECK(t.status().message().find("3 damaged block records (malformed 2, out of range 1") != std::string::npos);
     CHECK(t.status().message().find(TestKey(1).ToString()) != std::string::npos);
     CHECK(t.status().message().find("nothing was changed") != std::string::npos);

@@ -147,6 +147,9 @@ TEST_CASE("nvme superblock: a version-1 store is refused with a clear message", 
   sb.capacity_bytes = 64 * kUnit;
   sb.EncodeTo(unit.data());
   unit[8] = std::byte{1};  // format_version 1, as the previous release wrote it
+  // Version 1 kept no slot_check at bytes [80, 88): with the v2 one left there, the slot would read
+  // as a version-2 slot whose version field alone was damaged (and be passed over).
+  PutLe(unit.data() + 80, 0x0123456789abcdefull, 8);
   auto s = Superblock::DecodeUnit(unit, "/d/terrace.data").status();
   REQUIRE(s.IsInvalidArgument());
   CHECK(s.message().find("version 1") != std::string::npos);

@@ -1037,3 +1037,22 @@ def test_check_compares_the_index_with_the_data_files_descriptors(tmp_path):
     assert "terrace store recover --dir" in r.stdout, r.stdout
     assert terrace("store", "recover", "--dir", store).returncode == 0
     assert terrace("store", "check", "--dir", store, "--expect", tmp_path / "acked.txt").returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["directory", "FIFO"])
+@pytest.mark.parametrize("cmd", ["check", "stats", "recover"])
+def test_a_data_file_that_is_not_a_file_is_named_and_left_alone(tmp_path, kind, cmd):
+    """A directory or FIFO where the data file belongs gave a bare 'cannot read the superblock ...:
+    Is a directory' (or 'Illegal seek'), with no next step."""
+    store = tmp_path / "s"
+    store.mkdir()
+    data = store / "terrace.data"
+    if kind == "directory":
+        data.mkdir()
+    else:
+        os.mkfifo(data)
+    r = terrace("store", cmd, "--dir", store, timeout=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"is a {kind}, not a Terrace data file" in r.stderr, r.stderr
+    assert "move it out of the way, or give the --dir of a Terrace store" in r.stderr, r.stderr
+    assert data.is_dir() if kind == "directory" else stat.S_ISFIFO(os.lstat(data).st_mode)

@@ -943,16 +943,23 @@ Status NvmeTier::OpenIndexOfExisting() {
         "to rebuild one from the data file",
         index_path_.string(), index_commit_, data_path_.string(), sb_.indexed_commit, options_.path.string()));
   }
-  if (options_.read_only) {
-    index_ = std::move(idx);
-    return Status::Ok();
-  }
-  TERRACE_RETURN_IF_ERROR(idx->Close());
-  idx.reset();
-  io.read_only = false;
+  // Still read-only: Recover() checks the records before ReopenIndexWritable().
+  index_ = std::move(idx);
+  index_read_only_ = true;
+  return Status::Ok();
+}
+
+Status NvmeTier::ReopenIndexWritable() {
+  if (options_.read_only || !index_read_only_) return Status::Ok();
+  TERRACE_RETURN_IF_ERROR(index_->Close());
+  index_.reset();
+  nvme::IndexOpenOptions io;
+  io.env = hooks_.index_env;
+  io.logger = logger_;
   auto rw = nvme::IndexStore::Open(index_path_, io);
   if (!rw.ok()) return WithRecoverAdvice(rw.status());
   index_ = std::move(rw).value();
+  index_read_only_ = false;
   return Status::Ok();
 }
 
@@ -1022,6 +1029,8 @@ Status NvmeTier::Recover() {
   }
   recs.clear();
   recs.shrink_to_fit();
+  // Every refusal is behind: only now may RocksDB's read-write open rewrite the index's files.
+  TERRACE_RETURN_IF_ERROR(ReopenIndexWritable());
 
   std::vector<nvme::Extent> used;
   used.reserve(kept.size());

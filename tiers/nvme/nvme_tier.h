@@ -407,6 +407,9 @@ class NvmeTier final : public Tier {
   Status MoveIndexAside(std::string_view why);
   Status CheckDurableMedium();
   Status Recover() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
+  // Open: the index of an existing store is opened read-only for every check that may refuse the
+  // open (which then changes no file); Recover reopens it read-write after them (not read_only).
+  Status ReopenIndexWritable() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   // After Recover: finishes a group commit cut short between its index write and its descriptors
   // (group_commit.h), when the index is one commit ahead of the superblock.
   Status RedoLastCommit() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
@@ -491,6 +494,7 @@ class NvmeTier final : public Tier {
   AlignedBuffer sb_unit_ TERRACE_GUARDED_BY(sb_mu_);  // the 4 KiB superblock as on disk
   std::unique_ptr<nvme::IoEngine> engine_;
   std::unique_ptr<nvme::IndexStore> index_;
+  bool index_read_only_ = false;  // Open only: index_ is still the read-only handle of the checks
   std::unique_ptr<nvme::StagingPool> staging_;
   std::unique_ptr<nvme::GroupCommitter> committer_;
 
