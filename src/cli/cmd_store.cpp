@@ -225,13 +225,22 @@ int RunFill(const FillArgs& a) {
       // A block the index already lists with this size and checksum is acknowledged only once it
       // reads back intact (the tier verifies its checksum): a damaged one is written again.
       auto have = (*tier)->Lookup(key);
-      bool same = have.ok() && *have == desc;
+      bool same = have.ok() && *have == desc, damaged = false;
+      Status s;
       if (same) {
         BlockDesc got;
-        same = (*tier)->Get(key, stored, &got).ok() && got == desc && stored == buf;
-        if (!same) rewritten.fetch_add(1);
+        s = (*tier)->Get(key, stored, &got);
+        // Damaged: the read refused it (checksum; a corrupt block is dropped, so NotFound once
+        // another writer saw it first) or returned other bytes. Any other read error is this put's
+        // failure: the block is not acknowledged, and not rewritten on a transient error.
+        damaged = s.IsCorruption() || s.IsNotFound() || (s.ok() && !(got == desc && stored == buf));
+        if (damaged) s = Status::Ok();
+        same = s.ok() && !damaged;
       }
-      Status s = same ? Status::Ok() : (*tier)->Put(key, desc, buf);
+      if (s.ok() && !same) {
+        s = (*tier)->Put(key, desc, buf);
+        if (s.ok() && damaged) rewritten.fetch_add(1);
+      }
       std::lock_guard<std::mutex> l(out_mu);
       if (fault_engine) {
         std::uint64_t n = fault_engine->injected_total();

@@ -113,10 +113,14 @@ int RunRecover(const StorePaths& p) {
                rep->kept_from_old_index);
   }
   if (rep->lost_from_old_index > 0) {
-    fmt::print("store recover: {} blocks the old index listed are lost: that version of them is intact nowhere in the "
+    fmt::print("store recover: {} blocks the old index listed are {}: that version of them is intact nowhere in the "
                "data file (the index now holds an older version of the block, or none)\n",
-               rep->lost_from_old_index);
-    for (const std::string& k : rep->lost_keys) fmt::print("store recover: lost block {}\n", k);
+               rep->lost_from_old_index,
+               rep->old_index_stale ? "possibly lost (the old index is behind the data file, so they may have been "
+                                      "erased since)"
+                                    : "lost");
+    for (const std::string& k : rep->lost_keys)
+      fmt::print("store recover: {} block {}\n", rep->old_index_stale ? "possibly lost" : "lost", k);
   }
   if (rep->old_records_unreadable > 0) {
     fmt::print("store recover: {} records of the old index were too damaged to name a block (the blocks behind them "
@@ -137,7 +141,7 @@ int RunRecover(const StorePaths& p) {
     fmt::print("store recover: there was no index; a new one was written\n");
   } else {
     fmt::print("store recover: the old index was moved to '{}' (nothing was deleted; {})\n", rep->moved_aside.string(),
-               rep->lost_from_old_index > 0 ? "it still lists the lost blocks" : "remove it once the store checks clean");
+               rep->lost_from_old_index > 0 ? "it still lists the blocks above" : "remove it once the store checks clean");
   }
   fmt::print("store recover: run 'terrace store check {}' to verify\n", StorePathFlags(p));
   if (StopSignalReceived() != 0) {

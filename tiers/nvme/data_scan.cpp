@@ -11,6 +11,8 @@
 #include <ctime>
 #include <map>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -228,9 +230,13 @@ std::string RebuildReport::ToString() const {
                          : fmt::format("; {} blocks kept from the old index (descriptor damaged or missing, data good)",
                                        kept_from_old_index),
                      (lost_from_old_index == 0 ? std::string()
-                                               : fmt::format("; {} blocks the old index listed are lost (that version "
+                                               : fmt::format("; {} blocks the old index listed are {} (that version "
                                                              "intact nowhere in the data file): {}",
-                                                             lost_from_old_index, fmt::join(lost_keys, ", "))) +
+                                                             lost_from_old_index,
+                                                             old_index_stale ? "possibly lost (the old index is behind "
+                                                                               "the data file: erased since, or lost)"
+                                                                             : "lost",
+                                                             fmt::join(lost_keys, ", "))) +
                          (old_records_unreadable == 0
                               ? std::string()
                               : fmt::format("; {} records of the old index unreadable", old_records_unreadable)),
@@ -524,8 +530,11 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
                                                const nvme::Superblock& sb, std::vector<Found>* found,
                                                RebuildReport* report) {
   nvme::GroupCommitter::Redo kept;
+  // An index behind the data file (or whose commit counter does not read) may name blocks erased
+  // since: none of its records is kept, and what it lists that the new index lacks is only
+  // reported, as possibly lost.
   auto commit = idx.ReadCommit();
-  if (!commit.ok() || *commit < sb.indexed_commit) return kept;
+  report->old_index_stale = !commit.ok() || *commit < sb.indexed_commit;
   std::vector<Found> records;
   Status scanned = idx.Scan([&](std::string_view k, std::string_view v) {
     if (nvme::IsBookkeepingKey(k)) return;
@@ -559,6 +568,7 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
   };
   std::vector<std::byte> data;
   for (const Found& f : records) {
+    if (report->old_index_stale) break;
     const nvme::Record& r = f.rec;
     if (!r.FitsDataArea(sb.data_start, sb.capacity_bytes)) continue;  // before `overlaps` reads its extent
     auto it = at.find(f.key);
@@ -583,9 +593,13 @@ nvme::GroupCommitter::Redo KeepOldIndexRecords(const nvme::IndexStore& idx, cons
     kept.keys.push_back(f.key);
   }
   // What the old index listed that the new one will not: blocks whose listed version is intact
-  // nowhere (gone, or only an older version of it found).
+  // nowhere (gone, or only an older version of it found). A record that describes a found block of
+  // another key (the same extent, generation and checksum) is a damaged record, not a lost block.
+  std::set<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>> held;  // offset, generation, checksum
+  for (const Found& f : *found) held.emplace(f.rec.offset, f.rec.generation, f.rec.checksum);
   std::unordered_set<BlockKey> lost;
   for (const Found& f : records) {
+    if (held.contains({f.rec.offset, f.rec.generation, f.rec.checksum})) continue;
     auto now = at.find(f.key);
     const bool gone = now == at.end() || (*found)[now->second].rec.generation < f.rec.generation;
     if (gone && lost.insert(f.key).second) {

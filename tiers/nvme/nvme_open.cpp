@@ -969,7 +969,7 @@ Status NvmeTier::Recover() {
     nvme::Record rec;
   };
   std::vector<Loaded> recs;
-  std::vector<std::string> drop;  // encoded keys to delete
+  std::vector<std::string> drop;  // encoded keys of the damaged records (read-only: reported and kept)
   auto note_drop = [&](std::string_view k, std::uint64_t* counter) {
     ++*counter;
     drop.emplace_back(k);
@@ -997,18 +997,6 @@ Status NvmeTier::Recover() {
         "with the Terrace version that wrote it",
         index_path_.string(), data_path_.string(), other_version.Describe()));
   }
-  if (const std::uint64_t damaged = report_.dropped_malformed + report_.dropped_out_of_range;
-      damaged > 0 && !options_.read_only) {
-    // A damaged record says nothing reliable about its extent, whose data and descriptor may be
-    // intact: dropping the record would free that extent for the next put and lose an acknowledged
-    // block. The data file is the authority; a rebuild from it keeps every intact block.
-    return Status::Corruption(fmt::format(
-        "the index '{}' of NVMe store '{}' holds {} damaged block record{} (malformed {}, out of range {}; first: {}); "
-        "their blocks may be intact in the data file, and dropping the records would free their space for new "
-        "blocks, so nothing was changed; {}",
-        index_path_.string(), data_path_.string(), damaged, damaged == 1 ? "" : "s", report_.dropped_malformed,
-        report_.dropped_out_of_range, fmt::join(report_.dropped_keys, ", "), RecoverAdvice()));
-  }
 
   std::sort(recs.begin(), recs.end(), [](const Loaded& a, const Loaded& b) { return a.rec.offset < b.rec.offset; });
   std::vector<Loaded> kept;
@@ -1029,6 +1017,20 @@ Status NvmeTier::Recover() {
   }
   recs.clear();
   recs.shrink_to_fit();
+  if (const std::uint64_t damaged = report_.dropped();
+      damaged > 0 && !options_.read_only) {
+    // A damaged record says nothing reliable about its extent, whose data and descriptor may be
+    // intact, and an index whose records overlap is damaged too (a commit never leaves two keys on
+    // one extent): one of them may be another key's record copied over, and dropping either could
+    // free an intact block's extent for the next put. The data file is the authority; a rebuild
+    // from it keeps every intact block.
+    return Status::Corruption(fmt::format(
+        "the index '{}' of NVMe store '{}' holds {} damaged block record{} (malformed {}, out of range {}, overlapping "
+        "{}; first: {}); their blocks may be intact in the data file, and dropping the records would free their space "
+        "for new blocks, so nothing was changed; {}",
+        index_path_.string(), data_path_.string(), damaged, damaged == 1 ? "" : "s", report_.dropped_malformed,
+        report_.dropped_out_of_range, report_.dropped_overlap, fmt::join(report_.dropped_keys, ", "), RecoverAdvice()));
+  }
   // Every refusal is behind: only now may RocksDB's read-write open rewrite the index's files.
   TERRACE_RETURN_IF_ERROR(ReopenIndexWritable());
 
@@ -1049,12 +1051,10 @@ Status NvmeTier::Recover() {
   report_.blocks_recovered = map_.size();
   report_.bytes_in_use = used_bytes_;
 
-  if (!drop.empty()) {
-    if (!options_.read_only) TERRACE_RETURN_IF_ERROR(index_->DeleteKeys(drop));
+  if (!drop.empty()) {  // read-only only: a read-write open with damaged records was refused above
     logger_->Log(LogLevel::kWarning, "nvme",
-                 fmt::format("recovery of '{}' {} {} index records: {}", data_path_.string(),
-                             options_.read_only ? "found (and, read-only, kept)" : "dropped", drop.size(),
-                             report_.ToString()));
+                 fmt::format("recovery of '{}' found (and, read-only, kept) {} damaged index records: {}",
+                             data_path_.string(), drop.size(), report_.ToString()));
   }
   if (!options_.read_only && index_commit_ == sb_.indexed_commit + 1) TERRACE_RETURN_IF_ERROR(RedoLastCommit());
   return Status::Ok();

@@ -156,9 +156,12 @@ struct RebuildReport {
   // Blocks the old index listed in a version the new one does not hold (that version's data intact
   // nowhere: a zeroed or overwritten extent, a truncated data file; the new index may hold an older
   // version or none), the first kMaxKeys as BlockKey::ToString, and the
-  // old index's records too damaged to name a block. 0 without an old index of this store.
+  // old index's records too damaged to name a block. 0 without an old index of this store. With
+  // old_index_stale (the old index is behind the data file: it may name blocks erased since, so none
+  // of its records was kept), the blocks are possibly lost, not surely.
   static constexpr std::size_t kMaxKeys = 8;
   std::uint64_t lost_from_old_index = 0, old_records_unreadable = 0;
+  bool old_index_stale = false;
   std::vector<std::string> lost_keys;
   std::uint64_t bytes_indexed = 0;  // sum of the sizes of the records written
   std::string ToString() const;
