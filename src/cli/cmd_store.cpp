@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "src/cli/cli_util.h"
 #include "src/cli/cmd_store.h"
@@ -408,6 +409,10 @@ void WaitAtCheckGate() {
 struct CheckedStore {
   BlockCheck check;
   std::uint64_t damaged_descriptors = 0;  // the scan's DataScanReport::damaged (0 with --quick)
+  // Index records the read-only open set aside as damaged (malformed, out of range, overlapping),
+  // with their counts and first keys: a read-write open refuses the store until it is rebuilt.
+  std::uint64_t damaged_records = 0;
+  std::string damaged_records_detail;
 };
 
 // Checks the store `o` names (opened read-only) as of one moment: a SharedDataLock keeps writers
@@ -445,6 +450,11 @@ std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, 
     scan->pending = ReadPendingCommit(**tier);
     out->damaged_descriptors = scan->report.damaged;
   }
+  const RecoveryReport& rr = (*tier)->recovery_report();
+  out->damaged_records = rr.dropped_malformed + rr.dropped_out_of_range + rr.dropped_overlap;
+  out->damaged_records_detail = fmt::format("malformed {}, out of range {}, overlapping {}; first: {}",
+                                            rr.dropped_malformed, rr.dropped_out_of_range, rr.dropped_overlap,
+                                            fmt::join(rr.dropped_keys, ", "));
   const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
   out->check = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
@@ -526,8 +536,17 @@ int RunCheck(const CheckArgs& a) {
   }
   const std::string where = fmt::format("--dir {}{}", a.paths.dir,
                                         a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
+  if (checked.damaged_records > 0) {
+    fmt::print("store check: the index holds {} damaged records ({}); no writer can open the store until its index "
+               "is rebuilt (dropping them could free space that holds intact blocks); {}\n",
+               checked.damaged_records, checked.damaged_records_detail, StoreCheckRecoverAdvice(a.paths));
+  }
   if (c.corrupt) {
-    if (a.repair) {
+    if (a.repair && checked.damaged_records > 0) {
+      fmt::print("store check: {} corrupt blocks were left as they are: --repair opens the store for writing, which "
+                 "its damaged index refuses; run 'terrace store recover' first (it skips corrupt blocks)\n",
+                 c.corrupt);
+    } else if (a.repair) {
       auto dropped = DropCorruptBlocks(o, c.corrupt_keys);
       if (!dropped.ok()) return FailStatus(dropped.status());
       fmt::print("store check: {} corrupt blocks were dropped from the store; recompute or refetch them\n", *dropped);
@@ -563,7 +582,7 @@ int RunCheck(const CheckArgs& a) {
     fmt::print("store check: {} expected blocks are missing{}\n", c.missing,
                c.scanned ? "" : "; run without --quick to look for them in the data file");
   }
-  return (c.missing || c.corrupt || c.wrong_content || c.lost_from_index) ? 1 : 0;
+  return (c.missing || c.corrupt || c.wrong_content || c.lost_from_index || checked.damaged_records) ? 1 : 0;
 }
 
 }  // namespace

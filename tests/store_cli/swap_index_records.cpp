@@ -1,7 +1,8 @@
 // Test helper for store_cli_pytest: swaps the values of the first two block records (in key order)
-// of an NVMe store's RocksDB index, as a damaged index might hold them. Each record keeps a valid
-// record_check (it covers the record, not the key), so only a comparison with the data file's
-// descriptors can tell. Usage: swap_index_records INDEX_DIR. Prints the two keys (hex); exit 0.
+// of an NVMe store's RocksDB index, or with "copy" writes the first one's value over the second's,
+// as a damaged index might hold them. Each record keeps a valid record_check (it covers the record,
+// not the key), so only the data file's descriptors (or, for a copy, the overlap) can tell.
+// Usage: swap_index_records INDEX_DIR [copy]; exit 0 when done.
 #include <rocksdb/db.h>
 
 #include <cstdio>
@@ -10,8 +11,9 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: swap_index_records INDEX_DIR\n");
+  const bool copy = argc == 3 && std::string(argv[2]) == "copy";
+  if (argc != 2 && !copy) {
+    std::fprintf(stderr, "usage: swap_index_records INDEX_DIR [copy]\n");
     return 2;
   }
   rocksdb::DB* db = nullptr;
@@ -24,7 +26,7 @@ int main(int argc, char** argv) {
     }
   }
   int rc = 1;
-  if (recs.size() == 2 && db->Put(rocksdb::WriteOptions(), recs[0].first, recs[1].second).ok() &&
+  if (recs.size() == 2 && (copy || db->Put(rocksdb::WriteOptions(), recs[0].first, recs[1].second).ok()) &&
       db->Put(rocksdb::WriteOptions(), recs[1].first, recs[0].second).ok()) {
     rc = 0;
   }
