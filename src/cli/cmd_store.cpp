@@ -226,19 +226,20 @@ int RunFill(const FillArgs& a) {
       // A block the index already lists with this size and checksum is acknowledged only once it
       // reads back intact (the tier verifies its checksum): a damaged one is written again.
       auto have = (*tier)->Lookup(key);
-      bool same = have.ok() && *have == desc, damaged = false;
+      const bool listed = have.ok() && *have == desc;
+      bool damaged = false;
       Status s;
-      if (same) {
+      if (listed) {
         BlockDesc got;
-        s = (*tier)->Get(key, stored, &got);
+        const Status read = (*tier)->Get(key, stored, &got);
         // Damaged: the read refused it (checksum; a corrupt block is dropped, so NotFound once
         // another writer saw it first) or returned other bytes. Any other read error is this put's
         // failure: the block is not acknowledged, and not rewritten on a transient error.
-        damaged = s.IsCorruption() || s.IsNotFound() || (s.ok() && !(got == desc && stored == buf));
-        if (damaged) s = Status::Ok();
-        same = s.ok() && !damaged;
+        damaged = read.IsCorruption() || read.IsNotFound() || (read.ok() && !(got == desc && stored == buf));
+        if (!damaged) s = read;
       }
-      if (s.ok() && !same) {
+      const bool same = listed && !damaged;  // with s ok: acknowledged as it is
+      if (!same) {
         s = (*tier)->Put(key, desc, buf);
         if (s.ok() && damaged) rewritten.fetch_add(1);
       }
@@ -409,10 +410,9 @@ void WaitAtCheckGate() {
 struct CheckedStore {
   BlockCheck check;
   std::uint64_t damaged_descriptors = 0;  // the scan's DataScanReport::damaged (0 with --quick)
-  // Index records the read-only open set aside as damaged (malformed, out of range, overlapping),
-  // with their counts and first keys: a read-write open refuses the store until it is rebuilt.
-  std::uint64_t damaged_records = 0;
-  std::string damaged_records_detail;
+  // What the read-only open found, its damaged index records among it (a read-write open refuses
+  // the store until it is rebuilt).
+  RecoveryReport recovery;
 };
 
 // Checks the store `o` names (opened read-only) as of one moment: a SharedDataLock keeps writers
@@ -450,11 +450,7 @@ std::optional<int> CheckOneMoment(const CheckArgs& a, const NvmeTierOptions& o, 
     scan->pending = ReadPendingCommit(**tier);
     out->damaged_descriptors = scan->report.damaged;
   }
-  const RecoveryReport& rr = (*tier)->recovery_report();
-  out->damaged_records = rr.dropped_malformed + rr.dropped_out_of_range + rr.dropped_overlap;
-  out->damaged_records_detail = fmt::format("malformed {}, out of range {}, overlapping {}; first: {}",
-                                            rr.dropped_malformed, rr.dropped_out_of_range, rr.dropped_overlap,
-                                            fmt::join(rr.dropped_keys, ", "));
+  out->recovery = (*tier)->recovery_report();
   const std::optional<std::uint64_t> seed = a.checksums_only ? std::nullopt : std::optional(a.seed);
   out->check = CheckBlocks(**tier, seed, expected, scan ? &*scan : nullptr, [](const std::string& line) {
     fmt::print(stderr, "{}\n", line);
@@ -536,13 +532,14 @@ int RunCheck(const CheckArgs& a) {
   }
   const std::string where = fmt::format("--dir {}{}", a.paths.dir,
                                         a.paths.index_dir.empty() ? "" : " --index-dir " + a.paths.index_dir);
-  if (checked.damaged_records > 0) {
+  const std::uint64_t damaged_records = checked.recovery.damaged_records();
+  if (damaged_records > 0) {
     fmt::print("store check: the index holds {} damaged records ({}); no writer can open the store until its index "
                "is rebuilt (dropping them could free space that holds intact blocks); {}\n",
-               checked.damaged_records, checked.damaged_records_detail, StoreCheckRecoverAdvice(a.paths));
+               damaged_records, checked.recovery.DamagedRecordsText(), StoreCheckRecoverAdvice(a.paths));
   }
   if (c.corrupt) {
-    if (a.repair && checked.damaged_records > 0) {
+    if (a.repair && damaged_records > 0) {
       fmt::print("store check: {} corrupt blocks were left as they are: --repair opens the store for writing, which "
                  "its damaged index refuses; run 'terrace store recover' first (it skips corrupt blocks)\n",
                  c.corrupt);
@@ -582,7 +579,7 @@ int RunCheck(const CheckArgs& a) {
     fmt::print("store check: {} expected blocks are missing{}\n", c.missing,
                c.scanned ? "" : "; run without --quick to look for them in the data file");
   }
-  return (c.missing || c.corrupt || c.wrong_content || c.lost_from_index || checked.damaged_records) ? 1 : 0;
+  return (c.missing || c.corrupt || c.wrong_content || c.lost_from_index || damaged_records) ? 1 : 0;
 }
 
 }  // namespace

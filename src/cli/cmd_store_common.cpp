@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <unordered_map>
 #include <chrono>
 #include <cerrno>
 #include <cctype>
@@ -13,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>

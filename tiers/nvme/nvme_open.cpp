@@ -96,6 +96,11 @@ std::string RecoveryReport::ToString() const {
   return s;
 }
 
+std::string RecoveryReport::DamagedRecordsText() const {
+  return fmt::format("malformed {}, out of range {}, overlapping {}; first: {}", dropped_malformed,
+                     dropped_out_of_range, dropped_overlap, fmt::join(dropped_keys, ", "));
+}
+
 NvmeTier::NvmeTier(const NvmeTierOptions& options, const NvmeOpenHooks& hooks)
     : options_(options), hooks_(hooks), logger_(LoggerOrDefault(options.logger)) {
   caps_.id = TierId::kNvme;
@@ -969,10 +974,8 @@ Status NvmeTier::Recover() {
     nvme::Record rec;
   };
   std::vector<Loaded> recs;
-  std::vector<std::string> drop;  // encoded keys of the damaged records (read-only: reported and kept)
   auto note_drop = [&](std::string_view k, std::uint64_t* counter) {
     ++*counter;
-    drop.emplace_back(k);
     if (report_.dropped_keys.size() < RecoveryReport::kMaxKeys) report_.dropped_keys.push_back(nvme::EncodedKeyText(k));
   };
   const std::uint64_t cap = sb_.capacity_bytes;
@@ -1017,19 +1020,17 @@ Status NvmeTier::Recover() {
   }
   recs.clear();
   recs.shrink_to_fit();
-  if (const std::uint64_t damaged = report_.dropped();
-      damaged > 0 && !options_.read_only) {
+  if (const std::uint64_t damaged = report_.damaged_records(); damaged > 0 && !options_.read_only) {
     // A damaged record says nothing reliable about its extent, whose data and descriptor may be
     // intact, and an index whose records overlap is damaged too (a commit never leaves two keys on
     // one extent): one of them may be another key's record copied over, and dropping either could
     // free an intact block's extent for the next put. The data file is the authority; a rebuild
     // from it keeps every intact block.
     return Status::Corruption(fmt::format(
-        "the index '{}' of NVMe store '{}' holds {} damaged block record{} (malformed {}, out of range {}, overlapping "
-        "{}; first: {}); their blocks may be intact in the data file, and dropping the records would free their space "
-        "for new blocks, so nothing was changed; {}",
-        index_path_.string(), data_path_.string(), damaged, damaged == 1 ? "" : "s", report_.dropped_malformed,
-        report_.dropped_out_of_range, report_.dropped_overlap, fmt::join(report_.dropped_keys, ", "), RecoverAdvice()));
+        "the index '{}' of NVMe store '{}' holds {} damaged block record{} ({}); their blocks may be intact in the "
+        "data file, and dropping the records would free their space for new blocks, so nothing was changed; {}",
+        index_path_.string(), data_path_.string(), damaged, damaged == 1 ? "" : "s", report_.DamagedRecordsText(),
+        RecoverAdvice()));
   }
   // Every refusal is behind: only now may RocksDB's read-write open rewrite the index's files.
   TERRACE_RETURN_IF_ERROR(ReopenIndexWritable());
@@ -1051,10 +1052,10 @@ Status NvmeTier::Recover() {
   report_.blocks_recovered = map_.size();
   report_.bytes_in_use = used_bytes_;
 
-  if (!drop.empty()) {  // read-only only: a read-write open with damaged records was refused above
+  if (report_.damaged_records() > 0) {  // read-only only: a read-write open with them was refused above
     logger_->Log(LogLevel::kWarning, "nvme",
                  fmt::format("recovery of '{}' found (and, read-only, kept) {} damaged index records: {}",
-                             data_path_.string(), drop.size(), report_.ToString()));
+                             data_path_.string(), report_.damaged_records(), report_.ToString()));
   }
   if (!options_.read_only && index_commit_ == sb_.indexed_commit + 1) TERRACE_RETURN_IF_ERROR(RedoLastCommit());
   return Status::Ok();

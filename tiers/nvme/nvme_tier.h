@@ -117,6 +117,10 @@ struct RecoveryReport {
   std::uint64_t dropped() const {
     return dropped_malformed + dropped_out_of_range + dropped_overlap + dropped_checksum;
   }
+  // The index's damaged records (malformed, out of range, overlapping): a read-write open refuses
+  // them, a read-only one sets them aside. DamagedRecordsText: their counts by reason and first keys.
+  std::uint64_t damaged_records() const { return dropped_malformed + dropped_out_of_range + dropped_overlap; }
+  std::string DamagedRecordsText() const;
   std::string ToString() const;
 };
 
