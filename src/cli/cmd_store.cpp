@@ -297,6 +297,9 @@ int RunFill(const FillArgs& a) {
                "store fill: all {} blocks were already in the store with identical bytes (same --seed {}); nothing "
                "was written\n",
                same, a.seed);
+  } else if (w == 0) {
+    fmt::print(stderr, "store fill: no block was written{}\n",
+               same ? fmt::format("; {} were already stored with identical bytes", same) : std::string());
   } else {
     fmt::print(stderr, "store fill: {} of {} blocks written and durable ({}) in {:.2f} s, {:.1f} MB/s, sync durability{}\n",
                w, a.count, FormatBytes(static_cast<double>(w * a.block_size)), secs,

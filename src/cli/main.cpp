@@ -193,6 +193,30 @@ std::string UnexpectedArgumentMessage(const CLI::App& app, const CLI::ParseError
   return fmt::format("unexpected argument '{}' for '{}' (run '{} --help')", rest.front(), path, path);
 }
 
+// CLI11's count messages in plain words: "--rate: At Most 1 required but received 2" -> "--rate
+// given 2 times; give it once", "--rate: 1 required NUMBER missing" -> "--rate needs a value
+// (NUMBER)". Empty for other errors.
+std::string ArgumentCountMessage(const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) == nullptr) return "";
+  const std::string_view what = e.what();
+  const std::size_t colon = what.find(": ");
+  if (colon == std::string_view::npos || what.substr(0, 1) != "-") return "";
+  const std::string_view flag = what.substr(0, colon);
+  const std::string_view rest = what.substr(colon + 2);
+  constexpr std::string_view kAtMost = "At Most 1 required but received ";
+  if (rest.substr(0, kAtMost.size()) == kAtMost) {
+    return fmt::format("{} given {} times; give it once", flag, rest.substr(kAtMost.size()));
+  }
+  constexpr std::string_view kOne = "1 required ";
+  constexpr std::string_view kMissing = " missing";
+  if (rest.substr(0, kOne.size()) == kOne && rest.size() > kOne.size() + kMissing.size() &&
+      rest.substr(rest.size() - kMissing.size()) == kMissing) {
+    return fmt::format("{} needs a value ({})", flag,
+                       rest.substr(kOne.size(), rest.size() - kOne.size() - kMissing.size()));
+  }
+  return "";
+}
+
 }  // namespace
 }  // namespace terrace::cli
 
@@ -235,7 +259,8 @@ int main(int argc, char** argv) {
     std::string what = UnknownCommandMessage(app, e);
     if (what.empty()) what = UnexpectedArgumentMessage(app, e);
     if (!what.empty()) return FailUsage(what);
-    what = e.what();
+    what = ArgumentCountMessage(e);
+    if (what.empty()) what = e.what();
     if (what.empty()) what = "invalid arguments";
     return FailUsage(fmt::format("{} (run '{} --help')", what, CommandPath(Deepest(&app))));
   } catch (...) {
