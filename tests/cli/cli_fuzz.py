@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 
+from safetensors_file import write_safetensors
+
 INTS = ["-1", "0", "1", "2", "3", "7", "64", "255", "256", "257", "4096", "65536", "65537", "2147483647",
         "2147483648", "4294967295", "4294967296", "9223372036854775807", "18446744073709551615",
         "18446744073709551616", "-9223372036854775809", "1e3", "0x10", "abc", "", " 1", "1.5", "+1", "--"]
@@ -173,18 +175,6 @@ def argv_for(rng):
 
 
 # ---- fixtures ------------------------------------------------------------------------------------
-
-def write_safetensors(path, tensors):
-    header, offset, data = {}, 0, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + data)
-
 
 def f32(rng, n):
     return struct.pack(f"<{n}f", *[rng.uniform(-1, 1) for _ in range(n)])

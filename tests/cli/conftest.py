@@ -1,10 +1,10 @@
-import json
 import os
-import struct
 import subprocess
 import time
 
 import pytest
+
+from safetensors_file import write_safetensors  # noqa: F401 (re-exported to the tests)
 
 
 class Terrace:
@@ -79,15 +79,3 @@ def wait_for(path, seconds=60):
             return True
         time.sleep(0.05)
     return False
-
-
-def write_safetensors(path, tensors):
-    """A safetensors file from {name: (dtype, shape, bytes)} (no numpy needed)."""
-    header, offset, data = {}, 0, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
