@@ -173,6 +173,21 @@ inline Run Prefill(const model::Model& m, PrefixCache& cache, const std::vector<
   return out;
 }
 
+// `stored` prefilled through `cache` and flushed (its chunks and snapshots written), then `next`
+// computed cold (nothing restored or written: what a restore of it must equal), and the request
+// that restores `next`; `decode` greedy steps after the cold prompt.
+struct StoredThenCold {
+  Run cold;
+  PrefixRequest req;
+};
+inline StoredThenCold StoreThenRecompute(const model::Model& m, PrefixCache& cache,
+                                         const std::vector<std::int32_t>& stored,
+                                         const std::vector<std::int32_t>& next, int decode = 0) {
+  Prefill(m, cache, stored, "");
+  cache.Flush();
+  return {Prefill(m, cache, next, "", {.restore = false, .write_back = false}, decode), cache.Prepare(next, "")};
+}
+
 // Rows [from, n) of a cold run's logits.
 inline std::vector<float> Rows(const model::Tensor& t, std::int64_t from) {
   return std::vector<float>(t.data.begin() + from * t.dim(1), t.data.end());

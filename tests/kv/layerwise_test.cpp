@@ -274,11 +274,8 @@ TEST_CASE("a restore decodes MLA latents into the state's own cache, sized for t
   REQUIRE(cache.ok());
   const auto& L = (*cache)->layout();
   const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
   const auto p2 = Extend(p, 5 * 16 + 3, 5 * 16 + 24);  // restores 80 tokens, computes [80, 96) and [96, 104)
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
-  const auto req = (*cache)->Prepare(p2, "");
+  const auto [cold, req] = StoreThenRecompute(*m.model, **cache, p, p2);
   const auto W = static_cast<std::size_t>(L.mla_width());
   for (bool layerwise : {true, false}) {
     CAPTURE(layerwise);

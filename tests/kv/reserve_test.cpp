@@ -34,11 +34,8 @@ TEST_CASE("a restore into memory reserved ahead (cache and state) is bitwise the
   auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
   REQUIRE(cache.ok());
   const auto& L = (*cache)->layout();
-  Prefill(*m.model, **cache, Tokens(5 * 16 + 3), "");
-  (*cache)->Flush();
   const auto p2 = Tokens(5 * 16 + 9);
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
-  const auto req = (*cache)->Prepare(p2, "");
+  const auto [cold, req] = StoreThenRecompute(*m.model, **cache, Tokens(5 * 16 + 3), p2);
   for (bool layerwise : {true, false}) {
     CAPTURE(layerwise);
     auto fresh = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());

@@ -113,11 +113,8 @@ TEST_CASE("a restore from NVMe reads every block straight into its buffer (no st
   auto cache = PrefixCache::Create(Layout(16, 1), m.id, kv_store.get(), st_store.get());
   REQUIRE(cache.ok());
   const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
   const auto p2 = Tokens(5 * 16 + 9);  // the same first 83 tokens: restores 80
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
-  const auto req = (*cache)->Prepare(p2, "");
+  const auto [cold, req] = StoreThenRecompute(*m.model, **cache, p, p2);
   // Every stored block's size is a multiple of the NVMe tier's 4 KiB unit ...
   std::vector<BlockKey> keys;
   for (int i = 0; i < 5; ++i) keys.push_back(keys::KvChunkKey((*cache)->kv_namespace(), req.chunk_ids[static_cast<std::size_t>(i)]));
@@ -146,11 +143,8 @@ TEST_CASE("a restore into a state reused after Reset decodes into that state's o
   REQUIRE(cache.ok());
   const auto& L = (*cache)->layout();
   const auto p = Tokens(5 * 16 + 3);
-  Prefill(*m.model, **cache, p, "");
-  (*cache)->Flush();
   const auto p2 = Tokens(5 * 16 + 9);
-  const Run cold = Prefill(*m.model, **cache, p2, "", {.restore = false, .write_back = false});
-  const auto req = (*cache)->Prepare(p2, "");
+  const auto [cold, req] = StoreThenRecompute(*m.model, **cache, p, p2);
   for (bool layerwise : {true, false}) {
     CAPTURE(layerwise);
     model::Session s(*m.model);
