@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -112,6 +114,27 @@ Result<std::string> RasterisePng(const std::string& tool, std::string_view svg, 
   return png;
 }
 
+// Removes the chart files an earlier report to `out` left that this report did not write (`written`):
+// fewer charts now, or no --svg/--png this time. They would stand beside the new page as if they were
+// its charts. Only files named OUT-<chart>.svg/.png for a chart a report can draw, carrying Terrace's
+// mark. 1 (said) when one cannot be removed.
+int RemoveStaleCharts(const std::filesystem::path& out, const std::vector<std::filesystem::path>& written) {
+  for (std::string_view chart : plan::ReportChartNames()) {
+    for (auto [ext, format] : {std::pair{".svg", OutputFormat::kSvg}, std::pair{".png", OutputFormat::kPng}}) {
+      const std::filesystem::path p = out.parent_path() / (out.stem().string() + "-" + std::string(chart) + ext);
+      if (std::find(written.begin(), written.end(), p) != written.end() || !IsMarkedTerraceFile(p, format)) continue;
+      std::error_code ec;
+      if (!std::filesystem::remove(p, ec) && ec) {
+        return Fail(fmt::format("cannot remove {}, a chart an earlier report to {} left that this report does not "
+                                "draw: {}; remove it by hand",
+                                p.string(), out.string(), ec.message()));
+      }
+      fmt::print("removed {} (an earlier report's chart; this report does not write it)\n", p.string());
+    }
+  }
+  return 0;
+}
+
 int RunReport(const ReportArgs& a) {
   auto text = ReadInputFile(a.in, "RUN.json", kMaxRunJsonBytes);
   if (!text.ok()) return text.status().IsIoError() ? Fail(text.status().ToString()) : FailUsage(text.status().message());
@@ -155,11 +178,13 @@ int RunReport(const ReportArgs& a) {
   for (const OutFile& f : files) {
     if (Status s = CheckOutputFile(f.path, f.flag, rules.As(f.format)); !s.ok()) return FailUsage(s.message());
   }
+  std::vector<std::filesystem::path> written;
   for (const OutFile& f : files) {
     if (Status s = WriteOutputFile(f.path, f.flag, rules.As(f.format), f.content); !s.ok()) return Fail(s.ToString());
     fmt::print("wrote {}\n", f.path.string());
+    written.push_back(f.path);
   }
-  return 0;
+  return RemoveStaleCharts(out, written);
 }
 
 }  // namespace

@@ -263,6 +263,11 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
 
 }  // namespace
 
+bool IsMarkedTerraceFile(const fs::path& path, OutputFormat format) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::symlink_status(path, ec)) && HasTerraceMark(format, ReadHead(path));
+}
+
 Status FileErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {
   std::string message = fmt::format("{} {}: {}: {}", flag, path.string(), what, std::strerror(err));
   if (err == ENOSPC || err == EDQUOT) return Status::OutOfCapacity(std::move(message));

@@ -107,6 +107,9 @@ struct OutputRules {
 // Terrace writes in `format`; always false for formats without a mark.
 inline constexpr std::size_t kMarkProbeBytes = std::size_t{1} << 20;
 bool HasTerraceMark(OutputFormat format, std::string_view head);
+// True when `path` is a regular file (not a symlink) whose head carries the mark Terrace writes in
+// `format`: a file Terrace wrote, which it may replace or remove as its own.
+bool IsMarkedTerraceFile(const std::filesystem::path& path, OutputFormat format);
 // True when `head` is the start of a safetensors file of a model checkpoint Terrace wrote: marked as
 // Terrace's and holding kSafetensorsCheckpointKey in its __metadata__ (`model init` writes it into
 // every checkpoint file). Such a file is a model, not an output: an output flag replaces it only with

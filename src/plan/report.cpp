@@ -1116,6 +1116,18 @@ void BenchStoreSections(const json& j, Report* r, std::string* body) {
 
 }  // namespace
 
+constexpr std::string_view kChartNames[] = {
+    "memory-vs-context", "stall-per-token", "hit-rate-vs-capacity", "tier-hit-rates", "ttft-per-turn",
+    "tier-hit-rates-over-time", "prefix-restore-by-tier", "prefetch-per-layer", "expert-utilisation",
+    "expert-load-histogram", "tokens-per-s", "stall-share", "hit-rate", "recall-per-layer", "ttft-vs-prefix",
+    "restore-bandwidth", "tier-hit-rates-by-prefix", "multi-turn-tokens", "multi-turn-ttft",
+    "multi-turn-tier-shares", "kv-bytes-per-token-by-codec", "state-bytes-per-snapshot-by-codec", "codec-kl",
+    "codec-attention-overlap", "codec-compression", "codec-top1", "precision", "recall", "throughput-per-pass",
+    "latency", "store-throughput",
+};
+
+std::span<const std::string_view> ReportChartNames() { return kChartNames; }
+
 Result<Report> RenderReport(std::string_view text, std::string_view source) {
   auto refuse = [&](std::string_view why) {
     return Status::InvalidArgument(fmt::format("{}: {} (give the output of a --json run)", source, why));
@@ -1154,6 +1166,10 @@ Result<Report> RenderReport(std::string_view text, std::string_view source) {
                         FlatRows::kMaxRows, all.left_out, XmlEscape(source));
   }
   body += "</details>";
+  for (const ReportChart& c : r.charts) {
+    if (std::find(std::begin(kChartNames), std::end(kChartNames), c.name) == std::end(kChartNames))
+      return Status::Internal(fmt::format("report chart '{}' is missing from ReportChartNames", c.name));
+  }
   r.html = fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>{3}<title>{0}</title><style>"
       "body{{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}}"

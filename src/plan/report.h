@@ -4,6 +4,7 @@
 // thread-safe.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,5 +26,9 @@ struct Report {
 
 // InvalidArgument naming `source` when the text is not a JSON object.
 Result<Report> RenderReport(std::string_view json_text, std::string_view source);
+
+// Every name a ReportChart of RenderReport can have (RenderReport fails with Internal on a chart
+// missing here): `terrace report` finds an earlier report's chart files by them.
+std::span<const std::string_view> ReportChartNames();
 
 }  // namespace terrace::plan

@@ -606,3 +606,27 @@ def test_the_page_is_well_formed_xml_and_an_old_marked_page_is_still_terraces(te
     out.write_text(html.replace('<meta name="generator" content="terrace"/>', '<meta name="generator" content="terrace">'))
     terrace("report", src, "-o", out, check=True)
     assert out.read_text() == html
+
+
+def test_a_report_removes_the_charts_an_earlier_report_to_the_same_file_left(terrace, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    terrace("trace", "gen", "--requests", "20", "-o", trace, check=True)
+    for name, extra in (("plan", []), ("plantrace", ["--trace", trace])):
+        r = terrace("plan", "--model", "k3-toy", *extra, "--json", check=True)
+        (tmp_path / f"{name}.json").write_text(r.stdout)
+    out = tmp_path / "r.html"
+    terrace("report", tmp_path / "plantrace.json", "-o", out, "--svg", check=True)
+    four = {p.name for p in tmp_path.glob("r-*.svg")}
+    assert {"r-hit-rate-vs-capacity.svg", "r-tier-hit-rates.svg"} < four, four
+    # The user's own files beside them, one with a chart's name but not written by Terrace: kept.
+    (tmp_path / "r-notes.svg").write_text("<svg/>")
+    (tmp_path / "r-tier-hit-rates.png").write_bytes(b"my own picture")
+    # A plan without a trace draws two charts: the trace's two must not stay beside the new page.
+    r = terrace("report", tmp_path / "plan.json", "-o", out, "--svg", check=True)
+    two = {p.name for p in tmp_path.glob("r-*.svg")} - {"r-notes.svg"}
+    assert two < four and "r-tier-hit-rates.svg" not in two and "r-hit-rate-vs-capacity.svg" not in two, two
+    assert f"removed {tmp_path / 'r-tier-hit-rates.svg'}" in r.stdout, r.stdout
+    # Without --svg the page's charts are only inline: no chart file of the earlier runs stays.
+    r = terrace("report", tmp_path / "plan.json", "-o", out, check=True)
+    assert {p.name for p in tmp_path.glob("r-*")} == {"r-notes.svg", "r-tier-hit-rates.png"}, r.stdout
+    assert (tmp_path / "r-tier-hit-rates.png").read_bytes() == b"my own picture"
