@@ -276,20 +276,33 @@ int RunInspect(const std::string& dir, const std::string& preset, bool json, boo
   return 0;
 }
 
-// The hidden test helpers' --in / --out.
-Status CheckInOut(const std::string& in, const std::string& out, bool dir_ok = false) {
+// The hidden test helpers' --in / --out / --force: like every output, --out replaces only a file
+// Terrace wrote (any file with --force), never --in itself (or a file of the model directory --in).
+struct HelperArgs {
+  std::string in, out;
+  bool force = false;
+};
+
+OutputRules HelperRules(const HelperArgs& a, bool dir_in) {
+  return {.format = OutputFormat::kSafetensors, .force = a.force,
+          .inputs = dir_in ? ModelDirInputs(a.in, "--in") : std::vector<OutputRules::Input>{{"--in", a.in}}};
+}
+
+Status CheckInOut(const HelperArgs& a, bool dir_ok = false) {
   std::error_code ec;
-  if (!(dir_ok && std::filesystem::is_directory(in, ec))) TERRACE_RETURN_IF_ERROR(CheckInputFile(in, "--in"));
-  else TERRACE_RETURN_IF_ERROR(CheckModelDirInput(in, "--in"));
-  return CheckOutputFile(out, "--out");
+  const bool dir_in = dir_ok && std::filesystem::is_directory(a.in, ec);
+  if (!dir_in) TERRACE_RETURN_IF_ERROR(CheckInputFile(a.in, "--in"));
+  else TERRACE_RETURN_IF_ERROR(CheckModelDirInput(a.in, "--in"));
+  return CheckOutputFile(a.out, "--out", HelperRules(a, dir_in));
 }
 
-Status WriteOut(const SafetensorsWriter& w, const std::string& out) {
-  return WriteOutputFile(out, "--out", [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
+Status WriteOut(const SafetensorsWriter& w, const HelperArgs& a, bool dir_in = false) {
+  return WriteOutputFile(a.out, "--out", HelperRules(a, dir_in), [&](const std::filesystem::path& tmp) { return w.Write(tmp); });
 }
 
-int RunDequant(const std::string& in, const std::string& out) {
-  if (Status s = CheckInOut(in, out); !s.ok()) return FailUsage(s.message());
+int RunDequant(const HelperArgs& a) {
+  const std::string& in = a.in;
+  if (Status s = CheckInOut(a); !s.ok()) return FailUsage(s.message());
   auto file = SafetensorsFile::Open(in);
   if (!file.ok()) return Fail(file.status().ToString());
   auto packed = (*file)->Get("weight_packed");
@@ -308,12 +321,13 @@ int RunDequant(const std::string& in, const std::string& out) {
   if (!s.ok()) return Fail(s.WithContext(in).ToString());
   SafetensorsWriter writer;
   s = writer.AddF32("weight", w);
-  if (s.ok()) s = WriteOut(writer, out);
+  if (s.ok()) s = WriteOut(writer, a);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
-int RunQuant(const std::string& in, const std::string& out) {
-  if (Status s = CheckInOut(in, out); !s.ok()) return FailUsage(s.message());
+int RunQuant(const HelperArgs& a) {
+  const std::string& in = a.in;
+  if (Status s = CheckInOut(a); !s.ok()) return FailUsage(s.message());
   auto file = SafetensorsFile::Open(in);
   if (!file.ok()) return Fail(file.status().ToString());
   auto view = (*file)->Get("weight");
@@ -326,14 +340,15 @@ int RunQuant(const std::string& in, const std::string& out) {
   SafetensorsWriter writer;
   s = writer.Add("weight_packed", DType::kU8, {w->dim(0), w->dim(1) / 2}, std::as_bytes(std::span(packed)));
   if (s.ok()) s = writer.Add("weight_scale", DType::kU8, {w->dim(0), w->dim(1) / 32}, std::as_bytes(std::span(scales)));
-  if (s.ok()) s = WriteOut(writer, out);
+  if (s.ok()) s = WriteOut(writer, a);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
 // Copies every tensor of a safetensors file or a model directory into one file; with to_f32, float
 // tensors (F32/BF16/F16) are converted to F32 and the rest copied as stored.
-int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
-  if (Status s = CheckInOut(in, out, /*dir_ok=*/true); !s.ok()) return FailUsage(s.message());
+int RunCopy(const HelperArgs& a, bool to_f32) {
+  const std::string& in = a.in;
+  if (Status s = CheckInOut(a, /*dir_ok=*/true); !s.ok()) return FailUsage(s.message());
   std::unique_ptr<SafetensorsFile> file;
   std::unique_ptr<ModelDir> dir;
   std::error_code ec;
@@ -361,7 +376,7 @@ int RunCopy(const std::string& in, const std::string& out, bool to_f32) {
     }
     if (!s.ok()) return Fail(s.ToString());
   }
-  Status s = WriteOut(writer, out);
+  Status s = WriteOut(writer, a, dir != nullptr);
   return s.ok() ? 0 : Fail(s.ToString());
 }
 
@@ -418,26 +433,24 @@ void RegisterModel(CLI::App& app, Runner* run) {
     };
   });
 
-  auto in = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  auto* dq = model->add_subcommand("dequant-mxfp4", "weight_packed + weight_scale -> weight F32 (for tests)");
-  dq->group("");
-  dq->add_option("--in", *in)->required();
-  dq->add_option("--out", *out)->required();
-  dq->callback([run, in, out] { *run = [in, out] { return RunDequant(*in, *out); }; });
-  auto* q = model->add_subcommand("quantize-mxfp4", "weight F32 -> weight_packed + weight_scale (for tests)");
-  q->group("");
-  q->add_option("--in", *in)->required();
-  q->add_option("--out", *out)->required();
-  q->callback([run, in, out] { *run = [in, out] { return RunQuant(*in, *out); }; });
-
+  // The hidden test helpers (no --help group): --in, --out, --force as every output.
+  auto helper = [&](const char* name, const char* what) {
+    auto a = std::make_shared<HelperArgs>();
+    auto* c = model->add_subcommand(name, what);
+    c->group("");
+    c->add_option("--in", a->in)->required();
+    c->add_option("--out", a->out)->required();
+    c->add_flag("--force", a->force, "Replace an existing --out Terrace did not write");
+    return std::pair{c, a};
+  };
+  auto [dq, dqa] = helper("dequant-mxfp4", "weight_packed + weight_scale -> weight F32 (for tests)");
+  dq->callback([run, a = dqa] { *run = [a] { return RunDequant(*a); }; });
+  auto [q, qa] = helper("quantize-mxfp4", "weight F32 -> weight_packed + weight_scale (for tests)");
+  q->callback([run, a = qa] { *run = [a] { return RunQuant(*a); }; });
+  auto [cp, cpa] = helper("copy-tensors", "Copy a file's or model's tensors into one file (for tests)");
   auto f32 = std::make_shared<bool>(false);
-  auto* cp = model->add_subcommand("copy-tensors", "Copy a file's or model's tensors into one file (for tests)");
-  cp->group("");
-  cp->add_option("--in", *in)->required();
-  cp->add_option("--out", *out)->required();
   cp->add_flag("--f32", *f32);
-  cp->callback([run, in, out, f32] { *run = [in, out, f32] { return RunCopy(*in, *out, *f32); }; });
+  cp->callback([run, a = cpa, f32] { *run = [a, f32] { return RunCopy(*a, *f32); }; });
 
   RegisterModelRun(model, run);
 }

@@ -83,6 +83,10 @@ int RunModel(const RunArgs& a) {
   // The output files replace a file Terrace wrote, any file with --force, never the model's own files.
   const OutputRules out_rules{.format = OutputFormat::kSafetensors, .force = a.force,
                               .inputs = ModelDirInputs(a.model, "--model")};
+  for (auto [path, flag] : {std::pair{&a.dump_logits, "--dump-logits"}, std::pair{&a.experts.prometheus, "--expert-prometheus"}}) {
+    if (path->empty()) continue;
+    if (Status s = CheckOutsideDir(*path, flag, a.kv.store, a.kv.dir_flag); !s.ok()) return FailUsage(s.message());
+  }
   if (!a.dump_logits.empty()) {
     if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits", out_rules); !s.ok()) return FailUsage(s.message());
   }

@@ -263,6 +263,18 @@ std::function<Status(const fs::path&)> WriteContent(std::string_view content, co
 
 }  // namespace
 
+Status CheckOutsideDir(const fs::path& path, std::string_view flag, const fs::path& dir, std::string_view dir_flag) {
+  if (dir.empty()) return Status::Ok();
+  std::error_code ec;
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec || std::mismatch(d.begin(), d.end(), p.begin(), p.end()).first != d.end()) return Status::Ok();
+  return Status::InvalidArgument(fmt::format(
+      "{} {} is inside {} {}, where Terrace keeps that store's files; an output never goes there, even with "
+      "--force: choose a path outside it",
+      flag, path.string(), dir_flag, dir.string()));
+}
+
 bool IsMarkedTerraceFile(const fs::path& path, OutputFormat format) {
   std::error_code ec;
   return fs::is_regular_file(fs::symlink_status(path, ec)) && HasTerraceMark(format, ReadHead(path));

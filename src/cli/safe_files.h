@@ -146,6 +146,12 @@ Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag,
                        const std::function<Status(const std::filesystem::path& tmp)>& produce);
 Status WriteOutputFile(const std::filesystem::path& path, std::string_view flag, std::string_view content);
 
+// InvalidArgument when the output `path` lies inside the directory `dir` (both resolved through their
+// symlinks; neither need exist): the command keeps its own files there (a --store), which no output
+// replaces, even with --force. Ok when `dir` is empty.
+Status CheckOutsideDir(const std::filesystem::path& path, std::string_view flag, const std::filesystem::path& dir,
+                       std::string_view dir_flag);
+
 // Ok when `path` (following symlinks) is a regular file of at most max_bytes. NotFound when it does
 // not exist, InvalidArgument when it is not a regular file or is too large; both name `flag`.
 Status CheckInputFile(const std::filesystem::path& path, std::string_view flag,

@@ -396,9 +396,39 @@ def owned_output_cases(terrace, model, d):
         ("model run --expert-prometheus", "--expert-prometheus", d / "e.prom",
          [*run_model, "--expert-cache", "25%", "--expert-prometheus", d / "e.prom"], True),
     ]
+    wq = d / "wq.safetensors"
+    write_safetensors(wq, {"weight": ("F32", [2, 32], struct.pack("<64f", *[i / 8 - 4 for i in range(64)]))})
+    for helper, src in (("dequant-mxfp4", tensors), ("quantize-mxfp4", wq), ("copy-tensors", tensors)):
+        out = d / f"{helper}.safetensors"
+        cases.append((f"model {helper} --out", "--out", out, ["model", helper, "--in", src, "--out", out], True))
     if shutil.which("rsvg-convert"):
         cases.append(("report --png", "--png", png, ["report", run, "-o", html, "--png"], True))
     return cases
+
+
+def test_the_model_helpers_never_write_over_their_own_input(terrace, tmp_path):
+    tensors = tmp_path / "in.safetensors"
+    write_safetensors(tensors, {"weight_packed": ("U8", [2, 16], bytes(range(32))),
+                                "weight_scale": ("U8", [2, 1], bytes([127, 127]))})
+    before = tensors.read_bytes()
+    r = terrace("model", "copy-tensors", "--in", tensors, "--out", tensors, "--force")
+    assert_usage_error(r, "--out", "is the same file as the input --in")
+    assert tensors.read_bytes() == before
+
+
+def test_an_output_inside_the_store_is_refused_even_with_force(terrace, toy_model, tmp_path):
+    store = tmp_path / "S"
+    terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, check=True)
+    data = next(store.rglob("terrace.data"))
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and p.stat().st_size < (1 << 20)}
+    for flag, extra in (("--dump-logits", []), ("--expert-prometheus", ["--expert-cache", "25%"])):
+        for target in (data, store / "new.out"):
+            r = terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, *extra, flag, target,
+                        "--force")
+            assert_usage_error(r, flag, f"is inside --store {store}", "choose a path outside it")
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (store / "new.out").exists()
+    terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, check=True)  # still opens
 
 
 def no_temporaries(d):
