@@ -108,7 +108,9 @@ Result<std::string> RasterisePng(const std::string& tool, std::string_view svg, 
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (write_failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || png.compare(0, 4, "\x89PNG") != 0)
+  // A PNG starts with its 8-byte signature and then the IHDR chunk (length, "IHDR", 13 bytes, CRC).
+  const bool is_png = png.size() >= 33 && png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0 && png.compare(12, 4, "IHDR") == 0;
+  if (write_failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || !is_png)
     return Status::IoError(fmt::format("--png: {} failed on the {} chart (exit status {})", tool, what,
                                        WIFEXITED(status) ? WEXITSTATUS(status) : -1));
   return png;

@@ -599,11 +599,25 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     Skipped(body, "the per-turn charts", "turns is an empty list");
   r->title = fmt::format("Terrace demo: {} turns on {}", turns.size(), Str(Obj(j, "model"), "preset"));
   const json& verified = j.contains("verified") ? j["verified"] : json();
+  // The verdict holds only when every turn agrees with it: a turn recorded as unequal (or with a
+  // difference) makes it NOT EQUAL whatever `verified` says.
+  std::vector<std::string> differ;
+  for (std::size_t i = 0; i < turns.size(); ++i) {
+    const json& t = turns[i];
+    if (!t.is_object()) continue;
+    const bool unequal = t.contains("equal") && t["equal"].is_boolean() && !t["equal"].get<bool>();
+    if (unequal || Opt(t, "max_abs_diff").value_or(0) != 0) differ.push_back(std::to_string(i + 1));
+  }
+  const std::string verdict =
+      !verified.is_boolean() ? "not recorded (verified is missing or not true or false)"
+      : verified.get<bool>() && differ.empty()
+          ? "bitwise equal"
+          : differ.empty() ? "NOT EQUAL"
+                           : fmt::format("NOT EQUAL (turn{} {} differ{} from the recompute)", differ.size() == 1 ? "" : "s",
+                                         fmt::join(differ, ", "), differ.size() == 1 ? "s" : "");
   *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
                        "checked against a full recompute with all experts resident and no store: <b>{}</b>.</p>",
-                       !verified.is_boolean()  ? "not recorded (verified is missing or not true or false)"
-                       : verified.get<bool>() ? "bitwise equal"
-                                              : "NOT EQUAL");
+                       verdict);
   auto tps = [](double x) { return fmt::format("{:.1f} tokens/s", x); };
   auto sec = [](double x) { return fmt::format("{:.3f} s", x); };
   *body += KeyValueTable({

@@ -65,6 +65,15 @@ Status ValidateTraceGenOptions(const TraceGenOptions& o) {
   if (!(o.think_ms >= 0 && o.think_ms <= 1e9)) return Status::InvalidArgument("--think-ms must be 0 to 1e9");
   if (o.block_tokens < 1 || o.block_tokens > 65536) return Status::InvalidArgument("--block-tokens must be 1 to 65536");
   if (o.output_mean < 1 || o.output_mean > 1'000'000) return Status::InvalidArgument("--output-mean must be 1 to 1000000");
+  // The longest prompt's input_length must stay one `plan --trace` reads.
+  if (const double tokens = (static_cast<double>(o.prefix_blocks) + static_cast<double>(o.turns) * o.turn_blocks) *
+                            o.block_tokens;
+      tokens > static_cast<double>(kMaxTraceTokens)) {
+    return Status::InvalidArgument(fmt::format(
+        "(--prefix-blocks + --turns x --turn-blocks) x --block-tokens is {:.0f}: a request's input_length would "
+        "exceed the {} tokens a trace request may hold; lower them",
+        tokens, kMaxTraceTokens));
+  }
   return Status::Ok();
 }
 

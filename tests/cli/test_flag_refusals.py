@@ -137,3 +137,16 @@ def test_flags_that_would_change_nothing_are_refused(terrace, tmp_path):
                         (["--turns", "1", "--think-ms", "10"], "--think-ms")):
         refused(terrace("trace", "gen", "--requests", "2", *flags), word)
     refused(terrace("model", "inspect", "--preset", "k3-toy", "--summary", "--tensors"), "--summary", "--tensors")
+
+
+def test_trace_gen_refuses_a_trace_plan_could_not_read(terrace, tmp_path):
+    """A request's input_length over 2^32 tokens: trace gen wrote it (exit 0) and plan --trace refused it."""
+    out = tmp_path / "big.jsonl"
+    refused(terrace("trace", "gen", "--requests", "1", "--turns", "1", "--turn-blocks", "65537", "--prefix-blocks", "0",
+                    "--block-tokens", "65536", "-o", out), "--block-tokens", "input_length")
+    assert not out.exists()
+    ok = tmp_path / "ok.jsonl"  # just under the limit: written, and plan reads it
+    assert terrace("trace", "gen", "--requests", "1", "--turns", "1", "--turn-blocks", "65536", "--prefix-blocks", "0",
+                   "--block-tokens", "65536", "-o", ok).returncode == 0
+    r = terrace("plan", "--model", "k3-toy", "--trace", ok, "--trace-block-tokens", "65536")
+    assert r.returncode == 0, r.stderr

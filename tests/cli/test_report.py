@@ -459,6 +459,26 @@ def test_report_png_without_the_rasteriser_fails_and_writes_nothing(terrace, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-path", "plan.json"]
 
 
+def test_report_png_refuses_a_rasteriser_output_that_is_no_png(terrace, tmp_path):
+    """A tool that prints only the 8-byte PNG signature was taken for a rasteriser: its 'PNGs' replaced the
+    earlier charts and, lacking the mark, blocked the next run."""
+    import os
+    import subprocess
+
+    src, out = tmp_path / "plan.json", tmp_path / "plan.html"
+    src.write_text(terrace("plan", "--json", check=True).stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "rsvg-convert"
+    fake.write_text("#!/bin/sh\ncat > /dev/null\nprintf '\\211PNG\\r\\n\\032\\n'\n")
+    fake.chmod(0o755)
+    r = subprocess.run([terrace.path, "report", str(src), "-o", str(out), "--png"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "--png: " in r.stderr and "failed on the" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("plan-*.png"))
+
+
 def test_bench_tiers_report(terrace, tmp_path):
     r = terrace("bench", "tiers", "--tier", "host", "--op", "read", "--block-size", "1MiB", "--queue-depth", "4",
                 "--total-bytes", "16MiB", "--repeat", "3", "--json", timeout=120, check=True)
@@ -630,3 +650,16 @@ def test_a_report_removes_the_charts_an_earlier_report_to_the_same_file_left(ter
     r = terrace("report", tmp_path / "plan.json", "-o", out, check=True)
     assert {p.name for p in tmp_path.glob("r-*")} == {"r-notes.svg", "r-tier-hit-rates.png"}, r.stdout
     assert (tmp_path / "r-tier-hit-rates.png").read_bytes() == b"my own picture"
+
+
+def test_demo_page_says_not_equal_when_a_turn_differs_whatever_verified_says(terrace, demo_run, tmp_path):
+    _, _, j = demo_run
+    assert j["verified"] is True and all(t["equal"] for t in j["turns"])
+    report(terrace, tmp_path, j, "good")
+    assert "<b>bitwise equal</b>" in (tmp_path / "good.html").read_text()
+    bad = json.loads(json.dumps(j))
+    bad["turns"][1]["equal"] = False
+    bad["turns"][1]["max_abs_diff"] = 3.5
+    report(terrace, tmp_path, bad, "bad")
+    html = (tmp_path / "bad.html").read_text()
+    assert "bitwise equal" not in html and "<b>NOT EQUAL (turn 2 differs from the recompute)</b>" in html
