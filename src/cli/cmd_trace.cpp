@@ -41,7 +41,9 @@ int RunGen(const GenArgs& a) {
                      "or give --turns 2 or more");
   }
   if (Status s = plan::ValidateTraceGenOptions(o); !s.ok()) return FailUsage(s.message());
-  if (!a.out.empty() && a.out != "-") {
+  // Standard output: no -o, "-", or /dev/stdout (a symlink, which an output file may not be).
+  const bool to_stdout = a.out.empty() || a.out == "-" || a.out == "/dev/stdout";
+  if (!to_stdout) {
     if (Status s = CheckOutputFile(a.out, "--out", TraceRules(a)); !s.ok()) return FailUsage(s.message());
   }
   auto trace = plan::GenerateTrace(o);
@@ -51,7 +53,7 @@ int RunGen(const GenArgs& a) {
     text += plan::FormatTraceLine(r);
     text += '\n';
   }
-  if (a.out.empty() || a.out == "-") {
+  if (to_stdout) {
     fmt::print("{}", text);
     return 0;
   }
@@ -70,7 +72,7 @@ void RegisterTrace(CLI::App& app, Runner* run) {
   t->require_subcommand(1);
   auto a = std::make_shared<GenArgs>();
   auto* g = t->add_subcommand("gen", "Write a synthetic trace: multi-turn sessions over Zipf-popular shared prefixes");
-  g->add_option("-o,--out", a->out, "Output file (default: standard output)");
+  g->add_option("-o,--out", a->out, "Output file (default, - or /dev/stdout: standard output)");
   g->add_flag("--force", a->force,
               "Replace an existing --out file (a trace carries no mark of Terrace's, so any existing file needs it)");
   AddIntOption<std::uint64_t>(g, "--requests", &a->o.requests, 1, 10'000'000, "Requests");

@@ -105,7 +105,23 @@ Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view sour
   return r;
 }
 
+namespace {
+
+// What a trace that is no UTF-8 text is (a compressed file, UTF-16 text), with the fix; empty when
+// `text` does not start like one.
+std::string NotTextTrace(std::string_view text) {
+  if (text.starts_with("\x1f\x8b")) return "gzip-compressed (it starts with gzip's magic bytes); decompress it first (gunzip)";
+  if (text.starts_with("\x28\xb5\x2f\xfd")) return "zstd-compressed (it starts with zstd's magic bytes); decompress it first (unzstd)";
+  if (text.starts_with("\xff\xfe") || text.starts_with("\xfe\xff"))
+    return "UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8 (iconv -f UTF-16 -t UTF-8)";
+  return "";
+}
+
+}  // namespace
+
 Result<Trace> ParseTrace(std::string_view text, std::string_view source) {
+  if (const std::string what = NotTextTrace(text); !what.empty())
+    return Status::InvalidArgument(fmt::format("{}: {}", source, what));
   Trace trace;
   std::size_t line_number = 0;
   std::size_t pos = 0;

@@ -150,3 +150,21 @@ def test_trace_gen_refuses_a_trace_plan_could_not_read(terrace, tmp_path):
                    "--block-tokens", "65536", "-o", ok).returncode == 0
     r = terrace("plan", "--model", "k3-toy", "--trace", ok, "--trace-block-tokens", "65536")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("head,words", [
+    (b"\x1f\x8b\x08\x00", ["gzip-compressed", "gunzip"]),
+    (b"\x28\xb5\x2f\xfd", ["zstd-compressed", "unzstd"]),
+    ('{"timestamp": 0}\n'.encode("utf-16"), ["UTF-16", "UTF-8"]),
+])
+def test_a_compressed_or_utf16_trace_is_named_as_such(terrace, tmp_path, head, words):
+    """It was 'not valid JSON: a NUL byte at line 1 ...; remove it', a fix that does not apply."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(head + bytes(64))
+    refused(terrace("plan", "--model", "k3-toy", "--trace", trace), "--trace", str(trace), *words)
+
+
+def test_trace_gen_writes_dev_stdout_as_standard_output(terrace):
+    a = terrace("trace", "gen", "--requests", "3", "-o", "/dev/stdout")
+    b = terrace("trace", "gen", "--requests", "3")
+    assert a.returncode == 0 and a.stdout == b.stdout and a.stdout.count("\n") == 3, a.stderr
