@@ -241,9 +241,13 @@ std::string RenderSvg(const LineChart& c) {
   auto usable = [&](double x, double y) {
     return std::isfinite(x) && std::isfinite(y) && (!c.log_x || x > 0) && (!c.log_y || y > 0);
   };
+  std::size_t dropped = 0;  // said in the subtitle: a point the axes cannot place is never dropped silently
   for (const Series& s : c.series) {
     for (auto [x, y] : s.points) {
-      if (!usable(x, y)) continue;
+      if (!usable(x, y)) {
+        ++dropped;
+        continue;
+      }
       xlo = std::min(xlo, x);
       xhi = std::max(xhi, x);
       ylo = std::min(ylo, y);
@@ -253,7 +257,12 @@ std::string RenderSvg(const LineChart& c) {
   const Axis ax = c.integer_x && !c.log_x ? IntegerAxis(xlo, xhi) : MakeAxis(xlo, xhi, c.log_x, c.x_format);
   Axis ay = MakeAxis(ylo, yhi, c.log_y, c.y_format);
   if (c.y_format == AxisFormat::kPercent && !c.log_y) ay = MakeAxis(0, std::max(1.0, yhi), false);
-  std::string s = Header(c.title, c.subtitle);
+  std::string subtitle = c.subtitle;
+  if (dropped > 0) {
+    subtitle += fmt::format("{}{} point{} not drawn (not a finite number{})", subtitle.empty() ? "" : "; ", dropped,
+                            dropped == 1 ? "" : "s", c.log_x || c.log_y ? ", or not above 0 on a log axis" : "");
+  }
+  std::string s = Header(c.title, subtitle);
   Frame(&s, ay, c.y_format, c.y_label, c.x_label);
   const int x0 = kLeft, x1 = kChartWidth - kRight, y0 = kChartHeight - kBottom, y1 = kTop;
   for (double t : ax.Ticks()) {

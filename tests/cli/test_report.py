@@ -663,3 +663,15 @@ def test_demo_page_says_not_equal_when_a_turn_differs_whatever_verified_says(ter
     report(terrace, tmp_path, bad, "bad")
     html = (tmp_path / "bad.html").read_text()
     assert "bitwise equal" not in html and "<b>NOT EQUAL (turn 2 differs from the recompute)</b>" in html
+
+
+def test_a_point_the_axes_cannot_place_is_said_not_dropped_silently(terrace, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    terrace("trace", "gen", "--requests", "20", "-o", trace, check=True)
+    j = json.loads(terrace("plan", "--model", "k3-toy", "--trace", trace, "--json", check=True).stdout)
+    good = report(terrace, tmp_path, j, "good")["hit-rate-vs-capacity"]
+    assert "not drawn" not in ET.tostring(good, encoding="unicode")
+    for row in j["trace"]["sweep"][:2]:
+        row["capacity_bytes"] = -5  # on the log axis: no place for it
+    text = ET.tostring(report(terrace, tmp_path, j, "bad")["hit-rate-vs-capacity"], encoding="unicode")
+    assert re.search(r"\b[23] points not drawn \(not a finite number, or not above 0 on a log axis\)", text), text[:600]
