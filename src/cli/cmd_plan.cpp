@@ -42,6 +42,7 @@ struct PlanArgs {
   std::string kv_codec = "bf16";
   std::string state_codec = "f32";
   int chunk_tokens = 256;
+  int snapshot_every = 1;
   int gqa_kv_heads = 8;
   bool gqa_kv_heads_given = false;  // on the command line: refused above the model's attention heads
   std::optional<double> rate, prefix_reuse, expert_hit_target, expert_zipf;
@@ -62,6 +63,8 @@ struct PlanArgs {
   // Flags given on the command line that only mean something with --trace (or --nodes > 1).
   std::vector<std::string> trace_flags_given;
   bool routing_given = false;
+  // Flags given on the command line that are refused for a model without the part they size.
+  bool kv_codec_given = false, state_codec_given = false;
 };
 
 // A size option whose default is computed by the plan (shown as such in --help): stays empty unless
@@ -263,6 +266,7 @@ json PlanJson(const Plan& p) {
                   {"bytes_for_target", e.bytes_for_target},
                   {"budget_bytes", e.budget_bytes},
                   {"budget_requested_bytes", e.budget_requested_bytes},
+                  {"budget_given", e.budget_given},
                   {"budget_capped", e.budget_capped},
                   {"cached_per_layer", e.cached_per_layer},
                   {"hit_rate", p.weights.moe_layers > 0 ? json(e.hit_rate) : json()},  // none without experts
@@ -291,6 +295,10 @@ json PlanJson(const Plan& p) {
                     {"prefill_tokens_needed_per_s", l.prefill_tokens_needed_per_s},
                     {"prefill_utilisation", l.prefill_utilisation},
                     {"offload_bytes_per_request", l.offload_bytes_per_request},
+                    {"restore_bytes_per_request", l.restore_bytes_per_request},
+                    {"writeback_bytes_per_request", l.writeback_bytes_per_request},
+                    {"snapshots_per_request", l.snapshots_per_request},
+                    {"snapshot_bytes", l.snapshot_bytes},
                     {"prefill_tokens_per_s", l.prefill_tokens_per_s},
                     {"decode_step_bytes", l.decode_step_bytes},
                     {"decode_step_s", l.decode_step_s},
@@ -311,8 +319,8 @@ void PrintExpertCache(const Plan& p) {
   const std::string budget_why =
       e.budget_capped ? fmt::format("--expert-cache {} capped at all routed experts",
                                     FormatBytes(static_cast<double>(e.budget_requested_bytes)))
-      : e.budget_requested_bytes > 0 ? std::string("--expert-cache")
-                                     : std::string("default: half the HBM left after the resident weights, at most all "
+      : e.budget_given ? std::string(e.budget_bytes == 0 ? "--expert-cache 0: no expert cache" : "--expert-cache")
+                       : std::string("default: half the HBM left after the resident weights, at most all "
                                                    "routed experts");
   fmt::print("  budget {} ({}) holds {} per layer: hit rate {}, stall {} per token at batch 1, "
              "{} per token at --concurrency {}\n\n",
@@ -536,6 +544,12 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["snapshots_simulated"] = ro.snapshot_bytes_per_block > 0;
   tj["restore_state_bytes"] = ro.restore_extra_bytes;
   tj["blocks_not_matching_input_length"] = mismatched;
+  const std::string mismatch_warning =
+      mismatched == 0 ? std::string()
+                      : fmt::format("{} requests have a hash_ids count that does not match ceil(input_length / {}); is "
+                                    "--trace-block-tokens right?",
+                                    mismatched, bt);
+  if (!mismatch_warning.empty()) (*out)["warnings"].push_back(mismatch_warning);
   tj["prefix_hit_ceiling"] = BlockShare(ceiling.blocks, ceiling.fraction());
   tj["nodes"] = a.nodes;
   tj["routing"] = RoutingName(ro.routing);
@@ -689,11 +703,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
                FormatBytes(static_cast<double>(ro.stored_block_bytes())), ShareText(tj["prefix_hit_ceiling"]));
     for (const std::string& n : trace_notes) *text += fmt::format("note: {}\n", n);
-    if (mismatched > 0) {
-      *text += fmt::format("warning: {} requests have a hash_ids count that does not match ceil(input_length / {}); is "
-                 "--trace-block-tokens right?\n",
-                 mismatched, bt);
-    }
+    if (!mismatch_warning.empty()) *text += fmt::format("warning: {}\n", mismatch_warning);
     *text += fmt::format("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
                "node(s), {}\n",
                FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),
@@ -751,6 +761,15 @@ int RunPlan(const PlanArgs& a) {
     return FailUsage(fmt::format("--gqa-kv-heads {} is more than the model's {} attention heads; give at most {}",
                                  a.gqa_kv_heads, config->num_attention_heads, config->num_attention_heads));
   }
+  if (a.snapshot_every == 0 && !a.trace.empty()) {
+    return FailUsage("--snapshot-every 0 (a snapshot at each prompt's last full chunk only) cannot be replayed: --trace "
+                     "restores at chunk boundaries with a snapshot; give --snapshot-every 1 or more with --trace");
+  }
+  // A config sized in MXFP4 with partial blocks: exit 1, as `model init` and a config that does not parse.
+  if (Status s = CheckExpertDims(*config, resolved->experts, resolved->experts_from);
+      !s.ok() && resolved->tensors.empty()) {
+    return Fail(s.WithContext(fmt::format("--model {}", a.model)).ToString());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   // With --trace, Ctrl-C stops the replays at their next checkpoint (ReplayProgress): exit 128 + the signal.
   std::optional<StopSignals> stop_signals;
@@ -786,6 +805,7 @@ int RunPlan(const PlanArgs& a) {
   o.layout.kv_codec = *kv;
   o.layout.state_codec = *st;
   o.layout.chunk_tokens = a.chunk_tokens;
+  o.layout.snapshot_every = a.snapshot_every;
   o.gqa_kv_heads = a.gqa_kv_heads;
   if (a.rate) o.workload.rate_rps = *a.rate;
   if (a.prefix_reuse) o.workload.prefix_reuse = *a.prefix_reuse;
@@ -802,6 +822,23 @@ int RunPlan(const PlanArgs& a) {
   o.tensors = std::move(resolved->tensors);
   auto plan = MakePlan(*config, a.model, *hw, o);
   if (!plan.ok()) return FailUsage(plan.status().message());
+  // Flags that size a part the model lacks would change nothing: refused when given.
+  std::vector<std::string> expert_flags;
+  if (a.expert_cache) expert_flags.emplace_back("--expert-cache");
+  if (a.expert_zipf) expert_flags.emplace_back("--expert-zipf");
+  if (a.expert_hit_target) expert_flags.emplace_back("--expert-hit-target");
+  if (plan->weights.moe_layers == 0 && !expert_flags.empty()) {
+    return FailUsage(fmt::format("--model {}: the model has no routed experts; leave out {}", a.model,
+                                 fmt::join(expert_flags, ", ")));
+  }
+  if (plan->memory.kda_layers == 0 && a.state_codec_given) {
+    return FailUsage(fmt::format("--model {}: the model has no KDA layers (no state to encode); leave out --state-codec",
+                                 a.model));
+  }
+  if (plan->memory.mla_layers == 0 && a.kv_codec_given) {
+    return FailUsage(fmt::format("--model {}: the model has no MLA layers (no KV latents to encode); leave out --kv-codec",
+                                 a.model));
+  }
   json j = PlanJson(*plan);
   std::string trace_text;
   if (trace) {
@@ -831,6 +868,9 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   c->add_option("--kv-codec", a->kv_codec, "Codec of the MLA latents (bf16, fp8, int8, int4-g32, ...)")->capture_default_str();
   c->add_option("--state-codec", a->state_codec, "Codec of the KDA state (f32, bf16, ...)")->capture_default_str();
   AddIntOption(c, "--chunk-tokens", &a->chunk_tokens, 1, 65536, "Tokens per stored KV chunk");
+  AddIntOption(c, "--snapshot-every", &a->snapshot_every, 0, 1048576,
+               "KDA snapshot every N chunks, as `model run --snapshot-every` (0: only at the request's last full "
+               "chunk; not with --trace)");
   AddIntOption(c, "--gqa-kv-heads", &a->gqa_kv_heads, 1, 4096,
                "KV heads of the GQA comparison model (at most the model's attention heads; the default 8 is capped "
                "at them)")
@@ -848,7 +888,7 @@ void RegisterPlan(CLI::App& app, Runner* run) {
   AddDoubleOption(c, "--expert-zipf", &a->expert_zipf, 0, 8, "Routing skew: expert i chosen with p ~ 1/(i+1)^s (default 1)");
   AddAutoSizeOption(c, "--expert-cache", &a->expert_cache,
                     "HBM for the routed-expert cache (default: half the HBM left after the resident weights, at most all "
-                    "routed experts; a larger value is capped at them)");
+                    "routed experts; a larger value is capped at them; 0: no expert cache)");
   c->add_option("--trace", a->trace, "Mooncake-format JSONL request trace to replay");
   AddIntOption(c, "--trace-block-tokens", &a->trace_block_tokens, 1, 65536, "Tokens per trace hash id");
   c->add_option("--policy", a->policy, "Eviction policy to replay: lru, s3fifo or all")
@@ -882,6 +922,8 @@ void RegisterPlan(CLI::App& app, Runner* run) {
       if (c->count(f) > 0) a->trace_flags_given.emplace_back(f);
     }
     a->routing_given = c->count("--routing") > 0;
+    a->kv_codec_given = c->count("--kv-codec") > 0;
+    a->state_codec_given = c->count("--state-codec") > 0;
     *run = [a] { return RunPlan(*a); };
   });
 }

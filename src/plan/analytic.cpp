@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "src/model/mxfp4.h"
 #include "src/model/names.h"
 #include "terrace/model_tensor.h"
 
@@ -51,6 +52,11 @@ std::vector<double> ZipfWeights(int experts, double s) {
 constexpr std::uint64_t kMaxContextTokens = 1ull << 24;
 
 double Gib(std::uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(1ull << 30); }
+// "1.5 GiB", or "3.0 MiB" under 1 GiB.
+std::string SizeText(std::uint64_t bytes) {
+  return bytes >= (1ull << 30) ? fmt::format("{:.1f} GiB", Gib(bytes))
+                               : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / static_cast<double>(1ull << 20));
+}
 
 Status CheckWorkload(const PlanOptions& o) {
   const Workload& w = o.workload;
@@ -191,21 +197,74 @@ Result<model::ExpertFormat> PresetExpertFormat(std::string_view preset) {
   return preset == "kimi-linear-48b" ? model::ExpertFormat::kF32 : model::ExpertFormat::kMxfp4;
 }
 
-double ZipfMass(int experts, double zipf_s, int k) {
-  const std::vector<double> p = ZipfWeights(experts, zipf_s);
-  double m = 0;
-  for (int i = 0; i < std::min(k, experts); ++i) m += p[static_cast<std::size_t>(i)];
-  return std::min(m, 1.0);
+std::vector<double> ExpertInclusion(int experts, double zipf_s, int top_k) {
+  const std::vector<double> w = ZipfWeights(experts, zipf_s);  // non-increasing
+  std::vector<double> p(w.size(), 0.0);
+  if (top_k <= 0 || experts <= 0) return p;
+  if (top_k >= experts) {
+    std::fill(p.begin(), p.end(), 1.0);
+    return p;
+  }
+  // The hottest `saturated` experts are always picked; the rest scale as c x w_i with c spending the
+  // remaining picks over their weight. Add saturated experts until the hottest unsaturated one fits.
+  std::vector<double> tail(w.size() + 1, 0.0);  // tail[i] = w_i + ... + w_{E-1}
+  for (std::size_t i = w.size(); i-- > 0;) tail[i] = tail[i + 1] + w[i];
+  std::size_t saturated = 0;
+  double c = 0;
+  for (; saturated < static_cast<std::size_t>(top_k); ++saturated) {
+    c = (static_cast<double>(top_k) - static_cast<double>(saturated)) / tail[saturated];
+    if (c * w[saturated] <= 1.0) break;
+  }
+  for (std::size_t i = 0; i < w.size(); ++i) p[i] = i < saturated ? 1.0 : std::min(1.0, c * w[i]);
+  return p;
 }
 
-int ExpertsForHitRate(int experts, double zipf_s, double target) {
-  const std::vector<double> p = ZipfWeights(experts, zipf_s);
+double ZipfMass(int experts, double zipf_s, int top_k, int cached) {
+  if (cached >= experts) return 1.0;
+  if (cached <= 0 || top_k <= 0) return 0.0;
+  const std::vector<double> p = ExpertInclusion(experts, zipf_s, top_k);
+  double m = 0;
+  for (int i = 0; i < cached; ++i) m += p[static_cast<std::size_t>(i)];
+  return std::min(m / top_k, 1.0);
+}
+
+int ExpertsForHitRate(int experts, double zipf_s, int top_k, double target) {
+  if (top_k <= 0) return experts;
+  const std::vector<double> p = ExpertInclusion(experts, zipf_s, top_k);
   double m = 0;
   for (int i = 0; i < experts; ++i) {
     m += p[static_cast<std::size_t>(i)];
-    if (m >= target - 1e-12) return i + 1;
+    if (m / top_k >= target - 1e-12) return i + 1;
   }
   return experts;
+}
+
+Status CheckExpertDims(const model::ModelConfig& config, model::ExpertFormat format, std::string_view why) {
+  if (format != model::ExpertFormat::kMxfp4 || config.num_experts == 0 ||
+      config.first_k_dense_replace >= config.num_hidden_layers) {
+    return Status::Ok();
+  }
+  struct Column {
+    std::string_view key;
+    int value;
+    std::string_view note;
+  };
+  const Column columns[] = {
+      {"moe_intermediate_size", config.moe_intermediate_size, ""},
+      config.HasLatentProjection()
+          ? Column{"routed_expert_hidden_size", config.routed_expert_hidden_size, ""}
+          : Column{"hidden_size", config.hidden_size, " (the routed experts' width: routed_expert_hidden_size is "
+                                                      "absent or equal)"},
+  };
+  for (const Column& c : columns) {
+    if (c.value % model::kMxfp4BlockSize != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "config field '{}' is {}{}; the plan sizes the routed experts in MXFP4 ({}), whose rows are blocks of {} "
+          "values, so it must be a multiple of {}",
+          c.key, c.value, c.note, why, model::kMxfp4BlockSize, model::kMxfp4BlockSize));
+    }
+  }
+  return Status::Ok();
 }
 
 Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hw,
@@ -213,6 +272,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   TERRACE_RETURN_IF_ERROR(CheckWorkload(o));
   TERRACE_RETURN_IF_ERROR(ValidateHardware(hw, "--hardware"));
   TERRACE_ASSIGN_OR_RETURN(kv::KvLayout layout, kv::KvLayout::FromConfig(config, o.layout));
+  if (o.tensors.empty()) TERRACE_RETURN_IF_ERROR(CheckExpertDims(config, o.expert_format, o.expert_format_from));
   Plan plan;
   plan.model_name = std::move(model_name);
   plan.hardware = hw;
@@ -322,11 +382,13 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   wp.resident_fits_hbm = wp.resident_bytes <= hbm;
   ep.hit_target = o.expert_hit_target;
   if (wp.moe_layers > 0 && wp.expert_bytes > 0) {
-    ep.experts_per_layer_for_target = ExpertsForHitRate(wp.experts_per_layer, o.expert_zipf, o.expert_hit_target);
+    ep.experts_per_layer_for_target =
+        ExpertsForHitRate(wp.experts_per_layer, o.expert_zipf, wp.experts_per_token, o.expert_hit_target);
     ep.bytes_for_target = static_cast<std::uint64_t>(ep.experts_per_layer_for_target) * expert_layer_bytes;
     // A cache larger than all routed experts holds nothing more: the default is half the HBM left
     // after the resident weights, at most all routed experts, and a larger --expert-cache is capped.
     ep.budget_requested_bytes = o.expert_cache_bytes.value_or(0);
+    ep.budget_given = o.expert_cache_bytes.has_value();
     ep.budget_bytes = o.expert_cache_bytes.value_or(std::min(hbm_after_resident / 2, wp.routed_expert_bytes));
     if (ep.budget_bytes > hbm_after_resident) {
       return Status::InvalidArgument(fmt::format(
@@ -340,19 +402,20 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     }
     ep.cached_per_layer = static_cast<int>(std::min<std::uint64_t>(ep.budget_bytes / expert_layer_bytes,
                                                                    static_cast<std::uint64_t>(wp.experts_per_layer)));
-    ep.hit_rate = ZipfMass(wp.experts_per_layer, o.expert_zipf, ep.cached_per_layer);
-    const std::vector<double> p = ZipfWeights(wp.experts_per_layer, o.expert_zipf);
+    ep.hit_rate = ZipfMass(wp.experts_per_layer, o.expert_zipf, wp.experts_per_token, ep.cached_per_layer);
+    const std::vector<double> p = ExpertInclusion(wp.experts_per_layer, o.expert_zipf, wp.experts_per_token);
     // Batch 1: top-k picks per layer, each a miss with probability (1 - hit).
-    ep.miss_bytes_per_token_batch1 = (1.0 - ep.hit_rate) * wp.experts_per_token * static_cast<double>(expert_layer_bytes);
+    ep.miss_bytes_per_token_batch1 = ep.cached_per_layer >= wp.experts_per_layer
+                                         ? 0.0
+                                         : (1.0 - ep.hit_rate) * wp.experts_per_token * static_cast<double>(expert_layer_bytes);
     // Expert misses come from host RAM when the routed experts fit there, else from NVMe.
     const double link = wp.routed_expert_bytes <= hw.host_bytes ? hw.pcie_bandwidth()
                                                                 : std::min(hw.pcie_bandwidth(), hw.nvme_read_bandwidth);
     ep.stall_s_per_token_batch1 = ep.miss_bytes_per_token_batch1 / link;
-    // Batched: an uncached expert is loaded once per step when any of the step's picks chose it.
-    const double picks = static_cast<double>(w.concurrency) * wp.experts_per_token;
+    // Batched: an uncached expert is loaded once per step when any of the step's sequences picked it.
     double misses_per_step = 0;
     for (int e = ep.cached_per_layer; e < wp.experts_per_layer; ++e) {
-      misses_per_step += 1.0 - std::pow(1.0 - p[static_cast<std::size_t>(e)], picks);
+      misses_per_step += 1.0 - std::pow(1.0 - p[static_cast<std::size_t>(e)], w.concurrency);
     }
     ep.miss_bytes_per_token_batched =
         misses_per_step * static_cast<double>(expert_layer_bytes) / static_cast<double>(w.concurrency);
@@ -404,20 +467,26 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   lc.prefill_tokens_per_s = wp.active_params_per_token > 0
                                 ? hw.gpu_flops() * hw.mfu / (2.0 * wp.active_params_per_token)
                                 : 0;
+  // Restore and write-back at the stored block sizes (see LifecyclePlan).
   const double reuse_tokens = w.prefix_reuse * mean_context;
-  const double new_tokens = static_cast<double>(m.sequence_tokens) - reuse_tokens;
-  const double restore_bytes = reuse_tokens * static_cast<double>(m.mla_bytes_per_token) +
-                               (w.prefix_reuse > 0 ? static_cast<double>(m.kda_state_bytes_per_sequence) : 0.0);
-  const double writeback_bytes = new_tokens * static_cast<double>(m.mla_bytes_per_token) +
-                                 static_cast<double>(m.kda_state_bytes_per_sequence);
+  const double new_prompt_tokens = mean_context - reuse_tokens;
+  lc.snapshot_bytes = static_cast<double>(m.kda_layers) * static_cast<double>(m.state_block_bytes);
+  if (m.kda_layers > 0 && new_prompt_tokens > 0) {
+    const int every = layout.snapshot_every();
+    const double new_chunks = new_prompt_tokens / layout.chunk_tokens();
+    lc.snapshots_per_request = every == 0 ? 1.0 : new_chunks / every + (every > 1 ? 1.0 : 0.0);
+  }
+  const double restore_bytes = reuse_tokens * m.mla_stored_bytes_per_token + (w.prefix_reuse > 0 ? lc.snapshot_bytes : 0.0);
+  const double writeback_bytes =
+      new_prompt_tokens * m.mla_stored_bytes_per_token + lc.snapshots_per_request * lc.snapshot_bytes;
+  lc.restore_bytes_per_request = restore_bytes;
+  lc.writeback_bytes_per_request = writeback_bytes;
   // One decode step reads the resident weights (of a lookup-only embedding table, one row per
   // sequence), the experts the step's picks touch (at most all), every sequence's KV, and reads and
   // writes every sequence's KDA state.
-  const double picks = static_cast<double>(w.concurrency) * wp.experts_per_token;
   double experts_touched = 0;
-  {
-    const std::vector<double> p = ZipfWeights(wp.experts_per_layer, o.expert_zipf);
-    for (double pe : p) experts_touched += 1.0 - std::pow(1.0 - pe, picks);
+  for (double pe : ExpertInclusion(wp.experts_per_layer, o.expert_zipf, wp.experts_per_token)) {
+    experts_touched += 1.0 - std::pow(1.0 - pe, w.concurrency);
   }
   const double step_bytes = static_cast<double>(wp.resident_bytes - wp.lookup_embedding_bytes) +
                             w.concurrency * static_cast<double>(wp.embedding_row_bytes) +
@@ -448,11 +517,19 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   plan.bandwidth.push_back({"pcie-h2d", w.rate_rps * restore_bytes + expert_miss_bytes_per_token * lc.decode_tokens_needed_per_s,
                             hw.pcie_bandwidth(), "prefix restores from host + expert-cache misses"});
   plan.bandwidth.push_back({"pcie-d2h", w.rate_rps * writeback_bytes, hw.pcie_bandwidth(),
-                            "new KV and the final KDA state written back to host"});
-  plan.bandwidth.push_back({"nvme-read", w.rate_rps * restore_bytes, hw.nvme_read_bandwidth,
-                            "prefix restores if every reused prefix comes from NVMe"});
+                            "the prompt's new KV and its KDA snapshots written back to host"});
+  // Expert misses come from NVMe when the routed experts do not all fit in host RAM (the stalls
+  // above are charged at the NVMe rate then).
+  const bool misses_from_nvme = wp.routed_expert_bytes > hw.host_bytes;
+  plan.bandwidth.push_back(
+      {"nvme-read",
+       w.rate_rps * restore_bytes + (misses_from_nvme ? expert_miss_bytes_per_token * lc.decode_tokens_needed_per_s : 0.0),
+       hw.nvme_read_bandwidth,
+       misses_from_nvme ? "prefix restores if every reused prefix comes from NVMe + expert-cache misses, the routed "
+                          "experts not fitting in host RAM"
+                        : "prefix restores if every reused prefix comes from NVMe"});
   plan.bandwidth.push_back({"nvme-write", w.rate_rps * writeback_bytes, hw.nvme_write_bandwidth,
-                            "write-back if every new block also goes to NVMe"});
+                            "write-back (KV and KDA snapshots) if every new block also goes to NVMe"});
 
   // ---- Where the workload does not fit ----
   std::vector<std::string>& warn = plan.warnings;
@@ -466,6 +543,15 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                "sequences of the workload; lower --concurrency, --context or --expert-cache, or "
                                "add GPUs (--hardware)",
                                w.concurrency, Gib(plan.tiers[0].kv_bytes), plan.tiers[0].sequences));
+  }
+  for (std::size_t i = 1; i < plan.tiers.size(); ++i) {
+    const TierPlan& t = plan.tiers[i];
+    if (t.other_bytes > t.capacity_bytes) {
+      warn.push_back(fmt::format("the {} tier's {} cannot hold the {} ({}), and no room is left for KV; raise {} "
+                                 "(--hardware)",
+                                 t.name, SizeText(t.capacity_bytes), t.holds, SizeText(t.other_bytes),
+                                 i == 1 ? "host_bytes" : "nvme_bytes"));
+    }
   }
   for (const BandwidthLine& b : plan.bandwidth) {
     if (b.utilisation() > 1.0) {

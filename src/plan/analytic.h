@@ -136,10 +136,11 @@ struct ExpertPlan {
   int experts_per_layer_for_target = 0;
   std::uint64_t bytes_for_target = 0;      // HBM cache holding that many experts of every MoE layer
   std::uint64_t budget_bytes = 0;          // the expert-cache budget evaluated below (HBM charged for it)
-  std::uint64_t budget_requested_bytes = 0;  // --expert-cache as given (0: the default)
+  std::uint64_t budget_requested_bytes = 0;  // --expert-cache as given (0 when not given)
+  bool budget_given = false;               // --expert-cache was given (0 included: no expert cache)
   bool budget_capped = false;              // the given budget was over all routed experts: capped at them
   int cached_per_layer = 0;
-  double hit_rate = 0;                     // routed-expert hit rate of that budget (batch 1)
+  double hit_rate = 0;                     // routed-expert hit rate of that budget (batch 1); exactly 1 when all are cached
   double stall_s_per_token_batch1 = 0;     // miss bytes / host link bandwidth, one sequence
   double stall_s_per_token_batched = 0;    // the same per token at the workload's concurrency
   double miss_bytes_per_token_batch1 = 0;
@@ -169,7 +170,17 @@ struct LifecyclePlan {
   std::uint64_t kv_state_bytes_per_request = 0;
   double router_flops_per_token = 0;       // 2 x the router gate's parameters (tensor list) x MoE layers
   double routing_flops_share = 0;          // router FLOPs / (2 x active params) per token
-  std::uint64_t offload_bytes_per_request = 0;  // prefix restore + KV write-back + expert misses
+  std::uint64_t offload_bytes_per_request = 0;  // prefix restore + write-back + expert misses
+  // Per request, as stored (KvLayout's block sizes, headers and alignment included): the prefix
+  // restore reads --prefix-reuse x the mean prompt of KV chunks and one KDA snapshot (all KDA
+  // layers); the write-back writes the rest of the prompt's KV and a KDA snapshot at every chunk
+  // boundary of it where the layout's snapshot_every makes one due, plus the one at the prompt's
+  // last full chunk (snapshot_every 0: that one only). Generated tokens are not written (the prefix
+  // cache stores the prompt only).
+  double restore_bytes_per_request = 0;
+  double writeback_bytes_per_request = 0;
+  double snapshots_per_request = 0;        // KDA snapshots the write-back writes (0 without KDA layers)
+  double snapshot_bytes = 0;               // one snapshot: KDA layers x state_block_bytes
   double prefill_tokens_per_s = 0;         // recompute speed of the node
   double decode_step_bytes = 0;            // HBM bytes one decode step reads and writes (see MakePlan)
   double decode_step_s = 0;                // HBM-bound decode step at the workload's concurrency
@@ -198,7 +209,8 @@ struct Plan {
   std::vector<std::string> warnings;
 };
 
-// InvalidArgument naming the CLI flag for out-of-range workload or option values.
+// InvalidArgument naming the CLI flag for out-of-range workload or option values, and
+// CheckExpertDims' error.
 Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hardware,
                       const PlanOptions& options);
 
@@ -213,9 +225,20 @@ Result<std::vector<model::TensorSpec>> StoredTensors(const model::WeightSource& 
 // MXFP4). InvalidArgument for an unknown preset.
 Result<model::ExpertFormat> PresetExpertFormat(std::string_view preset);
 
-// Smallest number of a layer's `experts` (hottest first, Zipf(s) popularity) whose share of routing
-// mass reaches `target`; and the mass of the hottest `k`.
-int ExpertsForHitRate(int experts, double zipf_s, double target);
-double ZipfMass(int experts, double zipf_s, int k);
+// InvalidArgument, as `model init` words it, when `format` is kMxfp4 and a dimension the routed
+// experts' rows run along (moe_intermediate_size, and routed_expert_hidden_size or hidden_size) is
+// not a multiple of the MXFP4 block (32); `why` says where the format was taken from. Ok for a model
+// without routed experts or with plain-float experts.
+Status CheckExpertDims(const model::ModelConfig& config, model::ExpertFormat format, std::string_view why);
+
+// Top-k routing without repeats over a layer's `experts`, Zipf(s) weights w_i ~ 1/(i+1)^s, hottest
+// first: expert i is among a token's `top_k` picks with probability p_i = min(1, c x w_i), c such that
+// the p_i sum to top_k (all 1 when top_k >= experts).
+std::vector<double> ExpertInclusion(int experts, double zipf_s, int top_k);
+// The hit rate of caching the hottest `cached` experts: their share of the picks, sum of p_i over
+// them / top_k (exactly 1 when cached >= experts); and the smallest `cached` whose hit rate reaches
+// `target`.
+double ZipfMass(int experts, double zipf_s, int top_k, int cached);
+int ExpertsForHitRate(int experts, double zipf_s, int top_k, double target);
 
 }  // namespace terrace::plan

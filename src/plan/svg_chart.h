@@ -25,7 +25,7 @@ struct RefLine {
 
 struct LineChart {
   std::string title, subtitle, x_label, y_label;  // subtitle: a smaller second line under the title
-  bool log_x = false, log_y = false;  // log axes need positive values; others are dropped
+  bool log_x = false, log_y = false;  // log axes need positive values; others are dropped, counted in the subtitle
   bool integer_x = false;             // x is a count (turns, layers): the axis spans the data, integer ticks
   bool markers = false;               // a dot at every point (series with few points, or gaps)
   AxisFormat x_format = AxisFormat::kPlain, y_format = AxisFormat::kPlain;

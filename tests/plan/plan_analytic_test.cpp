@@ -85,14 +85,53 @@ TEST_CASE("K3 weights: routed experts dominate; one MXFP4 expert is 3 x 3584 x 3
 }
 
 TEST_CASE("Zipf expert cache sizing, by hand") {
-  // 4 experts, s = 1: p = 12/25, 6/25, 4/25, 3/25.
-  CHECK(ZipfMass(4, 1.0, 1) == Approx(0.48));
-  CHECK(ZipfMass(4, 1.0, 2) == Approx(0.72));
-  CHECK(ExpertsForHitRate(4, 1.0, 0.70) == 2);
-  CHECK(ExpertsForHitRate(4, 1.0, 0.73) == 3);
-  CHECK(ExpertsForHitRate(4, 1.0, 1.0) == 4);
-  // Uniform: k / E.
-  CHECK(ZipfMass(10, 0.0, 3) == Approx(0.3));
+  // 4 experts, s = 1, top-1: p = 12/25, 6/25, 4/25, 3/25.
+  CHECK(ZipfMass(4, 1.0, 1, 1) == Approx(0.48));
+  CHECK(ZipfMass(4, 1.0, 1, 2) == Approx(0.72));
+  CHECK(ExpertsForHitRate(4, 1.0, 1, 0.70) == 2);
+  CHECK(ExpertsForHitRate(4, 1.0, 1, 0.73) == 3);
+  CHECK(ExpertsForHitRate(4, 1.0, 1, 1.0) == 4);
+  // Uniform: cached / E, whatever top-k.
+  CHECK(ZipfMass(10, 0.0, 1, 3) == Approx(0.3));
+  CHECK(ZipfMass(10, 0.0, 4, 3) == Approx(0.3));
+}
+
+TEST_CASE("Top-k routing picks k distinct experts: inclusion probabilities min(1, c w) summing to k") {
+  // 4 experts, s = 1, top-3: w = .48, .24, .16, .12. c = 3 would give the hottest 1.44 > 1, so it is
+  // always picked and the other two picks spread over the rest: c = 2 / .52, p = 1, 12/13, 8/13, 6/13.
+  const std::vector<double> p = ExpertInclusion(4, 1.0, 3);
+  REQUIRE(p.size() == 4);
+  CHECK(p[0] == 1.0);
+  CHECK(p[1] == Approx(12.0 / 13));
+  CHECK(p[2] == Approx(8.0 / 13));
+  CHECK(p[3] == Approx(6.0 / 13));
+  // Caching the hottest holds 1 of the 3 picks (drawing with replacement would say .48).
+  CHECK(ZipfMass(4, 1.0, 3, 1) == Approx(1.0 / 3));
+  CHECK(ZipfMass(4, 1.0, 3, 2) == Approx((1 + 12.0 / 13) / 3));
+  CHECK(ExpertsForHitRate(4, 1.0, 3, 0.5) == 2);
+  // top-2: no expert saturates, p = 2 w.
+  const std::vector<double> q = ExpertInclusion(4, 1.0, 2);
+  CHECK(q[0] == Approx(0.96));
+  CHECK(q[3] == Approx(0.24));
+  // K3: 896 experts, top-16, s = 1: the picks sum to 16, none over 1.
+  const std::vector<double> k3 = ExpertInclusion(896, 1.0, 16);
+  double sum = 0;
+  for (double x : k3) {
+    CHECK(x <= 1.0);
+    sum += x;
+  }
+  CHECK(sum == Approx(16.0));
+  CHECK(k3[0] == 1.0);  // 16 x 1/H(896) = 2.2 > 1: the hottest expert is in every token's picks
+  // top-k >= experts: every expert every time; all cached: exactly 1.
+  for (double x : ExpertInclusion(4, 1.0, 4)) CHECK(x == 1.0);
+  CHECK(ZipfMass(896, 1.0, 16, 896) == 1.0);
+}
+
+TEST_CASE("K3 default expert-cache hit rate under top-k without repeats") {
+  // 338 of 896 experts cached per layer (the default budget): the reviewer's independent figure, 85.5%.
+  const Plan p = K3Plan();
+  CHECK(p.experts.cached_per_layer == 338);
+  CHECK(p.experts.hit_rate == Approx(0.855).margin(0.0005));
 }
 
 TEST_CASE("Expert cache: a bigger budget never stalls more; the whole model cached never stalls") {
@@ -104,8 +143,11 @@ TEST_CASE("Expert cache: a bigger budget never stalls more; the whole model cach
   CHECK(a.experts.hit_rate < b.experts.hit_rate);
   CHECK(a.experts.stall_s_per_token_batch1 > b.experts.stall_s_per_token_batch1);
   CHECK(c.experts.cached_per_layer == 896);
-  CHECK(c.experts.hit_rate == Approx(1.0));
-  CHECK(c.experts.stall_s_per_token_batch1 == Approx(0.0).margin(1e-12));
+  // Exactly: every expert cached leaves nothing to miss (not 1 - 2e-16 and a 1e-21 s stall).
+  CHECK(c.experts.hit_rate == 1.0);
+  CHECK(c.experts.stall_s_per_token_batch1 == 0.0);
+  CHECK(c.experts.stall_s_per_token_batched == 0.0);
+  CHECK(c.experts.miss_bytes_per_token_batch1 == 0.0);
   // Batch 1, by hand: misses = top-16 x 92 layers x (1 - hit) experts of expert_bytes each.
   CHECK(a.experts.miss_bytes_per_token_batch1 ==
         Approx((1 - a.experts.hit_rate) * 16 * 92 * static_cast<double>(a.weights.expert_bytes)));
@@ -474,4 +516,119 @@ TEST_CASE("The input-embedding lookup is not an active parameter nor read whole 
   // (32 at the default --concurrency), not the whole table.
   CHECK(untied->lifecycle.decode_step_bytes - tied->lifecycle.decode_step_bytes == Approx(32.0 * 7168 * 2));
   CHECK(untied->lifecycle.prefill_tokens_per_s == Approx(tied->lifecycle.prefill_tokens_per_s));
+}
+
+TEST_CASE("Write-back counts the KDA snapshot the store writes at every chunk boundary of the new prompt") {
+  // K3 defaults: 32k prompt, half restored, so 16384 new tokens = 64 chunks of 256, a snapshot at
+  // each (snapshot_every 1) of 69 KDA layers x state_block_bytes; KV at the stored bytes per token.
+  // Generated tokens are not written.
+  const Plan p = K3Plan();
+  const double snapshot = 69.0 * static_cast<double>(p.memory.state_block_bytes);
+  CHECK(p.lifecycle.snapshot_bytes == snapshot);
+  CHECK(p.lifecycle.snapshots_per_request == Approx(64.0));
+  const double wb = 16384.0 * p.memory.mla_stored_bytes_per_token + 64.0 * snapshot;
+  CHECK(p.lifecycle.writeback_bytes_per_request == Approx(wb));
+  CHECK(p.lifecycle.restore_bytes_per_request == Approx(16384.0 * p.memory.mla_stored_bytes_per_token + snapshot));
+  REQUIRE(p.bandwidth.size() == 5);
+  CHECK(p.bandwidth[2].link == "pcie-d2h");
+  CHECK(p.bandwidth[2].required == Approx(wb));  // --rate 1
+  CHECK(p.bandwidth[4].link == "nvme-write");
+  CHECK(p.bandwidth[4].required == Approx(wb));
+  CHECK(p.bandwidth[4].utilisation() == Approx(wb / 64e9));  // ~47% of the preset's 64 GB/s
+  CHECK(p.lifecycle.offload_bytes_per_request >= static_cast<std::uint64_t>(wb));
+  // --rate 3 needs ~140% of nvme-write: a warning naming the link.
+  PlanOptions r3;
+  r3.workload.rate_rps = 3;
+  const Plan q = K3Plan("bf16", r3);
+  bool warned = false;
+  for (const std::string& w : q.warnings) warned = warned || w.find("link nvme-write") != std::string::npos;
+  CHECK(warned);
+  // The layout's snapshot interval decides the count: every 2 chunks is 32 plus the last full chunk's;
+  // 0 is the last full chunk's only.
+  PlanOptions e2, e0;
+  e2.layout.snapshot_every = 2;
+  e0.layout.snapshot_every = 0;
+  CHECK(K3Plan("bf16", e2).lifecycle.snapshots_per_request == Approx(33.0));
+  CHECK(K3Plan("bf16", e0).lifecycle.snapshots_per_request == Approx(1.0));
+  // The chunk size too: 512-token chunks halve the snapshots.
+  PlanOptions c512;
+  c512.layout.chunk_tokens = 512;
+  CHECK(K3Plan("bf16", c512).lifecycle.snapshots_per_request == Approx(32.0));
+  // --decode-tokens does not change what is written.
+  PlanOptions dec;
+  dec.workload.decode_tokens = 4096;
+  CHECK(K3Plan("bf16", dec).lifecycle.writeback_bytes_per_request == Approx(wb));
+}
+
+TEST_CASE("Routed experts larger than host RAM: their misses are read from NVMe and the nvme-read line counts them") {
+  auto c = model::Preset("kimi-k3");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  auto fits = MakePlan(*c, "kimi-k3", *hw, {});
+  hw->host_bytes = 1ull << 20;
+  auto small = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(fits.ok());
+  REQUIRE(small.ok());
+  const double misses = small->experts.miss_bytes_per_token_batched * small->lifecycle.decode_tokens_needed_per_s;
+  CHECK(small->bandwidth[3].link == "nvme-read");
+  CHECK(small->bandwidth[3].required == Approx(small->lifecycle.restore_bytes_per_request + misses));
+  CHECK(fits->bandwidth[3].required == Approx(fits->lifecycle.restore_bytes_per_request));
+  CHECK(small->bandwidth[3].utilisation() > 10);
+  bool warned = false;
+  for (const std::string& w : small->warnings) warned = warned || w.find("link nvme-read") != std::string::npos;
+  CHECK(warned);
+}
+
+TEST_CASE("A tier smaller than what the plan puts there is a warning naming the tier and the hardware key") {
+  auto c = model::Preset("kimi-k3");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  auto ok = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(ok.ok());
+  for (const std::string& w : ok->warnings) CHECK(w.find("tier") == std::string::npos);
+  hw->nvme_bytes = 1ull << 20;
+  auto p = MakePlan(*c, "kimi-k3", *hw, {});
+  REQUIRE(p.ok());
+  bool warned = false;
+  for (const std::string& w : p->warnings) {
+    warned = warned || (w.find("the nvme tier's 1.0 MiB cannot hold the checkpoint") != std::string::npos &&
+                        w.find("raise nvme_bytes (--hardware)") != std::string::npos);
+  }
+  CHECK(warned);
+}
+
+TEST_CASE("MXFP4 experts need dimensions in whole 32-value blocks, as model init requires") {
+  auto c = model::Preset("k3-small");
+  REQUIRE(c.ok());
+  auto hw = HardwarePreset("h200-gen5");
+  REQUIRE(hw.ok());
+  c->moe_intermediate_size = 200;
+  PlanOptions o;
+  auto p = MakePlan(*c, "k3-small", *hw, o);
+  REQUIRE_FALSE(p.ok());
+  CHECK_THAT(p.status().message(), Catch::Contains("config field 'moe_intermediate_size' is 200") &&
+                                       Catch::Contains("must be a multiple of 32"));
+  // Plain-float experts have no blocks.
+  o.expert_format = model::ExpertFormat::kF32;
+  CHECK(MakePlan(*c, "k3-small", *hw, o).ok());
+  CHECK(CheckExpertDims(*c, model::ExpertFormat::kF32, "").ok());
+}
+
+TEST_CASE("--expert-cache 0 is honoured as no expert cache; a full cache hits exactly 1 and never stalls") {
+  PlanOptions zero;
+  zero.expert_cache_bytes = 0;
+  const Plan z = SmallPlan(zero), d = SmallPlan();
+  CHECK(z.experts.budget_given);
+  CHECK_FALSE(d.experts.budget_given);
+  CHECK(z.experts.budget_bytes == 0);
+  CHECK(z.experts.cached_per_layer == 0);
+  CHECK(z.experts.hit_rate == 0.0);
+  CHECK(z.experts.stall_s_per_token_batch1 > d.experts.stall_s_per_token_batch1);
+  // k3-small's default budget holds every routed expert.
+  REQUIRE(d.experts.cached_per_layer == d.weights.experts_per_layer);
+  CHECK(d.experts.hit_rate == 1.0);
+  CHECK(d.experts.stall_s_per_token_batch1 == 0.0);
+  CHECK(d.experts.stall_s_per_token_batched == 0.0);
 }

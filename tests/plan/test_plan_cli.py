@@ -30,6 +30,21 @@ def terrace():
     return run
 
 
+def inclusion(experts, zipf_s, top_k):
+    """P(expert i is among a token's top_k distinct picks): min(1, c w_i), Zipf weights, summing to top_k."""
+    w = [1 / (i + 1) ** zipf_s for i in range(experts)]
+    w = [x / sum(w) for x in w]
+    if top_k >= experts:
+        return [1.0] * experts
+    sat = 0
+    while True:
+        c = (top_k - sat) / sum(w[sat:])
+        if c * w[sat] <= 1:
+            break
+        sat += 1
+    return [1.0] * sat + [min(1.0, c * x) for x in w[sat:]]
+
+
 def oracle_ceiling(path, restore_every_blocks=1):
     """Share of blocks in a leading run of ids all seen in earlier requests, the run cut back to a
     whole multiple of restore_every_blocks."""
@@ -786,11 +801,9 @@ def test_active_params_leave_out_the_embedding_lookup(terrace, tmp_path):
     assert round(H200_FLOPS / (2 * active)) == 509306
     assert j["lifecycle"]["routing_flops_share"] == pytest.approx(26 * 256 * 2304 / active, rel=1e-12)
     # A decode step reads the resident weights but the table (one 2304-wide BF16 row per sequence),
-    # the experts the step's 32 x 8 picks touch (Zipf 1 over 256), every sequence's KV and its KDA
-    # state twice.
-    p = [1 / (i + 1) for i in range(256)]
-    p = [x / sum(p) for x in p]
-    touched = sum(1 - (1 - x) ** (32 * 8) for x in p)
+    # the experts the step's 32 sequences touch (each picks 8 distinct of 256, Zipf 1: expert i with
+    # probability min(1, c w_i), summing to 8), every sequence's KV and its KDA state twice.
+    touched = sum(1 - (1 - x) ** 32 for x in inclusion(256, 1.0, 8))
     kv = (32768 + 512) * 7 * 576 * 2
     kda = 20 * (32 * 128 * 128 + 3 * 3 * 32 * 128) * 4
     step = (k["resident_bytes"] - 2 * k["embed_params"] + 32 * 2304 * 2 + touched * 26 * k["expert_bytes"]
