@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The package as an embedder sees it. Installs Terrace into a temporary prefix, then:
 #   1. checks the installed tree (public headers only, the CMake package files, the CLI if built);
-#   2. builds tests/consumer with find_package(terrace) and runs it (put, get, prefetch, reopen);
+#   2. builds tests/consumer with find_package(terrace) and runs it (put, get, prefetch, reopen),
+#      and its shared-library plugin, loaded with Python's ctypes;
 #   3. checks that an internal header ("src/store/store_impl.h") does NOT compile from the consumer,
 #      both against the installed package and through add_subdirectory (store-only, no tests there).
 # Usage:
@@ -60,8 +61,13 @@ if grep -q '^TERRACE_BUILD_MODEL:BOOL=ON' "$build/CMakeCache.txt"; then with_mod
 echo "consumer_test: building tests/consumer against the installed package (model component: $with_model)"
 quiet cmake -S "$root/tests/consumer" -B "$tmp/consumer" "${gen[@]}" "${launcher[@]}" \
   -DCMAKE_PREFIX_PATH="$prefix" -DCONSUMER_INTERNAL_PROBE=ON -DCONSUMER_MODEL="$with_model"
-cmake --build "$tmp/consumer" --target consumer
+cmake --build "$tmp/consumer" --target consumer consumer_plugin
 "$tmp/consumer/consumer" "$tmp/nvme" || fail "the consumer program failed"
+# Terrace inside a shared library, loaded at run time as an engine loads its plugin.
+python3 - "$tmp/consumer/libconsumer_plugin.so" "$tmp/plugin-nvme" <<'PY' || fail "the shared-library plugin failed"
+import ctypes, sys
+sys.exit(ctypes.CDLL(sys.argv[1]).terrace_plugin_round_trip(sys.argv[2].encode()))
+PY
 
 # 3. Internal headers stay internal.
 probe() {  # $1: build folder with the internal_probe target
