@@ -1,6 +1,7 @@
 // `terrace plan`: the capacity planner (docs/plan.md). Analytic mode sizes memory, weights, expert
 // cache, concurrency and bandwidth for a model on a node; with --trace it also replays a Mooncake
 // request trace through simulated tiers with the store's eviction policies.
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -500,6 +501,15 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   std::uint64_t mismatched = 0;
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
   for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
+  // A chained prefix hash never repeats within one prompt: a request that does is damaged or not a
+  // prefix-chained trace, and the replay would count its repeats as hits.
+  std::uint64_t repeating = 0, first_repeating = 0;
+  for (std::size_t i = 0; i < trace->requests.size(); ++i) {
+    std::vector<std::uint64_t> ids = trace->requests[i].hash_ids;
+    std::sort(ids.begin(), ids.end());
+    if (std::adjacent_find(ids.begin(), ids.end()) == ids.end()) continue;
+    if (repeating++ == 0) first_repeating = i + 1;
+  }
 
   // What the store holds per trace block (ChargeTraceBlock); a restore reads one snapshot.
   const std::uint64_t snapshot_bytes = static_cast<std::uint64_t>(plan.memory.kda_layers) * plan.memory.state_block_bytes;
@@ -550,6 +560,14 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                                     "--trace-block-tokens right?",
                                     mismatched, bt);
   if (!mismatch_warning.empty()) (*out)["warnings"].push_back(mismatch_warning);
+  tj["requests_repeating_a_hash_id"] = repeating;
+  const std::string repeat_warning =
+      repeating == 0 ? std::string()
+                     : fmt::format("{} {} a hash id within its own hash_ids (the first: request {}), which a "
+                                   "chained prefix hash cannot; the trace may be damaged or not prefix-chained, "
+                                   "and the replay counts each repeat as a hit",
+                                   repeating, repeating == 1 ? "request repeats" : "requests repeat", first_repeating);
+  if (!repeat_warning.empty()) (*out)["warnings"].push_back(repeat_warning);
   tj["prefix_hit_ceiling"] = BlockShare(ceiling.blocks, ceiling.fraction());
   tj["nodes"] = a.nodes;
   tj["routing"] = RoutingName(ro.routing);
@@ -704,6 +722,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
                FormatBytes(static_cast<double>(ro.stored_block_bytes())), ShareText(tj["prefix_hit_ceiling"]));
     for (const std::string& n : trace_notes) *text += fmt::format("note: {}\n", n);
     if (!mismatch_warning.empty()) *text += fmt::format("warning: {}\n", mismatch_warning);
+    if (!repeat_warning.empty()) *text += fmt::format("warning: {}\n", repeat_warning);
     *text += fmt::format("tiers per node: hbm {} | host {} | nvme {} (--kv-hbm, --kv-host, --kv-nvme); {} placement, {}; {} "
                "node(s), {}\n",
                FormatBytes(static_cast<double>(ro.tiers[0].capacity_bytes)),

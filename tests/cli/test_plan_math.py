@@ -172,3 +172,15 @@ def test_trace_hash_ids_mismatch_is_a_json_warning(terrace, tmp_path):
                for w in j["warnings"]), j["warnings"]
     text = terrace("plan", "--model", "k3-toy", "--trace", t).stdout
     assert "warning: 2 requests have a hash_ids count" in text
+
+
+def test_a_trace_repeating_a_hash_id_within_a_request_is_warned_about(terrace, tmp_path):
+    t = tmp_path / "rep.jsonl"
+    row = '{"timestamp":%d,"input_length":2048,"output_length":5,"hash_ids":%s}\n'
+    t.write_text(row % (0, "[1,2,3,4]") + row % (1, "[5,5,5,5]") + row % (2, "[1,2,3,4]"))
+    j = plan_json(terrace, "--model", "k3-toy", "--trace", t)
+    assert j["trace"]["requests_repeating_a_hash_id"] == 1
+    assert any("1 request repeats a hash id within its own hash_ids (the first: request 2)" in w
+               for w in j["warnings"]), j["warnings"]
+    t.write_text(row % (0, "[1,2,3,4]") + row % (1, "[1,2,3,4]"))
+    assert plan_json(terrace, "--model", "k3-toy", "--trace", t)["trace"]["requests_repeating_a_hash_id"] == 0
