@@ -18,8 +18,9 @@ inline constexpr std::uint64_t kKiB = 1024, kMiB = 1024 * kKiB, kGiB = 1024 * kM
 // How the NVMe tier acknowledges a write into it (a put there, a write-through copy, a demotion).
 // A block held only in a memory tier is not on NVMe at all (StoreOptions::write_policy).
 enum class Durability : std::uint8_t {
-  // A write is acknowledged when its data is written; it becomes durable at the next group commit
-  // (at most group_commit_interval later). Default.
+  // A write is acknowledged when its data is written, before it is durable: it becomes durable at
+  // the next group commit (at most group_commit_interval later) or Store::Flush. Until then a crash,
+  // power cut or an exit that skips the store's close (_exit, a kill) can lose it. Default.
   kAsync = 0,
   // A write is acknowledged only once its data and index entry are durable. Concurrent writes share
   // one flush (group commit).
@@ -49,7 +50,10 @@ struct HostTierOptions {
   // it either (copies to and from it are staged), though an NVMe tier's io_uring fixed buffers hold
   // its pages while registered (TierCaps::pageable).
   bool pin = true;
-  std::uint64_t chunk_bytes = 256 * kMiB;  // arena growth and pinning unit
+  // Arena growth and pinning unit, and the largest block the tier takes: a block lies in one chunk,
+  // so a Put of a larger block fails with OutOfCapacity whatever capacity_bytes is (raise
+  // chunk_bytes for it). Rounded down to whole 4 KiB pages; at most capacity_bytes is used.
+  std::uint64_t chunk_bytes = 256 * kMiB;
   // Fault in (and, with pin, lock) each new chunk's pages on a background thread, ahead of the puts
   // that fill it; puts never wait for it. false: a pinned chunk is faulted and locked on the putting
   // thread when it is added, an unpinned one page by page on first touch.
@@ -140,7 +144,8 @@ struct NvmeTierOptions {
   // only ever opened with its own index.
   bool reformat = false;
   // How long Open (and ScanDataFile / RebuildIndex) waits for another process to release the data
-  // area's lock before failing with Unavailable ("in use by another process").
+  // area's lock before failing with Unavailable ("in use by another process"). An area an open
+  // NVMe tier of this same process holds is refused at once ("already open in this process").
   std::chrono::milliseconds lock_wait{2000};
   std::shared_ptr<Logger> logger;  // null: the store's logger, or stderr (terrace/log.h)
 };
@@ -153,7 +158,9 @@ enum class Placement : std::uint8_t {
 enum class WritePolicy : std::uint8_t {
   kWriteBack = 0,     // a put lands in put_tier; it reaches lower tiers when evicted (demotion), so
                       // a block still only in a memory tier is gone when the process exits
-  kWriteThrough = 1,  // a put is also written to the lowest tier (NVMe) before it is acknowledged
+  kWriteThrough = 1,  // a put is also written to the lowest tier (NVMe) before it is acknowledged;
+                      // durable when acknowledged only with NvmeTierOptions::durability kSync (with
+                      // kAsync, at the next group commit or Store::Flush)
 };
 
 enum class EvictionPolicy : std::uint8_t { kLru = 0, kS3Fifo = 1 };
@@ -183,7 +190,9 @@ struct StoreOptions {
   // slot of its kind means the first slot of a slower kind where the rules below say "nearest
   // present tier below it".
   std::vector<TierSlotOptions> tier_list;
-  TierId put_tier = TierId::kHost;              // where Put places new blocks
+  // Where Put places new blocks (the nearest present tier below it when it has no slot). Open
+  // refuses a put_tier with no tier at or below it (e.g. kNvme without an NVMe tier).
+  TierId put_tier = TierId::kHost;
   Placement placement = Placement::kExclusive;
   WritePolicy write_policy = WritePolicy::kWriteBack;
   EvictionPolicy eviction = EvictionPolicy::kS3Fifo;

@@ -38,9 +38,15 @@ namespace terrace::kv {
 // One request's prompt, its tenant and the content ids of its full chunks (keys.h, ChunkIds).
 // PrefixCache::Prepare builds one; a caller may then cut it: drop trailing chunk_ids (only that
 // prefix is looked up, restored and written) or lower restorable_chunks (less is restored).
-// Lookup, BeginRestore / Restore and PrefillWithCache return InvalidArgument for a request that
-// does not hold together: more chunk_ids than full chunks of `tokens`, or restorable_chunks < 0 or
-// above (tokens.size() - 1) / chunk_tokens.
+// Any other edit (tokens, tenant, or chunk_ids other than cutting them) makes a request that does
+// not hold together. Lookup, BeginRestore / Restore, WriteBack, StoreLayer and PrefillWithCache
+// return InvalidArgument for one: more chunk_ids than full chunks of `tokens`; restorable_chunks
+// < 0 or above (tokens.size() - 1) / chunk_tokens; or chunk_ids that are not the chain of `tokens`
+// under `tenant` in that cache's namespace (keys::ChunkIds; e.g. tokens or tenant changed after
+// Prepare, or a request prepared by another cache), which would otherwise restore or overwrite
+// another prompt's or tenant's blocks. That check re-hashes the ids it uses (XXH3-128 over
+// tokens.size() * 4 bytes for a whole request: about as long as Prepare took); WriteBack and
+// StoreLayer check the ids of chunks [0, chunks) on every call, PrefillWithCache once.
 struct PrefixRequest {
   std::vector<std::int32_t> tokens;
   std::string tenant;
@@ -261,7 +267,9 @@ class PrefixCache {
   // the writer thread. A failure is counted (write_failures; the cache logs its first), and leaves no block behind
   // that a lookup could hit. InvalidArgument, before anything is read, when the state is not
   // shaped for this cache's model (layers, which are MLA, latent width, KDA sizes: as BeginRestore
-  // checks) or does not match `chunks`.
+  // checks) or does not match `chunks`, or when chunk_ids [0, chunks) are not the chain of the
+  // request's tokens under its tenant (PrefixRequest). The cache cannot check that the state was
+  // computed from request.tokens: that is the caller's contract.
   Status WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                    bool snapshot);
   // Per-layer write-out during prefill: layer `layer` of the state right after it computed chunk
@@ -298,6 +306,7 @@ class PrefixCache {
   struct Impl;
 
  private:
+  friend struct PrefixCacheAccess;  // src/kv internals: PrefillWithCache checks a request once
   explicit PrefixCache(std::unique_ptr<Impl> impl);
   Result<std::unique_ptr<LayerwiseRestore>> BeginRestore(const PrefixRequest& request, model::SequenceState* state,
                                                          RestoreReadOrder order);

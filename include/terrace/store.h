@@ -125,7 +125,8 @@ struct PrefetchOptions {
 };
 
 // A move-only handle to a block resident in an addressable tier. While it lives the block is
-// pinned in that tier, so data() stays valid. It must not outlive its Store.
+// pinned in that tier, so data() stays valid. It must not outlive its Store (the Store's
+// destructor logs an error naming how many handles are still live, and asserts in debug builds).
 class BlockHandle {
  public:
   BlockHandle() = default;

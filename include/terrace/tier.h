@@ -8,7 +8,7 @@
 //   existing key replaces the block atomically (readers see the old or the new block, never a mix).
 // - Get never returns bytes whose checksum does not match the recorded BlockDesc: it drops such a
 //   block, counts it in corruptions, and returns Corruption.
-// - A block larger than max_block_bytes() or than the free capacity yields OutOfCapacity, and the
+// - A block larger than caps().max_block_bytes or than the free capacity yields OutOfCapacity, and the
 //   tier is unchanged. A tier never evicts on its own: the Store decides what to evict.
 // - Pinned blocks (Pin) cannot be erased: Erase returns InvalidArgument until every Pin is undone.
 #pragma once

@@ -50,7 +50,10 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
     return Status::InvalidArgument("PrefillWithCache: the session must be fresh (no tokens yet)");
   if (request.tokens.empty()) return Status::InvalidArgument("PrefillWithCache: the prompt is empty");
   const std::int64_t C = cache.layout().chunk_tokens();
-  TERRACE_RETURN_IF_ERROR(RestorableChunks(request, cache.layout().chunk_tokens(), "PrefillWithCache").status());
+  // Checked once here (its chunk_ids against its tokens and tenant included); the request is a const
+  // reference held for the call, so the restore and write-out below skip their per-call checks.
+  PrefixCache::Impl& impl = PrefixCacheAccess::impl(cache);
+  TERRACE_RETURN_IF_ERROR(impl.CheckRequest(request, "PrefillWithCache").status());
   const auto n = static_cast<std::int64_t>(request.tokens.size());
   const auto last_chunks = static_cast<std::int64_t>(request.chunk_ids.size());
   HookGuard guard(session);
@@ -59,13 +62,13 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
   CachedPrefill out;
   std::unique_ptr<LayerwiseRestore> layerwise;
   if (options.restore && options.layerwise) {
-    TERRACE_ASSIGN_OR_RETURN(layerwise, cache.BeginRestore(request, &session->state()));
+    TERRACE_ASSIGN_OR_RETURN(layerwise, PrefixCacheAccess::BeginRestoreChecked(cache, request, &session->state()));
     if (layerwise->boundary_tokens() == 0) {
       TERRACE_ASSIGN_OR_RETURN(out.restore, layerwise->Finish());
       layerwise.reset();
     }
   } else if (options.restore) {
-    TERRACE_ASSIGN_OR_RETURN(out.restore, cache.Restore(request, &session->state()));
+    TERRACE_ASSIGN_OR_RETURN(out.restore, PrefixCacheAccess::RestoreChecked(cache, request, &session->state()));
   }
   std::int64_t b = layerwise ? layerwise->boundary_tokens() : out.restore.boundary_tokens;
 
@@ -79,7 +82,7 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
   mine.on_layer_end = [&](int layer, std::span<const float>, std::int64_t) {
     if (!options.write_back || !options.layerwise || piece_end % C != 0 || piece_end / C > last_chunks) return;
     const std::int64_t chunks = piece_end / C;
-    Status s = cache.StoreLayer(request, chunks, layer, session->state(), cache.layout().SnapshotDue(chunks, last_chunks));
+    Status s = impl.StoreLayerChecked(request, chunks, layer, session->state(), cache.layout().SnapshotDue(chunks, last_chunks));
     if (!s.ok() && write_error.ok()) write_error = s;
   };
   session->set_hooks(model::ChainHooks(guard.saved(), std::move(mine)));
@@ -115,7 +118,7 @@ Result<CachedPrefill> PrefillWithCache(model::Session* session, PrefixCache& cac
     if (options.write_back && !options.layerwise && end % C == 0 && end / C <= last_chunks) {
       const std::int64_t chunks = end / C;
       TERRACE_RETURN_IF_ERROR(
-          cache.WriteBack(request, chunks, session->state(), cache.layout().SnapshotDue(chunks, last_chunks)));
+          impl.WriteBackChecked(request, chunks, session->state(), cache.layout().SnapshotDue(chunks, last_chunks)));
     }
     pos = end;
   }

@@ -289,6 +289,7 @@ Result<RestoreReport> LayerwiseRestore::Finish() {
 
 Result<std::unique_ptr<LayerwiseRestore>> PrefixCache::BeginRestore(const PrefixRequest& request,
                                                                     model::SequenceState* state) {
+  TERRACE_RETURN_IF_ERROR(impl_->CheckRequest(request, "PrefixCache::BeginRestore").status());
   return BeginRestore(request, state, impl_->restore_order.load(std::memory_order_relaxed));
 }
 
@@ -391,7 +392,13 @@ Result<RestoreReservation> PrefixCache::Reserve(std::int64_t prompt_tokens, int 
 }
 
 Result<RestoreReport> PrefixCache::Restore(const PrefixRequest& request, model::SequenceState* state) {
-  TERRACE_ASSIGN_OR_RETURN(auto restore, BeginRestore(request, state, RestoreReadOrder::kChunks));
+  TERRACE_RETURN_IF_ERROR(impl_->CheckRequest(request, "PrefixCache::Restore").status());
+  return PrefixCacheAccess::RestoreChecked(*this, request, state);
+}
+
+Result<RestoreReport> PrefixCacheAccess::RestoreChecked(PrefixCache& c, const PrefixRequest& request,
+                                                        model::SequenceState* state) {
+  TERRACE_ASSIGN_OR_RETURN(auto restore, c.BeginRestore(request, state, RestoreReadOrder::kChunks));
   return restore->Finish();
 }
 

@@ -7,6 +7,7 @@
 
 #include "src/kv/block_format.h"
 #include "src/kv/prefix_cache_impl.h"
+#include "terrace/hash.h"
 #include "terrace/keys.h"
 
 namespace terrace::kv {
@@ -167,6 +168,34 @@ Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, 
   return std::min(r.restorable_chunks, ids);
 }
 
+Status PrefixCache::Impl::CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where) const {
+  const auto C = static_cast<std::size_t>(layout.chunk_tokens());
+  if (count > r.chunk_ids.size() || count > r.tokens.size() / C)
+    return Status::InvalidArgument(fmt::format("{}: the request has {} chunk_ids and {} full {}-token chunks, {} are "
+                                               "needed (build requests with PrefixCache::Prepare)",
+                                               where, r.chunk_ids.size(), r.tokens.size() / C, C, count));
+  if (count == 0) return Status::Ok();
+  const std::span<const std::int32_t> tokens(r.tokens);
+  ContentId id = keys::TenantRoot(kv_root, r.tenant);
+  for (std::size_t i = 0; i < count; ++i) {
+    id = ChainContentId(id, tokens.subspan(i * C, C));
+    if (id != r.chunk_ids[i])
+      return Status::InvalidArgument(fmt::format(
+          "{}: the request does not hold together: chunk_ids[{}] is not the content id of its tokens [0, {}) under "
+          "its tenant \"{}\" in this cache's namespace (tokens, tenant or chunk_ids were changed after "
+          "PrefixCache::Prepare, or the request was prepared by another cache); build it with this cache's "
+          "Prepare(tokens, tenant), and change afterwards only chunk_ids by cutting them or restorable_chunks",
+          where, i, (i + 1) * C, r.tenant.size() <= 64 ? r.tenant : r.tenant.substr(0, 64) + "..."));
+  }
+  return Status::Ok();
+}
+
+Result<std::int64_t> PrefixCache::Impl::CheckRequest(const PrefixRequest& r, std::string_view where) const {
+  TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks, RestorableChunks(r, layout.chunk_tokens(), where));
+  TERRACE_RETURN_IF_ERROR(CheckChunkIds(r, r.chunk_ids.size(), where));
+  return chunks;
+}
+
 PrefixCache::Impl::Found PrefixCache::Impl::LookupFound(const PrefixRequest& r, std::int64_t chunks) const {
   Found f;
   const std::int64_t K = chunks;
@@ -261,8 +290,7 @@ PrefixRequest PrefixCache::Prepare(std::span<const std::int32_t> tokens, std::st
 }
 
 Result<PrefixLookup> PrefixCache::Lookup(const PrefixRequest& request) const {
-  TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks,
-                           RestorableChunks(request, impl_->layout.chunk_tokens(), "PrefixCache::Lookup"));
+  TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks, impl_->CheckRequest(request, "PrefixCache::Lookup"));
   const Impl::Found f = impl_->LookupFound(request, chunks);
   PrefixLookup out;
   out.restorable_chunks = chunks;
@@ -273,7 +301,14 @@ Result<PrefixLookup> PrefixCache::Lookup(const PrefixRequest& request) const {
 
 Status PrefixCache::WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                               bool snapshot) {
-  Impl& m = *impl_;
+  if (chunks >= 1 && chunks <= static_cast<std::int64_t>(request.chunk_ids.size()))
+    TERRACE_RETURN_IF_ERROR(impl_->CheckChunkIds(request, static_cast<std::size_t>(chunks), "PrefixCache::WriteBack"));
+  return impl_->WriteBackChecked(request, chunks, state, snapshot);
+}
+
+Status PrefixCache::Impl::WriteBackChecked(const PrefixRequest& request, std::int64_t chunks,
+                                           const model::SequenceState& state, bool snapshot) {
+  Impl& m = *this;
   const KvLayout& L = m.layout;
   const std::int64_t C = L.chunk_tokens(), W = L.mla_width();
   if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()))
@@ -302,7 +337,14 @@ Status PrefixCache::WriteBack(const PrefixRequest& request, std::int64_t chunks,
 
 Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer,
                                const model::SequenceState& state, bool snapshot) {
-  Impl& m = *impl_;
+  if (chunks >= 1 && chunks <= static_cast<std::int64_t>(request.chunk_ids.size()))
+    TERRACE_RETURN_IF_ERROR(impl_->CheckChunkIds(request, static_cast<std::size_t>(chunks), "PrefixCache::StoreLayer"));
+  return impl_->StoreLayerChecked(request, chunks, layer, state, snapshot);
+}
+
+Status PrefixCache::Impl::StoreLayerChecked(const PrefixRequest& request, std::int64_t chunks, int layer,
+                                            const model::SequenceState& state, bool snapshot) {
+  Impl& m = *this;
   const KvLayout& L = m.layout;
   const std::int64_t C = L.chunk_tokens(), W = L.mla_width();
   if (chunks < 1 || chunks > static_cast<std::int64_t>(request.chunk_ids.size()) || layer < 0 || layer >= L.num_layers())

@@ -93,6 +93,34 @@ struct PrefixCache::Impl {
                        std::vector<float> conv);
   // The lookup of the first `chunks` chunks of `r` (RestorableChunks: chunks <= r.chunk_ids.size()).
   Found LookupFound(const PrefixRequest& r, std::int64_t chunks) const;
+
+  // Ok when r.chunk_ids[0, count) are the chain of r.tokens under r.tenant from kv_root
+  // (keys::ChunkIds), recomputed here: count chained XXH3-128s over count * chunk_tokens tokens.
+  // InvalidArgument, starting with `where` and naming the first id that differs, otherwise (or
+  // when r holds fewer than `count` ids or full chunks).
+  Status CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where) const;
+  // Every check of a request before a lookup, restore or prefill reads or computes anything:
+  // RestorableChunks (its result is returned) and CheckChunkIds of all of r.chunk_ids.
+  Result<std::int64_t> CheckRequest(const PrefixRequest& r, std::string_view where) const;
+  // WriteBack and StoreLayer after the request was checked (PrefillWithCache checks it once).
+  Status WriteBackChecked(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
+                          bool snapshot);
+  Status StoreLayerChecked(const PrefixRequest& request, std::int64_t chunks, int layer,
+                           const model::SequenceState& state, bool snapshot);
+};
+
+// PrefillWithCache's way past the public entry points' per-call request checks, for a request
+// it checked once (Impl::CheckRequest) and holds unchanged (a const reference, for the call).
+struct PrefixCacheAccess {
+  static PrefixCache::Impl& impl(PrefixCache& c) { return *c.impl_; }
+  // BeginRestore in the cache's read order, without the request check.
+  static Result<std::unique_ptr<LayerwiseRestore>> BeginRestoreChecked(PrefixCache& c, const PrefixRequest& request,
+                                                                       model::SequenceState* state) {
+    return c.BeginRestore(request, state, c.impl_->restore_order.load(std::memory_order_relaxed));
+  }
+  // Restore (whole blocks), without the request check.
+  static Result<RestoreReport> RestoreChecked(PrefixCache& c, const PrefixRequest& request,
+                                              model::SequenceState* state);
 };
 
 // The chunks a restore of `r` covers, its restorable_chunks cut to the ids it carries (the

@@ -80,10 +80,20 @@ Status StoreImpl::CheckBlockFits(int t, const BlockKey& key, std::uint64_t size)
   std::uint64_t limit = caps.capacity_bytes;
   if (caps.max_block_bytes != 0) limit = std::min(limit, caps.max_block_bytes);
   if (size <= limit) return Status::Ok();
-  return Status::OutOfCapacity(fmt::format(
-      "block {} ({} bytes) is larger than tier {} allows ({} bytes capacity, {} bytes max block); "
-      "put it in a larger tier (PutOptions::tier) or raise the tier's capacity",
-      key.ToString(), size, SlotName(t), caps.capacity_bytes, caps.max_block_bytes));
+  // Name the bound that refused it: a block cap below the capacity (a host tier's is one chunk of
+  // its arena, HostTierOptions::chunk_bytes) is not raised by a larger capacity.
+  std::string fix = "put it in a larger tier (PutOptions::tier) or raise the tier's capacity";
+  if (caps.max_block_bytes != 0 && size > caps.max_block_bytes && caps.max_block_bytes < caps.capacity_bytes) {
+    fix = caps.id == TierId::kHost
+              ? fmt::format("raise the tier's HostTierOptions::chunk_bytes (its largest block is one chunk) to at "
+                            "least {}, or put it in another tier (PutOptions::tier)",
+                            (size + 4095) / 4096 * 4096)
+              : "put it in another tier (PutOptions::tier): a larger capacity does not raise this tier's largest block";
+  }
+  return Status::OutOfCapacity(fmt::format("block {} ({} bytes) is larger than tier {} allows ({} bytes capacity, {} "
+                                           "bytes max block); {}",
+                                           key.ToString(), size, SlotName(t), caps.capacity_bytes,
+                                           caps.max_block_bytes, fix));
 }
 
 Status StoreImpl::PlaceWith(int t, const BlockKey& key, std::uint64_t size, const std::function<Status()>& write,

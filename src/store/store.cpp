@@ -1,6 +1,7 @@
 // terrace::Store facade, StoreImpl set-up and recovery, BlockHandle. Store::Open (which builds
 // the concrete tiers) lives in tier_registry.cpp, outside the store core.
 #include <algorithm>
+#include <cassert>
 #include <atomic>
 #include <list>
 #include <thread>
@@ -45,6 +46,28 @@ StoreImpl::StoreImpl(const StoreOptions& options, std::vector<NamedTier> tiers)
 }
 
 StoreImpl::~StoreImpl() {
+  // BlockHandles must not outlive their store (store.h): one released later would touch freed
+  // memory. Say so while the store still can (handles_ counts the live ones per key and slot).
+  std::uint64_t live = 0;
+  std::string first;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, per_slot] : handles_) {
+      for (std::size_t i = 0; i < per_slot.size(); ++i) {
+        if (per_slot[i] != 0 && first.empty())
+          first = fmt::format("{} in tier {}", key.ToString(), SlotName(static_cast<int>(i)));
+        live += per_slot[i];
+      }
+    }
+  }
+  if (live != 0) {
+    logger_->Log(LogLevel::kError, "store",
+                 fmt::format("the store is destroyed while {} BlockHandle(s) it handed out are still live (the first: "
+                             "{}); destroy or Release() every BlockHandle before its Store: a handle released "
+                             "after it touches freed memory",
+                             live, first));
+    assert(live == 0 && "a BlockHandle outlives its Store");  // debug builds stop here
+  }
   stopping_.store(true, std::memory_order_release);
   demand_->Wake();
   prefetch_lane_.Join();  // queued prefetch items complete as Cancelled; running work finishes
@@ -196,7 +219,8 @@ Status ValidateStoreEnums(const StoreOptions& options) {
 }
 
 Status StoreImpl::Init() {
-  if (slots_.empty()) return Status::InvalidArgument("store options configure no tier; enable host, hbm or nvme");
+  // Store::Open and OpenWithTiers refuse an empty list first, each in its own words.
+  if (slots_.empty()) return Status::InvalidArgument("the store was given no tier; it needs at least one");
   if (slot_count() > kMaxTierSlots) {
     return Status::InvalidArgument(fmt::format("the store was given {} tiers; it composes at most {}",
                                                slot_count(), kMaxTierSlots));
@@ -221,7 +245,18 @@ Status StoreImpl::Init() {
         options_.bounce_buffers, options_.bounce_buffer_bytes));
   }
   const int put_slot = SlotAtOrBelow(options_.put_tier);
-  promote_slot_ = put_slot >= 0 ? put_slot : LowestSlot();
+  if (put_slot < 0) {
+    // Every Put without PutOptions::tier would fail: refuse the store instead.
+    std::string have;
+    for (int i = 0; i < slot_count(); ++i) have += fmt::format("{}{}", i == 0 ? "" : ", ", SlotName(i));
+    const std::string configure = options_.put_tier == TierId::kNvme ? "an nvme tier (nvme.path, or tier_list)"
+                                                                     : fmt::format("a {} tier", TierName(options_.put_tier));
+    return Status::InvalidArgument(fmt::format(
+        "store options: put_tier {} has no tier at or below it (the store's tiers: {}); configure {} or set "
+        "StoreOptions::put_tier to one of the store's tiers",
+        TierName(options_.put_tier), have, configure));
+  }
+  promote_slot_ = put_slot;
   // Recover what the tiers already hold, slowest (persistent) first: a faster copy whose
   // descriptor disagrees is stale and removed. Tier I/O (ForEach, Erase) runs outside mu_.
   for (int i = LowestSlot(); i >= 0; --i) {
@@ -259,6 +294,11 @@ Store::~Store() {
 
 Result<std::unique_ptr<Store>> Store::OpenWithTiers(const StoreOptions& options,
                                                     std::vector<std::unique_ptr<Tier>> tiers) {
+  if (tiers.empty()) {
+    // `options`' hbm, host, nvme and tier_list are not read here: the tiers passed are the store's.
+    return Status::InvalidArgument("Store::OpenWithTiers was given no tier (an empty list, or an array of null "
+                                   "tiers); pass at least one tier, or use Store::Open to build them from options");
+  }
   std::vector<store_internal::NamedTier> named;
   named.reserve(tiers.size());
   for (auto& t : tiers) named.push_back({std::move(t), {}});

@@ -2,7 +2,9 @@
 // factory that builds it, turns StoreOptions into the store's ordered tier list, and implements
 // Store::Open on top of that. Built as its own library (terrace_store), so the store core
 // (terrace_store_core) links no concrete tier.
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,6 +42,23 @@ constexpr Registered kFactories[] = {
     {"host", MakeHost},
     {"nvme", MakeNvme},
 };
+
+// `s` (not OK) with its code and retryable flag, and `message` instead of its own.
+Status WithMessage(const Status& s, std::string message) {
+  switch (s.code()) {
+    case Code::kNotFound: return Status::NotFound(std::move(message));
+    case Code::kOutOfCapacity: return Status::OutOfCapacity(std::move(message));
+    case Code::kIoError: return Status::IoError(std::move(message), s.retryable());
+    case Code::kCorruption: return Status::Corruption(std::move(message));
+    case Code::kInvalidArgument: return Status::InvalidArgument(std::move(message));
+    case Code::kCancelled: return Status::Cancelled(std::move(message));
+    case Code::kTimedOut: return Status::TimedOut(std::move(message));
+    case Code::kUnavailable: return Status::Unavailable(std::move(message));
+    case Code::kOk:
+    case Code::kInternal: break;
+  }
+  return s.code() == Code::kOk ? s : Status::Internal(std::move(message));
+}
 
 // The standard configuration as an explicit list.
 std::vector<TierSlotOptions> StandardList(const StoreOptions& o) {
@@ -79,7 +98,13 @@ Result<std::vector<NamedTier>> BuildTiers(const StoreOptions& options) {
       if (!slot.name.empty()) where += fmt::format(" '{}'", slot.name);
       if (slot.kind == "nvme") where += fmt::format(" at {}", slot.nvme.path.string());
       if (slot.kind == "hbm") where += " (set hbm.mode = kOff to run without it)";
-      return t.status().WithContext(where);
+      // A tier's own messages start with "<kind> tier: " (HostTier::Create's do): said once.
+      const std::string own = fmt::format("{} tier: ", slot.kind);
+      const Status refused = t.status();  // a copy: Result::status() returns by value
+      const std::string& message = refused.message();
+      if (message.starts_with(own))
+        return WithMessage(refused, fmt::format("{}: {}", where, std::string_view(message).substr(own.size())));
+      return refused.WithContext(where);
     }
     tiers.push_back(NamedTier{std::move(t).value(), slot.name});
   }
@@ -92,6 +117,10 @@ Result<std::vector<NamedTier>> BuildTiers(const StoreOptions& options) {
 Result<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
   TERRACE_RETURN_IF_ERROR(store_internal::ValidateStoreEnums(options));  // before any tier creates files
   TERRACE_ASSIGN_OR_RETURN(auto tiers, store_internal::BuildTiers(options));
+  if (tiers.empty()) {
+    return Status::InvalidArgument("store options configure no tier; enable host (host.capacity_bytes > 0), hbm "
+                                   "(hbm.mode other than kOff) or nvme (nvme.path), or list tiers in tier_list");
+  }
   TERRACE_ASSIGN_OR_RETURN(auto impl, store_internal::OpenImpl(options, std::move(tiers)));
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }

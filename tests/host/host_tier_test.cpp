@@ -6,6 +6,7 @@
 #include <exception>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -108,6 +109,38 @@ TEST_CASE("Host tier refuses a capacity its 32-bit page ids cannot number, and t
   auto ok = HostTier::Create(o);
   INFO(ok.status().ToString());
   CHECK(ok.ok());
+}
+
+// The advice fits the bound that refused: a chunk with more pages than the ids number is lowered
+// (raising it, as the message used to say with "at most 0 bytes", can never help); too many pages
+// in all means a lower capacity; too many chunks also allows larger chunks.
+TEST_CASE("Host tier's refusal of a geometry says which option to change, and which way") {
+  HostTierOptions o;
+  o.populate = HostPopulate::kOnDemand;
+  o.prefault = false;
+  o.pin = false;
+  o.capacity_bytes = 32ull << 40;
+  o.chunk_bytes = 16ull << 40;  // one chunk: 2^32 pages
+  auto huge = HostTier::Create(o);
+  INFO(huge.status().ToString());
+  REQUIRE(huge.status().IsInvalidArgument());
+  CHECK_THAT(huge.status().message(), Catch::Contains("lower chunk_bytes"));
+  CHECK_THAT(huge.status().message(), !Catch::Contains("raise chunk_bytes"));
+  CHECK_THAT(huge.status().message(), !Catch::Contains("at most 0 bytes"));
+  o.chunk_bytes = 256 * kMiB;
+  o.capacity_bytes = 16ull << 40;  // too many pages: only a lower capacity helps
+  auto pages = HostTier::Create(o);
+  INFO(pages.status().ToString());
+  CHECK_THAT(pages.status().message(),
+             Catch::Contains("lower capacity_bytes to at most " + std::to_string(HostTier::MaxCapacityBytes(o.chunk_bytes))));
+  CHECK_THAT(pages.status().message(), !Catch::Contains("raise chunk_bytes"));
+  o.chunk_bytes = 4 * kKiB;
+  o.capacity_bytes = 8ull << 30;  // 2 Mi chunks of one page: larger chunks help
+  auto chunks = HostTier::Create(o);
+  INFO(chunks.status().ToString());
+  CHECK_THAT(chunks.status().message(), Catch::Contains("raise chunk_bytes to at least 12288"));
+  o.chunk_bytes = 12288;
+  CHECK(HostTier::Create(o).ok());
 }
 
 TEST_CASE("Host arena grows lazily in chunks and reports pinning") {

@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <memory>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -162,6 +165,73 @@ TEST_CASE("a request that does not hold together is refused before anything is r
   PrefixRequest extra = good;
   extra.chunk_ids.push_back(extra.chunk_ids.back());  // seven ids for six full chunks
   refused(extra, "chunk_ids");
+}
+
+TEST_CASE("a request whose tokens or tenant were changed after Prepare is refused, never restored from another prompt") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto a = Tokens(70), b = Tokens(70, 3);  // same length, another prompt
+  REQUIRE(a != b);
+  Prefill(*m.model, **cache, a, "tenantA");
+  (*cache)->Flush();
+  REQUIRE((*cache)->Lookup(a, "tenantA")->boundary_tokens == 64);
+  const auto writes = [&] { const auto st = (*cache)->Stats(); return st.chunk_writes + st.state_writes; };
+  const std::uint64_t written = writes();
+
+  PrefixRequest other_tenant = (*cache)->Prepare(a, "tenantA");
+  other_tenant.tenant = "tenantB";  // tenant A's chunk ids under tenant B's name
+  PrefixRequest other_tokens = (*cache)->Prepare(a, "tenantA");
+  other_tokens.tokens = b;  // prompt a's chunk ids with prompt b's tokens
+  PrefixRequest one_token = (*cache)->Prepare(a, "tenantA");
+  one_token.tokens[40] += 1;  // chunk 2 differs; chunks 0 and 1 still match
+  PrefixRequest other_cache = (*cache)->Prepare(a, "tenantA");
+  auto cache32 = PrefixCache::Create(Layout(32, 1), m.id, store.get(), store.get());
+  REQUIRE(cache32.ok());
+  other_cache.chunk_ids = (*cache32)->Prepare(a, "tenantA").chunk_ids;  // another namespace's (and chunk's) ids
+
+  for (const auto& [name, r, first_bad] : {std::tuple{"tenant", &other_tenant, 0}, std::tuple{"tokens", &other_tokens, 0},
+                                           std::tuple{"one token", &one_token, 2},
+                                           std::tuple{"another cache's ids", &other_cache, 0}}) {
+    CAPTURE(name);
+    const std::string id = fmt::format("chunk_ids[{}]", first_bad);
+    auto named = [&](const Status& s) {
+      CHECK(s.IsInvalidArgument());
+      CHECK(s.message().find(id) != std::string::npos);
+      CHECK(s.message().find("tenant") != std::string::npos);
+      CHECK(s.message().find("Prepare") != std::string::npos);
+    };
+    named((*cache)->Lookup(*r).status());
+    auto state = model::SequenceState::ForConfig(m.ckpt.config);
+    named((*cache)->Restore(*r, &state).status());
+    CHECK(state.num_tokens() == 0);
+    named((*cache)->BeginRestore(*r, &state).status());
+    CHECK(state.num_tokens() == 0);
+    for (bool layerwise : {true, false}) {
+      model::Session s(*m.model);
+      auto prefill = PrefillWithCache(&s, **cache, *r, {.layerwise = layerwise});
+      named(prefill.status());
+      CHECK(s.state().num_tokens() == 0);
+    }
+    // The write-out paths check the ids they would write under: chunks [0, chunks).
+    const auto upto = [&](int chunks) {
+      auto s = std::make_unique<model::Session>(*m.model);
+      REQUIRE(s->Prefill(std::span(r->tokens).first(static_cast<std::size_t>(chunks) * 16)).ok());
+      return s;
+    };
+    const auto computed = upto(first_bad + 1);
+    named((*cache)->WriteBack(*r, first_bad + 1, computed->state(), true));
+    named((*cache)->StoreLayer(*r, first_bad + 1, 0, computed->state(), true));
+    if (first_bad > 0)  // the chunks before the changed one still hold together (already stored: not written)
+      CHECK((*cache)->WriteBack(*r, first_bad, upto(first_bad)->state(), false).ok());
+  }
+  (*cache)->Flush();
+  CHECK(writes() == written);  // nothing was written under a borrowed id
+  // The prompt that was stored still restores (and a cut request still passes the check).
+  PrefixRequest cut = (*cache)->Prepare(a, "tenantA");
+  cut.chunk_ids.resize(2);
+  CHECK((*cache)->Lookup(cut)->boundary_tokens == 32);
 }
 
 TEST_CASE("a request whose chunk_ids were cut looks up, restores and writes only that prefix") {

@@ -553,5 +553,126 @@ TEST_CASE("Real tiers: PrometheusText exports each tier's bytes read and bytes w
   CHECK(value("terrace_tier_read_bytes_total") == kGot * kSize);
 }
 
+
+// Options the reviewer found were accepted (a store whose every Put then failed) or refused with
+// advice that did not fit: each is refused at open, or its error names the option that fixes it.
+TEST_CASE("Real tiers: put_tier with no tier at or below it is refused at open, naming put_tier and the fix") {
+  TempDir dir("store-put-tier");
+  StoreOptions o = RealOptions(dir.path());
+  o.nvme.path.clear();  // hbm + host only
+  o.put_tier = TierId::kNvme;
+  auto store = Store::Open(o);
+  INFO(store.status().ToString());
+  REQUIRE(store.status().IsInvalidArgument());
+  CHECK_THAT(store.status().message(), Catch::Contains("put_tier nvme"));
+  CHECK_THAT(store.status().message(), Catch::Contains("nvme.path"));
+  // An explicit tier list without NVMe too.
+  StoreOptions listed = Quiet();
+  TierSlotOptions host{"host", "", {}, {}, {}};
+  host.host.capacity_bytes = 1 * kMiB;
+  host.host.chunk_bytes = 1 * kMiB;
+  host.host.pin = false;
+  listed.tier_list = {host};
+  listed.put_tier = TierId::kNvme;
+  CHECK(Store::Open(listed).status().IsInvalidArgument());
+  listed.put_tier = TierId::kHbm;  // a faster put_tier than any tier: the nearest below, host
+  auto ok = Store::Open(listed);
+  REQUIRE(ok.ok());
+  CHECK((*ok)->Put(TestKey(1), TestBytes(1, kBlock)).ok());
+}
+
+TEST_CASE("Real tiers: no tier at all is refused in the words of the call that was made") {
+  StoreOptions o = Quiet();
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 0;
+  auto open = Store::Open(o);
+  REQUIRE(open.status().IsInvalidArgument());
+  CHECK_THAT(open.status().message(), Catch::Contains("store options configure no tier"));
+  auto with = Store::OpenWithTiers(o, std::vector<std::unique_ptr<Tier>>{});
+  REQUIRE(with.status().IsInvalidArgument());
+  CHECK_THAT(with.status().message(), Catch::Contains("OpenWithTiers was given no tier"));
+  CHECK_THAT(with.status().message(), !Catch::Contains("enable host"));
+  auto array = Store::OpenWithTiers(o, std::array<std::unique_ptr<Tier>, kNumTiers>{});
+  CHECK_THAT(array.status().message(), Catch::Contains("OpenWithTiers was given no tier"));
+}
+
+TEST_CASE("Real tiers: a block larger than a host chunk is refused naming chunk_bytes, not the capacity") {
+  StoreOptions o = Quiet();
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 64 * kMiB;
+  o.host.chunk_bytes = 4 * kMiB;
+  o.host.pin = false;
+  auto store = Store::Open(o);
+  REQUIRE(store.ok());
+  const Status s = (*store)->Put(TestKey(1), TestBytes(1, 5 * kMiB));
+  INFO(s.ToString());
+  CHECK(s.IsOutOfCapacity());
+  CHECK_THAT(s.message(), Catch::Contains("HostTierOptions::chunk_bytes"));
+  CHECK_THAT(s.message(), Catch::Contains(std::to_string(5 * kMiB)));  // the chunk size it needs
+  CHECK_THAT(s.message(), !Catch::Contains("raise the tier's capacity"));
+  // A block larger than the whole tier still says capacity.
+  o.host.capacity_bytes = 4 * kMiB;
+  auto small = Store::Open(o);
+  REQUIRE(small.ok());
+  CHECK_THAT((*small)->Put(TestKey(2), TestBytes(2, 5 * kMiB)).message(), Catch::Contains("raise the tier's capacity"));
+}
+
+TEST_CASE("Real tiers: a tier's refusal at open names the tier once, and the link model's bounds read right") {
+  StoreOptions o = Quiet();
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 64 * kMiB;
+  o.host.chunk_bytes = 0;
+  auto store = Store::Open(o);
+  INFO(store.status().ToString());
+  REQUIRE(store.status().IsInvalidArgument());
+  CHECK_THAT(store.status().message(), Catch::StartsWith("open store: host tier: chunk_bytes 0"));
+  CHECK(store.status().message().find("host tier: host tier") == std::string::npos);
+  StoreOptions h = Quiet();
+  h.hbm.mode = HbmMode::kEmulated;
+  h.hbm.link.bandwidth_bytes_per_s = 0;
+  auto hbm = Store::Open(h);
+  INFO(hbm.status().ToString());
+  REQUIRE(hbm.status().IsInvalidArgument());
+  CHECK_THAT(hbm.status().message(), Catch::Contains("bandwidth_bytes_per_s > 0 and latency_us >= 0, got 0 B/s"));
+}
+
+struct CountingLogger : Logger {
+  void Log(LogLevel level, std::string_view, std::string_view message) override {
+    if (level == LogLevel::kError) errors.emplace_back(message);
+  }
+  std::vector<std::string> errors;
+};
+
+#ifdef NDEBUG  // debug builds assert instead (the Store's destructor)
+TEST_CASE("Real tiers: a Store destroyed while BlockHandles live logs an error naming how many") {
+  auto logger = std::make_shared<CountingLogger>();
+  StoreOptions o = Quiet();
+  o.hbm.mode = HbmMode::kOff;
+  o.host.capacity_bytes = 4 * kMiB;
+  o.host.chunk_bytes = 4 * kMiB;
+  o.host.pin = false;
+  o.logger = logger;
+  auto store = Store::Open(o);
+  REQUIRE(store.ok());
+  for (int i = 1; i <= 2; ++i) REQUIRE((*store)->Put(TestKey(i), TestBytes(i, kBlock)).ok());
+  auto released = (*store)->Acquire(TestKey(1));
+  REQUIRE(released.ok());
+  released->Release();
+  auto held = (*store)->Acquire(TestKey(2));
+  auto held2 = (*store)->Acquire(TestKey(2));
+  REQUIRE(held.ok());
+  REQUIRE(held2.ok());
+  // Two handles outlive the store. They are parked where their destructors never run: a release
+  // after the store is gone is the use-after-free the error warns about.
+  alignas(BlockHandle) static unsigned char parked[2][sizeof(BlockHandle)];
+  new (parked[0]) BlockHandle(std::move(*held));
+  new (parked[1]) BlockHandle(std::move(*held2));
+  store->reset();
+  REQUIRE(logger->errors.size() == 1);
+  CHECK_THAT(logger->errors[0], Catch::Contains("2 BlockHandle(s)"));
+  CHECK_THAT(logger->errors[0], Catch::Contains(TestKey(2).ToString()));
+}
+#endif
+
 }  // namespace
 }  // namespace terrace::testing

@@ -27,8 +27,9 @@ void WaitUntilNs(std::uint64_t deadline_ns) {
 
 Result<std::unique_ptr<EmulatedHbmTier>> EmulatedHbmTier::Create(const HbmTierOptions& options) {
   if (options.link.enabled && !(options.link.bandwidth_bytes_per_s > 0 && options.link.latency_us >= 0)) {
-    return Status::InvalidArgument(fmt::format("hbm tier (emulated): link model bandwidth {} B/s and latency {} us "
-                                               "must be > 0 and >= 0; fix HbmTierOptions::link or disable it",
+    return Status::InvalidArgument(fmt::format("hbm tier (emulated): the link model needs bandwidth_bytes_per_s > 0 "
+                                               "and latency_us >= 0, got {} B/s and {} us; fix HbmTierOptions::link "
+                                               "or disable it (link.enabled = false)",
                                                options.link.bandwidth_bytes_per_s, options.link.latency_us));
   }
   HostTierOptions host;

@@ -43,12 +43,28 @@ Result<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& option
   // Ceiling division that cannot wrap (capacity_bytes near 2^64 wrapped to 0 chunks and passed).
   const std::uint64_t whole_pages = options.capacity_bytes / kPageBytes * kPageBytes;
   const std::uint64_t chunks = whole_pages / chunk + (whole_pages % chunk != 0 ? 1 : 0);
+  if (chunk / kPageBytes > kMaxPageIds) {
+    // One chunk alone has more pages than a tier numbers: no capacity works with it.
+    return Status::InvalidArgument(fmt::format(
+        "host tier: chunk_bytes {} is more than one tier holds ({} pages of {} bytes); lower chunk_bytes (e.g. "
+        "256 MiB: it is the arena's growth unit and the largest block the tier takes){}",
+        options.chunk_bytes, kMaxPageIds, kPageBytes,
+        whole_pages / kPageBytes > kMaxPageIds
+            ? fmt::format(" and capacity_bytes to at most {}", MaxCapacityBytes(256 * kMiB))
+            : std::string()));
+  }
   if (chunks > kMaxChunks || chunks * (chunk / kPageBytes) > kMaxPageIds) {
+    // Too many pages: only a lower capacity helps. Too many chunks: larger chunks help too, up to
+    // the page bound.
+    const std::uint64_t max_pages_bytes = kMaxPageIds / (chunk / kPageBytes) * chunk;
+    std::string fix = fmt::format("lower capacity_bytes to at most {}", MaxCapacityBytes(chunk));
+    if (chunks > kMaxChunks && whole_pages <= max_pages_bytes)
+      fix += fmt::format(" or raise chunk_bytes to at least {}",
+                         (whole_pages / kMaxChunks + kPageBytes) / kPageBytes * kPageBytes);
     return Status::InvalidArgument(fmt::format(
         "host tier: capacity_bytes {} in chunks of {} bytes is more than one tier holds (at most {} chunks and {} "
-        "pages of {} bytes; with these chunks at most {} bytes); lower capacity_bytes or, below that bound, raise "
-        "chunk_bytes",
-        options.capacity_bytes, chunk, kMaxChunks, kMaxPageIds, kPageBytes, MaxCapacityBytes(chunk)));
+        "pages of {} bytes); {}",
+        options.capacity_bytes, chunk, kMaxChunks, kMaxPageIds, kPageBytes, fix));
   }
   std::unique_ptr<HostTier> tier(new HostTier(options, name));
   if (options.prefault || (options.populate == HostPopulate::kBackground && tier->populate_chunks_ > 0)) {
