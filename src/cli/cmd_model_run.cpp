@@ -15,6 +15,7 @@
 
 #include "src/cli/cli_util.h"
 #include "src/cli/command.h"
+#include "src/cli/demo_dir.h"
 #include "src/cli/model_run_experts.h"
 #include "src/cli/model_run_kv.h"
 #include "src/cli/prefill_progress.h"
@@ -85,7 +86,11 @@ int RunModel(const RunArgs& a) {
                               .inputs = ModelDirInputs(a.model, "--model")};
   for (auto [path, flag] : {std::pair{&a.dump_logits, "--dump-logits"}, std::pair{&a.experts.prometheus, "--expert-prometheus"}}) {
     if (path->empty()) continue;
-    if (Status s = CheckOutsideDir(*path, flag, a.kv.store, a.kv.dir_flag); !s.ok()) return FailUsage(s.message());
+    if (a.kv.store.empty()) continue;
+    for (const char* pool : kDemoStores) {  // the store's files are in these pools of --store
+      const std::filesystem::path dir = std::filesystem::path(a.kv.store) / pool;
+      if (Status s = CheckOutsideDir(*path, flag, dir, a.kv.dir_flag + "'s pool"); !s.ok()) return FailUsage(s.message());
+    }
   }
   if (!a.dump_logits.empty()) {
     if (Status s = CheckOutputFile(a.dump_logits, "--dump-logits", out_rules); !s.ok()) return FailUsage(s.message());

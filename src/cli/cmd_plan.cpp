@@ -65,7 +65,7 @@ struct PlanArgs {
   std::vector<std::string> trace_flags_given;
   bool routing_given = false;
   // Flags given on the command line that are refused for a model without the part they size.
-  bool kv_codec_given = false, state_codec_given = false;
+  bool state_codec_given = false, snapshot_every_given = false;
 };
 
 // A size option whose default is computed by the plan (shown as such in --help): stays empty unless
@@ -850,13 +850,10 @@ int RunPlan(const PlanArgs& a) {
     return FailUsage(fmt::format("--model {}: the model has no routed experts; leave out {}", a.model,
                                  fmt::join(expert_flags, ", ")));
   }
-  if (plan->memory.kda_layers == 0 && a.state_codec_given) {
-    return FailUsage(fmt::format("--model {}: the model has no KDA layers (no state to encode); leave out --state-codec",
-                                 a.model));
-  }
-  if (plan->memory.mla_layers == 0 && a.kv_codec_given) {
-    return FailUsage(fmt::format("--model {}: the model has no MLA layers (no KV latents to encode); leave out --kv-codec",
-                                 a.model));
+  // (--kv-codec stays: without MLA layers it still sizes the GQA/MHA comparison.)
+  if (plan->memory.kda_layers == 0 && (a.state_codec_given || a.snapshot_every_given)) {
+    return FailUsage(fmt::format("--model {}: the model has no KDA layers (no state to encode or snapshot); leave out {}",
+                                 a.model, a.state_codec_given ? "--state-codec" : "--snapshot-every"));
   }
   json j = PlanJson(*plan);
   std::string trace_text;
@@ -941,8 +938,8 @@ void RegisterPlan(CLI::App& app, Runner* run) {
       if (c->count(f) > 0) a->trace_flags_given.emplace_back(f);
     }
     a->routing_given = c->count("--routing") > 0;
-    a->kv_codec_given = c->count("--kv-codec") > 0;
     a->state_codec_given = c->count("--state-codec") > 0;
+    a->snapshot_every_given = c->count("--snapshot-every") > 0;
     *run = [a] { return RunPlan(*a); };
   });
 }

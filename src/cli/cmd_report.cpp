@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,6 +25,7 @@
 
 #include "src/cli/command.h"
 #include "src/cli/safe_files.h"
+#include "src/common/generator_mark.h"
 #include "src/plan/report.h"
 
 namespace terrace::cli {
@@ -116,23 +119,52 @@ Result<std::string> RasterisePng(const std::string& tool, std::string_view svg, 
   return png;
 }
 
-// Removes the chart files an earlier report to `out` left that this report did not write (`written`):
-// fewer charts now, or no --svg/--png this time. They would stand beside the new page as if they were
-// its charts. Only files named OUT-<chart>.svg/.png for a chart a report can draw, carrying Terrace's
-// mark. 1 (said) when one cannot be removed.
-int RemoveStaleCharts(const std::filesystem::path& out, const std::vector<std::filesystem::path>& written) {
-  for (std::string_view chart : plan::ReportChartNames()) {
-    for (auto [ext, format] : {std::pair{".svg", OutputFormat::kSvg}, std::pair{".png", OutputFormat::kPng}}) {
-      const std::filesystem::path p = out.parent_path() / (out.stem().string() + "-" + std::string(chart) + ext);
-      if (std::find(written.begin(), written.end(), p) != written.end() || !IsMarkedTerraceFile(p, format)) continue;
-      std::error_code ec;
-      if (!std::filesystem::remove(p, ec) && ec) {
-        return Fail(fmt::format("cannot remove {}, a chart an earlier report to {} left that this report does not "
-                                "draw: {}; remove it by hand",
-                                p.string(), out.string(), ec.message()));
-      }
-      fmt::print("removed {} (an earlier report's chart; this report does not write it)\n", p.string());
+// The page lists the chart files it wrote beside itself, "<chart>.<svg|png>" (names from
+// plan::ReportChartNames, so nothing to escape), in this meta element of its head; the next report
+// to the same -o reads it to find the charts that would be left over.
+constexpr std::string_view kChartsMeta = "<meta name=\"terrace-charts\" content=\"";
+
+// The chart files (OUT-<chart>.<ext>) the Terrace-marked page at `out` says it wrote; empty when
+// there is no such page (absent, not Terrace's, or from before the list).
+std::vector<std::filesystem::path> ChartsOfPageAt(const std::filesystem::path& out) {
+  std::vector<std::filesystem::path> charts;
+  if (!IsMarkedTerraceFile(out, OutputFormat::kHtml)) return charts;
+  std::ifstream in(out, std::ios::binary);
+  std::string head(64 * 1024, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  const std::size_t at = head.find(kChartsMeta);
+  if (at == std::string::npos) return charts;
+  const std::size_t from = at + kChartsMeta.size(), to = head.find('"', from);
+  if (to == std::string::npos) return charts;
+  std::istringstream names(head.substr(from, to - from));
+  const auto known = plan::ReportChartNames();
+  for (std::string name; names >> name;) {
+    const std::filesystem::path file(name);
+    const std::string chart = file.stem().string(), ext = file.extension().string();
+    if ((ext != ".svg" && ext != ".png") || std::find(known.begin(), known.end(), chart) == known.end()) continue;
+    charts.push_back(out.parent_path() / (out.stem().string() + "-" + chart + ext));
+  }
+  return charts;
+}
+
+// Removes the chart files the earlier page at `out` wrote (`earlier`, ChartsOfPageAt) that this report
+// did not write (`written`): it draws fewer charts, or runs without --svg/--png. They would stand
+// beside the new page as if they were its own. Only files still carrying Terrace's mark; another
+// page's charts (another -o, even of the same stem) are never in that list. 1 (said) when one cannot
+// be removed.
+int RemoveStaleCharts(const std::filesystem::path& out, const std::vector<std::filesystem::path>& earlier,
+                      const std::vector<std::filesystem::path>& written) {
+  for (const std::filesystem::path& p : earlier) {
+    const OutputFormat format = p.extension() == ".svg" ? OutputFormat::kSvg : OutputFormat::kPng;
+    if (std::find(written.begin(), written.end(), p) != written.end() || !IsMarkedTerraceFile(p, format)) continue;
+    std::error_code ec;
+    if (!std::filesystem::remove(p, ec) && ec) {
+      return Fail(fmt::format("cannot remove {}, a chart the earlier report {} wrote that this report does not "
+                              "draw: {}; remove it by hand",
+                              p.string(), out.string(), ec.message()));
     }
+    fmt::print("removed {} (the earlier report's chart; this report does not write it)\n", p.string());
   }
   return 0;
 }
@@ -180,13 +212,23 @@ int RunReport(const ReportArgs& a) {
   for (const OutFile& f : files) {
     if (Status s = CheckOutputFile(f.path, f.flag, rules.As(f.format)); !s.ok()) return FailUsage(s.message());
   }
+  // The page records its chart files (kChartsMeta) after Terrace's mark.
+  std::string listed;
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    const std::string name = files[i].path.filename().string();
+    listed += (i > 1 ? " " : "") + name.substr(out.stem().string().size() + 1);
+  }
+  if (const std::size_t mark = files[0].content.find(kHtmlGeneratorMeta); mark != std::string::npos) {
+    files[0].content.insert(mark + kHtmlGeneratorMeta.size(), std::string(kChartsMeta) + listed + "\"/>");
+  }
+  const std::vector<std::filesystem::path> earlier = ChartsOfPageAt(out);
   std::vector<std::filesystem::path> written;
   for (const OutFile& f : files) {
     if (Status s = WriteOutputFile(f.path, f.flag, rules.As(f.format), f.content); !s.ok()) return Fail(s.ToString());
     fmt::print("wrote {}\n", f.path.string());
     written.push_back(f.path);
   }
-  return RemoveStaleCharts(out, written);
+  return RemoveStaleCharts(out, earlier, written);
 }
 
 }  // namespace

@@ -298,8 +298,9 @@ int RunFill(const FillArgs& a) {
                "was written\n",
                same, a.seed);
   } else if (w == 0) {
-    fmt::print(stderr, "store fill: no block was written{}\n",
-               same ? fmt::format("; {} were already stored with identical bytes", same) : std::string());
+    fmt::print(stderr, "store fill: no block was written{}{}\n",
+               same ? fmt::format("; {} were already stored with identical bytes", same) : std::string(),
+               bad ? fmt::format("; {} failed", bad) : std::string());
   } else {
     fmt::print(stderr, "store fill: {} of {} blocks written and durable ({}) in {:.2f} s, {:.1f} MB/s, sync durability{}\n",
                w, a.count, FormatBytes(static_cast<double>(w * a.block_size)), secs,

@@ -1,4 +1,7 @@
 // `terrace trace gen`: synthetic Mooncake-format request traces (docs/plan.md, "Synthetic traces").
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +28,15 @@ struct GenArgs {
 // A trace has no room for Terrace's mark: an existing file is replaced only with --force.
 OutputRules TraceRules(const GenArgs& a) { return {.format = OutputFormat::kTrace, .force = a.force}; }
 
+// True for a /dev or /proc name of this process's standard output (/dev/stdout, /dev/fd/1,
+// /proc/self/fd/1: symlinks, which an output file may not be).
+bool NamesStdout(const std::string& path) {
+  if (!path.starts_with("/dev/") && !path.starts_with("/proc/")) return false;
+  struct stat named {}, out {};
+  return ::stat(path.c_str(), &named) == 0 && ::fstat(STDOUT_FILENO, &out) == 0 && named.st_dev == out.st_dev &&
+         named.st_ino == out.st_ino;
+}
+
 int RunGen(const GenArgs& a) {
   plan::TraceGenOptions o = a.o;
   if (a.zipf) o.zipf = *a.zipf;
@@ -41,8 +53,7 @@ int RunGen(const GenArgs& a) {
                      "or give --turns 2 or more");
   }
   if (Status s = plan::ValidateTraceGenOptions(o); !s.ok()) return FailUsage(s.message());
-  // Standard output: no -o, "-", or /dev/stdout (a symlink, which an output file may not be).
-  const bool to_stdout = a.out.empty() || a.out == "-" || a.out == "/dev/stdout";
+  const bool to_stdout = a.out.empty() || a.out == "-" || NamesStdout(a.out);
   if (!to_stdout) {
     if (Status s = CheckOutputFile(a.out, "--out", TraceRules(a)); !s.ok()) return FailUsage(s.message());
   }

@@ -471,10 +471,18 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
   const double reuse_tokens = w.prefix_reuse * mean_context;
   const double new_prompt_tokens = mean_context - reuse_tokens;
   lc.snapshot_bytes = static_cast<double>(m.kda_layers) * static_cast<double>(m.state_block_bytes);
-  if (m.kda_layers > 0 && new_prompt_tokens > 0) {
-    const int every = layout.snapshot_every();
-    const double new_chunks = new_prompt_tokens / layout.chunk_tokens();
-    lc.snapshots_per_request = every == 0 ? 1.0 : new_chunks / every + (every > 1 ? 1.0 : 0.0);
+  if (m.kda_layers > 0) {
+    // As KvLayout::SnapshotDue decides per prompt: the new full chunks (start, end] after the restored
+    // ones, a snapshot at each multiple of snapshot_every among them and at the last (0: the last only).
+    const std::uint64_t every = static_cast<std::uint64_t>(layout.snapshot_every());
+    const auto C = static_cast<std::uint64_t>(layout.chunk_tokens());
+    for (const ContextShare& c : w.context) {
+      const std::uint64_t end = c.tokens / C;
+      const auto start = static_cast<std::uint64_t>(w.prefix_reuse * static_cast<double>(c.tokens)) / C;
+      if (end <= start) continue;
+      const std::uint64_t due = every == 0 ? 1 : end / every - start / every + (end % every != 0 ? 1 : 0);
+      lc.snapshots_per_request += c.share * static_cast<double>(due);
+    }
   }
   const double restore_bytes = reuse_tokens * m.mla_stored_bytes_per_token + (w.prefix_reuse > 0 ? lc.snapshot_bytes : 0.0);
   const double writeback_bytes =
@@ -544,14 +552,19 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                "add GPUs (--hardware)",
                                w.concurrency, Gib(plan.tiers[0].kv_bytes), plan.tiers[0].sequences));
   }
-  for (std::size_t i = 1; i < plan.tiers.size(); ++i) {
-    const TierPlan& t = plan.tiers[i];
-    if (t.other_bytes > t.capacity_bytes) {
-      warn.push_back(fmt::format("the {} tier's {} cannot hold the {} ({}), and no room is left for KV; raise {} "
-                                 "(--hardware)",
-                                 t.name, SizeText(t.capacity_bytes), t.holds, SizeText(t.other_bytes),
-                                 i == 1 ? "host_bytes" : "nvme_bytes"));
-    }
+  // Host RAM holds the routed experts first (what does not fit is read from NVMe); NVMe the checkpoint
+  // and that spill. Either one full leaves its tier no room for KV.
+  if (const TierPlan& h = plan.tiers[1]; h.kv_bytes == 0 && wp.routed_expert_bytes > 0) {
+    const std::uint64_t spill = wp.routed_expert_bytes - h.other_bytes;
+    warn.push_back(fmt::format("the host tier's {} is filled by the routed experts ({}{}), and no room is left for KV; "
+                               "raise host_bytes (--hardware)",
+                               SizeText(h.capacity_bytes), SizeText(wp.routed_expert_bytes),
+                               spill > 0 ? fmt::format("; {} of them read from NVMe", SizeText(spill)) : ""));
+  }
+  if (const TierPlan& n = plan.tiers[2]; n.other_bytes > n.capacity_bytes) {
+    warn.push_back(fmt::format("the nvme tier's {} cannot hold the {} ({}), and no room is left for KV; raise "
+                               "nvme_bytes (--hardware)",
+                               SizeText(n.capacity_bytes), n.holds, SizeText(n.other_bytes)));
   }
   for (const BandwidthLine& b : plan.bandwidth) {
     if (b.utilisation() > 1.0) {

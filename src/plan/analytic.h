@@ -174,9 +174,9 @@ struct LifecyclePlan {
   // Per request, as stored (KvLayout's block sizes, headers and alignment included): the prefix
   // restore reads --prefix-reuse x the mean prompt of KV chunks and one KDA snapshot (all KDA
   // layers); the write-back writes the rest of the prompt's KV and a KDA snapshot at every chunk
-  // boundary of it where the layout's snapshot_every makes one due, plus the one at the prompt's
-  // last full chunk (snapshot_every 0: that one only). Generated tokens are not written (the prefix
-  // cache stores the prompt only).
+  // boundary of it that KvLayout::SnapshotDue makes due (each multiple of snapshot_every and the
+  // prompt's last full chunk, once; snapshot_every 0: that one only), per prompt length of the
+  // distribution. Generated tokens are not written (the prefix cache stores the prompt only).
   double restore_bytes_per_request = 0;
   double writeback_bytes_per_request = 0;
   double snapshots_per_request = 0;        // KDA snapshots the write-back writes (0 without KDA layers)

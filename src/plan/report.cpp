@@ -609,12 +609,11 @@ void DemoSections(const json& j, Report* r, std::string* body) {
     if (unequal || Opt(t, "max_abs_diff").value_or(0) != 0) differ.push_back(std::to_string(i + 1));
   }
   const std::string verdict =
-      !verified.is_boolean() ? "not recorded (verified is missing or not true or false)"
-      : verified.get<bool>() && differ.empty()
-          ? "bitwise equal"
-          : differ.empty() ? "NOT EQUAL"
-                           : fmt::format("NOT EQUAL (turn{} {} differ{} from the recompute)", differ.size() == 1 ? "" : "s",
-                                         fmt::join(differ, ", "), differ.size() == 1 ? "s" : "");
+      !differ.empty() ? fmt::format("NOT EQUAL (turn{} {} differ{} from the recompute)", differ.size() == 1 ? "" : "s",
+                                    fmt::join(differ, ", "), differ.size() == 1 ? "s" : "")
+      : !verified.is_boolean() ? "not recorded (verified is missing or not true or false)"
+      : verified.get<bool>()   ? "bitwise equal"
+                               : "NOT EQUAL";
   *body += fmt::format("<p>Every figure below was measured on the real model and the real stores; every turn was "
                        "checked against a full recompute with all experts resident and no store: <b>{}</b>.</p>",
                        verdict);

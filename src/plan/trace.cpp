@@ -112,8 +112,14 @@ namespace {
 std::string NotTextTrace(std::string_view text) {
   if (text.starts_with("\x1f\x8b")) return "gzip-compressed (it starts with gzip's magic bytes); decompress it first (gunzip)";
   if (text.starts_with("\x28\xb5\x2f\xfd")) return "zstd-compressed (it starts with zstd's magic bytes); decompress it first (unzstd)";
-  if (text.starts_with("\xff\xfe") || text.starts_with("\xfe\xff"))
-    return "UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8 (iconv -f UTF-16 -t UTF-8)";
+  if (text.starts_with("BZh")) return "bzip2-compressed (it starts with bzip2's magic bytes); decompress it first (bunzip2)";
+  if (text.starts_with(std::string_view("\xfd" "7zXZ\0", 6)))
+    return "xz-compressed (it starts with xz's magic bytes); decompress it first (unxz)";
+  // UTF-16 with a byte-order mark, or without one: a NUL byte at every other position of ASCII text.
+  const bool utf16 = text.starts_with("\xff\xfe") || text.starts_with("\xfe\xff") ||
+                     (text.size() >= 4 && ((text[0] != 0 && text[1] == 0 && text[2] != 0 && text[3] == 0) ||
+                                           (text[0] == 0 && text[1] != 0 && text[2] == 0 && text[3] != 0)));
+  if (utf16) return "UTF-16 text; save it as UTF-8 (iconv -f UTF-16 -t UTF-8)";
   return "";
 }
 

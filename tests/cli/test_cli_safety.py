@@ -422,13 +422,17 @@ def test_an_output_inside_the_store_is_refused_even_with_force(terrace, toy_mode
     data = next(store.rglob("terrace.data"))
     before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and p.stat().st_size < (1 << 20)}
     for flag, extra in (("--dump-logits", []), ("--expert-prometheus", ["--expert-cache", "25%"])):
-        for target in (data, store / "new.out"):
+        for target in (data, store / "state" / "new.out"):
             r = terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, *extra, flag, target,
                         "--force")
-            assert_usage_error(r, flag, f"is inside --store {store}", "choose a path outside it")
+            assert_usage_error(r, flag, f"is inside --store's pool {store / target.relative_to(store).parts[0]}",
+                               "choose a path outside it")
     assert {p: p.read_bytes() for p in before} == before
-    assert not (store / "new.out").exists()
-    terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, check=True)  # still opens
+    assert not (store / "state" / "new.out").exists()
+    # Beside the pools, in --store itself, is not the store's: an output may go there.
+    terrace("model", "run", "--model", toy_model, "--tokens", "1,2,3", "--store", store, "--dump-logits",
+            store / "logits.safetensors", check=True)
+    assert (store / "logits.safetensors").stat().st_size > 0
 
 
 def no_temporaries(d):

@@ -145,7 +145,7 @@ def test_trace_gen_refuses_a_trace_plan_could_not_read(terrace, tmp_path):
     refused(terrace("trace", "gen", "--requests", "1", "--turns", "1", "--turn-blocks", "65537", "--prefix-blocks", "0",
                     "--block-tokens", "65536", "-o", out), "--block-tokens", "input_length")
     assert not out.exists()
-    ok = tmp_path / "ok.jsonl"  # just under the limit: written, and plan reads it
+    ok = tmp_path / "ok.jsonl"  # exactly at the limit (2^32 tokens): written, and plan reads it
     assert terrace("trace", "gen", "--requests", "1", "--turns", "1", "--turn-blocks", "65536", "--prefix-blocks", "0",
                    "--block-tokens", "65536", "-o", ok).returncode == 0
     r = terrace("plan", "--model", "k3-toy", "--trace", ok, "--trace-block-tokens", "65536")
@@ -156,6 +156,10 @@ def test_trace_gen_refuses_a_trace_plan_could_not_read(terrace, tmp_path):
     (b"\x1f\x8b\x08\x00", ["gzip-compressed", "gunzip"]),
     (b"\x28\xb5\x2f\xfd", ["zstd-compressed", "unzstd"]),
     ('{"timestamp": 0}\n'.encode("utf-16"), ["UTF-16", "UTF-8"]),
+    ('{"timestamp": 0}\n'.encode("utf-16-le"), ["UTF-16", "UTF-8"]),  # no byte-order mark
+    ('{"timestamp": 0}\n'.encode("utf-16-be"), ["UTF-16", "UTF-8"]),
+    (b"BZh91AY&SY", ["bzip2-compressed", "bunzip2"]),
+    (b"\xfd7zXZ\x00\x00", ["xz-compressed", "unxz"]),
 ])
 def test_a_compressed_or_utf16_trace_is_named_as_such(terrace, tmp_path, head, words):
     """It was 'not valid JSON: a NUL byte at line 1 ...; remove it', a fix that does not apply."""
@@ -165,6 +169,7 @@ def test_a_compressed_or_utf16_trace_is_named_as_such(terrace, tmp_path, head, w
 
 
 def test_trace_gen_writes_dev_stdout_as_standard_output(terrace):
-    a = terrace("trace", "gen", "--requests", "3", "-o", "/dev/stdout")
     b = terrace("trace", "gen", "--requests", "3")
-    assert a.returncode == 0 and a.stdout == b.stdout and a.stdout.count("\n") == 3, a.stderr
+    for name in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        a = terrace("trace", "gen", "--requests", "3", "-o", name)
+        assert a.returncode == 0 and a.stdout == b.stdout and a.stdout.count("\n") == 3, (name, a.stderr)

@@ -58,7 +58,12 @@ def test_writeback_counts_a_kda_snapshot_per_chunk(terrace):
 
 
 def test_snapshot_every_is_honoured_and_checked(terrace, tmp_path):
-    assert plan_json(terrace, "--snapshot-every", "2")["lifecycle"]["snapshots_per_request"] == pytest.approx(33)
+    # The store's rule (KvLayout::SnapshotDue) over the new chunks 65..128 of the default prompt: each
+    # multiple of N, and the last chunk once even when it is one.
+    for every in (1, 2, 3, 5, 64, 100):
+        want = sum(1 for c in range(65, 129) if c % every == 0 or c == 128)
+        got = plan_json(terrace, "--snapshot-every", str(every))["lifecycle"]["snapshots_per_request"]
+        assert got == pytest.approx(want), (every, got, want)
     assert plan_json(terrace, "--snapshot-every", "0")["lifecycle"]["snapshots_per_request"] == pytest.approx(1)
     refused(terrace("plan", "--snapshot-every", "-1"), "--snapshot-every")
     t = tmp_path / "t.jsonl"
@@ -87,6 +92,12 @@ def test_a_tier_too_small_is_a_warning(terrace, tmp_path):
     assert any("the nvme tier's 1.0 MiB cannot hold the checkpoint" in w and "raise nvme_bytes (--hardware)" in w
                for w in j["warnings"]), j["warnings"]
     assert not any("tier" in w for w in plan_json(terrace)["warnings"])
+    # Host RAM smaller than the routed experts: filled by them, the rest read from NVMe, no room for KV.
+    hw.write_text('{"base":"h200-gen5","host_bytes":1048576}')
+    j = plan_json(terrace, "--hardware", hw)
+    assert j["tiers"][1]["kv_bytes"] == 0
+    assert any(w.startswith("the host tier's 1.0 MiB is filled by the routed experts") and "read from NVMe" in w
+               and "raise host_bytes (--hardware)" in w for w in j["warnings"]), j["warnings"]
 
 
 def test_mxfp4_expert_dims_must_be_whole_blocks(terrace, toy_config, tmp_path):
@@ -116,11 +127,14 @@ def test_flags_for_parts_the_model_lacks_are_refused(terrace, toy_config):
     nokda_path = write(nokda, "nokda")
     assert plan_json(terrace, "--model", nokda_path)["memory"]["kda_layers"] == 0
     refused(terrace("plan", "--model", nokda_path, "--state-codec", "bf16"), "no KDA layers", "--state-codec")
+    refused(terrace("plan", "--model", nokda_path, "--snapshot-every", "4"), "no KDA layers", "--snapshot-every")
     nomla = json.loads(json.dumps(cfg))
     text_config(nomla)["linear_attn_config"].update(full_attn_layers=[], kda_layers=layers)
     nomla_path = write(nomla, "nomla")
     assert plan_json(terrace, "--model", nomla_path)["memory"]["mla_layers"] == 0
-    refused(terrace("plan", "--model", nomla_path, "--kv-codec", "fp8"), "no MLA layers", "--kv-codec")
+    # --kv-codec still sizes the GQA/MHA comparison of a model without MLA layers: honoured, not refused.
+    plain, fp8 = plan_json(terrace, "--model", nomla_path), plan_json(terrace, "--model", nomla_path, "--kv-codec", "fp8")
+    assert fp8["memory"]["gqa_bytes_per_token"] < plain["memory"]["gqa_bytes_per_token"]
     # The toy is hybrid with routed experts: the same flags are accepted for it.
     plan_json(terrace, "--model", "k3-toy", "--kv-codec", "fp8", "--state-codec", "bf16", "--expert-cache", "1MiB")
 

@@ -650,6 +650,12 @@ def test_a_report_removes_the_charts_an_earlier_report_to_the_same_file_left(ter
     r = terrace("report", tmp_path / "plan.json", "-o", out, check=True)
     assert {p.name for p in tmp_path.glob("r-*")} == {"r-notes.svg", "r-tier-hit-rates.png"}, r.stdout
     assert (tmp_path / "r-tier-hit-rates.png").read_bytes() == b"my own picture"
+    # Another page of the same stem (r.htm) keeps its charts: only the page at this -o lists what it wrote.
+    terrace("report", tmp_path / "plantrace.json", "-o", tmp_path / "r.htm", "--svg", check=True)
+    theirs = {p.name for p in tmp_path.glob("r-*.svg")} - {"r-notes.svg"}
+    assert len(theirs) == 4, theirs
+    r = terrace("report", tmp_path / "plan.json", "-o", out, check=True)
+    assert "removed" not in r.stdout and {p.name for p in tmp_path.glob("r-*.svg")} - {"r-notes.svg"} == theirs
 
 
 def test_demo_page_says_not_equal_when_a_turn_differs_whatever_verified_says(terrace, demo_run, tmp_path):
@@ -663,6 +669,9 @@ def test_demo_page_says_not_equal_when_a_turn_differs_whatever_verified_says(ter
     report(terrace, tmp_path, bad, "bad")
     html = (tmp_path / "bad.html").read_text()
     assert "bitwise equal" not in html and "<b>NOT EQUAL (turn 2 differs from the recompute)</b>" in html
+    del bad["verified"]  # a differing turn decides even when the verdict itself was not recorded
+    report(terrace, tmp_path, bad, "unrecorded")
+    assert "<b>NOT EQUAL (turn 2 differs from the recompute)</b>" in (tmp_path / "unrecorded.html").read_text()
 
 
 def test_a_point_the_axes_cannot_place_is_said_not_dropped_silently(terrace, tmp_path):
