@@ -98,22 +98,6 @@ Status WriteStdoutNow(std::string_view text) {
 
 bool StdoutWriteFailed() { return stdout_write_failed; }
 
-Status Reworded(const Status& s, std::string message) {
-  switch (s.code()) {
-    case Code::kNotFound: return Status::NotFound(std::move(message));
-    case Code::kOutOfCapacity: return Status::OutOfCapacity(std::move(message));
-    case Code::kIoError: return Status::IoError(std::move(message), s.retryable());
-    case Code::kCorruption: return Status::Corruption(std::move(message));
-    case Code::kInvalidArgument: return Status::InvalidArgument(std::move(message));
-    case Code::kCancelled: return Status::Cancelled(std::move(message));
-    case Code::kTimedOut: return Status::TimedOut(std::move(message));
-    case Code::kUnavailable: return Status::Unavailable(std::move(message));
-    case Code::kOk:
-    case Code::kInternal: break;
-  }
-  return Status::Internal(std::move(message));
-}
-
 CLI::Option* AddSizeOption(CLI::App* app, const std::string& name, std::uint64_t* value, const std::string& help,
                            std::uint64_t min, std::uint64_t max) {
   std::string range;

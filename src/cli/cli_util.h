@@ -18,6 +18,7 @@
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/clock.h"
+#include "src/common/reworded.h"
 #include "src/common/size_parse.h"
 #include "terrace/block.h"
 #include "terrace/options.h"
@@ -29,9 +30,7 @@ namespace terrace::cli {
 // Sizes are read by terrace::ParseSize (src/common/size_parse.h): "4096", "4KiB", "1MiB", "2GiB",
 // "1TiB" (binary), "4K"/"1M"/"2G" (binary too), "4KB"/"1MB"/"2GB" (decimal).
 using terrace::ParseSize;
-// A Status of `s`'s code (and retryability) whose message is `message`: `s` told in other words.
-// Precondition: !s.ok().
-Status Reworded(const Status& s, std::string message);
+using terrace::Reworded;  // src/common/reworded.h
 
 // "1.5 MiB", "512 B".
 std::string FormatBytes(double bytes);

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "src/common/reworded.h"
+
 namespace terrace {
 
 std::string_view CodeName(Code code) {
@@ -39,6 +41,22 @@ Status Status::WithContext(std::string_view context) const {
   Status s(*this);
   s.state_->message = std::string(context) + ": " + s.state_->message;
   return s;
+}
+
+Status Reworded(const Status& s, std::string message) {
+  switch (s.code()) {
+    case Code::kNotFound: return Status::NotFound(std::move(message));
+    case Code::kOutOfCapacity: return Status::OutOfCapacity(std::move(message));
+    case Code::kIoError: return Status::IoError(std::move(message), s.retryable());
+    case Code::kCorruption: return Status::Corruption(std::move(message));
+    case Code::kInvalidArgument: return Status::InvalidArgument(std::move(message));
+    case Code::kCancelled: return Status::Cancelled(std::move(message));
+    case Code::kTimedOut: return Status::TimedOut(std::move(message));
+    case Code::kUnavailable: return Status::Unavailable(std::move(message));
+    case Code::kOk:
+    case Code::kInternal: break;
+  }
+  return Status::Internal(std::move(message));
 }
 
 }  // namespace terrace

@@ -163,8 +163,8 @@ std::string CheckpointConfigJson(const ModelConfig& config, const std::vector<Te
 
 }  // namespace
 
-Status CheckInitConfig(const ModelConfig& config) {
-  if (config.first_k_dense_replace >= config.num_hidden_layers) return Status::Ok();  // no routed experts
+Status CheckMxfp4ExpertDims(const ModelConfig& config, std::string_view how) {
+  if (config.num_experts == 0 || config.first_k_dense_replace >= config.num_hidden_layers) return Status::Ok();
   struct Column {
     std::string_view key;
     int value;
@@ -180,12 +180,15 @@ Status CheckInitConfig(const ModelConfig& config) {
   for (const Column& c : columns) {
     if (c.value % kMxfp4BlockSize != 0) {
       return Status::InvalidArgument(fmt::format(
-          "config field '{}' is {}{}; model init writes the routed experts in MXFP4, whose rows are blocks of {} "
-          "values, so it must be a multiple of {}",
-          c.key, c.value, c.note, kMxfp4BlockSize, kMxfp4BlockSize));
+          "config field '{}' is {}{}; {}, whose rows are blocks of {} values, so it must be a multiple of {}", c.key,
+          c.value, c.note, how, kMxfp4BlockSize, kMxfp4BlockSize));
     }
   }
   return Status::Ok();
+}
+
+Status CheckInitConfig(const ModelConfig& config) {
+  return CheckMxfp4ExpertDims(config, "model init writes the routed experts in MXFP4");
 }
 
 std::uint64_t WeightBytes(const ModelConfig& config) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <string_view>
 
 #include "src/model/config.h"
 #include "terrace/status.h"
@@ -40,6 +41,10 @@ inline constexpr std::uint64_t kMaxInitBytes = 4ull << 30;
 // routed_expert_hidden_size, which is hidden_size when absent) must be a multiple of 32.
 // InvalidArgument naming the config field.
 Status CheckInitConfig(const ModelConfig& config);
+// The same check for anything that lays out the routed experts in MXFP4: "config field 'K' is V;
+// <how>, whose rows are blocks of 32 values, so it must be a multiple of 32" (`how`: "model init
+// writes the routed experts in MXFP4"). Ok for a model without routed experts.
+Status CheckMxfp4ExpertDims(const ModelConfig& config, std::string_view how);
 
 // Bytes the weights of `config` take on disk in K3's dtypes (tensor data only).
 std::uint64_t WeightBytes(const ModelConfig& config);

@@ -10,6 +10,7 @@
 
 #include "src/model/mxfp4.h"
 #include "src/model/names.h"
+#include "src/model/weights_init.h"
 #include "terrace/model_tensor.h"
 
 namespace terrace::plan {
@@ -240,31 +241,8 @@ int ExpertsForHitRate(int experts, double zipf_s, int top_k, double target) {
 }
 
 Status CheckExpertDims(const model::ModelConfig& config, model::ExpertFormat format, std::string_view why) {
-  if (format != model::ExpertFormat::kMxfp4 || config.num_experts == 0 ||
-      config.first_k_dense_replace >= config.num_hidden_layers) {
-    return Status::Ok();
-  }
-  struct Column {
-    std::string_view key;
-    int value;
-    std::string_view note;
-  };
-  const Column columns[] = {
-      {"moe_intermediate_size", config.moe_intermediate_size, ""},
-      config.HasLatentProjection()
-          ? Column{"routed_expert_hidden_size", config.routed_expert_hidden_size, ""}
-          : Column{"hidden_size", config.hidden_size, " (the routed experts' width: routed_expert_hidden_size is "
-                                                      "absent or equal)"},
-  };
-  for (const Column& c : columns) {
-    if (c.value % model::kMxfp4BlockSize != 0) {
-      return Status::InvalidArgument(fmt::format(
-          "config field '{}' is {}{}; the plan sizes the routed experts in MXFP4 ({}), whose rows are blocks of {} "
-          "values, so it must be a multiple of {}",
-          c.key, c.value, c.note, why, model::kMxfp4BlockSize, model::kMxfp4BlockSize));
-    }
-  }
-  return Status::Ok();
+  if (format != model::ExpertFormat::kMxfp4) return Status::Ok();
+  return model::CheckMxfp4ExpertDims(config, fmt::format("the plan sizes the routed experts in MXFP4 ({})", why));
 }
 
 Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, const Hardware& hw,

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/reworded.h"
 #include "src/store/store_impl.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
@@ -42,23 +43,6 @@ constexpr Registered kFactories[] = {
     {"host", MakeHost},
     {"nvme", MakeNvme},
 };
-
-// `s` (not OK) with its code and retryable flag, and `message` instead of its own.
-Status WithMessage(const Status& s, std::string message) {
-  switch (s.code()) {
-    case Code::kNotFound: return Status::NotFound(std::move(message));
-    case Code::kOutOfCapacity: return Status::OutOfCapacity(std::move(message));
-    case Code::kIoError: return Status::IoError(std::move(message), s.retryable());
-    case Code::kCorruption: return Status::Corruption(std::move(message));
-    case Code::kInvalidArgument: return Status::InvalidArgument(std::move(message));
-    case Code::kCancelled: return Status::Cancelled(std::move(message));
-    case Code::kTimedOut: return Status::TimedOut(std::move(message));
-    case Code::kUnavailable: return Status::Unavailable(std::move(message));
-    case Code::kOk:
-    case Code::kInternal: break;
-  }
-  return s.code() == Code::kOk ? s : Status::Internal(std::move(message));
-}
 
 // The standard configuration as an explicit list.
 std::vector<TierSlotOptions> StandardList(const StoreOptions& o) {
@@ -103,7 +87,7 @@ Result<std::vector<NamedTier>> BuildTiers(const StoreOptions& options) {
       const Status refused = t.status();  // a copy: Result::status() returns by value
       const std::string& message = refused.message();
       if (message.starts_with(own))
-        return WithMessage(refused, fmt::format("{}: {}", where, std::string_view(message).substr(own.size())));
+        return Reworded(refused, fmt::format("{}: {}", where, std::string_view(message).substr(own.size())));
       return refused.WithContext(where);
     }
     tiers.push_back(NamedTier{std::move(t).value(), slot.name});
