@@ -144,8 +144,8 @@ struct NvmeTierOptions {
   // only ever opened with its own index.
   bool reformat = false;
   // How long Open (and ScanDataFile / RebuildIndex) waits for another process to release the data
-  // area's lock before failing with Unavailable ("in use by another process"). An area an open
-  // NVMe tier of this same process holds is refused at once ("already open in this process").
+  // area's lock before failing with Unavailable ("in use by another process"; "already open in
+  // this process" when a Store or tier of this process holds it: close that one first).
   std::chrono::milliseconds lock_wait{2000};
   std::shared_ptr<Logger> logger;  // null: the store's logger, or stderr (terrace/log.h)
 };

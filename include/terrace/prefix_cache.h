@@ -39,14 +39,16 @@ namespace terrace::kv {
 // PrefixCache::Prepare builds one; a caller may then cut it: drop trailing chunk_ids (only that
 // prefix is looked up, restored and written) or lower restorable_chunks (less is restored).
 // Any other edit (tokens, tenant, or chunk_ids other than cutting them) makes a request that does
-// not hold together. Lookup, BeginRestore / Restore, WriteBack, StoreLayer and PrefillWithCache
-// return InvalidArgument for one: more chunk_ids than full chunks of `tokens`; restorable_chunks
-// < 0 or above (tokens.size() - 1) / chunk_tokens; or chunk_ids that are not the chain of `tokens`
-// under `tenant` in that cache's namespace (keys::ChunkIds; e.g. tokens or tenant changed after
-// Prepare, or a request prepared by another cache), which would otherwise restore or overwrite
-// another prompt's or tenant's blocks. That check re-hashes the ids it uses (XXH3-128 over
-// tokens.size() * 4 bytes for a whole request: about as long as Prepare took); WriteBack and
-// StoreLayer check the ids of chunks [0, chunks) on every call, PrefillWithCache once.
+// not hold together. Lookup, BeginRestore / Restore and PrefillWithCache return InvalidArgument
+// for one: more chunk_ids than full chunks of `tokens`; restorable_chunks < 0 or above
+// (tokens.size() - 1) / chunk_tokens; or chunk_ids that are not the chain of `tokens` under
+// `tenant` in that cache's namespace (keys::ChunkIds; e.g. tokens or tenant changed after Prepare,
+// or a request prepared by another cache), which would otherwise restore or overwrite another
+// prompt's or tenant's blocks. That check re-hashes the ids it uses (XXH3-128 over
+// tokens.size() * 4 bytes for a whole request: about as long as Prepare took; PrefillWithCache
+// once). WriteBack and StoreLayer refuse chunk_ids [0, chunks) that are not that chain: the first
+// write from a state in full, then, as a pass writes its chunks in order, only each new chunk's
+// link (a request changed after its chunks were written is caught in the chunks still to come).
 struct PrefixRequest {
   std::vector<std::int32_t> tokens;
   std::string tenant;

@@ -190,6 +190,39 @@ Status PrefixCache::Impl::CheckChunkIds(const PrefixRequest& r, std::size_t coun
   return Status::Ok();
 }
 
+Status PrefixCache::Impl::CheckWrite(const PrefixRequest& r, std::size_t chunks, const model::SequenceState* pass,
+                                     std::string_view where) {
+  const auto C = static_cast<std::size_t>(layout.chunk_tokens());
+  if (chunks == 0 || chunks > r.chunk_ids.size() || chunks > r.tokens.size() / C) return CheckChunkIds(r, chunks, where);
+  const auto ids = r.chunk_ids.begin();
+  bool link_only = false;
+  {
+    MutexLock lock(&verified_mu);
+    if (const auto it = verified.find(pass); it != verified.end() && it->second.tenant == r.tenant) {
+      const std::vector<ContentId>& v = it->second.ids;
+      if (v.size() >= chunks && std::equal(ids, ids + static_cast<std::ptrdiff_t>(chunks), v.begin()))
+        return Status::Ok();  // another layer of a chunk already checked
+      link_only = v.size() == chunks - 1 && std::equal(ids, ids + static_cast<std::ptrdiff_t>(chunks - 1), v.begin());
+    }
+  }
+  const ContentId parent = chunks == 1 ? keys::TenantRoot(kv_root, r.tenant) : r.chunk_ids[chunks - 2];
+  const bool link_holds =
+      link_only && ChainContentId(parent, std::span<const std::int32_t>(r.tokens).subspan((chunks - 1) * C, C)) ==
+                       r.chunk_ids[chunks - 1];
+  if (!link_holds) TERRACE_RETURN_IF_ERROR(CheckChunkIds(r, chunks, where));
+  MutexLock lock(&verified_mu);
+  if (verified.size() >= kMaxCheckedPasses && !verified.contains(pass)) verified.clear();
+  Checked& c = verified[pass];
+  if (link_holds) {
+    if (c.tenant == r.tenant && c.ids.size() == chunks - 1) c.ids.push_back(r.chunk_ids[chunks - 1]);
+    else verified.erase(pass);  // the pass's record changed meanwhile (another thread): check in full next time
+  } else {
+    c.tenant = r.tenant;
+    c.ids.assign(ids, ids + static_cast<std::ptrdiff_t>(chunks));
+  }
+  return Status::Ok();
+}
+
 Result<std::int64_t> PrefixCache::Impl::CheckRequest(const PrefixRequest& r, std::string_view where) const {
   TERRACE_ASSIGN_OR_RETURN(const std::int64_t chunks, RestorableChunks(r, layout.chunk_tokens(), where));
   TERRACE_RETURN_IF_ERROR(CheckChunkIds(r, r.chunk_ids.size(), where));
@@ -302,7 +335,7 @@ Result<PrefixLookup> PrefixCache::Lookup(const PrefixRequest& request) const {
 Status PrefixCache::WriteBack(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                               bool snapshot) {
   if (chunks >= 1 && chunks <= static_cast<std::int64_t>(request.chunk_ids.size()))
-    TERRACE_RETURN_IF_ERROR(impl_->CheckChunkIds(request, static_cast<std::size_t>(chunks), "PrefixCache::WriteBack"));
+    TERRACE_RETURN_IF_ERROR(impl_->CheckWrite(request, static_cast<std::size_t>(chunks), &state, "PrefixCache::WriteBack"));
   return impl_->WriteBackChecked(request, chunks, state, snapshot);
 }
 
@@ -338,7 +371,7 @@ Status PrefixCache::Impl::WriteBackChecked(const PrefixRequest& request, std::in
 Status PrefixCache::StoreLayer(const PrefixRequest& request, std::int64_t chunks, int layer,
                                const model::SequenceState& state, bool snapshot) {
   if (chunks >= 1 && chunks <= static_cast<std::int64_t>(request.chunk_ids.size()))
-    TERRACE_RETURN_IF_ERROR(impl_->CheckChunkIds(request, static_cast<std::size_t>(chunks), "PrefixCache::StoreLayer"));
+    TERRACE_RETURN_IF_ERROR(impl_->CheckWrite(request, static_cast<std::size_t>(chunks), &state, "PrefixCache::StoreLayer"));
   return impl_->StoreLayerChecked(request, chunks, layer, state, snapshot);
 }
 
@@ -384,6 +417,10 @@ Status PrefixCache::Impl::StoreLayerChecked(const PrefixRequest& request, std::i
 }
 
 void PrefixCache::EndStoreLayers(const model::SequenceState& state) {
+  {
+    MutexLock lock(&impl_->verified_mu);
+    impl_->verified.erase(&state);
+  }
   MutexLock lock(&impl_->q_mu);
   std::erase_if(impl_->pending_chunks, [&](const auto& e) { return e.first.pass == &state; });
 }

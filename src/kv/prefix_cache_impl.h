@@ -15,8 +15,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -102,6 +104,21 @@ struct PrefixCache::Impl {
   // Every check of a request before a lookup, restore or prefill reads or computes anything:
   // RestorableChunks (its result is returned) and CheckChunkIds of all of r.chunk_ids.
   Result<std::int64_t> CheckRequest(const PrefixRequest& r, std::string_view where) const;
+  // Before WriteBack or StoreLayer writes chunk `chunks` of the pass that computed `pass`: as
+  // CheckChunkIds(r, chunks), but a pass writes its chunks in order, so while the pass's earlier
+  // ids are the ones already checked only the new chunk's link is hashed (O(chunk_tokens) a write,
+  // not O(prompt)); a request changed after its chunks were checked is caught only in the chunks
+  // still to come. Thread-safe.
+  Status CheckWrite(const PrefixRequest& r, std::size_t chunks, const model::SequenceState* pass, std::string_view where);
+  // The ids CheckWrite has checked, per pass; dropped by EndStoreLayers, all dropped past
+  // kMaxCheckedPasses passes. verified_mu is taken alone (never with another lock held).
+  static constexpr std::size_t kMaxCheckedPasses = 256;
+  struct Checked {
+    std::string tenant;          // the chain's tenant
+    std::vector<ContentId> ids;  // chunk_ids [0, ids.size()) checked under it
+  };
+  Mutex verified_mu;
+  std::unordered_map<const model::SequenceState*, Checked> verified TERRACE_GUARDED_BY(verified_mu);
   // WriteBack and StoreLayer after the request was checked (PrefillWithCache checks it once).
   Status WriteBackChecked(const PrefixRequest& request, std::int64_t chunks, const model::SequenceState& state,
                           bool snapshot);

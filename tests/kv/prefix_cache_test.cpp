@@ -234,6 +234,34 @@ TEST_CASE("a request whose tokens or tenant were changed after Prepare is refuse
   CHECK((*cache)->Lookup(cut)->boundary_tokens == 32);
 }
 
+TEST_CASE("a pass writing its chunks in order is checked link by link: a chunk changed before it is written is refused") {
+  const auto& m = Toy();
+  auto store = HostStore();
+  auto cache = PrefixCache::Create(Layout(16, 1), m.id, store.get(), store.get());
+  REQUIRE(cache.ok());
+  const auto a = Tokens(70);
+  PrefixRequest req = (*cache)->Prepare(a, "");
+  model::Session s(*m.model);
+  const std::span<const std::int32_t> all(req.tokens);
+  for (int k = 1; k <= 2; ++k) {  // chunks 1 and 2: checked in full, then by their link
+    REQUIRE(s.Prefill(all.subspan(static_cast<std::size_t>(k - 1) * 16, 16)).ok());
+    CHECK((*cache)->WriteBack(req, k, s.state(), true).ok());
+    CHECK((*cache)->StoreLayer(req, k, 0, s.state(), true).ok());  // another layer of a chunk already checked
+  }
+  req.tokens[2 * 16 + 5] += 1;  // chunk 3 of the request no longer matches its id
+  REQUIRE(s.Prefill(std::span<const std::int32_t>(req.tokens).subspan(32, 16)).ok());
+  const Status bad = (*cache)->WriteBack(req, 3, s.state(), true);
+  CHECK(bad.IsInvalidArgument());
+  CHECK(bad.message().find("chunk_ids[2]") != std::string::npos);
+  CHECK((*cache)->StoreLayer(req, 3, 0, s.state(), true).IsInvalidArgument());
+  // A request whose earlier ids changed is checked in full again: a changed tenant fails at chunk 0.
+  PrefixRequest other = (*cache)->Prepare(a, "");
+  other.tenant = "someone else";
+  const Status tenant = (*cache)->WriteBack(other, 2, s.state(), false);
+  CHECK(tenant.IsInvalidArgument());
+  CHECK(tenant.message().find("chunk_ids[0]") != std::string::npos);
+}
+
 TEST_CASE("a request whose chunk_ids were cut looks up, restores and writes only that prefix") {
   const auto& m = Toy();
   auto store = HostStore();

@@ -500,39 +500,6 @@ TEST_CASE("nvme durability: read-write opens that write nothing leave no pile of
   CHECK(CheckScenario(**t).ok());
 }
 
-// A second open of an area this process holds open is refused at once: no wait could end it, so
-// lock_wait (the wait for another process to let go) is not spent on it.
-TEST_CASE("nvme durability: an area this process holds open is refused without waiting for lock_wait",
-          "[nvme][durability]") {
-  TempDir dir("nvme-dur");
-  auto o = DurabilityOptions(dir.path());
-  o.lock_wait = std::chrono::seconds(30);
-  auto ro = o;
-  ro.read_only = true;
-  {
-    auto first = NvmeTier::Open(o);
-    REQUIRE(first.ok());
-    for (const auto& other : {o, ro}) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto second = NvmeTier::Open(other);
-      const auto waited = std::chrono::steady_clock::now() - t0;
-      REQUIRE_FALSE(second.ok());
-      INFO(second.status().ToString());
-      CHECK(second.status().code() == Code::kUnavailable);
-      CHECK(second.status().message().find("already open in this process") != std::string::npos);
-      CHECK(waited < std::chrono::seconds(5));
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    CHECK(NvmeTier::RebuildIndex(o).status().code() == Code::kUnavailable);
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
-  }
-  // Closed, the area is this process's to open again; two readers still share it.
-  auto reader = NvmeTier::Open(ro);
-  REQUIRE(reader.ok());
-  auto reader2 = NvmeTier::Open(ro);
-  CHECK(reader2.ok());
-}
-
 TEST_CASE("nvme durability: one writer per data area", "[nvme][durability]") {
   TempDir dir("nvme-dur");
   auto o = DurabilityOptions(dir.path());

@@ -176,11 +176,6 @@ NvmeTier::~NvmeTier() {
 }
 
 Status NvmeTier::Close() {
-  // First: an open of this area racing with this close waits for the lock instead of giving up.
-  if (held_here_) {
-    nvme::ForgetHeldHere(fd_);
-    held_here_ = false;
-  }
   Status first;
   // The first failure is returned; any later one is logged here.
   auto failed = [&](const Status& s) {
@@ -403,8 +398,6 @@ Status NvmeTier::OpenFd(const fs::path& path, bool create, int* open_errno) {
     fd_ = -1;
     return refused;
   }
-  nvme::NoteHeldHere(fd_);
-  held_here_ = true;
   nvme::IoEngineConfig cfg{fd_, options_.queue_depth, options_.io_threads};
   TERRACE_ASSIGN_OR_RETURN(engine_, hooks_.engine(cfg));
   return CheckDurableMedium();
@@ -529,10 +522,6 @@ std::error_code NvmeTier::DiscardCreating() {
 void NvmeTier::CloseFd() {
   engine_.reset();
   if (fd_ < 0) return;
-  if (held_here_) {
-    nvme::ForgetHeldHere(fd_);
-    held_here_ = false;
-  }
   ::flock(fd_, LOCK_UN);
   ::close(fd_);
   fd_ = -1;

@@ -12,14 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <map>
-#include <utility>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "src/common/list_dir.h"
-#include "src/common/mutex.h"
 #include "tiers/nvme/index_store.h"
 
 namespace terrace::nvme {
@@ -88,64 +85,13 @@ Result<StorePaths> ResolveStorePaths(const NvmeTierOptions& options, bool may_cr
   return p;
 }
 
-namespace {
-
-struct HeldAreas {
-  Mutex mu;
-  std::map<std::pair<dev_t, ino_t>, int> count TERRACE_GUARDED_BY(mu);
-};
-
-HeldAreas& Held() {
-  static HeldAreas* held = new HeldAreas;  // never destroyed: tiers may close during exit
-  return *held;
-}
-
-bool AreaOf(int fd, std::pair<dev_t, ino_t>* area) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return false;
-  *area = {st.st_dev, st.st_ino};
-  return true;
-}
-
-bool HeldHere(int fd) {
-  std::pair<dev_t, ino_t> area;
-  if (!AreaOf(fd, &area)) return false;
-  HeldAreas& h = Held();
-  MutexLock lock(&h.mu);
-  return h.count.contains(area);
-}
-
-}  // namespace
-
-void NoteHeldHere(int fd) {
-  std::pair<dev_t, ino_t> area;
-  if (!AreaOf(fd, &area)) return;
-  HeldAreas& h = Held();
-  MutexLock lock(&h.mu);
-  ++h.count[area];
-}
-
-void ForgetHeldHere(int fd) {
-  std::pair<dev_t, ino_t> area;
-  if (!AreaOf(fd, &area)) return;
-  HeldAreas& h = Held();
-  MutexLock lock(&h.mu);
-  auto it = h.count.find(area);
-  if (it != h.count.end() && --it->second == 0) h.count.erase(it);
-}
-
 int LockDataArea(int fd, int op, std::chrono::milliseconds patience) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
-  bool checked_here = false;
   while (true) {
     if (::flock(fd, op | LOCK_NB) == 0) return 0;
     int err = errno;
     if (err == EINTR) continue;
     if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) return err;
-    if (!checked_here) {
-      checked_here = true;
-      if (HeldHere(fd)) return err;  // an open tier of this process holds it: no wait ends that
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

@@ -34,15 +34,7 @@ int DataAreaBytes(int fd, bool block_device, std::uint64_t* bytes);
 // flock(fd, op | LOCK_NB), retried for up to `patience` while it fails with EWOULDBLOCK: a
 // process that just died may hold the lock a moment longer (io_uring drops its file references
 // asynchronously). Returns 0 or the errno of the last attempt.
-// Gives up at once (EWOULDBLOCK, no wait) when the area is one an open NvmeTier of this process
-// holds (NoteHeldHere): no wait ends that, only that tier's Close.
 int LockDataArea(int fd, int op, std::chrono::milliseconds patience);
-
-// The data areas open NvmeTiers of this process hold locked, by the file's device and inode (a
-// count per area: read-only opens share one). NvmeTier notes its area once locked and forgets it
-// first thing in Close, so an open racing with a close still waits for it. Thread-safe.
-void NoteHeldHere(int fd);
-void ForgetHeldHere(int fd);
 
 // The Corruption for a data area of `size` bytes, shorter than the store's `capacity`: what is
 // intact and how to get the blocks left back (for a file: extend it and rebuild the index).

@@ -491,7 +491,6 @@ class NvmeTier final : public Tier {
   std::filesystem::path creating_path_;  // directory stores: terrace.data.creating
   bool block_device_ = false;
   int fd_ = -1;
-  bool held_here_ = false;  // fd_'s area is noted in nvme::NoteHeldHere (until Close / CloseFd)
   bool direct_ = true;
   TierCaps caps_;
   RecoveryReport report_;
