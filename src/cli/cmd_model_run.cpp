@@ -85,8 +85,7 @@ int RunModel(const RunArgs& a) {
   const OutputRules out_rules{.format = OutputFormat::kSafetensors, .force = a.force,
                               .inputs = ModelDirInputs(a.model, "--model")};
   for (auto [path, flag] : {std::pair{&a.dump_logits, "--dump-logits"}, std::pair{&a.experts.prometheus, "--expert-prometheus"}}) {
-    if (path->empty()) continue;
-    if (a.kv.store.empty()) continue;
+    if (path->empty() || a.kv.store.empty()) continue;
     for (const char* pool : kDemoStores) {  // the store's files are in these pools of --store
       const std::filesystem::path dir = std::filesystem::path(a.kv.store) / pool;
       if (Status s = CheckOutsideDir(*path, flag, dir, a.kv.dir_flag + "'s pool"); !s.ok()) return FailUsage(s.message());

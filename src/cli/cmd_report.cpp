@@ -13,8 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -128,16 +128,13 @@ constexpr std::string_view kChartsMeta = "<meta name=\"terrace-charts\" content=
 // there is no such page (absent, not Terrace's, or from before the list).
 std::vector<std::filesystem::path> ChartsOfPageAt(const std::filesystem::path& out) {
   std::vector<std::filesystem::path> charts;
-  if (!IsMarkedTerraceFile(out, OutputFormat::kHtml)) return charts;
-  std::ifstream in(out, std::ios::binary);
-  std::string head(64 * 1024, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<std::size_t>(in.gcount()));
-  const std::size_t at = head.find(kChartsMeta);
+  const std::optional<std::string> head = MarkedTerraceFileHead(out, OutputFormat::kHtml);
+  if (!head) return charts;
+  const std::size_t at = head->find(kChartsMeta);
   if (at == std::string::npos) return charts;
-  const std::size_t from = at + kChartsMeta.size(), to = head.find('"', from);
+  const std::size_t from = at + kChartsMeta.size(), to = head->find('"', from);
   if (to == std::string::npos) return charts;
-  std::istringstream names(head.substr(from, to - from));
+  std::istringstream names(head->substr(from, to - from));
   const auto known = plan::ReportChartNames();
   for (std::string name; names >> name;) {
     const std::filesystem::path file(name);

@@ -275,9 +275,16 @@ Status CheckOutsideDir(const fs::path& path, std::string_view flag, const fs::pa
       flag, path.string(), dir_flag, dir.string()));
 }
 
-bool IsMarkedTerraceFile(const fs::path& path, OutputFormat format) {
+std::optional<std::string> MarkedTerraceFileHead(const fs::path& path, OutputFormat format) {
   std::error_code ec;
-  return fs::is_regular_file(fs::symlink_status(path, ec)) && HasTerraceMark(format, ReadHead(path));
+  if (!fs::is_regular_file(fs::symlink_status(path, ec))) return std::nullopt;
+  std::string head = ReadHead(path);
+  if (!HasTerraceMark(format, head)) return std::nullopt;
+  return head;
+}
+
+bool IsMarkedTerraceFile(const fs::path& path, OutputFormat format) {
+  return MarkedTerraceFileHead(path, format).has_value();
 }
 
 Status FileErrno(int err, std::string_view what, const fs::path& path, std::string_view flag) {

@@ -107,8 +107,10 @@ struct OutputRules {
 // Terrace writes in `format`; always false for formats without a mark.
 inline constexpr std::size_t kMarkProbeBytes = std::size_t{1} << 20;
 bool HasTerraceMark(OutputFormat format, std::string_view head);
-// True when `path` is a regular file (not a symlink) whose head carries the mark Terrace writes in
-// `format`: a file Terrace wrote, which it may replace or remove as its own.
+// The head of `path` (its first kMarkProbeBytes at most) when it is a regular file (not a symlink)
+// carrying the mark Terrace writes in `format`: a file Terrace wrote, which it may replace or remove
+// as its own; nullopt otherwise. IsMarkedTerraceFile: whether there is one.
+std::optional<std::string> MarkedTerraceFileHead(const std::filesystem::path& path, OutputFormat format);
 bool IsMarkedTerraceFile(const std::filesystem::path& path, OutputFormat format);
 // True when `head` is the start of a safetensors file of a model checkpoint Terrace wrote: marked as
 // Terrace's and holding kSafetensorsCheckpointKey in its __metadata__ (`model init` writes it into

@@ -168,16 +168,17 @@ Result<std::int64_t> RestorableChunks(const PrefixRequest& r, int chunk_tokens, 
   return std::min(r.restorable_chunks, ids);
 }
 
-Status PrefixCache::Impl::CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where) const {
+Status PrefixCache::Impl::CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where,
+                                        std::size_t from) const {
   const auto C = static_cast<std::size_t>(layout.chunk_tokens());
   if (count > r.chunk_ids.size() || count > r.tokens.size() / C)
     return Status::InvalidArgument(fmt::format("{}: the request has {} chunk_ids and {} full {}-token chunks, {} are "
                                                "needed (build requests with PrefixCache::Prepare)",
                                                where, r.chunk_ids.size(), r.tokens.size() / C, C, count));
-  if (count == 0) return Status::Ok();
+  if (count == 0 || from >= count) return Status::Ok();
   const std::span<const std::int32_t> tokens(r.tokens);
-  ContentId id = keys::TenantRoot(kv_root, r.tenant);
-  for (std::size_t i = 0; i < count; ++i) {
+  ContentId id = from == 0 ? keys::TenantRoot(kv_root, r.tenant) : r.chunk_ids[from - 1];
+  for (std::size_t i = from; i < count; ++i) {
     id = ChainContentId(id, tokens.subspan(i * C, C));
     if (id != r.chunk_ids[i])
       return Status::InvalidArgument(fmt::format(
@@ -205,10 +206,9 @@ Status PrefixCache::Impl::CheckWrite(const PrefixRequest& r, std::size_t chunks,
       link_only = v.size() == chunks - 1 && std::equal(ids, ids + static_cast<std::ptrdiff_t>(chunks - 1), v.begin());
     }
   }
-  const ContentId parent = chunks == 1 ? keys::TenantRoot(kv_root, r.tenant) : r.chunk_ids[chunks - 2];
-  const bool link_holds =
-      link_only && ChainContentId(parent, std::span<const std::int32_t>(r.tokens).subspan((chunks - 1) * C, C)) ==
-                       r.chunk_ids[chunks - 1];
+  // Only the new chunk's link when the earlier ids are the checked ones; a failure is then named
+  // by the check in full (the first id that differs).
+  const bool link_holds = link_only && CheckChunkIds(r, chunks, where, chunks - 1).ok();
   if (!link_holds) TERRACE_RETURN_IF_ERROR(CheckChunkIds(r, chunks, where));
   MutexLock lock(&verified_mu);
   if (verified.size() >= kMaxCheckedPasses && !verified.contains(pass)) verified.clear();

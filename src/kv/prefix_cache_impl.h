@@ -99,8 +99,9 @@ struct PrefixCache::Impl {
   // Ok when r.chunk_ids[0, count) are the chain of r.tokens under r.tenant from kv_root
   // (keys::ChunkIds), recomputed here: count chained XXH3-128s over count * chunk_tokens tokens.
   // InvalidArgument, starting with `where` and naming the first id that differs, otherwise (or
-  // when r holds fewer than `count` ids or full chunks).
-  Status CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where) const;
+  // when r holds fewer than `count` ids or full chunks). `from` > 0 takes ids [0, from) as given
+  // and checks only the links from chunk `from` on (chained from r.chunk_ids[from - 1]).
+  Status CheckChunkIds(const PrefixRequest& r, std::size_t count, std::string_view where, std::size_t from = 0) const;
   // Every check of a request before a lookup, restore or prefill reads or computes anything:
   // RestorableChunks (its result is returned) and CheckChunkIds of all of r.chunk_ids.
   Result<std::int64_t> CheckRequest(const PrefixRequest& r, std::string_view where) const;
