@@ -83,6 +83,11 @@ class [[nodiscard]] Status {
   std::unique_ptr<State> state_;
 };
 
+namespace internal {
+// Prints "<what was accessed> on an error Result: <status>" to stderr and aborts.
+[[noreturn]] void DieOnErrorResultAccess(const Status& status);
+}  // namespace internal
+
 // Result<T>: a value or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {
@@ -96,16 +101,26 @@ class [[nodiscard]] Result {
   // OK when a value is held.
   Status status() const { return ok() ? Status::Ok() : std::get<Status>(v_); }
 
-  // Preconditions: ok().
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // Precondition: ok(). Breaking it is a programming error, not a recoverable one: the process
+  // prints the held Status to stderr and aborts (no exception crosses the API).
+  T& value() & { return *Held(); }
+  const T& value() const& { return *Held(); }
+  T&& value() && { return std::move(*Held()); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
  private:
+  T* Held() {
+    if (T* p = std::get_if<T>(&v_)) return p;
+    internal::DieOnErrorResultAccess(*std::get_if<Status>(&v_));
+  }
+  const T* Held() const {
+    if (const T* p = std::get_if<T>(&v_)) return p;
+    internal::DieOnErrorResultAccess(*std::get_if<Status>(&v_));
+  }
+
   std::variant<T, Status> v_;
 };
 

@@ -1,5 +1,7 @@
 #include "terrace/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "src/common/reworded.h"
@@ -58,5 +60,17 @@ Status Reworded(const Status& s, std::string message) {
   }
   return Status::Internal(std::move(message));
 }
+
+namespace internal {
+
+void DieOnErrorResultAccess(const Status& status) {
+  std::fprintf(stderr,
+               "terrace: Result::value() called on an error Result (check ok() first): %s\n",
+               status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace terrace

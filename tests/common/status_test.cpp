@@ -1,4 +1,9 @@
 #include <catch2/catch.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <string>
 
 #include "terrace/status.h"
 
@@ -41,4 +46,34 @@ TEST_CASE("Result and the propagation macros") {
   CHECK(s.IsInvalidArgument());
   Result<int> r = Status();  // an OK status cannot make an empty Result
   CHECK(r.status().code() == Code::kInternal);
+}
+
+TEST_CASE("value() of an error Result aborts with the Status instead of throwing") {
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::signal(SIGABRT, SIG_DFL);  // Catch2's fatal-signal handler otherwise
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::close(pipe_fds[0]);
+    try {
+      const Result<int> r = Half(3);
+      const int v = r.value();  // must neither return nor throw std::bad_variant_access
+      ::_exit(v == 0 ? 3 : 4);
+    } catch (...) {
+      ::_exit(5);
+    }
+  }
+  ::close(pipe_fds[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(n));
+  ::close(pipe_fds[0]);
+  int wstatus = 0;
+  REQUIRE(::waitpid(child, &wstatus, 0) == child);
+  CHECK(WIFSIGNALED(wstatus));
+  CHECK((WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGABRT));
+  CHECK(err.find("Result::value() called on an error Result") != std::string::npos);
+  CHECK(err.find("InvalidArgument: odd") != std::string::npos);
 }
