@@ -88,9 +88,12 @@ std::uint64_t MaxEncodedBytes(const CodecSpec& spec, std::int64_t rows, std::int
   if (rows < 0 || cols < 0 || !detail::SpecProblem(spec.kind, spec.scales, spec.group, spec.lossless).empty()) return 0;
   const auto r = static_cast<std::uint64_t>(rows), c = static_cast<std::uint64_t>(cols);
   if (c != 0 && r > (std::numeric_limits<std::uint64_t>::max() / 8) / c) return 0;
+  const std::uint64_t nscales = detail::ScaleCount(spec, r, c);
+  if (nscales > std::numeric_limits<std::uint32_t>::max()) return 0;  // Encode refuses it
   const std::uint64_t raw = detail::RawPayloadBytes(spec.kind, r * c);
   const std::uint64_t stored = spec.lossless == Lossless::kNone ? raw : detail::CompressBound(spec.lossless, raw);
-  return kHeaderBytes + 4 * detail::ScaleCount(spec, r, c) + stored;
+  if (stored == 0 && raw != 0) return 0;  // over the lossless stage's input limit: Encode refuses it
+  return kHeaderBytes + 4 * nscales + stored;
 }
 
 namespace {
@@ -262,12 +265,15 @@ Status DecodeBlock(std::span<const std::byte> encoded, std::int64_t rows, std::i
                               " (scales) + " + std::to_string(stored) + " (payload)");
   if (nscales) {
     const std::uint32_t max_scale_bits = Bits(detail::MaxScale(spec.kind));
+    const std::uint32_t min_scale_bits = Bits(detail::kMinScale);
     for (std::uint64_t i = 0; i < nscales; ++i) {
       const auto bits = LoadLe<std::uint32_t>(b + kHeaderBytes + 4 * i);
-      if (bits > max_scale_bits)  // negative, NaN, Inf, or so large that code * scale overflows
+      // Negative, NaN, Inf, or so large that code * scale overflows; or a subnormal, which Encode
+      // never writes (a scale below kMinScale is stored as 0).
+      if (bits > max_scale_bits || (bits != 0 && bits < min_scale_bits))
         return Status::Corruption("codec block (" + spec.Name() + ") scale " + std::to_string(i) + " is " +
-                                  FloatText(std::bit_cast<float>(bits)) + "; scales lie in [0, " +
-                                  FloatText(detail::MaxScale(spec.kind)) + "]");
+                                  FloatText(std::bit_cast<float>(bits)) + "; scales are 0 or lie in [" +
+                                  FloatText(detail::kMinScale) + ", " + FloatText(detail::MaxScale(spec.kind)) + "]");
     }
   }
   // Copied (aligned) only where a value uses them: a block with no value needs none.

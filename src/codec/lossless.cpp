@@ -14,7 +14,7 @@ constexpr int kZstdLevel = 1;
 std::uint64_t CompressBound(Lossless l, std::uint64_t raw_bytes) {
   if (l == Lossless::kZstd) return ZSTD_compressBound(raw_bytes);
   if (l == Lossless::kLz4) {
-    if (raw_bytes > static_cast<std::uint64_t>(LZ4_MAX_INPUT_SIZE)) return raw_bytes + raw_bytes / 255 + 16;
+    if (raw_bytes > static_cast<std::uint64_t>(LZ4_MAX_INPUT_SIZE)) return 0;  // Compress refuses it
     return static_cast<std::uint64_t>(LZ4_compressBound(static_cast<int>(raw_bytes)));
   }
   return raw_bytes;

@@ -9,7 +9,8 @@
 
 namespace terrace::codec::detail {
 
-// Upper bound of the compressed size of `raw_bytes` bytes.
+// Upper bound of the compressed size of `raw_bytes` bytes; 0 when the stage refuses that many (lz4
+// takes at most LZ4_MAX_INPUT_SIZE bytes), as Compress does.
 std::uint64_t CompressBound(Lossless l, std::uint64_t raw_bytes);
 // Appends the compressed form of `raw` to *out. InvalidArgument if raw is too large for the stage.
 Status Compress(Lossless l, std::span<const unsigned char> raw, std::vector<std::byte>* out);

@@ -287,6 +287,18 @@ TEST_CASE("damaged scales, NaN codes and damaged compressed payloads are refused
   Status st = Decode(bad, rows, cols, out);
   REQUIRE(st.IsCorruption());
   CHECK(st.message().find("scale 3") != std::string::npos);
+  // A subnormal scale, which Encode never writes (it stores 0 below 2^-126), for every scaled kind.
+  for (const char* name : {"int8", "int4-g32", "fp8", "fp8-block"}) {
+    REQUIRE(Encode(Spec(name), x, rows, cols, &enc).ok());
+    for (const std::uint32_t bits : {0x00000001u, 0x007FFFFFu}) {
+      bad = enc;
+      for (int i = 0; i < 4; ++i) bad[kHeader + i] = static_cast<std::byte>(bits >> (8 * i));  // scale 0
+      st = Decode(bad, rows, cols, out);
+      INFO(name << " scale 0 bits " << bits << ": " << st.ToString());
+      REQUIRE(st.IsCorruption());
+      CHECK(st.message().find("scale 0") != std::string::npos);
+    }
+  }
   // An fp8 NaN code in the payload.
   REQUIRE(Encode(Spec("fp8"), x, rows, cols, &enc).ok());
   bad = enc;
@@ -398,6 +410,13 @@ TEST_CASE("sizes: MaxEncodedBytes is exact without a lossless stage", "[codec]")
   CHECK(MaxEncodedBytes(Spec("int4-g32"), 4, 576) == 64 + 4 * 4 * 18 + 4 * 576 / 2);
   CHECK(MaxEncodedBytes(Spec("fp8"), 4, 576) == 64 + 4 * 576 + 4 * 576);
   CHECK(MaxEncodedBytes(Spec("fp8-block"), 4, 576) == 64 + 4 + 4 * 576);
+  // 0 where Encode refuses the shape: more scales than a block's 32-bit count holds, or more payload
+  // than the lz4 stage takes.
+  CHECK(MaxEncodedBytes(Spec("int4-g32"), std::int64_t{1} << 33, 1) == 0);
+  CHECK(MaxEncodedBytes(Spec("int8"), 1, std::int64_t{1} << 33) == 0);
+  CHECK(MaxEncodedBytes(Spec("fp8"), 1, std::int64_t{1} << 32) == 0);
+  CHECK(MaxEncodedBytes(Spec("fp8-block+lz4"), 1, std::int64_t{3} << 30) == 0);
+  CHECK(MaxEncodedBytes(Spec("fp8-block+zstd"), 1, std::int64_t{3} << 30) > (std::uint64_t{3} << 30));
 }
 
 TEST_CASE("an empty tensor with a huge row count encodes and decodes without visiting its rows", "[codec]") {
