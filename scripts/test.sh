@@ -12,20 +12,12 @@ export PATH="$root/.venv/bin:$PATH"
 # Everything the suite covers, stated explicitly: a folder configured otherwise before (by hand, or by
 # an old scripts/demo.sh that turned the tests off) is switched back instead of running stale tests.
 components=(-DTERRACE_BUILD_TESTS=ON -DTERRACE_BUILD_MODEL=ON -DTERRACE_BUILD_CLI=ON)
-# Unity builds (eight .cpp files of a target per compiler run) halve the suite's compile time: the
-# headers and the inline code they instantiate are compiled once per batch instead of once per file
-# (terrace_model under ASan: 81 s of CPU instead of 146). TERRACE_UNITY_BUILD=OFF builds file by
-# file (scripts/thread_safety.sh and the package build in .ci/run always do, so a missing #include
-# in the store and the tiers still fails CI).
-unity=(-DCMAKE_UNITY_BUILD="${TERRACE_UNITY_BUILD:-ON}")
+# shellcheck source=scripts/main_build_flags.sh
+source "$root/scripts/main_build_flags.sh"  # unity, main_build
 case "$mode" in
   none)
     build="$root/build"
-    # -O2 -g1: the optimised code the benchmarks run, with line tables only (backtraces and
-    # sanitizer-style file:line still work; no variable info). Full -g costs a third more compile
-    # time here (cmd_demo.cpp: 30.9 s at -O2 -g, 20.8 s at -O2 -g1), which CI cannot afford.
-    "$root/scripts/build.sh" "$build" "${components[@]}" "${unity[@]}" \
-      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+    "$root/scripts/build.sh" "$build" "${components[@]}" "${main_build[@]}"
     ctest --test-dir "$build" --output-on-failure -j 2
     ;;
   address|thread)

@@ -94,6 +94,18 @@ struct DemoArgs {
   int threads = 1;  // OpenBLAS threads, as `model run`'s default: the same logits bit for bit
 };
 
+// The command that runs the demo again on the same data and model: "terrace demo" with --dir,
+// --preset and --seed where `a` does not have their defaults, then `extra` ("--fresh", flags).
+std::string RerunCommand(const DemoArgs& a, std::string_view extra = "") {
+  const DemoArgs defaults;
+  std::string cmd = "terrace demo";
+  if (a.dir != defaults.dir) cmd += " --dir " + a.dir;
+  if (a.preset != defaults.preset) cmd += " --preset " + a.preset;
+  if (a.seed != defaults.seed) cmd += fmt::format(" --seed {}", a.seed);
+  if (!extra.empty()) cmd += fmt::format(" {}", extra);
+  return cmd;
+}
+
 constexpr int kChunkTokens = 64;
 constexpr std::size_t kTiers = kNumTiers;
 
@@ -202,9 +214,12 @@ std::vector<int> SystemTokens(const DemoArgs& a, int vocab) {
   return t;
 }
 
-// The model in DIR/model: reused when its config is k3-small's, written (seeded) otherwise.
-Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& preset, const model::ModelConfig& config,
-                         std::uint64_t seed) {
+// The model in DIR/model: reused when its config is --preset's and its seed --seed's, written
+// (seeded) when there is none.
+Result<bool> EnsureModel(const std::filesystem::path& dir, const DemoArgs& a, const model::ModelConfig& config) {
+  const std::string& preset = a.preset;
+  const std::uint64_t seed = a.seed;
+  const std::string fresh = RerunCommand(a, "--fresh");
   namespace fs = std::filesystem;
   const fs::path out = dir / kDemoModelDir;
   std::error_code ec;
@@ -212,8 +227,8 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
     auto md = model::ModelDir::Open(out);
     if (!md.ok() || model::ToConfigJson((*md)->config()) != model::ToConfigJson(config)) {
       return Status::InvalidArgument(fmt::format(
-          "--dir: {} holds a model that does not load as {} ({}); run 'terrace demo --fresh' to rebuild it",
-          out.string(), preset, md.ok() ? "another config" : md.status().message()));
+          "--dir: {} holds a model that does not load as {} ({}); run '{}' to rebuild it", out.string(), preset,
+          md.ok() ? "another config" : md.status().message(), fresh));
     }
     // The weights' seed, which `model init` records in the safetensors metadata ("terrace_seed"): a
     // model of another seed is not the one --seed asks for (its weights and so every logit differ).
@@ -225,14 +240,12 @@ Result<bool> EnsureModel(const std::filesystem::path& dir, const std::string& pr
     if (built_seed == std::to_string(seed)) return true;
     if (built_seed.empty()) {
       return Status::InvalidArgument(fmt::format(
-          "--seed: the model in {} does not record the seed it was built with; run 'terrace demo --fresh' to rebuild "
-          "it with --seed {}",
-          out.string(), seed));
+          "--seed: the model in {} does not record the seed it was built with; run '{}' to rebuild it with --seed {}",
+          out.string(), fresh, seed));
     }
     return Status::InvalidArgument(fmt::format(
-        "--seed: the model in {} was built with seed {}; run with --seed {} or 'terrace demo --fresh' (rebuilds it "
-        "with --seed {})",
-        out.string(), built_seed, built_seed, seed));
+        "--seed: the model in {} was built with seed {}; run with --seed {} or '{}' (rebuilds it with --seed {})",
+        out.string(), built_seed, built_seed, fresh, seed));
   }
   const fs::path tmp = dir / kDemoModelTmpDir;
   TERRACE_RETURN_IF_ERROR(RemoveStoppedModelBuild(dir));
@@ -573,7 +586,7 @@ nlohmann::json DemoRunJson(const DemoArgs& a, const std::filesystem::path& dir, 
 
 // What the failed write-backs mean, as one line ("" when none failed): how many, which pool is full
 // and how to make it larger (the flag with --fresh: a pool's size is fixed when it is created).
-std::string WriteBackNote(const DemoSummary& d) {
+std::string WriteBackNote(const DemoArgs& a, const DemoSummary& d) {
   if (d.kst.write_failures == 0) return "";
   std::string note = fmt::format("{} prefix-cache write-back(s) failed, so those blocks are not cached and later turns "
                                  "restore less (the outputs are still checked); ",
@@ -590,8 +603,8 @@ std::string WriteBackNote(const DemoSummary& d) {
     larger.push_back(fmt::format("{} above {} (its default is {}MiB)", f.flag, FormatBytes(static_cast<double>(f.capacity_bytes)),
                                  def >> 20));
   }
-  return note + fmt::format("{}; a pool's size is fixed when it is created, so run 'terrace demo --fresh {}' with {}",
-                            fmt::join(pools, "; "), fmt::join(flags, " "), fmt::join(larger, " and "));
+  return note + fmt::format("{}; a pool's size is fixed when it is created, so run '{}' with {}", fmt::join(pools, "; "),
+                            RerunCommand(a, fmt::format("--fresh {}", fmt::join(flags, " "))), fmt::join(larger, " and "));
 }
 
 // The summary as text (stdout): the totals, each pool's hit rates, the experts, what was verified,
@@ -665,7 +678,7 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
   fmt::print("  bytes moved:     prefix restored {}, prefix written {}, experts loaded on demand {}, prefetched {}\n",
              FormatBytes(static_cast<double>(d.restore_all)), FormatBytes(static_cast<double>(d.kst.bytes_written)),
              FormatBytes(static_cast<double>(d.em.demand_bytes)), FormatBytes(static_cast<double>(d.em.speculative_bytes)));
-  if (const std::string note = WriteBackNote(d); !note.empty()) fmt::print("  write-backs:     {}\n", note);
+  if (const std::string note = WriteBackNote(a, d); !note.empty()) fmt::print("  write-backs:     {}\n", note);
   if (d.verified) {
     fmt::print("  verified:        all {} turns: generated ids and every logit (prefill and decode) bitwise equal to a "
                "full recompute with all experts resident and no store\n",
@@ -675,8 +688,9 @@ void PrintDemoSummary(const DemoArgs& a, const DemoSummary& d, const nlohmann::j
                std::count_if(d.results.begin(), d.results.end(), [](const TurnResult& r) { return !r.equal; }),
                d.results.size());
   }
-  fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun 'terrace demo' again to reuse this data (restored from NVMe); '--fresh' starts over\n",
-             json_path.string(), report_path.string());
+  fmt::print("\nfigures: {}\nreport:  {} (charts; open it in a browser)\nrun '{}' again to reuse this data (restored "
+             "from NVMe); '--fresh' starts over\n",
+             json_path.string(), report_path.string(), RerunCommand(a));
 }
 
 // One turn of conversation `c`: its new user tokens appended to *prompt, the prompt run through the
@@ -811,7 +825,7 @@ KvRunArgs DemoKvArgs(const DemoArgs& a) {
   kv_args.state_nvme_given = a.state_nvme_given;
   kv_args.kv_nvme_flag = "--kv-nvme-size";
   kv_args.dir_flag = "--dir";
-  kv_args.start_over = fmt::format("run 'terrace demo --dir {} --fresh'", a.dir);
+  kv_args.start_over = fmt::format("run '{}'", RerunCommand(a, "--fresh"));
   kv_args.hbm_bytes = 1ull << 20;
   kv_args.host_bytes = 2ull << 20;
   kv_args.state_host_bytes = 4ull << 20;
@@ -858,16 +872,16 @@ int RunDemo(const DemoArgs& a) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Fail(fmt::format("--dir: cannot create {}: {}", a.dir, ec.message()));
-  if (!fs::exists(dir / kDemoMarker, ec)) {
-    if (Status s = WriteMarker(dir, kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
-  }
-  nlohmann::json previous;
-  if (fs::exists(dir / kDemoRunJson, ec)) {
-    auto text = ReadInputFile(dir / kDemoRunJson, "--dir", 64ull << 20);
-    if (text.ok() && JsonNestingDepth(*text) <= kMaxJsonDepth)
-      previous = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (previous.is_discarded()) previous = nullptr;
-  }
+  // The demo's marker in DIR or in one of its stores, unless it is there already.
+  const auto mark = [&](const fs::path& where) {
+    if (IsKind(where / kDemoMarker, S_IFREG)) return Status::Ok();
+    const Status s = WriteMarker(where, kDemoMarker, "terrace demo");
+    return s.ok() ? s
+                  : Status::IoError(fmt::format("--dir {}: {}; the demo writes its data there: give a --dir you can "
+                                                "write to",
+                                                a.dir, s.message()));
+  };
+  if (Status s = mark(dir); !s.ok()) return Fail(s.message());
   const model::ModelConfig config = *model::Preset(a.preset);
   const fs::path shown = fs::absolute(dir, ec);
   Progress(fmt::format("terrace demo: data in {}", (ec ? dir : shown).lexically_normal().string()));
@@ -876,7 +890,7 @@ int RunDemo(const DemoArgs& a) {
   auto t0 = Clock::now();
   Progress(fmt::format("[1/4] model: {} ({} layers, {} routed experts per MoE layer, top-{}) ...", a.preset,
                        config.num_hidden_layers, config.num_experts, config.num_experts_per_token));
-  auto reused_model = EnsureModel(dir, a.preset, config, a.seed);
+  auto reused_model = EnsureModel(dir, a, config);
   if (!reused_model.ok())
     return reused_model.status().IsInvalidArgument() ? FailUsage(reused_model.status().message())
                                                      : Fail(reused_model.status().ToString());
@@ -890,17 +904,15 @@ int RunDemo(const DemoArgs& a) {
 
   // 2. The stores: prefix cache pools and the expert store, all on NVMe files under DIR.
   t0 = Clock::now();
-  std::array<bool, 3> created{};
+  // A store gets the demo's marker once open: a new one, and one a stopped run left unmarked (it was
+  // created between the store's creation and its marker; WhyNotDemoDir accepted it as the demo's).
   for (std::size_t i = 0; i < 3; ++i) {
     if (auto r = RemoveUnfinishedDemoStore(dir / kDemoStores[i], "--dir"); !r.ok()) return Fail(r.status().ToString());
-    created[i] = !StoreDataExists(dir / kDemoStores[i]);
   }
   auto kv = OpenKvRun(DemoKvArgs(a), config, **md);
   if (!kv.ok()) return kv.status().IsInvalidArgument() ? FailUsage(kv.status().message()) : Fail(kv.status().ToString());
   for (std::size_t i = 0; i < 2; ++i) {
-    if (created[i]) {
-      if (Status s = WriteMarker(dir / kDemoStores[i], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
-    }
+    if (Status s = mark(dir / kDemoStores[i]); !s.ok()) return Fail(s.message());
   }
   Progress(fmt::format("[2/4] stores: prefix cache in {0}/kv and {0}/state; putting {1} routed experts ({2}) into the "
                        "expert store on NVMe ({0}/experts; an identical block already there is kept) ...",
@@ -913,9 +925,7 @@ int RunDemo(const DemoArgs& a) {
     return OpenDemoExperts(a, dir, config, **md);
   }();
   if (!ex.ok()) return ex.status().IsInvalidArgument() ? FailUsage(ex.status().message()) : Fail(ex.status().ToString());
-  if (created[2]) {
-    if (Status s = WriteMarker(dir / kDemoStores[2], kDemoMarker, "terrace demo"); !s.ok()) return Fail(s.message());
-  }
+  if (Status s = mark(dir / kDemoStores[2]); !s.ok()) return Fail(s.message());
   const std::uint64_t kv_blocks_before = kv->kv_store->Stats().blocks, state_blocks_before = kv->state_store->Stats().blocks;
   // The expert store after its start-up (puts of a new store, or the read-back of the blocks already
   // there): ExpertTierRates keeps those reads apart from the expert loads.
@@ -982,7 +992,9 @@ int RunDemo(const DemoArgs& a) {
   d.tiers = {{"kv", TierRates(*kv->kv_store)}, {"state", TierRates(*kv->state_store)},
              {"experts", ExpertTierRates(*ex->store, d.em, expert_store_at_start)}};
   d.reused_model = *reused_model;
-  d.second_run = !previous.is_null() || kv_blocks_before > 0;
+  // Reused is what this run found and used, not that an earlier run left its summary (a --fresh
+  // stopped after removing the stores leaves demo-run.json).
+  d.second_run = d.reused_model || expert_puts == 0 || kv_blocks_before > 0 || state_blocks_before > 0;
   d.kv_blocks_before = kv_blocks_before;
   d.state_blocks_before = state_blocks_before;
   d.expert_puts = expert_puts;
@@ -1008,7 +1020,7 @@ int RunDemo(const DemoArgs& a) {
                                                    report_path.string()));
   }
   if (a.json) {
-    if (const std::string note = WriteBackNote(d); !note.empty()) Progress("terrace demo: " + note);
+    if (const std::string note = WriteBackNote(a, d); !note.empty()) Progress("terrace demo: " + note);
     fmt::print("{}\n", JsonTextWithMark(j));
     return d.verified ? 0 : Fail("the demo's outputs differ from the full recompute; see the turns in " + json_path.string());
   }

@@ -32,14 +32,30 @@ bool IsModelFile(std::string_view f, bool partial = false) {
   return false;
 }
 
-// Entries of DIR/model that are not checkpoint files init writes, as "model/<name>".
+// Whether `path` is a safetensors file of a checkpoint Terrace wrote (IsTerraceCheckpoint).
+bool IsTerraceCheckpointFile(const fs::path& path) {
+  const std::optional<std::string> head = MarkedTerraceFileHead(path, OutputFormat::kSafetensors);
+  return head && IsTerraceCheckpoint(*head);
+}
+
+// Entries of DIR/model that are not checkpoint files init writes, as "model/<name>". In the finished
+// model folder (not `partial`) the names are not enough: model.safetensors must carry the mark of a
+// checkpoint Terrace wrote, and config.json (which has no mark) counts as the demo's only beside it.
 void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, bool partial = false) {
   std::error_code ec;
+  const std::string folder = dir.filename().string();
+  const bool checkpoint = !partial && IsTerraceCheckpointFile(dir / "model.safetensors");
   for (const auto& e : ListDir(dir, &ec)) {
     const std::string name = e.path().filename().string();
-    if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) foreign->push_back(dir.filename().string() + "/" + name);
+    if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) {
+      foreign->push_back(folder + "/" + name);
+    } else if (!partial && name == "model.safetensors" && !checkpoint) {
+      foreign->push_back(folder + "/" + name + " (not a checkpoint Terrace wrote)");
+    } else if (!partial && name == "config.json" && !checkpoint) {
+      foreign->push_back(folder + "/" + name + " (not beside a checkpoint Terrace wrote)");
+    }
   }
-  if (ec) foreign->push_back(dir.filename().string() + " (cannot list it: " + ec.message() + ")");
+  if (ec) foreign->push_back(folder + " (cannot list it: " + ec.message() + ")");
 }
 
 // An index folder that Terrace's own recovery set aside beside a store's index/: the old index
@@ -93,9 +109,9 @@ std::vector<fs::path> SetAsideIndexes(const fs::path& dir) {
 }
 
 // A store folder a stopped demo run left before writing its marker (the marker follows the store's
-// creation, which needs an empty folder): nothing but terrace.data, terrace.data.creating (regular
-// files) and index/ (holding only index files). Only trusted inside a DIR that holds the demo's own
-// marker.
+// creation, which needs an empty folder): nothing but terrace.data (a Terrace data file:
+// IsStoreDataFile), terrace.data.creating (regular files) and index/ (holding only index files).
+// Only trusted inside a DIR that holds the demo's own marker.
 bool IsStoppedDemoStore(const fs::path& dir) {
   if (!IsKind(dir, S_IFDIR)) return false;
   std::error_code ec;
@@ -103,7 +119,8 @@ bool IsStoppedDemoStore(const fs::path& dir) {
   for (const auto& e : ListDir(dir, &ec)) {
     ++n;
     const std::string name = e.path().filename().string();
-    const bool ok = ((name == "terrace.data" || name == "terrace.data.creating") && IsKind(e.path(), S_IFREG)) ||
+    const bool ok = (name == "terrace.data" && IsKind(e.path(), S_IFREG) && IsStoreDataFile(e.path())) ||
+                    (name == "terrace.data.creating" && IsKind(e.path(), S_IFREG)) ||
                     (name == "index" && !ForeignIndexEntry(e.path()));
     if (!ok) return false;
   }

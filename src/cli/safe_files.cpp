@@ -449,6 +449,17 @@ Status CheckModelDirInput(const fs::path& path, std::string_view flag) {
     }
   }
   if (ec) return Status::IoError(fmt::format("{} {}: cannot list: {}", flag, path.string(), ec.message()));
+  struct stat st {};
+  if (::lstat((path / "config.json").c_str(), &st) != 0 && errno == ENOENT) {
+    // A demo's data directory holds its model in model/: the likely mix-up.
+    const bool nested = ::stat((path / "model" / "config.json").c_str(), &st) == 0;
+    return Status::InvalidArgument(fmt::format(
+        "{} {}: no config.json in it, so it is not a model directory{}", flag, path.string(),
+        nested ? fmt::format("; its folder 'model' holds one (a demo's data directory?): give {} to {}",
+                             (path / "model").string(), flag)
+               : "; give the folder 'terrace model init' wrote, or a checkpoint folder with config.json and "
+                 "*.safetensors"));
+  }
   return Status::Ok();
 }
 

@@ -166,8 +166,10 @@ Result<std::string> ReadInputFile(const std::filesystem::path& path, std::string
 // Ok when `path` (following symlinks) is a directory. NotFound / InvalidArgument naming `flag`.
 Status CheckInputDir(const std::filesystem::path& path, std::string_view flag);
 
-// A model directory given to `flag`: a directory whose config.json, *.safetensors and *.json entries
-// (the files a model load opens) are all regular files (symlinks to regular files accepted).
+// A model directory given to `flag`: a directory with a config.json, whose *.safetensors and *.json
+// entries (the files a model load opens) are all regular files (symlinks to regular files
+// accepted). InvalidArgument naming `flag` otherwise (and DIR/model when that is the model: a
+// demo's data directory).
 Status CheckModelDirInput(const std::filesystem::path& path, std::string_view flag);
 // Those files of a model directory (config.json, *.safetensors, *.json), as inputs of `flag` for
 // OutputRules::inputs. Unreadable entries are left out.

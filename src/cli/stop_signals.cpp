@@ -1,5 +1,7 @@
 #include "stop_signals.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -15,10 +17,15 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler stores into it");
 
-// The first signal is recorded; a second one ends the process.
+// The first signal is recorded; a second one ends the process, saying so (write(2): async-signal-safe).
 extern "C" void OnStopSignal(int sig) {
   int none = 0;
-  if (!g_stop_signal.compare_exchange_strong(none, sig)) RemoveGuardedFilesAndDie(sig);
+  if (g_stop_signal.compare_exchange_strong(none, sig)) return;
+  static constexpr char kInt[] = "\nterrace: a second stop signal (SIGINT): stopping at once\n";
+  static constexpr char kTerm[] = "\nterrace: a second stop signal (SIGTERM): stopping at once\n";
+  if (sig == SIGTERM) (void)!::write(STDERR_FILENO, kTerm, sizeof kTerm - 1);
+  else (void)!::write(STDERR_FILENO, kInt, sizeof kInt - 1);
+  RemoveGuardedFilesAndDie(sig);
 }
 
 }  // namespace

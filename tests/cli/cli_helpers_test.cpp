@@ -27,6 +27,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/remove_on_signal.h"
 #include "src/cli/safe_files.h"
+#include "src/cli/stop_signals.h"
 #include "src/common/start_thread.h"
 #include "test_util.h"
 
@@ -444,6 +445,42 @@ TEST_CASE("StopSignalHold defers a fatal signal to the end of the hold", "[cli][
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
   CHECK(fs::exists(done));
+}
+
+// stop_signals.cpp's FailUnlessStopped reports through the CLI's Fail (command.cpp, not linked here).
+namespace terrace::cli {
+int Fail(std::string_view message) {
+  fmt::print(stderr, "{}\n", message);
+  return 1;
+}
+}  // namespace terrace::cli
+
+TEST_CASE("StopSignals: the first signal is recorded, a second one ends the process saying so", "[cli][signals]") {
+  const int sig = GENERATE(SIGINT, SIGTERM);
+  int err_pipe[2];
+  REQUIRE(::pipe(err_pipe) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::close(err_pipe[0]);
+    const StopSignals stop;
+    ::raise(sig);
+    if (StopSignalReceived() != sig) ::_exit(3);  // the first is only recorded
+    ::raise(sig);
+    ::_exit(4);  // not reached
+  }
+  ::close(err_pipe[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t n; (n = ::read(err_pipe[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  ::close(err_pipe[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO(err);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == sig);
+  CHECK(err.find(fmt::format("a second stop signal ({}): stopping at once", StopSignalName(sig))) != std::string::npos);
 }
 
 TEST_CASE("FileErrno: a full file system or quota is OutOfCapacity, other errors IoError") {

@@ -279,7 +279,9 @@ def test_a_full_pool_is_reported_as_such_and_does_not_fail_the_check(terrace, tm
     assert full["nvme_free_bytes"] < full["block_bytes_max"]
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("write-backs:"))
     assert f"{s['prefix_write_failures']} prefix-cache write-back(s) failed" in line, line
-    assert "the state pool's NVMe file is full" in line and "'terrace demo --fresh --state-nvme-size SIZE'" in line
+    # The command to run names this run's --dir and --preset, not the defaults' data and model.
+    assert "the state pool's NVMe file is full" in line, line
+    assert f"'terrace demo --dir {d} --preset k3-toy --fresh --state-nvme-size SIZE'" in line, line
     assert "the kv pool" not in line
     assert "differ" not in r.stdout + r.stderr and "NOT verified" not in r.stdout
 

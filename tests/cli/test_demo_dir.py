@@ -2,6 +2,7 @@
 running demo uses is refused at once (its lock is taken before the model is built), and the index
 folders `terrace store recover` sets aside in a demo's pool are Terrace's own (the demo runs with
 them, --fresh removes them)."""
+import json
 import re
 import time
 
@@ -123,3 +124,62 @@ def test_index_folders_store_recover_set_aside_are_the_demos_own(terrace, tmp_pa
     for pool in ("kv", "state"):
         left = sorted(p.name for p in (d / pool).iterdir())
         assert not [n for n in left if n.startswith("index.")], (pool, left)
+
+
+def test_fresh_removes_a_store_or_model_file_only_when_it_is_terraces(terrace, tmp_path):
+    """Inside the demo's marked DIR, a store folder without its marker (a run stopped between the
+    store's creation and its marker) counted as the demo's by file name alone, and the model folder's
+    files too: --fresh deleted a user's terrace.data or model.safetensors. Now the data file must be a
+    Terrace data file and model.safetensors a checkpoint Terrace wrote (with config.json beside it)."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    (d / "state" / "terrace-demo.marker").unlink()
+    (d / "state" / "terrace.data").write_text("".join(f"{i}\n" for i in range(1, 1001)))
+    before = snapshot(d)
+    for fresh in ([], ["--fresh"]):
+        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
+        assert "'state (a store without terrace-demo.marker)'" in r.stderr, r.stderr
+        assert snapshot(d) == before
+
+    d = tmp_path / "model"
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    (d / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    before = snapshot(d)
+    for fresh in ([], ["--fresh"]):
+        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
+        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
+        assert "'model/config.json (not beside a checkpoint Terrace wrote)'" in r.stderr, r.stderr
+        assert "'model/model.safetensors (not a checkpoint Terrace wrote)'" in r.stderr, r.stderr
+        assert snapshot(d) == before
+
+
+def test_a_rerun_marks_a_store_a_stopped_run_left_unmarked(terrace, tmp_path):
+    """A run stopped between a store's creation and its marker left the store unmarked, and it stayed
+    so after every later run: the next run that opens it marks it."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    (d / "experts" / "terrace-demo.marker").unlink()
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    assert (d / "experts" / "terrace-demo.marker").is_file()
+
+
+def test_a_run_that_reused_nothing_does_not_say_it_reused_the_last_runs_data(terrace, tmp_path):
+    """A --fresh stopped after removing the stores and the model leaves demo-run.json: the next run
+    built everything anew, yet said "reused the last run's data: 0 KV + 0 state blocks"."""
+    d = tmp_path / "data"
+    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
+    for pool in ("kv", "state", "experts"):
+        for f in sorted((d / pool).rglob("*"), reverse=True):
+            f.rmdir() if f.is_dir() else f.unlink()
+        (d / pool).rmdir()
+    for f in (d / "model").iterdir():
+        f.unlink()
+    (d / "model").rmdir()
+    r = terrace("demo", "--dir", d, *QUICK, "--json", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads((d / "demo-run.json").read_text())
+    assert j["reused_previous_run"] is False and j["model"]["reused"] is False
+    r = terrace("demo", "--dir", d, *QUICK, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "reused the last run's data: the model, the experts" in r.stdout, r.stdout

@@ -173,3 +173,19 @@ def test_trace_gen_writes_dev_stdout_as_standard_output(terrace):
     for name in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
         a = terrace("trace", "gen", "--requests", "3", "-o", name)
         assert a.returncode == 0 and a.stdout == b.stdout and a.stdout.count("\n") == 3, (name, a.stderr)
+
+
+def test_a_folder_without_config_json_is_not_a_model_and_a_demo_dir_points_at_its_model(terrace, tmp_path):
+    """--model given a demo's data directory (its model is in DIR/model) failed with "NotFound: cannot
+    open config file" (exit 1), naming no flag."""
+    demo = tmp_path / "terrace-data"
+    (demo / "model").mkdir(parents=True)
+    (demo / "model" / "config.json").write_text("{}")
+    for argv in (("model", "run", "--model", demo, "--tokens", "1"), ("model", "inspect", demo),
+                 ("bench", "experts", "--model", demo, "--dir", tmp_path / "b")):
+        refused(terrace(*argv), "no config.json in it", f"its folder 'model' holds one (a demo's data directory?): "
+                f"give {demo / 'model'}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(terrace("model", "run", "--model", empty, "--tokens", "1"), "--model", "no config.json in it",
+            "'terrace model init' wrote")
