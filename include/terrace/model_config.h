@@ -80,6 +80,8 @@ struct ModelConfig {
     for (int l = 0; l < num_hidden_layers; ++l) n += IsDenseLayer(l) ? 0 : 1;
     return n;
   }
+  // Whether any layer routes to experts: num_experts > 0 and at least one MoE layer.
+  bool HasRoutedExperts() const { return num_experts > 0 && NumMoeLayers() > 0; }
   int MlaCacheWidth() const { return kv_lora_rank + qk_rope_head_dim; }  // values per token per MLA layer
   int QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool HasLatentProjection() const { return routed_expert_hidden_size != hidden_size; }

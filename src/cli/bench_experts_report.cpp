@@ -362,21 +362,20 @@ void PrintText(const Run& run, const std::vector<TargetSummary>& summaries) {
   }
   for (const auto& r : run.results) {
     if (!r.IsMmap()) continue;
+    const auto bytes = [](std::uint64_t n) { return FormatBytes(static_cast<double>(n)); };
     fmt::print("{}{}: page cache held {:.1f}% of the checkpoint before the run and {:.1f}% when the timed decode started "
                "(after the prefill); experts' page-cache bytes after it (mincore) "
-               "{:.1f} MiB{}; peak charged {:.1f} MiB; {} evictions, {} over-budget loads, {:.1f} MiB of read-ahead spill "
+               "{}{}; peak charged {}; {} evictions, {} over-budget loads, {} of read-ahead spill "
                "dropped, {} failed drops; {:.1f} ms per token evicting and sweeping, {:.2f} tok/s without it\n",
                r.name, r.mmap_budget_bytes > 0 ? fmt::format(" at {:g}%", r.budget_fraction * 100) : "",
-               100 * r.mmap_cold_fraction_before, 100 * r.mmap_fraction_at_decode,
-               static_cast<double>(r.mmap_expert_bytes_after) / (1 << 20),
+               100 * r.mmap_cold_fraction_before, 100 * r.mmap_fraction_at_decode, bytes(r.mmap_expert_bytes_after),
                r.mmap_budget_bytes > 0
-                   ? fmt::format(", {:.1f} MiB once the read-ahead in flight had landed and was dropped (budget {:.1f} MiB: {})",
-                                 static_cast<double>(r.mmap_expert_bytes_settled) / (1 << 20),
-                                 static_cast<double>(r.mmap_budget_bytes) / (1 << 20),
+                   ? fmt::format(", {} once the read-ahead in flight had landed and was dropped (budget {}: {})",
+                                 bytes(r.mmap_expert_bytes_settled), bytes(r.mmap_budget_bytes),
                                  r.mmap_expert_bytes_settled <= r.mmap_budget_bytes ? "within" : "OVER")
                    : " (no budget)",
-               static_cast<double>(r.mmap_peak_charged_bytes) / (1 << 20), r.mmap_evictions, r.mmap_overcommits,
-               static_cast<double>(r.mmap_spill_dropped_bytes) / (1 << 20), r.mmap_drop_failures,
+               bytes(r.mmap_peak_charged_bytes), r.mmap_evictions, r.mmap_overcommits,
+               bytes(r.mmap_spill_dropped_bytes), r.mmap_drop_failures,
                r.mmap_drop_s_per_token * 1e3, r.mmap_tokens_per_s_without_drops);
   }
   for (const auto& r : run.results) {

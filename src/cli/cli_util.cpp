@@ -70,16 +70,6 @@ CLI::Validator NormalizedPath() {
 
 std::string FormatPercent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
-std::string FormatBytes(double bytes) {
-  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 4) {
-    bytes /= 1024;
-    ++i;
-  }
-  return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kNames[i]);
-}
-
 std::string StdoutErrorMessage(int err) {
   return fmt::format("cannot write standard output: {}", err != 0 ? std::strerror(err) : "an earlier write to it failed");
 }

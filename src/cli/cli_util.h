@@ -29,11 +29,9 @@ namespace terrace::cli {
 
 // Sizes are read by terrace::ParseSize (src/common/size_parse.h): "4096", "4KiB", "1MiB", "2GiB",
 // "1TiB" (binary), "4K"/"1M"/"2G" (binary too), "4KB"/"1MB"/"2GB" (decimal).
+using terrace::FormatBytes;  // "1.5 MiB", "512 B"
 using terrace::ParseSize;
 using terrace::Reworded;  // src/common/reworded.h
-
-// "1.5 MiB", "512 B".
-std::string FormatBytes(double bytes);
 
 // "cannot write standard output: <strerror(err)>" (err 0: the cause is no longer known): the one
 // wording of a failed write to standard output, whichever command and writer met it.

@@ -25,6 +25,7 @@
 #include "src/cli/owned_dirs.h"
 #include "src/cli/safe_files.h"
 #include "src/cli/stop_signals.h"
+#include "src/experts/mmap_experts.h"
 #include "src/model/ops.h"
 
 namespace terrace::cli {
@@ -196,19 +197,38 @@ int PrepareRun(const Args& a, bench_experts::Run* run, std::vector<experts::Cach
   *md = std::move(opened).value();
   run->a = a;
   run->config = (*md)->config();
-  if (run->config.num_experts <= 0) return FailUsage("--model: the model has no routed experts");
+  if (!run->config.HasRoutedExperts()) {
+    return FailUsage("--model: the model has no routed experts (num_experts is 0 or every layer is dense); bench "
+                     "experts needs a MoE model");
+  }
   if (Status s = CheckLayerFlags(a, run->config); !s.ok()) return FailUsage(s.message());
   for (int i = 0; i < a.prompt; ++i) run->prompt.push_back((i * 37 + 5) % run->config.vocab_size);
   run->regime = experts::BenchRegimeOf(run->config);
   run->total = run->regime.routed_expert_bytes;
   run->link.bandwidth_bytes_per_s = a.link_gbps * 1e9;
-  for (const experts::CacheBudget& b : *budgets) {  // before any row runs: every budget must hold an expert
-    if (b.Resolve(run->total) < run->regime.block_bytes)
+  // Before any row runs, every budget must hold one expert: a store block, and for the mmap row its
+  // largest expert's whole pages (below that every load of it overcommits the budget).
+  std::uint64_t mmap_span = 0;
+  if (std::find(wanted->begin(), wanted->end(), "mmap") != wanted->end()) {
+    auto probe = experts::MmapExpertProvider::Open(**md, {});
+    if (!probe.ok()) return Fail(probe.status().ToString());
+    mmap_span = (*probe)->max_expert_span_bytes();
+  }
+  const auto least_percent = [&](std::uint64_t bytes) {
+    return std::ceil(1e4 * static_cast<double>(bytes) / static_cast<double>(run->total)) / 100.0;
+  };
+  for (const experts::CacheBudget& b : *budgets) {
+    const std::uint64_t bytes = b.Resolve(run->total);
+    if (bytes < run->regime.block_bytes)
       return FailUsage(fmt::format("--budgets: {} of this model's routed experts ({} bytes) is {} bytes, smaller than one "
                                    "expert block ({} bytes); give at least {:.2f}%",
-                                   b.ToString(), run->total, b.Resolve(run->total), run->regime.block_bytes,
-                                   std::ceil(1e4 * static_cast<double>(run->regime.block_bytes) /
-                                             static_cast<double>(run->total)) / 100.0));
+                                   b.ToString(), run->total, bytes, run->regime.block_bytes,
+                                   least_percent(run->regime.block_bytes)));
+    if (bytes < mmap_span)
+      return FailUsage(fmt::format("--budgets: {} of this model's routed experts ({} bytes) is {} bytes, smaller than the "
+                                   "whole pages of its largest expert in the checkpoint ({} bytes), which the mmap row "
+                                   "must hold; give at least {:.2f}%, or leave mmap out of --configs",
+                                   b.ToString(), run->total, bytes, mmap_span, least_percent(mmap_span)));
   }
   return 0;
 }

@@ -81,6 +81,9 @@ int RunModel(const RunArgs& a) {
   // --threads and --max-new are range-checked by their options.
   if (a.tokens.empty()) return FailUsage("--tokens is empty; pass at least one token id, e.g. --tokens 1,2,3");
   if (Status s = CheckModelDirInput(a.model, "--model"); !s.ok()) return FailUsage(s.message());
+  if (a.force && a.dump_logits.empty() && a.experts.prometheus.empty())
+    return FailUsage("--force lets --dump-logits and --expert-prometheus replace a file, and neither is given; leave "
+                     "--force out");
   // The output files replace a file Terrace wrote, any file with --force, never the model's own files.
   const OutputRules out_rules{.format = OutputFormat::kSafetensors, .force = a.force,
                               .inputs = ModelDirInputs(a.model, "--model")};
@@ -295,7 +298,7 @@ int RunModel(const RunArgs& a) {
     j["threads"] = a.threads;
     if (ex->offload) j["experts"] = expert_json;
     if (cached) {
-      const nlohmann::json kv_json = KvReportJson(*cached, kv_stats);
+      const nlohmann::json kv_json = KvReportJson(*cached, kv_stats, kv_run->cache->layout());
       j.update(kv_json);
       j["state_reserve_s"] = kv_prepare.first;  // 0 with --no-reserve
       j["pools_open_s"] = kv_prepare.second;
@@ -331,7 +334,7 @@ int RunModel(const RunArgs& a) {
     fmt::print("decode: no decode steps (--max-new {})\n", a.max_new);
   }
   fmt::print("final logits: xxh3-64 {:016x}, first values [{}]\n", digest, fmt::join(head, ", "));
-  if (cached) fmt::print("{}", KvReportText(*cached, kv_stats));
+  if (cached) fmt::print("{}", KvReportText(*cached, kv_stats, kv_run->cache->layout()));
   fmt::print("{}", expert_text);
   std::vector<std::string> shares;
   for (int p = 0; p < kNumPhases; ++p)

@@ -65,7 +65,7 @@ void AddExpertFlags(CLI::App* cmd, ExpertRunArgs* a) {
 
 Status CheckExpertBudget(const experts::CacheBudget& budget, const std::string& text, const model::ModelConfig& config,
                          std::string_view flag) {
-  if (config.num_experts <= 0) return Status::Ok();  // the caller refuses the model
+  if (!config.HasRoutedExperts()) return Status::Ok();  // the caller refuses the model
   const experts::BenchRegime regime = experts::BenchRegimeOf(config);
   const std::uint64_t total = regime.routed_expert_bytes;
   const std::uint64_t bytes = budget.Resolve(total);
@@ -127,7 +127,10 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
     return Status::InvalidArgument(fmt::format("--expert-home: '{}' is not host or nvme", home));
   if (home == "nvme" && store_dir.empty())
     return Status::InvalidArgument("--expert-home nvme needs --store DIR (the experts go to DIR/experts)");
-  if (config.num_experts <= 0) return Status::InvalidArgument("--expert-cache: the model has no routed experts");
+  if (!config.HasRoutedExperts()) {
+    return Status::InvalidArgument(
+        "--expert-cache: the model has no routed experts (num_experts is 0 or every layer is dense); leave it out");
+  }
 
   const std::uint64_t total = experts::ExpertOffload::TotalExpertBytes(config);
   // With --expert-home host the experts live in host memory alone: the store has no NVMe tier, and
@@ -176,6 +179,7 @@ Result<ExpertRun> OpenExpertRun(const ExpertRunArgs& a, const std::string& store
   run.offload = std::move(off).value();
   run.predictor = *predictor;
   run.depth = a.depth;
+  run.nvme_home = home == "nvme";
   return run;
 }
 
@@ -183,10 +187,13 @@ Status WithExpertRemedy(const ExpertRun& run, const Status& s) {
   if (!run.offload || !(s.IsNotFound() || s.IsCorruption())) return s;
   std::string msg = s.message();
   // The library's remedy names its API; the CLI's replaces it.
-  if (auto at = msg.find(experts::kLostExpertRemedy); at != std::string::npos)
-    msg.erase(at, experts::kLostExpertRemedy.size());
-  msg += "; run terrace model run again with the same --model and --store: it reads back every expert block in the "
-         "store and stores the damaged or lost ones afresh from the model's weights";
+  const auto at = msg.find(experts::kLostExpertRemedy);
+  if (at == std::string::npos) return s;
+  msg.erase(at, experts::kLostExpertRemedy.size());
+  msg += run.nvme_home ? "; run terrace model run again with the same --model and --store: it reads back every expert "
+                         "block in the store and stores the damaged or lost ones afresh from the model's weights"
+                       : "; run terrace model run again: with the experts' home in host memory (--expert-home host) "
+                         "every run stores them afresh from --model's weights";
   return s.IsNotFound() ? Status::NotFound(std::move(msg)) : Status::Corruption(std::move(msg));
 }
 

@@ -40,6 +40,7 @@ struct ExpertRun {
   std::shared_ptr<experts::ExpertOffload> offload;  // null without --expert-cache
   experts::PredictorKind predictor = experts::PredictorKind::kNone;
   int depth = 2;
+  bool nvme_home = false;  // the experts' home copy is in --store's experts/ (--expert-home nvme)
 };
 
 // Checks the flags (usage errors name the flag: InvalidArgument; --expert-prometheus against
@@ -77,10 +78,10 @@ struct OracleRecording {
 Status StartExpertRun(ExpertRun* run, const model::Model& model, model::Session* session,
                       const std::vector<int>& prompt, int max_new, const OracleRecording& recording = {});
 
-// A forward pass's failure `s` with the CLI's remedy added when an expert block was lost from the
-// expert store (NotFound or Corruption while an expert cache runs), in place of the library's
-// (kLostExpertRemedy): running again with the same --model and --store stores the damaged or lost
-// experts afresh. Other failures unchanged.
+// A forward pass's failure `s` with the CLI's remedy in place of the library's when an expert block
+// was lost from the expert store (the library's kLostExpertRemedy is in it): running again with the
+// same --model (and --store, for an NVMe home) stores the damaged or lost experts afresh. Other
+// failures (a block that is not a valid expert, e.g. from damaged weights in --model) unchanged.
 Status WithExpertRemedy(const ExpertRun& run, const Status& s);
 
 // The report, every form from one snapshot (ExpertSnapshot: unset without an expert cache, and

@@ -293,6 +293,9 @@ std::optional<double> SavedEstimate(const kv::CachedPrefill& p) {
   return per_token * static_cast<double>(p.restored_tokens) - RestoreCost(p);
 }
 
+// Whether `spec` decodes to exactly what was encoded (f32, with or without a lossless stage).
+bool IsLossless(const codec::CodecSpec& spec) { return spec.kind == codec::CodecKind::kF32; }
+
 std::string SavedText(const kv::CachedPrefill& p) {
   const std::optional<double> saved = SavedEstimate(p);
   if (!saved) return fmt::format("saved: not estimated ({})", SavedUnestimatedReason(p));
@@ -302,8 +305,11 @@ std::string SavedText(const kv::CachedPrefill& p) {
 
 }  // namespace
 
-nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
+nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st, const kv::KvLayout& layout) {
   nlohmann::json j;
+  j["kv_codec"] = layout.kv_codec().Name();
+  j["state_codec"] = layout.state_codec().Name();
+  j["codecs_lossless"] = IsLossless(layout.kv_codec()) && IsLossless(layout.state_codec());
   j["restored_tokens"] = p.restored_tokens;
   j["computed_tokens"] = p.computed_tokens;
   j["joint_boundary"] = p.restore.boundary_tokens;
@@ -336,8 +342,17 @@ nlohmann::json KvReportJson(const kv::CachedPrefill& p, const kv::PrefixCacheSta
   return j;
 }
 
-std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st) {
+std::string KvReportText(const kv::CachedPrefill& p, const kv::PrefixCacheStats& st, const kv::KvLayout& layout) {
+  std::vector<std::string> lossy;
+  for (const auto& [what, spec] : {std::pair{"KV", &layout.kv_codec()}, std::pair{"state", &layout.state_codec()}})
+    if (!IsLossless(*spec)) lossy.push_back(fmt::format("{} {}", what, spec->Name()));
   std::string out = fmt::format(
+      "prefix cache: codecs KV {}, state {}{}\n", layout.kv_codec().Name(), layout.state_codec().Name(),
+      lossy.empty() ? std::string(" (lossless)")
+                    : fmt::format(" ({} lossy: restored tokens carry its rounding, so the logits can differ from a "
+                                  "run that computed them)",
+                                  fmt::join(lossy, " and ")));
+  out += fmt::format(
       "prefix cache: restored {} tokens (joint boundary {}), computed {}; read {} hbm, {} host, {} nvme in {:.4f} s "
       "({}{}, the forward pass waited {:.4f} s); {}\n",
       p.restored_tokens, p.restore.boundary_tokens, p.computed_tokens, FormatBytes(static_cast<double>(p.restore.bytes_read[0])),

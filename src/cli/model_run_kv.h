@@ -92,9 +92,11 @@ Result<KvRun> OpenKvRun(const KvRunArgs& args, const model::ModelConfig& config,
 // (InvalidArgument beginning with args.kv_nvme_flag or args.state_nvme_flag): a usage error.
 bool KvSizeFlagRefused(const KvRunArgs& args, const Status& status);
 
-// The JSON object / text lines the run reports about the cache (after the write-back finished).
-nlohmann::json KvReportJson(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
-std::string KvReportText(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats);
+// The JSON object / text lines the run reports about the cache (after the write-back finished),
+// naming `layout`'s codecs and saying which are lossy.
+nlohmann::json KvReportJson(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats,
+                            const kv::KvLayout& layout);
+std::string KvReportText(const kv::CachedPrefill& prefill, const kv::PrefixCacheStats& stats, const kv::KvLayout& layout);
 // "wrote N chunk and M state blocks (BYTES), F write failure(s); K chunk and L state blocks were
 // already stored": the write-back so far, blocks the pools already held counted apart from writes.
 std::string WriteBackText(const kv::PrefixCacheStats& stats);

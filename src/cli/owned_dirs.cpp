@@ -17,7 +17,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "src/cli/safe_files.h"
 #include "src/cli/remove_on_signal.h"
@@ -264,13 +263,9 @@ std::optional<std::string> StoreInUse(const fs::path& dir) {
     // an opener does: a killed process's lock outlives it briefly (its io_uring's teardown in the
     // kernel still holds the file), a running one's does not end.
     const bool held = nvme::LockDataArea(fd, LOCK_EX, kInUseWait) == EWOULDBLOCK;
-    std::vector<long> pids;
-    if (held) pids = nvme::FlockHolderPids(fd);
+    const std::string by = held ? nvme::FlockHolderText(fd) : std::string();
     ::close(fd);
     if (!held) continue;
-    const std::string by = pids.empty() ? "another process"
-                                        : fmt::format("{} ({} {})", pids.size() == 1 ? "another process" : "other processes",
-                                                      pids.size() == 1 ? "pid" : "pids", fmt::join(pids, ", "));
     return fmt::format("{} (it holds the lock on {})", by, file.string());
   }
   return std::nullopt;

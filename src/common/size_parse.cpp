@@ -51,4 +51,14 @@ Result<std::uint64_t> ParseSize(std::string_view text, std::string_view what) {
   return bad();
 }
 
+std::string FormatBytes(double bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) {
+    bytes /= 1024;
+    ++i;
+  }
+  return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kNames[i]);
+}
+
 }  // namespace terrace

@@ -177,7 +177,10 @@ Result<std::shared_ptr<ExpertOffload>> ExpertOffload::Create(const model::ModelC
         hbm.name));
   }
   TERRACE_RETURN_IF_ERROR(options.budget.Check().WithContext("expert offload"));
-  if (config.num_experts <= 0) return Status::InvalidArgument("expert offload: the model has no routed experts");
+  if (!config.HasRoutedExperts()) {
+    return Status::InvalidArgument(
+        "expert offload: the model has no routed experts (num_experts is 0 or every layer is dense)");
+  }
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   MutexLock lock(&m.mu);  // uncontended (nothing else sees m yet): for the lock rule's checker

@@ -284,6 +284,17 @@ std::uint64_t MmapExpertProvider::expert_page_bytes() const {
   return n * page_;
 }
 
+std::uint64_t MmapExpertProvider::max_expert_span_bytes() const {
+  std::uint64_t most = 0;
+  for (const Expert& x : experts_) {
+    std::uint64_t pages = 0;
+    for (const Range& r : x.ranges)
+      for (std::uint64_t pg = r.first; pg < r.last; ++pg) pages += shards_[r.shard].refs[pg] != kPinned ? 1 : 0;
+    most = std::max(most, pages);
+  }
+  return most * page_;
+}
+
 bool MmapExpertProvider::Settle(int timeout_ms, int quiet_ms) {
   if (budget_ == 0) return true;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

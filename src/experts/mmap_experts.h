@@ -27,7 +27,9 @@ struct MmapExpertStats {
   std::uint64_t hits = 0;       // acquires of a charged expert
   std::uint64_t evictions = 0;  // experts whose pages were dropped to make room
   std::uint64_t charged_bytes = 0, peak_charged_bytes = 0;  // whole pages of the charged experts
-  std::uint64_t overcommits = 0;     // loads that exceeded the budget because every charged expert was leased
+  // Loads that left charged bytes over the budget: every other charged expert was leased, or the
+  // expert's own pages exceed the budget (max_expert_span_bytes).
+  std::uint64_t overcommits = 0;
   std::uint64_t spill_dropped_bytes = 0;  // read-ahead pages outside any charged expert, dropped after a load
   std::uint64_t drop_failures = 0;        // madvise / posix_fadvise calls that failed
   // Forward-thread time spent evicting and sweeping (mincore, madvise, posix_fadvise): the work a
@@ -55,6 +57,9 @@ class MmapExpertProvider final : public model::ExpertProvider {
   std::uint64_t budget_bytes() const { return budget_; }
   // Whole pages covering every routed expert's tensors (what an unbounded run can end up holding).
   std::uint64_t expert_page_bytes() const;
+  // The chargeable pages (whole pages, less those shared with non-expert tensors) of the largest
+  // single expert: a budget below this overcommits on every load of that expert.
+  std::uint64_t max_expert_span_bytes() const;
   // mincore() over the pages of every routed expert: bytes of them now in the page cache.
   Result<std::uint64_t> ResidentExpertBytes() const;
   // Budgeted only: drops every expert page in the page cache that no charged expert covers (the

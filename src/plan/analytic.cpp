@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "src/common/size_parse.h"
 #include "src/model/mxfp4.h"
 #include "src/model/names.h"
 #include "src/model/weights_init.h"
@@ -53,11 +54,6 @@ std::vector<double> ZipfWeights(int experts, double s) {
 constexpr std::uint64_t kMaxContextTokens = 1ull << 24;
 
 double Gib(std::uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(1ull << 30); }
-// "1.5 GiB", or "3.0 MiB" under 1 GiB.
-std::string SizeText(std::uint64_t bytes) {
-  return bytes >= (1ull << 30) ? fmt::format("{:.1f} GiB", Gib(bytes))
-                               : fmt::format("{:.1f} MiB", static_cast<double>(bytes) / static_cast<double>(1ull << 20));
-}
 
 Status CheckWorkload(const PlanOptions& o) {
   const Workload& w = o.workload;
@@ -346,7 +342,7 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
                                        by_comp[static_cast<std::size_t>(c)]);
   }
   wp.resident_bytes = wp.total_bytes - wp.routed_expert_bytes;
-  wp.moe_layers = config.num_experts == 0 ? 0 : config.NumMoeLayers();
+  wp.moe_layers = config.HasRoutedExperts() ? config.NumMoeLayers() : 0;
   wp.experts_per_layer = config.num_experts;
   wp.experts_per_token = config.num_experts_per_token;
   wp.active_params_per_token =
@@ -536,13 +532,13 @@ Result<Plan> MakePlan(const model::ModelConfig& config, std::string model_name, 
     const std::uint64_t spill = wp.routed_expert_bytes - h.other_bytes;
     warn.push_back(fmt::format("the host tier's {} is filled by the routed experts ({}{}), and no room is left for KV; "
                                "raise host_bytes (--hardware)",
-                               SizeText(h.capacity_bytes), SizeText(wp.routed_expert_bytes),
-                               spill > 0 ? fmt::format("; {} of them read from NVMe", SizeText(spill)) : ""));
+                               FormatBytes(h.capacity_bytes), FormatBytes(wp.routed_expert_bytes),
+                               spill > 0 ? fmt::format("; {} of them read from NVMe", FormatBytes(spill)) : ""));
   }
   if (const TierPlan& n = plan.tiers[2]; n.other_bytes > n.capacity_bytes) {
     warn.push_back(fmt::format("the nvme tier's {} cannot hold the {} ({}), and no room is left for KV; raise "
                                "nvme_bytes (--hardware)",
-                               SizeText(n.capacity_bytes), n.holds, SizeText(n.other_bytes)));
+                               FormatBytes(n.capacity_bytes), n.holds, FormatBytes(n.other_bytes)));
   }
   for (const BandwidthLine& b : plan.bandwidth) {
     if (b.utilisation() > 1.0) {

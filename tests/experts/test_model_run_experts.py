@@ -234,6 +234,7 @@ def test_prometheus_json_and_text_are_one_snapshot(toy, tmp_path):
      "use --predictor oracle, or another --expert-policy (lru, lfu or utility)"),
     (["--expert-cache", "25%", "--expert-home", "nvme"], "--store"),
     (["--expert-home", "host"], "--expert-cache"),
+    (["--force"], "leave --force out"),  # --force with no output file to replace did nothing
 ])
 def test_flag_errors_exit_2(toy, flags, needle):
     p = run(toy, *flags, expect=2)
@@ -622,3 +623,70 @@ def test_model_run_json_has_no_decode_rate_without_decode_steps(toy):
     j = json.loads(p.stdout)
     assert j["decode_tokens_per_s"] is None and j["prefill_tokens_per_s"] > 0, j
     assert run_json(toy)["decode_tokens_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def dense(toy, tmp_path_factory):
+    """The toy's config with every layer dense: num_experts > 0, but no layer routes to an expert."""
+    d = tmp_path_factory.mktemp("dense")
+    config = json.loads((toy / "config.json").read_text())
+    config["first_k_dense_replace"] = config["num_hidden_layers"]
+    (d / "config.json").write_text(json.dumps(config))
+    p = subprocess.run([BIN, "model", "init", "--config", str(d / "config.json"), "--out", str(d / "m"),
+                        "--routing-tokens", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return d / "m"
+
+
+def test_a_model_whose_layers_are_all_dense_refuses_expert_offload(dense, tmp_path):
+    """Such a model passed the num_experts check: model run --expert-cache reported a cache of 0 bytes
+    and a hit rate of 0/0, and bench experts died of a division by zero."""
+    p = run(dense, "--expert-cache", "25%", expect=2)
+    assert "--expert-cache: the model has no routed experts" in p.stderr, p.stderr
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(dense), "--dir", str(tmp_path / "b"), "--prompt", "2",
+                        "--decode", "2"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--model: the model has no routed experts" in p.stderr, p.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_damaged_weights_in_the_model_are_not_blamed_on_the_store(toy, tmp_path):
+    """An expert block made from weights with NaN MXFP4 scales is the model's fault: the store remedy
+    (run again with the same --store, which was not even given) was added to it."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in toy.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    damaged = 0
+    for shard in bad.glob("*.safetensors"):
+        raw = bytearray(shard.read_bytes())
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        for name, t in header.items():
+            if name != "__metadata__" and ".experts." in name and name.endswith("w2.weight_scale"):
+                start = 8 + n + t["data_offsets"][0]
+                raw[start:start + 4] = b"\xff" * 4  # E8M0 255 is NaN
+                damaged += 1
+        shard.write_bytes(bytes(raw))
+    assert damaged > 0
+    p = run(bad, "--expert-cache", "25%", expect=1)
+    assert "the weights are damaged" in p.stderr, p.stderr
+    assert "--store" not in p.stderr and "run again" not in p.stderr, p.stderr
+
+
+def test_bench_experts_refuses_an_mmap_budget_below_one_experts_pages(toy, tmp_path):
+    """The mmap row charges whole pages: a budget that holds one store block but not the largest
+    expert's pages overcommitted on every load, where the docs said charged bytes never exceed it."""
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "b"), "--budgets",
+                        "0.9%", "--configs", "on-demand,mmap"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "which the mmap row must hold" in p.stderr and "leave mmap out of --configs" in p.stderr, p.stderr
+    least = float(re.search(r"give at least ([0-9.]+)%", p.stderr).group(1))
+    p = subprocess.run([BIN, "bench", "experts", "--model", str(toy), "--dir", str(tmp_path / "c"), "--budgets",
+                        f"{least}%", "--configs", "on-demand,mmap", "--prompt", "4", "--decode", "4", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [r for r in json.loads(p.stdout)["configs"] if r["name"] == "mmap"]
+    assert rows, p.stdout
+    for r in rows:  # over the budget only by a counted over-budget load
+        assert r["mmap_peak_charged_bytes"] <= r["mmap_budget_bytes"] or r["mmap_overcommits"] > 0, r

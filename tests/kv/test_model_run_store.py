@@ -372,3 +372,20 @@ def test_verify_kv_orders_codecs(toy):
     p = subprocess.run([BIN, "verify", "kv", "--model", str(toy), "--context", "100", "--chunk-tokens", "32"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--context" in p.stderr
+
+
+def test_the_codecs_are_named_and_a_lossy_one_is_said_to_be(toy, tmp_path):
+    """The default KV codec (bf16) rounds what it stores, so a restored run's logits differ from a
+    computed one's; the output named neither the codecs nor that."""
+    j = run_json(toy, tmp_path / "f32")
+    assert (j["kv_codec"], j["state_codec"], j["codecs_lossless"]) == ("f32", "f32", True)
+    assert "prefix cache: codecs KV f32, state f32 (lossless)" in run(toy, tmp_path / "f32").stdout
+    j = run_json(toy, tmp_path / "lz4", "--kv-codec", "f32+lz4")
+    assert (j["kv_codec"], j["codecs_lossless"]) == ("f32+lz4", True)
+    for flags, lossy in ((("--kv-codec", "bf16"), "KV bf16"), (("--state-codec", "bf16"), "state bf16"),
+                         (("--kv-codec", "int4-g32", "--state-codec", "fp8"), "KV int4-g32 and state fp8")):
+        store = tmp_path / "-".join(flags).replace("--", "")
+        j = run_json(toy, store, *flags)
+        assert j["codecs_lossless"] is False, flags
+        text = run(toy, store, *flags).stdout
+        assert f"({lossy} lossy: restored tokens carry its rounding" in text, text

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -534,6 +535,36 @@ TEST_CASE("nvme durability: one writer per data area", "[nvme][durability]") {
     REQUIRE(r2.ok());
     CHECK(NvmeTier::ScanDataFile(o, {}).ok());
     CHECK(NvmeTier::Open(o).status().code() == Code::kUnavailable);
+    // A reader in another process as well: both holders are named, this process apart from it.
+    int ready[2], done[2];
+    REQUIRE(::pipe(ready) == 0);
+    REQUIRE(::pipe(done) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // async-signal-safe calls only: the parent has threads
+      ::close(ready[0]);
+      ::close(done[1]);  // else the read below never sees the parent's close
+      const int fd = ::open((dir.path() / "terrace.data").c_str(), O_RDONLY | O_CLOEXEC);
+      const char c = (fd >= 0 && ::flock(fd, LOCK_SH) == 0) ? 'y' : 'n';
+      (void)!::write(ready[1], &c, 1);
+      char wait_for;
+      (void)!::read(done[0], &wait_for, 1);
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    ::close(done[0]);
+    char locked = 0;
+    REQUIRE(::read(ready[0], &locked, 1) == 1);
+    const Status both = NvmeTier::Open(o).status();
+    ::close(done[1]);  // the child exits
+    ::close(ready[0]);
+    int wstatus = 0;
+    ::waitpid(child, &wstatus, 0);
+    REQUIRE(locked == 'y');
+    INFO(both.ToString());
+    CHECK(both.code() == Code::kUnavailable);
+    CHECK(both.message().find(fmt::format("another process (pid {}) and this process (pid {}", child, ::getpid())) !=
+          std::string::npos);
     REQUIRE(CheckTestBlock(**r1, 1).ok());
     REQUIRE(CheckTestBlock(**r2, 1).ok());
   }

@@ -1180,10 +1180,15 @@ std::vector<long> FlockHolderPids(int fd) {
 }
 
 namespace {
-std::string HolderText(const std::vector<long>& pids) {
-  return pids.empty()       ? std::string("another process")
-         : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
-                            : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+std::string HolderText(std::vector<long> pids) {
+  const long self = ::getpid();
+  const bool mine = std::erase(pids, self) > 0;
+  const std::string others = pids.empty()       ? std::string()
+                             : pids.size() == 1 ? fmt::format("another process (pid {})", pids[0])
+                                                : fmt::format("other processes (pids {})", fmt::join(pids, ", "));
+  if (!mine) return others.empty() ? std::string("another process") : others;
+  const std::string me = fmt::format("this process (pid {}: another Store or tier_list entry)", self);
+  return others.empty() ? me : others + " and " + me;
 }
 }  // namespace
 
