@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <chrono>
 #include <cerrno>
@@ -99,7 +100,25 @@ struct DemoArgs {
 std::string RerunCommand(const DemoArgs& a, std::string_view extra = "") {
   const DemoArgs defaults;
   std::string cmd = "terrace demo";
-  if (a.dir != defaults.dir) cmd += " --dir " + a.dir;
+  if (a.dir != defaults.dir) {
+    // As a shell reads it: in double quotes unless every character is plain, and as --dir=DIR when
+    // it starts with '-' (CLI11 would take it for a flag).
+    const bool plain = !a.dir.empty() && std::all_of(a.dir.begin(), a.dir.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("/._-+,:@%").find(c) != std::string_view::npos;
+    });
+    std::string dir;
+    if (plain) {
+      dir = a.dir;
+    } else {
+      dir = "\"";
+      for (char c : a.dir) {
+        if (c == '"' || c == '\\' || c == '$' || c == '`') dir += '\\';
+        dir += c;
+      }
+      dir += '"';
+    }
+    cmd += (!a.dir.empty() && a.dir.front() == '-' ? " --dir=" : " --dir ") + dir;
+  }
   if (a.preset != defaults.preset) cmd += " --preset " + a.preset;
   if (a.seed != defaults.seed) cmd += fmt::format(" --seed {}", a.seed);
   if (!extra.empty()) cmd += fmt::format(" {}", extra);

@@ -50,7 +50,8 @@ void ForeignInModelDir(const fs::path& dir, std::vector<std::string>* foreign, b
     if (!IsModelFile(name, partial) || !IsKind(e.path(), S_IFREG)) {
       foreign->push_back(folder + "/" + name);
     } else if (!partial && name == "model.safetensors" && !checkpoint) {
-      foreign->push_back(folder + "/" + name + " (not a checkpoint Terrace wrote)");
+      foreign->push_back(folder + "/" + name + " (not a checkpoint Terrace wrote; if it is the demo's, damaged, "
+                         "delete the folder " + folder + " yourself and run again)");
     } else if (!partial && name == "config.json" && !checkpoint) {
       foreign->push_back(folder + "/" + name + " (not beside a checkpoint Terrace wrote)");
     }

@@ -62,6 +62,18 @@ def snapshot(root):
     return out
 
 
+def assert_demo_refuses(terrace, d, args, *needles):
+    """`terrace demo --dir d ARGS`, with and without --fresh, exits 2 with every needle in its stderr
+    and changes nothing under d."""
+    before = snapshot(d)
+    for fresh in ([], ["--fresh"]):
+        r = terrace("demo", "--dir", d, *args, *fresh, timeout=300)
+        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
+        for needle in needles:
+            assert needle in r.stderr, (needle, r.stderr)
+        assert snapshot(d) == before, fresh
+
+
 def user_folder(path):
     """A folder of someone's files that Terrace must never touch."""
     path.mkdir(parents=True, exist_ok=True)

@@ -792,13 +792,14 @@ def test_an_output_file_never_removes_a_file_with_its_temporary_name(terrace, tm
     assert (tmp_path / "out.jsonl").stat().st_size > 0
 
 
-def test_demo_accepts_and_fresh_removes_a_store_a_stopped_run_left_unmarked(terrace, tmp_path):
+def test_demo_accepts_marks_and_fresh_removes_a_store_a_stopped_run_left_unmarked(terrace, tmp_path):
     d = tmp_path / "store"
     terrace("demo", "--dir", d, *DEMO, check=True)
     # A run stopped between a store's creation and its marker leaves it like this.
     (d / "experts" / "terrace-demo.marker").unlink()
-    terrace("demo", "--dir", d, *DEMO, check=True)  # reused as the demo's
-    assert not (d / "experts" / "terrace-demo.marker").exists()
+    terrace("demo", "--dir", d, *DEMO, check=True)  # reused as the demo's, and marked now (it stayed unmarked)
+    assert (d / "experts" / "terrace-demo.marker").exists()
+    (d / "experts" / "terrace-demo.marker").unlink()
     r = terrace("demo", "--fresh", "--dir", d, *DEMO, check=True)
     assert "removed the demo's data" in r.stderr
     assert (d / "experts" / "terrace-demo.marker").exists()  # made anew, marked

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from conftest import snapshot
+from conftest import assert_demo_refuses
 
 SMALL = ["--preset", "k3-toy", "--conversations", "2", "--turns", "2", "--system-tokens", "80",
          "--user-tokens", "16", "--new-tokens", "3", "--kv-nvme-size", "8MiB", "--state-nvme-size", "16MiB"]
@@ -201,12 +201,7 @@ def test_the_demo_neither_replaces_nor_removes_a_report_or_figures_it_did_not_wr
     for name, foreign in (("report.html", "<!DOCTYPE html>\n<html>my notes</html>\n"),
                           ("demo-run.json", '{"my": "own data"}\n'), ("demo-run.json", json.dumps(older, indent=1))):
         (d / name).write_text(foreign)
-        before = snapshot(d)
-        for fresh in ([], ["--fresh"]):
-            r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-            assert r.returncode == 2, (name, fresh, r.stdout, r.stderr)
-            assert f"'{name} (it " in r.stderr and "generator" in r.stderr and "move it out" in r.stderr, r.stderr
-            assert snapshot(d) == before, (name, fresh)
+        assert_demo_refuses(terrace, d, QUICK, f"'{name} (it ", "generator", "move it out")
         (d / name).write_bytes(own[name])
     r = terrace("demo", "--dir", d, *QUICK, "--json", timeout=300, check=True)
     assert r.stdout.startswith('{"generator":"terrace",') and json.loads(r.stdout) == json.loads((d / "demo-run.json").read_text())
@@ -309,12 +304,7 @@ def test_a_store_left_half_created_or_half_removed_is_the_demos_own(terrace, tmp
             assert f"removing what a stopped run left in '{d / store}'" in r.stderr, r.stderr
         assert (d / store / "terrace.data").is_file() and (d / store / "terrace-demo.marker").is_file()
     (d / "state" / "terrace.data").write_bytes(b"not a store" * 1000)
-    before = snapshot(d)
-    for fresh in ([], ["--fresh"]):
-        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
-        assert "'state/terrace.data (not a Terrace data file)'" in r.stderr, r.stderr
-        assert snapshot(d) == before
+    assert_demo_refuses(terrace, d, QUICK, "'state/terrace.data (not a Terrace data file)'")
 
 
 def test_a_pool_that_does_not_open_is_named_in_the_demos_flags(terrace, tmp_path):
@@ -326,7 +316,7 @@ def test_a_pool_that_does_not_open_is_named_in_the_demos_flags(terrace, tmp_path
     assert r.returncode == 1, r.stdout + r.stderr
     err = r.stderr
     assert "--store" not in err, err
-    assert f"terrace demo --dir {d} --fresh" in err, err
+    assert f"terrace demo --dir {d} --preset k3-toy --fresh" in err, err
 
 
 def test_figures_the_run_did_not_measure_are_null_and_na_not_zero(terrace, tmp_path):

@@ -4,9 +4,10 @@ folders `terrace store recover` sets aside in a demo's pool are Terrace's own (t
 them, --fresh removes them)."""
 import json
 import re
+import subprocess
 import time
 
-from conftest import snapshot
+from conftest import assert_demo_refuses
 
 QUICK = ["--preset", "k3-toy", "--conversations", "1", "--turns", "1", "--system-tokens", "8", "--user-tokens", "4",
          "--new-tokens", "1", "--kv-nvme-size", "4MiB", "--state-nvme-size", "4MiB"]
@@ -89,12 +90,7 @@ def test_index_folders_store_recover_set_aside_are_the_demos_own(terrace, tmp_pa
     # A foreign file in the set-aside folder makes it not Terrace's.
     name = aside.split("/")[-1]
     (d / "kv" / name / "notes.txt").write_text("mine\n")
-    before = snapshot(d)
-    for fresh in ([], ["--fresh"]):
-        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
-        assert f"kv/{name}/notes.txt" in r.stderr, r.stderr
-        assert snapshot(d) == before
+    assert_demo_refuses(terrace, d, QUICK, f"kv/{name}/notes.txt")
     (d / "kv" / name / "notes.txt").unlink()
 
     # A user's folder named like one but not by recover (or holding no index database of Terrace's),
@@ -105,12 +101,7 @@ def test_index_folders_store_recover_set_aside_are_the_demos_own(terrace, tmp_pa
         (d / "kv" / mine).mkdir()
         for f in files:
             (d / "kv" / mine / f).write_text("my precious notes\n")
-        before = snapshot(d)
-        for fresh in ([], ["--fresh"]):
-            r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-            assert r.returncode == 2, (mine, fresh, r.stdout, r.stderr)
-            assert f"kv/{mine}" in r.stderr, r.stderr
-            assert snapshot(d) == before
+        assert_demo_refuses(terrace, d, QUICK, f"kv/{mine}")
         for f in files:
             (d / "kv" / mine / f).unlink()
         (d / "kv" / mine).rmdir()
@@ -135,33 +126,14 @@ def test_fresh_removes_a_store_or_model_file_only_when_it_is_terraces(terrace, t
     terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
     (d / "state" / "terrace-demo.marker").unlink()
     (d / "state" / "terrace.data").write_text("".join(f"{i}\n" for i in range(1, 1001)))
-    before = snapshot(d)
-    for fresh in ([], ["--fresh"]):
-        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
-        assert "'state (a store without terrace-demo.marker)'" in r.stderr, r.stderr
-        assert snapshot(d) == before
+    assert_demo_refuses(terrace, d, QUICK, "'state (a store without terrace-demo.marker)'")
 
     d = tmp_path / "model"
     terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
     (d / "model" / "model.safetensors").write_bytes(bytes(range(256)) * 64)
-    before = snapshot(d)
-    for fresh in ([], ["--fresh"]):
-        r = terrace("demo", "--dir", d, *QUICK, *fresh, timeout=300)
-        assert r.returncode == 2, (fresh, r.stdout, r.stderr)
-        assert "'model/config.json (not beside a checkpoint Terrace wrote)'" in r.stderr, r.stderr
-        assert "'model/model.safetensors (not a checkpoint Terrace wrote)'" in r.stderr, r.stderr
-        assert snapshot(d) == before
-
-
-def test_a_rerun_marks_a_store_a_stopped_run_left_unmarked(terrace, tmp_path):
-    """A run stopped between a store's creation and its marker left the store unmarked, and it stayed
-    so after every later run: the next run that opens it marks it."""
-    d = tmp_path / "data"
-    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
-    (d / "experts" / "terrace-demo.marker").unlink()
-    terrace("demo", "--dir", d, *QUICK, check=True, timeout=300)
-    assert (d / "experts" / "terrace-demo.marker").is_file()
+    assert_demo_refuses(terrace, d, QUICK, "'model/config.json (not beside a checkpoint Terrace wrote)'",
+                        "'model/model.safetensors (not a checkpoint Terrace wrote; if it is the demo's, damaged, "
+                        "delete the folder model yourself and run again)'")
 
 
 def test_a_run_that_reused_nothing_does_not_say_it_reused_the_last_runs_data(terrace, tmp_path):
@@ -183,3 +155,16 @@ def test_a_run_that_reused_nothing_does_not_say_it_reused_the_last_runs_data(ter
     r = terrace("demo", "--dir", d, *QUICK, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "reused the last run's data: the model, the experts" in r.stdout, r.stdout
+
+
+def test_the_rerun_command_the_demo_prints_parses_back_to_its_dir_and_model(terrace, tmp_path):
+    """The command printed to run again names --dir (quoted as a shell reads it), --preset and --seed
+    where they are not the defaults: it said 'terrace demo', which reruns on ./terrace-data."""
+    d = tmp_path / 'my "data" $HOME'
+    r = terrace("demo", "--dir", d, *QUICK, "--seed", "7", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"^run '(.*)' again to reuse this data", r.stdout, re.M)
+    assert m, r.stdout
+    words = subprocess.run(["bash", "-c", f'set -- {m.group(1)}; printf "%s\\0" "$@"'], capture_output=True, text=True,
+                           check=True, timeout=30).stdout.split("\0")[:-1]  # as a shell reads it
+    assert words == ["terrace", "demo", "--dir", str(d), "--preset", "k3-toy", "--seed", "7"]

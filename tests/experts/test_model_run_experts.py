@@ -688,5 +688,5 @@ def test_bench_experts_refuses_an_mmap_budget_below_one_experts_pages(toy, tmp_p
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [r for r in json.loads(p.stdout)["configs"] if r["name"] == "mmap"]
     assert rows, p.stdout
-    for r in rows:  # over the budget only by a counted over-budget load
-        assert r["mmap_peak_charged_bytes"] <= r["mmap_budget_bytes"] or r["mmap_overcommits"] > 0, r
+    for r in rows:  # the forward pass leases one expert at a time: at this budget one always fits
+        assert r["mmap_peak_charged_bytes"] <= r["mmap_budget_bytes"] and r["mmap_overcommits"] == 0, r
