@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -28,11 +30,18 @@
 #include "src/common/clock.h"
 #include "src/common/median.h"
 #include "src/model/session.h"
+#include "terrace/codec.h"
 #include "terrace/keys.h"
 #include "tiers/nvme/format.h"
 
 namespace terrace::cli::bench_kv {
 namespace {
+
+// Whether the codec `name` (CodecSpec::Parse's; a lossless stage allowed) stores f32 exactly.
+bool IsF32(const std::string& name) {
+  const auto spec = codec::CodecSpec::Parse(name);
+  return spec.ok() && spec->kind == codec::CodecKind::kF32;
+}
 
 // A raw read's rate, MB/s (0: nothing to read), the bytes one pass of it read, and how the files'
 // written data was found (WrittenRanges::how; null when no file was read).
@@ -420,6 +429,16 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   const kv::CachedPrefill* r2 = &*first.r2;
   const kv::CachedPrefill* ru = &*first.ru;
   const kv::CachedPrefill* rw = &*first.rw;
+  // TERRACE_TEST_BENCH_KV_SKEW (tests only): "warm" moves one logit of the first warm restore,
+  // "recompute" one of the recompute's compared logits, so that the checks below fail.
+  if (const char* skew = std::getenv("TERRACE_TEST_BENCH_KV_SKEW")) {
+    const std::size_t at = static_cast<std::size_t>(r2->restored_tokens) * static_cast<std::size_t>(config.vocab_size);
+    std::vector<float>* v = std::string_view(skew) == "warm"        ? &rounds.front().rw->logits.data
+                            : std::string_view(skew) == "recompute" ? &r3->logits.data
+                                                                    : nullptr;
+    const std::size_t i = v == &r3->logits.data ? at : 0;
+    if (v && i < v->size()) (*v)[i] = std::nextafter((*v)[i], INFINITY);
+  }
   bool unprepared_equal = true, warm_equal = true, prepared_equal = true;
   int warm_fallbacks = 0, fallbacks = 0;
   for (const Round& r : rounds) {
@@ -505,6 +524,34 @@ Result<nlohmann::json> RunPrefixRow(const RowContext& ctx, int prefix_tokens, Ti
   *all_read += read;
   *all_written += written;
   row["logits_max_rel_err_vs_recompute"] = den > 0 ? num / den : 0.0;
+  // The checks that must hold (docs/prefix-cache.md, "terrace bench kv"): every restore of the same
+  // blocks gives the same logits, bitwise, whatever the codec; with f32 KV and state codecs (a
+  // lossless stage changes nothing) the restored run's logits are the recompute's, bitwise.
+  // Lossy codecs differ from the recompute by design. A failed check is named here and makes the
+  // command exit 1 after its output.
+  const bool lossless = IsF32(kv.kv_codec) && IsF32(kv.state_codec);
+  row["lossless_codecs"] = lossless;
+  nlohmann::json failed = nlohmann::json::array();
+  if (!warm_equal) failed.push_back("warm_logits_bitwise_equal");
+  if (!unprepared_equal) failed.push_back("cold_unprepared_logits_bitwise_equal");
+  if (!prepared_equal) failed.push_back("prepared_logits_bitwise_equal_across_rounds");
+  if (lossless && num != 0) failed.push_back("logits_max_rel_err_vs_recompute");
+  row["failed_checks"] = std::move(failed);
+  // Turn 1's block writes that failed (a pool's tiers full): the blocks after the first failure
+  // are missing, so turn 2 restores fewer tokens than the prefix's full chunks
+  // (restorable_tokens). The row is kept: it measures the restore of restored_tokens, and the
+  // warning, the text's `!` and the report say so.
+  const std::int64_t chunk = run.cache->layout().chunk_tokens();
+  row["write_failures"] = cache_written.write_failures;
+  row["restorable_tokens"] = static_cast<std::int64_t>(P) / chunk * chunk;
+  if (cache_written.write_failures > 0 && r2->restored_tokens < static_cast<std::int64_t>(P) / chunk * chunk)
+    fmt::print(stderr,
+               "terrace bench kv: warning: prefix {} tokens: {} of turn 1's block writes failed (a pool's tiers are "
+               "full), so turn 2 restored only {} of the prefix's {} tokens in full chunks: this row measures a "
+               "{}-token restore, not {}; raise --store-nvme-size / --state-nvme-size (and --store-host-size / "
+               "--state-host-size) so the prefix fits\n",
+               P, cache_written.write_failures, r2->restored_tokens, static_cast<std::int64_t>(P) / chunk * chunk,
+               r2->restored_tokens, P);
   run.cache.reset();
   run = KvRun{};
   if (!RemovePools(dir, *ctx.pools_made, false))

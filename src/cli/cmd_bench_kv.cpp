@@ -292,6 +292,15 @@ Result<nlohmann::json> RunMultiTurn(const BenchKvArgs& a, const KvRunArgs& kv, c
   return j;
 }
 
+// "bf16" for "bf16+zstd": a codec name without its lossless stage.
+std::string BaseCodec(const std::string& name) { return name.substr(0, name.find('+')); }
+
+// Whether a prefix row restored fewer tokens than its full chunks because turn 1's writes failed.
+bool ShortRestore(const nlohmann::json& r) {
+  return r["write_failures"].get<std::uint64_t>() > 0 &&
+         r["restored_tokens"].get<std::int64_t>() < r["restorable_tokens"].get<std::int64_t>();
+}
+
 // The text report of RunBenchKv's object `j`.
 void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   const nlohmann::json& rows = j["rows"];
@@ -300,14 +309,18 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
                "prefix", "restored", "ttft restore s", "ttft recompute s", "speedup", "prepare s", "restore MB/s",
                "tier read MB/s", "unprepared MB/s", "unprep tier MB/s", "warm restore MB/s", "warm tier MB/s",
                "alone MB/s", "alone tier MB/s");
-  bool any_turn1 = false;
+  bool any_turn1 = false, any_short = false;
   for (const auto& r : rows) {
     const double tr = r["ttft_restore_s"], tc = r["ttft_recompute_s"];
     const bool turn1 = r["recompute_in_turn1"].get<bool>();
     any_turn1 = any_turn1 || turn1;
+    const bool short_restore = ShortRestore(r);
+    any_short = any_short || short_restore;
     fmt::print("{:>8} {:>9} {:>14.4f} {:>15.4f}{} {:>11.1f}x {:>10.4f} {:>16.1f} {:>16.1f} {:>18.1f} {:>16.1f} {:>16.1f} {:>16.1f} "
                "{:>12.1f} {:>15.1f}\n",
-               r["prefix_tokens"].get<int>(), r["restored_tokens"].get<std::int64_t>(), tr, tc, turn1 ? "*" : " ", tc / tr,
+               r["prefix_tokens"].get<int>(),
+               fmt::format("{}{}", r["restored_tokens"].get<std::int64_t>(), short_restore ? "!" : ""), tr, tc,
+               turn1 ? "*" : " ", tc / tr,
                r["prepare_s"].get<double>(), r["restore_mb_per_s"].get<double>(), r["tier_read_mb_per_s"].get<double>(),
                r["cold_unprepared_restore_mb_per_s"].get<double>(), r["cold_unprepared_tier_read_mb_per_s"].get<double>(),
                r["warm_restore_mb_per_s"].get<double>(), r["warm_tier_read_mb_per_s"].get<double>(),
@@ -316,6 +329,9 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   if (any_turn1)
     fmt::print("* above --recompute-max-tokens {}: the recompute is turn 1's cold run, which also stored the prefix\n",
                a.recompute_max_tokens);
+  if (any_short)
+    fmt::print("! turn 1's block writes failed (a pool's tiers are full): the row restored fewer tokens than the "
+               "prefix's full chunks and measures that shorter restore; raise --store-nvme-size / --state-nvme-size\n");
   for (const auto& r : rows) {
     std::uint64_t range_reads = 0;
     for (const auto& [tier, n] : r["range_reads_by_tier"].items()) range_reads += n.get<std::uint64_t>();
@@ -327,6 +343,18 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
                                                               : std::string("in whole chunks"),
                a.kv.read_order,
                r["restore_wait_s"].get<double>(), r["restore_s"].get<double>());
+    if (ShortRestore(r))
+      fmt::print("prefix {}: restored {} of {} tokens: {} of turn 1's block writes failed\n", r["prefix_tokens"].get<int>(),
+                 r["restored_tokens"].get<std::int64_t>(), r["restorable_tokens"].get<std::int64_t>(),
+                 r["write_failures"].get<std::uint64_t>());
+    auto yes = [&](const char* key) { return r[key].get<bool>() ? "yes" : "NO"; };
+    const double rel = r["logits_max_rel_err_vs_recompute"].get<double>();
+    fmt::print("prefix {}: logits bitwise equal: warm vs cold prepared {}, cold unprepared vs cold prepared {}, cold "
+               "prepared across rounds {}; max rel err vs recompute {:.3g} ({})\n",
+               r["prefix_tokens"].get<int>(), yes("warm_logits_bitwise_equal"),
+               yes("cold_unprepared_logits_bitwise_equal"), yes("prepared_logits_bitwise_equal_across_rounds"), rel,
+               r["lossless_codecs"].get<bool>() ? (rel == 0 ? "must be 0 with f32 codecs: ok" : "must be 0 with f32 codecs: FAILED")
+                                                : "lossy codec: not checked");
   }
   // Bytes per token per codec (KvLayout's sizes; the run's codecs marked).
   fmt::print("\nper codec, chunk {} tokens (kv: MLA latents of every MLA layer; state: every KDA layer's snapshot at "
@@ -335,8 +363,9 @@ void PrintBenchKvText(const BenchKvArgs& a, const nlohmann::json& j) {
   Table codecs({"codec", "kv B/token", "kv block B/token", "state B/snapshot", "state block B/snapshot"});
   for (const std::string name : kLayoutCodecs) {
     const nlohmann::json& c = j["bytes_per_token_by_codec"][name];
-    const std::string mark =
-        std::string(name == a.kv.kv_codec ? " kv" : "") + (name == a.kv.state_codec ? " state" : "");
+    // A codec with a lossless stage (bf16+zstd) marks its base codec, as the report does.
+    const std::string mark = std::string(name == BaseCodec(a.kv.kv_codec) ? " kv" : "") +
+                             (name == BaseCodec(a.kv.state_codec) ? " state" : "");
     codecs.Add({name + (mark.empty() ? "" : " (run:" + mark + ")"),
                 fmt::format("{}", c["kv_bytes_per_token"].get<std::uint64_t>()),
                 fmt::format("{:.1f}", c["kv_block_bytes_per_token"].get<double>()),
@@ -478,11 +507,25 @@ int RunBenchKv(const BenchKvArgs& a) {
   PutTierFigures(all_read, all_written, &j);
   j["bytes_per_token_by_codec"] = *by_codec;
   if (a.turns > 0) j["multi_turn"] = multi_turn;
-  if (a.json) {
-    fmt::print("{}\n", JsonText(j));
-    return 0;
+  if (a.json) fmt::print("{}\n", JsonText(j));
+  else PrintBenchKvText(a, j);
+  // A check that must hold and did not (the row's failed_checks): the figures are printed, then
+  // the run fails.
+  int failed = 0;
+  for (const auto& r : rows) {
+    for (const auto& check : r["failed_checks"]) {
+      fmt::print(stderr, "terrace bench kv: prefix {} tokens: check failed: {} ({})\n", r["prefix_tokens"].get<int>(),
+                 check.get<std::string>(),
+                 check == "logits_max_rel_err_vs_recompute"
+                     ? "with f32 codecs the restored run's logits must be the recompute's, bitwise"
+                     : "restores of the same blocks must give the same logits, bitwise");
+      ++failed;
+    }
   }
-  PrintBenchKvText(a, j);
+  if (failed > 0) {
+    fmt::print(stderr, "terrace bench kv: {} check(s) failed: the restore does not reproduce what it stored\n", failed);
+    return 1;
+  }
   return 0;
 }
 

@@ -902,6 +902,15 @@ std::string TurnLabel(const json& row) {
   return fmt::format("t{} c{}", part("turn"), part("conversation"));
 }
 
+// Whether a `bench kv` prefix row restored fewer tokens than the prefix's full chunks because turn 1's
+// block writes failed (write_failures > 0, restored_tokens < restorable_tokens; false where a key is
+// missing, as in JSON from before these keys).
+bool ShortRestore(const json& row) {
+  const auto failures = Opt(row, "write_failures"), restored = Opt(row, "restored_tokens"),
+             restorable = Opt(row, "restorable_tokens");
+  return failures && restored && restorable && *failures > 0 && *restored < *restorable;
+}
+
 // The prefix rows of `bench kv`: TTFT, restore bandwidth and, per prefix, the restore's blocks by tier.
 void BenchKvRows(const json& j, Report* r, std::string* body) {
   const json& rows = Arr(j, "rows");
@@ -913,6 +922,22 @@ void BenchKvRows(const json& j, Report* r, std::string* body) {
   *body += KeyValueTable({{"blocks restored, all rows", TierShareText(j)},
                           {"bytes read, all rows", TierBytes(Obj(j, "bytes_read_by_tier"))},
                           {"bytes written by turn 1, all rows", TierBytes(Obj(j, "bytes_written_by_tier"))}});
+  // Rows whose turn 1 could not store the whole prefix (a pool full): each said on the page, and
+  // marked `!` in the hit-rate chart, as the text output marks them; rows whose bitwise checks failed.
+  for (const auto& row : rows) {
+    if (ShortRestore(row))
+      *body += fmt::format(
+          "<p class=\"warning\">! prefix {}: {} of turn 1's block writes failed (a pool's tiers are full), so turn 2 "
+          "restored only {} of the prefix's {} tokens in full chunks: this row measures a {}-token restore; raise "
+          "--store-nvme-size / --state-nvme-size.</p>",
+          Val(row, "prefix_tokens"), Val(row, "write_failures"), Val(row, "restored_tokens"),
+          Val(row, "restorable_tokens"), Val(row, "restored_tokens"));
+    std::vector<std::string> failed;
+    for (const auto& c : Arr(row, "failed_checks")) failed.push_back(Cell(c));
+    if (!failed.empty())
+      *body += fmt::format("<p class=\"warning\">prefix {}: check failed: {} (the run exited 1).</p>",
+                           Val(row, "prefix_tokens"), fmt::join(failed, ", "));
+  }
   LineChart t = Lines(rows, "prefix_tokens", {{"ttft_restore_s", "restore"}, {"ttft_recompute_s", "recompute"}});
   t.title = "Time to first token vs prefix length";
   t.x_label = "prefix (tokens)";
@@ -930,7 +955,10 @@ void BenchKvRows(const json& j, Report* r, std::string* body) {
   h.subtitle = fmt::format("the share of the prepared restore's blocks each tier served (--tier {})", Str(j, "tier"));
   h.x_label = "prefix (tokens)";
   AddTierShares(r, body, std::move(h), rows,
-                [](const json& row) { return Fig(row, "prefix_tokens", [](double x) { return FormatAxisValue(x, AxisFormat::kTokens); }); },
+                [](const json& row) {
+                  return Fig(row, "prefix_tokens", [](double x) { return FormatAxisValue(x, AxisFormat::kTokens); }) +
+                         (ShortRestore(row) ? "!" : "");
+                },
                 "tier-hit-rates-by-prefix", "the hit rate per tier of prefix");
 }
 
@@ -1041,6 +1069,11 @@ bool RowsHave(const json& j, const char* key) {
 void VerifyKvSections(const json& j, Report* r, std::string* body) {
   const json& rows = Arr(j, "rows");
   r->title = fmt::format("Terrace verify kv: codec quality on {}", Str(j, "model"));
+  *body += fmt::format("<p>State codec <b>{}</b>, a {}-token context restored in {}-token chunks, then {} evaluation "
+                       "tokens compared with the exact f32 path. Measured, not judged: no pass or fail "
+                       "threshold.</p>",
+                       XmlEscape(Str(j, "state_codec")), Val(j, "context_tokens"), Val(j, "chunk_tokens"),
+                       Val(j, "eval_tokens"));
   auto bars = [&](std::vector<std::pair<const char*, const char*>> keys, std::string title, AxisFormat f,
                   std::string name, std::string y_label = "") {
     BarChart b;
@@ -1067,7 +1100,8 @@ void VerifyKvSections(const json& j, Report* r, std::string* body) {
          "Attention overlap with the exact path per codec (top-8 positions kept)", AxisFormat::kPercent,
          "codec-attention-overlap", "share of the exact top-8 kept");
   }
-  bars({{"compression_ratio", "compression vs f32"}}, "Compression ratio per codec", AxisFormat::kPlain,
+  bars({{"compression_ratio", "compression vs f32 (stored blocks)"}},
+       "Compression ratio per codec: the f32 codec's stored KV blocks / the codec's", AxisFormat::kPlain,
        "codec-compression");
 }
 

@@ -45,11 +45,13 @@ struct Axis {
 
 Axis MakeAxis(double lo, double hi, bool log, AxisFormat f = AxisFormat::kPlain) {
   Axis a;
-  // Byte axes tick at round numbers of their unit (100 KiB, not 97.7 KiB): the linear axis is made in
-  // that unit (KiB, MiB, ... as FormatAxisValue prints) and scaled back.
-  if (f == AxisFormat::kBytes && !log && std::isfinite(hi) && std::fabs(hi) >= 1024) {
+  // Byte and token axes tick at round numbers of their unit (100 KiB, not 97.7 KiB; 2k tokens, not
+  // 1.95312k): the linear axis is made in that unit (KiB, MiB, ...; k = 1024 and M = 1048576 tokens,
+  // as FormatAxisValue prints) and scaled back.
+  if ((f == AxisFormat::kBytes || f == AxisFormat::kTokens) && !log && std::isfinite(hi) && std::fabs(hi) >= 1024) {
     double unit = 1;
-    while (std::fabs(hi) / unit >= 1024 && unit < 0x1p50) unit *= 1024;
+    const double top = f == AxisFormat::kTokens ? 0x1p20 : 0x1p50;  // tokens: k and M only
+    while (std::fabs(hi) / unit >= 1024 && unit < top) unit *= 1024;
     a = MakeAxis(lo / unit, hi / unit, false);
     if (a.step < 1) {  // under one unit: half units (512 KiB), not 0.2 MiB (204.8 KiB)
       a.step = a.step <= 0.5 ? 0.5 : 1;
