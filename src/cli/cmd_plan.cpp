@@ -424,6 +424,11 @@ std::string SnapshotCountText(double per_block) {
   return fmt::format("1/{:g} of a snapshot", 1 / per_block);
 }
 
+// "1 request", "2 requests": n and the noun in its number.
+std::string Count(std::uint64_t n, std::string_view one, std::string_view many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
 // A sum over the replay's requests, per request (0 for no requests).
 double PerRequest(const ReplayResult& r, double total) {
   return r.requests ? total / static_cast<double>(r.requests) : 0.0;
@@ -456,6 +461,54 @@ json ReplayJson(const ReplayResult& r) {
           {"restores_slower_than_recompute", r.restores_slower_than_recompute},
           {"bytes_moved", r.bytes_moved()},
           {"requests_per_node", r.requests_per_node}};
+}
+
+// The load a replay puts on the node over the trace's span (docs/plan.md, "Trace replay"): each lower
+// tier's write rate against the hardware's write bandwidth into it, and the recompute of the tokens
+// not hit against the prefill speed, on the busiest node, averaged over the trace's last timestamp
+// minus its first. The replay times neither (writes take no link time, prefills never queue), so
+// where one is over 100% its TTFT saved and restore times are optimistic: `warnings` gets a line.
+// A trace that spans 0 s has no rate (nulls).
+json TraceLoadJson(const ReplayResult& r, std::string_view policy, const Hardware& hw, double prefill_tokens_per_s,
+                   std::vector<std::string>* warnings) {
+  const double duration_s = static_cast<double>(r.duration_ms) / 1000.0;
+  const bool timed = r.duration_ms > 0;
+  auto rate = [&](double amount) { return timed ? json(amount / duration_s) : json(); };
+  auto share = [&](double amount, double capacity) { return timed ? json(amount / duration_s / capacity) : json(); };
+  json tiers = json::array();
+  for (std::size_t k = 1; k < r.tiers.size() && k < 3; ++k) {
+    const TierReplayStats& t = r.tiers[k];
+    const double bw = k == 1 ? hw.pcie_bandwidth() : hw.nvme_write_bandwidth;
+    const char* what = k == 1 ? "PCIe device-to-host, pcie_bandwidth_per_gpu x gpus (--hardware)"
+                              : "nvme_write_bandwidth (--hardware)";
+    const auto bytes = static_cast<double>(t.max_node_bytes_written);
+    tiers.push_back({{"name", t.name}, {"max_node_bytes_written", t.max_node_bytes_written},
+                     {"write_bytes_per_s", rate(bytes)}, {"write_bandwidth", bw},
+                     {"write_utilisation", share(bytes, bw)}});
+    if (timed && bytes / duration_s > bw) {
+      warnings->push_back(fmt::format(
+          "trace replay ({}): the busiest node writes {} into {} over the trace's {:.0f} s, {} on average, {:.0f}% of "
+          "its write bandwidth ({}, {}); the replay does not time writes (no restore waits for them), so its restore "
+          "times and TTFT saved are optimistic",
+          policy, FormatBytes(bytes), t.name, duration_s, RateText(bytes / duration_s), 100.0 * bytes / duration_s / bw,
+          RateText(bw), what));
+    }
+  }
+  const auto tokens = static_cast<double>(r.max_node_recomputed_tokens);
+  if (timed && tokens / duration_s > prefill_tokens_per_s) {
+    warnings->push_back(fmt::format(
+        "trace replay ({}): recomputing the prompt tokens not hit needs {:.0f} tokens/s on the busiest node ({} tokens "
+        "over the trace's {:.0f} s), {:.0f}% of the node's {:.0f} tokens/s prefill (--hardware); the replay does not "
+        "queue prefills, so its TTFT saved is optimistic",
+        policy, tokens / duration_s, r.max_node_recomputed_tokens, duration_s,
+        100.0 * tokens / duration_s / prefill_tokens_per_s, prefill_tokens_per_s));
+  }
+  return {{"duration_s", duration_s},
+          {"tiers", tiers},
+          {"max_node_recomputed_tokens", r.max_node_recomputed_tokens},
+          {"recompute_tokens_per_s", rate(tokens)},
+          {"prefill_tokens_per_s", prefill_tokens_per_s},
+          {"prefill_utilisation", share(tokens, prefill_tokens_per_s)}};
 }
 
 // The trace's replays' progress on stderr, at most every kEverySeconds ("terrace plan: trace replay
@@ -499,8 +552,15 @@ class ReplayProgress {
 int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double parse_s, json* out, std::string* text) {
   const auto t0 = std::chrono::steady_clock::now();
   std::uint64_t mismatched = 0;
+  // Whether every mismatching count is floor(input_length / B): an exporter that leaves out a
+  // prompt's partial last block, not a wrong --trace-block-tokens.
+  bool mismatched_all_floor = true;
   const auto bt = static_cast<std::uint64_t>(a.trace_block_tokens);
-  for (const TraceRequest& r : trace->requests) mismatched += r.hash_ids.size() != (r.input_length + bt - 1) / bt;
+  for (const TraceRequest& r : trace->requests) {
+    if (r.hash_ids.size() == (r.input_length + bt - 1) / bt) continue;
+    ++mismatched;
+    mismatched_all_floor = mismatched_all_floor && r.hash_ids.size() == r.input_length / bt;
+  }
   // A chained prefix hash never repeats within one prompt: a request that does is damaged or not a
   // prefix-chained trace, and the replay would count its repeats as hits.
   std::uint64_t repeating = 0, first_repeating = 0;
@@ -554,11 +614,17 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["snapshots_simulated"] = ro.snapshot_bytes_per_block > 0;
   tj["restore_state_bytes"] = ro.restore_extra_bytes;
   tj["blocks_not_matching_input_length"] = mismatched;
+  const std::string mismatched_text = Count(mismatched, "request has", "requests have");
   const std::string mismatch_warning =
       mismatched == 0 ? std::string()
-                      : fmt::format("{} requests have a hash_ids count that does not match ceil(input_length / {}); is "
-                                    "--trace-block-tokens right?",
-                                    mismatched, bt);
+      : mismatched_all_floor
+          ? fmt::format("{} a hash_ids count of floor(input_length / {}), one short of ceil(input_length / {}): the "
+                        "trace leaves out each prompt's partial last block (as some exporters do), so those tokens "
+                        "are never a hit and are recomputed; --trace-block-tokens {} matches the full blocks",
+                        mismatched_text, bt, bt, bt)
+          : fmt::format("{} a hash_ids count that does not match ceil(input_length / {}); is "
+                        "--trace-block-tokens right?",
+                        mismatched_text, bt);
   if (!mismatch_warning.empty()) (*out)["warnings"].push_back(mismatch_warning);
   tj["requests_repeating_a_hash_id"] = repeating;
   const std::string repeat_warning =
@@ -649,6 +715,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
 
   json pol = json::array();
   std::vector<ReplayResult> results;
+  std::vector<std::string> load_warnings;
   for (ReplayPolicy p : policies) {
     ro.policy = p;
     ro.checkpoint = progress.Next(fmt::format("policy {}", ReplayPolicyName(p)));
@@ -656,10 +723,16 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
     if (!r.ok()) return progress.Failed(r.status());
     json pj = ReplayJson(*r);
     pj["policy"] = ReplayPolicyName(p);
+    pj["load"] = TraceLoadJson(*r, ReplayPolicyName(p), hw, ro.prefill_tokens_per_s, &load_warnings);
     pol.push_back(pj);
     results.push_back(std::move(*r));
   }
   tj["policies"] = pol;
+  for (const std::string& w : load_warnings) (*out)["warnings"].push_back(w);
+  if (results.front().duration_ms == 0) {
+    trace_notes.push_back("the trace spans 0 s (one timestamp), so no write or recompute rate is checked against the "
+                          "hardware (the rates in trace.policies[].load are null)");
+  }
 
   json sweep = json::array();
   for (ReplayPolicy p : policies) {
@@ -717,8 +790,8 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
   tj["replay_seconds"] = parse_s + SecondsSince(t0);
 
   if (!a.json) {
-    *text += fmt::format("\ntrace {}: {} requests, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
-               trace->requests.size(), ceiling.blocks, bt, ceiling.unique_blocks,
+    *text += fmt::format("\ntrace {}: {}, {} blocks of {} tokens ({} unique, {} each), prefix-hit ceiling {}\n", a.trace,
+               Count(trace->requests.size(), "request", "requests"), ceiling.blocks, bt, ceiling.unique_blocks,
                FormatBytes(static_cast<double>(ro.stored_block_bytes())), ShareText(tj["prefix_hit_ceiling"]));
     for (const std::string& n : trace_notes) *text += fmt::format("note: {}\n", n);
     if (!mismatch_warning.empty()) *text += fmt::format("warning: {}\n", mismatch_warning);
@@ -741,6 +814,7 @@ int RunTrace(const PlanArgs& a, const Plan& plan, const Trace* trace, double par
              std::to_string(r.restores_slower_than_recompute), FormatBytes(static_cast<double>(r.bytes_moved()))});
     }
     *text += fmt::format("{}\n", t.Render());
+    for (const std::string& w : load_warnings) *text += fmt::format("warning: {}\n", w);
     Table s({"policy", "capacity", "share of footprint", "hit rate"});
     for (const auto& pt : sweep) {
       s.Add({pt["policy"].get<std::string>(), FormatBytes(pt["capacity_bytes"].get<double>()),
@@ -854,6 +928,16 @@ int RunPlan(const PlanArgs& a) {
   if (plan->memory.kda_layers == 0 && (a.state_codec_given || a.snapshot_every_given)) {
     return FailUsage(fmt::format("--model {}: the model has no KDA layers (no state to encode or snapshot); leave out {}",
                                  a.model, a.state_codec_given ? "--state-codec" : "--snapshot-every"));
+  }
+  // Beside a trace replay the analytic plan's warnings are still those of the flags' workload, not
+  // the trace's: each says so, naming the flags (the trace's own warnings start "trace replay").
+  if (trace) {
+    const Workload& w = plan->options.workload;
+    const std::string from =
+        fmt::format("analytic plan at --rate {:g} --context {} --prefix-reuse {:g} --concurrency {} --decode-tokens {} "
+                    "(from these flags, not from the trace)",
+                    w.rate_rps, a.context, w.prefix_reuse, w.concurrency, w.decode_tokens);
+    for (std::string& warning : plan->warnings) warning = fmt::format("{}: {}", from, warning);
   }
   json j = PlanJson(*plan);
   std::string trace_text;

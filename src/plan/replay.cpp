@@ -44,8 +44,12 @@ struct TierState {
 struct Node {
   std::vector<TierState> slots;                       // per slot
   std::unordered_map<std::uint64_t, SlotMask> where;  // hash id -> slots holding a copy
-  std::vector<double> link_free_s;                    // per tier (ReplayOptions::tiers): when its link is next idle
+  // Per tier (ReplayOptions::tiers): when its link is next idle, in seconds after the trace's first
+  // timestamp.
+  std::vector<double> link_free_s;
+  std::vector<std::uint64_t> bytes_written;           // per tier: what this node wrote into it
   std::uint64_t requests = 0;
+  std::uint64_t recomputed_tokens = 0;
 };
 
 class Simulator {
@@ -71,6 +75,7 @@ class Simulator {
       n.slots.push_back(std::move(s));
     }
     n.link_free_s.assign(o_.tiers.size(), 0.0);
+    n.bytes_written.assign(o_.tiers.size(), 0);
     return n;
   }
 
@@ -101,7 +106,7 @@ class Simulator {
       const EvictDecision rule = EvictRule(vit->second, k, lowest());
       vit->second = static_cast<SlotMask>(vit->second & ~Bit(k));
       if (rule.action == EvictAction::kWriteBack) {
-        r_->tiers[TierOf(rule.write_back_to)].bytes_written += o_.stored_block_bytes();
+        Written(n, TierOf(rule.write_back_to));
         Place(n, rule.write_back_to, vid);
       }
       vit = n.where.find(vid);
@@ -110,6 +115,12 @@ class Simulator {
     t.policy->OnInsert(KeyOf(id), o_.stored_block_bytes());
     ++t.resident;
     n.where[id] |= Bit(k);
+  }
+
+  // A block (its KV and snapshots) written into tier `t` of node `n`.
+  void Written(Node& n, std::size_t t) {
+    r_->tiers[t].bytes_written += o_.stored_block_bytes();
+    n.bytes_written[t] += o_.stored_block_bytes();
   }
 
   void DropCopy(Node& n, std::uint64_t id, int k) {
@@ -142,7 +153,7 @@ class Simulator {
     Place(n, 0, id);
     const int through = WriteThroughSlot(0, lowest(), o_.write_policy);
     if (through >= 0) {
-      r_->tiers[TierOf(through)].bytes_written += o_.stored_block_bytes();
+      Written(n, TierOf(through));
       Place(n, through, id);
     }
   }
@@ -153,6 +164,15 @@ class Simulator {
     std::vector<std::uint64_t> per_tier_bytes(o_.tiers.size());
     std::vector<std::size_t> hit_tier;  // per hit block: the tier (ReplayOptions::tiers index) it was read from
     std::uint64_t since_requests = 0, since_blocks = 0;  // replayed since the last checkpoint
+    // Time runs from the earliest timestamp, subtracted in integers before the conversion to seconds:
+    // an absolute timestamp (ms since 1970, ~1.7e12, or larger) as a double would round away the
+    // microseconds a restore takes, and the figures would depend on a constant offset.
+    std::uint64_t t_first = UINT64_MAX, t_last = 0;
+    for (const TraceRequest& req : trace.requests) {
+      t_first = std::min(t_first, req.timestamp_ms);
+      t_last = std::max(t_last, req.timestamp_ms);
+    }
+    r_->duration_ms = trace.requests.empty() ? 0 : t_last - t_first;
     for (std::size_t ri = 0; ri < trace.requests.size(); ++ri) {
       if (o_.checkpoint && (ri == 0 || since_requests >= kReplayCheckpointRequests ||
                             since_blocks >= kReplayCheckpointBlocks)) {
@@ -162,7 +182,7 @@ class Simulator {
       const TraceRequest& req = trace.requests[ri];
       ++since_requests;
       since_blocks += req.hash_ids.size();
-      const double now = static_cast<double>(req.timestamp_ms) / 1000.0;
+      const double now = static_cast<double>(req.timestamp_ms - t_first) / 1000.0;
       // Route.
       std::size_t node_index = ri % nodes.size();
       if (o_.routing == Routing::kPrefixAffinity && nodes.size() > 1) {
@@ -192,24 +212,27 @@ class Simulator {
         if (k > 0) per_tier_bytes[k] += o_.block_bytes;
       }
       r_->hit_blocks += run;
+      n.recomputed_tokens += req.input_length - std::min<std::uint64_t>(run * o_.block_tokens, req.input_length);
       if (run > 0) {
         ++r_->restores;
         const std::size_t last = hit_tier[run - 1];
         if (last > 0) per_tier_bytes[last] += o_.restore_extra_bytes;
-        // Every lower tier's link transfers its share; the restore ends when the last one does.
-        double done = now, transfer_only = 0;
+        // Every lower tier's link transfers its share after waiting for the earlier restores on it;
+        // the restore ends when the last one does. Durations are measured from `now` (wait + transfer),
+        // not as differences of absolute times, so a restore that waits for nothing has no wait at all
+        // (no rounding residue).
+        double restore = 0, transfer_only = 0;
         for (std::size_t k = 1; k < o_.tiers.size(); ++k) {
           if (per_tier_bytes[k] == 0) continue;
           r_->tiers[k].bytes_read += per_tier_bytes[k];
           const double dur = static_cast<double>(per_tier_bytes[k]) / o_.tiers[k].read_bandwidth;
-          const double start = std::max(now, n.link_free_s[k]);
-          n.link_free_s[k] = start + dur;
-          done = std::max(done, start + dur);
+          const double wait = std::max(0.0, n.link_free_s[k] - now);
+          n.link_free_s[k] = now + wait + dur;
+          restore = std::max(restore, wait + dur);
           transfer_only = std::max(transfer_only, dur);
         }
         const std::uint64_t hit_tokens = std::min<std::uint64_t>(run * o_.block_tokens, req.input_length);
         r_->hit_tokens += hit_tokens;
-        const double restore = done - now;
         r_->restore_s += restore;
         r_->queue_wait_s += std::max(0.0, restore - transfer_only);
         const double recompute = static_cast<double>(hit_tokens) / o_.prefill_tokens_per_s;
@@ -229,7 +252,13 @@ class Simulator {
         }
       }
     }
-    for (const Node& n : nodes) r_->requests_per_node.push_back(n.requests);
+    for (const Node& n : nodes) {
+      r_->requests_per_node.push_back(n.requests);
+      r_->max_node_recomputed_tokens = std::max(r_->max_node_recomputed_tokens, n.recomputed_tokens);
+      for (std::size_t t = 0; t < o_.tiers.size(); ++t) {
+        r_->tiers[t].max_node_bytes_written = std::max(r_->tiers[t].max_node_bytes_written, n.bytes_written[t]);
+      }
+    }
     return Status::Ok();
   }
 

@@ -11,10 +11,15 @@
 // (Placement::kExclusive drops the other copies, except the lowest tier's under
 // WritePolicy::kWriteThrough; kInclusive keeps them), the rest of the prompt is recomputed and
 // written to the first tier (and, under kWriteThrough, to the lowest tier). A full tier evicts its
-// policy's victim: written back into the next tier when it has no copy below (a write over that
-// tier's link), else dropped; the last tier drops it. Links are FIFO servers: a restore waits for
-// earlier transfers on the same link. Decode-time KV (output tokens) is not simulated. Pure
-// function of its inputs; thread-safe.
+// policy's victim: written back into the next tier when it has no copy below (a write, counted but
+// not timed), else dropped; the last tier drops it. Links are FIFO servers of the restores (reads
+// into tier 0): a restore waits for earlier restores over the same link. Writes (demotions,
+// write-through copies, new KV) are counted (TierReplayStats::bytes_written, max_node_bytes_written)
+// but not timed: they take no link time and never delay a restore; the CLI compares their average
+// rate over the trace with the hardware's write bandwidth instead. Recompute is not queued either
+// (a request's prefill never waits for another's). Time is the trace's timestamps relative to its
+// first, so a constant offset changes nothing. Decode-time KV (output tokens) is not simulated.
+// Pure function of its inputs; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -117,6 +122,9 @@ struct TierReplayStats {
   std::uint64_t bytes_read = 0;       // restores out of this tier (0 for tier 0)
   std::uint64_t bytes_written = 0;    // demotions (and write-through copies) into this tier, snapshots included
   std::uint64_t evictions = 0;        // blocks this tier's policy gave up
+  // bytes_written of the node that wrote the most into this tier (bytes_written itself for 1 node).
+  // Tier 0's writes (new and promoted blocks) are not counted in bytes_written.
+  std::uint64_t max_node_bytes_written = 0;
 };
 
 struct ReplayResult {
@@ -132,6 +140,11 @@ struct ReplayResult {
   std::uint64_t restores = 0;         // requests with a prefix hit
   std::uint64_t restores_slower_than_recompute = 0;
   std::vector<std::uint64_t> requests_per_node;
+  // Prompt tokens recomputed (not hit) by the node that recomputed the most (prompt_tokens -
+  // hit_tokens for 1 node).
+  std::uint64_t max_node_recomputed_tokens = 0;
+  // The trace's span: its last timestamp minus its first, in ms (0 for one request, or all at once).
+  std::uint64_t duration_ms = 0;
 
   double hit_rate() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / static_cast<double>(blocks); }
   double tier_hit_rate(std::size_t t) const {

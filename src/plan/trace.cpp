@@ -15,8 +15,67 @@ namespace {
 
 using json = nlohmann::json;
 
+// `text` with every byte that is not part of valid UTF-8, and every control character, written as
+// \xNN: a damaged file's bytes echoed into an error would reach the terminal raw.
+std::string EscapeText(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char b) { out += fmt::format("\\x{:02x}", b); };
+  for (std::size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {
+      if (b < 0x20 || b == 0x7f) {
+        escape(b);
+      } else {
+        out += static_cast<char>(b);
+      }
+      ++i;
+      continue;
+    }
+    // A lead byte and its continuation bytes, refusing overlong forms, surrogates and > U+10FFFF.
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // range of the second byte
+    if (b >= 0xc2 && b <= 0xdf) {
+      n = 2;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      n = 3;
+      if (b == 0xe0) lo = 0xa0;
+      if (b == 0xed) hi = 0x9f;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      n = 4;
+      if (b == 0xf0) lo = 0x90;
+      if (b == 0xf4) hi = 0x8f;
+    }
+    bool valid = n > 0 && i + n <= text.size();
+    for (std::size_t k = 1; valid && k < n; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      valid = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xbf);
+    }
+    if (valid) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      escape(b);
+      ++i;
+    }
+  }
+  return out;
+}
+
 Status LineError(std::string_view source, std::size_t line, std::string_view what) {
-  return Status::InvalidArgument(fmt::format("{}:{}: {}", source, line, what));
+  return Status::InvalidArgument(fmt::format("{}:{}: {}", source, line, EscapeText(what)));
+}
+
+// The JSON parser's message for one line names "line 1, column N" (it sees the line alone), which
+// read after "file:LINE:" points at the file's first line: say "column N of that line" instead.
+std::string LineColumnText(std::string message) {
+  static constexpr std::string_view kLine1 = "line 1, column ";
+  const std::size_t at = message.find(kLine1);
+  if (at == std::string::npos) return message;
+  std::size_t end = at + kLine1.size();
+  while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+  const std::string column = message.substr(at + kLine1.size(), end - at - kLine1.size());
+  return message.replace(at, end - at, fmt::format("column {} of that line", column));
 }
 
 // "4294967296 (2^32)" for a power of two, else the number.
@@ -66,10 +125,17 @@ Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view sour
   auto parsed = ParseJsonUniqueKeys(line, &error);
   if (!parsed.ok()) {
     // A repeated key is refused, not read last-wins: which value the writer meant is unknown.
+    if (error != JsonParseError::kSyntax) return LineError(source, line_number, parsed.status().message());
+    // A '\r' inside a line: the file ends its lines with CR alone (classic Mac OS), so this "line" is
+    // the whole file, and the parser stops at the second request.
+    const std::string hint =
+        line.find('\r') != std::string_view::npos
+            ? "; the file uses CR line endings (\\r without \\n, old Mac OS): one request per line needs LF or "
+              "CRLF line endings; convert it, e.g. tr '\\r' '\\n' < FILE > FILE.lf"
+            : "";
     return LineError(source, line_number,
-                     error == JsonParseError::kSyntax
-                         ? fmt::format("{} (expected one request object per line)", parsed.status().message())
-                         : parsed.status().message());
+                     fmt::format("{} (expected one request object per line{})",
+                                 LineColumnText(std::string(parsed.status().message())), hint));
   }
   const json& obj = *parsed;
   if (!obj.is_object()) {

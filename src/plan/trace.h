@@ -33,7 +33,9 @@ inline constexpr std::size_t kMaxTraceBlocksPerRequest = 1u << 22;
 // Parses one line (without its newline). InvalidArgument naming `source`:`line_number` and the key
 // on: not a JSON object, a key repeated in the object (not read last-wins), a missing or
 // non-integer or negative field, a hash id that is not a non-negative integer, a value over the
-// limits above. -0 reads as 0. Keys other than the four are ignored (other tools add e.g. session
+// limits above; a syntax error names the column within the line, and a line holding a '\r' (a file
+// with CR-only line endings) says so; bytes of the line that are not UTF-8 are shown as \xNN. -0
+// reads as 0. Keys other than the four are ignored (other tools add e.g. session
 // ids).
 Result<TraceRequest> ParseTraceLine(std::string_view line, std::string_view source, std::size_t line_number);
 // Parses a whole file's text. Blank lines are skipped. Timestamps must not decrease (InvalidArgument

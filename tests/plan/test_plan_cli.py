@@ -357,7 +357,8 @@ def test_nul_byte_in_a_trace_line_or_hardware_file_is_refused_naming_where(terra
                     b'{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [2]}\n')
     r = terrace("plan", "--trace", bad, "--sweep-points", "1", "--json")
     assert r.returncode == 2, (r.stdout, r.stderr)
-    where = f"line 1, column {len(first) + 1} (byte offset {len(first)})"
+    # The column of the file's line 2, not "line 1" (the parser sees the line alone).
+    where = f"column {len(first) + 1} of that line (byte offset {len(first)})"
     assert f"{bad}:2: not valid JSON: a NUL byte at {where}" in r.stderr
     assert r.stdout == ""
     hw = tmp_path / "hw.json"
