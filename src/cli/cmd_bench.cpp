@@ -49,6 +49,7 @@
 #include "terrace/options.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
+#include "tiers/nvme/format.h"
 #include "tiers/nvme/nvme_tier.h"
 
 namespace terrace::cli {
@@ -109,42 +110,72 @@ struct BenchResult {
 
 using Clock = std::chrono::steady_clock;
 
-// Directories the bench creates (--dir, --index-dir), removed when it ends. Only paths that did not
-// exist before the run are recorded, and only directories are removed: never a block device, a
-// file, or a directory the user already had. Each one's kBenchMarker goes last, so a run stopped
-// while removing (a second Ctrl-C) leaves a marked leftover that the next run removes.
+// What the bench creates in --dir and --index-dir, removed when it ends: a directory that did not
+// exist before the run goes whole; one that existed and was empty keeps the directory and loses
+// only what the bench put there (its store's files, its index's files, its marker; anything else
+// there is left, and said). Never a block device, a file, or a directory that held something. Each
+// kBenchMarker goes last, so a run stopped while removing (a second Ctrl-C) leaves a marked
+// leftover that the next run removes.
 class RemoveCreatedDirs {
  public:
   RemoveCreatedDirs() = default;
   RemoveCreatedDirs(const RemoveCreatedDirs&) = delete;
   RemoveCreatedDirs& operator=(const RemoveCreatedDirs&) = delete;
   ~RemoveCreatedDirs() { Run(); }
-  // True when `p` did not exist (it is recorded).
-  bool AddIfMissing(const std::filesystem::path& p) {
+  // True when `p` did not exist, or is an empty directory (it is recorded, with `flag` to name it
+  // and whether it is an index directory).
+  bool Add(const std::filesystem::path& p, std::string_view flag, bool index) {
     std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return false;
-    paths_.push_back(p);
+    if (!std::filesystem::exists(std::filesystem::symlink_status(p, ec))) {
+      paths_.push_back({p, std::string(flag), index, /*existed=*/false});
+      return true;
+    }
+    if (IsBlockDevice(p.string()) || !std::filesystem::is_directory(p, ec) || !std::filesystem::is_empty(p, ec) || ec)
+      return false;
+    paths_.push_back({p, std::string(flag), index, /*existed=*/true});
     return true;
   }
   void Run() {
-    for (const auto& p : paths_) {
+    for (const Entry& e : paths_) {
       std::error_code ec;
-      if (!std::filesystem::is_directory(std::filesystem::symlink_status(p, ec))) continue;
-      RemoveMarkerLast(p, ec);
-      if (ec) fmt::print(stderr, "bench: cannot remove '{}': {}\n", p.string(), ec.message());
+      if (!e.existed) {
+        if (!std::filesystem::is_directory(std::filesystem::symlink_status(e.path, ec))) continue;
+        RemoveMarkerLast(e.path, ec);
+        if (!ec) std::filesystem::remove(e.path, ec);
+        if (ec) fmt::print(stderr, "bench: cannot remove '{}': {}\n", e.path.string(), ec.message());
+      } else if (Status s = EmptyExisting(e); !s.ok()) {
+        fmt::print(stderr, "bench: {}\n", s.message());
+      }
     }
     paths_.clear();
   }
 
  private:
+  struct Entry {
+    std::filesystem::path path;
+    std::string flag;
+    bool index = false, existed = false;
+  };
   static void RemoveMarkerLast(const std::filesystem::path& dir, std::error_code& ec) {
     for (const auto& e : ListDir(dir, &ec)) {
       if (e.path().filename() != kBenchMarker && !ec) std::filesystem::remove_all(e.path(), ec);
     }
     if (!ec) std::filesystem::remove(dir / kBenchMarker, ec);
-    if (!ec) std::filesystem::remove(dir, ec);
   }
-  std::vector<std::filesystem::path> paths_;
+  // A directory the user had, empty: only the bench's own files go, the directory stays.
+  static Status EmptyExisting(const Entry& e) {
+    if (!e.index) return RemoveOwnedStore(e.path, kBenchMarker, e.flag, "terrace bench tiers").status();
+    if (std::optional<std::filesystem::path> foreign = ForeignIndexEntry(e.path, kBenchMarker)) {
+      return Status::InvalidArgument(fmt::format("{} {}: left the index the bench made there, because '{}' appeared "
+                                                 "beside it",
+                                                 e.flag, e.path.string(), foreign->filename().string()));
+    }
+    std::error_code ec;
+    RemoveMarkerLast(e.path, ec);
+    if (ec) return Status::IoError(fmt::format("cannot empty {} {}: {}", e.flag, e.path.string(), ec.message()));
+    return Status::Ok();
+  }
+  std::vector<Entry> paths_;
 };
 
 // The host tier's options: its capacity, and --host-prefault (ApplyHostPrefault).
@@ -528,13 +559,22 @@ Status RemoveLeftovers(const BenchArgs& a, const std::filesystem::path& dir) {
 // What --dir of an NVMe run holds before the bench opens it: nothing (absent or empty: a new store),
 // or a store an earlier --keep run made (reopened; *reopened set). A store without the kept
 // marker, or other files, is refused with InvalidArgument naming --dir: the bench would write its
-// blocks into it. A block device is taken as given (the flag names the whole device).
+// blocks into it. A block device (the flag names the whole device) is refused when it holds a
+// Terrace store, for the same reason; the tier itself refuses to format one that is not blank.
 Status CheckDirContents(const std::filesystem::path& dir, bool* reopened) {
   *reopened = false;
   std::error_code ec;
-  if (IsBlockDevice(dir.string()) || !std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec)) {
+  if (IsBlockDevice(dir.string())) {
+    auto unit = ReadSuperblockUnit(dir, /*follow_symlinks=*/true);
+    if (unit.ok() && nvme::Superblock::SlotsHaveMagic(*unit)) {
+      return Status::InvalidArgument(fmt::format(
+          "--dir {} is a block device that holds a Terrace store; the bench writes and erases its own blocks in the "
+          "store it opens, so it leaves this one alone: give a blank device, or a new or empty directory",
+          dir.string()));
+    }
     return Status::Ok();
   }
+  if (!std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec)) return Status::Ok();
   if (IsOwnedStore(dir, kBenchKeptMarker)) {
     *reopened = true;
     return Status::Ok();
@@ -593,8 +633,8 @@ int RunBenchTiers(const BenchArgs& a) {
   RemoveCreatedDirs cleanup;
   bool created_dir = false, created_index = false;
   if (a.tier == "nvme" && !a.keep) {
-    created_dir = cleanup.AddIfMissing(dir);
-    if (!a.index_dir.empty()) created_index = cleanup.AddIfMissing(a.index_dir);
+    created_dir = cleanup.Add(dir, "--dir", /*index=*/false);
+    if (!a.index_dir.empty()) created_index = cleanup.Add(a.index_dir, "--index-dir", /*index=*/true);
   }
   const std::uint64_t blocks = a.total_bytes / a.block_size;
   AlignedBuffer payload_buf(a.block_size);
@@ -716,7 +756,7 @@ int RunBenchTiers(const BenchArgs& a) {
   const int close_rc = closed.ok() ? 0 : store_cmd::FailStatus(closed);
   if (const int sig = StopSignalReceived(); sig != 0) {
     fmt::print(stderr, "bench: stopped by {}{}\n", StopSignalName(sig),
-               created_dir || created_index ? "; removed the directories it created" : "");
+               created_dir || created_index ? "; removed what it created" : "");
     return 128 + sig;
   }
   if (!r.ok() && r.status().IsOutOfCapacity() && a.tier == "nvme") {

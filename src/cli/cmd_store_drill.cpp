@@ -85,13 +85,17 @@ std::uint64_t DrillBlockSize(const DrillArgs& a, const std::string& kind) {
   return kind == "short" && !a.block_size_given ? std::max(a.block_size, kShortMinBlock) : a.block_size;
 }
 
+// The fewest blocks a drill store must hold (--capacity over --block-size).
+constexpr std::uint64_t kMinDrillBlocks = 8;
+
 struct KindResult {
   std::string kind;
   std::uint64_t block_size = 0;  // what this kind's blocks were (DrillBlockSize)
   std::uint64_t rounds = 0, kills = 0, faults = 0, acknowledged = 0, lost = 0, corrupt_detected = 0,
                 corrupt_returned = 0, damage_missed = 0, rebuilt = 0, open_failures = 0;
+  bool tested_nothing = false;  // no round acknowledged a put: nothing was checked, so nothing passed
   std::vector<std::string> problems;  // the first few, for the report
-  bool failed() const { return lost || corrupt_returned || damage_missed || open_failures; }
+  bool failed() const { return lost || corrupt_returned || damage_missed || open_failures || tested_nothing; }
 };
 
 // A terrace.data.creating a killed store creation left: a regular file whose superblock is a
@@ -414,6 +418,7 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     if (!tier) {
       if (acked.empty() && open_status.IsNotFound()) {
         fmt::print(stderr, "drill {} round {}/{}: {}; no store yet\n", kind, round + 1, a.kills, how);
+        if (!killed && !hung) problem(fmt::format("round {}: 'store fill' {} and made no store (see {})", round + 1, how, log_path));
         continue;
       }
       ++res.open_failures;
@@ -458,6 +463,11 @@ KindResult RunKind(const DrillArgs& a, const std::string& kind, std::mt19937_64&
     fmt::print(stderr, "drill {} round {}/{}: {}, {} faults{}; check: {} indexed, {} ok, {} lost, {} corrupt{}\n", kind,
                round + 1, a.kills, how, faults, rebuilt, c.indexed, c.ok, lost_now, c.corrupt, flipped);
   }
+  if (res.rounds > 0 && acked.empty() && StopSignalReceived() == 0) {
+    res.tested_nothing = true;
+    res.problems.push_back(fmt::format("no round acknowledged a put, so nothing was checked (the child's log: {})",
+                                       log_path));
+  }
   return res;
 }
 
@@ -486,6 +496,17 @@ int RunDrill(const DrillArgs& a) {
   if (a.capacity < 16 * kMiB || a.capacity % nvme::kUnit != 0) {
     return FailUsage("--capacity must be at least 16MiB and a multiple of 4KiB");
   }
+  // Each round writes new blocks into the same store: it needs room for a few of them.
+  for (const std::string& k : kinds) {
+    const std::uint64_t block = DrillBlockSize(a, k), extent = nvme::RoundUp(block, nvme::kUnit) + nvme::kUnit;
+    if ((a.capacity - nvme::kDataStart) / extent < kMinDrillBlocks) {
+      return FailUsage(fmt::format(
+          "--capacity {} holds fewer than {} blocks of {} (each takes its size rounded up to 4 KiB plus a 4 KiB "
+          "descriptor){}; raise --capacity or lower --block-size",
+          FormatBytes(static_cast<double>(a.capacity)), kMinDrillBlocks, FormatBytes(static_cast<double>(block)),
+          block == a.block_size ? "" : fmt::format(" for the {} fault", k)));
+    }
+  }
   if (std::string err = PrepareDrillDir(a.dir); !err.empty()) return FailUsage(err);
 
   StopSignals stop_signals;  // Ctrl-C: stop after the current round, report it, exit 128 + the signal
@@ -513,6 +534,7 @@ int RunDrill(const DrillArgs& a) {
                       {"corrupt_returned", r.corrupt_returned},
                       {"damage_missed", r.damage_missed},
                       {"open_failures", r.open_failures},
+                      {"tested_nothing", r.tested_nothing},
                       {"index_rebuilds", r.rebuilt},
                       {"problems", r.problems}});
     }

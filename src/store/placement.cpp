@@ -210,7 +210,9 @@ Status StoreImpl::EvictOne(int t, BusyVictims when_busy) {
     }
     Status s = EvictLocked(t, *victim);
     if (s.ok()) return s;
-    if (demote_error.ok() && !s.IsOutOfCapacity() && !s.IsNotFound() && !s.IsInvalidArgument()) demote_error = s;
+    // OutOfCapacity (no room below, the victim pinned) and NotFound (it moved) try the next victim;
+    // anything else, e.g. a read-only tier below refusing the demotion, is what the caller is told.
+    if (demote_error.ok() && !s.IsOutOfCapacity() && !s.IsNotFound()) demote_error = s;
     skip.push_back(*victim);
   }
   if (!demote_error.ok()) return demote_error;
@@ -248,7 +250,8 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
     MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end() || !(it->second.mask & Bit(t))) return Status::NotFound("victim moved");
-    if (it->second.PinnedIn(t)) return Status::InvalidArgument("victim pinned");
+    if (it->second.PinnedIn(t))
+      return Status::OutOfCapacity(fmt::format("block {} is pinned in tier {}", key.ToString(), SlotName(t)));
     desc = it->second.desc;
     mask = it->second.mask;
   }

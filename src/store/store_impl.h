@@ -481,7 +481,8 @@ class StoreImpl {
   // refused it (`refused`), else "full".
   Status NoRoom(int slot, const BlockKey& key, std::uint64_t size, const Status& refused) const;
   // Caller holds key's stripe: removes slot's copy, demoting it into the next slot first when no
-  // slot below holds one.
+  // slot below holds one. OutOfCapacity when it cannot (the copy is pinned there, the last one, or
+  // finds no room below), NotFound when the copy moved; other errors are the demotion's.
   Status EvictLocked(int slot, const BlockKey& key);
   void MaybeScheduleDemotion(int slot);
   // Caller holds key's stripe: writes the copy in `from` (described by `desc`) into `to`.

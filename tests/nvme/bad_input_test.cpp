@@ -69,6 +69,38 @@ TEST_CASE("nvme bad input: unwritable directory (a path below a regular file)", 
   CHECK(Mentions(t.status(), opts.path));
 }
 
+TEST_CASE("nvme bad input: an index directory that cannot be made refuses the creation and leaves no data file",
+          "[nvme][bad]") {
+  TempDir dir("nvme");
+  WriteFile(dir.path() / "plain", "x");
+  auto opts = SmallNvmeOptions(dir.path() / "store");
+  opts.index_dir = dir.path() / "plain" / "index";  // below a regular file
+  auto t = NvmeTier::Open(opts);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().IsIoError());
+  CHECK(Mentions(t.status(), opts.index_dir));
+  // Nothing of a creation is left behind (no preallocated terrace.data.creating to leak).
+  CHECK_FALSE(fs::exists(dir.path() / "store" / "terrace.data.creating"));
+  CHECK_FALSE(fs::exists(dir.path() / "store" / "terrace.data"));
+}
+
+TEST_CASE("nvme bad input: reformat overwrites only a Terrace store, never a terrace.data something else wrote",
+          "[nvme][bad]") {
+  TempDir dir("nvme");
+  auto opts = SmallNvmeOptions(dir.path() / "store", 4 * kMiB);
+  fs::create_directories(opts.path);
+  const fs::path data = opts.path / "terrace.data";
+  WriteFile(data, "a user's own file that happens to be named terrace.data");
+  fs::resize_file(data, opts.capacity_bytes);  // large enough for the capacity asked for
+  const auto before = DirSnapshot(opts.path);
+  opts.reformat = true;
+  auto t = NvmeTier::Open(opts);
+  REQUIRE_FALSE(t.ok());
+  INFO(t.status().ToString());
+  CHECK(t.status().message().find("reformat refused") != std::string::npos);
+  CHECK(DirSnapshot(opts.path) == before);  // nothing written, no index made
+}
+
 TEST_CASE("nvme bad input: paths that are not Terrace stores", "[nvme][bad]") {
   TempDir dir("nvme");
   SECTION("a regular file") {

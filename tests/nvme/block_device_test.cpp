@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nvme_test_util.h"
@@ -134,6 +135,24 @@ NvmeTierOptions DeviceOptions(const LoopDevice& loop, std::uint64_t capacity, co
 std::vector<char> BackingBytes(const LoopDevice& loop, std::size_t n) {
   std::vector<char> b(n, 0);
   std::ifstream f(loop.backing_file(), std::ios::binary);
+  f.read(b.data(), static_cast<std::streamsize>(n));
+  return b;
+}
+
+// Writes `text` at `offset` of the device (through it, synced), as another program's data would be.
+void WriteDevice(const LoopDevice& loop, std::uint64_t offset, std::string_view text) {
+  const int fd = ::open(loop.device().c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, text.data(), text.size(), static_cast<off_t>(offset)) == static_cast<ssize_t>(text.size()));
+  REQUIRE(::fsync(fd) == 0);
+  ::close(fd);
+}
+
+// `n` bytes of the backing file at `offset`.
+std::string BackingAt(const LoopDevice& loop, std::uint64_t offset, std::size_t n) {
+  std::string b(n, '\0');
+  std::ifstream f(loop.backing_file(), std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
   f.read(b.data(), static_cast<std::streamsize>(n));
   return b;
 }
@@ -326,4 +345,41 @@ TEST_CASE("nvme block device: a blank device with an existing empty index_dir", 
   CHECK((*t)->recovery_report().created);
   REQUIRE(PutTestBlock(**t, 1).ok());
   REQUIRE(CheckTestBlock(**t, 1).ok());
+}
+
+// A device whose first 4 KiB are zero may still hold a file system (btrfs keeps its superblock at
+// 64 KiB; RAID and ZFS members keep labels at the end): it is never formatted, reformat or not.
+TEST_CASE("nvme block device: a device with data past its first 4 KiB is not blank and is never formatted",
+          "[nvme][blockdev][bad]") {
+  constexpr std::uint64_t kDev = 32 * kMiB;
+  TERRACE_LOOP_OR_SKIP(loop, kDev);
+  std::uint64_t at = 0;
+  SECTION("a btrfs superblock magic at 64 KiB + 64") { at = 64 * 1024 + 64; }
+  SECTION("a label in the last 4 KiB") { at = kDev - 4096 + 8; }
+  WriteDevice(loop, at, "_BHRfS_M");
+  for (const bool reformat : {false, true}) {
+    auto o = DeviceOptions(loop, kDev, loop.scratch() / "index");
+    o.reformat = reformat;
+    auto t = NvmeTier::Open(o);
+    INFO("reformat " << reformat << ": " << (t.ok() ? std::string("opened") : t.status().ToString()));
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.status().IsInvalidArgument());
+    CHECK(t.status().message().find("not blank") != std::string::npos);
+    CHECK(t.status().message().find(std::to_string(at)) != std::string::npos);
+    CHECK(BackingAt(loop, at, 8) == "_BHRfS_M");
+    CHECK(AllZero(BackingBytes(loop, 4096)));
+  }
+}
+
+TEST_CASE("nvme block device: reformat never overwrites a device that holds no Terrace store", "[nvme][blockdev][bad]") {
+  constexpr std::uint64_t kDev = 32 * kMiB;
+  TERRACE_LOOP_OR_SKIP(loop, kDev);
+  WriteDevice(loop, 0, "XFSB and a file system's own header");
+  auto o = DeviceOptions(loop, kDev, loop.scratch() / "index");
+  o.reformat = true;
+  auto t = NvmeTier::Open(o);
+  INFO((t.ok() ? std::string("opened") : t.status().ToString()));
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().message().find("reformat refused") != std::string::npos);
+  CHECK(BackingAt(loop, 0, 4) == "XFSB");
 }

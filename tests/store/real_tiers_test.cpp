@@ -271,6 +271,23 @@ TEST_CASE("Real tiers: a put of a key whose kind no BlockKind names is refused (
   CHECK_FALSE((*store)->Contains(k));
 }
 
+TEST_CASE("Real tiers: a write-back put that needs room above a read-only NVMe tier names read-only, not a full tier") {
+  TempDir dir("store-read-only-room");
+  StoreOptions o = RealOptions(dir.path());
+  o.hbm.mode = HbmMode::kOff;
+  { REQUIRE(Store::Open(o).ok()); }  // creates the store; read_only opens only an existing one
+  o.nvme.read_only = true;
+  o.write_policy = WritePolicy::kWriteBack;
+  auto store = OpenStore(o);
+  // 256 KiB of host: the fourth 64 KiB block needs a demotion the read-only NVMe tier refuses.
+  Status s;
+  for (std::uint64_t i = 0; i < 8 && s.ok(); ++i) s = store->Put(TestKey(i), TestBytes(i, 64 * kKiB));
+  INFO(s.ToString());
+  CHECK(s.IsInvalidArgument());
+  CHECK_THAT(s.message(), Catch::Contains("read-only"));
+  CHECK_THAT(s.message(), !Catch::Contains("is full"));
+}
+
 TEST_CASE("Real tiers: an option holding an enum value the library does not name is refused at open, creating nothing") {
   TempDir dir("store-bad-enum");
   const StoreOptions base = RealOptions(dir.path() / "new");

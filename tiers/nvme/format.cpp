@@ -165,6 +165,15 @@ Result<Superblock> Superblock::DecodeUnit(std::span<const std::byte> unit_bytes,
   return a.status();
 }
 
+bool Superblock::SlotsHaveMagic(std::span<const std::byte> unit_bytes) {
+  for (const std::size_t at : {std::size_t{0}, kSuperblockSlotStride}) {
+    if (unit_bytes.size() >= at + sizeof kSuperblockMagic &&
+        std::memcmp(unit_bytes.data() + at, kSuperblockMagic, sizeof kSuperblockMagic) == 0)
+      return true;
+  }
+  return false;
+}
+
 void Record::EncodeTo(std::byte out[kRecordBytes]) const {
   std::memset(out, 0, kRecordBytes);
   out[0] = static_cast<std::byte>(kRecordVersion);

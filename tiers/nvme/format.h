@@ -75,6 +75,9 @@ struct Superblock {
   // or torn (its slot_check fails); an intact slot this build cannot use refuses the unit: another
   // format version (version 1 included) with InvalidArgument, an invalid geometry with Corruption.
   static Result<Superblock> DecodeUnit(std::span<const std::byte> unit_bytes, const std::string& where);
+  // True when either slot of the superblock unit starts with kSuperblockMagic: Terrace wrote it
+  // (intact or damaged), as opposed to a file or device something else wrote.
+  static bool SlotsHaveMagic(std::span<const std::byte> unit_bytes);
 };
 
 // One block's index entry: where its bytes live and how to validate them.

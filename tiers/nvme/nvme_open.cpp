@@ -482,13 +482,18 @@ Status NvmeTier::WriteFreshSuperblock() {
   return EngineSync("syncing the superblock of");
 }
 
-Status NvmeTier::CreateIndex() {
+Status NvmeTier::MakeIndexDirectory() {
   std::error_code ec;
   fs::create_directories(index_path_, ec);
   if (ec) {
     return Status::IoError(fmt::format("cannot create the NVMe index directory '{}': {}; choose a writable location",
                                        index_path_.string(), ec.message()));
   }
+  return Status::Ok();
+}
+
+Status NvmeTier::CreateIndex() {
+  TERRACE_RETURN_IF_ERROR(MakeIndexDirectory());
   // Every caller saw it empty (or cleared it); anything else in it now was put there since, by
   // another process (one creating a store with the same index directory): never shared with it.
   if (!nvme::OnlyOwnIndexCreatingMarkers(index_path_, sb_.UuidString())) {
@@ -575,6 +580,14 @@ Status NvmeTier::CreateInDirectory(bool* again) {
     return Status::IoError(msg);
   }
   TERRACE_RETURN_IF_ERROR(EngineSync("syncing the preallocated size of"));
+  // An index directory that cannot be made (a bad index_dir) ends this creation: the file it
+  // preallocated holds no block yet, so it is removed rather than left to leak its capacity.
+  if (!index_) {
+    if (Status s = MakeIndexDirectory(); !s.ok()) {
+      (void)DiscardCreating();
+      return s;
+    }
+  }
   return FinishCreation(true);
 }
 
@@ -758,6 +771,9 @@ Status NvmeTier::OpenExisting(bool block_device) {
   const bool blank = std::all_of(sb_unit_.data(), sb_unit_.data() + nvme::kSuperblockBytes,
                                  [](std::byte b) { return b == std::byte{0}; });
   if (block_device && blank && !options_.read_only && (options_.create_if_missing || options_.reformat)) {
+    // A zero first 4 KiB is not enough to call a device unused: btrfs keeps its superblock at
+    // 64 KiB, ZFS and RAID members theirs further in or at the end.
+    TERRACE_RETURN_IF_ERROR(CheckDeviceBlank(size));
     if (options_.capacity_bytes == 0) {
       return Status::InvalidArgument(fmt::format("formatting block device '{}' as a new NVMe store: capacity_bytes is "
                                                  "0; give the capacity to use",
@@ -772,8 +788,19 @@ Status NvmeTier::OpenExisting(bool block_device) {
   auto decoded = nvme::Superblock::DecodeUnit(std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes),
                                               data_path_.string());
   if (!decoded.ok()) {
-    if (options_.reformat && !options_.read_only && size >= options_.capacity_bytes && options_.capacity_bytes > 0) {
+    // Reformatting overwrites only a Terrace store (one whose superblock slots carry the magic,
+    // damaged or not) or an all-zero data file: never what something else wrote there.
+    const bool terrace_header = nvme::Superblock::SlotsHaveMagic(
+        std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes));
+    if (options_.reformat && !options_.read_only && size >= options_.capacity_bytes && options_.capacity_bytes > 0 &&
+        (terrace_header || (blank && !block_device))) {
       return Reformat();
+    }
+    if (options_.reformat && !terrace_header && !blank) {
+      return decoded.status().WithContext(fmt::format(
+          "reformat refused: '{}' does not hold a Terrace store (no TRRCNVME superblock), and Terrace never "
+          "overwrites what it did not write",
+          data_path_.string()));
     }
     return decoded.status();
   }
@@ -808,6 +835,30 @@ Status NvmeTier::OpenExisting(bool block_device) {
 
 // A blank device: the index and its manifest first, the superblock last, so a kill in between
 // leaves a blank device and an index naming the store to be (completed by the next open).
+Status NvmeTier::CheckDeviceBlank(std::uint64_t size) {
+  constexpr std::uint64_t kEdge = 1 << 20;
+  AlignedBuffer buf(kEdge);
+  for (const std::uint64_t start : {std::uint64_t{0}, size > kEdge ? size - kEdge : 0}) {
+    const std::uint64_t len = std::min(kEdge, size - start) / nvme::kSuperblockBytes * nvme::kSuperblockBytes;
+    if (len == 0) continue;
+    TERRACE_RETURN_IF_ERROR(EngineIo(nvme::IoOp::kRead, start, buf.data(), static_cast<std::uint32_t>(len),
+                                     "checking that it is blank: reading"));
+    const std::byte* begin = buf.data();
+    const std::byte* end = begin + len;
+    const std::byte* hit = std::find_if(begin, end, [](std::byte b) { return b != std::byte{0}; });
+    if (hit != end) {
+      return Status::InvalidArgument(fmt::format(
+          "block device '{}' is not blank: its first 4 KiB are zero but the byte at offset {} is not (a file "
+          "system, partition table or RAID member may live there; btrfs, for one, starts at 64 KiB). Terrace "
+          "formats only a device whose first and last MiB read as zeros and never overwrites what it did not "
+          "write: check the device name; if its contents are yours to lose, clear it yourself (blkdiscard -z {}) "
+          "and run again",
+          data_path_.string(), start + static_cast<std::uint64_t>(hit - begin), data_path_.string()));
+    }
+  }
+  return Status::Ok();
+}
+
 Status NvmeTier::FormatBlockDevice() {
   if (!EmptyOrAbsent(index_path_)) {
     nvme::IndexOpenOptions io;

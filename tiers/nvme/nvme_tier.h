@@ -405,10 +405,15 @@ class NvmeTier final : public Tier {
   // a used store's data file): names it, says it was left as it is and how to open it as a store.
   Status NotAnInterruptedCreation(std::string_view what) const;
   Status OpenExisting(bool block_device) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
+  // InvalidArgument naming the first non-zero byte when the first or last MiB of the `size`-byte
+  // device is not all zero: it may hold something else's data, which formatting would destroy.
+  Status CheckDeviceBlank(std::uint64_t size);
   Status FormatBlockDevice() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status Reformat();
   Status FormatNewStore() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status OpenIndexOfExisting() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
+  // Creates index_path_ and its parents (IoError naming it when it cannot).
+  Status MakeIndexDirectory();
   Status CreateIndex() TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   Status WriteFreshSuperblock();
   Status MoveIndexAside(std::string_view why);
