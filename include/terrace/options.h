@@ -197,6 +197,12 @@ struct StoreOptions {
   WritePolicy write_policy = WritePolicy::kWriteBack;
   EvictionPolicy eviction = EvictionPolicy::kS3Fifo;
   bool promote_on_get = true;                   // a Get from a lower tier copies the block up to put_tier
+  // A cache, whose every block can be rebuilt elsewhere (the prefix cache's pools): when the lowest
+  // tier is full, making room there evicts its blocks in the eviction policy's order, their last
+  // copy included - such a block is gone (Get: NotFound; StoreStats::dropped_blocks counts them) -
+  // instead of failing the Put with OutOfCapacity. Pinned blocks and blocks under another
+  // operation are never dropped. Off (the default): the store never drops the last copy of a block.
+  bool lowest_tier_evicts = false;
   // Per-tier occupancy watermarks, as fractions of capacity: background demotion starts above
   // high_watermark and evicts down to low_watermark.
   double high_watermark = 0.90;

@@ -28,7 +28,8 @@
 //   extra copy stays after the unpin until the block is evicted, put or erased).
 // - Eviction from a tier demotes (write-back) the victim into the next lower present tier before
 //   removing it; a victim that already has a copy below is simply dropped. The store never drops
-//   the last copy of a block to make room: when the lowest present tier is full (or there is none
+//   the last copy of a block to make room (unless StoreOptions::lowest_tier_evicts: a cache): when
+//   the lowest present tier is full (or there is none
 //   below), a Put that needs the space fails with OutOfCapacity and leaves the store unchanged; if
 //   a demotion write fails, the Put fails with that error and the victim stays where it was.
 //   The key's own previous version is a victim like any other outside the tier a write-back Put
@@ -171,6 +172,7 @@ struct StoreStats {
   std::uint64_t promotions = 0;           // copies moved/copied to a faster tier
   std::uint64_t demotions = 0;            // victims written to a slower tier on eviction
   std::uint64_t evictions = 0;            // copies removed to make room (demoted or clean)
+  std::uint64_t dropped_blocks = 0;       // blocks whose last copy was evicted (lowest_tier_evicts)
   std::string eviction_policy;            // "lru" or "s3fifo"
   std::uint64_t dedup_hits = 0;           // fetches that joined an in-flight read of the same key
   std::uint64_t lower_tier_reads = 0;     // reads issued below put_tier (after dedup)

@@ -9,13 +9,27 @@
 #include "src/store/store_impl.h"
 
 namespace terrace {
+namespace {
+
+// InvalidArgument for a BufferKind value the library does not name (it would be taken as host
+// memory, which a device pointer is not).
+Status CheckBufferKind(BufferKind kind, std::string_view op, const BlockKey& key) {
+  if (kind <= BufferKind::kDevice) return Status::Ok();
+  return Status::InvalidArgument(fmt::format("{} {}: the buffer's kind holds {}, a value BufferKind does not name "
+                                             "(kHost, kPinnedHost or kDevice)",
+                                             op, key.ToString(), static_cast<int>(kind)));
+}
+
+}  // namespace
 
 Status Store::Put(const BlockKey& key, ConstBufferRef data, const PutOptions& opts) {
+  TERRACE_RETURN_IF_ERROR(CheckBufferKind(data.kind, "put", key));
   if (data.kind == BufferKind::kDevice) return impl_->PutDevice(key, data.bytes, opts);
   return impl_->Put(key, data.bytes, opts);
 }
 
 Result<BlockDesc> Store::Get(const BlockKey& key, BufferRef out) {
+  TERRACE_RETURN_IF_ERROR(CheckBufferKind(out.kind, "get", key));
   if (out.kind == BufferKind::kDevice) return impl_->GetDevice(key, out.bytes);
   return impl_->Get(key, out.bytes);
 }
@@ -152,7 +166,9 @@ std::vector<Status> StoreImpl::GetBatch(std::span<Store::GetRefItem> items) {
   std::vector<BulkItem> dev;
   std::vector<std::size_t> dev_index;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (items[i].out.kind == BufferKind::kDevice) {
+    if (Status s = CheckBufferKind(items[i].out.kind, "get", items[i].key); !s.ok()) {
+      st[i] = std::move(s);
+    } else if (items[i].out.kind == BufferKind::kDevice) {
       dev.push_back(BulkItem{items[i].key, {}, false, {}, {}});
       dev_index.push_back(i);
     } else {

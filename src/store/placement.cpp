@@ -257,7 +257,11 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   }
   std::optional<int> placed;
   const EvictDecision rule = EvictRule(mask, t, LowestSlot());
-  if (rule.action == EvictAction::kLastCopy) return Status::OutOfCapacity("no lower tier");
+  // The last copy at or below t: a cache drops it (the block is gone unless a faster tier holds it).
+  // Never the previous version a Put of this thread is replacing: it must survive that Put's failure.
+  if (rule.action == EvictAction::kLastCopy &&
+      (!options_.lowest_tier_evicts || OwnCopiesEvictable::Allows(this, key, t)))
+    return Status::OutOfCapacity("no lower tier");
   if (rule.action == EvictAction::kWriteBack) {  // the only copy at or below t: write it back first
     const int lower = rule.write_back_to;
     Status s = DemoteCopy(t, lower, key, desc);
@@ -276,6 +280,10 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   SlotMask new_mask = static_cast<SlotMask>(it->second.mask | (placed ? Bit(*placed) : 0));
   if (es.ok() || es.IsNotFound()) new_mask &= static_cast<SlotMask>(~Bit(t));
   SetMaskLocked(key, it->second, new_mask, t);
+  if (new_mask == 0) {  // lowest_tier_evicts dropped the block's only copy
+    entries_.erase(it);
+    dropped_blocks_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (!es.ok() && !es.IsNotFound()) return es;
   slot(t).measured.Add(slot(t).measured.evictions);
   evictions_.fetch_add(1, std::memory_order_relaxed);

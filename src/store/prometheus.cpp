@@ -102,6 +102,7 @@ StoreStats StoreImpl::Stats() const {
   st.promotions = ld(promotions_);
   st.demotions = ld(demotions_);
   st.evictions = ld(evictions_);
+  st.dropped_blocks = ld(dropped_blocks_);
   st.dedup_hits = ld(dedup_hits_);
   st.lower_tier_reads = ld(lower_tier_reads_);
   st.range_reads = ld(range_reads_);
@@ -207,6 +208,9 @@ std::string StoreImpl::PrometheusText() const {
   }
   Header(out, "terrace_store_evictions_total", "counter", "Copies evicted, by eviction policy.");
   out += fmt::format("terrace_store_evictions_total{{policy=\"{}\"}} {}\n", st.eviction_policy, st.evictions);
+  Header(out, "terrace_store_dropped_blocks_total", "counter",
+         "Blocks whose last copy was evicted (StoreOptions::lowest_tier_evicts: a cache).");
+  out += fmt::format("terrace_store_dropped_blocks_total {}\n", st.dropped_blocks);
   Header(out, "terrace_store_bounce_buffers", "gauge", "Staging buffers allocated, by the memory they are in.");
   out += fmt::format("terrace_store_bounce_buffers{{memory=\"cuda-registered\"}} {}\n", st.bounce_cuda_registered);
   out += fmt::format("terrace_store_bounce_buffers{{memory=\"mlock\"}} {}\n", st.bounce_locked);

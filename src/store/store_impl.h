@@ -553,7 +553,7 @@ class StoreImpl {
   KeyLocks key_locks_;
   InflightTable inflight_;
 
-  std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dedup_hits_{0},
+  std::atomic<std::uint64_t> promotions_{0}, demotions_{0}, evictions_{0}, dropped_blocks_{0}, dedup_hits_{0},
       lower_tier_reads_{0}, put_dedup_hits_{0}, prefetch_issued_{0}, prefetch_useful_{0},
       prefetch_late_{0}, corruptions_dropped_{0}, direct_transfers_{0}, direct_transfer_bytes_{0},
       staged_transfers_{0}, staged_transfer_bytes_{0}, device_copies_{0}, device_copy_bytes_{0},

@@ -59,6 +59,17 @@ Result<std::vector<NamedTier>> BuildTiers(const StoreOptions& options) {
     return Status::InvalidArgument(fmt::format("open store: tier_list names {} tiers; a store composes at most {}",
                                                list.size(), kMaxTierSlots));
   }
+  // Given names are the slots' names in stats and metrics: two alike would be told apart only by
+  // a renumbering the caller did not ask for. Checked before any tier creates a file.
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (!list[i].name.empty() && list[i].name == list[j].name) {
+        return Status::InvalidArgument(fmt::format("open store: tier_list[{}] and tier_list[{}] are both named '{}'; "
+                                                   "give each slot its own name (or none: its kind's name, numbered)",
+                                                   j, i, list[i].name));
+      }
+    }
+  }
   std::vector<NamedTier> tiers;
   for (std::size_t i = 0; i < list.size(); ++i) {
     TierSlotOptions& slot = list[i];

@@ -37,7 +37,8 @@ bool ValidContent(std::uint64_t k, std::span<const std::byte> bytes, std::uint64
   return want.size() == bytes.size() && std::equal(want.begin(), want.end(), bytes.begin());
 }
 
-void RunMixed(std::unique_ptr<Store> store) {
+// `dropped`: when not null, the store's StoreStats::dropped_blocks once the threads are done.
+void RunMixed(std::unique_ptr<Store> store, std::uint64_t* dropped = nullptr) {
   std::array<std::atomic<std::uint64_t>, kKeys> versions{};
   std::atomic<int> bad{0}, good_reads{0};
   std::vector<std::thread> threads;
@@ -107,6 +108,7 @@ void RunMixed(std::unique_ptr<Store> store) {
     });
   }
   for (auto& th : threads) th.join();
+  if (dropped != nullptr) *dropped = store->Stats().dropped_blocks;
   CHECK(bad.load() == 0);
   CHECK(good_reads.load() > 0);
   // Quiescent: every stored block reads back valid; nothing stays pinned.
@@ -142,6 +144,14 @@ TEST_CASE("Mixed concurrent operations never expose a torn or foreign block") {
     o.eviction = EvictionPolicy::kLru;
     o.put_tier = TierId::kHbm;
     RunMixedOnFakes(o);
+  }
+  SECTION("a cache (lowest_tier_evicts) whose lowest tier keeps filling: blocks are dropped, never torn") {
+    StoreOptions o;
+    o.lowest_tier_evicts = true;
+    FakeTiers f(8 * 1024, 8 * 1024, 16 * 1024);  // far less room than the 48 keys take
+    std::uint64_t dropped = 0;
+    RunMixed(OpenFakeStore(f, o), &dropped);
+    CHECK(dropped > 0);
   }
   SECTION("real tiers: emulated hbm, host arena, nvme") {
     TempDir dir("store-mixed");

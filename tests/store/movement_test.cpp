@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "store_test_util.h"
 #include "tiers/fault/fault_tier.h"
 
@@ -57,6 +59,46 @@ TEST_CASE("With no tier below, eviction from the only tier never drops blocks") 
   for (int i = 0; i < 4; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
   CHECK(store->Put(TestKey(9), TestBytes(9, kMoveBlock)).IsOutOfCapacity());
   for (int i = 0; i < 4; ++i) CHECK(store->Contains(TestKey(i)));
+}
+
+TEST_CASE("lowest_tier_evicts: a cache store drops its oldest blocks' last copies instead of failing the put") {
+  const auto policy = GENERATE(EvictionPolicy::kLru, EvictionPolicy::kS3Fifo);
+  const auto write = GENERATE(WritePolicy::kWriteBack, WritePolicy::kWriteThrough);
+  FakeTiers f(0, 4 * kMoveBlock, 8 * kMoveBlock);
+  StoreOptions o = Quiet();
+  o.eviction = policy;
+  o.write_policy = write;
+  o.lowest_tier_evicts = true;
+  o.promote_on_get = false;  // the reads below move nothing (a promotion could drop another block)
+  auto store = OpenFakeStore(f, o);
+  REQUIRE(store->Pin(TestKey(0)).IsNotFound());
+  REQUIRE(store->Put(TestKey(0), TestBytes(0, kMoveBlock)).ok());
+  REQUIRE(store->Pin(TestKey(0)).ok());  // a pinned block is never dropped
+  constexpr int kPuts = 40;
+  for (int i = 1; i < kPuts; ++i) {
+    const Status put = store->Put(TestKey(i), TestBytes(i, kMoveBlock));
+    INFO("put " << i << ": " << put.ToString());
+    REQUIRE(put.ok());
+  }
+  int present = 0;
+  for (int i = 0; i < kPuts; ++i) {
+    auto got = GetBytes(*store, TestKey(i));
+    if (got.ok()) {
+      ++present;
+      CHECK(*got == TestBytes(i, kMoveBlock));  // what stays reads back exactly
+    } else {
+      CHECK(got.status().IsNotFound());  // a dropped block is gone, never returned wrong
+    }
+  }
+  const StoreStats st = store->Stats();
+  CHECK(GetBytes(*store, TestKey(0)).ok());
+  CHECK(GetBytes(*store, TestKey(kPuts - 1)).ok());  // the newest block was admitted
+  CHECK(st.dropped_blocks == static_cast<std::uint64_t>(kPuts - present));
+  CHECK(st.dropped_blocks >= kPuts - 12);  // 4 + 8 blocks of room at most
+  CHECK(st.blocks == static_cast<std::uint64_t>(present));
+  CHECK_THAT(store->PrometheusText(),
+             Catch::Contains(fmt::format("terrace_store_dropped_blocks_total {}\n", st.dropped_blocks)));
+  REQUIRE(store->Unpin(TestKey(0)).ok());
 }
 
 TEST_CASE("Promotion on get: exclusive moves the block, inclusive keeps the lower copy") {

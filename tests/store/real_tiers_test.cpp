@@ -288,6 +288,24 @@ TEST_CASE("Real tiers: a write-back put that needs room above a read-only NVMe t
   CHECK_THAT(s.message(), !Catch::Contains("is full"));
 }
 
+TEST_CASE("Real tiers: Store::Open refuses two tier_list slots given one name, creating nothing") {
+  TempDir dir("store-dup-names");
+  TierSlotOptions a{"host", "fast", {}, {}, {}};
+  a.host.capacity_bytes = 64 * kKiB;
+  a.host.chunk_bytes = 64 * kKiB;
+  a.host.pin = false;
+  TierSlotOptions b{"nvme", "fast", {}, {}, {}};
+  b.nvme.path = dir.path() / "nvme";
+  b.nvme.capacity_bytes = 16 * kMiB;
+  StoreOptions o = Quiet();
+  o.tier_list = {a, b};
+  auto r = Store::Open(o);
+  INFO(r.status().ToString());
+  CHECK(r.status().IsInvalidArgument());
+  CHECK_THAT(r.status().message(), Catch::Contains("tier_list[0] and tier_list[1] are both named 'fast'"));
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "nvme"));
+}
+
 TEST_CASE("Real tiers: an option holding an enum value the library does not name is refused at open, creating nothing") {
   TempDir dir("store-bad-enum");
   const StoreOptions base = RealOptions(dir.path() / "new");

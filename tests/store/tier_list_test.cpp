@@ -138,6 +138,30 @@ TEST_CASE("OpenWithTiers over a list validates it") {
   CHECK_THAT(r.status().message(), Catch::Contains(std::to_string(kMaxTierSlots)));
 }
 
+TEST_CASE("A buffer kind BufferKind does not name is refused, not taken for host memory") {
+  FakeTiers f(0, 1 << 20, 0);
+  auto store = OpenFakeStore(f);
+  const auto bytes = TestBytes(1, 100);
+  const auto bad = static_cast<BufferKind>(9);
+  const Status put = store->Put(TestKey(1), ConstBufferRef{bytes, bad});
+  CHECK(put.IsInvalidArgument());
+  CHECK_THAT(put.message(), Catch::Contains("BufferKind"));
+  CHECK_FALSE(store->Contains(TestKey(1)));
+  REQUIRE(store->Put(TestKey(1), bytes).ok());
+  std::vector<std::byte> out(100);
+  CHECK(store->Get(TestKey(1), BufferRef{out, bad}).status().IsInvalidArgument());
+  std::vector<Store::GetRefItem> items(2);
+  items[0].key = TestKey(1);
+  items[0].out = BufferRef{out, bad};
+  std::vector<std::byte> out2(100);
+  items[1].key = TestKey(1);
+  items[1].out = BufferRef{out2, BufferKind::kHost};
+  const std::vector<Status> st = store->GetBatch(items);
+  CHECK(st[0].IsInvalidArgument());
+  CHECK(st[1].ok());
+  CHECK(out2 == bytes);
+}
+
 // A store of its own host tier over `common`, which other stores of the test use too.
 std::unique_ptr<Store> OpenOverShared(const std::shared_ptr<FakeTier>& common, bool shared) {
   std::vector<std::unique_ptr<Tier>> tiers;
