@@ -47,6 +47,7 @@
 #include "src/common/list_dir.h"
 #include "src/common/median.h"
 #include "terrace/options.h"
+#include "tiers/hbm/emulated_hbm_tier.h"
 #include "tiers/hbm/hbm_tier.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/nvme/format.h"
@@ -82,13 +83,20 @@ struct BenchArgs {
   bool host_stream_gets_given = false;
   // The NVMe-only flags given on the command line, in command-line spelling (refused for other tiers).
   std::vector<std::string> nvme_flags_given;
-  // NVMe default: at least 8 queues' worth and up to 64 MiB per call (at most 4096 blocks), so the
-  // drain at the end of each call costs little; memory tiers: one queue's worth.
+  // NVMe default: 8 queues' worth or 64 MiB per call, whichever is more, and never more than
+  // kMaxDefaultBatch blocks (as --help says), so the drain at the end of each call costs little;
+  // memory tiers: one queue's worth. --batch overrides it.
+  static constexpr std::uint64_t kMaxDefaultBatch = 4096;
   unsigned BatchSize() const {
     if (batch) return batch;
     if (tier != "nvme") return queue_depth;
-    const std::uint64_t by_bytes = std::min<std::uint64_t>(4096, (64ull << 20) / std::max<std::uint64_t>(block_size, 1));
-    return static_cast<unsigned>(std::max<std::uint64_t>(8ull * queue_depth, by_bytes));
+    const std::uint64_t by_bytes = (64ull << 20) / std::max<std::uint64_t>(block_size, 1);
+    return static_cast<unsigned>(std::min(kMaxDefaultBatch, std::max<std::uint64_t>(8ull * queue_depth, by_bytes)));
+  }
+  // The blocks one PutBatch / GetBatch call carries at most: the batch, or the whole data set
+  // when that is smaller (a read buffer never holds more blocks than a call moves).
+  std::uint64_t BlocksPerCall() const {
+    return std::max<std::uint64_t>(1, std::min<std::uint64_t>(BatchSize(), total_bytes / std::max<std::uint64_t>(block_size, 1)));
   }
 };
 
@@ -189,23 +197,48 @@ HostTierOptions HostOptionsFor(const BenchArgs& a, std::uint64_t capacity) {
   return o;
 }
 
+// The largest block the hbm tier takes when it is emulated in host memory (no CUDA device): its
+// arena grows in chunks of this size and a block never spans two (tiers/hbm/emulated_hbm_tier.h).
+// The CUDA tier's arena is one chunk of its whole capacity.
+constexpr std::uint64_t kEmulatedHbmMaxBlock = EmulatedHbmTier::kChunkBytes;
+
+// Bytes of a memory tier's arena that hold `slots` blocks of `unit` bytes (4 KiB-rounded) when it
+// grows in chunks of `chunk` (>= unit) bytes: a block never spans two chunks, so a chunk holds
+// chunk / unit of them (the arena places each block at the start of a free run, so equal blocks
+// never leave a hole smaller than a block between them).
+std::uint64_t ArenaBytesFor(std::uint64_t slots, std::uint64_t unit, std::uint64_t chunk) {
+  const std::uint64_t per_chunk = std::max<std::uint64_t>(chunk / unit, 1);
+  return slots / per_chunk * chunk + slots % per_chunk * unit;
+}
+
 // The room the bench's tier needs: `need` for its blocks (the NVMe tier stores each block in an
 // extent of its data units plus one descriptor unit; the memory tiers in 4 KiB units), and the
-// `capacity` it is made with: need plus an eighth plus 64 MiB. A new NVMe tier's file takes
-// `capacity` on the file system of --dir (CheckBenchSizes checks the free space against it).
+// `capacity` it is made with.
+// - NVMe: need plus an eighth plus 64 MiB. A new NVMe tier's file takes `capacity` on the file
+//   system of --dir (CheckBenchSizes checks the free space against it). Every write pass starts
+//   from an empty tier (an overwrite needs a new extent before the old one is freed).
+// - Memory tiers: the arena for every block plus one more per worker that can be writing
+//   (`inflight`): a rewrite (the timed pass after the warm-up, the per-operation pass) puts a
+//   block's new copy before it frees the old one, so a tier of `need` bytes could not rewrite a
+//   block as large as itself. Plus 64 MiB. In chunks of max(block, 256 MiB), as the host tier
+//   (HostOptionsFor) and the emulated hbm tier grow (a CUDA hbm tier is one chunk: no less room).
+//   CheckBenchSizes counts `capacity` against the RAM budget: the tier may hold all of it.
 struct BenchRoom {
-  std::uint64_t blocks, need, capacity;
+  std::uint64_t blocks, need, capacity, per_block;
 };
 BenchRoom RoomFor(const BenchArgs& a) {
   const std::uint64_t blocks = a.total_bytes / a.block_size;
   const std::uint64_t per_block =
       a.tier == "nvme" ? nvme::Record{.length = a.block_size}.extent_bytes() : RoundUp(a.block_size, 4 * kKiB);
   const std::uint64_t need = blocks * per_block;  // no overflow: --total-bytes and --block-size are bounded
-  return {blocks, need, RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB)};
+  if (a.tier == "nvme") return {blocks, need, RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB), per_block};
+  const std::uint64_t inflight = std::min<std::uint64_t>(std::max(1u, a.threads), blocks);
+  const std::uint64_t chunk = std::max<std::uint64_t>(per_block, 256 * kMiB);
+  return {blocks, need, RoundUp(ArenaBytesFor(blocks + inflight, per_block, chunk) + 64 * kMiB, 4 * kKiB), per_block};
 }
 
 Result<std::unique_ptr<Tier>> MakeTier(const BenchArgs& a, const std::filesystem::path& dir) {
-  const auto [blocks, need, room_capacity] = RoomFor(a);
+  const auto [blocks, need, room_capacity, per_block] = RoomFor(a);
   std::uint64_t capacity = room_capacity;
   if (a.tier == "host") {
     TERRACE_ASSIGN_OR_RETURN(auto t, HostTier::Create(HostOptionsFor(a, capacity)));
@@ -262,7 +295,8 @@ bool HoldsDataSet(const Tier& tier, std::uint64_t blocks, const BlockDesc& desc)
   return true;
 }
 
-// Each read worker's buffer (--batch x --block-size, 4 KiB-aligned), allocated once for the whole
+// Each read worker's buffer (BlocksPerCall() x --block-size: --batch blocks, or the whole data set
+// when that is smaller; 4 KiB-aligned), allocated once for the whole
 // run and touched once before the first pass (warm-up included), so that no pass pays for faulting
 // in its destination: the memcpy baseline's destination is faulted once too (MemcpyBaseline).
 // Empty for --op write.
@@ -271,13 +305,13 @@ using ReadBuffers = std::vector<std::unique_ptr<AlignedBuffer>>;
 Result<ReadBuffers> AllocateReadBuffers(const BenchArgs& a) {
   ReadBuffers outs;
   if (a.op == "write") return outs;
-  const unsigned batch = a.BatchSize();
+  const std::uint64_t per_call = a.BlocksPerCall();
   for (unsigned t = 0; t < std::max(1u, a.threads); ++t) {
-    outs.push_back(std::make_unique<AlignedBuffer>(RoundUp(a.block_size, 4 * kKiB) * batch));
+    outs.push_back(std::make_unique<AlignedBuffer>(RoundUp(a.block_size, 4 * kKiB) * per_call));
     if (!outs.back()->ok()) {
       return Status::OutOfCapacity(fmt::format(
-          "cannot allocate the {} read buffer (--batch {} x --block-size {}); lower --batch or --block-size",
-          FormatBytes(static_cast<double>(outs.back()->size())), batch, FormatBytes(static_cast<double>(a.block_size))));
+          "cannot allocate the {} read buffer ({} blocks per call x --block-size {}); lower --batch or --block-size",
+          FormatBytes(static_cast<double>(outs.back()->size())), per_call, FormatBytes(static_cast<double>(a.block_size))));
     }
     Prefault(*outs.back());  // every page now, not in a pass
   }
@@ -286,7 +320,7 @@ Result<ReadBuffers> AllocateReadBuffers(const BenchArgs& a) {
 
 // Runs `ops` operations as batches of `batch` spread over `threads` workers. `index(i)` maps the
 // i-th operation to a block index. Reads land in `outs` (one buffer per worker, each holding
-// `batch` blocks: AllocateReadBuffers with the flags' values, so overrides may only be smaller).
+// min(batch, ops) blocks: AllocateReadBuffers with the flags' values, so overrides may only be smaller).
 template <typename IndexFn>
 Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint64_t ops, IndexFn index,
                            std::span<const std::byte> payload, const BlockDesc& desc, const ReadBuffers& outs,
@@ -294,7 +328,7 @@ Result<BenchResult> RunOps(Tier& tier, const BenchArgs& a, bool write, std::uint
   const unsigned batch = batch_override ? batch_override : a.BatchSize();
   const unsigned nthreads = threads_override ? threads_override : std::max(1u, a.threads);
   const std::uint64_t stride = RoundUp(a.block_size, 4 * kKiB);
-  if (!write && (outs.size() < nthreads || outs.front()->size() < stride * batch)) {
+  if (!write && (outs.size() < nthreads || outs.front()->size() < stride * std::min<std::uint64_t>(batch, ops))) {
     return Status::Internal(fmt::format("bench: {} read buffers of {} for {} workers' batches of {}", outs.size(),
                                         outs.empty() ? 0 : outs.front()->size(), nthreads, batch));
   }
@@ -463,40 +497,95 @@ std::uint64_t FreeBytesAt(std::filesystem::path p) {
   return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
 }
 
+// The NVMe tier's data file for `blocks` blocks of `per_block` bytes on disk: RoomFor's capacity.
+std::uint64_t NvmeFileBytes(std::uint64_t blocks, std::uint64_t per_block) {
+  const std::uint64_t need = blocks * per_block;
+  return RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
+}
+
+// A --total-bytes value (as the flag takes it, rounded down to KiB or MiB) of at most `bytes`.
+std::string SizeFlagValueAtMost(std::uint64_t bytes) {
+  if (bytes >= kMiB) return fmt::format("{}MiB", bytes / kMiB);
+  if (bytes >= kKiB) return fmt::format("{}KiB", bytes / kKiB);
+  return fmt::format("{}", bytes);
+}
+
+// What to do when the NVMe tier's file (RoomFor(a).capacity) does not fit in `free` bytes: the
+// file has a 64 MiB floor and each block takes its --block-size rounded up to 4 KiB plus a 4 KiB
+// descriptor, so "lower --total-bytes" helps only down to a point; the advice says how far, or
+// that only another --dir helps.
+std::string NvmeRoomAdvice(const BenchArgs& a, std::uint64_t free) {
+  const BenchRoom room = RoomFor(a);
+  const std::string per_block = fmt::format(
+      "each --block-size {} block takes {} KiB of the file (rounded up to 4 KiB, plus a 4 KiB descriptor), and "
+      "the file is that plus an eighth plus 64 MiB",
+      FormatBytes(static_cast<double>(a.block_size)), room.per_block / kKiB);
+  if (NvmeFileBytes(1, room.per_block) > free) {
+    return fmt::format("{}; even one block needs a {} file, so a lower --total-bytes cannot help: choose a --dir on "
+                       "a file system with more room",
+                       per_block, FormatBytes(static_cast<double>(NvmeFileBytes(1, room.per_block))));
+  }
+  // The most blocks whose file fits: the estimate from the formula, then down while it does not.
+  std::uint64_t fit = free > 64 * kMiB + 4 * kKiB ? (free - 64 * kMiB - 4 * kKiB) / 9 * 8 / room.per_block : 1;
+  fit = std::clamp<std::uint64_t>(fit, 1, room.blocks);
+  while (fit > 1 && NvmeFileBytes(fit, room.per_block) > free) --fit;
+  std::string advice = fmt::format("lower --total-bytes to at most {} ({} blocks), or choose another --dir: {}",
+                                   SizeFlagValueAtMost(fit * a.block_size), fit, per_block);
+  if (a.block_size % (4 * kKiB) != 0) {
+    advice += fmt::format("; a --block-size in whole 4 KiB units wastes less of it (a {} block uses {} KiB)",
+                          FormatBytes(static_cast<double>(a.block_size)), room.per_block / kKiB);
+  }
+  return advice;
+}
+
 // Sizes that cannot work on this machine are usage errors naming the flags, checked before any
-// allocation: the memory tiers hold --total-bytes in RAM, every read worker holds a --batch x
-// --block-size buffer, the NVMe tier's file needs --total-bytes of free space.
+// allocation: the memory tiers hold their capacity (RoomFor: every block and a rewritten copy per
+// worker) in RAM, every read worker holds a buffer of BlocksPerCall() x --block-size, the NVMe
+// tier's file (RoomFor) needs its size in free space. The hbm tier emulated in host memory takes
+// blocks of at most 256 MiB.
 Status CheckBenchSizes(const BenchArgs& a, const std::filesystem::path& dir) {
+  if (a.tier == "hbm" && a.block_size > kEmulatedHbmMaxBlock && !HbmCudaDeviceAvailable()) {
+    return Status::InvalidArgument(fmt::format(
+        "--block-size {} is larger than the largest block --tier hbm takes here, {} (with no CUDA device the hbm "
+        "tier is emulated in host memory, in arena chunks of that size); lower --block-size to at most 256MiB",
+        FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(kEmulatedHbmMaxBlock))));
+  }
   const std::uint64_t block = RoundUp(a.block_size, 4 * kKiB);
-  const std::uint64_t batch = a.BatchSize();
+  const std::uint64_t per_call = a.BlocksPerCall();
   const std::uint64_t threads = std::max(1u, a.threads);
   const std::uint64_t ram = PhysicalMemory();
   const std::uint64_t budget = ram == 0 ? UINT64_MAX : ram / 4 * 3;
-  const std::uint64_t read_buffers = a.op == "write" ? 0 : threads * batch * block;  // no overflow: all bounded
+  const std::uint64_t read_buffers = a.op == "write" ? 0 : threads * per_call * block;  // no overflow: all bounded
   if (read_buffers > budget) {
     return Status::InvalidArgument(fmt::format(
-        "--threads {} x --batch {} x --block-size {} need {} of read buffers, more than this machine can give "
+        "--threads {} x {} x --block-size {} need {} of read buffers, more than this machine can give "
         "({} of RAM); lower --batch, --block-size or --threads",
-        threads, batch, FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(read_buffers)),
+        threads,
+        per_call == a.BatchSize() ? fmt::format("--batch {}{}", per_call, a.batch ? "" : " (the default)")
+                                  : fmt::format("{} blocks (all of --total-bytes, fewer than --batch {})", per_call,
+                                                a.BatchSize()),
+        FormatBytes(static_cast<double>(a.block_size)), FormatBytes(static_cast<double>(read_buffers)),
         FormatBytes(static_cast<double>(ram))));
   }
-  const std::uint64_t blocks = a.total_bytes / a.block_size;
-  const std::uint64_t data = blocks * block;
-  if (a.tier != "nvme" && data + read_buffers > budget) {
+  const BenchRoom room = RoomFor(a);
+  if (a.tier != "nvme" && room.capacity + read_buffers > budget) {
     return Status::InvalidArgument(fmt::format(
-        "--total-bytes {} does not fit in the memory of this machine ({} of RAM) for the {} tier; lower "
-        "--total-bytes",
-        FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(ram)), a.tier));
+        "--total-bytes {} does not fit in the memory of this machine ({} of RAM) for the {} tier: it is made with "
+        "{} (the {} blocks of --block-size {}, room to rewrite one per worker, and 64 MiB){}; lower --total-bytes "
+        "or --block-size",
+        FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(ram)), a.tier,
+        FormatBytes(static_cast<double>(room.capacity)), room.blocks, FormatBytes(static_cast<double>(a.block_size)),
+        read_buffers ? fmt::format(", besides {} of read buffers", FormatBytes(static_cast<double>(read_buffers)))
+                     : std::string()));
   }
   if (a.tier == "nvme" && !IsBlockDevice(dir.string())) {
     const std::uint64_t free = FreeBytesAt(dir);
-    const std::uint64_t file = RoomFor(a).capacity;
+    const std::uint64_t file = room.capacity;
     if (free != 0 && file > free) {
       return Status::InvalidArgument(fmt::format(
-          "--total-bytes {} needs about {} on the file system of --dir {}, which has {} free; lower --total-bytes or "
-          "choose another --dir",
+          "--total-bytes {} needs about {} on the file system of --dir {}, which has {} free; {}",
           FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(file)), dir.string(),
-          FormatBytes(static_cast<double>(free))));
+          FormatBytes(static_cast<double>(free)), NvmeRoomAdvice(a, free)));
     }
   }
   return Status::Ok();
@@ -587,15 +676,19 @@ Status CheckDirContents(const std::filesystem::path& dir, bool* reopened) {
           why, kBenchKeptMarker));
     }
   }
-  if (StoreDataExists(dir)) {
+  // A Terrace data file by its magic (IsStoreDataFile), not by its name: a terrace.data of anything
+  // else is just an entry that makes the folder not empty.
+  const std::filesystem::path data = dir / "terrace.data";
+  if (IsStoreDataFile(data)) {
     return Status::InvalidArgument(fmt::format(
         "--dir {} holds a Terrace store that 'terrace bench tiers --keep' did not create (no {}); the bench writes "
         "and erases its own blocks in the store it opens, so it leaves this one alone: give a new or empty --dir",
         dir.string(), kBenchKeptMarker));
   }
-  return Status::InvalidArgument(fmt::format("--dir {} is not empty and holds no store of the bench; give a new or "
+  return Status::InvalidArgument(fmt::format("--dir {} is not empty and holds no store of the bench{}; give a new or "
                                              "empty directory (the bench removes what it creates there)",
-                                             dir.string()));
+                                             dir.string(),
+                                             StoreDataExists(dir) ? " (its terrace.data is not a Terrace data file)" : ""));
 }
 
 int RunBenchTiers(const BenchArgs& a) {
@@ -618,6 +711,14 @@ int RunBenchTiers(const BenchArgs& a) {
     return FailUsage(fmt::format("--total-bytes {} is less than one --block-size {}; raise --total-bytes",
                                  FormatBytes(static_cast<double>(a.total_bytes)),
                                  FormatBytes(static_cast<double>(a.block_size))));
+  }
+  if (a.total_bytes % a.block_size != 0) {
+    const std::uint64_t moved = a.total_bytes / a.block_size * a.block_size;
+    fmt::print(stderr, "bench: --total-bytes {} is not a multiple of --block-size {}: each pass moves {} ({} whole "
+               "blocks); the {} left over is not moved\n",
+               FormatBytes(static_cast<double>(a.total_bytes)), FormatBytes(static_cast<double>(a.block_size)),
+               FormatBytes(static_cast<double>(moved)), a.total_bytes / a.block_size,
+               FormatBytes(static_cast<double>(a.total_bytes - moved)));
   }
   std::filesystem::path dir = a.dir.empty() ? std::filesystem::path("terrace-bench") : std::filesystem::path(a.dir);
   if (a.tier == "nvme") {
@@ -650,8 +751,17 @@ int RunBenchTiers(const BenchArgs& a) {
   // already faulted in.
   std::unique_ptr<MemcpyBaseline> baseline;  // memory tiers; null when its buffer cannot be allocated
   if (a.tier != "nvme") {
-    baseline = std::make_unique<MemcpyBaseline>(payload, blocks * a.block_size, a.op != "write", a.BatchSize());
+    baseline = std::make_unique<MemcpyBaseline>(payload, blocks * a.block_size, a.op != "write",
+                                                static_cast<unsigned>(a.BlocksPerCall()));
     if (!baseline->ok()) baseline.reset();
+  }
+  if (a.tier == "nvme" && !reopened && !IsBlockDevice(dir.string())) {
+    // The file is preallocated whole: say how large before it is made (a tiny --total-bytes of tiny
+    // blocks still takes 64 MiB and 8 KiB a block).
+    const BenchRoom room = RoomFor(a);
+    fmt::print(stderr, "bench: creating the NVMe tier's data file {} of {} ({} bytes: {} blocks x {} KiB on disk, "
+               "plus an eighth and 64 MiB)\n", (dir / "terrace.data").string(),
+               FormatBytes(static_cast<double>(room.capacity)), room.capacity, room.blocks, room.per_block / kKiB);
   }
   const auto open0 = Clock::now();
   auto tier_or = MakeTier(a, dir);
@@ -765,6 +875,19 @@ int RunBenchTiers(const BenchArgs& a) {
                             dir.string(), FormatBytes(static_cast<double>(stats.allocated_bytes)),
                             FormatBytes(static_cast<double>(stats.capacity_bytes))));
   }
+  if (!r.ok() && r.status().IsOutOfCapacity() && a.tier != "nvme") {
+    // RoomFor sizes a memory tier for every block and a rewritten copy per worker; should it still
+    // run out, say so in this command's flags (it has no --capacity).
+    std::string m(r.status().message());
+    for (std::string_view advice : {"; evict blocks or raise capacity_bytes", "; store it in a larger tier or split it"}) {
+      if (std::size_t pos = m.find(advice); pos != std::string::npos) m.erase(pos, advice.size());
+    }
+    return Fail(fmt::format("{}; the bench made the {} tier {} for --total-bytes {} in blocks of --block-size {} and a "
+                            "rewritten copy per worker: lower --block-size or --total-bytes",
+                            m, a.tier, FormatBytes(static_cast<double>(stats.capacity_bytes)),
+                            FormatBytes(static_cast<double>(a.total_bytes)),
+                            FormatBytes(static_cast<double>(a.block_size))));
+  }
   if (!r.ok()) return store_cmd::FailStatus(r.status());
   if (close_rc != 0) return close_rc;
 
@@ -798,6 +921,7 @@ int RunBenchTiers(const BenchArgs& a) {
     nlohmann::json j = {{"tier", a.tier},         {"op", a.op},
                         {"block_size", a.block_size}, {"queue_depth", a.queue_depth},
                         {"threads", a.threads}, {"batch", a.BatchSize()},   {"total_bytes", r->ops * a.block_size},
+                        {"total_bytes_requested", a.total_bytes},
                         {"seconds", r->seconds},  {"mb_per_s", mbps},
                         {"iops", iops},           {"p50_us", p50},
                         {"p99_us", p99},          {"emulated", stats.emulated},
@@ -816,12 +940,28 @@ int RunBenchTiers(const BenchArgs& a) {
                         {"prep_writes", prep_writes}, {"detail", stats.detail}};
     fmt::print("{}\n", JsonText(j));
   } else {
-    Table t({"tier", "op", "block", "qd", "MB/s (median)", "MB/s min-max", "IOPS", "p50 us/op", "p99 us/op"});
+    // The latency columns say what they measured: the NVMe tier's per-I/O time at the queue depth
+    // (submit to completion, queueing included), the memory tiers' separate pass of single calls.
+    const std::string lat = a.tier == "nvme" ? fmt::format("us/io at qd {}", a.queue_depth) : "us/op, single calls";
+    Table t({"tier", "op", "block", "qd", "moved/pass", "MB/s (median)", "MB/s min-max", "IOPS", "p50 " + lat,
+             "p99 " + lat});
     t.Add({stats.emulated ? a.tier + " (emulated)" : a.tier, a.op, FormatBytes(static_cast<double>(a.block_size)),
-           std::to_string(a.queue_depth), fmt::format("{:.0f}", mbps),
+           std::to_string(a.queue_depth), FormatBytes(bytes), fmt::format("{:.0f}", mbps),
            fmt::format("{:.0f}-{:.0f}", min_mbps, max_mbps), fmt::format("{:.0f}", iops),
            fmt::format("{:.1f}", p50), fmt::format("{:.1f}", p99)});
     fmt::print("{}", t.Render());
+    if (bytes != static_cast<double>(a.total_bytes)) {
+      fmt::print("moved {} a pass, not --total-bytes {}: {} whole blocks of --block-size {} (the {} left over is "
+                 "not moved)\n",
+                 FormatBytes(bytes), FormatBytes(static_cast<double>(a.total_bytes)), r->ops,
+                 FormatBytes(static_cast<double>(a.block_size)),
+                 FormatBytes(static_cast<double>(a.total_bytes) - bytes));
+    }
+    fmt::print("latency: {}\n", a.tier == "nvme"
+                                    ? fmt::format("the NVMe tier's per-I/O time, submit to completion, with {} I/Os "
+                                                  "in flight (queueing included)", a.queue_depth)
+                                    : "a separate pass of single-operation calls, one at a time (not the timed "
+                                      "passes' batches)");
     if (!stats.detail.empty()) fmt::print("{}: {}\n", a.tier, stats.detail);
     fmt::print("tier open ({}): {:.2f} s, not in MB/s\n",
                reopened ? "reopening the kept store" : a.tier == "host" ? "create, with any populate" : "create",
@@ -845,10 +985,18 @@ void RegisterBench(CLI::App& app, Runner* run) {
       ->capture_default_str();
   tiers->add_option("--op", a->op, "write | read | randread (reads write the data first, untimed)")
       ->check(CLI::IsMember({"write", "read", "randread"}))->capture_default_str();
-  AddSizeOption(tiers, "--block-size", &a->block_size, "Block size", 1, kMaxBlockBytes);
+  AddSizeOption(tiers, "--block-size", &a->block_size,
+                "Block size (--tier hbm without a CUDA device: at most 256 MiB, the emulated tier's largest block)", 1,
+                kMaxBlockBytes);
   AddIntOption(tiers, "--queue-depth", &a->queue_depth, 1u, 4096u,
                "NVMe I/Os in flight (ring depth); for memory tiers the default batch size");
-  AddSizeOption(tiers, "--total-bytes", &a->total_bytes, "Bytes moved", 1, kMaxTotalBytes);
+  AddSizeOption(tiers, "--total-bytes", &a->total_bytes,
+                "Bytes moved per pass, in whole --block-size blocks (a remainder is not moved; the output says what "
+                "was). Memory tiers hold it in RAM, with room to rewrite one block per --threads worker. nvme: the "
+                "data file in --dir is preallocated at blocks x (--block-size rounded up to 4 KiB, plus 4 KiB) plus "
+                "an eighth plus 64 MiB (--block-size 1 --total-bytes 64KiB: 640 MiB); its size goes to stderr "
+                "before it is created",
+                1, kMaxTotalBytes);
   auto* dir_opt = tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
                                      "the tier uses the whole device and needs --index-dir; its contents are "
                                      "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
@@ -859,8 +1007,9 @@ void RegisterBench(CLI::App& app, Runner* run) {
   auto* durability_opt = tiers->add_option("--durability", a->durability, "NVMe durability: async | sync")
       ->check(CLI::IsMember({"async", "sync"}))->capture_default_str();
   AddIntOption(tiers, "--batch", &a->batch, 1u, 65536u,
-               "Operations per PutBatch / GetBatch call (default: for nvme 8 x queue depth or 64 MiB, up to 4096 "
-               "blocks; else --queue-depth)");
+               "Operations per PutBatch / GetBatch call (default: for nvme 8 x queue depth or 64 MiB of blocks, "
+               "whichever is more, at most 4096 blocks; else --queue-depth). A read worker's buffer holds this many "
+               "blocks, or all of them when --total-bytes has fewer");
   AddIntOption(tiers, "--threads", &a->threads, 1u, 256u, "Concurrent workers (nvme: one io_uring ring each)");
   AddIntOption(tiers, "--warmup", &a->warmup, 0u, 100u,
                "Untimed passes before the timed ones (0: time the first touch of a fresh tier)");
