@@ -849,6 +849,24 @@ def test_a_damaged_superblock_gets_no_advice_to_delete_the_store(tmp_path):
         assert "to start empty" not in r.stderr and "index manifest" in r.stderr, (args, r.stderr)
 
 
+def test_check_says_when_one_superblock_slot_is_damaged(tmp_path):
+    store, _ = filled(tmp_path, count=2)
+    data = store / "terrace.data"
+    with open(data, "rb") as f:
+        unit = f.read(4096)
+    slot = 0 if unit[:8] == b"TRRCNVME" else 2048  # a slot Terrace wrote
+    assert unit[slot:slot + 8] == b"TRRCNVME"
+    with open(data, "r+b") as f:
+        f.seek(slot + 0x41)
+        f.write(bytes([unit[slot + 0x41] ^ 0x55]))
+    before = data.read_bytes()
+    r = terrace("store", "check", "--dir", store)
+    assert r.returncode == 0, r.stdout + r.stderr  # the other slot serves, every block is there
+    assert f"superblock slot {slot // 2048} of" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "no second copy" in r.stdout + r.stderr
+    assert data.read_bytes() == before  # a check changes nothing
+
+
 def test_a_store_in_use_gets_no_advice_to_recover_into_another_index(tmp_path):
     import fcntl
     store = tmp_path / "s"

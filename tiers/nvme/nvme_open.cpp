@@ -808,6 +808,7 @@ Status NvmeTier::OpenExisting(bool block_device) {
     MutexLock l(&sb_mu_);
     sb_ = *decoded;
   }
+  WarnDamagedSuperblockSlots();
   if (options_.reformat) {
     if (options_.capacity_bytes == 0) SetCapacity(sb_.capacity_bytes);
     if (size < options_.capacity_bytes) {
@@ -835,6 +836,24 @@ Status NvmeTier::OpenExisting(bool block_device) {
 
 // A blank device: the index and its manifest first, the superblock last, so a kill in between
 // leaves a blank device and an index naming the store to be (completed by the next open).
+void NvmeTier::WarnDamagedSuperblockSlots() {
+  std::array<std::byte, nvme::kSuperblockBytes> unit;
+  {
+    MutexLock l(&sb_mu_);
+    std::memcpy(unit.data(), sb_unit_.data(), unit.size());
+  }
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto slot = std::span<const std::byte>(unit).subspan(i * nvme::kSuperblockSlotStride, nvme::kSuperblockHeaderBytes);
+    if (!nvme::Superblock::SlotsHaveMagic(slot) ||  // an absent slot (never written) is no damage
+        nvme::Superblock::Decode(slot, data_path_.string()).ok())
+      continue;
+    Warn(fmt::format("superblock slot {} of '{}' is damaged (it fails its check: a torn or damaged write of the "
+                     "store's header); the other slot, intact, is used, but the header has no second copy until the "
+                     "next superblock write of a read-write open replaces the damaged one",
+                     i, data_path_.string()));
+  }
+}
+
 Status NvmeTier::CheckDeviceBlank(std::uint64_t size) {
   constexpr std::uint64_t kEdge = 1 << 20;
   AlignedBuffer buf(kEdge);
