@@ -141,9 +141,11 @@ int RunFill(const FillArgs& a) {
                                   FormatBytes(static_cast<double>(kMaxBlockSize))));
   }
   if (a.block_size > capacity - std::min(capacity, nvme::kDataStart)) {
-    return FailUsage(fmt::format("--block-size {} does not fit in a store of --capacity {}",
-                                  FormatBytes(static_cast<double>(a.block_size)),
-                                  FormatBytes(static_cast<double>(capacity))));
+    return FailUsage(fmt::format("--block-size {} does not fit in a store of --capacity {} (its first 4 KiB hold "
+                                 "the store's header); lower --block-size{}",
+                                 FormatBytes(static_cast<double>(a.block_size)),
+                                 FormatBytes(static_cast<double>(capacity)),
+                                 *existing ? "" : ", or raise --capacity for a new store"));
   }
   // Each block takes its data rounded up to 4 KiB plus one 4 KiB descriptor (docs/nvme-format.md).
   const std::uint64_t per_block = nvme::RoundUp(a.block_size, nvme::kUnit) + nvme::kUnit;
@@ -168,6 +170,8 @@ int RunFill(const FillArgs& a) {
   StopSignals stop_signals;
   std::unique_ptr<nvme::PowerCut> cut;  // outlives the tier (its Env serves the index)
   if (a.fault.kind == "powercut") cut = std::make_unique<nvme::PowerCut>(a.fault.seed);
+  std::error_code dir_ec;
+  const bool dir_was_absent = !std::filesystem::exists(std::filesystem::symlink_status(a.paths.dir, dir_ec));
   auto tier = OpenFillTier(o, a.fault, &fault_engine, cut.get());
   std::mutex out_mu;
   std::atomic<std::uint64_t> next{0}, written{0}, unchanged{0}, failed{0}, last_faults{0};
@@ -202,6 +206,8 @@ int RunFill(const FillArgs& a) {
   };
   if (!tier.ok()) {
     if (cut && cut->powered_off()) return finish_cut();
+    // A --dir this run made and a failed creation left empty goes too (remove refuses a non-empty one).
+    if (dir_was_absent) std::filesystem::remove(a.paths.dir, dir_ec);
     return FailStatus(tier.status());
   }
 

@@ -145,8 +145,13 @@ std::string PrepareDrillDir(const std::string& dir) {
   if (!fs::exists(st)) {
     fs::create_directories(dir, ec);
     if (ec) return fmt::format("cannot create --dir '{}': {}", dir, ec.message());
+  } else if (fs::is_symlink(st)) {
+    return fmt::format("--dir '{}' is a symbolic link; give the directory itself (the drill removes its own stores "
+                       "under --dir and follows no link there)",
+                       dir);
   } else if (!fs::is_directory(st)) {
-    return fmt::format("--dir '{}' is not a directory; give a new or empty directory for the drill's stores", dir);
+    return fmt::format("--dir '{}' is {}, not a directory; give a new or empty directory for the drill's stores", dir,
+                       DescribePathKind(dir));
   } else if (!fs::is_empty(dir, ec)) {
     if (!IsKind(fs::path(dir) / kDrillMarker, S_IFREG)) {
       return fmt::format("--dir '{}' is not empty and was not made by 'terrace store drill' (no {} marker); give a "

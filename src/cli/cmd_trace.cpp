@@ -70,8 +70,9 @@ int RunGen(const GenArgs& a) {
   }
   if (Status s = WriteOutputFile(a.out, "--out", TraceRules(a), text); !s.ok()) return Fail(s.ToString());
   const plan::PrefixCeiling c = plan::ComputePrefixCeiling(*trace, /*restore_every_blocks=*/1);
-  fmt::print("wrote {}: {} requests, {} blocks of {} tokens, prefix-hit ceiling {:.1f}% (expected {:.1f}%)\n", a.out,
-             trace->requests.size(), c.blocks, o.block_tokens, 100.0 * c.fraction(),
+  const std::size_t n = trace->requests.size();
+  fmt::print("wrote {}: {} request{}, {} block{} of {} tokens, prefix-hit ceiling {:.1f}% (expected {:.1f}%)\n", a.out,
+             n, n == 1 ? "" : "s", c.blocks, c.blocks == 1 ? "" : "s", o.block_tokens, 100.0 * c.fraction(),
              100.0 * plan::ExpectedPrefixCeiling(o));
   return 0;
 }

@@ -92,3 +92,41 @@ def test_store_fill_never_formats_a_device_with_a_file_system_past_its_first_4k(
         assert open(tmp_path / "dev.img", "rb").read() == before
     finally:
         subprocess.run(["losetup", "-d", dev])
+
+
+def test_drill_names_a_symlink_dir_as_one(terrace, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    r = terrace("store", "drill", "--dir", tmp_path / "link", "--kills", "1")
+    assert r.returncode == 2, r.stderr
+    assert "is a symbolic link; give the directory itself" in r.stderr
+    assert os.listdir(tmp_path / "real") == []
+
+
+def test_fill_whose_store_creation_fails_removes_the_dir_it_made(terrace, tmp_path):
+    def limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    d = tmp_path / "new" / "store"
+    r = terrace("store", "fill", "--dir", d, "--count", "1", "--capacity", "64MiB", preexec_fn=limit)
+    assert r.returncode == 1, r.stderr
+    assert "preallocate" in r.stderr
+    assert not d.exists(), os.listdir(d)
+    # A folder the user had stays, empty.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    r = terrace("store", "fill", "--dir", mine, "--count", "1", "--capacity", "64MiB", preexec_fn=limit)
+    assert r.returncode == 1 and mine.is_dir() and os.listdir(mine) == []
+
+
+def test_fill_block_size_over_capacity_says_what_to_change(terrace, tmp_path):
+    r = terrace("store", "fill", "--dir", tmp_path / "s", "--count", "1", "--block-size", "16MiB", "--capacity",
+                "16MiB")
+    assert r.returncode == 2, r.stderr
+    assert "lower --block-size, or raise --capacity for a new store" in r.stderr
+
+
+def test_trace_gen_counts_one_request_in_the_singular(terrace, tmp_path):
+    r = terrace("trace", "gen", "--requests", "1", "--turns", "1", "-o", tmp_path / "t.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert ": 1 request, " in r.stdout, r.stdout
