@@ -20,11 +20,13 @@
 #include <optional>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <csignal>
 #include <sys/resource.h>
@@ -143,7 +145,14 @@ class RemoveCreatedDirs {
     paths_.push_back({p, std::string(flag), index, /*existed=*/true});
     return true;
   }
+  // A block device this run formatted (its tier reported a creation): cleared again at the end
+  // (ClearDevice), first, so it is blank for the next run, as it was for this one.
+  void AddFormattedDevice(const std::filesystem::path& dev) { device_ = dev; }
   void Run() {
+    if (!device_.empty()) {
+      if (Status s = ClearDevice(device_); !s.ok()) fmt::print(stderr, "bench: {}\n", s.message());
+      device_.clear();
+    }
     for (const Entry& e : paths_) {
       std::error_code ec;
       if (!e.existed) {
@@ -183,7 +192,32 @@ class RemoveCreatedDirs {
     if (ec) return Status::IoError(fmt::format("cannot empty {} {}: {}", e.flag, e.path.string(), ec.message()));
     return Status::Ok();
   }
+  // Zeroes the first and the last MiB of `dev` (what the tier's blank check reads): the store the
+  // bench wrote there is gone and the device reads as blank again.
+  static Status ClearDevice(const std::filesystem::path& dev) {
+    auto bytes = BlockDeviceBytes(dev.string());
+    if (!bytes.ok()) return bytes.status();
+    const int fd = ::open(dev.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return Status::IoError(fmt::format("cannot clear the store it wrote on {}: {}", dev.string(), std::strerror(errno)));
+    constexpr std::uint64_t kEdge = 1 << 20;
+    const std::vector<char> zeros(kEdge, 0);
+    bool ok = true;
+    for (const std::uint64_t at : {std::uint64_t{0}, *bytes > kEdge ? *bytes - kEdge : 0}) {
+      const std::uint64_t len = std::min(kEdge, *bytes - at);
+      ok = ok && ::pwrite(fd, zeros.data(), len, static_cast<off_t>(at)) == static_cast<ssize_t>(len);
+    }
+    ok = ok && ::fsync(fd) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok) {
+      return Status::IoError(fmt::format("cannot clear the store it wrote on {} ({}); clear it with "
+                                         "'blkdiscard -z {}' before the next run",
+                                         dev.string(), std::strerror(err), dev.string()));
+    }
+    return Status::Ok();
+  }
   std::vector<Entry> paths_;
+  std::filesystem::path device_;
 };
 
 // The host tier's options: its capacity, and --host-prefault (ApplyHostPrefault).
@@ -658,8 +692,10 @@ Status CheckDirContents(const std::filesystem::path& dir, bool* reopened) {
     if (unit.ok() && nvme::Superblock::SlotsHaveMagic(*unit)) {
       return Status::InvalidArgument(fmt::format(
           "--dir {} is a block device that holds a Terrace store; the bench writes and erases its own blocks in the "
-          "store it opens, so it leaves this one alone: give a blank device, or a new or empty directory",
-          dir.string()));
+          "store it opens, so it leaves this one alone: give a blank device, or a new or empty directory (a store "
+          "an earlier run kept with --keep is not told apart from others: if it is yours to lose, clear the device "
+          "with 'blkdiscard -z {}')",
+          dir.string(), dir.string()));
     }
     return Status::Ok();
   }
@@ -776,6 +812,10 @@ int RunBenchTiers(const BenchArgs& a) {
                                  : Fail(store_cmd::InCliWords(s.ToString(), w));
   }
   std::unique_ptr<Tier> tier = std::move(*tier_or);
+  if (a.tier == "nvme" && !a.keep && IsBlockDevice(dir.string())) {
+    const auto* formatted = dynamic_cast<const NvmeTier*>(tier.get());
+    if (formatted != nullptr && formatted->recovery_report().created) cleanup.AddFormattedDevice(dir);
+  }
   if (created_dir && !IsBlockDevice(dir.string())) {
     if (Status s = WriteMarker(dir, kBenchMarker, "terrace bench tiers"); !s.ok()) return Fail(s.ToString());
   }
@@ -998,8 +1038,8 @@ void RegisterBench(CLI::App& app, Runner* run) {
                 "before it is created",
                 1, kMaxTotalBytes);
   auto* dir_opt = tiers->add_option("--dir", a->dir, "NVMe tier directory or block device (default ./terrace-bench). On a block device "
-                                     "the tier uses the whole device and needs --index-dir; its contents are "
-                                     "overwritten. A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
+                                     "the tier uses the whole device and needs --index-dir; the device must be blank (its "
+                                     "first and last MiB zero) and is cleared again afterwards (unless --keep). A directory the bench created is marked (terrace-bench.marker) and removed afterwards, also on "
                                      "SIGINT/SIGTERM; the next run removes a marked leftover of a killed run")->transform(NormalizedPath());
   auto* index_dir_opt = tiers->add_option("--index-dir", a->index_dir, "NVMe index (RocksDB) directory on a persistent file system; "
                                                  "required when --dir is a block device (default: <dir>/index). "

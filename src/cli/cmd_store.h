@@ -41,8 +41,8 @@ struct StoreWords {
   std::string new_index_dir = "point --index-dir at an empty directory";
   // Stands for the library's "(or reformat the data area to start an empty store: ...)".
   std::string start_over =
-      "(or, to start over with an empty store and lose every block in it, delete the data file, or zero the first "
-      "4 KiB of a block device, and run 'terrace store fill')";
+      "(or, to start over with an empty store and lose every block in it, delete the data file, or clear a block "
+      "device with 'blkdiscard -z DEVICE' (its first and last MiB must read as zeros), and run 'terrace store fill')";
 };
 
 // The words of a store that another command keeps in a directory of its own (the prefix cache's

@@ -151,19 +151,22 @@ Status StoreImpl::NoRoom(int t, const BlockKey& key, std::uint64_t size, const S
                                 : std::string("there is no lower tier to demote to");
   // `reclaim` (the key's old copy) is left out: a tier may write the new copy before it frees the
   // old one (the NVMe tier always does), so only free space proves the tier could have taken it.
+  const std::string_view rule = options_.lowest_tier_evicts
+                                    ? "this cache drops a block's last copy only from its lowest tier, never a pinned, "
+                                      "busy or shared one, nor the version a put replaces"
+                                    : "the store never drops the last copy of a block";
   if (!refused.ok() && need <= free) {
     // The bytes fit by count but the tier refused them: its free space is in pieces too small.
     return Status::OutOfCapacity(fmt::format(
         "tier {} has room for {} ({} bytes) by count ({}) but refused it: its free space is fragmented "
         "(tier said: {}); no block could be evicted to make a long enough free run: resident blocks are pinned "
-        "or busy, or {}; the store never drops the last copy of a block. Erase or unpin blocks, use smaller "
-        "blocks, or add capacity",
-        SlotName(t), key.ToString(), size, occupancy, refused.message(), lower));
+        "or busy, or {}; {}. Erase or unpin blocks, use smaller blocks, or add capacity",
+        SlotName(t), key.ToString(), size, occupancy, refused.message(), lower, rule));
   }
   return Status::OutOfCapacity(fmt::format(
       "tier {} is full ({}) and no block can be evicted to fit {} ({} bytes): resident blocks are pinned or busy, "
-      "or {}; the store never drops the last copy of a block. Erase or unpin blocks, or add capacity{}",
-      SlotName(t), occupancy, key.ToString(), size, lower,
+      "or {}; {}. Erase or unpin blocks, or add capacity{}",
+      SlotName(t), occupancy, key.ToString(), size, lower, rule,
       refused.ok() ? "" : fmt::format(" (tier said: {})", refused.message())));
 }
 
@@ -258,9 +261,10 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   std::optional<int> placed;
   const EvictDecision rule = EvictRule(mask, t, LowestSlot());
   // The last copy at or below t: a cache drops it (the block is gone unless a faster tier holds it).
-  // Never the previous version a Put of this thread is replacing: it must survive that Put's failure.
+  // Never the previous version a Put of this thread is replacing (it must survive that Put's
+  // failure), nor a copy in a shared tier (other processes' blocks live there).
   if (rule.action == EvictAction::kLastCopy &&
-      (!options_.lowest_tier_evicts || OwnCopiesEvictable::Allows(this, key, t)))
+      (!options_.lowest_tier_evicts || OwnCopiesEvictable::Allows(this, key, t) || (shared_mask_ & Bit(t)) != 0))
     return Status::OutOfCapacity("no lower tier");
   if (rule.action == EvictAction::kWriteBack) {  // the only copy at or below t: write it back first
     const int lower = rule.write_back_to;
@@ -280,8 +284,9 @@ Status StoreImpl::EvictLocked(int t, const BlockKey& key) {
   SlotMask new_mask = static_cast<SlotMask>(it->second.mask | (placed ? Bit(*placed) : 0));
   if (es.ok() || es.IsNotFound()) new_mask &= static_cast<SlotMask>(~Bit(t));
   SetMaskLocked(key, it->second, new_mask, t);
-  if (new_mask == 0) {  // lowest_tier_evicts dropped the block's only copy
+  if (new_mask == 0) {  // lowest_tier_evicts dropped the block's only copy: gone (NotFound), not lost
     entries_.erase(it);
+    lost_.erase(key);
     dropped_blocks_.fetch_add(1, std::memory_order_relaxed);
   }
   if (!es.ok() && !es.IsNotFound()) return es;

@@ -8,29 +8,39 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-import threading
 
 import pytest
 
 MiB = 1 << 20
 
 
+# Runs argv[2:] and writes its own peak RSS (KiB) to the file argv[1]. A small process of its own
+# starts it: a child's ru_maxrss counts from the fork, so a child forked by a large pytest process
+# would report at least that process's size.
+_RSS_WRAPPER = """
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(p.pid, 0)
+p.returncode = os.waitstatus_to_exitcode(status)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(p.returncode if p.returncode >= 0 else 128 - p.returncode)
+"""
+
+
 def run_with_rss(terrace, *args, timeout=120):
     """(returncode, stdout, stderr, peak RSS in bytes) of one terrace run, the RSS of that process alone."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([terrace.path, *map(str, args)], stdout=out, stderr=err)
-        timer = threading.Timer(timeout, p.kill)
-        timer.start()
+    with tempfile.TemporaryDirectory() as d:
+        rss_file = os.path.join(d, "rss")
         try:
-            _, status, usage = os.wait4(p.pid, 0)
-        finally:
-            timer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-        assert p.returncode != -9, f"terrace {' '.join(map(str, args))} hung (no exit within {timeout} s)"
-        out.seek(0)
-        err.seek(0)
-        return p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024
+            r = subprocess.run([sys.executable, "-c", _RSS_WRAPPER, rss_file, terrace.path, *map(str, args)],
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"terrace {' '.join(map(str, args))} hung (no exit within {timeout} s)")
+        with open(rss_file) as f:
+            rss = int(f.read()) * 1024
+        return r.returncode, r.stdout, r.stderr, rss
 
 
 # ---- 1. memory tiers: a block larger than 64 MiB can be rewritten; hbm's limit named by --block-size ----

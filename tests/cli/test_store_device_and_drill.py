@@ -130,3 +130,34 @@ def test_trace_gen_counts_one_request_in_the_singular(terrace, tmp_path):
     r = terrace("trace", "gen", "--requests", "1", "--turns", "1", "-o", tmp_path / "t.jsonl")
     assert r.returncode == 0, r.stderr
     assert ": 1 request, " in r.stdout, r.stdout
+
+
+def test_bench_tiers_on_a_blank_device_clears_it_again_so_the_next_run_works(terrace, tmp_path):
+    dev = _loop_device(tmp_path, 80 << 20)
+    try:
+        idx = tmp_path / "idx"
+        for _ in range(2):
+            r = terrace(*BENCH, "--dir", dev, "--index-dir", idx)
+            assert r.returncode == 0, r.stderr
+            assert not idx.exists()  # the index the run made went with the store
+            img = open(tmp_path / "dev.img", "rb").read()
+            assert img[:1 << 20] == bytes(1 << 20) and img[-(1 << 20):] == bytes(1 << 20)  # blank again
+    finally:
+        subprocess.run(["losetup", "-d", dev])
+
+
+def test_bench_tiers_never_clears_a_device_it_did_not_format(terrace, tmp_path):
+    dev = _loop_device(tmp_path, 80 << 20)
+    try:
+        with open(dev, "r+b") as f:
+            f.seek(64 * 1024 + 64)
+            f.write(b"_BHRfS_M")
+            f.flush()
+            os.fsync(f.fileno())
+        before = open(tmp_path / "dev.img", "rb").read()
+        r = terrace(*BENCH, "--dir", dev, "--index-dir", tmp_path / "idx")
+        assert r.returncode != 0, r.stderr
+        assert "not blank" in r.stderr, r.stderr
+        assert open(tmp_path / "dev.img", "rb").read() == before
+    finally:
+        subprocess.run(["losetup", "-d", dev])

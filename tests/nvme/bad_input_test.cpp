@@ -99,6 +99,17 @@ TEST_CASE("nvme bad input: reformat overwrites only a Terrace store, never a ter
   INFO(t.status().ToString());
   CHECK(t.status().message().find("reformat refused") != std::string::npos);
   CHECK(DirSnapshot(opts.path) == before);  // nothing written, no index made
+
+  // Zeros in the first 4 KiB are not enough: a file system image may start with them.
+  std::string image(opts.capacity_bytes, '\0');
+  image.replace(64 * 1024 + 64, 8, "_BHRfS_M");
+  WriteFile(data, image);
+  const auto image_before = DirSnapshot(opts.path);
+  auto again = NvmeTier::Open(opts);
+  REQUIRE_FALSE(again.ok());
+  INFO(again.status().ToString());
+  CHECK(again.status().message().find("reformat refused") != std::string::npos);
+  CHECK(DirSnapshot(opts.path) == image_before);
 }
 
 TEST_CASE("nvme bad input: paths that are not Terrace stores", "[nvme][bad]") {

@@ -101,6 +101,26 @@ TEST_CASE("lowest_tier_evicts: a cache store drops its oldest blocks' last copie
   REQUIRE(store->Unpin(TestKey(0)).ok());
 }
 
+TEST_CASE("lowest_tier_evicts: a block whose faster copy was lost reads NotFound once evicted, not Corruption") {
+  FakeTiers f(0, 4 * kMoveBlock, 4 * kMoveBlock);
+  StoreOptions o = Quiet();
+  o.lowest_tier_evicts = true;
+  o.write_policy = WritePolicy::kWriteThrough;  // a host and an NVMe copy of each block
+  o.promote_on_get = false;
+  auto store = OpenFakeStore(f, o);
+  REQUIRE(store->Put(TestKey(0), TestBytes(0, kMoveBlock)).ok());
+  REQUIRE(f.at(TierId::kHost).CorruptStored(TestKey(0)));
+  auto got = GetBytes(*store, TestKey(0));  // the host copy fails its check and is dropped; NVMe serves
+  REQUIRE(got.ok());
+  CHECK(*got == TestBytes(0, kMoveBlock));
+  for (int i = 1; i < 12; ++i) REQUIRE(store->Put(TestKey(i), TestBytes(i, kMoveBlock)).ok());
+  REQUIRE(store->Stats().dropped_blocks > 0);
+  REQUIRE_FALSE(store->Contains(TestKey(0)));  // its NVMe copy was the oldest: evicted
+  auto again = GetBytes(*store, TestKey(0));
+  INFO(again.status().ToString());
+  CHECK(again.status().IsNotFound());
+}
+
 TEST_CASE("Promotion on get: exclusive moves the block, inclusive keeps the lower copy") {
   auto placement = GENERATE(Placement::kExclusive, Placement::kInclusive);
   FakeTiers f(0, 1 << 20, 1 << 20);

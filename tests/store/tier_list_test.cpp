@@ -162,6 +162,22 @@ TEST_CASE("A buffer kind BufferKind does not name is refused, not taken for host
   CHECK(out2 == bytes);
 }
 
+TEST_CASE("lowest_tier_evicts never drops a block from a shared lowest tier") {
+  auto common = std::make_shared<FakeTier>(TierId::kNvme, 4 * 1024);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::make_unique<FakeTier>(TierId::kHost, 2 * 1024));
+  tiers.push_back(std::make_unique<SharedView>(common, /*shared=*/true));
+  StoreOptions o = Quiet();
+  o.lowest_tier_evicts = true;
+  o.write_policy = WritePolicy::kWriteThrough;
+  auto store = std::move(Store::OpenWithTiers(o, std::move(tiers)).value());
+  int stored = 0;
+  for (int i = 0; i < 12; ++i) stored += store->Put(TestKey(i), TestBytes(i, 1024)).ok() ? 1 : 0;
+  CHECK(stored == 4);  // the shared tier's room, and no more: nothing of it was dropped
+  CHECK(store->Stats().dropped_blocks == 0);
+  for (int i = 0; i < 4; ++i) CHECK(common->Has(TestKey(i)));
+}
+
 // A store of its own host tier over `common`, which other stores of the test use too.
 std::unique_ptr<Store> OpenOverShared(const std::shared_ptr<FakeTier>& common, bool shared) {
   std::vector<std::unique_ptr<Tier>> tiers;

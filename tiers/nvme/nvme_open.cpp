@@ -792,15 +792,16 @@ Status NvmeTier::OpenExisting(bool block_device) {
     // damaged or not) or an all-zero data file: never what something else wrote there.
     const bool terrace_header = nvme::Superblock::SlotsHaveMagic(
         std::span<const std::byte>(sb_unit_.data(), nvme::kSuperblockBytes));
-    if (options_.reformat && !options_.read_only && size >= options_.capacity_bytes && options_.capacity_bytes > 0 &&
-        (terrace_header || (blank && !block_device))) {
-      return Reformat();
-    }
-    if (options_.reformat && !terrace_header && !blank) {
-      return decoded.status().WithContext(fmt::format(
-          "reformat refused: '{}' does not hold a Terrace store (no TRRCNVME superblock), and Terrace never "
-          "overwrites what it did not write",
-          data_path_.string()));
+    if (options_.reformat && !options_.read_only) {
+      // A zero first 4 KiB is not enough (a file system image may start with zeros): the first and
+      // last MiB must be.
+      if (!terrace_header && !(blank && !block_device && CheckDeviceBlank(size).ok())) {
+        return decoded.status().WithContext(fmt::format(
+            "reformat refused: '{}' does not hold a Terrace store (no TRRCNVME superblock) and is not all zeros, "
+            "and Terrace never overwrites what it did not write",
+            data_path_.string()));
+      }
+      if (size >= options_.capacity_bytes && options_.capacity_bytes > 0) return Reformat();
     }
     return decoded.status();
   }

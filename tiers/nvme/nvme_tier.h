@@ -406,7 +406,8 @@ class NvmeTier final : public Tier {
   Status NotAnInterruptedCreation(std::string_view what) const;
   Status OpenExisting(bool block_device) TERRACE_NO_THREAD_SAFETY_ANALYSIS;
   // InvalidArgument naming the first non-zero byte when the first or last MiB of the `size`-byte
-  // device is not all zero: it may hold something else's data, which formatting would destroy.
+  // data area (a device, or a data file reformat would take) is not all zero: it may hold
+  // something else's data, which formatting would destroy.
   Status CheckDeviceBlank(std::uint64_t size);
   // After the superblock decoded from one slot: a warning (RecoveryReport::warnings) for each slot
   // that carries the magic but fails its check, so a lost second copy of the header is said.
