@@ -1,6 +1,8 @@
+import json
 import os
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -91,3 +93,25 @@ def wait_for(path, seconds=60):
             return True
         time.sleep(0.05)
     return False
+
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def render_report(terrace, tmp_path, data, name):
+    """`terrace report --svg` of `data` (written as tmp_path/NAME.json): (the page's HTML, {chart name: its
+    parsed SVG}). The page must be self-contained (no link, script or URL but the SVG namespace) and
+    inline each chart exactly as written beside it; each SVG must be well-formed XML."""
+    src = tmp_path / f"{name}.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / f"{name}.html"
+    terrace("report", src, "-o", out, "--svg", check=True)
+    html = out.read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in html and "<script" not in html and "href=" not in html and "src=" not in html
+    charts = {}
+    for p in tmp_path.glob(f"{name}-*.svg"):
+        text = p.read_text()
+        assert text in html  # the same SVG is inlined in the page
+        charts[p.stem[len(name) + 1:]] = ET.fromstring(text)
+    return html, charts

@@ -9,23 +9,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-NS = "{http://www.w3.org/2000/svg}"
+from conftest import SVG_NS as NS, render_report
 
 
 def report(terrace, tmp_path, data, name):
-    src = tmp_path / f"{name}.json"
-    src.write_text(json.dumps(data))
-    out = tmp_path / f"{name}.html"
-    terrace("report", src, "-o", out, "--svg", check=True)
-    html = out.read_text()
-    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "https://" not in html and "<script" not in html and "href=" not in html and "src=" not in html
-    charts = {}
-    for p in tmp_path.glob(f"{name}-*.svg"):
-        text = p.read_text()
-        assert text in html  # the same SVG is inlined in the page
-        charts[p.stem[len(name) + 1:]] = ET.fromstring(text)  # well-formed XML
-    return charts
+    return render_report(terrace, tmp_path, data, name)[1]
 
 
 def polyline(svg, name):

@@ -1,22 +1,11 @@
 """terrace report on `bench kv` / `verify kv` JSON: token axes tick at binary round numbers (the labels
 are exact: 2k is 2048 tokens, never 1.95312k), and the verify kv page says its state codec, context
 and evaluation tokens."""
-import json
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
 
-NS = "{http://www.w3.org/2000/svg}"
-
-
-def report(terrace, tmp_path, data, name):
-    src = tmp_path / f"{name}.json"
-    src.write_text(json.dumps(data))
-    out = tmp_path / f"{name}.html"
-    terrace("report", src, "-o", out, "--svg", check=True)
-    charts = {p.stem[len(name) + 1:]: ET.fromstring(p.read_text()) for p in tmp_path.glob(f"{name}-*.svg")}
-    return out.read_text(), charts
+from conftest import SVG_NS as NS, render_report as report
 
 
 def kv_row(p):

@@ -9,19 +9,13 @@
 
 #include "src/plan/replay.h"
 #include "src/plan/trace.h"
+#include "trace_fixture.h"
 
 using namespace terrace;
 using namespace terrace::plan;
 
 namespace load_test {
-Trace LoadFixture() {
-  std::ifstream in(std::string(PLAN_TEST_DATA) + "/mooncake_head200.jsonl");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto t = ParseTrace(ss.str(), "fixture");
-  REQUIRE(t.ok());
-  return *t;
-}
+Trace LoadFixture() { return terrace::plan::testing::MooncakeHead200(); }
 
 // Three tiers small enough that the fixture's blocks are demoted into host and NVMe and restored
 // from both, over links slow enough that restores queue.

@@ -9,6 +9,7 @@
 
 #include "src/plan/replay.h"
 #include "src/plan/trace.h"
+#include "trace_fixture.h"
 #include "src/plan/trace_gen.h"
 
 using namespace terrace;
@@ -39,14 +40,7 @@ ReplayOptions OneTier(std::uint64_t blocks, ReplayPolicy p = ReplayPolicy::kLru)
   return o;
 }
 
-Trace Fixture() {
-  std::ifstream in(std::string(PLAN_TEST_DATA) + "/mooncake_head200.jsonl");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto t = ParseTrace(ss.str(), "fixture");
-  REQUIRE(t.ok());
-  return *t;
-}
+Trace Fixture() { return terrace::plan::testing::MooncakeHead200(); }
 }  // namespace
 
 TEST_CASE("LRU hit rate on a tiny trace, computed by hand") {
