@@ -152,6 +152,48 @@ std::string KeyValueTable(const std::vector<std::pair<std::string, std::string>>
 std::string B(double v) { return XmlEscape(FormatAxisValue(v, AxisFormat::kBytes)); }
 std::string P(double v) { return fmt::format("{:.1f}%", 100 * v); }
 
+// `rate` with its share of the hardware's `share` in brackets, "not recorded" parts said so.
+std::string RateAndShare(const json& j, const char* rate, const char* share, const std::function<std::string(double)>& f) {
+  return fmt::format("{} ({} of the hardware)", Fig(j, rate, f), Fig(j, share, P));
+}
+
+// The load each policy's replay put on the busiest node (`terrace plan --trace`'s policies[].load):
+// writes into each lower tier and the recompute of the tokens not hit, as averages over the trace's
+// span and shares of what the hardware gives. Nothing when no policy carries a load.
+void TraceLoadTable(const json& policies, std::string* body) {
+  std::vector<std::string> tier_names;
+  bool any = false;
+  for (const auto& p : policies) {
+    if (!p.is_object() || !p.contains("load") || !p["load"].is_object()) continue;
+    any = true;
+    for (const auto& t : Arr(p["load"], "tiers")) {
+      const std::string name = Str(t, "name");
+      if (std::find(tier_names.begin(), tier_names.end(), name) == tier_names.end()) tier_names.push_back(name);
+    }
+  }
+  if (!any) return;
+  *body += "<h3>Load on the busiest node</h3><p>Averages over the trace's span. The replay does not time writes "
+           "or prefills: a share over 100% makes its restore times and TTFT saved optimistic (the warnings above "
+           "say which).</p><table><thead><tr><th>policy</th>";
+  for (const std::string& n : tier_names) *body += fmt::format("<th>writes into {}</th>", XmlEscape(n));
+  *body += "<th>recompute of tokens not hit</th></tr></thead><tbody>";
+  const auto rate = [](double v) { return B(v) + "/s"; };
+  const auto tokens = [](double v) { return fmt::format("{:.0f} tokens/s", v); };
+  for (const auto& p : policies) {
+    if (!p.is_object() || !p.contains("load") || !p["load"].is_object()) continue;
+    const json& load = p["load"];
+    *body += fmt::format("<tr><td>{}</td>", XmlEscape(Str(p, "policy")));
+    for (const std::string& n : tier_names) {
+      std::string cell = std::string(kNotRecorded);
+      for (const auto& t : Arr(load, "tiers"))
+        if (Str(t, "name") == n) cell = RateAndShare(t, "write_bytes_per_s", "write_utilisation", rate);
+      *body += fmt::format("<td>{}</td>", cell);
+    }
+    *body += fmt::format("<td>{}</td></tr>", RateAndShare(load, "recompute_tokens_per_s", "prefill_utilisation", tokens));
+  }
+  *body += "</tbody></table>";
+}
+
 bool EndsWith(std::string_view s, std::string_view end) { return s.size() >= end.size() && s.substr(s.size() - end.size()) == end; }
 
 // "decode_step_s" -> "decode step s": a JSON key as words.
@@ -406,6 +448,7 @@ void PlanSections(const json& j, Report* r, std::string* body) {
                            Fig(p, "bytes_moved", B));
     }
     *body += "</tbody></table>";
+    TraceLoadTable(Arr(t, "policies"), body);
   }
   if (!Arr(t, "cluster").empty()) {
     // The projection replays one policy (`terrace plan`'s first), which each row names.

@@ -173,3 +173,20 @@ def test_invalid_utf8_is_escaped_in_the_error(terrace, tmp_path):
     assert b"\xe9" not in p.stderr and b"\xff" not in p.stderr, p.stderr
     assert b"\\xe9" in p.stderr, p.stderr
     p.stderr.decode("utf-8")  # valid UTF-8 throughout
+
+
+def test_report_shows_each_policys_load_as_the_json_says(terrace, tmp_path):
+    t = write_trace(tmp_path / "heavy.jsonl", unique_requests(200, 10, 5))
+    r = terrace("plan", "--trace", t, *SMALL_TIERS, "--json")
+    assert r.returncode == 0, r.stderr
+    src = tmp_path / "plan.json"
+    src.write_text(r.stdout)
+    out = tmp_path / "plan.html"
+    terrace("report", src, "-o", out, check=True)
+    html = out.read_text()
+    assert "Load on the busiest node" in html
+    load = json.loads(r.stdout)["trace"]["policies"][0]["load"]
+    for tier in load["tiers"]:
+        assert f"writes into {tier['name']}" in html
+        assert f"({100 * tier['write_utilisation']:.1f}% of the hardware)" in html
+    assert f"{load['recompute_tokens_per_s']:.0f} tokens/s ({100 * load['prefill_utilisation']:.1f}% of the hardware)" in html
