@@ -442,6 +442,53 @@ TEST_CASE("a state pool under pressure: failed snapshot writes are counted and n
   CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
 }
 
+TEST_CASE("pools opened as caches (lowest_tier_evicts) keep admitting prompts; every restore is exact") {
+  Fixture f;
+  const KvLayout layout = Layout(16, 1);
+  // Each pool has room for about two prompts' blocks: later prompts evict earlier ones' blocks.
+  const std::uint64_t kv_room = layout.mla_chunk_block_bytes() * 11;
+  const std::uint64_t state_room = layout.state_block_bytes() * layout.kda_layers().size() * 11;
+  auto cache_store = [](std::uint64_t capacity) {
+    StoreOptions o;
+    o.hbm.mode = HbmMode::kOff;
+    o.host.capacity_bytes = capacity;
+    o.host.pin = false;
+    o.host.chunk_bytes = capacity;
+    o.lowest_tier_evicts = true;
+    auto s = Store::Open(o);
+    REQUIRE(s.ok());
+    return std::move(s).value();
+  };
+  auto kv_store = cache_store(kv_room), st_store = cache_store(state_room);
+  auto cache = PrefixCache::Create(layout, f.m.id, kv_store.get(), st_store.get());
+  REQUIRE(cache.ok());
+  constexpr int kPrompts = 6;
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < kPrompts; ++i) prompts.push_back(Tokens(5 * 16 + 3, 100 + i));
+  for (const auto& p : prompts) {
+    Prefill(*f.m.model, **cache, p, "");
+    (*cache)->Flush();
+  }
+  CHECK((*cache)->Stats().write_failures == 0);  // full pools evict instead of failing writes
+  CHECK(kv_store->Stats().dropped_blocks > 0);
+  CHECK(st_store->Stats().dropped_blocks > 0);
+  int restored_prompts = 0;
+  for (int i = 0; i < kPrompts; ++i) {
+    INFO("prompt " << i);
+    const Run warm = Prefill(*f.m.model, **cache, prompts[i], "", {.restore = true, .write_back = false}, 2);
+    const Run cold = Prefill(*f.m.model, **cache, prompts[i], "", {.restore = false, .write_back = false}, 2);
+    const std::int64_t b = warm.prefill.restored_tokens;
+    CHECK(b % 16 == 0);
+    restored_prompts += b > 0 ? 1 : 0;
+    CHECK(Bitwise(warm.prefill.logits.data, Rows(cold.prefill.logits, b)));
+    CHECK(Bitwise(warm.decode_logits.back(), cold.decode_logits.back()));
+  }
+  CHECK(restored_prompts >= 1);
+  // The newest prompt was admitted whole: all but its last token's chunk restores.
+  CHECK(Prefill(*f.m.model, **cache, prompts.back(), "", {.restore = true, .write_back = false}).prefill.restored_tokens
+        == 5 * 16);
+}
+
 TEST_CASE("tenants are isolated; a model, layout or codec change never hits old blocks") {
   Fixture f;
   auto store = HostStore();
