@@ -149,10 +149,35 @@ OutputRules RefOutRules(const RefArgs& a) {
   return r;
 }
 
+// InvalidArgument naming `name` and the first non-finite value's index in `t`: every input was
+// checked finite, so the computation overflowed fp32 (docs/ref-cli.md: such input is refused, never
+// written as NaN or inf).
+Status CheckFiniteOutput(std::string_view name, const Tensor& t) {
+  const auto bad = std::find_if(t.data.begin(), t.data.end(), [](float x) { return !std::isfinite(x); });
+  if (bad == t.data.end()) return Status::Ok();
+  auto flat = static_cast<std::int64_t>(bad - t.data.begin());
+  std::vector<std::int64_t> index(t.shape.size());
+  for (std::size_t i = t.shape.size(); i-- > 0;) {
+    index[i] = t.shape[i] > 0 ? flat % t.shape[i] : 0;
+    flat = t.shape[i] > 0 ? flat / t.shape[i] : flat;
+  }
+  return Status::InvalidArgument(fmt::format(
+      "the output '{}' would hold {} at [{}]: the inputs are finite, but the computation left fp32's range on "
+      "them (an overflow, or 0/0 after an underflow); nothing was written to --out; bring the inputs to a "
+      "smaller magnitude (see docs/ref-cli.md, \"Bad input\")",
+      name, std::isnan(*bad) ? "NaN" : (*bad > 0 ? "inf" : "-inf"), fmt::join(index, ", ")));
+}
+
 // Adds `tensors` (F32) to `w`, writes it to --out and says so on one line: "wrote OUT (o F32 [1, 4,
 // 2, 8], ...)". `also`: what `w` already holds, described the same way ("topk_ids I32 [3, 2]").
+// Every tensor must be finite (CheckFiniteOutput), except those named in `may_be_infinite`.
 Status WriteOutputs(const RefArgs& a, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                    SafetensorsWriter* w, const std::vector<std::string>& also = {}) {
+                    SafetensorsWriter* w, const std::vector<std::string>& also = {},
+                    const std::vector<std::string>& may_be_infinite = {}) {
+  for (const auto& [name, t] : tensors) {
+    if (std::find(may_be_infinite.begin(), may_be_infinite.end(), name) == may_be_infinite.end())
+      TERRACE_RETURN_IF_ERROR(CheckFiniteOutput(name, *t));
+  }
   std::vector<std::string> wrote;
   for (const auto& [name, t] : tensors) {
     TERRACE_RETURN_IF_ERROR(w->AddF32(name, *t));
@@ -237,14 +262,20 @@ Status RefMxfp4(const RefArgs& a) {
   Tensor out({R, C});
   TERRACE_RETURN_IF_ERROR(DequantizeMxfp4(u8(packed.data), u8(scale.data), R, C, out.data));
   SafetensorsWriter w;
-  if (!src.Has("input")) return WriteOutputs(a, {{"weight", &out}}, &w);
+  // The dequantised weight is what the codes say: scale 254 gives inf (docs/ref-cli.md), kept as is.
+  const std::vector<std::string> weight_may_be_infinite = {"weight"};
+  if (!src.Has("input")) {
+    TERRACE_RETURN_IF_ERROR(src.CheckAllRead("mxfp4", "weight_packed, weight_scale and optionally input"));
+    return WriteOutputs(a, {{"weight", &out}}, &w, {}, weight_may_be_infinite);
+  }
   // With an input x [T, C]: also output = x W^T by the fused MXFP4 kernel (what the MoE runs).
   TERRACE_ASSIGN_OR_RETURN(Tensor x, Input(src, "input", {-1, C}));
+  TERRACE_RETURN_IF_ERROR(src.CheckAllRead("mxfp4", "weight_packed, weight_scale and optionally input"));
   const Mxfp4Matrix q{u8(packed.data).data(), u8(scale.data).data(), R, C};
   TERRACE_RETURN_IF_ERROR(ValidateMxfp4(q, "weight_packed"));
   Tensor y({x.dim(0), R});
   Mxfp4Linear(q, x.ptr(), x.dim(0), y.ptr());
-  return WriteOutputs(a, {{"weight", &out}, {"output", &y}}, &w);
+  return WriteOutputs(a, {{"weight", &out}, {"output", &y}}, &w, {}, weight_may_be_infinite);
 }
 
 Status RefAttnRes(const RefArgs& a) {
@@ -394,6 +425,40 @@ Status CheckExpertTensors(const FileSource& src, int e, std::int64_t latent, std
   return Status::Ok();
 }
 
+// --config's MoE structure against the file's tensors (InvalidArgument naming the key, both sizes
+// and the fix): a config of another layer must not be taken for this one's.
+Status CheckMoeConfigMatchesFile(const ModelConfig& c, const MoeDims& m, const MoeWeights& w, const std::string& path) {
+  const bool file_shared = w.shared_gate.shape.size() == 2;
+  const std::int64_t file_shared_inter = file_shared ? w.shared_gate.dim(0) : 0;
+  const std::int64_t config_shared_inter =
+      c.num_shared_experts > 0 ? (c.shared_expert_intermediate_size > 0
+                                      ? c.shared_expert_intermediate_size
+                                      : std::int64_t{c.num_shared_experts} * c.moe_intermediate_size)
+                               : 0;
+  const std::int64_t config_latent = c.HasLatentProjection() ? c.routed_expert_hidden_size : c.hidden_size;
+  const struct {
+    const char* key;
+    std::int64_t config, file;
+    const char* where;
+  } checks[] = {
+      {"hidden_size", c.hidden_size, m.hidden, "hidden_states' columns"},
+      {"num_experts", c.num_experts, m.experts, "gate.weight's rows"},
+      {"routed_expert_hidden_size (the latent width; == hidden_size: no projection)", config_latent, m.latent,
+       "routed_expert_down_proj.weight's rows, or hidden_size without it"},
+      {"moe_intermediate_size", c.moe_intermediate_size, m.intermediate, "experts.0.w1's rows"},
+      {"num_shared_experts x moe_intermediate_size (or shared_expert_intermediate_size)", config_shared_inter,
+       file_shared_inter, "shared_experts.gate_proj.weight's rows, 0 without it"},
+  };
+  for (const auto& k : checks) {
+    if (k.config != k.file)
+      return Status::InvalidArgument(fmt::format(
+          "--config {}: {} is {}, but the file's layer has {} ({}); give the config of this layer's model, or "
+          "leave --config out and pass --top-k",
+          path, k.key, k.config, k.file, k.where));
+  }
+  return Status::Ok();
+}
+
 // Every routed expert, read and validated before the forward pass (those no token routes to as well).
 class FileExperts : public ExpertProvider {
  public:
@@ -476,6 +541,15 @@ Status RefMoe(const RefArgs& a) {
   m.situ_linear_beta = static_cast<float>(a.situ_linear_beta.value_or(cfg ? cfg->activation_situ_linear_beta : 25.0));
   m.rms_eps = static_cast<float>(a.eps.value_or(cfg ? cfg->rms_norm_eps : 1e-5));
   TERRACE_RETURN_IF_ERROR(CheckMoeWeights(w, m, ""));
+  if (cfg) TERRACE_RETURN_IF_ERROR(CheckMoeConfigMatchesFile(*cfg, m, w, a.config));
+  // Flags that change nothing for this layer are refused, never ignored.
+  if (m.act != Activation::kSitu && (a.situ_beta || a.situ_linear_beta))
+    return Status::InvalidArgument(fmt::format(
+        "{} applies to the SiTU activation, but --config {} sets hidden_act silu; drop it",
+        a.situ_beta ? "--situ-beta" : "--situ-linear-beta", a.config));
+  if (!m.latent_norm && a.eps)
+    return Status::InvalidArgument("--eps is the latent norm's epsilon, and this layer has no latent norm (no "
+                                   "routed_expert_norm.weight); drop --eps");
   FileExperts experts;
   TERRACE_RETURN_IF_ERROR(experts.Load(src, m.latent, m.intermediate, static_cast<int>(m.experts)));
   TERRACE_RETURN_IF_ERROR(src.CheckAllRead(

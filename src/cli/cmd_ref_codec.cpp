@@ -31,6 +31,13 @@ OutputRules CodecOutRules(const RefCodecArgs& a) {
 
 Status RefCodec(const RefCodecArgs& a, const codec::CodecSpec& spec) {
   TERRACE_ASSIGN_OR_RETURN(auto file, model::SafetensorsFile::Open(a.in));
+  // The one tensor it reads: another one there (a misspelt name, a second input) is refused, not skipped.
+  for (const std::string& name : file->Names()) {
+    if (name != "x")
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is not read by ref codec, which takes only 'x' "
+                                                 "(F32, rank >= 1); remove it or rename it to x",
+                                                 a.in, name));
+  }
   auto view = file->Get("x");
   if (!view.ok())
     return Status::NotFound(fmt::format("{}: required tensor 'x' is missing (expected F32 of rank >= 1); see "

@@ -250,3 +250,12 @@ def test_rows_beyond_int64_are_refused(tmp_path):
     # The loader refuses it (ref codec multiplies the leading dimensions into an int64 row count).
     assert p.returncode == 1 and "overflows the element count" in p.stderr and "tensor 'x'" in p.stderr, p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_tensor_ref_codec_does_not_read_is_refused(tmp_path):
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    st.save_file({"x": np.ones((2, 4), np.float32), "y": np.ones((2, 4), np.float32)}, str(src))
+    p = subprocess.run([BIN, "ref", "codec", "--codec", "int8", "--in", str(src), "--out", str(dst)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "tensor 'y' is not read by ref codec" in p.stderr, p.stderr
+    assert not dst.exists()

@@ -541,3 +541,64 @@ def test_missing_quantized_tensors_say_dtype_and_shape(tmp_path):
     assert "'weight_packed'" in err and "missing" in err and "U8 [R, C/2]" in err
     err = refused(tmp_path, "mxfp4", {"weight_packed": packed})
     assert "'weight_scale'" in err and "missing" in err and "U8 [4, 2]" in err
+
+
+# ---- outputs that overflow fp32 on finite inputs are refused, never written as NaN or inf ------------
+
+def test_kda_output_that_overflows_is_refused_naming_it(tmp_path):
+    t = kda_inputs(np.random.default_rng(40), 1, 3, 1, 4, 2, False)
+    t["q"] = np.full_like(t["q"], 1e33)
+    err = refused(tmp_path, "kda", t, "--scale", "1e6")
+    assert "the output 'o' would hold " in err and "at [0, 0, 0, " in err and "left fp32's range" in err, err
+
+
+def test_moe_whose_router_scores_all_underflow_is_refused_not_nan(tmp_path):
+    t = moe_inputs(np.random.default_rng(41))
+    # Every router logit -192: each sigmoid is 0 in fp32, and renormalising divided 0 by 0.
+    t["hidden_states"] = np.zeros_like(t["hidden_states"])
+    t["hidden_states"][:, 0] = 1.0
+    t["gate.weight"] = np.zeros_like(t["gate.weight"])
+    t["gate.weight"][:, 0] = -192.0
+    t["gate.e_score_correction_bias"] = np.zeros_like(t["gate.e_score_correction_bias"])
+    err = refused(tmp_path, "moe", t, "--top-k", "2")
+    assert "would hold NaN" in err and ("'topk_weights'" in err or "'output'" in err), err
+
+
+def test_mxfp4_fused_output_that_overflows_is_refused_but_an_inf_weight_is_kept(tmp_path):
+    packed = np.full((2, 16), 0x77, np.uint8)  # every code 6.0
+    scales = np.full((2, 1), 200, np.uint8)    # 2^73: 6 x 2^73 is finite
+    x = np.full((1, 32), 1e30, np.float32)
+    err = refused(tmp_path, "mxfp4", {"weight_packed": packed, "weight_scale": scales, "input": x})
+    assert "the output 'output' would hold inf" in err, err
+    scales[0, 0] = 254  # 6 x 2^127 = inf in the dequantised weight: what the codes say, kept (docs/ref-cli.md)
+    out = run_ref(tmp_path, "mxfp4", {"weight_packed": packed, "weight_scale": scales})
+    assert np.isinf(out["weight"][0, 0])
+
+
+def test_mxfp4_refuses_a_tensor_it_does_not_read(tmp_path):
+    packed, scales = random_mxfp4(np.random.default_rng(42), 2, 32)
+    err = refused(tmp_path, "mxfp4", {"weight_packed": packed, "weight_scale": scales,
+                                      "inputs": np.ones((1, 32), np.float32)})
+    assert "'inputs'" in err, err
+
+
+def test_moe_flags_that_change_nothing_are_refused(tmp_path):
+    t = moe_inputs(np.random.default_rng(43))
+    err = refused(tmp_path, "moe", t, "--situ-beta", "0.5", *moe_config(tmp_path, hidden_act="silu"))
+    assert "--situ-beta applies to the SiTU activation" in err, err
+    del t["routed_expert_norm.weight"]
+    err = refused(tmp_path, "moe", t, "--top-k", "2", "--eps", "0.1")
+    assert "--eps is the latent norm's epsilon" in err, err
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("num_experts", 16, "num_experts is 16, but the file's layer has 8"),
+    ("hidden_size", 256, "hidden_size is 256, but the file's layer has 64"),
+    ("moe_intermediate_size", 96, "moe_intermediate_size is 96, but the file's layer has 64"),
+    ("routed_expert_hidden_size", 64, "routed_expert_hidden_size (the latent width; == hidden_size: no projection) "
+                                      "is 64, but the file's layer has 32"),
+])
+def test_moe_config_of_another_layer_is_refused(tmp_path, key, value, says):
+    t = moe_inputs(np.random.default_rng(44))
+    err = refused(tmp_path, "moe", t, *moe_config(tmp_path, **{key: value}))
+    assert says in err, err
