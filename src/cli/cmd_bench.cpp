@@ -260,12 +260,19 @@ std::uint64_t ArenaBytesFor(std::uint64_t slots, std::uint64_t unit, std::uint64
 struct BenchRoom {
   std::uint64_t blocks, need, capacity, per_block;
 };
+
+// The NVMe tier's data file for `blocks` blocks of `per_block` bytes on disk: RoomFor's capacity for --tier nvme.
+std::uint64_t NvmeFileBytes(std::uint64_t blocks, std::uint64_t per_block) {
+  const std::uint64_t need = blocks * per_block;
+  return RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
+}
+
 BenchRoom RoomFor(const BenchArgs& a) {
   const std::uint64_t blocks = a.total_bytes / a.block_size;
   const std::uint64_t per_block =
       a.tier == "nvme" ? nvme::Record{.length = a.block_size}.extent_bytes() : RoundUp(a.block_size, 4 * kKiB);
   const std::uint64_t need = blocks * per_block;  // no overflow: --total-bytes and --block-size are bounded
-  if (a.tier == "nvme") return {blocks, need, RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB), per_block};
+  if (a.tier == "nvme") return {blocks, need, NvmeFileBytes(blocks, per_block), per_block};
   const std::uint64_t inflight = std::min<std::uint64_t>(std::max(1u, a.threads), blocks);
   const std::uint64_t chunk = std::max<std::uint64_t>(per_block, 256 * kMiB);
   return {blocks, need, RoundUp(ArenaBytesFor(blocks + inflight, per_block, chunk) + 64 * kMiB, 4 * kKiB), per_block};
@@ -529,12 +536,6 @@ std::uint64_t FreeBytesAt(std::filesystem::path p) {
   struct statvfs v {};
   if (::statvfs(p.c_str(), &v) != 0) return 0;
   return static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
-}
-
-// The NVMe tier's data file for `blocks` blocks of `per_block` bytes on disk: RoomFor's capacity.
-std::uint64_t NvmeFileBytes(std::uint64_t blocks, std::uint64_t per_block) {
-  const std::uint64_t need = blocks * per_block;
-  return RoundUp(need + need / 8 + 64 * kMiB, 4 * kKiB);
 }
 
 // A --total-bytes value (as the flag takes it, rounded down to KiB or MiB) of at most `bytes`.

@@ -835,8 +835,6 @@ Status NvmeTier::OpenExisting(bool block_device) {
   return OpenIndexOfExisting();
 }
 
-// A blank device: the index and its manifest first, the superblock last, so a kill in between
-// leaves a blank device and an index naming the store to be (completed by the next open).
 void NvmeTier::WarnDamagedSuperblockSlots() {
   std::array<std::byte, nvme::kSuperblockBytes> unit;
   {
@@ -879,6 +877,8 @@ Status NvmeTier::CheckDeviceBlank(std::uint64_t size) {
   return Status::Ok();
 }
 
+// A blank device: the index and its manifest first, the superblock last, so a kill in between
+// leaves a blank device and an index naming the store to be (completed by the next open).
 Status NvmeTier::FormatBlockDevice() {
   if (!EmptyOrAbsent(index_path_)) {
     nvme::IndexOpenOptions io;
